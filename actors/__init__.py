@@ -1,0 +1,1 @@
+"""The built-in system actors (installed as lattica.actors); they arrive with the actor runtime."""

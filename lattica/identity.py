@@ -1,0 +1,296 @@
+"""Peer identity: Ed25519 key pairs and PeerIds in libp2p's formats.
+
+A PeerId is the identity multihash of the protobuf-encoded public key, written in base58btc
+(``12D3KooW...``); key files hold the protobuf-encoded private key, so a key written by go-libp2p,
+rust-libp2p or js-libp2p loads here and yields the same PeerId.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from .errors import InvalidPeerId, KeyFileError
+
+__all__ = ["KeyPair", "PeerId", "verify_signature", "b58encode", "b58decode"]
+
+_KEY_TYPE_ED25519 = 1
+_IDENTITY_MH = 0x00
+_SHA256_MH = 0x12
+_MAX_INLINE_KEY = 42  # libp2p inlines keys up to 42 bytes in the identity multihash
+
+# -- base58btc ------------------------------------------------------------------------------------
+
+_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+_B58_INDEX = {c: i for i, c in enumerate(_B58)}
+
+
+def b58encode(data: bytes) -> str:
+    """Encode bytes in base58btc (the Bitcoin alphabet), keeping leading zero bytes as '1'."""
+    n = int.from_bytes(data, "big")
+    out = []
+    while n:
+        n, r = divmod(n, 58)
+        out.append(_B58[r])
+    pad = len(data) - len(data.lstrip(b"\0"))
+    return "1" * pad + "".join(reversed(out))
+
+
+def b58decode(text: str) -> bytes:
+    """Decode base58btc text; raises ValueError on characters outside the alphabet."""
+    n = 0
+    for c in text:
+        try:
+            n = n * 58 + _B58_INDEX[c]
+        except KeyError:
+            raise ValueError(f"invalid base58 character {c!r}") from None
+    pad = len(text) - len(text.lstrip("1"))
+    body = n.to_bytes((n.bit_length() + 7) // 8, "big") if n else b""
+    return b"\0" * pad + body
+
+
+# -- minimal protobuf (the two-field Key messages only) ----------------------------------------
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise ValueError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return n, pos
+        shift += 7
+
+
+def _encode_key_pb(key_type: int, data: bytes) -> bytes:
+    return b"\x08" + _uvarint(key_type) + b"\x12" + _uvarint(len(data)) + data
+
+
+def _decode_key_pb(buf: bytes) -> tuple[int, bytes]:
+    """Parse libp2p's ``{KeyType Type = 1; bytes Data = 2}`` message."""
+    key_type = data = None
+    pos = 0
+    try:
+        while pos < len(buf):
+            tag, pos = _read_uvarint(buf, pos)
+            if tag == 0x08:
+                key_type, pos = _read_uvarint(buf, pos)
+            elif tag == 0x12:
+                n, pos = _read_uvarint(buf, pos)
+                if pos + n > len(buf):
+                    raise ValueError("truncated key data")
+                data, pos = bytes(buf[pos : pos + n]), pos + n
+            else:
+                raise ValueError(f"unexpected protobuf field tag {tag}")
+    except ValueError as e:
+        raise KeyFileError(f"malformed protobuf key: {e}") from None
+    if key_type is None or data is None:
+        raise KeyFileError("protobuf key is missing its type or data")
+    return key_type, data
+
+
+# -- public key helpers -----------------------------------------------------------------------
+
+
+def public_key_to_protobuf(raw: bytes) -> bytes:
+    """The libp2p protobuf encoding of a raw 32-byte Ed25519 public key."""
+    return _encode_key_pb(_KEY_TYPE_ED25519, raw)
+
+
+def public_key_from_protobuf(buf: bytes) -> bytes:
+    """Raw 32-byte Ed25519 public key from its libp2p protobuf encoding."""
+    key_type, data = _decode_key_pb(buf)
+    if key_type != _KEY_TYPE_ED25519:
+        raise KeyFileError(f"unsupported key type {key_type} (only Ed25519 is supported)")
+    if len(data) != 32:
+        raise KeyFileError(f"Ed25519 public key must be 32 bytes, got {len(data)}")
+    return data
+
+
+def verify_signature(public_key: bytes, signature: bytes, data: bytes) -> bool:
+    """True when ``signature`` is a valid Ed25519 signature of ``data`` by the raw ``public_key``."""
+    try:
+        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, data)
+        return True
+    except (InvalidSignature, ValueError):
+        return False
+
+
+class PeerId:
+    """A peer's identity: the multihash of its public key (compared and hashed by bytes)."""
+
+    __slots__ = ("_mh", "_text", "_hash")
+
+    def __init__(self, multihash: bytes) -> None:
+        self._mh = bytes(multihash)
+        self._text: str | None = None
+        self._hash = hash(self._mh)
+
+    @classmethod
+    def from_public_key(cls, raw: bytes) -> PeerId:
+        """PeerId of a raw 32-byte Ed25519 public key (identity multihash of its protobuf)."""
+        pb = public_key_to_protobuf(raw)
+        return cls(bytes([_IDENTITY_MH, len(pb)]) + pb)
+
+    @classmethod
+    def from_string(cls, text: str) -> PeerId:
+        """Parse the base58btc form (``12D3KooW...`` or ``Qm...``)."""
+        try:
+            mh = b58decode(text)
+        except ValueError as e:
+            raise InvalidPeerId(f"invalid PeerId {text!r}: {e}") from None
+        return cls.from_bytes(mh)
+
+    @classmethod
+    def from_bytes(cls, mh: bytes) -> PeerId:
+        """Parse the binary multihash form, checking its code and length."""
+        mh = bytes(mh)
+        try:
+            code, pos = _read_uvarint(mh, 0)
+            length, pos = _read_uvarint(mh, pos)
+        except ValueError:
+            raise InvalidPeerId("truncated PeerId multihash") from None
+        if code not in (_IDENTITY_MH, _SHA256_MH):
+            raise InvalidPeerId(f"unsupported PeerId multihash code {code:#x}")
+        if len(mh) - pos != length or (code == _SHA256_MH and length != 32):
+            raise InvalidPeerId("PeerId multihash length does not match its digest")
+        if code == _IDENTITY_MH and length > _MAX_INLINE_KEY:
+            raise InvalidPeerId("identity PeerId longer than an inlined key may be")
+        return cls(mh)
+
+    def to_bytes(self) -> bytes:
+        return self._mh
+
+    def public_key(self) -> bytes | None:
+        """The raw Ed25519 public key inlined in this PeerId, or None for hashed (non-inline) ids."""
+        if self._mh[0] != _IDENTITY_MH:
+            return None
+        try:
+            return public_key_from_protobuf(self._mh[2:])
+        except KeyFileError:
+            return None
+
+    def matches_public_key(self, raw: bytes) -> bool:
+        return PeerId.from_public_key(raw) == self
+
+    def __str__(self) -> str:
+        if self._text is None:
+            self._text = b58encode(self._mh)
+        return self._text
+
+    def short(self) -> str:
+        """Last 8 characters, for logs."""
+        return str(self)[-8:]
+
+    def __repr__(self) -> str:
+        return f"PeerId({str(self)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PeerId) and other._mh == self._mh
+
+    def __lt__(self, other: PeerId) -> bool:
+        return self._mh < other._mh
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+class KeyPair:
+    """An Ed25519 key pair: signs for this node and names it (``.peer_id``)."""
+
+    __slots__ = ("_private", "public_key", "peer_id")
+
+    def __init__(self, private_key: Ed25519PrivateKey) -> None:
+        self._private = private_key
+        self.public_key: bytes = private_key.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+        self.peer_id = PeerId.from_public_key(self.public_key)
+
+    @classmethod
+    def generate(cls) -> KeyPair:
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_seed(cls, seed: bytes) -> KeyPair:
+        """Key pair from a 32-byte Ed25519 seed (deterministic; for tests and key derivation)."""
+        if len(seed) != 32:
+            raise KeyFileError("an Ed25519 seed is 32 bytes")
+        return cls(Ed25519PrivateKey.from_private_bytes(seed))
+
+    def seed(self) -> bytes:
+        return self._private.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
+
+    def sign(self, data: bytes) -> bytes:
+        return self._private.sign(data)
+
+    def public_key_protobuf(self) -> bytes:
+        return public_key_to_protobuf(self.public_key)
+
+    # -- libp2p private-key protobuf ------------------------------------------------------------
+
+    def to_protobuf(self) -> bytes:
+        """libp2p's PrivateKey protobuf; Data is seed || public key (64 bytes, as go-libp2p writes)."""
+        return _encode_key_pb(_KEY_TYPE_ED25519, self.seed() + self.public_key)
+
+    @classmethod
+    def from_protobuf(cls, buf: bytes) -> KeyPair:
+        key_type, data = _decode_key_pb(buf)
+        if key_type != _KEY_TYPE_ED25519:
+            raise KeyFileError(f"unsupported key type {key_type} (only Ed25519 is supported)")
+        if len(data) not in (32, 64):
+            raise KeyFileError(f"Ed25519 private key must be 32 or 64 bytes, got {len(data)}")
+        kp = cls.from_seed(data[:32])
+        if len(data) == 64 and data[32:] != kp.public_key:
+            raise KeyFileError("Ed25519 private key file: public half does not match the seed")
+        return kp
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the key file with mode 0600 (created that way, never world-readable in between)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, self.to_protobuf())
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> KeyPair:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as e:
+            raise KeyFileError(f"cannot read key file {path}: {e.strerror}") from None
+        return cls.from_protobuf(data)
+
+    @classmethod
+    def load_or_create(cls, path: str | os.PathLike[str]) -> KeyPair:
+        """Load the key at ``path``, or create and save a new one there if the file is absent."""
+        if Path(path).exists():
+            return cls.load(path)
+        kp = cls.generate()
+        kp.save(path)
+        return kp

@@ -1,0 +1,141 @@
+"""The one interface every transport implements: Transport → Connection → Stream (asyncio).
+
+A Transport listens and dials; a Connection is authenticated to one PeerId and carries many
+Streams; a Stream is a reliable, ordered, flow-controlled byte pipe with half-close and reset.
+Everything here runs on the node loop; nothing is thread-safe by design.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Callable
+
+from ..errors import StreamClosed
+from ..identity import KeyPair, PeerId
+from ..multiaddr import Multiaddr
+
+__all__ = ["Stream", "Connection", "Listener", "Transport", "StreamHandler", "ConnectionHandler"]
+
+
+class Stream(abc.ABC):
+    """A bidirectional byte stream inside a connection."""
+
+    stream_id: int
+
+    @abc.abstractmethod
+    async def read(self, max_bytes: int = 65536) -> bytes:
+        """Up to ``max_bytes`` bytes; ``b""`` once the peer closed its side. Raises StreamReset."""
+
+    async def readexactly(self, n: int) -> bytes:
+        """Exactly ``n`` bytes; raises StreamClosed if the peer ends the stream first."""
+        chunks = []
+        while n > 0:
+            chunk = await self.read(n)
+            if not chunk:
+                raise StreamClosed(f"stream ended {n} bytes short")
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    @abc.abstractmethod
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Queue ``data`` for sending (never blocks); pair with ``await drain()`` for backpressure."""
+
+    @abc.abstractmethod
+    async def drain(self) -> None:
+        """Wait until the queued data is within the peer's flow-control window."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Half-close: send everything queued, then end our side. Reading stays possible."""
+
+    @abc.abstractmethod
+    def reset(self) -> None:
+        """Abort both directions at once; the peer sees StreamReset."""
+
+    async def write_all(self, data: bytes | bytearray | memoryview) -> None:
+        self.write(data)
+        await self.drain()
+
+
+StreamHandler = Callable[[Stream], None]
+
+
+class Connection(abc.ABC):
+    """An authenticated, multiplexed connection to one peer."""
+
+    transport: str  # "tcp" | "quic" | "memory"
+    direction: str  # "inbound" | "outbound"
+    local_peer: PeerId
+    remote_peer: PeerId
+    local_addr: Multiaddr
+    remote_addr: Multiaddr  # the peer's transport address as seen by us (no /p2p suffix)
+
+    @abc.abstractmethod
+    async def open_stream(self) -> Stream:
+        """Open a new outbound stream. Raises StreamLimit or ConnectionClosed."""
+
+    @abc.abstractmethod
+    def set_stream_handler(self, handler: StreamHandler) -> None:
+        """Called (synchronously, on the loop) for every inbound stream the peer opens."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Graceful close: tell the peer we are going away, then tear down."""
+
+    @abc.abstractmethod
+    def abort(self, reason: str) -> None:
+        """Close immediately (no goodbye); open streams see ConnectionClosed."""
+
+    @property
+    @abc.abstractmethod
+    def is_closed(self) -> bool: ...
+
+    @property
+    @abc.abstractmethod
+    def num_streams(self) -> int:
+        """Streams currently open on this connection (for idle detection and limits)."""
+
+    @abc.abstractmethod
+    def add_close_callback(self, cb: Callable[[Connection], None]) -> None:
+        """Call ``cb(conn)`` once, on the loop, when the connection closes for any reason."""
+
+    @abc.abstractmethod
+    async def wait_closed(self) -> None: ...
+
+
+ConnectionHandler = Callable[[Connection], None]
+
+
+class Listener(abc.ABC):
+    addrs: list[Multiaddr]  # actually bound addresses (port 0 resolved), no /p2p suffix
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+
+class Transport(abc.ABC):
+    """Listens and dials one family of addresses; every connection it makes is authenticated."""
+
+    name: str
+
+    def __init__(self, keypair: KeyPair) -> None:
+        self.keypair = keypair
+
+    @abc.abstractmethod
+    def handles(self, addr: Multiaddr) -> bool:
+        """True if this transport can listen on / dial ``addr``."""
+
+    @abc.abstractmethod
+    async def listen(self, addr: Multiaddr, on_connection: ConnectionHandler) -> Listener:
+        """Bind ``addr``; ``on_connection`` is called on the loop for every authenticated inbound
+        connection, before any of its streams is delivered."""
+
+    @abc.abstractmethod
+    async def dial(self, addr: Multiaddr, peer_id: PeerId | None = None) -> Connection:
+        """Connect and authenticate. If ``peer_id`` is given and the remote key does not match it,
+        raise PeerIdMismatch."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close listeners and every connection this transport made."""

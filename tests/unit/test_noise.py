@@ -1,0 +1,142 @@
+"""Noise XX: the published cacophony vectors, and libp2p-style authenticated handshakes."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from lattica.errors import DecryptError, HandshakeError, PeerIdMismatch
+from lattica.identity import KeyPair
+from lattica.transports.noise import MAX_PLAINTEXT, NoiseHandshake, _HandshakeState
+
+VECTORS = Path(__file__).resolve().parents[3] / "shared" / "vectors" / "noise" / "xx_25519_sha256.json"
+
+
+def _vectors():
+    if not VECTORS.exists():
+        return []
+    return json.loads(VECTORS.read_text())["vectors"]
+
+
+@pytest.mark.skipif(not VECTORS.exists(), reason=f"shared Noise vectors not present at {VECTORS} (they live outside the repository)")
+@pytest.mark.parametrize("vec", _vectors(), ids=lambda v: v["protocol_name"])
+def test_cacophony_vector(vec):
+    key = lambda h: X25519PrivateKey.from_private_bytes(bytes.fromhex(h))
+    name = vec["protocol_name"].encode()
+    init = _HandshakeState(True, key(vec["init_static"]), bytes.fromhex(vec["init_prologue"]), key(vec["init_ephemeral"]), name)
+    resp = _HandshakeState(False, key(vec["resp_static"]), bytes.fromhex(vec["resp_prologue"]), key(vec["resp_ephemeral"]), name)
+    msgs = vec["messages"]
+    for i, m in enumerate(msgs[:3]):
+        w, r = (init, resp) if i % 2 == 0 else (resp, init)
+        ct = w.write_message(bytes.fromhex(m["payload"]))
+        assert ct.hex() == m["ciphertext"], f"handshake message {i}"
+        assert r.read_message(ct).hex() == m["payload"]
+    assert init.finished and resp.finished
+    assert init.h.hex() == resp.h.hex() == vec["handshake_hash"]
+    i_send, i_recv = init.split()
+    r_send, r_recv = resp.split()
+    for i, m in enumerate(msgs[3:], start=3):
+        send, recv = (i_send, r_recv) if i % 2 == 0 else (r_send, i_recv)
+        ct = send.encrypt(None, bytes.fromhex(m["payload"]))
+        assert ct.hex() == m["ciphertext"], f"transport message {i}"
+        assert recv.decrypt(None, ct).hex() == m["payload"]
+
+
+def _run(a: NoiseHandshake, b: NoiseHandshake):
+    to_b = a.start()
+    while not (a.complete and b.complete):
+        to_a = b.receive(to_b) if to_b else b""
+        to_b = a.receive(to_a) if to_a and not a.complete else b""
+        if not to_a and not to_b:
+            break
+    return a, b
+
+
+def test_libp2p_handshake_authenticates_both_sides():
+    ka, kb = KeyPair.generate(), KeyPair.generate()
+    a, b = _run(NoiseHandshake(ka, True, kb.peer_id), NoiseHandshake(kb, False))
+    assert a.complete and b.complete
+    assert a.remote_peer == kb.peer_id and b.remote_peer == ka.peer_id
+    data = os.urandom(3 * MAX_PLAINTEXT + 17)
+    sealed = a.session.seal(data)
+    # deliver in awkward pieces: frames split across reads must reassemble
+    out = bytearray()
+    for i in range(0, len(sealed), 1000):
+        got = b.session.open(bytes(sealed[i : i + 1000]))
+        if got:
+            out += got
+    assert bytes(out) == data
+    assert bytes(b.session.open(bytes(b.session and a.session.seal(b"")))) == b""
+
+
+def test_wrong_expected_peer_is_rejected():
+    ka, kb, kc = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
+    a, b = NoiseHandshake(ka, True, kc.peer_id), NoiseHandshake(kb, False)
+    m2 = b.receive(a.start())
+    with pytest.raises(PeerIdMismatch):
+        a.receive(m2)
+
+
+def test_tampered_and_replayed_frames_fail():
+    ka, kb = KeyPair.generate(), KeyPair.generate()
+    a, b = _run(NoiseHandshake(ka, True), NoiseHandshake(kb, False))
+    f1 = bytes(a.session.seal(b"hello"))
+    assert bytes(b.session.open(f1)) == b"hello"
+    with pytest.raises(DecryptError):
+        b.session.open(f1)  # replay: nonce has moved on
+    a2, b2 = _run(NoiseHandshake(ka, True), NoiseHandshake(kb, False))
+    f = bytearray(a2.session.seal(b"hello"))
+    f[5] ^= 1
+    with pytest.raises(DecryptError):
+        b2.session.open(bytes(f))
+
+
+def test_forged_identity_signature_rejected():
+    """A responder that signs with a key other than the one it presents must fail."""
+    ka, kb, km = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
+    import lattica.transports.noise as noise
+
+    real = noise._encode_payload
+
+    def forged(keypair, static_pub):
+        good = real(keypair, static_pub)
+        other = real(km, static_pub)  # mallory's signature, kb's key
+        key_len = good[1]
+        return good[: 2 + key_len] + other[2 + other[1] :]
+
+    a, b = NoiseHandshake(ka, True), NoiseHandshake(kb, False)
+    noise._encode_payload = forged
+    try:
+        m2 = b.receive(a.start())
+    finally:
+        noise._encode_payload = real
+    with pytest.raises(HandshakeError, match="signature"):
+        a.receive(m2)
+
+
+@pytest.mark.parametrize("garbage", [b"\x00\x05hello", b"\x00\x20" + bytes(32), b"\x00\xc8" + os.urandom(200)])
+def test_garbage_third_message_rejected_by_responder(garbage):
+    a, b = NoiseHandshake(KeyPair.generate(), True), NoiseHandshake(KeyPair.generate(), False)
+    b.receive(a.start())
+    with pytest.raises(HandshakeError):
+        b.receive(garbage)
+    assert not b.complete
+
+
+@pytest.mark.parametrize("garbage", [b"\x00\x05hello", b"\x00\x60" + bytes(96), b"\x00\xc8" + os.urandom(200)])
+def test_garbage_second_message_rejected_by_initiator(garbage):
+    a = NoiseHandshake(KeyPair.generate(), True)
+    a.start()
+    with pytest.raises(HandshakeError):
+        a.receive(garbage)
+    assert not a.complete
+
+
+def test_oversized_handshake_frame_bounded():
+    b = NoiseHandshake(KeyPair.generate(), False)
+    b.receive(b"\xff\xff")  # claims a 65535-byte message: waits for it, but no further
+    with pytest.raises(HandshakeError):  # once 65535 bytes are in, they fail to decrypt
+        for _ in range(100):
+            b.receive(os.urandom(1024))

@@ -1,0 +1,409 @@
+"""Noise XX secure channel (sans-IO), with libp2p's signed identity payload.
+
+Three layers, each a plain object with no I/O:
+
+* ``_HandshakeState`` is the Noise framework's XX pattern (X25519, SHA-256, AES-256-GCM or
+  ChaChaPoly), checked against the published cacophony vectors.
+* ``NoiseHandshake`` runs it the libp2p way: 2-byte length-prefixed messages, and a payload in the
+  2nd and 3rd message carrying the Ed25519 identity key and its signature over the Noise static key,
+  so the channel is authenticated to a PeerId.
+* ``NoiseSession`` seals and opens transport frames after the handshake.
+
+AES-256-GCM is the default: measured on this machine at 14.6 GB/s per 64 KiB frame against 3.3 GB/s
+for ChaCha20-Poly1305 (see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+
+from ..errors import DecryptError, FrameTooLarge, HandshakeError, PeerIdMismatch
+from ..identity import (
+    KeyPair,
+    PeerId,
+    _read_uvarint,
+    _uvarint,
+    public_key_from_protobuf,
+    verify_signature,
+)
+
+__all__ = ["NoiseHandshake", "NoiseSession", "MAX_FRAME", "MAX_PLAINTEXT", "PROTOCOL_NAME"]
+
+PROTOCOL_NAME = b"Noise_XX_25519_AESGCM_SHA256"
+MAX_FRAME = 65535  # Noise's maximum message length (ciphertext + 16-byte tag)
+MAX_PLAINTEXT = MAX_FRAME - 16
+_TAG = 16
+_DH_LEN = 32
+_HASH_LEN = 32
+_SIG_PREFIX = b"noise-libp2p-static-key:"
+_MAX_NONCE = 2**64 - 1
+
+_RAW = serialization.Encoding.Raw
+_RAW_PUB = serialization.PublicFormat.Raw
+
+
+def _x25519_pub(priv: X25519PrivateKey) -> bytes:
+    return priv.public_key().public_bytes(_RAW, _RAW_PUB)
+
+
+def _dh(priv: X25519PrivateKey, pub: bytes) -> bytes:
+    try:
+        return priv.exchange(X25519PublicKey.from_public_bytes(pub))
+    except ValueError as e:  # all-zero shared secret (low-order point) or bad length
+        raise HandshakeError(f"invalid X25519 public key from peer: {e}") from None
+
+
+def _hkdf2(ck: bytes, ikm: bytes) -> tuple[bytes, bytes]:
+    temp = hmac.digest(ck, ikm, "sha256")
+    out1 = hmac.digest(temp, b"\x01", "sha256")
+    out2 = hmac.digest(temp, out1 + b"\x02", "sha256")
+    return out1, out2
+
+
+class _Cipher:
+    """One direction of a Noise CipherState: a key and a counting nonce."""
+
+    __slots__ = ("_aead", "_nonce", "_n", "aesgcm")
+
+    def __init__(self, key: bytes, aesgcm: bool = True) -> None:
+        self.aesgcm = aesgcm
+        self._aead = AESGCM(key) if aesgcm else ChaCha20Poly1305(key)
+        # AESGCM nonces are 4 zero bytes + big-endian counter; ChaChaPoly's are little-endian.
+        self._nonce = struct.Struct(">4xQ" if aesgcm else "<4xQ")
+        self._n = 0
+
+    def _next_nonce(self) -> bytes:
+        n = self._n
+        if n >= _MAX_NONCE:
+            raise DecryptError("Noise nonce space exhausted; the connection must be re-established")
+        self._n = n + 1
+        return self._nonce.pack(n)
+
+    def encrypt(self, ad: bytes | None, plaintext: bytes) -> bytes:
+        return self._aead.encrypt(self._next_nonce(), plaintext, ad)
+
+    def decrypt(self, ad: bytes | None, ciphertext: bytes | memoryview) -> bytes:
+        try:
+            return self._aead.decrypt(self._next_nonce(), ciphertext, ad)
+        except InvalidTag:
+            raise DecryptError("frame failed authentication (tampered, replayed or reordered)") from None
+
+    def encrypt_into(self, plaintext: bytes | memoryview, out: memoryview) -> None:
+        self._aead.encrypt_into(self._next_nonce(), plaintext, None, out)
+
+    def decrypt_into(self, ciphertext: memoryview, out: memoryview) -> None:
+        try:
+            self._aead.decrypt_into(self._next_nonce(), ciphertext, None, out)
+        except InvalidTag:
+            raise DecryptError("frame failed authentication (tampered, replayed or reordered)") from None
+
+
+class _HandshakeState:
+    """The Noise XX handshake (framework rev. 34 §5), no framing and no payload semantics."""
+
+    _PATTERN = ((b"e",), (b"e", b"ee", b"s", b"es"), (b"s", b"se"))
+
+    def __init__(
+        self,
+        initiator: bool,
+        static: X25519PrivateKey,
+        prologue: bytes = b"",
+        ephemeral: X25519PrivateKey | None = None,
+        protocol_name: bytes = PROTOCOL_NAME,
+    ) -> None:
+        self.initiator = initiator
+        self.aesgcm = b"AESGCM" in protocol_name
+        self.h = protocol_name.ljust(_HASH_LEN, b"\0") if len(protocol_name) <= _HASH_LEN else hashlib.sha256(protocol_name).digest()
+        self.ck = self.h
+        self._k: _Cipher | None = None
+        self._mix_hash(prologue)
+        self.s = static
+        self.s_pub = _x25519_pub(static)
+        self.e = ephemeral  # None -> generated when needed (fixed only for test vectors)
+        self.e_pub = b""
+        self.rs: bytes | None = None
+        self.re: bytes | None = None
+        self._step = 0
+
+    @property
+    def finished(self) -> bool:
+        return self._step == len(self._PATTERN)
+
+    def _mix_hash(self, data: bytes) -> None:
+        self.h = hashlib.sha256(self.h + data).digest()
+
+    def _mix_key(self, ikm: bytes) -> None:
+        self.ck, temp_k = _hkdf2(self.ck, ikm)
+        self._k = _Cipher(temp_k, self.aesgcm)
+
+    def _encrypt_and_hash(self, plaintext: bytes) -> bytes:
+        ct = plaintext if self._k is None else self._k.encrypt(self.h, plaintext)
+        self._mix_hash(ct)
+        return ct
+
+    def _decrypt_and_hash(self, ct: bytes) -> bytes:
+        if self._k is None:
+            pt = ct
+        else:
+            try:
+                pt = self._k.decrypt(self.h, ct)
+            except DecryptError:
+                raise HandshakeError("handshake message failed authentication") from None
+        self._mix_hash(ct)
+        return pt
+
+    def _dh_token(self, token: bytes) -> None:
+        a, b = token[0:1], token[1:2]  # e.g. b"es": initiator's e with responder's s
+        if not self.initiator:
+            a, b = b, a
+        mine = self.e if a == b"e" else self.s
+        theirs = self.re if b == b"e" else self.rs
+        self._mix_key(_dh(mine, theirs))  # type: ignore[arg-type]
+
+    def _my_turn(self) -> bool:
+        return (self._step % 2 == 0) == self.initiator
+
+    def write_message(self, payload: bytes) -> bytes:
+        if self.finished or not self._my_turn():
+            raise HandshakeError("not our turn to write a handshake message")
+        out = bytearray()
+        for token in self._PATTERN[self._step]:
+            if token == b"e":
+                if self.e is None:
+                    self.e = X25519PrivateKey.generate()
+                self.e_pub = _x25519_pub(self.e)
+                out += self.e_pub
+                self._mix_hash(self.e_pub)
+            elif token == b"s":
+                out += self._encrypt_and_hash(self.s_pub)
+            else:
+                self._dh_token(token)
+        out += self._encrypt_and_hash(payload)
+        self._step += 1
+        return bytes(out)
+
+    def read_message(self, message: bytes) -> bytes:
+        if self.finished or self._my_turn():
+            raise HandshakeError("unexpected handshake message (not the peer's turn)")
+        pos = 0
+        for token in self._PATTERN[self._step]:
+            if token == b"e":
+                if len(message) < pos + _DH_LEN:
+                    raise HandshakeError("handshake message too short for an ephemeral key")
+                self.re = message[pos : pos + _DH_LEN]
+                pos += _DH_LEN
+                self._mix_hash(self.re)
+            elif token == b"s":
+                n = _DH_LEN + (_TAG if self._k is not None else 0)
+                if len(message) < pos + n:
+                    raise HandshakeError("handshake message too short for a static key")
+                self.rs = self._decrypt_and_hash(message[pos : pos + n])
+                pos += n
+            else:
+                self._dh_token(token)
+        if self._k is not None and len(message) - pos < _TAG:
+            raise HandshakeError("handshake message too short for its payload tag")
+        payload = self._decrypt_and_hash(message[pos:])
+        self._step += 1
+        return payload
+
+    def split(self) -> tuple[_Cipher, _Cipher]:
+        """(cipher for messages we send, cipher for messages we receive)."""
+        k1, k2 = _hkdf2(self.ck, b"")
+        c1, c2 = _Cipher(k1, self.aesgcm), _Cipher(k2, self.aesgcm)
+        return (c1, c2) if self.initiator else (c2, c1)
+
+
+# -- libp2p payload: protobuf NoiseHandshakePayload {bytes identity_key = 1; bytes identity_sig = 2}
+
+
+def _encode_payload(keypair: KeyPair, noise_static_pub: bytes) -> bytes:
+    key = keypair.public_key_protobuf()
+    sig = keypair.sign(_SIG_PREFIX + noise_static_pub)
+    return b"\x0a" + _uvarint(len(key)) + key + b"\x12" + _uvarint(len(sig)) + sig
+
+
+def _decode_payload(data: bytes) -> tuple[bytes, bytes]:
+    fields: dict[int, bytes] = {}
+    pos = 0
+    try:
+        while pos < len(data):
+            tag, pos = _read_uvarint(data, pos)
+            wire = tag & 7
+            if wire == 2:
+                n, pos = _read_uvarint(data, pos)
+                if pos + n > len(data):
+                    raise ValueError("truncated field")
+                fields[tag >> 3] = data[pos : pos + n]
+                pos += n
+            elif wire == 0:
+                _, pos = _read_uvarint(data, pos)
+            else:
+                raise ValueError(f"unsupported wire type {wire}")
+    except ValueError as e:
+        raise HandshakeError(f"malformed handshake payload: {e}") from None
+    if 1 not in fields or 2 not in fields:
+        raise HandshakeError("handshake payload lacks the identity key or its signature")
+    return fields[1], fields[2]
+
+
+class NoiseHandshake:
+    """libp2p's Noise XX handshake as a sans-IO object.
+
+    Feed received bytes to :meth:`receive`; send whatever it (and :meth:`start`) return. When
+    ``complete`` is true, ``remote_peer`` is the authenticated PeerId, ``session`` seals further
+    traffic, and ``leftover`` holds bytes that arrived after the last handshake message.
+    """
+
+    def __init__(
+        self,
+        keypair: KeyPair,
+        initiator: bool,
+        expected_peer: PeerId | None = None,
+        *,
+        static_key: X25519PrivateKey | None = None,
+    ) -> None:
+        self._keypair = keypair
+        self._expected = expected_peer
+        self._hs = _HandshakeState(initiator, static_key or X25519PrivateKey.generate())
+        self._buf = bytearray()
+        self.complete = False
+        self.remote_peer: PeerId | None = None
+        self.remote_public_key: bytes | None = None
+        self.session: NoiseSession | None = None
+        self.leftover = b""
+
+    def start(self) -> bytes:
+        """Bytes to send first: the initiator's ``-> e``; nothing for the responder."""
+        if self._hs.initiator:
+            return self._frame(self._hs.write_message(b""))
+        return b""
+
+    @staticmethod
+    def _frame(msg: bytes) -> bytes:
+        return len(msg).to_bytes(2, "big") + msg
+
+    def receive(self, data: bytes) -> bytes:
+        """Consume handshake bytes; return bytes to send. Raises HandshakeError on any failure."""
+        if self.complete:
+            raise HandshakeError("handshake already complete")
+        self._buf += data
+        out = b""
+        while not self.complete and len(self._buf) >= 2:
+            n = int.from_bytes(self._buf[:2], "big")
+            if len(self._buf) < 2 + n:
+                break
+            msg = bytes(self._buf[2 : 2 + n])
+            del self._buf[: 2 + n]
+            out += self._on_message(msg)
+        if self.complete:
+            self.leftover = bytes(self._buf)
+            self._buf.clear()
+        elif len(self._buf) > 2 + MAX_FRAME:
+            raise FrameTooLarge("handshake buffer overflow")
+        return out
+
+    def _on_message(self, msg: bytes) -> bytes:
+        hs = self._hs
+        payload = hs.read_message(msg)
+        if hs._step == 1:  # responder got "-> e": answer "<- e, ee, s, es" with our identity
+            if payload:
+                raise HandshakeError("first handshake message must not carry a payload")
+            return self._frame(hs.write_message(_encode_payload(self._keypair, hs.s_pub)))
+        self._authenticate(payload)
+        if hs._step == 2:  # initiator got message 2: send "-> s, se" and finish
+            out = self._frame(hs.write_message(_encode_payload(self._keypair, hs.s_pub)))
+            self._finish()
+            return out
+        self._finish()  # responder got message 3
+        return b""
+
+    def _authenticate(self, payload: bytes) -> None:
+        key_pb, sig = _decode_payload(payload)
+        try:
+            pub = public_key_from_protobuf(key_pb)
+        except Exception as e:
+            raise HandshakeError(f"peer sent an unusable identity key: {e}") from None
+        if not verify_signature(pub, sig, _SIG_PREFIX + self._hs.rs):  # type: ignore[operator]
+            raise HandshakeError("identity signature over the Noise static key is invalid")
+        peer = PeerId.from_public_key(pub)
+        if self._expected is not None and peer != self._expected:
+            raise PeerIdMismatch(f"dialed {self._expected} but the peer authenticated as {peer}")
+        self.remote_peer, self.remote_public_key = peer, pub
+
+    def _finish(self) -> None:
+        send, recv = self._hs.split()
+        self.session = NoiseSession(send, recv)
+        self.complete = True
+
+
+class NoiseSession:
+    """Seals outgoing bytes into length-prefixed Noise frames and opens incoming ones."""
+
+    __slots__ = ("_send", "_recv", "_buf")
+
+    def __init__(self, send: _Cipher, recv: _Cipher) -> None:
+        self._send = send
+        self._recv = recv
+        self._buf = bytearray()
+
+    def seal(self, data: bytes | bytearray | memoryview) -> bytearray:
+        """Encrypt ``data`` (any length) into one buffer of consecutive frames, ready to write."""
+        view = memoryview(data)
+        n = len(view)
+        nframes = max(1, -(-n // MAX_PLAINTEXT))
+        out = bytearray(n + nframes * (2 + _TAG))
+        mv = memoryview(out)
+        pos = 0
+        enc = self._send.encrypt_into
+        for i in range(0, max(n, 1), MAX_PLAINTEXT):
+            chunk = view[i : i + MAX_PLAINTEXT]
+            clen = len(chunk) + _TAG
+            out[pos] = clen >> 8
+            out[pos + 1] = clen & 0xFF
+            enc(chunk, mv[pos + 2 : pos + 2 + clen])
+            pos += 2 + clen
+        return out
+
+    def open(self, data: bytes) -> bytearray | None:
+        """Consume received bytes; return the plaintext of every complete frame (or None)."""
+        buf = self._buf
+        if buf:
+            buf += data
+            src = buf
+        else:
+            src = data
+        total = len(src)
+        pos = 0
+        mv = memoryview(src)
+        out: bytearray | None = None
+        opos = 0
+        dec = self._recv.decrypt_into
+        while total - pos >= 2:
+            clen = (src[pos] << 8) | src[pos + 1]
+            if total - pos - 2 < clen:
+                break
+            if clen < _TAG:
+                raise DecryptError(f"frame of {clen} bytes is shorter than its tag")
+            if out is None:
+                out = bytearray(total)  # upper bound on the plaintext of this batch
+                ov = memoryview(out)
+            dec(mv[pos + 2 : pos + 2 + clen], ov[opos : opos + clen - _TAG])
+            opos += clen - _TAG
+            pos += 2 + clen
+        mv.release()
+        if out is not None:
+            ov.release()
+            del out[opos:]
+        if src is buf:
+            del buf[:pos]
+        elif pos < total:
+            buf += data[pos:]
+        return out

@@ -1,0 +1,344 @@
+"""Stream multiplexer (sans-IO), speaking yamux's wire format.
+
+Many streams share one secure byte stream. Each stream has a credit window per direction: a sender
+may only have as many unacknowledged bytes in flight as the receiver granted, and the receiver grants
+more only as its application consumes data — so a slow reader pushes back on its writer and memory
+stays bounded. Frames: 12-byte header (version, type, flags, stream id, length) then payload.
+
+Feed received plaintext to :meth:`Mux.receive_data`, which returns events; call the command methods
+(:meth:`open_stream`, :meth:`send_data`, :meth:`consumed`, ...) and write out
+:meth:`Mux.data_to_send`. Nothing here touches a socket or a clock.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from ..errors import ProtocolError, StreamClosed, StreamLimit, StreamReset
+
+__all__ = [
+    "Mux",
+    "MuxConfig",
+    "StreamOpened",
+    "DataReceived",
+    "StreamEnded",
+    "StreamWasReset",
+    "WindowUpdated",
+    "StreamRefused",
+    "PongReceived",
+    "GoAwayReceived",
+]
+
+_HDR = struct.Struct(">BBHII")
+HEADER_LEN = _HDR.size
+_VERSION = 0
+T_DATA, T_WINDOW, T_PING, T_GOAWAY = 0, 1, 2, 3
+F_SYN, F_ACK, F_FIN, F_RST = 1, 2, 4, 8
+GOAWAY_NORMAL, GOAWAY_PROTOCOL, GOAWAY_INTERNAL = 0, 1, 2
+PROTOCOL_WINDOW = 256 * 1024  # yamux's initial window; every stream starts with it
+
+
+@dataclass(frozen=True, slots=True)
+class MuxConfig:
+    max_streams: int = 256  # open streams per connection (each direction counted together)
+    window: int = 4 * 1024 * 1024  # per-stream receive window we grant (>= 256 KiB)
+    max_frame: int = 1024 * 1024  # largest data frame we send
+    max_buffered: int = 64 * 1024 * 1024  # cap on unconsumed bytes across all streams
+
+
+# -- events -----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class StreamOpened:
+    stream_id: int
+
+
+@dataclass(slots=True)
+class DataReceived:
+    stream_id: int
+    data: bytes
+
+
+@dataclass(slots=True)
+class StreamEnded:
+    """The peer half-closed the stream (FIN): no more data will arrive."""
+
+    stream_id: int
+
+
+@dataclass(slots=True)
+class StreamWasReset:
+    stream_id: int
+
+
+@dataclass(slots=True)
+class WindowUpdated:
+    """The peer granted credit (or acknowledged our SYN); queued data may now be sent."""
+
+    stream_id: int
+
+
+@dataclass(slots=True)
+class StreamRefused:
+    """An inbound stream was refused (over the stream limit or the buffer budget) and reset."""
+
+    stream_id: int
+    reason: str
+
+
+@dataclass(slots=True)
+class PongReceived:
+    opaque: int
+
+
+@dataclass(slots=True)
+class GoAwayReceived:
+    code: int
+
+
+class _StreamState:
+    __slots__ = ("send_window", "recv_window", "unacked", "buffered", "local_fin", "remote_fin")
+
+    def __init__(self) -> None:
+        self.send_window = PROTOCOL_WINDOW
+        self.recv_window = PROTOCOL_WINDOW  # credit the peer still has on this stream
+        self.unacked = 0  # consumed bytes not yet returned to the peer as credit
+        self.buffered = 0  # received, not yet consumed by the application
+        self.local_fin = False
+        self.remote_fin = False
+
+
+class Mux:
+    """One side of a multiplexed connection."""
+
+    def __init__(self, is_client: bool, config: MuxConfig | None = None) -> None:
+        self.config = config or MuxConfig()
+        if self.config.window < PROTOCOL_WINDOW:
+            raise ValueError("mux window must be at least 256 KiB")
+        self._next_id = 1 if is_client else 2
+        self._peer_parity = 0 if is_client else 1
+        self._streams: dict[int, _StreamState] = {}
+        self._out = bytearray()
+        self._in = bytearray()
+        self._buffered_total = 0
+        self.local_goaway = False
+        self.remote_goaway = False
+
+    # -- commands ----------------------------------------------------------------------------------
+
+    @property
+    def num_streams(self) -> int:
+        return len(self._streams)
+
+    def open_stream(self) -> int:
+        """Allocate a stream id and queue its SYN (which also raises the peer's credit)."""
+        if self.local_goaway or self.remote_goaway:
+            raise StreamLimit("connection is going away; no new streams")
+        if len(self._streams) >= self.config.max_streams:
+            raise StreamLimit(f"stream limit of {self.config.max_streams} reached on this connection")
+        sid = self._next_id
+        if sid >= 2**32 - 2:
+            raise StreamLimit("stream ids exhausted on this connection")
+        self._next_id += 2
+        st = _StreamState()
+        self._streams[sid] = st
+        self._frame(T_WINDOW, F_SYN, sid, self._initial_grant(st))
+        return sid
+
+    def _initial_grant(self, st: _StreamState) -> int:
+        extra = self.config.window - PROTOCOL_WINDOW
+        if self._buffered_total + len(self._streams) * PROTOCOL_WINDOW > self.config.max_buffered:
+            extra = 0  # under memory pressure new streams get only the protocol minimum
+        st.recv_window += extra
+        return extra
+
+    def send_window(self, stream_id: int) -> int:
+        st = self._streams.get(stream_id)
+        return st.send_window if st is not None else 0
+
+    def send_data(self, stream_id: int, data: bytes | bytearray | memoryview) -> int:
+        """Queue as much of ``data`` as the peer's credit allows; return how many bytes were taken."""
+        st = self._streams.get(stream_id)
+        if st is None:
+            raise StreamReset(f"stream {stream_id} is not open")
+        if st.local_fin:
+            raise StreamClosed(f"stream {stream_id} was already closed for writing")
+        n = min(len(data), st.send_window)
+        if n <= 0:
+            return 0
+        st.send_window -= n
+        view = memoryview(data)
+        out = self._out
+        step = self.config.max_frame
+        for i in range(0, n, step):
+            chunk = view[i : min(i + step, n)]
+            out += _HDR.pack(_VERSION, T_DATA, 0, stream_id, len(chunk))
+            out += chunk
+        return n
+
+    def close_stream(self, stream_id: int) -> None:
+        """Half-close our side (FIN). Reading continues until the peer closes too."""
+        st = self._streams.get(stream_id)
+        if st is None or st.local_fin:
+            return
+        st.local_fin = True
+        self._frame(T_WINDOW, F_FIN, stream_id, 0)
+        self._maybe_forget(stream_id, st)
+
+    def reset_stream(self, stream_id: int) -> None:
+        st = self._streams.pop(stream_id, None)
+        if st is None:
+            return
+        self._buffered_total -= st.buffered
+        self._frame(T_WINDOW, F_RST, stream_id, 0)
+
+    def consumed(self, stream_id: int, n: int) -> None:
+        """The application read ``n`` bytes of the stream: return credit to the peer in batches."""
+        st = self._streams.get(stream_id)
+        if st is None:
+            return
+        st.buffered -= n
+        self._buffered_total -= n
+        st.unacked += n
+        if st.remote_fin:
+            self._maybe_forget(stream_id, st)
+            return
+        if st.unacked >= self.config.window // 4:
+            grant = st.unacked
+            if self._buffered_total > self.config.max_buffered:
+                grant = min(grant, max(0, PROTOCOL_WINDOW - st.recv_window))
+                if grant <= 0:
+                    return
+            st.unacked -= grant
+            st.recv_window += grant
+            self._frame(T_WINDOW, 0, stream_id, grant)
+
+    def ping(self, opaque: int) -> None:
+        self._frame(T_PING, F_SYN, 0, opaque & 0xFFFFFFFF)
+
+    def go_away(self, code: int = GOAWAY_NORMAL) -> None:
+        if not self.local_goaway:
+            self.local_goaway = True
+            self._frame(T_GOAWAY, 0, 0, code)
+
+    def data_to_send(self) -> bytearray:
+        """Everything queued for the wire since the last call (possibly empty)."""
+        out = self._out
+        if out:
+            self._out = bytearray()
+        return out
+
+    def has_data_to_send(self) -> bool:
+        return bool(self._out)
+
+    # -- input --------------------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes | bytearray) -> list:
+        """Parse received bytes; return events. Raises ProtocolError on a protocol violation."""
+        events: list = []
+        if self._in:
+            self._in += data
+            buf = self._in
+        else:
+            buf = data
+        total = len(buf)
+        pos = 0
+        unpack = _HDR.unpack_from
+        while total - pos >= HEADER_LEN:
+            version, ftype, flags, sid, length = unpack(buf, pos)
+            if version != _VERSION:
+                raise ProtocolError(f"mux frame with unknown version {version}")
+            if ftype == T_DATA:
+                if total - pos - HEADER_LEN < length:
+                    if length > self.config.window + self.config.max_frame:
+                        raise ProtocolError(f"mux data frame of {length} bytes exceeds any window")
+                    break
+                start = pos + HEADER_LEN
+                self._on_data(events, flags, sid, buf[start : start + length])
+                pos = start + length
+            else:
+                pos += HEADER_LEN
+                if ftype == T_WINDOW:
+                    self._on_window(events, flags, sid, length)
+                elif ftype == T_PING:
+                    if flags & F_SYN:
+                        self._frame(T_PING, F_ACK, 0, length)
+                    elif flags & F_ACK:
+                        events.append(PongReceived(length))
+                elif ftype == T_GOAWAY:
+                    self.remote_goaway = True
+                    events.append(GoAwayReceived(length))
+                else:
+                    raise ProtocolError(f"mux frame with unknown type {ftype}")
+        if buf is self._in:
+            del self._in[:pos]
+        elif pos < total:
+            self._in += buf[pos:]
+        return events
+
+    def _stream_for(self, events: list, flags: int, sid: int) -> _StreamState | None:
+        st = self._streams.get(sid)
+        if flags & F_SYN:
+            if st is not None or sid == 0 or sid % 2 != self._peer_parity:
+                raise ProtocolError(f"peer opened stream {sid}, which is in use or not its id")
+            if self.local_goaway:
+                self._frame(T_WINDOW, F_RST, sid, 0)
+                events.append(StreamRefused(sid, "connection is going away"))
+                return None
+            if len(self._streams) >= self.config.max_streams:
+                self._frame(T_WINDOW, F_RST, sid, 0)
+                events.append(StreamRefused(sid, f"stream limit {self.config.max_streams} reached"))
+                return None
+            st = _StreamState()
+            self._streams[sid] = st
+            self._frame(T_WINDOW, F_ACK, sid, self._initial_grant(st))
+            events.append(StreamOpened(sid))
+        return st
+
+    def _on_data(self, events: list, flags: int, sid: int, payload) -> None:
+        st = self._stream_for(events, flags, sid)
+        if st is None:
+            return  # frame for a stream we already reset or refused: drop it
+        n = len(payload)
+        if n:
+            if st.remote_fin:
+                raise ProtocolError(f"data on stream {sid} after its FIN")
+            if n > st.recv_window:
+                raise ProtocolError(f"peer overran the window of stream {sid} ({n} > {st.recv_window})")
+            st.recv_window -= n
+            st.buffered += n
+            self._buffered_total += n
+            events.append(DataReceived(sid, bytes(payload)))
+        self._on_flags(events, flags, sid, st)
+
+    def _on_window(self, events: list, flags: int, sid: int, delta: int) -> None:
+        st = self._stream_for(events, flags, sid)
+        if st is None:
+            return
+        if delta:
+            st.send_window += delta
+            if st.send_window > 2**32:
+                raise ProtocolError(f"peer granted an absurd window on stream {sid}")
+        if delta or flags & F_ACK:
+            events.append(WindowUpdated(sid))
+        self._on_flags(events, flags, sid, st)
+
+    def _on_flags(self, events: list, flags: int, sid: int, st: _StreamState) -> None:
+        if flags & F_RST:
+            self._streams.pop(sid, None)
+            self._buffered_total -= st.buffered
+            events.append(StreamWasReset(sid))
+            return
+        if flags & F_FIN and not st.remote_fin:
+            st.remote_fin = True
+            events.append(StreamEnded(sid))
+            self._maybe_forget(sid, st)
+
+    def _maybe_forget(self, sid: int, st: _StreamState) -> None:
+        if st.local_fin and st.remote_fin and st.buffered == 0:
+            self._streams.pop(sid, None)
+
+    def _frame(self, ftype: int, flags: int, sid: int, length: int) -> None:
+        self._out += _HDR.pack(_VERSION, ftype, flags, sid, length)

@@ -1,0 +1,451 @@
+"""asyncio glue: a byte pipe + (optional) Noise session + Mux = a Connection of Streams.
+
+Used by the TCP transport (with Noise) and the in-memory transport (without: both ends live in
+one process). All protocol decisions are in ``mux.py`` and ``noise.py``; this module only moves
+bytes, wakes waiting coroutines, batches writes per loop iteration and runs the keepalive timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Callable, Protocol
+
+import structlog
+
+from ..errors import ConnectionClosed, LatticaError, ProtocolError, StreamClosed, StreamReset
+from ..identity import PeerId
+from ..multiaddr import Multiaddr
+from .base import Connection, Stream, StreamHandler
+from .mux import (
+    GOAWAY_PROTOCOL,
+    DataReceived,
+    GoAwayReceived,
+    Mux,
+    MuxConfig,
+    PongReceived,
+    StreamEnded,
+    StreamOpened,
+    StreamRefused,
+    StreamWasReset,
+    WindowUpdated,
+)
+from .noise import NoiseSession
+
+log = structlog.get_logger("lattica.transport")
+
+
+class ByteWriter(Protocol):
+    """The part of an asyncio transport the connection writes to."""
+
+    def write(self, data: bytes | bytearray | memoryview) -> None: ...
+    def close(self) -> None: ...
+    def abort(self) -> None: ...
+    def is_closing(self) -> bool: ...
+
+
+class MuxedStream(Stream):
+    __slots__ = (
+        "stream_id", "_conn", "_chunks", "_offset", "_eof", "_error", "_waiter", "_pending",
+        "_pending_bytes", "_drain_waiter", "_fin_queued", "_write_closed",
+    )
+
+    def __init__(self, conn: MuxedConnection, stream_id: int) -> None:
+        self.stream_id = stream_id
+        self._conn = conn
+        self._chunks: deque[bytes] = deque()
+        self._offset = 0  # read position inside _chunks[0]
+        self._eof = False
+        self._error: LatticaError | None = None
+        self._waiter: asyncio.Future | None = None
+        self._pending: deque[memoryview] = deque()  # written, waiting for peer credit
+        self._pending_bytes = 0
+        self._drain_waiter: asyncio.Future | None = None
+        self._fin_queued = False
+        self._write_closed = False
+
+    def __repr__(self) -> str:
+        return f"<MuxedStream {self.stream_id} to {self._conn.remote_peer.short()}>"
+
+    # -- reading -----------------------------------------------------------------------------
+
+    async def read(self, max_bytes: int = 65536) -> bytes:
+        while not self._chunks:
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                return b""
+            self._waiter = self._conn._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        chunk = self._chunks[0]
+        off = self._offset
+        avail = len(chunk) - off
+        if avail <= max_bytes:
+            self._chunks.popleft()
+            self._offset = 0
+            data = chunk if off == 0 else chunk[off:]
+        else:
+            data = chunk[off : off + max_bytes]
+            self._offset = off + max_bytes
+        self._conn._consumed(self.stream_id, len(data))
+        return data
+
+    def _feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _feed_eof(self) -> None:
+        self._eof = True
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _fail(self, error: LatticaError) -> None:
+        if self._error is None:
+            self._error = error
+        for w in (self._waiter, self._drain_waiter):
+            if w is not None and not w.done():
+                w.set_result(None)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._write_closed:
+            raise StreamClosed(f"stream {self.stream_id} is closed for writing")
+        if not data:
+            return
+        conn = self._conn
+        if not self._pending:
+            n = conn._mux.send_data(self.stream_id, data)
+            conn._schedule_flush()
+            if n == len(data):
+                return
+            data = memoryview(data)[n:]
+        else:
+            data = memoryview(data)
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+
+    def _on_credit(self) -> None:
+        """The peer granted credit: move pending data into the mux."""
+        mux = self._conn._mux
+        pending = self._pending
+        while pending:
+            head = pending[0]
+            n = mux.send_data(self.stream_id, head)
+            if n == 0:
+                break
+            self._pending_bytes -= n
+            if n == len(head):
+                pending.popleft()
+            else:
+                pending[0] = head[n:]
+                break
+        self._conn._schedule_flush()
+        if not pending:
+            if self._fin_queued:
+                self._fin_queued = False
+                mux.close_stream(self.stream_id)
+            w = self._drain_waiter
+            if w is not None and not w.done():
+                w.set_result(None)
+
+    async def drain(self) -> None:
+        while True:
+            if self._error is not None:
+                raise self._error
+            if self._pending_bytes == 0 and not self._conn._write_paused:
+                return
+            self._drain_waiter = self._conn._loop.create_future()
+            if self._pending_bytes == 0:
+                self._conn._drain_waiters.append(self._drain_waiter)
+            try:
+                await self._drain_waiter
+            finally:
+                self._drain_waiter = None
+
+    async def close(self) -> None:
+        if self._write_closed or self._error is not None:
+            return
+        self._write_closed = True
+        if self._pending:
+            self._fin_queued = True
+        else:
+            self._conn._mux.close_stream(self.stream_id)
+            self._conn._schedule_flush()
+        await self.drain()
+
+    def reset(self) -> None:
+        if self._error is None:
+            self._conn._mux.reset_stream(self.stream_id)
+            self._conn._schedule_flush()
+            self._conn._streams.pop(self.stream_id, None)
+            self._fail(StreamReset(f"stream {self.stream_id} was reset locally"))
+
+
+class MuxedConnection(Connection):
+    """A Connection over any byte pipe: optional Noise sealing, then the Mux."""
+
+    def __init__(
+        self,
+        writer: ByteWriter,
+        *,
+        transport: str,
+        direction: str,
+        local_peer: PeerId,
+        remote_peer: PeerId,
+        local_addr: Multiaddr,
+        remote_addr: Multiaddr,
+        session: NoiseSession | None,
+        mux_config: MuxConfig | None = None,
+        keepalive_interval: float = 15.0,
+        keepalive_timeout: float = 30.0,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._writer = writer
+        self._session = session
+        self.transport = transport
+        self.direction = direction
+        self.local_peer = local_peer
+        self.remote_peer = remote_peer
+        self.local_addr = local_addr
+        self.remote_addr = remote_addr
+        self._mux = Mux(direction == "outbound", mux_config)
+        self._streams: dict[int, MuxedStream] = {}
+        self._handler: StreamHandler | None = None
+        self._unhandled: list[MuxedStream] = []
+        self._flush_scheduled = False
+        self._write_paused = False
+        self._drain_waiters: list[asyncio.Future] = []
+        self._closed = False
+        self._close_reason: str | None = None
+        self._close_callbacks: list[Callable[[Connection], None]] = []
+        self._closed_event = asyncio.Event()
+        self._last_recv = self._loop.time()
+        self._ping_waiters: dict[int, asyncio.Future] = {}
+        self._next_ping = 1
+        self._keepalive_interval = keepalive_interval
+        self._keepalive_timeout = keepalive_timeout
+        self._keepalive_handle = (
+            self._loop.call_later(keepalive_interval, self._keepalive) if keepalive_interval > 0 else None
+        )
+
+    def __repr__(self) -> str:
+        return f"<{self.transport} {self.direction} connection to {self.remote_peer.short()}>"
+
+    # -- Connection API -------------------------------------------------------------------
+
+    async def open_stream(self) -> Stream:
+        if self._closed:
+            raise ConnectionClosed(f"connection to {self.remote_peer} is closed ({self._close_reason})")
+        sid = self._mux.open_stream()
+        stream = MuxedStream(self, sid)
+        self._streams[sid] = stream
+        self._schedule_flush()
+        return stream
+
+    def set_stream_handler(self, handler: StreamHandler) -> None:
+        self._handler = handler
+        queued, self._unhandled = self._unhandled, []
+        for s in queued:
+            handler(s)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._mux.go_away()
+        self._flush()
+        self._teardown("closed locally", graceful=True)
+        await self.wait_closed()
+
+    def abort(self, reason: str) -> None:
+        self._teardown(reason, graceful=False)
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def close_reason(self) -> str | None:
+        return self._close_reason
+
+    @property
+    def num_streams(self) -> int:
+        return len(self._streams)
+
+    def add_close_callback(self, cb: Callable[[Connection], None]) -> None:
+        if self._closed:
+            self._loop.call_soon(cb, self)
+        else:
+            self._close_callbacks.append(cb)
+
+    async def wait_closed(self) -> None:
+        await self._closed_event.wait()
+
+    async def ping(self, timeout: float = 10.0) -> float:
+        """Round-trip time in seconds of a mux-level ping (the keepalive probe)."""
+        opaque = self._next_ping
+        self._next_ping = (self._next_ping + 1) & 0xFFFFFFFF or 1
+        fut = self._loop.create_future()
+        self._ping_waiters[opaque] = fut
+        t0 = self._loop.time()
+        self._mux.ping(opaque)
+        self._flush()
+        try:
+            await asyncio.wait_for(fut, timeout)
+        finally:
+            self._ping_waiters.pop(opaque, None)
+        return self._loop.time() - t0
+
+    # -- bytes in ---------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        """Called by the byte pipe with ciphertext (or plaintext for in-memory pipes)."""
+        if self._closed:
+            return
+        self._last_recv = self._loop.time()
+        try:
+            if self._session is not None:
+                data = self._session.open(data)
+                if not data:
+                    return
+            events = self._mux.receive_data(data)
+        except ProtocolError as e:
+            log.info("closing connection: peer broke the protocol", peer=str(self.remote_peer), reason=str(e))
+            self._mux.go_away(GOAWAY_PROTOCOL)
+            self._flush()
+            self._teardown(f"protocol error: {e}", graceful=True)
+            return
+        streams = self._streams
+        for ev in events:
+            t = type(ev)
+            if t is DataReceived:
+                s = streams.get(ev.stream_id)
+                if s is not None:
+                    s._feed(ev.data)
+            elif t is WindowUpdated:
+                s = streams.get(ev.stream_id)
+                if s is not None and s._pending:
+                    s._on_credit()
+            elif t is StreamOpened:
+                s = MuxedStream(self, ev.stream_id)
+                streams[ev.stream_id] = s
+                if self._handler is not None:
+                    self._handler(s)
+                else:
+                    self._unhandled.append(s)
+            elif t is StreamEnded:
+                s = streams.get(ev.stream_id)
+                if s is not None:
+                    s._feed_eof()
+                    self._maybe_drop(s)
+            elif t is StreamWasReset:
+                s = streams.pop(ev.stream_id, None)
+                if s is not None:
+                    s._fail(StreamReset(f"stream {ev.stream_id} was reset by the peer"))
+            elif t is PongReceived:
+                fut = self._ping_waiters.get(ev.opaque)
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+            elif t is StreamRefused:
+                log.info("refused inbound stream", peer=str(self.remote_peer), reason=ev.reason)
+            elif t is GoAwayReceived:
+                log.debug("peer is going away", peer=str(self.remote_peer), code=ev.code)
+        if self._mux.has_data_to_send():
+            self._flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Called by the byte pipe when the underlying transport is gone."""
+        self._teardown("connection lost" if exc is None else f"connection lost: {exc}", graceful=False)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    # -- bytes out --------------------------------------------------------------------------
+
+    def _consumed(self, sid: int, n: int) -> None:
+        self._mux.consumed(sid, n)
+        if self._mux.has_data_to_send():
+            self._schedule_flush()
+        s = self._streams.get(sid)
+        if s is not None and s._eof and not s._chunks:
+            self._maybe_drop(s)
+
+    def _maybe_drop(self, s: MuxedStream) -> None:
+        if s._eof and s._write_closed and not s._chunks and not s._pending:
+            self._streams.pop(s.stream_id, None)
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._closed:
+            return
+        data = self._mux.data_to_send()
+        if not data:
+            return
+        if self._session is not None:
+            data = self._session.seal(data)
+        self._writer.write(data)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def _keepalive(self) -> None:
+        if self._closed:
+            return
+        idle = self._loop.time() - self._last_recv
+        if idle >= self._keepalive_timeout:
+            log.info("closing connection: keepalive timeout", peer=str(self.remote_peer), idle=round(idle, 1))
+            self._teardown("keepalive timeout", graceful=False)
+            return
+        if idle >= self._keepalive_interval * 0.9:
+            self._mux.ping(0)  # any reply (or any traffic) refreshes _last_recv
+            self._flush()
+        self._keepalive_handle = self._loop.call_later(self._keepalive_interval / 3, self._keepalive)
+
+    def _teardown(self, reason: str, graceful: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._close_reason = reason
+        if self._keepalive_handle is not None:
+            self._keepalive_handle.cancel()
+        err = ConnectionClosed(f"connection to {self.remote_peer} closed: {reason}")
+        for s in list(self._streams.values()) + self._unhandled:
+            s._fail(err)
+        self._streams.clear()
+        self._unhandled.clear()
+        for fut in self._ping_waiters.values():
+            if not fut.done():
+                fut.set_exception(err)
+        for w in self._drain_waiters:
+            if not w.done():
+                w.set_result(None)
+        try:
+            self._writer.close() if graceful else self._writer.abort()
+        except Exception:  # the pipe may already be gone; nothing more to do
+            pass
+        self._closed_event.set()
+        callbacks, self._close_callbacks = self._close_callbacks, []
+        for cb in callbacks:
+            try:
+                cb(self)
+            except Exception:
+                log.exception("connection close callback failed")

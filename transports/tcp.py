@@ -1,0 +1,232 @@
+"""TCP transport: Noise XX for authentication and encryption, then the yamux-format multiplexer.
+
+No multistream negotiation: both sides of a Lattica TCP connection start the Noise handshake at
+once and, once it completes, speak the mux. The handshake has a deadline and a size cap, so a peer
+that stalls or sends garbage costs one socket for at most ``handshake_timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import structlog
+
+from ..errors import HandshakeError, LatticaError, PeerIdMismatch, Timeout, TransportError
+from ..identity import KeyPair, PeerId
+from ..multiaddr import Multiaddr
+from .base import Connection, ConnectionHandler, Listener, Transport
+from .mux import MuxConfig
+from .muxed import MuxedConnection
+from .noise import NoiseHandshake
+
+log = structlog.get_logger("lattica.tcp")
+
+__all__ = ["TcpTransport"]
+
+
+def _sockaddr_to_multiaddr(sockaddr: tuple) -> Multiaddr:
+    return Multiaddr.from_host_port(sockaddr[0], sockaddr[1], "tcp")
+
+
+class _TcpProtocol(asyncio.Protocol):
+    """Runs the Noise handshake, then hands every byte to the MuxedConnection."""
+
+    def __init__(self, owner: TcpTransport, initiator: bool, expected: PeerId | None) -> None:
+        self._owner = owner
+        self._initiator = initiator
+        self._hs = NoiseHandshake(owner.keypair, initiator, expected)
+        self._transport: asyncio.Transport | None = None
+        self.conn: MuxedConnection | None = None
+        self.ready: asyncio.Future[MuxedConnection] = asyncio.get_running_loop().create_future()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._timer = asyncio.get_running_loop().call_later(self._owner.handshake_timeout, self._handshake_timed_out)
+        out = self._hs.start()
+        if out:
+            transport.write(out)  # type: ignore[attr-defined]
+
+    def _handshake_timed_out(self) -> None:
+        self._fail(Timeout(f"Noise handshake did not finish within {self._owner.handshake_timeout} s"))
+
+    def _fail(self, err: LatticaError) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if not self.ready.done():
+            self.ready.set_exception(err)
+            self.ready.exception()  # mark retrieved: inbound failures have nobody awaiting them
+        if self._transport is not None:
+            self._transport.abort()
+        if not self._initiator:
+            log.info("inbound handshake failed", peer_addr=self._peer_addr_text(), reason=str(err))
+
+    def _peer_addr_text(self) -> str:
+        if self._transport is None:
+            return "?"
+        return str(self._transport.get_extra_info("peername"))
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn is not None:
+            self.conn.data_received(data)
+            return
+        if self.ready.done():
+            return  # handshake already failed; the socket is being aborted
+        try:
+            out = self._hs.receive(data)
+        except LatticaError as e:
+            self._fail(e if isinstance(e, HandshakeError) else HandshakeError(str(e)))
+            return
+        if out:
+            self._transport.write(out)  # type: ignore[union-attr]
+        if self._hs.complete:
+            self._timer.cancel()  # type: ignore[union-attr]
+            tr = self._transport
+            assert tr is not None and self._hs.remote_peer is not None and self._hs.session is not None
+            self.conn = MuxedConnection(
+                tr,
+                transport="tcp",
+                direction="outbound" if self._initiator else "inbound",
+                local_peer=self._owner.keypair.peer_id,
+                remote_peer=self._hs.remote_peer,
+                local_addr=_sockaddr_to_multiaddr(tr.get_extra_info("sockname")),
+                remote_addr=_sockaddr_to_multiaddr(tr.get_extra_info("peername")),
+                session=self._hs.session,
+                mux_config=self._owner.mux_config,
+                keepalive_interval=self._owner.keepalive_interval,
+                keepalive_timeout=self._owner.keepalive_timeout,
+            )
+            self._owner._track(self.conn)
+            self.ready.set_result(self.conn)
+            if self._hs.leftover:
+                self.conn.data_received(self._hs.leftover)
+
+    def eof_received(self) -> bool:
+        return False  # close our side too: a half-open TCP connection has no use here
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.conn is not None:
+            self.conn.connection_lost(exc)
+        elif not self.ready.done():
+            self._fail(TransportError(f"connection lost during handshake: {exc or 'EOF'}"))
+
+    def pause_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.resume_writing()
+
+
+class _TcpListener(Listener):
+    def __init__(self, server: asyncio.AbstractServer) -> None:
+        self._server = server
+        self.addrs = [_sockaddr_to_multiaddr(s.getsockname()) for s in server.sockets]
+
+    async def close(self) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+
+class TcpTransport(Transport):
+    """Listens and dials ``/ip4|ip6|dns/<host>/tcp/<port>``."""
+
+    name = "tcp"
+
+    def __init__(
+        self,
+        keypair: KeyPair,
+        *,
+        mux_config: MuxConfig | None = None,
+        handshake_timeout: float = 10.0,
+        keepalive_interval: float = 15.0,
+        keepalive_timeout: float = 45.0,
+        write_buffer_limit: int = 4 * 1024 * 1024,
+    ) -> None:
+        super().__init__(keypair)
+        self.mux_config = mux_config or MuxConfig()
+        self.handshake_timeout = handshake_timeout
+        self.keepalive_interval = keepalive_interval
+        self.keepalive_timeout = keepalive_timeout
+        self.write_buffer_limit = write_buffer_limit
+        self._listeners: list[_TcpListener] = []
+        self._conns: set[Connection] = set()
+
+    def handles(self, addr: Multiaddr) -> bool:
+        p = addr.without_peer_id().protocols()
+        return len(p) == 2 and p[0] in ("ip4", "ip6", "dns", "dns4", "dns6") and p[1] == "tcp"
+
+    def _track(self, conn: MuxedConnection) -> None:
+        self._conns.add(conn)
+        conn.add_close_callback(self._conns.discard)
+
+    def _protocol(self, initiator: bool, expected: PeerId | None) -> _TcpProtocol:
+        return _TcpProtocol(self, initiator, expected)
+
+    async def listen(self, addr: Multiaddr, on_connection: ConnectionHandler) -> Listener:
+        host, port = addr.host_port()
+        loop = asyncio.get_running_loop()
+
+        def factory() -> _TcpProtocol:
+            proto = self._protocol(False, None)
+            proto.ready.add_done_callback(lambda f: self._accepted(f, on_connection))
+            return proto
+
+        try:
+            server = await loop.create_server(factory, host, port, reuse_address=True, backlog=1024)
+        except OSError as e:
+            raise TransportError(f"cannot listen on {addr}: {e.strerror or e}") from None
+        for s in server.sockets:
+            # hole punching (a later issue) dials from the listening port: allow sharing it
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        listener = _TcpListener(server)
+        self._listeners.append(listener)
+        return listener
+
+    def _accepted(self, fut: asyncio.Future, on_connection: ConnectionHandler) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        conn = fut.result()
+        self._set_buffer_limits(conn)
+        try:
+            on_connection(conn)
+        except Exception:
+            log.exception("connection handler failed")
+            conn.abort("connection handler failed")
+
+    async def dial(self, addr: Multiaddr, peer_id: PeerId | None = None) -> Connection:
+        target = addr.peer_id
+        if peer_id is not None and target is not None and target != peer_id:
+            raise PeerIdMismatch(f"address {addr} names {target}, not the requested {peer_id}")
+        expected = peer_id or target
+        host, port = addr.without_peer_id().host_port()
+        loop = asyncio.get_running_loop()
+        try:
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(lambda: self._protocol(True, expected), host, port),
+                self.handshake_timeout,
+            )
+        except asyncio.TimeoutError:
+            raise Timeout(f"TCP connect to {addr} timed out") from None
+        except OSError as e:
+            raise TransportError(f"cannot connect to {addr}: {e.strerror or e}") from None
+        conn = await proto.ready
+        self._set_buffer_limits(conn)
+        return conn
+
+    def _set_buffer_limits(self, conn: MuxedConnection) -> None:
+        conn._writer.set_write_buffer_limits(  # type: ignore[attr-defined]
+            high=self.write_buffer_limit, low=self.write_buffer_limit // 4
+        )
+
+    async def close(self) -> None:
+        for listener in self._listeners:
+            await listener.close()
+        self._listeners.clear()
+        for conn in list(self._conns):
+            conn.abort("transport closed")

@@ -1,0 +1,624 @@
+"""The node: one event loop thread that owns every socket, connection and protocol object.
+
+``Node`` is the thread-safe handle users hold (sync methods, plus ``a``-prefixed coroutine versions
+usable from any event loop). ``_Host`` lives on the node loop and does the work: listening, dialing
+(racing TCP and QUIC), keeping one connection per peer, limits, idle close, identify and ping, and
+dispatching inbound streams to protocol handlers by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+import time
+from typing import Any, Awaitable, Callable, Coroutine, Iterable, TypeVar
+
+import structlog
+
+from . import identify, ping
+from .errors import (
+    ConnectionClosed,
+    ConnectionLimit,
+    LatticaError,
+    MultiaddrError,
+    NodeClosed,
+    PeerUnreachable,
+    Timeout,
+    UnsupportedProtocol,
+)
+from .framing import read_message, write_message
+from .identify import PeerInfo
+from .identity import KeyPair, PeerId
+from .multiaddr import Multiaddr
+from .transports.base import Connection, Stream, Transport
+
+__all__ = ["Node", "PeerInfo"]
+
+log = structlog.get_logger("lattica.node")
+T = TypeVar("T")
+StreamProtocolHandler = Callable[[Stream, Connection], Awaitable[None]]
+
+AGENT_VERSION = "lattica-py/0.1.0"
+_MAX_PROTOCOL_NAME = 128
+_PROTOCOL_READ_TIMEOUT = 10.0
+_DIAL_STAGGER = 0.25  # happy-eyeballs delay before starting the next address
+_LINGER = 2.0  # seconds a duplicate connection stays up for streams already on it
+
+
+def _encode_protocol(name: str) -> bytes:
+    raw = name.encode()
+    return len(raw).to_bytes(1, "big") + raw
+
+
+class _Host:
+    """Everything that runs on the node loop."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.keypair = node.keypair
+        self.peer_id = node.keypair.peer_id
+        self.loop = asyncio.get_running_loop()
+        self.transports: list[Transport] = []
+        self.listeners: list = []
+        self.listen_addrs: list[Multiaddr] = []
+        self.conns: dict[PeerId, Connection] = {}
+        self.all_conns: set[Connection] = set()
+        self.info: dict[Connection, PeerInfo] = {}
+        self.identified: dict[Connection, asyncio.Future[PeerInfo]] = {}
+        self.peer_addrs: dict[PeerId, list[Multiaddr]] = {}
+        self.dialing: dict[PeerId, asyncio.Future[Connection]] = {}
+        self.handlers: dict[str, StreamProtocolHandler] = {}
+        self.tasks: set[asyncio.Task] = set()
+        self.idle_since: dict[Connection, float] = {}
+        self.closing = False
+        self.handlers[identify.PROTOCOL] = self._on_identify
+        self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s)
+
+    # -- start / stop ---------------------------------------------------------------------------
+
+    async def start(self, listen: list[Multiaddr]) -> None:
+        self.transports = self.node._make_transports()
+        for addr in listen:
+            transport = self._transport_for(addr)
+            if transport is None:
+                raise MultiaddrError(f"no transport can listen on {addr}")
+            listener = await transport.listen(addr, self._on_inbound)
+            self.listeners.append(listener)
+            self.listen_addrs.extend(listener.addrs)
+        self.spawn(self._idle_reaper())
+
+    async def stop(self) -> None:
+        self.closing = True
+        for conn in list(self.all_conns):
+            try:
+                await asyncio.wait_for(conn.close(), 1.0)
+            except (asyncio.TimeoutError, LatticaError):
+                conn.abort("node stopping")
+        for t in self.transports:
+            await t.close()
+        for task in list(self.tasks):
+            task.cancel()
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
+        task = self.loop.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    def _transport_for(self, addr: Multiaddr) -> Transport | None:
+        for t in self.transports:
+            if t.handles(addr):
+                return t
+        return None
+
+    # -- connections ----------------------------------------------------------------------------
+
+    def _on_inbound(self, conn: Connection) -> None:
+        if self.closing:
+            conn.abort("node stopping")
+            return
+        if len(self.all_conns) >= self.node.max_connections:
+            log.info("refusing inbound connection: limit reached", peer=str(conn.remote_peer), limit=self.node.max_connections)
+            conn.abort("connection limit reached")
+            return
+        self._adopt(conn)
+
+    def _adopt(self, conn: Connection) -> None:
+        """Start serving a new authenticated connection and make it the peer's primary one."""
+        self.all_conns.add(conn)
+        self.idle_since[conn] = self.loop.time()
+        self.identified[conn] = self.loop.create_future()
+        conn.add_close_callback(self._on_closed)
+        conn.set_stream_handler(lambda s: self.spawn(self._serve_stream(s, conn)))
+        peer = conn.remote_peer
+        existing = self.conns.get(peer)
+        if existing is None or existing.is_closed:
+            self.conns[peer] = conn
+        else:
+            # Both sides dialed at once (or two transports won a race): both ends must keep the
+            # same one, so keep the connection dialed by the smaller PeerId; ties keep the older.
+            keep_new = self._dialer(conn) < self._dialer(existing)
+            winner, loser = (conn, existing) if keep_new else (existing, conn)
+            self.conns[peer] = winner
+            self.loop.call_later(_LINGER, self._close_if_unused, loser)
+        self.spawn(self._push_identify(conn))
+
+    def _dialer(self, conn: Connection) -> PeerId:
+        return self.peer_id if conn.direction == "outbound" else conn.remote_peer
+
+    def _close_if_unused(self, conn: Connection) -> None:
+        if conn.is_closed or self.conns.get(conn.remote_peer) is conn:
+            return
+        if conn.num_streams == 0:
+            self.spawn(conn.close())
+        else:
+            self.loop.call_later(_LINGER, self._close_if_unused, conn)
+
+    def _on_closed(self, conn: Connection) -> None:
+        self.all_conns.discard(conn)
+        self.info.pop(conn, None)
+        self.idle_since.pop(conn, None)
+        fut = self.identified.pop(conn, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(ConnectionClosed(f"connection to {conn.remote_peer} closed before identify"))
+            fut.exception()
+        peer = conn.remote_peer
+        if self.conns.get(peer) is conn:
+            del self.conns[peer]
+            for other in self.all_conns:  # promote a surviving duplicate, if any
+                if other.remote_peer == peer and not other.is_closed:
+                    self.conns[peer] = other
+                    break
+
+    async def _idle_reaper(self) -> None:
+        timeout = self.node.idle_timeout
+        while True:
+            await asyncio.sleep(max(timeout / 4, 0.05))
+            now = self.loop.time()
+            for conn in list(self.all_conns):
+                if conn.num_streams:
+                    self.idle_since[conn] = now
+                elif now - self.idle_since.get(conn, now) >= timeout:
+                    log.debug("closing idle connection", peer=str(conn.remote_peer))
+                    self.spawn(conn.close())
+
+    # -- dialing --------------------------------------------------------------------------------
+
+    async def connect(self, addrs: list[Multiaddr], peer: PeerId | None, timeout: float) -> PeerInfo:
+        if peer is None:
+            ids = {a.peer_id for a in addrs}
+            if len(ids) != 1 or None in ids:
+                raise MultiaddrError("connect needs addresses ending in /p2p/<PeerId> (or a peer_id)")
+            peer = ids.pop()  # type: ignore[assignment]
+        if peer == self.peer_id:
+            raise PeerUnreachable("cannot connect to ourselves")
+        if addrs:
+            known = self.peer_addrs.setdefault(peer, [])
+            for a in addrs:
+                a = a.without_peer_id()
+                if a not in known:
+                    known.append(a)
+        try:
+            conn = await asyncio.wait_for(self.get_connection(peer), timeout)
+            return await asyncio.wait_for(asyncio.shield(self.identified[conn]), timeout)
+        except asyncio.TimeoutError:
+            raise Timeout(f"connecting to {peer} took longer than {timeout} s") from None
+        except KeyError:
+            raise ConnectionClosed(f"connection to {peer} closed while connecting") from None
+
+    async def get_connection(self, peer: PeerId) -> Connection:
+        """The live connection to ``peer``, dialing its known addresses if there is none."""
+        conn = self.conns.get(peer)
+        if conn is not None and not conn.is_closed:
+            return conn
+        fut = self.dialing.get(peer)
+        if fut is None:
+            fut = self.loop.create_future()
+            self.dialing[peer] = fut
+            self.spawn(self._dial(peer, fut))
+        return await asyncio.shield(fut)
+
+    async def _dial(self, peer: PeerId, fut: asyncio.Future) -> None:
+        try:
+            conn = await self._race(peer, self.peer_addrs.get(peer, []))
+            if not fut.done():
+                fut.set_result(conn)
+        except BaseException as e:
+            if not fut.done():
+                fut.set_exception(e if isinstance(e, LatticaError) else PeerUnreachable(str(e)))
+                fut.exception()
+            if isinstance(e, asyncio.CancelledError):
+                raise
+        finally:
+            self.dialing.pop(peer, None)
+
+    async def _race(self, peer: PeerId, addrs: list[Multiaddr]) -> Connection:
+        by_transport: dict[str, list[tuple[Multiaddr, Transport]]] = {}
+        for a in addrs:
+            t = self._transport_for(a)
+            if t is not None and not a.is_circuit:
+                by_transport.setdefault(t.name, []).append((a, t))
+        if not by_transport:
+            raise PeerUnreachable(f"no dialable address known for {peer}")
+        if len(self.all_conns) >= self.node.max_connections:
+            raise ConnectionLimit(f"connection limit of {self.node.max_connections} reached")
+        # Interleave transports so the first wave races one address of each (TCP against QUIC);
+        # further addresses join one by one, every _DIAL_STAGGER seconds or when an attempt fails.
+        queues = list(by_transport.values())
+        order = [q[i] for i in range(max(map(len, queues))) for q in queues if i < len(q)]
+        attempts = iter(order)
+        errors: list[str] = []
+        pending: set[asyncio.Task] = set()
+        winner: Connection | None = None
+
+        def start_next() -> None:
+            nxt = next(attempts, None)
+            if nxt is not None:
+                addr, transport = nxt
+                task = self.loop.create_task(transport.dial(addr, peer))
+                task.addr = addr  # type: ignore[attr-defined]
+                pending.add(task)
+
+        for _ in queues:
+            start_next()
+        try:
+            while pending and winner is None:
+                done, _ = await asyncio.wait(pending, timeout=_DIAL_STAGGER, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    pending.discard(task)
+                    if task.exception() is None:
+                        winner = task.result()
+                        break
+                    errors.append(f"{task.addr}: {task.exception()}")  # type: ignore[attr-defined]
+                if winner is None and (not done or not pending):
+                    start_next()
+        finally:
+            for task in pending:
+                task.cancel()
+            for task in pending:
+                task.add_done_callback(self._close_late_winner)
+        if winner is None:
+            raise PeerUnreachable(f"could not reach {peer}: " + "; ".join(errors))
+        if self.closing:
+            winner.abort("node stopping")
+            raise NodeClosed("node stopped while dialing")
+        self._adopt(winner)
+        return winner
+
+    def _close_late_winner(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is None:
+            task.result().abort("lost the dial race")
+
+    # -- streams and protocols ------------------------------------------------------------------
+
+    async def open_stream(self, peer: PeerId, protocol: str) -> Stream:
+        conn = await self.get_connection(peer)
+        info = self.info.get(conn)
+        if info is not None and protocol not in info.protocols:
+            raise UnsupportedProtocol(f"{peer} does not serve {protocol}")
+        stream = await conn.open_stream()
+        stream.write(_encode_protocol(protocol))
+        return stream
+
+    async def _serve_stream(self, stream: Stream, conn: Connection) -> None:
+        try:
+            head = await asyncio.wait_for(stream.readexactly(1), _PROTOCOL_READ_TIMEOUT)
+            name = (await asyncio.wait_for(stream.readexactly(head[0]), _PROTOCOL_READ_TIMEOUT)).decode()
+        except (asyncio.TimeoutError, LatticaError, UnicodeDecodeError) as e:
+            log.info("dropping stream: no valid protocol header", peer=str(conn.remote_peer), reason=str(e) or type(e).__name__)
+            stream.reset()
+            return
+        handler = self.handlers.get(name)
+        if handler is None:
+            log.info("dropping stream: unknown protocol", peer=str(conn.remote_peer), protocol=name[:64])
+            stream.reset()
+            return
+        try:
+            await handler(stream, conn)
+        except (LatticaError, asyncio.TimeoutError) as e:
+            log.info("stream handler failed", peer=str(conn.remote_peer), protocol=name, reason=str(e) or type(e).__name__)
+            stream.reset()
+        except Exception:
+            log.exception("stream handler crashed", peer=str(conn.remote_peer), protocol=name)
+            stream.reset()
+
+    # -- identify -------------------------------------------------------------------------------
+
+    async def _push_identify(self, conn: Connection) -> None:
+        try:
+            stream = await conn.open_stream()
+            stream.write(_encode_protocol(identify.PROTOCOL))
+            write_message(
+                stream,
+                identify.build(
+                    self.keypair.public_key_protobuf(),
+                    self.node.agent_version,
+                    self.listen_addrs,
+                    conn.remote_addr,
+                    sorted(self.handlers),
+                ),
+            )
+            await stream.close()
+        except LatticaError as e:
+            log.debug("identify push failed", peer=str(conn.remote_peer), reason=str(e))
+
+    async def _on_identify(self, stream: Stream, conn: Connection) -> None:
+        try:
+            msg = await asyncio.wait_for(read_message(stream, identify.MAX_MESSAGE), _PROTOCOL_READ_TIMEOUT)
+            fields = identify.parse(msg, conn.remote_peer)
+        except (LatticaError, asyncio.TimeoutError) as e:
+            log.info("closing connection: bad identify", peer=str(conn.remote_peer), reason=str(e) or "timeout")
+            conn.abort(f"bad identify: {e}")
+            return
+        info = PeerInfo(conn.remote_peer, conn.transport, conn.direction, conn.remote_addr, **fields)
+        self.info[conn] = info
+        known = self.peer_addrs.setdefault(conn.remote_peer, [])
+        for a in info.listen_addrs:
+            if a not in known and len(known) < 32:
+                known.append(a)
+        fut = self.identified.get(conn)
+        if fut is not None and not fut.done():
+            fut.set_result(info)
+        await stream.close()
+
+    async def ping(self, peer: PeerId, count: int) -> list[float]:
+        stream = await self.open_stream(peer, ping.PROTOCOL)
+        try:
+            return await ping.measure(stream, count)
+        finally:
+            await stream.close()
+
+    def peers(self) -> list[PeerInfo]:
+        out = []
+        for peer, conn in self.conns.items():
+            info = self.info.get(conn)
+            out.append(info or PeerInfo(peer, conn.transport, conn.direction, conn.remote_addr))
+        return out
+
+
+def _new_loop(use_uvloop: bool | None) -> asyncio.AbstractEventLoop:
+    if use_uvloop is not False:
+        try:
+            import uvloop
+
+            return uvloop.new_event_loop()
+        except ImportError:
+            if use_uvloop:
+                raise
+    return asyncio.new_event_loop()
+
+
+class Node:
+    """A Lattica node: identity, listeners, connections, on its own event-loop thread.
+
+    Use as a context manager or call :meth:`start` / :meth:`stop`. Sync methods may be called from
+    any thread except the node loop; the ``a``-prefixed coroutines may be awaited from any loop.
+    """
+
+    def __init__(
+        self,
+        listen: Iterable[str | Multiaddr] = ("/ip4/127.0.0.1/tcp/0",),
+        *,
+        key_path: str | os.PathLike[str] | None = None,
+        keypair: KeyPair | None = None,
+        max_connections: int = 512,
+        idle_timeout: float = 300.0,
+        dial_timeout: float = 10.0,
+        agent_version: str = AGENT_VERSION,
+        use_uvloop: bool | None = None,
+        transport_options: dict[str, dict[str, Any]] | None = None,
+        memory_network: Any = None,
+    ) -> None:
+        if keypair is not None and key_path is not None:
+            raise ValueError("give key_path or keypair, not both")
+        self.keypair = keypair or (KeyPair.load_or_create(key_path) if key_path else KeyPair.generate())
+        self.peer_id: PeerId = self.keypair.peer_id
+        self._listen = [Multiaddr(a) for a in listen]
+        self.max_connections = max_connections
+        self.idle_timeout = idle_timeout
+        self.dial_timeout = dial_timeout
+        self.agent_version = agent_version
+        self._use_uvloop = use_uvloop
+        self._transport_options = transport_options or {}
+        self._memory_network = memory_network
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._host: _Host | None = None
+        self._lock = threading.Lock()
+        self.started_at: float | None = None
+
+    def _make_transports(self) -> list[Transport]:
+        from .transports.memory import MemoryTransport
+        from .transports.quic import QuicTransport
+        from .transports.tcp import TcpTransport
+
+        opts = self._transport_options
+        memory_opts = dict(opts.get("memory", {}))
+        if self._memory_network is not None:
+            memory_opts.setdefault("network", self._memory_network)
+        return [
+            TcpTransport(self.keypair, **opts.get("tcp", {})),
+            QuicTransport(self.keypair, **opts.get("quic", {})),
+            MemoryTransport(self.keypair, **memory_opts),
+        ]
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> Node:
+        """Start the loop thread and listen on every address; returns once listening."""
+        with self._lock:
+            if self._thread is not None:
+                return self
+            t0 = time.perf_counter()
+            loop = _new_loop(self._use_uvloop)
+            ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+            self._loop = loop
+            self._thread = threading.Thread(target=self._run, args=(loop, ready), name=f"lattica-node-{self.peer_id.short()}", daemon=True)
+            self._thread.start()
+            try:
+                ready.result()
+            except BaseException:
+                self._thread.join()
+                self._thread = self._loop = None
+                raise
+            self.started_at = time.perf_counter() - t0
+            log.info("node started", peer_id=str(self.peer_id), addrs=[str(a) for a in self.addrs])
+            return self
+
+    def _run(self, loop: asyncio.AbstractEventLoop, ready: concurrent.futures.Future) -> None:
+        asyncio.set_event_loop(loop)
+
+        async def boot() -> None:
+            self._host = _Host(self)
+            await self._host.start(self._listen)
+
+        try:
+            loop.run_until_complete(boot())
+        except BaseException as e:
+            if self._host is not None:
+                loop.run_until_complete(self._host.stop())
+            loop.close()
+            ready.set_exception(e)
+            return
+        ready.set_result(None)
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    def stop(self) -> None:
+        """Close every connection and listener, then end the loop thread."""
+        with self._lock:
+            if self._thread is None or self._loop is None:
+                return
+            loop, thread, host = self._loop, self._thread, self._host
+            if threading.current_thread() is thread:
+                raise RuntimeError("Node.stop() cannot be called from the node's own loop")
+            try:
+                asyncio.run_coroutine_threadsafe(host.stop(), loop).result(10)  # type: ignore[union-attr]
+            except Exception:
+                log.exception("error while stopping the node")
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
+            self._thread = self._loop = self._host = None
+
+    def __enter__(self) -> Node:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    # -- bridging to the loop -------------------------------------------------------------------
+
+    def _submit(self, fn: Callable[[_Host], Coroutine[Any, Any, T]]) -> concurrent.futures.Future[T]:
+        loop, host = self._loop, self._host
+        if loop is None or host is None:
+            raise NodeClosed("the node is not running; call start() or use it as a context manager")
+        return asyncio.run_coroutine_threadsafe(fn(host), loop)
+
+    def _call(self, fn: Callable[[_Host], Coroutine[Any, Any, T]]) -> T:
+        if self._thread is not None and threading.current_thread() is self._thread:
+            raise RuntimeError("blocking Node methods cannot run on the node loop; await the a-prefixed version")
+        return self._submit(fn).result()
+
+    async def _acall(self, fn: Callable[[_Host], Coroutine[Any, Any, T]]) -> T:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not None and running is self._loop:
+            if self._host is None:
+                raise NodeClosed("the node is not running")
+            return await fn(self._host)
+        return await asyncio.wrap_future(self._submit(fn))
+
+    # -- public API -----------------------------------------------------------------------------
+
+    @property
+    def addrs(self) -> list[Multiaddr]:
+        """Listen addresses, each ending in ``/p2p/<our PeerId>`` (dialable as they are)."""
+        host = self._host
+        if host is None:
+            return []
+        return [a.with_peer_id(self.peer_id) for a in host.listen_addrs]
+
+    def _parse_target(self, target: str | Multiaddr | Iterable[str | Multiaddr]) -> list[Multiaddr]:
+        if isinstance(target, (str, Multiaddr)):
+            return [Multiaddr(target)]
+        return [Multiaddr(a) for a in target]
+
+    def connect(self, addr: str | Multiaddr | Iterable[str | Multiaddr], timeout: float | None = None) -> PeerInfo:
+        """Dial the peer at ``addr`` (one or several multiaddrs ending in its /p2p/ id), authenticate
+        and identify it; return what it told us. Reuses an existing connection."""
+        addrs = self._parse_target(addr)
+        return self._call(lambda h: h.connect(addrs, None, timeout or self.dial_timeout))
+
+    async def aconnect(self, addr: str | Multiaddr | Iterable[str | Multiaddr], timeout: float | None = None) -> PeerInfo:
+        addrs = self._parse_target(addr)
+        return await self._acall(lambda h: h.connect(addrs, None, timeout or self.dial_timeout))
+
+    def ping(self, peer: PeerId | str, count: int = 1) -> float:
+        """Median round-trip time to ``peer`` in seconds over ``count`` pings on one stream."""
+        rtts = self.ping_many(peer, count)
+        return sorted(rtts)[len(rtts) // 2]
+
+    def ping_many(self, peer: PeerId | str, count: int) -> list[float]:
+        """Every round-trip time (seconds) of ``count`` sequential pings on one stream."""
+        pid = PeerId.from_string(peer) if isinstance(peer, str) else peer
+        return self._call(lambda h: h.ping(pid, count))
+
+    async def aping(self, peer: PeerId | str, count: int = 1) -> float:
+        pid = PeerId.from_string(peer) if isinstance(peer, str) else peer
+        rtts = await self._acall(lambda h: h.ping(pid, count))
+        return sorted(rtts)[len(rtts) // 2]
+
+    def peers(self) -> list[PeerInfo]:
+        """Connected peers (one entry per peer, its primary connection)."""
+
+        async def get(h: _Host) -> list[PeerInfo]:
+            return h.peers()
+
+        return self._call(get)
+
+    def disconnect(self, peer: PeerId | str) -> None:
+        """Close every connection to ``peer``."""
+        pid = PeerId.from_string(peer) if isinstance(peer, str) else peer
+
+        async def close(h: _Host) -> None:
+            for conn in [c for c in h.all_conns if c.remote_peer == pid]:
+                await conn.close()
+
+        self._call(close)
+
+    # -- for protocols built on the node (actors, DHT, ...) -------------------------------------
+
+    def set_stream_handler(self, protocol: str, handler: StreamProtocolHandler) -> None:
+        """Serve ``protocol``: ``await handler(stream, connection)`` runs on the node loop for each
+        inbound stream that names it. Call before connecting, so identify advertises it."""
+        if len(protocol.encode()) > _MAX_PROTOCOL_NAME:
+            raise ValueError("protocol names are at most 128 bytes")
+
+        async def put(h: _Host) -> None:
+            h.handlers[protocol] = handler
+
+        self._call(put)
+
+    async def aopen_stream(self, peer: PeerId, protocol: str) -> Stream:
+        """Open a stream to ``peer`` speaking ``protocol`` (must be awaited on the node loop)."""
+        if self._host is None or asyncio.get_running_loop() is not self._loop:
+            raise RuntimeError("streams belong to the node loop; open them from coroutines running there")
+        return await self._host.open_stream(peer, protocol)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the node loop from another thread and return its result."""
+        return self._call(lambda h: asyncio.wait_for(coro, timeout))
+

@@ -1,0 +1,39 @@
+"""The ping protocol (libp2p's /ipfs/ping/1.0.0): the dialer sends 32 random bytes, the peer echoes
+them; repeat on the same stream to measure round-trip times."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .errors import ProtocolError
+from .transports.base import Stream
+
+PROTOCOL = "/ipfs/ping/1.0.0"
+_SIZE = 32
+
+
+async def serve(stream: Stream) -> None:
+    """Echo 32-byte pings until the peer closes the stream."""
+    while True:
+        data = await stream.read(_SIZE)
+        if not data:
+            await stream.close()
+            return
+        if len(data) < _SIZE:
+            data += await stream.readexactly(_SIZE - len(data))
+        stream.write(data)
+
+
+async def measure(stream: Stream, count: int) -> list[float]:
+    """Send ``count`` pings in sequence; return each round trip in seconds."""
+    rtts = []
+    for _ in range(count):
+        payload = os.urandom(_SIZE)
+        t0 = time.perf_counter()
+        stream.write(payload)
+        echo = await stream.readexactly(_SIZE)
+        rtts.append(time.perf_counter() - t0)
+        if echo != payload:
+            raise ProtocolError("ping reply does not match what was sent")
+    return rtts

@@ -1,5 +1,5 @@
-"""Opt-in logging setup. Lattica logs through structlog and never configures logging at import;
-call :func:`configure` from an application (or the CLI) to see its logs."""
+"""Opt-in logging setup. Lattica never configures logging at import; call :func:`configure` from an
+application (the CLI does) to see its structured logs on stderr."""
 
 from __future__ import annotations
 
@@ -10,18 +10,26 @@ import structlog
 
 
 def configure(level: str | int = "INFO", json: bool = False) -> None:
-    """Route structlog (and the stdlib ``lattica`` loggers) to stderr at ``level``."""
-    lvl = logging.getLevelName(level.upper()) if isinstance(level, str) else level
+    """Show Lattica's log events (with their key-value context) on stderr at ``level``."""
     renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=True,
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.stdlib.add_log_level,
+                structlog.stdlib.add_logger_name,
+                structlog.processors.TimeStamper(fmt="iso"),
+                renderer,
+            ],
+            foreign_pre_chain=[structlog.stdlib.ExtraAdder()],
+        )
     )
+    root = logging.getLogger("lattica")
+    for h in list(root.handlers):
+        if getattr(h, "_lattica", False):
+            root.removeHandler(h)
+    handler._lattica = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(level.upper() if isinstance(level, str) else level)
+    root.propagate = False

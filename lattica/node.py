@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Awaitable, Callable, Coroutine, Iterable, TypeVar
 
-import structlog
+from ._log import get_logger
 
 from . import identify, ping
 from .errors import (
@@ -36,7 +36,7 @@ from .transports.base import Connection, Stream, Transport
 
 __all__ = ["Node", "PeerInfo"]
 
-log = structlog.get_logger("lattica.node")
+log = get_logger("lattica.node")
 T = TypeVar("T")
 StreamProtocolHandler = Callable[[Stream, Connection], Awaitable[None]]
 

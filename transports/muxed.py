@@ -11,7 +11,7 @@ import asyncio
 from collections import deque
 from typing import Callable, Protocol
 
-import structlog
+from .._log import get_logger
 
 from ..errors import ConnectionClosed, LatticaError, ProtocolError, StreamClosed, StreamReset
 from ..identity import PeerId
@@ -32,7 +32,7 @@ from .mux import (
 )
 from .noise import NoiseSession
 
-log = structlog.get_logger("lattica.transport")
+log = get_logger("lattica.transport")
 
 
 class ByteWriter(Protocol):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-import structlog
+from .._log import get_logger
 
 from ..errors import HandshakeError, LatticaError, PeerIdMismatch, Timeout, TransportError
 from ..identity import KeyPair, PeerId
@@ -20,7 +20,7 @@ from .mux import MuxConfig
 from .muxed import MuxedConnection
 from .noise import NoiseHandshake
 
-log = structlog.get_logger("lattica.tcp")
+log = get_logger("lattica.tcp")
 
 __all__ = ["TcpTransport"]
 

@@ -1,0 +1,91 @@
+"""Identity: libp2p key-file and PeerId formats, signatures, key file permissions."""
+
+import os
+import stat
+
+import pytest
+
+from lattica.errors import InvalidPeerId, KeyFileError
+from lattica.identity import KeyPair, PeerId, b58decode, b58encode, verify_signature
+
+# The Ed25519 test vector of the libp2p peer-ids spec; the PeerId is the one go-libp2p's own
+# tests derive from it.
+SPEC_PRIVATE = bytes.fromhex(
+    "080112407e0830617c4a7de83925dfb2694556b12936c477a0e1feb2e148ec9da60fee7d"
+    "1ed1e8fae2c4a144b8be8fd4b47bf3d3b34b871c3cacf6010f0e42d474fce27e"
+)
+SPEC_PUBLIC = bytes.fromhex("080112201ed1e8fae2c4a144b8be8fd4b47bf3d3b34b871c3cacf6010f0e42d474fce27e")
+SPEC_PEER_ID = "12D3KooWBtg3aaRMjxwedh83aGiUkwSxDwUZkzuJcfaqUmo7R3pq"
+
+
+def test_libp2p_spec_vector():
+    kp = KeyPair.from_protobuf(SPEC_PRIVATE)
+    assert kp.public_key_protobuf() == SPEC_PUBLIC
+    assert str(kp.peer_id) == SPEC_PEER_ID
+    assert kp.to_protobuf() == SPEC_PRIVATE  # we write what go-libp2p writes
+
+
+def test_seed_only_key_file_is_accepted():
+    kp = KeyPair.from_protobuf(SPEC_PRIVATE)
+    seed_only = b"\x08\x01\x12\x20" + kp.seed()
+    assert KeyPair.from_protobuf(seed_only).peer_id == kp.peer_id
+
+
+@pytest.mark.parametrize(
+    "blob, match",
+    [
+        (b"", "missing"),
+        (b"\x08\x00\x12\x20" + bytes(32), "unsupported key type"),  # RSA
+        (b"\x08\x01\x12\x10" + bytes(16), "32 or 64"),
+        (b"\x08\x01\x12\x40" + bytes(64), "does not match"),
+        (b"\x08\x01\x12\x40" + bytes(10), "truncated"),
+        (b"\xff\xff\xff", "malformed"),
+    ],
+)
+def test_bad_key_files(blob, match):
+    with pytest.raises(KeyFileError, match=match):
+        KeyPair.from_protobuf(blob)
+
+
+def test_key_file_mode_and_reload(tmp_path):
+    path = tmp_path / "node.key"
+    kp = KeyPair.load_or_create(path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert KeyPair.load_or_create(path).peer_id == kp.peer_id
+    assert path.read_bytes() == kp.to_protobuf()
+
+
+def test_peer_id_round_trips_and_carries_the_key():
+    kp = KeyPair.generate()
+    pid = PeerId.from_string(str(kp.peer_id))
+    assert pid == kp.peer_id and hash(pid) == hash(kp.peer_id)
+    assert str(pid).startswith("12D3KooW")
+    assert pid.public_key() == kp.public_key
+    assert PeerId.from_bytes(pid.to_bytes()) == pid
+
+
+@pytest.mark.parametrize("text", ["", "0OIl", "12D3KooW", "Qm" + "1" * 10, "z" * 60])
+def test_invalid_peer_ids(text):
+    with pytest.raises(InvalidPeerId):
+        PeerId.from_string(text)
+
+
+def test_sha256_peer_ids_parse():
+    # legacy RSA-style ids are sha2-256 multihashes ("Qm...")
+    pid = PeerId.from_string("QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N")
+    assert pid.public_key() is None
+
+
+def test_signatures():
+    kp = KeyPair.generate()
+    sig = kp.sign(b"msg")
+    assert verify_signature(kp.public_key, sig, b"msg")
+    assert not verify_signature(kp.public_key, sig, b"msh")
+    assert not verify_signature(KeyPair.generate().public_key, sig, b"msg")
+    assert not verify_signature(b"short", sig, b"msg")
+
+
+def test_base58():
+    for data in [b"", b"\0", b"\0\0abc", os.urandom(40)]:
+        assert b58decode(b58encode(data)) == data
+    assert b58encode(b"hello world") == "StV1DL6CwTryKyV"

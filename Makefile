@@ -1,0 +1,25 @@
+# Both targets bootstrap .venv themselves on a fresh machine (Python >= 3.11 with venv required).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev,fast]'
+	@rm -f $(VENV)/.installed-*; touch $@
+
+demo: $(STAMP)
+	$(BIN)/lattica demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/lattica bench all
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Benchmarks shipped with the package (``lattica bench ...``): they print figures, assert nothing."""

@@ -1,0 +1,108 @@
+"""A node serving the benchmark/test protocols, run as its own process.
+
+``python -m lattica.bench.server --listen ADDR [--listen ADDR ...]`` prints one JSON line
+``{"peer_id": ..., "addrs": [...], "pid": ...}`` once listening, then serves until stdin closes.
+Protocols: ``/lattica/bench/sink/1`` (read to EOF, reply with byte count and sha256) and
+``/lattica/bench/echo/1`` (echo until EOF).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+from ..node import Node
+from ..transports.base import Connection, Stream
+
+SINK = "/lattica/bench/sink/1"
+ECHO = "/lattica/bench/echo/1"
+
+
+async def serve_sink(stream: Stream, conn: Connection, digest: bool = True) -> None:
+    """Count (and hash) everything until EOF, then answer ``{bytes}:{sha256 hex}``."""
+    h = hashlib.sha256() if digest else None
+    n = 0
+    while True:
+        data = await stream.read(1 << 20)
+        if not data:
+            break
+        n += len(data)
+        if h is not None:
+            h.update(data)
+    stream.write(f"{n}:{h.hexdigest() if h else ''}".encode())
+    await stream.close()
+
+
+async def serve_echo(stream: Stream, conn: Connection) -> None:
+    while True:
+        data = await stream.read(1 << 20)
+        if not data:
+            break
+        stream.write(data)
+        await stream.drain()
+    await stream.close()
+
+
+class ServerProcess:
+    """Run this module in a child process; ``with ServerProcess([...]) as srv: srv.addrs``."""
+
+    def __init__(self, listen: list[str], *extra: str) -> None:
+        args = [sys.executable, "-m", "lattica.bench.server"]
+        for a in listen:
+            args += ["--listen", a]
+        self._args = args + list(extra)
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> ServerProcess:
+        self.proc = subprocess.Popen(self._args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            self.proc.kill()
+            raise RuntimeError(f"bench server exited with code {self.proc.wait()} before listening")
+        info = json.loads(line)
+        self.peer_id: str = info["peer_id"]
+        self.addrs: list[str] = info["addrs"]
+        self.pid: int = info["pid"]
+        return self
+
+    def addr(self, transport: str) -> str:
+        """The first listen address of ``transport`` ("tcp" or "quic")."""
+        for a in self.addrs:
+            if ("/quic-v1" in a) == (transport == "quic"):
+                return a
+        raise LookupError(f"server has no {transport} address: {self.addrs}")
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        try:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m lattica.bench.server")
+    p.add_argument("--listen", action="append", default=[])
+    p.add_argument("--no-digest", action="store_true", help="sink counts bytes without hashing them")
+    p.add_argument("--key", default=None, help="key file (created if absent)")
+    args = p.parse_args(argv)
+    node = Node(args.listen or ["/ip4/127.0.0.1/tcp/0"], key_path=args.key)
+    node.start()
+    digest = not args.no_digest
+    node.set_stream_handler(SINK, lambda s, c: serve_sink(s, c, digest))
+    node.set_stream_handler(ECHO, serve_echo)
+    print(json.dumps({"peer_id": str(node.peer_id), "addrs": [str(a) for a in node.addrs], "pid": os.getpid()}), flush=True)
+    try:
+        sys.stdin.read()  # serve until the parent closes our stdin
+    finally:
+        node.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Transport and node benchmarks: stream throughput, ping RTT, handshake time, start-up and RSS.
+
+Each benchmark runs the server side in a separate process (``lattica.bench.server``) so client and
+server get their own interpreter and core, as two real nodes would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from ..multiaddr import Multiaddr
+from ..node import Node
+from .server import SINK, ServerProcess
+
+LOOPBACK = {"tcp": "/ip4/127.0.0.1/tcp/0", "quic": "/ip4/127.0.0.1/udp/0/quic-v1"}
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def bench_stream(transport: str = "tcp", size: int = 1 << 30, chunk: int = 1 << 20) -> dict[str, Any]:
+    """One stream, one direction: push ``size`` bytes to a sink in another process."""
+    block = os.urandom(chunk)
+    with ServerProcess([LOOPBACK[transport]], "--no-digest") as srv, Node([]) as node:
+        node.connect(srv.addr(transport))
+        pid = node.peers()[0].peer_id
+
+        async def push() -> tuple[float, str]:
+            stream = await node.aopen_stream(pid, SINK)
+            t0 = time.perf_counter()
+            sent = 0
+            while sent < size:
+                n = min(chunk, size - sent)
+                stream.write(block if n == chunk else block[:n])
+                await stream.drain()
+                sent += n
+            await stream.close()
+            reply = (await stream.read(200)).decode()
+            return time.perf_counter() - t0, reply
+
+        elapsed, reply = node.run(push())
+    received = int(reply.split(":")[0])
+    return {
+        "bench": "stream",
+        "transport": transport,
+        "bytes": size,
+        "received": received,
+        "seconds": round(elapsed, 3),
+        "MB_per_s": round(size / elapsed / 1e6, 1),
+    }
+
+
+def bench_ping(transport: str = "tcp", count: int = 10000) -> dict[str, Any]:
+    """Sequential 32-byte pings on one stream to a node in another process."""
+    with ServerProcess([LOOPBACK[transport]]) as srv, Node([]) as node:
+        info = node.connect(srv.addr(transport))
+        node.ping_many(info.peer_id, min(500, count))  # warm-up
+        rtts = node.ping_many(info.peer_id, count)
+    us = [r * 1e6 for r in rtts]
+    return {
+        "bench": "ping",
+        "transport": transport,
+        "count": count,
+        "p50_us": round(_pct(us, 0.50), 1),
+        "p99_us": round(_pct(us, 0.99), 1),
+        "mean_us": round(statistics.fmean(us), 1),
+    }
+
+
+def bench_handshake(transport: str = "tcp", count: int = 200) -> dict[str, Any]:
+    """Fresh authenticated connections (TCP: connect + Noise XX; QUIC: TLS 1.3), dial to ready."""
+    with ServerProcess([LOOPBACK[transport]]) as srv, Node([]) as node:
+        addr = Multiaddr(srv.addr(transport))
+        t = next(t for t in node._host.transports if t.handles(addr))  # type: ignore[union-attr]
+
+        async def run() -> list[float]:
+            times = []
+            for _ in range(count):
+                t0 = time.perf_counter()
+                conn = await t.dial(addr)
+                times.append(time.perf_counter() - t0)
+                conn.abort("benchmark")
+            return times
+
+        times = node.run(run())
+    ms = [x * 1e3 for x in times]
+    return {"bench": "handshake", "transport": transport, "count": count, "p50_ms": round(_pct(ms, 0.5), 3), "p99_ms": round(_pct(ms, 0.99), 3)}
+
+
+_STARTUP_CHILD = r"""
+import json, os, sys, time
+t_proc = float(sys.argv[1])
+t0 = time.perf_counter()
+import lattica
+t1 = time.perf_counter()
+node = lattica.Node(["/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1"])
+node.start()
+t2 = time.perf_counter()
+time.sleep(1.0)
+rss = int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1])
+print(json.dumps({"import_ms": (t1 - t0) * 1e3, "start_ms": (t2 - t1) * 1e3,
+                  "wall_ms": (time.time() - t_proc - 1.0) * 1e3, "rss_kib": rss}))
+node.stop()
+"""
+
+
+def bench_startup(runs: int = 5) -> dict[str, Any]:
+    """Start-to-listening (import + Node.start, and from exec) and idle RSS of a fresh process."""
+    results = []
+    for _ in range(runs):
+        out = subprocess.run(
+            [sys.executable, "-c", _STARTUP_CHILD, repr(time.time())], capture_output=True, text=True, check=True
+        )
+        results.append(json.loads(out.stdout))
+    med = lambda k: round(statistics.median(r[k] for r in results), 1)  # noqa: E731
+    return {
+        "bench": "startup",
+        "runs": runs,
+        "node_start_ms": med("start_ms"),
+        "import_ms": med("import_ms"),
+        "exec_to_listening_ms": med("wall_ms"),
+        "idle_rss_mib": round(statistics.median(r["rss_kib"] for r in results) / 1024, 1),
+    }
+
+
+def bench_noise_ciphers(frames: int = 20000) -> dict[str, Any]:
+    """The measurement behind the cipher choice: seal 64 KiB frames with each Noise cipher."""
+    from ..transports.noise import MAX_PLAINTEXT, _Cipher
+
+    data = os.urandom(MAX_PLAINTEXT)
+    out: dict[str, Any] = {"bench": "noise-ciphers"}
+    for name, aes in (("AES-256-GCM", True), ("ChaChaPoly", False)):
+        c = _Cipher(os.urandom(32), aes)
+        t0 = time.perf_counter()
+        for _ in range(frames):
+            c.encrypt(None, data)
+        out[f"{name}_MB_per_s"] = round(frames * len(data) / (time.perf_counter() - t0) / 1e6)
+    return out

@@ -1,0 +1,112 @@
+"""The ``lattica`` command: run a node, ping a peer, the demo, and the benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from . import logging as lattica_logging
+
+
+def _print(result: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result), flush=True)
+        return
+    name = result.pop("bench", "")
+    print(f"{name:<14}" + "  ".join(f"{k}={v}" for k, v in result.items()), flush=True)
+
+
+def _bench(args: argparse.Namespace) -> None:
+    from .bench import transport as tb
+
+    transports = ["tcp", "quic"] if args.transport == "both" else [args.transport]
+    which = args.which
+    if which in ("stream", "all"):
+        for t in transports:
+            size = args.size or ((1 << 30) if t == "tcp" else (256 << 20))
+            _print(tb.bench_stream(t, size), args.json)
+    if which in ("ping", "all"):
+        for t in transports:
+            _print(tb.bench_ping(t, args.count), args.json)
+    if which in ("handshake", "all"):
+        for t in transports:
+            _print(tb.bench_handshake(t), args.json)
+    if which in ("startup", "all"):
+        _print(tb.bench_startup(), args.json)
+    if which in ("ciphers", "all"):
+        _print(tb.bench_noise_ciphers(), args.json)
+
+
+def _node(args: argparse.Namespace) -> None:
+    from .node import Node
+
+    with Node(args.listen or ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"], key_path=args.key) as node:
+        print(f"peer id: {node.peer_id}")
+        for a in node.addrs:
+            print(f"listening: {a}")
+        for addr in args.connect:
+            info = node.connect(addr)
+            print(f"connected: {info.peer_id} over {info.transport}")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+
+
+def _ping(args: argparse.Namespace) -> None:
+    from .node import Node
+
+    with Node([]) as node:
+        info = node.connect(args.addr)
+        rtts = node.ping_many(info.peer_id, args.count)
+        for r in rtts:
+            print(f"pong from {info.peer_id.short()} via {info.transport}: {r * 1e6:.0f} µs")
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from .demo import run
+
+    run()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="lattica", description="Lattica: a peer-to-peer actor framework")
+    p.add_argument("--log", default=None, help="log level (debug, info, warning); off by default")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("node", help="run a node until interrupted")
+    s.add_argument("--listen", action="append", default=[], help="multiaddr to listen on (repeatable)")
+    s.add_argument("--key", default="lattica.key", help="key file, created if absent (default: %(default)s)")
+    s.add_argument("--connect", action="append", default=[], help="peer multiaddr to dial at start")
+    s.set_defaults(fn=_node)
+
+    s = sub.add_parser("ping", help="connect to a peer and ping it")
+    s.add_argument("addr", help="peer multiaddr ending in /p2p/<PeerId>")
+    s.add_argument("-c", "--count", type=int, default=5)
+    s.set_defaults(fn=_ping)
+
+    s = sub.add_parser("demo", help="two local nodes find each other, identify and ping")
+    s.set_defaults(fn=_demo)
+
+    s = sub.add_parser("bench", help="run benchmarks and print figures")
+    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "all"])
+    s.add_argument("--transport", choices=["tcp", "quic", "both"], default="both")
+    s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic)")
+    s.add_argument("--count", type=int, default=10000, help="pings")
+    s.add_argument("--json", action="store_true", help="one JSON object per line")
+    s.set_defaults(fn=_bench)
+
+    args = p.parse_args(argv)
+    if args.log:
+        lattica_logging.configure(args.log)
+    try:
+        args.fn(args)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

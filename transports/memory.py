@@ -25,7 +25,7 @@ class MemoryNetwork:
     """A registry of listening in-memory transports: one simulated network."""
 
     def __init__(self) -> None:
-        self._listeners: dict[int, tuple[MemoryTransport, ConnectionHandler]] = {}
+        self._listeners: dict[int, tuple[MemoryTransport, ConnectionHandler, asyncio.AbstractEventLoop]] = {}
         self._ports = itertools.count(1)
 
     def _bind(self, port: int, transport: MemoryTransport, handler: ConnectionHandler) -> int:
@@ -35,7 +35,7 @@ class MemoryNetwork:
                 port = next(self._ports)
         if port in self._listeners:
             raise TransportError(f"/memory/{port} is already in use")
-        self._listeners[port] = (transport, handler)
+        self._listeners[port] = (transport, handler, asyncio.get_running_loop())
         return port
 
 
@@ -139,7 +139,9 @@ class MemoryTransport(Transport):
         entry = self.network._listeners.get(port)
         if entry is None:
             raise PeerUnreachable(f"nothing listens on {addr}")
-        remote, on_connection = entry
+        remote, on_connection, remote_loop = entry
+        if remote_loop is not asyncio.get_running_loop():
+            raise TransportError(f"{addr} is served on another event loop; memory nodes must share the same event loop")
         expected = peer_id or addr.peer_id
         if expected is not None and remote.keypair.peer_id != expected:
             raise PeerIdMismatch(f"dialed {expected} but {addr} belongs to {remote.keypair.peer_id}")

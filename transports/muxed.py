@@ -181,6 +181,7 @@ class MuxedStream(Stream):
             self._conn._mux.close_stream(self.stream_id)
             self._conn._schedule_flush()
         await self.drain()
+        self._conn._maybe_drop(self)
 
     def reset(self) -> None:
         if self._error is None:

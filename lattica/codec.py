@@ -1,0 +1,547 @@
+"""Message codec: msgpack envelopes with out-of-band buffers (the hot path of every RPC).
+
+A *frame* is one encoded message. Large binary payloads (numpy arrays and bytes-likes of at least
+``Limits.oob_threshold`` bytes) are not copied into the msgpack body: they follow it as separate
+buffers, are handed to the transport as-is, and decode zero-copy as slices of the received frame.
+Only plain data is ever decoded (no object serializer, no code); every length is checked against
+``Limits`` before anything is allocated.
+
+Wire format, version 1 (all integers little-endian)::
+
+    frame   = header body [pad buffer]*          total length known from the transport framing
+    header  = u8 version (=1) | u8 flags (=0) | u16 nbuf | u32 body_len | nbuf * u64 buffer_len
+    body    = one msgpack object of body_len bytes
+    pad     = 0..7 zero bytes so that every buffer starts at a multiple of 8 from the frame start
+
+    msgpack extension types inside the body (codes 0..15 belong to the codec):
+      0  out-of-band bytes   u32 buffer index                    -> memoryview slice of the frame
+      1  numpy array         u8 ndim | u8 dtype_len | u16 0 | u32 buffer index (0xFFFFFFFF = inline)
+                             | ndim * u64 shape | dtype str (e.g. "<f4") NUL-padded to 8 bytes
+                             | inline data (C order)           -> np.frombuffer view, no copy
+      2  numpy scalar        u8 dtype_len | dtype str | itemsize raw bytes
+      16..63                 lattica types registered with register_ext (16 PeerId, 17 Multiaddr)
+      64..127                free for applications (register_ext)
+      registered payload     = a nested msgpack object (it may itself reference buffers); nested
+                               registered types at most 8 levels deep
+
+Tuples encode as msgpack arrays and decode as lists (for speed). Map keys are encoded only when
+they are str, int, bytes or a registered extension type. Floats are float64; ints must fit
+msgpack's range (-2**63 .. 2**64-1). msgpack's reserved timestamp extension (-1), which this codec
+never emits, decodes to int nanoseconds. Arrays use a fixed allow-list of bool/int/uint/float/
+complex dtypes in either byte order; object, string, structured and datetime dtypes are refused.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any, Callable
+
+import msgpack
+import numpy as np
+
+from .errors import CodecError, FrameTooLarge
+from .identity import PeerId
+from .multiaddr import Multiaddr
+
+__all__ = ["Limits", "DEFAULT_LIMITS", "encode", "encode_bytes", "decode", "register_ext"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Hard caps applied to every frame (checked before allocating), and the out-of-band cutoff."""
+
+    max_frame: int = 64 * 1024 * 1024 + 1024  # whole encoded frame, bytes
+    max_depth: int = 32  # nesting depth of containers (per extension payload)
+    max_items: int = 1_000_000  # length of any single list / map
+    max_buffers: int = 1024  # out-of-band buffers per frame
+    max_str: int = 16 * 1024 * 1024  # bytes per str / bin / ext in the msgpack body
+    oob_threshold: int = 64 * 1024  # bytes-likes and arrays at least this big go out of band
+    _floor: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("max_frame", "max_depth", "max_items", "max_str", "oob_threshold"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"Limits.{name} must be a non-negative int")
+        if not 0 <= self.max_buffers <= 0xFFFF:
+            raise ValueError("Limits.max_buffers must be in 0..65535")
+        object.__setattr__(self, "_floor", min(self.max_items, self.max_str))
+
+
+DEFAULT_LIMITS = Limits()
+
+# -- constants -------------------------------------------------------------------------------------
+
+_VERSION = 1
+_HDR = struct.Struct("<BBHI")
+_U32 = struct.Struct("<I")
+_ARR = struct.Struct("<BBHI")
+_INLINE = 0xFFFFFFFF
+_MAX_NDIM = 32
+# Structured extension payloads are decoded by a nested msgpack call that puts ~40 KiB of decoder
+# state on the C stack, so their nesting has a fixed cap whatever Limits.max_depth says.
+_MAX_EXT_NESTING = 8
+_PAD = [b"\0" * i for i in range(8)]
+
+_EXT_OOB, _EXT_ARRAY, _EXT_SCALAR = 0, 1, 2
+_RESERVED_CODES = range(16)
+
+_LEAF = frozenset({str, int, float, bool, type(None)})
+_SKIP: set[type] = {*_LEAF, np.ndarray}  # values the walk need not enter (+ registered classes)
+_BIN8 = [b"\xc4" + bytes((i,)) for i in range(256)]  # msgpack bin 8 headers
+_ext = tuple.__new__  # _ext(ExtType, (code, data)) skips ExtType's slow argument checks
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+_CONTAINERS = frozenset({list, dict})  # what msgpack decodes arrays and maps to
+
+_DTYPES_DEC: dict[bytes, np.dtype] = {}
+for _name in ("?", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8", "c8", "c16"):
+    for _dt in (np.dtype(_name).newbyteorder("<"), np.dtype(_name).newbyteorder(">")):
+        _DTYPES_DEC[_dt.str.encode()] = _dt
+_DTYPES_ENC: dict[str, bytes] = {k.decode(): k for k in _DTYPES_DEC}
+
+# extension registry: class -> (code, to_obj); code -> (cls, from_obj)
+_EXT_ENC: dict[type, tuple[int, Callable[[Any], Any]]] = {}
+_EXT_DEC: dict[int, tuple[type, Callable[[Any], Any]]] = {}
+_KEY_TYPES: set[type] = {str, int, bytes}
+
+
+def register_ext(
+    code: int, cls: type, to_obj: Callable[[Any], Any], from_obj: Callable[[Any], Any]
+) -> None:
+    """Let instances of ``cls`` (exact type) travel as msgpack ext ``code``; 16..63 are Lattica's.
+
+    ``to_obj`` turns an instance into codec-able data (encoded recursively, may hold big buffers);
+    ``from_obj`` rebuilds it and raises CodecError or ValueError on bad data.
+    """
+    if not isinstance(code, int) or not 0 <= code <= 127 or code in _RESERVED_CODES:
+        raise ValueError(f"extension code must be in 16..127, got {code!r}")
+    if not isinstance(cls, type) or not callable(to_obj) or not callable(from_obj):
+        raise TypeError("register_ext needs a class and two callables")
+    if _EXT_DEC.get(code, (cls,))[0] is not cls or _EXT_ENC.get(cls, (code,))[0] != code:
+        raise ValueError(f"extension code {code} or class {cls.__qualname__} is already registered")
+    _EXT_ENC[cls] = (code, to_obj)
+    _EXT_DEC[code] = (cls, from_obj)
+    _KEY_TYPES.add(cls)
+    _SKIP.add(cls)
+
+
+def _type_name(o: object) -> str:
+    t = type(o)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+# -- encoding --------------------------------------------------------------------------------------
+
+
+class _Encoder:
+    """Per-thread encoding state: a reusable Packer plus the buffers of the frame being built."""
+
+    __slots__ = ("packer", "limits", "bufs", "level", "busy")
+
+    def __init__(self) -> None:
+        self.packer = msgpack.Packer(default=self.default)
+        self.limits = DEFAULT_LIMITS
+        self.bufs: list[bytes | bytearray | memoryview] = []
+        self.level = 0
+        self.busy = False
+
+    def add_buffer(self, buf: bytes | bytearray | memoryview) -> int:
+        if len(self.bufs) >= self.limits.max_buffers:
+            raise CodecError(f"more than {self.limits.max_buffers} out-of-band buffers")
+        self.bufs.append(buf)
+        return len(self.bufs) - 1
+
+    def walk(self, o: Any, depth: int) -> Any:
+        """Check depth, lengths and key types; return ``o`` with big bytes made buffer refs."""
+        t = type(o)
+        if t is dict or t is list or t is tuple:
+            is_dict = t is dict
+        elif isinstance(o, _BYTES_LIKE):
+            return self.out_of_band(o)
+        elif isinstance(o, (dict, list, tuple)):
+            is_dict = isinstance(o, dict)
+        else:
+            return o  # scalars, arrays, extension types, unsupported types: Packer + default()
+        lim = self.limits
+        if depth >= lim.max_depth:
+            raise CodecError(f"message nested deeper than {lim.max_depth} levels")
+        if len(o) > lim.max_items:
+            raise CodecError(f"{t.__name__} of {len(o)} items exceeds the limit of {lim.max_items}")
+        thr = lim.oob_threshold
+        new: Any = None
+        if is_dict:
+            for k, v in o.items():
+                if type(k) is not str and type(k) not in _KEY_TYPES:
+                    raise CodecError(f"cannot encode a map key of type {_type_name(k)}")
+                tv = type(v)
+                if tv in _SKIP or (tv is bytes and len(v) < thr):
+                    continue
+                nv = self.walk(v, depth + 1)
+                if nv is not v:
+                    if new is None:
+                        new = dict(o)
+                    new[k] = nv
+        elif len(o) <= 16 or not _SKIP.issuperset(map(type, o)):
+            i = -1
+            for v in o:
+                i += 1
+                tv = type(v)
+                if tv in _SKIP or (tv is bytes and len(v) < thr):
+                    continue
+                nv = self.walk(v, depth + 1)
+                if nv is not v:
+                    if new is None:
+                        new = list(o)
+                    new[i] = nv
+        return o if new is None else new
+
+    def out_of_band(self, o: bytes | bytearray | memoryview) -> Any:
+        """``o`` itself if small, else a reference to a new out-of-band buffer holding it."""
+        if isinstance(o, memoryview):
+            if o.nbytes < self.limits.oob_threshold:
+                return o
+            if not o.c_contiguous:
+                raise CodecError("cannot encode a non-contiguous memoryview")
+            if o.ndim != 1 or o.format != "B":
+                o = o.cast("B")
+        elif len(o) < self.limits.oob_threshold:
+            return o
+        return _ext(msgpack.ExtType, (_EXT_OOB, _U32.pack(self.add_buffer(o))))
+
+    def pack(self, obj: Any, packer: msgpack.Packer) -> bytes:
+        obj = self.walk(obj, 0)
+        try:
+            body = packer.pack(obj)
+        except (CodecError, FrameTooLarge):
+            raise
+        except (TypeError, ValueError, OverflowError, BufferError) as e:
+            raise CodecError(f"cannot encode message: {e}") from None
+        if len(body) > self.limits.max_str:
+            _check_sizes(obj, self.limits.max_str)
+        return body
+
+    def default(self, o: Any) -> msgpack.ExtType:
+        """Packer hook for every type msgpack does not know: extensions, numpy, or refusal."""
+        ext = _EXT_ENC.get(type(o))
+        if ext is not None:
+            return self.pack_ext(o, *ext)
+        if isinstance(o, np.ndarray):
+            return self.pack_array(o)
+        if isinstance(o, np.generic):
+            dts = _DTYPES_ENC.get(o.dtype.str)
+            if dts is None:
+                raise CodecError(f"cannot encode numpy scalar of dtype {o.dtype}")
+            return _ext(msgpack.ExtType, (_EXT_SCALAR, bytes([len(dts)]) + dts + o.tobytes()))
+        if isinstance(o, int):  # the Packer hands over ints it cannot represent
+            raise CodecError(
+                f"integer of {o.bit_length()} bits is out of msgpack range (-2**63 .. 2**64-1)"
+            )
+        raise CodecError(
+            f"cannot encode object of type {_type_name(o)} (supported: None, bool, int, float, "
+            "str, bytes, bytearray, memoryview, list, tuple, dict, numpy arrays and scalars, "
+            "registered extension types)"
+        )
+
+    def pack_array(self, a: np.ndarray) -> msgpack.ExtType:
+        if type(a) is not np.ndarray and type(a) is not np.memmap:
+            raise CodecError(f"cannot encode ndarray subclass {_type_name(a)}")
+        dts = _DTYPES_ENC.get(a.dtype.str)
+        if dts is None:
+            raise CodecError(f"cannot encode numpy array of dtype {a.dtype} (not bool/int/float)")
+        if a.ndim > _MAX_NDIM:
+            raise CodecError(f"cannot encode a {a.ndim}-dimensional array (max {_MAX_NDIM})")
+        if not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)
+        inline = a.nbytes < self.limits.oob_threshold
+        idx = _INLINE
+        if not inline:
+            idx = self.add_buffer(memoryview(a.reshape(-1).view(np.uint8)))
+        head = _ARR.pack(a.ndim, len(dts), 0, idx) + struct.pack(f"<{a.ndim}Q", *a.shape)
+        head += dts + _PAD[-len(dts) % 8]
+        return _ext(msgpack.ExtType, (_EXT_ARRAY, head + a.tobytes() if inline else head))
+
+    def pack_ext(self, o: Any, code: int, to_obj: Callable[[Any], Any]) -> msgpack.ExtType:
+        try:
+            data = to_obj(o)
+        except (CodecError, FrameTooLarge):
+            raise
+        except Exception as e:
+            raise CodecError(f"cannot encode {_type_name(o)}: {e}") from None
+        if type(data) is bytes and len(data) < 256:  # common case (ids, addresses): msgpack bin 8
+            return _ext(msgpack.ExtType, (code, _BIN8[len(data)] + data))
+        if self.level >= _MAX_EXT_NESTING:
+            raise CodecError(f"extension types nested deeper than {_MAX_EXT_NESTING} levels")
+        self.level += 1
+        try:
+            payload = self.pack(data, msgpack.Packer(default=self.default))
+            return _ext(msgpack.ExtType, (code, payload))
+        finally:
+            self.level -= 1
+
+
+def _check_sizes(o: Any, max_str: int) -> None:
+    """Refuse any str/bytes longer than max_str (only run when the whole body is that large)."""
+    if isinstance(o, str):
+        if len(o) * 4 > max_str and len(o.encode("utf-8", "surrogatepass")) > max_str:
+            raise CodecError(f"string longer than the limit of {max_str} bytes")
+    elif isinstance(o, (bytes, bytearray)):
+        if len(o) > max_str:
+            raise CodecError(f"bytes longer than the limit of {max_str} bytes")
+    elif isinstance(o, memoryview):
+        if o.nbytes > max_str:
+            raise CodecError(f"bytes longer than the limit of {max_str} bytes")
+    elif isinstance(o, dict):
+        for k, v in o.items():
+            _check_sizes(k, max_str)
+            _check_sizes(v, max_str)
+    elif isinstance(o, (list, tuple)):
+        for v in o:
+            _check_sizes(v, max_str)
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        self.enc = _Encoder()
+
+
+_local = _Local()
+
+
+def encode(obj: Any, limits: Limits = DEFAULT_LIMITS) -> list[bytes | bytearray | memoryview]:
+    """Encode ``obj`` as one frame: ``[header, body, (pad, buffer)...]``, buffers not copied."""
+    enc = _local.enc
+    if enc.busy:  # re-entered from an extension's to_obj: use a private encoder
+        enc = _Encoder()
+    enc.busy = True
+    enc.limits = limits
+    try:
+        body = enc.pack(obj, enc.packer)
+        bufs = enc.bufs
+        if not bufs:
+            if len(body) + 8 > limits.max_frame:
+                raise FrameTooLarge(
+                    f"message of {len(body) + 8} bytes exceeds max_frame {limits.max_frame}"
+                )
+            return [_HDR.pack(_VERSION, 0, 0, len(body)), body]
+        n = len(bufs)
+        lens = [len(b) for b in bufs]
+        chunks: list[bytes | bytearray | memoryview] = [b"", body]
+        pos = 8 + 8 * n + len(body)
+        for b, size in zip(bufs, lens):
+            if pos & 7:
+                chunks.append(_PAD[-pos & 7])
+                pos += -pos & 7
+            chunks.append(b)
+            pos += size
+        if pos > limits.max_frame:
+            raise FrameTooLarge(f"message of {pos} bytes exceeds max_frame {limits.max_frame}")
+        chunks[0] = _HDR.pack(_VERSION, 0, n, len(body)) + struct.pack(f"<{n}Q", *lens)
+        return chunks
+    except struct.error as e:  # body over 4 GiB with a custom max_frame
+        raise FrameTooLarge(f"message too large for the frame header: {e}") from None
+    except RecursionError:  # only with a huge custom max_depth
+        raise CodecError("message nested too deeply to encode") from None
+    finally:
+        if enc.bufs:
+            enc.bufs.clear()
+        enc.level = 0
+        enc.busy = False
+
+
+def encode_bytes(obj: Any, limits: Limits = DEFAULT_LIMITS) -> bytes:
+    """Encode ``obj`` as one contiguous frame (copies the buffers; use encode() to avoid that)."""
+    chunks = encode(obj, limits)
+    return chunks[0] + chunks[1] if len(chunks) == 2 else b"".join(chunks)
+
+
+# -- decoding --------------------------------------------------------------------------------------
+
+
+def _decode_array(data: bytes, bufs: list[memoryview] | None) -> np.ndarray:
+    if len(data) < 8:
+        raise CodecError("truncated numpy array header")
+    ndim, dtlen, reserved, idx = _ARR.unpack_from(data)
+    if reserved or ndim > _MAX_NDIM:
+        raise CodecError("malformed numpy array header")
+    pos = 8 + 8 * ndim
+    end = pos + dtlen + (-dtlen % 8)
+    if end > len(data):
+        raise CodecError("truncated numpy array header")
+    shape = struct.unpack_from(f"<{ndim}Q", data, 8)
+    dt = _DTYPES_DEC.get(data[pos : pos + dtlen])
+    if dt is None:
+        raise CodecError(f"numpy dtype {data[pos : pos + dtlen]!r} is not allowed")
+    count = prod(shape)
+    if idx == _INLINE:
+        buf, offset = data, end
+    elif bufs is not None and idx < len(bufs):
+        buf, offset = bufs[idx], 0
+    else:
+        raise CodecError(f"numpy array refers to missing buffer {idx}")
+    if len(buf) - offset != count * dt.itemsize:
+        raise CodecError(
+            f"numpy array data is {len(buf) - offset} bytes, shape {shape} needs "
+            f"{count * dt.itemsize}"
+        )
+    return np.frombuffer(buf, dtype=dt, count=count, offset=offset).reshape(shape)
+
+
+def _decode_scalar(data: bytes) -> np.generic:
+    dt = _DTYPES_DEC.get(data[1 : 1 + data[0]]) if data else None
+    if dt is None or len(data) != 1 + data[0] + dt.itemsize:
+        raise CodecError("malformed or disallowed numpy scalar")
+    return np.frombuffer(data, dtype=dt, count=1, offset=1 + data[0])[0]
+
+
+def _make_hook(
+    bufs: list[memoryview] | None, limits: Limits, level: int
+) -> Callable[[int, bytes], Any]:
+    """The msgpack ext_hook for one payload: buffer refs, numpy values, registered types."""
+
+    def hook(code: int, data: bytes) -> Any:
+        if code == _EXT_OOB:
+            if len(data) != 4 or bufs is None or _U32.unpack(data)[0] >= len(bufs):
+                raise CodecError("reference to a missing out-of-band buffer")
+            return bufs[_U32.unpack(data)[0]]
+        if code == _EXT_ARRAY:
+            return _decode_array(data, bufs)
+        if code == _EXT_SCALAR:
+            return _decode_scalar(data)
+        ext = _EXT_DEC.get(code)
+        if ext is None:
+            raise CodecError(f"unknown extension type {code}")
+        if len(data) >= 2 and data[0] == 0xC4 and len(data) == 2 + data[1]:
+            inner: Any = data[2:]  # short bin payload, as pack_ext writes ids and addresses
+        elif level >= _MAX_EXT_NESTING:
+            raise CodecError(f"extension types nested deeper than {_MAX_EXT_NESTING} levels")
+        else:
+            inner = _unpack(data, bufs, limits, level + 1)
+        try:
+            return ext[1](inner)
+        except CodecError:
+            raise
+        except Exception as e:
+            raise CodecError(f"bad {ext[0].__qualname__} payload: {e}") from None
+
+    return hook
+
+
+_HOOK0 = _make_hook(None, DEFAULT_LIMITS, 0)
+
+
+def _check_depth(o: list | dict, budget: int) -> None:
+    """Raise CodecError when containers nest deeper than ``budget`` levels below ``o``'s parent."""
+    if budget <= 0:
+        raise CodecError("message nested too deeply")
+    vals = o.values() if type(o) is dict else o
+    if len(vals) > 16 and _LEAF.issuperset(map(type, vals)):
+        return
+    for v in vals:
+        if type(v) in _CONTAINERS:
+            _check_depth(v, budget - 1)
+
+
+def _unpack(
+    body: bytes | memoryview, bufs: list[memoryview] | None, limits: Limits, level: int
+) -> Any:
+    """Decode one msgpack body (the frame's, or an extension payload) under ``limits``."""
+    if bufs is None and limits is DEFAULT_LIMITS and level == 0:
+        hook = _HOOK0
+    else:
+        hook = _make_hook(bufs, limits, level)
+    n = len(body)
+    if n <= limits._floor:  # msgpack's own caps (each item needs >= 1 byte of body) are tighter
+        obj = msgpack.unpackb(body, strict_map_key=False, timestamp=2, ext_hook=hook)
+    else:
+        cap, scap = min(n, limits.max_items), min(n, limits.max_str)
+        obj = msgpack.unpackb(
+            body, strict_map_key=False, timestamp=2, ext_hook=hook, max_str_len=scap,
+            max_bin_len=scap, max_ext_len=scap, max_array_len=cap, max_map_len=min(cap, n // 2),
+        )  # fmt: skip
+    if n > limits.max_depth and type(obj) in _CONTAINERS:
+        _check_depth(obj, limits.max_depth)
+    return obj
+
+
+_MSGPACK_ERRORS = {
+    msgpack.StackError: "nested deeper than the decoder allows",
+    msgpack.ExtraData: "trailing bytes after the message body",
+    msgpack.FormatError: "invalid msgpack type byte",
+}
+
+
+def decode(frame: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> Any:
+    """Decode one complete frame; out-of-band data comes back as views of ``frame`` (no copy)."""
+    try:
+        if not isinstance(frame, (bytes, bytearray)):
+            frame = memoryview(frame)
+            if frame.ndim != 1 or frame.itemsize != 1:
+                frame = frame.cast("B")
+        n = len(frame)
+        if n > limits.max_frame:
+            raise FrameTooLarge(f"frame of {n} bytes exceeds max_frame {limits.max_frame}")
+        if n < 8:
+            raise CodecError(f"truncated frame header ({n} bytes)")
+        version, flags, nbuf, blen = _HDR.unpack_from(frame)
+        if version != _VERSION or flags:
+            raise CodecError(f"unsupported codec frame version {version} / flags {flags}")
+        if nbuf == 0:
+            if blen + 8 != n:
+                raise CodecError(f"frame is {n} bytes but its header declares {blen + 8}")
+            body = frame[8:] if n < 4096 else memoryview(frame)[8:]
+            if limits is DEFAULT_LIMITS and n < 4096:  # the hot path: small message, default caps
+                obj = msgpack.unpackb(body, strict_map_key=False, timestamp=2, ext_hook=_HOOK0)
+                if n > 8 + DEFAULT_LIMITS.max_depth and type(obj) in _CONTAINERS:
+                    _check_depth(obj, DEFAULT_LIMITS.max_depth)
+                return obj
+            return _unpack(body, None, limits, 0)
+        if nbuf > limits.max_buffers:
+            raise CodecError(f"frame declares {nbuf} buffers, the limit is {limits.max_buffers}")
+        pos = 8 + 8 * nbuf + blen
+        if pos > n:
+            raise CodecError("truncated frame: header and body exceed the frame")
+        mv = memoryview(frame)
+        bufs = []
+        for size in struct.unpack_from(f"<{nbuf}Q", frame, 8):
+            pos += -pos & 7
+            if pos + size > n:
+                raise CodecError("out-of-band buffer extends beyond the frame")
+            bufs.append(mv[pos : pos + size])
+            pos += size
+        if pos != n:
+            raise CodecError(f"{n - pos} trailing bytes after the last buffer")
+        return _unpack(mv[8 + 8 * nbuf : 8 + 8 * nbuf + blen], bufs, limits, 0)
+    except (CodecError, FrameTooLarge):
+        raise
+    except Exception as e:
+        why = _MSGPACK_ERRORS.get(type(e)) or f"{type(e).__name__}: {e}"
+        raise CodecError(f"malformed message: {why}") from None
+
+
+# -- lattica's own extension types -----------------------------------------------------------------
+
+
+def _as_bytes(data: Any) -> bytes:
+    if not isinstance(data, (bytes, memoryview)):
+        raise CodecError(f"expected bytes, got {_type_name(data)}")
+    return bytes(data)
+
+
+_peer_ids: dict[bytes, PeerId] = {}  # parsed PeerIds (immutable), as the same few peers recur
+
+
+def _peer_id_from(data: Any) -> PeerId:
+    raw = _as_bytes(data)
+    pid = _peer_ids.get(raw)
+    if pid is None:
+        pid = PeerId.from_bytes(raw)
+        if len(_peer_ids) >= 4096:
+            _peer_ids.clear()
+        _peer_ids[raw] = pid
+    return pid
+
+
+register_ext(16, PeerId, PeerId.to_bytes, _peer_id_from)
+register_ext(17, Multiaddr, Multiaddr.to_bytes, lambda d: Multiaddr.from_bytes(_as_bytes(d)))

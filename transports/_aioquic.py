@@ -1,0 +1,348 @@
+"""Every use of aioquic's private API, in one place (checked against aioquic 1.7.2).
+
+``transports/quic.py`` talks to aioquic through the documented ``QuicConnection`` methods and
+the helpers below. Each private attribute or method used here carries a comment saying why it is
+needed; ``check_compat()`` runs at import and fails loudly (ImportError) if a future aioquic
+renamed something, instead of misbehaving at run time.
+
+What we need beyond the public API:
+
+- mutual TLS: aioquic's server only asks for a client certificate when ``tls.Context
+  ._request_client_certificate`` is set ("for test purposes"); the peer's certificate is only
+  reachable as ``tls.Context._peer_certificate`` / ``_peer_certificate_chain``.
+- bounded receive memory: aioquic raises MAX_STREAM_DATA / MAX_DATA by doubling whenever the peer
+  has *sent* half the window, whatever the application consumed. We override the two frame
+  writers so credit follows what the application has read.
+- stream limit: the bidirectional/unidirectional stream limits are hard-coded (128) in
+  ``QuicConnection.__init__``.
+- backpressure: the size of a stream's send buffer (unacknowledged + unsent bytes).
+- prompt close detection: a received CONNECTION_CLOSE only becomes an event after the draining
+  period (3 PTO); the state change is visible earlier.
+- pacing vs. coarse timers: the pacer's burst cap (16 datagrams) makes a timer that fires 1 ms
+  late throttle the connection; we replace the pacer with one that keeps 2 ms of credit.
+- packet header parsing needs ``aioquic.buffer.Buffer`` to feed ``pull_quic_header``.
+"""
+
+from __future__ import annotations
+
+import ssl
+
+import aioquic
+from aioquic.buffer import Buffer
+from aioquic.quic import events
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import (
+    CONNECTION_LIMIT_FRAME_CAPACITY,
+    MAX_STREAM_DATA_FRAME_CAPACITY,
+    QuicConnection,
+    QuicConnectionState,
+)
+from aioquic.quic.packet import QuicFrameType, QuicPacketType, pull_quic_header
+from aioquic.quic.recovery import QuicPacketPacer
+
+# Documented aioquic API used here: QuicConnection, QuicConfiguration, events, pull_quic_header.
+# Internal modules and names (all checked against aioquic 1.7.2):
+# - Buffer (aioquic.buffer): what pull_quic_header reads from; BufferReadError is a ValueError;
+# - QuicPacketType: to tell a client Initial from other long-header packets;
+# - QuicFrameType, *_FRAME_CAPACITY: used by the two overridden frame writers, exactly as
+#   aioquic's own implementations use them;
+# - QuicConnectionState: the closing/draining/first-flight probes;
+# - QuicPacketPacer (aioquic.quic.recovery): base class of our pacer.
+
+__all__ = [
+    "CHECKED_VERSION",
+    "LatticaQuicConnection",
+    "long_header",
+    "make_configuration",
+    "check_compat",
+]
+
+CHECKED_VERSION = "1.7.2"
+
+# The pacer may release at least this much sending time in one burst (see _CoarseTimerPacer).
+PACER_MIN_BURST = 0.002
+
+# Connection states after which nothing more is sent or received (aioquic 1.7.2 END_STATES).
+_ENDING = (
+    QuicConnectionState.CLOSING,
+    QuicConnectionState.DRAINING,
+    QuicConnectionState.TERMINATED,
+)
+
+
+class _CoarseTimerPacer(QuicPacketPacer):
+    """aioquic's pacer, but a burst may cover at least PACER_MIN_BURST seconds of sending.
+
+    aioquic 1.7.2 caps a burst at 16 datagrams' worth of time. Event-loop timers are coarse
+    (libuv, hence uvloop, rounds to 1 ms; a busy loop fires late), and the pacer drops the time
+    that overshoots the cap, so one connection could never send more than 16 datagrams per
+    timer tick: with uvloop, 16 x 16000 B per ms = 262 MB/s on loopback and 22 MB/s with
+    1350-byte datagrams on a WAN. Keeping two milliseconds of credit removes that ceiling while
+    pacing still spreads a congestion window over the RTT.
+    """
+
+    def update_rate(self, congestion_window: int, smoothed_rtt: float) -> None:
+        super().update_rate(congestion_window, smoothed_rtt)
+        if self.bucket_max < PACER_MIN_BURST:
+            self.bucket_max = PACER_MIN_BURST
+
+
+class LatticaQuicConnection(QuicConnection):
+    """aioquic's QuicConnection with mutual TLS, a configurable stream limit, and receive credit
+    that follows application reads (so an app that stops reading bounds our memory)."""
+
+    def __init__(
+        self,
+        *,
+        configuration: QuicConfiguration,
+        max_streams: int,
+        original_destination_connection_id: bytes | None = None,
+    ) -> None:
+        super().__init__(
+            configuration=configuration,
+            original_destination_connection_id=original_destination_connection_id,
+        )
+        # PRIVATE (aioquic 1.7.2): the stream limits are Limit objects created in __init__ with a
+        # hard-coded value of 128; they are sent as transport parameters by _initialize(), which
+        # runs later (connect() / first datagram), so setting them here takes effect. We only use
+        # bidirectional streams, so the peer may open no unidirectional ones.
+        self._local_max_streams_bidi.value = self._local_max_streams_bidi.sent = max_streams
+        self._local_max_streams_uni.value = self._local_max_streams_uni.sent = 0
+        # PRIVATE (aioquic 1.7.2): QuicPacketRecovery._pacer is created in its __init__ and only
+        # used through next_send_time / update_after_send / update_rate, which our subclass keeps.
+        self._loss._pacer = _CoarseTimerPacer(max_datagram_size=configuration.max_datagram_size)
+        self._stream_window = configuration.max_stream_data
+        self._conn_window = configuration.max_data
+        # Receive credit book-keeping, written by transports/quic.py:
+        #   rx_stream_limit[stream_id]: the MAX_STREAM_DATA we want to advertise (read + window);
+        #   rx_unread: bytes handed to stream buffers that the application has not read yet.
+        self.rx_stream_limit: dict[int, int] = {}
+        self.rx_unread = 0
+
+    # -- mutual TLS ---------------------------------------------------------------------------
+
+    def _initialize(self, peer_cid: bytes) -> None:
+        super()._initialize(peer_cid)
+        if not self._is_client:
+            # PRIVATE (aioquic 1.7.2): tls.Context is created inside _initialize(); the only way to
+            # make the server send a CertificateRequest is this flag ("for test purposes only" in
+            # aioquic). The client answers with its certificate because configuration.certificate
+            # and private_key are set. An empty client Certificate is accepted by aioquic, which is
+            # why quic.py rejects a missing peer certificate itself.
+            self.tls._request_client_certificate = True
+
+    def peer_certificate_chain(self) -> list:
+        """The peer's certificate chain as sent (leaf first), empty if it sent none."""
+        tls = getattr(self, "tls", None)
+        if tls is None:
+            return []
+        # PRIVATE (aioquic 1.7.2): the parsed peer certificates are kept in these attributes
+        # only; there is no public accessor.
+        leaf = tls._peer_certificate
+        if leaf is None:
+            return []
+        return [leaf, *tls._peer_certificate_chain]
+
+    # -- receive credit follows application reads ------------------------------------------
+
+    def _write_stream_limits(self, builder, space, stream) -> None:  # type: ignore[no-untyped-def]
+        # PRIVATE override (aioquic 1.7.2 QuicConnection._write_stream_limits): aioquic doubles
+        # stream.max_stream_data_local whenever the peer has sent past half of it, regardless of
+        # what the application consumed — unbounded memory if the app stops reading. We advertise
+        # exactly what transports/quic.py asked for (bytes read + window) and otherwise keep the
+        # frame encoding and delivery handler of aioquic's own implementation.
+        target = self.rx_stream_limit.get(stream.stream_id)
+        if target is not None and target > stream.max_stream_data_local:
+            stream.max_stream_data_local = target
+        if (
+            stream.max_stream_data_local
+            and stream.max_stream_data_local_sent != stream.max_stream_data_local
+        ):
+            buf = builder.start_frame(
+                QuicFrameType.MAX_STREAM_DATA,
+                capacity=MAX_STREAM_DATA_FRAME_CAPACITY,
+                handler=self._on_max_stream_data_delivery,
+                handler_args=(stream,),
+            )
+            buf.push_uint_var(stream.stream_id)
+            buf.push_uint_var(stream.max_stream_data_local)
+            stream.max_stream_data_local_sent = stream.max_stream_data_local
+
+    def _write_connection_limits(self, builder, space) -> None:  # type: ignore[no-untyped-def]
+        # PRIVATE override (aioquic 1.7.2 QuicConnection._write_connection_limits): same reason
+        # as above for MAX_DATA. Credit = bytes received and no longer held unread by the app
+        # (``used`` counts every byte the peer sent, including final sizes of reset streams)
+        # plus the window; raised in steps of a quarter window so we do not send MAX_DATA in
+        # every packet. MAX_STREAMS handling is aioquic's, unchanged.
+        max_data = self._local_max_data
+        target = max_data.used - self.rx_unread + self._conn_window
+        if target - max_data.value >= self._conn_window // 4:
+            max_data.value = target
+        for limit in (max_data, self._local_max_streams_bidi, self._local_max_streams_uni):
+            if limit is not max_data and (limit.sent - limit.used >= limit.value - limit.sent):
+                continue  # aioquic's MAX_STREAMS batching
+            if limit.value != limit.sent:
+                buf = builder.start_frame(
+                    limit.frame_type,
+                    capacity=CONNECTION_LIMIT_FRAME_CAPACITY,
+                    handler=self._on_connection_limit_delivery,
+                    handler_args=(limit,),
+                )
+                buf.push_uint_var(limit.value)
+                limit.sent = limit.value
+
+    def conn_credit_due(self) -> bool:
+        """True when application reads freed enough connection credit to send MAX_DATA now."""
+        # PRIVATE (aioquic 1.7.2): _local_max_data is the Limit behind MAX_DATA.
+        max_data = self._local_max_data
+        return max_data.used - self.rx_unread + self._conn_window - max_data.value >= (
+            self._conn_window // 4
+        )
+
+    # -- probes ------------------------------------------------------------------------------
+
+    def send_buffered(self, stream_id: int) -> int:
+        """Bytes of ``stream_id`` queued in aioquic and not yet acknowledged by the peer."""
+        # PRIVATE (aioquic 1.7.2): QuicConnection._streams and QuicStreamSender's buffer bounds;
+        # the sender keeps everything from the first unacknowledged byte to the last written one.
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return 0
+        sender = stream.sender
+        return sender._buffer_stop - sender._buffer_start
+
+    def total_send_buffered(self) -> int:
+        """Bytes queued in aioquic and not yet acknowledged, over all streams."""
+        # PRIVATE (aioquic 1.7.2): same attributes as send_buffered().
+        return sum(
+            s.sender._buffer_stop - s.sender._buffer_start for s in self._streams.values()
+        )
+
+    def ending(self) -> events.ConnectionTerminated | None:
+        """Why the connection is closing (locally, by the peer, or by a protocol error), if it is.
+
+        aioquic reports ConnectionTerminated only after the closing/draining period; this lets us
+        fail streams as soon as a CONNECTION_CLOSE is sent or received.
+        """
+        # PRIVATE (aioquic 1.7.2): _state and _close_event.
+        if self._state in _ENDING or self._close_event is not None:
+            return self._close_event
+        return None
+
+    def nothing_decrypted(self) -> bool:
+        """True while no packet of this connection could be decrypted (garbage Initial)."""
+        # PRIVATE (aioquic 1.7.2): a server connection leaves FIRSTFLIGHT on its first packet
+        # that decrypts; one still there after its first datagram was fed junk.
+        return self._state == QuicConnectionState.FIRSTFLIGHT
+
+    def remote_max_streams_bidi(self) -> int:
+        """The peer's current bidirectional stream credit (cumulative stream count)."""
+        # PRIVATE (aioquic 1.7.2): from the peer's transport parameters / MAX_STREAMS frames.
+        return self._remote_max_streams_bidi
+
+
+def make_configuration(
+    *,
+    is_client: bool,
+    certificate: object,
+    private_key: object,
+    alpn: str,
+    idle_timeout: float,
+    max_data: int,
+    max_stream_data: int,
+    max_datagram_size: int,
+    congestion_control: str,
+    cid_length: int,
+) -> QuicConfiguration:
+    """A QuicConfiguration for one libp2p-style connection (our own cert; no CA checks)."""
+    config = QuicConfiguration(
+        is_client=is_client,
+        alpn_protocols=[alpn],
+        connection_id_length=cid_length,
+        idle_timeout=idle_timeout,
+        max_data=max_data,
+        max_stream_data=max_stream_data,
+        max_datagram_size=max_datagram_size,
+        congestion_control_algorithm=congestion_control,
+        # Peers are verified by their libp2p certificate extension after the handshake, not by
+        # a CA: aioquic's chain/hostname check must be off on both sides.
+        verify_mode=ssl.CERT_NONE,
+        # No SNI: the libp2p TLS spec says clients MUST NOT send a server name.
+        server_name=None,
+    )
+    # SEMI-PRIVATE (aioquic 1.7.2): `certificate` and `private_key` are QuicConfiguration fields
+    # marked "for internal purposes, not guaranteed to be stable"; the public way is
+    # load_cert_chain() from PEM files, which would mean writing our ephemeral key to disk.
+    config.certificate = certificate
+    config.private_key = private_key
+    return config
+
+
+def long_header(data: bytes) -> tuple[bytes, bool, int | None]:
+    """(destination CID, is a client Initial, version) of a long-header packet.
+
+    Raises ValueError for anything that is not a parsable QUIC long header.
+    """
+    # INTERNAL (aioquic 1.7.2): Buffer and QuicPacketType, see the imports.
+    header = pull_quic_header(Buffer(data=data), host_cid_length=8)
+    return header.destination_cid, header.packet_type == QuicPacketType.INITIAL, header.version
+
+
+def check_compat() -> None:
+    """Fail at import (ImportError) if this aioquic lacks a private attribute we rely on."""
+    probe = QuicConnection(configuration=QuicConfiguration(is_client=True))
+    missing = [
+        name
+        for name in (
+            "_local_max_streams_bidi",
+            "_local_max_streams_uni",
+            "_local_max_data",
+            "_streams",
+            "_state",
+            "_close_event",
+            "_remote_max_streams_bidi",
+            "_is_client",
+            "_initialize",
+            "_write_stream_limits",
+            "_write_connection_limits",
+            "_on_max_stream_data_delivery",
+            "_on_connection_limit_delivery",
+            "_loss",
+        )
+        if not hasattr(probe, name)
+    ]
+    if missing:  # the attribute checks below would fail with AttributeError
+        raise ImportError(
+            f"aioquic {aioquic.__version__} lacks private API that lattica's QUIC transport "
+            f"needs (checked against {CHECKED_VERSION}): {', '.join(missing)}"
+        )
+    if not isinstance(getattr(probe._loss, "_pacer", None), QuicPacketPacer):
+        missing.append("QuicPacketRecovery._pacer")
+    for name in ("bucket_max", "update_rate", "next_send_time", "update_after_send"):
+        if not hasattr(QuicPacketPacer(max_datagram_size=1200), name):
+            missing.append(f"QuicPacketPacer.{name}")
+    for name in ("used", "sent", "value", "frame_type"):
+        if not hasattr(probe._local_max_data, name):
+            missing.append(f"Limit.{name}")
+    from aioquic.quic.stream import QuicStream, QuicStreamSender
+    from aioquic.tls import Context
+
+    for name in ("max_stream_data_local", "max_stream_data_local_sent", "sender", "stream_id"):
+        if not hasattr(QuicStream(stream_id=0), name):
+            missing.append(f"QuicStream.{name}")
+    sender = QuicStreamSender(stream_id=0, writable=True)
+    for name in ("_buffer_start", "_buffer_stop"):
+        if not hasattr(sender, name):
+            missing.append(f"QuicStreamSender.{name}")
+    ctx = Context(is_client=False)
+    for name in ("_request_client_certificate", "_peer_certificate", "_peer_certificate_chain"):
+        if not hasattr(ctx, name):
+            missing.append(f"tls.Context.{name}")
+    if missing:
+        raise ImportError(
+            f"aioquic {aioquic.__version__} lacks private API that lattica's QUIC transport "
+            f"needs (checked against {CHECKED_VERSION}): {', '.join(missing)}"
+        )
+
+
+check_compat()

@@ -19,22 +19,27 @@ def _print(result: dict, as_json: bool) -> None:
 
 
 def _bench(args: argparse.Namespace) -> None:
+    from ._loop import DEFAULT_BUSY_POLL_US
     from .bench import transport as tb
 
     transports = ["tcp", "quic"] if args.transport == "both" else [args.transport]
     which = args.which
+    polls = [args.busy_poll_us] if args.busy_poll_us is not None else [0.0, DEFAULT_BUSY_POLL_US]
     if which in ("stream", "all"):
         for t in transports:
             size = args.size or ((1 << 30) if t == "tcp" else (256 << 20))
-            _print(tb.bench_stream(t, size), args.json)
+            for bp in polls:
+                _print(tb.bench_stream(t, size, busy_poll_us=bp), args.json)
     if which in ("ping", "all"):
         for t in transports:
-            _print(tb.bench_ping(t, args.count), args.json)
+            for bp in polls:
+                _print(tb.bench_ping(t, args.count, busy_poll_us=bp), args.json)
     if which in ("handshake", "all"):
         for t in transports:
             _print(tb.bench_handshake(t), args.json)
     if which in ("startup", "all"):
-        _print(tb.bench_startup(), args.json)
+        _print(tb.bench_startup(("tcp",)), args.json)
+        _print(tb.bench_startup(("tcp", "quic")), args.json)
     if which in ("ciphers", "all"):
         _print(tb.bench_noise_ciphers(), args.json)
 
@@ -96,6 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--transport", choices=["tcp", "quic", "both"], default="both")
     s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic)")
     s.add_argument("--count", type=int, default=10000, help="pings")
+    s.add_argument("--busy-poll-us", type=float, default=None,
+                   help="node loop busy-poll window; default: compare 0 (uvloop) with the default side by side")
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=_bench)
 

@@ -34,13 +34,16 @@ complex dtypes in either byte order; object, string, structured and datetime dty
 from __future__ import annotations
 
 import struct
+import sys
 import threading
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    import numpy as np
 
 import msgpack
-import numpy as np
 
 from .errors import CodecError, FrameTooLarge
 from .identity import PeerId
@@ -89,17 +92,30 @@ _EXT_OOB, _EXT_ARRAY, _EXT_SCALAR = 0, 1, 2
 _RESERVED_CODES = range(16)
 
 _LEAF = frozenset({str, int, float, bool, type(None)})
-_SKIP: set[type] = {*_LEAF, np.ndarray}  # values the walk need not enter (+ registered classes)
+_SKIP: set[type] = set(_LEAF)  # values the walk need not enter (+ ndarray, registered classes)
 _BIN8 = [b"\xc4" + bytes((i,)) for i in range(256)]  # msgpack bin 8 headers
 _ext = tuple.__new__  # _ext(ExtType, (code, data)) skips ExtType's slow argument checks
 _BYTES_LIKE = (bytes, bytearray, memoryview)
 _CONTAINERS = frozenset({list, dict})  # what msgpack decodes arrays and maps to
 
 _DTYPES_DEC: dict[bytes, np.dtype] = {}
-for _name in ("?", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8", "c8", "c16"):
-    for _dt in (np.dtype(_name).newbyteorder("<"), np.dtype(_name).newbyteorder(">")):
-        _DTYPES_DEC[_dt.str.encode()] = _dt
-_DTYPES_ENC: dict[str, bytes] = {k.decode(): k for k in _DTYPES_DEC}
+_DTYPES_ENC: dict[str, bytes] = {}
+_numpy_module: Any = None
+
+
+def _numpy() -> Any:
+    """numpy, imported on first use: a node that never sees an array never pays its import."""
+    global _numpy_module
+    if _numpy_module is None:
+        import numpy
+
+        for name in ("?", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8", "c8", "c16"):
+            for dt in (numpy.dtype(name).newbyteorder("<"), numpy.dtype(name).newbyteorder(">")):
+                _DTYPES_DEC[dt.str.encode()] = dt
+                _DTYPES_ENC[dt.str] = dt.str.encode()
+        _SKIP.add(numpy.ndarray)
+        _numpy_module = numpy
+    return _numpy_module
 
 # extension registry: class -> (code, to_obj); code -> (cls, from_obj)
 _EXT_ENC: dict[type, tuple[int, Callable[[Any], Any]]] = {}
@@ -227,9 +243,10 @@ class _Encoder:
         ext = _EXT_ENC.get(type(o))
         if ext is not None:
             return self.pack_ext(o, *ext)
-        if isinstance(o, np.ndarray):
+        np = _numpy() if "numpy" in sys.modules else None  # no numpy loaded: o is no numpy value
+        if np is not None and isinstance(o, np.ndarray):
             return self.pack_array(o)
-        if isinstance(o, np.generic):
+        if np is not None and isinstance(o, np.generic):
             dts = _DTYPES_ENC.get(o.dtype.str)
             if dts is None:
                 raise CodecError(f"cannot encode numpy scalar of dtype {o.dtype}")
@@ -245,6 +262,7 @@ class _Encoder:
         )
 
     def pack_array(self, a: np.ndarray) -> msgpack.ExtType:
+        np = _numpy()
         if type(a) is not np.ndarray and type(a) is not np.memmap:
             raise CodecError(f"cannot encode ndarray subclass {_type_name(a)}")
         dts = _DTYPES_ENC.get(a.dtype.str)
@@ -360,6 +378,7 @@ def encode_bytes(obj: Any, limits: Limits = DEFAULT_LIMITS) -> bytes:
 
 
 def _decode_array(data: bytes, bufs: list[memoryview] | None) -> np.ndarray:
+    np = _numpy()
     if len(data) < 8:
         raise CodecError("truncated numpy array header")
     ndim, dtlen, reserved, idx = _ARR.unpack_from(data)
@@ -389,6 +408,7 @@ def _decode_array(data: bytes, bufs: list[memoryview] | None) -> np.ndarray:
 
 
 def _decode_scalar(data: bytes) -> np.generic:
+    np = _numpy()
     dt = _DTYPES_DEC.get(data[1 : 1 + data[0]]) if data else None
     if dt is None or len(data) != 1 + data[0] + dt.itemsize:
         raise CodecError("malformed or disallowed numpy scalar")

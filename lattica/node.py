@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable, Coroutine, Iterable, TypeVar
 from ._log import get_logger
 
 from . import identify, ping
+from ._loop import DEFAULT_BUSY_POLL_US, new_loop
 from .errors import (
     ConnectionClosed,
     ConnectionLimit,
@@ -113,6 +114,10 @@ class _Host:
         for t in self.transports:
             if t.handles(addr):
                 return t
+        if self.node._lazy_quic and addr.without_peer_id().protocols()[-1:] == ["quic-v1"]:
+            self.node._lazy_quic = False  # QUIC (and aioquic's import) only once it is needed
+            self.transports.append(self.node._make_quic())
+            return self._transport_for(addr)
         return None
 
     # -- connections ----------------------------------------------------------------------------
@@ -380,18 +385,6 @@ class _Host:
         return out
 
 
-def _new_loop(use_uvloop: bool | None) -> asyncio.AbstractEventLoop:
-    if use_uvloop is not False:
-        try:
-            import uvloop
-
-            return uvloop.new_event_loop()
-        except ImportError:
-            if use_uvloop:
-                raise
-    return asyncio.new_event_loop()
-
-
 class Node:
     """A Lattica node: identity, listeners, connections, on its own event-loop thread.
 
@@ -409,6 +402,7 @@ class Node:
         idle_timeout: float = 300.0,
         dial_timeout: float = 10.0,
         agent_version: str = AGENT_VERSION,
+        busy_poll_us: float = DEFAULT_BUSY_POLL_US,
         use_uvloop: bool | None = None,
         transport_options: dict[str, dict[str, Any]] | None = None,
         memory_network: Any = None,
@@ -422,9 +416,11 @@ class Node:
         self.idle_timeout = idle_timeout
         self.dial_timeout = dial_timeout
         self.agent_version = agent_version
+        self._busy_poll_us = busy_poll_us
         self._use_uvloop = use_uvloop
         self._transport_options = transport_options or {}
         self._memory_network = memory_network
+        self._lazy_quic = True
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._host: _Host | None = None
@@ -433,18 +429,19 @@ class Node:
 
     def _make_transports(self) -> list[Transport]:
         from .transports.memory import MemoryTransport
-        from .transports.quic import QuicTransport
         from .transports.tcp import TcpTransport
 
         opts = self._transport_options
         memory_opts = dict(opts.get("memory", {}))
         if self._memory_network is not None:
             memory_opts.setdefault("network", self._memory_network)
-        return [
-            TcpTransport(self.keypair, **opts.get("tcp", {})),
-            QuicTransport(self.keypair, **opts.get("quic", {})),
-            MemoryTransport(self.keypair, **memory_opts),
-        ]
+        self._lazy_quic = True
+        return [TcpTransport(self.keypair, **opts.get("tcp", {})), MemoryTransport(self.keypair, **memory_opts)]
+
+    def _make_quic(self) -> Transport:
+        from .transports.quic import QuicTransport
+
+        return QuicTransport(self.keypair, **self._transport_options.get("quic", {}))
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -454,7 +451,7 @@ class Node:
             if self._thread is not None:
                 return self
             t0 = time.perf_counter()
-            loop = _new_loop(self._use_uvloop)
+            loop = new_loop(self._busy_poll_us, self._use_uvloop)
             ready: concurrent.futures.Future[None] = concurrent.futures.Future()
             self._loop = loop
             self._thread = threading.Thread(target=self._run, args=(loop, ready), name=f"lattica-node-{self.peer_id.short()}", daemon=True)

@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+from .._loop import DEFAULT_BUSY_POLL_US
 from ..multiaddr import Multiaddr
 from ..node import Node
 from .server import SINK, ServerProcess
@@ -26,10 +27,11 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def bench_stream(transport: str = "tcp", size: int = 1 << 30, chunk: int = 1 << 20) -> dict[str, Any]:
+def bench_stream(transport: str = "tcp", size: int = 1 << 30, chunk: int = 1 << 20, busy_poll_us: float = DEFAULT_BUSY_POLL_US) -> dict[str, Any]:
     """One stream, one direction: push ``size`` bytes to a sink in another process."""
     block = os.urandom(chunk)
-    with ServerProcess([LOOPBACK[transport]], "--no-digest") as srv, Node([]) as node:
+    poll = ["--busy-poll-us", str(busy_poll_us)]
+    with ServerProcess([LOOPBACK[transport]], "--no-digest", *poll) as srv, Node([], busy_poll_us=busy_poll_us) as node:
         node.connect(srv.addr(transport))
         pid = node.peers()[0].peer_id
 
@@ -51,6 +53,7 @@ def bench_stream(transport: str = "tcp", size: int = 1 << 30, chunk: int = 1 << 
     return {
         "bench": "stream",
         "transport": transport,
+        "busy_poll_us": busy_poll_us,
         "bytes": size,
         "received": received,
         "seconds": round(elapsed, 3),
@@ -58,9 +61,10 @@ def bench_stream(transport: str = "tcp", size: int = 1 << 30, chunk: int = 1 << 
     }
 
 
-def bench_ping(transport: str = "tcp", count: int = 10000) -> dict[str, Any]:
+def bench_ping(transport: str = "tcp", count: int = 10000, busy_poll_us: float = DEFAULT_BUSY_POLL_US) -> dict[str, Any]:
     """Sequential 32-byte pings on one stream to a node in another process."""
-    with ServerProcess([LOOPBACK[transport]]) as srv, Node([]) as node:
+    poll = ["--busy-poll-us", str(busy_poll_us)]
+    with ServerProcess([LOOPBACK[transport]], *poll) as srv, Node([], busy_poll_us=busy_poll_us) as node:
         info = node.connect(srv.addr(transport))
         node.ping_many(info.peer_id, min(500, count))  # warm-up
         rtts = node.ping_many(info.peer_id, count)
@@ -68,6 +72,7 @@ def bench_ping(transport: str = "tcp", count: int = 10000) -> dict[str, Any]:
     return {
         "bench": "ping",
         "transport": transport,
+        "busy_poll_us": busy_poll_us,
         "count": count,
         "p50_us": round(_pct(us, 0.50), 1),
         "p99_us": round(_pct(us, 0.99), 1),
@@ -101,7 +106,7 @@ t_proc = float(sys.argv[1])
 t0 = time.perf_counter()
 import lattica
 t1 = time.perf_counter()
-node = lattica.Node(["/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1"])
+node = lattica.Node(json.loads(sys.argv[2]))
 node.start()
 t2 = time.perf_counter()
 time.sleep(1.0)
@@ -112,17 +117,19 @@ node.stop()
 """
 
 
-def bench_startup(runs: int = 5) -> dict[str, Any]:
+def bench_startup(transports: tuple[str, ...] = ("tcp", "quic"), runs: int = 5) -> dict[str, Any]:
     """Start-to-listening (import + Node.start, and from exec) and idle RSS of a fresh process."""
+    listen = json.dumps([LOOPBACK[t] for t in transports])
     results = []
     for _ in range(runs):
         out = subprocess.run(
-            [sys.executable, "-c", _STARTUP_CHILD, repr(time.time())], capture_output=True, text=True, check=True
+            [sys.executable, "-c", _STARTUP_CHILD, repr(time.time()), listen], capture_output=True, text=True, check=True
         )
         results.append(json.loads(out.stdout))
     med = lambda k: round(statistics.median(r[k] for r in results), 1)  # noqa: E731
     return {
         "bench": "startup",
+        "listen": "+".join(transports),
         "runs": runs,
         "node_start_ms": med("start_ms"),
         "import_ms": med("import_ms"),

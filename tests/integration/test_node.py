@@ -222,3 +222,15 @@ def test_memory_transport_hundreds_of_nodes_one_loop():
 
     results = asyncio.run(main())
     assert results == [b"ping %d" % i for i in range(200)]
+
+
+def test_uvloop_and_busy_poll_nodes_interoperate():
+    """busy_poll_us=0 selects uvloop (when installed); both loop kinds talk to each other."""
+    with lattica.Node([TCP, QUIC], busy_poll_us=0) as a, lattica.Node([TCP], busy_poll_us=200) as b:
+        assert type(a._loop).__module__.startswith("uvloop")
+        assert type(b._loop).__module__.startswith("asyncio")
+        for addr in a.addrs:
+            info = b.connect(addr)
+            assert info.peer_id == a.peer_id and b.ping(a.peer_id) > 0
+            b.disconnect(a.peer_id)
+        assert a.connect(b.addrs[0]).peer_id == b.peer_id

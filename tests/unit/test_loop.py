@@ -1,0 +1,59 @@
+"""The node loop's busy-poll selector: it delivers events, and its polling window adapts."""
+
+import asyncio
+import socket
+import subprocess
+import sys
+
+from lattica._loop import BusyPollSelector, new_loop
+
+
+def test_busy_poll_window_shrinks_when_idle_and_grows_on_traffic():
+    sel = BusyPollSelector(200e-6)
+    a, b = socket.socketpair()
+    sel.register(a, 1)  # EVENT_READ
+    for _ in range(5):
+        assert sel.select(0.001) == []  # nothing arrives: each call halves the window
+    assert sel._spin == sel._min
+    b.send(b"x")
+    events = sel.select(1.0)
+    assert [key.fileobj for key, _ in events] == [a]
+    assert sel._spin == 2 * sel._min  # polling caught it: the window grows again
+    sel.close()
+    a.close()
+    b.close()
+
+
+def test_loops_run_real_io():
+    for busy in (200.0, 0.0):
+        loop = new_loop(busy, None)
+        try:
+
+            async def echo_once():
+                r, w = await asyncio.open_connection(*server.sockets[0].getsockname())
+                w.write(b"ping")
+                data = await r.read(4)
+                w.close()
+                return data
+
+            async def handle(r, w):
+                w.write(await r.read(4))
+                await w.drain()
+                w.close()
+
+            server = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", 0))
+            assert loop.run_until_complete(echo_once()) == b"ping"
+            server.close()
+        finally:
+            loop.close()
+
+
+def test_importing_lattica_does_not_import_numpy_or_aioquic():
+    code = (
+        "import sys, lattica, lattica.codec as c\n"
+        "assert c.decode(c.encode_bytes({'a': [1, b'x']})) == {'a': [1, b'x']}\n"
+        "assert 'numpy' not in sys.modules and 'aioquic' not in sys.modules, sorted(sys.modules)\n"
+        "import numpy as np\n"
+        "assert (c.decode(c.encode_bytes(np.arange(3))) == np.arange(3)).all()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -84,9 +84,8 @@ def bench_handshake(transport: str = "tcp", count: int = 200) -> dict[str, Any]:
     """Fresh authenticated connections (TCP: connect + Noise XX; QUIC: TLS 1.3), dial to ready."""
     with ServerProcess([LOOPBACK[transport]]) as srv, Node([]) as node:
         addr = Multiaddr(srv.addr(transport))
-        t = next(t for t in node._host.transports if t.handles(addr))  # type: ignore[union-attr]
-
         async def run() -> list[float]:
+            t = node._host._transport_for(addr)  # type: ignore[union-attr]
             times = []
             for _ in range(count):
                 t0 = time.perf_counter()

@@ -243,3 +243,20 @@ def test_peer_that_stops_reading_is_bounded(server):
         assert pushed < 64 * 2**20, "the writer was never pushed back"
         assert server.run(server_buffered(server._host)) <= window
         still_serves(server)
+
+
+def test_silent_peer_is_dropped_by_keepalive_but_live_idle_peer_is_kept():
+    opts = {"tcp": {"keepalive_interval": 0.2, "keepalive_timeout": 0.8}}
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], transport_options=opts) as node, lattica.Node([], transport_options=opts) as live:
+        live.connect(node.addrs[0])
+
+        async def silent():
+            reader, writer, _ = await _raw_secure(*_hostport(node))  # never answers mux pings
+            t0 = time.monotonic()
+            closed = await _closed_by_peer(reader, timeout=5)
+            return closed, time.monotonic() - t0
+
+        closed, waited = asyncio.run(silent())
+        assert closed and 0.5 < waited < 3
+        time.sleep(1.0)  # well past the keepalive timeout: the answering peer is still connected
+        assert [p.peer_id for p in node.peers()] == [live.peer_id]

@@ -234,3 +234,17 @@ def test_uvloop_and_busy_poll_nodes_interoperate():
             assert info.peer_id == a.peer_id and b.ping(a.peer_id) > 0
             b.disconnect(a.peer_id)
         assert a.connect(b.addrs[0]).peer_id == b.peer_id
+
+
+def test_dial_races_transports_and_survives_a_dead_address():
+    """Given a dead TCP address and a live QUIC one, connect() still succeeds (over QUIC), and the
+    error of the dead attempt does not leak out."""
+    with lattica.Node([QUIC]) as a, lattica.Node([]) as b:
+        quic = a.addrs[0]
+        dead_tcp = lattica.Multiaddr("/ip4/127.0.0.1/tcp/1").with_peer_id(a.peer_id)
+        info = b.connect([dead_tcp, quic])
+        assert info.transport == "quic"
+    with lattica.Node([TCP, QUIC]) as a, lattica.Node([]) as b:
+        info = b.connect(a.addrs)  # both live: whichever wins, exactly one connection remains
+        assert info.transport in ("tcp", "quic")
+        assert wait_for(lambda: b.run(_count(b._host)) == 1 and a.run(_count(a._host)) == 1, timeout=8)

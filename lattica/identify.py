@@ -61,13 +61,19 @@ def _str(msg: dict, key: str) -> str:
     return v
 
 
+def _bytes(v: Any, what: str) -> bytes:
+    if not isinstance(v, (bytes, memoryview)):
+        raise ProtocolError(f"identify field {what} must be bytes")
+    return bytes(v)
+
+
 def parse(msg: Any, remote_peer: PeerId) -> dict[str, Any]:
     """Validate an identify message from ``remote_peer``; raise ProtocolError if it is unusable."""
     if not isinstance(msg, dict):
         raise ProtocolError("identify message must be a map")
     try:
-        key = public_key_from_protobuf(bytes(msg.get("public_key", b"")))
-    except (KeyFileError, TypeError):
+        key = public_key_from_protobuf(_bytes(msg.get("public_key", b""), "public_key"))
+    except KeyFileError:
         raise ProtocolError("identify message carries no valid public key") from None
     if PeerId.from_public_key(key) != remote_peer:
         raise ProtocolError("identify public key does not match the connection's authenticated peer")
@@ -80,10 +86,10 @@ def parse(msg: Any, remote_peer: PeerId) -> dict[str, Any]:
     if not all(isinstance(p, str) and len(p) <= _MAX_STR for p in protos):
         raise ProtocolError("identify protocols must be short strings")
     try:
-        listen = tuple(Multiaddr.from_bytes(bytes(a)) for a in addrs)
+        listen = tuple(Multiaddr.from_bytes(_bytes(a, "listen_addrs")) for a in addrs)
         observed_raw = msg.get("observed_addr")
-        observed = Multiaddr.from_bytes(bytes(observed_raw)) if observed_raw else None
-    except (MultiaddrError, CodecError, TypeError) as e:
+        observed = Multiaddr.from_bytes(_bytes(observed_raw, "observed_addr")) if observed_raw else None
+    except (MultiaddrError, CodecError) as e:
         raise ProtocolError(f"identify carries a malformed address: {e}") from None
     return {
         "listen_addrs": listen,

@@ -270,13 +270,17 @@ class KeyPair:
         """Write the key file with mode 0600 (created that way, never world-readable in between)."""
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.write(fd, self.to_protobuf())
-            os.fchmod(fd, 0o600)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, self.to_protobuf())
+                os.fchmod(fd, 0o600)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise KeyFileError(f"cannot write key file {path}: {e.strerror or e}") from None
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> KeyPair:

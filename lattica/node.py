@@ -46,6 +46,15 @@ _MAX_PROTOCOL_NAME = 128
 _PROTOCOL_READ_TIMEOUT = 10.0
 _DIAL_STAGGER = 0.25  # happy-eyeballs delay before starting the next address
 _LINGER = 2.0  # seconds a duplicate connection stays up for streams already on it
+_STOP_GRACE = 2.0  # seconds stop() gives all connections together to close gracefully
+_MAX_CONNS_PER_PEER = 4
+_MAX_KNOWN_PEERS = 4096  # address book entries; the oldest unconnected peers are forgotten first
+_MAX_ADDRS_PER_PEER = 32
+
+
+def _check_protocol_name(name: str) -> None:
+    if not name or len(name.encode()) > _MAX_PROTOCOL_NAME:
+        raise ValueError(f"protocol names are 1 to {_MAX_PROTOCOL_NAME} bytes: {name[:40]!r}")
 
 
 def _encode_protocol(name: str) -> bytes:
@@ -92,17 +101,21 @@ class _Host:
 
     async def stop(self) -> None:
         self.closing = True
-        for conn in list(self.all_conns):
-            try:
-                await asyncio.wait_for(conn.close(), 1.0)
-            except (asyncio.TimeoutError, LatticaError):
+        conns = list(self.all_conns)
+        try:
+            if conns:  # say goodbye to everyone at once, within one overall deadline
+                await asyncio.wait(
+                    [self.loop.create_task(c.close()) for c in conns], timeout=_STOP_GRACE
+                )
+        finally:
+            for conn in conns:
                 conn.abort("node stopping")
-        for t in self.transports:
-            await t.close()
-        for task in list(self.tasks):
-            task.cancel()
-        if self.tasks:
-            await asyncio.gather(*self.tasks, return_exceptions=True)
+            for t in self.transports:
+                await t.close()
+            for task in list(self.tasks):
+                task.cancel()
+            if self.tasks:
+                await asyncio.gather(*self.tasks, return_exceptions=True)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         task = self.loop.create_task(coro)
@@ -130,6 +143,10 @@ class _Host:
             log.info("refusing inbound connection: limit reached", peer=str(conn.remote_peer), limit=self.node.max_connections)
             conn.abort("connection limit reached")
             return
+        if sum(1 for c in self.all_conns if c.remote_peer == conn.remote_peer) >= _MAX_CONNS_PER_PEER:
+            log.info("refusing inbound connection: too many from this peer", peer=str(conn.remote_peer))
+            conn.abort("per-peer connection limit reached")
+            return
         self._adopt(conn)
 
     def _adopt(self, conn: Connection) -> None:
@@ -143,13 +160,18 @@ class _Host:
         existing = self.conns.get(peer)
         if existing is None or existing.is_closed:
             self.conns[peer] = conn
-        else:
-            # Both sides dialed at once (or two transports won a race): both ends must keep the
-            # same one, so keep the connection dialed by the smaller PeerId; ties keep the older.
+        elif self._dialer(conn) != self._dialer(existing):
+            # Both sides dialed at once: both ends must keep the same connection, so keep the one
+            # dialed by the smaller PeerId and let the other linger for streams already on it.
             keep_new = self._dialer(conn) < self._dialer(existing)
             winner, loser = (conn, existing) if keep_new else (existing, conn)
             self.conns[peer] = winner
             self.loop.call_later(_LINGER, self._close_if_unused, loser)
+        else:
+            # One side dialed twice (e.g. TCP and QUIC both won a race): new streams use the newer
+            # connection; the older is not force-closed (the two ends might disagree on which is
+            # older) and closes itself once idle.
+            self.conns[peer] = conn
         self.spawn(self._push_identify(conn))
 
     def _dialer(self, conn: Connection) -> PeerId:
@@ -201,12 +223,7 @@ class _Host:
             peer = ids.pop()  # type: ignore[assignment]
         if peer == self.peer_id:
             raise PeerUnreachable("cannot connect to ourselves")
-        if addrs:
-            known = self.peer_addrs.setdefault(peer, [])
-            for a in addrs:
-                a = a.without_peer_id()
-                if a not in known:
-                    known.append(a)
+        self.remember_addrs(peer, addrs)
         try:
             conn = await asyncio.wait_for(self.get_connection(peer), timeout)
             return await asyncio.wait_for(asyncio.shield(self.identified[conn]), timeout)
@@ -301,6 +318,7 @@ class _Host:
     # -- streams and protocols ------------------------------------------------------------------
 
     async def open_stream(self, peer: PeerId, protocol: str) -> Stream:
+        _check_protocol_name(protocol)
         conn = await self.get_connection(peer)
         info = self.info.get(conn)
         if info is not None and protocol not in info.protocols:
@@ -361,21 +379,50 @@ class _Host:
             return
         info = PeerInfo(conn.remote_peer, conn.transport, conn.direction, conn.remote_addr, **fields)
         self.info[conn] = info
-        known = self.peer_addrs.setdefault(conn.remote_peer, [])
-        for a in info.listen_addrs:
-            if a not in known and len(known) < 32:
-                known.append(a)
+        self.remember_addrs(conn.remote_peer, info.listen_addrs)
         fut = self.identified.get(conn)
         if fut is not None and not fut.done():
             fut.set_result(info)
-        await stream.close()
-
-    async def ping(self, peer: PeerId, count: int) -> list[float]:
-        stream = await self.open_stream(peer, ping.PROTOCOL)
+        # one message per stream: anything after it is a protocol error; end the stream either way
         try:
-            return await ping.measure(stream, count)
-        finally:
+            extra = await asyncio.wait_for(stream.read(1), _PROTOCOL_READ_TIMEOUT)
+        except asyncio.TimeoutError:
+            extra = b"?"
+        if extra:
+            stream.reset()
+        else:
             await stream.close()
+
+    def remember_addrs(self, peer: PeerId, addrs: Iterable[Multiaddr]) -> None:
+        """Add dialable addresses of ``peer`` to the (bounded) address book."""
+        known = self.peer_addrs.pop(peer, [])  # re-inserted last: most recently used
+        for a in addrs:
+            a = a.without_peer_id()
+            if a not in known and len(known) < _MAX_ADDRS_PER_PEER:
+                known.append(a)
+        self.peer_addrs[peer] = known
+        if len(self.peer_addrs) > _MAX_KNOWN_PEERS:
+            for old in list(self.peer_addrs):
+                if old not in self.conns and old != peer:
+                    del self.peer_addrs[old]
+                    if len(self.peer_addrs) <= _MAX_KNOWN_PEERS:
+                        break
+
+    async def ping(self, peer: PeerId, count: int, timeout: float) -> list[float]:
+        async def run() -> list[float]:
+            stream = await self.open_stream(peer, ping.PROTOCOL)
+            try:
+                rtts = await ping.measure(stream, count)
+            except BaseException:
+                stream.reset()
+                raise
+            await stream.close()
+            return rtts
+
+        try:
+            return await asyncio.wait_for(run(), timeout)
+        except asyncio.TimeoutError:
+            raise Timeout(f"{count} ping(s) to {peer} did not finish within {timeout} s") from None
 
     def peers(self) -> list[PeerInfo]:
         out = []
@@ -563,19 +610,22 @@ class Node:
         addrs = self._parse_target(addr)
         return await self._acall(lambda h: h.connect(addrs, None, timeout or self.dial_timeout))
 
-    def ping(self, peer: PeerId | str, count: int = 1) -> float:
-        """Median round-trip time to ``peer`` in seconds over ``count`` pings on one stream."""
-        rtts = self.ping_many(peer, count)
+    def ping(self, peer: PeerId | str, count: int = 1, timeout: float | None = None) -> float:
+        """Median round-trip time to ``peer`` in seconds over ``count`` pings on one stream.
+        Raises Timeout if they take longer than ``timeout`` (default 10 s + 10 ms per ping)."""
+        rtts = self.ping_many(peer, count, timeout)
         return sorted(rtts)[len(rtts) // 2]
 
-    def ping_many(self, peer: PeerId | str, count: int) -> list[float]:
+    def ping_many(self, peer: PeerId | str, count: int, timeout: float | None = None) -> list[float]:
         """Every round-trip time (seconds) of ``count`` sequential pings on one stream."""
         pid = PeerId.from_string(peer) if isinstance(peer, str) else peer
-        return self._call(lambda h: h.ping(pid, count))
+        limit = timeout if timeout is not None else 10.0 + 0.01 * count
+        return self._call(lambda h: h.ping(pid, count, limit))
 
-    async def aping(self, peer: PeerId | str, count: int = 1) -> float:
+    async def aping(self, peer: PeerId | str, count: int = 1, timeout: float | None = None) -> float:
         pid = PeerId.from_string(peer) if isinstance(peer, str) else peer
-        rtts = await self._acall(lambda h: h.ping(pid, count))
+        limit = timeout if timeout is not None else 10.0 + 0.01 * count
+        rtts = await self._acall(lambda h: h.ping(pid, count, limit))
         return sorted(rtts)[len(rtts) // 2]
 
     def peers(self) -> list[PeerInfo]:
@@ -601,8 +651,7 @@ class Node:
     def set_stream_handler(self, protocol: str, handler: StreamProtocolHandler) -> None:
         """Serve ``protocol``: ``await handler(stream, connection)`` runs on the node loop for each
         inbound stream that names it. Call before connecting, so identify advertises it."""
-        if len(protocol.encode()) > _MAX_PROTOCOL_NAME:
-            raise ValueError("protocol names are at most 128 bytes")
+        _check_protocol_name(protocol)
 
         async def put(h: _Host) -> None:
             h.handlers[protocol] = handler
@@ -616,6 +665,14 @@ class Node:
         return await self._host.open_stream(peer, protocol)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the node loop from another thread and return its result."""
-        return self._call(lambda h: asyncio.wait_for(coro, timeout))
+        """Run ``coro`` on the node loop from another thread and return its result; raises
+        Timeout if it takes longer than ``timeout`` seconds (it is cancelled then)."""
+
+        async def bounded(h: _Host) -> T:
+            try:
+                return await asyncio.wait_for(coro, timeout)
+            except asyncio.TimeoutError:
+                raise Timeout(f"operation did not finish within {timeout} s") from None
+
+        return self._call(bounded)
 

@@ -3,6 +3,7 @@ them; repeat on the same stream to measure round-trip times."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -11,18 +12,24 @@ from .transports.base import Stream
 
 PROTOCOL = "/ipfs/ping/1.0.0"
 _SIZE = 32
+IDLE_TIMEOUT = 60.0  # a ping stream silent this long is closed (it holds a stream slot)
 
 
 async def serve(stream: Stream) -> None:
-    """Echo 32-byte pings until the peer closes the stream."""
+    """Echo 32-byte pings until the peer closes the stream (or leaves it idle)."""
     while True:
-        data = await stream.read(_SIZE)
+        try:
+            data = await asyncio.wait_for(stream.read(_SIZE), IDLE_TIMEOUT)
+        except asyncio.TimeoutError:
+            stream.reset()
+            return
         if not data:
             await stream.close()
             return
         if len(data) < _SIZE:
             data += await stream.readexactly(_SIZE - len(data))
         stream.write(data)
+        await stream.drain()  # a peer that never reads its echoes stops getting them
 
 
 async def measure(stream: Stream, count: int) -> list[float]:

@@ -20,6 +20,7 @@ __all__ = ["Stream", "Connection", "Listener", "Transport", "StreamHandler", "Co
 class Stream(abc.ABC):
     """A bidirectional byte stream inside a connection."""
 
+    __slots__ = ()
     stream_id: int
 
     @abc.abstractmethod

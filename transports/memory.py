@@ -77,6 +77,9 @@ class _Pipe:
     def is_closing(self) -> bool:
         return self._closing
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # delivery is immediate; the mux windows bound what is in flight
+
 
 class _MemoryListener(Listener):
     def __init__(self, network: MemoryNetwork, port: int) -> None:
@@ -152,7 +155,10 @@ class MemoryTransport(Transport):
         dial_addr = Multiaddr(f"/memory/{next(self._dial_ports)}")
         conn = self._connection(mine, "outbound", remote.keypair.peer_id, dial_addr, listen_addr)
         inbound = remote._connection(theirs, "inbound", self.keypair.peer_id, listen_addr, dial_addr)
-        on_connection(inbound)
+        try:
+            on_connection(inbound)
+        except Exception as e:  # the listener's bug must not surface in the dialer
+            inbound.abort(f"connection handler failed: {e}")
         return conn
 
     async def close(self) -> None:

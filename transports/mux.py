@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from ..errors import ProtocolError, StreamClosed, StreamLimit, StreamReset
+from ..errors import ConnectionClosed, ProtocolError, StreamClosed, StreamLimit, StreamReset
 
 __all__ = [
     "Mux",
@@ -41,10 +41,12 @@ PROTOCOL_WINDOW = 256 * 1024  # yamux's initial window; every stream starts with
 
 @dataclass(frozen=True, slots=True)
 class MuxConfig:
-    max_streams: int = 256  # open streams per connection (each direction counted together)
+    max_streams: int = 256  # open streams per direction: the peer's opens cannot starve ours
     window: int = 4 * 1024 * 1024  # per-stream receive window we grant (>= 256 KiB)
     max_frame: int = 1024 * 1024  # largest data frame we send
-    max_buffered: int = 64 * 1024 * 1024  # cap on unconsumed bytes across all streams
+    # Cap on credit promised plus data unread, across all streams. Every stream may always hold
+    # yamux's 256 KiB minimum; only credit beyond it is rationed by this budget.
+    max_buffered: int = 64 * 1024 * 1024
 
 
 # -- events -----------------------------------------------------------------------------------
@@ -120,9 +122,12 @@ class Mux:
         self._next_id = 1 if is_client else 2
         self._peer_parity = 0 if is_client else 1
         self._streams: dict[int, _StreamState] = {}
+        self._n_local = 0  # open streams we initiated
+        self._n_remote = 0  # open streams the peer initiated
         self._out = bytearray()
         self._in = bytearray()
-        self._buffered_total = 0
+        self._buffered_total = 0  # received, not yet consumed (all streams)
+        self._committed = 0  # credit held by the peer + bytes buffered (all streams)
         self.local_goaway = False
         self.remote_goaway = False
 
@@ -135,23 +140,45 @@ class Mux:
     def open_stream(self) -> int:
         """Allocate a stream id and queue its SYN (which also raises the peer's credit)."""
         if self.local_goaway or self.remote_goaway:
-            raise StreamLimit("connection is going away; no new streams")
-        if len(self._streams) >= self.config.max_streams:
+            raise ConnectionClosed("connection is going away; no new streams")
+        if self._n_local >= self.config.max_streams:
             raise StreamLimit(f"stream limit of {self.config.max_streams} reached on this connection")
         sid = self._next_id
         if sid >= 2**32 - 2:
             raise StreamLimit("stream ids exhausted on this connection")
         self._next_id += 2
-        st = _StreamState()
-        self._streams[sid] = st
+        st = self._add(sid, local=True)
         self._frame(T_WINDOW, F_SYN, sid, self._initial_grant(st))
         return sid
 
+    def _add(self, sid: int, local: bool) -> _StreamState:
+        st = _StreamState()
+        self._streams[sid] = st
+        self._committed += st.recv_window
+        if local:
+            self._n_local += 1
+        else:
+            self._n_remote += 1
+        return st
+
+    def _remove(self, sid: int) -> _StreamState | None:
+        st = self._streams.pop(sid, None)
+        if st is not None:
+            self._buffered_total -= st.buffered
+            self._committed -= st.recv_window + st.buffered
+            if sid % 2 == self._peer_parity:
+                self._n_remote -= 1
+            else:
+                self._n_local -= 1
+        return st
+
+    def _budget(self) -> int:
+        return max(0, self.config.max_buffered - self._committed)
+
     def _initial_grant(self, st: _StreamState) -> int:
-        extra = self.config.window - PROTOCOL_WINDOW
-        if self._buffered_total + len(self._streams) * PROTOCOL_WINDOW > self.config.max_buffered:
-            extra = 0  # under memory pressure new streams get only the protocol minimum
+        extra = min(self.config.window - PROTOCOL_WINDOW, self._budget())
         st.recv_window += extra
+        self._committed += extra
         return extra
 
     def send_window(self, stream_id: int) -> int:
@@ -188,11 +215,8 @@ class Mux:
         self._maybe_forget(stream_id, st)
 
     def reset_stream(self, stream_id: int) -> None:
-        st = self._streams.pop(stream_id, None)
-        if st is None:
-            return
-        self._buffered_total -= st.buffered
-        self._frame(T_WINDOW, F_RST, stream_id, 0)
+        if self._remove(stream_id) is not None:
+            self._frame(T_WINDOW, F_RST, stream_id, 0)
 
     def consumed(self, stream_id: int, n: int) -> None:
         """The application read ``n`` bytes of the stream: return credit to the peer in batches."""
@@ -201,18 +225,19 @@ class Mux:
             return
         st.buffered -= n
         self._buffered_total -= n
+        self._committed -= n
         st.unacked += n
         if st.remote_fin:
             self._maybe_forget(stream_id, st)
             return
         if st.unacked >= self.config.window // 4:
-            grant = st.unacked
-            if self._buffered_total > self.config.max_buffered:
-                grant = min(grant, max(0, PROTOCOL_WINDOW - st.recv_window))
-                if grant <= 0:
-                    return
+            # return what was read, within the budget -- but never leave a stream below the minimum
+            grant = min(st.unacked, max(self._budget(), PROTOCOL_WINDOW - st.recv_window))
+            if grant <= 0:
+                return
             st.unacked -= grant
             st.recv_window += grant
+            self._committed += grant
             self._frame(T_WINDOW, 0, stream_id, grant)
 
     def ping(self, opaque: int) -> None:
@@ -287,12 +312,11 @@ class Mux:
                 self._frame(T_WINDOW, F_RST, sid, 0)
                 events.append(StreamRefused(sid, "connection is going away"))
                 return None
-            if len(self._streams) >= self.config.max_streams:
+            if self._n_remote >= self.config.max_streams:
                 self._frame(T_WINDOW, F_RST, sid, 0)
                 events.append(StreamRefused(sid, f"stream limit {self.config.max_streams} reached"))
                 return None
-            st = _StreamState()
-            self._streams[sid] = st
+            st = self._add(sid, local=False)
             self._frame(T_WINDOW, F_ACK, sid, self._initial_grant(st))
             events.append(StreamOpened(sid))
         return st
@@ -327,8 +351,7 @@ class Mux:
 
     def _on_flags(self, events: list, flags: int, sid: int, st: _StreamState) -> None:
         if flags & F_RST:
-            self._streams.pop(sid, None)
-            self._buffered_total -= st.buffered
+            self._remove(sid)
             events.append(StreamWasReset(sid))
             return
         if flags & F_FIN and not st.remote_fin:
@@ -338,7 +361,7 @@ class Mux:
 
     def _maybe_forget(self, sid: int, st: _StreamState) -> None:
         if st.local_fin and st.remote_fin and st.buffered == 0:
-            self._streams.pop(sid, None)
+            self._remove(sid)
 
     def _frame(self, ftype: int, flags: int, sid: int, length: int) -> None:
         self._out += _HDR.pack(_VERSION, ftype, flags, sid, length)

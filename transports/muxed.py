@@ -33,6 +33,7 @@ from .mux import (
 from .noise import NoiseSession
 
 log = get_logger("lattica.transport")
+_MAX_UNSENT = 64 * 1024 * 1024  # bytes queued for a paused socket before we give up on the peer
 
 
 class ByteWriter(Protocol):
@@ -42,6 +43,7 @@ class ByteWriter(Protocol):
     def close(self) -> None: ...
     def abort(self) -> None: ...
     def is_closing(self) -> bool: ...
+    def get_write_buffer_size(self) -> int: ...
 
 
 class MuxedStream(Stream):
@@ -75,6 +77,8 @@ class MuxedStream(Stream):
                 raise self._error
             if self._eof:
                 return b""
+            if self._waiter is not None:
+                raise RuntimeError(f"another coroutine is already reading stream {self.stream_id}")
             self._waiter = self._conn._loop.create_future()
             try:
                 await self._waiter
@@ -161,6 +165,8 @@ class MuxedStream(Stream):
         while True:
             if self._error is not None:
                 raise self._error
+            if self._conn._closed:
+                raise ConnectionClosed(f"connection to {self._conn.remote_peer} is closed")
             if self._pending_bytes == 0 and not self._conn._write_paused:
                 return
             self._drain_waiter = self._conn._loop.create_future()
@@ -230,8 +236,6 @@ class MuxedConnection(Connection):
         self._close_callbacks: list[Callable[[Connection], None]] = []
         self._closed_event = asyncio.Event()
         self._last_recv = self._loop.time()
-        self._ping_waiters: dict[int, asyncio.Future] = {}
-        self._next_ping = 1
         self._keepalive_interval = keepalive_interval
         self._keepalive_timeout = keepalive_timeout
         self._keepalive_handle = (
@@ -274,10 +278,6 @@ class MuxedConnection(Connection):
         return self._closed
 
     @property
-    def close_reason(self) -> str | None:
-        return self._close_reason
-
-    @property
     def num_streams(self) -> int:
         return len(self._streams)
 
@@ -289,21 +289,6 @@ class MuxedConnection(Connection):
 
     async def wait_closed(self) -> None:
         await self._closed_event.wait()
-
-    async def ping(self, timeout: float = 10.0) -> float:
-        """Round-trip time in seconds of a mux-level ping (the keepalive probe)."""
-        opaque = self._next_ping
-        self._next_ping = (self._next_ping + 1) & 0xFFFFFFFF or 1
-        fut = self._loop.create_future()
-        self._ping_waiters[opaque] = fut
-        t0 = self._loop.time()
-        self._mux.ping(opaque)
-        self._flush()
-        try:
-            await asyncio.wait_for(fut, timeout)
-        finally:
-            self._ping_waiters.pop(opaque, None)
-        return self._loop.time() - t0
 
     # -- bytes in ---------------------------------------------------------------------------
 
@@ -352,9 +337,7 @@ class MuxedConnection(Connection):
                 if s is not None:
                     s._fail(StreamReset(f"stream {ev.stream_id} was reset by the peer"))
             elif t is PongReceived:
-                fut = self._ping_waiters.get(ev.opaque)
-                if fut is not None and not fut.done():
-                    fut.set_result(None)
+                pass  # keepalive replies: any received bytes already refreshed _last_recv
             elif t is StreamRefused:
                 log.info("refused inbound stream", peer=str(self.remote_peer), reason=ev.reason)
             elif t is GoAwayReceived:
@@ -405,6 +388,11 @@ class MuxedConnection(Connection):
         if self._session is not None:
             data = self._session.seal(data)
         self._writer.write(data)
+        if self._write_paused and self._writer.get_write_buffer_size() > _MAX_UNSENT:
+            # Stream data waits for drain(); only replies the mux makes by itself (pongs, window
+            # updates, resets) can pile up here, and only if the peer stopped reading its socket.
+            log.info("closing connection: peer stopped reading", peer=str(self.remote_peer))
+            self._teardown("peer stopped reading", graceful=False)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -433,9 +421,7 @@ class MuxedConnection(Connection):
             s._fail(err)
         self._streams.clear()
         self._unhandled.clear()
-        for fut in self._ping_waiters.values():
-            if not fut.done():
-                fut.set_exception(err)
+        self._write_paused = False
         for w in self._drain_waiters:
             if not w.done():
                 w.set_result(None)

@@ -40,9 +40,18 @@ class _TcpProtocol(asyncio.Protocol):
         self.conn: MuxedConnection | None = None
         self.ready: asyncio.Future[MuxedConnection] = asyncio.get_running_loop().create_future()
         self._timer: asyncio.TimerHandle | None = None
+        self._counted = False  # holds one of the owner's in-progress handshake slots
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
+        if not self._initiator:
+            if self._owner._handshaking >= self._owner.max_pending_handshakes:
+                log.info("refusing connection: too many handshakes in progress", peer_addr=self._peer_addr_text())
+                transport.abort()
+                self.ready.cancel()
+                return
+            self._owner._handshaking += 1
+            self._counted = True
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -54,7 +63,20 @@ class _TcpProtocol(asyncio.Protocol):
     def _handshake_timed_out(self) -> None:
         self._fail(Timeout(f"Noise handshake did not finish within {self._owner.handshake_timeout} s"))
 
+    def _release_slot(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._owner._handshaking -= 1
+
+    def cancel(self) -> None:
+        """The dialer gave up (e.g. lost a race): drop the socket, or the connection if it is up."""
+        if self.conn is not None:
+            self.conn.abort("dial cancelled")
+        else:
+            self._fail(TransportError("dial cancelled"))
+
     def _fail(self, err: LatticaError) -> None:
+        self._release_slot()
         if self._timer is not None:
             self._timer.cancel()
         if not self.ready.done():
@@ -84,6 +106,7 @@ class _TcpProtocol(asyncio.Protocol):
         if out:
             self._transport.write(out)  # type: ignore[union-attr]
         if self._hs.complete:
+            self._release_slot()
             self._timer.cancel()  # type: ignore[union-attr]
             tr = self._transport
             assert tr is not None and self._hs.remote_peer is not None and self._hs.session is not None
@@ -144,6 +167,7 @@ class TcpTransport(Transport):
         *,
         mux_config: MuxConfig | None = None,
         handshake_timeout: float = 10.0,
+        max_pending_handshakes: int = 256,
         keepalive_interval: float = 15.0,
         keepalive_timeout: float = 45.0,
         write_buffer_limit: int = 4 * 1024 * 1024,
@@ -151,6 +175,8 @@ class TcpTransport(Transport):
         super().__init__(keypair)
         self.mux_config = mux_config or MuxConfig()
         self.handshake_timeout = handshake_timeout
+        self.max_pending_handshakes = max_pending_handshakes
+        self._handshaking = 0
         self.keepalive_interval = keepalive_interval
         self.keepalive_timeout = keepalive_timeout
         self.write_buffer_limit = write_buffer_limit
@@ -215,7 +241,11 @@ class TcpTransport(Transport):
             raise Timeout(f"TCP connect to {addr} timed out") from None
         except OSError as e:
             raise TransportError(f"cannot connect to {addr}: {e.strerror or e}") from None
-        conn = await proto.ready
+        try:
+            conn = await proto.ready
+        except asyncio.CancelledError:
+            proto.cancel()
+            raise
         self._set_buffer_limits(conn)
         return conn
 

@@ -89,3 +89,11 @@ def test_base58():
     for data in [b"", b"\0", b"\0\0abc", os.urandom(40)]:
         assert b58decode(b58encode(data)) == data
     assert b58encode(b"hello world") == "StV1DL6CwTryKyV"
+
+
+def test_key_file_errors_are_key_file_errors(tmp_path):
+    with pytest.raises(KeyFileError, match="cannot write"):
+        KeyPair.load_or_create(tmp_path / "missing-dir" / "node.key")
+    assert not (tmp_path / "missing-dir").exists()
+    with pytest.raises(KeyFileError, match="cannot read"):
+        KeyPair.load(tmp_path / "absent.key")

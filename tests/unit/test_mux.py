@@ -6,7 +6,7 @@ import struct
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from lattica.errors import ProtocolError, StreamClosed, StreamLimit
+from lattica.errors import ConnectionClosed, ProtocolError, StreamClosed, StreamLimit
 from lattica.transports.mux import (
     F_SYN,
     PROTOCOL_WINDOW,
@@ -117,6 +117,31 @@ def test_stream_limit_local_and_remote():
     assert of(ev, StreamRefused)[0].stream_id == 5
 
 
+def test_total_credit_is_capped_across_streams():
+    """256 streams at a 4 MiB window would promise 1 GiB; the budget keeps the total near
+    max_buffered (each stream still gets yamux's 256 KiB minimum)."""
+    c, s = Mux(True), Mux(False, MuxConfig(max_buffered=16 * 2**20))
+    sids = [c.open_stream() for _ in range(256)]
+    pump(c, s)
+    pump(s, c)
+    granted = sum(c.send_window(sid) for sid in sids)
+    assert granted <= 16 * 2**20 + 256 * PROTOCOL_WINDOW
+    assert min(c.send_window(sid) for sid in sids) >= PROTOCOL_WINDOW
+    # fill every window: what the server buffers is bounded by the same figure
+    for sid in sids:
+        c.send_data(sid, bytes(c.send_window(sid)))
+    pump(c, s)
+    assert s._buffered_total == granted
+
+
+def test_peer_streams_cannot_starve_our_own():
+    c, s = pair(max_streams=4)
+    for _ in range(4):
+        c.open_stream()
+    pump(c, s)
+    assert s.open_stream() % 2 == 0  # the server can still open its own streams
+
+
 @pytest.mark.parametrize(
     "frame, match",
     [
@@ -162,7 +187,7 @@ def test_ping_and_go_away():
     assert of(pump(s, c), PongReceived)[0].opaque == 42
     s.go_away()
     assert of(pump(s, c), GoAwayReceived)
-    with pytest.raises(StreamLimit, match="going away"):
+    with pytest.raises(ConnectionClosed, match="going away"):
         c.open_stream()
 
 

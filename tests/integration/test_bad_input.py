@@ -161,27 +161,94 @@ def test_tampered_ciphertext_closes_the_connection(server):
     still_serves(server)
 
 
-def test_oversized_message_resets_the_stream_only(server):
-    """An identify message larger than the 64 KiB cap is refused; the connection itself is dropped
-    (identify is mandatory), and nothing is buffered beyond the cap."""
+def test_oversized_identify_closes_the_connection(server):
+    """Identify is mandatory: one that claims more than its 64 KiB cap drops the connection
+    (the length is checked before anything is read or allocated)."""
     with lattica.Node([]) as probe:
         probe.connect(server.addrs[0])
 
         async def send_big():
             conn = await probe._host.get_connection(server.peer_id)
             s = await conn.open_stream()
-            s.write(b"\x11/lattica/id/1.0.0")
-            s.write((10 * 2**20).to_bytes(4, "big"))  # claims a 10 MiB identify message
-            await s.drain()
+            s.write(b"\x11/lattica/id/1.0.0" + (10 * 2**20).to_bytes(4, "big"))  # "10 MiB follow"
             try:
                 await asyncio.wait_for(s.read(), 5)
             except Exception as e:
                 return type(e).__name__
             return "no error"
 
-        result = probe.run(send_big())
-        assert result in ("ConnectionClosed", "StreamReset")
+        assert probe.run(send_big()) == "ConnectionClosed"
     still_serves(server)
+
+
+def test_oversized_message_on_a_service_resets_only_that_stream(server):
+    """A service reading capped messages gets FrameTooLarge; the node resets that stream and the
+    connection carries on (same connection object, still pinging)."""
+    from lattica.framing import read_message
+
+    async def capped(stream, conn):
+        await read_message(stream, max_size=1024)
+
+    server.set_stream_handler("/test/capped/1", capped)
+    with lattica.Node([]) as probe:
+        probe.connect(server.addrs[0])
+
+        async def send_big():
+            conn = await probe._host.get_connection(server.peer_id)
+            s = await probe.aopen_stream(server.peer_id, "/test/capped/1")
+            s.write((1 << 20).to_bytes(4, "big"))
+            with pytest.raises(StreamReset):
+                await asyncio.wait_for(s.read(), 5)
+            return conn
+
+        conn = probe.run(send_big())
+        assert probe.ping(server.peer_id) > 0
+        assert probe.run(probe._host.get_connection(server.peer_id)) is conn
+
+
+def test_logged_reasons(server, caplog):
+    """Each refusal is logged with its reason (the node's loggers feed stdlib logging)."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="lattica")
+
+    async def garbage():
+        reader, writer = await asyncio.open_connection(*_hostport(server))
+        writer.write(os.urandom(300))
+        await _closed_by_peer(reader)
+
+    asyncio.run(garbage())
+
+    async def bad_frame():
+        reader, writer, session = await _raw_secure(*_hostport(server))
+        writer.write(session.seal(HDR.pack(7, T_DATA, 0, 1, 0)))
+        await _closed_by_peer(reader)
+
+    asyncio.run(bad_frame())
+    time.sleep(0.2)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("inbound handshake failed" in m for m in messages), messages
+    assert any("peer broke the protocol" in m for m in messages), messages
+
+
+def test_handshake_flood_is_capped():
+    """Sockets that connect and never finish a handshake hold at most max_pending_handshakes
+    slots; beyond that they are dropped at once, and a real peer gets in when slots free up."""
+    opts = {"tcp": {"max_pending_handshakes": 16, "handshake_timeout": 1.0}}
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], transport_options=opts) as node:
+        node.set_stream_handler(ECHO, _echo)
+
+        async def flood():
+            socks = [await asyncio.open_connection(*_hostport(node)) for _ in range(40)]
+            closed = await asyncio.gather(*(_closed_by_peer(r, timeout=0.5) for r, _ in socks))
+            for _, w in socks:
+                w.close()
+            return sum(closed)
+
+        dropped_at_once = asyncio.run(flood())
+        assert dropped_at_once == 40 - 16
+        time.sleep(1.2)  # the 16 stalled handshakes time out and free their slots
+        still_serves(node)
 
 
 def test_streams_beyond_the_limit_are_refused(server):
@@ -235,14 +302,46 @@ def test_peer_that_stops_reading_is_bounded(server):
             return pushed
 
         pushed = probe.run(flood(), timeout=60)
-
-        async def server_buffered(h):
-            return max(c._mux._buffered_total for c in h.all_conns)
-
         window = MuxConfig().window
         assert pushed < 64 * 2**20, "the writer was never pushed back"
-        assert server.run(server_buffered(server._host)) <= window
+        assert server.run(_server_buffers(server._host)) <= (window, window)
         still_serves(server)
+
+
+async def _server_buffers(h):
+    """(largest unread bytes on a connection, largest unsent bytes of one stream)."""
+    unread = max(c._mux._buffered_total for c in h.all_conns)
+    unsent = max((s._pending_bytes for c in h.all_conns for s in c._streams.values()), default=0)
+    return unread, unsent
+
+
+def test_ping_flood_without_reading_is_bounded(server):
+    """The built-in ping service: a peer that sends pings and never reads the echoes cannot make
+    the node queue echoes without limit."""
+
+    async def flood():
+        t = TcpTransport(lattica.KeyPair.generate())
+        conn = await t.dial(server.addrs[0])
+        s = await conn.open_stream()
+        s.write(b"\x10/ipfs/ping/1.0.0")
+        ping = os.urandom(32) * 32768  # 1 MiB of pings per write
+        pushed = 0
+        try:
+            for _ in range(128):
+                s.write(ping)
+                await asyncio.wait_for(s.drain(), 2.0)
+                pushed += len(ping)
+        except asyncio.TimeoutError:
+            pass
+        unread, unsent = server.run(_server_buffers(server._host))
+        await t.close()
+        return pushed, unread, unsent
+
+    pushed, unread, unsent = asyncio.run(flood())
+    window = MuxConfig().window
+    assert pushed < 64 * 2**20, "the pinger was never pushed back"
+    assert unread <= window and unsent <= window
+    still_serves(server)
 
 
 def test_silent_peer_is_dropped_by_keepalive_but_live_idle_peer_is_kept():

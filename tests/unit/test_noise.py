@@ -135,8 +135,12 @@ def test_garbage_second_message_rejected_by_initiator(garbage):
 
 
 def test_oversized_handshake_frame_bounded():
+    """A first message claiming 65535 bytes is buffered until complete (never more: the buffer is
+    capped at one maximum frame), then rejected: message 1 of XX carries no payload."""
     b = NoiseHandshake(KeyPair.generate(), False)
-    b.receive(b"\xff\xff")  # claims a 65535-byte message: waits for it, but no further
-    with pytest.raises(HandshakeError):  # once 65535 bytes are in, they fail to decrypt
-        for _ in range(100):
-            b.receive(os.urandom(1024))
+    b.receive(b"\xff\xff")
+    for _ in range(63):
+        b.receive(os.urandom(1024))
+    assert len(b._buf) == 2 + 63 * 1024
+    with pytest.raises(HandshakeError, match="must not carry a payload"):
+        b.receive(os.urandom(1024))

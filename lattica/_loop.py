@@ -49,9 +49,10 @@ class BusyPollSelector(_BASE):  # type: ignore[misc, valid-type]
 
 
 def new_loop(busy_poll_us: float, use_uvloop: bool | None) -> asyncio.AbstractEventLoop:
-    """A fresh loop for a node thread: busy-polling asyncio if ``busy_poll_us`` > 0, else uvloop
-    when installed (unless ``use_uvloop`` is False), else plain asyncio."""
-    if busy_poll_us > 0:
+    """A fresh loop for a node thread. ``use_uvloop=True``: uvloop (it cannot busy-poll);
+    otherwise busy-polling asyncio if ``busy_poll_us`` > 0; otherwise uvloop when installed
+    (unless ``use_uvloop`` is False), else plain asyncio."""
+    if busy_poll_us > 0 and not use_uvloop:
         return asyncio.SelectorEventLoop(BusyPollSelector(busy_poll_us * 1e-6))
     if use_uvloop is not False:
         try:

@@ -14,6 +14,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from ._protobuf import decode_fields, encode_fields, read_uvarint
 from .errors import InvalidPeerId, KeyFileError
 
 __all__ = ["KeyPair", "PeerId", "verify_signature", "b58encode", "b58decode"]
@@ -53,57 +54,20 @@ def b58decode(text: str) -> bytes:
     return b"\0" * pad + body
 
 
-# -- minimal protobuf (the two-field Key messages only) ----------------------------------------
-
-
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
-    n = shift = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise ValueError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        n |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return n, pos
-        shift += 7
+# -- libp2p's Key protobuf: {KeyType Type = 1; bytes Data = 2}
 
 
 def _encode_key_pb(key_type: int, data: bytes) -> bytes:
-    return b"\x08" + _uvarint(key_type) + b"\x12" + _uvarint(len(data)) + data
+    return encode_fields([(1, key_type), (2, data)])
 
 
 def _decode_key_pb(buf: bytes) -> tuple[int, bytes]:
-    """Parse libp2p's ``{KeyType Type = 1; bytes Data = 2}`` message."""
-    key_type = data = None
-    pos = 0
     try:
-        while pos < len(buf):
-            tag, pos = _read_uvarint(buf, pos)
-            if tag == 0x08:
-                key_type, pos = _read_uvarint(buf, pos)
-            elif tag == 0x12:
-                n, pos = _read_uvarint(buf, pos)
-                if pos + n > len(buf):
-                    raise ValueError("truncated key data")
-                data, pos = bytes(buf[pos : pos + n]), pos + n
-            else:
-                raise ValueError(f"unexpected protobuf field tag {tag}")
+        fields = decode_fields(buf)
     except ValueError as e:
         raise KeyFileError(f"malformed protobuf key: {e}") from None
-    if key_type is None or data is None:
+    key_type, data = fields.get(1), fields.get(2)
+    if not isinstance(key_type, int) or not isinstance(data, bytes):
         raise KeyFileError("protobuf key is missing its type or data")
     return key_type, data
 
@@ -165,8 +129,8 @@ class PeerId:
         """Parse the binary multihash form, checking its code and length."""
         mh = bytes(mh)
         try:
-            code, pos = _read_uvarint(mh, 0)
-            length, pos = _read_uvarint(mh, pos)
+            code, pos = read_uvarint(mh, 0)
+            length, pos = read_uvarint(mh, pos)
         except ValueError:
             raise InvalidPeerId("truncated PeerId multihash") from None
         if code not in (_IDENTITY_MH, _SHA256_MH):

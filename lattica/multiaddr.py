@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from .errors import InvalidPeerId, MultiaddrError
-from .identity import PeerId, _read_uvarint, _uvarint
+from ._protobuf import read_uvarint, uvarint
+from .identity import PeerId
 
 __all__ = ["Multiaddr"]
 
@@ -135,7 +136,7 @@ class Multiaddr:
             raise MultiaddrError("binary multiaddr too long")
         try:
             while pos < len(data):
-                code, pos = _read_uvarint(data, pos)
+                code, pos = read_uvarint(data, pos)
                 proto = _BY_CODE.get(code)
                 if proto is None:
                     raise MultiaddrError(f"unknown multiaddr protocol code {code:#x}")
@@ -145,7 +146,7 @@ class Multiaddr:
                 if proto.size > 0:
                     n = proto.size // 8
                 else:
-                    n, pos = _read_uvarint(data, pos)
+                    n, pos = read_uvarint(data, pos)
                 if pos + n > len(data):
                     raise MultiaddrError("truncated binary multiaddr")
                 parts.append((proto.name, _value_to_text(proto, data[pos : pos + n])))
@@ -160,12 +161,12 @@ class Multiaddr:
         out = bytearray()
         for name, value in self._parts:
             proto = _BY_NAME[name]
-            out += _uvarint(proto.code)
+            out += uvarint(proto.code)
             if value is None:
                 continue
             raw = _value_to_bytes(proto, value)
             if proto.size < 0:
-                out += _uvarint(len(raw))
+                out += uvarint(len(raw))
             out += raw
         return bytes(out)
 
@@ -226,6 +227,11 @@ class Multiaddr:
         if proto == "quic-v1":
             return cls(f"/{fam}/{host}/udp/{port}/quic-v1")
         return cls(f"/{fam}/{host}/{proto}/{port}")
+
+    @classmethod
+    def from_sockaddr(cls, sockaddr: tuple, proto: str = "tcp") -> Multiaddr:
+        """Address of a socket's ``getsockname()``/``getpeername()`` (IPv4 or IPv6 tuple)."""
+        return cls.from_host_port(sockaddr[0], sockaddr[1], proto)
 
     def __str__(self) -> str:
         return self._text

@@ -30,7 +30,7 @@ __all__ = [
     "GoAwayReceived",
 ]
 
-_HDR = struct.Struct(">BBHII")
+FRAME_HEADER = _HDR = struct.Struct(">BBHII")  # version, type, flags, stream id, length
 HEADER_LEN = _HDR.size
 _VERSION = 0
 T_DATA, T_WINDOW, T_PING, T_GOAWAY = 0, 1, 2, 3

@@ -25,14 +25,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 
 from ..errors import DecryptError, FrameTooLarge, HandshakeError, PeerIdMismatch
-from ..identity import (
-    KeyPair,
-    PeerId,
-    _read_uvarint,
-    _uvarint,
-    public_key_from_protobuf,
-    verify_signature,
-)
+from .._protobuf import decode_fields, encode_fields
+from ..identity import KeyPair, PeerId, public_key_from_protobuf, verify_signature
 
 __all__ = ["NoiseHandshake", "NoiseSession", "MAX_FRAME", "MAX_PLAINTEXT", "PROTOCOL_NAME"]
 
@@ -225,33 +219,19 @@ class _HandshakeState:
 
 
 def _encode_payload(keypair: KeyPair, noise_static_pub: bytes) -> bytes:
-    key = keypair.public_key_protobuf()
     sig = keypair.sign(_SIG_PREFIX + noise_static_pub)
-    return b"\x0a" + _uvarint(len(key)) + key + b"\x12" + _uvarint(len(sig)) + sig
+    return encode_fields([(1, keypair.public_key_protobuf()), (2, sig)])
 
 
 def _decode_payload(data: bytes) -> tuple[bytes, bytes]:
-    fields: dict[int, bytes] = {}
-    pos = 0
     try:
-        while pos < len(data):
-            tag, pos = _read_uvarint(data, pos)
-            wire = tag & 7
-            if wire == 2:
-                n, pos = _read_uvarint(data, pos)
-                if pos + n > len(data):
-                    raise ValueError("truncated field")
-                fields[tag >> 3] = data[pos : pos + n]
-                pos += n
-            elif wire == 0:
-                _, pos = _read_uvarint(data, pos)
-            else:
-                raise ValueError(f"unsupported wire type {wire}")
+        fields = decode_fields(data)
     except ValueError as e:
         raise HandshakeError(f"malformed handshake payload: {e}") from None
-    if 1 not in fields or 2 not in fields:
+    key, sig = fields.get(1), fields.get(2)
+    if not isinstance(key, bytes) or not isinstance(sig, bytes):
         raise HandshakeError("handshake payload lacks the identity key or its signature")
-    return fields[1], fields[2]
+    return key, sig
 
 
 class NoiseHandshake:

@@ -88,10 +88,6 @@ def _sockaddr(ip: str, port: int, family: socket.AddressFamily) -> tuple:
     return (ip, port, 0, 0) if family == socket.AF_INET6 else (ip, port)
 
 
-def _maddr(sockaddr: tuple) -> Multiaddr:
-    return Multiaddr.from_host_port(sockaddr[0], sockaddr[1], "quic-v1")
-
-
 # -- streams --------------------------------------------------------------------------------------
 
 
@@ -340,7 +336,7 @@ class QuicConn(Connection):
         self.local_peer = owner.keypair.peer_id
         self.remote_peer: PeerId = expected  # type: ignore[assignment]  # set once verified
         self.local_addr = endpoint.local_maddr
-        self.remote_addr = _maddr(peer_addr)
+        self.remote_addr = Multiaddr.from_sockaddr(peer_addr, "quic-v1")
         self._expected = expected
         self._on_verified = on_verified
         self._stream_window = owner.max_stream_data
@@ -771,7 +767,7 @@ class _Endpoint(asyncio.DatagramProtocol):
         self.family = sock.family
         bound = sock.getsockname()
         self.bound_ip = ipaddress.ip_address(bound[0])
-        self.local_maddr = _maddr(bound)
+        self.local_maddr = Multiaddr.from_sockaddr(bound, "quic-v1")
         self.port: int = bound[1]
         self.loop = asyncio.get_running_loop()
         self.dgram: asyncio.DatagramTransport | None = None

@@ -25,10 +25,6 @@ log = get_logger("lattica.tcp")
 __all__ = ["TcpTransport"]
 
 
-def _sockaddr_to_multiaddr(sockaddr: tuple) -> Multiaddr:
-    return Multiaddr.from_host_port(sockaddr[0], sockaddr[1], "tcp")
-
-
 class _TcpProtocol(asyncio.Protocol):
     """Runs the Noise handshake, then hands every byte to the MuxedConnection."""
 
@@ -116,8 +112,8 @@ class _TcpProtocol(asyncio.Protocol):
                 direction="outbound" if self._initiator else "inbound",
                 local_peer=self._owner.keypair.peer_id,
                 remote_peer=self._hs.remote_peer,
-                local_addr=_sockaddr_to_multiaddr(tr.get_extra_info("sockname")),
-                remote_addr=_sockaddr_to_multiaddr(tr.get_extra_info("peername")),
+                local_addr=Multiaddr.from_sockaddr(tr.get_extra_info("sockname")),
+                remote_addr=Multiaddr.from_sockaddr(tr.get_extra_info("peername")),
                 session=self._hs.session,
                 mux_config=self._owner.mux_config,
                 keepalive_interval=self._owner.keepalive_interval,
@@ -149,7 +145,7 @@ class _TcpProtocol(asyncio.Protocol):
 class _TcpListener(Listener):
     def __init__(self, server: asyncio.AbstractServer) -> None:
         self._server = server
-        self.addrs = [_sockaddr_to_multiaddr(s.getsockname()) for s in server.sockets]
+        self.addrs = [Multiaddr.from_sockaddr(s.getsockname()) for s in server.sockets]
 
     async def close(self) -> None:
         self._server.close()

@@ -3,18 +3,17 @@ connection or stream is closed, the node keeps serving everyone else, memory sta
 
 import asyncio
 import os
-import struct
 import time
 
 import pytest
 
 import lattica
 from lattica.errors import StreamReset
-from lattica.transports.mux import F_SYN, T_DATA, T_WINDOW, MuxConfig
+from lattica.transports.mux import FRAME_HEADER, F_SYN, T_DATA, T_WINDOW, MuxConfig
 from lattica.transports.noise import NoiseHandshake
 from lattica.transports.tcp import TcpTransport
 
-HDR = struct.Struct(">BBHII")
+HDR = FRAME_HEADER
 ECHO = "/test/echo/1"
 
 

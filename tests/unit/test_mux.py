@@ -1,13 +1,13 @@
 """The multiplexer as a pure state machine: two Mux objects wired back to back, no sockets."""
 
 import os
-import struct
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from lattica.errors import ConnectionClosed, ProtocolError, StreamClosed, StreamLimit
 from lattica.transports.mux import (
+    FRAME_HEADER,
     F_SYN,
     PROTOCOL_WINDOW,
     T_DATA,
@@ -24,7 +24,7 @@ from lattica.transports.mux import (
     WindowUpdated,
 )
 
-HDR = struct.Struct(">BBHII")
+HDR = FRAME_HEADER
 
 
 def pump(src: Mux, dst: Mux) -> list:

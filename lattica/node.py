@@ -230,7 +230,7 @@ class _Host:
         except asyncio.TimeoutError:
             raise Timeout(f"connecting to {peer} took longer than {timeout} s") from None
         except KeyError:
-            raise ConnectionClosed(f"connection to {peer} closed while connecting") from None
+            raise ConnectionClosed(f"connection to {peer} closed before identify") from None
 
     async def get_connection(self, peer: PeerId) -> Connection:
         """The live connection to ``peer``, dialing its known addresses if there is none."""

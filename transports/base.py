@@ -10,9 +10,12 @@ from __future__ import annotations
 import abc
 from typing import Callable
 
+from .._log import get_logger
 from ..errors import StreamClosed
 from ..identity import KeyPair, PeerId
 from ..multiaddr import Multiaddr
+
+log = get_logger("lattica.transport")
 
 __all__ = ["Stream", "Connection", "Listener", "Transport", "StreamHandler", "ConnectionHandler"]
 
@@ -122,6 +125,21 @@ class Transport(abc.ABC):
 
     def __init__(self, keypair: KeyPair) -> None:
         self.keypair = keypair
+        self._listeners: list[Listener] = []
+        self._conns: set[Connection] = set()  # every live connection, for close()
+
+    def _track(self, conn: Connection) -> None:
+        self._conns.add(conn)
+        conn.add_close_callback(self._conns.discard)
+
+    @staticmethod
+    def _hand_over(conn: Connection, on_connection: ConnectionHandler) -> None:
+        """Give an inbound connection to its listener's owner; a failing handler loses only it."""
+        try:
+            on_connection(conn)
+        except Exception as e:
+            log.error("connection handler failed", peer=str(conn.remote_peer), exc_info=True)
+            conn.abort(f"connection handler failed: {e}")
 
     @abc.abstractmethod
     def handles(self, addr: Multiaddr) -> bool:
@@ -137,6 +155,10 @@ class Transport(abc.ABC):
         """Connect and authenticate. If ``peer_id`` is given and the remote key does not match it,
         raise PeerIdMismatch."""
 
-    @abc.abstractmethod
     async def close(self) -> None:
         """Close listeners and every connection this transport made."""
+        for listener in self._listeners:
+            await listener.close()
+        self._listeners.clear()
+        for conn in list(self._conns):
+            conn.abort("transport closed")

@@ -106,8 +106,6 @@ class MemoryTransport(Transport):
         self.network = network or DEFAULT_NETWORK
         self.mux_config = mux_config or MuxConfig(window=256 * 1024)
         self.keepalive_interval = keepalive_interval
-        self._listeners: list[_MemoryListener] = []
-        self._conns: set[Connection] = set()
         self._dial_ports = itertools.count(1 << 32)
 
     def handles(self, addr: Multiaddr) -> bool:
@@ -133,8 +131,7 @@ class MemoryTransport(Transport):
             keepalive_interval=self.keepalive_interval,
         )
         pipe.conn = conn
-        self._conns.add(conn)
-        conn.add_close_callback(self._conns.discard)
+        self._track(conn)
         return conn
 
     async def dial(self, addr: Multiaddr, peer_id: PeerId | None = None) -> Connection:
@@ -155,15 +152,5 @@ class MemoryTransport(Transport):
         dial_addr = Multiaddr(f"/memory/{next(self._dial_ports)}")
         conn = self._connection(mine, "outbound", remote.keypair.peer_id, dial_addr, listen_addr)
         inbound = remote._connection(theirs, "inbound", self.keypair.peer_id, listen_addr, dial_addr)
-        try:
-            on_connection(inbound)
-        except Exception as e:  # the listener's bug must not surface in the dialer
-            inbound.abort(f"connection handler failed: {e}")
+        self._hand_over(inbound, on_connection)  # the listener's bug must not surface in the dialer
         return conn
-
-    async def close(self) -> None:
-        for listener in self._listeners:
-            await listener.close()
-        self._listeners.clear()
-        for conn in list(self._conns):
-            conn.abort("transport closed")

@@ -946,11 +946,7 @@ class QuicListener(Listener):
         if self._endpoint.listener is not self:
             conn.abort("listener closed")
             return
-        try:
-            self._on_connection(conn)
-        except Exception:
-            log.error("quic.on_connection_failed", conn=repr(conn), exc_info=True)
-            conn.abort("connection handler failed")
+        Transport._hand_over(conn, self._on_connection)
 
     async def close(self) -> None:
         ep = self._endpoint

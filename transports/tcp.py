@@ -176,16 +176,10 @@ class TcpTransport(Transport):
         self.keepalive_interval = keepalive_interval
         self.keepalive_timeout = keepalive_timeout
         self.write_buffer_limit = write_buffer_limit
-        self._listeners: list[_TcpListener] = []
-        self._conns: set[Connection] = set()
 
     def handles(self, addr: Multiaddr) -> bool:
         p = addr.without_peer_id().protocols()
         return len(p) == 2 and p[0] in ("ip4", "ip6", "dns", "dns4", "dns6") and p[1] == "tcp"
-
-    def _track(self, conn: MuxedConnection) -> None:
-        self._conns.add(conn)
-        conn.add_close_callback(self._conns.discard)
 
     def _protocol(self, initiator: bool, expected: PeerId | None) -> _TcpProtocol:
         return _TcpProtocol(self, initiator, expected)
@@ -215,11 +209,7 @@ class TcpTransport(Transport):
             return
         conn = fut.result()
         self._set_buffer_limits(conn)
-        try:
-            on_connection(conn)
-        except Exception:
-            log.exception("connection handler failed")
-            conn.abort("connection handler failed")
+        self._hand_over(conn, on_connection)
 
     async def dial(self, addr: Multiaddr, peer_id: PeerId | None = None) -> Connection:
         target = addr.peer_id
@@ -249,10 +239,3 @@ class TcpTransport(Transport):
         conn._writer.set_write_buffer_limits(  # type: ignore[attr-defined]
             high=self.write_buffer_limit, low=self.write_buffer_limit // 4
         )
-
-    async def close(self) -> None:
-        for listener in self._listeners:
-            await listener.close()
-        self._listeners.clear()
-        for conn in list(self._conns):
-            conn.abort("transport closed")

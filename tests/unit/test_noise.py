@@ -144,3 +144,32 @@ def test_oversized_handshake_frame_bounded():
     assert len(b._buf) == 2 + 63 * 1024
     with pytest.raises(HandshakeError, match="must not carry a payload"):
         b.receive(os.urandom(1024))
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from lattica.errors import FrameTooLarge, ProtocolError  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=300), max_size=6), st.booleans())
+def test_fuzz_handshake_raises_only_protocol_errors(chunks, initiator):
+    hs = NoiseHandshake(KeyPair.generate(), initiator)
+    hs.start()
+    try:
+        for c in chunks:
+            hs.receive(c)
+    except (HandshakeError, FrameTooLarge):
+        return
+    assert not hs.complete  # random bytes never complete an authenticated handshake
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=2000))
+def test_fuzz_session_open_raises_only_decrypt_errors(data):
+    a, b = _run(NoiseHandshake(KeyPair.generate(), True), NoiseHandshake(KeyPair.generate(), False))
+    try:
+        out = b.session.open(data)
+    except ProtocolError:
+        return
+    assert not out  # nothing forged ever decrypts; short input just waits for more

@@ -1,10 +1,17 @@
 """Lattica: a pure-Python peer-to-peer actor framework for decentralized AI."""
 
 from . import errors
+from .actor import actor
+from .api import get_actor, init, kill, node, shutdown
+from .future import Future, get, wait
 from .identify import PeerInfo
 from .identity import KeyPair, PeerId
 from .multiaddr import Multiaddr
 from .node import Node
+from .runtime import ActorRef
 
 __version__ = "0.1.0"
-__all__ = ["errors", "KeyPair", "Multiaddr", "Node", "PeerId", "PeerInfo", "__version__"]
+__all__ = [
+    "ActorRef", "Future", "KeyPair", "Multiaddr", "Node", "PeerId", "PeerInfo", "actor", "errors",
+    "get", "get_actor", "init", "kill", "node", "shutdown", "wait", "__version__",
+]

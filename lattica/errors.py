@@ -95,3 +95,89 @@ class NodeClosed(LatticaError):
 
 class Timeout(LatticaError, TimeoutError):
     """An operation did not finish before its deadline."""
+
+
+# -- actors ------------------------------------------------------------------------------------
+
+
+class ActorError(LatticaError):
+    """Base class of errors about actors and calls to them."""
+
+
+class ActorNotFound(ActorError):
+    """No actor of that name lives on the target node (never existed, or already stopped)."""
+
+
+class ActorDied(ActorError):
+    """The actor stopped (killed, crashed in its constructor, or its node shut down) before the
+    call completed."""
+
+
+class CallTimeout(ActorError, Timeout):
+    """The call's deadline passed before a result arrived (it is also cancelled remotely)."""
+
+
+class MailboxFull(ActorError):
+    """The target's mailbox has no room and the caller asked not to wait (``block=False``)."""
+
+
+class SpawnError(ActorError):
+    """An actor could not be created: class not allowed, not importable, or its constructor failed."""
+
+
+class MethodNotFound(ActorError):
+    """The actor has no public method of that name."""
+
+
+class RemoteError(ActorError):
+    """An exception raised by the actor's method, carried back to the caller.
+
+    ``type_name`` is the qualified name of the remote exception type, ``remote_traceback`` its
+    formatted traceback. For built-in exception types the error also subclasses the built-in
+    (``except ValueError`` catches a remote ValueError); other types are never imported.
+    """
+
+    def __init__(self, type_name: str, message: str, remote_traceback: str = "") -> None:
+        super().__init__(f"{type_name}: {message}" if message else type_name)
+        self.type_name = type_name
+        self.remote_message = message
+        self.remote_traceback = remote_traceback
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        if self.remote_traceback:
+            return f"{base}\n\nRemote traceback:\n{self.remote_traceback.rstrip()}"
+        return base
+
+
+_REMOTE_SUBCLASSES: dict[str, type[RemoteError]] = {}
+
+
+def remote_error(type_name: str, message: str, remote_traceback: str = "") -> LatticaError:
+    """The RemoteError subclass for ``type_name`` (also a subclass of it, if it is a built-in)."""
+    if type_name.startswith("lattica.errors."):  # our own error types keep their type
+        own = globals().get(type_name.rpartition(".")[2])
+        if isinstance(own, type) and issubclass(own, LatticaError) and own is not RemoteError:
+            err = own(message)
+            err.remote_traceback = remote_traceback  # type: ignore[attr-defined]
+            return err  # type: ignore[return-value]
+    cls = _REMOTE_SUBCLASSES.get(type_name)
+    if cls is None:
+        import builtins
+
+        base = getattr(builtins, type_name, None)
+        usable = (
+            isinstance(base, type)
+            and issubclass(base, Exception)
+            and not issubclass(base, (SystemExit, KeyboardInterrupt, GeneratorExit))
+            and base.__init__ is not object.__init__
+        )
+        if usable and len(_REMOTE_SUBCLASSES) < 256:
+            try:
+                cls = type(f"Remote{type_name}", (RemoteError, base), {"__init__": RemoteError.__init__, "__str__": RemoteError.__str__})
+            except TypeError:  # layout conflict with a C base (e.g. OSError subclasses)
+                cls = RemoteError
+            _REMOTE_SUBCLASSES[type_name] = cls
+        else:
+            cls = RemoteError
+    return cls(type_name, message, remote_traceback)

@@ -33,6 +33,7 @@ from .framing import read_message, write_message
 from .identify import PeerInfo
 from .identity import KeyPair, PeerId
 from .multiaddr import Multiaddr
+from .runtime import Runtime
 from .transports.base import Connection, Stream, Transport
 
 __all__ = ["Node", "PeerInfo"]
@@ -83,12 +84,15 @@ class _Host:
         self.tasks: set[asyncio.Task] = set()
         self.idle_since: dict[Connection, float] = {}
         self.closing = False
+        self.thread_id = threading.get_ident()
+        self.runtime: Runtime | None = None
         self.handlers[identify.PROTOCOL] = self._on_identify
         self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s)
 
     # -- start / stop ---------------------------------------------------------------------------
 
     async def start(self, listen: list[Multiaddr]) -> None:
+        self.runtime = Runtime(self, self.node.allow)
         self.transports = self.node._make_transports()
         for addr in listen:
             transport = self._transport_for(addr)
@@ -101,6 +105,8 @@ class _Host:
 
     async def stop(self) -> None:
         self.closing = True
+        if self.runtime is not None:
+            await self.runtime.stop()  # actors first: their on_stop hooks may still call peers
         conns = list(self.all_conns)
         try:
             if conns:  # say goodbye to everyone at once, within one overall deadline
@@ -453,6 +459,7 @@ class Node:
         use_uvloop: bool | None = None,
         transport_options: dict[str, dict[str, Any]] | None = None,
         memory_network: Any = None,
+        allow: Iterable[str] = (),
     ) -> None:
         if keypair is not None and key_path is not None:
             raise ValueError("give key_path or keypair, not both")
@@ -468,6 +475,7 @@ class Node:
         self._transport_options = transport_options or {}
         self._memory_network = memory_network
         self._lazy_quic = True
+        self.allow = list(allow)  # class-path patterns peers may spawn here (fnmatch)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._host: _Host | None = None

@@ -1,0 +1,61 @@
+"""The ``spawner`` system actor: creates, finds and stops actors on its node for remote callers.
+
+It imports actor classes by qualified name, and only those the node owner allowed
+(``lattica.init(allow=["myapp.*"])``); no code or objects travel, nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from ..errors import ActorNotFound, SpawnError
+
+if TYPE_CHECKING:
+    from ..runtime import ActorRef, Runtime
+
+_MAX_WINDOW = 1 << 16
+_MAX_CONCURRENCY = 1 << 16
+
+
+class Spawner:
+    NAME = "spawner"
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+
+    async def spawn(self, class_path: str, args: list, kwargs: dict | None, name: str | None, options: dict) -> ActorRef:
+        """Create an actor of an allowed class; returns its ref once its constructor has run."""
+        if not isinstance(class_path, str) or not isinstance(args, list) or not isinstance(options, dict):
+            raise SpawnError("spawn needs a class path, an argument list and an options map")
+        cls = self._rt.resolve_class(class_path)
+        max_concurrency = options.get("max_concurrency", 1000)
+        window = options.get("window", 1024)
+        if not (isinstance(max_concurrency, int) and 0 < max_concurrency <= _MAX_CONCURRENCY):
+            raise SpawnError(f"max_concurrency must be 1..{_MAX_CONCURRENCY}")
+        if not (isinstance(window, int) and 0 < window <= _MAX_WINDOW):
+            raise SpawnError(f"window must be 1..{_MAX_WINDOW}")
+        # Registered before the first await: calls that follow this one on the channel find it.
+        actor = self._rt.create(cls, args, kwargs, name, max_concurrency=max_concurrency, window=window)
+        failure = await asyncio.shield(actor.ready)
+        if failure is not None:
+            type_name, message, tb = failure
+            raise SpawnError(f"{class_path} failed to start: {type_name}: {message}\n{tb}".rstrip())
+        return actor.ref
+
+    async def kill(self, name: str) -> None:
+        """Stop the actor ``name`` (its on_stop hook runs; calls in flight fail with ActorDied)."""
+        actor = self._rt.actors.get(name)
+        if actor is None or name == self.NAME:
+            raise ActorNotFound(f"no actor named {name!r} on {self._rt.peer_id}")
+        await actor.stop("killed")
+
+    async def lookup(self, name: str) -> ActorRef:
+        actor = self._rt.actors.get(name)
+        if actor is None:
+            raise ActorNotFound(f"no actor named {name!r} on {self._rt.peer_id}")
+        return actor.ref
+
+    async def names(self) -> list[str]:
+        """Names of the actors living on this node."""
+        return sorted(self._rt.actors)

@@ -1,0 +1,314 @@
+"""``@lattica.actor``: the user's classes as actors, spawned anywhere and called with futures.
+
+Spelling follows Ray: ``Cls.remote(...)`` / ``Cls.options(node=..., name=...).remote(...)`` spawn
+and return an ``ActorRef``; ``ref.method.remote(...)`` returns a ``lattica.Future``,
+``.tell(...)`` sends without a reply, ``.stream(...)`` iterates a generator method's items.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import threading
+from typing import Any, Callable
+
+from .errors import LatticaError, SpawnError, Timeout
+from .future import Future
+from .identity import PeerId
+from .runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, STREAM_WINDOW, ActorRef, Runtime, method_table, runtime_for_thread
+
+__all__ = ["actor", "ActorClass", "MethodHandle", "StreamCall", "current_runtime"]
+
+
+def current_runtime() -> Runtime:
+    """The runtime calls from this thread go through: the node whose loop or actor thread this is,
+    else the default node of ``lattica.init()``."""
+    rt = runtime_for_thread()
+    if rt is not None:
+        return rt
+    from . import api
+
+    node = api._default_node
+    if node is None or node._host is None:
+        raise LatticaError("no Lattica node is running here: call lattica.init() first")
+    return node._host.runtime
+
+
+def _on_loop(rt: Runtime, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on the node loop and return its result (directly when already there)."""
+    if runtime_for_thread() is rt and threading.get_ident() == rt.host.thread_id:
+        return fn()
+    done = threading.Event()
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 -- re-raised in the caller's thread
+            box.append((False, e))
+        done.set()
+
+    rt.post(run)
+    if not done.wait(30):
+        raise Timeout("the node loop did not answer within 30 s")
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class ActorClass:
+    """What ``@lattica.actor`` returns: spawns actors of the class (the class itself is ``.cls``)."""
+
+    def __init__(self, cls: type, options: dict[str, Any]) -> None:
+        self.cls = cls
+        self._lattica_cls = cls  # the spawner unwraps this when it imports the decorated name
+        self._options = options
+        self._methods = method_table(cls)
+        self.__name__ = cls.__name__
+        self.__qualname__ = cls.__qualname__
+        self.__module__ = cls.__module__
+        self.__doc__ = cls.__doc__
+
+    def options(
+        self,
+        *,
+        node: PeerId | str | None = None,
+        name: str | None = None,
+        max_concurrency: int | None = None,
+        window: int | None = None,
+    ) -> ActorClass:
+        """Spawn options: target ``node`` (PeerId; default this node), actor ``name`` (unique on
+        its node), async ``max_concurrency`` (1000), per-caller mailbox ``window`` (1024 calls)."""
+        opts = dict(self._options)
+        for key, value in (("node", node), ("name", name), ("max_concurrency", max_concurrency), ("window", window)):
+            if value is not None:
+                opts[key] = value
+        return ActorClass(self.cls, opts)
+
+    def remote(self, *args: Any, **kwargs: Any) -> ActorRef:
+        """Spawn the actor; returns its ref at once (the constructor runs where the actor lives;
+        if it fails, calls through the ref raise SpawnError)."""
+        rt = current_runtime()
+        node = self._options.get("node")
+        target = PeerId.from_string(node) if isinstance(node, str) else (node or rt.peer_id)
+        max_conc = self._options.get("max_concurrency", DEFAULT_MAX_CONCURRENCY)
+        window = self._options.get("window", DEFAULT_WINDOW)
+        name = self._options.get("name")
+        if target == rt.peer_id:
+            return _on_loop(rt, lambda: _spawn_local(rt, self.cls, list(args), kwargs, name, max_conc, window))
+        name = name or f"{self.cls.__name__}-{os.urandom(5).hex()}"
+        ref = ActorRef(target, name, self._methods, window)
+        spawner = ActorRef(target, "spawner", {"spawn": "async", "kill": "async", "lookup": "async", "names": "async"})
+        opts = {"max_concurrency": max_conc, "window": window}
+        call = (_class_path(self.cls), list(args), kwargs or None, name, opts)
+        ref._spawn = _on_loop(rt, lambda: rt.call(spawner, "spawn", call, {}, timeout=None))
+        return ref
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"actor class {self.__name__} cannot be instantiated directly; use {self.__name__}.remote(...)")
+
+    def __repr__(self) -> str:
+        return f"<actor class {_class_path(self.cls)}>"
+
+
+def _spawn_local(rt: Runtime, cls: type, args: list, kwargs: dict, name: str | None, max_conc: int, window: int) -> ActorRef:
+    actor = rt.create(cls, args, kwargs or None, name, max_concurrency=max_conc, window=window)
+    ref = ActorRef(rt.peer_id, actor.name, actor.methods, window)
+    spawn = rt.loop.create_future()
+
+    def started(ready: asyncio.Future) -> None:
+        failure = ready.result()
+        if failure is None:
+            spawn.set_result(ref)
+        else:
+            spawn.set_exception(SpawnError(f"{_class_path(cls)} failed to start: {failure[0]}: {failure[1]}\n{failure[2]}".rstrip()))
+            spawn.exception()
+
+    actor.ready.add_done_callback(started)
+    ref._spawn = spawn
+    return ref
+
+
+def actor(cls: type | None = None, *, max_concurrency: int | None = None, window: int | None = None) -> Any:
+    """Class decorator: ``@lattica.actor`` or ``@lattica.actor(max_concurrency=..., window=...)``."""
+
+    def wrap(c: type) -> ActorClass:
+        if not isinstance(c, type):
+            raise TypeError("@lattica.actor decorates classes")
+        opts = {k: v for k, v in (("max_concurrency", max_concurrency), ("window", window)) if v is not None}
+        return ActorClass(c, opts)
+
+    return wrap(cls) if cls is not None else wrap
+
+
+class MethodHandle:
+    """``ref.method``: ``.remote(...)``, ``.tell(...)``, ``.stream(...)``, ``.options(...)``."""
+
+    __slots__ = ("_ref", "_name", "_kind", "_timeout", "_block")
+
+    def __init__(self, ref: ActorRef, name: str, kind: str, timeout: float | None = None, block: bool = True) -> None:
+        self._ref = ref
+        self._name = name
+        self._kind = kind
+        self._timeout = timeout
+        self._block = block
+
+    def options(self, *, timeout: float | None = None, block: bool = True) -> MethodHandle:
+        """Per-call options: ``timeout`` seconds (enforced by caller and callee; CallTimeout) and
+        ``block=False`` (raise MailboxFull instead of waiting for room in the mailbox)."""
+        if timeout is not None and not timeout > 0:
+            raise ValueError("timeout must be a positive number of seconds")
+        return MethodHandle(self._ref, self._name, self._kind, timeout, block)
+
+    def remote(self, *args: Any, **kwargs: Any) -> Future:
+        """Call the method; returns a Future of its result."""
+        if self._kind in ("agen", "gen"):
+            raise TypeError(f"{self._name} is a generator method: iterate {self._name}.stream(...) instead")
+        return _submit(self, args, kwargs, tell=False)
+
+    def tell(self, *args: Any, **kwargs: Any) -> None:
+        """Call the method without waiting for (or receiving) a result."""
+        _submit(self, args, kwargs, tell=True)
+
+    def stream(self, *args: Any, **kwargs: Any) -> StreamCall:
+        """Call a generator method; iterate the result with ``async for`` or plain ``for``."""
+        if self._kind not in ("agen", "gen"):
+            raise TypeError(f"{self._name} is not a generator method: use {self._name}.remote(...)")
+        rt = current_runtime()
+        sc = StreamCall(rt)
+        _submit(self, args, kwargs, tell=False, stream=sc)
+        return sc
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"actor methods are called with .remote(...): {self._ref.name}.{self._name}.remote()")
+
+
+def _submit(h: MethodHandle, args: tuple, kwargs: dict, *, tell: bool, stream: StreamCall | None = None) -> Future | None:
+    rt = stream._rt if stream is not None else current_runtime()
+    if threading.get_ident() == rt.host.thread_id:
+        return rt.call(h._ref, h._name, args, kwargs, timeout=h._timeout, tell=tell, stream=stream, block=h._block)
+    # Another thread: hand the call to the loop. Backpressure: wait while this actor's outbox
+    # already holds a full window of calls waiting for room.
+    ob = rt.channel_for_threadsafe(h._ref.peer_id).outboxes.get(h._ref.name)
+    if h._block and ob is not None and len(ob.queue) >= ob.window:
+        space = ob.space or threading.Event()
+        ob.space = space
+        space.clear()
+        while len(ob.queue) >= ob.window:
+            space.wait(0.05)
+    fut = None if tell or stream is not None else Future(loop=rt.loop)
+
+    def submit() -> None:
+        try:
+            rt.call(h._ref, h._name, args, kwargs, timeout=h._timeout, tell=tell, stream=stream, block=h._block, future=fut)
+        except BaseException as e:  # noqa: BLE001 -- delivered through the future / stream
+            if fut is not None and not fut.done():
+                fut.set_exception(e)
+            elif stream is not None:
+                stream._fail(e)
+
+    rt.post(submit)
+    return fut
+
+
+class StreamCall:
+    """The items of a generator method, in order, under credit: ``async for`` or ``for``."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = rt
+        self._items: collections.deque = collections.deque()
+        self._done = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future | None = None
+        self._cond: threading.Condition | None = None
+        self._grant: Callable[[int], None] | None = None
+        self._cancel: Callable[[], None] | None = None
+        self._consumed = 0
+
+    # -- fed on the node loop ------------------------------------------------------------------
+
+    def _bind(self, grant: Callable[[int], None], cancel: Callable[[], None]) -> None:
+        self._grant, self._cancel = grant, cancel
+
+    def _push(self, value: Any) -> None:
+        self._items.append(value)
+        self._wake()
+
+    def _finish(self) -> None:
+        self._done = True
+        self._wake()
+
+    def _fail(self, error: BaseException) -> None:
+        if not self._done:
+            self._error = error
+            self._done = True
+            self._wake()
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+        c = self._cond
+        if c is not None:
+            with c:
+                c.notify_all()
+
+    def _took_one(self) -> None:
+        """Return credit to the producer in batches of half a window (on the loop)."""
+        self._consumed += 1
+        if self._consumed >= STREAM_WINDOW // 2 and self._grant is not None and not self._done:
+            n, self._consumed = self._consumed, 0
+            self._grant(n)
+
+    # -- async consumers ------------------------------------------------------------------------
+
+    def __aiter__(self) -> StreamCall:
+        return self
+
+    async def __anext__(self) -> Any:
+        if asyncio.get_running_loop() is not self._rt.loop:
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.__anext__(), self._rt.loop))
+        while not self._items:
+            if self._done:
+                if self._error is not None:
+                    raise self._error
+                raise StopAsyncIteration
+            self._waiter = self._rt.loop.create_future()
+            await self._waiter
+        value = self._items.popleft()
+        self._took_one()
+        return value
+
+    # -- sync consumers (any thread but the node loop) ------------------------------------------
+
+    def __iter__(self) -> StreamCall:
+        return self
+
+    def __next__(self) -> Any:
+        if threading.get_ident() == self._rt.host.thread_id:
+            raise RuntimeError("on the node loop, iterate the stream with `async for`")
+        if self._cond is None:
+            self._cond = threading.Condition()
+        with self._cond:
+            while not self._items and not self._done:
+                self._cond.wait(0.5)
+            if not self._items:
+                if self._error is not None:
+                    raise self._error
+                raise StopIteration
+            value = self._items.popleft()
+        self._rt.post(self._took_one)
+        return value
+
+    def cancel(self) -> None:
+        """Stop the producer; no more items arrive."""
+        if self._cancel is not None and not self._done:
+            cancel = self._cancel
+            self._rt.post(cancel) if threading.get_ident() != self._rt.host.thread_id else cancel()
+        self._fail(asyncio.CancelledError("stream cancelled by the consumer"))

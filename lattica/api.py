@@ -1,0 +1,90 @@
+"""Module-level API (Ray's spelling): ``lattica.init``, ``shutdown``, ``kill``, ``get_actor``.
+
+``init`` starts one embedded node per process (idempotent); actor calls made from ordinary threads
+go through it. Code running on a node's own loop or actor threads uses that node instead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from typing import Any, Iterable
+
+from .actor import _on_loop, current_runtime
+from .errors import ActorNotFound, LatticaError
+from .future import Future
+from .identity import PeerId
+from .multiaddr import Multiaddr
+from .node import Node
+from .runtime import ActorRef
+
+__all__ = ["init", "shutdown", "kill", "get_actor", "node"]
+
+_default_node: Node | None = None
+_lock = threading.Lock()
+_SPAWNER_METHODS = {"spawn": "async", "kill": "async", "lookup": "async", "names": "async"}
+
+
+def init(
+    listen: Iterable[str | Multiaddr] = ("/ip4/127.0.0.1/tcp/0",),
+    *,
+    bootstrap: Iterable[str | Multiaddr] = (),
+    allow: Iterable[str] = (),
+    key_path: str | None = None,
+    **node_options: Any,
+) -> Node:
+    """Start this process's node (once; later calls return the same node). ``bootstrap``: peers to
+    connect to now; ``allow``: class-path patterns peers may spawn here (e.g. ``"myapp.*"``)."""
+    global _default_node
+    with _lock:
+        if _default_node is not None and _default_node.running:
+            return _default_node
+        node = Node(listen, key_path=key_path, allow=allow, **node_options)
+        node.start()
+        _default_node = node
+    for addr in bootstrap:
+        node.connect(addr)
+    return node
+
+
+def node() -> Node:
+    """The node ``init`` started (raises if there is none)."""
+    if _default_node is None or not _default_node.running:
+        raise LatticaError("no Lattica node is running here: call lattica.init() first")
+    return _default_node
+
+
+def shutdown() -> None:
+    """Stop the node ``init`` started (actors stop, on_stop hooks run, connections close)."""
+    global _default_node
+    with _lock:
+        n, _default_node = _default_node, None
+    if n is not None:
+        n.stop()
+
+
+atexit.register(shutdown)
+
+
+def _spawner(peer: PeerId) -> ActorRef:
+    return ActorRef(peer, "spawner", _SPAWNER_METHODS)
+
+
+def kill(ref: ActorRef, timeout: float = 10.0) -> None:
+    """Stop the actor: calls in flight fail with ActorDied, its ``on_stop`` hook runs."""
+    rt = current_runtime()
+    fut: Future = _on_loop(rt, lambda: rt.call(_spawner(ref.peer_id), "kill", (ref.name,), {}, timeout=timeout))
+    fut.result(timeout + 1)
+
+
+def get_actor(name: str, node: PeerId | str | None = None, timeout: float = 10.0) -> ActorRef:
+    """The ref of the actor named ``name`` on this node, or on ``node`` (a PeerId) if given."""
+    rt = current_runtime()
+    peer = PeerId.from_string(node) if isinstance(node, str) else (node or rt.peer_id)
+    if peer == rt.peer_id:
+        actor = rt.actors.get(name)
+        if actor is None:
+            raise ActorNotFound(f"no actor named {name!r} on this node")
+        return actor.ref
+    fut: Future = _on_loop(rt, lambda: rt.call(_spawner(peer), "lookup", (name,), {}, timeout=timeout))
+    return fut.result(timeout + 1)

@@ -1,0 +1,123 @@
+"""The actor-call wire protocol (sans-IO): message shapes, validation, and frame splitting.
+
+Calls travel on one long-lived stream per connection and direction (``/lattica/rpc/1``), opened by
+the calling side; replies come back on the same stream. Every message is one codec frame preceded
+by its 4-byte big-endian length. A message is a list whose first element is its kind:
+
+caller → callee                                   callee → caller
+  CALL   [0, id, actor, method, args, kwargs,       OK      [10, id, value]
+          timeout, flags]                           ERR     [11, id, kind, type, message, tb]
+  CANCEL [1, id]                                    ITEM    [12, id, value]
+  CREDIT [2, id, n]      (more result items)        END     [13, id]
+  ARG    [3, id, index, value]  (client stream)     ARGCRED [14, id, index, n]
+  ARGEND [4, id, index]                             MAILBOX [15, actor, n]  (tell credit back)
+
+Nothing here does I/O; ``FrameSplitter`` turns received bytes into frames, ``parse`` checks a
+decoded message's shape so the runtime never indexes into garbage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import FrameTooLarge, ProtocolError
+
+PROTOCOL = "/lattica/rpc/1"
+
+CALL, CANCEL, CREDIT, ARG, ARGEND = 0, 1, 2, 3, 4
+OK, ERR, ITEM, END, ARGCRED, MAILBOX = 10, 11, 12, 13, 14, 15
+
+F_TELL = 1  # no reply wanted
+F_STREAM = 2  # the method is a generator: reply with ITEMs and END, under CREDIT
+F_ARGSTREAM = 4  # some arguments are streams, sent as ARG messages
+
+# ERR kinds
+E_REMOTE = "remote"  # the method raised
+E_NOT_FOUND = "not_found"
+E_METHOD = "method"
+E_TIMEOUT = "timeout"
+E_DIED = "died"
+E_MAILBOX = "mailbox"
+E_SPAWN = "spawn"
+E_CANCELLED = "cancelled"
+E_PROTOCOL = "protocol"
+
+MAX_NAME = 256
+_SHAPES: dict[int, int] = {CALL: 8, CANCEL: 2, CREDIT: 3, ARG: 4, ARGEND: 3, OK: 3, ERR: 6, ITEM: 3, END: 2, ARGCRED: 4, MAILBOX: 3}
+
+
+def call(cid: int, actor: str, method: str, args: list, kwargs: dict | None, timeout: float | None, flags: int) -> list:
+    return [CALL, cid, actor, method, args, kwargs, timeout, flags]
+
+
+def parse(msg: Any) -> list:
+    """Check a decoded message's kind, length and field types; return it or raise ProtocolError."""
+    if type(msg) is not list or not msg:
+        raise ProtocolError("rpc message must be a non-empty list")
+    kind = msg[0]
+    n = _SHAPES.get(kind) if type(kind) is int else None
+    if n is None or len(msg) != n:
+        raise ProtocolError(f"rpc message of unknown kind or wrong length: kind {kind!r}, {len(msg)} fields")
+    if kind == MAILBOX:
+        if type(msg[1]) is not str or type(msg[2]) is not int or msg[2] < 0:
+            raise ProtocolError("malformed MAILBOX credit")
+        return msg
+    if type(msg[1]) is not int or msg[1] < 0:
+        raise ProtocolError("rpc message id must be a non-negative int")
+    if kind == CALL:
+        _, _, actor, method, args, kwargs, timeout, flags = msg
+        if type(actor) is not str or type(method) is not str or len(actor) > MAX_NAME or len(method) > MAX_NAME:
+            raise ProtocolError("CALL actor and method must be short strings")
+        if type(args) is not list or (kwargs is not None and type(kwargs) is not dict):
+            raise ProtocolError("CALL args must be a list and kwargs a map")
+        if kwargs is not None and not all(type(k) is str for k in kwargs):
+            raise ProtocolError("CALL keyword argument names must be strings")
+        if timeout is not None and (type(timeout) not in (int, float) or not timeout >= 0):
+            raise ProtocolError("CALL timeout must be a non-negative number")
+        if type(flags) is not int:
+            raise ProtocolError("CALL flags must be an int")
+    elif kind in (CREDIT, ARGCRED):
+        if type(msg[-1]) is not int or msg[-1] < 0:
+            raise ProtocolError("credit must be a non-negative int")
+    elif kind == ERR:
+        if not all(type(x) is str for x in msg[2:]):
+            raise ProtocolError("ERR fields must be strings")
+    if kind in (ARG, ARGEND, ARGCRED) and (type(msg[2]) is not int or msg[2] < 0):
+        raise ProtocolError("stream argument index must be a non-negative int")
+    return msg
+
+
+class FrameSplitter:
+    """Accumulates stream bytes and yields complete length-prefixed frames (bounded)."""
+
+    __slots__ = ("_buf", "_max")
+
+    def __init__(self, max_frame: int) -> None:
+        self._buf = bytearray()
+        self._max = max_frame
+
+    def feed(self, data: bytes) -> list[bytes | memoryview]:
+        """Frames completed by ``data``. Raises FrameTooLarge when a declared length exceeds the cap."""
+        buf = self._buf
+        if buf:
+            buf += data
+            src: bytes | bytearray = buf
+        else:
+            src = data
+        total = len(src)
+        pos = 0
+        frames: list[bytes | memoryview] = []
+        view = memoryview(data) if src is data else None  # zero-copy slices of an immutable read
+        while total - pos >= 4:
+            n = int.from_bytes(src[pos : pos + 4], "big")
+            if n > self._max:
+                raise FrameTooLarge(f"rpc message of {n} bytes exceeds the limit of {self._max}")
+            if total - pos - 4 < n:
+                break
+            frames.append(view[pos + 4 : pos + 4 + n] if view is not None else bytes(src[pos + 4 : pos + 4 + n]))
+            pos += 4 + n
+        if src is buf:
+            del buf[:pos]
+        elif pos < total:
+            buf += data[pos:]
+        return frames

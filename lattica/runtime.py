@@ -1,0 +1,1277 @@
+"""The actor runtime of one node: local actors, their mailboxes, and the call channels.
+
+Everything here runs on the node loop except the sync-method jobs, which run on each actor's own
+pykka thread and post their results back in batches.
+
+* **Mailboxes and backpressure.** Each caller (a remote connection, or this node itself) holds a
+  credit of ``window`` calls per target actor; a call spends one, its reply gives it back. Calls
+  beyond the credit wait at the caller, in order, so every actor's mailbox is bounded by
+  ``window`` per caller and per-caller FIFO order holds end to end.
+* **Execution.** Async methods start eagerly on the loop (most finish without ever suspending and
+  never become tasks), at most ``max_concurrency`` at a time; sync methods run one at a time on the
+  actor's thread; generators stream items under credit granted by the consumer.
+* **Channels.** One ``/lattica/rpc/1`` stream per connection and direction carries calls one way
+  and replies the other (wire format in ``rpc.py``); writes are batched per loop iteration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import fnmatch
+import importlib
+import inspect
+import itertools
+import threading
+import traceback
+from typing import TYPE_CHECKING, Any, Callable
+
+import pykka
+
+from . import codec, rpc
+from ._log import get_logger
+from .errors import (
+    ActorDied,
+    ActorNotFound,
+    CallTimeout,
+    LatticaError,
+    MailboxFull,
+    MethodNotFound,
+    PeerUnreachable,
+    ProtocolError,
+    SpawnError,
+    remote_error,
+)
+from .future import Future
+from .identity import PeerId
+from .transports.base import Connection, Stream
+
+if TYPE_CHECKING:
+    from .node import _Host
+
+log = get_logger("lattica.runtime")
+
+ASYNC, SYNC, AGEN, GEN = "async", "sync", "agen", "gen"
+DEFAULT_WINDOW = 1024  # calls in flight per caller per actor (the mailbox share of one caller)
+DEFAULT_MAX_CONCURRENCY = 1000  # async calls running at once per actor (Ray's default)
+STREAM_WINDOW = 16  # items a stream producer may send ahead of its consumer
+MAX_MESSAGE = codec.DEFAULT_LIMITS.max_frame
+_CHANNEL_HIGH_WATER = 16 * 1024 * 1024  # unsent bytes on a channel before calls wait at the caller
+
+# Runtimes by the threads that belong to them (node loop, actor threads), so an ActorRef used from
+# any of those threads calls through the right node.
+_BY_THREAD: dict[int, Runtime] = {}
+
+
+def runtime_for_thread() -> Runtime | None:
+    return _BY_THREAD.get(threading.get_ident())
+
+
+def method_table(cls: type) -> dict[str, str]:
+    """Public methods of an actor class and how each runs (async, sync, agen, gen)."""
+    table = {}
+    for name, fn in inspect.getmembers(cls, callable):
+        if name.startswith("_") or isinstance(inspect.getattr_static(cls, name), (staticmethod, classmethod, type)):
+            continue
+        if inspect.isasyncgenfunction(fn):
+            table[name] = AGEN
+        elif inspect.iscoroutinefunction(fn):
+            table[name] = ASYNC
+        elif inspect.isgeneratorfunction(fn):
+            table[name] = GEN
+        else:
+            table[name] = SYNC
+    return table
+
+
+class ActorRef:
+    """A handle to an actor anywhere on the mesh: (PeerId, name, method table). A value: it encodes
+    in the codec, so it can be passed to other actors and used from any node."""
+
+    __slots__ = ("peer_id", "name", "methods", "window", "_spawn", "_handles")
+
+    def __init__(self, peer_id: PeerId, name: str, methods: dict[str, str], window: int = DEFAULT_WINDOW) -> None:
+        self.peer_id = peer_id
+        self.name = name
+        self.methods = methods
+        self.window = window
+        self._spawn: asyncio.Future | None = None  # set while (and after) we spawn it remotely
+        self._handles: dict[str, Any] = {}
+
+    def __getattr__(self, method: str) -> Any:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        h = self._handles.get(method)
+        if h is None:
+            from .actor import MethodHandle
+
+            if method not in self.methods:
+                raise AttributeError(f"actor {self.name!r} has no public method {method!r} (it has: {', '.join(sorted(self.methods)) or 'none'})")
+            h = self._handles[method] = MethodHandle(self, method, self.methods[method])
+        return h
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ActorRef) and other.peer_id == self.peer_id and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash((self.peer_id, self.name))
+
+    def __repr__(self) -> str:
+        return f"ActorRef({self.name!r} on {self.peer_id.short()})"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("ActorRefs travel through the Lattica codec, never through pickle")
+
+
+def _ref_to_obj(ref: ActorRef) -> list:
+    return [ref.peer_id.to_bytes(), ref.name, ref.methods, ref.window]
+
+
+def _ref_from_obj(obj: Any) -> ActorRef:
+    if type(obj) is not list or len(obj) != 4:
+        raise ValueError("malformed ActorRef")
+    pid, name, methods, window = obj
+    if type(name) is not str or type(methods) is not dict or type(window) is not int or not 0 < window <= 1 << 20:
+        raise ValueError("malformed ActorRef fields")
+    if not all(type(k) is str and v in (ASYNC, SYNC, AGEN, GEN) for k, v in methods.items()):
+        raise ValueError("malformed ActorRef method table")
+    return ActorRef(PeerId.from_bytes(bytes(pid)), name, methods, window)
+
+
+class StreamArg:
+    """Placeholder for an argument that is a stream (client streaming): its index on the call."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+codec.register_ext(18, ActorRef, _ref_to_obj, _ref_from_obj)
+codec.register_ext(19, StreamArg, lambda s: s.index, lambda i: StreamArg(int(i)) if type(i) is int and 0 <= i < 64 else _bad_stream_arg())
+
+
+def _bad_stream_arg() -> StreamArg:
+    raise ValueError("malformed stream argument index")
+
+
+# -- results flowing back to a caller ----------------------------------------------------------
+
+
+def _error_parts(exc: BaseException) -> tuple[str, str, str]:
+    t = type(exc)
+    name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+    return name, str(exc), "".join(traceback.format_exception(t, exc, exc.__traceback__))
+
+
+class _Sink:
+    """Where an invocation's outcome goes: a local future/stream, or a remote caller."""
+
+    def ok(self, value: Any) -> None: ...
+    def err(self, kind: str, type_name: str, message: str, tb: str = "") -> None: ...
+    def item(self, value: Any) -> None: ...
+    def end(self) -> None: ...
+
+
+class _Invocation:
+    __slots__ = ("actor", "method", "args", "kwargs", "deadline", "sink", "task", "cancelled", "credit", "credit_waiter", "arg_streams", "timer", "done")
+
+    def __init__(self, actor: LocalActor, method: str, args: list, kwargs: dict | None, deadline: float | None, sink: _Sink) -> None:
+        self.actor = actor
+        self.method = method
+        self.args = args
+        self.kwargs = kwargs
+        self.deadline = deadline
+        self.sink = sink
+        self.task: asyncio.Task | None = None
+        self.cancelled = False
+        self.credit = STREAM_WINDOW  # for generator methods: items we may send
+        self.credit_waiter: Any = None
+        self.arg_streams: dict[int, ArgStream] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.done = False
+
+
+class ArgStream:
+    """What an actor method receives for a streamed argument: an async iterator of the caller's
+    items, granting the caller credit as it is consumed."""
+
+    def __init__(self, grant: Callable[[int], None]) -> None:
+        self._items: collections.deque = collections.deque()
+        self._ended = False
+        self._waiter: asyncio.Future | None = None
+        self._grant = grant
+        self._consumed = 0
+
+    def _push(self, value: Any) -> None:
+        self._items.append(value)
+        self._wake()
+
+    def _end(self) -> None:
+        self._ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def __aiter__(self) -> ArgStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        while not self._items:
+            if self._ended:
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        value = self._items.popleft()
+        self._consumed += 1
+        if self._consumed >= STREAM_WINDOW // 2:
+            self._grant(self._consumed)
+            self._consumed = 0
+        return value
+
+
+# -- local actors ------------------------------------------------------------------------------
+
+
+class _Executor(pykka.ThreadingActor):
+    """The actor's own thread: runs sync methods one at a time, in mailbox order."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        super().__init__()
+        self._runtime = runtime
+
+    def on_start(self) -> None:
+        _BY_THREAD[threading.get_ident()] = self._runtime
+
+    def on_stop(self) -> None:
+        _BY_THREAD.pop(threading.get_ident(), None)
+
+    def on_receive(self, message: Any) -> Any:
+        message()  # a job closure built by LocalActor
+
+
+class LocalActor:
+    """One actor living on this node."""
+
+    def __init__(self, runtime: Runtime, name: str, cls: type, methods: dict[str, str], max_concurrency: int, window: int) -> None:
+        self.runtime = runtime
+        self.name = name
+        self.cls = cls
+        self.methods = methods
+        self.max_concurrency = max_concurrency
+        self.window = window
+        self.instance: Any = None
+        self.bound: dict[str, Callable] = {}
+        self.state = "starting"  # starting -> running -> stopped | failed
+        self.failure: tuple[str, str, str] | None = None
+        self.waiting: collections.deque[_Invocation] = collections.deque()  # for start-up or a slot
+        self.running_async = 0
+        self.live: set[_Invocation] = set()
+        self.executor: pykka.ActorRef | None = None
+        self.ready: asyncio.Future = runtime.loop.create_future()
+        self.ref = ActorRef(runtime.peer_id, name, methods, window)
+
+    @property
+    def needs_thread(self) -> bool:
+        return any(k in (SYNC, GEN) for k in self.methods.values())
+
+    # -- construction ---------------------------------------------------------------------------
+
+    def start(self, args: list, kwargs: dict | None, instance: Any = None) -> None:
+        if instance is not None:  # system actors: built by the runtime itself
+            self._constructed(instance, None)
+            return
+        if self.needs_thread:
+            self.executor = _Executor.start(self.runtime)
+            self.executor.tell(lambda: self._construct(args, kwargs))
+        else:
+            threading.Thread(target=self._construct, args=(args, kwargs), name=f"lattica-init-{self.name}", daemon=True).start()
+
+    def _construct(self, args: list, kwargs: dict | None) -> None:
+        try:
+            instance = self.cls(*args, **(kwargs or {}))
+        except BaseException as e:  # noqa: BLE001 -- reported to the spawner's caller
+            parts = _error_parts(e)
+            self.runtime.post(lambda: self._constructed(None, parts))
+            return
+        self.runtime.post(lambda: self._constructed(instance, None))
+
+    def _constructed(self, instance: Any, failure: tuple[str, str, str] | None) -> None:
+        if self.state != "starting":
+            return  # killed while starting
+        if failure is not None:
+            self.state = "failed"
+            self.failure = failure
+            self.runtime._forget(self)
+            waiting, self.waiting = self.waiting, collections.deque()
+            for inv in waiting:
+                self._finish(inv)
+                inv.sink.err(rpc.E_SPAWN, *failure)
+            self.ready.set_result(failure)
+            if self.executor is not None:
+                self.executor.stop(block=False)
+            return
+        self.instance = instance
+        self.bound = {m: getattr(instance, m) for m in self.methods}
+        self.state = "running"
+        self.ready.set_result(None)
+        waiting, self.waiting = self.waiting, collections.deque()
+        for inv in waiting:
+            self.dispatch(inv)
+
+    # -- dispatch -------------------------------------------------------------------------------
+
+    def dispatch(self, inv: _Invocation) -> None:
+        if self.state != "running":
+            if self.state == "starting":
+                self.waiting.append(inv)
+                return
+            inv.sink.err(rpc.E_DIED, "ActorDied", f"actor {self.name!r} has stopped")
+            return
+        kind = self.methods.get(inv.method)
+        if kind is None:
+            inv.sink.err(rpc.E_METHOD, "MethodNotFound", f"actor {self.name!r} has no public method {inv.method!r}")
+            return
+        loop = self.runtime.loop
+        if inv.deadline is not None:
+            remaining = inv.deadline - loop.time()
+            if remaining <= 0:
+                inv.sink.err(rpc.E_TIMEOUT, "CallTimeout", f"deadline passed before {self.name}.{inv.method} started")
+                return
+        self.live.add(inv)
+        if kind == ASYNC or kind == AGEN:
+            if self.running_async >= self.max_concurrency:
+                self.waiting.append(inv)
+                return
+            self._start_async(inv, kind)
+        else:
+            self.executor.tell(lambda: self._run_sync(inv, kind))  # type: ignore[union-attr]
+
+    def _finish(self, inv: _Invocation) -> None:
+        if inv.done:
+            return
+        inv.done = True
+        self.live.discard(inv)
+        if inv.timer is not None:
+            inv.timer.cancel()
+
+    def _start_async(self, inv: _Invocation, kind: str) -> None:
+        self.running_async += 1
+        try:
+            if kind == AGEN:
+                coro = self._drive_agen(inv)
+            else:
+                coro = self.bound[inv.method](*inv.args, **(inv.kwargs or {}))
+            first = coro.send(None)  # eager start: no task unless the method really suspends
+        except StopIteration as stop:
+            self._async_done(inv)
+            if not inv.cancelled:
+                inv.sink.ok(stop.value)
+            return
+        except BaseException as e:  # noqa: BLE001 -- the method's failure goes to its caller
+            self._async_done(inv)
+            inv.sink.err(rpc.E_REMOTE, *_error_parts(e))
+            return
+        task = self.runtime.loop.create_task(_resume(coro, first))
+        inv.task = task
+        task.add_done_callback(lambda t: self._task_done(inv, t))
+        if inv.deadline is not None:
+            inv.timer = self.runtime.loop.call_at(inv.deadline, self._expire, inv)
+
+    def _expire(self, inv: _Invocation) -> None:
+        if not inv.done and inv.task is not None:
+            inv.sink.err(rpc.E_TIMEOUT, "CallTimeout", f"{self.name}.{inv.method} ran past its deadline and was cancelled")
+            inv.cancelled = True
+            inv.task.cancel()
+
+    def _task_done(self, inv: _Invocation, task: asyncio.Task) -> None:
+        was_done = inv.done
+        self._async_done(inv)
+        if was_done or inv.cancelled:
+            return
+        if task.cancelled():
+            inv.sink.err(rpc.E_CANCELLED, "CancelledError", f"{self.name}.{inv.method} was cancelled")
+        elif task.exception() is not None:
+            inv.sink.err(rpc.E_REMOTE, *_error_parts(task.exception()))  # type: ignore[arg-type]
+        else:
+            inv.sink.ok(task.result())
+
+    def _async_done(self, inv: _Invocation) -> None:
+        self.running_async -= 1
+        self._finish(inv)
+        while self.waiting and self.running_async < self.max_concurrency and self.state == "running":
+            nxt = self.waiting.popleft()
+            if nxt.cancelled:
+                continue
+            self._start_async(nxt, self.methods[nxt.method])
+
+    async def _drive_agen(self, inv: _Invocation) -> None:
+        agen = self.bound[inv.method](*inv.args, **(inv.kwargs or {}))
+        try:
+            async for item in agen:
+                while inv.credit <= 0:
+                    inv.credit_waiter = self.runtime.loop.create_future()
+                    await inv.credit_waiter
+                inv.credit -= 1
+                inv.sink.item(item)
+        finally:
+            await agen.aclose()
+        inv.sink.end()
+        inv.done = True
+
+    def grant(self, inv: _Invocation, n: int) -> None:
+        """The consumer of a streaming call granted ``n`` more items."""
+        inv.credit += n
+        w = inv.credit_waiter
+        if isinstance(w, asyncio.Future):
+            if not w.done():
+                w.set_result(None)
+        elif isinstance(w, threading.Semaphore):
+            w.release(n)
+
+    def _run_sync(self, inv: _Invocation, kind: str) -> None:
+        """On the actor thread."""
+        post = self.runtime.post
+        if self.state != "running" or inv.cancelled:
+            post(lambda: self._sync_done(inv, rpc.E_DIED if self.state != "running" else rpc.E_CANCELLED))
+            return
+        if inv.deadline is not None and self.runtime.loop.time() > inv.deadline:
+            post(lambda: self._sync_done(inv, rpc.E_TIMEOUT))
+            return
+        try:
+            result = self.bound[inv.method](*inv.args, **(inv.kwargs or {}))
+            if kind == GEN:
+                sem = threading.Semaphore(STREAM_WINDOW)
+                inv.credit_waiter = sem
+                for item in result:
+                    while not sem.acquire(timeout=0.5):
+                        if inv.cancelled or self.state != "running":
+                            raise _Abandoned()
+                    post(lambda item=item: None if inv.done else inv.sink.item(item))
+                post(lambda: self._sync_done(inv, None, end=True))
+                return
+        except _Abandoned:
+            post(lambda: self._sync_done(inv, rpc.E_CANCELLED))
+            return
+        except BaseException as e:  # noqa: BLE001
+            parts = _error_parts(e)
+            post(lambda: self._sync_done(inv, rpc.E_REMOTE, parts=parts))
+            return
+        post(lambda: self._sync_done(inv, None, value=result))
+
+    def _sync_done(self, inv: _Invocation, kind: str | None, value: Any = None, parts: tuple | None = None, end: bool = False) -> None:
+        if inv.done:
+            return
+        self._finish(inv)
+        if kind is None:
+            inv.sink.end() if end else inv.sink.ok(value)
+        elif kind == rpc.E_REMOTE:
+            inv.sink.err(kind, *parts)  # type: ignore[misc]
+        elif kind == rpc.E_TIMEOUT:
+            inv.sink.err(kind, "CallTimeout", f"deadline passed before {self.name}.{inv.method} started")
+        elif kind == rpc.E_DIED:
+            inv.sink.err(kind, "ActorDied", f"actor {self.name!r} has stopped")
+        else:
+            inv.sink.err(kind, "CancelledError", f"{self.name}.{inv.method} was cancelled")
+
+    def cancel(self, inv: _Invocation) -> None:
+        if inv.done or inv.cancelled:
+            return
+        inv.cancelled = True
+        if inv.task is not None:
+            inv.task.cancel()
+        elif inv in self.waiting or self.methods.get(inv.method) in (SYNC, GEN):
+            # queued (or a sync job that has not started): it will be skipped; tell the caller now
+            self._finish(inv)
+            if inv in self.waiting:
+                self.waiting.remove(inv)
+            inv.sink.err(rpc.E_CANCELLED, "CancelledError", f"{self.name}.{inv.method} was cancelled")
+
+    # -- stopping -------------------------------------------------------------------------------
+
+    async def stop(self, reason: str) -> None:
+        if self.state in ("stopped", "failed"):
+            return
+        was_running = self.state == "running"
+        self.state = "stopped"
+        self.runtime._forget(self)
+        if not self.ready.done():
+            self.ready.set_result(("ActorDied", reason, ""))
+        for inv in list(self.live) + list(self.waiting):
+            if not inv.done:
+                if inv.task is not None:
+                    inv.cancelled = True
+                    inv.task.cancel()
+                self._finish(inv)
+                inv.sink.err(rpc.E_DIED, "ActorDied", f"actor {self.name!r} stopped: {reason}")
+        self.waiting.clear()
+        hook = getattr(self.instance, "on_stop", None) if was_running else None
+        if hook is not None:
+            try:
+                if inspect.iscoroutinefunction(hook):
+                    await hook()
+                elif self.executor is not None:
+                    await asyncio.wrap_future(_on_thread(self.executor, hook))
+                else:
+                    hook()
+            except Exception:
+                log.exception("actor on_stop hook failed", actor=self.name)
+        if self.executor is not None:
+            self.executor.stop(block=False)
+
+
+class _Abandoned(Exception):
+    pass
+
+
+def _on_thread(executor: pykka.ActorRef, fn: Callable[[], Any]) -> Any:
+    import concurrent.futures
+
+    cf: concurrent.futures.Future = concurrent.futures.Future()
+
+    def job() -> None:
+        try:
+            cf.set_result(fn())
+        except BaseException as e:  # noqa: BLE001
+            cf.set_exception(e)
+
+    executor.tell(job)
+    return cf
+
+
+class _Resume:
+    """Continues a coroutine that was started eagerly and suspended on ``first``, inside a Task."""
+
+    __slots__ = ("coro", "first")
+
+    def __init__(self, coro: Any, first: Any) -> None:
+        self.coro = coro
+        self.first = first
+
+    def __await__(self) -> Any:
+        coro, to_yield = self.coro, self.first
+        while True:
+            try:
+                value = yield to_yield
+            except BaseException as exc:  # noqa: BLE001 -- forwarded into the coroutine
+                try:
+                    to_yield = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    to_yield = coro.send(value)
+                except StopIteration as stop:
+                    return stop.value
+
+
+async def _resume(coro: Any, first: Any) -> Any:
+    return await _Resume(coro, first)
+
+
+# -- the caller side ---------------------------------------------------------------------------
+
+
+class _Pending:
+    """A call we made that has not finished."""
+
+    __slots__ = ("cid", "ref", "msg", "future", "stream", "channel", "timer", "stream_args", "arg_state")
+
+    def __init__(self, cid: int, ref: ActorRef, msg: list, future: Future | None, stream: Any) -> None:
+        self.cid = cid
+        self.ref = ref
+        self.msg = msg
+        self.future = future
+        self.stream = stream
+        self.channel: _Channel | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.stream_args: dict[int, Any] | None = None  # client-streamed arguments by index
+        self.arg_state: dict[int, list] | None = None  # per streamed argument: [credit, waiter]
+
+
+class _Outbox:
+    """Calls from this node to one actor: credit left, and the calls waiting for it, in order."""
+
+    __slots__ = ("credit", "queue", "window", "space")
+
+    def __init__(self, window: int) -> None:
+        self.credit = window
+        self.window = window
+        self.queue: collections.deque[_Pending] = collections.deque()
+        self.space: threading.Event | None = None  # set while callers on other threads may add
+
+
+class _Channel:
+    """Calls from this node to one peer (remote) or to itself (local, no encoding)."""
+
+    def __init__(self, runtime: Runtime, peer: PeerId) -> None:
+        self.runtime = runtime
+        self.peer = peer
+        self.outboxes: dict[str, _Outbox] = {}
+        self.pending: dict[int, _Pending] = {}
+        self.closed: LatticaError | None = None
+
+    def outbox(self, ref: ActorRef) -> _Outbox:
+        ob = self.outboxes.get(ref.name)
+        if ob is None:
+            ob = self.outboxes[ref.name] = _Outbox(ref.window)
+        return ob
+
+    def submit(self, p: _Pending, block: bool) -> None:
+        if self.closed is not None:
+            self.runtime._fail(p, self.closed)
+            return
+        ob = self.outbox(p.ref)
+        if ob.credit > 0 and not ob.queue and not self.congested():
+            ob.credit -= 1
+            self._send_call(p)
+            return
+        if not block:
+            raise MailboxFull(f"actor {p.ref.name!r} has no room for another call from this node (window {ob.window})")
+        if len(ob.queue) >= 16 * ob.window:
+            raise MailboxFull(f"{len(ob.queue)} calls to {p.ref.name!r} already wait for room; await earlier results first")
+        ob.queue.append(p)
+
+    def congested(self) -> bool:
+        return False
+
+    def returned(self, actor: str, n: int = 1) -> None:
+        """``n`` calls to ``actor`` finished: spend the credit on waiting calls, in order."""
+        ob = self.outboxes.get(actor)
+        if ob is None:
+            return
+        ob.credit += n
+        while ob.queue and ob.credit > 0 and not self.congested():
+            p = ob.queue.popleft()
+            if p.future is not None and p.future.done():
+                continue  # cancelled or timed out while waiting
+            ob.credit -= 1
+            try:
+                self._send_call(p)
+            except LatticaError as e:
+                self.runtime._fail(p, e)
+        if ob.space is not None and len(ob.queue) < ob.window:
+            ob.space.set()
+
+    def _send_call(self, p: _Pending) -> None:
+        raise NotImplementedError
+
+    def fail_all(self, error: LatticaError) -> None:
+        self.closed = error
+        for p in list(self.pending.values()):
+            self.runtime._fail(p, error)
+        self.pending.clear()
+        for ob in self.outboxes.values():
+            while ob.queue:
+                self.runtime._fail(ob.queue.popleft(), error)
+
+
+class _LocalSink(_Sink):
+    __slots__ = ("runtime", "p", "channel")
+
+    def __init__(self, runtime: Runtime, p: _Pending, channel: _Channel) -> None:
+        self.runtime = runtime
+        self.p = p
+        self.channel = channel
+
+    def ok(self, value: Any) -> None:
+        self.runtime._complete(self.p, value, None)
+
+    def err(self, kind: str, type_name: str, message: str, tb: str = "") -> None:
+        self.runtime._complete(self.p, None, (kind, type_name, message, tb))
+
+    def item(self, value: Any) -> None:
+        self.p.stream._push(value)
+
+    def end(self) -> None:
+        self.runtime._complete(self.p, None, None, end=True)
+
+
+class _LocalChannel(_Channel):
+    """Calls to actors on this node: same credit rules, objects passed by reference."""
+
+    def _send_call(self, p: _Pending) -> None:
+        rt = self.runtime
+        _, cid, actor_name, method, args, kwargs, timeout, flags = p.msg
+        actor = rt.actors.get(actor_name)
+        self.pending[cid] = p
+        p.channel = self
+        sink = _LocalSink(rt, p, self)
+        if actor is None:
+            sink.err(rpc.E_NOT_FOUND, "ActorNotFound", f"no actor named {actor_name!r} on this node")
+            return
+        deadline = rt.loop.time() + timeout if timeout is not None else None
+        inv = _Invocation(actor, method, args, kwargs, deadline, sink)
+        if p.stream is not None:
+            p.stream._bind(lambda n: actor.grant(inv, n), lambda: actor.cancel(inv))
+        if flags & rpc.F_ARGSTREAM:
+            rt._local_arg_streams(inv, p)
+        if p.future is not None:
+            p.future._cancel_hook = lambda: actor.cancel(inv)
+        actor.dispatch(inv)
+
+
+class _RemoteChannel(_Channel):
+    """Calls to one peer over its ``/lattica/rpc/1`` stream."""
+
+    def __init__(self, runtime: Runtime, peer: PeerId) -> None:
+        super().__init__(runtime, peer)
+        self.stream: Stream | None = None
+        self.opening: asyncio.Task | None = None
+        self.unsent: list = []  # calls submitted before the stream was open
+        self.writer = _FrameWriter(runtime.loop)
+
+    def congested(self) -> bool:
+        return self.writer.backlog() > _CHANNEL_HIGH_WATER
+
+    def _send_call(self, p: _Pending) -> None:
+        self.pending[p.cid] = p
+        p.channel = self
+        if p.future is not None:
+            p.future._cancel_hook = lambda: self.send([rpc.CANCEL, p.cid])
+        if p.stream is not None:
+            p.stream._bind(lambda n: self.send([rpc.CREDIT, p.cid, n]), lambda: self.send([rpc.CANCEL, p.cid]))
+        try:
+            self.send(p.msg)
+        except LatticaError:
+            del self.pending[p.cid]
+            self.returned(p.ref.name)
+            raise
+
+    def send(self, msg: list) -> None:
+        """Encode ``msg`` now (errors surface here, at the caller) and queue it for the stream."""
+        chunks = codec.encode(msg)
+        if self.stream is None:
+            self.unsent.append(chunks)
+            if self.opening is None:
+                self.opening = self.runtime.loop.create_task(self._open())
+            return
+        self.writer.write(self.stream, chunks)
+
+    async def _open(self) -> None:
+        try:
+            stream = await self.runtime.host.open_stream(self.peer, rpc.PROTOCOL)
+        except LatticaError as e:
+            err = e if isinstance(e, PeerUnreachable) else PeerUnreachable(f"cannot reach {self.peer}: {e}")
+            self.runtime._drop_channel(self, err)
+            return
+        self.stream = stream
+        unsent, self.unsent = self.unsent, []
+        for chunks in unsent:
+            self.writer.write(stream, chunks)
+        self.runtime.host.spawn(self._read_replies(stream))
+
+    async def _read_replies(self, stream: Stream) -> None:
+        rt = self.runtime
+        splitter = rpc.FrameSplitter(MAX_MESSAGE)
+        try:
+            while True:
+                data = await stream.read(1 << 20)
+                if not data:
+                    raise PeerUnreachable(f"{self.peer} closed the call channel")
+                for frame in splitter.feed(data):
+                    msg = rpc.parse(codec.decode(frame))
+                    rt._on_reply(self, msg)
+        except LatticaError as e:
+            err = e if isinstance(e, PeerUnreachable) else PeerUnreachable(f"call channel to {self.peer} failed: {e}")
+            if isinstance(e, ProtocolError):
+                log.info("closing call channel: peer broke the protocol", peer=str(self.peer), reason=str(e))
+                stream.reset()
+            rt._drop_channel(self, err)
+
+
+class _FrameWriter:
+    """Coalesces small messages per loop iteration into one stream write."""
+
+    __slots__ = ("_loop", "_buf", "_stream", "_scheduled", "_big")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._buf = bytearray()
+        self._stream: Stream | None = None
+        self._scheduled = False
+
+    def write(self, stream: Stream, chunks: list) -> None:
+        """Queue one encoded message (``codec.encode`` output) behind its 4-byte length."""
+        size = sum(map(len, chunks)) if len(chunks) > 2 else len(chunks[0]) + len(chunks[1])
+        self._stream = stream
+        buf = self._buf
+        buf += size.to_bytes(4, "big")
+        if size < 65536:
+            for c in chunks:
+                buf += c
+        else:  # big payloads: flush what is queued, then hand the buffers over without copying
+            for c in chunks[:2]:
+                buf += c
+            stream.write(buf)
+            self._buf = bytearray()
+            for c in chunks[2:]:
+                stream.write(c)
+            return
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        if self._buf and self._stream is not None:
+            buf, self._buf = self._buf, bytearray()
+            try:
+                self._stream.write(buf)
+            except LatticaError:
+                pass  # the reader side notices the broken stream and fails the calls
+
+    def backlog(self) -> int:
+        s = self._stream
+        return len(self._buf) + (getattr(s, "_pending_bytes", 0) if s is not None else 0)
+
+
+# -- the callee side ---------------------------------------------------------------------------
+
+
+class _RemoteSink(_Sink):
+    __slots__ = ("server", "cid", "actor", "counted")
+
+    def __init__(self, server: _ServerChannel, cid: int, actor: str, counted: bool) -> None:
+        self.server = server
+        self.cid = cid
+        self.actor = actor
+        self.counted = counted  # holds a mailbox slot of this caller
+
+    def _release(self) -> None:
+        s = self.server
+        s.invocations.pop(self.cid, None)
+        if self.counted:
+            self.counted = False
+            s.in_flight[self.actor] = s.in_flight.get(self.actor, 1) - 1
+
+    def ok(self, value: Any) -> None:
+        self._release()
+        try:
+            self.server.send([rpc.OK, self.cid, value])
+        except LatticaError as e:  # e.g. a result the codec cannot encode
+            self.server.send([rpc.ERR, self.cid, rpc.E_REMOTE, type(e).__name__, f"cannot send the result: {e}", ""])
+
+    def err(self, kind: str, type_name: str, message: str, tb: str = "") -> None:
+        self._release()
+        self.server.send([rpc.ERR, self.cid, kind, type_name, message, tb])
+
+    def item(self, value: Any) -> None:
+        self.server.send([rpc.ITEM, self.cid, value])
+
+    def end(self) -> None:
+        self._release()
+        self.server.send([rpc.END, self.cid])
+
+
+class _TellSink(_Sink):
+    """Fire-and-forget: nothing goes back but the mailbox credit (batched)."""
+
+    __slots__ = ("server", "actor", "counted")
+
+    def __init__(self, server: _ServerChannel, actor: str, counted: bool) -> None:
+        self.server = server
+        self.actor = actor
+        self.counted = counted
+
+    def _release(self) -> None:
+        if self.counted:
+            self.counted = False
+            s = self.server
+            s.in_flight[self.actor] = s.in_flight.get(self.actor, 1) - 1
+            s.tell_credit(self.actor)
+
+    def ok(self, value: Any) -> None:
+        self._release()
+
+    def err(self, kind: str, type_name: str, message: str, tb: str = "") -> None:
+        self._release()
+        if kind == rpc.E_REMOTE:
+            log.info("fire-and-forget call failed", actor=self.actor, error=f"{type_name}: {message}")
+
+    def end(self) -> None:
+        self._release()
+
+
+class _ServerChannel:
+    """Calls from one peer to actors on this node."""
+
+    def __init__(self, runtime: Runtime, stream: Stream, conn: Connection) -> None:
+        self.runtime = runtime
+        self.stream = stream
+        self.peer = conn.remote_peer
+        self.writer = _FrameWriter(runtime.loop)
+        self.invocations: dict[int, _Invocation] = {}
+        self.in_flight: dict[str, int] = {}
+        self.tell_credits: dict[str, int] = {}
+        self._credit_scheduled = False
+
+    def send(self, msg: list) -> None:
+        self.writer.write(self.stream, codec.encode(msg))
+
+    def tell_credit(self, actor: str) -> None:
+        self.tell_credits[actor] = self.tell_credits.get(actor, 0) + 1
+        if not self._credit_scheduled:
+            self._credit_scheduled = True
+            self.runtime.loop.call_soon(self._flush_credits)
+
+    def _flush_credits(self) -> None:
+        self._credit_scheduled = False
+        credits, self.tell_credits = self.tell_credits, {}
+        for actor, n in credits.items():
+            self.send([rpc.MAILBOX, actor, n])
+
+    async def serve(self) -> None:
+        rt = self.runtime
+        splitter = rpc.FrameSplitter(MAX_MESSAGE)
+        try:
+            while True:
+                data = await self.stream.read(1 << 20)
+                if not data:
+                    break
+                for frame in splitter.feed(data):
+                    self.on_message(codec.decode(frame))
+        except LatticaError as e:
+            if isinstance(e, ProtocolError):
+                log.info("closing call channel: peer broke the protocol", peer=str(self.peer), reason=str(e))
+                self.stream.reset()
+        finally:
+            for inv in list(self.invocations.values()):  # the caller is gone: stop its work
+                inv.actor.cancel(inv)
+            self.invocations.clear()
+            rt.servers.discard(self)
+
+    def on_message(self, raw: Any) -> None:
+        try:
+            msg = rpc.parse(raw)
+        except ProtocolError as e:
+            cid = raw[1] if type(raw) is list and len(raw) > 1 and type(raw[1]) is int and raw[0] == rpc.CALL else None
+            if cid is None:
+                raise
+            self.send([rpc.ERR, cid, rpc.E_PROTOCOL, "ProtocolError", str(e), ""])
+            return
+        kind = msg[0]
+        if kind == rpc.CALL:
+            self.on_call(msg)
+            return
+        inv = self.invocations.get(msg[1])
+        if inv is None:
+            return  # finished already (replies and cancels cross on the wire)
+        if kind == rpc.CANCEL:
+            inv.actor.cancel(inv)
+        elif kind == rpc.CREDIT:
+            inv.actor.grant(inv, msg[2])
+        elif kind == rpc.ARG:
+            s = (inv.arg_streams or {}).get(msg[2])
+            if s is not None:
+                s._push(msg[3])
+        elif kind == rpc.ARGEND:
+            s = (inv.arg_streams or {}).get(msg[2])
+            if s is not None:
+                s._end()
+
+    def on_call(self, msg: list) -> None:
+        _, cid, actor_name, method, args, kwargs, timeout, flags = msg
+        rt = self.runtime
+        tell = bool(flags & rpc.F_TELL)
+        actor = rt.actors.get(actor_name)
+        if actor is None:
+            if not tell:
+                self.send([rpc.ERR, cid, rpc.E_NOT_FOUND, "ActorNotFound", f"no actor named {actor_name!r} on {rt.peer_id}", ""])
+            return
+        used = self.in_flight.get(actor_name, 0)
+        if used >= actor.window:
+            if not tell:
+                self.send([rpc.ERR, cid, rpc.E_MAILBOX, "MailboxFull", f"caller exceeded its window of {actor.window} calls to {actor_name!r}", ""])
+            return
+        self.in_flight[actor_name] = used + 1
+        sink: _Sink = _TellSink(self, actor_name, True) if tell else _RemoteSink(self, cid, actor_name, True)
+        deadline = rt.loop.time() + timeout if timeout is not None else None
+        inv = _Invocation(actor, method, args, kwargs, deadline, sink)
+        if not tell:
+            self.invocations[cid] = inv
+        if flags & rpc.F_ARGSTREAM:
+            inv.arg_streams = {}
+            for i, a in enumerate(args):
+                if isinstance(a, StreamArg):
+                    s = ArgStream(lambda n, idx=a.index: self.send([rpc.ARGCRED, cid, idx, n]))
+                    inv.arg_streams[a.index] = s
+                    args[i] = s
+                    self.send([rpc.ARGCRED, cid, a.index, STREAM_WINDOW])
+        actor.dispatch(inv)
+
+
+# -- the runtime -------------------------------------------------------------------------------
+
+
+class Runtime:
+    """Actors of one node and its call channels; lives on the node loop."""
+
+    def __init__(self, host: _Host, allow: list[str]) -> None:
+        self.host = host
+        self.loop = host.loop
+        self.peer_id: PeerId = host.peer_id
+        self.allow = list(allow)
+        self.actors: dict[str, LocalActor] = {}
+        self.channels: dict[PeerId, _Channel] = {}
+        self.servers: set[_ServerChannel] = set()
+        self._ids = itertools.count(1)
+        self._posted: collections.deque[Callable[[], None]] = collections.deque()
+        self._post_lock = threading.Lock()
+        self._post_scheduled = False
+        self.local = _LocalChannel(self, self.peer_id)
+        _BY_THREAD[threading.get_ident()] = self
+        host.handlers[rpc.PROTOCOL] = self._serve
+        from .actors.spawner import Spawner
+
+        self.create(Spawner, [], None, Spawner.NAME, instance=Spawner(self))
+
+    # -- cross-thread posting (batched wake-ups) ------------------------------------------------
+
+    def post(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the loop soon; safe from any thread, one wake-up per batch."""
+        with self._post_lock:
+            self._posted.append(fn)
+            if self._post_scheduled:
+                return
+            self._post_scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._run_posted)
+        except RuntimeError:
+            pass  # the loop is closed: the node is gone
+
+    def _run_posted(self) -> None:
+        with self._post_lock:
+            self._post_scheduled = False
+            batch, self._posted = self._posted, collections.deque()
+        for fn in batch:
+            try:
+                fn()
+            except Exception:
+                log.exception("posted callback failed")
+
+    # -- actors ---------------------------------------------------------------------------------
+
+    def create(self, cls: type, args: list, kwargs: dict | None, name: str | None, *, max_concurrency: int = DEFAULT_MAX_CONCURRENCY, window: int = DEFAULT_WINDOW, instance: Any = None) -> LocalActor:
+        name = name or f"{cls.__name__}-{next(self._ids):x}-{id(cls) & 0xFFFF:04x}"
+        if not name or len(name) > rpc.MAX_NAME:
+            raise ValueError("actor names are 1 to 256 characters")
+        if name in self.actors:
+            raise SpawnError(f"an actor named {name!r} already exists on {self.peer_id}")
+        actor = LocalActor(self, name, cls, method_table(cls), max_concurrency, window)
+        self.actors[name] = actor
+        actor.start(args, kwargs, instance)
+        return actor
+
+    def _forget(self, actor: LocalActor) -> None:
+        if self.actors.get(actor.name) is actor:
+            del self.actors[actor.name]
+
+    def resolve_class(self, path: str) -> type:
+        """Import an actor class by its qualified name if the allow-list permits it."""
+        if not any(fnmatch.fnmatchcase(path, pat) for pat in self.allow):
+            raise SpawnError(f"class {path!r} is not allowed on {self.peer_id} (allow-list: {self.allow or 'empty'})")
+        module, _, qual = path.rpartition(":") if ":" in path else path.rpartition(".")
+        if not module:
+            raise SpawnError(f"{path!r} is not a qualified class name")
+        try:
+            obj: Any = importlib.import_module(module)
+            for part in qual.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as e:
+            raise SpawnError(f"cannot import {path!r} on {self.peer_id}: {e}") from None
+        cls = getattr(obj, "_lattica_cls", obj)
+        if not isinstance(cls, type):
+            raise SpawnError(f"{path!r} is not a class")
+        return cls
+
+    async def stop(self) -> None:
+        for actor in list(self.actors.values()):
+            await actor.stop("node shutting down")
+        for ch in list(self.channels.values()):
+            ch.fail_all(PeerUnreachable("this node is shutting down"))
+        _BY_THREAD.pop(threading.get_ident(), None)
+
+    # -- calls out ------------------------------------------------------------------------------
+
+    def channel_for(self, peer: PeerId) -> _Channel:
+        if peer == self.peer_id:
+            return self.local
+        ch = self.channels.get(peer)
+        if ch is None:
+            ch = self.channels[peer] = _RemoteChannel(self, peer)
+        return ch
+
+    def channel_for_threadsafe(self, peer: PeerId) -> _Channel:
+        """Peek at the channel to ``peer`` from another thread (never creates one)."""
+        if peer == self.peer_id:
+            return self.local
+        return self.channels.get(peer) or _NO_CHANNEL
+
+    def _drop_channel(self, ch: _Channel, error: LatticaError) -> None:
+        if self.channels.get(ch.peer) is ch:
+            del self.channels[ch.peer]
+        ch.fail_all(error)
+
+    def call(self, ref: ActorRef, method: str, args: tuple, kwargs: dict, *, timeout: float | None, tell: bool = False, stream: Any = None, block: bool = True, future: Future | None = None) -> Future | None:
+        """Submit a call (on the loop); returns its Future (None for tell)."""
+        flags = (rpc.F_TELL if tell else 0) | (rpc.F_STREAM if stream is not None else 0)
+        arg_list = list(args)
+        streamed = None
+        for i, a in enumerate(arg_list):
+            if hasattr(a, "__aiter__") and not isinstance(a, (ArgStream,)):
+                streamed = streamed or {}
+                streamed[len(streamed)] = a
+                arg_list[i] = StreamArg(len(streamed) - 1)
+        if streamed:
+            flags |= rpc.F_ARGSTREAM
+        cid = next(self._ids)
+        msg = rpc.call(cid, ref.name, method, arg_list, kwargs or None, timeout, flags)
+        if ref._spawn is not None and ref._spawn.done() and ref._spawn.exception() is not None:
+            raise ref._spawn.exception()  # type: ignore[misc]
+        fut = future if future is not None else (None if tell or stream is not None else Future(loop=self.loop))
+        p = _Pending(cid, ref, msg, fut, stream)
+        p.stream_args = streamed
+        self.channel_for(ref.peer_id).submit(p, block)
+        if timeout is not None and not tell:
+            p.timer = self.loop.call_later(timeout, self._timed_out, p)
+        return fut
+
+    def _timed_out(self, p: _Pending) -> None:
+        ch = p.channel
+        if ch is not None and p.cid in ch.pending:
+            if isinstance(ch, _RemoteChannel):
+                ch.send([rpc.CANCEL, p.cid])
+        self._fail(p, CallTimeout(f"call to {p.ref.name}.{p.msg[3]} timed out after {p.msg[6]} s"), cancel_local=True)
+
+    def _fail(self, p: _Pending, error: BaseException, cancel_local: bool = False) -> None:
+        ch = p.channel
+        if ch is not None and ch.pending.pop(p.cid, None) is not None:
+            ch.returned(p.ref.name)
+            if cancel_local and ch is self.local and p.future is not None and p.future._cancel_hook is not None:
+                hook, p.future._cancel_hook = p.future._cancel_hook, None
+                hook()
+        if p.timer is not None:
+            p.timer.cancel()
+        if p.future is not None and not p.future.done():
+            p.future.set_exception(error)
+        elif p.stream is not None:
+            p.stream._fail(error)
+
+    def _complete(self, p: _Pending, value: Any, error: tuple | None, end: bool = False) -> None:
+        ch = p.channel
+        if ch is None or ch.pending.pop(p.cid, None) is None:
+            return  # timed out or cancelled already
+        ch.returned(p.ref.name)
+        if p.timer is not None:
+            p.timer.cancel()
+        if error is not None:
+            exc = self._error(p, *error)
+            if p.future is not None:
+                if not p.future.done():
+                    p.future.set_exception(exc)
+            elif p.stream is not None:
+                p.stream._fail(exc)
+        elif p.future is not None:
+            if not p.future.done():
+                p.future.set_result(value)
+        elif p.stream is not None:
+            p.stream._finish()
+
+    def _error(self, p: _Pending, kind: str, type_name: str, message: str, tb: str) -> BaseException:
+        where = f"{p.ref.name}.{p.msg[3]}"
+        if kind == rpc.E_REMOTE:
+            return remote_error(type_name, message, tb)
+        if kind == rpc.E_NOT_FOUND:
+            spawn = p.ref._spawn
+            if spawn is not None and spawn.done() and spawn.exception() is not None:
+                return spawn.exception()  # type: ignore[return-value]
+            return ActorNotFound(message)
+        if kind == rpc.E_METHOD:
+            return MethodNotFound(message)
+        if kind == rpc.E_TIMEOUT:
+            return CallTimeout(message)
+        if kind == rpc.E_DIED:
+            return ActorDied(message)
+        if kind == rpc.E_MAILBOX:
+            return MailboxFull(message)
+        if kind == rpc.E_SPAWN:
+            return SpawnError(f"actor {p.ref.name!r} failed to start: {type_name}: {message}\n{tb}".rstrip())
+        if kind == rpc.E_CANCELLED:
+            return asyncio.CancelledError(message)
+        return ProtocolError(f"{where}: {message}")
+
+    def _on_reply(self, ch: _RemoteChannel, msg: list) -> None:
+        kind = msg[0]
+        if kind == rpc.MAILBOX:
+            ch.returned(msg[1], msg[2])
+            return
+        p = ch.pending.get(msg[1])
+        if p is None:
+            return
+        if kind == rpc.OK:
+            self._complete(p, msg[2], None)
+        elif kind == rpc.ERR:
+            self._complete(p, None, (msg[2], msg[3], msg[4], msg[5]))
+        elif kind == rpc.ITEM:
+            if p.stream is not None:
+                p.stream._push(msg[2])
+        elif kind == rpc.END:
+            self._complete(p, None, None, end=True)
+        elif kind == rpc.ARGCRED:
+            self._pump_arg(ch, p, msg[2], msg[3])
+
+    # -- client streaming -----------------------------------------------------------------------
+
+    def _pump_arg(self, ch: _RemoteChannel, p: _Pending, index: int, n: int) -> None:
+        """The callee granted ``n`` more items of streamed argument ``index``."""
+        if not p.stream_args or index not in p.stream_args:
+            return
+        if p.arg_state is None:
+            p.arg_state = {}
+        state = p.arg_state.get(index)
+        if state is None:
+            state = p.arg_state[index] = [n, None]
+            self.host.spawn(self._pump(ch, p, index, p.stream_args[index], state))
+            return
+        state[0] += n
+        if state[1] is not None and not state[1].done():
+            state[1].set_result(None)
+
+    async def _pump(self, ch: _RemoteChannel, p: _Pending, index: int, source: Any, state: list) -> None:
+        try:
+            async for value in source:
+                while state[0] <= 0:
+                    if p.cid not in ch.pending:
+                        return
+                    state[1] = self.loop.create_future()
+                    await state[1]
+                state[0] -= 1
+                if p.cid not in ch.pending:
+                    return
+                ch.send([rpc.ARG, p.cid, index, value])
+            ch.send([rpc.ARGEND, p.cid, index])
+        except LatticaError as e:  # an item the codec refuses: the call fails at the caller
+            self._fail(p, e)
+
+    def _local_arg_streams(self, inv: _Invocation, p: _Pending) -> None:
+        """A local call with streamed arguments: hand the caller's async iterators over directly."""
+        for i, a in enumerate(inv.args):
+            if isinstance(a, StreamArg):
+                inv.args[i] = p.stream_args[a.index]  # type: ignore[index]
+
+    # -- serving --------------------------------------------------------------------------------
+
+    async def _serve(self, stream: Stream, conn: Connection) -> None:
+        server = _ServerChannel(self, stream, conn)
+        self.servers.add(server)
+        await server.serve()
+
+
+class _NoChannel:
+    outboxes: dict[str, _Outbox] = {}
+
+
+_NO_CHANNEL: Any = _NoChannel()

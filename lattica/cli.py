@@ -42,6 +42,15 @@ def _bench(args: argparse.Namespace) -> None:
         _print(tb.bench_startup(("tcp", "quic")), args.json)
     if which in ("ciphers", "all"):
         _print(tb.bench_noise_ciphers(), args.json)
+    if which in ("rpc", "all"):
+        from .bench.rpc import bench_rpc
+
+        kinds = ["async", "sync"] if args.actor == "both" else [args.actor]
+        for t in transports:
+            for kind in kinds:
+                for payload in args.payload or [128, 262144]:
+                    for conc in args.concurrency or [1000, 1]:
+                        _print(bench_rpc(payload, conc, args.duration, t, kind), args.json)
 
 
 def _node(args: argparse.Namespace) -> None:
@@ -97,10 +106,14 @@ def main(argv: list[str] | None = None) -> None:
     s.set_defaults(fn=_demo)
 
     s = sub.add_parser("bench", help="run benchmarks and print figures")
-    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "all"])
+    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "all"])
     s.add_argument("--transport", choices=["tcp", "quic", "both"], default="both")
     s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic)")
     s.add_argument("--count", type=int, default=10000, help="pings")
+    s.add_argument("--payload", type=int, action="append", help="rpc payload bytes (repeatable; default 128 and 262144)")
+    s.add_argument("--concurrency", type=int, action="append", help="rpc calls in flight (repeatable; default 1000 and 1)")
+    s.add_argument("--duration", type=float, default=10.0, help="rpc seconds per run")
+    s.add_argument("--actor", choices=["async", "sync", "both"], default="both", help="rpc actor kind")
     s.add_argument("--busy-poll-us", type=float, default=None,
                    help="node loop busy-poll window; default: compare 0 (uvloop) with the default side by side")
     s.add_argument("--json", action="store_true", help="one JSON object per line")

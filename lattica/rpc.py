@@ -88,36 +88,63 @@ def parse(msg: Any) -> list:
 
 
 class FrameSplitter:
-    """Accumulates stream bytes and yields complete length-prefixed frames (bounded)."""
+    """Splits stream bytes into complete length-prefixed frames (each at most ``max_frame``).
 
-    __slots__ = ("_buf", "_max")
+    Frames inside one read come out as zero-copy slices; a frame spread over several reads is
+    collected as a list of pieces and joined once, when its last byte arrives.
+    """
+
+    __slots__ = ("_parts", "_have", "_need", "_max")
 
     def __init__(self, max_frame: int) -> None:
-        self._buf = bytearray()
+        self._parts: list[bytes | memoryview] = []  # an incomplete frame (or length prefix)
+        self._have = 0
+        self._need = 0  # bytes of the current frame including its prefix, once known
         self._max = max_frame
 
     def feed(self, data: bytes) -> list[bytes | memoryview]:
         """Frames completed by ``data``. Raises FrameTooLarge when a declared length exceeds the cap."""
-        buf = self._buf
-        if buf:
-            buf += data
-            src: bytes | bytearray = buf
-        else:
-            src = data
-        total = len(src)
-        pos = 0
         frames: list[bytes | memoryview] = []
-        view = memoryview(data) if src is data else None  # zero-copy slices of an immutable read
+        view = memoryview(data)
+        if self._parts:
+            view = self._continue(view, frames)
+            if view is None:
+                return frames
+        total = len(view)
+        pos = 0
         while total - pos >= 4:
-            n = int.from_bytes(src[pos : pos + 4], "big")
+            n = int.from_bytes(view[pos : pos + 4], "big")
             if n > self._max:
                 raise FrameTooLarge(f"rpc message of {n} bytes exceeds the limit of {self._max}")
             if total - pos - 4 < n:
                 break
-            frames.append(view[pos + 4 : pos + 4 + n] if view is not None else bytes(src[pos + 4 : pos + 4 + n]))
+            frames.append(view[pos + 4 : pos + 4 + n])
             pos += 4 + n
-        if src is buf:
-            del buf[:pos]
-        elif pos < total:
-            buf += data[pos:]
+        if pos < total:
+            rest = view[pos:]
+            self._parts = [rest]
+            self._have = len(rest)
+            self._need = 4 + int.from_bytes(rest[:4], "big") if len(rest) >= 4 else 0
+            if self._need > 4 + self._max:
+                raise FrameTooLarge(f"rpc message of {self._need - 4} bytes exceeds the limit of {self._max}")
         return frames
+
+    def _continue(self, view: memoryview, frames: list) -> memoryview | None:
+        """Add ``view`` to the incomplete frame; return what is left of it after that frame."""
+        if not self._need:  # the length prefix itself was split
+            head = b"".join(self._parts) + bytes(view[: 4 - self._have])
+            if len(head) < 4:
+                self._parts, self._have = [head], len(head)
+                return None
+            self._need = 4 + int.from_bytes(head[:4], "big")
+            if self._need > 4 + self._max:
+                raise FrameTooLarge(f"rpc message of {self._need - 4} bytes exceeds the limit of {self._max}")
+        missing = self._need - self._have
+        if len(view) < missing:
+            self._parts.append(view)
+            self._have += len(view)
+            return None
+        self._parts.append(view[:missing])
+        frames.append(memoryview(b"".join(self._parts))[4:])
+        self._parts, self._have, self._need = [], 0, 0
+        return view[missing:]

@@ -1,0 +1,103 @@
+"""``lattica bench rpc``: the paper's Table 1 — echo calls to an actor in another process.
+
+The server process allows ``lattica.bench.*``; the client spawns an echo actor there (async or
+sync), then keeps ``concurrency`` calls in flight for ``duration`` seconds and reports completed
+calls per second, failures, and latency percentiles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+from ..actor import actor
+from ..node import Node
+from .server import ServerProcess
+from .transport import LOOPBACK, _pct
+
+
+@actor
+class AsyncEcho:
+    async def echo(self, payload: Any) -> Any:
+        return payload
+
+
+@actor
+class SyncEcho:
+    def echo(self, payload: Any) -> Any:
+        return payload
+
+
+def bench_rpc(
+    payload: int = 128,
+    concurrency: int = 1000,
+    duration: float = 10.0,
+    transport: str = "tcp",
+    kind: str = "async",
+    warmup: float = 1.0,
+) -> dict[str, Any]:
+    cls = AsyncEcho if kind == "async" else SyncEcho
+    data = os.urandom(payload)
+    with ServerProcess([LOOPBACK[transport]]) as srv, Node([]) as node:
+        info = node.connect(srv.addr(transport))
+        ref = _spawn_on(node, cls, info.peer_id)
+
+        async def drive() -> tuple[int, int, list[float], float]:
+            latencies: list[float] = []
+            failed = 0
+            done = 0
+            stop_at = 0.0
+            measuring = False
+
+            async def worker() -> None:
+                nonlocal failed, done
+                clock = time.perf_counter
+                while True:
+                    t0 = clock()
+                    if t0 >= stop_at:
+                        return
+                    try:
+                        await ref.echo.remote(data)
+                    except Exception:
+                        failed += measuring
+                        continue
+                    if measuring:
+                        latencies.append(clock() - t0)
+                        done += 1
+
+            stop_at = time.perf_counter() + warmup
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            measuring = True
+            start = time.perf_counter()
+            stop_at = start + duration
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            return done, failed, latencies, time.perf_counter() - start
+
+        done, failed, lat, elapsed = node.run(drive(), timeout=duration + warmup + 120)
+    us = [x * 1e6 for x in lat] or [0.0]
+    return {
+        "bench": "rpc",
+        "transport": transport,
+        "actor": kind,
+        "payload": payload,
+        "concurrency": concurrency,
+        "seconds": round(elapsed, 2),
+        "calls": done,
+        "qps": round(done / elapsed),
+        "failed": failed,
+        "p50_us": round(_pct(us, 0.5), 1),
+        "p99_us": round(_pct(us, 0.99), 1),
+    }
+
+
+def _spawn_on(node: Node, cls: Any, peer: Any) -> Any:
+    """Spawn ``cls`` on ``peer`` through ``node`` (not the process default node)."""
+
+    async def spawn() -> Any:
+        ref = cls.options(node=peer).remote()
+        await ref._spawn
+        return ref
+
+    return node.run(spawn(), timeout=30)

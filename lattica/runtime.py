@@ -347,6 +347,8 @@ class LocalActor:
                 return
             self._start_async(inv, kind)
         else:
+            if kind == GEN:  # credit may arrive before the thread starts: count it from now on
+                inv.credit_waiter = threading.Semaphore(inv.credit)
             self.executor.tell(lambda: self._run_sync(inv, kind))  # type: ignore[union-attr]
 
     def _finish(self, inv: _Invocation) -> None:
@@ -367,7 +369,7 @@ class LocalActor:
             first = coro.send(None)  # eager start: no task unless the method really suspends
         except StopIteration as stop:
             self._async_done(inv)
-            if not inv.cancelled:
+            if not inv.cancelled and stop.value is not _STREAMED:
                 inv.sink.ok(stop.value)
             return
         except BaseException as e:  # noqa: BLE001 -- the method's failure goes to its caller
@@ -395,7 +397,7 @@ class LocalActor:
             inv.sink.err(rpc.E_CANCELLED, "CancelledError", f"{self.name}.{inv.method} was cancelled")
         elif task.exception() is not None:
             inv.sink.err(rpc.E_REMOTE, *_error_parts(task.exception()))  # type: ignore[arg-type]
-        else:
+        elif task.result() is not _STREAMED:
             inv.sink.ok(task.result())
 
     def _async_done(self, inv: _Invocation) -> None:
@@ -407,7 +409,7 @@ class LocalActor:
                 continue
             self._start_async(nxt, self.methods[nxt.method])
 
-    async def _drive_agen(self, inv: _Invocation) -> None:
+    async def _drive_agen(self, inv: _Invocation) -> object:
         agen = self.bound[inv.method](*inv.args, **(inv.kwargs or {}))
         try:
             async for item in agen:
@@ -419,7 +421,7 @@ class LocalActor:
         finally:
             await agen.aclose()
         inv.sink.end()
-        inv.done = True
+        return _STREAMED  # the caller already got END: no OK follows
 
     def grant(self, inv: _Invocation, n: int) -> None:
         """The consumer of a streaming call granted ``n`` more items."""
@@ -443,8 +445,7 @@ class LocalActor:
         try:
             result = self.bound[inv.method](*inv.args, **(inv.kwargs or {}))
             if kind == GEN:
-                sem = threading.Semaphore(STREAM_WINDOW)
-                inv.credit_waiter = sem
+                sem = inv.credit_waiter
                 for item in result:
                     while not sem.acquire(timeout=0.5):
                         if inv.cancelled or self.state != "running":
@@ -524,6 +525,9 @@ class LocalActor:
 
 class _Abandoned(Exception):
     pass
+
+
+_STREAMED = object()  # what a streaming method's driver returns: its END was already sent
 
 
 def _on_thread(executor: pykka.ActorRef, fn: Callable[[], Any]) -> Any:

@@ -92,9 +92,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--listen", action="append", default=[])
     p.add_argument("--no-digest", action="store_true", help="sink counts bytes without hashing them")
     p.add_argument("--key", default=None, help="key file (created if absent)")
+    p.add_argument("--allow", action="append", default=[], help="class-path pattern peers may spawn (repeatable)")
     p.add_argument("--busy-poll-us", type=float, default=DEFAULT_BUSY_POLL_US, help="node loop busy-poll window")
     args = p.parse_args(argv)
-    node = Node(args.listen or ["/ip4/127.0.0.1/tcp/0"], key_path=args.key, busy_poll_us=args.busy_poll_us, allow=["lattica.bench.*"])
+    node = Node(args.listen or ["/ip4/127.0.0.1/tcp/0"], key_path=args.key, busy_poll_us=args.busy_poll_us, allow=["lattica.bench.*", *args.allow])
     node.start()
     digest = not args.no_digest
     node.set_stream_handler(SINK, lambda s, c: serve_sink(s, c, digest))

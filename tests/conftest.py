@@ -1,0 +1,28 @@
+"""Shared test setup: ``tests/support`` is importable (here and in child processes), and the
+``default_node`` fixture gives each test a fresh ``lattica.init()`` node that admits the sample
+actors, shut down (actors stopped) afterwards."""
+
+import os
+import sys
+
+import pytest
+
+SUPPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support")
+if SUPPORT not in sys.path:
+    sys.path.insert(0, SUPPORT)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SUPPORT, os.environ.get("PYTHONPATH")) if p)
+
+ALLOW = ["sample_actors.*"]
+
+
+@pytest.fixture
+def default_node():
+    """A started default node (``lattica.init``), shut down after the test."""
+    import lattica
+
+    lattica.shutdown()  # a test that started its own default node must not leak it into this one
+    node = lattica.init(allow=ALLOW)
+    try:
+        yield node
+    finally:
+        lattica.shutdown()

@@ -202,14 +202,14 @@ def _submit(h: MethodHandle, args: tuple, kwargs: dict, *, tell: bool, stream: S
         space.clear()
         while len(ob.queue) >= ob.window:
             space.wait(0.05)
-    fut = None if tell or stream is not None else Future(loop=rt.loop)
+    fut = None if tell or stream is not None else Future(rt.loop)
 
     def submit() -> None:
         try:
             rt.call(h._ref, h._name, args, kwargs, timeout=h._timeout, tell=tell, stream=stream, block=h._block, future=fut)
         except BaseException as e:  # noqa: BLE001 -- delivered through the future / stream
-            if fut is not None and not fut.done():
-                fut.set_exception(e)
+            if fut is not None:
+                fut._reject(e)
             elif stream is not None:
                 stream._fail(e)
 

@@ -1135,7 +1135,7 @@ class Runtime:
         msg = rpc.call(cid, ref.name, method, arg_list, kwargs or None, timeout, flags)
         if ref._spawn is not None and ref._spawn.done() and ref._spawn.exception() is not None:
             raise ref._spawn.exception()  # type: ignore[misc]
-        fut = future if future is not None else (None if tell or stream is not None else Future(loop=self.loop))
+        fut = future if future is not None else (None if tell or stream is not None else Future(self.loop))
         p = _Pending(cid, ref, msg, fut, stream)
         p.stream_args = streamed
         self.channel_for(ref.peer_id).submit(p, block)
@@ -1159,8 +1159,8 @@ class Runtime:
                 hook()
         if p.timer is not None:
             p.timer.cancel()
-        if p.future is not None and not p.future.done():
-            p.future.set_exception(error)
+        if p.future is not None:
+            p.future._reject(error)
         elif p.stream is not None:
             p.stream._fail(error)
 
@@ -1174,13 +1174,11 @@ class Runtime:
         if error is not None:
             exc = self._error(p, *error)
             if p.future is not None:
-                if not p.future.done():
-                    p.future.set_exception(exc)
+                p.future._reject(exc)
             elif p.stream is not None:
                 p.stream._fail(exc)
         elif p.future is not None:
-            if not p.future.done():
-                p.future.set_result(value)
+            p.future._resolve(value)
         elif p.stream is not None:
             p.stream._finish()
 

@@ -193,28 +193,18 @@ def _submit(h: MethodHandle, args: tuple, kwargs: dict, *, tell: bool, stream: S
     rt = stream._rt if stream is not None else current_runtime()
     if threading.get_ident() == rt.host.thread_id:
         return rt.call(h._ref, h._name, args, kwargs, timeout=h._timeout, tell=tell, stream=stream, block=h._block)
-    # Another thread: hand the call to the loop. Backpressure: wait while this actor's outbox
-    # already holds a full window of calls waiting for room.
-    ob = rt.channel_for_threadsafe(h._ref.peer_id).outboxes.get(h._ref.name)
-    if h._block and ob is not None and len(ob.queue) >= ob.window:
-        space = ob.space or threading.Event()
-        ob.space = space
-        space.clear()
-        while len(ob.queue) >= ob.window:
-            space.wait(0.05)
-    fut = None if tell or stream is not None else Future(rt.loop)
-
-    def submit() -> None:
-        try:
-            rt.call(h._ref, h._name, args, kwargs, timeout=h._timeout, tell=tell, stream=stream, block=h._block, future=fut)
-        except BaseException as e:  # noqa: BLE001 -- delivered through the future / stream
-            if fut is not None:
-                fut._reject(e)
-            elif stream is not None:
-                stream._fail(e)
-
-    rt.post(submit)
-    return fut
+    # Another thread: build and encode the call here (codec errors raise in this thread, tells
+    # included), wait for a slot in this actor's gate (backpressure), then hand it to the loop.
+    gate = rt.gate(h._ref)
+    gate.acquire(h._ref.window, h._block, h._ref.name)
+    try:
+        p = rt.prepare(h._ref, h._name, args, kwargs, timeout=h._timeout, tell=tell, stream=stream, encode=True)
+    except BaseException:
+        gate.release()
+        raise
+    p.gate = gate
+    rt.post(lambda: rt.submit_threadsafe(p, h._block))
+    return p.future
 
 
 class StreamCall:

@@ -88,14 +88,15 @@ class ActorRef:
     """A handle to an actor anywhere on the mesh: (PeerId, name, method table). A value: it encodes
     in the codec, so it can be passed to other actors and used from any node."""
 
-    __slots__ = ("peer_id", "name", "methods", "window", "_spawn", "_handles")
+    __slots__ = ("peer_id", "name", "methods", "window", "_spawn", "_held", "_handles")
 
     def __init__(self, peer_id: PeerId, name: str, methods: dict[str, str], window: int = DEFAULT_WINDOW) -> None:
         self.peer_id = peer_id
         self.name = name
         self.methods = methods
         self.window = window
-        self._spawn: asyncio.Future | None = None  # set while (and after) we spawn it remotely
+        self._spawn: Any = None  # the spawn's outcome, when this ref was made by spawning
+        self._held: list | None = None  # calls waiting for that outcome, in order
         self._handles: dict[str, Any] = {}
 
     def __getattr__(self, method: str) -> Any:
@@ -581,7 +582,7 @@ async def _resume(coro: Any, first: Any) -> Any:
 class _Pending:
     """A call we made that has not finished."""
 
-    __slots__ = ("cid", "ref", "msg", "future", "stream", "channel", "timer", "stream_args", "arg_state")
+    __slots__ = ("cid", "ref", "msg", "future", "stream", "channel", "timer", "stream_args", "arg_state", "encoded", "gate")
 
     def __init__(self, cid: int, ref: ActorRef, msg: list, future: Future | None, stream: Any) -> None:
         self.cid = cid
@@ -593,6 +594,37 @@ class _Pending:
         self.timer: asyncio.TimerHandle | None = None
         self.stream_args: dict[int, Any] | None = None  # client-streamed arguments by index
         self.arg_state: dict[int, list] | None = None  # per streamed argument: [credit, waiter]
+        self.encoded: list | None = None  # the CALL already encoded (calls made on other threads)
+        self.gate: _Gate | None = None  # the calling thread's gate slot, freed once the call is sent
+
+    def ungate(self) -> None:
+        g, self.gate = self.gate, None
+        if g is not None:
+            g.release()
+
+
+class _Gate:
+    """Backpressure for calls made on plain threads: at most ``window`` of them per actor may be
+    waiting to be sent; the next caller blocks (or gets MailboxFull with ``block=False``)."""
+
+    __slots__ = ("cond", "count")
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.count = 0
+
+    def acquire(self, window: int, block: bool, name: str) -> None:
+        with self.cond:
+            while self.count >= window:
+                if not block:
+                    raise MailboxFull(f"{window} calls to {name!r} already wait to be sent")
+                self.cond.wait(0.5)
+            self.count += 1
+
+    def release(self) -> None:
+        with self.cond:
+            self.count -= 1
+            self.cond.notify()
 
 
 class _Outbox:
@@ -697,6 +729,7 @@ class _LocalChannel(_Channel):
     """Calls to actors on this node: same credit rules, objects passed by reference."""
 
     def _send_call(self, p: _Pending) -> None:
+        p.ungate()
         rt = self.runtime
         _, cid, actor_name, method, args, kwargs, timeout, flags = p.msg
         actor = rt.actors.get(actor_name)
@@ -731,22 +764,26 @@ class _RemoteChannel(_Channel):
         return self.writer.backlog() > _CHANNEL_HIGH_WATER
 
     def _send_call(self, p: _Pending) -> None:
-        self.pending[p.cid] = p
+        p.ungate()
+        tell = p.msg[7] & rpc.F_TELL
+        if not tell:  # a tell gets no reply: its credit comes back in MAILBOX messages
+            self.pending[p.cid] = p
         p.channel = self
         if p.future is not None:
             p.future._cancel_hook = lambda: self.send([rpc.CANCEL, p.cid])
         if p.stream is not None:
             p.stream._bind(lambda n: self.send([rpc.CREDIT, p.cid, n]), lambda: self.send([rpc.CANCEL, p.cid]))
         try:
-            self.send(p.msg)
+            self.send(p.msg, p.encoded)
         except LatticaError:
-            del self.pending[p.cid]
+            if not tell:
+                del self.pending[p.cid]
             self.returned(p.ref.name)
             raise
 
-    def send(self, msg: list) -> None:
+    def send(self, msg: list, encoded: list | None = None) -> None:
         """Encode ``msg`` now (errors surface here, at the caller) and queue it for the stream."""
-        chunks = codec.encode(msg)
+        chunks = encoded if encoded is not None else codec.encode(msg)
         if self.stream is None:
             self.unsent.append(chunks)
             if self.opening is None:
@@ -856,7 +893,7 @@ class _RemoteSink(_Sink):
         try:
             self.server.send([rpc.OK, self.cid, value])
         except LatticaError as e:  # e.g. a result the codec cannot encode
-            self.server.send([rpc.ERR, self.cid, rpc.E_REMOTE, type(e).__name__, f"cannot send the result: {e}", ""])
+            self.server.send([rpc.ERR, self.cid, rpc.E_REMOTE, f"lattica.errors.{type(e).__name__}", f"cannot send the result: {e}", ""])
 
     def err(self, kind: str, type_name: str, message: str, tb: str = "") -> None:
         self._release()
@@ -1026,6 +1063,7 @@ class Runtime:
         self._post_lock = threading.Lock()
         self._post_scheduled = False
         self.local = _LocalChannel(self, self.peer_id)
+        self._gates: dict[tuple[PeerId, str], _Gate] = {}
         _BY_THREAD[threading.get_ident()] = self
         host.handlers[rpc.PROTOCOL] = self._serve
         from .actors.spawner import Spawner
@@ -1119,8 +1157,18 @@ class Runtime:
             del self.channels[ch.peer]
         ch.fail_all(error)
 
-    def call(self, ref: ActorRef, method: str, args: tuple, kwargs: dict, *, timeout: float | None, tell: bool = False, stream: Any = None, block: bool = True, future: Future | None = None) -> Future | None:
-        """Submit a call (on the loop); returns its Future (None for tell)."""
+    def call(self, ref: ActorRef, method: str, args: tuple, kwargs: dict, *, timeout: float | None, tell: bool = False, stream: Any = None, block: bool = True) -> Future | None:
+        """Make a call (on the loop); returns its Future (None for tell)."""
+        p = self.prepare(ref, method, args, kwargs, timeout=timeout, tell=tell, stream=stream)
+        self.submit(p, block)
+        return p.future
+
+    def prepare(self, ref: ActorRef, method: str, args: tuple, kwargs: dict, *, timeout: float | None, tell: bool = False, stream: Any = None, encode: bool = False) -> _Pending:
+        """Build a call (any thread). With ``encode``, a call to another node is encoded here, so
+        an argument the codec refuses raises in the caller's thread."""
+        spawn = ref._spawn
+        if spawn is not None and spawn.done() and not spawn.cancelled() and spawn.exception() is not None:
+            raise spawn.exception()  # type: ignore[misc]
         flags = (rpc.F_TELL if tell else 0) | (rpc.F_STREAM if stream is not None else 0)
         arg_list = list(args)
         streamed = None
@@ -1131,17 +1179,60 @@ class Runtime:
                 arg_list[i] = StreamArg(len(streamed) - 1)
         if streamed:
             flags |= rpc.F_ARGSTREAM
-        cid = next(self._ids)
+        cid = next(self._ids)  # itertools.count: safe from any thread
         msg = rpc.call(cid, ref.name, method, arg_list, kwargs or None, timeout, flags)
-        if ref._spawn is not None and ref._spawn.done() and ref._spawn.exception() is not None:
-            raise ref._spawn.exception()  # type: ignore[misc]
-        fut = future if future is not None else (None if tell or stream is not None else Future(self.loop))
-        p = _Pending(cid, ref, msg, fut, stream)
+        p = _Pending(cid, ref, msg, None if tell or stream is not None else Future(self.loop), stream)
         p.stream_args = streamed
-        self.channel_for(ref.peer_id).submit(p, block)
-        if timeout is not None and not tell:
-            p.timer = self.loop.call_later(timeout, self._timed_out, p)
-        return fut
+        if encode and ref.peer_id != self.peer_id:
+            p.encoded = codec.encode(msg)
+        return p
+
+    def submit(self, p: _Pending, block: bool) -> None:
+        """Send a prepared call (on the loop): held while its actor's spawn is pending, then
+        through the channel's credit window. Raises MailboxFull when it may not wait."""
+        spawn = p.ref._spawn
+        if spawn is not None and not spawn.done():
+            ref = p.ref
+            if ref._held is None:
+                ref._held = []
+                spawn.add_done_callback(lambda _: self._release_held(ref))
+            ref._held.append(p)
+        else:
+            self.channel_for(p.ref.peer_id).submit(p, block)
+        if p.msg[6] is not None and not (p.msg[7] & rpc.F_TELL):
+            p.timer = self.loop.call_later(p.msg[6], self._timed_out, p)
+
+    def submit_threadsafe(self, p: _Pending, block: bool) -> None:
+        """``submit`` for a call prepared on another thread: failures go to its future/stream."""
+        try:
+            self.submit(p, block)
+        except BaseException as e:  # noqa: BLE001 -- delivered to the caller
+            p.ungate()
+            self._fail(p, e)
+
+    def gate(self, ref: ActorRef) -> _Gate:
+        key = (ref.peer_id, ref.name)
+        g = self._gates.get(key)
+        return g if g is not None else self._gates.setdefault(key, _Gate())
+
+    def _release_held(self, ref: ActorRef) -> None:
+        """The spawn behind ``ref`` answered: send the calls held for it, in order, or fail them."""
+        held, ref._held = ref._held or [], None
+        spawn = ref._spawn
+        error = spawn.exception() if spawn is not None and not spawn.cancelled() else None
+        ch = self.channel_for(ref.peer_id)
+        for p in held:
+            if p.future is not None and p.future.done():
+                continue  # timed out or cancelled while held
+            if error is not None:
+                p.ungate()
+                self._fail(p, error)
+                continue
+            try:
+                ch.submit(p, True)
+            except BaseException as e:  # noqa: BLE001
+                p.ungate()
+                self._fail(p, e)
 
     def _timed_out(self, p: _Pending) -> None:
         ch = p.channel
@@ -1159,6 +1250,7 @@ class Runtime:
                 hook()
         if p.timer is not None:
             p.timer.cancel()
+        p.ungate()
         if p.future is not None:
             p.future._reject(error)
         elif p.stream is not None:
@@ -1255,7 +1347,9 @@ class Runtime:
                     return
                 ch.send([rpc.ARG, p.cid, index, value])
             ch.send([rpc.ARGEND, p.cid, index])
-        except LatticaError as e:  # an item the codec refuses: the call fails at the caller
+        except LatticaError as e:  # an item the codec refuses: the call fails here and there
+            if p.cid in ch.pending:
+                ch.send([rpc.CANCEL, p.cid])
             self._fail(p, e)
 
     def _local_arg_streams(self, inv: _Invocation, p: _Pending) -> None:

@@ -215,7 +215,6 @@ def test_constructor_that_raises_fails_calls_through_the_ref_with_spawn_error(wh
     assert where.spawn(sa.Counter, 2).get.remote().result(5) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a call reaching an actor whose constructor just failed, before the spawn outcome is recorded, gets ActorNotFound instead of SpawnError (runtime.py LocalActor._constructed forgets the actor before the spawn future / spawner reply carries the failure)")
 def test_call_racing_a_failed_constructor_gets_spawn_error(default_node, token):
     ref = sa.BadInit.remote("late boom", 0.1, token)
     loop_busy = threading.Event()
@@ -544,7 +543,6 @@ def test_too_large_envelope_fails_at_the_caller_and_the_node_keeps_serving(defau
     assert default_node.ping(peer.peer_id) > 0
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a result too large to send arrives as RemoteError('FrameTooLarge'), not as lattica.errors.FrameTooLarge (runtime.py _RemoteSink.ok uses type(e).__name__)")
 def test_too_large_result_is_frame_too_large_at_the_caller(default_node, peer):
     n = sa.Numeric.options(node=peer.peer_id).remote()
     with pytest.raises(FrameTooLarge):
@@ -568,7 +566,6 @@ def test_unsupported_argument_type_is_a_codec_error_at_the_caller(default_node, 
     assert c.get.remote().result(5) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an unencodable tell from a plain thread is dropped silently (actor.py _submit: error swallowed when fut is None)")
 def test_unencodable_tell_raises_at_the_caller(default_node, peer):
     c = sa.Counter.options(node=peer.peer_id).remote(1)
     with pytest.raises(CodecError):
@@ -586,7 +583,6 @@ def test_unencodable_result_fails_the_call_and_the_actor_keeps_serving(where):
     assert w.ping.remote().result(5) == "pong"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a result the codec refuses arrives as RemoteError('CodecError'), not lattica.errors.CodecError (runtime.py _RemoteSink.ok uses type(e).__name__)")
 def test_unencodable_result_is_a_codec_error_at_the_caller(default_node, peer):
     w = sa.Worker.options(node=peer.peer_id).remote()
     with pytest.raises(CodecError):
@@ -699,7 +695,6 @@ def test_unencodable_client_stream_item_fails_the_call(default_node, peer):
     assert s.total.remote(_aiter([1, 2, 3])).result(5) == 6
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: when a client-stream item cannot be encoded the caller fails the call but never tells the callee (no CANCEL/ARGEND): the server-side method waits forever (runtime.py Runtime._pump)")
 def test_unencodable_client_stream_item_releases_the_server_side_call(default_node, peer, token):
     s = sa.Streamer.options(node=peer.peer_id).remote()
     gate = asyncio.Event()
@@ -911,7 +906,6 @@ def test_duplicate_remote_name_leaves_the_first_actor_alone(default_node, peer, 
     assert first.get.remote().result(5) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: calls pipelined right after a duplicate-name remote spawn reach the existing actor instead of failing with SpawnError (actor.py ActorClass.remote returns the ref before the spawn succeeded)")
 def test_duplicate_remote_name_fails_calls_through_the_new_ref(default_node, peer, token):
     first = sa.Counter.options(node=peer.peer_id, name=token).remote(1)
     assert first.get.remote().result(5) == 1
@@ -949,7 +943,6 @@ def test_calls_beyond_the_window_wait_at_the_caller_or_fail_with_mailbox_full(wh
     assert w.ping.options(block=False).remote().result(5) == "pong"  # room again
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a plain thread issuing block=True calls is not held back: it posts past the window and calls beyond 16*window fail with MailboxFull (actor.py _submit checks the outbox queue before posted calls reach it)")
 def test_blocking_caller_thread_is_held_back_not_failed(where, token):
     w = where.spawn(sa.Worker, window=4)
     first = [w.wait_gate.remote(token, 10) for _ in range(4)]

@@ -46,8 +46,10 @@ class Spawner:
     async def kill(self, name: str) -> None:
         """Stop the actor ``name`` (its on_stop hook runs; calls in flight fail with ActorDied)."""
         actor = self._rt.actors.get(name)
-        if actor is None or name == self.NAME:
+        if actor is None:
             raise ActorNotFound(f"no actor named {name!r} on {self._rt.peer_id}")
+        if actor.system:
+            raise SpawnError(f"{name!r} is a system actor of {self._rt.peer_id}; it cannot be killed")
         await actor.stop("killed")
 
     async def lookup(self, name: str) -> ActorRef:

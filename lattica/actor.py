@@ -13,7 +13,7 @@ import os
 import threading
 from typing import Any, Callable
 
-from .errors import LatticaError, SpawnError, Timeout
+from .errors import LatticaError, NodeClosed, SpawnError, Timeout
 from .future import Future
 from .identity import PeerId
 from .runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, STREAM_WINDOW, ActorRef, Runtime, method_table, runtime_for_thread
@@ -174,6 +174,8 @@ class MethodHandle:
 
     def tell(self, *args: Any, **kwargs: Any) -> None:
         """Call the method without waiting for (or receiving) a result."""
+        if self._kind in ("agen", "gen"):
+            raise TypeError(f"{self._name} is a generator method: iterate {self._name}.stream(...) instead")
         _submit(self, args, kwargs, tell=True)
 
     def stream(self, *args: Any, **kwargs: Any) -> StreamCall:
@@ -203,7 +205,9 @@ def _submit(h: MethodHandle, args: tuple, kwargs: dict, *, tell: bool, stream: S
         gate.release()
         raise
     p.gate = gate
-    rt.post(lambda: rt.submit_threadsafe(p, h._block))
+    if not rt.post(lambda: rt.submit_threadsafe(p, h._block)):
+        gate.release()
+        raise NodeClosed(f"node {rt.peer_id} has stopped; no calls can be made through it")
     return p.future
 
 
@@ -225,6 +229,8 @@ class StreamCall:
 
     def _bind(self, grant: Callable[[int], None], cancel: Callable[[], None]) -> None:
         self._grant, self._cancel = grant, cancel
+        if self._done:  # the consumer gave up before the call was sent: stop it at once
+            cancel()
 
     def _push(self, value: Any) -> None:
         self._items.append(value)
@@ -297,8 +303,26 @@ class StreamCall:
         return value
 
     def cancel(self) -> None:
-        """Stop the producer; no more items arrive."""
-        if self._cancel is not None and not self._done:
-            cancel = self._cancel
-            self._rt.post(cancel) if threading.get_ident() != self._rt.host.thread_id else cancel()
+        """Stop the producer; no more items arrive (also what ``close`` and ``break`` do)."""
+        if self._done:
+            return
+        cancel = self._cancel
         self._fail(asyncio.CancelledError("stream cancelled by the consumer"))
+        if cancel is not None:  # not yet sent: _bind cancels it when it is
+            if threading.get_ident() == self._rt.host.thread_id:
+                cancel()
+            else:
+                self._rt.post(cancel)
+
+    close = cancel
+
+    async def aclose(self) -> None:
+        self.cancel()
+
+    def __del__(self) -> None:
+        # A consumer that stops iterating (e.g. `break`) and drops the stream releases the producer.
+        if not self._done and self._cancel is not None:
+            try:
+                self.cancel()
+            except Exception:
+                pass

@@ -175,9 +175,13 @@ def remote_error(type_name: str, message: str, remote_traceback: str = "") -> La
         if usable and len(_REMOTE_SUBCLASSES) < 256:
             try:
                 cls = type(f"Remote{type_name}", (RemoteError, base), {"__init__": RemoteError.__init__, "__str__": RemoteError.__str__})
-            except TypeError:  # layout conflict with a C base (e.g. OSError subclasses)
+                cls(type_name, message, remote_traceback)  # some built-ins refuse a plain message
+            except Exception:  # e.g. UnicodeDecodeError, ExceptionGroup: plain RemoteError then
                 cls = RemoteError
             _REMOTE_SUBCLASSES[type_name] = cls
         else:
             cls = RemoteError
-    return cls(type_name, message, remote_traceback)
+    try:
+        return cls(type_name, message, remote_traceback)
+    except Exception:
+        return RemoteError(type_name, message, remote_traceback)

@@ -67,8 +67,12 @@ class Future:
         return self._fut.result()
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        if not self._fut.done() and not self._on_loop():
-            _wait_threadsafe([self], 1, timeout)
+        """The call's error (None if it succeeded); waits like ``result``."""
+        if not self._fut.done():
+            if self._on_loop():
+                raise RuntimeError("the call is not finished; on the node loop, `await` the future")
+            if not _wait_threadsafe([self], 1, timeout):
+                raise Timeout(f"the call did not finish within {timeout} s")
         return self._fut.exception()
 
     def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
@@ -92,9 +96,10 @@ class Future:
         if self._fut.done():
             return False
         hook, self._cancel_hook = self._cancel_hook, None
+        self._fut.cancel()  # first: the runtime's own "cancelled" reply must not win the race
         if hook is not None:
             hook()
-        return self._fut.cancel()
+        return True
 
     def __await__(self) -> Generator[Any, None, Any]:
         if self._on_loop():

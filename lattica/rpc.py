@@ -77,8 +77,8 @@ def parse(msg: Any) -> list:
         if type(flags) is not int:
             raise ProtocolError("CALL flags must be an int")
     elif kind in (CREDIT, ARGCRED):
-        if type(msg[-1]) is not int or msg[-1] < 0:
-            raise ProtocolError("credit must be a non-negative int")
+        if type(msg[-1]) is not int or msg[-1] < 1:
+            raise ProtocolError("credit must be a positive int")
     elif kind == ERR:
         if not all(type(x) is str for x in msg[2:]):
             raise ProtocolError("ERR fields must be strings")

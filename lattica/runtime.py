@@ -22,7 +22,9 @@ import fnmatch
 import importlib
 import inspect
 import itertools
+import sys
 import threading
+import time
 import traceback
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -57,6 +59,8 @@ DEFAULT_MAX_CONCURRENCY = 1000  # async calls running at once per actor (Ray's d
 STREAM_WINDOW = 16  # items a stream producer may send ahead of its consumer
 MAX_MESSAGE = codec.DEFAULT_LIMITS.max_frame
 _CHANNEL_HIGH_WATER = 16 * 1024 * 1024  # unsent bytes on a channel before calls wait at the caller
+_MAX_STREAM_ARGS = 64
+_CHANNEL_IDLE = 60.0  # seconds a call channel with nothing in flight stays open
 
 # Runtimes by the threads that belong to them (node loop, actor threads), so an ActorRef used from
 # any of those threads calls through the right node.
@@ -67,11 +71,15 @@ def runtime_for_thread() -> Runtime | None:
     return _BY_THREAD.get(threading.get_ident())
 
 
+LIFECYCLE_HOOKS = frozenset({"on_stop"})  # called by the runtime, never by peers
+MAX_ACTORS = 10_000  # actors per node: every spawn beyond it is refused
+
+
 def method_table(cls: type) -> dict[str, str]:
     """Public methods of an actor class and how each runs (async, sync, agen, gen)."""
     table = {}
     for name, fn in inspect.getmembers(cls, callable):
-        if name.startswith("_") or isinstance(inspect.getattr_static(cls, name), (staticmethod, classmethod, type)):
+        if name.startswith("_") or name in LIFECYCLE_HOOKS or isinstance(inspect.getattr_static(cls, name), (staticmethod, classmethod, type)):
             continue
         if inspect.isasyncgenfunction(fn):
             table[name] = AGEN
@@ -160,9 +168,18 @@ def _bad_stream_arg() -> StreamArg:
 
 
 def _error_parts(exc: BaseException) -> tuple[str, str, str]:
+    """(qualified type name, message, traceback) of an exception, even one whose str() fails."""
     t = type(exc)
     name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
-    return name, str(exc), "".join(traceback.format_exception(t, exc, exc.__traceback__))
+    try:
+        message = str(exc)
+    except Exception:
+        message = f"<{name} whose str() failed>"
+    try:
+        tb = "".join(traceback.format_exception(t, exc, exc.__traceback__))
+    except Exception:
+        tb = ""
+    return name, message, tb
 
 
 class _Sink:
@@ -175,9 +192,9 @@ class _Sink:
 
 
 class _Invocation:
-    __slots__ = ("actor", "method", "args", "kwargs", "deadline", "sink", "task", "cancelled", "credit", "credit_waiter", "arg_streams", "timer", "done")
+    __slots__ = ("actor", "method", "args", "kwargs", "deadline", "sink", "task", "replied", "streaming", "credit", "credit_waiter", "arg_streams", "timer", "done")
 
-    def __init__(self, actor: LocalActor, method: str, args: list, kwargs: dict | None, deadline: float | None, sink: _Sink) -> None:
+    def __init__(self, actor: LocalActor, method: str, args: list, kwargs: dict | None, deadline: float | None, sink: _Sink, streaming: bool = False) -> None:
         self.actor = actor
         self.method = method
         self.args = args
@@ -185,7 +202,8 @@ class _Invocation:
         self.deadline = deadline
         self.sink = sink
         self.task: asyncio.Task | None = None
-        self.cancelled = False
+        self.replied = False  # the caller got its answer (OK, ERR or END); nothing more is sent
+        self.streaming = streaming  # called with .stream(): the method must be a generator
         self.credit = STREAM_WINDOW  # for generator methods: items we may send
         self.credit_waiter: Any = None
         self.arg_streams: dict[int, ArgStream] | None = None
@@ -203,8 +221,12 @@ class ArgStream:
         self._waiter: asyncio.Future | None = None
         self._grant = grant
         self._consumed = 0
+        self._allowed = STREAM_WINDOW  # items the caller may still send (its credit)
 
     def _push(self, value: Any) -> None:
+        if self._allowed <= 0:
+            raise ProtocolError("caller sent a streamed argument item beyond its credit")
+        self._allowed -= 1
         self._items.append(value)
         self._wake()
 
@@ -228,6 +250,7 @@ class ArgStream:
         value = self._items.popleft()
         self._consumed += 1
         if self._consumed >= STREAM_WINDOW // 2:
+            self._allowed += self._consumed
             self._grant(self._consumed)
             self._consumed = 0
         return value
@@ -273,6 +296,7 @@ class LocalActor:
         self.executor: pykka.ActorRef | None = None
         self.ready: asyncio.Future = runtime.loop.create_future()
         self.ref = ActorRef(runtime.peer_id, name, methods, window)
+        self.system = False  # built by the runtime (spawner, ...): cannot be killed by peers
 
     @property
     def needs_thread(self) -> bool:
@@ -282,6 +306,9 @@ class LocalActor:
 
     def start(self, args: list, kwargs: dict | None, instance: Any = None) -> None:
         if instance is not None:  # system actors: built by the runtime itself
+            self.system = True
+            if self.needs_thread:
+                self.executor = _Executor.start(self.runtime)
             self._constructed(instance, None)
             return
         if self.needs_thread:
@@ -309,7 +336,7 @@ class LocalActor:
             waiting, self.waiting = self.waiting, collections.deque()
             for inv in waiting:
                 self._finish(inv)
-                inv.sink.err(rpc.E_SPAWN, *failure)
+                self._reply_err(inv, rpc.E_SPAWN, *failure)
             self.ready.set_result(failure)
             if self.executor is not None:
                 self.executor.stop(block=False)
@@ -324,35 +351,52 @@ class LocalActor:
 
     # -- dispatch -------------------------------------------------------------------------------
 
+    def _reply_ok(self, inv: _Invocation, value: Any) -> None:
+        if not inv.replied:
+            inv.replied = True
+            inv.sink.ok(value)
+
+    def _reply_err(self, inv: _Invocation, kind: str, type_name: str, message: str, tb: str = "") -> None:
+        if not inv.replied:
+            inv.replied = True
+            inv.sink.err(kind, type_name, message, tb)
+
+    def _reply_end(self, inv: _Invocation) -> None:
+        if not inv.replied:
+            inv.replied = True
+            inv.sink.end()
+
     def dispatch(self, inv: _Invocation) -> None:
         if self.state != "running":
             if self.state == "starting":
                 self.waiting.append(inv)
                 return
-            inv.sink.err(rpc.E_DIED, "ActorDied", f"actor {self.name!r} has stopped")
+            self._reply_err(inv, rpc.E_DIED, "ActorDied", f"actor {self.name!r} has stopped")
             return
         kind = self.methods.get(inv.method)
         if kind is None:
-            inv.sink.err(rpc.E_METHOD, "MethodNotFound", f"actor {self.name!r} has no public method {inv.method!r}")
+            self._reply_err(inv, rpc.E_METHOD, "MethodNotFound", f"actor {self.name!r} has no public method {inv.method!r}")
             return
-        loop = self.runtime.loop
-        if inv.deadline is not None:
-            remaining = inv.deadline - loop.time()
-            if remaining <= 0:
-                inv.sink.err(rpc.E_TIMEOUT, "CallTimeout", f"deadline passed before {self.name}.{inv.method} started")
-                return
+        if inv.streaming != (kind in (AGEN, GEN)):
+            what = "a generator method: use .stream()" if kind in (AGEN, GEN) else "not a generator method: use .remote()"
+            self._reply_err(inv, rpc.E_METHOD, "MethodNotFound", f"{self.name}.{inv.method} is {what}")
+            return
+        if inv.deadline is not None and inv.deadline <= self.runtime.loop.time():
+            self._reply_err(inv, rpc.E_TIMEOUT, "CallTimeout", f"deadline passed before {self.name}.{inv.method} started")
+            return
         self.live.add(inv)
         if kind == ASYNC or kind == AGEN:
             if self.running_async >= self.max_concurrency:
                 self.waiting.append(inv)
-                return
-            self._start_async(inv, kind)
+            else:
+                self._start_async(inv, kind)
         else:
             if kind == GEN:  # credit may arrive before the thread starts: count it from now on
                 inv.credit_waiter = threading.Semaphore(inv.credit)
             self.executor.tell(lambda: self._run_sync(inv, kind))  # type: ignore[union-attr]
 
     def _finish(self, inv: _Invocation) -> None:
+        """Release what the invocation holds here (its reply is separate: ``_reply_*``)."""
         if inv.done:
             return
         inv.done = True
@@ -367,17 +411,11 @@ class LocalActor:
                 coro = self._drive_agen(inv)
             else:
                 coro = self.bound[inv.method](*inv.args, **(inv.kwargs or {}))
-            first = coro.send(None)  # eager start: no task unless the method really suspends
-        except StopIteration as stop:
+        except Exception as e:  # e.g. wrong arguments
             self._async_done(inv)
-            if not inv.cancelled and stop.value is not _STREAMED:
-                inv.sink.ok(stop.value)
+            self._reply_err(inv, rpc.E_REMOTE, *_error_parts(e))
             return
-        except BaseException as e:  # noqa: BLE001 -- the method's failure goes to its caller
-            self._async_done(inv)
-            inv.sink.err(rpc.E_REMOTE, *_error_parts(e))
-            return
-        task = self.runtime.loop.create_task(_resume(coro, first))
+        task = _new_task(self.runtime.loop, coro)  # a real task: current_task(), timeouts, TaskGroups work
         inv.task = task
         task.add_done_callback(lambda t: self._task_done(inv, t))
         if inv.deadline is not None:
@@ -385,30 +423,25 @@ class LocalActor:
 
     def _expire(self, inv: _Invocation) -> None:
         if not inv.done and inv.task is not None:
-            inv.sink.err(rpc.E_TIMEOUT, "CallTimeout", f"{self.name}.{inv.method} ran past its deadline and was cancelled")
-            inv.cancelled = True
+            self._reply_err(inv, rpc.E_TIMEOUT, "CallTimeout", f"{self.name}.{inv.method} ran past its deadline and was cancelled")
             inv.task.cancel()
 
     def _task_done(self, inv: _Invocation, task: asyncio.Task) -> None:
-        was_done = inv.done
         self._async_done(inv)
-        if was_done or inv.cancelled:
-            return
         if task.cancelled():
-            inv.sink.err(rpc.E_CANCELLED, "CancelledError", f"{self.name}.{inv.method} was cancelled")
+            self._reply_err(inv, rpc.E_CANCELLED, "CancelledError", f"{self.name}.{inv.method} was cancelled")
         elif task.exception() is not None:
-            inv.sink.err(rpc.E_REMOTE, *_error_parts(task.exception()))  # type: ignore[arg-type]
+            self._reply_err(inv, rpc.E_REMOTE, *_error_parts(task.exception()))  # type: ignore[arg-type]
         elif task.result() is not _STREAMED:
-            inv.sink.ok(task.result())
+            self._reply_ok(inv, task.result())
 
     def _async_done(self, inv: _Invocation) -> None:
         self.running_async -= 1
         self._finish(inv)
         while self.waiting and self.running_async < self.max_concurrency and self.state == "running":
             nxt = self.waiting.popleft()
-            if nxt.cancelled:
-                continue
-            self._start_async(nxt, self.methods[nxt.method])
+            if not nxt.replied:
+                self._start_async(nxt, self.methods[nxt.method])
 
     async def _drive_agen(self, inv: _Invocation) -> object:
         agen = self.bound[inv.method](*inv.args, **(inv.kwargs or {}))
@@ -417,15 +450,20 @@ class LocalActor:
                 while inv.credit <= 0:
                     inv.credit_waiter = self.runtime.loop.create_future()
                     await inv.credit_waiter
+                if inv.replied:  # cancelled by the consumer
+                    break
                 inv.credit -= 1
                 inv.sink.item(item)
         finally:
             await agen.aclose()
-        inv.sink.end()
+        self._reply_end(inv)
         return _STREAMED  # the caller already got END: no OK follows
 
     def grant(self, inv: _Invocation, n: int) -> None:
-        """The consumer of a streaming call granted ``n`` more items."""
+        """The consumer of a streaming call granted ``n`` more items (never beyond one window)."""
+        n = max(0, min(n, STREAM_WINDOW - inv.credit))
+        if n == 0:
+            return
         inv.credit += n
         w = inv.credit_waiter
         if isinstance(w, asyncio.Future):
@@ -437,7 +475,7 @@ class LocalActor:
     def _run_sync(self, inv: _Invocation, kind: str) -> None:
         """On the actor thread."""
         post = self.runtime.post
-        if self.state != "running" or inv.cancelled:
+        if self.state != "running" or inv.replied:
             post(lambda: self._sync_done(inv, rpc.E_DIED if self.state != "running" else rpc.E_CANCELLED))
             return
         if inv.deadline is not None and self.runtime.loop.time() > inv.deadline:
@@ -449,47 +487,58 @@ class LocalActor:
                 sem = inv.credit_waiter
                 for item in result:
                     while not sem.acquire(timeout=0.5):
-                        if inv.cancelled or self.state != "running":
+                        if inv.replied or self.state != "running":
                             raise _Abandoned()
-                    post(lambda item=item: None if inv.done else inv.sink.item(item))
+                    if inv.replied:
+                        raise _Abandoned()
+                    post(lambda item=item: self._deliver_item(inv, item))
                 post(lambda: self._sync_done(inv, None, end=True))
                 return
         except _Abandoned:
             post(lambda: self._sync_done(inv, rpc.E_CANCELLED))
             return
-        except BaseException as e:  # noqa: BLE001
+        except Exception as e:
             parts = _error_parts(e)
             post(lambda: self._sync_done(inv, rpc.E_REMOTE, parts=parts))
             return
         post(lambda: self._sync_done(inv, None, value=result))
 
+    def _deliver_item(self, inv: _Invocation, item: Any) -> None:
+        """A sync generator's item reaches the loop: it used one credit (the thread's semaphore
+        already counted it; ``inv.credit`` mirrors it so grants stay within one window)."""
+        if not inv.replied:
+            inv.credit -= 1
+            inv.sink.item(item)
+
     def _sync_done(self, inv: _Invocation, kind: str | None, value: Any = None, parts: tuple | None = None, end: bool = False) -> None:
-        if inv.done:
-            return
         self._finish(inv)
         if kind is None:
-            inv.sink.end() if end else inv.sink.ok(value)
+            self._reply_end(inv) if end else self._reply_ok(inv, value)
         elif kind == rpc.E_REMOTE:
-            inv.sink.err(kind, *parts)  # type: ignore[misc]
+            self._reply_err(inv, kind, *parts)  # type: ignore[misc]
         elif kind == rpc.E_TIMEOUT:
-            inv.sink.err(kind, "CallTimeout", f"deadline passed before {self.name}.{inv.method} started")
+            self._reply_err(inv, kind, "CallTimeout", f"deadline passed before {self.name}.{inv.method} started")
         elif kind == rpc.E_DIED:
-            inv.sink.err(kind, "ActorDied", f"actor {self.name!r} has stopped")
+            self._reply_err(inv, kind, "ActorDied", f"actor {self.name!r} has stopped")
         else:
-            inv.sink.err(kind, "CancelledError", f"{self.name}.{inv.method} was cancelled")
+            self._reply_err(inv, kind, "CancelledError", f"{self.name}.{inv.method} was cancelled")
 
     def cancel(self, inv: _Invocation) -> None:
-        if inv.done or inv.cancelled:
+        """Cancel an invocation: its caller is told at once (freeing its mailbox slot); running
+        async code gets CancelledError, a sync job not yet started is skipped, a running sync
+        method finishes but its result is dropped, a generator stops at its next item."""
+        if inv.replied:
             return
-        inv.cancelled = True
+        self._reply_err(inv, rpc.E_CANCELLED, "CancelledError", f"{self.name}.{inv.method} was cancelled")
         if inv.task is not None:
             inv.task.cancel()
-        elif inv in self.waiting or self.methods.get(inv.method) in (SYNC, GEN):
-            # queued (or a sync job that has not started): it will be skipped; tell the caller now
+        elif inv in self.waiting:
+            self.waiting.remove(inv)
             self._finish(inv)
-            if inv in self.waiting:
-                self.waiting.remove(inv)
-            inv.sink.err(rpc.E_CANCELLED, "CancelledError", f"{self.name}.{inv.method} was cancelled")
+        inv.args, inv.kwargs = [], None  # a queued sync job keeps no payload alive
+        w = inv.credit_waiter
+        if isinstance(w, asyncio.Future) and not w.done():
+            w.set_result(None)
 
     # -- stopping -------------------------------------------------------------------------------
 
@@ -502,30 +551,39 @@ class LocalActor:
         if not self.ready.done():
             self.ready.set_result(("ActorDied", reason, ""))
         for inv in list(self.live) + list(self.waiting):
-            if not inv.done:
-                if inv.task is not None:
-                    inv.cancelled = True
-                    inv.task.cancel()
-                self._finish(inv)
-                inv.sink.err(rpc.E_DIED, "ActorDied", f"actor {self.name!r} stopped: {reason}")
+            self._reply_err(inv, rpc.E_DIED, "ActorDied", f"actor {self.name!r} stopped: {reason}")
+            if inv.task is not None:
+                inv.task.cancel()
+            self._finish(inv)
         self.waiting.clear()
         hook = getattr(self.instance, "on_stop", None) if was_running else None
-        if hook is not None:
-            try:
+        try:
+            if hook is not None:
                 if inspect.iscoroutinefunction(hook):
-                    await hook()
-                elif self.executor is not None:
-                    await asyncio.wrap_future(_on_thread(self.executor, hook))
+                    await asyncio.wait_for(hook(), _HOOK_TIMEOUT)
+                elif self.executor is not None:  # behind any sync job still running: bounded wait
+                    await asyncio.wait_for(asyncio.wrap_future(_on_thread(self.executor, hook)), _HOOK_TIMEOUT)
                 else:
                     hook()
-            except Exception:
-                log.exception("actor on_stop hook failed", actor=self.name)
-        if self.executor is not None:
-            self.executor.stop(block=False)
+        except Exception:
+            log.exception("actor on_stop hook failed or timed out", actor=self.name)
+        finally:
+            if self.executor is not None:
+                self.executor.stop(block=False)
 
 
 class _Abandoned(Exception):
     pass
+
+
+_HOOK_TIMEOUT = 10.0  # seconds an on_stop hook may take
+
+
+def _new_task(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task:
+    """A task for an actor method; started eagerly where asyncio supports it (3.12+)."""
+    if sys.version_info >= (3, 12):
+        return asyncio.Task(coro, loop=loop, eager_start=True)
+    return loop.create_task(coro)
 
 
 _STREAMED = object()  # what a streaming method's driver returns: its END was already sent
@@ -546,43 +604,13 @@ def _on_thread(executor: pykka.ActorRef, fn: Callable[[], Any]) -> Any:
     return cf
 
 
-class _Resume:
-    """Continues a coroutine that was started eagerly and suspended on ``first``, inside a Task."""
-
-    __slots__ = ("coro", "first")
-
-    def __init__(self, coro: Any, first: Any) -> None:
-        self.coro = coro
-        self.first = first
-
-    def __await__(self) -> Any:
-        coro, to_yield = self.coro, self.first
-        while True:
-            try:
-                value = yield to_yield
-            except BaseException as exc:  # noqa: BLE001 -- forwarded into the coroutine
-                try:
-                    to_yield = coro.throw(exc)
-                except StopIteration as stop:
-                    return stop.value
-            else:
-                try:
-                    to_yield = coro.send(value)
-                except StopIteration as stop:
-                    return stop.value
-
-
-async def _resume(coro: Any, first: Any) -> Any:
-    return await _Resume(coro, first)
-
-
 # -- the caller side ---------------------------------------------------------------------------
 
 
 class _Pending:
     """A call we made that has not finished."""
 
-    __slots__ = ("cid", "ref", "msg", "future", "stream", "channel", "timer", "stream_args", "arg_state", "encoded", "gate")
+    __slots__ = ("cid", "ref", "msg", "future", "stream", "channel", "timer", "stream_args", "arg_state", "encoded", "gate", "created")
 
     def __init__(self, cid: int, ref: ActorRef, msg: list, future: Future | None, stream: Any) -> None:
         self.cid = cid
@@ -596,6 +624,16 @@ class _Pending:
         self.arg_state: dict[int, list] | None = None  # per streamed argument: [credit, waiter]
         self.encoded: list | None = None  # the CALL already encoded (calls made on other threads)
         self.gate: _Gate | None = None  # the calling thread's gate slot, freed once the call is sent
+        self.created = time.monotonic()  # the loop clock: deadlines travel as time remaining
+
+    def stamp(self) -> None:
+        """Just before sending: the timeout becomes what is left of it (it may have waited)."""
+        timeout = self.msg[6]
+        if timeout is not None:
+            waited = time.monotonic() - self.created
+            if waited > 0.001:
+                self.msg[6] = max(0.0, timeout - waited)
+                self.encoded = None  # encode again with the shorter timeout
 
     def ungate(self) -> None:
         g, self.gate = self.gate, None
@@ -627,16 +665,23 @@ class _Gate:
             self.cond.notify()
 
 
+def _finished(p: _Pending) -> bool:
+    """The caller no longer waits for this call (its future or stream already ended)."""
+    if p.future is not None:
+        return p.future.done()
+    return p.stream is not None and p.stream._done
+
+
 class _Outbox:
     """Calls from this node to one actor: credit left, and the calls waiting for it, in order."""
 
-    __slots__ = ("credit", "queue", "window", "space")
+    __slots__ = ("credit", "queue", "window", "draining")
 
     def __init__(self, window: int) -> None:
         self.credit = window
         self.window = window
         self.queue: collections.deque[_Pending] = collections.deque()
-        self.space: threading.Event | None = None  # set while callers on other threads may add
+        self.draining = False
 
 
 class _Channel:
@@ -679,29 +724,33 @@ class _Channel:
         if ob is None:
             return
         ob.credit += n
-        while ob.queue and ob.credit > 0 and not self.congested():
-            p = ob.queue.popleft()
-            if p.future is not None and p.future.done():
-                continue  # cancelled or timed out while waiting
-            ob.credit -= 1
-            try:
-                self._send_call(p)
-            except LatticaError as e:
-                self.runtime._fail(p, e)
-        if ob.space is not None and len(ob.queue) < ob.window:
-            ob.space.set()
+        if ob.draining or self.closed is not None:
+            return  # the loop below (further up this stack) spends it; a closed channel sends nothing
+        ob.draining = True  # a call that completes at once re-enters here: no recursion
+        try:
+            while ob.queue and ob.credit > 0 and not self.congested():
+                p = ob.queue.popleft()
+                if _finished(p):
+                    p.ungate()
+                    continue  # cancelled or timed out while waiting
+                ob.credit -= 1
+                try:
+                    self._send_call(p)
+                except LatticaError as e:
+                    self.runtime._fail(p, e)
+        finally:
+            ob.draining = False
 
     def _send_call(self, p: _Pending) -> None:
         raise NotImplementedError
 
     def fail_all(self, error: LatticaError) -> None:
-        self.closed = error
-        for p in list(self.pending.values()):
-            self.runtime._fail(p, error)
-        self.pending.clear()
+        self.closed = error  # from now on nothing is sent: returned() stops releasing calls
         for ob in self.outboxes.values():
             while ob.queue:
                 self.runtime._fail(ob.queue.popleft(), error)
+        while self.pending:
+            self.runtime._fail(self.pending.popitem()[1], error)
 
 
 class _LocalSink(_Sink):
@@ -730,6 +779,7 @@ class _LocalChannel(_Channel):
 
     def _send_call(self, p: _Pending) -> None:
         p.ungate()
+        p.stamp()
         rt = self.runtime
         _, cid, actor_name, method, args, kwargs, timeout, flags = p.msg
         actor = rt.actors.get(actor_name)
@@ -740,7 +790,7 @@ class _LocalChannel(_Channel):
             sink.err(rpc.E_NOT_FOUND, "ActorNotFound", f"no actor named {actor_name!r} on this node")
             return
         deadline = rt.loop.time() + timeout if timeout is not None else None
-        inv = _Invocation(actor, method, args, kwargs, deadline, sink)
+        inv = _Invocation(actor, method, args, kwargs, deadline, sink, streaming=bool(flags & rpc.F_STREAM))
         if p.stream is not None:
             p.stream._bind(lambda n: actor.grant(inv, n), lambda: actor.cancel(inv))
         if flags & rpc.F_ARGSTREAM:
@@ -759,12 +809,23 @@ class _RemoteChannel(_Channel):
         self.opening: asyncio.Task | None = None
         self.unsent: list = []  # calls submitted before the stream was open
         self.writer = _FrameWriter(runtime.loop)
+        self.last_used = time.monotonic()
+
+    def idle(self) -> bool:
+        return (
+            self.stream is not None
+            and not self.pending
+            and not any(ob.queue for ob in self.outboxes.values())
+            and time.monotonic() - self.last_used > _CHANNEL_IDLE
+        )
 
     def congested(self) -> bool:
         return self.writer.backlog() > _CHANNEL_HIGH_WATER
 
     def _send_call(self, p: _Pending) -> None:
         p.ungate()
+        p.stamp()
+        self.last_used = time.monotonic()
         tell = p.msg[7] & rpc.F_TELL
         if not tell:  # a tell gets no reply: its credit comes back in MAILBOX messages
             self.pending[p.cid] = p
@@ -815,11 +876,13 @@ class _RemoteChannel(_Channel):
                 for frame in splitter.feed(data):
                     msg = rpc.parse(codec.decode(frame))
                     rt._on_reply(self, msg)
-        except LatticaError as e:
+        except Exception as e:  # whatever broke the reader, no call may be left waiting on it
             err = e if isinstance(e, PeerUnreachable) else PeerUnreachable(f"call channel to {self.peer} failed: {e}")
             if isinstance(e, ProtocolError):
                 log.info("closing call channel: peer broke the protocol", peer=str(self.peer), reason=str(e))
-                stream.reset()
+            elif not isinstance(e, LatticaError):
+                log.exception("call channel reader failed", peer=str(self.peer))
+            stream.reset()
             rt._drop_channel(self, err)
 
 
@@ -866,30 +929,37 @@ class _FrameWriter:
 
     def backlog(self) -> int:
         s = self._stream
-        return len(self._buf) + (getattr(s, "_pending_bytes", 0) if s is not None else 0)
+        return len(self._buf) + (s.write_buffer_size() if s is not None else 0)
 
 
 # -- the callee side ---------------------------------------------------------------------------
 
 
-class _RemoteSink(_Sink):
-    __slots__ = ("server", "cid", "actor", "counted")
+class _ServerSink(_Sink):
+    """Replies to a call that came from a peer; holds one slot of that peer's mailbox window."""
 
-    def __init__(self, server: _ServerChannel, cid: int, actor: str, counted: bool) -> None:
+    __slots__ = ("server", "cid", "actor", "tell", "counted")
+
+    def __init__(self, server: _ServerChannel, cid: int, actor: str, tell: bool) -> None:
         self.server = server
         self.cid = cid
         self.actor = actor
-        self.counted = counted  # holds a mailbox slot of this caller
+        self.tell = tell  # fire-and-forget: only the mailbox credit goes back (batched)
+        self.counted = True
 
     def _release(self) -> None:
         s = self.server
         s.invocations.pop(self.cid, None)
         if self.counted:
             self.counted = False
-            s.in_flight[self.actor] = s.in_flight.get(self.actor, 1) - 1
+            s.runtime.release_slot(s.peer, self.actor)
+            if self.tell:
+                s.tell_credit(self.actor)
 
     def ok(self, value: Any) -> None:
         self._release()
+        if self.tell:
+            return
         try:
             self.server.send([rpc.OK, self.cid, value])
         except LatticaError as e:  # e.g. a result the codec cannot encode
@@ -897,43 +967,19 @@ class _RemoteSink(_Sink):
 
     def err(self, kind: str, type_name: str, message: str, tb: str = "") -> None:
         self._release()
-        self.server.send([rpc.ERR, self.cid, kind, type_name, message, tb])
-
-    def item(self, value: Any) -> None:
-        self.server.send([rpc.ITEM, self.cid, value])
-
-    def end(self) -> None:
-        self._release()
-        self.server.send([rpc.END, self.cid])
-
-
-class _TellSink(_Sink):
-    """Fire-and-forget: nothing goes back but the mailbox credit (batched)."""
-
-    __slots__ = ("server", "actor", "counted")
-
-    def __init__(self, server: _ServerChannel, actor: str, counted: bool) -> None:
-        self.server = server
-        self.actor = actor
-        self.counted = counted
-
-    def _release(self) -> None:
-        if self.counted:
-            self.counted = False
-            s = self.server
-            s.in_flight[self.actor] = s.in_flight.get(self.actor, 1) - 1
-            s.tell_credit(self.actor)
-
-    def ok(self, value: Any) -> None:
-        self._release()
-
-    def err(self, kind: str, type_name: str, message: str, tb: str = "") -> None:
-        self._release()
-        if kind == rpc.E_REMOTE:
+        if not self.tell:
+            self.server.send([rpc.ERR, self.cid, kind, type_name, message, tb])
+        elif kind == rpc.E_REMOTE:
             log.info("fire-and-forget call failed", actor=self.actor, error=f"{type_name}: {message}")
 
+    def item(self, value: Any) -> None:
+        if not self.tell:
+            self.server.send([rpc.ITEM, self.cid, value])
+
     def end(self) -> None:
         self._release()
+        if not self.tell:
+            self.server.send([rpc.END, self.cid])
 
 
 class _ServerChannel:
@@ -945,7 +991,6 @@ class _ServerChannel:
         self.peer = conn.remote_peer
         self.writer = _FrameWriter(runtime.loop)
         self.invocations: dict[int, _Invocation] = {}
-        self.in_flight: dict[str, int] = {}
         self.tell_credits: dict[str, int] = {}
         self._credit_scheduled = False
 
@@ -969,8 +1014,14 @@ class _ServerChannel:
         splitter = rpc.FrameSplitter(MAX_MESSAGE)
         try:
             while True:
+                if self.writer.backlog() > _CHANNEL_HIGH_WATER:
+                    # the caller is not reading its replies: stop reading its calls meanwhile
+                    self.writer.flush()
+                    await self.stream.drain()
                 data = await self.stream.read(1 << 20)
                 if not data:
+                    self.writer.flush()
+                    await self.stream.close()  # the caller closed its channel: so do we
                     break
                 for frame in splitter.feed(data):
                     self.on_message(codec.decode(frame))
@@ -1013,24 +1064,30 @@ class _ServerChannel:
             if s is not None:
                 s._end()
 
+    def refuse(self, cid: int, tell: bool, actor: str, kind: str, type_name: str, message: str) -> None:
+        """Answer a call that will not run: ERR, or for a tell just its credit back."""
+        if tell:
+            self.tell_credit(actor)
+        else:
+            self.send([rpc.ERR, cid, kind, type_name, message, ""])
+
     def on_call(self, msg: list) -> None:
         _, cid, actor_name, method, args, kwargs, timeout, flags = msg
         rt = self.runtime
         tell = bool(flags & rpc.F_TELL)
         actor = rt.actors.get(actor_name)
         if actor is None:
-            if not tell:
-                self.send([rpc.ERR, cid, rpc.E_NOT_FOUND, "ActorNotFound", f"no actor named {actor_name!r} on {rt.peer_id}", ""])
+            self.refuse(cid, tell, actor_name, rpc.E_NOT_FOUND, "ActorNotFound", f"no actor named {actor_name!r} on {rt.peer_id}")
             return
-        used = self.in_flight.get(actor_name, 0)
+        key = (self.peer, actor_name)
+        used = rt.in_flight.get(key, 0)  # per peer, whatever stream its calls come on
         if used >= actor.window:
-            if not tell:
-                self.send([rpc.ERR, cid, rpc.E_MAILBOX, "MailboxFull", f"caller exceeded its window of {actor.window} calls to {actor_name!r}", ""])
+            self.refuse(cid, tell, actor_name, rpc.E_MAILBOX, "MailboxFull", f"caller exceeded its window of {actor.window} calls to {actor_name!r}")
             return
-        self.in_flight[actor_name] = used + 1
-        sink: _Sink = _TellSink(self, actor_name, True) if tell else _RemoteSink(self, cid, actor_name, True)
+        rt.in_flight[key] = used + 1
+        sink = _ServerSink(self, cid, actor_name, tell)
         deadline = rt.loop.time() + timeout if timeout is not None else None
-        inv = _Invocation(actor, method, args, kwargs, deadline, sink)
+        inv = _Invocation(actor, method, args, kwargs, deadline, sink, streaming=bool(flags & rpc.F_STREAM))
         if not tell:
             self.invocations[cid] = inv
         if flags & rpc.F_ARGSTREAM:
@@ -1064,25 +1121,42 @@ class Runtime:
         self._post_scheduled = False
         self.local = _LocalChannel(self, self.peer_id)
         self._gates: dict[tuple[PeerId, str], _Gate] = {}
+        self.in_flight: dict[tuple[PeerId, str], int] = {}  # calls from a peer to an actor, in progress
         _BY_THREAD[threading.get_ident()] = self
         host.handlers[rpc.PROTOCOL] = self._serve
         from .actors.spawner import Spawner
 
         self.create(Spawner, [], None, Spawner.NAME, instance=Spawner(self))
+        host.spawn(self._close_idle_channels())
+
+    async def _close_idle_channels(self) -> None:
+        """Close call channels with nothing in flight for a while, so that the connections under
+        them can go idle and close (an open stream keeps a connection alive)."""
+        while True:
+            await asyncio.sleep(_CHANNEL_IDLE / 4)
+            for peer, ch in list(self.channels.items()):
+                if isinstance(ch, _RemoteChannel) and ch.idle():
+                    del self.channels[peer]
+                    ch.closed = PeerUnreachable("call channel closed while idle")
+                    self.host.spawn(ch.stream.close())  # type: ignore[union-attr]
 
     # -- cross-thread posting (batched wake-ups) ------------------------------------------------
 
-    def post(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the loop soon; safe from any thread, one wake-up per batch."""
+    def post(self, fn: Callable[[], None]) -> bool:
+        """Run ``fn`` on the loop soon; safe from any thread, one wake-up per batch. False if
+        the node has stopped (``fn`` will never run)."""
+        if self.loop.is_closed() or self.host.closing:
+            return False
         with self._post_lock:
             self._posted.append(fn)
             if self._post_scheduled:
-                return
+                return True
             self._post_scheduled = True
         try:
             self.loop.call_soon_threadsafe(self._run_posted)
         except RuntimeError:
-            pass  # the loop is closed: the node is gone
+            return False  # the loop closed meanwhile: the node is gone
+        return True
 
     def _run_posted(self) -> None:
         with self._post_lock:
@@ -1102,31 +1176,47 @@ class Runtime:
             raise ValueError("actor names are 1 to 256 characters")
         if name in self.actors:
             raise SpawnError(f"an actor named {name!r} already exists on {self.peer_id}")
+        if len(self.actors) >= MAX_ACTORS:
+            raise SpawnError(f"{self.peer_id} already runs {MAX_ACTORS} actors")
         actor = LocalActor(self, name, cls, method_table(cls), max_concurrency, window)
         self.actors[name] = actor
         actor.start(args, kwargs, instance)
         return actor
+
+    def release_slot(self, peer: PeerId, actor: str) -> None:
+        key = (peer, actor)
+        n = self.in_flight.get(key, 1) - 1
+        if n > 0:
+            self.in_flight[key] = n
+        else:
+            self.in_flight.pop(key, None)
 
     def _forget(self, actor: LocalActor) -> None:
         if self.actors.get(actor.name) is actor:
             del self.actors[actor.name]
 
     def resolve_class(self, path: str) -> type:
-        """Import an actor class by its qualified name if the allow-list permits it."""
-        if not any(fnmatch.fnmatchcase(path, pat) for pat in self.allow):
-            raise SpawnError(f"class {path!r} is not allowed on {self.peer_id} (allow-list: {self.allow or 'empty'})")
-        module, _, qual = path.rpartition(":") if ":" in path else path.rpartition(".")
-        if not module:
-            raise SpawnError(f"{path!r} is not a qualified class name")
+        """Import the ``@lattica.actor`` class named ``module.Class``, if the allow-list permits.
+
+        The allow-list is checked twice: against the name asked for, and against where the class
+        actually lives (``cls.__module__`` + ``__qualname__``), so a permitted module cannot be used
+        to reach anything it merely imports. Only decorated actor classes can be spawned."""
+        refuse = f"class {path!r} is not allowed on {self.peer_id} (allow-list: {self.allow or 'empty'})"
+        if not isinstance(path, str) or not any(fnmatch.fnmatchcase(path, pat) for pat in self.allow):
+            raise SpawnError(refuse)
+        module, _, name = path.rpartition(".")
+        if not module or not name.isidentifier() or name.startswith("_") or ":" in path:
+            raise SpawnError(f"{path!r} is not a qualified class name (module.Class)")
         try:
-            obj: Any = importlib.import_module(module)
-            for part in qual.split("."):
-                obj = getattr(obj, part)
+            obj: Any = getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError) as e:
             raise SpawnError(f"cannot import {path!r} on {self.peer_id}: {e}") from None
-        cls = getattr(obj, "_lattica_cls", obj)
-        if not isinstance(cls, type):
-            raise SpawnError(f"{path!r} is not a class")
+        cls = getattr(obj, "_lattica_cls", None)
+        if not isinstance(cls, type) or type(obj).__name__ != "ActorClass":
+            raise SpawnError(f"{path!r} is not a @lattica.actor class")
+        real = f"{cls.__module__}.{cls.__qualname__}"
+        if not any(fnmatch.fnmatchcase(real, pat) for pat in self.allow):
+            raise SpawnError(f"{refuse}; it is defined as {real!r}")
         return cls
 
     async def stop(self) -> None:
@@ -1175,6 +1265,8 @@ class Runtime:
         for i, a in enumerate(arg_list):
             if hasattr(a, "__aiter__") and not isinstance(a, (ArgStream,)):
                 streamed = streamed or {}
+                if len(streamed) >= _MAX_STREAM_ARGS:
+                    raise ValueError(f"at most {_MAX_STREAM_ARGS} arguments of one call can be streams")
                 streamed[len(streamed)] = a
                 arg_list[i] = StreamArg(len(streamed) - 1)
         if streamed:
@@ -1190,20 +1282,25 @@ class Runtime:
     def submit(self, p: _Pending, block: bool) -> None:
         """Send a prepared call (on the loop): held while its actor's spawn is pending, then
         through the channel's credit window. Raises MailboxFull when it may not wait."""
-        spawn = p.ref._spawn
-        if spawn is not None and not spawn.done():
-            ref = p.ref
+        if p.msg[6] is not None and not (p.msg[7] & rpc.F_TELL):
+            p.timer = self.loop.call_later(p.msg[6], self._timed_out, p)
+        ref = p.ref
+        spawn = ref._spawn
+        if spawn is not None and (not spawn.done() or ref._held is not None):
+            # held until the spawn answers; `_held` stays set until the release ran, so a call
+            # made in between queues behind the held ones instead of overtaking them
             if ref._held is None:
                 ref._held = []
                 spawn.add_done_callback(lambda _: self._release_held(ref))
             ref._held.append(p)
         else:
-            self.channel_for(p.ref.peer_id).submit(p, block)
-        if p.msg[6] is not None and not (p.msg[7] & rpc.F_TELL):
-            p.timer = self.loop.call_later(p.msg[6], self._timed_out, p)
+            self.channel_for(ref.peer_id).submit(p, block)
 
     def submit_threadsafe(self, p: _Pending, block: bool) -> None:
         """``submit`` for a call prepared on another thread: failures go to its future/stream."""
+        if _finished(p):  # cancelled before it reached the loop
+            p.ungate()
+            return
         try:
             self.submit(p, block)
         except BaseException as e:  # noqa: BLE001 -- delivered to the caller
@@ -1222,7 +1319,8 @@ class Runtime:
         error = spawn.exception() if spawn is not None and not spawn.cancelled() else None
         ch = self.channel_for(ref.peer_id)
         for p in held:
-            if p.future is not None and p.future.done():
+            if _finished(p):
+                p.ungate()
                 continue  # timed out or cancelled while held
             if error is not None:
                 p.ungate()
@@ -1245,9 +1343,12 @@ class Runtime:
         ch = p.channel
         if ch is not None and ch.pending.pop(p.cid, None) is not None:
             ch.returned(p.ref.name)
-            if cancel_local and ch is self.local and p.future is not None and p.future._cancel_hook is not None:
-                hook, p.future._cancel_hook = p.future._cancel_hook, None
-                hook()
+            if cancel_local and ch is self.local:
+                if p.future is not None and p.future._cancel_hook is not None:
+                    hook, p.future._cancel_hook = p.future._cancel_hook, None
+                    hook()
+                elif p.stream is not None and p.stream._cancel is not None:
+                    p.stream._cancel()
         if p.timer is not None:
             p.timer.cancel()
         p.ungate()
@@ -1298,6 +1399,7 @@ class Runtime:
         return ProtocolError(f"{where}: {message}")
 
     def _on_reply(self, ch: _RemoteChannel, msg: list) -> None:
+        ch.last_used = time.monotonic()
         kind = msg[0]
         if kind == rpc.MAILBOX:
             ch.returned(msg[1], msg[2])
@@ -1347,10 +1449,10 @@ class Runtime:
                     return
                 ch.send([rpc.ARG, p.cid, index, value])
             ch.send([rpc.ARGEND, p.cid, index])
-        except LatticaError as e:  # an item the codec refuses: the call fails here and there
+        except Exception as e:  # the source raised, or the codec refused an item
             if p.cid in ch.pending:
                 ch.send([rpc.CANCEL, p.cid])
-            self._fail(p, e)
+            self._fail(p, e if isinstance(e, LatticaError) else remote_error(*_error_parts(e)))
 
     def _local_arg_streams(self, inv: _Invocation, p: _Pending) -> None:
         """A local call with streamed arguments: hand the caller's async iterators over directly."""

@@ -50,6 +50,10 @@ class Stream(abc.ABC):
         """Wait until the queued data is within the peer's flow-control window."""
 
     @abc.abstractmethod
+    def write_buffer_size(self) -> int:
+        """Bytes written to this stream and not yet handed to the network (or acknowledged)."""
+
+    @abc.abstractmethod
     async def close(self) -> None:
         """Half-close: send everything queued, then end our side. Reading stays possible."""
 

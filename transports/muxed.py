@@ -177,6 +177,9 @@ class MuxedStream(Stream):
             finally:
                 self._drain_waiter = None
 
+    def write_buffer_size(self) -> int:
+        return self._pending_bytes
+
     async def close(self) -> None:
         if self._write_closed or self._error is not None:
             return

@@ -252,6 +252,9 @@ class QuicStream(Stream):
             raise StreamReset(f"stream {self.stream_id} cannot be written: {e}") from None
         self._conn._schedule_flush()
 
+    def write_buffer_size(self) -> int:
+        return self._quic.send_buffered(self.stream_id)
+
     async def drain(self) -> None:
         """Wait while more than the high-water mark of this stream's data is unacknowledged."""
         conn = self._conn

@@ -309,7 +309,9 @@ def test_per_caller_fifo_with_tell(where):
     a = where.spawn(sa.Counter)
     for i in range(500):
         a.aappend.tell(i)
-    assert a.items_list.remote().result(10) == list(range(500))
+    # read with an async method too: async calls start in the order they were made, while sync
+    # and async methods of one actor run concurrently (thread and loop)
+    assert a.aitems_list.remote().result(10) == list(range(500))
 
 
 # -- futures, get and wait ---------------------------------------------------------------------
@@ -518,6 +520,7 @@ def test_unknown_actor(where, token):
 
 def test_unknown_method_on_a_hand_built_ref(where):
     c = where.spawn(sa.Counter, 3)
+    assert c.get.remote().result(5) == 3  # the actor exists before a forged ref names it
     with pytest.raises(AttributeError, match="no public method"):
         c.nope
     forged = lattica.ActorRef(where.node.peer_id, c.name, {"nope": "async", "_private": "sync", "__init__": "sync"})

@@ -69,6 +69,9 @@ class Counter:
         self.items.append(i)
         return len(self.items)
 
+    async def aitems_list(self) -> list:
+        return list(self.items)
+
     def items_list(self) -> list:
         return list(self.items)
 

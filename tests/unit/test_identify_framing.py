@@ -66,6 +66,9 @@ class _Pipe(Stream):
     async def drain(self):
         pass
 
+    def write_buffer_size(self):
+        return 0
+
     async def close(self):
         self.closed = True
 

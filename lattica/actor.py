@@ -13,7 +13,7 @@ import os
 import threading
 from typing import Any, Callable
 
-from .errors import LatticaError, NodeClosed, SpawnError, Timeout
+from .errors import NodeClosed, SpawnError, Timeout
 from .future import Future
 from .identity import PeerId
 from .runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, STREAM_WINDOW, ActorRef, Runtime, method_table, runtime_for_thread
@@ -31,7 +31,7 @@ def current_runtime() -> Runtime:
 
     node = api._default_node
     if node is None or node._host is None:
-        raise LatticaError("no Lattica node is running here: call lattica.init() first")
+        raise NodeClosed("no Lattica node is running here: call lattica.init() first")
     return node._host.runtime
 
 
@@ -184,14 +184,14 @@ class MethodHandle:
             raise TypeError(f"{self._name} is not a generator method: use {self._name}.remote(...)")
         rt = current_runtime()
         sc = StreamCall(rt)
-        _submit(self, args, kwargs, tell=False, stream=sc)
+        _submit(self, args, kwargs, tell=False, stream=sc._state)
         return sc
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"actor methods are called with .remote(...): {self._ref.name}.{self._name}.remote()")
 
 
-def _submit(h: MethodHandle, args: tuple, kwargs: dict, *, tell: bool, stream: StreamCall | None = None) -> Future | None:
+def _submit(h: MethodHandle, args: tuple, kwargs: dict, *, tell: bool, stream: _StreamState | None = None) -> Future | None:
     rt = stream._rt if stream is not None else current_runtime()
     if threading.get_ident() == rt.host.thread_id:
         return rt.call(h._ref, h._name, args, kwargs, timeout=h._timeout, tell=tell, stream=stream, block=h._block)
@@ -211,8 +211,8 @@ def _submit(h: MethodHandle, args: tuple, kwargs: dict, *, tell: bool, stream: S
     return p.future
 
 
-class StreamCall:
-    """The items of a generator method, in order, under credit: ``async for`` or ``for``."""
+class _StreamState:
+    """A streaming call's items and credit; the runtime holds this, the user a StreamCall."""
 
     def __init__(self, rt: Runtime) -> None:
         self._rt = rt
@@ -264,12 +264,9 @@ class StreamCall:
 
     # -- async consumers ------------------------------------------------------------------------
 
-    def __aiter__(self) -> StreamCall:
-        return self
-
-    async def __anext__(self) -> Any:
+    async def anext(self) -> Any:
         if asyncio.get_running_loop() is not self._rt.loop:
-            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.__anext__(), self._rt.loop))
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.anext(), self._rt.loop))
         while not self._items:
             if self._done:
                 if self._error is not None:
@@ -283,10 +280,7 @@ class StreamCall:
 
     # -- sync consumers (any thread but the node loop) ------------------------------------------
 
-    def __iter__(self) -> StreamCall:
-        return self
-
-    def __next__(self) -> Any:
+    def next(self) -> Any:
         if threading.get_ident() == self._rt.host.thread_id:
             raise RuntimeError("on the node loop, iterate the stream with `async for`")
         if self._cond is None:
@@ -314,15 +308,44 @@ class StreamCall:
             else:
                 self._rt.post(cancel)
 
+
+
+class StreamCall:
+    """The items of a generator method, in order, under credit: ``async for`` or ``for``.
+    ``close()`` (or dropping it, e.g. after ``break``) stops the producer."""
+
+    __slots__ = ("_state", "__weakref__")
+
+    def __init__(self, rt: Runtime) -> None:
+        self._state = _StreamState(rt)
+
+    def __aiter__(self) -> StreamCall:
+        return self
+
+    async def __anext__(self) -> Any:
+        return await self._state.anext()
+
+    def __iter__(self) -> StreamCall:
+        return self
+
+    def __next__(self) -> Any:
+        return self._state.next()
+
+    def cancel(self) -> None:
+        """Stop the producer; no more items arrive."""
+        self._state.cancel()
+
     close = cancel
 
     async def aclose(self) -> None:
-        self.cancel()
+        self._state.cancel()
 
     def __del__(self) -> None:
-        # A consumer that stops iterating (e.g. `break`) and drops the stream releases the producer.
-        if not self._done and self._cancel is not None:
+        # the runtime holds only the state, so a consumer that stops iterating and drops the
+        # stream (e.g. `break` out of `for`) releases the producer here
+        state = self._state
+        if not state._done:
             try:
-                self.cancel()
+                state.cancel()
             except Exception:
                 pass

@@ -22,7 +22,6 @@ import fnmatch
 import importlib
 import inspect
 import itertools
-import sys
 import threading
 import time
 import traceback
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import pykka
 
 from . import codec, rpc
+from ._eager import eager_task
 from ._log import get_logger
 from .errors import (
     ActorDied,
@@ -292,6 +292,7 @@ class LocalActor:
         self.failure: tuple[str, str, str] | None = None
         self.waiting: collections.deque[_Invocation] = collections.deque()  # for start-up or a slot
         self.running_async = 0
+        self._draining = False
         self.live: set[_Invocation] = set()
         self.executor: pykka.ActorRef | None = None
         self.ready: asyncio.Future = runtime.loop.create_future()
@@ -415,8 +416,13 @@ class LocalActor:
             self._async_done(inv)
             self._reply_err(inv, rpc.E_REMOTE, *_error_parts(e))
             return
-        task = _new_task(self.runtime.loop, coro)  # a real task: current_task(), timeouts, TaskGroups work
+        # A real task (current_task(), timeouts and TaskGroups work), whose first step runs now:
+        # most methods finish in it and are answered without another loop round.
+        task = eager_task(self.runtime.loop, coro)
         inv.task = task
+        if task.done():
+            self._task_done(inv, task)
+            return
         task.add_done_callback(lambda t: self._task_done(inv, t))
         if inv.deadline is not None:
             inv.timer = self.runtime.loop.call_at(inv.deadline, self._expire, inv)
@@ -438,10 +444,16 @@ class LocalActor:
     def _async_done(self, inv: _Invocation) -> None:
         self.running_async -= 1
         self._finish(inv)
-        while self.waiting and self.running_async < self.max_concurrency and self.state == "running":
-            nxt = self.waiting.popleft()
-            if not nxt.replied:
-                self._start_async(nxt, self.methods[nxt.method])
+        if self._draining:
+            return  # a call finishing inside the loop below: that loop starts the next one
+        self._draining = True
+        try:
+            while self.waiting and self.running_async < self.max_concurrency and self.state == "running":
+                nxt = self.waiting.popleft()
+                if not nxt.replied:
+                    self._start_async(nxt, self.methods[nxt.method])
+        finally:
+            self._draining = False
 
     async def _drive_agen(self, inv: _Invocation) -> object:
         agen = self.bound[inv.method](*inv.args, **(inv.kwargs or {}))
@@ -579,11 +591,6 @@ class _Abandoned(Exception):
 _HOOK_TIMEOUT = 10.0  # seconds an on_stop hook may take
 
 
-def _new_task(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task:
-    """A task for an actor method; started eagerly where asyncio supports it (3.12+)."""
-    if sys.version_info >= (3, 12):
-        return asyncio.Task(coro, loop=loop, eager_start=True)
-    return loop.create_task(coro)
 
 
 _STREAMED = object()  # what a streaming method's driver returns: its END was already sent

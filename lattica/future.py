@@ -30,10 +30,12 @@ class Future:
     # -- resolved by the runtime, on the node loop --------------------------------------------
 
     def _resolve(self, value: Any) -> None:
+        self._cancel_hook = None  # nothing left to cancel; also frees whatever the hook holds
         if not self._fut.done():
             self._fut.set_result(value)
 
     def _reject(self, error: BaseException) -> None:
+        self._cancel_hook = None
         if not self._fut.done():
             self._fut.set_exception(error)
             self._fut.exception()  # an ignored call result is normal: no "never retrieved" warning

@@ -837,10 +837,11 @@ class _RemoteChannel(_Channel):
         if not tell:  # a tell gets no reply: its credit comes back in MAILBOX messages
             self.pending[p.cid] = p
         p.channel = self
+        cid = p.cid  # the hooks capture the id, not p: p -> future -> hook -> p would be a cycle
         if p.future is not None:
-            p.future._cancel_hook = lambda: self.send([rpc.CANCEL, p.cid])
+            p.future._cancel_hook = lambda: self.send([rpc.CANCEL, cid])
         if p.stream is not None:
-            p.stream._bind(lambda n: self.send([rpc.CREDIT, p.cid, n]), lambda: self.send([rpc.CANCEL, p.cid]))
+            p.stream._bind(lambda n: self.send([rpc.CREDIT, cid, n]), lambda: self.send([rpc.CANCEL, cid]))
         try:
             self.send(p.msg, p.encoded)
         except LatticaError:

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import ActorNotFound, SpawnError
 
+from ..runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW
+
 if TYPE_CHECKING:
     from ..runtime import ActorRef, Runtime
 
@@ -29,8 +31,8 @@ class Spawner:
         if not isinstance(class_path, str) or not isinstance(args, list) or not isinstance(options, dict):
             raise SpawnError("spawn needs a class path, an argument list and an options map")
         cls = self._rt.resolve_class(class_path)
-        max_concurrency = options.get("max_concurrency", 1000)
-        window = options.get("window", 1024)
+        max_concurrency = options.get("max_concurrency", DEFAULT_MAX_CONCURRENCY)
+        window = options.get("window", DEFAULT_WINDOW)
         if not (isinstance(max_concurrency, int) and 0 < max_concurrency <= _MAX_CONCURRENCY):
             raise SpawnError(f"max_concurrency must be 1..{_MAX_CONCURRENCY}")
         if not (isinstance(window, int) and 0 < window <= _MAX_WINDOW):

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from .errors import NodeClosed, SpawnError, Timeout
 from .future import Future
 from .identity import PeerId
-from .runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, STREAM_WINDOW, ActorRef, Runtime, method_table, runtime_for_thread
+from .runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, STREAM_WINDOW, ActorRef, Runtime, method_table, runtime_for_thread, spawner_ref
 
 __all__ = ["actor", "ActorClass", "MethodHandle", "StreamCall", "current_runtime"]
 
@@ -104,7 +104,7 @@ class ActorClass:
             return _on_loop(rt, lambda: _spawn_local(rt, self.cls, list(args), kwargs, name, max_conc, window))
         name = name or f"{self.cls.__name__}-{os.urandom(5).hex()}"
         ref = ActorRef(target, name, self._methods, window)
-        spawner = ActorRef(target, "spawner", {"spawn": "async", "kill": "async", "lookup": "async", "names": "async"})
+        spawner = spawner_ref(target)
         opts = {"max_concurrency": max_conc, "window": window}
         call = (_class_path(self.cls), list(args), kwargs or None, name, opts)
         ref._spawn = _on_loop(rt, lambda: rt.call(spawner, "spawn", call, {}, timeout=None))

@@ -16,13 +16,12 @@ from .future import Future
 from .identity import PeerId
 from .multiaddr import Multiaddr
 from .node import Node
-from .runtime import ActorRef
+from .runtime import ActorRef, spawner_ref
 
 __all__ = ["init", "shutdown", "kill", "get_actor", "node"]
 
 _default_node: Node | None = None
 _lock = threading.Lock()
-_SPAWNER_METHODS = {"spawn": "async", "kill": "async", "lookup": "async", "names": "async"}
 
 
 def init(
@@ -66,14 +65,10 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
-def _spawner(peer: PeerId) -> ActorRef:
-    return ActorRef(peer, "spawner", _SPAWNER_METHODS)
-
-
 def kill(ref: ActorRef, timeout: float = 10.0) -> None:
     """Stop the actor: calls in flight fail with ActorDied, its ``on_stop`` hook runs."""
     rt = current_runtime()
-    fut: Future = _on_loop(rt, lambda: rt.call(_spawner(ref.peer_id), "kill", (ref.name,), {}, timeout=timeout))
+    fut: Future = _on_loop(rt, lambda: rt.call(spawner_ref(ref.peer_id), "kill", (ref.name,), {}, timeout=timeout))
     fut.result(timeout + 1)
 
 
@@ -86,5 +81,5 @@ def get_actor(name: str, node: PeerId | str | None = None, timeout: float = 10.0
         if actor is None:
             raise ActorNotFound(f"no actor named {name!r} on this node")
         return actor.ref
-    fut: Future = _on_loop(rt, lambda: rt.call(_spawner(peer), "lookup", (name,), {}, timeout=timeout))
+    fut: Future = _on_loop(rt, lambda: rt.call(spawner_ref(peer), "lookup", (name,), {}, timeout=timeout))
     return fut.result(timeout + 1)

@@ -132,6 +132,11 @@ class ActorRef:
         raise TypeError("ActorRefs travel through the Lattica codec, never through pickle")
 
 
+def spawner_ref(peer: PeerId) -> ActorRef:
+    """The ref of ``peer``'s spawner system actor (its method table is fixed by the protocol)."""
+    return ActorRef(peer, "spawner", {"spawn": ASYNC, "kill": ASYNC, "lookup": ASYNC, "names": ASYNC})
+
+
 def _ref_to_obj(ref: ActorRef) -> list:
     return [ref.peer_id.to_bytes(), ref.name, ref.methods, ref.window]
 
@@ -761,12 +766,11 @@ class _Channel:
 
 
 class _LocalSink(_Sink):
-    __slots__ = ("runtime", "p", "channel")
+    __slots__ = ("runtime", "p")
 
-    def __init__(self, runtime: Runtime, p: _Pending, channel: _Channel) -> None:
+    def __init__(self, runtime: Runtime, p: _Pending) -> None:
         self.runtime = runtime
         self.p = p
-        self.channel = channel
 
     def ok(self, value: Any) -> None:
         self.runtime._complete(self.p, value, None)
@@ -792,7 +796,7 @@ class _LocalChannel(_Channel):
         actor = rt.actors.get(actor_name)
         self.pending[cid] = p
         p.channel = self
-        sink = _LocalSink(rt, p, self)
+        sink = _LocalSink(rt, p)
         if actor is None:
             sink.err(rpc.E_NOT_FOUND, "ActorNotFound", f"no actor named {actor_name!r} on this node")
             return
@@ -897,7 +901,7 @@ class _RemoteChannel(_Channel):
 class _FrameWriter:
     """Coalesces small messages per loop iteration into one stream write."""
 
-    __slots__ = ("_loop", "_buf", "_stream", "_scheduled", "_big")
+    __slots__ = ("_loop", "_buf", "_stream", "_scheduled")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -1018,7 +1022,6 @@ class _ServerChannel:
             self.send([rpc.MAILBOX, actor, n])
 
     async def serve(self) -> None:
-        rt = self.runtime
         splitter = rpc.FrameSplitter(MAX_MESSAGE)
         try:
             while True:
@@ -1041,7 +1044,6 @@ class _ServerChannel:
             for inv in list(self.invocations.values()):  # the caller is gone: stop its work
                 inv.actor.cancel(inv)
             self.invocations.clear()
-            rt.servers.discard(self)
 
     def on_message(self, raw: Any) -> None:
         try:
@@ -1122,7 +1124,6 @@ class Runtime:
         self.allow = list(allow)
         self.actors: dict[str, LocalActor] = {}
         self.channels: dict[PeerId, _Channel] = {}
-        self.servers: set[_ServerChannel] = set()
         self._ids = itertools.count(1)
         self._posted: collections.deque[Callable[[], None]] = collections.deque()
         self._post_lock = threading.Lock()
@@ -1243,12 +1244,6 @@ class Runtime:
         if ch is None:
             ch = self.channels[peer] = _RemoteChannel(self, peer)
         return ch
-
-    def channel_for_threadsafe(self, peer: PeerId) -> _Channel:
-        """Peek at the channel to ``peer`` from another thread (never creates one)."""
-        if peer == self.peer_id:
-            return self.local
-        return self.channels.get(peer) or _NO_CHANNEL
 
     def _drop_channel(self, ch: _Channel, error: LatticaError) -> None:
         if self.channels.get(ch.peer) is ch:
@@ -1471,13 +1466,5 @@ class Runtime:
     # -- serving --------------------------------------------------------------------------------
 
     async def _serve(self, stream: Stream, conn: Connection) -> None:
-        server = _ServerChannel(self, stream, conn)
-        self.servers.add(server)
-        await server.serve()
+        await _ServerChannel(self, stream, conn).serve()
 
-
-class _NoChannel:
-    outboxes: dict[str, _Outbox] = {}
-
-
-_NO_CHANNEL: Any = _NoChannel()

@@ -5,6 +5,8 @@ actors, shut down (actors stopped) afterwards."""
 import os
 import sys
 
+import uuid
+
 import pytest
 
 SUPPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support")
@@ -26,3 +28,9 @@ def default_node():
         yield node
     finally:
         lattica.shutdown()
+
+
+@pytest.fixture
+def token():
+    """A fresh id per test, for keying records that sample actors share through module state."""
+    return uuid.uuid4().hex

@@ -11,7 +11,6 @@ import concurrent.futures
 import pickle
 import threading
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -34,6 +33,7 @@ from lattica.errors import (
     Timeout,
 )
 from lattica.runtime import STREAM_WINDOW
+from helpers import Where, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,38 +42,8 @@ ALLOW = ["sample_actors.*"]
 RPC = "/lattica/rpc/1"
 
 
-def wait_for(pred, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.005)
-    return pred()
 
 
-class Where:
-    """Where the actors under test live: ``node`` (the default node itself, or a peer of it)."""
-
-    def __init__(self, kind, me, node):
-        self.kind = kind
-        self.me = me
-        self.node = node
-
-    @property
-    def remote(self):
-        return self.kind == "remote"
-
-    def spawn(self, cls, *args, **opts):
-        return cls.options(node=self.node.peer_id, **opts).remote(*args)
-
-    def actor(self, ref):
-        """The runtime's record of a live actor (for bounds that have no public observable)."""
-        return self.node._host.runtime.actors.get(ref.name)
-
-
-@pytest.fixture
-def token():
-    return uuid.uuid4().hex
 
 
 @pytest.fixture

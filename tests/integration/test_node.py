@@ -18,18 +18,11 @@ from lattica.errors import (
     UnsupportedProtocol,
 )
 from lattica.transports.memory import MemoryNetwork
+from helpers import wait_for
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 QUIC = "/ip4/127.0.0.1/udp/0/quic-v1"
 
-
-def wait_for(pred, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return pred()
 
 
 @pytest.mark.parametrize("listen", [TCP, QUIC])

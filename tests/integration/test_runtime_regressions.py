@@ -11,7 +11,6 @@ The actor classes live in tests/support/review_actors.py (allow-list pattern ``r
 import gc
 import threading
 import time
-import uuid
 
 import pytest
 
@@ -27,6 +26,7 @@ from lattica.errors import (
     SpawnError,
     Timeout,
 )
+from helpers import Where, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,14 +37,6 @@ SPAWNER_METHODS = {"spawn": "async", "kill": "async", "lookup": "async", "names"
 
 # -- helpers -----------------------------------------------------------------------------------
 
-
-def wait_for(pred, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.005)
-    return pred()
 
 
 def bounded(fn, timeout=5.0, what="the call"):
@@ -102,25 +94,7 @@ def spawn_via_spawner(caller, peer_id, path, args, name):
     return caller.run(go(), timeout=6)
 
 
-class Where:
-    """Where the actors under test live: ``node`` is the caller's own node or a peer of it."""
 
-    def __init__(self, kind, me, node):
-        self.kind = kind
-        self.me = me
-        self.node = node
-
-    @property
-    def remote(self):
-        return self.kind == "remote"
-
-    def spawn(self, cls, *args, **opts):
-        return cls.options(node=self.node.peer_id, **opts).remote(*args)
-
-
-@pytest.fixture
-def token():
-    return uuid.uuid4().hex
 
 
 @pytest.fixture

@@ -1,0 +1,36 @@
+"""Helpers shared by the integration tests (importable: tests/support is on sys.path)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 5.0) -> Any:
+    """Poll ``pred`` until it is truthy or ``timeout`` passes; return its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.005)
+    return pred()
+
+
+class Where:
+    """Where the actors under test live: ``node`` is the caller's own node (``me``) or a peer."""
+
+    def __init__(self, kind: str, me: Any, node: Any) -> None:
+        self.kind = kind
+        self.me = me
+        self.node = node
+
+    @property
+    def remote(self) -> bool:
+        return self.kind == "remote"
+
+    def spawn(self, cls: Any, *args: Any, **opts: Any) -> Any:
+        return cls.options(node=self.node.peer_id, **opts).remote(*args)
+
+    def actor(self, ref: Any) -> Any:
+        """The runtime's record of a live actor (for bounds that have no public observable)."""
+        return self.node._host.runtime.actors.get(ref.name)

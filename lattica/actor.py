@@ -198,7 +198,7 @@ def _submit(h: MethodHandle, args: tuple, kwargs: dict, *, tell: bool, stream: _
     # Another thread: build and encode the call here (codec errors raise in this thread, tells
     # included), wait for a slot in this actor's gate (backpressure), then hand it to the loop.
     gate = rt.gate(h._ref)
-    gate.acquire(h._ref.window, h._block, h._ref.name)
+    gate.acquire(h._ref.window, h._block, h._ref.name, alive=lambda: not rt.host.closing)
     try:
         p = rt.prepare(h._ref, h._name, args, kwargs, timeout=h._timeout, tell=tell, stream=stream, encode=True)
     except BaseException:

@@ -39,6 +39,7 @@ from .errors import (
     LatticaError,
     MailboxFull,
     MethodNotFound,
+    NodeClosed,
     PeerUnreachable,
     ProtocolError,
     SpawnError,
@@ -663,11 +664,13 @@ class _Gate:
         self.cond = threading.Condition()
         self.count = 0
 
-    def acquire(self, window: int, block: bool, name: str) -> None:
+    def acquire(self, window: int, block: bool, name: str, alive: Callable[[], bool]) -> None:
         with self.cond:
             while self.count >= window:
                 if not block:
                     raise MailboxFull(f"{window} calls to {name!r} already wait to be sent")
+                if not alive():
+                    raise NodeClosed("the node stopped while this call waited for room")
                 self.cond.wait(0.5)
             self.count += 1
 

@@ -496,3 +496,36 @@ def test_future_exception_with_timeout_on_a_pending_future(node, token):
     assert time.monotonic() - t0 < 2.0
     assert not fut.done()
     fut.cancel()
+
+
+def test_thread_waiting_for_mailbox_room_is_released_when_the_node_stops():
+    """A plain thread blocked on a full window (the actor's only slot is held by a call that never
+    returns) is released with NodeClosed when the node stops, not left hanging: shutdown fails
+    the queued calls, which frees their slots, and the released caller finds the node closed."""
+    from lattica.errors import NodeClosed
+
+    lattica.init(allow=["review_actors.*"])
+    released = threading.Event()
+    outcome: list = []
+    try:
+        probe = ra.Probe.options(window=1).remote()
+        assert probe.aping.remote().result(5) == "pong"
+        probe.forever.remote("gate-" + str(time.monotonic()))  # holds the single slot
+
+        def caller():
+            try:
+                for _ in range(3):  # 1 queued at the loop, then this thread waits in the gate
+                    probe.aping.remote()
+                outcome.append("returned")
+            except NodeClosed:
+                outcome.append("NodeClosed")
+            except Exception as e:  # noqa: BLE001
+                outcome.append(type(e).__name__)
+            released.set()
+
+        threading.Thread(target=caller, daemon=True).start()
+        assert not released.wait(0.5), f"the caller was not held back: {outcome}"
+    finally:
+        lattica.shutdown()
+    assert released.wait(5), "the waiting thread was never released"
+    assert outcome == ["NodeClosed"], outcome

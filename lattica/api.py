@@ -18,7 +18,7 @@ from .multiaddr import Multiaddr
 from .node import Node
 from .runtime import ActorRef, spawner_ref
 
-__all__ = ["init", "shutdown", "kill", "get_actor", "node"]
+__all__ = ["init", "shutdown", "kill", "akill", "get_actor", "aget_actor", "node"]
 
 _default_node: Node | None = None
 _lock = threading.Lock()
@@ -68,8 +68,7 @@ atexit.register(shutdown)
 def kill(ref: ActorRef, timeout: float = 10.0) -> None:
     """Stop the actor: calls in flight fail with ActorDied, its ``on_stop`` hook runs."""
     rt = current_runtime()
-    fut: Future = _on_loop(rt, lambda: rt.call(spawner_ref(ref.peer_id), "kill", (ref.name,), {}, timeout=timeout))
-    fut.result(timeout + 1)
+    _spawner_call(rt, ref.peer_id, "kill", (ref.name,), timeout).result(timeout + 1)
 
 
 def get_actor(name: str, node: PeerId | str | None = None, timeout: float = 10.0) -> ActorRef:
@@ -81,5 +80,26 @@ def get_actor(name: str, node: PeerId | str | None = None, timeout: float = 10.0
         if actor is None:
             raise ActorNotFound(f"no actor named {name!r} on this node")
         return actor.ref
-    fut: Future = _on_loop(rt, lambda: rt.call(spawner_ref(peer), "lookup", (name,), {}, timeout=timeout))
-    return fut.result(timeout + 1)
+    return _spawner_call(rt, peer, "lookup", (name,), timeout).result(timeout + 1)
+
+
+def _spawner_call(rt: Any, peer: PeerId, method: str, args: tuple, timeout: float) -> Future:
+    return _on_loop(rt, lambda: rt.call(spawner_ref(peer), method, args, {}, timeout=timeout))
+
+
+async def akill(ref: ActorRef, timeout: float = 10.0) -> None:
+    """``kill`` for async code (e.g. inside an async actor method): awaits instead of blocking."""
+    rt = current_runtime()
+    await _spawner_call(rt, ref.peer_id, "kill", (ref.name,), timeout)
+
+
+async def aget_actor(name: str, node: PeerId | str | None = None, timeout: float = 10.0) -> ActorRef:
+    """``get_actor`` for async code: awaits instead of blocking."""
+    rt = current_runtime()
+    peer = PeerId.from_string(node) if isinstance(node, str) else (node or rt.peer_id)
+    if peer == rt.peer_id:
+        actor = rt.actors.get(name)
+        if actor is None:
+            raise ActorNotFound(f"no actor named {name!r} on this node")
+        return actor.ref
+    return await _spawner_call(rt, peer, "lookup", (name,), timeout)

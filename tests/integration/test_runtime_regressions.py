@@ -17,6 +17,7 @@ import pytest
 import lattica
 import review_actors as ra
 from lattica.errors import (
+    ActorNotFound,
     ActorDied,
     LatticaError,
     MethodNotFound,
@@ -529,3 +530,29 @@ def test_thread_waiting_for_mailbox_room_is_released_when_the_node_stops():
         lattica.shutdown()
     assert released.wait(5), "the waiting thread was never released"
     assert outcome == ["NodeClosed"], outcome
+
+
+def test_async_kill_and_get_actor_from_async_methods_and_other_loops(where):
+    """akill / aget_actor work on a node loop (inside an async actor method, where the blocking
+    forms would refuse) and from any other event loop."""
+    import asyncio
+
+    victim = where.spawn(ra.Probe, name="victim-" + str(time.monotonic_ns()))
+    assert victim.aping.remote().result(5) == "pong"
+    boss = ra.Manager.remote()  # on the caller's own node
+    found = boss.find.remote(victim.name, str(where.node.peer_id)).result(5)
+    assert found == victim and found.peer_id == where.node.peer_id
+    assert boss.stop.remote(found).result(5) == "killed"
+    with pytest.raises(ActorNotFound):
+        victim.aping.remote().result(5)
+
+    other = where.spawn(ra.Probe, name="other-" + str(time.monotonic_ns()))
+
+    async def from_another_loop():
+        ref = await lattica.aget_actor(other.name, node=where.node.peer_id)
+        await lattica.akill(ref)
+        return ref
+
+    assert asyncio.run(from_another_loop()) == other
+    with pytest.raises(ActorNotFound):
+        lattica.get_actor(other.name, node=where.node.peer_id)

@@ -210,3 +210,15 @@ class Plain:
 
     def ping(self) -> str:
         return "pong"
+
+
+@lattica.actor
+class Manager:
+    """Finds and kills other actors from inside async methods (on the node loop)."""
+
+    async def find(self, name: str, node: str | None = None) -> lattica.ActorRef:
+        return await lattica.aget_actor(name, node=node)
+
+    async def stop(self, ref: lattica.ActorRef) -> str:
+        await lattica.akill(ref)
+        return "killed"

@@ -295,8 +295,12 @@ class MuxedConnection(Connection):
 
     # -- bytes in ---------------------------------------------------------------------------
 
-    def data_received(self, data: bytes) -> None:
-        """Called by the byte pipe with ciphertext (or plaintext for in-memory pipes)."""
+    def data_received(self, data: bytes | memoryview) -> None:
+        """Called by the byte pipe with ciphertext (or plaintext ``bytes`` for in-memory pipes).
+
+        Ciphertext may be a view of the pipe's reusable receive buffer: it is decrypted (copied)
+        before this returns.
+        """
         if self._closed:
             return
         self._last_recv = self._loop.time()

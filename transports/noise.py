@@ -352,8 +352,11 @@ class NoiseSession:
             pos += 2 + clen
         return out
 
-    def open(self, data: bytes) -> bytearray | None:
-        """Consume received bytes; return the plaintext of every complete frame (or None)."""
+    def open(self, data: bytes | memoryview) -> bytearray | None:
+        """Consume received bytes; return the plaintext of every complete frame (or None).
+
+        ``data`` is never retained (a partial frame is copied), so it may be a reused buffer.
+        """
         buf = self._buf
         if buf:
             buf += data

@@ -3,8 +3,9 @@
 On virtual machines (and laptops in power-saving states) a CPU that goes idle takes tens of
 microseconds to wake, and every network round trip pays that twice. Polling the sockets for a short
 window before blocking keeps the loop awake across a request/response exchange, as low-latency
-runtimes and the kernel's own haltpoll do. The window adapts: it doubles when polling caught an
-event and halves when it expired in vain, so an idle node spends almost nothing on it.
+runtimes and the kernel's own haltpoll do. The window adapts: it doubles when an event came within
+the longest window (polling caught it, or would have with a longer window) and halves when the
+loop waited longer than that, so an idle node spends almost nothing on it.
 """
 
 from __future__ import annotations
@@ -42,10 +43,16 @@ class BusyPollSelector(_BASE):  # type: ignore[misc, valid-type]
                 return events
             if clock() >= end:
                 break
-        self._spin = max(self._min, self._spin / 2)
         if timeout is not None:
             timeout = max(0.0, timeout - (clock() - start))
-        return poll(timeout)
+        events = poll(timeout)
+        # Grow again if the longest window would have caught this event: otherwise a round trip a
+        # little longer than the current window shrinks it to the minimum and it never recovers.
+        if events and clock() - start <= self._max:
+            self._spin = min(self._max, self._spin * 2)
+        else:
+            self._spin = max(self._min, self._spin / 2)
+        return events
 
 
 def new_loop(busy_poll_us: float, use_uvloop: bool | None) -> asyncio.AbstractEventLoop:

@@ -50,7 +50,8 @@ def _bench(args: argparse.Namespace) -> None:
             for kind in kinds:
                 for payload in args.payload or [128, 262144]:
                     for conc in args.concurrency or [1000, 1]:
-                        _print(bench_rpc(payload, conc, args.duration, t, kind), args.json)
+                        for bp in polls:
+                            _print(bench_rpc(payload, conc, args.duration, t, kind, busy_poll_us=bp), args.json)
 
 
 def _node(args: argparse.Namespace) -> None:

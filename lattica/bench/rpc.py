@@ -12,6 +12,7 @@ import os
 import time
 from typing import Any
 
+from .._loop import DEFAULT_BUSY_POLL_US
 from ..actor import actor
 from ..node import Node
 from .server import ServerProcess
@@ -37,10 +38,12 @@ def bench_rpc(
     transport: str = "tcp",
     kind: str = "async",
     warmup: float = 1.0,
+    busy_poll_us: float = DEFAULT_BUSY_POLL_US,
 ) -> dict[str, Any]:
     cls = AsyncEcho if kind == "async" else SyncEcho
     data = os.urandom(payload)
-    with ServerProcess([LOOPBACK[transport]]) as srv, Node([]) as node:
+    poll = ["--busy-poll-us", str(busy_poll_us)]
+    with ServerProcess([LOOPBACK[transport]], *poll) as srv, Node([], busy_poll_us=busy_poll_us) as node:
         info = node.connect(srv.addr(transport))
         ref = _spawn_on(node, cls, info.peer_id)
 
@@ -83,6 +86,7 @@ def bench_rpc(
         "actor": kind,
         "payload": payload,
         "concurrency": concurrency,
+        "busy_poll_us": busy_poll_us,
         "seconds": round(elapsed, 2),
         "calls": done,
         "qps": round(done / elapsed),

@@ -4,6 +4,7 @@ import asyncio
 import socket
 import subprocess
 import sys
+import threading
 
 from lattica._loop import BusyPollSelector, new_loop
 
@@ -19,6 +20,33 @@ def test_busy_poll_window_shrinks_when_idle_and_grows_on_traffic():
     events = sel.select(1.0)
     assert [key.fileobj for key, _ in events] == [a]
     assert sel._spin == 2 * sel._min  # polling caught it: the window grows again
+    sel.close()
+    a.close()
+    b.close()
+
+
+def test_busy_poll_window_recovers_when_a_longer_window_would_have_caught_the_event():
+    # Wide windows (max 400 ms, min 50 ms) so thread scheduling jitter cannot flip the outcome.
+    sel = BusyPollSelector(0.4)
+    a, b = socket.socketpair()
+    sel.register(a, 1)
+    for _ in range(4):
+        sel.select(0.0001)
+    assert sel._spin == sel._min
+
+    def send_after(delay: float) -> threading.Timer:
+        t = threading.Timer(delay, b.send, (b"x",))
+        t.start()
+        return t
+
+    t = send_after(0.15)  # missed by the 50 ms spin, but within the 400 ms maximum
+    assert sel.select(5.0) and a.recv(8) == b"x"
+    t.join()
+    assert sel._spin == 2 * sel._min  # grows: this round trip needs a longer window, not a shorter one
+    t = send_after(0.8)  # slower than the maximum window: polling for it would be wasted
+    assert sel.select(5.0) and a.recv(8) == b"x"
+    t.join()
+    assert sel._spin == sel._min
     sel.close()
     a.close()
     b.close()

@@ -38,7 +38,8 @@ class Spawner:
         if not (isinstance(window, int) and 0 < window <= _MAX_WINDOW):
             raise SpawnError(f"window must be 1..{_MAX_WINDOW}")
         # Registered before the first await: calls that follow this one on the channel find it.
-        actor = self._rt.create(cls, args, kwargs, name, max_concurrency=max_concurrency, window=window)
+        publish = options.get("publish", False) is True
+        actor = self._rt.create(cls, args, kwargs, name, max_concurrency=max_concurrency, window=window, publish=publish)
         failure = await asyncio.shield(actor.ready)
         if failure is not None:
             type_name, message, tb = failure

@@ -8,10 +8,10 @@ from .identify import PeerInfo
 from .identity import KeyPair, PeerId
 from .multiaddr import Multiaddr
 from .node import Node
-from .runtime import ActorRef
+from .runtime import ActorRef, current_caller
 
 __version__ = "0.1.0"
 __all__ = [
-    "ActorRef", "Future", "KeyPair", "Multiaddr", "Node", "PeerId", "PeerInfo", "actor", "aget_actor", "akill", "errors",
+    "ActorRef", "Future", "KeyPair", "Multiaddr", "Node", "PeerId", "PeerInfo", "actor", "aget_actor", "current_caller", "akill", "errors",
     "get", "get_actor", "init", "kill", "node", "shutdown", "wait", "__version__",
 ]

@@ -105,7 +105,7 @@ class ActorClass:
         name = name or f"{self.cls.__name__}-{os.urandom(5).hex()}"
         ref = ActorRef(target, name, self._methods, window)
         spawner = spawner_ref(target)
-        opts = {"max_concurrency": max_conc, "window": window}
+        opts = {"max_concurrency": max_conc, "window": window, "publish": self._options.get("name") is not None}
         call = (_class_path(self.cls), list(args), kwargs or None, name, opts)
         ref._spawn = _on_loop(rt, lambda: rt.call(spawner, "spawn", call, {}, timeout=None))
         return ref
@@ -118,7 +118,7 @@ class ActorClass:
 
 
 def _spawn_local(rt: Runtime, cls: type, args: list, kwargs: dict, name: str | None, max_conc: int, window: int) -> ActorRef:
-    actor = rt.create(cls, args, kwargs or None, name, max_concurrency=max_conc, window=window)
+    actor = rt.create(cls, args, kwargs or None, name, max_concurrency=max_conc, window=window, publish=name is not None)
     ref = ActorRef(rt.peer_id, actor.name, actor.methods, window)
     spawn = rt.loop.create_future()
 

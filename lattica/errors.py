@@ -150,6 +150,25 @@ class RemoteError(ActorError):
         return base
 
 
+# -- the DHT -----------------------------------------------------------------------------------
+
+
+class DhtError(LatticaError):
+    """Base class of DHT errors."""
+
+
+class RecordRejected(DhtError):
+    """A node refused to store a record: too large, expired, badly signed, over quota or rate."""
+
+
+class StoreFailed(DhtError):
+    """No replica accepted a put (the message lists why each refused or failed)."""
+
+
+class PeerNotFound(DhtError):
+    """No address of the peer could be found in the DHT."""
+
+
 _REMOTE_SUBCLASSES: dict[str, type[RemoteError]] = {}
 
 

@@ -86,6 +86,7 @@ class _Host:
         self.closing = False
         self.thread_id = threading.get_ident()
         self.runtime: Runtime | None = None
+        self.identify_listeners: list[Callable[[PeerInfo], None]] = []  # told of every identified peer
         self.handlers[identify.PROTOCOL] = self._on_identify
         self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s)
 
@@ -386,6 +387,8 @@ class _Host:
         info = PeerInfo(conn.remote_peer, conn.transport, conn.direction, conn.remote_addr, **fields)
         self.info[conn] = info
         self.remember_addrs(conn.remote_peer, info.listen_addrs)
+        for listener in self.identify_listeners:
+            listener(info)
         fut = self.identified.get(conn)
         if fut is not None and not fut.done():
             fut.set_result(info)
@@ -460,6 +463,8 @@ class Node:
         transport_options: dict[str, dict[str, Any]] | None = None,
         memory_network: Any = None,
         allow: Iterable[str] = (),
+        dht_path: str | os.PathLike[str] | None = None,
+        dht: Any = None,
     ) -> None:
         if keypair is not None and key_path is not None:
             raise ValueError("give key_path or keypair, not both")
@@ -476,6 +481,11 @@ class Node:
         self._memory_network = memory_network
         self._lazy_quic = True
         self.allow = list(allow)  # class-path patterns peers may spawn here (fnmatch)
+        from .actors.dht import DhtConfig
+
+        self.dht_config: DhtConfig = dht or DhtConfig()
+        if dht_path is not None:
+            self.dht_config.persist_path = os.fspath(dht_path)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._host: _Host | None = None

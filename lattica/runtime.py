@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import fnmatch
 import importlib
 import inspect
@@ -70,6 +71,15 @@ _BY_THREAD: dict[int, Runtime] = {}
 
 def runtime_for_thread() -> Runtime | None:
     return _BY_THREAD.get(threading.get_ident())
+
+
+_CALLER: contextvars.ContextVar[PeerId | None] = contextvars.ContextVar("lattica_caller", default=None)
+
+
+def current_caller() -> PeerId | None:
+    """The PeerId of the node whose call this actor method is serving (authenticated by the
+    connection; this node's own id for local calls), or None outside an actor method."""
+    return _CALLER.get()
 
 
 LIFECYCLE_HOOKS = frozenset({"on_stop"})  # called by the runtime, never by peers
@@ -198,9 +208,10 @@ class _Sink:
 
 
 class _Invocation:
-    __slots__ = ("actor", "method", "args", "kwargs", "deadline", "sink", "task", "replied", "streaming", "credit", "credit_waiter", "arg_streams", "timer", "done")
+    __slots__ = ("actor", "method", "args", "kwargs", "deadline", "sink", "task", "replied", "streaming", "credit", "credit_waiter", "arg_streams", "timer", "done", "caller")
 
-    def __init__(self, actor: LocalActor, method: str, args: list, kwargs: dict | None, deadline: float | None, sink: _Sink, streaming: bool = False) -> None:
+    def __init__(self, actor: LocalActor, method: str, args: list, kwargs: dict | None, deadline: float | None, sink: _Sink, streaming: bool = False, caller: PeerId | None = None) -> None:
+        self.caller = caller  # the authenticated node the call came from
         self.actor = actor
         self.method = method
         self.args = args
@@ -304,6 +315,7 @@ class LocalActor:
         self.ready: asyncio.Future = runtime.loop.create_future()
         self.ref = ActorRef(runtime.peer_id, name, methods, window)
         self.system = False  # built by the runtime (spawner, ...): cannot be killed by peers
+        self.published = False  # named by the user: registered mesh-wide in the DHT while it lives
 
     @property
     def needs_thread(self) -> bool:
@@ -351,6 +363,8 @@ class LocalActor:
         self.instance = instance
         self.bound = {m: getattr(instance, m) for m in self.methods}
         self.state = "running"
+        if self.published:
+            self.runtime.dht.register_name(self.name, self.ref)
         self.ready.set_result(None)
         waiting, self.waiting = self.waiting, collections.deque()
         for inv in waiting:
@@ -413,6 +427,13 @@ class LocalActor:
 
     def _start_async(self, inv: _Invocation, kind: str) -> None:
         self.running_async += 1
+        token = _CALLER.set(inv.caller)  # the task below copies the context, so it keeps this value
+        try:
+            self._start_task(inv, kind)
+        finally:
+            _CALLER.reset(token)
+
+    def _start_task(self, inv: _Invocation, kind: str) -> None:
         try:
             if kind == AGEN:
                 coro = self._drive_agen(inv)
@@ -499,6 +520,7 @@ class LocalActor:
         if inv.deadline is not None and self.runtime.loop.time() > inv.deadline:
             post(lambda: self._sync_done(inv, rpc.E_TIMEOUT))
             return
+        token = _CALLER.set(inv.caller)
         try:
             result = self.bound[inv.method](*inv.args, **(inv.kwargs or {}))
             if kind == GEN:
@@ -519,6 +541,8 @@ class LocalActor:
             parts = _error_parts(e)
             post(lambda: self._sync_done(inv, rpc.E_REMOTE, parts=parts))
             return
+        finally:
+            _CALLER.reset(token)
         post(lambda: self._sync_done(inv, None, value=result))
 
     def _deliver_item(self, inv: _Invocation, item: Any) -> None:
@@ -566,6 +590,8 @@ class LocalActor:
         was_running = self.state == "running"
         self.state = "stopped"
         self.runtime._forget(self)
+        if self.published and was_running:
+            self.runtime.dht.unregister_name(self.name)
         if not self.ready.done():
             self.ready.set_result(("ActorDied", reason, ""))
         for inv in list(self.live) + list(self.waiting):
@@ -804,7 +830,7 @@ class _LocalChannel(_Channel):
             sink.err(rpc.E_NOT_FOUND, "ActorNotFound", f"no actor named {actor_name!r} on this node")
             return
         deadline = rt.loop.time() + timeout if timeout is not None else None
-        inv = _Invocation(actor, method, args, kwargs, deadline, sink, streaming=bool(flags & rpc.F_STREAM))
+        inv = _Invocation(actor, method, args, kwargs, deadline, sink, streaming=bool(flags & rpc.F_STREAM), caller=rt.peer_id)
         if p.stream is not None:
             p.stream._bind(lambda n: actor.grant(inv, n), lambda: actor.cancel(inv))
         if flags & rpc.F_ARGSTREAM:
@@ -1100,7 +1126,7 @@ class _ServerChannel:
         rt.in_flight[key] = used + 1
         sink = _ServerSink(self, cid, actor_name, tell)
         deadline = rt.loop.time() + timeout if timeout is not None else None
-        inv = _Invocation(actor, method, args, kwargs, deadline, sink, streaming=bool(flags & rpc.F_STREAM))
+        inv = _Invocation(actor, method, args, kwargs, deadline, sink, streaming=bool(flags & rpc.F_STREAM), caller=self.peer)
         if not tell:
             self.invocations[cid] = inv
         if flags & rpc.F_ARGSTREAM:
@@ -1136,9 +1162,12 @@ class Runtime:
         self.in_flight: dict[tuple[PeerId, str], int] = {}  # calls from a peer to an actor, in progress
         _BY_THREAD[threading.get_ident()] = self
         host.handlers[rpc.PROTOCOL] = self._serve
+        from .actors.dht import DhtActor, DhtService
         from .actors.spawner import Spawner
 
         self.create(Spawner, [], None, Spawner.NAME, instance=Spawner(self))
+        self.dht = DhtService(self, host.node.dht_config)
+        self.create(DhtActor, [], None, DhtActor.NAME, instance=DhtActor(self.dht))
         host.spawn(self._close_idle_channels())
 
     async def _close_idle_channels(self) -> None:
@@ -1182,7 +1211,8 @@ class Runtime:
 
     # -- actors ---------------------------------------------------------------------------------
 
-    def create(self, cls: type, args: list, kwargs: dict | None, name: str | None, *, max_concurrency: int = DEFAULT_MAX_CONCURRENCY, window: int = DEFAULT_WINDOW, instance: Any = None) -> LocalActor:
+    def create(self, cls: type, args: list, kwargs: dict | None, name: str | None, *, max_concurrency: int = DEFAULT_MAX_CONCURRENCY, window: int = DEFAULT_WINDOW, instance: Any = None, publish: bool = False) -> LocalActor:
+        """Make an actor here; ``publish``: register its name mesh-wide in the DHT while it lives."""
         name = name or f"{cls.__name__}-{next(self._ids):x}-{id(cls) & 0xFFFF:04x}"
         if not name or len(name) > rpc.MAX_NAME:
             raise ValueError("actor names are 1 to 256 characters")
@@ -1191,6 +1221,7 @@ class Runtime:
         if len(self.actors) >= MAX_ACTORS:
             raise SpawnError(f"{self.peer_id} already runs {MAX_ACTORS} actors")
         actor = LocalActor(self, name, cls, method_table(cls), max_concurrency, window)
+        actor.published = publish and instance is None
         self.actors[name] = actor
         actor.start(args, kwargs, instance)
         return actor
@@ -1234,6 +1265,7 @@ class Runtime:
     async def stop(self) -> None:
         for actor in list(self.actors.values()):
             await actor.stop("node shutting down")
+        self.dht.close()
         for ch in list(self.channels.values()):
             ch.fail_all(PeerUnreachable("this node is shutting down"))
         _BY_THREAD.pop(threading.get_ident(), None)

@@ -1,0 +1,649 @@
+"""The ``dht`` system actor: a Kademlia node over authenticated actor calls.
+
+Two parts. :class:`DhtActor` is what peers may call (find_node, find_value, store, providers,
+peer records, ping); it is a thin shell over :class:`DhtService`, which holds the routing table and
+the record store and runs the client side: iterative lookups, put/get with replication and
+caching, providers, peer records, bucket refresh, republishing, named-actor registrations and
+persistence. Local code reaches the service as ``runtime.dht``; peers can never make this node run
+a lookup or a put on their behalf.
+
+A node id is ``sha256(PeerId bytes)`` and a peer enters the routing table only after it answered
+one of our requests, or called us on an authenticated connection while having listen addresses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from .. import codec
+from .._log import get_logger
+from ..errors import (
+    ActorNotFound,
+    DhtError,
+    LatticaError,
+    PeerNotFound,
+    RecordRejected,
+    StoreFailed,
+)
+from ..identity import PeerId
+from ..kademlia import ALPHA, K, Lookup, RoutingTable, key_id, node_id
+from ..multiaddr import Multiaddr
+from ..records import (
+    TOMBSTONE,
+    Entry,
+    PeerRecord,
+    RecordStore,
+    StoreLimits,
+    check_entry,
+    encode_subkey,
+    entry_from_wire,
+    entry_to_wire,
+    sign_entry,
+)
+from ..runtime import ASYNC, ActorRef
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
+
+log = get_logger("lattica.dht")
+
+__all__ = ["DhtConfig", "DhtActor", "DhtService", "dht_ref", "NAME_PREFIX"]
+
+NAME_PREFIX = "lattica/actor/"  # named actors: key NAME_PREFIX + name, subkey = hosting PeerId
+_RPC_METHODS = ("ping", "find_node", "find_value", "store", "add_provider", "get_providers", "put_peer_record", "get_peer_record")
+_MAX_PEERS_IN_ANSWER = 2 * K
+_MAX_ADDRS_IN_ANSWER = 8
+
+
+def dht_ref(peer: PeerId) -> ActorRef:
+    """The ref of ``peer``'s DHT actor (its method table is fixed by the protocol)."""
+    return ActorRef(peer, "dht", {m: ASYNC for m in _RPC_METHODS})
+
+
+@dataclass
+class DhtConfig:
+    """Tuning of one node's DHT. Times are seconds."""
+
+    k: int = K
+    alpha: int = ALPHA
+    replication: int = K  # replicas a put stores to (the k closest)
+    request_timeout: float = 3.0
+    refresh_interval: float = 600.0  # buckets with no lookup for this long are refreshed
+    republish_interval: float = 300.0  # the owner re-stores its records, providers, peer record
+    name_ttl: float = 60.0  # named-actor registrations; refreshed every name_ttl / 3
+    cache_on_get: bool = True  # store a found record at the closest peer that lacked it
+    persist_path: str | None = None  # file-backed store (``dht_path=``)
+    persist_interval: float = 5.0
+    limits: StoreLimits = field(default_factory=StoreLimits)
+
+
+class _Garbage(Exception):
+    """A peer's answer does not follow the protocol."""
+
+
+@dataclass
+class LookupStats:
+    kind: str
+    rounds: int
+    queried: int
+    found_round: int = 0  # get / find_providers: the round in which the first holder answered
+
+
+class DhtService:
+    """One node's DHT: routing table, record store, lookups and the background upkeep."""
+
+    def __init__(self, runtime: Runtime, config: DhtConfig | None = None) -> None:
+        self.rt = runtime
+        self.host = runtime.host
+        self.cfg = config or DhtConfig()
+        self.peer_id = runtime.peer_id
+        self.keypair = runtime.host.keypair
+        self.table = RoutingTable(self.peer_id, self.cfg.k)
+        self.store = RecordStore(self.cfg.limits, local=self.peer_id)
+        self.stats: collections.deque[LookupStats] = collections.deque(maxlen=10_000)
+        self.misbehaved: collections.OrderedDict[PeerId, list[str]] = collections.OrderedDict()
+        self.rejected = 0  # stores we refused
+        self._mine: dict[tuple[bytes, bytes], tuple[Entry, float]] = {}  # our puts: (key, subkey) -> (entry, ttl)
+        self._provided: dict[bytes, float] = {}  # content ids we provide -> ttl
+        self._names: dict[str, ActorRef] = {}  # actors of ours registered by name
+        self._pinging: set[PeerId] = set()
+        self._saved_version = -1
+        if self.cfg.persist_path and os.path.exists(self.cfg.persist_path):
+            try:
+                with open(self.cfg.persist_path, "rb") as f:
+                    kept = self.store.load(f.read())
+                log.info("DHT store loaded", path=self.cfg.persist_path, records=kept)
+            except (OSError, ValueError) as e:
+                log.warning("DHT store file unreadable; starting empty", path=self.cfg.persist_path, reason=str(e))
+            self._saved_version = self.store.version
+        self.host.identify_listeners.append(self._on_identified)
+        self.host.spawn(self._upkeep())
+
+    # -- routing table upkeep ---------------------------------------------------------------------
+
+    def _on_identified(self, info: Any) -> None:
+        if info.listen_addrs and "/lattica/rpc/1" in info.protocols:
+            self._seen(info.peer_id)
+
+    def _seen(self, peer: PeerId) -> None:
+        oldest = self.table.seen(peer)
+        if oldest is not None and oldest not in self._pinging:
+            self._pinging.add(oldest)
+            self.host.spawn(self._check_oldest(oldest))
+
+    async def _check_oldest(self, peer: PeerId) -> None:
+        try:
+            await self._call(peer, "ping")
+            alive = True
+        except (LatticaError, _Garbage):
+            alive = False
+        finally:
+            self._pinging.discard(peer)
+        self.table.ping_result(peer, alive)
+
+    def _misbehaved(self, peer: PeerId, reason: str) -> None:
+        log.info("DHT peer misbehaved", peer=str(peer), reason=reason)
+        self.table.remove(peer)
+        reasons = self.misbehaved.pop(peer, [])
+        reasons = (reasons + [reason])[-8:]
+        self.misbehaved[peer] = reasons
+        while len(self.misbehaved) > 1024:
+            self.misbehaved.popitem(last=False)
+
+    def _caller_seen(self) -> PeerId:
+        from ..runtime import current_caller
+
+        caller = current_caller()
+        assert caller is not None
+        if caller != self.peer_id and self.host.peer_addrs.get(caller):
+            self._seen(caller)
+        return caller
+
+    # -- wire helpers ------------------------------------------------------------------------
+
+    def _peers_wire(self, peers: list[PeerId]) -> list:
+        out = []
+        for p in peers:
+            addrs = self.host.peer_addrs.get(p, [])[:_MAX_ADDRS_IN_ANSWER]
+            if addrs:
+                out.append([p, addrs])
+        return out
+
+    def _parse_peers(self, obj: Any) -> list[PeerId]:
+        """Closer peers from an answer: [[PeerId, [Multiaddr, ...]], ...]; addresses remembered."""
+        if type(obj) is not list or len(obj) > _MAX_PEERS_IN_ANSWER:
+            raise _Garbage("closer peers must be a list of at most 2k entries")
+        out = []
+        for item in obj:
+            if type(item) is not list or len(item) != 2 or not isinstance(item[0], PeerId) or type(item[1]) is not list:
+                raise _Garbage("a closer peer is [PeerId, [Multiaddr, ...]]")
+            peer, addrs = item
+            if len(addrs) > _MAX_ADDRS_IN_ANSWER or not all(isinstance(a, Multiaddr) for a in addrs):
+                raise _Garbage("closer peer addresses must be a short list of multiaddrs")
+            if peer != self.peer_id and addrs:
+                self.host.remember_addrs(peer, addrs)
+                out.append(peer)
+        return out
+
+    async def _call(self, peer: PeerId, method: str, *args: Any) -> Any:
+        return await self.rt.call(dht_ref(peer), method, args, {}, timeout=self.cfg.request_timeout)  # type: ignore[misc]
+
+    # -- the lookup driver -----------------------------------------------------------------------
+
+    def _new_lookup(self, target: int) -> Lookup:
+        return Lookup(target, self.table.closest(target, self.cfg.k), self.peer_id, self.cfg.k, self.cfg.alpha)
+
+    async def find_closest(self, target: int) -> Lookup:
+        async def ask(peer: PeerId) -> list[PeerId]:
+            return self._parse_peers(await self._call(peer, "find_node", target.to_bytes(32, "big")))
+
+        return await self._run(self._new_lookup(target), ask)
+
+    def _targets(self, lk: Lookup, target: int, n: int) -> tuple[list[PeerId], bool]:
+        """The n closest peers a lookup found, and whether we ourselves belong among them."""
+        closest = lk.closest(n)
+        mine = node_id(self.peer_id) ^ target
+        include_self = len(closest) < n or mine < node_id(closest[-1]) ^ target
+        if include_self and len(closest) >= n:
+            closest = closest[: n - 1]
+        return closest, include_self
+
+    # -- values ------------------------------------------------------------------------------
+
+    async def put(self, key: bytes, value: bytes, subkey: Any = None, ttl: float = 60.0, republish: bool = True) -> int:
+        """Sign (when owned) and store a record on the k closest nodes; returns how many accepted.
+        Raises StoreFailed when none did."""
+        sk = encode_subkey(subkey)
+        value = bytes(value)
+        if not 0 < ttl <= self.cfg.limits.max_ttl:
+            raise ValueError(f"ttl must be in (0, {self.cfg.limits.max_ttl:.0f}] seconds")
+        entry = sign_entry(self.keypair, key, sk, value, time.time() + ttl)
+        accepted = await self._replicate(key, sk, entry)
+        if republish:
+            self._mine[(key, sk)] = (entry, ttl)
+        return accepted
+
+    async def _replicate(self, key: bytes, sk: bytes, entry: Entry) -> int:
+        kid = key_id(key)
+        lk = await self.find_closest(kid)
+        self.stats.append(LookupStats("put", lk.rounds, lk.queried))
+        targets, include_self = self._targets(lk, kid, self.cfg.replication)
+        reasons: list[str] = []
+        accepted = 0
+        if include_self:
+            try:
+                self.store.put(key, sk, entry, self.peer_id)
+                accepted += 1
+            except RecordRejected as e:
+                reasons.append(f"{self.peer_id.short()}: {e}")
+        wire = entry_to_wire(sk, entry)
+        results = await asyncio.gather(*(self._call(p, "store", key, wire) for p in targets), return_exceptions=True)
+        for p, r in zip(targets, results):
+            if isinstance(r, BaseException):
+                reasons.append(f"{p.short()}: {r}")
+            else:
+                accepted += 1
+        if accepted == 0:
+            raise StoreFailed(f"no node accepted the record for {key[:64]!r}: " + ("; ".join(reasons) or "no peers known"))
+        return accepted
+
+    async def get(self, key: bytes, quorum: int | None = None) -> dict[bytes, Entry]:
+        """All live records of ``key`` (tombstones included), merged from the k closest nodes.
+        ``quorum``: stop once that many nodes returned records."""
+        kid = key_id(key)
+        merged: dict[bytes, Entry] = {}
+        holders: set[PeerId] = set()
+        held = self.store.get(kid)
+        if held is not None:
+            merged.update(held[1])
+        lim = self.cfg.limits
+        found_round = [0]
+        lk = self._new_lookup(kid)
+
+        async def ask(peer: PeerId) -> list[PeerId]:
+            answer = await self._call(peer, "find_value", kid.to_bytes(32, "big"))
+            if type(answer) is not list or len(answer) != 2 or type(answer[0]) is not list:
+                raise _Garbage("find_value answers [records, closer peers]")
+            if len(answer[0]) > lim.max_subkeys:
+                raise _Garbage("find_value returned more records than a key may hold")
+            now = time.time()
+            got = False
+            for raw in answer[0]:
+                try:
+                    sk, e = entry_from_wire(raw)
+                    e = check_entry(key, sk, e, now, lim)
+                except RecordRejected as err:
+                    raise _Garbage(f"find_value returned a bad record: {err}") from None
+                got = True
+                old = merged.get(sk)
+                if old is None or e.wins_over(old):
+                    merged[sk] = e
+            if got:
+                holders.add(peer)
+                if not found_round[0]:
+                    found_round[0] = lk.round_of(peer)
+            return self._parse_peers(answer[1])
+
+        stop = (lambda: len(holders) >= quorum) if quorum else None
+        await self._run(lk, ask, stop)
+        self.stats.append(LookupStats("get", lk.rounds, lk.queried, found_round[0]))
+        if merged and self.cfg.cache_on_get:
+            for p in lk.closest():
+                if p not in holders:
+                    self.host.spawn(self._cache(p, key, merged))
+                    break
+        return merged
+
+    async def _run(self, lk: Lookup, ask: Callable[[PeerId], Awaitable[list[PeerId]]], stop: Callable[[], bool] | None = None) -> Lookup:
+        """Drive ``lk``: ``ask(peer)`` queries one peer and returns the closer peers it named.
+        Stops when the lookup converged or ``stop()`` says enough was found. Peers that fail
+        leave the routing table; peers that answer garbage are also recorded as misbehaving."""
+        self.table.touch(lk.target)
+        tasks: dict[asyncio.Task, PeerId] = {}
+        loop = self.rt.loop
+
+        async def one(peer: PeerId) -> list[PeerId] | None:
+            try:
+                closer = await ask(peer)
+            except _Garbage as e:
+                self._misbehaved(peer, str(e))
+                raise
+            except (LatticaError, asyncio.TimeoutError) as e:
+                if not isinstance(e, RecordRejected):
+                    self.table.remove(peer)
+                raise
+            self._seen(peer)
+            return closer
+
+        try:
+            while not lk.done and not (stop is not None and stop()):
+                for p in lk.next():
+                    tasks[loop.create_task(one(p))] = p
+                if not tasks:
+                    break
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    p = tasks.pop(t)
+                    if t.cancelled() or t.exception() is not None:
+                        lk.failed(p)
+                    else:
+                        lk.answered(p, t.result() or [])
+        finally:
+            for t in tasks:
+                t.cancel()
+        return lk
+
+    async def _cache(self, peer: PeerId, key: bytes, records: dict[bytes, Entry]) -> None:
+        for sk, e in records.items():
+            try:
+                await self._call(peer, "store", key, entry_to_wire(sk, e))
+            except LatticaError:
+                return
+
+    # -- providers ---------------------------------------------------------------------------
+
+    async def provide(self, cid: bytes, ttl: float = 3600.0, republish: bool = True) -> int:
+        """Announce that this node provides ``cid`` to the k closest nodes; returns how many
+        accepted (StoreFailed when none)."""
+        kid = key_id(cid)
+        lk = await self.find_closest(kid)
+        targets, include_self = self._targets(lk, kid, self.cfg.replication)
+        accepted = 0
+        reasons = []
+        if include_self:
+            self.store.add_provider(cid, self.peer_id, ttl)
+            accepted += 1
+        results = await asyncio.gather(*(self._call(p, "add_provider", cid, float(ttl)) for p in targets), return_exceptions=True)
+        for p, r in zip(targets, results):
+            if isinstance(r, BaseException):
+                reasons.append(f"{p.short()}: {r}")
+            else:
+                accepted += 1
+        if republish:
+            self._provided[cid] = ttl
+        if accepted == 0:
+            raise StoreFailed(f"no node accepted the provider record: {'; '.join(reasons) or 'no peers known'}")
+        return accepted
+
+    async def find_providers(self, cid: bytes, count: int = 20) -> list[PeerId]:
+        """Up to ``count`` peers that provide ``cid`` (their addresses are remembered for dialing)."""
+        kid = key_id(cid)
+        found: dict[PeerId, None] = {p: None for p, _ in self.store.providers(cid)}
+
+        async def ask(peer: PeerId) -> list[PeerId]:
+            answer = await self._call(peer, "get_providers", cid)
+            if type(answer) is not list or len(answer) != 2:
+                raise _Garbage("get_providers answers [providers, closer peers]")
+            for p in self._parse_peers(answer[0]):
+                found[p] = None
+            return self._parse_peers(answer[1])
+
+        lk = await self._run(self._new_lookup(kid), ask, lambda: len(found) >= count)
+        self.stats.append(LookupStats("providers", lk.rounds, lk.queried))
+        return list(found)[:count]
+
+    # -- peer records ------------------------------------------------------------------------
+
+    async def publish_peer_record(self) -> int:
+        rec = PeerRecord.create(self.keypair, list(self.host.listen_addrs))
+        target = node_id(self.peer_id)
+        lk = await self.find_closest(target)
+        targets, _ = self._targets(lk, target, self.cfg.replication)
+        self.store.put_peer_record(rec)
+        results = await asyncio.gather(*(self._call(p, "put_peer_record", rec.to_wire()) for p in targets), return_exceptions=True)
+        return 1 + sum(not isinstance(r, BaseException) for r in results)
+
+    async def find_peer(self, peer: PeerId) -> list[Multiaddr]:
+        """Addresses of ``peer``: from a live connection, else its signed peer record in the DHT."""
+        conn = self.host.conns.get(peer)
+        if conn is not None and not conn.is_closed and self.host.peer_addrs.get(peer):
+            return list(self.host.peer_addrs[peer])
+        best: list[PeerRecord | None] = [self.store.peer_record(peer)]
+        target = node_id(peer)
+
+        async def ask(p: PeerId) -> list[PeerId]:
+            answer = await self._call(p, "get_peer_record", peer)
+            if type(answer) is not list or len(answer) != 2:
+                raise _Garbage("get_peer_record answers [record or None, closer peers]")
+            if answer[0] is not None:
+                try:
+                    rec = PeerRecord.from_wire(answer[0], self.cfg.limits)
+                except RecordRejected as e:
+                    raise _Garbage(f"forged or malformed peer record: {e}") from None
+                if rec.peer != peer:
+                    raise _Garbage("answered with the peer record of another peer")
+                if best[0] is None or rec.seq > best[0].seq:
+                    best[0] = rec
+            return self._parse_peers(answer[1])
+
+        lk = await self._run(self._new_lookup(target), ask, lambda: best[0] is not None)
+        self.stats.append(LookupStats("peer", lk.rounds, lk.queried))
+        if best[0] is not None:
+            self.host.remember_addrs(peer, best[0].addrs)
+            return list(best[0].addrs)
+        if self.host.peer_addrs.get(peer):
+            return list(self.host.peer_addrs[peer])
+        raise PeerNotFound(f"no address of {peer} is known or published in the DHT")
+
+    # -- bootstrap and upkeep ----------------------------------------------------------------
+
+    async def bootstrap(self) -> int:
+        """Look ourselves up (filling near buckets), then refresh the farther ones; returns the
+        routing table size."""
+        if not len(self.table):
+            for conn in list(self.host.conns.values()):
+                info = self.host.info.get(conn)
+                if info is not None:
+                    self._on_identified(info)
+        await self.find_closest(node_id(self.peer_id))
+        await self.refresh(0.0)
+        return len(self.table)
+
+    async def refresh(self, interval: float | None = None) -> None:
+        """Look up a random id in every bucket no lookup went into for ``interval`` seconds."""
+        stale = self.table.stale_buckets(self.cfg.refresh_interval if interval is None else interval)
+        await asyncio.gather(*(self.find_closest(self.table.random_id(i)) for i in stale), return_exceptions=True)
+
+    async def republish(self) -> None:
+        """Store our live records, provider announcements and peer record again (churn moves the
+        k closest nodes)."""
+        now = time.time()
+        for (key, sk), (entry, ttl) in list(self._mine.items()):
+            if entry.expiration <= now:
+                del self._mine[(key, sk)]
+                continue
+            fresh = sign_entry(self.keypair, key, sk, entry.value, now + ttl)
+            self._mine[(key, sk)] = (fresh, ttl)
+            try:
+                await self._replicate(key, sk, fresh)
+            except DhtError as e:
+                log.info("republish failed", key=key[:64], reason=str(e))
+        for cid, ttl in list(self._provided.items()):
+            try:
+                await self.provide(cid, ttl, republish=False)
+            except DhtError as e:
+                log.info("provider republish failed", reason=str(e))
+        if self.host.listen_addrs and len(self.table):
+            await self.publish_peer_record()
+
+    async def _upkeep(self) -> None:
+        last_refresh = last_republish = last_names = time.monotonic()
+        while True:
+            await asyncio.sleep(min(1.0, self.cfg.persist_interval))
+            now = time.monotonic()
+            try:
+                self._persist()
+                if self._names and now - last_names >= self.cfg.name_ttl / 3:
+                    last_names = now
+                    self.host.spawn(self._refresh_names())
+                if now - last_refresh >= self.cfg.refresh_interval / 4:
+                    last_refresh = now
+                    self.store.purge()
+                    if len(self.table):
+                        await self.refresh()
+                if now - last_republish >= self.cfg.republish_interval:
+                    last_republish = now
+                    await self.republish()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("DHT upkeep step failed")
+
+    def _persist(self, force: bool = False) -> None:
+        path = self.cfg.persist_path
+        if not path or (self.store.version == self._saved_version and not force):
+            return
+        tmp = f"{path}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(self.store.dump())
+        os.replace(tmp, path)
+        self._saved_version = self.store.version
+
+    def close(self) -> None:
+        """Save the store one last time (node shutdown)."""
+        try:
+            self._persist()
+        except OSError as e:
+            log.warning("could not save the DHT store", path=self.cfg.persist_path, reason=str(e))
+
+    # -- named actors ------------------------------------------------------------------------
+
+    def register_name(self, name: str, ref: ActorRef) -> None:
+        """Publish ``name`` -> ``ref`` (owner-signed by this node) and keep it fresh while the actor lives."""
+        self._names[name] = ref
+        self.host.spawn(self._publish_name(name, ref))
+
+    def unregister_name(self, name: str) -> None:
+        if self._names.pop(name, None) is not None:
+            self.host.spawn(self._delete(_name_key(name), self.peer_id))
+
+    async def _publish_name(self, name: str, ref: ActorRef) -> None:
+        try:
+            await self.put(_name_key(name), codec.encode_bytes(ref), subkey=self.peer_id, ttl=self.cfg.name_ttl, republish=False)
+        except LatticaError as e:
+            log.info("could not publish actor name", name=name, reason=str(e))
+
+    async def _refresh_names(self) -> None:
+        for name, ref in list(self._names.items()):
+            await self._publish_name(name, ref)
+
+    async def _delete(self, key: bytes, subkey: Any) -> None:
+        self._mine.pop((key, encode_subkey(subkey)), None)
+        try:
+            await self.put(key, TOMBSTONE, subkey=subkey, ttl=self.cfg.name_ttl, republish=False)
+        except LatticaError as e:
+            log.info("could not delete DHT record", key=key[:64], reason=str(e))
+
+    async def delete(self, key: bytes, subkey: Any = None, ttl: float = 60.0) -> int:
+        """Replace a record by a tombstone that outlives it (readers see nothing)."""
+        self._mine.pop((key, encode_subkey(subkey)), None)
+        return await self.put(key, TOMBSTONE, subkey=subkey, ttl=ttl, republish=False)
+
+    async def resolve_name(self, name: str) -> ActorRef:
+        """The live actor registered as ``name`` anywhere on the mesh (the freshest registration)."""
+        records = await self.get(_name_key(name))
+        best: tuple[float, ActorRef] | None = None
+        for sk, e in records.items():
+            if e.value == TOMBSTONE or sk[:1] != b"p":
+                continue
+            try:
+                ref = codec.decode(e.value)
+            except LatticaError:
+                continue
+            if not isinstance(ref, ActorRef) or ref.peer_id.to_bytes() != sk[1:] or ref.name != name:
+                continue  # a node may only register actors that live on it
+            if best is None or e.expiration > best[0]:
+                best = (e.expiration, ref)
+        if best is None:
+            raise ActorNotFound(f"no live actor named {name!r} is registered in the DHT")
+        return best[1]
+
+
+def _name_key(name: str) -> bytes:
+    return (NAME_PREFIX + name).encode()
+
+
+class DhtActor:
+    """What peers may call. Every method answers from local state only (no lookups on a peer's
+    behalf) and records the caller in the routing table when it is dialable."""
+
+    NAME = "dht"
+
+    def __init__(self, service: DhtService) -> None:
+        self._svc = service
+
+    async def ping(self) -> bool:
+        self._svc._caller_seen()
+        return True
+
+    async def find_node(self, target: bytes) -> list:
+        svc = self._svc
+        caller = svc._caller_seen()
+        if type(target) is not bytes or len(target) != 32:
+            raise ValueError("find_node takes a 32-byte id")
+        return svc._peers_wire(svc.table.closest(int.from_bytes(target, "big"), svc.cfg.k, exclude=caller))
+
+    async def find_value(self, kid: bytes) -> list:
+        svc = self._svc
+        caller = svc._caller_seen()
+        if type(kid) is not bytes or len(kid) != 32:
+            raise ValueError("find_value takes a 32-byte key id")
+        target = int.from_bytes(kid, "big")
+        held = svc.store.get(target)
+        records = [entry_to_wire(sk, e) for sk, e in held[1].items()] if held else []
+        return [records, svc._peers_wire(svc.table.closest(target, svc.cfg.k, exclude=caller))]
+
+    async def store(self, key: bytes, record: list) -> bool:
+        """Merge one record; raises RecordRejected with the reason when refused."""
+        svc = self._svc
+        caller = svc._caller_seen()
+        try:
+            svc.store.admit(caller)
+            sk, entry = entry_from_wire(record)
+            return svc.store.put(key, sk, entry, caller)
+        except RecordRejected:
+            svc.rejected += 1
+            raise
+
+    async def add_provider(self, cid: bytes, ttl: float) -> None:
+        svc = self._svc
+        caller = svc._caller_seen()
+        try:
+            svc.store.admit(caller)
+            svc.store.add_provider(cid, caller, ttl)
+        except RecordRejected:
+            svc.rejected += 1
+            raise
+
+    async def get_providers(self, cid: bytes) -> list:
+        svc = self._svc
+        caller = svc._caller_seen()
+        if type(cid) is not bytes or not 0 < len(cid) <= svc.cfg.limits.max_key:
+            raise ValueError("get_providers takes a content id (bytes)")
+        provs = [p for p, _ in svc.store.providers(cid)][:_MAX_PEERS_IN_ANSWER]
+        closer = svc.table.closest(key_id(cid), svc.cfg.k, exclude=caller)
+        return [svc._peers_wire(provs), svc._peers_wire(closer)]
+
+    async def put_peer_record(self, record: list) -> bool:
+        svc = self._svc
+        caller = svc._caller_seen()
+        try:
+            svc.store.admit(caller)
+            return svc.store.put_peer_record(PeerRecord.from_wire(record, svc.cfg.limits))
+        except RecordRejected:
+            svc.rejected += 1
+            raise
+
+    async def get_peer_record(self, peer: PeerId) -> list:
+        svc = self._svc
+        caller = svc._caller_seen()
+        if not isinstance(peer, PeerId):
+            raise ValueError("get_peer_record takes a PeerId")
+        rec = svc.store.peer_record(peer)
+        closer = svc.table.closest(node_id(peer), svc.cfg.k, exclude=caller)
+        return [rec.to_wire() if rec is not None else None, svc._peers_wire(closer)]

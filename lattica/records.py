@@ -1,0 +1,483 @@
+"""DHT records, sans-IO: values with expirations and subkeys, owner signatures, signed peer records,
+provider records, and the bounded store a node keeps on behalf of others.
+
+Semantics (hivemind's, with signatures bound to PeerIds):
+
+* A key holds a map of **subkeys**, merged on the storing node, so concurrent writers of different
+  subkeys never drop each other. Per subkey the record that expires later wins (ties: the larger
+  value, so every replica picks the same one). Expired records are never returned.
+* A record is **owned** when its key contains ``[owner:<PeerId>]`` or its subkey is a PeerId: only a
+  record signed by that peer's Ed25519 key (inlined in the PeerId) is accepted, by storing nodes
+  and again by readers, so neither a storing node nor a cache can forge one.
+* A deletion is a tombstone (an empty value) with a later expiration; it wins like any update.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import msgpack
+
+from .errors import InvalidPeerId, MultiaddrError, RecordRejected
+from .identity import KeyPair, PeerId, verify_signature
+from .kademlia import key_id
+from .multiaddr import Multiaddr
+
+__all__ = [
+    "StoreLimits", "Entry", "PeerRecord", "RecordStore", "encode_subkey", "decode_subkey", "owner_of",
+    "sign_entry", "check_entry", "owned_key", "TOMBSTONE",
+]
+
+_DOMAIN_VALUE = b"lattica-dht-record/1"
+_DOMAIN_PEER = b"lattica-peer-record/1"
+TOMBSTONE = b""  # an encoded value is never empty, so an empty one marks a deletion
+_OWNER = re.compile(rb"\[owner:([1-9A-HJ-NP-Za-km-z]{32,64})\]")
+
+
+@dataclass
+class StoreLimits:
+    """What one node accepts to keep for others (every figure is a hard bound)."""
+
+    max_key: int = 512  # bytes
+    max_subkey: int = 256
+    max_value: int = 16 * 1024
+    max_subkeys: int = 1024  # per key
+    max_ttl: float = 24 * 3600.0
+    clock_skew: float = 60.0  # seconds an expiration may exceed now + max_ttl (writers' clocks)
+    max_records: int = 100_000  # subkey records on this node, all keys together
+    max_bytes: int = 256 * 1024 * 1024
+    peer_records: int = 4096  # records stored on behalf of one peer
+    peer_bytes: int = 16 * 1024 * 1024
+    rate: float = 200.0  # stores per second per peer (token bucket)
+    burst: float = 400.0
+    max_providers: int = 256  # per content id
+    max_provider_keys: int = 100_000
+    max_addrs: int = 32  # per peer record
+    peer_record_ttl: float = 3600.0
+
+
+# -- subkeys --------------------------------------------------------------------------------------
+
+
+def encode_subkey(subkey: Any) -> bytes:
+    """The canonical bytes of a subkey: None, str, bytes, int or PeerId (tagged by type)."""
+    if subkey is None:
+        return b""
+    if isinstance(subkey, PeerId):
+        return b"p" + subkey.to_bytes()
+    if isinstance(subkey, str):
+        return b"s" + subkey.encode()
+    if isinstance(subkey, (bytes, bytearray, memoryview)):
+        return b"b" + bytes(subkey)
+    if isinstance(subkey, int) and not isinstance(subkey, bool):
+        return b"i" + str(subkey).encode()
+    raise TypeError(f"a subkey is None, str, bytes, int or PeerId, not {type(subkey).__name__}")
+
+
+def decode_subkey(raw: bytes) -> Any:
+    if not raw:
+        return None
+    tag, body = raw[:1], raw[1:]
+    if tag == b"p":
+        return PeerId.from_bytes(body)
+    if tag == b"s":
+        return body.decode()
+    if tag == b"b":
+        return body
+    if tag == b"i":
+        return int(body)
+    raise ValueError(f"unknown subkey tag {tag!r}")
+
+
+def owned_key(name: str, owner: PeerId) -> str:
+    """A key only ``owner`` may write: ``name[owner:<PeerId>]``."""
+    return f"{name}[owner:{owner}]"
+
+
+def owner_of(key: bytes, subkey: bytes) -> PeerId | None:
+    """Who must sign a record: the key's ``[owner:...]``, else a PeerId subkey, else nobody."""
+    m = _OWNER.search(key)
+    try:
+        if m is not None:
+            return PeerId.from_string(m.group(1).decode())
+        if subkey[:1] == b"p":
+            return PeerId.from_bytes(subkey[1:])
+    except InvalidPeerId as e:
+        raise RecordRejected(f"the record names an invalid owner: {e}") from None
+    return None
+
+
+# -- value records --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Entry:
+    """One subkey's record: the encoded value (``TOMBSTONE`` when deleted), when it expires (unix
+    seconds) and, for owned records, the owner's signature."""
+
+    value: bytes
+    expiration: float
+    signature: bytes = b""
+
+    def wins_over(self, other: Entry) -> bool:
+        return (self.expiration, self.value) > (other.expiration, other.value)
+
+
+def _payload(key: bytes, subkey: bytes, value: bytes, expiration: float) -> bytes:
+    return msgpack.packb([_DOMAIN_VALUE, key, subkey, value, float(expiration)], use_bin_type=True)
+
+
+def sign_entry(keypair: KeyPair, key: bytes, subkey: bytes, value: bytes, expiration: float) -> Entry:
+    """A record signed by ``keypair`` when the key or subkey is owned by it (else unsigned)."""
+    owner = owner_of(key, subkey)
+    if owner is None:
+        return Entry(value, expiration)
+    if owner != keypair.peer_id:
+        raise RecordRejected(f"this record is owned by {owner}; only that peer can write it")
+    return Entry(value, expiration, keypair.sign(_payload(key, subkey, value, expiration)))
+
+
+def check_entry(key: Any, subkey: Any, entry: Any, now: float, limits: StoreLimits) -> Entry:
+    """Validate a record from the network; returns it normalized or raises RecordRejected."""
+    if type(key) is not bytes or type(subkey) is not bytes:
+        raise RecordRejected("key and subkey must be bytes")
+    if not isinstance(entry, Entry):
+        raise RecordRejected("malformed record")
+    if type(entry.value) is not bytes or type(entry.signature) is not bytes:
+        raise RecordRejected("record value and signature must be bytes")
+    if isinstance(entry.expiration, bool) or not isinstance(entry.expiration, (int, float)) or not math.isfinite(entry.expiration):
+        raise RecordRejected("record expiration must be a finite number (unix seconds)")
+    if not 0 < len(key) <= limits.max_key:
+        raise RecordRejected(f"key is {len(key)} bytes (1..{limits.max_key} allowed)")
+    if len(subkey) > limits.max_subkey:
+        raise RecordRejected(f"subkey is {len(subkey)} bytes (at most {limits.max_subkey})")
+    if len(entry.value) > limits.max_value:
+        raise RecordRejected(f"value is {len(entry.value)} bytes (at most {limits.max_value})")
+    if entry.expiration <= now:
+        raise RecordRejected("record has already expired")
+    if entry.expiration > now + limits.max_ttl + limits.clock_skew:
+        raise RecordRejected(f"record expires more than {limits.max_ttl:.0f} s from now")
+    owner = owner_of(key, subkey)
+    if owner is None:
+        return Entry(entry.value, float(entry.expiration))
+    pub = owner.public_key()
+    if pub is None or len(entry.signature) != 64 or not verify_signature(pub, entry.signature, _payload(key, subkey, entry.value, entry.expiration)):
+        raise RecordRejected(f"record owned by {owner} is not signed by that peer")
+    return Entry(entry.value, float(entry.expiration), entry.signature)
+
+
+def entry_to_wire(subkey: bytes, e: Entry) -> list:
+    return [subkey, e.value, e.expiration, e.signature]
+
+
+def entry_from_wire(obj: Any) -> tuple[bytes, Entry]:
+    """``[subkey, value, expiration, signature]`` -> (subkey, Entry); types checked by check_entry."""
+    if type(obj) is not list or len(obj) != 4:
+        raise RecordRejected("a record is [subkey, value, expiration, signature]")
+    subkey, value, expiration, signature = obj
+    return subkey, Entry(value, expiration, signature)
+
+
+# -- peer records -------------------------------------------------------------------------------
+
+
+class PeerRecord:
+    """A peer's own signed list of addresses, with a sequence number (newer replaces older)."""
+
+    __slots__ = ("peer", "seq", "addrs", "signature")
+
+    def __init__(self, peer: PeerId, seq: int, addrs: list[Multiaddr], signature: bytes) -> None:
+        self.peer = peer
+        self.seq = seq
+        self.addrs = addrs
+        self.signature = signature
+
+    @staticmethod
+    def _payload(peer: PeerId, seq: int, addrs: list[str]) -> bytes:
+        return msgpack.packb([_DOMAIN_PEER, peer.to_bytes(), seq, addrs], use_bin_type=True)
+
+    @classmethod
+    def create(cls, keypair: KeyPair, addrs: list[Multiaddr], seq: int | None = None) -> PeerRecord:
+        seq = time.time_ns() // 1000 if seq is None else seq  # microseconds: grows across restarts
+        texts = [str(a) for a in addrs]
+        return cls(keypair.peer_id, seq, list(addrs), keypair.sign(cls._payload(keypair.peer_id, seq, texts)))
+
+    def to_wire(self) -> list:
+        return [self.peer.to_bytes(), self.seq, [str(a) for a in self.addrs], self.signature]
+
+    @classmethod
+    def from_wire(cls, obj: Any, limits: StoreLimits) -> PeerRecord:
+        """Parse and verify; raises RecordRejected."""
+        if type(obj) is not list or len(obj) != 4:
+            raise RecordRejected("a peer record is [peer, seq, addrs, signature]")
+        raw_peer, seq, addrs, sig = obj
+        if type(raw_peer) is not bytes or type(seq) is not int or type(addrs) is not list or type(sig) is not bytes:
+            raise RecordRejected("malformed peer record fields")
+        if not 0 <= seq < 1 << 63 or len(addrs) > limits.max_addrs or not all(type(a) is str and len(a) <= 1024 for a in addrs):
+            raise RecordRejected(f"peer record has a bad sequence number or too many addresses (at most {limits.max_addrs})")
+        try:
+            peer = PeerId.from_bytes(raw_peer)
+            parsed = [Multiaddr(a) for a in addrs]
+        except (InvalidPeerId, MultiaddrError) as e:
+            raise RecordRejected(f"malformed peer record: {e}") from None
+        pub = peer.public_key()
+        if pub is None or len(sig) != 64 or not verify_signature(pub, sig, cls._payload(peer, seq, addrs)):
+            raise RecordRejected(f"peer record of {peer} is not signed by that peer")
+        return cls(peer, seq, parsed, sig)
+
+
+# -- the store ----------------------------------------------------------------------------------
+
+
+class _KeyRecords:
+    __slots__ = ("key", "subs", "by")
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+        self.subs: dict[bytes, Entry] = {}
+        self.by: dict[bytes, PeerId] = {}  # which peer stored each subkey (its quota pays for it)
+
+
+def _size(key: bytes, subkey: bytes, e: Entry) -> int:
+    return len(key) + len(subkey) + len(e.value) + len(e.signature) + 64
+
+
+class RecordStore:
+    """What this node holds for the DHT: value records, provider records and peer records, each
+    bounded in total, per key and per storing peer, with a per-peer store rate limit."""
+
+    def __init__(self, limits: StoreLimits | None = None, local: PeerId | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.limits = limits or StoreLimits()
+        self.local = local  # our own stores bypass quotas and rate limits
+        self.clock = clock
+        self._values: dict[int, _KeyRecords] = {}
+        self._providers: dict[int, dict[PeerId, float]] = {}
+        self._peers: dict[PeerId, tuple[PeerRecord, float]] = {}
+        self._usage: dict[PeerId, list[int]] = {}  # peer -> [records, bytes]
+        self._count = 0
+        self._bytes = 0
+        self._tokens: dict[PeerId, list[float]] = {}  # peer -> [tokens, last refill]
+        self.version = 0  # bumped on every change (persistence saves when it moved)
+
+    # -- rate limit --------------------------------------------------------------------------
+
+    def admit(self, peer: PeerId) -> None:
+        """Charge one store to ``peer``'s token bucket; RecordRejected when it is empty."""
+        if peer == self.local:
+            return
+        now = time.monotonic()
+        lim = self.limits
+        b = self._tokens.get(peer)
+        if b is None:
+            if len(self._tokens) > 10_000:
+                self._tokens.clear()  # bounded: forgetting buckets only forgives
+            b = self._tokens[peer] = [lim.burst, now]
+        b[0] = min(lim.burst, b[0] + (now - b[1]) * lim.rate)
+        b[1] = now
+        if b[0] < 1:
+            raise RecordRejected(f"store rate limit: at most {lim.rate:.0f} stores per second per peer")
+        b[0] -= 1
+
+    # -- values ------------------------------------------------------------------------------
+
+    def put(self, key: bytes, subkey: bytes, entry: Entry, sender: PeerId) -> bool:
+        """Validate and merge one record; True if it changed what we hold, False if we already had
+        it. Raises RecordRejected (with the reason) when refused."""
+        now = self.clock()
+        entry = check_entry(key, subkey, entry, now, self.limits)
+        kid = key_id(key)
+        rec = self._values.get(kid)
+        old = rec.subs.get(subkey) if rec is not None else None
+        if old is not None and old.expiration <= now:
+            self._drop(rec, subkey)  # type: ignore[arg-type]
+            old = None
+        if old is not None:
+            if old.expiration == entry.expiration and old.value == entry.value:
+                return False
+            if not entry.wins_over(old):
+                raise RecordRejected("a newer record for this subkey is already stored (it expires later)")
+        elif rec is not None and len(rec.subs) >= self.limits.max_subkeys:
+            self._purge_key(kid, rec, now)
+            if len(rec.subs) >= self.limits.max_subkeys:
+                raise RecordRejected(f"key already holds {self.limits.max_subkeys} subkeys")
+        size = _size(key, subkey, entry)
+        old_size = _size(key, subkey, old) if old is not None else 0
+        lim = self.limits
+        if self._bytes - old_size + size > lim.max_bytes or (old is None and self._count >= lim.max_records):
+            self.purge()
+            if self._bytes - old_size + size > lim.max_bytes or (old is None and self._count >= lim.max_records):
+                raise RecordRejected("this node's record store is full")
+        if sender != self.local:
+            use = self._usage.get(sender, [0, 0])
+            prev_owner = rec.by.get(subkey) if rec is not None and old is not None else None
+            credit_n, credit_b = (1, old_size) if prev_owner == sender else (0, 0)
+            if use[0] - credit_n + 1 > lim.peer_records or use[1] - credit_b + size > lim.peer_bytes:
+                raise RecordRejected(f"store quota of {sender} exhausted ({lim.peer_records} records / {lim.peer_bytes} bytes)")
+        if rec is None:
+            rec = self._values[kid] = _KeyRecords(key)
+        if old is not None:
+            self._drop(rec, subkey)
+        rec.subs[subkey] = entry
+        rec.by[subkey] = sender
+        self._charge(sender, 1, size)
+        self.version += 1
+        return True
+
+    def _charge(self, peer: PeerId, n: int, size: int) -> None:
+        self._count += n
+        self._bytes += size
+        use = self._usage.setdefault(peer, [0, 0])
+        use[0] += n
+        use[1] += size
+        if use[0] <= 0:
+            del self._usage[peer]
+
+    def _drop(self, rec: _KeyRecords, subkey: bytes) -> None:
+        e = rec.subs.pop(subkey)
+        by = rec.by.pop(subkey)
+        self._charge(by, -1, -_size(rec.key, subkey, e))
+        self.version += 1
+
+    def _purge_key(self, kid: int, rec: _KeyRecords, now: float) -> None:
+        for sk in [sk for sk, e in rec.subs.items() if e.expiration <= now]:
+            self._drop(rec, sk)
+        if not rec.subs:
+            del self._values[kid]
+
+    def get(self, kid: int) -> tuple[bytes, dict[bytes, Entry]] | None:
+        """The raw key and its live records (tombstones included), or None."""
+        rec = self._values.get(kid)
+        if rec is None:
+            return None
+        self._purge_key(kid, rec, self.clock())
+        if not rec.subs:
+            return None
+        return rec.key, dict(rec.subs)
+
+    def keys(self) -> Iterator[tuple[int, bytes]]:
+        return ((kid, r.key) for kid, r in list(self._values.items()))
+
+    def purge(self) -> None:
+        """Forget every expired record."""
+        now = self.clock()
+        for kid, rec in list(self._values.items()):
+            self._purge_key(kid, rec, now)
+        for cid, provs in list(self._providers.items()):
+            for p in [p for p, exp in provs.items() if exp <= now]:
+                del provs[p]
+            if not provs:
+                del self._providers[cid]
+        for peer in [p for p, (_, exp) in self._peers.items() if exp <= now]:
+            del self._peers[peer]
+
+    @property
+    def record_count(self) -> int:
+        return self._count
+
+    def usage(self, peer: PeerId) -> tuple[int, int]:
+        u = self._usage.get(peer)
+        return (u[0], u[1]) if u else (0, 0)
+
+    # -- providers ---------------------------------------------------------------------------
+
+    def add_provider(self, cid: bytes, provider: PeerId, ttl: float) -> None:
+        lim = self.limits
+        if type(cid) is not bytes or not 0 < len(cid) <= lim.max_key:
+            raise RecordRejected(f"content id must be 1..{lim.max_key} bytes")
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= lim.max_ttl:
+            raise RecordRejected(f"provider ttl must be in (0, {lim.max_ttl:.0f}] seconds")
+        now = self.clock()
+        kid = key_id(cid)
+        provs = self._providers.get(kid)
+        if provs is None:
+            if len(self._providers) >= lim.max_provider_keys:
+                self.purge()
+                if len(self._providers) >= lim.max_provider_keys:
+                    raise RecordRejected("this node's provider store is full")
+            provs = self._providers[kid] = {}
+        if provider not in provs and len(provs) >= lim.max_providers:
+            for p in [p for p, exp in provs.items() if exp <= now]:
+                del provs[p]
+            if len(provs) >= lim.max_providers:
+                raise RecordRejected(f"content already has {lim.max_providers} providers")
+        provs[provider] = max(provs.get(provider, 0.0), now + ttl)
+        self.version += 1
+
+    def providers(self, cid: bytes) -> list[tuple[PeerId, float]]:
+        now = self.clock()
+        provs = self._providers.get(key_id(cid), {})
+        return [(p, exp) for p, exp in provs.items() if exp > now]
+
+    # -- peer records ------------------------------------------------------------------------
+
+    def put_peer_record(self, rec: PeerRecord) -> bool:
+        """Keep ``rec`` (already verified) unless we hold a newer one. True if it changed."""
+        held = self._peers.get(rec.peer)
+        now = self.clock()
+        if held is not None and held[1] > now:
+            if held[0].seq > rec.seq:
+                raise RecordRejected("a newer peer record is already stored")
+            if held[0].seq == rec.seq:
+                self._peers[rec.peer] = (held[0], now + self.limits.peer_record_ttl)
+                return False
+        if held is None and len(self._peers) >= self.limits.max_records:
+            self.purge()
+            if len(self._peers) >= self.limits.max_records:
+                raise RecordRejected("this node's peer record store is full")
+        self._peers[rec.peer] = (rec, now + self.limits.peer_record_ttl)
+        self.version += 1
+        return True
+
+    def peer_record(self, peer: PeerId) -> PeerRecord | None:
+        held = self._peers.get(peer)
+        if held is None or held[1] <= self.clock():
+            return None
+        return held[0]
+
+    # -- persistence -------------------------------------------------------------------------
+
+    def dump(self) -> bytes:
+        """Everything held, as msgpack (for ``dht_path``)."""
+        now = self.clock()
+        values = [
+            [r.key, sk, e.value, e.expiration, e.signature, r.by[sk].to_bytes()]
+            for r in self._values.values() for sk, e in r.subs.items() if e.expiration > now
+        ]
+        providers = []
+        for kid, provs in self._providers.items():
+            providers.append([kid.to_bytes(32, "big"), [[p.to_bytes(), exp] for p, exp in provs.items() if exp > now]])
+        peers = [[rec.to_wire(), exp] for rec, exp in self._peers.values() if exp > now]
+        return msgpack.packb({"v": 1, "values": values, "providers": providers, "peers": peers}, use_bin_type=True)
+
+    def load(self, data: bytes) -> int:
+        """Restore a dump, re-validating every record (a file is input too). Returns records kept."""
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        if type(obj) is not dict or obj.get("v") != 1:
+            raise ValueError("not a Lattica DHT store file")
+        kept = 0
+        for key, sk, value, exp, sig, by in obj.get("values", []):
+            try:
+                self.put(key, sk, Entry(value, exp, sig), PeerId.from_bytes(by))
+                kept += 1
+            except (RecordRejected, InvalidPeerId):
+                pass
+        now = self.clock()
+        for kid_bytes, provs in obj.get("providers", []):
+            kid = int.from_bytes(kid_bytes, "big")
+            for raw, exp in provs:
+                if exp > now:
+                    self._providers.setdefault(kid, {})[PeerId.from_bytes(raw)] = exp
+                    kept += 1
+        for wire, exp in obj.get("peers", []):
+            try:
+                rec = PeerRecord.from_wire(wire, self.limits)
+            except RecordRejected:
+                continue
+            if exp > now:
+                self._peers[rec.peer] = (rec, exp)
+                kept += 1
+        return kept

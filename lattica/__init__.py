@@ -1,6 +1,6 @@
 """Lattica: a pure-Python peer-to-peer actor framework for decentralized AI."""
 
-from . import errors
+from . import dht, errors
 from .actor import actor
 from .api import aget_actor, akill, get_actor, init, kill, node, shutdown
 from .future import Future, get, wait
@@ -12,6 +12,6 @@ from .runtime import ActorRef, current_caller
 
 __version__ = "0.1.0"
 __all__ = [
-    "ActorRef", "Future", "KeyPair", "Multiaddr", "Node", "PeerId", "PeerInfo", "actor", "aget_actor", "current_caller", "akill", "errors",
+    "ActorRef", "Future", "KeyPair", "Multiaddr", "Node", "PeerId", "PeerInfo", "actor", "aget_actor", "current_caller", "akill", "dht", "errors",
     "get", "get_actor", "init", "kill", "node", "shutdown", "wait", "__version__",
 ]

@@ -37,7 +37,7 @@ def current_runtime() -> Runtime:
 
 def _on_loop(rt: Runtime, fn: Callable[[], Any]) -> Any:
     """Run ``fn`` on the node loop and return its result (directly when already there)."""
-    if runtime_for_thread() is rt and threading.get_ident() == rt.host.thread_id:
+    if threading.get_ident() == rt.host.thread_id:
         return fn()
     done = threading.Event()
     box: list = []

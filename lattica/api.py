@@ -6,6 +6,7 @@ go through it. Code running on a node's own loop or actor threads uses that node
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import threading
 from typing import Any, Iterable
@@ -41,8 +42,13 @@ def init(
         node = Node(listen, key_path=key_path, allow=allow, **node_options)
         node.start()
         _default_node = node
-    for addr in bootstrap:
+    addrs = list(bootstrap)
+    for addr in addrs:
         node.connect(addr)
+    if addrs:
+        from . import dht
+
+        dht.bootstrap(node=node).result(30)  # join the DHT: fill the routing table
     return node
 
 
@@ -72,15 +78,32 @@ def kill(ref: ActorRef, timeout: float = 10.0) -> None:
 
 
 def get_actor(name: str, node: PeerId | str | None = None, timeout: float = 10.0) -> ActorRef:
-    """The ref of the actor named ``name`` on this node, or on ``node`` (a PeerId) if given."""
+    """The ref of the actor named ``name``: on ``node`` (a PeerId) if given, else on this node,
+    else wherever on the mesh it was registered (``.options(name=...)`` publishes it in the DHT)."""
+    return _get_actor(name, node, timeout).result(timeout + 1)
+
+
+def _get_actor(name: str, node: PeerId | str | None, timeout: float) -> Future:
     rt = current_runtime()
-    peer = PeerId.from_string(node) if isinstance(node, str) else (node or rt.peer_id)
+    if node is None:
+        actor = rt.actors.get(name)
+        if actor is not None:
+            fut = Future(rt.loop)
+            rt.loop.call_soon_threadsafe(fut._resolve, actor.ref)
+            return fut
+        from . import dht
+
+        return dht._run(None, lambda svc: asyncio.wait_for(svc.resolve_name(name), timeout))
+    peer = PeerId.from_string(node) if isinstance(node, str) else node
     if peer == rt.peer_id:
         actor = rt.actors.get(name)
+        fut = Future(rt.loop)
         if actor is None:
-            raise ActorNotFound(f"no actor named {name!r} on this node")
-        return actor.ref
-    return _spawner_call(rt, peer, "lookup", (name,), timeout).result(timeout + 1)
+            rt.loop.call_soon_threadsafe(fut._reject, ActorNotFound(f"no actor named {name!r} on this node"))
+        else:
+            rt.loop.call_soon_threadsafe(fut._resolve, actor.ref)
+        return fut
+    return _spawner_call(rt, peer, "lookup", (name,), timeout)
 
 
 def _spawner_call(rt: Any, peer: PeerId, method: str, args: tuple, timeout: float) -> Future:
@@ -95,11 +118,4 @@ async def akill(ref: ActorRef, timeout: float = 10.0) -> None:
 
 async def aget_actor(name: str, node: PeerId | str | None = None, timeout: float = 10.0) -> ActorRef:
     """``get_actor`` for async code: awaits instead of blocking."""
-    rt = current_runtime()
-    peer = PeerId.from_string(node) if isinstance(node, str) else (node or rt.peer_id)
-    if peer == rt.peer_id:
-        actor = rt.actors.get(name)
-        if actor is None:
-            raise ActorNotFound(f"no actor named {name!r} on this node")
-        return actor.ref
-    return await _spawner_call(rt, peer, "lookup", (name,), timeout)
+    return await _get_actor(name, node, timeout)

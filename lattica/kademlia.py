@@ -137,7 +137,7 @@ class RoutingTable:
         """The ``n`` (default ``k``) known peers closest to ``target``."""
         ranked = sorted(self._ids.items(), key=lambda item: item[1] ^ target)
         out = [p for p, _ in ranked if p != exclude]
-        return out[: n or self.k]
+        return out[: self.k if n is None else n]
 
     def touch(self, target: int) -> None:
         """A lookup for ``target`` ran: its bucket needs no refresh for a while."""
@@ -201,9 +201,18 @@ class Lookup:
             self._add(p, 1)
 
     def _add(self, peer: PeerId, round_: int) -> None:
-        if peer == self.local or peer in self._cands or len(self._cands) >= self.MAX_CANDIDATES:
+        if peer == self.local or peer in self._cands:
             return
-        self._cands[peer] = _Candidate(peer, node_id(peer) ^ self.target, round_)
+        dist = node_id(peer) ^ self.target
+        if len(self._cands) >= self.MAX_CANDIDATES:
+            # full: a closer peer displaces the farthest one not asked yet (so a flood of made-up
+            # ids named early cannot crowd out honest answers that come later)
+            unasked = [c for c in self._cands.values() if c.state == _NEW]
+            far = max(unasked, key=lambda c: c.distance, default=None)
+            if far is None or far.distance <= dist:
+                return
+            del self._cands[far.peer]
+        self._cands[peer] = _Candidate(peer, dist, round_)
 
     def _ranked(self) -> list[_Candidate]:
         """The k closest candidates that have not failed."""
@@ -254,7 +263,7 @@ class Lookup:
         """The closest peers that answered, nearest first."""
         ok = [c for c in self._cands.values() if c.state == _ANSWERED]
         ok.sort(key=lambda c: c.distance)
-        return [c.peer for c in ok[: n or self.k]]
+        return [c.peer for c in ok[: self.k if n is None else n]]
 
     @property
     def rounds(self) -> int:

@@ -569,6 +569,33 @@ class Node:
             thread.join(10)
             self._thread = self._loop = self._host = None
 
+    async def astart(self) -> Node:
+        """Start on the running event loop instead of a loop thread of its own: for simulations
+        (many nodes on one loop over the in-memory transport) and for embedding in an asyncio
+        program. Blocking methods then cannot be used from that loop; use the ``a``-prefixed ones."""
+        with self._lock:
+            if self._host is not None:
+                return self
+            t0 = time.perf_counter()
+            self._loop = asyncio.get_running_loop()
+            host = _Host(self)
+            try:
+                await host.start(self._listen)
+            except BaseException:
+                await host.stop()
+                self._loop = None
+                raise
+            self._host = host
+            self.started_at = time.perf_counter() - t0
+            return self
+
+    async def astop(self) -> None:
+        """Stop a node started with :meth:`astart`."""
+        host, self._host = self._host, None
+        if host is not None:
+            await host.stop()
+        self._loop = None
+
     def __enter__(self) -> Node:
         return self.start()
 
@@ -577,7 +604,7 @@ class Node:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None
+        return self._host is not None
 
     # -- bridging to the loop -------------------------------------------------------------------
 
@@ -588,7 +615,8 @@ class Node:
         return asyncio.run_coroutine_threadsafe(fn(host), loop)
 
     def _call(self, fn: Callable[[_Host], Coroutine[Any, Any, T]]) -> T:
-        if self._thread is not None and threading.current_thread() is self._thread:
+        host = self._host
+        if host is not None and threading.get_ident() == host.thread_id:
             raise RuntimeError("blocking Node methods cannot run on the node loop; await the a-prefixed version")
         return self._submit(fn).result()
 

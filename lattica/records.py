@@ -304,6 +304,7 @@ class RecordStore:
             self._purge_key(kid, rec, now)
             if len(rec.subs) >= self.limits.max_subkeys:
                 raise RecordRejected(f"key already holds {self.limits.max_subkeys} subkeys")
+            rec = self._values.get(kid)  # the purge may have emptied and dropped the key
         size = _size(key, subkey, entry)
         old_size = _size(key, subkey, old) if old is not None else 0
         lim = self.limits
@@ -311,6 +312,7 @@ class RecordStore:
             self.purge()
             if self._bytes - old_size + size > lim.max_bytes or (old is None and self._count >= lim.max_records):
                 raise RecordRejected("this node's record store is full")
+            rec = self._values.get(kid)
         if sender != self.local:
             use = self._usage.get(sender, [0, 0])
             prev_owner = rec.by.get(subkey) if rec is not None and old is not None else None
@@ -459,25 +461,39 @@ class RecordStore:
         if type(obj) is not dict or obj.get("v") != 1:
             raise ValueError("not a Lattica DHT store file")
         kept = 0
-        for key, sk, value, exp, sig, by in obj.get("values", []):
+        now = self.clock()
+        lim = self.limits
+        for row in obj.get("values", []):
             try:
+                key, sk, value, exp, sig, by = row
                 self.put(key, sk, Entry(value, exp, sig), PeerId.from_bytes(by))
                 kept += 1
-            except (RecordRejected, InvalidPeerId):
+            except (RecordRejected, InvalidPeerId, ValueError, TypeError):
                 pass
-        now = self.clock()
-        for kid_bytes, provs in obj.get("providers", []):
-            kid = int.from_bytes(kid_bytes, "big")
-            for raw, exp in provs:
-                if exp > now:
-                    self._providers.setdefault(kid, {})[PeerId.from_bytes(raw)] = exp
-                    kept += 1
-        for wire, exp in obj.get("peers", []):
+        for row in obj.get("providers", []):
             try:
-                rec = PeerRecord.from_wire(wire, self.limits)
-            except RecordRejected:
+                kid_bytes, provs = row
+                kid = int.from_bytes(kid_bytes, "big")
+                provs = list(provs)
+            except (ValueError, TypeError):
                 continue
-            if exp > now:
+            for item in provs:
+                try:
+                    raw, exp = item
+                    if now < exp <= now + lim.max_ttl + lim.clock_skew:
+                        held = self._providers.setdefault(kid, {})
+                        if len(held) < lim.max_providers:
+                            held[PeerId.from_bytes(raw)] = exp
+                            kept += 1
+                except (InvalidPeerId, ValueError, TypeError):
+                    continue
+        for row in obj.get("peers", []):
+            try:
+                wire, exp = row
+                rec = PeerRecord.from_wire(wire, lim)
+            except (RecordRejected, ValueError, TypeError):
+                continue
+            if now < exp <= now + lim.peer_record_ttl + lim.clock_skew:
                 self._peers[rec.peer] = (rec, exp)
                 kept += 1
         return kept

@@ -96,10 +96,13 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         return str(self._transport.get_extra_info("peername"))
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self._owner._recv_view
+        view = self._owner._recv_view
+        if view is None:
+            view = self._owner._recv_view = memoryview(bytearray(_RECV_BUFFER))
+        return view
 
     def buffer_updated(self, nbytes: int) -> None:
-        data = self._owner._recv_view[:nbytes]
+        data = self._owner._recv_view[:nbytes]  # type: ignore[index]
         if self.conn is not None:
             self.conn.data_received(data)  # decrypts into its own buffers; keeps no view of ours
             return
@@ -187,7 +190,7 @@ class TcpTransport(Transport):
         self.keepalive_interval = keepalive_interval
         self.keepalive_timeout = keepalive_timeout
         self.write_buffer_limit = write_buffer_limit
-        self._recv_view = memoryview(bytearray(_RECV_BUFFER))  # shared: the loop reads one socket at a time
+        self._recv_view: memoryview | None = None  # shared: the loop reads one socket at a time
 
     def handles(self, addr: Multiaddr) -> bool:
         p = addr.without_peer_id().protocols()

@@ -1,0 +1,658 @@
+"""DHT records: subkey encoding, owner binding and signatures, validation limits, and the bounded
+RecordStore (merging, tombstones, quotas, rate limit, providers, peer records, dump/load)."""
+
+import msgpack
+import pytest
+
+from lattica import records
+from lattica.errors import RecordRejected
+from lattica.identity import KeyPair, PeerId
+from lattica.kademlia import key_id
+from lattica.multiaddr import Multiaddr
+from lattica.records import (
+    TOMBSTONE,
+    Entry,
+    PeerRecord,
+    RecordStore,
+    StoreLimits,
+    check_entry,
+    decode_subkey,
+    encode_subkey,
+    owned_key,
+    owner_of,
+    sign_entry,
+)
+
+NOW = 1_700_000_000.0
+A = KeyPair.from_seed(bytes([1]) * 32)
+B = KeyPair.from_seed(bytes([2]) * 32)
+C = KeyPair.from_seed(bytes([3]) * 32)
+ADDRS = [Multiaddr("/ip4/1.2.3.4/tcp/4001"), Multiaddr("/ip4/1.2.3.4/udp/4001/quic-v1")]
+
+
+class Clock:
+    def __init__(self, t: float = NOW) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def akey(name: str = "cfg", owner: KeyPair = A) -> bytes:
+    return owned_key(name, owner.peer_id).encode()
+
+
+def store(clock: Clock | None = None, **limits) -> RecordStore:
+    return RecordStore(StoreLimits(**limits), clock=clock or Clock())
+
+
+def held(s: RecordStore, key: bytes) -> dict[bytes, Entry]:
+    got = s.get(key_id(key))
+    return got[1] if got is not None else {}
+
+
+# -- subkeys -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [None, "", "name", "héllo", b"", b"\x00\xff raw", 0, 7, -17, 2**80, A.peer_id])
+def test_subkey_round_trip(value):
+    raw = encode_subkey(value)
+    assert type(raw) is bytes
+    back = decode_subkey(raw)
+    assert back == value and type(back) is type(value)
+
+
+def test_subkeys_of_different_types_never_collide():
+    forms = [None, "1", b"1", 1, A.peer_id, "", b""]
+    assert len({encode_subkey(v) for v in forms}) == len(forms)
+
+
+def test_byte_like_subkeys_decode_as_bytes():
+    assert decode_subkey(encode_subkey(bytearray(b"ab"))) == b"ab"
+    assert decode_subkey(encode_subkey(memoryview(b"ab"))) == b"ab"
+
+
+@pytest.mark.parametrize("value", [1.5, True, False, [1], (1,), {"a": 1}, object()])
+def test_other_subkey_types_raise_type_error(value):
+    with pytest.raises(TypeError):
+        encode_subkey(value)
+
+
+def test_unknown_subkey_tag_is_refused():
+    with pytest.raises(ValueError):
+        decode_subkey(b"x123")
+
+
+# -- owners and signatures ---------------------------------------------------------------------
+
+
+def test_owner_of_a_key_marker_or_a_peer_id_subkey():
+    assert owner_of(akey("cfg", A), b"") == A.peer_id
+    assert owner_of(b"prefix/" + akey("x", B) + b"/suffix", encode_subkey("s")) == B.peer_id
+    assert owner_of(b"plain", encode_subkey(B.peer_id)) == B.peer_id
+    assert owner_of(akey("cfg", A), encode_subkey(B.peer_id)) == A.peer_id  # the key's marker wins
+    assert owner_of(b"plain", encode_subkey("s")) is None
+    assert owner_of(b"plain", b"") is None
+
+
+def test_an_invalid_owner_is_rejected():
+    with pytest.raises(RecordRejected):
+        owner_of(b"k[owner:" + b"1" * 40 + b"]", b"")  # base58 of zero bytes: not a multihash
+    with pytest.raises(RecordRejected):
+        owner_of(b"k", b"p\x00garbage")
+
+
+def test_a_signed_owned_record_is_accepted():
+    lim = StoreLimits()
+    key = akey()
+    e = sign_entry(A, key, b"", b"value", NOW + 60)
+    assert len(e.signature) == 64
+    got = check_entry(key, b"", e, NOW, lim)
+    assert got == Entry(b"value", NOW + 60, e.signature)
+    sk = encode_subkey(A.peer_id)
+    e2 = sign_entry(A, b"plain", sk, b"value", NOW + 60)
+    assert check_entry(b"plain", sk, e2, NOW, lim).signature == e2.signature
+
+
+def test_an_int_expiration_verifies_like_the_float_it_was_signed_as():
+    e = sign_entry(A, akey(), b"", b"v", NOW + 60)
+    check_entry(akey(), b"", Entry(b"v", int(NOW + 60), e.signature), NOW, StoreLimits())
+
+
+def test_unowned_records_need_no_signature_and_keep_none():
+    e = sign_entry(A, b"plain", b"sfree", b"v", NOW + 60)
+    assert e.signature == b""
+    got = check_entry(b"plain", b"sfree", Entry(b"v", NOW + 60, b"junk"), NOW, StoreLimits())
+    assert got == Entry(b"v", NOW + 60, b"")
+
+
+@pytest.mark.parametrize(
+    "key, subkey, value, expiration",
+    [
+        (akey(), b"", b"other value", NOW + 60),
+        (akey(), b"", b"value", NOW + 61),
+        (akey(), encode_subkey("s"), b"value", NOW + 60),
+        (akey("another name"), b"", b"value", NOW + 60),
+    ],
+    ids=["value", "expiration", "subkey", "key"],
+)
+def test_a_tampered_record_is_rejected(key, subkey, value, expiration):
+    signed = sign_entry(A, akey(), b"", b"value", NOW + 60)
+    with pytest.raises(RecordRejected, match="not signed"):
+        check_entry(key, subkey, Entry(value, expiration, signed.signature), NOW, StoreLimits())
+
+
+def test_a_record_owned_by_a_cannot_be_signed_by_b():
+    with pytest.raises(RecordRejected):
+        sign_entry(B, akey(owner=A), b"", b"v", NOW + 60)
+    # B's signature over exactly this record's payload
+    forged = B.sign(records._payload(akey(owner=A), b"", b"v", NOW + 60))
+    with pytest.raises(RecordRejected, match="not signed"):
+        check_entry(akey(owner=A), b"", Entry(b"v", NOW + 60, forged), NOW, StoreLimits())
+    sk = encode_subkey(A.peer_id)
+    forged = B.sign(records._payload(b"plain", sk, b"v", NOW + 60))
+    with pytest.raises(RecordRejected, match="not signed"):
+        check_entry(b"plain", sk, Entry(b"v", NOW + 60, forged), NOW, StoreLimits())
+
+
+@pytest.mark.parametrize("signature", [b"", b"\x00" * 64, b"\x01" * 63])
+def test_an_unsigned_or_badly_signed_owned_record_is_rejected(signature):
+    for key, sk in [(akey(), b""), (b"plain", encode_subkey(A.peer_id))]:
+        with pytest.raises(RecordRejected):
+            check_entry(key, sk, Entry(b"v", NOW + 60, signature), NOW, StoreLimits())
+
+
+def test_an_owner_without_an_inlined_key_can_never_sign():
+    hashed = PeerId.from_bytes(b"\x12\x20" + bytes(32))  # sha256 PeerId: no public key inside
+    sk = encode_subkey(hashed)
+    with pytest.raises(RecordRejected):
+        check_entry(b"plain", sk, Entry(b"v", NOW + 60, b"\x00" * 64), NOW, StoreLimits())
+
+
+def test_size_limits():
+    lim = StoreLimits(max_key=8, max_subkey=4, max_value=16)
+    ok = NOW + 60
+    check_entry(b"k" * 8, b"s" * 4, Entry(b"v" * 16, ok), NOW, lim)
+    for key, sk, value, what in [
+        (b"", b"", b"v", "key"),
+        (b"k" * 9, b"", b"v", "key"),
+        (b"k", b"s" * 5, b"v", "subkey"),
+        (b"k", b"", b"v" * 17, "value"),
+    ]:
+        with pytest.raises(RecordRejected, match=what):
+            check_entry(key, sk, Entry(value, ok), NOW, lim)
+
+
+def test_expiration_window():
+    lim = StoreLimits(max_ttl=100.0, clock_skew=10.0)
+    check_entry(b"k", b"", Entry(b"v", NOW + 0.001), NOW, lim)
+    check_entry(b"k", b"", Entry(b"v", NOW + 110), NOW, lim)
+    for exp in (NOW, NOW - 1, 0, NOW + 110.01, NOW + 10**9):
+        with pytest.raises(RecordRejected, match="expire"):
+            check_entry(b"k", b"", Entry(b"v", exp), NOW, lim)
+
+
+@pytest.mark.parametrize(
+    "key, subkey, entry",
+    [
+        ("k", b"", Entry(b"v", NOW + 1)),
+        (b"k", "s", Entry(b"v", NOW + 1)),
+        (b"k", b"", (b"v", NOW + 1)),
+        (b"k", b"", Entry("v", NOW + 1)),
+        (b"k", b"", Entry(b"v", NOW + 1, "sig")),
+        (b"k", b"", Entry(b"v", float("nan"))),
+        (b"k", b"", Entry(b"v", float("inf"))),
+        (b"k", b"", Entry(b"v", True)),
+        (b"k", b"", Entry(b"v", str(NOW + 1))),
+    ],
+)
+def test_malformed_records_are_rejected(key, subkey, entry):
+    with pytest.raises(RecordRejected):
+        check_entry(key, subkey, entry, NOW, StoreLimits())
+
+
+def test_wins_over():
+    assert Entry(b"a", NOW + 2).wins_over(Entry(b"z", NOW + 1))
+    assert not Entry(b"z", NOW + 1).wins_over(Entry(b"a", NOW + 2))
+    assert Entry(b"b", NOW + 1).wins_over(Entry(b"a", NOW + 1))
+    assert not Entry(b"a", NOW + 1).wins_over(Entry(b"b", NOW + 1))
+    assert not Entry(b"a", NOW + 1).wins_over(Entry(b"a", NOW + 1))
+    assert Entry(b"", NOW + 2).wins_over(Entry(b"value", NOW + 1))  # a later tombstone
+
+
+# -- the store: merging ------------------------------------------------------------------------
+
+
+def test_put_get_and_identical_put():
+    s = store()
+    assert s.get(key_id(b"k")) is None
+    assert s.put(b"k", b"s", Entry(b"v", NOW + 60), A.peer_id) is True
+    assert s.get(key_id(b"k")) == (b"k", {b"s": Entry(b"v", NOW + 60)})
+    v = s.version
+    assert s.put(b"k", b"s", Entry(b"v", NOW + 60), B.peer_id) is False
+    assert s.version == v
+    assert s.record_count == 1
+
+
+def test_subkeys_merge_and_a_later_expiration_wins():
+    s = store()
+    s.put(b"k", b"s1", Entry(b"one", NOW + 60), A.peer_id)
+    s.put(b"k", b"s2", Entry(b"two", NOW + 60), B.peer_id)
+    assert s.put(b"k", b"s1", Entry(b"one'", NOW + 70), A.peer_id) is True
+    assert held(s, b"k") == {b"s1": Entry(b"one'", NOW + 70), b"s2": Entry(b"two", NOW + 60)}
+    with pytest.raises(RecordRejected, match="newer"):
+        s.put(b"k", b"s1", Entry(b"stale", NOW + 65), A.peer_id)
+    assert held(s, b"k")[b"s1"] == Entry(b"one'", NOW + 70)
+    assert s.record_count == 2
+
+
+def test_an_expiration_tie_is_broken_by_the_larger_value_in_any_order():
+    small, large = Entry(b"aaa", NOW + 60), Entry(b"bbb", NOW + 60)
+    s1, s2 = store(), store()
+    s1.put(b"k", b"", small, A.peer_id)
+    assert s1.put(b"k", b"", large, A.peer_id) is True
+    s2.put(b"k", b"", large, A.peer_id)
+    with pytest.raises(RecordRejected):
+        s2.put(b"k", b"", small, A.peer_id)
+    assert held(s1, b"k") == held(s2, b"k") == {b"": large}
+
+
+def test_expired_records_are_not_returned_and_free_their_subkey():
+    clock = Clock()
+    s = store(clock)
+    s.put(b"k", b"s", Entry(b"v", NOW + 60), A.peer_id)
+    clock.t = NOW + 60
+    assert s.get(key_id(b"k")) is None
+    assert s.record_count == 0
+    assert s.put(b"k", b"s", Entry(b"again", NOW + 61), A.peer_id) is True
+    assert held(s, b"k") == {b"s": Entry(b"again", NOW + 61)}
+    assert s.record_count == 1
+
+
+def test_a_tombstone_wins_by_expiration():
+    s = store()
+    key, sk = akey(), encode_subkey("s")
+    s.put(key, sk, sign_entry(A, key, sk, b"v", NOW + 60), A.peer_id)
+    with pytest.raises(RecordRejected):
+        s.put(key, sk, sign_entry(A, key, sk, TOMBSTONE, NOW + 59), A.peer_id)
+    with pytest.raises(RecordRejected):  # at the same expiration the value (larger) wins
+        s.put(key, sk, sign_entry(A, key, sk, TOMBSTONE, NOW + 60), A.peer_id)
+    tomb = sign_entry(A, key, sk, TOMBSTONE, NOW + 120)
+    assert s.put(key, sk, tomb, A.peer_id) is True
+    assert held(s, key) == {sk: tomb}  # get returns tombstones
+    with pytest.raises(RecordRejected):
+        s.put(key, sk, sign_entry(A, key, sk, b"v", NOW + 90), A.peer_id)
+    assert s.put(key, sk, sign_entry(A, key, sk, b"back", NOW + 150), A.peer_id) is True
+
+
+def test_the_store_validates_what_it_keeps():
+    s = store()
+    with pytest.raises(RecordRejected):
+        s.put(akey(), b"", Entry(b"v", NOW + 60), B.peer_id)  # owned, unsigned
+    with pytest.raises(RecordRejected):
+        s.put(b"k", b"", Entry(b"v", NOW - 1), B.peer_id)
+    assert s.record_count == 0 and s.usage(B.peer_id) == (0, 0)
+
+
+def test_max_subkeys_per_key():
+    clock = Clock()
+    s = store(clock, max_subkeys=3)
+    s.put(b"k", b"s1", Entry(b"v", NOW + 10), A.peer_id)
+    s.put(b"k", b"s2", Entry(b"v", NOW + 100), A.peer_id)
+    s.put(b"k", b"s3", Entry(b"v", NOW + 100), A.peer_id)
+    with pytest.raises(RecordRejected, match="subkeys"):
+        s.put(b"k", b"s4", Entry(b"v", NOW + 100), A.peer_id)
+    assert s.put(b"k", b"s3", Entry(b"v2", NOW + 100), A.peer_id) is True  # existing subkeys update
+    assert s.put(b"other", b"s4", Entry(b"v", NOW + 100), A.peer_id) is True  # per key
+    clock.t = NOW + 10  # s1 expired: its place is free
+    assert s.put(b"k", b"s4", Entry(b"v", NOW + 100), A.peer_id) is True
+    assert set(held(s, b"k")) == {b"s2", b"s3", b"s4"}
+    assert s.record_count == 4
+    with pytest.raises(RecordRejected, match="subkeys"):
+        s.put(b"k", b"s5", Entry(b"v", NOW + 100), A.peer_id)
+
+
+def test_a_full_key_whose_subkeys_all_expired_takes_a_new_one():
+    clock = Clock()
+    s = store(clock, max_subkeys=2)
+    s.put(b"k", b"s1", Entry(b"v", NOW + 10), A.peer_id)
+    s.put(b"k", b"s2", Entry(b"v", NOW + 10), A.peer_id)
+    clock.t = NOW + 20
+    assert s.put(b"k", b"s3", Entry(b"new", NOW + 100), A.peer_id) is True
+    assert held(s, b"k") == {b"s3": Entry(b"new", NOW + 100)}
+    assert s.record_count == 1
+
+
+# -- the store: quotas and limits --------------------------------------------------------------
+
+
+def test_per_peer_record_quota():
+    s = store(peer_records=2)
+    a, b = A.peer_id, B.peer_id
+    s.put(b"k", b"1", Entry(b"v", NOW + 60), a)
+    s.put(b"k", b"2", Entry(b"v", NOW + 60), a)
+    assert s.usage(a)[0] == 2
+    with pytest.raises(RecordRejected, match="quota"):
+        s.put(b"k", b"3", Entry(b"v", NOW + 60), a)
+    assert b"3" not in held(s, b"k")
+    assert s.put(b"k", b"3", Entry(b"v", NOW + 60), b) is True  # quotas are per peer
+    # overwriting its own record at the quota is allowed and not charged twice
+    assert s.put(b"k", b"1", Entry(b"v2", NOW + 70), a) is True
+    assert s.usage(a)[0] == 2
+    # B overwriting A's record moves the charge to B
+    s.put(b"k", b"2", Entry(b"v2", NOW + 70), b)
+    assert s.usage(a)[0] == 1 and s.usage(b)[0] == 2
+    assert s.put(b"k", b"4", Entry(b"v", NOW + 60), a) is True
+    assert s.record_count == 4
+
+
+def test_per_peer_byte_quota_and_overwrite_credit():
+    size = records._size(b"k", b"1", Entry(b"x" * 100, NOW + 60))
+    s = store(peer_bytes=size)
+    a = A.peer_id
+    s.put(b"k", b"1", Entry(b"x" * 100, NOW + 60), a)
+    assert s.usage(a) == (1, size)
+    with pytest.raises(RecordRejected, match="quota"):
+        s.put(b"k", b"2", Entry(b"y", NOW + 60), a)
+    assert s.put(b"k", b"1", Entry(b"z" * 100, NOW + 70), a) is True  # same size, replaces
+    assert s.usage(a) == (1, size)
+    with pytest.raises(RecordRejected, match="quota"):
+        s.put(b"k", b"1", Entry(b"z" * 101, NOW + 80), a)
+    assert s.usage(a) == (1, size)
+
+
+def test_the_local_peer_has_no_quota():
+    local = C.peer_id
+    s = RecordStore(StoreLimits(peer_records=1), local=local, clock=Clock())
+    for i in range(5):
+        s.put(b"k", str(i).encode(), Entry(b"v", NOW + 60), local)
+    assert s.record_count == 5
+
+
+def test_usage_is_released_when_records_expire():
+    clock = Clock()
+    s = store(clock, peer_records=1)
+    s.put(b"k", b"1", Entry(b"v", NOW + 10), A.peer_id)
+    clock.t = NOW + 10
+    s.purge()
+    assert s.usage(A.peer_id) == (0, 0) and s.record_count == 0
+    assert s.put(b"k", b"2", Entry(b"v", NOW + 60), A.peer_id) is True
+
+
+def test_total_record_cap():
+    clock = Clock()
+    s = store(clock, max_records=2)
+    s.put(b"k1", b"", Entry(b"v", NOW + 10), A.peer_id)
+    s.put(b"k2", b"", Entry(b"v", NOW + 60), B.peer_id)
+    with pytest.raises(RecordRejected, match="full"):
+        s.put(b"k3", b"", Entry(b"v", NOW + 60), C.peer_id)
+    assert s.put(b"k2", b"", Entry(b"v2", NOW + 70), B.peer_id) is True  # replacing needs no room
+    clock.t = NOW + 10  # k1 expired: purged to make room
+    assert s.put(b"k3", b"", Entry(b"v", NOW + 60), C.peer_id) is True
+    assert s.record_count == 2
+    assert s.get(key_id(b"k3")) is not None and s.get(key_id(b"k1")) is None
+
+
+def test_total_byte_cap():
+    size = records._size(b"k1", b"", Entry(b"x" * 100, NOW + 60))
+    s = store(max_bytes=2 * size)
+    s.put(b"k1", b"", Entry(b"x" * 100, NOW + 60), A.peer_id)
+    s.put(b"k2", b"", Entry(b"x" * 100, NOW + 60), B.peer_id)
+    with pytest.raises(RecordRejected, match="full"):
+        s.put(b"k3", b"", Entry(b"x", NOW + 60), C.peer_id)
+    with pytest.raises(RecordRejected, match="full"):
+        s.put(b"k1", b"", Entry(b"x" * 101, NOW + 70), A.peer_id)
+    assert s.put(b"k1", b"", Entry(b"y" * 100, NOW + 70), A.peer_id) is True
+
+
+def test_a_full_store_keeps_a_new_subkey_of_a_key_whose_records_expired():
+    clock = Clock()
+    s = store(clock, max_records=1)
+    s.put(b"k", b"s1", Entry(b"v", NOW + 10), A.peer_id)
+    clock.t = NOW + 20
+    assert s.put(b"k", b"s2", Entry(b"new", NOW + 100), A.peer_id) is True
+    assert held(s, b"k") == {b"s2": Entry(b"new", NOW + 100)}
+
+
+# -- rate limit --------------------------------------------------------------------------------
+
+
+def test_admit_rate_limit_and_refill(monkeypatch):
+    t = [1000.0]
+    monkeypatch.setattr(records.time, "monotonic", lambda: t[0])
+    s = RecordStore(StoreLimits(rate=2.0, burst=3.0), local=C.peer_id)
+    for _ in range(3):
+        s.admit(A.peer_id)
+    with pytest.raises(RecordRejected, match="rate"):
+        s.admit(A.peer_id)
+    s.admit(B.peer_id)  # buckets are per peer
+    for _ in range(100):
+        s.admit(C.peer_id)  # the local peer is never limited
+    t[0] += 0.5  # one token back
+    s.admit(A.peer_id)
+    with pytest.raises(RecordRejected):
+        s.admit(A.peer_id)
+    t[0] += 100.0  # refills up to the burst, no more
+    for _ in range(3):
+        s.admit(A.peer_id)
+    with pytest.raises(RecordRejected):
+        s.admit(A.peer_id)
+
+
+# -- providers ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ttl", [0, -1, 100.5, float("nan"), float("inf"), True, "10", None])
+def test_provider_ttl_bounds(ttl):
+    s = store(max_ttl=100.0)
+    with pytest.raises(RecordRejected, match="ttl"):
+        s.add_provider(b"cid", A.peer_id, ttl)
+    assert s.providers(b"cid") == []
+
+
+@pytest.mark.parametrize("cid", [b"", b"c" * 9, "cid", bytearray(b"cid")])
+def test_provider_content_id_bounds(cid):
+    s = store(max_key=8)
+    with pytest.raises(RecordRejected, match="content id"):
+        s.add_provider(cid, A.peer_id, 10)
+
+
+def test_providers_limit_refresh_and_expiry():
+    clock = Clock()
+    s = store(clock, max_providers=2, max_ttl=100.0)
+    s.add_provider(b"cid", A.peer_id, 10)
+    s.add_provider(b"cid", B.peer_id, 100)
+    with pytest.raises(RecordRejected, match="providers"):
+        s.add_provider(b"cid", C.peer_id, 50)
+    s.add_provider(b"other", C.peer_id, 50)  # per content id
+    s.add_provider(b"cid", B.peer_id, 5)  # a refresh never shortens
+    assert sorted(s.providers(b"cid")) == sorted([(A.peer_id, NOW + 10), (B.peer_id, NOW + 100)])
+    clock.t = NOW + 10
+    assert s.providers(b"cid") == [(B.peer_id, NOW + 100)]
+    s.add_provider(b"cid", C.peer_id, 50)  # A expired: room again
+    assert sorted(s.providers(b"cid")) == sorted([(B.peer_id, NOW + 100), (C.peer_id, NOW + 60)])
+    clock.t = NOW + 60
+    assert s.providers(b"cid") == [(B.peer_id, NOW + 100)]
+    s.add_provider(b"cid", C.peer_id, 1)  # expired providers may come back
+    assert sorted(s.providers(b"cid")) == sorted([(B.peer_id, NOW + 100), (C.peer_id, NOW + 61)])
+    clock.t = NOW + 100
+    assert s.providers(b"cid") == []
+
+
+def test_provider_keys_cap():
+    clock = Clock()
+    s = store(clock, max_provider_keys=1)
+    s.add_provider(b"c1", A.peer_id, 10)
+    with pytest.raises(RecordRejected, match="full"):
+        s.add_provider(b"c2", A.peer_id, 10)
+    clock.t = NOW + 10
+    s.add_provider(b"c2", A.peer_id, 10)
+    assert s.providers(b"c2") == [(A.peer_id, NOW + 20)]
+
+
+# -- peer records ------------------------------------------------------------------------------
+
+
+def test_peer_record_round_trip():
+    rec = PeerRecord.create(A, ADDRS, seq=5)
+    wire = msgpack.unpackb(msgpack.packb(rec.to_wire(), use_bin_type=True), raw=False)
+    back = PeerRecord.from_wire(wire, StoreLimits())
+    assert (back.peer, back.seq, back.addrs, back.signature) == (A.peer_id, 5, ADDRS, rec.signature)
+    assert PeerRecord.create(A, ADDRS).seq > 0  # defaults to a clock-based sequence
+
+
+def test_peer_record_forged_signature_is_rejected():
+    wire = PeerRecord.create(A, ADDRS, seq=5).to_wire()
+    wire[3] = bytes([wire[3][0] ^ 1]) + wire[3][1:]
+    with pytest.raises(RecordRejected, match="not signed"):
+        PeerRecord.from_wire(wire, StoreLimits())
+
+
+def test_peer_record_for_another_peer_is_rejected():
+    wire = PeerRecord.create(A, ADDRS, seq=5).to_wire()
+    wire[0] = B.peer_id.to_bytes()  # A's signature, claiming to be B's record
+    with pytest.raises(RecordRejected, match="not signed"):
+        PeerRecord.from_wire(wire, StoreLimits())
+
+
+@pytest.mark.parametrize("field, value", [(1, 6), (2, ["/ip4/6.6.6.6/tcp/1"]), (2, [])])
+def test_peer_record_tampered_fields_are_rejected(field, value):
+    wire = PeerRecord.create(A, ADDRS, seq=5).to_wire()
+    wire[field] = value
+    with pytest.raises(RecordRejected):
+        PeerRecord.from_wire(wire, StoreLimits())
+
+
+def test_peer_record_with_too_many_addresses_is_rejected():
+    addrs = [Multiaddr(f"/ip4/10.0.0.{i}/tcp/4001") for i in range(3)]
+    wire = PeerRecord.create(A, addrs, seq=1).to_wire()
+    PeerRecord.from_wire(wire, StoreLimits(max_addrs=3))
+    with pytest.raises(RecordRejected, match="addresses"):
+        PeerRecord.from_wire(wire, StoreLimits(max_addrs=2))
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda w: w[:3],
+        lambda w: tuple(w),
+        lambda w: [w[0].hex(), *w[1:]],
+        lambda w: [w[0], True, *w[2:]],
+        lambda w: [w[0], -1, *w[2:]],
+        lambda w: [w[0], 1 << 63, *w[2:]],
+        lambda w: [w[0], w[1], ["/ip4/1.2.3.4/tcp/4001", 7], w[3]],
+        lambda w: [w[0], w[1], ["/bogus/1"], w[3]],
+        lambda w: [w[0], w[1], ["/ip4/1.2.3.4/tcp/" + "1" * 1100], w[3]],
+        lambda w: [b"\x00\x01", *w[1:]],
+    ],
+)
+def test_malformed_peer_records_are_rejected(mutate):
+    wire = PeerRecord.create(A, ADDRS, seq=5).to_wire()
+    with pytest.raises(RecordRejected):
+        PeerRecord.from_wire(mutate(wire), StoreLimits())
+
+
+def test_stored_peer_records_keep_the_highest_seq_and_refresh_on_equal():
+    clock = Clock()
+    s = store(clock, peer_record_ttl=100.0)
+    assert s.put_peer_record(PeerRecord.create(A, ADDRS, seq=5)) is True
+    with pytest.raises(RecordRejected, match="newer"):
+        s.put_peer_record(PeerRecord.create(A, ADDRS[:1], seq=4))
+    assert s.peer_record(A.peer_id).seq == 5
+    clock.t = NOW + 80
+    assert s.put_peer_record(PeerRecord.create(A, ADDRS[:1], seq=5)) is False  # refreshed, kept
+    held_rec = s.peer_record(A.peer_id)
+    assert held_rec.seq == 5 and held_rec.addrs == ADDRS
+    clock.t = NOW + 150  # alive only thanks to the refresh at +80
+    assert s.peer_record(A.peer_id) is not None
+    assert s.put_peer_record(PeerRecord.create(A, ADDRS[:1], seq=6)) is True
+    assert s.peer_record(A.peer_id).addrs == ADDRS[:1]
+    assert s.peer_record(B.peer_id) is None
+    clock.t = NOW + 250
+    assert s.peer_record(A.peer_id) is None
+    assert s.put_peer_record(PeerRecord.create(A, ADDRS, seq=1)) is True  # the old one expired
+
+
+# -- persistence -------------------------------------------------------------------------------
+
+
+def filled_store(clock: Clock) -> RecordStore:
+    s = RecordStore(StoreLimits(peer_record_ttl=1000.0), clock=clock)
+    s.put(b"plain", b"s", Entry(b"free", NOW + 500), B.peer_id)
+    s.put(b"short", b"", Entry(b"soon", NOW + 50), B.peer_id)
+    key = akey()
+    s.put(key, b"", sign_entry(A, key, b"", b"owned", NOW + 500), A.peer_id)
+    s.add_provider(b"cid", A.peer_id, 500)
+    s.add_provider(b"cid", B.peer_id, 50)
+    s.put_peer_record(PeerRecord.create(A, ADDRS, seq=3))
+    return s
+
+
+def test_dump_load_round_trip():
+    clock = Clock()
+    s = filled_store(clock)
+    fresh = RecordStore(StoreLimits(), clock=Clock())
+    assert fresh.load(s.dump()) == 3 + 2 + 1
+    for key in (b"plain", b"short", akey()):
+        assert fresh.get(key_id(key)) == s.get(key_id(key))
+    assert sorted(fresh.providers(b"cid")) == sorted(s.providers(b"cid"))
+    rec = fresh.peer_record(A.peer_id)
+    assert (rec.seq, rec.addrs) == (3, ADDRS)
+    assert fresh.usage(A.peer_id) == s.usage(A.peer_id)  # quotas charged to the same peers
+    assert fresh.usage(B.peer_id) == s.usage(B.peer_id)
+
+
+def test_load_drops_what_expired_since_the_dump():
+    s = filled_store(Clock())
+    later = RecordStore(StoreLimits(), clock=Clock(NOW + 100))
+    assert later.load(s.dump()) == 2 + 1 + 1
+    assert later.get(key_id(b"short")) is None
+    assert later.get(key_id(b"plain")) is not None
+    assert later.providers(b"cid") == [(A.peer_id, NOW + 500)]
+    assert later.peer_record(A.peer_id) is not None
+    much_later = RecordStore(StoreLimits(), clock=Clock(NOW + 1000))
+    assert much_later.load(s.dump()) == 0
+    assert much_later.peer_record(A.peer_id) is None
+
+
+def test_dump_leaves_out_expired_records():
+    clock = Clock()
+    s = filled_store(clock)
+    clock.t = NOW + 100
+    obj = msgpack.unpackb(s.dump(), raw=False)
+    assert [row[0] for row in obj["values"]] == [b"plain", akey()]
+    assert [len(provs) for _, provs in obj["providers"]] == [1]
+
+
+def test_load_drops_tampered_records():
+    s = filled_store(Clock())
+    obj = msgpack.unpackb(s.dump(), raw=False)
+    for row in obj["values"]:
+        if row[0] == akey():
+            row[2] = b"forged"
+        if row[0] == b"short":
+            row[3] = NOW + 10**8  # beyond max_ttl
+    obj["peers"][0][0][2] = ["/ip4/6.6.6.6/tcp/1"]
+    fresh = RecordStore(StoreLimits(), clock=Clock())
+    assert fresh.load(msgpack.packb(obj, use_bin_type=True)) == 1 + 2
+    assert fresh.get(key_id(akey())) is None
+    assert fresh.get(key_id(b"short")) is None
+    assert fresh.get(key_id(b"plain")) is not None
+    assert fresh.peer_record(A.peer_id) is None
+
+
+def test_load_skips_a_provider_entry_with_a_corrupt_peer_id():
+    s = filled_store(Clock())
+    obj = msgpack.unpackb(s.dump(), raw=False)
+    obj["providers"][0][1][0][0] = b"\x00\x01"  # not a PeerId multihash
+    fresh = RecordStore(StoreLimits(), clock=Clock())
+    fresh.load(msgpack.packb(obj, use_bin_type=True))
+    assert len(fresh.providers(b"cid")) == 1
+    assert fresh.get(key_id(b"plain")) is not None
+
+
+def test_load_refuses_other_files():
+    with pytest.raises(ValueError):
+        RecordStore().load(msgpack.packb({"v": 2}))
+    with pytest.raises(ValueError):
+        RecordStore().load(msgpack.packb([1, 2]))

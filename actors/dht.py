@@ -45,7 +45,7 @@ from ..records import (
     entry_to_wire,
     sign_entry,
 )
-from ..runtime import ASYNC, ActorRef
+from ..runtime import ASYNC, ActorRef, current_caller
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
@@ -73,6 +73,7 @@ class DhtConfig:
     alpha: int = ALPHA
     replication: int = K  # replicas a put stores to (the k closest)
     request_timeout: float = 3.0
+    ping_after: float = 30.0  # a full bucket's oldest peer is pinged only if silent this long
     refresh_interval: float = 600.0  # buckets with no lookup for this long are refreshed
     republish_interval: float = 300.0  # the owner re-stores its records, providers, peer record
     name_ttl: float = 60.0  # named-actor registrations; refreshed every name_ttl / 3
@@ -103,7 +104,7 @@ class DhtService:
         self.cfg = config or DhtConfig()
         self.peer_id = runtime.peer_id
         self.keypair = runtime.host.keypair
-        self.table = RoutingTable(self.peer_id, self.cfg.k)
+        self.table = RoutingTable(self.peer_id, self.cfg.k, ping_after=self.cfg.ping_after)
         self.store = RecordStore(self.cfg.limits, local=self.peer_id)
         self.stats: collections.deque[LookupStats] = collections.deque(maxlen=10_000)
         self.misbehaved: collections.OrderedDict[PeerId, list[str]] = collections.OrderedDict()
@@ -131,6 +132,8 @@ class DhtService:
             self._seen(info.peer_id)
 
     def _seen(self, peer: PeerId) -> None:
+        if peer in self.misbehaved:
+            return  # it answered garbage: it does not come back by calling us
         oldest = self.table.seen(peer)
         if oldest is not None and oldest not in self._pinging:
             self._pinging.add(oldest)
@@ -156,8 +159,6 @@ class DhtService:
             self.misbehaved.popitem(last=False)
 
     def _caller_seen(self) -> PeerId:
-        from ..runtime import current_caller
-
         caller = current_caller()
         assert caller is not None
         if caller != self.peer_id and self.host.peer_addrs.get(caller):

@@ -9,7 +9,9 @@ authenticated connection enter the table.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import heapq
 import random
 import time
 from collections import OrderedDict
@@ -53,13 +55,15 @@ class RoutingTable:
     whose distance has bit length ``i + 1``). Full buckets keep their old, proven peers (they are
     the likeliest to stay, as the Kademlia paper observes) and park newcomers as replacements."""
 
-    def __init__(self, local: PeerId, k: int = K, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, local: PeerId, k: int = K, clock: Callable[[], float] = time.monotonic, ping_after: float = 0.0) -> None:
         self.local = local
         self.local_id = node_id(local)
         self.k = k
+        self.ping_after = ping_after  # a full bucket's oldest peer seen this recently is not pinged
         self._clock = clock
         self._buckets: dict[int, _Bucket] = {}
         self._ids: dict[PeerId, int] = {}
+        self._seen_at: dict[PeerId, float] = {}
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -84,16 +88,19 @@ class RoutingTable:
         the bucket is full and that peer should be pinged (see :meth:`ping_result`), else None."""
         if peer == self.local:
             return None
+        now = self._clock()
         nid = self._ids.get(peer)
         if nid is None:
             nid = node_id(peer)
         b = self._bucket(self.bucket_index(nid))
         if peer in b.peers:
             b.peers.move_to_end(peer)
+            self._seen_at[peer] = now
             return None
         if len(b.peers) < self.k:
             b.peers[peer] = nid
             self._ids[peer] = nid
+            self._seen_at[peer] = now
             b.replacements.pop(peer, None)
             return None
         b.replacements[peer] = nid
@@ -102,7 +109,10 @@ class RoutingTable:
             b.replacements.popitem(last=False)
         if b.pinging is not None:
             return None
-        b.pinging = next(iter(b.peers))
+        oldest = next(iter(b.peers))
+        if self.ping_after and now - self._seen_at.get(oldest, now) < self.ping_after:
+            return None  # it answered recently: no need to ask whether it is still there
+        b.pinging = oldest
         return b.pinging
 
     def ping_result(self, peer: PeerId, alive: bool) -> None:
@@ -115,6 +125,7 @@ class RoutingTable:
             b.pinging = None
         if alive:
             b.peers.move_to_end(peer)
+            self._seen_at[peer] = self._clock()
         else:
             self.remove(peer)
 
@@ -124,6 +135,7 @@ class RoutingTable:
         nid = self._ids.pop(peer, None)
         if nid is None:
             return
+        self._seen_at.pop(peer, None)
         b = self._bucket(self.bucket_index(nid))
         del b.peers[peer]
         if b.pinging == peer:
@@ -132,12 +144,13 @@ class RoutingTable:
             rpeer, rid = b.replacements.popitem(last=True)
             b.peers[rpeer] = rid
             self._ids[rpeer] = rid
+            self._seen_at[rpeer] = self._clock()
 
     def closest(self, target: int, n: int | None = None, exclude: PeerId | None = None) -> list[PeerId]:
         """The ``n`` (default ``k``) known peers closest to ``target``."""
-        ranked = sorted(self._ids.items(), key=lambda item: item[1] ^ target)
-        out = [p for p, _ in ranked if p != exclude]
-        return out[: self.k if n is None else n]
+        n = self.k if n is None else n
+        ranked = heapq.nsmallest(n + 1, [(nid ^ target, p) for p, nid in self._ids.items()])  # distances are unique
+        return [p for _, p in ranked if p != exclude][:n]
 
     def touch(self, target: int) -> None:
         """A lookup for ``target`` ran: its bucket needs no refresh for a while."""
@@ -195,6 +208,7 @@ class Lookup:
         self.k = k
         self.alpha = alpha
         self._cands: dict[PeerId, _Candidate] = {}
+        self._order: list[tuple[int, _Candidate]] = []  # by distance; failed ones stay, skipped
         self.in_flight = 0
         self.queried = 0
         for p in seeds:
@@ -212,13 +226,19 @@ class Lookup:
             if far is None or far.distance <= dist:
                 return
             del self._cands[far.peer]
-        self._cands[peer] = _Candidate(peer, dist, round_)
+            self._order.remove((far.distance, far))
+        c = self._cands[peer] = _Candidate(peer, dist, round_)
+        bisect.insort(self._order, (dist, c))
 
     def _ranked(self) -> list[_Candidate]:
         """The k closest candidates that have not failed."""
-        live = [c for c in self._cands.values() if c.state != _FAILED]
-        live.sort(key=lambda c: c.distance)
-        return live[: self.k]
+        out = []
+        for _, c in self._order:
+            if c.state != _FAILED:
+                out.append(c)
+                if len(out) == self.k:
+                    break
+        return out
 
     def next(self) -> list[PeerId]:
         """Peers to ask now (each is marked as asked)."""
@@ -261,9 +281,14 @@ class Lookup:
 
     def closest(self, n: int | None = None) -> list[PeerId]:
         """The closest peers that answered, nearest first."""
-        ok = [c for c in self._cands.values() if c.state == _ANSWERED]
-        ok.sort(key=lambda c: c.distance)
-        return [c.peer for c in ok[: self.k if n is None else n]]
+        n = self.k if n is None else n
+        out = []
+        for _, c in self._order:
+            if len(out) >= n:
+                break
+            if c.state == _ANSWERED:
+                out.append(c.peer)
+        return out
 
     @property
     def rounds(self) -> int:

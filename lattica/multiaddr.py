@@ -42,6 +42,8 @@ _BY_NAME = {p.name: p for p in _PROTOCOLS}
 _BY_NAME["ipfs"] = _BY_NAME["p2p"]  # legacy alias, accepted on input
 _BY_CODE = {p.code: p for p in _PROTOCOLS}
 _MAX_TEXT = 1024
+_PARSED: dict[bytes, Multiaddr] = {}  # binary form -> parsed multiaddr, recently seen
+_PARSED_MAX = 4096
 
 
 def _value_to_bytes(proto: _Proto, value: str) -> bytes:
@@ -88,11 +90,12 @@ def _value_to_text(proto: _Proto, raw: bytes) -> str:
 class Multiaddr:
     """An immutable, hashable multiaddr; build with ``Multiaddr("/ip4/...")``."""
 
-    __slots__ = ("_parts", "_text")
+    __slots__ = ("_parts", "_text", "_bytes")
 
     def __init__(self, text: str | Multiaddr) -> None:
+        self._bytes: bytes | None = None
         if isinstance(text, Multiaddr):
-            self._parts, self._text = text._parts, text._text
+            self._parts, self._text, self._bytes = text._parts, text._text, text._bytes
             return
         if not isinstance(text, str) or not text.startswith("/") or len(text) > _MAX_TEXT:
             raise MultiaddrError(f"a multiaddr is text starting with '/': {text!r}")
@@ -122,16 +125,29 @@ class Multiaddr:
     @classmethod
     def _from_parts(cls, parts: tuple[tuple[str, str | None], ...]) -> Multiaddr:
         self = object.__new__(cls)
+        self._bytes = None
         self._parts = parts
         self._text = "".join(f"/{n}" if v is None else f"/{n}/{v}" for n, v in parts)
         return self
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Multiaddr:
-        """Parse the binary form (varint protocol codes, fixed or length-prefixed values)."""
+        """Parse the binary form (varint protocol codes, fixed or length-prefixed values).
+        Multiaddrs are immutable, so recently parsed ones are shared (peers repeat addresses)."""
+        data = bytes(data)
+        hit = _PARSED.get(data)
+        if hit is not None:
+            return hit
+        addr = cls._parse_bytes(data)
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.clear()
+        _PARSED[data] = addr
+        return addr
+
+    @classmethod
+    def _parse_bytes(cls, data: bytes) -> Multiaddr:
         parts: list[tuple[str, str | None]] = []
         pos = 0
-        data = bytes(data)
         if len(data) > _MAX_TEXT:
             raise MultiaddrError("binary multiaddr too long")
         try:
@@ -158,6 +174,11 @@ class Multiaddr:
         return cls._from_parts(tuple(parts))
 
     def to_bytes(self) -> bytes:
+        if self._bytes is None:
+            self._bytes = self._encode()
+        return self._bytes
+
+    def _encode(self) -> bytes:
         out = bytearray()
         for name, value in self._parts:
             proto = _BY_NAME[name]

@@ -76,6 +76,7 @@ class _Host:
         self.listen_addrs: list[Multiaddr] = []
         self.conns: dict[PeerId, Connection] = {}
         self.all_conns: set[Connection] = set()
+        self.conns_of: dict[PeerId, set[Connection]] = {}  # every live connection, by peer
         self.info: dict[Connection, PeerInfo] = {}
         self.identified: dict[Connection, asyncio.Future[PeerInfo]] = {}
         self.peer_addrs: dict[PeerId, list[Multiaddr]] = {}
@@ -150,7 +151,7 @@ class _Host:
             log.info("refusing inbound connection: limit reached", peer=str(conn.remote_peer), limit=self.node.max_connections)
             conn.abort("connection limit reached")
             return
-        if sum(1 for c in self.all_conns if c.remote_peer == conn.remote_peer) >= _MAX_CONNS_PER_PEER:
+        if len(self.conns_of.get(conn.remote_peer, ())) >= _MAX_CONNS_PER_PEER:
             log.info("refusing inbound connection: too many from this peer", peer=str(conn.remote_peer))
             conn.abort("per-peer connection limit reached")
             return
@@ -159,6 +160,7 @@ class _Host:
     def _adopt(self, conn: Connection) -> None:
         """Start serving a new authenticated connection and make it the peer's primary one."""
         self.all_conns.add(conn)
+        self.conns_of.setdefault(conn.remote_peer, set()).add(conn)
         self.idle_since[conn] = self.loop.time()
         self.identified[conn] = self.loop.create_future()
         conn.add_close_callback(self._on_closed)
@@ -201,10 +203,15 @@ class _Host:
             fut.set_exception(ConnectionClosed(f"connection to {conn.remote_peer} closed before identify"))
             fut.exception()
         peer = conn.remote_peer
+        same = self.conns_of.get(peer)
+        if same is not None:
+            same.discard(conn)
+            if not same:
+                del self.conns_of[peer]
         if self.conns.get(peer) is conn:
             del self.conns[peer]
-            for other in self.all_conns:  # promote a surviving duplicate, if any
-                if other.remote_peer == peer and not other.is_closed:
+            for other in same or ():  # promote a surviving duplicate, if any
+                if not other.is_closed:
                     self.conns[peer] = other
                     break
 

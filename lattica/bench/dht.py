@@ -36,6 +36,10 @@ async def _simulate(n: int, keys: int, churn: float, seed: int, progress: Any) -
             await node.aconnect(seed_node.addrs[0])
             await node._host.runtime.dht.bootstrap()  # type: ignore[union-attr]
         nodes.append(node)
+        if (i + 1) % 50 == 0:
+            # long-lived simulation state would make every full collection walk all of it
+            gc.collect()
+            gc.freeze()
         if progress and (i + 1) % 100 == 0:
             progress(f"{i + 1} nodes joined ({time.perf_counter() - t0:.1f} s)")
     join_s = time.perf_counter() - t0
@@ -77,6 +81,7 @@ async def _simulate(n: int, keys: int, churn: float, seed: int, progress: Any) -
     found_after, rounds_after, first_after = await get_all(alive)
     for x in alive:
         await x.astop()
+    gc.unfreeze()
     return {
         "bench": "dht-sim",
         "nodes": n,

@@ -390,10 +390,13 @@ class DhtService:
 
     # -- peer records ------------------------------------------------------------------------
 
-    async def publish_peer_record(self) -> int:
+    async def publish_peer_record(self, lk: Lookup | None = None) -> int:
+        """Sign our listen addresses and store them on the k nodes closest to our id (``lk``: a
+        lookup of our own id that just ran); returns how many hold it, us included."""
         rec = PeerRecord.create(self.keypair, list(self.host.listen_addrs))
         target = node_id(self.peer_id)
-        lk = await self.find_closest(target)
+        if lk is None:
+            lk = await self.find_closest(target)
         targets, _ = self._targets(lk, target, self.cfg.replication)
         self.store.put_peer_record(rec)
         results = await asyncio.gather(*(self._call(p, "put_peer_record", rec.to_wire()) for p in targets), return_exceptions=True)
@@ -441,7 +444,9 @@ class DhtService:
                 info = self.host.info.get(conn)
                 if info is not None:
                     self._on_identified(info)
-        await self.find_closest(node_id(self.peer_id))
+        lk = await self.find_closest(node_id(self.peer_id))
+        if self.host.listen_addrs and lk.closest():
+            await self.publish_peer_record(lk)
         await self.refresh(0.0)
         return len(self.table)
 

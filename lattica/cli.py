@@ -42,6 +42,16 @@ def _bench(args: argparse.Namespace) -> None:
         _print(tb.bench_startup(("tcp", "quic")), args.json)
     if which in ("ciphers", "all"):
         _print(tb.bench_noise_ciphers(), args.json)
+    if which in ("dht", "all"):
+        from .bench.dht import bench_dht
+
+        for n in args.nodes or [2, 3]:
+            _print(bench_dht(n, min(args.count, 5000)), args.json)
+    if which == "dht-sim":
+        from .bench.dht import simulate
+
+        for n in args.nodes or [1000]:
+            _print(simulate(n, keys=args.keys, progress=None if args.json else lambda m: print(f"  {m}", flush=True)), args.json)
     if which in ("rpc", "all"):
         from .bench.rpc import bench_rpc
 
@@ -64,6 +74,10 @@ def _node(args: argparse.Namespace) -> None:
         for addr in args.connect:
             info = node.connect(addr)
             print(f"connected: {info.peer_id} over {info.transport}")
+        if args.connect:
+            from . import dht
+
+            print(f"DHT routing table: {dht.bootstrap(node=node).result(30)} peers")
         try:
             while True:
                 time.sleep(3600)
@@ -79,6 +93,39 @@ def _ping(args: argparse.Namespace) -> None:
         rtts = node.ping_many(info.peer_id, args.count)
         for r in rtts:
             print(f"pong from {info.peer_id.short()} via {info.transport}: {r * 1e6:.0f} µs")
+
+
+def _dht(args: argparse.Namespace) -> None:
+
+
+    from . import dht
+    from .identity import PeerId
+    from .node import Node
+
+    def shown(v: object) -> object:
+        return v if isinstance(v, (str, int, float, bool, list, dict, type(None))) else repr(v)
+
+    with Node([]) as node:
+        for addr in args.bootstrap:
+            node.connect(addr)
+        dht.bootstrap(node=node).result(30)
+        if args.op == "put":
+            try:
+                value = json.loads(args.value)
+            except ValueError:
+                value = args.value
+            n = dht.put(args.key, value, subkey=args.subkey, ttl=args.ttl, node=node).result(60)
+            print(json.dumps({"key": args.key, "replicas": n}))
+        elif args.op == "get":
+            rec = dht.get(args.key, node=node).result(60)
+            items = {str(k) if k is not None else "": {"value": shown(v.value), "expires_in": round(v.expiration - time.time(), 1)} for k, v in (rec or {}).items()}
+            print(json.dumps({"key": args.key, "found": rec is not None, "subkeys": items}))
+        elif args.op == "providers":
+            peers = dht.find_providers(args.key, node=node).result(60)
+            print(json.dumps({"cid": args.key, "providers": [str(p) for p in peers]}))
+        else:
+            addrs = dht.find_peer(PeerId.from_string(args.key), node=node).result(60)
+            print(json.dumps({"peer": args.key, "addrs": [str(a) for a in addrs]}))
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -103,11 +150,20 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("-c", "--count", type=int, default=5)
     s.set_defaults(fn=_ping)
 
+    s = sub.add_parser("dht", help="put, get, find providers or a peer's addresses in the DHT")
+    s.add_argument("op", choices=["put", "get", "providers", "peer"])
+    s.add_argument("key", help="key (put/get), content id (providers) or PeerId (peer)")
+    s.add_argument("value", nargs="?", default=None, help="put: the value (JSON if it parses, else text)")
+    s.add_argument("--subkey", default=None, help="put: store under this subkey")
+    s.add_argument("--ttl", type=float, default=3600.0, help="put: seconds the record lives (default: %(default)s)")
+    s.add_argument("--bootstrap", action="append", default=[], required=True, help="peer multiaddr to join through (repeatable)")
+    s.set_defaults(fn=_dht)
+
     s = sub.add_parser("demo", help="two local nodes find each other, identify and ping")
     s.set_defaults(fn=_demo)
 
     s = sub.add_parser("bench", help="run benchmarks and print figures")
-    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "all"])
+    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "all"])
     s.add_argument("--transport", choices=["tcp", "quic", "both"], default="both")
     s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic)")
     s.add_argument("--count", type=int, default=10000, help="pings")
@@ -117,6 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--actor", choices=["async", "sync", "both"], default="both", help="rpc actor kind")
     s.add_argument("--busy-poll-us", type=float, default=None,
                    help="node loop busy-poll window; default: compare 0 (uvloop) with the default side by side")
+    s.add_argument("--nodes", type=int, action="append", help="dht: nodes (repeatable; default 2 and 3; dht-sim: 1000)")
+    s.add_argument("--keys", type=int, default=200, help="dht-sim: keys stored and looked up")
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=_bench)
 

@@ -147,10 +147,32 @@ class RoutingTable:
             self._seen_at[rpeer] = self._clock()
 
     def closest(self, target: int, n: int | None = None, exclude: PeerId | None = None) -> list[PeerId]:
-        """The ``n`` (default ``k``) known peers closest to ``target``."""
+        """The ``n`` (default ``k``) known peers closest to ``target``.
+
+        Walks buckets by distance band instead of sorting the whole table: with ``j`` the bucket
+        ``target`` falls in, bucket ``j`` holds the closest peers, then buckets below ``j`` (one
+        band, sorted together), then buckets above ``j`` in increasing order."""
         n = self.k if n is None else n
-        ranked = heapq.nsmallest(n + 1, [(nid ^ target, p) for p, nid in self._ids.items()])  # distances are unique
-        return [p for _, p in ranked if p != exclude][:n]
+        want = n + (exclude is not None and exclude in self._ids)
+        j = (target ^ self.local_id).bit_length() - 1
+        out: list[tuple[int, PeerId]] = []
+
+        def band(indices: Iterable[int]) -> None:
+            items = [(nid ^ target, p) for i in indices for p, nid in self._buckets[i].peers.items()]
+            items.sort()  # distances are unique: peers are never compared
+            out.extend(items)
+
+        present = sorted(i for i, b in self._buckets.items() if b.peers)
+        if j >= 0 and j in self._buckets:
+            band([j])
+        if len(out) < want:
+            band([i for i in present if i < j])
+        for i in present:
+            if len(out) >= want:
+                break
+            if i > j:
+                band([i])
+        return [p for _, p in out if p != exclude][:n]
 
     def touch(self, target: int) -> None:
         """A lookup for ``target`` ran: its bucket needs no refresh for a while."""

@@ -343,8 +343,9 @@ class _Host:
 
     async def _serve_stream(self, stream: Stream, conn: Connection) -> None:
         try:
-            head = await asyncio.wait_for(stream.readexactly(1), _PROTOCOL_READ_TIMEOUT)
-            name = (await asyncio.wait_for(stream.readexactly(head[0]), _PROTOCOL_READ_TIMEOUT)).decode()
+            async with asyncio.timeout(_PROTOCOL_READ_TIMEOUT):  # cheaper than wait_for: no extra task
+                head = await stream.readexactly(1)
+                name = (await stream.readexactly(head[0])).decode()
         except (asyncio.TimeoutError, LatticaError, UnicodeDecodeError) as e:
             log.info("dropping stream: no valid protocol header", peer=str(conn.remote_peer), reason=str(e) or type(e).__name__)
             stream.reset()
@@ -385,7 +386,8 @@ class _Host:
 
     async def _on_identify(self, stream: Stream, conn: Connection) -> None:
         try:
-            msg = await asyncio.wait_for(read_message(stream, identify.MAX_MESSAGE), _PROTOCOL_READ_TIMEOUT)
+            async with asyncio.timeout(_PROTOCOL_READ_TIMEOUT):
+                msg = await read_message(stream, identify.MAX_MESSAGE)
             fields = identify.parse(msg, conn.remote_peer)
         except (LatticaError, asyncio.TimeoutError) as e:
             log.info("closing connection: bad identify", peer=str(conn.remote_peer), reason=str(e) or "timeout")
@@ -401,7 +403,8 @@ class _Host:
             fut.set_result(info)
         # one message per stream: anything after it is a protocol error; end the stream either way
         try:
-            extra = await asyncio.wait_for(stream.read(1), _PROTOCOL_READ_TIMEOUT)
+            async with asyncio.timeout(_PROTOCOL_READ_TIMEOUT):
+                extra = await stream.read(1)
         except asyncio.TimeoutError:
             extra = b"?"
         if extra:
@@ -472,6 +475,7 @@ class Node:
         allow: Iterable[str] = (),
         dht_path: str | os.PathLike[str] | None = None,
         dht: Any = None,
+        channel_idle: float = 60.0,
     ) -> None:
         if keypair is not None and key_path is not None:
             raise ValueError("give key_path or keypair, not both")
@@ -488,6 +492,7 @@ class Node:
         self._memory_network = memory_network
         self._lazy_quic = True
         self.allow = list(allow)  # class-path patterns peers may spawn here (fnmatch)
+        self.channel_idle = channel_idle  # an idle call channel closes after this, freeing its connection
         from .actors.dht import DhtConfig
 
         self.dht_config: DhtConfig = dht or DhtConfig()

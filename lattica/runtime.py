@@ -856,7 +856,7 @@ class _RemoteChannel(_Channel):
             self.stream is not None
             and not self.pending
             and not any(ob.queue for ob in self.outboxes.values())
-            and time.monotonic() - self.last_used > _CHANNEL_IDLE
+            and time.monotonic() - self.last_used > self.runtime.channel_idle
         )
 
     def congested(self) -> bool:
@@ -1151,6 +1151,7 @@ class Runtime:
         self.loop = host.loop
         self.peer_id: PeerId = host.peer_id
         self.allow = list(allow)
+        self.channel_idle: float = getattr(host.node, "channel_idle", _CHANNEL_IDLE)
         self.actors: dict[str, LocalActor] = {}
         self.channels: dict[PeerId, _Channel] = {}
         self._ids = itertools.count(1)
@@ -1174,7 +1175,7 @@ class Runtime:
         """Close call channels with nothing in flight for a while, so that the connections under
         them can go idle and close (an open stream keeps a connection alive)."""
         while True:
-            await asyncio.sleep(_CHANNEL_IDLE / 4)
+            await asyncio.sleep(self.channel_idle / 4)
             for peer, ch in list(self.channels.items()):
                 if isinstance(ch, _RemoteChannel) and ch.idle():
                     del self.channels[peer]

@@ -18,7 +18,7 @@ import collections
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import codec
 from .._log import get_logger
@@ -200,10 +200,7 @@ class DhtService:
         return Lookup(target, self.table.closest(target, self.cfg.k), self.peer_id, self.cfg.k, self.cfg.alpha)
 
     async def find_closest(self, target: int) -> Lookup:
-        async def ask(peer: PeerId) -> list[PeerId]:
-            return self._parse_peers(await self._call(peer, "find_node", target.to_bytes(32, "big")))
-
-        return await self._run(self._new_lookup(target), ask)
+        return await self._run(self._new_lookup(target), "find_node", (target.to_bytes(32, "big"),), lambda peer, answer: self._parse_peers(answer))
 
     def _targets(self, lk: Lookup, target: int, n: int) -> tuple[list[PeerId], bool]:
         """The n closest peers a lookup found, and whether we ourselves belong among them."""
@@ -231,26 +228,56 @@ class DhtService:
 
     async def _replicate(self, key: bytes, sk: bytes, entry: Entry) -> int:
         kid = key_id(key)
-        lk = await self.find_closest(kid)
-        self.stats.append(LookupStats("put", lk.rounds, lk.queried))
-        targets, include_self = self._targets(lk, kid, self.cfg.replication)
+
+        def store_here() -> None:
+            self.store.put(key, sk, entry, self.peer_id)
+
+        return await self._store_on_closest(kid, "store", (key, entry_to_wire(sk, entry)), store_here, f"the record for {key[:64]!r}", "put")
+
+    async def _store_on_closest(self, target: int, method: str, args: tuple, here: Callable[[], None], what: str, kind: str) -> int:
+        """Store on the k nodes closest to ``target`` (``method(*args)`` on each, ``here()`` if we
+        are one of them); returns how many accepted, StoreFailed if none.
+
+        The stores start at once to the closest peers we already know, in parallel with the
+        lookup (usually they are the answer, and the put costs one round trip instead of two);
+        peers the lookup adds get theirs when it ends. Only the final k count."""
+        sent: dict[PeerId, Any] = {}
+
+        def send(p: PeerId) -> None:
+            try:
+                sent[p] = self.rt.call(dht_ref(p), method, args, {}, timeout=self.cfg.request_timeout)
+            except LatticaError as e:
+                sent[p] = e
+
+        n = self.cfg.replication
+        for p in self.table.closest(target, n):
+            send(p)
+        lk = await self.find_closest(target)
+        self.stats.append(LookupStats(kind, lk.rounds, lk.queried))
+        targets, include_self = self._targets(lk, target, n)
+        for p in targets:
+            if p not in sent:
+                send(p)
         reasons: list[str] = []
         accepted = 0
         if include_self:
             try:
-                self.store.put(key, sk, entry, self.peer_id)
+                here()
                 accepted += 1
             except RecordRejected as e:
                 reasons.append(f"{self.peer_id.short()}: {e}")
-        wire = entry_to_wire(sk, entry)
-        results = await asyncio.gather(*(self._call(p, "store", key, wire) for p in targets), return_exceptions=True)
-        for p, r in zip(targets, results):
-            if isinstance(r, BaseException):
-                reasons.append(f"{p.short()}: {r}")
+        calls = [sent[p] for p in targets]
+        waits = [c._fut for c in calls if not isinstance(c, BaseException)]
+        if waits:
+            await asyncio.wait(waits)
+        for p, c in zip(targets, calls):
+            err = c if isinstance(c, BaseException) else (c._fut.exception() if not c._fut.cancelled() else DhtError("cancelled"))
+            if err is not None:
+                reasons.append(f"{p.short()}: {err}")
             else:
                 accepted += 1
         if accepted == 0:
-            raise StoreFailed(f"no node accepted the record for {key[:64]!r}: " + ("; ".join(reasons) or "no peers known"))
+            raise StoreFailed(f"no node accepted {what}: " + ("; ".join(reasons) or "no peers known"))
         return accepted
 
     async def get(self, key: bytes, quorum: int | None = None) -> dict[bytes, Entry]:
@@ -266,8 +293,7 @@ class DhtService:
         found_round = [0]
         lk = self._new_lookup(kid)
 
-        async def ask(peer: PeerId) -> list[PeerId]:
-            answer = await self._call(peer, "find_value", kid.to_bytes(32, "big"))
+        def parse(peer: PeerId, answer: Any) -> list[PeerId]:
             if type(answer) is not list or len(answer) != 2 or type(answer[0]) is not list:
                 raise _Garbage("find_value answers [records, closer peers]")
             if len(answer[0]) > lim.max_subkeys:
@@ -291,7 +317,7 @@ class DhtService:
             return self._parse_peers(answer[1])
 
         stop = (lambda: len(holders) >= quorum) if quorum else None
-        await self._run(lk, ask, stop)
+        await self._run(lk, "find_value", (kid.to_bytes(32, "big"),), parse, stop)
         self.stats.append(LookupStats("get", lk.rounds, lk.queried, found_round[0]))
         if merged and self.cfg.cache_on_get:
             for p in lk.closest():
@@ -300,43 +326,56 @@ class DhtService:
                     break
         return merged
 
-    async def _run(self, lk: Lookup, ask: Callable[[PeerId], Awaitable[list[PeerId]]], stop: Callable[[], bool] | None = None) -> Lookup:
-        """Drive ``lk``: ``ask(peer)`` queries one peer and returns the closer peers it named.
-        Stops when the lookup converged or ``stop()`` says enough was found. Peers that fail
-        leave the routing table; peers that answer garbage are also recorded as misbehaving."""
+    async def _run(self, lk: Lookup, method: str, args: tuple, parse: Callable[[PeerId, Any], list[PeerId]], stop: Callable[[], bool] | None = None) -> Lookup:
+        """Drive ``lk``: call ``method(*args)`` on the peers it names, ``parse(peer, answer)``
+        each answer into the closer peers it names (raising _Garbage if malformed). Stops when the
+        lookup converged or ``stop()`` says enough was found. Peers that fail leave the routing
+        table; peers that answer garbage are also recorded as misbehaving. Answers are handled in
+        future callbacks, with no task per request."""
         self.table.touch(lk.target)
-        tasks: dict[asyncio.Task, PeerId] = {}
         loop = self.rt.loop
+        pending: dict[PeerId, Any] = {}
+        wake: list[asyncio.Future | None] = [None]
 
-        async def one(peer: PeerId) -> list[PeerId] | None:
-            try:
-                closer = await ask(peer)
-            except _Garbage as e:
-                self._misbehaved(peer, str(e))
-                raise
-            except (LatticaError, asyncio.TimeoutError) as e:
-                if not isinstance(e, RecordRejected):
+        def finished(peer: PeerId, f: asyncio.Future) -> None:
+            pending.pop(peer, None)
+            exc = None if f.cancelled() else f.exception()
+            if f.cancelled():
+                lk.failed(peer)
+            elif exc is not None:
+                if not isinstance(exc, RecordRejected):
                     self.table.remove(peer)
-                raise
-            self._seen(peer)
-            return closer
+                lk.failed(peer)
+            else:
+                try:
+                    closer = parse(peer, f.result())
+                except _Garbage as e:
+                    self._misbehaved(peer, str(e))
+                    lk.failed(peer)
+                else:
+                    self._seen(peer)
+                    lk.answered(peer, closer)
+            w = wake[0]
+            if w is not None and not w.done():
+                w.set_result(None)
 
         try:
             while not lk.done and not (stop is not None and stop()):
                 for p in lk.next():
-                    tasks[loop.create_task(one(p))] = p
-                if not tasks:
-                    break
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    p = tasks.pop(t)
-                    if t.cancelled() or t.exception() is not None:
+                    try:
+                        fut = self.rt.call(dht_ref(p), method, args, {}, timeout=self.cfg.request_timeout)
+                    except LatticaError:
                         lk.failed(p)
-                    else:
-                        lk.answered(p, t.result() or [])
+                        continue
+                    pending[p] = fut
+                    fut._fut.add_done_callback(lambda f, p=p: finished(p, f))  # type: ignore[union-attr]
+                if not pending:
+                    break
+                wake[0] = loop.create_future()
+                await wake[0]
         finally:
-            for t in tasks:
-                t.cancel()
+            for fut in list(pending.values()):
+                fut.cancel()
         return lk
 
     async def _cache(self, peer: PeerId, key: bytes, records: dict[bytes, Entry]) -> None:
@@ -351,40 +390,25 @@ class DhtService:
     async def provide(self, cid: bytes, ttl: float = 3600.0, republish: bool = True) -> int:
         """Announce that this node provides ``cid`` to the k closest nodes; returns how many
         accepted (StoreFailed when none)."""
-        kid = key_id(cid)
-        lk = await self.find_closest(kid)
-        targets, include_self = self._targets(lk, kid, self.cfg.replication)
-        accepted = 0
-        reasons = []
-        if include_self:
-            self.store.add_provider(cid, self.peer_id, ttl)
-            accepted += 1
-        results = await asyncio.gather(*(self._call(p, "add_provider", cid, float(ttl)) for p in targets), return_exceptions=True)
-        for p, r in zip(targets, results):
-            if isinstance(r, BaseException):
-                reasons.append(f"{p.short()}: {r}")
-            else:
-                accepted += 1
         if republish:
             self._provided[cid] = ttl
-        if accepted == 0:
-            raise StoreFailed(f"no node accepted the provider record: {'; '.join(reasons) or 'no peers known'}")
-        return accepted
+        return await self._store_on_closest(
+            key_id(cid), "add_provider", (cid, float(ttl)), lambda: self.store.add_provider(cid, self.peer_id, ttl), "the provider record", "provide"
+        )
 
     async def find_providers(self, cid: bytes, count: int = 20) -> list[PeerId]:
         """Up to ``count`` peers that provide ``cid`` (their addresses are remembered for dialing)."""
         kid = key_id(cid)
         found: dict[PeerId, None] = {p: None for p, _ in self.store.providers(cid)}
 
-        async def ask(peer: PeerId) -> list[PeerId]:
-            answer = await self._call(peer, "get_providers", cid)
+        def parse(peer: PeerId, answer: Any) -> list[PeerId]:
             if type(answer) is not list or len(answer) != 2:
                 raise _Garbage("get_providers answers [providers, closer peers]")
             for p in self._parse_peers(answer[0]):
                 found[p] = None
             return self._parse_peers(answer[1])
 
-        lk = await self._run(self._new_lookup(kid), ask, lambda: len(found) >= count)
+        lk = await self._run(self._new_lookup(kid), "get_providers", (cid,), parse, lambda: len(found) >= count)
         self.stats.append(LookupStats("providers", lk.rounds, lk.queried))
         return list(found)[:count]
 
@@ -410,8 +434,7 @@ class DhtService:
         best: list[PeerRecord | None] = [self.store.peer_record(peer)]
         target = node_id(peer)
 
-        async def ask(p: PeerId) -> list[PeerId]:
-            answer = await self._call(p, "get_peer_record", peer)
+        def parse(p: PeerId, answer: Any) -> list[PeerId]:
             if type(answer) is not list or len(answer) != 2:
                 raise _Garbage("get_peer_record answers [record or None, closer peers]")
             if answer[0] is not None:
@@ -425,7 +448,7 @@ class DhtService:
                     best[0] = rec
             return self._parse_peers(answer[1])
 
-        lk = await self._run(self._new_lookup(target), ask, lambda: best[0] is not None)
+        lk = await self._run(self._new_lookup(target), "get_peer_record", (peer,), parse, lambda: best[0] is not None)
         self.stats.append(LookupStats("peer", lk.rounds, lk.queried))
         if best[0] is not None:
             self.host.remember_addrs(peer, best[0].addrs)

@@ -46,7 +46,8 @@ def _bench(args: argparse.Namespace) -> None:
         from .bench.dht import bench_dht
 
         for n in args.nodes or [2, 3]:
-            _print(bench_dht(n, min(args.count, 5000)), args.json)
+            for bp in polls:
+                _print(bench_dht(n, min(args.count, 5000), busy_poll_us=bp), args.json)
     if which == "dht-sim":
         from .bench.dht import simulate
 

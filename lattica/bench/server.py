@@ -94,8 +94,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--key", default=None, help="key file (created if absent)")
     p.add_argument("--allow", action="append", default=[], help="class-path pattern peers may spawn (repeatable)")
     p.add_argument("--busy-poll-us", type=float, default=DEFAULT_BUSY_POLL_US, help="node loop busy-poll window")
+    p.add_argument("--dht-rate", type=float, default=None, help="DHT stores per second accepted from one peer")
     args = p.parse_args(argv)
-    node = Node(args.listen or ["/ip4/127.0.0.1/tcp/0"], key_path=args.key, busy_poll_us=args.busy_poll_us, allow=["lattica.bench.*", *args.allow])
+    dht = None
+    if args.dht_rate is not None:
+        from ..actors.dht import DhtConfig
+        from ..records import StoreLimits
+
+        dht = DhtConfig(limits=StoreLimits(rate=args.dht_rate, burst=2 * args.dht_rate))
+    node = Node(args.listen or ["/ip4/127.0.0.1/tcp/0"], key_path=args.key, busy_poll_us=args.busy_poll_us, allow=["lattica.bench.*", *args.allow], dht=dht)
     node.start()
     digest = not args.no_digest
     node.set_stream_handler(SINK, lambda s, c: serve_sink(s, c, digest))

@@ -24,6 +24,9 @@ from .. import codec
 from .._log import get_logger
 from ..errors import (
     ActorNotFound,
+    ConnectionLimit,
+    MailboxFull,
+    NodeClosed,
     DhtError,
     LatticaError,
     PeerNotFound,
@@ -34,6 +37,8 @@ from ..identity import PeerId
 from ..kademlia import ALPHA, K, Lookup, RoutingTable, key_id, node_id
 from ..multiaddr import Multiaddr
 from ..records import (
+    REGISTRY_MAX_TTL,
+    REGISTRY_PREFIX,
     TOMBSTONE,
     Entry,
     PeerRecord,
@@ -41,6 +46,7 @@ from ..records import (
     StoreLimits,
     check_entry,
     encode_subkey,
+    is_authentic,
     entry_from_wire,
     entry_to_wire,
     sign_entry,
@@ -54,7 +60,7 @@ log = get_logger("lattica.dht")
 
 __all__ = ["DhtConfig", "DhtActor", "DhtService", "dht_ref", "NAME_PREFIX"]
 
-NAME_PREFIX = "lattica/actor/"  # named actors: key NAME_PREFIX + name, subkey = hosting PeerId
+NAME_PREFIX = REGISTRY_PREFIX.decode()  # named actors: key NAME_PREFIX + name, subkey = hosting PeerId
 _RPC_METHODS = ("ping", "find_node", "find_value", "store", "add_provider", "get_providers", "put_peer_record", "get_peer_record")
 _MAX_PEERS_IN_ANSWER = 2 * K
 _MAX_ADDRS_IN_ANSWER = 8
@@ -73,6 +79,7 @@ class DhtConfig:
     alpha: int = ALPHA
     replication: int = K  # replicas a put stores to (the k closest)
     request_timeout: float = 3.0
+    lookup_timeout: float = 20.0  # a whole lookup; then it settles for the closest peers so far
     ping_after: float = 30.0  # a full bucket's oldest peer is pinged only if silent this long
     refresh_interval: float = 600.0  # buckets with no lookup for this long are refreshed
     republish_interval: float = 300.0  # the owner re-stores its records, providers, peer record
@@ -85,6 +92,10 @@ class DhtConfig:
 
 class _Garbage(Exception):
     """A peer's answer does not follow the protocol."""
+
+
+# failures of a request that say nothing about the peer: they must not evict it from the table
+_NOT_THE_PEERS_FAULT = (RecordRejected, ConnectionLimit, NodeClosed, MailboxFull)
 
 
 @dataclass
@@ -102,6 +113,8 @@ class DhtService:
         self.rt = runtime
         self.host = runtime.host
         self.cfg = config or DhtConfig()
+        if not 0 < self.cfg.name_ttl <= REGISTRY_MAX_TTL:
+            raise ValueError(f"name_ttl must be in (0, {REGISTRY_MAX_TTL:.0f}] seconds")
         self.peer_id = runtime.peer_id
         self.keypair = runtime.host.keypair
         self.table = RoutingTable(self.peer_id, self.cfg.k, ping_after=self.cfg.ping_after)
@@ -109,17 +122,19 @@ class DhtService:
         self.stats: collections.deque[LookupStats] = collections.deque(maxlen=10_000)
         self.misbehaved: collections.OrderedDict[PeerId, list[str]] = collections.OrderedDict()
         self.rejected = 0  # stores we refused
-        self._mine: dict[tuple[bytes, bytes], tuple[Entry, float]] = {}  # our puts: (key, subkey) -> (entry, ttl)
+        self._mine: dict[tuple[bytes, bytes], Entry] = {}  # our live puts, re-stored until they expire
         self._provided: dict[bytes, float] = {}  # content ids we provide -> ttl
         self._names: dict[str, ActorRef] = {}  # actors of ours registered by name
         self._pinging: set[PeerId] = set()
+        self._addrs: dict[PeerId, list[Multiaddr]] = {}  # how we reached the peers in our table
+        self._refreshing_names = False
         self._saved_version = -1
         if self.cfg.persist_path and os.path.exists(self.cfg.persist_path):
             try:
                 with open(self.cfg.persist_path, "rb") as f:
                     kept = self.store.load(f.read())
                 log.info("DHT store loaded", path=self.cfg.persist_path, records=kept)
-            except (OSError, ValueError) as e:
+            except Exception as e:  # noqa: BLE001 -- a damaged file must not keep the node from starting
                 log.warning("DHT store file unreadable; starting empty", path=self.cfg.persist_path, reason=str(e))
             self._saved_version = self.store.version
         self.host.identify_listeners.append(self._on_identified)
@@ -134,24 +149,34 @@ class DhtService:
     def _seen(self, peer: PeerId) -> None:
         if peer in self.misbehaved:
             return  # it answered garbage: it does not come back by calling us
+        addrs = self.host.peer_addrs.get(peer)
+        if addrs:
+            self._addrs[peer] = list(addrs)[:_MAX_ADDRS_IN_ANSWER]
         oldest = self.table.seen(peer)
         if oldest is not None and oldest not in self._pinging:
             self._pinging.add(oldest)
             self.host.spawn(self._check_oldest(oldest))
 
     async def _check_oldest(self, peer: PeerId) -> None:
+        alive = False
         try:
             await self._call(peer, "ping")
             alive = True
-        except (LatticaError, _Garbage):
-            alive = False
+        except LatticaError:
+            pass
         finally:
             self._pinging.discard(peer)
         self.table.ping_result(peer, alive)
+        if not alive:
+            self._addrs.pop(peer, None)
+
+    def _drop(self, peer: PeerId) -> None:
+        self.table.remove(peer)
+        self._addrs.pop(peer, None)
 
     def _misbehaved(self, peer: PeerId, reason: str) -> None:
         log.info("DHT peer misbehaved", peer=str(peer), reason=reason)
-        self.table.remove(peer)
+        self._drop(peer)
         reasons = self.misbehaved.pop(peer, [])
         reasons = (reasons + [reason])[-8:]
         self.misbehaved[peer] = reasons
@@ -161,7 +186,12 @@ class DhtService:
     def _caller_seen(self) -> PeerId:
         caller = current_caller()
         assert caller is not None
-        if caller != self.peer_id and self.host.peer_addrs.get(caller):
+        if caller != self.peer_id and caller not in self.table:
+            conn = self.host.conns.get(caller)
+            info = self.host.info.get(conn) if conn is not None else None
+            if info is not None and info.listen_addrs:  # dialable, by its own (identify) word
+                self._seen(caller)
+        elif caller in self.table:
             self._seen(caller)
         return caller
 
@@ -170,13 +200,14 @@ class DhtService:
     def _peers_wire(self, peers: list[PeerId]) -> list:
         out = []
         for p in peers:
-            addrs = self.host.peer_addrs.get(p, [])[:_MAX_ADDRS_IN_ANSWER]
+            addrs = (self._addrs.get(p) or self.host.peer_addrs.get(p, []))[:_MAX_ADDRS_IN_ANSWER]
             if addrs:
                 out.append([p, addrs])
         return out
 
-    def _parse_peers(self, obj: Any) -> list[PeerId]:
-        """Closer peers from an answer: [[PeerId, [Multiaddr, ...]], ...]; addresses remembered."""
+    def _parse_peers(self, obj: Any, hints: dict[PeerId, list[Multiaddr]]) -> list[PeerId]:
+        """Closer peers from an answer: [[PeerId, [Multiaddr, ...]], ...]. Their addresses are
+        only hints (unauthenticated), kept in ``hints`` until we dial them."""
         if type(obj) is not list or len(obj) > _MAX_PEERS_IN_ANSWER:
             raise _Garbage("closer peers must be a list of at most 2k entries")
         out = []
@@ -186,12 +217,23 @@ class DhtService:
             peer, addrs = item
             if len(addrs) > _MAX_ADDRS_IN_ANSWER or not all(isinstance(a, Multiaddr) for a in addrs):
                 raise _Garbage("closer peer addresses must be a short list of multiaddrs")
-            if peer != self.peer_id and addrs:
-                self.host.remember_addrs(peer, addrs)
+            if peer != self.peer_id and addrs and peer.public_key() is not None:
+                if peer not in hints and len(hints) < Lookup.MAX_CANDIDATES:
+                    hints[peer] = addrs
                 out.append(peer)
         return out
 
+    def _reachable(self, peer: PeerId, hints: dict[PeerId, list[Multiaddr]] | None = None) -> None:
+        """Make sure the node can dial ``peer``: its table address, else the hint, unless the
+        address book already has one (hints never displace what a peer said about itself)."""
+        if self.host.peer_addrs.get(peer):
+            return
+        addrs = self._addrs.get(peer) or (hints or {}).get(peer)
+        if addrs:
+            self.host.remember_addrs(peer, addrs)
+
     async def _call(self, peer: PeerId, method: str, *args: Any) -> Any:
+        self._reachable(peer)
         return await self.rt.call(dht_ref(peer), method, args, {}, timeout=self.cfg.request_timeout)  # type: ignore[misc]
 
     # -- the lookup driver -----------------------------------------------------------------------
@@ -200,7 +242,8 @@ class DhtService:
         return Lookup(target, self.table.closest(target, self.cfg.k), self.peer_id, self.cfg.k, self.cfg.alpha)
 
     async def find_closest(self, target: int) -> Lookup:
-        return await self._run(self._new_lookup(target), "find_node", (target.to_bytes(32, "big"),), lambda peer, answer: self._parse_peers(answer))
+        lk = self._new_lookup(target)
+        return await self._run(lk, "find_node", (target.to_bytes(32, "big"),), lambda peer, answer: self._parse_peers(answer, lk.hints))
 
     def _targets(self, lk: Lookup, target: int, n: int) -> tuple[list[PeerId], bool]:
         """The n closest peers a lookup found, and whether we ourselves belong among them."""
@@ -223,7 +266,7 @@ class DhtService:
         entry = sign_entry(self.keypair, key, sk, value, time.time() + ttl)
         accepted = await self._replicate(key, sk, entry)
         if republish:
-            self._mine[(key, sk)] = (entry, ttl)
+            self._mine[(key, sk)] = entry
         return accepted
 
     async def _replicate(self, key: bytes, sk: bytes, entry: Entry) -> int:
@@ -303,9 +346,14 @@ class DhtService:
             for raw in answer[0]:
                 try:
                     sk, e = entry_from_wire(raw)
-                    e = check_entry(key, sk, e, now, lim)
                 except RecordRejected as err:
-                    raise _Garbage(f"find_value returned a bad record: {err}") from None
+                    raise _Garbage(f"find_value returned a malformed record: {err}") from None
+                if not is_authentic(key, sk, e):
+                    raise _Garbage("find_value returned a record its owner did not sign")
+                try:
+                    e = check_entry(key, sk, e, now, lim)
+                except RecordRejected:
+                    continue  # expired on the way, or beyond our limits: skipped, nobody blamed
                 got = True
                 old = merged.get(sk)
                 if old is None or e.wins_over(old):
@@ -314,7 +362,7 @@ class DhtService:
                 holders.add(peer)
                 if not found_round[0]:
                     found_round[0] = lk.round_of(peer)
-            return self._parse_peers(answer[1])
+            return self._parse_peers(answer[1], lk.hints)  # type: ignore[arg-type]
 
         stop = (lambda: len(holders) >= quorum) if quorum else None
         await self._run(lk, "find_value", (kid.to_bytes(32, "big"),), parse, stop)
@@ -336,6 +384,8 @@ class DhtService:
         loop = self.rt.loop
         pending: dict[PeerId, Any] = {}
         wake: list[asyncio.Future | None] = [None]
+        hints = lk.hints
+        deadline = loop.time() + self.cfg.lookup_timeout
 
         def finished(peer: PeerId, f: asyncio.Future) -> None:
             pending.pop(peer, None)
@@ -343,8 +393,8 @@ class DhtService:
             if f.cancelled():
                 lk.failed(peer)
             elif exc is not None:
-                if not isinstance(exc, RecordRejected):
-                    self.table.remove(peer)
+                if not isinstance(exc, _NOT_THE_PEERS_FAULT):
+                    self._drop(peer)
                 lk.failed(peer)
             else:
                 try:
@@ -362,6 +412,7 @@ class DhtService:
         try:
             while not lk.done and not (stop is not None and stop()):
                 for p in lk.next():
+                    self._reachable(p, hints)  # type: ignore[arg-type]
                     try:
                         fut = self.rt.call(dht_ref(p), method, args, {}, timeout=self.cfg.request_timeout)
                     except LatticaError:
@@ -371,8 +422,13 @@ class DhtService:
                     fut._fut.add_done_callback(lambda f, p=p: finished(p, f))  # type: ignore[union-attr]
                 if not pending:
                     break
-                wake[0] = loop.create_future()
-                await wake[0]
+                left = deadline - loop.time()
+                if left <= 0:
+                    break  # e.g. answers naming many peers that never answer: settle for what we have
+                wake[0] = w = loop.create_future()
+                timer = loop.call_at(deadline, lambda: w.done() or w.set_result(None))
+                await w
+                timer.cancel()
         finally:
             for fut in list(pending.values()):
                 fut.cancel()
@@ -390,6 +446,8 @@ class DhtService:
     async def provide(self, cid: bytes, ttl: float = 3600.0, republish: bool = True) -> int:
         """Announce that this node provides ``cid`` to the k closest nodes; returns how many
         accepted (StoreFailed when none)."""
+        if not 0 < ttl <= self.cfg.limits.max_ttl:
+            raise ValueError(f"ttl must be in (0, {self.cfg.limits.max_ttl:.0f}] seconds")
         if republish:
             self._provided[cid] = ttl
         return await self._store_on_closest(
@@ -400,17 +458,22 @@ class DhtService:
         """Up to ``count`` peers that provide ``cid`` (their addresses are remembered for dialing)."""
         kid = key_id(cid)
         found: dict[PeerId, None] = {p: None for p, _ in self.store.providers(cid)}
+        addrs: dict[PeerId, list[Multiaddr]] = {}
+        lk = self._new_lookup(kid)
 
         def parse(peer: PeerId, answer: Any) -> list[PeerId]:
             if type(answer) is not list or len(answer) != 2:
                 raise _Garbage("get_providers answers [providers, closer peers]")
-            for p in self._parse_peers(answer[0]):
+            for p in self._parse_peers(answer[0], addrs):
                 found[p] = None
-            return self._parse_peers(answer[1])
+            return self._parse_peers(answer[1], lk.hints)  # type: ignore[arg-type]
 
-        lk = await self._run(self._new_lookup(kid), "get_providers", (cid,), parse, lambda: len(found) >= count)
+        await self._run(lk, "get_providers", (cid,), parse, lambda: len(found) >= count)
         self.stats.append(LookupStats("providers", lk.rounds, lk.queried))
-        return list(found)[:count]
+        result = list(found)[:count]
+        for p in result:
+            self._reachable(p, addrs)
+        return result
 
     # -- peer records ------------------------------------------------------------------------
 
@@ -446,9 +509,10 @@ class DhtService:
                     raise _Garbage("answered with the peer record of another peer")
                 if best[0] is None or rec.seq > best[0].seq:
                     best[0] = rec
-            return self._parse_peers(answer[1])
+            return self._parse_peers(answer[1], lk.hints)  # type: ignore[arg-type]
 
-        lk = await self._run(self._new_lookup(target), "get_peer_record", (peer,), parse, lambda: best[0] is not None)
+        lk = self._new_lookup(target)
+        await self._run(lk, "get_peer_record", (peer,), parse, lambda: best[0] is not None)
         self.stats.append(LookupStats("peer", lk.rounds, lk.queried))
         if best[0] is not None:
             self.host.remember_addrs(peer, best[0].addrs)
@@ -482,23 +546,30 @@ class DhtService:
         """Store our live records, provider announcements and peer record again (churn moves the
         k closest nodes)."""
         now = time.time()
-        for (key, sk), (entry, ttl) in list(self._mine.items()):
-            if entry.expiration <= now:
+        gate = asyncio.Semaphore(16)
+
+        async def bounded(coro: Any, what: str) -> None:
+            async with gate:
+                try:
+                    await coro
+                except DhtError as e:
+                    log.info("republish failed", what=what, reason=str(e))
+
+        jobs = []
+        for (key, sk), entry in list(self._mine.items()):
+            if entry.expiration <= now:  # the same record, until it expires: never extended
                 del self._mine[(key, sk)]
-                continue
-            fresh = sign_entry(self.keypair, key, sk, entry.value, now + ttl)
-            self._mine[(key, sk)] = (fresh, ttl)
-            try:
-                await self._replicate(key, sk, fresh)
-            except DhtError as e:
-                log.info("republish failed", key=key[:64], reason=str(e))
+            else:
+                jobs.append(bounded(self._replicate(key, sk, entry), repr(key[:64])))
         for cid, ttl in list(self._provided.items()):
-            try:
-                await self.provide(cid, ttl, republish=False)
-            except DhtError as e:
-                log.info("provider republish failed", reason=str(e))
+            jobs.append(bounded(self.provide(cid, ttl, republish=False), "provider record"))
+        await asyncio.gather(*jobs)
         if self.host.listen_addrs and len(self.table):
             await self.publish_peer_record()
+
+    def stop_providing(self, cid: bytes) -> None:
+        """Stop re-announcing ``cid`` (the records on other nodes expire with their ttl)."""
+        self._provided.pop(cid, None)
 
     async def _upkeep(self) -> None:
         last_refresh = last_republish = last_names = time.monotonic()
@@ -507,7 +578,7 @@ class DhtService:
             now = time.monotonic()
             try:
                 self._persist()
-                if self._names and now - last_names >= self.cfg.name_ttl / 3:
+                if self._names and now - last_names >= self.cfg.name_ttl / 3 and not self._refreshing_names:
                     last_names = now
                     self.host.spawn(self._refresh_names())
                 if now - last_refresh >= self.cfg.refresh_interval / 4:
@@ -552,26 +623,37 @@ class DhtService:
             self.host.spawn(self._delete(_name_key(name), self.peer_id))
 
     async def _publish_name(self, name: str, ref: ActorRef) -> None:
+        if self._names.get(name) is not ref:
+            return  # unregistered meanwhile
         try:
             await self.put(_name_key(name), codec.encode_bytes(ref), subkey=self.peer_id, ttl=self.cfg.name_ttl, republish=False)
         except LatticaError as e:
             log.info("could not publish actor name", name=name, reason=str(e))
 
     async def _refresh_names(self) -> None:
-        for name, ref in list(self._names.items()):
-            await self._publish_name(name, ref)
+        self._refreshing_names = True  # one refresh at a time, however slow the puts are
+        try:
+            await asyncio.gather(*(self._publish_name(n, r) for n, r in list(self._names.items())))
+        finally:
+            self._refreshing_names = False
 
     async def _delete(self, key: bytes, subkey: Any) -> None:
-        self._mine.pop((key, encode_subkey(subkey)), None)
         try:
-            await self.put(key, TOMBSTONE, subkey=subkey, ttl=self.cfg.name_ttl, republish=False)
+            await self.delete(key, subkey, ttl=self.cfg.name_ttl)
         except LatticaError as e:
             log.info("could not delete DHT record", key=key[:64], reason=str(e))
 
     async def delete(self, key: bytes, subkey: Any = None, ttl: float = 60.0) -> int:
         """Replace a record by a tombstone that outlives it (readers see nothing)."""
-        self._mine.pop((key, encode_subkey(subkey)), None)
-        return await self.put(key, TOMBSTONE, subkey=subkey, ttl=ttl, republish=False)
+        sk = encode_subkey(subkey)
+        self._mine.pop((key, sk), None)
+        current = (await self.get(key)).get(sk)
+        now = time.time()
+        expiration = max(now + ttl, current.expiration + 0.001 if current is not None else 0.0)
+        if expiration > now + self.cfg.limits.max_ttl:
+            raise StoreFailed("the record outlives any tombstone this node may store; it expires on its own")
+        entry = sign_entry(self.keypair, key, sk, TOMBSTONE, expiration)
+        return await self._replicate(key, sk, entry)
 
     async def resolve_name(self, name: str) -> ActorRef:
         """The live actor registered as ``name`` anywhere on the mesh (the freshest registration)."""
@@ -663,7 +745,7 @@ class DhtActor:
         caller = svc._caller_seen()
         try:
             svc.store.admit(caller)
-            return svc.store.put_peer_record(PeerRecord.from_wire(record, svc.cfg.limits))
+            return svc.store.put_peer_record(PeerRecord.from_wire(record, svc.cfg.limits), caller)
         except RecordRejected:
             svc.rejected += 1
             raise

@@ -12,7 +12,7 @@ import threading
 from typing import Any, Iterable
 
 from .actor import _on_loop, current_runtime
-from .errors import ActorNotFound, LatticaError
+from .errors import ActorNotFound, LatticaError, Timeout
 from .future import Future
 from .identity import PeerId
 from .multiaddr import Multiaddr
@@ -93,7 +93,7 @@ def _get_actor(name: str, node: PeerId | str | None, timeout: float) -> Future:
             return fut
         from . import dht
 
-        return dht._run(None, lambda svc: asyncio.wait_for(svc.resolve_name(name), timeout))
+        return dht._run(None, lambda svc: _within(svc.resolve_name(name), timeout, f"resolving the actor name {name!r}"))
     peer = PeerId.from_string(node) if isinstance(node, str) else node
     if peer == rt.peer_id:
         actor = rt.actors.get(name)
@@ -108,6 +108,14 @@ def _get_actor(name: str, node: PeerId | str | None, timeout: float) -> Future:
 
 def _spawner_call(rt: Any, peer: PeerId, method: str, args: tuple, timeout: float) -> Future:
     return _on_loop(rt, lambda: rt.call(spawner_ref(peer), method, args, {}, timeout=timeout))
+
+
+async def _within(coro: Any, timeout: float, what: str) -> Any:
+    try:
+        async with asyncio.timeout(timeout):
+            return await coro
+    except TimeoutError:
+        raise Timeout(f"{what} took longer than {timeout} s") from None
 
 
 async def akill(ref: ActorRef, timeout: float = 10.0) -> None:

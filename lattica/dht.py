@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, NamedTuple
 from . import codec
 from .actor import _on_loop, current_runtime
 from .future import Future
+from .errors import LatticaError
 from .identity import PeerId
 from .records import TOMBSTONE, decode_subkey
 from .records import owned_key as _owned_key
@@ -106,8 +107,12 @@ def put(key: str | bytes, value: Any, *, subkey: Any = None, ttl: float = 60.0, 
 def _to_record(entries: dict) -> Record | None:
     rec = Record()
     for sk, e in entries.items():
-        if e.value != TOMBSTONE:
+        if e.value == TOMBSTONE:
+            continue
+        try:
             rec[decode_subkey(sk)] = Value(codec.decode(e.value), e.expiration)
+        except (LatticaError, ValueError, UnicodeDecodeError):
+            continue  # a writer's undecodable subkey or value hides only itself
     return rec or None
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import heapq
 import random
 import time
 from collections import OrderedDict
@@ -130,10 +129,13 @@ class RoutingTable:
             self.remove(peer)
 
     def remove(self, peer: PeerId) -> None:
-        """Drop ``peer`` (it failed a request or misbehaved); its bucket takes the newest
-        replacement."""
+        """Drop ``peer`` (it failed a request or misbehaved), from the table and from the
+        replacement lists; its bucket takes the newest replacement."""
         nid = self._ids.pop(peer, None)
         if nid is None:
+            b = self._buckets.get(self.bucket_index(node_id(peer)))
+            if b is not None:
+                b.replacements.pop(peer, None)
             return
         self._seen_at.pop(peer, None)
         b = self._bucket(self.bucket_index(nid))
@@ -233,6 +235,7 @@ class Lookup:
         self._order: list[tuple[int, _Candidate]] = []  # by distance; failed ones stay, skipped
         self.in_flight = 0
         self.queried = 0
+        self.hints: dict[PeerId, object] = {}  # opaque per-candidate data for the driver (addresses)
         for p in seeds:
             self._add(p, 1)
 

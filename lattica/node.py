@@ -568,6 +568,8 @@ class Node:
     def stop(self) -> None:
         """Close every connection and listener, then end the loop thread."""
         with self._lock:
+            if self._thread is None and self._host is not None:
+                raise RuntimeError("this node runs on a shared loop (astart): stop it with `await node.astop()`")
             if self._thread is None or self._loop is None:
                 return
             loop, thread, host = self._loop, self._thread, self._host
@@ -585,21 +587,21 @@ class Node:
         """Start on the running event loop instead of a loop thread of its own: for simulations
         (many nodes on one loop over the in-memory transport) and for embedding in an asyncio
         program. Blocking methods then cannot be used from that loop; use the ``a``-prefixed ones."""
-        with self._lock:
-            if self._host is not None:
+        with self._lock:  # never held across an await: a second astart must not block the loop
+            if self._host is not None or self._thread is not None or self._loop is not None:
                 return self
-            t0 = time.perf_counter()
             self._loop = asyncio.get_running_loop()
-            host = _Host(self)
-            try:
-                await host.start(self._listen)
-            except BaseException:
-                await host.stop()
-                self._loop = None
-                raise
-            self._host = host
-            self.started_at = time.perf_counter() - t0
-            return self
+        t0 = time.perf_counter()
+        host = _Host(self)
+        try:
+            await host.start(self._listen)
+        except BaseException:
+            await host.stop()
+            self._loop = None
+            raise
+        self._host = host
+        self.started_at = time.perf_counter() - t0
+        return self
 
     async def astop(self) -> None:
         """Stop a node started with :meth:`astart`."""

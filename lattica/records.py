@@ -35,6 +35,9 @@ __all__ = [
 _DOMAIN_VALUE = b"lattica-dht-record/1"
 _DOMAIN_PEER = b"lattica-peer-record/1"
 TOMBSTONE = b""  # an encoded value is never empty, so an empty one marks a deletion
+REGISTRY_PREFIX = b"lattica/actor/"  # named actors: key prefix + name, subkey = hosting PeerId
+REGISTRY_MAX_TTL = 300.0  # a registration lives at most this long (its owner refreshes it)
+_PROVIDER_COST = 96  # bytes charged for one provider record
 _OWNER = re.compile(rb"\[owner:([1-9A-HJ-NP-Za-km-z]{32,64})\]")
 
 
@@ -161,6 +164,8 @@ def check_entry(key: Any, subkey: Any, entry: Any, now: float, limits: StoreLimi
         raise RecordRejected("record has already expired")
     if entry.expiration > now + limits.max_ttl + limits.clock_skew:
         raise RecordRejected(f"record expires more than {limits.max_ttl:.0f} s from now")
+    if key.startswith(REGISTRY_PREFIX) and entry.expiration > now + REGISTRY_MAX_TTL + limits.clock_skew:
+        raise RecordRejected(f"an actor-name registration lives at most {REGISTRY_MAX_TTL:.0f} s")
     owner = owner_of(key, subkey)
     if owner is None:
         return Entry(entry.value, float(entry.expiration))
@@ -168,6 +173,23 @@ def check_entry(key: Any, subkey: Any, entry: Any, now: float, limits: StoreLimi
     if pub is None or len(entry.signature) != 64 or not verify_signature(pub, entry.signature, _payload(key, subkey, entry.value, entry.expiration)):
         raise RecordRejected(f"record owned by {owner} is not signed by that peer")
     return Entry(entry.value, float(entry.expiration), entry.signature)
+
+
+def is_authentic(key: bytes, subkey: bytes, entry: Entry) -> bool:
+    """Well-typed, and signed by its owner if it has one (expiration and size not checked: a
+    reader skips a record that expired on the way, it does not blame the peer that sent it)."""
+    if type(subkey) is not bytes or type(entry.value) is not bytes or type(entry.signature) is not bytes:
+        return False
+    if isinstance(entry.expiration, bool) or not isinstance(entry.expiration, (int, float)) or not math.isfinite(entry.expiration):
+        return False
+    try:
+        owner = owner_of(key, subkey)
+    except RecordRejected:
+        return False
+    if owner is None:
+        return True
+    pub = owner.public_key()
+    return pub is not None and len(entry.signature) == 64 and verify_signature(pub, entry.signature, _payload(key, subkey, entry.value, entry.expiration))
 
 
 def entry_to_wire(subkey: bytes, e: Entry) -> list:
@@ -188,13 +210,18 @@ def entry_from_wire(obj: Any) -> tuple[bytes, Entry]:
 class PeerRecord:
     """A peer's own signed list of addresses, with a sequence number (newer replaces older)."""
 
-    __slots__ = ("peer", "seq", "addrs", "signature")
+    __slots__ = ("peer", "seq", "addrs", "texts", "signature")
 
-    def __init__(self, peer: PeerId, seq: int, addrs: list[Multiaddr], signature: bytes) -> None:
+    def __init__(self, peer: PeerId, seq: int, addrs: list[Multiaddr], signature: bytes, texts: list[str] | None = None) -> None:
         self.peer = peer
         self.seq = seq
         self.addrs = addrs
+        self.texts = texts if texts is not None else [str(a) for a in addrs]  # exactly as signed
         self.signature = signature
+
+    @property
+    def size(self) -> int:
+        return sum(len(t) for t in self.texts) + len(self.signature) + 128
 
     @staticmethod
     def _payload(peer: PeerId, seq: int, addrs: list[str]) -> bytes:
@@ -204,10 +231,10 @@ class PeerRecord:
     def create(cls, keypair: KeyPair, addrs: list[Multiaddr], seq: int | None = None) -> PeerRecord:
         seq = time.time_ns() // 1000 if seq is None else seq  # microseconds: grows across restarts
         texts = [str(a) for a in addrs]
-        return cls(keypair.peer_id, seq, list(addrs), keypair.sign(cls._payload(keypair.peer_id, seq, texts)))
+        return cls(keypair.peer_id, seq, list(addrs), keypair.sign(cls._payload(keypair.peer_id, seq, texts)), texts)
 
     def to_wire(self) -> list:
-        return [self.peer.to_bytes(), self.seq, [str(a) for a in self.addrs], self.signature]
+        return [self.peer.to_bytes(), self.seq, list(self.texts), self.signature]
 
     @classmethod
     def from_wire(cls, obj: Any, limits: StoreLimits) -> PeerRecord:
@@ -227,7 +254,7 @@ class PeerRecord:
         pub = peer.public_key()
         if pub is None or len(sig) != 64 or not verify_signature(pub, sig, cls._payload(peer, seq, addrs)):
             raise RecordRejected(f"peer record of {peer} is not signed by that peer")
-        return cls(peer, seq, parsed, sig)
+        return cls(peer, seq, parsed, sig, list(addrs))
 
 
 # -- the store ----------------------------------------------------------------------------------
@@ -256,7 +283,7 @@ class RecordStore:
         self.clock = clock
         self._values: dict[int, _KeyRecords] = {}
         self._providers: dict[int, dict[PeerId, float]] = {}
-        self._peers: dict[PeerId, tuple[PeerRecord, float]] = {}
+        self._peers: dict[PeerId, tuple[PeerRecord, float, PeerId]] = {}  # peer -> (record, kept until, stored by)
         self._usage: dict[PeerId, list[int]] = {}  # peer -> [records, bytes]
         self._count = 0
         self._bytes = 0
@@ -370,11 +397,11 @@ class RecordStore:
             self._purge_key(kid, rec, now)
         for cid, provs in list(self._providers.items()):
             for p in [p for p, exp in provs.items() if exp <= now]:
-                del provs[p]
+                self._drop_provider(provs, p)
             if not provs:
                 del self._providers[cid]
-        for peer in [p for p, (_, exp) in self._peers.items() if exp <= now]:
-            del self._peers[peer]
+        for peer in [p for p, (_, exp, _) in self._peers.items() if exp <= now]:
+            self._drop_peer_record(peer)
 
     @property
     def record_count(self) -> int:
@@ -401,13 +428,33 @@ class RecordStore:
                 if len(self._providers) >= lim.max_provider_keys:
                     raise RecordRejected("this node's provider store is full")
             provs = self._providers[kid] = {}
-        if provider not in provs and len(provs) >= lim.max_providers:
-            for p in [p for p, exp in provs.items() if exp <= now]:
-                del provs[p]
+        if provider not in provs:
             if len(provs) >= lim.max_providers:
-                raise RecordRejected(f"content already has {lim.max_providers} providers")
+                for p in [p for p, exp in provs.items() if exp <= now]:
+                    self._drop_provider(provs, p)
+                if len(provs) >= lim.max_providers:
+                    raise RecordRejected(f"content already has {lim.max_providers} providers")
+            self._check_room(provider, _PROVIDER_COST)
+            self._charge(provider, 1, _PROVIDER_COST)
         provs[provider] = max(provs.get(provider, 0.0), now + ttl)
         self.version += 1
+
+    def _drop_provider(self, provs: dict[PeerId, float], provider: PeerId) -> None:
+        del provs[provider]
+        self._charge(provider, -1, -_PROVIDER_COST)
+
+    def _check_room(self, sender: PeerId, size: int) -> None:
+        """RecordRejected unless one more record of ``size`` bytes fits, in total and in the
+        quota of ``sender`` (our own records only count towards the totals)."""
+        lim = self.limits
+        if self._count + 1 > lim.max_records or self._bytes + size > lim.max_bytes:
+            self.purge()
+            if self._count + 1 > lim.max_records or self._bytes + size > lim.max_bytes:
+                raise RecordRejected("this node's record store is full")
+        if sender != self.local:
+            use = self._usage.get(sender, [0, 0])
+            if use[0] + 1 > lim.peer_records or use[1] + size > lim.peer_bytes:
+                raise RecordRejected(f"store quota of {sender} exhausted ({lim.peer_records} records / {lim.peer_bytes} bytes)")
 
     def providers(self, cid: bytes) -> list[tuple[PeerId, float]]:
         now = self.clock()
@@ -416,23 +463,29 @@ class RecordStore:
 
     # -- peer records ------------------------------------------------------------------------
 
-    def put_peer_record(self, rec: PeerRecord) -> bool:
-        """Keep ``rec`` (already verified) unless we hold a newer one. True if it changed."""
+    def put_peer_record(self, rec: PeerRecord, sender: PeerId | None = None) -> bool:
+        """Keep ``rec`` (already verified) unless we hold a newer one. True if it changed. The
+        record counts against the quota of ``sender`` (who stored it; default: its peer)."""
+        sender = sender or rec.peer
         held = self._peers.get(rec.peer)
         now = self.clock()
         if held is not None and held[1] > now:
             if held[0].seq > rec.seq:
                 raise RecordRejected("a newer peer record is already stored")
             if held[0].seq == rec.seq:
-                self._peers[rec.peer] = (held[0], now + self.limits.peer_record_ttl)
+                self._peers[rec.peer] = (held[0], now + self.limits.peer_record_ttl, held[2])
                 return False
-        if held is None and len(self._peers) >= self.limits.max_records:
-            self.purge()
-            if len(self._peers) >= self.limits.max_records:
-                raise RecordRejected("this node's peer record store is full")
-        self._peers[rec.peer] = (rec, now + self.limits.peer_record_ttl)
+        if held is not None:
+            self._drop_peer_record(rec.peer)
+        self._check_room(sender, rec.size)
+        self._charge(sender, 1, rec.size)
+        self._peers[rec.peer] = (rec, now + self.limits.peer_record_ttl, sender)
         self.version += 1
         return True
+
+    def _drop_peer_record(self, peer: PeerId) -> None:
+        rec, _, sender = self._peers.pop(peer)
+        self._charge(sender, -1, -rec.size)
 
     def peer_record(self, peer: PeerId) -> PeerRecord | None:
         held = self._peers.get(peer)
@@ -452,48 +505,56 @@ class RecordStore:
         providers = []
         for kid, provs in self._providers.items():
             providers.append([kid.to_bytes(32, "big"), [[p.to_bytes(), exp] for p, exp in provs.items() if exp > now]])
-        peers = [[rec.to_wire(), exp] for rec, exp in self._peers.values() if exp > now]
+        peers = [[rec.to_wire(), exp] for rec, exp, _ in self._peers.values() if exp > now]
         return msgpack.packb({"v": 1, "values": values, "providers": providers, "peers": peers}, use_bin_type=True)
 
     def load(self, data: bytes) -> int:
-        """Restore a dump, re-validating every record (a file is input too). Returns records kept."""
+        """Restore a dump, re-validating every record (a file is input too: malformed rows are
+        skipped, never fatal). Returns how many records were kept."""
         obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
         if type(obj) is not dict or obj.get("v") != 1:
             raise ValueError("not a Lattica DHT store file")
         kept = 0
         now = self.clock()
         lim = self.limits
-        for row in obj.get("values", []):
+        for row in _rows(obj.get("values")):
             try:
                 key, sk, value, exp, sig, by = row
                 self.put(key, sk, Entry(value, exp, sig), PeerId.from_bytes(by))
                 kept += 1
-            except (RecordRejected, InvalidPeerId, ValueError, TypeError):
-                pass
-        for row in obj.get("providers", []):
+            except Exception:  # noqa: BLE001 -- any malformed row is skipped
+                continue
+        for row in _rows(obj.get("providers")):
             try:
                 kid_bytes, provs = row
-                kid = int.from_bytes(kid_bytes, "big")
-                provs = list(provs)
-            except (ValueError, TypeError):
+                cid_kid = int.from_bytes(kid_bytes, "big")
+                items = list(_rows(provs))
+            except Exception:  # noqa: BLE001
                 continue
-            for item in provs:
+            for item in items:
                 try:
                     raw, exp = item
-                    if now < exp <= now + lim.max_ttl + lim.clock_skew:
-                        held = self._providers.setdefault(kid, {})
-                        if len(held) < lim.max_providers:
-                            held[PeerId.from_bytes(raw)] = exp
-                            kept += 1
-                except (InvalidPeerId, ValueError, TypeError):
+                    if not now < exp <= now + lim.max_ttl + lim.clock_skew:
+                        continue
+                    provider = PeerId.from_bytes(raw)
+                    held = self._providers.setdefault(cid_kid, {})
+                    if provider not in held and len(held) < lim.max_providers and len(self._providers) <= lim.max_provider_keys:
+                        self._check_room(provider, _PROVIDER_COST)
+                        self._charge(provider, 1, _PROVIDER_COST)
+                        held[provider] = exp
+                        kept += 1
+                except Exception:  # noqa: BLE001
                     continue
-        for row in obj.get("peers", []):
+        for row in _rows(obj.get("peers")):
             try:
                 wire, exp = row
                 rec = PeerRecord.from_wire(wire, lim)
-            except (RecordRejected, ValueError, TypeError):
+                if now < exp <= now + lim.peer_record_ttl + lim.clock_skew and self.put_peer_record(rec):
+                    kept += 1
+            except Exception:  # noqa: BLE001
                 continue
-            if now < exp <= now + lim.peer_record_ttl + lim.clock_skew:
-                self._peers[rec.peer] = (rec, exp)
-                kept += 1
         return kept
+
+
+def _rows(obj: Any) -> list:
+    return obj if type(obj) is list else []

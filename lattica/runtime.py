@@ -1161,7 +1161,10 @@ class Runtime:
         self.local = _LocalChannel(self, self.peer_id)
         self._gates: dict[tuple[PeerId, str], _Gate] = {}
         self.in_flight: dict[tuple[PeerId, str], int] = {}  # calls from a peer to an actor, in progress
-        _BY_THREAD[threading.get_ident()] = self
+        # nodes sharing one loop (Node.astart) share its thread: the first live one keeps the mapping
+        current = _BY_THREAD.get(threading.get_ident())
+        if current is None or current.host.closing or current.loop.is_closed():
+            _BY_THREAD[threading.get_ident()] = self
         host.handlers[rpc.PROTOCOL] = self._serve
         from .actors.dht import DhtActor, DhtService
         from .actors.spawner import Spawner
@@ -1269,7 +1272,8 @@ class Runtime:
         self.dht.close()
         for ch in list(self.channels.values()):
             ch.fail_all(PeerUnreachable("this node is shutting down"))
-        _BY_THREAD.pop(threading.get_ident(), None)
+        if _BY_THREAD.get(threading.get_ident()) is self:
+            del _BY_THREAD[threading.get_ident()]
 
     # -- calls out ------------------------------------------------------------------------------
 

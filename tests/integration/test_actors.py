@@ -859,8 +859,19 @@ def test_names_locally_and_on_a_peer(default_node, peer, token):
         ref = lattica.get_actor("remote-" + token, node=node)
         assert ref == remote and ref.peer_id == peer.peer_id
         assert ref.incr.remote(1).result(5) in (11, 12)
+    # named at spawn: registered in the DHT, so it resolves from here without node= too
+    assert wait_for(lambda: _resolves("remote-" + token), timeout=10)
+    assert lattica.get_actor("remote-" + token) == remote
     with pytest.raises(ActorNotFound):
-        lattica.get_actor("remote-" + token)  # not on this node
+        lattica.get_actor("never-spawned-" + token)
+
+
+def _resolves(name):
+    try:
+        lattica.get_actor(name, timeout=2)
+        return True
+    except ActorNotFound:
+        return False
 
 
 def test_duplicate_local_name_is_a_spawn_error(default_node, token):

@@ -393,7 +393,7 @@ class DhtService:
             if f.cancelled():
                 lk.failed(peer)
             elif exc is not None:
-                if not isinstance(exc, _NOT_THE_PEERS_FAULT):
+                if not isinstance(exc, _NOT_THE_PEERS_FAULT) and not isinstance(exc.__cause__, _NOT_THE_PEERS_FAULT):
                     self._drop(peer)
                 lk.failed(peer)
             else:

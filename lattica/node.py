@@ -502,6 +502,7 @@ class Node:
         self._thread: threading.Thread | None = None
         self._host: _Host | None = None
         self._lock = threading.Lock()
+        self._starting: asyncio.Future | None = None  # an astart in progress
         self.started_at: float | None = None
 
     def _make_transports(self) -> list[Transport]:
@@ -588,19 +589,33 @@ class Node:
         (many nodes on one loop over the in-memory transport) and for embedding in an asyncio
         program. Blocking methods then cannot be used from that loop; use the ``a``-prefixed ones."""
         with self._lock:  # never held across an await: a second astart must not block the loop
-            if self._host is not None or self._thread is not None or self._loop is not None:
+            starting = self._starting
+            if starting is None and (self._host is not None or self._thread is not None):
                 return self
-            self._loop = asyncio.get_running_loop()
+            if starting is None:
+                self._loop = asyncio.get_running_loop()
+                self._starting = starting = self._loop.create_future()
+                owner = True
+            else:
+                owner = False
+        if not owner:
+            await asyncio.shield(starting)  # the first astart's outcome (raises its error)
+            return self
         t0 = time.perf_counter()
         host = _Host(self)
         try:
             await host.start(self._listen)
-        except BaseException:
+        except BaseException as e:
             await host.stop()
             self._loop = None
+            starting.set_exception(e)
+            starting.exception()
             raise
+        finally:
+            self._starting = None
         self._host = host
         self.started_at = time.perf_counter() - t0
+        starting.set_result(None)
         return self
 
     async def astop(self) -> None:

@@ -26,6 +26,7 @@ import itertools
 import threading
 import time
 import traceback
+import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 import pykka
@@ -67,6 +68,7 @@ _CHANNEL_IDLE = 60.0  # seconds a call channel with nothing in flight stays open
 # Runtimes by the threads that belong to them (node loop, actor threads), so an ActorRef used from
 # any of those threads calls through the right node.
 _BY_THREAD: dict[int, Runtime] = {}
+_LIVE: weakref.WeakSet[Runtime] = weakref.WeakSet()  # every running runtime in this process
 
 
 def runtime_for_thread() -> Runtime | None:
@@ -897,7 +899,10 @@ class _RemoteChannel(_Channel):
         try:
             stream = await self.runtime.host.open_stream(self.peer, rpc.PROTOCOL)
         except LatticaError as e:
-            err = e if isinstance(e, PeerUnreachable) else PeerUnreachable(f"cannot reach {self.peer}: {e}")
+            err = e
+            if not isinstance(e, PeerUnreachable):
+                err = PeerUnreachable(f"cannot reach {self.peer}: {e}")
+                err.__cause__ = e  # e.g. our own ConnectionLimit: callers can tell it is not the peer
             self.runtime._drop_channel(self, err)
             return
         self.stream = stream
@@ -1165,6 +1170,7 @@ class Runtime:
         current = _BY_THREAD.get(threading.get_ident())
         if current is None or current.host.closing or current.loop.is_closed():
             _BY_THREAD[threading.get_ident()] = self
+        _LIVE.add(self)
         host.handlers[rpc.PROTOCOL] = self._serve
         from .actors.dht import DhtActor, DhtService
         from .actors.spawner import Spawner
@@ -1272,8 +1278,14 @@ class Runtime:
         self.dht.close()
         for ch in list(self.channels.values()):
             ch.fail_all(PeerUnreachable("this node is shutting down"))
-        if _BY_THREAD.get(threading.get_ident()) is self:
-            del _BY_THREAD[threading.get_ident()]
+        tid = threading.get_ident()
+        if _BY_THREAD.get(tid) is self:
+            del _BY_THREAD[tid]
+            for other in _LIVE:  # another node on this shared loop (Node.astart) takes over
+                if other is not self and other.host.thread_id == tid and not other.host.closing:
+                    _BY_THREAD[tid] = other
+                    break
+        _LIVE.discard(self)
 
     # -- calls out ------------------------------------------------------------------------------
 

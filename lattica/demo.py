@@ -1,8 +1,11 @@
-"""``make demo``: two nodes in two processes find each other, say who they are, ping, and work.
+"""``make demo``: nodes in two processes find each other, say who they are, ping, work, and meet
+in the DHT.
 
 The first node runs in a child process listening on TCP and QUIC; the second dials it on each
 transport, prints what identify told it and how the connection was made, and measures RTT. Then it
 spawns a sharded matrix-multiply actor on the first node, streams work to it and checks the results.
+Last, it publishes a record in the DHT, and a third node that knows only the first one reads it and
+finds a shard by its name.
 """
 
 from __future__ import annotations
@@ -53,9 +56,33 @@ def run() -> None:
                 print(f"  A sees B at        : {info.observed_addr}")
                 rtts = sorted(b.ping_many(info.peer_id, 1000))
                 print(f"  ping RTT           : p50 {rtts[500] * 1e6:.0f} µs, p99 {rtts[990] * 1e6:.0f} µs over 1000 pings")
-        with Node([]) as b:
+        with Node(["/ip4/127.0.0.1/tcp/0"]) as b:
             _work(b, a.addr("tcp"))
+            _dht(b, a.addr("tcp"))
     print("\ndone.")
+
+
+def _dht(b: Node, addr: str) -> None:
+    from . import dht
+    from .api import aget_actor
+
+    print("\nthe DHT: B announces which layers it serves; a new node C finds that and A's shards by name")
+    dht.bootstrap(node=b).result(10)
+    n = dht.put("swarm/layers", {"start": 0, "end": 8}, subkey=b.peer_id, ttl=60, node=b).result(10)
+    print(f"  B put swarm/layers (subkey = its PeerId, signed): {n} replicas acknowledged")
+    with Node([]) as c:
+        c.connect(addr)  # C knows only A
+        dht.bootstrap(node=c).result(10)
+        rec = dht.get("swarm/layers", node=c).result(10)
+        for sk, v in (rec or {}).items():
+            print(f"  C reads swarm/layers: {sk.short() if sk else sk} serves {v.value}, expires in {v.expiration - time.time():.0f} s")
+        ref = c.run(aget_actor("shard-0"), timeout=10)  # resolved through the DHT registry
+        print(f"  C resolves 'shard-0' by name: {ref}, on A: {str(ref.peer_id) == str(c.peers()[0].peer_id)}")
+        print(f"  C calls it: stats {c.run(_stats(ref), timeout=10)}")
+
+
+async def _stats(ref: object) -> dict:
+    return await ref.stats.remote()  # type: ignore[attr-defined]
 
 
 def _work(b: Node, addr: str) -> None:

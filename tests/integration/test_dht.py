@@ -290,3 +290,30 @@ def test_the_cli_puts_and_gets_through_a_bootstrap_node():
         assert lattica.dht.get("cli/key", node=boot).result(10).value == {"n": 5}
         assert cli("get", "cli/none") == {"key": "cli/none", "found": False, "subkeys": {}}
         assert cli("peer", str(boot.peer_id))["addrs"] == [addr.split("/p2p/")[0]]
+
+
+def test_a_successful_get_caches_the_record_at_the_closest_node_that_lacked_it():
+    cfg = lambda: DhtConfig(k=3, replication=2)  # noqa: E731 -- small k: most nodes do not hold the key
+    nodes = [lattica.Node([TCP], dht=cfg()).start() for _ in range(7)]
+    try:
+        for n in nodes[1:]:
+            n.connect(nodes[0].addrs[0])
+        for _ in range(2):
+            for n in nodes:
+                lattica.dht.bootstrap(node=n).result(10)
+        kid = key_id(b"cached")
+
+        def holders():
+            return {n.peer_id for n in nodes if _dht(n).store.get(kid) is not None}
+
+        writer = nodes[1]
+        assert lattica.dht.put("cached", "v", node=writer).result(10) == 2
+        before = holders()
+        assert len(before) == 2
+        reader = next(n for n in nodes if n.peer_id not in before and n is not writer)
+        assert lattica.dht.get("cached", node=reader).result(10).value == "v"
+        assert wait_for(lambda: len(holders()) == 3, timeout=5)  # one more copy, at a node the lookup asked
+        assert before < holders()
+    finally:
+        for n in nodes:
+            n.stop()

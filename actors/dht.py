@@ -374,7 +374,7 @@ class DhtService:
                     break
         return merged
 
-    async def _run(self, lk: Lookup, method: str, args: tuple, parse: Callable[[PeerId, Any], list[PeerId]], stop: Callable[[], bool] | None = None) -> Lookup:
+    async def _run(self, lk: Lookup, method: str, args: tuple, parse: Callable[[PeerId, Any], list[PeerId]], stop: Callable[[], bool] | None = None, skip: PeerId | None = None) -> Lookup:
         """Drive ``lk``: call ``method(*args)`` on the peers it names, ``parse(peer, answer)``
         each answer into the closer peers it names (raising _Garbage if malformed). Stops when the
         lookup converged or ``stop()`` says enough was found. Peers that fail leave the routing
@@ -412,6 +412,9 @@ class DhtService:
         try:
             while not lk.done and not (stop is not None and stop()):
                 for p in lk.next():
+                    if p == skip:
+                        lk.failed(p)
+                        continue
                     self._reachable(p, hints)  # type: ignore[arg-type]
                     try:
                         fut = self.rt.call(dht_ref(p), method, args, {}, timeout=self.cfg.request_timeout)
@@ -512,13 +515,17 @@ class DhtService:
             return self._parse_peers(answer[1], lk.hints)  # type: ignore[arg-type]
 
         lk = self._new_lookup(target)
-        await self._run(lk, "get_peer_record", (peer,), parse, lambda: best[0] is not None)
+        # the peer itself is not asked: we may be dialing it right now, waiting for this lookup
+        await self._run(lk, "get_peer_record", (peer,), parse, lambda: best[0] is not None, skip=peer)
         self.stats.append(LookupStats("peer", lk.rounds, lk.queried))
         if best[0] is not None:
             self.host.remember_addrs(peer, best[0].addrs)
             return list(best[0].addrs)
         if self.host.peer_addrs.get(peer):
             return list(self.host.peer_addrs[peer])
+        hinted = lk.hints.get(peer)
+        if hinted:  # unsigned, but a dial authenticates whoever answers
+            return list(hinted)  # type: ignore[call-overload]
         raise PeerNotFound(f"no address of {peer} is known or published in the DHT")
 
     # -- bootstrap and upkeep ----------------------------------------------------------------

@@ -260,7 +260,10 @@ class _Host:
 
     async def _dial(self, peer: PeerId, fut: asyncio.Future) -> None:
         try:
-            conn = await self._race(peer, self.peer_addrs.get(peer, []))
+            addrs = self.peer_addrs.get(peer, [])
+            if not addrs and self.runtime is not None and not self.closing:
+                addrs = await self._find_in_dht(peer)
+            conn = await self._race(peer, addrs)
             if not fut.done():
                 fut.set_result(conn)
         except BaseException as e:
@@ -271,6 +274,13 @@ class _Host:
                 raise
         finally:
             self.dialing.pop(peer, None)
+
+    async def _find_in_dht(self, peer: PeerId) -> list[Multiaddr]:
+        """Dialing by PeerId alone: the addresses in the peer's signed DHT record."""
+        try:
+            return await self.runtime.dht.find_peer(peer)  # type: ignore[union-attr]
+        except LatticaError as e:
+            raise PeerUnreachable(f"no address of {peer} is known here or in the DHT ({e})") from None
 
     async def _race(self, peer: PeerId, addrs: list[Multiaddr]) -> Connection:
         by_transport: dict[str, list[tuple[Multiaddr, Transport]]] = {}

@@ -317,3 +317,23 @@ def test_a_successful_get_caches_the_record_at_the_closest_node_that_lacked_it()
     finally:
         for n in nodes:
             n.stop()
+
+
+def test_a_peer_is_called_by_its_peer_id_alone_through_its_dht_record():
+    with lattica.Node([TCP], allow=["sample_actors.*"]) as hub, lattica.Node([TCP], allow=["sample_actors.*"]) as b, lattica.Node([TCP]) as c:
+        b.connect(hub.addrs[0])
+        c.connect(hub.addrs[0])
+        for n in (hub, b, c):
+            lattica.dht.bootstrap(node=n).result(10)
+        c.disconnect(b.peer_id)  # (the joins' lookups connected them)
+        assert wait_for(lambda: b.peer_id not in c._host.conns and c.peer_id not in b._host.conns)
+        c._host.peer_addrs.pop(b.peer_id, None)  # c forgets where b is
+
+        async def call_b():
+            ref = sa.Counter.options(node=b.peer_id).remote(5)  # a spawn addressed by PeerId only
+            return await ref.get.remote()
+
+        assert c.run(call_b(), timeout=20) == 5
+        assert str(b.addrs[0]).split("/p2p/")[0] in [str(a) for a in c._host.peer_addrs[b.peer_id]]
+        with pytest.raises(lattica.errors.PeerUnreachable, match="DHT"):
+            c.run(_await(c._host.runtime.call(dht_ref(lattica.KeyPair.generate().peer_id), "ping", (), {}, timeout=10)), timeout=20)

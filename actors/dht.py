@@ -356,6 +356,8 @@ class DhtService:
                     continue  # expired on the way, or beyond our limits: skipped, nobody blamed
                 got = True
                 old = merged.get(sk)
+                if old is None and len(merged) >= lim.max_subkeys:
+                    continue  # a key never holds more subkeys than this, whoever answers
                 if old is None or e.wins_over(old):
                     merged[sk] = e
             if got:
@@ -579,12 +581,14 @@ class DhtService:
         self._provided.pop(cid, None)
 
     async def _upkeep(self) -> None:
-        last_refresh = last_republish = last_names = time.monotonic()
+        last_refresh = last_republish = last_names = last_save = time.monotonic()
         while True:
             await asyncio.sleep(min(1.0, self.cfg.persist_interval))
             now = time.monotonic()
             try:
-                self._persist()
+                if now - last_save >= self.cfg.persist_interval:
+                    last_save = now
+                    await self._persist_soon()
                 if self._names and now - last_names >= self.cfg.name_ttl / 3 and not self._refreshing_names:
                     last_names = now
                     self.host.spawn(self._refresh_names())
@@ -601,15 +605,21 @@ class DhtService:
             except Exception:
                 log.exception("DHT upkeep step failed")
 
-    def _persist(self, force: bool = False) -> None:
+    def _persist(self) -> None:
+        """Save the store now if it changed (blocking: used at shutdown)."""
         path = self.cfg.persist_path
-        if not path or (self.store.version == self._saved_version and not force):
-            return
-        tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(self.store.dump())
-        os.replace(tmp, path)
-        self._saved_version = self.store.version
+        if path and self.store.version != self._saved_version:
+            version = self.store.version
+            _write_atomically(path, self.store.dump())
+            self._saved_version = version
+
+    async def _persist_soon(self) -> None:
+        """Save the store if it changed, the file writing off the loop."""
+        path = self.cfg.persist_path
+        if path and self.store.version != self._saved_version:
+            version = self.store.version
+            await asyncio.to_thread(_write_atomically, path, self.store.dump())
+            self._saved_version = version
 
     def close(self) -> None:
         """Save the store one last time (node shutdown)."""
@@ -684,6 +694,13 @@ class DhtService:
 
 def _name_key(name: str) -> bytes:
     return (NAME_PREFIX + name).encode()
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
 
 
 class DhtActor:

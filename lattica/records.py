@@ -298,11 +298,12 @@ class RecordStore:
             return
         now = time.monotonic()
         lim = self.limits
-        b = self._tokens.get(peer)
+        b = self._tokens.pop(peer, None)
         if b is None:
-            if len(self._tokens) > 10_000:
-                self._tokens.clear()  # bounded: forgetting buckets only forgives
-            b = self._tokens[peer] = [lim.burst, now]
+            b = [lim.burst, now]
+            while len(self._tokens) >= 10_000:  # bounded: the least recently active peer is forgotten
+                self._tokens.pop(next(iter(self._tokens)))
+        self._tokens[peer] = b  # (re)inserted last: most recently active
         b[0] = min(lim.burst, b[0] + (now - b[1]) * lim.rate)
         b[1] = now
         if b[0] < 1:

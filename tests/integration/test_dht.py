@@ -112,7 +112,7 @@ CHILD = r"""
 import json, os, sys
 import lattica
 from lattica.actors.dht import DhtConfig
-node = lattica.init(["/ip4/127.0.0.1/tcp/0"], allow=["sample_actors.*"], dht=DhtConfig(name_ttl=2.0))
+node = lattica.init(["/ip4/127.0.0.1/tcp/0"], allow=["sample_actors.*"], dht=DhtConfig(name_ttl=3.0))
 print(json.dumps({"peer_id": str(node.peer_id), "addrs": [str(a) for a in node.addrs]}), flush=True)
 sys.stdin.read()
 """
@@ -128,7 +128,7 @@ def test_a_name_expires_when_its_process_is_killed(default_node, token):
         c = sa.Counter.options(node=lattica.PeerId.from_string(info["peer_id"]), name=name).remote(1)
         assert c.get.remote().result(10) == 1
         assert wait_for(lambda: _resolves(name), timeout=10)
-        time.sleep(3)  # past name_ttl: the live actor's registration was refreshed meanwhile
+        time.sleep(3.5)  # past name_ttl: the live actor's registration was refreshed meanwhile
         assert _resolves(name)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
@@ -293,7 +293,9 @@ def test_the_cli_puts_and_gets_through_a_bootstrap_node():
 
 
 def test_a_successful_get_caches_the_record_at_the_closest_node_that_lacked_it():
-    cfg = lambda: DhtConfig(k=3, replication=2)  # noqa: E731 -- small k: most nodes do not hold the key
+    # one replica, k = 3: a reader's 3 closest always include a node without the record (at most
+    # two hold it: the replica, and the peer a put stores on while its lookup still runs)
+    cfg = lambda: DhtConfig(k=3, replication=1)  # noqa: E731
     nodes = [lattica.Node([TCP], dht=cfg()).start() for _ in range(7)]
     try:
         for n in nodes[1:]:
@@ -307,12 +309,12 @@ def test_a_successful_get_caches_the_record_at_the_closest_node_that_lacked_it()
             return {n.peer_id for n in nodes if _dht(n).store.get(kid) is not None}
 
         writer = nodes[1]
-        assert lattica.dht.put("cached", "v", node=writer).result(10) == 2
+        assert lattica.dht.put("cached", "v", node=writer).result(10) == 1
         before = holders()
-        assert len(before) == 2
+        assert 1 <= len(before) <= 2
         reader = next(n for n in nodes if n.peer_id not in before and n is not writer)
         assert lattica.dht.get("cached", node=reader).result(10).value == "v"
-        assert wait_for(lambda: len(holders()) == 3, timeout=5)  # one more copy, at a node the lookup asked
+        assert wait_for(lambda: len(holders()) == len(before) + 1, timeout=5)  # one more copy, at a node the lookup asked
         assert before < holders()
     finally:
         for n in nodes:

@@ -656,3 +656,20 @@ def test_load_refuses_other_files():
         RecordStore().load(msgpack.packb({"v": 2}))
     with pytest.raises(ValueError):
         RecordStore().load(msgpack.packb([1, 2]))
+
+
+def test_a_flood_of_new_peers_does_not_reset_an_active_peers_rate_limit():
+    store = RecordStore(StoreLimits(rate=0.001, burst=1.0))
+    attacker = KeyPair.generate().peer_id
+    store.admit(attacker)
+    with pytest.raises(RecordRejected, match="rate limit"):
+        store.admit(attacker)
+    others = [PeerId.from_bytes(b"\x00\x24\x08\x01\x12\x20" + i.to_bytes(32, "big")) for i in range(10_001)]
+    for p in others[:5000]:
+        store.admit(p)
+    with pytest.raises(RecordRejected, match="rate limit"):
+        store.admit(attacker)  # still limited, and now among the most recently active
+    for p in others[5000:]:
+        store.admit(p)  # past 10,000 tracked peers: only the least recently active are forgotten
+    with pytest.raises(RecordRejected, match="rate limit"):
+        store.admit(attacker)

@@ -637,7 +637,8 @@ class DhtService:
 
     def unregister_name(self, name: str) -> None:
         if self._names.pop(name, None) is not None:
-            self.host.spawn(self._delete(_name_key(name), self.peer_id))
+            # a new actor may take the name while the withdrawal runs: then it must not happen
+            self.host.spawn(self._delete(_name_key(name), self.peer_id, lambda: name not in self._names))
 
     async def _publish_name(self, name: str, ref: ActorRef) -> None:
         if self._names.get(name) is not ref:
@@ -654,17 +655,19 @@ class DhtService:
         finally:
             self._refreshing_names = False
 
-    async def _delete(self, key: bytes, subkey: Any) -> None:
+    async def _delete(self, key: bytes, subkey: Any, still_wanted: Callable[[], bool]) -> None:
         try:
-            await self.delete(key, subkey, ttl=self.cfg.name_ttl)
+            await self.delete(key, subkey, ttl=self.cfg.name_ttl, still_wanted=still_wanted)
         except LatticaError as e:
             log.info("could not delete DHT record", key=key[:64], reason=str(e))
 
-    async def delete(self, key: bytes, subkey: Any = None, ttl: float = 60.0) -> int:
+    async def delete(self, key: bytes, subkey: Any = None, ttl: float = 60.0, still_wanted: Callable[[], bool] | None = None) -> int:
         """Replace a record by a tombstone that outlives it (readers see nothing)."""
         sk = encode_subkey(subkey)
         self._mine.pop((key, sk), None)
         current = (await self.get(key)).get(sk)
+        if still_wanted is not None and not still_wanted():
+            return 0
         now = time.time()
         expiration = max(now + ttl, current.expiration + 0.001 if current is not None else 0.0)
         if expiration > now + self.cfg.limits.max_ttl:

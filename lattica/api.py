@@ -88,22 +88,28 @@ def _get_actor(name: str, node: PeerId | str | None, timeout: float) -> Future:
     if node is None:
         actor = rt.actors.get(name)
         if actor is not None:
-            fut = Future(rt.loop)
-            rt.loop.call_soon_threadsafe(fut._resolve, actor.ref)
-            return fut
+            return _resolved(rt, actor.ref)
         from . import dht
 
         return dht._run(None, lambda svc: _within(svc.resolve_name(name), timeout, f"resolving the actor name {name!r}"))
     peer = PeerId.from_string(node) if isinstance(node, str) else node
     if peer == rt.peer_id:
         actor = rt.actors.get(name)
-        fut = Future(rt.loop)
         if actor is None:
-            rt.loop.call_soon_threadsafe(fut._reject, ActorNotFound(f"no actor named {name!r} on this node"))
-        else:
-            rt.loop.call_soon_threadsafe(fut._resolve, actor.ref)
-        return fut
+            return _resolved(rt, None, ActorNotFound(f"no actor named {name!r} on this node"))
+        return _resolved(rt, actor.ref)
     return _spawner_call(rt, peer, "lookup", (name,), timeout)
+
+
+def _resolved(rt: Any, value: Any, error: BaseException | None = None) -> Future:
+    """A Future already holding ``value`` (or ``error``), usable from any thread or loop."""
+
+    def make() -> Future:
+        fut = Future(rt.loop)
+        fut._reject(error) if error is not None else fut._resolve(value)
+        return fut
+
+    return _on_loop(rt, make)
 
 
 def _spawner_call(rt: Any, peer: PeerId, method: str, args: tuple, timeout: float) -> Future:

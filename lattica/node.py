@@ -280,7 +280,7 @@ class _Host:
         try:
             return await self.runtime.dht.find_peer(peer)  # type: ignore[union-attr]
         except LatticaError as e:
-            raise PeerUnreachable(f"no address of {peer} is known here or in the DHT ({e})") from None
+            raise PeerUnreachable(f"no address of {peer} is known here or in the DHT ({e})") from e
 
     async def _race(self, peer: PeerId, addrs: list[Multiaddr]) -> Connection:
         by_transport: dict[str, list[tuple[Multiaddr, Transport]]] = {}
@@ -407,7 +407,10 @@ class _Host:
         self.info[conn] = info
         self.remember_addrs(conn.remote_peer, info.listen_addrs)
         for listener in self.identify_listeners:
-            listener(info)
+            try:
+                listener(info)
+            except Exception:
+                log.exception("identify listener failed", peer=str(conn.remote_peer))
         fut = self.identified.get(conn)
         if fut is not None and not fut.done():
             fut.set_result(info)
@@ -502,6 +505,8 @@ class Node:
         self._memory_network = memory_network
         self._lazy_quic = True
         self.allow = list(allow)  # class-path patterns peers may spawn here (fnmatch)
+        if not channel_idle > 0:
+            raise ValueError("channel_idle must be > 0 seconds")
         self.channel_idle = channel_idle  # an idle call channel closes after this, freeing its connection
         from .actors.dht import DhtConfig
 
@@ -538,6 +543,8 @@ class Node:
         with self._lock:
             if self._thread is not None:
                 return self
+            if self._host is not None or self._starting is not None:
+                raise RuntimeError("this node runs on a shared loop (astart); it cannot also start a thread")
             t0 = time.perf_counter()
             loop = new_loop(self._busy_poll_us, self._use_uvloop)
             ready: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -548,7 +555,7 @@ class Node:
                 ready.result()
             except BaseException:
                 self._thread.join()
-                self._thread = self._loop = None
+                self._thread = self._loop = self._host = None
                 raise
             self.started_at = time.perf_counter() - t0
             log.info("node started", peer_id=str(self.peer_id), addrs=[str(a) for a in self.addrs])
@@ -613,23 +620,37 @@ class Node:
             return self
         t0 = time.perf_counter()
         host = _Host(self)
+        outcome: BaseException | None = NodeClosed("the node did not start")
         try:
             await host.start(self._listen)
+            self._host = host
+            self.started_at = time.perf_counter() - t0
+            outcome = None
         except BaseException as e:
-            await host.stop()
+            outcome = e if not isinstance(e, asyncio.CancelledError) else NodeClosed("starting the node was cancelled")
             self._loop = None
-            starting.set_exception(e)
-            starting.exception()
+            try:
+                await host.stop()
+            except Exception:
+                log.exception("cleanup after a failed astart failed")
             raise
         finally:
             self._starting = None
-        self._host = host
-        self.started_at = time.perf_counter() - t0
-        starting.set_result(None)
+            if outcome is None:
+                starting.set_result(None)
+            else:
+                starting.set_exception(outcome)
+                starting.exception()
         return self
 
     async def astop(self) -> None:
-        """Stop a node started with :meth:`astart`."""
+        """Stop a node started with :meth:`astart` (awaited on that same loop)."""
+        if self._thread is not None:
+            raise RuntimeError("this node runs its own loop thread: stop it with stop()")
+        if self._starting is not None:
+            await asyncio.shield(self._starting)
+        if self._host is not None and asyncio.get_running_loop() is not self._loop:
+            raise RuntimeError("astop() must be awaited on the loop the node was started on")
         host, self._host = self._host, None
         if host is not None:
             await host.stop()

@@ -69,13 +69,17 @@ _CHANNEL_IDLE = 60.0  # seconds a call channel with nothing in flight stays open
 # any of those threads calls through the right node.
 _BY_THREAD: dict[int, Runtime] = {}
 _LIVE: weakref.WeakSet[Runtime] = weakref.WeakSet()  # every running runtime in this process
+_LIVE_LOCK = threading.Lock()
 
 
 def runtime_for_thread() -> Runtime | None:
-    return _BY_THREAD.get(threading.get_ident())
+    """The runtime of the actor method running here (nodes may share a loop: Node.astart), else
+    of the node whose loop or actor thread this is."""
+    return _RUNTIME.get() or _BY_THREAD.get(threading.get_ident())
 
 
 _CALLER: contextvars.ContextVar[PeerId | None] = contextvars.ContextVar("lattica_caller", default=None)
+_RUNTIME: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar("lattica_runtime", default=None)
 
 
 def current_caller() -> PeerId | None:
@@ -430,9 +434,11 @@ class LocalActor:
     def _start_async(self, inv: _Invocation, kind: str) -> None:
         self.running_async += 1
         token = _CALLER.set(inv.caller)  # the task below copies the context, so it keeps this value
+        rt_token = _RUNTIME.set(self.runtime)
         try:
             self._start_task(inv, kind)
         finally:
+            _RUNTIME.reset(rt_token)
             _CALLER.reset(token)
 
     def _start_task(self, inv: _Invocation, kind: str) -> None:
@@ -1170,7 +1176,8 @@ class Runtime:
         current = _BY_THREAD.get(threading.get_ident())
         if current is None or current.host.closing or current.loop.is_closed():
             _BY_THREAD[threading.get_ident()] = self
-        _LIVE.add(self)
+        with _LIVE_LOCK:
+            _LIVE.add(self)
         host.handlers[rpc.PROTOCOL] = self._serve
         from .actors.dht import DhtActor, DhtService
         from .actors.spawner import Spawner
@@ -1184,7 +1191,7 @@ class Runtime:
         """Close call channels with nothing in flight for a while, so that the connections under
         them can go idle and close (an open stream keeps a connection alive)."""
         while True:
-            await asyncio.sleep(self.channel_idle / 4)
+            await asyncio.sleep(max(self.channel_idle / 4, 0.05))
             for peer, ch in list(self.channels.items()):
                 if isinstance(ch, _RemoteChannel) and ch.idle():
                     del self.channels[peer]
@@ -1281,11 +1288,14 @@ class Runtime:
         tid = threading.get_ident()
         if _BY_THREAD.get(tid) is self:
             del _BY_THREAD[tid]
-            for other in _LIVE:  # another node on this shared loop (Node.astart) takes over
+            with _LIVE_LOCK:
+                live = list(_LIVE)
+            for other in live:  # another node on this shared loop (Node.astart) takes over
                 if other is not self and other.host.thread_id == tid and not other.host.closing:
                     _BY_THREAD[tid] = other
                     break
-        _LIVE.discard(self)
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
 
     # -- calls out ------------------------------------------------------------------------------
 

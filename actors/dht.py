@@ -494,10 +494,12 @@ class DhtService:
         results = await asyncio.gather(*(self._call(p, "put_peer_record", rec.to_wire()) for p in targets), return_exceptions=True)
         return 1 + sum(not isinstance(r, BaseException) for r in results)
 
-    async def find_peer(self, peer: PeerId) -> list[Multiaddr]:
-        """Addresses of ``peer``: from a live connection, else its signed peer record in the DHT."""
+    async def find_peer(self, peer: PeerId, fresh: bool = False) -> list[Multiaddr]:
+        """Addresses of ``peer``: from a live connection, else its signed peer record in the DHT.
+        ``fresh``: the addresses we know failed; ask the DHT for its newest record (the lookup
+        runs to the end instead of stopping at the first record, ours included)."""
         conn = self.host.conns.get(peer)
-        if conn is not None and not conn.is_closed and self.host.peer_addrs.get(peer):
+        if not fresh and conn is not None and not conn.is_closed and self.host.peer_addrs.get(peer):
             return list(self.host.peer_addrs[peer])
         best: list[PeerRecord | None] = [self.store.peer_record(peer)]
         target = node_id(peer)
@@ -518,7 +520,7 @@ class DhtService:
 
         lk = self._new_lookup(target)
         # the peer itself is not asked: we may be dialing it right now, waiting for this lookup
-        await self._run(lk, "get_peer_record", (peer,), parse, lambda: best[0] is not None, skip=peer)
+        await self._run(lk, "get_peer_record", (peer,), parse, None if fresh else (lambda: best[0] is not None), skip=peer)
         self.stats.append(LookupStats("peer", lk.rounds, lk.queried))
         if best[0] is not None:
             self.host.remember_addrs(peer, best[0].addrs)

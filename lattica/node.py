@@ -260,10 +260,20 @@ class _Host:
 
     async def _dial(self, peer: PeerId, fut: asyncio.Future) -> None:
         try:
-            addrs = self.peer_addrs.get(peer, [])
+            addrs = list(self.peer_addrs.get(peer, ()))  # a copy: the address book may change meanwhile
             if not addrs and self.runtime is not None and not self.closing:
                 addrs = await self._find_in_dht(peer)
-            conn = await self._race(peer, addrs)
+                conn = await self._race(peer, addrs)
+            else:
+                try:
+                    conn = await self._race(peer, addrs)
+                except PeerUnreachable:
+                    # the peer may have moved (restarted on another port, new network): its
+                    # newest signed record in the DHT may know where
+                    moved = await self._moved_addrs(peer, addrs)
+                    if not moved:
+                        raise
+                    conn = await self._race(peer, moved)
             if not fut.done():
                 fut.set_result(conn)
         except BaseException as e:
@@ -274,6 +284,17 @@ class _Host:
                 raise
         finally:
             self.dialing.pop(peer, None)
+
+    async def _moved_addrs(self, peer: PeerId, tried: list[Multiaddr]) -> list[Multiaddr]:
+        """Addresses of ``peer`` in its newest DHT record that were not among ``tried``."""
+        if self.runtime is None or self.closing:
+            return []
+        try:
+            found = await self.runtime.dht.find_peer(peer, fresh=True)
+        except LatticaError:
+            return []
+        old = {a.without_peer_id() for a in tried}
+        return [a for a in found if a.without_peer_id() not in old]
 
     async def _find_in_dht(self, peer: PeerId) -> list[Multiaddr]:
         """Dialing by PeerId alone: the addresses in the peer's signed DHT record."""

@@ -339,3 +339,29 @@ def test_a_peer_is_called_by_its_peer_id_alone_through_its_dht_record():
         assert str(b.addrs[0]).split("/p2p/")[0] in [str(a) for a in c._host.peer_addrs[b.peer_id]]
         with pytest.raises(lattica.errors.PeerUnreachable, match="DHT"):
             c.run(_await(c._host.runtime.call(dht_ref(lattica.KeyPair.generate().peer_id), "ping", (), {}, timeout=10)), timeout=20)
+
+
+def test_a_peer_that_moved_to_a_new_port_is_found_again_through_its_newest_record(tmp_path):
+    key = tmp_path / "b.key"
+    with lattica.Node([TCP], allow=["sample_actors.*"]) as hub, lattica.Node([TCP]) as c:
+        c.connect(hub.addrs[0])
+        with lattica.Node([TCP], key_path=key, allow=["sample_actors.*"]) as b:
+            b.connect(hub.addrs[0])
+            for n in (hub, b, c):
+                lattica.dht.bootstrap(node=n).result(10)
+            c.connect(b.addrs[0])
+            old = str(b.addrs[0]).split("/p2p/")[0]
+        assert wait_for(lambda: b.peer_id not in c._host.conns)
+        with lattica.Node([TCP], key_path=key, allow=["sample_actors.*"]) as b2:  # same identity, new port
+            assert str(b2.addrs[0]).split("/p2p/")[0] != old
+            b2.connect(hub.addrs[0])  # publishes its new signed record at the hub only (no lookups,
+            assert _call(b2, hub.peer_id, "put_peer_record", PeerRecord.create(b2.keypair, b2.addrs).to_wire())  # so c never hears of it)
+            assert b2.peer_id not in c._host.conns
+            assert [str(a) for a in c._host.peer_addrs[b2.peer_id]] == [old]  # c knows only the old place
+            assert c._host.runtime.dht.store.peer_record(b2.peer_id) is not None  # ... and holds the old record
+
+            async def call():
+                ref = sa.Counter.options(node=b2.peer_id).remote(9)
+                return await ref.get.remote()
+
+            assert c.run(call(), timeout=20) == 9

@@ -51,6 +51,7 @@ from ..records import (
     entry_to_wire,
     sign_entry,
 )
+from ..node import NO_DHT_DIAL_LOOKUP
 from ..runtime import ASYNC, ActorRef, current_caller
 
 if TYPE_CHECKING:
@@ -232,9 +233,19 @@ class DhtService:
         if addrs:
             self.host.remember_addrs(peer, addrs)
 
+    def _request(self, peer: PeerId, method: str, args: tuple) -> Any:
+        """Call ``method`` on ``peer``'s dht actor; returns its Future. A dial this starts never
+        asks the DHT where the peer went: failing DHT requests would start lookups that fail
+        more requests, a cascade when many peers are gone at once."""
+        token = NO_DHT_DIAL_LOOKUP.set(True)
+        try:
+            return self.rt.call(dht_ref(peer), method, args, {}, timeout=self.cfg.request_timeout)
+        finally:
+            NO_DHT_DIAL_LOOKUP.reset(token)
+
     async def _call(self, peer: PeerId, method: str, *args: Any) -> Any:
         self._reachable(peer)
-        return await self.rt.call(dht_ref(peer), method, args, {}, timeout=self.cfg.request_timeout)  # type: ignore[misc]
+        return await self._request(peer, method, args)
 
     # -- the lookup driver -----------------------------------------------------------------------
 
@@ -288,7 +299,7 @@ class DhtService:
 
         def send(p: PeerId) -> None:
             try:
-                sent[p] = self.rt.call(dht_ref(p), method, args, {}, timeout=self.cfg.request_timeout)
+                sent[p] = self._request(p, method, args)
             except LatticaError as e:
                 sent[p] = e
 
@@ -419,7 +430,7 @@ class DhtService:
                         continue
                     self._reachable(p, hints)  # type: ignore[arg-type]
                     try:
-                        fut = self.rt.call(dht_ref(p), method, args, {}, timeout=self.cfg.request_timeout)
+                        fut = self._request(p, method, args)
                     except LatticaError:
                         lk.failed(p)
                         continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import os
 import threading
 import time
@@ -51,6 +52,10 @@ _STOP_GRACE = 2.0  # seconds stop() gives all connections together to close grac
 _MAX_CONNS_PER_PEER = 4
 _MAX_KNOWN_PEERS = 4096  # address book entries; the oldest unconnected peers are forgotten first
 _MAX_ADDRS_PER_PEER = 32
+
+
+# Set while the DHT itself makes requests: the dials they start must not look peers up in the DHT.
+NO_DHT_DIAL_LOOKUP: contextvars.ContextVar[bool] = contextvars.ContextVar("lattica_no_dht_dial_lookup", default=False)
 
 
 def _check_protocol_name(name: str) -> None:
@@ -261,7 +266,9 @@ class _Host:
     async def _dial(self, peer: PeerId, fut: asyncio.Future) -> None:
         try:
             addrs = list(self.peer_addrs.get(peer, ()))  # a copy: the address book may change meanwhile
-            if not addrs and self.runtime is not None and not self.closing:
+            if NO_DHT_DIAL_LOOKUP.get():
+                conn = await self._race(peer, addrs)
+            elif not addrs and self.runtime is not None and not self.closing:
                 addrs = await self._find_in_dht(peer)
                 conn = await self._race(peer, addrs)
             else:

@@ -496,7 +496,7 @@ class DhtService:
     async def publish_peer_record(self, lk: Lookup | None = None) -> int:
         """Sign our listen addresses and store them on the k nodes closest to our id (``lk``: a
         lookup of our own id that just ran); returns how many hold it, us included."""
-        rec = PeerRecord.create(self.keypair, list(self.host.listen_addrs))
+        rec = PeerRecord.create(self.keypair, self.host.advertised_addrs())
         target = node_id(self.peer_id)
         if lk is None:
             lk = await self.find_closest(target)

@@ -16,10 +16,11 @@ from .errors import ActorNotFound, LatticaError, Timeout
 from .future import Future
 from .identity import PeerId
 from .multiaddr import Multiaddr
+from .nat import NatStatus
 from .node import Node
 from .runtime import ActorRef, spawner_ref
 
-__all__ = ["init", "shutdown", "kill", "akill", "get_actor", "aget_actor", "node"]
+__all__ = ["init", "shutdown", "kill", "akill", "get_actor", "aget_actor", "node", "nat_status"]
 
 _default_node: Node | None = None
 _lock = threading.Lock()
@@ -50,6 +51,12 @@ def init(
 
         dht.bootstrap(node=node).result(30)  # join the DHT: fill the routing table
     return node
+
+
+def nat_status(refresh: bool = False) -> NatStatus:
+    """Reachability, NAT mapping type, observed addresses and relay reservations of this
+    process's node (see ``Node.nat_status``)."""
+    return node().nat_status(refresh)
 
 
 def node() -> Node:

@@ -85,6 +85,10 @@ class PeerUnreachable(TransportError):
     """No address of the peer could be dialed (every attempt failed or timed out)."""
 
 
+class RelayRefused(PeerUnreachable):
+    """A relay refused a circuit or a reservation (no reservation for the peer, over a limit, ...)."""
+
+
 class UnsupportedProtocol(LatticaError):
     """The peer does not speak the requested stream protocol."""
 

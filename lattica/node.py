@@ -19,6 +19,8 @@ from typing import Any, Awaitable, Callable, Coroutine, Iterable, TypeVar
 from ._log import get_logger
 
 from . import identify, ping
+from .transports import circuit
+from .transports.circuit import CircuitTransport
 from ._loop import DEFAULT_BUSY_POLL_US, new_loop
 from .errors import (
     ConnectionClosed,
@@ -34,6 +36,7 @@ from .framing import read_message, write_message
 from .identify import PeerInfo
 from .identity import KeyPair, PeerId
 from .multiaddr import Multiaddr
+from .nat import NatConfig, NatManager, NatStatus
 from .runtime import Runtime
 from .transports.base import Connection, Stream, Transport
 
@@ -93,14 +96,25 @@ class _Host:
         self.thread_id = threading.get_ident()
         self.runtime: Runtime | None = None
         self.identify_listeners: list[Callable[[PeerInfo], None]] = []  # told of every identified peer
+        self.disconnect_listeners: list[Callable[[PeerId], None]] = []  # told when a peer's last connection closes
+        self.protected: dict[PeerId, set[str]] = {}  # peers whose idle connections stay open, and why
+        self.relay_addrs: list[Multiaddr] = []  # our /p2p-circuit addresses (from reservations)
+        self.public_addrs: list[Multiaddr] = []  # observed addresses AutoNAT confirmed dialable
+        self.circuit: CircuitTransport | None = None
+        self.relay: Any = None  # the RelayService, when this node relays for others
+        self.nat: NatManager | None = None
         self.handlers[identify.PROTOCOL] = self._on_identify
         self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s)
+        self.handlers[circuit.STOP] = self._on_stop
 
     # -- start / stop ---------------------------------------------------------------------------
 
     async def start(self, listen: list[Multiaddr]) -> None:
         self.runtime = Runtime(self, self.node.allow)
         self.transports = self.node._make_transports()
+        self.circuit = circuit.CircuitTransport(self.keypair, self._open_hop, **self.node._transport_options.get("relay", {}))
+        self.transports.append(self.circuit)
+        self.nat = NatManager(self, self.node.nat_config)
         for addr in listen:
             transport = self._transport_for(addr)
             if transport is None:
@@ -109,6 +123,7 @@ class _Host:
             self.listeners.append(listener)
             self.listen_addrs.extend(listener.addrs)
         self.spawn(self._idle_reaper())
+        self.nat.start()
 
     async def stop(self) -> None:
         self.closing = True
@@ -174,6 +189,13 @@ class _Host:
         existing = self.conns.get(peer)
         if existing is None or existing.is_closed:
             self.conns[peer] = conn
+        elif (conn.transport == "relay") != (existing.transport == "relay"):
+            # a direct path always wins over a relayed one; calls already on the loser finish there
+            if existing.transport == "relay":
+                self.conns[peer] = conn
+                self.loop.call_later(_LINGER, self._close_if_unused, existing)
+            else:
+                self.loop.call_later(_LINGER, self._close_if_unused, conn)
         elif self._dialer(conn) != self._dialer(existing):
             # Both sides dialed at once: both ends must keep the same connection, so keep the one
             # dialed by the smaller PeerId and let the other linger for streams already on it.
@@ -213,6 +235,11 @@ class _Host:
             same.discard(conn)
             if not same:
                 del self.conns_of[peer]
+                for listener in self.disconnect_listeners:
+                    try:
+                        listener(peer)
+                    except Exception:
+                        log.exception("disconnect listener failed", peer=str(peer))
         if self.conns.get(peer) is conn:
             del self.conns[peer]
             for other in same or ():  # promote a surviving duplicate, if any
@@ -226,7 +253,7 @@ class _Host:
             await asyncio.sleep(max(timeout / 4, 0.05))
             now = self.loop.time()
             for conn in list(self.all_conns):
-                if conn.num_streams:
+                if conn.num_streams or (conn.remote_peer in self.protected and self.conns.get(conn.remote_peer) is conn):
                     self.idle_since[conn] = now
                 elif now - self.idle_since.get(conn, now) >= timeout:
                     log.debug("closing idle connection", peer=str(conn.remote_peer))
@@ -312,18 +339,27 @@ class _Host:
 
     async def _race(self, peer: PeerId, addrs: list[Multiaddr]) -> Connection:
         by_transport: dict[str, list[tuple[Multiaddr, Transport]]] = {}
+        relayed: list[tuple[Multiaddr, Transport]] = []
         for a in addrs:
             t = self._transport_for(a)
-            if t is not None and not a.is_circuit:
+            if t is None:
+                continue
+            if a.is_circuit:
+                if self._may_relay_to(peer, a):
+                    relayed.append((a, t))
+            else:
                 by_transport.setdefault(t.name, []).append((a, t))
-        if not by_transport:
+        if not by_transport and not relayed:
             raise PeerUnreachable(f"no dialable address known for {peer}")
         if len(self.all_conns) >= self.node.max_connections:
             raise ConnectionLimit(f"connection limit of {self.node.max_connections} reached")
         # Interleave transports so the first wave races one address of each (TCP against QUIC);
         # further addresses join one by one, every _DIAL_STAGGER seconds or when an attempt fails.
+        # Relay circuits come last: one stagger after the direct attempts, unless there are none.
         queues = list(by_transport.values())
-        order = [q[i] for i in range(max(map(len, queues))) for q in queues if i < len(q)]
+        order = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)] + relayed
+        if not queues:
+            queues = [relayed]
         attempts = iter(order)
         errors: list[str] = []
         pending: set[asyncio.Task] = set()
@@ -375,9 +411,61 @@ class _Host:
         info = self.info.get(conn)
         if info is not None and protocol not in info.protocols:
             raise UnsupportedProtocol(f"{peer} does not serve {protocol}")
+        return await self.open_stream_on(conn, protocol)
+
+    @staticmethod
+    async def open_stream_on(conn: Connection, protocol: str) -> Stream:
+        """A stream speaking ``protocol`` on this very connection."""
         stream = await conn.open_stream()
         stream.write(_encode_protocol(protocol))
         return stream
+
+    # -- relays ---------------------------------------------------------------------------------
+
+    def _may_relay_to(self, peer: PeerId, addr: Multiaddr) -> bool:
+        """No circuit through the peer itself or through ourselves, none inside another circuit."""
+        try:
+            _, relay, target = circuit.split_circuit(addr)
+        except LatticaError:
+            return False
+        return relay not in (peer, self.peer_id) and target in (None, peer)
+
+    async def _open_hop(self, relay: PeerId, relay_addrs: list[Multiaddr]) -> Stream:
+        self.remember_addrs(relay, [a for a in relay_addrs if not a.is_circuit])
+        conn = self.conns.get(relay)
+        if conn is None or conn.is_closed or conn.transport == "relay":
+            direct = [a for a in self.peer_addrs.get(relay, ()) if not a.is_circuit]
+            conn = await self._race(relay, direct)
+        info = self.info.get(conn)
+        if info is not None and circuit.HOP not in info.protocols:
+            raise UnsupportedProtocol(f"{relay} is not a relay")
+        return await self.open_stream_on(conn, circuit.HOP)
+
+    async def _on_stop(self, stream: Stream, conn: Connection) -> None:
+        if conn.transport == "relay" or "relay-client" not in self.protected.get(conn.remote_peer, ()):
+            log.info("refusing relayed connection: we hold no reservation with this peer", peer=str(conn.remote_peer))
+            stream.reset()
+            return
+        await self.circuit.accept(stream, conn, self._on_inbound)  # type: ignore[union-attr]
+
+    def protect(self, peer: PeerId, why: str) -> None:
+        """Keep ``peer``'s connection open while idle (relay reservations, ...)."""
+        self.protected.setdefault(peer, set()).add(why)
+
+    def unprotect(self, peer: PeerId, why: str) -> None:
+        tags = self.protected.get(peer)
+        if tags is not None:
+            tags.discard(why)
+            if not tags:
+                del self.protected[peer]
+
+    def advertised_addrs(self) -> list[Multiaddr]:
+        """What we tell peers and the DHT: listen addresses, confirmed public ones, circuits."""
+        out = list(self.listen_addrs)
+        for a in self.public_addrs + self.relay_addrs:
+            if a not in out:
+                out.append(a)
+        return out
 
     async def _serve_stream(self, stream: Stream, conn: Connection) -> None:
         try:
@@ -413,7 +501,7 @@ class _Host:
                 identify.build(
                     self.keypair.public_key_protobuf(),
                     self.node.agent_version,
-                    self.listen_addrs,
+                    self.advertised_addrs(),
                     conn.remote_addr,
                     sorted(self.handlers),
                 ),
@@ -484,6 +572,12 @@ class _Host:
         except asyncio.TimeoutError:
             raise Timeout(f"{count} ping(s) to {peer} did not finish within {timeout} s") from None
 
+    async def nat_status(self, refresh: bool) -> NatStatus:
+        assert self.nat is not None
+        if refresh and self.nat.cfg.reachability is None:
+            await self.nat.probe()
+        return self.nat.snapshot()
+
     def peers(self) -> list[PeerInfo]:
         out = []
         for peer, conn in self.conns.items():
@@ -517,6 +611,9 @@ class Node:
         dht_path: str | os.PathLike[str] | None = None,
         dht: Any = None,
         channel_idle: float = 60.0,
+        relay: Any = False,
+        relays: Iterable[str | Multiaddr] = (),
+        nat: Any = None,
     ) -> None:
         if keypair is not None and key_path is not None:
             raise ValueError("give key_path or keypair, not both")
@@ -538,6 +635,12 @@ class Node:
         self.channel_idle = channel_idle  # an idle call channel closes after this, freeing its connection
         from .actors.dht import DhtConfig
 
+        from .actors.relay import RelayConfig
+
+        # relay=True (or a RelayConfig): serve reservations and circuits for private peers
+        self.relay_config: RelayConfig | None = (RelayConfig() if relay is True else relay) or None
+        self.relays = [Multiaddr(a) for a in relays]  # relays to hold reservations with (else found ones)
+        self.nat_config: NatConfig = nat or NatConfig()
         self.dht_config: DhtConfig = dht or DhtConfig()
         if dht_path is not None:
             self.dht_config.persist_path = os.fspath(dht_path)
@@ -761,6 +864,14 @@ class Node:
         limit = timeout if timeout is not None else 10.0 + 0.01 * count
         rtts = await self._acall(lambda h: h.ping(pid, count, limit))
         return sorted(rtts)[len(rtts) // 2]
+
+    def nat_status(self, refresh: bool = False) -> NatStatus:
+        """Whether peers can dial us (AutoNAT), our NAT's mapping type, observed addresses and
+        relay reservations. ``refresh``: run an AutoNAT round now instead of reporting the last."""
+        return self._call(lambda h: h.nat_status(refresh))
+
+    async def anat_status(self, refresh: bool = False) -> NatStatus:
+        return await self._acall(lambda h: h.nat_status(refresh))
 
     def peers(self) -> list[PeerInfo]:
         """Connected peers (one entry per peer, its primary connection)."""

@@ -1185,6 +1185,14 @@ class Runtime:
         self.create(Spawner, [], None, Spawner.NAME, instance=Spawner(self))
         self.dht = DhtService(self, host.node.dht_config)
         self.create(DhtActor, [], None, DhtActor.NAME, instance=DhtActor(self.dht))
+        from .actors.autonat import AutoNatActor, AutoNatServer
+
+        self.create(AutoNatActor, [], None, AutoNatActor.NAME, instance=AutoNatActor(AutoNatServer(self)))
+        if host.node.relay_config is not None:
+            from .actors.relay import RelayActor, RelayService
+
+            host.relay = RelayService(self, host.node.relay_config)
+            self.create(RelayActor, [], None, RelayActor.NAME, instance=RelayActor(host.relay))
         host.spawn(self._close_idle_channels())
 
     async def _close_idle_channels(self) -> None:

@@ -1117,13 +1117,20 @@ class QuicTransport(Transport):
         log.debug("quic.listening", addr=str(ep.local_maddr))
         return listener
 
-    async def dial(self, addr: Multiaddr, peer_id: PeerId | None = None) -> Connection:
-        """Connect, run the TLS handshake and verify the peer's key (PeerIdMismatch if wrong)."""
+    async def dial(self, addr: Multiaddr, peer_id: PeerId | None = None, *, fresh_port: bool = False) -> Connection:
+        """Connect, run the TLS handshake and verify the peer's key (PeerIdMismatch if wrong).
+
+        ``fresh_port``: dial from a new UDP socket of its own, not the listening one (AutoNAT
+        dial-backs must not arrive from the port the peer already talks to)."""
         if self._closed:
             raise TransportError("QUIC transport is closed")
         ip, port, family = _split_addr(addr)
         expected = peer_id if peer_id is not None else addr.peer_id
-        ep = await self._endpoint_for(family, ip)
+        if fresh_port:
+            ep = await self._open_endpoint(family, "::" if family == socket.AF_INET6 else "0.0.0.0", 0)
+            ep.close_when_idle = True
+        else:
+            ep = await self._endpoint_for(family, ip)
         peer_addr = _sockaddr(ip, port, family)
         quic = self._new_quic(is_client=True, peer_addr=peer_addr)
         conn = QuicConn(self, ep, quic, peer_addr, "outbound", expected)

@@ -226,7 +226,9 @@ class TcpTransport(Transport):
         self._set_buffer_limits(conn)
         self._hand_over(conn, on_connection)
 
-    async def dial(self, addr: Multiaddr, peer_id: PeerId | None = None) -> Connection:
+    async def dial(self, addr: Multiaddr, peer_id: PeerId | None = None, *, fresh_port: bool = False) -> Connection:
+        """Connect from an ephemeral port (``fresh_port`` is therefore always true here), run
+        Noise and check the peer's id."""
         target = addr.peer_id
         if peer_id is not None and target is not None and target != peer_id:
             raise PeerIdMismatch(f"address {addr} names {target}, not the requested {peer_id}")

@@ -91,9 +91,12 @@ def test_unreachable_and_bad_addresses():
             b.connect(f"/ip4/127.0.0.1/tcp/1/p2p/{ghost}")
         with pytest.raises(MultiaddrError):
             b.connect("/ip4/127.0.0.1/tcp/1")  # no /p2p/ id
-        relayed_only = lattica.KeyPair.generate().peer_id  # circuits arrive with the relay issue
-        with pytest.raises(PeerUnreachable, match="no dialable address"):
-            b.connect(f"/ip4/1.2.3.4/tcp/1/p2p/{ghost}/p2p-circuit/p2p/{relayed_only}")
+        relayed_only = lattica.KeyPair.generate().peer_id
+        with pytest.raises(PeerUnreachable, match="p2p-circuit"):  # the relay itself is unreachable
+            b.connect(f"/ip4/127.0.0.1/tcp/1/p2p/{ghost}/p2p-circuit/p2p/{relayed_only}")
+        selfish = lattica.KeyPair.generate().peer_id
+        with pytest.raises(PeerUnreachable, match="no dialable address"):  # a circuit through itself
+            b.connect(f"/ip4/127.0.0.1/tcp/1/p2p/{selfish}/p2p-circuit/p2p/{selfish}")
 
 
 def test_connection_limit_refuses_extra_inbound():

@@ -1,0 +1,178 @@
+"""The ``autonat`` system actor: dials peers back so they learn whether they are reachable.
+
+A peer calls ``check(addrs, nonce, avoid)``. We dial back only addresses on the IP address its
+connection comes from (no amplification: we never dial a third party's address for anyone), from
+a fresh port (a NAT that filters by port drops it, as it would drop any stranger). A NAT that
+filters by address only lets through what comes from an address the peer already talks to, so we
+also ask a helper — another peer we are connected to, at an address the peer has not contacted
+(``avoid``) — to dial back too. A dial-back opens a stream carrying the peer's nonce: the peer
+believes what arrives, not what we answer, so a server that lies cannot make it think it is public.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from .._log import get_logger
+from ..errors import LatticaError, ProtocolError
+from ..framing import read_message, write_message
+from ..identity import PeerId
+from ..multiaddr import Multiaddr
+from ..runtime import ASYNC, ActorRef, current_caller
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
+
+log = get_logger("lattica.autonat")
+
+__all__ = ["AutoNatActor", "AutoNatServer", "autonat_ref", "DIALBACK"]
+
+DIALBACK = "/lattica/autonat/dialback/1"
+MAX_ADDRS = 4
+NONCE_BYTES = 16
+_DIAL_TIMEOUT = 4.0
+_MIN_INTERVAL = 1.0  # seconds between two requests from one peer (check or dial_for)
+_MAX_TRACKED = 4096
+
+
+def autonat_ref(peer: PeerId) -> ActorRef:
+    """The ref of ``peer``'s autonat actor."""
+    return ActorRef(peer, "autonat", {"check": ASYNC, "dial_for": ASYNC})
+
+
+def ip_of(addr: Multiaddr) -> str | None:
+    """The IP address of a direct ``/ip4|ip6/...`` address, else None."""
+    parts = list(addr.without_peer_id())
+    if not parts or parts[0][0] not in ("ip4", "ip6") or addr.is_circuit:
+        return None
+    return parts[0][1]
+
+
+def _dialable(addr: Multiaddr) -> bool:
+    p = addr.without_peer_id().protocols()
+    return p in (["ip4", "tcp"], ["ip6", "tcp"], ["ip4", "udp", "quic-v1"], ["ip6", "udp", "quic-v1"])
+
+
+class AutoNatServer:
+    """The dialing side, on the node loop."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+        self.host = runtime.host
+        self._last: dict[PeerId, float] = {}
+
+    def _rate_ok(self, peer: PeerId) -> bool:
+        now = time.monotonic()
+        if now - self._last.get(peer, -_MIN_INTERVAL) < _MIN_INTERVAL:
+            return False
+        self._last[peer] = now
+        if len(self._last) > _MAX_TRACKED:
+            for old in list(self._last)[: _MAX_TRACKED // 4]:
+                del self._last[old]
+        return True
+
+    def _direct_conn_ip(self, peer: PeerId) -> str | None:
+        for conn in self.host.conns_of.get(peer, ()):
+            if not conn.is_closed and conn.transport in ("tcp", "quic"):
+                return ip_of(conn.remote_addr)
+        return None
+
+    @staticmethod
+    def _parse(addrs: Any, nonce: Any) -> list[Multiaddr]:
+        if type(addrs) is not list or type(nonce) is not bytes or len(nonce) != NONCE_BYTES:
+            raise ProtocolError(f"autonat requests carry a list of addresses and a {NONCE_BYTES}-byte nonce")
+        out = []
+        for a in addrs[:MAX_ADDRS]:
+            try:
+                m = Multiaddr(a) if type(a) is str else None
+            except LatticaError:
+                m = None
+            if m is not None and _dialable(m) and m.without_peer_id() not in out:
+                out.append(m.without_peer_id())
+        return out
+
+    async def check(self, peer: PeerId, addrs: Any, nonce: Any, avoid: Any) -> dict:
+        ip = self._direct_conn_ip(peer)
+        if ip is None:
+            raise ProtocolError("autonat checks are answered over a direct connection only")
+        if not self._rate_ok(peer):
+            raise ProtocolError(f"one autonat request per {_MIN_INTERVAL} s, please")
+        targets = [a for a in self._parse(addrs, nonce) if ip_of(a) == ip]
+        avoid_ips = {a for a in avoid[:64] if type(a) is str} if type(avoid) is list else set()
+        if not targets:
+            return {"ip": ip, "tried": [], "helper": None}
+        helper = self._pick_helper(peer, avoid_ips | {ip})
+        texts = [str(a) for a in targets]
+        coros = [self.dial_back(peer, a, nonce) for a in targets]
+        if helper is not None:
+            fut = self.rt.call(autonat_ref(helper), "dial_for", (peer.to_bytes(), texts, nonce), {}, timeout=_DIAL_TIMEOUT * 2)
+            coros.append(fut)  # type: ignore[arg-type]
+        results = await asyncio.gather(*coros, return_exceptions=True)
+        if helper is not None and isinstance(results[-1], BaseException):
+            log.debug("autonat helper failed", helper=str(helper), reason=str(results[-1]))
+        return {"ip": ip, "tried": texts, "helper": str(helper) if helper is not None else None}
+
+    def _pick_helper(self, peer: PeerId, avoid_ips: set[str]) -> PeerId | None:
+        for other, conn in list(self.host.conns.items()):
+            if other == peer or conn.is_closed or conn.transport not in ("tcp", "quic"):
+                continue
+            info = self.host.info.get(conn)
+            if info is None or DIALBACK not in info.protocols:
+                continue
+            if ip_of(conn.remote_addr) not in avoid_ips:
+                return other
+        return None
+
+    async def dial_for(self, requester: PeerId, target: Any, addrs: Any, nonce: Any) -> list[str]:
+        """A server asked us to dial ``target`` back (it checked the addresses are the target's)."""
+        if not self._rate_ok(requester):
+            raise ProtocolError(f"one autonat request per {_MIN_INTERVAL} s, please")
+        if type(target) is not bytes:
+            raise ProtocolError("dial_for needs the target's PeerId bytes")
+        peer = PeerId.from_bytes(target)
+        targets = self._parse(addrs, nonce)
+        ok = await asyncio.gather(*(self.dial_back(peer, a, nonce) for a in targets))
+        return [str(a) for a, good in zip(targets, ok) if good]
+
+    async def dial_back(self, peer: PeerId, addr: Multiaddr, nonce: bytes) -> bool:
+        """Dial ``addr`` from a fresh port, expecting ``peer``; deliver the nonce; hang up."""
+        transport = self.host._transport_for(addr)
+        if transport is None or peer == self.host.peer_id:
+            return False
+        conn = None
+        try:
+            async with asyncio.timeout(_DIAL_TIMEOUT):
+                conn = await transport.dial(addr, peer, fresh_port=True)  # type: ignore[call-arg]
+                stream = await self.host.open_stream_on(conn, DIALBACK)
+                write_message(stream, {"nonce": nonce, "addr": str(addr)})
+                await stream.drain()
+                answer = await read_message(stream, 256)
+            return answer == {"ok": True}
+        except (LatticaError, asyncio.TimeoutError, OSError) as e:
+            log.debug("autonat dial-back failed", peer=str(peer), addr=str(addr), reason=str(e) or "timeout")
+            return False
+        finally:
+            if conn is not None:
+                conn.abort("dial-back done")
+
+
+class AutoNatActor:
+    """What peers call: ``check`` (dial me back) and ``dial_for`` (a server asks us to help)."""
+
+    NAME = "autonat"
+
+    def __init__(self, server: AutoNatServer) -> None:
+        self._srv = server
+
+    async def check(self, addrs: list, nonce: bytes, avoid: list) -> dict:
+        """Dial the caller back on those of ``addrs`` at its own IP; returns what was tried."""
+        caller = current_caller()
+        assert caller is not None
+        return await self._srv.check(caller, addrs, nonce, avoid)
+
+    async def dial_for(self, target: bytes, addrs: list, nonce: bytes) -> list:
+        caller = current_caller()
+        assert caller is not None
+        return await self._srv.dial_for(caller, target, addrs, nonce)

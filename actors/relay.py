@@ -1,0 +1,261 @@
+"""The ``relay`` system actor: reservations for private peers and circuits that carry their traffic.
+
+A private peer calls ``relay.reserve()`` over a direct connection; while the reservation lives
+(renewed before it expires, dropped when the peer disconnects) anyone may open a ``hop`` stream
+to this node asking for a circuit to it. The relay opens a ``stop`` stream to the reserved peer and
+copies bytes between the two streams under the circuit's limits, with backpressure both ways
+(a slow reader slows the writer; nothing is buffered without bound). It never sees plaintext: the
+two ends run Noise between themselves (``transports/circuit.py``).
+
+Limits default to carrying real traffic (no byte or time cap per circuit); what is bounded is how
+many reservations and circuits exist, per peer, per IP address and in total.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .._log import get_logger
+from ..errors import LatticaError, ProtocolError, RelayRefused
+from ..framing import read_message, write_message
+from ..identity import PeerId
+from ..runtime import ASYNC, ActorRef, current_caller
+from ..transports.base import Connection, Stream
+from ..transports.circuit import HOP, MAX_MESSAGE, STOP, check_answer, limit_wire, parse_connect, refusal
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
+
+log = get_logger("lattica.relay")
+
+__all__ = ["RelayConfig", "RelayService", "RelayActor", "relay_ref"]
+
+_CHUNK = 1 << 20
+_TIMEOUT = 10.0  # seconds for the stop side to answer
+
+
+def relay_ref(peer: PeerId) -> ActorRef:
+    """The ref of ``peer``'s relay actor."""
+    return ActorRef(peer, "relay", {"reserve": ASYNC, "status": ASYNC})
+
+
+@dataclass
+class RelayConfig:
+    """What a relay accepts. ``None`` for a circuit limit means unlimited (the default: relayed
+    calls must not fail because the path is relayed)."""
+
+    reservation_ttl: float = 3600.0
+    max_reservations: int = 1024
+    max_reservations_per_ip: int = 16  # a flood of throwaway identities from one host stops here
+    max_circuits: int = 1024
+    max_circuits_per_peer: int = 64  # as source or as target
+    circuit_duration: float | None = None
+    circuit_bytes: int | None = None
+
+
+@dataclass
+class _Reservation:
+    expires: float  # wall clock (sent to the peer)
+    ip: str
+
+
+def _ip_of(conn: Connection) -> str:
+    try:
+        return conn.remote_addr.host_port()[0]
+    except LatticaError:
+        return str(conn.remote_addr)
+
+
+class RelayService:
+    """Reservations and circuits on the node loop."""
+
+    def __init__(self, runtime: Runtime, config: RelayConfig | None = None) -> None:
+        self.rt = runtime
+        self.host = runtime.host
+        self.cfg = config or RelayConfig()
+        self.reservations: dict[PeerId, _Reservation] = {}
+        self.circuits: dict[PeerId, int] = {}
+        self.total_circuits = 0
+        self.bytes_relayed = 0
+        self.host.handlers[HOP] = self._on_hop
+        self.host.disconnect_listeners.append(self._on_disconnect)
+
+    # -- reservations ---------------------------------------------------------------------------
+
+    def _direct_conn(self, peer: PeerId) -> Connection | None:
+        for conn in self.host.conns_of.get(peer, ()):
+            if not conn.is_closed and conn.transport != "relay":
+                return conn
+        return None
+
+    def reserve(self, peer: PeerId) -> dict:
+        """Grant or renew ``peer``'s reservation; raises RelayRefused."""
+        conn = self._direct_conn(peer)
+        if conn is None:
+            raise RelayRefused("reservations are made over a direct connection to the relay")
+        self._sweep()
+        ip = _ip_of(conn)
+        if peer not in self.reservations:
+            if len(self.reservations) >= self.cfg.max_reservations:
+                raise RelayRefused(f"this relay holds its maximum of {self.cfg.max_reservations} reservations")
+            same_ip = sum(1 for r in self.reservations.values() if r.ip == ip)
+            if same_ip >= self.cfg.max_reservations_per_ip:
+                raise RelayRefused(f"{ip} already holds {same_ip} reservations here (the limit per address)")
+        expires = time.time() + self.cfg.reservation_ttl
+        self.reservations[peer] = _Reservation(expires, ip)
+        self.host.protect(peer, "relay-reservation")
+        addrs = [str(a) for a in self.host.advertised_addrs() if not a.is_circuit]
+        return {"expires": expires, "addrs": addrs, "limit": limit_wire(self.cfg.circuit_duration, self.cfg.circuit_bytes)}
+
+    def _drop(self, peer: PeerId) -> None:
+        if self.reservations.pop(peer, None) is not None:
+            self.host.unprotect(peer, "relay-reservation")
+
+    def _sweep(self) -> None:
+        now = time.time()
+        for peer, r in list(self.reservations.items()):
+            if r.expires <= now or self._direct_conn(peer) is None:
+                self._drop(peer)
+
+    def _on_disconnect(self, peer: PeerId) -> None:
+        self._drop(peer)
+
+    def has_reservation(self, peer: PeerId) -> bool:
+        r = self.reservations.get(peer)
+        return r is not None and r.expires > time.time()
+
+    def status(self) -> dict:
+        self._sweep()
+        return {
+            "reservations": len(self.reservations),
+            "circuits": self.total_circuits,
+            "bytes_relayed": self.bytes_relayed,
+            "limit": limit_wire(self.cfg.circuit_duration, self.cfg.circuit_bytes),
+        }
+
+    # -- circuits -------------------------------------------------------------------------------
+
+    async def _on_hop(self, stream: Stream, conn: Connection) -> None:
+        src = conn.remote_peer
+        try:
+            async with asyncio.timeout(_TIMEOUT):
+                target = parse_connect(await read_message(stream, MAX_MESSAGE))
+        except (LatticaError, asyncio.TimeoutError) as e:
+            log.info("bad hop request", peer=str(src), reason=str(e) or "timeout")
+            stream.reset()
+            return
+        why = self._refuse(src, target, conn)
+        if why is not None:
+            await self._answer(stream, refusal(*why))
+            return
+        self._count(src, target, +1)
+        try:
+            other = await self._connect_target(src, target)
+        except (LatticaError, asyncio.TimeoutError) as e:
+            self._count(src, target, -1)
+            await self._answer(stream, refusal("CONNECTION_FAILED", f"{target} did not take the circuit: {e or 'timeout'}"))
+            return
+        try:
+            write_message(stream, {"ok": True, "limit": limit_wire(self.cfg.circuit_duration, self.cfg.circuit_bytes)})
+            await self._splice(stream, other)
+        finally:
+            self._count(src, target, -1)
+
+    def _refuse(self, src: PeerId, target: PeerId, conn: Connection) -> tuple[str, str] | None:
+        if conn.transport == "relay":
+            return "PERMISSION_DENIED", "circuits are not relayed over relayed connections"
+        if target == src or target == self.host.peer_id:
+            return "MALFORMED", "a circuit needs two distinct peers other than the relay"
+        if not self.has_reservation(target) or self._direct_conn(target) is None:
+            return "NO_RESERVATION", f"{target} holds no reservation on this relay"
+        if self.total_circuits >= self.cfg.max_circuits:
+            return "RESOURCE_LIMIT", f"this relay carries its maximum of {self.cfg.max_circuits} circuits"
+        for p in (src, target):
+            if self.circuits.get(p, 0) >= self.cfg.max_circuits_per_peer:
+                return "RESOURCE_LIMIT", f"{p} already has {self.cfg.max_circuits_per_peer} circuits on this relay"
+        return None
+
+    def _count(self, src: PeerId, target: PeerId, delta: int) -> None:
+        self.total_circuits += delta
+        for p in (src, target):
+            n = self.circuits.get(p, 0) + delta
+            if n > 0:
+                self.circuits[p] = n
+            else:
+                self.circuits.pop(p, None)
+
+    async def _connect_target(self, src: PeerId, target: PeerId) -> Stream:
+        conn = self._direct_conn(target)
+        if conn is None:
+            raise RelayRefused(f"{target} is no longer connected")
+        other = await self.host.open_stream_on(conn, STOP)
+        try:
+            async with asyncio.timeout(_TIMEOUT):
+                write_message(other, {"type": "connect", "peer": src.to_bytes(), "limit": limit_wire(self.cfg.circuit_duration, self.cfg.circuit_bytes)})
+                await other.drain()
+                check_answer(await read_message(other, MAX_MESSAGE), f"peer {target.short()}")
+        except BaseException:
+            other.reset()
+            raise
+        return other
+
+    @staticmethod
+    async def _answer(stream: Stream, msg: dict) -> None:
+        try:
+            write_message(stream, msg)
+            await asyncio.wait_for(stream.close(), _TIMEOUT)
+        except (LatticaError, asyncio.TimeoutError):
+            stream.reset()
+
+    async def _splice(self, a: Stream, b: Stream) -> None:
+        """Copy both ways until both sides end, a limit is hit or either side fails."""
+        budget = [self.cfg.circuit_bytes]
+
+        async def pipe(src: Stream, dst: Stream) -> None:
+            while True:
+                data = await src.read(_CHUNK)
+                if not data:
+                    await dst.close()
+                    return
+                if budget[0] is not None:
+                    budget[0] -= len(data)
+                    if budget[0] < 0:
+                        raise RelayRefused(f"circuit exceeded its limit of {self.cfg.circuit_bytes} bytes")
+                self.bytes_relayed += len(data)
+                dst.write(data)
+                await dst.drain()
+
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(pipe(a, b)), loop.create_task(pipe(b, a))]
+        try:
+            async with asyncio.timeout(self.cfg.circuit_duration):
+                await asyncio.gather(*tasks)
+        except (LatticaError, asyncio.TimeoutError, ProtocolError) as e:
+            log.debug("circuit ended", reason=str(e) or "duration limit")
+            a.reset()
+            b.reset()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class RelayActor:
+    """What peers call on a relay: ``reserve`` (renew by calling again) and ``status``."""
+
+    NAME = "relay"
+
+    def __init__(self, service: RelayService) -> None:
+        self._svc = service
+
+    async def reserve(self) -> dict:
+        """Reserve a slot for the caller: ``{expires (unix s), addrs, limit}``."""
+        caller = current_caller()
+        assert caller is not None
+        return self._svc.reserve(caller)
+
+    async def status(self) -> dict:
+        return self._svc.status()

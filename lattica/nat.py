@@ -1,0 +1,356 @@
+"""Where we stand behind NATs: AutoNAT probes, the mapping type, and relay reservations.
+
+``NatManager`` runs on the node loop. When the node has a non-loopback address and peers to ask,
+it asks up to three of them (their ``autonat`` actors) to dial it back, and believes only the
+dial-backs that actually arrive: one from a host we never contacted means *public*; none means
+*private*. The mapping type comes from the addresses different peers observe for our listening
+UDP socket (QUIC dials leave from it): one port for every observer is endpoint-independent, several
+are endpoint-dependent (symmetric). A private node keeps reservations on up to ``max_relays``
+relays, replaces a relay that goes away, and publishes its ``/p2p-circuit`` addresses in its signed
+peer record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ._log import get_logger
+from .errors import LatticaError
+from .framing import read_message, write_message
+from .identity import PeerId
+from .multiaddr import Multiaddr
+from .transports.circuit import HOP, circuit_addr
+
+if TYPE_CHECKING:
+    from .node import _Host
+    from .transports.base import Connection, Stream
+
+log = get_logger("lattica.nat")
+
+__all__ = ["NatConfig", "NatStatus", "NatManager", "classify_mapping"]
+
+PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"
+INDEPENDENT, DEPENDENT = "endpoint-independent", "endpoint-dependent"
+
+
+@dataclass
+class NatConfig:
+    """How a node finds out whether peers can dial it, and what it does about it."""
+
+    autonat: bool = True  # probe reachability (only when we have a non-loopback address)
+    reachability: str | None = None  # force "public" or "private" instead of probing
+    max_relays: int = 2  # reservations a private node keeps
+    recheck: float = 600.0  # seconds between AutoNAT rounds once known
+    retry: float = 5.0  # seconds between attempts while unknown or short of relays
+    servers: int = 3  # peers asked per round
+
+
+@dataclass
+class NatStatus:
+    """What ``lattica.nat_status()`` returns."""
+
+    reachability: str = UNKNOWN  # "public" | "private" | "unknown"
+    mapping: str = UNKNOWN  # "endpoint-independent" | "endpoint-dependent" | "unknown"
+    observed: list[str] = field(default_factory=list)  # our addresses as peers see them
+    public: list[str] = field(default_factory=list)  # addresses a stranger reached us at
+    relays: list[str] = field(default_factory=list)  # our /p2p-circuit addresses
+    reason: str = "not checked yet"
+    checked_at: float | None = None  # unix time of the last AutoNAT round
+
+
+def classify_mapping(observations: list[tuple[str, str]]) -> str:
+    """The NAT mapping type from ``(observer IP, observed address)`` pairs for one local socket."""
+    ports: dict[str, set[str]] = {}
+    for observer, observed in observations:
+        ports.setdefault(observer, set()).add(observed)
+    if len(ports) < 2:
+        return UNKNOWN
+    seen = set().union(*ports.values())
+    return INDEPENDENT if len(seen) == 1 else DEPENDENT
+
+
+def _is_loopback(addr: Multiaddr) -> bool:
+    parts = list(addr)
+    return bool(parts) and parts[0][0] in ("ip4", "ip6") and (parts[0][1].startswith("127.") or parts[0][1] == "::1")
+
+
+@dataclass
+class _Relay:
+    peer: PeerId
+    addrs: list[Multiaddr]
+    expires: float
+    renew: asyncio.TimerHandle | None = None
+
+
+class NatManager:
+    def __init__(self, host: _Host, config: NatConfig | None = None) -> None:
+        from .actors.autonat import DIALBACK
+
+        self.host = host
+        self.cfg = config or NatConfig()
+        self.status = NatStatus()
+        self.relays: dict[PeerId, _Relay] = {}
+        self._arrived: dict[bytes, list[tuple[str, PeerId]]] = {}  # nonce -> dial-backs received
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        host.handlers[DIALBACK] = self._on_dialback
+        host.identify_listeners.append(lambda info: self._wake.set())
+        host.disconnect_listeners.append(self._on_disconnect)
+        if self.cfg.reachability in (PUBLIC, PRIVATE):
+            self.status.reachability = self.cfg.reachability
+            self.status.reason = "set by configuration"
+
+    def start(self) -> None:
+        self._task = self.host.spawn(self._run())
+
+    # -- what peers observe -----------------------------------------------------------------------
+
+    def observations(self) -> list[tuple[str, str, Connection]]:
+        """(observer IP, observed address, connection) for every identified direct connection."""
+        from .actors.autonat import ip_of
+
+        out = []
+        for conn, info in list(self.host.info.items()):
+            if conn.is_closed or info.observed_addr is None or conn.transport not in ("tcp", "quic"):
+                continue
+            observer = ip_of(conn.remote_addr)
+            if observer is not None:
+                out.append((observer, str(info.observed_addr.without_peer_id()), conn))
+        return out
+
+    def _mapping(self) -> str:
+        """From QUIC connections (they all share the listening socket)."""
+        obs = [(ip, seen) for ip, seen, conn in self.observations() if conn.transport == "quic"]
+        return classify_mapping(obs)
+
+    def _candidates(self) -> list[Multiaddr]:
+        """Our addresses worth a dial-back: listen addresses and what peers saw (QUIC as seen; TCP
+        with our listening port, since outbound TCP leaves from an ephemeral one)."""
+        out: list[Multiaddr] = [a for a in self.host.listen_addrs if not _is_loopback(a)]
+        tcp_ports = [a.host_port()[1] for a in self.host.listen_addrs if a.protocols() in (["ip4", "tcp"], ["ip6", "tcp"])]
+        for _, seen, conn in self.observations():
+            m = Multiaddr(seen)
+            if conn.transport == "quic":
+                cand = [m]
+            else:
+                host_ip = m.host_port()[0]
+                cand = [Multiaddr.from_host_port(host_ip, p) for p in tcp_ports]
+            for c in cand:
+                if c not in out and not _is_loopback(c):
+                    out.append(c)
+        return out
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while not self.host.closing:
+            delay = self.cfg.retry
+            try:
+                if self.cfg.autonat and self.cfg.reachability is None and any(not _is_loopback(a) for a in self.host.listen_addrs):
+                    if self.status.reachability == UNKNOWN or self._due():
+                        await self.probe()
+                    if self.status.reachability != UNKNOWN:
+                        delay = self.cfg.recheck
+                if self.status.reachability == PRIVATE or (self.host.node.relays and self.status.reachability != PUBLIC):
+                    await self._keep_relays()
+                    if len(self.relays) < self.cfg.max_relays:
+                        delay = min(delay, self.cfg.retry)
+            except LatticaError as e:
+                log.info("reachability round failed", reason=str(e))
+            except Exception:
+                log.exception("reachability round crashed")
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), delay)
+                await asyncio.sleep(0.2)  # let a burst of new connections settle
+            except asyncio.TimeoutError:
+                pass
+
+    def _due(self) -> bool:
+        return self.status.checked_at is None or time.time() - self.status.checked_at >= self.cfg.recheck
+
+    def _servers(self) -> list[PeerId]:
+        from .actors.autonat import DIALBACK
+
+        out = []
+        for peer, conn in list(self.host.conns.items()):
+            info = self.host.info.get(conn)
+            if info is not None and DIALBACK in info.protocols and conn.transport in ("tcp", "quic"):
+                out.append(peer)
+        return out[: self.cfg.servers]
+
+    async def probe(self) -> NatStatus:
+        """One AutoNAT round: ask servers to dial us back; classify; return the new status."""
+        from .actors.autonat import autonat_ref, ip_of
+
+        servers = self._servers()
+        cands = self._candidates()
+        st = self.status
+        st.observed = sorted({seen for _, seen, _ in self.observations()})
+        st.mapping = self._mapping()
+        if not servers or not cands:
+            st.reason = "no peer to ask yet" if not servers else "no address worth checking"
+            return st
+        contacted = sorted({ip for ip, _, _ in self.observations()})
+        nonce = os.urandom(16)
+        self._arrived[nonce] = []
+        rt = self.host.runtime
+        assert rt is not None
+        try:
+            futs = [rt.call(autonat_ref(p), "check", ([str(a) for a in cands], nonce, contacted), {}, timeout=15.0) for p in servers]
+            answers = await asyncio.gather(*futs, return_exceptions=True)
+            await asyncio.sleep(0.05)  # a dial-back stream may still be in the last loop round
+        finally:
+            arrived = self._arrived.pop(nonce, [])
+        tried = [a for a in answers if isinstance(a, dict) and a.get("tried")]
+        reached = {}
+        for addr, dialer in arrived:
+            conn = self.host.conns.get(dialer)
+            dialer_ip = ip_of(conn.remote_addr) if conn is not None else None
+            if dialer_ip is not None and dialer_ip not in contacted:
+                reached[addr] = dialer
+        st.checked_at = time.time()
+        if reached:
+            st.reachability = PUBLIC
+            st.public = sorted(reached)
+            st.reason = f"a peer we never contacted reached us at {', '.join(st.public)}"
+            self.host.public_addrs = [Multiaddr(a) for a in st.public if Multiaddr(a) not in self.host.listen_addrs]
+        elif tried:
+            st.reachability = PRIVATE
+            st.public = []
+            self.host.public_addrs = []
+            got = sorted({a for a, _ in arrived})
+            st.reason = (
+                "only peers we already talk to got through (an address-restricted NAT or firewall)"
+                if got else f"no dial-back got through to {', '.join(sorted({t for a in tried for t in a['tried']}))}"
+            )
+        else:
+            errors = [str(a) for a in answers if isinstance(a, BaseException)]
+            st.reason = "no server could check us" + (f": {errors[0]}" if errors else " (none saw us at these addresses)")
+        log.info("reachability", reachability=st.reachability, mapping=st.mapping, reason=st.reason)
+        return st
+
+    async def _on_dialback(self, stream: Stream, conn: Connection) -> None:
+        try:
+            async with asyncio.timeout(5.0):
+                msg = await read_message(stream, 256)
+        except (LatticaError, asyncio.TimeoutError):
+            stream.reset()
+            return
+        if type(msg) is not dict or type(msg.get("nonce")) is not bytes or type(msg.get("addr")) is not str:
+            stream.reset()
+            return
+        waiting = self._arrived.get(msg["nonce"])
+        if waiting is not None and len(waiting) < 16:
+            waiting.append((msg["addr"][:256], conn.remote_peer))
+        write_message(stream, {"ok": True})
+        await stream.close()
+
+    # -- relays ---------------------------------------------------------------------------------
+
+    def _relay_candidates(self) -> list[PeerId]:
+        out: list[PeerId] = []
+        for a in self.host.node.relays:
+            p = a.peer_id
+            if p is not None and p not in out:
+                self.host.remember_addrs(p, [a])
+                out.append(p)
+        for peer, conn in list(self.host.conns.items()):
+            info = self.host.info.get(conn)
+            if info is not None and HOP in info.protocols and peer not in out:
+                out.append(peer)
+        return [p for p in out if p not in self.relays and p != self.host.peer_id]
+
+    async def _keep_relays(self) -> None:
+        from .actors.relay import relay_ref
+
+        rt = self.host.runtime
+        assert rt is not None
+        for peer in self._relay_candidates():
+            if len(self.relays) >= self.cfg.max_relays:
+                break
+            try:
+                answer = await rt.call(relay_ref(peer), "reserve", (), {}, timeout=10.0)
+                self._reserved(peer, answer)
+            except LatticaError as e:
+                log.info("relay reservation failed", relay=str(peer), reason=str(e))
+
+    def _reserved(self, peer: PeerId, answer: Any) -> None:
+        if type(answer) is not dict or type(answer.get("addrs")) is not list or not isinstance(answer.get("expires"), (int, float)):
+            raise LatticaError(f"relay {peer} answered the reservation with garbage")
+        addrs = []
+        for a in answer["addrs"][:8]:
+            try:
+                m = Multiaddr(a)
+            except (LatticaError, TypeError):
+                continue
+            if not m.is_circuit:
+                addrs.append(circuit_addr(m.without_peer_id(), peer))
+        if not addrs:
+            conn = self.host.conns.get(peer)
+            if conn is None:
+                raise LatticaError(f"relay {peer} gave no address")
+            addrs = [circuit_addr(conn.remote_addr, peer)]
+        old = self.relays.get(peer)
+        if old is not None and old.renew is not None:
+            old.renew.cancel()
+        ttl = max(answer["expires"] - time.time(), 10.0)
+        r = _Relay(peer, addrs, answer["expires"])
+        r.renew = self.host.loop.call_later(ttl / 2, lambda: self.host.spawn(self._renew(peer)))
+        self.relays[peer] = r
+        self.host.protect(peer, "relay-client")
+        log.info("relay reservation", relay=str(peer), expires_in=round(ttl))
+        self._addrs_changed()
+
+    async def _renew(self, peer: PeerId) -> None:
+        from .actors.relay import relay_ref
+
+        if peer not in self.relays or self.host.runtime is None:
+            return
+        try:
+            self._reserved(peer, await self.host.runtime.call(relay_ref(peer), "reserve", (), {}, timeout=10.0))
+        except LatticaError as e:
+            log.info("relay reservation renewal failed", relay=str(peer), reason=str(e))
+            self._lose(peer)
+
+    def _on_disconnect(self, peer: PeerId) -> None:
+        if peer in self.relays:
+            log.info("lost relay", relay=str(peer))
+            self._lose(peer)
+
+    def _lose(self, peer: PeerId) -> None:
+        r = self.relays.pop(peer, None)
+        if r is None:
+            return
+        if r.renew is not None:
+            r.renew.cancel()
+        self.host.unprotect(peer, "relay-client")
+        self._addrs_changed()
+        self._wake.set()  # find another relay now
+
+    def _addrs_changed(self) -> None:
+        self.host.relay_addrs = [a for r in self.relays.values() for a in r.addrs]
+        self.status.relays = [str(a) for a in self.host.relay_addrs]
+        rt = self.host.runtime
+        if rt is not None and not self.host.closing:
+            self.host.spawn(self._republish())
+
+    async def _republish(self) -> None:
+        rt = self.host.runtime
+        try:
+            if rt is not None and len(rt.dht.table):
+                await rt.dht.publish_peer_record()
+        except LatticaError as e:
+            log.info("publishing our new addresses failed", reason=str(e))
+
+    def snapshot(self) -> NatStatus:
+        st = self.status
+        st.observed = sorted({seen for _, seen, _ in self.observations()})
+        if st.mapping == UNKNOWN:
+            st.mapping = self._mapping()
+        st.relays = [str(a) for a in self.host.relay_addrs]
+        return NatStatus(**{k: (list(v) if isinstance(v, list) else v) for k, v in st.__dict__.items()})

@@ -1,0 +1,286 @@
+"""Relayed connections: a Noise-secured, multiplexed Connection inside one stream through a relay.
+
+Dialing ``/<relay addr>/p2p/<relay>/p2p-circuit/p2p/<peer>`` opens a ``hop`` stream to the relay
+and asks it to connect us to ``<peer>``; the relay opens a ``stop`` stream to the peer (who holds a
+reservation with it) and, once both accept, copies bytes between the two streams. The two ends then
+run the same Noise XX handshake and mux as over TCP, end to end: the relay sees only ciphertext and
+cannot forge traffic; each end authenticates the other's PeerId itself.
+
+Wire messages (one length-prefixed codec map each way before the raw bytes start) are built and
+checked here; the relay side lives in ``actors/relay.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable
+
+from .._log import get_logger
+from ..errors import HandshakeError, LatticaError, MultiaddrError, PeerUnreachable, ProtocolError, RelayRefused, Timeout
+from ..framing import read_message, write_message
+from ..identity import KeyPair, PeerId
+from ..multiaddr import Multiaddr
+from .base import Connection, ConnectionHandler, Listener, Stream, Transport
+from .mux import MuxConfig
+from .muxed import MuxedConnection
+from .noise import NoiseHandshake
+
+log = get_logger("lattica.circuit")
+
+__all__ = ["CircuitTransport", "HOP", "STOP", "split_circuit", "circuit_addr"]
+
+HOP = "/lattica/relay/hop/1"  # source -> relay: "connect me to this peer"
+STOP = "/lattica/relay/stop/1"  # relay -> reserved peer: "this peer wants to connect to you"
+MAX_MESSAGE = 4096
+_READ_CHUNK = 1 << 20
+_HIGH_WATER = 1 << 20  # bytes queued on the relay stream before the inner connection pauses
+
+OpenHop = Callable[[PeerId, list[Multiaddr]], Awaitable[Stream]]
+
+
+def split_circuit(addr: Multiaddr) -> tuple[list[Multiaddr], PeerId, PeerId | None]:
+    """``(relay addresses, relay PeerId, target PeerId or None)`` of a circuit address."""
+    parts = list(addr)
+    try:
+        cut = [n for n, _ in parts].index("p2p-circuit")
+    except ValueError:
+        raise MultiaddrError(f"{addr} is not a circuit address") from None
+    relay_part = parts[:cut]
+    if not relay_part or relay_part[-1][0] != "p2p":
+        raise MultiaddrError(f"{addr}: the relay must be named by /p2p/<id> before /p2p-circuit")
+    relay = PeerId.from_string(relay_part[-1][1])  # type: ignore[arg-type]
+    rest = parts[cut + 1 :]
+    if len(rest) > 1 or (rest and rest[0][0] != "p2p"):
+        raise MultiaddrError(f"{addr}: only /p2p/<id> may follow /p2p-circuit")
+    target = PeerId.from_string(rest[0][1]) if rest else None  # type: ignore[arg-type]
+    relay_addrs = [Multiaddr._from_parts(tuple(relay_part[:-1]))] if len(relay_part) > 1 else []
+    return relay_addrs, relay, target
+
+
+def circuit_addr(relay_addr: Multiaddr, relay: PeerId) -> Multiaddr:
+    """The address others dial to reach us through ``relay`` at ``relay_addr``."""
+    return relay_addr.with_peer_id(relay).encapsulate("/p2p-circuit")
+
+
+# -- wire messages (shared with the relay) ------------------------------------------------------
+
+
+def limit_wire(duration: float | None, data: int | None) -> dict:
+    return {"duration": duration, "bytes": data}
+
+
+def parse_connect(msg: Any) -> PeerId:
+    """The peer named by a hop or stop ``connect`` request; raises ProtocolError."""
+    if type(msg) is not dict or msg.get("type") != "connect" or type(msg.get("peer")) is not bytes:
+        raise ProtocolError("a relay request is {type: 'connect', peer: <PeerId bytes>}")
+    try:
+        return PeerId.from_bytes(msg["peer"])
+    except LatticaError as e:
+        raise ProtocolError(f"relay request names no valid peer: {e}") from None
+
+
+def refusal(code: str, why: str) -> dict:
+    return {"ok": False, "code": code, "error": why[:300]}
+
+
+def check_answer(msg: Any, who: str) -> dict:
+    """A relay answer that says ok; raises RelayRefused with the relay's reason otherwise."""
+    if type(msg) is not dict or type(msg.get("ok")) is not bool:
+        raise ProtocolError(f"{who} sent a malformed relay answer")
+    if not msg["ok"]:
+        code, why = msg.get("code"), msg.get("error")
+        raise RelayRefused(f"{who} refused the circuit: {code if type(code) is str else '?'}: {why if type(why) is str else ''}")
+    return msg
+
+
+# -- the byte pipe under a relayed MuxedConnection -----------------------------------------------
+
+
+class _StreamPipe:
+    """Lets a MuxedConnection write into a relay stream (the ByteWriter interface)."""
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+        self.conn: MuxedConnection | None = None
+        self._closing = False
+        self._draining = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closing:
+            return
+        try:
+            self.stream.write(bytes(data) if isinstance(data, memoryview) else data)
+        except LatticaError as e:
+            self._lost(e)
+            return
+        if not self._draining and self.stream.write_buffer_size() > _HIGH_WATER and self.conn is not None:
+            self._draining = True
+            self.conn.pause_writing()
+            asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            await self.stream.drain()
+        except LatticaError as e:
+            self._lost(e)
+            return
+        finally:
+            self._draining = False
+        if self.conn is not None:
+            self.conn.resume_writing()
+
+    def _lost(self, exc: Exception | None) -> None:
+        if self.conn is not None:
+            self.conn.connection_lost(exc)
+
+    def close(self) -> None:
+        if not self._closing:
+            self._closing = True
+            asyncio.get_running_loop().create_task(self._close())
+
+    async def _close(self) -> None:
+        try:
+            await asyncio.wait_for(self.stream.close(), 2.0)
+        except (LatticaError, asyncio.TimeoutError):
+            self.stream.reset()
+
+    def abort(self) -> None:
+        self._closing = True
+        self.stream.reset()
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def get_write_buffer_size(self) -> int:
+        return self.stream.write_buffer_size()
+
+
+class _CircuitListener(Listener):
+    def __init__(self) -> None:
+        self.addrs = []
+
+    async def close(self) -> None:
+        return None
+
+
+class CircuitTransport(Transport):
+    """Dials ``/p2p-circuit`` addresses through relays and accepts circuits relays bring to us."""
+
+    name = "relay"
+
+    def __init__(
+        self,
+        keypair: KeyPair,
+        open_hop: OpenHop,
+        *,
+        mux_config: MuxConfig | None = None,
+        handshake_timeout: float = 10.0,
+        keepalive_interval: float = 15.0,
+        keepalive_timeout: float = 45.0,
+    ) -> None:
+        super().__init__(keypair)
+        self._open_hop = open_hop
+        self.mux_config = mux_config or MuxConfig()
+        self.handshake_timeout = handshake_timeout
+        self.keepalive_interval = keepalive_interval
+        self.keepalive_timeout = keepalive_timeout
+        self._readers: set[asyncio.Task] = set()
+
+    def handles(self, addr: Multiaddr) -> bool:
+        return addr.is_circuit
+
+    async def listen(self, addr: Multiaddr, on_connection: ConnectionHandler) -> Listener:
+        raise MultiaddrError("relayed addresses come from reservations, not from listening")
+
+    async def dial(self, addr: Multiaddr, peer_id: PeerId | None = None) -> Connection:
+        relay_addrs, relay, target = split_circuit(addr)
+        if peer_id is not None and target is not None and target != peer_id:
+            raise MultiaddrError(f"address {addr} names {target}, not the requested {peer_id}")
+        target = peer_id or target
+        if target is None:
+            raise MultiaddrError(f"{addr} does not say which peer to reach through the relay")
+        if target == relay:
+            raise MultiaddrError("a relay cannot relay a circuit to itself")
+        stream = await self._open_hop(relay, relay_addrs)
+        try:
+            async with asyncio.timeout(self.handshake_timeout):
+                write_message(stream, {"type": "connect", "peer": target.to_bytes()})
+                await stream.drain()
+                check_answer(await read_message(stream, MAX_MESSAGE), f"relay {relay.short()}")
+                return await self._secure(stream, True, target, addr.without_peer_id())
+        except asyncio.TimeoutError:
+            stream.reset()
+            raise Timeout(f"circuit to {target} through {relay} took longer than {self.handshake_timeout} s") from None
+        except BaseException:
+            stream.reset()
+            raise
+
+    async def accept(self, stream: Stream, relay_conn: Connection, on_connection: ConnectionHandler) -> None:
+        """Serve a ``stop`` stream from a relay we hold a reservation with."""
+        relay = relay_conn.remote_peer
+        try:
+            async with asyncio.timeout(self.handshake_timeout):
+                src = parse_connect(await read_message(stream, MAX_MESSAGE))
+                write_message(stream, {"ok": True})
+                await stream.drain()
+                remote = relay_conn.remote_addr.with_peer_id(relay).encapsulate("/p2p-circuit")
+                conn = await self._secure(stream, False, src, remote)
+        except (asyncio.TimeoutError, LatticaError) as e:
+            log.info("relayed connection failed", relay=str(relay), reason=str(e) or "timeout")
+            stream.reset()
+            return
+        self._hand_over(conn, on_connection)
+
+    async def _secure(self, stream: Stream, initiator: bool, expected: PeerId, remote_addr: Multiaddr) -> MuxedConnection:
+        """Noise XX end to end through the relay, then the mux; ``expected`` must answer."""
+        hs = NoiseHandshake(self.keypair, initiator, expected)
+        out = hs.start()
+        if out:
+            stream.write(out)
+        while not hs.complete:
+            data = await stream.read(MAX_MESSAGE)
+            if not data:
+                raise HandshakeError("relay stream ended during the handshake")
+            out = hs.receive(data)
+            if out:
+                stream.write(out)
+        assert hs.session is not None and hs.remote_peer is not None
+        pipe = _StreamPipe(stream)
+        conn = MuxedConnection(
+            pipe,
+            transport="relay",
+            direction="outbound" if initiator else "inbound",
+            local_peer=self.keypair.peer_id,
+            remote_peer=hs.remote_peer,
+            local_addr=remote_addr,
+            remote_addr=remote_addr,
+            session=hs.session,
+            mux_config=self.mux_config,
+            keepalive_interval=self.keepalive_interval,
+            keepalive_timeout=self.keepalive_timeout,
+        )
+        pipe.conn = conn
+        self._track(conn)
+        if hs.leftover:
+            conn.data_received(hs.leftover)
+        task = asyncio.get_running_loop().create_task(self._read(stream, conn))
+        self._readers.add(task)
+        task.add_done_callback(self._readers.discard)
+        return conn
+
+    @staticmethod
+    async def _read(stream: Stream, conn: MuxedConnection) -> None:
+        try:
+            while not conn.is_closed:
+                data = await stream.read(_READ_CHUNK)
+                if not data:
+                    conn.connection_lost(None)
+                    return
+                conn.data_received(data)
+        except LatticaError as e:
+            conn.connection_lost(e)
+
+    async def close(self) -> None:
+        await super().close()
+        for task in list(self._readers):
+            task.cancel()

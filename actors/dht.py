@@ -554,7 +554,7 @@ class DhtService:
                 if info is not None:
                     self._on_identified(info)
         lk = await self.find_closest(node_id(self.peer_id))
-        if self.host.listen_addrs and lk.closest():
+        if self.host.advertised_addrs() and lk.closest():
             await self.publish_peer_record(lk)
         await self.refresh(0.0)
         return len(self.table)
@@ -586,7 +586,7 @@ class DhtService:
         for cid, ttl in list(self._provided.items()):
             jobs.append(bounded(self.provide(cid, ttl, republish=False), "provider record"))
         await asyncio.gather(*jobs)
-        if self.host.listen_addrs and len(self.table):
+        if self.host.advertised_addrs() and len(self.table):
             await self.publish_peer_record()
 
     def stop_providing(self, cid: bytes) -> None:

@@ -437,6 +437,11 @@ class _Host:
             direct = [a for a in self.peer_addrs.get(relay, ()) if not a.is_circuit]
             conn = await self._race(relay, direct)
         info = self.info.get(conn)
+        if info is None and conn in self.identified:  # a fresh connection: identify is one trip away
+            try:
+                info = await asyncio.wait_for(asyncio.shield(self.identified[conn]), _PROTOCOL_READ_TIMEOUT)
+            except (LatticaError, asyncio.TimeoutError):
+                info = None
         if info is not None and circuit.HOP not in info.protocols:
             raise UnsupportedProtocol(f"{relay} is not a relay")
         return await self.open_stream_on(conn, circuit.HOP)

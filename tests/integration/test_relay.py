@@ -1,0 +1,209 @@
+"""Relays on loopback: reservations, calls over circuits, failover, limits and hostile input.
+
+A node that listens on nothing is as private as a node can be: peers can reach it only through a
+relay it holds a reservation with. (The NAT lab, tests/natlab, does the same behind real NATs.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import lattica
+import sample_actors as sa
+from helpers import wait_for
+from lattica.actors.relay import RelayConfig, relay_ref
+from lattica.errors import PeerUnreachable, RelayRefused
+from lattica.framing import read_message, write_message
+from lattica.nat import NatConfig
+from lattica.transports.circuit import HOP, STOP
+
+TCP = "/ip4/127.0.0.1/tcp/0"
+ALLOW = ["sample_actors.*"]
+
+
+def _private(*relays, **kw) -> lattica.Node:
+    return lattica.Node([], relays=[str(r) for r in relays], nat=NatConfig(reachability="private"), allow=ALLOW, **kw)
+
+
+def _reserved(node: lattica.Node, n: int = 1) -> bool:
+    return len(node.nat_status().relays) >= n
+
+
+def _call_counter(caller: lattica.Node, target: lattica.PeerId, start: int = 5) -> int:
+    async def go():
+        ref = sa.Counter.options(node=target).remote(start)
+        await ref.incr.remote()
+        return await ref.get.remote()
+
+    return caller.run(go(), timeout=20)
+
+
+def _conn_transport(node: lattica.Node, peer: lattica.PeerId) -> str | None:
+    conn = node._host.conns.get(peer)
+    return None if conn is None else conn.transport
+
+
+def test_a_private_node_is_called_by_peer_id_through_its_relay():
+    with lattica.Node([TCP], relay=True) as relay, lattica.Node([TCP], allow=ALLOW) as b:
+        with _private(relay.addrs[0]) as a2:
+            assert wait_for(lambda: _reserved(a2), timeout=10)
+            status = a2.nat_status()
+            assert status.reachability == "private" and status.relays[0].endswith("/p2p-circuit")
+            assert str(relay.peer_id) in status.relays[0]
+            b.connect(relay.addrs[0])
+            for n in (relay, b):
+                lattica.dht.bootstrap(node=n).result(10)
+            # b knows nothing of a2 but its PeerId: the DHT has a2's record with its circuit address
+            assert _call_counter(b, a2.peer_id) == 6
+            assert _conn_transport(b, a2.peer_id) == "relay"
+            assert _conn_transport(a2, b.peer_id) == "relay"
+            # and the other way: a2 calls b over the same relayed connection
+            assert _call_counter(a2, b.peer_id, 10) == 11
+            stats = relay.run(_status(relay, relay.peer_id), timeout=10)
+            assert stats["reservations"] == 1 and stats["circuits"] == 1 and stats["bytes_relayed"] > 0
+
+
+async def _status(node: lattica.Node, peer: lattica.PeerId) -> dict:
+    return await node._host.runtime.call(relay_ref(peer), "status", (), {}, timeout=5)
+
+
+def test_relayed_traffic_is_end_to_end_encrypted_and_a_tampering_relay_breaks_only_that_circuit(monkeypatch):
+    seen: list[bytes] = []
+    from lattica.actors import relay as relay_mod
+
+    real_splice = relay_mod.RelayService._splice
+
+    async def spying_splice(self, a, b):  # records what crosses the relay, flips one byte
+        class Tap:
+            def __init__(self, s, tamper):
+                self.s, self.tamper = s, tamper
+
+            async def read(self, n=65536):
+                data = await self.s.read(n)
+                seen.append(data)
+                if self.tamper and len(data) > 200:
+                    data = data[:-1] + bytes([data[-1] ^ 1])
+                return data
+
+            def __getattr__(self, name):
+                return getattr(self.s, name)
+
+        await real_splice(self, Tap(a, tamper=self.tamper), Tap(b, tamper=False))
+
+    monkeypatch.setattr(relay_mod.RelayService, "_splice", spying_splice)
+    with lattica.Node([TCP], relay=True) as relay, lattica.Node([TCP], allow=ALLOW) as b:
+        relay._host.relay.tamper = False
+        with _private(relay.addrs[0]) as a:
+            assert wait_for(lambda: _reserved(a), timeout=10)
+            b.connect(relay.addrs[0])
+            secret = "the-plaintext-marker-" * 20
+
+            async def echo():
+                ref = sa.Counter.options(node=a.peer_id).remote()
+                return await ref.echo.remote(secret)
+
+            b._host.remember_addrs(a.peer_id, [lattica.Multiaddr(x) for x in a.nat_status().relays])
+            assert b.run(echo(), timeout=20) == secret
+            blob = b"".join(seen)
+            assert len(blob) > len(secret) and b"plaintext-marker" not in blob  # the relay saw only ciphertext
+            b.disconnect(a.peer_id)
+            assert wait_for(lambda: a.peer_id not in b._host.conns)
+            relay._host.relay.tamper = True  # from now on it flips a byte of what b sends
+            with pytest.raises(lattica.errors.LatticaError):
+                b.run(echo(), timeout=20)
+            # the relay and its direct connections are unharmed
+            assert b.ping(relay.peer_id) > 0 and a.ping(relay.peer_id) > 0
+
+
+def test_failover_to_the_second_relay_when_the_first_dies():
+    with lattica.Node([TCP], relay=True) as r1, lattica.Node([TCP], relay=True) as r2, lattica.Node([TCP], allow=ALLOW) as b:
+        with _private(r1.addrs[0], r2.addrs[0]) as a:
+            assert wait_for(lambda: _reserved(a, 2), timeout=10)
+            b.connect(r1.addrs[0])
+            b.connect(r2.addrs[0])
+            b._host.remember_addrs(a.peer_id, [lattica.Multiaddr(x) for x in a.nat_status().relays])
+            assert _call_counter(b, a.peer_id) == 6
+            used = {str(r1.peer_id): r1, str(r2.peer_id): r2}
+            circ = str(b._host.conns[a.peer_id].remote_addr)
+            dead = next(p for p in used if p in circ)
+            used[dead].stop()  # the relay carrying the circuit dies
+            assert wait_for(lambda: a.peer_id not in b._host.conns or b._host.conns[a.peer_id].is_closed, timeout=10)
+            assert _call_counter(b, a.peer_id, 20) == 21  # the next call dials the other circuit
+            assert dead not in str(b._host.conns[a.peer_id].remote_addr)
+            assert wait_for(lambda: all(dead not in r for r in a.nat_status().relays), timeout=10)
+
+
+def test_reservation_limits_and_refusals():
+    cfg = RelayConfig(max_reservations_per_ip=2, max_reservations=10)
+    with lattica.Node([TCP], relay=cfg) as relay:
+        nodes = [lattica.Node([]).start() for _ in range(3)]
+        try:
+            for n in nodes:
+                n.connect(relay.addrs[0])
+            results = [n.run(_reserve(n, relay.peer_id), timeout=10) for n in nodes]
+            assert [isinstance(r, dict) for r in results] == [True, True, False]
+            assert isinstance(results[2], RelayRefused) and "limit per address" in str(results[2])
+            # renewing is not a new reservation
+            assert isinstance(nodes[0].run(_reserve(nodes[0], relay.peer_id), timeout=10), dict)
+            # a peer that leaves frees its slot at once: no leaked reservations
+            nodes[0].stop()
+            assert wait_for(lambda: len(relay._host.relay.reservations) == 1)
+            assert isinstance(nodes[2].run(_reserve(nodes[2], relay.peer_id), timeout=10), dict)
+        finally:
+            for n in nodes:
+                n.stop()
+
+
+async def _reserve(node: lattica.Node, relay: lattica.PeerId):
+    try:
+        return await node._host.runtime.call(relay_ref(relay), "reserve", (), {}, timeout=5)
+    except lattica.errors.LatticaError as e:
+        return e
+
+
+def test_a_circuit_to_a_peer_without_reservation_is_refused_clearly():
+    with lattica.Node([TCP], relay=True) as relay, lattica.Node([TCP], allow=ALLOW) as b, lattica.Node([]) as c:
+        c.connect(relay.addrs[0])  # connected, but no reservation
+        with pytest.raises(PeerUnreachable, match="NO_RESERVATION"):
+            b.connect(f"{relay.addrs[0]}/p2p-circuit/p2p/{c.peer_id}")
+        with lattica.Node([TCP]) as plain:  # not a relay at all
+            with pytest.raises(PeerUnreachable, match="not a relay"):
+                b.connect(f"{plain.addrs[0]}/p2p-circuit/p2p/{lattica.KeyPair.generate().peer_id}")
+
+
+def test_garbage_on_relay_streams_costs_only_that_stream():
+    with lattica.Node([TCP], relay=True) as relay, lattica.Node([TCP], allow=ALLOW) as b:
+        b.connect(relay.addrs[0])
+
+        async def garbage(proto, payload):
+            s = await b._host.open_stream(relay.peer_id, proto)
+            s.write(payload)
+            await s.drain()
+            try:
+                return await asyncio.wait_for(read_message(s, 4096), 5)
+            except lattica.errors.LatticaError as e:
+                return e
+
+        out = b.run(garbage(HOP, b"\x00\x00\x00\x03abc"), timeout=10)
+        assert isinstance(out, lattica.errors.LatticaError)
+        b.run(_write_msg(b, relay.peer_id, HOP, {"type": "connect", "peer": b"not a peer id"}), timeout=10)
+        # a stop stream from a peer we hold no reservation with is refused
+        out = relay.run(_stop_from(relay, b), timeout=10)
+        assert isinstance(out, lattica.errors.LatticaError)
+        assert b.ping(relay.peer_id) > 0  # the connection survived all of it
+
+
+async def _write_msg(node, peer, proto, msg):
+    s = await node._host.open_stream(peer, proto)
+    write_message(s, msg)
+    await s.drain()
+    try:
+        return await asyncio.wait_for(read_message(s, 4096), 5)
+    except lattica.errors.LatticaError as e:
+        return e
+
+
+async def _stop_from(relay: lattica.Node, target: lattica.Node):
+    return await _write_msg(relay, target.peer_id, STOP, {"type": "connect", "peer": relay.peer_id.to_bytes()})

@@ -33,8 +33,10 @@ DIALBACK = "/lattica/autonat/dialback/1"
 MAX_ADDRS = 4
 NONCE_BYTES = 16
 _DIAL_TIMEOUT = 4.0
-_MIN_INTERVAL = 1.0  # seconds between two requests from one peer (check or dial_for)
+_RATE = 2.0  # requests per second one peer may make (check or dial_for), sustained...
+_BURST = 8.0  # ...and in a burst (a server asks helpers for every peer that checks with it)
 _MAX_TRACKED = 4096
+_HELPERS = 2
 
 
 def autonat_ref(peer: PeerId) -> ActorRef:
@@ -61,17 +63,18 @@ class AutoNatServer:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
         self.host = runtime.host
-        self._last: dict[PeerId, float] = {}
+        self._buckets: dict[PeerId, tuple[float, float]] = {}  # peer -> (tokens, last refill)
 
     def _rate_ok(self, peer: PeerId) -> bool:
         now = time.monotonic()
-        if now - self._last.get(peer, -_MIN_INTERVAL) < _MIN_INTERVAL:
-            return False
-        self._last[peer] = now
-        if len(self._last) > _MAX_TRACKED:
-            for old in list(self._last)[: _MAX_TRACKED // 4]:
-                del self._last[old]
-        return True
+        tokens, last = self._buckets.pop(peer, (_BURST, now))
+        tokens = min(_BURST, tokens + (now - last) * _RATE)
+        ok = tokens >= 1.0
+        self._buckets[peer] = (tokens - 1.0 if ok else tokens, now)  # re-inserted: most recent last
+        if len(self._buckets) > _MAX_TRACKED:
+            for old in list(self._buckets)[: _MAX_TRACKED // 4]:
+                del self._buckets[old]
+        return ok
 
     def _direct_conn_ip(self, peer: PeerId) -> str | None:
         for conn in self.host.conns_of.get(peer, ()):
@@ -98,37 +101,45 @@ class AutoNatServer:
         if ip is None:
             raise ProtocolError("autonat checks are answered over a direct connection only")
         if not self._rate_ok(peer):
-            raise ProtocolError(f"one autonat request per {_MIN_INTERVAL} s, please")
+            raise ProtocolError(f"too many autonat requests (at most {_RATE:g} per second)")
         targets = [a for a in self._parse(addrs, nonce) if ip_of(a) == ip]
         avoid_ips = {a for a in avoid[:64] if type(a) is str} if type(avoid) is list else set()
         if not targets:
             return {"ip": ip, "tried": [], "helper": None}
-        helper = self._pick_helper(peer, avoid_ips | {ip})
+        helpers = self._pick_helpers(peer, avoid_ips | {ip})
         texts = [str(a) for a in targets]
         coros = [self.dial_back(peer, a, nonce) for a in targets]
-        if helper is not None:
+        for helper in helpers:
             fut = self.rt.call(autonat_ref(helper), "dial_for", (peer.to_bytes(), texts, nonce), {}, timeout=_DIAL_TIMEOUT * 2)
             coros.append(fut)  # type: ignore[arg-type]
         results = await asyncio.gather(*coros, return_exceptions=True)
-        if helper is not None and isinstance(results[-1], BaseException):
-            log.debug("autonat helper failed", helper=str(helper), reason=str(results[-1]))
-        return {"ip": ip, "tried": texts, "helper": str(helper) if helper is not None else None}
+        for helper, r in zip(helpers, results[len(targets):]):
+            if isinstance(r, BaseException):
+                log.debug("autonat helper failed", helper=str(helper), reason=str(r))
+        return {"ip": ip, "tried": texts, "helper": str(helpers[0]) if helpers else None}
 
-    def _pick_helper(self, peer: PeerId, avoid_ips: set[str]) -> PeerId | None:
+    def _pick_helpers(self, peer: PeerId, avoid_ips: set[str]) -> list[PeerId]:
+        """Peers at addresses ``peer`` has not contacted (one per address) to dial it back."""
+        out: list[PeerId] = []
+        ips: set[str] = set()
         for other, conn in list(self.host.conns.items()):
             if other == peer or conn.is_closed or conn.transport not in ("tcp", "quic"):
                 continue
             info = self.host.info.get(conn)
             if info is None or DIALBACK not in info.protocols:
                 continue
-            if ip_of(conn.remote_addr) not in avoid_ips:
-                return other
-        return None
+            other_ip = ip_of(conn.remote_addr)
+            if other_ip is not None and other_ip not in avoid_ips and other_ip not in ips:
+                out.append(other)
+                ips.add(other_ip)
+                if len(out) >= _HELPERS:
+                    break
+        return out
 
     async def dial_for(self, requester: PeerId, target: Any, addrs: Any, nonce: Any) -> list[str]:
         """A server asked us to dial ``target`` back (it checked the addresses are the target's)."""
         if not self._rate_ok(requester):
-            raise ProtocolError(f"one autonat request per {_MIN_INTERVAL} s, please")
+            raise ProtocolError(f"too many autonat requests (at most {_RATE:g} per second)")
         if type(target) is not bytes:
             raise ProtocolError("dial_for needs the target's PeerId bytes")
         peer = PeerId.from_bytes(target)

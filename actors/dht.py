@@ -144,7 +144,13 @@ class DhtService:
     # -- routing table upkeep ---------------------------------------------------------------------
 
     def _on_identified(self, info: Any) -> None:
-        if info.listen_addrs and "/lattica/rpc/1" in info.protocols:
+        # a peer that advertises relay circuits is private: it queries the DHT but serves no part
+        # of it (others would reach it only through a relay); one that stops being reachable goes
+        if "/lattica/rpc/1" not in info.protocols:
+            return
+        if any(a.is_circuit for a in info.listen_addrs):
+            self._drop(info.peer_id)
+        elif info.listen_addrs:
             self._seen(info.peer_id)
 
     def _seen(self, peer: PeerId) -> None:

@@ -68,10 +68,11 @@ def _bench(args: argparse.Namespace) -> None:
 def _node(args: argparse.Namespace) -> None:
     from .node import Node
 
-    with Node(args.listen or ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"], key_path=args.key) as node:
-        print(f"peer id: {node.peer_id}")
+    relay = getattr(args, "relay", False)
+    with Node(args.listen or ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"], key_path=args.key, relay=relay) as node:
+        print(f"peer id: {node.peer_id}" + (" (relay and bootstrap)" if relay else ""))
         for a in node.addrs:
-            print(f"listening: {a}")
+            print(f"listening: {a}", flush=True)
         for addr in args.connect:
             info = node.connect(addr)
             print(f"connected: {info.peer_id} over {info.transport}")
@@ -145,6 +146,12 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--key", default="lattica.key", help="key file, created if absent (default: %(default)s)")
     s.add_argument("--connect", action="append", default=[], help="peer multiaddr to dial at start")
     s.set_defaults(fn=_node)
+
+    s = sub.add_parser("relay", help="run a public relay (and bootstrap node) until interrupted")
+    s.add_argument("--listen", action="append", default=[], help="multiaddr to listen on (repeatable)")
+    s.add_argument("--key", default="lattica-relay.key", help="key file, created if absent (default: %(default)s)")
+    s.add_argument("--connect", action="append", default=[], help="peer multiaddr to dial at start")
+    s.set_defaults(fn=_node, relay=True)
 
     s = sub.add_parser("ping", help="connect to a peer and ping it")
     s.add_argument("addr", help="peer multiaddr ending in /p2p/<PeerId>")

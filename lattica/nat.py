@@ -34,6 +34,7 @@ log = get_logger("lattica.nat")
 __all__ = ["NatConfig", "NatStatus", "NatManager", "classify_mapping"]
 
 PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"
+_CONTACT_MEMORY = 600.0  # s: longer than NATs keep a filter entry open after our last packet
 INDEPENDENT, DEPENDENT = "endpoint-independent", "endpoint-dependent"
 
 
@@ -94,7 +95,7 @@ class NatManager:
         self.cfg = config or NatConfig()
         self.status = NatStatus()
         self.relays: dict[PeerId, _Relay] = {}
-        self._arrived: dict[bytes, list[tuple[str, PeerId]]] = {}  # nonce -> dial-backs received
+        self._arrived: dict[bytes, list[tuple[str, str | None, str]]] = {}  # nonce -> (address, dialer IP, transport)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         host.handlers[DIALBACK] = self._on_dialback
@@ -131,14 +132,13 @@ class NatManager:
         """Our addresses worth a dial-back: listen addresses and what peers saw (QUIC as seen; TCP
         with our listening port, since outbound TCP leaves from an ephemeral one)."""
         out: list[Multiaddr] = [a for a in self.host.listen_addrs if not _is_loopback(a)]
-        tcp_ports = [a.host_port()[1] for a in self.host.listen_addrs if a.protocols() in (["ip4", "tcp"], ["ip6", "tcp"])]
+        ports = [(a.host_port()[1], a.protocols()[-1]) for a in self.host.listen_addrs if a.protocols()[1:] in (["tcp"], ["udp", "quic-v1"])]
         for _, seen, conn in self.observations():
             m = Multiaddr(seen)
-            if conn.transport == "quic":
-                cand = [m]
-            else:
-                host_ip = m.host_port()[0]
-                cand = [Multiaddr.from_host_port(host_ip, p) for p in tcp_ports]
+            # as seen (QUIC leaves from the listening socket), and our listening ports at the
+            # observed IP (outbound TCP leaves from an ephemeral port; many NATs keep ports)
+            host_ip = m.host_port()[0]
+            cand = ([m] if conn.transport == "quic" else []) + [Multiaddr.from_host_port(host_ip, p, proto) for p, proto in ports]
             for c in cand:
                 if c not in out and not _is_loopback(c):
                     out.append(c)
@@ -159,6 +159,9 @@ class NatManager:
                     await self._keep_relays()
                     if len(self.relays) < self.cfg.max_relays:
                         delay = min(delay, self.cfg.retry)
+                elif self.status.reachability == PUBLIC and self.relays:
+                    for peer in list(self.relays):  # dialable directly: circuits would only slow peers down
+                        self._lose(peer, replace=False)
             except LatticaError as e:
                 log.info("reachability round failed", reason=str(e))
             except Exception:
@@ -195,7 +198,7 @@ class NatManager:
         if not servers or not cands:
             st.reason = "no peer to ask yet" if not servers else "no address worth checking"
             return st
-        contacted = sorted({ip for ip, _, _ in self.observations()})
+        contacted = self._contacted()
         nonce = os.urandom(16)
         self._arrived[nonce] = []
         rt = self.host.runtime
@@ -207,23 +210,28 @@ class NatManager:
         finally:
             arrived = self._arrived.pop(nonce, [])
         tried = [a for a in answers if isinstance(a, dict) and a.get("tried")]
-        reached = {}
-        for addr, dialer in arrived:
-            conn = self.host.conns.get(dialer)
-            dialer_ip = ip_of(conn.remote_addr) if conn is not None else None
-            if dialer_ip is not None and dialer_ip not in contacted:
-                reached[addr] = dialer
+        contacted = sorted(set(contacted) | set(self._contacted()))  # dials made meanwhile count too
+        # An unsolicited TCP connection gets through no NAT that is not forwarding it; a QUIC one
+        # gets through a cone NAT's filter if we ever sent that IP a datagram.
+        reached = {
+            addr: ip for addr, ip, transport in arrived
+            if ip is not None and (transport == "tcp" or (transport == "quic" and ip not in contacted))
+        }
         st.checked_at = time.time()
         if reached:
             st.reachability = PUBLIC
             st.public = sorted(reached)
             st.reason = f"a peer we never contacted reached us at {', '.join(st.public)}"
             self.host.public_addrs = [Multiaddr(a) for a in st.public if Multiaddr(a) not in self.host.listen_addrs]
+        elif arrived and not any(a.get("helper") for a in tried):
+            # a contacted server got through from a fresh port; whether a stranger would (full
+            # cone or public) or not (address-restricted) needs a helper at another address
+            st.reason = "reachable by peers we talk to; waiting for a second peer to tell whether strangers can reach us"
         elif tried:
             st.reachability = PRIVATE
             st.public = []
             self.host.public_addrs = []
-            got = sorted({a for a, _ in arrived})
+            got = sorted({a for a, _, _ in arrived})
             st.reason = (
                 "only peers we already talk to got through (an address-restricted NAT or firewall)"
                 if got else f"no dial-back got through to {', '.join(sorted({t for a in tried for t in a['tried']}))}"
@@ -234,7 +242,15 @@ class NatManager:
         log.info("reachability", reachability=st.reachability, mapping=st.mapping, reason=st.reason)
         return st
 
+    def _contacted(self) -> list[str]:
+        """Every address our UDP socket sent to lately: a cone NAT's filter lets it in."""
+        now = self.host.loop.time()
+        recent = {ip for ip, t in self.host.udp_sent.items() if now - t < _CONTACT_MEMORY}
+        return sorted({ip for ip, _, conn in self.observations() if conn.transport == "quic"} | recent)
+
     async def _on_dialback(self, stream: Stream, conn: Connection) -> None:
+        from .actors.autonat import ip_of
+
         try:
             async with asyncio.timeout(5.0):
                 msg = await read_message(stream, 256)
@@ -246,7 +262,7 @@ class NatManager:
             return
         waiting = self._arrived.get(msg["nonce"])
         if waiting is not None and len(waiting) < 16:
-            waiting.append((msg["addr"][:256], conn.remote_peer))
+            waiting.append((msg["addr"][:256], ip_of(conn.remote_addr) if conn.transport in ("tcp", "quic") else None, conn.transport))
         write_message(stream, {"ok": True})
         await stream.close()
 
@@ -322,7 +338,7 @@ class NatManager:
             log.info("lost relay", relay=str(peer))
             self._lose(peer)
 
-    def _lose(self, peer: PeerId) -> None:
+    def _lose(self, peer: PeerId, replace: bool = True) -> None:
         r = self.relays.pop(peer, None)
         if r is None:
             return
@@ -330,14 +346,17 @@ class NatManager:
             r.renew.cancel()
         self.host.unprotect(peer, "relay-client")
         self._addrs_changed()
-        self._wake.set()  # find another relay now
+        if replace:
+            self._wake.set()  # find another relay now
 
     def _addrs_changed(self) -> None:
         self.host.relay_addrs = [a for r in self.relays.values() for a in r.addrs]
         self.status.relays = [str(a) for a in self.host.relay_addrs]
-        rt = self.host.runtime
-        if rt is not None and not self.host.closing:
+        if not self.host.closing:
             self.host.spawn(self._republish())
+            for conn in list(self.host.all_conns):  # tell connected peers (identify push)
+                if not conn.is_closed:
+                    self.host.spawn(self.host._push_identify(conn))
 
     async def _republish(self) -> None:
         rt = self.host.runtime

@@ -88,7 +88,7 @@ class _Host:
         self.info: dict[Connection, PeerInfo] = {}
         self.identified: dict[Connection, asyncio.Future[PeerInfo]] = {}
         self.peer_addrs: dict[PeerId, list[Multiaddr]] = {}
-        self.dialing: dict[PeerId, asyncio.Future[Connection]] = {}
+        self.dialing: dict[PeerId, tuple[asyncio.Future[Connection], bool]] = {}  # -> (dial, DHT lookups allowed)
         self.handlers: dict[str, StreamProtocolHandler] = {}
         self.tasks: set[asyncio.Task] = set()
         self.idle_since: dict[Connection, float] = {}
@@ -100,6 +100,7 @@ class _Host:
         self.protected: dict[PeerId, set[str]] = {}  # peers whose idle connections stay open, and why
         self.relay_addrs: list[Multiaddr] = []  # our /p2p-circuit addresses (from reservations)
         self.public_addrs: list[Multiaddr] = []  # observed addresses AutoNAT confirmed dialable
+        self.udp_sent: dict[str, float] = {}  # IP -> when a QUIC dial last sent it a packet (opens cone filters)
         self.circuit: CircuitTransport | None = None
         self.relay: Any = None  # the RelayService, when this node relays for others
         self.nat: NatManager | None = None
@@ -194,6 +195,8 @@ class _Host:
             if existing.transport == "relay":
                 self.conns[peer] = conn
                 self.loop.call_later(_LINGER, self._close_if_unused, existing)
+                if self.runtime is not None:
+                    self.runtime.path_changed(peer)
             else:
                 self.loop.call_later(_LINGER, self._close_if_unused, conn)
         elif self._dialer(conn) != self._dialer(existing):
@@ -283,11 +286,23 @@ class _Host:
         conn = self.conns.get(peer)
         if conn is not None and not conn.is_closed:
             return conn
-        fut = self.dialing.get(peer)
-        if fut is None:
-            fut = self.loop.create_future()
-            self.dialing[peer] = fut
-            self.spawn(self._dial(peer, fut))
+        lookups = not NO_DHT_DIAL_LOOKUP.get()
+        entry = self.dialing.get(peer)
+        if entry is not None:
+            if entry[1] or not lookups:
+                return await asyncio.shield(entry[0])
+            try:  # a DHT request's dial (known addresses only) is under way: if it fails, we look
+                return await asyncio.shield(entry[0])
+            except PeerUnreachable:
+                conn = self.conns.get(peer)
+                if conn is not None and not conn.is_closed:
+                    return conn
+                entry = self.dialing.get(peer)
+                if entry is not None and entry[1]:
+                    return await asyncio.shield(entry[0])
+        fut = self.loop.create_future()
+        self.dialing[peer] = (fut, lookups)
+        self.spawn(self._dial(peer, fut))
         return await asyncio.shield(fut)
 
     async def _dial(self, peer: PeerId, fut: asyncio.Future) -> None:
@@ -317,7 +332,8 @@ class _Host:
             if isinstance(e, asyncio.CancelledError):
                 raise
         finally:
-            self.dialing.pop(peer, None)
+            if self.dialing.get(peer, (None,))[0] is fut:
+                del self.dialing[peer]
 
     async def _moved_addrs(self, peer: PeerId, tried: list[Multiaddr]) -> list[Multiaddr]:
         """Addresses of ``peer`` in its newest DHT record that were not among ``tried``."""
@@ -369,6 +385,7 @@ class _Host:
             nxt = next(attempts, None)
             if nxt is not None:
                 addr, transport = nxt
+                self._note_dial(addr)
                 task = self.loop.create_task(transport.dial(addr, peer))
                 task.addr = addr  # type: ignore[attr-defined]
                 pending.add(task)
@@ -398,6 +415,29 @@ class _Host:
             raise NodeClosed("node stopped while dialing")
         self._adopt(winner)
         return winner
+
+    async def _upgrade(self, conn: Connection, info: PeerInfo) -> None:
+        """A relayed connection came up: try the peer's direct addresses in the background (both
+        sides do, so a public side is reached by whichever can dial out); on success the direct
+        connection becomes the primary one and the relayed one closes once unused."""
+        direct = [a for a in info.listen_addrs if not a.is_circuit]
+        if not direct or self.closing:
+            return
+        token = NO_DHT_DIAL_LOOKUP.set(True)
+        try:
+            await self._race(conn.remote_peer, direct)
+        except LatticaError as e:
+            log.debug("no direct path yet", peer=str(conn.remote_peer), reason=str(e))
+        finally:
+            NO_DHT_DIAL_LOOKUP.reset(token)
+
+    def _note_dial(self, addr: Multiaddr) -> None:
+        parts = list(addr)
+        if len(parts) > 1 and parts[0][0] in ("ip4", "ip6") and parts[1][0] == "udp":
+            self.udp_sent.pop(parts[0][1], None)
+            self.udp_sent[parts[0][1]] = self.loop.time()
+            if len(self.udp_sent) > _MAX_KNOWN_PEERS:
+                del self.udp_sent[next(iter(self.udp_sent))]
 
     def _close_late_winner(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is None:
@@ -535,6 +575,8 @@ class _Host:
         fut = self.identified.get(conn)
         if fut is not None and not fut.done():
             fut.set_result(info)
+            if conn.transport == "relay":
+                self.spawn(self._upgrade(conn, info))
         # one message per stream: anything after it is a protocol error; end the stream either way
         try:
             async with asyncio.timeout(_PROTOCOL_READ_TIMEOUT):

@@ -858,6 +858,11 @@ class _RemoteChannel(_Channel):
         self.unsent: list = []  # calls submitted before the stream was open
         self.writer = _FrameWriter(runtime.loop)
         self.last_used = time.monotonic()
+        self.moving = False  # a better connection came up: switch when quiet
+
+    def quiet(self) -> bool:
+        """No call in flight and none queued: a new channel cannot overtake anything."""
+        return not self.pending and not self.unsent and not any(ob.queue for ob in self.outboxes.values())
 
     def idle(self) -> bool:
         return (
@@ -1311,9 +1316,29 @@ class Runtime:
         if peer == self.peer_id:
             return self.local
         ch = self.channels.get(peer)
+        if ch is not None and ch.moving and ch.quiet():  # type: ignore[union-attr]
+            self._retire(ch)  # type: ignore[arg-type]
+            ch = None
         if ch is None:
             ch = self.channels[peer] = _RemoteChannel(self, peer)
         return ch
+
+    def path_changed(self, peer: PeerId) -> None:
+        """A better connection to ``peer`` became primary (direct instead of relayed): the call
+        channel moves to it as soon as no call is in flight on the old one (keeping per-caller
+        order), and at once if none is."""
+        ch = self.channels.get(peer)
+        if isinstance(ch, _RemoteChannel) and ch.stream is not None:
+            ch.moving = True
+            if ch.quiet():
+                self._retire(ch)
+
+    def _retire(self, ch: _RemoteChannel) -> None:
+        if self.channels.get(ch.peer) is ch:
+            del self.channels[ch.peer]
+        ch.closed = PeerUnreachable("call channel moved to a better connection")
+        if ch.stream is not None:
+            self.host.spawn(ch.stream.close())
 
     def _drop_channel(self, ch: _Channel, error: LatticaError) -> None:
         if self.channels.get(ch.peer) is ch:

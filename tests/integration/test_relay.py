@@ -46,7 +46,8 @@ def _conn_transport(node: lattica.Node, peer: lattica.PeerId) -> str | None:
 
 
 def test_a_private_node_is_called_by_peer_id_through_its_relay():
-    with lattica.Node([TCP], relay=True) as relay, lattica.Node([TCP], allow=ALLOW) as b:
+    # b listens nowhere either, so no direct path can replace the relayed one
+    with lattica.Node([TCP], relay=True) as relay, lattica.Node([], allow=ALLOW) as b:
         with _private(relay.addrs[0]) as a2:
             assert wait_for(lambda: _reserved(a2), timeout=10)
             status = a2.nat_status()
@@ -63,6 +64,19 @@ def test_a_private_node_is_called_by_peer_id_through_its_relay():
             assert _call_counter(a2, b.peer_id, 10) == 11
             stats = relay.run(_status(relay, relay.peer_id), timeout=10)
             assert stats["reservations"] == 1 and stats["circuits"] == 1 and stats["bytes_relayed"] > 0
+
+
+def test_a_relayed_connection_moves_to_a_direct_one_when_one_side_can_be_dialed():
+    with lattica.Node([TCP], relay=True) as relay, lattica.Node([TCP], allow=ALLOW) as b:
+        with _private(relay.addrs[0]) as a:
+            assert wait_for(lambda: _reserved(a), timeout=10)
+            b.connect(relay.addrs[0])
+            b._host.remember_addrs(a.peer_id, [lattica.Multiaddr(x) for x in a.nat_status().relays])
+            assert _call_counter(b, a.peer_id) == 6  # the first call goes through the relay...
+            # ...and a, which cannot be dialed, dials b (whose address came with identify)
+            assert wait_for(lambda: _conn_transport(b, a.peer_id) == "tcp", timeout=10)
+            assert _call_counter(b, a.peer_id, 30) == 31
+            assert wait_for(lambda: all(c.transport != "relay" for c in b._host.conns_of.get(a.peer_id, ())), timeout=15)
 
 
 async def _status(node: lattica.Node, peer: lattica.PeerId) -> dict:
@@ -93,7 +107,7 @@ def test_relayed_traffic_is_end_to_end_encrypted_and_a_tampering_relay_breaks_on
         await real_splice(self, Tap(a, tamper=self.tamper), Tap(b, tamper=False))
 
     monkeypatch.setattr(relay_mod.RelayService, "_splice", spying_splice)
-    with lattica.Node([TCP], relay=True) as relay, lattica.Node([TCP], allow=ALLOW) as b:
+    with lattica.Node([TCP], relay=True) as relay, lattica.Node([], allow=ALLOW) as b:
         relay._host.relay.tamper = False
         with _private(relay.addrs[0]) as a:
             assert wait_for(lambda: _reserved(a), timeout=10)
@@ -118,7 +132,7 @@ def test_relayed_traffic_is_end_to_end_encrypted_and_a_tampering_relay_breaks_on
 
 
 def test_failover_to_the_second_relay_when_the_first_dies():
-    with lattica.Node([TCP], relay=True) as r1, lattica.Node([TCP], relay=True) as r2, lattica.Node([TCP], allow=ALLOW) as b:
+    with lattica.Node([TCP], relay=True) as r1, lattica.Node([TCP], relay=True) as r2, lattica.Node([], allow=ALLOW) as b:
         with _private(r1.addrs[0], r2.addrs[0]) as a:
             assert wait_for(lambda: _reserved(a, 2), timeout=10)
             b.connect(r1.addrs[0])

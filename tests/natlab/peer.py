@@ -1,0 +1,85 @@
+"""One lab node in its own process (run inside a lab namespace), driven by JSON lines.
+
+    python -u peer.py --ip 10.1.0.2 [--relay] [--bootstrap ADDR ...]
+
+Prints ``{"event": "ready", "peer_id": ..., "addrs": [...]}`` once listening, then answers one
+JSON line per command read from stdin:
+
+* ``{"cmd": "status"}`` -> the node's nat_status fields and its relay's counters
+* ``{"cmd": "call", "peer": "<PeerId>"}`` -> spawn a Counter on that peer (found by PeerId alone),
+  call it, and report the path the call took (``tcp``, ``quic`` or ``relay``) and how long it took
+* ``{"cmd": "quit"}``
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+
+import lattica  # noqa: E402
+import sample_actors as sa  # noqa: E402
+
+
+def _say(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+async def _call(node: lattica.Node, peer: lattica.PeerId) -> dict:
+    t0 = time.perf_counter()
+    ref = sa.Counter.options(node=peer).remote(1)
+    await ref.incr.remote()
+    value = await ref.get.remote()
+    ms = (time.perf_counter() - t0) * 1e3
+    conn = node._host.conns.get(peer)
+    return {"ok": value == 2, "path": conn.transport if conn else None, "remote": str(conn.remote_addr) if conn else None, "ms": round(ms, 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--ip", required=True)
+    p.add_argument("--relay", action="store_true")
+    p.add_argument("--bootstrap", action="append", default=[])
+    args = p.parse_args()
+    listen = [f"/ip4/{args.ip}/tcp/4001", f"/ip4/{args.ip}/udp/4001/quic-v1"]
+    node = lattica.Node(listen, relay=args.relay, relays=args.bootstrap, allow=["sample_actors.*"]).start()
+    _say({"event": "ready", "peer_id": str(node.peer_id), "addrs": [str(a) for a in node.addrs]})
+    for addr in args.bootstrap:
+        try:
+            node.connect(addr)
+        except lattica.errors.LatticaError as e:
+            _say({"event": "bootstrap-failed", "addr": addr, "error": str(e)})
+    if args.bootstrap:
+        try:
+            lattica.dht.bootstrap(node=node).result(30)
+        except lattica.errors.LatticaError as e:
+            _say({"event": "bootstrap-failed", "error": str(e)})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        try:
+            if cmd["cmd"] == "status":
+                st = dataclasses.asdict(node.nat_status())
+                if node._host.relay is not None:
+                    st["relay"] = node.run(_relay_status(node), timeout=5)
+                _say(st)
+            elif cmd["cmd"] == "call":
+                _say(node.run(_call(node, lattica.PeerId.from_string(cmd["peer"])), timeout=float(cmd.get("timeout", 20))))
+            elif cmd["cmd"] == "quit":
+                break
+        except Exception as e:  # noqa: BLE001 -- reported to the test, which decides
+            _say({"ok": False, "error": f"{type(e).__name__}: {e}"})
+    node.stop()
+
+
+async def _relay_status(node: lattica.Node) -> dict:
+    return node._host.relay.status()
+
+
+if __name__ == "__main__":
+    main()

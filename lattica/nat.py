@@ -222,7 +222,10 @@ class NatManager:
             st.reachability = PUBLIC
             st.public = sorted(reached)
             st.reason = f"a peer we never contacted reached us at {', '.join(st.public)}"
-            self.host.public_addrs = [Multiaddr(a) for a in st.public if Multiaddr(a) not in self.host.listen_addrs]
+            public = [Multiaddr(a) for a in st.public if Multiaddr(a) not in self.host.listen_addrs]
+            if public != self.host.public_addrs:
+                self.host.public_addrs = public
+                self._addrs_changed()
         elif arrived and not any(a.get("helper") for a in tried):
             # a contacted server got through from a fresh port; whether a stranger would (full
             # cone or public) or not (address-restricted) needs a helper at another address
@@ -230,7 +233,9 @@ class NatManager:
         elif tried:
             st.reachability = PRIVATE
             st.public = []
-            self.host.public_addrs = []
+            if self.host.public_addrs:
+                self.host.public_addrs = []
+                self._addrs_changed()
             got = sorted({a for a, _, _ in arrived})
             st.reason = (
                 "only peers we already talk to got through (an address-restricted NAT or firewall)"

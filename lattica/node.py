@@ -100,6 +100,7 @@ class _Host:
         self.protected: dict[PeerId, set[str]] = {}  # peers whose idle connections stay open, and why
         self.relay_addrs: list[Multiaddr] = []  # our /p2p-circuit addresses (from reservations)
         self.public_addrs: list[Multiaddr] = []  # observed addresses AutoNAT confirmed dialable
+        self.upgrading: set[PeerId] = set()  # peers we are trying to reach directly (relayed now)
         self.udp_sent: dict[str, float] = {}  # IP -> when a QUIC dial last sent it a packet (opens cone filters)
         self.circuit: CircuitTransport | None = None
         self.relay: Any = None  # the RelayService, when this node relays for others
@@ -422,6 +423,7 @@ class _Host:
         connection becomes the primary one and the relayed one closes once unused."""
         direct = [a for a in info.listen_addrs if not a.is_circuit]
         if not direct or self.closing:
+            self.upgrading.discard(conn.remote_peer)
             return
         token = NO_DHT_DIAL_LOOKUP.set(True)
         try:
@@ -430,6 +432,7 @@ class _Host:
             log.debug("no direct path yet", peer=str(conn.remote_peer), reason=str(e))
         finally:
             NO_DHT_DIAL_LOOKUP.reset(token)
+            self.upgrading.discard(conn.remote_peer)
 
     def _note_dial(self, addr: Multiaddr) -> None:
         parts = list(addr)
@@ -575,8 +578,9 @@ class _Host:
         fut = self.identified.get(conn)
         if fut is not None and not fut.done():
             fut.set_result(info)
-            if conn.transport == "relay":
-                self.spawn(self._upgrade(conn, info))
+        if conn.transport == "relay" and conn.remote_peer not in self.upgrading and self.conns.get(conn.remote_peer) is conn:
+            self.upgrading.add(conn.remote_peer)  # (again after every identify push: new addresses)
+            self.spawn(self._upgrade(conn, info))
         # one message per stream: anything after it is a protocol error; end the stream either way
         try:
             async with asyncio.timeout(_PROTOCOL_READ_TIMEOUT):

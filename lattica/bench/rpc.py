@@ -46,39 +46,7 @@ def bench_rpc(
     with ServerProcess([LOOPBACK[transport]], *poll) as srv, Node([], busy_poll_us=busy_poll_us) as node:
         info = node.connect(srv.addr(transport))
         ref = _spawn_on(node, cls, info.peer_id)
-
-        async def drive() -> tuple[int, int, list[float], float]:
-            latencies: list[float] = []
-            failed = 0
-            done = 0
-            stop_at = 0.0
-            measuring = False
-
-            async def worker() -> None:
-                nonlocal failed, done
-                clock = time.perf_counter
-                while True:
-                    t0 = clock()
-                    if t0 >= stop_at:
-                        return
-                    try:
-                        await ref.echo.remote(data)
-                    except Exception:
-                        failed += measuring
-                        continue
-                    if measuring:
-                        latencies.append(clock() - t0)
-                        done += 1
-
-            stop_at = time.perf_counter() + warmup
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-            measuring = True
-            start = time.perf_counter()
-            stop_at = start + duration
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-            return done, failed, latencies, time.perf_counter() - start
-
-        done, failed, lat, elapsed = node.run(drive(), timeout=duration + warmup + 120)
+        done, failed, lat, elapsed = measure_calls(node, ref, data, concurrency, duration, warmup)
     us = [x * 1e6 for x in lat] or [0.0]
     return {
         "bench": "rpc",
@@ -94,6 +62,43 @@ def bench_rpc(
         "p50_us": round(_pct(us, 0.5), 1),
         "p99_us": round(_pct(us, 0.99), 1),
     }
+
+
+def measure_calls(node: Node, ref: Any, data: bytes, concurrency: int, duration: float, warmup: float) -> tuple[int, int, list[float], float]:
+    """``concurrency`` workers calling ``ref.echo(data)`` back to back: (calls, failed, latencies, s)."""
+
+    async def drive() -> tuple[int, int, list[float], float]:
+        latencies: list[float] = []
+        failed = 0
+        done = 0
+        stop_at = 0.0
+        measuring = False
+
+        async def worker() -> None:
+            nonlocal failed, done
+            clock = time.perf_counter
+            while True:
+                t0 = clock()
+                if t0 >= stop_at:
+                    return
+                try:
+                    await ref.echo.remote(data)
+                except Exception:
+                    failed += measuring
+                    continue
+                if measuring:
+                    latencies.append(clock() - t0)
+                    done += 1
+
+        stop_at = time.perf_counter() + warmup
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        measuring = True
+        start = time.perf_counter()
+        stop_at = start + duration
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return done, failed, latencies, time.perf_counter() - start
+
+    return node.run(drive(), timeout=duration + warmup + 120)
 
 
 def _spawn_on(node: Node, cls: Any, peer: Any) -> Any:

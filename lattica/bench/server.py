@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--allow", action="append", default=[], help="class-path pattern peers may spawn (repeatable)")
     p.add_argument("--busy-poll-us", type=float, default=DEFAULT_BUSY_POLL_US, help="node loop busy-poll window")
     p.add_argument("--dht-rate", type=float, default=None, help="DHT stores per second accepted from one peer")
+    p.add_argument("--relay", action="store_true", help="relay circuits for private peers")
+    p.add_argument("--private-via", default=None, help="listen nowhere; be reachable through this relay only")
     args = p.parse_args(argv)
     dht = None
     if args.dht_rate is not None:
@@ -102,12 +104,25 @@ def main(argv: list[str] | None = None) -> None:
         from ..records import StoreLimits
 
         dht = DhtConfig(limits=StoreLimits(rate=args.dht_rate, burst=2 * args.dht_rate))
-    node = Node(args.listen or ["/ip4/127.0.0.1/tcp/0"], key_path=args.key, busy_poll_us=args.busy_poll_us, allow=["lattica.bench.*", *args.allow], dht=dht)
+    private = {}
+    if args.private_via:
+        from ..nat import NatConfig
+
+        private = {"relays": [args.private_via], "nat": NatConfig(reachability="private")}
+    listen = [] if args.private_via else (args.listen or ["/ip4/127.0.0.1/tcp/0"])
+    node = Node(listen, key_path=args.key, busy_poll_us=args.busy_poll_us, allow=["lattica.bench.*", *args.allow], dht=dht, relay=args.relay, **private)
     node.start()
+    if args.private_via:
+        import time
+
+        deadline = time.monotonic() + 30
+        while not node.nat_status().relays and time.monotonic() < deadline:
+            time.sleep(0.02)
     digest = not args.no_digest
     node.set_stream_handler(SINK, lambda s, c: serve_sink(s, c, digest))
     node.set_stream_handler(ECHO, serve_echo)
-    print(json.dumps({"peer_id": str(node.peer_id), "addrs": [str(a) for a in node.addrs], "pid": os.getpid()}), flush=True)
+    addrs = [str(a) for a in node.addrs] or [f"{r}/p2p/{node.peer_id}" for r in node.nat_status().relays]
+    print(json.dumps({"peer_id": str(node.peer_id), "addrs": addrs, "pid": os.getpid()}), flush=True)
     try:
         sys.stdin.read()  # serve until the parent closes our stdin
     finally:

@@ -16,9 +16,9 @@ def configure(level: str | int = "INFO", json: bool = False) -> None:
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processors=[
-                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 structlog.stdlib.add_log_level,
-                structlog.stdlib.add_logger_name,
+                structlog.stdlib.add_logger_name,  # needs the record: before the meta keys go
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 structlog.processors.TimeStamper(fmt="iso"),
                 renderer,
             ],

@@ -123,12 +123,21 @@ class NatManager:
                 out.append((observer, str(info.observed_addr.without_peer_id()), conn))
         return out
 
-    def _mapping(self) -> str:
-        """From QUIC connections (they all share the listening socket)."""
-        obs = [(ip, seen) for ip, seen, conn in self.observations() if conn.transport == "quic"]
-        return classify_mapping(obs)
+    def mapping(self) -> str:
+        """Our NAT's mapping type, from what peers observe for our listening UDP socket."""
+        if self.status.mapping == UNKNOWN:
+            self.status.mapping = self._mapping()
+        return self.status.mapping
 
-    def _candidates(self) -> list[Multiaddr]:
+    def _listening_quic(self) -> list[tuple[str, str, Connection]]:
+        listen = set(self.host.listen_addrs)
+        return [o for o in self.observations() if o[2].transport == "quic" and o[2].local_addr in listen]
+
+    def _mapping(self) -> str:
+        """From QUIC connections on the listening socket (outbound ones leave from it too)."""
+        return classify_mapping([(ip, seen) for ip, seen, _ in self._listening_quic()])
+
+    def candidates(self) -> list[Multiaddr]:
         """Our addresses worth a dial-back: listen addresses and what peers saw (QUIC as seen; TCP
         with our listening port, since outbound TCP leaves from an ephemeral one)."""
         out: list[Multiaddr] = [a for a in self.host.listen_addrs if not _is_loopback(a)]
@@ -191,8 +200,10 @@ class NatManager:
         from .actors.autonat import autonat_ref, ip_of
 
         servers = self._servers()
-        cands = self._candidates()
+        cands = self.candidates()
         st = self.status
+        if self._mapping() == UNKNOWN:
+            await self._observe_quic()
         st.observed = sorted({seen for _, seen, _ in self.observations()})
         st.mapping = self._mapping()
         if not servers or not cands:
@@ -211,12 +222,10 @@ class NatManager:
             arrived = self._arrived.pop(nonce, [])
         tried = [a for a in answers if isinstance(a, dict) and a.get("tried")]
         contacted = sorted(set(contacted) | set(self._contacted()))  # dials made meanwhile count too
-        # An unsolicited TCP connection gets through no NAT that is not forwarding it; a QUIC one
-        # gets through a cone NAT's filter if we ever sent that IP a datagram.
-        reached = {
-            addr: ip for addr, ip, transport in arrived
-            if ip is not None and (transport == "tcp" or (transport == "quic" and ip not in contacted))
-        }
+        # A dial-back proves strangers can reach us only if it came from an IP none of our
+        # listening sockets ever sent to (QUIC dials and hole punches do): a cone NAT's filter
+        # lets such an IP in. (Plain TCP dials leave from ephemeral ports: they open nothing.)
+        reached = {addr: ip for addr, ip, transport in arrived if ip is not None and transport in ("tcp", "quic") and ip not in contacted}
         st.checked_at = time.time()
         if reached:
             st.reachability = PUBLIC
@@ -247,10 +256,40 @@ class NatManager:
         log.info("reachability", reachability=st.reachability, mapping=st.mapping, reason=st.reason)
         return st
 
+    async def _observe_quic(self) -> None:
+        """The mapping type needs two observers at different IPs of our listening UDP socket:
+        dial QUIC to connected peers we know a QUIC address of (the connections stay: their
+        keepalives also hold the mapping open for hole punching)."""
+        from .actors.autonat import ip_of
+        from .node import NO_DHT_DIAL_LOOKUP
+
+        have = {ip for ip, _, _ in self._listening_quic()}
+        wanted: list[tuple[PeerId, list[Multiaddr]]] = []
+        for peer, conn in list(self.host.conns.items()):
+            ip = ip_of(conn.remote_addr)
+            if len(have) >= 2:
+                break
+            if ip is None or ip in have or conn.transport != "tcp":
+                continue
+            quic = [a for a in self.host.peer_addrs.get(peer, ()) if a.protocols()[1:] == ["udp", "quic-v1"] and ip_of(a) == ip]
+            if quic:
+                wanted.append((peer, quic[:1]))
+                have.add(ip)
+        if not wanted:
+            return
+        token = NO_DHT_DIAL_LOOKUP.set(True)
+        try:
+            conns = await asyncio.gather(*(self.host._race(p, a) for p, a in wanted), return_exceptions=True)
+        finally:
+            NO_DHT_DIAL_LOOKUP.reset(token)
+        waits = [asyncio.shield(self.host.identified[c]) for c in conns if not isinstance(c, BaseException) and c in self.host.identified]
+        if waits:
+            await asyncio.wait(waits, timeout=5.0)
+
     def _contacted(self) -> list[str]:
         """Every address our UDP socket sent to lately: a cone NAT's filter lets it in."""
         now = self.host.loop.time()
-        recent = {ip for ip, t in self.host.udp_sent.items() if now - t < _CONTACT_MEMORY}
+        recent = {ip for ip, t in self.host.contacted.items() if now - t < _CONTACT_MEMORY}
         return sorted({ip for ip, _, conn in self.observations() if conn.transport == "quic"} | recent)
 
     async def _on_dialback(self, stream: Stream, conn: Connection) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable, Coroutine, Iterable, TypeVar
 
 from ._log import get_logger
 
-from . import identify, ping
+from . import holepunch, identify, ping
 from .transports import circuit
 from .transports.circuit import CircuitTransport
 from ._loop import DEFAULT_BUSY_POLL_US, new_loop
@@ -97,13 +97,15 @@ class _Host:
         self.runtime: Runtime | None = None
         self.identify_listeners: list[Callable[[PeerInfo], None]] = []  # told of every identified peer
         self.disconnect_listeners: list[Callable[[PeerId], None]] = []  # told when a peer's last connection closes
+        self.adopt_listeners: list[Callable[[Connection], None]] = []  # told of every new connection in use
         self.protected: dict[PeerId, set[str]] = {}  # peers whose idle connections stay open, and why
         self.relay_addrs: list[Multiaddr] = []  # our /p2p-circuit addresses (from reservations)
         self.public_addrs: list[Multiaddr] = []  # observed addresses AutoNAT confirmed dialable
         self.upgrading: set[PeerId] = set()  # peers we are trying to reach directly (relayed now)
-        self.udp_sent: dict[str, float] = {}  # IP -> when a QUIC dial last sent it a packet (opens cone filters)
+        self.contacted: dict[str, float] = {}  # IP -> when a listening socket last sent it a packet (opens cone filters)
         self.circuit: CircuitTransport | None = None
         self.relay: Any = None  # the RelayService, when this node relays for others
+        self.holepunch: Any = None  # the HolePunchService
         self.nat: NatManager | None = None
         self.handlers[identify.PROTOCOL] = self._on_identify
         self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s)
@@ -152,6 +154,14 @@ class _Host:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
+
+    def tcp_transport(self) -> Any:
+        """The TCP transport, if it listens (hole punching dials from its listening port)."""
+        return next((t for t in self.transports if t.name == "tcp" and t._listeners), None)
+
+    def quic_transport(self) -> Any:
+        """The QUIC transport, if it listens (hole punching sends from its listening socket)."""
+        return next((t for t in self.transports if t.name == "quic" and t._listen_eps), None)
 
     def _transport_for(self, addr: Multiaddr) -> Transport | None:
         for t in self.transports:
@@ -213,6 +223,8 @@ class _Host:
             # older) and closes itself once idle.
             self.conns[peer] = conn
         self.spawn(self._push_identify(conn))
+        for listener in self.adopt_listeners:
+            listener(conn)
 
     def _dialer(self, conn: Connection) -> PeerId:
         return self.peer_id if conn.direction == "outbound" else conn.remote_peer
@@ -422,25 +434,33 @@ class _Host:
         sides do, so a public side is reached by whichever can dial out); on success the direct
         connection becomes the primary one and the relayed one closes once unused."""
         direct = [a for a in info.listen_addrs if not a.is_circuit]
-        if not direct or self.closing:
-            self.upgrading.discard(conn.remote_peer)
-            return
+        punch = None
+        if conn.direction == "inbound" and self.holepunch is not None and holepunch.PROTOCOL in info.protocols:
+            punch = self.spawn(self.holepunch.punch(conn))  # neither side may be dialable: punch
         token = NO_DHT_DIAL_LOOKUP.set(True)
         try:
-            await self._race(conn.remote_peer, direct)
+            if direct and not self.closing:
+                await self._race(conn.remote_peer, direct)
         except LatticaError as e:
             log.debug("no direct path yet", peer=str(conn.remote_peer), reason=str(e))
         finally:
             NO_DHT_DIAL_LOOKUP.reset(token)
+            if punch is not None:
+                await asyncio.wait([punch])
             self.upgrading.discard(conn.remote_peer)
 
     def _note_dial(self, addr: Multiaddr) -> None:
         parts = list(addr)
         if len(parts) > 1 and parts[0][0] in ("ip4", "ip6") and parts[1][0] == "udp":
-            self.udp_sent.pop(parts[0][1], None)
-            self.udp_sent[parts[0][1]] = self.loop.time()
-            if len(self.udp_sent) > _MAX_KNOWN_PEERS:
-                del self.udp_sent[next(iter(self.udp_sent))]
+            self.note_contact(parts[0][1])  # QUIC dials leave from the listening socket
+
+    def note_contact(self, ip: str) -> None:
+        """A listening socket sent ``ip`` a packet: a cone NAT now lets ``ip`` in (AutoNAT must
+        not take a dial-back from it as proof that strangers can reach us)."""
+        self.contacted.pop(ip, None)
+        self.contacted[ip] = self.loop.time()
+        if len(self.contacted) > _MAX_KNOWN_PEERS:
+            del self.contacted[next(iter(self.contacted))]
 
     def _close_late_winner(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is None:

@@ -1193,6 +1193,10 @@ class Runtime:
         from .actors.autonat import AutoNatActor, AutoNatServer
 
         self.create(AutoNatActor, [], None, AutoNatActor.NAME, instance=AutoNatActor(AutoNatServer(self)))
+        from .actors.holepunch import HolePunchActor, HolePunchService
+
+        host.holepunch = HolePunchService(self)
+        self.create(HolePunchActor, [], None, HolePunchActor.NAME, instance=HolePunchActor(host.holepunch))
         if host.node.relay_config is not None:
             from .actors.relay import RelayActor, RelayService
 

@@ -28,6 +28,7 @@ import socket
 import struct
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from aioquic.quic import events as qev
 from aioquic.quic.configuration import QuicConfiguration
@@ -782,6 +783,7 @@ class _Endpoint(asyncio.DatagramProtocol):
         self.paused = False
         self.closed = False
         self.close_when_idle = False
+        self.on_punch: Callable[[bytes, tuple], None] | None = None  # hole punching: told of 0x00 datagrams
 
     # -- routing ----------------------------------------------------------------------------
 
@@ -831,6 +833,9 @@ class _Endpoint(asyncio.DatagramProtocol):
         """Hand one datagram to its connection; unparsable or unknown ones are dropped, counted."""
         try:
             b0 = data[0]
+            if b0 == 0 and self.on_punch is not None:  # not QUIC (fixed bit clear): a punch probe
+                self.on_punch(data, addr)
+                return
             if not b0 & 0x80:  # short header: fixed bit, then our 8-byte CID
                 conn = self.by_cid.get(data[1 : 1 + _CID_LEN]) if b0 & 0x40 else None
                 if conn is None:
@@ -1117,16 +1122,23 @@ class QuicTransport(Transport):
         log.debug("quic.listening", addr=str(ep.local_maddr))
         return listener
 
-    async def dial(self, addr: Multiaddr, peer_id: PeerId | None = None, *, fresh_port: bool = False) -> Connection:
+    async def dial(
+        self, addr: Multiaddr, peer_id: PeerId | None = None, *, fresh_port: bool = False, via: Any = None
+    ) -> Connection:
         """Connect, run the TLS handshake and verify the peer's key (PeerIdMismatch if wrong).
 
         ``fresh_port``: dial from a new UDP socket of its own, not the listening one (AutoNAT
-        dial-backs must not arrive from the port the peer already talks to)."""
+        dial-backs must not arrive from the port the peer already talks to). ``via``: dial from
+        this socket of a :meth:`spray` (the one a hole-punch probe reached)."""
         if self._closed:
             raise TransportError("QUIC transport is closed")
         ip, port, family = _split_addr(addr)
         expected = peer_id if peer_id is not None else addr.peer_id
-        if fresh_port:
+        if via is not None:
+            ep = via
+            if ep.closed or ep.owner is not self:
+                raise TransportError("that socket is closed")
+        elif fresh_port:
             ep = await self._open_endpoint(family, "::" if family == socket.AF_INET6 else "0.0.0.0", 0)
             ep.close_when_idle = True
         else:
@@ -1160,6 +1172,51 @@ class QuicTransport(Transport):
                 ep.sendto(data, _sockaddr(ip, addr[1], family))
                 return
         raise TransportError(f"no listening QUIC socket for {ip}")
+
+    def on_punch(self, callback: Callable[[bytes, tuple], None] | None) -> None:
+        """Be told of punch datagrams (first byte 0) arriving at the listening sockets."""
+        for ep in self._listen_eps:
+            ep.on_punch = callback
+
+    async def spray(self, addrs: list[tuple], count: int, payload: bytes, on_hit: Callable[[Any, bytes, tuple], None]) -> list:
+        """Hole punching from behind an endpoint-dependent NAT: open ``count`` UDP sockets, send
+        ``payload`` from each to every one of ``addrs`` (each gets its own NAT mapping), and call
+        ``on_hit(socket, datagram, sender)`` when a punch datagram reaches one. Returns the sockets: send
+        again with :meth:`resend`, dial from a hit one with ``dial(via=...)``, close the rest
+        with :meth:`close_spray`."""
+        if self._closed:
+            raise TransportError("QUIC transport is closed")
+        family = socket.AF_INET6 if ":" in addrs[0][0] else socket.AF_INET
+        wildcard = "::" if family == socket.AF_INET6 else "0.0.0.0"
+        eps = []
+        try:
+            for _ in range(count):
+                ep = await self._open_endpoint(family, wildcard, 0)
+                ep.on_punch = lambda data, sender, ep=ep: on_hit(ep, data, sender) if not ep.closed else None
+                eps.append(ep)
+        except BaseException:
+            self.close_spray(eps)
+            raise
+        self.resend(eps, addrs, payload)
+        return eps
+
+    @staticmethod
+    def resend(eps: list, addrs: list[tuple], payload: bytes) -> None:
+        for ep in eps:
+            for a in addrs:
+                ep.sendto(payload, _sockaddr(a[0], a[1], ep.family))
+
+    @staticmethod
+    def close_spray(eps: list, keep: Any = None) -> None:
+        """Close the sprayed sockets, except ``keep`` (it carries a connection now)."""
+        for ep in eps:
+            if ep is keep:
+                ep.on_punch = None
+                ep.close_when_idle = True
+                if not ep.members:
+                    ep.close()
+            else:
+                ep.close()
 
     @property
     def dropped_datagrams(self) -> int:

@@ -209,12 +209,10 @@ class TcpTransport(Transport):
             return proto
 
         try:
-            server = await loop.create_server(factory, host, port, reuse_address=True, backlog=1024)
+            # reuse_port: hole punching dials from the listening port (see punch)
+            server = await loop.create_server(factory, host, port, reuse_address=True, reuse_port=True, backlog=1024)
         except OSError as e:
             raise TransportError(f"cannot listen on {addr}: {e.strerror or e}") from None
-        for s in server.sockets:
-            # hole punching (a later issue) dials from the listening port: allow sharing it
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         listener = _TcpListener(server)
         self._listeners.append(listener)
         return listener
@@ -244,6 +242,43 @@ class TcpTransport(Transport):
             raise Timeout(f"TCP connect to {addr} timed out") from None
         except OSError as e:
             raise TransportError(f"cannot connect to {addr}: {e.strerror or e}") from None
+        try:
+            conn = await proto.ready
+        except asyncio.CancelledError:
+            proto.cancel()
+            raise
+        self._set_buffer_limits(conn)
+        return conn
+
+    async def punch(self, addr: Multiaddr, peer_id: PeerId, *, initiator: bool, timeout: float = 5.0) -> Connection:
+        """Hole punching: connect to ``addr`` from our listening port (so the NAT reuses the
+        mapping peers observed), for a TCP simultaneous open with a peer doing the same towards
+        us. Both ends call connect, so the Noise roles are given, not taken from the kernel:
+        ``initiator`` on one side only (its connection counts as outbound, the other's inbound)."""
+        host, port = addr.without_peer_id().host_port()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        local = next(
+            (s.getsockname() for lst in self._listeners for s in lst._server.sockets if s.family == family),  # type: ignore[attr-defined]
+            None,
+        )
+        if local is None:
+            raise TransportError(f"no listening TCP socket to punch {addr} from")
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.setblocking(False)
+            sock.bind(local[:2] if family == socket.AF_INET else local)
+            async with asyncio.timeout(timeout):
+                await loop.sock_connect(sock, (host, port))
+        except (OSError, asyncio.TimeoutError) as e:
+            sock.close()
+            raise TransportError(f"TCP punch to {addr} failed: {getattr(e, 'strerror', None) or e or 'timeout'}") from None
+        except BaseException:
+            sock.close()
+            raise
+        _, proto = await loop.create_connection(lambda: self._protocol(initiator, peer_id), sock=sock)
         try:
             conn = await proto.ready
         except asyncio.CancelledError:

@@ -14,6 +14,7 @@ JSON line per command read from stdin:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import json
 import os
@@ -23,6 +24,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 
 import lattica  # noqa: E402
+import lattica.logging  # noqa: E402
 import sample_actors as sa  # noqa: E402
 
 
@@ -31,14 +33,35 @@ def _say(obj: dict) -> None:
     sys.stdout.flush()
 
 
-async def _call(node: lattica.Node, peer: lattica.PeerId) -> dict:
+async def _call(node: lattica.Node, peer: lattica.PeerId, settle: float) -> dict:
+    """Spawn and call; then wait up to ``settle`` s for a direct path and call again on it."""
     t0 = time.perf_counter()
     ref = sa.Counter.options(node=peer).remote(1)
     await ref.incr.remote()
     value = await ref.get.remote()
     ms = (time.perf_counter() - t0) * 1e3
     conn = node._host.conns.get(peer)
-    return {"ok": value == 2, "path": conn.transport if conn else None, "remote": str(conn.remote_addr) if conn else None, "ms": round(ms, 1)}
+    first = conn.transport if conn else None
+    direct_ms = None
+    if first == "relay":
+        t1 = time.perf_counter()
+        while time.perf_counter() - t1 < settle:
+            conn = node._host.conns.get(peer)
+            if conn is not None and conn.transport != "relay":
+                direct_ms = round((time.perf_counter() - t0) * 1e3, 1)
+                break
+            await asyncio.sleep(0.02)
+        await ref.incr.remote()
+        value = await ref.get.remote() - 1
+    conn = node._host.conns.get(peer)
+    return {
+        "ok": value == 2,
+        "first": first,
+        "path": conn.transport if conn else None,
+        "remote": str(conn.remote_addr) if conn else None,
+        "ms": round(ms, 1),
+        "direct_ms": direct_ms,
+    }
 
 
 def main() -> None:
@@ -46,7 +69,10 @@ def main() -> None:
     p.add_argument("--ip", required=True)
     p.add_argument("--relay", action="store_true")
     p.add_argument("--bootstrap", action="append", default=[])
+    p.add_argument("--log", help="log level for lattica's logs on stderr (debugging)")
     args = p.parse_args()
+    if args.log:
+        lattica.logging.configure(args.log)
     listen = [f"/ip4/{args.ip}/tcp/4001", f"/ip4/{args.ip}/udp/4001/quic-v1"]
     node = lattica.Node(listen, relay=args.relay, relays=args.bootstrap, allow=["sample_actors.*"]).start()
     _say({"event": "ready", "peer_id": str(node.peer_id), "addrs": [str(a) for a in node.addrs]})
@@ -69,12 +95,18 @@ def main() -> None:
                     st["relay"] = node.run(_relay_status(node), timeout=5)
                 _say(st)
             elif cmd["cmd"] == "call":
-                _say(node.run(_call(node, lattica.PeerId.from_string(cmd["peer"])), timeout=float(cmd.get("timeout", 20))))
+                _say(node.run(_call(node, lattica.PeerId.from_string(cmd["peer"]), float(cmd.get("settle", 0))), timeout=float(cmd.get("timeout", 20))))
+            elif cmd["cmd"] == "holepunch":
+                _say(node.run(_punch_status(node), timeout=5))
             elif cmd["cmd"] == "quit":
                 break
         except Exception as e:  # noqa: BLE001 -- reported to the test, which decides
             _say({"ok": False, "error": f"{type(e).__name__}: {e}"})
     node.stop()
+
+
+async def _punch_status(node: lattica.Node) -> dict:
+    return node._host.holepunch.status()
 
 
 async def _relay_status(node: lattica.Node) -> dict:

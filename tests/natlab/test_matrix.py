@@ -122,7 +122,7 @@ def test_every_pair_connects_and_calls(mesh):
     for a in KINDS6:
         for b in KINDS6:
             caller, callee = nodes[(a, 0)], nodes[(b, 1)]
-            r = caller.ask({"cmd": "call", "peer": callee.peer_id, "timeout": 20}, timeout=40)
+            r = caller.ask({"cmd": "call", "peer": callee.peer_id, "timeout": 40, "settle": 12}, timeout=60)
             results[(a, b)] = r
     width = 7
     lines = ["caller \\ callee " + "".join(f"{SHORT[b]:>{width}}" for b in KINDS6)]

@@ -1,0 +1,286 @@
+"""The ``holepunch`` system actor: turns relayed connections into direct ones.
+
+When a relayed connection comes up, the peer that received it (``B``) runs the exchange of
+``lattica/holepunch.py`` with the other (``A``) over that connection, then both execute the plan at
+the agreed moment: TCP simultaneous open from the listening port, QUIC from the listening UDP
+socket, and many-port probing when one side's NAT maps every destination to a new port. Success
+is the first direct connection to the peer, whoever dialed it; the node then makes it the
+primary connection, moves new calls to it and lets calls in flight finish on the relay. ``B``
+tries up to three times. ``status()`` reports attempts and outcomes (``lattica doctor`` prints it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from typing import TYPE_CHECKING, Any
+
+from .._log import get_logger
+from ..errors import LatticaError
+from ..framing import read_message, write_message
+from ..holepunch import MAX_MESSAGE, PROTOCOL, Initiator, Punch, Responder, is_probe, probe_packet, probe_ports
+from ..identity import PeerId
+from ..multiaddr import Multiaddr
+from ..runtime import ASYNC, ActorRef
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
+    from ..transports.base import Connection, Stream
+
+log = get_logger("lattica.holepunch")
+
+__all__ = ["HolePunchService", "HolePunchActor", "holepunch_ref"]
+
+ATTEMPTS = 3
+WINDOW = 3.0  # s a punch waits for a direct connection
+BIRTHDAY_WINDOW = 8.0  # ... when probing many ports
+SPRAY_SOCKETS = 256  # sockets the hard side opens: with 1,000 probes/s a hit is expected in ~0.25 s
+PROBE_RATE = 1000.0  # probes per second from the easy side
+_TICK = 0.02
+_RESEND = 0.25  # s between punch datagram rounds
+_MAX_ACTIVE = 32  # punches at once
+_MAX_SPRAYS = 2  # of which hard-side sprays (each holds SPRAY_SOCKETS sockets)
+_EXCHANGE_TIMEOUT = 10.0
+_RECENT = 32
+
+
+def holepunch_ref(peer: PeerId) -> ActorRef:
+    """The ref of ``peer``'s holepunch actor."""
+    return ActorRef(peer, "holepunch", {"status": ASYNC})
+
+
+class HolePunchService:
+    """Hole punches on the node loop (both roles)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.host = runtime.host
+        self.host.handlers[PROTOCOL] = self._on_stream
+        self.host.adopt_listeners.append(self._on_adopt)
+        self.active: set[PeerId] = set()
+        self._sprays = 0
+        self._waiting: dict[PeerId, asyncio.Future[Connection]] = {}
+        self.counts = {"attempts": 0, "direct": 0, "failed": 0, "refused": 0}
+        self.recent: collections.deque[dict] = collections.deque(maxlen=_RECENT)
+
+    # -- what we tell the peer ----------------------------------------------------------------
+
+    def _mine(self) -> tuple[list[Multiaddr], str]:
+        nat = self.host.nat
+        assert nat is not None
+        return nat.candidates(), nat.mapping()
+
+    def _direct(self, peer: PeerId) -> bool:
+        conn = self.host.conns.get(peer)
+        return conn is not None and not conn.is_closed and conn.transport != "relay"
+
+    def _on_adopt(self, conn: Connection) -> None:
+        fut = self._waiting.get(conn.remote_peer)
+        if fut is not None and not fut.done() and conn.transport != "relay":
+            fut.set_result(conn)
+
+    # -- B: the relayed connection's receiver starts ------------------------------------------
+
+    async def punch(self, conn: Connection) -> bool:
+        """Try up to ATTEMPTS times to reach ``conn``'s peer directly; True once a direct
+        connection is the primary one."""
+        peer = conn.remote_peer
+        if peer in self.active or len(self.active) >= _MAX_ACTIVE:
+            return False
+        self.active.add(peer)
+        t0 = time.perf_counter()
+        try:
+            for attempt in range(1, ATTEMPTS + 1):
+                if self._direct(peer) or conn.is_closed or self.host.closing:
+                    break
+                try:
+                    punch = await self._exchange(conn)
+                except (LatticaError, asyncio.TimeoutError) as e:
+                    self._record(peer, "refused", t0, attempt, None, reason=str(e) or "timeout")
+                    return False
+                if await self._run(peer, punch, initiator=True):
+                    self._record(peer, "direct", t0, attempt, punch)
+                    return True
+                self._record(peer, "failed", t0, attempt, punch)
+            return self._direct(peer)
+        finally:
+            self.active.discard(peer)
+
+    async def _exchange(self, conn: Connection) -> Punch:
+        stream = await self.host.open_stream_on(conn, PROTOCOL)
+        try:
+            init = Initiator(*self._mine())
+            async with asyncio.timeout(_EXCHANGE_TIMEOUT):
+                write_message(stream, init.start(self.host.loop.time()))
+                answer = await read_message(stream, MAX_MESSAGE)
+            sync, punch = init.receive(answer, self.host.loop.time())
+            write_message(stream, sync)
+            await stream.close()
+            return punch
+        except BaseException:
+            stream.reset()
+            raise
+
+    # -- A: the relayed connection's dialer answers -------------------------------------------
+
+    async def _on_stream(self, stream: Stream, conn: Connection) -> None:
+        peer = conn.remote_peer
+        if conn.transport != "relay":
+            # only a relayed peer has a reason to punch; anyone else would make us spray packets
+            # at addresses of their choosing
+            log.info("refusing hole punch: not on a relayed connection", peer=str(peer))
+            self.counts["refused"] += 1
+            stream.reset()
+            return
+        if peer in self.active or len(self.active) >= _MAX_ACTIVE or self._direct(peer):
+            stream.reset()
+            return
+        self.active.add(peer)
+        t0 = time.perf_counter()
+        try:
+            resp = Responder(*self._mine())
+            async with asyncio.timeout(_EXCHANGE_TIMEOUT):
+                reply = resp.receive(await read_message(stream, MAX_MESSAGE))
+                write_message(stream, reply)
+                punch = resp.receive(await read_message(stream, MAX_MESSAGE))
+            assert isinstance(punch, Punch)
+            await stream.close()
+            ok = await self._run(peer, punch, initiator=False)
+            self._record(peer, "direct" if ok else "failed", t0, None, punch)
+        finally:
+            self.active.discard(peer)
+
+    # -- both: execute the plan ------------------------------------------------------------------
+
+    async def _run(self, peer: PeerId, punch: Punch, initiator: bool) -> bool:
+        """Execute ``punch.plan``; True when a direct connection to ``peer`` came up in time."""
+        plan, host = punch.plan, self.host
+        self.counts["attempts"] += 1
+        fut: asyncio.Future[Connection] = host.loop.create_future()
+        self._waiting[peer] = fut
+        tasks: list[asyncio.Task] = []
+        sprayed: list = []
+        hit: list = []
+        quic = host.quic_transport() if plan.quic_targets else None
+        payload = probe_packet(punch.token)
+        targets = [a.host_port() for a in plan.quic_targets]
+        spraying = plan.spray and quic is not None and self._sprays < _MAX_SPRAYS
+        window = BIRTHDAY_WINDOW if spraying or plan.probe_ips else WINDOW
+
+        def dial_quic(addr: Multiaddr, via: Any = None) -> None:
+            tasks.append(host.spawn(self._dial(peer, lambda: quic.dial(addr, peer, via=via))))  # type: ignore[union-attr]
+
+        def on_hit(ep: Any, data: bytes, sender: tuple) -> None:
+            # dial from the first sockets a probe reached; more would only be refused
+            if len(hit) < 2 and ep not in hit and is_probe(data, punch.token) and not fut.done():
+                hit.append(ep)
+                dial_quic(Multiaddr.from_sockaddr(sender, "quic-v1"), via=ep)
+
+        for a in plan.tcp_targets + plan.quic_targets:
+            host.note_contact(a.host_port()[0])
+        try:
+            if quic is not None:
+                self._send(quic, targets, payload)  # opens our side's filter for the peer
+                tasks.append(host.spawn(self._keep_punching(quic, targets, payload, window)))
+            if punch.delay:
+                await asyncio.sleep(punch.delay)
+            tcp = host.tcp_transport()
+            for addr in plan.tcp_targets[:4] if tcp is not None else ():
+                tasks.append(host.spawn(self._dial(peer, lambda a=addr: tcp.punch(a, peer, initiator=plan.tcp_initiator, timeout=window))))
+            if quic is not None and plan.quic_dial:
+                for addr in plan.quic_targets[:4]:
+                    dial_quic(addr)
+            if spraying:
+                self._sprays += 1
+                try:
+                    sprayed = await quic.spray(targets, SPRAY_SOCKETS, payload, on_hit)  # type: ignore[union-attr]
+                finally:
+                    self._sprays -= 1
+            if quic is not None and plan.probe_ips:
+                tasks.append(host.spawn(self._probe(quic, plan.probe_ips, payload, window)))
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), window)
+            except asyncio.TimeoutError:
+                pass
+            return self._direct(peer)
+        except LatticaError as e:
+            log.info("hole punch failed", peer=str(peer), reason=str(e))
+            return self._direct(peer)
+        finally:
+            if self._waiting.get(peer) is fut:
+                del self._waiting[peer]
+            for t in tasks:
+                t.cancel()
+            if sprayed:
+                keep = next((ep for ep in hit if ep.members), None)
+                quic.close_spray(sprayed, keep)  # type: ignore[union-attr]
+
+    async def _dial(self, peer: PeerId, dial: Any) -> None:
+        try:
+            conn = await dial()
+        except (LatticaError, OSError) as e:
+            log.debug("hole punch dial failed", peer=str(peer), reason=str(e))
+            return
+        if self.host.closing or conn.remote_peer != peer:
+            conn.abort("not needed")
+            return
+        self.host._adopt(conn)
+
+    @staticmethod
+    def _send(quic: Any, targets: list[tuple], payload: bytes) -> None:
+        for t in targets:
+            try:
+                quic.send_raw(t, payload)
+            except LatticaError:
+                pass
+
+    async def _keep_punching(self, quic: Any, targets: list[tuple], payload: bytes, window: float) -> None:
+        end = self.host.loop.time() + window
+        while self.host.loop.time() < end:
+            await asyncio.sleep(_RESEND)
+            self._send(quic, targets, payload)
+
+    async def _probe(self, quic: Any, ips: list[str], payload: bytes, window: float) -> None:
+        """The easy side of many-port probing: datagrams to random ports at the hard side's IPs,
+        until the window closes (the caller cancels us on success)."""
+        per_tick = max(1, int(PROBE_RATE * _TICK))
+        ports = probe_ports(int(PROBE_RATE * window))
+        for i in range(0, len(ports), per_tick):
+            for port in ports[i : i + per_tick]:
+                self._send(quic, [(ip, port) for ip in ips], payload)
+            await asyncio.sleep(_TICK)
+
+    # -- reporting ---------------------------------------------------------------------------------
+
+    def _record(self, peer: PeerId, outcome: str, t0: float, attempt: int | None, punch: Punch | None, reason: str = "") -> None:
+        if outcome in ("direct", "failed"):
+            self.counts[outcome] += 1
+        conn = self.host.conns.get(peer)
+        entry = {
+            "peer": str(peer),
+            "outcome": outcome,
+            "ms": round((time.perf_counter() - t0) * 1e3, 1),
+            "attempt": attempt,
+            "path": conn.transport if conn is not None else None,
+            "rtt_ms": round(punch.rtt * 1e3, 2) if punch is not None and punch.rtt is not None else None,
+            "mode": ("birthday" if punch.plan.spray or punch.plan.probe_ips else "simultaneous") if punch else None,
+        }
+        if reason:
+            entry["reason"] = reason[:200]
+        self.recent.append(entry)
+        log.info("hole punch", **entry)
+
+    def status(self) -> dict:
+        return {**self.counts, "active": len(self.active), "recent": list(self.recent)}
+
+
+class HolePunchActor:
+    """``holepunch``: what this node's hole punches did."""
+
+    NAME = "holepunch"
+
+    def __init__(self, service: HolePunchService) -> None:
+        self._service = service
+
+    async def status(self) -> dict:
+        return self._service.status()

@@ -42,6 +42,7 @@ _RESEND = 0.25  # s between punch datagram rounds
 _MAX_ACTIVE = 32  # punches at once
 _MAX_SPRAYS = 2  # of which hard-side sprays (each holds SPRAY_SOCKETS sockets)
 _EXCHANGE_TIMEOUT = 10.0
+_ROUNDS_PER_MINUTE = 6  # punches one peer may ask of us (each can mean thousands of probes)
 _RECENT = 32
 
 
@@ -60,15 +61,19 @@ class HolePunchService:
         self.active: set[PeerId] = set()
         self._sprays = 0
         self._waiting: dict[PeerId, asyncio.Future[Connection]] = {}
+        self._asked: dict[PeerId, list[float]] = {}  # when each peer last asked us to punch
         self.counts = {"attempts": 0, "direct": 0, "failed": 0, "refused": 0}
         self.recent: collections.deque[dict] = collections.deque(maxlen=_RECENT)
 
     # -- what we tell the peer ----------------------------------------------------------------
 
     def _mine(self) -> tuple[list[Multiaddr], str]:
+        """Our candidate addresses, those at an IP peers observe first (the peer probes the first)."""
         nat = self.host.nat
         assert nat is not None
-        return nat.candidates(), nat.mapping()
+        seen = {Multiaddr(o).host_port()[0] for _, o, _ in nat.observations()}
+        cands = nat.candidates()
+        return sorted(cands, key=lambda a: a.host_port()[0] not in seen), nat.mapping()
 
     def _direct(self, peer: PeerId) -> bool:
         conn = self.host.conns.get(peer)
@@ -132,7 +137,7 @@ class HolePunchService:
             self.counts["refused"] += 1
             stream.reset()
             return
-        if peer in self.active or len(self.active) >= _MAX_ACTIVE or self._direct(peer):
+        if peer in self.active or len(self.active) >= _MAX_ACTIVE or self._direct(peer) or not self._may_ask(peer):
             stream.reset()
             return
         self.active.add(peer)
@@ -149,6 +154,17 @@ class HolePunchService:
             self._record(peer, "direct" if ok else "failed", t0, None, punch)
         finally:
             self.active.discard(peer)
+
+    def _may_ask(self, peer: PeerId) -> bool:
+        now = self.host.loop.time()
+        times = [t for t in self._asked.get(peer, ()) if now - t < 60.0]
+        if len(times) >= _ROUNDS_PER_MINUTE:
+            self.counts["refused"] += 1
+            return False
+        self._asked[peer] = times + [now]
+        if len(self._asked) > 4096:
+            del self._asked[next(iter(self._asked))]
+        return True
 
     # -- both: execute the plan ------------------------------------------------------------------
 

@@ -142,7 +142,7 @@ def _kind(addr: Multiaddr) -> str | None:
 
 def plan(initiator: bool, mine: tuple[list[Multiaddr], str], theirs: tuple[list[Multiaddr], str]) -> Plan:
     """The same decision on both ends: ``initiator`` is True on ``B`` (the relayed connection's
-    receiver, who sends ``connect`` first)."""
+    receiver, who sends ``connect`` first). Address lists put what peers observe first."""
     (_, my_nat), (their_addrs, their_nat) = mine, theirs
     p = Plan()
     p.tcp_initiator = not initiator  # A: its SYN leaves first, and it speaks first in Noise
@@ -151,7 +151,9 @@ def plan(initiator: bool, mine: tuple[list[Multiaddr], str], theirs: tuple[list[
     if my_nat == DEPENDENT and their_nat != DEPENDENT:
         p.spray, p.quic_dial = True, True  # the hard side dials (from the listening socket too)
     elif their_nat == DEPENDENT and my_nat != DEPENDENT:
-        p.probe_ips = sorted({a.host_port()[0] for a in p.quic_targets})
+        # one IP only, the first (peers list what others observe first): a peer must not be
+        # able to aim thousands of probes at several hosts
+        p.probe_ips = [p.quic_targets[0].host_port()[0]] if p.quic_targets else []
     else:
         p.quic_dial = not initiator
     return p

@@ -1,0 +1,75 @@
+"""Hole punching between two NATed nodes: they meet through a relay, the side that received the
+relayed connection punches, and calls end on the direct path. Nodes only talk to the relays (no
+DHT walks), so a pair's first contact is usually the call itself (then its path starts "relay").
+
+Cases: two port-restricted cones (TCP simultaneous open or QUIC), a NAT that remaps ports
+(mappings are still endpoint-independent, but not at the listening port), and one symmetric side
+against port- and address-filtering peers (many-port probing).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .lab import Lab
+from .test_matrix import Proc
+
+CASES = [
+    # (caller kind, callee kind, how the hole is punched)
+    ("port_restricted", "port_restricted", "simultaneous"),
+    ("port_remap", "address_restricted", "simultaneous"),
+    ("port_restricted", "symmetric", "birthday"),
+    ("symmetric", "firewall", "birthday"),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def need_lab():
+    ok, why = Lab.available()
+    if not ok:
+        pytest.skip(why)  # needs root, ip netns and nft: CI has them (.ci/run installs them)
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with Lab(prefix="nlh") as lab:
+        # two relays: a node learns its mapping type from two observers at different IPs
+        one = Proc(lab, lab.public_host("relay"), ["--relay"])
+        two = Proc(lab, lab.public_host("relaytwo"), ["--relay", "--bootstrap", one.addrs[0]])
+        lab.boot = ["--bootstrap", one.addrs[0], "--bootstrap", two.addrs[0]]
+        yield lab
+
+
+def _node(lab: Lab, kind: str) -> Proc:
+    return Proc(lab, lab.add_site(kind).host, lab.boot + ["--no-dht-bootstrap"])
+
+
+def _wait_private(node: Proc) -> dict:
+    import time
+
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        st = node.ask({"cmd": "status"})
+        if st["reachability"] == "private" and st["relays"] and st["mapping"] != "unknown":
+            return st
+        time.sleep(0.5)
+    raise AssertionError(f"node never settled: {st}")
+
+
+@pytest.mark.parametrize("caller_kind,callee_kind,mode", CASES, ids=[f"{a}->{b}" for a, b, _ in CASES])
+def test_relayed_connection_becomes_direct(lab, caller_kind, callee_kind, mode):
+    # the callee settles first: once it publishes circuit addresses the relay drops it from its
+    # DHT table, so the caller's own lookups while it starts do not meet it before the call
+    callee = _node(lab, callee_kind)
+    st_callee = _wait_private(callee)
+    caller = _node(lab, caller_kind)
+    st_caller = _wait_private(caller)
+    r = caller.ask({"cmd": "call", "peer": callee.peer_id, "timeout": 30, "settle": 15}, timeout=60)
+    punches = callee.ask({"cmd": "holepunch"})
+    print(f"\n{caller_kind} ({st_caller['mapping']}) -> {callee_kind} ({st_callee['mapping']}): {r}; punches: {punches}")
+    assert r["ok"], r
+    assert r["path"] in ("tcp", "quic"), r
+    # Both sides are private: the only way to a direct path is a punch, which the callee records
+    # (it may have happened just before the call: DHT upkeep can make nodes meet through the relay).
+    done = [p for p in punches["recent"] if p["peer"] == caller.peer_id and p["outcome"] == "direct"]
+    assert done and done[-1]["mode"] == mode, punches

@@ -138,6 +138,7 @@ class HolePunchService:
             stream.reset()
             return
         if peer in self.active or len(self.active) >= _MAX_ACTIVE or self._direct(peer) or not self._may_ask(peer):
+            self.counts["refused"] += 1
             stream.reset()
             return
         self.active.add(peer)
@@ -159,7 +160,6 @@ class HolePunchService:
         now = self.host.loop.time()
         times = [t for t in self._asked.get(peer, ()) if now - t < 60.0]
         if len(times) >= _ROUNDS_PER_MINUTE:
-            self.counts["refused"] += 1
             return False
         self._asked[peer] = times + [now]
         if len(self._asked) > 4096:

@@ -1,4 +1,4 @@
-"""The ``lattica`` command: run a node, ping a peer, the demo, and the benchmarks."""
+"""The ``lattica`` command: run a node or relay, ping a peer, the DHT, doctor, the demo, and the benchmarks."""
 
 from __future__ import annotations
 
@@ -136,6 +136,15 @@ def _dht(args: argparse.Namespace) -> None:
             print(json.dumps({"peer": args.key, "addrs": [str(a) for a in addrs]}))
 
 
+def _doctor(args: argparse.Namespace) -> None:
+    from .doctor import diagnose, render
+
+    report = diagnose(args.listen or ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"], args.bootstrap, args.peer, args.wait)
+    print(json.dumps(report) if args.json else render(report), flush=True)
+    if report["problems"]:
+        sys.exit(1)
+
+
 def _demo(args: argparse.Namespace) -> None:
     from .demo import run
 
@@ -172,6 +181,14 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--ttl", type=float, default=3600.0, help="put: seconds the record lives (default: %(default)s)")
     s.add_argument("--bootstrap", action="append", default=[], required=True, help="peer multiaddr to join through (repeatable)")
     s.set_defaults(fn=_dht)
+
+    s = sub.add_parser("doctor", help="reachability, NAT type, relays and paths, with reasons in plain words")
+    s.add_argument("--listen", action="append", default=[], help="multiaddr to listen on (default: all interfaces, any port)")
+    s.add_argument("--bootstrap", action="append", default=[], help="peer multiaddr to join through (repeatable)")
+    s.add_argument("--peer", default=None, help="also reach this PeerId and report the path")
+    s.add_argument("--wait", type=float, default=20.0, help="seconds to wait for the AutoNAT verdict (default: %(default)s)")
+    s.add_argument("--json", action="store_true", help="the report as one JSON object")
+    s.set_defaults(fn=_doctor)
 
     s = sub.add_parser("demo", help="two local nodes find each other, identify and ping")
     s.set_defaults(fn=_demo)

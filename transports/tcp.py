@@ -8,6 +8,7 @@ that stalls or sends garbage costs one socket for at most ``handshake_timeout`` 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 
 from .._log import get_logger
@@ -240,8 +241,8 @@ class TcpTransport(Transport):
             )
         except asyncio.TimeoutError:
             raise Timeout(f"TCP connect to {addr} timed out") from None
-        except OSError as e:
-            raise TransportError(f"cannot connect to {addr}: {e.strerror or e}") from None
+        except OSError as e:  # asyncio's text ("Connect call failed") hides the reason: say it
+            raise TransportError(f"cannot connect to {addr}: {os.strerror(e.errno) if e.errno else e}") from None
         try:
             conn = await proto.ready
         except asyncio.CancelledError:

@@ -1,0 +1,158 @@
+"""``lattica doctor``: where this machine stands on the mesh, and why, in plain words.
+
+Starts a short-lived node, joins through the given bootstrap peers, waits (bounded) for AutoNAT's
+verdict and relay reservations, optionally reaches one peer by PeerId, and reports reachability,
+NAT mapping type, observed addresses, reservations, direct vs relayed peers and hole-punch
+outcomes. Every failure is reported once with its reason; nothing retries without end.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .errors import LatticaError
+from .identity import PeerId
+from .node import Node
+
+__all__ = ["diagnose", "render"]
+
+_MAPPING_WORDS = {
+    "endpoint-independent": "endpoint-independent (cone): hole punching works with most peers",
+    "endpoint-dependent": "endpoint-dependent (symmetric): direct paths need many-port probing; "
+    "with another symmetric NAT traffic stays relayed (it still works)",
+    "unknown": "unknown (it takes two peers at different IPs to tell)",
+}
+
+
+def _why(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    low = text.lower()
+    if "refused" in low:
+        return f"nothing listens there or a firewall rejects it ({text})"
+    if "timed out" in low or "timeout" in low:
+        return f"no answer: the address is unreachable from here or packets are dropped ({text})"
+    if "mismatch" in low:
+        return f"a different node answers at that address ({text})"
+    return text
+
+
+def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, wait: float = 20.0) -> dict[str, Any]:
+    """Run the checks and return the report (a JSON-able dict)."""
+    report: dict[str, Any] = {"bootstrap": [], "problems": []}
+    with Node(listen) as node:
+        report["peer_id"] = str(node.peer_id)
+        report["listening"] = [str(a) for a in node.addrs]
+        for addr in bootstrap:
+            t0 = time.perf_counter()
+            try:
+                info = node.connect(addr, timeout=10)
+                report["bootstrap"].append({"addr": addr, "ok": True, "transport": info.transport, "ms": round((time.perf_counter() - t0) * 1e3, 1)})
+            except (LatticaError, ValueError) as e:
+                report["bootstrap"].append({"addr": addr, "ok": False, "why": _why(e)})
+                report["problems"].append(f"cannot reach bootstrap peer {addr}: {_why(e)}")
+        joined = any(b["ok"] for b in report["bootstrap"])
+        if not bootstrap:
+            report["problems"].append("no bootstrap peer given: nobody can tell us how we look from outside")
+        elif not joined:
+            report["problems"].append("no bootstrap peer answered: check the addresses, this machine's outbound connectivity, and that they run")
+        if joined:
+            from . import dht
+
+            try:
+                dht.bootstrap(node=node).result(15)
+            except Exception as e:  # noqa: BLE001 -- reported, not fatal
+                report["problems"].append(f"joining the DHT failed: {_why(e)}")
+        status = node.nat_status()
+        deadline = time.monotonic() + (wait if joined else 0)
+        while time.monotonic() < deadline:
+            status = node.nat_status()
+            if status.reachability == "public" or (status.reachability == "private" and status.relays):
+                break
+            time.sleep(0.5)
+        report["nat"] = {
+            "reachability": status.reachability,
+            "reason": status.reason,
+            "mapping": status.mapping,
+            "observed": status.observed,
+            "public": status.public,
+            "relays": status.relays,
+        }
+        if status.reachability == "private" and not status.relays:
+            report["problems"].append("private and holding no relay reservation: peers cannot reach this node (start a relay with `lattica relay` on a public host, or pass one)")
+        if status.reachability == "unknown" and joined:
+            report["problems"].append(f"reachability still unknown after {wait:g} s: {status.reason}")
+        if peer is not None:
+            report["peer"] = _reach(node, peer)
+            if not report["peer"]["ok"]:
+                report["problems"].append(f"cannot reach {peer}: {report['peer']['why']}")
+        peers = node.peers()
+        report["peers"] = {"direct": sum(p.transport != "relay" for p in peers), "relayed": sum(p.transport == "relay" for p in peers)}
+        report["holepunch"] = node.run(_punches(node), timeout=5)
+    return report
+
+
+async def _punches(node: Node) -> dict:
+    hp = node._host.holepunch if node._host is not None else None
+    return hp.status() if hp is not None else {}
+
+
+def _reach(node: Node, target: str) -> dict[str, Any]:
+    try:
+        pid = PeerId.from_string(target)
+    except (LatticaError, ValueError) as e:
+        return {"ok": False, "why": f"not a PeerId: {e}"}
+    t0 = time.perf_counter()
+
+    async def dial() -> str:
+        return (await node._host.get_connection(pid)).transport  # type: ignore[union-attr]
+
+    try:
+        first = node.run(dial(), timeout=20)
+    except (LatticaError, TimeoutError) as e:
+        return {"ok": False, "why": _why(e)}
+    out: dict[str, Any] = {"ok": True, "first": first, "ms": round((time.perf_counter() - t0) * 1e3, 1)}
+    end = time.monotonic() + (10 if first == "relay" else 0)
+    while time.monotonic() < end:  # a relayed connection: give hole punching its three attempts
+        path = next((p.transport for p in node.peers() if p.peer_id == pid), None)
+        if path not in (None, "relay"):
+            out["direct_after_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
+            break
+        time.sleep(0.05)
+    out["path"] = next((p.transport for p in node.peers() if p.peer_id == pid), None)
+    if out["path"] == "relay":
+        out["why_relayed"] = "hole punching did not get through (both NATs symmetric, or a firewall drops the probes); calls work over the relay"
+    return out
+
+
+def render(r: dict[str, Any]) -> str:
+    """The report as text for a terminal."""
+    lines = [f"peer id       {r['peer_id']}"]
+    lines += [f"listening     {a}" for a in r["listening"]]
+    for b in r["bootstrap"]:
+        lines.append(f"bootstrap     {b['addr']}: " + (f"connected over {b['transport']} in {b['ms']} ms" if b["ok"] else f"FAILED: {b['why']}"))
+    nat = r.get("nat", {})
+    if nat:
+        lines.append(f"reachability  {nat['reachability']}: {nat['reason']}")
+        lines.append(f"NAT mapping   {_MAPPING_WORDS.get(nat['mapping'], nat['mapping'])}")
+        lines += [f"observed      {a}" for a in nat["observed"]] or ["observed      (no peer has told us yet)"]
+        lines += [f"public        {a}" for a in nat["public"]]
+        lines += [f"relay         {a}" for a in nat["relays"]] or ["relay         (no reservation)"]
+    if "peer" in r:
+        p = r["peer"]
+        if p["ok"]:
+            text = f"reached over {p['first']} in {p['ms']} ms"
+            if "direct_after_ms" in p:
+                text += f", direct over {p['path']} after {p['direct_after_ms']} ms (hole punch)"
+            elif p["path"] == "relay":
+                text += f"; stays relayed: {p['why_relayed']}"
+            lines.append(f"target peer   {text}")
+        else:
+            lines.append(f"target peer   FAILED: {p['why']}")
+    lines.append(f"peers         {r['peers']['direct']} direct, {r['peers']['relayed']} relayed")
+    hp = r.get("holepunch") or {}
+    if hp:
+        lines.append(f"hole punches  {hp['attempts']} attempts, {hp['direct']} direct, {hp['failed']} failed, {hp['refused']} refused")
+    lines.append("")
+    lines += [f"problem: {p}" for p in r["problems"]] or ["no problems found"]
+    return "\n".join(lines)

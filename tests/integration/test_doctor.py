@@ -1,0 +1,38 @@
+"""`lattica doctor` as a user runs it: a real process, a real relay, reasons in plain words."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import lattica
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def _doctor(*args: str) -> tuple[int, dict]:
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "lattica.cli", "doctor", "--json", "--wait", "2", *args], capture_output=True, text=True, timeout=90, env=env)
+    return p.returncode, json.loads(p.stdout)
+
+
+def test_doctor_reports_a_working_setup_and_the_path_to_a_peer():
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], relay=True) as relay:
+        code, r = _doctor("--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", str(relay.addrs[0]), "--peer", str(relay.peer_id))
+    assert r["bootstrap"][0]["ok"] and r["bootstrap"][0]["transport"] == "tcp"
+    assert r["peer"]["ok"] and r["peer"]["path"] == "tcp"
+    assert r["peers"]["direct"] >= 1 and r["holepunch"]["attempts"] == 0
+    # on loopback AutoNAT has nothing to check: said so, in words
+    assert r["nat"]["reachability"] == "unknown" and r["nat"]["reason"]
+    assert code == 1 and any("unknown" in p for p in r["problems"])
+
+
+def test_doctor_says_why_a_bootstrap_peer_cannot_be_reached():
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"]) as gone:
+        addr = str(gone.addrs[0])
+    code, r = _doctor("--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", addr)
+    assert code == 1 and not r["bootstrap"][0]["ok"]
+    assert "nothing listens there" in r["bootstrap"][0]["why"]
+    assert any("no bootstrap peer answered" in p for p in r["problems"])

@@ -1,0 +1,112 @@
+"""Hole-punch requests on loopback: who may ask, and what bad or lying requests cost.
+
+The punching itself needs NATs and runs in the NAT lab (tests/natlab/test_holepunch.py). Here
+nodes that listen nowhere meet through a relay: a punch has nothing to dial, fails, and the
+relayed connection must keep carrying calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+import lattica
+import sample_actors as sa
+from helpers import wait_for
+from lattica.actors import holepunch as hp_actor
+from lattica.framing import read_message, write_message
+from lattica.holepunch import DEPENDENT, PROTOCOL
+from lattica.nat import NatConfig
+
+TCP = "/ip4/127.0.0.1/tcp/0"
+ALLOW = ["sample_actors.*"]
+
+
+@pytest.fixture(autouse=True)
+def short_window(monkeypatch):
+    monkeypatch.setattr(hp_actor, "WINDOW", 0.3)
+    monkeypatch.setattr(hp_actor, "BIRTHDAY_WINDOW", 0.5)
+
+
+def _status(node: lattica.Node) -> dict:
+    async def get():
+        return node._host.holepunch.status()
+
+    return node.run(get(), timeout=5)
+
+
+async def _ask(node: lattica.Node, conn, msgs: list) -> bytes | None:
+    """Open a hole-punch stream on ``conn``, send ``msgs`` (reading one answer after the first);
+    return the answer, or None if the stream was reset."""
+    stream = await node._host.open_stream_on(conn, PROTOCOL)
+    try:
+        write_message(stream, msgs[0])
+        answer = await asyncio.wait_for(read_message(stream, 8192), 5)
+        for m in msgs[1:]:
+            write_message(stream, m)
+        await stream.close()
+        return answer
+    except (lattica.errors.LatticaError, asyncio.IncompleteReadError):
+        return None
+
+
+def test_a_punch_request_on_a_direct_connection_is_refused():
+    with lattica.Node([TCP]) as a, lattica.Node([TCP]) as b:
+        a.connect(b.addrs[0])
+        conn = a._host.conns[b.peer_id]
+        connect = {"type": "connect", "addrs": ["/ip4/127.0.0.1/udp/9/quic-v1"], "nat": "endpoint-independent", "token": os.urandom(16)}
+        assert a.run(_ask(a, conn, [connect]), timeout=10) is None  # reset, no answer
+        assert _status(b)["refused"] == 1 and _status(b)["attempts"] == 0
+
+
+def _relayed_pair(relay: lattica.Node, caller: lattica.Node):
+    private = lattica.Node([], relays=[str(relay.addrs[0])], nat=NatConfig(reachability="private"), allow=ALLOW).start()
+    assert wait_for(lambda: len(private.nat_status().relays) >= 1, timeout=10)
+    caller.connect(relay.addrs[0])
+    for n in (relay, caller):
+        lattica.dht.bootstrap(node=n).result(10)
+    return private
+
+
+def _counter(caller: lattica.Node, target) -> int:
+    async def go():
+        ref = sa.Counter.options(node=target).remote(1)
+        await ref.incr.remote()
+        return await ref.get.remote()
+
+    return caller.run(go(), timeout=20)
+
+
+def test_failed_punches_leave_the_relayed_connection_working_and_lies_cost_nothing_lasting():
+    with lattica.Node([TCP], relay=True) as relay, lattica.Node([], allow=ALLOW) as caller:
+        target = _relayed_pair(relay, caller)
+        try:
+            assert _counter(caller, target.peer_id) == 2
+            # the target received the relayed connection: it punched, three times, with nothing to
+            # dial (neither side listens anywhere), and gave up
+            assert wait_for(lambda: _status(target)["failed"] == 3 and _status(target)["active"] == 0, timeout=15)
+            assert caller._host.conns[target.peer_id].transport == "relay"
+            assert _counter(caller, target.peer_id) == 2
+
+            conn = caller._host.conns[target.peer_id]
+            fds = len(os.listdir("/proc/self/fd"))
+            # garbage, then a lying request (unroutable addresses, claiming a symmetric NAT so the
+            # target probes): each is answered or reset, and the connection stays up
+            assert caller.run(_ask(caller, conn, [{"type": "what"}]), timeout=10) is None
+            lie = {"type": "connect", "addrs": ["/ip4/192.0.2.1/udp/4001/quic-v1", "/ip4/192.0.2.1/tcp/4001"], "nat": DEPENDENT, "token": os.urandom(16)}
+            answer = caller.run(_ask(caller, conn, [lie, {"type": "sync"}]), timeout=10)
+            assert answer is not None and answer["type"] == "connect"
+            assert wait_for(lambda: _status(target)["active"] == 0 and _status(target)["failed"] == 4, timeout=10)
+            assert not conn.is_closed and _counter(caller, target.peer_id) == 2
+            assert len(os.listdir("/proc/self/fd")) <= fds + 2  # no sockets left behind
+            # a peer may ask only so often: the budget runs out, the target says no
+            answers = []
+            for _ in range(6):
+                answers.append(caller.run(_ask(caller, conn, [lie, {"type": "sync"}]), timeout=10))
+                assert wait_for(lambda: _status(target)["active"] == 0, timeout=10)
+            assert answers[-1] is None and _status(target)["refused"] >= 1
+            assert not conn.is_closed and _counter(caller, target.peer_id) == 2
+        finally:
+            target.stop()

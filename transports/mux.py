@@ -37,6 +37,7 @@ T_DATA, T_WINDOW, T_PING, T_GOAWAY = 0, 1, 2, 3
 F_SYN, F_ACK, F_FIN, F_RST = 1, 2, 4, 8
 GOAWAY_NORMAL, GOAWAY_PROTOCOL, GOAWAY_INTERNAL = 0, 1, 2
 PROTOCOL_WINDOW = 256 * 1024  # yamux's initial window; every stream starts with it
+_BY_REFERENCE = 16 * 1024  # payloads this large are queued as views, smaller ones copied
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +125,12 @@ class Mux:
         self._streams: dict[int, _StreamState] = {}
         self._n_local = 0  # open streams we initiated
         self._n_remote = 0  # open streams the peer initiated
-        self._out = bytearray()
-        self._in = bytearray()
+        self._out: list = []  # queued for the wire: small frames coalesced, large payloads by reference
+        self._tail = bytearray()  # the last small piece, still growing
+        self._in = bytearray()  # a partial frame header
+        self._frame_left = 0  # payload bytes of the current data frame still to arrive
+        self._frame_sid = 0
+        self._frame_flags = 0
         self._buffered_total = 0  # received, not yet consumed (all streams)
         self._committed = 0  # credit held by the peer + bytes buffered (all streams)
         self.local_goaway = False
@@ -196,13 +201,18 @@ class Mux:
         if n <= 0:
             return 0
         st.send_window -= n
-        view = memoryview(data)
-        out = self._out
+        view = data if type(data) is memoryview else memoryview(data)
+        tail = self._tail
         step = self.config.max_frame
         for i in range(0, n, step):
-            chunk = view[i : min(i + step, n)]
-            out += _HDR.pack(_VERSION, T_DATA, 0, stream_id, len(chunk))
-            out += chunk
+            m = min(step, n - i)
+            tail += _HDR.pack(_VERSION, T_DATA, 0, stream_id, m)
+            if m < _BY_REFERENCE:
+                tail += view[i : i + m]
+            else:
+                self._out.append(tail)
+                self._out.append(view[i : i + m])
+                tail = self._tail = bytearray()
         return n
 
     def close_stream(self, stream_id: int) -> None:
@@ -249,43 +259,56 @@ class Mux:
             self._frame(T_GOAWAY, 0, 0, code)
 
     def data_to_send(self) -> bytearray:
-        """Everything queued for the wire since the last call (possibly empty)."""
+        """Everything queued for the wire since the last call (possibly empty), in one buffer."""
+        return bytearray().join(self.pieces_to_send())
+
+    def pieces_to_send(self) -> list:
+        """Everything queued for the wire since the last call, as a list of buffers to write in order.
+
+        Large payloads are views of the buffers given to :meth:`send_data` (not copies), so those
+        must not be modified until written.
+        """
         out = self._out
-        if out:
-            self._out = bytearray()
+        if self._tail:
+            out.append(self._tail)
+            self._tail = bytearray()
+        self._out = []
         return out
 
     def has_data_to_send(self) -> bool:
-        return bool(self._out)
+        return bool(self._out) or bool(self._tail)
 
     # -- input --------------------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes | bytearray) -> list:
-        """Parse received bytes; return events. Raises ProtocolError on a protocol violation."""
+    def receive_data(self, data: bytes | bytearray | memoryview) -> list:
+        """Parse received bytes; return events. Raises ProtocolError on a protocol violation.
+
+        Data frames are delivered as their bytes arrive (a frame split across reads yields several
+        DataReceived events), so nothing but a partial 12-byte header is ever held back here.
+        """
         events: list = []
         if self._in:
             self._in += data
-            buf = self._in
-        else:
-            buf = data
-        total = len(buf)
+            data, self._in = self._in, bytearray()
+        mv = memoryview(data)
+        total = len(mv)
         pos = 0
         unpack = _HDR.unpack_from
-        while total - pos >= HEADER_LEN:
-            version, ftype, flags, sid, length = unpack(buf, pos)
-            if version != _VERSION:
-                raise ProtocolError(f"mux frame with unknown version {version}")
-            if ftype == T_DATA:
-                if total - pos - HEADER_LEN < length:
-                    if length > self.config.window + self.config.max_frame:
-                        raise ProtocolError(f"mux data frame of {length} bytes exceeds any window")
+        try:
+            while pos < total:
+                if self._frame_left:
+                    pos = self._data_part(events, mv, pos, total)
+                    continue
+                if total - pos < HEADER_LEN:
+                    self._in += mv[pos:]
                     break
-                start = pos + HEADER_LEN
-                self._on_data(events, flags, sid, buf[start : start + length])
-                pos = start + length
-            else:
+                version, ftype, flags, sid, length = unpack(mv, pos)
                 pos += HEADER_LEN
-                if ftype == T_WINDOW:
+                if version != _VERSION:
+                    raise ProtocolError(f"mux frame with unknown version {version}")
+                if ftype == T_DATA:
+                    self._data_start(events, flags, sid, length)
+                elif ftype == T_WINDOW:
                     self._on_window(events, flags, sid, length)
                 elif ftype == T_PING:
                     if flags & F_SYN:
@@ -297,11 +320,46 @@ class Mux:
                     events.append(GoAwayReceived(length))
                 else:
                     raise ProtocolError(f"mux frame with unknown type {ftype}")
-        if buf is self._in:
-            del self._in[:pos]
-        elif pos < total:
-            self._in += buf[pos:]
+        finally:
+            mv.release()
         return events
+
+    def _data_start(self, events: list, flags: int, sid: int, length: int) -> None:
+        """A data frame header: open the stream on SYN, check the length against the credit."""
+        st = self._stream_for(events, flags, sid)
+        if st is None:
+            if length > self.config.window:
+                raise ProtocolError(f"mux data frame of {length} bytes exceeds any window")
+        elif length:
+            if st.remote_fin:
+                raise ProtocolError(f"data on stream {sid} after its FIN")
+            if length > st.recv_window:
+                raise ProtocolError(f"peer overran the window of stream {sid} ({length} > {st.recv_window})")
+        self._frame_left = length
+        self._frame_sid = sid
+        self._frame_flags = flags
+        if not length:
+            self._data_end(events)
+
+    def _data_part(self, events: list, mv: memoryview, pos: int, total: int) -> int:
+        """Deliver what has arrived of the current data frame; return the new position."""
+        n = min(self._frame_left, total - pos)
+        self._frame_left -= n
+        sid = self._frame_sid
+        st = self._streams.get(sid)
+        if st is not None:  # else reset or refused meanwhile: the bytes are dropped
+            st.recv_window -= n
+            st.buffered += n
+            self._buffered_total += n
+            events.append(DataReceived(sid, bytes(mv[pos : pos + n])))
+        if not self._frame_left:
+            self._data_end(events)
+        return pos + n
+
+    def _data_end(self, events: list) -> None:
+        st = self._streams.get(self._frame_sid)
+        if st is not None:
+            self._on_flags(events, self._frame_flags, self._frame_sid, st)
 
     def _stream_for(self, events: list, flags: int, sid: int) -> _StreamState | None:
         st = self._streams.get(sid)
@@ -320,22 +378,6 @@ class Mux:
             self._frame(T_WINDOW, F_ACK, sid, self._initial_grant(st))
             events.append(StreamOpened(sid))
         return st
-
-    def _on_data(self, events: list, flags: int, sid: int, payload) -> None:
-        st = self._stream_for(events, flags, sid)
-        if st is None:
-            return  # frame for a stream we already reset or refused: drop it
-        n = len(payload)
-        if n:
-            if st.remote_fin:
-                raise ProtocolError(f"data on stream {sid} after its FIN")
-            if n > st.recv_window:
-                raise ProtocolError(f"peer overran the window of stream {sid} ({n} > {st.recv_window})")
-            st.recv_window -= n
-            st.buffered += n
-            self._buffered_total += n
-            events.append(DataReceived(sid, bytes(payload)))
-        self._on_flags(events, flags, sid, st)
 
     def _on_window(self, events: list, flags: int, sid: int, delta: int) -> None:
         st = self._stream_for(events, flags, sid)
@@ -364,4 +406,4 @@ class Mux:
             self._remove(sid)
 
     def _frame(self, ftype: int, flags: int, sid: int, length: int) -> None:
-        self._out += _HDR.pack(_VERSION, ftype, flags, sid, length)
+        self._tail += _HDR.pack(_VERSION, ftype, flags, sid, length)

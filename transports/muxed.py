@@ -306,10 +306,14 @@ class MuxedConnection(Connection):
         self._last_recv = self._loop.time()
         try:
             if self._session is not None:
-                data = self._session.open(data)
-                if not data:
+                frames = self._session.open_frames(data)
+                if not frames:
                     return
-            events = self._mux.receive_data(data)
+                events = []
+                for plain in frames:
+                    events += self._mux.receive_data(plain)
+            else:
+                events = self._mux.receive_data(data)
         except ProtocolError as e:
             log.info("closing connection: peer broke the protocol", peer=str(self.remote_peer), reason=str(e))
             self._mux.go_away(GOAWAY_PROTOCOL)
@@ -389,12 +393,15 @@ class MuxedConnection(Connection):
         self._flush_scheduled = False
         if self._closed:
             return
-        data = self._mux.data_to_send()
-        if not data:
+        pieces = self._mux.pieces_to_send()
+        if not pieces:
             return
         if self._session is not None:
-            data = self._session.seal(data)
-        self._writer.write(data)
+            self._writer.write(self._session.seal_pieces(pieces))
+        else:
+            write = self._writer.write
+            for piece in pieces:
+                write(piece)
         if self._write_paused and self._writer.get_write_buffer_size() > _MAX_UNSENT:
             # Stream data waits for drain(); only replies the mux makes by itself (pongs, window
             # updates, resets) can pile up here, and only if the peer stopped reading its socket.

@@ -325,68 +325,112 @@ class NoiseHandshake:
 
 
 class NoiseSession:
-    """Seals outgoing bytes into length-prefixed Noise frames and opens incoming ones."""
+    """Seals outgoing bytes into length-prefixed Noise frames and opens incoming ones.
 
-    __slots__ = ("_send", "_recv", "_buf")
+    Work is done one frame (<= 64 KiB) at a time into buffers of that size: a big message never
+    needs one big fresh buffer, which the allocator would map from the kernel and fault in page by
+    page on every call.
+    """
+
+    __slots__ = ("_send", "_recv", "_buf", "_scratch")
 
     def __init__(self, send: _Cipher, recv: _Cipher) -> None:
         self._send = send
         self._recv = recv
-        self._buf = bytearray()
+        self._buf = bytearray()  # a partial frame received
+        self._scratch = bytearray(MAX_PLAINTEXT)  # gathers small pieces into one frame
 
     def seal(self, data: bytes | bytearray | memoryview) -> bytearray:
         """Encrypt ``data`` (any length) into one buffer of consecutive frames, ready to write."""
-        view = memoryview(data)
-        n = len(view)
-        nframes = max(1, -(-n // MAX_PLAINTEXT))
-        out = bytearray(n + nframes * (2 + _TAG))
-        mv = memoryview(out)
-        pos = 0
-        enc = self._send.encrypt_into
-        for i in range(0, max(n, 1), MAX_PLAINTEXT):
-            chunk = view[i : i + MAX_PLAINTEXT]
-            clen = len(chunk) + _TAG
-            out[pos] = clen >> 8
-            out[pos + 1] = clen & 0xFF
-            enc(chunk, mv[pos + 2 : pos + 2 + clen])
-            pos += 2 + clen
-        return out
+        return self.seal_pieces([data])
 
-    def open(self, data: bytes | memoryview) -> bytearray | None:
-        """Consume received bytes; return the plaintext of every complete frame (or None).
+    def seal_pieces(self, pieces: list) -> bytearray:
+        """Encrypt the concatenation of ``pieces`` into one buffer of consecutive frames.
 
-        ``data`` is never retained (a partial frame is copied), so it may be a reused buffer.
+        Full frames are encrypted straight from the pieces; only what straddles pieces is copied
+        (into a scratch frame). No input means one empty frame.
         """
-        buf = self._buf
-        if buf:
-            buf += data
-            src = buf
-        else:
-            src = data
-        total = len(src)
+        n = sum(map(len, pieces))
+        out = bytearray(n + max(1, -(-n // MAX_PLAINTEXT)) * (2 + _TAG))
+        enc = self._send.encrypt_into
+        sv = memoryview(self._scratch)
         pos = 0
-        mv = memoryview(src)
-        out: bytearray | None = None
-        opos = 0
-        dec = self._recv.decrypt_into
-        while total - pos >= 2:
-            clen = (src[pos] << 8) | src[pos + 1]
-            if total - pos - 2 < clen:
-                break
-            if clen < _TAG:
-                raise DecryptError(f"frame of {clen} bytes is shorter than its tag")
-            if out is None:
-                out = bytearray(total)  # upper bound on the plaintext of this batch
-                ov = memoryview(out)
-            dec(mv[pos + 2 : pos + 2 + clen], ov[opos : opos + clen - _TAG])
-            opos += clen - _TAG
-            pos += 2 + clen
-        mv.release()
-        if out is not None:
-            ov.release()
-            del out[opos:]
-        if src is buf:
-            del buf[:pos]
-        elif pos < total:
-            buf += data[pos:]
+        fill = 0
+        with memoryview(out) as ov:
+            for piece in pieces:
+                v = piece if type(piece) is memoryview else memoryview(piece)
+                size = len(v)
+                i = 0
+                while i < size:
+                    if not fill and size - i >= MAX_PLAINTEXT:
+                        chunk = v[i : i + MAX_PLAINTEXT]
+                        i += MAX_PLAINTEXT
+                    else:
+                        take = min(MAX_PLAINTEXT - fill, size - i)
+                        sv[fill : fill + take] = v[i : i + take]
+                        fill += take
+                        i += take
+                        if fill < MAX_PLAINTEXT:
+                            continue
+                        chunk = sv
+                        fill = 0
+                    out[pos] = MAX_FRAME >> 8
+                    out[pos + 1] = MAX_FRAME & 0xFF
+                    enc(chunk, ov[pos + 2 : pos + 2 + MAX_FRAME])
+                    pos += 2 + MAX_FRAME
+            if fill or not pos:
+                clen = fill + _TAG
+                out[pos] = clen >> 8
+                out[pos + 1] = clen & 0xFF
+                enc(sv[:fill], ov[pos + 2 : pos + 2 + clen])
+        sv.release()
         return out
+
+    def open(self, data: bytes | bytearray | memoryview) -> bytearray | None:
+        """The plaintext of every frame ``data`` completes, in one buffer (None if none)."""
+        frames = self.open_frames(data)
+        return bytearray().join(frames) if frames else None
+
+    def open_frames(self, data: bytes | bytearray | memoryview) -> list[bytearray]:
+        """Consume received bytes; return the plaintext of each frame they complete.
+
+        ``data`` is never retained (only a partial frame is copied), so it may be a reused buffer.
+        """
+        out: list[bytearray] = []
+        buf = self._buf
+        with memoryview(data) as mv:
+            total = len(mv)
+            pos = 0
+            if buf:  # complete the frame begun in an earlier read
+                if len(buf) < 2:
+                    pos = min(2 - len(buf), total)
+                    buf += mv[:pos]
+                    if len(buf) < 2:
+                        return out
+                need = 2 + ((buf[0] << 8) | buf[1]) - len(buf)
+                take = min(need, total - pos)
+                buf += mv[pos : pos + take]
+                pos += take
+                if take < need:
+                    return out
+                with memoryview(buf) as bv:
+                    out.append(self._open_one(bv[2:]))
+                buf.clear()
+            while total - pos >= 2:
+                clen = (mv[pos] << 8) | mv[pos + 1]
+                if total - pos - 2 < clen:
+                    break
+                out.append(self._open_one(mv[pos + 2 : pos + 2 + clen]))
+                pos += 2 + clen
+            if pos < total:
+                buf += mv[pos:]
+        return out
+
+    def _open_one(self, ciphertext: memoryview) -> bytearray:
+        n = len(ciphertext) - _TAG
+        if n < 0:
+            raise DecryptError(f"frame of {len(ciphertext)} bytes is shorter than its tag")
+        plain = bytearray(n)
+        with memoryview(plain) as pv:
+            self._recv.decrypt_into(ciphertext, pv)
+        return plain

@@ -165,8 +165,43 @@ def test_duplicate_syn_is_a_protocol_error():
 
 def test_huge_declared_data_frame_fails_fast():
     s = Mux(False)
-    with pytest.raises(ProtocolError, match="exceeds"):
+    with pytest.raises(ProtocolError, match="overran"):
         s.receive_data(HDR.pack(0, T_DATA, F_SYN, 1, 2**31))
+    with pytest.raises(ProtocolError, match="exceeds any window"):
+        Mux(False).receive_data(HDR.pack(0, T_DATA, 0, 7, 2**31))  # on a stream that is not open
+
+
+def test_data_frame_split_across_reads_is_delivered_as_it_arrives():
+    c, s = pair()
+    sid = c.open_stream()
+    pump(c, s)
+    payload = bytes(range(256)) * 40
+    c.send_data(sid, payload)
+    c.close_stream(sid)
+    wire = bytes(c.data_to_send())
+    got, ended = bytearray(), []
+    for i in range(0, len(wire), 7):  # splits headers and payload alike
+        for ev in s.receive_data(wire[i : i + 7]):
+            if isinstance(ev, DataReceived):
+                assert not ended, "data after the FIN event"
+                got += ev.data
+            elif isinstance(ev, StreamEnded):
+                ended.append(ev)
+    assert bytes(got) == payload and len(ended) == 1
+
+
+def test_reset_in_the_middle_of_a_data_frame_drops_the_rest():
+    c, s = pair()
+    sid = c.open_stream()
+    pump(c, s)
+    c.send_data(sid, bytes(1000))
+    c.send_data(c.open_stream(), b"after")
+    wire = bytes(c.data_to_send())
+    first = s.receive_data(wire[:500])
+    assert sum(len(e.data) for e in first if isinstance(e, DataReceived)) == 500 - HDR.size
+    s.reset_stream(sid)
+    rest = s.receive_data(wire[500:])
+    assert [e.data for e in rest if isinstance(e, DataReceived)] == [b"after"]
 
 
 def test_write_after_fin_and_data_after_fin():

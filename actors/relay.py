@@ -14,6 +14,7 @@ many reservations and circuits exist, per peer, per IP address and in total.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,6 +26,7 @@ from ..identity import PeerId
 from ..runtime import ASYNC, ActorRef, current_caller
 from ..transports.base import Connection, Stream
 from ..transports.circuit import HOP, MAX_MESSAGE, STOP, check_answer, limit_wire, parse_connect, refusal
+from ..transports.splice import TOKEN_LEN, Splice
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
@@ -35,6 +37,7 @@ __all__ = ["RelayConfig", "RelayService", "RelayActor", "relay_ref"]
 
 _CHUNK = 1 << 20
 _TIMEOUT = 10.0  # seconds for the stop side to answer
+_SPLICE_WAIT = 5.0  # seconds for both ends' spliced sockets to arrive (the dialer then falls back)
 
 
 def relay_ref(peer: PeerId) -> ActorRef:
@@ -54,12 +57,18 @@ class RelayConfig:
     max_circuits_per_peer: int = 64  # as source or as target
     circuit_duration: float | None = None
     circuit_bytes: int | None = None
+    splice: bool = True  # offer circuits their own sockets (no re-encryption here); see transports/splice.py
 
 
 @dataclass
 class _Reservation:
     expires: float  # wall clock (sent to the peer)
     ip: str
+
+
+def _accepted_tcp(conn: Connection) -> bool:
+    """The peer dialed us over TCP, so it can reach our listener again for a spliced socket."""
+    return conn.transport == "tcp" and conn.direction == "inbound"
 
 
 def _ip_of(conn: Connection) -> str:
@@ -79,7 +88,9 @@ class RelayService:
         self.reservations: dict[PeerId, _Reservation] = {}
         self.circuits: dict[PeerId, int] = {}
         self.total_circuits = 0
+        self.spliced_circuits = 0  # of total_circuits: those on their own sockets
         self.bytes_relayed = 0
+        self._pending_splices: dict[bytes, Splice] = {}  # token -> splice waiting for that end's socket
         self.host.handlers[HOP] = self._on_hop
         self.host.disconnect_listeners.append(self._on_disconnect)
 
@@ -132,6 +143,7 @@ class RelayService:
         return {
             "reservations": len(self.reservations),
             "circuits": self.total_circuits,
+            "spliced": self.spliced_circuits,
             "bytes_relayed": self.bytes_relayed,
             "limit": limit_wire(self.cfg.circuit_duration, self.cfg.circuit_bytes),
         }
@@ -142,7 +154,8 @@ class RelayService:
         src = conn.remote_peer
         try:
             async with asyncio.timeout(_TIMEOUT):
-                target = parse_connect(await read_message(stream, MAX_MESSAGE))
+                msg = await read_message(stream, MAX_MESSAGE)
+                target = parse_connect(msg)
         except (LatticaError, asyncio.TimeoutError) as e:
             log.info("bad hop request", peer=str(src), reason=str(e) or "timeout")
             stream.reset()
@@ -152,17 +165,70 @@ class RelayService:
             await self._answer(stream, refusal(*why))
             return
         self._count(src, target, +1)
+        splice = self.cfg.splice and msg.get("splice") is True and _accepted_tcp(conn) and self._take_spliced_sockets()
         try:
-            other = await self._connect_target(src, target)
+            other, target_token = await self._connect_target(src, target, splice)
         except (LatticaError, asyncio.TimeoutError) as e:
             self._count(src, target, -1)
             await self._answer(stream, refusal("CONNECTION_FAILED", f"{target} did not take the circuit: {e or 'timeout'}"))
             return
         try:
-            write_message(stream, {"ok": True, "limit": limit_wire(self.cfg.circuit_duration, self.cfg.circuit_bytes)})
-            await self._splice(stream, other)
+            answer = {"ok": True, "limit": limit_wire(self.cfg.circuit_duration, self.cfg.circuit_bytes)}
+            if target_token is None:
+                write_message(stream, answer)
+                await self._splice(stream, other)
+                return
+            source_token = os.urandom(TOKEN_LEN)
+            write_message(stream, {**answer, "splice": source_token})
+            await self._run_spliced(source_token, target_token)
         finally:
             self._count(src, target, -1)
+            if target_token is not None:
+                stream.reset()
+                other.reset()
+
+    async def _run_spliced(self, *tokens: bytes) -> None:
+        """Wait for both ends' sockets (up to the timeout), then copy between them until it ends."""
+        done = asyncio.get_running_loop().create_future()
+
+        def on_bytes(n: int) -> None:
+            self.bytes_relayed += n
+
+        def on_end(why: str) -> None:
+            log.debug("spliced circuit ended", reason=why)
+            if not done.done():
+                done.set_result(why)
+
+        splice = Splice(budget=self.cfg.circuit_bytes, duration=self.cfg.circuit_duration, on_bytes=on_bytes, on_end=on_end)
+        for t in tokens:
+            self._pending_splices[t] = splice
+        self.spliced_circuits += 1
+        try:
+            try:
+                await asyncio.wait_for(splice.wait_joined(), _SPLICE_WAIT)
+            except asyncio.TimeoutError:
+                splice.close("an end never connected")
+            await done
+        finally:
+            self.spliced_circuits -= 1
+            for t in tokens:
+                self._pending_splices.pop(t, None)
+            splice.close("relay stopped")
+
+    def _take_spliced_sockets(self) -> bool:
+        """Have our TCP transport hand us the sockets that open with a splice preamble."""
+        tcp = next((t for t in self.host.transports if t.name == "tcp"), None)
+        if tcp is None:
+            return False
+        tcp.on_splice = self._on_spliced_socket
+        return True
+
+    def _on_spliced_socket(self, token: bytes, transport: asyncio.Transport, early: bytes) -> bool:
+        splice = self._pending_splices.pop(token, None)
+        if splice is None:
+            return False
+        splice.attach(transport, early)
+        return True
 
     def _refuse(self, src: PeerId, target: PeerId, conn: Connection) -> tuple[str, str] | None:
         if conn.transport == "relay":
@@ -187,20 +253,25 @@ class RelayService:
             else:
                 self.circuits.pop(p, None)
 
-    async def _connect_target(self, src: PeerId, target: PeerId) -> Stream:
+    async def _connect_target(self, src: PeerId, target: PeerId, splice: bool) -> tuple[Stream, bytes | None]:
+        """The stop stream to ``target``, once it accepted, and the splice token it took (if any)."""
         conn = self._direct_conn(target)
         if conn is None:
             raise RelayRefused(f"{target} is no longer connected")
         other = await self.host.open_stream_on(conn, STOP)
+        request = {"type": "connect", "peer": src.to_bytes(), "limit": limit_wire(self.cfg.circuit_duration, self.cfg.circuit_bytes)}
+        token = os.urandom(TOKEN_LEN) if splice and _accepted_tcp(conn) else None
+        if token is not None:
+            request["splice"] = token
         try:
             async with asyncio.timeout(_TIMEOUT):
-                write_message(other, {"type": "connect", "peer": src.to_bytes(), "limit": limit_wire(self.cfg.circuit_duration, self.cfg.circuit_bytes)})
+                write_message(other, request)
                 await other.drain()
-                check_answer(await read_message(other, MAX_MESSAGE), f"peer {target.short()}")
+                answer = check_answer(await read_message(other, MAX_MESSAGE), f"peer {target.short()}")
         except BaseException:
             other.reset()
             raise
-        return other
+        return other, token if answer.get("splice") is True else None
 
     @staticmethod
     async def _answer(stream: Stream, msg: dict) -> None:

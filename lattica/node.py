@@ -30,6 +30,7 @@ from .errors import (
     NodeClosed,
     PeerUnreachable,
     Timeout,
+    TransportError,
     UnsupportedProtocol,
 )
 from .framing import read_message, write_message
@@ -116,7 +117,9 @@ class _Host:
     async def start(self, listen: list[Multiaddr]) -> None:
         self.runtime = Runtime(self, self.node.allow)
         self.transports = self.node._make_transports()
-        self.circuit = circuit.CircuitTransport(self.keypair, self._open_hop, **self.node._transport_options.get("relay", {}))
+        self.circuit = circuit.CircuitTransport(
+            self.keypair, self._open_hop, splice=self._dial_spliced, **self.node._transport_options.get("relay", {})
+        )
         self.transports.append(self.circuit)
         self.nat = NatManager(self, self.node.nat_config)
         for addr in listen:
@@ -493,7 +496,7 @@ class _Host:
             return False
         return relay not in (peer, self.peer_id) and target in (None, peer)
 
-    async def _open_hop(self, relay: PeerId, relay_addrs: list[Multiaddr]) -> Stream:
+    async def _open_hop(self, relay: PeerId, relay_addrs: list[Multiaddr]) -> tuple[Stream, Connection]:
         self.remember_addrs(relay, [a for a in relay_addrs if not a.is_circuit])
         conn = self.conns.get(relay)
         if conn is None or conn.is_closed or conn.transport == "relay":
@@ -507,7 +510,14 @@ class _Host:
                 info = None
         if info is not None and circuit.HOP not in info.protocols:
             raise UnsupportedProtocol(f"{relay} is not a relay")
-        return await self.open_stream_on(conn, circuit.HOP)
+        return await self.open_stream_on(conn, circuit.HOP), conn
+
+    async def _dial_spliced(self, relay_conn: Connection, token: bytes, peer: PeerId, initiator: bool, remote: Multiaddr) -> Connection:
+        """A circuit on its own TCP socket to the relay (see transports/splice.py)."""
+        tcp = next((t for t in self.transports if t.name == "tcp"), None)
+        if tcp is None:
+            raise TransportError("no TCP transport to splice a circuit with")
+        return await tcp.dial_spliced(relay_conn.remote_addr, token, peer, initiator=initiator, remote_addr=remote)
 
     async def _on_stop(self, stream: Stream, conn: Connection) -> None:
         if conn.transport == "relay" or "relay-client" not in self.protected.get(conn.remote_peer, ()):

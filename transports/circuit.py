@@ -6,6 +6,12 @@ reservation with it) and, once both accept, copies bytes between the two streams
 run the same Noise XX handshake and mux as over TCP, end to end: the relay sees only ciphertext and
 cannot forge traffic; each end authenticates the other's PeerId itself.
 
+When both ends reach the relay over TCP they may ask it to *splice* instead: the relay answers
+with a one-time token for each end, each end opens a fresh TCP connection to the relay presenting
+its token, and the relay pairs the two sockets and copies raw bytes (``transports/splice.py``).
+Noise then runs end to end on that socket; the relay no longer decrypts and re-encrypts each hop.
+If the spliced socket cannot be set up, the dialer falls back to the in-stream circuit.
+
 Wire messages (one length-prefixed codec map each way before the raw bytes start) are built and
 checked here; the relay side lives in ``actors/relay.py``.
 """
@@ -24,6 +30,7 @@ from .base import Connection, ConnectionHandler, Listener, Stream, Transport
 from .mux import MuxConfig
 from .muxed import MuxedConnection
 from .noise import NoiseHandshake
+from .splice import TOKEN_LEN
 
 log = get_logger("lattica.circuit")
 
@@ -35,7 +42,10 @@ MAX_MESSAGE = 4096
 _READ_CHUNK = 1 << 20
 _HIGH_WATER = 1 << 20  # bytes queued on the relay stream before the inner connection pauses
 
-OpenHop = Callable[[PeerId, list[Multiaddr]], Awaitable[Stream]]
+OpenHop = Callable[[PeerId, list[Multiaddr]], Awaitable[tuple[Stream, Connection]]]
+# (connection to the relay, token, expected peer, Noise initiator, circuit address) -> connection;
+# None when this node cannot splice over that connection (it is not TCP)
+SpliceDial = Callable[[Connection, bytes, PeerId, bool, Multiaddr], Awaitable[Connection]]
 
 
 def split_circuit(addr: Multiaddr) -> tuple[list[Multiaddr], PeerId, PeerId | None]:
@@ -77,6 +87,12 @@ def parse_connect(msg: Any) -> PeerId:
         return PeerId.from_bytes(msg["peer"])
     except LatticaError as e:
         raise ProtocolError(f"relay request names no valid peer: {e}") from None
+
+
+def splice_token(msg: dict) -> bytes | None:
+    """The splice token a relay message carries, if it carries a well-formed one."""
+    token = msg.get("splice")
+    return token if type(token) is bytes and len(token) == TOKEN_LEN else None
 
 
 def refusal(code: str, why: str) -> dict:
@@ -155,6 +171,15 @@ class _StreamPipe:
         return self.stream.write_buffer_size()
 
 
+def _can_splice(relay_conn: Connection) -> bool:
+    """A TCP connection we dialed: its remote address is the relay's listener, reachable again."""
+    return relay_conn.transport == "tcp" and relay_conn.direction == "outbound"
+
+
+class _SpliceFailed(LatticaError):
+    """The spliced socket could not be set up (the in-stream circuit may still work)."""
+
+
 class _CircuitListener(Listener):
     def __init__(self) -> None:
         self.addrs = []
@@ -173,6 +198,7 @@ class CircuitTransport(Transport):
         keypair: KeyPair,
         open_hop: OpenHop,
         *,
+        splice: SpliceDial | None = None,
         mux_config: MuxConfig | None = None,
         handshake_timeout: float = 10.0,
         keepalive_interval: float = 15.0,
@@ -180,6 +206,7 @@ class CircuitTransport(Transport):
     ) -> None:
         super().__init__(keypair)
         self._open_hop = open_hop
+        self._splice = splice
         self.mux_config = mux_config or MuxConfig()
         self.handshake_timeout = handshake_timeout
         self.keepalive_interval = keepalive_interval
@@ -201,30 +228,56 @@ class CircuitTransport(Transport):
             raise MultiaddrError(f"{addr} does not say which peer to reach through the relay")
         if target == relay:
             raise MultiaddrError("a relay cannot relay a circuit to itself")
-        stream = await self._open_hop(relay, relay_addrs)
+        remote = addr.without_peer_id()
+        if self._splice is not None:
+            try:
+                return await self._through(relay, relay_addrs, target, remote, splice=True)
+            except _SpliceFailed as e:
+                log.info("spliced circuit failed; relaying in-stream", relay=str(relay), reason=str(e))
+        return await self._through(relay, relay_addrs, target, remote, splice=False)
+
+    async def _through(self, relay: PeerId, relay_addrs: list[Multiaddr], target: PeerId, remote: Multiaddr, *, splice: bool) -> Connection:
+        stream, relay_conn = await self._open_hop(relay, relay_addrs)
+        splice = splice and _can_splice(relay_conn)
         try:
             async with asyncio.timeout(self.handshake_timeout):
-                write_message(stream, {"type": "connect", "peer": target.to_bytes()})
+                request = {"type": "connect", "peer": target.to_bytes()}
+                if splice:
+                    request["splice"] = True
+                write_message(stream, request)
                 await stream.drain()
-                check_answer(await read_message(stream, MAX_MESSAGE), f"relay {relay.short()}")
-                return await self._secure(stream, True, target, addr.without_peer_id())
+                answer = check_answer(await read_message(stream, MAX_MESSAGE), f"relay {relay.short()}")
+                token = splice_token(answer) if splice else None
+                if token is None:
+                    return await self._secure(stream, True, target, remote)
         except asyncio.TimeoutError:
             stream.reset()
             raise Timeout(f"circuit to {target} through {relay} took longer than {self.handshake_timeout} s") from None
         except BaseException:
             stream.reset()
             raise
+        stream.reset()  # the circuit moves to its own socket; this stream has done its job
+        try:
+            return await self._splice(relay_conn, token, target, True, remote)  # type: ignore[misc]
+        except LatticaError as e:
+            raise _SpliceFailed(str(e)) from None
 
     async def accept(self, stream: Stream, relay_conn: Connection, on_connection: ConnectionHandler) -> None:
         """Serve a ``stop`` stream from a relay we hold a reservation with."""
         relay = relay_conn.remote_peer
         try:
             async with asyncio.timeout(self.handshake_timeout):
-                src = parse_connect(await read_message(stream, MAX_MESSAGE))
-                write_message(stream, {"ok": True})
+                msg = await read_message(stream, MAX_MESSAGE)
+                src = parse_connect(msg)
+                token = splice_token(msg) if self._splice is not None and _can_splice(relay_conn) else None
+                write_message(stream, {"ok": True, "splice": True} if token else {"ok": True})
                 await stream.drain()
                 remote = relay_conn.remote_addr.with_peer_id(relay).encapsulate("/p2p-circuit")
-                conn = await self._secure(stream, False, src, remote)
+                if token is not None:
+                    await stream.close()  # the circuit moves to its own socket
+                    conn = await self._splice(relay_conn, token, src, False, remote)  # type: ignore[misc]
+                else:
+                    conn = await self._secure(stream, False, src, remote)
         except (asyncio.TimeoutError, LatticaError) as e:
             log.info("relayed connection failed", relay=str(relay), reason=str(e) or "timeout")
             stream.reset()

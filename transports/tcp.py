@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from typing import Callable
 
 from .._log import get_logger
 
@@ -20,6 +21,7 @@ from .base import Connection, ConnectionHandler, Listener, Transport
 from .mux import MuxConfig
 from .muxed import MuxedConnection
 from .noise import NoiseHandshake
+from .splice import PREAMBLE_LEN, PREAMBLE_MAGIC, TOKEN_LEN
 
 log = get_logger("lattica.tcp")
 
@@ -36,9 +38,24 @@ class _TcpProtocol(asyncio.BufferedProtocol):
     a fresh 256 KiB ``bytes`` per ``recv`` would cost an mmap/mremap/munmap round per read.
     """
 
-    def __init__(self, owner: TcpTransport, initiator: bool, expected: PeerId | None) -> None:
+    def __init__(
+        self,
+        owner: TcpTransport,
+        initiator: bool,
+        expected: PeerId | None,
+        *,
+        inbound: bool | None = None,
+        preamble: bytes = b"",
+        label: str = "tcp",
+        remote_addr: Multiaddr | None = None,
+    ) -> None:
         self._owner = owner
-        self._initiator = initiator
+        self._initiator = initiator  # the Noise role
+        self._inbound = not initiator if inbound is None else inbound  # accepted by our listener
+        self._preamble = preamble  # sent before the handshake (spliced circuits)
+        self._pre: bytearray | None = bytearray() if self._inbound else None  # to spot a splice request
+        self._label = label
+        self._remote_addr = remote_addr
         self._hs = NoiseHandshake(owner.keypair, initiator, expected)
         self._transport: asyncio.Transport | None = None
         self.conn: MuxedConnection | None = None
@@ -48,7 +65,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
-        if not self._initiator:
+        if self._inbound:
             if self._owner._handshaking >= self._owner.max_pending_handshakes:
                 log.info("refusing connection: too many handshakes in progress", peer_addr=self._peer_addr_text())
                 transport.abort()
@@ -60,7 +77,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._timer = asyncio.get_running_loop().call_later(self._owner.handshake_timeout, self._handshake_timed_out)
-        out = self._hs.start()
+        out = self._preamble + self._hs.start()
         if out:
             transport.write(out)  # type: ignore[attr-defined]
 
@@ -88,7 +105,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
             self.ready.exception()  # mark retrieved: inbound failures have nobody awaiting them
         if self._transport is not None:
             self._transport.abort()
-        if not self._initiator:
+        if self._inbound:
             log.info("inbound handshake failed", peer_addr=self._peer_addr_text(), reason=str(err))
 
     def _peer_addr_text(self) -> str:
@@ -109,6 +126,10 @@ class _TcpProtocol(asyncio.BufferedProtocol):
             return
         if self.ready.done():
             return  # handshake already failed; the socket is being aborted
+        if self._pre is not None:
+            data = self._preamble_check(data)
+            if data is None:
+                return
         try:
             out = self._hs.receive(bytes(data))
         except LatticaError as e:
@@ -123,12 +144,12 @@ class _TcpProtocol(asyncio.BufferedProtocol):
             assert tr is not None and self._hs.remote_peer is not None and self._hs.session is not None
             self.conn = MuxedConnection(
                 tr,
-                transport="tcp",
+                transport=self._label,
                 direction="outbound" if self._initiator else "inbound",
                 local_peer=self._owner.keypair.peer_id,
                 remote_peer=self._hs.remote_peer,
                 local_addr=Multiaddr.from_sockaddr(tr.get_extra_info("sockname")),
-                remote_addr=Multiaddr.from_sockaddr(tr.get_extra_info("peername")),
+                remote_addr=self._remote_addr or Multiaddr.from_sockaddr(tr.get_extra_info("peername")),
                 session=self._hs.session,
                 mux_config=self._owner.mux_config,
                 keepalive_interval=self._owner.keepalive_interval,
@@ -138,6 +159,34 @@ class _TcpProtocol(asyncio.BufferedProtocol):
             self.ready.set_result(self.conn)
             if self._hs.leftover:
                 self.conn.data_received(self._hs.leftover)
+
+    def _preamble_check(self, data: memoryview) -> bytes | memoryview | None:
+        """The first bytes of an accepted socket: a Noise handshake (returned, to go on with) or a
+        splice request, handed to the relay (None)."""
+        pre = self._pre
+        assert pre is not None
+        pre += data
+        if len(pre) < 2:
+            return None
+        if pre[:2] != PREAMBLE_MAGIC[:2]:
+            self._pre = None
+            return pre
+        if len(pre) < PREAMBLE_LEN:
+            return None
+        self._pre = None
+        handler = self._owner.on_splice
+        if pre[: len(PREAMBLE_MAGIC)] != PREAMBLE_MAGIC or handler is None:
+            self._fail(HandshakeError("connection opened with an unknown preamble"))
+            return None
+        self._release_slot()
+        self._timer.cancel()  # type: ignore[union-attr]
+        self.ready.cancel()
+        tr, self._transport = self._transport, None
+        token = bytes(pre[len(PREAMBLE_MAGIC) : PREAMBLE_LEN])
+        if not handler(token, tr, bytes(pre[PREAMBLE_LEN:])):
+            log.info("refusing spliced socket: unknown or expired token", peer_addr=str(tr.get_extra_info("peername")))  # type: ignore[union-attr]
+            tr.abort()  # type: ignore[union-attr]
+        return None
 
     def eof_received(self) -> bool:
         return False  # close our side too: a half-open TCP connection has no use here
@@ -192,6 +241,9 @@ class TcpTransport(Transport):
         self.keepalive_timeout = keepalive_timeout
         self.write_buffer_limit = write_buffer_limit
         self._recv_view: memoryview | None = None  # shared: the loop reads one socket at a time
+        # Set by a relay: takes accepted sockets that open with a splice preamble (token, transport,
+        # bytes read after the preamble) and says whether it knew the token.
+        self.on_splice: Callable[[bytes, asyncio.Transport, bytes], bool] | None = None
 
     def handles(self, addr: Multiaddr) -> bool:
         p = addr.without_peer_id().protocols()
@@ -280,6 +332,36 @@ class TcpTransport(Transport):
             sock.close()
             raise
         _, proto = await loop.create_connection(lambda: self._protocol(initiator, peer_id), sock=sock)
+        try:
+            conn = await proto.ready
+        except asyncio.CancelledError:
+            proto.cancel()
+            raise
+        self._set_buffer_limits(conn)
+        return conn
+
+    async def dial_spliced(
+        self, addr: Multiaddr, token: bytes, peer_id: PeerId, *, initiator: bool, remote_addr: Multiaddr
+    ) -> Connection:
+        """A relayed connection on its own socket: connect to the relay at ``addr``, present
+        ``token`` and run Noise end to end with ``peer_id`` through the relay's splice (see
+        ``transports/splice.py``). ``initiator`` is the Noise role; the connection counts as
+        relayed, at ``remote_addr`` (the circuit address)."""
+        host, port = addr.without_peer_id().host_port()
+        loop = asyncio.get_running_loop()
+        first = PREAMBLE_MAGIC + token
+
+        def factory() -> _TcpProtocol:
+            return _TcpProtocol(self, initiator, peer_id, inbound=False, preamble=first, label="relay", remote_addr=remote_addr)
+
+        if len(token) != TOKEN_LEN:
+            raise TransportError("malformed splice token")
+        try:
+            _, proto = await asyncio.wait_for(loop.create_connection(factory, host, port), self.handshake_timeout)
+        except asyncio.TimeoutError:
+            raise Timeout(f"TCP connect to relay {addr} timed out") from None
+        except OSError as e:
+            raise TransportError(f"cannot connect to relay {addr}: {os.strerror(e.errno) if e.errno else e}") from None
         try:
             conn = await proto.ready
         except asyncio.CancelledError:

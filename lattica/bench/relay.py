@@ -1,8 +1,10 @@
 """Relayed against direct, side by side in one run: time to the first call, calls per second.
 
-Four processes on loopback: a relay, a private server reachable only through it (it listens
-nowhere), a public server, and this client (listening nowhere either, so no direct path can
-replace the circuit). The same echo actor is driven over both paths with the same load.
+Processes on loopback: two relays (one splicing circuits onto their own sockets, the default; one
+relaying them inside its secured connections), a private server behind each (listening nowhere,
+reachable only through its relay), a public server, and this client (listening nowhere either, so
+no direct path can replace a circuit). The same echo actor is driven over each path with the same
+load.
 """
 
 from __future__ import annotations
@@ -36,9 +38,13 @@ async def _echo(ref: Any, data: bytes) -> Any:
 def bench_relay(payload: int = 262144, concurrency: int = 32, duration: float = 5.0, warmup: float = 1.0, first_calls: int = 5) -> list[dict[str, Any]]:
     data = os.urandom(payload)
     out = []
-    with ServerProcess([_TCP], "--relay") as relay:
-        with ServerProcess([], "--private-via", relay.addr("tcp")) as private, ServerProcess([_TCP]) as public:
-            paths = {"relayed": private.addrs[0], "direct": public.addr("tcp")}
+    with ServerProcess([_TCP], "--relay") as relay, ServerProcess([_TCP], "--relay-in-stream") as relay2:
+        with (
+            ServerProcess([], "--private-via", relay.addr("tcp")) as private,
+            ServerProcess([], "--private-via", relay2.addr("tcp")) as private2,
+            ServerProcess([_TCP]) as public,
+        ):
+            paths = {"relayed-spliced": private.addrs[0], "relayed-in-stream": private2.addrs[0], "direct": public.addr("tcp")}
             for path, addr in paths.items():
                 firsts = [_first_call(addr, b"x") for _ in range(first_calls)]
                 with Node([]) as node:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import subprocess
+from typing import Any
 import sys
 
 from .._loop import DEFAULT_BUSY_POLL_US
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--busy-poll-us", type=float, default=DEFAULT_BUSY_POLL_US, help="node loop busy-poll window")
     p.add_argument("--dht-rate", type=float, default=None, help="DHT stores per second accepted from one peer")
     p.add_argument("--relay", action="store_true", help="relay circuits for private peers")
+    p.add_argument("--relay-in-stream", action="store_true", help="relay circuits, never on spliced sockets")
     p.add_argument("--private-via", default=None, help="listen nowhere; be reachable through this relay only")
     args = p.parse_args(argv)
     dht = None
@@ -110,7 +112,12 @@ def main(argv: list[str] | None = None) -> None:
 
         private = {"relays": [args.private_via], "nat": NatConfig(reachability="private")}
     listen = [] if args.private_via else (args.listen or ["/ip4/127.0.0.1/tcp/0"])
-    node = Node(listen, key_path=args.key, busy_poll_us=args.busy_poll_us, allow=["lattica.bench.*", *args.allow], dht=dht, relay=args.relay, **private)
+    relay: Any = args.relay
+    if args.relay_in_stream:
+        from ..actors.relay import RelayConfig
+
+        relay = RelayConfig(splice=False)
+    node = Node(listen, key_path=args.key, busy_poll_us=args.busy_poll_us, allow=["lattica.bench.*", *args.allow], dht=dht, relay=relay, **private)
     node.start()
     if args.private_via:
         import time

@@ -7,6 +7,8 @@ relay it holds a reservation with. (The NAT lab, tests/natlab, does the same beh
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 
 import pytest
 
@@ -18,6 +20,7 @@ from lattica.errors import PeerUnreachable, RelayRefused
 from lattica.framing import read_message, write_message
 from lattica.nat import NatConfig
 from lattica.transports.circuit import HOP, STOP
+from lattica.transports.splice import PREAMBLE_MAGIC, TOKEN_LEN, _Pipe
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 ALLOW = ["sample_actors.*"]
@@ -64,6 +67,9 @@ def test_a_private_node_is_called_by_peer_id_through_its_relay():
             assert _call_counter(a2, b.peer_id, 10) == 11
             stats = relay.run(_status(relay, relay.peer_id), timeout=10)
             assert stats["reservations"] == 1 and stats["circuits"] == 1 and stats["bytes_relayed"] > 0
+            # both ends dialed the relay over TCP, so the circuit has its own socket at each end
+            assert stats["spliced"] == 1
+            assert all(type(c._writer).__name__ != "_StreamPipe" for c in b._host.conns_of[a2.peer_id])
 
 
 def test_a_relayed_connection_moves_to_a_direct_one_when_one_side_can_be_dialed():
@@ -107,7 +113,8 @@ def test_relayed_traffic_is_end_to_end_encrypted_and_a_tampering_relay_breaks_on
         await real_splice(self, Tap(a, tamper=self.tamper), Tap(b, tamper=False))
 
     monkeypatch.setattr(relay_mod.RelayService, "_splice", spying_splice)
-    with lattica.Node([TCP], relay=True) as relay, lattica.Node([], allow=ALLOW) as b:
+    # circuits inside the relay's secured connections (splicing off): what QUIC-connected ends get
+    with lattica.Node([TCP], relay=RelayConfig(splice=False)) as relay, lattica.Node([], allow=ALLOW) as b:
         relay._host.relay.tamper = False
         with _private(relay.addrs[0]) as a:
             assert wait_for(lambda: _reserved(a), timeout=10)
@@ -129,6 +136,84 @@ def test_relayed_traffic_is_end_to_end_encrypted_and_a_tampering_relay_breaks_on
                 b.run(echo(), timeout=20)
             # the relay and its direct connections are unharmed
             assert b.ping(relay.peer_id) > 0 and a.ping(relay.peer_id) > 0
+
+
+def test_a_spliced_circuit_is_end_to_end_encrypted_and_a_tampering_relay_breaks_only_it(monkeypatch):
+    seen: list[bytes] = []
+    tamper = [False]
+    real_send = _Pipe._send
+
+    def spying_send(self):  # what the relay copies between the two sockets
+        if self.start == 0:  # a fresh chunk
+            seen.append(bytes(self.view[: self.end]))
+            if tamper[0] and self.end > 200:
+                self.buf[self.end - 1] ^= 1
+        real_send(self)
+
+    monkeypatch.setattr(_Pipe, "_send", spying_send)
+    with lattica.Node([TCP], relay=True) as relay, lattica.Node([], allow=ALLOW) as b:
+        with _private(relay.addrs[0]) as a:
+            assert wait_for(lambda: _reserved(a), timeout=10)
+            b.connect(relay.addrs[0])
+            b._host.remember_addrs(a.peer_id, [lattica.Multiaddr(x) for x in a.nat_status().relays])
+            secret = "the-plaintext-marker-" * 20
+
+            async def echo():
+                ref = sa.Counter.options(node=a.peer_id).remote()
+                return await ref.echo.remote(secret)
+
+            assert b.run(echo(), timeout=20) == secret
+            blob = b"".join(seen)
+            assert len(blob) > len(secret) and b"plaintext-marker" not in blob
+            b.disconnect(a.peer_id)
+            assert wait_for(lambda: a.peer_id not in b._host.conns)
+            tamper[0] = True  # from now on the relay flips a byte of what it splices
+            # the spliced socket fails authentication; the dialer falls back to a circuit inside the
+            # relay's secured connections, which this relay does not touch, and the call is intact
+            assert b.run(echo(), timeout=20) == secret
+            conn = b._host.conns[a.peer_id]
+            assert conn.transport == "relay" and type(conn._writer).__name__ == "_StreamPipe"
+            assert b.ping(relay.peer_id) > 0 and a.ping(relay.peer_id) > 0
+            assert wait_for(lambda: relay._host.relay.spliced_circuits == 0)
+
+
+def test_an_end_that_never_brings_its_spliced_socket_falls_back_to_the_in_stream_circuit(monkeypatch):
+    from lattica.actors import relay as relay_mod
+
+    monkeypatch.setattr(relay_mod, "_SPLICE_WAIT", 1.0)  # how long the relay waits for the second socket
+    with lattica.Node([TCP], relay=True) as relay, lattica.Node([], allow=ALLOW) as b:
+        with _private(relay.addrs[0]) as a:
+            assert wait_for(lambda: _reserved(a), timeout=10)
+
+            async def refuse(*args):
+                raise lattica.errors.TransportError("no spliced socket today")
+
+            a._host.circuit._splice = refuse  # a accepts the splice, then never connects
+            b.connect(relay.addrs[0])
+            b._host.remember_addrs(a.peer_id, [lattica.Multiaddr(x) for x in a.nat_status().relays])
+            assert _call_counter(b, a.peer_id) == 6
+            conn = b._host.conns[a.peer_id]
+            assert conn.transport == "relay" and type(conn._writer).__name__ == "_StreamPipe"
+            # the abandoned splice was closed and its token forgotten: nothing leaks
+            assert wait_for(lambda: relay._host.relay.spliced_circuits == 0 and not relay._host.relay._pending_splices)
+            assert relay._host.relay.total_circuits == 1
+
+
+def test_spliced_sockets_with_unknown_tokens_or_bad_preambles_are_closed():
+    with lattica.Node([TCP], relay=True) as relay:
+        relay.run(_enable_splicing(relay), timeout=5)
+        host, port = relay.addrs[0].host_port()
+        for first in (PREAMBLE_MAGIC + os.urandom(TOKEN_LEN), b"\x00\x00XXXX" + os.urandom(TOKEN_LEN)):
+            with socket.create_connection((host, port), timeout=5) as s:
+                s.sendall(first)
+                assert s.recv(100) == b""  # closed by the relay, nothing answered
+        with lattica.Node([]) as c:
+            c.connect(relay.addrs[0])
+            assert c.ping(relay.peer_id) > 0  # the listener serves normal connections as before
+
+
+async def _enable_splicing(relay: lattica.Node) -> bool:
+    return relay._host.relay._take_spliced_sockets()
 
 
 def test_failover_to_the_second_relay_when_the_first_dies():
@@ -221,3 +306,23 @@ async def _write_msg(node, peer, proto, msg):
 
 async def _stop_from(relay: lattica.Node, target: lattica.Node):
     return await _write_msg(relay, target.peer_id, STOP, {"type": "connect", "peer": relay.peer_id.to_bytes()})
+
+
+def test_a_spliced_circuit_over_its_byte_limit_is_cut_and_nothing_leaks():
+    with lattica.Node([TCP], relay=RelayConfig(circuit_bytes=64 * 1024)) as relay, lattica.Node([], allow=ALLOW) as b:
+        with _private(relay.addrs[0]) as a:
+            assert wait_for(lambda: _reserved(a), timeout=10)
+            b.connect(relay.addrs[0])
+            b._host.remember_addrs(a.peer_id, [lattica.Multiaddr(x) for x in a.nat_status().relays])
+
+            async def echo(payload):
+                ref = sa.Counter.options(node=a.peer_id).remote()
+                return await ref.echo.remote(payload)
+
+            assert b.run(echo("small"), timeout=20) == "small"
+            assert relay._host.relay.spliced_circuits == 1
+            with pytest.raises(lattica.errors.LatticaError):
+                b.run(echo("x" * 200_000), timeout=20)  # more than the circuit may carry
+            assert wait_for(lambda: relay._host.relay.total_circuits == 0 and relay._host.relay.spliced_circuits == 0, timeout=10)
+            assert not relay._host.relay._pending_splices
+            assert b.ping(relay.peer_id) > 0 and a.ping(relay.peer_id) > 0

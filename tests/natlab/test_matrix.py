@@ -35,7 +35,11 @@ def need_lab():
 class Proc:
     def __init__(self, lab: Lab, host, args: list[str]) -> None:
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.p = lab.popen(host, [sys.executable, "-u", PEER, "--ip", host.ip, *args], stdin=-1, stdout=-1, text=True, env=env)
+        logs = os.environ.get("LATTICA_LAB_LOGS")  # a directory: each node's debug log goes there
+        extra, err = [], None
+        if logs:
+            extra, err = ["--log", "DEBUG"], open(os.path.join(logs, f"{host.name}.log"), "w")
+        self.p = lab.popen(host, [sys.executable, "-u", PEER, "--ip", host.ip, *extra, *args], stdin=-1, stdout=-1, stderr=err, text=True, env=env)
         self.ready = self.read(30)
         assert self.ready.get("event") == "ready", self.ready
         self.peer_id = self.ready["peer_id"]

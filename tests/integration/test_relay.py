@@ -7,6 +7,7 @@ relay it holds a reservation with. (The NAT lab, tests/natlab, does the same beh
 from __future__ import annotations
 
 import asyncio
+import time
 import os
 import socket
 
@@ -326,3 +327,69 @@ def test_a_spliced_circuit_over_its_byte_limit_is_cut_and_nothing_leaks():
             assert wait_for(lambda: relay._host.relay.total_circuits == 0 and relay._host.relay.spliced_circuits == 0, timeout=10)
             assert not relay._host.relay._pending_splices
             assert b.ping(relay.peer_id) > 0 and a.ping(relay.peer_id) > 0
+
+
+def test_a_relay_dying_mid_call_fails_only_the_calls_in_flight_and_the_next_call_takes_the_other():
+    with lattica.Node([TCP], relay=True) as r1, lattica.Node([TCP], relay=True) as r2, lattica.Node([], allow=ALLOW) as b:
+        relays = {str(r1.peer_id): r1, str(r2.peer_id): r2}
+        with _private(r1.addrs[0], r2.addrs[0]) as a:
+            assert wait_for(lambda: _reserved(a, 2), timeout=10)
+            b.connect(r1.addrs[0])
+            b.connect(r2.addrs[0])
+            b._host.remember_addrs(a.peer_id, [lattica.Multiaddr(x) for x in a.nat_status().relays])
+            worker = b.run(_spawn(sa.Worker, a.peer_id), timeout=20)
+            in_flight = [b.run(_start(worker, 30), timeout=5) for _ in range(3)]
+            circ = str(b._host.conns[a.peer_id].remote_addr)
+            dead = next(p for p in relays if p in circ)
+            t0 = time.monotonic()
+            relays[dead].stop()  # the relay carrying the circuit dies with three calls in flight
+            for fut in in_flight:  # each fails promptly with a transport error, none hangs for 30 s
+                with pytest.raises(lattica.errors.LatticaError):
+                    b.run(_wait(fut), timeout=15)
+            assert time.monotonic() - t0 < 15
+            # the worker lives on a; the next call reaches it through the other relay
+            assert b.run(_slow(worker, 0.01), timeout=20) == 0.01
+            conn = b._host.conns[a.peer_id]
+            assert conn.transport == "relay" and dead not in str(conn.remote_addr)
+            alive = next(r for p, r in relays.items() if p != dead)
+            assert wait_for(lambda: alive._host.relay.total_circuits == 1, timeout=10)
+
+
+def test_a_call_in_flight_while_the_path_moves_to_direct_completes_on_the_relay():
+    with lattica.Node([TCP], relay=True) as relay, lattica.Node([TCP], allow=ALLOW) as b:
+        with _private(relay.addrs[0]) as a:
+            assert wait_for(lambda: _reserved(a), timeout=10)
+            b.connect(relay.addrs[0])
+            b._host.remember_addrs(a.peer_id, [lattica.Multiaddr(x) for x in a.nat_status().relays])
+
+            async def slow_first():
+                ref = sa.Worker.options(node=a.peer_id).remote()
+                call = asyncio.ensure_future(_slow(ref, 1.5))  # goes out on the relay
+                while not any(c.transport == "tcp" for c in b._host.conns_of.get(a.peer_id, ())):
+                    assert not call.done(), "the direct path must come up while the call is in flight"
+                    await asyncio.sleep(0.01)
+                return ref, await call
+
+            ref, got = b.run(slow_first(), timeout=30)
+            assert got == 1.5  # the direct path came up meanwhile (a dials b); the call finished
+            assert _conn_transport(b, a.peer_id) == "tcp"
+            assert b.run(_slow(ref, 0.01), timeout=10) == 0.01
+            assert wait_for(lambda: all(c.transport != "relay" for c in b._host.conns_of.get(a.peer_id, ())), timeout=15)
+
+
+async def _spawn(cls, peer):
+    ref = cls.options(node=peer).remote()
+    await ref.slow.remote(0)
+    return ref
+
+
+async def _start(worker, t: float) -> asyncio.Future:
+    return asyncio.ensure_future(_slow(worker, t))
+
+
+async def _wait(fut):
+    return await fut
+
+
+async def _slow(worker, t: float) -> float:
+    return await worker.slow.remote(t)

@@ -69,11 +69,17 @@ def main() -> None:
     p.add_argument("--bootstrap", action="append", default=[])
     p.add_argument("--no-dht-bootstrap", action="store_true", help="only connect to the bootstrap peers (no lookups that meet other nodes)")
     p.add_argument("--log", help="log level for lattica's logs on stderr (debugging)")
+    p.add_argument("--keepalive", type=float, default=None, help="keepalive interval in seconds (TCP and QUIC)")
+    p.add_argument("--quic-only", action="store_true", help="listen on QUIC only")
     args = p.parse_args()
     if args.log:
         lattica.logging.configure(args.log)
-    listen = [f"/ip4/{args.ip}/tcp/4001", f"/ip4/{args.ip}/udp/4001/quic-v1"]
-    node = lattica.Node(listen, relay=args.relay, relays=args.bootstrap, allow=["sample_actors.*"]).start()
+    listen = [f"/ip4/{args.ip}/udp/4001/quic-v1"] if args.quic_only else [f"/ip4/{args.ip}/tcp/4001", f"/ip4/{args.ip}/udp/4001/quic-v1"]
+    options = {}
+    if args.keepalive is not None:
+        ka = {"keepalive_interval": args.keepalive, "keepalive_timeout": 3 * args.keepalive}
+        options = {"tcp": ka, "quic": {"keepalive_interval": args.keepalive}}
+    node = lattica.Node(listen, relay=args.relay, relays=args.bootstrap, allow=["sample_actors.*"], transport_options=options).start()
     _say({"event": "ready", "peer_id": str(node.peer_id), "addrs": [str(a) for a in node.addrs]})
     for addr in args.bootstrap:
         try:
@@ -90,6 +96,7 @@ def main() -> None:
         try:
             if cmd["cmd"] == "status":
                 st = dataclasses.asdict(node.nat_status())
+                st["conns"] = {str(p): [c.transport for c in cs] for p, cs in node._host.conns_of.items()}
                 if node._host.relay is not None:
                     st["relay"] = node.run(_relay_status(node), timeout=5)
                 _say(st)

@@ -75,7 +75,8 @@ def _node(args: argparse.Namespace) -> None:
     from .node import Node
 
     relay = getattr(args, "relay", False)
-    with Node(args.listen or ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"], key_path=args.key, relay=relay) as node:
+    mdns = False if getattr(args, "no_mdns", False) else None
+    with Node(args.listen or ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"], key_path=args.key, relay=relay, mdns=mdns) as node:
         print(f"peer id: {node.peer_id}" + (" (relay and bootstrap)" if relay else ""))
         for a in node.addrs:
             print(f"listening: {a}", flush=True)
@@ -158,12 +159,14 @@ def main(argv: list[str] | None = None) -> None:
 
     s = sub.add_parser("node", help="run a node until interrupted")
     s.add_argument("--listen", action="append", default=[], help="multiaddr to listen on (repeatable)")
+    s.add_argument("--no-mdns", action="store_true", help="do not discover or announce on the LAN with mDNS")
     s.add_argument("--key", default="lattica.key", help="key file, created if absent (default: %(default)s)")
     s.add_argument("--connect", action="append", default=[], help="peer multiaddr to dial at start")
     s.set_defaults(fn=_node)
 
     s = sub.add_parser("relay", help="run a public relay (and bootstrap node) until interrupted")
     s.add_argument("--listen", action="append", default=[], help="multiaddr to listen on (repeatable)")
+    s.add_argument("--no-mdns", action="store_true", help="do not discover or announce on the LAN with mDNS")
     s.add_argument("--key", default="lattica-relay.key", help="key file, created if absent (default: %(default)s)")
     s.add_argument("--connect", action="append", default=[], help="peer multiaddr to dial at start")
     s.set_defaults(fn=_node, relay=True)

@@ -22,6 +22,7 @@ from ._log import get_logger
 from .errors import LatticaError
 from .framing import read_message, write_message
 from .identity import PeerId
+from .interfaces import is_loopback
 from .multiaddr import Multiaddr
 from .transports.circuit import HOP, circuit_addr
 
@@ -72,11 +73,6 @@ def classify_mapping(observations: list[tuple[str, str]]) -> str:
         return UNKNOWN
     seen = set().union(*ports.values())
     return INDEPENDENT if len(seen) == 1 else DEPENDENT
-
-
-def _is_loopback(addr: Multiaddr) -> bool:
-    parts = list(addr)
-    return bool(parts) and parts[0][0] in ("ip4", "ip6") and (parts[0][1].startswith("127.") or parts[0][1] == "::1")
 
 
 @dataclass
@@ -130,7 +126,7 @@ class NatManager:
         return self.status.mapping
 
     def _listening_quic(self) -> list[tuple[str, str, Connection]]:
-        listen = set(self.host.listen_addrs)
+        listen = set(self.host.bound_addrs)
         return [o for o in self.observations() if o[2].transport == "quic" and o[2].local_addr in listen]
 
     def _mapping(self) -> str:
@@ -140,7 +136,7 @@ class NatManager:
     def candidates(self) -> list[Multiaddr]:
         """Our addresses worth a dial-back: listen addresses and what peers saw (QUIC as seen; TCP
         with our listening port, since outbound TCP leaves from an ephemeral one)."""
-        out: list[Multiaddr] = [a for a in self.host.listen_addrs if not _is_loopback(a)]
+        out: list[Multiaddr] = [a for a in self.host.listen_addrs if not is_loopback(a)]
         ports = [(a.host_port()[1], a.protocols()[-1]) for a in self.host.listen_addrs if a.protocols()[1:] in (["tcp"], ["udp", "quic-v1"])]
         for _, seen, conn in self.observations():
             m = Multiaddr(seen)
@@ -149,7 +145,7 @@ class NatManager:
             host_ip = m.host_port()[0]
             cand = ([m] if conn.transport == "quic" else []) + [Multiaddr.from_host_port(host_ip, p, proto) for p, proto in ports]
             for c in cand:
-                if c not in out and not _is_loopback(c):
+                if c not in out and not is_loopback(c):
                     out.append(c)
         return out
 
@@ -159,7 +155,7 @@ class NatManager:
         while not self.host.closing:
             delay = self.cfg.retry
             try:
-                if self.cfg.autonat and self.cfg.reachability is None and any(not _is_loopback(a) for a in self.host.listen_addrs):
+                if self.cfg.autonat and self.cfg.reachability is None and any(not is_loopback(a) for a in self.host.listen_addrs):
                     if self.status.reachability == UNKNOWN or self._due():
                         await self.probe()
                     if self.status.reachability != UNKNOWN:

@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable, Coroutine, Iterable, TypeVar
 
 from ._log import get_logger
 
-from . import holepunch, identify, ping
+from . import holepunch, identify, interfaces, ping
 from .transports import circuit
 from .transports.circuit import CircuitTransport
 from ._loop import DEFAULT_BUSY_POLL_US, new_loop
@@ -82,7 +82,8 @@ class _Host:
         self.loop = asyncio.get_running_loop()
         self.transports: list[Transport] = []
         self.listeners: list = []
-        self.listen_addrs: list[Multiaddr] = []
+        self.bound_addrs: list[Multiaddr] = []  # as the listeners report them (maybe 0.0.0.0)
+        self.listen_addrs: list[Multiaddr] = []  # dialable: wildcards expanded per interface
         self.conns: dict[PeerId, Connection] = {}
         self.all_conns: set[Connection] = set()
         self.conns_of: dict[PeerId, set[Connection]] = {}  # every live connection, by peer
@@ -108,6 +109,7 @@ class _Host:
         self.relay: Any = None  # the RelayService, when this node relays for others
         self.holepunch: Any = None  # the HolePunchService
         self.nat: NatManager | None = None
+        self.mdns: Any = None  # the MdnsService, when mDNS runs
         self.handlers[identify.PROTOCOL] = self._on_identify
         self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s)
         self.handlers[circuit.STOP] = self._on_stop
@@ -128,12 +130,22 @@ class _Host:
                 raise MultiaddrError(f"no transport can listen on {addr}")
             listener = await transport.listen(addr, self._on_inbound)
             self.listeners.append(listener)
-            self.listen_addrs.extend(listener.addrs)
+            self.bound_addrs.extend(listener.addrs)
+            self.listen_addrs.extend(a for bound in listener.addrs for a in interfaces.expand(bound))
         self.spawn(self._idle_reaper())
         self.nat.start()
+        want = self.node.mdns
+        if want or (want is None and any(not interfaces.is_loopback(a) for a in self.listen_addrs)):
+            from .mdns import MdnsService
+
+            self.mdns = MdnsService(self)
+            if not await self.mdns.start():
+                self.mdns = None
 
     async def stop(self) -> None:
         self.closing = True
+        if self.mdns is not None:
+            self.mdns.close()
         if self.runtime is not None:
             await self.runtime.stop()  # actors first: their on_stop hooks may still call peers
         conns = list(self.all_conns)
@@ -695,6 +707,7 @@ class Node:
         relay: Any = False,
         relays: Iterable[str | Multiaddr] = (),
         nat: Any = None,
+        mdns: bool | None = None,
     ) -> None:
         if keypair is not None and key_path is not None:
             raise ValueError("give key_path or keypair, not both")
@@ -721,6 +734,8 @@ class Node:
         # relay=True (or a RelayConfig): serve reservations and circuits for private peers
         self.relay_config: RelayConfig | None = (RelayConfig() if relay is True else relay) or None
         self.relays = [Multiaddr(a) for a in relays]  # relays to hold reservations with (else found ones)
+        # mDNS on the LAN: None = on when we listen on a non-loopback address
+        self.mdns = mdns
         self.nat_config: NatConfig = nat or NatConfig()
         self.dht_config: DhtConfig = dht or DhtConfig()
         if dht_path is not None:

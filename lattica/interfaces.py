@@ -13,7 +13,7 @@ import ifaddr
 
 from .multiaddr import Multiaddr
 
-__all__ = ["interface_ips", "expand", "is_loopback"]
+__all__ = ["interface_ips", "expand", "is_loopback", "is_lan"]
 
 
 def interface_ips(version: int) -> list[str]:
@@ -48,3 +48,10 @@ def is_loopback(addr: Multiaddr) -> bool:
     """Whether ``addr`` is on this machine's loopback (127/8 or ::1)."""
     parts = list(addr)
     return bool(parts) and parts[0][0] in ("ip4", "ip6") and (str(parts[0][1]).startswith("127.") or parts[0][1] == "::1")
+
+
+def is_lan(addr: Multiaddr) -> bool:
+    """Whether ``addr`` is an IP address other hosts on the network could reach (not loopback,
+    not an in-memory or relayed address)."""
+    parts = list(addr)
+    return bool(parts) and parts[0][0] in ("ip4", "ip6") and not addr.is_circuit and not is_loopback(addr)

@@ -135,7 +135,7 @@ class _Host:
         self.spawn(self._idle_reaper())
         self.nat.start()
         want = self.node.mdns
-        if want or (want is None and any(not interfaces.is_loopback(a) for a in self.listen_addrs)):
+        if want or (want is None and any(interfaces.is_lan(a) for a in self.listen_addrs)):
             from .mdns import MdnsService
 
             self.mdns = MdnsService(self)

@@ -103,6 +103,8 @@ def main() -> None:
                 _say(st)
             elif cmd["cmd"] == "call":
                 _say(node.run(_call(node, lattica.PeerId.from_string(cmd["peer"]), float(cmd.get("settle", 0))), timeout=float(cmd.get("timeout", 20))))
+            elif cmd["cmd"] == "ping":
+                _say({"ok": True, "rtt": node.ping(lattica.PeerId.from_string(cmd["peer"]), timeout=float(cmd.get("timeout", 10)))})
             elif cmd["cmd"] == "holepunch":
                 _say(node.run(_punch_status(node), timeout=5))
             elif cmd["cmd"] == "quit":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lattica.interfaces import expand, interface_ips, is_loopback
+from lattica.interfaces import expand, interface_ips, is_lan, is_loopback
 from lattica.multiaddr import Multiaddr
 
 
@@ -25,3 +25,9 @@ def test_ipv6_wildcards_leave_out_link_local_addresses():
 def test_loopback():
     assert is_loopback(Multiaddr("/ip4/127.0.0.5/tcp/1")) and is_loopback(Multiaddr("/ip6/::1/tcp/1"))
     assert not is_loopback(Multiaddr("/ip4/192.0.2.1/tcp/1"))
+
+
+def test_only_ip_addresses_beyond_loopback_are_on_the_lan():
+    assert is_lan(Multiaddr("/ip4/192.0.2.1/tcp/1"))
+    assert not is_lan(Multiaddr("/ip4/127.0.0.1/tcp/1"))
+    assert not is_lan(Multiaddr("/memory/7"))

@@ -53,6 +53,11 @@ def _bench(args: argparse.Namespace) -> None:
 
         for n in args.nodes or [1000]:
             _print(simulate(n, keys=args.keys, progress=None if args.json else lambda m: print(f"  {m}", flush=True)), args.json)
+    if which == "membership-sim":
+        from .bench.membership import simulate as simulate_membership
+
+        for n in args.nodes or [200]:
+            _print(simulate_membership(n, settle=40.0), args.json)
     if which in ("relay", "all"):
         from .bench.relay import bench_relay
 
@@ -197,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     s.set_defaults(fn=_demo)
 
     s = sub.add_parser("bench", help="run benchmarks and print figures")
-    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "relay", "all"])
+    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "all"])
     s.add_argument("--transport", choices=["tcp", "quic", "both"], default="both")
     s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic)")
     s.add_argument("--count", type=int, default=10000, help="pings")

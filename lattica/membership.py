@@ -1,0 +1,363 @@
+"""Membership and failure detection without a head node (sans-IO).
+
+Every node keeps a view of the mesh: each member's state (alive, suspect, dead, left), its
+incarnation, and what it says about itself (resources, labels, load). The view is kept by two
+kinds of messages, both plain maps:
+
+* **Heartbeats.** Members are placed on a ring by a hash of their id; every ``interval`` each node
+  sends a heartbeat to the ``monitors`` members after it in its view, and so asks them to watch
+  it (when its view changes it tells the ones it drops). A watcher runs a phi-accrual detector on
+  the arrivals: when phi passes ``phi_suspect`` (or no heartbeat came for ``max_silence``) it
+  suspects the member; a suspicion not refuted within ``suspect_timeout`` makes it dead. Being
+  watched at the sender's request (not by the watcher's own view of the ring) means two nodes
+  whose views differ for a moment never judge each other on heartbeats that were never sent.
+* **Gossip.** Every ``interval`` each node also sends its news to ``fanout`` random members, and
+  every heartbeat carries news too. News are rumors ``(member, incarnation, state, info)`` that are
+  retransmitted a number of times that grows with log(n), so a verdict reaches everyone in
+  O(log n) rounds. A member that hears a rumor that it is suspect or dead raises its incarnation
+  and spreads that it is alive (SWIM's refutation); a newer incarnation wins, and at equal
+  incarnations dead/left beats suspect beats alive.
+
+A node that leaves says so (``leave``): its watchers mark it ``left`` at once, no timeout. Glue that
+sees a connection reset and a refused redial may call ``declare_dead`` directly (a killed process).
+
+Nothing here reads a clock or touches a socket: ``tick(now)`` and ``receive(now, sender, msg)``
+return the messages to send and the events for the user, in the h11 style.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ALIVE",
+    "SUSPECT",
+    "DEAD",
+    "LEFT",
+    "MembershipConfig",
+    "Member",
+    "Membership",
+    "MemberUp",
+    "MemberChanged",
+    "MemberDown",
+    "PhiAccrual",
+]
+
+ALIVE, SUSPECT, DEAD, LEFT = "alive", "suspect", "dead", "left"
+_RANK = {ALIVE: 0, SUSPECT: 1, DEAD: 2, LEFT: 2}
+_MAX_RUMORS = 32  # per message
+_MAX_INFO_KEYS = 32
+_MAX_VIEW = 4096  # members in one full view
+
+
+@dataclass
+class MembershipConfig:
+    """Detector settings. Defaults: a silent (frozen) member is suspected after about 1 s and
+    declared dead about 1 s later; heartbeats every 0.5 s to 5 watchers, gossip to 3."""
+
+    interval: float = 0.5
+    monitors: int = 5
+    fanout: int = 3
+    phi_suspect: float = 8.0
+    min_std: float = 0.1  # seconds: floor on the spread of heartbeat intervals
+    acceptable_pause: float = 0.3  # seconds of extra delay that is never suspicious
+    max_silence: float = 2.0  # suspect after this long without a heartbeat, whatever phi says
+    suspect_timeout: float = 1.0
+    sync_interval: float = 2.0  # a full view goes to one random member this often (anti-entropy)
+    forget_after: float = 60.0  # a dead or left member is forgotten after this long
+
+
+@dataclass
+class Member:
+    id: str
+    incarnation: int = 0
+    state: str = ALIVE
+    info: dict = field(default_factory=dict)
+    since: float = 0.0  # local time of the last state change
+
+
+@dataclass(frozen=True)
+class MemberUp:
+    member: Member
+
+
+@dataclass(frozen=True)
+class MemberChanged:
+    """A member's state (alive <-> suspect) or its info changed."""
+
+    member: Member
+
+
+@dataclass(frozen=True)
+class MemberDown:
+    """Dead (a detector's verdict) or left (said goodbye)."""
+
+    member: Member
+    reason: str
+
+
+class PhiAccrual:
+    """Hayashibara et al.'s phi-accrual detector over the last heartbeat intervals."""
+
+    def __init__(self, first_interval: float, min_std: float, acceptable_pause: float, window: int = 100) -> None:
+        self._intervals: deque[float] = deque(maxlen=window)
+        self._intervals.extend((first_interval - first_interval / 4, first_interval + first_interval / 4))
+        self._min_std = min_std
+        self._pause = acceptable_pause
+        self.last: float | None = None
+
+    def heartbeat(self, now: float) -> None:
+        if self.last is not None:
+            self._intervals.append(now - self.last)
+        self.last = now
+
+    def phi(self, now: float) -> float:
+        if self.last is None:
+            return 0.0
+        n = len(self._intervals)
+        mean = sum(self._intervals) / n
+        var = sum((x - mean) ** 2 for x in self._intervals) / n
+        std = max(math.sqrt(var), self._min_std)
+        y = (now - self.last - mean - self._pause) / std
+        # logistic approximation of the normal tail (as Akka does): -log10(P(later than now))
+        e = math.exp(-y * (1.5976 + 0.070566 * y * y))
+        p = e / (1.0 + e) if y > 0 else 1.0 - 1.0 / (1.0 + e)
+        return -math.log10(max(p, 1e-300))
+
+
+def _ring_key(member_id: str) -> bytes:
+    return hashlib.sha256(member_id.encode()).digest()
+
+
+class Membership:
+    """One node's view of the mesh; see the module docstring."""
+
+    def __init__(self, me: str, info: dict | None = None, config: MembershipConfig | None = None, *, rng: random.Random | None = None) -> None:
+        self.cfg = config or MembershipConfig()
+        self.me = Member(me, 0, ALIVE, dict(info or {}))
+        self.members: dict[str, Member] = {}
+        self._detectors: dict[str, PhiAccrual] = {}
+        self._rumors: dict[str, int] = {}  # member id -> transmissions left
+        self._rng = rng or random.Random()
+        self._ring: list[str] | None = None
+        self._sent_to: set[str] = set()  # our watchers as of the last tick
+        self._welcome: set[str] = set()  # new members that get our full view at the next tick
+        self._next_sync = 0.0
+        self._left = False
+
+    # -- the view ---------------------------------------------------------------------------
+
+    def alive(self) -> list[Member]:
+        """Members believed up (alive or suspect), without ourselves."""
+        return [m for m in self.members.values() if m.state in (ALIVE, SUSPECT)]
+
+    def get(self, member_id: str) -> Member | None:
+        return self.me if member_id == self.me.id else self.members.get(member_id)
+
+    def update_info(self, info: dict) -> None:
+        """Our own resources, labels or load changed: spread it (same incarnation, newer info)."""
+        self.me.info = dict(info)
+        self._spread(self.me.id)
+
+    # -- inputs -----------------------------------------------------------------------------
+
+    def add(self, now: float, member_id: str) -> list:
+        """A member we learned of by other means (a connection): alive until shown otherwise."""
+        if member_id == self.me.id or member_id in self.members:
+            return []
+        m = Member(member_id, 0, ALIVE, {}, now)
+        self.members[member_id] = m
+        self._ring = None
+        self._spread(member_id)
+        self._welcome.add(member_id)
+        return [MemberUp(m)]
+
+    def receive(self, now: float, sender: str, msg: Any) -> list:
+        """A heartbeat or gossip message from ``sender``; returns events. Malformed parts are
+        ignored (a peer's bad message costs only itself)."""
+        if type(msg) is not dict:
+            return []
+        events: list = []
+        if sender != self.me.id and sender not in self.members:
+            events += self.add(now, sender)  # (and it gets our view at the next tick)
+        if msg.get("hb") is True:  # the sender asks us to watch it (we are on its watcher list)
+            m = self.members.get(sender)
+            if m is not None and m.state in (ALIVE, SUSPECT):
+                det = self._detectors.get(sender)
+                if det is None:
+                    det = self._detectors[sender] = PhiAccrual(self.cfg.interval, self.cfg.min_std, self.cfg.acceptable_pause)
+                det.heartbeat(now)
+        elif msg.get("unwatch") is True:  # it chose other watchers
+            self._detectors.pop(sender, None)
+        rumors = msg.get("rumors")
+        if type(rumors) is list:
+            for r in rumors[:_MAX_RUMORS]:
+                events += self._rumor(now, r)
+        view = msg.get("view")
+        if type(view) is list:
+            for r in view[:_MAX_VIEW]:
+                events += self._rumor(now, r, spread=False)
+        return events
+
+    def _rumor(self, now: float, r: Any, spread: bool = True) -> list:
+        if type(r) is not list or len(r) != 4:
+            return []
+        mid, inc, state, info = r
+        if type(mid) is not str or type(inc) is not int or state not in _RANK or type(info) is not dict or len(info) > _MAX_INFO_KEYS:
+            return []
+        if mid == self.me.id:
+            if state != ALIVE and inc >= self.me.incarnation and not self._left:
+                self.me.incarnation = inc + 1  # refute: we are alive, in a newer incarnation
+                self._spread(self.me.id)
+            return []
+        m = self.members.get(mid)
+        if m is None:
+            if state in (DEAD, LEFT):
+                return []  # news of the death of a stranger: nothing to do
+            m = self.members[mid] = Member(mid, inc, state, info, now)
+            self._ring = None
+            if spread:
+                self._spread(mid)
+            return [MemberUp(m)]
+        if not _overrides(inc, state, m.incarnation, m.state):
+            if inc == m.incarnation and state == m.state and info and info != m.info and state in (ALIVE, SUSPECT):
+                m.info = info
+                self._spread(mid)
+                return [MemberChanged(m)]
+            return []
+        return self._set(now, m, state, inc, info or m.info)
+
+    def _set(self, now: float, m: Member, state: str, inc: int, info: dict, reason: str | None = None) -> list:
+        was = m.state
+        m.state, m.incarnation, m.info, m.since = state, inc, info, now
+        self._spread(m.id)
+        if state in (DEAD, LEFT):
+            self._ring = None
+            self._detectors.pop(m.id, None)
+            return [] if was in (DEAD, LEFT) else [MemberDown(m, reason or state)]
+        if was in (DEAD, LEFT):  # back in a newer incarnation (a restarted or healed node)
+            self._ring = None
+            self._detectors.pop(m.id, None)
+            return [MemberUp(m)]
+        if state == ALIVE and was == SUSPECT:
+            det = self._detectors.get(m.id)
+            if det is not None:  # a fresh start: the pause that made us suspect is over
+                self._detectors[m.id] = PhiAccrual(self.cfg.interval, self.cfg.min_std, self.cfg.acceptable_pause)
+                self._detectors[m.id].last = now
+        return [MemberChanged(m)]
+
+    def declare_dead(self, now: float, member_id: str, reason: str) -> list:
+        """Certain evidence from outside the detector (e.g. the connection was reset and a redial
+        was refused): dead at once."""
+        m = self.members.get(member_id)
+        if m is None or m.state in (DEAD, LEFT):
+            return []
+        return self._set(now, m, DEAD, m.incarnation, m.info, reason)
+
+    def leave(self) -> dict:
+        """We are leaving: the message to send to everyone we can (watchers first)."""
+        self._left = True
+        return {"rumors": [[self.me.id, self.me.incarnation, LEFT, {}]]}
+
+    # -- the clock ------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> tuple[list[tuple[str, dict]], list]:
+        """Run the detector and produce this round's messages: ``([(to, message)], events)``."""
+        events: list = []
+        for mid, det in list(self._detectors.items()):
+            m = self.members.get(mid)
+            if m is None or m.state in (DEAD, LEFT):
+                del self._detectors[mid]
+                continue
+            if m.state == ALIVE and (det.phi(now) > self.cfg.phi_suspect or now - (det.last or now) > self.cfg.max_silence):
+                events += self._set(now, m, SUSPECT, m.incarnation, m.info, "suspect")
+        for m in list(self.members.values()):
+            if m.state == SUSPECT and now - m.since >= self.cfg.suspect_timeout:
+                events += self._set(now, m, DEAD, m.incarnation, m.info, "unreachable")
+            elif m.state in (DEAD, LEFT) and now - m.since >= self.cfg.forget_after:
+                del self.members[m.id]
+                self._rumors.pop(m.id, None)
+        out: list[tuple[str, dict]] = []
+        if self._left:
+            return out, events
+        news = self._news()
+        watchers = self._watchers()
+        for mid in self._sent_to.difference(watchers):
+            if mid in self.members and self.members[mid].state in (ALIVE, SUSPECT):
+                out.append((mid, {"unwatch": True, "rumors": news}))
+        self._sent_to = set(watchers)
+        for mid in watchers:
+            out.append((mid, {"hb": True, "rumors": news}))
+        targets = [m.id for m in self.alive() if m.id not in self._sent_to]
+        for mid in self._rng.sample(targets, min(self.cfg.fanout, len(targets))):
+            out.append((mid, {"rumors": news}))
+        sync = [mid for mid in self._welcome if mid in self.members][:3]
+        self._welcome.clear()
+        if now >= self._next_sync and self.members:
+            self._next_sync = now + self.cfg.sync_interval
+            up = self.alive()
+            if up:
+                sync.append(self._rng.choice(up).id)
+        if sync:
+            view = self.view()
+            out += [(mid, {"view": view}) for mid in sync]
+        return out, events
+
+    def view(self) -> list:
+        """Everything we believe, as rumors (for anti-entropy)."""
+        rows = [[self.me.id, self.me.incarnation, ALIVE, self.me.info]]
+        rows += [[m.id, m.incarnation, m.state, m.info] for m in self.members.values()]
+        return rows[:_MAX_VIEW]
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _ring_order(self) -> list[str]:
+        if self._ring is None:
+            ids = [m.id for m in self.alive()] + [self.me.id]
+            self._ring = sorted(ids, key=_ring_key)
+        return self._ring
+
+    def _neighbours(self, step: int) -> list[str]:
+        ring = self._ring_order()
+        n = len(ring)
+        if n <= 1:
+            return []
+        i = ring.index(self.me.id)
+        return [ring[(i + step * k) % n] for k in range(1, min(self.cfg.monitors, n - 1) + 1)]
+
+    def _watchers(self) -> list[str]:
+        """The members we send heartbeats to (the next ones on the ring)."""
+        return self._neighbours(+1)
+
+    def _spread(self, member_id: str) -> None:
+        n = len(self.members) + 1
+        self._rumors[member_id] = 3 * max(1, math.ceil(math.log2(n + 1)))
+
+    def _news(self) -> list:
+        out = []
+        for mid in list(self._rumors):
+            m = self.get(mid)
+            if m is None:
+                del self._rumors[mid]
+                continue
+            out.append([m.id, m.incarnation, m.state, m.info])
+            self._rumors[mid] -= 1
+            if self._rumors[mid] <= 0:
+                del self._rumors[mid]
+            if len(out) >= _MAX_RUMORS:
+                break
+        if not any(r[0] == self.me.id for r in out):  # always say who we are (joins, info)
+            out.append([self.me.id, self.me.incarnation, ALIVE, self.me.info])
+        return out
+
+
+def _overrides(inc: int, state: str, cur_inc: int, cur_state: str) -> bool:
+    """Whether a rumor ``(inc, state)`` replaces what we believe ``(cur_inc, cur_state)``."""
+    if inc != cur_inc:
+        return inc > cur_inc
+    return _RANK[state] > _RANK[cur_state]

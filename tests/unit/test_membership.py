@@ -1,0 +1,114 @@
+"""Membership state machines (sans-IO): detection, refutation, leaving, hostile messages."""
+
+from __future__ import annotations
+
+from lattica.membership import ALIVE, DEAD, LEFT, SUSPECT, Membership, MembershipConfig, MemberDown, PhiAccrual
+
+
+def test_phi_stays_low_on_time_and_grows_with_silence():
+    d = PhiAccrual(0.5, min_std=0.1, acceptable_pause=0.3)
+    t = 0.0
+    for _ in range(20):
+        d.heartbeat(t)
+        t += 0.5
+    assert d.phi(t - 0.5 + 0.5) < 1  # the next one is due now
+    assert d.phi(t - 0.5 + 1.5) > 8  # 1 s late (0.7 s beyond the acceptable pause): suspicious
+    assert d.phi(t + 5) > d.phi(t + 2) > d.phi(t + 1)
+
+
+def _pair(cfg=None):
+    a, b = Membership("a", {"cpu": 2}, cfg), Membership("b", {"cpu": 4}, cfg)
+    a.add(0.0, "b")
+    b.add(0.0, "a")
+    return a, b
+
+
+def _run(nodes, until, start=0.0, step=0.05, frozen=()):
+    """Tick every node every interval (messages arrive 1 ms later); collect events per node."""
+    events = {n.me.id: [] for n in nodes}
+    by_id = {n.me.id: n for n in nodes}
+    interval = nodes[0].cfg.interval
+    t, next_tick = start, {n.me.id: start for n in nodes}
+    inbox = []
+    while t <= until:
+        for when, src, dst, msg in [m for m in inbox if m[0] <= t]:
+            inbox.remove((when, src, dst, msg))
+            if dst not in frozen:
+                events[dst] += by_id[dst].receive(t, src, msg)
+        for n in nodes:
+            if n.me.id in frozen or t < next_tick[n.me.id]:
+                continue
+            next_tick[n.me.id] = t + interval
+            out, evs = n.tick(t)
+            events[n.me.id] += evs
+            inbox += [(t + 0.001, n.me.id, to, msg) for to, msg in out if to in by_id]
+        t = round(t + step, 6)
+    return events
+
+
+def test_a_frozen_member_is_suspected_then_declared_dead():
+    a, b = _pair()
+    _run([a, b], 3.0)
+    assert a.get("b").state == ALIVE and a.get("b").info == {"cpu": 4}  # info travels with gossip
+    ev = _run([a, b], 7.0, start=3.05, frozen={"b"})
+    downs = [e for e in ev["a"] if isinstance(e, MemberDown)]
+    assert len(downs) == 1 and downs[0].member.id == "b" and downs[0].reason == "unreachable"
+    assert a.get("b").state == DEAD
+    assert 3.05 + 1.0 < a.get("b").since < 3.05 + 3.5  # suspected after ~1 s, dead ~1 s later
+
+
+def test_a_suspected_member_refutes_with_a_newer_incarnation():
+    a, b = _pair()
+    _run([a, b], 2.0)
+    a.members["b"].state, a.members["b"].since = SUSPECT, 2.0  # as if a had missed heartbeats
+    a._spread("b")
+    _run([a, b], 3.0, start=2.05)
+    assert b.me.incarnation == 1  # b heard the suspicion about itself
+    assert a.get("b").state == ALIVE and a.get("b").incarnation == 1
+
+
+def test_leaving_is_known_at_once_and_is_not_an_error():
+    a, b = _pair()
+    _run([a, b], 2.0)
+    events = a.receive(2.1, "b", b.leave())
+    assert [(e.member.id, e.reason) for e in events if isinstance(e, MemberDown)] == [("b", "left")]
+    assert a.get("b").state == LEFT
+    assert a.receive(2.2, "b", {"hb": True}) == []  # a late heartbeat does not resurrect it
+
+
+def test_declared_dead_by_outside_evidence_at_once():
+    a, b = _pair()
+    ev = a.declare_dead(1.0, "b", "connection refused")
+    assert [(e.member.id, e.reason) for e in ev] == [("b", "connection refused")]
+    assert a.declare_dead(1.1, "b", "again") == []
+
+
+def test_a_dead_member_comes_back_only_in_a_newer_incarnation():
+    a, b = _pair()
+    a.declare_dead(1.0, "b", "test")
+    assert a.receive(1.1, "b", {"rumors": [["b", 0, ALIVE, {}]]}) == []
+    ev = a.receive(1.2, "b", {"rumors": [["b", 1, ALIVE, {"cpu": 8}]]})
+    assert a.get("b").state == ALIVE and a.get("b").info == {"cpu": 8} and ev
+
+
+def test_hostile_messages_are_ignored():
+    a, _ = _pair()
+    for msg in (None, [], "x", {"rumors": "no"}, {"rumors": [1, [1, 2], ["c", "x", ALIVE, {}], ["c", 1, "zombie", {}]]},
+                {"rumors": [["c", 0, ALIVE, {str(i): i for i in range(100)}]]}, {"view": [["d", -1 << 70, DEAD, {}]]}):
+        a.receive(0.5, "b", msg)
+    assert set(a.members) == {"b"}
+    many = {"rumors": [[f"m{i}", 0, ALIVE, {}] for i in range(1000)]}
+    a.receive(0.6, "b", many)
+    assert len(a.members) <= 1 + 32  # at most 32 rumors are read from one message
+
+
+def test_watchers_follow_the_ring_and_dropped_ones_are_told():
+    cfg = MembershipConfig(monitors=2)
+    nodes = [Membership(f"n{i}", {}, cfg) for i in range(6)]
+    for n in nodes[1:]:
+        n.add(0.0, "n0")
+    _run(nodes, 6.0)
+    assert all(len(n.alive()) == 5 for n in nodes)
+    # every member is watched (has a detector) by exactly its 2 ring predecessors' choice
+    watched_by = {n.me.id: [m.me.id for m in nodes if n.me.id in m._detectors] for n in nodes}
+    assert all(len(w) == 2 for w in watched_by.values()), watched_by

@@ -20,7 +20,7 @@ from .nat import NatStatus
 from .node import Node
 from .runtime import ActorRef, spawner_ref
 
-__all__ = ["init", "shutdown", "kill", "akill", "get_actor", "aget_actor", "node", "nat_status"]
+__all__ = ["init", "shutdown", "kill", "akill", "get_actor", "aget_actor", "node", "nat_status", "nodes"]
 
 _default_node: Node | None = None
 _lock = threading.Lock()
@@ -57,6 +57,12 @@ def nat_status(refresh: bool = False) -> NatStatus:
     """Reachability, NAT mapping type, observed addresses and relay reservations of this
     process's node (see ``Node.nat_status``)."""
     return node().nat_status(refresh)
+
+
+def nodes() -> list[dict[str, Any]]:
+    """The live membership view of this process's node (see ``Node.nodes``): peers, their
+    resources, labels, load and state."""
+    return node().nodes()
 
 
 def node() -> Node:

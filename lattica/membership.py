@@ -251,6 +251,15 @@ class Membership:
                 self._detectors[m.id].last = now
         return [MemberChanged(m)]
 
+    def suspect(self, now: float, member_id: str) -> list:
+        """Evidence from outside the detector that ``member_id`` may be gone (its connection
+        dropped and a redial failed): suspect it now; it is dead after ``suspect_timeout``
+        unless it refutes."""
+        m = self.members.get(member_id)
+        if m is None or m.state != ALIVE:
+            return []
+        return self._set(now, m, SUSPECT, m.incarnation, m.info, "suspect")
+
     def declare_dead(self, now: float, member_id: str, reason: str) -> list:
         """Certain evidence from outside the detector (e.g. the connection was reset and a redial
         was refused): dead at once."""

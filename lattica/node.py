@@ -110,6 +110,7 @@ class _Host:
         self.holepunch: Any = None  # the HolePunchService
         self.nat: NatManager | None = None
         self.mdns: Any = None  # the MdnsService, when mDNS runs
+        self.membership: Any = None  # the MembershipService
         self.handlers[identify.PROTOCOL] = self._on_identify
         self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s)
         self.handlers[circuit.STOP] = self._on_stop
@@ -143,6 +144,10 @@ class _Host:
                 self.mdns = None
 
     async def stop(self) -> None:
+        if self.membership is not None and not self.closing:
+            self.membership.leave()  # goodbyes go out before the connections close
+            self.membership.close()
+            await asyncio.sleep(0)
         self.closing = True
         if self.mdns is not None:
             self.mdns.close()
@@ -708,6 +713,8 @@ class Node:
         relays: Iterable[str | Multiaddr] = (),
         nat: Any = None,
         mdns: bool | None = None,
+        labels: dict[str, str] | None = None,
+        membership: Any = True,
     ) -> None:
         if keypair is not None and key_path is not None:
             raise ValueError("give key_path or keypair, not both")
@@ -736,6 +743,11 @@ class Node:
         self.relays = [Multiaddr(a) for a in relays]  # relays to hold reservations with (else found ones)
         # mDNS on the LAN: None = on when we listen on a non-loopback address
         self.mdns = mdns
+        self.labels = dict(labels or {})  # what this node says about itself to placement
+        from .membership import MembershipConfig
+
+        # membership=True (or a MembershipConfig): join the membership view; False: stay out
+        self.membership_config: MembershipConfig | None = (MembershipConfig() if membership is True else membership) or None
         self.nat_config: NatConfig = nat or NatConfig()
         self.dht_config: DhtConfig = dht or DhtConfig()
         if dht_path is not None:
@@ -968,6 +980,16 @@ class Node:
 
     async def anat_status(self, refresh: bool = False) -> NatStatus:
         return await self._acall(lambda h: h.nat_status(refresh))
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """The live membership view, this node first: one dict per member with ``peer_id``,
+        ``state`` (alive, suspect, dead, left), ``incarnation``, ``cpu``, ``memory``, ``gpus``,
+        ``labels`` and ``load``. Dead and departed members stay listed for a minute."""
+
+        async def get(h: _Host) -> list[dict[str, Any]]:
+            return h.membership.nodes() if h.membership is not None else []
+
+        return self._call(get)
 
     def peers(self) -> list[PeerInfo]:
         """Connected peers (one entry per peer, its primary connection)."""

@@ -1197,6 +1197,11 @@ class Runtime:
 
         host.holepunch = HolePunchService(self)
         self.create(HolePunchActor, [], None, HolePunchActor.NAME, instance=HolePunchActor(host.holepunch))
+        if host.node.membership_config is not None:
+            from .actors.membership import MembershipActor, MembershipService
+
+            host.membership = MembershipService(self, host.node.membership_config, host.node.labels)
+            self.create(MembershipActor, [], None, MembershipActor.NAME, instance=MembershipActor(host.membership))
         if host.node.relay_config is not None:
             from .actors.relay import RelayActor, RelayService
 

@@ -32,7 +32,7 @@ async def _simulate(n: int, keys: int, churn: float, seed: int, progress: Any, i
     for i in range(n):
         # connections close once idle for a few seconds, as a connection manager would trim them:
         # a node talks to ~k log n peers while joining, and keeping all of them costs ~13 KiB each
-        node = Node(["/memory/0"], memory_network=net, max_connections=4096, idle_timeout=idle, channel_idle=idle / 2, dht=DhtConfig(**cfg))  # type: ignore[arg-type]
+        node = Node(["/memory/0"], memory_network=net, max_connections=4096, idle_timeout=idle, channel_idle=idle / 2, dht=DhtConfig(**cfg), membership=False)  # type: ignore[arg-type]
         await node.astart()
         if nodes:
             seed_node = rng.choice(nodes)

@@ -72,6 +72,7 @@ def main() -> None:
     p.add_argument("--keepalive", type=float, default=None, help="keepalive interval in seconds (TCP and QUIC)")
     p.add_argument("--quic-only", action="store_true", help="listen on QUIC only")
     p.add_argument("--mdns", choices=["on", "off"], default="off", help="LAN discovery (off unless asked: lab hosts share a segment)")
+    p.add_argument("--membership", choices=["on", "off"], default="on", help="membership gossip (heartbeats every 0.5 s)")
     args = p.parse_args()
     if args.log:
         lattica.logging.configure(args.log)
@@ -80,7 +81,7 @@ def main() -> None:
     if args.keepalive is not None:
         ka = {"keepalive_interval": args.keepalive, "keepalive_timeout": 3 * args.keepalive}
         options = {"tcp": ka, "quic": {"keepalive_interval": args.keepalive}}
-    node = lattica.Node(listen, relay=args.relay, relays=args.bootstrap, allow=["sample_actors.*"], transport_options=options, mdns=args.mdns == "on").start()
+    node = lattica.Node(listen, relay=args.relay, relays=args.bootstrap, allow=["sample_actors.*"], transport_options=options, mdns=args.mdns == "on", membership=args.membership == "on").start()
     _say({"event": "ready", "peer_id": str(node.peer_id), "addrs": [str(a) for a in node.addrs]})
     for addr in args.bootstrap:
         try:

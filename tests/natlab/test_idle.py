@@ -39,20 +39,22 @@ def need_lab():
 @pytest.fixture(scope="module")
 def lab():
     with Lab(prefix="nli") as lab:
-        lab.relay = Proc(lab, lab.public_host("relay"), ["--relay"])
+        lab.relay = Proc(lab, lab.public_host("relay"), ["--relay", "--membership", "off"])
         yield lab
 
 
 def _caller(lab: Lab) -> Proc:
     """A node behind another symmetric NAT: between two symmetric NATs no hole can be punched,
     so whatever the two nodes say to each other goes through the relay."""
-    return Proc(lab, lab.add_site("symmetric").host, ["--bootstrap", lab.relay.addrs[0], "--no-dht-bootstrap"])
+    return Proc(lab, lab.add_site("symmetric").host, ["--bootstrap", lab.relay.addrs[0], "--no-dht-bootstrap", "--membership", "off"])
 
 
 def _private(lab: Lab, keepalive: float) -> tuple[Proc, object]:
     site = lab.add_site("symmetric", udp_timeout=3)
     quic_relay = next(a for a in lab.relay.addrs if "/quic" in a)
-    node = Proc(lab, site.host, ["--quic-only", "--keepalive", str(keepalive), "--bootstrap", quic_relay, "--no-dht-bootstrap"])
+    # membership off everywhere here: its heartbeats (every 0.5 s) would hold the mapping,
+    # whatever the keepalives do
+    node = Proc(lab, site.host, ["--quic-only", "--keepalive", str(keepalive), "--bootstrap", quic_relay, "--no-dht-bootstrap", "--membership", "off"])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         st = node.ask({"cmd": "status"})

@@ -1,0 +1,167 @@
+"""The ``membership`` system actor: runs ``lattica.membership`` on the node loop.
+
+Peers become members when identified; heartbeats and gossip are ``gossip`` tells to their
+``membership`` actors. When a peer's last connection drops, one redial is tried at once: if it
+fails the member is suspected right away (a killed process then counts as dead about a second
+later instead of after the detector's silence). A node that stops says goodbye first.
+
+What each member says about itself: ``cpu`` (cores), ``memory`` (bytes), ``gpus`` (from
+``CUDA_VISIBLE_DEVICES``, or ``nvidia-smi -L`` when present), user ``labels``, and ``load``
+(user actors; refreshed every few seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+from typing import TYPE_CHECKING, Any, Callable
+
+from .._log import get_logger
+from ..errors import LatticaError
+from ..identity import PeerId
+from ..membership import ALIVE, Member, MemberDown, Membership, MembershipConfig
+from ..runtime import ASYNC, ActorRef, current_caller
+
+if TYPE_CHECKING:
+    from ..identify import PeerInfo
+    from ..runtime import Runtime
+
+log = get_logger("lattica.membership")
+
+__all__ = ["MembershipActor", "MembershipService", "membership_ref", "detect_resources"]
+
+_LOAD_EVERY = 5.0  # seconds between refreshes of our load in the gossip
+_REDIAL_TIMEOUT = 1.0
+
+
+def membership_ref(peer: PeerId) -> ActorRef:
+    return ActorRef(peer, "membership", {"gossip": ASYNC, "view": ASYNC})
+
+
+def detect_resources() -> dict[str, Any]:
+    """What this machine offers: cpu cores, memory bytes, gpus (0 when none are detectable)."""
+    cpu = os.cpu_count() or 1
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 0
+    gpus = 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    elif shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=5).stdout
+            gpus = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+        except (OSError, subprocess.SubprocessError):
+            gpus = 0
+    return {"cpu": cpu, "memory": memory, "gpus": gpus}
+
+
+class MembershipService:
+    """The node's membership view, kept up on the loop."""
+
+    def __init__(self, runtime: Runtime, config: MembershipConfig | None = None, labels: dict[str, str] | None = None) -> None:
+        self.rt = runtime
+        self.host = runtime.host
+        self.resources = detect_resources()
+        self.labels = dict(labels or {})
+        self.core = Membership(str(self.host.peer_id), self._info(), config)
+        self.on_down: list[Callable[[Member, str], None]] = []  # told of every MemberDown
+        self.host.identify_listeners.append(self._on_identify)
+        self.host.disconnect_listeners.append(self._on_disconnect)
+        self._task = self.host.spawn(self._run())
+
+    def _info(self) -> dict:
+        actors = sum(1 for a in self.rt.actors.values() if not a.system)
+        return {**self.resources, "labels": self.labels, "load": {"actors": actors}}
+
+    def _now(self) -> float:
+        return self.host.loop.time()
+
+    async def _run(self) -> None:
+        interval = self.core.cfg.interval
+        next_load = 0.0
+        while True:
+            await asyncio.sleep(interval)
+            now = self._now()
+            if now >= next_load:
+                next_load = now + _LOAD_EVERY
+                info = self._info()
+                if info != self.core.me.info:
+                    self.core.update_info(info)
+            out, events = self.core.tick(now)
+            self._send(out)
+            self._emit(events)
+
+    def _send(self, out: list[tuple[str, dict]]) -> None:
+        for to, msg in out:
+            try:
+                self.rt.call(membership_ref(PeerId.from_string(to)), "gossip", (msg,), {}, timeout=None, tell=True)
+            except LatticaError as e:
+                log.debug("gossip not sent", peer=to, reason=str(e))
+
+    def receive(self, sender: PeerId, msg: Any) -> None:
+        self._emit(self.core.receive(self._now(), str(sender), msg))
+
+    def _emit(self, events: list) -> None:
+        for ev in events:
+            if isinstance(ev, MemberDown):
+                log.info("member down", peer=ev.member.id, reason=ev.reason)
+                for cb in list(self.on_down):
+                    try:
+                        cb(ev.member, ev.reason)
+                    except Exception:
+                        log.exception("member-down listener failed", peer=ev.member.id)
+
+    def _on_identify(self, info: PeerInfo) -> None:
+        m = self.core.get(str(info.peer_id))
+        if m is None:
+            self._emit(self.core.add(self._now(), str(info.peer_id)))
+
+    def _on_disconnect(self, peer: PeerId) -> None:
+        m = self.core.get(str(peer))
+        if m is not None and m.state == ALIVE and not self.host.closing:
+            self.host.spawn(self._redial(peer))
+
+    async def _redial(self, peer: PeerId) -> None:
+        try:
+            async with asyncio.timeout(_REDIAL_TIMEOUT):
+                await self.host.get_connection(peer)
+        except (LatticaError, asyncio.TimeoutError) as e:
+            log.debug("lost member not redialed", peer=str(peer), reason=str(e) or "timeout")
+            self._emit(self.core.suspect(self._now(), str(peer)))
+
+    def leave(self) -> None:
+        """Say goodbye to every member we know (before our connections close)."""
+        bye = self.core.leave()
+        self._send([(m.id, bye) for m in self.core.alive()])
+
+    def nodes(self) -> list[dict]:
+        """Our view, ourselves first: one dict per member."""
+        rows = []
+        for m in [self.core.me, *self.core.members.values()]:
+            rows.append({"peer_id": m.id, "state": m.state, "incarnation": m.incarnation, **m.info})
+        return rows
+
+    def close(self) -> None:
+        self._task.cancel()
+
+
+class MembershipActor:
+    """What peers call: ``gossip`` (heartbeats and rumors, as tells) and ``view``."""
+
+    NAME = "membership"
+
+    def __init__(self, service: MembershipService) -> None:
+        self._svc = service
+
+    async def gossip(self, msg: Any) -> None:
+        caller = current_caller()
+        if caller is not None:
+            self._svc.receive(caller, msg)
+
+    async def view(self) -> list:
+        return self._svc.nodes()

@@ -1,8 +1,10 @@
 """The ``membership`` system actor: runs ``lattica.membership`` on the node loop.
 
 Peers become members when identified; heartbeats and gossip are ``gossip`` tells to their
-``membership`` actors. When a peer's last connection drops, one redial is tried at once: if it
-fails the member is suspected right away (a killed process then counts as dead about a second
+``membership`` actors, sent only over connections that exist (membership never dials: it would
+turn the mesh into a full mesh, and AutoNAT would stop trusting dial-backs from everyone we
+dialed). When a peer's last connection drops, one redial over TCP is tried at once: if
+it fails the member is suspected right away (a killed process then counts as dead about a second
 later instead of after the detector's silence). A node that stops says goodbye first.
 
 What each member says about itself: ``cpu`` (cores), ``memory`` (bytes), ``gpus`` (from
@@ -69,10 +71,18 @@ class MembershipService:
         self.resources = detect_resources()
         self.labels = dict(labels or {})
         self.core = Membership(str(self.host.peer_id), self._info(), config)
+        self.core.reachable = self._connected
         self.on_down: list[Callable[[Member, str], None]] = []  # told of every MemberDown
         self.host.identify_listeners.append(self._on_identify)
         self.host.disconnect_listeners.append(self._on_disconnect)
         self._task = self.host.spawn(self._run())
+
+    def _connected(self, member_id: str) -> bool:
+        try:
+            conn = self.host.conns.get(PeerId.from_string(member_id))
+        except LatticaError:
+            return False
+        return conn is not None and not conn.is_closed
 
     def _info(self) -> dict:
         actors = sum(1 for a in self.rt.actors.values() if not a.system)
@@ -98,6 +108,8 @@ class MembershipService:
 
     def _send(self, out: list[tuple[str, dict]]) -> None:
         for to, msg in out:
+            if not self._connected(to):
+                continue  # never dial for membership (see the module docstring)
             try:
                 self.rt.call(membership_ref(PeerId.from_string(to)), "gossip", (msg,), {}, timeout=None, tell=True)
             except LatticaError as e:
@@ -127,17 +139,22 @@ class MembershipService:
             self.host.spawn(self._redial(peer))
 
     async def _redial(self, peer: PeerId) -> None:
+        # TCP only, from an ephemeral port: a QUIC dial would leave from our listening socket and
+        # AutoNAT would then stop trusting dial-backs from that peer's address
+        tcp = [a for a in self.host.peer_addrs.get(peer, ()) if not a.is_circuit and a.protocols()[1:] == ["tcp"]]
+        if not tcp:
+            return  # nothing cheap to try: the detector decides
         try:
             async with asyncio.timeout(_REDIAL_TIMEOUT):
-                await self.host.get_connection(peer)
+                await self.host._race(peer, tcp)
         except (LatticaError, asyncio.TimeoutError) as e:
             log.debug("lost member not redialed", peer=str(peer), reason=str(e) or "timeout")
             self._emit(self.core.suspect(self._now(), str(peer)))
 
     def leave(self) -> None:
-        """Say goodbye to every member we know (before our connections close)."""
+        """Say goodbye to every member we are connected to (before those connections close)."""
         bye = self.core.leave()
-        self._send([(m.id, bye) for m in self.core.alive()])
+        self._send([(m.id, bye) for m in self.core.alive() if self._connected(m.id)])
 
     def nodes(self) -> list[dict]:
         """Our view, ourselves first: one dict per member."""

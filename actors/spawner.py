@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ActorNotFound, SpawnError
 
-from ..runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW
+from ..runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, current_caller
 
 if TYPE_CHECKING:
     from ..runtime import ActorRef, Runtime
@@ -60,6 +60,25 @@ class Spawner:
         if actor is None:
             raise ActorNotFound(f"no actor named {name!r} on {self._rt.peer_id}")
         return actor.ref
+
+    async def monitor(self, name: str, monitor_id: int) -> None:
+        """The caller wants to hear (``down``) when actor ``name`` stops; ActorNotFound if it
+        is not here."""
+        caller = current_caller()
+        if caller is None or type(name) is not str or type(monitor_id) is not int:
+            raise SpawnError("monitor needs an actor name and a monitor id")
+        self._rt.monitors.add_watcher(name, caller, monitor_id)
+
+    async def demonitor(self, name: str, monitor_id: int) -> None:
+        caller = current_caller()
+        if caller is not None:
+            self._rt.monitors.remove_watcher(name, caller, monitor_id)
+
+    async def down(self, monitor_id: int, reason: str) -> None:
+        """A node tells us an actor we monitor there stopped."""
+        caller = current_caller()
+        if caller is not None and type(monitor_id) is int and type(reason) is str:
+            self._rt.monitors.down(caller, monitor_id, reason[:500])
 
     async def names(self) -> list[str]:
         """Names of the actors living on this node."""

@@ -9,18 +9,19 @@ from __future__ import annotations
 import asyncio
 import atexit
 import threading
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .actor import _on_loop, current_runtime
 from .errors import ActorNotFound, LatticaError, Timeout
 from .future import Future
 from .identity import PeerId
+from .monitors import Monitor
 from .multiaddr import Multiaddr
 from .nat import NatStatus
 from .node import Node
 from .runtime import ActorRef, spawner_ref
 
-__all__ = ["init", "shutdown", "kill", "akill", "get_actor", "aget_actor", "node", "nat_status", "nodes"]
+__all__ = ["init", "shutdown", "kill", "akill", "get_actor", "aget_actor", "node", "nat_status", "nodes", "monitor"]
 
 _default_node: Node | None = None
 _lock = threading.Lock()
@@ -57,6 +58,13 @@ def nat_status(refresh: bool = False) -> NatStatus:
     """Reachability, NAT mapping type, observed addresses and relay reservations of this
     process's node (see ``Node.nat_status``)."""
     return node().nat_status(refresh)
+
+
+def monitor(ref: ActorRef, on_down: Callable[[ActorRef, str], Any]) -> Monitor:
+    """Call ``on_down(ref, reason)`` once when the actor stops or its node dies (see
+    ``lattica.monitors``); ``.cancel()`` the returned Monitor to stop watching."""
+    rt = current_runtime()
+    return _on_loop(rt, lambda: rt.monitors.watch(ref, on_down))
 
 
 def nodes() -> list[dict[str, Any]]:

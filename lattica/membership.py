@@ -32,7 +32,7 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 __all__ = [
     "ALIVE",
@@ -147,6 +147,9 @@ class Membership:
         self._ring: list[str] | None = None
         self._sent_to: set[str] = set()  # our watchers as of the last tick
         self._welcome: set[str] = set()  # new members that get our full view at the next tick
+        # whom we may send to (the glue: peers we are connected to); heartbeats, gossip and views
+        # go only there, so membership never makes a node dial anyone
+        self.reachable: Callable[[str], bool] = lambda member_id: True
         self._next_sync = 0.0
         self._left = False
 
@@ -302,14 +305,14 @@ class Membership:
         self._sent_to = set(watchers)
         for mid in watchers:
             out.append((mid, {"hb": True, "rumors": news}))
-        targets = [m.id for m in self.alive() if m.id not in self._sent_to]
+        targets = [m.id for m in self.alive() if m.id not in self._sent_to and self.reachable(m.id)]
         for mid in self._rng.sample(targets, min(self.cfg.fanout, len(targets))):
             out.append((mid, {"rumors": news}))
-        sync = [mid for mid in self._welcome if mid in self.members][:3]
+        sync = [mid for mid in self._welcome if mid in self.members and self.reachable(mid)][:3]
         self._welcome.clear()
         if now >= self._next_sync and self.members:
             self._next_sync = now + self.cfg.sync_interval
-            up = self.alive()
+            up = [m for m in self.alive() if self.reachable(m.id)]
             if up:
                 sync.append(self._rng.choice(up).id)
         if sync:
@@ -331,17 +334,19 @@ class Membership:
             self._ring = sorted(ids, key=_ring_key)
         return self._ring
 
-    def _neighbours(self, step: int) -> list[str]:
+    def _watchers(self) -> list[str]:
+        """The members we send heartbeats to: the next reachable ones on the ring."""
         ring = self._ring_order()
         n = len(ring)
-        if n <= 1:
-            return []
         i = ring.index(self.me.id)
-        return [ring[(i + step * k) % n] for k in range(1, min(self.cfg.monitors, n - 1) + 1)]
-
-    def _watchers(self) -> list[str]:
-        """The members we send heartbeats to (the next ones on the ring)."""
-        return self._neighbours(+1)
+        out: list[str] = []
+        for k in range(1, n):
+            mid = ring[(i + k) % n]
+            if self.reachable(mid):
+                out.append(mid)
+                if len(out) >= self.cfg.monitors:
+                    break
+        return out
 
     def _spread(self, member_id: str) -> None:
         n = len(self.members) + 1

@@ -104,6 +104,7 @@ class _Host:
         self.relay_addrs: list[Multiaddr] = []  # our /p2p-circuit addresses (from reservations)
         self.public_addrs: list[Multiaddr] = []  # observed addresses AutoNAT confirmed dialable
         self.upgrading: set[PeerId] = set()  # peers we are trying to reach directly (relayed now)
+        self.upgrade_again: set[PeerId] = set()  # new addresses came while upgrading: try again after
         self.contacted: dict[str, float] = {}  # IP -> when a listening socket last sent it a packet (opens cone filters)
         self.circuit: CircuitTransport | None = None
         self.relay: Any = None  # the RelayService, when this node relays for others
@@ -468,6 +469,12 @@ class _Host:
             if punch is not None:
                 await asyncio.wait([punch])
             self.upgrading.discard(conn.remote_peer)
+            again = self.info.get(conn)
+            if conn.remote_peer in self.upgrade_again and again is not None and not self.closing:
+                self.upgrade_again.discard(conn.remote_peer)
+                if not conn.is_closed and self.conns.get(conn.remote_peer) is conn:
+                    self.upgrading.add(conn.remote_peer)
+                    self.spawn(self._upgrade(conn, again))
 
     def _note_dial(self, addr: Multiaddr) -> None:
         parts = list(addr)
@@ -625,9 +632,12 @@ class _Host:
         fut = self.identified.get(conn)
         if fut is not None and not fut.done():
             fut.set_result(info)
-        if conn.transport == "relay" and conn.remote_peer not in self.upgrading and self.conns.get(conn.remote_peer) is conn:
-            self.upgrading.add(conn.remote_peer)  # (again after every identify push: new addresses)
-            self.spawn(self._upgrade(conn, info))
+        if conn.transport == "relay" and self.conns.get(conn.remote_peer) is conn:
+            if conn.remote_peer in self.upgrading:
+                self.upgrade_again.add(conn.remote_peer)  # new addresses: try them once this try ends
+            else:
+                self.upgrading.add(conn.remote_peer)  # (again after every identify push: new addresses)
+                self.spawn(self._upgrade(conn, info))
         # one message per stream: anything after it is a protocol error; end the stream either way
         try:
             async with asyncio.timeout(_PROTOCOL_READ_TIMEOUT):

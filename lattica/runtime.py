@@ -151,7 +151,7 @@ class ActorRef:
 
 def spawner_ref(peer: PeerId) -> ActorRef:
     """The ref of ``peer``'s spawner system actor (its method table is fixed by the protocol)."""
-    return ActorRef(peer, "spawner", {"spawn": ASYNC, "kill": ASYNC, "lookup": ASYNC, "names": ASYNC})
+    return ActorRef(peer, "spawner", {"spawn": ASYNC, "kill": ASYNC, "lookup": ASYNC, "names": ASYNC, "monitor": ASYNC, "demonitor": ASYNC, "down": ASYNC})
 
 
 def _ref_to_obj(ref: ActorRef) -> list:
@@ -598,6 +598,7 @@ class LocalActor:
         was_running = self.state == "running"
         self.state = "stopped"
         self.runtime._forget(self)
+        self.runtime.monitors.actor_stopped(self.name, reason)
         if self.published and was_running:
             self.runtime.dht.unregister_name(self.name)
         if not self.ready.done():
@@ -1184,6 +1185,9 @@ class Runtime:
         with _LIVE_LOCK:
             _LIVE.add(self)
         host.handlers[rpc.PROTOCOL] = self._serve
+        from .monitors import Monitors
+
+        self.monitors = Monitors(self)
         from .actors.dht import DhtActor, DhtService
         from .actors.spawner import Spawner
 
@@ -1201,6 +1205,7 @@ class Runtime:
             from .actors.membership import MembershipActor, MembershipService
 
             host.membership = MembershipService(self, host.node.membership_config, host.node.labels)
+            host.membership.on_down.append(lambda m, why: self.monitors.node_down(m.id, why))
             self.create(MembershipActor, [], None, MembershipActor.NAME, instance=MembershipActor(host.membership))
         if host.node.relay_config is not None:
             from .actors.relay import RelayActor, RelayService

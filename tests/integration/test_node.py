@@ -112,7 +112,8 @@ def test_connection_limit_refuses_extra_inbound():
 
 
 def test_idle_connections_close():
-    with lattica.Node([TCP], idle_timeout=0.3) as a, lattica.Node([], idle_timeout=30) as b:
+    # membership off: its heartbeats (every 0.5 s) are traffic, so members' connections are never idle
+    with lattica.Node([TCP], idle_timeout=0.3, membership=False) as a, lattica.Node([], idle_timeout=30, membership=False) as b:
         b.connect(a.addrs[0])
         assert wait_for(lambda: a.peers() == [] and b.peers() == [], timeout=5)
         # and a new call simply dials again

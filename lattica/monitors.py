@@ -1,0 +1,169 @@
+"""Monitors: be told when an actor stops or its node dies (Erlang's monitor, across nodes).
+
+``lattica.monitor(ref, on_down)`` registers with the node that hosts ``ref`` (its spawner keeps a
+list of watchers per actor). The watcher is told once, with a reason, when any of these happens:
+the actor stops (killed, its node shutting down: the reason says which), it did not exist when the
+monitor was set (``"noproc"``), its node is declared dead or leaves the membership
+(``"node down: ..."``), or the hosting node cannot be reached to set the monitor. ``on_down(ref,
+reason)`` may be a plain function (run on a worker thread, so it may block) or a coroutine
+function (run on the node loop).
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from typing import TYPE_CHECKING, Any, Callable
+
+from ._log import get_logger
+from .errors import ActorNotFound, LatticaError
+from .identity import PeerId
+
+if TYPE_CHECKING:
+    from .runtime import ActorRef, Runtime
+
+log = get_logger("lattica.monitors")
+
+__all__ = ["Monitor", "Monitors"]
+
+OnDown = Callable[["ActorRef", str], Any]
+_SET_TIMEOUT = 10.0
+
+
+class Monitor:
+    """A monitor set by ``lattica.monitor``; ``cancel()`` stops it (no call after that)."""
+
+    def __init__(self, monitors: Monitors, mid: int, ref: ActorRef) -> None:
+        self._monitors = monitors
+        self.id = mid
+        self.ref = ref
+
+    def cancel(self) -> None:
+        rt = self._monitors.rt
+        rt.loop.call_soon_threadsafe(self._monitors.cancel, self.id)
+
+    def __repr__(self) -> str:
+        return f"<Monitor {self.id} of {self.ref.name!r} on {self.ref.peer_id.short()}>"
+
+
+class Monitors:
+    """Both sides on one node: the monitors we set (``mine``) and those set on our actors."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+        self._ids = itertools.count(1)
+        self.mine: dict[int, tuple[ActorRef, OnDown]] = {}
+        self.watchers: dict[str, dict[tuple[PeerId, int], None]] = {}  # actor -> (watcher, id)
+
+    # -- the watcher's side --------------------------------------------------------------------
+
+    def watch(self, ref: ActorRef, on_down: OnDown) -> Monitor:
+        """Set a monitor (on the loop)."""
+        mid = next(self._ids)
+        self.mine[mid] = (ref, on_down)
+        rt = self.rt
+        if ref.peer_id == rt.peer_id:
+            try:
+                self.add_watcher(ref.name, rt.peer_id, mid)
+            except ActorNotFound:
+                self.fire(mid, "noproc")
+        else:
+            member = rt.host.membership.core.get(str(ref.peer_id)) if rt.host.membership is not None else None
+            if member is not None and member.state in ("dead", "left"):
+                self.fire(mid, f"node down: {member.state}")
+            else:
+                rt.host.spawn(self._set_remote(mid, ref))
+        return Monitor(self, mid, ref)
+
+    async def _set_remote(self, mid: int, ref: ActorRef) -> None:
+        from .runtime import spawner_ref
+
+        try:
+            await self.rt.call(spawner_ref(ref.peer_id), "monitor", (ref.name, mid), {}, timeout=_SET_TIMEOUT)
+        except ActorNotFound:
+            self.fire(mid, "noproc")
+        except LatticaError as e:
+            self.fire(mid, f"node unreachable: {e}")
+
+    def cancel(self, mid: int) -> None:
+        entry = self.mine.pop(mid, None)
+        if entry is None:
+            return
+        ref = entry[0]
+        if ref.peer_id == self.rt.peer_id:
+            self.remove_watcher(ref.name, self.rt.peer_id, mid)
+            return
+        from .runtime import spawner_ref
+
+        try:
+            self.rt.call(spawner_ref(ref.peer_id), "demonitor", (ref.name, mid), {}, timeout=None, tell=True)
+        except LatticaError:
+            pass  # its node is gone: nothing to undo there
+
+    def down(self, sender: PeerId, mid: int, reason: str) -> None:
+        """A hosting node tells us a monitored actor stopped."""
+        entry = self.mine.get(mid)
+        if entry is not None and entry[0].peer_id == sender:
+            self.fire(mid, reason)
+
+    def node_down(self, peer: str, reason: str) -> None:
+        """Membership declared ``peer`` dead or gone: every monitor on its actors fires."""
+        for mid, (ref, _) in list(self.mine.items()):
+            if str(ref.peer_id) == peer:
+                self.fire(mid, f"node down: {reason}")
+
+    def fire(self, mid: int, reason: str) -> None:
+        entry = self.mine.pop(mid, None)
+        if entry is None:
+            return
+        ref, on_down = entry
+        loop = self.rt.loop
+        if inspect.iscoroutinefunction(on_down):
+            self.rt.host.spawn(self._run_async(on_down, ref, reason))
+        else:
+            loop.run_in_executor(None, self._run_sync, on_down, ref, reason)
+
+    @staticmethod
+    async def _run_async(on_down: OnDown, ref: ActorRef, reason: str) -> None:
+        try:
+            await on_down(ref, reason)
+        except Exception:
+            log.exception("monitor callback failed", actor=ref.name)
+
+    @staticmethod
+    def _run_sync(on_down: OnDown, ref: ActorRef, reason: str) -> None:
+        try:
+            on_down(ref, reason)
+        except Exception:
+            log.exception("monitor callback failed", actor=ref.name)
+
+    # -- the hosting node's side ----------------------------------------------------------------
+
+    def add_watcher(self, name: str, watcher: PeerId, mid: int) -> None:
+        actor = self.rt.actors.get(name)
+        if actor is None or actor.state in ("stopped", "failed"):
+            raise ActorNotFound(f"no actor named {name!r} on {self.rt.peer_id}")
+        watchers = self.watchers.setdefault(name, {})
+        if len(watchers) >= 4096:
+            raise LatticaError(f"actor {name!r} already has 4096 monitors")
+        watchers[(watcher, mid)] = None
+
+    def remove_watcher(self, name: str, watcher: PeerId, mid: int) -> None:
+        watchers = self.watchers.get(name)
+        if watchers is not None:
+            watchers.pop((watcher, mid), None)
+            if not watchers:
+                del self.watchers[name]
+
+    def actor_stopped(self, name: str, reason: str) -> None:
+        """One of our actors stopped: tell everyone watching it."""
+        from .runtime import spawner_ref
+
+        for watcher, mid in self.watchers.pop(name, {}):
+            if watcher == self.rt.peer_id:
+                self.fire(mid, reason)
+                continue
+            try:
+                self.rt.call(spawner_ref(watcher), "down", (mid, reason), {}, timeout=None, tell=True)
+            except LatticaError as e:
+                log.debug("monitor notice not sent", watcher=str(watcher), reason=str(e))

@@ -125,6 +125,10 @@ class MailboxFull(ActorError):
     """The target's mailbox has no room and the caller asked not to wait (``block=False``)."""
 
 
+class PlacementError(ActorError):
+    """No node in the membership view fits an actor's resources and labels."""
+
+
 class SpawnError(ActorError):
     """An actor could not be created: class not allowed, not importable, or its constructor failed."""
 

@@ -28,6 +28,7 @@ from ..runtime import ASYNC, ActorRef, current_caller
 
 if TYPE_CHECKING:
     from ..identify import PeerInfo
+    from ..transports.base import Connection
     from ..runtime import Runtime
 
 log = get_logger("lattica.membership")
@@ -133,7 +134,12 @@ class MembershipService:
         if m is None:
             self._emit(self.core.add(self._now(), str(info.peer_id)))
 
-    def _on_disconnect(self, peer: PeerId) -> None:
+    def _on_disconnect(self, peer: PeerId, conn: Connection) -> None:
+        # a connection closed on purpose (Node.disconnect, idle close, the peer stopping) is left
+        # closed; only a lost one is worth a redial, whose failure is evidence the peer is gone
+        if conn.ended_cleanly:
+            self.core.link_closed(str(peer))
+            return
         m = self.core.get(str(peer))
         if m is not None and m.state == ALIVE and not self.host.closing:
             self.host.spawn(self._redial(peer))

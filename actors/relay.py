@@ -131,7 +131,7 @@ class RelayService:
             if r.expires <= now or self._direct_conn(peer) is None:
                 self._drop(peer)
 
-    def _on_disconnect(self, peer: PeerId) -> None:
+    def _on_disconnect(self, peer: PeerId, conn: Connection) -> None:
         self._drop(peer)
 
     def has_reservation(self, peer: PeerId) -> bool:

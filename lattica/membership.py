@@ -254,6 +254,12 @@ class Membership:
                 self._detectors[m.id].last = now
         return [MemberChanged(m)]
 
+    def link_closed(self, member_id: str) -> None:
+        """Our link to ``member_id`` was closed on purpose (by either side): its heartbeats can no
+        longer reach us, so stop judging it on them. It picks other watchers at its next tick;
+        the members still linked to it judge it from now on."""
+        self._detectors.pop(member_id, None)
+
     def suspect(self, now: float, member_id: str) -> list:
         """Evidence from outside the detector that ``member_id`` may be gone (its connection
         dropped and a redial failed): suspect it now; it is dead after ``suspect_timeout``

@@ -373,7 +373,7 @@ class NatManager:
             log.info("relay reservation renewal failed", relay=str(peer), reason=str(e))
             self._lose(peer)
 
-    def _on_disconnect(self, peer: PeerId) -> None:
+    def _on_disconnect(self, peer: PeerId, conn: Connection) -> None:
         if peer in self.relays:
             log.info("lost relay", relay=str(peer))
             self._lose(peer)

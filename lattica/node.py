@@ -98,7 +98,8 @@ class _Host:
         self.thread_id = threading.get_ident()
         self.runtime: Runtime | None = None
         self.identify_listeners: list[Callable[[PeerInfo], None]] = []  # told of every identified peer
-        self.disconnect_listeners: list[Callable[[PeerId], None]] = []  # told when a peer's last connection closes
+        # told (peer, last connection) when a peer's last connection closes
+        self.disconnect_listeners: list[Callable[[PeerId, Connection], None]] = []
         self.adopt_listeners: list[Callable[[Connection], None]] = []  # told of every new connection in use
         self.protected: dict[PeerId, set[str]] = {}  # peers whose idle connections stay open, and why
         self.relay_addrs: list[Multiaddr] = []  # our /p2p-circuit addresses (from reservations)
@@ -274,7 +275,7 @@ class _Host:
                 del self.conns_of[peer]
                 for listener in self.disconnect_listeners:
                     try:
-                        listener(peer)
+                        listener(peer, conn)
                     except Exception:
                         log.exception("disconnect listener failed", peer=str(peer))
         if self.conns.get(peer) is conn:

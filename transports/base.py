@@ -78,6 +78,9 @@ class Connection(abc.ABC):
     remote_peer: PeerId
     local_addr: Multiaddr
     remote_addr: Multiaddr  # the peer's transport address as seen by us (no /p2p suffix)
+    # True once either side closed the connection on purpose (we called close(), or the peer said
+    # goodbye); False when it was lost (reset, EOF without goodbye, timeout, protocol error)
+    ended_cleanly: bool = False
 
     @abc.abstractmethod
     async def open_stream(self) -> Stream:

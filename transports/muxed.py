@@ -18,6 +18,7 @@ from ..identity import PeerId
 from ..multiaddr import Multiaddr
 from .base import Connection, Stream, StreamHandler
 from .mux import (
+    GOAWAY_NORMAL,
     GOAWAY_PROTOCOL,
     DataReceived,
     GoAwayReceived,
@@ -268,6 +269,7 @@ class MuxedConnection(Connection):
     async def close(self) -> None:
         if self._closed:
             return
+        self.ended_cleanly = True
         self._mux.go_away()
         self._flush()
         self._teardown("closed locally", graceful=True)
@@ -353,6 +355,7 @@ class MuxedConnection(Connection):
                 log.info("refused inbound stream", peer=str(self.remote_peer), reason=ev.reason)
             elif t is GoAwayReceived:
                 log.debug("peer is going away", peer=str(self.remote_peer), code=ev.code)
+                self.ended_cleanly = ev.code == GOAWAY_NORMAL
         if self._mux.has_data_to_send():
             self._flush()
 

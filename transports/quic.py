@@ -633,6 +633,7 @@ class QuicConn(Connection):
             return
         code = ev.error_code if ev is not None else _ERR_INTERNAL
         reason = (ev.reason_phrase if ev is not None else "") or "no reason given"
+        self.ended_cleanly = code == _ERR_NO_ERROR
         if not self._established:
             if 0x100 <= code <= 0x1FF:
                 self._fail_ready(HandshakeError(
@@ -716,6 +717,7 @@ class QuicConn(Connection):
                 except TimeoutError:
                     pass
             if self._closed_exc is None and not self._dead:
+                self.ended_cleanly = True
                 self._quic.close(error_code=_ERR_NO_ERROR, reason_phrase="closed")
                 self._mark_closed(ConnectionClosed("QUIC connection closed locally"))
                 self._flush()

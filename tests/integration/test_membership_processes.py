@@ -65,3 +65,21 @@ def _state_at(me: lattica.Node, proc: ServerProcess, peer: str) -> str | None:
     ref = membership_ref(lattica.PeerId.from_string(proc.peer_id))
     rows = me.run(me._host.runtime.call(ref, "view", (), {}, timeout=5), timeout=10)
     return next((r["state"] for r in rows if r["peer_id"] == peer), None)
+
+
+def test_a_disconnect_is_honoured_and_is_not_a_failure():
+    """Node.disconnect closes the link on purpose: membership neither redials it nor, over the
+    next seconds of silence between the two, takes either node for dead (the third judges both)."""
+    with lattica.Node([TCP]) as a, lattica.Node([TCP]) as b, lattica.Node([TCP]) as c:
+        b.connect(a.addrs[0])
+        c.connect(a.addrs[0])
+        c.connect(b.addrs[0])
+        everyone = {str(n.peer_id) for n in (a, b, c)}
+        assert wait_for(lambda: all({r["peer_id"] for r in n.nodes()} == everyone for n in (a, b, c)), timeout=10)
+        b.disconnect(a.peer_id)
+        assert wait_for(lambda: b.peer_id not in a._host.conns)  # (a hears of it a moment later)
+        deadline = time.monotonic() + 6.0  # past suspicion (2 s of silence) plus the 1 s to dead
+        while time.monotonic() < deadline:
+            assert a.peer_id not in b._host.conns and b.peer_id not in a._host.conns
+            assert {r["state"] for n in (a, b, c) for r in n.nodes()} == {"alive"}
+            time.sleep(0.2)

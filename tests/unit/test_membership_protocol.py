@@ -23,8 +23,9 @@ def _pair(cfg=None):
     return a, b
 
 
-def _run(nodes, until, start=0.0, step=0.05, frozen=()):
-    """Tick every node every interval (messages arrive 1 ms later); collect events per node."""
+def _run(nodes, until, start=0.0, step=0.05, frozen=(), cut=()):
+    """Tick every node every interval (messages arrive 1 ms later, none across a ``cut`` link);
+    collect events per node."""
     events = {n.me.id: [] for n in nodes}
     by_id = {n.me.id: n for n in nodes}
     interval = nodes[0].cfg.interval
@@ -41,7 +42,7 @@ def _run(nodes, until, start=0.0, step=0.05, frozen=()):
             next_tick[n.me.id] = t + interval
             out, evs = n.tick(t)
             events[n.me.id] += evs
-            inbox += [(t + 0.001, n.me.id, to, msg) for to, msg in out if to in by_id]
+            inbox += [(t + 0.001, n.me.id, to, msg) for to, msg in out if to in by_id and {n.me.id, to} not in cut]
         t = round(t + step, 6)
     return events
 
@@ -112,3 +113,29 @@ def test_watchers_follow_the_ring_and_dropped_ones_are_told():
     # every member is watched (has a detector) by exactly its 2 ring predecessors' choice
     watched_by = {n.me.id: [m.me.id for m in nodes if n.me.id in m._detectors] for n in nodes}
     assert all(len(w) == 2 for w in watched_by.values()), watched_by
+
+
+def test_a_link_closed_on_purpose_is_not_a_failure():
+    """Two members stop talking directly (one disconnected the other; neither dials for
+    membership): they drop each other as watcher and watched, and a third keeps judging both. A
+    watcher told nothing would see silence and, refuted or not, end up declaring a live member
+    dead; that is the control half of this test."""
+    for told in (True, False):
+        nodes = [Membership(x, {}, MembershipConfig(monitors=2)) for x in "abc"]
+        for n in nodes[1:]:
+            n.add(0.0, "a")
+        _run(nodes, 3.0)
+        a, b, c = nodes
+        assert all(len(n.alive()) == 2 for n in nodes)
+        a.reachable = lambda mid: mid != "b"
+        b.reachable = lambda mid: mid != "a"
+        if told:
+            a.link_closed("b")
+            b.link_closed("a")
+        ev = _run(nodes, 12.0, start=3.05, cut=[{"a", "b"}])
+        downs = [e for evs in ev.values() for e in evs if isinstance(e, MemberDown)]
+        if told:
+            assert downs == [] and all(m.state == ALIVE for n in nodes for m in n.members.values())
+            assert "a" in c._detectors and "b" in c._detectors
+        else:
+            assert downs, "an untold watcher should have judged a silent link as a failure"

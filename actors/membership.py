@@ -66,16 +66,17 @@ def detect_resources() -> dict[str, Any]:
 class MembershipService:
     """The node's membership view, kept up on the loop."""
 
-    def __init__(self, runtime: Runtime, config: MembershipConfig | None = None, labels: dict[str, str] | None = None) -> None:
+    def __init__(self, runtime: Runtime, config: MembershipConfig | None = None, labels: dict[str, str] | None = None, resources: dict[str, float] | None = None) -> None:
         self.rt = runtime
         self.host = runtime.host
-        self.resources = detect_resources()
+        self.resources = {**detect_resources(), **(resources or {})}
         self.labels = dict(labels or {})
         self.core = Membership(str(self.host.peer_id), self._info(), config)
         self.core.reachable = self._connected
         self.on_down: list[Callable[[Member, str], None]] = []  # told of every MemberDown
         self.host.identify_listeners.append(self._on_identify)
         self.host.disconnect_listeners.append(self._on_disconnect)
+        self._next_load = 0.0  # when our load is next re-read and, if changed, gossiped
         self._task = self.host.spawn(self._run())
 
     def _connected(self, member_id: str) -> bool:
@@ -87,19 +88,27 @@ class MembershipService:
 
     def _info(self) -> dict:
         actors = sum(1 for a in self.rt.actors.values() if not a.system)
-        return {**self.resources, "labels": self.labels, "load": {"actors": actors}}
+        load: dict[str, Any] = {"actors": actors}
+        spawner = self.rt.actors.get("spawner")
+        reserved = spawner.instance.reserved_total() if spawner is not None else {}
+        if reserved:
+            load["reserved"] = reserved
+        return {**self.resources, "labels": self.labels, "load": load}
+
+    def load_changed(self) -> None:
+        """Our load changed (a reservation came or went): gossip it at the next round."""
+        self._next_load = 0.0
 
     def _now(self) -> float:
         return self.host.loop.time()
 
     async def _run(self) -> None:
         interval = self.core.cfg.interval
-        next_load = 0.0
         while True:
             await asyncio.sleep(interval)
             now = self._now()
-            if now >= next_load:
-                next_load = now + _LOAD_EVERY
+            if now >= self._next_load:
+                self._next_load = now + _LOAD_EVERY
                 info = self._info()
                 if info != self.core.me.info:
                     self.core.update_info(info)

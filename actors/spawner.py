@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ..errors import ActorNotFound, SpawnError
+from ..errors import ActorNotFound, PlacementError, SpawnError
+from ..placement import RESOURCES
 
 from ..runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, current_caller
 
@@ -25,6 +26,40 @@ class Spawner:
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
+        self.reserved: dict[str, dict[str, float]] = {}  # actor name -> resources held for it
+        runtime.stop_listeners.append(self._release)
+
+    def reserved_total(self) -> dict[str, float]:
+        """What this node has promised to its placed actors, per resource (gossiped in ``load``)."""
+        total = {r: 0.0 for r in RESOURCES}
+        for need in self.reserved.values():
+            for r, amount in need.items():
+                total[r] += amount
+        return {r: v for r, v in total.items() if v}
+
+    def _reserve(self, name: str, need: object, labels: object) -> None:
+        """Hold ``need`` for actor ``name`` or refuse (PlacementError: the caller tries the next
+        node). The caller chose us from gossip a few seconds old; this is the last word."""
+        if not isinstance(need, dict) or not all(r in RESOURCES and type(v) in (int, float) and 0 <= v < 1e15 for r, v in need.items()):
+            raise SpawnError(f"reserve must map {list(RESOURCES)} to amounts")
+        membership = self._rt.host.membership
+        offered = membership.resources if membership is not None else {}
+        mine = membership.labels if membership is not None else {}
+        if labels is not None:
+            if not isinstance(labels, dict) or any(mine.get(k) != v for k, v in labels.items()):
+                raise PlacementError(f"{self._rt.peer_id} does not carry the labels {labels}")
+        held = self.reserved_total()
+        short = {r: amount for r, amount in need.items() if float(offered.get(r, 0)) - held.get(r, 0.0) < amount}
+        if short:
+            room = {r: float(offered.get(r, 0)) - held.get(r, 0.0) for r in short}
+            raise PlacementError(f"{self._rt.peer_id} cannot reserve {short}: {room} left")
+        self.reserved[name] = {r: float(v) for r, v in need.items()}
+        if membership is not None:
+            membership.load_changed()
+
+    def _release(self, name: str, reason: str) -> None:
+        if self.reserved.pop(name, None) is not None and self._rt.host.membership is not None:
+            self._rt.host.membership.load_changed()
 
     async def spawn(self, class_path: str, args: list, kwargs: dict | None, name: str | None, options: dict) -> ActorRef:
         """Create an actor of an allowed class; returns its ref once its constructor has run."""
@@ -39,7 +74,17 @@ class Spawner:
             raise SpawnError(f"window must be 1..{_MAX_WINDOW}")
         # Registered before the first await: calls that follow this one on the channel find it.
         publish = options.get("publish", False) is True
-        actor = self._rt.create(cls, args, kwargs, name, max_concurrency=max_concurrency, window=window, publish=publish)
+        if name is not None and name in self._rt.actors:
+            raise SpawnError(f"an actor named {name!r} already exists on {self._rt.peer_id}")
+        if "reserve" in options:
+            if not isinstance(name, str):
+                raise SpawnError("a reserving spawn must name its actor")
+            self._reserve(name, options["reserve"], options.get("labels"))
+        try:
+            actor = self._rt.create(cls, args, kwargs, name, max_concurrency=max_concurrency, window=window, publish=publish)
+        except BaseException:
+            self._release(name or "", "not created")
+            raise
         failure = await asyncio.shield(actor.ready)
         if failure is not None:
             type_name, message, tb = failure

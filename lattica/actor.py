@@ -13,7 +13,8 @@ import os
 import threading
 from typing import Any, Callable
 
-from .errors import NodeClosed, SpawnError, Timeout
+from . import placement
+from .errors import NodeClosed, PeerUnreachable, PlacementError, SpawnError, Timeout
 from .future import Future
 from .identity import PeerId
 from .runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, STREAM_WINDOW, ActorRef, Runtime, method_table, runtime_for_thread, spawner_ref
@@ -82,13 +83,24 @@ class ActorClass:
         name: str | None = None,
         max_concurrency: int | None = None,
         window: int | None = None,
+        resources: dict[str, float] | None = None,
+        labels: dict[str, str] | None = None,
+        placement: str | None = None,
     ) -> ActorClass:
         """Spawn options: target ``node`` (PeerId; default this node), actor ``name`` (unique on
-        its node), async ``max_concurrency`` (1000), per-caller mailbox ``window`` (1024 calls)."""
+        its node), async ``max_concurrency`` (1000), per-caller mailbox ``window`` (1024 calls).
+        Without ``node``, any of ``resources`` ({"cpu": 1, "memory": bytes, "gpus": 1}),
+        ``labels`` and ``placement`` ("spread" or "pack") choose the node from the membership
+        view and reserve the resources there (see ``docs/membership.md``)."""
         opts = dict(self._options)
-        for key, value in (("node", node), ("name", name), ("max_concurrency", max_concurrency), ("window", window)):
+        for key, value in (
+            ("node", node), ("name", name), ("max_concurrency", max_concurrency), ("window", window),
+            ("resources", resources), ("labels", labels), ("placement", placement),
+        ):
             if value is not None:
                 opts[key] = value
+        if "node" in opts and any(k in opts for k in ("resources", "labels", "placement")):
+            raise ValueError("give node=, or resources/labels/placement for the runtime to choose one, not both")
         return ActorClass(self.cls, opts)
 
     def remote(self, *args: Any, **kwargs: Any) -> ActorRef:
@@ -100,6 +112,8 @@ class ActorClass:
         max_conc = self._options.get("max_concurrency", DEFAULT_MAX_CONCURRENCY)
         window = self._options.get("window", DEFAULT_WINDOW)
         name = self._options.get("name")
+        if any(k in self._options for k in ("resources", "labels", "placement")):
+            return _on_loop(rt, lambda: self._spawn_placed(rt, list(args), kwargs, name, max_conc, window))
         if target == rt.peer_id:
             return _on_loop(rt, lambda: _spawn_local(rt, self.cls, list(args), kwargs, name, max_conc, window))
         name = name or f"{self.cls.__name__}-{os.urandom(5).hex()}"
@@ -110,11 +124,60 @@ class ActorClass:
         ref._spawn = _on_loop(rt, lambda: rt.call(spawner, "spawn", call, {}, timeout=None))
         return ref
 
+    def _spawn_placed(self, rt: Runtime, args: list, kwargs: dict, name: str | None, max_conc: int, window: int) -> ActorRef:
+        """On the loop: rank the nodes that fit (PlacementError now if none does), aim the ref at
+        the best one and return it; the spawn moves down the list while spawners refuse, and calls
+        made through the ref wait for the outcome (so they reach the node that accepted)."""
+        need = dict(self._options.get("resources") or {})
+        labels = dict(self._options.get("labels") or {})
+        view = rt.placement_view()
+        ranked = placement.candidates(view, need, labels, self._options.get("placement", "spread"), rt.recent_placements(view))
+        name = name or f"{self.cls.__name__}-{os.urandom(5).hex()}"
+        ref = ActorRef(PeerId.from_string(ranked[0]), name, self._methods, window)
+        opts = {"max_concurrency": max_conc, "window": window, "publish": self._options.get("name") is not None, "reserve": need}
+        if labels:
+            opts["labels"] = labels
+        spawn = rt.loop.create_future()
+        ref._spawn = spawn
+        call = (_class_path(self.cls), args, kwargs or None, name, opts)
+        rt.placed(ranked[0], view)  # now, so the next .remote() in this same breath ranks with it
+        rt.host.spawn(_place(rt, ref, spawn, call, ranked, view))
+        return ref
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"actor class {self.__name__} cannot be instantiated directly; use {self.__name__}.remote(...)")
 
     def __repr__(self) -> str:
         return f"<actor class {_class_path(self.cls)}>"
+
+
+async def _place(rt: Runtime, ref: ActorRef, spawn: asyncio.Future, call: tuple, ranked: list[str], view: list) -> None:
+    """Offer the spawn to each ranked node in turn until one reserves and starts it."""
+    refusals = []
+    for i, peer_text in enumerate(ranked):
+        peer = PeerId.from_string(peer_text)
+        ref.peer_id = peer  # held calls are sent where the spawn finally lands
+        if i:
+            rt.placed(peer_text, view)
+        try:
+            if peer == rt.peer_id:
+                await rt.actors["spawner"].instance.spawn(*call)
+            else:
+                await rt.call(spawner_ref(peer), "spawn", call, {}, timeout=None)
+        except (PlacementError, PeerUnreachable) as e:
+            refusals.append(f"{peer.short()}: {e}")
+            continue  # the next candidate
+        except BaseException as e:  # noqa: BLE001 -- the actor itself failed: told to its callers
+            if not spawn.done():
+                spawn.set_exception(e)
+                spawn.exception()
+            return
+        if not spawn.done():
+            spawn.set_result(ref)
+        return
+    if not spawn.done():
+        spawn.set_exception(PlacementError(f"every node that fit refused {call[3]!r}: " + "; ".join(refusals)))
+        spawn.exception()
 
 
 def _spawn_local(rt: Runtime, cls: type, args: list, kwargs: dict, name: str | None, max_conc: int, window: int) -> ActorRef:

@@ -725,6 +725,7 @@ class Node:
         nat: Any = None,
         mdns: bool | None = None,
         labels: dict[str, str] | None = None,
+        resources: dict[str, float] | None = None,
         membership: Any = True,
     ) -> None:
         if keypair is not None and key_path is not None:
@@ -755,6 +756,11 @@ class Node:
         # mDNS on the LAN: None = on when we listen on a non-loopback address
         self.mdns = mdns
         self.labels = dict(labels or {})  # what this node says about itself to placement
+        from .placement import RESOURCES
+
+        if resources is not None and (set(resources) - set(RESOURCES) or any(v < 0 for v in resources.values())):
+            raise ValueError(f"resources map {list(RESOURCES)} to amounts >= 0")
+        self.resources = dict(resources or {})  # offered to placement instead of what is detected
         from .membership import MembershipConfig
 
         # membership=True (or a MembershipConfig): join the membership view; False: stay out

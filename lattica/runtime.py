@@ -43,6 +43,7 @@ from .errors import (
     MethodNotFound,
     NodeClosed,
     PeerUnreachable,
+    PlacementError,
     ProtocolError,
     SpawnError,
     remote_error,
@@ -358,6 +359,7 @@ class LocalActor:
             self.state = "failed"
             self.failure = failure
             self.runtime._forget(self)
+            self.runtime._stopped(self.name, f"failed to start: {failure[0]}")
             waiting, self.waiting = self.waiting, collections.deque()
             for inv in waiting:
                 self._finish(inv)
@@ -598,6 +600,7 @@ class LocalActor:
         was_running = self.state == "running"
         self.state = "stopped"
         self.runtime._forget(self)
+        self.runtime._stopped(self.name, reason)
         self.runtime.monitors.actor_stopped(self.name, reason)
         if self.published and was_running:
             self.runtime.dht.unregister_name(self.name)
@@ -630,6 +633,7 @@ class _Abandoned(Exception):
 
 
 _HOOK_TIMEOUT = 10.0  # seconds an on_stop hook may take
+_RECENT_PLACEMENT = 5.0  # seconds a spawn we sent counts against its node (gossip lag)
 
 
 
@@ -1188,6 +1192,8 @@ class Runtime:
         from .monitors import Monitors
 
         self.monitors = Monitors(self)
+        self.stop_listeners: list[Callable[[str, str], None]] = []  # told (actor name, reason) when one of ours ends
+        self._placed: collections.deque[tuple[float, str, Any]] = collections.deque()  # (when, peer, its load then)
         from .actors.dht import DhtActor, DhtService
         from .actors.spawner import Spawner
 
@@ -1204,7 +1210,7 @@ class Runtime:
         if host.node.membership_config is not None:
             from .actors.membership import MembershipActor, MembershipService
 
-            host.membership = MembershipService(self, host.node.membership_config, host.node.labels)
+            host.membership = MembershipService(self, host.node.membership_config, host.node.labels, host.node.resources)
             host.membership.on_down.append(lambda m, why: self.monitors.node_down(m.id, why))
             self.create(MembershipActor, [], None, MembershipActor.NAME, instance=MembershipActor(host.membership))
         if host.node.relay_config is not None:
@@ -1277,6 +1283,34 @@ class Runtime:
             self.in_flight[key] = n
         else:
             self.in_flight.pop(key, None)
+
+    # -- placement ------------------------------------------------------------------------------
+
+    def placement_view(self) -> list[dict[str, Any]]:
+        """The membership view placement chooses from (PlacementError without membership)."""
+        if self.host.membership is None:
+            raise PlacementError("placement needs membership: this node runs with membership=False")
+        return self.host.membership.nodes()
+
+    def placed(self, peer: str, view: list[dict[str, Any]]) -> None:
+        """We just sent a spawn to ``peer``: count it until its gossiped load changes."""
+        row = next((r for r in view if r["peer_id"] == peer), {})
+        self._placed.append((self.loop.time(), peer, row.get("load")))
+
+    def recent_placements(self, view: list[dict[str, Any]]) -> dict[str, int]:
+        """Spawns sent per node that its gossiped load does not show yet (same load as when we
+        sent them, and within a few seconds)."""
+        horizon = self.loop.time() - _RECENT_PLACEMENT
+        loads = {r["peer_id"]: r.get("load") for r in view}
+        self._placed = collections.deque(e for e in self._placed if e[0] >= horizon and loads.get(e[1]) == e[2])
+        return dict(collections.Counter(peer for _, peer, _ in self._placed))
+
+    def _stopped(self, name: str, reason: str) -> None:
+        for listener in self.stop_listeners:
+            try:
+                listener(name, reason)
+            except Exception:
+                log.exception("actor stop listener failed", actor=name)
 
     def _forget(self, actor: LocalActor) -> None:
         if self.actors.get(actor.name) is actor:

@@ -72,7 +72,7 @@ def main() -> None:
     p.add_argument("--keepalive", type=float, default=None, help="keepalive interval in seconds (TCP and QUIC)")
     p.add_argument("--quic-only", action="store_true", help="listen on QUIC only")
     p.add_argument("--mdns", choices=["on", "off"], default="off", help="LAN discovery (off unless asked: lab hosts share a segment)")
-    p.add_argument("--membership", choices=["on", "off"], default="off", help="membership gossip (off: the lab tests the NAT ladder; membership has its own tests)")
+    p.add_argument("--membership", choices=["on", "off"], default=os.environ.get("LATTICA_LAB_MEMBERSHIP", "off"), help="membership gossip (off: the lab tests the NAT ladder; membership has its own tests)")
     args = p.parse_args()
     if args.log:
         lattica.logging.configure(args.log)

@@ -21,7 +21,7 @@ import subprocess
 from typing import TYPE_CHECKING, Any, Callable
 
 from .._log import get_logger
-from ..errors import LatticaError
+from ..errors import LatticaError, PeerGone
 from ..identity import PeerId
 from ..membership import ALIVE, Member, MemberDown, Membership, MembershipConfig
 from ..runtime import ASYNC, ActorRef, current_caller
@@ -162,6 +162,9 @@ class MembershipService:
         try:
             async with asyncio.timeout(_REDIAL_TIMEOUT):
                 await self.host._race(peer, tcp)
+        except PeerGone as e:  # lost, and nothing listens where it did: the process is gone
+            log.debug("lost member refused the redial", peer=str(peer), reason=str(e))
+            self._emit(self.core.declare_dead(self._now(), str(peer), "connection lost and redial refused"))
         except (LatticaError, asyncio.TimeoutError) as e:
             log.debug("lost member not redialed", peer=str(peer), reason=str(e) or "timeout")
             self._emit(self.core.suspect(self._now(), str(peer)))

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING
 from ..errors import ActorNotFound, PlacementError, SpawnError
 from ..placement import RESOURCES
 
-from ..runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, current_caller
+from ..runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, NO_STATE, ActorRef, current_caller
 
 if TYPE_CHECKING:
-    from ..runtime import ActorRef, Runtime
+    from ..monitors import Monitor
+    from ..runtime import Runtime
 
 _MAX_WINDOW = 1 << 16
 _MAX_CONCURRENCY = 1 << 16
@@ -27,6 +28,7 @@ class Spawner:
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
         self.reserved: dict[str, dict[str, float]] = {}  # actor name -> resources held for it
+        self._bound: dict[str, Monitor] = {}  # actor name -> the monitor that stops it with another
         runtime.stop_listeners.append(self._release)
 
     def reserved_total(self) -> dict[str, float]:
@@ -58,8 +60,34 @@ class Spawner:
             membership.load_changed()
 
     def _release(self, name: str, reason: str) -> None:
+        watch = self._bound.pop(name, None)
+        if watch is not None:
+            watch.cancel()
         if self.reserved.pop(name, None) is not None and self._rt.host.membership is not None:
             self._rt.host.membership.load_changed()
+
+    def _bind(self, name: str, other: ActorRef) -> None:
+        """Stop actor ``name`` when ``other`` (its supervisor, or a linked actor) goes down: a
+        restarted supervisor starts its children afresh, so the old ones must not linger."""
+
+        async def down(ref: ActorRef, why: str) -> None:
+            self._bound.pop(name, None)
+            actor = self._rt.actors.get(name)
+            if actor is not None:
+                await actor.stop(f"linked actor {ref.name} went down: {why}")
+
+        self._bound[name] = self._rt.monitors.watch(other, down)
+
+    async def link(self, name: str, other: ActorRef) -> None:
+        """Tie actor ``name`` here to ``other``: when ``other`` goes down, ``name`` is stopped."""
+        if type(name) is not str or not isinstance(other, ActorRef):
+            raise SpawnError("link needs an actor name and an actor ref")
+        if name not in self._rt.actors or self._rt.actors[name].system:
+            raise ActorNotFound(f"no actor named {name!r} on {self._rt.peer_id}")
+        old = self._bound.pop(name, None)
+        if old is not None:
+            old.cancel()
+        self._bind(name, other)
 
     async def spawn(self, class_path: str, args: list, kwargs: dict | None, name: str | None, options: dict) -> ActorRef:
         """Create an actor of an allowed class; returns its ref once its constructor has run."""
@@ -80,11 +108,18 @@ class Spawner:
             if not isinstance(name, str):
                 raise SpawnError("a reserving spawn must name its actor")
             self._reserve(name, options["reserve"], options.get("labels"))
+        state = options.get("state", NO_STATE)
         try:
-            actor = self._rt.create(cls, args, kwargs, name, max_concurrency=max_concurrency, window=window, publish=publish)
+            actor = self._rt.create(cls, args, kwargs, name, max_concurrency=max_concurrency, window=window, publish=publish, state=state)
         except BaseException:
             self._release(name or "", "not created")
             raise
+        sup = options.get("supervisor")
+        if sup is not None:
+            if not isinstance(sup, ActorRef):
+                await actor.stop("spawn refused")
+                raise SpawnError("supervisor must be an actor ref")
+            self._bind(actor.name, sup)
         failure = await asyncio.shield(actor.ready)
         if failure is not None:
             type_name, message, tb = failure

@@ -152,32 +152,52 @@ class ActorClass:
 
 
 async def _place(rt: Runtime, ref: ActorRef, spawn: asyncio.Future, call: tuple, ranked: list[str], view: list) -> None:
-    """Offer the spawn to each ranked node in turn until one reserves and starts it."""
+    """Settle a placed ref's spawn with the outcome of offering it down the ranking."""
+
+    def trying(peer: PeerId) -> None:
+        ref.peer_id = peer  # held calls are sent where the spawn finally lands
+
+    try:
+        await offer_spawn(rt, call, ranked, view, trying)
+    except BaseException as e:  # noqa: BLE001 -- told to the ref's callers
+        if not spawn.done():
+            spawn.set_exception(e)
+            spawn.exception()
+        return
+    if not spawn.done():
+        spawn.set_result(ref)
+
+
+async def offer_spawn(rt: Runtime, call: tuple, ranked: list[str], view: list, trying: Callable[[PeerId], None] | None = None) -> ActorRef:
+    """Offer a spawn (the spawner's arguments) to each ranked node in turn until one reserves
+    and starts it; PlacementError if every one refused or could not be reached."""
     refusals = []
     for i, peer_text in enumerate(ranked):
         peer = PeerId.from_string(peer_text)
-        ref.peer_id = peer  # held calls are sent where the spawn finally lands
+        if trying is not None:
+            trying(peer)
         if i:
             rt.placed(peer_text, view)
         try:
             if peer == rt.peer_id:
-                await rt.actors["spawner"].instance.spawn(*call)
-            else:
-                await rt.call(spawner_ref(peer), "spawn", call, {}, timeout=None)
+                spawner = rt.actors.get("spawner")
+                if spawner is None:
+                    raise NodeClosed("this node is shutting down")
+                return await spawner.instance.spawn(*call)
+            return await rt.call(spawner_ref(peer), "spawn", call, {}, timeout=None)
         except (PlacementError, PeerUnreachable) as e:
             refusals.append(f"{peer.short()}: {e}")
-            continue  # the next candidate
-        except BaseException as e:  # noqa: BLE001 -- the actor itself failed: told to its callers
-            if not spawn.done():
-                spawn.set_exception(e)
-                spawn.exception()
-            return
-        if not spawn.done():
-            spawn.set_result(ref)
-        return
-    if not spawn.done():
-        spawn.set_exception(PlacementError(f"every node that fit refused {call[3]!r}: " + "; ".join(refusals)))
-        spawn.exception()
+    raise PlacementError(f"every node that fit refused {call[3]!r}: " + "; ".join(refusals))
+
+
+async def spawn_placed(rt: Runtime, call: tuple, need: dict, labels: dict, strategy: str = "spread", last: set[str] = frozenset()) -> ActorRef:
+    """Place and spawn (on the loop): rank the view (the nodes in ``last`` only as a last resort),
+    then offer down the ranking."""
+    view = rt.placement_view()
+    ranked = placement.candidates(view, need, labels, strategy, rt.recent_placements(view))
+    ranked = [p for p in ranked if p not in last] + [p for p in ranked if p in last]
+    rt.placed(ranked[0], view)
+    return await offer_spawn(rt, call, ranked, view)
 
 
 def _spawn_local(rt: Runtime, cls: type, args: list, kwargs: dict, name: str | None, max_conc: int, window: int) -> ActorRef:

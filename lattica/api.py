@@ -19,9 +19,9 @@ from .monitors import Monitor
 from .multiaddr import Multiaddr
 from .nat import NatStatus
 from .node import Node
-from .runtime import ActorRef, spawner_ref
+from .runtime import ActorRef, current_actor, spawner_ref
 
-__all__ = ["init", "shutdown", "kill", "akill", "get_actor", "aget_actor", "node", "nat_status", "nodes", "monitor"]
+__all__ = ["init", "shutdown", "kill", "akill", "get_actor", "aget_actor", "node", "nat_status", "nodes", "monitor", "link", "exit_actor"]
 
 _default_node: Node | None = None
 _lock = threading.Lock()
@@ -65,6 +65,32 @@ def monitor(ref: ActorRef, on_down: Callable[[ActorRef, str], Any]) -> Monitor:
     ``lattica.monitors``); ``.cancel()`` the returned Monitor to stop watching."""
     rt = current_runtime()
     return _on_loop(rt, lambda: rt.monitors.watch(ref, on_down))
+
+
+def link(ref: ActorRef) -> None:
+    """Link the calling actor with ``ref`` (OTP's link): when either goes down, the other is
+    stopped too. Call it from inside an actor method."""
+    rt = current_runtime()
+    me = current_actor()
+    if me is None:
+        raise LatticaError("lattica.link is called from inside an actor method")
+
+    async def both() -> None:
+        rt.actors["spawner"].instance._bind(me.name, ref)
+        await rt.call(spawner_ref(ref.peer_id), "link", (ref.name, me), {}, timeout=10.0)
+
+    _on_loop(rt, lambda: rt.host.spawn(both()))
+
+
+def exit_actor(reason: str = "normal") -> None:
+    """End the calling actor once its running calls have answered (Ray's ``exit_actor``). Its
+    monitors see ``reason``; a supervisor does not restart a transient child that ended
+    "normal"."""
+    rt = current_runtime()
+    me = current_actor()
+    if me is None:
+        raise LatticaError("lattica.exit_actor is called from inside an actor method")
+    _on_loop(rt, lambda: rt.actors[me.name].exit_when_idle(str(reason)[:200]) if me.name in rt.actors else None)
 
 
 def nodes() -> list[dict[str, Any]]:

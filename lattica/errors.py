@@ -85,6 +85,15 @@ class PeerUnreachable(TransportError):
     """No address of the peer could be dialed (every attempt failed or timed out)."""
 
 
+class ConnectionRefused(TransportError):
+    """The address answered that nothing listens there (TCP RST to our SYN)."""
+
+
+class PeerGone(PeerUnreachable):
+    """Every address of the peer refused the connection: its process is not listening any more
+    (membership takes this as proof of death, not a mere suspicion)."""
+
+
 class RelayRefused(PeerUnreachable):
     """A relay refused a circuit or a reservation (no reservation for the peer, over a limit, ...)."""
 
@@ -115,6 +124,11 @@ class ActorNotFound(ActorError):
 class ActorDied(ActorError):
     """The actor stopped (killed, crashed in its constructor, or its node shut down) before the
     call completed."""
+
+
+class ActorRestarted(ActorDied):
+    """The call was in flight when its supervised actor died; the ref now follows the actor's
+    next incarnation (retry the call if it is safe to run twice)."""
 
 
 class CallTimeout(ActorError, Timeout):

@@ -25,9 +25,11 @@ from ._loop import DEFAULT_BUSY_POLL_US, new_loop
 from .errors import (
     ConnectionClosed,
     ConnectionLimit,
+    ConnectionRefused,
     LatticaError,
     MultiaddrError,
     NodeClosed,
+    PeerGone,
     PeerUnreachable,
     Timeout,
     TransportError,
@@ -413,6 +415,7 @@ class _Host:
             queues = [relayed]
         attempts = iter(order)
         errors: list[str] = []
+        refused = 0
         pending: set[asyncio.Task] = set()
         winner: Connection | None = None
 
@@ -436,6 +439,7 @@ class _Host:
                         winner = task.result()
                         break
                     errors.append(f"{task.addr}: {task.exception()}")  # type: ignore[attr-defined]
+                    refused += isinstance(task.exception(), ConnectionRefused)
                 if winner is None and (not done or not pending):
                     start_next()
         finally:
@@ -444,7 +448,8 @@ class _Host:
             for task in pending:
                 task.add_done_callback(self._close_late_winner)
         if winner is None:
-            raise PeerUnreachable(f"could not reach {peer}: " + "; ".join(errors))
+            kind = PeerGone if errors and refused == len(errors) else PeerUnreachable
+            raise kind(f"could not reach {peer}: " + "; ".join(errors))
         if self.closing:
             winner.abort("node stopping")
             raise NodeClosed("node stopped while dialing")

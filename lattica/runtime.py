@@ -37,6 +37,7 @@ from ._log import get_logger
 from .errors import (
     ActorDied,
     ActorNotFound,
+    ActorRestarted,
     CallTimeout,
     LatticaError,
     MailboxFull,
@@ -83,13 +84,23 @@ _CALLER: contextvars.ContextVar[PeerId | None] = contextvars.ContextVar("lattica
 _RUNTIME: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar("lattica_runtime", default=None)
 
 
+_ACTOR: contextvars.ContextVar[ActorRef | None] = contextvars.ContextVar("lattica_actor", default=None)
+
+
+def current_actor() -> ActorRef | None:
+    """The ref of the actor whose method (or ``on_start`` hook) is running, else None."""
+    return _ACTOR.get()
+
+
 def current_caller() -> PeerId | None:
     """The PeerId of the node whose call this actor method is serving (authenticated by the
     connection; this node's own id for local calls), or None outside an actor method."""
     return _CALLER.get()
 
 
-LIFECYCLE_HOOKS = frozenset({"on_stop"})  # called by the runtime, never by peers
+LIFECYCLE_HOOKS = frozenset({"on_start", "on_stop", "restore"})  # called by the runtime, never by peers
+BUILTIN_ACTORS = ("lattica.supervisor.Supervisor",)  # actor classes any peer may spawn on any node
+NO_STATE: Any = object()  # spawned without a checkpoint to restore
 MAX_ACTORS = 10_000  # actors per node: every spawn beyond it is refused
 
 
@@ -114,13 +125,16 @@ class ActorRef:
     """A handle to an actor anywhere on the mesh: (PeerId, name, method table). A value: it encodes
     in the codec, so it can be passed to other actors and used from any node."""
 
-    __slots__ = ("peer_id", "name", "methods", "window", "_spawn", "_held", "_handles")
+    __slots__ = ("peer_id", "name", "methods", "window", "stable", "_spawn", "_held", "_handles")
 
-    def __init__(self, peer_id: PeerId, name: str, methods: dict[str, str], window: int = DEFAULT_WINDOW) -> None:
+    def __init__(self, peer_id: PeerId, name: str, methods: dict[str, str], window: int = DEFAULT_WINDOW, stable: bool = False) -> None:
         self.peer_id = peer_id
         self.name = name
         self.methods = methods
         self.window = window
+        # stable: the ref follows its actor by name (a supervised child restarted elsewhere): when
+        # the actor is gone, the runtime resolves the name again through the DHT registry
+        self.stable = stable
         self._spawn: Any = None  # the spawn's outcome, when this ref was made by spawning
         self._held: list | None = None  # calls waiting for that outcome, in order
         self._handles: dict[str, Any] = {}
@@ -138,10 +152,14 @@ class ActorRef:
         return h
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ActorRef) and other.peer_id == self.peer_id and other.name == self.name
+        if not isinstance(other, ActorRef):
+            return False
+        if self.stable and other.stable:
+            return other.name == self.name  # the same logical actor, wherever it lives now
+        return other.peer_id == self.peer_id and other.name == self.name
 
     def __hash__(self) -> int:
-        return hash((self.peer_id, self.name))
+        return hash(self.name) if self.stable else hash((self.peer_id, self.name))
 
     def __repr__(self) -> str:
         return f"ActorRef({self.name!r} on {self.peer_id.short()})"
@@ -152,22 +170,23 @@ class ActorRef:
 
 def spawner_ref(peer: PeerId) -> ActorRef:
     """The ref of ``peer``'s spawner system actor (its method table is fixed by the protocol)."""
-    return ActorRef(peer, "spawner", {"spawn": ASYNC, "kill": ASYNC, "lookup": ASYNC, "names": ASYNC, "monitor": ASYNC, "demonitor": ASYNC, "down": ASYNC})
+    return ActorRef(peer, "spawner", {"spawn": ASYNC, "kill": ASYNC, "lookup": ASYNC, "names": ASYNC, "monitor": ASYNC, "demonitor": ASYNC, "down": ASYNC, "link": ASYNC})
 
 
 def _ref_to_obj(ref: ActorRef) -> list:
-    return [ref.peer_id.to_bytes(), ref.name, ref.methods, ref.window]
+    obj = [ref.peer_id.to_bytes(), ref.name, ref.methods, ref.window]
+    return obj + [True] if ref.stable else obj
 
 
 def _ref_from_obj(obj: Any) -> ActorRef:
-    if type(obj) is not list or len(obj) != 4:
+    if type(obj) is not list or len(obj) not in (4, 5) or (len(obj) == 5 and obj[4] is not True):
         raise ValueError("malformed ActorRef")
-    pid, name, methods, window = obj
+    pid, name, methods, window = obj[:4]
     if type(name) is not str or type(methods) is not dict or type(window) is not int or not 0 < window <= 1 << 20:
         raise ValueError("malformed ActorRef fields")
     if not all(type(k) is str and v in (ASYNC, SYNC, AGEN, GEN) for k, v in methods.items()):
         raise ValueError("malformed ActorRef method table")
-    return ActorRef(PeerId.from_bytes(bytes(pid)), name, methods, window)
+    return ActorRef(PeerId.from_bytes(bytes(pid)), name, methods, window, len(obj) == 5)
 
 
 class StreamArg:
@@ -323,6 +342,7 @@ class LocalActor:
         self.ref = ActorRef(runtime.peer_id, name, methods, window)
         self.system = False  # built by the runtime (spawner, ...): cannot be killed by peers
         self.published = False  # named by the user: registered mesh-wide in the DHT while it lives
+        self.exiting: str | None = None  # lattica.exit_actor was called: stop with this reason when idle
 
     @property
     def needs_thread(self) -> bool:
@@ -330,7 +350,7 @@ class LocalActor:
 
     # -- construction ---------------------------------------------------------------------------
 
-    def start(self, args: list, kwargs: dict | None, instance: Any = None) -> None:
+    def start(self, args: list, kwargs: dict | None, instance: Any = None, state: Any = NO_STATE) -> None:
         if instance is not None:  # system actors: built by the runtime itself
             self.system = True
             if self.needs_thread:
@@ -339,13 +359,18 @@ class LocalActor:
             return
         if self.needs_thread:
             self.executor = _Executor.start(self.runtime)
-            self.executor.tell(lambda: self._construct(args, kwargs))
+            self.executor.tell(lambda: self._construct(args, kwargs, state))
         else:
-            threading.Thread(target=self._construct, args=(args, kwargs), name=f"lattica-init-{self.name}", daemon=True).start()
+            threading.Thread(target=self._construct, args=(args, kwargs, state), name=f"lattica-init-{self.name}", daemon=True).start()
 
-    def _construct(self, args: list, kwargs: dict | None) -> None:
+    def _construct(self, args: list, kwargs: dict | None, state: Any = NO_STATE) -> None:
         try:
             instance = self.cls(*args, **(kwargs or {}))
+            if state is not NO_STATE:  # a checkpoint of an earlier incarnation, before any call
+                restore = getattr(instance, "restore", None)
+                if not callable(restore):
+                    raise TypeError(f"{self.cls.__name__} was given a checkpoint but has no restore(state) method")
+                restore(state)
         except BaseException as e:  # noqa: BLE001 -- reported to the spawner's caller
             parts = _error_parts(e)
             self.runtime.post(lambda: self._constructed(None, parts))
@@ -373,10 +398,22 @@ class LocalActor:
         self.state = "running"
         if self.published:
             self.runtime.dht.register_name(self.name, self.ref)
+        hook = getattr(instance, "on_start", None) if not self.system else None
+        if hook is not None and inspect.iscoroutinefunction(hook):
+            self.runtime.host.spawn(self._on_start(hook))
         self.ready.set_result(None)
         waiting, self.waiting = self.waiting, collections.deque()
         for inv in waiting:
             self.dispatch(inv)
+
+    async def _on_start(self, hook: Callable[[], Any]) -> None:
+        """An async ``on_start`` runs on the loop once the actor is up, beside its calls."""
+        _ACTOR.set(self.ref)
+        _RUNTIME.set(self.runtime)
+        try:
+            await hook()
+        except Exception:
+            log.exception("actor on_start hook failed", actor=self.name)
 
     # -- dispatch -------------------------------------------------------------------------------
 
@@ -432,14 +469,24 @@ class LocalActor:
         self.live.discard(inv)
         if inv.timer is not None:
             inv.timer.cancel()
+        if self.exiting is not None and not self.live and self.state == "running":
+            self.runtime.host.spawn(self.stop(self.exiting))
+
+    def exit_when_idle(self, reason: str) -> None:
+        """The actor ends itself (``lattica.exit_actor``) once no call of it is running."""
+        self.exiting = reason
+        if not self.live:
+            self.runtime.loop.call_soon(lambda: self.runtime.host.spawn(self.stop(reason)))
 
     def _start_async(self, inv: _Invocation, kind: str) -> None:
         self.running_async += 1
         token = _CALLER.set(inv.caller)  # the task below copies the context, so it keeps this value
         rt_token = _RUNTIME.set(self.runtime)
+        actor_token = _ACTOR.set(self.ref)
         try:
             self._start_task(inv, kind)
         finally:
+            _ACTOR.reset(actor_token)
             _RUNTIME.reset(rt_token)
             _CALLER.reset(token)
 
@@ -531,6 +578,7 @@ class LocalActor:
             post(lambda: self._sync_done(inv, rpc.E_TIMEOUT))
             return
         token = _CALLER.set(inv.caller)
+        actor_token = _ACTOR.set(self.ref)
         try:
             result = self.bound[inv.method](*inv.args, **(inv.kwargs or {}))
             if kind == GEN:
@@ -552,6 +600,7 @@ class LocalActor:
             post(lambda: self._sync_done(inv, rpc.E_REMOTE, parts=parts))
             return
         finally:
+            _ACTOR.reset(actor_token)
             _CALLER.reset(token)
         post(lambda: self._sync_done(inv, None, value=result))
 
@@ -633,6 +682,7 @@ class _Abandoned(Exception):
 
 
 _HOOK_TIMEOUT = 10.0  # seconds an on_stop hook may take
+_FOLLOW_FOR = 30.0  # seconds a stable ref keeps re-sending an undelivered call while its actor moves
 _RECENT_PLACEMENT = 5.0  # seconds a spawn we sent counts against its node (gossip lag)
 
 
@@ -662,7 +712,7 @@ def _on_thread(executor: pykka.ActorRef, fn: Callable[[], Any]) -> Any:
 class _Pending:
     """A call we made that has not finished."""
 
-    __slots__ = ("cid", "ref", "msg", "future", "stream", "channel", "timer", "stream_args", "arg_state", "encoded", "gate", "created")
+    __slots__ = ("cid", "ref", "msg", "future", "stream", "channel", "timer", "stream_args", "arg_state", "encoded", "gate", "created", "follow_until")
 
     def __init__(self, cid: int, ref: ActorRef, msg: list, future: Future | None, stream: Any) -> None:
         self.cid = cid
@@ -677,6 +727,7 @@ class _Pending:
         self.encoded: list | None = None  # the CALL already encoded (calls made on other threads)
         self.gate: _Gate | None = None  # the calling thread's gate slot, freed once the call is sent
         self.created = time.monotonic()  # the loop clock: deadlines travel as time remaining
+        self.follow_until: float | None = None  # through a stable ref: re-sent until then while undelivered
 
     def stamp(self) -> None:
         """Just before sending: the timeout becomes what is left of it (it may have waited)."""
@@ -800,11 +851,17 @@ class _Channel:
 
     def fail_all(self, error: LatticaError) -> None:
         self.closed = error  # from now on nothing is sent: returned() stops releasing calls
+        rt = self.runtime
         for ob in self.outboxes.values():
             while ob.queue:
-                self.runtime._fail(ob.queue.popleft(), error)
+                p = ob.queue.popleft()
+                if not rt._follow(p, error, delivered=False):
+                    rt._fail(p, error)
+        sent = getattr(self, "stream", True) is not None  # (a channel that never opened sent nothing)
         while self.pending:
-            self.runtime._fail(self.pending.popitem()[1], error)
+            p = self.pending.popitem()[1]
+            if not rt._follow(p, error, delivered=sent):
+                rt._fail(p, error)
 
 
 class _LocalSink(_Sink):
@@ -1261,8 +1318,9 @@ class Runtime:
 
     # -- actors ---------------------------------------------------------------------------------
 
-    def create(self, cls: type, args: list, kwargs: dict | None, name: str | None, *, max_concurrency: int = DEFAULT_MAX_CONCURRENCY, window: int = DEFAULT_WINDOW, instance: Any = None, publish: bool = False) -> LocalActor:
-        """Make an actor here; ``publish``: register its name mesh-wide in the DHT while it lives."""
+    def create(self, cls: type, args: list, kwargs: dict | None, name: str | None, *, max_concurrency: int = DEFAULT_MAX_CONCURRENCY, window: int = DEFAULT_WINDOW, instance: Any = None, publish: bool = False, state: Any = NO_STATE) -> LocalActor:
+        """Make an actor here; ``publish``: register its name mesh-wide in the DHT while it lives;
+        ``state``: a checkpoint handed to its ``restore`` before any call."""
         name = name or f"{cls.__name__}-{next(self._ids):x}-{id(cls) & 0xFFFF:04x}"
         if not name or len(name) > rpc.MAX_NAME:
             raise ValueError("actor names are 1 to 256 characters")
@@ -1273,7 +1331,7 @@ class Runtime:
         actor = LocalActor(self, name, cls, method_table(cls), max_concurrency, window)
         actor.published = publish and instance is None
         self.actors[name] = actor
-        actor.start(args, kwargs, instance)
+        actor.start(args, kwargs, instance, state)
         return actor
 
     def release_slot(self, peer: PeerId, actor: str) -> None:
@@ -1323,7 +1381,8 @@ class Runtime:
         actually lives (``cls.__module__`` + ``__qualname__``), so a permitted module cannot be used
         to reach anything it merely imports. Only decorated actor classes can be spawned."""
         refuse = f"class {path!r} is not allowed on {self.peer_id} (allow-list: {self.allow or 'empty'})"
-        if not isinstance(path, str) or not any(fnmatch.fnmatchcase(path, pat) for pat in self.allow):
+        allowed = [*self.allow, *BUILTIN_ACTORS]
+        if not isinstance(path, str) or not any(fnmatch.fnmatchcase(path, pat) for pat in allowed):
             raise SpawnError(refuse)
         module, _, name = path.rpartition(".")
         if not module or not name.isidentifier() or name.startswith("_") or ":" in path:
@@ -1336,7 +1395,7 @@ class Runtime:
         if not isinstance(cls, type) or type(obj).__name__ != "ActorClass":
             raise SpawnError(f"{path!r} is not a @lattica.actor class")
         real = f"{cls.__module__}.{cls.__qualname__}"
-        if not any(fnmatch.fnmatchcase(real, pat) for pat in self.allow):
+        if not any(fnmatch.fnmatchcase(real, pat) for pat in allowed):
             raise SpawnError(f"{refuse}; it is defined as {real!r}")
         return cls
 
@@ -1404,7 +1463,9 @@ class Runtime:
         an argument the codec refuses raises in the caller's thread."""
         spawn = ref._spawn
         if spawn is not None and spawn.done() and not spawn.cancelled() and spawn.exception() is not None:
-            raise spawn.exception()  # type: ignore[misc]
+            if not ref.stable:
+                raise spawn.exception()  # type: ignore[misc]
+            ref._spawn = None  # following it failed once; this call starts over
         flags = (rpc.F_TELL if tell else 0) | (rpc.F_STREAM if stream is not None else 0)
         arg_list = list(args)
         streamed = None
@@ -1478,6 +1539,73 @@ class Runtime:
                 p.ungate()
                 self._fail(p, e)
 
+    # -- stable refs: following a supervised actor to its next incarnation ----------------------
+
+    def _follow(self, p: _Pending, error: BaseException, delivered: bool) -> bool:
+        """A call through a stable ref found its actor gone. Start following the actor (resolve
+        its name again); re-send the call if it never reached the actor (for up to
+        ``_FOLLOW_FOR`` s), else fail it with ActorRestarted. False: not a stable ref's call."""
+        ref = p.ref
+        if not ref.stable or self.host.closing or _finished(p):
+            return False
+        self._start_following(ref)
+        now = time.monotonic()
+        if p.follow_until is None:
+            p.follow_until = now + _FOLLOW_FOR
+        if not delivered and p.stream is None and now < p.follow_until:
+            if p.timer is not None:
+                p.timer.cancel()
+                p.timer = None
+            p.channel = None
+            self.submit(p, True)  # held until the name resolves again
+            return True
+        if delivered:
+            error = ActorRestarted(f"{ref.name}.{p.msg[3]} was in flight when the actor went away ({error}); the ref follows its next incarnation")
+        p.channel = None
+        self._fail(p, error)
+        return True
+
+    def _start_following(self, ref: ActorRef) -> None:
+        spawn = ref._spawn
+        if spawn is not None and not spawn.done():
+            return  # already following
+        fut = self.loop.create_future()
+        ref._spawn = fut
+        self.host.spawn(self._find_again(ref, fut))
+
+    async def _find_again(self, ref: ActorRef, fut: asyncio.Future) -> None:
+        """Resolve ``ref``'s name until it names an actor on a node not known to be down."""
+        deadline = self.loop.time() + _FOLLOW_FOR
+        delay = 0.05
+        while True:
+            await asyncio.sleep(delay)  # (its supervisor needs a moment; so does a refused dial)
+            found: ActorRef | None = None
+            local = self.actors.get(ref.name)
+            if local is not None and local.state in ("starting", "running"):
+                found = local.ref
+            else:
+                try:
+                    async with asyncio.timeout(max(0.1, deadline - self.loop.time())):
+                        found = await self.dht.resolve_name(ref.name)
+                except (LatticaError, TimeoutError):
+                    found = None
+            if found is not None and not self._node_down(found.peer_id):
+                ref.peer_id = found.peer_id
+                fut.set_result(ref)
+                return
+            if self.loop.time() >= deadline:
+                fut.set_exception(ActorNotFound(f"{ref.name!r} did not come back within {_FOLLOW_FOR:.0f} s"))
+                fut.exception()
+                return
+            delay = min(delay * 2, 0.5)
+
+    def _node_down(self, peer: PeerId) -> bool:
+        membership = self.host.membership
+        if membership is None or peer == self.peer_id:
+            return False
+        m = membership.core.get(str(peer))
+        return m is not None and m.state != "alive"
+
     def _timed_out(self, p: _Pending) -> None:
         ch = p.channel
         if ch is not None and p.cid in ch.pending:
@@ -1512,6 +1640,8 @@ class Runtime:
             p.timer.cancel()
         if error is not None:
             exc = self._error(p, *error)
+            if error[0] in (rpc.E_NOT_FOUND, rpc.E_DIED) and self._follow(p, exc, delivered=error[0] == rpc.E_DIED):
+                return
             if p.future is not None:
                 p.future._reject(exc)
             elif p.stream is not None:

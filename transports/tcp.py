@@ -8,13 +8,14 @@ that stalls or sends garbage costs one socket for at most ``handshake_timeout`` 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 from typing import Callable
 
 from .._log import get_logger
 
-from ..errors import HandshakeError, LatticaError, PeerIdMismatch, Timeout, TransportError
+from ..errors import ConnectionRefused, HandshakeError, LatticaError, PeerIdMismatch, Timeout, TransportError
 from ..identity import KeyPair, PeerId
 from ..multiaddr import Multiaddr
 from .base import Connection, ConnectionHandler, Listener, Transport
@@ -294,7 +295,8 @@ class TcpTransport(Transport):
         except asyncio.TimeoutError:
             raise Timeout(f"TCP connect to {addr} timed out") from None
         except OSError as e:  # asyncio's text ("Connect call failed") hides the reason: say it
-            raise TransportError(f"cannot connect to {addr}: {os.strerror(e.errno) if e.errno else e}") from None
+            kind = ConnectionRefused if e.errno == errno.ECONNREFUSED else TransportError
+            raise kind(f"cannot connect to {addr}: {os.strerror(e.errno) if e.errno else e}") from None
         try:
             conn = await proto.ready
         except asyncio.CancelledError:

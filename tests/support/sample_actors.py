@@ -344,3 +344,37 @@ class NotAnActor:
 
     def ping(self) -> str:
         return "pong"
+
+
+@lattica.actor
+class Tally:
+    """A supervised worker with state: ``checkpoint`` / ``restore`` carry it across restarts."""
+
+    def __init__(self, label: str = "") -> None:
+        self.label = label
+        self.total = 0
+        self.restored = False
+
+    async def add(self, n: int) -> int:
+        self.total += n
+        return self.total
+
+    async def get(self) -> int:
+        return self.total
+
+    async def where(self) -> str:
+        return str(lattica.current_actor().peer_id)
+
+    async def was_restored(self) -> bool:
+        return self.restored
+
+    async def checkpoint(self) -> dict:
+        return {"total": self.total}
+
+    def restore(self, state: dict) -> None:
+        self.total = state["total"]
+        self.restored = True
+
+    async def quit(self, reason: str = "normal") -> None:
+        """End this actor on its own, with ``reason``, once this call has answered."""
+        lattica.exit_actor(reason)

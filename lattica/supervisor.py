@@ -1,0 +1,340 @@
+"""Supervisors: OTP-style trees of actors, restarted wherever there is room, with no head node.
+
+A ``Supervisor`` is an ordinary actor. It starts its children in order (each placed by the
+membership view, ``lattica.placement``), monitors them (``lattica.monitor``: an actor stopping or
+its node dying), and restarts them by its strategy:
+
+* ``one_for_one``: only the child that went down;
+* ``one_for_all``: every child (the others are stopped in reverse order first);
+* ``rest_for_one``: the child and those started after it.
+
+Restart types: ``permanent`` (always), ``transient`` (unless it ended normally), ``temporary``
+(never). More than ``max_restarts`` restarts ``within`` seconds means the trouble is not
+local: the supervisor stops its children (reverse order) and itself, and its own supervisor, if
+any, decides (escalation). Children are bound to their supervisor: when it goes down, so do they.
+
+Children are named ``<supervisor>/<id>`` and registered in the DHT; the refs it hands out are
+*stable* (they follow a child to its next incarnation on any node). A child class with
+``checkpoint()`` and ``restore(state)`` keeps its state across restarts: the supervisor asks
+for a checkpoint every ``checkpoint_every`` seconds, keeps the latest (on its own node, which
+placement keeps apart from the child's when it can) and hands it to the next incarnation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import codec
+from ._log import get_logger
+from .actor import ActorClass, _class_path, actor, offer_spawn, spawn_placed
+from .errors import LatticaError, PlacementError, SpawnError
+from .identity import PeerId
+from .runtime import ActorRef, current_actor, runtime_for_thread, spawner_ref
+
+__all__ = ["Supervisor", "STRATEGIES", "RESTARTS"]
+
+log = get_logger("lattica.supervisor")
+
+STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one")
+RESTARTS = ("permanent", "transient", "temporary")
+NORMAL = ("normal", "shutdown")  # reasons a transient child is not restarted for
+
+
+@dataclass
+class _Child:
+    id: str
+    class_path: str
+    args: list
+    kwargs: dict | None
+    restart: str
+    resources: dict
+    labels: dict
+    placement: str
+    node: PeerId | None
+    checkpoint_every: float | None
+    ref: ActorRef | None = None  # the current incarnation (None while stopped)
+    monitor: Any = None
+    state: Any = None  # the latest checkpoint
+    has_state: bool = False
+    restarts: int = 0
+    nodes: list[str] = field(default_factory=list)  # where each incarnation ran
+
+
+def _spec(cls: Any, args: Any = (), kwargs: Any = None, *, id: str | None = None, restart: str = "permanent",
+          resources: dict | None = None, labels: dict | None = None, placement: str = "spread",
+          node: PeerId | str | None = None, checkpoint_every: float | None = None, index: int = 0) -> _Child:
+    if isinstance(cls, ActorClass):
+        path = _class_path(cls.cls)
+    elif isinstance(cls, str):
+        path = cls
+    else:
+        raise SpawnError(f"a child is an @lattica.actor class or its 'module.Class' path, not {type(cls).__name__}")
+    if restart not in RESTARTS:
+        raise SpawnError(f"restart must be one of {RESTARTS}, not {restart!r}")
+    if not isinstance(args, (list, tuple)) or (kwargs is not None and not isinstance(kwargs, dict)):
+        raise SpawnError("args must be a list and kwargs a map")
+    if checkpoint_every is not None and not (isinstance(checkpoint_every, (int, float)) and checkpoint_every > 0):
+        raise SpawnError("checkpoint_every must be a positive number of seconds")
+    child_id = id or f"{path.rpartition('.')[2]}-{index}"
+    if not isinstance(child_id, str) or "/" in child_id or not 0 < len(child_id) <= 64:
+        raise SpawnError("a child id is 1 to 64 characters without '/'")
+    peer = PeerId.from_string(node) if isinstance(node, str) else node
+    return _Child(child_id, path, list(args), kwargs, restart, dict(resources or {}), dict(labels or {}), placement, peer, checkpoint_every)
+
+
+@actor
+class Supervisor:
+    """Starts, watches and restarts its children (see the module docstring)."""
+
+    def __init__(self, strategy: str = "one_for_one", max_restarts: int = 3, within: float = 5.0, children: Any = ()) -> None:
+        if strategy not in STRATEGIES:
+            raise SpawnError(f"strategy must be one of {STRATEGIES}, not {strategy!r}")
+        if not (isinstance(max_restarts, int) and max_restarts >= 0 and isinstance(within, (int, float)) and within > 0):
+            raise SpawnError("max_restarts must be >= 0 and within > 0 seconds")
+        self.strategy = strategy
+        self.max_restarts = max_restarts
+        self.within = float(within)
+        self._initial = [_spec(**c, index=i) if isinstance(c, dict) else _spec(c, index=i) for i, c in enumerate(children)]
+        self._children: list[_Child] = []
+        self._restarts: collections.deque[float] = collections.deque()
+        self._me: ActorRef | None = None
+        self._rt: Any = None
+        self._ready: asyncio.Event | None = None
+        self._busy: asyncio.Lock | None = None
+        self._stopping = False
+        self._tasks: set[asyncio.Task] = set()
+        self.events: list[dict] = []  # what happened, newest last (bounded)
+
+    async def on_start(self) -> None:
+        self._me = current_actor()
+        self._rt = runtime_for_thread()
+        self._ready = asyncio.Event()
+        self._busy = asyncio.Lock()
+        try:
+            async with self._busy:
+                for child in self._initial:
+                    self._children.append(child)
+                    await self._start(child)
+        except LatticaError as e:
+            log.warning("supervisor could not start its children", supervisor=self._me.name if self._me else "?", reason=str(e))
+            self._ready.set()
+            await self._give_up(f"a child failed to start: {e}")
+            return
+        self._ready.set()
+
+    # -- what callers use ------------------------------------------------------------------------
+
+    async def start_child(self, cls: Any, args: Any = (), kwargs: Any = None, *, id: str | None = None,
+                          restart: str = "permanent", resources: dict | None = None, labels: dict | None = None,
+                          placement: str = "spread", node: Any = None, checkpoint_every: float | None = None) -> ActorRef:
+        """Add a child and start it now; returns its stable ref."""
+        await self._wait_ready()
+        child = _spec(cls, args, kwargs, id=id, restart=restart, resources=resources, labels=labels, placement=placement,
+                      node=node, checkpoint_every=checkpoint_every, index=len(self._children))
+        async with self._busy:  # type: ignore[union-attr]
+            if any(c.id == child.id for c in self._children):
+                raise SpawnError(f"this supervisor already has a child {child.id!r}")
+            self._children.append(child)
+            try:
+                await self._start(child)
+            except BaseException:
+                self._children.remove(child)
+                raise
+        return self._stable(child)
+
+    async def children(self) -> list[ActorRef]:
+        """Stable refs of the children, in start order (valid across restarts)."""
+        await self._wait_ready()
+        return [self._stable(c) for c in self._children]
+
+    async def which_children(self) -> list[dict]:
+        """Per child: id, class, restart type, where it runs now, restarts, the nodes it ran on."""
+        await self._wait_ready()
+        return [
+            {"id": c.id, "class": c.class_path, "restart": c.restart, "node": str(c.ref.peer_id) if c.ref else None,
+             "restarts": c.restarts, "nodes": list(c.nodes), "checkpointed": c.has_state}
+            for c in self._children
+        ]
+
+    async def terminate_child(self, id: str) -> None:
+        """Stop child ``id`` for good (it is not restarted) and forget it."""
+        await self._wait_ready()
+        async with self._busy:  # type: ignore[union-attr]
+            child = next((c for c in self._children if c.id == id), None)
+            if child is None:
+                raise SpawnError(f"no child {id!r}")
+            await self._stop(child, "shutdown")
+            self._children.remove(child)
+
+    async def history(self) -> list[dict]:
+        """Restarts and give-ups so far (time, child, reason, from and to node)."""
+        return list(self.events)
+
+    async def on_stop(self) -> None:
+        self._stopping = True
+        for t in list(self._tasks):
+            t.cancel()
+        for child in reversed(self._children):
+            await self._stop(child, "shutdown")
+
+    # -- starting and stopping children -----------------------------------------------------------
+
+    def _name(self, child: _Child) -> str:
+        return f"{self._me.name}/{child.id}"  # type: ignore[union-attr]
+
+    def _stable(self, child: _Child) -> ActorRef:
+        ref = child.ref
+        methods = ref.methods if ref is not None else {}
+        peer = ref.peer_id if ref is not None else self._rt.peer_id
+        return ActorRef(peer, self._name(child), methods, ref.window if ref is not None else 1024, stable=True)
+
+    async def _start(self, child: _Child, avoid: str | None = None) -> None:
+        rt = self._rt
+        opts: dict[str, Any] = {"publish": True, "supervisor": self._me}
+        if child.has_state:
+            opts["state"] = child.state
+        name = self._name(child)
+        if child.node is not None and not rt._node_down(child.node) and str(child.node) != avoid:
+            if child.resources:
+                opts["reserve"] = child.resources
+            call = (child.class_path, child.args, child.kwargs, name, opts)
+            ref = await offer_spawn(rt, call, [str(child.node)], [])
+        else:
+            opts["reserve"] = child.resources
+            if child.labels:
+                opts["labels"] = child.labels
+            call = (child.class_path, child.args, child.kwargs, name, opts)
+            # a child that keeps checkpoints here goes elsewhere when it can: one node's loss then
+            # never takes both the child and its latest state
+            apart = {str(rt.peer_id)} if child.checkpoint_every else set()
+            ref = await spawn_placed(rt, call, child.resources, child.labels, child.placement, last=apart | {avoid} - {None})
+        child.ref = ref
+        child.nodes.append(str(ref.peer_id))
+        child.monitor = rt.monitors.watch(ref, self._on_down)
+        if child.checkpoint_every and "checkpoint" in ref.methods:
+            self._spawn(self._checkpoints(child, ref))
+
+    async def _stop(self, child: _Child, reason: str) -> None:
+        ref, child.ref = child.ref, None
+        if child.monitor is not None:
+            self._rt.monitors.cancel(child.monitor.id)
+            child.monitor = None
+        if ref is None:
+            return
+        try:
+            if ref.peer_id == self._rt.peer_id:
+                local = self._rt.actors.get(ref.name)
+                if local is not None:
+                    await local.stop(reason)
+            else:
+                await self._rt.call(spawner_ref(ref.peer_id), "kill", (ref.name,), {}, timeout=5.0)
+        except LatticaError as e:  # already gone, or its node is: nothing left to stop
+            log.debug("child not stopped", child=child.id, reason=str(e))
+
+    async def _checkpoints(self, child: _Child, ref: ActorRef) -> None:
+        while child.ref is ref and not self._stopping:
+            await asyncio.sleep(child.checkpoint_every)  # type: ignore[arg-type]
+            if child.ref is not ref:
+                return
+            try:
+                child.state = await self._rt.call(ref, "checkpoint", (), {}, timeout=max(5.0, child.checkpoint_every))  # type: ignore[arg-type]
+                child.has_state = True
+            except LatticaError as e:
+                log.debug("checkpoint failed", child=child.id, reason=str(e))
+
+    # -- reacting to a child going down ------------------------------------------------------------
+
+    async def _on_down(self, ref: ActorRef, reason: str) -> None:
+        if self._stopping or self._rt.host.closing:
+            return
+        child = next((c for c in self._children if c.ref is not None and c.ref.name == ref.name and c.ref.peer_id == ref.peer_id), None)
+        if child is None:
+            return  # stopped by us meanwhile
+        async with self._busy:  # type: ignore[union-attr]
+            if child.ref is None or child.ref.peer_id != ref.peer_id or self._stopping:
+                return
+            child.ref = child.monitor = None
+            self._event("down", child, reason, str(ref.peer_id))
+            if child.restart == "temporary" or (child.restart == "transient" and reason in NORMAL):
+                self._children.remove(child)
+                return
+            now = time.monotonic()
+            self._restarts.append(now)
+            while self._restarts and self._restarts[0] < now - self.within:
+                self._restarts.popleft()
+            if len(self._restarts) > self.max_restarts:
+                await self._give_up(f"more than {self.max_restarts} restarts within {self.within:g} s (last: {child.id}: {reason})")
+                return
+            i = self._children.index(child)
+            if self.strategy == "one_for_one":
+                group = [child]
+            elif self.strategy == "one_for_all":
+                group = list(self._children)
+            else:
+                group = self._children[i:]
+            for other in reversed(group):
+                if other is not child:
+                    await self._stop(other, "restarting")
+            down_node = str(ref.peer_id) if reason.startswith("node ") else None
+            for c in group:
+                await self._restart(c, reason, down_node)
+
+    async def _restart(self, child: _Child, reason: str, down_node: str | None) -> None:
+        before = child.nodes[-1] if child.nodes else None
+        delay = 0.05
+        while not self._stopping and not self._rt.host.closing:
+            try:
+                await self._start(child, avoid=down_node)
+                child.restarts += 1
+                self._event("restarted", child, reason, before, str(child.ref.peer_id))  # type: ignore[union-attr]
+                return
+            except (PlacementError, SpawnError, LatticaError) as e:
+                now = time.monotonic()
+                self._restarts.append(now)
+                while self._restarts and self._restarts[0] < now - self.within:
+                    self._restarts.popleft()
+                if len(self._restarts) > self.max_restarts:
+                    await self._give_up(f"{child.id} could not be restarted: {e}")
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def _give_up(self, why: str) -> None:
+        """Escalate: stop every child (reverse order), then this supervisor itself."""
+        self._event("gave up", None, why)
+        log.warning("supervisor gives up", supervisor=self._me.name if self._me else "?", reason=why)
+        self._stopping = True
+        for child in reversed(self._children):
+            await self._stop(child, "shutdown")
+        me = self._rt.actors.get(self._me.name) if self._me is not None else None
+        if me is not None:
+            self._spawn(me.stop(f"escalated: {why}"))
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    async def _wait_ready(self) -> None:
+        while self._ready is None:  # a call can arrive before on_start ran
+            await asyncio.sleep(0.005)
+        await self._ready.wait()
+        if self._stopping:
+            raise SpawnError("this supervisor has given up (see its history)")
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    def _event(self, what: str, child: _Child | None, reason: str, src: str | None = None, dst: str | None = None) -> None:
+        self.events.append({"t": time.time(), "event": what, "child": child.id if child else None, "reason": reason, "from": src, "to": dst})
+        del self.events[:-200]
+
+
+codec.register_ext(20, ActorClass, lambda c: _class_path(c.cls), lambda p: p if type(p) is str else _bad_class())
+
+
+def _bad_class() -> str:
+    raise ValueError("malformed actor class path")

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .. import codec
 from .._log import get_logger
+from ..future import Future
 from ..errors import (
     ActorNotFound,
     ConnectionLimit,
@@ -30,6 +31,7 @@ from ..errors import (
     DhtError,
     LatticaError,
     PeerNotFound,
+    PeerUnreachable,
     RecordRejected,
     StoreFailed,
 )
@@ -243,6 +245,10 @@ class DhtService:
         """Call ``method`` on ``peer``'s dht actor; returns its Future. A dial this starts never
         asks the DHT where the peer went: failing DHT requests would start lookups that fail
         more requests, a cascade when many peers are gone at once."""
+        if self.rt._node_down(peer):  # membership holds it suspect or dead: do not wait on it
+            fut = Future(self.rt.loop)
+            fut._reject(PeerUnreachable(f"{peer} is {self.host.membership.core.get(str(peer)).state} in the membership view"))
+            return fut
         token = NO_DHT_DIAL_LOOKUP.set(True)
         try:
             return self.rt.call(dht_ref(peer), method, args, {}, timeout=self.cfg.request_timeout)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from .._log import get_logger
 from ..errors import LatticaError, PeerGone
 from ..identity import PeerId
-from ..membership import ALIVE, Member, MemberDown, Membership, MembershipConfig
+from ..membership import ALIVE, Member, MemberDown, Membership, MembershipConfig, SelfDowned
 from ..runtime import ASYNC, ActorRef, current_caller
 
 if TYPE_CHECKING:
@@ -74,6 +74,7 @@ class MembershipService:
         self.core = Membership(str(self.host.peer_id), self._info(), config)
         self.core.reachable = self._connected
         self.on_down: list[Callable[[Member, str], None]] = []  # told of every MemberDown
+        self.on_self_downed: list[Callable[[], None]] = []  # told when the mesh declared us dead
         self.host.identify_listeners.append(self._on_identify)
         self.host.disconnect_listeners.append(self._on_disconnect)
         self._next_load = 0.0  # when our load is next re-read and, if changed, gossiped
@@ -130,6 +131,14 @@ class MembershipService:
 
     def _emit(self, events: list) -> None:
         for ev in events:
+            if isinstance(ev, SelfDowned):
+                log.warning("the mesh declared this node dead; rejoining", incarnation=ev.incarnation)
+                for cb in list(self.on_self_downed):
+                    try:
+                        cb()
+                    except Exception:
+                        log.exception("self-downed listener failed")
+                continue
             if isinstance(ev, MemberDown):
                 log.info("member down", peer=ev.member.id, reason=ev.reason)
                 for cb in list(self.on_down):

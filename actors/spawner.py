@@ -78,6 +78,15 @@ class Spawner:
 
         self._bound[name] = self._rt.monitors.watch(other, down)
 
+    def stop_bound(self) -> None:
+        """The mesh took this node for dead: every actor bound to a supervisor or a link has
+        been replaced or stopped on the other side by now, so ours stop too."""
+        for name in list(self._bound):
+            self._release(name, "node downed")
+            actor = self._rt.actors.get(name)
+            if actor is not None:
+                self._rt.host.spawn(actor.stop("this node was declared dead by the mesh"))
+
     async def link(self, name: str, other: ActorRef) -> None:
         """Tie actor ``name`` here to ``other``: when ``other`` goes down, ``name`` is stopped."""
         if type(name) is not str or not isinstance(other, ActorRef):

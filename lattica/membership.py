@@ -45,6 +45,7 @@ __all__ = [
     "MemberUp",
     "MemberChanged",
     "MemberDown",
+    "SelfDowned",
     "PhiAccrual",
 ]
 
@@ -101,6 +102,15 @@ class MemberDown:
     reason: str
 
 
+@dataclass(frozen=True)
+class SelfDowned:
+    """The mesh declared *us* dead (we were frozen or cut off): we refute and rejoin in a newer
+    incarnation, but what the others did meanwhile stands (our supervised actors were restarted
+    elsewhere), so the glue stops what would now be duplicates."""
+
+    incarnation: int
+
+
 class PhiAccrual:
     """Hayashibara et al.'s phi-accrual detector over the last heartbeat intervals."""
 
@@ -152,6 +162,8 @@ class Membership:
         self.reachable: Callable[[str], bool] = lambda member_id: True
         self._next_sync = 0.0
         self._left = False
+        self._downed_at = -1  # the newest incarnation in which we heard we were declared dead
+        self._tell_dead: set[str] = set()  # members we hold dead that still talk to us
 
     # -- the view ---------------------------------------------------------------------------
 
@@ -188,6 +200,8 @@ class Membership:
         events: list = []
         if sender != self.me.id and sender not in self.members:
             events += self.add(now, sender)  # (and it gets our view at the next tick)
+        elif sender in self.members and self.members[sender].state == DEAD:
+            self._tell_dead.add(sender)  # it must hear its verdict to refute it (and to know)
         if msg.get("hb") is True:  # the sender asks us to watch it (we are on its watcher list)
             m = self.members.get(sender)
             if m is not None and m.state in (ALIVE, SUSPECT):
@@ -214,10 +228,14 @@ class Membership:
         if type(mid) is not str or type(inc) is not int or state not in _RANK or type(info) is not dict or len(info) > _MAX_INFO_KEYS:
             return []
         if mid == self.me.id:
+            events: list = []
+            if state == DEAD and inc > self._downed_at and not self._left:
+                self._downed_at = inc  # (told once per verdict, even if a suspicion was refuted first)
+                events.append(SelfDowned(max(self.me.incarnation, inc + 1)))
             if state != ALIVE and inc >= self.me.incarnation and not self._left:
                 self.me.incarnation = inc + 1  # refute: we are alive, in a newer incarnation
                 self._spread(self.me.id)
-            return []
+            return events
         m = self.members.get(mid)
         if m is None:
             if state in (DEAD, LEFT):
@@ -314,6 +332,11 @@ class Membership:
         targets = [m.id for m in self.alive() if m.id not in self._sent_to and self.reachable(m.id)]
         for mid in self._rng.sample(targets, min(self.cfg.fanout, len(targets))):
             out.append((mid, {"rumors": news}))
+        for mid in self._tell_dead:
+            m = self.members.get(mid)
+            if m is not None and m.state == DEAD and self.reachable(mid):
+                out.append((mid, {"rumors": [[m.id, m.incarnation, DEAD, m.info]]}))
+        self._tell_dead.clear()
         sync = [mid for mid in self._welcome if mid in self.members and self.reachable(mid)][:3]
         self._welcome.clear()
         if now >= self._next_sync and self.members:

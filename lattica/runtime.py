@@ -682,6 +682,13 @@ class _Abandoned(Exception):
 
 
 _HOOK_TIMEOUT = 10.0  # seconds an on_stop hook may take
+async def _reset_quietly(stream: Any) -> None:
+    try:
+        stream.reset()
+    except Exception:  # the stream may already be gone
+        pass
+
+
 _FOLLOW_FOR = 30.0  # seconds a stable ref keeps re-sending an undelivered call while its actor moves
 _RECENT_PLACEMENT = 5.0  # seconds a spawn we sent counts against its node (gossip lag)
 
@@ -1268,7 +1275,8 @@ class Runtime:
             from .actors.membership import MembershipActor, MembershipService
 
             host.membership = MembershipService(self, host.node.membership_config, host.node.labels, host.node.resources)
-            host.membership.on_down.append(lambda m, why: self.monitors.node_down(m.id, why))
+            host.membership.on_down.append(self._member_down)
+            host.membership.on_self_downed.append(self.actors["spawner"].instance.stop_bound)
             self.create(MembershipActor, [], None, MembershipActor.NAME, instance=MembershipActor(host.membership))
         if host.node.relay_config is not None:
             from .actors.relay import RelayActor, RelayService
@@ -1446,6 +1454,20 @@ class Runtime:
         ch.closed = PeerUnreachable("call channel moved to a better connection")
         if ch.stream is not None:
             self.host.spawn(ch.stream.close())
+
+    def _member_down(self, member: Any, why: str) -> None:
+        """Membership's verdict on a peer: calls waiting on it fail (or, through stable refs, follow
+        their actors) instead of waiting on a frozen process; monitors on its actors fire."""
+        try:
+            peer = PeerId.from_string(member.id)
+        except LatticaError:
+            return
+        ch = self.channels.get(peer)
+        if isinstance(ch, _RemoteChannel):
+            if ch.stream is not None:
+                self.host.spawn(_reset_quietly(ch.stream))
+            self._drop_channel(ch, PeerUnreachable(f"{peer} was declared {member.state}: {why}"))
+        self.monitors.node_down(member.id, why)
 
     def _drop_channel(self, ch: _Channel, error: LatticaError) -> None:
         if self.channels.get(ch.peer) is ch:

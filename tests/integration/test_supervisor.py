@@ -176,3 +176,45 @@ def test_a_sigkilled_node_s_children_come_back_elsewhere_with_their_checkpoints(
         assert all(k["node"] == str(p2.peer_id) for k in kids)
         with capsys.disabled():
             print(f"\nsupervisor: SIGKILLed node's children answering elsewhere after {answered:.2f} s")
+
+
+def test_a_frozen_node_s_children_come_back_elsewhere_and_its_old_ones_stop_when_it_thaws(monkeypatch, capsys):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (SUPPORT, os.environ.get("PYTHONPATH")) if p))
+    with lattica.Node([TCP], allow=ALLOW, resources={"cpu": 1}) as me, \
+            ServerProcess([TCP], "--allow", "sample_actors.*") as p1, ServerProcess([TCP], "--allow", "sample_actors.*") as p2:
+        for p in (p1, p2):
+            me.connect(p.addr("tcp"))
+        lattica.dht.bootstrap(node=me).result(10)
+        assert wait_for(lambda: len(me.nodes()) == 3 and all("cpu" in r for r in me.nodes()), timeout=15)
+        sup = _sup(me, strategy="one_for_one", max_restarts=10, within=60)
+        refs = [_call(me, sup, "start_child", sa.Tally, [], id=f"f{i}", resources={"cpu": 0.5}, checkpoint_every=0.1) for i in range(2)]
+        assert {_call(me, r, "where") for r in refs} == {str(p1.peer_id), str(p2.peer_id)}
+        frozen = next(r for r in refs if _call(me, r, "where") == str(p1.peer_id))
+        _call(me, frozen, "add", 42)
+        time.sleep(0.4)  # checkpointed
+        t0 = time.monotonic()
+        os.kill(p1.proc.pid, signal.SIGSTOP)
+        try:
+            value = None
+            while value is None:
+                try:
+                    value = _call(me, frozen, "get", timeout=30)
+                except lattica.errors.ActorRestarted:
+                    pass  # the first try was waiting on the frozen process
+                except lattica.errors.CallTimeout:
+                    pass
+            answered = time.monotonic() - t0
+            assert value == 42 and _call(me, frozen, "where") == str(p2.peer_id)
+        finally:
+            os.kill(p1.proc.pid, signal.SIGCONT)
+        # thawed, p1 hears it was declared dead, rejoins, and stops its now duplicate child
+        p1_id = lattica.PeerId.from_string(p1.peer_id)
+        assert wait_for(lambda: not [n for n in me.run(_names(me, p1_id), timeout=10) if "/f" in n], timeout=15)
+        with capsys.disabled():
+            print(f"\nsupervisor: SIGSTOPped node's children answering elsewhere after {answered:.2f} s")
+
+
+async def _names(node, peer):
+    from lattica.runtime import spawner_ref
+
+    return await node._host.runtime.call(spawner_ref(peer), "names", (), {}, timeout=5)

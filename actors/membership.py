@@ -3,9 +3,10 @@
 Peers become members when identified; heartbeats and gossip are ``gossip`` tells to their
 ``membership`` actors, sent only over connections that exist (membership never dials: it would
 turn the mesh into a full mesh, and AutoNAT would stop trusting dial-backs from everyone we
-dialed). When a peer's last connection drops, one redial over TCP is tried at once: if
-it fails the member is suspected right away (a killed process then counts as dead about a second
-later instead of after the detector's silence). A node that stops says goodbye first.
+dialed). When a peer's connection is lost (not closed on purpose), it is redialed over TCP at
+once (a few quick tries): refused at every address, the process is gone and the member is dead
+now; failing otherwise, the member is suspected right away instead of after the detector's
+silence. A node that stops says goodbye first.
 
 What each member says about itself: ``cpu`` (cores), ``memory`` (bytes), ``gpus`` (from
 ``CUDA_VISIBLE_DEVICES``, or ``nvidia-smi -L`` when present), user ``labels``, and ``load``
@@ -21,7 +22,7 @@ import subprocess
 from typing import TYPE_CHECKING, Any, Callable
 
 from .._log import get_logger
-from ..errors import LatticaError, PeerGone
+from ..errors import LatticaError, PeerGone, PeerUnreachable
 from ..identity import PeerId
 from ..membership import ALIVE, Member, MemberDown, Membership, MembershipConfig, SelfDowned
 from ..runtime import ASYNC, ActorRef, current_caller
@@ -37,6 +38,8 @@ __all__ = ["MembershipActor", "MembershipService", "membership_ref", "detect_res
 
 _LOAD_EVERY = 5.0  # seconds between refreshes of our load in the gossip
 _REDIAL_TIMEOUT = 1.0
+_REDIAL_TRIES = 3
+_REDIAL_PAUSE = 0.05
 
 
 def membership_ref(peer: PeerId) -> ActorRef:
@@ -170,7 +173,18 @@ class MembershipService:
             return  # nothing cheap to try: the detector decides
         try:
             async with asyncio.timeout(_REDIAL_TIMEOUT):
-                await self.host._race(peer, tcp)
+                for attempt in range(_REDIAL_TRIES):
+                    try:
+                        await self.host._race(peer, tcp)
+                        return
+                    except PeerGone:
+                        raise
+                    except PeerUnreachable:
+                        # a process being killed can still accept one connection, then reset it
+                        # during the handshake: the next try is refused outright
+                        if attempt == _REDIAL_TRIES - 1:
+                            raise
+                        await asyncio.sleep(_REDIAL_PAUSE)
         except PeerGone as e:  # lost, and nothing listens where it did: the process is gone
             log.debug("lost member refused the redial", peer=str(peer), reason=str(e))
             self._emit(self.core.declare_dead(self._now(), str(peer), "connection lost and redial refused"))

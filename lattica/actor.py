@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import sys
 import threading
 from typing import Any, Callable
 
@@ -60,7 +61,26 @@ def _on_loop(rt: Runtime, fn: Callable[[], Any]) -> Any:
 
 
 def _class_path(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+    """``module.Class``, the name a spawner imports. A class defined in the script being run is
+    named after the script (``python train.py`` -> ``train.Class``; ``python -m pkg.train`` ->
+    ``pkg.train.Class``): other nodes import it under that name, never as ``__main__``."""
+    module = cls.__module__
+    if module == "__main__":
+        module = _main_module_name() or module
+    return f"{module}.{cls.__qualname__}"
+
+
+def _main_module_name() -> str | None:
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":
+        return spec.name
+    path = getattr(main, "__file__", None)
+    if path:
+        stem = os.path.splitext(os.path.basename(path))[0]
+        if stem.isidentifier():
+            return stem
+    return None
 
 
 class ActorClass:

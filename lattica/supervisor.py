@@ -33,7 +33,7 @@ from ._log import get_logger
 from .actor import ActorClass, _class_path, actor, offer_spawn, spawn_placed
 from .errors import LatticaError, PlacementError, SpawnError
 from .identity import PeerId
-from .runtime import ActorRef, current_actor, runtime_for_thread, spawner_ref
+from .runtime import DEFAULT_WINDOW, ActorRef, current_actor, runtime_for_thread, spawner_ref
 
 __all__ = ["Supervisor", "STRATEGIES", "RESTARTS"]
 
@@ -190,7 +190,7 @@ class Supervisor:
         ref = child.ref
         methods = ref.methods if ref is not None else {}
         peer = ref.peer_id if ref is not None else self._rt.peer_id
-        return ActorRef(peer, self._name(child), methods, ref.window if ref is not None else 1024, stable=True)
+        return ActorRef(peer, self._name(child), methods, ref.window if ref is not None else DEFAULT_WINDOW, stable=True)
 
     async def _start(self, child: _Child, avoid: str | None = None) -> None:
         rt = self._rt

@@ -52,7 +52,8 @@ async def serve_echo(stream: Stream, conn: Connection) -> None:
 class ServerProcess:
     """Run this module in a child process; ``with ServerProcess([...]) as srv: srv.addrs``."""
 
-    def __init__(self, listen: list[str], *extra: str) -> None:
+    def __init__(self, listen: list[str], *extra: str, env: dict[str, str] | None = None) -> None:
+        self._env = env  # the child's environment (default: this process's)
         args = [sys.executable, "-m", "lattica.bench.server"]
         for a in listen:
             args += ["--listen", a]
@@ -60,7 +61,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> ServerProcess:
-        self.proc = subprocess.Popen(self._args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(self._args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=self._env)
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         if not line:
             self.proc.kill()
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dht-rate", type=float, default=None, help="DHT stores per second accepted from one peer")
     p.add_argument("--relay", action="store_true", help="relay circuits for private peers")
     p.add_argument("--relay-in-stream", action="store_true", help="relay circuits, never on spliced sockets")
+    p.add_argument("--resources", default=None, help='what this node offers placement, as JSON: {"cpu": 4}')
     p.add_argument("--private-via", default=None, help="listen nowhere; be reachable through this relay only")
     args = p.parse_args(argv)
     dht = None
@@ -117,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
         from ..actors.relay import RelayConfig
 
         relay = RelayConfig(splice=False)
-    node = Node(listen, key_path=args.key, busy_poll_us=args.busy_poll_us, allow=["lattica.bench.*", *args.allow], dht=dht, relay=relay, **private)
+    node = Node(listen, key_path=args.key, busy_poll_us=args.busy_poll_us, allow=["lattica.bench.*", *args.allow], dht=dht, relay=relay,
+                resources=json.loads(args.resources) if args.resources else None, **private)
     node.start()
     if args.private_via:
         import time

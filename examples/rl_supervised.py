@@ -29,7 +29,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -105,17 +105,12 @@ class Learner:
         onehot = np.eye(ACTIONS)[actions]
         self.weights = self.weights + self.lr * obs.T @ ((onehot - probs) * (rewards - rewards.mean())[:, None]) / len(obs)
         self.version += 1
-        pushed = await asyncio.gather(*(self._push(w) for w in self.workers))
-        return {"version": self.version, "reward": float(rewards.mean()), "samples": len(obs), "pushed": sum(pushed)}
-
-    async def _push(self, worker: Any) -> bool:
-        for _ in range(2):  # set_weights is idempotent: safe to send again to the next incarnation
-            try:
-                await worker.set_weights.remote(self.weights, self.version)
-                return True
-            except ActorRestarted:
-                continue
-        return False
+        # set_weights is idempotent: a push in flight when a worker's node died is sent again to
+        # the worker's next incarnation
+        pushes = [w.set_weights.options(idempotent=True).remote(self.weights, self.version) for w in self.workers]
+        pushed = await asyncio.gather(*pushes, return_exceptions=True)
+        return {"version": self.version, "reward": float(rewards.mean()), "samples": len(obs),
+                "pushed": sum(not isinstance(r, BaseException) for r in pushed)}
 
     async def checkpoint(self) -> dict:
         return {"weights": self.weights, "version": self.version, "workers": self.workers}

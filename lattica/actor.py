@@ -253,21 +253,24 @@ def actor(cls: type | None = None, *, max_concurrency: int | None = None, window
 class MethodHandle:
     """``ref.method``: ``.remote(...)``, ``.tell(...)``, ``.stream(...)``, ``.options(...)``."""
 
-    __slots__ = ("_ref", "_name", "_kind", "_timeout", "_block")
+    __slots__ = ("_ref", "_name", "_kind", "_timeout", "_block", "_idempotent")
 
-    def __init__(self, ref: ActorRef, name: str, kind: str, timeout: float | None = None, block: bool = True) -> None:
+    def __init__(self, ref: ActorRef, name: str, kind: str, timeout: float | None = None, block: bool = True, idempotent: bool = False) -> None:
         self._ref = ref
         self._name = name
         self._kind = kind
         self._timeout = timeout
         self._block = block
+        self._idempotent = idempotent
 
-    def options(self, *, timeout: float | None = None, block: bool = True) -> MethodHandle:
-        """Per-call options: ``timeout`` seconds (enforced by caller and callee; CallTimeout) and
-        ``block=False`` (raise MailboxFull instead of waiting for room in the mailbox)."""
+    def options(self, *, timeout: float | None = None, block: bool = True, idempotent: bool = False) -> MethodHandle:
+        """Per-call options: ``timeout`` seconds (enforced by caller and callee; CallTimeout),
+        ``block=False`` (raise MailboxFull instead of waiting for room in the mailbox), and
+        ``idempotent=True`` (safe to run twice: through a stable ref, a call in flight when its
+        actor went away is sent again to the next incarnation instead of raising ActorRestarted)."""
         if timeout is not None and not timeout > 0:
             raise ValueError("timeout must be a positive number of seconds")
-        return MethodHandle(self._ref, self._name, self._kind, timeout, block)
+        return MethodHandle(self._ref, self._name, self._kind, timeout, block, idempotent)
 
     def remote(self, *args: Any, **kwargs: Any) -> Future:
         """Call the method; returns a Future of its result."""
@@ -297,13 +300,13 @@ class MethodHandle:
 def _submit(h: MethodHandle, args: tuple, kwargs: dict, *, tell: bool, stream: _StreamState | None = None) -> Future | None:
     rt = stream._rt if stream is not None else current_runtime()
     if threading.get_ident() == rt.host.thread_id:
-        return rt.call(h._ref, h._name, args, kwargs, timeout=h._timeout, tell=tell, stream=stream, block=h._block)
+        return rt.call(h._ref, h._name, args, kwargs, timeout=h._timeout, tell=tell, stream=stream, block=h._block, idempotent=h._idempotent)
     # Another thread: build and encode the call here (codec errors raise in this thread, tells
     # included), wait for a slot in this actor's gate (backpressure), then hand it to the loop.
     gate = rt.gate(h._ref)
     gate.acquire(h._ref.window, h._block, h._ref.name, alive=lambda: not rt.host.closing)
     try:
-        p = rt.prepare(h._ref, h._name, args, kwargs, timeout=h._timeout, tell=tell, stream=stream, encode=True)
+        p = rt.prepare(h._ref, h._name, args, kwargs, timeout=h._timeout, tell=tell, stream=stream, encode=True, idempotent=h._idempotent)
     except BaseException:
         gate.release()
         raise

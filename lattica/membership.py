@@ -163,7 +163,9 @@ class Membership:
         self._next_sync = 0.0
         self._left = False
         self._downed_at = -1  # the newest incarnation in which we heard we were declared dead
-        self._tell_dead: set[str] = set()  # members we hold dead that still talk to us
+        # members that must hear they were declared dead (still talking to us, or back in a newer
+        # incarnation without having heard it), with the incarnation of the verdict
+        self._tell_dead: dict[str, int] = {}
 
     # -- the view ---------------------------------------------------------------------------
 
@@ -201,7 +203,7 @@ class Membership:
         if sender != self.me.id and sender not in self.members:
             events += self.add(now, sender)  # (and it gets our view at the next tick)
         elif sender in self.members and self.members[sender].state == DEAD:
-            self._tell_dead.add(sender)  # it must hear its verdict to refute it (and to know)
+            self._tell_dead[sender] = self.members[sender].incarnation  # it must hear its verdict to refute it (and to know)
         if msg.get("hb") is True:  # the sender asks us to watch it (we are on its watcher list)
             m = self.members.get(sender)
             if m is not None and m.state in (ALIVE, SUSPECT):
@@ -254,7 +256,7 @@ class Membership:
         return self._set(now, m, state, inc, info or m.info)
 
     def _set(self, now: float, m: Member, state: str, inc: int, info: dict, reason: str | None = None) -> list:
-        was = m.state
+        was, old_inc = m.state, m.incarnation
         m.state, m.incarnation, m.info, m.since = state, inc, info, now
         self._spread(m.id)
         if state in (DEAD, LEFT):
@@ -262,6 +264,10 @@ class Membership:
             self._detectors.pop(m.id, None)
             return [] if was in (DEAD, LEFT) else [MemberDown(m, reason or state)]
         if was in (DEAD, LEFT):  # back in a newer incarnation (a restarted or healed node)
+            if was == DEAD:
+                # it may have refuted a mere suspicion and never heard the verdict: tell it, so it
+                # stops what was restarted elsewhere meanwhile (SelfDowned)
+                self._tell_dead[m.id] = old_inc
             self._ring = None
             self._detectors.pop(m.id, None)
             return [MemberUp(m)]
@@ -332,10 +338,10 @@ class Membership:
         targets = [m.id for m in self.alive() if m.id not in self._sent_to and self.reachable(m.id)]
         for mid in self._rng.sample(targets, min(self.cfg.fanout, len(targets))):
             out.append((mid, {"rumors": news}))
-        for mid in self._tell_dead:
+        for mid, inc in self._tell_dead.items():
             m = self.members.get(mid)
-            if m is not None and m.state == DEAD and self.reachable(mid):
-                out.append((mid, {"rumors": [[m.id, m.incarnation, DEAD, m.info]]}))
+            if m is not None and m.state != LEFT and self.reachable(mid):
+                out.append((mid, {"rumors": [[m.id, inc, DEAD, m.info]]}))
         self._tell_dead.clear()
         sync = [mid for mid in self._welcome if mid in self.members and self.reachable(mid)][:3]
         self._welcome.clear()

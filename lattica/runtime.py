@@ -719,7 +719,7 @@ def _on_thread(executor: pykka.ActorRef, fn: Callable[[], Any]) -> Any:
 class _Pending:
     """A call we made that has not finished."""
 
-    __slots__ = ("cid", "ref", "msg", "future", "stream", "channel", "timer", "stream_args", "arg_state", "encoded", "gate", "created", "follow_until")
+    __slots__ = ("cid", "ref", "msg", "future", "stream", "channel", "timer", "stream_args", "arg_state", "encoded", "gate", "created", "follow_until", "idempotent")
 
     def __init__(self, cid: int, ref: ActorRef, msg: list, future: Future | None, stream: Any) -> None:
         self.cid = cid
@@ -735,6 +735,7 @@ class _Pending:
         self.gate: _Gate | None = None  # the calling thread's gate slot, freed once the call is sent
         self.created = time.monotonic()  # the loop clock: deadlines travel as time remaining
         self.follow_until: float | None = None  # through a stable ref: re-sent until then while undelivered
+        self.idempotent = False  # safe to run twice: re-sent to the next incarnation even if delivered
 
     def stamp(self) -> None:
         """Just before sending: the timeout becomes what is left of it (it may have waited)."""
@@ -1474,13 +1475,15 @@ class Runtime:
             del self.channels[ch.peer]
         ch.fail_all(error)
 
-    def call(self, ref: ActorRef, method: str, args: tuple, kwargs: dict, *, timeout: float | None, tell: bool = False, stream: Any = None, block: bool = True) -> Future | None:
+    def call(self, ref: ActorRef, method: str, args: tuple, kwargs: dict, *, timeout: float | None, tell: bool = False, stream: Any = None,
+             block: bool = True, idempotent: bool = False) -> Future | None:
         """Make a call (on the loop); returns its Future (None for tell)."""
-        p = self.prepare(ref, method, args, kwargs, timeout=timeout, tell=tell, stream=stream)
+        p = self.prepare(ref, method, args, kwargs, timeout=timeout, tell=tell, stream=stream, idempotent=idempotent)
         self.submit(p, block)
         return p.future
 
-    def prepare(self, ref: ActorRef, method: str, args: tuple, kwargs: dict, *, timeout: float | None, tell: bool = False, stream: Any = None, encode: bool = False) -> _Pending:
+    def prepare(self, ref: ActorRef, method: str, args: tuple, kwargs: dict, *, timeout: float | None, tell: bool = False, stream: Any = None,
+                encode: bool = False, idempotent: bool = False) -> _Pending:
         """Build a call (any thread). With ``encode``, a call to another node is encoded here, so
         an argument the codec refuses raises in the caller's thread."""
         spawn = ref._spawn
@@ -1504,6 +1507,7 @@ class Runtime:
         msg = rpc.call(cid, ref.name, method, arg_list, kwargs or None, timeout, flags)
         p = _Pending(cid, ref, msg, None if tell or stream is not None else Future(self.loop), stream)
         p.stream_args = streamed
+        p.idempotent = idempotent
         if encode and ref.peer_id != self.peer_id:
             p.encoded = codec.encode(msg)
         return p
@@ -1515,6 +1519,17 @@ class Runtime:
             p.timer = self.loop.call_later(p.msg[6], self._timed_out, p)
         ref = p.ref
         spawn = ref._spawn
+        if (spawn is None or spawn.done()) and ref.peer_id != self.peer_id and self._node_down(ref.peer_id):
+            # membership holds the node suspect or dead: a stable ref follows its actor (to where
+            # its supervisor restarts it, or back here if the node recovers); any other call fails
+            # now rather than wait on a frozen process (tells go: membership gossip must reach a
+            # dead member over a connection that is still open, so it hears its verdict)
+            if ref.stable and not self.host.closing:
+                self._start_following(ref)
+                spawn = ref._spawn
+            elif not p.msg[7] & rpc.F_TELL and self._node_state(ref.peer_id) == "dead":
+                self._fail(p, PeerUnreachable(f"{ref.peer_id} was declared dead; calls to it fail until it rejoins the mesh"))
+                return
         if spawn is not None and (not spawn.done() or ref._held is not None):
             # held until the spawn answers; `_held` stays set until the release ran, so a call
             # made in between queues behind the held ones instead of overtaking them
@@ -1565,8 +1580,9 @@ class Runtime:
 
     def _follow(self, p: _Pending, error: BaseException, delivered: bool) -> bool:
         """A call through a stable ref found its actor gone. Start following the actor (resolve
-        its name again); re-send the call if it never reached the actor (for up to
-        ``_FOLLOW_FOR`` s), else fail it with ActorRestarted. False: not a stable ref's call."""
+        its name again); re-send the call if it never reached the actor, or if the caller said it
+        is idempotent (for up to ``_FOLLOW_FOR`` s), else fail it with ActorRestarted. False: not
+        a stable ref's call."""
         ref = p.ref
         if not ref.stable or self.host.closing or _finished(p):
             return False
@@ -1574,7 +1590,7 @@ class Runtime:
         now = time.monotonic()
         if p.follow_until is None:
             p.follow_until = now + _FOLLOW_FOR
-        if not delivered and p.stream is None and now < p.follow_until:
+        if (not delivered or p.idempotent) and p.stream is None and now < p.follow_until:
             if p.timer is not None:
                 p.timer.cancel()
                 p.timer = None
@@ -1622,11 +1638,16 @@ class Runtime:
             delay = min(delay * 2, 0.5)
 
     def _node_down(self, peer: PeerId) -> bool:
+        """Membership holds ``peer`` suspect or dead."""
+        state = self._node_state(peer)
+        return state is not None and state != "alive"
+
+    def _node_state(self, peer: PeerId) -> str | None:
         membership = self.host.membership
         if membership is None or peer == self.peer_id:
-            return False
+            return None
         m = membership.core.get(str(peer))
-        return m is not None and m.state != "alive"
+        return m.state if m is not None else None
 
     def _timed_out(self, p: _Pending) -> None:
         ch = p.channel

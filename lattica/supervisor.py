@@ -330,6 +330,8 @@ class Supervisor:
 
     def _event(self, what: str, child: _Child | None, reason: str, src: str | None = None, dst: str | None = None) -> None:
         self.events.append({"t": time.time(), "event": what, "child": child.id if child else None, "reason": reason, "from": src, "to": dst})
+        log.info(f"child {what}" if child else what, supervisor=self._me.name if self._me else "?", child=child.id if child else None,
+                 reason=reason, src=src, dst=dst)
         del self.events[:-200]
 
 

@@ -100,8 +100,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--relay", action="store_true", help="relay circuits for private peers")
     p.add_argument("--relay-in-stream", action="store_true", help="relay circuits, never on spliced sockets")
     p.add_argument("--resources", default=None, help='what this node offers placement, as JSON: {"cpu": 4}')
+    p.add_argument("--log", default=os.environ.get("LATTICA_SERVER_LOG"), help="log level on stderr (default: $LATTICA_SERVER_LOG, else off)")
     p.add_argument("--private-via", default=None, help="listen nowhere; be reachable through this relay only")
     args = p.parse_args(argv)
+    if args.log:
+        from ..logging import configure
+
+        configure(args.log)
     dht = None
     if args.dht_rate is not None:
         from ..actors.dht import DhtConfig

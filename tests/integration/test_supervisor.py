@@ -187,10 +187,11 @@ def test_a_frozen_node_s_children_come_back_elsewhere_and_its_old_ones_stop_when
         lattica.dht.bootstrap(node=me).result(10)
         assert wait_for(lambda: len(me.nodes()) == 3 and all("cpu" in r for r in me.nodes()), timeout=15)
         sup = _sup(me, strategy="one_for_one", max_restarts=10, within=60)
-        refs = [_call(me, sup, "start_child", sa.Tally, [], id=f"f{i}", resources={"cpu": 0.5}, checkpoint_every=0.1) for i in range(2)]
+        refs = [_call(me, sup, "start_child", sa.Tally, [], id=f"f{i}", resources={"cpu": 0.5}, checkpoint_every=0.1) for i in range(4)]
         assert {_call(me, r, "where") for r in refs} == {str(p1.peer_id), str(p2.peer_id)}
-        frozen = next(r for r in refs if _call(me, r, "where") == str(p1.peer_id))
+        frozen, other = [r for r in refs if _call(me, r, "where") == str(p1.peer_id)]
         _call(me, frozen, "add", 42)
+        _call(me, other, "add", 7)
         time.sleep(0.4)  # checkpointed
         t0 = time.monotonic()
         os.kill(p1.proc.pid, signal.SIGSTOP)
@@ -205,13 +206,30 @@ def test_a_frozen_node_s_children_come_back_elsewhere_and_its_old_ones_stop_when
                     pass
             answered = time.monotonic() - t0
             assert value == 42 and _call(me, frozen, "where") == str(p2.peer_id)
+            # made after the verdict: a stable ref does not wait on the frozen process (its
+            # connection is still open) but follows its actor; a plain ref fails at once
+            t1 = time.monotonic()
+            assert _call(me, other, "get", timeout=30) == 7
+            assert time.monotonic() - t1 < 10
+            plain = lattica.ActorRef(lattica.PeerId.from_string(p1.peer_id), other.name, other.methods)
+            with pytest.raises(lattica.errors.PeerUnreachable, match="declared dead"):
+                _call(me, plain, "get", timeout=30)
         finally:
             os.kill(p1.proc.pid, signal.SIGCONT)
         # thawed, p1 hears it was declared dead, rejoins, and stops its now duplicate child
         p1_id = lattica.PeerId.from_string(p1.peer_id)
-        assert wait_for(lambda: not [n for n in me.run(_names(me, p1_id), timeout=10) if "/f" in n], timeout=15)
+        # (calls to p1 fail while it is held dead: until it has rejoined under a new incarnation)
+        assert wait_for(lambda: (names := _try(lambda: me.run(_names(me, p1_id), timeout=10))) is not None
+                        and not [n for n in names if "/f" in n], timeout=15)
         with capsys.disabled():
             print(f"\nsupervisor: SIGSTOPped node's children answering elsewhere after {answered:.2f} s")
+
+
+def _try(fn):
+    try:
+        return fn()
+    except lattica.errors.PeerUnreachable:
+        return None
 
 
 async def _names(node, peer):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lattica.membership import ALIVE, DEAD, LEFT, SUSPECT, Membership, MembershipConfig, MemberDown, PhiAccrual
+from lattica.membership import ALIVE, DEAD, LEFT, SUSPECT, Membership, MembershipConfig, MemberDown, PhiAccrual, SelfDowned
 
 
 def test_phi_stays_low_on_time_and_grows_with_silence():
@@ -90,6 +90,25 @@ def test_a_dead_member_comes_back_only_in_a_newer_incarnation():
     assert a.receive(1.1, "b", {"rumors": [["b", 0, ALIVE, {}]]}) == []
     ev = a.receive(1.2, "b", {"rumors": [["b", 1, ALIVE, {"cpu": 8}]]})
     assert a.get("b").state == ALIVE and a.get("b").info == {"cpu": 8} and ev
+
+
+def test_a_member_back_from_the_dead_without_hearing_it_is_told_its_verdict():
+    # b was frozen: a declared it dead, c only suspected it; thawed, b hears c's suspicion first
+    # and comes back alive in a newer incarnation, which a accepts. b must still learn it had
+    # been declared dead (its supervised actors were restarted elsewhere meanwhile).
+    a, b = _pair()
+    a.declare_dead(1.0, "b", "frozen")
+    b.receive(1.5, "c", {"rumors": [["b", 0, SUSPECT, {}]]})
+    assert b.me.incarnation == 1
+    a.receive(1.6, "b", {"rumors": [["b", 1, ALIVE, {}]]})
+    assert a.get("b").state == ALIVE
+    out, _ = a.tick(1.7)
+    told = [msg for to, msg in out if to == "b" and ["b", 0, DEAD, {}] in msg.get("rumors", [])]
+    assert len(told) == 1
+    events = b.receive(1.8, "a", told[0])
+    assert [type(e) for e in events] == [SelfDowned]
+    assert b.me.incarnation == 1  # an old verdict: nothing left to refute
+    assert b.receive(1.9, "a", told[0]) == []  # told once
 
 
 def test_hostile_messages_are_ignored():

@@ -15,7 +15,6 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/lattica demo
 	$(BIN)/python examples/rl_supervised.py --chaos kill
-	$(BIN)/python examples/rl_supervised.py --chaos kill
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

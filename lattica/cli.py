@@ -15,7 +15,7 @@ def _print(result: dict, as_json: bool) -> None:
         print(json.dumps(result), flush=True)
         return
     name = result.pop("bench", "")
-    print(f"{name:<14}" + "  ".join(f"{k}={v}" for k, v in result.items()), flush=True)
+    print(f"{name:<14} " + "  ".join(f"{k}={v}" for k, v in result.items()), flush=True)
 
 
 def _bench(args: argparse.Namespace) -> None:
@@ -64,6 +64,11 @@ def _bench(args: argparse.Namespace) -> None:
         for payload in args.payload or [262144, 128]:
             for row in bench_relay(payload, concurrency=(args.concurrency or [32])[0], duration=min(args.duration, 5.0)):
                 _print(row, args.json)
+    if which in ("supervise", "all"):
+        from .bench.supervise import bench_supervise
+
+        for row in bench_supervise(rounds=args.rounds):
+            _print(row, args.json)
     if which in ("rpc", "all"):
         from .bench.rpc import bench_rpc
 
@@ -198,11 +203,11 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--json", action="store_true", help="the report as one JSON object")
     s.set_defaults(fn=_doctor)
 
-    s = sub.add_parser("demo", help="two local nodes find each other, identify and ping")
+    s = sub.add_parser("demo", help="a local mesh: identify, ping, sharded work, the DHT, supervised restarts after node loss")
     s.set_defaults(fn=_demo)
 
     s = sub.add_parser("bench", help="run benchmarks and print figures")
-    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "all"])
+    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "all"])
     s.add_argument("--transport", choices=["tcp", "quic", "both"], default="both")
     s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic)")
     s.add_argument("--count", type=int, default=10000, help="pings")
@@ -214,6 +219,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="node loop busy-poll window; default: compare 0 (uvloop) with the default side by side")
     s.add_argument("--nodes", type=int, action="append", help="dht: nodes (repeatable; default 2 and 3; dht-sim: 1000)")
     s.add_argument("--keys", type=int, default=200, help="dht-sim: keys stored and looked up")
+    s.add_argument("--rounds", type=int, default=5, help="supervise: node losses per signal (a fresh mesh each)")
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=_bench)
 

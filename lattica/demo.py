@@ -12,7 +12,6 @@ workers back on the survivors with their checkpointed state, timed.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -22,29 +21,6 @@ import numpy as np
 from .actor import actor
 from .bench.server import ServerProcess
 from .node import Node
-from .runtime import current_actor
-
-
-@actor
-class Accumulator:
-    """A worker with state worth keeping: the supervisor checkpoints it and restores it elsewhere."""
-
-    def __init__(self) -> None:
-        self.total = 0
-        self.restored = False
-
-    async def add(self, n: int) -> int:
-        self.total += n
-        return self.total
-
-    async def status(self) -> dict:
-        return {"total": self.total, "node": str(current_actor().peer_id), "restored": self.restored}
-
-    async def checkpoint(self) -> int:
-        return self.total
-
-    def restore(self, state: int) -> None:
-        self.total, self.restored = state, True
 
 
 @actor
@@ -154,53 +130,28 @@ def _work(b: Node, addr: str) -> None:
 
 
 def _supervision() -> None:
-    from .supervisor import Supervisor
+    from .bench.supervise import lose, statuses, supervised_mesh
 
-    print("\nsupervision: three more node processes; a supervisor on B places six stateful workers (1 cpu each, spread)")
-    opts = ("--allow", "lattica.demo.*", "--resources", json.dumps({"cpu": 6}))
-    with ServerProcess(["/ip4/127.0.0.1/tcp/0"], *opts) as p1, ServerProcess(["/ip4/127.0.0.1/tcp/0"], *opts) as p2, \
-            ServerProcess(["/ip4/127.0.0.1/tcp/0"], *opts) as p3, Node(["/ip4/127.0.0.1/tcp/0"], resources={"cpu": 0}) as b:
-        procs = [p1, p2, p3]
+    print("\nsupervision: three more node processes; a supervisor on a fourth places six stateful workers (1 cpu each, spread)")
+    with supervised_mesh(6) as (here, procs, sup, refs):
         label = {p.peer_id: f"P{i + 1}" for i, p in enumerate(procs)}
-        for p in procs:
-            b.connect(p.addr("tcp"))
-        deadline = time.monotonic() + 15
-        while not all("cpu" in m for m in b.nodes()) or len(b.nodes()) < 4:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the demo mesh did not form")
-            time.sleep(0.05)
 
-        async def start() -> tuple:
-            sup = Supervisor.remote(strategy="one_for_one", max_restarts=10, within=60)
-            refs = [await sup.start_child.remote(Accumulator, id=f"acc-{i}", resources={"cpu": 1}, checkpoint_every=0.1)
-                    for i in range(6)]
-            for i, r in enumerate(refs):
-                await r.add.remote(100 * (i + 1))
-            return sup, refs
-
-        sup, refs = b.run(start(), timeout=60)
-
-        async def statuses() -> list:
-            # idempotent: a call in flight when its worker's node died is sent again to the new one
-            return [await r.status.options(idempotent=True).remote() for r in refs]
-
-        def where() -> str:
-            homes = [label.get(s["node"], "B") for s in b.run(statuses(), timeout=60)]
+        def where(sts: list) -> str:
+            homes = [label[s["node"]] for s in sts]
             return ", ".join(f"{n}: {homes.count(n)}" for n in sorted(set(homes)))
 
-        print(f"  placed: {where()}  (their totals: {[s['total'] for s in b.run(statuses(), timeout=60)]})")
-        time.sleep(0.3)  # a checkpoint of each is held by the supervisor
-        for p, sig, what in ((p1, signal.SIGKILL, "SIGKILL"), (p2, signal.SIGSTOP, "SIGSTOP (a silent loss)")):
-            there = [i for i, s in enumerate(b.run(statuses(), timeout=60)) if s["node"] == p.peer_id]
-            t0 = time.monotonic()
-            os.kill(p.pid, sig)
-            back = b.run(statuses(), timeout=60)  # stable refs: these calls wait for the new incarnations
-            took = time.monotonic() - t0
-            moved = [i for i in there if back[i]["restored"] and back[i]["node"] != p.peer_id]
-            print(f"  {what} to {label[p.peer_id]} (hosting {len(there)}): all six answering again after {took:.2f} s; now {where()}")
-            print(f"    totals after the restarts: {[s['total'] for s in back]} ({len(moved)} of {len(there)} moved and restored from checkpoints)")
-            if sig == signal.SIGSTOP:
-                os.kill(p.pid, signal.SIGCONT)
+        sts = statuses(here, refs)
+        print(f"  placed: {where(sts)}  (their state: {[s['total'] for s in sts]}, checkpointed every 0.1 s)")
+        for p, sig, what in ((procs[0], signal.SIGKILL, "SIGKILL"), (procs[1], signal.SIGSTOP, "SIGSTOP (a silent loss)")):
+            try:
+                r = lose(here, p, sig, sup, refs)
+            finally:
+                if sig == signal.SIGSTOP:
+                    os.kill(p.pid, signal.SIGCONT)
+            print(f"  {what} to {label[p.peer_id]} (hosting {r['hosted']}): known down after {r['verdict_s']:.2f} s, "
+                  f"restarted elsewhere after {r['restarted_s']:.2f} s, all six answering after {r['answering_s']:.2f} s")
+            print(f"    now {where(r['statuses'])}; state {[s['total'] for s in r['statuses']]} "
+                  f"({r['moved']} of {r['hosted']} moved and restored from checkpoints)")
 
 
 if __name__ == "__main__":

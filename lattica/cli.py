@@ -69,6 +69,10 @@ def _bench(args: argparse.Namespace) -> None:
 
         for row in bench_supervise(rounds=args.rounds):
             _print(row, args.json)
+    if which == "soak":
+        from .bench.soak import soak
+
+        _print(soak(args.soak_seconds, processes=(args.nodes or [4])[0]), args.json)
     if which in ("rpc", "all"):
         from .bench.rpc import bench_rpc
 
@@ -207,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     s.set_defaults(fn=_demo)
 
     s = sub.add_parser("bench", help="run benchmarks and print figures")
-    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "all"])
+    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "soak", "all"])
     s.add_argument("--transport", choices=["tcp", "quic", "both"], default="both")
     s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic)")
     s.add_argument("--count", type=int, default=10000, help="pings")
@@ -219,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="node loop busy-poll window; default: compare 0 (uvloop) with the default side by side")
     s.add_argument("--nodes", type=int, action="append", help="dht: nodes (repeatable; default 2 and 3; dht-sim: 1000)")
     s.add_argument("--keys", type=int, default=200, help="dht-sim: keys stored and looked up")
+    s.add_argument("--soak-seconds", type=float, default=300.0, help="soak: how long (not part of all)")
     s.add_argument("--rounds", type=int, default=5, help="supervise: node losses per signal (a fresh mesh each)")
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=_bench)

@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--relay-in-stream", action="store_true", help="relay circuits, never on spliced sockets")
     p.add_argument("--resources", default=None, help='what this node offers placement, as JSON: {"cpu": 4}')
     p.add_argument("--log", default=os.environ.get("LATTICA_SERVER_LOG"), help="log level on stderr (default: $LATTICA_SERVER_LOG, else off)")
+    p.add_argument("--connect", action="append", default=[], help="a peer to connect to once started (repeatable)")
     p.add_argument("--private-via", default=None, help="listen nowhere; be reachable through this relay only")
     args = p.parse_args(argv)
     if args.log:
@@ -133,6 +134,8 @@ def main(argv: list[str] | None = None) -> None:
         deadline = time.monotonic() + 30
         while not node.nat_status().relays and time.monotonic() < deadline:
             time.sleep(0.02)
+    for addr in args.connect:
+        node.connect(addr)
     digest = not args.no_digest
     node.set_stream_handler(SINK, lambda s, c: serve_sink(s, c, digest))
     node.set_stream_handler(ECHO, serve_echo)

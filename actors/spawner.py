@@ -29,6 +29,7 @@ class Spawner:
         self._rt = runtime
         self.reserved: dict[str, dict[str, float]] = {}  # actor name -> resources held for it
         self._bound: dict[str, Monitor] = {}  # actor name -> the monitor that stops it with another
+        self._supervisor: dict[str, str] = {}  # actor name -> the name of the supervisor it is bound to
         runtime.stop_listeners.append(self._release)
 
     def reserved_total(self) -> dict[str, float]:
@@ -60,6 +61,7 @@ class Spawner:
             membership.load_changed()
 
     def _release(self, name: str, reason: str) -> None:
+        self._supervisor.pop(name, None)
         watch = self._bound.pop(name, None)
         if watch is not None:
             watch.cancel()
@@ -111,8 +113,15 @@ class Spawner:
             raise SpawnError(f"window must be 1..{_MAX_WINDOW}")
         # Registered before the first await: calls that follow this one on the channel find it.
         publish = options.get("publish", False) is True
+        sup = options.get("supervisor")
         if name is not None and name in self._rt.actors:
-            raise SpawnError(f"an actor named {name!r} already exists on {self._rt.peer_id}")
+            if not (isinstance(sup, ActorRef) and self._supervisor.get(name) == sup.name):
+                raise SpawnError(f"an actor named {name!r} already exists on {self._rt.peer_id}")
+            # asked by its supervisor's next incarnation (restarted elsewhere) before we heard
+            # the old one died: this child is an orphan of the old one; the new one replaces it
+            await self._rt.actors[name].stop("replaced by its supervisor's next incarnation")
+            if name in self._rt.actors:
+                raise SpawnError(f"an actor named {name!r} already exists on {self._rt.peer_id}")
         if "reserve" in options:
             if not isinstance(name, str):
                 raise SpawnError("a reserving spawn must name its actor")
@@ -123,12 +132,12 @@ class Spawner:
         except BaseException:
             self._release(name or "", "not created")
             raise
-        sup = options.get("supervisor")
         if sup is not None:
             if not isinstance(sup, ActorRef):
                 await actor.stop("spawn refused")
                 raise SpawnError("supervisor must be an actor ref")
             self._bind(actor.name, sup)
+            self._supervisor[actor.name] = sup.name
         failure = await asyncio.shield(actor.ready)
         if failure is not None:
             type_name, message, tb = failure

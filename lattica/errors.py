@@ -139,6 +139,10 @@ class MailboxFull(ActorError):
     """The target's mailbox has no room and the caller asked not to wait (``block=False``)."""
 
 
+class CheckpointRejected(ActorError):
+    """A node refused to keep a copy of a checkpoint (malformed, or over its byte limits)."""
+
+
 class PlacementError(ActorError):
     """No node in the membership view fits an actor's resources and labels."""
 

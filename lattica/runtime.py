@@ -1263,6 +1263,9 @@ class Runtime:
         from .actors.spawner import Spawner
 
         self.create(Spawner, [], None, Spawner.NAME, instance=Spawner(self))
+        from .actors.checkpoints import CheckpointStore
+
+        self.create(CheckpointStore, [], None, CheckpointStore.NAME, instance=CheckpointStore(self))
         self.dht = DhtService(self, host.node.dht_config)
         self.create(DhtActor, [], None, DhtActor.NAME, instance=DhtActor(self.dht))
         from .actors.autonat import AutoNatActor, AutoNatServer

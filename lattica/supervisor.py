@@ -17,7 +17,9 @@ Children are named ``<supervisor>/<id>`` and registered in the DHT; the refs it 
 *stable* (they follow a child to its next incarnation on any node). A child class with
 ``checkpoint()`` and ``restore(state)`` keeps its state across restarts: the supervisor asks
 for a checkpoint every ``checkpoint_every`` seconds, keeps the latest (on its own node, which
-placement keeps apart from the child's when it can) and hands it to the next incarnation.
+placement keeps apart from the child's when it can, and a copy on a third node: see
+``actors/checkpoints.py``) and hands it to the next incarnation, its own or, after its own node
+died, that of its successor.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ._log import get_logger
 from .actor import ActorClass, _class_path, actor, offer_spawn, spawn_placed
 from .errors import LatticaError, PlacementError, SpawnError
 from .identity import PeerId
+from .actors.checkpoints import checkpoints_ref, members, ranked
 from .runtime import DEFAULT_WINDOW, ActorRef, current_actor, runtime_for_thread, spawner_ref
 
 __all__ = ["Supervisor", "STRATEGIES", "RESTARTS"]
@@ -42,6 +45,8 @@ log = get_logger("lattica.supervisor")
 STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one")
 RESTARTS = ("permanent", "transient", "temporary")
 NORMAL = ("normal", "shutdown")  # reasons a transient child is not restarted for
+_COPY_READS = 4  # nodes of a name's ranking asked for a checkpoint copy
+_PLACE_PATIENCE = 30.0  # seconds a restart may go unplaced (no node took it) before giving up
 
 
 @dataclass
@@ -60,6 +65,8 @@ class _Child:
     monitor: Any = None
     state: Any = None  # the latest checkpoint
     has_state: bool = False
+    stamp: float = 0.0  # when it was taken (wall clock: copies on other nodes compare by it)
+    recovered: bool = False  # a copy of its checkpoint was looked for (once per supervisor incarnation)
     restarts: int = 0
     nodes: list[str] = field(default_factory=list)  # where each incarnation ran
 
@@ -118,7 +125,7 @@ class Supervisor:
             async with self._busy:
                 for child in self._initial:
                     self._children.append(child)
-                    await self._start(child)
+                    await self._start_patiently(child)
         except LatticaError as e:
             log.warning("supervisor could not start its children", supervisor=self._me.name if self._me else "?", reason=str(e))
             self._ready.set()
@@ -169,6 +176,8 @@ class Supervisor:
                 raise SpawnError(f"no child {id!r}")
             await self._stop(child, "shutdown")
             self._children.remove(child)
+            if child.checkpoint_every:
+                self._drop_copies(child)
 
     async def history(self) -> list[dict]:
         """Restarts and give-ups so far (time, child, reason, from and to node)."""
@@ -194,6 +203,9 @@ class Supervisor:
 
     async def _start(self, child: _Child, avoid: str | None = None) -> None:
         rt = self._rt
+        if child.checkpoint_every and not child.has_state and not child.recovered:
+            child.recovered = True
+            await self._recover(child)
         opts: dict[str, Any] = {"publish": True, "supervisor": self._me}
         if child.has_state:
             opts["state"] = child.state
@@ -217,6 +229,25 @@ class Supervisor:
         child.monitor = rt.monitors.watch(ref, self._on_down)
         if child.checkpoint_every and "checkpoint" in ref.methods:
             self._spawn(self._checkpoints(child, ref))
+
+    async def _start_patiently(self, child: _Child) -> None:
+        """``_start``, retried while no node takes the child (unreachable, refused, nothing
+        fits) for up to ``_PLACE_PATIENCE`` s; a failure of the child itself raises at once."""
+        delay, avoid = 0.05, None
+        deadline = time.monotonic() + _PLACE_PATIENCE
+        while True:
+            try:
+                return await self._start(child, avoid=avoid)
+            except SpawnError:
+                raise
+            except LatticaError as e:
+                if time.monotonic() > deadline or self._stopping or self._rt.host.closing:
+                    raise
+                if child.node is not None:
+                    avoid = str(child.node)
+                log.debug("child not placed yet", child=child.id, reason=str(e))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     async def _stop(self, child: _Child, reason: str) -> None:
         ref, child.ref = child.ref, None
@@ -243,8 +274,59 @@ class Supervisor:
             try:
                 child.state = await self._rt.call(ref, "checkpoint", (), {}, timeout=max(5.0, child.checkpoint_every))  # type: ignore[arg-type]
                 child.has_state = True
+                child.stamp = time.time()
             except LatticaError as e:
                 log.debug("checkpoint failed", child=child.id, reason=str(e))
+                continue
+            await self._replicate(child, ref)
+
+    # -- copies of checkpoints on a third node (actors/checkpoints.py) -----------------------------
+
+    async def _replicate(self, child: _Child, ref: ActorRef) -> None:
+        """Send the latest checkpoint to the first node in the name's ranking that is neither
+        ours nor the child's: any one node's loss leaves a copy."""
+        name = self._name(child)
+        avoid = {str(self._rt.peer_id), str(ref.peer_id)}
+        order = [m for m in ranked(name, members(self._rt)) if m not in avoid]
+        if not order:
+            return
+        try:
+            blob = codec.encode_bytes(child.state)
+            await self._rt.call(checkpoints_ref(PeerId.from_string(order[0])), "keep", (name, child.stamp, blob), {}, timeout=5.0)
+        except (LatticaError, ValueError, TypeError) as e:
+            log.debug("checkpoint not copied", child=child.id, to=order[0], reason=str(e))
+
+    async def _recover(self, child: _Child) -> None:
+        """Before a first start here: the newest copy of the child's checkpoint held by the first
+        nodes of its name's ranking (a previous incarnation of this supervisor put it there)."""
+        name = self._name(child)
+
+        async def ask(member: str) -> Any:
+            try:
+                return await self._rt.call(checkpoints_ref(PeerId.from_string(member)), "fetch", (name,), {}, timeout=1.0)
+            except LatticaError:
+                return None
+
+        got = await asyncio.gather(*(ask(m) for m in ranked(name, members(self._rt))[:_COPY_READS]))
+        copies = [g for g in got if type(g) is list and len(g) == 2 and type(g[0]) is float and type(g[1]) is bytes]
+        if not copies:
+            return
+        stamp, blob = max(copies, key=lambda g: g[0])
+        try:
+            child.state = codec.decode(blob)
+        except LatticaError as e:
+            log.warning("checkpoint copy unreadable", child=child.id, reason=str(e))
+            return
+        child.has_state, child.stamp = True, stamp
+        self._event("recovered", child, f"checkpoint copy taken {time.time() - stamp:.1f} s ago")
+
+    def _drop_copies(self, child: _Child) -> None:
+        name = self._name(child)
+        for m in ranked(name, members(self._rt))[:_COPY_READS]:
+            try:
+                self._rt.call(checkpoints_ref(PeerId.from_string(m)), "drop", (name,), {}, timeout=None, tell=True)
+            except LatticaError as e:
+                log.debug("checkpoint copy not dropped", child=child.id, at=m, reason=str(e))
 
     # -- reacting to a child going down ------------------------------------------------------------
 
@@ -261,6 +343,8 @@ class Supervisor:
             self._event("down", child, reason, str(ref.peer_id))
             if child.restart == "temporary" or (child.restart == "transient" and reason in NORMAL):
                 self._children.remove(child)
+                if child.checkpoint_every:
+                    self._drop_copies(child)
                 return
             now = time.monotonic()
             self._restarts.append(now)
@@ -284,15 +368,20 @@ class Supervisor:
                 await self._restart(c, reason, down_node)
 
     async def _restart(self, child: _Child, reason: str, down_node: str | None) -> None:
+        """Start ``child`` again. A start that fails in the child (its constructor) counts toward
+        the restart intensity; one that no node took (unreachable, refused, nothing fits) is
+        retried, away from a pinned node that failed, for up to ``_PLACE_PATIENCE`` s."""
         before = child.nodes[-1] if child.nodes else None
         delay = 0.05
+        avoid = down_node
+        deadline = time.monotonic() + max(self.within, _PLACE_PATIENCE)
         while not self._stopping and not self._rt.host.closing:
             try:
-                await self._start(child, avoid=down_node)
+                await self._start(child, avoid=avoid)
                 child.restarts += 1
                 self._event("restarted", child, reason, before, str(child.ref.peer_id))  # type: ignore[union-attr]
                 return
-            except (PlacementError, SpawnError, LatticaError) as e:
+            except SpawnError as e:
                 now = time.monotonic()
                 self._restarts.append(now)
                 while self._restarts and self._restarts[0] < now - self.within:
@@ -300,8 +389,15 @@ class Supervisor:
                 if len(self._restarts) > self.max_restarts:
                     await self._give_up(f"{child.id} could not be restarted: {e}")
                     return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+            except LatticaError as e:
+                if child.node is not None:
+                    avoid = str(child.node)
+                if time.monotonic() > deadline:
+                    await self._give_up(f"{child.id} could not be placed anywhere: {e}")
+                    return
+                log.debug("restart not placed yet", child=child.id, reason=str(e))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     async def _give_up(self, why: str) -> None:
         """Escalate: stop every child (reverse order), then this supervisor itself."""

@@ -128,6 +128,10 @@ def test_nested_supervisors_and_children_die_with_their_supervisor():
         assert first_leaf_node  # (where it ran first; it may run on either node now)
 
 
+async def _remote(method, *args, **kwargs):
+    return await method.remote(*args, **kwargs)
+
+
 def _try_get(node, ref):
     try:
         return _call(node, ref, "get", timeout=10)
@@ -176,6 +180,37 @@ def test_a_sigkilled_node_s_children_come_back_elsewhere_with_their_checkpoints(
         assert all(k["node"] == str(p2.peer_id) for k in kids)
         with capsys.disabled():
             print(f"\nsupervisor: SIGKILLed node's children answering elsewhere after {answered:.2f} s")
+
+
+def test_when_a_supervisor_s_node_dies_its_successor_restores_the_children_from_copies(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (SUPPORT, os.environ.get("PYTHONPATH")) if p))
+    with lattica.Node([TCP], allow=ALLOW, resources={"cpu": 1}) as me, \
+            ServerProcess([TCP], "--allow", "sample_actors.*") as p1, ServerProcess([TCP], "--allow", "sample_actors.*") as p2:
+        for p in (p1, p2):
+            me.connect(p.addr("tcp"))
+        lattica.dht.bootstrap(node=me).result(10)
+        assert wait_for(lambda: len(me.nodes()) == 3 and all("cpu" in r for r in me.nodes()), timeout=15)
+        top = _sup(me, strategy="one_for_one", max_restarts=5, within=60)
+        # the inner supervisor (holding the checkpoints) on p1, its child on p2: the copy goes to
+        # the third node, this one
+        leaf = {"cls": sa.Tally, "args": [], "id": "leaf", "node": p2.peer_id, "checkpoint_every": 0.1}
+        spec = {"strategy": "one_for_one", "children": [leaf]}
+        inner = me.run(_remote(top.start_child, lattica.Supervisor, [], spec, id="inner", node=p1.peer_id), timeout=30)
+        (child,) = _call(me, inner, "children")
+        assert _call(me, child, "where") == p2.peer_id
+        _call(me, child, "add", 31)
+        store = me._host.runtime.actors["checkpoints"].instance
+        assert wait_for(lambda: store._copies.get(child.name) is not None, timeout=10)
+        time.sleep(0.3)  # a copy taken after the add
+        os.kill(p1.proc.pid, signal.SIGKILL)
+        # the inner supervisor died with p1, its child with it (bound); the top restarts the
+        # inner one elsewhere, which finds the copy and restores the child from it
+        assert wait_for(lambda: _call(me, top, "which_children")[0]["restarts"] == 1, timeout=15)
+        # (the old child may answer until its node hears the inner supervisor died)
+        assert wait_for(lambda: _try(lambda: _call(me, child, "was_restored", timeout=10)) is True, timeout=20)
+        assert _call(me, child, "get") == 31
+        inner_history = _call(me, lattica.ActorRef(me.peer_id, inner.name, inner.methods, stable=True), "history")
+        assert [h["event"] for h in inner_history][:1] == ["recovered"]
 
 
 def test_a_frozen_node_s_children_come_back_elsewhere_and_its_old_ones_stop_when_it_thaws(monkeypatch, capsys):
@@ -228,7 +263,7 @@ def test_a_frozen_node_s_children_come_back_elsewhere_and_its_old_ones_stop_when
 def _try(fn):
     try:
         return fn()
-    except lattica.errors.PeerUnreachable:
+    except (lattica.errors.PeerUnreachable, lattica.errors.ActorDied, lattica.errors.ActorNotFound, lattica.errors.CallTimeout):
         return None
 
 

@@ -22,13 +22,17 @@ _MAX_WINDOW = 1 << 16
 _MAX_CONCURRENCY = 1 << 16
 
 
+def _key(ref: ActorRef) -> tuple[str, str]:
+    return (str(ref.peer_id), ref.name)
+
+
 class Spawner:
     NAME = "spawner"
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
         self.reserved: dict[str, dict[str, float]] = {}  # actor name -> resources held for it
-        self._bound: dict[str, Monitor] = {}  # actor name -> the monitor that stops it with another
+        self._bound: dict[str, dict[tuple, Monitor]] = {}  # actor name -> monitors that stop it with another
         self._supervisor: dict[str, str] = {}  # actor name -> the name of the supervisor it is bound to
         runtime.stop_listeners.append(self._release)
 
@@ -62,23 +66,33 @@ class Spawner:
 
     def _release(self, name: str, reason: str) -> None:
         self._supervisor.pop(name, None)
-        watch = self._bound.pop(name, None)
-        if watch is not None:
+        for watch in self._bound.pop(name, {}).values():
             watch.cancel()
         if self.reserved.pop(name, None) is not None and self._rt.host.membership is not None:
             self._rt.host.membership.load_changed()
 
     def _bind(self, name: str, other: ActorRef) -> None:
         """Stop actor ``name`` when ``other`` (its supervisor, or a linked actor) goes down: a
-        restarted supervisor starts its children afresh, so the old ones must not linger."""
+        restarted supervisor starts its children afresh, so the old ones must not linger. An
+        actor may be bound to several others (its supervisor and its links)."""
 
         async def down(ref: ActorRef, why: str) -> None:
-            self._bound.pop(name, None)
+            for watch in self._bound.pop(name, {}).values():
+                watch.cancel()
             actor = self._rt.actors.get(name)
             if actor is not None:
                 await actor.stop(f"linked actor {ref.name} went down: {why}")
 
-        self._bound[name] = self._rt.monitors.watch(other, down)
+        self._unbind(name, other)
+        self._bound.setdefault(name, {})[_key(other)] = self._rt.monitors.watch(other, down)
+
+    def _unbind(self, name: str, other: ActorRef) -> None:
+        bound = self._bound.get(name)
+        watch = bound.pop(_key(other), None) if bound is not None else None
+        if watch is not None:
+            watch.cancel()
+        if bound == {}:
+            del self._bound[name]
 
     def stop_bound(self) -> None:
         """The mesh took this node for dead: every actor bound to a supervisor or a link has
@@ -91,14 +105,19 @@ class Spawner:
 
     async def link(self, name: str, other: ActorRef) -> None:
         """Tie actor ``name`` here to ``other``: when ``other`` goes down, ``name`` is stopped."""
+        self._check_link(name, other)
+        self._bind(name, other)
+
+    async def unlink(self, name: str, other: ActorRef) -> None:
+        """Undo ``link``: ``other`` going down no longer stops ``name``."""
+        self._check_link(name, other)
+        self._unbind(name, other)
+
+    def _check_link(self, name: str, other: ActorRef) -> None:
         if type(name) is not str or not isinstance(other, ActorRef):
-            raise SpawnError("link needs an actor name and an actor ref")
+            raise SpawnError("link and unlink take an actor name and an actor ref")
         if name not in self._rt.actors or self._rt.actors[name].system:
             raise ActorNotFound(f"no actor named {name!r} on {self._rt.peer_id}")
-        old = self._bound.pop(name, None)
-        if old is not None:
-            old.cancel()
-        self._bind(name, other)
 
     async def spawn(self, class_path: str, args: list, kwargs: dict | None, name: str | None, options: dict) -> ActorRef:
         """Create an actor of an allowed class; returns its ref once its constructor has run."""

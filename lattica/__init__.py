@@ -2,7 +2,7 @@
 
 from . import dht, errors
 from .actor import actor
-from .api import aget_actor, akill, exit_actor, get_actor, init, kill, link, monitor, nat_status, node, nodes, shutdown
+from .api import aget_actor, akill, exit_actor, get_actor, init, kill, link, monitor, nat_status, node, nodes, shutdown, unlink
 from .future import Future, get, wait
 from .identify import PeerInfo
 from .identity import KeyPair, PeerId
@@ -13,6 +13,6 @@ from .supervisor import Supervisor
 
 __version__ = "0.1.0"
 __all__ = [
-    "ActorRef", "Future", "Supervisor", "current_actor", "KeyPair", "Multiaddr", "Node", "PeerId", "PeerInfo", "actor", "aget_actor", "current_caller", "akill", "dht", "errors", "exit_actor", "link", "monitor", "nat_status", "nodes",
+    "ActorRef", "Future", "Supervisor", "current_actor", "KeyPair", "Multiaddr", "Node", "PeerId", "PeerInfo", "actor", "aget_actor", "current_caller", "akill", "dht", "errors", "exit_actor", "link", "unlink", "monitor", "nat_status", "nodes",
     "get", "get_actor", "init", "kill", "node", "shutdown", "wait", "__version__",
 ]

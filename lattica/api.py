@@ -82,6 +82,21 @@ def link(ref: ActorRef) -> None:
     _on_loop(rt, lambda: rt.host.spawn(both()))
 
 
+def unlink(ref: ActorRef) -> None:
+    """Undo ``lattica.link(ref)`` from inside the calling actor: neither going down stops the
+    other any more (a supervisor's hold on its child is not affected)."""
+    rt = current_runtime()
+    me = current_actor()
+    if me is None:
+        raise LatticaError("lattica.unlink is called from inside an actor method")
+
+    async def both() -> None:
+        rt.actors["spawner"].instance._unbind(me.name, ref)
+        await rt.call(spawner_ref(ref.peer_id), "unlink", (ref.name, me), {}, timeout=10.0)
+
+    _on_loop(rt, lambda: rt.host.spawn(both()))
+
+
 def exit_actor(reason: str = "normal") -> None:
     """End the calling actor once its running calls have answered (Ray's ``exit_actor``). Its
     monitors see ``reason``; a supervisor does not restart a transient child that ended

@@ -170,7 +170,7 @@ class ActorRef:
 
 def spawner_ref(peer: PeerId) -> ActorRef:
     """The ref of ``peer``'s spawner system actor (its method table is fixed by the protocol)."""
-    return ActorRef(peer, "spawner", {"spawn": ASYNC, "kill": ASYNC, "lookup": ASYNC, "names": ASYNC, "monitor": ASYNC, "demonitor": ASYNC, "down": ASYNC, "link": ASYNC})
+    return ActorRef(peer, "spawner", {"spawn": ASYNC, "kill": ASYNC, "lookup": ASYNC, "names": ASYNC, "monitor": ASYNC, "demonitor": ASYNC, "down": ASYNC, "link": ASYNC, "unlink": ASYNC})
 
 
 def _ref_to_obj(ref: ActorRef) -> list:

@@ -378,3 +378,17 @@ class Tally:
     async def quit(self, reason: str = "normal") -> None:
         """End this actor on its own, with ``reason``, once this call has answered."""
         lattica.exit_actor(reason)
+
+
+@lattica.actor
+class Linker:
+    """Links itself to other actors (OTP's link) and undoes it."""
+
+    async def link_to(self, ref: lattica.ActorRef) -> None:
+        lattica.link(ref)
+
+    async def unlink_from(self, ref: lattica.ActorRef) -> None:
+        lattica.unlink(ref)
+
+    async def ping(self) -> str:
+        return "pong"

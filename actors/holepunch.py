@@ -12,6 +12,7 @@ tries up to three times. ``status()`` reports attempts and outcomes (``lattica d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import collections
 import time
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,7 @@ class HolePunchService:
         self._waiting: dict[PeerId, asyncio.Future[Connection]] = {}
         self._asked: dict[PeerId, list[float]] = {}  # when each peer last asked us to punch
         self.counts = {"attempts": 0, "direct": 0, "failed": 0, "refused": 0}
+        self._responding: dict[PeerId, asyncio.Event] = {}  # peers we are answering, set when done
         self.recent: collections.deque[dict] = collections.deque(maxlen=_RECENT)
 
     # -- what we tell the peer ----------------------------------------------------------------
@@ -137,11 +139,18 @@ class HolePunchService:
             self.counts["refused"] += 1
             stream.reset()
             return
+        previous = self._responding.get(peer)
+        if previous is not None:
+            # the peer's next attempt can arrive while we still finish answering its last one
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_EXCHANGE_TIMEOUT):
+                    await previous.wait()
         if peer in self.active or len(self.active) >= _MAX_ACTIVE or self._direct(peer) or not self._may_ask(peer):
             self.counts["refused"] += 1
             stream.reset()
             return
         self.active.add(peer)
+        done = self._responding[peer] = asyncio.Event()
         t0 = time.perf_counter()
         try:
             resp = Responder(*self._mine())
@@ -155,6 +164,9 @@ class HolePunchService:
             self._record(peer, "direct" if ok else "failed", t0, None, punch)
         finally:
             self.active.discard(peer)
+            if self._responding.get(peer) is done:
+                del self._responding[peer]
+            done.set()
 
     def _may_ask(self, peer: PeerId) -> bool:
         now = self.host.loop.time()

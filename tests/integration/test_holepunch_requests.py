@@ -86,7 +86,7 @@ def test_failed_punches_leave_the_relayed_connection_working_and_lies_cost_nothi
             assert _counter(caller, target.peer_id) == 2
             # the target received the relayed connection: it punched, three times, with nothing to
             # dial (neither side listens anywhere), and gave up
-            assert wait_for(lambda: _status(target)["failed"] == 3 and _status(target)["active"] == 0, timeout=15)
+            assert wait_for(lambda: _status(target)["failed"] == 3 and _status(target)["active"] == 0, timeout=15), _status(target)
             assert caller._host.conns[target.peer_id].transport == "relay"
             assert _counter(caller, target.peer_id) == 2
 

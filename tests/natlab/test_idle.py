@@ -9,10 +9,16 @@ and the private node speaks QUIC only. The tests read the router's connection-tr
 with keepalives more frequent than the timeout (1 s) the mapping survives 8 s without calls at
 the same public port, and a stranger's call comes in through the relay at once.
 
-Not shown here: a mapping expiring for want of keepalives. With 30 s keepalives the router's entry
-still lived on: a node is never silent for 3 s (AutoNAT retries, DHT upkeep, and the relay's own
-packets, which refresh the entry too). The default keepalive (15 s) is below the UDP timeouts of
-common NATs (30 s and more; Linux: 30 s / 120 s).
+A mapping that expires anyway (here: the router drops both directions before connection
+tracking sees them, for twice its timeout, as when a NAT forgets its table or reboots): the
+node's next packets leave through a new public port; the relay routes QUIC datagrams by
+connection id, so the connection migrates to the new address (aioquic validates the path) and
+the reservation and the calls through it carry on.
+
+Not shown: a mapping expiring for want of keepalives alone. With 30 s keepalives the router's
+entry still lived on: a node is never silent for 3 s (AutoNAT retries, DHT upkeep, and the
+relay's own packets, which refresh the entry too). The default keepalive (15 s) is below the UDP
+timeouts of common NATs (30 s and more; Linux: 30 s / 120 s).
 
 Callers sit behind another symmetric NAT, so no hole punch gives them a way around the relay.
 """
@@ -99,3 +105,44 @@ def test_keepalives_hold_the_mapping_through_idle_time(lab):
     r = caller.ask({"cmd": "call", "peer": node.peer_id, "timeout": 20}, timeout=30)
     assert r.get("ok"), r
     assert r["path"] == "relay" and time.monotonic() - t0 < 5  # in through the relay, at once
+
+
+def test_an_expired_mapping_is_recovered_and_nothing_leaks(lab):
+    """The mapping expires anyway: the node's next packets leave through a new public port, its
+    QUIC connection to the relay migrates there, and a stranger's call gets in again; the relay
+    holds no extra reservation."""
+    node, site = _private(lab, keepalive=1.0)
+    relay_ip = lab.relay.ready["addrs"][0].split("/")[2]
+    caller = _caller(lab)
+    _quiet(node, caller)
+    r = caller.ask({"cmd": "call", "peer": node.peer_id, "timeout": 20}, timeout=30)
+    assert r.get("ok"), r
+    before = _mapped_ports(lab, site, relay_ip)
+    reservations = lab.relay.ask({"cmd": "status"})["relay"]["reservations"]
+    # dropped before connection tracking sees them (raw priority), neither the node's packets
+    # nor the relay's refresh the mapping
+    lab.nft(site.router, f"""
+table inet blackout {{
+    chain pre {{
+        type filter hook prerouting priority raw; policy accept;
+        ip saddr {site.host.ip} meta l4proto udp drop
+        ip saddr {relay_ip} meta l4proto udp drop
+    }}
+}}""")
+    time.sleep(6.0)  # twice the router's UDP timeout: the mapping is gone
+    assert _mapped_ports(lab, site, relay_ip) == []
+    lab.run(site.router, ["nft", "delete", "table", "inet", "blackout"])
+    t0 = time.monotonic()
+    r = {}
+    while time.monotonic() - t0 < 60:
+        r = caller.ask({"cmd": "call", "peer": node.peer_id, "timeout": 10}, timeout=20)
+        if r.get("ok"):
+            break
+        time.sleep(0.5)
+    recovered = time.monotonic() - t0
+    assert r.get("ok"), r
+    after = _mapped_ports(lab, site, relay_ip)
+    assert after and after != before  # a new mapping: the old one really expired
+    assert node.ask({"cmd": "status"})["relays"]  # holding a reservation again
+    assert lab.relay.ask({"cmd": "status"})["relay"]["reservations"] == reservations  # renewed, not added
+    print(f"\nidle NAT: expired mapping recovered, a stranger's call in again after {recovered:.1f} s")

@@ -97,6 +97,12 @@ class RelayService:
     # -- reservations ---------------------------------------------------------------------------
 
     def _direct_conn(self, peer: PeerId) -> Connection | None:
+        # the primary one first: when a peer dials us again while an older connection looks open
+        # (its NAT forgot the mapping: the old one is dead but we cannot know yet), new streams
+        # belong on the newer one
+        primary = self.host.conns.get(peer)
+        if primary is not None and not primary.is_closed and primary.transport != "relay":
+            return primary
         for conn in self.host.conns_of.get(peer, ()):
             if not conn.is_closed and conn.transport != "relay":
                 return conn

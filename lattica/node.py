@@ -41,7 +41,7 @@ from .identity import KeyPair, PeerId
 from .multiaddr import Multiaddr
 from .nat import NatConfig, NatManager, NatStatus
 from .runtime import Runtime
-from .transports.base import Connection, Stream, Transport
+from .transports.base import PROBE_TIMEOUT, Connection, Stream, Transport
 
 __all__ = ["Node", "PeerInfo"]
 
@@ -244,8 +244,10 @@ class _Host:
         else:
             # One side dialed twice (e.g. TCP and QUIC both won a race): new streams use the newer
             # connection; the older is not force-closed (the two ends might disagree on which is
-            # older) and closes itself once idle.
+            # older) and closes itself once idle. It may also be dead (the peer's NAT forgot it,
+            # so the peer dialed again): it is probed, and aborted if it does not answer.
             self.conns[peer] = conn
+            existing.probe(PROBE_TIMEOUT)
         self.spawn(self._push_identify(conn))
         for listener in self.adopt_listeners:
             listener(conn)

@@ -51,7 +51,7 @@ from .errors import (
 )
 from .future import Future
 from .identity import PeerId
-from .transports.base import Connection, Stream
+from .transports.base import PROBE_TIMEOUT, Connection, Stream
 
 if TYPE_CHECKING:
     from .node import _Host
@@ -1657,6 +1657,12 @@ class Runtime:
         if ch is not None and p.cid in ch.pending:
             if isinstance(ch, _RemoteChannel):
                 ch.send([rpc.CANCEL, p.cid])
+                # a slow actor, or a dead path (its NAT forgot it, a relay lost the other end):
+                # a probe tells them apart, and a dead connection is aborted so the next call
+                # finds a way again
+                conn = self.host.conns.get(ch.peer)
+                if conn is not None:
+                    conn.probe(PROBE_TIMEOUT)
         self._fail(p, CallTimeout(f"call to {p.ref.name}.{p.msg[3]} timed out after {p.msg[6]} s"), cancel_local=True)
 
     def _fail(self, p: _Pending, error: BaseException, cancel_local: bool = False) -> None:

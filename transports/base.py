@@ -114,6 +114,14 @@ class Connection(abc.ABC):
     @abc.abstractmethod
     async def wait_closed(self) -> None: ...
 
+    def probe(self, timeout: float) -> None:
+        """Make sure the peer still answers: without any answer within ``timeout`` s the
+        connection is dead (a NAT forgot it, the peer froze) and is aborted. Transports that
+        notice this on their own (QUIC follows address changes) need not do anything."""
+
+
+PROBE_TIMEOUT = 5.0  # seconds a probed connection has to answer
+
 
 ConnectionHandler = Callable[[Connection], None]
 

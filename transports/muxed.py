@@ -413,6 +413,20 @@ class MuxedConnection(Connection):
 
     # -- lifecycle --------------------------------------------------------------------------
 
+    def probe(self, timeout: float) -> None:
+        if self._closed:
+            return
+        since = self._loop.time()
+        self._mux.ping(0)  # any reply (or any traffic) refreshes _last_recv
+        self._flush()
+
+        def check() -> None:
+            if not self._closed and self._last_recv < since:
+                log.info("closing connection: no answer to a probe", peer=str(self.remote_peer), waited=timeout)
+                self._teardown("no answer to a probe", graceful=False)
+
+        self._loop.call_later(timeout, check)
+
     def _keepalive(self) -> None:
         if self._closed:
             return

@@ -24,6 +24,7 @@ from .muxed import MuxedConnection
 from .noise import NoiseHandshake
 from .splice import PREAMBLE_LEN, PREAMBLE_MAGIC, TOKEN_LEN
 
+USER_TIMEOUT_MS = 15_000  # TCP_USER_TIMEOUT on every connection (Linux)
 log = get_logger("lattica.tcp")
 
 __all__ = ["TcpTransport"]
@@ -77,6 +78,11 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if hasattr(socket, "TCP_USER_TIMEOUT"):
+                # data unacknowledged this long means the path is gone (a NAT forgot it, the host
+                # vanished): the kernel then fails the socket instead of retrying for ~15 minutes
+                # (a frozen or busy peer's kernel still acknowledges)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, USER_TIMEOUT_MS)
         self._timer = asyncio.get_running_loop().call_later(self._owner.handshake_timeout, self._handshake_timed_out)
         out = self._preamble + self._hs.start()
         if out:

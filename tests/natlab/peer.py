@@ -71,12 +71,15 @@ def main() -> None:
     p.add_argument("--log", help="log level for lattica's logs on stderr (debugging)")
     p.add_argument("--keepalive", type=float, default=None, help="keepalive interval in seconds (TCP and QUIC)")
     p.add_argument("--quic-only", action="store_true", help="listen on QUIC only")
+    p.add_argument("--tcp-only", action="store_true", help="listen on TCP only")
     p.add_argument("--mdns", choices=["on", "off"], default="off", help="LAN discovery (off unless asked: lab hosts share a segment)")
     p.add_argument("--membership", choices=["on", "off"], default=os.environ.get("LATTICA_LAB_MEMBERSHIP", "off"), help="membership gossip (off: the lab tests the NAT ladder; membership has its own tests)")
     args = p.parse_args()
     if args.log:
         lattica.logging.configure(args.log)
-    listen = [f"/ip4/{args.ip}/udp/4001/quic-v1"] if args.quic_only else [f"/ip4/{args.ip}/tcp/4001", f"/ip4/{args.ip}/udp/4001/quic-v1"]
+    listen = [f"/ip4/{args.ip}/tcp/4001", f"/ip4/{args.ip}/udp/4001/quic-v1"]
+    if args.quic_only or args.tcp_only:
+        listen = [a for a in listen if ("/quic" in a) == args.quic_only]
     options = {}
     if args.keepalive is not None:
         ka = {"keepalive_interval": args.keepalive, "keepalive_timeout": 3 * args.keepalive}

@@ -146,3 +146,49 @@ table inet blackout {{
     assert node.ask({"cmd": "status"})["relays"]  # holding a reservation again
     assert lab.relay.ask({"cmd": "status"})["relay"]["reservations"] == reservations  # renewed, not added
     print(f"\nidle NAT: expired mapping recovered, a stranger's call in again after {recovered:.1f} s")
+
+
+def test_a_lost_tcp_mapping_is_recovered_by_a_new_connection(lab):
+    """The same for a node that listens on TCP only: the router forgets its established TCP
+    mapping (3 s timeout, both directions dropped for 6 s). The node's next keepalive leaves
+    through a new port, the relay resets it (no such connection there), and the node dials the
+    relay again (over whatever wins the race). The relay, dialed again by a peer it holds a
+    connection to, probes the old one and aborts it; the circuit the caller had into the node
+    dies when the relay's socket towards the node gives up (TCP_USER_TIMEOUT); the caller's next
+    call makes a new circuit. The relay holds no extra reservation."""
+    site = lab.add_site("symmetric")
+    lab.run(site.router, ["sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_timeout_established=3"])
+    relay_ip = lab.relay.ready["addrs"][0].split("/")[2]
+    tcp_relay = next(a for a in lab.relay.addrs if "/tcp/" in a)
+    node = Proc(lab, site.host, ["--tcp-only", "--keepalive", "5", "--bootstrap", tcp_relay, "--no-dht-bootstrap", "--membership", "off"])
+    deadline = time.monotonic() + 30
+    while not node.ask({"cmd": "status"})["relays"]:
+        assert time.monotonic() < deadline, "node never took a reservation"
+        time.sleep(0.5)
+    caller = _caller(lab)
+    _quiet(node, caller)
+    r = caller.ask({"cmd": "call", "peer": node.peer_id, "timeout": 20}, timeout=30)
+    assert r.get("ok"), r
+    reservations = lab.relay.ask({"cmd": "status"})["relay"]["reservations"]
+    lab.nft(site.router, f"""
+table inet blackout {{
+    chain pre {{
+        type filter hook prerouting priority raw; policy accept;
+        ip saddr {site.host.ip} meta l4proto tcp drop
+        ip saddr {relay_ip} meta l4proto tcp drop
+    }}
+}}""")
+    time.sleep(6.0)
+    lab.run(site.router, ["nft", "delete", "table", "inet", "blackout"])
+    t0 = time.monotonic()
+    r = {}
+    while time.monotonic() - t0 < 60:
+        r = caller.ask({"cmd": "call", "peer": node.peer_id, "timeout": 10}, timeout=20)
+        if r.get("ok"):
+            break
+        time.sleep(0.5)
+    recovered = time.monotonic() - t0
+    assert r.get("ok"), r
+    assert node.ask({"cmd": "status"})["relays"]
+    assert lab.relay.ask({"cmd": "status"})["relay"]["reservations"] == reservations
+    print(f"\nidle NAT, TCP only: lost mapping recovered, a stranger's call in again after {recovered:.1f} s")

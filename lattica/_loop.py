@@ -6,27 +6,81 @@ window before blocking keeps the loop awake across a request/response exchange, 
 runtimes and the kernel's own haltpoll do. The window adapts: it doubles when an event came within
 the longest window (polling caught it, or would have with a longer window) and halves when the
 loop waited longer than that, so an idle node spends almost nothing on it.
+
+Polling only pays while a CPU would otherwise sit idle. When tasks on the machine are already
+waiting for a CPU (Linux's pressure stall information says so), a spinning loop takes the CPU
+from the very process that would send it the next event, so polling pauses until that passes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import selectors
 import time
 from typing import Any
 
 DEFAULT_BUSY_POLL_US = 200.0
 _BASE = getattr(selectors, "EpollSelector", selectors.DefaultSelector)
+_PSI_CPU = "/proc/pressure/cpu"
+
+
+class CpuPressure:
+    """Whether tasks on this machine were kept waiting for a CPU for more than ``threshold`` of the
+    last ``period`` seconds, from the kernel's cumulative stall time (checked at most once a
+    period). Always False where the kernel does not report it."""
+
+    def __init__(self, path: str = _PSI_CPU, threshold: float = 0.1, period: float = 0.25) -> None:
+        try:
+            self._fd: int | None = os.open(path, os.O_RDONLY)
+        except OSError:
+            self._fd = None
+        self._threshold = threshold
+        self._period = period
+        self._at = 0.0  # when the stall total was last read
+        self._total = self._read()
+        self._contended = False
+
+    def _read(self) -> int:
+        if self._fd is None:
+            return 0
+        try:
+            line = os.pread(self._fd, 128, 0).split(b"\n", 1)[0]  # "some avg10=.. total=<us>"
+            return int(line.rsplit(b"total=", 1)[1])
+        except (OSError, IndexError, ValueError):
+            os.close(self._fd)
+            self._fd = None
+            return 0
+
+    def contended(self, now: float) -> bool:
+        elapsed = now - self._at
+        if elapsed >= self._period and self._fd is not None:
+            total = self._read()
+            self._contended = (total - self._total) * 1e-6 > self._threshold * elapsed
+            self._at, self._total = now, total
+        return self._contended
+
+
+_shared: CpuPressure | None = None
+
+
+def _process_pressure() -> CpuPressure:
+    """One per process (opened on first use): every node's loop asks the same question."""
+    global _shared
+    if _shared is None:
+        _shared = CpuPressure()
+    return _shared
 
 
 class BusyPollSelector(_BASE):  # type: ignore[misc, valid-type]
     """A selector that polls (timeout 0) for up to an adaptive window before blocking."""
 
-    def __init__(self, max_spin: float) -> None:
+    def __init__(self, max_spin: float, pressure: CpuPressure | None = None) -> None:
         super().__init__()
         self._max = max_spin
         self._min = max_spin / 8
         self._spin = max_spin
+        self._pressure = pressure or _process_pressure()
 
     def select(self, timeout: float | None = None) -> list[Any]:
         if timeout is not None and timeout <= 0:
@@ -34,6 +88,8 @@ class BusyPollSelector(_BASE):  # type: ignore[misc, valid-type]
         clock = time.perf_counter
         start = clock()
         window = self._spin if timeout is None else min(self._spin, timeout)
+        if self._pressure.contended(start):
+            window = 0.0  # a CPU is short: block, leave it to whoever is waiting for it
         end = start + window
         poll = super().select
         while True:

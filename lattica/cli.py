@@ -62,7 +62,7 @@ def _bench(args: argparse.Namespace) -> None:
         from .bench.relay import bench_relay
 
         for payload in args.payload or [262144, 128]:
-            for row in bench_relay(payload, concurrency=(args.concurrency or [32])[0], duration=min(args.duration, 5.0)):
+            for row in bench_relay(payload, concurrency=(args.concurrency or [32])[0], duration=min(args.duration, 3.0), rounds=args.rounds):
                 _print(row, args.json)
     if which in ("supervise", "all"):
         from .bench.supervise import bench_supervise
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--nodes", type=int, action="append", help="dht: nodes (repeatable; default 2 and 3; dht-sim: 1000)")
     s.add_argument("--keys", type=int, default=200, help="dht-sim: keys stored and looked up")
     s.add_argument("--soak-seconds", type=float, default=300.0, help="soak: how long (not part of all)")
-    s.add_argument("--rounds", type=int, default=5, help="supervise: node losses per signal (a fresh mesh each)")
+    s.add_argument("--rounds", type=int, default=5, help="supervise: node losses per signal (a fresh mesh each); relay: turns of every path")
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=_bench)
 

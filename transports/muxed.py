@@ -35,12 +35,14 @@ from .noise import NoiseSession
 
 log = get_logger("lattica.transport")
 _MAX_UNSENT = 64 * 1024 * 1024  # bytes queued for a paused socket before we give up on the peer
+_SPARE_MAX = 1024 * 1024  # a sealed buffer this size or smaller is kept for the next write
 
 
 class ByteWriter(Protocol):
     """The part of an asyncio transport the connection writes to."""
 
-    def write(self, data: bytes | bytearray | memoryview) -> None: ...
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Send or buffer ``data``; no reference to it may be kept once nothing is buffered."""
     def close(self) -> None: ...
     def abort(self) -> None: ...
     def is_closing(self) -> bool: ...
@@ -233,6 +235,7 @@ class MuxedConnection(Connection):
         self._handler: StreamHandler | None = None
         self._unhandled: list[MuxedStream] = []
         self._flush_scheduled = False
+        self._spare: bytearray | None = None  # the last sealed buffer, reused once fully written
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future] = []
         self._closed = False
@@ -400,7 +403,12 @@ class MuxedConnection(Connection):
         if not pieces:
             return
         if self._session is not None:
-            self._writer.write(self._session.seal_pieces(pieces))
+            spare, self._spare = self._spare, None
+            sealed = self._session.seal_pieces(pieces, spare)
+            self._writer.write(sealed)
+            if len(sealed) <= _SPARE_MAX and not self._writer.get_write_buffer_size():
+                # all of it went to the kernel (or was copied): the buffer is ours again
+                self._spare = sealed.obj if type(sealed) is memoryview else sealed  # type: ignore[assignment]
         else:
             write = self._writer.write
             for piece in pieces:

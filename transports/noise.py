@@ -344,14 +344,17 @@ class NoiseSession:
         """Encrypt ``data`` (any length) into one buffer of consecutive frames, ready to write."""
         return self.seal_pieces([data])
 
-    def seal_pieces(self, pieces: list) -> bytearray:
+    def seal_pieces(self, pieces: list, into: bytearray | None = None) -> bytearray | memoryview:
         """Encrypt the concatenation of ``pieces`` into one buffer of consecutive frames.
 
         Full frames are encrypted straight from the pieces; only what straddles pieces is copied
-        (into a scratch frame). No input means one empty frame.
+        (into a scratch frame). No input means one empty frame. With ``into`` (a buffer the caller
+        reuses) big enough, the frames go there and a view of them is returned: a fresh buffer
+        per write would be zeroed and, when large, faulted in page by page.
         """
         n = sum(map(len, pieces))
-        out = bytearray(n + max(1, -(-n // MAX_PLAINTEXT)) * (2 + _TAG))
+        sealed = n + max(1, -(-n // MAX_PLAINTEXT)) * (2 + _TAG)
+        out = into if into is not None and len(into) >= sealed else bytearray(sealed)
         enc = self._send.encrypt_into
         sv = memoryview(self._scratch)
         pos = 0
@@ -384,7 +387,7 @@ class NoiseSession:
                 out[pos + 1] = clen & 0xFF
                 enc(sv[:fill], ov[pos + 2 : pos + 2 + clen])
         sv.release()
-        return out
+        return out if len(out) == sealed else memoryview(out)[:sealed]
 
     def open(self, data: bytes | bytearray | memoryview) -> bytearray | None:
         """The plaintext of every frame ``data`` completes, in one buffer (None if none)."""

@@ -4,7 +4,7 @@ Processes on loopback: two relays (one splicing circuits onto their own sockets,
 relaying them inside its secured connections), a private server behind each (listening nowhere,
 reachable only through its relay), a public server, and this client (listening nowhere either, so
 no direct path can replace a circuit). The same echo actor is driven over each path with the same
-load.
+load, the paths taking turns round by round.
 """
 
 from __future__ import annotations
@@ -35,9 +35,13 @@ async def _echo(ref: Any, data: bytes) -> Any:
     return await ref.echo.remote(data)
 
 
-def bench_relay(payload: int = 262144, concurrency: int = 32, duration: float = 5.0, warmup: float = 1.0, first_calls: int = 5) -> list[dict[str, Any]]:
+def bench_relay(
+    payload: int = 262144, concurrency: int = 32, duration: float = 3.0, warmup: float = 1.0, rounds: int = 5, first_calls: int = 5
+) -> list[dict[str, Any]]:
+    """Each round drives every path in turn for ``duration`` s, so slow drift on a shared machine
+    hits all paths alike; rows give the median round, the range, and each relayed path's share of
+    direct throughput in the same round (median and worst)."""
     data = os.urandom(payload)
-    out = []
     with ServerProcess([_TCP], "--relay") as relay, ServerProcess([_TCP], "--relay-in-stream") as relay2:
         with (
             ServerProcess([], "--private-via", relay.addr("tcp")) as private,
@@ -45,24 +49,39 @@ def bench_relay(payload: int = 262144, concurrency: int = 32, duration: float = 
             ServerProcess([_TCP]) as public,
         ):
             paths = {"relayed-spliced": private.addrs[0], "relayed-in-stream": private2.addrs[0], "direct": public.addr("tcp")}
-            for path, addr in paths.items():
-                firsts = [_first_call(addr, b"x") for _ in range(first_calls)]
-                with Node([]) as node:
+            firsts = {path: statistics.median(_first_call(addr, b"x") for _ in range(first_calls)) for path, addr in paths.items()}
+            runs: dict[str, list[dict[str, Any]]] = {path: [] for path in paths}
+            with Node([]) as node:
+                refs = {}
+                for path, addr in paths.items():
                     info = node.connect(addr)
-                    ref = _spawn_on(node, AsyncEcho, info.peer_id)
-                    done, failed, lat, elapsed = measure_calls(node, ref, data, concurrency, duration, warmup)
-                    via = node._host.conns[info.peer_id].transport
-                us = [x * 1e6 for x in lat] or [0.0]
-                out.append({
-                    "bench": "relay",
-                    "path": path,
-                    "via": via,
-                    "first_call_ms": round(statistics.median(firsts) * 1e3, 1),
-                    "payload": payload,
-                    "concurrency": concurrency,
-                    "qps": round(done / elapsed),
-                    "MiB_per_s": round(done * payload * 2 / elapsed / 2**20, 1),
-                    "failed": failed,
-                    "p50_us": round(_pct(us, 0.5), 1),
-                })
+                    refs[path] = (_spawn_on(node, AsyncEcho, info.peer_id), node._host.conns[info.peer_id].transport)
+                for _ in range(rounds):
+                    for path, (ref, via) in refs.items():
+                        done, failed, lat, elapsed = measure_calls(node, ref, data, concurrency, duration, warmup)
+                        us = [x * 1e6 for x in lat] or [0.0]
+                        runs[path].append({"via": via, "qps": done / elapsed, "failed": failed, "p50_us": _pct(us, 0.5)})
+    out = []
+    for path, rs in runs.items():
+        mib = [r["qps"] * payload * 2 / 2**20 for r in rs]
+        row = {
+            "bench": "relay",
+            "path": path,
+            "via": rs[0]["via"],
+            "first_call_ms": round(firsts[path] * 1e3, 1),
+            "payload": payload,
+            "concurrency": concurrency,
+            "rounds": rounds,
+            "qps": round(statistics.median(r["qps"] for r in rs)),
+            "MiB_per_s": round(statistics.median(mib), 1),
+            "MiB_per_s_min": round(min(mib), 1),
+            "MiB_per_s_max": round(max(mib), 1),
+            "failed": sum(r["failed"] for r in rs),
+            "p50_us": round(statistics.median(r["p50_us"] for r in rs), 1),
+        }
+        if path != "direct":
+            shares = [r["qps"] / d["qps"] * 100 for r, d in zip(rs, runs["direct"])]
+            row["pct_of_direct"] = round(statistics.median(shares), 1)
+            row["pct_of_direct_min"] = round(min(shares), 1)
+        out.append(row)
     return out

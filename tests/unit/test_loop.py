@@ -6,7 +6,9 @@ import subprocess
 import sys
 import threading
 
-from lattica._loop import BusyPollSelector, new_loop
+import time
+
+from lattica._loop import BusyPollSelector, CpuPressure, new_loop
 
 
 def test_busy_poll_window_shrinks_when_idle_and_grows_on_traffic():
@@ -47,6 +49,42 @@ def test_busy_poll_window_recovers_when_a_longer_window_would_have_caught_the_ev
     assert sel.select(5.0) and a.recv(8) == b"x"
     t.join()
     assert sel._spin == sel._min
+    sel.close()
+    a.close()
+    b.close()
+
+
+def _psi(path, total_us: int) -> None:
+    path.write_text(f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total_us}\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+
+
+def test_cpu_pressure_reads_the_stall_time_of_the_last_period(tmp_path):
+    psi = tmp_path / "cpu"
+    _psi(psi, 1_000_000)
+    p = CpuPressure(str(psi), threshold=0.1, period=0.25)
+    _psi(psi, 1_010_000)  # 10 ms of stall in the next second: 1 %
+    assert p.contended(1.0) is False
+    _psi(psi, 1_210_000)  # 200 ms in the next 0.5 s: 40 %
+    assert p.contended(1.1) is False  # within the period: the last answer stands
+    assert p.contended(1.5) is True
+    _psi(psi, 1_215_000)
+    assert p.contended(2.0) is False
+    assert CpuPressure(str(tmp_path / "absent")).contended(5.0) is False  # no PSI: never contended
+    psi.write_text("garbage")
+    assert p.contended(9.0) is False  # unreadable: treated as absent from then on
+
+
+def test_busy_poll_does_not_spin_while_cpus_are_contended():
+    class Contended:
+        def contended(self, now: float) -> bool:
+            return True
+
+    sel = BusyPollSelector(0.3, pressure=Contended())
+    a, b = socket.socketpair()
+    sel.register(a, 1)
+    cpu = time.thread_time()
+    assert sel.select(0.2) == []  # would spin for all 0.2 s were the CPUs free
+    assert time.thread_time() - cpu < 0.05  # it blocked instead
     sel.close()
     a.close()
     b.close()

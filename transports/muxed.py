@@ -41,8 +41,7 @@ _SPARE_MAX = 1024 * 1024  # a sealed buffer this size or smaller is kept for the
 class ByteWriter(Protocol):
     """The part of an asyncio transport the connection writes to."""
 
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        """Send or buffer ``data``; no reference to it may be kept once nothing is buffered."""
+    def write(self, data: bytes | bytearray | memoryview) -> None: ...
     def close(self) -> None: ...
     def abort(self) -> None: ...
     def is_closing(self) -> bool: ...
@@ -220,9 +219,13 @@ class MuxedConnection(Connection):
         mux_config: MuxConfig | None = None,
         keepalive_interval: float = 15.0,
         keepalive_timeout: float = 30.0,
+        writer_lets_go: bool = False,
     ) -> None:
+        """``writer_lets_go``: the writer keeps no reference to written data once its write buffer
+        is empty (an asyncio socket transport), so a sealed buffer it has fully taken is reused."""
         self._loop = asyncio.get_running_loop()
         self._writer = writer
+        self._reuse = writer_lets_go and session is not None
         self._session = session
         self.transport = transport
         self.direction = direction
@@ -406,7 +409,7 @@ class MuxedConnection(Connection):
             spare, self._spare = self._spare, None
             sealed = self._session.seal_pieces(pieces, spare)
             self._writer.write(sealed)
-            if len(sealed) <= _SPARE_MAX and not self._writer.get_write_buffer_size():
+            if self._reuse and len(sealed) <= _SPARE_MAX and not self._writer.get_write_buffer_size():
                 # all of it went to the kernel (or was copied): the buffer is ours again
                 self._spare = sealed.obj if type(sealed) is memoryview else sealed  # type: ignore[assignment]
         else:

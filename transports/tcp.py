@@ -161,6 +161,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
                 mux_config=self._owner.mux_config,
                 keepalive_interval=self._owner.keepalive_interval,
                 keepalive_timeout=self._owner.keepalive_timeout,
+                writer_lets_go=True,  # an asyncio socket transport: sends, or holds only while buffered
             )
             self._owner._track(self.conn)
             self.ready.set_result(self.conn)

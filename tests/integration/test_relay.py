@@ -73,6 +73,30 @@ def test_a_private_node_is_called_by_peer_id_through_its_relay():
             assert all(type(c._writer).__name__ != "_StreamPipe" for c in b._host.conns_of[a2.peer_id])
 
 
+@pytest.mark.parametrize("splice", [True, False], ids=["spliced", "in-stream"])
+def test_many_large_calls_in_flight_cross_a_circuit_intact(splice):
+    # Enough in flight that writes queue up behind the circuit: the buffers each end seals into
+    # are reused only when its writer holds none of them (a reused buffer still queued in the
+    # relay stream's mux would corrupt the circuit: decryption fails and calls are lost).
+    with lattica.Node([TCP], relay=RelayConfig(splice=splice)) as relay, lattica.Node([], allow=ALLOW) as b:
+        with _private(relay.addrs[0]) as a:
+            assert wait_for(lambda: _reserved(a), timeout=10)
+            b.connect(relay.addrs[0])
+            b._host.remember_addrs(a.peer_id, [lattica.Multiaddr(x) for x in a.nat_status().relays])
+            blobs = [os.urandom(300_000 + i) for i in range(48)]
+
+            async def go():
+                ref = sa.Counter.options(node=a.peer_id).remote()
+                for _ in range(3):
+                    got = await asyncio.gather(*(ref.echo.remote(x) for x in blobs))
+                    assert got == blobs
+                return True
+
+            assert b.run(go(), timeout=60)
+            conn = b._host.conns[a.peer_id]
+            assert conn.transport == "relay" and (type(conn._writer).__name__ == "_StreamPipe") is not splice
+
+
 def test_a_relayed_connection_moves_to_a_direct_one_when_one_side_can_be_dialed():
     with lattica.Node([TCP], relay=True) as relay, lattica.Node([TCP], allow=ALLOW) as b:
         with _private(relay.addrs[0]) as a:

@@ -53,7 +53,7 @@ def _pair(hold: bool) -> tuple[MuxedConnection, MuxedConnection, _Writer]:
         to_a = b.receive(to_b) if to_b else b""
         to_b = a.receive(to_a) if to_a and not a.complete else b""
     wa, wb = _Writer(hold), _Writer(False)
-    common = dict(transport="tcp", local_addr=_ADDR, remote_addr=_ADDR, keepalive_interval=0)
+    common = dict(transport="tcp", local_addr=_ADDR, remote_addr=_ADDR, keepalive_interval=0, writer_lets_go=True)
     ca = MuxedConnection(wa, direction="outbound", local_peer=ka.peer_id, remote_peer=kb.peer_id, session=a.session, **common)
     cb = MuxedConnection(wb, direction="inbound", local_peer=kb.peer_id, remote_peer=ka.peer_id, session=b.session, **common)
     wa.peer, wb.peer = cb, ca

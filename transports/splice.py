@@ -12,7 +12,8 @@ listener tells a splice request from a normal connection by its first two bytes.
 
 The copy loop works on the sockets themselves (taken over from their asyncio transports): each
 direction reads into one reused buffer and writes from it, so a relayed byte costs two system
-calls' copies and no allocation. A direction whose destination is full stops reading its source
+calls' copies and no allocation. A buffer starts at 16 KiB and grows (to 256 KiB) only while reads
+fill it, so a circuit carrying small calls holds 32 KiB, not 512. A direction whose destination is full stops reading its source
 until the destination drains (backpressure end to end).
 """
 
@@ -28,7 +29,8 @@ __all__ = ["PREAMBLE_MAGIC", "PREAMBLE_LEN", "TOKEN_LEN", "preamble", "Splice"]
 PREAMBLE_MAGIC = b"\x00\x00LSPL"
 TOKEN_LEN = 16
 PREAMBLE_LEN = len(PREAMBLE_MAGIC) + TOKEN_LEN
-_CHUNK = 256 * 1024
+_FIRST = 16 * 1024  # a direction's first copy buffer; it grows while reads fill it
+_CHUNK = 256 * 1024  # ... up to this
 _RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
 
 
@@ -57,8 +59,7 @@ class _Pipe:
         self.splice = splice
         self.src = src
         self.dst = dst
-        self.buf = bytearray(max(_CHUNK, len(early)))
-        self.view = memoryview(self.buf)
+        self.view = memoryview(bytearray(max(_FIRST, len(early))))
         self.view[: len(early)] = early
         self.start = 0  # unsent bytes are view[start:end]
         self.end = len(early)
@@ -74,7 +75,7 @@ class _Pipe:
 
     def _readable(self) -> None:
         try:
-            n = self.src.recv_into(self.view[:_CHUNK])
+            n = self.src.recv_into(self.view)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:
@@ -87,6 +88,10 @@ class _Pipe:
             return
         if not self.splice._count(n):
             return
+        if n == len(self.view) < _CHUNK:  # bulk traffic: a bigger buffer, fewer wake-ups
+            grown = memoryview(bytearray(min(_CHUNK, 4 * n)))
+            grown[:n] = self.view[:n]
+            self.view = grown
         self.start, self.end = 0, n
         self._send()
 

@@ -172,7 +172,7 @@ def test_a_spliced_circuit_is_end_to_end_encrypted_and_a_tampering_relay_breaks_
         if self.start == 0:  # a fresh chunk
             seen.append(bytes(self.view[: self.end]))
             if tamper[0] and self.end > 200:
-                self.buf[self.end - 1] ^= 1
+                self.view[self.end - 1] ^= 1
         real_send(self)
 
     monkeypatch.setattr(_Pipe, "_send", spying_send)

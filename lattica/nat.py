@@ -281,6 +281,11 @@ class NatManager:
         waits = [asyncio.shield(self.host.identified[c]) for c in conns if not isinstance(c, BaseException) and c in self.host.identified]
         if waits:
             await asyncio.wait(waits, timeout=5.0)
+            for w in waits:  # a connection closed before identify is simply not observed
+                if not w.done():
+                    w.cancel()
+                elif not w.cancelled():
+                    w.exception()
 
     def _contacted(self) -> list[str]:
         """Every address our UDP socket sent to lately: a cone NAT's filter lets it in."""

@@ -8,6 +8,7 @@ JSON line per command read from stdin:
 * ``{"cmd": "status"}`` -> the node's nat_status fields and its relay's counters
 * ``{"cmd": "call", "peer": "<PeerId>"}`` -> spawn a Counter on that peer (found by PeerId alone),
   call it, and report the path the call took (``tcp``, ``quic`` or ``relay``) and how long it took
+* ``{"cmd": "members"}`` -> the membership view: ``{"members": [{"peer_id", "state"}, ...]}``
 * ``{"cmd": "quit"}``
 """
 
@@ -109,6 +110,8 @@ def main() -> None:
                 _say(node.run(_call(node, lattica.PeerId.from_string(cmd["peer"]), float(cmd.get("settle", 0))), timeout=float(cmd.get("timeout", 20))))
             elif cmd["cmd"] == "ping":
                 _say({"ok": True, "rtt": node.ping(lattica.PeerId.from_string(cmd["peer"]), timeout=float(cmd.get("timeout", 10)))})
+            elif cmd["cmd"] == "members":
+                _say({"members": [{"peer_id": str(m["peer_id"]), "state": m["state"]} for m in node.nodes()]})
             elif cmd["cmd"] == "holepunch":
                 _say(node.run(_punch_status(node), timeout=5))
             elif cmd["cmd"] == "quit":

@@ -66,9 +66,10 @@ class _Reservation:
     ip: str
 
 
-def _accepted_tcp(conn: Connection) -> bool:
-    """The peer dialed us over TCP, so it can reach our listener again for a spliced socket."""
-    return conn.transport == "tcp" and conn.direction == "inbound"
+def _may_splice(conn: Connection) -> bool:
+    """The peer may reach our TCP listener for a spliced socket: it dialed it, or it reached us over
+    QUIC (it then tries our TCP address on the same IP, and declines or falls back if it cannot)."""
+    return (conn.transport == "tcp" and conn.direction == "inbound") or conn.transport == "quic"
 
 
 def _ip_of(conn: Connection) -> str:
@@ -171,7 +172,7 @@ class RelayService:
             await self._answer(stream, refusal(*why))
             return
         self._count(src, target, +1)
-        splice = self.cfg.splice and msg.get("splice") is True and _accepted_tcp(conn) and self._take_spliced_sockets()
+        splice = self.cfg.splice and msg.get("splice") is True and _may_splice(conn) and self._take_spliced_sockets()
         try:
             other, target_token = await self._connect_target(src, target, splice)
         except (LatticaError, asyncio.TimeoutError) as e:
@@ -266,7 +267,7 @@ class RelayService:
             raise RelayRefused(f"{target} is no longer connected")
         other = await self.host.open_stream_on(conn, STOP)
         request = {"type": "connect", "peer": src.to_bytes(), "limit": limit_wire(self.cfg.circuit_duration, self.cfg.circuit_bytes)}
-        token = os.urandom(TOKEN_LEN) if splice and _accepted_tcp(conn) else None
+        token = os.urandom(TOKEN_LEN) if splice and _may_splice(conn) else None
         if token is not None:
             request["splice"] = token
         try:

@@ -125,7 +125,7 @@ class _Host:
         self.runtime = Runtime(self, self.node.allow)
         self.transports = self.node._make_transports()
         self.circuit = circuit.CircuitTransport(
-            self.keypair, self._open_hop, splice=self._dial_spliced, **self.node._transport_options.get("relay", {})
+            self.keypair, self._open_hop, splice=self._dial_spliced, splice_addr=self._splice_addr, **self.node._transport_options.get("relay", {})
         )
         self.transports.append(self.circuit)
         self.nat = NatManager(self, self.node.nat_config)
@@ -544,12 +544,36 @@ class _Host:
             raise UnsupportedProtocol(f"{relay} is not a relay")
         return await self.open_stream_on(conn, circuit.HOP), conn
 
-    async def _dial_spliced(self, relay_conn: Connection, token: bytes, peer: PeerId, initiator: bool, remote: Multiaddr) -> Connection:
+    def _splice_addr(self, relay_conn: Connection) -> Multiaddr | None:
+        """The relay's TCP listener for spliced sockets (see transports/splice.py): the address of
+        a TCP connection we dialed; over QUIC, the TCP address the relay announced on the same IP
+        (if that port turns out unreachable, the circuit falls back to in-stream)."""
+        if not any(t.name == "tcp" for t in self.transports):
+            return None
+        if relay_conn.transport == "tcp":
+            return relay_conn.remote_addr if relay_conn.direction == "outbound" else None
+        if relay_conn.transport != "quic":
+            return None
+        try:
+            ip = relay_conn.remote_addr.host_port()[0]
+        except LatticaError:
+            return None
+        for a in self.peer_addrs.get(relay_conn.remote_peer, ()):
+            a = a.without_peer_id()
+            if not a.is_circuit and a.protocols()[1:] == ["tcp"]:
+                try:
+                    if a.host_port()[0] == ip:
+                        return a
+                except LatticaError:
+                    continue
+        return None
+
+    async def _dial_spliced(self, relay_tcp: Multiaddr, token: bytes, peer: PeerId, initiator: bool, remote: Multiaddr) -> Connection:
         """A circuit on its own TCP socket to the relay (see transports/splice.py)."""
         tcp = next((t for t in self.transports if t.name == "tcp"), None)
         if tcp is None:
             raise TransportError("no TCP transport to splice a circuit with")
-        return await tcp.dial_spliced(relay_conn.remote_addr, token, peer, initiator=initiator, remote_addr=remote)
+        return await tcp.dial_spliced(relay_tcp, token, peer, initiator=initiator, remote_addr=remote)
 
     async def _on_stop(self, stream: Stream, conn: Connection) -> None:
         if conn.transport == "relay" or "relay-client" not in self.protected.get(conn.remote_peer, ()):

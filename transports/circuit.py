@@ -19,6 +19,7 @@ checked here; the relay side lives in ``actors/relay.py``.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Awaitable, Callable
 
 from .._log import get_logger
@@ -30,7 +31,7 @@ from .base import Connection, ConnectionHandler, Listener, Stream, Transport
 from .mux import MuxConfig
 from .muxed import MuxedConnection
 from .noise import NoiseHandshake
-from .splice import TOKEN_LEN
+from .splice import TOKEN_LEN, SpliceUnreachable
 
 log = get_logger("lattica.circuit")
 
@@ -42,10 +43,14 @@ MAX_MESSAGE = 4096
 _READ_CHUNK = 1 << 20
 _HIGH_WATER = 1 << 20  # bytes queued on the relay stream before the inner connection pauses
 
+_SPLICE_BACKOFF = 300.0  # seconds without splicing through a relay after a spliced socket failed there
+
 OpenHop = Callable[[PeerId, list[Multiaddr]], Awaitable[tuple[Stream, Connection]]]
-# (connection to the relay, token, expected peer, Noise initiator, circuit address) -> connection;
-# None when this node cannot splice over that connection (it is not TCP)
-SpliceDial = Callable[[Connection, bytes, PeerId, bool, Multiaddr], Awaitable[Connection]]
+# the relay's TCP listener to open a spliced socket to, for circuits negotiated on this connection
+# to the relay; None: this node cannot splice there
+SpliceAddr = Callable[[Connection], "Multiaddr | None"]
+# (relay's TCP address, token, expected peer, Noise initiator, circuit address) -> connection
+SpliceDial = Callable[[Multiaddr, bytes, PeerId, bool, Multiaddr], Awaitable[Connection]]
 
 
 def split_circuit(addr: Multiaddr) -> tuple[list[Multiaddr], PeerId, PeerId | None]:
@@ -171,11 +176,6 @@ class _StreamPipe:
         return self.stream.write_buffer_size()
 
 
-def _can_splice(relay_conn: Connection) -> bool:
-    """A TCP connection we dialed: its remote address is the relay's listener, reachable again."""
-    return relay_conn.transport == "tcp" and relay_conn.direction == "outbound"
-
-
 class _SpliceFailed(LatticaError):
     """The spliced socket could not be set up (the in-stream circuit may still work)."""
 
@@ -199,6 +199,7 @@ class CircuitTransport(Transport):
         open_hop: OpenHop,
         *,
         splice: SpliceDial | None = None,
+        splice_addr: SpliceAddr | None = None,
         mux_config: MuxConfig | None = None,
         handshake_timeout: float = 10.0,
         keepalive_interval: float = 15.0,
@@ -207,6 +208,8 @@ class CircuitTransport(Transport):
         super().__init__(keypair)
         self._open_hop = open_hop
         self._splice = splice
+        self._splice_addr = splice_addr
+        self._no_splice: dict[PeerId, float] = {}  # relay -> until when its spliced sockets are not tried
         self.mux_config = mux_config or MuxConfig()
         self.handshake_timeout = handshake_timeout
         self.keepalive_interval = keepalive_interval
@@ -236,9 +239,26 @@ class CircuitTransport(Transport):
                 log.info("spliced circuit failed; relaying in-stream", relay=str(relay), reason=str(e))
         return await self._through(relay, relay_addrs, target, remote, splice=False)
 
+    def _splice_to(self, relay_conn: Connection) -> Multiaddr | None:
+        """Where to open a spliced socket for a circuit negotiated on ``relay_conn`` (None: don't)."""
+        if self._splice is None or self._splice_addr is None:
+            return None
+        until = self._no_splice.get(relay_conn.remote_peer)
+        if until is not None:
+            if time.monotonic() < until:
+                return None
+            del self._no_splice[relay_conn.remote_peer]
+        return self._splice_addr(relay_conn)
+
+    def _splice_failed(self, relay: PeerId) -> None:
+        """``relay``'s TCP listener is unreachable from here: circuits through it stay in-stream
+        for a while instead of paying for the attempt each time."""
+        self._no_splice[relay] = time.monotonic() + _SPLICE_BACKOFF
+
     async def _through(self, relay: PeerId, relay_addrs: list[Multiaddr], target: PeerId, remote: Multiaddr, *, splice: bool) -> Connection:
         stream, relay_conn = await self._open_hop(relay, relay_addrs)
-        splice = splice and _can_splice(relay_conn)
+        splice_addr = self._splice_to(relay_conn) if splice else None
+        splice = splice_addr is not None
         try:
             async with asyncio.timeout(self.handshake_timeout):
                 request = {"type": "connect", "peer": target.to_bytes()}
@@ -258,7 +278,10 @@ class CircuitTransport(Transport):
             raise
         stream.reset()  # the circuit moves to its own socket; this stream has done its job
         try:
-            return await self._splice(relay_conn, token, target, True, remote)  # type: ignore[misc]
+            return await self._splice(splice_addr, token, target, True, remote)  # type: ignore[arg-type, misc]
+        except SpliceUnreachable as e:
+            self._splice_failed(relay)
+            raise _SpliceFailed(str(e)) from None
         except LatticaError as e:
             raise _SpliceFailed(str(e)) from None
 
@@ -269,18 +292,21 @@ class CircuitTransport(Transport):
             async with asyncio.timeout(self.handshake_timeout):
                 msg = await read_message(stream, MAX_MESSAGE)
                 src = parse_connect(msg)
-                token = splice_token(msg) if self._splice is not None and _can_splice(relay_conn) else None
+                splice_addr = self._splice_to(relay_conn) if "splice" in msg else None
+                token = splice_token(msg) if splice_addr is not None else None
                 write_message(stream, {"ok": True, "splice": True} if token else {"ok": True})
                 await stream.drain()
                 remote = relay_conn.remote_addr.with_peer_id(relay).encapsulate("/p2p-circuit")
                 if token is not None:
                     await stream.close()  # the circuit moves to its own socket
-                    conn = await self._splice(relay_conn, token, src, False, remote)  # type: ignore[misc]
+                    conn = await self._splice(splice_addr, token, src, False, remote)  # type: ignore[arg-type, misc]
                 else:
                     conn = await self._secure(stream, False, src, remote)
         except (asyncio.TimeoutError, LatticaError) as e:
             log.info("relayed connection failed", relay=str(relay), reason=str(e) or "timeout")
             stream.reset()
+            if isinstance(e, SpliceUnreachable):
+                self._splice_failed(relay)
             return
         self._hand_over(conn, on_connection)
 

@@ -24,7 +24,9 @@ import socket
 import struct
 from typing import Callable
 
-__all__ = ["PREAMBLE_MAGIC", "PREAMBLE_LEN", "TOKEN_LEN", "preamble", "Splice"]
+from ..errors import TransportError
+
+__all__ = ["PREAMBLE_MAGIC", "PREAMBLE_LEN", "TOKEN_LEN", "preamble", "Splice", "SpliceUnreachable"]
 
 PREAMBLE_MAGIC = b"\x00\x00LSPL"
 TOKEN_LEN = 16
@@ -32,6 +34,10 @@ PREAMBLE_LEN = len(PREAMBLE_MAGIC) + TOKEN_LEN
 _FIRST = 16 * 1024  # a direction's first copy buffer; it grows while reads fill it
 _CHUNK = 256 * 1024  # ... up to this
 _RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
+
+
+class SpliceUnreachable(TransportError):
+    """The relay's TCP listener could not be reached for a spliced socket."""
 
 
 def preamble(token: bytes) -> bytes:

@@ -22,7 +22,7 @@ from .base import Connection, ConnectionHandler, Listener, Transport
 from .mux import MuxConfig
 from .muxed import MuxedConnection
 from .noise import NoiseHandshake
-from .splice import PREAMBLE_LEN, PREAMBLE_MAGIC, TOKEN_LEN
+from .splice import PREAMBLE_LEN, PREAMBLE_MAGIC, TOKEN_LEN, SpliceUnreachable
 
 USER_TIMEOUT_MS = 15_000  # TCP_USER_TIMEOUT on every connection (Linux)
 log = get_logger("lattica.tcp")
@@ -31,6 +31,7 @@ __all__ = ["TcpTransport"]
 
 
 _RECV_BUFFER = 256 * 1024
+SPLICE_CONNECT_TIMEOUT = 3.0  # seconds to reach a relay's listener with a spliced socket
 
 
 class _TcpProtocol(asyncio.BufferedProtocol):
@@ -366,11 +367,13 @@ class TcpTransport(Transport):
         if len(token) != TOKEN_LEN:
             raise TransportError("malformed splice token")
         try:
-            _, proto = await asyncio.wait_for(loop.create_connection(factory, host, port), self.handshake_timeout)
+            # the relay waits a few seconds for both ends' sockets; a port that does not answer
+            # by then is of no use
+            _, proto = await asyncio.wait_for(loop.create_connection(factory, host, port), min(self.handshake_timeout, SPLICE_CONNECT_TIMEOUT))
         except asyncio.TimeoutError:
-            raise Timeout(f"TCP connect to relay {addr} timed out") from None
+            raise SpliceUnreachable(f"TCP connect to relay {addr} timed out") from None
         except OSError as e:
-            raise TransportError(f"cannot connect to relay {addr}: {os.strerror(e.errno) if e.errno else e}") from None
+            raise SpliceUnreachable(f"cannot connect to relay {addr}: {os.strerror(e.errno) if e.errno else e}") from None
         try:
             conn = await proto.ready
         except asyncio.CancelledError:

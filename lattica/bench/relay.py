@@ -1,8 +1,9 @@
 """Relayed against direct, side by side in one run: time to the first call, calls per second.
 
 Processes on loopback: two relays (one splicing circuits onto their own sockets, the default; one
-relaying them inside its secured connections), a private server behind each (listening nowhere,
-reachable only through its relay), a public server, and this client (listening nowhere either, so
+relaying them inside its secured connections), private servers (listening nowhere, reachable only
+through their relay: two on the splicing relay, over TCP and over QUIC, whose circuits still
+splice through the relay's TCP listener; one on the other), a public server, and this client (listening nowhere either, so
 no direct path can replace a circuit). The same echo actor is driven over each path with the same
 load, the paths taking turns round by round.
 """
@@ -19,6 +20,7 @@ from .rpc import AsyncEcho, _pct, _spawn_on, measure_calls
 from .server import ServerProcess
 
 _TCP = "/ip4/127.0.0.1/tcp/0"
+_QUIC = "/ip4/127.0.0.1/udp/0/quic-v1"
 
 
 def _first_call(addr: str, data: bytes) -> float:
@@ -42,13 +44,19 @@ def bench_relay(
     hits all paths alike; rows give the median round, the range, and each relayed path's share of
     direct throughput in the same round (median and worst)."""
     data = os.urandom(payload)
-    with ServerProcess([_TCP], "--relay") as relay, ServerProcess([_TCP], "--relay-in-stream") as relay2:
+    with ServerProcess([_TCP, _QUIC], "--relay") as relay, ServerProcess([_TCP], "--relay-in-stream") as relay2:
         with (
             ServerProcess([], "--private-via", relay.addr("tcp")) as private,
+            ServerProcess([], "--private-via", relay.addr("quic")) as private_quic,
             ServerProcess([], "--private-via", relay2.addr("tcp")) as private2,
             ServerProcess([_TCP]) as public,
         ):
-            paths = {"relayed-spliced": private.addrs[0], "relayed-in-stream": private2.addrs[0], "direct": public.addr("tcp")}
+            paths = {
+                "relayed-spliced": next(a for a in private.addrs if "/quic-v1" not in a),
+                "relayed-spliced-quic": next(a for a in private_quic.addrs if "/quic-v1" in a),
+                "relayed-in-stream": private2.addrs[0],
+                "direct": public.addr("tcp"),
+            }
             firsts = {path: statistics.median(_first_call(addr, b"x") for _ in range(first_calls)) for path, addr in paths.items()}
             runs: dict[str, list[dict[str, Any]]] = {path: [] for path in paths}
             with Node([]) as node:

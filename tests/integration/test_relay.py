@@ -202,6 +202,50 @@ def test_a_spliced_circuit_is_end_to_end_encrypted_and_a_tampering_relay_breaks_
             assert wait_for(lambda: relay._host.relay.spliced_circuits == 0)
 
 
+QUIC = "/ip4/127.0.0.1/udp/0/quic-v1"
+
+
+def _quic_addr(node: lattica.Node) -> str:
+    return next(str(a) for a in node.addrs if "/quic-v1" in str(a))
+
+
+def test_ends_connected_to_the_relay_over_quic_splice_through_its_tcp_listener():
+    with lattica.Node([TCP, QUIC], relay=True) as relay, lattica.Node([], allow=ALLOW) as b:
+        with _private(_quic_addr(relay)) as a:
+            assert wait_for(lambda: _reserved(a), timeout=10)
+            b.connect(_quic_addr(relay))
+            assert _conn_transport(b, relay.peer_id) == "quic" and _conn_transport(a, relay.peer_id) == "quic"
+            b._host.remember_addrs(a.peer_id, [lattica.Multiaddr(x) for x in a.nat_status().relays if "/quic-v1" in x])
+            assert _call_counter(b, a.peer_id) == 6
+            assert relay.run(_status(relay, relay.peer_id), timeout=10)["spliced"] == 1
+            assert all(type(c._writer).__name__ != "_StreamPipe" for c in b._host.conns_of[a.peer_id])
+
+
+def test_an_unreachable_tcp_listener_leaves_quic_connected_ends_in_stream_and_is_remembered():
+    with lattica.Node([TCP, QUIC], relay=True) as relay, lattica.Node([], allow=ALLOW) as b:
+        with _private(_quic_addr(relay)) as a:
+            assert wait_for(lambda: _reserved(a), timeout=10)
+            b.connect(_quic_addr(relay))
+            closed = socket.socket()
+            closed.bind(("127.0.0.1", 0))  # bound, never listening: connecting there is refused
+            port = closed.getsockname()[1]
+
+            async def misinform(h):  # the relay's TCP address, as far as these nodes know, is dead
+                h.peer_addrs[relay.peer_id] = [lattica.Multiaddr(f"/ip4/127.0.0.1/tcp/{port}"), lattica.Multiaddr(_quic_addr(relay))]
+
+            for n in (a, b):
+                n.run(misinform(n._host), timeout=5)
+            b._host.remember_addrs(a.peer_id, [lattica.Multiaddr(x) for x in a.nat_status().relays if "/quic-v1" in x])
+            t0 = time.monotonic()
+            assert _call_counter(b, a.peer_id) == 6  # in-stream, after the refused spliced socket
+            assert time.monotonic() - t0 < 5
+            assert any(type(c._writer).__name__ == "_StreamPipe" for c in b._host.conns_of[a.peer_id])
+            # the relay drops the splice no socket came for (after its wait): nothing leaks
+            assert wait_for(lambda: relay.run(_status(relay, relay.peer_id), timeout=10)["spliced"] == 0, timeout=10)
+            assert relay.peer_id in b._host.circuit._no_splice  # not tried again for a while
+            closed.close()
+
+
 def test_an_end_that_never_brings_its_spliced_socket_falls_back_to_the_in_stream_circuit(monkeypatch):
     from lattica.actors import relay as relay_mod
 

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import lattica  # noqa: E402
 import lattica.logging  # noqa: E402
 import sample_actors as sa  # noqa: E402
+from lattica.actors.relay import RelayConfig  # noqa: E402
 
 
 def _say(obj: dict) -> None:
@@ -67,6 +68,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--ip", required=True)
     p.add_argument("--relay", action="store_true")
+    p.add_argument("--relay-in-stream", action="store_true", help="as a relay, never splice circuits onto their own sockets")
     p.add_argument("--bootstrap", action="append", default=[])
     p.add_argument("--no-dht-bootstrap", action="store_true", help="only connect to the bootstrap peers (no lookups that meet other nodes)")
     p.add_argument("--log", help="log level for lattica's logs on stderr (debugging)")
@@ -85,7 +87,8 @@ def main() -> None:
     if args.keepalive is not None:
         ka = {"keepalive_interval": args.keepalive, "keepalive_timeout": 3 * args.keepalive}
         options = {"tcp": ka, "quic": {"keepalive_interval": args.keepalive}}
-    node = lattica.Node(listen, relay=args.relay, relays=args.bootstrap, allow=["sample_actors.*"], transport_options=options, mdns=args.mdns == "on", membership=args.membership == "on").start()
+    relay = RelayConfig(splice=False) if args.relay_in_stream else args.relay
+    node = lattica.Node(listen, relay=relay, relays=args.bootstrap, allow=["sample_actors.*"], transport_options=options, mdns=args.mdns == "on", membership=args.membership == "on").start()
     _say({"event": "ready", "peer_id": str(node.peer_id), "addrs": [str(a) for a in node.addrs]})
     for addr in args.bootstrap:
         try:

@@ -863,12 +863,12 @@ class _Channel:
         for ob in self.outboxes.values():
             while ob.queue:
                 p = ob.queue.popleft()
-                if not rt._follow(p, error, delivered=False):
+                if not rt._follow(p, error, delivered=False) and not rt._resend(p, error):
                     rt._fail(p, error)
         sent = getattr(self, "stream", True) is not None  # (a channel that never opened sent nothing)
         while self.pending:
             p = self.pending.popitem()[1]
-            if not rt._follow(p, error, delivered=sent):
+            if not rt._follow(p, error, delivered=sent) and not rt._resend(p, error):
                 rt._fail(p, error)
 
 
@@ -1604,6 +1604,22 @@ class Runtime:
             error = ActorRestarted(f"{ref.name}.{p.msg[3]} was in flight when the actor went away ({error}); the ref follows its next incarnation")
         p.channel = None
         self._fail(p, error)
+        return True
+
+    def _resend(self, p: _Pending, error: BaseException) -> bool:
+        """An idempotent call whose path to the actor's node broke (its relay died, say) is sent
+        once more, over a new channel: the next path (another relay, a direct connection). False:
+        not such a call, or already re-sent once."""
+        if not p.idempotent or p.stream is not None or p.follow_until is not None or not isinstance(error, PeerUnreachable):
+            return False
+        if self.host.closing or _finished(p) or self._node_down(p.ref.peer_id):
+            return False
+        p.follow_until = time.monotonic()  # marks it re-sent
+        if p.timer is not None:
+            p.timer.cancel()
+            p.timer = None
+        p.channel = None
+        self.submit(p, True)
         return True
 
     def _start_following(self, ref: ActorRef) -> None:

@@ -408,13 +408,20 @@ def test_a_relay_dying_mid_call_fails_only_the_calls_in_flight_and_the_next_call
             b._host.remember_addrs(a.peer_id, [lattica.Multiaddr(x) for x in a.nat_status().relays])
             worker = b.run(_spawn(sa.Worker, a.peer_id), timeout=20)
             in_flight = [b.run(_start(worker, 30), timeout=5) for _ in range(3)]
+
+            async def start_idempotent(t: float) -> asyncio.Future:
+                return asyncio.ensure_future(worker.slow.options(idempotent=True).remote(t))
+
+            safe = [b.run(start_idempotent(2.0), timeout=5) for _ in range(2)]  # safe to run twice
             circ = str(b._host.conns[a.peer_id].remote_addr)
             dead = next(p for p in relays if p in circ)
             t0 = time.monotonic()
-            relays[dead].stop()  # the relay carrying the circuit dies with three calls in flight
+            relays[dead].stop()  # the relay carrying the circuit dies with five calls in flight
             for fut in in_flight:  # each fails promptly with a transport error, none hangs for 30 s
                 with pytest.raises(lattica.errors.LatticaError):
                     b.run(_wait(fut), timeout=15)
+            # the idempotent ones are sent again over the next path and complete
+            assert [b.run(_wait(fut), timeout=20) for fut in safe] == [2.0, 2.0]
             assert time.monotonic() - t0 < 15
             # the worker lives on a; the next call reaches it through the other relay
             assert b.run(_slow(worker, 0.01), timeout=20) == 0.01
@@ -422,6 +429,29 @@ def test_a_relay_dying_mid_call_fails_only_the_calls_in_flight_and_the_next_call
             assert conn.transport == "relay" and dead not in str(conn.remote_addr)
             alive = next(r for p, r in relays.items() if p != dead)
             assert wait_for(lambda: alive._host.relay.total_circuits == 1, timeout=10)
+
+
+def test_an_idempotent_call_to_a_node_that_dies_is_sent_again_once_then_fails():
+    with lattica.Node([TCP], relay=True) as relay, lattica.Node([], allow=ALLOW) as b:
+        a = _private(relay.addrs[0]).start()
+        try:
+            assert wait_for(lambda: _reserved(a), timeout=10)
+            b.connect(relay.addrs[0])
+            b._host.remember_addrs(a.peer_id, [lattica.Multiaddr(x) for x in a.nat_status().relays])
+            worker = b.run(_spawn(sa.Worker, a.peer_id), timeout=20)
+
+            async def start_idempotent() -> asyncio.Future:
+                return asyncio.ensure_future(worker.slow.options(idempotent=True).remote(30))
+
+            fut = b.run(start_idempotent(), timeout=5)
+            time.sleep(0.2)
+            t0 = time.monotonic()
+            a.stop()  # the node itself is gone: the second path leads nowhere either
+            with pytest.raises(lattica.errors.PeerUnreachable):
+                b.run(_wait(fut), timeout=30)
+            assert time.monotonic() - t0 < 15  # one more try, not a loop until the call's timeout
+        finally:
+            a.stop()
 
 
 def test_a_call_in_flight_while_the_path_moves_to_direct_completes_on_the_relay():

@@ -9,11 +9,13 @@ dispatching inbound streams to protocol handlers by name.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextvars
 import os
 import threading
 import time
+import weakref
 from typing import Any, Awaitable, Callable, Coroutine, Iterable, TypeVar
 
 from ._log import get_logger
@@ -726,6 +728,20 @@ class _Host:
         return out
 
 
+_THREADED: weakref.WeakSet[Node] = weakref.WeakSet()  # nodes running on a loop thread of their own
+
+
+@atexit.register
+def _stop_threaded_nodes() -> None:
+    """At interpreter exit, stop every node a script started and never stopped: its actors'
+    on_stop hooks run and peers see a goodbye instead of a dead connection."""
+    for node in list(_THREADED):
+        try:
+            node.stop()
+        except Exception:
+            log.exception("error while stopping a node at exit")
+
+
 class Node:
     """A Lattica node: identity, listeners, connections, on its own event-loop thread.
 
@@ -845,6 +861,7 @@ class Node:
                 self._thread = self._loop = self._host = None
                 raise
             self.started_at = time.perf_counter() - t0
+            _THREADED.add(self)
             log.info("node started", peer_id=str(self.peer_id), addrs=[str(a) for a in self.addrs])
             return self
 

@@ -305,6 +305,11 @@ class ArgStream:
 class _Executor(pykka.ThreadingActor):
     """The actor's own thread: runs sync methods one at a time, in mailbox order."""
 
+    # A daemon thread: the interpreter joins non-daemon threads *before* it runs the atexit hook
+    # that stops the node (and with it this actor, on_stop included), so a script that never
+    # calls lattica.shutdown() would otherwise hang at its end.
+    use_daemon_thread = True
+
     def __init__(self, runtime: Runtime) -> None:
         super().__init__()
         self._runtime = runtime

@@ -122,3 +122,61 @@ def _resolves(name):
         return True
     except lattica.errors.ActorNotFound:
         return False
+
+
+_SCRIPT_TIMEOUT = 20  # generous for a loaded CI machine; a hang is what this catches
+
+
+def _run_script(tmp_path, body: str) -> str:
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(body))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=_SCRIPT_TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_script_that_inits_and_returns_exits(tmp_path):
+    out = _run_script(tmp_path, """
+        import lattica
+        lattica.init(["/ip4/127.0.0.1/tcp/0"])
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_a_script_that_spawns_actors_and_returns_exits_and_their_on_stop_runs(tmp_path):
+    marks = tmp_path / "stopped"
+    marks.mkdir()
+    out = _run_script(tmp_path, f"""
+        import pathlib
+        import lattica
+
+        MARKS = pathlib.Path({str(marks)!r})
+
+        @lattica.actor
+        class Sync:
+            def ping(self):
+                return "sync"
+            def on_stop(self):
+                (MARKS / "sync").write_text("stopped")
+
+        @lattica.actor
+        class Async:
+            async def ping(self):
+                return "async"
+            async def on_stop(self):
+                (MARKS / "async").write_text("stopped")
+
+        lattica.init(["/ip4/127.0.0.1/tcp/0"], allow=["__main__.*"])
+        a, b = Sync.remote(), Async.remote()
+        print(a.ping.remote().result(10), b.ping.remote().result(10))
+        # a second node, started directly and never stopped, must not hold the exit either
+        other = lattica.Node(["/ip4/127.0.0.1/tcp/0"]).start()
+        print("ok")
+    """)
+    assert out.split() == ["sync", "async", "ok"]
+    assert sorted(p.name for p in marks.iterdir()) == ["async", "sync"]

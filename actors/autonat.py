@@ -15,15 +15,15 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from .._log import get_logger
-from ..errors import LatticaError, ProtocolError
-from ..framing import read_message, write_message
-from ..identity import PeerId
-from ..multiaddr import Multiaddr
-from ..runtime import ASYNC, ActorRef, current_caller
+from lattica._log import get_logger
+from lattica.errors import LatticaError, ProtocolError
+from lattica.framing import read_message, write_message
+from lattica.identity import PeerId
+from lattica.multiaddr import Multiaddr
+from lattica.runtime import ASYNC, ActorRef, current_caller
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
+    from lattica.runtime import Runtime
 
 log = get_logger("lattica.autonat")
 

@@ -19,12 +19,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import CheckpointRejected
-from ..runtime import ASYNC, ActorRef, current_caller
+from lattica.errors import CheckpointRejected
+from lattica.runtime import ASYNC, ActorRef, current_caller
 
 if TYPE_CHECKING:
-    from ..identity import PeerId
-    from ..runtime import Runtime
+    from lattica.identity import PeerId
+    from lattica.runtime import Runtime
 
 MAX_BYTES = 256 << 20  # all copies held on one node
 MAX_BYTES_PER_WRITER = 64 << 20  # copies written by one peer

@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from .. import codec
-from .._log import get_logger
-from ..future import Future
-from ..errors import (
+from lattica import codec
+from lattica._log import get_logger
+from lattica.future import Future
+from lattica.errors import (
     ActorNotFound,
     ConnectionLimit,
     MailboxFull,
@@ -35,10 +35,10 @@ from ..errors import (
     RecordRejected,
     StoreFailed,
 )
-from ..identity import PeerId
-from ..kademlia import ALPHA, K, Lookup, RoutingTable, key_id, node_id
-from ..multiaddr import Multiaddr
-from ..records import (
+from lattica.identity import PeerId
+from lattica.kademlia import ALPHA, K, Lookup, RoutingTable, key_id, node_id
+from lattica.multiaddr import Multiaddr
+from lattica.records import (
     REGISTRY_MAX_TTL,
     REGISTRY_PREFIX,
     TOMBSTONE,
@@ -53,11 +53,11 @@ from ..records import (
     entry_to_wire,
     sign_entry,
 )
-from ..node import NO_DHT_DIAL_LOOKUP
-from ..runtime import ASYNC, ActorRef, current_caller
+from lattica.node import NO_DHT_DIAL_LOOKUP
+from lattica.runtime import ASYNC, ActorRef, current_caller
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
+    from lattica.runtime import Runtime
 
 log = get_logger("lattica.dht")
 

@@ -17,17 +17,17 @@ import collections
 import time
 from typing import TYPE_CHECKING, Any
 
-from .._log import get_logger
-from ..errors import LatticaError
-from ..framing import read_message, write_message
-from ..holepunch import MAX_MESSAGE, PROTOCOL, Initiator, Punch, Responder, is_probe, probe_packet, probe_ports
-from ..identity import PeerId
-from ..multiaddr import Multiaddr
-from ..runtime import ASYNC, ActorRef
+from lattica._log import get_logger
+from lattica.errors import LatticaError
+from lattica.framing import read_message, write_message
+from lattica.holepunch import MAX_MESSAGE, PROTOCOL, Initiator, Punch, Responder, is_probe, probe_packet, probe_ports
+from lattica.identity import PeerId
+from lattica.multiaddr import Multiaddr
+from lattica.runtime import ASYNC, ActorRef
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
-    from ..transports.base import Connection, Stream
+    from lattica.runtime import Runtime
+    from lattica.transports.base import Connection, Stream
 
 log = get_logger("lattica.holepunch")
 

@@ -21,16 +21,16 @@ import shutil
 import subprocess
 from typing import TYPE_CHECKING, Any, Callable
 
-from .._log import get_logger
-from ..errors import LatticaError, PeerGone, PeerUnreachable
-from ..identity import PeerId
-from ..membership import ALIVE, Member, MemberDown, Membership, MembershipConfig, SelfDowned
-from ..runtime import ASYNC, ActorRef, current_caller
+from lattica._log import get_logger
+from lattica.errors import LatticaError, PeerGone, PeerUnreachable
+from lattica.identity import PeerId
+from lattica.membership import ALIVE, Member, MemberDown, Membership, MembershipConfig, SelfDowned
+from lattica.runtime import ASYNC, ActorRef, current_caller
 
 if TYPE_CHECKING:
-    from ..identify import PeerInfo
-    from ..transports.base import Connection
-    from ..runtime import Runtime
+    from lattica.identify import PeerInfo
+    from lattica.transports.base import Connection
+    from lattica.runtime import Runtime
 
 log = get_logger("lattica.membership")
 

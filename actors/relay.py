@@ -19,17 +19,17 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .._log import get_logger
-from ..errors import LatticaError, ProtocolError, RelayRefused
-from ..framing import read_message, write_message
-from ..identity import PeerId
-from ..runtime import ASYNC, ActorRef, current_caller
-from ..transports.base import Connection, Stream
-from ..transports.circuit import HOP, MAX_MESSAGE, STOP, check_answer, limit_wire, parse_connect, refusal
-from ..transports.splice import TOKEN_LEN, Splice
+from lattica._log import get_logger
+from lattica.errors import LatticaError, ProtocolError, RelayRefused
+from lattica.framing import read_message, write_message
+from lattica.identity import PeerId
+from lattica.runtime import ASYNC, ActorRef, current_caller
+from lattica.transports.base import Connection, Stream
+from lattica.transports.circuit import HOP, MAX_MESSAGE, STOP, check_answer, limit_wire, parse_connect, refusal
+from lattica.transports.splice import TOKEN_LEN, Splice
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
+    from lattica.runtime import Runtime
 
 log = get_logger("lattica.relay")
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ..errors import ActorNotFound, PlacementError, SpawnError
-from ..placement import RESOURCES
+from lattica.errors import ActorNotFound, PlacementError, SpawnError
+from lattica.placement import RESOURCES
 
-from ..runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, NO_STATE, ActorRef, current_caller
+from lattica.runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, NO_STATE, ActorRef, current_caller
 
 if TYPE_CHECKING:
-    from ..monitors import Monitor
-    from ..runtime import Runtime
+    from lattica.monitors import Monitor
+    from lattica.runtime import Runtime
 
 _MAX_WINDOW = 1 << 16
 _MAX_CONCURRENCY = 1 << 16

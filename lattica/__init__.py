@@ -1,15 +1,15 @@
 """Lattica: a pure-Python peer-to-peer actor framework for decentralized AI."""
 
-from . import dht, errors
-from .actor import actor
-from .api import aget_actor, akill, exit_actor, get_actor, init, kill, link, monitor, nat_status, node, nodes, shutdown, unlink
-from .future import Future, get, wait
-from .identify import PeerInfo
-from .identity import KeyPair, PeerId
-from .multiaddr import Multiaddr
-from .node import Node
-from .runtime import ActorRef, current_actor, current_caller
-from .supervisor import Supervisor
+from lattica import dht, errors
+from lattica.actor import actor
+from lattica.api import aget_actor, akill, exit_actor, get_actor, init, kill, link, monitor, nat_status, node, nodes, shutdown, unlink
+from lattica.future import Future, get, wait
+from lattica.identify import PeerInfo
+from lattica.identity import KeyPair, PeerId
+from lattica.multiaddr import Multiaddr
+from lattica.node import Node
+from lattica.runtime import ActorRef, current_actor, current_caller
+from lattica.supervisor import Supervisor
 
 __version__ = "0.1.0"
 __all__ = [

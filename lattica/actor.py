@@ -14,11 +14,11 @@ import sys
 import threading
 from typing import Any, Callable
 
-from . import placement
-from .errors import NodeClosed, PeerUnreachable, PlacementError, SpawnError, Timeout
-from .future import Future
-from .identity import PeerId
-from .runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, STREAM_WINDOW, ActorRef, Runtime, method_table, runtime_for_thread, spawner_ref
+from lattica import placement
+from lattica.errors import NodeClosed, PeerUnreachable, PlacementError, SpawnError, Timeout
+from lattica.future import Future
+from lattica.identity import PeerId
+from lattica.runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, STREAM_WINDOW, ActorRef, Runtime, method_table, runtime_for_thread, spawner_ref
 
 __all__ = ["actor", "ActorClass", "MethodHandle", "StreamCall", "current_runtime"]
 
@@ -29,7 +29,7 @@ def current_runtime() -> Runtime:
     rt = runtime_for_thread()
     if rt is not None:
         return rt
-    from . import api
+    from lattica import api
 
     node = api._default_node
     if node is None or node._host is None:

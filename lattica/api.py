@@ -11,15 +11,15 @@ import atexit
 import threading
 from typing import Any, Callable, Iterable
 
-from .actor import _on_loop, current_runtime
-from .errors import ActorNotFound, LatticaError, Timeout
-from .future import Future
-from .identity import PeerId
-from .monitors import Monitor
-from .multiaddr import Multiaddr
-from .nat import NatStatus
-from .node import Node
-from .runtime import ActorRef, current_actor, spawner_ref
+from lattica.actor import _on_loop, current_runtime
+from lattica.errors import ActorNotFound, LatticaError, Timeout
+from lattica.future import Future
+from lattica.identity import PeerId
+from lattica.monitors import Monitor
+from lattica.multiaddr import Multiaddr
+from lattica.nat import NatStatus
+from lattica.node import Node
+from lattica.runtime import ActorRef, current_actor, spawner_ref
 
 __all__ = ["init", "shutdown", "kill", "akill", "get_actor", "aget_actor", "node", "nat_status", "nodes", "monitor", "link", "exit_actor"]
 
@@ -48,7 +48,7 @@ def init(
     for addr in addrs:
         node.connect(addr)
     if addrs:
-        from . import dht
+        from lattica import dht
 
         dht.bootstrap(node=node).result(30)  # join the DHT: fill the routing table
     return node
@@ -151,7 +151,7 @@ def _get_actor(name: str, node: PeerId | str | None, timeout: float) -> Future:
         actor = rt.actors.get(name)
         if actor is not None:
             return _resolved(rt, actor.ref)
-        from . import dht
+        from lattica import dht
 
         return dht._run(None, lambda svc: _within(svc.resolve_name(name), timeout, f"resolving the actor name {name!r}"))
     peer = PeerId.from_string(node) if isinstance(node, str) else node

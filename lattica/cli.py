@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from . import logging as lattica_logging
+from lattica import logging as lattica_logging
 
 
 def _print(result: dict, as_json: bool) -> None:
@@ -19,8 +19,8 @@ def _print(result: dict, as_json: bool) -> None:
 
 
 def _bench(args: argparse.Namespace) -> None:
-    from ._loop import DEFAULT_BUSY_POLL_US
-    from .bench import transport as tb
+    from lattica._loop import DEFAULT_BUSY_POLL_US
+    from lattica.bench import transport as tb
 
     transports = ["tcp", "quic"] if args.transport == "both" else [args.transport]
     which = args.which
@@ -43,38 +43,38 @@ def _bench(args: argparse.Namespace) -> None:
     if which in ("ciphers", "all"):
         _print(tb.bench_noise_ciphers(), args.json)
     if which in ("dht", "all"):
-        from .bench.dht import bench_dht
+        from lattica.bench.dht import bench_dht
 
         for n in args.nodes or [2, 3]:
             for bp in polls:
                 _print(bench_dht(n, min(args.count, 5000), busy_poll_us=bp), args.json)
     if which == "dht-sim":
-        from .bench.dht import simulate
+        from lattica.bench.dht import simulate
 
         for n in args.nodes or [1000]:
             _print(simulate(n, keys=args.keys, progress=None if args.json else lambda m: print(f"  {m}", flush=True)), args.json)
     if which == "membership-sim":
-        from .bench.membership import simulate as simulate_membership
+        from lattica.bench.membership import simulate as simulate_membership
 
         for n in args.nodes or [200]:
             _print(simulate_membership(n, settle=40.0), args.json)
     if which in ("relay", "all"):
-        from .bench.relay import bench_relay
+        from lattica.bench.relay import bench_relay
 
         for payload in args.payload or [262144, 128]:
             for row in bench_relay(payload, concurrency=(args.concurrency or [32])[0], duration=min(args.duration, 3.0), rounds=args.rounds):
                 _print(row, args.json)
     if which in ("supervise", "all"):
-        from .bench.supervise import bench_supervise
+        from lattica.bench.supervise import bench_supervise
 
         for row in bench_supervise(rounds=args.rounds):
             _print(row, args.json)
     if which == "soak":
-        from .bench.soak import soak
+        from lattica.bench.soak import soak
 
         _print(soak(args.soak_seconds, processes=(args.nodes or [4])[0]), args.json)
     if which in ("rpc", "all"):
-        from .bench.rpc import bench_rpc
+        from lattica.bench.rpc import bench_rpc
 
         kinds = ["async", "sync"] if args.actor == "both" else [args.actor]
         for t in transports:
@@ -86,7 +86,7 @@ def _bench(args: argparse.Namespace) -> None:
 
 
 def _node(args: argparse.Namespace) -> None:
-    from .node import Node
+    from lattica.node import Node
 
     relay = getattr(args, "relay", False)
     mdns = False if getattr(args, "no_mdns", False) else None
@@ -98,7 +98,7 @@ def _node(args: argparse.Namespace) -> None:
             info = node.connect(addr)
             print(f"connected: {info.peer_id} over {info.transport}")
         if args.connect:
-            from . import dht
+            from lattica import dht
 
             print(f"DHT routing table: {dht.bootstrap(node=node).result(30)} peers")
         try:
@@ -109,7 +109,7 @@ def _node(args: argparse.Namespace) -> None:
 
 
 def _ping(args: argparse.Namespace) -> None:
-    from .node import Node
+    from lattica.node import Node
 
     with Node([]) as node:
         info = node.connect(args.addr)
@@ -121,9 +121,9 @@ def _ping(args: argparse.Namespace) -> None:
 def _dht(args: argparse.Namespace) -> None:
 
 
-    from . import dht
-    from .identity import PeerId
-    from .node import Node
+    from lattica import dht
+    from lattica.identity import PeerId
+    from lattica.node import Node
 
     def shown(v: object) -> object:
         return v if isinstance(v, (str, int, float, bool, list, dict, type(None))) else repr(v)
@@ -152,7 +152,7 @@ def _dht(args: argparse.Namespace) -> None:
 
 
 def _doctor(args: argparse.Namespace) -> None:
-    from .doctor import diagnose, render
+    from lattica.doctor import diagnose, render
 
     report = diagnose(args.listen or ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"], args.bootstrap, args.peer, args.wait)
     print(json.dumps(report) if args.json else render(report), flush=True)
@@ -161,7 +161,7 @@ def _doctor(args: argparse.Namespace) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from .demo import run
+    from lattica.demo import run
 
     run()
 

@@ -45,9 +45,9 @@ if TYPE_CHECKING:
 
 import msgpack
 
-from .errors import CodecError, FrameTooLarge
-from .identity import PeerId
-from .multiaddr import Multiaddr
+from lattica.errors import CodecError, FrameTooLarge
+from lattica.identity import PeerId
+from lattica.multiaddr import Multiaddr
 
 __all__ = ["Limits", "DEFAULT_LIMITS", "encode", "encode_bytes", "decode", "register_ext"]
 

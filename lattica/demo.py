@@ -18,9 +18,9 @@ import time
 
 import numpy as np
 
-from .actor import actor
-from .bench.server import ServerProcess
-from .node import Node
+from lattica.actor import actor
+from lattica.bench.server import ServerProcess
+from lattica.node import Node
 
 
 @actor
@@ -68,8 +68,8 @@ def run() -> None:
 
 
 def _dht(b: Node, addr: str) -> None:
-    from . import dht
-    from .api import aget_actor
+    from lattica import dht
+    from lattica.api import aget_actor
 
     print("\nthe DHT: B announces which layers it serves; a new node C finds that and A's shards by name")
     dht.bootstrap(node=b).result(10)
@@ -130,7 +130,7 @@ def _work(b: Node, addr: str) -> None:
 
 
 def _supervision() -> None:
-    from .bench.supervise import lose, statuses, supervised_mesh
+    from lattica.bench.supervise import lose, statuses, supervised_mesh
 
     print("\nsupervision: three more node processes; a supervisor on a fourth places six stateful workers (1 cpu each, spread)")
     with supervised_mesh(6) as (here, procs, sup, refs):

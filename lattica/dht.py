@@ -15,18 +15,18 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, NamedTuple
 
-from . import codec
-from .actor import _on_loop, current_runtime
-from .future import Future
-from .errors import LatticaError
-from .identity import PeerId
-from .records import TOMBSTONE, decode_subkey
-from .records import owned_key as _owned_key
+from lattica import codec
+from lattica.actor import _on_loop, current_runtime
+from lattica.future import Future
+from lattica.errors import LatticaError
+from lattica.identity import PeerId
+from lattica.records import TOMBSTONE, decode_subkey
+from lattica.records import owned_key as _owned_key
 
 if TYPE_CHECKING:
-    from .actors.dht import DhtService
-    from .node import Node
-    from .runtime import Runtime
+    from lattica.actors.dht import DhtService
+    from lattica.node import Node
+    from lattica.runtime import Runtime
 
 __all__ = ["Value", "Record", "put", "get", "delete", "provide", "find_providers", "find_peer", "bootstrap", "owned_key"]
 
@@ -64,7 +64,7 @@ def _runtime(node: Node | None) -> Runtime:
         return current_runtime()
     host = node._host
     if host is None or host.runtime is None:
-        from .errors import NodeClosed
+        from lattica.errors import NodeClosed
 
         raise NodeClosed("the node is not running")
     return host.runtime

@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .errors import LatticaError
-from .identity import PeerId
-from .node import Node
+from lattica.errors import LatticaError
+from lattica.identity import PeerId
+from lattica.node import Node
 
 __all__ = ["diagnose", "render"]
 
@@ -57,7 +57,7 @@ def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, w
         elif not joined:
             report["problems"].append("no bootstrap peer answered: check the addresses, this machine's outbound connectivity, and that they run")
         if joined:
-            from . import dht
+            from lattica import dht
 
             try:
                 dht.bootstrap(node=node).result(15)

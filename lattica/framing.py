@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import codec
-from .errors import FrameTooLarge, StreamClosed
-from .transports.base import Stream
+from lattica import codec
+from lattica.errors import FrameTooLarge, StreamClosed
+from lattica.transports.base import Stream
 
 __all__ = ["write_message", "read_message"]
 

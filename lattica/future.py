@@ -13,7 +13,7 @@ import concurrent.futures
 import threading
 from typing import Any, Callable, Generator, Sequence
 
-from .errors import Timeout
+from lattica.errors import Timeout
 
 __all__ = ["Future", "get", "wait"]
 

@@ -25,8 +25,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ProtocolError
-from .multiaddr import Multiaddr
+from lattica.errors import ProtocolError
+from lattica.multiaddr import Multiaddr
 
 __all__ = [
     "PROTOCOL",

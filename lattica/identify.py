@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import CodecError, KeyFileError, MultiaddrError, ProtocolError
-from .identity import PeerId, public_key_from_protobuf
-from .multiaddr import Multiaddr
+from lattica.errors import CodecError, KeyFileError, MultiaddrError, ProtocolError
+from lattica.identity import PeerId, public_key_from_protobuf
+from lattica.multiaddr import Multiaddr
 
 PROTOCOL = "/lattica/id/1.0.0"
 PROTOCOL_VERSION = "lattica/1"

@@ -14,8 +14,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from ._protobuf import decode_fields, encode_fields, read_uvarint
-from .errors import InvalidPeerId, KeyFileError
+from lattica._protobuf import decode_fields, encode_fields, read_uvarint
+from lattica.errors import InvalidPeerId, KeyFileError
 
 __all__ = ["KeyPair", "PeerId", "verify_signature", "b58encode", "b58decode"]
 

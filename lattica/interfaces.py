@@ -11,7 +11,7 @@ import ipaddress
 
 import ifaddr
 
-from .multiaddr import Multiaddr
+from lattica.multiaddr import Multiaddr
 
 __all__ = ["interface_ips", "expand", "is_loopback", "is_lan"]
 

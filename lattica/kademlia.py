@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from typing import Callable, Iterable
 
-from .identity import PeerId
+from lattica.identity import PeerId
 
 __all__ = ["K", "ALPHA", "ID_BITS", "key_id", "node_id", "distance", "RoutingTable", "Lookup"]
 

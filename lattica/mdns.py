@@ -19,14 +19,14 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._log import get_logger
-from .errors import LatticaError, ProtocolError
-from .identity import PeerId
-from .interfaces import interface_ips, is_loopback
-from .multiaddr import Multiaddr
+from lattica._log import get_logger
+from lattica.errors import LatticaError, ProtocolError
+from lattica.identity import PeerId
+from lattica.interfaces import interface_ips, is_loopback
+from lattica.multiaddr import Multiaddr
 
 if TYPE_CHECKING:
-    from .node import _Host
+    from lattica.node import _Host
 
 log = get_logger("lattica.mdns")
 

@@ -15,12 +15,12 @@ import inspect
 import itertools
 from typing import TYPE_CHECKING, Any, Callable
 
-from ._log import get_logger
-from .errors import ActorNotFound, LatticaError
-from .identity import PeerId
+from lattica._log import get_logger
+from lattica.errors import ActorNotFound, LatticaError
+from lattica.identity import PeerId
 
 if TYPE_CHECKING:
-    from .runtime import ActorRef, Runtime
+    from lattica.runtime import ActorRef, Runtime
 
 log = get_logger("lattica.monitors")
 
@@ -76,7 +76,7 @@ class Monitors:
         return Monitor(self, mid, ref)
 
     async def _set_remote(self, mid: int, ref: ActorRef) -> None:
-        from .runtime import spawner_ref
+        from lattica.runtime import spawner_ref
 
         try:
             await self.rt.call(spawner_ref(ref.peer_id), "monitor", (ref.name, mid), {}, timeout=_SET_TIMEOUT)
@@ -93,7 +93,7 @@ class Monitors:
         if ref.peer_id == self.rt.peer_id:
             self.remove_watcher(ref.name, self.rt.peer_id, mid)
             return
-        from .runtime import spawner_ref
+        from lattica.runtime import spawner_ref
 
         try:
             self.rt.call(spawner_ref(ref.peer_id), "demonitor", (ref.name, mid), {}, timeout=None, tell=True)
@@ -157,7 +157,7 @@ class Monitors:
 
     def actor_stopped(self, name: str, reason: str) -> None:
         """One of our actors stopped: tell everyone watching it."""
-        from .runtime import spawner_ref
+        from lattica.runtime import spawner_ref
 
         for watcher, mid in self.watchers.pop(name, {}):
             if watcher == self.rt.peer_id:

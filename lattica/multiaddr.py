@@ -11,9 +11,9 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Iterator
 
-from .errors import InvalidPeerId, MultiaddrError
-from ._protobuf import read_uvarint, uvarint
-from .identity import PeerId
+from lattica.errors import InvalidPeerId, MultiaddrError
+from lattica._protobuf import read_uvarint, uvarint
+from lattica.identity import PeerId
 
 __all__ = ["Multiaddr"]
 

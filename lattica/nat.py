@@ -18,17 +18,17 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._log import get_logger
-from .errors import LatticaError
-from .framing import read_message, write_message
-from .identity import PeerId
-from .interfaces import is_loopback
-from .multiaddr import Multiaddr
-from .transports.circuit import HOP, circuit_addr
+from lattica._log import get_logger
+from lattica.errors import LatticaError
+from lattica.framing import read_message, write_message
+from lattica.identity import PeerId
+from lattica.interfaces import is_loopback
+from lattica.multiaddr import Multiaddr
+from lattica.transports.circuit import HOP, circuit_addr
 
 if TYPE_CHECKING:
-    from .node import _Host
-    from .transports.base import Connection, Stream
+    from lattica.node import _Host
+    from lattica.transports.base import Connection, Stream
 
 log = get_logger("lattica.nat")
 
@@ -85,7 +85,7 @@ class _Relay:
 
 class NatManager:
     def __init__(self, host: _Host, config: NatConfig | None = None) -> None:
-        from .actors.autonat import DIALBACK
+        from lattica.actors.autonat import DIALBACK
 
         self.host = host
         self.cfg = config or NatConfig()
@@ -108,7 +108,7 @@ class NatManager:
 
     def observations(self) -> list[tuple[str, str, Connection]]:
         """(observer IP, observed address, connection) for every identified direct connection."""
-        from .actors.autonat import ip_of
+        from lattica.actors.autonat import ip_of
 
         out = []
         for conn, info in list(self.host.info.items()):
@@ -182,7 +182,7 @@ class NatManager:
         return self.status.checked_at is None or time.time() - self.status.checked_at >= self.cfg.recheck
 
     def _servers(self) -> list[PeerId]:
-        from .actors.autonat import DIALBACK
+        from lattica.actors.autonat import DIALBACK
 
         out = []
         for peer, conn in list(self.host.conns.items()):
@@ -193,7 +193,7 @@ class NatManager:
 
     async def probe(self) -> NatStatus:
         """One AutoNAT round: ask servers to dial us back; classify; return the new status."""
-        from .actors.autonat import autonat_ref, ip_of
+        from lattica.actors.autonat import autonat_ref, ip_of
 
         servers = self._servers()
         cands = self.candidates()
@@ -256,8 +256,8 @@ class NatManager:
         """The mapping type needs two observers at different IPs of our listening UDP socket:
         dial QUIC to connected peers we know a QUIC address of (the connections stay: their
         keepalives also hold the mapping open for hole punching)."""
-        from .actors.autonat import ip_of
-        from .node import NO_DHT_DIAL_LOOKUP
+        from lattica.actors.autonat import ip_of
+        from lattica.node import NO_DHT_DIAL_LOOKUP
 
         have = {ip for ip, _, _ in self._listening_quic()}
         wanted: list[tuple[PeerId, list[Multiaddr]]] = []
@@ -294,7 +294,7 @@ class NatManager:
         return sorted({ip for ip, _, conn in self.observations() if conn.transport == "quic"} | recent)
 
     async def _on_dialback(self, stream: Stream, conn: Connection) -> None:
-        from .actors.autonat import ip_of
+        from lattica.actors.autonat import ip_of
 
         try:
             async with asyncio.timeout(5.0):
@@ -327,7 +327,7 @@ class NatManager:
         return [p for p in out if p not in self.relays and p != self.host.peer_id]
 
     async def _keep_relays(self) -> None:
-        from .actors.relay import relay_ref
+        from lattica.actors.relay import relay_ref
 
         rt = self.host.runtime
         assert rt is not None
@@ -368,7 +368,7 @@ class NatManager:
         self._addrs_changed()
 
     async def _renew(self, peer: PeerId) -> None:
-        from .actors.relay import relay_ref
+        from lattica.actors.relay import relay_ref
 
         if peer not in self.relays or self.host.runtime is None:
             return

@@ -18,13 +18,13 @@ import time
 import weakref
 from typing import Any, Awaitable, Callable, Coroutine, Iterable, TypeVar
 
-from ._log import get_logger
+from lattica._log import get_logger
 
-from . import holepunch, identify, interfaces, ping
-from .transports import circuit
-from .transports.circuit import CircuitTransport
-from ._loop import DEFAULT_BUSY_POLL_US, new_loop
-from .errors import (
+from lattica import holepunch, identify, interfaces, ping
+from lattica.transports import circuit
+from lattica.transports.circuit import CircuitTransport
+from lattica._loop import DEFAULT_BUSY_POLL_US, new_loop
+from lattica.errors import (
     ConnectionClosed,
     ConnectionLimit,
     ConnectionRefused,
@@ -37,13 +37,13 @@ from .errors import (
     TransportError,
     UnsupportedProtocol,
 )
-from .framing import read_message, write_message
-from .identify import PeerInfo
-from .identity import KeyPair, PeerId
-from .multiaddr import Multiaddr
-from .nat import NatConfig, NatManager, NatStatus
-from .runtime import Runtime
-from .transports.base import PROBE_TIMEOUT, Connection, Stream, Transport
+from lattica.framing import read_message, write_message
+from lattica.identify import PeerInfo
+from lattica.identity import KeyPair, PeerId
+from lattica.multiaddr import Multiaddr
+from lattica.nat import NatConfig, NatManager, NatStatus
+from lattica.runtime import Runtime
+from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream, Transport
 
 __all__ = ["Node", "PeerInfo"]
 
@@ -143,7 +143,7 @@ class _Host:
         self.nat.start()
         want = self.node.mdns
         if want or (want is None and any(interfaces.is_lan(a) for a in self.listen_addrs)):
-            from .mdns import MdnsService
+            from lattica.mdns import MdnsService
 
             self.mdns = MdnsService(self)
             if not await self.mdns.start():
@@ -793,9 +793,9 @@ class Node:
         if not channel_idle > 0:
             raise ValueError("channel_idle must be > 0 seconds")
         self.channel_idle = channel_idle  # an idle call channel closes after this, freeing its connection
-        from .actors.dht import DhtConfig
+        from lattica.actors.dht import DhtConfig
 
-        from .actors.relay import RelayConfig
+        from lattica.actors.relay import RelayConfig
 
         # relay=True (or a RelayConfig): serve reservations and circuits for private peers
         self.relay_config: RelayConfig | None = (RelayConfig() if relay is True else relay) or None
@@ -803,12 +803,12 @@ class Node:
         # mDNS on the LAN: None = on when we listen on a non-loopback address
         self.mdns = mdns
         self.labels = dict(labels or {})  # what this node says about itself to placement
-        from .placement import RESOURCES
+        from lattica.placement import RESOURCES
 
         if resources is not None and (set(resources) - set(RESOURCES) or any(v < 0 for v in resources.values())):
             raise ValueError(f"resources map {list(RESOURCES)} to amounts >= 0")
         self.resources = dict(resources or {})  # offered to placement instead of what is detected
-        from .membership import MembershipConfig
+        from lattica.membership import MembershipConfig
 
         # membership=True (or a MembershipConfig): join the membership view; False: stay out
         self.membership_config: MembershipConfig | None = (MembershipConfig() if membership is True else membership) or None
@@ -824,8 +824,8 @@ class Node:
         self.started_at: float | None = None
 
     def _make_transports(self) -> list[Transport]:
-        from .transports.memory import MemoryTransport
-        from .transports.tcp import TcpTransport
+        from lattica.transports.memory import MemoryTransport
+        from lattica.transports.tcp import TcpTransport
 
         opts = self._transport_options
         memory_opts = dict(opts.get("memory", {}))
@@ -835,7 +835,7 @@ class Node:
         return [TcpTransport(self.keypair, **opts.get("tcp", {})), MemoryTransport(self.keypair, **memory_opts)]
 
     def _make_quic(self) -> Transport:
-        from .transports.quic import QuicTransport
+        from lattica.transports.quic import QuicTransport
 
         return QuicTransport(self.keypair, **self._transport_options.get("quic", {}))
 

@@ -7,8 +7,8 @@ import asyncio
 import os
 import time
 
-from .errors import ProtocolError
-from .transports.base import Stream
+from lattica.errors import ProtocolError
+from lattica.transports.base import Stream
 
 PROTOCOL = "/ipfs/ping/1.0.0"
 _SIZE = 32

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import PlacementError
+from lattica.errors import PlacementError
 
 __all__ = ["RESOURCES", "candidates", "free", "fits"]
 

@@ -22,10 +22,10 @@ from typing import Any, Callable, Iterator
 
 import msgpack
 
-from .errors import InvalidPeerId, MultiaddrError, RecordRejected
-from .identity import KeyPair, PeerId, verify_signature
-from .kademlia import key_id
-from .multiaddr import Multiaddr
+from lattica.errors import InvalidPeerId, MultiaddrError, RecordRejected
+from lattica.identity import KeyPair, PeerId, verify_signature
+from lattica.kademlia import key_id
+from lattica.multiaddr import Multiaddr
 
 __all__ = [
     "StoreLimits", "Entry", "PeerRecord", "RecordStore", "encode_subkey", "decode_subkey", "owner_of",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import FrameTooLarge, ProtocolError
+from lattica.errors import FrameTooLarge, ProtocolError
 
 PROTOCOL = "/lattica/rpc/1"
 

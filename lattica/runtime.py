@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pykka
 
-from . import codec, rpc
-from ._eager import eager_task
-from ._log import get_logger
-from .errors import (
+from lattica import codec, rpc
+from lattica._eager import eager_task
+from lattica._log import get_logger
+from lattica.errors import (
     ActorDied,
     ActorNotFound,
     ActorRestarted,
@@ -49,12 +49,12 @@ from .errors import (
     SpawnError,
     remote_error,
 )
-from .future import Future
-from .identity import PeerId
-from .transports.base import PROBE_TIMEOUT, Connection, Stream
+from lattica.future import Future
+from lattica.identity import PeerId
+from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream
 
 if TYPE_CHECKING:
-    from .node import _Host
+    from lattica.node import _Host
 
 log = get_logger("lattica.runtime")
 
@@ -144,7 +144,7 @@ class ActorRef:
             raise AttributeError(method)
         h = self._handles.get(method)
         if h is None:
-            from .actor import MethodHandle
+            from lattica.actor import MethodHandle
 
             if method not in self.methods:
                 raise AttributeError(f"actor {self.name!r} has no public method {method!r} (it has: {', '.join(sorted(self.methods)) or 'none'})")
@@ -1259,36 +1259,36 @@ class Runtime:
         with _LIVE_LOCK:
             _LIVE.add(self)
         host.handlers[rpc.PROTOCOL] = self._serve
-        from .monitors import Monitors
+        from lattica.monitors import Monitors
 
         self.monitors = Monitors(self)
         self.stop_listeners: list[Callable[[str, str], None]] = []  # told (actor name, reason) when one of ours ends
         self._placed: collections.deque[tuple[float, str, Any]] = collections.deque()  # (when, peer, its load then)
-        from .actors.dht import DhtActor, DhtService
-        from .actors.spawner import Spawner
+        from lattica.actors.dht import DhtActor, DhtService
+        from lattica.actors.spawner import Spawner
 
         self.create(Spawner, [], None, Spawner.NAME, instance=Spawner(self))
-        from .actors.checkpoints import CheckpointStore
+        from lattica.actors.checkpoints import CheckpointStore
 
         self.create(CheckpointStore, [], None, CheckpointStore.NAME, instance=CheckpointStore(self))
         self.dht = DhtService(self, host.node.dht_config)
         self.create(DhtActor, [], None, DhtActor.NAME, instance=DhtActor(self.dht))
-        from .actors.autonat import AutoNatActor, AutoNatServer
+        from lattica.actors.autonat import AutoNatActor, AutoNatServer
 
         self.create(AutoNatActor, [], None, AutoNatActor.NAME, instance=AutoNatActor(AutoNatServer(self)))
-        from .actors.holepunch import HolePunchActor, HolePunchService
+        from lattica.actors.holepunch import HolePunchActor, HolePunchService
 
         host.holepunch = HolePunchService(self)
         self.create(HolePunchActor, [], None, HolePunchActor.NAME, instance=HolePunchActor(host.holepunch))
         if host.node.membership_config is not None:
-            from .actors.membership import MembershipActor, MembershipService
+            from lattica.actors.membership import MembershipActor, MembershipService
 
             host.membership = MembershipService(self, host.node.membership_config, host.node.labels, host.node.resources)
             host.membership.on_down.append(self._member_down)
             host.membership.on_self_downed.append(self.actors["spawner"].instance.stop_bound)
             self.create(MembershipActor, [], None, MembershipActor.NAME, instance=MembershipActor(host.membership))
         if host.node.relay_config is not None:
-            from .actors.relay import RelayActor, RelayService
+            from lattica.actors.relay import RelayActor, RelayService
 
             host.relay = RelayService(self, host.node.relay_config)
             self.create(RelayActor, [], None, RelayActor.NAME, instance=RelayActor(host.relay))

@@ -30,13 +30,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import codec
-from ._log import get_logger
-from .actor import ActorClass, _class_path, actor, offer_spawn, spawn_placed
-from .errors import LatticaError, PlacementError, SpawnError
-from .identity import PeerId
-from .actors.checkpoints import checkpoints_ref, members, ranked
-from .runtime import DEFAULT_WINDOW, ActorRef, current_actor, runtime_for_thread, spawner_ref
+from lattica import codec
+from lattica._log import get_logger
+from lattica.actor import ActorClass, _class_path, actor, offer_spawn, spawn_placed
+from lattica.errors import LatticaError, PlacementError, SpawnError
+from lattica.identity import PeerId
+from lattica.actors.checkpoints import checkpoints_ref, members, ranked
+from lattica.runtime import DEFAULT_WINDOW, ActorRef, current_actor, runtime_for_thread, spawner_ref
 
 __all__ = ["Supervisor", "STRATEGIES", "RESTARTS"]
 

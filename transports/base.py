@@ -10,10 +10,10 @@ from __future__ import annotations
 import abc
 from typing import Callable
 
-from .._log import get_logger
-from ..errors import StreamClosed
-from ..identity import KeyPair, PeerId
-from ..multiaddr import Multiaddr
+from lattica._log import get_logger
+from lattica.errors import StreamClosed
+from lattica.identity import KeyPair, PeerId
+from lattica.multiaddr import Multiaddr
 
 log = get_logger("lattica.transport")
 

@@ -22,16 +22,16 @@ import asyncio
 import time
 from typing import Any, Awaitable, Callable
 
-from .._log import get_logger
-from ..errors import HandshakeError, LatticaError, MultiaddrError, PeerUnreachable, ProtocolError, RelayRefused, Timeout
-from ..framing import read_message, write_message
-from ..identity import KeyPair, PeerId
-from ..multiaddr import Multiaddr
-from .base import Connection, ConnectionHandler, Listener, Stream, Transport
-from .mux import MuxConfig
-from .muxed import MuxedConnection
-from .noise import NoiseHandshake
-from .splice import TOKEN_LEN, SpliceUnreachable
+from lattica._log import get_logger
+from lattica.errors import HandshakeError, LatticaError, MultiaddrError, PeerUnreachable, ProtocolError, RelayRefused, Timeout
+from lattica.framing import read_message, write_message
+from lattica.identity import KeyPair, PeerId
+from lattica.multiaddr import Multiaddr
+from lattica.transports.base import Connection, ConnectionHandler, Listener, Stream, Transport
+from lattica.transports.mux import MuxConfig
+from lattica.transports.muxed import MuxedConnection
+from lattica.transports.noise import NoiseHandshake
+from lattica.transports.splice import TOKEN_LEN, SpliceUnreachable
 
 log = get_logger("lattica.circuit")
 

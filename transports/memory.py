@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from ..errors import PeerIdMismatch, PeerUnreachable, TransportError
-from ..identity import KeyPair, PeerId
-from ..multiaddr import Multiaddr
-from .base import Connection, ConnectionHandler, Listener, Transport
-from .mux import MuxConfig
-from .muxed import MuxedConnection
+from lattica.errors import PeerIdMismatch, PeerUnreachable, TransportError
+from lattica.identity import KeyPair, PeerId
+from lattica.multiaddr import Multiaddr
+from lattica.transports.base import Connection, ConnectionHandler, Listener, Transport
+from lattica.transports.mux import MuxConfig
+from lattica.transports.muxed import MuxedConnection
 
 __all__ = ["MemoryTransport", "MemoryNetwork"]
 

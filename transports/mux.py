@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from ..errors import ConnectionClosed, ProtocolError, StreamClosed, StreamLimit, StreamReset
+from lattica.errors import ConnectionClosed, ProtocolError, StreamClosed, StreamLimit, StreamReset
 
 __all__ = [
     "Mux",

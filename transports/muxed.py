@@ -11,13 +11,13 @@ import asyncio
 from collections import deque
 from typing import Callable, Protocol
 
-from .._log import get_logger
+from lattica._log import get_logger
 
-from ..errors import ConnectionClosed, LatticaError, ProtocolError, StreamClosed, StreamReset
-from ..identity import PeerId
-from ..multiaddr import Multiaddr
-from .base import Connection, Stream, StreamHandler
-from .mux import (
+from lattica.errors import ConnectionClosed, LatticaError, ProtocolError, StreamClosed, StreamReset
+from lattica.identity import PeerId
+from lattica.multiaddr import Multiaddr
+from lattica.transports.base import Connection, Stream, StreamHandler
+from lattica.transports.mux import (
     GOAWAY_NORMAL,
     GOAWAY_PROTOCOL,
     DataReceived,
@@ -31,7 +31,7 @@ from .mux import (
     StreamWasReset,
     WindowUpdated,
 )
-from .noise import NoiseSession
+from lattica.transports.noise import NoiseSession
 
 log = get_logger("lattica.transport")
 _MAX_UNSENT = 64 * 1024 * 1024  # bytes queued for a paused socket before we give up on the peer

@@ -24,9 +24,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 
-from ..errors import DecryptError, FrameTooLarge, HandshakeError, PeerIdMismatch
-from .._protobuf import decode_fields, encode_fields
-from ..identity import KeyPair, PeerId, public_key_from_protobuf, verify_signature
+from lattica.errors import DecryptError, FrameTooLarge, HandshakeError, PeerIdMismatch
+from lattica._protobuf import decode_fields, encode_fields
+from lattica.identity import KeyPair, PeerId, public_key_from_protobuf, verify_signature
 
 __all__ = ["NoiseHandshake", "NoiseSession", "MAX_FRAME", "MAX_PLAINTEXT", "PROTOCOL_NAME"]
 

@@ -33,8 +33,8 @@ from typing import Any
 from aioquic.quic import events as qev
 from aioquic.quic.configuration import QuicConfiguration
 
-from .._log import get_logger
-from ..errors import (
+from lattica._log import get_logger
+from lattica.errors import (
     ConnectionClosed,
     HandshakeError,
     MultiaddrError,
@@ -44,11 +44,11 @@ from ..errors import (
     Timeout,
     TransportError,
 )
-from ..identity import KeyPair, PeerId
-from ..multiaddr import Multiaddr
-from . import _aioquic
-from .base import Connection, ConnectionHandler, Listener, Stream, StreamHandler, Transport
-from .tlscert import CertifiedKey, generate_certificate, verify_certificate
+from lattica.identity import KeyPair, PeerId
+from lattica.multiaddr import Multiaddr
+from lattica.transports import _aioquic
+from lattica.transports.base import Connection, ConnectionHandler, Listener, Stream, StreamHandler, Transport
+from lattica.transports.tlscert import CertifiedKey, generate_certificate, verify_certificate
 
 __all__ = ["QuicTransport", "QuicConn", "QuicStream", "QuicListener", "ALPN"]
 

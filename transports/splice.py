@@ -24,7 +24,7 @@ import socket
 import struct
 from typing import Callable
 
-from ..errors import TransportError
+from lattica.errors import TransportError
 
 __all__ = ["PREAMBLE_MAGIC", "PREAMBLE_LEN", "TOKEN_LEN", "preamble", "Splice", "SpliceUnreachable"]
 

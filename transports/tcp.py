@@ -13,16 +13,16 @@ import os
 import socket
 from typing import Callable
 
-from .._log import get_logger
+from lattica._log import get_logger
 
-from ..errors import ConnectionRefused, HandshakeError, LatticaError, PeerIdMismatch, Timeout, TransportError
-from ..identity import KeyPair, PeerId
-from ..multiaddr import Multiaddr
-from .base import Connection, ConnectionHandler, Listener, Transport
-from .mux import MuxConfig
-from .muxed import MuxedConnection
-from .noise import NoiseHandshake
-from .splice import PREAMBLE_LEN, PREAMBLE_MAGIC, TOKEN_LEN, SpliceUnreachable
+from lattica.errors import ConnectionRefused, HandshakeError, LatticaError, PeerIdMismatch, Timeout, TransportError
+from lattica.identity import KeyPair, PeerId
+from lattica.multiaddr import Multiaddr
+from lattica.transports.base import Connection, ConnectionHandler, Listener, Transport
+from lattica.transports.mux import MuxConfig
+from lattica.transports.muxed import MuxedConnection
+from lattica.transports.noise import NoiseHandshake
+from lattica.transports.splice import PREAMBLE_LEN, PREAMBLE_MAGIC, TOKEN_LEN, SpliceUnreachable
 
 USER_TIMEOUT_MS = 15_000  # TCP_USER_TIMEOUT on every connection (Linux)
 log = get_logger("lattica.tcp")

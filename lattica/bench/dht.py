@@ -15,12 +15,12 @@ import statistics
 import time
 from typing import Any
 
-from .._loop import DEFAULT_BUSY_POLL_US
-from ..actors.dht import DhtConfig
-from ..node import Node
-from ..transports.memory import MemoryNetwork
-from .server import ServerProcess
-from .transport import LOOPBACK, _pct
+from lattica._loop import DEFAULT_BUSY_POLL_US
+from lattica.actors.dht import DhtConfig
+from lattica.node import Node
+from lattica.transports.memory import MemoryNetwork
+from lattica.bench.server import ServerProcess
+from lattica.bench.transport import LOOPBACK, _pct
 
 
 async def _simulate(n: int, keys: int, churn: float, seed: int, progress: Any, idle: float = 4.0) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import statistics
 import time
 from typing import Any
 
-from ..membership import DEAD, LEFT, Membership, MembershipConfig, MemberDown
+from lattica.membership import DEAD, LEFT, Membership, MembershipConfig, MemberDown
 
 
 def simulate(

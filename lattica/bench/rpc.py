@@ -12,11 +12,11 @@ import os
 import time
 from typing import Any
 
-from .._loop import DEFAULT_BUSY_POLL_US
-from ..actor import actor
-from ..node import Node
-from .server import ServerProcess
-from .transport import LOOPBACK, _pct
+from lattica._loop import DEFAULT_BUSY_POLL_US
+from lattica.actor import actor
+from lattica.node import Node
+from lattica.bench.server import ServerProcess
+from lattica.bench.transport import LOOPBACK, _pct
 
 
 @actor

@@ -16,9 +16,9 @@ import subprocess
 from typing import Any
 import sys
 
-from .._loop import DEFAULT_BUSY_POLL_US
-from ..node import Node
-from ..transports.base import Connection, Stream
+from lattica._loop import DEFAULT_BUSY_POLL_US
+from lattica.node import Node
+from lattica.transports.base import Connection, Stream
 
 SINK = "/lattica/bench/sink/1"
 ECHO = "/lattica/bench/echo/1"
@@ -105,24 +105,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--private-via", default=None, help="listen nowhere; be reachable through this relay only")
     args = p.parse_args(argv)
     if args.log:
-        from ..logging import configure
+        from lattica.logging import configure
 
         configure(args.log)
     dht = None
     if args.dht_rate is not None:
-        from ..actors.dht import DhtConfig
-        from ..records import StoreLimits
+        from lattica.actors.dht import DhtConfig
+        from lattica.records import StoreLimits
 
         dht = DhtConfig(limits=StoreLimits(rate=args.dht_rate, burst=2 * args.dht_rate))
     private = {}
     if args.private_via:
-        from ..nat import NatConfig
+        from lattica.nat import NatConfig
 
         private = {"relays": [args.private_via], "nat": NatConfig(reachability="private")}
     listen = [] if args.private_via else (args.listen or ["/ip4/127.0.0.1/tcp/0"])
     relay: Any = args.relay
     if args.relay_in_stream:
-        from ..actors.relay import RelayConfig
+        from lattica.actors.relay import RelayConfig
 
         relay = RelayConfig(splice=False)
     node = Node(listen, key_path=args.key, busy_poll_us=args.busy_poll_us, allow=["lattica.bench.*", *args.allow], dht=dht, relay=relay,

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from ..actor import actor
-from ..actors.membership import membership_ref
-from ..identity import PeerId
-from ..node import Node
-from .rpc import AsyncEcho
-from .server import ServerProcess
+from lattica.actor import actor
+from lattica.actors.membership import membership_ref
+from lattica.identity import PeerId
+from lattica.node import Node
+from lattica.bench.rpc import AsyncEcho
+from lattica.bench.server import ServerProcess
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 

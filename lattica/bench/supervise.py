@@ -19,10 +19,10 @@ import statistics
 import time
 from typing import Any, Iterator
 
-from ..actor import actor
-from ..node import Node
-from ..runtime import current_actor
-from .server import ServerProcess
+from lattica.actor import actor
+from lattica.node import Node
+from lattica.runtime import current_actor
+from lattica.bench.server import ServerProcess
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 
@@ -53,7 +53,7 @@ class Keeper:
 def supervised_mesh(children: int = 6, processes: int = 3, cpus: int = 6) -> Iterator[tuple[Node, list[ServerProcess], Any, list]]:
     """``processes`` node processes, a node here (offering no cpu) running a Supervisor with
     ``children`` Keepers spread over them, each given state (100, 200, ...) and checkpointed."""
-    from ..supervisor import Supervisor
+    from lattica.supervisor import Supervisor
 
     opts = ("--resources", json.dumps({"cpu": cpus}))
     with contextlib.ExitStack() as stack:

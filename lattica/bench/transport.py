@@ -14,10 +14,10 @@ import sys
 import time
 from typing import Any
 
-from .._loop import DEFAULT_BUSY_POLL_US
-from ..multiaddr import Multiaddr
-from ..node import Node
-from .server import SINK, ServerProcess
+from lattica._loop import DEFAULT_BUSY_POLL_US
+from lattica.multiaddr import Multiaddr
+from lattica.node import Node
+from lattica.bench.server import SINK, ServerProcess
 
 LOOPBACK = {"tcp": "/ip4/127.0.0.1/tcp/0", "quic": "/ip4/127.0.0.1/udp/0/quic-v1"}
 
@@ -139,7 +139,7 @@ def bench_startup(transports: tuple[str, ...] = ("tcp", "quic"), runs: int = 5) 
 
 def bench_noise_ciphers(frames: int = 20000) -> dict[str, Any]:
     """The measurement behind the cipher choice: seal 64 KiB frames with each Noise cipher."""
-    from ..transports.noise import MAX_PLAINTEXT, _Cipher
+    from lattica.transports.noise import MAX_PLAINTEXT, _Cipher
 
     data = os.urandom(MAX_PLAINTEXT)
     out: dict[str, Any] = {"bench": "noise-ciphers"}

@@ -1,5 +1,9 @@
-"""Opt-in logging setup. Lattica never configures logging at import; call :func:`configure` from an
-application (the CLI does) to see its structured logs on stderr."""
+"""Lattica's loggers: a structlog front end (:func:`get_logger`) over stdlib ``logging``.
+
+Events go to the stdlib logger of the same name, so an application that configures nothing sees
+only warnings (Python's default) and one that configures logging sees everything it asks for.
+Lattica never configures logging at import; :func:`configure` is the opt-in setup an application
+(or the CLI) calls to see the structured logs on stderr."""
 
 from __future__ import annotations
 
@@ -7,6 +11,20 @@ import logging
 import sys
 
 import structlog
+
+_PROCESSORS = [
+    structlog.stdlib.filter_by_level,
+    structlog.stdlib.PositionalArgumentsFormatter(),
+    structlog.processors.format_exc_info,
+    structlog.stdlib.render_to_log_kwargs,
+]
+
+
+def get_logger(name: str) -> structlog.stdlib.BoundLogger:
+    """The structlog logger of one Lattica module, writing to the stdlib logger ``name``."""
+    return structlog.wrap_logger(
+        logging.getLogger(name), processors=_PROCESSORS, wrapper_class=structlog.stdlib.BoundLogger
+    )
 
 
 def configure(level: str | int = "INFO", json: bool = False) -> None:

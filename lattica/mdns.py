@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lattica._log import get_logger
+from lattica.logging import get_logger
 from lattica.errors import LatticaError, ProtocolError
 from lattica.identity import PeerId
 from lattica.interfaces import interface_ips, is_loopback

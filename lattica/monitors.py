@@ -15,7 +15,7 @@ import inspect
 import itertools
 from typing import TYPE_CHECKING, Any, Callable
 
-from lattica._log import get_logger
+from lattica.logging import get_logger
 from lattica.errors import ActorNotFound, LatticaError
 from lattica.identity import PeerId
 

@@ -18,7 +18,7 @@ import time
 import weakref
 from typing import Any, Awaitable, Callable, Coroutine, Iterable, TypeVar
 
-from lattica._log import get_logger
+from lattica.logging import get_logger
 
 from lattica import holepunch, identify, interfaces, ping
 from lattica.transports import circuit

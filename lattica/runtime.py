@@ -33,7 +33,7 @@ import pykka
 
 from lattica import codec, rpc
 from lattica._eager import eager_task
-from lattica._log import get_logger
+from lattica.logging import get_logger
 from lattica.errors import (
     ActorDied,
     ActorNotFound,

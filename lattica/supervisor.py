@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lattica import codec
-from lattica._log import get_logger
+from lattica.logging import get_logger
 from lattica.actor import ActorClass, _class_path, actor, offer_spawn, spawn_placed
 from lattica.errors import LatticaError, PlacementError, SpawnError
 from lattica.identity import PeerId

@@ -15,7 +15,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from lattica._log import get_logger
+from lattica.logging import get_logger
 from lattica.errors import LatticaError, ProtocolError
 from lattica.framing import read_message, write_message
 from lattica.identity import PeerId

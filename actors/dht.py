@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from lattica import codec
-from lattica._log import get_logger
+from lattica import codec, context
+from lattica.logging import get_logger
 from lattica.future import Future
 from lattica.errors import (
     ActorNotFound,
@@ -53,7 +53,6 @@ from lattica.records import (
     entry_to_wire,
     sign_entry,
 )
-from lattica.node import NO_DHT_DIAL_LOOKUP
 from lattica.runtime import ASYNC, ActorRef, current_caller
 
 if TYPE_CHECKING:
@@ -249,11 +248,11 @@ class DhtService:
             fut = Future(self.rt.loop)
             fut._reject(PeerUnreachable(f"{peer} is {self.host.membership.core.get(str(peer)).state} in the membership view"))
             return fut
-        token = NO_DHT_DIAL_LOOKUP.set(True)
+        token = context.NO_DHT_DIAL_LOOKUP.set(True)
         try:
             return self.rt.call(dht_ref(peer), method, args, {}, timeout=self.cfg.request_timeout)
         finally:
-            NO_DHT_DIAL_LOOKUP.reset(token)
+            context.NO_DHT_DIAL_LOOKUP.reset(token)
 
     async def _call(self, peer: PeerId, method: str, *args: Any) -> Any:
         self._reachable(peer)

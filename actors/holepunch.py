@@ -17,7 +17,7 @@ import collections
 import time
 from typing import TYPE_CHECKING, Any
 
-from lattica._log import get_logger
+from lattica.logging import get_logger
 from lattica.errors import LatticaError
 from lattica.framing import read_message, write_message
 from lattica.holepunch import MAX_MESSAGE, PROTOCOL, Initiator, Punch, Responder, is_probe, probe_packet, probe_ports

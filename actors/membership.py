@@ -21,7 +21,7 @@ import shutil
 import subprocess
 from typing import TYPE_CHECKING, Any, Callable
 
-from lattica._log import get_logger
+from lattica.logging import get_logger
 from lattica.errors import LatticaError, PeerGone, PeerUnreachable
 from lattica.identity import PeerId
 from lattica.membership import ALIVE, Member, MemberDown, Membership, MembershipConfig, SelfDowned

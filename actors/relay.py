@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lattica._log import get_logger
+from lattica.logging import get_logger
 from lattica.errors import LatticaError, ProtocolError, RelayRefused
 from lattica.framing import read_message, write_message
 from lattica.identity import PeerId

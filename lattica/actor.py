@@ -14,11 +14,11 @@ import sys
 import threading
 from typing import Any, Callable
 
-from lattica import placement
+from lattica import context, placement
 from lattica.errors import NodeClosed, PeerUnreachable, PlacementError, SpawnError, Timeout
 from lattica.future import Future
 from lattica.identity import PeerId
-from lattica.runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, STREAM_WINDOW, ActorRef, Runtime, method_table, runtime_for_thread, spawner_ref
+from lattica.runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, STREAM_WINDOW, ActorRef, Runtime, method_table, spawner_ref
 
 __all__ = ["actor", "ActorClass", "MethodHandle", "StreamCall", "current_runtime"]
 
@@ -26,15 +26,14 @@ __all__ = ["actor", "ActorClass", "MethodHandle", "StreamCall", "current_runtime
 def current_runtime() -> Runtime:
     """The runtime calls from this thread go through: the node whose loop or actor thread this is,
     else the default node of ``lattica.init()``."""
-    rt = runtime_for_thread()
+    rt = context.runtime_for_thread()
     if rt is not None:
         return rt
-    from lattica import api
-
-    node = api._default_node
-    if node is None or node._host is None:
+    node = context.default_node()
+    host = node.host if node is not None else None
+    if host is None:
         raise NodeClosed("no Lattica node is running here: call lattica.init() first")
-    return node._host.runtime
+    return host.runtime
 
 
 def _on_loop(rt: Runtime, fn: Callable[[], Any]) -> Any:

@@ -11,6 +11,7 @@ import atexit
 import threading
 from typing import Any, Callable, Iterable
 
+from lattica import context
 from lattica.actor import _on_loop, current_runtime
 from lattica.errors import ActorNotFound, LatticaError, Timeout
 from lattica.future import Future
@@ -23,8 +24,7 @@ from lattica.runtime import ActorRef, current_actor, spawner_ref
 
 __all__ = ["init", "shutdown", "kill", "akill", "get_actor", "aget_actor", "node", "nat_status", "nodes", "monitor", "link", "exit_actor"]
 
-_default_node: Node | None = None
-_lock = threading.Lock()
+_lock = threading.Lock()  # one init at a time
 
 
 def init(
@@ -37,13 +37,13 @@ def init(
 ) -> Node:
     """Start this process's node (once; later calls return the same node). ``bootstrap``: peers to
     connect to now; ``allow``: class-path patterns peers may spawn here (e.g. ``"myapp.*"``)."""
-    global _default_node
     with _lock:
-        if _default_node is not None and _default_node.running:
-            return _default_node
+        current = context.default_node()
+        if current is not None and current.running:
+            return current
         node = Node(listen, key_path=key_path, allow=allow, **node_options)
         node.start()
-        _default_node = node
+        context.set_default_node(node)
     addrs = list(bootstrap)
     for addr in addrs:
         node.connect(addr)
@@ -116,16 +116,16 @@ def nodes() -> list[dict[str, Any]]:
 
 def node() -> Node:
     """The node ``init`` started (raises if there is none)."""
-    if _default_node is None or not _default_node.running:
+    current = context.default_node()
+    if current is None or not current.running:
         raise LatticaError("no Lattica node is running here: call lattica.init() first")
-    return _default_node
+    return current
 
 
 def shutdown() -> None:
     """Stop the node ``init`` started (actors stop, on_stop hooks run, connections close)."""
-    global _default_node
     with _lock:
-        n, _default_node = _default_node, None
+        n = context.set_default_node(None)
     if n is not None:
         n.stop()
 

@@ -62,7 +62,7 @@ def _key(key: str | bytes) -> bytes:
 def _runtime(node: Node | None) -> Runtime:
     if node is None:
         return current_runtime()
-    host = node._host
+    host = node.host
     if host is None or host.runtime is None:
         from lattica.errors import NodeClosed
 

@@ -93,7 +93,7 @@ def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, w
 
 
 async def _punches(node: Node) -> dict:
-    hp = node._host.holepunch if node._host is not None else None
+    hp = node.host.holepunch if node.host is not None else None
     return hp.status() if hp is not None else {}
 
 
@@ -105,7 +105,7 @@ def _reach(node: Node, target: str) -> dict[str, Any]:
     t0 = time.perf_counter()
 
     async def dial() -> str:
-        return (await node._host.get_connection(pid)).transport  # type: ignore[union-attr]
+        return (await node.host.get_connection(pid)).transport  # type: ignore[union-attr]
 
     try:
         first = node.run(dial(), timeout=20)

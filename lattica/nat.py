@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lattica.logging import get_logger
+from lattica import context
 from lattica.errors import LatticaError
 from lattica.framing import read_message, write_message
 from lattica.identity import PeerId
@@ -257,7 +258,6 @@ class NatManager:
         dial QUIC to connected peers we know a QUIC address of (the connections stay: their
         keepalives also hold the mapping open for hole punching)."""
         from lattica.actors.autonat import ip_of
-        from lattica.node import NO_DHT_DIAL_LOOKUP
 
         have = {ip for ip, _, _ in self._listening_quic()}
         wanted: list[tuple[PeerId, list[Multiaddr]]] = []
@@ -273,11 +273,11 @@ class NatManager:
                 have.add(ip)
         if not wanted:
             return
-        token = NO_DHT_DIAL_LOOKUP.set(True)
+        token = context.NO_DHT_DIAL_LOOKUP.set(True)
         try:
             conns = await asyncio.gather(*(self.host._race(p, a) for p, a in wanted), return_exceptions=True)
         finally:
-            NO_DHT_DIAL_LOOKUP.reset(token)
+            context.NO_DHT_DIAL_LOOKUP.reset(token)
         waits = [asyncio.shield(self.host.identified[c]) for c in conns if not isinstance(c, BaseException) and c in self.host.identified]
         if waits:
             await asyncio.wait(waits, timeout=5.0)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
-import contextvars
 import os
 import threading
 import time
@@ -20,7 +19,7 @@ from typing import Any, Awaitable, Callable, Coroutine, Iterable, TypeVar
 
 from lattica.logging import get_logger
 
-from lattica import holepunch, identify, interfaces, ping
+from lattica import context, holepunch, identify, interfaces, ping
 from lattica.transports import circuit
 from lattica.transports.circuit import CircuitTransport
 from lattica._loop import DEFAULT_BUSY_POLL_US, new_loop
@@ -63,7 +62,6 @@ _MAX_ADDRS_PER_PEER = 32
 
 
 # Set while the DHT itself makes requests: the dials they start must not look peers up in the DHT.
-NO_DHT_DIAL_LOOKUP: contextvars.ContextVar[bool] = contextvars.ContextVar("lattica_no_dht_dial_lookup", default=False)
 
 
 def _check_protocol_name(name: str) -> None:
@@ -327,7 +325,7 @@ class _Host:
         conn = self.conns.get(peer)
         if conn is not None and not conn.is_closed:
             return conn
-        lookups = not NO_DHT_DIAL_LOOKUP.get()
+        lookups = not context.NO_DHT_DIAL_LOOKUP.get()
         entry = self.dialing.get(peer)
         if entry is not None:
             if entry[1] or not lookups:
@@ -349,7 +347,7 @@ class _Host:
     async def _dial(self, peer: PeerId, fut: asyncio.Future) -> None:
         try:
             addrs = list(self.peer_addrs.get(peer, ()))  # a copy: the address book may change meanwhile
-            if NO_DHT_DIAL_LOOKUP.get():
+            if context.NO_DHT_DIAL_LOOKUP.get():
                 conn = await self._race(peer, addrs)
             elif not addrs and self.runtime is not None and not self.closing:
                 addrs = await self._find_in_dht(peer)
@@ -468,14 +466,14 @@ class _Host:
         punch = None
         if conn.direction == "inbound" and self.holepunch is not None and holepunch.PROTOCOL in info.protocols:
             punch = self.spawn(self.holepunch.punch(conn))  # neither side may be dialable: punch
-        token = NO_DHT_DIAL_LOOKUP.set(True)
+        token = context.NO_DHT_DIAL_LOOKUP.set(True)
         try:
             if direct and not self.closing:
                 await self._race(conn.remote_peer, direct)
         except LatticaError as e:
             log.debug("no direct path yet", peer=str(conn.remote_peer), reason=str(e))
         finally:
-            NO_DHT_DIAL_LOOKUP.reset(token)
+            context.NO_DHT_DIAL_LOOKUP.reset(token)
             if punch is not None:
                 await asyncio.wait([punch])
             self.upgrading.discard(conn.remote_peer)
@@ -969,6 +967,12 @@ class Node:
     @property
     def running(self) -> bool:
         return self._host is not None
+
+    @property
+    def host(self) -> _Host | None:
+        """The running host (connections, runtime, services), None while stopped: for Lattica's
+        own modules and tools (``lattica.dht``, the benchmarks, ``doctor``), not for applications."""
+        return self._host
 
     # -- bridging to the loop -------------------------------------------------------------------
 

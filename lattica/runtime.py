@@ -26,12 +26,11 @@ import itertools
 import threading
 import time
 import traceback
-import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 import pykka
 
-from lattica import codec, rpc
+from lattica import codec, context, rpc
 from lattica._eager import eager_task
 from lattica.logging import get_logger
 from lattica.errors import (
@@ -67,21 +66,7 @@ _CHANNEL_HIGH_WATER = 16 * 1024 * 1024  # unsent bytes on a channel before calls
 _MAX_STREAM_ARGS = 64
 _CHANNEL_IDLE = 60.0  # seconds a call channel with nothing in flight stays open
 
-# Runtimes by the threads that belong to them (node loop, actor threads), so an ActorRef used from
-# any of those threads calls through the right node.
-_BY_THREAD: dict[int, Runtime] = {}
-_LIVE: weakref.WeakSet[Runtime] = weakref.WeakSet()  # every running runtime in this process
-_LIVE_LOCK = threading.Lock()
-
-
-def runtime_for_thread() -> Runtime | None:
-    """The runtime of the actor method running here (nodes may share a loop: Node.astart), else
-    of the node whose loop or actor thread this is."""
-    return _RUNTIME.get() or _BY_THREAD.get(threading.get_ident())
-
-
 _CALLER: contextvars.ContextVar[PeerId | None] = contextvars.ContextVar("lattica_caller", default=None)
-_RUNTIME: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar("lattica_runtime", default=None)
 
 
 _ACTOR: contextvars.ContextVar[ActorRef | None] = contextvars.ContextVar("lattica_actor", default=None)
@@ -315,10 +300,10 @@ class _Executor(pykka.ThreadingActor):
         self._runtime = runtime
 
     def on_start(self) -> None:
-        _BY_THREAD[threading.get_ident()] = self._runtime
+        context.bind_thread(self._runtime)
 
     def on_stop(self) -> None:
-        _BY_THREAD.pop(threading.get_ident(), None)
+        context.unbind_thread(self._runtime)
 
     def on_receive(self, message: Any) -> Any:
         message()  # a job closure built by LocalActor
@@ -414,7 +399,7 @@ class LocalActor:
     async def _on_start(self, hook: Callable[[], Any]) -> None:
         """An async ``on_start`` runs on the loop once the actor is up, beside its calls."""
         _ACTOR.set(self.ref)
-        _RUNTIME.set(self.runtime)
+        context.ACTOR_RUNTIME.set(self.runtime)
         try:
             await hook()
         except Exception:
@@ -486,13 +471,13 @@ class LocalActor:
     def _start_async(self, inv: _Invocation, kind: str) -> None:
         self.running_async += 1
         token = _CALLER.set(inv.caller)  # the task below copies the context, so it keeps this value
-        rt_token = _RUNTIME.set(self.runtime)
+        rt_token = context.ACTOR_RUNTIME.set(self.runtime)
         actor_token = _ACTOR.set(self.ref)
         try:
             self._start_task(inv, kind)
         finally:
             _ACTOR.reset(actor_token)
-            _RUNTIME.reset(rt_token)
+            context.ACTOR_RUNTIME.reset(rt_token)
             _CALLER.reset(token)
 
     def _start_task(self, inv: _Invocation, kind: str) -> None:
@@ -1253,11 +1238,10 @@ class Runtime:
         self._gates: dict[tuple[PeerId, str], _Gate] = {}
         self.in_flight: dict[tuple[PeerId, str], int] = {}  # calls from a peer to an actor, in progress
         # nodes sharing one loop (Node.astart) share its thread: the first live one keeps the mapping
-        current = _BY_THREAD.get(threading.get_ident())
+        current = context.thread_runtime()
         if current is None or current.host.closing or current.loop.is_closed():
-            _BY_THREAD[threading.get_ident()] = self
-        with _LIVE_LOCK:
-            _LIVE.add(self)
+            context.bind_thread(self)
+        context.add_live(self)
         host.handlers[rpc.PROTOCOL] = self._serve
         from lattica.monitors import Monitors
 
@@ -1422,17 +1406,13 @@ class Runtime:
         self.dht.close()
         for ch in list(self.channels.values()):
             ch.fail_all(PeerUnreachable("this node is shutting down"))
-        tid = threading.get_ident()
-        if _BY_THREAD.get(tid) is self:
-            del _BY_THREAD[tid]
-            with _LIVE_LOCK:
-                live = list(_LIVE)
-            for other in live:  # another node on this shared loop (Node.astart) takes over
-                if other is not self and other.host.thread_id == tid and not other.host.closing:
-                    _BY_THREAD[tid] = other
+        if context.thread_runtime() is self:
+            context.unbind_thread(self)
+            for other in context.live_runtimes():  # another node on this shared loop (Node.astart) takes over
+                if other is not self and other.host.thread_id == threading.get_ident() and not other.host.closing:
+                    context.bind_thread(other)
                     break
-        with _LIVE_LOCK:
-            _LIVE.discard(self)
+        context.discard_live(self)
 
     # -- calls out ------------------------------------------------------------------------------
 

@@ -36,7 +36,8 @@ from lattica.actor import ActorClass, _class_path, actor, offer_spawn, spawn_pla
 from lattica.errors import LatticaError, PlacementError, SpawnError
 from lattica.identity import PeerId
 from lattica.actors.checkpoints import checkpoints_ref, members, ranked
-from lattica.runtime import DEFAULT_WINDOW, ActorRef, current_actor, runtime_for_thread, spawner_ref
+from lattica.context import runtime_for_thread
+from lattica.runtime import DEFAULT_WINDOW, ActorRef, current_actor, spawner_ref
 
 __all__ = ["Supervisor", "STRATEGIES", "RESTARTS"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from typing import Callable
 
-from lattica._log import get_logger
+from lattica.logging import get_logger
 from lattica.errors import StreamClosed
 from lattica.identity import KeyPair, PeerId
 from lattica.multiaddr import Multiaddr

@@ -22,7 +22,7 @@ import asyncio
 import time
 from typing import Any, Awaitable, Callable
 
-from lattica._log import get_logger
+from lattica.logging import get_logger
 from lattica.errors import HandshakeError, LatticaError, MultiaddrError, PeerUnreachable, ProtocolError, RelayRefused, Timeout
 from lattica.framing import read_message, write_message
 from lattica.identity import KeyPair, PeerId

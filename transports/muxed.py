@@ -11,7 +11,7 @@ import asyncio
 from collections import deque
 from typing import Callable, Protocol
 
-from lattica._log import get_logger
+from lattica.logging import get_logger
 
 from lattica.errors import ConnectionClosed, LatticaError, ProtocolError, StreamClosed, StreamReset
 from lattica.identity import PeerId

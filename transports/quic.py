@@ -33,7 +33,7 @@ from typing import Any
 from aioquic.quic import events as qev
 from aioquic.quic.configuration import QuicConfiguration
 
-from lattica._log import get_logger
+from lattica.logging import get_logger
 from lattica.errors import (
     ConnectionClosed,
     HandshakeError,

@@ -13,7 +13,7 @@ import os
 import socket
 from typing import Callable
 
-from lattica._log import get_logger
+from lattica.logging import get_logger
 
 from lattica.errors import ConnectionRefused, HandshakeError, LatticaError, PeerIdMismatch, Timeout, TransportError
 from lattica.identity import KeyPair, PeerId

@@ -39,14 +39,14 @@ async def _simulate(n: int, keys: int, churn: float, seed: int, progress: Any, i
         if nodes:
             seed_node = rng.choice(nodes)
             await node.aconnect(seed_node.addrs[0])
-            await node._host.runtime.dht.bootstrap()  # type: ignore[union-attr]
+            await node.host.runtime.dht.bootstrap()  # type: ignore[union-attr]
         nodes.append(node)
         if progress and (i + 1) % 100 == 0:
             progress(f"{i + 1} nodes joined ({time.perf_counter() - t0:.1f} s)")
     join_s = time.perf_counter() - t0
 
     def dht(node: Node) -> Any:
-        return node._host.runtime.dht  # type: ignore[union-attr]
+        return node.host.runtime.dht  # type: ignore[union-attr]
 
     stored = []
     t1 = time.perf_counter()
@@ -127,7 +127,7 @@ def bench_dht(nodes: int = 2, count: int = 2000, transport: str = "tcp", busy_po
         with Node([LOOPBACK[transport]], busy_poll_us=busy_poll_us) as node:
             for s in servers:
                 node.connect(s.addr(transport))
-            dht = node._host.runtime.dht  # type: ignore[union-attr]
+            dht = node.host.runtime.dht  # type: ignore[union-attr]
 
             async def run() -> tuple[list[float], list[float], list[int]]:
                 await dht.bootstrap()

@@ -63,7 +63,7 @@ def bench_relay(
                 refs = {}
                 for path, addr in paths.items():
                     info = node.connect(addr)
-                    refs[path] = (_spawn_on(node, AsyncEcho, info.peer_id), node._host.conns[info.peer_id].transport)
+                    refs[path] = (_spawn_on(node, AsyncEcho, info.peer_id), node.host.conns[info.peer_id].transport)
                 for _ in range(rounds):
                     for path, (ref, via) in refs.items():
                         done, failed, lat, elapsed = measure_calls(node, ref, data, concurrency, duration, warmup)

@@ -67,7 +67,7 @@ async def _load(here: Node, peers: list[PeerId], seconds: float, rate: float, cr
     stats = {"calls": 0, "errors": 0, "suspect": 0, "dead": 0, "views": 0, "crunch": 0}
     verdicts: list[str] = []
     end = time.monotonic() + seconds
-    rt = here._host.runtime
+    rt = here.host.runtime
 
     async def calls() -> None:
         i = 0
@@ -102,7 +102,7 @@ async def _load(here: Node, peers: list[PeerId], seconds: float, rate: float, cr
     async def watch() -> None:
         while time.monotonic() < end:
             await asyncio.sleep(1.0)
-            views = [("here", here._host.membership.nodes())]
+            views = [("here", here.host.membership.nodes())]
             for p in peers:
                 try:
                     views.append((p.short(), await rt.call(membership_ref(p), "view", (), {}, timeout=5)))

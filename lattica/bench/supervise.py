@@ -118,7 +118,7 @@ def lose(node: Node, proc: ServerProcess, sig: int, sup: Any, refs: list) -> dic
 
 
 async def _watch_member(node: Node, peer_id: str, out: list) -> None:
-    membership = node._host.membership
+    membership = node.host.membership
 
     def on_down(member: Any, reason: str) -> None:
         if member.id == peer_id and not out:

@@ -17,9 +17,10 @@ import asyncio
 import collections
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from lattica.config import DhtConfig
 from lattica import codec, context
 from lattica.logging import get_logger
 from lattica.future import Future
@@ -36,7 +37,7 @@ from lattica.errors import (
     StoreFailed,
 )
 from lattica.identity import PeerId
-from lattica.kademlia import ALPHA, K, Lookup, RoutingTable, key_id, node_id
+from lattica.kademlia import K, Lookup, RoutingTable, key_id, node_id
 from lattica.multiaddr import Multiaddr
 from lattica.records import (
     REGISTRY_MAX_TTL,
@@ -45,7 +46,6 @@ from lattica.records import (
     Entry,
     PeerRecord,
     RecordStore,
-    StoreLimits,
     check_entry,
     encode_subkey,
     is_authentic,
@@ -71,25 +71,6 @@ _MAX_ADDRS_IN_ANSWER = 8
 def dht_ref(peer: PeerId) -> ActorRef:
     """The ref of ``peer``'s DHT actor (its method table is fixed by the protocol)."""
     return ActorRef(peer, "dht", {m: ASYNC for m in _RPC_METHODS})
-
-
-@dataclass
-class DhtConfig:
-    """Tuning of one node's DHT. Times are seconds."""
-
-    k: int = K
-    alpha: int = ALPHA
-    replication: int = K  # replicas a put stores to (the k closest)
-    request_timeout: float = 3.0
-    lookup_timeout: float = 20.0  # a whole lookup; then it settles for the closest peers so far
-    ping_after: float = 30.0  # a full bucket's oldest peer is pinged only if silent this long
-    refresh_interval: float = 600.0  # buckets with no lookup for this long are refreshed
-    republish_interval: float = 300.0  # the owner re-stores its records, providers, peer record
-    name_ttl: float = 60.0  # named-actor registrations; refreshed every name_ttl / 3
-    cache_on_get: bool = True  # store a found record at the closest peer that lacked it
-    persist_path: str | None = None  # file-backed store (``dht_path=``)
-    persist_interval: float = 5.0
-    limits: StoreLimits = field(default_factory=StoreLimits)
 
 
 class _Garbage(Exception):

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from lattica.config import RelayConfig
 from lattica.logging import get_logger
 from lattica.errors import LatticaError, ProtocolError, RelayRefused
 from lattica.framing import read_message, write_message
@@ -43,21 +44,6 @@ _SPLICE_WAIT = 5.0  # seconds for both ends' spliced sockets to arrive (the dial
 def relay_ref(peer: PeerId) -> ActorRef:
     """The ref of ``peer``'s relay actor."""
     return ActorRef(peer, "relay", {"reserve": ASYNC, "status": ASYNC})
-
-
-@dataclass
-class RelayConfig:
-    """What a relay accepts. ``None`` for a circuit limit means unlimited (the default: relayed
-    calls must not fail because the path is relayed)."""
-
-    reservation_ttl: float = 3600.0
-    max_reservations: int = 1024
-    max_reservations_per_ip: int = 16  # a flood of throwaway identities from one host stops here
-    max_circuits: int = 1024
-    max_circuits_per_peer: int = 64  # as source or as target
-    circuit_duration: float | None = None
-    circuit_bytes: int | None = None
-    splice: bool = True  # offer circuits their own sockets (no re-encryption here); see transports/splice.py
 
 
 @dataclass

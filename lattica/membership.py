@@ -34,6 +34,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from lattica.config import MembershipConfig
+
 __all__ = [
     "ALIVE",
     "SUSPECT",
@@ -54,23 +56,6 @@ _RANK = {ALIVE: 0, SUSPECT: 1, DEAD: 2, LEFT: 2}
 _MAX_RUMORS = 32  # per message
 _MAX_INFO_KEYS = 32
 _MAX_VIEW = 4096  # members in one full view
-
-
-@dataclass
-class MembershipConfig:
-    """Detector settings. Defaults: a silent (frozen) member is suspected after about 1 s and
-    declared dead about 1 s later; heartbeats every 0.5 s to 5 watchers, gossip to 3."""
-
-    interval: float = 0.5
-    monitors: int = 5
-    fanout: int = 3
-    phi_suspect: float = 8.0
-    min_std: float = 0.1  # seconds: floor on the spread of heartbeat intervals
-    acceptable_pause: float = 0.3  # seconds of extra delay that is never suspicious
-    max_silence: float = 2.0  # suspect after this long without a heartbeat, whatever phi says
-    suspect_timeout: float = 1.0
-    sync_interval: float = 2.0  # a full view goes to one random member this often (anti-entropy)
-    forget_after: float = 60.0  # a dead or left member is forgotten after this long
 
 
 @dataclass

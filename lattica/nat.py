@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from lattica.config import NatConfig
 from lattica.logging import get_logger
 from lattica import context
 from lattica.errors import LatticaError
@@ -38,18 +39,6 @@ __all__ = ["NatConfig", "NatStatus", "NatManager", "classify_mapping"]
 PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"
 _CONTACT_MEMORY = 600.0  # s: longer than NATs keep a filter entry open after our last packet
 INDEPENDENT, DEPENDENT = "endpoint-independent", "endpoint-dependent"
-
-
-@dataclass
-class NatConfig:
-    """How a node finds out whether peers can dial it, and what it does about it."""
-
-    autonat: bool = True  # probe reachability (only when we have a non-loopback address)
-    reachability: str | None = None  # force "public" or "private" instead of probing
-    max_relays: int = 2  # reservations a private node keeps
-    recheck: float = 600.0  # seconds between AutoNAT rounds once known
-    retry: float = 5.0  # seconds between attempts while unknown or short of relays
-    servers: int = 3  # peers asked per round
 
 
 @dataclass
@@ -194,7 +183,7 @@ class NatManager:
 
     async def probe(self) -> NatStatus:
         """One AutoNAT round: ask servers to dial us back; classify; return the new status."""
-        from lattica.actors.autonat import autonat_ref, ip_of
+        from lattica.actors.autonat import autonat_ref
 
         servers = self._servers()
         cands = self.candidates()

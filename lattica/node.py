@@ -40,7 +40,8 @@ from lattica.framing import read_message, write_message
 from lattica.identify import PeerInfo
 from lattica.identity import KeyPair, PeerId
 from lattica.multiaddr import Multiaddr
-from lattica.nat import NatConfig, NatManager, NatStatus
+from lattica.config import DhtConfig, MembershipConfig, NatConfig, RelayConfig
+from lattica.nat import NatManager, NatStatus
 from lattica.runtime import Runtime
 from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream, Transport
 
@@ -791,10 +792,6 @@ class Node:
         if not channel_idle > 0:
             raise ValueError("channel_idle must be > 0 seconds")
         self.channel_idle = channel_idle  # an idle call channel closes after this, freeing its connection
-        from lattica.actors.dht import DhtConfig
-
-        from lattica.actors.relay import RelayConfig
-
         # relay=True (or a RelayConfig): serve reservations and circuits for private peers
         self.relay_config: RelayConfig | None = (RelayConfig() if relay is True else relay) or None
         self.relays = [Multiaddr(a) for a in relays]  # relays to hold reservations with (else found ones)
@@ -806,7 +803,6 @@ class Node:
         if resources is not None and (set(resources) - set(RESOURCES) or any(v < 0 for v in resources.values())):
             raise ValueError(f"resources map {list(RESOURCES)} to amounts >= 0")
         self.resources = dict(resources or {})  # offered to placement instead of what is detected
-        from lattica.membership import MembershipConfig
 
         # membership=True (or a MembershipConfig): join the membership view; False: stay out
         self.membership_config: MembershipConfig | None = (MembershipConfig() if membership is True else membership) or None

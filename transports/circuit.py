@@ -23,7 +23,7 @@ import time
 from typing import Any, Awaitable, Callable
 
 from lattica.logging import get_logger
-from lattica.errors import HandshakeError, LatticaError, MultiaddrError, PeerUnreachable, ProtocolError, RelayRefused, Timeout
+from lattica.errors import HandshakeError, LatticaError, MultiaddrError, ProtocolError, RelayRefused, Timeout
 from lattica.framing import read_message, write_message
 from lattica.identity import KeyPair, PeerId
 from lattica.multiaddr import Multiaddr

@@ -1,0 +1,75 @@
+"""The settings of a node's services, in one place: what ``Node(...)`` keyword arguments turn
+into and what each service reads. Plain dataclasses, no behaviour; the modules that use them
+re-export them (``from lattica.actors.dht import DhtConfig`` keeps working)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lattica.kademlia import ALPHA, K
+from lattica.records import StoreLimits
+
+__all__ = ["DhtConfig", "MembershipConfig", "NatConfig", "RelayConfig"]
+
+
+@dataclass
+class DhtConfig:
+    """Tuning of one node's DHT. Times are seconds."""
+
+    k: int = K
+    alpha: int = ALPHA
+    replication: int = K  # replicas a put stores to (the k closest)
+    request_timeout: float = 3.0
+    lookup_timeout: float = 20.0  # a whole lookup; then it settles for the closest peers so far
+    ping_after: float = 30.0  # a full bucket's oldest peer is pinged only if silent this long
+    refresh_interval: float = 600.0  # buckets with no lookup for this long are refreshed
+    republish_interval: float = 300.0  # the owner re-stores its records, providers, peer record
+    name_ttl: float = 60.0  # named-actor registrations; refreshed every name_ttl / 3
+    cache_on_get: bool = True  # store a found record at the closest peer that lacked it
+    persist_path: str | None = None  # file-backed store (``dht_path=``)
+    persist_interval: float = 5.0
+    limits: StoreLimits = field(default_factory=StoreLimits)
+
+
+@dataclass
+class MembershipConfig:
+    """Detector settings. Defaults: a silent (frozen) member is suspected after about 1 s and
+    declared dead about 1 s later; heartbeats every 0.5 s to 5 watchers, gossip to 3."""
+
+    interval: float = 0.5
+    monitors: int = 5
+    fanout: int = 3
+    phi_suspect: float = 8.0
+    min_std: float = 0.1  # seconds: floor on the spread of heartbeat intervals
+    acceptable_pause: float = 0.3  # seconds of extra delay that is never suspicious
+    max_silence: float = 2.0  # suspect after this long without a heartbeat, whatever phi says
+    suspect_timeout: float = 1.0
+    sync_interval: float = 2.0  # a full view goes to one random member this often (anti-entropy)
+    forget_after: float = 60.0  # a dead or left member is forgotten after this long
+
+
+@dataclass
+class NatConfig:
+    """How a node finds out whether peers can dial it, and what it does about it."""
+
+    autonat: bool = True  # probe reachability (only when we have a non-loopback address)
+    reachability: str | None = None  # force "public" or "private" instead of probing
+    max_relays: int = 2  # reservations a private node keeps
+    recheck: float = 600.0  # seconds between AutoNAT rounds once known
+    retry: float = 5.0  # seconds between attempts while unknown or short of relays
+    servers: int = 3  # peers asked per round
+
+
+@dataclass
+class RelayConfig:
+    """What a relay accepts. ``None`` for a circuit limit means unlimited (the default: relayed
+    calls must not fail because the path is relayed)."""
+
+    reservation_ttl: float = 3600.0
+    max_reservations: int = 1024
+    max_reservations_per_ip: int = 16  # a flood of throwaway identities from one host stops here
+    max_circuits: int = 1024
+    max_circuits_per_peer: int = 64  # as source or as target
+    circuit_duration: float | None = None
+    circuit_bytes: int | None = None
+    splice: bool = True  # offer circuits their own sockets (no re-encryption here); see transports/splice.py

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Awaitable, Callable, Coroutine, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Iterable, TypeVar
 
 from lattica.logging import get_logger
 
@@ -43,7 +43,13 @@ from lattica.multiaddr import Multiaddr
 from lattica.config import DhtConfig, MembershipConfig, NatConfig, RelayConfig
 from lattica.nat import NatManager, NatStatus
 from lattica.runtime import Runtime
+from lattica.services import Services
 from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream, Transport
+
+if TYPE_CHECKING:
+    from lattica.actors.holepunch import HolePunchService
+    from lattica.actors.membership import MembershipService
+    from lattica.actors.relay import RelayService
 
 __all__ = ["Node", "PeerInfo"]
 
@@ -111,19 +117,31 @@ class _Host:
         self.upgrade_again: set[PeerId] = set()  # new addresses came while upgrading: try again after
         self.contacted: dict[str, float] = {}  # IP -> when a listening socket last sent it a packet (opens cone filters)
         self.circuit: CircuitTransport | None = None
-        self.relay: Any = None  # the RelayService, when this node relays for others
-        self.holepunch: Any = None  # the HolePunchService
         self.nat: NatManager | None = None
         self.mdns: Any = None  # the MdnsService, when mDNS runs
-        self.membership: Any = None  # the MembershipService
+        self.services = Services()  # the system services (lattica/services.py), started with us
         self.handlers[identify.PROTOCOL] = self._on_identify
         self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s)
         self.handlers[circuit.STOP] = self._on_stop
 
+    @property
+    def relay(self) -> RelayService | None:
+        """The relay service, when this node relays for others."""
+        return self.services.get("relay")
+
+    @property
+    def holepunch(self) -> HolePunchService | None:
+        return self.services.get("holepunch")
+
+    @property
+    def membership(self) -> MembershipService | None:
+        return self.services.get("membership")
+
     # -- start / stop ---------------------------------------------------------------------------
 
     async def start(self, listen: list[Multiaddr]) -> None:
-        self.runtime = Runtime(self, self.node.allow)
+        self.runtime = Runtime(self, self.node.allow, self.services)
+        self.services.start(self.runtime, self.node)
         self.transports = self.node._make_transports()
         self.circuit = circuit.CircuitTransport(
             self.keypair, self._open_hop, splice=self._dial_spliced, splice_addr=self._splice_addr, **self.node._transport_options.get("relay", {})
@@ -158,6 +176,7 @@ class _Host:
             self.mdns.close()
         if self.runtime is not None:
             await self.runtime.stop()  # actors first: their on_stop hooks may still call peers
+        self.services.close()
         conns = list(self.all_conns)
         try:
             if conns:  # say goodbye to everyone at once, within one overall deadline

@@ -26,7 +26,7 @@ import itertools
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import pykka
 
@@ -53,6 +53,7 @@ from lattica.identity import PeerId
 from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream
 
 if TYPE_CHECKING:
+    from lattica.actors.dht import DhtService
     from lattica.node import _Host
 
 log = get_logger("lattica.runtime")
@@ -1222,7 +1223,7 @@ class _ServerChannel:
 class Runtime:
     """Actors of one node and its call channels; lives on the node loop."""
 
-    def __init__(self, host: _Host, allow: list[str]) -> None:
+    def __init__(self, host: _Host, allow: list[str], services: Mapping[str, Any]) -> None:
         self.host = host
         self.loop = host.loop
         self.peer_id: PeerId = host.peer_id
@@ -1248,35 +1249,13 @@ class Runtime:
         self.monitors = Monitors(self)
         self.stop_listeners: list[Callable[[str, str], None]] = []  # told (actor name, reason) when one of ours ends
         self._placed: collections.deque[tuple[float, str, Any]] = collections.deque()  # (when, peer, its load then)
-        from lattica.actors.dht import DhtActor, DhtService
-        from lattica.actors.spawner import Spawner
-
-        self.create(Spawner, [], None, Spawner.NAME, instance=Spawner(self))
-        from lattica.actors.checkpoints import CheckpointStore
-
-        self.create(CheckpointStore, [], None, CheckpointStore.NAME, instance=CheckpointStore(self))
-        self.dht = DhtService(self, host.node.dht_config)
-        self.create(DhtActor, [], None, DhtActor.NAME, instance=DhtActor(self.dht))
-        from lattica.actors.autonat import AutoNatActor, AutoNatServer
-
-        self.create(AutoNatActor, [], None, AutoNatActor.NAME, instance=AutoNatActor(AutoNatServer(self)))
-        from lattica.actors.holepunch import HolePunchActor, HolePunchService
-
-        host.holepunch = HolePunchService(self)
-        self.create(HolePunchActor, [], None, HolePunchActor.NAME, instance=HolePunchActor(host.holepunch))
-        if host.node.membership_config is not None:
-            from lattica.actors.membership import MembershipActor, MembershipService
-
-            host.membership = MembershipService(self, host.node.membership_config, host.node.labels, host.node.resources)
-            host.membership.on_down.append(self._member_down)
-            host.membership.on_self_downed.append(self.actors["spawner"].instance.stop_bound)
-            self.create(MembershipActor, [], None, MembershipActor.NAME, instance=MembershipActor(host.membership))
-        if host.node.relay_config is not None:
-            from lattica.actors.relay import RelayActor, RelayService
-
-            host.relay = RelayService(self, host.node.relay_config)
-            self.create(RelayActor, [], None, RelayActor.NAME, instance=RelayActor(host.relay))
+        self.services = services  # the node's system services; the host starts them after us
         host.spawn(self._close_idle_channels())
+
+    @property
+    def dht(self) -> DhtService:
+        """The DHT service: named actors register and resolve through it."""
+        return self.services["dht"]
 
     async def _close_idle_channels(self) -> None:
         """Close call channels with nothing in flight for a while, so that the connections under
@@ -1403,7 +1382,6 @@ class Runtime:
     async def stop(self) -> None:
         for actor in list(self.actors.values()):
             await actor.stop("node shutting down")
-        self.dht.close()
         for ch in list(self.channels.values()):
             ch.fail_all(PeerUnreachable("this node is shutting down"))
         if context.thread_runtime() is self:
@@ -1444,7 +1422,7 @@ class Runtime:
         if ch.stream is not None:
             self.host.spawn(ch.stream.close())
 
-    def _member_down(self, member: Any, why: str) -> None:
+    def member_down(self, member: Any, why: str) -> None:
         """Membership's verdict on a peer: calls waiting on it fail (or, through stable refs, follow
         their actors) instead of waiting on a frozen process; monitors on its actors fire."""
         try:

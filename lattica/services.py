@@ -1,0 +1,140 @@
+"""The system services a node runs, in one table: what each is, in which order it starts, and
+which part of the node's configuration turns it on.
+
+A service is an object that owns one job (the DHT, relaying, hole punching, ...) and, in most
+cases, a system actor peers call by a well-known name (``dht``, ``relay``, ...). The host builds
+the services in table order when it starts and closes them in reverse order when it stops; a
+service is reached afterwards by name (``services["dht"]``). Adding a service is one module with
+a ``build`` function and one line in :data:`SERVICES`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+
+from lattica.actors.autonat import AutoNatActor, AutoNatServer
+from lattica.actors.checkpoints import CheckpointStore
+from lattica.actors.dht import DhtActor, DhtService
+from lattica.actors.holepunch import HolePunchActor, HolePunchService
+from lattica.actors.membership import MembershipActor, MembershipService
+from lattica.actors.relay import RelayActor, RelayService
+from lattica.actors.spawner import Spawner
+from lattica.logging import get_logger
+
+if TYPE_CHECKING:
+    from lattica.node import Node
+    from lattica.runtime import Runtime
+
+__all__ = ["ServiceSpec", "Built", "Services", "SERVICES"]
+
+log = get_logger("lattica.services")
+
+
+@dataclass(frozen=True)
+class Built:
+    """What building a service gives: the service object (reached by name afterwards) and the
+    system actor instance that serves it to peers (None for a service without one)."""
+
+    service: Any
+    actor: Any = None
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One row of the table: ``build(runtime, node, services)`` makes the service from the node's
+    configuration (``services``: the ones built before it), or returns None when it is off."""
+
+    name: str
+    build: Callable[[Runtime, Node, Mapping[str, Any]], Built | None]
+
+
+def _spawner(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
+    spawner = Spawner(rt)
+    return Built(spawner, spawner)
+
+
+def _checkpoints(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
+    store = CheckpointStore(rt)
+    return Built(store, store)
+
+
+def _dht(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
+    dht = DhtService(rt, node.dht_config)
+    return Built(dht, DhtActor(dht))
+
+
+def _autonat(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
+    server = AutoNatServer(rt)
+    return Built(server, AutoNatActor(server))
+
+
+def _holepunch(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
+    service = HolePunchService(rt)
+    return Built(service, HolePunchActor(service))
+
+
+def _membership(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
+    if node.membership_config is None:
+        return None
+    service = MembershipService(rt, node.membership_config, node.labels, node.resources)
+    service.on_down.append(rt.member_down)  # calls waiting on a dead peer fail, monitors fire
+    service.on_self_downed.append(services["spawner"].stop_bound)
+    return Built(service, MembershipActor(service))
+
+
+def _relay(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
+    if node.relay_config is None:
+        return None
+    service = RelayService(rt, node.relay_config)
+    return Built(service, RelayActor(service))
+
+
+#: Every system service, in start order (a service may use the ones above it).
+SERVICES: tuple[ServiceSpec, ...] = (
+    ServiceSpec("spawner", _spawner),
+    ServiceSpec("checkpoints", _checkpoints),
+    ServiceSpec("dht", _dht),
+    ServiceSpec("autonat", _autonat),
+    ServiceSpec("holepunch", _holepunch),
+    ServiceSpec("membership", _membership),
+    ServiceSpec("relay", _relay),
+)
+
+
+class Services(Mapping[str, Any]):
+    """The services one node runs, by name, in the order they started."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, Any] = {}
+
+    def start(self, runtime: Runtime, node: Node, table: tuple[ServiceSpec, ...] = SERVICES) -> None:
+        """Build every service ``node``'s configuration turns on and spawn its system actor."""
+        for spec in table:
+            built = spec.build(runtime, node, self._running)
+            if built is None:
+                continue
+            self._running[spec.name] = built.service
+            if built.actor is not None:
+                cls = type(built.actor)
+                runtime.create(cls, [], None, cls.NAME, instance=built.actor)
+
+    def close(self) -> None:
+        """Close the services in reverse start order (their actors were stopped with the runtime)."""
+        for name, service in reversed(list(self._running.items())):
+            close = getattr(service, "close", None)
+            if close is None:
+                continue
+            try:
+                close()
+            except Exception:
+                log.exception("error while closing a service", service=name)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._running[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._running)
+
+    def __len__(self) -> int:
+        return len(self._running)

@@ -23,6 +23,7 @@ from lattica.multiaddr import Multiaddr
 from lattica.runtime import ASYNC, ActorRef, current_caller
 
 if TYPE_CHECKING:
+    from lattica.hostview import HostView
     from lattica.runtime import Runtime
 
 log = get_logger("lattica.autonat")
@@ -62,7 +63,7 @@ class AutoNatServer:
 
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
-        self.host = runtime.host
+        self.host: HostView = runtime.host
         self._buckets: dict[PeerId, tuple[float, float]] = {}  # peer -> (tokens, last refill)
 
     def _rate_ok(self, peer: PeerId) -> bool:
@@ -149,7 +150,7 @@ class AutoNatServer:
 
     async def dial_back(self, peer: PeerId, addr: Multiaddr, nonce: bytes) -> bool:
         """Dial ``addr`` from a fresh port, expecting ``peer``; deliver the nonce; hang up."""
-        transport = self.host._transport_for(addr)
+        transport = self.host.transport_for(addr)
         if transport is None or peer == self.host.peer_id:
             return False
         conn = None

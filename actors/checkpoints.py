@@ -113,7 +113,7 @@ class CheckpointStore:
 def members(runtime: Runtime) -> list[str]:
     """This node and the members membership holds alive (what copies may be placed on)."""
     me = str(runtime.peer_id)
-    ms = runtime.host.membership
+    ms = runtime.services.get("membership")
     if ms is None:
         return [me]
     return [me, *(m.id for m in ms.core.alive())]

@@ -26,6 +26,7 @@ from lattica.multiaddr import Multiaddr
 from lattica.runtime import ASYNC, ActorRef
 
 if TYPE_CHECKING:
+    from lattica.hostview import HostView
     from lattica.runtime import Runtime
     from lattica.transports.base import Connection, Stream
 
@@ -56,9 +57,9 @@ class HolePunchService:
     """Hole punches on the node loop (both roles)."""
 
     def __init__(self, runtime: Runtime) -> None:
-        self.host = runtime.host
-        self.host.handlers[PROTOCOL] = self._on_stream
-        self.host.adopt_listeners.append(self._on_adopt)
+        self.host: HostView = runtime.host
+        self.host.set_handler(PROTOCOL, self._on_stream)
+        self.host.events.connected.subscribe(self._on_adopt)
         self.active: set[PeerId] = set()
         self._sprays = 0
         self._waiting: dict[PeerId, asyncio.Future[Connection]] = {}
@@ -252,7 +253,7 @@ class HolePunchService:
         if self.host.closing or conn.remote_peer != peer:
             conn.abort("not needed")
             return
-        self.host._adopt(conn)
+        self.host.adopt(conn)
 
     @staticmethod
     def _send(quic: Any, targets: list[tuple], payload: bytes) -> None:

@@ -28,6 +28,7 @@ from lattica.membership import ALIVE, Member, MemberDown, Membership, Membership
 from lattica.runtime import ASYNC, ActorRef, current_caller
 
 if TYPE_CHECKING:
+    from lattica.hostview import HostView
     from lattica.identify import PeerInfo
     from lattica.transports.base import Connection
     from lattica.runtime import Runtime
@@ -71,15 +72,15 @@ class MembershipService:
 
     def __init__(self, runtime: Runtime, config: MembershipConfig | None = None, labels: dict[str, str] | None = None, resources: dict[str, float] | None = None) -> None:
         self.rt = runtime
-        self.host = runtime.host
+        self.host: HostView = runtime.host
         self.resources = {**detect_resources(), **(resources or {})}
         self.labels = dict(labels or {})
         self.core = Membership(str(self.host.peer_id), self._info(), config)
         self.core.reachable = self._connected
         self.on_down: list[Callable[[Member, str], None]] = []  # told of every MemberDown
         self.on_self_downed: list[Callable[[], None]] = []  # told when the mesh declared us dead
-        self.host.identify_listeners.append(self._on_identify)
-        self.host.disconnect_listeners.append(self._on_disconnect)
+        self.host.events.identified.subscribe(self._on_identify)
+        self.host.events.disconnected.subscribe(self._on_disconnect)
         self._next_load = 0.0  # when our load is next re-read and, if changed, gossiped
         self._task = self.host.spawn(self._run())
 
@@ -134,6 +135,7 @@ class MembershipService:
 
     def _emit(self, events: list) -> None:
         for ev in events:
+            self.host.events.membership_changed.emit(ev)
             if isinstance(ev, SelfDowned):
                 log.warning("the mesh declared this node dead; rejoining", incarnation=ev.incarnation)
                 for cb in list(self.on_self_downed):
@@ -175,7 +177,7 @@ class MembershipService:
             async with asyncio.timeout(_REDIAL_TIMEOUT):
                 for attempt in range(_REDIAL_TRIES):
                     try:
-                        await self.host._race(peer, tcp)
+                        await self.host.dial_addrs(peer, tcp)
                         return
                     except PeerGone:
                         raise

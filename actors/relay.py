@@ -30,6 +30,7 @@ from lattica.transports.circuit import HOP, MAX_MESSAGE, STOP, check_answer, lim
 from lattica.transports.splice import TOKEN_LEN, Splice
 
 if TYPE_CHECKING:
+    from lattica.hostview import HostView
     from lattica.runtime import Runtime
 
 log = get_logger("lattica.relay")
@@ -70,7 +71,7 @@ class RelayService:
 
     def __init__(self, runtime: Runtime, config: RelayConfig | None = None) -> None:
         self.rt = runtime
-        self.host = runtime.host
+        self.host: HostView = runtime.host
         self.cfg = config or RelayConfig()
         self.reservations: dict[PeerId, _Reservation] = {}
         self.circuits: dict[PeerId, int] = {}
@@ -78,8 +79,8 @@ class RelayService:
         self.spliced_circuits = 0  # of total_circuits: those on their own sockets
         self.bytes_relayed = 0
         self._pending_splices: dict[bytes, Splice] = {}  # token -> splice waiting for that end's socket
-        self.host.handlers[HOP] = self._on_hop
-        self.host.disconnect_listeners.append(self._on_disconnect)
+        self.host.set_handler(HOP, self._on_hop)
+        self.host.events.disconnected.subscribe(self._on_disconnect)
 
     # -- reservations ---------------------------------------------------------------------------
 

@@ -49,7 +49,7 @@ class Spawner:
         node). The caller chose us from gossip a few seconds old; this is the last word."""
         if not isinstance(need, dict) or not all(r in RESOURCES and type(v) in (int, float) and 0 <= v < 1e15 for r, v in need.items()):
             raise SpawnError(f"reserve must map {list(RESOURCES)} to amounts")
-        membership = self._rt.host.membership
+        membership = self._rt.services.get("membership")
         offered = membership.resources if membership is not None else {}
         mine = membership.labels if membership is not None else {}
         if labels is not None:
@@ -68,8 +68,8 @@ class Spawner:
         self._supervisor.pop(name, None)
         for watch in self._bound.pop(name, {}).values():
             watch.cancel()
-        if self.reserved.pop(name, None) is not None and self._rt.host.membership is not None:
-            self._rt.host.membership.load_changed()
+        if self.reserved.pop(name, None) is not None and self._rt.services.get("membership") is not None:
+            self._rt.services.get("membership").load_changed()
 
     def _bind(self, name: str, other: ActorRef) -> None:
         """Stop actor ``name`` when ``other`` (its supervisor, or a linked actor) goes down: a

@@ -26,6 +26,7 @@ from lattica.interfaces import interface_ips, is_loopback
 from lattica.multiaddr import Multiaddr
 
 if TYPE_CHECKING:
+    from lattica.hostview import HostView
     from lattica.node import _Host
 
 log = get_logger("lattica.mdns")
@@ -218,7 +219,7 @@ class MdnsService:
     """Runs ``MdnsProtocol`` on the node loop and dials the peers it finds."""
 
     def __init__(self, host: _Host, interval: float = 60.0, port: int = PORT) -> None:
-        self.host = host
+        self.host: HostView = host
         self.proto = MdnsProtocol(host.peer_id)
         self.interval = interval
         self.port = port

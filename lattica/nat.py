@@ -84,9 +84,9 @@ class NatManager:
         self._arrived: dict[bytes, list[tuple[str, str | None, str]]] = {}  # nonce -> (address, dialer IP, transport)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
-        host.handlers[DIALBACK] = self._on_dialback
-        host.identify_listeners.append(lambda info: self._wake.set())
-        host.disconnect_listeners.append(self._on_disconnect)
+        host.set_handler(DIALBACK, self._on_dialback)
+        host.events.identified.subscribe(lambda info: self._wake.set())
+        host.events.disconnected.subscribe(self._on_disconnect)
         if self.cfg.reachability in (PUBLIC, PRIVATE):
             self.status.reachability = self.cfg.reachability
             self.status.reason = "set by configuration"
@@ -264,7 +264,7 @@ class NatManager:
             return
         token = context.NO_DHT_DIAL_LOOKUP.set(True)
         try:
-            conns = await asyncio.gather(*(self.host._race(p, a) for p, a in wanted), return_exceptions=True)
+            conns = await asyncio.gather(*(self.host.dial_addrs(p, a) for p, a in wanted), return_exceptions=True)
         finally:
             context.NO_DHT_DIAL_LOOKUP.reset(token)
         waits = [asyncio.shield(self.host.identified[c]) for c in conns if not isinstance(c, BaseException) and c in self.host.identified]
@@ -390,7 +390,8 @@ class NatManager:
             self.host.spawn(self._republish())
             for conn in list(self.host.all_conns):  # tell connected peers (identify push)
                 if not conn.is_closed:
-                    self.host.spawn(self.host._push_identify(conn))
+                    self.host.spawn(self.host.push_identify(conn))
+            self.host.events.addresses_changed.emit(self.host.advertised_addrs())
 
     async def _republish(self) -> None:
         rt = self.host.runtime

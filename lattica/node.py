@@ -42,6 +42,7 @@ from lattica.identity import KeyPair, PeerId
 from lattica.multiaddr import Multiaddr
 from lattica.config import DhtConfig, MembershipConfig, NatConfig, RelayConfig
 from lattica.nat import NatManager, NatStatus
+from lattica.hostview import HostEvents
 from lattica.runtime import Runtime
 from lattica.services import Services
 from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream, Transport
@@ -106,10 +107,7 @@ class _Host:
         self.closing = False
         self.thread_id = threading.get_ident()
         self.runtime: Runtime | None = None
-        self.identify_listeners: list[Callable[[PeerInfo], None]] = []  # told of every identified peer
-        # told (peer, last connection) when a peer's last connection closes
-        self.disconnect_listeners: list[Callable[[PeerId, Connection], None]] = []
-        self.adopt_listeners: list[Callable[[Connection], None]] = []  # told of every new connection in use
+        self.events = HostEvents()  # what services subscribe to (lattica/hostview.py)
         self.protected: dict[PeerId, set[str]] = {}  # peers whose idle connections stay open, and why
         self.relay_addrs: list[Multiaddr] = []  # our /p2p-circuit addresses (from reservations)
         self.public_addrs: list[Multiaddr] = []  # observed addresses AutoNAT confirmed dialable
@@ -149,7 +147,7 @@ class _Host:
         self.transports.append(self.circuit)
         self.nat = NatManager(self, self.node.nat_config)
         for addr in listen:
-            transport = self._transport_for(addr)
+            transport = self.transport_for(addr)
             if transport is None:
                 raise MultiaddrError(f"no transport can listen on {addr}")
             listener = await transport.listen(addr, self._on_inbound)
@@ -193,6 +191,14 @@ class _Host:
             if self.tasks:
                 await asyncio.gather(*self.tasks, return_exceptions=True)
 
+    @property
+    def identify_listeners(self) -> Any:  # TEMPORARY until actors/dht subscribes to events.identified
+        return type("_Compat", (), {"append": staticmethod(self.events.identified.subscribe)})()
+
+    def set_handler(self, protocol: str, handler: StreamProtocolHandler) -> None:
+        """Serve inbound streams of ``protocol`` with ``handler(stream, conn)``."""
+        self.handlers[protocol] = handler
+
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         task = self.loop.create_task(coro)
         self.tasks.add(task)
@@ -207,14 +213,14 @@ class _Host:
         """The QUIC transport, if it listens (hole punching sends from its listening socket)."""
         return next((t for t in self.transports if t.name == "quic" and t._listen_eps), None)
 
-    def _transport_for(self, addr: Multiaddr) -> Transport | None:
+    def transport_for(self, addr: Multiaddr) -> Transport | None:
         for t in self.transports:
             if t.handles(addr):
                 return t
         if self.node._lazy_quic and addr.without_peer_id().protocols()[-1:] == ["quic-v1"]:
             self.node._lazy_quic = False  # QUIC (and aioquic's import) only once it is needed
             self.transports.append(self.node._make_quic())
-            return self._transport_for(addr)
+            return self.transport_for(addr)
         return None
 
     # -- connections ----------------------------------------------------------------------------
@@ -231,9 +237,9 @@ class _Host:
             log.info("refusing inbound connection: too many from this peer", peer=str(conn.remote_peer))
             conn.abort("per-peer connection limit reached")
             return
-        self._adopt(conn)
+        self.adopt(conn)
 
-    def _adopt(self, conn: Connection) -> None:
+    def adopt(self, conn: Connection) -> None:
         """Start serving a new authenticated connection and make it the peer's primary one."""
         self.all_conns.add(conn)
         self.conns_of.setdefault(conn.remote_peer, set()).add(conn)
@@ -268,9 +274,8 @@ class _Host:
             # so the peer dialed again): it is probed, and aborted if it does not answer.
             self.conns[peer] = conn
             existing.probe(PROBE_TIMEOUT)
-        self.spawn(self._push_identify(conn))
-        for listener in self.adopt_listeners:
-            listener(conn)
+        self.spawn(self.push_identify(conn))
+        self.events.connected.emit(conn)
 
     def _dialer(self, conn: Connection) -> PeerId:
         return self.peer_id if conn.direction == "outbound" else conn.remote_peer
@@ -297,11 +302,7 @@ class _Host:
             same.discard(conn)
             if not same:
                 del self.conns_of[peer]
-                for listener in self.disconnect_listeners:
-                    try:
-                        listener(peer, conn)
-                    except Exception:
-                        log.exception("disconnect listener failed", peer=str(peer))
+                self.events.disconnected.emit(peer, conn)
         if self.conns.get(peer) is conn:
             del self.conns[peer]
             for other in same or ():  # promote a surviving duplicate, if any
@@ -368,20 +369,20 @@ class _Host:
         try:
             addrs = list(self.peer_addrs.get(peer, ()))  # a copy: the address book may change meanwhile
             if context.NO_DHT_DIAL_LOOKUP.get():
-                conn = await self._race(peer, addrs)
+                conn = await self.dial_addrs(peer, addrs)
             elif not addrs and self.runtime is not None and not self.closing:
                 addrs = await self._find_in_dht(peer)
-                conn = await self._race(peer, addrs)
+                conn = await self.dial_addrs(peer, addrs)
             else:
                 try:
-                    conn = await self._race(peer, addrs)
+                    conn = await self.dial_addrs(peer, addrs)
                 except PeerUnreachable:
                     # the peer may have moved (restarted on another port, new network): its
                     # newest signed record in the DHT may know where
                     moved = await self._moved_addrs(peer, addrs)
                     if not moved:
                         raise
-                    conn = await self._race(peer, moved)
+                    conn = await self.dial_addrs(peer, moved)
             if not fut.done():
                 fut.set_result(conn)
         except BaseException as e:
@@ -412,11 +413,11 @@ class _Host:
         except LatticaError as e:
             raise PeerUnreachable(f"no address of {peer} is known here or in the DHT ({e})") from e
 
-    async def _race(self, peer: PeerId, addrs: list[Multiaddr]) -> Connection:
+    async def dial_addrs(self, peer: PeerId, addrs: list[Multiaddr]) -> Connection:
         by_transport: dict[str, list[tuple[Multiaddr, Transport]]] = {}
         relayed: list[tuple[Multiaddr, Transport]] = []
         for a in addrs:
-            t = self._transport_for(a)
+            t = self.transport_for(a)
             if t is None:
                 continue
             if a.is_circuit:
@@ -475,7 +476,7 @@ class _Host:
         if self.closing:
             winner.abort("node stopping")
             raise NodeClosed("node stopped while dialing")
-        self._adopt(winner)
+        self.adopt(winner)
         return winner
 
     async def _upgrade(self, conn: Connection, info: PeerInfo) -> None:
@@ -489,7 +490,7 @@ class _Host:
         token = context.NO_DHT_DIAL_LOOKUP.set(True)
         try:
             if direct and not self.closing:
-                await self._race(conn.remote_peer, direct)
+                await self.dial_addrs(conn.remote_peer, direct)
         except LatticaError as e:
             log.debug("no direct path yet", peer=str(conn.remote_peer), reason=str(e))
         finally:
@@ -553,7 +554,7 @@ class _Host:
         conn = self.conns.get(relay)
         if conn is None or conn.is_closed or conn.transport == "relay":
             direct = [a for a in self.peer_addrs.get(relay, ()) if not a.is_circuit]
-            conn = await self._race(relay, direct)
+            conn = await self.dial_addrs(relay, direct)
         info = self.info.get(conn)
         if info is None and conn in self.identified:  # a fresh connection: identify is one trip away
             try:
@@ -646,7 +647,7 @@ class _Host:
 
     # -- identify -------------------------------------------------------------------------------
 
-    async def _push_identify(self, conn: Connection) -> None:
+    async def push_identify(self, conn: Connection) -> None:
         try:
             stream = await conn.open_stream()
             stream.write(_encode_protocol(identify.PROTOCOL))
@@ -676,11 +677,7 @@ class _Host:
         info = PeerInfo(conn.remote_peer, conn.transport, conn.direction, conn.remote_addr, **fields)
         self.info[conn] = info
         self.remember_addrs(conn.remote_peer, info.listen_addrs)
-        for listener in self.identify_listeners:
-            try:
-                listener(info)
-            except Exception:
-                log.exception("identify listener failed", peer=str(conn.remote_peer))
+        self.events.identified.emit(info)
         fut = self.identified.get(conn)
         if fut is not None and not fut.done():
             fut.set_result(info)

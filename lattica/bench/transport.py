@@ -85,7 +85,7 @@ def bench_handshake(transport: str = "tcp", count: int = 200) -> dict[str, Any]:
     with ServerProcess([LOOPBACK[transport]]) as srv, Node([]) as node:
         addr = Multiaddr(srv.addr(transport))
         async def run() -> list[float]:
-            t = node.host._transport_for(addr)  # type: ignore[union-attr]
+            t = node.host.transport_for(addr)  # type: ignore[union-attr]
             times = []
             for _ in range(count):
                 t0 = time.perf_counter()

@@ -25,7 +25,7 @@ def _service(failures: list[BaseException | None]) -> SimpleNamespace:
         if err is not None:
             raise err
 
-    host = SimpleNamespace(peer_addrs={peer: [Multiaddr("/ip4/127.0.0.1/tcp/4001")]}, _race=race)
+    host = SimpleNamespace(peer_addrs={peer: [Multiaddr("/ip4/127.0.0.1/tcp/4001")]}, dial_addrs=race)
     core = SimpleNamespace(declare_dead=lambda now, m, why: verdicts.append(("dead", m, why)) or [],
                            suspect=lambda now, m: verdicts.append(("suspect", m)) or [])
     svc = SimpleNamespace(host=host, core=core, _now=lambda: 0.0, _emit=lambda events: None)

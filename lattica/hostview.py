@@ -119,6 +119,9 @@ class HostView(Protocol):
     async def dial_addrs(self, peer: PeerId, addrs: list[Multiaddr]) -> Connection:
         """Dial ``peer`` at these addresses only, racing them; the winner is adopted."""
 
+    def set_peer_routing(self, routing: Any) -> None:
+        """Where the dialer finds a peer it has no address for (``find_peer(peer, fresh)``)."""
+
     def adopt(self, conn: Connection) -> None:
         """Take a connection made outside the dialer (a hole punch) into use."""
 

@@ -61,6 +61,7 @@ def _checkpoints(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
 
 def _dht(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
     dht = DhtService(rt, node.dht_config)
+    rt.host.set_peer_routing(dht)  # dialing by PeerId alone looks the peer's record up
     return Built(dht, DhtActor(dht))
 
 

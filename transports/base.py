@@ -143,6 +143,11 @@ class Transport(abc.ABC):
         self._listeners: list[Listener] = []
         self._conns: set[Connection] = set()  # every live connection, for close()
 
+    @property
+    def listening(self) -> bool:
+        """True while at least one of this transport's listeners is open."""
+        return bool(self._listeners)
+
     def _track(self, conn: Connection) -> None:
         self._conns.add(conn)
         conn.add_close_callback(self._conns.discard)

@@ -1,0 +1,334 @@
+"""Reaching peers: dial by PeerId (known addresses, else the peer's signed DHT record, again if
+it moved), race addresses across transports, upgrade relayed connections to direct ones (with
+hole punching), and open hops and spliced sockets for relay circuits."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Protocol
+
+from lattica import context, holepunch
+from lattica.errors import (
+    ConnectionClosed,
+    ConnectionLimit,
+    ConnectionRefused,
+    LatticaError,
+    MultiaddrError,
+    NodeClosed,
+    PeerGone,
+    PeerUnreachable,
+    Timeout,
+    TransportError,
+    UnsupportedProtocol,
+)
+from lattica.identify import PeerInfo
+from lattica.identity import PeerId
+from lattica.logging import get_logger
+from lattica.multiaddr import Multiaddr
+from lattica.transports import circuit
+from lattica.transports.base import Connection, Stream, Transport
+
+if TYPE_CHECKING:
+    from lattica.host.host import Host
+
+__all__ = ["Dialer", "PeerRouting", "DIAL_STAGGER", "PROTOCOL_READ_TIMEOUT"]
+
+log = get_logger("lattica.node")
+
+DIAL_STAGGER = 0.25  # happy-eyeballs delay before starting the next address
+PROTOCOL_READ_TIMEOUT = 10.0
+_MAX_CONTACTED = 4096
+
+
+class PeerRouting(Protocol):
+    """Where a peer listens, from outside the address book (the DHT's signed peer records)."""
+
+    async def find_peer(self, peer: PeerId, fresh: bool = False) -> list[Multiaddr]: ...
+
+
+class Dialer:
+    """One dial per peer at a time; its callers share the result."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.routing: PeerRouting | None = None  # set by the DHT service when it starts
+        self.dialing: dict[PeerId, tuple[asyncio.Future[Connection], bool]] = {}  # -> (dial, DHT lookups allowed)
+        self.upgrading: set[PeerId] = set()  # peers we are trying to reach directly (relayed now)
+        self.upgrade_again: set[PeerId] = set()  # new addresses came while upgrading: try again after
+        self.contacted: dict[str, float] = {}  # IP -> when a listening socket last sent it a packet (opens cone filters)
+
+    async def connect(self, addrs: list[Multiaddr], peer: PeerId | None, timeout: float) -> PeerInfo:
+        host = self.host
+        if peer is None:
+            ids = {a.peer_id for a in addrs}
+            if len(ids) != 1 or None in ids:
+                raise MultiaddrError("connect needs addresses ending in /p2p/<PeerId> (or a peer_id)")
+            peer = ids.pop()  # type: ignore[assignment]
+        if peer == host.peer_id:
+            raise PeerUnreachable("cannot connect to ourselves")
+        host.remember_addrs(peer, addrs)
+        try:
+            conn = await asyncio.wait_for(self.get_connection(peer), timeout)
+            return await asyncio.wait_for(asyncio.shield(host.identified[conn]), timeout)
+        except asyncio.TimeoutError:
+            raise Timeout(f"connecting to {peer} took longer than {timeout} s") from None
+        except KeyError:
+            raise ConnectionClosed(f"connection to {peer} closed before identify") from None
+
+    async def get_connection(self, peer: PeerId) -> Connection:
+        """The live connection to ``peer``, dialing its known addresses if there is none."""
+        conn = self.host.conns.get(peer)
+        if conn is not None and not conn.is_closed:
+            return conn
+        lookups = not context.NO_DHT_DIAL_LOOKUP.get()
+        entry = self.dialing.get(peer)
+        if entry is not None:
+            if entry[1] or not lookups:
+                return await asyncio.shield(entry[0])
+            try:  # a DHT request's dial (known addresses only) is under way: if it fails, we look
+                return await asyncio.shield(entry[0])
+            except PeerUnreachable:
+                conn = self.host.conns.get(peer)
+                if conn is not None and not conn.is_closed:
+                    return conn
+                entry = self.dialing.get(peer)
+                if entry is not None and entry[1]:
+                    return await asyncio.shield(entry[0])
+        fut = self.host.loop.create_future()
+        self.dialing[peer] = (fut, lookups)
+        self.host.spawn(self._dial(peer, fut))
+        return await asyncio.shield(fut)
+
+    async def _dial(self, peer: PeerId, fut: asyncio.Future) -> None:
+        try:
+            addrs = list(self.host.peer_addrs.get(peer, ()))  # a copy: the address book may change meanwhile
+            if context.NO_DHT_DIAL_LOOKUP.get():
+                conn = await self.dial_addrs(peer, addrs)
+            elif not addrs and self.routing is not None and not self.host.closing:
+                addrs = await self._find_in_dht(peer)
+                conn = await self.dial_addrs(peer, addrs)
+            else:
+                try:
+                    conn = await self.dial_addrs(peer, addrs)
+                except PeerUnreachable:
+                    # the peer may have moved (restarted on another port, new network): its
+                    # newest signed record in the DHT may know where
+                    moved = await self._moved_addrs(peer, addrs)
+                    if not moved:
+                        raise
+                    conn = await self.dial_addrs(peer, moved)
+            if not fut.done():
+                fut.set_result(conn)
+        except BaseException as e:
+            if not fut.done():
+                fut.set_exception(e if isinstance(e, LatticaError) else PeerUnreachable(str(e)))
+                fut.exception()
+            if isinstance(e, asyncio.CancelledError):
+                raise
+        finally:
+            if self.dialing.get(peer, (None,))[0] is fut:
+                del self.dialing[peer]
+
+    async def _moved_addrs(self, peer: PeerId, tried: list[Multiaddr]) -> list[Multiaddr]:
+        """Addresses of ``peer`` in its newest DHT record that were not among ``tried``."""
+        if self.routing is None or self.host.closing:
+            return []
+        try:
+            found = await self.routing.find_peer(peer, fresh=True)
+        except LatticaError:
+            return []
+        old = {a.without_peer_id() for a in tried}
+        return [a for a in found if a.without_peer_id() not in old]
+
+    async def _find_in_dht(self, peer: PeerId) -> list[Multiaddr]:
+        """Dialing by PeerId alone: the addresses in the peer's signed DHT record."""
+        try:
+            return await self.routing.find_peer(peer)  # type: ignore[union-attr]
+        except LatticaError as e:
+            raise PeerUnreachable(f"no address of {peer} is known here or in the DHT ({e})") from e
+
+    async def dial_addrs(self, peer: PeerId, addrs: list[Multiaddr]) -> Connection:
+        """Dial ``peer`` at ``addrs`` only, racing them; the winner is adopted."""
+        host = self.host
+        by_transport: dict[str, list[tuple[Multiaddr, Transport]]] = {}
+        relayed: list[tuple[Multiaddr, Transport]] = []
+        for a in addrs:
+            t = host.transport_for(a)
+            if t is None:
+                continue
+            if a.is_circuit:
+                if self._may_relay_to(peer, a):
+                    relayed.append((a, t))
+            else:
+                by_transport.setdefault(t.name, []).append((a, t))
+        if not by_transport and not relayed:
+            raise PeerUnreachable(f"no dialable address known for {peer}")
+        if len(host.all_conns) >= host.max_connections:
+            raise ConnectionLimit(f"connection limit of {host.max_connections} reached")
+        # Interleave transports so the first wave races one address of each (TCP against QUIC);
+        # further addresses join one by one, every DIAL_STAGGER seconds or when an attempt fails.
+        # Relay circuits come last: one stagger after the direct attempts, unless there are none.
+        queues = list(by_transport.values())
+        order = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)] + relayed
+        if not queues:
+            queues = [relayed]
+        attempts = iter(order)
+        errors: list[str] = []
+        refused = 0
+        pending: set[asyncio.Task] = set()
+        winner: Connection | None = None
+
+        def start_next() -> None:
+            nxt = next(attempts, None)
+            if nxt is not None:
+                addr, transport = nxt
+                self._note_dial(addr)
+                task = host.loop.create_task(transport.dial(addr, peer))
+                task.addr = addr  # type: ignore[attr-defined]
+                pending.add(task)
+
+        for _ in queues:
+            start_next()
+        try:
+            while pending and winner is None:
+                done, _ = await asyncio.wait(pending, timeout=DIAL_STAGGER, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    pending.discard(task)
+                    if task.exception() is None:
+                        winner = task.result()
+                        break
+                    errors.append(f"{task.addr}: {task.exception()}")  # type: ignore[attr-defined]
+                    refused += isinstance(task.exception(), ConnectionRefused)
+                if winner is None and (not done or not pending):
+                    start_next()
+        finally:
+            for task in pending:
+                task.cancel()
+            for task in pending:
+                task.add_done_callback(_close_late_winner)
+        if winner is None:
+            kind = PeerGone if errors and refused == len(errors) else PeerUnreachable
+            raise kind(f"could not reach {peer}: " + "; ".join(errors))
+        if host.closing:
+            winner.abort("node stopping")
+            raise NodeClosed("node stopped while dialing")
+        host.adopt(winner)
+        return winner
+
+    # -- relayed -> direct ----------------------------------------------------------------------
+
+    def identified(self, conn: Connection, info: PeerInfo) -> None:
+        """A peer (re)told us its addresses: if we reach it only through a relay, try them."""
+        if conn.transport == "relay" and self.host.conns.get(conn.remote_peer) is conn:
+            if conn.remote_peer in self.upgrading:
+                self.upgrade_again.add(conn.remote_peer)  # new addresses: try them once this try ends
+            else:
+                self.upgrading.add(conn.remote_peer)  # (again after every identify push: new addresses)
+                self.host.spawn(self._upgrade(conn, info))
+
+    async def _upgrade(self, conn: Connection, info: PeerInfo) -> None:
+        """A relayed connection came up: try the peer's direct addresses in the background (both
+        sides do, so a public side is reached by whichever can dial out); on success the direct
+        connection becomes the primary one and the relayed one closes once unused."""
+        host = self.host
+        direct = [a for a in info.listen_addrs if not a.is_circuit]
+        punch = None
+        puncher = host.holepunch
+        if conn.direction == "inbound" and puncher is not None and holepunch.PROTOCOL in info.protocols:
+            punch = host.spawn(puncher.punch(conn))  # neither side may be dialable: punch
+        token = context.NO_DHT_DIAL_LOOKUP.set(True)
+        try:
+            if direct and not host.closing:
+                await self.dial_addrs(conn.remote_peer, direct)
+        except LatticaError as e:
+            log.debug("no direct path yet", peer=str(conn.remote_peer), reason=str(e))
+        finally:
+            context.NO_DHT_DIAL_LOOKUP.reset(token)
+            if punch is not None:
+                await asyncio.wait([punch])
+            self.upgrading.discard(conn.remote_peer)
+            again = host.info.get(conn)
+            if conn.remote_peer in self.upgrade_again and again is not None and not host.closing:
+                self.upgrade_again.discard(conn.remote_peer)
+                if not conn.is_closed and host.conns.get(conn.remote_peer) is conn:
+                    self.upgrading.add(conn.remote_peer)
+                    host.spawn(self._upgrade(conn, again))
+
+    def _note_dial(self, addr: Multiaddr) -> None:
+        parts = list(addr)
+        if len(parts) > 1 and parts[0][0] in ("ip4", "ip6") and parts[1][0] == "udp":
+            self.note_contact(parts[0][1])  # QUIC dials leave from the listening socket
+
+    def note_contact(self, ip: str) -> None:
+        """A listening socket sent ``ip`` a packet: a cone NAT now lets ``ip`` in (AutoNAT must
+        not take a dial-back from it as proof that strangers can reach us)."""
+        self.contacted.pop(ip, None)
+        self.contacted[ip] = self.host.loop.time()
+        if len(self.contacted) > _MAX_CONTACTED:
+            del self.contacted[next(iter(self.contacted))]
+
+    # -- relay circuits -------------------------------------------------------------------------
+
+    def _may_relay_to(self, peer: PeerId, addr: Multiaddr) -> bool:
+        """No circuit through the peer itself or through ourselves, none inside another circuit."""
+        try:
+            _, relay, target = circuit.split_circuit(addr)
+        except LatticaError:
+            return False
+        return relay not in (peer, self.host.peer_id) and target in (None, peer)
+
+    async def open_hop(self, relay: PeerId, relay_addrs: list[Multiaddr]) -> tuple[Stream, Connection]:
+        """A hop stream to ``relay`` (over a direct connection, dialed if needed)."""
+        host = self.host
+        host.remember_addrs(relay, [a for a in relay_addrs if not a.is_circuit])
+        conn = host.conns.get(relay)
+        if conn is None or conn.is_closed or conn.transport == "relay":
+            direct = [a for a in host.peer_addrs.get(relay, ()) if not a.is_circuit]
+            conn = await self.dial_addrs(relay, direct)
+        info = host.info.get(conn)
+        if info is None and conn in host.identified:  # a fresh connection: identify is one trip away
+            try:
+                info = await asyncio.wait_for(asyncio.shield(host.identified[conn]), PROTOCOL_READ_TIMEOUT)
+            except (LatticaError, asyncio.TimeoutError):
+                info = None
+        if info is not None and circuit.HOP not in info.protocols:
+            raise UnsupportedProtocol(f"{relay} is not a relay")
+        return await host.open_stream_on(conn, circuit.HOP), conn
+
+    def splice_addr(self, relay_conn: Connection) -> Multiaddr | None:
+        """The relay's TCP listener for spliced sockets (see transports/splice.py): the address of
+        a TCP connection we dialed; over QUIC, the TCP address the relay announced on the same IP
+        (if that port turns out unreachable, the circuit falls back to in-stream)."""
+        if self.host.transport_set.named("tcp") is None:
+            return None
+        if relay_conn.transport == "tcp":
+            return relay_conn.remote_addr if relay_conn.direction == "outbound" else None
+        if relay_conn.transport != "quic":
+            return None
+        try:
+            ip = relay_conn.remote_addr.host_port()[0]
+        except LatticaError:
+            return None
+        for a in self.host.peer_addrs.get(relay_conn.remote_peer, ()):
+            a = a.without_peer_id()
+            if not a.is_circuit and a.protocols()[1:] == ["tcp"]:
+                try:
+                    if a.host_port()[0] == ip:
+                        return a
+                except LatticaError:
+                    continue
+        return None
+
+    async def dial_spliced(self, relay_tcp: Multiaddr, token: bytes, peer: PeerId, initiator: bool, remote: Multiaddr) -> Connection:
+        """A circuit on its own TCP socket to the relay (see transports/splice.py)."""
+        tcp = self.host.transport_set.named("tcp")
+        if tcp is None:
+            raise TransportError("no TCP transport to splice a circuit with")
+        return await tcp.dial_spliced(relay_tcp, token, peer, initiator=initiator, remote_addr=remote)
+
+
+def _close_late_winner(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is None:
+        task.result().abort("lost the dial race")
+
+

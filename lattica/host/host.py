@@ -1,0 +1,391 @@
+"""The host: everything of one node that runs on its loop. It owns the listeners, the connection
+table, the dialer, identify and the address book, dispatches inbound streams to protocol handlers
+by name, and starts the actor runtime and the system services (``lattica/services.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Iterable
+
+from lattica import identify, interfaces, ping
+from lattica.errors import LatticaError, MultiaddrError, Timeout, UnsupportedProtocol
+from lattica.framing import read_message, write_message
+from lattica.host.connections import MAX_CONNS_PER_PEER, Connections
+from lattica.host.dialer import PROTOCOL_READ_TIMEOUT, Dialer, PeerRouting
+from lattica.host.transports import Transports
+from lattica.hostview import HostEvents
+from lattica.identify import PeerInfo
+from lattica.identity import PeerId
+from lattica.logging import get_logger
+from lattica.mdns import MdnsService
+from lattica.multiaddr import Multiaddr
+from lattica.nat import NatManager, NatStatus
+from lattica.runtime import Runtime
+from lattica.services import Services
+from lattica.transports import circuit
+from lattica.transports.base import Connection, Stream, Transport
+
+if TYPE_CHECKING:
+    from lattica.actors.holepunch import HolePunchService
+    from lattica.actors.membership import MembershipService
+    from lattica.actors.relay import RelayService
+    from lattica.node import Node
+
+__all__ = ["Host", "StreamProtocolHandler", "check_protocol_name", "encode_protocol"]
+
+log = get_logger("lattica.node")
+StreamProtocolHandler = Callable[[Stream, Connection], Awaitable[None]]
+
+_MAX_PROTOCOL_NAME = 128
+_STOP_GRACE = 2.0  # seconds stop() gives all connections together to close gracefully
+_MAX_KNOWN_PEERS = 4096  # address book entries; the oldest unconnected peers are forgotten first
+_MAX_ADDRS_PER_PEER = 32
+
+
+def check_protocol_name(name: str) -> None:
+    """Raise ValueError unless ``name`` fits a stream's protocol header."""
+    if not name or len(name.encode()) > _MAX_PROTOCOL_NAME:
+        raise ValueError(f"protocol names are 1 to {_MAX_PROTOCOL_NAME} bytes: {name[:40]!r}")
+
+
+def encode_protocol(name: str) -> bytes:
+    """The header that opens a stream: the protocol name, length-prefixed."""
+    raw = name.encode()
+    return len(raw).to_bytes(1, "big") + raw
+
+
+class Host:
+    """Everything that runs on the node loop (implements :class:`lattica.hostview.HostView`)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node  # the settings (max_connections, configs, ...) and the user's handle
+        self.keypair = node.keypair
+        self.peer_id = node.keypair.peer_id
+        self.loop = asyncio.get_running_loop()
+        self.max_connections = node.max_connections
+        self.transport_set = Transports(self.keypair, node.transport_options, node.memory_network)
+        self.transports: list[Transport] = self.transport_set.all
+        self.listeners: list = []
+        self.bound_addrs: list[Multiaddr] = []  # as the listeners report them (maybe 0.0.0.0)
+        self.listen_addrs: list[Multiaddr] = []  # dialable: wildcards expanded per interface
+        self.events = HostEvents()  # what services subscribe to (lattica/hostview.py)
+        self.connections = Connections(self.peer_id, self.loop, self.events, self.spawn, self._serve_stream, self._path_changed)
+        # the connection table's maps, under the names the rest of the node reads them by
+        self.conns = self.connections.conns
+        self.all_conns = self.connections.all_conns
+        self.conns_of = self.connections.conns_of
+        self.info = self.connections.info
+        self.identified = self.connections.identified
+        self.protected = self.connections.protected
+        self.dialer = Dialer(self)
+        self.contacted = self.dialer.contacted
+        self.peer_addrs: dict[PeerId, list[Multiaddr]] = {}  # the address book
+        self.handlers: dict[str, StreamProtocolHandler] = {}
+        self.tasks: set[asyncio.Task] = set()
+        self.closing = False
+        self.thread_id = threading.get_ident()
+        self.runtime: Runtime | None = None
+        self.services = Services()  # the system services, started with us
+        self.relay_addrs: list[Multiaddr] = []  # our /p2p-circuit addresses (from reservations)
+        self.public_addrs: list[Multiaddr] = []  # observed addresses AutoNAT confirmed dialable
+        self.circuit: circuit.CircuitTransport | None = None
+        self.nat: NatManager | None = None
+        self.mdns: MdnsService | None = None
+        self.handlers[identify.PROTOCOL] = self._on_identify
+        self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s)
+        self.handlers[circuit.STOP] = self._on_stop
+
+    @property
+    def relay(self) -> RelayService | None:
+        """The relay service, when this node relays for others."""
+        return self.services.get("relay")
+
+    @property
+    def holepunch(self) -> HolePunchService | None:
+        return self.services.get("holepunch")
+
+    @property
+    def membership(self) -> MembershipService | None:
+        return self.services.get("membership")
+
+    # -- start / stop ---------------------------------------------------------------------------
+
+    async def start(self, listen: list[Multiaddr]) -> None:
+        self.runtime = Runtime(self, self.node.allow, self.services)
+        self.services.start(self.runtime, self.node)
+        self.circuit = circuit.CircuitTransport(
+            self.keypair, self.dialer.open_hop, splice=self.dialer.dial_spliced, splice_addr=self.dialer.splice_addr,
+            **self.transport_set.options.get("relay", {}),
+        )
+        self.transport_set.add(self.circuit)
+        self.nat = NatManager(self, self.node.nat_config)
+        for addr in listen:
+            transport = self.transport_for(addr)
+            if transport is None:
+                raise MultiaddrError(f"no transport can listen on {addr}")
+            listener = await transport.listen(addr, self._on_inbound)
+            self.listeners.append(listener)
+            self.bound_addrs.extend(listener.addrs)
+            self.listen_addrs.extend(a for bound in listener.addrs for a in interfaces.expand(bound))
+        self.spawn(self.connections.reap_idle(self.node.idle_timeout))
+        self.nat.start()
+        want = self.node.mdns
+        if want or (want is None and any(interfaces.is_lan(a) for a in self.listen_addrs)):
+            self.mdns = MdnsService(self)
+            if not await self.mdns.start():
+                self.mdns = None
+
+    async def stop(self) -> None:
+        if self.membership is not None and not self.closing:
+            self.membership.leave()  # goodbyes go out before the connections close
+            self.membership.close()
+            await asyncio.sleep(0)
+        self.closing = True
+        if self.mdns is not None:
+            self.mdns.close()
+        if self.runtime is not None:
+            await self.runtime.stop()  # actors first: their on_stop hooks may still call peers
+        self.services.close()
+        conns = list(self.all_conns)
+        try:
+            if conns:  # say goodbye to everyone at once, within one overall deadline
+                await asyncio.wait(
+                    [self.loop.create_task(c.close()) for c in conns], timeout=_STOP_GRACE
+                )
+        finally:
+            for conn in conns:
+                conn.abort("node stopping")
+            for t in self.transports:
+                await t.close()
+            for task in list(self.tasks):
+                task.cancel()
+            if self.tasks:
+                await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    @property
+    def identify_listeners(self) -> Any:  # TEMPORARY until actors/dht subscribes to events.identified
+        return type("_Compat", (), {"append": staticmethod(self.events.identified.subscribe)})()
+
+    def set_handler(self, protocol: str, handler: StreamProtocolHandler) -> None:
+        """Serve inbound streams of ``protocol`` with ``handler(stream, conn)``."""
+        self.handlers[protocol] = handler
+
+    def set_peer_routing(self, routing: PeerRouting | None) -> None:
+        """Where the dialer looks up a peer it has no address for (the DHT service sets itself)."""
+        self.dialer.routing = routing
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
+        task = self.loop.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    def tcp_transport(self) -> Any:
+        """The TCP transport, if it listens (hole punching dials from its listening port)."""
+        return self.transport_set.listening("tcp")
+
+    def quic_transport(self) -> Any:
+        """The QUIC transport, if it listens (hole punching sends from its listening socket)."""
+        return self.transport_set.listening("quic")
+
+    def transport_for(self, addr: Multiaddr) -> Transport | None:
+        return self.transport_set.for_addr(addr)
+
+    # -- connections ----------------------------------------------------------------------------
+
+    def _on_inbound(self, conn: Connection) -> None:
+        if self.closing:
+            conn.abort("node stopping")
+            return
+        if len(self.all_conns) >= self.max_connections:
+            log.info("refusing inbound connection: limit reached", peer=str(conn.remote_peer), limit=self.max_connections)
+            conn.abort("connection limit reached")
+            return
+        if len(self.conns_of.get(conn.remote_peer, ())) >= MAX_CONNS_PER_PEER:
+            log.info("refusing inbound connection: too many from this peer", peer=str(conn.remote_peer))
+            conn.abort("per-peer connection limit reached")
+            return
+        self.adopt(conn)
+
+    def adopt(self, conn: Connection) -> None:
+        """Start serving a new authenticated connection and make it the peer's primary one."""
+        self.connections.add(conn)
+        self.spawn(self.push_identify(conn))
+        self.events.connected.emit(conn)
+
+    def _path_changed(self, peer: PeerId) -> None:
+        if self.runtime is not None:
+            self.runtime.path_changed(peer)
+
+    def protect(self, peer: PeerId, why: str) -> None:
+        """Keep ``peer``'s connection open while idle (relay reservations, ...)."""
+        self.connections.protect(peer, why)
+
+    def unprotect(self, peer: PeerId, why: str) -> None:
+        self.connections.unprotect(peer, why)
+
+    # -- dialing (lattica/host/dialer.py) -------------------------------------------------------
+
+    async def connect(self, addrs: list[Multiaddr], peer: PeerId | None, timeout: float) -> PeerInfo:
+        return await self.dialer.connect(addrs, peer, timeout)
+
+    async def get_connection(self, peer: PeerId) -> Connection:
+        """The live connection to ``peer``, dialing it if there is none."""
+        return await self.dialer.get_connection(peer)
+
+    async def dial_addrs(self, peer: PeerId, addrs: list[Multiaddr]) -> Connection:
+        return await self.dialer.dial_addrs(peer, addrs)
+
+    def note_contact(self, ip: str) -> None:
+        self.dialer.note_contact(ip)
+
+    # -- streams and protocols ------------------------------------------------------------------
+
+    async def open_stream(self, peer: PeerId, protocol: str) -> Stream:
+        check_protocol_name(protocol)
+        conn = await self.get_connection(peer)
+        info = self.info.get(conn)
+        if info is not None and protocol not in info.protocols:
+            raise UnsupportedProtocol(f"{peer} does not serve {protocol}")
+        return await self.open_stream_on(conn, protocol)
+
+    @staticmethod
+    async def open_stream_on(conn: Connection, protocol: str) -> Stream:
+        """A stream speaking ``protocol`` on this very connection."""
+        stream = await conn.open_stream()
+        stream.write(encode_protocol(protocol))
+        return stream
+
+    async def _serve_stream(self, stream: Stream, conn: Connection) -> None:
+        try:
+            async with asyncio.timeout(PROTOCOL_READ_TIMEOUT):  # cheaper than wait_for: no extra task
+                head = await stream.readexactly(1)
+                name = (await stream.readexactly(head[0])).decode()
+        except (asyncio.TimeoutError, LatticaError, UnicodeDecodeError) as e:
+            log.info("dropping stream: no valid protocol header", peer=str(conn.remote_peer), reason=str(e) or type(e).__name__)
+            stream.reset()
+            return
+        handler = self.handlers.get(name)
+        if handler is None:
+            log.info("dropping stream: unknown protocol", peer=str(conn.remote_peer), protocol=name[:64])
+            stream.reset()
+            return
+        try:
+            await handler(stream, conn)
+        except (LatticaError, asyncio.TimeoutError) as e:
+            log.info("stream handler failed", peer=str(conn.remote_peer), protocol=name, reason=str(e) or type(e).__name__)
+            stream.reset()
+        except Exception:
+            log.exception("stream handler crashed", peer=str(conn.remote_peer), protocol=name)
+            stream.reset()
+
+    async def _on_stop(self, stream: Stream, conn: Connection) -> None:
+        if conn.transport == "relay" or "relay-client" not in self.protected.get(conn.remote_peer, ()):
+            log.info("refusing relayed connection: we hold no reservation with this peer", peer=str(conn.remote_peer))
+            stream.reset()
+            return
+        await self.circuit.accept(stream, conn, self._on_inbound)  # type: ignore[union-attr]
+
+    # -- identify and the address book ----------------------------------------------------------
+
+    def advertised_addrs(self) -> list[Multiaddr]:
+        """What we tell peers and the DHT: listen addresses, confirmed public ones, circuits."""
+        out = list(self.listen_addrs)
+        for a in self.public_addrs + self.relay_addrs:
+            if a not in out:
+                out.append(a)
+        return out
+
+    async def push_identify(self, conn: Connection) -> None:
+        """Tell the peer on ``conn`` who we are and where we listen (again, when that changes)."""
+        try:
+            stream = await conn.open_stream()
+            stream.write(encode_protocol(identify.PROTOCOL))
+            write_message(
+                stream,
+                identify.build(
+                    self.keypair.public_key_protobuf(),
+                    self.node.agent_version,
+                    self.advertised_addrs(),
+                    conn.remote_addr,
+                    sorted(self.handlers),
+                ),
+            )
+            await stream.close()
+        except LatticaError as e:
+            log.debug("identify push failed", peer=str(conn.remote_peer), reason=str(e))
+
+    async def _on_identify(self, stream: Stream, conn: Connection) -> None:
+        try:
+            async with asyncio.timeout(PROTOCOL_READ_TIMEOUT):
+                msg = await read_message(stream, identify.MAX_MESSAGE)
+            fields = identify.parse(msg, conn.remote_peer)
+        except (LatticaError, asyncio.TimeoutError) as e:
+            log.info("closing connection: bad identify", peer=str(conn.remote_peer), reason=str(e) or "timeout")
+            conn.abort(f"bad identify: {e}")
+            return
+        info = PeerInfo(conn.remote_peer, conn.transport, conn.direction, conn.remote_addr, **fields)
+        self.info[conn] = info
+        self.remember_addrs(conn.remote_peer, info.listen_addrs)
+        self.events.identified.emit(info)
+        fut = self.identified.get(conn)
+        if fut is not None and not fut.done():
+            fut.set_result(info)
+        self.dialer.identified(conn, info)
+        # one message per stream: anything after it is a protocol error; end the stream either way
+        try:
+            async with asyncio.timeout(PROTOCOL_READ_TIMEOUT):
+                extra = await stream.read(1)
+        except asyncio.TimeoutError:
+            extra = b"?"
+        if extra:
+            stream.reset()
+        else:
+            await stream.close()
+
+    def remember_addrs(self, peer: PeerId, addrs: Iterable[Multiaddr]) -> None:
+        """Add dialable addresses of ``peer`` to the (bounded) address book."""
+        known = self.peer_addrs.pop(peer, [])  # re-inserted last: most recently used
+        for a in addrs:
+            a = a.without_peer_id()
+            if a not in known and len(known) < _MAX_ADDRS_PER_PEER:
+                known.append(a)
+        self.peer_addrs[peer] = known
+        if len(self.peer_addrs) > _MAX_KNOWN_PEERS:
+            for old in list(self.peer_addrs):
+                if old not in self.conns and old != peer:
+                    del self.peer_addrs[old]
+                    if len(self.peer_addrs) <= _MAX_KNOWN_PEERS:
+                        break
+
+    # -- what the Node facade asks ---------------------------------------------------------------
+
+    async def ping(self, peer: PeerId, count: int, timeout: float) -> list[float]:
+        async def run() -> list[float]:
+            stream = await self.open_stream(peer, ping.PROTOCOL)
+            try:
+                rtts = await ping.measure(stream, count)
+            except BaseException:
+                stream.reset()
+                raise
+            await stream.close()
+            return rtts
+
+        try:
+            return await asyncio.wait_for(run(), timeout)
+        except asyncio.TimeoutError:
+            raise Timeout(f"{count} ping(s) to {peer} did not finish within {timeout} s") from None
+
+    async def nat_status(self, refresh: bool) -> NatStatus:
+        assert self.nat is not None
+        if refresh and self.nat.cfg.reachability is None:
+            await self.nat.probe()
+        return self.nat.snapshot()
+
+    def peers(self) -> list[PeerInfo]:
+        out = []
+        for peer, conn in self.conns.items():
+            info = self.info.get(conn)
+            out.append(info or PeerInfo(peer, conn.transport, conn.direction, conn.remote_addr))
+        return out

@@ -34,7 +34,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 import lattica
-from lattica.bench.server import ServerProcess
+from lattica.mesh.process import ServerProcess
 from lattica.errors import ActorRestarted
 
 OBS, ACTIONS = 6, 4

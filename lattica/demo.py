@@ -19,7 +19,8 @@ import time
 import numpy as np
 
 from lattica.actor import actor
-from lattica.bench.server import ServerProcess
+from lattica.mesh.process import ServerProcess
+from lattica.mesh.supervised import lose, statuses, supervised_mesh
 from lattica.node import Node
 
 
@@ -130,8 +131,6 @@ def _work(b: Node, addr: str) -> None:
 
 
 def _supervision() -> None:
-    from lattica.bench.supervise import lose, statuses, supervised_mesh
-
     print("\nsupervision: three more node processes; a supervisor on a fourth places six stateful workers (1 cpu each, spread)")
     with supervised_mesh(6) as (here, procs, sup, refs):
         label = {p.peer_id: f"P{i + 1}" for i, p in enumerate(procs)}

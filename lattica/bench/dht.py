@@ -19,7 +19,7 @@ from lattica._loop import DEFAULT_BUSY_POLL_US
 from lattica.actors.dht import DhtConfig
 from lattica.node import Node
 from lattica.transports.memory import MemoryNetwork
-from lattica.bench.server import ServerProcess
+from lattica.mesh.process import ServerProcess
 from lattica.bench.transport import LOOPBACK, _pct
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from lattica.node import Node
 from lattica.bench.rpc import AsyncEcho, _pct, _spawn_on, measure_calls
-from lattica.bench.server import ServerProcess
+from lattica.mesh.process import ServerProcess
 
 _TCP = "/ip4/127.0.0.1/tcp/0"
 _QUIC = "/ip4/127.0.0.1/udp/0/quic-v1"

@@ -15,7 +15,7 @@ from typing import Any
 from lattica._loop import DEFAULT_BUSY_POLL_US
 from lattica.actor import actor
 from lattica.node import Node
-from lattica.bench.server import ServerProcess
+from lattica.mesh.process import ServerProcess
 from lattica.bench.transport import LOOPBACK, _pct
 
 

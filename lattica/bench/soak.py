@@ -21,7 +21,7 @@ from lattica.actors.membership import membership_ref
 from lattica.identity import PeerId
 from lattica.node import Node
 from lattica.bench.rpc import AsyncEcho
-from lattica.bench.server import ServerProcess
+from lattica.mesh.process import ServerProcess
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 

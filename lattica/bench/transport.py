@@ -1,6 +1,6 @@
 """Transport and node benchmarks: stream throughput, ping RTT, handshake time, start-up and RSS.
 
-Each benchmark runs the server side in a separate process (``lattica.bench.server``) so client and
+Each benchmark runs the server side in a separate process (``lattica.mesh.process``) so client and
 server get their own interpreter and core, as two real nodes would.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 from lattica._loop import DEFAULT_BUSY_POLL_US
 from lattica.multiaddr import Multiaddr
 from lattica.node import Node
-from lattica.bench.server import SINK, ServerProcess
+from lattica.mesh.process import SINK, ServerProcess
 
 LOOPBACK = {"tcp": "/ip4/127.0.0.1/tcp/0", "quic": "/ip4/127.0.0.1/udp/0/quic-v1"}
 

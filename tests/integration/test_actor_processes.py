@@ -35,7 +35,7 @@ lattica.shutdown()
 
 
 class ChildNode:
-    """A ``lattica.init()`` node in a child process (mirrors lattica.bench.server.ServerProcess)."""
+    """A ``lattica.init()`` node in a child process (mirrors lattica.mesh.process.ServerProcess)."""
 
     def __enter__(self):
         env = dict(os.environ)

@@ -18,7 +18,7 @@ import lattica
 import sample_actors as sa
 from dht_actors import DhtProbe
 from lattica.actors.dht import DhtConfig, dht_ref
-from lattica.bench.server import ServerProcess
+from lattica.mesh.process import ServerProcess
 from lattica.errors import ActorNotFound, RecordRejected, StoreFailed
 from lattica.kademlia import key_id
 from lattica.records import Entry, PeerRecord, StoreLimits, encode_subkey, entry_to_wire, sign_entry

@@ -13,7 +13,7 @@ import time
 import lattica
 from helpers import wait_for
 from lattica.actors.membership import membership_ref
-from lattica.bench.server import ServerProcess
+from lattica.mesh.process import ServerProcess
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 

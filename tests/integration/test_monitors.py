@@ -12,7 +12,7 @@ import lattica
 import sample_actors as sa
 from helpers import wait_for
 from lattica.bench.rpc import AsyncEcho, _spawn_on
-from lattica.bench.server import ServerProcess
+from lattica.mesh.process import ServerProcess
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 ALLOW = ["sample_actors.*"]

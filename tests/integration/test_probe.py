@@ -9,7 +9,7 @@ import signal
 
 import lattica
 from helpers import wait_for
-from lattica.bench.server import ServerProcess
+from lattica.mesh.process import ServerProcess
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 

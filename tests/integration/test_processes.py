@@ -7,7 +7,7 @@ import os
 import pytest
 
 import lattica
-from lattica.bench.server import SINK, ServerProcess
+from lattica.mesh.process import SINK, ServerProcess
 
 GIB = 1 << 30
 

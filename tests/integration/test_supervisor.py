@@ -13,7 +13,7 @@ import pytest
 import lattica
 import sample_actors as sa
 from helpers import wait_for
-from lattica.bench.server import ServerProcess
+from lattica.mesh.process import ServerProcess
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 ALLOW = ["sample_actors.*"]

@@ -1,6 +1,6 @@
-"""A node serving the benchmark/test protocols, run as its own process.
+"""A node run as its own process, for local meshes: the demo, the benchmarks, the tests.
 
-``python -m lattica.bench.server --listen ADDR [--listen ADDR ...]`` prints one JSON line
+``python -m lattica.mesh.process --listen ADDR [--listen ADDR ...]`` prints one JSON line
 ``{"peer_id": ..., "addrs": [...], "pid": ...}`` once listening, then serves until stdin closes.
 Protocols: ``/lattica/bench/sink/1`` (read to EOF, reply with byte count and sha256) and
 ``/lattica/bench/echo/1`` (echo until EOF).
@@ -54,7 +54,7 @@ class ServerProcess:
 
     def __init__(self, listen: list[str], *extra: str, env: dict[str, str] | None = None) -> None:
         self._env = env  # the child's environment (default: this process's)
-        args = [sys.executable, "-m", "lattica.bench.server"]
+        args = [sys.executable, "-m", "lattica.mesh.process"]
         for a in listen:
             args += ["--listen", a]
         self._args = args + list(extra)
@@ -65,7 +65,7 @@ class ServerProcess:
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         if not line:
             self.proc.kill()
-            raise RuntimeError(f"bench server exited with code {self.proc.wait()} before listening")
+            raise RuntimeError(f"node process exited with code {self.proc.wait()} before listening")
         info = json.loads(line)
         self.peer_id: str = info["peer_id"]
         self.addrs: list[str] = info["addrs"]
@@ -90,7 +90,7 @@ class ServerProcess:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m lattica.bench.server")
+    p = argparse.ArgumentParser(prog="python -m lattica.mesh.process")
     p.add_argument("--listen", action="append", default=[])
     p.add_argument("--no-digest", action="store_true", help="sink counts bytes without hashing them")
     p.add_argument("--key", default=None, help="key file (created if absent)")
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
         from lattica.actors.relay import RelayConfig
 
         relay = RelayConfig(splice=False)
-    node = Node(listen, key_path=args.key, busy_poll_us=args.busy_poll_us, allow=["lattica.bench.*", *args.allow], dht=dht, relay=relay,
+    node = Node(listen, key_path=args.key, busy_poll_us=args.busy_poll_us, allow=["lattica.bench.*", "lattica.mesh.*", *args.allow], dht=dht, relay=relay,
                 resources=json.loads(args.resources) if args.resources else None, **private)
     node.start()
     if args.private_via:

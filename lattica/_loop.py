@@ -119,7 +119,7 @@ def new_loop(busy_poll_us: float, use_uvloop: bool | None) -> asyncio.AbstractEv
         return asyncio.SelectorEventLoop(BusyPollSelector(busy_poll_us * 1e-6))
     if use_uvloop is not False:
         try:
-            import uvloop
+            import uvloop  # optional (the `fast` extra)
 
             return uvloop.new_event_loop()
         except ImportError:

@@ -36,7 +36,7 @@ def current_runtime() -> Runtime:
     return host.runtime
 
 
-def _on_loop(rt: Runtime, fn: Callable[[], Any]) -> Any:
+def on_loop(rt: Runtime, fn: Callable[[], Any]) -> Any:
     """Run ``fn`` on the node loop and return its result (directly when already there)."""
     if threading.get_ident() == rt.host.thread_id:
         return fn()
@@ -59,7 +59,7 @@ def _on_loop(rt: Runtime, fn: Callable[[], Any]) -> Any:
     return value
 
 
-def _class_path(cls: type) -> str:
+def class_path(cls: type) -> str:
     """``module.Class``, the name a spawner imports. A class defined in the script being run is
     named after the script (``python train.py`` -> ``train.Class``; ``python -m pkg.train`` ->
     ``pkg.train.Class``): other nodes import it under that name, never as ``__main__``."""
@@ -132,15 +132,15 @@ class ActorClass:
         window = self._options.get("window", DEFAULT_WINDOW)
         name = self._options.get("name")
         if any(k in self._options for k in ("resources", "labels", "placement")):
-            return _on_loop(rt, lambda: self._spawn_placed(rt, list(args), kwargs, name, max_conc, window))
+            return on_loop(rt, lambda: self._spawn_placed(rt, list(args), kwargs, name, max_conc, window))
         if target == rt.peer_id:
-            return _on_loop(rt, lambda: _spawn_local(rt, self.cls, list(args), kwargs, name, max_conc, window))
+            return on_loop(rt, lambda: _spawn_local(rt, self.cls, list(args), kwargs, name, max_conc, window))
         name = name or f"{self.cls.__name__}-{os.urandom(5).hex()}"
         ref = ActorRef(target, name, self._methods, window)
         spawner = spawner_ref(target)
         opts = {"max_concurrency": max_conc, "window": window, "publish": self._options.get("name") is not None}
-        call = (_class_path(self.cls), list(args), kwargs or None, name, opts)
-        ref._spawn = _on_loop(rt, lambda: rt.call(spawner, "spawn", call, {}, timeout=None))
+        call = (class_path(self.cls), list(args), kwargs or None, name, opts)
+        ref._spawn = on_loop(rt, lambda: rt.call(spawner, "spawn", call, {}, timeout=None))
         return ref
 
     def _spawn_placed(self, rt: Runtime, args: list, kwargs: dict, name: str | None, max_conc: int, window: int) -> ActorRef:
@@ -158,7 +158,7 @@ class ActorClass:
             opts["labels"] = labels
         spawn = rt.loop.create_future()
         ref._spawn = spawn
-        call = (_class_path(self.cls), args, kwargs or None, name, opts)
+        call = (class_path(self.cls), args, kwargs or None, name, opts)
         rt.placed(ranked[0], view)  # now, so the next .remote() in this same breath ranks with it
         rt.host.spawn(_place(rt, ref, spawn, call, ranked, view))
         return ref
@@ -167,7 +167,7 @@ class ActorClass:
         raise TypeError(f"actor class {self.__name__} cannot be instantiated directly; use {self.__name__}.remote(...)")
 
     def __repr__(self) -> str:
-        return f"<actor class {_class_path(self.cls)}>"
+        return f"<actor class {class_path(self.cls)}>"
 
 
 async def _place(rt: Runtime, ref: ActorRef, spawn: asyncio.Future, call: tuple, ranked: list[str], view: list) -> None:
@@ -229,7 +229,7 @@ def _spawn_local(rt: Runtime, cls: type, args: list, kwargs: dict, name: str | N
         if failure is None:
             spawn.set_result(ref)
         else:
-            spawn.set_exception(SpawnError(f"{_class_path(cls)} failed to start: {failure[0]}: {failure[1]}\n{failure[2]}".rstrip()))
+            spawn.set_exception(SpawnError(f"{class_path(cls)} failed to start: {failure[0]}: {failure[1]}\n{failure[2]}".rstrip()))
             spawn.exception()
 
     actor.ready.add_done_callback(started)

@@ -11,8 +11,8 @@ import atexit
 import threading
 from typing import Any, Callable, Iterable
 
-from lattica import context
-from lattica.actor import _on_loop, current_runtime
+from lattica import context, dht
+from lattica.actor import on_loop, current_runtime
 from lattica.errors import ActorNotFound, LatticaError, Timeout
 from lattica.future import Future
 from lattica.identity import PeerId
@@ -48,8 +48,6 @@ def init(
     for addr in addrs:
         node.connect(addr)
     if addrs:
-        from lattica import dht
-
         dht.bootstrap(node=node).result(30)  # join the DHT: fill the routing table
     return node
 
@@ -64,7 +62,7 @@ def monitor(ref: ActorRef, on_down: Callable[[ActorRef, str], Any]) -> Monitor:
     """Call ``on_down(ref, reason)`` once when the actor stops or its node dies (see
     ``lattica.monitors``); ``.cancel()`` the returned Monitor to stop watching."""
     rt = current_runtime()
-    return _on_loop(rt, lambda: rt.monitors.watch(ref, on_down))
+    return on_loop(rt, lambda: rt.monitors.watch(ref, on_down))
 
 
 def link(ref: ActorRef) -> None:
@@ -79,7 +77,7 @@ def link(ref: ActorRef) -> None:
         rt.actors["spawner"].instance._bind(me.name, ref)
         await rt.call(spawner_ref(ref.peer_id), "link", (ref.name, me), {}, timeout=10.0)
 
-    _on_loop(rt, lambda: rt.host.spawn(both()))
+    on_loop(rt, lambda: rt.host.spawn(both()))
 
 
 def unlink(ref: ActorRef) -> None:
@@ -94,7 +92,7 @@ def unlink(ref: ActorRef) -> None:
         rt.actors["spawner"].instance._unbind(me.name, ref)
         await rt.call(spawner_ref(ref.peer_id), "unlink", (ref.name, me), {}, timeout=10.0)
 
-    _on_loop(rt, lambda: rt.host.spawn(both()))
+    on_loop(rt, lambda: rt.host.spawn(both()))
 
 
 def exit_actor(reason: str = "normal") -> None:
@@ -105,7 +103,7 @@ def exit_actor(reason: str = "normal") -> None:
     me = current_actor()
     if me is None:
         raise LatticaError("lattica.exit_actor is called from inside an actor method")
-    _on_loop(rt, lambda: rt.actors[me.name].exit_when_idle(str(reason)[:200]) if me.name in rt.actors else None)
+    on_loop(rt, lambda: rt.actors[me.name].exit_when_idle(str(reason)[:200]) if me.name in rt.actors else None)
 
 
 def nodes() -> list[dict[str, Any]]:
@@ -151,9 +149,7 @@ def _get_actor(name: str, node: PeerId | str | None, timeout: float) -> Future:
         actor = rt.actors.get(name)
         if actor is not None:
             return _resolved(rt, actor.ref)
-        from lattica import dht
-
-        return dht._run(None, lambda svc: _within(svc.resolve_name(name), timeout, f"resolving the actor name {name!r}"))
+        return dht.run_with_service(None, lambda svc: _within(svc.resolve_name(name), timeout, f"resolving the actor name {name!r}"))
     peer = PeerId.from_string(node) if isinstance(node, str) else node
     if peer == rt.peer_id:
         actor = rt.actors.get(name)
@@ -171,11 +167,11 @@ def _resolved(rt: Any, value: Any, error: BaseException | None = None) -> Future
         fut._reject(error) if error is not None else fut._resolve(value)
         return fut
 
-    return _on_loop(rt, make)
+    return on_loop(rt, make)
 
 
 def _spawner_call(rt: Any, peer: PeerId, method: str, args: tuple, timeout: float) -> Future:
-    return _on_loop(rt, lambda: rt.call(spawner_ref(peer), method, args, {}, timeout=timeout))
+    return on_loop(rt, lambda: rt.call(spawner_ref(peer), method, args, {}, timeout=timeout))
 
 
 async def _within(coro: Any, timeout: float, what: str) -> Any:

@@ -18,9 +18,13 @@ def _print(result: dict, as_json: bool) -> None:
     print(f"{name:<14} " + "  ".join(f"{k}={v}" for k, v in result.items()), flush=True)
 
 
+# The subcommands import what they run inside their functions: `lattica doctor` or `lattica bench
+# rpc` must not load every benchmark (and numpy, aioquic) before it starts.
+
+
 def _bench(args: argparse.Namespace) -> None:
-    from lattica._loop import DEFAULT_BUSY_POLL_US
-    from lattica.bench import transport as tb
+    from lattica._loop import DEFAULT_BUSY_POLL_US  # lazy: see the note above _bench
+    from lattica.bench import transport as tb  # lazy: see the note above _bench
 
     transports = ["tcp", "quic"] if args.transport == "both" else [args.transport]
     which = args.which
@@ -43,38 +47,38 @@ def _bench(args: argparse.Namespace) -> None:
     if which in ("ciphers", "all"):
         _print(tb.bench_noise_ciphers(), args.json)
     if which in ("dht", "all"):
-        from lattica.bench.dht import bench_dht
+        from lattica.bench.dht import bench_dht  # lazy: see the note above _bench
 
         for n in args.nodes or [2, 3]:
             for bp in polls:
                 _print(bench_dht(n, min(args.count, 5000), busy_poll_us=bp), args.json)
     if which == "dht-sim":
-        from lattica.bench.dht import simulate
+        from lattica.bench.dht import simulate  # lazy: see the note above _bench
 
         for n in args.nodes or [1000]:
             _print(simulate(n, keys=args.keys, progress=None if args.json else lambda m: print(f"  {m}", flush=True)), args.json)
     if which == "membership-sim":
-        from lattica.bench.membership import simulate as simulate_membership
+        from lattica.bench.membership import simulate as simulate_membership  # lazy: see the note above _bench
 
         for n in args.nodes or [200]:
             _print(simulate_membership(n, settle=40.0), args.json)
     if which in ("relay", "all"):
-        from lattica.bench.relay import bench_relay
+        from lattica.bench.relay import bench_relay  # lazy: see the note above _bench
 
         for payload in args.payload or [262144, 128]:
             for row in bench_relay(payload, concurrency=(args.concurrency or [32])[0], duration=min(args.duration, 3.0), rounds=args.rounds):
                 _print(row, args.json)
     if which in ("supervise", "all"):
-        from lattica.bench.supervise import bench_supervise
+        from lattica.bench.supervise import bench_supervise  # lazy: see the note above _bench
 
         for row in bench_supervise(rounds=args.rounds):
             _print(row, args.json)
     if which == "soak":
-        from lattica.bench.soak import soak
+        from lattica.bench.soak import soak  # lazy: see the note above _bench
 
         _print(soak(args.soak_seconds, processes=(args.nodes or [4])[0]), args.json)
     if which in ("rpc", "all"):
-        from lattica.bench.rpc import bench_rpc
+        from lattica.bench.rpc import bench_rpc  # lazy: see the note above _bench
 
         kinds = ["async", "sync"] if args.actor == "both" else [args.actor]
         for t in transports:
@@ -86,7 +90,7 @@ def _bench(args: argparse.Namespace) -> None:
 
 
 def _node(args: argparse.Namespace) -> None:
-    from lattica.node import Node
+    from lattica.node import Node  # lazy: see the note above _bench
 
     relay = getattr(args, "relay", False)
     mdns = False if getattr(args, "no_mdns", False) else None
@@ -98,7 +102,7 @@ def _node(args: argparse.Namespace) -> None:
             info = node.connect(addr)
             print(f"connected: {info.peer_id} over {info.transport}")
         if args.connect:
-            from lattica import dht
+            from lattica import dht  # lazy: see the note above _bench
 
             print(f"DHT routing table: {dht.bootstrap(node=node).result(30)} peers")
         try:
@@ -109,7 +113,7 @@ def _node(args: argparse.Namespace) -> None:
 
 
 def _ping(args: argparse.Namespace) -> None:
-    from lattica.node import Node
+    from lattica.node import Node  # lazy: see the note above _bench
 
     with Node([]) as node:
         info = node.connect(args.addr)
@@ -121,9 +125,9 @@ def _ping(args: argparse.Namespace) -> None:
 def _dht(args: argparse.Namespace) -> None:
 
 
-    from lattica import dht
-    from lattica.identity import PeerId
-    from lattica.node import Node
+    from lattica import dht  # lazy: see the note above _bench
+    from lattica.identity import PeerId  # lazy: see the note above _bench
+    from lattica.node import Node  # lazy: see the note above _bench
 
     def shown(v: object) -> object:
         return v if isinstance(v, (str, int, float, bool, list, dict, type(None))) else repr(v)
@@ -152,7 +156,7 @@ def _dht(args: argparse.Namespace) -> None:
 
 
 def _doctor(args: argparse.Namespace) -> None:
-    from lattica.doctor import diagnose, render
+    from lattica.doctor import diagnose, render  # lazy: see the note above _bench
 
     report = diagnose(args.listen or ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"], args.bootstrap, args.peer, args.wait)
     print(json.dumps(report) if args.json else render(report), flush=True)
@@ -161,7 +165,7 @@ def _doctor(args: argparse.Namespace) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from lattica.demo import run
+    from lattica.demo import run  # lazy: see the note above _bench
 
     run()
 

@@ -107,7 +107,7 @@ def _numpy() -> Any:
     """numpy, imported on first use: a node that never sees an array never pays its import."""
     global _numpy_module
     if _numpy_module is None:
-        import numpy
+        import numpy  # on first use: a node that never sees an array never pays its import
 
         for name in ("?", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8", "c8", "c16"):
             for dt in (numpy.dtype(name).newbyteorder("<"), numpy.dtype(name).newbyteorder(">")):

@@ -18,7 +18,9 @@ import time
 
 import numpy as np
 
+from lattica import dht
 from lattica.actor import actor
+from lattica.api import aget_actor
 from lattica.mesh.process import ServerProcess
 from lattica.mesh.supervised import lose, statuses, supervised_mesh
 from lattica.node import Node
@@ -69,9 +71,6 @@ def run() -> None:
 
 
 def _dht(b: Node, addr: str) -> None:
-    from lattica import dht
-    from lattica.api import aget_actor
-
     print("\nthe DHT: B announces which layers it serves; a new node C finds that and A's shards by name")
     dht.bootstrap(node=b).result(10)
     n = dht.put("swarm/layers", {"start": 0, "end": 8}, subkey=b.peer_id, ttl=60, node=b).result(10)

@@ -16,9 +16,9 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, NamedTuple
 
 from lattica import codec
-from lattica.actor import _on_loop, current_runtime
+from lattica.actor import on_loop, current_runtime
 from lattica.future import Future
-from lattica.errors import LatticaError
+from lattica.errors import LatticaError, NodeClosed
 from lattica.identity import PeerId
 from lattica.records import TOMBSTONE, decode_subkey
 from lattica.records import owned_key as _owned_key
@@ -64,13 +64,11 @@ def _runtime(node: Node | None) -> Runtime:
         return current_runtime()
     host = node.host
     if host is None or host.runtime is None:
-        from lattica.errors import NodeClosed
-
         raise NodeClosed("the node is not running")
     return host.runtime
 
 
-def _run(node: Node | None, make: Callable[[DhtService], Coroutine[Any, Any, Any]], convert: Callable[[Any], Any] | None = None) -> Future:
+def run_with_service(node: Node | None, make: Callable[[DhtService], Coroutine[Any, Any, Any]], convert: Callable[[Any], Any] | None = None) -> Future:
     rt = _runtime(node)
 
     def start() -> Future:
@@ -92,7 +90,7 @@ def _run(node: Node | None, make: Callable[[DhtService], Coroutine[Any, Any, Any
         fut._cancel_hook = task.cancel
         return fut
 
-    return _on_loop(rt, start)
+    return on_loop(rt, start)
 
 
 def put(key: str | bytes, value: Any, *, subkey: Any = None, ttl: float = 60.0, node: Node | None = None) -> Future:
@@ -101,7 +99,7 @@ def put(key: str | bytes, value: Any, *, subkey: Any = None, ttl: float = 60.0, 
     fails with StoreFailed if none did (each refusal's reason is in the message)."""
     raw = _key(key)
     data = codec.encode_bytes(value)
-    return _run(node, lambda dht: dht.put(raw, data, subkey=subkey, ttl=ttl))
+    return run_with_service(node, lambda dht: dht.put(raw, data, subkey=subkey, ttl=ttl))
 
 
 def _to_record(entries: dict) -> Record | None:
@@ -120,36 +118,36 @@ def get(key: str | bytes, *, quorum: int | None = None, node: Node | None = None
     """Every live subkey of ``key`` merged from its replicas, as a :class:`Record` (None when
     nothing is stored). ``quorum``: stop after that many replicas answered with records."""
     raw = _key(key)
-    return _run(node, lambda dht: dht.get(raw, quorum=quorum), _to_record)
+    return run_with_service(node, lambda dht: dht.get(raw, quorum=quorum), _to_record)
 
 
 def delete(key: str | bytes, *, subkey: Any = None, ttl: float = 60.0, node: Node | None = None) -> Future:
     """Hide a record: a tombstone that expires later wins over it on every replica."""
     raw = _key(key)
-    return _run(node, lambda dht: dht.delete(raw, subkey=subkey, ttl=ttl))
+    return run_with_service(node, lambda dht: dht.delete(raw, subkey=subkey, ttl=ttl))
 
 
 def provide(cid: str | bytes, *, ttl: float = 3600.0, node: Node | None = None) -> Future:
     """Announce that this node provides the content ``cid`` (re-announced until stopped)."""
     raw = _key(cid)
-    return _run(node, lambda dht: dht.provide(raw, ttl=ttl))
+    return run_with_service(node, lambda dht: dht.provide(raw, ttl=ttl))
 
 
 def find_providers(cid: str | bytes, *, count: int = 20, node: Node | None = None) -> Future:
     """Up to ``count`` PeerIds providing ``cid``; their addresses are remembered for dialing."""
     raw = _key(cid)
-    return _run(node, lambda dht: dht.find_providers(raw, count=count))
+    return run_with_service(node, lambda dht: dht.find_providers(raw, count=count))
 
 
 def find_peer(peer: PeerId | str, *, node: Node | None = None) -> Future:
     """The addresses of ``peer`` (from a live connection, else its signed peer record)."""
     pid = PeerId.from_string(peer) if isinstance(peer, str) else peer
-    return _run(node, lambda dht: dht.find_peer(pid))
+    return run_with_service(node, lambda dht: dht.find_peer(pid))
 
 
 def bootstrap(*, node: Node | None = None) -> Future:
     """Join the DHT through the peers this node is connected to; resolves to the routing table size."""
-    return _run(node, lambda dht: dht.bootstrap())
+    return run_with_service(node, lambda dht: dht.bootstrap())
 
 
 def owned_key(name: str, owner: PeerId | None = None) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from lattica import dht
 from lattica.errors import LatticaError
 from lattica.identity import PeerId
 from lattica.node import Node
@@ -57,8 +58,6 @@ def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, w
         elif not joined:
             report["problems"].append("no bootstrap peer answered: check the addresses, this machine's outbound connectivity, and that they run")
         if joined:
-            from lattica import dht
-
             try:
                 dht.bootstrap(node=node).result(15)
             except Exception as e:  # noqa: BLE001 -- reported, not fatal

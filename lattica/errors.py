@@ -208,7 +208,7 @@ def remote_error(type_name: str, message: str, remote_traceback: str = "") -> La
             return err  # type: ignore[return-value]
     cls = _REMOTE_SUBCLASSES.get(type_name)
     if cls is None:
-        import builtins
+        import builtins  # only for the rare remote error that is a builtin exception
 
         base = getattr(builtins, type_name, None)
         usable = (

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 from lattica.config import NatConfig
 from lattica.logging import get_logger
 from lattica import context
+from lattica.actors.autonat import DIALBACK, autonat_ref, ip_of
+from lattica.actors.relay import relay_ref
 from lattica.errors import LatticaError
 from lattica.framing import read_message, write_message
 from lattica.identity import PeerId
@@ -75,8 +77,6 @@ class _Relay:
 
 class NatManager:
     def __init__(self, host: _Host, config: NatConfig | None = None) -> None:
-        from lattica.actors.autonat import DIALBACK
-
         self.host = host
         self.cfg = config or NatConfig()
         self.status = NatStatus()
@@ -98,8 +98,6 @@ class NatManager:
 
     def observations(self) -> list[tuple[str, str, Connection]]:
         """(observer IP, observed address, connection) for every identified direct connection."""
-        from lattica.actors.autonat import ip_of
-
         out = []
         for conn, info in list(self.host.info.items()):
             if conn.is_closed or info.observed_addr is None or conn.transport not in ("tcp", "quic"):
@@ -172,8 +170,6 @@ class NatManager:
         return self.status.checked_at is None or time.time() - self.status.checked_at >= self.cfg.recheck
 
     def _servers(self) -> list[PeerId]:
-        from lattica.actors.autonat import DIALBACK
-
         out = []
         for peer, conn in list(self.host.conns.items()):
             info = self.host.info.get(conn)
@@ -183,8 +179,6 @@ class NatManager:
 
     async def probe(self) -> NatStatus:
         """One AutoNAT round: ask servers to dial us back; classify; return the new status."""
-        from lattica.actors.autonat import autonat_ref
-
         servers = self._servers()
         cands = self.candidates()
         st = self.status
@@ -246,8 +240,6 @@ class NatManager:
         """The mapping type needs two observers at different IPs of our listening UDP socket:
         dial QUIC to connected peers we know a QUIC address of (the connections stay: their
         keepalives also hold the mapping open for hole punching)."""
-        from lattica.actors.autonat import ip_of
-
         have = {ip for ip, _, _ in self._listening_quic()}
         wanted: list[tuple[PeerId, list[Multiaddr]]] = []
         for peer, conn in list(self.host.conns.items()):
@@ -283,8 +275,6 @@ class NatManager:
         return sorted({ip for ip, _, conn in self.observations() if conn.transport == "quic"} | recent)
 
     async def _on_dialback(self, stream: Stream, conn: Connection) -> None:
-        from lattica.actors.autonat import ip_of
-
         try:
             async with asyncio.timeout(5.0):
                 msg = await read_message(stream, 256)
@@ -316,8 +306,6 @@ class NatManager:
         return [p for p in out if p not in self.relays and p != self.host.peer_id]
 
     async def _keep_relays(self) -> None:
-        from lattica.actors.relay import relay_ref
-
         rt = self.host.runtime
         assert rt is not None
         for peer in self._relay_candidates():
@@ -357,8 +345,6 @@ class NatManager:
         self._addrs_changed()
 
     async def _renew(self, peer: PeerId) -> None:
-        from lattica.actors.relay import relay_ref
-
         if peer not in self.relays or self.host.runtime is None:
             return
         try:

@@ -32,7 +32,7 @@ from typing import Any
 
 from lattica import codec
 from lattica.logging import get_logger
-from lattica.actor import ActorClass, _class_path, actor, offer_spawn, spawn_placed
+from lattica.actor import ActorClass, class_path, actor, offer_spawn, spawn_placed
 from lattica.errors import LatticaError, SpawnError
 from lattica.identity import PeerId
 from lattica.actors.checkpoints import checkpoints_ref, members, ranked
@@ -76,7 +76,7 @@ def _spec(cls: Any, args: Any = (), kwargs: Any = None, *, id: str | None = None
           resources: dict | None = None, labels: dict | None = None, placement: str = "spread",
           node: PeerId | str | None = None, checkpoint_every: float | None = None, index: int = 0) -> _Child:
     if isinstance(cls, ActorClass):
-        path = _class_path(cls.cls)
+        path = class_path(cls.cls)
     elif isinstance(cls, str):
         path = cls
     else:
@@ -432,7 +432,7 @@ class Supervisor:
         del self.events[:-200]
 
 
-codec.register_ext(20, ActorClass, lambda c: _class_path(c.cls), lambda p: p if type(p) is str else _bad_class())
+codec.register_ext(20, ActorClass, lambda c: class_path(c.cls), lambda p: p if type(p) is str else _bad_class())
 
 
 def _bad_class() -> str:

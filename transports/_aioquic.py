@@ -324,6 +324,7 @@ def check_compat() -> None:
     for name in ("used", "sent", "value", "frame_type"):
         if not hasattr(probe._local_max_data, name):
             missing.append(f"Limit.{name}")
+    # the private classes are imported only by this start-up check, once
     from aioquic.quic.stream import QuicStream, QuicStreamSender
     from aioquic.tls import Context
 

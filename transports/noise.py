@@ -61,7 +61,7 @@ def _hkdf2(ck: bytes, ikm: bytes) -> tuple[bytes, bytes]:
     return out1, out2
 
 
-class _Cipher:
+class Cipher:
     """One direction of a Noise CipherState: a key and a counting nonce."""
 
     __slots__ = ("_aead", "_nonce", "_n", "aesgcm")
@@ -116,7 +116,7 @@ class _HandshakeState:
         self.aesgcm = b"AESGCM" in protocol_name
         self.h = protocol_name.ljust(_HASH_LEN, b"\0") if len(protocol_name) <= _HASH_LEN else hashlib.sha256(protocol_name).digest()
         self.ck = self.h
-        self._k: _Cipher | None = None
+        self._k: Cipher | None = None
         self._mix_hash(prologue)
         self.s = static
         self.s_pub = _x25519_pub(static)
@@ -135,7 +135,7 @@ class _HandshakeState:
 
     def _mix_key(self, ikm: bytes) -> None:
         self.ck, temp_k = _hkdf2(self.ck, ikm)
-        self._k = _Cipher(temp_k, self.aesgcm)
+        self._k = Cipher(temp_k, self.aesgcm)
 
     def _encrypt_and_hash(self, plaintext: bytes) -> bytes:
         ct = plaintext if self._k is None else self._k.encrypt(self.h, plaintext)
@@ -208,10 +208,10 @@ class _HandshakeState:
         self._step += 1
         return payload
 
-    def split(self) -> tuple[_Cipher, _Cipher]:
+    def split(self) -> tuple[Cipher, Cipher]:
         """(cipher for messages we send, cipher for messages we receive)."""
         k1, k2 = _hkdf2(self.ck, b"")
-        c1, c2 = _Cipher(k1, self.aesgcm), _Cipher(k2, self.aesgcm)
+        c1, c2 = Cipher(k1, self.aesgcm), Cipher(k2, self.aesgcm)
         return (c1, c2) if self.initiator else (c2, c1)
 
 
@@ -334,7 +334,7 @@ class NoiseSession:
 
     __slots__ = ("_send", "_recv", "_buf", "_scratch")
 
-    def __init__(self, send: _Cipher, recv: _Cipher) -> None:
+    def __init__(self, send: Cipher, recv: Cipher) -> None:
         self._send = send
         self._recv = recv
         self._buf = bytearray()  # a partial frame received

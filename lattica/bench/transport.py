@@ -139,12 +139,12 @@ def bench_startup(transports: tuple[str, ...] = ("tcp", "quic"), runs: int = 5) 
 
 def bench_noise_ciphers(frames: int = 20000) -> dict[str, Any]:
     """The measurement behind the cipher choice: seal 64 KiB frames with each Noise cipher."""
-    from lattica.transports.noise import MAX_PLAINTEXT, _Cipher
+    from lattica.transports.noise import MAX_PLAINTEXT, Cipher
 
     data = os.urandom(MAX_PLAINTEXT)
     out: dict[str, Any] = {"bench": "noise-ciphers"}
     for name, aes in (("AES-256-GCM", True), ("ChaChaPoly", False)):
-        c = _Cipher(os.urandom(32), aes)
+        c = Cipher(os.urandom(32), aes)
         t0 = time.perf_counter()
         for _ in range(frames):
             c.encrypt(None, data)

@@ -13,10 +13,14 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 from typing import Any
 import sys
 
 from lattica._loop import DEFAULT_BUSY_POLL_US
+from lattica.config import DhtConfig, NatConfig, RelayConfig
+from lattica.logging import configure
+from lattica.records import StoreLimits
 from lattica.node import Node
 from lattica.transports.base import Connection, Stream
 
@@ -105,32 +109,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--private-via", default=None, help="listen nowhere; be reachable through this relay only")
     args = p.parse_args(argv)
     if args.log:
-        from lattica.logging import configure
-
         configure(args.log)
     dht = None
     if args.dht_rate is not None:
-        from lattica.actors.dht import DhtConfig
-        from lattica.records import StoreLimits
-
         dht = DhtConfig(limits=StoreLimits(rate=args.dht_rate, burst=2 * args.dht_rate))
     private = {}
     if args.private_via:
-        from lattica.nat import NatConfig
-
         private = {"relays": [args.private_via], "nat": NatConfig(reachability="private")}
     listen = [] if args.private_via else (args.listen or ["/ip4/127.0.0.1/tcp/0"])
     relay: Any = args.relay
     if args.relay_in_stream:
-        from lattica.actors.relay import RelayConfig
-
         relay = RelayConfig(splice=False)
     node = Node(listen, key_path=args.key, busy_poll_us=args.busy_poll_us, allow=["lattica.bench.*", "lattica.mesh.*", *args.allow], dht=dht, relay=relay,
                 resources=json.loads(args.resources) if args.resources else None, **private)
     node.start()
     if args.private_via:
-        import time
-
         deadline = time.monotonic() + 30
         while not node.nat_status().relays and time.monotonic() < deadline:
             time.sleep(0.02)

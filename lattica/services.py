@@ -109,9 +109,10 @@ class Services(Mapping[str, Any]):
     def __init__(self) -> None:
         self._running: dict[str, Any] = {}
 
-    def start(self, runtime: Runtime, node: Node, table: tuple[ServiceSpec, ...] = SERVICES) -> None:
-        """Build every service ``node``'s configuration turns on and spawn its system actor."""
-        for spec in table:
+    def start(self, runtime: Runtime, node: Node, table: tuple[ServiceSpec, ...] | None = None) -> None:
+        """Build every service of ``table`` (default: :data:`SERVICES`) that ``node``'s
+        configuration turns on, in order, and spawn its system actor."""
+        for spec in SERVICES if table is None else table:
             built = spec.build(runtime, node, self._running)
             if built is None:
                 continue

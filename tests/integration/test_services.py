@@ -1,0 +1,101 @@
+"""The service registry and the host's view of services: which services a node runs, that adding
+one is one table row (its actor is then reachable by peers, it is closed when the node stops), and
+the events services subscribe to."""
+
+import threading
+
+import pytest
+
+import lattica
+from lattica import hostview, services
+from lattica.membership import MemberUp
+from lattica.runtime import ASYNC, ActorRef
+from helpers import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+TCP = "/ip4/127.0.0.1/tcp/0"
+
+
+def test_a_node_runs_the_services_its_configuration_turns_on():
+    with lattica.Node([TCP]) as plain, lattica.Node([TCP], relay=True, membership=False) as relay:
+        assert list(plain.host.services) == ["spawner", "checkpoints", "dht", "autonat", "holepunch", "membership"]
+        assert list(relay.host.services) == ["spawner", "checkpoints", "dht", "autonat", "holepunch", "relay"]
+        # every service with an actor serves it under its well-known name
+        for name in ("spawner", "checkpoints", "dht", "autonat", "holepunch", "membership"):
+            assert name in plain.host.runtime.actors
+        assert plain.host.relay is None and relay.host.relay is relay.host.services["relay"]
+
+
+class _Greeter:
+    """A service of the test's own: one actor method peers call, and a close hook."""
+
+    NAME = "greeter"
+    closed = threading.Event()
+
+    def __init__(self, host: hostview.HostView) -> None:
+        self.peer_id = host.peer_id
+
+    async def hello(self, who: str) -> str:
+        return f"hello {who} from {self.peer_id.short()}"
+
+    def close(self) -> None:
+        _Greeter.closed.set()
+
+
+def test_adding_a_service_is_one_row_in_the_table(monkeypatch):
+    def build(rt, node, running):
+        assert "dht" in running  # a service may use the ones above it in the table
+        greeter = _Greeter(rt.host)
+        return services.Built(greeter, greeter)
+
+    monkeypatch.setattr(services, "SERVICES", services.SERVICES + (services.ServiceSpec("greeter", build),))
+    _Greeter.closed.clear()
+    with lattica.Node([TCP]) as a, lattica.Node([TCP]) as b:
+        assert list(a.host.services)[-1] == "greeter"
+        b.connect(a.addrs[0])
+        ref = ActorRef(a.peer_id, "greeter", {"hello": ASYNC})
+
+        async def call():
+            return await ref.hello.remote("b")  # on b's loop: the call goes through b
+
+        assert b.run(call(), timeout=10) == f"hello b from {a.peer_id.short()}"
+    assert _Greeter.closed.is_set()
+
+
+def test_services_see_connections_identify_and_membership_as_events():
+    seen: dict[str, list] = {"identified": [], "connected": [], "disconnected": [], "membership": []}
+    with lattica.Node([TCP]) as a, lattica.Node([TCP]) as b:
+        events = a.host.events
+
+        async def subscribe():
+            events.identified.subscribe(lambda info: seen["identified"].append(info.peer_id))
+            events.connected.subscribe(lambda conn: seen["connected"].append(conn.remote_peer))
+            events.disconnected.subscribe(lambda peer, conn: seen["disconnected"].append(peer))
+            events.membership_changed.subscribe(lambda ev: seen["membership"].append(ev))
+
+        a.run(subscribe())
+        b.connect(a.addrs[0])
+        assert wait_for(lambda: b.peer_id in seen["identified"] and b.peer_id in seen["connected"], timeout=10)
+        assert wait_for(lambda: any(isinstance(ev, MemberUp) and ev.member.id == str(b.peer_id) for ev in seen["membership"]), timeout=10)
+        b.disconnect(a.peer_id)
+        assert wait_for(lambda: b.peer_id in seen["disconnected"], timeout=10)
+
+
+def test_a_subscriber_that_raises_does_not_stop_the_others():
+    signal = hostview.Signal("test")
+    got: list[int] = []
+    signal.subscribe(lambda x: 1 / 0)
+    unsubscribe = signal.subscribe(got.append)
+    signal.emit(1)
+    unsubscribe()
+    signal.emit(2)
+    assert got == [1]
+
+
+def test_the_host_offers_everything_the_host_view_promises():
+    members = [m for m in dir(hostview.HostView) if not m.startswith("_")]
+    members += list(hostview.HostView.__annotations__)
+    with lattica.Node([TCP]) as node:
+        missing = [m for m in members if not hasattr(node.host, m)]
+    assert not missing, f"the host lacks {missing}"

@@ -1,0 +1,143 @@
+"""What one node's DHT holds (configuration, routing table, record store, the addresses of table
+peers, misbehaving peers), how the table learns peers, and the requests to peers' dht actors."""
+
+from __future__ import annotations
+
+import collections
+from typing import TYPE_CHECKING, Any
+
+from lattica import context
+from lattica.actors.dht.actor import MAX_ADDRS_IN_ANSWER, dht_ref
+from lattica.config import DhtConfig
+from lattica.errors import LatticaError, PeerUnreachable
+from lattica.future import Future
+from lattica.identity import PeerId
+from lattica.kademlia import RoutingTable
+from lattica.logging import get_logger
+from lattica.multiaddr import Multiaddr
+from lattica.records import RecordStore
+from lattica.runtime import current_caller
+
+if TYPE_CHECKING:
+    from lattica.runtime import Runtime
+
+log = get_logger("lattica.dht")
+
+
+class DhtState:
+    """The routing table and record store of one node, and its requests to other nodes.
+
+    A node id is ``sha256(PeerId bytes)`` and a peer enters the routing table only after it
+    answered one of our requests, or called us on an authenticated connection while having
+    listen addresses."""
+
+    def __init__(self, runtime: Runtime, config: DhtConfig | None = None) -> None:
+        self.rt = runtime
+        self.host = runtime.host
+        self.cfg = config or DhtConfig()
+        self.peer_id = runtime.peer_id
+        self.keypair = runtime.host.keypair
+        self.table = RoutingTable(self.peer_id, self.cfg.k, ping_after=self.cfg.ping_after)
+        self.store = RecordStore(self.cfg.limits, local=self.peer_id)
+        self.misbehaved: collections.OrderedDict[PeerId, list[str]] = collections.OrderedDict()
+        self.rejected = 0  # stores we refused
+        self._pinging: set[PeerId] = set()
+        self._addrs: dict[PeerId, list[Multiaddr]] = {}  # how we reached the peers in our table
+
+    # -- routing table upkeep ---------------------------------------------------------------------
+
+    def on_identified(self, info: Any) -> None:
+        # a peer that advertises relay circuits is private: it queries the DHT but serves no part
+        # of it (others would reach it only through a relay); one that stops being reachable goes
+        if "/lattica/rpc/1" not in info.protocols:
+            return
+        if any(a.is_circuit for a in info.listen_addrs):
+            self.drop(info.peer_id)
+        elif info.listen_addrs:
+            self.seen(info.peer_id)
+
+    def seen(self, peer: PeerId) -> None:
+        if peer in self.misbehaved:
+            return  # it answered garbage: it does not come back by calling us
+        addrs = self.host.peer_addrs.get(peer)
+        if addrs:
+            self._addrs[peer] = list(addrs)[:MAX_ADDRS_IN_ANSWER]
+        oldest = self.table.seen(peer)
+        if oldest is not None and oldest not in self._pinging:
+            self._pinging.add(oldest)
+            self.host.spawn(self._check_oldest(oldest))
+
+    async def _check_oldest(self, peer: PeerId) -> None:
+        alive = False
+        try:
+            await self.call(peer, "ping")
+            alive = True
+        except LatticaError:
+            pass
+        finally:
+            self._pinging.discard(peer)
+        self.table.ping_result(peer, alive)
+        if not alive:
+            self._addrs.pop(peer, None)
+
+    def drop(self, peer: PeerId) -> None:
+        self.table.remove(peer)
+        self._addrs.pop(peer, None)
+
+    def mark_misbehaved(self, peer: PeerId, reason: str) -> None:
+        log.info("DHT peer misbehaved", peer=str(peer), reason=reason)
+        self.drop(peer)
+        reasons = self.misbehaved.pop(peer, [])
+        reasons = (reasons + [reason])[-8:]
+        self.misbehaved[peer] = reasons
+        while len(self.misbehaved) > 1024:
+            self.misbehaved.popitem(last=False)
+
+    def caller_seen(self) -> PeerId:
+        caller = current_caller()
+        assert caller is not None
+        if caller != self.peer_id and caller not in self.table:
+            conn = self.host.conns.get(caller)
+            info = self.host.info.get(conn) if conn is not None else None
+            if info is not None and info.listen_addrs:  # dialable, by its own (identify) word
+                self.seen(caller)
+        elif caller in self.table:
+            self.seen(caller)
+        return caller
+
+    # -- wire helpers ------------------------------------------------------------------------
+
+    def peers_wire(self, peers: list[PeerId]) -> list:
+        out = []
+        for p in peers:
+            addrs = (self._addrs.get(p) or self.host.peer_addrs.get(p, []))[:MAX_ADDRS_IN_ANSWER]
+            if addrs:
+                out.append([p, addrs])
+        return out
+
+    def reachable(self, peer: PeerId, hints: dict[PeerId, list[Multiaddr]] | None = None) -> None:
+        """Make sure the node can dial ``peer``: its table address, else the hint, unless the
+        address book already has one (hints never displace what a peer said about itself)."""
+        if self.host.peer_addrs.get(peer):
+            return
+        addrs = self._addrs.get(peer) or (hints or {}).get(peer)
+        if addrs:
+            self.host.remember_addrs(peer, addrs)
+
+    def request(self, peer: PeerId, method: str, args: tuple) -> Any:
+        """Call ``method`` on ``peer``'s dht actor; returns its Future. A dial this starts never
+        asks the DHT where the peer went: failing DHT requests would start lookups that fail
+        more requests, a cascade when many peers are gone at once."""
+        if self.rt._node_down(peer):  # membership holds it suspect or dead: do not wait on it
+            fut = Future(self.rt.loop)
+            fut._reject(PeerUnreachable(f"{peer} is {self.host.membership.core.get(str(peer)).state} in the membership view"))
+            return fut
+        token = context.NO_DHT_DIAL_LOOKUP.set(True)
+        try:
+            return self.rt.call(dht_ref(peer), method, args, {}, timeout=self.cfg.request_timeout)
+        finally:
+            context.NO_DHT_DIAL_LOOKUP.reset(token)
+
+    async def call(self, peer: PeerId, method: str, *args: Any) -> Any:
+        self.reachable(peer)
+        return await self.request(peer, method, args)

@@ -1,0 +1,277 @@
+"""What this node keeps alive in the DHT and the background upkeep: its own records, provider
+announcements, peer record and actor names (re-published), the routing table (refreshed) and
+the record store (saved to ``persist_path`` and loaded from it)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from lattica import codec
+from lattica.actors.dht.lookups import DhtLookups
+from lattica.config import DhtConfig
+from lattica.errors import ActorNotFound, DhtError, LatticaError, StoreFailed
+from lattica.kademlia import Lookup, key_id, node_id
+from lattica.logging import get_logger
+from lattica.records import REGISTRY_MAX_TTL, REGISTRY_PREFIX, TOMBSTONE, Entry, PeerRecord, encode_subkey, entry_to_wire, sign_entry
+from lattica.runtime import ActorRef
+
+if TYPE_CHECKING:
+    from lattica.runtime import Runtime
+
+log = get_logger("lattica.dht")
+
+NAME_PREFIX = REGISTRY_PREFIX.decode()  # named actors: key NAME_PREFIX + name, subkey = hosting PeerId
+
+
+def name_key(name: str) -> bytes:
+    return (NAME_PREFIX + name).encode()
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+class DhtUpkeep(DhtLookups):
+    """Puts, provider announcements and names this node keeps stored on the k closest nodes,
+    bootstrap and refresh of the routing table, and persistence of the record store."""
+
+    def __init__(self, runtime: Runtime, config: DhtConfig | None = None) -> None:
+        super().__init__(runtime, config)
+        if not 0 < self.cfg.name_ttl <= REGISTRY_MAX_TTL:
+            raise ValueError(f"name_ttl must be in (0, {REGISTRY_MAX_TTL:.0f}] seconds")
+        self._mine: dict[tuple[bytes, bytes], Entry] = {}  # our live puts, re-stored until they expire
+        self._provided: dict[bytes, float] = {}  # content ids we provide -> ttl
+        self._names: dict[str, ActorRef] = {}  # actors of ours registered by name
+        self._refreshing_names = False
+        self._saved_version = -1
+        if self.cfg.persist_path and os.path.exists(self.cfg.persist_path):
+            try:
+                with open(self.cfg.persist_path, "rb") as f:
+                    kept = self.store.load(f.read())
+                log.info("DHT store loaded", path=self.cfg.persist_path, records=kept)
+            except Exception as e:  # noqa: BLE001 -- a damaged file must not keep the node from starting
+                log.warning("DHT store file unreadable; starting empty", path=self.cfg.persist_path, reason=str(e))
+            self._saved_version = self.store.version
+
+    # -- values ------------------------------------------------------------------------------
+
+    async def put(self, key: bytes, value: bytes, subkey: Any = None, ttl: float = 60.0, republish: bool = True) -> int:
+        """Sign (when owned) and store a record on the k closest nodes; returns how many accepted.
+        Raises StoreFailed when none did."""
+        sk = encode_subkey(subkey)
+        value = bytes(value)
+        if not 0 < ttl <= self.cfg.limits.max_ttl:
+            raise ValueError(f"ttl must be in (0, {self.cfg.limits.max_ttl:.0f}] seconds")
+        entry = sign_entry(self.keypair, key, sk, value, time.time() + ttl)
+        accepted = await self._replicate(key, sk, entry)
+        if republish:
+            self._mine[(key, sk)] = entry
+        return accepted
+
+    async def _replicate(self, key: bytes, sk: bytes, entry: Entry) -> int:
+        kid = key_id(key)
+
+        def store_here() -> None:
+            self.store.put(key, sk, entry, self.peer_id)
+
+        return await self.store_on_closest(kid, "store", (key, entry_to_wire(sk, entry)), store_here, f"the record for {key[:64]!r}", "put")
+
+    async def delete(self, key: bytes, subkey: Any = None, ttl: float = 60.0, still_wanted: Callable[[], bool] | None = None) -> int:
+        """Replace a record by a tombstone that outlives it (readers see nothing)."""
+        sk = encode_subkey(subkey)
+        self._mine.pop((key, sk), None)
+        current = (await self.get(key)).get(sk)
+        if still_wanted is not None and not still_wanted():
+            return 0
+        now = time.time()
+        expiration = max(now + ttl, current.expiration + 0.001 if current is not None else 0.0)
+        if expiration > now + self.cfg.limits.max_ttl:
+            raise StoreFailed("the record outlives any tombstone this node may store; it expires on its own")
+        entry = sign_entry(self.keypair, key, sk, TOMBSTONE, expiration)
+        return await self._replicate(key, sk, entry)
+
+    # -- providers ---------------------------------------------------------------------------
+
+    async def provide(self, cid: bytes, ttl: float = 3600.0, republish: bool = True) -> int:
+        """Announce that this node provides ``cid`` to the k closest nodes; returns how many
+        accepted (StoreFailed when none)."""
+        if not 0 < ttl <= self.cfg.limits.max_ttl:
+            raise ValueError(f"ttl must be in (0, {self.cfg.limits.max_ttl:.0f}] seconds")
+        if republish:
+            self._provided[cid] = ttl
+        return await self.store_on_closest(
+            key_id(cid), "add_provider", (cid, float(ttl)), lambda: self.store.add_provider(cid, self.peer_id, ttl), "the provider record", "provide"
+        )
+
+    def stop_providing(self, cid: bytes) -> None:
+        """Stop re-announcing ``cid`` (the records on other nodes expire with their ttl)."""
+        self._provided.pop(cid, None)
+
+    # -- our peer record ---------------------------------------------------------------------
+
+    async def publish_peer_record(self, lk: Lookup | None = None) -> int:
+        """Sign our listen addresses and store them on the k nodes closest to our id (``lk``: a
+        lookup of our own id that just ran); returns how many hold it, us included."""
+        rec = PeerRecord.create(self.keypair, self.host.advertised_addrs())
+        target = node_id(self.peer_id)
+        if lk is None:
+            lk = await self.find_closest(target)
+        targets, _ = self.targets(lk, target, self.cfg.replication)
+        self.store.put_peer_record(rec)
+        results = await asyncio.gather(*(self.call(p, "put_peer_record", rec.to_wire()) for p in targets), return_exceptions=True)
+        return 1 + sum(not isinstance(r, BaseException) for r in results)
+
+    # -- bootstrap, refresh, republish -------------------------------------------------------
+
+    async def bootstrap(self) -> int:
+        """Look ourselves up (filling near buckets), then refresh the farther ones; returns the
+        routing table size."""
+        if not len(self.table):
+            for conn in list(self.host.conns.values()):
+                info = self.host.info.get(conn)
+                if info is not None:
+                    self.on_identified(info)
+        lk = await self.find_closest(node_id(self.peer_id))
+        if self.host.advertised_addrs() and lk.closest():
+            await self.publish_peer_record(lk)
+        await self.refresh(0.0)
+        return len(self.table)
+
+    async def refresh(self, interval: float | None = None) -> None:
+        """Look up a random id in every bucket no lookup went into for ``interval`` seconds."""
+        stale = self.table.stale_buckets(self.cfg.refresh_interval if interval is None else interval)
+        await asyncio.gather(*(self.find_closest(self.table.random_id(i)) for i in stale), return_exceptions=True)
+
+    async def republish(self) -> None:
+        """Store our live records, provider announcements and peer record again (churn moves the
+        k closest nodes)."""
+        now = time.time()
+        gate = asyncio.Semaphore(16)
+
+        async def bounded(coro: Any, what: str) -> None:
+            async with gate:
+                try:
+                    await coro
+                except DhtError as e:
+                    log.info("republish failed", what=what, reason=str(e))
+
+        jobs = []
+        for (key, sk), entry in list(self._mine.items()):
+            if entry.expiration <= now:  # the same record, until it expires: never extended
+                del self._mine[(key, sk)]
+            else:
+                jobs.append(bounded(self._replicate(key, sk, entry), repr(key[:64])))
+        for cid, ttl in list(self._provided.items()):
+            jobs.append(bounded(self.provide(cid, ttl, republish=False), "provider record"))
+        await asyncio.gather(*jobs)
+        if self.host.advertised_addrs() and len(self.table):
+            await self.publish_peer_record()
+
+    async def upkeep_loop(self) -> None:
+        """Save, refresh names, purge and refresh the table, republish, each on its interval."""
+        last_refresh = last_republish = last_names = last_save = time.monotonic()
+        while True:
+            await asyncio.sleep(min(1.0, self.cfg.persist_interval))
+            now = time.monotonic()
+            try:
+                if now - last_save >= self.cfg.persist_interval:
+                    last_save = now
+                    await self._persist_soon()
+                if self._names and now - last_names >= self.cfg.name_ttl / 3 and not self._refreshing_names:
+                    last_names = now
+                    self.host.spawn(self._refresh_names())
+                if now - last_refresh >= self.cfg.refresh_interval / 4:
+                    last_refresh = now
+                    self.store.purge()
+                    if len(self.table):
+                        await self.refresh()
+                if now - last_republish >= self.cfg.republish_interval:
+                    last_republish = now
+                    await self.republish()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("DHT upkeep step failed")
+
+    # -- persistence -------------------------------------------------------------------------
+
+    def _persist(self) -> None:
+        """Save the store now if it changed (blocking: used at shutdown)."""
+        path = self.cfg.persist_path
+        if path and self.store.version != self._saved_version:
+            version = self.store.version
+            _write_atomically(path, self.store.dump())
+            self._saved_version = version
+
+    async def _persist_soon(self) -> None:
+        """Save the store if it changed, the file writing off the loop."""
+        path = self.cfg.persist_path
+        if path and self.store.version != self._saved_version:
+            version = self.store.version
+            await asyncio.to_thread(_write_atomically, path, self.store.dump())
+            self._saved_version = version
+
+    def close(self) -> None:
+        """Save the store one last time (node shutdown)."""
+        try:
+            self._persist()
+        except OSError as e:
+            log.warning("could not save the DHT store", path=self.cfg.persist_path, reason=str(e))
+
+    # -- named actors ------------------------------------------------------------------------
+
+    def register_name(self, name: str, ref: ActorRef) -> None:
+        """Publish ``name`` -> ``ref`` (owner-signed by this node) and keep it fresh while the actor lives."""
+        self._names[name] = ref
+        self.host.spawn(self._publish_name(name, ref))
+
+    def unregister_name(self, name: str) -> None:
+        if self._names.pop(name, None) is not None:
+            # a new actor may take the name while the withdrawal runs: then it must not happen
+            self.host.spawn(self._delete(name_key(name), self.peer_id, lambda: name not in self._names))
+
+    async def _publish_name(self, name: str, ref: ActorRef) -> None:
+        if self._names.get(name) is not ref:
+            return  # unregistered meanwhile
+        try:
+            await self.put(name_key(name), codec.encode_bytes(ref), subkey=self.peer_id, ttl=self.cfg.name_ttl, republish=False)
+        except LatticaError as e:
+            log.info("could not publish actor name", name=name, reason=str(e))
+
+    async def _refresh_names(self) -> None:
+        self._refreshing_names = True  # one refresh at a time, however slow the puts are
+        try:
+            await asyncio.gather(*(self._publish_name(n, r) for n, r in list(self._names.items())))
+        finally:
+            self._refreshing_names = False
+
+    async def _delete(self, key: bytes, subkey: Any, still_wanted: Callable[[], bool]) -> None:
+        try:
+            await self.delete(key, subkey, ttl=self.cfg.name_ttl, still_wanted=still_wanted)
+        except LatticaError as e:
+            log.info("could not delete DHT record", key=key[:64], reason=str(e))
+
+    async def resolve_name(self, name: str) -> ActorRef:
+        """The live actor registered as ``name`` anywhere on the mesh (the freshest registration)."""
+        records = await self.get(name_key(name))
+        best: tuple[float, ActorRef] | None = None
+        for sk, e in records.items():
+            if e.value == TOMBSTONE or sk[:1] != b"p":
+                continue
+            try:
+                ref = codec.decode(e.value)
+            except LatticaError:
+                continue
+            if not isinstance(ref, ActorRef) or ref.peer_id.to_bytes() != sk[1:] or ref.name != name:
+                continue  # a node may only register actors that live on it
+            if best is None or e.expiration > best[0]:
+                best = (e.expiration, ref)
+        if best is None:
+            raise ActorNotFound(f"no live actor named {name!r} is registered in the DHT")
+        return best[1]

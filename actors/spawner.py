@@ -16,7 +16,7 @@ from lattica.runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, NO_STATE, A
 
 if TYPE_CHECKING:
     from lattica.monitors import Monitor
-    from lattica.runtime import Runtime
+    from lattica.runtime import LocalActor, Runtime
 
 _MAX_WINDOW = 1 << 16
 _MAX_CONCURRENCY = 1 << 16
@@ -34,6 +34,7 @@ class Spawner:
         self.reserved: dict[str, dict[str, float]] = {}  # actor name -> resources held for it
         self._bound: dict[str, dict[tuple, Monitor]] = {}  # actor name -> monitors that stop it with another
         self._supervisor: dict[str, str] = {}  # actor name -> the name of the supervisor it is bound to
+        self._incarnation: dict[str, str] = {}  # actor name -> the token its supervisor started it with
         runtime.stop_listeners.append(self._release)
 
     def reserved_total(self) -> dict[str, float]:
@@ -66,6 +67,7 @@ class Spawner:
 
     def _release(self, name: str, reason: str) -> None:
         self._supervisor.pop(name, None)
+        self._incarnation.pop(name, None)
         for watch in self._bound.pop(name, {}).values():
             watch.cancel()
         if self.reserved.pop(name, None) is not None and self._rt.services.get("membership") is not None:
@@ -74,14 +76,23 @@ class Spawner:
     def _bind(self, name: str, other: ActorRef) -> None:
         """Stop actor ``name`` when ``other`` (its supervisor, or a linked actor) goes down: a
         restarted supervisor starts its children afresh, so the old ones must not linger. An
-        actor may be bound to several others (its supervisor and its links)."""
+        actor may be bound to several others (its supervisor and its links).
+
+        The binding holds for the incarnation of ``name`` living now, not for the name (an
+        Erlang link is to a pid): the notice that ``other`` went down is handled in a task of
+        its own, and may come after this actor stopped and the next incarnation of its
+        supervisor started another under the same name (a supervisor restarted on the same
+        node, whose child is placed here again). That notice is about the old binding only;
+        the new actor and its own bindings stay."""
+        bound = self._rt.actors.get(name)
 
         async def down(ref: ActorRef, why: str) -> None:
+            actor = self._rt.actors.get(name)
+            if actor is None or actor is not bound:
+                return  # stopped already; the name may have a new holder, bound on its own
             for watch in self._bound.pop(name, {}).values():
                 watch.cancel()
-            actor = self._rt.actors.get(name)
-            if actor is not None:
-                await actor.stop(f"linked actor {ref.name} went down: {why}")
+            await actor.stop(f"linked actor {ref.name} went down: {why}")
 
         self._unbind(name, other)
         self._bound.setdefault(name, {})[_key(other)] = self._rt.monitors.watch(other, down)
@@ -141,6 +152,9 @@ class Spawner:
             await self._rt.actors[name].stop("replaced by its supervisor's next incarnation")
             if name in self._rt.actors:
                 raise SpawnError(f"an actor named {name!r} already exists on {self._rt.peer_id}")
+        incarnation = options.get("incarnation")
+        if incarnation is not None and not (type(incarnation) is str and 0 < len(incarnation) <= 64 and isinstance(sup, ActorRef)):
+            raise SpawnError("incarnation is a supervised child's token, 1 to 64 characters")
         if "reserve" in options:
             if not isinstance(name, str):
                 raise SpawnError("a reserving spawn must name its actor")
@@ -157,17 +171,30 @@ class Spawner:
                 raise SpawnError("supervisor must be an actor ref")
             self._bind(actor.name, sup)
             self._supervisor[actor.name] = sup.name
+            if incarnation is not None:
+                self._incarnation[actor.name] = incarnation
         failure = await asyncio.shield(actor.ready)
         if failure is not None:
             type_name, message, tb = failure
             raise SpawnError(f"{class_path} failed to start: {type_name}: {message}\n{tb}".rstrip())
         return actor.ref
 
-    async def kill(self, name: str) -> None:
-        """Stop the actor ``name`` (its on_stop hook runs; calls in flight fail with ActorDied)."""
+    def holder(self, name: str, incarnation: str | None = None) -> LocalActor | None:
+        """The actor ``name`` living here; with ``incarnation``, only if it is the one its
+        supervisor started with that token. A supervisor stops its children by incarnation (as
+        Erlang's by pid): the stop a previous incarnation of the supervisor sends late must not
+        reach the child its next incarnation started under the same name."""
         actor = self._rt.actors.get(name)
+        if actor is None or (incarnation is not None and self._incarnation.get(name) != incarnation):
+            return None
+        return actor
+
+    async def kill(self, name: str, incarnation: str | None = None) -> None:
+        """Stop the actor ``name`` (its on_stop hook runs; calls in flight fail with ActorDied);
+        with ``incarnation`` (a supervisor's token for its child), only that incarnation of it."""
+        actor = self.holder(name, incarnation)
         if actor is None:
-            raise ActorNotFound(f"no actor named {name!r} on {self._rt.peer_id}")
+            raise ActorNotFound(f"no actor named {name!r} on {self._rt.peer_id}" + (" of that incarnation" if incarnation is not None else ""))
         if actor.system:
             raise SpawnError(f"{name!r} is a system actor of {self._rt.peer_id}; it cannot be killed")
         await actor.stop("killed")

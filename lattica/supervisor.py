@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +38,7 @@ from lattica.errors import LatticaError, SpawnError
 from lattica.identity import PeerId
 from lattica.actors.checkpoints import checkpoints_ref, members, ranked
 from lattica.context import runtime_for_thread
-from lattica.runtime import DEFAULT_WINDOW, ActorRef, current_actor, spawner_ref
+from lattica.runtime import DEFAULT_WINDOW, ActorRef, LocalActor, current_actor, spawner_ref
 
 __all__ = ["Supervisor", "STRATEGIES", "RESTARTS"]
 
@@ -63,6 +64,7 @@ class _Child:
     node: PeerId | None
     checkpoint_every: float | None
     ref: ActorRef | None = None  # the current incarnation (None while stopped)
+    incarnation: str | None = None  # its token: what the spawner stops it by (not by name alone)
     monitor: Any = None
     state: Any = None  # the latest checkpoint
     has_state: bool = False
@@ -110,6 +112,7 @@ class Supervisor:
         self._children: list[_Child] = []
         self._restarts: collections.deque[float] = collections.deque()
         self._me: ActorRef | None = None
+        self._actor: LocalActor | None = None  # this incarnation (others may follow under the same name)
         self._rt: Any = None
         self._ready: asyncio.Event | None = None
         self._busy: asyncio.Lock | None = None
@@ -122,6 +125,12 @@ class Supervisor:
         self._rt = runtime_for_thread()
         self._ready = asyncio.Event()
         self._busy = asyncio.Lock()
+        me = self._rt.actors.get(self._me.name)
+        self._actor = me if me is not None and me.instance is self else None
+        if self._actor is None:  # stopped before it could start anything
+            self._stopping = True
+            self._ready.set()
+            return
         try:
             async with self._busy:
                 for child in self._initial:
@@ -207,7 +216,8 @@ class Supervisor:
         if child.checkpoint_every and not child.has_state and not child.recovered:
             child.recovered = True
             await self._recover(child)
-        opts: dict[str, Any] = {"publish": True, "supervisor": self._me}
+        incarnation = secrets.token_hex(8)
+        opts: dict[str, Any] = {"publish": True, "supervisor": self._me, "incarnation": incarnation}
         if child.has_state:
             opts["state"] = child.state
         name = self._name(child)
@@ -225,7 +235,7 @@ class Supervisor:
             # never takes both the child and its latest state
             apart = {str(rt.peer_id)} if child.checkpoint_every else set()
             ref = await spawn_placed(rt, call, child.resources, child.labels, child.placement, last=apart | {avoid} - {None})
-        child.ref = ref
+        child.ref, child.incarnation = ref, incarnation
         child.nodes.append(str(ref.peer_id))
         child.monitor = rt.monitors.watch(ref, self._on_down)
         if child.checkpoint_every and "checkpoint" in ref.methods:
@@ -242,7 +252,7 @@ class Supervisor:
             except SpawnError:
                 raise
             except LatticaError as e:
-                if time.monotonic() > deadline or self._stopping or self._rt.host.closing:
+                if time.monotonic() > deadline or self._ended() or self._rt.host.closing:
                     raise
                 if child.node is not None:
                     avoid = str(child.node)
@@ -251,7 +261,11 @@ class Supervisor:
             delay = min(delay * 2, 1.0)
 
     async def _stop(self, child: _Child, reason: str) -> None:
+        """Stop the incarnation of ``child`` this supervisor started, and no other: when this
+        supervisor was stopped (its ``on_stop`` stops its children) and its next incarnation
+        already runs, a child of the same name may be that one's."""
         ref, child.ref = child.ref, None
+        incarnation, child.incarnation = child.incarnation, None
         if child.monitor is not None:
             self._rt.monitors.cancel(child.monitor.id)
             child.monitor = None
@@ -259,16 +273,17 @@ class Supervisor:
             return
         try:
             if ref.peer_id == self._rt.peer_id:
-                local = self._rt.actors.get(ref.name)
+                spawner = self._rt.services.get("spawner")
+                local = spawner.holder(ref.name, incarnation) if spawner is not None else self._rt.actors.get(ref.name)
                 if local is not None:
                     await local.stop(reason)
             else:
-                await self._rt.call(spawner_ref(ref.peer_id), "kill", (ref.name,), {}, timeout=5.0)
+                await self._rt.call(spawner_ref(ref.peer_id), "kill", (ref.name, incarnation), {}, timeout=5.0)
         except LatticaError as e:  # already gone, or its node is: nothing left to stop
             log.debug("child not stopped", child=child.id, reason=str(e))
 
     async def _checkpoints(self, child: _Child, ref: ActorRef) -> None:
-        while child.ref is ref and not self._stopping:
+        while child.ref is ref and not self._ended():
             await asyncio.sleep(child.checkpoint_every)  # type: ignore[arg-type]
             if child.ref is not ref:
                 return
@@ -332,13 +347,13 @@ class Supervisor:
     # -- reacting to a child going down ------------------------------------------------------------
 
     async def _on_down(self, ref: ActorRef, reason: str) -> None:
-        if self._stopping or self._rt.host.closing:
+        if self._ended() or self._rt.host.closing:
             return
         child = next((c for c in self._children if c.ref is not None and c.ref.name == ref.name and c.ref.peer_id == ref.peer_id), None)
         if child is None:
             return  # stopped by us meanwhile
         async with self._busy:  # type: ignore[union-attr]
-            if child.ref is None or child.ref.peer_id != ref.peer_id or self._stopping:
+            if child.ref is None or child.ref.peer_id != ref.peer_id or self._ended():
                 return
             child.ref = child.monitor = None
             self._event("down", child, reason, str(ref.peer_id))
@@ -376,7 +391,7 @@ class Supervisor:
         delay = 0.05
         avoid = down_node
         deadline = time.monotonic() + max(self.within, _PLACE_PATIENCE)
-        while not self._stopping and not self._rt.host.closing:
+        while not self._ended() and not self._rt.host.closing:
             try:
                 await self._start(child, avoid=avoid)
                 child.restarts += 1
@@ -407,11 +422,16 @@ class Supervisor:
         self._stopping = True
         for child in reversed(self._children):
             await self._stop(child, "shutdown")
-        me = self._rt.actors.get(self._me.name) if self._me is not None else None
-        if me is not None:
-            self._spawn(me.stop(f"escalated: {why}"))
+        if self._actor is not None:  # this incarnation, not a later one of the same name
+            self._spawn(self._actor.stop(f"escalated: {why}"))
 
     # -- helpers -----------------------------------------------------------------------------------
+
+    def _ended(self) -> bool:
+        """This incarnation is over: stopping, or stopped with its ``on_stop`` still to come. It
+        then restarts nothing: a later incarnation may run under the same name by now, with
+        children of its own under the same names."""
+        return self._stopping or (self._actor is not None and self._actor.state != "running")
 
     async def _wait_ready(self) -> None:
         while self._ready is None:  # a call can arrive before on_start ran

@@ -381,6 +381,20 @@ class Tally:
 
 
 @lattica.actor
+class SlowSupervisor(lattica.Supervisor.cls):
+    """A supervisor slow to stop its children: its on_stop hook waits ``stop_delay`` seconds first
+    (its next incarnation, restarted meanwhile, starts theirs before it stops its own)."""
+
+    def __init__(self, *args, stop_delay: float = 1.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.stop_delay = stop_delay
+
+    async def on_stop(self) -> None:
+        await asyncio.sleep(self.stop_delay)
+        await super().on_stop()
+
+
+@lattica.actor
 class Linker:
     """Links itself to other actors (OTP's link) and undoes it."""
 

@@ -373,19 +373,10 @@ class NatManager:
         self.host.relay_addrs = [a for r in self.relays.values() for a in r.addrs]
         self.status.relays = [str(a) for a in self.host.relay_addrs]
         if not self.host.closing:
-            self.host.spawn(self._republish())
             for conn in list(self.host.all_conns):  # tell connected peers (identify push)
                 if not conn.is_closed:
                     self.host.spawn(self.host.push_identify(conn))
             self.host.events.addresses_changed.emit(self.host.advertised_addrs())
-
-    async def _republish(self) -> None:
-        rt = self.host.runtime
-        try:
-            if rt is not None and len(rt.dht.table):
-                await rt.dht.publish_peer_record()
-        except LatticaError as e:
-            log.info("publishing our new addresses failed", reason=str(e))
 
     def snapshot(self) -> NatStatus:
         st = self.status

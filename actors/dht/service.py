@@ -7,9 +7,13 @@ from typing import TYPE_CHECKING
 
 from lattica.actors.dht.upkeep import DhtUpkeep
 from lattica.config import DhtConfig
+from lattica.errors import LatticaError
+from lattica.logging import get_logger
 
 if TYPE_CHECKING:
     from lattica.runtime import Runtime
+
+log = get_logger("lattica.dht")
 
 
 class DhtService(DhtUpkeep):
@@ -20,5 +24,15 @@ class DhtService(DhtUpkeep):
 
     def __init__(self, runtime: Runtime, config: DhtConfig | None = None) -> None:
         super().__init__(runtime, config)
-        self.host.identify_listeners.append(self.on_identified)
+        self.host.events.identified.subscribe(self.on_identified)
+        self.host.events.addresses_changed.subscribe(lambda addrs: self.host.spawn(self._announce_addresses()))
         self.host.spawn(self.upkeep_loop())
+
+    async def _announce_addresses(self) -> None:
+        """Our addresses changed (a relay reservation, AutoNAT's verdict): re-sign our peer record
+        at once, so peers dialing us by PeerId find the new ones."""
+        try:
+            if len(self.table):
+                await self.publish_peer_record()
+        except LatticaError as e:
+            log.info("publishing our new addresses failed", reason=str(e))

@@ -19,6 +19,7 @@ from lattica.records import RecordStore
 from lattica.runtime import current_caller
 
 if TYPE_CHECKING:
+    from lattica.hostview import HostView
     from lattica.runtime import Runtime
 
 log = get_logger("lattica.dht")
@@ -33,7 +34,7 @@ class DhtState:
 
     def __init__(self, runtime: Runtime, config: DhtConfig | None = None) -> None:
         self.rt = runtime
-        self.host = runtime.host
+        self.host: HostView = runtime.host
         self.cfg = config or DhtConfig()
         self.peer_id = runtime.peer_id
         self.keypair = runtime.host.keypair
@@ -130,7 +131,7 @@ class DhtState:
         more requests, a cascade when many peers are gone at once."""
         if self.rt._node_down(peer):  # membership holds it suspect or dead: do not wait on it
             fut = Future(self.rt.loop)
-            fut._reject(PeerUnreachable(f"{peer} is {self.host.membership.core.get(str(peer)).state} in the membership view"))
+            fut._reject(PeerUnreachable(f"{peer} is {self.rt.services['membership'].core.get(str(peer)).state} in the membership view"))
             return fut
         token = context.NO_DHT_DIAL_LOOKUP.set(True)
         try:

@@ -163,10 +163,6 @@ class Host:
             if self.tasks:
                 await asyncio.gather(*self.tasks, return_exceptions=True)
 
-    @property
-    def identify_listeners(self) -> Any:  # TEMPORARY until actors/dht subscribes to events.identified
-        return type("_Compat", (), {"append": staticmethod(self.events.identified.subscribe)})()
-
     def set_handler(self, protocol: str, handler: StreamProtocolHandler) -> None:
         """Serve inbound streams of ``protocol`` with ``handler(stream, conn)``."""
         self.handlers[protocol] = handler

@@ -21,33 +21,10 @@ before it:
 
 from __future__ import annotations
 
-import sys
-import time  # noqa: F401 -- the package's ``time``: setting it sets the modules' (see _Package)
-import types
-from typing import Any
-
-from lattica.actors.dht import lookups, upkeep
 from lattica.actors.dht.actor import DhtActor, dht_ref
 from lattica.actors.dht.lookups import LookupStats
 from lattica.actors.dht.service import DhtService
 from lattica.actors.dht.upkeep import NAME_PREFIX, name_key
 from lattica.config import DhtConfig
 
-__all__ = ["DhtConfig", "DhtActor", "DhtService", "dht_ref", "NAME_PREFIX", "LookupStats"]
-
-_name_key = name_key  # its name when the DHT was one module (tests import it)
-
-
-class _Package(types.ModuleType):
-    """Setting ``time`` on the package sets the wall clock of the modules that read it (tests
-    shift the DHT's clock with ``monkeypatch.setattr(lattica.actors.dht, "time", ...)``, which
-    reached every clock read when the DHT was one module)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "time":
-            lookups.time = value
-            upkeep.time = value
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+__all__ = ["DhtConfig", "DhtActor", "DhtService", "dht_ref", "name_key", "NAME_PREFIX", "LookupStats"]

@@ -13,10 +13,11 @@ import types
 import pytest
 
 import lattica
-import lattica.actors.dht as dht_module
+import lattica.actors.dht.lookups as dht_lookups
+import lattica.actors.dht.upkeep as dht_upkeep
 from lattica import codec
 from lattica.actor import current_runtime
-from lattica.actors.dht import DhtConfig, _name_key, dht_ref
+from lattica.actors.dht import DhtConfig, dht_ref, name_key
 from lattica.errors import RecordRejected, StoreFailed
 from lattica.identity import KeyPair
 from lattica.kademlia import key_id, node_id
@@ -189,7 +190,7 @@ def test_addresses_named_in_answers_are_hints_that_never_displace_a_peers_own(no
 def test_an_actor_name_registration_beyond_300_s_is_refused_by_storing_nodes(nodes):
     a, b = nodes(2)
     _join(a, b)
-    key = _name_key("coordinator")
+    key = name_key("coordinator")
     sk = encode_subkey(a.peer_id)
     value = codec.encode_bytes(ActorRef(a.peer_id, "coordinator", {"work": ASYNC}))
     skew = StoreLimits().clock_skew
@@ -239,7 +240,9 @@ def test_republish_re_stores_the_same_record_and_forgets_it_once_expired(nodes, 
     real = time.time
 
     def at(shift):
-        monkeypatch.setattr(dht_module, "time", types.SimpleNamespace(time=lambda: real() + shift, monotonic=time.monotonic))
+        clock = types.SimpleNamespace(time=lambda: real() + shift, monotonic=time.monotonic)
+        for module in (dht_lookups, dht_upkeep):  # the DHT's wall-clock reads
+            monkeypatch.setattr(module, "time", clock)
 
     for shift in (300.0, 390.0):
         at(shift)

@@ -1,18 +1,22 @@
-"""Node lifecycle edges found in review: a start that fails leaves the node stopped, a node runs
-on its own thread *or* on a shared loop (never both), astart/astop races, nodes sharing one loop
-keep their own identity inside actor methods, and a name re-registered right after a kill stays
-visible."""
+"""The node's lifecycle: a start that fails leaves the node stopped, a node runs on its own thread
+*or* on a shared loop (never both), astart/astop races, nodes sharing one loop keep their own
+identity (in actor methods, and when one of them stops), a name re-registered right after a kill
+stays visible, and a script that starts a node (and spawns actors) and returns exits."""
 
 import asyncio
 import socket
+import threading
 
 import pytest
 
 import lattica
 import sample_actors as sa
 from helpers import wait_for
+from lattica.actor import current_runtime
 
 pytestmark = pytest.mark.timeout(60)
+
+TCP = "/ip4/127.0.0.1/tcp/0"
 
 
 def test_a_start_that_fails_leaves_the_node_stopped_and_restartable():
@@ -122,6 +126,67 @@ def _resolves(name):
         return True
     except lattica.errors.ActorNotFound:
         return False
+
+
+def test_stopping_one_of_two_astarted_nodes_keeps_current_runtime_for_the_other():
+    lattica.shutdown()  # no default node: current_runtime() must come from the loop's own nodes
+
+    async def main():
+        n1 = await lattica.Node([TCP]).astart()
+        n2 = await lattica.Node([TCP]).astart()
+        n3 = None
+        try:
+            assert current_runtime().peer_id in (n1.peer_id, n2.peer_id)
+            await n2.astop()
+            assert current_runtime().peer_id == n1.peer_id  # the later node's stop left n1's mapping
+            n3 = await lattica.Node([TCP]).astart()
+            await n1.astop()  # the node the loop's calls went through stops; n3 still runs
+            assert current_runtime().peer_id == n3.peer_id
+            assert str(n3.peer_id) in lattica.dht.owned_key("x")
+        finally:
+            for n in (n1, n2, n3):
+                if n is not None:
+                    await n.astop()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+
+
+def test_concurrent_astart_does_not_deadlock_and_stop_points_to_astop():
+    async def main():
+        n = lattica.Node([TCP])
+        started = []
+
+        async def start():
+            node = await n.astart()
+            started.append(node.running)  # whoever awaited astart gets a started node
+            return node
+
+        try:
+            r1, r2 = await asyncio.wait_for(asyncio.gather(start(), start()), 5)
+            assert r1 is n and r2 is n and n.running
+            with pytest.raises(RuntimeError, match="astop"):
+                n.stop()
+            assert n.running  # stop() refused: the node still runs
+        finally:
+            await n.astop()
+        assert not n.running
+        assert started == [True, True], "an astart() returned before the node had started"
+
+    outcome = []
+
+    def run():  # in a thread of its own: a deadlocked loop cannot be interrupted from inside
+        try:
+            asyncio.run(main())
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 -- re-raised in the test
+            outcome.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(15)
+    assert outcome, "two concurrent astart() calls deadlocked the loop"
+    if outcome[0] is not None:
+        raise outcome[0]
 
 
 _SCRIPT_TIMEOUT = 20  # generous for a loaded CI machine; a hang is what this catches

@@ -8,7 +8,7 @@ from collections import deque
 
 import pytest
 
-from lattica.identity import PeerId
+from lattica.identity import KeyPair, PeerId
 from lattica.kademlia import ID_BITS, K, Lookup, RoutingTable, distance, key_id, node_id
 
 
@@ -500,3 +500,25 @@ def test_simulated_lookup_routes_around_dead_peers(network):
         run_lookup(lookup, answer)
         assert lookup.closest() == by_distance(alive, target)[:K]
     assert failures > 0  # the dead peers were really on the way
+
+
+def test_a_removed_peer_leaves_the_replacement_list_and_is_not_promoted_later():
+    local = KeyPair.generate().peer_id
+    t = RoutingTable(local, k=2)
+    peers = []
+    while len(peers) < 3:  # three peers of one bucket (the farthest: half of all ids land there)
+        p = KeyPair.generate().peer_id
+        if t.bucket_index(node_id(p)) == 255:
+            peers.append(p)
+    h1, h2, bad = peers
+    t.seen(h1)
+    t.seen(h2)
+    t.seen(bad)  # the bucket is full: bad waits in the replacement list
+    t.ping_result(h1, True)
+    assert bad not in t
+    t.remove(bad)  # what a misbehaving or failing peer gets
+    t.remove(h2)  # an honest peer fails one request: its slot must not go to bad
+    assert bad not in t
+    assert h1 in t and h2 not in t and len(t) == 1
+    t.seen(bad)  # only by answering again does a peer (re-)enter
+    assert bad in t

@@ -1,6 +1,8 @@
 """DHT records: subkey encoding, owner binding and signatures, validation limits, and the bounded
 RecordStore (merging, tombstones, quotas, rate limit, providers, peer records, dump/load)."""
 
+import time
+
 import msgpack
 import pytest
 
@@ -673,3 +675,68 @@ def test_a_flood_of_new_peers_does_not_reset_an_active_peers_rate_limit():
         store.admit(p)  # past 10,000 tracked peers: only the least recently active are forgotten
     with pytest.raises(RecordRejected, match="rate limit"):
         store.admit(attacker)
+
+
+def test_provider_and_peer_records_are_charged_to_the_storing_peers_quota():
+    limits = StoreLimits(peer_records=10)
+    st = RecordStore(limits)
+    attacker, honest = KeyPair.generate().peer_id, KeyPair.generate().peer_id
+    for i in range(10):
+        st.add_provider(b"junk-%d" % i, attacker, 3600)
+    assert st.usage(attacker)[0] == 10 and st.usage(attacker)[1] > 0
+    with pytest.raises(RecordRejected, match="quota"):
+        st.add_provider(b"junk-10", attacker, 3600)
+    st.add_provider(b"junk-0", attacker, 7200)  # refreshing its own record costs nothing more
+    assert st.usage(attacker)[0] == 10
+    st.add_provider(b"real-content", honest, 3600)  # the attacker's quota is not everyone's
+    assert [p for p, _ in st.providers(b"real-content")] == [honest]
+    assert st.usage(honest)[0] == 1
+
+    # peer records: charged to whoever stored them, by their size in bytes
+    st2 = RecordStore(StoreLimits(peer_records=1000, peer_bytes=20_000))
+    sender = KeyPair.generate().peer_id
+    long = "/dns4/" + ".".join(["a" * 60] * 3) + "/tcp/"
+    rec = PeerRecord.create(KeyPair.generate(), [Multiaddr(f"{long}{i}") for i in range(1, 33)])
+    text_bytes = sum(len(t) for t in rec.texts)
+    assert text_bytes > 5000
+    assert st2.put_peer_record(rec, sender) is True
+    records, used = st2.usage(sender)
+    assert records == 1 and used >= text_bytes
+    st2.put_peer_record(PeerRecord.create(KeyPair.generate(), rec.addrs), sender)
+    st2.put_peer_record(PeerRecord.create(KeyPair.generate(), rec.addrs), sender)
+    with pytest.raises(RecordRejected, match="quota"):  # a fourth ~6 KB record passes 20 000 bytes
+        st2.put_peer_record(PeerRecord.create(KeyPair.generate(), rec.addrs), sender)
+    assert st2.usage(sender)[0] == 3
+    # a peer's own record, published by itself, counts against its own quota
+    own = KeyPair.generate()
+    st2.put_peer_record(PeerRecord.create(own, [Multiaddr("/ip4/192.0.2.1/tcp/4001")]))
+    assert st2.usage(own.peer_id)[0] == 1
+
+
+def test_a_hostile_store_file_is_skipped_and_the_node_still_starts(tmp_path):
+    import lattica
+
+    kp = KeyPair.generate()
+    good_peer = PeerRecord.create(kp, [Multiaddr("/ip4/1.2.3.4/tcp/1")]).to_wire()
+    writer = KeyPair.generate().peer_id
+    good_value = [b"good-key", b"", b"\xa1v", time.time() + 600, b"", writer.to_bytes()]
+    hostile = [
+        {"v": 1, "values": 5},
+        {"v": 1, "providers": None},
+        {"v": 1, "peers": [[good_peer, "soon"]]},
+        {"v": 1, "values": [None, 7, "x", [1, 2], good_value], "providers": [[b"\x00" * 32, None], 3, [b"k", [[b"not-a-peer", 1e18]]]], "peers": "abc"},
+        {"v": 1, "values": {"a": 1}, "providers": {"b": 2}, "peers": [[None, None], [good_peer, None], 5]},
+    ]
+    for obj in hostile:
+        st = RecordStore()
+        st.load(msgpack.packb(obj, use_bin_type=True))  # never raises on wrong shapes
+    st = RecordStore()
+    assert st.load(msgpack.packb(hostile[3], use_bin_type=True)) == 1  # the one valid row is kept
+    assert st.get(key_id(b"good-key"))[1][b""].value == b"\xa1v"
+
+    for i, obj in enumerate(hostile + [b"\x93\x01\x02"]):  # the last: not even a dict
+        path = tmp_path / f"dht-{i}.store"
+        path.write_bytes(obj if isinstance(obj, bytes) else msgpack.packb(obj, use_bin_type=True))
+        with lattica.Node(["/ip4/127.0.0.1/tcp/0"], dht_path=str(path)) as node:
+            assert node.running  # the file was input like any other: bad rows skipped, good kept
+            assert node._host.runtime.dht.store.record_count == (1 if i == 3 else 0)

@@ -1,11 +1,12 @@
-"""Actor classes for the runtime regression tests (tests/integration/test_runtime_regressions.py).
+"""Actor classes for the tests of call semantics (mailboxes, failures, async methods, streaming
+calls, the allow-list: tests/integration/test_mailboxes.py and its neighbours).
 
-Importable as ``review_actors``; nodes admit them with the allow-list pattern ``"review_actors.*"``.
+Importable as ``call_actors``; nodes admit them with the allow-list pattern ``"call_actors.*"``.
 As in ``sample_actors``, tests observe what happens inside actors through token-keyed module state:
 ``event(token)`` is a ``threading.Event``, ``COUNTS[token]`` a counter, ``RECORDS[token]`` a list.
 
-``subprocess`` is imported here on purpose: a spawn of ``review_actors.subprocess.Popen`` (or of
-``review_actors:subprocess.Popen``) must not get past the allow-list to a non-actor class.
+``subprocess`` is imported here on purpose: a spawn of ``call_actors.subprocess.Popen`` (or of
+``call_actors:subprocess.Popen``) must not get past the allow-list to a non-actor class.
 """
 
 from __future__ import annotations

@@ -325,8 +325,8 @@ def check_compat() -> None:
         if not hasattr(probe._local_max_data, name):
             missing.append(f"Limit.{name}")
     # the private classes are imported only by this start-up check, once
-    from aioquic.quic.stream import QuicStream, QuicStreamSender
-    from aioquic.tls import Context
+    from aioquic.quic.stream import QuicStream, QuicStreamSender  # (see above)
+    from aioquic.tls import Context  # (see above)
 
     for name in ("max_stream_data_local", "max_stream_data_local_sent", "sender", "stream_id"):
         if not hasattr(QuicStream(stream_id=0), name):

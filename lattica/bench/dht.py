@@ -20,7 +20,7 @@ from lattica.actors.dht import DhtConfig
 from lattica.node import Node
 from lattica.transports.memory import MemoryNetwork
 from lattica.mesh.process import ServerProcess
-from lattica.bench.transport import LOOPBACK, _pct
+from lattica.bench.transport import LOOPBACK, pct
 
 
 async def _simulate(n: int, keys: int, churn: float, seed: int, progress: Any, idle: float = 4.0) -> dict[str, Any]:
@@ -158,8 +158,8 @@ def bench_dht(nodes: int = 2, count: int = 2000, transport: str = "tcp", busy_po
         "count": count,
         "replicas": statistics.median(acks),
         "replicas_min": min(acks),
-        "put_p50_ms": round(_pct([x * 1e3 for x in puts], 0.5), 3),
-        "put_p99_ms": round(_pct([x * 1e3 for x in puts], 0.99), 3),
-        "get_p50_ms": round(_pct([x * 1e3 for x in gets], 0.5), 3),
-        "get_p99_ms": round(_pct([x * 1e3 for x in gets], 0.99), 3),
+        "put_p50_ms": round(pct([x * 1e3 for x in puts], 0.5), 3),
+        "put_p99_ms": round(pct([x * 1e3 for x in puts], 0.99), 3),
+        "get_p50_ms": round(pct([x * 1e3 for x in gets], 0.5), 3),
+        "get_p99_ms": round(pct([x * 1e3 for x in gets], 0.99), 3),
     }

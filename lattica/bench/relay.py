@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from lattica.node import Node
-from lattica.bench.rpc import AsyncEcho, _pct, _spawn_on, measure_calls
+from lattica.bench.rpc import AsyncEcho, pct, spawn_on, measure_calls
 from lattica.mesh.process import ServerProcess
 
 _TCP = "/ip4/127.0.0.1/tcp/0"
@@ -28,7 +28,7 @@ def _first_call(addr: str, data: bytes) -> float:
     with Node([]) as node:
         t0 = time.perf_counter()
         info = node.connect(addr)
-        ref = _spawn_on(node, AsyncEcho, info.peer_id)
+        ref = spawn_on(node, AsyncEcho, info.peer_id)
         node.run(_echo(ref, data), timeout=30)
         return time.perf_counter() - t0
 
@@ -63,12 +63,12 @@ def bench_relay(
                 refs = {}
                 for path, addr in paths.items():
                     info = node.connect(addr)
-                    refs[path] = (_spawn_on(node, AsyncEcho, info.peer_id), node.host.conns[info.peer_id].transport)
+                    refs[path] = (spawn_on(node, AsyncEcho, info.peer_id), node.host.conns[info.peer_id].transport)
                 for _ in range(rounds):
                     for path, (ref, via) in refs.items():
                         done, failed, lat, elapsed = measure_calls(node, ref, data, concurrency, duration, warmup)
                         us = [x * 1e6 for x in lat] or [0.0]
-                        runs[path].append({"via": via, "qps": done / elapsed, "failed": failed, "p50_us": _pct(us, 0.5)})
+                        runs[path].append({"via": via, "qps": done / elapsed, "failed": failed, "p50_us": pct(us, 0.5)})
     out = []
     for path, rs in runs.items():
         mib = [r["qps"] * payload * 2 / 2**20 for r in rs]

@@ -16,7 +16,7 @@ from lattica._loop import DEFAULT_BUSY_POLL_US
 from lattica.actor import actor
 from lattica.node import Node
 from lattica.mesh.process import ServerProcess
-from lattica.bench.transport import LOOPBACK, _pct
+from lattica.bench.transport import LOOPBACK, pct
 
 
 @actor
@@ -45,7 +45,7 @@ def bench_rpc(
     poll = ["--busy-poll-us", str(busy_poll_us)]
     with ServerProcess([LOOPBACK[transport]], *poll) as srv, Node([], busy_poll_us=busy_poll_us) as node:
         info = node.connect(srv.addr(transport))
-        ref = _spawn_on(node, cls, info.peer_id)
+        ref = spawn_on(node, cls, info.peer_id)
         done, failed, lat, elapsed = measure_calls(node, ref, data, concurrency, duration, warmup)
     us = [x * 1e6 for x in lat] or [0.0]
     return {
@@ -59,8 +59,8 @@ def bench_rpc(
         "calls": done,
         "qps": round(done / elapsed),
         "failed": failed,
-        "p50_us": round(_pct(us, 0.5), 1),
-        "p99_us": round(_pct(us, 0.99), 1),
+        "p50_us": round(pct(us, 0.5), 1),
+        "p99_us": round(pct(us, 0.99), 1),
     }
 
 
@@ -101,7 +101,7 @@ def measure_calls(node: Node, ref: Any, data: bytes, concurrency: int, duration:
     return node.run(drive(), timeout=duration + warmup + 120)
 
 
-def _spawn_on(node: Node, cls: Any, peer: Any) -> Any:
+def spawn_on(node: Node, cls: Any, peer: Any) -> Any:
     """Spawn ``cls`` on ``peer`` through ``node`` (not the process default node)."""
 
     async def spawn() -> Any:

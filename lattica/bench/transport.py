@@ -17,12 +17,13 @@ from typing import Any
 from lattica._loop import DEFAULT_BUSY_POLL_US
 from lattica.multiaddr import Multiaddr
 from lattica.node import Node
+from lattica.transports.noise import MAX_PLAINTEXT, Cipher
 from lattica.mesh.process import SINK, ServerProcess
 
 LOOPBACK = {"tcp": "/ip4/127.0.0.1/tcp/0", "quic": "/ip4/127.0.0.1/udp/0/quic-v1"}
 
 
-def _pct(values: list[float], q: float) -> float:
+def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))]
 
@@ -74,8 +75,8 @@ def bench_ping(transport: str = "tcp", count: int = 10000, busy_poll_us: float =
         "transport": transport,
         "busy_poll_us": busy_poll_us,
         "count": count,
-        "p50_us": round(_pct(us, 0.50), 1),
-        "p99_us": round(_pct(us, 0.99), 1),
+        "p50_us": round(pct(us, 0.50), 1),
+        "p99_us": round(pct(us, 0.99), 1),
         "mean_us": round(statistics.fmean(us), 1),
     }
 
@@ -96,7 +97,7 @@ def bench_handshake(transport: str = "tcp", count: int = 200) -> dict[str, Any]:
 
         times = node.run(run())
     ms = [x * 1e3 for x in times]
-    return {"bench": "handshake", "transport": transport, "count": count, "p50_ms": round(_pct(ms, 0.5), 3), "p99_ms": round(_pct(ms, 0.99), 3)}
+    return {"bench": "handshake", "transport": transport, "count": count, "p50_ms": round(pct(ms, 0.5), 3), "p99_ms": round(pct(ms, 0.99), 3)}
 
 
 _STARTUP_CHILD = r"""
@@ -139,8 +140,6 @@ def bench_startup(transports: tuple[str, ...] = ("tcp", "quic"), runs: int = 5) 
 
 def bench_noise_ciphers(frames: int = 20000) -> dict[str, Any]:
     """The measurement behind the cipher choice: seal 64 KiB frames with each Noise cipher."""
-    from lattica.transports.noise import MAX_PLAINTEXT, Cipher
-
     data = os.urandom(MAX_PLAINTEXT)
     out: dict[str, Any] = {"bench": "noise-ciphers"}
     for name, aes in (("AES-256-GCM", True), ("ChaChaPoly", False)):

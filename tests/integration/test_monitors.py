@@ -11,7 +11,7 @@ import pytest
 import lattica
 import sample_actors as sa
 from helpers import wait_for
-from lattica.bench.rpc import AsyncEcho, _spawn_on
+from lattica.bench.rpc import AsyncEcho, spawn_on
 from lattica.mesh.process import ServerProcess
 
 TCP = "/ip4/127.0.0.1/tcp/0"
@@ -73,7 +73,7 @@ def test_monitoring_an_actor_that_is_not_there_reports_noproc_and_cancel_silence
 def test_an_actor_on_a_killed_node_is_reported_down():
     with lattica.Node([TCP]) as me, ServerProcess([TCP]) as srv:
         info = me.connect(srv.addr("tcp"))
-        ref = _spawn_on(me, AsyncEcho, info.peer_id)
+        ref = spawn_on(me, AsyncEcho, info.peer_id)
         got, _ = _monitor(me, ref)
         os.kill(srv.pid, signal.SIGKILL)
         name, why = got.get(timeout=15)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from lattica.logging import get_logger
 from lattica.errors import ActorNotFound, LatticaError
 from lattica.identity import PeerId
+from lattica.runtime import spawner_ref
 
 if TYPE_CHECKING:
     from lattica.runtime import ActorRef, Runtime
@@ -76,8 +77,6 @@ class Monitors:
         return Monitor(self, mid, ref)
 
     async def _set_remote(self, mid: int, ref: ActorRef) -> None:
-        from lattica.runtime import spawner_ref
-
         try:
             await self.rt.call(spawner_ref(ref.peer_id), "monitor", (ref.name, mid), {}, timeout=_SET_TIMEOUT)
         except ActorNotFound:
@@ -93,8 +92,6 @@ class Monitors:
         if ref.peer_id == self.rt.peer_id:
             self.remove_watcher(ref.name, self.rt.peer_id, mid)
             return
-        from lattica.runtime import spawner_ref
-
         try:
             self.rt.call(spawner_ref(ref.peer_id), "demonitor", (ref.name, mid), {}, timeout=None, tell=True)
         except LatticaError:
@@ -157,8 +154,6 @@ class Monitors:
 
     def actor_stopped(self, name: str, reason: str) -> None:
         """One of our actors stopped: tell everyone watching it."""
-        from lattica.runtime import spawner_ref
-
         for watcher, mid in self.watchers.pop(name, {}):
             if watcher == self.rt.peer_id:
                 self.fire(mid, reason)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextvars
 import fnmatch
 import importlib
@@ -46,6 +47,7 @@ from lattica.errors import (
     PlacementError,
     ProtocolError,
     SpawnError,
+    Timeout,
     remote_error,
 )
 from lattica.future import Future
@@ -53,6 +55,7 @@ from lattica.identity import PeerId
 from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream
 
 if TYPE_CHECKING:
+    from lattica.monitors import Monitors
     from lattica.actors.dht import DhtService
     from lattica.node import _Host
 
@@ -130,8 +133,6 @@ class ActorRef:
             raise AttributeError(method)
         h = self._handles.get(method)
         if h is None:
-            from lattica.actor import MethodHandle
-
             if method not in self.methods:
                 raise AttributeError(f"actor {self.name!r} has no public method {method!r} (it has: {', '.join(sorted(self.methods)) or 'none'})")
             h = self._handles[method] = MethodHandle(self, method, self.methods[method])
@@ -690,8 +691,6 @@ _STREAMED = object()  # what a streaming method's driver returns: its END was al
 
 
 def _on_thread(executor: pykka.ActorRef, fn: Callable[[], Any]) -> Any:
-    import concurrent.futures
-
     cf: concurrent.futures.Future = concurrent.futures.Future()
 
     def job() -> None:
@@ -1244,9 +1243,7 @@ class Runtime:
             context.bind_thread(self)
         context.add_live(self)
         host.handlers[rpc.PROTOCOL] = self._serve
-        from lattica.monitors import Monitors
-
-        self.monitors = Monitors(self)
+        self.monitors: Monitors = None  # type: ignore[assignment]  # the host sets them right after (they import us)
         self.stop_listeners: list[Callable[[str, str], None]] = []  # told (actor name, reason) when one of ours ends
         self._placed: collections.deque[tuple[float, str, Any]] = collections.deque()  # (when, peer, its load then)
         self.services = services  # the node's system services; the host starts them after us
@@ -1772,3 +1769,247 @@ class Runtime:
     async def _serve(self, stream: Stream, conn: Connection) -> None:
         await _ServerChannel(self, stream, conn).serve()
 
+
+# -- the caller's side of a ref: method handles and streaming calls ------------------------------
+
+
+def current_runtime() -> Runtime:
+    """The runtime calls from this thread go through: the node whose loop or actor thread this is,
+    else the default node of ``lattica.init()``."""
+    rt = context.runtime_for_thread()
+    if rt is not None:
+        return rt
+    node = context.default_node()
+    host = node.host if node is not None else None
+    if host is None:
+        raise NodeClosed("no Lattica node is running here: call lattica.init() first")
+    return host.runtime
+
+
+def on_loop(rt: Runtime, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on the node loop and return its result (directly when already there)."""
+    if threading.get_ident() == rt.host.thread_id:
+        return fn()
+    done = threading.Event()
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 -- re-raised in the caller's thread
+            box.append((False, e))
+        done.set()
+
+    rt.post(run)
+    if not done.wait(30):
+        raise Timeout("the node loop did not answer within 30 s")
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+class MethodHandle:
+    """``ref.method``: ``.remote(...)``, ``.tell(...)``, ``.stream(...)``, ``.options(...)``."""
+
+    __slots__ = ("_ref", "_name", "_kind", "_timeout", "_block", "_idempotent")
+
+    def __init__(self, ref: ActorRef, name: str, kind: str, timeout: float | None = None, block: bool = True, idempotent: bool = False) -> None:
+        self._ref = ref
+        self._name = name
+        self._kind = kind
+        self._timeout = timeout
+        self._block = block
+        self._idempotent = idempotent
+
+    def options(self, *, timeout: float | None = None, block: bool = True, idempotent: bool = False) -> MethodHandle:
+        """Per-call options: ``timeout`` seconds (enforced by caller and callee; CallTimeout),
+        ``block=False`` (raise MailboxFull instead of waiting for room in the mailbox), and
+        ``idempotent=True`` (safe to run twice: through a stable ref, a call in flight when its
+        actor went away is sent again to the next incarnation instead of raising ActorRestarted)."""
+        if timeout is not None and not timeout > 0:
+            raise ValueError("timeout must be a positive number of seconds")
+        return MethodHandle(self._ref, self._name, self._kind, timeout, block, idempotent)
+
+    def remote(self, *args: Any, **kwargs: Any) -> Future:
+        """Call the method; returns a Future of its result."""
+        if self._kind in ("agen", "gen"):
+            raise TypeError(f"{self._name} is a generator method: iterate {self._name}.stream(...) instead")
+        return _submit(self, args, kwargs, tell=False)
+
+    def tell(self, *args: Any, **kwargs: Any) -> None:
+        """Call the method without waiting for (or receiving) a result."""
+        if self._kind in ("agen", "gen"):
+            raise TypeError(f"{self._name} is a generator method: iterate {self._name}.stream(...) instead")
+        _submit(self, args, kwargs, tell=True)
+
+    def stream(self, *args: Any, **kwargs: Any) -> StreamCall:
+        """Call a generator method; iterate the result with ``async for`` or plain ``for``."""
+        if self._kind not in ("agen", "gen"):
+            raise TypeError(f"{self._name} is not a generator method: use {self._name}.remote(...)")
+        rt = current_runtime()
+        sc = StreamCall(rt)
+        _submit(self, args, kwargs, tell=False, stream=sc._state)
+        return sc
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"actor methods are called with .remote(...): {self._ref.name}.{self._name}.remote()")
+
+
+def _submit(h: MethodHandle, args: tuple, kwargs: dict, *, tell: bool, stream: _StreamState | None = None) -> Future | None:
+    rt = stream._rt if stream is not None else current_runtime()
+    if threading.get_ident() == rt.host.thread_id:
+        return rt.call(h._ref, h._name, args, kwargs, timeout=h._timeout, tell=tell, stream=stream, block=h._block, idempotent=h._idempotent)
+    # Another thread: build and encode the call here (codec errors raise in this thread, tells
+    # included), wait for a slot in this actor's gate (backpressure), then hand it to the loop.
+    gate = rt.gate(h._ref)
+    gate.acquire(h._ref.window, h._block, h._ref.name, alive=lambda: not rt.host.closing)
+    try:
+        p = rt.prepare(h._ref, h._name, args, kwargs, timeout=h._timeout, tell=tell, stream=stream, encode=True, idempotent=h._idempotent)
+    except BaseException:
+        gate.release()
+        raise
+    p.gate = gate
+    if not rt.post(lambda: rt.submit_threadsafe(p, h._block)):
+        gate.release()
+        raise NodeClosed(f"node {rt.peer_id} has stopped; no calls can be made through it")
+    return p.future
+
+
+class _StreamState:
+    """A streaming call's items and credit; the runtime holds this, the user a StreamCall."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = rt
+        self._items: collections.deque = collections.deque()
+        self._done = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future | None = None
+        self._cond: threading.Condition | None = None
+        self._grant: Callable[[int], None] | None = None
+        self._cancel: Callable[[], None] | None = None
+        self._consumed = 0
+
+    # -- fed on the node loop ------------------------------------------------------------------
+
+    def _bind(self, grant: Callable[[int], None], cancel: Callable[[], None]) -> None:
+        self._grant, self._cancel = grant, cancel
+        if self._done:  # the consumer gave up before the call was sent: stop it at once
+            cancel()
+
+    def _push(self, value: Any) -> None:
+        self._items.append(value)
+        self._wake()
+
+    def _finish(self) -> None:
+        self._done = True
+        self._wake()
+
+    def _fail(self, error: BaseException) -> None:
+        if not self._done:
+            self._error = error
+            self._done = True
+            self._wake()
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+        c = self._cond
+        if c is not None:
+            with c:
+                c.notify_all()
+
+    def _took_one(self) -> None:
+        """Return credit to the producer in batches of half a window (on the loop)."""
+        self._consumed += 1
+        if self._consumed >= STREAM_WINDOW // 2 and self._grant is not None and not self._done:
+            n, self._consumed = self._consumed, 0
+            self._grant(n)
+
+    # -- async consumers ------------------------------------------------------------------------
+
+    async def anext(self) -> Any:
+        if asyncio.get_running_loop() is not self._rt.loop:
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.anext(), self._rt.loop))
+        while not self._items:
+            if self._done:
+                if self._error is not None:
+                    raise self._error
+                raise StopAsyncIteration
+            self._waiter = self._rt.loop.create_future()
+            await self._waiter
+        value = self._items.popleft()
+        self._took_one()
+        return value
+
+    # -- sync consumers (any thread but the node loop) ------------------------------------------
+
+    def next(self) -> Any:
+        if threading.get_ident() == self._rt.host.thread_id:
+            raise RuntimeError("on the node loop, iterate the stream with `async for`")
+        if self._cond is None:
+            self._cond = threading.Condition()
+        with self._cond:
+            while not self._items and not self._done:
+                self._cond.wait(0.5)
+            if not self._items:
+                if self._error is not None:
+                    raise self._error
+                raise StopIteration
+            value = self._items.popleft()
+        self._rt.post(self._took_one)
+        return value
+
+    def cancel(self) -> None:
+        """Stop the producer; no more items arrive (also what ``close`` and ``break`` do)."""
+        if self._done:
+            return
+        cancel = self._cancel
+        self._fail(asyncio.CancelledError("stream cancelled by the consumer"))
+        if cancel is not None:  # not yet sent: _bind cancels it when it is
+            if threading.get_ident() == self._rt.host.thread_id:
+                cancel()
+            else:
+                self._rt.post(cancel)
+
+
+class StreamCall:
+    """The items of a generator method, in order, under credit: ``async for`` or ``for``.
+    ``close()`` (or dropping it, e.g. after ``break``) stops the producer."""
+
+    __slots__ = ("_state", "__weakref__")
+
+    def __init__(self, rt: Runtime) -> None:
+        self._state = _StreamState(rt)
+
+    def __aiter__(self) -> StreamCall:
+        return self
+
+    async def __anext__(self) -> Any:
+        return await self._state.anext()
+
+    def __iter__(self) -> StreamCall:
+        return self
+
+    def __next__(self) -> Any:
+        return self._state.next()
+
+    def cancel(self) -> None:
+        """Stop the producer; no more items arrive."""
+        self._state.cancel()
+
+    close = cancel
+
+    async def aclose(self) -> None:
+        self._state.cancel()
+
+    def __del__(self) -> None:
+        # the runtime holds only the state, so a consumer that stops iterating and drops the
+        # stream (e.g. `break` out of `for`) releases the producer here
+        state = self._state
+        if not state._done:
+            try:
+                state.cancel()
+            except Exception:
+                pass

@@ -19,6 +19,7 @@ from lattica.identify import PeerInfo
 from lattica.identity import PeerId
 from lattica.logging import get_logger
 from lattica.mdns import MdnsService
+from lattica.monitors import Monitors
 from lattica.multiaddr import Multiaddr
 from lattica.nat import NatManager, NatStatus
 from lattica.runtime import Runtime
@@ -113,6 +114,7 @@ class Host:
 
     async def start(self, listen: list[Multiaddr]) -> None:
         self.runtime = Runtime(self, self.node.allow, self.services)
+        self.runtime.monitors = Monitors(self.runtime)
         self.services.start(self.runtime, self.node)
         self.circuit = circuit.CircuitTransport(
             self.keypair, self.dialer.open_hop, splice=self.dialer.dial_spliced, splice_addr=self.dialer.splice_addr,

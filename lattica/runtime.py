@@ -375,8 +375,8 @@ class LocalActor:
         if failure is not None:
             self.state = "failed"
             self.failure = failure
-            self.runtime._forget(self)
-            self.runtime._stopped(self.name, f"failed to start: {failure[0]}")
+            self.runtime.forget(self)
+            self.runtime.actor_ended(self.name, f"failed to start: {failure[0]}")
             waiting, self.waiting = self.waiting, collections.deque()
             for inv in waiting:
                 self._finish(inv)
@@ -640,8 +640,8 @@ class LocalActor:
             return
         was_running = self.state == "running"
         self.state = "stopped"
-        self.runtime._forget(self)
-        self.runtime._stopped(self.name, reason)
+        self.runtime.forget(self)
+        self.runtime.actor_ended(self.name, reason)
         self.runtime.monitors.actor_stopped(self.name, reason)
         if self.published and was_running:
             self.runtime.dht.unregister_name(self.name)
@@ -805,7 +805,7 @@ class _Channel:
 
     def submit(self, p: _Pending, block: bool) -> None:
         if self.closed is not None:
-            self.runtime._fail(p, self.closed)
+            self.runtime.fail_call(p, self.closed)
             return
         ob = self.outbox(p.ref)
         if ob.credit > 0 and not ob.queue and not self.congested():
@@ -840,7 +840,7 @@ class _Channel:
                 try:
                     self._send_call(p)
                 except LatticaError as e:
-                    self.runtime._fail(p, e)
+                    self.runtime.fail_call(p, e)
         finally:
             ob.draining = False
 
@@ -853,13 +853,13 @@ class _Channel:
         for ob in self.outboxes.values():
             while ob.queue:
                 p = ob.queue.popleft()
-                if not rt._follow(p, error, delivered=False) and not rt._resend(p, error):
-                    rt._fail(p, error)
+                if not rt.follow(p, error, delivered=False) and not rt.resend(p, error):
+                    rt.fail_call(p, error)
         sent = getattr(self, "stream", True) is not None  # (a channel that never opened sent nothing)
         while self.pending:
             p = self.pending.popitem()[1]
-            if not rt._follow(p, error, delivered=sent) and not rt._resend(p, error):
-                rt._fail(p, error)
+            if not rt.follow(p, error, delivered=sent) and not rt.resend(p, error):
+                rt.fail_call(p, error)
 
 
 class _LocalSink(_Sink):
@@ -870,16 +870,16 @@ class _LocalSink(_Sink):
         self.p = p
 
     def ok(self, value: Any) -> None:
-        self.runtime._complete(self.p, value, None)
+        self.runtime.complete_call(self.p, value, None)
 
     def err(self, kind: str, type_name: str, message: str, tb: str = "") -> None:
-        self.runtime._complete(self.p, None, (kind, type_name, message, tb))
+        self.runtime.complete_call(self.p, None, (kind, type_name, message, tb))
 
     def item(self, value: Any) -> None:
         self.p.stream._push(value)
 
     def end(self) -> None:
-        self.runtime._complete(self.p, None, None, end=True)
+        self.runtime.complete_call(self.p, None, None, end=True)
 
 
 class _LocalChannel(_Channel):
@@ -902,7 +902,7 @@ class _LocalChannel(_Channel):
         if p.stream is not None:
             p.stream._bind(lambda n: actor.grant(inv, n), lambda: actor.cancel(inv))
         if flags & rpc.F_ARGSTREAM:
-            rt._local_arg_streams(inv, p)
+            rt.local_arg_streams(inv, p)
         if p.future is not None:
             p.future._cancel_hook = lambda: actor.cancel(inv)
         actor.dispatch(inv)
@@ -974,7 +974,7 @@ class _RemoteChannel(_Channel):
             if not isinstance(e, PeerUnreachable):
                 err = PeerUnreachable(f"cannot reach {self.peer}: {e}")
                 err.__cause__ = e  # e.g. our own ConnectionLimit: callers can tell it is not the peer
-            self.runtime._drop_channel(self, err)
+            self.runtime.drop_channel(self, err)
             return
         self.stream = stream
         unsent, self.unsent = self.unsent, []
@@ -992,7 +992,7 @@ class _RemoteChannel(_Channel):
                     raise PeerUnreachable(f"{self.peer} closed the call channel")
                 for frame in splitter.feed(data):
                     msg = rpc.parse(codec.decode(frame))
-                    rt._on_reply(self, msg)
+                    rt.on_reply(self, msg)
         except Exception as e:  # whatever broke the reader, no call may be left waiting on it
             err = e if isinstance(e, PeerUnreachable) else PeerUnreachable(f"call channel to {self.peer} failed: {e}")
             if isinstance(e, ProtocolError):
@@ -1000,7 +1000,7 @@ class _RemoteChannel(_Channel):
             elif not isinstance(e, LatticaError):
                 log.exception("call channel reader failed", peer=str(self.peer))
             stream.reset()
-            rt._drop_channel(self, err)
+            rt.drop_channel(self, err)
 
 
 class _FrameWriter:
@@ -1340,14 +1340,14 @@ class Runtime:
         self._placed = collections.deque(e for e in self._placed if e[0] >= horizon and loads.get(e[1]) == e[2])
         return dict(collections.Counter(peer for _, peer, _ in self._placed))
 
-    def _stopped(self, name: str, reason: str) -> None:
+    def actor_ended(self, name: str, reason: str) -> None:
         for listener in self.stop_listeners:
             try:
                 listener(name, reason)
             except Exception:
                 log.exception("actor stop listener failed", actor=name)
 
-    def _forget(self, actor: LocalActor) -> None:
+    def forget(self, actor: LocalActor) -> None:
         if self.actors.get(actor.name) is actor:
             del self.actors[actor.name]
 
@@ -1430,10 +1430,10 @@ class Runtime:
         if isinstance(ch, _RemoteChannel):
             if ch.stream is not None:
                 self.host.spawn(_reset_quietly(ch.stream))
-            self._drop_channel(ch, PeerUnreachable(f"{peer} was declared {member.state}: {why}"))
+            self.drop_channel(ch, PeerUnreachable(f"{peer} was declared {member.state}: {why}"))
         self.monitors.node_down(member.id, why)
 
-    def _drop_channel(self, ch: _Channel, error: LatticaError) -> None:
+    def drop_channel(self, ch: _Channel, error: LatticaError) -> None:
         if self.channels.get(ch.peer) is ch:
             del self.channels[ch.peer]
         ch.fail_all(error)
@@ -1482,7 +1482,7 @@ class Runtime:
             p.timer = self.loop.call_later(p.msg[6], self._timed_out, p)
         ref = p.ref
         spawn = ref._spawn
-        if (spawn is None or spawn.done()) and ref.peer_id != self.peer_id and self._node_down(ref.peer_id):
+        if (spawn is None or spawn.done()) and ref.peer_id != self.peer_id and self.node_down(ref.peer_id):
             # membership holds the node suspect or dead: a stable ref follows its actor (to where
             # its supervisor restarts it, or back here if the node recovers); any other call fails
             # now rather than wait on a frozen process (tells go: membership gossip must reach a
@@ -1491,7 +1491,7 @@ class Runtime:
                 self._start_following(ref)
                 spawn = ref._spawn
             elif not p.msg[7] & rpc.F_TELL and self._node_state(ref.peer_id) == "dead":
-                self._fail(p, PeerUnreachable(f"{ref.peer_id} was declared dead; calls to it fail until it rejoins the mesh"))
+                self.fail_call(p, PeerUnreachable(f"{ref.peer_id} was declared dead; calls to it fail until it rejoins the mesh"))
                 return
         if spawn is not None and (not spawn.done() or ref._held is not None):
             # held until the spawn answers; `_held` stays set until the release ran, so a call
@@ -1512,7 +1512,7 @@ class Runtime:
             self.submit(p, block)
         except BaseException as e:  # noqa: BLE001 -- delivered to the caller
             p.ungate()
-            self._fail(p, e)
+            self.fail_call(p, e)
 
     def gate(self, ref: ActorRef) -> _Gate:
         key = (ref.peer_id, ref.name)
@@ -1531,17 +1531,17 @@ class Runtime:
                 continue  # timed out or cancelled while held
             if error is not None:
                 p.ungate()
-                self._fail(p, error)
+                self.fail_call(p, error)
                 continue
             try:
                 ch.submit(p, True)
             except BaseException as e:  # noqa: BLE001
                 p.ungate()
-                self._fail(p, e)
+                self.fail_call(p, e)
 
     # -- stable refs: following a supervised actor to its next incarnation ----------------------
 
-    def _follow(self, p: _Pending, error: BaseException, delivered: bool) -> bool:
+    def follow(self, p: _Pending, error: BaseException, delivered: bool) -> bool:
         """A call through a stable ref found its actor gone. Start following the actor (resolve
         its name again); re-send the call if it never reached the actor, or if the caller said it
         is idempotent (for up to ``_FOLLOW_FOR`` s), else fail it with ActorRestarted. False: not
@@ -1563,16 +1563,16 @@ class Runtime:
         if delivered:
             error = ActorRestarted(f"{ref.name}.{p.msg[3]} was in flight when the actor went away ({error}); the ref follows its next incarnation")
         p.channel = None
-        self._fail(p, error)
+        self.fail_call(p, error)
         return True
 
-    def _resend(self, p: _Pending, error: BaseException) -> bool:
+    def resend(self, p: _Pending, error: BaseException) -> bool:
         """An idempotent call whose path to the actor's node broke (its relay died, say) is sent
         once more, over a new channel: the next path (another relay, a direct connection). False:
         not such a call, or already re-sent once."""
         if not p.idempotent or p.stream is not None or p.follow_until is not None or not isinstance(error, PeerUnreachable):
             return False
-        if self.host.closing or _finished(p) or self._node_down(p.ref.peer_id):
+        if self.host.closing or _finished(p) or self.node_down(p.ref.peer_id):
             return False
         p.follow_until = time.monotonic()  # marks it re-sent
         if p.timer is not None:
@@ -1606,7 +1606,7 @@ class Runtime:
                         found = await self.dht.resolve_name(ref.name)
                 except (LatticaError, TimeoutError):
                     found = None
-            if found is not None and not self._node_down(found.peer_id):
+            if found is not None and not self.node_down(found.peer_id):
                 ref.peer_id = found.peer_id
                 fut.set_result(ref)
                 return
@@ -1616,7 +1616,7 @@ class Runtime:
                 return
             delay = min(delay * 2, 0.5)
 
-    def _node_down(self, peer: PeerId) -> bool:
+    def node_down(self, peer: PeerId) -> bool:
         """Membership holds ``peer`` suspect or dead."""
         state = self._node_state(peer)
         return state is not None and state != "alive"
@@ -1639,9 +1639,9 @@ class Runtime:
                 conn = self.host.conns.get(ch.peer)
                 if conn is not None:
                     conn.probe(PROBE_TIMEOUT)
-        self._fail(p, CallTimeout(f"call to {p.ref.name}.{p.msg[3]} timed out after {p.msg[6]} s"), cancel_local=True)
+        self.fail_call(p, CallTimeout(f"call to {p.ref.name}.{p.msg[3]} timed out after {p.msg[6]} s"), cancel_local=True)
 
-    def _fail(self, p: _Pending, error: BaseException, cancel_local: bool = False) -> None:
+    def fail_call(self, p: _Pending, error: BaseException, cancel_local: bool = False) -> None:
         ch = p.channel
         if ch is not None and ch.pending.pop(p.cid, None) is not None:
             ch.returned(p.ref.name)
@@ -1659,7 +1659,7 @@ class Runtime:
         elif p.stream is not None:
             p.stream._fail(error)
 
-    def _complete(self, p: _Pending, value: Any, error: tuple | None, end: bool = False) -> None:
+    def complete_call(self, p: _Pending, value: Any, error: tuple | None, end: bool = False) -> None:
         ch = p.channel
         if ch is None or ch.pending.pop(p.cid, None) is None:
             return  # timed out or cancelled already
@@ -1668,7 +1668,7 @@ class Runtime:
             p.timer.cancel()
         if error is not None:
             exc = self._error(p, *error)
-            if error[0] in (rpc.E_NOT_FOUND, rpc.E_DIED) and self._follow(p, exc, delivered=error[0] == rpc.E_DIED):
+            if error[0] in (rpc.E_NOT_FOUND, rpc.E_DIED) and self.follow(p, exc, delivered=error[0] == rpc.E_DIED):
                 return
             if p.future is not None:
                 p.future._reject(exc)
@@ -1702,7 +1702,7 @@ class Runtime:
             return asyncio.CancelledError(message)
         return ProtocolError(f"{where}: {message}")
 
-    def _on_reply(self, ch: _RemoteChannel, msg: list) -> None:
+    def on_reply(self, ch: _RemoteChannel, msg: list) -> None:
         ch.last_used = time.monotonic()
         kind = msg[0]
         if kind == rpc.MAILBOX:
@@ -1712,14 +1712,14 @@ class Runtime:
         if p is None:
             return
         if kind == rpc.OK:
-            self._complete(p, msg[2], None)
+            self.complete_call(p, msg[2], None)
         elif kind == rpc.ERR:
-            self._complete(p, None, (msg[2], msg[3], msg[4], msg[5]))
+            self.complete_call(p, None, (msg[2], msg[3], msg[4], msg[5]))
         elif kind == rpc.ITEM:
             if p.stream is not None:
                 p.stream._push(msg[2])
         elif kind == rpc.END:
-            self._complete(p, None, None, end=True)
+            self.complete_call(p, None, None, end=True)
         elif kind == rpc.ARGCRED:
             self._pump_arg(ch, p, msg[2], msg[3])
 
@@ -1756,9 +1756,9 @@ class Runtime:
         except Exception as e:  # the source raised, or the codec refused an item
             if p.cid in ch.pending:
                 ch.send([rpc.CANCEL, p.cid])
-            self._fail(p, e if isinstance(e, LatticaError) else remote_error(*_error_parts(e)))
+            self.fail_call(p, e if isinstance(e, LatticaError) else remote_error(*_error_parts(e)))
 
-    def _local_arg_streams(self, inv: _Invocation, p: _Pending) -> None:
+    def local_arg_streams(self, inv: _Invocation, p: _Pending) -> None:
         """A local call with streamed arguments: hand the caller's async iterators over directly."""
         for i, a in enumerate(inv.args):
             if isinstance(a, StreamArg):

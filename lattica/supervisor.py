@@ -221,7 +221,7 @@ class Supervisor:
         if child.has_state:
             opts["state"] = child.state
         name = self._name(child)
-        if child.node is not None and not rt._node_down(child.node) and str(child.node) != avoid:
+        if child.node is not None and not rt.node_down(child.node) and str(child.node) != avoid:
             if child.resources:
                 opts["reserve"] = child.resources
             call = (child.class_path, child.args, child.kwargs, name, opts)

@@ -129,7 +129,7 @@ class DhtState:
         """Call ``method`` on ``peer``'s dht actor; returns its Future. A dial this starts never
         asks the DHT where the peer went: failing DHT requests would start lookups that fail
         more requests, a cascade when many peers are gone at once."""
-        if self.rt._node_down(peer):  # membership holds it suspect or dead: do not wait on it
+        if self.rt.node_down(peer):  # membership holds it suspect or dead: do not wait on it
             fut = Future(self.rt.loop)
             fut._reject(PeerUnreachable(f"{peer} is {self.rt.services['membership'].core.get(str(peer)).state} in the membership view"))
             return fut

@@ -1,0 +1,19 @@
+"""The actor runtime of one node, one concern per module (each imports only those above it):
+
+- ``limits``: constants (method kinds, windows, limits, timeouts);
+- ``refs``: ``ActorRef`` and method tables, ``MethodHandle`` and ``StreamCall`` (the caller's
+  handle on a call), and which runtime a call from this thread goes through;
+- ``local``: local actor execution (instances, mailbox windows, async tasks, the pykka thread of
+  sync methods), invocations and argument streams;
+- ``client``: the caller's side (pending calls, the thread gate, call channels, frame writing);
+  channels reach the registry through the ``CallRouter`` protocol;
+- ``server``: the callee's side (a peer's call stream, checked and handed to local actors);
+- ``registry``: the ``Runtime`` (actors, channels, calls in flight, stable-ref following).
+"""
+
+from lattica.runtime.limits import AGEN, ASYNC, BUILTIN_ACTORS, DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, GEN, LIFECYCLE_HOOKS, MAX_ACTORS, MAX_MESSAGE, NO_STATE, STREAM_WINDOW, SYNC
+from lattica.runtime.refs import ActorRef, MethodHandle, StreamArg, StreamCall, current_actor, current_caller, current_runtime, method_table, on_loop, spawner_ref
+from lattica.runtime.local import ArgStream, LocalActor
+from lattica.runtime.registry import Runtime
+
+__all__ = ['AGEN', 'ASYNC', 'ActorRef', 'ArgStream', 'BUILTIN_ACTORS', 'DEFAULT_MAX_CONCURRENCY', 'DEFAULT_WINDOW', 'GEN', 'LIFECYCLE_HOOKS', 'LocalActor', 'MAX_ACTORS', 'MAX_MESSAGE', 'MethodHandle', 'NO_STATE', 'Runtime', 'STREAM_WINDOW', 'SYNC', 'StreamArg', 'StreamCall', 'current_actor', 'current_caller', 'current_runtime', 'method_table', 'on_loop', 'spawner_ref']

@@ -1,0 +1,375 @@
+"""The caller's side of calls: pending calls, the gate a thread waits at for mailbox room, call
+channels to a peer (or to this node) and how their frames are written."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from lattica import codec, rpc
+from lattica.logging import get_logger
+from lattica.errors import (
+    LatticaError,
+    MailboxFull,
+    NodeClosed,
+    PeerUnreachable,
+    ProtocolError,
+)
+from lattica.future import Future
+from lattica.identity import PeerId
+from lattica.transports.base import Stream
+
+from lattica.runtime.limits import CHANNEL_HIGH_WATER, MAX_MESSAGE
+from lattica.runtime.local import Invocation, Sink
+
+if TYPE_CHECKING:
+    from lattica.runtime.refs import ActorRef
+    from lattica.runtime.registry import Runtime
+
+log = get_logger("lattica.runtime")
+
+
+class Pending:
+    """A call we made that has not finished."""
+
+    __slots__ = ("cid", "ref", "msg", "future", "stream", "channel", "timer", "stream_args", "arg_state", "encoded", "gate", "created", "follow_until", "idempotent")
+
+    def __init__(self, cid: int, ref: ActorRef, msg: list, future: Future | None, stream: Any) -> None:
+        self.cid = cid
+        self.ref = ref
+        self.msg = msg
+        self.future = future
+        self.stream = stream
+        self.channel: Channel | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.stream_args: dict[int, Any] | None = None  # client-streamed arguments by index
+        self.arg_state: dict[int, list] | None = None  # per streamed argument: [credit, waiter]
+        self.encoded: list | None = None  # the CALL already encoded (calls made on other threads)
+        self.gate: Gate | None = None  # the calling thread's gate slot, freed once the call is sent
+        self.created = time.monotonic()  # the loop clock: deadlines travel as time remaining
+        self.follow_until: float | None = None  # through a stable ref: re-sent until then while undelivered
+        self.idempotent = False  # safe to run twice: re-sent to the next incarnation even if delivered
+
+    def stamp(self) -> None:
+        """Just before sending: the timeout becomes what is left of it (it may have waited)."""
+        timeout = self.msg[6]
+        if timeout is not None:
+            waited = time.monotonic() - self.created
+            if waited > 0.001:
+                self.msg[6] = max(0.0, timeout - waited)
+                self.encoded = None  # encode again with the shorter timeout
+
+    def ungate(self) -> None:
+        g, self.gate = self.gate, None
+        if g is not None:
+            g.release()
+
+
+class Gate:
+    """Backpressure for calls made on plain threads: at most ``window`` of them per actor may be
+    waiting to be sent; the next caller blocks (or gets MailboxFull with ``block=False``)."""
+
+    __slots__ = ("cond", "count")
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.count = 0
+
+    def acquire(self, window: int, block: bool, name: str, alive: Callable[[], bool]) -> None:
+        with self.cond:
+            while self.count >= window:
+                if not block:
+                    raise MailboxFull(f"{window} calls to {name!r} already wait to be sent")
+                if not alive():
+                    raise NodeClosed("the node stopped while this call waited for room")
+                self.cond.wait(0.5)
+            self.count += 1
+
+    def release(self) -> None:
+        with self.cond:
+            self.count -= 1
+            self.cond.notify()
+
+
+def call_finished(p: Pending) -> bool:
+    """The caller no longer waits for this call (its future or stream already ended)."""
+    if p.future is not None:
+        return p.future.done()
+    return p.stream is not None and p.stream._done
+
+
+class _Outbox:
+    """Calls from this node to one actor: credit left, and the calls waiting for it, in order."""
+
+    __slots__ = ("credit", "queue", "window", "draining")
+
+    def __init__(self, window: int) -> None:
+        self.credit = window
+        self.window = window
+        self.queue: collections.deque[Pending] = collections.deque()
+        self.draining = False
+
+
+class Channel:
+    """Calls from this node to one peer (remote) or to itself (local, no encoding)."""
+
+    def __init__(self, runtime: Runtime, peer: PeerId) -> None:
+        self.runtime = runtime
+        self.peer = peer
+        self.outboxes: dict[str, _Outbox] = {}
+        self.pending: dict[int, Pending] = {}
+        self.closed: LatticaError | None = None
+
+    def outbox(self, ref: ActorRef) -> _Outbox:
+        ob = self.outboxes.get(ref.name)
+        if ob is None:
+            ob = self.outboxes[ref.name] = _Outbox(ref.window)
+        return ob
+
+    def submit(self, p: Pending, block: bool) -> None:
+        if self.closed is not None:
+            self.runtime.fail_call(p, self.closed)
+            return
+        ob = self.outbox(p.ref)
+        if ob.credit > 0 and not ob.queue and not self.congested():
+            ob.credit -= 1
+            self._send_call(p)
+            return
+        if not block:
+            raise MailboxFull(f"actor {p.ref.name!r} has no room for another call from this node (window {ob.window})")
+        if len(ob.queue) >= 16 * ob.window:
+            raise MailboxFull(f"{len(ob.queue)} calls to {p.ref.name!r} already wait for room; await earlier results first")
+        ob.queue.append(p)
+
+    def congested(self) -> bool:
+        return False
+
+    def returned(self, actor: str, n: int = 1) -> None:
+        """``n`` calls to ``actor`` finished: spend the credit on waiting calls, in order."""
+        ob = self.outboxes.get(actor)
+        if ob is None:
+            return
+        ob.credit += n
+        if ob.draining or self.closed is not None:
+            return  # the loop below (further up this stack) spends it; a closed channel sends nothing
+        ob.draining = True  # a call that completes at once re-enters here: no recursion
+        try:
+            while ob.queue and ob.credit > 0 and not self.congested():
+                p = ob.queue.popleft()
+                if call_finished(p):
+                    p.ungate()
+                    continue  # cancelled or timed out while waiting
+                ob.credit -= 1
+                try:
+                    self._send_call(p)
+                except LatticaError as e:
+                    self.runtime.fail_call(p, e)
+        finally:
+            ob.draining = False
+
+    def _send_call(self, p: Pending) -> None:
+        raise NotImplementedError
+
+    def fail_all(self, error: LatticaError) -> None:
+        self.closed = error  # from now on nothing is sent: returned() stops releasing calls
+        rt = self.runtime
+        for ob in self.outboxes.values():
+            while ob.queue:
+                p = ob.queue.popleft()
+                if not rt.follow(p, error, delivered=False) and not rt.resend(p, error):
+                    rt.fail_call(p, error)
+        sent = getattr(self, "stream", True) is not None  # (a channel that never opened sent nothing)
+        while self.pending:
+            p = self.pending.popitem()[1]
+            if not rt.follow(p, error, delivered=sent) and not rt.resend(p, error):
+                rt.fail_call(p, error)
+
+
+class _LocalSink(Sink):
+    __slots__ = ("runtime", "p")
+
+    def __init__(self, runtime: Runtime, p: Pending) -> None:
+        self.runtime = runtime
+        self.p = p
+
+    def ok(self, value: Any) -> None:
+        self.runtime.complete_call(self.p, value, None)
+
+    def err(self, kind: str, type_name: str, message: str, tb: str = "") -> None:
+        self.runtime.complete_call(self.p, None, (kind, type_name, message, tb))
+
+    def item(self, value: Any) -> None:
+        self.p.stream._push(value)
+
+    def end(self) -> None:
+        self.runtime.complete_call(self.p, None, None, end=True)
+
+
+class LocalChannel(Channel):
+    """Calls to actors on this node: same credit rules, objects passed by reference."""
+
+    def _send_call(self, p: Pending) -> None:
+        p.ungate()
+        p.stamp()
+        rt = self.runtime
+        _, cid, actor_name, method, args, kwargs, timeout, flags = p.msg
+        actor = rt.actors.get(actor_name)
+        self.pending[cid] = p
+        p.channel = self
+        sink = _LocalSink(rt, p)
+        if actor is None:
+            sink.err(rpc.E_NOT_FOUND, "ActorNotFound", f"no actor named {actor_name!r} on this node")
+            return
+        deadline = rt.loop.time() + timeout if timeout is not None else None
+        inv = Invocation(actor, method, args, kwargs, deadline, sink, streaming=bool(flags & rpc.F_STREAM), caller=rt.peer_id)
+        if p.stream is not None:
+            p.stream._bind(lambda n: actor.grant(inv, n), lambda: actor.cancel(inv))
+        if flags & rpc.F_ARGSTREAM:
+            rt.local_arg_streams(inv, p)
+        if p.future is not None:
+            p.future._cancel_hook = lambda: actor.cancel(inv)
+        actor.dispatch(inv)
+
+
+class RemoteChannel(Channel):
+    """Calls to one peer over its ``/lattica/rpc/1`` stream."""
+
+    def __init__(self, runtime: Runtime, peer: PeerId) -> None:
+        super().__init__(runtime, peer)
+        self.stream: Stream | None = None
+        self.opening: asyncio.Task | None = None
+        self.unsent: list = []  # calls submitted before the stream was open
+        self.writer = FrameWriter(runtime.loop)
+        self.last_used = time.monotonic()
+        self.moving = False  # a better connection came up: switch when quiet
+
+    def quiet(self) -> bool:
+        """No call in flight and none queued: a new channel cannot overtake anything."""
+        return not self.pending and not self.unsent and not any(ob.queue for ob in self.outboxes.values())
+
+    def idle(self) -> bool:
+        return (
+            self.stream is not None
+            and not self.pending
+            and not any(ob.queue for ob in self.outboxes.values())
+            and time.monotonic() - self.last_used > self.runtime.channel_idle
+        )
+
+    def congested(self) -> bool:
+        return self.writer.backlog() > CHANNEL_HIGH_WATER
+
+    def _send_call(self, p: Pending) -> None:
+        p.ungate()
+        p.stamp()
+        self.last_used = time.monotonic()
+        tell = p.msg[7] & rpc.F_TELL
+        if not tell:  # a tell gets no reply: its credit comes back in MAILBOX messages
+            self.pending[p.cid] = p
+        p.channel = self
+        cid = p.cid  # the hooks capture the id, not p: p -> future -> hook -> p would be a cycle
+        if p.future is not None:
+            p.future._cancel_hook = lambda: self.send([rpc.CANCEL, cid])
+        if p.stream is not None:
+            p.stream._bind(lambda n: self.send([rpc.CREDIT, cid, n]), lambda: self.send([rpc.CANCEL, cid]))
+        try:
+            self.send(p.msg, p.encoded)
+        except LatticaError:
+            if not tell:
+                del self.pending[p.cid]
+            self.returned(p.ref.name)
+            raise
+
+    def send(self, msg: list, encoded: list | None = None) -> None:
+        """Encode ``msg`` now (errors surface here, at the caller) and queue it for the stream."""
+        chunks = encoded if encoded is not None else codec.encode(msg)
+        if self.stream is None:
+            self.unsent.append(chunks)
+            if self.opening is None:
+                self.opening = self.runtime.loop.create_task(self._open())
+            return
+        self.writer.write(self.stream, chunks)
+
+    async def _open(self) -> None:
+        try:
+            stream = await self.runtime.host.open_stream(self.peer, rpc.PROTOCOL)
+        except LatticaError as e:
+            err = e
+            if not isinstance(e, PeerUnreachable):
+                err = PeerUnreachable(f"cannot reach {self.peer}: {e}")
+                err.__cause__ = e  # e.g. our own ConnectionLimit: callers can tell it is not the peer
+            self.runtime.drop_channel(self, err)
+            return
+        self.stream = stream
+        unsent, self.unsent = self.unsent, []
+        for chunks in unsent:
+            self.writer.write(stream, chunks)
+        self.runtime.host.spawn(self._read_replies(stream))
+
+    async def _read_replies(self, stream: Stream) -> None:
+        rt = self.runtime
+        splitter = rpc.FrameSplitter(MAX_MESSAGE)
+        try:
+            while True:
+                data = await stream.read(1 << 20)
+                if not data:
+                    raise PeerUnreachable(f"{self.peer} closed the call channel")
+                for frame in splitter.feed(data):
+                    msg = rpc.parse(codec.decode(frame))
+                    rt.on_reply(self, msg)
+        except Exception as e:  # whatever broke the reader, no call may be left waiting on it
+            err = e if isinstance(e, PeerUnreachable) else PeerUnreachable(f"call channel to {self.peer} failed: {e}")
+            if isinstance(e, ProtocolError):
+                log.info("closing call channel: peer broke the protocol", peer=str(self.peer), reason=str(e))
+            elif not isinstance(e, LatticaError):
+                log.exception("call channel reader failed", peer=str(self.peer))
+            stream.reset()
+            rt.drop_channel(self, err)
+
+
+class FrameWriter:
+    """Coalesces small messages per loop iteration into one stream write."""
+
+    __slots__ = ("_loop", "_buf", "_stream", "_scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._buf = bytearray()
+        self._stream: Stream | None = None
+        self._scheduled = False
+
+    def write(self, stream: Stream, chunks: list) -> None:
+        """Queue one encoded message (``codec.encode`` output) behind its 4-byte length."""
+        size = sum(map(len, chunks)) if len(chunks) > 2 else len(chunks[0]) + len(chunks[1])
+        self._stream = stream
+        buf = self._buf
+        buf += size.to_bytes(4, "big")
+        if size < 65536:
+            for c in chunks:
+                buf += c
+        else:  # big payloads: flush what is queued, then hand the buffers over without copying
+            for c in chunks[:2]:
+                buf += c
+            stream.write(buf)
+            self._buf = bytearray()
+            for c in chunks[2:]:
+                stream.write(c)
+            return
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        if self._buf and self._stream is not None:
+            buf, self._buf = self._buf, bytearray()
+            try:
+                self._stream.write(buf)
+            except LatticaError:
+                pass  # the reader side notices the broken stream and fails the calls
+
+    def backlog(self) -> int:
+        s = self._stream
+        return len(self._buf) + (s.write_buffer_size() if s is not None else 0)

@@ -1,0 +1,25 @@
+"""The runtime's constants: method kinds, mailbox and stream windows, message and actor limits,
+and its timeouts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lattica import codec
+
+
+ASYNC, SYNC, AGEN, GEN = "async", "sync", "agen", "gen"
+DEFAULT_WINDOW = 1024  # calls in flight per caller per actor (the mailbox share of one caller)
+DEFAULT_MAX_CONCURRENCY = 1000  # async calls running at once per actor (Ray's default)
+STREAM_WINDOW = 16  # items a stream producer may send ahead of its consumer
+MAX_MESSAGE = codec.DEFAULT_LIMITS.max_frame
+CHANNEL_HIGH_WATER = 16 * 1024 * 1024  # unsent bytes on a channel before calls wait at the caller
+MAX_STREAM_ARGS = 64
+CHANNEL_IDLE = 60.0  # seconds a call channel with nothing in flight stays open
+LIFECYCLE_HOOKS = frozenset({"on_start", "on_stop", "restore"})  # called by the runtime, never by peers
+BUILTIN_ACTORS = ("lattica.supervisor.Supervisor",)  # actor classes any peer may spawn on any node
+NO_STATE: Any = object()  # spawned without a checkpoint to restore
+MAX_ACTORS = 10_000  # actors per node: every spawn beyond it is refused
+HOOK_TIMEOUT = 10.0  # seconds an on_stop hook may take
+FOLLOW_FOR = 30.0  # seconds a stable ref keeps re-sending an undelivered call while its actor moves
+RECENT_PLACEMENT = 5.0  # seconds a spawn we sent counts against its node (gossip lag)

@@ -1,0 +1,600 @@
+"""The ``Runtime``: one node's actors, its call channels and the calls in flight; it makes, routes,
+follows (stable refs) and fails calls."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import fnmatch
+import importlib
+import itertools
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from lattica import codec, context, rpc
+from lattica.logging import get_logger
+from lattica.errors import (
+    ActorDied,
+    ActorNotFound,
+    ActorRestarted,
+    CallTimeout,
+    LatticaError,
+    MailboxFull,
+    MethodNotFound,
+    PeerUnreachable,
+    PlacementError,
+    ProtocolError,
+    SpawnError,
+    remote_error,
+)
+from lattica.future import Future
+from lattica.identity import PeerId
+from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream
+
+from lattica.runtime.limits import BUILTIN_ACTORS, CHANNEL_IDLE, DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, FOLLOW_FOR, MAX_ACTORS, MAX_STREAM_ARGS, NO_STATE, RECENT_PLACEMENT
+from lattica.runtime.refs import StreamArg, method_table
+from lattica.runtime.local import ArgStream, LocalActor, error_parts, reset_quietly
+from lattica.runtime.client import Gate, LocalChannel, Pending, RemoteChannel, call_finished
+from lattica.runtime.server import ServerChannel
+
+if TYPE_CHECKING:
+    from lattica.runtime.refs import ActorRef
+    from lattica.runtime.local import Invocation
+    from lattica.runtime.client import Channel
+    from lattica.monitors import Monitors
+    from lattica.actors.dht import DhtService
+    from lattica.host import Host
+
+log = get_logger("lattica.runtime")
+
+
+class Runtime:
+    """Actors of one node and its call channels; lives on the node loop."""
+
+    def __init__(self, host: Host, allow: list[str], services: Mapping[str, Any]) -> None:
+        self.host = host
+        self.loop = host.loop
+        self.peer_id: PeerId = host.peer_id
+        self.allow = list(allow)
+        self.channel_idle: float = getattr(host.node, "channel_idle", CHANNEL_IDLE)
+        self.actors: dict[str, LocalActor] = {}
+        self.channels: dict[PeerId, Channel] = {}
+        self._ids = itertools.count(1)
+        self._posted: collections.deque[Callable[[], None]] = collections.deque()
+        self._post_lock = threading.Lock()
+        self._post_scheduled = False
+        self.local = LocalChannel(self, self.peer_id)
+        self._gates: dict[tuple[PeerId, str], Gate] = {}
+        self.in_flight: dict[tuple[PeerId, str], int] = {}  # calls from a peer to an actor, in progress
+        # nodes sharing one loop (Node.astart) share its thread: the first live one keeps the mapping
+        current = context.thread_runtime()
+        if current is None or current.host.closing or current.loop.is_closed():
+            context.bind_thread(self)
+        context.add_live(self)
+        host.handlers[rpc.PROTOCOL] = self._serve
+        self.monitors: Monitors = None  # type: ignore[assignment]  # the host sets them right after (they import us)
+        self.stop_listeners: list[Callable[[str, str], None]] = []  # told (actor name, reason) when one of ours ends
+        self._placed: collections.deque[tuple[float, str, Any]] = collections.deque()  # (when, peer, its load then)
+        self.services = services  # the node's system services; the host starts them after us
+        host.spawn(self._close_idle_channels())
+
+    @property
+    def dht(self) -> DhtService:
+        """The DHT service: named actors register and resolve through it."""
+        return self.services["dht"]
+
+    async def _close_idle_channels(self) -> None:
+        """Close call channels with nothing in flight for a while, so that the connections under
+        them can go idle and close (an open stream keeps a connection alive)."""
+        while True:
+            await asyncio.sleep(max(self.channel_idle / 4, 0.05))
+            for peer, ch in list(self.channels.items()):
+                if isinstance(ch, RemoteChannel) and ch.idle():
+                    del self.channels[peer]
+                    ch.closed = PeerUnreachable("call channel closed while idle")
+                    self.host.spawn(ch.stream.close())  # type: ignore[union-attr]
+
+    # -- cross-thread posting (batched wake-ups) ------------------------------------------------
+
+    def post(self, fn: Callable[[], None]) -> bool:
+        """Run ``fn`` on the loop soon; safe from any thread, one wake-up per batch. False if
+        the node has stopped (``fn`` will never run)."""
+        if self.loop.is_closed() or self.host.closing:
+            return False
+        with self._post_lock:
+            self._posted.append(fn)
+            if self._post_scheduled:
+                return True
+            self._post_scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._run_posted)
+        except RuntimeError:
+            return False  # the loop closed meanwhile: the node is gone
+        return True
+
+    def _run_posted(self) -> None:
+        with self._post_lock:
+            self._post_scheduled = False
+            batch, self._posted = self._posted, collections.deque()
+        for fn in batch:
+            try:
+                fn()
+            except Exception:
+                log.exception("posted callback failed")
+
+    # -- actors ---------------------------------------------------------------------------------
+
+    def create(self, cls: type, args: list, kwargs: dict | None, name: str | None, *, max_concurrency: int = DEFAULT_MAX_CONCURRENCY, window: int = DEFAULT_WINDOW, instance: Any = None, publish: bool = False, state: Any = NO_STATE) -> LocalActor:
+        """Make an actor here; ``publish``: register its name mesh-wide in the DHT while it lives;
+        ``state``: a checkpoint handed to its ``restore`` before any call."""
+        name = name or f"{cls.__name__}-{next(self._ids):x}-{id(cls) & 0xFFFF:04x}"
+        if not name or len(name) > rpc.MAX_NAME:
+            raise ValueError("actor names are 1 to 256 characters")
+        if name in self.actors:
+            raise SpawnError(f"an actor named {name!r} already exists on {self.peer_id}")
+        if len(self.actors) >= MAX_ACTORS:
+            raise SpawnError(f"{self.peer_id} already runs {MAX_ACTORS} actors")
+        actor = LocalActor(self, name, cls, method_table(cls), max_concurrency, window)
+        actor.published = publish and instance is None
+        self.actors[name] = actor
+        actor.start(args, kwargs, instance, state)
+        return actor
+
+    def release_slot(self, peer: PeerId, actor: str) -> None:
+        key = (peer, actor)
+        n = self.in_flight.get(key, 1) - 1
+        if n > 0:
+            self.in_flight[key] = n
+        else:
+            self.in_flight.pop(key, None)
+
+    # -- placement ------------------------------------------------------------------------------
+
+    def placement_view(self) -> list[dict[str, Any]]:
+        """The membership view placement chooses from (PlacementError without membership)."""
+        if self.host.membership is None:
+            raise PlacementError("placement needs membership: this node runs with membership=False")
+        return self.host.membership.nodes()
+
+    def placed(self, peer: str, view: list[dict[str, Any]]) -> None:
+        """We just sent a spawn to ``peer``: count it until its gossiped load changes."""
+        row = next((r for r in view if r["peer_id"] == peer), {})
+        self._placed.append((self.loop.time(), peer, row.get("load")))
+
+    def recent_placements(self, view: list[dict[str, Any]]) -> dict[str, int]:
+        """Spawns sent per node that its gossiped load does not show yet (same load as when we
+        sent them, and within a few seconds)."""
+        horizon = self.loop.time() - RECENT_PLACEMENT
+        loads = {r["peer_id"]: r.get("load") for r in view}
+        self._placed = collections.deque(e for e in self._placed if e[0] >= horizon and loads.get(e[1]) == e[2])
+        return dict(collections.Counter(peer for _, peer, _ in self._placed))
+
+    def actor_ended(self, name: str, reason: str) -> None:
+        for listener in self.stop_listeners:
+            try:
+                listener(name, reason)
+            except Exception:
+                log.exception("actor stop listener failed", actor=name)
+
+    def forget(self, actor: LocalActor) -> None:
+        if self.actors.get(actor.name) is actor:
+            del self.actors[actor.name]
+
+    def resolve_class(self, path: str) -> type:
+        """Import the ``@lattica.actor`` class named ``module.Class``, if the allow-list permits.
+
+        The allow-list is checked twice: against the name asked for, and against where the class
+        actually lives (``cls.__module__`` + ``__qualname__``), so a permitted module cannot be used
+        to reach anything it merely imports. Only decorated actor classes can be spawned."""
+        refuse = f"class {path!r} is not allowed on {self.peer_id} (allow-list: {self.allow or 'empty'})"
+        allowed = [*self.allow, *BUILTIN_ACTORS]
+        if not isinstance(path, str) or not any(fnmatch.fnmatchcase(path, pat) for pat in allowed):
+            raise SpawnError(refuse)
+        module, _, name = path.rpartition(".")
+        if not module or not name.isidentifier() or name.startswith("_") or ":" in path:
+            raise SpawnError(f"{path!r} is not a qualified class name (module.Class)")
+        try:
+            obj: Any = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise SpawnError(f"cannot import {path!r} on {self.peer_id}: {e}") from None
+        cls = getattr(obj, "_lattica_cls", None)
+        if not isinstance(cls, type) or type(obj).__name__ != "ActorClass":
+            raise SpawnError(f"{path!r} is not a @lattica.actor class")
+        real = f"{cls.__module__}.{cls.__qualname__}"
+        if not any(fnmatch.fnmatchcase(real, pat) for pat in allowed):
+            raise SpawnError(f"{refuse}; it is defined as {real!r}")
+        return cls
+
+    async def stop(self) -> None:
+        for actor in list(self.actors.values()):
+            await actor.stop("node shutting down")
+        for ch in list(self.channels.values()):
+            ch.fail_all(PeerUnreachable("this node is shutting down"))
+        if context.thread_runtime() is self:
+            context.unbind_thread(self)
+            for other in context.live_runtimes():  # another node on this shared loop (Node.astart) takes over
+                if other is not self and other.host.thread_id == threading.get_ident() and not other.host.closing:
+                    context.bind_thread(other)
+                    break
+        context.discard_live(self)
+
+    # -- calls out ------------------------------------------------------------------------------
+
+    def channel_for(self, peer: PeerId) -> Channel:
+        if peer == self.peer_id:
+            return self.local
+        ch = self.channels.get(peer)
+        if ch is not None and ch.moving and ch.quiet():  # type: ignore[union-attr]
+            self._retire(ch)  # type: ignore[arg-type]
+            ch = None
+        if ch is None:
+            ch = self.channels[peer] = RemoteChannel(self, peer)
+        return ch
+
+    def path_changed(self, peer: PeerId) -> None:
+        """A better connection to ``peer`` became primary (direct instead of relayed): the call
+        channel moves to it as soon as no call is in flight on the old one (keeping per-caller
+        order), and at once if none is."""
+        ch = self.channels.get(peer)
+        if isinstance(ch, RemoteChannel) and ch.stream is not None:
+            ch.moving = True
+            if ch.quiet():
+                self._retire(ch)
+
+    def _retire(self, ch: RemoteChannel) -> None:
+        if self.channels.get(ch.peer) is ch:
+            del self.channels[ch.peer]
+        ch.closed = PeerUnreachable("call channel moved to a better connection")
+        if ch.stream is not None:
+            self.host.spawn(ch.stream.close())
+
+    def member_down(self, member: Any, why: str) -> None:
+        """Membership's verdict on a peer: calls waiting on it fail (or, through stable refs, follow
+        their actors) instead of waiting on a frozen process; monitors on its actors fire."""
+        try:
+            peer = PeerId.from_string(member.id)
+        except LatticaError:
+            return
+        ch = self.channels.get(peer)
+        if isinstance(ch, RemoteChannel):
+            if ch.stream is not None:
+                self.host.spawn(reset_quietly(ch.stream))
+            self.drop_channel(ch, PeerUnreachable(f"{peer} was declared {member.state}: {why}"))
+        self.monitors.node_down(member.id, why)
+
+    def drop_channel(self, ch: Channel, error: LatticaError) -> None:
+        if self.channels.get(ch.peer) is ch:
+            del self.channels[ch.peer]
+        ch.fail_all(error)
+
+    def call(self, ref: ActorRef, method: str, args: tuple, kwargs: dict, *, timeout: float | None, tell: bool = False, stream: Any = None,
+             block: bool = True, idempotent: bool = False) -> Future | None:
+        """Make a call (on the loop); returns its Future (None for tell)."""
+        p = self.prepare(ref, method, args, kwargs, timeout=timeout, tell=tell, stream=stream, idempotent=idempotent)
+        self.submit(p, block)
+        return p.future
+
+    def prepare(self, ref: ActorRef, method: str, args: tuple, kwargs: dict, *, timeout: float | None, tell: bool = False, stream: Any = None,
+                encode: bool = False, idempotent: bool = False) -> Pending:
+        """Build a call (any thread). With ``encode``, a call to another node is encoded here, so
+        an argument the codec refuses raises in the caller's thread."""
+        spawn = ref._spawn
+        if spawn is not None and spawn.done() and not spawn.cancelled() and spawn.exception() is not None:
+            if not ref.stable:
+                raise spawn.exception()  # type: ignore[misc]
+            ref._spawn = None  # following it failed once; this call starts over
+        flags = (rpc.F_TELL if tell else 0) | (rpc.F_STREAM if stream is not None else 0)
+        arg_list = list(args)
+        streamed = None
+        for i, a in enumerate(arg_list):
+            if hasattr(a, "__aiter__") and not isinstance(a, (ArgStream,)):
+                streamed = streamed or {}
+                if len(streamed) >= MAX_STREAM_ARGS:
+                    raise ValueError(f"at most {MAX_STREAM_ARGS} arguments of one call can be streams")
+                streamed[len(streamed)] = a
+                arg_list[i] = StreamArg(len(streamed) - 1)
+        if streamed:
+            flags |= rpc.F_ARGSTREAM
+        cid = next(self._ids)  # itertools.count: safe from any thread
+        msg = rpc.call(cid, ref.name, method, arg_list, kwargs or None, timeout, flags)
+        p = Pending(cid, ref, msg, None if tell or stream is not None else Future(self.loop), stream)
+        p.stream_args = streamed
+        p.idempotent = idempotent
+        if encode and ref.peer_id != self.peer_id:
+            p.encoded = codec.encode(msg)
+        return p
+
+    def submit(self, p: Pending, block: bool) -> None:
+        """Send a prepared call (on the loop): held while its actor's spawn is pending, then
+        through the channel's credit window. Raises MailboxFull when it may not wait."""
+        if p.msg[6] is not None and not (p.msg[7] & rpc.F_TELL):
+            p.timer = self.loop.call_later(p.msg[6], self._timed_out, p)
+        ref = p.ref
+        spawn = ref._spawn
+        if (spawn is None or spawn.done()) and ref.peer_id != self.peer_id and self.node_down(ref.peer_id):
+            # membership holds the node suspect or dead: a stable ref follows its actor (to where
+            # its supervisor restarts it, or back here if the node recovers); any other call fails
+            # now rather than wait on a frozen process (tells go: membership gossip must reach a
+            # dead member over a connection that is still open, so it hears its verdict)
+            if ref.stable and not self.host.closing:
+                self._start_following(ref)
+                spawn = ref._spawn
+            elif not p.msg[7] & rpc.F_TELL and self._node_state(ref.peer_id) == "dead":
+                self.fail_call(p, PeerUnreachable(f"{ref.peer_id} was declared dead; calls to it fail until it rejoins the mesh"))
+                return
+        if spawn is not None and (not spawn.done() or ref._held is not None):
+            # held until the spawn answers; `_held` stays set until the release ran, so a call
+            # made in between queues behind the held ones instead of overtaking them
+            if ref._held is None:
+                ref._held = []
+                spawn.add_done_callback(lambda _: self._release_held(ref))
+            ref._held.append(p)
+        else:
+            self.channel_for(ref.peer_id).submit(p, block)
+
+    def submit_threadsafe(self, p: Pending, block: bool) -> None:
+        """``submit`` for a call prepared on another thread: failures go to its future/stream."""
+        if call_finished(p):  # cancelled before it reached the loop
+            p.ungate()
+            return
+        try:
+            self.submit(p, block)
+        except BaseException as e:  # noqa: BLE001 -- delivered to the caller
+            p.ungate()
+            self.fail_call(p, e)
+
+    def gate(self, ref: ActorRef) -> Gate:
+        key = (ref.peer_id, ref.name)
+        g = self._gates.get(key)
+        return g if g is not None else self._gates.setdefault(key, Gate())
+
+    def _release_held(self, ref: ActorRef) -> None:
+        """The spawn behind ``ref`` answered: send the calls held for it, in order, or fail them."""
+        held, ref._held = ref._held or [], None
+        spawn = ref._spawn
+        error = spawn.exception() if spawn is not None and not spawn.cancelled() else None
+        ch = self.channel_for(ref.peer_id)
+        for p in held:
+            if call_finished(p):
+                p.ungate()
+                continue  # timed out or cancelled while held
+            if error is not None:
+                p.ungate()
+                self.fail_call(p, error)
+                continue
+            try:
+                ch.submit(p, True)
+            except BaseException as e:  # noqa: BLE001
+                p.ungate()
+                self.fail_call(p, e)
+
+    # -- stable refs: following a supervised actor to its next incarnation ----------------------
+
+    def follow(self, p: Pending, error: BaseException, delivered: bool) -> bool:
+        """A call through a stable ref found its actor gone. Start following the actor (resolve
+        its name again); re-send the call if it never reached the actor, or if the caller said it
+        is idempotent (for up to ``FOLLOW_FOR`` s), else fail it with ActorRestarted. False: not
+        a stable ref's call."""
+        ref = p.ref
+        if not ref.stable or self.host.closing or call_finished(p):
+            return False
+        self._start_following(ref)
+        now = time.monotonic()
+        if p.follow_until is None:
+            p.follow_until = now + FOLLOW_FOR
+        if (not delivered or p.idempotent) and p.stream is None and now < p.follow_until:
+            if p.timer is not None:
+                p.timer.cancel()
+                p.timer = None
+            p.channel = None
+            self.submit(p, True)  # held until the name resolves again
+            return True
+        if delivered:
+            error = ActorRestarted(f"{ref.name}.{p.msg[3]} was in flight when the actor went away ({error}); the ref follows its next incarnation")
+        p.channel = None
+        self.fail_call(p, error)
+        return True
+
+    def resend(self, p: Pending, error: BaseException) -> bool:
+        """An idempotent call whose path to the actor's node broke (its relay died, say) is sent
+        once more, over a new channel: the next path (another relay, a direct connection). False:
+        not such a call, or already re-sent once."""
+        if not p.idempotent or p.stream is not None or p.follow_until is not None or not isinstance(error, PeerUnreachable):
+            return False
+        if self.host.closing or call_finished(p) or self.node_down(p.ref.peer_id):
+            return False
+        p.follow_until = time.monotonic()  # marks it re-sent
+        if p.timer is not None:
+            p.timer.cancel()
+            p.timer = None
+        p.channel = None
+        self.submit(p, True)
+        return True
+
+    def _start_following(self, ref: ActorRef) -> None:
+        spawn = ref._spawn
+        if spawn is not None and not spawn.done():
+            return  # already following
+        fut = self.loop.create_future()
+        ref._spawn = fut
+        self.host.spawn(self._find_again(ref, fut))
+
+    async def _find_again(self, ref: ActorRef, fut: asyncio.Future) -> None:
+        """Resolve ``ref``'s name until it names an actor on a node not known to be down."""
+        deadline = self.loop.time() + FOLLOW_FOR
+        delay = 0.05
+        while True:
+            await asyncio.sleep(delay)  # (its supervisor needs a moment; so does a refused dial)
+            found: ActorRef | None = None
+            local = self.actors.get(ref.name)
+            if local is not None and local.state in ("starting", "running"):
+                found = local.ref
+            else:
+                try:
+                    async with asyncio.timeout(max(0.1, deadline - self.loop.time())):
+                        found = await self.dht.resolve_name(ref.name)
+                except (LatticaError, TimeoutError):
+                    found = None
+            if found is not None and not self.node_down(found.peer_id):
+                ref.peer_id = found.peer_id
+                fut.set_result(ref)
+                return
+            if self.loop.time() >= deadline:
+                fut.set_exception(ActorNotFound(f"{ref.name!r} did not come back within {FOLLOW_FOR:.0f} s"))
+                fut.exception()
+                return
+            delay = min(delay * 2, 0.5)
+
+    def node_down(self, peer: PeerId) -> bool:
+        """Membership holds ``peer`` suspect or dead."""
+        state = self._node_state(peer)
+        return state is not None and state != "alive"
+
+    def _node_state(self, peer: PeerId) -> str | None:
+        membership = self.host.membership
+        if membership is None or peer == self.peer_id:
+            return None
+        m = membership.core.get(str(peer))
+        return m.state if m is not None else None
+
+    def _timed_out(self, p: Pending) -> None:
+        ch = p.channel
+        if ch is not None and p.cid in ch.pending:
+            if isinstance(ch, RemoteChannel):
+                ch.send([rpc.CANCEL, p.cid])
+                # a slow actor, or a dead path (its NAT forgot it, a relay lost the other end):
+                # a probe tells them apart, and a dead connection is aborted so the next call
+                # finds a way again
+                conn = self.host.conns.get(ch.peer)
+                if conn is not None:
+                    conn.probe(PROBE_TIMEOUT)
+        self.fail_call(p, CallTimeout(f"call to {p.ref.name}.{p.msg[3]} timed out after {p.msg[6]} s"), cancel_local=True)
+
+    def fail_call(self, p: Pending, error: BaseException, cancel_local: bool = False) -> None:
+        ch = p.channel
+        if ch is not None and ch.pending.pop(p.cid, None) is not None:
+            ch.returned(p.ref.name)
+            if cancel_local and ch is self.local:
+                if p.future is not None and p.future._cancel_hook is not None:
+                    hook, p.future._cancel_hook = p.future._cancel_hook, None
+                    hook()
+                elif p.stream is not None and p.stream._cancel is not None:
+                    p.stream._cancel()
+        if p.timer is not None:
+            p.timer.cancel()
+        p.ungate()
+        if p.future is not None:
+            p.future._reject(error)
+        elif p.stream is not None:
+            p.stream._fail(error)
+
+    def complete_call(self, p: Pending, value: Any, error: tuple | None, end: bool = False) -> None:
+        ch = p.channel
+        if ch is None or ch.pending.pop(p.cid, None) is None:
+            return  # timed out or cancelled already
+        ch.returned(p.ref.name)
+        if p.timer is not None:
+            p.timer.cancel()
+        if error is not None:
+            exc = self._error(p, *error)
+            if error[0] in (rpc.E_NOT_FOUND, rpc.E_DIED) and self.follow(p, exc, delivered=error[0] == rpc.E_DIED):
+                return
+            if p.future is not None:
+                p.future._reject(exc)
+            elif p.stream is not None:
+                p.stream._fail(exc)
+        elif p.future is not None:
+            p.future._resolve(value)
+        elif p.stream is not None:
+            p.stream._finish()
+
+    def _error(self, p: Pending, kind: str, type_name: str, message: str, tb: str) -> BaseException:
+        where = f"{p.ref.name}.{p.msg[3]}"
+        if kind == rpc.E_REMOTE:
+            return remote_error(type_name, message, tb)
+        if kind == rpc.E_NOT_FOUND:
+            spawn = p.ref._spawn
+            if spawn is not None and spawn.done() and spawn.exception() is not None:
+                return spawn.exception()  # type: ignore[return-value]
+            return ActorNotFound(message)
+        if kind == rpc.E_METHOD:
+            return MethodNotFound(message)
+        if kind == rpc.E_TIMEOUT:
+            return CallTimeout(message)
+        if kind == rpc.E_DIED:
+            return ActorDied(message)
+        if kind == rpc.E_MAILBOX:
+            return MailboxFull(message)
+        if kind == rpc.E_SPAWN:
+            return SpawnError(f"actor {p.ref.name!r} failed to start: {type_name}: {message}\n{tb}".rstrip())
+        if kind == rpc.E_CANCELLED:
+            return asyncio.CancelledError(message)
+        return ProtocolError(f"{where}: {message}")
+
+    def on_reply(self, ch: RemoteChannel, msg: list) -> None:
+        ch.last_used = time.monotonic()
+        kind = msg[0]
+        if kind == rpc.MAILBOX:
+            ch.returned(msg[1], msg[2])
+            return
+        p = ch.pending.get(msg[1])
+        if p is None:
+            return
+        if kind == rpc.OK:
+            self.complete_call(p, msg[2], None)
+        elif kind == rpc.ERR:
+            self.complete_call(p, None, (msg[2], msg[3], msg[4], msg[5]))
+        elif kind == rpc.ITEM:
+            if p.stream is not None:
+                p.stream._push(msg[2])
+        elif kind == rpc.END:
+            self.complete_call(p, None, None, end=True)
+        elif kind == rpc.ARGCRED:
+            self._pump_arg(ch, p, msg[2], msg[3])
+
+    # -- client streaming -----------------------------------------------------------------------
+
+    def _pump_arg(self, ch: RemoteChannel, p: Pending, index: int, n: int) -> None:
+        """The callee granted ``n`` more items of streamed argument ``index``."""
+        if not p.stream_args or index not in p.stream_args:
+            return
+        if p.arg_state is None:
+            p.arg_state = {}
+        state = p.arg_state.get(index)
+        if state is None:
+            state = p.arg_state[index] = [n, None]
+            self.host.spawn(self._pump(ch, p, index, p.stream_args[index], state))
+            return
+        state[0] += n
+        if state[1] is not None and not state[1].done():
+            state[1].set_result(None)
+
+    async def _pump(self, ch: RemoteChannel, p: Pending, index: int, source: Any, state: list) -> None:
+        try:
+            async for value in source:
+                while state[0] <= 0:
+                    if p.cid not in ch.pending:
+                        return
+                    state[1] = self.loop.create_future()
+                    await state[1]
+                state[0] -= 1
+                if p.cid not in ch.pending:
+                    return
+                ch.send([rpc.ARG, p.cid, index, value])
+            ch.send([rpc.ARGEND, p.cid, index])
+        except Exception as e:  # the source raised, or the codec refused an item
+            if p.cid in ch.pending:
+                ch.send([rpc.CANCEL, p.cid])
+            self.fail_call(p, e if isinstance(e, LatticaError) else remote_error(*error_parts(e)))
+
+    def local_arg_streams(self, inv: Invocation, p: Pending) -> None:
+        """A local call with streamed arguments: hand the caller's async iterators over directly."""
+        for i, a in enumerate(inv.args):
+            if isinstance(a, StreamArg):
+                inv.args[i] = p.stream_args[a.index]  # type: ignore[index]
+
+    # -- serving --------------------------------------------------------------------------------
+
+    async def _serve(self, stream: Stream, conn: Connection) -> None:
+        await ServerChannel(self, stream, conn).serve()

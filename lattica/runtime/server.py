@@ -1,0 +1,188 @@
+"""The callee's side of calls: serving a peer's call stream, checking every message and handing
+the calls to local actors."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lattica import codec, rpc
+from lattica.logging import get_logger
+from lattica.errors import (
+    LatticaError,
+    ProtocolError,
+)
+from lattica.transports.base import Connection, Stream
+
+from lattica.runtime.limits import CHANNEL_HIGH_WATER, MAX_MESSAGE, STREAM_WINDOW
+from lattica.runtime.refs import StreamArg
+from lattica.runtime.local import ArgStream, Invocation, Sink
+from lattica.runtime.client import FrameWriter
+
+if TYPE_CHECKING:
+    from lattica.runtime.registry import Runtime
+
+log = get_logger("lattica.runtime")
+
+
+class _ServerSink(Sink):
+    """Replies to a call that came from a peer; holds one slot of that peer's mailbox window."""
+
+    __slots__ = ("server", "cid", "actor", "tell", "counted")
+
+    def __init__(self, server: ServerChannel, cid: int, actor: str, tell: bool) -> None:
+        self.server = server
+        self.cid = cid
+        self.actor = actor
+        self.tell = tell  # fire-and-forget: only the mailbox credit goes back (batched)
+        self.counted = True
+
+    def _release(self) -> None:
+        s = self.server
+        s.invocations.pop(self.cid, None)
+        if self.counted:
+            self.counted = False
+            s.runtime.release_slot(s.peer, self.actor)
+            if self.tell:
+                s.tell_credit(self.actor)
+
+    def ok(self, value: Any) -> None:
+        self._release()
+        if self.tell:
+            return
+        try:
+            self.server.send([rpc.OK, self.cid, value])
+        except LatticaError as e:  # e.g. a result the codec cannot encode
+            self.server.send([rpc.ERR, self.cid, rpc.E_REMOTE, f"lattica.errors.{type(e).__name__}", f"cannot send the result: {e}", ""])
+
+    def err(self, kind: str, type_name: str, message: str, tb: str = "") -> None:
+        self._release()
+        if not self.tell:
+            self.server.send([rpc.ERR, self.cid, kind, type_name, message, tb])
+        elif kind == rpc.E_REMOTE:
+            log.info("fire-and-forget call failed", actor=self.actor, error=f"{type_name}: {message}")
+
+    def item(self, value: Any) -> None:
+        if not self.tell:
+            self.server.send([rpc.ITEM, self.cid, value])
+
+    def end(self) -> None:
+        self._release()
+        if not self.tell:
+            self.server.send([rpc.END, self.cid])
+
+
+class ServerChannel:
+    """Calls from one peer to actors on this node."""
+
+    def __init__(self, runtime: Runtime, stream: Stream, conn: Connection) -> None:
+        self.runtime = runtime
+        self.stream = stream
+        self.peer = conn.remote_peer
+        self.writer = FrameWriter(runtime.loop)
+        self.invocations: dict[int, Invocation] = {}
+        self.tell_credits: dict[str, int] = {}
+        self._credit_scheduled = False
+
+    def send(self, msg: list) -> None:
+        self.writer.write(self.stream, codec.encode(msg))
+
+    def tell_credit(self, actor: str) -> None:
+        self.tell_credits[actor] = self.tell_credits.get(actor, 0) + 1
+        if not self._credit_scheduled:
+            self._credit_scheduled = True
+            self.runtime.loop.call_soon(self._flush_credits)
+
+    def _flush_credits(self) -> None:
+        self._credit_scheduled = False
+        credits, self.tell_credits = self.tell_credits, {}
+        for actor, n in credits.items():
+            self.send([rpc.MAILBOX, actor, n])
+
+    async def serve(self) -> None:
+        splitter = rpc.FrameSplitter(MAX_MESSAGE)
+        try:
+            while True:
+                if self.writer.backlog() > CHANNEL_HIGH_WATER:
+                    # the caller is not reading its replies: stop reading its calls meanwhile
+                    self.writer.flush()
+                    await self.stream.drain()
+                data = await self.stream.read(1 << 20)
+                if not data:
+                    self.writer.flush()
+                    await self.stream.close()  # the caller closed its channel: so do we
+                    break
+                for frame in splitter.feed(data):
+                    self.on_message(codec.decode(frame))
+        except LatticaError as e:
+            if isinstance(e, ProtocolError):
+                log.info("closing call channel: peer broke the protocol", peer=str(self.peer), reason=str(e))
+                self.stream.reset()
+        finally:
+            for inv in list(self.invocations.values()):  # the caller is gone: stop its work
+                inv.actor.cancel(inv)
+            self.invocations.clear()
+
+    def on_message(self, raw: Any) -> None:
+        try:
+            msg = rpc.parse(raw)
+        except ProtocolError as e:
+            cid = raw[1] if type(raw) is list and len(raw) > 1 and type(raw[1]) is int and raw[0] == rpc.CALL else None
+            if cid is None:
+                raise
+            self.send([rpc.ERR, cid, rpc.E_PROTOCOL, "ProtocolError", str(e), ""])
+            return
+        kind = msg[0]
+        if kind == rpc.CALL:
+            self.on_call(msg)
+            return
+        inv = self.invocations.get(msg[1])
+        if inv is None:
+            return  # finished already (replies and cancels cross on the wire)
+        if kind == rpc.CANCEL:
+            inv.actor.cancel(inv)
+        elif kind == rpc.CREDIT:
+            inv.actor.grant(inv, msg[2])
+        elif kind == rpc.ARG:
+            s = (inv.arg_streams or {}).get(msg[2])
+            if s is not None:
+                s._push(msg[3])
+        elif kind == rpc.ARGEND:
+            s = (inv.arg_streams or {}).get(msg[2])
+            if s is not None:
+                s._end()
+
+    def refuse(self, cid: int, tell: bool, actor: str, kind: str, type_name: str, message: str) -> None:
+        """Answer a call that will not run: ERR, or for a tell just its credit back."""
+        if tell:
+            self.tell_credit(actor)
+        else:
+            self.send([rpc.ERR, cid, kind, type_name, message, ""])
+
+    def on_call(self, msg: list) -> None:
+        _, cid, actor_name, method, args, kwargs, timeout, flags = msg
+        rt = self.runtime
+        tell = bool(flags & rpc.F_TELL)
+        actor = rt.actors.get(actor_name)
+        if actor is None:
+            self.refuse(cid, tell, actor_name, rpc.E_NOT_FOUND, "ActorNotFound", f"no actor named {actor_name!r} on {rt.peer_id}")
+            return
+        key = (self.peer, actor_name)
+        used = rt.in_flight.get(key, 0)  # per peer, whatever stream its calls come on
+        if used >= actor.window:
+            self.refuse(cid, tell, actor_name, rpc.E_MAILBOX, "MailboxFull", f"caller exceeded its window of {actor.window} calls to {actor_name!r}")
+            return
+        rt.in_flight[key] = used + 1
+        sink = _ServerSink(self, cid, actor_name, tell)
+        deadline = rt.loop.time() + timeout if timeout is not None else None
+        inv = Invocation(actor, method, args, kwargs, deadline, sink, streaming=bool(flags & rpc.F_STREAM), caller=self.peer)
+        if not tell:
+            self.invocations[cid] = inv
+        if flags & rpc.F_ARGSTREAM:
+            inv.arg_streams = {}
+            for i, a in enumerate(args):
+                if isinstance(a, StreamArg):
+                    s = ArgStream(lambda n, idx=a.index: self.send([rpc.ARGCRED, cid, idx, n]))
+                    inv.arg_streams[a.index] = s
+                    args[i] = s
+                    self.send([rpc.ARGCRED, cid, a.index, STREAM_WINDOW])
+        actor.dispatch(inv)

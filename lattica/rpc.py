@@ -13,11 +13,14 @@ caller → callee                                   callee → caller
   ARGEND [4, id, index]                             MAILBOX [15, actor, n]  (tell credit back)
 
 Nothing here does I/O; ``FrameSplitter`` turns received bytes into frames, ``parse`` checks a
-decoded message's shape so the runtime never indexes into garbage.
+decoded message's shape so the runtime never indexes into garbage. A CALL we send is a
+:class:`CallMsg`: the same list (the same bytes on the wire) with its fields readable by name;
+the fields of the other messages are read with the index names below (``msg[VALUE]``).
 """
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
 from lattica.errors import FrameTooLarge, ProtocolError
@@ -42,17 +45,40 @@ E_SPAWN = "spawn"
 E_CANCELLED = "cancelled"
 E_PROTOCOL = "protocol"
 
+# where the fields of the other messages are: msg[ID] is every message's call id (but MAILBOX's)
+ID = 1
+VALUE = 2  # OK, ITEM: the value
+ERR_KIND, ERR_TYPE, ERR_MESSAGE, ERR_TRACEBACK = 2, 3, 4, 5
+CREDIT_N = 2  # CREDIT: how many more items
+ARG_INDEX, ARG_ITEM, ARGCRED_N = 2, 3, 3
+MAILBOX_ACTOR, MAILBOX_N = 1, 2
+
 MAX_NAME = 256
 _SHAPES: dict[int, int] = {CALL: 8, CANCEL: 2, CREDIT: 3, ARG: 4, ARGEND: 3, OK: 3, ERR: 6, ITEM: 3, END: 2, ARGCRED: 4, MAILBOX: 3}
 
 
-def call(cid: int, actor: str, method: str, args: list, kwargs: dict | None, timeout: float | None, flags: int) -> list:
-    return [CALL, cid, actor, method, args, kwargs, timeout, flags]
+class CallMsg(list):
+    """A CALL message: ``[CALL, id, actor, method, args, kwargs, timeout, flags]`` (encoded as that
+    list, byte for byte) with its fields by name; the timeout can be rewritten before sending."""
+
+    __slots__ = ()
+
+    cid = property(itemgetter(1))
+    actor = property(itemgetter(2))
+    method = property(itemgetter(3))
+    args = property(itemgetter(4))
+    kwargs = property(itemgetter(5))
+    timeout = property(itemgetter(6), lambda self, value: self.__setitem__(6, value))
+    flags = property(itemgetter(7))
+
+
+def call(cid: int, actor: str, method: str, args: list, kwargs: dict | None, timeout: float | None, flags: int) -> CallMsg:
+    return CallMsg((CALL, cid, actor, method, args, kwargs, timeout, flags))
 
 
 def parse(msg: Any) -> list:
     """Check a decoded message's kind, length and field types; return it or raise ProtocolError."""
-    if type(msg) is not list or not msg:
+    if (type(msg) is not list and type(msg) is not CallMsg) or not msg:
         raise ProtocolError("rpc message must be a non-empty list")
     kind = msg[0]
     n = _SHAPES.get(kind) if type(kind) is int else None

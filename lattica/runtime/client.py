@@ -7,7 +7,7 @@ import asyncio
 import collections
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from lattica import codec, rpc
 from lattica.logging import get_logger
@@ -26,10 +26,44 @@ from lattica.runtime.limits import CHANNEL_HIGH_WATER, MAX_MESSAGE
 from lattica.runtime.local import Invocation, Sink
 
 if TYPE_CHECKING:
+    from lattica.hostview import HostView
+    from lattica.runtime.local import LocalActor
     from lattica.runtime.refs import ActorRef
-    from lattica.runtime.registry import Runtime
 
 log = get_logger("lattica.runtime")
+
+
+class CallRouter(Protocol):
+    """What the channels need of the runtime (``Runtime`` in ``registry`` implements it): where
+    a call's outcome goes, how a call whose path broke is followed or re-sent, and the node's
+    actors, loop and host."""
+
+    peer_id: PeerId
+    loop: asyncio.AbstractEventLoop
+    host: HostView
+    actors: dict[str, LocalActor]
+    channel_idle: float
+
+    def complete_call(self, p: Pending, value: Any, error: tuple | None, end: bool = False) -> None:
+        """A reply (value, error or a stream's end) for ``p`` arrived."""
+
+    def fail_call(self, p: Pending, error: BaseException, cancel_local: bool = False) -> None:
+        """``p`` failed with ``error`` (and, local, its invocation is cancelled if asked)."""
+
+    def follow(self, p: Pending, error: BaseException, delivered: bool) -> bool:
+        """Through a stable ref, send ``p`` on to its actor's next incarnation; False: fail it."""
+
+    def resend(self, p: Pending, error: BaseException) -> bool:
+        """Send an idempotent ``p`` once more over the next path; False: fail it."""
+
+    def drop_channel(self, ch: Channel, error: LatticaError) -> None:
+        """Forget ``ch`` and fail every call on it with ``error``."""
+
+    def on_reply(self, ch: RemoteChannel, msg: list) -> None:
+        """A reply message arrived on ``ch``."""
+
+    def local_arg_streams(self, inv: Invocation, p: Pending) -> None:
+        """Start feeding a local call's argument streams."""
 
 
 class Pending:
@@ -55,11 +89,11 @@ class Pending:
 
     def stamp(self) -> None:
         """Just before sending: the timeout becomes what is left of it (it may have waited)."""
-        timeout = self.msg[6]
+        timeout = self.msg.timeout
         if timeout is not None:
             waited = time.monotonic() - self.created
             if waited > 0.001:
-                self.msg[6] = max(0.0, timeout - waited)
+                self.msg.timeout = max(0.0, timeout - waited)
                 self.encoded = None  # encode again with the shorter timeout
 
     def ungate(self) -> None:
@@ -116,7 +150,7 @@ class _Outbox:
 class Channel:
     """Calls from this node to one peer (remote) or to itself (local, no encoding)."""
 
-    def __init__(self, runtime: Runtime, peer: PeerId) -> None:
+    def __init__(self, runtime: CallRouter, peer: PeerId) -> None:
         self.runtime = runtime
         self.peer = peer
         self.outboxes: dict[str, _Outbox] = {}
@@ -191,7 +225,7 @@ class Channel:
 class _LocalSink(Sink):
     __slots__ = ("runtime", "p")
 
-    def __init__(self, runtime: Runtime, p: Pending) -> None:
+    def __init__(self, runtime: CallRouter, p: Pending) -> None:
         self.runtime = runtime
         self.p = p
 
@@ -237,7 +271,7 @@ class LocalChannel(Channel):
 class RemoteChannel(Channel):
     """Calls to one peer over its ``/lattica/rpc/1`` stream."""
 
-    def __init__(self, runtime: Runtime, peer: PeerId) -> None:
+    def __init__(self, runtime: CallRouter, peer: PeerId) -> None:
         super().__init__(runtime, peer)
         self.stream: Stream | None = None
         self.opening: asyncio.Task | None = None
@@ -265,7 +299,7 @@ class RemoteChannel(Channel):
         p.ungate()
         p.stamp()
         self.last_used = time.monotonic()
-        tell = p.msg[7] & rpc.F_TELL
+        tell = p.msg.flags & rpc.F_TELL
         if not tell:  # a tell gets no reply: its credit comes back in MAILBOX messages
             self.pending[p.cid] = p
         p.channel = self

@@ -308,8 +308,8 @@ class Runtime:
     def submit(self, p: Pending, block: bool) -> None:
         """Send a prepared call (on the loop): held while its actor's spawn is pending, then
         through the channel's credit window. Raises MailboxFull when it may not wait."""
-        if p.msg[6] is not None and not (p.msg[7] & rpc.F_TELL):
-            p.timer = self.loop.call_later(p.msg[6], self._timed_out, p)
+        if p.msg.timeout is not None and not (p.msg.flags & rpc.F_TELL):
+            p.timer = self.loop.call_later(p.msg.timeout, self._timed_out, p)
         ref = p.ref
         spawn = ref._spawn
         if (spawn is None or spawn.done()) and ref.peer_id != self.peer_id and self.node_down(ref.peer_id):
@@ -320,7 +320,7 @@ class Runtime:
             if ref.stable and not self.host.closing:
                 self._start_following(ref)
                 spawn = ref._spawn
-            elif not p.msg[7] & rpc.F_TELL and self._node_state(ref.peer_id) == "dead":
+            elif not p.msg.flags & rpc.F_TELL and self._node_state(ref.peer_id) == "dead":
                 self.fail_call(p, PeerUnreachable(f"{ref.peer_id} was declared dead; calls to it fail until it rejoins the mesh"))
                 return
         if spawn is not None and (not spawn.done() or ref._held is not None):
@@ -391,7 +391,7 @@ class Runtime:
             self.submit(p, True)  # held until the name resolves again
             return True
         if delivered:
-            error = ActorRestarted(f"{ref.name}.{p.msg[3]} was in flight when the actor went away ({error}); the ref follows its next incarnation")
+            error = ActorRestarted(f"{ref.name}.{p.msg.method} was in flight when the actor went away ({error}); the ref follows its next incarnation")
         p.channel = None
         self.fail_call(p, error)
         return True
@@ -469,7 +469,7 @@ class Runtime:
                 conn = self.host.conns.get(ch.peer)
                 if conn is not None:
                     conn.probe(PROBE_TIMEOUT)
-        self.fail_call(p, CallTimeout(f"call to {p.ref.name}.{p.msg[3]} timed out after {p.msg[6]} s"), cancel_local=True)
+        self.fail_call(p, CallTimeout(f"call to {p.ref.name}.{p.msg.method} timed out after {p.msg.timeout} s"), cancel_local=True)
 
     def fail_call(self, p: Pending, error: BaseException, cancel_local: bool = False) -> None:
         ch = p.channel
@@ -510,7 +510,7 @@ class Runtime:
             p.stream._finish()
 
     def _error(self, p: Pending, kind: str, type_name: str, message: str, tb: str) -> BaseException:
-        where = f"{p.ref.name}.{p.msg[3]}"
+        where = f"{p.ref.name}.{p.msg.method}"
         if kind == rpc.E_REMOTE:
             return remote_error(type_name, message, tb)
         if kind == rpc.E_NOT_FOUND:
@@ -536,22 +536,22 @@ class Runtime:
         ch.last_used = time.monotonic()
         kind = msg[0]
         if kind == rpc.MAILBOX:
-            ch.returned(msg[1], msg[2])
+            ch.returned(msg[rpc.MAILBOX_ACTOR], msg[rpc.MAILBOX_N])
             return
-        p = ch.pending.get(msg[1])
+        p = ch.pending.get(msg[rpc.ID])
         if p is None:
             return
         if kind == rpc.OK:
-            self.complete_call(p, msg[2], None)
+            self.complete_call(p, msg[rpc.VALUE], None)
         elif kind == rpc.ERR:
-            self.complete_call(p, None, (msg[2], msg[3], msg[4], msg[5]))
+            self.complete_call(p, None, (msg[rpc.ERR_KIND], msg[rpc.ERR_TYPE], msg[rpc.ERR_MESSAGE], msg[rpc.ERR_TRACEBACK]))
         elif kind == rpc.ITEM:
             if p.stream is not None:
-                p.stream._push(msg[2])
+                p.stream._push(msg[rpc.VALUE])
         elif kind == rpc.END:
             self.complete_call(p, None, None, end=True)
         elif kind == rpc.ARGCRED:
-            self._pump_arg(ch, p, msg[2], msg[3])
+            self._pump_arg(ch, p, msg[rpc.ARG_INDEX], msg[rpc.ARGCRED_N])
 
     # -- client streaming -----------------------------------------------------------------------
 

@@ -135,19 +135,19 @@ class ServerChannel:
         if kind == rpc.CALL:
             self.on_call(msg)
             return
-        inv = self.invocations.get(msg[1])
+        inv = self.invocations.get(msg[rpc.ID])
         if inv is None:
             return  # finished already (replies and cancels cross on the wire)
         if kind == rpc.CANCEL:
             inv.actor.cancel(inv)
         elif kind == rpc.CREDIT:
-            inv.actor.grant(inv, msg[2])
+            inv.actor.grant(inv, msg[rpc.CREDIT_N])
         elif kind == rpc.ARG:
-            s = (inv.arg_streams or {}).get(msg[2])
+            s = (inv.arg_streams or {}).get(msg[rpc.ARG_INDEX])
             if s is not None:
-                s._push(msg[3])
+                s._push(msg[rpc.ARG_ITEM])
         elif kind == rpc.ARGEND:
-            s = (inv.arg_streams or {}).get(msg[2])
+            s = (inv.arg_streams or {}).get(msg[rpc.ARG_INDEX])
             if s is not None:
                 s._end()
 

@@ -10,6 +10,7 @@ import lattica
 from lattica import hostview, services
 from lattica.membership import MemberUp
 from lattica.runtime import ASYNC, ActorRef
+from lattica.runtime.client import CallRouter
 from helpers import wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -99,3 +100,10 @@ def test_the_host_offers_everything_the_host_view_promises():
     with lattica.Node([TCP]) as node:
         missing = [m for m in members if not hasattr(node.host, m)]
     assert not missing, f"the host lacks {missing}"
+
+
+def test_the_runtime_offers_everything_the_channels_call_router_promises():
+    members = [m for m in dir(CallRouter) if not m.startswith("_")] + list(CallRouter.__annotations__)
+    with lattica.Node([TCP]) as node:
+        missing = [m for m in members if not hasattr(node.host.runtime, m)]
+    assert not missing, f"the runtime lacks {missing}"

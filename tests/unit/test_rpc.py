@@ -53,3 +53,17 @@ def test_valid_messages_parse():
 def test_malformed_messages_are_protocol_errors(msg):
     with pytest.raises(ProtocolError):
         rpc.parse(msg)
+
+
+def test_a_call_message_has_named_fields_and_the_bytes_of_the_plain_list():
+    import msgpack
+
+    from lattica import codec
+
+    msg = rpc.call(7, "actor", "method", [1, b"x"], {"k": 2}, 1.5, rpc.F_TELL)
+    plain = [rpc.CALL, 7, "actor", "method", [1, b"x"], {"k": 2}, 1.5, rpc.F_TELL]
+    assert (msg.cid, msg.actor, msg.method, msg.args, msg.kwargs, msg.timeout, msg.flags) == tuple(plain[1:])
+    assert msgpack.packb(msg) == msgpack.packb(plain)
+    assert codec.encode_bytes(msg) == codec.encode_bytes(plain)
+    msg.timeout = 0.5
+    assert msg == plain[:6] + [0.5, rpc.F_TELL] and rpc.parse(list(msg)) == msg

@@ -1,7 +1,7 @@
 """Lattica: a pure-Python peer-to-peer actor framework for decentralized AI."""
 
 from lattica import dht, errors
-from lattica.actor import actor
+from lattica.remote import actor
 from lattica.api import aget_actor, akill, exit_actor, get_actor, init, kill, link, monitor, nat_status, node, nodes, shutdown, unlink
 from lattica.future import Future, get, wait
 from lattica.identify import PeerInfo

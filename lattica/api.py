@@ -12,7 +12,7 @@ import threading
 from typing import Any, Callable, Iterable
 
 from lattica import context, dht
-from lattica.actor import on_loop, current_runtime
+from lattica.remote import on_loop, current_runtime
 from lattica.errors import ActorNotFound, LatticaError, Timeout
 from lattica.future import Future
 from lattica.identity import PeerId

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from lattica import dht
-from lattica.actor import actor
+from lattica.remote import actor
 from lattica.api import aget_actor
 from lattica.mesh.process import ServerProcess
 from lattica.mesh.supervised import lose, statuses, supervised_mesh

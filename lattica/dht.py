@@ -16,7 +16,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, NamedTuple
 
 from lattica import codec
-from lattica.actor import on_loop, current_runtime
+from lattica.remote import on_loop, current_runtime
 from lattica.future import Future
 from lattica.errors import LatticaError, NodeClosed
 from lattica.identity import PeerId

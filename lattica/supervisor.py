@@ -33,7 +33,7 @@ from typing import Any
 
 from lattica import codec
 from lattica.logging import get_logger
-from lattica.actor import ActorClass, class_path, actor, offer_spawn, spawn_placed
+from lattica.remote import ActorClass, class_path, actor, offer_spawn, spawn_placed
 from lattica.errors import LatticaError, SpawnError
 from lattica.identity import PeerId
 from lattica.actors.checkpoints import checkpoints_ref, members, ranked

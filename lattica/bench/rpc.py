@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from lattica._loop import DEFAULT_BUSY_POLL_US
-from lattica.actor import actor
+from lattica.remote import actor
 from lattica.node import Node
 from lattica.mesh.process import ServerProcess
 from lattica.bench.transport import LOOPBACK, pct

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from lattica.actor import actor
+from lattica.remote import actor
 from lattica.actors.membership import membership_ref
 from lattica.identity import PeerId
 from lattica.node import Node

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 from lattica.mesh.process import ServerProcess
 from lattica.node import Node
-from lattica.actor import actor
+from lattica.remote import actor
 from lattica.runtime import current_actor
 from lattica.supervisor import Supervisor
 

@@ -12,7 +12,7 @@ import pytest
 import lattica
 import sample_actors as sa
 from helpers import wait_for
-from lattica.actor import current_runtime
+from lattica.remote import current_runtime
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -68,7 +68,7 @@ def test_astop_during_astart_stops_the_started_node():
 @lattica.actor
 class _Who:
     async def who(self):
-        from lattica.actor import current_runtime
+        from lattica.remote import current_runtime
 
         return current_runtime().peer_id
 

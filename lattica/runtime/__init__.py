@@ -8,7 +8,9 @@
 - ``client``: the caller's side (pending calls, the thread gate, call channels, frame writing);
   channels reach the registry through the ``CallRouter`` protocol;
 - ``server``: the callee's side (a peer's call stream, checked and handed to local actors);
-- ``registry``: the ``Runtime`` (actors, channels, calls in flight, stable-ref following).
+- ``following``: stable-ref following (calls sent on to an actor's next incarnation, idempotent
+  calls re-sent over the next path), a base of the ``Runtime``;
+- ``registry``: the ``Runtime`` (actors, channels, calls in flight).
 """
 
 from lattica.runtime.limits import AGEN, ASYNC, BUILTIN_ACTORS, DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, GEN, LIFECYCLE_HOOKS, MAX_ACTORS, MAX_MESSAGE, NO_STATE, STREAM_WINDOW, SYNC

@@ -1,0 +1,118 @@
+"""Stable-ref following: a call through a stable ref whose actor went away (a supervised child
+restarted elsewhere) is sent on to the next incarnation, found again by name in the DHT; an
+idempotent call whose path broke is sent once more; and what the membership view says of a peer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+from lattica.logging import get_logger
+from lattica.errors import (
+    ActorNotFound,
+    ActorRestarted,
+    LatticaError,
+    PeerUnreachable,
+)
+from lattica.identity import PeerId
+
+from lattica.runtime.limits import FOLLOW_FOR
+from lattica.runtime.client import Pending, call_finished
+
+if TYPE_CHECKING:
+    from lattica.runtime.refs import ActorRef
+
+log = get_logger("lattica.runtime")
+
+
+class Following:
+    """The part of the :class:`~lattica.runtime.registry.Runtime` that follows stable refs (a base
+    class: it works on the runtime's own channels, actors and calls)."""
+
+    def follow(self, p: Pending, error: BaseException, delivered: bool) -> bool:
+        """A call through a stable ref found its actor gone. Start following the actor (resolve
+        its name again); re-send the call if it never reached the actor, or if the caller said it
+        is idempotent (for up to ``FOLLOW_FOR`` s), else fail it with ActorRestarted. False: not
+        a stable ref's call."""
+        ref = p.ref
+        if not ref.stable or self.host.closing or call_finished(p):
+            return False
+        self._start_following(ref)
+        now = time.monotonic()
+        if p.follow_until is None:
+            p.follow_until = now + FOLLOW_FOR
+        if (not delivered or p.idempotent) and p.stream is None and now < p.follow_until:
+            if p.timer is not None:
+                p.timer.cancel()
+                p.timer = None
+            p.channel = None
+            self.submit(p, True)  # held until the name resolves again
+            return True
+        if delivered:
+            error = ActorRestarted(f"{ref.name}.{p.msg.method} was in flight when the actor went away ({error}); the ref follows its next incarnation")
+        p.channel = None
+        self.fail_call(p, error)
+        return True
+
+    def resend(self, p: Pending, error: BaseException) -> bool:
+        """An idempotent call whose path to the actor's node broke (its relay died, say) is sent
+        once more, over a new channel: the next path (another relay, a direct connection). False:
+        not such a call, or already re-sent once."""
+        if not p.idempotent or p.stream is not None or p.follow_until is not None or not isinstance(error, PeerUnreachable):
+            return False
+        if self.host.closing or call_finished(p) or self.node_down(p.ref.peer_id):
+            return False
+        p.follow_until = time.monotonic()  # marks it re-sent
+        if p.timer is not None:
+            p.timer.cancel()
+            p.timer = None
+        p.channel = None
+        self.submit(p, True)
+        return True
+
+    def _start_following(self, ref: ActorRef) -> None:
+        spawn = ref._spawn
+        if spawn is not None and not spawn.done():
+            return  # already following
+        fut = self.loop.create_future()
+        ref._spawn = fut
+        self.host.spawn(self._find_again(ref, fut))
+
+    async def _find_again(self, ref: ActorRef, fut: asyncio.Future) -> None:
+        """Resolve ``ref``'s name until it names an actor on a node not known to be down."""
+        deadline = self.loop.time() + FOLLOW_FOR
+        delay = 0.05
+        while True:
+            await asyncio.sleep(delay)  # (its supervisor needs a moment; so does a refused dial)
+            found: ActorRef | None = None
+            local = self.actors.get(ref.name)
+            if local is not None and local.state in ("starting", "running"):
+                found = local.ref
+            else:
+                try:
+                    async with asyncio.timeout(max(0.1, deadline - self.loop.time())):
+                        found = await self.dht.resolve_name(ref.name)
+                except (LatticaError, TimeoutError):
+                    found = None
+            if found is not None and not self.node_down(found.peer_id):
+                ref.peer_id = found.peer_id
+                fut.set_result(ref)
+                return
+            if self.loop.time() >= deadline:
+                fut.set_exception(ActorNotFound(f"{ref.name!r} did not come back within {FOLLOW_FOR:.0f} s"))
+                fut.exception()
+                return
+            delay = min(delay * 2, 0.5)
+
+    def node_down(self, peer: PeerId) -> bool:
+        """Membership holds ``peer`` suspect or dead."""
+        state = self._node_state(peer)
+        return state is not None and state != "alive"
+
+    def _node_state(self, peer: PeerId) -> str | None:
+        membership = self.host.membership
+        if membership is None or peer == self.peer_id:
+            return None
+        m = membership.core.get(str(peer))
+        return m.state if m is not None else None

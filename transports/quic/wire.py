@@ -1,0 +1,53 @@
+"""QUIC's constants (ALPN, versions, error codes, socket and batch sizes) and UDP address
+helpers shared by the other modules."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import socket
+
+from aioquic.quic.configuration import QuicConfiguration
+
+from lattica.errors import (
+    MultiaddrError,
+)
+from lattica.multiaddr import Multiaddr
+
+ALPN = "libp2p"
+CID_LEN = 8
+SUPPORTED_VERSIONS = frozenset(QuicConfiguration(is_client=False).supported_versions)  # v1, v2
+MIN_INITIAL = 1200  # RFC 9000 14.1: a client Initial datagram is at least this large
+ERR_NO_ERROR = 0x0
+ERR_INTERNAL = 0x1
+ERR_BAD_CERTIFICATE = 0x100 + 42  # CRYPTO_ERROR + TLS bad_certificate alert (RFC 9001 4.8)
+FRAME_CRYPTO = 0x06
+SOCK_BUF = 4 * 1024 * 1024
+
+
+RECVERR_V4 = 11  # <linux/in.h>; not exported by the socket module
+
+
+RECVERR_V6 = 25  # <linux/in6.h>
+CERT_RENEW_BEFORE = datetime.timedelta(days=1)
+MAX_DATAGRAM = 16000  # aioquic 1.7.2 writes STREAM frame lengths as 2-byte varints (< 16384)
+READ_BATCH = 63  # extra datagrams read per readiness event
+RECV_SIZE = 65535
+
+
+def split_addr(addr: Multiaddr) -> tuple[str, int, socket.AddressFamily]:
+    """(ip, port, family) of ``/ip4|ip6/<ip>/udp/<port>/quic-v1[/p2p/..]``."""
+    protos = addr.protocols()
+    if protos and protos[-1] == "p2p":
+        protos = protos[:-1]
+    if protos not in (["ip4", "udp", "quic-v1"], ["ip6", "udp", "quic-v1"]):
+        raise MultiaddrError(f"not a QUIC address: {addr}")
+    host, port = addr.host_port()
+    ip = ipaddress.ip_address(host)
+    return str(ip), port, socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+
+
+def sockaddr(ip: str, port: int, family: socket.AddressFamily) -> tuple:
+    # recvfrom on an AF_INET6 socket yields 4-tuples; aioquic compares peer addresses for
+    # equality, so a dialed address must have the same shape.
+    return (ip, port, 0, 0) if family == socket.AF_INET6 else (ip, port)

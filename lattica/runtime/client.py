@@ -21,7 +21,6 @@ from lattica.errors import (
 from lattica.future import Future
 from lattica.identity import PeerId
 from lattica.transports.base import Stream
-
 from lattica.runtime.limits import CHANNEL_HIGH_WATER, MAX_MESSAGE
 from lattica.runtime.local import Invocation, Sink
 

@@ -16,7 +16,6 @@ from lattica.errors import (
     PeerUnreachable,
 )
 from lattica.identity import PeerId
-
 from lattica.runtime.limits import FOLLOW_FOR
 from lattica.runtime.client import Pending, call_finished
 

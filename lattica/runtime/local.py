@@ -20,7 +20,6 @@ from lattica.errors import (
     ProtocolError,
 )
 from lattica.identity import PeerId
-
 from lattica.runtime.limits import AGEN, ASYNC, GEN, HOOK_TIMEOUT, NO_STATE, STREAM_WINDOW, SYNC
 from lattica.runtime.refs import ACTOR, ActorRef, CALLER
 

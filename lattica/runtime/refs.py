@@ -18,7 +18,6 @@ from lattica.errors import (
 )
 from lattica.future import Future
 from lattica.identity import PeerId
-
 from lattica.runtime.limits import AGEN, ASYNC, DEFAULT_WINDOW, GEN, LIFECYCLE_HOOKS, STREAM_WINDOW, SYNC
 
 if TYPE_CHECKING:

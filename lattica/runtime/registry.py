@@ -30,7 +30,6 @@ from lattica.errors import (
 from lattica.future import Future
 from lattica.identity import PeerId
 from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream
-
 from lattica.runtime.following import Following
 from lattica.runtime.limits import BUILTIN_ACTORS, CHANNEL_IDLE, DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, MAX_ACTORS, MAX_STREAM_ARGS, NO_STATE, RECENT_PLACEMENT
 from lattica.runtime.refs import StreamArg, method_table

@@ -12,7 +12,6 @@ from lattica.errors import (
     ProtocolError,
 )
 from lattica.transports.base import Connection, Stream
-
 from lattica.runtime.limits import CHANNEL_HIGH_WATER, MAX_MESSAGE, STREAM_WINDOW
 from lattica.runtime.refs import StreamArg
 from lattica.runtime.local import ArgStream, Invocation, Sink

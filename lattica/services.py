@@ -135,6 +135,12 @@ class Services(Mapping[str, Any]):
     def __getitem__(self, name: str) -> Any:
         return self._running[name]
 
+    def get(self, name: str, default: Any = None) -> Any:  # one dict lookup: the call path asks per call
+        return self._running.get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._running
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._running)
 

@@ -174,6 +174,8 @@ class _Encoder:
         t = type(o)
         if t is dict or t is list or t is tuple:
             is_dict = t is dict
+        elif isinstance(o, list):  # a named view over a wire list (rpc.CallMsg): no bytes-like test
+            is_dict = False
         elif isinstance(o, _BYTES_LIKE):
             return self.out_of_band(o)
         elif isinstance(o, (dict, list, tuple)):

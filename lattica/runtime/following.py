@@ -110,7 +110,7 @@ class Following:
         return state is not None and state != "alive"
 
     def _node_state(self, peer: PeerId) -> str | None:
-        membership = self.host.membership
+        membership = self.services.get("membership")
         if membership is None or peer == self.peer_id:
             return None
         m = membership.core.get(str(peer))

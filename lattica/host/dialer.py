@@ -67,13 +67,23 @@ class Dialer:
         if peer == host.peer_id:
             raise PeerUnreachable("cannot connect to ourselves")
         host.remember_addrs(peer, addrs)
-        try:
-            conn = await asyncio.wait_for(self.get_connection(peer), timeout)
-            return await asyncio.wait_for(asyncio.shield(host.identified[conn]), timeout)
-        except asyncio.TimeoutError:
-            raise Timeout(f"connecting to {peer} took longer than {timeout} s") from None
-        except KeyError:
-            raise ConnectionClosed(f"connection to {peer} closed before identify") from None
+        deadline = host.loop.time() + timeout
+        for attempt in range(2):
+            try:
+                left = max(deadline - host.loop.time(), 0.0)
+                conn = await asyncio.wait_for(self.get_connection(peer), left)
+                identified = host.identified.get(conn)
+                if identified is None:  # the connection we had is closing (the peer just left)
+                    raise ConnectionClosed(f"connection to {peer} closed before identify")
+                return await asyncio.wait_for(asyncio.shield(identified), max(deadline - host.loop.time(), 0.0))
+            except asyncio.TimeoutError:
+                raise Timeout(f"connecting to {peer} took longer than {timeout} s") from None
+            except ConnectionClosed:
+                if attempt or host.closing:
+                    raise
+                # the old connection was on its way out: dial once more, a fresh one
+                await asyncio.sleep(0)
+        raise AssertionError("unreachable")
 
     async def get_connection(self, peer: PeerId) -> Connection:
         """The live connection to ``peer``, dialing its known addresses if there is none."""

@@ -114,17 +114,20 @@ class AutoNatServer:
             fut = self.rt.call(autonat_ref(helper), "dial_for", (peer.to_bytes(), texts, nonce), {}, timeout=_DIAL_TIMEOUT * 2)
             coros.append(fut)  # type: ignore[arg-type]
         results = await asyncio.gather(*coros, return_exceptions=True)
+        answered = []  # helpers that dialed (whether or not they got through): the peer may count on them
         for helper, r in zip(helpers, results[len(targets):]):
             if isinstance(r, BaseException):
                 log.debug("autonat helper failed", helper=str(helper), reason=str(r))
-        return {"ip": ip, "tried": texts, "helper": str(helpers[0]) if helpers else None}
+            else:
+                answered.append(helper)
+        return {"ip": ip, "tried": texts, "helper": str(answered[0]) if answered else None}
 
     def _pick_helpers(self, peer: PeerId, avoid_ips: set[str]) -> list[PeerId]:
-        """Peers at addresses ``peer`` has not contacted (one per address) to dial it back."""
+        """Live peers at addresses ``peer`` has not contacted (one per address) to dial it back."""
         out: list[PeerId] = []
         ips: set[str] = set()
         for other, conn in list(self.host.conns.items()):
-            if other == peer or conn.is_closed or conn.transport not in ("tcp", "quic"):
+            if other == peer or conn.is_closed or conn.transport not in ("tcp", "quic") or self.rt.node_down(other):
                 continue
             info = self.host.info.get(conn)
             if info is None or DIALBACK not in info.protocols:

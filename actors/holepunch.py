@@ -70,13 +70,15 @@ class HolePunchService:
 
     # -- what we tell the peer ----------------------------------------------------------------
 
-    def _mine(self) -> tuple[list[Multiaddr], str]:
-        """Our candidate addresses, those at an IP peers observe first (the peer probes the first)."""
+    async def _mine(self) -> tuple[list[Multiaddr], str]:
+        """Our candidate addresses, those at an IP peers observe first (the peer probes the first),
+        and our mapping type (observed now if a fresh node does not know it yet)."""
         nat = self.host.nat
         assert nat is not None
+        mapping = await nat.learn_mapping()
         seen = {Multiaddr(o).host_port()[0] for _, o, _ in nat.observations()}
         cands = nat.candidates()
-        return sorted(cands, key=lambda a: a.host_port()[0] not in seen), nat.mapping()
+        return sorted(cands, key=lambda a: a.host_port()[0] not in seen), mapping
 
     def _direct(self, peer: PeerId) -> bool:
         conn = self.host.conns.get(peer)
@@ -117,7 +119,7 @@ class HolePunchService:
     async def _exchange(self, conn: Connection) -> Punch:
         stream = await self.host.open_stream_on(conn, PROTOCOL)
         try:
-            init = Initiator(*self._mine())
+            init = Initiator(*await self._mine())
             async with asyncio.timeout(_EXCHANGE_TIMEOUT):
                 write_message(stream, init.start(self.host.loop.time()))
                 answer = await read_message(stream, MAX_MESSAGE)
@@ -154,7 +156,7 @@ class HolePunchService:
         done = self._responding[peer] = asyncio.Event()
         t0 = time.perf_counter()
         try:
-            resp = Responder(*self._mine())
+            resp = Responder(*await self._mine())
             async with asyncio.timeout(_EXCHANGE_TIMEOUT):
                 reply = resp.receive(await read_message(stream, MAX_MESSAGE))
                 write_message(stream, reply)
@@ -205,8 +207,9 @@ class HolePunchService:
                 hit.append(ep)
                 dial_quic(Multiaddr.from_sockaddr(sender, "quic-v1"), via=ep)
 
-        for a in plan.tcp_targets + plan.quic_targets:
-            host.note_contact(a.host_port()[0])
+        for transport, targets_of in (("tcp", plan.tcp_targets), ("quic", plan.quic_targets)):
+            for a in targets_of:
+                host.note_contact(a.host_port()[0], transport)
         try:
             if quic is not None:
                 self._send(quic, targets, payload)  # opens our side's filter for the peer

@@ -17,10 +17,11 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lattica.config import RelayConfig
 from lattica.logging import get_logger
+from lattica.membership import MemberDown
 from lattica.errors import LatticaError, ProtocolError, RelayRefused
 from lattica.framing import read_message, write_message
 from lattica.identity import PeerId
@@ -81,6 +82,7 @@ class RelayService:
         self._pending_splices: dict[bytes, Splice] = {}  # token -> splice waiting for that end's socket
         self.host.set_handler(HOP, self._on_hop)
         self.host.events.disconnected.subscribe(self._on_disconnect)
+        self.host.events.membership_changed.subscribe(self._on_membership)
 
     # -- reservations ---------------------------------------------------------------------------
 
@@ -127,6 +129,15 @@ class RelayService:
 
     def _on_disconnect(self, peer: PeerId, conn: Connection) -> None:
         self._drop(peer)
+
+    def _on_membership(self, event: Any) -> None:
+        # declared dead or gone: circuits to it would wait on a connection nobody closed (a
+        # SIGKILLed peer's QUIC connection lingers until its idle timeout)
+        if isinstance(event, MemberDown):
+            try:
+                self._drop(PeerId.from_string(event.member.id))
+            except LatticaError:
+                pass
 
     def has_reservation(self, peer: PeerId) -> bool:
         r = self.reservations.get(peer)

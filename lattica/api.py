@@ -36,7 +36,9 @@ def init(
     **node_options: Any,
 ) -> Node:
     """Start this process's node (once; later calls return the same node). ``bootstrap``: peers to
-    connect to now; ``allow``: class-path patterns peers may spawn here (e.g. ``"myapp.*"``)."""
+    join through: returns once the listeners are bound and one of them is connected (the rest,
+    AutoNAT and the DHT's table filling go on in the background; raises if none answers).
+    ``allow``: class-path patterns peers may spawn here (e.g. ``"myapp.*"``)."""
     with _lock:
         current = context.default_node()
         if current is not None and current.running:
@@ -44,11 +46,9 @@ def init(
         node = Node(listen, key_path=key_path, allow=allow, **node_options)
         node.start()
         context.set_default_node(node)
-    addrs = list(bootstrap)
-    for addr in addrs:
-        node.connect(addr)
+    addrs = [Multiaddr(a) for a in bootstrap]
     if addrs:
-        dht.bootstrap(node=node).result(30)  # join the DHT: fill the routing table
+        node._call(lambda h: h.join(addrs, node.dial_timeout))
     return node
 
 
@@ -139,7 +139,8 @@ def kill(ref: ActorRef, timeout: float = 10.0) -> None:
 
 def get_actor(name: str, node: PeerId | str | None = None, timeout: float = 10.0) -> ActorRef:
     """The ref of the actor named ``name``: on ``node`` (a PeerId) if given, else on this node,
-    else wherever on the mesh it was registered (``.options(name=...)`` publishes it in the DHT)."""
+    else wherever on the mesh it was registered (``.options(name=...)`` publishes it in the DHT;
+    a name not found there yet is looked up again on a short backoff until ``timeout``)."""
     return _get_actor(name, node, timeout).result(timeout + 1)
 
 
@@ -149,7 +150,7 @@ def _get_actor(name: str, node: PeerId | str | None, timeout: float) -> Future:
         actor = rt.actors.get(name)
         if actor is not None:
             return _resolved(rt, actor.ref)
-        return dht.run_with_service(None, lambda svc: _within(svc.resolve_name(name), timeout, f"resolving the actor name {name!r}"))
+        return dht.run_with_service(None, lambda svc: _within(svc.resolve_name(name, within=timeout), timeout, f"resolving the actor name {name!r}"))
     peer = PeerId.from_string(node) if isinstance(node, str) else node
     if peer == rt.peer_id:
         actor = rt.actors.get(name)

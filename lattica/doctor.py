@@ -57,18 +57,19 @@ def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, w
             report["problems"].append("no bootstrap peer given: nobody can tell us how we look from outside")
         elif not joined:
             report["problems"].append("no bootstrap peer answered: check the addresses, this machine's outbound connectivity, and that they run")
-        if joined:
-            try:
-                dht.bootstrap(node=node).result(15)
-            except Exception as e:  # noqa: BLE001 -- reported, not fatal
-                report["problems"].append(f"joining the DHT failed: {_why(e)}")
+        joining = dht.bootstrap(node=node) if joined else None  # meanwhile AutoNAT runs
         status = node.nat_status()
         deadline = time.monotonic() + (wait if joined else 0)
         while time.monotonic() < deadline:
             status = node.nat_status()
             if status.reachability == "public" or (status.reachability == "private" and status.relays):
                 break
-            time.sleep(0.5)
+            time.sleep(0.1)
+        if joining is not None:
+            try:
+                joining.result(max(deadline - time.monotonic(), 1.0))
+            except Exception as e:  # noqa: BLE001 -- reported, not fatal
+                report["problems"].append(f"joining the DHT failed: {_why(e)}")
         report["nat"] = {
             "reachability": status.reachability,
             "reason": status.reason,

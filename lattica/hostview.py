@@ -146,5 +146,5 @@ class HostView(Protocol):
     def unprotect(self, peer: PeerId, why: str) -> None:
         """Drop one reason to keep ``peer``'s connections open."""
 
-    def note_contact(self, ip: str) -> None:
-        """A listening socket just sent a packet to ``ip`` (it opens cone NAT filters)."""
+    def note_contact(self, ip: str, transport: str) -> None:
+        """``transport``'s listening socket just sent a packet to ``ip`` (it opens cone NAT filters)."""

@@ -8,12 +8,23 @@ no address a peer can dial; what we advertise instead is the same port at each i
 from __future__ import annotations
 
 import ipaddress
+import time
 
 import ifaddr
 
 from lattica.multiaddr import Multiaddr
 
-__all__ = ["interface_ips", "expand", "is_loopback", "is_lan"]
+__all__ = ["interface_ips", "expand", "is_loopback", "is_lan", "is_private", "is_private_ip", "on_local_network"]
+
+# Addresses no stranger on the internet can reach us at (RFC 1918, CGNAT, link-local, loopback,
+# IPv6 unique-local). Spelled out: ``ipaddress``'s is_private also covers the documentation
+# ranges, which the NAT lab uses as its internet.
+_PRIVATE_NETS = tuple(
+    ipaddress.ip_network(n)
+    for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8", "fc00::/7", "fe80::/10", "::1/128")
+)
+_NETWORKS_TTL = 10.0  # s: interfaces come and go (VPNs, Wi-Fi); re-read them this often
+_networks: tuple[float, list] = (-_NETWORKS_TTL, [])
 
 
 def interface_ips(version: int) -> list[str]:
@@ -55,3 +66,48 @@ def is_lan(addr: Multiaddr) -> bool:
     not an in-memory or relayed address)."""
     parts = list(addr)
     return bool(parts) and parts[0][0] in ("ip4", "ip6") and not addr.is_circuit and not is_loopback(addr)
+
+
+def is_private_ip(ip: str) -> bool:
+    """Whether ``ip`` is private (RFC 1918, CGNAT 100.64/10, link-local, loopback, IPv6 ULA)."""
+    try:
+        a = ipaddress.ip_address(ip)
+    except ValueError:
+        return False
+    return any(a in n for n in _PRIVATE_NETS if n.version == a.version)
+
+
+def is_private(addr: Multiaddr) -> bool:
+    """Whether ``addr`` is a direct address at a private IP (see :func:`is_private_ip`); relayed
+    and non-IP addresses are not."""
+    parts = list(addr)
+    return bool(parts) and parts[0][0] in ("ip4", "ip6") and not addr.is_circuit and is_private_ip(str(parts[0][1]))
+
+
+def _local_networks() -> list:
+    global _networks
+    now = time.monotonic()
+    if now - _networks[0] >= _NETWORKS_TTL:
+        nets = []
+        for adapter in ifaddr.get_adapters():
+            for ip in adapter.ips:
+                addr = ip.ip if ip.is_IPv4 else ip.ip[0]
+                try:
+                    nets.append(ipaddress.ip_network(f"{addr}/{ip.network_prefix}", strict=False))
+                except ValueError:
+                    continue
+        _networks = (now, nets)
+    return _networks[1]
+
+
+def on_local_network(addr: Multiaddr) -> bool:
+    """Whether dialing ``addr`` can work from here as far as addressing goes: a public or non-IP
+    address, or a private one inside a subnet of one of our interfaces. A peer's private address
+    elsewhere (its own LAN behind its NAT) is black-holed or answered by a stranger."""
+    if not is_private(addr):
+        return True
+    try:
+        a = ipaddress.ip_address(str(list(addr)[0][1]))
+    except ValueError:
+        return False
+    return any(a in n for n in _local_networks() if n.version == a.version)

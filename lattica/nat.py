@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from lattica.config import NatConfig
 from lattica.logging import get_logger
+from lattica.membership import SelfDowned
 from lattica import context
 from lattica.actors.autonat import DIALBACK, autonat_ref, ip_of
 from lattica.actors.relay import relay_ref
@@ -84,12 +85,19 @@ class NatManager:
         self._arrived: dict[bytes, list[tuple[str, str | None, str]]] = {}  # nonce -> (address, dialer IP, transport)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._learning: asyncio.Task | None = None  # a mapping observation under way (learn_mapping)
         host.set_handler(DIALBACK, self._on_dialback)
         host.events.identified.subscribe(lambda info: self._wake.set())
         host.events.disconnected.subscribe(self._on_disconnect)
+        host.events.membership_changed.subscribe(self._on_membership)
+        # a relay is public by its operator's word: only a dial-back that never arrives says otherwise
+        self._operator_says_public = self.cfg.reachability is None and host.node.relay_config is not None
         if self.cfg.reachability in (PUBLIC, PRIVATE):
             self.status.reachability = self.cfg.reachability
             self.status.reason = "set by configuration"
+        elif self._operator_says_public:
+            self.status.reachability = PUBLIC
+            self.status.reason = "a relay: public by its operator's word until a dial-back proves otherwise"
 
     def start(self) -> None:
         self._task = self.host.spawn(self._run())
@@ -112,6 +120,20 @@ class NatManager:
         if self.status.mapping == UNKNOWN:
             self.status.mapping = self._mapping()
         return self.status.mapping
+
+    async def learn_mapping(self, timeout: float = 1.0) -> str:
+        """Our mapping type, observed now (QUIC to two peers at different IPs) if still unknown:
+        a hole punch needs it at once, and a fresh node's first AutoNAT round may not have run.
+        Waits at most ``timeout`` seconds; concurrent callers share one observation."""
+        if self.mapping() != UNKNOWN or not self._probing():
+            return self.status.mapping
+        if self._learning is None or self._learning.done():
+            self._learning = self.host.spawn(self._observe_quic(observers=2))
+        try:
+            await asyncio.wait_for(asyncio.shield(self._learning), timeout)
+        except asyncio.TimeoutError:
+            pass
+        return self.mapping()
 
     def _listening_quic(self) -> list[tuple[str, str, Connection]]:
         listen = set(self.host.bound_addrs)
@@ -139,16 +161,24 @@ class NatManager:
 
     # -- the loop -------------------------------------------------------------------------------
 
+    def _probing(self) -> bool:
+        """AutoNAT applies: it is on, not overridden, and we listen beyond loopback."""
+        return self.cfg.autonat and self.cfg.reachability is None and any(not is_loopback(a) for a in self.host.listen_addrs)
+
     async def _run(self) -> None:
         while not self.host.closing:
             delay = self.cfg.retry
             try:
-                if self.cfg.autonat and self.cfg.reachability is None and any(not is_loopback(a) for a in self.host.listen_addrs):
+                probing = self._probing()
+                if probing:
                     if self.status.reachability == UNKNOWN or self._due():
                         await self.probe()
                     if self.status.reachability != UNKNOWN:
                         delay = self.cfg.recheck
-                if self.status.reachability == PRIVATE or (self.host.node.relays and self.status.reachability != PUBLIC):
+                # not proven public (yet), or public only through our NAT's mapping: hold
+                # reservations, so that peers always have a path to us
+                reach = self.status.reachability
+                if reach == PRIVATE or (reach == UNKNOWN and (probing or self.host.node.relays)) or self._public_through_mapping():
                     await self._keep_relays()
                     if len(self.relays) < self.cfg.max_relays:
                         delay = min(delay, self.cfg.retry)
@@ -166,6 +196,16 @@ class NatManager:
             except asyncio.TimeoutError:
                 pass
 
+    def _public_through_mapping(self) -> bool:
+        """Strangers reached us only at an address our NAT maps (a cone): that lasts while the
+        mapping does, and the evidence may come from what an earlier process on this port sent
+        (the NAT still remembers it), so circuits stay as the fallback path."""
+        st = self.status
+        if st.reachability != PUBLIC or not st.public:
+            return False
+        listen = set(self.host.listen_addrs)
+        return not any(Multiaddr(a) in listen for a in st.public)
+
     def _due(self) -> bool:
         return self.status.checked_at is None or time.time() - self.status.checked_at >= self.cfg.recheck
 
@@ -179,41 +219,59 @@ class NatManager:
 
     async def probe(self) -> NatStatus:
         """One AutoNAT round: ask servers to dial us back; classify; return the new status."""
-        servers = self._servers()
-        cands = self.candidates()
         st = self.status
         if self._mapping() == UNKNOWN:
-            await self._observe_quic()
+            # one QUIC observer first: its connection maps our UDP port for the dial-backs, and the
+            # other peers stay uncontacted, so a server can pick one as a helper (the only way to
+            # tell a full cone from an address-restricted NAT); the second observer comes after
+            await self._observe_quic(observers=1)
+        try:
+            return await self._check(self._servers(), self.candidates())
+        finally:
+            if self._mapping() == UNKNOWN:
+                await self._observe_quic(observers=2)
+            st.observed = sorted({seen for _, seen, _ in self.observations()})
+            st.mapping = self._mapping()
+
+    async def _check(self, servers: list[PeerId], cands: list[Multiaddr]) -> NatStatus:
+        st = self.status
         st.observed = sorted({seen for _, seen, _ in self.observations()})
-        st.mapping = self._mapping()
         if not servers or not cands:
             st.reason = "no peer to ask yet" if not servers else "no address worth checking"
             return st
         contacted = self._contacted()
+        avoid = sorted(set().union(*contacted.values()))  # helpers at these IPs would prove little
         nonce = os.urandom(16)
         self._arrived[nonce] = []
         rt = self.host.runtime
         assert rt is not None
         try:
-            futs = [rt.call(autonat_ref(p), "check", ([str(a) for a in cands], nonce, contacted), {}, timeout=15.0) for p in servers]
+            futs = [rt.call(autonat_ref(p), "check", ([str(a) for a in cands], nonce, avoid), {}, timeout=15.0) for p in servers]
             answers = await asyncio.gather(*futs, return_exceptions=True)
             await asyncio.sleep(0.05)  # a dial-back stream may still be in the last loop round
         finally:
             arrived = self._arrived.pop(nonce, [])
         tried = [a for a in answers if isinstance(a, dict) and a.get("tried")]
-        contacted = sorted(set(contacted) | set(self._contacted()))  # dials made meanwhile count too
-        # A dial-back proves strangers can reach us only if it came from an IP none of our
-        # listening sockets ever sent to (QUIC dials and hole punches do): a cone NAT's filter
-        # lets such an IP in. (Plain TCP dials leave from ephemeral ports: they open nothing.)
-        reached = {addr: ip for addr, ip, transport in arrived if ip is not None and transport in ("tcp", "quic") and ip not in contacted}
+        for transport, ips in self._contacted().items():  # dials made meanwhile count too
+            contacted.setdefault(transport, set()).update(ips)
+        # A dial-back proves strangers can reach us only if it came from an IP that listening
+        # socket never sent to (QUIC dials and hole punches do): a cone NAT's filter lets such an
+        # IP in. (Plain TCP dials leave from ephemeral ports: they open nothing.)
+        reached = {addr: ip for addr, ip, transport in arrived if ip is not None and transport in ("tcp", "quic") and ip not in contacted.get(transport, ())}
         st.checked_at = time.time()
+        if not reached and self._operator_says_public and (arrived or not tried):
+            # a relay stays public unless servers tried and no dial-back arrived at all
+            st.reason = "a relay: public by its operator's word (no dial-back proved otherwise)"
+            log.info("reachability", reachability=st.reachability, mapping=st.mapping, reason=st.reason)
+            return st
         if reached:
             st.reachability = PUBLIC
             st.public = sorted(reached)
             st.reason = f"a peer we never contacted reached us at {', '.join(st.public)}"
             public = [Multiaddr(a) for a in st.public if Multiaddr(a) not in self.host.listen_addrs]
-            if public != self.host.public_addrs:
+            if public != self.host.public_addrs or self.host.candidate_addrs:
                 self.host.public_addrs = public
+                self.host.candidate_addrs = []
                 self._addrs_changed()
         elif arrived and not any(a.get("helper") for a in tried):
             # a contacted server got through from a fresh port; whether a stranger would (full
@@ -222,8 +280,9 @@ class NatManager:
         elif tried:
             st.reachability = PRIVATE
             st.public = []
-            if self.host.public_addrs:
+            if self.host.public_addrs or self.host.candidate_addrs:
                 self.host.public_addrs = []
+                self.host.candidate_addrs = []
                 self._addrs_changed()
             got = sorted({a for a, _, _ in arrived})
             st.reason = (
@@ -233,18 +292,30 @@ class NatManager:
         else:
             errors = [str(a) for a in answers if isinstance(a, BaseException)]
             st.reason = "no server could check us" + (f": {errors[0]}" if errors else " (none saw us at these addresses)")
+        if st.reachability == UNKNOWN:
+            self._advertise_candidates()
         log.info("reachability", reachability=st.reachability, mapping=st.mapping, reason=st.reason)
         return st
 
-    async def _observe_quic(self) -> None:
+    def _advertise_candidates(self) -> None:
+        """Not proven either way: advertise the addresses peers observe us at as candidates, so a
+        peer can try them (a full cone NAT lets it in) while its circuits through our relays are
+        the path that always works."""
+        listen = set(self.host.listen_addrs)
+        cands = [a for a in self.candidates() if a not in listen]
+        if cands != self.host.candidate_addrs:
+            self.host.candidate_addrs = cands
+            self._addrs_changed()
+
+    async def _observe_quic(self, observers: int = 2) -> None:
         """The mapping type needs two observers at different IPs of our listening UDP socket:
-        dial QUIC to connected peers we know a QUIC address of (the connections stay: their
-        keepalives also hold the mapping open for hole punching)."""
+        dial QUIC to connected peers we know a QUIC address of until ``observers`` see it (the
+        connections stay: their keepalives also hold the mapping open for hole punching)."""
         have = {ip for ip, _, _ in self._listening_quic()}
         wanted: list[tuple[PeerId, list[Multiaddr]]] = []
         for peer, conn in list(self.host.conns.items()):
             ip = ip_of(conn.remote_addr)
-            if len(have) >= 2:
+            if len(have) >= observers:
                 break
             if ip is None or ip in have or conn.transport != "tcp":
                 continue
@@ -268,11 +339,15 @@ class NatManager:
                 elif not w.cancelled():
                     w.exception()
 
-    def _contacted(self) -> list[str]:
-        """Every address our UDP socket sent to lately: a cone NAT's filter lets it in."""
+    def _contacted(self) -> dict[str, set[str]]:
+        """Per transport, every IP its listening socket sent to lately: a cone NAT's filter lets
+        those in on that port."""
         now = self.host.loop.time()
-        recent = {ip for ip, t in self.host.contacted.items() if now - t < _CONTACT_MEMORY}
-        return sorted({ip for ip, _, conn in self.observations() if conn.transport == "quic"} | recent)
+        out: dict[str, set[str]] = {"tcp": set(), "quic": {ip for ip, _, conn in self.observations() if conn.transport == "quic"}}
+        for (transport, ip), t in list(self.host.contacted.items()):
+            if now - t < _CONTACT_MEMORY:
+                out.setdefault(transport, set()).add(ip)
+        return out
 
     async def _on_dialback(self, stream: Stream, conn: Connection) -> None:
         try:
@@ -352,6 +427,12 @@ class NatManager:
         except LatticaError as e:
             log.info("relay reservation renewal failed", relay=str(peer), reason=str(e))
             self._lose(peer)
+
+    def _on_membership(self, event: Any) -> None:
+        # the mesh declared us dead and we rejoined: relays dropped our reservations meanwhile
+        if isinstance(event, SelfDowned):
+            for peer in list(self.relays):
+                self.host.spawn(self._renew(peer))
 
     def _on_disconnect(self, peer: PeerId, conn: Connection) -> None:
         if peer in self.relays:

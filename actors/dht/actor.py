@@ -32,7 +32,7 @@ class LocalDht(Protocol):
 
     def caller_seen(self) -> PeerId: ...
 
-    def peers_wire(self, peers: list[PeerId]) -> list: ...
+    def peers_wire(self, peers: list[PeerId], to: PeerId | None = None) -> list: ...
 
 
 class DhtActor:
@@ -53,7 +53,7 @@ class DhtActor:
         caller = svc.caller_seen()
         if type(target) is not bytes or len(target) != 32:
             raise ValueError("find_node takes a 32-byte id")
-        return svc.peers_wire(svc.table.closest(int.from_bytes(target, "big"), svc.cfg.k, exclude=caller))
+        return svc.peers_wire(svc.table.closest(int.from_bytes(target, "big"), svc.cfg.k, exclude=caller), caller)
 
     async def find_value(self, kid: bytes) -> list:
         svc = self._svc
@@ -63,7 +63,7 @@ class DhtActor:
         target = int.from_bytes(kid, "big")
         held = svc.store.get(target)
         records = [entry_to_wire(sk, e) for sk, e in held[1].items()] if held else []
-        return [records, svc.peers_wire(svc.table.closest(target, svc.cfg.k, exclude=caller))]
+        return [records, svc.peers_wire(svc.table.closest(target, svc.cfg.k, exclude=caller), caller)]
 
     async def store(self, key: bytes, record: list) -> bool:
         """Merge one record; raises RecordRejected with the reason when refused."""
@@ -94,7 +94,7 @@ class DhtActor:
             raise ValueError("get_providers takes a content id (bytes)")
         provs = [p for p, _ in svc.store.providers(cid)][:MAX_PEERS_IN_ANSWER]
         closer = svc.table.closest(key_id(cid), svc.cfg.k, exclude=caller)
-        return [svc.peers_wire(provs), svc.peers_wire(closer)]
+        return [svc.peers_wire(provs, caller), svc.peers_wire(closer, caller)]
 
     async def put_peer_record(self, record: list) -> bool:
         svc = self._svc
@@ -113,4 +113,4 @@ class DhtActor:
             raise ValueError("get_peer_record takes a PeerId")
         rec = svc.store.peer_record(peer)
         closer = svc.table.closest(node_id(peer), svc.cfg.k, exclude=caller)
-        return [rec.to_wire() if rec is not None else None, svc.peers_wire(closer)]
+        return [rec.to_wire() if rec is not None else None, svc.peers_wire(closer, caller)]

@@ -35,6 +35,8 @@ class Garbage(Exception):
     """A peer's answer does not follow the protocol."""
 
 
+PEER_RECORD_GRACE = 0.05  # s the other requests in flight get once a newer peer record arrived
+
 # failures of a request that say nothing about the peer: they must not evict it from the table
 _NOT_THE_PEERS_FAULT = (RecordRejected, ConnectionLimit, NodeClosed, MailboxFull)
 
@@ -74,6 +76,7 @@ class DhtLookups(DhtState):
     def __init__(self, runtime: Runtime, config: DhtConfig | None = None) -> None:
         super().__init__(runtime, config)
         self.stats: collections.deque[LookupStats] = collections.deque(maxlen=10_000)
+        self._handed_out: collections.OrderedDict[PeerId, int] = collections.OrderedDict()  # peer -> seq of the record find_peer returned
 
     def parse_peers(self, obj: Any, hints: dict[PeerId, list[Multiaddr]]) -> list[PeerId]:
         """Closer peers from an answer: [[PeerId, [Multiaddr, ...]], ...]. Their addresses are
@@ -111,12 +114,13 @@ class DhtLookups(DhtState):
             closest = closest[: n - 1]
         return closest, include_self
 
-    async def _run(self, lk: Lookup, method: str, args: tuple, parse: Callable[[PeerId, Any], list[PeerId]], stop: Callable[[], bool] | None = None, skip: PeerId | None = None) -> Lookup:
+    async def _run(self, lk: Lookup, method: str, args: tuple, parse: Callable[[PeerId, Any], list[PeerId]], stop: Callable[[], bool] | None = None, skip: PeerId | None = None, grace: float = 0.0) -> Lookup:
         """Drive ``lk``: call ``method(*args)`` on the peers it names, ``parse(peer, answer)``
         each answer into the closer peers it names (raising Garbage if malformed). Stops when the
-        lookup converged or ``stop()`` says enough was found. Peers that fail leave the routing
-        table; peers that answer garbage are also recorded as misbehaving. Answers are handled in
-        future callbacks, with no task per request."""
+        lookup converged or ``stop()`` says enough was found (then the requests in flight get
+        ``grace`` seconds more to answer, and no new ones start). Peers that fail leave the
+        routing table; peers that answer garbage are also recorded as misbehaving. Answers are
+        handled in future callbacks, with no task per request."""
         self.table.touch(lk.target)
         loop = self.rt.loop
         pending: dict[PeerId, Any] = {}
@@ -146,20 +150,27 @@ class DhtLookups(DhtState):
             if w is not None and not w.done():
                 w.set_result(None)
 
+        stopping = False
         try:
-            while not lk.done and not (stop is not None and stop()):
-                for p in lk.next():
-                    if p == skip:
-                        lk.failed(p)
-                        continue
-                    self.reachable(p, hints)  # type: ignore[arg-type]
-                    try:
-                        fut = self.request(p, method, args)
-                    except LatticaError:
-                        lk.failed(p)
-                        continue
-                    pending[p] = fut
-                    fut._fut.add_done_callback(lambda f, p=p: finished(p, f))  # type: ignore[union-attr]
+            while not lk.done:
+                if not stopping and stop is not None and stop():
+                    if not pending or grace <= 0:
+                        break
+                    stopping = True  # the answers in flight may still add fresher records
+                    deadline = min(deadline, loop.time() + grace)
+                if not stopping:
+                    for p in lk.next():
+                        if p == skip:
+                            lk.failed(p)
+                            continue
+                        self.reachable(p, hints)  # type: ignore[arg-type]
+                        try:
+                            fut = self.request(p, method, args)
+                        except LatticaError:
+                            lk.failed(p)
+                            continue
+                        pending[p] = fut
+                        fut._fut.add_done_callback(lambda f, p=p: finished(p, f))  # type: ignore[union-attr]
                 if not pending:
                     break
                 left = deadline - loop.time()
@@ -224,9 +235,10 @@ class DhtLookups(DhtState):
 
     # -- values ------------------------------------------------------------------------------
 
-    async def get(self, key: bytes, quorum: int | None = None) -> dict[bytes, Entry]:
+    async def get(self, key: bytes, quorum: int | None = None, grace: float = 0.0) -> dict[bytes, Entry]:
         """All live records of ``key`` (tombstones included), merged from the k closest nodes.
-        ``quorum``: stop once that many nodes returned records."""
+        ``quorum``: stop once that many nodes returned records (``grace``: and give the requests
+        in flight that many seconds more)."""
         kid = key_id(key)
         merged: dict[bytes, Entry] = {}
         holders: set[PeerId] = set()
@@ -268,7 +280,7 @@ class DhtLookups(DhtState):
             return self.parse_peers(answer[1], lk.hints)  # type: ignore[arg-type]
 
         stop = (lambda: len(holders) >= quorum) if quorum else None
-        await self._run(lk, "find_value", (kid.to_bytes(32, "big"),), parse, stop)
+        await self._run(lk, "find_value", (kid.to_bytes(32, "big"),), parse, stop, grace=grace)
         self.stats.append(LookupStats("get", lk.rounds, lk.queried, first.round))
         if merged and self.cfg.cache_on_get:
             for p in lk.closest():
@@ -311,12 +323,13 @@ class DhtLookups(DhtState):
 
     async def find_peer(self, peer: PeerId, fresh: bool = False) -> list[Multiaddr]:
         """Addresses of ``peer``: from a live connection, else its signed peer record in the DHT.
-        ``fresh``: the addresses we know failed; ask the DHT for its newest record (the lookup
-        runs to the end instead of stopping at the first record, ours included)."""
+        ``fresh``: the addresses we know failed; ask the DHT for a newer record than ours (the
+        lookup runs until one answers with a newer record, or to the end)."""
         conn = self.host.conns.get(peer)
         if not fresh and conn is not None and not conn.is_closed and self.host.peer_addrs.get(peer):
             return list(self.host.peer_addrs[peer])
         best = _NewestPeerRecord(self.store.peer_record(peer))
+        known = max(best.record.seq if best.record is not None else -1, self._handed_out.get(peer, -1))
         target = node_id(peer)
 
         def parse(p: PeerId, answer: Any) -> list[PeerId]:
@@ -335,9 +348,16 @@ class DhtLookups(DhtState):
 
         lk = self._new_lookup(target)
         # the peer itself is not asked: we may be dialing it right now, waiting for this lookup
-        await self._run(lk, "get_peer_record", (peer,), parse, None if fresh else (lambda: best.record is not None), skip=peer)
+        # stop at the first record (``fresh``: the first newer than the one that failed us; the
+        # requests in flight get a moment, one of them may hold a newer one still)
+        found = (lambda: best.record is not None and best.record.seq > known) if fresh else (lambda: best.record is not None)
+        await self._run(lk, "get_peer_record", (peer,), parse, found, skip=peer, grace=PEER_RECORD_GRACE if fresh else 0.0)
         self.stats.append(LookupStats("peer", lk.rounds, lk.queried))
         if best.record is not None:
+            self._handed_out[peer] = best.record.seq  # a fresh look after these failed wants newer
+            self._handed_out.move_to_end(peer)
+            if len(self._handed_out) > 4096:
+                self._handed_out.popitem(last=False)
             self.host.remember_addrs(peer, best.record.addrs)
             return list(best.record.addrs)
         if self.host.peer_addrs.get(peer):

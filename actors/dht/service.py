@@ -25,6 +25,7 @@ class DhtService(DhtUpkeep):
     def __init__(self, runtime: Runtime, config: DhtConfig | None = None) -> None:
         super().__init__(runtime, config)
         self.host.events.identified.subscribe(self.on_identified)
+        self.host.events.membership_changed.subscribe(self.on_membership)
         self.host.events.addresses_changed.subscribe(lambda addrs: self.host.spawn(self._announce_addresses()))
         self.host.spawn(self.upkeep_loop())
 

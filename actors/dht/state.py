@@ -12,8 +12,10 @@ from lattica.config import DhtConfig
 from lattica.errors import LatticaError, PeerUnreachable
 from lattica.future import Future
 from lattica.identity import PeerId
+from lattica.interfaces import is_private, is_private_ip
 from lattica.kademlia import RoutingTable
 from lattica.logging import get_logger
+from lattica.membership import MemberDown
 from lattica.multiaddr import Multiaddr
 from lattica.records import RecordStore
 from lattica.runtime import current_caller
@@ -30,7 +32,8 @@ class DhtState:
 
     A node id is ``sha256(PeerId bytes)`` and a peer enters the routing table only after it
     answered one of our requests, or called us on an authenticated connection while having
-    listen addresses."""
+    listen addresses others can dial: a public one, or any if it is on our own private network.
+    A peer membership declares dead or departed leaves the table at once."""
 
     def __init__(self, runtime: Runtime, config: DhtConfig | None = None) -> None:
         self.rt = runtime
@@ -48,19 +51,52 @@ class DhtState:
     # -- routing table upkeep ---------------------------------------------------------------------
 
     def on_identified(self, info: Any) -> None:
-        # a peer that advertises relay circuits is private: it queries the DHT but serves no part
-        # of it (others would reach it only through a relay); one that stops being reachable goes
         if "/lattica/rpc/1" not in info.protocols:
             return
-        if any(a.is_circuit for a in info.listen_addrs):
-            self.drop(info.peer_id)
-        elif info.listen_addrs:
+        if self._serves(info):
             self.seen(info.peer_id)
+        else:
+            self.drop(info.peer_id)
+
+    @staticmethod
+    def _serves(info: Any) -> bool:
+        """By its own (identify) word the peer is dialable directly: it has listen addresses and
+        no relay circuits (a private peer queries the DHT but serves no part of it: others would
+        reach it only through a relay)."""
+        return bool(info.listen_addrs) and not any(a.is_circuit for a in info.listen_addrs)
+
+    def on_membership(self, event: Any) -> None:
+        """A member declared dead or departed leaves the table: lookups and the peers we answer
+        must not wait on it (the table's own eviction takes a failed request or a refresh)."""
+        if isinstance(event, MemberDown):
+            try:
+                self.drop(PeerId.from_string(event.member.id))
+            except LatticaError:
+                pass
+
+    def on_our_lan(self, peer: PeerId) -> bool:
+        """We are connected to ``peer`` directly at a private IP: its private addresses work
+        for us (and for the other peers on this network)."""
+        conn = self.host.conns.get(peer)
+        if conn is None or conn.is_closed or conn.transport not in ("tcp", "quic"):
+            return False
+        try:
+            return is_private_ip(conn.remote_addr.host_port()[0])
+        except LatticaError:
+            return False
+
+    def _routable(self, peer: PeerId, addrs: Any) -> bool:
+        """Peers that ask us could dial ``peer``: it has a public (or non-IP) address, or it is on
+        our private network. A peer behind a NAT advertising only its LAN address is not."""
+        return any(not is_private(a) for a in addrs or ()) or self.on_our_lan(peer)
 
     def seen(self, peer: PeerId) -> None:
         if peer in self.misbehaved:
             return  # it answered garbage: it does not come back by calling us
         addrs = self.host.peer_addrs.get(peer)
+        if not self._routable(peer, addrs):
+            self.drop(peer)
+            return
         if addrs:
             self._addrs[peer] = list(addrs)[:MAX_ADDRS_IN_ANSWER]
         oldest = self.table.seen(peer)
@@ -100,7 +136,7 @@ class DhtState:
         if caller != self.peer_id and caller not in self.table:
             conn = self.host.conns.get(caller)
             info = self.host.info.get(conn) if conn is not None else None
-            if info is not None and info.listen_addrs:  # dialable, by its own (identify) word
+            if info is not None and self._serves(info):
                 self.seen(caller)
         elif caller in self.table:
             self.seen(caller)
@@ -108,12 +144,17 @@ class DhtState:
 
     # -- wire helpers ------------------------------------------------------------------------
 
-    def peers_wire(self, peers: list[PeerId]) -> list:
+    def peers_wire(self, peers: list[PeerId], to: PeerId | None = None) -> list:
+        """``[[PeerId, [Multiaddr, ...]], ...]`` for an answer to ``to``: a peer not on our private
+        network gets no private addresses (they would only cost it a dial timeout)."""
+        lan = to is None or self.on_our_lan(to)
         out = []
         for p in peers:
-            addrs = (self._addrs.get(p) or self.host.peer_addrs.get(p, []))[:MAX_ADDRS_IN_ANSWER]
+            addrs = self._addrs.get(p) or self.host.peer_addrs.get(p, [])
+            if not lan:
+                addrs = [a for a in addrs if not is_private(a)]
             if addrs:
-                out.append([p, addrs])
+                out.append([p, addrs[:MAX_ADDRS_IN_ANSWER]])
         return out
 
     def reachable(self, peer: PeerId, hints: dict[PeerId, list[Multiaddr]] | None = None) -> None:
@@ -133,9 +174,14 @@ class DhtState:
             fut = Future(self.rt.loop)
             fut._reject(PeerUnreachable(f"{peer} is {self.rt.services['membership'].core.get(str(peer)).state} in the membership view"))
             return fut
+        timeout = self.cfg.request_timeout
+        if peer not in self.table:
+            conn = self.host.conns.get(peer)
+            if conn is None or conn.is_closed:  # never answered us and not connected: maybe long gone
+                timeout = min(timeout, self.cfg.first_contact_timeout)
         token = context.NO_DHT_DIAL_LOOKUP.set(True)
         try:
-            return self.rt.call(dht_ref(peer), method, args, {}, timeout=self.cfg.request_timeout)
+            return self.rt.call(dht_ref(peer), method, args, {}, timeout=timeout)
         finally:
             context.NO_DHT_DIAL_LOOKUP.reset(token)
 

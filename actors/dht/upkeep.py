@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 log = get_logger("lattica.dht")
 
 NAME_PREFIX = REGISTRY_PREFIX.decode()  # named actors: key NAME_PREFIX + name, subkey = hosting PeerId
+NAME_GRACE = 0.05  # s the other requests in flight get once the first holder of a name answered
+NAME_RETRY_FIRST, NAME_RETRY_MAX = 0.05, 1.0  # s between lookups of a name not found yet (doubling)
 
 
 def name_key(name: str) -> bytes:
@@ -117,13 +119,18 @@ class DhtUpkeep(DhtLookups):
 
     async def publish_peer_record(self, lk: Lookup | None = None) -> int:
         """Sign our listen addresses and store them on the k nodes closest to our id (``lk``: a
-        lookup of our own id that just ran); returns how many hold it, us included."""
+        lookup of our own id that just ran); returns how many hold it, us included. Without
+        ``lk`` the stores to the closest peers we know start at once, beside the lookup (peers
+        dialing us by PeerId need new addresses, a relay circuit, now, not after a lookup)."""
         rec = PeerRecord.create(self.keypair, self.host.advertised_addrs())
         target = node_id(self.peer_id)
-        if lk is None:
-            lk = await self.find_closest(target)
-        targets, _ = self.targets(lk, target, self.cfg.replication)
         self.store.put_peer_record(rec)
+        if lk is None:
+            try:
+                return await self.store_on_closest(target, "put_peer_record", (rec.to_wire(),), lambda: None, "our peer record", "peer-record")
+            except StoreFailed:
+                return 1
+        targets, _ = self.targets(lk, target, self.cfg.replication)
         results = await asyncio.gather(*(self.call(p, "put_peer_record", rec.to_wire()) for p in targets), return_exceptions=True)
         return 1 + sum(not isinstance(r, BaseException) for r in results)
 
@@ -257,9 +264,25 @@ class DhtUpkeep(DhtLookups):
         except LatticaError as e:
             log.info("could not delete DHT record", key=key[:64], reason=str(e))
 
-    async def resolve_name(self, name: str) -> ActorRef:
-        """The live actor registered as ``name`` anywhere on the mesh (the freshest registration)."""
-        records = await self.get(name_key(name))
+    async def resolve_name(self, name: str, within: float = 0.0) -> ActorRef:
+        """The live actor registered as ``name`` anywhere on the mesh: the freshest registration
+        among the first answers that hold one. If none is found and we have peers to ask, look
+        again on a short backoff for up to ``within`` seconds (a name registered a moment ago
+        may still be on its way to the nodes we ask); then ActorNotFound."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        delay = NAME_RETRY_FIRST
+        while True:
+            ref = self._freshest(name, await self.get(name_key(name), quorum=1, grace=NAME_GRACE))
+            if ref is not None:
+                return ref
+            if not len(self.table) or loop.time() + delay >= deadline:
+                raise ActorNotFound(f"no live actor named {name!r} is registered in the DHT")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, NAME_RETRY_MAX)
+
+    @staticmethod
+    def _freshest(name: str, records: dict[bytes, Entry]) -> ActorRef | None:
         best: tuple[float, ActorRef] | None = None
         for sk, e in records.items():
             if e.value == TOMBSTONE or sk[:1] != b"p":
@@ -272,6 +295,4 @@ class DhtUpkeep(DhtLookups):
                 continue  # a node may only register actors that live on it
             if best is None or e.expiration > best[0]:
                 best = (e.expiration, ref)
-        if best is None:
-            raise ActorNotFound(f"no live actor named {name!r} is registered in the DHT")
-        return best[1]
+        return best[1] if best is not None else None

@@ -28,7 +28,7 @@ async def _simulate(n: int, keys: int, churn: float, seed: int, progress: Any, i
     net = MemoryNetwork()
     # generous timeouts: 1,000 nodes share one loop, and a request queued behind a busy stretch
     # of it is slow, not lost (the simulation checks routing, not deadlines)
-    cfg = dict(request_timeout=10.0, lookup_timeout=60.0, refresh_interval=1e9, republish_interval=1e9, persist_interval=3600.0)
+    cfg = dict(request_timeout=10.0, first_contact_timeout=10.0, lookup_timeout=60.0, refresh_interval=1e9, republish_interval=1e9, persist_interval=3600.0)
     nodes: list[Node] = []
     t0 = time.perf_counter()
     for i in range(n):

@@ -23,6 +23,7 @@ from lattica.errors import (
 )
 from lattica.identify import PeerInfo
 from lattica.identity import PeerId
+from lattica.interfaces import on_local_network
 from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
 from lattica.transports import circuit
@@ -55,7 +56,7 @@ class Dialer:
         self.dialing: dict[PeerId, tuple[asyncio.Future[Connection], bool]] = {}  # -> (dial, DHT lookups allowed)
         self.upgrading: set[PeerId] = set()  # peers we are trying to reach directly (relayed now)
         self.upgrade_again: set[PeerId] = set()  # new addresses came while upgrading: try again after
-        self.contacted: dict[str, float] = {}  # IP -> when a listening socket last sent it a packet (opens cone filters)
+        self.contacted: dict[tuple[str, str], float] = {}  # (transport, IP) -> when a listening socket last sent it a packet (opens cone filters)
 
     async def connect(self, addrs: list[Multiaddr], peer: PeerId | None, timeout: float) -> PeerInfo:
         host = self.host
@@ -139,6 +140,13 @@ class Dialer:
             if self.dialing.get(peer, (None,))[0] is fut:
                 del self.dialing[peer]
 
+    def inbound(self, conn: Connection) -> None:
+        """A peer connected to us while we were dialing it: the dial's waiters take this
+        connection now (the dial itself may still finish; the better connection stays)."""
+        entry = self.dialing.get(conn.remote_peer)
+        if entry is not None and not entry[0].done():
+            entry[0].set_result(conn)
+
     async def _moved_addrs(self, peer: PeerId, tried: list[Multiaddr]) -> list[Multiaddr]:
         """Addresses of ``peer`` in its newest DHT record that were not among ``tried``."""
         if self.routing is None or self.host.closing:
@@ -161,6 +169,7 @@ class Dialer:
         """Dial ``peer`` at ``addrs`` only, racing them; the winner is adopted."""
         host = self.host
         by_transport: dict[str, list[tuple[Multiaddr, Transport]]] = {}
+        elsewhere: dict[str, list[tuple[Multiaddr, Transport]]] = {}  # private addresses not on our networks
         relayed: list[tuple[Multiaddr, Transport]] = []
         for a in addrs:
             t = host.transport_for(a)
@@ -170,18 +179,20 @@ class Dialer:
                 if self._may_relay_to(peer, a):
                     relayed.append((a, t))
             else:
-                by_transport.setdefault(t.name, []).append((a, t))
-        if not by_transport and not relayed:
+                (by_transport if on_local_network(a) else elsewhere).setdefault(t.name, []).append((a, t))
+        if not by_transport and not relayed and not elsewhere:
             raise PeerUnreachable(f"no dialable address known for {peer}")
         if len(host.all_conns) >= host.max_connections:
             raise ConnectionLimit(f"connection limit of {host.max_connections} reached")
         # Interleave transports so the first wave races one address of each (TCP against QUIC);
         # further addresses join one by one, every DIAL_STAGGER seconds or when an attempt fails.
-        # Relay circuits come last: one stagger after the direct attempts, unless there are none.
-        queues = list(by_transport.values())
-        order = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)] + relayed
-        if not queues:
-            queues = [relayed]
+        # Relay circuits come after the direct attempts, and private addresses on networks we are
+        # not on (the peer's LAN behind its NAT: black-holed) after the circuits.
+        def interleave(queues: list[list[tuple[Multiaddr, Transport]]]) -> list[tuple[Multiaddr, Transport]]:
+            return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
+
+        order = interleave(list(by_transport.values())) + relayed + interleave(list(elsewhere.values()))
+        first_wave = len(by_transport) or (1 if relayed else len(elsewhere))
         attempts = iter(order)
         errors: list[str] = []
         refused = 0
@@ -197,7 +208,7 @@ class Dialer:
                 task.addr = addr  # type: ignore[attr-defined]
                 pending.add(task)
 
-        for _ in queues:
+        for _ in range(first_wave):
             start_next()
         try:
             while pending and winner is None:
@@ -242,6 +253,8 @@ class Dialer:
         connection becomes the primary one and the relayed one closes once unused."""
         host = self.host
         direct = [a for a in info.listen_addrs if not a.is_circuit]
+        if host.nat is not None:
+            host.spawn(host.nat.learn_mapping())  # a hole punch may follow: both ends need it
         punch = None
         puncher = host.holepunch
         if conn.direction == "inbound" and puncher is not None and holepunch.PROTOCOL in info.protocols:
@@ -267,13 +280,15 @@ class Dialer:
     def _note_dial(self, addr: Multiaddr) -> None:
         parts = list(addr)
         if len(parts) > 1 and parts[0][0] in ("ip4", "ip6") and parts[1][0] == "udp":
-            self.note_contact(parts[0][1])  # QUIC dials leave from the listening socket
+            self.note_contact(parts[0][1], "quic")  # QUIC dials leave from the listening socket
 
-    def note_contact(self, ip: str) -> None:
-        """A listening socket sent ``ip`` a packet: a cone NAT now lets ``ip`` in (AutoNAT must
-        not take a dial-back from it as proof that strangers can reach us)."""
-        self.contacted.pop(ip, None)
-        self.contacted[ip] = self.host.loop.time()
+    def note_contact(self, ip: str, transport: str) -> None:
+        """``transport``'s listening socket sent ``ip`` a packet: a cone NAT now lets ``ip`` in on
+        that port (AutoNAT must not take a dial-back from it there as proof that strangers can
+        reach us; outbound TCP leaves from other ports, so QUIC contacts say nothing of TCP)."""
+        key = (transport, ip)
+        self.contacted.pop(key, None)
+        self.contacted[key] = self.host.loop.time()
         if len(self.contacted) > _MAX_CONTACTED:
             del self.contacted[next(iter(self.contacted))]
 

@@ -9,7 +9,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Iterable
 
 from lattica import identify, interfaces, ping
-from lattica.errors import LatticaError, MultiaddrError, Timeout, UnsupportedProtocol
+from lattica.errors import LatticaError, MultiaddrError, NodeClosed, PeerUnreachable, Timeout, UnsupportedProtocol
 from lattica.framing import read_message, write_message
 from lattica.host.connections import MAX_CONNS_PER_PEER, Connections
 from lattica.host.dialer import PROTOCOL_READ_TIMEOUT, Dialer, PeerRouting
@@ -90,6 +90,7 @@ class Host:
         self.services = Services()  # the system services, started with us
         self.relay_addrs: list[Multiaddr] = []  # our /p2p-circuit addresses (from reservations)
         self.public_addrs: list[Multiaddr] = []  # observed addresses AutoNAT confirmed dialable
+        self.candidate_addrs: list[Multiaddr] = []  # observed ones, unconfirmed (reachability unknown)
         self.circuit: circuit.CircuitTransport | None = None
         self.nat: NatManager | None = None
         self.mdns: MdnsService | None = None
@@ -205,6 +206,7 @@ class Host:
             conn.abort("per-peer connection limit reached")
             return
         self.adopt(conn)
+        self.dialer.inbound(conn)
 
     def adopt(self, conn: Connection) -> None:
         """Start serving a new authenticated connection and make it the peer's primary one."""
@@ -228,6 +230,40 @@ class Host:
     async def connect(self, addrs: list[Multiaddr], peer: PeerId | None, timeout: float) -> PeerInfo:
         return await self.dialer.connect(addrs, peer, timeout)
 
+    async def join(self, addrs: list[Multiaddr], timeout: float) -> PeerInfo:
+        """Dial every bootstrap peer at once and return as soon as one is connected and identified
+        (it is in the DHT's table then: lookups can start). The other dials, and the DHT's own
+        bootstrap (a self-lookup and bucket refreshes), go on in the background. Raises the
+        first error if none could be reached."""
+        dials = [self.spawn(self.connect([a], None, timeout)) for a in addrs]
+        pending = set(dials)
+        errors: list[BaseException] = []
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t.cancelled() or t.exception() is not None:
+                    errors.append(t.exception() if not t.cancelled() else NodeClosed("cancelled"))
+                    continue
+                self.spawn(self._fill_routing(pending))
+                return t.result()
+        if len(errors) == 1:
+            raise errors[0]
+        raise PeerUnreachable("no bootstrap peer could be reached: " + "; ".join(f"{a}: {e}" for a, e in zip(addrs, errors)))
+
+    async def _fill_routing(self, dials: set[asyncio.Task]) -> None:
+        if dials:
+            await asyncio.wait(dials)
+            for t in dials:
+                if not t.cancelled():
+                    t.exception()  # failures were the caller's to hear of only if all failed
+        dht = self.services.get("dht")
+        if dht is None or self.closing:
+            return
+        try:
+            await dht.bootstrap()
+        except LatticaError as e:
+            log.info("DHT bootstrap failed", reason=str(e))
+
     async def get_connection(self, peer: PeerId) -> Connection:
         """The live connection to ``peer``, dialing it if there is none."""
         return await self.dialer.get_connection(peer)
@@ -235,8 +271,8 @@ class Host:
     async def dial_addrs(self, peer: PeerId, addrs: list[Multiaddr]) -> Connection:
         return await self.dialer.dial_addrs(peer, addrs)
 
-    def note_contact(self, ip: str) -> None:
-        self.dialer.note_contact(ip)
+    def note_contact(self, ip: str, transport: str) -> None:
+        self.dialer.note_contact(ip, transport)
 
     # -- streams and protocols ------------------------------------------------------------------
 
@@ -288,9 +324,10 @@ class Host:
     # -- identify and the address book ----------------------------------------------------------
 
     def advertised_addrs(self) -> list[Multiaddr]:
-        """What we tell peers and the DHT: listen addresses, confirmed public ones, circuits."""
+        """What we tell peers and the DHT: listen addresses, confirmed public ones (else, while
+        unknown, observed candidates), circuits."""
         out = list(self.listen_addrs)
-        for a in self.public_addrs + self.relay_addrs:
+        for a in self.public_addrs + self.candidate_addrs + self.relay_addrs:
             if a not in out:
                 out.append(a)
         return out

@@ -33,17 +33,21 @@ def need_lab():
 
 
 class Proc:
-    def __init__(self, lab: Lab, host, args: list[str]) -> None:
+    """A lab node process (``script``: peer.py unless given) that talks JSON lines; waits for its
+    ``ready`` line unless ``ready_within`` is None."""
+
+    def __init__(self, lab: Lab, host, args: list[str], *, script: str = PEER, ready_within: float | None = 30, log_name: str | None = None) -> None:
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
         logs = os.environ.get("LATTICA_LAB_LOGS")  # a directory: each node's debug log goes there
         extra, err = [], None
         if logs:
-            extra, err = ["--log", "DEBUG"], open(os.path.join(logs, f"{host.name}.log"), "w")
-        self.p = lab.popen(host, [sys.executable, "-u", PEER, "--ip", host.ip, *extra, *args], stdin=-1, stdout=-1, stderr=err, text=True, env=env)
-        self.ready = self.read(30)
-        assert self.ready.get("event") == "ready", self.ready
-        self.peer_id = self.ready["peer_id"]
-        self.addrs = self.ready["addrs"]
+            extra, err = ["--log", "DEBUG"], open(os.path.join(logs, f"{log_name or host.name}.log"), "w")
+        self.p = lab.popen(host, [sys.executable, "-u", script, "--ip", host.ip, *extra, *args], stdin=-1, stdout=-1, stderr=err, text=True, env=env)
+        if ready_within is not None:
+            self.ready = self.read(ready_within)
+            assert self.ready.get("event") == "ready", self.ready
+            self.peer_id = self.ready["peer_id"]
+            self.addrs = self.ready.get("addrs", [])
 
     def read(self, timeout: float) -> dict:
         deadline = time.monotonic() + timeout

@@ -1,0 +1,134 @@
+"""Cold start across NATs: fresh processes find an actor by name and call it at once.
+
+What a user does, not a warm mesh: two public relay/bootstrap nodes stay up; for every ordered
+pair of the six NAT kinds a fresh callee process (``coldpeer.py callee``) spawns a named actor
+and waits until its reachability settles, then a fresh caller process starts a node, resolves the
+name with ``lattica.get_actor`` and calls it. Both are killed with SIGKILL when their pair is
+done, so the bootstrap nodes' tables and relays fill with dead peers as the test goes on (the
+churn every real bootstrap node sees). The test prints, per pair, the time to resolve, to the
+first call and to a direct path (from the caller's ``lattica.init``), and asserts that every
+pair called and nearly every pair went direct within 5 s of its first call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+
+import pytest
+
+from .lab import Lab
+from .test_matrix import KINDS6, REPO, SHORT, Proc
+
+COLDPEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "coldpeer.py")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def need_lab():
+    ok, why = Lab.available()
+    if not ok:
+        pytest.skip(why)  # needs root, ip netns and nft: CI has them (.ci/run installs them)
+
+
+def _kill(proc: Proc) -> None:
+    if proc.p.poll() is None:
+        proc.p.send_signal(signal.SIGKILL)
+    proc.p.wait(10)
+
+
+def _pair(lab: Lab, boot: list[str], caller_host, callee_host, name: str) -> dict:
+    """One pair, fresh processes: the callee settles, the caller resolves and calls; both are
+    killed afterwards (no goodbye: peers find out the hard way)."""
+    bargs = [x for b in boot for x in ("--bootstrap", b)]
+    callee = Proc(lab, callee_host, ["callee", "--name", name, *bargs], script=COLDPEER, ready_within=60, log_name=f"{name}-callee")
+    try:
+        caller = Proc(lab, caller_host, ["caller", "--name", name, *bargs], script=COLDPEER, ready_within=None, log_name=f"{name}-caller")
+        try:
+            done = caller.read(60)
+        finally:
+            _kill(caller)
+    finally:
+        _kill(callee)
+    return {**done, "callee": {k: callee.ready[k] for k in ("reachability", "relays", "settle_ms")}}
+
+
+@pytest.fixture(scope="module")
+def coldlab():
+    with Lab(prefix="nlc") as lab:
+        hosts = [lab.public_host("relay"), lab.public_host("relaytwo")]
+        # the bootstrap nodes run for the whole test and see every pair come and go
+        relays = [Proc(lab, hosts[0], ["--relay", "--membership", "on"])]
+        relays.append(Proc(lab, hosts[1], ["--relay", "--membership", "on", "--bootstrap", relays[0].addrs[0]]))
+        sites = {(kind, i): lab.add_site(kind) for i in (0, 1) for kind in KINDS6}
+        yield lab, [r.addrs[0] for r in relays], sites
+        for r in relays:
+            _kill(r)
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e3:.2f}"
+
+
+def _line(a: str, b: str, r: dict) -> str:
+    cal = r["callee"]
+    return (
+        f"{SHORT[a] + ' -> ' + SHORT[b]:<18}{_ms(r.get('init_ms')):>7}{_ms(r.get('resolve_ms')):>9}{_ms(r.get('call_ms')):>7}"
+        f"{_ms(r.get('direct_ms')):>8}  {str(r.get('path') or 'FAIL'):<6} {cal['reachability']}/{cal['relays']} "
+        + (r.get("error", "") if not r.get("ok") else "")
+    )
+
+
+@pytest.mark.timeout(1800)
+def test_cold_start_every_pair(coldlab):
+    lab, boot, sites = coldlab
+    results = {}
+    header = f"{'caller -> callee':<18}{'init':>7}{'resolve':>9}{'call':>7}{'direct':>8}  path   callee (seconds from the caller's init)"
+    print("\n" + header, flush=True)
+    for a in KINDS6:
+        for b in KINDS6:
+            name = f"cold-{SHORT[a]}-{SHORT[b]}"
+            results[(a, b)] = _pair(lab, boot, sites[(a, 0)].host, sites[(b, 1)].host, name)
+            print(_line(a, b, results[(a, b)]), flush=True)
+    lines = [header] + [_line(a, b, r) for (a, b), r in results.items()]
+    ok = [r for r in results.values() if r.get("ok")]
+    for what in ("init_ms", "resolve_ms", "call_ms", "direct_ms"):
+        xs = sorted(r[what] for r in ok if r.get(what) is not None)
+        if xs:
+            lines.append(f"{what[:-3]:<8} median {statistics.median(xs) / 1e3:.3f} s, worst {xs[-1] / 1e3:.3f} s ({len(xs)} pairs)")
+    print("\n" + "\n".join(lines))
+    failed = {k: r.get("error") for k, r in results.items() if not r.get("ok")}
+    assert not failed, failed
+    # direct within 5 s of the first call: every pair but symmetric -> symmetric can punch
+    direct = [k for k, r in results.items() if r.get("direct_ms") is not None and r["direct_ms"] - r["call_ms"] <= 5000]
+    assert len(direct) >= 34, sorted(set(results) - set(direct))
+
+
+EXPECTED = {"public": "public", "full_cone": "public", "address_restricted": "private", "port_restricted": "private", "symmetric": "private", "firewall": "private"}
+
+
+@pytest.mark.timeout(600)
+def test_doctor_on_a_fresh_node_gives_its_verdict_within_its_wait(coldlab):
+    """``lattica doctor`` as a user runs it on a fresh machine behind each NAT kind, with only
+    the two bootstrap relays to ask: a definite verdict (no ``unknown``) and a path for peers
+    (public, or a relay reservation), within ``--wait``."""
+    lab, boot, sites = coldlab
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    verdicts = {}
+    for kind in KINDS6:
+        # a fresh site: a NAT that still remembers what an earlier node on this port sent lets
+        # those peers in, and a verdict from such a site says something about the NAT's memory
+        host = lab.add_site(kind).host
+        args = [sys.executable, "-m", "lattica.cli", "doctor", "--json", "--wait", "10", "--listen", f"/ip4/{host.ip}/tcp/4001", "--listen", f"/ip4/{host.ip}/udp/4001/quic-v1"]
+        args += [x for b in boot for x in ("--bootstrap", b)]
+        t0 = time.monotonic()
+        out = lab.run(host, args, timeout=90, check=False, env=env)
+        report = json.loads(out.stdout)
+        verdicts[kind] = (report["nat"]["reachability"], len(report["nat"]["relays"]), round(time.monotonic() - t0, 1), report["nat"]["reason"])
+    print("\n" + "\n".join(f"{k:<20}{v[0]:<9} relays {v[1]}  {v[2]:5.1f} s  {v[3]}" for k, v in verdicts.items()))
+    for kind, (reach, relays, _, _) in verdicts.items():
+        assert reach == EXPECTED[kind], (kind, verdicts[kind])
+        assert reach == "public" or relays >= 1, (kind, verdicts[kind])

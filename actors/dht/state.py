@@ -94,7 +94,7 @@ class DhtState:
         if peer in self.misbehaved:
             return  # it answered garbage: it does not come back by calling us
         addrs = self.host.peer_addrs.get(peer)
-        if not self._routable(peer, addrs):
+        if addrs and not self._routable(peer, addrs):
             self.drop(peer)
             return
         if addrs:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from lattica.interfaces import expand, interface_ips, is_lan, is_loopback
+import pytest
+
+from lattica.interfaces import expand, interface_ips, is_lan, is_loopback, is_private, on_local_network
 from lattica.multiaddr import Multiaddr
 
 
@@ -31,3 +33,23 @@ def test_only_ip_addresses_beyond_loopback_are_on_the_lan():
     assert is_lan(Multiaddr("/ip4/192.0.2.1/tcp/1"))
     assert not is_lan(Multiaddr("/ip4/127.0.0.1/tcp/1"))
     assert not is_lan(Multiaddr("/memory/7"))
+
+
+def test_private_ranges_and_not_the_documentation_ones():
+    for a in ("/ip4/10.1.0.2/tcp/1", "/ip4/172.20.0.1/tcp/1", "/ip4/192.168.1.9/udp/1/quic-v1", "/ip4/100.64.3.4/tcp/1", "/ip4/169.254.1.1/tcp/1", "/ip4/127.0.0.1/tcp/1", "/ip6/fd00::1/tcp/1", "/ip6/::1/tcp/1"):
+        assert is_private(Multiaddr(a)), a
+    # the NAT lab's internet is TEST-NET-2/3: public for us (ipaddress calls them private)
+    for a in ("/ip4/198.51.100.10/tcp/1", "/ip4/203.0.113.5/tcp/1", "/ip4/8.8.8.8/tcp/1", "/ip4/172.32.0.1/tcp/1", "/memory/7", "/dns/example.org/tcp/1"):
+        assert not is_private(Multiaddr(a)), a
+    assert not is_private(Multiaddr("/ip4/10.0.0.1/tcp/1/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN/p2p-circuit"))
+
+
+def test_private_addresses_count_as_reachable_only_inside_our_own_subnets():
+    assert on_local_network(Multiaddr("/ip4/127.0.0.1/tcp/1"))  # loopback is one of our networks
+    assert on_local_network(Multiaddr("/ip4/198.51.100.10/tcp/1"))  # public: addressing is no obstacle
+    assert on_local_network(Multiaddr("/memory/7"))
+    ours = [str(a).split("/")[2] for a in expand(Multiaddr("/ip4/0.0.0.0/tcp/1"))]
+    far = next((ip for ip in ("10.254.254.254", "192.168.254.254", "172.31.254.254") if not any(o.startswith(ip.split(".")[0] + ".") for o in ours)), None)
+    if far is None:
+        pytest.skip(f"this machine has interfaces in every private range ({ours}): no foreign private address to test with")
+    assert not on_local_network(Multiaddr(f"/ip4/{far}/tcp/1"))  # someone else's LAN behind their NAT

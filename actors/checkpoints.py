@@ -14,11 +14,11 @@ alive members by a hash of (name, member) (rendezvous hashing) and use the first
 from __future__ import annotations
 
 import collections
-import hashlib
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from lattica.digest import sha256
 from lattica.errors import CheckpointRejected
 from lattica.runtime import ASYNC, ActorRef, current_caller
 
@@ -38,7 +38,7 @@ def checkpoints_ref(peer: PeerId) -> ActorRef:
 
 def ranked(name: str, members: list[str]) -> list[str]:
     """``members`` (peer ids) in the order a checkpoint of ``name`` prefers them."""
-    return sorted(members, key=lambda m: hashlib.sha256(f"{name}\0{m}".encode()).digest())
+    return sorted(members, key=lambda m: sha256(f"{name}\0{m}".encode()))
 
 
 @dataclass

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -58,8 +57,8 @@ def detect_resources() -> dict[str, Any]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         gpus = len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    elif shutil.which("nvidia-smi"):
-        try:
+    else:
+        try:  # no nvidia-smi on the PATH: OSError at once
             out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=5).stdout
             gpus = sum(1 for line in out.splitlines() if line.startswith("GPU "))
         except (OSError, subprocess.SubprocessError):
@@ -95,7 +94,7 @@ class MembershipService:
         actors = sum(1 for a in self.rt.actors.values() if not a.system)
         load: dict[str, Any] = {"actors": actors}
         spawner = self.rt.actors.get("spawner")
-        reserved = spawner.instance.reserved_total() if spawner is not None else {}
+        reserved = spawner.instance._reserved_total() if spawner is not None else {}
         if reserved:
             load["reserved"] = reserved
         return {**self.resources, "labels": self.labels, "load": load}

@@ -37,7 +37,7 @@ class Spawner:
         self._incarnation: dict[str, str] = {}  # actor name -> the token its supervisor started it with
         runtime.stop_listeners.append(self._release)
 
-    def reserved_total(self) -> dict[str, float]:
+    def _reserved_total(self) -> dict[str, float]:
         """What this node has promised to its placed actors, per resource (gossiped in ``load``)."""
         total = {r: 0.0 for r in RESOURCES}
         for need in self.reserved.values():
@@ -56,7 +56,7 @@ class Spawner:
         if labels is not None:
             if not isinstance(labels, dict) or any(mine.get(k) != v for k, v in labels.items()):
                 raise PlacementError(f"{self._rt.peer_id} does not carry the labels {labels}")
-        held = self.reserved_total()
+        held = self._reserved_total()
         short = {r: amount for r, amount in need.items() if float(offered.get(r, 0)) - held.get(r, 0.0) < amount}
         if short:
             room = {r: float(offered.get(r, 0)) - held.get(r, 0.0) for r in short}
@@ -105,7 +105,7 @@ class Spawner:
         if bound == {}:
             del self._bound[name]
 
-    def stop_bound(self) -> None:
+    def _stop_bound(self) -> None:
         """The mesh took this node for dead: every actor bound to a supervisor or a link has
         been replaced or stopped on the other side by now, so ours stop too."""
         for name in list(self._bound):
@@ -179,7 +179,7 @@ class Spawner:
             raise SpawnError(f"{class_path} failed to start: {type_name}: {message}\n{tb}".rstrip())
         return actor.ref
 
-    def holder(self, name: str, incarnation: str | None = None) -> LocalActor | None:
+    def _holder(self, name: str, incarnation: str | None = None) -> LocalActor | None:
         """The actor ``name`` living here; with ``incarnation``, only if it is the one its
         supervisor started with that token. A supervisor stops its children by incarnation (as
         Erlang's by pid): the stop a previous incarnation of the supervisor sends late must not
@@ -192,7 +192,7 @@ class Spawner:
     async def kill(self, name: str, incarnation: str | None = None) -> None:
         """Stop the actor ``name`` (its on_stop hook runs; calls in flight fail with ActorDied);
         with ``incarnation`` (a supervisor's token for its child), only that incarnation of it."""
-        actor = self.holder(name, incarnation)
+        actor = self._holder(name, incarnation)
         if actor is None:
             raise ActorNotFound(f"no actor named {name!r} on {self._rt.peer_id}" + (" of that incarnation" if incarnation is not None else ""))
         if actor.system:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import time
-
-import ifaddr
+from typing import Any
 
 from lattica.multiaddr import Multiaddr
 
@@ -27,10 +26,16 @@ _NETWORKS_TTL = 10.0  # s: interfaces come and go (VPNs, Wi-Fi); re-read them th
 _networks: tuple[float, list] = (-_NETWORKS_TTL, [])
 
 
+def _adapters() -> list[Any]:
+    import ifaddr  # here, not at import: a node listening on one address never reads interfaces
+
+    return ifaddr.get_adapters()
+
+
 def interface_ips(version: int) -> list[str]:
     """Addresses of this machine's interfaces for IP ``version`` (4 or 6), loopback included."""
     out: list[str] = []
-    for adapter in ifaddr.get_adapters():
+    for adapter in _adapters():
         for ip in adapter.ips:
             if version == 4 and ip.is_IPv4:
                 addr = ip.ip
@@ -89,7 +94,7 @@ def _local_networks() -> list:
     now = time.monotonic()
     if now - _networks[0] >= _NETWORKS_TTL:
         nets = []
-        for adapter in ifaddr.get_adapters():
+        for adapter in _adapters():
             for ip in adapter.ips:
                 addr = ip.ip if ip.is_IPv4 else ip.ip[0]
                 try:

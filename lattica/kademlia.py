@@ -10,12 +10,12 @@ authenticated connection enter the table.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import random
 import time
 from collections import OrderedDict
 from typing import Callable, Iterable
 
+from lattica.digest import sha256
 from lattica.identity import PeerId
 
 __all__ = ["K", "ALPHA", "ID_BITS", "key_id", "node_id", "distance", "RoutingTable", "Lookup"]
@@ -27,7 +27,7 @@ ID_BITS = 256
 
 def key_id(key: bytes) -> int:
     """The 256-bit id of a key: sha256 as an integer."""
-    return int.from_bytes(hashlib.sha256(key).digest(), "big")
+    return int.from_bytes(sha256(key), "big")
 
 
 def node_id(peer: PeerId) -> int:

@@ -27,7 +27,6 @@ return the messages to send and the events for the user, in the h11 style.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
 from collections import deque
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from lattica.config import MembershipConfig
+from lattica.digest import sha256
 
 __all__ = [
     "ALIVE",
@@ -126,7 +126,7 @@ class PhiAccrual:
 
 
 def _ring_key(member_id: str) -> bytes:
-    return hashlib.sha256(member_id.encode()).digest()
+    return sha256(member_id.encode())
 
 
 class Membership:

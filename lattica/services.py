@@ -80,7 +80,7 @@ def _membership(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built |
         return None
     service = MembershipService(rt, node.membership_config, node.labels, node.resources)
     service.on_down.append(rt.member_down)  # calls waiting on a dead peer fail, monitors fire
-    service.on_self_downed.append(services["spawner"].stop_bound)
+    service.on_self_downed.append(services["spawner"]._stop_bound)
     return Built(service, MembershipActor(service))
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import secrets
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -216,7 +216,7 @@ class Supervisor:
         if child.checkpoint_every and not child.has_state and not child.recovered:
             child.recovered = True
             await self._recover(child)
-        incarnation = secrets.token_hex(8)
+        incarnation = os.urandom(8).hex()
         opts: dict[str, Any] = {"publish": True, "supervisor": self._me, "incarnation": incarnation}
         if child.has_state:
             opts["state"] = child.state
@@ -274,7 +274,7 @@ class Supervisor:
         try:
             if ref.peer_id == self._rt.peer_id:
                 spawner = self._rt.services.get("spawner")
-                local = spawner.holder(ref.name, incarnation) if spawner is not None else self._rt.actors.get(ref.name)
+                local = spawner._holder(ref.name, incarnation) if spawner is not None else self._rt.actors.get(ref.name)
                 if local is not None:
                     await local.stop(reason)
             else:

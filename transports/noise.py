@@ -15,15 +15,14 @@ for ChaCha20-Poly1305 (see docs/benchmarks.md).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import os
 import struct
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 
+from lattica.digest import hmac_sha256, sha256
 from lattica.errors import DecryptError, FrameTooLarge, HandshakeError, PeerIdMismatch
 from lattica._protobuf import decode_fields, encode_fields
 from lattica.identity import KeyPair, PeerId, public_key_from_protobuf, verify_signature
@@ -39,12 +38,14 @@ _HASH_LEN = 32
 _SIG_PREFIX = b"noise-libp2p-static-key:"
 _MAX_NONCE = 2**64 - 1
 
-_RAW = serialization.Encoding.Raw
-_RAW_PUB = serialization.PublicFormat.Raw
+
+def _x25519_new() -> X25519PrivateKey:
+    """A fresh X25519 key: 32 random bytes from the OS (RFC 7748; the scalar is clamped when used)."""
+    return X25519PrivateKey.from_private_bytes(os.urandom(32))
 
 
 def _x25519_pub(priv: X25519PrivateKey) -> bytes:
-    return priv.public_key().public_bytes(_RAW, _RAW_PUB)
+    return priv.public_key().public_bytes_raw()
 
 
 def _dh(priv: X25519PrivateKey, pub: bytes) -> bytes:
@@ -55,9 +56,9 @@ def _dh(priv: X25519PrivateKey, pub: bytes) -> bytes:
 
 
 def _hkdf2(ck: bytes, ikm: bytes) -> tuple[bytes, bytes]:
-    temp = hmac.digest(ck, ikm, "sha256")
-    out1 = hmac.digest(temp, b"\x01", "sha256")
-    out2 = hmac.digest(temp, out1 + b"\x02", "sha256")
+    temp = hmac_sha256(ck, ikm)
+    out1 = hmac_sha256(temp, b"\x01")
+    out2 = hmac_sha256(temp, out1 + b"\x02")
     return out1, out2
 
 
@@ -114,7 +115,7 @@ class _HandshakeState:
     ) -> None:
         self.initiator = initiator
         self.aesgcm = b"AESGCM" in protocol_name
-        self.h = protocol_name.ljust(_HASH_LEN, b"\0") if len(protocol_name) <= _HASH_LEN else hashlib.sha256(protocol_name).digest()
+        self.h = protocol_name.ljust(_HASH_LEN, b"\0") if len(protocol_name) <= _HASH_LEN else sha256(protocol_name)
         self.ck = self.h
         self._k: Cipher | None = None
         self._mix_hash(prologue)
@@ -131,7 +132,7 @@ class _HandshakeState:
         return self._step == len(self._PATTERN)
 
     def _mix_hash(self, data: bytes) -> None:
-        self.h = hashlib.sha256(self.h + data).digest()
+        self.h = sha256(self.h + data)
 
     def _mix_key(self, ikm: bytes) -> None:
         self.ck, temp_k = _hkdf2(self.ck, ikm)
@@ -171,7 +172,7 @@ class _HandshakeState:
         for token in self._PATTERN[self._step]:
             if token == b"e":
                 if self.e is None:
-                    self.e = X25519PrivateKey.generate()
+                    self.e = _x25519_new()
                 self.e_pub = _x25519_pub(self.e)
                 out += self.e_pub
                 self._mix_hash(self.e_pub)
@@ -252,7 +253,7 @@ class NoiseHandshake:
     ) -> None:
         self._keypair = keypair
         self._expected = expected_peer
-        self._hs = _HandshakeState(initiator, static_key or X25519PrivateKey.generate())
+        self._hs = _HandshakeState(initiator, static_key or _x25519_new())
         self._buf = bytearray()
         self.complete = False
         self.remote_peer: PeerId | None = None

@@ -18,7 +18,6 @@ from lattica.hostview import HostEvents
 from lattica.identify import PeerInfo
 from lattica.identity import PeerId
 from lattica.logging import get_logger
-from lattica.mdns import MdnsService
 from lattica.monitors import Monitors
 from lattica.multiaddr import Multiaddr
 from lattica.nat import NatManager, NatStatus
@@ -93,7 +92,7 @@ class Host:
         self.candidate_addrs: list[Multiaddr] = []  # observed ones, unconfirmed (reachability unknown)
         self.circuit: circuit.CircuitTransport | None = None
         self.nat: NatManager | None = None
-        self.mdns: MdnsService | None = None
+        self.mdns: Any = None  # lattica.mdns.MdnsService on a LAN
         self.handlers[identify.PROTOCOL] = self._on_identify
         self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s)
         self.handlers[circuit.STOP] = self._on_stop
@@ -135,6 +134,8 @@ class Host:
         self.nat.start()
         want = self.node.mdns
         if want or (want is None and any(interfaces.is_lan(a) for a in self.listen_addrs)):
+            from lattica.mdns import MdnsService  # here: only LAN nodes run it
+
             self.mdns = MdnsService(self)
             if not await self.mdns.start():
                 self.mdns = None

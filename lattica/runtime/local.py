@@ -11,8 +11,6 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Any, Callable
 
-import pykka
-
 from lattica import context, rpc
 from lattica._eager import eager_task
 from lattica.logging import get_logger
@@ -24,6 +22,8 @@ from lattica.runtime.limits import AGEN, ASYNC, GEN, HOOK_TIMEOUT, NO_STATE, STR
 from lattica.runtime.refs import ACTOR, ActorRef, CALLER
 
 if TYPE_CHECKING:
+    import pykka
+
     from lattica.runtime.registry import Runtime
 
 log = get_logger("lattica.runtime")
@@ -119,26 +119,37 @@ class ArgStream:
         return value
 
 
-class _Executor(pykka.ThreadingActor):
-    """The actor's own thread: runs sync methods one at a time, in mailbox order."""
+_executor_class: Any = None
 
-    # A daemon thread: the interpreter joins non-daemon threads *before* it runs the atexit hook
-    # that stops the node (and with it this actor, on_stop included), so a script that never
-    # calls lattica.shutdown() would otherwise hang at its end.
-    use_daemon_thread = True
 
-    def __init__(self, runtime: Runtime) -> None:
-        super().__init__()
-        self._runtime = runtime
+def _start_executor(runtime: Runtime) -> pykka.ActorRef:
+    """Start the thread that runs one actor's sync methods, one at a time, in mailbox order.
+    pykka is imported on the first such actor: a node whose actors are all async never needs it."""
+    global _executor_class
+    if _executor_class is None:
+        import pykka  # here: see the docstring
 
-    def on_start(self) -> None:
-        context.bind_thread(self._runtime)
+        class _Executor(pykka.ThreadingActor):
+            # A daemon thread: the interpreter joins non-daemon threads *before* it runs the atexit
+            # hook that stops the node (and with it this actor, on_stop included), so a script that
+            # never calls lattica.shutdown() would otherwise hang at its end.
+            use_daemon_thread = True
 
-    def on_stop(self) -> None:
-        context.unbind_thread(self._runtime)
+            def __init__(self, runtime: Runtime) -> None:
+                super().__init__()
+                self._runtime = runtime
 
-    def on_receive(self, message: Any) -> Any:
-        message()  # a job closure built by LocalActor
+            def on_start(self) -> None:
+                context.bind_thread(self._runtime)
+
+            def on_stop(self) -> None:
+                context.unbind_thread(self._runtime)
+
+            def on_receive(self, message: Any) -> Any:
+                message()  # a job closure built by LocalActor
+
+        _executor_class = _Executor
+    return _executor_class.start(runtime)
 
 
 class LocalActor:
@@ -176,11 +187,11 @@ class LocalActor:
         if instance is not None:  # system actors: built by the runtime itself
             self.system = True
             if self.needs_thread:
-                self.executor = _Executor.start(self.runtime)
+                self.executor = _start_executor(self.runtime)
             self._constructed(instance, None)
             return
         if self.needs_thread:
-            self.executor = _Executor.start(self.runtime)
+            self.executor = _start_executor(self.runtime)
             self.executor.tell(lambda: self._construct(args, kwargs, state))
         else:
             threading.Thread(target=self._construct, args=(args, kwargs, state), name=f"lattica-init-{self.name}", daemon=True).start()

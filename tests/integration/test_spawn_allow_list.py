@@ -61,3 +61,15 @@ def test_on_stop_is_not_a_remote_method(where, token):
         forged.on_stop.remote().result(5)
     assert ra.RECORDS[token] == []  # the hook did not run
     assert r.ping.remote().result(5) == "pong"
+
+
+def test_spawner_local_helpers_are_no_remote_methods(node):
+    """What the node itself uses (stopping every bound actor, the reserved resources, the
+    holder of a name) is not callable by peers through the spawner."""
+    with lattica.Node([TCP]) as b:
+        node.connect(b.addrs[0])
+        bound = lattica.ActorRef(b.peer_id, "spawner", {"stop_bound": "sync", "holder": "sync", "reserved_total": "sync"})
+        for method in ("stop_bound", "holder", "reserved_total"):
+            with pytest.raises(MethodNotFound):
+                getattr(bound, method).remote(*(["x"] if method == "holder" else [])).result(5)
+        assert isinstance(spawner_names(b.peer_id), list)  # the spawner still serves

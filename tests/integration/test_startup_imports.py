@@ -1,0 +1,62 @@
+"""A starting node loads only what it needs (issue 16's startup budget): what is imported later,
+on first use, stays out of a fresh process that imports lattica and listens on TCP. The budget
+itself (time and resident memory) is measured by ``lattica bench startup``, not asserted here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+# Each is loaded when first needed: structlog on the first log event let through, pykka for the
+# first actor with sync methods, ifaddr to read interfaces (wildcard listen addresses, LAN
+# checks), mDNS on a LAN address, aioquic for QUIC; hashlib and shutil not at all (they load a
+# second OpenSSL binding and the compression libraries).
+LATER = ["structlog", "pykka", "ifaddr", "lattica.mdns", "aioquic", "hashlib", "_hashlib", "shutil"]
+
+_CHILD = r"""
+import json, sys
+import lattica
+node = lattica.Node(["/ip4/127.0.0.1/tcp/0"])
+node.start()
+loaded = [m for m in json.loads(sys.argv[1]) if m in sys.modules]
+node.stop()
+print(json.dumps(loaded))
+"""
+
+
+def _loaded_after_start(modules: list[str]) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(modules)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_starting_node_does_not_load_what_it_needs_later():
+    assert _loaded_after_start(LATER) == []
+
+
+def test_the_check_sees_what_is_loaded():
+    # the probe itself works: modules a node always needs are reported
+    assert _loaded_after_start(["asyncio", "lattica.host", "cryptography"]) == ["asyncio", "lattica.host", "cryptography"]
+
+
+def test_sync_actors_and_configured_logs_load_on_demand():
+    child = r"""
+import sys, lattica, lattica.logging
+
+@lattica.actor
+class Sync:
+    def f(self):
+        return 1
+
+lattica.init(listen=["/ip4/127.0.0.1/tcp/0"])
+assert "pykka" not in sys.modules and "structlog" not in sys.modules
+assert Sync.remote().f.remote().result(10) == 1
+assert "pykka" in sys.modules
+lattica.logging.configure("WARNING")
+assert "structlog" in sys.modules
+lattica.shutdown()
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

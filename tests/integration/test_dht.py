@@ -10,6 +10,7 @@ subkey hides only itself, republish never extends a record, delete outlives a lo
 name refreshes do not pile up, and lookups have an overall deadline."""
 
 import asyncio
+import concurrent.futures
 import json
 import socket
 import types
@@ -158,6 +159,28 @@ def test_a_named_actor_resolves_from_any_node(three, token):
     assert wait_for(lambda: not _resolves(name), timeout=10)  # killed: its name is withdrawn
 
 
+def test_get_actor_waits_for_a_name_registered_after_it_started(three, token):
+    """A caller that starts before the callee has registered (the cold-start race) gets the
+    actor once the registration lands, not ActorNotFound from the first empty lookup."""
+    node, (a, pa), (b, pb) = three
+    name = f"late-{token}"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(lattica.get_actor, name, None, 8.0)
+        time.sleep(0.5)  # several lookups have come back empty by now
+        assert not pending.done()
+        c = sa.Counter.options(node=lattica.PeerId.from_string(a.peer_id), name=name).remote(6)
+        ref = pending.result(10)
+    assert ref.peer_id == c.peer_id and ref.get.remote().result(10) == 6
+    lattica.kill(c)
+
+
+def test_get_actor_of_an_unknown_name_fails_with_actor_not_found_within_its_timeout(three, token):
+    t0 = time.monotonic()
+    with pytest.raises(ActorNotFound, match="no live actor named"):
+        lattica.get_actor(f"nobody-{token}", timeout=1.5)
+    assert 0.5 < time.monotonic() - t0 < 3.0  # looked again for a while, then gave up in time
+
+
 CHILD = r"""
 import json, os, sys
 import lattica
@@ -191,7 +214,7 @@ def test_a_name_expires_when_its_process_is_killed(default_node, token):
 
 def _resolves(name):
     try:
-        lattica.get_actor(name, timeout=3)
+        lattica.get_actor(name, timeout=1)
         return True
     except ActorNotFound:
         return False

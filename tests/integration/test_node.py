@@ -2,6 +2,7 @@
 one connection per peer, limits, idle close, stream protocols, and the memory transport."""
 
 import asyncio
+import socket
 import time
 
 import pytest
@@ -73,6 +74,29 @@ def test_one_connection_per_peer_even_when_both_dial():
 
 async def _count(h):
     return len(h.all_conns)
+
+
+def test_a_peer_connecting_to_us_resolves_our_pending_dial_to_it():
+    """Our only address for B hangs (a stale or private address that swallows packets); B then
+    connects to us itself (as a callee behind a NAT does after a hole-punch request): the call
+    that was waiting on the dial goes on over B's connection at once (issue 16)."""
+    with socket.socket() as silent, lattica.Node([TCP], dial_timeout=15.0) as a, lattica.Node([TCP]) as b:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # accepts TCP, never answers the handshake
+        hung = lattica.Multiaddr(f"/ip4/127.0.0.1/tcp/{silent.getsockname()[1]}")
+        a.run(_remember(a._host, b.peer_id, hung))
+        pending = a._submit(lambda h: h.get_connection(b.peer_id))
+        time.sleep(0.5)
+        assert not pending.done()  # stuck on the hung address
+        t0 = time.monotonic()
+        b.connect(a.addrs[0])
+        conn = pending.result(5)
+        assert time.monotonic() - t0 < 3.0  # not the 15 s the dial would take
+        assert conn.remote_peer == b.peer_id and conn.direction == "inbound"
+
+
+async def _remember(h, peer, addr):
+    h.remember_addrs(peer, [addr])
 
 
 def test_wrong_peer_id_is_refused():

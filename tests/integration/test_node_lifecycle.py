@@ -6,6 +6,7 @@ stays visible, and a script that starts a node (and spawns actors) and returns e
 import asyncio
 import socket
 import threading
+import time
 
 import pytest
 
@@ -245,3 +246,27 @@ def test_a_script_that_spawns_actors_and_returns_exits_and_their_on_stop_runs(tm
     """)
     assert out.split() == ["sync", "async", "ok"]
     assert sorted(p.name for p in marks.iterdir()) == ["async", "sync"]
+
+
+def test_init_returns_once_one_bootstrap_peer_answers_and_fails_only_if_none_does():
+    """A bootstrap peer that accepts and then says nothing (a hung or overloaded node) does not
+    hold up ``init`` while another answers; if none answers, ``init`` raises PeerUnreachable."""
+    lattica.shutdown()
+    with socket.socket() as silent, socket.socket() as closed, lattica.Node([TCP]) as live:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # the kernel completes the TCP handshake; nothing answers the Noise one
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        hung = f"/ip4/127.0.0.1/tcp/{silent.getsockname()[1]}"
+        refused = f"/ip4/127.0.0.1/tcp/{closed.getsockname()[1]}"
+        try:
+            t0 = time.monotonic()
+            node = lattica.init([TCP], bootstrap=[hung, str(live.addrs[0])], dial_timeout=8.0)
+            assert time.monotonic() - t0 < 4.0  # not the 8 s the hung peer's dial could take
+            assert live.peer_id in node._host.conns
+            lattica.shutdown()
+            t0 = time.monotonic()
+            with pytest.raises(lattica.errors.PeerUnreachable):
+                lattica.init([TCP], bootstrap=[hung, refused], dial_timeout=1.5)
+            assert time.monotonic() - t0 < 5.0  # both failures heard within the dial timeout
+        finally:
+            lattica.shutdown()

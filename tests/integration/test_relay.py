@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import os
+import signal
 import socket
 
 import pytest
@@ -19,6 +20,7 @@ from helpers import wait_for
 from lattica.actors.relay import RelayConfig, relay_ref
 from lattica.errors import PeerUnreachable, RelayRefused
 from lattica.framing import read_message, write_message
+from lattica.mesh.process import ServerProcess
 from lattica.nat import NatConfig
 from lattica.transports.circuit import HOP, STOP
 from lattica.transports.splice import PREAMBLE_MAGIC, TOKEN_LEN, _Pipe
@@ -492,3 +494,37 @@ async def _wait(fut):
 
 async def _slow(worker, t: float) -> float:
     return await worker.slow.remote(t)
+
+
+def test_a_frozen_peer_loses_its_reservation_and_its_dht_slot_once_membership_holds_it_dead():
+    """A SIGSTOPped peer's connections stay open, so no disconnect tells the relay or the DHT
+    it is gone; membership's verdict does: circuits to it are refused at once instead of
+    waiting on it, and lookups no longer ask it (issue 16)."""
+    with lattica.Node([TCP], relay=True) as relay:
+        with ServerProcess([], "--private-via", str(relay.addrs[0])) as private, ServerProcess([TCP]) as public:
+            behind, served = lattica.PeerId.from_string(private.peer_id), lattica.PeerId.from_string(public.peer_id)
+            relay.connect(public.addr("tcp"))
+            lattica.dht.bootstrap(node=relay).result(10)
+            assert wait_for(lambda: relay._host.relay.has_reservation(behind), timeout=10)
+            assert wait_for(lambda: served in relay._host.runtime.dht.table, timeout=10)
+            # the relay judges both on their heartbeats (a peer frozen before its first heartbeat
+            # is judged by its connection's keepalive instead, 30 s)
+            judged = relay._host.runtime.services["membership"].core._detectors
+            assert wait_for(lambda: {private.peer_id, public.peer_id} <= set(judged), timeout=10)
+            for p in (private, public):
+                os.kill(p.pid, signal.SIGSTOP)
+            try:
+                states = lambda: {r["peer_id"]: r["state"] for r in relay.nodes()}  # noqa: E731
+                assert wait_for(lambda: states().get(private.peer_id) == states().get(public.peer_id) == "dead", timeout=15), states()
+                assert behind in relay._host.conns  # still connected: the verdict, not a disconnect, dropped it
+                assert not relay._host.relay.has_reservation(behind)
+                assert served not in relay._host.runtime.dht.table
+                with lattica.Node([], allow=ALLOW, membership=False) as c:
+                    c.connect(relay.addrs[0])
+                    t0 = time.monotonic()
+                    with pytest.raises((RelayRefused, PeerUnreachable)):
+                        c.connect(relay.addrs[0].encapsulate(f"/p2p/{relay.peer_id}/p2p-circuit/p2p/{behind}"), timeout=10)
+                    assert time.monotonic() - t0 < 5  # refused by the relay, not a dial that timed out
+            finally:
+                for p in (private, public):
+                    os.kill(p.pid, signal.SIGCONT)

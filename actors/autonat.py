@@ -20,7 +20,9 @@ from lattica.errors import LatticaError, ProtocolError
 from lattica.framing import read_message, write_message
 from lattica.identity import PeerId
 from lattica.multiaddr import Multiaddr
-from lattica.runtime import ASYNC, ActorRef, current_caller
+from lattica.interfaces import ip_of
+from lattica.nat import DIALBACK
+from lattica.runtime import autonat_ref, current_caller
 
 if TYPE_CHECKING:
     from lattica.hostview import HostView
@@ -30,7 +32,6 @@ log = get_logger("lattica.autonat")
 
 __all__ = ["AutoNatActor", "AutoNatServer", "autonat_ref", "DIALBACK"]
 
-DIALBACK = "/lattica/autonat/dialback/1"
 MAX_ADDRS = 4
 NONCE_BYTES = 16
 _DIAL_TIMEOUT = 4.0
@@ -38,19 +39,6 @@ _RATE = 2.0  # requests per second one peer may make (check or dial_for), sustai
 _BURST = 8.0  # ...and in a burst (a server asks helpers for every peer that checks with it)
 _MAX_TRACKED = 4096
 _HELPERS = 2
-
-
-def autonat_ref(peer: PeerId) -> ActorRef:
-    """The ref of ``peer``'s autonat actor."""
-    return ActorRef(peer, "autonat", {"check": ASYNC, "dial_for": ASYNC})
-
-
-def ip_of(addr: Multiaddr) -> str | None:
-    """The IP address of a direct ``/ip4|ip6/...`` address, else None."""
-    parts = list(addr.without_peer_id())
-    if not parts or parts[0][0] not in ("ip4", "ip6") or addr.is_circuit:
-        return None
-    return parts[0][1]
 
 
 def _dialable(addr: Multiaddr) -> bool:

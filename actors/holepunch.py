@@ -156,10 +156,11 @@ class HolePunchService:
         done = self._responding[peer] = asyncio.Event()
         t0 = time.perf_counter()
         try:
-            resp = Responder(*await self._mine())
             async with asyncio.timeout(_EXCHANGE_TIMEOUT):
-                reply = resp.receive(await read_message(stream, MAX_MESSAGE))
-                write_message(stream, reply)
+                connect = await read_message(stream, MAX_MESSAGE)
+                arrived = time.perf_counter()
+                resp = Responder(*await self._mine())  # may observe our mapping first (up to 1 s)
+                write_message(stream, resp.receive(connect, held=time.perf_counter() - arrived))
                 punch = resp.receive(await read_message(stream, MAX_MESSAGE))
             assert isinstance(punch, Punch)
             await stream.close()
@@ -244,8 +245,9 @@ class HolePunchService:
             for t in tasks:
                 t.cancel()
             if sprayed:
-                keep = next((ep for ep in hit if ep.members), None)
-                quic.close_spray(sprayed, keep)  # type: ignore[union-attr]
+                # every socket a punch got through from stays while its connection lives: two
+                # may have got through, and the host may have made either the primary one
+                quic.close_spray(sprayed)  # type: ignore[union-attr]
 
     async def _dial(self, peer: PeerId, dial: Any) -> None:
         try:

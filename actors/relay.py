@@ -19,13 +19,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lattica import ping
 from lattica.config import RelayConfig
 from lattica.logging import get_logger
 from lattica.membership import MemberDown
 from lattica.errors import LatticaError, ProtocolError, RelayRefused
 from lattica.framing import read_message, write_message
 from lattica.identity import PeerId
-from lattica.runtime import ASYNC, ActorRef, current_caller
+from lattica.runtime import current_caller, relay_ref
 from lattica.transports.base import Connection, Stream
 from lattica.transports.circuit import HOP, MAX_MESSAGE, STOP, check_answer, limit_wire, parse_connect, refusal
 from lattica.transports.splice import TOKEN_LEN, Splice
@@ -41,11 +42,7 @@ __all__ = ["RelayConfig", "RelayService", "RelayActor", "relay_ref"]
 _CHUNK = 1 << 20
 _TIMEOUT = 10.0  # seconds for the stop side to answer
 _SPLICE_WAIT = 5.0  # seconds for both ends' spliced sockets to arrive (the dialer then falls back)
-
-
-def relay_ref(peer: PeerId) -> ActorRef:
-    """The ref of ``peer``'s relay actor."""
-    return ActorRef(peer, "relay", {"reserve": ASYNC, "status": ASYNC})
+_HOLDER_PING = 2.0  # seconds a holder membership holds down has to answer a ping on its connection
 
 
 @dataclass
@@ -131,13 +128,33 @@ class RelayService:
         self._drop(peer)
 
     def _on_membership(self, event: Any) -> None:
-        # declared dead or gone: circuits to it would wait on a connection nobody closed (a
-        # SIGKILLed peer's QUIC connection lingers until its idle timeout)
+        # a holder declared dead or gone: circuits to it would wait on a connection nobody closed
+        # (a frozen peer's, or a SIGKILLed peer's QUIC connection until its idle timeout). The
+        # verdict is hearsay any member can spread, so the holder is asked before it loses anything.
         if isinstance(event, MemberDown):
             try:
-                self._drop(PeerId.from_string(event.member.id))
+                peer = PeerId.from_string(event.member.id)
             except LatticaError:
-                pass
+                return
+            if peer in self.reservations:
+                self.host.spawn(self._check_holder(peer))
+
+    async def _check_holder(self, peer: PeerId) -> None:
+        """Keep ``peer``'s reservation if it answers one ping on its connection within
+        ``_HOLDER_PING`` seconds, else drop it."""
+        conn = self._direct_conn(peer)
+        if conn is not None:
+            try:
+                async with asyncio.timeout(_HOLDER_PING):
+                    stream = await self.host.open_stream_on(conn, ping.PROTOCOL)
+                    try:
+                        await ping.measure(stream, 1)
+                    finally:
+                        stream.reset()
+                return
+            except (LatticaError, TimeoutError) as e:
+                log.info("dropping the reservation of a holder held down", peer=str(peer), reason=str(e) or "no answer to a ping")
+        self._drop(peer)
 
     def has_reservation(self, peer: PeerId) -> bool:
         r = self.reservations.get(peer)

@@ -46,9 +46,13 @@ def init(
         node = Node(listen, key_path=key_path, allow=allow, **node_options)
         node.start()
         context.set_default_node(node)
-    addrs = [Multiaddr(a) for a in bootstrap]
-    if addrs:
-        node._call(lambda h: h.join(addrs, node.dial_timeout))
+    try:
+        addrs = [Multiaddr(a) for a in bootstrap]
+        if addrs:
+            node._call(lambda h: h.join(addrs, node.dial_timeout))
+    except BaseException:
+        shutdown()  # a failed init leaves no half-joined default node: calling init again retries
+        raise
     return node
 
 

@@ -20,7 +20,7 @@ class DhtConfig:
     alpha: int = ALPHA
     replication: int = K  # replicas a put stores to (the k closest)
     request_timeout: float = 3.0
-    first_contact_timeout: float = 1.0  # a request to a peer we never heard from (a hint in an answer)
+    first_contact_timeout: float = 2.0  # a request to a peer we never heard from (a hint in an answer): dial, handshake and call, ~4 round trips
     lookup_timeout: float = 20.0  # a whole lookup; then it settles for the closest peers so far
     ping_after: float = 30.0  # a full bucket's oldest peer is pinged only if silent this long
     refresh_interval: float = 600.0  # buckets with no lookup for this long are refreshed

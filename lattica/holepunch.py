@@ -178,7 +178,11 @@ class Initiator:
             raise ProtocolError("hole punch: unexpected message")
         theirs = _parse_connect(msg, want_token=False)[:2]
         self.done = True
-        rtt = max(now - self._sent_at, 0.0)
+        waited = max(now - self._sent_at, 0.0)
+        held = msg.get("held", 0.0)  # how long the peer held our connect before answering
+        if type(held) not in (int, float) or not 0.0 <= held <= waited:
+            held = 0.0  # (not a number, or more than we waited: ignored)
+        rtt = waited - held
         return {"type": "sync"}, Punch(plan(True, self.mine, theirs), rtt / 2, rtt, self.token)
 
 
@@ -191,14 +195,18 @@ class Responder:
         self._token: bytes | None = None
         self.done = False
 
-    def receive(self, msg: Any) -> dict | Punch:
-        """``connect`` -> our ``connect`` to send back; ``sync`` -> the punch to run now."""
+    def receive(self, msg: Any, held: float = 0.0) -> dict | Punch:
+        """``connect`` -> our ``connect`` to send back (``held``: seconds since it arrived, which
+        the initiator takes off its RTT); ``sync`` -> the punch to run now."""
         if self.done:
             raise ProtocolError("hole punch: unexpected message")
         if self._theirs is None:
             addrs, nat, token = _parse_connect(msg, want_token=True)
             self._theirs, self._token = (addrs, nat), token
-            return _connect(*self.mine, None)
+            answer = _connect(*self.mine, None)
+            if held > 0:
+                answer["held"] = held
+            return answer
         if type(msg) is not dict or msg.get("type") != "sync":
             raise ProtocolError("hole punch: expected sync")
         self.done = True

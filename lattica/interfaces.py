@@ -13,15 +13,22 @@ from typing import Any
 
 from lattica.multiaddr import Multiaddr
 
-__all__ = ["interface_ips", "expand", "is_loopback", "is_lan", "is_private", "is_private_ip", "on_local_network"]
+__all__ = ["interface_ips", "expand", "is_loopback", "is_lan", "ip_of", "is_private", "is_private_ip", "on_local_network"]
 
 # Addresses no stranger on the internet can reach us at (RFC 1918, CGNAT, link-local, loopback,
-# IPv6 unique-local). Spelled out: ``ipaddress``'s is_private also covers the documentation
-# ranges, which the NAT lab uses as its internet.
+# IPv6 unique-local), and ones that are no peer's address at all (unspecified, "this network",
+# benchmarking, IETF-reserved, multicast, broadcast). Spelled out: ``ipaddress``'s is_private also
+# covers the documentation ranges, which the NAT lab uses as its internet.
 _PRIVATE_NETS = tuple(
     ipaddress.ip_network(n)
-    for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8", "fc00::/7", "fe80::/10", "::1/128")
+    for n in (
+        "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8",
+        "0.0.0.0/8", "192.0.0.0/24", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4",
+        "fc00::/7", "fe80::/10", "::1/128", "::/128", "ff00::/8",
+    )
 )
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_LOCAL_NAMES = ("localhost", ".localhost", ".local")
 _NETWORKS_TTL = 10.0  # s: interfaces come and go (VPNs, Wi-Fi); re-read them this often
 _networks: tuple[float, list] = (-_NETWORKS_TTL, [])
 
@@ -73,20 +80,43 @@ def is_lan(addr: Multiaddr) -> bool:
     return bool(parts) and parts[0][0] in ("ip4", "ip6") and not addr.is_circuit and not is_loopback(addr)
 
 
+def ip_of(addr: Multiaddr) -> str | None:
+    """The IP address of a direct ``/ip4|ip6/...`` address, else None."""
+    parts = list(addr.without_peer_id())
+    if not parts or parts[0][0] not in ("ip4", "ip6") or addr.is_circuit:
+        return None
+    return str(parts[0][1])
+
+
 def is_private_ip(ip: str) -> bool:
-    """Whether ``ip`` is private (RFC 1918, CGNAT 100.64/10, link-local, loopback, IPv6 ULA)."""
+    """Whether ``ip`` is no public unicast address: private (RFC 1918, CGNAT 100.64/10,
+    link-local, loopback, IPv6 ULA), unspecified, reserved or multicast; IPv4 addresses inside IPv6
+    (mapped, NAT64, 6to4) are judged as the IPv4 address they carry."""
     try:
         a = ipaddress.ip_address(ip)
     except ValueError:
         return False
+    if a.version == 6:
+        inner = a.ipv4_mapped or a.sixtofour or (ipaddress.IPv4Address(int(a) & 0xFFFFFFFF) if a in _NAT64 else None)
+        if inner is not None:
+            a = inner
     return any(a in n for n in _PRIVATE_NETS if n.version == a.version)
 
 
 def is_private(addr: Multiaddr) -> bool:
-    """Whether ``addr`` is a direct address at a private IP (see :func:`is_private_ip`); relayed
-    and non-IP addresses are not."""
+    """Whether ``addr`` is a direct address at a private IP (see :func:`is_private_ip`) or at a
+    name that means this machine or its LAN (``localhost``, ``*.local``); relayed addresses and
+    other names are not."""
     parts = list(addr)
-    return bool(parts) and parts[0][0] in ("ip4", "ip6") and not addr.is_circuit and is_private_ip(str(parts[0][1]))
+    if not parts or addr.is_circuit:
+        return False
+    kind, value = parts[0][0], str(parts[0][1])
+    if kind in ("ip4", "ip6"):
+        return is_private_ip(value)
+    if kind in ("dns", "dns4", "dns6", "dnsaddr"):
+        name = value.lower().rstrip(".")
+        return name == _LOCAL_NAMES[0] or name.endswith(_LOCAL_NAMES[1:])
+    return False
 
 
 def _local_networks() -> list:

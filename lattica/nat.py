@@ -22,13 +22,12 @@ from lattica.config import NatConfig
 from lattica.logging import get_logger
 from lattica.membership import SelfDowned
 from lattica import context
-from lattica.actors.autonat import DIALBACK, autonat_ref, ip_of
-from lattica.actors.relay import relay_ref
 from lattica.errors import LatticaError
 from lattica.framing import read_message, write_message
 from lattica.identity import PeerId
-from lattica.interfaces import is_loopback
+from lattica.interfaces import ip_of, is_loopback
 from lattica.multiaddr import Multiaddr
+from lattica.runtime.refs import autonat_ref, relay_ref
 from lattica.transports.circuit import HOP, circuit_addr
 
 if TYPE_CHECKING:
@@ -39,7 +38,9 @@ log = get_logger("lattica.nat")
 
 __all__ = ["NatConfig", "NatStatus", "NatManager", "classify_mapping"]
 
+DIALBACK = "/lattica/autonat/dialback/1"  # the stream an AutoNAT server's dial-back arrives on
 PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"
+_MAX_CANDIDATES = 4  # observed addresses advertised while reachability is unknown
 _CONTACT_MEMORY = 600.0  # s: longer than NATs keep a filter entry open after our last packet
 INDEPENDENT, DEPENDENT = "endpoint-independent", "endpoint-dependent"
 
@@ -147,16 +148,27 @@ class NatManager:
         """Our addresses worth a dial-back: listen addresses and what peers saw (QUIC as seen; TCP
         with our listening port, since outbound TCP leaves from an ephemeral one)."""
         out: list[Multiaddr] = [a for a in self.host.listen_addrs if not is_loopback(a)]
+        for _, c in self._observed():
+            if c not in out:
+                out.append(c)
+        return out
+
+    def _observed(self) -> list[tuple[str, Multiaddr]]:
+        """(observer IP, candidate address) for what each peer says it sees us at: a QUIC address
+        as seen (QUIC leaves from the listening socket), and our listening ports at the observed
+        IP (outbound TCP leaves from an ephemeral port; many NATs keep ports)."""
         ports = [(a.host_port()[1], a.protocols()[-1]) for a in self.host.listen_addrs if a.protocols()[1:] in (["tcp"], ["udp", "quic-v1"])]
-        for _, seen, conn in self.observations():
-            m = Multiaddr(seen)
-            # as seen (QUIC leaves from the listening socket), and our listening ports at the
-            # observed IP (outbound TCP leaves from an ephemeral port; many NATs keep ports)
-            host_ip = m.host_port()[0]
-            cand = ([m] if conn.transport == "quic" else []) + [Multiaddr.from_host_port(host_ip, p, proto) for p, proto in ports]
-            for c in cand:
-                if c not in out and not is_loopback(c):
-                    out.append(c)
+        out: list[tuple[str, Multiaddr]] = []
+        for observer, seen, conn in self.observations():
+            try:
+                m = Multiaddr(seen)
+                host_ip = m.host_port()[0]
+            except LatticaError:
+                continue
+            as_seen = [m] if conn.transport == "quic" and m.protocols()[1:] == ["udp", "quic-v1"] else []
+            for c in as_seen + [Multiaddr.from_host_port(host_ip, p, proto) for p, proto in ports]:
+                if not is_loopback(c):
+                    out.append((observer, c))
         return out
 
     # -- the loop -------------------------------------------------------------------------------
@@ -300,9 +312,16 @@ class NatManager:
     def _advertise_candidates(self) -> None:
         """Not proven either way: advertise the addresses peers observe us at as candidates, so a
         peer can try them (a full cone NAT lets it in) while its circuits through our relays are
-        the path that always works."""
+        the path that always works. What one peer says is its word alone (it could name any
+        address, to send our callers there): a candidate needs observers at two different IPs,
+        and at most ``_MAX_CANDIDATES`` are advertised, the best attested first."""
         listen = set(self.host.listen_addrs)
-        cands = [a for a in self.candidates() if a not in listen]
+        votes: dict[Multiaddr, set[str]] = {}
+        for observer, c in self._observed():
+            if c not in listen:
+                votes.setdefault(c, set()).add(observer)
+        agreed = sorted((c for c, who in votes.items() if len(who) >= 2), key=lambda c: -len(votes[c]))
+        cands = agreed[:_MAX_CANDIDATES]
         if cands != self.host.candidate_addrs:
             self.host.candidate_addrs = cands
             self._addrs_changed()

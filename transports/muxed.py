@@ -456,6 +456,7 @@ class MuxedConnection(Connection):
             return
         self._closed = True
         self._close_reason = reason
+        log.debug("connection closed", peer=str(self.remote_peer), transport=self.transport, direction=self.direction, reason=reason, streams=len(self._streams))
         if self._keepalive_handle is not None:
             self._keepalive_handle.cancel()
         err = ConnectionClosed(f"connection to {self.remote_peer} closed: {reason}")

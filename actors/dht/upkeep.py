@@ -139,16 +139,21 @@ class DhtUpkeep(DhtLookups):
     async def bootstrap(self) -> int:
         """Look ourselves up (filling near buckets), then refresh the farther ones; returns the
         routing table size."""
-        if not len(self.table):
-            for conn in list(self.host.conns.values()):
-                info = self.host.info.get(conn)
-                if info is not None:
-                    self.on_identified(info)
+        self._reseed()
         lk = await self.find_closest(node_id(self.peer_id))
         if self.host.advertised_addrs() and lk.closest():
             await self.publish_peer_record(lk)
         await self.refresh(0.0)
         return len(self.table)
+
+    def _reseed(self) -> None:
+        """An empty table (a fresh node, or its peers all dropped) starts again from the peers we
+        are connected to."""
+        if not len(self.table):
+            for conn in list(self.host.conns.values()):
+                info = self.host.info.get(conn)
+                if info is not None:
+                    self.on_identified(info)
 
     async def refresh(self, interval: float | None = None) -> None:
         """Look up a random id in every bucket no lookup went into for ``interval`` seconds."""
@@ -276,13 +281,15 @@ class DhtUpkeep(DhtLookups):
             ref = self._freshest(name, await self.get(name_key(name), quorum=1, grace=NAME_GRACE))
             if ref is not None:
                 return ref
+            self._reseed()
             if not len(self.table) or loop.time() + delay >= deadline:
                 raise ActorNotFound(f"no live actor named {name!r} is registered in the DHT")
             await asyncio.sleep(delay)
             delay = min(delay * 2, NAME_RETRY_MAX)
 
-    @staticmethod
-    def _freshest(name: str, records: dict[bytes, Entry]) -> ActorRef | None:
+    def _freshest(self, name: str, records: dict[bytes, Entry]) -> ActorRef | None:
+        """The newest valid registration of ``name`` on a node membership does not hold dead (a
+        holder that missed a failover may still serve the dead node's unexpired one)."""
         best: tuple[float, ActorRef] | None = None
         for sk, e in records.items():
             if e.value == TOMBSTONE or sk[:1] != b"p":
@@ -293,6 +300,8 @@ class DhtUpkeep(DhtLookups):
                 continue
             if not isinstance(ref, ActorRef) or ref.peer_id.to_bytes() != sk[1:] or ref.name != name:
                 continue  # a node may only register actors that live on it
+            if self.rt.node_gone(ref.peer_id):
+                continue
             if best is None or e.expiration > best[0]:
                 best = (e.expiration, ref)
         return best[1] if best is not None else None

@@ -49,8 +49,10 @@ class Connections:
         self.idle_since: dict[Connection, float] = {}
         self.protected: dict[PeerId, set[str]] = {}  # peers whose idle connections stay open, and why
 
-    def add(self, conn: Connection) -> None:
-        """Start serving a new authenticated connection and make it the peer's primary one."""
+    def add(self, conn: Connection, spare: bool = False) -> None:
+        """Start serving a new authenticated connection and make it the peer's primary one; a
+        ``spare`` (a dial race's late winner, which the peer may already use) is served but stays
+        second to a live primary, and closes once unused."""
         self.all_conns.add(conn)
         self.conns_of.setdefault(conn.remote_peer, set()).add(conn)
         self.idle_since[conn] = self.loop.time()
@@ -61,6 +63,8 @@ class Connections:
         existing = self.conns.get(peer)
         if existing is None or existing.is_closed:
             self.conns[peer] = conn
+        elif spare:
+            self.loop.call_later(LINGER, self._close_if_unused, conn)
         elif (conn.transport == "relay") != (existing.transport == "relay"):
             # a direct path always wins over a relayed one; calls already on the loser finish there
             if existing.transport == "relay":

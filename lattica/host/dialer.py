@@ -143,9 +143,9 @@ class Dialer:
     def inbound(self, conn: Connection) -> None:
         """A peer connected to us while we were dialing it: the dial's waiters take this
         connection now (the dial itself may still finish; the better connection stays)."""
-        entry = self.dialing.get(conn.remote_peer)
+        entry = self.dialing.pop(conn.remote_peer, None)
         if entry is not None and not entry[0].done():
-            entry[0].set_result(conn)
+            entry[0].set_result(conn)  # and forgotten: once this connection closes, a new dial starts
 
     async def _moved_addrs(self, peer: PeerId, tried: list[Multiaddr]) -> list[Multiaddr]:
         """Addresses of ``peer`` in its newest DHT record that were not among ``tried``."""
@@ -186,12 +186,16 @@ class Dialer:
             raise ConnectionLimit(f"connection limit of {host.max_connections} reached")
         # Interleave transports so the first wave races one address of each (TCP against QUIC);
         # further addresses join one by one, every DIAL_STAGGER seconds or when an attempt fails.
-        # Relay circuits come after the direct attempts, and private addresses on networks we are
-        # not on (the peer's LAN behind its NAT: black-holed) after the circuits.
+        # The first relay circuit joins right after the first wave (a peer with circuits may well
+        # be unreachable directly: it should not wait for every unproven address); the other
+        # circuits after the direct attempts, and private addresses on networks we are not on
+        # (the peer's LAN behind its NAT: black-holed) last.
         def interleave(queues: list[list[tuple[Multiaddr, Transport]]]) -> list[tuple[Multiaddr, Transport]]:
             return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
-        order = interleave(list(by_transport.values())) + relayed + interleave(list(elsewhere.values()))
+        direct = interleave(list(by_transport.values()))
+        wave = len(by_transport)
+        order = direct[:wave] + relayed[:1] + direct[wave:] + relayed[1:] + interleave(list(elsewhere.values()))
         first_wave = len(by_transport) or (1 if relayed else len(elsewhere))
         attempts = iter(order)
         errors: list[str] = []
@@ -226,7 +230,7 @@ class Dialer:
             for task in pending:
                 task.cancel()
             for task in pending:
-                task.add_done_callback(_close_late_winner)
+                task.add_done_callback(self._late_winner)
         if winner is None:
             kind = PeerGone if errors and refused == len(errors) else PeerUnreachable
             raise kind(f"could not reach {peer}: " + "; ".join(errors))
@@ -235,6 +239,18 @@ class Dialer:
             raise NodeClosed("node stopped while dialing")
         host.adopt(winner)
         return winner
+
+    def _late_winner(self, task: asyncio.Task) -> None:
+        """A dial that completed after another won the race: the peer may have taken this
+        connection as its primary already (its end of the handshake finished first) and put
+        calls on it, so it is kept as a spare that closes once unused, never aborted."""
+        if task.cancelled() or task.exception() is not None:
+            return
+        conn = task.result()
+        if self.host.closing:
+            conn.abort("node stopping")
+        else:
+            self.host.adopt(conn, spare=True)
 
     # -- relayed -> direct ----------------------------------------------------------------------
 
@@ -352,8 +368,5 @@ class Dialer:
         return await tcp.dial_spliced(relay_tcp, token, peer, initiator=initiator, remote_addr=remote)
 
 
-def _close_late_winner(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is None:
-        task.result().abort("lost the dial race")
 
 

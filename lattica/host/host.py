@@ -20,6 +20,7 @@ from lattica.identity import PeerId
 from lattica.logging import get_logger
 from lattica.monitors import Monitors
 from lattica.multiaddr import Multiaddr
+from lattica.records import StoreLimits
 from lattica.nat import NatManager, NatStatus
 from lattica.runtime import Runtime
 from lattica.services import Services
@@ -41,6 +42,7 @@ _MAX_PROTOCOL_NAME = 128
 _STOP_GRACE = 2.0  # seconds stop() gives all connections together to close gracefully
 _MAX_KNOWN_PEERS = 4096  # address book entries; the oldest unconnected peers are forgotten first
 _MAX_ADDRS_PER_PEER = 32
+MAX_ADVERTISED = StoreLimits().max_addrs  # addresses we tell peers and put in our peer record
 
 
 def check_protocol_name(name: str) -> None:
@@ -162,10 +164,13 @@ class Host:
                 conn.abort("node stopping")
             for t in self.transports:
                 await t.close()
-            for task in list(self.tasks):
-                task.cancel()
-            if self.tasks:
-                await asyncio.gather(*self.tasks, return_exceptions=True)
+            for _ in range(5):  # a task ending may start another (a failed request redials): cancel those too
+                if not self.tasks:
+                    break
+                ending = list(self.tasks)
+                for task in ending:
+                    task.cancel()
+                await asyncio.gather(*ending, return_exceptions=True)
 
     def set_handler(self, protocol: str, handler: StreamProtocolHandler) -> None:
         """Serve inbound streams of ``protocol`` with ``handler(stream, conn)``."""
@@ -209,9 +214,10 @@ class Host:
         self.adopt(conn)
         self.dialer.inbound(conn)
 
-    def adopt(self, conn: Connection) -> None:
-        """Start serving a new authenticated connection and make it the peer's primary one."""
-        self.connections.add(conn)
+    def adopt(self, conn: Connection, spare: bool = False) -> None:
+        """Start serving a new authenticated connection and make it the peer's primary one (see
+        ``Connections.add`` for a ``spare``)."""
+        self.connections.add(conn, spare)
         self.spawn(self.push_identify(conn))
         self.events.connected.emit(conn)
 
@@ -233,30 +239,27 @@ class Host:
 
     async def join(self, addrs: list[Multiaddr], timeout: float) -> PeerInfo:
         """Dial every bootstrap peer at once and return as soon as one is connected and identified
-        (it is in the DHT's table then: lookups can start). The other dials, and the DHT's own
-        bootstrap (a self-lookup and bucket refreshes), go on in the background. Raises the
-        first error if none could be reached."""
-        dials = [self.spawn(self.connect([a], None, timeout)) for a in addrs]
+        (it is in the DHT's table then: lookups can start). The DHT's own bootstrap (a self-lookup
+        and bucket refreshes) starts at once in the background; the other dials go on. Raises if
+        none could be reached."""
+        dials = {self.spawn(self.connect([a], None, timeout)): a for a in addrs}
         pending = set(dials)
-        errors: list[BaseException] = []
+        errors: list[tuple[Multiaddr, BaseException]] = []
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 if t.cancelled() or t.exception() is not None:
-                    errors.append(t.exception() if not t.cancelled() else NodeClosed("cancelled"))
+                    errors.append((dials[t], t.exception() if not t.cancelled() else NodeClosed("cancelled")))
                     continue
-                self.spawn(self._fill_routing(pending))
+                for other in pending:  # their failures were ours to hear of only if all failed
+                    other.add_done_callback(_retrieve)
+                self.spawn(self._fill_routing())
                 return t.result()
         if len(errors) == 1:
-            raise errors[0]
-        raise PeerUnreachable("no bootstrap peer could be reached: " + "; ".join(f"{a}: {e}" for a, e in zip(addrs, errors)))
+            raise errors[0][1]
+        raise PeerUnreachable("no bootstrap peer could be reached: " + "; ".join(f"{a}: {e}" for a, e in errors))
 
-    async def _fill_routing(self, dials: set[asyncio.Task]) -> None:
-        if dials:
-            await asyncio.wait(dials)
-            for t in dials:
-                if not t.cancelled():
-                    t.exception()  # failures were the caller's to hear of only if all failed
+    async def _fill_routing(self) -> None:
         dht = self.services.get("dht")
         if dht is None or self.closing:
             return
@@ -328,10 +331,12 @@ class Host:
         """What we tell peers and the DHT: listen addresses, confirmed public ones (else, while
         unknown, observed candidates), circuits."""
         out = list(self.listen_addrs)
-        for a in self.public_addrs + self.candidate_addrs + self.relay_addrs:
+        for a in self.public_addrs + self.candidate_addrs:
             if a not in out:
                 out.append(a)
-        return out
+        # a peer record holds at most MAX_ADVERTISED (records.StoreLimits): circuits always fit
+        relayed = [a for a in dict.fromkeys(self.relay_addrs) if a not in out][:MAX_ADVERTISED]
+        return out[: MAX_ADVERTISED - len(relayed)] + relayed
 
     async def push_identify(self, conn: Connection) -> None:
         """Tell the peer on ``conn`` who we are and where we listen (again, when that changes)."""
@@ -425,3 +430,8 @@ class Host:
             info = self.info.get(conn)
             out.append(info or PeerInfo(peer, conn.transport, conn.direction, conn.remote_addr))
         return out
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -109,6 +109,10 @@ class Following:
         state = self._node_state(peer)
         return state is not None and state != "alive"
 
+    def node_gone(self, peer: PeerId) -> bool:
+        """Membership holds ``peer`` dead or departed (a suspect may still answer)."""
+        return self._node_state(peer) in ("dead", "left")
+
     def _node_state(self, peer: PeerId) -> str | None:
         membership = self.services.get("membership")
         if membership is None or peer == self.peer_id:

@@ -108,6 +108,16 @@ def spawner_ref(peer: PeerId) -> ActorRef:
     return ActorRef(peer, "spawner", {"spawn": ASYNC, "kill": ASYNC, "lookup": ASYNC, "names": ASYNC, "monitor": ASYNC, "demonitor": ASYNC, "down": ASYNC, "link": ASYNC, "unlink": ASYNC})
 
 
+def autonat_ref(peer: PeerId) -> ActorRef:
+    """The ref of ``peer``'s autonat system actor."""
+    return ActorRef(peer, "autonat", {"check": ASYNC, "dial_for": ASYNC})
+
+
+def relay_ref(peer: PeerId) -> ActorRef:
+    """The ref of ``peer``'s relay system actor."""
+    return ActorRef(peer, "relay", {"reserve": ASYNC, "status": ASYNC})
+
+
 def _ref_to_obj(ref: ActorRef) -> list:
     obj = [ref.peer_id.to_bytes(), ref.name, ref.methods, ref.window]
     return obj + [True] if ref.stable else obj

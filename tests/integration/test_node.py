@@ -93,6 +93,12 @@ def test_a_peer_connecting_to_us_resolves_our_pending_dial_to_it():
         conn = pending.result(5)
         assert time.monotonic() - t0 < 3.0  # not the 15 s the dial would take
         assert conn.remote_peer == b.peer_id and conn.direction == "inbound"
+        # that connection closing leaves no stale dial behind: the next one dials afresh
+        b.disconnect(a.peer_id)
+        assert wait_for(lambda: all(p.peer_id != b.peer_id for p in a.peers()), timeout=5)
+        t0 = time.monotonic()
+        a.connect(b.addrs[0], timeout=5)
+        assert time.monotonic() - t0 < 3.0
 
 
 async def _remember(h, peer, addr):

@@ -268,5 +268,8 @@ def test_init_returns_once_one_bootstrap_peer_answers_and_fails_only_if_none_doe
             with pytest.raises(lattica.errors.PeerUnreachable):
                 lattica.init([TCP], bootstrap=[hung, refused], dial_timeout=1.5)
             assert time.monotonic() - t0 < 5.0  # both failures heard within the dial timeout
+            assert lattica.context.default_node() is None  # no half-joined node left behind...
+            node = lattica.init([TCP], bootstrap=[str(live.addrs[0])])  # ...so a retry joins
+            assert live.peer_id in node._host.conns
         finally:
             lattica.shutdown()

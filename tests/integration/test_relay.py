@@ -17,6 +17,7 @@ import pytest
 import lattica
 import sample_actors as sa
 from helpers import wait_for
+from lattica.actors.membership import membership_ref
 from lattica.actors.relay import RelayConfig, relay_ref
 from lattica.errors import PeerUnreachable, RelayRefused
 from lattica.framing import read_message, write_message
@@ -516,8 +517,8 @@ def test_a_frozen_peer_loses_its_reservation_and_its_dht_slot_once_membership_ho
             try:
                 states = lambda: {r["peer_id"]: r["state"] for r in relay.nodes()}  # noqa: E731
                 assert wait_for(lambda: states().get(private.peer_id) == states().get(public.peer_id) == "dead", timeout=15), states()
-                assert behind in relay._host.conns  # still connected: the verdict, not a disconnect, dropped it
-                assert not relay._host.relay.has_reservation(behind)
+                assert behind in relay._host.conns  # still connected: the verdict, not a disconnect, drops it...
+                assert wait_for(lambda: not relay._host.relay.has_reservation(behind), timeout=5)  # ...once a ping goes unanswered
                 assert served not in relay._host.runtime.dht.table
                 with lattica.Node([], allow=ALLOW, membership=False) as c:
                     c.connect(relay.addrs[0])
@@ -528,3 +529,20 @@ def test_a_frozen_peer_loses_its_reservation_and_its_dht_slot_once_membership_ho
             finally:
                 for p in (private, public):
                     os.kill(p.pid, signal.SIGCONT)
+
+
+def test_a_rumor_that_a_live_holder_left_does_not_cost_it_its_reservation():
+    """Membership verdicts are hearsay another member can spread: the relay asks the holder
+    itself (a ping on its connection) before it drops a reservation."""
+    with lattica.Node([TCP], relay=True) as relay:
+        with ServerProcess([], "--private-via", str(relay.addrs[0])) as private, lattica.Node([TCP]) as liar:
+            behind = lattica.PeerId.from_string(private.peer_id)
+            assert wait_for(lambda: relay._host.relay.has_reservation(behind), timeout=10)
+            liar.connect(relay.addrs[0])
+            forged = {"rumors": [[private.peer_id, 7, "left", {}]]}
+            rt = liar._host.runtime
+            liar.run(_wait(rt.call(membership_ref(relay.peer_id), "gossip", (forged,), {}, timeout=5)), timeout=10)
+            states = lambda: {r["peer_id"]: r["state"] for r in relay.nodes()}  # noqa: E731
+            assert wait_for(lambda: states().get(private.peer_id) == "left", timeout=5)
+            time.sleep(3.0)  # past the holder's ping deadline
+            assert relay._host.relay.has_reservation(behind)

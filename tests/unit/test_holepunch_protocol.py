@@ -44,6 +44,20 @@ def test_rtt_sets_the_initiators_delay_and_the_responder_acts_at_once():
     assert a.token == b.token and len(b.token) == 16
 
 
+@pytest.mark.parametrize("held, rtt", [(0.5, 0.040), ("soon", 0.540), (-1.0, 0.540), (9.0, 0.540)])
+def test_the_time_the_responder_held_our_connect_is_not_round_trip_time(held, rtt):
+    """A fresh responder observes its mapping before it answers: that wait is not network
+    time, or B would start its dials up to 0.5 s after A. A held time that is no number or
+    longer than B waited is ignored."""
+    b, a = Initiator(B_ADDRS, INDEPENDENT), Responder(A_ADDRS, INDEPENDENT)
+    connect = b.start(now=10.0)
+    answer = a.receive(connect, held=0.5)
+    assert answer["held"] == 0.5
+    answer["held"] = held
+    _, punch = b.receive(answer, now=10.540)
+    assert punch.rtt == pytest.approx(rtt) and punch.delay == pytest.approx(rtt / 2)
+
+
 def test_roles_are_complementary():
     b, a = exchange()
     # TCP simultaneous open: exactly one Noise initiator (A, whose SYN leaves first)

@@ -53,3 +53,21 @@ def test_private_addresses_count_as_reachable_only_inside_our_own_subnets():
     if far is None:
         pytest.skip(f"this machine has interfaces in every private range ({ours}): no foreign private address to test with")
     assert not on_local_network(Multiaddr(f"/ip4/{far}/tcp/1"))  # someone else's LAN behind their NAT
+
+
+@pytest.mark.parametrize(
+    "addr",
+    [
+        "/ip4/0.0.0.0/tcp/1", "/ip6/::/tcp/1",  # the dialer's own host
+        "/ip6/::ffff:10.0.0.1/tcp/1", "/ip6/64:ff9b::a00:1/tcp/1", "/ip6/2002:a00:1::1/tcp/1",  # IPv4 inside IPv6
+        "/ip4/198.18.0.1/tcp/1", "/ip4/224.0.0.1/udp/1/quic-v1", "/ip4/255.255.255.255/tcp/1", "/ip6/ff02::1/tcp/1",
+        "/dns4/localhost/tcp/1", "/dns/printer.local/tcp/1", "/dns6/LOCALHOST./tcp/1",
+    ],
+)
+def test_addresses_that_are_no_public_peer_address_count_as_private(addr):
+    assert is_private(Multiaddr(addr))
+
+
+@pytest.mark.parametrize("addr", ["/ip4/8.8.8.8/tcp/1", "/ip6/2606:4700::1111/tcp/1", "/ip6/::ffff:8.8.8.8/tcp/1", "/dns4/example.com/tcp/1"])
+def test_public_addresses_and_names_do_not(addr):
+    assert not is_private(Multiaddr(addr))

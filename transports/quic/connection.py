@@ -370,6 +370,7 @@ class QuicConn(Connection):
         if self._closed_exc is not None:
             return
         self._closed_exc = exc
+        log.debug("quic.closed", conn=repr(self), reason=str(exc), streams=len(self._streams))
         if not self._established:
             self._fail_ready(exc)  # a dial still waiting must not hang
         for s in list(self._streams.values()):

@@ -266,14 +266,13 @@ class QuicTransport(Transport):
                 ep.sendto(payload, sockaddr(a[0], a[1], ep.family))
 
     @staticmethod
-    def close_spray(eps: list, keep: Any = None) -> None:
-        """Close the sprayed sockets, except ``keep`` (it carries a connection now)."""
+    def close_spray(eps: list) -> None:
+        """Close the sprayed sockets; one that carries a connection now (a punch got through
+        from it) stays until that connection ends."""
         for ep in eps:
-            if ep is keep:
-                ep.on_punch = None
+            ep.on_punch = None
+            if ep.members:
                 ep.close_when_idle = True
-                if not ep.members:
-                    ep.close()
             else:
                 ep.close()
 

@@ -152,6 +152,8 @@ class MembershipService:
                         log.exception("member-down listener failed", peer=ev.member.id)
 
     def _on_identify(self, info: PeerInfo) -> None:
+        if info.circle == "stranger":
+            return  # only members of our mesh share the membership view
         m = self.core.get(str(info.peer_id))
         if m is None:
             self._emit(self.core.add(self._now(), str(info.peer_id)))

@@ -201,7 +201,9 @@ class Spawner:
 
     async def lookup(self, name: str) -> ActorRef:
         actor = self._rt.actors.get(name)
-        if actor is None:
+        caller = current_caller()
+        hidden = actor is not None and not actor.public and caller is not None and self._rt.host.circle_of(caller) == "stranger"
+        if actor is None or hidden:  # a stranger sees only the actors open to it
             raise ActorNotFound(f"no actor named {name!r} on {self._rt.peer_id}")
         return actor.ref
 

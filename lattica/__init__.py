@@ -1,7 +1,7 @@
 """Lattica: a pure-Python peer-to-peer actor framework for decentralized AI."""
 
 from lattica import dht, errors
-from lattica.remote import actor
+from lattica.remote import actor, public
 from lattica.api import aget_actor, akill, exit_actor, get_actor, init, kill, link, monitor, nat_status, node, nodes, shutdown, unlink
 from lattica.future import Future, get, wait
 from lattica.identify import PeerInfo
@@ -13,6 +13,6 @@ from lattica.supervisor import Supervisor
 
 __version__ = "0.1.0"
 __all__ = [
-    "ActorRef", "Future", "Supervisor", "current_actor", "KeyPair", "Multiaddr", "Node", "PeerId", "PeerInfo", "actor", "aget_actor", "current_caller", "akill", "dht", "errors", "exit_actor", "link", "unlink", "monitor", "nat_status", "nodes",
+    "ActorRef", "Future", "Supervisor", "current_actor", "KeyPair", "Multiaddr", "Node", "PeerId", "PeerInfo", "actor", "aget_actor", "current_caller", "akill", "dht", "errors", "exit_actor", "link", "unlink", "monitor", "nat_status", "nodes", "public",
     "get", "get_actor", "init", "kill", "node", "shutdown", "wait", "__version__",
 ]

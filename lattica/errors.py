@@ -151,6 +151,11 @@ class SpawnError(ActorError):
     """An actor could not be created: class not allowed, not importable, or its constructor failed."""
 
 
+class PermissionDenied(ActorError):
+    """The node refused the call: the caller is not a member of its mesh (or not the actor's
+    owner) and the actor or method is not open to it. The message says why."""
+
+
 class MethodNotFound(ActorError):
     """The actor has no public method of that name."""
 

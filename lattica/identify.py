@@ -1,7 +1,8 @@
 """The identify protocol: on every new connection each side pushes who it is.
 
 One message per side, on a stream the sender opens: agent version, protocol version, public key,
-listen addresses, the address it observed the receiver at, and the stream protocols it serves.
+listen addresses, the address it observed the receiver at, the stream protocols it serves, and the
+mesh certificates that make it a member of meshes (``lattica.trust``).
 Both sides push at once, so a connection is identified after one one-way delay, not a round trip.
 """
 
@@ -20,6 +21,7 @@ MAX_MESSAGE = 64 * 1024
 _MAX_ADDRS = 64
 _MAX_PROTOCOLS = 128
 _MAX_STR = 256
+_MAX_CERTS, _MAX_CERT = 4, 256  # mesh certificates (lattica.trust: MAX_PRESENTED, MAX_CERT_BYTES)
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,8 @@ class PeerInfo:
     agent_version: str = ""
     protocol_version: str = ""
     protocols: tuple[str, ...] = field(default=())
+    circle: str = "stranger"  # what the peer is to us: "self", "member" or "stranger" (lattica.trust)
+    circle_reason: str = ""  # what made it a member, or why it is a stranger
 
 
 def build(
@@ -43,8 +47,9 @@ def build(
     listen_addrs: list[Multiaddr],
     observed: Multiaddr,
     protocols: list[str],
+    mesh_certs: list[bytes] | None = None,
 ) -> dict[str, Any]:
-    return {
+    msg = {
         "protocol_version": PROTOCOL_VERSION,
         "agent_version": agent_version,
         "public_key": public_key_pb,
@@ -52,6 +57,9 @@ def build(
         "observed_addr": observed.to_bytes(),
         "protocols": protocols[:_MAX_PROTOCOLS],
     }
+    if mesh_certs:
+        msg["mesh_certs"] = mesh_certs
+    return msg
 
 
 def _str(msg: dict, key: str) -> str:
@@ -91,7 +99,11 @@ def parse(msg: Any, remote_peer: PeerId) -> dict[str, Any]:
         observed = Multiaddr.from_bytes(_bytes(observed_raw, "observed_addr")) if observed_raw else None
     except (MultiaddrError, CodecError) as e:
         raise ProtocolError(f"identify carries a malformed address: {e}") from None
+    certs = msg.get("mesh_certs", [])
+    if not isinstance(certs, list) or len(certs) > _MAX_CERTS or not all(isinstance(c, bytes) and len(c) <= _MAX_CERT for c in certs):
+        raise ProtocolError(f"identify mesh_certs must be a list of at most {_MAX_CERTS} short byte strings")
     return {
+        "mesh_certs": certs,
         "listen_addrs": listen,
         "observed_addr": observed,
         "agent_version": _str(msg, "agent_version"),

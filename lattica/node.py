@@ -27,6 +27,7 @@ from lattica.multiaddr import Multiaddr
 from lattica.transports.base import Stream
 from lattica.nat import NatStatus
 from lattica.placement import RESOURCES
+from lattica.trust import Trust, load_trust
 
 __all__ = ["Node", "PeerInfo"]
 
@@ -82,11 +83,16 @@ class Node:
         labels: dict[str, str] | None = None,
         resources: dict[str, float] | None = None,
         membership: Any = True,
+        mesh: Any = None,
+        members: Iterable[PeerId | str] = (),
     ) -> None:
         if keypair is not None and key_path is not None:
             raise ValueError("give key_path or keypair, not both")
         self.keypair = keypair or (KeyPair.load_or_create(key_path) if key_path else KeyPair.generate())
         self.peer_id: PeerId = self.keypair.peer_id
+        # who may use this node beyond what the open network needs (docs/security.md): the mesh
+        # key or certificate (default: LATTICA_MESH, else the user's key file), PeerIds by name
+        self.trust: Trust = load_trust(self.peer_id, mesh, members)
         self._listen = [Multiaddr(a) for a in listen]
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout

@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from lattica import placement
 from lattica.errors import NodeClosed, PeerUnreachable, PlacementError, SpawnError
 from lattica.identity import PeerId
+from lattica.runtime.refs import PUBLIC_ATTR
 from lattica.runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, ActorRef, MethodHandle, Runtime, StreamCall, current_runtime, method_table, on_loop, spawner_ref
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = ["actor", "ActorClass", "MethodHandle", "StreamCall", "current_runtime"]
 
@@ -198,12 +201,24 @@ def _spawn_local(rt: Runtime, cls: type, args: list, kwargs: dict, name: str | N
     return ref
 
 
-def actor(cls: type | None = None, *, max_concurrency: int | None = None, window: int | None = None) -> Any:
-    """Class decorator: ``@lattica.actor`` or ``@lattica.actor(max_concurrency=..., window=...)``."""
+def public(method: F) -> F:
+    """Method decorator: strangers (peers outside this node's mesh) may call this method of an
+    ``@lattica.actor`` class; its other methods stay members-only. Check who is calling with
+    ``lattica.current_caller()`` inside it if it must tell callers apart."""
+    setattr(method, PUBLIC_ATTR, True)
+    return method
+
+
+def actor(cls: type | None = None, *, max_concurrency: int | None = None, window: int | None = None, public: bool = False) -> Any:
+    """Class decorator: ``@lattica.actor`` or ``@lattica.actor(max_concurrency=..., window=...)``.
+    Actors serve the members of their node's mesh only; ``public=True`` opens every method to
+    strangers too (a public inference service), ``@lattica.public`` opens one method."""
 
     def wrap(c: type) -> ActorClass:
         if not isinstance(c, type):
             raise TypeError("@lattica.actor decorates classes")
+        if public:
+            setattr(c, PUBLIC_ATTR, True)
         opts = {k: v for k, v in (("max_concurrency", max_concurrency), ("window", window)) if v is not None}
         return ActorClass(c, opts)
 

@@ -44,6 +44,7 @@ E_MAILBOX = "mailbox"
 E_SPAWN = "spawn"
 E_CANCELLED = "cancelled"
 E_PROTOCOL = "protocol"
+E_DENIED = "denied"  # the caller may not call this (lattica.trust)
 
 # where the fields of the other messages are: msg[ID] is every message's call id (but MAILBOX's)
 ID = 1

@@ -2,7 +2,10 @@
 which part of the node's configuration turns it on.
 
 A service is an object that owns one job (the DHT, relaying, hole punching, ...) and, in most
-cases, a system actor peers call by a well-known name (``dht``, ``relay``, ...). The host builds
+cases, a system actor peers call by a well-known name (``dht``, ``relay``, ...). Each row also
+declares the service's exposure: which of its actor's methods **strangers** (authenticated peers
+outside our mesh, ``lattica.trust``) may call; members may call them all. This table is the one
+place that says what the open network may use (docs/security.md). The host builds
 the services in table order when it starts and closes them in reverse order when it stops; a
 service is reached afterwards by name (``services["dht"]``). Adding a service is one module with
 a ``build`` function and one line in :data:`SERVICES`.
@@ -47,6 +50,7 @@ class ServiceSpec:
 
     name: str
     build: Callable[[Runtime, Node, Mapping[str, Any]], Built | None]
+    public: frozenset[str] | bool = frozenset()  # methods strangers may call (True: all)
 
 
 def _spawner(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
@@ -93,13 +97,14 @@ def _relay(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None
 
 #: Every system service, in start order (a service may use the ones above it).
 SERVICES: tuple[ServiceSpec, ...] = (
-    ServiceSpec("spawner", _spawner),
-    ServiceSpec("checkpoints", _checkpoints),
-    ServiceSpec("dht", _dht),
-    ServiceSpec("autonat", _autonat),
-    ServiceSpec("holepunch", _holepunch),
-    ServiceSpec("membership", _membership),
-    ServiceSpec("relay", _relay),
+    # strangers may look up an actor by name (they get it only if it is open to them)
+    ServiceSpec("spawner", _spawner, public=frozenset({"lookup"})),
+    ServiceSpec("checkpoints", _checkpoints),  # members only: supervisors' state
+    ServiceSpec("dht", _dht, public=True),  # the open network's routing and records
+    ServiceSpec("autonat", _autonat, public=True),  # rate-limited per peer
+    ServiceSpec("holepunch", _holepunch),  # its actor is diagnostics; the punch is a stream protocol
+    ServiceSpec("membership", _membership),  # members only: gossip and the view
+    ServiceSpec("relay", _relay, public=frozenset({"reserve"})),  # within RelayConfig limits
 )
 
 
@@ -119,7 +124,7 @@ class Services(Mapping[str, Any]):
             self._running[spec.name] = built.service
             if built.actor is not None:
                 cls = type(built.actor)
-                runtime.create(cls, [], None, cls.NAME, instance=built.actor)
+                runtime.create(cls, [], None, cls.NAME, instance=built.actor, public=spec.public)
 
     def close(self) -> None:
         """Close the services in reverse start order (their actors were stopped with the runtime)."""

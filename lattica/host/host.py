@@ -5,7 +5,9 @@ by name, and starts the actor runtime and the system services (``lattica/service
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Iterable
 
 from lattica import identify, interfaces, ping
@@ -63,6 +65,8 @@ class Host:
     def __init__(self, node: Node) -> None:
         self.node = node  # the settings (max_connections, configs, ...) and the user's handle
         self.keypair = node.keypair
+        self.trust = node.trust  # who is a member of our mesh (lattica.trust)
+        self.refusals: collections.deque[dict] = collections.deque(maxlen=32)  # calls we refused, newest last
         self.peer_id = node.keypair.peer_id
         self.loop = asyncio.get_running_loop()
         self.max_connections = node.max_connections
@@ -221,6 +225,34 @@ class Host:
         self.spawn(self.push_identify(conn))
         self.events.connected.emit(conn)
 
+    async def peer_info(self, conn: Connection, timeout: float) -> PeerInfo | None:
+        """What ``conn``'s peer told us in identify, waiting up to ``timeout`` seconds for it on
+        a fresh connection (it is one one-way delay away); None if it never came."""
+        info = self.info.get(conn)
+        if info is not None:
+            return info
+        fut = self.identified.get(conn)
+        if fut is None:
+            return None
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except (asyncio.TimeoutError, LatticaError):
+            return None
+
+    def circle_of(self, peer: PeerId) -> str:
+        """What ``peer`` is to us ("self", "member" or "stranger"), from its identify."""
+        if peer == self.peer_id:
+            return "self"
+        for conn in self.conns_of.get(peer, ()):
+            info = self.info.get(conn)
+            if info is not None:
+                return info.circle
+        return "stranger"
+
+    def note_refusal(self, peer: PeerId, what: str, why: str) -> None:
+        """Remember a call we refused (``lattica doctor`` shows the latest)."""
+        self.refusals.append({"at": time.time(), "peer": str(peer), "what": what, "why": why})
+
     def _path_changed(self, peer: PeerId) -> None:
         if self.runtime is not None:
             self.runtime.path_changed(peer)
@@ -351,6 +383,7 @@ class Host:
                     self.advertised_addrs(),
                     conn.remote_addr,
                     sorted(self.handlers),
+                    self.trust.presented,
                 ),
             )
             await stream.close()
@@ -366,7 +399,8 @@ class Host:
             log.info("closing connection: bad identify", peer=str(conn.remote_peer), reason=str(e) or "timeout")
             conn.abort(f"bad identify: {e}")
             return
-        info = PeerInfo(conn.remote_peer, conn.transport, conn.direction, conn.remote_addr, **fields)
+        circle, why = self.trust.judge(conn.remote_peer, fields.pop("mesh_certs"), time.time())
+        info = PeerInfo(conn.remote_peer, conn.transport, conn.direction, conn.remote_addr, **fields, circle=circle, circle_reason=why)
         self.info[conn] = info
         self.remember_addrs(conn.remote_peer, info.listen_addrs)
         self.events.identified.emit(info)

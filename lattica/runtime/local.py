@@ -174,6 +174,7 @@ class LocalActor:
         self.ready: asyncio.Future = runtime.loop.create_future()
         self.ref = ActorRef(runtime.peer_id, name, methods, window)
         self.system = False  # built by the runtime (spawner, ...): cannot be killed by peers
+        self.public: frozenset[str] = frozenset()  # methods strangers may call (lattica.trust)
         self.published = False  # named by the user: registered mesh-wide in the DHT while it lives
         self.exiting: str | None = None  # lattica.exit_actor was called: stop with this reason when idle
 

@@ -41,6 +41,17 @@ def current_caller() -> PeerId | None:
     return CALLER.get()
 
 
+PUBLIC_ATTR = "__lattica_public__"  # on a class (True) or a method: open to strangers
+
+
+def public_methods(cls: type, methods: dict[str, str]) -> frozenset[str]:
+    """The methods of ``cls`` that strangers (peers outside our mesh) may call: all of them if
+    the class was declared ``@lattica.actor(public=True)``, else those marked ``@lattica.public``."""
+    if getattr(cls, PUBLIC_ATTR, False) is True:
+        return frozenset(methods)
+    return frozenset(m for m in methods if getattr(getattr(cls, m, None), PUBLIC_ATTR, False) is True)
+
+
 def method_table(cls: type) -> dict[str, str]:
     """Public methods of an actor class and how each runs (async, sync, agen, gen)."""
     table = {}

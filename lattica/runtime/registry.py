@@ -10,7 +10,7 @@ import importlib
 import itertools
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from lattica import codec, context, rpc
 from lattica.logging import get_logger
@@ -21,6 +21,7 @@ from lattica.errors import (
     LatticaError,
     MailboxFull,
     MethodNotFound,
+    PermissionDenied,
     PeerUnreachable,
     PlacementError,
     ProtocolError,
@@ -32,7 +33,7 @@ from lattica.identity import PeerId
 from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream
 from lattica.runtime.following import Following
 from lattica.runtime.limits import BUILTIN_ACTORS, CHANNEL_IDLE, DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, MAX_ACTORS, MAX_STREAM_ARGS, NO_STATE, RECENT_PLACEMENT
-from lattica.runtime.refs import StreamArg, method_table
+from lattica.runtime.refs import StreamArg, method_table, public_methods
 from lattica.runtime.local import ArgStream, LocalActor, error_parts, reset_quietly
 from lattica.runtime.client import Gate, LocalChannel, Pending, RemoteChannel, call_finished
 from lattica.runtime.server import ServerChannel
@@ -124,9 +125,10 @@ class Runtime(Following):
 
     # -- actors ---------------------------------------------------------------------------------
 
-    def create(self, cls: type, args: list, kwargs: dict | None, name: str | None, *, max_concurrency: int = DEFAULT_MAX_CONCURRENCY, window: int = DEFAULT_WINDOW, instance: Any = None, publish: bool = False, state: Any = NO_STATE) -> LocalActor:
+    def create(self, cls: type, args: list, kwargs: dict | None, name: str | None, *, max_concurrency: int = DEFAULT_MAX_CONCURRENCY, window: int = DEFAULT_WINDOW, instance: Any = None, publish: bool = False, state: Any = NO_STATE, public: Iterable[str] | bool | None = None) -> LocalActor:
         """Make an actor here; ``publish``: register its name mesh-wide in the DHT while it lives;
-        ``state``: a checkpoint handed to its ``restore`` before any call."""
+        ``state``: a checkpoint handed to its ``restore`` before any call; ``public``: the methods
+        strangers may call (True: all), else what the class declares (``@lattica.public``)."""
         name = name or f"{cls.__name__}-{next(self._ids):x}-{id(cls) & 0xFFFF:04x}"
         if not name or len(name) > rpc.MAX_NAME:
             raise ValueError("actor names are 1 to 256 characters")
@@ -134,7 +136,12 @@ class Runtime(Following):
             raise SpawnError(f"an actor named {name!r} already exists on {self.peer_id}")
         if len(self.actors) >= MAX_ACTORS:
             raise SpawnError(f"{self.peer_id} already runs {MAX_ACTORS} actors")
-        actor = LocalActor(self, name, cls, method_table(cls), max_concurrency, window)
+        methods = method_table(cls)
+        actor = LocalActor(self, name, cls, methods, max_concurrency, window)
+        if public is None:
+            actor.public = public_methods(cls, methods)
+        else:
+            actor.public = frozenset(methods) if public is True else frozenset(public or ()) & frozenset(methods)
         actor.published = publish and instance is None
         self.actors[name] = actor
         actor.start(args, kwargs, instance, state)
@@ -432,6 +439,8 @@ class Runtime(Following):
             return ActorNotFound(message)
         if kind == rpc.E_METHOD:
             return MethodNotFound(message)
+        if kind == rpc.E_DENIED:
+            return PermissionDenied(message)
         if kind == rpc.E_TIMEOUT:
             return CallTimeout(message)
         if kind == rpc.E_DIED:

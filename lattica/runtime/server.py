@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lattica import codec, rpc
+from lattica import codec, rpc, trust
 from lattica.logging import get_logger
 from lattica.errors import (
     LatticaError,
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from lattica.runtime.registry import Runtime
 
 log = get_logger("lattica.runtime")
+
+IDENTIFY_WAIT = 5.0  # s a fresh connection's calls wait for its identify (one one-way delay, normally)
 
 
 class _ServerSink(Sink):
@@ -76,7 +78,10 @@ class ServerChannel:
     def __init__(self, runtime: Runtime, stream: Stream, conn: Connection) -> None:
         self.runtime = runtime
         self.stream = stream
+        self.conn = conn
         self.peer = conn.remote_peer
+        self.circle = trust.STRANGER  # what the caller is to us: set from its identify in serve()
+        self.circle_reason = "it has not identified itself"
         self.writer = FrameWriter(runtime.loop)
         self.invocations: dict[int, Invocation] = {}
         self.tell_credits: dict[str, int] = {}
@@ -99,6 +104,9 @@ class ServerChannel:
 
     async def serve(self) -> None:
         splitter = rpc.FrameSplitter(MAX_MESSAGE)
+        info = await self.runtime.host.peer_info(self.conn, IDENTIFY_WAIT)  # who is calling decides what it may call
+        if info is not None:
+            self.circle, self.circle_reason = info.circle, info.circle_reason
         try:
             while True:
                 if self.writer.backlog() > CHANNEL_HIGH_WATER:
@@ -162,6 +170,12 @@ class ServerChannel:
         rt = self.runtime
         tell = bool(flags & rpc.F_TELL)
         actor = rt.actors.get(actor_name)
+        if self.circle == trust.STRANGER and (actor is None or method not in actor.public):
+            # the same answer whether or not the actor exists: strangers learn nothing of what runs here
+            why = f"{self.peer} is not a member of this node's mesh: {self.circle_reason}"
+            rt.host.note_refusal(self.peer, f"{actor_name}.{method}", why)
+            self.refuse(cid, tell, actor_name, rpc.E_DENIED, "PermissionDenied", f"{rt.peer_id} refused {actor_name}.{method}: {why}")
+            return
         if actor is None:
             self.refuse(cid, tell, actor_name, rpc.E_NOT_FOUND, "ActorNotFound", f"no actor named {actor_name!r} on {rt.peer_id}")
             return

@@ -406,3 +406,31 @@ class Linker:
 
     async def ping(self) -> str:
         return "pong"
+
+
+@lattica.actor
+class Shop:
+    """An actor with one method open to strangers (``browse``) and the rest for members only."""
+
+    def __init__(self) -> None:
+        self.stock = {"apple": 3}
+
+    @lattica.public
+    def browse(self) -> dict:
+        return dict(self.stock)
+
+    @lattica.public
+    async def who(self) -> str:
+        return str(lattica.current_caller())
+
+    def restock(self, item: str, n: int) -> int:
+        self.stock[item] = self.stock.get(item, 0) + n
+        return self.stock[item]
+
+
+@lattica.actor(public=True)
+class Echo:
+    """Every method open to strangers."""
+
+    def echo(self, x):
+        return x

@@ -1,0 +1,280 @@
+"""Who a peer is to this node: the node itself, a **member** of its mesh, or a **stranger** (any
+other authenticated PeerId), and the mesh credentials that decide it.
+
+A mesh is named by its admission key (Ed25519). Whoever holds the key certifies members: a
+certificate is the key's signature over (mesh, PeerId, expiry). A node presents its certificates in
+identify; a peer whose certificate verifies under the key of a mesh we belong to is a member, as is
+a PeerId listed in ``members``; everyone else is a stranger. An open mesh (every authenticated peer
+a member) is a choice made by name, never the default. Sans-IO: the clock is passed in.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from lattica.errors import KeyFileError, LatticaError
+from lattica.identity import KeyPair, PeerId, b58encode, verify_signature
+
+__all__ = ["SELF", "MEMBER", "STRANGER", "Certificate", "MeshKey", "Trust", "load_trust", "default_mesh_path"]
+
+SELF, MEMBER, STRANGER = "self", "member", "stranger"
+
+OPEN = "open"  # the ``mesh`` setting that admits every authenticated peer
+ENV = "LATTICA_MESH"  # key text, certificate text, a file holding either, or "open"
+KEY_PREFIX = "lattica-mesh-key-1:"
+CERT_PREFIX = "lattica-mesh-cert-1:"
+SELF_CERT_TTL = 365 * 86400.0  # a key holder certifies itself at every start
+INVITE_TTL = 30 * 86400.0
+MAX_PRESENTED = 4  # certificates a peer may present (one per mesh it belongs to)
+_DOMAIN = b"lattica mesh certificate v1\x00"
+_VERSION = 1
+_FIXED = 1 + 32 + 8 + 64  # version, mesh key, expiry, signature; the PeerId follows
+MAX_CERT_BYTES = _FIXED + 64
+
+
+def mesh_name(public: bytes) -> str:
+    """A short printable name for the mesh of admission key ``public`` (for messages)."""
+    return "mesh-" + b58encode(public)[:10]
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """The admission key of ``mesh`` says ``peer`` is a member until ``expires`` (unix seconds)."""
+
+    mesh: bytes
+    peer: PeerId
+    expires: int
+    signature: bytes
+
+    @staticmethod
+    def signed_part(mesh: bytes, peer: PeerId, expires: int) -> bytes:
+        return _DOMAIN + mesh + expires.to_bytes(8, "big") + peer.to_bytes()
+
+    def to_bytes(self) -> bytes:
+        return bytes([_VERSION]) + self.mesh + self.expires.to_bytes(8, "big") + self.signature + self.peer.to_bytes()
+
+    @classmethod
+    def from_bytes(cls, data: Any) -> Certificate:
+        """Parse (not verify) a certificate; raises CertificateError if it is malformed."""
+        if type(data) is not bytes or not _FIXED < len(data) <= MAX_CERT_BYTES or data[0] != _VERSION:
+            raise CertificateError("malformed mesh certificate")
+        try:
+            peer = PeerId.from_bytes(data[_FIXED:])
+        except LatticaError:
+            raise CertificateError("mesh certificate names no valid PeerId") from None
+        return cls(data[1:33], peer, int.from_bytes(data[33:41], "big"), data[41:105])
+
+    def to_text(self) -> str:
+        return CERT_PREFIX + base64.urlsafe_b64encode(self.to_bytes()).decode().rstrip("=")
+
+    @classmethod
+    def from_text(cls, text: str) -> Certificate:
+        return cls.from_bytes(_unb64(text, CERT_PREFIX, "mesh certificate"))
+
+    def problem(self, peer: PeerId, meshes: Iterable[bytes], now: float) -> str | None:
+        """Why this certificate does not admit ``peer`` to one of ``meshes`` (None: it does)."""
+        if self.mesh not in meshes:
+            return f"its certificate is for {mesh_name(self.mesh)}, not ours"
+        if self.peer != peer:
+            return f"its certificate was issued to {self.peer.short()}, not to it"
+        if self.expires <= now:
+            return f"its certificate expired at {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(self.expires))}"
+        if not verify_signature(self.mesh, self.signature, self.signed_part(self.mesh, self.peer, self.expires)):
+            return "its certificate's signature does not verify"
+        return None
+
+
+class CertificateError(LatticaError, ValueError):
+    """A mesh key or certificate that cannot be read."""
+
+
+def _unb64(text: str, prefix: str, what: str) -> bytes:
+    text = text.strip()
+    if not text.startswith(prefix):
+        raise CertificateError(f"not a {what} (expected text starting with {prefix!r})")
+    body = text[len(prefix):]
+    try:
+        return base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+    except ValueError:
+        raise CertificateError(f"{what} text is not valid base64") from None
+
+
+class MeshKey:
+    """The admission key of a mesh: whoever holds it certifies members (itself included)."""
+
+    __slots__ = ("_key", "public")
+
+    def __init__(self, key: KeyPair) -> None:
+        self._key = key
+        self.public: bytes = key.public_key
+
+    @classmethod
+    def generate(cls) -> MeshKey:
+        return cls(KeyPair.generate())
+
+    @property
+    def name(self) -> str:
+        return mesh_name(self.public)
+
+    def issue(self, peer: PeerId | str, ttl: float = INVITE_TTL, now: float | None = None) -> Certificate:
+        """A certificate admitting ``peer`` for ``ttl`` seconds."""
+        peer = PeerId.from_string(peer) if isinstance(peer, str) else peer
+        expires = int((time.time() if now is None else now) + ttl)
+        sig = self._key.sign(Certificate.signed_part(self.public, peer, expires))
+        return Certificate(self.public, peer, expires, sig)
+
+    def to_text(self) -> str:
+        return KEY_PREFIX + base64.urlsafe_b64encode(self._key.seed()).decode().rstrip("=")
+
+    @classmethod
+    def from_text(cls, text: str) -> MeshKey:
+        seed = _unb64(text, KEY_PREFIX, "mesh key")
+        if len(seed) != 32:
+            raise CertificateError("a mesh key is 32 bytes")
+        return cls(KeyPair.from_seed(seed))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the key with mode 0600; refuses to overwrite (another mesh's key would be lost)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as e:
+            raise KeyFileError(f"cannot create mesh key file {path}: {e.strerror or e}") from None
+        try:
+            os.write(fd, (self.to_text() + "\n").encode())
+        finally:
+            os.close(fd)
+
+    @classmethod
+    def load_or_create(cls, path: str | os.PathLike[str]) -> MeshKey:
+        """The key in ``path``; if there is none yet, a new one saved there (as Erlang's cookie
+        file: every node this user starts on this machine is then in one mesh)."""
+        try:
+            return cls.from_text(Path(path).read_text())
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise KeyFileError(f"cannot read mesh key file {path}: {e.strerror}") from None
+        try:
+            key = cls.generate()
+            key.save(path)
+            return key
+        except KeyFileError:
+            if Path(path).exists():  # another process created it first: use theirs
+                return cls.from_text(Path(path).read_text())
+            raise
+
+
+class Trust:
+    """This node's admission policy: the meshes whose certificates admit a peer, PeerIds admitted
+    by name, or everyone (open); and the certificates it presents to peers itself."""
+
+    def __init__(self, me: PeerId, meshes: Iterable[bytes] = (), certificates: Iterable[Certificate] = (), members: Iterable[PeerId] = (), open: bool = False) -> None:
+        self.me = me
+        self.meshes: frozenset[bytes] = frozenset(meshes)
+        self.certificates = tuple(certificates)
+        self.members: frozenset[PeerId] = frozenset(members)
+        self.open = open
+        self.presented: list[bytes] = [c.to_bytes() for c in self.certificates]
+
+    def judge(self, peer: PeerId, presented: Any, now: float) -> tuple[str, str]:
+        """``(circle, why)`` for ``peer``, which presented ``presented`` (certificate bytes) in
+        identify; ``why`` says what made it a member, or why it is a stranger."""
+        if peer == self.me:
+            return SELF, "this node"
+        if self.open:
+            return MEMBER, "the mesh is open"
+        if peer in self.members:
+            return MEMBER, "listed as a member"
+        if not presented:
+            return STRANGER, "it presented no mesh certificate"
+        if type(presented) is not list or len(presented) > MAX_PRESENTED:
+            return STRANGER, "its mesh certificates are malformed"
+        why = "its mesh certificates are malformed"
+        for raw in presented:
+            try:
+                cert = Certificate.from_bytes(raw)
+            except CertificateError:
+                continue
+            problem = cert.problem(peer, self.meshes, now)
+            if problem is None:
+                return MEMBER, f"certified by {mesh_name(cert.mesh)}"
+            why = problem
+        return STRANGER, why
+
+    def describe(self) -> str:
+        """One line for humans (``lattica doctor``)."""
+        if self.open:
+            return "open mesh: every authenticated peer is a member"
+        parts = [mesh_name(m) for m in sorted(self.meshes)]
+        if self.members:
+            parts.append(f"{len(self.members)} listed peer(s)")
+        return "members: " + (", ".join(parts) if parts else "none but this node")
+
+
+def default_mesh_path() -> Path:
+    """Where a node that is given no mesh finds (or creates) its user's mesh key."""
+    return Path.home() / ".lattica" / "mesh.key"
+
+
+def load_trust(me: PeerId, mesh: Any = None, members: Iterable[PeerId | str] = ()) -> Trust:
+    """The Trust of a node from its ``mesh`` setting: a MeshKey, a Certificate, their text, a file
+    holding either, ``"open"``, or a list of those; None means the ``LATTICA_MESH`` environment
+    variable if set, else the user's key file (:func:`default_mesh_path`, created on first use)."""
+    if mesh is None:
+        mesh = os.environ.get(ENV) or default_mesh_path()
+    listed = [PeerId.from_string(p) if isinstance(p, str) else p for p in members]
+    items = list(mesh) if isinstance(mesh, (list, tuple)) else [mesh]
+    meshes: list[bytes] = []
+    certs: list[Certificate] = []
+    open_ = False
+    for item in items:
+        cred = _credential(item)
+        if cred == OPEN:
+            open_ = True
+        elif isinstance(cred, MeshKey):
+            meshes.append(cred.public)
+            certs.append(cred.issue(me, SELF_CERT_TTL))
+        else:
+            if cred.peer != me:
+                raise CertificateError(f"this mesh certificate admits {cred.peer}, not this node ({me})")
+            meshes.append(cred.mesh)
+            certs.append(cred)
+    return Trust(me, meshes, certs[:MAX_PRESENTED], listed, open_)
+
+
+def _credential(item: Any) -> MeshKey | Certificate | str:
+    if isinstance(item, (MeshKey, Certificate)):
+        return item
+    if isinstance(item, os.PathLike):
+        return _credential_file(Path(item))
+    if not isinstance(item, str):
+        raise TypeError(f"mesh: a MeshKey, a Certificate, their text, a file path or {OPEN!r}, not {type(item).__name__}")
+    text = item.strip()
+    if text == OPEN:
+        return OPEN
+    if text.startswith(KEY_PREFIX):
+        return MeshKey.from_text(text)
+    if text.startswith(CERT_PREFIX):
+        return Certificate.from_text(text)
+    return _credential_file(Path(text).expanduser())
+
+
+def _credential_file(path: Path) -> MeshKey | Certificate:
+    if path == default_mesh_path() or not path.exists():
+        if path != default_mesh_path():
+            raise KeyFileError(f"mesh file {path} does not exist (create one with `lattica mesh new {path}`)")
+        return MeshKey.load_or_create(path)
+    try:
+        text = path.read_text().strip()
+    except OSError as e:
+        raise KeyFileError(f"cannot read mesh file {path}: {e.strerror}") from None
+    if text.startswith(CERT_PREFIX):
+        return Certificate.from_text(text)
+    return MeshKey.from_text(text)

@@ -1,0 +1,177 @@
+"""The trust model between real nodes on loopback (docs/security.md): members of a mesh (same
+mesh key, an invitation certificate, a listed PeerId, or an open mesh) may use everything; a
+stranger (any other authenticated PeerId) gets PermissionDenied for user actors, spawning, killing,
+checkpoints and membership, learns nothing of which actors exist, and still gets what the open
+network needs (ping, the DHT, relay reservations) and the actors or methods opened to it. A fresh
+process that names its mesh through LATTICA_MESH joins it in one step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import lattica
+import sample_actors as sa
+from helpers import wait_for
+from lattica.actors.checkpoints import checkpoints_ref
+from lattica.actors.membership import membership_ref
+from lattica.errors import ActorNotFound, PermissionDenied
+from lattica.runtime import spawner_ref
+from lattica.trust import MeshKey
+
+pytestmark = pytest.mark.timeout(60)
+
+TCP = "/ip4/127.0.0.1/tcp/0"
+ALLOW = ["sample_actors.*"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _call(node, ref, method, *args, timeout=5):
+    async def go():
+        return await node._host.runtime.call(ref, method, args, {}, timeout=timeout)
+
+    return node.run(go(), timeout=timeout + 5)
+
+
+@pytest.fixture
+def mesh():
+    """A node of mesh A with actors, a member of A and a stranger (a node of mesh B)."""
+    a, b = MeshKey.generate(), MeshKey.generate()
+    with lattica.Node([TCP], mesh=a, allow=ALLOW) as host, lattica.Node([TCP], mesh=a) as member, lattica.Node([TCP], mesh=b) as stranger:
+        member.connect(host.addrs[0])
+        stranger.connect(host.addrs[0])
+        yield host, member, stranger
+
+
+def _local(node, cls, *args, name=None):
+    async def go():
+        return node._host.runtime.create(cls.cls, list(args), None, name).ref
+
+    return node.run(go(), timeout=5)
+
+
+def test_each_side_knows_what_the_other_is(mesh):
+    host, member, stranger = mesh
+    seen = {str(p.peer_id): (p.circle, p.circle_reason) for p in host.peers()}
+    assert seen[str(member.peer_id)][0] == "member"
+    circle, why = seen[str(stranger.peer_id)]
+    assert circle == "stranger" and "not ours" in why
+
+
+def test_a_stranger_may_not_call_spawn_kill_or_look_at_actors(mesh):
+    host, member, stranger = mesh
+    counter = _local(host, sa.Counter, 5, name="counter")
+    assert _call(member, counter, "incr") == 6
+    for ref, method, args in [
+        (counter, "incr", ()),
+        (spawner_ref(host.peer_id), "spawn", ("sample_actors.Counter", [1], {})),
+        (spawner_ref(host.peer_id), "kill", ("counter",)),
+        (spawner_ref(host.peer_id), "names", ()),
+        (checkpoints_ref(host.peer_id), "fetch", ("some-supervisor",)),
+        (membership_ref(host.peer_id), "view", ()),
+    ]:
+        with pytest.raises(PermissionDenied, match="not a member of this node's mesh"):
+            _call(stranger, ref, method, *args)
+    assert _call(member, counter, "get") == 6  # nothing changed
+    # an actor that does not exist gets the very same answer: strangers learn nothing
+    missing = lattica.ActorRef(host.peer_id, "no-such-actor", {"get": "async"})
+    with pytest.raises(PermissionDenied):
+        _call(stranger, missing, "get")
+    with pytest.raises(ActorNotFound):
+        _call(stranger, spawner_ref(host.peer_id), "lookup", "counter")
+    assert _call(member, spawner_ref(host.peer_id), "lookup", "counter").name == "counter"
+    refused = host.run(_refusals(host), timeout=5)
+    assert any(r["peer"] == str(stranger.peer_id) and r["what"] == "counter.incr" for r in refused)
+
+
+async def _refusals(node):
+    return list(node._host.refusals)
+
+
+def test_strangers_are_not_members_of_the_membership_view(mesh):
+    host, member, stranger = mesh
+    ids = lambda: {r["peer_id"] for r in host.nodes()}  # noqa: E731
+    assert wait_for(lambda: str(member.peer_id) in ids(), timeout=5)
+    assert str(stranger.peer_id) not in ids()
+
+
+def test_a_stranger_gets_the_open_network_and_what_is_opened_to_it(mesh):
+    host, member, stranger = mesh
+    assert stranger.ping(host.peer_id) > 0
+    shop = _local(host, sa.Shop, name="shop")
+    echo = _local(host, sa.Echo, name="echo")
+    assert _call(stranger, shop, "browse") == {"apple": 3}
+    assert _call(stranger, shop, "who") == str(stranger.peer_id)  # the method can tell callers apart
+    with pytest.raises(PermissionDenied):
+        _call(stranger, shop, "restock", "apple", 100)
+    assert _call(member, shop, "restock", "apple", 1) == 4
+    assert _call(stranger, echo, "echo", [1, "x"]) == [1, "x"]
+    assert _call(stranger, spawner_ref(host.peer_id), "lookup", "shop").name == "shop"  # open: visible
+    # the DHT is the open network's: a stranger stores and finds records through a mesh node
+    async def put():
+        dht = stranger._host.runtime.dht
+        await dht.bootstrap()
+        return await dht.put(b"open-record", b"v", ttl=60)
+
+    async def get():
+        return await host._host.runtime.dht.get(b"open-record")
+
+    assert stranger.run(put(), timeout=20) >= 1
+    got = host.run(get(), timeout=20)
+    assert got and got[b""].value == b"v"
+
+
+def test_an_invitation_a_listed_peer_and_an_open_mesh_admit(tmp_path):
+    a = MeshKey.generate()
+    guest_key = lattica.KeyPair.generate()
+    invitation = a.issue(guest_key.peer_id).to_text()
+    listed_key = lattica.KeyPair.generate()
+    with lattica.Node([TCP], mesh=a, members=[listed_key.peer_id], allow=ALLOW) as host:
+        counter = _local(host, sa.Counter, 1, name="counter")
+        with lattica.Node([TCP], keypair=guest_key, mesh=invitation) as guest:
+            guest.connect(host.addrs[0])
+            assert _call(guest, counter, "incr") == 2
+            # and the host is a member to the guest (the invitation names mesh A's key)
+            assert [p.circle for p in guest.peers()] == ["member"]
+        with lattica.Node([TCP], keypair=listed_key, mesh=MeshKey.generate()) as listed:
+            listed.connect(host.addrs[0])
+            assert _call(listed, counter, "incr") == 3
+    with lattica.Node([TCP], mesh="open", allow=ALLOW) as open_host, lattica.Node([TCP], mesh=MeshKey.generate()) as anyone:
+        anyone.connect(open_host.addrs[0])
+        c = _local(open_host, sa.Counter, 7, name="counter")
+        assert _call(anyone, c, "get") == 7
+
+
+CHILD = r"""
+import json, sys
+import lattica
+from lattica.errors import PermissionDenied
+sys.path.insert(0, sys.argv[2])
+lattica.init(bootstrap=[sys.argv[1]])
+ref = lattica.ActorRef(lattica.PeerId.from_string(sys.argv[3]), "counter", {"incr": "sync"})
+try:
+    print(json.dumps({"ok": ref.incr.remote().result(10)}))
+except PermissionDenied as e:
+    print(json.dumps({"denied": str(e)}))
+"""
+
+
+def test_a_fresh_script_joins_the_mesh_named_in_its_environment():
+    a = MeshKey.generate()
+    with lattica.Node([TCP], mesh=a, allow=ALLOW) as host:
+        _local(host, sa.Counter, 0, name="counter")
+        support = os.path.join(HERE, "..", "support")
+
+        def run(mesh_env):
+            env = dict(os.environ, LATTICA_MESH=mesh_env)
+            out = subprocess.run([sys.executable, "-c", CHILD, str(host.addrs[0]), support, str(host.peer_id)], capture_output=True, text=True, timeout=60, env=env)
+            assert out.returncode == 0, out.stderr
+            return json.loads(out.stdout.strip().splitlines()[-1])
+
+        assert run(a.to_text()) == {"ok": 1}
+        denied = run(MeshKey.generate().to_text())
+        assert "not a member" in denied["denied"]

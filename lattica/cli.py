@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -94,8 +95,9 @@ def _node(args: argparse.Namespace) -> None:
 
     relay = getattr(args, "relay", False)
     mdns = False if getattr(args, "no_mdns", False) else None
-    with Node(args.listen or ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"], key_path=args.key, relay=relay, mdns=mdns) as node:
+    with Node(args.listen or ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"], key_path=args.key, relay=relay, mdns=mdns, mesh=args.mesh) as node:
         print(f"peer id: {node.peer_id}" + (" (relay and bootstrap)" if relay else ""))
+        print(f"mesh: {node.trust.describe()}")
         for a in node.addrs:
             print(f"listening: {a}", flush=True)
         for addr in args.connect:
@@ -110,6 +112,44 @@ def _node(args: argparse.Namespace) -> None:
                 time.sleep(3600)
         except KeyboardInterrupt:
             pass
+
+
+def _mesh(args: argparse.Namespace) -> None:
+    """Create, show and share mesh credentials (docs/security.md)."""
+    from lattica import trust  # lazy: see the note above _bench
+    from lattica.identity import KeyPair, PeerId  # lazy: see the note above _bench
+
+    if args.op == "new":
+        if not args.arg:
+            sys.exit("lattica mesh new PATH: where to write the new mesh key")
+        key = trust.MeshKey.generate()
+        key.save(args.arg)
+        print(f"created {key.name} in {args.arg} (mode 0600); start nodes with mesh={args.arg!r} or LATTICA_MESH={args.arg}")
+        return
+    if args.op == "id":
+        kp = KeyPair.load_or_create(args.arg or "lattica.key")
+        print(kp.peer_id)
+        return
+    setting = args.mesh or os.environ.get(trust.ENV)
+    source = "--mesh" if args.mesh else f"${trust.ENV}" if setting else str(trust.default_mesh_path())
+    cred = trust.read_credential(setting or trust.default_mesh_path())
+    if args.op == "show":
+        if cred == trust.OPEN:
+            print("open mesh: every authenticated peer is a member")
+        elif isinstance(cred, trust.MeshKey):
+            print(f"{cred.name}: this machine holds its key (from {source})")
+        else:
+            print(f"{trust.mesh_name(cred.mesh)}: invited as {cred.peer} until {time.strftime('%Y-%m-%d', time.gmtime(cred.expires))}")
+        return
+    if not isinstance(cred, trust.MeshKey):
+        sys.exit("this needs the mesh key (an invited node holds only its own certificate)")
+    if args.op == "key":
+        print("# secret: whoever has it joins the mesh and can invite others", file=sys.stderr)
+        print(cred.to_text())
+    elif args.op == "invite":
+        if not args.arg:
+            sys.exit("lattica mesh invite PEER_ID: the invited node's PeerId (`lattica mesh id` on it)")
+        print(cred.issue(PeerId.from_string(args.arg), args.days * 86400.0).to_text())
 
 
 def _ping(args: argparse.Namespace) -> None:
@@ -158,7 +198,7 @@ def _dht(args: argparse.Namespace) -> None:
 def _doctor(args: argparse.Namespace) -> None:
     from lattica.doctor import diagnose, render  # lazy: see the note above _bench
 
-    report = diagnose(args.listen or ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"], args.bootstrap, args.peer, args.wait)
+    report = diagnose(args.listen or ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"], args.bootstrap, args.peer, args.wait, args.mesh)
     print(json.dumps(report) if args.json else render(report), flush=True)
     if report["problems"]:
         sys.exit(1)
@@ -180,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--no-mdns", action="store_true", help="do not discover or announce on the LAN with mDNS")
     s.add_argument("--key", default="lattica.key", help="key file, created if absent (default: %(default)s)")
     s.add_argument("--connect", action="append", default=[], help="peer multiaddr to dial at start")
+    s.add_argument("--mesh", default=None, help="mesh key or certificate file or text, or 'open' (default: LATTICA_MESH, else ~/.lattica/mesh.key)")
     s.set_defaults(fn=_node)
 
     s = sub.add_parser("relay", help="run a public relay (and bootstrap node) until interrupted")
@@ -187,7 +228,15 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--no-mdns", action="store_true", help="do not discover or announce on the LAN with mDNS")
     s.add_argument("--key", default="lattica-relay.key", help="key file, created if absent (default: %(default)s)")
     s.add_argument("--connect", action="append", default=[], help="peer multiaddr to dial at start")
+    s.add_argument("--mesh", default=None, help="mesh key or certificate file or text, or 'open' (default: LATTICA_MESH, else ~/.lattica/mesh.key)")
     s.set_defaults(fn=_node, relay=True)
+
+    s = sub.add_parser("mesh", help="mesh credentials: new key, show, print the key, invite a node, print a node's PeerId")
+    s.add_argument("op", choices=["new", "show", "key", "invite", "id"])
+    s.add_argument("arg", nargs="?", default=None, help="new: key file to create; invite: the PeerId to admit; id: key file (default lattica.key)")
+    s.add_argument("--mesh", default=None, help="the mesh key to use (default: LATTICA_MESH, else ~/.lattica/mesh.key)")
+    s.add_argument("--days", type=float, default=30.0, help="invite: days the certificate is valid (default: %(default)s)")
+    s.set_defaults(fn=_mesh)
 
     s = sub.add_parser("ping", help="connect to a peer and ping it")
     s.add_argument("addr", help="peer multiaddr ending in /p2p/<PeerId>")
@@ -209,6 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--peer", default=None, help="also reach this PeerId and report the path")
     s.add_argument("--wait", type=float, default=20.0, help="seconds to wait for the AutoNAT verdict (default: %(default)s)")
     s.add_argument("--json", action="store_true", help="the report as one JSON object")
+    s.add_argument("--mesh", default=None, help="mesh key or certificate (default: LATTICA_MESH, else ~/.lattica/mesh.key)")
     s.set_defaults(fn=_doctor)
 
     s = sub.add_parser("demo", help="a local mesh: identify, ping, sharded work, the DHT, supervised restarts after node loss")

@@ -12,9 +12,10 @@ import time
 from typing import Any
 
 from lattica import dht
-from lattica.errors import LatticaError
+from lattica.errors import LatticaError, PermissionDenied
 from lattica.identity import PeerId
 from lattica.node import Node
+from lattica.runtime import spawner_ref
 
 __all__ = ["diagnose", "render"]
 
@@ -38,11 +39,12 @@ def _why(e: BaseException) -> str:
     return text
 
 
-def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, wait: float = 20.0) -> dict[str, Any]:
+def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, wait: float = 20.0, mesh: Any = None) -> dict[str, Any]:
     """Run the checks and return the report (a JSON-able dict)."""
     report: dict[str, Any] = {"bootstrap": [], "problems": []}
-    with Node(listen) as node:
+    with Node(listen, mesh=mesh) as node:
         report["peer_id"] = str(node.peer_id)
+        report["mesh"] = node.trust.describe()
         report["listening"] = [str(a) for a in node.addrs]
         for addr in bootstrap:
             t0 = time.perf_counter()
@@ -86,10 +88,17 @@ def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, w
             report["peer"] = _reach(node, peer)
             if not report["peer"]["ok"]:
                 report["problems"].append(f"cannot reach {peer}: {report['peer']['why']}")
+            elif report["peer"].get("refused"):
+                report["problems"].append(f"{peer} does not take this node as a member of its mesh, so it refuses our calls: {report['peer']['refused']}")
         peers = node.peers()
+        report["strangers"] = [{"peer": str(p.peer_id), "why": p.circle_reason} for p in peers if p.circle == "stranger"]
         report["peers"] = {"direct": sum(p.transport != "relay" for p in peers), "relayed": sum(p.transport == "relay" for p in peers)}
         report["holepunch"] = node.run(_punches(node), timeout=5)
     return report
+
+
+async def _names(node: Node, peer: PeerId) -> Any:
+    return await node.host.runtime.call(spawner_ref(peer), "names", (), {}, timeout=5)  # type: ignore[union-attr]
 
 
 async def _punches(node: Node) -> dict:
@@ -120,6 +129,12 @@ def _reach(node: Node, target: str) -> dict[str, Any]:
             break
         time.sleep(0.05)
     out["path"] = next((p.transport for p in node.peers() if p.peer_id == pid), None)
+    try:  # a members-only call tells whether it admits us (the refusal says why not)
+        node.run(_names(node, pid), timeout=10)
+    except PermissionDenied as e:
+        out["refused"] = str(e)
+    except (LatticaError, TimeoutError):
+        pass
     if out["path"] == "relay":
         out["why_relayed"] = "hole punching did not get through (both NATs symmetric, or a firewall drops the probes); calls work over the relay"
     return out
@@ -127,7 +142,7 @@ def _reach(node: Node, target: str) -> dict[str, Any]:
 
 def render(r: dict[str, Any]) -> str:
     """The report as text for a terminal."""
-    lines = [f"peer id       {r['peer_id']}"]
+    lines = [f"peer id       {r['peer_id']}", f"mesh          {r['mesh']}"]
     lines += [f"listening     {a}" for a in r["listening"]]
     for b in r["bootstrap"]:
         lines.append(f"bootstrap     {b['addr']}: " + (f"connected over {b['transport']} in {b['ms']} ms" if b["ok"] else f"FAILED: {b['why']}"))
@@ -147,9 +162,11 @@ def render(r: dict[str, Any]) -> str:
             elif p["path"] == "relay":
                 text += f"; stays relayed: {p['why_relayed']}"
             lines.append(f"target peer   {text}")
+            lines.append(f"membership    {'REFUSED: ' + p['refused'] if p.get('refused') else 'it takes us as a member'}")
         else:
             lines.append(f"target peer   FAILED: {p['why']}")
     lines.append(f"peers         {r['peers']['direct']} direct, {r['peers']['relayed']} relayed")
+    lines += [f"not in mesh   {s['peer']}: {s['why']}" for s in r.get("strangers", [])]
     hp = r.get("holepunch") or {}
     if hp:
         lines.append(f"hole punches  {hp['attempts']} attempts, {hp['direct']} direct, {hp['failed']} failed, {hp['refused']} refused")

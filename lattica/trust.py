@@ -20,7 +20,7 @@ from typing import Any, Iterable
 from lattica.errors import KeyFileError, LatticaError
 from lattica.identity import KeyPair, PeerId, b58encode, verify_signature
 
-__all__ = ["SELF", "MEMBER", "STRANGER", "Certificate", "MeshKey", "Trust", "load_trust", "default_mesh_path"]
+__all__ = ["SELF", "MEMBER", "STRANGER", "Certificate", "MeshKey", "Trust", "load_trust", "read_credential", "default_mesh_path", "mesh_name"]
 
 SELF, MEMBER, STRANGER = "self", "member", "stranger"
 
@@ -235,7 +235,7 @@ def load_trust(me: PeerId, mesh: Any = None, members: Iterable[PeerId | str] = (
     certs: list[Certificate] = []
     open_ = False
     for item in items:
-        cred = _credential(item)
+        cred = read_credential(item)
         if cred == OPEN:
             open_ = True
         elif isinstance(cred, MeshKey):
@@ -249,7 +249,8 @@ def load_trust(me: PeerId, mesh: Any = None, members: Iterable[PeerId | str] = (
     return Trust(me, meshes, certs[:MAX_PRESENTED], listed, open_)
 
 
-def _credential(item: Any) -> MeshKey | Certificate | str:
+def read_credential(item: Any) -> MeshKey | Certificate | str:
+    """A ``mesh`` setting item as a MeshKey, a Certificate or ``"open"`` (files are read)."""
     if isinstance(item, (MeshKey, Certificate)):
         return item
     if isinstance(item, os.PathLike):

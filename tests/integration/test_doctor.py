@@ -36,3 +36,17 @@ def test_doctor_says_why_a_bootstrap_peer_cannot_be_reached():
     assert code == 1 and not r["bootstrap"][0]["ok"]
     assert "nothing listens there" in r["bootstrap"][0]["why"]
     assert any("no bootstrap peer answered" in p for p in r["problems"])
+
+
+def test_doctor_says_when_a_peer_refuses_us_for_not_being_a_member():
+    from lattica.trust import MeshKey
+
+    ours, theirs = MeshKey.generate(), MeshKey.generate()
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], relay=True, mesh=theirs) as relay:
+        code, r = _doctor("--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", str(relay.addrs[0]), "--peer", str(relay.peer_id), "--mesh", ours.to_text())
+        _, member = _doctor("--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", str(relay.addrs[0]), "--peer", str(relay.peer_id), "--mesh", theirs.to_text())
+    assert r["mesh"].startswith("members: " + ours.name)
+    assert r["peer"]["ok"] and "not a member of this node's mesh" in r["peer"]["refused"]
+    assert any("does not take this node as a member" in p for p in r["problems"])
+    assert [s["peer"] for s in r["strangers"]] == [str(relay.peer_id)] and "not ours" in r["strangers"][0]["why"]
+    assert "refused" not in member["peer"] and member["strangers"] == []

@@ -56,6 +56,36 @@ _RANK = {ALIVE: 0, SUSPECT: 1, DEAD: 2, LEFT: 2}
 _MAX_RUMORS = 32  # per message
 _MAX_INFO_KEYS = 32
 _MAX_VIEW = 4096  # members in one full view
+MAX_MEMBERS = 4096  # members one node keeps (dead and departed ones until they are forgotten)
+MAX_INCARNATION = 1 << 48  # a rumor naming more is refused: the refutation (+1) must still encode
+_MAX_AMOUNT = 1e15  # the largest resource amount believed (bytes of memory included)
+_RESOURCE_KEYS = ("cpu", "memory", "gpus")
+_MAX_LABELS, _MAX_LABEL = 64, 256
+
+
+def _amount(v: Any) -> bool:
+    return type(v) in (int, float) and math.isfinite(v) and 0 <= v <= _MAX_AMOUNT
+
+
+def valid_info(info: Any) -> bool:
+    """A member's self-reported row is usable: resources and reservations are finite amounts
+    in range, labels short strings. A row that is not is skipped (it never reaches placement)."""
+    if type(info) is not dict or len(info) > _MAX_INFO_KEYS:
+        return False
+    if not all(_amount(info[k]) for k in _RESOURCE_KEYS if k in info):
+        return False
+    labels = info.get("labels", {})
+    if type(labels) is not dict or len(labels) > _MAX_LABELS:
+        return False
+    if not all(type(k) is str and type(v) is str and len(k) <= _MAX_LABEL and len(v) <= _MAX_LABEL for k, v in labels.items()):
+        return False
+    load = info.get("load", {})
+    if type(load) is not dict:
+        return False
+    reserved = load.get("reserved", {})
+    if not _amount(load.get("actors", 0)) or type(reserved) is not dict or not all(k in _RESOURCE_KEYS and _amount(v) for k, v in reserved.items()):
+        return False
+    return True
 
 
 @dataclass
@@ -170,7 +200,7 @@ class Membership:
 
     def add(self, now: float, member_id: str) -> list:
         """A member we learned of by other means (a connection): alive until shown otherwise."""
-        if member_id == self.me.id or member_id in self.members:
+        if member_id == self.me.id or member_id in self.members or len(self.members) >= MAX_MEMBERS:
             return []
         m = Member(member_id, 0, ALIVE, {}, now)
         self.members[member_id] = m
@@ -201,19 +231,21 @@ class Membership:
         rumors = msg.get("rumors")
         if type(rumors) is list:
             for r in rumors[:_MAX_RUMORS]:
-                events += self._rumor(now, r)
+                events += self._rumor(now, r, sender)
         view = msg.get("view")
         if type(view) is list:
             for r in view[:_MAX_VIEW]:
-                events += self._rumor(now, r, spread=False)
+                events += self._rumor(now, r, sender, spread=False)
         return events
 
-    def _rumor(self, now: float, r: Any, spread: bool = True) -> list:
+    def _rumor(self, now: float, r: Any, sender: str, spread: bool = True) -> list:
         if type(r) is not list or len(r) != 4:
             return []
         mid, inc, state, info = r
-        if type(mid) is not str or type(inc) is not int or state not in _RANK or type(info) is not dict or len(info) > _MAX_INFO_KEYS:
+        if type(mid) is not str or type(inc) is not int or not 0 <= inc < MAX_INCARNATION or state not in _RANK or not valid_info(info):
             return []
+        if mid != sender and state in (DEAD, LEFT) and self._seen_alive(mid, now):
+            return []  # hearsay does not outweigh our own evidence: it is connected to us, or beats
         if mid == self.me.id:
             events: list = []
             if state == DEAD and inc > self._downed_at and not self._left:
@@ -225,8 +257,8 @@ class Membership:
             return events
         m = self.members.get(mid)
         if m is None:
-            if state in (DEAD, LEFT):
-                return []  # news of the death of a stranger: nothing to do
+            if state in (DEAD, LEFT) or len(self.members) >= MAX_MEMBERS:
+                return []  # news of the death of a stranger: nothing to do (or no room)
             m = self.members[mid] = Member(mid, inc, state, info, now)
             self._ring = None
             if spread:
@@ -262,6 +294,12 @@ class Membership:
                 self._detectors[m.id] = PhiAccrual(self.cfg.interval, self.cfg.min_std, self.cfg.acceptable_pause)
                 self._detectors[m.id].last = now
         return [MemberChanged(m)]
+
+    def _seen_alive(self, member_id: str, now: float) -> bool:
+        """We have evidence of our own that ``member_id`` is up: it heartbeats to us and our
+        detector holds it alive (its goodbye, were it leaving, would reach us directly)."""
+        det = self._detectors.get(member_id)
+        return det is not None and det.last is not None and det.phi(now) < self.cfg.phi_suspect
 
     def link_closed(self, member_id: str) -> None:
         """Our link to ``member_id`` was closed on purpose (by either side): its heartbeats can no

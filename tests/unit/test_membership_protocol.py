@@ -158,3 +158,49 @@ def test_a_link_closed_on_purpose_is_not_a_failure():
             assert "a" in c._detectors and "b" in c._detectors
         else:
             assert downs, "an untold watcher should have judged a silent link as a failure"
+
+
+def test_hearsay_of_death_or_departure_does_not_outweigh_our_own_detector():
+    """Another member says b is dead or left; a still hears b's heartbeats, so a keeps b alive
+    (only our own detector, or b itself saying goodbye, takes it down)."""
+    a, b = _pair()
+    _run([a, b], until=3.0)  # b heartbeats to a: a's detector for b is fresh
+    for state in (DEAD, LEFT):
+        events = a.receive(3.0, "c", {"rumors": [["b", 9, state, {}]]})
+        assert not any(isinstance(e, MemberDown) for e in events)
+        assert a.get("b").state == ALIVE
+    bye = b.leave()
+    assert any(isinstance(e, MemberDown) for e in a.receive(3.1, "b", bye))  # b itself: believed
+    assert a.get("b").state == LEFT
+
+
+def test_hearsay_about_a_member_we_do_not_watch_still_spreads():
+    a = Membership("a")
+    a.receive(0.0, "c", {"rumors": [["x", 0, ALIVE, {}]]})
+    events = a.receive(1.0, "c", {"rumors": [["x", 0, DEAD, {}]]})
+    assert any(isinstance(e, MemberDown) for e in events) and a.get("x").state == DEAD
+
+
+def test_rumors_with_huge_incarnations_bad_rows_or_past_the_table_bound_are_skipped():
+    from lattica import membership as mb
+
+    a = Membership("a")
+    a.receive(0.0, "c", {"rumors": [["x", 2**64 - 1, ALIVE, {}], ["y", 1 << 48, ALIVE, {}]]})
+    assert a.get("x") is None and a.get("y") is None
+    bad_rows = [
+        {"cpu": "lots"}, {"cpu": float("inf")}, {"memory": -1}, {"gpus": 1e300},
+        {"labels": {"zone": 3}}, {"labels": "eu"}, {"load": {"actors": "many"}}, {"load": {"reserved": {"cpu": float("nan")}}},
+    ]
+    for i, info in enumerate(bad_rows):
+        a.receive(0.0, "c", {"rumors": [[f"bad{i}", 0, ALIVE, info]]})
+    assert not any(m.startswith("bad") for m in a.members)
+    a.receive(0.0, "c", {"rumors": [["good", 0, ALIVE, {"cpu": 8, "memory": 1 << 34, "labels": {"zone": "eu"}, "load": {"actors": 3, "reserved": {"cpu": 2}}}]]})
+    assert a.get("good").info["cpu"] == 8
+    old = mb.MAX_MEMBERS
+    mb.MAX_MEMBERS = len(a.members) + 2
+    try:
+        for i in range(0, 40, 8):
+            a.receive(0.0, "c", {"view": [[f"n{i + j}", 0, ALIVE, {}] for j in range(8)]})
+        assert len(a.members) == mb.MAX_MEMBERS and a.add(0.0, "one-more") == []
+    finally:
+        mb.MAX_MEMBERS = old

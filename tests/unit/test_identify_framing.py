@@ -3,6 +3,7 @@
 import asyncio
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from lattica import identify
 from lattica.errors import FrameTooLarge, ProtocolError, StreamClosed
@@ -10,6 +11,7 @@ from lattica.framing import read_message, write_message
 from lattica.identity import KeyPair
 from lattica.multiaddr import Multiaddr
 from lattica.transports.base import Stream
+from lattica.trust import MeshKey, Trust
 
 KP = KeyPair.generate()
 GOOD = identify.build(KP.public_key_protobuf(), "agent/1", [Multiaddr("/ip4/1.2.3.4/tcp/1")], Multiaddr("/ip4/5.6.7.8/tcp/9"), ["/a/1"])
@@ -36,11 +38,29 @@ def test_valid_message_parses():
         ({"protocols": "notalist"}, "at most 128"),
         ({"agent_version": 5}, "short string"),
         ({"observed_addr": 10**9}, "must be bytes"),
+        ({"mesh_certs": b"cert"}, "mesh_certs"),
+        ({"mesh_certs": [b"x"] * 5}, "mesh_certs"),
+        ({"mesh_certs": [b"x" * 257]}, "mesh_certs"),
+        ({"mesh_certs": ["text"]}, "mesh_certs"),
     ],
 )
 def test_bad_fields_are_protocol_errors(patch, match):
     with pytest.raises(ProtocolError, match=match):
         identify.parse({**GOOD, **patch}, KP.peer_id)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["public_key", "listen_addrs", "observed_addr", "protocols", "agent_version", "protocol_version", "mesh_certs", "other"]),
+                       st.recursive(st.none() | st.booleans() | st.integers() | st.binary(max_size=80) | st.text(max_size=20),
+                                    lambda inner: st.lists(inner, max_size=5), max_leaves=10), max_size=8))
+def test_any_identify_fields_parse_or_raise_protocol_error_and_certificates_judge_safely(patch):
+    msg = {**GOOD, **patch}
+    try:
+        fields = identify.parse(msg, KP.peer_id)
+    except ProtocolError:
+        return
+    circle, why = Trust(KeyPair.generate().peer_id, [MeshKey.generate().public]).judge(KP.peer_id, fields["mesh_certs"], 0.0)
+    assert circle == "stranger" and why
 
 
 def test_non_map_is_rejected():

@@ -203,8 +203,11 @@ class Spawner:
         actor = self._rt.actors.get(name)
         caller = current_caller()
         hidden = actor is not None and not actor.public and caller is not None and self._rt.host.circle_of(caller) == "stranger"
-        if actor is None or hidden:  # a stranger sees only the actors open to it
+        if actor is None or hidden:  # a stranger sees only the actors open to it...
             raise ActorNotFound(f"no actor named {name!r} on {self._rt.peer_id}")
+        if caller is not None and self._rt.host.circle_of(caller) == "stranger":
+            ref = actor.ref  # ...and of those only the methods open to it
+            return ActorRef(ref.peer_id, ref.name, {m: k for m, k in ref.methods.items() if m in actor.public}, ref.window)
         return actor.ref
 
     async def monitor(self, name: str, monitor_id: int) -> None:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from lattica.identify import PeerInfo
     from lattica.identity import KeyPair, PeerId
     from lattica.multiaddr import Multiaddr
+    from lattica.trust import Trust
     from lattica.nat import NatManager
     from lattica.transports.base import Connection, Stream, StreamHandler, Transport
 
@@ -88,6 +89,10 @@ class HostView(Protocol):
     @property
     def peer_addrs(self) -> Mapping[PeerId, list[Multiaddr]]:
         """The address book: where each known peer listens."""
+
+    @property
+    def trust(self) -> Trust:
+        """Who is a member of our mesh: our certificates, and the rule that judges a peer's."""
 
     @property
     def nat(self) -> NatManager | None:

@@ -97,8 +97,9 @@ def _relay(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None
 
 #: Every system service, in start order (a service may use the ones above it).
 SERVICES: tuple[ServiceSpec, ...] = (
-    # strangers may look up an actor by name (they get it only if it is open to them)
-    ServiceSpec("spawner", _spawner, public=frozenset({"lookup"})),
+    # strangers may look up an actor by name (they get it only if it is open to them), and tell
+    # us that an actor of theirs we monitor went down (only its own node's notice counts)
+    ServiceSpec("spawner", _spawner, public=frozenset({"lookup", "down"})),
     ServiceSpec("checkpoints", _checkpoints),  # members only: supervisors' state
     ServiceSpec("dht", _dht, public=True),  # the open network's routing and records
     ServiceSpec("autonat", _autonat, public=True),  # rate-limited per peer

@@ -139,17 +139,23 @@ class MeshKey:
         return cls(KeyPair.from_seed(seed))
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the key with mode 0600; refuses to overwrite (another mesh's key would be lost)."""
+        """Write the key with mode 0600; refuses to overwrite (another mesh's key would be lost).
+        Written whole to a temporary file first and linked into place, so a process starting at
+        the same moment never reads a half-written key."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, (self.to_text() + "\n").encode())
+            finally:
+                os.close(fd)
+            os.link(tmp, path)  # fails if the file exists: never overwrites
         except OSError as e:
             raise KeyFileError(f"cannot create mesh key file {path}: {e.strerror or e}") from None
-        try:
-            os.write(fd, (self.to_text() + "\n").encode())
         finally:
-            os.close(fd)
+            tmp.unlink(missing_ok=True)
 
     @classmethod
     def load_or_create(cls, path: str | os.PathLike[str]) -> MeshKey:

@@ -252,7 +252,9 @@ class DhtUpkeep(DhtLookups):
         if self._names.get(name) is not ref:
             return  # unregistered meanwhile
         try:
-            await self.put(name_key(name), codec.encode_bytes(ref), subkey=self.peer_id, ttl=self.cfg.name_ttl, republish=False)
+            # with our mesh certificates: members of our mesh trust only registrations by members
+            value = codec.encode_bytes([ref, self.host.trust.presented])
+            await self.put(name_key(name), value, subkey=self.peer_id, ttl=self.cfg.name_ttl, republish=False)
         except LatticaError as e:
             log.info("could not publish actor name", name=name, reason=str(e))
 
@@ -288,18 +290,23 @@ class DhtUpkeep(DhtLookups):
             delay = min(delay * 2, NAME_RETRY_MAX)
 
     def _freshest(self, name: str, records: dict[bytes, Entry]) -> ActorRef | None:
-        """The newest valid registration of ``name`` on a node membership does not hold dead (a
-        holder that missed a failover may still serve the dead node's unexpired one)."""
+        """The newest valid registration of ``name`` by a member of our mesh on a node membership
+        does not hold dead (a holder that missed a failover may still serve the dead node's
+        unexpired one). The DHT is open to strangers: their registrations of a name are not
+        ours to follow, however fresh (a stranger could otherwise take any name over)."""
         best: tuple[float, ActorRef] | None = None
+        now = time.time()
         for sk, e in records.items():
             if e.value == TOMBSTONE or sk[:1] != b"p":
                 continue
             try:
-                ref = codec.decode(e.value)
-            except LatticaError:
+                ref, certs = codec.decode(e.value)
+            except (LatticaError, TypeError, ValueError):
                 continue
             if not isinstance(ref, ActorRef) or ref.peer_id.to_bytes() != sk[1:] or ref.name != name:
                 continue  # a node may only register actors that live on it
+            if self.host.trust.judge(ref.peer_id, certs, now)[0] == "stranger":
+                continue
             if self.rt.node_gone(ref.peer_id):
                 continue
             if best is None or e.expiration > best[0]:

@@ -158,6 +158,14 @@ class ServerChannel:
             if s is not None:
                 s._end()
 
+    def _now_member(self) -> bool:
+        """The caller's identify may have come after the channel's wait gave up (a slow relay,
+        a loaded node): look again before refusing."""
+        info = self.runtime.host.info.get(self.conn)
+        if info is not None:
+            self.circle, self.circle_reason = info.circle, info.circle_reason
+        return self.circle != trust.STRANGER
+
     def refuse(self, cid: int, tell: bool, actor: str, kind: str, type_name: str, message: str) -> None:
         """Answer a call that will not run: ERR, or for a tell just its credit back."""
         if tell:
@@ -170,7 +178,7 @@ class ServerChannel:
         rt = self.runtime
         tell = bool(flags & rpc.F_TELL)
         actor = rt.actors.get(actor_name)
-        if self.circle == trust.STRANGER and (actor is None or method not in actor.public):
+        if self.circle == trust.STRANGER and (actor is None or method not in actor.public) and not self._now_member():
             # the same answer whether or not the actor exists: strangers learn nothing of what runs here
             why = f"{self.peer} is not a member of this node's mesh: {self.circle_reason}"
             rt.host.note_refusal(self.peer, f"{actor_name}.{method}", why)

@@ -175,3 +175,33 @@ def test_a_fresh_script_joins_the_mesh_named_in_its_environment():
         assert run(a.to_text()) == {"ok": 1}
         denied = run(MeshKey.generate().to_text())
         assert "not a member" in denied["denied"]
+
+
+def test_a_stranger_cannot_take_over_a_name_and_sees_only_open_methods(mesh):
+    """The DHT is open, so a stranger can store a registration of any name (even one that lives
+    longer than ours): members follow registrations by members only."""
+    host, member, stranger = mesh
+    from lattica import codec
+    from lattica.actors.dht import name_key
+
+    real = _local(host, sa.Counter, 1, name="vault")
+    fake = _local(stranger, sa.Echo, name="vault")
+
+    async def register(node, ref, ttl):
+        dht = node._host.runtime.dht
+        await dht.bootstrap()
+        value = codec.encode_bytes([ref, node._host.trust.presented])
+        return await dht.put(name_key("vault"), value, subkey=node.peer_id, ttl=ttl, republish=False)
+
+    assert host.run(register(host, real, 60), timeout=20) >= 1
+    assert stranger.run(register(stranger, fake, 300), timeout=20) >= 1  # the fresher one
+
+    async def resolve(node):
+        await node._host.runtime.dht.bootstrap()
+        return await node._host.runtime.dht.resolve_name("vault")
+
+    assert member.run(resolve(member), timeout=20).peer_id == host.peer_id
+    # a stranger's lookup gets an open actor's ref with its open methods only
+    shop = _local(host, sa.Shop, name="shop")
+    seen = _call(stranger, spawner_ref(host.peer_id), "lookup", "shop")
+    assert set(seen.methods) == {"browse", "who"} and set(shop.methods) == {"browse", "who", "restock"}

@@ -2,7 +2,7 @@
 
 from lattica import dht, errors
 from lattica.remote import actor, public
-from lattica.api import aget_actor, akill, exit_actor, get_actor, init, kill, link, monitor, nat_status, node, nodes, shutdown, unlink
+from lattica.api import aget_actor, akill, exit_actor, get_actor, init, kill, link, monitor, nat_status, node, nodes, require_caller, shutdown, unlink
 from lattica.future import Future, get, wait
 from lattica.identify import PeerInfo
 from lattica.identity import KeyPair, PeerId
@@ -13,6 +13,6 @@ from lattica.supervisor import Supervisor
 
 __version__ = "0.1.0"
 __all__ = [
-    "ActorRef", "Future", "Supervisor", "current_actor", "KeyPair", "Multiaddr", "Node", "PeerId", "PeerInfo", "actor", "aget_actor", "current_caller", "akill", "dht", "errors", "exit_actor", "link", "unlink", "monitor", "nat_status", "nodes", "public",
+    "ActorRef", "Future", "Supervisor", "current_actor", "KeyPair", "Multiaddr", "Node", "PeerId", "PeerInfo", "actor", "aget_actor", "current_caller", "akill", "dht", "errors", "exit_actor", "link", "unlink", "monitor", "nat_status", "nodes", "public", "require_caller",
     "get", "get_actor", "init", "kill", "node", "shutdown", "wait", "__version__",
 ]

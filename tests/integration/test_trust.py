@@ -110,6 +110,11 @@ def test_a_stranger_gets_the_open_network_and_what_is_opened_to_it(mesh):
         _call(stranger, shop, "restock", "apple", 100)
     assert _call(member, shop, "restock", "apple", 1) == 4
     assert _call(stranger, echo, "echo", [1, "x"]) == [1, "x"]
+    # a public method with its own ACL (lattica.require_caller)
+    assert _call(member, shop, "order", "pear") == f"pear for {member.peer_id}"
+    with pytest.raises(PermissionDenied, match="may not call this"):
+        _call(stranger, shop, "order", "pear")
+    assert _call(stranger, shop, "order", "pear", str(stranger.peer_id)) == f"pear for {stranger.peer_id}"
     assert _call(stranger, spawner_ref(host.peer_id), "lookup", "shop").name == "shop"  # open: visible
     # the DHT is the open network's: a stranger stores and finds records through a mesh node
     async def put():
@@ -204,4 +209,4 @@ def test_a_stranger_cannot_take_over_a_name_and_sees_only_open_methods(mesh):
     # a stranger's lookup gets an open actor's ref with its open methods only
     shop = _local(host, sa.Shop, name="shop")
     seen = _call(stranger, spawner_ref(host.peer_id), "lookup", "shop")
-    assert set(seen.methods) == {"browse", "who"} and set(shop.methods) == {"browse", "who", "restock"}
+    assert set(seen.methods) == {"browse", "who", "order"} and set(shop.methods) == {"browse", "who", "order", "restock"}

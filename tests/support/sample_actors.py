@@ -427,6 +427,12 @@ class Shop:
         self.stock[item] = self.stock.get(item, 0) + n
         return self.stock[item]
 
+    @lattica.public
+    def order(self, item: str, vip: str = "") -> str:
+        """Open to strangers, but its own ACL: members, and one named stranger."""
+        who = lattica.require_caller("member", *([vip] if vip else []))
+        return f"{item} for {who}"
+
 
 @lattica.actor(public=True)
 class Echo:

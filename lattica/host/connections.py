@@ -52,7 +52,7 @@ class Connections:
     def add(self, conn: Connection, spare: bool = False) -> None:
         """Start serving a new authenticated connection and make it the peer's primary one; a
         ``spare`` (a dial race's late winner, which the peer may already use) is served but stays
-        second to a live primary, and closes once unused."""
+        second to a live primary, and is closed gracefully after the linger period."""
         self.all_conns.add(conn)
         self.conns_of.setdefault(conn.remote_peer, set()).add(conn)
         self.idle_since[conn] = self.loop.time()
@@ -64,7 +64,7 @@ class Connections:
         if existing is None or existing.is_closed:
             self.conns[peer] = conn
         elif spare:
-            self.loop.call_later(LINGER, self._close_if_unused, conn)
+            self.loop.call_later(LINGER, self._close_spare, conn)
         elif (conn.transport == "relay") != (existing.transport == "relay"):
             # a direct path always wins over a relayed one; calls already on the loser finish there
             if existing.transport == "relay":
@@ -90,6 +90,12 @@ class Connections:
 
     def _dialer(self, conn: Connection) -> PeerId:
         return self.peer_id if conn.direction == "outbound" else conn.remote_peer
+
+    def _close_spare(self, conn: Connection) -> None:
+        # closed after the linger period even if the peer still uses it: the peer may have made
+        # it its primary (its newest), and then it would never go unused; its calls move over
+        if not conn.is_closed and self.conns.get(conn.remote_peer) is not conn:
+            self.spawn(conn.close())
 
     def _close_if_unused(self, conn: Connection) -> None:
         if conn.is_closed or self.conns.get(conn.remote_peer) is conn:

@@ -55,7 +55,13 @@ def set_default_node(node: Node | None) -> Node | None:
 def runtime_for_thread() -> Any:
     """The runtime of the actor method running here, else of the node whose loop or actor thread
     this is, else None."""
-    return ACTOR_RUNTIME.get() or _BY_THREAD.get(threading.get_ident())
+    rt = ACTOR_RUNTIME.get() or _BY_THREAD.get(threading.get_ident())
+    if rt is not None and rt.loop.is_closed():
+        # a node started on an event loop that has since closed without stopping the node
+        # (asyncio.run ended by an exception): it can carry no call, so this thread falls back
+        unbind_thread(rt)
+        return None
+    return rt
 
 
 def thread_runtime(tid: int | None = None) -> Any:

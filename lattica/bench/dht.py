@@ -30,6 +30,14 @@ async def _simulate(n: int, keys: int, churn: float, seed: int, progress: Any, i
     # of it is slow, not lost (the simulation checks routing, not deadlines)
     cfg = dict(request_timeout=10.0, first_contact_timeout=10.0, lookup_timeout=60.0, refresh_interval=1e9, republish_interval=1e9, persist_interval=3600.0)
     nodes: list[Node] = []
+    try:
+        return await _run(n, keys, churn, rng, net, cfg, nodes, progress, idle)
+    finally:
+        for node in nodes:  # a failed run stops its nodes too: none stays bound to this thread
+            await node.astop()
+
+
+async def _run(n: int, keys: int, churn: float, rng: random.Random, net: MemoryNetwork, cfg: dict[str, Any], nodes: list[Node], progress: Any, idle: float) -> dict[str, Any]:
     t0 = time.perf_counter()
     for i in range(n):
         # connections close once idle for a few seconds, as a connection manager would trim them:
@@ -80,8 +88,6 @@ async def _simulate(n: int, keys: int, churn: float, seed: int, progress: Any, i
         await v.astop()
     alive = [x for x in nodes if x not in victims]
     found_after, rounds_after, first_after = await get_all(alive)
-    for x in alive:
-        await x.astop()
     return {
         "bench": "dht-sim",
         "nodes": n,

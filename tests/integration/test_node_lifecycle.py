@@ -152,6 +152,21 @@ def test_stopping_one_of_two_astarted_nodes_keeps_current_runtime_for_the_other(
     asyncio.run(asyncio.wait_for(main(), 20))
 
 
+def test_a_node_left_running_on_a_closed_loop_does_not_capture_the_thread(default_node, token):
+    """asyncio.run ended by an exception before astop: the abandoned node's loop is closed, and
+    calls from this thread go through the default node again instead of failing on that loop."""
+
+    async def main():
+        await lattica.Node([TCP]).astart()
+        raise ValueError("the script failed")
+
+    with pytest.raises(ValueError):
+        asyncio.run(main())
+    assert current_runtime().peer_id == default_node.peer_id
+    echo = sa.Echo.options(name=f"echo-{token}").remote()
+    assert lattica.get(echo.echo.remote(5)) == 5
+
+
 def test_concurrent_astart_does_not_deadlock_and_stop_points_to_astop():
     async def main():
         n = lattica.Node([TCP])

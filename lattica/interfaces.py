@@ -7,6 +7,7 @@ no address a peer can dial; what we advertise instead is the same port at each i
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import time
 from typing import Any
@@ -88,6 +89,7 @@ def ip_of(addr: Multiaddr) -> str | None:
     return str(parts[0][1])
 
 
+@functools.lru_cache(maxsize=4096)  # pure, and asked for the same few addresses over and over
 def is_private_ip(ip: str) -> bool:
     """Whether ``ip`` is no public unicast address: private (RFC 1918, CGNAT 100.64/10,
     link-local, loopback, IPv6 ULA), unspecified, reserved or multicast; IPv4 addresses inside IPv6
@@ -103,6 +105,7 @@ def is_private_ip(ip: str) -> bool:
     return any(a in n for n in _PRIVATE_NETS if n.version == a.version)
 
 
+@functools.lru_cache(maxsize=4096)
 def is_private(addr: Multiaddr) -> bool:
     """Whether ``addr`` is a direct address at a private IP (see :func:`is_private_ip`) or at a
     name that means this machine or its LAN (``localhost``, ``*.local``); relayed addresses and

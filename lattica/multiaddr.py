@@ -264,4 +264,4 @@ class Multiaddr:
         return isinstance(other, Multiaddr) and other._parts == self._parts
 
     def __hash__(self) -> int:
-        return hash(self._parts)
+        return hash(self._text)  # canonical text, one to one with the parts; str caches its hash

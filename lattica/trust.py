@@ -76,15 +76,16 @@ class Certificate:
     def from_text(cls, text: str) -> Certificate:
         return cls.from_bytes(_unb64(text, CERT_PREFIX, "mesh certificate"))
 
-    def problem(self, peer: PeerId, meshes: Iterable[bytes], now: float) -> str | None:
-        """Why this certificate does not admit ``peer`` to one of ``meshes`` (None: it does)."""
+    def problem(self, peer: PeerId, meshes: Iterable[bytes], now: float, signature_checked: bool = False) -> str | None:
+        """Why this certificate does not admit ``peer`` to one of ``meshes`` (None: it does);
+        ``signature_checked``: these exact bytes verified before, only the rest is re-checked."""
         if self.mesh not in meshes:
             return f"its certificate is for {mesh_name(self.mesh)}, not ours"
         if self.peer != peer:
             return f"its certificate was issued to {self.peer.short()}, not to it"
         if self.expires <= now:
             return f"its certificate expired at {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(self.expires))}"
-        if not verify_signature(self.mesh, self.signature, self.signed_part(self.mesh, self.peer, self.expires)):
+        if not signature_checked and not verify_signature(self.mesh, self.signature, self.signed_part(self.mesh, self.peer, self.expires)):
             return "its certificate's signature does not verify"
         return None
 
@@ -177,6 +178,13 @@ class MeshKey:
             raise
 
 
+_VERIFIED_CACHE = 4096
+# certificates (exact bytes) whose signature verified, with the reason they admit: a peer's every
+# connection, to every node of this process, costs one check; bounded, and only certificates some
+# mesh key signed get in
+_VERIFIED: dict[bytes, str] = {}
+
+
 class Trust:
     """This node's admission policy: the meshes whose certificates admit a peer, PeerIds admitted
     by name, or everyone (open); and the certificates it presents to peers itself."""
@@ -208,9 +216,14 @@ class Trust:
                 cert = Certificate.from_bytes(raw)
             except CertificateError:
                 continue
-            problem = cert.problem(peer, self.meshes, now)
+            known = _VERIFIED.get(raw)
+            problem = cert.problem(peer, self.meshes, now, signature_checked=known is not None)
             if problem is None:
-                return MEMBER, f"certified by {mesh_name(cert.mesh)}"
+                if known is None:
+                    if len(_VERIFIED) >= _VERIFIED_CACHE:
+                        del _VERIFIED[next(iter(_VERIFIED))]
+                    known = _VERIFIED[raw] = f"certified by {mesh_name(cert.mesh)}"
+                return MEMBER, known
             why = problem
         return STRANGER, why
 

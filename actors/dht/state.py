@@ -47,6 +47,7 @@ class DhtState:
         self.rejected = 0  # stores we refused
         self._pinging: set[PeerId] = set()
         self._addrs: dict[PeerId, list[Multiaddr]] = {}  # how we reached the peers in our table
+        self._public: dict[PeerId, list[Multiaddr]] = {}  # ... less private ones, for peers off our LAN
 
     # -- routing table upkeep ---------------------------------------------------------------------
 
@@ -98,7 +99,10 @@ class DhtState:
             self.drop(peer)
             return
         if addrs:
-            self._addrs[peer] = list(addrs)[:MAX_ADDRS_IN_ANSWER]
+            addrs = list(addrs)[:MAX_ADDRS_IN_ANSWER]
+            if addrs != self._addrs.get(peer):
+                self._addrs[peer] = addrs
+                self._public[peer] = [a for a in addrs if not is_private(a)]
         oldest = self.table.seen(peer)
         if oldest is not None and oldest not in self._pinging:
             self._pinging.add(oldest)
@@ -116,10 +120,12 @@ class DhtState:
         self.table.ping_result(peer, alive)
         if not alive:
             self._addrs.pop(peer, None)
+            self._public.pop(peer, None)
 
     def drop(self, peer: PeerId) -> None:
         self.table.remove(peer)
         self._addrs.pop(peer, None)
+        self._public.pop(peer, None)
 
     def mark_misbehaved(self, peer: PeerId, reason: str) -> None:
         log.info("DHT peer misbehaved", peer=str(peer), reason=reason)
@@ -150,9 +156,14 @@ class DhtState:
         lan = to is None or self.on_our_lan(to)
         out = []
         for p in peers:
-            addrs = self._addrs.get(p) or self.host.peer_addrs.get(p, [])
-            if not lan:
-                addrs = [a for a in addrs if not is_private(a)]
+            addrs = self._addrs.get(p)
+            if addrs is not None:
+                if not lan:
+                    addrs = self._public[p]
+            else:
+                addrs = self.host.peer_addrs.get(p, [])
+                if not lan:
+                    addrs = [a for a in addrs if not is_private(a)]
             if addrs:
                 out.append([p, addrs[:MAX_ADDRS_IN_ANSWER]])
         return out

@@ -17,6 +17,19 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SUPPORT, os.environ.get("
 ALLOW = ["sample_actors.*"]
 
 
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", help="also run the long simulations (marked slow)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--slow") or os.environ.get("LATTICA_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="a long simulation: run with --slow (the default run has its short version)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def default_node():
     """A started default node (``lattica.init``), shut down after the test."""

@@ -7,14 +7,18 @@ filters by address only lets through what comes from an address the peer already
 also ask a helper — another peer we are connected to, at an address the peer has not contacted
 (``avoid``) — to dial back too. A dial-back opens a stream carrying the peer's nonce: the peer
 believes what arrives, not what we answer, so a server that lies cannot make it think it is public.
+
+``check`` is open to strangers; ``dial_for`` (dial a third party back for a server) only to members
+of our mesh, since a stranger could otherwise aim our dials at anyone. Every dial-back also counts
+against a budget for the IP address dialed and one for the whole node.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING, Any
 
+from lattica.budget import Buckets
 from lattica.logging import get_logger
 from lattica.errors import LatticaError, ProtocolError
 from lattica.framing import read_message, write_message
@@ -37,7 +41,10 @@ NONCE_BYTES = 16
 _DIAL_TIMEOUT = 4.0
 _RATE = 2.0  # requests per second one peer may make (check or dial_for), sustained...
 _BURST = 8.0  # ...and in a burst (a server asks helpers for every peer that checks with it)
-_MAX_TRACKED = 4096
+_DIALS_RATE = 20.0  # dial-backs per second this node makes in all, sustained...
+_DIALS_BURST = 40.0  # ...and in a burst
+_IP_RATE = 1.0  # dial-backs per second to one IP address, for whoever asks (a CGNAT IP hosts many peers)...
+_IP_BURST = 16.0  # ...and in a burst
 _HELPERS = 2
 
 
@@ -52,18 +59,17 @@ class AutoNatServer:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
         self.host: HostView = runtime.host
-        self._buckets: dict[PeerId, tuple[float, float]] = {}  # peer -> (tokens, last refill)
+        self._requests = Buckets(_RATE, _BURST)  # per requesting peer
+        self._dials = Buckets(_DIALS_RATE, _DIALS_BURST, max_keys=1)  # the whole node
+        self._per_ip = Buckets(_IP_RATE, _IP_BURST)  # per dialed IP
 
     def _rate_ok(self, peer: PeerId) -> bool:
-        now = time.monotonic()
-        tokens, last = self._buckets.pop(peer, (_BURST, now))
-        tokens = min(_BURST, tokens + (now - last) * _RATE)
-        ok = tokens >= 1.0
-        self._buckets[peer] = (tokens - 1.0 if ok else tokens, now)  # re-inserted: most recent last
-        if len(self._buckets) > _MAX_TRACKED:
-            for old in list(self._buckets)[: _MAX_TRACKED // 4]:
-                del self._buckets[old]
-        return ok
+        return self._requests.take(peer)
+
+    def _dial_ok(self, addr: Multiaddr) -> bool:
+        """Within the node's dial-back budget and the budget of the IP dialed (nobody makes us
+        pound one address, whoever asks, and however many identities they have)."""
+        return self._per_ip.take(ip_of(addr)) and self._dials.take()
 
     def _direct_conn_ip(self, peer: PeerId) -> str | None:
         for conn in self.host.conns_of.get(peer, ()):
@@ -136,6 +142,8 @@ class AutoNatServer:
             raise ProtocolError("dial_for needs the target's PeerId bytes")
         peer = PeerId.from_bytes(target)
         targets = self._parse(addrs, nonce)
+        if len({ip_of(a) for a in targets}) > 1:
+            raise ProtocolError("dial_for names addresses at one IP address (the target's own)")
         ok = await asyncio.gather(*(self.dial_back(peer, a, nonce) for a in targets))
         return [str(a) for a, good in zip(targets, ok) if good]
 
@@ -143,6 +151,9 @@ class AutoNatServer:
         """Dial ``addr`` from a fresh port, expecting ``peer``; deliver the nonce; hang up."""
         transport = self.host.transport_for(addr)
         if transport is None or peer == self.host.peer_id:
+            return False
+        if not self._dial_ok(addr):
+            log.debug("autonat dial-back over budget", peer=str(peer), addr=str(addr))
             return False
         conn = None
         try:

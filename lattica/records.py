@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 
 import msgpack
 
+from lattica.budget import Buckets
 from lattica.errors import InvalidPeerId, MultiaddrError, RecordRejected
 from lattica.identity import KeyPair, PeerId, verify_signature
 from lattica.kademlia import key_id
@@ -287,7 +288,7 @@ class RecordStore:
         self._usage: dict[PeerId, list[int]] = {}  # peer -> [records, bytes]
         self._count = 0
         self._bytes = 0
-        self._tokens: dict[PeerId, list[float]] = {}  # peer -> [tokens, last refill]
+        self._rates = Buckets(self.limits.rate, max(self.limits.burst, 1), max_keys=10_000)
         self.version = 0  # bumped on every change (persistence saves when it moved)
 
     # -- rate limit --------------------------------------------------------------------------
@@ -296,19 +297,8 @@ class RecordStore:
         """Charge one store to ``peer``'s token bucket; RecordRejected when it is empty."""
         if peer == self.local:
             return
-        now = time.monotonic()
-        lim = self.limits
-        b = self._tokens.pop(peer, None)
-        if b is None:
-            b = [lim.burst, now]
-            while len(self._tokens) >= 10_000:  # bounded: the least recently active peer is forgotten
-                self._tokens.pop(next(iter(self._tokens)))
-        self._tokens[peer] = b  # (re)inserted last: most recently active
-        b[0] = min(lim.burst, b[0] + (now - b[1]) * lim.rate)
-        b[1] = now
-        if b[0] < 1:
-            raise RecordRejected(f"store rate limit: at most {lim.rate:.0f} stores per second per peer")
-        b[0] -= 1
+        if not self._rates.take(peer):
+            raise RecordRejected(f"store rate limit: at most {self.limits.rate:.0f} stores per second per peer")
 
     # -- values ------------------------------------------------------------------------------
 

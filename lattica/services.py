@@ -102,7 +102,9 @@ SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("spawner", _spawner, public=frozenset({"lookup", "down"})),
     ServiceSpec("checkpoints", _checkpoints),  # members only: supervisors' state
     ServiceSpec("dht", _dht, public=True),  # the open network's routing and records
-    ServiceSpec("autonat", _autonat, public=True),  # rate-limited per peer
+    # strangers may ask to be dialed back (at their own IP, rate-limited); dial_for, which dials a
+    # third party, serves members only
+    ServiceSpec("autonat", _autonat, public=frozenset({"check"})),
     ServiceSpec("holepunch", _holepunch),  # its actor is diagnostics; the punch is a stream protocol
     ServiceSpec("membership", _membership),  # members only: gossip and the view
     ServiceSpec("relay", _relay, public=frozenset({"reserve"})),  # within RelayConfig limits

@@ -47,3 +47,19 @@ def default_node():
 def token():
     """A fresh id per test, for keying records that sample actors share through module state."""
     return uuid.uuid4().hex
+
+
+@pytest.fixture
+def mesh():
+    """Three connected nodes on loopback: ``host`` (mesh A, admits the sample actors), ``member``
+    (mesh A) and ``stranger`` (mesh B: authenticated, not a member of A)."""
+    import lattica
+    from lattica.trust import MeshKey
+
+    a, b = MeshKey.generate(), MeshKey.generate()
+    tcp = "/ip4/127.0.0.1/tcp/0"
+    with lattica.Node([tcp], mesh=a, allow=ALLOW) as host, lattica.Node([tcp], mesh=a) as member, lattica.Node([tcp], mesh=b) as stranger:
+        member.connect(host.addrs[0])
+        stranger.connect(host.addrs[0])
+        yield host, member, stranger
+

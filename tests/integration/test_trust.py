@@ -16,7 +16,7 @@ import pytest
 
 import lattica
 import sample_actors as sa
-from helpers import wait_for
+from helpers import call_as, spawn_local, wait_for
 from lattica.actors.checkpoints import checkpoints_ref
 from lattica.actors.membership import membership_ref
 from lattica.errors import ActorNotFound, PermissionDenied
@@ -30,30 +30,6 @@ ALLOW = ["sample_actors.*"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _call(node, ref, method, *args, timeout=5):
-    async def go():
-        return await node._host.runtime.call(ref, method, args, {}, timeout=timeout)
-
-    return node.run(go(), timeout=timeout + 5)
-
-
-@pytest.fixture
-def mesh():
-    """A node of mesh A with actors, a member of A and a stranger (a node of mesh B)."""
-    a, b = MeshKey.generate(), MeshKey.generate()
-    with lattica.Node([TCP], mesh=a, allow=ALLOW) as host, lattica.Node([TCP], mesh=a) as member, lattica.Node([TCP], mesh=b) as stranger:
-        member.connect(host.addrs[0])
-        stranger.connect(host.addrs[0])
-        yield host, member, stranger
-
-
-def _local(node, cls, *args, name=None):
-    async def go():
-        return node._host.runtime.create(cls.cls, list(args), None, name).ref
-
-    return node.run(go(), timeout=5)
-
-
 def test_each_side_knows_what_the_other_is(mesh):
     host, member, stranger = mesh
     seen = {str(p.peer_id): (p.circle, p.circle_reason) for p in host.peers()}
@@ -64,8 +40,8 @@ def test_each_side_knows_what_the_other_is(mesh):
 
 def test_a_stranger_may_not_call_spawn_kill_or_look_at_actors(mesh):
     host, member, stranger = mesh
-    counter = _local(host, sa.Counter, 5, name="counter")
-    assert _call(member, counter, "incr") == 6
+    counter = spawn_local(host, sa.Counter, 5, name="counter")
+    assert call_as(member, counter, "incr") == 6
     for ref, method, args in [
         (counter, "incr", ()),
         (spawner_ref(host.peer_id), "spawn", ("sample_actors.Counter", [1], {})),
@@ -75,15 +51,15 @@ def test_a_stranger_may_not_call_spawn_kill_or_look_at_actors(mesh):
         (membership_ref(host.peer_id), "view", ()),
     ]:
         with pytest.raises(PermissionDenied, match="not a member of this node's mesh"):
-            _call(stranger, ref, method, *args)
-    assert _call(member, counter, "get") == 6  # nothing changed
+            call_as(stranger, ref, method, *args)
+    assert call_as(member, counter, "get") == 6  # nothing changed
     # an actor that does not exist gets the very same answer: strangers learn nothing
     missing = lattica.ActorRef(host.peer_id, "no-such-actor", {"get": "async"})
     with pytest.raises(PermissionDenied):
-        _call(stranger, missing, "get")
+        call_as(stranger, missing, "get")
     with pytest.raises(ActorNotFound):
-        _call(stranger, spawner_ref(host.peer_id), "lookup", "counter")
-    assert _call(member, spawner_ref(host.peer_id), "lookup", "counter").name == "counter"
+        call_as(stranger, spawner_ref(host.peer_id), "lookup", "counter")
+    assert call_as(member, spawner_ref(host.peer_id), "lookup", "counter").name == "counter"
     refused = host.run(_refusals(host), timeout=5)
     assert any(r["peer"] == str(stranger.peer_id) and r["what"] == "counter.incr" for r in refused)
 
@@ -102,20 +78,20 @@ def test_strangers_are_not_members_of_the_membership_view(mesh):
 def test_a_stranger_gets_the_open_network_and_what_is_opened_to_it(mesh):
     host, member, stranger = mesh
     assert stranger.ping(host.peer_id) > 0
-    shop = _local(host, sa.Shop, name="shop")
-    echo = _local(host, sa.Echo, name="echo")
-    assert _call(stranger, shop, "browse") == {"apple": 3}
-    assert _call(stranger, shop, "who") == str(stranger.peer_id)  # the method can tell callers apart
+    shop = spawn_local(host, sa.Shop, name="shop")
+    echo = spawn_local(host, sa.Echo, name="echo")
+    assert call_as(stranger, shop, "browse") == {"apple": 3}
+    assert call_as(stranger, shop, "who") == str(stranger.peer_id)  # the method can tell callers apart
     with pytest.raises(PermissionDenied):
-        _call(stranger, shop, "restock", "apple", 100)
-    assert _call(member, shop, "restock", "apple", 1) == 4
-    assert _call(stranger, echo, "echo", [1, "x"]) == [1, "x"]
+        call_as(stranger, shop, "restock", "apple", 100)
+    assert call_as(member, shop, "restock", "apple", 1) == 4
+    assert call_as(stranger, echo, "echo", [1, "x"]) == [1, "x"]
     # a public method with its own ACL (lattica.require_caller)
-    assert _call(member, shop, "order", "pear") == f"pear for {member.peer_id}"
+    assert call_as(member, shop, "order", "pear") == f"pear for {member.peer_id}"
     with pytest.raises(PermissionDenied, match="may not call this"):
-        _call(stranger, shop, "order", "pear")
-    assert _call(stranger, shop, "order", "pear", str(stranger.peer_id)) == f"pear for {stranger.peer_id}"
-    assert _call(stranger, spawner_ref(host.peer_id), "lookup", "shop").name == "shop"  # open: visible
+        call_as(stranger, shop, "order", "pear")
+    assert call_as(stranger, shop, "order", "pear", str(stranger.peer_id)) == f"pear for {stranger.peer_id}"
+    assert call_as(stranger, spawner_ref(host.peer_id), "lookup", "shop").name == "shop"  # open: visible
     # the DHT is the open network's: a stranger stores and finds records through a mesh node
     async def put():
         dht = stranger._host.runtime.dht
@@ -136,19 +112,19 @@ def test_an_invitation_a_listed_peer_and_an_open_mesh_admit(tmp_path):
     invitation = a.issue(guest_key.peer_id).to_text()
     listed_key = lattica.KeyPair.generate()
     with lattica.Node([TCP], mesh=a, members=[listed_key.peer_id], allow=ALLOW) as host:
-        counter = _local(host, sa.Counter, 1, name="counter")
+        counter = spawn_local(host, sa.Counter, 1, name="counter")
         with lattica.Node([TCP], keypair=guest_key, mesh=invitation) as guest:
             guest.connect(host.addrs[0])
-            assert _call(guest, counter, "incr") == 2
+            assert call_as(guest, counter, "incr") == 2
             # and the host is a member to the guest (the invitation names mesh A's key)
             assert [p.circle for p in guest.peers()] == ["member"]
         with lattica.Node([TCP], keypair=listed_key, mesh=MeshKey.generate()) as listed:
             listed.connect(host.addrs[0])
-            assert _call(listed, counter, "incr") == 3
+            assert call_as(listed, counter, "incr") == 3
     with lattica.Node([TCP], mesh="open", allow=ALLOW) as open_host, lattica.Node([TCP], mesh=MeshKey.generate()) as anyone:
         anyone.connect(open_host.addrs[0])
-        c = _local(open_host, sa.Counter, 7, name="counter")
-        assert _call(anyone, c, "get") == 7
+        c = spawn_local(open_host, sa.Counter, 7, name="counter")
+        assert call_as(anyone, c, "get") == 7
 
 
 CHILD = r"""
@@ -168,7 +144,7 @@ except PermissionDenied as e:
 def test_a_fresh_script_joins_the_mesh_named_in_its_environment():
     a = MeshKey.generate()
     with lattica.Node([TCP], mesh=a, allow=ALLOW) as host:
-        _local(host, sa.Counter, 0, name="counter")
+        spawn_local(host, sa.Counter, 0, name="counter")
         support = os.path.join(HERE, "..", "support")
 
         def run(mesh_env):
@@ -189,8 +165,8 @@ def test_a_stranger_cannot_take_over_a_name_and_sees_only_open_methods(mesh):
     from lattica import codec
     from lattica.actors.dht import name_key
 
-    real = _local(host, sa.Counter, 1, name="vault")
-    fake = _local(stranger, sa.Echo, name="vault")
+    real = spawn_local(host, sa.Counter, 1, name="vault")
+    fake = spawn_local(stranger, sa.Echo, name="vault")
 
     async def register(node, ref, ttl):
         dht = node._host.runtime.dht
@@ -207,6 +183,6 @@ def test_a_stranger_cannot_take_over_a_name_and_sees_only_open_methods(mesh):
 
     assert member.run(resolve(member), timeout=20).peer_id == host.peer_id
     # a stranger's lookup gets an open actor's ref with its open methods only
-    shop = _local(host, sa.Shop, name="shop")
-    seen = _call(stranger, spawner_ref(host.peer_id), "lookup", "shop")
+    shop = spawn_local(host, sa.Shop, name="shop")
+    seen = call_as(stranger, spawner_ref(host.peer_id), "lookup", "shop")
     assert set(seen.methods) == {"browse", "who", "order"} and set(shop.methods) == {"browse", "who", "order", "restock"}

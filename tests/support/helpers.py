@@ -34,3 +34,23 @@ class Where:
     def actor(self, ref: Any) -> Any:
         """The runtime's record of a live actor (for bounds that have no public observable)."""
         return self.node._host.runtime.actors.get(ref.name)
+
+
+def call_as(node: Any, ref: Any, method: str, *args: Any, timeout: float = 5) -> Any:
+    """Call ``ref.method(*args)`` through ``node`` (a started Node) directly on its runtime: the
+    raw system-actor calls a hostile peer would make."""
+
+    async def go() -> Any:
+        return await node._host.runtime.call(ref, method, args, {}, timeout=timeout)
+
+    return node.run(go(), timeout=timeout + 5)
+
+
+def spawn_local(node: Any, cls: Any, *args: Any, name: str | None = None) -> Any:
+    """Create an actor of ``cls`` (an @lattica.actor class) on ``node`` itself; its ref."""
+
+    async def go() -> Any:
+        return node._host.runtime.create(cls.cls, list(args), None, name).ref
+
+    return node.run(go(), timeout=5)
+

@@ -1,0 +1,48 @@
+"""Token buckets by key: how often a peer (an IP, the whole node) may make us do something.
+
+One bucket per key holds up to ``burst`` tokens and refills at ``rate`` tokens a second; a request
+costs one token and is refused when the bucket is empty. The table is bounded: past ``max_keys``
+the least recently active key is forgotten (it comes back with a full bucket, which is the most a
+forgotten key can gain).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Hashable
+
+__all__ = ["Buckets"]
+
+
+class Buckets:
+    """Keyed token buckets (``rate`` per second, up to ``burst``), at most ``max_keys`` tracked."""
+
+    __slots__ = ("rate", "burst", "max_keys", "_clock", "_state")
+
+    def __init__(self, rate: float, burst: float, max_keys: int = 4096, clock: Callable[[], float] | None = None) -> None:
+        if rate < 0 or burst < 1 or max_keys < 1:
+            raise ValueError("a budget needs rate >= 0, burst >= 1 and max_keys >= 1")
+        self.rate = rate
+        self.burst = burst
+        self.max_keys = max_keys
+        self._clock = clock
+        self._state: dict[Hashable, list[float]] = {}  # key -> [tokens, last refill], least recent first
+
+    def take(self, key: Hashable = None, cost: float = 1.0) -> bool:
+        """Charge ``cost`` tokens to ``key``'s bucket; False (nothing charged) if it has fewer."""
+        now = time.monotonic() if self._clock is None else self._clock()
+        b = self._state.pop(key, None)
+        if b is None:
+            b = [self.burst, now]
+            while len(self._state) >= self.max_keys:
+                del self._state[next(iter(self._state))]
+        self._state[key] = b  # (re)inserted last: most recently active
+        b[0] = min(self.burst, b[0] + (now - b[1]) * self.rate)
+        b[1] = now
+        if b[0] < cost:
+            return False
+        b[0] -= cost
+        return True
+
+    def __len__(self) -> int:
+        return len(self._state)

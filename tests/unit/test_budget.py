@@ -1,0 +1,43 @@
+"""Keyed token buckets (lattica.budget): burst, refill, per key, bounded table."""
+
+import pytest
+
+from lattica.budget import Buckets
+
+
+def test_burst_then_refill_per_key():
+    t = [0.0]
+    b = Buckets(rate=2.0, burst=3.0, clock=lambda: t[0])
+    assert [b.take("a") for _ in range(4)] == [True, True, True, False]
+    assert b.take("b")  # another key has its own bucket
+    t[0] += 0.5  # one token back
+    assert b.take("a") and not b.take("a")
+    t[0] += 100.0  # refills up to the burst, no more
+    assert [b.take("a") for _ in range(4)] == [True, True, True, False]
+
+
+def test_a_refused_request_costs_nothing_and_costs_can_be_larger():
+    t = [0.0]
+    b = Buckets(rate=1.0, burst=4.0, clock=lambda: t[0])
+    assert b.take(cost=3.0)
+    assert not b.take(cost=2.0)  # 1 left: refused, still 1 left
+    assert b.take(cost=1.0)
+
+
+def test_the_table_is_bounded_and_forgets_the_least_recent_key():
+    t = [0.0]
+    b = Buckets(rate=0.0, burst=1.0, max_keys=3, clock=lambda: t[0])
+    for k in "abc":
+        assert b.take(k)
+    assert not b.take("a")  # "a" is now the most recent
+    assert b.take("d")  # "b" was forgotten to make room
+    assert len(b) == 3
+    assert b.take("b")  # ...and comes back with a full bucket, the most a forgotten key gains
+    assert not b.take("a")
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError):
+        Buckets(rate=-1, burst=1)
+    with pytest.raises(ValueError):
+        Buckets(rate=1, burst=0)

@@ -14,7 +14,7 @@ from typing import Any
 
 from lattica.multiaddr import Multiaddr
 
-__all__ = ["interface_ips", "expand", "is_loopback", "is_lan", "ip_of", "is_private", "is_private_ip", "on_local_network"]
+__all__ = ["interface_ips", "expand", "is_loopback", "is_loopback_ip", "is_lan", "ip_of", "is_private", "is_private_ip", "on_local_network"]
 
 # Addresses no stranger on the internet can reach us at (RFC 1918, CGNAT, link-local, loopback,
 # IPv6 unique-local), and ones that are no peer's address at all (unspecified, "this network",
@@ -68,10 +68,15 @@ def expand(addr: Multiaddr) -> list[Multiaddr]:
     return [Multiaddr._from_parts(((name, ip), *parts[1:])) for ip in ips] or [addr]
 
 
+def is_loopback_ip(ip: str) -> bool:
+    """Whether ``ip`` is this machine's loopback (127/8, ::1, or 127/8 mapped into IPv6)."""
+    return ip.startswith(("127.", "::ffff:127.")) or ip == "::1"
+
+
 def is_loopback(addr: Multiaddr) -> bool:
     """Whether ``addr`` is on this machine's loopback (127/8 or ::1)."""
     parts = list(addr)
-    return bool(parts) and parts[0][0] in ("ip4", "ip6") and (str(parts[0][1]).startswith("127.") or parts[0][1] == "::1")
+    return bool(parts) and parts[0][0] in ("ip4", "ip6") and is_loopback_ip(str(parts[0][1]))
 
 
 def is_lan(addr: Multiaddr) -> bool:

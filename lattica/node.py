@@ -66,6 +66,7 @@ class Node:
         keypair: KeyPair | None = None,
         max_connections: int = 512,
         idle_timeout: float = 300.0,
+        identify_timeout: float = 10.0,
         dial_timeout: float = 10.0,
         agent_version: str = AGENT_VERSION,
         busy_poll_us: float = DEFAULT_BUSY_POLL_US,
@@ -96,6 +97,7 @@ class Node:
         self._listen = [Multiaddr(a) for a in listen]
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
+        self.identify_timeout = identify_timeout  # a connection whose peer has not identified by then closes
         self.dial_timeout = dial_timeout
         self.agent_version = agent_version
         self._busy_poll_us = busy_poll_us

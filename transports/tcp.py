@@ -17,6 +17,7 @@ from lattica.logging import get_logger
 
 from lattica.errors import ConnectionRefused, HandshakeError, LatticaError, PeerIdMismatch, Timeout, TransportError
 from lattica.identity import KeyPair, PeerId
+from lattica.interfaces import is_loopback_ip
 from lattica.multiaddr import Multiaddr
 from lattica.transports.base import Connection, ConnectionHandler, Listener, Transport
 from lattica.transports.mux import MuxConfig
@@ -64,18 +65,31 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         self.conn: MuxedConnection | None = None
         self.ready: asyncio.Future[MuxedConnection] = asyncio.get_running_loop().create_future()
         self._timer: asyncio.TimerHandle | None = None
-        self._counted = False  # holds one of the owner's in-progress handshake slots
+        self._counted: str | bool = False  # holds one of the owner's handshake slots (True, or the IP's)
+        self._silence: asyncio.TimerHandle | None = None  # inbound: no first byte yet
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
         if self._inbound:
-            if self._owner._handshaking >= self._owner.max_pending_handshakes:
-                log.info("refusing connection: too many handshakes in progress", peer_addr=self._peer_addr_text())
+            owner = self._owner
+            peer = transport.get_extra_info("peername")
+            ip = peer[0] if isinstance(peer, tuple) and not is_loopback_ip(peer[0]) else None
+            why = None
+            if owner._handshaking >= owner.max_pending_handshakes:
+                why = "too many handshakes in progress"
+            elif ip is not None and owner._handshaking_at.get(ip, 0) >= owner.max_handshakes_per_ip:
+                why = "too many handshakes in progress from this IP address"
+            if why is not None:
+                log.info(f"refusing connection: {why}", peer_addr=self._peer_addr_text())
                 transport.abort()
                 self.ready.cancel()
                 return
-            self._owner._handshaking += 1
-            self._counted = True
+            owner._handshaking += 1
+            if ip is not None:
+                owner._handshaking_at[ip] = owner._handshaking_at.get(ip, 0) + 1
+            self._counted = ip or True
+            # a socket that says nothing is dropped sooner than one that is slow to finish
+            self._silence = asyncio.get_running_loop().call_later(owner.first_byte_timeout, self._silent_timed_out)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -92,10 +106,21 @@ class _TcpProtocol(asyncio.BufferedProtocol):
     def _handshake_timed_out(self) -> None:
         self._fail(Timeout(f"Noise handshake did not finish within {self._owner.handshake_timeout} s"))
 
+    def _silent_timed_out(self) -> None:
+        self._fail(Timeout(f"no handshake bytes within {self._owner.first_byte_timeout} s"))
+
     def _release_slot(self) -> None:
+        if self._silence is not None:
+            self._silence.cancel()
+            self._silence = None
         if self._counted:
+            owner, ip = self._owner, self._counted
             self._counted = False
-            self._owner._handshaking -= 1
+            owner._handshaking -= 1
+            if ip is not True:
+                left = owner._handshaking_at.pop(ip) - 1
+                if left:
+                    owner._handshaking_at[ip] = left
 
     def cancel(self) -> None:
         """The dialer gave up (e.g. lost a race): drop the socket, or the connection if it is up."""
@@ -134,6 +159,9 @@ class _TcpProtocol(asyncio.BufferedProtocol):
             return
         if self.ready.done():
             return  # handshake already failed; the socket is being aborted
+        if self._silence is not None:
+            self._silence.cancel()
+            self._silence = None
         if self._pre is not None:
             data = self._preamble_check(data)
             if data is None:
@@ -237,6 +265,8 @@ class TcpTransport(Transport):
         mux_config: MuxConfig | None = None,
         handshake_timeout: float = 10.0,
         max_pending_handshakes: int = 256,
+        max_handshakes_per_ip: int = 16,
+        first_byte_timeout: float = 3.0,
         keepalive_interval: float = 15.0,
         keepalive_timeout: float = 45.0,
         write_buffer_limit: int = 4 * 1024 * 1024,
@@ -245,7 +275,10 @@ class TcpTransport(Transport):
         self.mux_config = mux_config or MuxConfig()
         self.handshake_timeout = handshake_timeout
         self.max_pending_handshakes = max_pending_handshakes
+        self.max_handshakes_per_ip = max_handshakes_per_ip  # loopback is exempt (a local peer)
+        self.first_byte_timeout = first_byte_timeout
         self._handshaking = 0
+        self._handshaking_at: dict[str, int] = {}  # remote IP -> its handshakes in progress
         self.keepalive_interval = keepalive_interval
         self.keepalive_timeout = keepalive_timeout
         self.write_buffer_limit = write_buffer_limit

@@ -19,6 +19,7 @@ log = get_logger("lattica.node")
 
 LINGER = 2.0  # seconds a duplicate connection stays up for streams already on it
 MAX_CONNS_PER_PEER = 4
+EVICT_MIN_AGE = 2.0  # seconds an unidentified connection is given before a newcomer may evict it
 
 
 class Connections:
@@ -139,6 +140,25 @@ class Connections:
                 elif now - self.idle_since.get(conn, now) >= timeout:
                     log.debug("closing idle connection", peer=str(conn.remote_peer))
                     self.spawn(conn.close())
+
+    def evictable(self, min_age: float = EVICT_MIN_AGE) -> Connection | None:
+        """The connection to close to make room for a newcomer when full: the oldest whose peer
+        has not identified after ``min_age`` seconds, else the longest-idle stranger's with no
+        stream (not protected); members' connections are never evicted. None: none qualifies."""
+        now = self.loop.time()
+        unidentified = stranger = None
+        for conn in self.all_conns:
+            since = self.idle_since.get(conn, now)
+            info = self.info.get(conn)
+            if conn.is_closed:
+                continue
+            if info is None:
+                if now - since >= min_age and (unidentified is None or since < self.idle_since[unidentified]):
+                    unidentified = conn
+            elif info.circle == "stranger" and not conn.num_streams and conn.remote_peer not in self.protected:
+                if stranger is None or since < self.idle_since[stranger]:
+                    stranger = conn
+        return unidentified or stranger
 
     def protect(self, peer: PeerId, why: str) -> None:
         """Keep ``peer``'s connection open while idle (relay reservations, ...)."""

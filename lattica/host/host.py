@@ -207,14 +207,18 @@ class Host:
         if self.closing:
             conn.abort("node stopping")
             return
-        if len(self.all_conns) >= self.max_connections:
-            log.info("refusing inbound connection: limit reached", peer=str(conn.remote_peer), limit=self.max_connections)
-            conn.abort("connection limit reached")
-            return
         if len(self.conns_of.get(conn.remote_peer, ())) >= MAX_CONNS_PER_PEER:
             log.info("refusing inbound connection: too many from this peer", peer=str(conn.remote_peer))
             conn.abort("per-peer connection limit reached")
             return
+        if len(self.all_conns) >= self.max_connections:
+            victim = self.connections.evictable()
+            if victim is None:
+                log.info("refusing inbound connection: limit reached", peer=str(conn.remote_peer), limit=self.max_connections)
+                conn.abort("connection limit reached")
+                return
+            log.info("evicting a connection for a newcomer: limit reached", peer=str(victim.remote_peer), identified=victim in self.info)
+            victim.abort("evicted: connection limit reached (unidentified or idle stranger)")
         self.adopt(conn)
         self.dialer.inbound(conn)
 
@@ -223,7 +227,13 @@ class Host:
         ``Connections.add`` for a ``spare``)."""
         self.connections.add(conn, spare)
         self.spawn(self.push_identify(conn))
+        self.loop.call_later(self.node.identify_timeout, self._identify_overdue, conn)
         self.events.connected.emit(conn)
+
+    def _identify_overdue(self, conn: Connection) -> None:
+        if not conn.is_closed and conn not in self.info:
+            log.info("closing connection: no identify in time", peer=str(conn.remote_peer), timeout=self.node.identify_timeout)
+            conn.abort(f"the peer did not identify within {self.node.identify_timeout} s")
 
     async def peer_info(self, conn: Connection, timeout: float) -> PeerInfo | None:
         """What ``conn``'s peer told us in identify, waiting up to ``timeout`` seconds for it on

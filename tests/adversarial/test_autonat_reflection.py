@@ -12,7 +12,7 @@ import pytest
 
 import lattica
 from helpers import call_as, wait_for
-from lattica.errors import PermissionDenied, ProtocolError
+from lattica.errors import LatticaError, PermissionDenied, ProtocolError
 from lattica.runtime import autonat_ref
 from lattica.trust import MeshKey
 
@@ -101,7 +101,7 @@ def test_many_identities_asking_for_one_address_get_a_bounded_number_of_dials(vi
                 for _ in range(8):  # one requester's whole burst
                     try:
                         results.append(call_as(node, autonat_ref(host.peer_id), "dial_for", askers[0].peer_id.to_bytes(), [victim.addr()], os.urandom(16), timeout=10))
-                    except lattica.LatticaError as e:
+                    except LatticaError as e:
                         results.append(e)
 
             threads = [threading.Thread(target=ask, args=(a,)) for a in askers]

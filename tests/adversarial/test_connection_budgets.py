@@ -1,0 +1,152 @@
+"""Slots a hostile peer can hold (issue 17 must-have 5), with real sockets: a silent socket is
+dropped after the first-byte timeout, one IP address holds at most its share of the handshake
+slots, a peer that never identifies is closed, and when the connection limit is reached a
+newcomer evicts an unidentified or idle stranger's connection, never a member's."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import lattica
+from helpers import wait_for
+from lattica.errors import LatticaError
+from lattica.interfaces import interface_ips, is_loopback_ip
+from lattica.transports.tcp import TcpTransport
+from lattica.trust import MeshKey
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def _closed_within(reader, timeout):
+    """Seconds until the server closed the socket, or None if it did not within ``timeout``."""
+    t0 = time.monotonic()
+    try:
+        while True:
+            if not await asyncio.wait_for(reader.read(65536), timeout):
+                return time.monotonic() - t0
+    except (ConnectionResetError, BrokenPipeError):
+        return time.monotonic() - t0
+    except asyncio.TimeoutError:
+        return None
+
+
+def _port(node):
+    return node.addrs[0].without_peer_id().host_port()[1]
+
+
+def test_a_silent_socket_is_dropped_long_before_the_handshake_deadline():
+    opts = {"tcp": {"first_byte_timeout": 0.5, "handshake_timeout": 20.0}}
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], transport_options=opts) as node:
+
+        async def main():
+            socks = [await asyncio.open_connection("127.0.0.1", _port(node)) for _ in range(8)]
+            waited = await asyncio.gather(*(_closed_within(r, 5.0) for r, _ in socks))
+            for _, w in socks:
+                w.close()
+            return waited
+
+        waited = asyncio.run(main())
+        assert all(w is not None and w < 3.0 for w in waited), waited
+        with lattica.Node([]) as probe:  # an honest peer, which speaks at once, gets in
+            probe.connect(node.addrs[0])
+            assert probe.ping(node.peer_id) > 0
+
+
+def _lan_ip():
+    for ip in interface_ips(4):
+        if ":" not in ip and not is_loopback_ip(ip):
+            return ip
+    return None
+
+
+def test_one_ip_address_holds_at_most_its_share_of_handshake_slots():
+    ip = _lan_ip()
+    if ip is None:
+        pytest.skip("this machine has no non-loopback IPv4 address (loopback is exempt from the per-IP cap)")
+    opts = {"tcp": {"max_handshakes_per_ip": 4, "max_pending_handshakes": 256, "first_byte_timeout": 2.0}}
+    with lattica.Node([f"/ip4/{ip}/tcp/0"], transport_options=opts) as node:
+
+        async def main():
+            # from the LAN address (not loopback): 20 silent sockets, 4 held, the rest dropped at once
+            socks = [await asyncio.open_connection(ip, _port(node), local_addr=(ip, 0)) for _ in range(20)]
+            waited = await asyncio.gather(*(_closed_within(r, 1.0) for r, _ in socks))
+            for _, w in socks:
+                w.close()
+            return waited
+
+        waited = asyncio.run(main())
+        assert sum(w is not None for w in waited) == 16, waited
+        with lattica.Node([]) as probe:  # another address (loopback here) is not held up
+            probe.connect(f"/ip4/{ip}/tcp/{_port(node)}/p2p/{node.peer_id}")
+            assert probe.ping(node.peer_id) > 0
+
+
+async def _raw_connections(node, n):
+    """``n`` authenticated connections from throwaway identities that never identify."""
+    transports = [TcpTransport(lattica.KeyPair.generate()) for _ in range(n)]
+    conns = [await t.dial(node.addrs[0]) for t in transports]
+    return transports, conns
+
+
+def test_a_peer_that_never_identifies_is_closed():
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], identify_timeout=1.0) as node:
+
+        async def main():
+            transports, conns = await _raw_connections(node, 3)
+            t0 = time.monotonic()
+            while any(not c.is_closed for c in conns) and time.monotonic() - t0 < 5:
+                await asyncio.sleep(0.05)
+            closed = [c.is_closed for c in conns]
+            for t in transports:
+                await t.close()
+            return closed, time.monotonic() - t0
+
+        closed, waited = asyncio.run(main())
+        assert all(closed) and waited < 4, (closed, waited)
+
+
+def test_throwaway_identities_cannot_lock_members_out_when_full():
+    key = MeshKey.generate()
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=key, max_connections=4, identify_timeout=60) as node:
+
+        async def fill():
+            transports, conns = await _raw_connections(node, 4)  # every slot, never identifying
+            await asyncio.sleep(2.3)  # older than the grace an unidentified connection gets
+            return transports, conns
+
+        loop = asyncio.new_event_loop()
+        try:
+            transports, conns = loop.run_until_complete(fill())
+            assert not node._host.info and len(node._host.all_conns) == 4  # none identified
+            with lattica.Node([], mesh=key) as member:
+                member.connect(node.addrs[0])  # admitted: an unidentified connection made room
+                assert member.ping(node.peer_id) > 0
+                loop.run_until_complete(asyncio.sleep(0.3))  # the raw ends notice their close
+                assert sum(c.is_closed for c in conns) == 1
+                assert len(node._host.all_conns) == 4
+        finally:
+            for t in transports:
+                loop.run_until_complete(t.close())
+            loop.close()
+
+
+def test_an_idle_stranger_is_evicted_for_a_newcomer_a_member_never_is():
+    a, b = MeshKey.generate(), MeshKey.generate()
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=a, max_connections=2, membership=False) as node:
+        with lattica.Node([], mesh=a, membership=False) as member, lattica.Node([], mesh=b, membership=False) as stranger:
+            member.connect(node.addrs[0])
+            stranger.connect(node.addrs[0])
+            assert wait_for(lambda: {p.circle for p in node.peers()} == {"member", "stranger"})
+            with lattica.Node([], mesh=a, membership=False) as newcomer:
+                newcomer.connect(node.addrs[0])
+                assert wait_for(lambda: {p.peer_id for p in node.peers()} == {member.peer_id, newcomer.peer_id}), node.peers()
+            # full of members: a stranger is refused rather than evicting one
+            with lattica.Node([], mesh=a, membership=False) as second:
+                second.connect(node.addrs[0])
+                with lattica.Node([], mesh=b, membership=False) as other:
+                    with pytest.raises(LatticaError):
+                        other.connect(node.addrs[0], timeout=3)
+                assert member.ping(node.peer_id) > 0

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from lattica.kademlia import ALPHA, K
 from lattica.records import StoreLimits
 
-__all__ = ["DhtConfig", "MembershipConfig", "NatConfig", "RelayConfig"]
+__all__ = ["DhtConfig", "InboundBudget", "MembershipConfig", "NatConfig", "RelayConfig"]
+
+MiB = 1 << 20
 
 
 @dataclass
@@ -74,3 +76,14 @@ class RelayConfig:
     circuit_duration: float | None = None
     circuit_bytes: int | None = None
     splice: bool = True  # offer circuits their own sockets (no re-encryption here); see transports/splice.py
+
+
+@dataclass(frozen=True)
+class InboundBudget:
+    """Limits on partially received messages (``Node(inbound=...)``): bytes held for one peer and
+    for all, and seconds from a message's first byte to its last (docs/security.md)."""
+
+    per_peer: int = 192 * MiB  # three of the largest messages in flight at once from one peer
+    per_node: int = 768 * MiB
+    deadline: float = 120.0  # a 64 MiB message at ~0.5 MiB/s
+

@@ -42,6 +42,11 @@ class FrameTooLarge(ProtocolError):
     """A frame or message exceeds a hard size limit."""
 
 
+class MessageBudgetExceeded(ProtocolError):
+    """A peer's partially received messages exceed what this node holds for it (or for everyone),
+    or one did not complete in time: its call channel is reset."""
+
+
 class HandshakeError(ProtocolError):
     """The secure-channel handshake failed: bad message, bad signature, or decryption failure."""
 

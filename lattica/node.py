@@ -17,7 +17,7 @@ import weakref
 from typing import Any, Callable, Coroutine, Iterable, TypeVar
 
 from lattica._loop import DEFAULT_BUSY_POLL_US, new_loop
-from lattica.config import DhtConfig, MembershipConfig, NatConfig, RelayConfig
+from lattica.config import DhtConfig, InboundBudget, MembershipConfig, NatConfig, RelayConfig
 from lattica.errors import NodeClosed, Timeout
 from lattica.host import Host, StreamProtocolHandler, check_protocol_name
 from lattica.identify import PeerInfo
@@ -67,6 +67,7 @@ class Node:
         max_connections: int = 512,
         idle_timeout: float = 300.0,
         identify_timeout: float = 10.0,
+        inbound: InboundBudget | None = None,
         dial_timeout: float = 10.0,
         agent_version: str = AGENT_VERSION,
         busy_poll_us: float = DEFAULT_BUSY_POLL_US,
@@ -98,6 +99,7 @@ class Node:
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
         self.identify_timeout = identify_timeout  # a connection whose peer has not identified by then closes
+        self.inbound = inbound or InboundBudget()  # partially received messages: per peer, per node, deadline
         self.dial_timeout = dial_timeout
         self.agent_version = agent_version
         self._busy_poll_us = busy_poll_us

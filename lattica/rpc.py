@@ -129,6 +129,11 @@ class FrameSplitter:
         self._need = 0  # bytes of the current frame including its prefix, once known
         self._max = max_frame
 
+    @property
+    def held(self) -> int:
+        """Bytes of an incomplete frame held until its last byte arrives."""
+        return self._have
+
     def feed(self, data: bytes) -> list[bytes | memoryview]:
         """Frames completed by ``data``. Raises FrameTooLarge when a declared length exceeds the cap."""
         frames: list[bytes | memoryview] = []

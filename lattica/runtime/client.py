@@ -22,6 +22,7 @@ from lattica.future import Future
 from lattica.identity import PeerId
 from lattica.transports.base import Stream
 from lattica.runtime.limits import CHANNEL_HIGH_WATER, MAX_MESSAGE
+from lattica.runtime.partials import BudgetedSplitter, PartialMessages
 from lattica.runtime.local import Invocation, Sink
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ class CallRouter(Protocol):
     host: HostView
     actors: dict[str, LocalActor]
     channel_idle: float
+    partials: PartialMessages
 
     def complete_call(self, p: Pending, value: Any, error: tuple | None, end: bool = False) -> None:
         """A reply (value, error or a stream's end) for ``p`` arrived."""
@@ -343,7 +345,12 @@ class RemoteChannel(Channel):
 
     async def _read_replies(self, stream: Stream) -> None:
         rt = self.runtime
-        splitter = rpc.FrameSplitter(MAX_MESSAGE)
+
+        def overdue(why: str) -> None:
+            log.info("closing call channel: reply overdue", peer=str(self.peer), reason=why)
+            stream.reset()
+
+        splitter = BudgetedSplitter(MAX_MESSAGE, rt.partials, self.peer, rt.loop, overdue)
         try:
             while True:
                 data = await stream.read(1 << 20)
@@ -360,6 +367,8 @@ class RemoteChannel(Channel):
                 log.exception("call channel reader failed", peer=str(self.peer))
             stream.reset()
             rt.drop_channel(self, err)
+        finally:
+            splitter.close()
 
 
 class FrameWriter:

@@ -33,6 +33,7 @@ from lattica.identity import PeerId
 from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream
 from lattica.runtime.following import Following
 from lattica.runtime.limits import BUILTIN_ACTORS, CHANNEL_IDLE, DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, MAX_ACTORS, MAX_STREAM_ARGS, NO_STATE, RECENT_PLACEMENT
+from lattica.runtime.partials import PartialMessages
 from lattica.runtime.refs import StreamArg, method_table, public_methods
 from lattica.runtime.local import ArgStream, LocalActor, error_parts, reset_quietly
 from lattica.runtime.client import Gate, LocalChannel, Pending, RemoteChannel, call_finished
@@ -58,6 +59,7 @@ class Runtime(Following):
         self.peer_id: PeerId = host.peer_id
         self.allow = list(allow)
         self.channel_idle: float = getattr(host.node, "channel_idle", CHANNEL_IDLE)
+        self.partials = PartialMessages(getattr(host.node, "inbound", None))  # incomplete messages held
         self.actors: dict[str, LocalActor] = {}
         self.channels: dict[PeerId, Channel] = {}
         self._ids = itertools.count(1)

@@ -13,6 +13,7 @@ from lattica.errors import (
 )
 from lattica.transports.base import Connection, Stream
 from lattica.runtime.limits import CHANNEL_HIGH_WATER, MAX_MESSAGE, STREAM_WINDOW
+from lattica.runtime.partials import BudgetedSplitter
 from lattica.runtime.refs import StreamArg
 from lattica.runtime.local import ArgStream, Invocation, Sink
 from lattica.runtime.client import FrameWriter
@@ -103,7 +104,7 @@ class ServerChannel:
             self.send([rpc.MAILBOX, actor, n])
 
     async def serve(self) -> None:
-        splitter = rpc.FrameSplitter(MAX_MESSAGE)
+        splitter = BudgetedSplitter(MAX_MESSAGE, self.runtime.partials, self.peer, self.runtime.loop, self._overdue)
         info = await self.runtime.host.peer_info(self.conn, IDENTIFY_WAIT)  # who is calling decides what it may call
         if info is not None:
             self.circle, self.circle_reason = info.circle, info.circle_reason
@@ -125,9 +126,14 @@ class ServerChannel:
                 log.info("closing call channel: peer broke the protocol", peer=str(self.peer), reason=str(e))
                 self.stream.reset()
         finally:
+            splitter.close()
             for inv in list(self.invocations.values()):  # the caller is gone: stop its work
                 inv.actor.cancel(inv)
             self.invocations.clear()
+
+    def _overdue(self, why: str) -> None:
+        log.info("closing call channel: message overdue", peer=str(self.peer), reason=why)
+        self.stream.reset()
 
     def on_message(self, raw: Any) -> None:
         try:

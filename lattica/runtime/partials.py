@@ -1,0 +1,97 @@
+"""Budgets for partially received rpc messages: what a peer can make this node hold.
+
+A message is held, piece by piece, until its last byte arrives (up to ``MAX_MESSAGE``). Without a
+bound, a peer opening many call channels and never finishing a message would grow the node by
+that much per channel. Each channel reader reports what it holds; a reader that would take its
+peer over ``per_peer`` bytes, or the node over ``per_node``, or whose message is not complete
+``deadline`` seconds after its first byte, fails with MessageBudgetExceeded and its channel is
+reset. Complete messages, however large, cost nothing here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+from lattica import rpc
+from lattica.config import InboundBudget
+from lattica.errors import MessageBudgetExceeded
+from lattica.identity import PeerId
+
+__all__ = ["InboundBudget", "PartialMessages", "BudgetedSplitter"]
+
+
+class PartialMessages:
+    """The node's account of bytes held in incomplete messages, per peer and in all."""
+
+    __slots__ = ("budget", "total", "by_peer")
+
+    def __init__(self, budget: InboundBudget | None = None) -> None:
+        self.budget = budget or InboundBudget()
+        self.total = 0
+        self.by_peer: dict[PeerId, int] = {}
+
+    def change(self, peer: PeerId, old: int, new: int) -> None:
+        """A reader of ``peer``'s now holds ``new`` bytes instead of ``old``; raises
+        MessageBudgetExceeded (having changed nothing) when growing would exceed a budget."""
+        delta = new - old
+        if not delta:
+            return
+        mine = self.by_peer.get(peer, 0) + delta
+        if delta > 0:
+            b = self.budget
+            if mine > b.per_peer:
+                raise MessageBudgetExceeded(f"{peer.short()}'s partially received messages would exceed {b.per_peer} bytes")
+            if self.total + delta > b.per_node:
+                raise MessageBudgetExceeded(f"partially received messages would exceed this node's {b.per_node} bytes")
+        self.total += delta
+        if mine:
+            self.by_peer[peer] = mine
+        else:
+            self.by_peer.pop(peer, None)
+
+
+class BudgetedSplitter:
+    """A FrameSplitter for one call channel whose incomplete frame counts against the node's
+    budget; ``overdue()`` is called (on the loop) when a frame misses its deadline."""
+
+    __slots__ = ("_split", "_account", "_peer", "_held", "_timer", "_loop", "_overdue")
+
+    def __init__(self, max_frame: int, account: PartialMessages, peer: PeerId, loop: asyncio.AbstractEventLoop, overdue: Callable[[str], Any]) -> None:
+        self._split = rpc.FrameSplitter(max_frame)
+        self._account = account
+        self._peer = peer
+        self._held = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop = loop
+        self._overdue = overdue
+
+    def feed(self, data: bytes) -> list:
+        """Frames completed by ``data``; MessageBudgetExceeded when what stays held is over budget."""
+        frames = self._split.feed(data)
+        held = self._split.held
+        if held != self._held:
+            self._account.change(self._peer, self._held, held)
+            self._held = held
+        if held:
+            if self._timer is None or frames:  # a frame started: it has until the deadline to finish
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._timer = self._loop.call_later(self._account.budget.deadline, self._late)
+        elif self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        return frames
+
+    def _late(self) -> None:
+        self._timer = None
+        self._overdue(f"a message from {self._peer.short()} did not complete within {self._account.budget.deadline} s")
+
+    def close(self) -> None:
+        """The channel is done: give back what it held."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._held:
+            self._account.change(self._peer, self._held, 0)
+            self._held = 0

@@ -1,0 +1,63 @@
+"""The budget for partially received rpc messages (lattica.runtime.partials), sans sockets."""
+
+import asyncio
+
+import pytest
+
+from lattica.config import InboundBudget
+from lattica.errors import MessageBudgetExceeded
+from lattica.identity import KeyPair
+from lattica.runtime.partials import BudgetedSplitter, PartialMessages
+
+A, B = KeyPair.generate().peer_id, KeyPair.generate().peer_id
+
+
+def frame(n: int) -> bytes:
+    return n.to_bytes(4, "big") + bytes(n)
+
+
+def test_held_bytes_are_counted_per_peer_and_given_back():
+    account = PartialMessages(InboundBudget(per_peer=100, per_node=150, deadline=60))
+    loop = asyncio.new_event_loop()
+    try:
+        s1 = BudgetedSplitter(1000, account, A, loop, lambda why: None)
+        s2 = BudgetedSplitter(1000, account, B, loop, lambda why: None)
+        assert s1.feed(frame(10)) and account.total == 0  # complete frames cost nothing
+        assert s1.feed(frame(500)[:84]) == []
+        assert account.total == 84 and account.by_peer == {A: 84}  # (the length prefix too)
+        with pytest.raises(MessageBudgetExceeded, match="exceed 100 bytes"):
+            s1.feed(bytes(30))  # A would hold 114 > per_peer
+        assert account.total == 84  # nothing changed by the refused feed
+        s2.feed(frame(500)[:64])
+        with pytest.raises(MessageBudgetExceeded, match="this node's 150 bytes"):
+            s2.feed(bytes(20))  # 84 + 84 > per_node (B's own 84 is within per_peer)
+        s1.close()
+        assert account.total == 64 and account.by_peer == {B: 64}
+        s2.close()
+        assert account.total == 0 and account.by_peer == {}
+    finally:
+        loop.close()
+
+
+def test_a_message_that_does_not_complete_in_time_is_reported_and_its_successor_gets_a_new_deadline():
+    account = PartialMessages(InboundBudget(per_peer=10_000, per_node=10_000, deadline=0.2))
+    late = []
+
+    async def main():
+        s = BudgetedSplitter(1000, account, A, asyncio.get_running_loop(), late.append)
+        s.feed(frame(100)[:50])
+        await asyncio.sleep(0.12)
+        s.feed(frame(100)[50:] + frame(100)[:50])  # the first completes, a second starts
+        await asyncio.sleep(0.12)  # 0.24 s after the first began, 0.12 s into the second
+        assert late == []
+        await asyncio.sleep(0.15)
+        assert len(late) == 1 and "did not complete within 0.2 s" in late[0]
+        s.close()
+        s2 = BudgetedSplitter(1000, account, A, asyncio.get_running_loop(), late.append)
+        s2.feed(frame(100)[:50])
+        s2.close()  # a closed channel's timer is gone
+        await asyncio.sleep(0.3)
+        assert len(late) == 1
+
+    asyncio.run(main())
+    assert account.total == 0

@@ -51,6 +51,11 @@ class _Reservation:
     ip: str
 
 
+def _tighter(a: Any, b: Any) -> Any:
+    """The smaller of two limits, None meaning unlimited."""
+    return b if a is None else a if b is None else min(a, b)
+
+
 def _may_splice(conn: Connection) -> bool:
     """The peer may reach our TCP listener for a spliced socket: it dialed it, or it reached us over
     QUIC (it then tries our TCP address on the same IP, and declines or falls back if it cannot)."""
@@ -112,7 +117,7 @@ class RelayService:
         self.reservations[peer] = _Reservation(expires, ip)
         self.host.protect(peer, "relay-reservation")
         addrs = [str(a) for a in self.host.advertised_addrs() if not a.is_circuit]
-        return {"expires": expires, "addrs": addrs, "limit": limit_wire(self.cfg.circuit_duration, self.cfg.circuit_bytes)}
+        return {"expires": expires, "addrs": addrs, "limit": limit_wire(*self._limits(peer, peer))}  # between strangers
 
     def _drop(self, peer: PeerId) -> None:
         if self.reservations.pop(peer, None) is not None:
@@ -182,34 +187,36 @@ class RelayService:
             log.info("bad hop request", peer=str(src), reason=str(e) or "timeout")
             stream.reset()
             return
+        await self.host.peer_info(conn, _TIMEOUT)  # its circle sets the circuit's limits
         why = self._refuse(src, target, conn)
         if why is not None:
             await self._answer(stream, refusal(*why))
             return
         self._count(src, target, +1)
+        duration, budget = self._limits(src, target)
         splice = self.cfg.splice and msg.get("splice") is True and _may_splice(conn) and self._take_spliced_sockets()
         try:
-            other, target_token = await self._connect_target(src, target, splice)
+            other, target_token = await self._connect_target(src, target, splice, limit_wire(duration, budget))
         except (LatticaError, asyncio.TimeoutError) as e:
             self._count(src, target, -1)
             await self._answer(stream, refusal("CONNECTION_FAILED", f"{target} did not take the circuit: {e or 'timeout'}"))
             return
         try:
-            answer = {"ok": True, "limit": limit_wire(self.cfg.circuit_duration, self.cfg.circuit_bytes)}
+            answer = {"ok": True, "limit": limit_wire(duration, budget)}
             if target_token is None:
                 write_message(stream, answer)
-                await self._splice(stream, other)
+                await self._splice(stream, other, duration, budget)
                 return
             source_token = os.urandom(TOKEN_LEN)
             write_message(stream, {**answer, "splice": source_token})
-            await self._run_spliced(source_token, target_token)
+            await self._run_spliced(duration, budget, source_token, target_token)
         finally:
             self._count(src, target, -1)
             if target_token is not None:
                 stream.reset()
                 other.reset()
 
-    async def _run_spliced(self, *tokens: bytes) -> None:
+    async def _run_spliced(self, duration: float | None, budget: int | None, *tokens: bytes) -> None:
         """Wait for both ends' sockets (up to the timeout), then copy between them until it ends."""
         done = asyncio.get_running_loop().create_future()
 
@@ -221,7 +228,7 @@ class RelayService:
             if not done.done():
                 done.set_result(why)
 
-        splice = Splice(budget=self.cfg.circuit_bytes, duration=self.cfg.circuit_duration, on_bytes=on_bytes, on_end=on_end)
+        splice = Splice(budget=budget, duration=duration, on_bytes=on_bytes, on_end=on_end)
         for t in tokens:
             self._pending_splices[t] = splice
         self.spliced_circuits += 1
@@ -264,7 +271,17 @@ class RelayService:
         for p in (src, target):
             if self.circuits.get(p, 0) >= self.cfg.max_circuits_per_peer:
                 return "RESOURCE_LIMIT", f"{p} already has {self.cfg.max_circuits_per_peer} circuits on this relay"
+            if self.host.circle_of(p) == "stranger" and self.circuits.get(p, 0) >= self.cfg.max_circuits_per_stranger:
+                return "RESOURCE_LIMIT", f"{p} already has {self.cfg.max_circuits_per_stranger} circuits on this relay (the limit for peers outside its mesh)"
         return None
+
+    def _limits(self, src: PeerId, target: PeerId) -> tuple[float | None, int | None]:
+        """(duration, bytes) of a circuit: the stranger limits unless a member of our mesh (or
+        this node) is at one end; members' circuits have the general ones (unlimited by default)."""
+        cfg = self.cfg
+        if self.host.circle_of(src) == "stranger" and self.host.circle_of(target) == "stranger":
+            return _tighter(cfg.circuit_duration, cfg.stranger_circuit_duration), _tighter(cfg.circuit_bytes, cfg.stranger_circuit_bytes)
+        return cfg.circuit_duration, cfg.circuit_bytes
 
     def _count(self, src: PeerId, target: PeerId, delta: int) -> None:
         self.total_circuits += delta
@@ -275,13 +292,13 @@ class RelayService:
             else:
                 self.circuits.pop(p, None)
 
-    async def _connect_target(self, src: PeerId, target: PeerId, splice: bool) -> tuple[Stream, bytes | None]:
+    async def _connect_target(self, src: PeerId, target: PeerId, splice: bool, limit: Any) -> tuple[Stream, bytes | None]:
         """The stop stream to ``target``, once it accepted, and the splice token it took (if any)."""
         conn = self._direct_conn(target)
         if conn is None:
             raise RelayRefused(f"{target} is no longer connected")
         other = await self.host.open_stream_on(conn, STOP)
-        request = {"type": "connect", "peer": src.to_bytes(), "limit": limit_wire(self.cfg.circuit_duration, self.cfg.circuit_bytes)}
+        request = {"type": "connect", "peer": src.to_bytes(), "limit": limit}
         token = os.urandom(TOKEN_LEN) if splice and _may_splice(conn) else None
         if token is not None:
             request["splice"] = token
@@ -303,9 +320,9 @@ class RelayService:
         except (LatticaError, asyncio.TimeoutError):
             stream.reset()
 
-    async def _splice(self, a: Stream, b: Stream) -> None:
+    async def _splice(self, a: Stream, b: Stream, duration: float | None, limit: int | None) -> None:
         """Copy both ways until both sides end, a limit is hit or either side fails."""
-        budget = [self.cfg.circuit_bytes]
+        budget = [limit]
 
         async def pipe(src: Stream, dst: Stream) -> None:
             while True:
@@ -316,7 +333,7 @@ class RelayService:
                 if budget[0] is not None:
                     budget[0] -= len(data)
                     if budget[0] < 0:
-                        raise RelayRefused(f"circuit exceeded its limit of {self.cfg.circuit_bytes} bytes")
+                        raise RelayRefused(f"circuit exceeded its limit of {limit} bytes")
                 self.bytes_relayed += len(data)
                 dst.write(data)
                 await dst.drain()
@@ -324,7 +341,7 @@ class RelayService:
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(pipe(a, b)), loop.create_task(pipe(b, a))]
         try:
-            async with asyncio.timeout(self.cfg.circuit_duration):
+            async with asyncio.timeout(duration):
                 await asyncio.gather(*tasks)
         except (LatticaError, asyncio.TimeoutError, ProtocolError) as e:
             log.debug("circuit ended", reason=str(e) or "duration limit")

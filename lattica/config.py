@@ -75,6 +75,11 @@ class RelayConfig:
     max_circuits_per_peer: int = 64  # as source or as target
     circuit_duration: float | None = None
     circuit_bytes: int | None = None
+    # a circuit with no member of our mesh at either end: enough to connect and hole-punch, not
+    # to carry strangers' traffic on our bandwidth (None: unlimited, as for members)
+    stranger_circuit_duration: float | None = 120.0
+    stranger_circuit_bytes: int | None = 4 * MiB
+    max_circuits_per_stranger: int = 4  # as source or as target
     splice: bool = True  # offer circuits their own sockets (no re-encryption here); see transports/splice.py
 
 

@@ -94,6 +94,12 @@ class HostView(Protocol):
     def trust(self) -> Trust:
         """Who is a member of our mesh: our certificates, and the rule that judges a peer's."""
 
+    def circle_of(self, peer: PeerId) -> str:
+        """What ``peer`` is to us ("self", "member" or "stranger"), from its identify."""
+
+    async def peer_info(self, conn: Connection, timeout: float) -> PeerInfo | None:
+        """What ``conn``'s peer told us in identify, waiting up to ``timeout`` s on a fresh one."""
+
     @property
     def nat(self) -> NatManager | None:
         """Our NAT situation: observed addresses, candidates to punch from, the mapping type."""

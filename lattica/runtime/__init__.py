@@ -1,6 +1,7 @@
 """The actor runtime of one node, one concern per module (each imports only those above it):
 
 - ``limits``: constants (method kinds, windows, limits, timeouts);
+- ``partials``: the budget for partially received messages (per peer, per node, deadline);
 - ``refs``: ``ActorRef`` and method tables, ``MethodHandle`` and ``StreamCall`` (the caller's
   handle on a call), and which runtime a call from this thread goes through;
 - ``local``: local actor execution (instances, mailbox windows, async tasks, the pykka thread of

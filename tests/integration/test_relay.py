@@ -123,7 +123,7 @@ def test_relayed_traffic_is_end_to_end_encrypted_and_a_tampering_relay_breaks_on
 
     real_splice = relay_mod.RelayService._splice
 
-    async def spying_splice(self, a, b):  # records what crosses the relay, flips one byte
+    async def spying_splice(self, a, b, *limits):  # records what crosses the relay, flips one byte
         class Tap:
             def __init__(self, s, tamper):
                 self.s, self.tamper = s, tamper
@@ -138,7 +138,7 @@ def test_relayed_traffic_is_end_to_end_encrypted_and_a_tampering_relay_breaks_on
             def __getattr__(self, name):
                 return getattr(self.s, name)
 
-        await real_splice(self, Tap(a, tamper=self.tamper), Tap(b, tamper=False))
+        await real_splice(self, Tap(a, tamper=self.tamper), Tap(b, tamper=False), *limits)
 
     monkeypatch.setattr(relay_mod.RelayService, "_splice", spying_splice)
     # circuits inside the relay's secured connections (splicing off): what QUIC-connected ends get

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from lattica.errors import ActorNotFound, PlacementError, SpawnError
+from lattica.errors import ActorNotFound, PermissionDenied, PlacementError, SpawnError
+from lattica.identity import PeerId
 from lattica.placement import RESOURCES
 
 from lattica.runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, NO_STATE, ActorRef, current_caller
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 _MAX_WINDOW = 1 << 16
 _MAX_CONCURRENCY = 1 << 16
+MAX_ACTORS_PER_MEMBER = 1000  # actors one member (not an administrator) may own on a node
 
 
 def _key(ref: ActorRef) -> tuple[str, str]:
@@ -35,6 +37,9 @@ class Spawner:
         self._bound: dict[str, dict[tuple, Monitor]] = {}  # actor name -> monitors that stop it with another
         self._supervisor: dict[str, str] = {}  # actor name -> the name of the supervisor it is bound to
         self._incarnation: dict[str, str] = {}  # actor name -> the token its supervisor started it with
+        self._owner: dict[str, PeerId] = {}  # actor name -> the node that spawned it (absent: this node)
+        self._supervisor_node: dict[str, PeerId] = {}  # actor name -> its supervisor's node
+        self._owned: dict[PeerId, int] = {}  # node -> how many actors here it owns
         runtime.stop_listeners.append(self._release)
 
     def _reserved_total(self) -> dict[str, float]:
@@ -68,6 +73,12 @@ class Spawner:
     def _release(self, name: str, reason: str) -> None:
         self._supervisor.pop(name, None)
         self._incarnation.pop(name, None)
+        self._supervisor_node.pop(name, None)
+        owner = self._owner.pop(name, None)
+        if owner is not None:
+            left = self._owned.pop(owner, 1) - 1
+            if left:
+                self._owned[owner] = left
         for watch in self._bound.pop(name, {}).values():
             watch.cancel()
         if self.reserved.pop(name, None) is not None and self._rt.services.get("membership") is not None:
@@ -114,14 +125,31 @@ class Spawner:
             if actor is not None:
                 self._rt.host.spawn(actor.stop("this node was declared dead by the mesh"))
 
+    # -- ownership ---------------------------------------------------------------------------
+
+    def controls(self, name: str, peer: PeerId | None) -> bool:
+        """Whether ``peer`` may stop, link or replace actor ``name`` here: this node, the node that
+        created it, its supervisor's node, or an administrator of our mesh (None: this node)."""
+        if peer is None or peer == self._rt.peer_id or self._rt.host.is_admin(peer):
+            return True
+        return peer == self._owner.get(name) or peer == self._supervisor_node.get(name)
+
+    def _require_control(self, name: str, what: str) -> None:
+        caller = current_caller()
+        if not self.controls(name, caller):
+            raise PermissionDenied(f"{caller} may not {what} {name!r}: only the node that created it, its supervisor's node, this node or an administrator of the mesh may")
+
     async def link(self, name: str, other: ActorRef) -> None:
-        """Tie actor ``name`` here to ``other``: when ``other`` goes down, ``name`` is stopped."""
+        """Tie actor ``name`` here to ``other``: when ``other`` goes down, ``name`` is stopped
+        (who controls ``name`` only: a link is the power to stop it)."""
         self._check_link(name, other)
+        self._require_control(name, "link")
         self._bind(name, other)
 
     async def unlink(self, name: str, other: ActorRef) -> None:
         """Undo ``link``: ``other`` going down no longer stops ``name``."""
         self._check_link(name, other)
+        self._require_control(name, "unlink")
         self._unbind(name, other)
 
     def _check_link(self, name: str, other: ActorRef) -> None:
@@ -144,8 +172,12 @@ class Spawner:
         # Registered before the first await: calls that follow this one on the channel find it.
         publish = options.get("publish", False) is True
         sup = options.get("supervisor")
+        caller = current_caller()
+        owner = caller if caller is not None and caller != self._rt.peer_id else None
+        if owner is not None and not self._rt.host.is_admin(owner) and self._owned.get(owner, 0) >= MAX_ACTORS_PER_MEMBER:
+            raise SpawnError(f"{owner} already owns {MAX_ACTORS_PER_MEMBER} actors on {self._rt.peer_id} (the limit for a member)")
         if name is not None and name in self._rt.actors:
-            if not (isinstance(sup, ActorRef) and self._supervisor.get(name) == sup.name):
+            if not (isinstance(sup, ActorRef) and self._supervisor.get(name) == sup.name and self._may_replace(name, sup, caller)):
                 raise SpawnError(f"an actor named {name!r} already exists on {self._rt.peer_id}")
             # asked by its supervisor's next incarnation (restarted elsewhere) before we heard
             # the old one died: this child is an orphan of the old one; the new one replaces it
@@ -165,12 +197,16 @@ class Spawner:
         except BaseException:
             self._release(name or "", "not created")
             raise
+        if owner is not None:
+            self._owner[actor.name] = owner
+            self._owned[owner] = self._owned.get(owner, 0) + 1
         if sup is not None:
             if not isinstance(sup, ActorRef):
                 await actor.stop("spawn refused")
                 raise SpawnError("supervisor must be an actor ref")
             self._bind(actor.name, sup)
             self._supervisor[actor.name] = sup.name
+            self._supervisor_node[actor.name] = sup.peer_id
             if incarnation is not None:
                 self._incarnation[actor.name] = incarnation
         failure = await asyncio.shield(actor.ready)
@@ -178,6 +214,15 @@ class Spawner:
             type_name, message, tb = failure
             raise SpawnError(f"{class_path} failed to start: {type_name}: {message}\n{tb}".rstrip())
         return actor.ref
+
+    def _may_replace(self, name: str, sup: ActorRef, caller: PeerId | None) -> bool:
+        """A spawn naming the supervisor of ``name``'s holder asks to replace it (the supervisor's
+        next incarnation, restarted elsewhere before we heard the old one died): allowed to whoever
+        controls it, or to the new supervisor's own node once the old one's is suspect or dead."""
+        if self.controls(name, caller):
+            return True
+        old = self._supervisor_node.get(name)
+        return caller is not None and sup.peer_id == caller and old is not None and self._rt.node_down(old)
 
     def _holder(self, name: str, incarnation: str | None = None) -> LocalActor | None:
         """The actor ``name`` living here; with ``incarnation``, only if it is the one its
@@ -197,6 +242,7 @@ class Spawner:
             raise ActorNotFound(f"no actor named {name!r} on {self._rt.peer_id}" + (" of that incarnation" if incarnation is not None else ""))
         if actor.system:
             raise SpawnError(f"{name!r} is a system actor of {self._rt.peer_id}; it cannot be killed")
+        self._require_control(name, "kill")
         await actor.stop("killed")
 
     async def lookup(self, name: str) -> ActorRef:

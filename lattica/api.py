@@ -13,14 +13,14 @@ from typing import Any, Callable, Iterable
 
 from lattica import context, dht
 from lattica.remote import on_loop, current_runtime
-from lattica.errors import ActorNotFound, LatticaError, PermissionDenied, Timeout
+from lattica.errors import ActorNotFound, LatticaError, Timeout
 from lattica.future import Future
 from lattica.identity import PeerId
 from lattica.monitors import Monitor
 from lattica.multiaddr import Multiaddr
 from lattica.nat import NatStatus
 from lattica.node import Node
-from lattica.runtime import ActorRef, current_actor, current_caller, spawner_ref
+from lattica.runtime import ActorRef, current_actor, current_caller, require_caller, spawner_ref
 
 __all__ = ["init", "shutdown", "kill", "akill", "get_actor", "aget_actor", "node", "nat_status", "nodes", "monitor", "link", "exit_actor"]
 
@@ -139,21 +139,6 @@ def kill(ref: ActorRef, timeout: float = 10.0) -> None:
     """Stop the actor: calls in flight fail with ActorDied, its ``on_stop`` hook runs."""
     rt = current_runtime()
     _spawner_call(rt, ref.peer_id, "kill", (ref.name,), timeout).result(timeout + 1)
-
-
-def require_caller(*allowed: PeerId | str) -> PeerId:
-    """Inside an actor method: return the caller, or raise PermissionDenied unless it is one of
-    ``allowed``: PeerIds, or the circles ``"self"`` and ``"member"`` (this node, members of its
-    mesh). An ACL for a method opened to strangers with ``@lattica.public``:
-    ``lattica.require_caller("member", alice)``."""
-    caller = current_caller()
-    if caller is None:
-        raise LatticaError("lattica.require_caller is called from inside an actor method")
-    circle = current_runtime().host.circle_of(caller)
-    ids = {a if isinstance(a, PeerId) else PeerId.from_string(a) for a in allowed if a not in ("self", "member")}
-    if caller in ids or circle in allowed or (circle == "self" and "member" in allowed):
-        return caller
-    raise PermissionDenied(f"{caller} may not call this (allowed: {', '.join(str(a) for a in allowed) or 'nobody'}; the caller is a {circle})")
 
 
 def get_actor(name: str, node: PeerId | str | None = None, timeout: float = 10.0) -> ActorRef:

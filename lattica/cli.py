@@ -139,7 +139,8 @@ def _mesh(args: argparse.Namespace) -> None:
         elif isinstance(cred, trust.MeshKey):
             print(f"{cred.name}: this machine holds its key (from {source})")
         else:
-            print(f"{trust.mesh_name(cred.mesh)}: invited as {cred.peer} until {time.strftime('%Y-%m-%d', time.gmtime(cred.expires))}")
+            role = "an administrator" if cred.admin else "a member"
+            print(f"{trust.mesh_name(cred.mesh)}: invited as {cred.peer} ({role}) until {time.strftime('%Y-%m-%d', time.gmtime(cred.expires))}")
         return
     if not isinstance(cred, trust.MeshKey):
         sys.exit("this needs the mesh key (an invited node holds only its own certificate)")
@@ -149,7 +150,7 @@ def _mesh(args: argparse.Namespace) -> None:
     elif args.op == "invite":
         if not args.arg:
             sys.exit("lattica mesh invite PEER_ID: the invited node's PeerId (`lattica mesh id` on it)")
-        print(cred.issue(PeerId.from_string(args.arg), args.days * 86400.0).to_text())
+        print(cred.issue(PeerId.from_string(args.arg), args.days * 86400.0, admin=args.admin).to_text())
 
 
 def _ping(args: argparse.Namespace) -> None:
@@ -236,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("arg", nargs="?", default=None, help="new: key file to create; invite: the PeerId to admit; id: key file (default lattica.key)")
     s.add_argument("--mesh", default=None, help="the mesh key to use (default: LATTICA_MESH, else ~/.lattica/mesh.key)")
     s.add_argument("--days", type=float, default=30.0, help="invite: days the certificate is valid (default: %(default)s)")
+    s.add_argument("--admin", action="store_true", help="invite: as an administrator (may stop and rewire any member's actors)")
     s.set_defaults(fn=_mesh)
 
     s = sub.add_parser("ping", help="connect to a peer and ping it")

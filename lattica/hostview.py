@@ -97,6 +97,9 @@ class HostView(Protocol):
     def circle_of(self, peer: PeerId) -> str:
         """What ``peer`` is to us ("self", "member" or "stranger"), from its identify."""
 
+    def is_admin(self, peer: PeerId) -> bool:
+        """Whether ``peer`` administers our mesh (this node does), from its identify."""
+
     async def peer_info(self, conn: Connection, timeout: float) -> PeerInfo | None:
         """What ``conn``'s peer told us in identify, waiting up to ``timeout`` s on a fresh one."""
 

@@ -39,6 +39,7 @@ class PeerInfo:
     protocols: tuple[str, ...] = field(default=())
     circle: str = "stranger"  # what the peer is to us: "self", "member" or "stranger" (lattica.trust)
     circle_reason: str = ""  # what made it a member, or why it is a stranger
+    admin: bool = False  # it administers our mesh (holds its key, or a delegated certificate)
 
 
 def build(

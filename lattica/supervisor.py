@@ -38,7 +38,7 @@ from lattica.errors import LatticaError, SpawnError
 from lattica.identity import PeerId
 from lattica.actors.checkpoints import checkpoints_ref, members, ranked
 from lattica.context import runtime_for_thread
-from lattica.runtime import DEFAULT_WINDOW, ActorRef, LocalActor, current_actor, spawner_ref
+from lattica.runtime import DEFAULT_WINDOW, ActorRef, LocalActor, current_actor, require_caller, spawner_ref
 
 __all__ = ["Supervisor", "STRATEGIES", "RESTARTS"]
 
@@ -148,7 +148,9 @@ class Supervisor:
     async def start_child(self, cls: Any, args: Any = (), kwargs: Any = None, *, id: str | None = None,
                           restart: str = "permanent", resources: dict | None = None, labels: dict | None = None,
                           placement: str = "spread", node: Any = None, checkpoint_every: float | None = None) -> ActorRef:
-        """Add a child and start it now; returns its stable ref."""
+        """Add a child and start it now; returns its stable ref (for whoever controls this
+        supervisor: the node that created it, its own supervisor's, this node, an administrator)."""
+        require_caller("owner")
         await self._wait_ready()
         child = _spec(cls, args, kwargs, id=id, restart=restart, resources=resources, labels=labels, placement=placement,
                       node=node, checkpoint_every=checkpoint_every, index=len(self._children))
@@ -178,7 +180,9 @@ class Supervisor:
         ]
 
     async def terminate_child(self, id: str) -> None:
-        """Stop child ``id`` for good (it is not restarted) and forget it."""
+        """Stop child ``id`` for good (it is not restarted) and forget it (for whoever controls
+        this supervisor)."""
+        require_caller("owner")
         await self._wait_ready()
         async with self._busy:  # type: ignore[union-attr]
             child = next((c for c in self._children if c.id == id), None)

@@ -15,12 +15,12 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from lattica.errors import KeyFileError, LatticaError
 from lattica.identity import KeyPair, PeerId, b58encode, verify_signature
 
-__all__ = ["SELF", "MEMBER", "STRANGER", "Certificate", "MeshKey", "Trust", "load_trust", "read_credential", "default_mesh_path", "mesh_name"]
+__all__ = ["SELF", "MEMBER", "STRANGER", "Certificate", "MeshKey", "Trust", "Verdict", "load_trust", "read_credential", "default_mesh_path", "mesh_name"]
 
 SELF, MEMBER, STRANGER = "self", "member", "stranger"
 
@@ -33,7 +33,8 @@ INVITE_TTL = 30 * 86400.0
 MAX_PRESENTED = 4  # certificates a peer may present (one per mesh it belongs to)
 _DOMAIN = b"lattica mesh certificate v1\x00"
 _VERSION = 1
-_FIXED = 1 + 32 + 8 + 64  # version, mesh key, expiry, signature; the PeerId follows
+_FIXED = 1 + 1 + 32 + 8 + 64  # version, flags, mesh key, expiry, signature; the PeerId follows
+_ADMIN = 1  # flag: the holder administers the mesh (a key holder's own certificate, or delegated)
 MAX_CERT_BYTES = _FIXED + 64
 
 
@@ -44,30 +45,34 @@ def mesh_name(public: bytes) -> str:
 
 @dataclass(frozen=True)
 class Certificate:
-    """The admission key of ``mesh`` says ``peer`` is a member until ``expires`` (unix seconds)."""
+    """The admission key of ``mesh`` says ``peer`` is a member until ``expires`` (unix seconds);
+    ``admin``: also an administrator, who may stop or rewire any member's actors (a key holder's
+    own certificate is one; an invitation is not, unless issued with ``admin=True``)."""
 
     mesh: bytes
     peer: PeerId
     expires: int
     signature: bytes
+    admin: bool = False
 
     @staticmethod
-    def signed_part(mesh: bytes, peer: PeerId, expires: int) -> bytes:
-        return _DOMAIN + mesh + expires.to_bytes(8, "big") + peer.to_bytes()
+    def signed_part(mesh: bytes, peer: PeerId, expires: int, admin: bool = False) -> bytes:
+        return _DOMAIN + bytes([_ADMIN if admin else 0]) + mesh + expires.to_bytes(8, "big") + peer.to_bytes()
 
     def to_bytes(self) -> bytes:
-        return bytes([_VERSION]) + self.mesh + self.expires.to_bytes(8, "big") + self.signature + self.peer.to_bytes()
+        flags = _ADMIN if self.admin else 0
+        return bytes([_VERSION, flags]) + self.mesh + self.expires.to_bytes(8, "big") + self.signature + self.peer.to_bytes()
 
     @classmethod
     def from_bytes(cls, data: Any) -> Certificate:
         """Parse (not verify) a certificate; raises CertificateError if it is malformed."""
-        if type(data) is not bytes or not _FIXED < len(data) <= MAX_CERT_BYTES or data[0] != _VERSION:
+        if type(data) is not bytes or not _FIXED < len(data) <= MAX_CERT_BYTES or data[0] != _VERSION or data[1] & ~_ADMIN:
             raise CertificateError("malformed mesh certificate")
         try:
             peer = PeerId.from_bytes(data[_FIXED:])
         except LatticaError:
             raise CertificateError("mesh certificate names no valid PeerId") from None
-        return cls(data[1:33], peer, int.from_bytes(data[33:41], "big"), data[41:105])
+        return cls(data[2:34], peer, int.from_bytes(data[34:42], "big"), data[42:106], bool(data[1] & _ADMIN))
 
     def to_text(self) -> str:
         return CERT_PREFIX + base64.urlsafe_b64encode(self.to_bytes()).decode().rstrip("=")
@@ -85,7 +90,7 @@ class Certificate:
             return f"its certificate was issued to {self.peer.short()}, not to it"
         if self.expires <= now:
             return f"its certificate expired at {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(self.expires))}"
-        if not signature_checked and not verify_signature(self.mesh, self.signature, self.signed_part(self.mesh, self.peer, self.expires)):
+        if not signature_checked and not verify_signature(self.mesh, self.signature, self.signed_part(self.mesh, self.peer, self.expires, self.admin)):
             return "its certificate's signature does not verify"
         return None
 
@@ -122,12 +127,12 @@ class MeshKey:
     def name(self) -> str:
         return mesh_name(self.public)
 
-    def issue(self, peer: PeerId | str, ttl: float = INVITE_TTL, now: float | None = None) -> Certificate:
-        """A certificate admitting ``peer`` for ``ttl`` seconds."""
+    def issue(self, peer: PeerId | str, ttl: float = INVITE_TTL, now: float | None = None, admin: bool = False) -> Certificate:
+        """A certificate admitting ``peer`` for ``ttl`` seconds (as an administrator if ``admin``)."""
         peer = PeerId.from_string(peer) if isinstance(peer, str) else peer
         expires = int((time.time() if now is None else now) + ttl)
-        sig = self._key.sign(Certificate.signed_part(self.public, peer, expires))
-        return Certificate(self.public, peer, expires, sig)
+        sig = self._key.sign(Certificate.signed_part(self.public, peer, expires, admin))
+        return Certificate(self.public, peer, expires, sig, admin)
 
     def to_text(self) -> str:
         return KEY_PREFIX + base64.urlsafe_b64encode(self._key.seed()).decode().rstrip("=")
@@ -179,6 +184,15 @@ class MeshKey:
 
 
 _VERIFIED_CACHE = 4096
+
+
+class Verdict(NamedTuple):
+    """What a peer is to us: its circle, why, and whether it administers our mesh."""
+
+    circle: str
+    why: str
+    admin: bool = False
+
 # certificates (exact bytes) whose signature verified, with the reason they admit: a peer's every
 # connection, to every node of this process, costs one check; bounded, and only certificates some
 # mesh key signed get in
@@ -197,35 +211,40 @@ class Trust:
         self.open = open
         self.presented: list[bytes] = [c.to_bytes() for c in self.certificates]
 
-    def judge(self, peer: PeerId, presented: Any, now: float) -> tuple[str, str]:
-        """``(circle, why)`` for ``peer``, which presented ``presented`` (certificate bytes) in
-        identify; ``why`` says what made it a member, or why it is a stranger."""
+    def judge(self, peer: PeerId, presented: Any, now: float) -> Verdict:
+        """What ``peer`` is to us, given what it presented (certificate bytes) in identify:
+        ``(circle, why, admin)``; ``why`` says what made it a member, or why it is a stranger."""
         if peer == self.me:
-            return SELF, "this node"
-        if self.open:
-            return MEMBER, "the mesh is open"
-        if peer in self.members:
-            return MEMBER, "listed as a member"
-        if not presented:
-            return STRANGER, "it presented no mesh certificate"
-        if type(presented) is not list or len(presented) > MAX_PRESENTED:
-            return STRANGER, "its mesh certificates are malformed"
+            return Verdict(SELF, "this node", True)
+        if not self.open and peer in self.members:
+            return Verdict(MEMBER, "listed as a member")
+        best: Verdict | None = None
         why = "its mesh certificates are malformed"
-        for raw in presented:
-            try:
-                cert = Certificate.from_bytes(raw)
-            except CertificateError:
-                continue
-            known = _VERIFIED.get(raw)
-            problem = cert.problem(peer, self.meshes, now, signature_checked=known is not None)
-            if problem is None:
-                if known is None:
-                    if len(_VERIFIED) >= _VERIFIED_CACHE:
-                        del _VERIFIED[next(iter(_VERIFIED))]
-                    known = _VERIFIED[raw] = f"certified by {mesh_name(cert.mesh)}"
-                return MEMBER, known
-            why = problem
-        return STRANGER, why
+        if not presented:
+            why = "it presented no mesh certificate"
+        elif type(presented) is list and len(presented) <= MAX_PRESENTED:
+            for raw in presented:
+                try:
+                    cert = Certificate.from_bytes(raw)
+                except CertificateError:
+                    continue
+                known = _VERIFIED.get(raw)
+                problem = cert.problem(peer, self.meshes, now, signature_checked=known is not None)
+                if problem is None:
+                    if known is None:
+                        if len(_VERIFIED) >= _VERIFIED_CACHE:
+                            del _VERIFIED[next(iter(_VERIFIED))]
+                        known = _VERIFIED[raw] = f"certified by {mesh_name(cert.mesh)}" + (" as an administrator" if cert.admin else "")
+                    if cert.admin:
+                        return Verdict(MEMBER, known, True)
+                    best = best or Verdict(MEMBER, known)
+                else:
+                    why = problem
+        if best is not None:
+            return best
+        if self.open:
+            return Verdict(MEMBER, "the mesh is open")
+        return Verdict(STRANGER, why)
 
     def describe(self) -> str:
         """One line for humans (``lattica doctor``)."""
@@ -259,7 +278,7 @@ def load_trust(me: PeerId, mesh: Any = None, members: Iterable[PeerId | str] = (
             open_ = True
         elif isinstance(cred, MeshKey):
             meshes.append(cred.public)
-            certs.append(cred.issue(me, SELF_CERT_TTL))
+            certs.append(cred.issue(me, SELF_CERT_TTL, admin=True))  # who holds the key runs the mesh
         else:
             if cred.peer != me:
                 raise CertificateError(f"this mesh certificate admits {cred.peer}, not this node ({me})")

@@ -259,6 +259,12 @@ class Host:
                 return info.circle
         return "stranger"
 
+    def is_admin(self, peer: PeerId) -> bool:
+        """Whether ``peer`` administers our mesh (this node does), from its identify."""
+        if peer == self.peer_id:
+            return True
+        return any(info.admin for conn in self.conns_of.get(peer, ()) if (info := self.info.get(conn)) is not None)
+
     def note_refusal(self, peer: PeerId, what: str, why: str) -> None:
         """Remember a call we refused (``lattica doctor`` shows the latest)."""
         self.refusals.append({"at": time.time(), "peer": str(peer), "what": what, "why": why})
@@ -409,8 +415,8 @@ class Host:
             log.info("closing connection: bad identify", peer=str(conn.remote_peer), reason=str(e) or "timeout")
             conn.abort(f"bad identify: {e}")
             return
-        circle, why = self.trust.judge(conn.remote_peer, fields.pop("mesh_certs"), time.time())
-        info = PeerInfo(conn.remote_peer, conn.transport, conn.direction, conn.remote_addr, **fields, circle=circle, circle_reason=why)
+        verdict = self.trust.judge(conn.remote_peer, fields.pop("mesh_certs"), time.time())
+        info = PeerInfo(conn.remote_peer, conn.transport, conn.direction, conn.remote_addr, **fields, circle=verdict.circle, circle_reason=verdict.why, admin=verdict.admin)
         self.info[conn] = info
         self.remember_addrs(conn.remote_peer, info.listen_addrs)
         self.events.identified.emit(info)

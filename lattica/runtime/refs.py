@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from lattica import codec, context
 from lattica.errors import (
+    LatticaError,
     NodeClosed,
+    PermissionDenied,
     Timeout,
 )
 from lattica.future import Future
@@ -404,3 +406,26 @@ class StreamCall:
                 state.cancel()
             except Exception:
                 pass
+
+
+def require_caller(*allowed: PeerId | str) -> PeerId:
+    """Inside an actor method: return the caller, or raise PermissionDenied unless it is one of
+    ``allowed``: PeerIds, the circles ``"self"`` and ``"member"`` (this node, members of its
+    mesh), or ``"owner"`` (whoever controls this actor: the node that created it, its
+    supervisor's node, this node, or an administrator of the mesh). An ACL for a method opened to
+    strangers with ``@lattica.public``: ``lattica.require_caller("member", alice)``."""
+    caller = current_caller()
+    me = current_actor()
+    if caller is None or me is None:
+        raise LatticaError("lattica.require_caller is called from inside an actor method")
+    rt = current_runtime()
+    circle = rt.host.circle_of(caller)
+    ids = {a if isinstance(a, PeerId) else PeerId.from_string(a) for a in allowed if a not in _CIRCLES}
+    if caller in ids or circle in allowed or (circle == "self" and "member" in allowed):
+        return caller
+    if "owner" in allowed and rt.actors["spawner"].instance.controls(me.name, caller):
+        return caller
+    raise PermissionDenied(f"{caller} may not call this (allowed: {', '.join(str(a) for a in allowed) or 'nobody'}; the caller is a {circle})")
+
+
+_CIRCLES = ("self", "member", "owner")

@@ -36,12 +36,12 @@ class Where:
         return self.node._host.runtime.actors.get(ref.name)
 
 
-def call_as(node: Any, ref: Any, method: str, *args: Any, timeout: float = 5) -> Any:
-    """Call ``ref.method(*args)`` through ``node`` (a started Node) directly on its runtime: the
-    raw system-actor calls a hostile peer would make."""
+def call_as(node: Any, ref: Any, method: str, *args: Any, timeout: float = 5, kwargs: dict | None = None) -> Any:
+    """Call ``ref.method(*args, **kwargs)`` through ``node`` (a started Node) directly on its
+    runtime: the raw system-actor calls a hostile peer would make."""
 
     async def go() -> Any:
-        return await node._host.runtime.call(ref, method, args, {}, timeout=timeout)
+        return await node._host.runtime.call(ref, method, args, kwargs or {}, timeout=timeout)
 
     return node.run(go(), timeout=timeout + 5)
 

@@ -34,7 +34,10 @@ def test_a_certificate_from_our_mesh_for_that_peer_admits_it():
     mesh, me, peer = MeshKey.generate(), _peer(), _peer()
     trust = Trust(me, [mesh.public])
     cert = mesh.issue(peer, ttl=60, now=NOW)
-    assert trust.judge(peer, [cert.to_bytes()], NOW) == (MEMBER, f"certified by {mesh.name}")
+    assert trust.judge(peer, [cert.to_bytes()], NOW) == (MEMBER, f"certified by {mesh.name}", False)
+    admin = mesh.issue(peer, ttl=60, now=NOW, admin=True)
+    assert trust.judge(peer, [admin.to_bytes()], NOW) == (MEMBER, f"certified by {mesh.name} as an administrator", True)
+    assert trust.judge(peer, [cert.to_bytes(), admin.to_bytes()], NOW).admin  # the strongest counts
     assert trust.judge(me, [], NOW)[0] == SELF
 
 
@@ -46,6 +49,7 @@ def test_a_certificate_from_our_mesh_for_that_peer_admits_it():
         ("other peer", "was issued to"),
         ("expired", "expired at"),
         ("forged", "signature does not verify"),
+        ("made admin", "signature does not verify"),
         ("garbage", "malformed"),
         ("too many", "malformed"),
     ],
@@ -60,10 +64,11 @@ def test_anything_else_leaves_a_stranger_and_says_why(case, why):
         "other peer": [mesh.issue(_peer(), 60, NOW).to_bytes()],
         "expired": [mesh.issue(peer, 60, NOW - 120).to_bytes()],
         "forged": [Certificate(good.mesh, good.peer, good.expires + 3600, good.signature).to_bytes()],
+        "made admin": [Certificate(good.mesh, good.peer, good.expires, good.signature, admin=True).to_bytes()],
         "garbage": [b"\x01" + os.urandom(40), "text", 7],
         "too many": [good.to_bytes()] * 5,
     }[case]
-    circle, reason = trust.judge(peer, presented, NOW)
+    circle, reason, admin = trust.judge(peer, presented, NOW)
     assert circle == STRANGER and why in reason
 
 

@@ -1,0 +1,117 @@
+"""Ownership of actors (issue 17 must-have 2), with real nodes on loopback: within one mesh, only
+whoever controls an actor (the node that created it, its supervisor's node, the node it lives on,
+or an administrator of the mesh: a node holding the mesh key) may kill, link, unlink or replace
+it, or add and remove a supervisor's children; any member may still call it and monitor it. A
+member (invited, not an administrator) owns at most a bounded number of actors on a node."""
+
+from __future__ import annotations
+
+import pytest
+
+import lattica
+from helpers import call_as, wait_for
+from lattica.actors import spawner as spawner_mod
+from lattica.errors import ActorNotFound, PermissionDenied, SpawnError
+from lattica.runtime import ActorRef, spawner_ref
+from lattica.trust import MeshKey
+
+pytestmark = pytest.mark.timeout(60)
+
+TCP = "/ip4/127.0.0.1/tcp/0"
+COUNTER = "sample_actors.Counter"
+SUPERVISOR = "lattica.supervisor.Supervisor"
+
+
+@pytest.fixture
+def mesh_of_four():
+    """``host`` and ``admin`` hold the mesh key; ``alice`` and ``bob`` were invited (members)."""
+    key = MeshKey.generate()
+    ka, kb = lattica.KeyPair.generate(), lattica.KeyPair.generate()
+    with lattica.Node([TCP], mesh=key, allow=["sample_actors.*"]) as host, \
+            lattica.Node([], mesh=key) as admin, \
+            lattica.Node([], keypair=ka, mesh=key.issue(ka.peer_id)) as alice, \
+            lattica.Node([], keypair=kb, mesh=key.issue(kb.peer_id)) as bob:
+        for n in (admin, alice, bob):
+            n.connect(host.addrs[0])
+        assert wait_for(lambda: len([p for p in host.peers() if p.circle == "member"]) == 3)
+        yield host, admin, alice, bob
+
+
+def _spawn(node, host, cls=COUNTER, args=(0,), name=None, options=None):
+    return call_as(node, spawner_ref(host.peer_id), "spawn", cls, list(args), {}, name, options or {})
+
+
+def _admins(host):
+    return {str(p.peer_id) for p in host.peers() if p.admin}
+
+
+def test_administrators_are_the_key_holders(mesh_of_four):
+    host, admin, alice, bob = mesh_of_four
+    assert _admins(host) == {str(admin.peer_id)}
+
+
+def test_only_whoever_controls_an_actor_may_kill_it(mesh_of_four):
+    host, admin, alice, bob = mesh_of_four
+    ref = _spawn(alice, host, name="alices")
+    assert call_as(bob, ref, "incr") == 1  # a member may call it...
+    with pytest.raises(PermissionDenied, match="may not kill 'alices'"):
+        call_as(bob, spawner_ref(host.peer_id), "kill", "alices")  # ...not kill it
+    assert call_as(alice, ref, "get") == 1  # still there
+    call_as(alice, spawner_ref(host.peer_id), "kill", "alices")  # its creator may
+    with pytest.raises(ActorNotFound):
+        call_as(alice, ref, "get")
+    other = _spawn(alice, host, name="alices-2")
+    call_as(admin, spawner_ref(host.peer_id), "kill", "alices-2")  # so may an administrator
+    with pytest.raises(ActorNotFound):
+        call_as(alice, other, "get")
+
+
+def test_a_member_may_not_link_or_unlink_anothers_actor(mesh_of_four):
+    host, admin, alice, bob = mesh_of_four
+    ref = _spawn(alice, host, name="target")
+    bobs = _spawn(bob, host, name="bobs")
+    for method in ("link", "unlink"):
+        with pytest.raises(PermissionDenied, match=f"may not {method} 'target'"):
+            call_as(bob, spawner_ref(host.peer_id), method, "target", bobs)
+    call_as(bob, spawner_ref(host.peer_id), "link", "bobs", ref)  # its own actor to anything: fine
+    call_as(alice, spawner_ref(host.peer_id), "kill", "target")
+    assert wait_for(lambda: "bobs" not in host._host.runtime.actors)  # the link held
+
+
+def test_a_forged_replacement_naming_the_supervisor_is_refused(mesh_of_four):
+    host, admin, alice, bob = mesh_of_four
+    sup = _spawn(alice, host, cls=SUPERVISOR, args=(), name="sup")
+    child = call_as(alice, sup, "start_child", COUNTER, [7], None, timeout=10, kwargs={"node": str(host.peer_id)})
+    child_name = host._host.runtime.actors["spawner"].instance._supervisor
+    name = next(n for n, s in child_name.items() if s == "sup")
+    forged = ActorRef(bob.peer_id, "sup", {})  # "the supervisor's next incarnation, on bob"
+    with pytest.raises(SpawnError, match="already exists"):
+        _spawn(bob, host, args=(666,), name=name, options={"supervisor": forged})
+    assert call_as(alice, child, "get") == 7  # the child is untouched
+
+
+def test_only_whoever_controls_a_supervisor_may_change_its_children(mesh_of_four):
+    host, admin, alice, bob = mesh_of_four
+    sup = _spawn(alice, host, cls=SUPERVISOR, args=(), name="sup")
+    call_as(alice, sup, "start_child", COUNTER, [1], None, timeout=10, kwargs={"node": str(host.peer_id)})
+    kids = call_as(bob, sup, "which_children")  # reading is for every member
+    with pytest.raises(PermissionDenied):
+        call_as(bob, sup, "terminate_child", kids[0]["id"])
+    with pytest.raises(PermissionDenied):
+        call_as(bob, sup, "start_child", COUNTER, [2], None, kwargs={"node": str(host.peer_id)})
+    call_as(admin, sup, "start_child", COUNTER, [3], None, timeout=10, kwargs={"node": str(host.peer_id)})  # an administrator may
+    assert len(call_as(alice, sup, "which_children")) == 2
+
+
+def test_a_member_owns_a_bounded_number_of_actors_per_node(mesh_of_four, monkeypatch):
+    host, admin, alice, bob = mesh_of_four
+    monkeypatch.setattr(spawner_mod, "MAX_ACTORS_PER_MEMBER", 3)
+    for i in range(3):
+        _spawn(alice, host, name=f"a{i}")
+    with pytest.raises(SpawnError, match="already owns 3 actors"):
+        _spawn(alice, host, name="a3")
+    _spawn(bob, host, name="b0")  # per member
+    for i in range(5):
+        _spawn(admin, host, name=f"admin{i}")  # administrators are not counted
+    call_as(alice, spawner_ref(host.peer_id), "kill", "a0")
+    _spawn(alice, host, name="a3")  # a stopped actor frees its slot

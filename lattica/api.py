@@ -16,11 +16,14 @@ from lattica.remote import on_loop, current_runtime
 from lattica.errors import ActorNotFound, LatticaError, Timeout
 from lattica.future import Future
 from lattica.identity import PeerId
+from lattica.logging import get_logger
 from lattica.monitors import Monitor
 from lattica.multiaddr import Multiaddr
 from lattica.nat import NatStatus
 from lattica.node import Node
 from lattica.runtime import ActorRef, current_actor, current_caller, require_caller, spawner_ref
+
+log = get_logger("lattica.api")
 
 __all__ = ["init", "shutdown", "kill", "akill", "get_actor", "aget_actor", "node", "nat_status", "nodes", "monitor", "link", "exit_actor"]
 
@@ -71,7 +74,9 @@ def monitor(ref: ActorRef, on_down: Callable[[ActorRef, str], Any]) -> Monitor:
 
 def link(ref: ActorRef) -> None:
     """Link the calling actor with ``ref`` (OTP's link): when either goes down, the other is
-    stopped too. Call it from inside an actor method."""
+    stopped too. Call it from inside an actor method. The other side holds only if we control
+    ``ref`` (docs/security.md, ownership); if its node refuses, a warning is logged and only
+    this side holds (we stop when ``ref`` goes down)."""
     rt = current_runtime()
     me = current_actor()
     if me is None:
@@ -79,7 +84,10 @@ def link(ref: ActorRef) -> None:
 
     async def both() -> None:
         rt.actors["spawner"].instance._bind(me.name, ref)
-        await rt.call(spawner_ref(ref.peer_id), "link", (ref.name, me), {}, timeout=10.0)
+        try:
+            await rt.call(spawner_ref(ref.peer_id), "link", (ref.name, me), {}, timeout=10.0)
+        except LatticaError as e:
+            log.warning("link holds on this side only", actor=me.name, other=ref.name, reason=str(e))
 
     on_loop(rt, lambda: rt.host.spawn(both()))
 
@@ -94,7 +102,10 @@ def unlink(ref: ActorRef) -> None:
 
     async def both() -> None:
         rt.actors["spawner"].instance._unbind(me.name, ref)
-        await rt.call(spawner_ref(ref.peer_id), "unlink", (ref.name, me), {}, timeout=10.0)
+        try:
+            await rt.call(spawner_ref(ref.peer_id), "unlink", (ref.name, me), {}, timeout=10.0)
+        except LatticaError as e:
+            log.warning("unlink done on this side only", actor=me.name, other=ref.name, reason=str(e))
 
     on_loop(rt, lambda: rt.host.spawn(both()))
 

@@ -109,7 +109,7 @@ def _to_record(entries: dict) -> Record | None:
             continue
         try:
             rec[decode_subkey(sk)] = Value(codec.decode(e.value), e.expiration)
-        except (LatticaError, ValueError, UnicodeDecodeError):
+        except LatticaError:
             continue  # a writer's undecodable subkey or value hides only itself
     return rec or None
 

@@ -242,7 +242,7 @@ class Membership:
         if type(r) is not list or len(r) != 4:
             return []
         mid, inc, state, info = r
-        if type(mid) is not str or type(inc) is not int or not 0 <= inc < MAX_INCARNATION or state not in _RANK or not valid_info(info):
+        if type(mid) is not str or type(inc) is not int or not 0 <= inc < MAX_INCARNATION or type(state) is not str or state not in _RANK or not valid_info(info):
             return []
         if mid != sender and state in (DEAD, LEFT) and self._seen_alive(mid, now):
             return []  # hearsay does not outweigh our own evidence: it is connected to us, or beats

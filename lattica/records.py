@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 import msgpack
 
 from lattica.budget import Buckets
-from lattica.errors import InvalidPeerId, MultiaddrError, RecordRejected
+from lattica.errors import InvalidPeerId, LatticaError, MultiaddrError, RecordRejected
 from lattica.identity import KeyPair, PeerId, verify_signature
 from lattica.kademlia import key_id
 from lattica.multiaddr import Multiaddr
@@ -83,18 +83,22 @@ def encode_subkey(subkey: Any) -> bytes:
 
 
 def decode_subkey(raw: bytes) -> Any:
+    """The subkey ``encode_subkey`` made; RecordRejected for bytes it cannot have made."""
     if not raw:
         return None
     tag, body = raw[:1], raw[1:]
-    if tag == b"p":
-        return PeerId.from_bytes(body)
-    if tag == b"s":
-        return body.decode()
-    if tag == b"b":
-        return body
-    if tag == b"i":
-        return int(body)
-    raise ValueError(f"unknown subkey tag {tag!r}")
+    try:
+        if tag == b"p":
+            return PeerId.from_bytes(body)
+        if tag == b"s":
+            return body.decode()
+        if tag == b"b":
+            return body
+        if tag == b"i" and (body.isdigit() or (body[:1] == b"-" and body[1:].isdigit())):
+            return int(body)
+    except (LatticaError, ValueError) as e:  # (UnicodeDecodeError is a ValueError)
+        raise RecordRejected(f"malformed subkey: {e}") from None
+    raise RecordRejected(f"malformed subkey (tag {tag!r})")
 
 
 def owned_key(name: str, owner: PeerId) -> str:

@@ -9,27 +9,52 @@ and an expiry one hour after the last write.
 
 Which node holds a name's copy needs no directory: both the writer and a later reader rank the
 alive members by a hash of (name, member) (rendezvous hashing) and use the first ones.
+
+Trust (docs/security.md): a copy is signed by its writer's node over (name, stamp, blob digest)
+and carries the writer's mesh certificates, so the node holding it can neither alter it nor pass
+off a copy of its own as the writer's, and the restoring supervisor checks who wrote it. Stamps
+are wall-clock seconds, finite and at most five minutes ahead of the holder's clock. A copy is
+replaced, read or dropped only by its writer, an administrator of the mesh, or (a supervisor
+restarted elsewhere) anyone once the writer's node is suspect or dead.
 """
 
 from __future__ import annotations
 
 import collections
+import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lattica.digest import sha256
-from lattica.errors import CheckpointRejected
+from lattica.errors import CheckpointRejected, LatticaError
+from lattica.identity import KeyPair, PeerId, verify_signature
 from lattica.runtime import ASYNC, ActorRef, current_caller
 
 if TYPE_CHECKING:
-    from lattica.identity import PeerId
     from lattica.runtime import Runtime
 
 MAX_BYTES = 256 << 20  # all copies held on one node
 MAX_BYTES_PER_WRITER = 64 << 20  # copies written by one peer
 MAX_NAME = 512
 EXPIRY = 3600.0  # seconds after the last write
+MAX_AHEAD = 300.0  # seconds a stamp may be ahead of the holder's clock
+_DOMAIN = b"lattica checkpoint copy v1\x00"
+
+
+def _signed_part(name: str, stamp: float, blob: bytes) -> bytes:
+    return _DOMAIN + name.encode() + b"\x00" + repr(stamp).encode() + b"\x00" + sha256(blob)
+
+
+def sign_copy(keypair: KeyPair, name: str, stamp: float, blob: bytes) -> bytes:
+    """The writer's signature of a copy."""
+    return keypair.sign(_signed_part(name, stamp, blob))
+
+
+def copy_signed_by(writer: PeerId, name: str, stamp: float, blob: bytes, signature: Any) -> bool:
+    """Whether ``signature`` is ``writer``'s over this copy."""
+    key = writer.public_key()
+    return key is not None and type(signature) is bytes and len(signature) == 64 and verify_signature(key, signature, _signed_part(name, stamp, blob))
 
 
 def checkpoints_ref(peer: PeerId) -> ActorRef:
@@ -45,8 +70,10 @@ def ranked(name: str, members: list[str]) -> list[str]:
 class _Copy:
     stamp: float
     blob: bytes
-    writer: str
+    writer: PeerId
     expires: float
+    signature: bytes
+    certs: list
 
 
 class CheckpointStore:
@@ -62,14 +89,23 @@ class CheckpointStore:
         self._by_writer: collections.Counter[str] = collections.Counter()
         self.total = 0
 
-    async def keep(self, name: str, stamp: float, blob: bytes) -> bool:
-        """Hold ``blob`` as the checkpoint of ``name`` unless a newer one is held; False if older."""
+    async def keep(self, name: str, stamp: float, blob: bytes, signature: bytes, certs: list) -> bool:
+        """Hold ``blob`` as the checkpoint of ``name`` unless a newer one is held; False if older.
+        ``signature``: the caller's (``sign_copy``); ``certs``: its mesh certificates."""
         if type(name) is not str or not 0 < len(name) <= MAX_NAME or type(stamp) is not float or type(blob) is not bytes:
-            raise CheckpointRejected("keep takes a name (1-512 characters), a float stamp and bytes")
-        writer = str(current_caller() or self._rt.peer_id)
+            raise CheckpointRejected("keep takes a name (1-512 characters), a float stamp, bytes, a signature and certificates")
+        if not math.isfinite(stamp) or not 0 < stamp <= time.time() + MAX_AHEAD:
+            raise CheckpointRejected(f"a checkpoint stamp is a time no more than {MAX_AHEAD:g} s ahead of ours")
+        if type(certs) is not list or len(certs) > 4 or not all(type(c) is bytes and len(c) <= 256 for c in certs):
+            raise CheckpointRejected("certificates are a list of at most 4 byte strings")
+        writer = current_caller() or self._rt.peer_id
+        if not copy_signed_by(writer, name, stamp, blob, signature):
+            raise CheckpointRejected("the copy is not signed by the node that sends it")
         now = time.monotonic()
         self._expire(now)
         old = self._copies.get(name)
+        if old is not None and old.writer != writer:
+            self._require_access(old, writer, "replace")
         if old is not None and old.stamp >= stamp:
             return False
         freed_total = len(old.blob) if old is not None else 0
@@ -80,23 +116,33 @@ class CheckpointStore:
             raise CheckpointRejected(f"this node holds its maximum of {self.max_bytes} bytes of checkpoints")
         if old is not None:
             self._forget(name)
-        self._copies[name] = _Copy(stamp, blob, writer, now + EXPIRY)
+        self._copies[name] = _Copy(stamp, blob, writer, now + EXPIRY, signature, list(certs))
         self._by_writer[writer] += len(blob)
         self.total += len(blob)
         return True
 
     async def fetch(self, name: str) -> list | None:
-        """``[stamp, blob]`` of the copy held for ``name``, or None."""
+        """``[stamp, blob, writer, signature, certificates]`` of the copy held for ``name``, or
+        None (for its writer, an administrator, or anyone once the writer is down)."""
         if type(name) is not str:
             raise CheckpointRejected("fetch takes a name")
         self._expire(time.monotonic())
         c = self._copies.get(name)
-        return [c.stamp, c.blob] if c is not None else None
+        if c is None:
+            return None
+        self._require_access(c, current_caller() or self._rt.peer_id, "read")
+        return [c.stamp, c.blob, c.writer.to_bytes(), c.signature, c.certs]
 
     async def drop(self, name: str) -> None:
         """Forget the copy of ``name`` (its child was terminated for good)."""
         if type(name) is str and name in self._copies:
+            self._require_access(self._copies[name], current_caller() or self._rt.peer_id, "drop")
             self._forget(name)
+
+    def _require_access(self, c: _Copy, peer: PeerId, what: str) -> None:
+        if peer == c.writer or peer == self._rt.peer_id or self._rt.host.is_admin(peer) or self._rt.node_down(c.writer):
+            return
+        raise CheckpointRejected(f"{peer} may not {what} a checkpoint copy written by {c.writer} (its writer is alive)")
 
     def _forget(self, name: str) -> None:
         c = self._copies.pop(name)
@@ -108,6 +154,23 @@ class CheckpointStore:
     def _expire(self, now: float) -> None:
         for name in [n for n, c in self._copies.items() if c.expires <= now]:
             self._forget(name)
+
+
+def read_copy(got: Any, name: str) -> tuple[float, bytes, PeerId, list] | None:
+    """A fetched copy, if well formed and signed by the writer it names: (stamp, blob, writer,
+    writer's certificates); None otherwise."""
+    if type(got) is not list or len(got) != 5:
+        return None
+    stamp, blob, raw_writer, signature, certs = got
+    if type(stamp) is not float or type(blob) is not bytes or type(raw_writer) is not bytes or type(certs) is not list:
+        return None
+    try:
+        writer = PeerId.from_bytes(raw_writer)
+    except LatticaError:
+        return None
+    if not math.isfinite(stamp) or not copy_signed_by(writer, name, stamp, blob, signature):
+        return None
+    return stamp, blob, writer, certs
 
 
 def members(runtime: Runtime) -> list[str]:

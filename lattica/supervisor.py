@@ -36,7 +36,7 @@ from lattica.logging import get_logger
 from lattica.remote import ActorClass, class_path, actor, offer_spawn, spawn_placed
 from lattica.errors import LatticaError, SpawnError
 from lattica.identity import PeerId
-from lattica.actors.checkpoints import checkpoints_ref, members, ranked
+from lattica.actors.checkpoints import checkpoints_ref, members, ranked, read_copy, sign_copy
 from lattica.context import runtime_for_thread
 from lattica.runtime import DEFAULT_WINDOW, ActorRef, LocalActor, current_actor, require_caller, spawner_ref
 
@@ -312,7 +312,9 @@ class Supervisor:
             return
         try:
             blob = codec.encode_bytes(child.state)
-            await self._rt.call(checkpoints_ref(PeerId.from_string(order[0])), "keep", (name, child.stamp, blob), {}, timeout=5.0)
+            signature = sign_copy(self._rt.host.keypair, name, child.stamp, blob)
+            certs = self._rt.host.trust.presented
+            await self._rt.call(checkpoints_ref(PeerId.from_string(order[0])), "keep", (name, child.stamp, blob, signature, certs), {}, timeout=5.0)
         except (LatticaError, ValueError, TypeError) as e:
             log.debug("checkpoint not copied", child=child.id, to=order[0], reason=str(e))
 
@@ -328,10 +330,10 @@ class Supervisor:
                 return None
 
         got = await asyncio.gather(*(ask(m) for m in ranked(name, members(self._rt))[:_COPY_READS]))
-        copies = [g for g in got if type(g) is list and len(g) == 2 and type(g[0]) is float and type(g[1]) is bytes]
+        copies = [c for c in (read_copy(g, name) for g in got) if c is not None and self._trusted_writer(c[2], c[3])]
         if not copies:
             return
-        stamp, blob = max(copies, key=lambda g: g[0])
+        stamp, blob = max(copies, key=lambda c: c[0])[:2]
         try:
             child.state = codec.decode(blob)
         except LatticaError as e:
@@ -339,6 +341,17 @@ class Supervisor:
             return
         child.has_state, child.stamp = True, stamp
         self._event("recovered", child, f"checkpoint copy taken {time.time() - stamp:.1f} s ago")
+
+    def _trusted_writer(self, writer: PeerId, certs: list) -> bool:
+        """A checkpoint copy is restored only if one of this supervisor's previous incarnations
+        can have written it: this node, a node that controls this supervisor (its creator, its
+        own supervisor's), or an administrator of the mesh by the certificates it signed with."""
+        if writer == self._rt.peer_id:
+            return True
+        spawner = self._rt.services.get("spawner")
+        if spawner is not None and self._me is not None and spawner.controls(self._me.name, writer):
+            return True
+        return self._rt.host.trust.judge(writer, certs, time.time()).admin
 
     def _drop_copies(self, child: _Child) -> None:
         name = self._name(child)

@@ -1,5 +1,7 @@
 """The ``checkpoints`` store: newest copy wins, bounded per writer and in total, expires, refuses
-malformed input; and the rendezvous ranking writer and reader agree on."""
+malformed input, unsigned copies and far-future stamps, and serves a copy only to its writer
+(or an administrator, or anyone once the writer is down); and the rendezvous ranking writer and
+reader agree on."""
 
 from __future__ import annotations
 
@@ -8,12 +10,52 @@ from types import SimpleNamespace
 
 import pytest
 
+import time
+
 from lattica.actors import checkpoints as cp
 from lattica.errors import CheckpointRejected
+from lattica.identity import KeyPair
+from lattica.runtime import refs
+
+NODE, A, B, C = (KeyPair.generate() for _ in range(4))
+
+
+class _Runtime(SimpleNamespace):
+    """The store's view of its node (``NODE``): who administers the mesh, which nodes are down;
+    ``key``: the calling writer's key."""
+
+    def __init__(self) -> None:
+        super().__init__(peer_id=NODE.peer_id, key=A, admins=set(), down=set())
+        self.host = SimpleNamespace(is_admin=lambda p: p in self.admins)
+
+    def node_down(self, p) -> bool:
+        return p in self.down
+
+
+@pytest.fixture(autouse=True)
+def _caller():
+    token = refs.CALLER.set(A.peer_id)  # calls come from A unless a test says otherwise
+    yield
+    refs.CALLER.reset(token)
 
 
 def _store(**kw) -> cp.CheckpointStore:
-    return cp.CheckpointStore(SimpleNamespace(peer_id="writer-a"), **kw)  # type: ignore[arg-type]
+    return cp.CheckpointStore(_Runtime(), **kw)  # type: ignore[arg-type]
+
+
+def as_writer(s, kp) -> None:
+    s._rt.key = kp
+    refs.CALLER.set(kp.peer_id)
+
+
+def keep(s, name, stamp, blob, signature=None):
+    signature = cp.sign_copy(s._rt.key, name, stamp, blob) if signature is None else signature
+    return run(s.keep(name, stamp, blob, signature, []))
+
+
+def fetched(s, name):
+    got = run(s.fetch(name))
+    return None if got is None else got[:2]
 
 
 def run(coro):
@@ -22,25 +64,27 @@ def run(coro):
 
 def test_the_newest_copy_wins_and_an_older_one_is_refused():
     s = _store()
-    assert run(s.keep("sup/w0", 2.0, b"two")) is True
-    assert run(s.keep("sup/w0", 1.0, b"one")) is False  # a late, older copy
-    assert run(s.fetch("sup/w0")) == [2.0, b"two"]
-    assert run(s.keep("sup/w0", 3.0, b"three!")) is True
-    assert run(s.fetch("sup/w0")) == [3.0, b"three!"] and s.total == 6
+    assert keep(s, "sup/w0", 2.0, b"two") is True
+    assert keep(s, "sup/w0", 1.0, b"one") is False  # a late, older copy
+    assert fetched(s, "sup/w0") == [2.0, b"two"]
+    assert keep(s, "sup/w0", 3.0, b"three!") is True
+    assert fetched(s, "sup/w0") == [3.0, b"three!"] and s.total == 6
+    got = run(s.fetch("sup/w0"))
+    assert cp.read_copy(got, "sup/w0")[:3] == (3.0, b"three!", A.peer_id)  # signed by its writer
     run(s.drop("sup/w0"))
     assert run(s.fetch("sup/w0")) is None and s.total == 0
 
 
 def test_byte_limits_per_writer_and_in_total():
     s = _store(max_bytes=100, max_per_writer=60)
-    run(s.keep("a", 1.0, bytes(50)))
+    keep(s, "a", 1.0, bytes(50))
     with pytest.raises(CheckpointRejected, match="one peer"):
-        run(s.keep("b", 1.0, bytes(20)))
-    assert run(s.keep("a", 2.0, bytes(60))) is True  # replacing its own copy frees its bytes
-    s._rt.peer_id = "writer-b"
-    run(s.keep("b", 1.0, bytes(40)))
+        keep(s, "b", 1.0, bytes(20))
+    assert keep(s, "a", 2.0, bytes(60)) is True  # replacing its own copy frees its bytes
+    as_writer(s, B)
+    keep(s, "b", 1.0, bytes(40))
     with pytest.raises(CheckpointRejected, match="maximum"):
-        run(s.keep("c", 1.0, bytes(1)))
+        keep(s, "c", 1.0, bytes(1))
     assert s.total == 100
 
 
@@ -48,15 +92,53 @@ def test_copies_expire_an_hour_after_the_last_write(monkeypatch):
     s = _store()
     now = [1000.0]
     monkeypatch.setattr(cp.time, "monotonic", lambda: now[0])
-    run(s.keep("a", 1.0, b"x"))
+    keep(s, "a", 1.0, b"x")
     now[0] += cp.EXPIRY + 1
     assert run(s.fetch("a")) is None and s.total == 0
 
 
-@pytest.mark.parametrize("args", [("", 1.0, b"x"), ("a" * 600, 1.0, b"x"), ("a", 1, b"x"), ("a", 1.0, "x"), (None, 1.0, b"x")])
-def test_malformed_keeps_are_refused(args):
+@pytest.mark.parametrize("args", [("", 1.0, b"x"), ("a" * 600, 1.0, b"x"), ("a", 1, b"x"), ("a", 1.0, "x"), (None, 1.0, b"x"),
+                                  ("a", float("inf"), b"x"), ("a", float("nan"), b"x"), ("a", 1e308, b"x"), ("a", -1.0, b"x")])
+def test_malformed_keeps_and_impossible_stamps_are_refused(args):
     with pytest.raises(CheckpointRejected):
-        run(_store().keep(*args))
+        run(_store().keep(*args, bytes(64), []))
+
+
+def test_a_copy_not_signed_by_the_sender_is_refused():
+    s = _store()
+    with pytest.raises(CheckpointRejected, match="not signed"):
+        keep(s, "a", 1.0, b"x", signature=cp.sign_copy(B, "a", 1.0, b"x"))  # B's signature, sent by A
+    with pytest.raises(CheckpointRejected, match="not signed"):
+        keep(s, "a", 1.0, b"x", signature=cp.sign_copy(A, "a", 2.0, b"x"))  # another stamp
+    assert keep(s, "a", time.time() + 60, b"x")  # a little ahead (clocks differ) is fine
+
+
+def test_only_the_writer_replaces_reads_or_drops_a_copy_while_it_lives():
+    s = _store()
+    keep(s, "sup/w0", 1.0, b"honest")
+    as_writer(s, B)  # another member
+    for attempt in (lambda: keep(s, "sup/w0", 2.0, b"poison"), lambda: run(s.fetch("sup/w0")), lambda: run(s.drop("sup/w0"))):
+        with pytest.raises(CheckpointRejected, match="its writer is alive"):
+            attempt()
+    s._rt.admins.add(B.peer_id)  # an administrator may
+    assert fetched(s, "sup/w0") == [1.0, b"honest"]
+    s._rt.admins.clear()
+    s._rt.down.add(A.peer_id)  # the writer's node died: its supervisor, restarted on B, takes over
+    assert keep(s, "sup/w0", 2.0, b"next") is True
+    as_writer(s, C)
+    with pytest.raises(CheckpointRejected):  # B (alive) wrote it now
+        run(s.fetch("sup/w0"))
+
+
+def test_a_fetched_copy_is_believed_only_with_its_writers_signature():
+    s = _store()
+    keep(s, "sup/w0", 1.0, b"state")
+    stamp, blob, writer, sig, certs = run(s.fetch("sup/w0"))
+    assert cp.read_copy([stamp, blob, writer, sig, certs], "sup/w0") is not None
+    assert cp.read_copy([stamp, b"forged", writer, sig, certs], "sup/w0") is None  # the holder altered it
+    assert cp.read_copy([stamp, blob, B.peer_id.to_bytes(), sig, certs], "sup/w0") is None  # or its writer
+    assert cp.read_copy([stamp, blob, writer, sig, certs], "sup/w1") is None  # or its name
+    assert cp.read_copy([stamp, blob], "sup/w0") is None
 
 
 def test_writer_and_reader_rank_members_the_same_way():

@@ -11,6 +11,7 @@ a member) is a choice made by name, never the default. Sans-IO: the clock is pas
 from __future__ import annotations
 
 import base64
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -187,11 +188,13 @@ _VERIFIED_CACHE = 4096
 
 
 class Verdict(NamedTuple):
-    """What a peer is to us: its circle, why, and whether it administers our mesh."""
+    """What a peer is to us: its circle, why, whether it administers our mesh, and until when
+    (unix seconds: the expiry of the certificate that admits it)."""
 
     circle: str
     why: str
     admin: bool = False
+    until: float = math.inf
 
 # certificates (exact bytes) whose signature verified, with the reason they admit: a peer's every
 # connection, to every node of this process, costs one check; bounded, and only certificates some
@@ -236,8 +239,9 @@ class Trust:
                             del _VERIFIED[next(iter(_VERIFIED))]
                         known = _VERIFIED[raw] = f"certified by {mesh_name(cert.mesh)}" + (" as an administrator" if cert.admin else "")
                     if cert.admin:
-                        return Verdict(MEMBER, known, True)
-                    best = best or Verdict(MEMBER, known)
+                        return Verdict(MEMBER, known, True, cert.expires)
+                    if best is None or cert.expires > best.until:
+                        best = Verdict(MEMBER, known, False, cert.expires)
                 else:
                     why = problem
         if best is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Iterable
@@ -230,6 +231,11 @@ class Host:
         self.loop.call_later(self.node.identify_timeout, self._identify_overdue, conn)
         self.events.connected.emit(conn)
 
+    def _certificate_expired(self, conn: Connection) -> None:
+        if not conn.is_closed and conn in self.info:
+            log.info("closing connection: the peer's mesh certificate expired", peer=str(conn.remote_peer))
+            self.spawn(conn.close())  # it may reconnect, and is judged afresh (a stranger, or renewed)
+
     def _identify_overdue(self, conn: Connection) -> None:
         if not conn.is_closed and conn not in self.info:
             log.info("closing connection: no identify in time", peer=str(conn.remote_peer), timeout=self.node.identify_timeout)
@@ -415,7 +421,10 @@ class Host:
             log.info("closing connection: bad identify", peer=str(conn.remote_peer), reason=str(e) or "timeout")
             conn.abort(f"bad identify: {e}")
             return
-        verdict = self.trust.judge(conn.remote_peer, fields.pop("mesh_certs"), time.time())
+        now = time.time()
+        verdict = self.trust.judge(conn.remote_peer, fields.pop("mesh_certs"), now)
+        if verdict.until != math.inf:  # the certificate admitting it expires: so does this verdict
+            self.loop.call_later(min(max(verdict.until - now, 0.0), 1e7), self._certificate_expired, conn)
         info = PeerInfo(conn.remote_peer, conn.transport, conn.direction, conn.remote_addr, **fields, circle=verdict.circle, circle_reason=verdict.why, admin=verdict.admin)
         self.info[conn] = info
         self.remember_addrs(conn.remote_peer, info.listen_addrs)

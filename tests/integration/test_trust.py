@@ -186,3 +186,17 @@ def test_a_stranger_cannot_take_over_a_name_and_sees_only_open_methods(mesh):
     shop = spawn_local(host, sa.Shop, name="shop")
     seen = call_as(stranger, spawner_ref(host.peer_id), "lookup", "shop")
     assert set(seen.methods) == {"browse", "who", "order"} and set(shop.methods) == {"browse", "who", "order", "restock"}
+
+
+def test_an_invitation_that_expires_while_connected_ends_the_membership():
+    """The verdict holds until the admitting certificate expires: then the connection closes, and
+    the peer, reconnecting, is judged afresh (a stranger now, saying why)."""
+    a = MeshKey.generate()
+    guest_key = lattica.KeyPair.generate()
+    short = a.issue(guest_key.peer_id, ttl=2.0)
+    with lattica.Node([TCP], mesh=a, allow=ALLOW, membership=False) as host, lattica.Node([], keypair=guest_key, mesh=short, membership=False) as guest:
+        guest.connect(host.addrs[0])
+        assert [p.circle for p in host.peers()] == ["member"]
+        assert wait_for(lambda: host.peers() == [], timeout=6)
+        guest.connect(host.addrs[0])
+        assert wait_for(lambda: [(p.circle, "expired" in p.circle_reason) for p in host.peers()] == [("stranger", True)])

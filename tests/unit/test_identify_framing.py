@@ -59,7 +59,7 @@ def test_any_identify_fields_parse_or_raise_protocol_error_and_certificates_judg
         fields = identify.parse(msg, KP.peer_id)
     except ProtocolError:
         return
-    circle, why, admin = Trust(KeyPair.generate().peer_id, [MeshKey.generate().public]).judge(KP.peer_id, fields["mesh_certs"], 0.0)
+    circle, why, admin, _ = Trust(KeyPair.generate().peer_id, [MeshKey.generate().public]).judge(KP.peer_id, fields["mesh_certs"], 0.0)
     assert circle == "stranger" and why and not admin
 
 

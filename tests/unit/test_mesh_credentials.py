@@ -34,9 +34,9 @@ def test_a_certificate_from_our_mesh_for_that_peer_admits_it():
     mesh, me, peer = MeshKey.generate(), _peer(), _peer()
     trust = Trust(me, [mesh.public])
     cert = mesh.issue(peer, ttl=60, now=NOW)
-    assert trust.judge(peer, [cert.to_bytes()], NOW) == (MEMBER, f"certified by {mesh.name}", False)
+    assert trust.judge(peer, [cert.to_bytes()], NOW) == (MEMBER, f"certified by {mesh.name}", False, cert.expires)
     admin = mesh.issue(peer, ttl=60, now=NOW, admin=True)
-    assert trust.judge(peer, [admin.to_bytes()], NOW) == (MEMBER, f"certified by {mesh.name} as an administrator", True)
+    assert trust.judge(peer, [admin.to_bytes()], NOW) == (MEMBER, f"certified by {mesh.name} as an administrator", True, admin.expires)
     assert trust.judge(peer, [cert.to_bytes(), admin.to_bytes()], NOW).admin  # the strongest counts
     assert trust.judge(me, [], NOW)[0] == SELF
 
@@ -68,7 +68,7 @@ def test_anything_else_leaves_a_stranger_and_says_why(case, why):
         "garbage": [b"\x01" + os.urandom(40), "text", 7],
         "too many": [good.to_bytes()] * 5,
     }[case]
-    circle, reason, admin = trust.judge(peer, presented, NOW)
+    circle, reason, admin, _ = trust.judge(peer, presented, NOW)
     assert circle == STRANGER and why in reason
 
 

@@ -80,9 +80,10 @@ def test_other_subkey_types_raise_type_error(value):
         encode_subkey(value)
 
 
-def test_unknown_subkey_tag_is_refused():
-    with pytest.raises(ValueError):
-        decode_subkey(b"x123")
+@pytest.mark.parametrize("raw", [b"x123", b"s\xff", b"i12a", b"i", b"p\x00"])
+def test_malformed_subkeys_are_refused(raw):
+    with pytest.raises(RecordRejected, match="malformed subkey"):
+        decode_subkey(raw)
 
 
 # -- owners and signatures ---------------------------------------------------------------------

@@ -57,6 +57,8 @@ _MAX_RUMORS = 32  # per message
 _MAX_INFO_KEYS = 32
 _MAX_VIEW = 4096  # members in one full view
 MAX_MEMBERS = 4096  # members one node keeps (dead and departed ones until they are forgotten)
+_HEARSAY_FOR = 30.0  # seconds an unconfirmed verdict waits for a second member to say it
+_MAX_HEARSAY = 1024
 MAX_INCARNATION = 1 << 48  # a rumor naming more is refused: the refutation (+1) must still encode
 _MAX_AMOUNT = 1e15  # the largest resource amount believed (bytes of memory included)
 _RESOURCE_KEYS = ("cpu", "memory", "gpus")
@@ -178,6 +180,7 @@ class Membership:
         self._next_sync = 0.0
         self._left = False
         self._downed_at = -1  # the newest incarnation in which we heard we were declared dead
+        self._hearsay: dict[tuple[str, int, str], tuple[float, set[str]]] = {}  # unconfirmed verdicts: first heard, by whom
         # members that must hear they were declared dead (still talking to us, or back in a newer
         # incarnation without having heard it), with the incarnation of the verdict
         self._tell_dead: dict[str, int] = {}
@@ -248,7 +251,8 @@ class Membership:
             return []  # hearsay does not outweigh our own evidence: it is connected to us, or beats
         if mid == self.me.id:
             events: list = []
-            if state == DEAD and inc > self._downed_at and not self._left:
+            # a watcher of ours judged us by our heartbeats: its word counts; anyone else's needs a second
+            if state == DEAD and inc > self._downed_at and not self._left and (sender in self._sent_to or self._heard_from_enough(now, mid, inc, state, sender)):
                 self._downed_at = inc  # (told once per verdict, even if a suspicion was refuted first)
                 events.append(SelfDowned(max(self.me.incarnation, inc + 1)))
             if state != ALIVE and inc >= self.me.incarnation and not self._left:
@@ -270,7 +274,26 @@ class Membership:
                 self._spread(mid)
                 return [MemberChanged(m)]
             return []
+        if mid != sender and state in (DEAD, LEFT) and not self._heard_from_enough(now, mid, inc, state, sender):
+            return []  # one member's word is not enough (and is not passed on until confirmed)
         return self._set(now, m, state, inc, info or m.info)
+
+    def _heard_from_enough(self, now: float, mid: str, inc: int, state: str, sender: str) -> bool:
+        """A verdict about ``mid`` we have only by hearsay (or, about us, our death) counts once
+        two different members said it (one when no other member is up to say it): a single
+        member, lying or mistaken, cannot take a live node out of the mesh."""
+        key = (mid, inc, state)
+        heard = self._hearsay.pop(key, None)
+        if heard is None or now - heard[0] > _HEARSAY_FOR:
+            heard = (now, set())
+        heard[1].add(sender)
+        others = sum(1 for m in self.members.values() if m.id != mid and m.state in (ALIVE, SUSPECT))
+        if len(heard[1]) >= min(2, max(others, 1)):
+            return True
+        self._hearsay[key] = heard  # (re)inserted last; bounded: the oldest is forgotten
+        while len(self._hearsay) > _MAX_HEARSAY:
+            del self._hearsay[next(iter(self._hearsay))]
+        return False
 
     def _set(self, now: float, m: Member, state: str, inc: int, info: dict, reason: str | None = None) -> list:
         was, old_inc = m.state, m.incarnation

@@ -97,6 +97,7 @@ def test_a_member_back_from_the_dead_without_hearing_it_is_told_its_verdict():
     # and comes back alive in a newer incarnation, which a accepts. b must still learn it had
     # been declared dead (its supervised actors were restarted elsewhere meanwhile).
     a, b = _pair()
+    b.tick(0.5)  # b heartbeats to a: a is its watcher, whose own word on b counts
     a.declare_dead(1.0, "b", "frozen")
     b.receive(1.5, "c", {"rumors": [["b", 0, SUSPECT, {}]]})
     assert b.me.incarnation == 1
@@ -109,6 +110,33 @@ def test_a_member_back_from_the_dead_without_hearing_it_is_told_its_verdict():
     assert [type(e) for e in events] == [SelfDowned]
     assert b.me.incarnation == 1  # an old verdict: nothing left to refute
     assert b.receive(1.9, "a", told[0]) == []  # told once
+
+
+def test_one_members_word_does_not_take_a_live_node_out_of_the_mesh():
+    """A verdict heard, not seen, counts once two members said it: one lying member cannot
+    make the others drop a node, nor make the node stop its own children."""
+    a = Membership("a", {})
+    for m in ("b", "c", "y"):
+        a.add(0.0, m)
+    assert a.receive(1.0, "b", {"rumors": [["y", 0, DEAD, {}]]}) == []
+    assert a.get("y").state == ALIVE
+    assert a.receive(1.0, "b", {"rumors": [["y", 0, DEAD, {}]]}) == []  # saying it twice is still one member
+    events = a.receive(1.2, "c", {"rumors": [["y", 0, DEAD, {}]]})  # a second member: it stands
+    assert a.get("y").state == DEAD and [type(e) for e in events] == [MemberDown]
+    y2 = Membership("y2", {}, MembershipConfig(monitors=1))
+    for m in ("a", "b", "c"):
+        y2.add(0.0, m)
+    y2.tick(0.5)
+    (watcher,) = y2._sent_to
+    others = [m for m in ("a", "b", "c") if m != watcher]
+    assert [type(e) for e in y2.receive(1.0, others[0], {"rumors": [["y2", 0, DEAD, {}]]})] == []
+    assert [type(e) for e in y2.receive(1.1, others[1], {"rumors": [["y2", 0, DEAD, {}]]})] == [SelfDowned]  # two accusers
+    y3 = Membership("y3", {}, MembershipConfig(monitors=1))
+    for m in ("a", "b", "c"):
+        y3.add(0.0, m)
+    y3.tick(0.5)
+    (watcher,) = y3._sent_to
+    assert [type(e) for e in y3.receive(1.0, watcher, {"rumors": [["y3", 0, DEAD, {}]]})] == [SelfDowned]  # its watcher's own verdict
 
 
 def test_hostile_messages_are_ignored():

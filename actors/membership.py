@@ -116,9 +116,22 @@ class MembershipService:
                 info = self._info()
                 if info != self.core.me.info:
                     self.core.update_info(info)
+            self._feed_traffic()
             out, events = self.core.tick(now)
             self._send(out)
             self._emit(events)
+
+    def _feed_traffic(self) -> None:
+        """Any bytes a watched member sent count as a sign of life: a heartbeat can wait behind
+        a large transfer on the same connection, and the member is plainly not dead."""
+        for mid in self.core.watched():
+            try:
+                conns = self.host.conns_of.get(PeerId.from_string(mid), ())
+            except LatticaError:
+                continue
+            last = max((c.last_received or float("-inf") for c in conns if not c.is_closed), default=None)
+            if last is not None and last > float("-inf"):
+                self.core.heard(last, mid)
 
     def _send(self, out: list[tuple[str, dict]]) -> None:
         for to, msg in out:

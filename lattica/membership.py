@@ -137,11 +137,21 @@ class PhiAccrual:
         self._min_std = min_std
         self._pause = acceptable_pause
         self.last: float | None = None
+        self._heard = float("-inf")  # the member's other traffic: as alive as a heartbeat, not a sample
 
     def heartbeat(self, now: float) -> None:
         if self.last is not None:
             self._intervals.append(now - self.last)
         self.last = now
+
+    def heard(self, at: float) -> None:
+        """Bytes from the member arrived at ``at``: it is alive then (its heartbeats may be queued
+        behind a large transfer on the same connection), without changing the interval statistics."""
+        self._heard = max(self._heard, at)
+
+    def silence(self, now: float) -> float:
+        """Seconds since the member was last heard from (heartbeat or other traffic)."""
+        return 0.0 if self.last is None else now - max(self.last, self._heard)
 
     def phi(self, now: float) -> float:
         if self.last is None:
@@ -150,7 +160,7 @@ class PhiAccrual:
         mean = sum(self._intervals) / n
         var = sum((x - mean) ** 2 for x in self._intervals) / n
         std = max(math.sqrt(var), self._min_std)
-        y = (now - self.last - mean - self._pause) / std
+        y = (now - max(self.last, self._heard) - mean - self._pause) / std
         # logistic approximation of the normal tail (as Akka does): -log10(P(later than now))
         e = math.exp(-y * (1.5976 + 0.070566 * y * y))
         p = e / (1.0 + e) if y > 0 else 1.0 - 1.0 / (1.0 + e)
@@ -324,6 +334,16 @@ class Membership:
         det = self._detectors.get(member_id)
         return det is not None and det.last is not None and det.phi(now) < self.cfg.phi_suspect
 
+    def watched(self) -> list[str]:
+        """The members whose heartbeats our detector judges."""
+        return list(self._detectors)
+
+    def heard(self, at: float, member_id: str) -> None:
+        """Bytes from ``member_id`` arrived at ``at`` (loop time): evidence for our detector."""
+        det = self._detectors.get(member_id)
+        if det is not None:
+            det.heard(at)
+
     def link_closed(self, member_id: str) -> None:
         """Our link to ``member_id`` was closed on purpose (by either side): its heartbeats can no
         longer reach us, so stop judging it on them. It picks other watchers at its next tick;
@@ -362,7 +382,7 @@ class Membership:
             if m is None or m.state in (DEAD, LEFT):
                 del self._detectors[mid]
                 continue
-            if m.state == ALIVE and (det.phi(now) > self.cfg.phi_suspect or now - (det.last or now) > self.cfg.max_silence):
+            if m.state == ALIVE and (det.phi(now) > self.cfg.phi_suspect or det.silence(now) > self.cfg.max_silence):
                 events += self._set(now, m, SUSPECT, m.incarnation, m.info, "suspect")
         for m in list(self.members.values()):
             if m.state == SUSPECT and now - m.since >= self.cfg.suspect_timeout:

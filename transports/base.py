@@ -114,6 +114,11 @@ class Connection(abc.ABC):
     @abc.abstractmethod
     async def wait_closed(self) -> None: ...
 
+    @property
+    def last_received(self) -> float | None:
+        """Loop time at which bytes from the peer last arrived (None: not tracked)."""
+        return None
+
     def probe(self, timeout: float) -> None:
         """Make sure the peer still answers: without any answer within ``timeout`` s the
         connection is dead (a NAT forgot it, the peer froze) and is aborted. Transports that

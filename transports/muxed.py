@@ -292,6 +292,10 @@ class MuxedConnection(Connection):
     def num_streams(self) -> int:
         return len(self._streams)
 
+    @property
+    def last_received(self) -> float | None:
+        return self._last_recv
+
     def add_close_callback(self, cb: Callable[[Connection], None]) -> None:
         if self._closed:
             self._loop.call_soon(cb, self)

@@ -8,6 +8,7 @@ calls per second, failures, and latency percentiles.
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import time
 from typing import Any
@@ -46,7 +47,8 @@ def bench_rpc(
     with ServerProcess([LOOPBACK[transport]], *poll) as srv, Node([], busy_poll_us=busy_poll_us) as node:
         info = node.connect(srv.addr(transport))
         ref = spawn_on(node, cls, info.peer_id)
-        done, failed, lat, elapsed = measure_calls(node, ref, data, concurrency, duration, warmup)
+        errors: collections.Counter = collections.Counter()
+        done, failed, lat, elapsed = measure_calls(node, ref, data, concurrency, duration, warmup, errors)
     us = [x * 1e6 for x in lat] or [0.0]
     return {
         "bench": "rpc",
@@ -61,11 +63,13 @@ def bench_rpc(
         "failed": failed,
         "p50_us": round(pct(us, 0.5), 1),
         "p99_us": round(pct(us, 0.99), 1),
+        **({"errors": dict(errors.most_common(3))} if errors else {}),
     }
 
 
-def measure_calls(node: Node, ref: Any, data: bytes, concurrency: int, duration: float, warmup: float) -> tuple[int, int, list[float], float]:
-    """``concurrency`` workers calling ``ref.echo(data)`` back to back: (calls, failed, latencies, s)."""
+def measure_calls(node: Node, ref: Any, data: bytes, concurrency: int, duration: float, warmup: float, errors: collections.Counter | None = None) -> tuple[int, int, list[float], float]:
+    """``concurrency`` workers calling ``ref.echo(data)`` back to back: (calls, failed, latencies, s);
+    ``errors`` counts the failures by exception type and message."""
 
     async def drive() -> tuple[int, int, list[float], float]:
         latencies: list[float] = []
@@ -83,8 +87,10 @@ def measure_calls(node: Node, ref: Any, data: bytes, concurrency: int, duration:
                     return
                 try:
                     await ref.echo.remote(data)
-                except Exception:
+                except Exception as e:
                     failed += measuring
+                    if measuring and errors is not None:
+                        errors[f"{type(e).__name__}: {str(e)[:160]}"] += 1
                     continue
                 if measuring:
                     latencies.append(clock() - t0)

@@ -58,6 +58,22 @@ def test_a_frozen_member_is_suspected_then_declared_dead():
     assert 3.05 + 1.0 < a.get("b").since < 3.05 + 3.5  # suspected after ~1 s, dead ~1 s later
 
 
+def test_other_traffic_from_a_member_keeps_it_alive_while_its_heartbeats_are_held_up():
+    """A heartbeat can wait behind a large transfer on the same connection: bytes from the member
+    (fed by the glue from the connection) are as good a sign of life, and only silence counts."""
+    a, b = _pair()
+    _run([a, b], 3.0)
+    t = 3.05
+    while t < 8.0:  # b's heartbeats do not arrive, but its other bytes do
+        a.heard(t, "b")
+        _, events = a.tick(t)
+        assert not events
+        t += 0.05
+    assert a.get("b").state == ALIVE and "b" in a.watched()
+    ev = _run([a, b], 11.0, start=8.0, frozen={"b"})  # now nothing arrives at all
+    assert a.get("b").state == DEAD and any(isinstance(e, MemberDown) for e in ev["a"])
+
+
 def test_a_suspected_member_refutes_with_a_newer_incarnation():
     a, b = _pair()
     _run([a, b], 2.0)

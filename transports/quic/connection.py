@@ -471,6 +471,10 @@ class QuicConn(Connection):
     def num_streams(self) -> int:
         return len(self._streams)
 
+    @property
+    def last_received(self) -> float | None:
+        return self._last_rx
+
     def add_close_callback(self, cb: Callable[[Connection], None]) -> None:
         """Call ``cb(conn)`` once when the connection closes (now, if it already has)."""
         if self._closed_exc is not None:

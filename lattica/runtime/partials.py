@@ -55,14 +55,15 @@ class BudgetedSplitter:
     """A FrameSplitter for one call channel whose incomplete frame counts against the node's
     budget; ``overdue()`` is called (on the loop) when a frame misses its deadline."""
 
-    __slots__ = ("_split", "_account", "_peer", "_held", "_timer", "_loop", "_overdue")
+    __slots__ = ("_split", "_account", "_peer", "_held", "_started", "_timer", "_loop", "_overdue")
 
     def __init__(self, max_frame: int, account: PartialMessages, peer: PeerId, loop: asyncio.AbstractEventLoop, overdue: Callable[[str], Any]) -> None:
         self._split = rpc.FrameSplitter(max_frame)
         self._account = account
         self._peer = peer
         self._held = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self._started = 0.0  # loop time the incomplete frame's first byte arrived
+        self._timer: asyncio.TimerHandle | None = None  # one per channel, re-armed only when it fires
         self._loop = loop
         self._overdue = overdue
 
@@ -72,20 +73,24 @@ class BudgetedSplitter:
         held = self._split.held
         if held != self._held:
             self._account.change(self._peer, self._held, held)
+            if held and (frames or not self._held):  # a new frame started in this read
+                self._started = self._loop.time()
+                if self._timer is None:
+                    self._timer = self._loop.call_at(self._started + self._account.budget.deadline, self._check)
             self._held = held
-        if held:
-            if self._timer is None or frames:  # a frame started: it has until the deadline to finish
-                if self._timer is not None:
-                    self._timer.cancel()
-                self._timer = self._loop.call_later(self._account.budget.deadline, self._late)
-        elif self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        elif held and frames:
+            self._started = self._loop.time()
         return frames
 
-    def _late(self) -> None:
+    def _check(self) -> None:
         self._timer = None
-        self._overdue(f"a message from {self._peer.short()} did not complete within {self._account.budget.deadline} s")
+        if not self._held:
+            return
+        due = self._started + self._account.budget.deadline
+        if self._loop.time() >= due:
+            self._overdue(f"a message from {self._peer.short()} did not complete within {self._account.budget.deadline} s")
+        else:  # the frame it was armed for completed; the one in progress started later
+            self._timer = self._loop.call_at(due, self._check)
 
     def close(self) -> None:
         """The channel is done: give back what it held."""

@@ -127,7 +127,7 @@ class Spawner:
 
     # -- ownership ---------------------------------------------------------------------------
 
-    def controls(self, name: str, peer: PeerId | None) -> bool:
+    def _controls(self, name: str, peer: PeerId | None) -> bool:
         """Whether ``peer`` may stop, link or replace actor ``name`` here: this node, the node that
         created it, its supervisor's node, or an administrator of our mesh (None: this node)."""
         if peer is None or peer == self._rt.peer_id or self._rt.host.is_admin(peer):
@@ -136,7 +136,7 @@ class Spawner:
 
     def _require_control(self, name: str, what: str) -> None:
         caller = current_caller()
-        if not self.controls(name, caller):
+        if not self._controls(name, caller):
             raise PermissionDenied(f"{caller} may not {what} {name!r}: only the node that created it, its supervisor's node, this node or an administrator of the mesh may")
 
     async def link(self, name: str, other: ActorRef) -> None:
@@ -219,7 +219,7 @@ class Spawner:
         """A spawn naming the supervisor of ``name``'s holder asks to replace it (the supervisor's
         next incarnation, restarted elsewhere before we heard the old one died): allowed to whoever
         controls it, or to the new supervisor's own node once the old one's is suspect or dead."""
-        if self.controls(name, caller):
+        if self._controls(name, caller):
             return True
         old = self._supervisor_node.get(name)
         return caller is not None and sup.peer_id == caller and old is not None and self._rt.node_down(old)

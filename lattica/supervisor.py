@@ -349,7 +349,7 @@ class Supervisor:
         if writer == self._rt.peer_id:
             return True
         spawner = self._rt.services.get("spawner")
-        if spawner is not None and self._me is not None and spawner.controls(self._me.name, writer):
+        if spawner is not None and self._me is not None and spawner._controls(self._me.name, writer):
             return True
         return self._rt.host.trust.judge(writer, certs, time.time()).admin
 

@@ -423,7 +423,7 @@ def require_caller(*allowed: PeerId | str) -> PeerId:
     ids = {a if isinstance(a, PeerId) else PeerId.from_string(a) for a in allowed if a not in _CIRCLES}
     if caller in ids or circle in allowed or (circle == "self" and "member" in allowed):
         return caller
-    if "owner" in allowed and rt.actors["spawner"].instance.controls(me.name, caller):
+    if "owner" in allowed and rt.actors["spawner"].instance._controls(me.name, caller):
         return caller
     raise PermissionDenied(f"{caller} may not call this (allowed: {', '.join(str(a) for a in allowed) or 'nobody'}; the caller is a {circle})")
 

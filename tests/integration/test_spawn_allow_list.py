@@ -7,6 +7,7 @@ import time
 import pytest
 
 import lattica
+from lattica.runtime import spawner_ref
 import call_actors as ra
 from lattica.errors import (
     MethodNotFound,
@@ -73,3 +74,13 @@ def test_spawner_local_helpers_are_no_remote_methods(node):
             with pytest.raises(MethodNotFound):
                 getattr(bound, method).remote(*(["x"] if method == "holder" else [])).result(5)
         assert isinstance(spawner_names(b.peer_id), list)  # the spawner still serves
+        # and every system actor serves exactly what its ref declares (a helper made public by
+        # mistake would be a remote method, and a thread for sync methods at every start)
+        from lattica.actors.checkpoints import checkpoints_ref
+        from lattica.actors.dht import dht_ref
+        from lattica.actors.membership import membership_ref
+        from lattica.runtime import autonat_ref
+        actors = b._host.runtime.actors
+        for ref in (spawner_ref(b.peer_id), checkpoints_ref(b.peer_id), dht_ref(b.peer_id), membership_ref(b.peer_id), autonat_ref(b.peer_id)):
+            assert set(actors[ref.name].ref.methods) == set(ref.methods), ref.name
+            assert not actors[ref.name].needs_thread, ref.name

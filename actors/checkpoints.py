@@ -15,7 +15,7 @@ and carries the writer's mesh certificates, so the node holding it can neither a
 off a copy of its own as the writer's, and the restoring supervisor checks who wrote it. Stamps
 are wall-clock seconds, finite and at most five minutes ahead of the holder's clock. A copy is
 replaced, read or dropped only by its writer, an administrator of the mesh, or (a supervisor
-restarted elsewhere) anyone once the writer's node is suspect or dead.
+restarted elsewhere) anyone once membership holds the writer's node dead.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class CheckpointStore:
             self._forget(name)
 
     def _require_access(self, c: _Copy, peer: PeerId, what: str) -> None:
-        if peer == c.writer or peer == self._rt.peer_id or self._rt.host.is_admin(peer) or self._rt.node_down(c.writer):
+        if peer == c.writer or peer == self._rt.peer_id or self._rt.host.is_admin(peer) or self._rt.node_gone(c.writer):
             return
         raise CheckpointRejected(f"{peer} may not {what} a checkpoint copy written by {c.writer} (its writer is alive)")
 

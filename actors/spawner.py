@@ -218,11 +218,11 @@ class Spawner:
     def _may_replace(self, name: str, sup: ActorRef, caller: PeerId | None) -> bool:
         """A spawn naming the supervisor of ``name``'s holder asks to replace it (the supervisor's
         next incarnation, restarted elsewhere before we heard the old one died): allowed to whoever
-        controls it, or to the new supervisor's own node once the old one's is suspect or dead."""
+        controls it, or to the new supervisor's own node once the old one's is dead (not merely suspect)."""
         if self._controls(name, caller):
             return True
         old = self._supervisor_node.get(name)
-        return caller is not None and sup.peer_id == caller and old is not None and self._rt.node_down(old)
+        return caller is not None and sup.peer_id == caller and old is not None and self._rt.node_gone(old)
 
     def _holder(self, name: str, incarnation: str | None = None) -> LocalActor | None:
         """The actor ``name`` living here; with ``incarnation``, only if it is the one its

@@ -59,6 +59,7 @@ _MAX_VIEW = 4096  # members in one full view
 MAX_MEMBERS = 4096  # members one node keeps (dead and departed ones until they are forgotten)
 _HEARSAY_FOR = 30.0  # seconds an unconfirmed verdict waits for a second member to say it
 _MAX_HEARSAY = 1024
+MAX_JUMP = 1 << 20  # hearsay names at most this many incarnations past the newest we know
 MAX_INCARNATION = 1 << 48  # a rumor naming more is refused: the refutation (+1) must still encode
 _MAX_AMOUNT = 1e15  # the largest resource amount believed (bytes of memory included)
 _RESOURCE_KEYS = ("cpu", "memory", "gpus")
@@ -257,12 +258,15 @@ class Membership:
         mid, inc, state, info = r
         if type(mid) is not str or type(inc) is not int or not 0 <= inc < MAX_INCARNATION or type(state) is not str or state not in _RANK or not valid_info(info):
             return []
-        if mid != sender and state in (DEAD, LEFT) and self._seen_alive(mid, now):
+        if mid != sender and state != ALIVE and self._seen_alive(mid, now):
             return []  # hearsay does not outweigh our own evidence: it is connected to us, or beats
         if mid == self.me.id:
             events: list = []
-            # a watcher of ours judged us by our heartbeats: its word counts; anyone else's needs a second
-            if state == DEAD and inc > self._downed_at and not self._left and (sender in self._sent_to or self._heard_from_enough(now, mid, inc, state, sender)):
+            if state != ALIVE and inc > self.me.incarnation + MAX_JUMP:
+                return []  # nobody else can know a much newer incarnation of ours: forged
+            # our death needs two members' word (one if no other is up): one liar cannot make us
+            # stop our supervised actors
+            if state == DEAD and inc > self._downed_at and not self._left and self._heard_from_enough(now, mid, inc, state, sender):
                 self._downed_at = inc  # (told once per verdict, even if a suspicion was refuted first)
                 events.append(SelfDowned(max(self.me.incarnation, inc + 1)))
             if state != ALIVE and inc >= self.me.incarnation and not self._left:
@@ -270,6 +274,11 @@ class Membership:
                 self._spread(self.me.id)
             return events
         m = self.members.get(mid)
+        if mid != sender and (inc > (m.incarnation if m is not None else 0) + MAX_JUMP or (m is not None and state != ALIVE and inc > m.incarnation)):
+            # only a member raises its own incarnation: a verdict naming one newer than we know
+            # of it (or any far newer claim) comes from no detector, and would leave it no room
+            # to refute
+            return []
         if m is None:
             if state in (DEAD, LEFT) or len(self.members) >= MAX_MEMBERS:
                 return []  # news of the death of a stranger: nothing to do (or no room)

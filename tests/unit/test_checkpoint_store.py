@@ -28,7 +28,7 @@ class _Runtime(SimpleNamespace):
         super().__init__(peer_id=NODE.peer_id, key=A, admins=set(), down=set())
         self.host = SimpleNamespace(is_admin=lambda p: p in self.admins)
 
-    def node_down(self, p) -> bool:
+    def node_gone(self, p) -> bool:
         return p in self.down
 
 

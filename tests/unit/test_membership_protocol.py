@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lattica.membership import ALIVE, DEAD, LEFT, SUSPECT, Membership, MembershipConfig, MemberDown, PhiAccrual, SelfDowned
+from lattica.membership import ALIVE, DEAD, LEFT, MAX_INCARNATION, SUSPECT, Membership, MembershipConfig, MemberDown, PhiAccrual, SelfDowned
 
 
 def test_phi_stays_low_on_time_and_grows_with_silence():
@@ -109,13 +109,12 @@ def test_a_dead_member_comes_back_only_in_a_newer_incarnation():
 
 
 def test_a_member_back_from_the_dead_without_hearing_it_is_told_its_verdict():
-    # b was frozen: a declared it dead, c only suspected it; thawed, b hears c's suspicion first
-    # and comes back alive in a newer incarnation, which a accepts. b must still learn it had
+    # b was frozen: a declared it dead; thawed, b hears a suspicion first and comes back alive in
+    # a newer incarnation, which a accepts (a is the only other member: its word is enough). b must still learn it had
     # been declared dead (its supervised actors were restarted elsewhere meanwhile).
     a, b = _pair()
-    b.tick(0.5)  # b heartbeats to a: a is its watcher, whose own word on b counts
     a.declare_dead(1.0, "b", "frozen")
-    b.receive(1.5, "c", {"rumors": [["b", 0, SUSPECT, {}]]})
+    b.receive(1.5, "a", {"rumors": [["b", 0, SUSPECT, {}]]})  # (a's suspicion reached b first)
     assert b.me.incarnation == 1
     a.receive(1.6, "b", {"rumors": [["b", 1, ALIVE, {}]]})
     assert a.get("b").state == ALIVE
@@ -139,20 +138,33 @@ def test_one_members_word_does_not_take_a_live_node_out_of_the_mesh():
     assert a.receive(1.0, "b", {"rumors": [["y", 0, DEAD, {}]]}) == []  # saying it twice is still one member
     events = a.receive(1.2, "c", {"rumors": [["y", 0, DEAD, {}]]})  # a second member: it stands
     assert a.get("y").state == DEAD and [type(e) for e in events] == [MemberDown]
-    y2 = Membership("y2", {}, MembershipConfig(monitors=1))
+    y = Membership("y", {})
     for m in ("a", "b", "c"):
-        y2.add(0.0, m)
-    y2.tick(0.5)
-    (watcher,) = y2._sent_to
-    others = [m for m in ("a", "b", "c") if m != watcher]
-    assert [type(e) for e in y2.receive(1.0, others[0], {"rumors": [["y2", 0, DEAD, {}]]})] == []
-    assert [type(e) for e in y2.receive(1.1, others[1], {"rumors": [["y2", 0, DEAD, {}]]})] == [SelfDowned]  # two accusers
-    y3 = Membership("y3", {}, MembershipConfig(monitors=1))
-    for m in ("a", "b", "c"):
-        y3.add(0.0, m)
-    y3.tick(0.5)
-    (watcher,) = y3._sent_to
-    assert [type(e) for e in y3.receive(1.0, watcher, {"rumors": [["y3", 0, DEAD, {}]]})] == [SelfDowned]  # its watcher's own verdict
+        y.add(0.0, m)
+    y.tick(0.5)  # (a, b and c all watch y: even a watcher's word alone is not enough)
+    assert [type(e) for e in y.receive(1.0, "a", {"rumors": [["y", 0, DEAD, {}]]})] == []
+    assert y.me.incarnation == 1  # refuted, children kept
+    assert [type(e) for e in y.receive(1.1, "b", {"rumors": [["y", 0, DEAD, {}]]})] == [SelfDowned]  # two accusers
+
+
+def test_hearsay_cannot_name_an_incarnation_a_member_never_had():
+    """Only a member raises its own incarnation: a suspicion or verdict naming a newer one than
+    we know (2^48 - 1 left the victim no number to refute with) is forged and ignored."""
+    a = Membership("a", {})
+    for m in ("b", "c", "y"):
+        a.add(0.0, m)
+    a.receive(0.5, "y", {"rumors": [["y", 3, ALIVE, {}]]})
+    for inc in (4, MAX_INCARNATION - 1):
+        assert a.receive(1.0, "b", {"rumors": [["y", inc, SUSPECT, {}]]}) == []
+        assert a.receive(1.0, "c", {"rumors": [["y", inc, DEAD, {}]]}) == []
+    assert a.get("y").state == ALIVE and a.get("y").incarnation == 3
+    assert a.receive(1.1, "b", {"rumors": [["y", 3, SUSPECT, {}]]})  # the incarnation it has: fine
+    y = Membership("y", {})
+    y.add(0.0, "b")
+    assert y.receive(1.0, "b", {"rumors": [["y", MAX_INCARNATION - 1, SUSPECT, {}]]}) == []
+    assert y.me.incarnation == 0  # not pushed to the edge
+    y.receive(1.0, "b", {"rumors": [["y", 5, DEAD, {}]]})  # a restarted node's old verdict: a small step
+    assert y.me.incarnation == 6
 
 
 def test_hostile_messages_are_ignored():

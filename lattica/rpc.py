@@ -154,6 +154,8 @@ class FrameSplitter:
             pos += 4 + n
         if pos < total:
             rest = view[pos:]
+            if len(rest) * 2 < total:  # a short tail: a copy, or it would pin the whole read
+                rest = memoryview(bytes(rest))
             self._parts = [rest]
             self._have = len(rest)
             self._need = 4 + int.from_bytes(rest[:4], "big") if len(rest) >= 4 else 0

@@ -68,6 +68,7 @@ class Host:
         self.keypair = node.keypair
         self.trust = node.trust  # who is a member of our mesh (lattica.trust)
         self.refusals: collections.deque[dict] = collections.deque(maxlen=32)  # calls we refused, newest last
+        self._verdict_timers: dict[Connection, asyncio.TimerHandle] = {}  # certificate expiries, per connection
         self.peer_id = node.keypair.peer_id
         self.loop = asyncio.get_running_loop()
         self.max_connections = node.max_connections
@@ -231,7 +232,20 @@ class Host:
         self.loop.call_later(self.node.identify_timeout, self._identify_overdue, conn)
         self.events.connected.emit(conn)
 
+    def _expire_verdict(self, conn: Connection, after: float) -> None:
+        """Close ``conn`` when the certificate that admitted its peer expires (one timer per
+        connection, replaced by a later identify, cancelled when the connection closes)."""
+        old = self._verdict_timers.pop(conn, None)
+        if old is not None:
+            old.cancel()
+        if after == math.inf or conn.is_closed:
+            return
+        if old is None:
+            conn.add_close_callback(lambda c: (t := self._verdict_timers.pop(c, None)) and t.cancel())
+        self._verdict_timers[conn] = self.loop.call_later(max(after, 0.0), self._certificate_expired, conn)
+
     def _certificate_expired(self, conn: Connection) -> None:
+        self._verdict_timers.pop(conn, None)
         if not conn.is_closed and conn in self.info:
             log.info("closing connection: the peer's mesh certificate expired", peer=str(conn.remote_peer))
             self.spawn(conn.close())  # it may reconnect, and is judged afresh (a stranger, or renewed)
@@ -423,8 +437,7 @@ class Host:
             return
         now = time.time()
         verdict = self.trust.judge(conn.remote_peer, fields.pop("mesh_certs"), now)
-        if verdict.until != math.inf:  # the certificate admitting it expires: so does this verdict
-            self.loop.call_later(min(max(verdict.until - now, 0.0), 1e7), self._certificate_expired, conn)
+        self._expire_verdict(conn, verdict.until - now)
         info = PeerInfo(conn.remote_peer, conn.transport, conn.direction, conn.remote_addr, **fields, circle=verdict.circle, circle_reason=verdict.why, admin=verdict.admin)
         self.info[conn] = info
         self.remember_addrs(conn.remote_peer, info.listen_addrs)

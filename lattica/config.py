@@ -91,4 +91,7 @@ class InboundBudget:
     per_peer: int = 192 * MiB  # three of the largest messages in flight at once from one peer
     per_node: int = 768 * MiB
     deadline: float = 120.0  # a 64 MiB message at ~0.5 MiB/s
+    # strangers (identities cost nothing) share a small part, so they can never crowd out members
+    per_stranger: int = 16 * MiB
+    strangers: int = 128 * MiB
 

@@ -351,6 +351,7 @@ class RemoteChannel(Channel):
             stream.reset()
 
         splitter = BudgetedSplitter(MAX_MESSAGE, rt.partials, self.peer, rt.loop, overdue)
+        splitter.stranger = rt.host.circle_of(self.peer) == "stranger"  # (a public service we call)
         try:
             while True:
                 data = await stream.read(1 << 20)

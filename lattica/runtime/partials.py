@@ -3,7 +3,8 @@
 A message is held, piece by piece, until its last byte arrives (up to ``MAX_MESSAGE``). Without a
 bound, a peer opening many call channels and never finishing a message would grow the node by
 that much per channel. Each channel reader reports what it holds; a reader that would take its
-peer over ``per_peer`` bytes, or the node over ``per_node``, or whose message is not complete
+peer over ``per_peer`` bytes (a stranger over ``per_stranger``, or strangers together over
+``strangers``), or the node over ``per_node``, or whose message is not complete
 ``deadline`` seconds after its first byte, fails with MessageBudgetExceeded and its channel is
 reset. Complete messages, however large, cost nothing here.
 """
@@ -24,26 +25,33 @@ __all__ = ["InboundBudget", "PartialMessages", "BudgetedSplitter"]
 class PartialMessages:
     """The node's account of bytes held in incomplete messages, per peer and in all."""
 
-    __slots__ = ("budget", "total", "by_peer")
+    __slots__ = ("budget", "total", "by_peer", "strangers")
 
     def __init__(self, budget: InboundBudget | None = None) -> None:
         self.budget = budget or InboundBudget()
         self.total = 0
+        self.strangers = 0  # of which strangers hold
         self.by_peer: dict[PeerId, int] = {}
 
-    def change(self, peer: PeerId, old: int, new: int) -> None:
+    def change(self, peer: PeerId, old: int, new: int, stranger: bool = False) -> None:
         """A reader of ``peer``'s now holds ``new`` bytes instead of ``old``; raises
-        MessageBudgetExceeded (having changed nothing) when growing would exceed a budget."""
+        MessageBudgetExceeded (having changed nothing) when growing would exceed a budget.
+        A ``stranger``'s bytes count against the strangers' smaller share too."""
         delta = new - old
         if not delta:
             return
         mine = self.by_peer.get(peer, 0) + delta
         if delta > 0:
             b = self.budget
-            if mine > b.per_peer:
-                raise MessageBudgetExceeded(f"{peer.short()}'s partially received messages would exceed {b.per_peer} bytes")
+            limit = b.per_stranger if stranger else b.per_peer
+            if mine > limit:
+                raise MessageBudgetExceeded(f"{peer.short()}'s partially received messages would exceed {limit} bytes")
+            if stranger and self.strangers + delta > b.strangers:
+                raise MessageBudgetExceeded(f"strangers' partially received messages would exceed {b.strangers} bytes")
             if self.total + delta > b.per_node:
                 raise MessageBudgetExceeded(f"partially received messages would exceed this node's {b.per_node} bytes")
+        if stranger:
+            self.strangers += delta
         self.total += delta
         if mine:
             self.by_peer[peer] = mine
@@ -55,7 +63,7 @@ class BudgetedSplitter:
     """A FrameSplitter for one call channel whose incomplete frame counts against the node's
     budget; ``overdue()`` is called (on the loop) when a frame misses its deadline."""
 
-    __slots__ = ("_split", "_account", "_peer", "_held", "_started", "_timer", "_loop", "_overdue")
+    __slots__ = ("_split", "_account", "_peer", "_held", "_started", "_timer", "_loop", "_overdue", "stranger")
 
     def __init__(self, max_frame: int, account: PartialMessages, peer: PeerId, loop: asyncio.AbstractEventLoop, overdue: Callable[[str], Any]) -> None:
         self._split = rpc.FrameSplitter(max_frame)
@@ -66,13 +74,14 @@ class BudgetedSplitter:
         self._timer: asyncio.TimerHandle | None = None  # one per channel, re-armed only when it fires
         self._loop = loop
         self._overdue = overdue
+        self.stranger = False  # set once the peer's circle is known (before its first byte is read)
 
     def feed(self, data: bytes) -> list:
         """Frames completed by ``data``; MessageBudgetExceeded when what stays held is over budget."""
         frames = self._split.feed(data)
         held = self._split.held
         if held != self._held:
-            self._account.change(self._peer, self._held, held)
+            self._account.change(self._peer, self._held, held, self.stranger)
             if held and (frames or not self._held):  # a new frame started in this read
                 self._started = self._loop.time()
                 if self._timer is None:
@@ -98,5 +107,5 @@ class BudgetedSplitter:
             self._timer.cancel()
             self._timer = None
         if self._held:
-            self._account.change(self._peer, self._held, 0)
+            self._account.change(self._peer, self._held, 0, self.stranger)
             self._held = 0

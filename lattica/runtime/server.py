@@ -108,6 +108,7 @@ class ServerChannel:
         info = await self.runtime.host.peer_info(self.conn, IDENTIFY_WAIT)  # who is calling decides what it may call
         if info is not None:
             self.circle, self.circle_reason = info.circle, info.circle_reason
+        splitter.stranger = self.circle == "stranger"
         try:
             while True:
                 if self.writer.backlog() > CHANNEL_HIGH_WATER:

@@ -87,3 +87,26 @@ def test_an_unfinished_message_is_dropped_at_its_deadline(pair):
     assert wait_for(lambda: partials.total > 0, timeout=5)
     assert wait_for(lambda: partials.total == 0, timeout=6)  # deadline 3 s
     assert wait_for(lambda: _reset(attacker, streams), timeout=3)
+
+
+def test_strangers_cannot_crowd_out_members():
+    key = MeshKey.generate()
+    budget = InboundBudget(per_peer=8 * MiB, per_node=12 * MiB, deadline=30.0, per_stranger=2 * MiB, strangers=3 * MiB)
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=key, allow=["sample_actors.*"], inbound=budget) as host:
+        partials = host._host.runtime.partials
+        counter = spawn_local(host, sa.Counter, 0, name="counter")
+        strangers = [lattica.Node([], mesh=MeshKey.generate()).start() for _ in range(3)]
+        try:
+            streams = []
+            for node in strangers:
+                node.connect(host.addrs[0])
+                streams += [(node, s) for s in _start_unfinished(node, host, channels=2, size=60 * MiB, sent=int(1.5 * MiB))]
+            assert wait_for(lambda: sum(len(_reset(n, [s])) for n, s in streams) >= 4, timeout=10)  # 9 MiB offered
+            assert partials.strangers <= 3 * MiB
+            with lattica.Node([], mesh=key) as member:
+                member.connect(host.addrs[0])
+                big = "x" * (6 * MiB)  # a member's large call still fits in what strangers cannot use
+                assert call_as(member, counter, "echo", big, timeout=20) == big
+        finally:
+            for n in strangers:
+                n.stop()

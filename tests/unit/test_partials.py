@@ -61,3 +61,27 @@ def test_a_message_that_does_not_complete_in_time_is_reported_and_its_successor_
 
     asyncio.run(main())
     assert account.total == 0
+
+
+def test_strangers_share_a_small_part_and_cannot_crowd_out_members():
+    account = PartialMessages(InboundBudget(per_peer=1000, per_node=1000, deadline=60, per_stranger=100, strangers=150))
+    loop = asyncio.new_event_loop()
+    try:
+        s1 = BudgetedSplitter(10_000, account, A, loop, lambda why: None)
+        s1.stranger = True
+        s1.feed(frame(500)[:84])
+        with pytest.raises(MessageBudgetExceeded, match="exceed 100 bytes"):
+            s1.feed(bytes(30))  # a stranger's own share
+        s2 = BudgetedSplitter(10_000, account, B, loop, lambda why: None)
+        s2.stranger = True
+        with pytest.raises(MessageBudgetExceeded, match="strangers'"):
+            s2.feed(frame(500)[:84])  # 84 + 84 > the strangers' 150
+        member = BudgetedSplitter(10_000, account, B, loop, lambda why: None)
+        member.feed(frame(5000)[:800])  # members still have the rest of the node's budget
+        assert account.total == 884 and account.strangers == 84
+        s1.close()
+        member.close()
+        assert account.total == 0 and account.strangers == 0
+    finally:
+        loop.close()
+

@@ -174,7 +174,8 @@ class Spawner:
         sup = options.get("supervisor")
         caller = current_caller()
         owner = caller if caller is not None and caller != self._rt.peer_id else None
-        if owner is not None and not self._rt.host.is_admin(owner) and self._owned.get(owner, 0) >= MAX_ACTORS_PER_MEMBER:
+        replacing = name is not None and name in self._rt.actors  # (a replacement owns nothing more)
+        if owner is not None and not replacing and not self._rt.host.is_admin(owner) and self._owned.get(owner, 0) >= MAX_ACTORS_PER_MEMBER:
             raise SpawnError(f"{owner} already owns {MAX_ACTORS_PER_MEMBER} actors on {self._rt.peer_id} (the limit for a member)")
         if name is not None and name in self._rt.actors:
             if not (isinstance(sup, ActorRef) and self._supervisor.get(name) == sup.name and self._may_replace(name, sup, caller)):

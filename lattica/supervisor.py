@@ -330,7 +330,9 @@ class Supervisor:
                 return None
 
         got = await asyncio.gather(*(ask(m) for m in ranked(name, members(self._rt))[:_COPY_READS]))
-        copies = [c for c in (read_copy(g, name) for g in got) if c is not None and self._trusted_writer(c[2], c[3])]
+        ranked_copies = [(self._trust_in_writer(c[2], c[3]), c) for c in (read_copy(g, name) for g in got) if c is not None]
+        best = max((t for t, _ in ranked_copies), default=0)
+        copies = [c for t, c in ranked_copies if t == best and t > 0]
         if not copies:
             return
         stamp, blob = max(copies, key=lambda c: c[0])[:2]
@@ -342,16 +344,18 @@ class Supervisor:
         child.has_state, child.stamp = True, stamp
         self._event("recovered", child, f"checkpoint copy taken {time.time() - stamp:.1f} s ago")
 
-    def _trusted_writer(self, writer: PeerId, certs: list) -> bool:
-        """A checkpoint copy is restored only if one of this supervisor's previous incarnations
-        can have written it: this node, a node that controls this supervisor (its creator, its
-        own supervisor's), or an administrator of the mesh by the certificates it signed with."""
+    def _trust_in_writer(self, writer: PeerId, certs: list) -> int:
+        """How far a checkpoint copy's writer is believed: 2 for this node, a node that controls
+        this supervisor (its creator, its own supervisor's) or an administrator of the mesh by the
+        certificates it signed with; 1 for any other member (the node a previous incarnation ran
+        on, when it was invited); 0 for anyone else. The newest copy of the best kind wins."""
         if writer == self._rt.peer_id:
-            return True
+            return 2
         spawner = self._rt.services.get("spawner")
         if spawner is not None and self._me is not None and spawner._controls(self._me.name, writer):
-            return True
-        return self._rt.host.trust.judge(writer, certs, time.time()).admin
+            return 2
+        verdict = self._rt.host.trust.judge(writer, certs, time.time())
+        return 2 if verdict.admin else 1 if verdict.circle != "stranger" else 0
 
     def _drop_copies(self, child: _Child) -> None:
         name = self._name(child)

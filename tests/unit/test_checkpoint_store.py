@@ -149,3 +149,22 @@ def test_writer_and_reader_rank_members_the_same_way():
     assert cp.ranked("sup/w1", members) != order  # names spread over the nodes
     # a member joining or leaving moves no other member's place
     assert [m for m in cp.ranked("sup/w0", members + ["new"]) if m != "new"] == order
+
+
+def test_a_restoring_supervisor_prefers_copies_from_writers_it_can_trust():
+    """Admins, this node and nodes controlling the supervisor rank above plain members (the node
+    an invited previous incarnation ran on), strangers are never believed."""
+    from lattica.supervisor import Supervisor
+    from lattica.trust import MeshKey, Trust
+
+    mesh = MeshKey.generate()
+    me, admin, member, stranger = (KeyPair.generate() for _ in range(4))
+    sup = Supervisor.cls.__new__(Supervisor.cls)
+    sup._me = SimpleNamespace(name="sup")
+    sup._rt = SimpleNamespace(peer_id=me.peer_id, services={}, host=SimpleNamespace(trust=Trust(me.peer_id, [mesh.public])))
+    now = time.time()
+    assert sup._trust_in_writer(me.peer_id, []) == 2
+    assert sup._trust_in_writer(admin.peer_id, [mesh.issue(admin.peer_id, 60, now, admin=True).to_bytes()]) == 2
+    assert sup._trust_in_writer(member.peer_id, [mesh.issue(member.peer_id, 60, now).to_bytes()]) == 1
+    assert sup._trust_in_writer(stranger.peer_id, [MeshKey.generate().issue(stranger.peer_id, 60, now).to_bytes()]) == 0
+    assert sup._trust_in_writer(stranger.peer_id, [mesh.issue(member.peer_id, 60, now).to_bytes()]) == 0  # another's certificate

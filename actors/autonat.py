@@ -66,10 +66,14 @@ class AutoNatServer:
     def _rate_ok(self, peer: PeerId) -> bool:
         return self._requests.take(peer)
 
-    def _dial_ok(self, addr: Multiaddr) -> bool:
-        """Within the node's dial-back budget and the budget of the IP dialed (nobody makes us
-        pound one address, whoever asks, and however many identities they have)."""
-        return self._per_ip.take(ip_of(addr)) and self._dials.take()
+    def _budget(self, targets: list[Multiaddr]) -> None:
+        """Charge dialing ``targets`` (at one IP) to the budget of that IP and the node's (nobody
+        makes us pound one address, whoever asks, however many identities they have); when
+        spent, ProtocolError *before* dialing: a refusal says nothing of the peer's reachability,
+        as a dial-back that never came would."""
+        n = len(targets)
+        if n and not (self._per_ip.take(ip_of(targets[0]), n) and self._dials.take(None, n)):
+            raise ProtocolError("this autonat server is busy (its dial-back budget is spent): ask another")
 
     def _direct_conn_ip(self, peer: PeerId) -> str | None:
         for conn in self.host.conns_of.get(peer, ()):
@@ -101,6 +105,7 @@ class AutoNatServer:
         avoid_ips = {a for a in avoid[:64] if type(a) is str} if type(avoid) is list else set()
         if not targets:
             return {"ip": ip, "tried": [], "helper": None}
+        self._budget(targets)
         helpers = self._pick_helpers(peer, avoid_ips | {ip})
         texts = [str(a) for a in targets]
         coros = [self.dial_back(peer, a, nonce) for a in targets]
@@ -144,6 +149,7 @@ class AutoNatServer:
         targets = self._parse(addrs, nonce)
         if len({ip_of(a) for a in targets}) > 1:
             raise ProtocolError("dial_for names addresses at one IP address (the target's own)")
+        self._budget(targets)
         ok = await asyncio.gather(*(self.dial_back(peer, a, nonce) for a in targets))
         return [str(a) for a, good in zip(targets, ok) if good]
 
@@ -151,9 +157,6 @@ class AutoNatServer:
         """Dial ``addr`` from a fresh port, expecting ``peer``; deliver the nonce; hang up."""
         transport = self.host.transport_for(addr)
         if transport is None or peer == self.host.peer_id:
-            return False
-        if not self._dial_ok(addr):
-            log.debug("autonat dial-back over budget", peer=str(peer), addr=str(addr))
             return False
         conn = None
         try:

@@ -14,7 +14,7 @@ from typing import Any
 
 from lattica.multiaddr import Multiaddr
 
-__all__ = ["interface_ips", "expand", "is_loopback", "is_loopback_ip", "is_lan", "ip_of", "is_private", "is_private_ip", "on_local_network"]
+__all__ = ["interface_ips", "expand", "is_loopback", "is_loopback_ip", "host_key", "is_lan", "ip_of", "is_private", "is_private_ip", "on_local_network"]
 
 # Addresses no stranger on the internet can reach us at (RFC 1918, CGNAT, link-local, loopback,
 # IPv6 unique-local), and ones that are no peer's address at all (unspecified, "this network",
@@ -66,6 +66,17 @@ def expand(addr: Multiaddr) -> list[Multiaddr]:
     name = parts[0][0]
     ips = interface_ips(4 if name == "ip4" else 6)
     return [Multiaddr._from_parts(((name, ip), *parts[1:])) for ip in ips] or [addr]
+
+
+def host_key(ip: str) -> str:
+    """What counts as one host when limiting per address: an IPv4 address, or an IPv6 address's
+    /64 (one host or LAN usually holds a whole /64, so its addresses are free to it)."""
+    if ":" not in ip:
+        return ip
+    try:
+        return str(ipaddress.IPv6Network((ip.split("%")[0], 64), strict=False))
+    except ValueError:
+        return ip
 
 
 def is_loopback_ip(ip: str) -> bool:

@@ -17,7 +17,7 @@ from lattica.logging import get_logger
 
 from lattica.errors import ConnectionRefused, HandshakeError, LatticaError, PeerIdMismatch, Timeout, TransportError
 from lattica.identity import KeyPair, PeerId
-from lattica.interfaces import is_loopback_ip
+from lattica.interfaces import host_key, is_loopback_ip
 from lattica.multiaddr import Multiaddr
 from lattica.transports.base import Connection, ConnectionHandler, Listener, Transport
 from lattica.transports.mux import MuxConfig
@@ -73,7 +73,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         if self._inbound:
             owner = self._owner
             peer = transport.get_extra_info("peername")
-            ip = peer[0] if isinstance(peer, tuple) and not is_loopback_ip(peer[0]) else None
+            ip = host_key(peer[0]) if isinstance(peer, tuple) and not is_loopback_ip(peer[0]) else None
             why = None
             if owner._handshaking >= owner.max_pending_handshakes:
                 why = "too many handshakes in progress"

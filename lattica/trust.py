@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ SELF_CERT_TTL = 365 * 86400.0  # a key holder certifies itself at every start
 INVITE_TTL = 30 * 86400.0
 MAX_PRESENTED = 4  # certificates a peer may present (one per mesh it belongs to)
 _DOMAIN = b"lattica mesh certificate v1\x00"
-_VERSION = 1
+_VERSION = 2  # 2: the flags byte (administrator)
 _FIXED = 1 + 1 + 32 + 8 + 64  # version, flags, mesh key, expiry, signature; the PeerId follows
 _ADMIN = 1  # flag: the holder administers the mesh (a key holder's own certificate, or delegated)
 MAX_CERT_BYTES = _FIXED + 64
@@ -200,6 +201,7 @@ class Verdict(NamedTuple):
 # connection, to every node of this process, costs one check; bounded, and only certificates some
 # mesh key signed get in
 _VERIFIED: dict[bytes, str] = {}
+_VERIFIED_LOCK = threading.Lock()
 
 
 class Trust:
@@ -235,9 +237,11 @@ class Trust:
                 problem = cert.problem(peer, self.meshes, now, signature_checked=known is not None)
                 if problem is None:
                     if known is None:
-                        if len(_VERIFIED) >= _VERIFIED_CACHE:
-                            del _VERIFIED[next(iter(_VERIFIED))]
-                        known = _VERIFIED[raw] = f"certified by {mesh_name(cert.mesh)}" + (" as an administrator" if cert.admin else "")
+                        known = f"certified by {mesh_name(cert.mesh)}" + (" as an administrator" if cert.admin else "")
+                        with _VERIFIED_LOCK:  # nodes of one process judge on their own threads
+                            if len(_VERIFIED) >= _VERIFIED_CACHE:
+                                _VERIFIED.pop(next(iter(_VERIFIED)), None)
+                            _VERIFIED[raw] = known
                     if cert.admin:
                         return Verdict(MEMBER, known, True, cert.expires)
                     if best is None or cert.expires > best.until:

@@ -79,6 +79,8 @@ class RelayService:
         self.reservations: dict[PeerId, _Reservation] = {}
         self.circuits: dict[PeerId, int] = {}
         self.total_circuits = 0
+        self.stranger_circuits = 0  # opened by peers outside our mesh (at most half of max_circuits)
+        self._opened_by: dict[PeerId, int] = {}  # strangers' circuits, by the stranger that opened them
         self.spliced_circuits = 0  # of total_circuits: those on their own sockets
         self.bytes_relayed = 0
         self._pending_splices: dict[bytes, Splice] = {}  # token -> splice waiting for that end's socket
@@ -188,17 +190,18 @@ class RelayService:
             stream.reset()
             return
         await self.host.peer_info(conn, _TIMEOUT)  # its circle sets the circuit's limits
+        stranger = self.host.circle_of(src) == "stranger"
         why = self._refuse(src, target, conn)
         if why is not None:
             await self._answer(stream, refusal(*why))
             return
-        self._count(src, target, +1)
+        self._count(src, target, +1, stranger)
         duration, budget = self._limits(src, target)
         splice = self.cfg.splice and msg.get("splice") is True and _may_splice(conn) and self._take_spliced_sockets()
         try:
             other, target_token = await self._connect_target(src, target, splice, limit_wire(duration, budget))
         except (LatticaError, asyncio.TimeoutError) as e:
-            self._count(src, target, -1)
+            self._count(src, target, -1, stranger)
             await self._answer(stream, refusal("CONNECTION_FAILED", f"{target} did not take the circuit: {e or 'timeout'}"))
             return
         try:
@@ -211,7 +214,7 @@ class RelayService:
             write_message(stream, {**answer, "splice": source_token})
             await self._run_spliced(duration, budget, source_token, target_token)
         finally:
-            self._count(src, target, -1)
+            self._count(src, target, -1, stranger)
             if target_token is not None:
                 stream.reset()
                 other.reset()
@@ -271,8 +274,12 @@ class RelayService:
         for p in (src, target):
             if self.circuits.get(p, 0) >= self.cfg.max_circuits_per_peer:
                 return "RESOURCE_LIMIT", f"{p} already has {self.cfg.max_circuits_per_peer} circuits on this relay"
-            if self.host.circle_of(p) == "stranger" and self.circuits.get(p, 0) >= self.cfg.max_circuits_per_stranger:
-                return "RESOURCE_LIMIT", f"{p} already has {self.cfg.max_circuits_per_stranger} circuits on this relay (the limit for peers outside its mesh)"
+        if self.host.circle_of(src) == "stranger":
+            # (counted by source only: anyone could otherwise use up an honest target's share)
+            if self._opened_by.get(src, 0) >= self.cfg.max_circuits_per_stranger:
+                return "RESOURCE_LIMIT", f"{src} already opened {self.cfg.max_circuits_per_stranger} circuits on this relay (the limit for peers outside its mesh)"
+            if self.stranger_circuits >= self.cfg.max_circuits // 2:
+                return "RESOURCE_LIMIT", "this relay carries its maximum of circuits opened by peers outside its mesh"
         return None
 
     def _limits(self, src: PeerId, target: PeerId) -> tuple[float | None, int | None]:
@@ -283,8 +290,15 @@ class RelayService:
             return _tighter(cfg.circuit_duration, cfg.stranger_circuit_duration), _tighter(cfg.circuit_bytes, cfg.stranger_circuit_bytes)
         return cfg.circuit_duration, cfg.circuit_bytes
 
-    def _count(self, src: PeerId, target: PeerId, delta: int) -> None:
+    def _count(self, src: PeerId, target: PeerId, delta: int, stranger: bool) -> None:
         self.total_circuits += delta
+        if stranger:
+            self.stranger_circuits += delta
+            n = self._opened_by.get(src, 0) + delta
+            if n > 0:
+                self._opened_by[src] = n
+            else:
+                self._opened_by.pop(src, None)
         for p in (src, target):
             n = self.circuits.get(p, 0) + delta
             if n > 0:

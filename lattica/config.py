@@ -79,7 +79,7 @@ class RelayConfig:
     # to carry strangers' traffic on our bandwidth (None: unlimited, as for members)
     stranger_circuit_duration: float | None = 120.0
     stranger_circuit_bytes: int | None = 4 * MiB
-    max_circuits_per_stranger: int = 4  # as source or as target
+    max_circuits_per_stranger: int = 4  # circuits one stranger may open (strangers together: half of max_circuits)
     splice: bool = True  # offer circuits their own sockets (no re-encryption here); see transports/splice.py
 
 

@@ -66,7 +66,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         self.ready: asyncio.Future[MuxedConnection] = asyncio.get_running_loop().create_future()
         self._timer: asyncio.TimerHandle | None = None
         self._counted: str | bool = False  # holds one of the owner's handshake slots (True, or the IP's)
-        self._silence: asyncio.TimerHandle | None = None  # inbound: no first byte yet
+        self._silence: asyncio.TimerHandle | None = None  # inbound: no whole handshake message yet
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
@@ -107,7 +107,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         self._fail(Timeout(f"Noise handshake did not finish within {self._owner.handshake_timeout} s"))
 
     def _silent_timed_out(self) -> None:
-        self._fail(Timeout(f"no handshake bytes within {self._owner.first_byte_timeout} s"))
+        self._fail(Timeout(f"no handshake message within {self._owner.first_byte_timeout} s"))
 
     def _release_slot(self) -> None:
         if self._silence is not None:
@@ -159,9 +159,6 @@ class _TcpProtocol(asyncio.BufferedProtocol):
             return
         if self.ready.done():
             return  # handshake already failed; the socket is being aborted
-        if self._silence is not None:
-            self._silence.cancel()
-            self._silence = None
         if self._pre is not None:
             data = self._preamble_check(data)
             if data is None:
@@ -173,6 +170,11 @@ class _TcpProtocol(asyncio.BufferedProtocol):
             return
         if out:
             self._transport.write(out)  # type: ignore[union-attr]
+        if self._silence is not None and (out or self._hs.complete):
+            # a whole handshake message arrived (a byte or two would not do): the rest of the
+            # handshake has its own deadline
+            self._silence.cancel()
+            self._silence = None
         if self._hs.complete:
             self._release_slot()
             self._timer.cancel()  # type: ignore[union-attr]

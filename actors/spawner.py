@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from lattica.errors import ActorNotFound, PermissionDenied, PlacementError, SpawnError
+from lattica.errors import ActorNotFound, LatticaError, PermissionDenied, PlacementError, SpawnError
 from lattica.identity import PeerId
 from lattica.placement import RESOURCES
 
@@ -174,6 +174,16 @@ class Spawner:
         sup = options.get("supervisor")
         caller = current_caller()
         owner = caller if caller is not None and caller != self._rt.peer_id else None
+        on_behalf = options.get("owner")
+        if type(on_behalf) is str and isinstance(sup, ActorRef) and (caller is None or (caller == sup.peer_id and self._rt.host.is_admin(caller))):
+            # a supervisor's node (ourselves, or one we trust to say so) spawns for the member that
+            # owns the supervisor: that member owns the child and is charged for it
+            try:
+                owner = PeerId.from_string(on_behalf)
+            except LatticaError:
+                raise SpawnError("owner must be a PeerId") from None
+            if owner == self._rt.peer_id:
+                owner = None
         replacing = name is not None and name in self._rt.actors  # (a replacement owns nothing more)
         if owner is not None and not replacing and not self._rt.host.is_admin(owner) and self._owned.get(owner, 0) >= MAX_ACTORS_PER_MEMBER:
             raise SpawnError(f"{owner} already owns {MAX_ACTORS_PER_MEMBER} actors on {self._rt.peer_id} (the limit for a member)")

@@ -222,6 +222,10 @@ class Supervisor:
             await self._recover(child)
         incarnation = os.urandom(8).hex()
         opts: dict[str, Any] = {"publish": True, "supervisor": self._me, "incarnation": incarnation}
+        spawner = rt.services.get("spawner")
+        owner = spawner._owner.get(self._me.name) if spawner is not None and self._me is not None else None
+        if owner is not None:
+            opts["owner"] = str(owner)  # the member whose supervisor this is owns (and is charged for) its children
         if child.has_state:
             opts["state"] = child.state
         name = self._name(child)

@@ -11,7 +11,7 @@ import pytest
 import lattica
 from helpers import call_as, wait_for
 from lattica.actors import spawner as spawner_mod
-from lattica.errors import ActorNotFound, PermissionDenied, SpawnError
+from lattica.errors import ActorNotFound, LatticaError, PermissionDenied, SpawnError
 from lattica.runtime import ActorRef, spawner_ref
 from lattica.trust import MeshKey
 
@@ -115,3 +115,18 @@ def test_a_member_owns_a_bounded_number_of_actors_per_node(mesh_of_four, monkeyp
         _spawn(admin, host, name=f"admin{i}")  # administrators are not counted
     call_as(alice, spawner_ref(host.peer_id), "kill", "a0")
     _spawn(alice, host, name="a3")  # a stopped actor frees its slot
+
+
+def test_a_members_supervisor_cannot_spawn_past_the_members_quota(mesh_of_four, monkeypatch):
+    """Children a member's supervisor starts are the member's, and count against its quota (the
+    supervisor's node spawns them, which used to leave them unowned and uncounted)."""
+    host, admin, alice, bob = mesh_of_four
+    monkeypatch.setattr(spawner_mod, "MAX_ACTORS_PER_MEMBER", 3)
+    sup = _spawn(alice, host, cls=SUPERVISOR, args=(), name="sup")  # alice's first
+    kids = [call_as(alice, sup, "start_child", COUNTER, [i], None, timeout=10, kwargs={"node": str(host.peer_id)}) for i in range(2)]
+    with pytest.raises(LatticaError, match="already owns 3 actors"):
+        call_as(alice, sup, "start_child", COUNTER, [9], None, timeout=10, kwargs={"node": str(host.peer_id)})
+    spawner = host._host.runtime.actors["spawner"].instance
+    assert {spawner._owner.get(k.name) for k in kids} == {alice.peer_id}  # the member owns them
+    with pytest.raises(PermissionDenied):
+        call_as(bob, spawner_ref(host.peer_id), "kill", kids[0].name)

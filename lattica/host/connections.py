@@ -144,9 +144,10 @@ class Connections:
     def evictable(self, min_age: float = EVICT_MIN_AGE) -> Connection | None:
         """The connection to close to make room for a newcomer when full: the oldest whose peer
         has not identified after ``min_age`` seconds, else the longest-idle stranger's with no
-        stream (not protected); members' connections are never evicted. None: none qualifies."""
+        stream, else the least recently active stranger's (not protected); members' connections
+        are never evicted. None: none qualifies."""
         now = self.loop.time()
-        unidentified = stranger = None
+        unidentified = idle = busy = None
         for conn in self.all_conns:
             since = self.idle_since.get(conn, now)
             info = self.info.get(conn)
@@ -155,10 +156,13 @@ class Connections:
             if info is None:
                 if now - since >= min_age and (unidentified is None or since < self.idle_since[unidentified]):
                     unidentified = conn
-            elif info.circle == "stranger" and not conn.num_streams and conn.remote_peer not in self.protected:
-                if stranger is None or since < self.idle_since[stranger]:
-                    stranger = conn
-        return unidentified or stranger
+            elif info.circle == "stranger" and conn.remote_peer not in self.protected:
+                if not conn.num_streams:
+                    if idle is None or since < self.idle_since[idle]:
+                        idle = conn
+                elif busy is None or since < self.idle_since[busy]:
+                    busy = conn  # (a stream held open must not make a stranger unevictable)
+        return unidentified or idle or busy
 
     def protect(self, peer: PeerId, why: str) -> None:
         """Keep ``peer``'s connection open while idle (relay reservations, ...)."""

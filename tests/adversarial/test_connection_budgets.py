@@ -152,3 +152,20 @@ def test_an_idle_stranger_is_evicted_for_a_newcomer_a_member_never_is():
                     with pytest.raises(LatticaError):
                         other.connect(node.addrs[0], timeout=3)
                 assert member.ping(node.peer_id) > 0
+
+
+def test_a_stranger_holding_a_stream_open_is_still_evicted_for_a_newcomer():
+    import sample_actors as sa
+    from helpers import call_as, spawn_local
+
+    a, b = MeshKey.generate(), MeshKey.generate()
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=a, max_connections=2, membership=False, allow=["sample_actors.*"]) as node:
+        shop = spawn_local(node, sa.Shop, name="shop")  # open to strangers
+        with lattica.Node([], mesh=a, membership=False) as member, lattica.Node([], mesh=b, membership=False) as stranger:
+            member.connect(node.addrs[0])
+            stranger.connect(node.addrs[0])
+            call_as(stranger, shop, "browse")  # its call channel (a stream) stays open
+            assert wait_for(lambda: any(c.num_streams for c in node._host.conns_of.get(stranger.peer_id, ())))
+            with lattica.Node([], mesh=a, membership=False) as newcomer:
+                newcomer.connect(node.addrs[0])
+                assert wait_for(lambda: {p.peer_id for p in node.peers()} == {member.peer_id, newcomer.peer_id}), node.peers()

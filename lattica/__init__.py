@@ -2,13 +2,13 @@
 
 from lattica import dht, errors
 from lattica.remote import actor, public
-from lattica.api import aget_actor, akill, exit_actor, get_actor, init, kill, link, monitor, nat_status, node, nodes, require_caller, shutdown, unlink
+from lattica.api import aget_actor, akill, exit_actor, get_actor, init, kill, link, monitor, nat_status, node, nodes, shutdown, unlink
 from lattica.future import Future, get, wait
 from lattica.identify import PeerInfo
 from lattica.identity import KeyPair, PeerId
 from lattica.multiaddr import Multiaddr
 from lattica.node import Node
-from lattica.runtime import ActorRef, current_actor, current_caller
+from lattica.runtime import ActorRef, current_actor, current_caller, require_caller
 from lattica.supervisor import Supervisor
 
 __version__ = "0.1.0"

@@ -21,7 +21,7 @@ from lattica.monitors import Monitor
 from lattica.multiaddr import Multiaddr
 from lattica.nat import NatStatus
 from lattica.node import Node
-from lattica.runtime import ActorRef, current_actor, current_caller, require_caller, spawner_ref
+from lattica.runtime import ActorRef, current_actor, spawner_ref
 
 log = get_logger("lattica.api")
 

@@ -4,8 +4,6 @@ unfinished message is dropped at its deadline; honest calls go on. Real nodes on
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 import lattica

@@ -3,6 +3,7 @@
 actors, shut down (actors stopped) afterwards."""
 
 import os
+import time
 import sys
 
 import uuid
@@ -61,5 +62,10 @@ def mesh():
     with lattica.Node([tcp], mesh=a, allow=ALLOW) as host, lattica.Node([tcp], mesh=a) as member, lattica.Node([tcp], mesh=b) as stranger:
         member.connect(host.addrs[0])
         stranger.connect(host.addrs[0])
+        # connect() returns once the dialer has identified the host; wait for the host's side too
+        want = {str(member.peer_id), str(stranger.peer_id)}
+        deadline = time.monotonic() + 10
+        while want - {str(p.peer_id) for p in host.peers() if p.protocols} and time.monotonic() < deadline:
+            time.sleep(0.01)
         yield host, member, stranger
 

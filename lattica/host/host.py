@@ -500,7 +500,7 @@ class Host:
         out = []
         for peer, conn in self.conns.items():
             info = self.info.get(conn)
-            out.append(info or PeerInfo(peer, conn.transport, conn.direction, conn.remote_addr))
+            out.append(info or PeerInfo(peer, conn.transport, conn.direction, conn.remote_addr, circle_reason="it has not identified itself yet"))
         return out
 
 

@@ -240,3 +240,29 @@ def remote_error(type_name: str, message: str, remote_traceback: str = "") -> La
         return cls(type_name, message, remote_traceback)
     except Exception:
         return RemoteError(type_name, message, remote_traceback)
+
+
+# -- content (CIDs, blocks, transfers) ---------------------------------------------------------
+
+
+class ContentError(LatticaError):
+    """Base class of content-plane errors (CIDs, blocks, UnixFS objects, fetches)."""
+
+
+class InvalidCid(ContentError, ValueError):
+    """A CID's text or bytes are malformed, or name a codec or hash we do not support."""
+
+
+class BadBlock(ContentError, ProtocolError):
+    """A block does not match its CID, is too large, or is not a valid dag-pb/UnixFS node."""
+
+
+class BlockNotFound(ContentError, KeyError):
+    """A block is not in the blockstore (or no provider could supply it)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else "block not found"
+
+
+class StoreFull(ContentError, OSError):
+    """The blockstore (or the disk under it) has no room for a block, even after collection."""

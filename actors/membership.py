@@ -25,6 +25,7 @@ from lattica.errors import LatticaError, PeerGone, PeerUnreachable
 from lattica.identity import PeerId
 from lattica.membership import ALIVE, Member, MemberDown, Membership, MembershipConfig, SelfDowned
 from lattica.runtime import ASYNC, ActorRef, current_caller
+from lattica.trust import MemberNotary
 
 if TYPE_CHECKING:
     from lattica.hostview import HostView
@@ -74,7 +75,7 @@ class MembershipService:
         self.host: HostView = runtime.host
         self.resources = {**detect_resources(), **(resources or {})}
         self.labels = dict(labels or {})
-        self.core = Membership(str(self.host.peer_id), self._info(), config)
+        self.core = Membership(str(self.host.peer_id), self._info(), config, notary=MemberNotary(self.host.keypair, self.host.trust))
         self.core.reachable = self._connected
         self.on_down: list[Callable[[Member, str], None]] = []  # told of every MemberDown
         self.on_self_downed: list[Callable[[], None]] = []  # told when the mesh declared us dead

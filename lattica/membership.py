@@ -21,6 +21,14 @@ kinds of messages, both plain maps:
 A node that leaves says so (``leave``): its watchers mark it ``left`` at once, no timeout. Glue that
 sees a connection reset and a refused redial may call ``declare_dead`` directly (a killed process).
 
+Only a member speaks for itself: its ``alive`` and ``left`` statements (incarnation, state and
+info) are sealed by a :class:`Notary` (in a node: signed with its identity key and carrying its
+mesh certificates, ``lattica.trust.MemberNotary``), and a row without a valid seal from an
+admitted member is ignored, so nobody can revive, retire, re-describe or invent another member.
+A member raises its incarnation whenever its info changes, so an old statement replayed never
+overrides a newer one. Suspicions and death verdicts are hearsay by nature (a detector's
+finding): they name only an incarnation we already know, and a death needs two members' word.
+
 Nothing here reads a clock or touches a socket: ``tick(now)`` and ``receive(now, sender, msg)``
 return the messages to send and the events for the user, in the h11 style.
 """
@@ -31,7 +39,9 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
+
+import msgpack
 
 from lattica.config import MembershipConfig
 from lattica.digest import sha256
@@ -49,6 +59,8 @@ __all__ = [
     "MemberDown",
     "SelfDowned",
     "PhiAccrual",
+    "Notary",
+    "statement",
 ]
 
 ALIVE, SUSPECT, DEAD, LEFT = "alive", "suspect", "dead", "left"
@@ -59,7 +71,8 @@ _MAX_VIEW = 4096  # members in one full view
 MAX_MEMBERS = 4096  # members one node keeps (dead and departed ones until they are forgotten)
 _HEARSAY_FOR = 30.0  # seconds an unconfirmed verdict waits for a second member to say it
 _MAX_HEARSAY = 1024
-MAX_JUMP = 1 << 20  # hearsay names at most this many incarnations past the newest we know
+MAX_JUMP = 1 << 20  # hearsay about us names at most this many incarnations past our own
+_MAX_ID = 128
 MAX_INCARNATION = 1 << 48  # a rumor naming more is refused: the refutation (+1) must still encode
 _MAX_AMOUNT = 1e15  # the largest resource amount believed (bytes of memory included)
 _RESOURCE_KEYS = ("cpu", "memory", "gpus")
@@ -91,6 +104,20 @@ def valid_info(info: Any) -> bool:
     return True
 
 
+class Notary(Protocol):
+    """Seals our own statements and checks a member's seal on its statement (see the module
+    docstring); ``statement`` is the bytes :func:`statement` makes."""
+
+    def seal(self, statement: bytes) -> Any: ...
+
+    def admits(self, member_id: str, statement: bytes, proof: Any, now: float) -> bool: ...
+
+
+def statement(member_id: str, incarnation: int, state: str, info: dict) -> bytes:
+    """The bytes a member seals to say it is ``state`` (alive or left) in ``incarnation``."""
+    return msgpack.packb(("lattica-membership/1", member_id, incarnation, state, info))
+
+
 @dataclass
 class Member:
     id: str
@@ -98,6 +125,7 @@ class Member:
     state: str = ALIVE
     info: dict = field(default_factory=dict)
     since: float = 0.0  # local time of the last state change
+    proof: Any = None  # the member's seal on its newest alive/left statement we hold
 
 
 @dataclass(frozen=True)
@@ -175,9 +203,12 @@ def _ring_key(member_id: str) -> bytes:
 class Membership:
     """One node's view of the mesh; see the module docstring."""
 
-    def __init__(self, me: str, info: dict | None = None, config: MembershipConfig | None = None, *, rng: random.Random | None = None) -> None:
+    def __init__(self, me: str, info: dict | None = None, config: MembershipConfig | None = None, *, notary: Notary, rng: random.Random | None = None) -> None:
         self.cfg = config or MembershipConfig()
+        self._notary = notary
+        self._left = False
         self.me = Member(me, 0, ALIVE, dict(info or {}))
+        self._seal()
         self.members: dict[str, Member] = {}
         self._detectors: dict[str, PhiAccrual] = {}
         self._rumors: dict[str, int] = {}  # member id -> transmissions left
@@ -189,7 +220,6 @@ class Membership:
         # go only there, so membership never makes a node dial anyone
         self.reachable: Callable[[str], bool] = lambda member_id: True
         self._next_sync = 0.0
-        self._left = False
         self._downed_at = -1  # the newest incarnation in which we heard we were declared dead
         self._hearsay: dict[tuple[str, int, str], tuple[float, set[str]]] = {}  # unconfirmed verdicts: first heard, by whom
         # members that must hear they were declared dead (still talking to us, or back in a newer
@@ -206,9 +236,16 @@ class Membership:
         return self.me if member_id == self.me.id else self.members.get(member_id)
 
     def update_info(self, info: dict) -> None:
-        """Our own resources, labels or load changed: spread it (same incarnation, newer info)."""
+        """Our own resources, labels or load changed: spread it in a newer incarnation (so an
+        older statement of ours, replayed, never overrides it)."""
         self.me.info = dict(info)
+        self.me.incarnation += 1
+        self._seal()
         self._spread(self.me.id)
+
+    def _seal(self) -> None:
+        me = self.me
+        me.proof = self._notary.seal(statement(me.id, me.incarnation, LEFT if self._left else ALIVE, {} if self._left else me.info))
 
     # -- inputs -----------------------------------------------------------------------------
 
@@ -253,49 +290,60 @@ class Membership:
         return events
 
     def _rumor(self, now: float, r: Any, sender: str, spread: bool = True) -> list:
-        if type(r) is not list or len(r) != 4:
+        if type(r) is not list or len(r) != 5:
             return []
-        mid, inc, state, info = r
-        if type(mid) is not str or type(inc) is not int or not 0 <= inc < MAX_INCARNATION or type(state) is not str or state not in _RANK or not valid_info(info):
+        mid, inc, state, info, proof = r
+        if type(mid) is not str or len(mid) > _MAX_ID or type(inc) is not int or not 0 <= inc < MAX_INCARNATION or type(state) is not str or state not in _RANK or not valid_info(info):
+            return []
+        own = state in (ALIVE, LEFT)  # the member's own statement: believed only under its seal
+        if own and not self._notary.admits(mid, statement(mid, inc, state, info), proof, now):
             return []
         if mid != sender and state != ALIVE and self._seen_alive(mid, now):
             return []  # hearsay does not outweigh our own evidence: it is connected to us, or beats
         if mid == self.me.id:
-            events: list = []
-            if state != ALIVE and inc > self.me.incarnation + MAX_JUMP:
-                return []  # nobody else can know a much newer incarnation of ours: forged
-            # our death needs two members' word (one if no other is up): one liar cannot make us
-            # stop our supervised actors
-            if state == DEAD and inc > self._downed_at and not self._left and self._heard_from_enough(now, mid, inc, state, sender):
-                self._downed_at = inc  # (told once per verdict, even if a suspicion was refuted first)
-                events.append(SelfDowned(max(self.me.incarnation, inc + 1)))
-            if state != ALIVE and inc >= self.me.incarnation and not self._left:
-                self.me.incarnation = inc + 1  # refute: we are alive, in a newer incarnation
-                self._spread(self.me.id)
-            return events
+            return self._about_us(now, inc, state, sender)
         m = self.members.get(mid)
-        if mid != sender and (inc > (m.incarnation if m is not None else 0) + MAX_JUMP or (m is not None and state != ALIVE and inc > m.incarnation)):
-            # only a member raises its own incarnation: a verdict naming one newer than we know
-            # of it (or any far newer claim) comes from no detector, and would leave it no room
-            # to refute
-            return []
+        if not own:  # a suspicion or a verdict: some detector's finding, hearsay to us
+            if m is None or mid == sender or inc > m.incarnation or not _overrides(inc, state, m.incarnation, m.state):
+                # only a member raises its own incarnation: a verdict naming a newer one than we
+                # know of it comes from no detector (and would leave it no room to refute)
+                return []
+            if state == DEAD and not self._heard_from_enough(now, mid, inc, state, sender):
+                return []  # one member's word is not enough (and is not passed on until confirmed)
+            return self._set(now, m, state, inc, m.info)
         if m is None:
-            if state in (DEAD, LEFT) or len(self.members) >= MAX_MEMBERS:
-                return []  # news of the death of a stranger: nothing to do (or no room)
-            m = self.members[mid] = Member(mid, inc, state, info, now)
+            if state == LEFT or len(self.members) >= MAX_MEMBERS:
+                return []  # the goodbye of a member we never knew: nothing to do (or no room)
+            m = self.members[mid] = Member(mid, inc, state, info, now, proof)
             self._ring = None
             if spread:
                 self._spread(mid)
             return [MemberUp(m)]
+        if m.proof is None and state == ALIVE == m.state and inc == m.incarnation:
+            m.info, m.proof = info, proof  # the first statement of a member we met by connection
+            self._spread(mid)
+            return [MemberChanged(m)]
         if not _overrides(inc, state, m.incarnation, m.state):
-            if inc == m.incarnation and state == m.state and info and info != m.info and state in (ALIVE, SUSPECT):
-                m.info = info
-                self._spread(mid)
-                return [MemberChanged(m)]
             return []
-        if mid != sender and state in (DEAD, LEFT) and not self._heard_from_enough(now, mid, inc, state, sender):
-            return []  # one member's word is not enough (and is not passed on until confirmed)
+        m.proof = proof
         return self._set(now, m, state, inc, info or m.info)
+
+    def _about_us(self, now: float, inc: int, state: str, sender: str) -> list:
+        """A rumor about ourselves: a suspicion or verdict is refuted in a newer incarnation; our
+        death, once two members say it, is also reported (SelfDowned)."""
+        events: list = []
+        if state == ALIVE or inc > self.me.incarnation + MAX_JUMP:
+            return []  # nobody else can know a much newer incarnation of ours: forged
+        # our death needs two members' word (one if no other is up): one liar cannot make us
+        # stop our supervised actors
+        if state == DEAD and inc > self._downed_at and not self._left and self._heard_from_enough(now, self.me.id, inc, state, sender):
+            self._downed_at = inc  # (told once per verdict, even if a suspicion was refuted first)
+            events.append(SelfDowned(max(self.me.incarnation, inc + 1)))
+        if inc >= self.me.incarnation and not self._left:
+            self.me.incarnation = inc + 1  # refute: we are alive, in a newer incarnation
+            self._seal()
+            self._spread(self.me.id)
+        return events
 
     def _heard_from_enough(self, now: float, mid: str, inc: int, state: str, sender: str) -> bool:
         """A verdict about ``mid`` we have only by hearsay (or, about us, our death) counts once
@@ -379,7 +427,8 @@ class Membership:
     def leave(self) -> dict:
         """We are leaving: the message to send to everyone we can (watchers first)."""
         self._left = True
-        return {"rumors": [[self.me.id, self.me.incarnation, LEFT, {}]]}
+        self._seal()
+        return {"rumors": [[self.me.id, self.me.incarnation, LEFT, {}, self.me.proof]]}
 
     # -- the clock ------------------------------------------------------------------------------
 
@@ -416,7 +465,7 @@ class Membership:
         for mid, inc in self._tell_dead.items():
             m = self.members.get(mid)
             if m is not None and m.state != LEFT and self.reachable(mid):
-                out.append((mid, {"rumors": [[m.id, inc, DEAD, m.info]]}))
+                out.append((mid, {"rumors": [[m.id, inc, DEAD, m.info, None]]}))
         self._tell_dead.clear()
         sync = [mid for mid in self._welcome if mid in self.members and self.reachable(mid)][:3]
         self._welcome.clear()
@@ -432,8 +481,8 @@ class Membership:
 
     def view(self) -> list:
         """Everything we believe, as rumors (for anti-entropy)."""
-        rows = [[self.me.id, self.me.incarnation, ALIVE, self.me.info]]
-        rows += [[m.id, m.incarnation, m.state, m.info] for m in self.members.values()]
+        rows = [_row(self.me)]
+        rows += [_row(m) for m in self.members.values() if m.proof is not None or m.state in (SUSPECT, DEAD)]
         return rows[:_MAX_VIEW]
 
     # -- internals ------------------------------------------------------------------------------
@@ -466,18 +515,23 @@ class Membership:
         out = []
         for mid in list(self._rumors):
             m = self.get(mid)
-            if m is None:
-                del self._rumors[mid]
+            if m is None or (m.proof is None and m.state in (ALIVE, LEFT)):
+                del self._rumors[mid]  # (a member we met by connection: its own statement is news)
                 continue
-            out.append([m.id, m.incarnation, m.state, m.info])
+            out.append(_row(m))
             self._rumors[mid] -= 1
             if self._rumors[mid] <= 0:
                 del self._rumors[mid]
             if len(out) >= _MAX_RUMORS:
                 break
         if not any(r[0] == self.me.id for r in out):  # always say who we are (joins, info)
-            out.append([self.me.id, self.me.incarnation, ALIVE, self.me.info])
+            out.append(_row(self.me))
         return out
+
+
+def _row(m: Member) -> list:
+    """A member as a rumor: its own sealed statement when alive or left, a bare finding otherwise."""
+    return [m.id, m.incarnation, m.state, m.info, m.proof if m.state in (ALIVE, LEFT) else None]
 
 
 def _overrides(inc: int, state: str, cur_inc: int, cur_state: str) -> bool:

@@ -22,7 +22,7 @@ from typing import Any, Iterable, NamedTuple
 from lattica.errors import KeyFileError, LatticaError
 from lattica.identity import KeyPair, PeerId, b58encode, verify_signature
 
-__all__ = ["SELF", "MEMBER", "STRANGER", "Certificate", "MeshKey", "Trust", "Verdict", "load_trust", "read_credential", "default_mesh_path", "mesh_name"]
+__all__ = ["SELF", "MEMBER", "STRANGER", "Certificate", "MeshKey", "MemberNotary", "Trust", "Verdict", "load_trust", "read_credential", "default_mesh_path", "mesh_name"]
 
 SELF, MEMBER, STRANGER = "self", "member", "stranger"
 
@@ -262,6 +262,49 @@ class Trust:
         if self.members:
             parts.append(f"{len(self.members)} listed peer(s)")
         return "members: " + (", ".join(parts) if parts else "none but this node")
+
+
+class MemberNotary:
+    """Seals this node's membership statements (``lattica.membership``) with its identity key and
+    its mesh certificates, and admits another's only when the statement is signed by the key its
+    PeerId names and the certificates make it a member of our mesh (or it is ourselves)."""
+
+    _CACHE = 4096
+
+    def __init__(self, keypair: KeyPair, trust: Trust) -> None:
+        self._keypair = keypair
+        self._trust = trust
+        self._checked: dict[tuple, float] = {}  # (member, statement, signature, certs) -> admitted until
+
+    def seal(self, statement: bytes) -> list:
+        return [self._keypair.sign(statement), self._trust.presented]
+
+    def admits(self, member_id: str, statement: bytes, proof: Any, now: float) -> bool:
+        if type(proof) is not list or len(proof) != 2 or type(proof[0]) is not bytes or type(proof[1]) is not list:
+            return False
+        certs = proof[1]
+        if len(certs) > MAX_PRESENTED or not all(type(c) is bytes and len(c) <= MAX_CERT_BYTES for c in certs):
+            return False
+        key = (member_id, statement, proof[0], *certs)
+        until = self._checked.get(key)
+        if until is None:
+            until = self._check(member_id, statement, proof[0], certs, now)
+            if len(self._checked) >= self._CACHE:
+                del self._checked[next(iter(self._checked))]
+            self._checked[key] = until
+        return now < until
+
+    def _check(self, member_id: str, statement: bytes, signature: bytes, certs: list, now: float) -> float:
+        """Until when the statement admits its member (0.0: it does not)."""
+        try:
+            peer = PeerId.from_string(member_id)
+        except LatticaError:
+            return 0.0
+        public = peer.public_key()
+        if public is None or not verify_signature(public, signature, statement):
+            return 0.0
+        verdict = self._trust.judge(peer, certs, now)
+        return verdict.until if verdict.circle in (SELF, MEMBER) else 0.0
 
 
 def default_mesh_path() -> Path:

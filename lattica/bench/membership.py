@@ -14,7 +14,44 @@ import statistics
 import time
 from typing import Any
 
+from lattica.digest import sha256
+from lattica.identity import KeyPair, verify_signature
 from lattica.membership import DEAD, LEFT, Membership, MembershipConfig, MemberDown
+
+
+class SimNotary:
+    """Seals for simulated members named by plain strings: each name gets an Ed25519 key derived
+    from it, statements are really signed and checked (each distinct one once, as a node's
+    cache would), and every named member is admitted. One notary serves a whole simulation."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, KeyPair] = {}
+        self._checked: dict[tuple, bool] = {}
+        self.me = ""  # whose statements ``seal`` signs (see ``for_member``)
+
+    def _key(self, name: str) -> KeyPair:
+        key = self._keys.get(name)
+        if key is None:
+            key = self._keys[name] = KeyPair.from_seed(sha256(name.encode()))
+        return key
+
+    def for_member(self, name: str) -> SimNotary:
+        """The notary as seen by member ``name`` (sharing keys and the check cache)."""
+        view = object.__new__(SimNotary)
+        view._keys, view._checked, view.me = self._keys, self._checked, name
+        return view
+
+    def seal(self, statement: bytes) -> bytes:
+        return self._key(self.me).sign(statement)
+
+    def admits(self, member_id: str, statement: bytes, proof: Any, now: float) -> bool:
+        if type(proof) is not bytes:
+            return False
+        key = (member_id, statement, proof)
+        ok = self._checked.get(key)
+        if ok is None:
+            ok = self._checked[key] = verify_signature(self._key(member_id).public_key, proof, statement)
+        return ok
 
 
 def simulate(
@@ -30,7 +67,8 @@ def simulate(
     cfg = config or MembershipConfig()
     rng = random.Random(seed)
     ids = [f"n{i}" for i in range(n)]
-    nodes = {i: Membership(i, {"cpu": 4}, cfg, rng=random.Random(rng.random())) for i in ids}
+    notary = SimNotary()
+    nodes = {i: Membership(i, {"cpu": 4}, cfg, notary=notary.for_member(i), rng=random.Random(rng.random())) for i in ids}
     running = set(ids)
     heap: list = []
     seq = 0

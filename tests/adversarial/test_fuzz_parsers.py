@@ -19,7 +19,8 @@ from lattica.actors.dht.lookups import DhtLookups, Garbage
 from lattica.errors import LatticaError
 from lattica.holepunch import Initiator, Punch, Responder
 from lattica.identity import KeyPair, PeerId
-from lattica.membership import ALIVE, Membership, valid_info
+from lattica.bench.membership import SimNotary
+from lattica.membership import ALIVE, Membership, statement, valid_info
 from lattica.multiaddr import Multiaddr
 from lattica.records import PeerRecord, StoreLimits, check_entry, decode_subkey, entry_from_wire, sign_entry, entry_to_wire
 from lattica.transports.circuit import check_answer, parse_connect
@@ -133,11 +134,16 @@ def test_dht_closer_peers(obj):
 # -- membership gossip ---------------------------------------------------------------------------
 
 
+_NOTARY = SimNotary()
+
+
 def _gossip(mid: str) -> dict:
-    return {"hb": True, "rumors": [[mid, 3, ALIVE, {"cpu": 4, "labels": {"zone": "a"}}]], "view": [[mid, 3, ALIVE, {}]]}
+    info = {"cpu": 4, "labels": {"zone": "a"}}
+    seal = _NOTARY.for_member(mid).seal
+    return {"hb": True, "rumors": [[mid, 3, ALIVE, info, seal(statement(mid, 3, ALIVE, info))]], "view": [[mid, 2, ALIVE, {}, seal(statement(mid, 2, ALIVE, {}))]]}
 
 
-rumor = st.one_of(values, st.lists(values, min_size=4, max_size=4), st.tuples(st.text(max_size=8), st.integers(-1, 2**49), st.sampled_from(["alive", "suspect", "dead", "left", "x"]) | values, values).map(list))
+rumor = st.one_of(values, st.lists(values, min_size=5, max_size=5), st.tuples(st.text(max_size=8), st.integers(-1, 2**49), st.sampled_from(["alive", "suspect", "dead", "left", "x"]) | values, values, values | st.binary(min_size=64, max_size=64)).map(list))
 
 
 @FUZZ
@@ -145,7 +151,7 @@ rumor = st.one_of(values, st.lists(values, min_size=4, max_size=4), st.tuples(st
 def test_membership_gossip_never_raises_and_keeps_rows_valid(data):
     shaped = st.dictionaries(st.sampled_from(["hb", "unwatch", "rumors", "view", "other"]), st.one_of(values, st.lists(rumor, max_size=5)), max_size=4)
     msg = data.draw(shaped) if data.draw(st.booleans()) else fuzzed(data, _gossip("peer-y"))
-    m = Membership("me", {"cpu": 1}, rng=random.Random(1))
+    m = Membership("me", {"cpu": 1}, notary=_NOTARY.for_member("me"), rng=random.Random(1))
     m.receive(NOW, "sender", msg)
     m.receive(NOW + 1, "sender", msg)  # twice: the second meets the state the first left
     assert all(valid_info(x.info) or x.info == {} for x in m.members.values())

@@ -541,7 +541,7 @@ def test_a_rumor_that_a_live_holder_left_does_not_cost_it_its_reservation():
             behind = lattica.PeerId.from_string(private.peer_id)
             assert wait_for(lambda: relay._host.relay.has_reservation(behind), timeout=10)
             liar.connect(relay.addrs[0])
-            forged = {"rumors": [[private.peer_id, 7, "left", {}]]}
+            forged = {"rumors": [[private.peer_id, 7, "left", {}, [bytes(64), []]]]}  # a goodbye it never signed
             rt = liar._host.runtime
             liar.run(_wait(rt.call(membership_ref(relay.peer_id), "gossip", (forged,), {}, timeout=5)), timeout=10)
             states = lambda: {r["peer_id"]: r["state"] for r in relay.nodes()}  # noqa: E731

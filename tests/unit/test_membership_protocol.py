@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
-from lattica.membership import ALIVE, DEAD, LEFT, MAX_INCARNATION, SUSPECT, Membership, MembershipConfig, MemberDown, PhiAccrual, SelfDowned
+from lattica.bench.membership import SimNotary
+from lattica.membership import ALIVE, DEAD, LEFT, MAX_INCARNATION, SUSPECT, MembershipConfig, MemberDown, PhiAccrual, SelfDowned, statement
+from lattica.membership import Membership as _Membership
+
+NOTARY = SimNotary()  # real Ed25519 signatures, one key per member name
+
+
+def Membership(me, info=None, config=None):
+    return _Membership(me, info, config, notary=NOTARY.for_member(me))
+
+
+def row(mid, inc, state, info=None):
+    """A rumor as member ``mid`` (alive, left: sealed by it) or anyone (suspect, dead) writes it."""
+    info = info or {}
+    proof = NOTARY.for_member(mid).seal(statement(mid, inc, state, info)) if state in (ALIVE, LEFT) else None
+    return [mid, inc, state, info, proof]
 
 
 def test_phi_stays_low_on_time_and_grows_with_silence():
@@ -103,8 +118,8 @@ def test_declared_dead_by_outside_evidence_at_once():
 def test_a_dead_member_comes_back_only_in_a_newer_incarnation():
     a, b = _pair()
     a.declare_dead(1.0, "b", "test")
-    assert a.receive(1.1, "b", {"rumors": [["b", 0, ALIVE, {}]]}) == []
-    ev = a.receive(1.2, "b", {"rumors": [["b", 1, ALIVE, {"cpu": 8}]]})
+    assert a.receive(1.1, "b", {"rumors": [row("b", 0, ALIVE, {})]}) == []
+    ev = a.receive(1.2, "b", {"rumors": [row("b", 1, ALIVE, {"cpu": 8})]})
     assert a.get("b").state == ALIVE and a.get("b").info == {"cpu": 8} and ev
 
 
@@ -114,12 +129,12 @@ def test_a_member_back_from_the_dead_without_hearing_it_is_told_its_verdict():
     # been declared dead (its supervised actors were restarted elsewhere meanwhile).
     a, b = _pair()
     a.declare_dead(1.0, "b", "frozen")
-    b.receive(1.5, "a", {"rumors": [["b", 0, SUSPECT, {}]]})  # (a's suspicion reached b first)
+    b.receive(1.5, "a", {"rumors": [row("b", 0, SUSPECT, {})]})  # (a's suspicion reached b first)
     assert b.me.incarnation == 1
-    a.receive(1.6, "b", {"rumors": [["b", 1, ALIVE, {}]]})
+    a.receive(1.6, "b", {"rumors": [row("b", 1, ALIVE, {})]})
     assert a.get("b").state == ALIVE
     out, _ = a.tick(1.7)
-    told = [msg for to, msg in out if to == "b" and ["b", 0, DEAD, {}] in msg.get("rumors", [])]
+    told = [msg for to, msg in out if to == "b" and row("b", 0, DEAD, {}) in msg.get("rumors", [])]
     assert len(told) == 1
     events = b.receive(1.8, "a", told[0])
     assert [type(e) for e in events] == [SelfDowned]
@@ -133,18 +148,18 @@ def test_one_members_word_does_not_take_a_live_node_out_of_the_mesh():
     a = Membership("a", {})
     for m in ("b", "c", "y"):
         a.add(0.0, m)
-    assert a.receive(1.0, "b", {"rumors": [["y", 0, DEAD, {}]]}) == []
+    assert a.receive(1.0, "b", {"rumors": [row("y", 0, DEAD, {})]}) == []
     assert a.get("y").state == ALIVE
-    assert a.receive(1.0, "b", {"rumors": [["y", 0, DEAD, {}]]}) == []  # saying it twice is still one member
-    events = a.receive(1.2, "c", {"rumors": [["y", 0, DEAD, {}]]})  # a second member: it stands
+    assert a.receive(1.0, "b", {"rumors": [row("y", 0, DEAD, {})]}) == []  # saying it twice is still one member
+    events = a.receive(1.2, "c", {"rumors": [row("y", 0, DEAD, {})]})  # a second member: it stands
     assert a.get("y").state == DEAD and [type(e) for e in events] == [MemberDown]
     y = Membership("y", {})
     for m in ("a", "b", "c"):
         y.add(0.0, m)
     y.tick(0.5)  # (a, b and c all watch y: even a watcher's word alone is not enough)
-    assert [type(e) for e in y.receive(1.0, "a", {"rumors": [["y", 0, DEAD, {}]]})] == []
+    assert [type(e) for e in y.receive(1.0, "a", {"rumors": [row("y", 0, DEAD, {})]})] == []
     assert y.me.incarnation == 1  # refuted, children kept
-    assert [type(e) for e in y.receive(1.1, "b", {"rumors": [["y", 0, DEAD, {}]]})] == [SelfDowned]  # two accusers
+    assert [type(e) for e in y.receive(1.1, "b", {"rumors": [row("y", 0, DEAD, {})]})] == [SelfDowned]  # two accusers
 
 
 def test_hearsay_cannot_name_an_incarnation_a_member_never_had():
@@ -153,27 +168,27 @@ def test_hearsay_cannot_name_an_incarnation_a_member_never_had():
     a = Membership("a", {})
     for m in ("b", "c", "y"):
         a.add(0.0, m)
-    a.receive(0.5, "y", {"rumors": [["y", 3, ALIVE, {}]]})
+    a.receive(0.5, "y", {"rumors": [row("y", 3, ALIVE, {})]})
     for inc in (4, MAX_INCARNATION - 1):
-        assert a.receive(1.0, "b", {"rumors": [["y", inc, SUSPECT, {}]]}) == []
-        assert a.receive(1.0, "c", {"rumors": [["y", inc, DEAD, {}]]}) == []
+        assert a.receive(1.0, "b", {"rumors": [row("y", inc, SUSPECT, {})]}) == []
+        assert a.receive(1.0, "c", {"rumors": [row("y", inc, DEAD, {})]}) == []
     assert a.get("y").state == ALIVE and a.get("y").incarnation == 3
-    assert a.receive(1.1, "b", {"rumors": [["y", 3, SUSPECT, {}]]})  # the incarnation it has: fine
+    assert a.receive(1.1, "b", {"rumors": [row("y", 3, SUSPECT, {})]})  # the incarnation it has: fine
     y = Membership("y", {})
     y.add(0.0, "b")
-    assert y.receive(1.0, "b", {"rumors": [["y", MAX_INCARNATION - 1, SUSPECT, {}]]}) == []
+    assert y.receive(1.0, "b", {"rumors": [row("y", MAX_INCARNATION - 1, SUSPECT, {})]}) == []
     assert y.me.incarnation == 0  # not pushed to the edge
-    y.receive(1.0, "b", {"rumors": [["y", 5, DEAD, {}]]})  # a restarted node's old verdict: a small step
+    y.receive(1.0, "b", {"rumors": [row("y", 5, DEAD, {})]})  # a restarted node's old verdict: a small step
     assert y.me.incarnation == 6
 
 
 def test_hostile_messages_are_ignored():
     a, _ = _pair()
-    for msg in (None, [], "x", {"rumors": "no"}, {"rumors": [1, [1, 2], ["c", "x", ALIVE, {}], ["c", 1, "zombie", {}]]},
-                {"rumors": [["c", 0, ALIVE, {str(i): i for i in range(100)}]]}, {"view": [["d", -1 << 70, DEAD, {}]]}):
+    for msg in (None, [], "x", {"rumors": "no"}, {"rumors": [1, [1, 2], row("c", "x", ALIVE, {}), row("c", 1, "zombie", {})]},
+                {"rumors": [row("c", 0, ALIVE, {str(i): i for i in range(100)})]}, {"view": [row("d", -1 << 70, DEAD, {})]}):
         a.receive(0.5, "b", msg)
     assert set(a.members) == {"b"}
-    many = {"rumors": [[f"m{i}", 0, ALIVE, {}] for i in range(1000)]}
+    many = {"rumors": [row(f"m{i}", 0, ALIVE, {}) for i in range(1000)]}
     a.receive(0.6, "b", many)
     assert len(a.members) <= 1 + 32  # at most 32 rumors are read from one message
 
@@ -232,8 +247,8 @@ def test_hearsay_of_death_or_departure_does_not_outweigh_our_own_detector():
 
 def test_hearsay_about_a_member_we_do_not_watch_still_spreads():
     a = Membership("a")
-    a.receive(0.0, "c", {"rumors": [["x", 0, ALIVE, {}]]})
-    events = a.receive(1.0, "c", {"rumors": [["x", 0, DEAD, {}]]})
+    a.receive(0.0, "c", {"rumors": [row("x", 0, ALIVE, {})]})
+    events = a.receive(1.0, "c", {"rumors": [row("x", 0, DEAD, {})]})
     assert any(isinstance(e, MemberDown) for e in events) and a.get("x").state == DEAD
 
 
@@ -241,22 +256,54 @@ def test_rumors_with_huge_incarnations_bad_rows_or_past_the_table_bound_are_skip
     from lattica import membership as mb
 
     a = Membership("a")
-    a.receive(0.0, "c", {"rumors": [["x", 2**64 - 1, ALIVE, {}], ["y", 1 << 48, ALIVE, {}]]})
+    a.receive(0.0, "c", {"rumors": [row("x", 2**64 - 1, ALIVE, {}), row("y", 1 << 48, ALIVE, {})]})
     assert a.get("x") is None and a.get("y") is None
     bad_rows = [
         {"cpu": "lots"}, {"cpu": float("inf")}, {"memory": -1}, {"gpus": 1e300},
         {"labels": {"zone": 3}}, {"labels": "eu"}, {"load": {"actors": "many"}}, {"load": {"reserved": {"cpu": float("nan")}}},
     ]
     for i, info in enumerate(bad_rows):
-        a.receive(0.0, "c", {"rumors": [[f"bad{i}", 0, ALIVE, info]]})
+        a.receive(0.0, "c", {"rumors": [row(f"bad{i}", 0, ALIVE, info)]})
     assert not any(m.startswith("bad") for m in a.members)
-    a.receive(0.0, "c", {"rumors": [["good", 0, ALIVE, {"cpu": 8, "memory": 1 << 34, "labels": {"zone": "eu"}, "load": {"actors": 3, "reserved": {"cpu": 2}}}]]})
+    a.receive(0.0, "c", {"rumors": [row("good", 0, ALIVE, {"cpu": 8, "memory": 1 << 34, "labels": {"zone": "eu"}, "load": {"actors": 3, "reserved": {"cpu": 2}}})]})
     assert a.get("good").info["cpu"] == 8
     old = mb.MAX_MEMBERS
     mb.MAX_MEMBERS = len(a.members) + 2
     try:
         for i in range(0, 40, 8):
-            a.receive(0.0, "c", {"view": [[f"n{i + j}", 0, ALIVE, {}] for j in range(8)]})
+            a.receive(0.0, "c", {"view": [row(f"n{i + j}", 0, ALIVE, {}) for j in range(8)]})
         assert len(a.members) == mb.MAX_MEMBERS and a.add(0.0, "one-more") == []
     finally:
         mb.MAX_MEMBERS = old
+
+
+def test_only_a_member_speaks_for_itself():
+    """Alive and left are a member's own sealed statements: a row about b that b did not seal
+    (or sealed for other words) moves nothing; b's own, passed on by anyone, is believed; a
+    suspicion names no one new."""
+    a = Membership("a", {})
+    a.add(0.0, "c")
+    a.receive(0.0, "c", {"rumors": [row("b", 2, ALIVE, {"cpu": 4})]})  # b's own statement, relayed by c
+    assert a.get("b").incarnation == 2 and a.get("b").info == {"cpu": 4}
+    forged = [
+        ["b", 3, ALIVE, {"cpu": 1000}, None],
+        ["b", 3, ALIVE, {"cpu": 1000}, NOTARY.for_member("c").seal(statement("b", 3, ALIVE, {"cpu": 1000}))],
+        ["b", 3, ALIVE, {"cpu": 1000}, row("b", 3, ALIVE, {"cpu": 4})[4]],  # b's seal on other info
+        ["b", 2, LEFT, {}, row("b", 2, ALIVE, {"cpu": 4})[4]],
+    ]
+    assert a.receive(1.0, "c", {"rumors": forged}) == []
+    assert (a.get("b").state, a.get("b").incarnation, a.get("b").info) == (ALIVE, 2, {"cpu": 4})
+    assert a.receive(1.0, "c", {"rumors": [row("x", 0, SUSPECT, {})]}) == [] and a.get("x") is None
+    events = a.receive(1.1, "c", {"rumors": [row("b", 2, LEFT, {})]})  # b's goodbye: one relay is enough
+    assert [type(e) for e in events] == [MemberDown] and a.get("b").state == LEFT
+
+
+def test_new_info_comes_in_a_new_incarnation_so_old_statements_cannot_be_replayed():
+    a, b = _pair()
+    _run([a, b], 2.0)
+    first = [r for r in b._news() if r[0] == "b"][0]
+    b.update_info({"cpu": 64})
+    assert b.me.incarnation == first[1] + 1
+    _run([a, b], 4.0, start=2.05)
+    assert a.get("b").info == {"cpu": 64}
+    assert a.receive(4.1, "b", {"rumors": [first]}) == [] and a.get("b").info == {"cpu": 64}

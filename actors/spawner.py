@@ -39,6 +39,7 @@ class Spawner:
         self._incarnation: dict[str, str] = {}  # actor name -> the token its supervisor started it with
         self._owner: dict[str, PeerId] = {}  # actor name -> the node that spawned it (absent: this node)
         self._supervisor_node: dict[str, PeerId] = {}  # actor name -> its supervisor's node
+        self._supervisor_ref: dict[str, ActorRef] = {}  # actor name -> its supervisor, as it named itself
         self._owned: dict[PeerId, int] = {}  # node -> how many actors here it owns
         runtime.stop_listeners.append(self._release)
 
@@ -74,6 +75,7 @@ class Spawner:
         self._supervisor.pop(name, None)
         self._incarnation.pop(name, None)
         self._supervisor_node.pop(name, None)
+        self._supervisor_ref.pop(name, None)
         owner = self._owner.pop(name, None)
         if owner is not None:
             left = self._owned.pop(owner, 1) - 1
@@ -218,6 +220,7 @@ class Spawner:
             self._bind(actor.name, sup)
             self._supervisor[actor.name] = sup.name
             self._supervisor_node[actor.name] = sup.peer_id
+            self._supervisor_ref[actor.name] = sup
             if incarnation is not None:
                 self._incarnation[actor.name] = incarnation
         failure = await asyncio.shield(actor.ready)

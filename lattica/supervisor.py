@@ -165,6 +165,16 @@ class Supervisor:
                 raise
         return self._stable(child)
 
+    async def locate(self, name: str) -> ActorRef | None:
+        """Where child ``name`` (its full name, ``<supervisor>/<id>``) runs now: its plain ref,
+        or None while it is down or being restarted. Stable refs ask this when their actor is
+        gone: the supervisor, not whoever registered the name last in the DHT, says where it is."""
+        child = next((c for c in self._children if self._name(c) == name), None) if self._me is not None else None
+        ref = child.ref if child is not None else None
+        if ref is None or self._rt.node_down(ref.peer_id):
+            return None
+        return ActorRef(ref.peer_id, ref.name, ref.methods, ref.window)
+
     async def children(self) -> list[ActorRef]:
         """Stable refs of the children, in start order (valid across restarts)."""
         await self._wait_ready()
@@ -213,7 +223,17 @@ class Supervisor:
         ref = child.ref
         methods = ref.methods if ref is not None else {}
         peer = ref.peer_id if ref is not None else self._rt.peer_id
-        return ActorRef(peer, self._name(child), methods, ref.window if ref is not None else DEFAULT_WINDOW, stable=True)
+        return ActorRef(peer, self._name(child), methods, ref.window if ref is not None else DEFAULT_WINDOW, stable=True, supervisor=self._anchor())
+
+    def _anchor(self) -> ActorRef:
+        """This supervisor as its children's stable refs name it: stable itself (following its
+        own supervisor) when it is a supervised child, else its plain ref."""
+        me = self._me
+        spawner = self._rt.services.get("spawner")
+        parent = spawner._supervisor_ref.get(me.name) if spawner is not None else None  # type: ignore[union-attr]
+        if parent is None:
+            return me  # type: ignore[return-value]
+        return ActorRef(me.peer_id, me.name, me.methods, me.window, stable=True, supervisor=parent)  # type: ignore[union-attr]
 
     async def _start(self, child: _Child, avoid: str | None = None) -> None:
         rt = self._rt
@@ -221,7 +241,7 @@ class Supervisor:
             child.recovered = True
             await self._recover(child)
         incarnation = os.urandom(8).hex()
-        opts: dict[str, Any] = {"publish": True, "supervisor": self._me, "incarnation": incarnation}
+        opts: dict[str, Any] = {"publish": True, "supervisor": self._anchor(), "incarnation": incarnation}
         spawner = rt.services.get("spawner")
         owner = spawner._owner.get(self._me.name) if spawner is not None and self._me is not None else None
         if owner is not None:

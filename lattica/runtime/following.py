@@ -1,12 +1,11 @@
 """Stable-ref following: a call through a stable ref whose actor went away (a supervised child
-restarted elsewhere) is sent on to the next incarnation, found again by name in the DHT; an
+restarted elsewhere) is sent on to the next incarnation, which its supervisor locates; an
 idempotent call whose path broke is sent once more; and what the membership view says of a peer."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
 
 from lattica.logging import get_logger
 from lattica.errors import (
@@ -18,11 +17,11 @@ from lattica.errors import (
 from lattica.identity import PeerId
 from lattica.runtime.limits import FOLLOW_FOR
 from lattica.runtime.client import Pending, call_finished
-
-if TYPE_CHECKING:
-    from lattica.runtime.refs import ActorRef
+from lattica.runtime.refs import ActorRef
 
 log = get_logger("lattica.runtime")
+
+_LOCATE_TIMEOUT = 2.0  # one question to a stable ref's supervisor (asked again until FOLLOW_FOR)
 
 
 class Following:
@@ -91,10 +90,10 @@ class Following:
             else:
                 try:
                     async with asyncio.timeout(max(0.1, deadline - self.loop.time())):
-                        found = await self.dht.resolve_name(ref.name)
+                        found = await self._locate(ref)
                 except (LatticaError, TimeoutError):
                     found = None
-            if found is not None and not self.node_down(found.peer_id):
+            if found is not None and found.name == ref.name and not self.node_down(found.peer_id):
                 ref.peer_id = found.peer_id
                 fut.set_result(ref)
                 return
@@ -103,6 +102,15 @@ class Following:
                 fut.exception()
                 return
             delay = min(delay * 2, 0.5)
+
+    async def _locate(self, ref: ActorRef) -> ActorRef | None:
+        """Where ``ref``'s actor runs now: its supervisor says (a call that itself follows the
+        supervisor, if that is supervised too); a stable ref with no supervisor resolves its name
+        in the DHT (members' registrations only)."""
+        if ref.supervisor is None:
+            return await self.dht.resolve_name(ref.name)
+        found = await self.call(ref.supervisor, "locate", (ref.name,), {}, timeout=_LOCATE_TIMEOUT)
+        return found if isinstance(found, ActorRef) else None
 
     def node_down(self, peer: PeerId) -> bool:
         """Membership holds ``peer`` suspect or dead."""

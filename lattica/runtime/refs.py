@@ -75,9 +75,9 @@ class ActorRef:
     """A handle to an actor anywhere on the mesh: (PeerId, name, method table). A value: it encodes
     in the codec, so it can be passed to other actors and used from any node."""
 
-    __slots__ = ("peer_id", "name", "methods", "window", "stable", "_spawn", "_held", "_handles")
+    __slots__ = ("peer_id", "name", "methods", "window", "stable", "supervisor", "_spawn", "_held", "_handles")
 
-    def __init__(self, peer_id: PeerId, name: str, methods: dict[str, str], window: int = DEFAULT_WINDOW, stable: bool = False) -> None:
+    def __init__(self, peer_id: PeerId, name: str, methods: dict[str, str], window: int = DEFAULT_WINDOW, stable: bool = False, supervisor: ActorRef | None = None) -> None:
         self.peer_id = peer_id
         self.name = name
         self.methods = methods
@@ -85,6 +85,9 @@ class ActorRef:
         # stable: the ref follows its actor by name (a supervised child restarted elsewhere): when
         # the actor is gone, the runtime resolves the name again through the DHT registry
         self.stable = stable
+        # a stable ref's supervisor: the one authority on where its actor lives now (the ref asks
+        # it, not the DHT, where to follow; itself a stable ref when the supervisor is supervised)
+        self.supervisor = supervisor if stable else None
         self._spawn: Any = None  # the spawn's outcome, when this ref was made by spawning
         self._held: list | None = None  # calls waiting for that outcome, in order
         self._handles: dict[str, Any] = {}
@@ -131,20 +134,32 @@ def relay_ref(peer: PeerId) -> ActorRef:
     return ActorRef(peer, "relay", {"reserve": ASYNC, "status": ASYNC})
 
 
-def _ref_to_obj(ref: ActorRef) -> list:
+_MAX_SUPERVISORS = 16  # supervisors above a stable ref that travel with it
+
+
+def _ref_to_obj(ref: ActorRef, depth: int = 0) -> list:
     obj = [ref.peer_id.to_bytes(), ref.name, ref.methods, ref.window]
-    return obj + [True] if ref.stable else obj
+    if not ref.stable:
+        return obj
+    if ref.supervisor is None or depth >= _MAX_SUPERVISORS:
+        return obj + [True]
+    return obj + [True, _ref_to_obj(ref.supervisor, depth + 1)]
 
 
-def _ref_from_obj(obj: Any) -> ActorRef:
-    if type(obj) is not list or len(obj) not in (4, 5) or (len(obj) == 5 and obj[4] is not True):
+def _ref_from_obj(obj: Any, depth: int = 0) -> ActorRef:
+    if type(obj) is not list or len(obj) not in (4, 5, 6) or (len(obj) >= 5 and obj[4] is not True):
         raise ValueError("malformed ActorRef")
     pid, name, methods, window = obj[:4]
     if type(name) is not str or type(methods) is not dict or type(window) is not int or not 0 < window <= 1 << 20:
         raise ValueError("malformed ActorRef fields")
     if not all(type(k) is str and v in (ASYNC, SYNC, AGEN, GEN) for k, v in methods.items()):
         raise ValueError("malformed ActorRef method table")
-    return ActorRef(PeerId.from_bytes(bytes(pid)), name, methods, window, len(obj) == 5)
+    supervisor = None
+    if len(obj) == 6:
+        if depth >= _MAX_SUPERVISORS:
+            raise ValueError("an ActorRef nests too many supervisors")
+        supervisor = _ref_from_obj(obj[5], depth + 1)
+    return ActorRef(PeerId.from_bytes(bytes(pid)), name, methods, window, len(obj) >= 5, supervisor)
 
 
 class StreamArg:

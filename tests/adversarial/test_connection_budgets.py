@@ -169,3 +169,39 @@ def test_a_stranger_holding_a_stream_open_is_still_evicted_for_a_newcomer():
             with lattica.Node([], mesh=a, membership=False) as newcomer:
                 newcomer.connect(node.addrs[0])
                 assert wait_for(lambda: {p.peer_id for p in node.peers()} == {member.peer_id, newcomer.peer_id}), node.peers()
+
+
+def test_one_ip_address_holds_at_most_its_share_of_quic_handshake_slots():
+    """QUIC too: Initials from one address (each a new connection that never finishes its
+    handshake) hold at most ``max_handshakes_per_ip`` slots; the rest are dropped unanswered."""
+    import socket
+
+    from lattica.transports.quic.transport import QuicTransport
+
+    ip = _lan_ip()
+    if ip is None:
+        pytest.skip("this machine has no non-loopback IPv4 address (loopback is exempt from the per-IP cap)")
+    opts = {"quic": {"max_handshakes_per_ip": 4, "handshake_timeout": 20.0}}
+    with lattica.Node(["/ip4/0.0.0.0/udp/0/quic-v1"], transport_options=opts) as node:  # one socket, every address
+        port = node.addrs[0].without_peer_id().host_port()[1]
+        client = QuicTransport(lattica.KeyPair.generate())
+        socks = []
+        try:
+            for _ in range(12):  # each from its own port: a new connection per Initial
+                quic = client._new_quic(is_client=True, peer_addr=(ip, port))
+                quic.connect((ip, port), now=time.monotonic())
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                sock.bind((ip, 0))
+                for data, _ in quic.datagrams_to_send(now=time.monotonic()):
+                    sock.sendto(data, (ip, port))
+                socks.append(sock)
+            eps = lambda: list(node._host.transport_set.named("quic")._listen_eps)  # noqa: E731
+            ep = eps()[0]
+            assert wait_for(lambda: ep.drops >= 8, timeout=5), ep.drops  # (an Initial may come in two datagrams)
+            assert ep.pending == 4 and ep.pending_at == {ip: 4}
+            with lattica.Node([]) as probe:  # another address (loopback here), same socket, is not held up
+                probe.connect(f"/ip4/127.0.0.1/udp/{port}/quic-v1/p2p/{node.peer_id}")
+                assert probe.ping(node.peer_id) > 0
+        finally:
+            for s in socks:
+                s.close()

@@ -13,6 +13,7 @@ import struct
 from collections.abc import Callable
 
 
+from lattica.interfaces import host_key, is_loopback_ip
 from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
 from lattica.transports import _aioquic
@@ -43,11 +44,32 @@ class Endpoint(asyncio.DatagramProtocol):
         self.members: set[QuicConn] = set()
         self.listener: QuicListener | None = None
         self.pending = 0  # inbound handshakes in progress
+        self.pending_at: dict[str, int] = {}  # remote host (IPv4, IPv6 /64) -> its inbound handshakes
+        self._slot: dict[QuicConn, str | None] = {}  # inbound handshakes -> the host they count for
         self.drops = 0
         self.paused = False
         self.closed = False
         self.close_when_idle = False
         self.on_punch: Callable[[bytes, tuple], None] | None = None  # hole punching: told of 0x00 datagrams
+
+    # -- inbound handshake slots --------------------------------------------------------------
+
+    def hold(self, conn: QuicConn, host: str | None) -> None:
+        self.pending += 1
+        self._slot[conn] = host
+        if host is not None:
+            self.pending_at[host] = self.pending_at.get(host, 0) + 1
+
+    def release(self, conn: QuicConn) -> None:
+        """An inbound handshake ended (verified, failed or timed out): its slots are free."""
+        if conn not in self._slot:
+            return
+        host = self._slot.pop(conn)
+        self.pending -= 1
+        if host is not None:
+            left = self.pending_at.pop(host) - 1
+            if left:
+                self.pending_at[host] = left
 
     # -- routing ----------------------------------------------------------------------------
 
@@ -68,8 +90,7 @@ class Endpoint(asyncio.DatagramProtocol):
         conn._cids.clear()
         if conn in self.members:
             self.members.discard(conn)
-            if conn.direction == "inbound" and not conn._established:
-                self.pending -= 1
+            self.release(conn)
         if self.close_when_idle and not self.members:
             self.close()
 
@@ -200,21 +221,22 @@ class QuicListener(Listener):
     def _accept(self, data: bytes, addr: tuple, dcid: bytes) -> None:
         ep = self._endpoint
         owner = ep.owner
-        if ep.pending >= owner.max_pending_handshakes:
+        host = None if is_loopback_ip(addr[0]) else host_key(addr[0])  # (a local peer is the machine's own)
+        if ep.pending >= owner.max_pending_handshakes or (host is not None and ep.pending_at.get(host, 0) >= owner.max_handshakes_per_ip):
             ep.drops += 1
             return
         quic = owner._new_quic(is_client=False, peer_addr=addr, odcid=dcid)
         conn = QuicConn(owner, ep, quic, addr, "inbound", None, on_verified=self._verified)
         ep.register(conn, dcid)
         ep.register(conn, quic.host_cid)
-        ep.pending += 1
+        ep.hold(conn, host)
         conn._datagram(data, addr)
         if quic.nothing_decrypted():  # a garbled Initial: no state kept
             ep.drops += 1
             conn._teardown()
 
     def _verified(self, conn: QuicConn) -> None:
-        self._endpoint.pending -= 1
+        self._endpoint.release(conn)
         if self._endpoint.listener is not self:
             conn.abort("listener closed")
             return

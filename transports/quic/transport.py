@@ -49,6 +49,7 @@ class QuicTransport(Transport):
         congestion_control: str = "reno",
         close_linger: float = 2.0,
         max_pending_handshakes: int = 256,
+        max_handshakes_per_ip: int = 16,
     ) -> None:
         super().__init__(keypair)
         if not 1200 <= max_datagram_size <= MAX_DATAGRAM:
@@ -68,6 +69,7 @@ class QuicTransport(Transport):
         self.congestion_control = congestion_control
         self.close_linger = close_linger
         self.max_pending_handshakes = max_pending_handshakes
+        self.max_handshakes_per_ip = max_handshakes_per_ip  # per IPv4 address or IPv6 /64; loopback is exempt
         self._cert: CertifiedKey | None = None
         self._endpoints: set[Endpoint] = set()
         self._listen_eps: set[Endpoint] = set()

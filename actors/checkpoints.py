@@ -3,9 +3,10 @@
 A supervisor keeps its children's latest checkpoints in memory, and placement keeps a
 checkpointed child off the supervisor's node. A copy on a third node covers what that cannot:
 the supervisor's own node dying (its parent restarts it elsewhere and it finds the copies), or a
-child that had to share the supervisor's node. Copies are encoded bytes (never unpickled), keyed
-by the child's stable name, newest stamp wins, and bounded: total bytes, bytes per writing peer,
-and an expiry one hour after the last write.
+child that had to share the supervisor's node. Copies are encoded bytes (never unpickled), kept
+per (child's stable name, writer): each writer's newest stamp wins in its own slot, so no one can
+take a name's place from its real writer; bounded: total bytes and copies, bytes and copies per
+writing peer, and an expiry one hour after the last write.
 
 Which node holds a name's copy needs no directory: both the writer and a later reader rank the
 alive members by a hash of (name, member) (rendezvous hashing) and use the first ones.
@@ -14,8 +15,9 @@ Trust (docs/security.md): a copy is signed by its writer's node over (name, stam
 and carries the writer's mesh certificates, so the node holding it can neither alter it nor pass
 off a copy of its own as the writer's, and the restoring supervisor checks who wrote it. Stamps
 are wall-clock seconds, finite and at most five minutes ahead of the holder's clock. A copy is
-replaced, read or dropped only by its writer, an administrator of the mesh, or (a supervisor
-restarted elsewhere) anyone once membership holds the writer's node dead.
+replaced only by its writer, and read or dropped only by its writer, an administrator of the
+mesh, or (a supervisor restarted elsewhere) anyone once membership holds the writer's node dead;
+the restoring supervisor ranks the copies it may read by who wrote them.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 MAX_BYTES = 256 << 20  # all copies held on one node
 MAX_BYTES_PER_WRITER = 64 << 20  # copies written by one peer
 MAX_NAME = 512
+MAX_COPIES = 65536  # copies held on one node
+MAX_COPIES_PER_WRITER = 4096
 EXPIRY = 3600.0  # seconds after the last write
 MAX_AHEAD = 300.0  # seconds a stamp may be ahead of the holder's clock
 _DOMAIN = b"lattica checkpoint copy v1\x00"
@@ -85,12 +89,16 @@ class CheckpointStore:
         self._rt = runtime
         self.max_bytes = max_bytes
         self.max_per_writer = max_per_writer
-        self._copies: dict[str, _Copy] = {}
-        self._by_writer: collections.Counter[str] = collections.Counter()
+        self._copies: dict[str, dict[PeerId, _Copy]] = {}  # name -> writer -> its copy
+        self._by_writer: collections.Counter[PeerId] = collections.Counter()  # bytes
+        self._count: collections.Counter[PeerId] = collections.Counter()  # copies
         self.total = 0
+        self.copies = 0
+        self._next_scan = 0.0  # when expired copies are next looked for
 
     async def keep(self, name: str, stamp: float, blob: bytes, signature: bytes, certs: list) -> bool:
-        """Hold ``blob`` as the checkpoint of ``name`` unless a newer one is held; False if older.
+        """Hold ``blob`` as the caller's checkpoint of ``name`` unless its copy held is as new;
+        False if so.
         ``signature``: the caller's (``sign_copy``); ``certs``: its mesh certificates."""
         if type(name) is not str or not 0 < len(name) <= MAX_NAME or type(stamp) is not float or type(blob) is not bytes:
             raise CheckpointRejected("keep takes a name (1-512 characters), a float stamp, bytes, a signature and certificates")
@@ -103,57 +111,76 @@ class CheckpointStore:
             raise CheckpointRejected("the copy is not signed by the node that sends it")
         now = time.monotonic()
         self._expire(now)
-        old = self._copies.get(name)
-        if old is not None and old.writer != writer:
-            self._require_access(old, writer, "replace")
+        old = self._copies.get(name, {}).get(writer)
         if old is not None and old.stamp >= stamp:
             return False
-        freed_total = len(old.blob) if old is not None else 0
-        freed_writer = freed_total if old is not None and old.writer == writer else 0
-        if self._by_writer[writer] - freed_writer + len(blob) > self.max_per_writer:
+        freed = len(old.blob) if old is not None else 0
+        if self._by_writer[writer] - freed + len(blob) > self.max_per_writer:
             raise CheckpointRejected(f"over the {self.max_per_writer} bytes of checkpoints one peer may keep here")
-        if self.total - freed_total + len(blob) > self.max_bytes:
+        if self.total - freed + len(blob) > self.max_bytes:
             raise CheckpointRejected(f"this node holds its maximum of {self.max_bytes} bytes of checkpoints")
+        if old is None and (self._count[writer] >= MAX_COPIES_PER_WRITER or self.copies >= MAX_COPIES):
+            raise CheckpointRejected(f"over the {MAX_COPIES_PER_WRITER} copies one peer may keep here (or this node's {MAX_COPIES})")
         if old is not None:
-            self._forget(name)
-        self._copies[name] = _Copy(stamp, blob, writer, now + EXPIRY, signature, list(certs))
+            self._forget(name, writer)
+        self._copies.setdefault(name, {})[writer] = _Copy(stamp, blob, writer, now + EXPIRY, signature, list(certs))
         self._by_writer[writer] += len(blob)
+        self._count[writer] += 1
         self.total += len(blob)
+        self.copies += 1
         return True
 
-    async def fetch(self, name: str) -> list | None:
-        """``[stamp, blob, writer, signature, certificates]`` of the copy held for ``name``, or
-        None (for its writer, an administrator, or anyone once the writer is down)."""
+    async def fetch(self, name: str) -> list:
+        """The copies of ``name`` the caller may read, newest first, each ``[stamp, blob, writer,
+        signature, certificates]``: its own, and any once their writer is down (all of them for
+        an administrator). CheckpointRejected if copies exist but none is the caller's to read."""
         if type(name) is not str:
             raise CheckpointRejected("fetch takes a name")
         self._expire(time.monotonic())
-        c = self._copies.get(name)
-        if c is None:
-            return None
-        self._require_access(c, current_caller() or self._rt.peer_id, "read")
-        return [c.stamp, c.blob, c.writer.to_bytes(), c.signature, c.certs]
+        mine = self._accessible(name, "read")
+        return [[c.stamp, c.blob, c.writer.to_bytes(), c.signature, c.certs] for c in sorted(mine, key=lambda c: -c.stamp)]
 
     async def drop(self, name: str) -> None:
-        """Forget the copy of ``name`` (its child was terminated for good)."""
+        """Forget the copies of ``name`` the caller may drop (its child was terminated for good)."""
         if type(name) is str and name in self._copies:
-            self._require_access(self._copies[name], current_caller() or self._rt.peer_id, "drop")
-            self._forget(name)
+            for c in self._accessible(name, "drop"):
+                self._forget(name, c.writer)
 
-    def _require_access(self, c: _Copy, peer: PeerId, what: str) -> None:
-        if peer == c.writer or peer == self._rt.peer_id or self._rt.host.is_admin(peer) or self._rt.node_gone(c.writer):
-            return
-        raise CheckpointRejected(f"{peer} may not {what} a checkpoint copy written by {c.writer} (its writer is alive)")
+    def _accessible(self, name: str, what: str) -> list[_Copy]:
+        copies = list(self._copies.get(name, {}).values())
+        peer = current_caller() or self._rt.peer_id
+        if peer == self._rt.peer_id or self._rt.host.is_admin(peer):
+            return copies
+        mine = [c for c in copies if c.writer == peer or self._rt.node_gone(c.writer)]
+        if copies and not mine:
+            raise CheckpointRejected(f"{peer} may not {what} the checkpoint copies of {name!r}: their writers are alive")
+        return mine
 
-    def _forget(self, name: str) -> None:
-        c = self._copies.pop(name)
-        self._by_writer[c.writer] -= len(c.blob)
-        if self._by_writer[c.writer] <= 0:
-            del self._by_writer[c.writer]
+    def _forget(self, name: str, writer: PeerId) -> None:
+        slots = self._copies[name]
+        c = slots.pop(writer)
+        if not slots:
+            del self._copies[name]
+        self._by_writer[writer] -= len(c.blob)
+        self._count[writer] -= 1
+        if self._count[writer] <= 0:
+            del self._by_writer[writer], self._count[writer]
         self.total -= len(c.blob)
+        self.copies -= 1
 
     def _expire(self, now: float) -> None:
-        for name in [n for n, c in self._copies.items() if c.expires <= now]:
-            self._forget(name)
+        if now < self._next_scan:
+            return
+        self._next_scan = now + 10.0
+        for name, writer in [(n, w) for n, slots in self._copies.items() for w, c in slots.items() if c.expires <= now]:
+            self._forget(name, writer)
+
+
+def read_copies(got: Any, name: str) -> list[tuple[float, bytes, PeerId, list]]:
+    """The well-formed, writer-signed copies in what ``fetch`` returned (see ``read_copy``)."""
+    if type(got) is not list:
+        return []
+    return [c for c in (read_copy(g, name) for g in got[:64]) if c is not None]
 
 
 def read_copy(got: Any, name: str) -> tuple[float, bytes, PeerId, list] | None:

@@ -36,7 +36,7 @@ from lattica.logging import get_logger
 from lattica.remote import ActorClass, class_path, actor, offer_spawn, spawn_placed
 from lattica.errors import LatticaError, SpawnError
 from lattica.identity import PeerId
-from lattica.actors.checkpoints import checkpoints_ref, members, ranked, read_copy, sign_copy
+from lattica.actors.checkpoints import checkpoints_ref, members, ranked, read_copies, sign_copy
 from lattica.context import runtime_for_thread
 from lattica.runtime import DEFAULT_WINDOW, ActorRef, LocalActor, current_actor, require_caller, spawner_ref
 
@@ -354,7 +354,7 @@ class Supervisor:
                 return None
 
         got = await asyncio.gather(*(ask(m) for m in ranked(name, members(self._rt))[:_COPY_READS]))
-        ranked_copies = [(self._trust_in_writer(c[2], c[3]), c) for c in (read_copy(g, name) for g in got) if c is not None]
+        ranked_copies = [(self._trust_in_writer(c[2], c[3]), c) for g in got for c in read_copies(g, name)]
         best = max((t for t, _ in ranked_copies), default=0)
         copies = [c for t, c in ranked_copies if t == best and t > 0]
         if not copies:

@@ -54,8 +54,9 @@ def keep(s, name, stamp, blob, signature=None):
 
 
 def fetched(s, name):
+    """(stamp, blob) of the newest copy of ``name`` the caller may read, or None."""
     got = run(s.fetch(name))
-    return None if got is None else got[:2]
+    return tuple(got[0][:2]) if got else None
 
 
 def run(coro):
@@ -66,13 +67,13 @@ def test_the_newest_copy_wins_and_an_older_one_is_refused():
     s = _store()
     assert keep(s, "sup/w0", 2.0, b"two") is True
     assert keep(s, "sup/w0", 1.0, b"one") is False  # a late, older copy
-    assert fetched(s, "sup/w0") == [2.0, b"two"]
+    assert fetched(s, "sup/w0") == (2.0, b"two")
     assert keep(s, "sup/w0", 3.0, b"three!") is True
-    assert fetched(s, "sup/w0") == [3.0, b"three!"] and s.total == 6
+    assert fetched(s, "sup/w0") == (3.0, b"three!") and s.total == 6
     got = run(s.fetch("sup/w0"))
-    assert cp.read_copy(got, "sup/w0")[:3] == (3.0, b"three!", A.peer_id)  # signed by its writer
+    assert [c[:3] for c in cp.read_copies(got, "sup/w0")] == [(3.0, b"three!", A.peer_id)]  # signed by its writer
     run(s.drop("sup/w0"))
-    assert run(s.fetch("sup/w0")) is None and s.total == 0
+    assert run(s.fetch("sup/w0")) == [] and s.total == 0
 
 
 def test_byte_limits_per_writer_and_in_total():
@@ -94,7 +95,7 @@ def test_copies_expire_an_hour_after_the_last_write(monkeypatch):
     monkeypatch.setattr(cp.time, "monotonic", lambda: now[0])
     keep(s, "a", 1.0, b"x")
     now[0] += cp.EXPIRY + 1
-    assert run(s.fetch("a")) is None and s.total == 0
+    assert run(s.fetch("a")) == [] and s.total == 0
 
 
 @pytest.mark.parametrize("args", [("", 1.0, b"x"), ("a" * 600, 1.0, b"x"), ("a", 1, b"x"), ("a", 1.0, "x"), (None, 1.0, b"x"),
@@ -113,27 +114,40 @@ def test_a_copy_not_signed_by_the_sender_is_refused():
     assert keep(s, "a", time.time() + 60, b"x")  # a little ahead (clocks differ) is fine
 
 
-def test_only_the_writer_replaces_reads_or_drops_a_copy_while_it_lives():
+def test_each_writer_has_its_own_slot_and_reads_or_drops_only_its_own_while_others_live():
+    """Another member's copy under the same name never replaces the writer's (it cannot squat a
+    name ahead of its real writer either); it cannot read or drop the writer's copy while the
+    writer lives; an administrator, or anyone once the writer is down, can."""
     s = _store()
-    keep(s, "sup/w0", 1.0, b"honest")
-    as_writer(s, B)  # another member
-    for attempt in (lambda: keep(s, "sup/w0", 2.0, b"poison"), lambda: run(s.fetch("sup/w0")), lambda: run(s.drop("sup/w0"))):
-        with pytest.raises(CheckpointRejected, match="its writer is alive"):
-            attempt()
-    s._rt.admins.add(B.peer_id)  # an administrator may
-    assert fetched(s, "sup/w0") == [1.0, b"honest"]
-    s._rt.admins.clear()
-    s._rt.down.add(A.peer_id)  # the writer's node died: its supervisor, restarted on B, takes over
-    assert keep(s, "sup/w0", 2.0, b"next") is True
+    as_writer(s, B)
+    assert keep(s, "sup/w0", 5.0, b"squatted first") is True  # before the real writer
+    as_writer(s, A)
+    assert keep(s, "sup/w0", 1.0, b"honest") is True  # its own slot: not blocked, not replaced
+    assert fetched(s, "sup/w0") == (1.0, b"honest")  # A reads only its own
+    as_writer(s, B)
+    assert fetched(s, "sup/w0") == (5.0, b"squatted first")
+    assert keep(s, "sup/w0", 6.0, b"poison") is True and s.copies == 2
     as_writer(s, C)
-    with pytest.raises(CheckpointRejected):  # B (alive) wrote it now
-        run(s.fetch("sup/w0"))
+    for attempt in (lambda: run(s.fetch("sup/w0")), lambda: run(s.drop("sup/w0"))):
+        with pytest.raises(CheckpointRejected, match="writers are alive"):
+            attempt()
+    s._rt.admins.add(C.peer_id)  # an administrator reads every copy, newest first
+    assert [c[:2] for c in run(s.fetch("sup/w0"))] == [[6.0, b"poison"], [1.0, b"honest"]]
+    s._rt.admins.clear()
+    s._rt.down.add(A.peer_id)  # A's node died: its supervisor, restarted elsewhere, reads A's copy
+    assert fetched(s, "sup/w0") == (1.0, b"honest")
+    run(s.drop("sup/w0"))  # and drops only what it may
+    assert s.copies == 1
+    with pytest.raises(CheckpointRejected):  # B's is left, and B lives
+        fetched(s, "sup/w0")
+    as_writer(s, B)
+    assert fetched(s, "sup/w0") == (6.0, b"poison")
 
 
 def test_a_fetched_copy_is_believed_only_with_its_writers_signature():
     s = _store()
     keep(s, "sup/w0", 1.0, b"state")
-    stamp, blob, writer, sig, certs = run(s.fetch("sup/w0"))
+    ((stamp, blob, writer, sig, certs),) = run(s.fetch("sup/w0"))
     assert cp.read_copy([stamp, blob, writer, sig, certs], "sup/w0") is not None
     assert cp.read_copy([stamp, b"forged", writer, sig, certs], "sup/w0") is None  # the holder altered it
     assert cp.read_copy([stamp, blob, B.peer_id.to_bytes(), sig, certs], "sup/w0") is None  # or its writer

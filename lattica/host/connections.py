@@ -144,10 +144,11 @@ class Connections:
     def evictable(self, min_age: float = EVICT_MIN_AGE) -> Connection | None:
         """The connection to close to make room for a newcomer when full: the oldest whose peer
         has not identified after ``min_age`` seconds, else the longest-idle stranger's with no
-        stream, else the least recently active stranger's (not protected); members' connections
-        are never evicted. None: none qualifies."""
+        stream, else the least recently active stranger's (unprotected first: a stranger's relay
+        reservation is worth less than a member's place, and identities cost nothing); members'
+        connections are never evicted. None: none qualifies."""
         now = self.loop.time()
-        unidentified = idle = busy = None
+        unidentified = idle = busy = guarded = None
         for conn in self.all_conns:
             since = self.idle_since.get(conn, now)
             info = self.info.get(conn)
@@ -156,13 +157,16 @@ class Connections:
             if info is None:
                 if now - since >= min_age and (unidentified is None or since < self.idle_since[unidentified]):
                     unidentified = conn
-            elif info.circle == "stranger" and conn.remote_peer not in self.protected:
+            elif info.circle == "stranger" and conn.remote_peer in self.protected:
+                if guarded is None or since < self.idle_since[guarded]:
+                    guarded = conn
+            elif info.circle == "stranger":
                 if not conn.num_streams:
                     if idle is None or since < self.idle_since[idle]:
                         idle = conn
                 elif busy is None or since < self.idle_since[busy]:
                     busy = conn  # (a stream held open must not make a stranger unevictable)
-        return unidentified or idle or busy
+        return unidentified or idle or busy or guarded
 
     def protect(self, peer: PeerId, why: str) -> None:
         """Keep ``peer``'s connection open while idle (relay reservations, ...)."""

@@ -171,6 +171,28 @@ def test_a_stranger_holding_a_stream_open_is_still_evicted_for_a_newcomer():
                 assert wait_for(lambda: {p.peer_id for p in node.peers()} == {member.peer_id, newcomer.peer_id}), node.peers()
 
 
+def test_a_stranger_holding_a_relay_reservation_is_still_evicted_for_a_member():
+    """A reservation protects an idle connection from the idle timer, not a stranger's place from
+    a member: with the table full of strangers that hold reservations, a member gets in (the
+    least recently active stranger goes, and its reservation with it)."""
+    from lattica.runtime import relay_ref
+    from helpers import call_as
+
+    a, b = MeshKey.generate(), MeshKey.generate()
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=a, max_connections=2, membership=False, relay=True) as node:
+        with lattica.Node([], mesh=b, membership=False) as s1, lattica.Node([], mesh=b, membership=False) as s2:
+            for s in (s1, s2):
+                s.connect(node.addrs[0])
+                call_as(s, relay_ref(node.peer_id), "reserve")
+            relay = node._host.relay
+            assert relay.has_reservation(s1.peer_id) and relay.has_reservation(s2.peer_id)
+            with lattica.Node([], mesh=a, membership=False) as member:
+                member.connect(node.addrs[0])
+                assert member.ping(node.peer_id) > 0
+                assert wait_for(lambda: member.peer_id in {p.peer_id for p in node.peers()} and len(node.peers()) == 2)
+                assert wait_for(lambda: relay.has_reservation(s1.peer_id) + relay.has_reservation(s2.peer_id) == 1)
+
+
 def test_one_ip_address_holds_at_most_its_share_of_quic_handshake_slots():
     """QUIC too: Initials from one address (each a new connection that never finishes its
     handshake) hold at most ``max_handshakes_per_ip`` slots; the rest are dropped unanswered."""

@@ -235,6 +235,14 @@ class LatticaQuicConnection(QuicConnection):
         # that decrypts; one still there after its first datagram was fed junk.
         return self._state == QuicConnectionState.FIRSTFLIGHT
 
+    def last_authenticated(self) -> float | None:
+        """When a packet of this connection last decrypted (the time it was fed in), or None:
+        only such packets prove the peer is there (anyone can send a datagram from its address)."""
+        # PRIVATE (aioquic 1.7.2): each packet number space records the arrival of its newest
+        # packet, set only once the packet decrypted.
+        times = [sp.largest_received_time for sp in self._spaces.values() if sp.largest_received_time is not None]
+        return max(times) if times else None
+
     def remote_max_streams_bidi(self) -> int:
         """The peer's current bidirectional stream credit (cumulative stream count)."""
         # PRIVATE (aioquic 1.7.2): from the peer's transport parameters / MAX_STREAMS frames.

@@ -315,16 +315,17 @@ class MuxedConnection(Connection):
         """
         if self._closed:
             return
-        self._last_recv = self._loop.time()
         try:
             if self._session is not None:
                 frames = self._session.open_frames(data)
                 if not frames:
-                    return
+                    return  # (part of a frame: it counts as news of the peer once it decrypts)
+                self._last_recv = self._loop.time()
                 events = []
                 for plain in frames:
                     events += self._mux.receive_data(plain)
             else:
+                self._last_recv = self._loop.time()
                 events = self._mux.receive_data(data)
         except ProtocolError as e:
             log.info("closing connection: peer broke the protocol", peer=str(self.remote_peer), reason=str(e))

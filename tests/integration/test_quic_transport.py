@@ -372,6 +372,33 @@ def test_junk_datagrams_never_break_the_listener() -> None:
     run(main)
 
 
+def test_datagrams_that_do_not_decrypt_are_no_news_of_the_peer() -> None:
+    """``last_received`` (what liveness and keepalive judge by) moves only for packets that
+    decrypt: junk sent to the connection's own connection ID, from anywhere, proves nothing."""
+
+    async def main() -> None:
+        async with pair() as p:
+            serve_echo(p.server)
+            host, port = p.addr.host_port()
+            await asyncio.sleep(0.3)
+            before = p.server.last_received
+            cids = list(p.server._cids)
+            junk = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            for _ in range(20):
+                for cid in cids:
+                    junk.sendto(bytes([0x40 | (os.urandom(1)[0] & 0x1F)]) + cid + os.urandom(60), (host, port))
+                await asyncio.sleep(0.02)
+            junk.close()
+            assert p.server.last_received == before
+            s = await p.client.open_stream()  # real traffic does count
+            s.write(b"hi")
+            await s.close()
+            assert await read_all(s) == b"hi"
+            assert p.server.last_received > before
+
+    run(main)
+
+
 # -- streams ------------------------------------------------------------------------------------
 
 

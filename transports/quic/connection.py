@@ -102,12 +102,14 @@ class QuicConn(Connection):
     def _datagram(self, data: bytes, addr: tuple) -> None:
         """Feed one datagram to aioquic; transmission happens once per batch in _flush."""
         now = self._loop.time()
-        self._last_rx = now
         try:
             self._quic.receive_datagram(data, addr, now)
         except Exception:  # an aioquic bug must not take the endpoint down
             self._endpoint.drops += 1
             log.warning("quic.receive_failed", conn=repr(self), exc_info=True)
+        heard = self._quic.last_authenticated()  # (a datagram that did not decrypt proves nothing)
+        if heard is not None and heard > self._last_rx:
+            self._last_rx = heard
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import Final, Self
 
 from lattica.content.cid import Cid
+from lattica.content.dagpb import MAX_BLOCK
 from lattica.errors import BadBlock, BlockNotFound, ContentError, InvalidCid, StoreFull
 from lattica.logging import get_logger
 
@@ -71,7 +72,7 @@ __all__ = [
 
 log = get_logger("lattica.content")
 
-MAX_BLOCK_SIZE: Final = 2 * 1024 * 1024 + 4096  # a 2 MiB chunk plus its dag-pb/UnixFS wrapping
+MAX_BLOCK_SIZE: Final = MAX_BLOCK  # the largest block of the content plane (lattica.content.dagpb)
 DEFAULT_CAPACITY: Final = 16 * 1024**3
 _MAX_PIN_NAME: Final = 1024  # bytes of UTF-8
 _TMP: Final = ".tmp-"

@@ -1,4 +1,5 @@
-"""The ``lattica`` command: run a node or relay, ping a peer, the DHT, doctor, the demo, and the benchmarks."""
+"""The ``lattica`` command: run a node or relay, ping a peer, the DHT, content (put, get, the
+blockstore), doctor, the demo, and the benchmarks."""
 
 from __future__ import annotations
 
@@ -73,6 +74,11 @@ def _bench(args: argparse.Namespace) -> None:
         from lattica.bench.supervise import bench_supervise  # lazy: see the note above _bench
 
         for row in bench_supervise(rounds=args.rounds):
+            _print(row, args.json)
+    if which in ("content", "all"):
+        from lattica.bench.content import bench_content  # lazy: see the note above _bench
+
+        for row in bench_content(size=args.size or (256 << 20), fetchers=args.fetchers, rounds=min(args.rounds, 3)):
             _print(row, args.json)
     if which == "soak":
         from lattica.bench.soak import soak  # lazy: see the note above _bench
@@ -196,6 +202,88 @@ def _dht(args: argparse.Namespace) -> None:
             print(json.dumps({"peer": args.key, "addrs": [str(a) for a in addrs]}))
 
 
+def _content_node(args: argparse.Namespace, listen: list[str] | None = None):  # -> Node
+    from lattica.config import ContentConfig  # lazy: see the note above _bench
+    from lattica.node import Node  # lazy: see the note above _bench
+
+    blocks = args.blocks or os.environ.get("LATTICA_BLOCKS") or os.path.join(os.path.expanduser("~"), ".lattica", "blocks")
+    # an explicit directory: if another node on this machine holds it, say so (a private store
+    # would vanish with this command, and what it published with it)
+    node = Node(listen or [], content=ContentConfig(blocks=blocks))
+    node.start()
+    for addr in getattr(args, "bootstrap", []) or []:
+        node.connect(addr)
+    return node
+
+
+class _Progress:
+    """A one-line progress bar on stderr: bytes, MB/s, peers."""
+
+    def __init__(self) -> None:
+        self._last = 0.0
+
+    def __call__(self, info: dict) -> None:
+        now = time.monotonic()
+        if now - self._last < 0.2 and not info["done"]:
+            return
+        self._last = now
+        total = info["total"]
+        done = info["bytes"]
+        pct = f"{100 * done / total:5.1f}%" if total else "  ?  "
+        line = f"\r{pct}  {done / 1e6:9.1f} MB  {info['mb_per_s']:8.1f} MB/s  {info['peers']} peers"
+        sys.stderr.write(line + ("\n" if info["done"] else ""))
+        sys.stderr.flush()
+
+
+def _put(args: argparse.Namespace) -> None:
+    from lattica import content  # lazy: see the note above _bench
+
+    node = _content_node(args, args.listen or ["/ip4/0.0.0.0/tcp/0"])
+    try:
+        cid = content.put(args.file, chunk_size=args.chunk, node=node).result(None)
+        print(cid, flush=True)
+        if args.no_serve:
+            return
+        print(f"serving {cid} from {', '.join(str(a) for a in node.addrs)} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(3600)
+    finally:
+        node.stop()
+
+
+def _get(args: argparse.Namespace) -> None:
+    from lattica import content  # lazy: see the note above _bench
+
+    node = _content_node(args)
+    try:
+        progress = None if args.quiet else _Progress()
+        if args.output:
+            content.get(args.cid, path=args.output, progress=progress, node=node).result(None)
+        else:
+            sys.stdout.buffer.write(content.get(args.cid, progress=progress, node=node).result(None))
+            sys.stdout.buffer.flush()
+    finally:
+        node.stop()
+
+
+def _content(args: argparse.Namespace) -> None:
+    from lattica import content  # lazy: see the note above _bench
+
+    node = _content_node(args)
+    try:
+        if args.op == "stat":
+            print(json.dumps(content.stat(args.cid, node=node).result(60)))
+        elif args.op == "pin":
+            content.pin(args.cid, node=node).result(None)
+            print(json.dumps({"pinned": args.cid}))
+        elif args.op == "unpin":
+            print(json.dumps({"unpinned": content.unpin(args.cid, node=node).result(60)}))
+        else:
+            print(json.dumps(content.gc(node=node).result(None)))
+    finally:
+        node.stop()
+
+
 def _doctor(args: argparse.Namespace) -> None:
     from lattica.doctor import diagnose, render  # lazy: see the note above _bench
 
@@ -254,6 +342,31 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--bootstrap", action="append", default=[], required=True, help="peer multiaddr to join through (repeatable)")
     s.set_defaults(fn=_dht)
 
+    blocks_help = "blockstore directory (default: LATTICA_BLOCKS, else ~/.lattica/blocks)"
+    s = sub.add_parser("put", help="add a file to the blockstore, print its CID and serve it until interrupted")
+    s.add_argument("file")
+    s.add_argument("--chunk", type=int, default=None, help="chunk size in bytes (default 1 MiB, at most 2 MiB)")
+    s.add_argument("--listen", action="append", default=[], help="multiaddr to serve on (default: all interfaces, any port)")
+    s.add_argument("--bootstrap", action="append", default=[], help="peer multiaddr to join through, to announce the CID (repeatable)")
+    s.add_argument("--blocks", default=None, help=blocks_help)
+    s.add_argument("--no-serve", action="store_true", help="store, pin and print the CID, then exit")
+    s.set_defaults(fn=_put)
+
+    s = sub.add_parser("get", help="fetch a CID from the peers that hold it, with a progress bar")
+    s.add_argument("cid")
+    s.add_argument("-o", "--output", default=None, help="file to write (default: standard output)")
+    s.add_argument("--bootstrap", action="append", default=[], help="peer multiaddr to join through (repeatable)")
+    s.add_argument("--blocks", default=None, help=blocks_help)
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(fn=_get)
+
+    s = sub.add_parser("content", help="the local blockstore: stat [CID], pin CID, unpin CID, gc")
+    s.add_argument("op", choices=["stat", "pin", "unpin", "gc"])
+    s.add_argument("cid", nargs="?", default=None)
+    s.add_argument("--bootstrap", action="append", default=[], help="pin: peer multiaddr to fetch through (repeatable)")
+    s.add_argument("--blocks", default=None, help=blocks_help)
+    s.set_defaults(fn=_content)
+
     s = sub.add_parser("doctor", help="reachability, NAT type, relays and paths, with reasons in plain words")
     s.add_argument("--listen", action="append", default=[], help="multiaddr to listen on (default: all interfaces, any port)")
     s.add_argument("--bootstrap", action="append", default=[], help="peer multiaddr to join through (repeatable)")
@@ -267,9 +380,9 @@ def main(argv: list[str] | None = None) -> None:
     s.set_defaults(fn=_demo)
 
     s = sub.add_parser("bench", help="run benchmarks and print figures")
-    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "soak", "all"])
+    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "soak", "all"])
     s.add_argument("--transport", choices=["tcp", "quic", "both"], default="both")
-    s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic)")
+    s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic); content: object bytes (default 256 MiB)")
     s.add_argument("--count", type=int, default=10000, help="pings")
     s.add_argument("--payload", type=int, action="append", help="rpc payload bytes (repeatable; default 128 and 262144)")
     s.add_argument("--concurrency", type=int, action="append", help="rpc calls in flight (repeatable; default 1000 and 1)")
@@ -281,6 +394,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--keys", type=int, default=200, help="dht-sim: keys stored and looked up")
     s.add_argument("--soak-seconds", type=float, default=300.0, help="soak: how long (not part of all)")
     s.add_argument("--rounds", type=int, default=5, help="supervise: node losses per signal (a fresh mesh each); relay: turns of every path")
+    s.add_argument("--fetchers", type=int, default=8, help="content: fetchers of the swarm")
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=_bench)
 

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from lattica.kademlia import ALPHA, K
 from lattica.records import StoreLimits
 
-__all__ = ["DhtConfig", "InboundBudget", "MembershipConfig", "NatConfig", "RelayConfig"]
+__all__ = ["ContentConfig", "DhtConfig", "InboundBudget", "MembershipConfig", "NatConfig", "RelayConfig"]
 
 MiB = 1 << 20
+GiB = 1 << 30
 
 
 @dataclass
@@ -95,3 +96,25 @@ class InboundBudget:
     per_stranger: int = 16 * MiB
     strangers: int = 128 * MiB
 
+
+
+@dataclass
+class ContentConfig:
+    """The content plane of one node (``Node(content=...)``, docs/content.md): where its blocks
+    live, how it fetches and what it serves. Times are seconds."""
+
+    # a directory, "memory", or None: $LATTICA_BLOCKS, else ~/.lattica/blocks (a node that finds
+    # that directory in use by another node takes a private one, removed when it stops)
+    blocks: str | None = None
+    capacity: int = 16 * GiB  # bytes of blocks kept; least recently used unpinned ones go first
+    chunk_size: int = MiB  # of what this node publishes (at most 2 MiB)
+    window: int = 64 * MiB  # bytes one fetch has requested and not yet stored
+    block_timeout: float = 10.0  # a block requested and not received by then is asked of another peer
+    provider_ttl: float = 3600.0  # of provider records; re-announced at half of it while held
+    find_timeout: float = 20.0  # a fetch with no provider for this long fails with BlockNotFound
+    # serving: one answer holds at most this many blocks and bytes; a peer has at most
+    # ``serve_per_peer`` answers being read at once, all peers ``serve_total``
+    max_request_blocks: int = 64
+    max_request_bytes: int = 8 * MiB
+    serve_per_peer: int = 4
+    serve_total: int = 32

@@ -16,7 +16,8 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, NamedTuple
 
 from lattica import codec
-from lattica.remote import on_loop, current_runtime
+from lattica.remote import current_runtime
+from lattica.runtime import run_coroutine
 from lattica.future import Future
 from lattica.errors import LatticaError, NodeClosed
 from lattica.identity import PeerId
@@ -70,27 +71,7 @@ def _runtime(node: Node | None) -> Runtime:
 
 def run_with_service(node: Node | None, make: Callable[[DhtService], Coroutine[Any, Any, Any]], convert: Callable[[Any], Any] | None = None) -> Future:
     rt = _runtime(node)
-
-    def start() -> Future:
-        fut = Future(rt.loop)
-        task = rt.loop.create_task(make(rt.dht))
-
-        def done(t: asyncio.Task) -> None:
-            if t.cancelled():
-                fut._reject(asyncio.CancelledError())
-            elif t.exception() is not None:
-                fut._reject(t.exception())  # type: ignore[arg-type]
-            else:
-                try:
-                    fut._resolve(convert(t.result()) if convert else t.result())
-                except Exception as e:  # noqa: BLE001 -- e.g. an undecodable value
-                    fut._reject(e)
-
-        task.add_done_callback(done)
-        fut._cancel_hook = task.cancel
-        return fut
-
-    return on_loop(rt, start)
+    return run_coroutine(rt, lambda: make(rt.dht), convert)
 
 
 def put(key: str | bytes, value: Any, *, subkey: Any = None, ttl: float = 60.0, node: Node | None = None) -> Future:

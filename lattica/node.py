@@ -17,7 +17,7 @@ import weakref
 from typing import Any, Callable, Coroutine, Iterable, TypeVar
 
 from lattica._loop import DEFAULT_BUSY_POLL_US, new_loop
-from lattica.config import DhtConfig, InboundBudget, MembershipConfig, NatConfig, RelayConfig
+from lattica.config import ContentConfig, DhtConfig, InboundBudget, MembershipConfig, NatConfig, RelayConfig
 from lattica.errors import NodeClosed, Timeout
 from lattica.host import Host, StreamProtocolHandler, check_protocol_name
 from lattica.identify import PeerInfo
@@ -87,6 +87,7 @@ class Node:
         membership: Any = True,
         mesh: Any = None,
         members: Iterable[PeerId | str] = (),
+        content: Any = True,
     ) -> None:
         if keypair is not None and key_path is not None:
             raise ValueError("give key_path or keypair, not both")
@@ -124,6 +125,8 @@ class Node:
         self.membership_config: MembershipConfig | None = (MembershipConfig() if membership is True else membership) or None
         self.nat_config: NatConfig = nat or NatConfig()
         self.dht_config: DhtConfig = dht or DhtConfig()
+        # content=True (or a ContentConfig): serve and fetch blocks by CID (docs/content.md)
+        self.content_config: ContentConfig | None = (ContentConfig() if content is True else content) or None
         if dht_path is not None:
             self.dht_config.persist_path = os.fspath(dht_path)
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from lattica.actors.autonat import AutoNatActor, AutoNatServer
 from lattica.actors.checkpoints import CheckpointStore
+from lattica.actors.content import ContentActor, ContentService
 from lattica.actors.dht import DhtActor, DhtService
 from lattica.actors.holepunch import HolePunchActor, HolePunchService
 from lattica.actors.membership import MembershipActor, MembershipService
@@ -88,6 +89,13 @@ def _membership(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built |
     return Built(service, MembershipActor(service))
 
 
+def _content(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
+    if node.content_config is None:
+        return None
+    service = ContentService(rt, node.content_config)
+    return Built(service, ContentActor(service))
+
+
 def _relay(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
     if node.relay_config is None:
         return None
@@ -108,6 +116,8 @@ SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("holepunch", _holepunch),  # its actor is diagnostics; the punch is a stream protocol
     ServiceSpec("membership", _membership),  # members only: gossip and the view
     ServiceSpec("relay", _relay, public=frozenset({"reserve"})),  # within RelayConfig limits
+    # serving content is what the open network needs; answers are bounded per peer and in all
+    ServiceSpec("content", _content, public=True),
 )
 
 

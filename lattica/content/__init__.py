@@ -1,2 +1,139 @@
 """The content plane: bytes named by their hash (CIDs), chunked into UnixFS objects, kept in a
-blockstore and fetched Bitswap-style from every peer that holds them (docs/content.md)."""
+blockstore and fetched Bitswap-style from every peer that holds them (docs/content.md).
+
+Every function returns a :class:`lattica.Future` (``await`` it, or ``.result()`` in sync code) and
+runs on the default node (``lattica.init``'s, or the node whose actor calls) unless ``node=``::
+
+    cid = lattica.content.put(b"...").result()           # chunk, hash, store, pin, announce
+    data = lattica.content.get(cid).result()             # from whoever holds it, verified
+    lattica.content.get(cid, path="model.bin").result()  # straight to a file
+    cid = lattica.content.put_weights({"w": array}).result()
+    arrays = lattica.content.get_weights(cid).result()   # memory-mapped where on disk
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from lattica.content.cid import Cid
+from lattica.errors import NodeClosed
+from lattica.future import Future
+from lattica.runtime import current_runtime, run_coroutine
+
+if TYPE_CHECKING:
+    from lattica.actors.content import ContentService
+    from lattica.node import Node
+    from lattica.runtime import Runtime
+
+__all__ = ["Cid", "put", "get", "pin", "unpin", "stat", "providers", "gc", "put_weights", "get_weights"]
+
+
+def _service(node: Node | None) -> tuple[Runtime, ContentService]:
+    if node is None:
+        rt = current_runtime()
+    else:
+        if node.host is None or node.host.runtime is None:
+            raise NodeClosed("the node is not running")
+        rt = node.host.runtime
+    svc = rt.services.get("content")
+    if svc is None:
+        raise NodeClosed("this node runs without the content service (Node(content=False))")
+    return rt, svc
+
+
+def _source(data: Any) -> Any:
+    if isinstance(data, (str, os.PathLike)):
+        return os.fspath(data)
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return data
+    array = getattr(data, "__array_interface__", None)
+    if array is not None:  # a numpy array (any C-contiguous buffer): its bytes, without a copy
+        import numpy as np  # numpy is loaded whenever an array exists
+
+        return memoryview(np.ascontiguousarray(data)).cast("B")
+    raise TypeError(f"put takes bytes, a file path or a numpy array, not {type(data).__name__}")
+
+
+def put(data: Any, *, chunk_size: int | None = None, pin: bool = True, node: Node | None = None) -> Future:
+    """Store ``data`` (bytes, a file path, or a numpy array's bytes) as a UnixFS object, pin it and
+    announce it to the DHT; resolves to its CID text (``bafk...`` for one block, ``bafy...``
+    otherwise: what ``ipfs add --cid-version 1 --raw-leaves --chunker size-N`` gives)."""
+    rt, svc = _service(node)
+    source = _source(data)
+    return run_coroutine(rt, lambda: svc.put(source, chunk_size, pin), str)
+
+
+def get(cid: str | Cid, *, path: str | os.PathLike[str] | None = None, progress: Callable[[dict], None] | None = None, node: Node | None = None) -> Future:
+    """Fetch the object ``cid`` from whoever holds it (every block verified against its CID);
+    resolves to its bytes, or with ``path`` writes it there (atomically) and resolves to the
+    path. ``progress`` is called on the node's loop with ``{bytes, total, mb_per_s, peers, ...}``.
+    BlockNotFound if no provider is found within ``ContentConfig.find_timeout``."""
+    root = Cid.parse(cid)
+    rt, svc = _service(node)
+
+    async def go() -> Any:
+        await svc.fetch(root, progress)
+        if path is not None:
+            return await svc.write(root, os.fspath(path))
+        return await svc.read(root)
+
+    return run_coroutine(rt, go)
+
+
+def pin(cid: str | Cid, *, node: Node | None = None) -> Future:
+    """Keep the object ``cid`` (fetched first if missing) out of garbage collection."""
+    root = Cid.parse(cid)
+    rt, svc = _service(node)
+
+    async def go() -> None:
+        await svc.fetch(root)
+        await svc.pin(root)
+
+    return run_coroutine(rt, go)
+
+
+def unpin(cid: str | Cid, *, node: Node | None = None) -> Future:
+    """Let the object ``cid`` be collected again; resolves to whether it was pinned."""
+    root = Cid.parse(cid)
+    rt, svc = _service(node)
+    return run_coroutine(rt, lambda: svc.unpin(root))
+
+
+def stat(cid: str | Cid | None = None, *, node: Node | None = None) -> Future:
+    """What the blockstore holds (no ``cid``), or of object ``cid``: its size, blocks held,
+    whether complete and pinned (nothing is fetched)."""
+    root = Cid.parse(cid) if cid is not None else None
+    rt, svc = _service(node)
+    return run_coroutine(rt, lambda: svc.stat(root))
+
+
+def providers(cid: str | Cid, *, count: int = 20, node: Node | None = None) -> Future:
+    """Up to ``count`` PeerIds that announced ``cid`` in the DHT."""
+    root = Cid.parse(cid)
+    rt, svc = _service(node)
+    return run_coroutine(rt, lambda: svc.providers(root, count))
+
+
+def gc(*, node: Node | None = None) -> Future:
+    """Collect every unpinned block now; resolves to ``{"blocks": n, "bytes": n}`` freed."""
+    rt, svc = _service(node)
+    return run_coroutine(rt, svc.gc)
+
+
+def put_weights(weights: Mapping[str, Any], *, metadata: Mapping[str, str] | None = None, chunk_size: int | None = None, node: Node | None = None) -> Future:
+    """Write ``weights`` (name -> numpy array or torch tensor) as a safetensors file and ``put``
+    it; resolves to its CID text."""
+    from lattica.content import weights as _weights  # safetensors loads only when weights are written
+
+    rt, svc = _service(node)
+    blob = _weights.encode(weights, metadata)
+    return run_coroutine(rt, lambda: svc.put(blob, chunk_size, True), str)
+
+
+def get_weights(cid: str | Cid, *, node: Node | None = None) -> Future:
+    """The arrays of the safetensors object ``cid`` (fetched if missing), memory-mapped read-only
+    from a file next to the blockstore when it is on disk."""
+    root = Cid.parse(cid)
+    rt, svc = _service(node)
+    return run_coroutine(rt, lambda: svc.weights(root))

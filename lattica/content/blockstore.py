@@ -127,16 +127,17 @@ class Blockstore:
 
     # -- blocks ----------------------------------------------------------------------------------
 
-    def put(self, cid: Cid | str, data: bytes | bytearray | memoryview) -> bool:
+    def put(self, cid: Cid | str, data: bytes | bytearray | memoryview, *, verified: bool = False) -> bool:
         """Store ``data`` as the block ``cid`` names, collecting least recently used unpinned blocks
         if it does not fit. True if it was added, False if it was already held (then only its
         recency changes). BadBlock if the data does not match the CID or is larger than
-        MAX_BLOCK_SIZE; StoreFull if there is no room even after collection, or the disk is full."""
+        MAX_BLOCK_SIZE; StoreFull if there is no room even after collection, or the disk is full.
+        ``verified``: the caller just hashed the data itself (the importer, a fetch's check)."""
         cid = Cid.parse(cid)
         size = memoryview(data).nbytes
         if size > MAX_BLOCK_SIZE:
             raise BadBlock(f"block {cid} has {size} bytes, more than the {MAX_BLOCK_SIZE} a block may have")
-        if not cid.verify(data):
+        if not verified and not cid.verify(data):
             raise BadBlock(f"the data given for block {cid} does not hash to it")
         with self._lock:
             self._check_open()

@@ -217,6 +217,34 @@ def on_loop(rt: Runtime, fn: Callable[[], Any]) -> Any:
     return value
 
 
+def run_coroutine(rt: Runtime, make: Callable[[], Any], convert: Callable[[Any], Any] | None = None) -> Future:
+    """Start the coroutine ``make()`` returns as a task on ``rt``'s loop; a :class:`Future` of its
+    result (through ``convert``), awaitable anywhere and blocking with ``.result()``. Cancelling
+    the Future cancels the task. What the module-level APIs (``lattica.dht``, ``lattica.content``)
+    are built on."""
+
+    def start() -> Future:
+        fut = Future(rt.loop)
+        task = rt.loop.create_task(make())
+
+        def done(t: asyncio.Task) -> None:
+            if t.cancelled():
+                fut._reject(asyncio.CancelledError())
+            elif t.exception() is not None:
+                fut._reject(t.exception())  # type: ignore[arg-type]
+            else:
+                try:
+                    fut._resolve(convert(t.result()) if convert else t.result())
+                except Exception as e:  # noqa: BLE001 -- e.g. an undecodable value
+                    fut._reject(e)
+
+        task.add_done_callback(done)
+        fut._cancel_hook = task.cancel
+        return fut
+
+    return on_loop(rt, start)
+
+
 class MethodHandle:
     """``ref.method``: ``.remote(...)``, ``.tell(...)``, ``.stream(...)``, ``.options(...)``."""
 

@@ -120,6 +120,7 @@ class ContentService:
         self._provided: set[Cid] = set()
         self.served_bytes = 0
         self.served_blocks = 0
+        self.last_stats: dict = {}  # the peers of the last fetch that ended, as its session saw them
         self._upkeep = self.host.spawn(self._keep_up())
 
     # -- the blockstore -------------------------------------------------------------------------
@@ -368,7 +369,8 @@ class _Fetch:
         loop = asyncio.get_running_loop()
         self.done: asyncio.Future = loop.create_future()
         self.listeners: list[Callable[[dict], None]] = []
-        self.session = FetchSession(window_bytes=self.cfg.window, block_timeout=self.cfg.block_timeout, unknown_size=self.cfg.chunk_size)
+        self.session = FetchSession(window_bytes=self.cfg.window, block_timeout=self.cfg.block_timeout, unknown_size=self.cfg.chunk_size,
+                                    max_batch_bytes=min(self.cfg.max_request_bytes, 4 << 20), probe_bytes=4 << 20)
         self.walker = Walker(root, keep_bytes=self.cfg.window)
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
@@ -400,6 +402,7 @@ class _Fetch:
         finally:
             for t in self._tasks:
                 t.cancel()
+            self.svc.last_stats = self.session.stats()
         if not self.done.done():
             self.done.set_result(self.root)
 
@@ -446,10 +449,11 @@ class _Fetch:
             if self.session.remaining and (self.session.remaining > places // 2 or self._handed < self._rescan):
                 return  # enough is asked: look further ahead once the walker moved on
             self._rescan = self._handed + max(places // 4, 1)
-            wants = [c for c in self.walker.wants(limit=places) if c not in self._wanted]
+            wants = self.walker.wants(limit=places)
+            held = [c for c in wants if store.has(c)]  # (also a repeated block, fetched once already)
+            wants = [c for c in wants if c not in self._wanted or c in held]
             if not wants:
                 return
-            held = [c for c in wants if store.has(c)]
             for cid in held:
                 try:
                     block = await self.svc.in_thread(store.get, cid)

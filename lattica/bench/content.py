@@ -17,6 +17,8 @@ import tempfile
 import time
 from typing import Any, Iterator
 
+import numpy as np
+
 import lattica
 from lattica.bench.rpc import spawn_on
 from lattica.content.cid import Cid
@@ -57,15 +59,9 @@ class Fetcher:
 
 
 def _pseudo_random(size: int, seed: int) -> bytes:
-    """Incompressible bytes, fast: sha256 in counter mode would be slow, so a random block repeated
-    with a per-MiB counter mixed in (every 1 MiB chunk differs: no two leaves share a CID)."""
-    base = hashlib.sha256(seed.to_bytes(8, "big")).digest() * (MiB // 32)
-    out = bytearray(size)
-    for off in range(0, size, MiB):
-        piece = bytearray(base[: min(MiB, size - off)])
-        piece[:16] = off.to_bytes(8, "big") + seed.to_bytes(8, "big")
-        out[off : off + len(piece)] = piece
-    return bytes(out)
+    """Incompressible bytes that two processes can make alike from ``seed`` (no two chunks share
+    a CID: every block is really fetched)."""
+    return np.random.default_rng(seed).bytes(size)
 
 
 class _Procs:

@@ -12,7 +12,6 @@ PeerId subkey, or a key made by :func:`owned_key`, can only be written by that p
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, NamedTuple
 
 from lattica import codec

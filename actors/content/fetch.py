@@ -1,0 +1,313 @@
+"""One fetch of a root: the glue between the network, the walker and the scheduler (see the
+``lattica.actors.content`` docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from lattica.actors.content.jobs import check_and_store
+from lattica.actors.content.wire import BAND, HAVES_EVERY, MAX_NAMED, SWARM_ANSWER, SWARM_EVERY, content_ref
+from lattica.content.cid import RAW, Cid
+from lattica.content.session import BLOCK, FetchSession, Request
+from lattica.content.unixfs import Walker
+from lattica.errors import BadBlock, BlockNotFound, ContentError, LatticaError
+from lattica.identity import PeerId
+from lattica.logging import get_logger
+from lattica.multiaddr import Multiaddr
+
+if TYPE_CHECKING:
+    from lattica.actors.content.service import ContentService
+    from lattica.content.blockstore import Blockstore
+
+log = get_logger("lattica.content")
+
+__all__ = ["Fetch"]
+
+
+class Fetch:
+    """One fetch of a root: the glue between the network, the walker and the scheduler."""
+
+    def __init__(self, svc: ContentService, root: Cid) -> None:
+        self.svc = svc
+        self.root = root
+        self.cfg = svc.cfg
+        loop = asyncio.get_running_loop()
+        self.done: asyncio.Future = loop.create_future()
+        self.listeners: list[Callable[[dict], None]] = []
+        self.session = FetchSession(window_bytes=self.cfg.window, block_timeout=self.cfg.block_timeout, unknown_size=self.cfg.chunk_size,
+                                    max_batch_bytes=min(self.cfg.max_request_bytes, 4 << 20), probe_bytes=4 << 20)
+        self.walker = Walker(root, keep_bytes=self.cfg.window)
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self._peers: set[PeerId] = set()
+        self._order = 0
+        self._wanted: set[Cid] = set()  # given to the scheduler
+        self._leaf = 0  # the largest leaf seen (sets the walker's window in places)
+        self._handed = 0  # pieces of the file the walker handed out (it moved on by as many places)
+        self._rescan = 0  # look for new wants once it handed out this many
+        self._new_haves: list[Cid] = []
+        self._swarm_asked: dict[PeerId, float] = {}
+        self._stored_bytes = 0
+        self._started = time.monotonic()
+        self._last_found = self._started
+        self._failure: BaseException | None = None
+        self._rng = random.Random()
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            await self._run()
+        except BaseException as e:
+            if not self.done.done():
+                self.done.set_exception(e if isinstance(e, (LatticaError, OSError)) else ContentError(f"fetching {self.root} failed: {e!r}"))
+                self.done.exception()  # (retrieved: a fetch nobody awaits any more must not warn)
+            if not isinstance(e, (LatticaError, OSError, asyncio.CancelledError)):
+                log.exception("fetch failed", root=str(self.root))
+        finally:
+            for t in self._tasks:
+                t.cancel()
+            self.svc.last_stats = self.session.stats()
+        if not self.done.done():
+            self.done.set_result(self.root)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        store = self.svc.store
+        self._spawn(self._discover())
+        next_haves = 0.0
+        while True:
+            if self._failure is not None:
+                raise self._failure
+            await self._take_wants(store)
+            if self.walker.done:
+                break
+            now = loop.time()
+            for req in self.session.next_requests(now):
+                self._spawn(self._ask(req))
+            for peer in self.session.take_dropped():
+                log.info("peer dropped from a fetch", peer=str(peer), root=str(self.root))
+                self.session.remove_peer(peer)
+            if now >= next_haves and self._new_haves:
+                next_haves = now + HAVES_EVERY
+                self._announce_haves()
+            if self.session.exhausted or self.session.blocked:
+                if time.monotonic() - self._last_found > self.cfg.find_timeout:
+                    raise self.session.error() or BlockNotFound(f"no provider of {self.root} was found")
+            self._report()
+            wake = self.session.next_wakeup()
+            timeout = 0.25 if wake is None else min(max(wake - loop.time(), 0.0), 0.25)
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+        self._announce_haves()
+        self.svc.announce(self.root)
+        self._report(final=True)
+
+    async def _take_wants(self, store: Blockstore) -> None:
+        """Give the scheduler what the walker wants next; blocks we hold already (a resumed or
+        shared fetch) go straight to the walker."""
+        while not self.walker.done:
+            places = min(max(self.cfg.window // (self._leaf or self.cfg.chunk_size), 16), 4096)
+            if self.session.remaining and (self.session.remaining > places // 2 or self._handed < self._rescan):
+                return  # enough is asked: look further ahead once the walker moved on
+            self._rescan = self._handed + max(places // 4, 1)
+            wants = self.walker.wants(limit=places)
+            held = [c for c in wants if store.has(c)]  # (also a repeated block, fetched once already)
+            wants = [c for c in wants if c not in self._wanted or c in held]
+            if not wants:
+                return
+            for cid in held:
+                try:
+                    block = await self.svc.in_thread(store.get, cid)
+                except BlockNotFound:
+                    continue  # collected meanwhile: fetch it
+                self._handed += len(self.walker.add(cid, block, verified=True))
+            fresh = [c for c in wants if c not in held]
+            if not fresh:
+                continue  # the walker moved on: look again
+            # each fetcher takes a band of blocks in its own order: fetchers that start together
+            # then ask the provider for different blocks and trade them among themselves
+            self._rng.shuffle(fresh)
+            order = []
+            for _ in fresh:
+                order.append((self._order // BAND, self._rng.random()))
+                self._order += 1
+            self._wanted.update(fresh)
+            self.session.want(fresh, None, order)
+            return
+
+    def _spawn(self, coro: Any) -> None:
+        task = self.svc.host.spawn(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def cancel(self, why: str) -> None:
+        self._failure = ContentError(why)
+        self._wake.set()
+
+    # -- peers ----------------------------------------------------------------------------------
+
+    def _add_peer(self, peer: PeerId) -> None:
+        if peer == self.svc.rt.peer_id or peer in self._peers:
+            return
+        self._peers.add(peer)
+        if self.session.add_peer(peer, asyncio.get_running_loop().time()):
+            self._last_found = time.monotonic()
+            self._wake.set()
+
+    async def _discover(self) -> None:
+        """Providers: the peers we are connected to that have the root, the DHT's provider
+        records, and the swarms those know; asked again while the fetch is short of peers."""
+        delay = 0.5
+        while not self.walker.done:
+            await asyncio.gather(self._ask_connected(), self._ask_dht(), return_exceptions=True)
+            await self._ask_swarms()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, SWARM_EVERY * 2)
+
+    async def _ask_connected(self) -> None:
+        conns = [p for p in list(self.svc.host.conns) if p not in self._peers and p != self.svc.rt.peer_id]
+
+        async def ask(peer: PeerId) -> None:
+            try:
+                got = await self.svc.rt.call(content_ref(peer), "have", ([self.root.bytes],), {}, timeout=2.0)
+            except LatticaError:
+                return
+            if got == [True]:
+                self._add_peer(peer)
+
+        await asyncio.gather(*(ask(p) for p in conns[:64]))
+
+    async def _ask_dht(self) -> None:
+        try:
+            found = await self.svc.providers(self.root)
+        except LatticaError as e:
+            log.debug("provider lookup failed", root=str(self.root), reason=str(e))
+            return
+        for peer in found:
+            self._add_peer(peer)
+
+    async def _ask_swarms(self) -> None:
+        now = time.monotonic()
+        asked = [p for p in list(self._peers) if now - self._swarm_asked.get(p, 0.0) >= SWARM_EVERY][:8]
+
+        async def ask(peer: PeerId) -> None:
+            self._swarm_asked[peer] = now
+            try:
+                got = await self.svc.rt.call(content_ref(peer), "swarm", (self.root.bytes,), {}, timeout=2.0)
+            except LatticaError:
+                return
+            if type(got) is not list:
+                return
+            for item in got[:SWARM_ANSWER]:
+                try:
+                    other = PeerId.from_bytes(bytes(item[0]))
+                    addrs = [Multiaddr.from_bytes(bytes(a)) for a in item[1][:8]]
+                except (LatticaError, TypeError, ValueError, IndexError):
+                    continue
+                if addrs:
+                    self.svc.host.remember_addrs(other, addrs)
+                self._add_peer(other)
+
+        await asyncio.gather(*(ask(p) for p in asked))
+
+    def heard_haves(self, peer: PeerId, cids: list[Cid]) -> None:
+        now = asyncio.get_running_loop().time()
+        self._add_peer(peer)
+        for cid in cids:
+            self.session.on_have(peer, cid, now)
+        self._wake.set()
+
+    def _announce_haves(self) -> None:
+        """Tell the swarm the blocks we got since the last time (Bitswap's HAVE)."""
+        cids, self._new_haves = self._new_haves, []
+        if not cids:
+            return
+        targets = set(self.svc.swarm_of(self.root)) | set(self._peers)
+        for peer in targets:
+            if peer not in self.svc.host.conns:
+                continue  # never dial for an announcement
+            for i in range(0, len(cids), MAX_NAMED):
+                try:
+                    self.svc.rt.call(content_ref(peer), "haves", (self.root.bytes, [c.bytes for c in cids[i:i + MAX_NAMED]]), {}, timeout=None, tell=True)
+                except LatticaError:
+                    break
+
+    # -- one call -------------------------------------------------------------------------------
+
+    async def _ask(self, req: Request) -> None:
+        loop = asyncio.get_running_loop()
+        session = self.session
+        method = "blocks" if req.kind == BLOCK else "have"
+        try:
+            timeout = max(req.hard_deadline - loop.time(), 0.1)
+            got = await self.svc.rt.call(content_ref(req.peer), method, ([c.bytes for c in req.cids],), {}, timeout=timeout)
+            if type(got) is not list or len(got) > len(req.cids):
+                raise ContentError(f"{req.peer} answered {method} with something else than a list per CID")
+        except (LatticaError, asyncio.TimeoutError) as e:
+            session.on_failure(req.peer, req.cids, loop.time(), str(e) or "timeout")
+            self._wake.set()
+            return
+        now = loop.time()
+        rest = req.cids[len(got):]
+        if req.kind != BLOCK:
+            for cid, has in zip(req.cids, got):
+                (session.on_have if has is True else session.on_dont_have)(req.peer, cid, now)
+        else:
+            pairs = [(cid, b) for cid, b in zip(req.cids, got) if isinstance(b, (bytes, bytearray, memoryview))]
+            missing = [cid for cid, b in zip(req.cids, got) if not isinstance(b, (bytes, bytearray, memoryview))]
+            checked = await self.svc.on_disk(sum(len(b) for _, b in pairs), check_and_store, self.svc.store, pairs) if pairs else []
+            now = loop.time()
+            for (cid, block), ok in zip(pairs, checked):
+                if ok is not True:
+                    if isinstance(ok, BaseException):  # our disk, not the peer: the fetch cannot go on
+                        self._failure = ok
+                        session.on_failure(req.peer, (cid,), now, str(ok))
+                        continue
+                    log.info("a peer sent a block that does not match its CID", peer=str(req.peer), cid=str(cid))
+                    session.on_bad_block(req.peer, cid, now)
+                    continue
+                arrival = session.on_block(req.peer, cid, len(block), now)
+                if arrival.fresh:
+                    if cid.codec == RAW and len(block) > self._leaf:
+                        self._leaf = len(block)
+                    try:
+                        self._handed += len(self.walker.add(cid, block, verified=True))
+                    except BadBlock as e:  # the DAG itself is malformed: nothing to fetch elsewhere
+                        self._failure = e
+                    self._stored_bytes += len(block)
+                    self._new_haves.append(cid)
+                    session.on_written(cid)
+            for cid in missing:
+                session.on_dont_have(req.peer, cid, now)
+        if rest:
+            session.on_failure(req.peer, rest, now, "not sent (answer cut short)")
+        self._wake.set()
+
+    def _report(self, final: bool = False) -> None:
+        if not self.listeners:
+            return
+        elapsed = max(time.monotonic() - self._started, 1e-9)
+        stats = self.session.stats()
+        info = {
+            "cid": str(self.root),
+            "bytes": self._stored_bytes,
+            "total": self.walker.filesize,
+            "seconds": elapsed,
+            "mb_per_s": self._stored_bytes / elapsed / 1e6,
+            "peers": sum(1 for s in stats.values() if s.active),
+            "done": final,
+        }
+        for cb in list(self.listeners):
+            try:
+                cb(info)
+            except Exception:
+                log.exception("progress callback failed")
+
+

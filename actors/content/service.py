@@ -1,0 +1,352 @@
+"""The ``content`` system actor: blocks by CID, served to anyone and fetched Bitswap-style.
+
+Serving (open to strangers, docs/security.md): ``have`` (want-have: have / dont-have per CID),
+``blocks`` (want-block: the block's bytes, or None for dont-have; an answer shorter than the
+request means "not now", ask again), ``swarm`` (who else fetched this root lately: fetchers find
+each other, so a fleet mostly feeds itself) and ``haves`` (a swarm peer announces blocks it now
+holds). A peer has at most ``serve_per_peer`` answers being read at once and all peers
+``serve_total``; one answer carries at most ``max_request_blocks`` blocks and
+``max_request_bytes``: what a peer can make us hold is bounded, however many CIDs it names.
+
+Fetching (:class:`_Fetch`): the providers come from the peers we are connected to, the DHT and
+the swarms they know; ``lattica.content.session.FetchSession`` decides whom to ask for what,
+``lattica.content.unixfs.Walker`` checks every block against its CID and its parent and names
+the next ones. Every verified block goes to the blockstore at once (served from there while the
+fetch goes on, kept for a resumed fetch), and the object is read back from the blockstore.
+Hashing and disk writes run on worker threads: at 800 MB/s they would take the loop's core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+
+from lattica.config import ContentConfig
+from lattica.content.cid import Cid
+from lattica.errors import ContentError, LatticaError
+from lattica.identity import PeerId
+from lattica.logging import get_logger
+from lattica.actors.content.wire import MAX_NAMED, MAX_SWARM, MAX_SWARMS, NAME, SWARM_ANSWER, SWARM_TTL, content_ref, parse_cids, provider_key
+from lattica.runtime import current_caller
+
+if TYPE_CHECKING:
+    from lattica.actors.content.fetch import Fetch
+    from lattica.content.blockstore import Blockstore
+    from lattica.runtime import Runtime
+
+log = get_logger("lattica.content")
+
+_INLINE_BYTES = 256 << 10  # hashing or disk work smaller than this runs on the loop (see ``on_disk``)
+MEMORY_CAPACITY = 1 << 30  # the largest memory blockstore (``blocks="memory"``)
+
+__all__ = ["ContentActor", "ContentService", "ContentConfig", "content_ref", "provider_key", "MAX_NAMED", "SWARM_ANSWER"]
+
+def _jobs() -> Any:
+    from lattica.actors.content import jobs  # hashing and disk code loads at first use (start-up time)
+
+    return jobs
+
+
+class _Gate:
+    """At most ``per_peer`` answers being read per peer and ``total`` in all; the rest wait (the
+    caller's own deadline bounds the wait). Idle peers are forgotten."""
+
+    def __init__(self, per_peer: int, total: int) -> None:
+        self._total = asyncio.Semaphore(total)
+        self._per_peer = per_peer
+        self._peers: dict[PeerId, list] = {}  # peer -> [its semaphore, answers holding or awaiting it]
+
+    @contextlib.asynccontextmanager
+    async def enter(self, peer: PeerId) -> AsyncIterator[None]:
+        slot = self._peers.get(peer)
+        if slot is None:
+            slot = self._peers[peer] = [asyncio.Semaphore(self._per_peer), 0]
+        slot[1] += 1
+        try:
+            async with slot[0], self._total:
+                yield
+        finally:
+            slot[1] -= 1
+            if not slot[1]:
+                del self._peers[peer]
+
+
+class ContentService:
+    """A node's blockstore, the fetches it runs and the swarms it knows (see the module docstring)."""
+
+    def __init__(self, runtime: Runtime, config: ContentConfig | None = None) -> None:
+        self.rt = runtime
+        self.host = runtime.host
+        self.cfg = config or ContentConfig()
+        self._store: Blockstore | None = None
+        self._private_dir: str | None = None  # a directory of our own, removed when we stop
+        self._pool: Any = None  # worker threads for hashing and disk work, made at first use
+        self._gate = _Gate(self.cfg.serve_per_peer, self.cfg.serve_total)
+        self._swarms: dict[Cid, dict[PeerId, float]] = {}  # root -> fetchers -> when last heard
+        self._fetches: dict[Cid, Fetch] = {}  # running fetches (one per root; others join it)
+        self._provided: set[Cid] = set()
+        self.served_bytes = 0
+        self.served_blocks = 0
+        self.last_stats: dict = {}  # the peers of the last fetch that ended, as its session saw them
+        self._upkeep = self.host.spawn(self._keep_up())
+
+    # -- the blockstore -------------------------------------------------------------------------
+
+    @property
+    def store(self) -> Blockstore:
+        """The blockstore, opened at first use (a node that never touches content pays nothing)."""
+        if self._store is None:
+            self._store = self._open_store()
+        return self._store
+
+    def _open_store(self) -> Blockstore:
+        from lattica.content.blockstore import DiskBlockstore, MemoryBlockstore  # loaded at first use (start-up time)
+
+        where = self.cfg.blocks or os.environ.get("LATTICA_BLOCKS") or os.path.join(os.path.expanduser("~"), ".lattica", "blocks")
+        if where == "memory":
+            return MemoryBlockstore(min(self.cfg.capacity, MEMORY_CAPACITY))
+        try:
+            return DiskBlockstore(where, self.cfg.capacity)
+        except ContentError as e:
+            if self.cfg.blocks is not None:
+                raise  # a directory the user chose: say so
+            # the shared default is in use by another node on this machine: one of our own
+            import tempfile  # (only when the default store is taken)
+
+            self._private_dir = tempfile.mkdtemp(prefix=f"lattica-blocks-{self.host.peer_id.short()}-")
+            log.info("default blockstore in use; using a private one until this node stops", default=where, private=self._private_dir, reason=str(e))
+            return DiskBlockstore(self._private_dir, self.cfg.capacity)
+
+    @property
+    def pool(self) -> Any:
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor  # loaded at the first content work (start-up time)
+
+            self._pool = ThreadPoolExecutor(max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="lattica-content")
+        return self._pool
+
+    async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def on_disk(self, nbytes: int, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, hashing or moving ``nbytes``: on a worker thread when that is worth
+        the hop (large blocks), else here (a batch of small blocks costs less than the hop)."""
+        if nbytes <= _INLINE_BYTES and getattr(self._store, "path", None) is None:
+            return fn(*args)
+        if nbytes <= _INLINE_BYTES // 4:
+            return fn(*args)
+        return await self.in_thread(fn, *args)
+
+    # -- publishing -----------------------------------------------------------------------------
+
+    async def put(self, source: Any, chunk_size: int | None = None, pin: bool = True) -> Cid:
+        """Chunk, hash and store ``source`` (bytes-like or a file path); pin it (a publisher's
+        object is never collected) and announce it. Returns the root CID."""
+        chunk = chunk_size or self.cfg.chunk_size
+        store = self.store
+        root, cids = await self.in_thread(_jobs().import_source, store, source, chunk)
+        if pin:
+            await self.in_thread(store.pin, str(root), cids)
+        self.announce(root)
+        return root
+
+    def announce(self, root: Cid) -> None:
+        """Tell the DHT we provide ``root`` (re-announced while we hold it); never waits."""
+        self._provided.add(root)
+        dht = self.rt.services.get("dht")
+        if dht is None:
+            return
+        ttl = min(self.cfg.provider_ttl, dht.cfg.limits.max_ttl)
+        self.host.spawn(_quietly(dht.provide(provider_key(root), ttl=ttl), "provider record not stored", root))
+
+    def withdraw(self, root: Cid) -> None:
+        self._provided.discard(root)
+        dht = self.rt.services.get("dht")
+        if dht is not None:
+            dht.stop_providing(provider_key(root))
+
+    async def _keep_up(self) -> None:
+        """Forget old swarm members; stop announcing roots the blockstore no longer holds."""
+        while True:
+            await asyncio.sleep(10.0)
+            now = time.monotonic()
+            for root in list(self._swarms):
+                members = self._swarms[root]
+                for peer in [p for p, t in members.items() if now - t > SWARM_TTL]:
+                    del members[peer]
+                if not members:
+                    del self._swarms[root]
+            if self._store is not None:
+                for root in [r for r in self._provided if not self._store.has(r)]:
+                    self.withdraw(root)
+
+    # -- fetching -------------------------------------------------------------------------------
+
+    async def fetch(self, root: Cid, progress: Callable[[dict], None] | None = None) -> Cid:
+        """Make sure every block of ``root`` is in the blockstore (fetching what is missing from
+        whoever has it); then announce it. One fetch per root runs; later callers share it."""
+        running = self._fetches.get(root)
+        if running is None:
+            from lattica.actors.content.fetch import Fetch  # the fetch machinery loads at the first fetch
+
+            running = self._fetches[root] = Fetch(self, root)
+            task = self.host.spawn(running.run())
+            task.add_done_callback(lambda _t: self._fetches.pop(root, None))
+        if progress is not None:
+            running.listeners.append(progress)
+        await asyncio.shield(running.done)
+        return root
+
+    async def read(self, root: Cid) -> bytes:
+        """The whole object ``root`` from the blockstore (BlockNotFound if a block is missing)."""
+        return await self.in_thread(_jobs().read_all, self.store, root)
+
+    async def write(self, root: Cid, path: str) -> str:
+        """Write the object ``root`` from the blockstore to ``path`` (atomically: a temp file in
+        the same directory, renamed when complete)."""
+        return await self.in_thread(_jobs().write_file, self.store, root, path)
+
+    async def pin(self, root: Cid) -> None:
+        """Pin every block of ``root`` (held) under its CID text."""
+        store = self.store
+        cids = await self.in_thread(_jobs().dag, store, root)
+        await self.in_thread(store.pin, str(root), cids)
+        self.announce(root)
+
+    async def unpin(self, root: Cid) -> bool:
+        return await self.in_thread(self.store.unpin, str(root))
+
+    async def stat(self, root: Cid | None) -> dict:
+        store = self.store
+        if root is None:
+            st = store.stats()
+            return {"blocks": st.blocks, "bytes": st.bytes, "capacity": st.capacity, "pinned_blocks": st.pinned_blocks,
+                    "pinned_bytes": st.pinned_bytes, "pins": st.pin_sets, "path": getattr(store, "path", None),
+                    "served_blocks": self.served_blocks, "served_bytes": self.served_bytes}
+        return await self.in_thread(_jobs().stat, store, root)
+
+    async def gc(self) -> dict:
+        freed = await self.in_thread(self.store.gc)
+        return {"blocks": freed.blocks, "bytes": freed.bytes}
+
+    async def weights(self, root: Cid) -> dict:
+        """The arrays of the safetensors object ``root``: fetched, written once to a file beside
+        the blocks and memory-mapped from it (decoded in memory for a memory blockstore)."""
+        from lattica.content import weights  # numpy and the format's parser: only for weights
+
+        await self.fetch(root)
+        base = getattr(self.store, "path", None)
+        if base is None:
+            return weights.decode(await self.read(root))
+        target = os.path.join(os.fspath(base), "objects", f"{root}.safetensors")
+        if not os.path.exists(target):
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            await self.write(root, target)
+        return await self.in_thread(weights.mapped, target)
+
+    async def providers(self, root: Cid, count: int = 20) -> list[PeerId]:
+        dht = self.rt.services.get("dht")
+        if dht is None:
+            return []
+        return await dht.find_providers(provider_key(root), count=count)
+
+    # -- swarms ---------------------------------------------------------------------------------
+
+    def joined(self, root: Cid, peer: PeerId) -> list[PeerId]:
+        """``peer`` fetches ``root``: remember it in the root's swarm; the others, newest first."""
+        members = self._swarms.get(root)
+        if members is None:
+            if len(self._swarms) >= MAX_SWARMS:
+                oldest = min(self._swarms, key=lambda r: max(self._swarms[r].values(), default=0.0))
+                del self._swarms[oldest]
+            members = self._swarms[root] = {}
+        members.pop(peer, None)
+        members[peer] = time.monotonic()
+        while len(members) > MAX_SWARM:
+            del members[next(iter(members))]
+        return [p for p in reversed(members) if p != peer][:SWARM_ANSWER]
+
+    def swarm_of(self, root: Cid) -> list[PeerId]:
+        return list(self._swarms.get(root, ()))
+
+    def heard_haves(self, peer: PeerId, root: Cid, cids: list[Cid]) -> None:
+        fetch = self._fetches.get(root)
+        if fetch is not None:
+            fetch.heard_haves(peer, cids)
+
+    def close(self) -> None:
+        self._upkeep.cancel()
+        for fetch in list(self._fetches.values()):
+            fetch.cancel("the node is stopping")
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._store is not None:
+            self._store.close()
+        if self._private_dir is not None:
+            import shutil  # (only a private store is removed)
+
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+
+
+class ContentActor:
+    """What peers call (see the module docstring); open to strangers: serving content is what
+    the open network needs from us, and every answer is bounded."""
+
+    NAME = NAME
+
+    def __init__(self, service: ContentService) -> None:
+        self._svc = service
+
+    async def have(self, cids: list) -> list[bool]:
+        """Per CID: whether we hold the block (want-have)."""
+        store = self._svc.store
+        return [store.has(c) for c in parse_cids(cids, MAX_NAMED)]
+
+    async def blocks(self, cids: list) -> list:
+        """Per CID, in order: the block's bytes, or None if we do not hold it (want-block). The
+        answer stops early (shorter than the request) at ``max_request_bytes``."""
+        svc = self._svc
+        wanted = parse_cids(cids, svc.cfg.max_request_blocks)
+        caller = current_caller() or svc.rt.peer_id
+        async with svc._gate.enter(caller):
+            store = svc.store
+            nbytes = sum(store.size_of(c) for c in wanted if store.has(c))
+            out = await svc.on_disk(nbytes, _jobs().read_blocks, store, wanted, svc.cfg.max_request_bytes)
+        sent = [b for b in out if b is not None]
+        svc.served_blocks += len(sent)
+        svc.served_bytes += sum(len(b) for b in sent)
+        return out
+
+    async def swarm(self, root: bytes) -> list:
+        """The caller fetches ``root``: it joins the root's swarm; returns other members, each
+        ``[peer id bytes, [address bytes, ...]]``, newest first."""
+        cid = parse_cids([root], 1)[0]
+        caller = current_caller() or self._svc.rt.peer_id
+        out = []
+        for peer in self._svc.joined(cid, caller):
+            addrs = self._svc.host.peer_addrs.get(peer, ())
+            out.append([peer.to_bytes(), [a.to_bytes() for a in list(addrs)[:8]]])
+        return out
+
+    async def haves(self, root: bytes, cids: list) -> None:
+        """A swarm peer now holds ``cids`` of ``root`` (for our fetch of it, if any)."""
+        caller = current_caller()
+        if caller is None:
+            return
+        self._svc.heard_haves(caller, parse_cids([root], 1)[0], parse_cids(cids, MAX_NAMED))
+
+
+
+async def _quietly(coro: Any, what: str, root: Cid) -> None:
+    try:
+        await coro
+    except LatticaError as e:
+        log.info(what, root=str(root), reason=str(e))
+
+
+# -- worker-thread jobs (hashing, disk) -----------------------------------------------------------
+
+

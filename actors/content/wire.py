@@ -1,0 +1,45 @@
+"""What the content actor's peers exchange: its ref, the DHT key of a provider record, CID lists
+as they travel, and the protocol's limits and timings (shared by the service and its fetches)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lattica.content.cid import Cid
+from lattica.errors import ContentError, InvalidCid
+from lattica.identity import PeerId
+from lattica.runtime import ASYNC, ActorRef
+
+__all__ = ["content_ref", "provider_key", "parse_cids", "NAME", "MAX_NAMED", "SWARM_TTL", "MAX_SWARMS", "MAX_SWARM", "SWARM_ANSWER", "HAVES_EVERY", "SWARM_EVERY", "BAND"]
+
+NAME = "content"
+MAX_NAMED = 1024  # CIDs one have/haves call may name
+SWARM_TTL = 60.0  # seconds a fetcher stays in a root's swarm after it last asked
+MAX_SWARMS = 1024  # roots whose swarms we track
+MAX_SWARM = 64  # fetchers tracked per root
+SWARM_ANSWER = 16  # fetchers named in one answer
+HAVES_EVERY = 0.05  # seconds between announcements of new blocks to a swarm
+SWARM_EVERY = 2.0  # seconds between a fetch's questions for more swarm peers
+BAND = 16  # blocks a fetch takes in its own random order (fetchers spread their first asks)
+
+
+def content_ref(peer: PeerId) -> ActorRef:
+    """The ref of ``peer``'s content system actor."""
+    return ActorRef(peer, NAME, {"have": ASYNC, "blocks": ASYNC, "swarm": ASYNC, "haves": ASYNC})
+
+
+def provider_key(cid: Cid) -> bytes:
+    """The DHT key under which providers of ``cid`` are announced: its multihash, as in IPFS (a
+    raw and a dag-pb CID of the same bytes name the same block)."""
+    return cid.bytes[-34:]
+
+
+def parse_cids(raw: Any, limit: int) -> list[Cid]:
+    if type(raw) is not list or len(raw) > limit:
+        raise ContentError(f"a list of at most {limit} CIDs (binary) is expected")
+    try:
+        return [Cid.from_bytes(c) for c in raw]
+    except (InvalidCid, TypeError) as e:
+        raise ContentError(f"not a CID: {e}") from None
+
+

@@ -280,7 +280,12 @@ class DhtUpkeep(DhtLookups):
         deadline = loop.time() + within
         delay = NAME_RETRY_FIRST
         while True:
-            ref = self._freshest(name, await self.get(name_key(name), quorum=1, grace=NAME_GRACE))
+            found = await self.get(name_key(name), quorum=1, grace=NAME_GRACE)
+            ref = self._freshest(name, found)
+            if ref is None and found:
+                # the first holder had only registrations we cannot follow (a dead node's, a
+                # stranger's): ask every holder before waiting to ask again
+                ref = self._freshest(name, await self.get(name_key(name), grace=NAME_GRACE))
             if ref is not None:
                 return ref
             self._reseed()

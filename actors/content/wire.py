@@ -20,7 +20,7 @@ MAX_SWARM = 64  # fetchers tracked per root
 SWARM_ANSWER = 16  # fetchers named in one answer
 HAVES_EVERY = 0.05  # seconds between announcements of new blocks to a swarm
 SWARM_EVERY = 2.0  # seconds between a fetch's questions for more swarm peers
-BAND = 16  # blocks a fetch takes in its own random order (fetchers spread their first asks)
+BAND = 64  # blocks a fetch takes in its own random order (fetchers spread their first asks)
 
 
 def content_ref(peer: PeerId) -> ActorRef:

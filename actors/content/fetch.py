@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from lattica.actors.content.jobs import check_and_store
-from lattica.actors.content.wire import BAND, HAVES_EVERY, MAX_NAMED, SWARM_ANSWER, SWARM_EVERY, content_ref
+from lattica.actors.content.wire import BAND, HAVES_EVERY, MAX_NAMED, SWARM_ANSWER, SWARM_ADDRS, SWARM_EVERY, SWARM_TAKE, content_ref
 from lattica.content.cid import RAW, Cid
 from lattica.content.session import BLOCK, FetchSession, Request
 from lattica.content.unixfs import Walker
@@ -166,8 +166,11 @@ class Fetch:
         records, and the swarms those know; asked again while the fetch is short of peers."""
         delay = 0.5
         while not self.walker.done:
-            await asyncio.gather(self._ask_connected(), self._ask_dht(), return_exceptions=True)
-            await self._ask_swarms()
+            rounds = await asyncio.gather(self._ask_connected(), self._ask_dht(), return_exceptions=True)
+            rounds += await asyncio.gather(self._ask_swarms(), return_exceptions=True)  # (asks the providers just found)
+            for failed in rounds:
+                if isinstance(failed, Exception) and not isinstance(failed, LatticaError):
+                    log.warning("provider discovery round failed", root=str(self.root), error=repr(failed))
             await asyncio.sleep(delay)
             delay = min(delay * 2, SWARM_EVERY * 2)
 
@@ -205,21 +208,32 @@ class Fetch:
                 return
             if type(got) is not list:
                 return
+            taken = 0
             for item in got[:SWARM_ANSWER]:
-                try:
-                    other = PeerId.from_bytes(bytes(item[0]))
-                    addrs = [Multiaddr.from_bytes(bytes(a)) for a in item[1][:8]]
-                except (LatticaError, TypeError, ValueError, IndexError):
+                if taken >= SWARM_TAKE:
+                    break
+                if type(item) is not list or len(item) != 2 or type(item[0]) is not bytes or type(item[1]) is not list or len(item[1]) > SWARM_ADDRS:
                     continue
-                if addrs:
+                try:
+                    other = PeerId.from_bytes(item[0])
+                    addrs = [Multiaddr.from_bytes(a) for a in item[1] if type(a) is bytes and len(a) <= 128]
+                except LatticaError:
+                    continue
+                if other in self._peers or other == self.svc.rt.peer_id:
+                    continue
+                if addrs and other not in self.svc.host.conns:
                     self.svc.host.remember_addrs(other, addrs)
+                taken += 1
                 self._add_peer(other)
 
         await asyncio.gather(*(ask(p) for p in asked))
 
+    @property
+    def peers(self) -> set[PeerId]:
+        return self._peers
+
     def heard_haves(self, peer: PeerId, cids: list[Cid]) -> None:
         now = asyncio.get_running_loop().time()
-        self._add_peer(peer)
         for cid in cids:
             self.session.on_have(peer, cid, now)
         self._wake.set()
@@ -281,6 +295,9 @@ class Fetch:
                         self._handed += len(self.walker.add(cid, block, verified=True))
                     except BadBlock as e:  # the DAG itself is malformed: nothing to fetch elsewhere
                         self._failure = e
+                    size = self.walker.filesize
+                    if cid == self.root and size is not None and size > self.cfg.capacity:
+                        self._failure = ContentError(f"{self.root} declares {size} bytes, more than this node's blockstore holds ({self.cfg.capacity})")
                     self._stored_bytes += len(block)
                     self._new_haves.append(cid)
                     session.on_written(cid)

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from lattica.config import ContentConfig
 from lattica.content.cid import Cid
-from lattica.errors import ContentError, LatticaError
+from lattica.errors import BadBlock, ContentError, LatticaError
 from lattica.identity import PeerId
 from lattica.logging import get_logger
-from lattica.actors.content.wire import MAX_NAMED, MAX_SWARM, MAX_SWARMS, NAME, SWARM_ANSWER, SWARM_TTL, content_ref, parse_cids, provider_key
+from lattica.actors.content.wire import MAX_NAMED, MAX_SWARM, MAX_SWARMS, NAME, SWARM_ADDRS, SWARM_ANSWER, SWARM_TTL, content_ref, parse_cids, provider_key
 from lattica.runtime import current_caller
 
 if TYPE_CHECKING:
@@ -245,7 +245,11 @@ class ContentService:
         if not os.path.exists(target):
             os.makedirs(os.path.dirname(target), exist_ok=True)
             await self.write(root, target)
-        return await self.in_thread(weights.mapped, target)
+        try:
+            return await self.in_thread(weights.mapped, target)
+        except BadBlock:
+            os.unlink(target)  # not weights: keep no copy outside the blockstore
+            raise
 
     async def providers(self, root: Cid, count: int = 20) -> list[PeerId]:
         dht = self.rt.services.get("dht")
@@ -274,7 +278,7 @@ class ContentService:
 
     def heard_haves(self, peer: PeerId, root: Cid, cids: list[Cid]) -> None:
         fetch = self._fetches.get(root)
-        if fetch is not None:
+        if fetch is not None and peer in fetch.peers:  # only from a peer the fetch already uses
             fetch.heard_haves(peer, cids)
 
     def close(self) -> None:
@@ -322,13 +326,20 @@ class ContentActor:
 
     async def swarm(self, root: bytes) -> list:
         """The caller fetches ``root``: it joins the root's swarm; returns other members, each
-        ``[peer id bytes, [address bytes, ...]]``, newest first."""
+        ``[peer id bytes, [the address we see it connected from]]``, newest first (members we are
+        not connected to directly are left out)."""
         cid = parse_cids([root], 1)[0]
         caller = current_caller() or self._svc.rt.peer_id
         out = []
         for peer in self._svc.joined(cid, caller):
-            addrs = self._svc.host.peer_addrs.get(peer, ())
-            out.append([peer.to_bytes(), [a.to_bytes() for a in list(addrs)[:8]]])
+            # only addresses on the IP we see it connected from: an answer must not make fetchers
+            # dial a third party a peer names (a reflection attack, as AutoNAT's dial-backs were)
+            conn = self._svc.host.conns.get(peer)
+            seen = _host_of(conn.remote_addr) if conn is not None and not conn.is_closed and conn.transport != "relay" else None
+            if seen is not None:
+                addrs = [a for a in self._svc.host.peer_addrs.get(peer, ()) if _host_of(a) == seen][:SWARM_ADDRS]
+                if addrs:
+                    out.append([peer.to_bytes(), [a.to_bytes() for a in addrs]])
         return out
 
     async def haves(self, root: bytes, cids: list) -> None:
@@ -338,6 +349,13 @@ class ContentActor:
             return
         self._svc.heard_haves(caller, parse_cids([root], 1)[0], parse_cids(cids, MAX_NAMED))
 
+
+
+def _host_of(addr: Any) -> str | None:
+    try:
+        return str(addr.without_peer_id().host_port()[0])
+    except (LatticaError, AttributeError, ValueError, TypeError):
+        return None
 
 
 async def _quietly(coro: Any, what: str, root: Cid) -> None:

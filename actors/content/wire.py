@@ -10,7 +10,7 @@ from lattica.errors import ContentError, InvalidCid
 from lattica.identity import PeerId
 from lattica.runtime import ASYNC, ActorRef
 
-__all__ = ["content_ref", "provider_key", "parse_cids", "NAME", "MAX_NAMED", "SWARM_TTL", "MAX_SWARMS", "MAX_SWARM", "SWARM_ANSWER", "HAVES_EVERY", "SWARM_EVERY", "BAND"]
+__all__ = ["content_ref", "provider_key", "parse_cids", "NAME", "MAX_NAMED", "SWARM_TTL", "MAX_SWARMS", "MAX_SWARM", "SWARM_ANSWER", "SWARM_TAKE", "SWARM_ADDRS", "HAVES_EVERY", "SWARM_EVERY", "BAND"]
 
 NAME = "content"
 MAX_NAMED = 1024  # CIDs one have/haves call may name
@@ -18,6 +18,8 @@ SWARM_TTL = 60.0  # seconds a fetcher stays in a root's swarm after it last aske
 MAX_SWARMS = 1024  # roots whose swarms we track
 MAX_SWARM = 64  # fetchers tracked per root
 SWARM_ANSWER = 16  # fetchers named in one answer
+SWARM_TAKE = 4  # new peers a fetch takes from one answer
+SWARM_ADDRS = 4  # addresses per peer in an answer (all on the IP it is connected from)
 HAVES_EVERY = 0.05  # seconds between announcements of new blocks to a swarm
 SWARM_EVERY = 2.0  # seconds between a fetch's questions for more swarm peers
 BAND = 64  # blocks a fetch takes in its own random order (fetchers spread their first asks)
@@ -37,6 +39,8 @@ def provider_key(cid: Cid) -> bytes:
 def parse_cids(raw: Any, limit: int) -> list[Cid]:
     if type(raw) is not list or len(raw) > limit:
         raise ContentError(f"a list of at most {limit} CIDs (binary) is expected")
+    if not all(type(c) is bytes and len(c) <= 64 for c in raw):
+        raise ContentError("not a CID: CIDs travel as byte strings of at most 64 bytes")
     try:
         return [Cid.from_bytes(c) for c in raw]
     except (InvalidCid, TypeError) as e:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from typing import Any, Mapping
 
@@ -19,7 +20,9 @@ from lattica.errors import BadBlock
 
 __all__ = ["encode", "decode", "mapped"]
 
-_MAX_HEADER = 100 << 20
+_MAX_HEADER = 8 << 20  # a header's bytes (tens of thousands of tensors fit in 8 MiB)
+_MAX_ENTRIES = 65536
+_MAX_DIMS = 8
 _DTYPES = {
     "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16, "F16": np.float16,
     "U32": np.uint32, "I32": np.int32, "F32": np.float32, "U64": np.uint64, "I64": np.int64, "F64": np.float64,
@@ -53,29 +56,35 @@ def _header(buf: memoryview | bytes, size: int) -> tuple[dict, int]:
         raise BadBlock(f"not a safetensors file: a header of {n} bytes in a file of {size}")
     try:
         header = json.loads(bytes(buf[8 : 8 + n]))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise BadBlock(f"safetensors header is not JSON: {e}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise BadBlock(f"safetensors header is not JSON: {e!r}"[:200]) from None
     if type(header) is not dict:
         raise BadBlock("safetensors header is not a JSON object")
     return header, 8 + n
 
 
 def _entries(header: dict, base: int, size: int) -> list[tuple[str, Any, tuple[int, ...], int, int]]:
+    if len(header) > _MAX_ENTRIES:
+        raise BadBlock(f"safetensors header names more than {_MAX_ENTRIES} tensors")
     out = []
     for name, spec in header.items():
         if name == "__metadata__":
             continue
         if type(spec) is not dict or set(spec) != {"dtype", "shape", "data_offsets"}:
             raise BadBlock(f"safetensors entry {name!r} is malformed")
-        dtype = _DTYPES.get(spec["dtype"])
+        dtype = _DTYPES.get(spec["dtype"]) if type(spec["dtype"]) is str else None
         shape, offs = spec["shape"], spec["data_offsets"]
         if dtype is None:
             raise BadBlock(f"safetensors entry {name!r} has an unsupported dtype {spec['dtype']!r}")
-        if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+        if type(shape) is not list or len(shape) > _MAX_DIMS or not all(type(d) is int and 0 <= d < size for d in shape):
             raise BadBlock(f"safetensors entry {name!r} has a malformed shape")
         if type(offs) is not list or len(offs) != 2 or not all(type(o) is int for o in offs) or not 0 <= offs[0] <= offs[1]:
             raise BadBlock(f"safetensors entry {name!r} has malformed offsets")
-        length = math.prod(shape) * np.dtype(dtype).itemsize
+        length = np.dtype(dtype).itemsize
+        for d in shape:  # step by step, each factor below the file size: no huge products
+            length *= d
+            if length > size:
+                raise BadBlock(f"safetensors entry {name!r}: its shape needs more bytes than the file has")
         if offs[1] - offs[0] != length or base + offs[1] > size:
             raise BadBlock(f"safetensors entry {name!r}: its bytes do not match its shape or run past the file")
         out.append((name, dtype, tuple(shape), base + offs[0], length))
@@ -95,6 +104,8 @@ def decode(data: bytes | memoryview) -> dict[str, np.ndarray]:
 def mapped(path: str) -> dict[str, np.ndarray]:
     """The arrays of the safetensors file at ``path``, memory-mapped read-only (nothing is read
     until used; the pages are the page cache's, shared by every process mapping the file)."""
+    if os.path.getsize(path) < 8:
+        raise BadBlock("not a safetensors file: shorter than its header length")
     whole = np.memmap(path, dtype=np.uint8, mode="r")
     header, base = _header(memoryview(whole), len(whole))
     out = {}

@@ -1,0 +1,84 @@
+"""Hostile peers against the content plane (docs/content.md, docs/security.md), with real nodes:
+garbage CID lists, announcements from peers a fetch never chose, swarm answers that name third
+parties, and safetensors headers built to exhaust the parser."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+import lattica
+from helpers import call_as
+from lattica.actors.content import content_ref
+from lattica.config import ContentConfig
+from lattica.content import weights
+from lattica.content.cid import Cid
+from lattica.errors import BadBlock, ContentError
+
+pytestmark = pytest.mark.timeout(60)
+
+TCP = "/ip4/127.0.0.1/tcp/0"
+
+
+def _node(**kw):
+    return lattica.Node([TCP], content=ContentConfig(blocks="memory", **kw))
+
+
+@pytest.mark.parametrize("bad", [[2**40], [-1], [None], ["bafk"], [b"x" * 65]])
+def test_cid_lists_that_are_not_byte_strings_are_refused_cheaply(bad):
+    with _node() as a, _node() as b:
+        b.connect(a.addrs[0])
+        with pytest.raises(ContentError, match="not a CID"):
+            call_as(b, content_ref(a.peer_id), "have", bad)
+
+
+def test_announcements_from_a_peer_the_fetch_did_not_choose_are_ignored():
+    """A stranger tells a fetcher it holds every block (to be preferred, then never answer):
+    the fetch does not take it in, and finishes from its real provider."""
+    import os
+
+    with _node() as pub, _node() as me, _node() as liar:
+        me.connect(pub.addrs[0])
+        liar.connect(me.addrs[0])
+        data = os.urandom(4 << 20)
+        cid = lattica.content.put(data, node=pub).result(10)
+        svc = me._host.services["content"]
+        seen = []
+
+        def progress(info):
+            if not seen:
+                seen.append(1)
+                fetch = next(iter(svc._fetches.values()))
+                blocks = [c.bytes for c in pub._host.services["content"].store]
+                me._host.loop.call_soon(svc.heard_haves, liar.peer_id, Cid.parse(cid), [Cid.from_bytes(b) for b in blocks])
+                seen.append(fetch)
+
+        assert lattica.content.get(cid, node=me, progress=progress).result(30) == data
+        assert liar.peer_id not in svc.last_stats
+
+
+def _hdr(h, data=b""):
+    b = json.dumps(h).encode()
+    return struct.pack("<Q", len(b)) + b + data
+
+
+@pytest.mark.parametrize("blob", [
+    _hdr({"x": {"dtype": "F32", "shape": [10**4000], "data_offsets": [0, 4]}}, bytes(4)),  # a quadratic-time product
+    _hdr({"x": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, bytes(4)),
+    _hdr({"x": {"dtype": "F32", "shape": [0, 2**62, 2**62], "data_offsets": [0, 0]}}),
+    _hdr({"x": {"dtype": "F32", "shape": [1] * 9, "data_offsets": [0, 4]}}, bytes(4)),
+    _hdr({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(4)),  # runs past the file
+    _hdr({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "y": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}}, bytes(8)),
+    b"", b"\x00" * 7, struct.pack("<Q", 10**12),
+])
+def test_hostile_safetensors_headers_are_bad_blocks(blob):
+    with pytest.raises(BadBlock):
+        weights.decode(blob)
+
+
+def test_honest_weights_still_decode():
+    got = weights.decode(weights.encode({"a": np.arange(6, dtype=np.int32).reshape(2, 3)}))
+    assert got["a"].tolist() == [[0, 1, 2], [3, 4, 5]]

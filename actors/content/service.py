@@ -25,7 +25,6 @@ import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from lattica.config import ContentConfig
-from lattica.content.cid import Cid
 from lattica.errors import BadBlock, ContentError, LatticaError
 from lattica.identity import PeerId
 from lattica.logging import get_logger
@@ -34,6 +33,7 @@ from lattica.runtime import current_caller
 
 if TYPE_CHECKING:
     from lattica.actors.content.fetch import Fetch
+    from lattica.content.cid import Cid
     from lattica.content.blockstore import Blockstore
     from lattica.runtime import Runtime
 

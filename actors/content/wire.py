@@ -3,12 +3,14 @@ as they travel, and the protocol's limits and timings (shared by the service and
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lattica.content.cid import Cid
 from lattica.errors import ContentError, InvalidCid
 from lattica.identity import PeerId
 from lattica.runtime import ASYNC, ActorRef
+
+if TYPE_CHECKING:
+    from lattica.content.cid import Cid
 
 __all__ = ["content_ref", "provider_key", "parse_cids", "NAME", "MAX_NAMED", "SWARM_TTL", "MAX_SWARMS", "MAX_SWARM", "SWARM_ANSWER", "SWARM_TAKE", "SWARM_ADDRS", "HAVES_EVERY", "SWARM_EVERY", "BAND"]
 
@@ -41,6 +43,8 @@ def parse_cids(raw: Any, limit: int) -> list[Cid]:
         raise ContentError(f"a list of at most {limit} CIDs (binary) is expected")
     if not all(type(c) is bytes and len(c) <= 64 for c in raw):
         raise ContentError("not a CID: CIDs travel as byte strings of at most 64 bytes")
+    from lattica.content.cid import Cid  # (hashlib with it) loads at the first content call, not at start
+
     try:
         return [Cid.from_bytes(c) for c in raw]
     except (InvalidCid, TypeError) as e:

@@ -112,6 +112,7 @@ class ContentConfig:
     block_timeout: float = 10.0  # a block requested and not received by then is asked of another peer
     provider_ttl: float = 3600.0  # of provider records; re-announced at half of it while held
     find_timeout: float = 20.0  # a fetch with no provider for this long fails with BlockNotFound
+    max_get_bytes: int = 2 * GiB  # the largest object get() returns in memory; larger ones go to a path
     # serving: one answer holds at most this many blocks and bytes; a peer has at most
     # ``serve_per_peer`` answers being read at once, all peers ``serve_total``
     max_request_blocks: int = 64

@@ -37,6 +37,8 @@ class Fetch:
         loop = asyncio.get_running_loop()
         self.done: asyncio.Future = loop.create_future()
         self.listeners: list[Callable[[dict], None]] = []
+        self.size: asyncio.Future = loop.create_future()  # the file's size, once the root is here
+        self.waiters = 0  # callers awaiting it: the last one leaving early cancels the fetch
         self.session = FetchSession(window_bytes=self.cfg.window, block_timeout=self.cfg.block_timeout, unknown_size=self.cfg.chunk_size,
                                     max_batch_bytes=min(self.cfg.max_request_bytes, 4 << 20), probe_bytes=4 << 20)
         self.walker = Walker(root, keep_bytes=self.cfg.window)
@@ -113,6 +115,10 @@ class Fetch:
         """Give the scheduler what the walker wants next; blocks we hold already (a resumed or
         shared fetch) go straight to the walker."""
         while not self.walker.done:
+            if self.walker.ready:  # a repeated subtree: read on from held blocks, a step at a time
+                self._took(self.walker.advance())
+                await asyncio.sleep(0)
+                continue
             places = min(max(self.cfg.window // (self._leaf or self.cfg.chunk_size), 16), 4096)
             if self.session.remaining and (self.session.remaining > places // 2 or self._handed < self._rescan):
                 return  # enough is asked: look further ahead once the walker moved on
@@ -127,7 +133,7 @@ class Fetch:
                     block = await self.svc.in_thread(store.get, cid)
                 except BlockNotFound:
                     continue  # collected meanwhile: fetch it
-                self._handed += len(self.walker.add(cid, block, verified=True))
+                self._took(self.walker.add(cid, block, verified=True))
             fresh = [c for c in wants if c not in held]
             if not fresh:
                 continue  # the walker moved on: look again
@@ -141,6 +147,16 @@ class Fetch:
             self._wanted.update(fresh)
             self.session.want(fresh, None, order)
             return
+
+    def _took(self, pieces: list) -> None:
+        """The walker handed out ``pieces``; the first time it knows the file's size, check it."""
+        self._handed += len(pieces)
+        size = self.walker.filesize
+        if size is not None and not self.size.done():
+            self.size.set_result(size)
+            if size > self.cfg.capacity:
+                self._failure = ContentError(f"{self.root} declares {size} bytes, more than this node's blockstore holds ({self.cfg.capacity})")
+                self._wake.set()
 
     def _spawn(self, coro: Any) -> None:
         task = self.svc.host.spawn(coro)
@@ -292,12 +308,9 @@ class Fetch:
                     if cid.codec == RAW and len(block) > self._leaf:
                         self._leaf = len(block)
                     try:
-                        self._handed += len(self.walker.add(cid, block, verified=True))
+                        self._took(self.walker.add(cid, block, verified=True))
                     except BadBlock as e:  # the DAG itself is malformed: nothing to fetch elsewhere
                         self._failure = e
-                    size = self.walker.filesize
-                    if cid == self.root and size is not None and size > self.cfg.capacity:
-                        self._failure = ContentError(f"{self.root} declares {size} bytes, more than this node's blockstore holds ({self.cfg.capacity})")
                     self._stored_bytes += len(block)
                     self._new_haves.append(cid)
                     session.on_written(cid)

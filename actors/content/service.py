@@ -185,9 +185,11 @@ class ContentService:
 
     # -- fetching -------------------------------------------------------------------------------
 
-    async def fetch(self, root: Cid, progress: Callable[[dict], None] | None = None) -> Cid:
+    async def fetch(self, root: Cid, progress: Callable[[dict], None] | None = None, max_size: int | None = None) -> Cid:
         """Make sure every block of ``root`` is in the blockstore (fetching what is missing from
-        whoever has it); then announce it. One fetch per root runs; later callers share it."""
+        whoever has it); then announce it. One fetch per root runs; later callers share it, and
+        when every caller has left (cancelled, or refused the size) the fetch stops. ``max_size``:
+        ContentError as soon as the root declares more bytes."""
         running = self._fetches.get(root)
         if running is None:
             from lattica.actors.content.fetch import Fetch  # the fetch machinery loads at the first fetch
@@ -197,7 +199,18 @@ class ContentService:
             task.add_done_callback(lambda _t: self._fetches.pop(root, None))
         if progress is not None:
             running.listeners.append(progress)
-        await asyncio.shield(running.done)
+        running.waiters += 1
+        try:
+            if max_size is not None:
+                await asyncio.wait((running.size, running.done), return_when=asyncio.FIRST_COMPLETED)
+                if running.size.done() and running.size.result() > max_size:
+                    raise ContentError(f"{root} holds {running.size.result()} bytes, more than get() returns in memory "
+                                       f"(ContentConfig.max_get_bytes = {max_size}): get it with path=")
+            await asyncio.shield(running.done)
+        finally:
+            running.waiters -= 1
+            if running.waiters == 0 and not running.done.done():
+                running.cancel(f"the fetch of {root} was given up by every caller")
         return root
 
     async def read(self, root: Cid) -> bytes:

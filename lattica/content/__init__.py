@@ -68,12 +68,13 @@ def get(cid: str | Cid, *, path: str | os.PathLike[str] | None = None, progress:
     """Fetch the object ``cid`` from whoever holds it (every block verified against its CID);
     resolves to its bytes, or with ``path`` writes it there (atomically) and resolves to the
     path. ``progress`` is called on the node's loop with ``{bytes, total, mb_per_s, peers, ...}``.
-    BlockNotFound if no provider is found within ``ContentConfig.find_timeout``."""
+    BlockNotFound if no provider is found within ``ContentConfig.find_timeout``; ContentError
+    for an object over ``ContentConfig.max_get_bytes`` without ``path``."""
     root = Cid.parse(cid)
     rt, svc = _service(node)
 
     async def go() -> Any:
-        await svc.fetch(root, progress)
+        await svc.fetch(root, progress, None if path is not None else svc.cfg.max_get_bytes)
         if path is not None:
             return await svc.write(root, os.fspath(path))
         return await svc.read(root)

@@ -60,6 +60,13 @@ _MAX_U64: Final = (1 << 64) - 1
 _MAX_U32: Final = (1 << 32) - 1
 _DEFAULT_KEEP: Final = 8 * 1024 * 1024
 _KEEP_COST: Final = 256  # what keeping one block costs besides its bytes (dict entries, objects)
+_STEP: Final = 4096  # places one add()/advance() reads at most: a node loop never stalls on one call
+
+MAX_PLACES: Final = 1 << 22
+"""The most places (links followed, repeats included) a file's DAG may have: 4 Ti B in chunks of
+1 MiB, 1 TiB in IPFS's 256 KiB ones. It bounds the work a few hostile blocks can cause: a DAG that
+repeats one subtree declares a huge file from a handful of blocks, and reading it visits every
+place."""
 
 assert MAX_BLOCK > CHUNK_MAX  # a node may carry a full chunk inline
 
@@ -427,7 +434,12 @@ class Walker:
     block the fetcher already holds locally can be given to ``add`` as soon as ``wants`` lists it.
     A block read once is kept for a later place rather than fetched again when a link still ahead
     in the nodes being read names it, or when its parent is kept (a repeated subtree), up to
-    ``keep_bytes`` in all (each block counting 256 bytes more than its length)."""
+    ``keep_bytes`` in all (each block counting 256 bytes more than its length).
+
+    One ``add`` reads at most a few thousand places of the file; when it stopped there with the
+    next place already held, ``ready`` is True and ``advance()`` hands out the next pieces (a
+    repeated subtree can make millions of places out of a few blocks). A DAG of more than
+    ``MAX_PLACES`` places is refused."""
 
     def __init__(self, root: Cid | str, *, start: int = 0, end: int | None = None, keep_bytes: int = _DEFAULT_KEEP) -> None:
         self.root: Final = Cid.parse(root)
@@ -448,6 +460,8 @@ class Walker:
         self._refs: dict[Cid, int] = {}  # links not yet passed in the frames being read
         self._asked: dict[Cid, tuple[int | None, int | None, int]] = {self.root: (None, None, 0)}
         self._error: BadBlock | None = None
+        self._places = 0
+        self.ready = False
 
     @property
     def held_bytes(self) -> int:
@@ -515,6 +529,18 @@ class Walker:
             self._error = e
             raise
 
+    def advance(self) -> list[tuple[int, memoryview]]:
+        """The next pieces from blocks already held (call while ``ready``)."""
+        if self._error is not None:
+            raise self._error
+        if self.done:
+            return []
+        try:
+            return self._advance()
+        except BadBlock as e:
+            self._error = e
+            raise
+
     def _in_range(self, offset: int, size: int) -> bool:
         return offset + size > self.start and (self.end is None or offset < self.end > self.start)
 
@@ -540,21 +566,31 @@ class Walker:
     def _advance(self) -> list[tuple[int, memoryview]]:
         out: list[tuple[int, memoryview]] = []
         stack = self._stack
+        steps = 0
+        self.ready = False
         while stack:
             frame = stack[-1]
             i = frame.i
             if i == len(frame.links):
                 stack.pop()
                 continue
+            if steps == _STEP:
+                self.ready = True
+                return out
             cid, size, offset = frame.links[i], frame.sizes[i], frame.offset
-            if size is not None and not self._in_range(offset, size):
+            skip = size is not None and not self._in_range(offset, size)
+            block = None if skip else self._held.get(cid)
+            if block is None and not skip:
+                self._asked.setdefault(cid, (size, frame.tsizes[i], frame.depth))
+                return out
+            steps += 1
+            self._places += 1
+            if self._places > MAX_PLACES:
+                raise BadBlock(f"{self.root}: the DAG has more than {MAX_PLACES} places; no file this walker reads has as many")
+            if skip:
                 frame.i, frame.offset = i + 1, offset + size
                 self._unref(cid)
                 continue
-            block = self._held.get(cid)
-            if block is None:
-                self._asked.setdefault(cid, (size, frame.tsizes[i], frame.depth))
-                return out
             if size is not None:
                 self._check_place(cid, block, size, frame.tsizes[i], frame.depth)
             node = self._nodes.get(cid)
@@ -620,5 +656,7 @@ def walk(root: Cid | str, get_block: Callable[[Cid], Block], *, start: int = 0, 
     blocks were checked against their CIDs when stored; the structure is checked still)."""
     walker = Walker(root, start=start, end=end)
     while not walker.done:
+        if walker.ready:
+            yield from walker.advance()
         for cid in walker.wants(1):  # one block at a time: a local read needs no window
             yield from walker.add(cid, get_block(cid), verified=verified)

@@ -5,7 +5,10 @@ parties, and safetensors headers built to exhaust the parser."""
 from __future__ import annotations
 
 import json
+import os
 import struct
+import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -82,3 +85,59 @@ def test_hostile_safetensors_headers_are_bad_blocks(blob):
 def test_honest_weights_still_decode():
     got = weights.decode(weights.encode({"a": np.arange(6, dtype=np.int32).reshape(2, 3)}))
     assert got["a"].tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+def _repeating_dag(fanout_top: int) -> tuple[Cid, dict]:
+    """Four blocks naming 174 * 174 * fanout_top one-byte leaves: one subtree repeated over and
+    over, a file of millions of places made from almost nothing."""
+    from lattica.content import dagpb
+    from lattica.content.cid import DAG_PB, RAW
+    from lattica.content.unixfs import FILE, UnixFSData
+
+    def node(links):
+        sizes = [s for _, _, s, _ in links]
+        data = UnixFSData(type=FILE, filesize=sum(sizes), blocksizes=tuple(sizes)).encode()
+        block = dagpb.encode([(c, None, t) for c, _, _, t in links], data)
+        return Cid.of(block, DAG_PB), block, sum(sizes), len(block) + sum(t for *_, t in links)
+
+    x = (Cid.of(b"q", RAW), b"q", 1, 1)
+    inner = node([x] * 174)
+    mid = node([inner] * 174)
+    root = node([mid] * fanout_top)
+    return root[0], {c: b for c, b, _, _ in (x, inner, mid, root)}
+
+
+def test_a_dag_repeating_one_subtree_is_refused_past_the_place_limit(monkeypatch):
+    """A provider serves four blocks that declare 1.2 million places: the fetcher reads them a
+    step at a time and fails with BadBlock once past MAX_PLACES (lowered here so the test takes
+    a second), rather than walking them all on its loop."""
+    from lattica.content import unixfs
+
+    monkeypatch.setattr(unixfs, "MAX_PLACES", 100_000)
+    root, blocks = _repeating_dag(40)
+    with _node() as pub, _node() as me:
+        me.connect(pub.addrs[0])
+        store = pub._host.services["content"].store
+        for cid, block in blocks.items():
+            store.put(cid, block)
+        with pytest.raises(BadBlock, match="places"):
+            lattica.content.get(root, node=me, path=os.devnull).result(30)
+        assert not me._host.services["content"]._fetches
+
+
+def test_get_in_memory_refuses_an_object_over_the_limit_before_fetching_it():
+    with _node() as pub, _node(max_get_bytes=1 << 20) as me:
+        me.connect(pub.addrs[0])
+        data = os.urandom(3 << 20)
+        cid = lattica.content.put(data, node=pub, chunk_size=256 << 10).result(10)
+        with pytest.raises(ContentError, match="max_get_bytes"):
+            lattica.content.get(cid, node=me).result(30)
+        svc = me._host.services["content"]
+        deadline = time.monotonic() + 5
+        while svc._fetches and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not svc._fetches, "the fetch nobody waits for any more stopped"
+        assert svc.store.stats().bytes < 3 << 20, "the object was not fetched anyway"
+        out = os.path.join(tempfile.mkdtemp(), "obj")
+        assert lattica.content.get(cid, node=me, path=out).result(30) == out
+        assert open(out, "rb").read() == data

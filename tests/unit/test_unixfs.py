@@ -63,8 +63,13 @@ def fetch(root, store, *, window=8, start=0, end=None, reverse=True):
     walker = Walker(root, start=start, end=end)
     out, asked, peak = bytearray(), [], 0
     while not walker.done:
+        if walker.ready:  # it stopped on its step budget (a repeated subtree): read on
+            for offset, piece in walker.advance():
+                assert offset == start + len(out), "bytes come out in file order"
+                out += piece
+            continue
         wanted = walker.wants(window)
-        assert wanted, "a walk that is not done always wants something"
+        assert wanted, "a walk that is not done (nor ready) always wants something"
         asked += wanted
         for cid in reversed(wanted) if reverse else wanted:
             for offset, piece in walker.add(cid, store[cid]):
@@ -573,6 +578,49 @@ def test_repeated_children_are_fetched_once_and_bounded_by_filesize():
     assert out == b"xyz" * 174 * 174
     assert sorted(map(str, asked)) == sorted(map(str, [root, inner[0], x[0]])), "a repeated block is kept, not fetched again"
     assert sum(len(p) for _, p in walk(root, store.__getitem__)) == 3 * 174 * 174
+
+
+def test_a_repeated_subtree_is_read_a_bounded_step_at_a_time():
+    """Three blocks make 30,276 places: no single add or advance reads more than a step of them
+    (a node loop is never held for long), and reading on gives every byte in order."""
+    from lattica.content import unixfs
+
+    x = leaf(b"q")
+    inner = file_node([x] * 174)
+    root, block = file_node([inner] * 174)
+    store = dict([x, inner, (root, block)])
+    walker = Walker(root)
+    out = bytearray()
+    for cid in [root, inner[0], x[0]]:
+        assert walker.wants(8)[:1] == [cid]
+        pieces = walker.add(cid, store[cid])
+        assert len(pieces) <= unixfs._STEP
+        out += b"".join(bytes(p) for _, p in pieces)
+    rounds = 0
+    while walker.ready:
+        pieces = walker.advance()
+        assert 0 < len(pieces) <= unixfs._STEP
+        out += b"".join(bytes(p) for _, p in pieces)
+        rounds += 1
+    assert walker.done and bytes(out) == b"q" * 174 * 174
+    assert rounds >= 174 * 174 // unixfs._STEP - 1
+    assert walker.advance() == []
+
+
+def test_a_dag_with_more_places_than_the_limit_is_refused(monkeypatch):
+    from lattica.content import unixfs
+
+    x = leaf(b"q")
+    inner = file_node([x] * 174)
+    root, block = file_node([inner] * 174)
+    store = dict([x, inner, (root, block)])
+    monkeypatch.setattr(unixfs, "MAX_PLACES", 174 * 175)  # 30,450: one place short of the 30,451 it has
+    with pytest.raises(BadBlock, match="more than 30450 places"):
+        fetch(root, store)
+    with pytest.raises(BadBlock, match="places"):
+        read_all(root, store.items())
+    monkeypatch.setattr(unixfs, "MAX_PLACES", 174 * 175 + 1)
+    assert read_all(root, store.items()) == b"q" * 174 * 174
 
 
 def test_keeping_repeats_is_bounded():

@@ -5,8 +5,9 @@ Serving (open to strangers, docs/security.md): ``have`` (want-have: have / dont-
 request means "not now", ask again), ``swarm`` (who else fetched this root lately: fetchers find
 each other, so a fleet mostly feeds itself) and ``haves`` (a swarm peer announces blocks it now
 holds). A peer has at most ``serve_per_peer`` answers being read at once and all peers
-``serve_total``; one answer carries at most ``max_request_blocks`` blocks and
-``max_request_bytes``: what a peer can make us hold is bounded, however many CIDs it names.
+``serve_total``, and none is read while twice ``max_request_bytes`` of its earlier answers wait to
+be sent; one answer carries at most ``max_request_blocks`` blocks and ``max_request_bytes``: what
+a peer can make us hold is bounded, however many CIDs it names and however slowly it reads.
 
 Fetching (:class:`_Fetch`): the providers come from the peers we are connected to, the DHT and
 the swarms they know; ``lattica.content.session.FetchSession`` decides whom to ask for what,
@@ -41,6 +42,7 @@ log = get_logger("lattica.content")
 
 _INLINE_BYTES = 256 << 10  # hashing or disk work smaller than this runs on the loop (see ``on_disk``)
 MEMORY_CAPACITY = 1 << 30  # the largest memory blockstore (``blocks="memory"``)
+_UNSENT_POLL = 0.02  # seconds between looks at a slow reader's unsent answers
 
 __all__ = ["ContentActor", "ContentService", "ContentConfig", "content_ref", "provider_key", "MAX_NAMED", "SWARM_ANSWER"]
 
@@ -51,12 +53,15 @@ def _jobs() -> Any:
 
 
 class _Gate:
-    """At most ``per_peer`` answers being read per peer and ``total`` in all; the rest wait (the
-    caller's own deadline bounds the wait). Idle peers are forgotten."""
+    """At most ``per_peer`` answers being read per peer and ``total`` in all, and none while
+    more than ``unsent_max`` bytes of earlier answers to that peer wait to be sent (it is slow,
+    or not reading them); the rest wait, bounded by the caller's own deadline. Idle peers are
+    forgotten."""
 
-    def __init__(self, per_peer: int, total: int) -> None:
+    def __init__(self, per_peer: int, total: int, unsent: Callable[[PeerId], int], unsent_max: int) -> None:
         self._total = asyncio.Semaphore(total)
         self._per_peer = per_peer
+        self._unsent, self._unsent_max = unsent, unsent_max
         self._peers: dict[PeerId, list] = {}  # peer -> [its semaphore, answers holding or awaiting it]
 
     @contextlib.asynccontextmanager
@@ -66,8 +71,11 @@ class _Gate:
             slot = self._peers[peer] = [asyncio.Semaphore(self._per_peer), 0]
         slot[1] += 1
         try:
-            async with slot[0], self._total:
-                yield
+            async with slot[0]:
+                while self._unsent(peer) > self._unsent_max:
+                    await asyncio.sleep(_UNSENT_POLL)
+                async with self._total:
+                    yield
         finally:
             slot[1] -= 1
             if not slot[1]:
@@ -84,7 +92,7 @@ class ContentService:
         self._store: Blockstore | None = None
         self._private_dir: str | None = None  # a directory of our own, removed when we stop
         self._pool: Any = None  # worker threads for hashing and disk work, made at first use
-        self._gate = _Gate(self.cfg.serve_per_peer, self.cfg.serve_total)
+        self._gate = _Gate(self.cfg.serve_per_peer, self.cfg.serve_total, runtime.unsent_to, 2 * self.cfg.max_request_bytes)
         self._swarms: dict[Cid, dict[PeerId, float]] = {}  # root -> fetchers -> when last heard
         self._fetches: dict[Cid, Fetch] = {}  # running fetches (one per root; others join it)
         self._provided: set[Cid] = set()

@@ -69,6 +69,7 @@ class Runtime(Following):
         self.local = LocalChannel(self, self.peer_id)
         self._gates: dict[tuple[PeerId, str], Gate] = {}
         self.in_flight: dict[tuple[PeerId, str], int] = {}  # calls from a peer to an actor, in progress
+        self._serving: dict[PeerId, set[ServerChannel]] = {}  # the call channels each peer opened to us
         # nodes sharing one loop (Node.astart) share its thread: the first live one keeps the mapping
         current = context.thread_runtime()
         if current is None or current.host.closing or current.loop.is_closed():
@@ -520,4 +521,18 @@ class Runtime(Following):
     # -- serving --------------------------------------------------------------------------------
 
     async def _serve(self, stream: Stream, conn: Connection) -> None:
-        await ServerChannel(self, stream, conn).serve()
+        ch = ServerChannel(self, stream, conn)
+        self._serving.setdefault(ch.peer, set()).add(ch)
+        try:
+            await ch.serve()
+        finally:
+            chans = self._serving.get(ch.peer)
+            if chans is not None:
+                chans.discard(ch)
+                if not chans:
+                    del self._serving[ch.peer]
+
+    def unsent_to(self, peer: PeerId) -> int:
+        """Bytes of replies to ``peer``'s calls not yet taken by its connection (it is slow, or
+        not reading them): what a service that answers with bulk data waits on."""
+        return sum(ch.writer.backlog() for ch in self._serving.get(peer, ()))

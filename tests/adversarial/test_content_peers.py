@@ -4,6 +4,7 @@ parties, and safetensors headers built to exhaust the parser."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import struct
@@ -27,7 +28,10 @@ TCP = "/ip4/127.0.0.1/tcp/0"
 
 
 def _node(**kw):
-    return lattica.Node([TCP], content=ContentConfig(blocks="memory", **kw))
+    kw.setdefault("blocks", "memory")
+    if kw["blocks"] is None:
+        kw["blocks"] = tempfile.mkdtemp(prefix="lattica-test-blocks-")
+    return lattica.Node([TCP], content=ContentConfig(**kw))
 
 
 @pytest.mark.parametrize("bad", [[2**40], [-1], [None], ["bafk"], [b"x" * 65]])
@@ -141,3 +145,32 @@ def test_get_in_memory_refuses_an_object_over_the_limit_before_fetching_it():
         out = os.path.join(tempfile.mkdtemp(), "obj")
         assert lattica.content.get(cid, node=me, path=out).result(30) == out
         assert open(out, "rb").read() == data
+
+
+def test_a_peer_that_does_not_read_its_answers_is_served_no_further():
+    """A stranger asks for the same 8 MiB 64 times over and stops reading its socket: the
+    provider reads no more answers once two of them wait unsent (not 512 MiB of copies), and
+    serves everyone else meanwhile."""
+    with _node(blocks=None) as pub, _node() as greedy, _node() as honest:
+        greedy.connect(pub.addrs[0])
+        honest.connect(pub.addrs[0])
+        data = os.urandom(8 << 20)
+        cid = lattica.content.put(data, node=pub).result(10)
+        svc = pub._host.services["content"]
+        leaves = [c.bytes for c in svc.store if c.codec == 0x55]
+        assert len(leaves) == 8
+
+        async def flood():
+            conn = greedy._host.conns[pub.peer_id]
+            conn._writer.pause_reading()  # the kernel's buffers fill, then the provider's
+            rt = greedy._host.runtime
+            calls = [asyncio.ensure_future(rt.call(content_ref(pub.peer_id), "blocks", (leaves,), {}, timeout=30)) for _ in range(64)]
+            await asyncio.sleep(4)
+            for c in calls:
+                c.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+
+        greedy.run(flood(), timeout=30)
+        limit = 2 * svc.cfg.max_request_bytes + svc.cfg.serve_per_peer * svc.cfg.max_request_bytes
+        assert svc.served_bytes <= limit + (16 << 20), f"served {svc.served_bytes >> 20} MiB to a peer that reads nothing"
+        assert lattica.content.get(cid, node=honest).result(30) == data

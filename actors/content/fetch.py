@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 log = get_logger("lattica.content")
 
+PROBE_TIMEOUT = 8.0  # seconds a peer heard of has to answer whether it has the root (dial included)
+PROBE_AGAIN = 10.0  # seconds before a peer that did not say so is asked again
+
 __all__ = ["Fetch"]
 
 
@@ -52,6 +55,7 @@ class Fetch:
         self._rescan = 0  # look for new wants once it handed out this many
         self._new_haves: list[Cid] = []
         self._swarm_asked: dict[PeerId, float] = {}
+        self._probed: dict[PeerId, float] = {}  # peers asked whether they have the root: when
         self._stored_bytes = 0
         self._started = time.monotonic()
         self._last_found = self._started
@@ -210,7 +214,30 @@ class Fetch:
             log.debug("provider lookup failed", root=str(self.root), reason=str(e))
             return
         for peer in found:
-            self._add_peer(peer)
+            self._probe(peer)
+
+    def _probe(self, peer: PeerId) -> None:
+        """Ask a peer we heard of (a provider record, a swarm) whether it has the root, all such
+        peers at once; it joins the session when it says so. A record outlives its provider by
+        up to a TTL, and a dead one taken in would hold the root's first request until it timed
+        out; probed together, the live ones answer first and the dead never get in."""
+        if peer == self.svc.rt.peer_id or peer in self._peers:
+            return
+        now = time.monotonic()
+        if now - self._probed.get(peer, -PROBE_AGAIN) < PROBE_AGAIN:
+            return
+        self._probed[peer] = now
+
+        async def ask() -> None:
+            try:
+                got = await self.svc.rt.call(content_ref(peer), "have", ([self.root.bytes],), {}, timeout=PROBE_TIMEOUT)
+            except LatticaError as e:
+                log.debug("provider did not answer", peer=str(peer), root=str(self.root), reason=str(e))
+                return
+            if got == [True]:
+                self._add_peer(peer)
+
+        self._spawn(ask())
 
     async def _ask_swarms(self) -> None:
         now = time.monotonic()
@@ -240,7 +267,7 @@ class Fetch:
                 if addrs and other not in self.svc.host.conns:
                     self.svc.host.remember_addrs(other, addrs)
                 taken += 1
-                self._add_peer(other)
+                self._probe(other)
 
         await asyncio.gather(*(ask(p) for p in asked))
 

@@ -15,9 +15,9 @@ behind NATs; ``relay>quic``: the hole punch finished during the get).
 
 The default run (~1 min) gets from each kind with the pairs in NAT_FETCHER (symmetric ->
 symmetric is the pair whose data stays relayed: both ports are unpredictable). ``--slow`` adds
-the whole matrix (a fetcher behind every kind for a provider behind every kind, ~2 min more) and
-the re-seed case (a new provider of an object whose earlier providers went away; xfail, see its
-reason).
+the whole matrix (a fetcher behind every kind for a provider behind every kind, ~2 min more).
+The re-seed case (a new provider of an object whose earlier providers went away) runs by default:
+the dead providers' records must not hold the fetch up.
 """
 
 from __future__ import annotations
@@ -109,10 +109,10 @@ def contentlab(request, tmp_path_factory):
                 sites[("provider*", kind)] = lab.add_site(kind)
                 for other in KINDS6:
                     sites[("fetcher*", kind, other)] = lab.add_site(other)
-            for i, other in enumerate(RESEED[0]):
-                sites[("reseed", "stale", i)] = lab.add_site(other)
-            sites[("reseed", "live")] = lab.add_site(RESEED[1])
-            sites[("reseed", "fetcher")] = lab.public_host("fetchreseed")
+        for i, other in enumerate(RESEED[0]):
+            sites[("reseed", "stale", i)] = lab.add_site(other)
+        sites[("reseed", "live")] = lab.add_site(RESEED[1])
+        sites[("reseed", "fetcher")] = lab.public_host("fetchreseed")
         # the bootstrap relays hold no content: a memory blockstore (fetchers ask them "have")
         with _env(LATTICA_BLOCKS="memory"):
             relays = [Proc(lab, hosts[0], ["--relay", "--membership", "on"])]
@@ -230,13 +230,7 @@ def test_get_from_a_provider_behind_each_nat_by_a_fetcher_behind_each_nat(conten
     _check(kind, _provide_and_fetch(lab, boot, blocks, kind, sites[("provider*", kind)], fetchers, seed), seed)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(strict=False, reason=(
-    "content plane: the root block is asked of one provider at a time, in the order they were found "
-    "(unmeasured peers get no second copy, no want-have race), and each provider that went away "
-    "costs a dial/block timeout before the next is asked; a new provider of an old CID comes last, "
-    "so with 4 stale records the get took ~26 s though the live provider was connected after 0.3 s"))
 def test_a_new_provider_behind_a_nat_is_not_held_up_by_stale_provider_records(contentlab):
     """Re-seeding: earlier providers of an object went away, leaving their provider records (and,
     for a while, their relay reservations) behind; a new provider behind a NAT puts the same bytes.

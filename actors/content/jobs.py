@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from lattica.content import dagpb
 from lattica.content.cid import RAW, Cid
-from lattica.content.unixfs import Importer, UnixFSData, children, walk
+from lattica.content.unixfs import CHUNK_MAX, Importer, UnixFSData, children, walk
 from lattica.errors import BadBlock, BlockNotFound, ContentError
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def check_and_store(store: Blockstore, pairs: list[tuple[Cid, Any]]) -> list:
     or ContentError storing it raised."""
     out: list = []
     for cid, block in pairs:
-        if not cid.verify(block):
+        if len(block) > (CHUNK_MAX if cid.codec == RAW else dagpb.MAX_BLOCK) or not cid.verify(block):  # (no hashing of what is too big)
             out.append(False)
             continue
         try:

@@ -281,13 +281,17 @@ class ContentService:
     # -- swarms ---------------------------------------------------------------------------------
 
     def joined(self, root: Cid, peer: PeerId) -> list[PeerId]:
-        """``peer`` fetches ``root``: remember it in the root's swarm; the others, newest first."""
-        members = self._swarms.get(root)
+        """``peer`` fetches ``root``: remember it in the root's swarm; the others, newest first.
+        Only roots we hold or fetch have swarms here (anyone can name any CID: made-up ones
+        must not push real swarms out); the least recently joined swarm goes first."""
+        members = self._swarms.pop(root, None)
         if members is None:
+            if root not in self._fetches and not self.store.has(root):
+                return []
             if len(self._swarms) >= MAX_SWARMS:
-                oldest = min(self._swarms, key=lambda r: max(self._swarms[r].values(), default=0.0))
-                del self._swarms[oldest]
-            members = self._swarms[root] = {}
+                del self._swarms[next(iter(self._swarms))]
+            members = {}
+        self._swarms[root] = members  # most recently joined last
         members.pop(peer, None)
         members[peer] = time.monotonic()
         while len(members) > MAX_SWARM:

@@ -174,3 +174,25 @@ def test_a_peer_that_does_not_read_its_answers_is_served_no_further():
         limit = 2 * svc.cfg.max_request_bytes + svc.cfg.serve_per_peer * svc.cfg.max_request_bytes
         assert svc.served_bytes <= limit + (16 << 20), f"served {svc.served_bytes >> 20} MiB to a peer that reads nothing"
         assert lattica.content.get(cid, node=honest).result(30) == data
+
+
+def test_made_up_roots_cannot_push_a_real_swarm_out():
+    """A stranger names 2,000 random roots in swarm calls: none is tracked (we hold none of
+    them), and the swarm of a root we hold keeps its members."""
+    with _node() as pub, _node() as fetcher, _node() as stranger:
+        fetcher.connect(pub.addrs[0])
+        stranger.connect(pub.addrs[0])
+        cid = lattica.content.put(os.urandom(1 << 16), node=pub).result(10)
+        ref = content_ref(pub.peer_id)
+        assert call_as(fetcher, ref, "swarm", Cid.parse(cid).bytes) == []
+        svc = pub._host.services["content"]
+
+        async def flood():
+            rt = stranger._host.runtime
+            for _ in range(20):
+                await asyncio.gather(*(rt.call(ref, "swarm", (Cid.of(os.urandom(8), 0x55).bytes,), {}, timeout=10) for _ in range(100)))
+
+        stranger.run(flood(), timeout=60)
+        assert list(svc._swarms) == [Cid.parse(cid)]
+        assert svc.swarm_of(Cid.parse(cid)) == [fetcher.peer_id]
+        assert call_as(stranger, ref, "swarm", Cid.parse(cid).bytes)[0][0] == fetcher.peer_id.to_bytes()

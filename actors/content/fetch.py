@@ -58,7 +58,7 @@ class Fetch:
         self._probed: dict[PeerId, float] = {}  # peers asked whether they have the root: when
         self._stored_bytes = 0
         self._started = time.monotonic()
-        self._last_found = self._started
+        self._last_found = self._started  # the last block or new provider
         self._failure: BaseException | None = None
         self._rng = random.Random()
 
@@ -100,9 +100,12 @@ class Fetch:
             if now >= next_haves and self._new_haves:
                 next_haves = now + HAVES_EVERY
                 self._announce_haves()
-            if self.session.exhausted or self.session.blocked:
-                if time.monotonic() - self._last_found > self.cfg.find_timeout:
-                    raise self.session.error() or BlockNotFound(f"no provider of {self.root} was found")
+            idle = time.monotonic() - self._last_found
+            if (self.session.exhausted or self.session.blocked) and idle > self.cfg.find_timeout:
+                raise self.session.error() or BlockNotFound(f"no provider of {self.root} was found")
+            if idle > self.cfg.find_timeout + self.cfg.block_timeout:
+                raise BlockNotFound(f"no block of {self.root} arrived for {idle:.0f} s from {len(self._peers)} peers that said they have it, "
+                                    "and no other provider was found")
             self._report()
             wake = self.session.next_wakeup()
             timeout = 0.25 if wake is None else min(max(wake - loop.time(), 0.0), 0.25)
@@ -155,6 +158,7 @@ class Fetch:
     def _took(self, pieces: list) -> None:
         """The walker handed out ``pieces``; the first time it knows the file's size, check it."""
         self._handed += len(pieces)
+        self._last_found = time.monotonic()  # (progress: a block, or a provider, came lately)
         size = self.walker.filesize
         if size is not None and not self.size.done():
             self.size.set_result(size)

@@ -281,3 +281,18 @@ def test_an_object_with_repeated_chunks_is_fetched_once_per_distinct_block(tmp_p
         cid = lattica.content.put(data, chunk_size=4096, node=a).result(30)
         assert lattica.content.get(cid, node=b).result(30) == data
         assert len(b._host.services["content"].store) < 10 and _served(a) < 64 * 1024
+
+
+def test_a_lone_provider_that_never_sends_is_a_clear_error_soon(tmp_path):
+    """The only provider says it has the object and then sends nothing: the get fails once no
+    block came for find_timeout + block_timeout (not after every retry of every block)."""
+    cfg = {"find_timeout": 3.0, "block_timeout": 2.0}
+    with _node(tmp_path, "me", content=cfg) as me, _node(tmp_path, "silent") as silent:
+        cid = lattica.content.put(os.urandom(4 * MiB), node=silent).result(30)
+        me.connect(silent.addrs[0])
+        _mute(silent)
+        t0 = time.monotonic()
+        with pytest.raises(BlockNotFound, match="no block"):
+            lattica.content.get(cid, node=me).result(60)
+        took = time.monotonic() - t0
+        assert 4.0 < took < 12.0, f"failed after {took:.1f} s"

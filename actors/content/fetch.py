@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from lattica.actors.content.jobs import check_and_store
-from lattica.actors.content.wire import BAND, HAVES_EVERY, MAX_NAMED, SWARM_ANSWER, SWARM_ADDRS, SWARM_EVERY, SWARM_TAKE, content_ref
+from lattica.actors.content.wire import BAND, HAVES_EVERY, MAX_NAMED, SWARM_ANSWER, SWARM_ADDRS, SWARM_EVERY, SWARM_SOON, SWARM_TAKE, SWARM_WANT, content_ref
 from lattica.content.cid import RAW, Cid
 from lattica.content.session import BLOCK, FetchSession, Request
 from lattica.content.unixfs import Walker
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 log = get_logger("lattica.content")
 
+LOOKAHEAD = 16  # windows of places ahead of the walk that are asked for (in a random order per band)
 PROBE_TIMEOUT = 8.0  # seconds a peer heard of has to answer whether it has the root (dial included)
 PROBE_AGAIN = 10.0  # seconds before a peer that did not say so is asked again
 
@@ -44,7 +45,9 @@ class Fetch:
         self.waiters = 0  # callers awaiting it: the last one leaving early cancels the fetch
         self.session = FetchSession(window_bytes=self.cfg.window, block_timeout=self.cfg.block_timeout, unknown_size=self.cfg.chunk_size,
                                     max_batch_bytes=min(self.cfg.max_request_bytes, 4 << 20), probe_bytes=4 << 20)
-        self.walker = Walker(root, keep_bytes=self.cfg.window)
+        # blocks go to the blockstore: the walker checks the DAG and keeps no leaf bytes, so the
+        # fetch may look far ahead (fetchers of one object then spread over all of it)
+        self.walker = Walker(root, keep_bytes=self.cfg.window, data=False)
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._peers: set[PeerId] = set()
@@ -126,7 +129,7 @@ class Fetch:
                 self._took(self.walker.advance())
                 await asyncio.sleep(0)
                 continue
-            places = min(max(self.cfg.window // (self._leaf or self.cfg.chunk_size), 16), 4096)
+            places = min(max(LOOKAHEAD * self.cfg.window // (self._leaf or self.cfg.chunk_size), 16), 4096)
             if self.session.remaining and (self.session.remaining > places // 2 or self._handed < self._rescan):
                 return  # enough is asked: look further ahead once the walker moved on
             self._rescan = self._handed + max(places // 4, 1)
@@ -189,9 +192,9 @@ class Fetch:
         """Providers: the peers we are connected to that have the root, the DHT's provider
         records, and the swarms those know; asked again while the fetch is short of peers."""
         delay = 0.5
+        self._spawn(self._follow_swarms())
         while not self.walker.done:
             rounds = await asyncio.gather(self._ask_connected(), self._ask_dht(), return_exceptions=True)
-            rounds += await asyncio.gather(self._ask_swarms(), return_exceptions=True)  # (asks the providers just found)
             for failed in rounds:
                 if isinstance(failed, Exception) and not isinstance(failed, LatticaError):
                     log.warning("provider discovery round failed", root=str(self.root), error=repr(failed))
@@ -243,9 +246,21 @@ class Fetch:
 
         self._spawn(ask())
 
-    async def _ask_swarms(self) -> None:
+    async def _follow_swarms(self) -> None:
+        """Ask our providers who else fetches the root: often while the fetch has few peers
+        (fetchers that start together must find each other before the publisher has sent them
+        everything), then every SWARM_EVERY."""
+        while not self.walker.done:
+            every = SWARM_SOON if len(self._peers) < SWARM_WANT else SWARM_EVERY
+            try:
+                await self._ask_swarms(every)
+            except Exception as e:  # (a malformed answer must not end the search)
+                log.warning("swarm question failed", root=str(self.root), error=repr(e))
+            await asyncio.sleep(every)
+
+    async def _ask_swarms(self, every: float) -> None:
         now = time.monotonic()
-        asked = [p for p in list(self._peers) if now - self._swarm_asked.get(p, 0.0) >= SWARM_EVERY][:8]
+        asked = [p for p in list(self._peers) if now - self._swarm_asked.get(p, 0.0) >= every][:8]
 
         async def ask(peer: PeerId) -> None:
             self._swarm_asked[peer] = now

@@ -12,7 +12,7 @@ from lattica.runtime import ASYNC, ActorRef
 if TYPE_CHECKING:
     from lattica.content.cid import Cid
 
-__all__ = ["content_ref", "provider_key", "parse_cids", "NAME", "MAX_NAMED", "SWARM_TTL", "MAX_SWARMS", "MAX_SWARM", "SWARM_ANSWER", "SWARM_TAKE", "SWARM_ADDRS", "HAVES_EVERY", "SWARM_EVERY", "BAND"]
+__all__ = ["content_ref", "provider_key", "parse_cids", "NAME", "MAX_NAMED", "SWARM_TTL", "MAX_SWARMS", "MAX_SWARM", "SWARM_ANSWER", "SWARM_TAKE", "SWARM_ADDRS", "HAVES_EVERY", "SWARM_EVERY", "SWARM_SOON", "SWARM_WANT", "BAND"]
 
 NAME = "content"
 MAX_NAMED = 1024  # CIDs one have/haves call may name
@@ -24,7 +24,9 @@ SWARM_TAKE = 4  # new peers a fetch takes from one answer
 SWARM_ADDRS = 4  # addresses per peer in an answer (all on the IP it is connected from)
 HAVES_EVERY = 0.05  # seconds between announcements of new blocks to a swarm
 SWARM_EVERY = 2.0  # seconds between a fetch's questions for more swarm peers
-BAND = 64  # blocks a fetch takes in its own random order (fetchers spread their first asks)
+SWARM_SOON = 0.25  # ... while it has fewer than SWARM_WANT peers
+SWARM_WANT = 8
+BAND = 1024  # blocks a fetch takes in its own random order (fetchers spread their first asks)
 
 
 def content_ref(peer: PeerId) -> ActorRef:

@@ -55,7 +55,8 @@ class Fetcher:
         svc = _content()
         t0 = time.perf_counter()
         await svc.fetch(Cid.parse(cid))
-        return {"seconds": time.perf_counter() - t0, "served": svc.served_bytes}
+        return {"seconds": time.perf_counter() - t0, "served": svc.served_bytes,
+                "peers": {str(p): [s.bytes, s.blocks, s.duplicates, s.asked, s.failures] for p, s in svc.last_stats.items()}}
 
 
 def _pseudo_random(size: int, seed: int) -> bytes:

@@ -411,6 +411,26 @@ class _Frame:
         self.offset = offset
 
 
+class _Leaf:
+    """A raw leaf a walker without ``data`` checked and keeps only the length of: it hands out
+    its place as a view of zero bytes of that length."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def view(self) -> memoryview:
+        return memoryview(_ZEROS)[: self.n] if self.n <= len(_ZEROS) else memoryview(bytes(self.n))
+
+
+_ZEROS: Final = bytes(CHUNK_MAX)
+
+
 class Walker:
     """Reads a UnixFS file block by block, sans-IO: ask ``wants()``, give each block to ``add()``.
 
@@ -436,13 +456,18 @@ class Walker:
     in the nodes being read names it, or when its parent is kept (a repeated subtree), up to
     ``keep_bytes`` in all (each block counting 256 bytes more than its length).
 
+    ``data=False`` (a fetcher that stores blocks elsewhere and needs only the walk): raw leaves
+    are checked as usual but only their lengths are kept, so blocks that arrive far ahead of the
+    walk cost no memory; the pieces handed out are zero bytes of the right lengths.
+
     One ``add`` reads at most a few thousand places of the file; when it stopped there with the
     next place already held, ``ready`` is True and ``advance()`` hands out the next pieces (a
     repeated subtree can make millions of places out of a few blocks). A DAG of more than
     ``MAX_PLACES`` places is refused."""
 
-    def __init__(self, root: Cid | str, *, start: int = 0, end: int | None = None, keep_bytes: int = _DEFAULT_KEEP) -> None:
+    def __init__(self, root: Cid | str, *, start: int = 0, end: int | None = None, keep_bytes: int = _DEFAULT_KEEP, data: bool = True) -> None:
         self.root: Final = Cid.parse(root)
+        self._data = data  # False: raw leaves are checked and counted, their bytes never kept (see ``add``)
         if not isinstance(start, int) or start < 0 or (end is not None and (not isinstance(end, int) or end < start)):
             raise ValueError(f"the range is 0 <= start <= end, not {start!r}..{end!r}")
         self.start: Final = start
@@ -466,7 +491,7 @@ class Walker:
     @property
     def held_bytes(self) -> int:
         """The bytes of the blocks the walker holds (arrived early, or kept for a repeat)."""
-        return sum(len(b) for b in self._held.values())
+        return sum(len(b) for b in self._held.values() if type(b) is not _Leaf)
 
     def wants(self, limit: int = 16) -> list[Cid]:
         """The CIDs to fetch next (each once, in file order) among the next ``limit`` places."""
@@ -523,7 +548,7 @@ class Walker:
             if cid.codec == DAG_PB:
                 self._nodes[cid] = _check_node(cid, block)
             self._check_place(cid, block, *expected)
-            self._held[cid] = block
+            self._held[cid] = block if self._data or cid.codec != RAW else _Leaf(len(block))
             return self._advance()
         except BadBlock as e:
             self._error = e
@@ -598,7 +623,12 @@ class Walker:
             frame.i, frame.offset = i + 1, offset + content
             self._unref(cid)
             self._release(cid, block, frame.cid)
-            self._emit(offset, memoryview(block) if node is None else memoryview(node.data), out)
+            if node is not None:
+                self._emit(offset, memoryview(node.data), out)
+            elif type(block) is _Leaf:
+                self._emit(offset, block.view, out)
+            else:
+                self._emit(offset, memoryview(block), out)
             if node is not None and node.links:
                 stack.append(_Frame(cid, node.links, node.sizes, node.tsizes, frame.depth + 1, offset + len(node.data)))
                 for child in node.links:

@@ -623,6 +623,35 @@ def test_a_dag_with_more_places_than_the_limit_is_refused(monkeypatch):
     assert read_all(root, store.items()) == b"q" * 174 * 174
 
 
+def test_a_walker_without_data_keeps_no_leaf_bytes_however_far_ahead_they_come():
+    """A fetcher that stores blocks itself walks with data=False: leaves given long before the
+    walk reaches them hold no memory, are still checked, and every place is handed out (as
+    zeros of its length)."""
+    data = gen(64 * 300)
+    root, blocks = build(data, 64)
+    store = dict(blocks)
+    walker = Walker(root, data=False)
+    walker.add(root, store[root])
+    nodes = walker.wants(1000)
+    for cid in nodes:
+        walker.add(cid, store[cid])
+    leaves = walker.wants(1000)
+    assert len(leaves) == 300
+    handed = []
+    nodes_bytes = walker.held_bytes  # the nodes not yet entered (no leaf bytes ever join them)
+    assert nodes_bytes < 64 * 174
+    for cid in reversed(leaves):  # the last first: all but one arrive ahead of the walk
+        handed += walker.add(cid, store[cid])
+        assert walker.held_bytes <= nodes_bytes
+    assert walker.done and [o for o, _ in handed] == list(range(0, 64 * 300, 64))
+    assert sum(len(p) for _, p in handed) == len(data) and not any(bytes(p).strip(b"\0") for _, p in handed)
+    bad = Walker(root, data=False)
+    bad.add(root, store[root])
+    first = bad.wants(1)[0]
+    with pytest.raises(BadBlock):
+        bad.add(first, store[first] + b"x")
+
+
 def test_keeping_repeats_is_bounded():
     x, y = leaf(b"x" * 64), leaf(b"y" * 64)
     root, block = file_node([x, y] * 87)

@@ -91,7 +91,10 @@ class InboundBudget:
 
     per_peer: int = 192 * MiB  # three of the largest messages in flight at once from one peer
     per_node: int = 768 * MiB
-    deadline: float = 120.0  # a 64 MiB message at ~0.5 MiB/s
+    # seconds from a message's first byte to its last: ``deadline`` plus its declared length at
+    # ``min_rate`` bytes/s (a 1 KiB call: 30 s; a 64 MiB one: 286 s)
+    deadline: float = 30.0
+    min_rate: float = 256 * 1024
     # strangers (identities cost nothing) share a small part, so they can never crowd out members
     per_stranger: int = 16 * MiB
     strangers: int = 128 * MiB

@@ -134,6 +134,11 @@ class FrameSplitter:
         """Bytes of an incomplete frame held until its last byte arrives."""
         return self._have
 
+    @property
+    def declared(self) -> int:
+        """The length the incomplete frame declared (0 until its length prefix is in)."""
+        return max(self._need - 4, 0)
+
     def feed(self, data: bytes) -> list[bytes | memoryview]:
         """Frames completed by ``data``. Raises FrameTooLarge when a declared length exceeds the cap."""
         frames: list[bytes | memoryview] = []

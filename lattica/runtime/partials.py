@@ -5,8 +5,14 @@ bound, a peer opening many call channels and never finishing a message would gro
 that much per channel. Each channel reader reports what it holds; a reader that would take its
 peer over ``per_peer`` bytes (a stranger over ``per_stranger``, or strangers together over
 ``strangers``), or the node over ``per_node``, or whose message is not complete
-``deadline`` seconds after its first byte, fails with MessageBudgetExceeded and its channel is
-reset. Complete messages, however large, cost nothing here.
+``deadline`` seconds plus its declared length at ``min_rate`` after its first byte, fails with
+MessageBudgetExceeded and its channel is reset. Complete messages, however large, cost nothing
+here.
+
+Reset rather than throttled at the node-wide budget, on purpose: a channel that waited for room
+would keep holding its bytes, so channels waiting on each other could all stall until their
+deadlines, and a member's unfinished messages would hold every honest call back meanwhile; a
+reset frees the room at once and the caller's retry goes through.
 """
 
 from __future__ import annotations
@@ -85,19 +91,26 @@ class BudgetedSplitter:
             if held and (frames or not self._held):  # a new frame started in this read
                 self._started = self._loop.time()
                 if self._timer is None:
-                    self._timer = self._loop.call_at(self._started + self._account.budget.deadline, self._check)
+                    self._timer = self._loop.call_at(self._started + self._allowed(), self._check)
             self._held = held
         elif held and frames:
             self._started = self._loop.time()
         return frames
 
+    def _allowed(self) -> float:
+        """Seconds the frame being received may take (its length may not be known yet: then the
+        timer fires at the base deadline and looks again)."""
+        b = self._account.budget
+        return b.deadline + self._split.declared / b.min_rate
+
     def _check(self) -> None:
         self._timer = None
         if not self._held:
             return
-        due = self._started + self._account.budget.deadline
+        allowed = self._allowed()
+        due = self._started + allowed
         if self._loop.time() >= due:
-            self._overdue(f"a message from {self._peer.short()} did not complete within {self._account.budget.deadline} s")
+            self._overdue(f"a message from {self._peer.short()} did not complete within {allowed:.3g} s")
         else:  # the frame it was armed for completed; the one in progress started later
             self._timer = self._loop.call_at(due, self._check)
 

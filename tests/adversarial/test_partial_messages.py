@@ -43,7 +43,7 @@ def _reset(attacker, streams):
 @pytest.fixture
 def pair():
     key = MeshKey.generate()
-    budget = InboundBudget(per_peer=8 * MiB, per_node=12 * MiB, deadline=3.0)
+    budget = InboundBudget(per_peer=8 * MiB, per_node=12 * MiB, deadline=3.0, min_rate=20 * MiB)
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=key, allow=["sample_actors.*"], inbound=budget) as host, lattica.Node([], mesh=key) as attacker:
         attacker.connect(host.addrs[0])
         yield host, attacker, key

@@ -63,6 +63,28 @@ def test_a_message_that_does_not_complete_in_time_is_reported_and_its_successor_
     assert account.total == 0
 
 
+def test_a_longer_message_gets_longer_in_proportion_to_its_declared_length():
+    """deadline 0.2 s + length / 1,000 B/s: a 300-byte message may take 0.5 s; a message whose
+    length prefix is not in yet is looked at again at the base deadline."""
+    account = PartialMessages(InboundBudget(per_peer=10_000, per_node=10_000, deadline=0.2, min_rate=1000))
+    late = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        s = BudgetedSplitter(10_000, account, A, loop, late.append)
+        s.feed(frame(300)[:2])  # not even its length yet
+        await asyncio.sleep(0.1)
+        s.feed(frame(300)[2:100])
+        await asyncio.sleep(0.25)  # 0.35 s in: past the base deadline, within 0.5 s
+        assert late == []
+        await asyncio.sleep(0.3)
+        assert len(late) == 1 and "did not complete within 0.5 s" in late[0]
+        s.close()
+
+    asyncio.run(main())
+    assert account.total == 0
+
+
 def test_strangers_share_a_small_part_and_cannot_crowd_out_members():
     account = PartialMessages(InboundBudget(per_peer=1000, per_node=1000, deadline=60, per_stranger=100, strangers=150))
     loop = asyncio.new_event_loop()

@@ -641,7 +641,10 @@ class DiskBlockstore(Blockstore):
     def _write_temp(self, cid: Cid, data: bytes | bytearray | memoryview, stamp: int) -> object:
         folder = os.path.join(self._blocks, _fanout(cid))
         if folder not in self._dirs:
-            os.makedirs(folder, exist_ok=True)
+            try:
+                os.mkdir(folder)  # (its parent exists since open: makedirs would stat every level first)
+            except FileExistsError:
+                pass
             self._dirs.add(folder)
         tmp = os.path.join(folder, f"{_TMP}{os.getpid()}-{next(self._tmp_ids)}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)

@@ -1,0 +1,160 @@
+"""Pub-sub measured by simulation: hundreds of routers in one process, one topic.
+
+Every node runs a real ``lattica.pubsub.router.Router``; what the glue would do is simulated: a
+batch from one router reaches another after the link's latency (fixed per link, 2-30 ms), every
+message is accepted by validation, heartbeats run once a second at a random phase, and each node
+starts connected to ``degree`` random others (as a DHT walk would give it). After a warm-up,
+random nodes publish ``messages`` messages at ``rate`` per second; optionally a share of the nodes
+is killed at once mid-run (their neighbours notice after 0-1 s). Figures: delivery to every live
+subscriber, the hops of each first copy (p50/p99), duplicates received per node per message, and
+optionally nodes that never forward (to see the scores prune them).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+import statistics
+import time
+from typing import Any, Callable
+
+from lattica.pubsub.router import ACCEPT, GossipParams, Message, Router
+
+__all__ = ["simulate"]
+
+TOPIC = "sim"
+
+
+def simulate(nodes: int = 200, messages: int = 1000, *, degree: int = 20, rate: float = 100.0, warmup: float = 10.0,
+             kill: float = 0.0, silent: float = 0.0, seed: int = 1, params: GossipParams | None = None,
+             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """One run (see the module docstring); ``kill``: share of nodes killed halfway through the
+    publishing; ``silent``: share of nodes that take messages and never forward any."""
+    rng = random.Random(seed)
+    started = time.perf_counter()
+    routers = [Router(i, params, rng=random.Random(rng.random())) for i in range(nodes)]
+    links: dict[tuple[int, int], float] = {}
+    for i in range(nodes):
+        for j in rng.sample(range(nodes), degree):
+            if i != j and (i, j) not in links:
+                links[(i, j)] = links[(j, i)] = rng.uniform(0.002, 0.03)
+    mute = set(rng.sample(range(nodes), int(nodes * silent)))
+    dead: set[int] = set()
+    events: list = []
+    seq = itertools.count()
+    hops: dict[tuple[int, bytes], int] = {}  # (node, message) -> hops of its first copy
+    received = [0] * nodes  # message copies each node received
+    published: list[tuple[bytes, float, int]] = []
+
+    def at(t: float, kind: str, *args: Any) -> None:
+        heapq.heappush(events, (t, next(seq), kind, args))
+
+    def flush(i: int, now: float) -> None:
+        r = routers[i]
+        for msg, _peer in r.take_to_validate():
+            r.validated(msg.id, ACCEPT, now)
+        r.take_delivered()
+        for peer, rpc in r.take_outgoing().items():
+            if i in mute:
+                rpc.messages = [m for m in rpc.messages if m.author == _author(i)]  # only its own
+                rpc.ihave = []
+                if not rpc:
+                    continue
+            at(now + links[(i, peer)], "rpc", i, peer, rpc)
+
+    for (i, j), latency in links.items():
+        if i < j:
+            routers[i].add_peer(j, 0.0, rtt=2 * latency)
+            routers[j].add_peer(i, 0.0, rtt=2 * latency)
+    for i in range(nodes):
+        routers[i].join(TOPIC, 0.0)
+        flush(i, 0.0)
+        at(rng.random(), "beat", i)
+    t0 = warmup
+    for k in range(messages):
+        at(t0 + k / rate, "publish", rng.randrange(nodes), k)
+    end_publish = t0 + messages / rate
+    if kill:
+        at(t0 + messages / rate / 2, "kill")
+    at(end_publish, "measure")
+    meshed: dict[str, float] = {}
+    horizon = end_publish + 10.0
+    while events:
+        now, _, kind, args = heapq.heappop(events)
+        if now > horizon:
+            break
+        if kind == "rpc":
+            src, dst, rpc = args
+            if dst in dead or src in dead:
+                continue
+            for m in rpc.messages:
+                received[dst] += 1
+                key = (dst, m.id)
+                if key not in hops:
+                    hops[key] = hops.get((src, m.id), 0) + 1
+            routers[dst].on_rpc(src, rpc, now)
+            flush(dst, now)
+        elif kind == "beat":
+            (i,) = args
+            if i in dead:
+                continue
+            routers[i].heartbeat(now)
+            flush(i, now)
+            at(now + 1.0, "beat", i)
+        elif kind == "publish":
+            i, k = args
+            while i in dead:
+                i = (i + 1) % nodes
+            msg = Message(TOPIC, _author(i), k, b"x" * 128)
+            hops[(i, msg.id)] = 0
+            routers[i].publish(msg, now)
+            published.append((msg.id, now, i))
+            flush(i, now)
+        elif kind == "kill":
+            victims = rng.sample([n for n in range(nodes) if n not in dead], int(nodes * kill))
+            dead.update(victims)
+            for v in victims:
+                for (a, b), _ in list(links.items()):
+                    if a == v and b not in dead:
+                        at(now + rng.random(), "gone", b, v)
+        elif kind == "measure" and mute:  # while messages still flow: are the silent ones pruned?
+            honest = [n for n in range(nodes) if n not in dead and n not in mute]
+            meshes = [routers[n].mesh.get(TOPIC, set()) for n in honest]
+            meshed["silent_in_meshes"] = sum(1 for m in meshes for q in m if q in mute)
+            meshed["silent_in_meshes_expected"] = round(sum(len(m) for m in meshes) * len(mute) / max(nodes - 1, 1), 1)
+        elif kind == "gone":
+            i, v = args
+            if i not in dead:
+                routers[i].remove_peer(v, now)
+                flush(i, now)
+    live = [n for n in range(nodes) if n not in dead]
+    want = got = 0
+    hop_list = []
+    for mid, t, author in published:
+        for n in live:
+            if n == author:
+                continue
+            want += 1
+            h = hops.get((n, mid))
+            if h is not None:
+                got += 1
+                hop_list.append(h)
+    hop_list.sort()
+    per_node = [received[n] / max(len(published), 1) for n in live]
+    result = {
+        "bench": "pubsub-sim", "nodes": nodes, "messages": len(published), "degree": degree, "killed": len(dead),
+        "silent": len(mute), "delivery_pct": round(100.0 * got / max(want, 1), 3),
+        "hops_p50": hop_list[len(hop_list) // 2] if hop_list else None,
+        "hops_p99": hop_list[int(len(hop_list) * 0.99)] if hop_list else None,
+        "dup_per_node_msg": round(statistics.mean(per_node) - got / max(want, 1), 2) if per_node else None,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+    result.update(meshed)
+    if progress is not None:
+        progress(str(result))
+    return result
+
+
+def _author(i: int) -> bytes:
+    return i.to_bytes(4, "big")

@@ -1,0 +1,617 @@
+"""The pub-sub router: GossipSub v1.1's rules as a sans-IO state machine.
+
+The glue tells it what happened (``add_peer``, ``remove_peer``, ``on_rpc`` with a peer's batch,
+``validated`` with the verdict on a message it handed out, ``heartbeat`` once a second) and what
+the node wants (``join``, ``leave``, ``publish``); it answers through three queues the glue
+drains after every call: ``take_outgoing()`` (a batch per peer), ``take_to_validate()`` (new
+messages: check the signature and run the topic's validators, then report ``validated``) and
+``take_delivered()`` (accepted messages of the topics we joined). It never reads a clock nor
+touches a socket, so hundreds of routers run in one process in a simulation.
+
+The rules, in short (names as in the GossipSub v1.1 specification):
+
+- **Meshes**: per joined topic, D peers we forward every message to; kept between D_lo and D_hi
+  on the heartbeat, the best-scoring D_score kept when trimming, peers with a negative score
+  pruned. GRAFT asks to enter a peer's mesh, PRUNE leaves it with a backoff; a GRAFT during the
+  backoff is misbehaviour (scored) and refused.
+- **Fanout**: publishing to a topic we did not join goes to D peers of the topic, kept for
+  ``fanout_ttl`` after the last publish. Our own messages are flooded to every peer of the topic
+  whose score is above the publish threshold (flood publishing).
+- **Gossip**: on the heartbeat, IHAVE with the ids of the last ``history_gossip`` windows of
+  messages goes to D_lazy (or ``gossip_factor`` of the) other peers of each topic; they answer
+  IWANT for what they miss. An IWANT we send is a promise: the message not delivered within
+  ``iwant_followup`` costs the peer (P7). IHAVEs per peer per heartbeat and ids asked are capped.
+- **Seen cache**: message ids (author + sequence number) for ``seen_ttl``, at most ``seen_max``;
+  a message is forwarded at most once, never back to a peer that sent it to us.
+- **Validation**: a new message is forwarded and delivered only after the glue accepted it;
+  rejected ones count against every peer that sent them (P4); ignored ones are just dropped.
+- **Scores** (``lattica.pubsub.score``): below ``gossip_threshold`` no gossip to or from a
+  peer, below ``publish_threshold`` none of our messages, below ``graylist_threshold`` nothing
+  it sends is looked at.
+- **Bounds**: topics a peer may announce, message size, seen cache, message cache, IHAVE/IWANT
+  per heartbeat; per-peer outbound queues belong to the glue (gossip is dropped first).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Hashable
+
+from lattica.pubsub.score import PeerScore, ScoreParams
+
+__all__ = ["Message", "Rpc", "GossipParams", "Router", "ACCEPT", "REJECT", "IGNORE"]
+
+ACCEPT, REJECT, IGNORE = "accept", "reject", "ignore"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One published message: ``data`` is opaque to the router (the glue's encoding); the
+    signature covers topic, author, seqno and data and is checked by the glue."""
+
+    topic: str
+    author: bytes
+    seqno: int
+    data: bytes
+    signature: bytes = b""
+
+    @property
+    def id(self) -> bytes:
+        return self.author + self.seqno.to_bytes(8, "big")
+
+
+@dataclass(slots=True)
+class Rpc:
+    """One batch between two routers: subscription changes, messages and control."""
+
+    subscribe: list[tuple[str, bool]] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    ihave: list[tuple[str, list[bytes]]] = field(default_factory=list)
+    iwant: list[bytes] = field(default_factory=list)
+    graft: list[str] = field(default_factory=list)
+    prune: list[tuple[str, float]] = field(default_factory=list)  # (topic, backoff seconds)
+    idontwant: list[bytes] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.subscribe or self.messages or self.ihave or self.iwant or self.graft or self.prune or self.idontwant)
+
+
+@dataclass(frozen=True)
+class GossipParams:
+    """The router's parameters (GossipSub v1.1's names and defaults where it has them)."""
+
+    d: int = 6
+    d_lo: int = 4
+    d_hi: int = 12
+    d_score: int = 4
+    d_lazy: int = 6
+    gossip_factor: float = 0.25
+    heartbeat: float = 1.0
+    fanout_ttl: float = 60.0
+    history_length: int = 5
+    history_gossip: int = 3
+    seen_ttl: float = 120.0
+    seen_max: int = 100_000
+    prune_backoff: float = 60.0
+    unsubscribe_backoff: float = 10.0
+    max_ihave_length: int = 5000  # ids we ask one peer for per heartbeat
+    max_ihave_messages: int = 10  # IHAVE batches we look at per peer per heartbeat
+    max_iwant_ids: int = 500  # ids of one IWANT we answer
+    iwant_followup: float = 3.0
+    gossip_retransmission: int = 3  # times one peer gets one message through IWANT
+    opportunistic_graft_ticks: int = 60
+    opportunistic_graft_peers: int = 2
+    opportunistic_graft_threshold: float = 1.0
+    max_topics_per_peer: int = 256
+    max_message_bytes: int = 1 << 20
+    max_idontwant: int = 1000  # IDONTWANT ids we keep per peer per heartbeat
+    near_first_window: float = 0.01  # a peer's round trip when the glue does not know it (see the score's P3)
+    flood_publish: bool = True
+
+    def __post_init__(self) -> None:
+        if not (0 < self.d_lo <= self.d <= self.d_hi and 0 <= self.d_score <= self.d):
+            raise ValueError("pub-sub degrees must satisfy 0 < d_lo <= d <= d_hi and d_score <= d")
+        if not 0 < self.history_gossip <= self.history_length:
+            raise ValueError("history_gossip must be between 1 and history_length")
+
+
+_PENDING, _ACCEPTED, _REJECTED, _IGNORED = range(4)
+
+
+class _Seen:
+    __slots__ = ("at", "state", "topic", "source", "have", "sent_to", "told")
+
+    def __init__(self, at: float, topic: str, source: Hashable | None) -> None:
+        self.at = at
+        self.state = _PENDING
+        self.topic = topic
+        self.source = source
+        self.have: set[Hashable] = set()  # peers that sent it to us
+        self.sent_to: set[Hashable] = set()  # peers we sent it to
+        self.told: set[Hashable] = set()  # peers that said IDONTWANT (have it, or will soon)
+
+
+class Router:
+    """One node's pub-sub router (see the module docstring)."""
+
+    def __init__(self, me: Hashable, params: GossipParams | None = None, score: ScoreParams | None = None,
+                 rng: random.Random | None = None) -> None:
+        self.me = me
+        self.p = params or GossipParams()
+        self.scores = PeerScore(score)
+        self.rng = rng or random.Random()
+        self.peers: dict[Hashable, set[str]] = {}  # peer -> topics it joined
+        self.topics: dict[str, set[Hashable]] = {}  # topic -> peers that joined it
+        self.mesh: dict[str, set[Hashable]] = {}  # the topics we joined -> our mesh in each
+        self.fanout: dict[str, set[Hashable]] = {}
+        self._fanout_used: dict[str, float] = {}
+        self._backoff: dict[tuple[Hashable, str], float] = {}
+        self._seen: OrderedDict[bytes, _Seen] = OrderedDict()
+        self._mcache: dict[bytes, Message] = {}
+        self._windows: list[list[bytes]] = [[]]
+        self._iwant_served: dict[tuple[Hashable, bytes], int] = {}
+        self._ihaves_heard: dict[Hashable, int] = {}
+        self._asked: dict[Hashable, int] = {}
+        self._promises: dict[bytes, tuple[Hashable, float]] = {}
+        self._outbox: dict[Hashable, Rpc] = {}
+        self._to_validate: list[tuple[Message, Hashable]] = []
+        self._delivered: list[Message] = []
+        self._messages: dict[bytes, Message] = {}  # pending validation
+        self._dont: OrderedDict[bytes, set[Hashable]] = OrderedDict()  # ids peers told us not to send, not seen yet
+        self._dont_heard: dict[Hashable, int] = {}
+        self._rtt: dict[Hashable, float] = {}
+        self._ticks = 0
+
+    # -- the node's side ------------------------------------------------------------------------
+
+    def add_peer(self, peer: Hashable, now: float, ip: str | None = None, rtt: float | None = None) -> None:
+        """A peer that speaks pub-sub is connected: tell it our topics. ``ip`` (for the score's
+        colocation term) and ``rtt`` (seconds; tells its forwarded copies from echoes of ours)
+        when the glue knows them."""
+        if peer == self.me or peer in self.peers:
+            return
+        self.peers[peer] = set()
+        if rtt is not None:
+            self._rtt[peer] = rtt
+        self.scores.connected(peer, ip)
+        if self.mesh:
+            self._out(peer).subscribe.extend((t, True) for t in self.mesh)
+
+    def remove_peer(self, peer: Hashable, now: float) -> None:
+        topics = self.peers.pop(peer, None)
+        if topics is None:
+            return
+        for topic in topics:
+            self._forget_member(peer, topic)
+        self.scores.disconnected(peer, now)
+        self._outbox.pop(peer, None)
+        self._rtt.pop(peer, None)
+        self._dont_heard.pop(peer, None)
+        self._ihaves_heard.pop(peer, None)
+        self._asked.pop(peer, None)
+
+    def join(self, topic: str, now: float) -> None:
+        """Subscribe: announce it, and build a mesh (from the fanout first, as the spec says)."""
+        if topic in self.mesh:
+            return
+        mesh = self.fanout.pop(topic, set())
+        self._fanout_used.pop(topic, None)
+        mesh = {p for p in mesh if self._score(p, now) >= 0}
+        for peer in self._candidates(topic, self.p.d - len(mesh), now, exclude=mesh, min_score=0.0):
+            mesh.add(peer)
+        self.mesh[topic] = mesh
+        for peer in self.peers:
+            self._out(peer).subscribe.append((topic, True))
+        for peer in mesh:
+            self._graft(peer, topic, now)
+
+    def leave(self, topic: str, now: float) -> None:
+        mesh = self.mesh.pop(topic, None)
+        if mesh is None:
+            return
+        for peer in self.peers:
+            self._out(peer).subscribe.append((topic, False))
+        for peer in mesh:
+            self._prune(peer, topic, now, self.p.unsubscribe_backoff)
+
+    def publish(self, msg: Message, now: float) -> int:
+        """Send our own (signed) message: flooded to every peer of the topic above the publish
+        threshold; delivered to ourselves if we joined the topic. Returns the peers sent to."""
+        if msg.id in self._seen:
+            return 0
+        entry = self._remember(msg.id, now, msg.topic, None)
+        entry.state = _ACCEPTED
+        self._cache(msg)
+        topic = msg.topic
+        limit = self.scores.params.publish_threshold
+        if topic not in self.mesh:
+            fan = self.fanout.get(topic)
+            if fan is None:
+                fan = self.fanout[topic] = set(self._candidates(topic, self.p.d, now, exclude=set(), min_score=limit))
+            self._fanout_used[topic] = now
+            targets = set(fan)
+        else:
+            self._delivered.append(msg)
+            targets = set(self.mesh[topic])
+        if self.p.flood_publish:
+            targets.update(p for p in self.topics.get(topic, ()) if self._score(p, now) >= limit)
+        for peer in targets:
+            self._out(peer).messages.append(msg)
+        entry.sent_to |= targets
+        return len(targets)
+
+    def validated(self, msg_id: bytes, verdict: str, now: float) -> None:
+        """The glue's verdict on a message from ``take_to_validate``."""
+        entry = self._seen.get(msg_id)
+        msg = self._messages.pop(msg_id, None)
+        if entry is None or msg is None or entry.state != _PENDING:
+            return
+        topic = entry.topic
+        if verdict == ACCEPT:
+            entry.state = _ACCEPTED
+            self._cache(msg)
+            if entry.source is not None:
+                self.scores.first_delivery(entry.source, topic)
+            mesh = self.mesh.get(topic, set())
+            self.scores.topic_message(topic, mesh)
+            for peer in entry.have:
+                self.scores.forwarded(peer, topic)
+            if topic in self.mesh:
+                self._delivered.append(msg)
+            author = msg.author
+            targets = [p for p in mesh if p not in entry.have and p not in entry.told and p != entry.source and _author_of(p) != author]
+            for peer in targets:
+                self._out(peer).messages.append(msg)
+            entry.sent_to.update(targets)
+        elif verdict == REJECT:
+            entry.state = _REJECTED
+            for peer in entry.have:
+                self.scores.invalid(peer, topic)
+        else:
+            entry.state = _IGNORED
+
+    # -- a peer's batch -------------------------------------------------------------------------
+
+    def on_rpc(self, peer: Hashable, rpc: Rpc, now: float) -> None:
+        if peer not in self.peers:
+            return
+        if self._score(peer, now) < self.scores.params.graylist_threshold:
+            return  # graylisted: nothing it says is looked at
+        for topic, on in rpc.subscribe:
+            if on:
+                self._member(peer, topic)
+            elif topic in self.peers[peer]:
+                self.peers[peer].discard(topic)
+                self._forget_member(peer, topic)
+        if rpc.idontwant:
+            self._on_idontwant(peer, rpc.idontwant)
+        for msg in rpc.messages:
+            self._on_message(peer, msg, now)
+        gossip_ok = self._score(peer, now) >= self.scores.params.gossip_threshold
+        if gossip_ok and rpc.ihave:
+            self._on_ihave(peer, rpc.ihave, now)
+        if gossip_ok and rpc.iwant:
+            self._on_iwant(peer, rpc.iwant, now)
+        for topic in rpc.graft:
+            self._on_graft(peer, topic, now)
+        for topic, backoff in rpc.prune:
+            self._on_prune(peer, topic, backoff, now)
+
+    def _on_message(self, peer: Hashable, msg: Message, now: float) -> None:
+        if type(msg) is not Message:
+            return
+        mid = msg.id
+        promise = self._promises.get(mid)
+        if promise is not None and promise[0] == peer:
+            del self._promises[mid]
+        entry = self._seen.get(mid)
+        if entry is not None:
+            entry.have.add(peer)
+            if entry.state == _REJECTED:
+                self.scores.invalid(peer, msg.topic)
+            elif entry.state == _ACCEPTED and (peer not in entry.sent_to or now - entry.at < self._rtt.get(peer, self.p.near_first_window)):
+                # it forwarded the message to us: it did not have it from us, or its copy came
+                # sooner than an echo of ours could (a round trip after we first had it)
+                self.scores.forwarded(peer, msg.topic)
+            return
+        if len(msg.data) > self.p.max_message_bytes:
+            entry = self._remember(mid, now, msg.topic, peer)
+            entry.have.add(peer)
+            entry.state = _REJECTED
+            self.scores.invalid(peer, msg.topic)
+            return
+        entry = self._remember(mid, now, msg.topic, peer)
+        entry.have.add(peer)
+        mesh = self.mesh.get(msg.topic)
+        if mesh is None:
+            entry.state = _IGNORED  # not ours to check or pass on (a peer's fanout reached us)
+            return
+        self._messages[mid] = msg
+        self._to_validate.append((msg, peer))
+        for other in mesh:  # (GossipSub v1.2) the mesh need not send it to us now
+            if other not in entry.have:
+                self._out(other).idontwant.append(mid)
+
+    def _on_idontwant(self, peer: Hashable, ids: list) -> None:
+        heard = self._dont_heard.get(peer, 0)
+        room = self.p.max_idontwant - heard
+        if room <= 0:
+            return
+        ids = ids[:room]
+        self._dont_heard[peer] = heard + len(ids)
+        for mid in ids:
+            if type(mid) is not bytes or len(mid) > 128:
+                continue
+            entry = self._seen.get(mid)
+            if entry is not None:
+                entry.told.add(peer)
+                continue
+            peers = self._dont.get(mid)
+            if peers is None:
+                peers = self._dont[mid] = set()
+                if len(self._dont) > self.p.seen_max:
+                    self._dont.popitem(last=False)
+            peers.add(peer)
+
+    def _on_graft(self, peer: Hashable, topic: str, now: float) -> None:
+        mesh = self.mesh.get(topic)
+        if mesh is None or peer in mesh:
+            if mesh is None:
+                self._out(peer).prune.append((topic, self.p.prune_backoff))
+            return
+        until = self._backoff.get((peer, topic))
+        if until is not None and now < until:
+            self.scores.misbehaved(peer)  # grafting while told to back off
+            self._prune(peer, topic, now, self.p.prune_backoff, known=False)
+            return
+        if self._score(peer, now) < 0 or len(mesh) >= self.p.d_hi or topic not in self.peers[peer]:
+            self._prune(peer, topic, now, self.p.prune_backoff, known=False)
+            return
+        mesh.add(peer)
+        self.scores.grafted(peer, topic, now)
+
+    def _on_prune(self, peer: Hashable, topic: str, backoff: float, now: float) -> None:
+        mesh = self.mesh.get(topic)
+        if mesh is not None and peer in mesh:
+            mesh.discard(peer)
+            self.scores.pruned(peer, topic)
+        wait = min(max(float(backoff) if isinstance(backoff, (int, float)) else 0.0, 0.0), 3600.0)
+        self._backoff[(peer, topic)] = max(self._backoff.get((peer, topic), 0.0), now + max(wait, self.p.unsubscribe_backoff))
+
+    def _on_ihave(self, peer: Hashable, ihave: list, now: float) -> None:
+        heard = self._ihaves_heard.get(peer, 0) + 1
+        self._ihaves_heard[peer] = heard
+        if heard > self.p.max_ihave_messages:
+            return
+        room = self.p.max_ihave_length - self._asked.get(peer, 0)
+        if room <= 0:
+            return
+        want: list[bytes] = []
+        for item in ihave[: self.p.max_ihave_messages]:
+            if type(item) not in (tuple, list) or len(item) != 2:
+                continue
+            topic, ids = item
+            if topic not in self.mesh or type(ids) is not list:
+                continue
+            for mid in ids[: self.p.max_ihave_length]:
+                if type(mid) is bytes and mid not in self._seen and mid not in self._promises:
+                    want.append(mid)
+        if not want:
+            return
+        if len(want) > room:
+            want = self.rng.sample(want, room)
+        self._asked[peer] = self._asked.get(peer, 0) + len(want)
+        self._out(peer).iwant.extend(want)
+        for mid in want:
+            self._promises[mid] = (peer, now + self.p.iwant_followup)
+
+    def _on_iwant(self, peer: Hashable, ids: list, now: float) -> None:
+        out = None
+        for mid in ids[: self.p.max_iwant_ids]:
+            msg = self._mcache.get(mid) if type(mid) is bytes else None
+            if msg is None:
+                continue
+            key = (peer, mid)
+            n = self._iwant_served.get(key, 0)
+            if n >= self.p.gossip_retransmission:
+                continue
+            self._iwant_served[key] = n + 1
+            if out is None:
+                out = self._out(peer)
+            out.messages.append(msg)
+            entry = self._seen.get(mid)
+            if entry is not None:
+                entry.sent_to.add(peer)
+
+    # -- the heartbeat --------------------------------------------------------------------------
+
+    def heartbeat(self, now: float) -> None:
+        self._ticks += 1
+        self.scores.decay(now)
+        for mid, (peer, due) in list(self._promises.items()):
+            if now >= due:
+                del self._promises[mid]
+                if peer in self.peers:
+                    self.scores.misbehaved(peer)  # asked with IWANT, never sent
+        self._ihaves_heard.clear()
+        self._asked.clear()
+        self._dont_heard.clear()
+        self._dont.clear()  # (they were for messages in flight a heartbeat ago)
+        for topic, mesh in self.mesh.items():
+            self._maintain(topic, mesh, now)
+        for topic in list(self.fanout):
+            if now - self._fanout_used.get(topic, 0.0) > self.p.fanout_ttl:
+                del self.fanout[topic]
+                self._fanout_used.pop(topic, None)
+                continue
+            fan = self.fanout[topic]
+            limit = self.scores.params.publish_threshold
+            fan.intersection_update(p for p in self.topics.get(topic, ()) if self._score(p, now) >= limit)
+            fan.update(self._candidates(topic, self.p.d - len(fan), now, exclude=fan, min_score=limit))
+        self._gossip(now)
+        self._shift()
+        self._expire(now)
+
+    def _maintain(self, topic: str, mesh: set, now: float) -> None:
+        p = self.p
+        for peer in [q for q in mesh if self._score(q, now) < 0]:
+            mesh.discard(peer)
+            self._prune(peer, topic, now, p.prune_backoff)
+        if len(mesh) < p.d_lo:
+            for peer in self._candidates(topic, p.d - len(mesh), now, exclude=mesh, min_score=0.0):
+                mesh.add(peer)
+                self._graft(peer, topic, now)
+        if len(mesh) > p.d_hi:
+            ranked = sorted(mesh, key=lambda q: self._score(q, now), reverse=True)
+            keep = ranked[: p.d_score]
+            rest = ranked[p.d_score :]
+            self.rng.shuffle(rest)
+            keep += rest[: p.d - len(keep)]
+            for peer in set(mesh) - set(keep):
+                mesh.discard(peer)
+                self._prune(peer, topic, now, p.prune_backoff)
+        # a mesh of peers that all forward too little gets better ones by the scores' median
+        if self._ticks % p.opportunistic_graft_ticks == 0 and len(mesh) > 1:
+            scores = sorted(self._score(q, now) for q in mesh)
+            if scores[len(scores) // 2] < p.opportunistic_graft_threshold:
+                median = scores[len(scores) // 2]
+                better = [q for q in self._candidates(topic, len(self.topics.get(topic, ())), now, exclude=mesh, min_score=0.0)
+                          if self._score(q, now) > median]
+                for peer in better[: p.opportunistic_graft_peers]:
+                    mesh.add(peer)
+                    self._graft(peer, topic, now)
+
+    def _gossip(self, now: float) -> None:
+        p = self.p
+        recent: dict[str, list[bytes]] = {}
+        for window in self._windows[: p.history_gossip]:
+            for mid in window:
+                msg = self._mcache.get(mid)
+                if msg is not None:
+                    recent.setdefault(msg.topic, []).append(mid)
+        limit = self.scores.params.gossip_threshold
+        for topic, ids in recent.items():
+            inner = self.mesh.get(topic) or self.fanout.get(topic)
+            if inner is None:
+                continue
+            others = [q for q in self.topics.get(topic, ()) if q not in inner and self._score(q, now) >= limit]
+            if not others:
+                continue
+            n = max(p.d_lazy, int(len(others) * p.gossip_factor))
+            chosen = others if n >= len(others) else self.rng.sample(others, n)
+            if len(ids) > p.max_ihave_length:
+                ids = self.rng.sample(ids, p.max_ihave_length)
+            for peer in chosen:
+                self._out(peer).ihave.append((topic, list(ids)))
+
+    def _shift(self) -> None:
+        self._windows.insert(0, [])
+        while len(self._windows) > self.p.history_length:
+            for mid in self._windows.pop():
+                self._mcache.pop(mid, None)
+        if self._iwant_served and not self._mcache:
+            self._iwant_served.clear()
+        elif len(self._iwant_served) > 4 * len(self._mcache) + 1024:
+            self._iwant_served = {k: v for k, v in self._iwant_served.items() if k[1] in self._mcache}
+
+    def _expire(self, now: float) -> None:
+        ttl = self.p.seen_ttl
+        seen = self._seen
+        while seen:
+            mid, entry = next(iter(seen.items()))
+            if now - entry.at <= ttl and len(seen) <= self.p.seen_max:
+                break
+            del seen[mid]
+            self._messages.pop(mid, None)
+        if len(self._backoff) > 0:
+            self._backoff = {k: v for k, v in self._backoff.items() if v > now}
+
+    # -- inside ---------------------------------------------------------------------------------
+
+    def take_outgoing(self) -> dict[Hashable, Rpc]:
+        out, self._outbox = self._outbox, {}
+        return {p: r for p, r in out.items() if r}
+
+    def take_to_validate(self) -> list[tuple[Message, Hashable]]:
+        out, self._to_validate = self._to_validate, []
+        return out
+
+    def take_delivered(self) -> list[Message]:
+        out, self._delivered = self._delivered, []
+        return out
+
+    def score(self, peer: Hashable, now: float) -> float:
+        return self.scores.score(peer, now)
+
+    def _score(self, peer: Hashable, now: float) -> float:
+        return self.scores.score(peer, now)
+
+    def _out(self, peer: Hashable) -> Rpc:
+        rpc = self._outbox.get(peer)
+        if rpc is None:
+            rpc = self._outbox[peer] = Rpc()
+        return rpc
+
+    def _member(self, peer: Hashable, topic: str) -> None:
+        topics = self.peers[peer]
+        if topic in topics or type(topic) is not str or len(topics) >= self.p.max_topics_per_peer:
+            return
+        topics.add(topic)
+        self.topics.setdefault(topic, set()).add(peer)
+
+    def _forget_member(self, peer: Hashable, topic: str) -> None:
+        members = self.topics.get(topic)
+        if members is not None:
+            members.discard(peer)
+            if not members:
+                del self.topics[topic]
+        mesh = self.mesh.get(topic)
+        if mesh is not None and peer in mesh:
+            mesh.discard(peer)
+            self.scores.pruned(peer, topic)
+        fan = self.fanout.get(topic)
+        if fan is not None:
+            fan.discard(peer)
+
+    def _candidates(self, topic: str, n: int, now: float, exclude: set, min_score: float) -> list[Hashable]:
+        if n <= 0:
+            return []
+        pool = [q for q in self.topics.get(topic, ()) if q not in exclude and self._score(q, now) >= min_score
+                and self._backoff.get((q, topic), 0.0) <= now]
+        return pool if len(pool) <= n else self.rng.sample(pool, n)
+
+    def _graft(self, peer: Hashable, topic: str, now: float) -> None:
+        self.scores.grafted(peer, topic, now)
+        self._out(peer).graft.append(topic)
+
+    def _prune(self, peer: Hashable, topic: str, now: float, backoff: float, known: bool = True) -> None:
+        if known:
+            self.scores.pruned(peer, topic)
+        self._backoff[(peer, topic)] = now + backoff
+        self._out(peer).prune.append((topic, backoff))
+
+    def _remember(self, mid: bytes, now: float, topic: str, source: Hashable | None) -> _Seen:
+        entry = self._seen[mid] = _Seen(now, topic, source)
+        told = self._dont.pop(mid, None)
+        if told:
+            entry.told = told
+        if len(self._seen) > self.p.seen_max:
+            old, _ = self._seen.popitem(last=False)
+            self._messages.pop(old, None)
+        return entry
+
+    def _cache(self, msg: Message) -> None:
+        mid = msg.id
+        if mid not in self._mcache:
+            self._mcache[mid] = msg
+            self._windows[0].append(mid)
+
+
+def _author_of(peer: Hashable) -> bytes | None:
+    """The author bytes a peer signs with, when the peer handle is a PeerId (bytes otherwise)."""
+    if isinstance(peer, bytes):
+        return peer
+    to_bytes = getattr(peer, "to_bytes", None)
+    return to_bytes() if callable(to_bytes) else None

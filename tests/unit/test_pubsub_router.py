@@ -1,0 +1,231 @@
+"""The pub-sub router (lattica.pubsub.router), sans sockets: meshes, GRAFT/PRUNE and backoff,
+gossip, validation hand-off, scores, bounds; and the router simulation (short by default)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from lattica.bench.pubsub import simulate
+from lattica.pubsub.router import ACCEPT, IGNORE, REJECT, GossipParams, Message, Router, Rpc
+
+T = "t"
+
+
+def msg(author: int, seq: int, data: bytes = b"hi", topic: str = T) -> Message:
+    return Message(topic, author.to_bytes(4, "big"), seq, data)
+
+
+def wire(routers: dict, now: float, rounds: int = 20) -> None:
+    """Deliver every batch at once (no latency) and accept every message, until quiet."""
+    for _ in range(rounds):
+        moved = False
+        for name, r in routers.items():
+            for m, _ in r.take_to_validate():
+                r.validated(m.id, ACCEPT, now)
+            for peer, rpc in r.take_outgoing().items():
+                if peer in routers:
+                    moved = True
+                    routers[peer].on_rpc(name, rpc, now)
+        if not moved:
+            return
+
+
+def net(n: int, seed: int = 1, params: GossipParams | None = None) -> dict:
+    routers = {i: Router(i, params, rng=random.Random(seed + i)) for i in range(n)}
+    for i in routers:
+        for j in routers:
+            if i < j:
+                routers[i].add_peer(j, 0.0)
+                routers[j].add_peer(i, 0.0)
+    return routers
+
+
+def test_a_topic_mesh_forms_within_its_degrees_and_every_member_gets_each_message():
+    routers = net(30)
+    for r in routers.values():
+        r.join(T, 0.0)
+    wire(routers, 0.0)
+    for t in range(1, 4):
+        for r in routers.values():
+            r.heartbeat(float(t))
+        wire(routers, float(t))
+    p = GossipParams()
+    for r in routers.values():
+        assert p.d_lo <= len(r.mesh[T]) <= p.d_hi
+        for q in r.mesh[T]:
+            assert r.me in routers[q].mesh[T], "mesh links are symmetric"
+    m = msg(0, 1)
+    assert routers[0].publish(m, 4.0) == 29  # flood publishing: every peer of the topic
+    wire(routers, 4.0)
+    for i, r in routers.items():
+        got = r.take_delivered()
+        assert got == [m], f"router {i} got {got}"
+
+
+def test_a_message_is_forwarded_once_and_never_back():
+    routers = net(8, params=GossipParams(flood_publish=False))
+    for r in routers.values():
+        r.join(T, 0.0)
+    wire(routers, 0.0)
+    m = msg(3, 1)
+    routers[3].publish(m, 1.0)
+    sent = {}
+    for _ in range(10):
+        for name, r in routers.items():
+            for x, _ in r.take_to_validate():
+                r.validated(x.id, ACCEPT, 1.0)
+            for peer, rpc in r.take_outgoing().items():
+                for x in rpc.messages:
+                    assert (name, peer) not in sent, "a router sends one message to one peer once"
+                    sent[(name, peer)] = x
+                routers[peer].on_rpc(name, rpc, 1.0)
+    assert all(p != 3 for (_, p) in sent), "nobody sends a message back to its author"
+
+
+def test_messages_wait_for_validation_and_rejected_ones_cost_their_senders():
+    a, b, c = Router("a"), Router("b"), Router("c")
+    routers = {"a": a, "b": b, "c": c}
+    for x, y in (("a", "b"), ("b", "c")):
+        routers[x].add_peer(y, 0.0)
+        routers[y].add_peer(x, 0.0)
+    for r in routers.values():
+        r.join(T, 0.0)
+    wire(routers, 0.0)
+    bad, meh = msg(9, 1), msg(9, 2)
+    b.on_rpc("a", Rpc(messages=[bad, meh]), 1.0)
+    pending = b.take_to_validate()
+    assert [m for m, _ in pending] == [bad, meh] and b.take_delivered() == []
+    assert not any(r.messages for r in b.take_outgoing().values()), "nothing forwarded before validation"
+    b.validated(bad.id, REJECT, 1.0)
+    b.validated(meh.id, IGNORE, 1.0)
+    assert b.take_delivered() == [] and not any(r.messages for r in b.take_outgoing().values())
+    assert b.score("a", 1.0) < 0
+    b.on_rpc("a", Rpc(messages=[bad]), 1.1)  # the same invalid message again: no new validation
+    assert b.take_to_validate() == []
+    for _ in range(3):
+        b.on_rpc("c", Rpc(messages=[msg(9, 3 + _)]), 1.2)
+        for m, _p in b.take_to_validate():
+            b.validated(m.id, REJECT, 1.2)
+    assert b.score("c", 1.2) < b.scores.params.graylist_threshold
+    b.take_outgoing()
+    b.on_rpc("c", Rpc(messages=[msg(7, 1)], graft=[T]), 1.3)  # graylisted: nothing looked at
+    assert b.take_to_validate() == [] and b.take_outgoing() == {}
+
+
+def test_grafting_during_a_backoff_is_refused_and_scored():
+    a = Router("a")
+    a.add_peer("b", 0.0)
+    a.join(T, 0.0)
+    a.on_rpc("b", Rpc(subscribe=[(T, True)]), 0.0)
+    a.heartbeat(1.0)
+    assert "b" in a.mesh[T] and a.take_outgoing()["b"].graft == [T]
+    a.on_rpc("b", Rpc(prune=[(T, 30.0)]), 2.0)  # b leaves: a may not graft it for 30 s
+    assert "b" not in a.mesh[T]
+    for t in range(3, 30):
+        a.heartbeat(float(t))
+    assert "b" not in a.mesh[T] and not any(r.graft for r in a.take_outgoing().values())
+    a.heartbeat(33.0)
+    assert "b" in a.mesh[T], "grafted again once the backoff is over"
+    a.leave(T, 40.0)  # a leaves and comes back: its mesh peers were told to back off 10 s
+    assert a.take_outgoing()["b"].prune == [(T, 10.0)]
+    a.join(T, 41.0)
+    assert "b" not in a.mesh[T]
+    a.on_rpc("b", Rpc(graft=[T]), 45.0)  # b grafts during them
+    out = a.take_outgoing()
+    assert "b" not in a.mesh[T] and out["b"].prune and a.score("b", 45.0) < 0
+
+
+def test_gossip_recovers_a_message_the_mesh_missed_and_broken_promises_cost():
+    a = Router("a", GossipParams(d=1, d_lo=1, d_hi=1, d_score=0, d_lazy=1, flood_publish=False))
+    b = Router("b")
+    for peer in ("b", "c"):
+        a.add_peer(peer, 0.0)
+        a.on_rpc(peer, Rpc(subscribe=[(T, True)]), 0.0)
+    b.add_peer("a", 0.0)
+    b.join(T, 0.0)
+    b.on_rpc("a", Rpc(subscribe=[(T, True)]), 0.0)
+    a.join(T, 0.0)
+    a.mesh[T] = {"c"}  # b is outside a's mesh: it hears of a's messages only by gossip
+    b.mesh[T].clear()
+    a.take_outgoing(), b.take_outgoing()
+    m = msg(1, 1)
+    a.publish(m, 1.0)
+    assert [r.messages for r in a.take_outgoing().values()] == [[m]]  # to c only
+    a.heartbeat(1.5)
+    ihave = a.take_outgoing()["b"].ihave
+    assert ihave == [(T, [m.id])]
+    b.on_rpc("a", Rpc(ihave=ihave), 1.6)
+    iwant = b.take_outgoing()["a"].iwant
+    assert iwant == [m.id]
+    a.on_rpc("b", Rpc(iwant=iwant), 1.7)
+    sent = a.take_outgoing()["b"].messages
+    assert sent == [m]
+    b.on_rpc("a", Rpc(messages=sent), 1.8)
+    (got, _), = b.take_to_validate()
+    b.validated(got.id, ACCEPT, 1.8)
+    assert b.take_delivered() == [m]
+    # a promise not kept: b asks for an id a never sends
+    b.on_rpc("a", Rpc(ihave=[(T, [msg(1, 2).id])]), 2.0)
+    assert b.take_outgoing()["a"].iwant == [msg(1, 2).id]
+    before = b.score("a", 2.0)
+    b.heartbeat(6.0)  # past iwant_followup
+    assert b.score("a", 6.0) < before
+
+
+def test_ihave_and_iwant_floods_are_bounded():
+    p = GossipParams()
+    a = Router("a", p)
+    a.add_peer("x", 0.0)
+    a.join(T, 0.0)
+    a.on_rpc("x", Rpc(subscribe=[(T, True)]), 0.0)
+    a.take_outgoing()
+    ids = [i.to_bytes(12, "big") for i in range(20_000)]
+    for k in range(50):
+        a.on_rpc("x", Rpc(ihave=[(T, ids[k * 400:(k + 1) * 400])] * 20), 1.0)
+    asked = a.take_outgoing()["x"].iwant
+    assert len(asked) <= p.max_ihave_length
+    a.on_rpc("x", Rpc(iwant=ids), 1.0)  # ids we never had: nothing, and no error
+    assert "x" not in a.take_outgoing() or not a.take_outgoing().get("x")
+    for i in range(1000):
+        a.on_rpc("x", Rpc(subscribe=[(f"topic{i}", True)]), 1.0)
+    assert len(a.peers["x"]) <= p.max_topics_per_peer
+
+
+def test_the_seen_cache_and_message_cache_are_bounded():
+    a = Router("a", GossipParams(seen_max=1000, history_length=3, history_gossip=2))
+    a.join(T, 0.0)
+    for i in range(5000):
+        a.publish(msg(1, i), i * 0.001)
+    assert len(a._seen) <= 1000
+    for t in range(1, 5):
+        a.heartbeat(10.0 + t)
+    assert len(a._mcache) == 0 and len(a._windows) <= 3
+    a.heartbeat(200.0)
+    assert len(a._seen) == 0  # past seen_ttl
+
+
+def test_oversized_messages_are_rejected_without_validation():
+    a = Router("a", GossipParams(max_message_bytes=100))
+    a.add_peer("x", 0.0)
+    a.join(T, 0.0)
+    a.on_rpc("x", Rpc(messages=[msg(2, 1, b"x" * 101)]), 1.0)
+    assert a.take_to_validate() == [] and a.score("x", 1.0) < 0
+
+
+def test_simulation_delivers_everything_and_survives_a_tenth_killed():
+    """The short version of `lattica bench pubsub-sim`: 60 routers, 200 messages, latency 2-30 ms."""
+    r = simulate(60, 200, warmup=8.0, seed=7)
+    assert r["delivery_pct"] == 100.0, r
+    assert r["hops_p99"] <= 8 and r["dup_per_node_msg"] < 6, r
+    k = simulate(60, 200, warmup=8.0, seed=8, kill=0.1)
+    assert k["killed"] == 6 and k["delivery_pct"] >= 99.9, k
+
+
+@pytest.mark.slow
+def test_simulation_at_the_issue_scale():
+    r = simulate(200, 1000)
+    assert r["delivery_pct"] == 100.0, r
+    k = simulate(200, 1000, kill=0.1)
+    assert k["delivery_pct"] >= 99.9, k

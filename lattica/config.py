@@ -122,3 +122,19 @@ class ContentConfig:
     max_request_bytes: int = 8 * MiB
     serve_per_peer: int = 4
     serve_total: int = 32
+
+
+@dataclass
+class PubSubConfig:
+    """Pub-sub on one node (``Node(pubsub=...)``, docs/pubsub.md): the router's degrees and
+    timing, and the bounds on what it holds. Times are seconds."""
+
+    d: int = 6  # the mesh degree per topic (kept between d_lo and d_hi)
+    d_lo: int = 4
+    d_hi: int = 12
+    heartbeat: float = 1.0
+    max_message_bytes: int = 1 << 20  # of a message's encoded data
+    peer_queue: int = 4096  # messages waiting to be sent to one peer (gossip dropped first, then the oldest)
+    in_flight: int = 2  # batches on the way to one peer at once
+    subscription_queue: int = 10_000  # messages a subscription holds for its reader (the oldest dropped)
+    clock_skew: float = 300.0  # seconds a message's seqno (its author's clock) may be off ours

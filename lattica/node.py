@@ -17,7 +17,7 @@ import weakref
 from typing import Any, Callable, Coroutine, Iterable, TypeVar
 
 from lattica._loop import DEFAULT_BUSY_POLL_US, new_loop
-from lattica.config import ContentConfig, DhtConfig, InboundBudget, MembershipConfig, NatConfig, RelayConfig
+from lattica.config import ContentConfig, DhtConfig, InboundBudget, MembershipConfig, NatConfig, PubSubConfig, RelayConfig
 from lattica.errors import NodeClosed, Timeout
 from lattica.host import Host, StreamProtocolHandler, check_protocol_name
 from lattica.identify import PeerInfo
@@ -88,6 +88,7 @@ class Node:
         mesh: Any = None,
         members: Iterable[PeerId | str] = (),
         content: Any = True,
+        pubsub: Any = True,
     ) -> None:
         if keypair is not None and key_path is not None:
             raise ValueError("give key_path or keypair, not both")
@@ -127,6 +128,8 @@ class Node:
         self.dht_config: DhtConfig = dht or DhtConfig()
         # content=True (or a ContentConfig): serve and fetch blocks by CID (docs/content.md)
         self.content_config: ContentConfig | None = (ContentConfig() if content is True else content) or None
+        # pubsub=True (or a PubSubConfig): topics over a gossip mesh with the other members (docs/pubsub.md)
+        self.pubsub_config: PubSubConfig | None = (PubSubConfig() if pubsub is True else pubsub) or None
         if dht_path is not None:
             self.dht_config.persist_path = os.fspath(dht_path)
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -22,6 +22,7 @@ from lattica.actors.content import ContentActor, ContentService
 from lattica.actors.dht import DhtActor, DhtService
 from lattica.actors.holepunch import HolePunchActor, HolePunchService
 from lattica.actors.membership import MembershipActor, MembershipService
+from lattica.actors.pubsub import PubSubActor, PubSubService
 from lattica.actors.relay import RelayActor, RelayService
 from lattica.actors.spawner import Spawner
 from lattica.logging import get_logger
@@ -103,6 +104,13 @@ def _relay(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None
     return Built(service, RelayActor(service))
 
 
+def _pubsub(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
+    if node.pubsub_config is None:
+        return None
+    service = PubSubService(rt, node.pubsub_config)
+    return Built(service, PubSubActor(service))
+
+
 #: Every system service, in start order (a service may use the ones above it).
 SERVICES: tuple[ServiceSpec, ...] = (
     # strangers may look up an actor by name (they get it only if it is open to them), and tell
@@ -118,6 +126,7 @@ SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("relay", _relay, public=frozenset({"reserve"})),  # within RelayConfig limits
     # serving content is what the open network needs; answers are bounded per peer and in all
     ServiceSpec("content", _content, public=True),
+    ServiceSpec("pubsub", _pubsub),  # members only: a mesh's topics are its own
 )
 
 

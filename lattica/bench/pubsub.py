@@ -19,7 +19,7 @@ import statistics
 import time
 from typing import Any, Callable
 
-from lattica.pubsub.router import ACCEPT, GossipParams, Message, Router
+from lattica.pubsub.router import ACCEPT, GossipParams, Envelope, Router
 
 __all__ = ["simulate"]
 
@@ -106,7 +106,7 @@ def simulate(nodes: int = 200, messages: int = 1000, *, degree: int = 20, rate: 
             i, k = args
             while i in dead:
                 i = (i + 1) % nodes
-            msg = Message(TOPIC, _author(i), k, b"x" * 128)
+            msg = Envelope(TOPIC, _author(i), k, b"x" * 128)
             hops[(i, msg.id)] = 0
             routers[i].publish(msg, now)
             published.append((msg.id, now, i))

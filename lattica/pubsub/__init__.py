@@ -1,7 +1,88 @@
-"""Pub-sub (issue 19, in progress): topics over a GossipSub-style mesh.
+"""Pub-sub: topics over a GossipSub-style mesh of the node's members (docs/pubsub.md).
 
-So far the sans-IO core: ``lattica.pubsub.router`` (meshes, fanout, gossip, seen and message
-caches, validation hand-off) and ``lattica.pubsub.score`` (peer scores). The ``pubsub`` system
-service that runs a router on the node, signs and checks messages and offers
-``subscribe``/``publish`` is the next step (docs/pubsub.md).
+    sub = lattica.pubsub.subscribe("weights")          # from now on
+    n = lattica.pubsub.publish("weights", {"v": 3}).result()   # signed; the peers it went to
+    msg = sub.get(timeout=5)                            # or: async for msg in sub
+    msg.author, msg.seqno, msg.data
+
+Every message is signed by its author and checked by every node before it is delivered or passed
+on; ``validator(topic, fn)`` adds the application's own check. The router itself
+(``lattica.pubsub.router``) and its peer scores (``lattica.pubsub.score``) are sans-IO.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from lattica.errors import NodeClosed
+from lattica.future import Future
+from lattica.pubsub.subscription import Message, Subscription
+from lattica.runtime import current_runtime, on_loop, run_coroutine
+
+if TYPE_CHECKING:
+    from lattica.actors.pubsub import PubSubService
+    from lattica.identity import PeerId
+    from lattica.node import Node
+    from lattica.runtime import Runtime
+
+__all__ = ["Message", "Subscription", "subscribe", "unsubscribe", "publish", "topics", "peers", "validator"]
+
+
+def _service(node: Node | None) -> tuple[Runtime, PubSubService]:
+    if node is None:
+        rt = current_runtime()
+    else:
+        if node.host is None or node.host.runtime is None:
+            raise NodeClosed("the node is not running")
+        rt = node.host.runtime
+    svc = rt.services.get("pubsub")
+    if svc is None:
+        raise NodeClosed("this node runs without pub-sub (Node(pubsub=False))")
+    return rt, svc
+
+
+def subscribe(topic: str, *, handler: Callable[[Message], Any] | None = None, maxsize: int | None = None,
+              node: Node | None = None) -> Subscription | None:
+    """Receive the messages of ``topic`` published from now on: a :class:`Subscription` (``async
+    for``, ``get(timeout)``; it keeps at most ``maxsize`` unread, dropping the oldest). With
+    ``handler`` (an actor method such as ``ref.on_message``, which is told each message, or a
+    function run on the node loop) nothing is returned."""
+    rt, svc = _service(node)
+    return on_loop(rt, lambda: svc.subscribe(topic, maxsize, handler))
+
+
+def unsubscribe(topic: str, *, handler: Callable[[Message], Any] | None = None, node: Node | None = None) -> None:
+    """Stop ``handler`` (or every subscription and handler of ``topic`` on the node)."""
+    rt, svc = _service(node)
+    on_loop(rt, lambda: svc.unsubscribe(topic, handler))
+
+
+def publish(topic: str, data: Any, *, node: Node | None = None) -> Future:
+    """Sign ``data`` (anything the codec carries) and send it to ``topic``; resolves to the
+    number of peers it was sent to (0: nobody else subscribes yet)."""
+    rt, svc = _service(node)
+
+    async def go() -> int:
+        return svc.publish(topic, data)
+
+    return run_coroutine(rt, go)
+
+
+def topics(*, node: Node | None = None) -> list[str]:
+    """The topics this node subscribes to."""
+    rt, svc = _service(node)
+    return on_loop(rt, svc.topics)
+
+
+def peers(topic: str | None = None, *, node: Node | None = None) -> list[PeerId]:
+    """The peers in ``topic``'s mesh on this node (or every peer that speaks pub-sub with it)."""
+    rt, svc = _service(node)
+    return on_loop(rt, lambda: svc.peers(topic))
+
+
+def validator(topic: str, fn: Callable[[Message], Any] | None, *, node: Node | None = None) -> None:
+    """Check every new message of ``topic`` with ``fn(message)`` before it is delivered or passed
+    on: True or "accept"; False or "reject" (dropped; the peer that sent it is scored down); None
+    or "ignore" (dropped). ``fn`` may be a coroutine function. None removes the validator."""
+    rt, svc = _service(node)
+    on_loop(rt, lambda: svc.set_validator(topic, fn))

@@ -41,13 +41,13 @@ from typing import Hashable
 
 from lattica.pubsub.score import PeerScore, ScoreParams
 
-__all__ = ["Message", "Rpc", "GossipParams", "Router", "ACCEPT", "REJECT", "IGNORE"]
+__all__ = ["Envelope", "Rpc", "GossipParams", "Router", "ACCEPT", "REJECT", "IGNORE"]
 
 ACCEPT, REJECT, IGNORE = "accept", "reject", "ignore"
 
 
 @dataclass(frozen=True, slots=True)
-class Message:
+class Envelope:
     """One published message: ``data`` is opaque to the router (the glue's encoding); the
     signature covers topic, author, seqno and data and is checked by the glue."""
 
@@ -67,7 +67,7 @@ class Rpc:
     """One batch between two routers: subscription changes, messages and control."""
 
     subscribe: list[tuple[str, bool]] = field(default_factory=list)
-    messages: list[Message] = field(default_factory=list)
+    messages: list[Envelope] = field(default_factory=list)
     ihave: list[tuple[str, list[bytes]]] = field(default_factory=list)
     iwant: list[bytes] = field(default_factory=list)
     graft: list[str] = field(default_factory=list)
@@ -149,16 +149,16 @@ class Router:
         self._fanout_used: dict[str, float] = {}
         self._backoff: dict[tuple[Hashable, str], float] = {}
         self._seen: OrderedDict[bytes, _Seen] = OrderedDict()
-        self._mcache: dict[bytes, Message] = {}
+        self._mcache: dict[bytes, Envelope] = {}
         self._windows: list[list[bytes]] = [[]]
         self._iwant_served: dict[tuple[Hashable, bytes], int] = {}
         self._ihaves_heard: dict[Hashable, int] = {}
         self._asked: dict[Hashable, int] = {}
         self._promises: dict[bytes, tuple[Hashable, float]] = {}
         self._outbox: dict[Hashable, Rpc] = {}
-        self._to_validate: list[tuple[Message, Hashable]] = []
-        self._delivered: list[Message] = []
-        self._messages: dict[bytes, Message] = {}  # pending validation
+        self._to_validate: list[tuple[Envelope, Hashable]] = []
+        self._delivered: list[Envelope] = []
+        self._messages: dict[bytes, Envelope] = {}  # pending validation
         self._dont: OrderedDict[bytes, set[Hashable]] = OrderedDict()  # ids peers told us not to send, not seen yet
         self._dont_heard: dict[Hashable, int] = {}
         self._rtt: dict[Hashable, float] = {}
@@ -216,7 +216,7 @@ class Router:
         for peer in mesh:
             self._prune(peer, topic, now, self.p.unsubscribe_backoff)
 
-    def publish(self, msg: Message, now: float) -> int:
+    def publish(self, msg: Envelope, now: float) -> int:
         """Send our own (signed) message: flooded to every peer of the topic above the publish
         threshold; delivered to ourselves if we joined the topic. Returns the peers sent to."""
         if msg.id in self._seen:
@@ -299,8 +299,8 @@ class Router:
         for topic, backoff in rpc.prune:
             self._on_prune(peer, topic, backoff, now)
 
-    def _on_message(self, peer: Hashable, msg: Message, now: float) -> None:
-        if type(msg) is not Message:
+    def _on_message(self, peer: Hashable, msg: Envelope, now: float) -> None:
+        if type(msg) is not Envelope:
             return
         mid = msg.id
         promise = self._promises.get(mid)
@@ -534,11 +534,11 @@ class Router:
         out, self._outbox = self._outbox, {}
         return {p: r for p, r in out.items() if r}
 
-    def take_to_validate(self) -> list[tuple[Message, Hashable]]:
+    def take_to_validate(self) -> list[tuple[Envelope, Hashable]]:
         out, self._to_validate = self._to_validate, []
         return out
 
-    def take_delivered(self) -> list[Message]:
+    def take_delivered(self) -> list[Envelope]:
         out, self._delivered = self._delivered, []
         return out
 
@@ -602,7 +602,7 @@ class Router:
             self._messages.pop(old, None)
         return entry
 
-    def _cache(self, msg: Message) -> None:
+    def _cache(self, msg: Envelope) -> None:
         mid = msg.id
         if mid not in self._mcache:
             self._mcache[mid] = msg

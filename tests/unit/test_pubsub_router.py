@@ -8,13 +8,13 @@ import random
 import pytest
 
 from lattica.bench.pubsub import simulate
-from lattica.pubsub.router import ACCEPT, IGNORE, REJECT, GossipParams, Message, Router, Rpc
+from lattica.pubsub.router import ACCEPT, IGNORE, REJECT, GossipParams, Envelope, Router, Rpc
 
 T = "t"
 
 
-def msg(author: int, seq: int, data: bytes = b"hi", topic: str = T) -> Message:
-    return Message(topic, author.to_bytes(4, "big"), seq, data)
+def msg(author: int, seq: int, data: bytes = b"hi", topic: str = T) -> Envelope:
+    return Envelope(topic, author.to_bytes(4, "big"), seq, data)
 
 
 def wire(routers: dict, now: float, rounds: int = 20) -> None:

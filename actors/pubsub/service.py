@@ -1,0 +1,382 @@
+"""The ``pubsub`` system service: a GossipSub router (``lattica.pubsub.router``) on the node.
+
+The service feeds the router what happens (members connecting and leaving, peers' batches, the
+heartbeat) and carries out what it answers: batches go to peers as calls to their ``pubsub``
+actor, one queue per peer bounded by ``peer_queue`` messages (IHAVE gossip dropped first, then
+the oldest messages) with at most ``in_flight`` calls on the way; new messages are checked
+before the router forwards them (the author's Ed25519 signature over topic, author, seqno and
+data; a seqno, which is the author's clock in ns, within ``clock_skew``; data the codec can
+decode; then the topic's validator), and accepted ones go to the topic's subscriptions.
+
+Exposure (docs/security.md): members only. A mesh's topics are the mesh's business; a stranger
+can neither publish into them nor read them through us.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from lattica import codec
+from lattica.actors.pubsub import wire
+from lattica.config import PubSubConfig
+from lattica.errors import ActorNotFound, LatticaError, PermissionDenied, ProtocolError
+from lattica.identity import PeerId, verify_signature
+from lattica.logging import get_logger
+from lattica.pubsub.router import ACCEPT, IGNORE, REJECT, Envelope, GossipParams, Router, Rpc
+from lattica.pubsub.subscription import Message, Subscription
+from lattica.runtime import current_caller
+from lattica.runtime.limits import ASYNC
+from lattica.runtime.refs import ActorRef
+
+if TYPE_CHECKING:
+    from lattica.identify import PeerInfo
+    from lattica.runtime import Runtime
+    from lattica.transports.base import Connection
+
+log = get_logger("lattica.pubsub")
+
+__all__ = ["PubSubService", "PubSubActor", "pubsub_ref"]
+
+_VERDICTS = {True: ACCEPT, False: REJECT, None: IGNORE, ACCEPT: ACCEPT, REJECT: REJECT, IGNORE: IGNORE}
+_KEYS_MAX = 4096  # authors whose public keys we keep decoded
+
+
+def pubsub_ref(peer: PeerId) -> ActorRef:
+    """The ref of ``peer``'s pubsub system actor."""
+    return ActorRef(peer, wire.NAME, {"rpc": ASYNC})
+
+
+class _Outbound:
+    """What waits to be sent to one peer: one merged batch, and the calls on the way."""
+
+    __slots__ = ("pending", "in_flight", "dropped")
+
+    def __init__(self) -> None:
+        self.pending = Rpc()
+        self.in_flight = 0
+        self.dropped = 0
+
+    def add(self, rpc: Rpc, cap: int) -> None:
+        p = self.pending
+        p.subscribe += rpc.subscribe
+        p.messages += rpc.messages
+        p.ihave += rpc.ihave
+        p.iwant += rpc.iwant
+        p.graft += rpc.graft
+        p.prune += rpc.prune
+        p.idontwant += rpc.idontwant
+        over = len(p.messages) + sum(len(ids) for _, ids in p.ihave) // 64 - cap
+        if over > 0 and p.ihave:
+            p.ihave = []  # gossip goes first
+            over = len(p.messages) - cap
+        if over > 0:
+            del p.messages[:over]  # then the oldest messages
+            self.dropped += over
+        if len(p.iwant) > wire.MAX_IDS:
+            del p.iwant[: len(p.iwant) - wire.MAX_IDS]
+        if len(p.idontwant) > wire.MAX_IDS:
+            del p.idontwant[: len(p.idontwant) - wire.MAX_IDS]
+
+    def take(self) -> Rpc:
+        """The next batch within the wire's limits (the rest stays pending)."""
+        p = self.pending
+        if len(p.messages) <= wire.MAX_ENTRIES and len(p.ihave) <= wire.MAX_ENTRIES and len(p.subscribe) <= wire.MAX_ENTRIES \
+                and len(p.graft) <= wire.MAX_ENTRIES and len(p.prune) <= wire.MAX_ENTRIES:
+            self.pending = Rpc()
+            return p
+        out = Rpc(subscribe=p.subscribe[: wire.MAX_ENTRIES], messages=p.messages[: wire.MAX_ENTRIES], ihave=p.ihave[: wire.MAX_ENTRIES],
+                  iwant=p.iwant, graft=p.graft[: wire.MAX_ENTRIES], prune=p.prune[: wire.MAX_ENTRIES], idontwant=p.idontwant)
+        self.pending = Rpc(subscribe=p.subscribe[wire.MAX_ENTRIES:], messages=p.messages[wire.MAX_ENTRIES:], ihave=p.ihave[wire.MAX_ENTRIES:],
+                           graft=p.graft[wire.MAX_ENTRIES:], prune=p.prune[wire.MAX_ENTRIES:])
+        return out
+
+
+class PubSubService:
+    """A node's router, subscriptions and validators (see the module docstring)."""
+
+    def __init__(self, runtime: Runtime, config: PubSubConfig | None = None) -> None:
+        self.rt = runtime
+        self.host = runtime.host
+        self.cfg = cfg = config or PubSubConfig()
+        params = GossipParams(d=cfg.d, d_lo=cfg.d_lo, d_hi=cfg.d_hi, d_score=min(4, cfg.d), heartbeat=cfg.heartbeat,
+                              max_message_bytes=cfg.max_message_bytes)
+        self.router = Router(runtime.peer_id, params)
+        self._author = runtime.peer_id.to_bytes()
+        self._seq = itertools.count(time.time_ns())  # seqnos are our clock in ns: unique across restarts
+        self._subs: dict[str, list[Subscription]] = {}
+        self._handlers: dict[str, list[Callable[[Message], Any]]] = {}
+        self._validators: dict[str, Callable[[Message], Any]] = {}
+        self._payloads: dict[bytes, tuple[Any, Any]] = {}  # message id -> (decoded data, peer it came from), until delivered
+        self._out: dict[PeerId, _Outbound] = {}
+        self._keys: dict[bytes, bytes | None] = {}
+        self._closed = False
+        self.published = self.delivered = self.rejected = 0
+        self.host.events.identified.subscribe(self._on_identified)
+        self.host.events.disconnected.subscribe(self._on_disconnected)
+        self._beat = self.host.spawn(self._heartbeats())
+
+    # -- the node's side ------------------------------------------------------------------------
+
+    def subscribe(self, topic: str, maxsize: int | None = None, handler: Callable[[Message], Any] | None = None) -> Subscription | None:
+        """Join ``topic``: a Subscription to read, or, with ``handler``, each message is passed to
+        it on the node loop (an actor method handle is told the message)."""
+        wire._topic(topic)
+        first = not self._subs.get(topic) and not self._handlers.get(topic)
+        sub = None
+        if handler is not None:
+            self._handlers.setdefault(topic, []).append(handler)
+        else:
+            sub = Subscription(topic, self.host.loop, maxsize or self.cfg.subscription_queue, self._closed_sub)
+            self._subs.setdefault(topic, []).append(sub)
+        if first:
+            self.router.join(topic, self._now())
+            self._pump()
+        return sub
+
+    def unsubscribe(self, topic: str, handler: Callable[[Message], Any] | None = None) -> None:
+        """Stop the handler (or every subscription and handler) of ``topic``."""
+        if handler is not None:
+            hs = self._handlers.get(topic, [])
+            if handler in hs:
+                hs.remove(handler)
+        else:
+            self._handlers.pop(topic, None)
+            for sub in self._subs.pop(topic, []):
+                sub._end()
+        self._maybe_leave(topic)
+
+    def _closed_sub(self, sub: Subscription) -> None:
+        self.host.loop.call_soon_threadsafe(self._drop_sub, sub)
+
+    def _drop_sub(self, sub: Subscription) -> None:
+        subs = self._subs.get(sub.topic, [])
+        if sub in subs:
+            subs.remove(sub)
+        sub._end()
+        self._maybe_leave(sub.topic)
+
+    def _maybe_leave(self, topic: str) -> None:
+        if not self._subs.get(topic) and not self._handlers.get(topic) and topic in self.router.mesh:
+            self._subs.pop(topic, None)
+            self._handlers.pop(topic, None)
+            self.router.leave(topic, self._now())
+            self._pump()
+
+    def set_validator(self, topic: str, fn: Callable[[Message], Any] | None) -> None:
+        """``fn(message)`` decides each new message of ``topic`` before it is delivered or
+        forwarded: True/"accept", False/"reject" (the peer that sent it is scored down),
+        None/"ignore"; it may be a coroutine function. None removes it."""
+        if fn is None:
+            self._validators.pop(topic, None)
+        else:
+            self._validators[topic] = fn
+
+    def publish(self, topic: str, data: Any) -> int:
+        """Sign and send ``data`` (anything the codec carries) to ``topic``; the peers it went to."""
+        wire._topic(topic)
+        body = b"".join(bytes(c) for c in codec.encode(data))
+        if len(body) > self.cfg.max_message_bytes:
+            raise ValueError(f"a message of {len(body)} bytes is over this node's {self.cfg.max_message_bytes} (PubSubConfig.max_message_bytes)")
+        seqno = next(self._seq)
+        sig = self.host.keypair.sign(wire.signed_bytes(topic, self._author, seqno, body))
+        env = Envelope(topic, self._author, seqno, body, sig)
+        self._payloads[env.id] = (data, None)
+        n = self.router.publish(env, self._now())
+        self.published += 1
+        self._pump()
+        self._payloads.pop(env.id, None)
+        return n
+
+    def topics(self) -> list[str]:
+        return sorted(self.router.mesh)
+
+    def peers(self, topic: str | None = None) -> list[PeerId]:
+        """The peers in ``topic``'s mesh (or every pub-sub peer)."""
+        peers = self.router.mesh.get(topic, set()) if topic is not None else set(self.router.peers)
+        return sorted(peers, key=str)
+
+    def stats(self) -> dict:
+        return {"published": self.published, "delivered": self.delivered, "rejected": self.rejected,
+                "peers": len(self.router.peers), "topics": self.topics(),
+                "dropped_to_peers": sum(o.dropped for o in self._out.values())}
+
+    # -- peers ----------------------------------------------------------------------------------
+
+    def _now(self) -> float:
+        return self.host.loop.time()
+
+    def _on_identified(self, info: PeerInfo) -> None:
+        if info.circle == "stranger" or self._closed or info.peer_id in self.router.peers:
+            return
+        self.router.add_peer(info.peer_id, self._now(), ip=_ip_of(info.remote_addr))
+        self._pump()
+
+    def _on_disconnected(self, peer: PeerId, conn: Connection) -> None:
+        if peer in self.router.peers:
+            self.router.remove_peer(peer, self._now())
+            self._out.pop(peer, None)
+            self._pump()
+
+    def on_rpc(self, peer: PeerId, raw: Any) -> None:
+        """A member's batch (the actor's call)."""
+        if self._closed:
+            return
+        try:
+            rpc = wire.decode(raw, self.cfg.max_message_bytes)
+        except ProtocolError:
+            self.router.scores.misbehaved(peer)
+            raise
+        if peer not in self.router.peers:
+            self.router.add_peer(peer, self._now())  # its identify may still be on the way
+        self.router.on_rpc(peer, rpc, self._now())
+        self._pump()
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.heartbeat)
+            self.router.heartbeat(self._now())
+            self._pump()
+
+    # -- carrying out what the router says ------------------------------------------------------
+
+    def _pump(self) -> None:
+        r = self.router
+        for env, peer in r.take_to_validate():
+            verdict = self._check(env, peer)
+            if inspect.isawaitable(verdict):
+                self.host.spawn(self._finish(env, verdict))
+            else:
+                self._verdict(env, verdict)
+        for env in r.take_delivered():
+            self._deliver(env)
+        for peer, rpc in r.take_outgoing().items():
+            ob = self._out.get(peer)
+            if ob is None:
+                ob = self._out[peer] = _Outbound()
+            ob.add(rpc, self.cfg.peer_queue)
+            if ob.in_flight < self.cfg.in_flight:
+                ob.in_flight += 1
+                self.host.spawn(self._drain(peer, ob))
+
+    def _verdict(self, env: Envelope, verdict: str) -> None:
+        if verdict != ACCEPT:
+            self._payloads.pop(env.id, None)
+            if verdict == REJECT:
+                self.rejected += 1
+        self.router.validated(env.id, verdict, self._now())
+
+    async def _finish(self, env: Envelope, pending: Any) -> None:
+        try:
+            verdict = _VERDICTS.get(await pending, IGNORE)
+        except Exception:
+            log.exception("pub-sub validator failed", topic=env.topic)
+            verdict = IGNORE
+        self._verdict(env, verdict)
+        self._pump()
+
+    def _check(self, env: Envelope, peer: Any) -> Any:
+        """The message's verdict, or an awaitable of it (an async validator)."""
+        key = self._key(env.author)
+        if key is None or not verify_signature(key, env.signature, wire.signed_bytes(env.topic, env.author, env.seqno, env.data)):
+            return REJECT
+        if abs(env.seqno / 1e9 - time.time()) > self.cfg.clock_skew:
+            return REJECT  # a replay from beyond the seen cache, or a clock far off
+        try:
+            data = codec.decode(env.data)
+        except LatticaError:
+            return REJECT
+        self._payloads[env.id] = (data, peer)
+        fn = self._validators.get(env.topic)
+        if fn is None:
+            return ACCEPT
+        try:
+            out = fn(Message(env.topic, PeerId.from_bytes(env.author), env.seqno, data, peer))
+        except Exception:
+            log.exception("pub-sub validator failed", topic=env.topic)
+            return IGNORE
+        return out if inspect.isawaitable(out) else _VERDICTS.get(out, IGNORE)
+
+    def _key(self, author: bytes) -> bytes | None:
+        if author in self._keys:
+            return self._keys[author]
+        try:
+            key = PeerId.from_bytes(author).public_key()
+        except LatticaError:
+            key = None
+        if len(self._keys) >= _KEYS_MAX:
+            self._keys.pop(next(iter(self._keys)))
+        self._keys[author] = key
+        return key
+
+    def _deliver(self, env: Envelope) -> None:
+        data, via = self._payloads.pop(env.id, (None, None))
+        if data is None and via is None:
+            try:
+                data = codec.decode(env.data)
+            except LatticaError:
+                return
+        msg = Message(env.topic, PeerId.from_bytes(env.author), env.seqno, data, via)
+        self.delivered += 1
+        for sub in self._subs.get(env.topic, ()):
+            sub._push(msg)
+        for handler in self._handlers.get(env.topic, ()):
+            try:
+                tell = getattr(handler, "tell", None)
+                if tell is not None:
+                    tell(msg)
+                else:
+                    handler(msg)
+            except Exception:
+                log.exception("pub-sub handler failed", topic=env.topic)
+
+    async def _drain(self, peer: PeerId, ob: _Outbound) -> None:
+        try:
+            while ob.pending and self._out.get(peer) is ob:
+                rpc = ob.take()
+                try:
+                    await self.rt.call(pubsub_ref(peer), "rpc", (wire.encode(rpc),), {}, timeout=10.0)
+                except (ActorNotFound, PermissionDenied) as e:
+                    log.debug("peer does not take pub-sub from us", peer=str(peer), reason=str(e))
+                    self.router.remove_peer(peer, self._now())
+                    self._out.pop(peer, None)
+                    return
+                except LatticaError as e:
+                    ob.dropped += len(rpc.messages)
+                    log.debug("pub-sub batch not delivered", peer=str(peer), reason=str(e))
+        finally:
+            ob.in_flight -= 1
+
+    def close(self) -> None:
+        self._closed = True
+        self._beat.cancel()
+        for subs in self._subs.values():
+            for sub in subs:
+                sub._end()
+        self._subs.clear()
+        self._handlers.clear()
+
+
+class PubSubActor:
+    """What members call: ``rpc(batch)`` hands a router batch over (see ``wire``)."""
+
+    NAME = wire.NAME
+
+    def __init__(self, service: PubSubService) -> None:
+        self._svc = service
+
+    async def rpc(self, batch: list) -> None:
+        caller = current_caller()
+        if caller is None or caller == self._svc.rt.peer_id:
+            return
+        self._svc.on_rpc(caller, batch)
+
+
+def _ip_of(addr: Any) -> str | None:
+    try:
+        return str(addr.without_peer_id().host_port()[0])
+    except (LatticaError, AttributeError, ValueError, TypeError):
+        return None

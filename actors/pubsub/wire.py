@@ -1,0 +1,102 @@
+"""The pub-sub service's wire form: a router batch as plain lists (the runtime's codec carries
+them), parsed strictly; and what an author signs.
+
+A batch is ``[subscribe, messages, ihave, iwant, graft, prune, idontwant]``: subscribe
+``[[topic, bool], ...]``; a message ``[topic, author (PeerId bytes), seqno, data, signature]``;
+ihave ``[[topic, [id, ...]], ...]``; iwant and idontwant ``[id, ...]``; graft ``[topic, ...]``;
+prune ``[[topic, backoff seconds], ...]``. Anything else (wrong types, too many entries, long
+topics or ids) is refused as a whole with ``ProtocolError``: a peer learns its batch was bad,
+and nothing of it is acted on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lattica.errors import ProtocolError
+from lattica.pubsub.router import Envelope, Rpc
+
+__all__ = ["NAME", "encode", "decode", "signed_bytes", "MAX_TOPIC", "MAX_ID"]
+
+NAME = "pubsub"
+MAX_TOPIC = 256  # bytes of a topic's UTF-8
+MAX_ID = 96  # bytes of a message id (an author's PeerId bytes + 8)
+MAX_AUTHOR = 64
+MAX_SIGNATURE = 64
+MAX_ENTRIES = 1024  # subscriptions, messages, grafts, prunes, IHAVE topics per batch
+MAX_IDS = 5000  # ids per IHAVE topic, per IWANT, per IDONTWANT
+_DOMAIN = b"lattica pubsub v1\x00"
+
+
+def signed_bytes(topic: str, author: bytes, seqno: int, data: bytes) -> bytes:
+    """What an author signs: the domain, then each field with its length (no field can be
+    shifted into another)."""
+    t = topic.encode()
+    return b"".join((_DOMAIN, len(t).to_bytes(2, "big"), t, len(author).to_bytes(1, "big"), author, seqno.to_bytes(8, "big"), data))
+
+
+def encode(rpc: Rpc) -> list:
+    return [
+        [[t, on] for t, on in rpc.subscribe],
+        [[m.topic, m.author, m.seqno, m.data, m.signature] for m in rpc.messages],
+        [[t, ids] for t, ids in rpc.ihave],
+        rpc.iwant,
+        rpc.graft,
+        [[t, b] for t, b in rpc.prune],
+        rpc.idontwant,
+    ]
+
+
+def decode(raw: Any, max_data: int) -> Rpc:
+    """The batch ``raw`` names, or ProtocolError."""
+    if type(raw) is not list or len(raw) != 7:
+        raise ProtocolError("a pub-sub batch is a list of 7 parts")
+    subs, msgs, ihave, iwant, graft, prune, idontwant = raw
+    rpc = Rpc()
+    for item in _entries(subs, "subscriptions"):
+        if type(item) is not list or len(item) != 2 or type(item[1]) is not bool:
+            raise ProtocolError("a subscription is [topic, bool]")
+        rpc.subscribe.append((_topic(item[0]), item[1]))
+    for item in _entries(msgs, "messages"):
+        if type(item) is not list or len(item) != 5:
+            raise ProtocolError("a message is [topic, author, seqno, data, signature]")
+        topic, author, seqno, data, sig = item
+        if type(author) is not bytes or not 0 < len(author) <= MAX_AUTHOR:
+            raise ProtocolError("a message's author is a PeerId's bytes")
+        if type(seqno) is not int or not 0 <= seqno < 1 << 64:
+            raise ProtocolError("a message's seqno is an unsigned 64-bit integer")
+        if type(data) is not bytes or len(data) > max_data:
+            raise ProtocolError(f"a message's data is at most {max_data} bytes")
+        if type(sig) is not bytes or len(sig) > MAX_SIGNATURE:
+            raise ProtocolError("a message's signature is at most 64 bytes")
+        rpc.messages.append(Envelope(_topic(topic), author, seqno, data, sig))
+    for item in _entries(ihave, "IHAVE topics"):
+        if type(item) is not list or len(item) != 2:
+            raise ProtocolError("an IHAVE is [topic, [id, ...]]")
+        rpc.ihave.append((_topic(item[0]), _ids(item[1])))
+    rpc.iwant = _ids(iwant)
+    rpc.idontwant = _ids(idontwant)
+    rpc.graft = [_topic(t) for t in _entries(graft, "grafts")]
+    for item in _entries(prune, "prunes"):
+        if type(item) is not list or len(item) != 2 or type(item[1]) not in (int, float):
+            raise ProtocolError("a prune is [topic, backoff seconds]")
+        rpc.prune.append((_topic(item[0]), float(item[1])))
+    return rpc
+
+
+def _entries(v: Any, what: str) -> list:
+    if type(v) is not list or len(v) > MAX_ENTRIES:
+        raise ProtocolError(f"a batch's {what} are a list of at most {MAX_ENTRIES}")
+    return v
+
+
+def _topic(t: Any) -> str:
+    if type(t) is not str or not t or len(t.encode()) > MAX_TOPIC:
+        raise ProtocolError(f"a topic is a non-empty string of at most {MAX_TOPIC} bytes")
+    return t
+
+
+def _ids(v: Any) -> list[bytes]:
+    if type(v) is not list or len(v) > MAX_IDS or not all(type(i) is bytes and len(i) <= MAX_ID for i in v):
+        raise ProtocolError(f"message ids are a list of at most {MAX_IDS} byte strings of at most {MAX_ID} bytes")
+    return v

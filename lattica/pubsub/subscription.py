@@ -1,0 +1,131 @@
+"""What a subscriber holds: the messages of one topic, read with ``async for`` on any event loop
+or ``get(timeout)`` from any thread.
+
+The node loop pushes messages in; a subscription holds at most ``maxsize`` of them for a slow
+reader, dropping the oldest (``dropped`` counts them): a reader that stops never grows the node.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from lattica.errors import NodeClosed, Timeout
+from lattica.future import Future
+from lattica.identity import PeerId
+
+if TYPE_CHECKING:
+    import asyncio
+
+__all__ = ["Message", "Subscription"]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message of a topic: its author (who signed it), the author's sequence number, the
+    data as published (decoded by the codec) and the peer it reached us through."""
+
+    topic: str
+    author: PeerId
+    seqno: int
+    data: Any
+    via: PeerId | None = None  # None: published on this node
+
+
+class Subscription:
+    """The messages of ``topic`` from the moment of subscribing (see the module docstring)."""
+
+    def __init__(self, topic: str, loop: asyncio.AbstractEventLoop, maxsize: int, on_close: Callable[[Subscription], None]) -> None:
+        self.topic = topic
+        self.maxsize = maxsize
+        self.dropped = 0
+        self.closed = False
+        self._loop = loop
+        self._queue: collections.deque[Message] = collections.deque()
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._waiters: collections.deque[Future] = collections.deque()
+        self._on_close = on_close
+
+    def __repr__(self) -> str:
+        return f"Subscription({self.topic!r}, waiting={len(self._queue)}, dropped={self.dropped})"
+
+    # -- fed on the node loop -------------------------------------------------------------------
+
+    def _push(self, msg: Message) -> None:
+        with self._lock:
+            while self._waiters:
+                fut = self._waiters.popleft()
+                if not fut.done():
+                    fut._resolve(msg)
+                    return
+            self._queue.append(msg)
+            if len(self._queue) > self.maxsize:
+                self._queue.popleft()
+                self.dropped += 1
+            self._ready.notify()
+
+    def _end(self) -> None:
+        with self._lock:
+            self.closed = True
+            waiters, self._waiters = list(self._waiters), collections.deque()
+            self._ready.notify_all()
+        for fut in waiters:
+            if not fut.done():
+                fut._reject(NodeClosed(f"the subscription to {self.topic!r} is closed"))
+
+    # -- read from anywhere ---------------------------------------------------------------------
+
+    def get(self, timeout: float | None = None) -> Message:
+        """The next message; blocks this thread up to ``timeout`` s (Timeout), NodeClosed once
+        the subscription or its node is closed. Not on the node loop: there, ``async for``."""
+        with self._ready:
+            if not self._ready.wait_for(lambda: self._queue or self.closed, timeout):
+                raise Timeout(f"no message on {self.topic!r} within {timeout} s")
+            if self._queue:
+                return self._queue.popleft()
+            raise NodeClosed(f"the subscription to {self.topic!r} is closed")
+
+    def get_nowait(self) -> Message | None:
+        """The next message if one is waiting, else None."""
+        with self._lock:
+            return self._queue.popleft() if self._queue else None
+
+    def next(self) -> Future:
+        """A :class:`lattica.Future` of the next message (awaitable on any loop)."""
+        fut = Future(self._loop)
+        with self._lock:
+            if self._queue:
+                msg = self._queue.popleft()
+            elif self.closed:
+                msg = None
+            else:
+                self._waiters.append(fut)
+                return fut
+        if msg is None:
+            self._loop.call_soon_threadsafe(fut._reject, NodeClosed(f"the subscription to {self.topic!r} is closed"))
+        else:
+            self._loop.call_soon_threadsafe(fut._resolve, msg)
+        return fut
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.next()
+        except NodeClosed:
+            raise StopAsyncIteration from None
+
+    def close(self) -> None:
+        """Unsubscribe (the node leaves the topic when its last subscription closes)."""
+        if not self.closed:
+            self._on_close(self)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -440,3 +440,17 @@ class Echo:
 
     def echo(self, x):
         return x
+
+
+@lattica.actor
+class Collector:
+    """Keeps what it is told (pub-sub handler tests)."""
+
+    def __init__(self) -> None:
+        self.items: list = []
+
+    async def on_message(self, msg) -> None:
+        self.items.append([msg.topic, str(msg.author), msg.data])
+
+    async def got(self) -> list:
+        return self.items

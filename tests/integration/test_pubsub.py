@@ -1,0 +1,212 @@
+"""Pub-sub between real nodes on loopback (docs/pubsub.md): delivery through the mesh, signed
+messages, validators, subscriptions read from threads, loops and actors, and what hostile or
+careless peers get: forged, replayed, stale, oversized and malformed messages, strangers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+import lattica
+import sample_actors as sa
+from helpers import call_as, spawn_local, wait_for
+from lattica.actors.pubsub import pubsub_ref
+from lattica.actors.pubsub import wire
+from lattica.errors import NodeClosed, PermissionDenied, ProtocolError, Timeout
+from lattica.trust import MeshKey
+
+pytestmark = pytest.mark.timeout(90)
+
+TCP = "/ip4/127.0.0.1/tcp/0"
+
+
+@pytest.fixture
+def line():
+    """Five members in a line (0-1-2-3-4): messages must travel through the mesh."""
+    key = MeshKey.generate()
+    nodes = [lattica.Node([TCP], mesh=key, allow=["sample_actors.*"]).start() for _ in range(5)]
+    try:
+        for a, b in zip(nodes, nodes[1:]):
+            b.connect(a.addrs[0])
+        yield nodes
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def _meshed(nodes, topic):
+    """Every node has its neighbours in its mesh (the ends one, the others two)."""
+    return wait_for(lambda: [len(lattica.pubsub.peers(topic, node=n)) for n in nodes] == [1, 2, 2, 2, 1], timeout=10)
+
+
+def test_a_message_reaches_every_subscriber_through_the_mesh(line):
+    subs = [lattica.pubsub.subscribe("news", node=n) for n in line]
+    assert _meshed(line, "news")
+    assert lattica.pubsub.publish("news", {"v": 1, "blob": b"\x00" * 1000}, node=line[0]).result(5) == 1
+    for i, sub in enumerate(subs):
+        msg = sub.get(timeout=5)
+        assert msg.data == {"v": 1, "blob": b"\x00" * 1000} and msg.author == line[0].peer_id and msg.topic == "news"
+        assert msg.via == (None if i == 0 else line[i - 1].peer_id)
+    for sub in subs:
+        with pytest.raises(Timeout):
+            sub.get(timeout=0.3)  # exactly once
+    assert lattica.pubsub.topics(node=line[2]) == ["news"]
+
+
+def test_order_from_one_author_and_many_messages(line):
+    subs = [lattica.pubsub.subscribe("seq", node=n) for n in line]
+    assert _meshed(line, "seq")
+    for i in range(300):
+        lattica.pubsub.publish("seq", i, node=line[4])
+    got = [[sub.get(timeout=10).data for _ in range(300)] for sub in subs]
+    for g in got:
+        assert sorted(g) == list(range(300))
+    assert got[3] == list(range(300)), "a neighbour gets one author's messages in order"
+
+
+def test_subscriptions_from_threads_other_loops_and_actors(line):
+    a, b = line[0], line[1]
+    sub = lattica.pubsub.subscribe("x", node=b)
+    collector = spawn_local(b, sa.Collector)
+    lattica.pubsub.subscribe("x", handler=collector.on_message, node=b)
+    got_async = []
+
+    def reader():
+        async def main():
+            async for msg in sub:
+                got_async.append(msg.data)
+                if len(got_async) == 3:
+                    break
+        asyncio.run(main())
+
+    t = threading.Thread(target=reader)
+    t.start()
+    assert wait_for(lambda: lattica.pubsub.peers("x", node=a) == [] and lattica.pubsub.peers(node=a), timeout=10)
+    lattica.pubsub.subscribe("x", node=a)
+    assert wait_for(lambda: lattica.pubsub.peers("x", node=a) == [b.peer_id], timeout=10)
+    for i in range(3):
+        lattica.pubsub.publish("x", i, node=a)
+    t.join(10)
+    assert got_async == [0, 1, 2]
+    assert wait_for(lambda: len(call_as(b, collector, "got")) == 3, timeout=5)
+    assert [item[2] for item in call_as(b, collector, "got")] == [0, 1, 2]
+    sub.close()
+    with pytest.raises(NodeClosed):
+        sub.get(timeout=1)
+
+
+def test_a_slow_reader_holds_at_most_its_queue():
+    with lattica.Node([TCP]) as n:
+        sub = lattica.pubsub.subscribe("q", maxsize=10, node=n)
+        for i in range(50):
+            lattica.pubsub.publish("q", i, node=n).result(5)
+        assert sub.dropped == 40 and [sub.get(timeout=1).data for _ in range(10)] == list(range(40, 50))
+
+
+def test_leaving_a_topic_stops_delivery_and_the_mesh(line):
+    subs = [lattica.pubsub.subscribe("leave", node=n) for n in line[:2]]
+    assert wait_for(lambda: lattica.pubsub.peers("leave", node=line[0]) == [line[1].peer_id], timeout=10)
+    subs[1].close()
+    assert wait_for(lambda: lattica.pubsub.peers("leave", node=line[0]) == [], timeout=10)
+    assert lattica.pubsub.topics(node=line[1]) == []
+    assert lattica.pubsub.publish("leave", 1, node=line[0]).result(5) == 0
+
+
+def test_validators_accept_reject_and_ignore(line):
+    a, b, c = line[0], line[1], line[2]
+    subs = {n: lattica.pubsub.subscribe("v", node=n) for n in (a, b, c)}
+    assert wait_for(lambda: len(lattica.pubsub.peers("v", node=b)) == 2, timeout=10)
+
+    async def check(msg):
+        await asyncio.sleep(0.01)
+        return {"ok": True, "bad": False}.get(msg.data)  # anything else: ignore
+
+    lattica.pubsub.validator("v", check, node=b)
+    for data in ("bad", "other", "ok"):
+        lattica.pubsub.publish("v", data, node=a).result(5)
+    assert subs[b].get(timeout=5).data == "ok" and subs[c].get(timeout=5).data == "ok"
+    with pytest.raises(Timeout):
+        subs[c].get(timeout=0.5)  # b passed on neither the rejected nor the ignored one
+    router = b._host.services["pubsub"].router
+    assert router.score(a.peer_id, b._host.loop.time()) < 0, "the peer that sent a rejected message is scored down"
+    assert b._host.services["pubsub"].rejected == 1
+
+
+def _envelope(node, topic, data, seqno=None, sign=True):
+    body = b"".join(bytes(c) for c in lattica.codec.encode(data))
+    author = node.peer_id.to_bytes()
+    seqno = time.time_ns() if seqno is None else seqno
+    sig = node.keypair.sign(wire.signed_bytes(topic, author, seqno, body)) if sign else b"\x00" * 64
+    return [topic, author, seqno, body, sig]
+
+
+def _batch(*msgs):
+    return [[], list(msgs), [], [], [], [], []]
+
+
+def test_forged_replayed_stale_and_oversized_messages_are_dropped(line):
+    a, b, c = line[0], line[1], line[2]
+    sub = lattica.pubsub.subscribe("f", node=b)
+    lattica.pubsub.subscribe("f", node=a)
+    lattica.pubsub.subscribe("f", node=c)
+    assert wait_for(lambda: len(lattica.pubsub.peers("f", node=b)) == 2, timeout=10)
+    ref = pubsub_ref(b.peer_id)
+    svc = b._host.services["pubsub"]
+    good = _envelope(a, "f", "good")
+    call_as(a, ref, "rpc", _batch(good))
+    assert sub.get(timeout=5).data == "good"
+    forged = _envelope(line[3], "f", "forged")  # signed by another key than its author's
+    forged[1] = line[4].peer_id.to_bytes()
+    unsigned = _envelope(a, "f", "unsigned", sign=False)
+    stale = _envelope(a, "f", "stale", seqno=time.time_ns() - 3600 * 10**9)  # a replay from long ago
+    call_as(a, ref, "rpc", _batch(forged, unsigned, stale))
+    call_as(c, ref, "rpc", _batch(good))  # a replay within the seen cache, through another peer
+    with pytest.raises(Timeout):
+        sub.get(timeout=0.5)
+    assert svc.rejected == 3
+    assert svc.router.score(a.peer_id, b._host.loop.time()) < svc.router.scores.params.graylist_threshold
+    fine = _envelope(a, "f", "fine")
+    call_as(a, ref, "rpc", _batch(fine))  # a is graylisted: nothing it sends is looked at
+    with pytest.raises(Timeout):
+        sub.get(timeout=0.5)
+    call_as(c, ref, "rpc", _batch(fine))  # the same message from a peer in good standing
+    assert sub.get(timeout=5).data == "fine"
+    big = _envelope(c, "f", b"x" * (2 << 20))
+    with pytest.raises(ProtocolError, match="at most"):
+        call_as(c, ref, "rpc", _batch(big))
+
+
+@pytest.mark.parametrize("bad", [
+    [], "x", [[], [], [], [], [], []], [[["t", "yes"]], [], [], [], [], [], []],
+    [[], [["t", b"a", -1, b"", b""]], [], [], [], [], []], [[], [], [["t", ["notbytes"]]], [], [], [], []],
+    [[], [], [], [b"x" * 200], [], [], []], [[], [], [], [], [""], [], []], [[], [], [], [], [], [["t", "soon"]], []],
+    [[["t" * 300, True]], [], [], [], [], [], []], [[], [], [], [], ["t"] * 2000, [], []],
+])
+def test_malformed_batches_are_refused_whole(line, bad):
+    a, b = line[0], line[1]
+    with pytest.raises(ProtocolError):
+        call_as(a, pubsub_ref(b.peer_id), "rpc", bad)
+    assert lattica.pubsub.publish("still", 1, node=b).result(5) == 0  # the node is fine
+
+
+def test_strangers_cannot_publish_or_read(mesh):
+    host, member, stranger = mesh
+    sub = lattica.pubsub.subscribe("m", node=host)
+    with pytest.raises(PermissionDenied):
+        call_as(stranger, pubsub_ref(host.peer_id), "rpc", _batch(_envelope(stranger, "m", "hi")))
+    theirs = lattica.pubsub.subscribe("m", node=stranger)
+    ours = lattica.pubsub.subscribe("m", node=member)
+    assert wait_for(lambda: lattica.pubsub.peers("m", node=host) == [member.peer_id], timeout=10)
+    time.sleep(1.5)  # heartbeats: the stranger never enters the host's view
+    assert stranger.peer_id not in lattica.pubsub.peers(node=host)
+    lattica.pubsub.publish("m", "members only", node=host).result(5)
+    assert ours.get(timeout=5).data == "members only" and sub.get(timeout=5).data == "members only"
+    assert lattica.pubsub.publish("m", "from a stranger", node=stranger).result(5) == 0
+    with pytest.raises(Timeout):
+        sub.get(timeout=0.5)
+    assert theirs.get(timeout=5).data == "from a stranger"  # (its own, delivered to itself)
+    with pytest.raises(Timeout):
+        theirs.get(timeout=0.5)  # nothing of the mesh's

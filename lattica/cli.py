@@ -80,6 +80,17 @@ def _bench(args: argparse.Namespace) -> None:
 
         for row in bench_content(size=args.size or (256 << 20), fetchers=args.fetchers, rounds=min(args.rounds, 3)):
             _print(row, args.json)
+    if which in ("pubsub", "all"):
+        from lattica.bench.pubsub import bench_pubsub  # lazy: see the note above _bench
+
+        for row in bench_pubsub(subscribers=4, flood_messages=20_000):
+            _print(row, args.json)
+    if which == "pubsub-sim":
+        from lattica.bench.pubsub import simulate as simulate_pubsub  # lazy: see the note above _bench
+
+        for n in args.nodes or [200]:
+            _print(simulate_pubsub(n, messages=1000), args.json)
+            _print(simulate_pubsub(n, messages=1000, kill=0.1, seed=2), args.json)
     if which == "soak":
         from lattica.bench.soak import soak  # lazy: see the note above _bench
 
@@ -380,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     s.set_defaults(fn=_demo)
 
     s = sub.add_parser("bench", help="run benchmarks and print figures")
-    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "soak", "all"])
+    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "soak", "all"])
     s.add_argument("--transport", choices=["tcp", "quic", "both"], default="both")
     s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic); content: object bytes (default 256 MiB)")
     s.add_argument("--count", type=int, default=10000, help="pings")

@@ -1,4 +1,5 @@
-"""Pub-sub measured by simulation: hundreds of routers in one process, one topic.
+"""Pub-sub measured: by simulation (hundreds of routers in one process, one topic), and with real
+node processes on loopback (``bench_pubsub``: latency and messages/s).
 
 Every node runs a real ``lattica.pubsub.router.Router``; what the glue would do is simulated: a
 batch from one router reaches another after the link's latency (fixed per link, 2-30 ms), every
@@ -12,16 +13,19 @@ optionally nodes that never forward (to see the scores prune them).
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import random
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from lattica.pubsub.router import ACCEPT, GossipParams, Envelope, Router
+import lattica
+from lattica.pubsub.router import ACCEPT, Envelope, GossipParams, Router
+from lattica.runtime import current_runtime
 
-__all__ = ["simulate"]
+__all__ = ["simulate", "bench_pubsub", "PubSubPeer"]
 
 TOPIC = "sim"
 
@@ -158,3 +162,99 @@ def simulate(nodes: int = 200, messages: int = 1000, *, degree: int = 20, rate: 
 
 def _author(i: int) -> bytes:
     return i.to_bytes(4, "big")
+
+
+# -- real processes ---------------------------------------------------------------------------------
+
+
+@lattica.actor
+class PubSubPeer:
+    """Runs in a node process: subscribes, publishes, and reports what arrived when."""
+
+    def __init__(self) -> None:
+        self.sub: Any = None
+
+    async def subscribe(self, topic: str) -> None:
+        self.sub = current_runtime().services["pubsub"].subscribe(topic)
+
+    async def mesh(self, topic: str) -> int:
+        return len(current_runtime().services["pubsub"].peers(topic))
+
+    async def publish(self, topic: str, n: int, size: int, gap: float) -> float:
+        svc = current_runtime().services["pubsub"]
+        pad = b"x" * size
+        t0 = time.perf_counter()
+        for i in range(n):
+            svc.publish(topic, [time.time_ns(), i, pad])
+            if gap:
+                await asyncio.sleep(gap)
+            elif i % 64 == 63:
+                await asyncio.sleep(0)  # let the batches go out
+        return time.perf_counter() - t0
+
+    async def collect(self, n: int, timeout: float) -> dict:
+        lat, first, last, got = [], None, None, 0
+        deadline = time.monotonic() + timeout
+        while got < n and time.monotonic() < deadline:
+            try:
+                msg = await asyncio.wait_for(self.sub.next(), max(deadline - time.monotonic(), 0.01))
+            except asyncio.TimeoutError:
+                break
+            now = time.time_ns()
+            lat.append((now - msg.data[0]) / 1e3)
+            first = first if first is not None else now
+            last = now
+            got += 1
+        return {"got": got, "latency_us": lat, "span_s": ((last or 0) - (first or 0)) / 1e9}
+
+
+def bench_pubsub(subscribers: int = 4, latency_messages: int = 200, flood_messages: int = 20_000, size: int = 128) -> Iterator[dict[str, Any]]:
+    """``1 + subscribers`` node processes on loopback, all connected: publish -> every subscriber
+    latency (one message every 5 ms), then messages/s of ``size`` bytes delivered to each
+    subscriber when the publisher sends as fast as it can."""
+    from lattica.bench.rpc import spawn_on
+    from lattica.mesh.process import ServerProcess
+
+    procs: list = []
+    try:
+        with lattica.Node([]) as me:
+            addrs: list[str] = []
+            for _ in range(subscribers + 1):
+                extra: list[str] = []
+                for a in addrs:
+                    extra += ["--connect", a]
+                p = ServerProcess(["/ip4/127.0.0.1/tcp/0"], *extra)
+                p.__enter__()
+                procs.append(p)
+                addrs.append(p.addr("tcp"))
+                me.connect(p.addr("tcp"))
+            peers = [spawn_on(me, PubSubPeer, p.peer_id) for p in procs]
+
+            def run(coro: Any, timeout: float = 300) -> Any:
+                return me.run(coro, timeout=timeout)
+
+            run(asyncio.gather(*(r.subscribe.remote("bench") for r in peers[1:])))
+            run(peers[0].subscribe.remote("bench"))
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and min(run(asyncio.gather(*(r.mesh.remote("bench") for r in peers)))) < min(subscribers, 4):
+                time.sleep(0.2)
+            subs = peers[1:]
+            # latency
+            waits = [r.collect.remote(latency_messages, 60) for r in subs]
+            run(peers[0].publish.remote("bench", latency_messages, size, 0.005))
+            got = run(asyncio.gather(*waits))
+            lat = sorted(x for g in got for x in g["latency_us"])
+            yield {"bench": "pubsub", "case": "latency", "processes": len(procs), "bytes": size,
+                   "delivered": f"{sum(g['got'] for g in got)}/{latency_messages * len(subs)}",
+                   "p50_us": round(lat[len(lat) // 2], 1) if lat else None, "p99_us": round(lat[int(len(lat) * 0.99)], 1) if lat else None}
+            # throughput
+            waits = [r.collect.remote(flood_messages, 120) for r in subs]
+            sent_s = run(peers[0].publish.remote("bench", flood_messages, size, 0.0))
+            got = run(asyncio.gather(*waits))
+            rates = [g["got"] / g["span_s"] if g["span_s"] else 0.0 for g in got]
+            yield {"bench": "pubsub", "case": "flood", "processes": len(procs), "bytes": size, "messages": flood_messages,
+                   "publish_msgs_s": round(flood_messages / sent_s), "delivered_min": min(g["got"] for g in got),
+                   "per_subscriber_msgs_s_min": round(min(rates)), "per_subscriber_msgs_s_median": round(statistics.median(rates))}
+    finally:
+        for p in reversed(procs):
+            p.__exit__(None, None, None)

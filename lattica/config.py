@@ -137,4 +137,8 @@ class PubSubConfig:
     peer_queue: int = 4096  # messages waiting to be sent to one peer (gossip dropped first, then the oldest)
     in_flight: int = 2  # batches on the way to one peer at once
     subscription_queue: int = 10_000  # messages a subscription holds for its reader (the oldest dropped)
-    clock_skew: float = 300.0  # seconds a message's seqno (its author's clock) may be off ours
+    # seconds a message's seqno (its author's clock) may be off ours; less than the router's seen
+    # cache (120 s), so a message old enough to be forgotten is refused as stale, not delivered again
+    clock_skew: float = 60.0
+    validate_timeout: float = 10.0  # an async validator that takes longer: the message is ignored
+    max_validating: int = 1024  # async validations at once; beyond, messages are ignored

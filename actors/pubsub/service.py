@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import itertools
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -62,12 +61,14 @@ class _Outbound:
 
     def add(self, rpc: Rpc, cap: int) -> None:
         p = self.pending
-        p.subscribe += rpc.subscribe
+        p.subscribe = (p.subscribe + rpc.subscribe)[-wire.MAX_ENTRIES:]
+        p.graft = (p.graft + rpc.graft)[-wire.MAX_ENTRIES:]
+        p.prune = (p.prune + rpc.prune)[-wire.MAX_ENTRIES:]
+        p.choke = (p.choke + rpc.choke)[-wire.MAX_ENTRIES:]
+        p.unchoke = (p.unchoke + rpc.unchoke)[-wire.MAX_ENTRIES:]
         p.messages += rpc.messages
         p.ihave += rpc.ihave
         p.iwant += rpc.iwant
-        p.graft += rpc.graft
-        p.prune += rpc.prune
         p.idontwant += rpc.idontwant
         over = len(p.messages) + sum(len(ids) for _, ids in p.ihave) // 64 - cap
         if over > 0 and p.ihave:
@@ -76,22 +77,24 @@ class _Outbound:
         if over > 0:
             del p.messages[:over]  # then the oldest messages
             self.dropped += over
-        if len(p.iwant) > wire.MAX_IDS:
-            del p.iwant[: len(p.iwant) - wire.MAX_IDS]
-        if len(p.idontwant) > wire.MAX_IDS:
-            del p.idontwant[: len(p.idontwant) - wire.MAX_IDS]
+        if len(p.ihave) > wire.MAX_IHAVE_TOPICS:
+            del p.ihave[: len(p.ihave) - wire.MAX_IHAVE_TOPICS]
+        ids = sum(len(i) for _, i in p.ihave)
+        if ids + len(p.iwant) + len(p.idontwant) > wire.MAX_BATCH_IDS:
+            p.ihave = []  # gossip first
+            room = wire.MAX_BATCH_IDS // 2
+            del p.iwant[: max(len(p.iwant) - room, 0)]
+            del p.idontwant[: max(len(p.idontwant) - room, 0)]
 
     def take(self) -> Rpc:
         """The next batch within the wire's limits (the rest stays pending)."""
         p = self.pending
-        if len(p.messages) <= wire.MAX_ENTRIES and len(p.ihave) <= wire.MAX_ENTRIES and len(p.subscribe) <= wire.MAX_ENTRIES \
-                and len(p.graft) <= wire.MAX_ENTRIES and len(p.prune) <= wire.MAX_ENTRIES:
+        if len(p.messages) <= wire.MAX_ENTRIES:
             self.pending = Rpc()
             return p
-        out = Rpc(subscribe=p.subscribe[: wire.MAX_ENTRIES], messages=p.messages[: wire.MAX_ENTRIES], ihave=p.ihave[: wire.MAX_ENTRIES],
-                  iwant=p.iwant, graft=p.graft[: wire.MAX_ENTRIES], prune=p.prune[: wire.MAX_ENTRIES], idontwant=p.idontwant)
-        self.pending = Rpc(subscribe=p.subscribe[wire.MAX_ENTRIES:], messages=p.messages[wire.MAX_ENTRIES:], ihave=p.ihave[wire.MAX_ENTRIES:],
-                           graft=p.graft[wire.MAX_ENTRIES:], prune=p.prune[wire.MAX_ENTRIES:])
+        out, p.messages = Rpc(subscribe=p.subscribe, messages=p.messages[: wire.MAX_ENTRIES], ihave=p.ihave, iwant=p.iwant, graft=p.graft,
+                              prune=p.prune, idontwant=p.idontwant, choke=p.choke, unchoke=p.unchoke), p.messages[wire.MAX_ENTRIES:]
+        self.pending = Rpc(messages=p.messages)
         return out
 
 
@@ -106,13 +109,14 @@ class PubSubService:
                               max_message_bytes=cfg.max_message_bytes)
         self.router = Router(runtime.peer_id, params)
         self._author = runtime.peer_id.to_bytes()
-        self._seq = itertools.count(time.time_ns())  # seqnos are our clock in ns: unique across restarts
+        self._seqno = 0  # the last one used: our clock in ns, or one more than the last (unique across restarts)
         self._subs: dict[str, list[Subscription]] = {}
         self._handlers: dict[str, list[Callable[[Message], Any]]] = {}
         self._validators: dict[str, Callable[[Message], Any]] = {}
         self._payloads: dict[bytes, tuple[Any, Any]] = {}  # message id -> (decoded data, peer it came from), until delivered
         self._out: dict[PeerId, _Outbound] = {}
         self._keys: dict[bytes, bytes | None] = {}
+        self._validating = 0  # async validations running
         self._closed = False
         self.published = self.delivered = self.rejected = 0
         self.host.events.identified.subscribe(self._on_identified)
@@ -125,6 +129,8 @@ class PubSubService:
         """Join ``topic``: a Subscription to read, or, with ``handler``, each message is passed to
         it on the node loop (an actor method handle is told the message)."""
         wire._topic(topic)
+        if maxsize is not None and (type(maxsize) is not int or maxsize < 1):
+            raise ValueError(f"a subscription holds at least 1 message, not {maxsize!r}")
         first = not self._subs.get(topic) and not self._handlers.get(topic)
         sub = None
         if handler is not None:
@@ -181,7 +187,7 @@ class PubSubService:
         body = b"".join(bytes(c) for c in codec.encode(data))
         if len(body) > self.cfg.max_message_bytes:
             raise ValueError(f"a message of {len(body)} bytes is over this node's {self.cfg.max_message_bytes} (PubSubConfig.max_message_bytes)")
-        seqno = next(self._seq)
+        seqno = self._seqno = max(self._seqno + 1, time.time_ns())
         sig = self.host.keypair.sign(wire.signed_bytes(topic, self._author, seqno, body))
         env = Envelope(topic, self._author, seqno, body, sig)
         self._payloads[env.id] = (data, None)
@@ -210,10 +216,24 @@ class PubSubService:
         return self.host.loop.time()
 
     def _on_identified(self, info: PeerInfo) -> None:
-        if info.circle == "stranger" or self._closed or info.peer_id in self.router.peers:
+        if info.circle == "stranger" or self._closed:
             return
-        self.router.add_peer(info.peer_id, self._now(), ip=_ip_of(info.remote_addr))
+        peer = info.peer_id
+        if peer in self.router.peers:
+            self.router.scores.connected(peer, _ip_of(info.remote_addr))  # (a batch may have come first)
+            return
+        self.router.add_peer(peer, self._now(), ip=_ip_of(info.remote_addr))
+        self.host.spawn(self._measure(peer))
         self._pump()
+
+    async def _measure(self, peer: PeerId) -> None:
+        """The peer's round trip, which tells its forwarded copies from echoes of ours (P3)."""
+        try:
+            rtts = await self.host.ping(peer, 1, 5.0)
+        except (LatticaError, OSError, asyncio.TimeoutError):
+            return
+        if rtts:
+            self.router.set_rtt(peer, min(rtts))
 
     def _on_disconnected(self, peer: PeerId, conn: Connection) -> None:
         if peer in self.router.peers:
@@ -223,8 +243,10 @@ class PubSubService:
 
     def on_rpc(self, peer: PeerId, raw: Any) -> None:
         """A member's batch (the actor's call)."""
-        if self._closed:
+        if self._closed or peer not in self.host.conns:
             return
+        if self.router.score(peer, self._now()) < self.router.scores.params.graylist_threshold:
+            return  # graylisted: not even parsed
         try:
             rpc = wire.decode(raw, self.cfg.max_message_bytes)
         except ProtocolError:
@@ -232,14 +254,18 @@ class PubSubService:
             raise
         if peer not in self.router.peers:
             self.router.add_peer(peer, self._now())  # its identify may still be on the way
+            self.host.spawn(self._measure(peer))
         self.router.on_rpc(peer, rpc, self._now())
         self._pump()
 
     async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.heartbeat)
-            self.router.heartbeat(self._now())
-            self._pump()
+            try:
+                self.router.heartbeat(self._now())
+                self._pump()
+            except Exception:  # one bad heartbeat must not end the mesh's upkeep
+                log.exception("pub-sub heartbeat failed")
 
     # -- carrying out what the router says ------------------------------------------------------
 
@@ -248,6 +274,11 @@ class PubSubService:
         for env, peer in r.take_to_validate():
             verdict = self._check(env, peer)
             if inspect.isawaitable(verdict):
+                if self._validating >= self.cfg.max_validating:
+                    _close(verdict)
+                    self._verdict(env, IGNORE)  # too many waiting on the application: drop, no blame
+                    continue
+                self._validating += 1
                 self.host.spawn(self._finish(env, verdict))
             else:
                 self._verdict(env, verdict)
@@ -263,18 +294,24 @@ class PubSubService:
                 self.host.spawn(self._drain(peer, ob))
 
     def _verdict(self, env: Envelope, verdict: str) -> None:
-        if verdict != ACCEPT:
-            self._payloads.pop(env.id, None)
-            if verdict == REJECT:
-                self.rejected += 1
+        if verdict == REJECT:
+            self.rejected += 1
         self.router.validated(env.id, verdict, self._now())
+        for accepted in self.router.take_delivered():
+            self._deliver(accepted)
+        self._payloads.pop(env.id, None)  # (delivered, refused, or forgotten by the router meanwhile)
 
     async def _finish(self, env: Envelope, pending: Any) -> None:
         try:
-            verdict = _VERDICTS.get(await pending, IGNORE)
+            verdict = _VERDICTS.get(await asyncio.wait_for(pending, self.cfg.validate_timeout), IGNORE)
+        except asyncio.TimeoutError:
+            log.info("pub-sub validator timed out", topic=env.topic, seconds=self.cfg.validate_timeout)
+            verdict = IGNORE
         except Exception:
             log.exception("pub-sub validator failed", topic=env.topic)
             verdict = IGNORE
+        finally:
+            self._validating -= 1
         self._verdict(env, verdict)
         self._pump()
 
@@ -329,7 +366,9 @@ class PubSubService:
                 if tell is not None:
                     tell(msg)
                 else:
-                    handler(msg)
+                    out = handler(msg)
+                    if inspect.isawaitable(out):
+                        self.host.spawn(_logged(out, env.topic))
             except Exception:
                 log.exception("pub-sub handler failed", topic=env.topic)
 
@@ -373,6 +412,19 @@ class PubSubActor:
         if caller is None or caller == self._svc.rt.peer_id:
             return
         self._svc.on_rpc(caller, batch)
+
+
+async def _logged(aw: Any, topic: str) -> None:
+    try:
+        await aw
+    except Exception:
+        log.exception("pub-sub handler failed", topic=topic)
+
+
+def _close(aw: Any) -> None:
+    close = getattr(aw, "close", None)
+    if close is not None:
+        close()  # a coroutine never awaited: no warning
 
 
 def _ip_of(addr: Any) -> str | None:

@@ -1,7 +1,8 @@
 """The pub-sub service's wire form: a router batch as plain lists (the runtime's codec carries
 them), parsed strictly; and what an author signs.
 
-A batch is ``[subscribe, messages, ihave, iwant, graft, prune, idontwant]``: subscribe
+A batch is ``[subscribe, messages, ihave, iwant, graft, prune, idontwant]``, with ``choke`` and
+``unchoke`` (topic lists) after them when it carries any: subscribe
 ``[[topic, bool], ...]``; a message ``[topic, author (PeerId bytes), seqno, data, signature]``;
 ihave ``[[topic, [id, ...]], ...]``; iwant and idontwant ``[id, ...]``; graft ``[topic, ...]``;
 prune ``[[topic, backoff seconds], ...]``. Anything else (wrong types, too many entries, long
@@ -20,7 +21,10 @@ __all__ = ["NAME", "encode", "decode", "signed_bytes", "MAX_TOPIC", "MAX_ID"]
 
 NAME = "pubsub"
 MAX_TOPIC = 256  # bytes of a topic's UTF-8
-MAX_ID = 96  # bytes of a message id (an author's PeerId bytes + 8)
+MAX_ID = 96  # bytes of a message id (an author's PeerId bytes, the seqno's 8, a digest's 8)
+MIN_ID = 17
+MAX_IHAVE_TOPICS = 64  # topics one batch's IHAVE names
+MAX_BATCH_IDS = 5000  # ids of all IHAVEs, IWANTs and IDONTWANTs of one batch together
 MAX_AUTHOR = 64
 MAX_SIGNATURE = 64
 MAX_ENTRIES = 1024  # subscriptions, messages, grafts, prunes, IHAVE topics per batch
@@ -36,6 +40,13 @@ def signed_bytes(topic: str, author: bytes, seqno: int, data: bytes) -> bytes:
 
 
 def encode(rpc: Rpc) -> list:
+    if rpc.choke or rpc.unchoke:
+        return [
+            [[t, on] for t, on in rpc.subscribe],
+            [[m.topic, m.author, m.seqno, m.data, m.signature] for m in rpc.messages],
+            [[t, ids] for t, ids in rpc.ihave],
+            rpc.iwant, rpc.graft, [[t, b] for t, b in rpc.prune], rpc.idontwant, rpc.choke, rpc.unchoke,
+        ]
     return [
         [[t, on] for t, on in rpc.subscribe],
         [[m.topic, m.author, m.seqno, m.data, m.signature] for m in rpc.messages],
@@ -49,10 +60,13 @@ def encode(rpc: Rpc) -> list:
 
 def decode(raw: Any, max_data: int) -> Rpc:
     """The batch ``raw`` names, or ProtocolError."""
-    if type(raw) is not list or len(raw) != 7:
-        raise ProtocolError("a pub-sub batch is a list of 7 parts")
-    subs, msgs, ihave, iwant, graft, prune, idontwant = raw
+    if type(raw) is not list or len(raw) not in (7, 9):
+        raise ProtocolError("a pub-sub batch is a list of 7 parts (9 with choke and unchoke)")
+    subs, msgs, ihave, iwant, graft, prune, idontwant = raw[:7]
     rpc = Rpc()
+    if len(raw) == 9:
+        rpc.choke = [_topic(t) for t in _entries(raw[7], "chokes")]
+        rpc.unchoke = [_topic(t) for t in _entries(raw[8], "unchokes")]
     for item in _entries(subs, "subscriptions"):
         if type(item) is not list or len(item) != 2 or type(item[1]) is not bool:
             raise ProtocolError("a subscription is [topic, bool]")
@@ -70,12 +84,16 @@ def decode(raw: Any, max_data: int) -> Rpc:
         if type(sig) is not bytes or len(sig) > MAX_SIGNATURE:
             raise ProtocolError("a message's signature is at most 64 bytes")
         rpc.messages.append(Envelope(_topic(topic), author, seqno, data, sig))
-    for item in _entries(ihave, "IHAVE topics"):
+    if type(ihave) is not list or len(ihave) > MAX_IHAVE_TOPICS:
+        raise ProtocolError(f"a batch's IHAVE names at most {MAX_IHAVE_TOPICS} topics")
+    for item in ihave:
         if type(item) is not list or len(item) != 2:
             raise ProtocolError("an IHAVE is [topic, [id, ...]]")
         rpc.ihave.append((_topic(item[0]), _ids(item[1])))
     rpc.iwant = _ids(iwant)
     rpc.idontwant = _ids(idontwant)
+    if sum(len(ids) for _, ids in rpc.ihave) + len(rpc.iwant) + len(rpc.idontwant) > MAX_BATCH_IDS:
+        raise ProtocolError(f"a batch names at most {MAX_BATCH_IDS} message ids")
     rpc.graft = [_topic(t) for t in _entries(graft, "grafts")]
     for item in _entries(prune, "prunes"):
         if type(item) is not list or len(item) != 2 or type(item[1]) not in (int, float):
@@ -97,6 +115,6 @@ def _topic(t: Any) -> str:
 
 
 def _ids(v: Any) -> list[bytes]:
-    if type(v) is not list or len(v) > MAX_IDS or not all(type(i) is bytes and len(i) <= MAX_ID for i in v):
-        raise ProtocolError(f"message ids are a list of at most {MAX_IDS} byte strings of at most {MAX_ID} bytes")
+    if type(v) is not list or len(v) > MAX_IDS or not all(type(i) is bytes and MIN_ID <= len(i) <= MAX_ID for i in v):
+        raise ProtocolError(f"message ids are a list of at most {MAX_IDS} byte strings of {MIN_ID} to {MAX_ID} bytes")
     return v

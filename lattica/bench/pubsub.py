@@ -2,7 +2,10 @@
 node processes on loopback (``bench_pubsub``: latency and messages/s).
 
 Every node runs a real ``lattica.pubsub.router.Router``; what the glue would do is simulated: a
-batch from one router reaches another after the link's latency (fixed per link, 2-30 ms), every
+batch from one router reaches another after the link's latency (nodes sit at random points of a
+square and a link's latency is 2 ms plus up to 28 ms in proportion to their distance, so latencies
+keep the triangle inequality, as the internet's roughly do; the router knows each link's round
+trip, as the service measures it), every
 message is accepted by validation, heartbeats run once a second at a random phase, and each node
 starts connected to ``degree`` random others (as a DHT walk would give it). After a warm-up,
 random nodes publish ``messages`` messages at ``rate`` per second; optionally a share of the nodes
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import math
 import itertools
 import random
 import statistics
@@ -39,10 +43,11 @@ def simulate(nodes: int = 200, messages: int = 1000, *, degree: int = 20, rate: 
     started = time.perf_counter()
     routers = [Router(i, params, rng=random.Random(rng.random())) for i in range(nodes)]
     links: dict[tuple[int, int], float] = {}
+    where = [(rng.random(), rng.random()) for _ in range(nodes)]
     for i in range(nodes):
         for j in rng.sample(range(nodes), degree):
             if i != j and (i, j) not in links:
-                links[(i, j)] = links[(j, i)] = rng.uniform(0.002, 0.03)
+                links[(i, j)] = links[(j, i)] = 0.002 + 0.028 * math.dist(where[i], where[j]) / math.sqrt(2)
     mute = set(rng.sample(range(nodes), int(nodes * silent)))
     dead: set[int] = set()
     events: list = []
@@ -132,7 +137,7 @@ def simulate(nodes: int = 200, messages: int = 1000, *, degree: int = 20, rate: 
             if i not in dead:
                 routers[i].remove_peer(v, now)
                 flush(i, now)
-    live = [n for n in range(nodes) if n not in dead]
+    live = [n for n in range(nodes) if n not in dead and n not in mute]  # (what silent nodes get is their own business)
     want = got = 0
     hop_list = []
     for mid, t, author in published:

@@ -21,8 +21,13 @@ The rules, in short (names as in the GossipSub v1.1 specification):
   messages goes to D_lazy (or ``gossip_factor`` of the) other peers of each topic; they answer
   IWANT for what they miss. An IWANT we send is a promise: the message not delivered within
   ``iwant_followup`` costs the peer (P7). IHAVEs per peer per heartbeat and ids asked are capped.
-- **Seen cache**: message ids (author + sequence number) for ``seen_ttl``, at most ``seen_max``;
-  a message is forwarded at most once, never back to a peer that sent it to us.
+- **Choking**: a mesh peer whose copies keep coming after others' is asked to send only IHAVE
+  (announced at once, fetched with IWANT when we lack the message), so about ``d_eager`` full
+  copies of each message arrive while the mesh stays D wide; IDONTWANT (v1.2) tells the mesh a
+  message arrived before we validated it.
+- **Seen cache**: message ids (author, sequence number and a digest of data and signature) for
+  ``seen_ttl``, at most ``seen_max``; a message is forwarded at most once, never back to a peer
+  that sent it to us; messages of topics we did not join are dropped unremembered.
 - **Validation**: a new message is forwarded and delivered only after the glue accepted it;
   rejected ones count against every peer that sent them (P4); ignored ones are just dropped.
 - **Scores** (``lattica.pubsub.score``): below ``gossip_threshold`` no gossip to or from a
@@ -34,6 +39,7 @@ The rules, in short (names as in the GossipSub v1.1 specification):
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -49,17 +55,24 @@ ACCEPT, REJECT, IGNORE = "accept", "reject", "ignore"
 @dataclass(frozen=True, slots=True)
 class Envelope:
     """One published message: ``data`` is opaque to the router (the glue's encoding); the
-    signature covers topic, author, seqno and data and is checked by the glue."""
+    signature covers topic, author, seqno and data and is checked by the glue.
+
+    Its ``id`` is the author, the seqno and 8 bytes of sha2-256 over the data and signature: a
+    copy that differs in anything is another message, so a junk copy sent first under an honest
+    message's author and seqno can neither pre-empt it nor get it refused."""
 
     topic: str
     author: bytes
     seqno: int
     data: bytes
     signature: bytes = b""
+    id: bytes = field(init=False, repr=False, compare=False)
 
-    @property
-    def id(self) -> bytes:
-        return self.author + self.seqno.to_bytes(8, "big")
+    def __post_init__(self) -> None:
+        h = hashlib.sha256(self.data)
+        h.update(self.signature)
+        digest = h.digest()[:8]
+        object.__setattr__(self, "id", self.author + self.seqno.to_bytes(8, "big") + digest)
 
 
 @dataclass(slots=True)
@@ -73,9 +86,12 @@ class Rpc:
     graft: list[str] = field(default_factory=list)
     prune: list[tuple[str, float]] = field(default_factory=list)  # (topic, backoff seconds)
     idontwant: list[bytes] = field(default_factory=list)
+    choke: list[str] = field(default_factory=list)  # send me only IHAVE for this topic's messages
+    unchoke: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.subscribe or self.messages or self.ihave or self.iwant or self.graft or self.prune or self.idontwant)
+        return bool(self.subscribe or self.messages or self.ihave or self.iwant or self.graft or self.prune or self.idontwant
+                    or self.choke or self.unchoke)
 
 
 @dataclass(frozen=True)
@@ -107,8 +123,13 @@ class GossipParams:
     max_topics_per_peer: int = 256
     max_message_bytes: int = 1 << 20
     max_idontwant: int = 1000  # IDONTWANT ids we keep per peer per heartbeat
-    near_first_window: float = 0.01  # a peer's round trip when the glue does not know it (see the score's P3)
+    near_first_window: float = 0.001  # a peer's round trip until the glue measured it (see the score's P3)
     flood_publish: bool = True
+    # choking: mesh peers whose copies keep arriving after someone else's send us only IHAVE,
+    # so about d_eager copies of each message arrive instead of one per mesh peer
+    d_eager: int = 3
+    d_eager_min: int = 2
+    choke_after: int = 20  # messages of the topic seen before the slowest eager peer may be choked
 
     def __post_init__(self) -> None:
         if not (0 < self.d_lo <= self.d <= self.d_hi and 0 <= self.d_score <= self.d):
@@ -162,6 +183,10 @@ class Router:
         self._dont: OrderedDict[bytes, set[Hashable]] = OrderedDict()  # ids peers told us not to send, not seen yet
         self._dont_heard: dict[Hashable, int] = {}
         self._rtt: dict[Hashable, float] = {}
+        self._choked_by: set[tuple[Hashable, str]] = set()  # (peer, topic): it asked us for IHAVE only
+        self._choking: set[tuple[Hashable, str]] = set()  # (peer, topic): we asked it for IHAVE only
+        self._race: dict[tuple[Hashable, str], list] = {}  # (mesh peer, topic) -> [firsts, later copies, their summed lateness]
+        self._announce: dict[Hashable, dict[str, list[bytes]]] = {}  # eager IHAVEs to choked peers, this flush
         self._ticks = 0
 
     # -- the node's side ------------------------------------------------------------------------
@@ -178,6 +203,11 @@ class Router:
         self.scores.connected(peer, ip)
         if self.mesh:
             self._out(peer).subscribe.extend((t, True) for t in self.mesh)
+
+    def set_rtt(self, peer: Hashable, rtt: float) -> None:
+        """The peer's round trip, when the glue measured it after ``add_peer``."""
+        if peer in self.peers:
+            self._rtt[peer] = rtt
 
     def remove_peer(self, peer: Hashable, now: float) -> None:
         topics = self.peers.pop(peer, None)
@@ -263,8 +293,11 @@ class Router:
             author = msg.author
             targets = [p for p in mesh if p not in entry.have and p not in entry.told and p != entry.source and _author_of(p) != author]
             for peer in targets:
-                self._out(peer).messages.append(msg)
-            entry.sent_to.update(targets)
+                if (peer, topic) in self._choked_by:
+                    self._announce.setdefault(peer, {}).setdefault(topic, []).append(msg.id)
+                else:
+                    self._out(peer).messages.append(msg)
+                    entry.sent_to.add(peer)
         elif verdict == REJECT:
             entry.state = _REJECTED
             for peer in entry.have:
@@ -285,11 +318,18 @@ class Router:
             elif topic in self.peers[peer]:
                 self.peers[peer].discard(topic)
                 self._forget_member(peer, topic)
+        for topic in rpc.choke:
+            if peer in self.mesh.get(topic, ()):
+                self._choked_by.add((peer, topic))
+        for topic in rpc.unchoke:
+            self._choked_by.discard((peer, topic))
         if rpc.idontwant:
             self._on_idontwant(peer, rpc.idontwant)
         for msg in rpc.messages:
             self._on_message(peer, msg, now)
         gossip_ok = self._score(peer, now) >= self.scores.params.gossip_threshold
+        if rpc.ihave and self._choking:
+            rpc.ihave = self._on_announce(peer, rpc.ihave, now)
         if gossip_ok and rpc.ihave:
             self._on_ihave(peer, rpc.ihave, now)
         if gossip_ok and rpc.iwant:
@@ -307,7 +347,16 @@ class Router:
         if promise is not None and promise[0] == peer:
             del self._promises[mid]
         entry = self._seen.get(mid)
+        race = self._race.get((peer, msg.topic))
+        if race is not None:
+            if entry is None:
+                race[0] += 1
+            else:
+                race[1] += 1
+                race[2] += now - entry.at
         if entry is not None:
+            if peer in entry.have:
+                return  # the same copy again from the same peer: no credit, no penalty twice
             entry.have.add(peer)
             if entry.state == _REJECTED:
                 self.scores.invalid(peer, msg.topic)
@@ -317,22 +366,89 @@ class Router:
                 self.scores.forwarded(peer, msg.topic)
             return
         if len(msg.data) > self.p.max_message_bytes:
-            entry = self._remember(mid, now, msg.topic, peer)
-            entry.have.add(peer)
-            entry.state = _REJECTED
-            self.scores.invalid(peer, msg.topic)
+            if msg.topic in self.mesh:
+                self.scores.invalid(peer, msg.topic)
             return
-        entry = self._remember(mid, now, msg.topic, peer)
-        entry.have.add(peer)
         mesh = self.mesh.get(msg.topic)
         if mesh is None:
-            entry.state = _IGNORED  # not ours to check or pass on (a peer's fanout reached us)
-            return
+            return  # not ours to check or pass on (a peer's fanout reached us): not even remembered
+        entry = self._remember(mid, now, msg.topic, peer)
+        entry.have.add(peer)
         self._messages[mid] = msg
         self._to_validate.append((msg, peer))
         for other in mesh:  # (GossipSub v1.2) the mesh need not send it to us now
             if other not in entry.have:
                 self._out(other).idontwant.append(mid)
+
+    def _on_announce(self, peer: Hashable, ihave: list, now: float) -> list:
+        """IHAVEs from a mesh peer we choked are its eager announcements: fetch what we miss at
+        once (it was faster than our eager peers: a point for unchoking it) and credit it as
+        forwarding; what is left is ordinary gossip."""
+        rest = []
+        for item in ihave:
+            if type(item) not in (tuple, list) or len(item) != 2 or (peer, item[0]) not in self._choking or type(item[1]) is not list:
+                rest.append(item)
+                continue
+            topic, ids = item
+            race = self._race.get((peer, topic))
+            want = []
+            for mid in ids[: self.p.max_ihave_length]:
+                if type(mid) is not bytes:
+                    continue
+                entry = self._seen.get(mid)
+                if entry is None:
+                    if mid not in self._promises:
+                        want.append(mid)
+                    if race is not None:
+                        race[0] += 1
+                else:
+                    if entry.state == _ACCEPTED and (peer not in entry.sent_to or now - entry.at < self._rtt.get(peer, self.p.near_first_window)):
+                        self.scores.forwarded(peer, topic)
+                    if race is not None:
+                        race[1] += 1
+                        race[2] += now - entry.at
+            room = self.p.max_iwant_ids - self._asked.get(peer, 0)
+            want = want[: max(room, 0)]
+            if want:
+                self._asked[peer] = self._asked.get(peer, 0) + len(want)
+                self._out(peer).iwant.extend(want)
+                for mid in want:
+                    self._promises[mid] = (peer, now + self.p.iwant_followup)
+        return rest
+
+    def _choose_eager(self, topic: str, mesh: set) -> None:
+        """Once a heartbeat: choke the eager peer whose copies came first least often while more
+        than d_eager are eager; unchoke the choked peer that came first most often when fewer
+        than d_eager_min are, or when its announcements beat the eager peers."""
+        p = self.p
+        stats = {q: self._race.get((q, topic), [0, 0, 0.0]) for q in mesh}
+        # eager peers that sent us anything lately: a peer that sends nothing is no reason to
+        # choke one that does (the scores deal with it)
+        eager = [q for q in mesh if (q, topic) not in self._choking and stats[q][0] + stats[q][1]]
+        choked = [q for q in mesh if (q, topic) in self._choking]
+        if len(eager) > p.d_eager:
+            # the fewest firsts, then the latest copies on average
+            ranked = sorted((q for q in eager if stats[q][0] + stats[q][1] >= p.choke_after),
+                            key=lambda q: (stats[q][0] / (stats[q][0] + stats[q][1]), -stats[q][2] / max(stats[q][1], 1)))
+            slow = ranked[: len(eager) - p.d_eager]
+            for q in slow:
+                self._choking.add((q, topic))
+                self._out(q).choke.append(topic)
+                self._race[(q, topic)] = [0, 0, 0.0]
+            if slow:
+                return
+        if choked:
+            fast = max(choked, key=lambda q: (stats[q][0], -stats[q][1]))
+            worst = min((stats[q][0] for q in eager), default=0)
+            if len(eager) < p.d_eager_min or stats[fast][0] > max(worst, 2):
+                self._choking.discard((fast, topic))
+                self._out(fast).unchoke.append(topic)
+                self._race[(fast, topic)] = [0, 0, 0.0]
+
+    def _unmesh(self, peer: Hashable, topic: str) -> None:
+        self._choked_by.discard((peer, topic))
+        self._choking.discard((peer, topic))
+        self._race.pop((peer, topic), None)
 
     def _on_idontwant(self, peer: Hashable, ids: list) -> None:
         heard = self._dont_heard.get(peer, 0)
@@ -358,9 +474,7 @@ class Router:
     def _on_graft(self, peer: Hashable, topic: str, now: float) -> None:
         mesh = self.mesh.get(topic)
         if mesh is None or peer in mesh:
-            if mesh is None:
-                self._out(peer).prune.append((topic, self.p.prune_backoff))
-            return
+            return  # (a topic we did not join: it learns that from our subscriptions)
         until = self._backoff.get((peer, topic))
         if until is not None and now < until:
             self.scores.misbehaved(peer)  # grafting while told to back off
@@ -370,9 +484,13 @@ class Router:
             self._prune(peer, topic, now, self.p.prune_backoff, known=False)
             return
         mesh.add(peer)
+        self._race[(peer, topic)] = [0, 0, 0.0]
         self.scores.grafted(peer, topic, now)
 
     def _on_prune(self, peer: Hashable, topic: str, backoff: float, now: float) -> None:
+        if topic not in self.mesh:
+            return  # a backoff for a topic we did not join would only take memory
+        self._unmesh(peer, topic)
         mesh = self.mesh.get(topic)
         if mesh is not None and peer in mesh:
             mesh.discard(peer)
@@ -385,7 +503,7 @@ class Router:
         self._ihaves_heard[peer] = heard
         if heard > self.p.max_ihave_messages:
             return
-        room = self.p.max_ihave_length - self._asked.get(peer, 0)
+        room = min(self.p.max_ihave_length, self.p.max_iwant_ids) - self._asked.get(peer, 0)
         if room <= 0:
             return
         want: list[bytes] = []
@@ -430,17 +548,21 @@ class Router:
     def heartbeat(self, now: float) -> None:
         self._ticks += 1
         self.scores.decay(now)
+        broke = set()
         for mid, (peer, due) in list(self._promises.items()):
             if now >= due:
                 del self._promises[mid]
-                if peer in self.peers:
-                    self.scores.misbehaved(peer)  # asked with IWANT, never sent
+                broke.add(peer)
+        for peer in broke:  # asked with IWANT, never sent (once per peer and heartbeat)
+            if peer in self.peers:
+                self.scores.misbehaved(peer)
         self._ihaves_heard.clear()
         self._asked.clear()
         self._dont_heard.clear()
         self._dont.clear()  # (they were for messages in flight a heartbeat ago)
         for topic, mesh in self.mesh.items():
             self._maintain(topic, mesh, now)
+            self._choose_eager(topic, mesh)
         for topic in list(self.fanout):
             if now - self._fanout_used.get(topic, 0.0) > self.p.fanout_ttl:
                 del self.fanout[topic]
@@ -531,6 +653,10 @@ class Router:
     # -- inside ---------------------------------------------------------------------------------
 
     def take_outgoing(self) -> dict[Hashable, Rpc]:
+        if self._announce:
+            for peer, topics in self._announce.items():
+                self._out(peer).ihave.extend(topics.items())
+            self._announce = {}
         out, self._outbox = self._outbox, {}
         return {p: r for p, r in out.items() if r}
 
@@ -571,6 +697,7 @@ class Router:
         if mesh is not None and peer in mesh:
             mesh.discard(peer)
             self.scores.pruned(peer, topic)
+        self._unmesh(peer, topic)
         fan = self.fanout.get(topic)
         if fan is not None:
             fan.discard(peer)
@@ -583,10 +710,12 @@ class Router:
         return pool if len(pool) <= n else self.rng.sample(pool, n)
 
     def _graft(self, peer: Hashable, topic: str, now: float) -> None:
+        self._race[(peer, topic)] = [0, 0, 0.0]
         self.scores.grafted(peer, topic, now)
         self._out(peer).graft.append(topic)
 
     def _prune(self, peer: Hashable, topic: str, now: float, backoff: float, known: bool = True) -> None:
+        self._unmesh(peer, topic)
         if known:
             self.scores.pruned(peer, topic)
         self._backoff[(peer, topic)] = now + backoff

@@ -34,6 +34,15 @@ class Message:
     via: PeerId | None = None  # None: published on this node
 
 
+def _on(loop: asyncio.AbstractEventLoop) -> bool:
+    import asyncio  # (already loaded: the node runs it)
+
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
 class Subscription:
     """The messages of ``topic`` from the moment of subscribing (see the module docstring)."""
 
@@ -81,6 +90,8 @@ class Subscription:
     def get(self, timeout: float | None = None) -> Message:
         """The next message; blocks this thread up to ``timeout`` s (Timeout), NodeClosed once
         the subscription or its node is closed. Not on the node loop: there, ``async for``."""
+        if _on(self._loop):
+            raise RuntimeError("Subscription.get would block the node loop: use `async for` or `await sub.next()` there")
         with self._ready:
             if not self._ready.wait_for(lambda: self._queue or self.closed, timeout):
                 raise Timeout(f"no message on {self.topic!r} within {timeout} s")
@@ -102,6 +113,8 @@ class Subscription:
             elif self.closed:
                 msg = None
             else:
+                if len(self._waiters) > 64:  # cancelled waiters of a quiet topic: let them go
+                    self._waiters = collections.deque(w for w in self._waiters if not w.done())
                 self._waiters.append(fut)
                 return fut
         if msg is None:

@@ -210,3 +210,37 @@ def test_strangers_cannot_publish_or_read(mesh):
     assert theirs.get(timeout=5).data == "from a stranger"  # (its own, delivered to itself)
     with pytest.raises(Timeout):
         theirs.get(timeout=0.5)  # nothing of the mesh's
+
+
+def test_seqnos_follow_the_clock_however_long_the_node_runs():
+    with lattica.Node([TCP]) as n:
+        svc = n._host.services["pubsub"]
+        sub = lattica.pubsub.subscribe("clock", node=n)
+        svc._seqno = time.time_ns() - 3600 * 10**9  # as if the last message was an hour ago
+        lattica.pubsub.publish("clock", 1, node=n).result(5)
+        assert abs(sub.get(timeout=5).seqno - time.time_ns()) < 10 * 10**9
+        lattica.pubsub.publish("clock", 2, node=n).result(5)
+        lattica.pubsub.publish("clock", 3, node=n).result(5)
+        a, b = sub.get(timeout=5).seqno, sub.get(timeout=5).seqno
+        assert b > a, "seqnos only grow, even within one clock tick"
+
+
+def test_a_validator_that_never_answers_costs_nothing_lasting(line):
+    a, b_node = line[0], line[1]
+    svc = b_node._host.services["pubsub"]
+    svc.cfg.validate_timeout = 0.5  # (PubSubConfig(validate_timeout=...) on a node of its own)
+    sub = lattica.pubsub.subscribe("slow", node=b_node)
+    lattica.pubsub.subscribe("slow", node=a)
+    assert wait_for(lambda: lattica.pubsub.peers("slow", node=b_node) == [a.peer_id], timeout=10)
+
+    async def never(msg):
+        await asyncio.sleep(3600)
+
+    lattica.pubsub.validator("slow", never, node=b_node)
+    for i in range(5):
+        lattica.pubsub.publish("slow", i, node=a)
+    time.sleep(1.5)
+    with pytest.raises(Timeout):
+        sub.get(timeout=0.1)
+    assert svc._validating == 0 and svc._payloads == {}
+    assert svc.router.score(a.peer_id, b_node._host.loop.time()) >= 0, "ignored, not blamed"

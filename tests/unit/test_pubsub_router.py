@@ -229,3 +229,92 @@ def test_simulation_at_the_issue_scale():
     assert r["delivery_pct"] == 100.0, r
     k = simulate(200, 1000, kill=0.1)
     assert k["delivery_pct"] >= 99.9, k
+
+
+def test_a_junk_copy_under_an_honest_id_neither_pre_empts_nor_frames_it():
+    """A member sends junk under an honest author's next seqno first: it is another message (the
+    id covers data and signature), so the genuine one is still checked, delivered and passed on."""
+    a = Router("a")
+    for p in ("liar", "honest"):
+        a.add_peer(p, 0.0)
+        a.on_rpc(p, Rpc(subscribe=[(T, True)]), 0.0)
+    a.join(T, 0.0)
+    genuine = Envelope(T, b"author", 7, b"real", b"sig-real")
+    junk = Envelope(T, b"author", 7, b"junk", b"sig-junk")
+    assert junk.id != genuine.id and junk.id[:14] == genuine.id[:14]
+    a.on_rpc("liar", Rpc(messages=[junk]), 1.0)
+    (m, _), = a.take_to_validate()
+    a.validated(m.id, REJECT, 1.0)
+    a.on_rpc("honest", Rpc(messages=[genuine]), 1.1)
+    (m, _), = a.take_to_validate()
+    assert m == genuine
+    a.validated(m.id, ACCEPT, 1.1)
+    assert a.take_delivered() == [genuine]
+    assert a.score("honest", 1.1) >= 0 > a.score("liar", 1.1)
+    other = Router("b")
+    other.add_peer("liar", 0.0)
+    other.on_rpc("liar", Rpc(messages=[junk] * 3), 1.0)  # a topic it did not join: not even remembered
+    assert other.take_to_validate() == [] and not other._seen
+
+
+def test_prunes_and_grafts_for_topics_we_did_not_join_cost_nothing():
+    a = Router("a")
+    a.add_peer("x", 0.0)
+    a.join(T, 0.0)
+    a.take_outgoing()
+    a.on_rpc("x", Rpc(prune=[(f"t{i}", 3600.0) for i in range(1000)], graft=[f"g{i}" for i in range(1000)]), 1.0)
+    assert len(a._backoff) == 0 and a.take_outgoing() == {}
+
+
+def test_the_same_copy_again_from_one_peer_earns_no_credit():
+    a = Router("a")
+    a.add_peer("x", 0.0)
+    a.join(T, 0.0)
+    a.on_rpc("x", Rpc(subscribe=[(T, True)]), 0.0)
+    a.heartbeat(1.0)
+    assert "x" in a.mesh[T]
+    m = msg(5, 1)
+    a.on_rpc("x", Rpc(messages=[m]), 2.0)
+    for mm, _ in a.take_to_validate():
+        a.validated(mm.id, ACCEPT, 2.0)
+    ts = a.scores._peers["x"].topics[T]
+    got = ts.mesh_got
+    a.on_rpc("x", Rpc(messages=[m] * 50), 2.1)
+    assert ts.mesh_got == got
+
+
+def test_slow_mesh_peers_are_choked_and_announce_instead():
+    """A node whose mesh has 6 peers, 3 of which always deliver after the others: after enough
+    messages it asks those 3 for IHAVE only; what they then announce first is fetched at once."""
+    me = Router("me")
+    peers = [f"p{i}" for i in range(6)]
+    for p in peers:
+        me.add_peer(p, 0.0)
+        me.on_rpc(p, Rpc(subscribe=[(T, True)]), 0.0)
+    me.join(T, 0.0)
+    assert me.mesh[T] == set(peers)
+    me.take_outgoing()
+    fast, slow = peers[:3], peers[3:]
+    for k in range(40):
+        m = msg(99, k)
+        for i, p in enumerate(fast + slow):  # the fast ones first, each a millisecond after the last
+            me.on_rpc(p, Rpc(messages=[m]), 1.0 + k * 0.01 + i * 0.001)
+            for mm, _ in me.take_to_validate():
+                me.validated(mm.id, ACCEPT, 1.0 + k * 0.01 + i * 0.001)
+    me.take_outgoing()
+    me.heartbeat(2.0)
+    out = me.take_outgoing()
+    assert sorted(p for p, r in out.items() if r.choke == [T]) == slow
+    # a choked peer's announcement of a message we do not have yet: asked for at once
+    new = msg(99, 1000)
+    me.on_rpc(slow[0], Rpc(ihave=[(T, [new.id])]), 2.1)
+    assert me.take_outgoing()[slow[0]].iwant == [new.id]
+    # peers that choked us get our messages as announcements
+    me.on_rpc(fast[0], Rpc(choke=[T]), 2.2)
+    m2 = msg(98, 1)
+    me.on_rpc(fast[1], Rpc(messages=[m2]), 2.3)
+    for mm, _ in me.take_to_validate():
+        me.validated(mm.id, ACCEPT, 2.3)
+    out = me.take_outgoing()
+    assert m2 not in out[fast[0]].messages and (T, [m2.id]) in out[fast[0]].ihave
+    assert m2 in out[fast[2]].messages

@@ -117,6 +117,8 @@ class PubSubService:
         self._out: dict[PeerId, _Outbound] = {}
         self._keys: dict[bytes, bytes | None] = {}
         self._validating = 0  # async validations running
+        self._unheard: dict[PeerId, float] = {}  # peers added that have not sent their first batch: when
+        self._heard = asyncio.Event()
         self._closed = False
         self.published = self.delivered = self.rejected = 0
         self.host.events.identified.subscribe(self._on_identified)
@@ -197,6 +199,24 @@ class PubSubService:
         self._payloads.pop(env.id, None)
         return n
 
+    async def publish_soon(self, topic: str, data: Any, wait: float = 2.0) -> int:
+        """``publish``, after waiting (up to ``wait`` s) for the members we just connected to to
+        tell us their topics, when nobody of ``topic`` is known yet: a fresh node that publishes
+        at once, from a script that then ends, reaches the subscribers already there."""
+        loop = self.host.loop
+        deadline = loop.time() + wait
+        while not self.router.topics.get(topic) and topic not in self.router.fanout:
+            now = loop.time()
+            fresh = [p for p, t in self._unheard.items() if now - t < wait]
+            if not fresh or now >= deadline:
+                break
+            self._heard.clear()
+            try:
+                await asyncio.wait_for(self._heard.wait(), deadline - now)
+            except asyncio.TimeoutError:
+                break
+        return self.publish(topic, data)
+
     def topics(self) -> list[str]:
         return sorted(self.router.mesh)
 
@@ -223,6 +243,7 @@ class PubSubService:
             self.router.scores.connected(peer, _ip_of(info.remote_addr))  # (a batch may have come first)
             return
         self.router.add_peer(peer, self._now(), ip=_ip_of(info.remote_addr))
+        self._unheard[peer] = self._now()
         self.host.spawn(self._measure(peer))
         self._pump()
 
@@ -236,6 +257,7 @@ class PubSubService:
             self.router.set_rtt(peer, min(rtts))
 
     def _on_disconnected(self, peer: PeerId, conn: Connection) -> None:
+        self._unheard.pop(peer, None)
         if peer in self.router.peers:
             self.router.remove_peer(peer, self._now())
             self._out.pop(peer, None)
@@ -255,6 +277,8 @@ class PubSubService:
         if peer not in self.router.peers:
             self.router.add_peer(peer, self._now())  # its identify may still be on the way
             self.host.spawn(self._measure(peer))
+        if self._unheard.pop(peer, None) is not None:
+            self._heard.set()
         self.router.on_rpc(peer, rpc, self._now())
         self._pump()
 

@@ -59,13 +59,11 @@ def unsubscribe(topic: str, *, handler: Callable[[Message], Any] | None = None, 
 
 def publish(topic: str, data: Any, *, node: Node | None = None) -> Future:
     """Sign ``data`` (anything the codec carries) and send it to ``topic``; resolves to the
-    number of peers it was sent to (0: nobody else subscribes yet)."""
+    number of peers it was sent to (0: nobody else subscribes). A node that has just connected
+    waits up to 2 s for its members' topics first, so a script that starts, publishes and ends
+    reaches the subscribers already there."""
     rt, svc = _service(node)
-
-    async def go() -> int:
-        return svc.publish(topic, data)
-
-    return run_coroutine(rt, go)
+    return run_coroutine(rt, lambda: svc.publish_soon(topic, data))
 
 
 def topics(*, node: Node | None = None) -> list[str]:

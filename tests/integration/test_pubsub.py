@@ -244,3 +244,28 @@ def test_a_validator_that_never_answers_costs_nothing_lasting(line):
         sub.get(timeout=0.1)
     assert svc._validating == 0 and svc._payloads == {}
     assert svc.router.score(a.peer_id, b_node._host.loop.time()) >= 0, "ignored, not blamed"
+
+
+def test_a_fresh_process_publishes_at_once_and_exits():
+    """Cold start: a script starts a node with one bootstrap peer, publishes straight away and
+    ends; the subscriber that was already there gets the message."""
+    import os
+    import subprocess
+    import sys
+
+    key = MeshKey.generate()
+    with lattica.Node([TCP], mesh=key) as sub_node:
+        sub = lattica.pubsub.subscribe("cold", node=sub_node)
+        script = f"""
+import lattica
+lattica.init([], bootstrap=[{str(sub_node.addrs[0])!r}])
+print(lattica.pubsub.publish("cold", {{"hello": "from a script"}}).result(10))
+"""
+        env = {**os.environ, "LATTICA_MESH": key.to_text()}
+        t0 = time.monotonic()
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip() == "1", out.stdout
+        msg = sub.get(timeout=5)
+        assert msg.data == {"hello": "from a script"} and msg.author != sub_node.peer_id
+        print(f"\npubsub cold start: a fresh process published and exited in {time.monotonic() - t0:.2f} s")

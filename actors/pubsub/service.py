@@ -130,7 +130,7 @@ class PubSubService:
     def subscribe(self, topic: str, maxsize: int | None = None, handler: Callable[[Message], Any] | None = None) -> Subscription | None:
         """Join ``topic``: a Subscription to read, or, with ``handler``, each message is passed to
         it on the node loop (an actor method handle is told the message)."""
-        wire._topic(topic)
+        wire.check_topic(topic)
         if maxsize is not None and (type(maxsize) is not int or maxsize < 1):
             raise ValueError(f"a subscription holds at least 1 message, not {maxsize!r}")
         first = not self._subs.get(topic) and not self._handlers.get(topic)
@@ -185,7 +185,7 @@ class PubSubService:
 
     def publish(self, topic: str, data: Any) -> int:
         """Sign and send ``data`` (anything the codec carries) to ``topic``; the peers it went to."""
-        wire._topic(topic)
+        wire.check_topic(topic)
         body = b"".join(bytes(c) for c in codec.encode(data))
         if len(body) > self.cfg.max_message_bytes:
             raise ValueError(f"a message of {len(body)} bytes is over this node's {self.cfg.max_message_bytes} (PubSubConfig.max_message_bytes)")

@@ -17,7 +17,7 @@ from typing import Any
 from lattica.errors import ProtocolError
 from lattica.pubsub.router import Envelope, Rpc
 
-__all__ = ["NAME", "encode", "decode", "signed_bytes", "MAX_TOPIC", "MAX_ID"]
+__all__ = ["NAME", "encode", "decode", "signed_bytes", "check_topic", "MAX_TOPIC", "MAX_ID"]
 
 NAME = "pubsub"
 MAX_TOPIC = 256  # bytes of a topic's UTF-8
@@ -65,12 +65,12 @@ def decode(raw: Any, max_data: int) -> Rpc:
     subs, msgs, ihave, iwant, graft, prune, idontwant = raw[:7]
     rpc = Rpc()
     if len(raw) == 9:
-        rpc.choke = [_topic(t) for t in _entries(raw[7], "chokes")]
-        rpc.unchoke = [_topic(t) for t in _entries(raw[8], "unchokes")]
+        rpc.choke = [check_topic(t) for t in _entries(raw[7], "chokes")]
+        rpc.unchoke = [check_topic(t) for t in _entries(raw[8], "unchokes")]
     for item in _entries(subs, "subscriptions"):
         if type(item) is not list or len(item) != 2 or type(item[1]) is not bool:
             raise ProtocolError("a subscription is [topic, bool]")
-        rpc.subscribe.append((_topic(item[0]), item[1]))
+        rpc.subscribe.append((check_topic(item[0]), item[1]))
     for item in _entries(msgs, "messages"):
         if type(item) is not list or len(item) != 5:
             raise ProtocolError("a message is [topic, author, seqno, data, signature]")
@@ -83,22 +83,22 @@ def decode(raw: Any, max_data: int) -> Rpc:
             raise ProtocolError(f"a message's data is at most {max_data} bytes")
         if type(sig) is not bytes or len(sig) > MAX_SIGNATURE:
             raise ProtocolError("a message's signature is at most 64 bytes")
-        rpc.messages.append(Envelope(_topic(topic), author, seqno, data, sig))
+        rpc.messages.append(Envelope(check_topic(topic), author, seqno, data, sig))
     if type(ihave) is not list or len(ihave) > MAX_IHAVE_TOPICS:
         raise ProtocolError(f"a batch's IHAVE names at most {MAX_IHAVE_TOPICS} topics")
     for item in ihave:
         if type(item) is not list or len(item) != 2:
             raise ProtocolError("an IHAVE is [topic, [id, ...]]")
-        rpc.ihave.append((_topic(item[0]), _ids(item[1])))
+        rpc.ihave.append((check_topic(item[0]), _ids(item[1])))
     rpc.iwant = _ids(iwant)
     rpc.idontwant = _ids(idontwant)
     if sum(len(ids) for _, ids in rpc.ihave) + len(rpc.iwant) + len(rpc.idontwant) > MAX_BATCH_IDS:
         raise ProtocolError(f"a batch names at most {MAX_BATCH_IDS} message ids")
-    rpc.graft = [_topic(t) for t in _entries(graft, "grafts")]
+    rpc.graft = [check_topic(t) for t in _entries(graft, "grafts")]
     for item in _entries(prune, "prunes"):
         if type(item) is not list or len(item) != 2 or type(item[1]) not in (int, float):
             raise ProtocolError("a prune is [topic, backoff seconds]")
-        rpc.prune.append((_topic(item[0]), float(item[1])))
+        rpc.prune.append((check_topic(item[0]), float(item[1])))
     return rpc
 
 
@@ -108,7 +108,8 @@ def _entries(v: Any, what: str) -> list:
     return v
 
 
-def _topic(t: Any) -> str:
+def check_topic(t: Any) -> str:
+    """``t`` if it is a valid topic name, else ProtocolError."""
     if type(t) is not str or not t or len(t.encode()) > MAX_TOPIC:
         raise ProtocolError(f"a topic is a non-empty string of at most {MAX_TOPIC} bytes")
     return t

@@ -217,8 +217,8 @@ def bench_pubsub(subscribers: int = 4, latency_messages: int = 200, flood_messag
     """``1 + subscribers`` node processes on loopback, all connected: publish -> every subscriber
     latency (one message every 5 ms), then messages/s of ``size`` bytes delivered to each
     subscriber when the publisher sends as fast as it can."""
-    from lattica.bench.rpc import spawn_on
-    from lattica.mesh.process import ServerProcess
+    from lattica.bench.rpc import spawn_on  # (the process machinery: only for this bench, not the simulation)
+    from lattica.mesh.process import ServerProcess  # (likewise)
 
     procs: list = []
     try:

@@ -92,7 +92,9 @@ def test_a_swarm_feeds_itself(tmp_path):
     fetcher, and every fetcher ends up a provider."""
     size, n = 24 * MiB, 4
     with _node(tmp_path, "pub") as pub:
-        fetchers = [_node(tmp_path, f"f{i}").start() for i in range(n)]
+        # a window of 4 MiB (64 MiB by default): with one as large as the object, each fetcher
+        # would ask the publisher for every block before it had heard of the others
+        fetchers = [_node(tmp_path, f"f{i}", content={"window": 4 * MiB}).start() for i in range(n)]
         try:
             for f in fetchers:
                 f.connect(pub.addrs[0])

@@ -119,6 +119,7 @@ class PubSubService:
         self._validating = 0  # async validations running
         self._unheard: dict[PeerId, float] = {}  # peers added that have not sent their first batch: when
         self._heard = asyncio.Event()
+        self._drained = asyncio.Event()  # a batch went out: publishers waiting for room look again
         self._closed = False
         self.published = self.delivered = self.rejected = 0
         self.host.events.identified.subscribe(self._on_identified)
@@ -215,7 +216,19 @@ class PubSubService:
                 await asyncio.wait_for(self._heard.wait(), deadline - now)
             except asyncio.TimeoutError:
                 break
+        # our own messages wait for room rather than be dropped: a publisher faster than its
+        # peers take messages is slowed to their pace (forwarded messages are dropped instead)
+        while not self._closed and self._backlog() >= self.cfg.peer_queue // 2:
+            self._drained.clear()
+            try:
+                await asyncio.wait_for(self._drained.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
         return self.publish(topic, data)
+
+    def _backlog(self) -> int:
+        """Messages waiting for the slowest peer that is taking any."""
+        return max((len(o.pending.messages) for o in self._out.values() if o.in_flight), default=0)
 
     def topics(self) -> list[str]:
         return sorted(self.router.mesh)
@@ -402,6 +415,7 @@ class PubSubService:
                 rpc = ob.take()
                 try:
                     await self.rt.call(pubsub_ref(peer), "rpc", (wire.encode(rpc),), {}, timeout=10.0)
+                    self._drained.set()
                 except (ActorNotFound, PermissionDenied) as e:
                     log.debug("peer does not take pub-sub from us", peer=str(peer), reason=str(e))
                     self.router.remove_peer(peer, self._now())

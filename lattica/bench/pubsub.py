@@ -179,8 +179,8 @@ class PubSubPeer:
     def __init__(self) -> None:
         self.sub: Any = None
 
-    async def subscribe(self, topic: str) -> None:
-        self.sub = current_runtime().services["pubsub"].subscribe(topic)
+    async def subscribe(self, topic: str, maxsize: int) -> None:
+        self.sub = current_runtime().services["pubsub"].subscribe(topic, maxsize)
 
     async def mesh(self, topic: str) -> int:
         return len(current_runtime().services["pubsub"].peers(topic))
@@ -190,7 +190,7 @@ class PubSubPeer:
         pad = b"x" * size
         t0 = time.perf_counter()
         for i in range(n):
-            svc.publish(topic, [time.time_ns(), i, pad])
+            await svc.publish_soon(topic, [time.time_ns(), i, pad])  # (what lattica.pubsub.publish runs)
             if gap:
                 await asyncio.sleep(gap)
             elif i % 64 == 63:
@@ -201,16 +201,16 @@ class PubSubPeer:
         lat, first, last, got = [], None, None, 0
         deadline = time.monotonic() + timeout
         while got < n and time.monotonic() < deadline:
-            try:
-                msg = await asyncio.wait_for(self.sub.next(), max(deadline - time.monotonic(), 0.01))
-            except asyncio.TimeoutError:
-                break
+            msg = self.sub.get_nowait()
+            if msg is None:
+                await asyncio.sleep(0.0002)
+                continue
             now = time.time_ns()
             lat.append((now - msg.data[0]) / 1e3)
             first = first if first is not None else now
             last = now
             got += 1
-        return {"got": got, "latency_us": lat, "span_s": ((last or 0) - (first or 0)) / 1e9}
+        return {"got": got, "latency_us": lat, "span_s": ((last or 0) - (first or 0)) / 1e9, "dropped": self.sub.dropped}
 
 
 def bench_pubsub(subscribers: int = 4, latency_messages: int = 200, flood_messages: int = 20_000, size: int = 128) -> Iterator[dict[str, Any]]:
@@ -234,28 +234,34 @@ def bench_pubsub(subscribers: int = 4, latency_messages: int = 200, flood_messag
                 addrs.append(p.addr("tcp"))
                 me.connect(p.addr("tcp"))
             peers = [spawn_on(me, PubSubPeer, p.peer_id) for p in procs]
+            rt = me._host.runtime
 
-            def run(coro: Any, timeout: float = 300) -> Any:
-                return me.run(coro, timeout=timeout)
+            def run(*calls: tuple, timeout: float = 300) -> list:
+                """Make ``(ref, method, *args)`` calls at once from ``me``; their results."""
+                async def go() -> list:
+                    return await asyncio.gather(*(rt.call(c[0], c[1], c[2:], {}, timeout=timeout) for c in calls))
+                return me.run(go(), timeout=timeout + 5)
 
-            run(asyncio.gather(*(r.subscribe.remote("bench") for r in peers[1:])))
-            run(peers[0].subscribe.remote("bench"))
+            run(*((r, "subscribe", "bench", flood_messages + latency_messages) for r in peers))
             deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and min(run(asyncio.gather(*(r.mesh.remote("bench") for r in peers)))) < min(subscribers, 4):
+            while time.monotonic() < deadline and min(run(*((r, "mesh", "bench") for r in peers))) < min(subscribers, 4):
                 time.sleep(0.2)
             subs = peers[1:]
+
+            async def publish_and_collect(n: int, gap: float, timeout: float) -> tuple:
+                waits = [rt.call(r, "collect", (n, timeout), {}, timeout=timeout + 30) for r in subs]
+                await asyncio.sleep(0.2)  # (the collectors are waiting)
+                sent = await rt.call(peers[0], "publish", ("bench", n, size, gap), {}, timeout=timeout + 30)
+                return sent, await asyncio.gather(*waits)
+
             # latency
-            waits = [r.collect.remote(latency_messages, 60) for r in subs]
-            run(peers[0].publish.remote("bench", latency_messages, size, 0.005))
-            got = run(asyncio.gather(*waits))
+            _, got = me.run(publish_and_collect(latency_messages, 0.005, 60), timeout=120)
             lat = sorted(x for g in got for x in g["latency_us"])
             yield {"bench": "pubsub", "case": "latency", "processes": len(procs), "bytes": size,
                    "delivered": f"{sum(g['got'] for g in got)}/{latency_messages * len(subs)}",
                    "p50_us": round(lat[len(lat) // 2], 1) if lat else None, "p99_us": round(lat[int(len(lat) * 0.99)], 1) if lat else None}
             # throughput
-            waits = [r.collect.remote(flood_messages, 120) for r in subs]
-            sent_s = run(peers[0].publish.remote("bench", flood_messages, size, 0.0))
-            got = run(asyncio.gather(*waits))
+            sent_s, got = me.run(publish_and_collect(flood_messages, 0.0, 120), timeout=300)
             rates = [g["got"] / g["span_s"] if g["span_s"] else 0.0 for g in got]
             yield {"bench": "pubsub", "case": "flood", "processes": len(procs), "bytes": size, "messages": flood_messages,
                    "publish_msgs_s": round(flood_messages / sent_s), "delivered_min": min(g["got"] for g in got),

@@ -123,6 +123,7 @@ class GossipParams:
     max_topics_per_peer: int = 256
     max_message_bytes: int = 1 << 20
     max_idontwant: int = 1000  # IDONTWANT ids we keep per peer per heartbeat
+    idontwant_min_bytes: int = 1024  # smaller messages cost about what their IDONTWANTs would
     near_first_window: float = 0.001  # a peer's round trip until the glue measured it (see the score's P3)
     flood_publish: bool = True
     # choking: mesh peers whose copies keep arriving after someone else's send us only IHAVE,
@@ -376,9 +377,10 @@ class Router:
         entry.have.add(peer)
         self._messages[mid] = msg
         self._to_validate.append((msg, peer))
-        for other in mesh:  # (GossipSub v1.2) the mesh need not send it to us now
-            if other not in entry.have:
-                self._out(other).idontwant.append(mid)
+        if len(msg.data) >= self.p.idontwant_min_bytes:  # (GossipSub v1.2) the mesh need not send it to us now
+            for other in mesh:
+                if other not in entry.have:
+                    self._out(other).idontwant.append(mid)
 
     def _on_announce(self, peer: Hashable, ihave: list, now: float) -> list:
         """IHAVEs from a mesh peer we choked are its eager announcements: fetch what we miss at

@@ -184,6 +184,9 @@ def test_forged_replayed_stale_and_oversized_messages_are_dropped(line):
     [[], [["t", b"a", -1, b"", b""]], [], [], [], [], []], [[], [], [["t", ["notbytes"]]], [], [], [], []],
     [[], [], [], [b"x" * 200], [], [], []], [[], [], [], [], [""], [], []], [[], [], [], [], [], [["t", "soon"]], []],
     [[["t" * 300, True]], [], [], [], [], [], []], [[], [], [], [], ["t"] * 2000, [], []],
+    [[], [], [["t", [b""] * 10]], [], [], [], []],  # ids too short to be ids
+    [[], [], [["t", [b"i" * 20]]] * 65, [], [], [], []],  # more IHAVE topics than a batch may name
+    [[], [], [["t", [b"i" * 20] * 3000]], [b"i" * 20] * 3000, [], [], []],  # more ids than a batch may name
 ])
 def test_malformed_batches_are_refused_whole(line, bad):
     a, b = line[0], line[1]
@@ -269,3 +272,29 @@ print(lattica.pubsub.publish("cold", {{"hello": "from a script"}}).result(10))
         msg = sub.get(timeout=5)
         assert msg.data == {"hello": "from a script"} and msg.author != sub_node.peer_id
         print(f"\npubsub cold start: a fresh process published and exited in {time.monotonic() - t0:.2f} s")
+
+
+def test_control_queued_for_a_peer_is_bounded():
+    from lattica.actors.pubsub.service import _Outbound
+    from lattica.pubsub.router import Rpc
+
+    ob = _Outbound()
+    for i in range(100):
+        ob.add(Rpc(subscribe=[(f"t{i}-{k}", True) for k in range(100)], graft=["g"] * 100, prune=[("p", 1.0)] * 100,
+                   iwant=[b"i" * 20] * 500, idontwant=[b"d" * 20] * 500, ihave=[("t", [b"h" * 20] * 100)]), cap=4096)
+    p = ob.pending
+    assert max(len(p.subscribe), len(p.graft), len(p.prune)) <= wire.MAX_ENTRIES
+    assert len(p.ihave) <= wire.MAX_IHAVE_TOPICS
+    assert sum(len(i) for _, i in p.ihave) + len(p.iwant) + len(p.idontwant) <= wire.MAX_BATCH_IDS
+
+
+def test_a_blocking_get_on_the_node_loop_is_refused():
+    with lattica.Node([TCP]) as n:
+        sub = lattica.pubsub.subscribe("loop", node=n)
+
+        async def on_loop():
+            with pytest.raises(RuntimeError, match="block the node loop"):
+                sub.get(timeout=1)
+            return True
+
+        assert n.run(on_loop(), timeout=5)

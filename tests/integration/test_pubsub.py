@@ -298,3 +298,42 @@ def test_a_blocking_get_on_the_node_loop_is_refused():
             return True
 
         assert n.run(on_loop(), timeout=5)
+
+
+def test_coroutine_handlers_run_and_a_failing_heartbeat_does_not_end_the_upkeep():
+    with lattica.Node([TCP]) as n:
+        seen = []
+
+        async def handler(msg):
+            await asyncio.sleep(0)
+            seen.append(msg.data)
+
+        lattica.pubsub.subscribe("h", handler=handler, node=n)
+        lattica.pubsub.publish("h", "x", node=n).result(5)
+        assert wait_for(lambda: seen == ["x"], timeout=5)
+        svc = n._host.services["pubsub"]
+        real, beats = svc.router.heartbeat, []
+
+        def flaky(now):
+            beats.append(now)
+            if len(beats) == 1:
+                raise RuntimeError("a bad heartbeat")
+            real(now)
+
+        svc.router.heartbeat = flaky
+        assert wait_for(lambda: len(beats) >= 3, timeout=10), "heartbeats go on after one failed"
+
+
+def test_cancelled_waits_on_a_quiet_topic_do_not_pile_up():
+    with lattica.Node([TCP]) as n:
+        sub = lattica.pubsub.subscribe("quiet", node=n)
+
+        async def wait_a_little():
+            for _ in range(500):
+                try:
+                    await asyncio.wait_for(sub.next(), 0.001)
+                except asyncio.TimeoutError:
+                    pass
+
+        asyncio.run(wait_a_little())
+        assert len(sub._waiters) <= 70

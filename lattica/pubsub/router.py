@@ -39,11 +39,10 @@ The rules, in short (names as in the GossipSub v1.1 specification):
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Hashable
+from typing import Any, Hashable
 
 from lattica.pubsub.score import PeerScore, ScoreParams
 
@@ -69,7 +68,7 @@ class Envelope:
     id: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        h = hashlib.sha256(self.data)
+        h = (_SHA256 or _sha256())(self.data)
         h.update(self.signature)
         digest = h.digest()[:8]
         object.__setattr__(self, "id", self.author + self.seqno.to_bytes(8, "big") + digest)
@@ -738,6 +737,17 @@ class Router:
         if mid not in self._mcache:
             self._mcache[mid] = msg
             self._windows[0].append(mid)
+
+
+_SHA256: Any = None
+
+
+def _sha256() -> Any:
+    global _SHA256
+    import hashlib  # (at the first message: hashlib and its OpenSSL binding stay out of a node's start)
+
+    _SHA256 = hashlib.sha256
+    return _SHA256
 
 
 def _author_of(peer: Hashable) -> bytes | None:

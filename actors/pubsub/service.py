@@ -20,19 +20,19 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from lattica import codec
-from lattica.actors.pubsub import wire
 from lattica.config import PubSubConfig
 from lattica.errors import ActorNotFound, LatticaError, PermissionDenied, ProtocolError
 from lattica.identity import PeerId, verify_signature
 from lattica.logging import get_logger
-from lattica.pubsub.router import ACCEPT, IGNORE, REJECT, Envelope, GossipParams, Router, Rpc
-from lattica.pubsub.subscription import Message, Subscription
 from lattica.runtime import current_caller
 from lattica.runtime.limits import ASYNC
 from lattica.runtime.refs import ActorRef
 
 if TYPE_CHECKING:
+    from lattica.actors.pubsub import wire
     from lattica.identify import PeerInfo
+    from lattica.pubsub.router import Envelope, GossipParams, Router, Rpc
+    from lattica.pubsub.subscription import Message, Subscription
     from lattica.runtime import Runtime
     from lattica.transports.base import Connection
 
@@ -40,13 +40,24 @@ log = get_logger("lattica.pubsub")
 
 __all__ = ["PubSubService", "PubSubActor", "pubsub_ref"]
 
+NAME = "pubsub"
+ACCEPT, REJECT, IGNORE = "accept", "reject", "ignore"  # (the router's verdicts)
 _VERDICTS = {True: ACCEPT, False: REJECT, None: IGNORE, ACCEPT: ACCEPT, REJECT: REJECT, IGNORE: IGNORE}
+
+
+def _load() -> None:
+    """The router, its scores, the wire form and subscriptions load when a node first uses pub-sub
+    (a topic of its own, or a peer's batch): a node that never does pays nothing at start."""
+    global wire, Envelope, GossipParams, Router, Rpc, Message, Subscription
+    from lattica.actors.pubsub import wire  # (first use: see above)
+    from lattica.pubsub.router import Envelope, GossipParams, Router, Rpc  # (first use)
+    from lattica.pubsub.subscription import Message, Subscription  # (first use)
 _KEYS_MAX = 4096  # authors whose public keys we keep decoded
 
 
 def pubsub_ref(peer: PeerId) -> ActorRef:
     """The ref of ``peer``'s pubsub system actor."""
-    return ActorRef(peer, wire.NAME, {"rpc": ASYNC})
+    return ActorRef(peer, NAME, {"rpc": ASYNC})
 
 
 class _Outbound:
@@ -104,10 +115,9 @@ class PubSubService:
     def __init__(self, runtime: Runtime, config: PubSubConfig | None = None) -> None:
         self.rt = runtime
         self.host = runtime.host
-        self.cfg = cfg = config or PubSubConfig()
-        params = GossipParams(d=cfg.d, d_lo=cfg.d_lo, d_hi=cfg.d_hi, d_score=min(4, cfg.d), heartbeat=cfg.heartbeat,
-                              max_message_bytes=cfg.max_message_bytes)
-        self.router = Router(runtime.peer_id, params)
+        self.cfg = config or PubSubConfig()
+        self._router: Router | None = None  # made at first use (see ``_load``)
+        self._beat: asyncio.Task | None = None
         self._author = runtime.peer_id.to_bytes()
         self._seqno = 0  # the last one used: our clock in ns, or one more than the last (unique across restarts)
         self._subs: dict[str, list[Subscription]] = {}
@@ -124,13 +134,29 @@ class PubSubService:
         self.published = self.delivered = self.rejected = 0
         self.host.events.identified.subscribe(self._on_identified)
         self.host.events.disconnected.subscribe(self._on_disconnected)
-        self._beat = self.host.spawn(self._heartbeats())
+
+    @property
+    def router(self) -> Router:
+        """The router, made (with every member connected so far as a peer) at first use."""
+        if self._router is None:
+            _load()
+            cfg = self.cfg
+            params = GossipParams(d=cfg.d, d_lo=cfg.d_lo, d_hi=cfg.d_hi, d_score=min(4, cfg.d), heartbeat=cfg.heartbeat,
+                                  max_message_bytes=cfg.max_message_bytes)
+            router = self._router = Router(self.rt.peer_id, params)
+            for info in list(self.host.info.values()):
+                if info.circle != "stranger" and info.peer_id != self.rt.peer_id and info.peer_id not in router.peers:
+                    router.add_peer(info.peer_id, self._now(), ip=_ip_of(info.remote_addr))
+                    self.host.spawn(self._measure(info.peer_id))
+            self._beat = self.host.spawn(self._heartbeats())
+        return self._router
 
     # -- the node's side ------------------------------------------------------------------------
 
     def subscribe(self, topic: str, maxsize: int | None = None, handler: Callable[[Message], Any] | None = None) -> Subscription | None:
         """Join ``topic``: a Subscription to read, or, with ``handler``, each message is passed to
         it on the node loop (an actor method handle is told the message)."""
+        self.router  # noqa: B018 -- (loads the machinery at first use)
         wire.check_topic(topic)
         if maxsize is not None and (type(maxsize) is not int or maxsize < 1):
             raise ValueError(f"a subscription holds at least 1 message, not {maxsize!r}")
@@ -148,6 +174,8 @@ class PubSubService:
 
     def unsubscribe(self, topic: str, handler: Callable[[Message], Any] | None = None) -> None:
         """Stop the handler (or every subscription and handler) of ``topic``."""
+        if self._router is None:
+            return
         if handler is not None:
             hs = self._handlers.get(topic, [])
             if handler in hs:
@@ -186,6 +214,7 @@ class PubSubService:
 
     def publish(self, topic: str, data: Any) -> int:
         """Sign and send ``data`` (anything the codec carries) to ``topic``; the peers it went to."""
+        self.router  # noqa: B018 -- (loads the machinery at first use)
         wire.check_topic(topic)
         body = b"".join(bytes(c) for c in codec.encode(data))
         if len(body) > self.cfg.max_message_bytes:
@@ -231,16 +260,19 @@ class PubSubService:
         return max((len(o.pending.messages) for o in self._out.values() if o.in_flight), default=0)
 
     def topics(self) -> list[str]:
-        return sorted(self.router.mesh)
+        return sorted(self._router.mesh) if self._router is not None else []
 
     def peers(self, topic: str | None = None) -> list[PeerId]:
         """The peers in ``topic``'s mesh (or every pub-sub peer)."""
-        peers = self.router.mesh.get(topic, set()) if topic is not None else set(self.router.peers)
+        r = self._router
+        if r is None:
+            return []
+        peers = r.mesh.get(topic, set()) if topic is not None else set(r.peers)
         return sorted(peers, key=str)
 
     def stats(self) -> dict:
         return {"published": self.published, "delivered": self.delivered, "rejected": self.rejected,
-                "peers": len(self.router.peers), "topics": self.topics(),
+                "peers": len(self._router.peers) if self._router is not None else 0, "topics": self.topics(),
                 "dropped_to_peers": sum(o.dropped for o in self._out.values())}
 
     # -- peers ----------------------------------------------------------------------------------
@@ -249,8 +281,8 @@ class PubSubService:
         return self.host.loop.time()
 
     def _on_identified(self, info: PeerInfo) -> None:
-        if info.circle == "stranger" or self._closed:
-            return
+        if info.circle == "stranger" or self._closed or self._router is None:
+            return  # (a router made later takes every member connected by then)
         peer = info.peer_id
         if peer in self.router.peers:
             self.router.scores.connected(peer, _ip_of(info.remote_addr))  # (a batch may have come first)
@@ -271,7 +303,7 @@ class PubSubService:
 
     def _on_disconnected(self, peer: PeerId, conn: Connection) -> None:
         self._unheard.pop(peer, None)
-        if peer in self.router.peers:
+        if self._router is not None and peer in self._router.peers:
             self.router.remove_peer(peer, self._now())
             self._out.pop(peer, None)
             self._pump()
@@ -429,7 +461,8 @@ class PubSubService:
 
     def close(self) -> None:
         self._closed = True
-        self._beat.cancel()
+        if self._beat is not None:
+            self._beat.cancel()
         for subs in self._subs.values():
             for sub in subs:
                 sub._end()
@@ -440,7 +473,7 @@ class PubSubService:
 class PubSubActor:
     """What members call: ``rpc(batch)`` hands a router batch over (see ``wire``)."""
 
-    NAME = wire.NAME
+    NAME = NAME
 
     def __init__(self, service: PubSubService) -> None:
         self._svc = service

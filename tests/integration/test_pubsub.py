@@ -337,3 +337,13 @@ def test_cancelled_waits_on_a_quiet_topic_do_not_pile_up():
 
         asyncio.run(wait_a_little())
         assert len(sub._waiters) <= 70
+
+
+def test_each_peer_s_round_trip_is_measured(line):
+    """The echo window of the mesh-delivery score is the peer's measured round trip."""
+    a, b = line[0], line[1]
+    lattica.pubsub.subscribe("rtt", node=a)
+    lattica.pubsub.subscribe("rtt", node=b)
+    router = a._host.services["pubsub"].router
+    assert wait_for(lambda: b.peer_id in router._rtt, timeout=10)
+    assert 0 < router._rtt[b.peer_id] < 1.0

@@ -185,7 +185,9 @@ def test_ihave_and_iwant_floods_are_bounded():
     for k in range(50):
         a.on_rpc("x", Rpc(ihave=[(T, ids[k * 400:(k + 1) * 400])] * 20), 1.0)
     asked = a.take_outgoing()["x"].iwant
-    assert len(asked) <= p.max_ihave_length
+    assert len(asked) == min(p.max_ihave_length, p.max_iwant_ids), "no more than one IWANT answer holds"
+    a.heartbeat(10.0)  # none of them came: the broken promises cost once, not per id
+    assert a.score("x", 10.0) == pytest.approx(a.scores.params.behaviour_weight, rel=0.05)
     a.on_rpc("x", Rpc(iwant=ids), 1.0)  # ids we never had: nothing, and no error
     assert "x" not in a.take_outgoing() or not a.take_outgoing().get("x")
     for i in range(1000):

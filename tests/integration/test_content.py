@@ -136,7 +136,11 @@ def test_bad_silent_and_dying_providers_are_routed_around(tmp_path):
         finally:
             dying.stop()
         stats = {str(p): s for p, s in _last_session(me).items()}
-        assert stats[str(liar.peer_id)].dropped and stats[str(liar.peer_id)].blocks == 0
+        liar_stats = stats[str(liar.peer_id)]
+        assert liar_stats.blocks == 0, "no wrong block was ever used"
+        # asked for any block, it was dropped at its first answer (it may also never have been
+        # asked: the scheduler spreads wants by expected delivery, and the others can finish first)
+        assert liar_stats.dropped or liar_stats.asked == 0, liar_stats
 
 
 def _last_session(node):

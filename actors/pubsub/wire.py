@@ -1,9 +1,10 @@
 """The pub-sub service's wire form: a router batch as plain lists (the runtime's codec carries
-them), parsed strictly; and what an author signs.
+them), parsed strictly.
 
 A batch is ``[subscribe, messages, ihave, iwant, graft, prune, idontwant]``, with ``choke`` and
 ``unchoke`` (topic lists) after them when it carries any: subscribe
-``[[topic, bool], ...]``; a message ``[topic, author (PeerId bytes), seqno, data, signature]``;
+``[[topic, bool], ...]``; a message ``[topic, author (PeerId bytes), seqno, items, signature]``
+(a signed bundle of the author's messages: ``lattica.actors.pubsub.bundle``);
 ihave ``[[topic, [id, ...]], ...]``; iwant and idontwant ``[id, ...]``; graft ``[topic, ...]``;
 prune ``[[topic, backoff seconds], ...]``. Anything else (wrong types, too many entries, long
 topics or ids) is refused as a whole with ``ProtocolError``: a peer learns its batch was bad,
@@ -14,10 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from lattica.actors.pubsub.bundle import MAX_ITEMS, Bundle
 from lattica.errors import ProtocolError
 from lattica.pubsub.router import Envelope, Rpc
 
-__all__ = ["NAME", "encode", "decode", "signed_bytes", "check_topic", "MAX_TOPIC", "MAX_ID"]
+__all__ = ["NAME", "encode", "decode", "envelope", "check_topic", "MAX_TOPIC", "MAX_ID", "MAX_ITEMS"]
 
 NAME = "pubsub"
 MAX_TOPIC = 256  # bytes of a topic's UTF-8
@@ -29,27 +31,24 @@ MAX_AUTHOR = 64
 MAX_SIGNATURE = 64
 MAX_ENTRIES = 1024  # subscriptions, messages, grafts, prunes, IHAVE topics per batch
 MAX_IDS = 5000  # ids per IHAVE topic, per IWANT, per IDONTWANT
-_DOMAIN = b"lattica pubsub v1\x00"
 
 
-def signed_bytes(topic: str, author: bytes, seqno: int, data: bytes) -> bytes:
-    """What an author signs: the domain, then each field with its length (no field can be
-    shifted into another)."""
-    t = topic.encode()
-    return b"".join((_DOMAIN, len(t).to_bytes(2, "big"), t, len(author).to_bytes(1, "big"), author, seqno.to_bytes(8, "big"), data))
+def envelope(topic: str, author: bytes, seqno: int, bundle: Bundle, signature: bytes) -> Envelope:
+    """The router's envelope of a signed bundle (its id covers what ``Bundle.digest`` says)."""
+    return Envelope(topic, author, seqno, bundle, signature, bundle.digest(signature), bundle.size)
 
 
 def encode(rpc: Rpc) -> list:
     if rpc.choke or rpc.unchoke:
         return [
             [[t, on] for t, on in rpc.subscribe],
-            [[m.topic, m.author, m.seqno, m.data, m.signature] for m in rpc.messages],
+            [[m.topic, m.author, m.seqno, m.data.wire(), m.signature] for m in rpc.messages],
             [[t, ids] for t, ids in rpc.ihave],
             rpc.iwant, rpc.graft, [[t, b] for t, b in rpc.prune], rpc.idontwant, rpc.choke, rpc.unchoke,
         ]
     return [
         [[t, on] for t, on in rpc.subscribe],
-        [[m.topic, m.author, m.seqno, m.data, m.signature] for m in rpc.messages],
+        [[m.topic, m.author, m.seqno, m.data.wire(), m.signature] for m in rpc.messages],
         [[t, ids] for t, ids in rpc.ihave],
         rpc.iwant,
         rpc.graft,
@@ -73,17 +72,18 @@ def decode(raw: Any, max_data: int) -> Rpc:
         rpc.subscribe.append((check_topic(item[0]), item[1]))
     for item in _entries(msgs, "messages"):
         if type(item) is not list or len(item) != 5:
-            raise ProtocolError("a message is [topic, author, seqno, data, signature]")
-        topic, author, seqno, data, sig = item
+            raise ProtocolError("a message is [topic, author, seqno, items, signature]")
+        topic, author, seqno, items, sig = item
         if type(author) is not bytes or not 0 < len(author) <= MAX_AUTHOR:
             raise ProtocolError("a message's author is a PeerId's bytes")
         if type(seqno) is not int or not 0 <= seqno < 1 << 64:
             raise ProtocolError("a message's seqno is an unsigned 64-bit integer")
-        if type(data) is not bytes or len(data) > max_data:
-            raise ProtocolError(f"a message's data is at most {max_data} bytes")
         if type(sig) is not bytes or len(sig) > MAX_SIGNATURE:
             raise ProtocolError("a message's signature is at most 64 bytes")
-        rpc.messages.append(Envelope(check_topic(topic), author, seqno, data, sig))
+        bundle = Bundle.from_wire(items, max_data)
+        if seqno + len(bundle.items) > 1 << 64:
+            raise ProtocolError("a message's items' seqnos are unsigned 64-bit integers")
+        rpc.messages.append(envelope(check_topic(topic), author, seqno, bundle, sig))
     if type(ihave) is not list or len(ihave) > MAX_IHAVE_TOPICS:
         raise ProtocolError(f"a batch's IHAVE names at most {MAX_IHAVE_TOPICS} topics")
     for item in ihave:

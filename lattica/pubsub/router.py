@@ -53,25 +53,32 @@ ACCEPT, REJECT, IGNORE = "accept", "reject", "ignore"
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
-    """One published message: ``data`` is opaque to the router (the glue's encoding); the
-    signature covers topic, author, seqno and data and is checked by the glue.
+    """One published message: ``data`` is opaque to the router (the glue's: bytes, or what the
+    glue makes of them, with ``size`` its length in bytes); the signature is checked by the glue.
 
-    Its ``id`` is the author, the seqno and 8 bytes of sha2-256 over the data and signature: a
-    copy that differs in anything is another message, so a junk copy sent first under an honest
-    message's author and seqno can neither pre-empt it nor get it refused."""
+    Its ``id`` is the author, the seqno and 8 bytes of ``digest``, which the glue gives (it must
+    cover everything the signature does, and the signature) or which is sha2-256 over the data
+    and signature: a copy that differs in anything is another message, so a junk copy sent first
+    under an honest message's author and seqno can neither pre-empt it nor get it refused."""
 
     topic: str
     author: bytes
     seqno: int
-    data: bytes
+    data: Any
     signature: bytes = b""
+    digest: bytes | None = field(default=None, repr=False, compare=False)
+    size: int = field(default=-1, repr=False, compare=False)
     id: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        h = (_SHA256 or _sha256())(self.data)
-        h.update(self.signature)
-        digest = h.digest()[:8]
-        object.__setattr__(self, "id", self.author + self.seqno.to_bytes(8, "big") + digest)
+        digest = self.digest
+        if digest is None:
+            h = (_SHA256 or _sha256())(self.data)
+            h.update(self.signature)
+            digest = h.digest()
+        if self.size < 0:
+            object.__setattr__(self, "size", len(self.data))
+        object.__setattr__(self, "id", self.author + self.seqno.to_bytes(8, "big") + digest[:8])
 
 
 @dataclass(slots=True)
@@ -254,7 +261,19 @@ class Router:
         entry = self._remember(msg.id, now, msg.topic, None)
         entry.state = _ACCEPTED
         self._cache(msg)
-        topic = msg.topic
+        if msg.topic in self.mesh:
+            self._delivered.append(msg)
+        targets = self._publish_targets(msg.topic, now)
+        for peer in targets:
+            self._out(peer).messages.append(msg)
+        entry.sent_to |= targets
+        return len(targets)
+
+    def reach(self, topic: str, now: float) -> int:
+        """The peers a message we published to ``topic`` now would be sent to."""
+        return len(self._publish_targets(topic, now))
+
+    def _publish_targets(self, topic: str, now: float) -> set:
         limit = self.scores.params.publish_threshold
         if topic not in self.mesh:
             fan = self.fanout.get(topic)
@@ -263,17 +282,15 @@ class Router:
             self._fanout_used[topic] = now
             targets = set(fan)
         else:
-            self._delivered.append(msg)
             targets = set(self.mesh[topic])
         if self.p.flood_publish:
             targets.update(p for p in self.topics.get(topic, ()) if self._score(p, now) >= limit)
-        for peer in targets:
-            self._out(peer).messages.append(msg)
-        entry.sent_to |= targets
-        return len(targets)
+        return targets
 
-    def validated(self, msg_id: bytes, verdict: str, now: float) -> None:
-        """The glue's verdict on a message from ``take_to_validate``."""
+    def validated(self, msg_id: bytes, verdict: str, now: float, forward: Envelope | None = None) -> None:
+        """The glue's verdict on a message from ``take_to_validate``. With ``forward``, an
+        accepted message is passed on (and served to IWANTs) as that message instead: the part
+        of it the glue accepted, under its own id."""
         entry = self._seen.get(msg_id)
         msg = self._messages.pop(msg_id, None)
         if entry is None or msg is None or entry.state != _PENDING:
@@ -281,6 +298,17 @@ class Router:
         topic = entry.topic
         if verdict == ACCEPT:
             entry.state = _ACCEPTED
+            if topic in self.mesh:
+                self._delivered.append(msg)
+            if forward is not None and forward.id != msg_id:
+                fwd = self._seen.get(forward.id)
+                if fwd is None:
+                    fwd = self._remember(forward.id, now, topic, entry.source)
+                elif fwd.state == _PENDING:
+                    self._messages.pop(forward.id, None)  # (it came by itself: this verdict covers it)
+                fwd.state = _ACCEPTED
+                fwd.have |= entry.have
+                entry, msg = fwd, forward
             self._cache(msg)
             if entry.source is not None:
                 self.scores.first_delivery(entry.source, topic)
@@ -288,10 +316,9 @@ class Router:
             self.scores.topic_message(topic, mesh)
             for peer in entry.have:
                 self.scores.forwarded(peer, topic)
-            if topic in self.mesh:
-                self._delivered.append(msg)
             author = msg.author
-            targets = [p for p in mesh if p not in entry.have and p not in entry.told and p != entry.source and _author_of(p) != author]
+            targets = [p for p in mesh if p not in entry.have and p not in entry.told and p not in entry.sent_to and p != entry.source
+                       and _author_of(p) != author]
             for peer in targets:
                 if (peer, topic) in self._choked_by:
                     self._announce.setdefault(peer, {}).setdefault(topic, []).append(msg.id)
@@ -365,7 +392,7 @@ class Router:
                 # sooner than an echo of ours could (a round trip after we first had it)
                 self.scores.forwarded(peer, msg.topic)
             return
-        if len(msg.data) > self.p.max_message_bytes:
+        if msg.size > self.p.max_message_bytes:
             if msg.topic in self.mesh:
                 self.scores.invalid(peer, msg.topic)
             return
@@ -376,7 +403,7 @@ class Router:
         entry.have.add(peer)
         self._messages[mid] = msg
         self._to_validate.append((msg, peer))
-        if len(msg.data) >= self.p.idontwant_min_bytes:  # (GossipSub v1.2) the mesh need not send it to us now
+        if msg.size >= self.p.idontwant_min_bytes:  # (GossipSub v1.2) the mesh need not send it to us now
             for other in mesh:
                 if other not in entry.have:
                     self._out(other).idontwant.append(mid)

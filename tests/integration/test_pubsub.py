@@ -15,6 +15,7 @@ import sample_actors as sa
 from helpers import call_as, spawn_local, wait_for
 from lattica.actors.pubsub import pubsub_ref
 from lattica.actors.pubsub import wire
+from lattica.actors.pubsub.bundle import Bundle
 from lattica.errors import NodeClosed, PermissionDenied, ProtocolError, Timeout
 from lattica.trust import MeshKey
 
@@ -139,8 +140,8 @@ def _envelope(node, topic, data, seqno=None, sign=True):
     body = b"".join(bytes(c) for c in lattica.codec.encode(data))
     author = node.peer_id.to_bytes()
     seqno = time.time_ns() if seqno is None else seqno
-    sig = node.keypair.sign(wire.signed_bytes(topic, author, seqno, body)) if sign else b"\x00" * 64
-    return [topic, author, seqno, body, sig]
+    sig = node.keypair.sign(Bundle.of([body]).signed_bytes(topic, author, seqno)) if sign else b"\x00" * 64
+    return [topic, author, seqno, [body], sig]
 
 
 def _batch(*msgs):
@@ -181,7 +182,7 @@ def test_forged_replayed_stale_and_oversized_messages_are_dropped(line):
 
 @pytest.mark.parametrize("bad", [
     [], "x", [[], [], [], [], [], []], [[["t", "yes"]], [], [], [], [], [], []],
-    [[], [["t", b"a", -1, b"", b""]], [], [], [], [], []], [[], [], [["t", ["notbytes"]]], [], [], [], []],
+    [[], [["t", b"a", -1, [b""], b""]], [], [], [], [], []], [[], [], [["t", ["notbytes"]]], [], [], [], []],
     [[], [], [], [b"x" * 200], [], [], []], [[], [], [], [], [""], [], []], [[], [], [], [], [], [["t", "soon"]], []],
     [[["t" * 300, True]], [], [], [], [], [], []], [[], [], [], [], ["t"] * 2000, [], []],
     [[], [], [["t", [b""] * 10]], [], [], [], []],  # ids too short to be ids
@@ -347,3 +348,85 @@ def test_each_peer_s_round_trip_is_measured(line):
     router = a._host.services["pubsub"].router
     assert wait_for(lambda: b.peer_id in router._rtt, timeout=10)
     assert 0 < router._rtt[b.peer_id] < 1.0
+
+
+def _publish_in_one_turn(node, topic, items):
+    """Publish ``items`` from ``node``'s loop without yielding (they leave as one bundle)."""
+    svc = node._host.services["pubsub"]
+
+    async def go():
+        return [svc.publish(topic, x) for x in items]
+    return node.run(go(), timeout=10)
+
+
+def test_messages_published_together_leave_as_one_bundle_and_arrive_one_by_one(line):
+    subs = [lattica.pubsub.subscribe("b", node=n) for n in line]
+    assert _meshed(line, "b")
+    reach = _publish_in_one_turn(line[2], "b", list(range(600)))
+    assert reach == [2] * 600  # each publish says the peers it goes to
+    svc = line[2]._host.services["pubsub"]
+    assert svc.stats()["bundles"] == 3, "600 messages in one turn: bundles of at most 256"
+    for sub in subs:
+        got = [sub.get(timeout=10) for _ in range(600)]
+        assert [m.data for m in got] == list(range(600))
+        assert len({m.seqno for m in got}) == 600 and all(m.author == line[2].peer_id for m in got)
+    for sub in subs:
+        with pytest.raises(Timeout):
+            sub.get(timeout=0.3)  # exactly once
+
+
+def test_ignored_items_of_a_bundle_are_left_out_and_the_rest_passed_on(line):
+    subs = [lattica.pubsub.subscribe("odd", node=n) for n in line]
+    assert _meshed(line, "odd")
+    lattica.pubsub.validator("odd", lambda m: m.data % 2 == 0 or None, node=line[1])  # odd ones: ignore
+    _publish_in_one_turn(line[0], "odd", list(range(10)))
+    assert [subs[0].get(timeout=5).data for _ in range(10)] == list(range(10))
+    for sub in subs[1:]:
+        assert [sub.get(timeout=5).data for _ in range(5)] == [0, 2, 4, 6, 8]
+        with pytest.raises(Timeout):
+            sub.get(timeout=0.3)
+    assert line[1]._host.services["pubsub"].rejected == 0
+
+
+def _bundle(node, topic, items, keep=None, seqno=None):
+    bodies = [b"".join(bytes(c) for c in lattica.codec.encode(x)) for x in items]
+    author = node.peer_id.to_bytes()
+    seqno = time.time_ns() if seqno is None else seqno
+    bundle = Bundle.of(bodies)
+    sig = node.keypair.sign(bundle.signed_bytes(topic, author, seqno))
+    if keep is not None:
+        bundle = bundle.keeping(keep)
+    return [topic, author, seqno, bundle.wire(), sig]
+
+
+def test_a_peer_that_strips_items_cannot_hide_the_rest_nor_deliver_twice(line):
+    a, b, c = line[0], line[1], line[2]
+    sub = lattica.pubsub.subscribe("s", node=b)
+    for n in (a, c):
+        lattica.pubsub.subscribe("s", node=n)
+    assert wait_for(lambda: len(lattica.pubsub.peers("s", node=b)) == 2, timeout=10)
+    ref = pubsub_ref(b.peer_id)
+    seqno = time.time_ns()
+    call_as(c, ref, "rpc", _batch(_bundle(a, "s", ["x", "y", "z"], keep=[1], seqno=seqno)))  # c strips a's bundle first
+    assert sub.get(timeout=5).data == "y"
+    call_as(a, ref, "rpc", _batch(_bundle(a, "s", ["x", "y", "z"], seqno=seqno)))  # then the whole one arrives
+    assert sorted(sub.get(timeout=5).data for _ in range(2)) == ["x", "z"]
+    call_as(c, ref, "rpc", _batch(_bundle(a, "s", ["x", "y", "z"], keep=[0, 2], seqno=seqno)))  # nothing new in it
+    with pytest.raises(Timeout):
+        sub.get(timeout=0.5)
+    svc = b._host.services["pubsub"]
+    assert svc.rejected == 0 and svc.delivered == 3
+
+
+def test_a_bundle_with_a_changed_item_is_refused_whole(line):
+    a, b, c = line[0], line[1], line[2]
+    sub = lattica.pubsub.subscribe("t", node=b)
+    for n in (a, c):
+        lattica.pubsub.subscribe("t", node=n)
+    assert wait_for(lambda: len(lattica.pubsub.peers("t", node=b)) == 2, timeout=10)
+    forged = _bundle(a, "t", ["one", "two"])
+    forged[3] = [forged[3][0], b"".join(bytes(x) for x in lattica.codec.encode("evil"))]
+    call_as(c, pubsub_ref(b.peer_id), "rpc", _batch(forged))
+    with pytest.raises(Timeout):
+        sub.get(timeout=0.5)  # not even the untouched item: the signature covers them all
+    assert b._host.services["pubsub"].rejected == 1

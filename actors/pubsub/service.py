@@ -69,10 +69,10 @@ class _Batch:
 
     __slots__ = ("bodies", "datas", "size", "reach")
 
-    def __init__(self, reach: int) -> None:
-        self.bodies: list[bytes] = []
-        self.datas: list[Any] = []
-        self.size = 0
+    def __init__(self, reach: int, body: bytes | None = None, data: Any = None) -> None:
+        self.bodies: list[bytes] = [] if body is None else [body]
+        self.datas: list[Any] = [] if body is None else [data]
+        self.size = 0 if body is None else len(body)
         self.reach = reach
 
 
@@ -258,14 +258,16 @@ class PubSubService:
         if batch is not None and (len(batch.bodies) >= wire.MAX_ITEMS or batch.size + len(body) > self.cfg.max_message_bytes):
             self._send(topic)
             batch = None
+        self.published += 1
         if batch is None:
+            if not any(o.in_flight for o in self._out.values()):
+                return self._send(topic, _Batch(0, body, data))  # nothing of ours on the way: it goes now
             if not self._batches:
                 self.host.loop.call_soon(self._send_all)
             batch = self._batches[topic] = _Batch(self.router.reach(topic, self._now()))
         batch.bodies.append(body)
         batch.datas.append(data)
         batch.size += len(body)
-        self.published += 1
         return batch.reach
 
     def _send_all(self) -> None:
@@ -275,9 +277,11 @@ class PubSubService:
         for topic in list(self._batches):
             self._send(topic)
 
-    def _send(self, topic: str) -> None:
-        """Sign the topic's waiting messages as one bundle and hand it to the router."""
-        batch = self._batches.pop(topic)
+    def _send(self, topic: str, batch: _Batch | None = None) -> int:
+        """Sign the topic's waiting messages (or ``batch``) as one bundle and hand it to the
+        router; the peers it went to."""
+        if batch is None:
+            batch = self._batches.pop(topic)
         n = len(batch.bodies)
         seqno = max(self._seqno + 1, time.time_ns())
         self._seqno = seqno + n - 1
@@ -289,10 +293,10 @@ class PubSubService:
         if len(self._checked) > self.router.p.seen_max:
             self._checked.popitem(last=False)
         self.bundles += 1
-        self.router.publish(env, self._now())
+        reach = self.router.publish(env, self._now())
         self._pump()
-
         self._payloads.pop(env.id, None)
+        return reach
 
     async def publish_soon(self, topic: str, data: Any, wait: float = 2.0) -> int:
         """``publish``, after waiting (up to ``wait`` s) for the members we just connected to to
@@ -486,8 +490,7 @@ class PubSubService:
             if seen.delivered.issuperset(present):
                 return IGNORE  # a copy with items left out that brings nothing new
         else:
-            key = self._key(env.author)
-            if key is None or not verify_signature(key, env.signature, b.signed_bytes(env.topic, env.author, env.seqno)):
+            if not self._signed(env):
                 return REJECT
             if abs(env.seqno / 1e9 - time.time()) > self.cfg.clock_skew:
                 return REJECT  # a replay from beyond the seen cache, or a clock far off
@@ -515,6 +518,10 @@ class PubSubService:
                 out = IGNORE
             verdicts.append(out if inspect.isawaitable(out) else _verdict_of(out))
         return verdicts
+
+    def _signed(self, env: Envelope) -> bool:
+        key = self._key(env.author)
+        return key is not None and verify_signature(key, env.signature, env.data.signed_bytes(env.topic, env.author, env.seqno))
 
     def _key(self, author: bytes) -> Any:
         """The author's public key (decoded once), or None if its PeerId holds none."""

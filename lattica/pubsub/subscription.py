@@ -127,6 +127,10 @@ class Subscription:
         return self
 
     async def __anext__(self) -> Message:
+        if self._queue and _on(self._loop):  # (a message waiting, read on the node loop: no hand-over)
+            with self._lock:
+                if self._queue:
+                    return self._queue.popleft()
         try:
             return await self.next()
         except NodeClosed:

@@ -91,6 +91,13 @@ def _bench(args: argparse.Namespace) -> None:
         for n in args.nodes or [200]:
             _print(simulate_pubsub(n, messages=1000), args.json)
             _print(simulate_pubsub(n, messages=1000, kill=0.1, seed=2), args.json)
+    if which == "pubsub-nodes":
+        from lattica.bench.pubsub_nodes import simulate_nodes  # lazy: see the note above _bench
+
+        say = None if args.json else (lambda m: print(f"  {m}", flush=True))
+        for n in args.nodes or [200]:
+            _print(simulate_nodes(n, messages=1000, progress=say), args.json)
+            _print(simulate_nodes(n, messages=1000, kill=0.1, seed=2, progress=say), args.json)
     if which == "soak":
         from lattica.bench.soak import soak  # lazy: see the note above _bench
 
@@ -391,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
     s.set_defaults(fn=_demo)
 
     s = sub.add_parser("bench", help="run benchmarks and print figures")
-    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "soak", "all"])
+    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "pubsub-nodes", "soak", "all"])
     s.add_argument("--transport", choices=["tcp", "quic", "both"], default="both")
     s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic); content: object bytes (default 256 MiB)")
     s.add_argument("--count", type=int, default=10000, help="pings")

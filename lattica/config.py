@@ -135,6 +135,7 @@ class PubSubConfig:
     heartbeat: float = 1.0
     max_message_bytes: int = 1 << 20  # of a message's encoded data
     peer_queue: int = 4096  # messages waiting to be sent to one peer (gossip dropped first, then the oldest)
+    peer_queue_bytes: int = 32 << 20  # and their bytes (a message published in a burst is a bundle of up to max_message_bytes)
     in_flight: int = 2  # batches on the way to one peer at once
     subscription_queue: int = 10_000  # messages a subscription holds for its reader (the oldest dropped)
     # seconds a message's seqno (its author's clock) may be off ours; less than the router's seen

@@ -2,14 +2,10 @@
 
 The author signs the list of its messages' digests (sha2-256 of each one's data), so one Ed25519
 signature covers up to ``MAX_ITEMS`` messages and a receiver verifies it once, not once per
-message. Any holder may leave items out (its validator ignored them) by sending an item's digest
-in place of its data: what remains is still the author's, and still verifiable. Item ``i``'s
-seqno is the bundle's plus ``i``.
-
-On the wire a bundle's items are a list whose entries are the data (bytes) or, for an item left
-out, ``[digest]``. A message id covers the author, the seqno, the signed digests, the signature
-and which items were left out (``digest``): the same items from any peer are one message, and a
-copy with items removed by someone is another (it can never hide the whole one).
+message. Item ``i``'s seqno is the bundle's plus ``i``. A bundle travels whole: on the wire its
+items are a list of the data (bytes), and a message id covers the author, the seqno, the
+digests' hash and the signature (``digest``), so a copy that differs in anything is another
+message.
 """
 
 from __future__ import annotations
@@ -19,79 +15,45 @@ from typing import Any
 
 from lattica.errors import ProtocolError
 
-__all__ = ["Bundle", "MAX_ITEMS", "DIGEST"]
+__all__ = ["Bundle", "MAX_ITEMS"]
 
 MAX_ITEMS = 256  # messages one bundle holds
-DIGEST = 32  # bytes of an item's digest
 _DOMAIN = b"lattica pubsub v2\x00"
 _sha256 = hashlib.sha256
 
 
 class Bundle:
-    """The items of one signed bundle (data, or ``None`` where left out) and their digests."""
+    """The items (data) of one signed bundle and their digests."""
 
-    __slots__ = ("items", "leaves", "root", "size", "_wire")
+    __slots__ = ("items", "leaves", "root", "size", "count")
 
-    def __init__(self, items: tuple, leaves: tuple[bytes, ...]) -> None:
+    def __init__(self, items: list[bytes]) -> None:
         self.items = items
-        self.leaves = leaves
-        self.root = _sha256(b"".join(leaves)).digest()
-        self.size = sum(len(d) for d in items if d is not None)
-        self._wire: list | None = None
-
-    @classmethod
-    def of(cls, bodies: list[bytes]) -> Bundle:
-        """A whole bundle of ``bodies`` (an author's, about to be signed)."""
-        return cls(tuple(bodies), tuple(_sha256(b).digest() for b in bodies))
+        self.leaves = [_sha256(d).digest() for d in items]
+        self.root = _sha256(b"".join(self.leaves)).digest()
+        self.size = sum(len(d) for d in items)
+        self.count = len(items)
 
     @classmethod
     def from_wire(cls, raw: Any, max_data: int) -> Bundle:
         """The bundle a peer's item list names, or ProtocolError."""
         if type(raw) is not list or not 0 < len(raw) <= MAX_ITEMS:
             raise ProtocolError(f"a message's items are a list of 1 to {MAX_ITEMS}")
-        items: list = []
-        leaves: list = []
         size = 0
         for i, item in enumerate(raw):
             if type(item) is memoryview:  # (large data arrives out of band, as a view of the frame)
                 if item.nbytes + size > max_data:
                     raise ProtocolError(f"a message's data is at most {max_data} bytes")
                 item = raw[i] = item.tobytes()
-            if type(item) is bytes:
-                size += len(item)
-                items.append(item)
-                leaves.append(_sha256(item).digest())
-            elif type(item) is list and len(item) == 1 and type(item[0]) is bytes and len(item[0]) == DIGEST:
-                items.append(None)
-                leaves.append(item[0])
-            else:
-                raise ProtocolError(f"a message's item is its data (bytes) or [its {DIGEST}-byte digest]")
+            if type(item) is not bytes:
+                raise ProtocolError("a message's items are bytes")
+            size += len(item)
             if size > max_data:
                 raise ProtocolError(f"a message's data is at most {max_data} bytes")
-        if len(items) == items.count(None):
-            raise ProtocolError("a message carries at least one item's data")
-        b = cls(tuple(items), tuple(leaves))
-        b._wire = raw
-        return b
+        return cls(raw)
 
-    def wire(self) -> list:
-        if self._wire is None:
-            self._wire = [d if d is not None else [leaf] for d, leaf in zip(self.items, self.leaves)]
-        return self._wire
-
-    def keeping(self, keep: list[int]) -> Bundle:
-        """This bundle with only the items at ``keep`` (the others by their digests)."""
-        wanted = set(keep)
-        b = Bundle.__new__(Bundle)
-        b.items = tuple(d if i in wanted else None for i, d in enumerate(self.items))
-        b.leaves = self.leaves
-        b.root = self.root
-        b.size = sum(len(d) for d in b.items if d is not None)
-        b._wire = None
-        return b
-
-    def present(self) -> list[int]:
-        return [i for i, d in enumerate(self.items) if d is not None]
+    def wire(self) -> list[bytes]:
+        return self.items
 
     def signed_bytes(self, topic: str, author: bytes, seqno: int) -> bytes:
         """What the author signs: the domain, each field with its length (no field can be shifted
@@ -104,6 +66,4 @@ class Bundle:
         """What a message id covers besides the author and seqno (see the module docstring)."""
         h = _sha256(self.root)
         h.update(signature)
-        if None in self.items:
-            h.update(bytes(0 if d is None else 1 for d in self.items))
         return h.digest()

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable
 
 from lattica import codec
@@ -60,7 +59,10 @@ def _load() -> None:
     from lattica.actors.pubsub.bundle import Bundle  # (first use)
     from lattica.pubsub.router import Envelope, GossipParams, Router, Rpc  # (first use)
     from lattica.pubsub.subscription import Message, Subscription  # (first use)
+
+
 _KEYS_MAX = 4096  # authors whose public keys we keep decoded
+_BATCH_BYTES = 8 << 20  # messages' bytes in one call to a peer (far below a frame's limit)
 
 
 class _Batch:
@@ -76,33 +78,24 @@ class _Batch:
         self.reach = reach
 
 
-class _Seen:
-    """A bundle we checked (its author, seqno and signed digests): its signature, and the items
-    delivered (so a copy with items left out neither costs a signature check nor delivers twice)."""
-
-    __slots__ = ("signature", "delivered")
-
-    def __init__(self, signature: bytes) -> None:
-        self.signature = signature
-        self.delivered: set[int] = set()
-
-
 def pubsub_ref(peer: PeerId) -> ActorRef:
     """The ref of ``peer``'s pubsub system actor."""
     return ActorRef(peer, NAME, {"rpc": ASYNC})
 
 
 class _Outbound:
-    """What waits to be sent to one peer: one merged batch, and the calls on the way."""
+    """What waits to be sent to one peer: one merged batch (its messages' bytes counted), and
+    the calls on the way."""
 
-    __slots__ = ("pending", "in_flight", "dropped")
+    __slots__ = ("pending", "bytes", "in_flight", "dropped")
 
     def __init__(self) -> None:
         self.pending = Rpc()
+        self.bytes = 0
         self.in_flight = 0
         self.dropped = 0
 
-    def add(self, rpc: Rpc, cap: int) -> None:
+    def add(self, rpc: Rpc, cap: int, cap_bytes: int) -> None:
         p = self.pending
         p.subscribe = (p.subscribe + rpc.subscribe)[-wire.MAX_ENTRIES:]
         p.graft = (p.graft + rpc.graft)[-wire.MAX_ENTRIES:]
@@ -110,16 +103,23 @@ class _Outbound:
         p.choke = (p.choke + rpc.choke)[-wire.MAX_ENTRIES:]
         p.unchoke = (p.unchoke + rpc.unchoke)[-wire.MAX_ENTRIES:]
         p.messages += rpc.messages
+        self.bytes += sum(m.size for m in rpc.messages)
         p.ihave += rpc.ihave
         p.iwant += rpc.iwant
         p.idontwant += rpc.idontwant
         over = len(p.messages) + sum(len(ids) for _, ids in p.ihave) // 64 - cap
-        if over > 0 and p.ihave:
+        if (over > 0 or self.bytes > cap_bytes) and p.ihave:
             p.ihave = []  # gossip goes first
             over = len(p.messages) - cap
-        if over > 0:
-            del p.messages[:over]  # then the oldest messages
-            self.dropped += over
+        if over > 0 or self.bytes > cap_bytes:  # then the oldest messages
+            n = max(over, 0)
+            gone = sum(m.size for m in p.messages[:n])
+            while self.bytes - gone > cap_bytes and n < len(p.messages):
+                gone += p.messages[n].size
+                n += 1
+            del p.messages[:n]
+            self.bytes -= gone
+            self.dropped += n
         if len(p.ihave) > wire.MAX_IHAVE_TOPICS:
             del p.ihave[: len(p.ihave) - wire.MAX_IHAVE_TOPICS]
         ids = sum(len(i) for _, i in p.ihave)
@@ -130,14 +130,23 @@ class _Outbound:
             del p.idontwant[: max(len(p.idontwant) - room, 0)]
 
     def take(self) -> Rpc:
-        """The next batch within the wire's limits (the rest stays pending)."""
+        """The next batch within the wire's limits: at most ``MAX_ENTRIES`` messages and
+        ``_BATCH_BYTES`` of them (or one); the rest stays pending."""
         p = self.pending
-        if len(p.messages) <= wire.MAX_ENTRIES:
+        n = size = 0
+        for m in p.messages:
+            if n == wire.MAX_ENTRIES or (n and size + m.size > _BATCH_BYTES):
+                break
+            n += 1
+            size += m.size
+        if n == len(p.messages):
             self.pending = Rpc()
+            self.bytes = 0
             return p
-        out, p.messages = Rpc(subscribe=p.subscribe, messages=p.messages[: wire.MAX_ENTRIES], ihave=p.ihave, iwant=p.iwant, graft=p.graft,
-                              prune=p.prune, idontwant=p.idontwant, choke=p.choke, unchoke=p.unchoke), p.messages[wire.MAX_ENTRIES:]
-        self.pending = Rpc(messages=p.messages)
+        out = Rpc(subscribe=p.subscribe, messages=p.messages[:n], ihave=p.ihave, iwant=p.iwant, graft=p.graft, prune=p.prune,
+                  idontwant=p.idontwant, choke=p.choke, unchoke=p.unchoke)
+        self.pending = Rpc(messages=p.messages[n:])
+        self.bytes -= size
         return out
 
 
@@ -157,7 +166,6 @@ class PubSubService:
         self._validators: dict[str, Callable[[Message], Any]] = {}
         self._payloads: dict[bytes, tuple[list, Any]] = {}  # message id -> ([(item, decoded data)], peer it came from), until delivered
         self._batches: dict[str, _Batch] = {}
-        self._checked: OrderedDict[bytes, _Seen] = OrderedDict()  # author + seqno + signed digests' hash -> what we know
         self._out: dict[PeerId, _Outbound] = {}
         self._keys: dict[bytes, bytes | None] = {}
         self._validating = 0  # async validations running
@@ -165,7 +173,7 @@ class PubSubService:
         self._heard = asyncio.Event()
         self._drained = asyncio.Event()  # a batch went out: publishers waiting for room look again
         self._closed = False
-        self.published = self.delivered = self.rejected = self.bundles = 0
+        self.published = self.delivered = self.rejected = self.bundles = self.copies = 0  # copies: items of peers' messages received
         self.host.events.identified.subscribe(self._on_identified)
         self.host.events.disconnected.subscribe(self._on_disconnected)
 
@@ -271,9 +279,6 @@ class PubSubService:
         return batch.reach
 
     def _send_all(self) -> None:
-        if self._closed:
-            self._batches.clear()
-            return
         for topic in list(self._batches):
             self._send(topic)
 
@@ -285,13 +290,9 @@ class PubSubService:
         n = len(batch.bodies)
         seqno = max(self._seqno + 1, time.time_ns())
         self._seqno = seqno + n - 1
-        bundle = Bundle.of(batch.bodies)
+        bundle = Bundle(batch.bodies)
         env = wire.envelope(topic, self._author, seqno, bundle, self.host.keypair.sign(bundle.signed_bytes(topic, self._author, seqno)))
         self._payloads[env.id] = (list(enumerate(batch.datas)), None)
-        mine = self._checked[_checked_key(env)] = _Seen(env.signature)
-        mine.delivered.update(range(n))  # (a peer's copy of part of it is not news to us)
-        if len(self._checked) > self.router.p.seen_max:
-            self._checked.popitem(last=False)
         self.bundles += 1
         reach = self.router.publish(env, self._now())
         self._pump()
@@ -316,7 +317,7 @@ class PubSubService:
                 break
         # our own messages wait for room rather than be dropped: a publisher faster than its
         # peers take messages is slowed to their pace (forwarded messages are dropped instead)
-        while not self._closed and self._backlog() >= self.cfg.peer_queue // 2:
+        while not self._closed and self._backlogged():
             self._drained.clear()
             try:
                 await asyncio.wait_for(self._drained.wait(), 1.0)
@@ -324,9 +325,11 @@ class PubSubService:
                 pass
         return self.publish(topic, data)
 
-    def _backlog(self) -> int:
-        """Messages waiting for the slowest peer that is taking any."""
-        return max((len(o.pending.messages) for o in self._out.values() if o.in_flight), default=0)
+    def _backlogged(self) -> bool:
+        """Whether the slowest peer that is taking any messages has half its queue waiting."""
+        cfg = self.cfg
+        return any(o.in_flight and (len(o.pending.messages) >= cfg.peer_queue // 2 or o.bytes >= cfg.peer_queue_bytes // 2)
+                   for o in self._out.values())
 
     def topics(self) -> list[str]:
         return sorted(self._router.mesh) if self._router is not None else []
@@ -340,7 +343,7 @@ class PubSubService:
         return sorted(peers, key=str)
 
     def stats(self) -> dict:
-        return {"published": self.published, "bundles": self.bundles, "delivered": self.delivered, "rejected": self.rejected,
+        return {"published": self.published, "bundles": self.bundles, "delivered": self.delivered, "copies": self.copies, "rejected": self.rejected,
                 "peers": len(self._router.peers) if self._router is not None else 0, "topics": self.topics(),
                 "dropped_to_peers": sum(o.dropped for o in self._out.values())}
 
@@ -393,6 +396,8 @@ class PubSubService:
             self.host.spawn(self._measure(peer))
         if self._unheard.pop(peer, None) is not None:
             self._heard.set()
+        for env in rpc.messages:
+            self.copies += env.data.count
         self.router.on_rpc(peer, rpc, self._now())
         self._pump()
 
@@ -411,14 +416,15 @@ class PubSubService:
         r = self.router
         for env, peer in r.take_to_validate():
             verdicts = self._check(env, peer)
-            if type(verdicts) is list and any(inspect.isawaitable(v) for v in verdicts):
-                if self._validating >= self.cfg.max_validating:
+            waiting = sum(1 for v in verdicts if inspect.isawaitable(v)) if type(verdicts) is list else 0
+            if waiting:
+                if self._validating + waiting > self.cfg.max_validating:
                     for v in verdicts:
                         _close(v)
                     self._verdict(env, IGNORE)  # too many waiting on the application: drop, no blame
                     continue
-                self._validating += 1
-                self.host.spawn(self._finish(env, verdicts))
+                self._validating += waiting
+                self.host.spawn(self._finish(env, verdicts, waiting))
             else:
                 self._verdict(env, verdicts)
         for env in r.take_delivered():
@@ -427,45 +433,31 @@ class PubSubService:
             ob = self._out.get(peer)
             if ob is None:
                 ob = self._out[peer] = _Outbound()
-            ob.add(rpc, self.cfg.peer_queue)
+            ob.add(rpc, self.cfg.peer_queue, self.cfg.peer_queue_bytes)
             if ob.in_flight < self.cfg.in_flight:
                 ob.in_flight += 1
                 self.host.spawn(self._drain(peer, ob))
 
     def _verdict(self, env: Envelope, verdicts: Any) -> None:
-        """Tell the router what became of ``env``: REJECT or IGNORE, or each present item's
-        verdict (see the module docstring)."""
-        forward = None
+        """Tell the router what became of ``env``: REJECT or IGNORE, or each item's verdict:
+        any rejected refuses the bundle; else the accepted ones are delivered and, if there are
+        any, the bundle passes on whole (ignored items ride along, delivered nowhere they are
+        ignored)."""
         if type(verdicts) is list:
-            verdict, forward = self._combine(env, verdicts)
+            verdict = REJECT if REJECT in verdicts else ACCEPT if ACCEPT in verdicts else IGNORE
+            if verdict == ACCEPT and IGNORE in verdicts:
+                items, via = self._payloads.get(env.id, ((), None))
+                self._payloads[env.id] = ([x for x, v in zip(items, verdicts) if v == ACCEPT], via)
         else:
             verdict = verdicts
         if verdict == REJECT:
             self.rejected += 1
-        self.router.validated(env.id, verdict, self._now(), forward)
+        self.router.validated(env.id, verdict, self._now())
         for accepted in self.router.take_delivered():
             self._deliver(accepted)
         self._payloads.pop(env.id, None)  # (delivered, refused, or forgotten by the router meanwhile)
 
-    def _combine(self, env: Envelope, verdicts: list[str]) -> tuple[str, Envelope | None]:
-        if REJECT in verdicts:
-            return REJECT, None
-        items, via = self._payloads.get(env.id, ((), None))
-        seen = self._checked.get(_checked_key(env))
-        if seen is None:
-            return IGNORE, None  # (forgotten meanwhile)
-        kept = [i for (i, _), v in zip(items, verdicts) if v == ACCEPT]
-        new = [(i, d) for (i, d), v in zip(items, verdicts) if v == ACCEPT and i not in seen.delivered]
-        if not new:
-            return IGNORE, None  # nothing we did not have: not passed on again
-        seen.delivered.update(i for i, _ in new)
-        self._payloads[env.id] = (new, via)
-        if len(kept) == len(items):
-            return ACCEPT, None
-        b = env.data.keeping(kept)
-        return ACCEPT, wire.envelope(env.topic, env.author, env.seqno, b, env.signature)
-
-    async def _finish(self, env: Envelope, pending: list) -> None:
+    async def _finish(self, env: Envelope, pending: list, waiting: int) -> None:
         try:
             verdicts = await asyncio.wait_for(_gather_verdicts(pending, env.topic), self.cfg.validate_timeout)
         except asyncio.TimeoutError:
@@ -475,33 +467,21 @@ class PubSubService:
             log.exception("pub-sub validator failed", topic=env.topic)
             verdicts = IGNORE
         finally:
-            self._validating -= 1
+            self._validating -= waiting
         self._verdict(env, verdicts)
         self._pump()
 
     def _check(self, env: Envelope, peer: Any) -> Any:
-        """REJECT or IGNORE, or each present item's verdict: a list, or (async validators) a list
-        holding awaitables."""
+        """REJECT, or each item's verdict: a list, holding awaitables where an async validator
+        is still at work."""
         b: Bundle = env.data
-        ck = _checked_key(env)
-        seen = self._checked.get(ck)
-        present = b.present()
-        if seen is not None and seen.signature == env.signature:
-            if seen.delivered.issuperset(present):
-                return IGNORE  # a copy with items left out that brings nothing new
-        else:
-            if not self._signed(env):
-                return REJECT
-            if abs(env.seqno / 1e9 - time.time()) > self.cfg.clock_skew:
-                return REJECT  # a replay from beyond the seen cache, or a clock far off
-            if seen is None:
-                seen = self._checked[ck] = _Seen(env.signature)
-                if len(self._checked) > self.router.p.seen_max:
-                    self._checked.popitem(last=False)
-        items = []
+        key = self._key(env.author)
+        if key is None or not verify_signature(key, env.signature, b.signed_bytes(env.topic, env.author, env.seqno)):
+            return REJECT
+        if abs(env.seqno / 1e9 - time.time()) > self.cfg.clock_skew:
+            return REJECT  # a replay from beyond the seen cache, or a clock far off
         try:
-            for i in present:
-                items.append((i, codec.decode(b.items[i])))
+            items = [(i, codec.decode(d)) for i, d in enumerate(b.items)]
         except LatticaError:
             return REJECT
         self._payloads[env.id] = (items, peer)
@@ -518,10 +498,6 @@ class PubSubService:
                 out = IGNORE
             verdicts.append(out if inspect.isawaitable(out) else _verdict_of(out))
         return verdicts
-
-    def _signed(self, env: Envelope) -> bool:
-        key = self._key(env.author)
-        return key is not None and verify_signature(key, env.signature, env.data.signed_bytes(env.topic, env.author, env.seqno))
 
     def _key(self, author: bytes) -> Any:
         """The author's public key (decoded once), or None if its PeerId holds none."""
@@ -579,6 +555,7 @@ class PubSubService:
             ob.in_flight -= 1
 
     def close(self) -> None:
+        self._send_all()  # (what was published this turn goes, as far as the closing node still gets it)
         self._closed = True
         if self._beat is not None:
             self._beat.cancel()
@@ -602,10 +579,6 @@ class PubSubActor:
         if caller is None or caller == self._svc.rt.peer_id:
             return
         self._svc.on_rpc(caller, batch)
-
-
-def _checked_key(env: Envelope) -> bytes:
-    return env.author + env.seqno.to_bytes(8, "big") + env.data.root
 
 
 async def _gather_verdicts(pending: list, topic: str) -> list[str]:

@@ -287,10 +287,8 @@ class Router:
             targets.update(p for p in self.topics.get(topic, ()) if self._score(p, now) >= limit)
         return targets
 
-    def validated(self, msg_id: bytes, verdict: str, now: float, forward: Envelope | None = None) -> None:
-        """The glue's verdict on a message from ``take_to_validate``. With ``forward``, an
-        accepted message is passed on (and served to IWANTs) as that message instead: the part
-        of it the glue accepted, under its own id."""
+    def validated(self, msg_id: bytes, verdict: str, now: float) -> None:
+        """The glue's verdict on a message from ``take_to_validate``."""
         entry = self._seen.get(msg_id)
         msg = self._messages.pop(msg_id, None)
         if entry is None or msg is None or entry.state != _PENDING:
@@ -298,17 +296,6 @@ class Router:
         topic = entry.topic
         if verdict == ACCEPT:
             entry.state = _ACCEPTED
-            if topic in self.mesh:
-                self._delivered.append(msg)
-            if forward is not None and forward.id != msg_id:
-                fwd = self._seen.get(forward.id)
-                if fwd is None:
-                    fwd = self._remember(forward.id, now, topic, entry.source)
-                elif fwd.state == _PENDING:
-                    self._messages.pop(forward.id, None)  # (it came by itself: this verdict covers it)
-                fwd.state = _ACCEPTED
-                fwd.have |= entry.have
-                entry, msg = fwd, forward
             self._cache(msg)
             if entry.source is not None:
                 self.scores.first_delivery(entry.source, topic)
@@ -316,9 +303,10 @@ class Router:
             self.scores.topic_message(topic, mesh)
             for peer in entry.have:
                 self.scores.forwarded(peer, topic)
+            if topic in self.mesh:
+                self._delivered.append(msg)
             author = msg.author
-            targets = [p for p in mesh if p not in entry.have and p not in entry.told and p not in entry.sent_to and p != entry.source
-                       and _author_of(p) != author]
+            targets = [p for p in mesh if p not in entry.have and p not in entry.told and p != entry.source and _author_of(p) != author]
             for peer in targets:
                 if (peer, topic) in self._choked_by:
                     self._announce.setdefault(peer, {}).setdefault(topic, []).append(msg.id)

@@ -141,5 +141,8 @@ class PubSubConfig:
     # seconds a message's seqno (its author's clock) may be off ours; less than the router's seen
     # cache (120 s), so a message old enough to be forgotten is refused as stale, not delivered again
     clock_skew: float = 60.0
+    # find the topic's other subscribers through the DHT (provider records under the topic's key)
+    # and connect to some while fewer than d_lo are known; off: only peers connected otherwise
+    discover: bool = True
     validate_timeout: float = 10.0  # an async validator that takes longer: the message is ignored
     max_validating: int = 1024  # async validations at once; beyond, messages are ignored

@@ -13,6 +13,11 @@ clock in ns, within ``clock_skew``; items the codec can decode; then the topic's
 each item): any item rejected refuses the bundle (and scores its sender down); the accepted
 items are delivered, and passed on with the ignored ones left out.
 
+Subscribers find each other through the DHT: each announces itself as a provider of the topic's
+key (``topic_key``) and, while it knows fewer than D_lo peers of the topic, looks the key up and
+connects to some of the providers (by PeerId: direct, punched or relayed, as any dial). Mesh
+peers' connections are kept open while idle.
+
 Exposure (docs/security.md): members only. A mesh's topics are the mesh's business; a stranger
 can neither publish into them nor read them through us.
 """
@@ -44,7 +49,7 @@ if TYPE_CHECKING:
 
 log = get_logger("lattica.pubsub")
 
-__all__ = ["PubSubService", "PubSubActor", "pubsub_ref"]
+__all__ = ["PubSubService", "PubSubActor", "pubsub_ref", "topic_key"]
 
 NAME = "pubsub"
 ACCEPT, REJECT, IGNORE = "accept", "reject", "ignore"  # (the router's verdicts)
@@ -62,6 +67,10 @@ def _load() -> None:
 
 
 _KEYS_MAX = 4096  # authors whose public keys we keep decoded
+_TOPIC_DOMAIN = b"lattica pubsub topic\x00"
+_PROVIDE_TTL = 1800.0  # of our provider record for a topic we joined (the DHT re-announces it)
+_FIND_EVERY = (1.0, 60.0)  # first and longest wait between lookups while a topic's peers are few
+_MESH_TAG = "pubsub mesh"
 _BATCH_BYTES = 8 << 20  # messages' bytes in one call to a peer (far below a frame's limit)
 
 
@@ -76,6 +85,13 @@ class _Batch:
         self.datas: list[Any] = [] if body is None else [data]
         self.size = 0 if body is None else len(body)
         self.reach = reach
+
+
+def topic_key(topic: str) -> bytes:
+    """The DHT key under which a topic's subscribers announce themselves (sha2-256 multihash)."""
+    import hashlib  # (a node that joins no topic does not load it)
+
+    return b"\x12\x20" + hashlib.sha256(_TOPIC_DOMAIN + topic.encode()).digest()
 
 
 def pubsub_ref(peer: PeerId) -> ActorRef:
@@ -172,6 +188,8 @@ class PubSubService:
         self._unheard: dict[PeerId, float] = {}  # peers added that have not sent their first batch: when
         self._heard = asyncio.Event()
         self._drained = asyncio.Event()  # a batch went out: publishers waiting for room look again
+        self._finding: dict[str, asyncio.Task] = {}  # topic -> its discovery (``_discover``)
+        self._protected: set[PeerId] = set()  # mesh peers whose idle connections we keep
         self._closed = False
         self.published = self.delivered = self.rejected = self.bundles = self.copies = 0  # copies: items of peers' messages received
         self.host.events.identified.subscribe(self._on_identified)
@@ -212,6 +230,8 @@ class PubSubService:
         if first:
             self.router.join(topic, self._now())
             self._pump()
+            if self.cfg.discover and topic not in self._finding:
+                self._finding[topic] = self.host.spawn(self._discover(topic))
         return sub
 
     def unsubscribe(self, topic: str, handler: Callable[[Message], Any] | None = None) -> None:
@@ -244,6 +264,12 @@ class PubSubService:
             self._handlers.pop(topic, None)
             self.router.leave(topic, self._now())
             self._pump()
+            task = self._finding.pop(topic, None)
+            if task is not None:
+                task.cancel()
+            dht = self.rt.services.get("dht")
+            if dht is not None:
+                dht.stop_providing(topic_key(topic))
 
     def set_validator(self, topic: str, fn: Callable[[Message], Any] | None) -> None:
         """``fn(message)`` decides each new message of ``topic`` before it is delivered or
@@ -364,6 +390,50 @@ class PubSubService:
         self.host.spawn(self._measure(peer))
         self._pump()
 
+    async def _discover(self, topic: str) -> None:
+        """Announce ourselves under the topic's key, and while we know fewer than D_lo of its
+        peers, look the key up and connect to providers we are not connected to (up to D)."""
+        dht = self.rt.services.get("dht")
+        if dht is None:
+            return
+        key = topic_key(topic)
+        provided = False
+        wait = _FIND_EVERY[0]
+        while not self._closed:
+            if not provided:
+                try:
+                    provided = await dht.provide(key, ttl=_PROVIDE_TTL) > 0
+                except (LatticaError, asyncio.TimeoutError) as e:
+                    log.debug("pub-sub topic not announced yet", topic=topic, reason=str(e))
+            known = len(self.router.topics.get(topic, ()))
+            if known < self.cfg.d_lo:
+                try:
+                    found = await dht.find_providers(key, count=20)
+                except (LatticaError, asyncio.TimeoutError) as e:
+                    log.debug("pub-sub topic lookup failed", topic=topic, reason=str(e))
+                    found = []
+                fresh = [p for p in found if p != self.rt.peer_id and p not in self.host.conns][: max(self.cfg.d - known, 0)]
+                await asyncio.gather(*(self._connect(p) for p in fresh))
+                wait = min(wait * 2, _FIND_EVERY[1])
+            else:
+                wait = _FIND_EVERY[1]
+            await asyncio.sleep(wait if provided else min(wait, 5.0))
+
+    async def _connect(self, peer: PeerId) -> None:
+        try:
+            await self.host.get_connection(peer)
+        except (LatticaError, OSError, asyncio.TimeoutError) as e:
+            log.debug("pub-sub topic peer not reached", peer=str(peer), reason=str(e))
+
+    def _keep_mesh_connections(self) -> None:
+        """Mesh peers' connections stay open while idle; others are the connection manager's."""
+        mesh = set().union(*self.router.mesh.values()) if self.router.mesh else set()
+        for peer in mesh - self._protected:
+            self.host.protect(peer, _MESH_TAG)
+        for peer in self._protected - mesh:
+            self.host.unprotect(peer, _MESH_TAG)
+        self._protected = mesh
+
     async def _measure(self, peer: PeerId) -> None:
         """The peer's round trip, which tells its forwarded copies from echoes of ours (P3)."""
         try:
@@ -407,6 +477,7 @@ class PubSubService:
             try:
                 self.router.heartbeat(self._now())
                 self._pump()
+                self._keep_mesh_connections()
             except Exception:  # one bad heartbeat must not end the mesh's upkeep
                 log.exception("pub-sub heartbeat failed")
 
@@ -557,6 +628,9 @@ class PubSubService:
     def close(self) -> None:
         self._send_all()  # (what was published this turn goes, as far as the closing node still gets it)
         self._closed = True
+        for task in self._finding.values():
+            task.cancel()
+        self._finding.clear()
         if self._beat is not None:
             self._beat.cancel()
         for subs in self._subs.values():

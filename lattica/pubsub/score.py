@@ -7,11 +7,13 @@ calls ``decay`` once a heartbeat, and asks ``score(peer)``. The terms follow Gos
 - P1 time in the mesh (a little credit per second, capped);
 - P2 first deliveries (credit for messages we heard from the peer first, decaying, capped);
 - P3 mesh deliveries: a mesh peer must forward a share of the topic's messages to us, counting
-  only copies that reached us before we sent the message to that peer (an echo of what we sent
-  it proves nothing). The expected number is ``forward_ratio`` of the topic's messages we saw
-  while the peer was in the mesh, so a quiet topic costs nobody anything; the squared deficit is
-  the penalty, and a peer pruned while in deficit keeps it as P3b (sticky, decaying). This is
-  the term against peers that take messages and never pass them on;
+  only copies that cannot be echoes of ours (the router decides). The share expected is
+  ``forward_ratio`` of the topic's messages we saw while the peer was in the mesh, so a quiet
+  topic costs nobody anything; the penalty is the squared shortfall as a fraction of that share
+  (0 to 1, whatever the message rate) times the weight, so a peer that forwards nothing costs
+  ``mesh_deliveries_weight`` and one a little short almost nothing (its first deliveries make up
+  for it); a peer pruned while short keeps it as P3b (sticky, decaying). This is the term
+  against peers that take messages and never pass them on;
 - P4 invalid messages (squared, decaying);
 - P6 many peers from one IP address (squared excess over a threshold; loopback exempt);
 - P7 protocol misbehaviour (GRAFT during a backoff, IWANT promises not kept; squared, decaying).
@@ -38,12 +40,14 @@ class TopicScoreParams:
     first_deliveries_weight: float = 0.5
     first_deliveries_cap: float = 20.0
     first_deliveries_decay: float = 0.9  # per decay interval
-    mesh_deliveries_weight: float = -1.0  # times the squared deficit
-    forward_ratio: float = 0.2  # of the topic's messages a mesh peer forwards to us (honest: ~1/2 to 1)
+    mesh_deliveries_weight: float = -25.0  # times the squared shortfall (a fraction of the expected share)
+    # of the topic's messages a mesh peer forwards to us: honest ones, 5-90 % (fewer where
+    # authors flood their messages to most nodes at once); silent ones, only their own
+    forward_ratio: float = 0.05
     mesh_deliveries_min: float = 20.0  # topic messages seen before the term counts
     mesh_deliveries_activation: float = 5.0  # seconds in the mesh before the term counts
     mesh_deliveries_decay: float = 0.97
-    mesh_failure_weight: float = -1.0  # P3b, per unit of squared deficit carried out of the mesh
+    mesh_failure_weight: float = -25.0  # P3b, per unit of squared shortfall carried out of the mesh
     mesh_failure_decay: float = 0.97
     invalid_weight: float = -10.0  # times the squared count
     invalid_decay: float = 0.99
@@ -241,7 +245,7 @@ class PeerScore:
             return 0.0
         if ts.mesh_seen < tp.mesh_deliveries_min:
             return 0.0
-        return tp.forward_ratio * ts.mesh_seen - ts.mesh_got
+        return max(0.0, 1.0 - ts.mesh_got / (tp.forward_ratio * ts.mesh_seen))
 
     def _trim(self, now: float) -> None:
         p = self.params

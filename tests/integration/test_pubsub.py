@@ -16,6 +16,7 @@ from helpers import call_as, spawn_local, wait_for
 from lattica.actors.pubsub import pubsub_ref
 from lattica.actors.pubsub import wire
 from lattica.actors.pubsub.bundle import Bundle
+from lattica.config import PubSubConfig
 from lattica.errors import NodeClosed, PermissionDenied, ProtocolError, Timeout
 from lattica.trust import MeshKey
 
@@ -26,9 +27,10 @@ TCP = "/ip4/127.0.0.1/tcp/0"
 
 @pytest.fixture
 def line():
-    """Five members in a line (0-1-2-3-4): messages must travel through the mesh."""
+    """Five members in a line (0-1-2-3-4): messages must travel through the mesh (the members do
+    not look for the topics' other subscribers: they would all connect)."""
     key = MeshKey.generate()
-    nodes = [lattica.Node([TCP], mesh=key, allow=["sample_actors.*"]).start() for _ in range(5)]
+    nodes = [lattica.Node([TCP], mesh=key, allow=["sample_actors.*"], pubsub=PubSubConfig(discover=False)).start() for _ in range(5)]
     try:
         for a, b in zip(nodes, nodes[1:]):
             b.connect(a.addrs[0])
@@ -447,3 +449,28 @@ def test_large_messages_travel_the_mesh(line):
     assert lattica.pubsub.publish("big", {"w": blob}, node=line[0]).result(5) == 1
     for sub in subs:
         assert sub.get(timeout=10).data == {"w": blob}
+
+
+def test_subscribers_find_each_other_through_the_dht():
+    """Two subscribers that know only a bootstrap node (which does not join the topic) find each
+    other under the topic's key, connect, mesh, and one's messages reach the other."""
+    key = MeshKey.generate()
+    boot = lattica.Node([TCP], mesh=key, membership=False).start()  # (membership gossip would introduce them too)
+    try:
+        a = lattica.Node([TCP], mesh=key, membership=False).start()
+        b = lattica.Node([TCP], mesh=key, membership=False).start()
+        try:
+            for n in (a, b):
+                n.connect(boot.addrs[0])
+            assert b.peer_id not in a._host.conns
+            sub = lattica.pubsub.subscribe("found", node=b)
+            lattica.pubsub.subscribe("found", node=a)
+            assert wait_for(lambda: lattica.pubsub.peers("found", node=a) == [b.peer_id], timeout=15)
+            assert lattica.pubsub.publish("found", "hello", node=a).result(5) == 1
+            assert sub.get(timeout=5).data == "hello"
+            assert lattica.pubsub.topics(node=boot) == []
+        finally:
+            a.stop()
+            b.stop()
+    finally:
+        boot.stop()

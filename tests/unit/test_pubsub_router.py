@@ -320,3 +320,71 @@ def test_slow_mesh_peers_are_choked_and_announce_instead():
     out = me.take_outgoing()
     assert m2 not in out[fast[0]].messages and (T, [m2.id]) in out[fast[0]].ihave
     assert m2 in out[fast[2]].messages
+
+
+
+def _mesh_peer_score(share: float, messages: int) -> float:
+    from lattica.pubsub.score import PeerScore
+
+    s = PeerScore()
+    s.connected("p")
+    s.grafted("p", T, 0.0)
+    got = 0
+    for i in range(1, messages + 1):
+        s.topic_message(T, {"p"})
+        while got < share * i:
+            s.forwarded("p", T)
+            got += 1
+    return s.score("p", 10.0)
+
+
+def test_a_mesh_peer_that_never_forwards_is_scored_down_whatever_the_rate():
+    from lattica.pubsub.score import ScoreParams
+
+    w = ScoreParams().topic.mesh_deliveries_weight
+    for messages in (100, 1000, 10_000):
+        silent = _mesh_peer_score(0.0, messages)
+        assert w <= silent - 10 / 360 <= w + 0.01, "the whole shortfall costs the weight, at any message rate"
+        assert silent < ScoreParams().gossip_threshold
+        assert _mesh_peer_score(0.10, messages) >= 0, "an honest peer forwarding a tenth is not penalised"
+        assert w / 4 < _mesh_peer_score(0.025, messages) < 0, "half the share: a quarter of the weight"
+
+
+def test_a_silent_mesh_peer_is_pruned_and_honest_ones_stay():
+    routers = net(8, seed=3)
+    silent = 1
+    for r in routers.values():
+        r.join(T, 0.0)
+    t = 0.0
+
+    order = random.Random(5)
+
+    def run() -> None:
+        """Deliver until quiet, the routers taking turns in a random order each round (as varied
+        latencies would have it: no peer is always downstream of another)."""
+        for _ in range(20):
+            moved = False
+            for name in order.sample(list(routers), len(routers)):
+                r = routers[name]
+                for m, _ in r.take_to_validate():
+                    r.validated(m.id, ACCEPT, t)
+                for peer, rpc in r.take_outgoing().items():
+                    if name == silent:
+                        rpc.messages = []  # takes messages, passes none on (its own included: it publishes none)
+                    moved = True
+                    routers[peer].on_rpc(name, rpc, t)
+            if not moved:
+                return
+
+    for k in range(400):
+        routers[[0, 2, 3][k % 3]].publish(msg([0, 2, 3][k % 3], k), t)
+        run()
+        t += 0.05
+        if k % 20 == 19:
+            for r in routers.values():
+                r.heartbeat(t)
+            run()
+    holders = [name for name, r in routers.items() if silent in r.mesh.get(T, ())]
+    assert not holders, f"the silent peer is still in the meshes of {holders}"
+    assert all(len(r.mesh[T]) >= 4 for name, r in routers.items() if name != silent), "honest meshes stay whole"
+    assert all(r.score(p, t) >= 0 for name, r in routers.items() for p in r.mesh[T]), "no honest mesh peer penalised"

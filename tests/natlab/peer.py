@@ -9,6 +9,10 @@ JSON line per command read from stdin:
 * ``{"cmd": "call", "peer": "<PeerId>"}`` -> spawn a Counter on that peer (found by PeerId alone),
   call it, and report the path the call took (``tcp``, ``quic`` or ``relay``) and how long it took
 * ``{"cmd": "members"}`` -> the membership view: ``{"members": [{"peer_id", "state"}, ...]}``
+* ``{"cmd": "subscribe", "topic": T}``; ``{"cmd": "publish", "topic": T, "data": D}`` -> the
+  peers it went to; ``{"cmd": "received", "topic": T}`` -> ``{"got": [data, ...], "via": [...]}``
+  (what arrived since subscribing); ``{"cmd": "pubsub", "topic": T}`` -> the topic's mesh with
+  the path to each mesh peer
 * ``{"cmd": "quit"}``
 """
 
@@ -100,6 +104,7 @@ def main() -> None:
             lattica.dht.bootstrap(node=node).result(30)
         except lattica.errors.LatticaError as e:
             _say({"event": "bootstrap-failed", "error": str(e)})
+    subs: dict = {}
     for line in sys.stdin:
         cmd = json.loads(line)
         try:
@@ -117,6 +122,20 @@ def main() -> None:
                 _say({"members": [{"peer_id": str(m["peer_id"]), "state": m["state"]} for m in node.nodes()]})
             elif cmd["cmd"] == "holepunch":
                 _say(node.run(_punch_status(node), timeout=5))
+            elif cmd["cmd"] == "subscribe":
+                subs[cmd["topic"]] = (lattica.pubsub.subscribe(cmd["topic"], node=node), [], [])
+                _say({"ok": True})
+            elif cmd["cmd"] == "publish":
+                _say({"ok": True, "sent_to": lattica.pubsub.publish(cmd["topic"], cmd["data"], node=node).result(10)})
+            elif cmd["cmd"] == "received":
+                sub, got, via = subs[cmd["topic"]]
+                while (msg := sub.get_nowait()) is not None:
+                    got.append(msg.data)
+                    via.append(str(msg.via))
+                _say({"got": got, "via": via})
+            elif cmd["cmd"] == "pubsub":
+                mesh = lattica.pubsub.peers(cmd["topic"], node=node)
+                _say({"mesh": {str(p): [c.transport for c in node._host.conns_of.get(p, ())] for p in mesh}})
             elif cmd["cmd"] == "quit":
                 break
         except Exception as e:  # noqa: BLE001 -- reported to the test, which decides

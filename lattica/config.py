@@ -141,6 +141,9 @@ class PubSubConfig:
     # seconds a message's seqno (its author's clock) may be off ours; less than the router's seen
     # cache (120 s), so a message old enough to be forgotten is refused as stale, not delivered again
     clock_skew: float = 60.0
+    # bundles (a message, or the messages published together) from one author checked and passed
+    # on per second, as many at once; beyond, ignored (docs/pubsub.md: the seen cache's bound)
+    author_rate: float = 1000.0
     # find the topic's other subscribers through the DHT (provider records under the topic's key)
     # and connect to some while fewer than d_lo are known; off: only peers connected otherwise
     discover: bool = True

@@ -184,6 +184,7 @@ class PubSubService:
         self._batches: dict[str, _Batch] = {}
         self._out: dict[PeerId, _Outbound] = {}
         self._keys: dict[bytes, bytes | None] = {}
+        self._rates: dict[bytes, tuple[float, float]] = {}  # author -> (tokens, when)
         self._validating = 0  # async validations running
         self._unheard: dict[PeerId, float] = {}  # peers added that have not sent their first batch: when
         self._heard = asyncio.Event()
@@ -551,6 +552,8 @@ class PubSubService:
             return REJECT
         if abs(env.seqno / 1e9 - time.time()) > self.cfg.clock_skew:
             return REJECT  # a replay from beyond the seen cache, or a clock far off
+        if not self._within_rate(env.author):
+            return IGNORE  # (the author's doing, not the sender's)
         try:
             items = [(i, codec.decode(d)) for i, d in enumerate(b.items)]
         except LatticaError:
@@ -569,6 +572,22 @@ class PubSubService:
                 out = IGNORE
             verdicts.append(out if inspect.isawaitable(out) else _verdict_of(out))
         return verdicts
+
+    def _within_rate(self, author: bytes) -> bool:
+        """A token bucket per author (``author_rate`` bundles a second, as many at once): no
+        author can push the seen cache's 100,000 entries out within the clock window (and so
+        replay its old messages), nor make everyone check its bundles without end."""
+        rate = self.cfg.author_rate
+        now = self._now()
+        tokens, then = self._rates.pop(author, (rate, now))
+        tokens = min(rate, tokens + (now - then) * rate)
+        if len(self._rates) >= _KEYS_MAX:
+            self._rates.pop(next(iter(self._rates)))  # (the longest quiet: reinserted at every bundle)
+        if tokens < 1.0:
+            self._rates[author] = (tokens, now)
+            return False
+        self._rates[author] = (tokens - 1.0, now)
+        return True
 
     def _key(self, author: bytes) -> Any:
         """The author's public key (decoded once), or None if its PeerId holds none."""

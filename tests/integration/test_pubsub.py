@@ -474,3 +474,34 @@ def test_subscribers_find_each_other_through_the_dht():
             b.stop()
     finally:
         boot.stop()
+
+
+def test_an_author_beyond_its_rate_is_ignored_not_blamed_on_the_sender():
+    """Bundles from one author beyond ``author_rate`` a second are ignored: no author can push
+    the seen cache out within the clock window (then replay), and the peer that passed them on
+    is not scored down."""
+    key = MeshKey.generate()
+    a = lattica.Node([TCP], mesh=key, membership=False, pubsub=PubSubConfig(discover=False)).start()
+    b = lattica.Node([TCP], mesh=key, membership=False, pubsub=PubSubConfig(discover=False, author_rate=10.0)).start()
+    try:
+        b.connect(a.addrs[0])
+        sub = lattica.pubsub.subscribe("r", node=b)
+        lattica.pubsub.subscribe("r", node=a)
+        assert wait_for(lambda: lattica.pubsub.peers("r", node=b) == [a.peer_id], timeout=10)
+        base = time.time_ns()
+        call_as(a, pubsub_ref(b.peer_id), "rpc", _batch(*(_envelope(a, "r", i, seqno=base + i) for i in range(50))))
+        got = []
+        while True:
+            try:
+                got.append(sub.get(timeout=0.5).data)
+            except Timeout:
+                break
+        assert got == list(range(10)), got
+        svc = b._host.services["pubsub"]
+        assert svc.rejected == 0 and svc.router.score(a.peer_id, b._host.loop.time()) >= 0
+        time.sleep(0.3)  # the bucket refills at 10 a second
+        call_as(a, pubsub_ref(b.peer_id), "rpc", _batch(_envelope(a, "r", "later")))
+        assert sub.get(timeout=5).data == "later"
+    finally:
+        a.stop()
+        b.stop()

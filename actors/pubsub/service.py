@@ -182,6 +182,8 @@ class PubSubService:
         self._validators: dict[str, Callable[[Message], Any]] = {}
         self._payloads: dict[bytes, tuple[list, Any]] = {}  # message id -> ([(item, decoded data)], peer it came from), until delivered
         self._batches: dict[str, _Batch] = {}
+        self._send_later: asyncio.Handle | None = None  # the batches' departure
+        self._own_rate = (self.cfg.author_rate / 2, 0.0)  # our bundle bucket: (tokens, when)
         self._out: dict[PeerId, _Outbound] = {}
         self._keys: dict[bytes, bytes | None] = {}
         self._rates: dict[bytes, tuple[float, float]] = {}  # author -> (tokens, when)
@@ -283,7 +285,8 @@ class PubSubService:
 
     def publish(self, topic: str, data: Any) -> int:
         """Send ``data`` (anything the codec carries) to ``topic``, signed; the peers it goes to.
-        It leaves at the end of this turn of the loop, in one bundle with the topic's others."""
+        It leaves at once when nothing of ours is on the way; else at the end of this turn of
+        the loop (or when our bundle rate allows), in one bundle with the topic's others."""
         self.router  # noqa: B018 -- (loads the machinery at first use)
         wire.check_topic(topic)
         body = b"".join(bytes(c) for c in codec.encode(data))
@@ -295,10 +298,12 @@ class PubSubService:
             batch = None
         self.published += 1
         if batch is None:
-            if not any(o.in_flight for o in self._out.values()):
+            if self._send_wait() <= 0 and not any(o.in_flight for o in self._out.values()):
                 return self._send(topic, _Batch(0, body, data))  # nothing of ours on the way: it goes now
-            if not self._batches:
-                self.host.loop.call_soon(self._send_all)
+            if self._send_later is None:
+                wait = self._send_wait()
+                loop = self.host.loop
+                self._send_later = loop.call_soon(self._send_all) if wait <= 0 else loop.call_later(wait, self._send_all)
             batch = self._batches[topic] = _Batch(self.router.reach(topic, self._now()))
         batch.bodies.append(body)
         batch.datas.append(data)
@@ -306,8 +311,19 @@ class PubSubService:
         return batch.reach
 
     def _send_all(self) -> None:
+        self._send_later = None
         for topic in list(self._batches):
             self._send(topic)
+
+    def _send_wait(self) -> float:
+        """Seconds until our own bundle rate (half the ``author_rate`` receivers allow, as many
+        at once) lets the next bundle go: a fast publisher sends bigger bundles, not more."""
+        rate = self.cfg.author_rate / 2
+        tokens, then = self._own_rate
+        now = self._now()
+        tokens = min(rate, tokens + (now - then) * rate)
+        self._own_rate = (tokens, now)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / rate
 
     def _send(self, topic: str, batch: _Batch | None = None) -> int:
         """Sign the topic's waiting messages (or ``batch``) as one bundle and hand it to the
@@ -315,6 +331,9 @@ class PubSubService:
         if batch is None:
             batch = self._batches.pop(topic)
         n = len(batch.bodies)
+        self._send_wait()
+        tokens, now = self._own_rate
+        self._own_rate = (tokens - 1.0, now)
         seqno = max(self._seqno + 1, time.time_ns())
         self._seqno = seqno + n - 1
         bundle = Bundle(batch.bodies)
@@ -645,6 +664,8 @@ class PubSubService:
             ob.in_flight -= 1
 
     def close(self) -> None:
+        if self._send_later is not None:
+            self._send_later.cancel()
         self._send_all()  # (what was published this turn goes, as far as the closing node still gets it)
         self._closed = True
         for task in self._finding.values():

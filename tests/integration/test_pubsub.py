@@ -505,3 +505,24 @@ def test_an_author_beyond_its_rate_is_ignored_not_blamed_on_the_sender():
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_publisher_yielding_between_messages_paces_its_bundles_and_loses_nothing(line):
+    """One message per turn of the loop, thousands a second: the publisher keeps its bundles
+    within half the rate receivers allow an author (bigger bundles instead), so none is ignored."""
+    subs = [lattica.pubsub.subscribe("pace", node=n) for n in line[:3]]
+    assert wait_for(lambda: [len(lattica.pubsub.peers("pace", node=n)) for n in line[:3]] == [1, 2, 1], timeout=10)
+    svc = line[1]._host.services["pubsub"]
+
+    async def go():
+        t0 = time.monotonic()
+        for i in range(3000):
+            svc.publish("pace", i)
+            await asyncio.sleep(0)
+        return time.monotonic() - t0
+    took = line[1].run(go(), timeout=60)
+    rate = svc.cfg.author_rate / 2
+    assert svc.stats()["bundles"] <= rate + rate * (took + 0.5), (svc.stats()["bundles"], took)
+    for sub in subs:
+        assert [sub.get(timeout=10).data for _ in range(3000)] == list(range(3000))
+    assert all(n._host.services["pubsub"].rejected == 0 for n in line[:3])

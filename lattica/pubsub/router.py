@@ -183,6 +183,7 @@ class Router:
         self._ihaves_heard: dict[Hashable, int] = {}
         self._asked: dict[Hashable, int] = {}
         self._promises: dict[bytes, tuple[Hashable, float]] = {}
+        self._offered: dict[bytes, list[Hashable]] = {}  # ids asked of one peer -> other peers that have them
         self._outbox: dict[Hashable, Rpc] = {}
         self._to_validate: list[tuple[Envelope, Hashable]] = []
         self._delivered: list[Envelope] = []
@@ -361,6 +362,7 @@ class Router:
         promise = self._promises.get(mid)
         if promise is not None and promise[0] == peer:
             del self._promises[mid]
+            self._offered.pop(mid, None)
         entry = self._seen.get(mid)
         race = self._race.get((peer, msg.topic))
         if race is not None:
@@ -415,6 +417,8 @@ class Router:
                 if entry is None:
                     if mid not in self._promises:
                         want.append(mid)
+                    else:
+                        self._offer(mid, peer)
                     if race is not None:
                         race[0] += 1
                 else:
@@ -530,8 +534,11 @@ class Router:
             if topic not in self.mesh or type(ids) is not list:
                 continue
             for mid in ids[: self.p.max_ihave_length]:
-                if type(mid) is bytes and mid not in self._seen and mid not in self._promises:
-                    want.append(mid)
+                if type(mid) is bytes and mid not in self._seen:
+                    if mid not in self._promises:
+                        want.append(mid)
+                    else:
+                        self._offer(mid, peer)
         if not want:
             return
         if len(want) > room:
@@ -569,6 +576,7 @@ class Router:
             if now >= due:
                 del self._promises[mid]
                 broke.add(peer)
+                self._ask_another(mid, now)
         for peer in broke:  # asked with IWANT, never sent (once per peer and heartbeat)
             if peer in self.peers:
                 self.scores.misbehaved(peer)
@@ -736,6 +744,32 @@ class Router:
             self.scores.pruned(peer, topic)
         self._backoff[(peer, topic)] = now + backoff
         self._out(peer).prune.append((topic, backoff))
+
+    def _offer(self, mid: bytes, peer: Hashable) -> None:
+        """``peer`` has ``mid``, which we asked someone else for: the next to ask if that fails."""
+        if peer == self._promises[mid][0]:
+            return
+        others = self._offered.get(mid)
+        if others is None:
+            if len(self._offered) >= self.p.max_iwant_ids * 4:
+                return
+            others = self._offered[mid] = []
+        if len(others) < 4 and peer not in others:
+            others.append(peer)
+
+    def _ask_another(self, mid: bytes, now: float) -> None:
+        """A promise to send ``mid`` was broken: ask the next peer that announced it."""
+        others = self._offered.pop(mid, None)
+        if not others or mid in self._seen:
+            return
+        for i, peer in enumerate(others):
+            if peer in self.peers and self._asked.get(peer, 0) < self.p.max_iwant_ids:
+                self._asked[peer] = self._asked.get(peer, 0) + 1
+                self._out(peer).iwant.append(mid)
+                self._promises[mid] = (peer, now + self.p.iwant_followup)
+                if others[i + 1:]:
+                    self._offered[mid] = others[i + 1:]
+                return
 
     def _remember(self, mid: bytes, now: float, topic: str, source: Hashable | None) -> _Seen:
         entry = self._seen[mid] = _Seen(now, topic, source)

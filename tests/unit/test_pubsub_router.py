@@ -174,6 +174,27 @@ def test_gossip_recovers_a_message_the_mesh_missed_and_broken_promises_cost():
     assert b.score("a", 6.0) < before
 
 
+def test_a_broken_promise_is_asked_of_another_peer_that_announced_the_message():
+    b = Router("b")
+    for peer in ("x", "y"):
+        b.add_peer(peer, 0.0)
+        b.on_rpc(peer, Rpc(subscribe=[(T, True)]), 0.0)
+    b.join(T, 0.0)
+    b.take_outgoing()
+    m = msg(1, 1)
+    b.on_rpc("x", Rpc(ihave=[(T, [m.id])]), 1.0)
+    b.on_rpc("y", Rpc(ihave=[(T, [m.id])]), 1.0)
+    out = b.take_outgoing()
+    assert out["x"].iwant == [m.id] and "y" not in out, "asked once"
+    b.heartbeat(5.0)  # x never sent it
+    assert b.take_outgoing()["y"].iwant == [m.id], "then the other peer that has it"
+    b.on_rpc("y", Rpc(messages=[m]), 5.1)
+    (got, _), = b.take_to_validate()
+    b.validated(got.id, ACCEPT, 5.1)
+    assert b.take_delivered() == [m]
+    assert b.score("y", 5.2) >= 0 > b.score("x", 5.2)
+
+
 def test_ihave_and_iwant_floods_are_bounded():
     p = GossipParams()
     a = Router("a", p)

@@ -1,7 +1,8 @@
 """Property-based fuzzing (hypothesis) of the parsers that take network input and had no fuzzing
 yet: DHT records and peer records, DHT answers, membership gossip, relay requests and answers,
-hole-punch messages, AutoNAT requests and mesh certificates. (The codec, Noise, the multiplexer,
-rpc messages, identify, multiaddrs and mDNS have theirs in tests/unit.)
+hole-punch messages, AutoNAT requests, mesh certificates and pub-sub batches and bundles. (The
+codec, Noise, the multiplexer, rpc messages, identify, multiaddrs and mDNS have theirs in
+tests/unit.)
 
 Each parser gets anything a decoded message can be, and also valid messages with one field
 replaced: it returns a value or raises its documented error (a LatticaError; the DHT's Garbage),
@@ -244,3 +245,50 @@ def test_certificates(data):
         Certificate.from_bytes(raw)
     except LatticaError:
         pass
+
+
+# -- pub-sub batches and bundles -----------------------------------------------------------------
+
+
+def _valid_batch() -> list:
+    from lattica.actors.pubsub.bundle import Bundle
+
+    b = Bundle([b"\xa1x", b"\x01"])
+    return [[["t", True]], [["t", KP.peer_id.to_bytes(), 1_700_000_000_000_000_000, b.wire(), KP.sign(b.signed_bytes("t", KP.peer_id.to_bytes(), 1))]],
+            [["t", [b"i" * 30]]], [b"w" * 30], ["t"], [["t", 60]], [b"d" * 30], ["t"], []]
+
+
+def _check_batch(rpc) -> None:
+    from lattica.actors.pubsub import wire
+
+    for m in rpc.messages:
+        assert type(m.author) is bytes and 0 <= m.seqno and m.seqno + m.data.count <= 1 << 64
+        assert all(type(d) is bytes for d in m.data.items) and m.size <= 1000 and len(m.id) <= wire.MAX_ID
+    assert all(type(t) is str and type(on) is bool for t, on in rpc.subscribe)
+    assert sum(len(ids) for _, ids in rpc.ihave) + len(rpc.iwant) + len(rpc.idontwant) <= wire.MAX_BATCH_IDS
+
+
+@FUZZ
+@given(st.data())
+def test_pubsub_batches(data):
+    from lattica.actors.pubsub import wire
+
+    try:
+        rpc = wire.decode(fuzzed(data, _valid_batch()), 1000)
+    except LatticaError:
+        return
+    _check_batch(rpc)
+
+
+@FUZZ
+@given(st.data())
+def test_pubsub_messages_with_one_field_replaced(data):
+    from lattica.actors.pubsub import wire
+
+    batch = _valid_batch()
+    batch[1] = [mutate(batch[1][0], data)]
+    try:
+        rpc = wire.decode(batch, 1000)
+    except LatticaError:
+        return
+    _check_batch(rpc)

@@ -138,6 +138,7 @@ class PubSubConfig:
     peer_queue_bytes: int = 32 << 20  # and their bytes (a message published in a burst is a bundle of up to max_message_bytes)
     in_flight: int = 2  # batches on the way to one peer at once
     subscription_queue: int = 10_000  # messages a subscription holds for its reader (the oldest dropped)
+    subscription_bytes: int = 64 << 20  # and their bytes (as they came: the codec's)
     # seconds a message's seqno (its author's clock) may be off ours; less than the router's seen
     # cache (120 s), so a message old enough to be forgotten is refused as stale, not delivered again
     clock_skew: float = 60.0

@@ -228,7 +228,7 @@ class PubSubService:
         if handler is not None:
             self._handlers.setdefault(topic, []).append(handler)
         else:
-            sub = Subscription(topic, self.host.loop, maxsize or self.cfg.subscription_queue, self._closed_sub)
+            sub = Subscription(topic, self.host.loop, maxsize or self.cfg.subscription_queue, self._closed_sub, self.cfg.subscription_bytes)
             self._subs.setdefault(topic, []).append(sub)
         if first:
             self.router.join(topic, self._now())
@@ -628,11 +628,12 @@ class PubSubService:
         author = PeerId.from_bytes(env.author)
         subs = self._subs.get(env.topic, ())
         handlers = self._handlers.get(env.topic, ())
+        sizes = env.data.items
         for i, data in items:
             msg = Message(env.topic, author, env.seqno + i, data, via)
             self.delivered += 1
             for sub in subs:
-                sub._push(msg)
+                sub._push(msg, len(sizes[i]))
             for handler in handlers:
                 try:
                     tell = getattr(handler, "tell", None)

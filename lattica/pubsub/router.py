@@ -40,7 +40,7 @@ The rules, in short (names as in the GossipSub v1.1 specification):
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Hashable
 
@@ -128,6 +128,7 @@ class GossipParams:
     opportunistic_graft_threshold: float = 1.0
     max_topics_per_peer: int = 256
     max_message_bytes: int = 1 << 20
+    mcache_bytes: int = 64 << 20  # messages kept for IWANTs (history_length heartbeats, the oldest dropped beyond)
     max_idontwant: int = 1000  # IDONTWANT ids we keep per peer per heartbeat
     idontwant_min_bytes: int = 1024  # smaller messages cost about what their IDONTWANTs would
     near_first_window: float = 0.001  # a peer's round trip until the glue measured it (see the score's P3)
@@ -178,7 +179,8 @@ class Router:
         self._backoff: dict[tuple[Hashable, str], float] = {}
         self._seen: OrderedDict[bytes, _Seen] = OrderedDict()
         self._mcache: dict[bytes, Envelope] = {}
-        self._windows: list[list[bytes]] = [[]]
+        self._mcache_bytes = 0
+        self._windows: list[deque[bytes]] = [deque()]
         self._iwant_served: dict[tuple[Hashable, bytes], int] = {}
         self._ihaves_heard: dict[Hashable, int] = {}
         self._asked: dict[Hashable, int] = {}
@@ -653,10 +655,12 @@ class Router:
                 self._out(peer).ihave.append((topic, list(ids)))
 
     def _shift(self) -> None:
-        self._windows.insert(0, [])
+        self._windows.insert(0, deque())
         while len(self._windows) > self.p.history_length:
             for mid in self._windows.pop():
-                self._mcache.pop(mid, None)
+                gone = self._mcache.pop(mid, None)
+                if gone is not None:
+                    self._mcache_bytes -= gone.size
         if self._iwant_served and not self._mcache:
             self._iwant_served.clear()
         elif len(self._iwant_served) > 4 * len(self._mcache) + 1024:
@@ -785,7 +789,13 @@ class Router:
         mid = msg.id
         if mid not in self._mcache:
             self._mcache[mid] = msg
+            self._mcache_bytes += msg.size
             self._windows[0].append(mid)
+            while self._mcache_bytes > self.p.mcache_bytes and len(self._mcache) > 1:
+                oldest = next(w for w in reversed(self._windows) if w)
+                gone = self._mcache.pop(oldest.popleft(), None)
+                if gone is not None:
+                    self._mcache_bytes -= gone.size
 
 
 _SHA256: Any = None

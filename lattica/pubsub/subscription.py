@@ -46,10 +46,14 @@ def _on(loop: asyncio.AbstractEventLoop) -> bool:
 class Subscription:
     """The messages of ``topic`` from the moment of subscribing (see the module docstring)."""
 
-    def __init__(self, topic: str, loop: asyncio.AbstractEventLoop, maxsize: int, on_close: Callable[[Subscription], None]) -> None:
+    def __init__(self, topic: str, loop: asyncio.AbstractEventLoop, maxsize: int, on_close: Callable[[Subscription], None],
+                 maxbytes: int = 1 << 62) -> None:
         self.topic = topic
         self.maxsize = maxsize
+        self.maxbytes = maxbytes
         self.dropped = 0
+        self._bytes = 0
+        self._sizes: collections.deque[int] = collections.deque()  # (of the waiting messages' data, as it came)
         self.closed = False
         self._loop = loop
         self._queue: collections.deque[Message] = collections.deque()
@@ -63,7 +67,7 @@ class Subscription:
 
     # -- fed on the node loop -------------------------------------------------------------------
 
-    def _push(self, msg: Message) -> None:
+    def _push(self, msg: Message, size: int = 0) -> None:
         with self._lock:
             while self._waiters:
                 fut = self._waiters.popleft()
@@ -71,10 +75,17 @@ class Subscription:
                     fut._resolve(msg)
                     return
             self._queue.append(msg)
-            if len(self._queue) > self.maxsize:
+            self._sizes.append(size)
+            self._bytes += size
+            while len(self._queue) > self.maxsize or (self._bytes > self.maxbytes and len(self._queue) > 1):
                 self._queue.popleft()
+                self._bytes -= self._sizes.popleft()
                 self.dropped += 1
             self._ready.notify()
+
+    def _take(self) -> Message:
+        self._bytes -= self._sizes.popleft()
+        return self._queue.popleft()
 
     def _end(self) -> None:
         with self._lock:
@@ -96,20 +107,20 @@ class Subscription:
             if not self._ready.wait_for(lambda: self._queue or self.closed, timeout):
                 raise Timeout(f"no message on {self.topic!r} within {timeout} s")
             if self._queue:
-                return self._queue.popleft()
+                return self._take()
             raise NodeClosed(f"the subscription to {self.topic!r} is closed")
 
     def get_nowait(self) -> Message | None:
         """The next message if one is waiting, else None."""
         with self._lock:
-            return self._queue.popleft() if self._queue else None
+            return self._take() if self._queue else None
 
     def next(self) -> Future:
         """A :class:`lattica.Future` of the next message (awaitable on any loop)."""
         fut = Future(self._loop)
         with self._lock:
             if self._queue:
-                msg = self._queue.popleft()
+                msg = self._take()
             elif self.closed:
                 msg = None
             else:
@@ -130,7 +141,7 @@ class Subscription:
         if self._queue and _on(self._loop):  # (a message waiting, read on the node loop: no hand-over)
             with self._lock:
                 if self._queue:
-                    return self._queue.popleft()
+                    return self._take()
         try:
             return await self.next()
         except NodeClosed:

@@ -409,3 +409,32 @@ def test_a_silent_mesh_peer_is_pruned_and_honest_ones_stay():
     assert not holders, f"the silent peer is still in the meshes of {holders}"
     assert all(len(r.mesh[T]) >= 4 for name, r in routers.items() if name != silent), "honest meshes stay whole"
     assert all(r.score(p, t) >= 0 for name, r in routers.items() for p in r.mesh[T]), "no honest mesh peer penalised"
+
+
+def test_the_message_cache_is_bounded_in_bytes():
+    r = Router("a", GossipParams(mcache_bytes=10_000, flood_publish=False))
+    r.join(T, 0.0)
+    for i in range(50):
+        r.publish(msg(1, i, b"x" * 1000), 0.0)
+    assert r._mcache_bytes <= 10_000 and len(r._mcache) == 10
+    assert set(r._mcache) == {msg(1, i, b"x" * 1000).id for i in range(40, 50)}, "the newest kept"
+    r.heartbeat(1.0)
+    r.publish(msg(1, 99, b"y" * 5000), 1.0)
+    assert r._mcache_bytes <= 10_000
+
+
+def test_a_subscription_holds_a_bounded_number_of_bytes():
+    import asyncio
+
+    from lattica.pubsub.subscription import Message, Subscription
+
+    loop = asyncio.new_event_loop()
+    try:
+        sub = Subscription(T, loop, 1000, lambda s: None, maxbytes=10 << 20)
+        for i in range(30):
+            sub._push(Message(T, None, i, i), 1 << 20)
+        assert sub.dropped == 20 and [sub.get_nowait().seqno for _ in range(10)] == list(range(20, 30))
+        sub._push(Message(T, None, 99, 99), 50 << 20)  # one message larger than the bound still arrives
+        assert sub.get_nowait().seqno == 99 and sub._bytes == 0
+    finally:
+        loop.close()

@@ -28,8 +28,23 @@ class Buckets:
         self._clock = clock
         self._state: dict[Hashable, list[float]] = {}  # key -> [tokens, last refill], least recent first
 
-    def take(self, key: Hashable = None, cost: float = 1.0) -> bool:
-        """Charge ``cost`` tokens to ``key``'s bucket; False (nothing charged) if it has fewer."""
+    def take(self, key: Hashable = None, cost: float = 1.0, force: bool = False) -> bool:
+        """Charge ``cost`` tokens to ``key``'s bucket; False (nothing charged) if it has fewer,
+        unless ``force`` (charged anyway, into debt that later refills pay off)."""
+        b = self._refilled(key)
+        if b[0] < cost and not force:
+            return False
+        b[0] -= cost
+        return b[0] >= 0
+
+    def wait(self, key: Hashable = None, cost: float = 1.0) -> float:
+        """Seconds until ``key``'s bucket holds ``cost`` tokens (0: now); nothing is charged."""
+        b = self._refilled(key)
+        if b[0] >= cost:
+            return 0.0
+        return (cost - b[0]) / self.rate if self.rate else float("inf")
+
+    def _refilled(self, key: Hashable) -> list[float]:
         now = time.monotonic() if self._clock is None else self._clock()
         b = self._state.pop(key, None)
         if b is None:
@@ -39,10 +54,7 @@ class Buckets:
         self._state[key] = b  # (re)inserted last: most recently active
         b[0] = min(self.burst, b[0] + (now - b[1]) * self.rate)
         b[1] = now
-        if b[0] < cost:
-            return False
-        b[0] -= cost
-        return True
+        return b
 
     def __len__(self) -> int:
         return len(self._state)

@@ -30,6 +30,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from lattica import codec
+from lattica.budget import Buckets
 from lattica.config import PubSubConfig
 from lattica.errors import ActorNotFound, LatticaError, PermissionDenied, ProtocolError
 from lattica.identity import PeerId, verify_signature
@@ -183,10 +184,12 @@ class PubSubService:
         self._payloads: dict[bytes, tuple[list, Any]] = {}  # message id -> ([(item, decoded data)], peer it came from), until delivered
         self._batches: dict[str, _Batch] = {}
         self._send_later: asyncio.Handle | None = None  # the batches' departure
-        self._own_rate = (self.cfg.author_rate / 2, 0.0)  # our bundle bucket: (tokens, when)
+        rate = self.cfg.author_rate
+        # bundles from each author we check (see ``_check``), and our own pace: half that
+        self._rates = Buckets(rate, max(rate, 1.0), _KEYS_MAX, clock=self._now)
+        self._own_rate = Buckets(rate / 2, max(rate / 2, 1.0), 1, clock=self._now)
         self._out: dict[PeerId, _Outbound] = {}
         self._keys: dict[bytes, bytes | None] = {}
-        self._rates: dict[bytes, tuple[float, float]] = {}  # author -> (tokens, when)
         self._validating = 0  # async validations running
         self._unheard: dict[PeerId, float] = {}  # peers added that have not sent their first batch: when
         self._heard = asyncio.Event()
@@ -318,12 +321,7 @@ class PubSubService:
     def _send_wait(self) -> float:
         """Seconds until our own bundle rate (half the ``author_rate`` receivers allow, as many
         at once) lets the next bundle go: a fast publisher sends bigger bundles, not more."""
-        rate = self.cfg.author_rate / 2
-        tokens, then = self._own_rate
-        now = self._now()
-        tokens = min(rate, tokens + (now - then) * rate)
-        self._own_rate = (tokens, now)
-        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / rate
+        return self._own_rate.wait()
 
     def _send(self, topic: str, batch: _Batch | None = None) -> int:
         """Sign the topic's waiting messages (or ``batch``) as one bundle and hand it to the
@@ -331,9 +329,7 @@ class PubSubService:
         if batch is None:
             batch = self._batches.pop(topic)
         n = len(batch.bodies)
-        self._send_wait()
-        tokens, now = self._own_rate
-        self._own_rate = (tokens - 1.0, now)
+        self._own_rate.take(force=True)  # (a full batch goes at once, into debt)
         seqno = max(self._seqno + 1, time.time_ns())
         self._seqno = seqno + n - 1
         bundle = Bundle(batch.bodies)
@@ -571,8 +567,10 @@ class PubSubService:
             return REJECT
         if abs(env.seqno / 1e9 - time.time()) > self.cfg.clock_skew:
             return REJECT  # a replay from beyond the seen cache, or a clock far off
-        if not self._within_rate(env.author):
-            return IGNORE  # (the author's doing, not the sender's)
+        if not self._rates.take(env.author):
+            # (the author's doing, not the sender's): no author can push the seen cache's
+            # 100,000 entries out within the clock window (and so replay its old messages)
+            return IGNORE
         try:
             items = [(i, codec.decode(d)) for i, d in enumerate(b.items)]
         except LatticaError:
@@ -591,22 +589,6 @@ class PubSubService:
                 out = IGNORE
             verdicts.append(out if inspect.isawaitable(out) else _verdict_of(out))
         return verdicts
-
-    def _within_rate(self, author: bytes) -> bool:
-        """A token bucket per author (``author_rate`` bundles a second, as many at once): no
-        author can push the seen cache's 100,000 entries out within the clock window (and so
-        replay its old messages), nor make everyone check its bundles without end."""
-        rate = self.cfg.author_rate
-        now = self._now()
-        tokens, then = self._rates.pop(author, (rate, now))
-        tokens = min(rate, tokens + (now - then) * rate)
-        if len(self._rates) >= _KEYS_MAX:
-            self._rates.pop(next(iter(self._rates)))  # (the longest quiet: reinserted at every bundle)
-        if tokens < 1.0:
-            self._rates[author] = (tokens, now)
-            return False
-        self._rates[author] = (tokens - 1.0, now)
-        return True
 
     def _key(self, author: bytes) -> Any:
         """The author's public key (decoded once), or None if its PeerId holds none."""

@@ -41,3 +41,14 @@ def test_bad_settings_are_refused():
         Buckets(rate=-1, burst=1)
     with pytest.raises(ValueError):
         Buckets(rate=1, burst=0)
+
+
+def test_wait_says_when_a_token_comes_and_force_runs_into_debt():
+    now = [0.0]
+    b = Buckets(rate=2.0, burst=2.0, clock=lambda: now[0])
+    assert b.wait("k") == 0.0 and b.take("k") and b.take("k")
+    assert b.wait("k") == 0.5 and not b.take("k")
+    assert not b.take("k", force=True)  # charged anyway: one token in debt
+    assert b.wait("k") == 1.0
+    now[0] = 1.0
+    assert b.take("k") and not b.take("k")

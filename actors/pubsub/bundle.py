@@ -5,7 +5,9 @@ signature covers up to ``MAX_ITEMS`` messages and a receiver verifies it once, n
 message. Item ``i``'s seqno is the bundle's plus ``i``. A bundle travels whole: on the wire its
 items are a list of the data (bytes), and a message id covers the author, the seqno, the
 digests' hash and the signature (``digest``), so a copy that differs in anything is another
-message.
+message. The author's mesh certificates (none in an open mesh or one of listed members) travel
+with it and are signed with it: a receiver that never met the author can tell it is a member,
+and nobody can strip them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from lattica.errors import ProtocolError
 __all__ = ["Bundle", "MAX_ITEMS"]
 
 MAX_ITEMS = 256  # messages one bundle holds
+MAX_CERTS = 4  # mesh certificates of the author (lattica.trust.MAX_PRESENTED)
+MAX_CERT = 1024  # bytes of one
 _DOMAIN = b"lattica pubsub v2\x00"
 _sha256 = hashlib.sha256
 
@@ -25,18 +29,21 @@ _sha256 = hashlib.sha256
 class Bundle:
     """The items (data) of one signed bundle and their digests."""
 
-    __slots__ = ("items", "leaves", "root", "size", "count")
+    __slots__ = ("items", "certs", "leaves", "root", "size", "count")
 
-    def __init__(self, items: list[bytes]) -> None:
+    def __init__(self, items: list[bytes], certs: list[bytes] | tuple = ()) -> None:
         self.items = items
+        self.certs = certs
         self.leaves = [_sha256(d).digest() for d in items]
         self.root = _sha256(b"".join(self.leaves)).digest()
         self.size = sum(len(d) for d in items)
         self.count = len(items)
 
     @classmethod
-    def from_wire(cls, raw: Any, max_data: int) -> Bundle:
-        """The bundle a peer's item list names, or ProtocolError."""
+    def from_wire(cls, raw: Any, max_data: int, certs: Any = ()) -> Bundle:
+        """The bundle a peer's item list (and its author's certificates) name, or ProtocolError."""
+        if certs and (type(certs) is not list or len(certs) > MAX_CERTS or not all(type(c) is bytes and 0 < len(c) <= MAX_CERT for c in certs)):
+            raise ProtocolError(f"an author's certificates are a list of at most {MAX_CERTS} byte strings of at most {MAX_CERT} bytes")
         if type(raw) is not list or not 0 < len(raw) <= MAX_ITEMS:
             raise ProtocolError(f"a message's items are a list of 1 to {MAX_ITEMS}")
         size = 0
@@ -50,17 +57,18 @@ class Bundle:
             size += len(item)
             if size > max_data:
                 raise ProtocolError(f"a message's data is at most {max_data} bytes")
-        return cls(raw)
+        return cls(raw, certs)
 
     def wire(self) -> list[bytes]:
         return self.items
 
     def signed_bytes(self, topic: str, author: bytes, seqno: int) -> bytes:
         """What the author signs: the domain, each field with its length (no field can be shifted
-        into another), then the items' digests in order."""
+        into another), the items' digests in order, then its certificates."""
         t = topic.encode()
+        certs = [b for c in self.certs for b in (len(c).to_bytes(2, "big"), c)]
         return b"".join((_DOMAIN, len(t).to_bytes(2, "big"), t, len(author).to_bytes(1, "big"), author, seqno.to_bytes(8, "big"),
-                         len(self.leaves).to_bytes(2, "big"), *self.leaves))
+                         len(self.leaves).to_bytes(2, "big"), *self.leaves, len(self.certs).to_bytes(1, "big"), *certs))
 
     def digest(self, signature: bytes) -> bytes:
         """What a message id covers besides the author and seqno (see the module docstring)."""

@@ -34,6 +34,7 @@ from lattica.budget import Buckets
 from lattica.config import PubSubConfig
 from lattica.errors import ActorNotFound, LatticaError, PermissionDenied, ProtocolError
 from lattica.identity import PeerId, verify_signature
+from lattica.interfaces import host_key, ip_of, is_loopback_ip
 from lattica.logging import get_logger
 from lattica.runtime import current_caller
 from lattica.runtime.limits import ASYNC
@@ -72,6 +73,10 @@ _TOPIC_DOMAIN = b"lattica pubsub topic\x00"
 _PROVIDE_TTL = 1800.0  # of our provider record for a topic we joined (the DHT re-announces it)
 _FIND_EVERY = (1.0, 60.0)  # first and longest wait between lookups while a topic's peers are few
 _MESH_TAG = "pubsub mesh"
+_FAILED_FOR = 600.0  # seconds a topic provider we could not reach is not tried again
+# direct dials to one IP address for topic providers: anyone may put provider records in the
+# DHT, naming addresses of a third party; at most this many dials to it, then one per 30 s
+_DIALS_PER_IP = (1 / 30, 2.0)
 _BATCH_BYTES = 8 << 20  # messages' bytes in one call to a peer (far below a frame's limit)
 
 
@@ -190,12 +195,15 @@ class PubSubService:
         self._own_rate = Buckets(rate / 2, max(rate / 2, 1.0), 1, clock=self._now)
         self._out: dict[PeerId, _Outbound] = {}
         self._keys: dict[bytes, bytes | None] = {}
+        self._members: dict[bytes, float] = {}  # authors known to be members: until when (their certificate's expiry)
         self._validating = 0  # async validations running
         self._unheard: dict[PeerId, float] = {}  # peers added that have not sent their first batch: when
         self._heard = asyncio.Event()
         self._drained = asyncio.Event()  # a batch went out: publishers waiting for room look again
         self._finding: dict[str, asyncio.Task] = {}  # topic -> its discovery (``_discover``)
         self._protected: set[PeerId] = set()  # mesh peers whose idle connections we keep
+        self._failed: dict[PeerId, float] = {}  # topic providers we could not reach: when
+        self._dials = Buckets(*_DIALS_PER_IP, _KEYS_MAX)
         self._closed = False
         self.published = self.delivered = self.rejected = self.bundles = self.copies = 0  # copies: items of peers' messages received
         self.host.events.identified.subscribe(self._on_identified)
@@ -332,7 +340,8 @@ class PubSubService:
         self._own_rate.take(force=True)  # (a full batch goes at once, into debt)
         seqno = max(self._seqno + 1, time.time_ns())
         self._seqno = seqno + n - 1
-        bundle = Bundle(batch.bodies)
+        trust = self.host.trust
+        bundle = Bundle(batch.bodies, [] if trust.open else trust.presented)
         env = wire.envelope(topic, self._author, seqno, bundle, self.host.keypair.sign(bundle.signed_bytes(topic, self._author, seqno)))
         self._payloads[env.id] = (list(enumerate(batch.datas)), None)
         self.bundles += 1
@@ -428,7 +437,9 @@ class PubSubService:
                 except (LatticaError, asyncio.TimeoutError) as e:
                     log.debug("pub-sub topic lookup failed", topic=topic, reason=str(e))
                     found = []
-                fresh = [p for p in found if p != self.rt.peer_id and p not in self.host.conns][: max(self.cfg.d - known, 0)]
+                now = self._now()
+                fresh = [p for p in found if p != self.rt.peer_id and p not in self.host.conns and now - self._failed.get(p, -_FAILED_FOR) >= _FAILED_FOR]
+                fresh = fresh[: max(self.cfg.d - known, 0)]
                 await asyncio.gather(*(self._connect(p) for p in fresh))
                 wait = min(wait * 2, _FIND_EVERY[1])
             else:
@@ -436,10 +447,19 @@ class PubSubService:
             await asyncio.sleep(wait if provided else min(wait, 5.0))
 
     async def _connect(self, peer: PeerId) -> None:
+        """Dial a topic provider, unless a direct address it names has had its dials (circuits
+        are the relays' to check); one we cannot reach is left alone for ``_FAILED_FOR``."""
+        ips = {host_key(ip) for a in self.host.peer_addrs.get(peer, ()) if (ip := ip_of(a)) is not None and not is_loopback_ip(ip)}
+        if not all([self._dials.take(ip) for ip in ips]):
+            log.debug("pub-sub topic peer not dialed: its address had its dials", peer=str(peer))
+            return
         try:
             await self.host.get_connection(peer)
         except (LatticaError, OSError, asyncio.TimeoutError) as e:
             log.debug("pub-sub topic peer not reached", peer=str(peer), reason=str(e))
+            if len(self._failed) >= _KEYS_MAX:
+                self._failed.pop(next(iter(self._failed)))
+            self._failed[peer] = self._now()
 
     def _keep_mesh_connections(self) -> None:
         """Mesh peers' connections stay open while idle; others are the connection manager's."""
@@ -567,6 +587,8 @@ class PubSubService:
             return REJECT
         if abs(env.seqno / 1e9 - time.time()) > self.cfg.clock_skew:
             return REJECT  # a replay from beyond the seen cache, or a clock far off
+        if not self._is_member(env.author, b.certs):
+            return IGNORE  # an author outside the mesh (not the sender's doing: it may know the author better)
         if not self._rates.take(env.author):
             # (the author's doing, not the sender's): no author can push the seen cache's
             # 100,000 entries out within the clock window (and so replay its old messages)
@@ -589,6 +611,26 @@ class PubSubService:
                 out = IGNORE
             verdicts.append(out if inspect.isawaitable(out) else _verdict_of(out))
         return verdicts
+
+    def _is_member(self, author: bytes, certs: Any) -> bool:
+        """Whether ``author`` belongs to our mesh, by its certificates (as in identify) or its
+        PeerId: a mesh's topics carry only its members' messages."""
+        until = self._members.get(author)
+        if until is not None and until > time.time():
+            return True
+        trust = self.host.trust
+        if trust.open:
+            return True
+        try:
+            verdict = trust.judge(PeerId.from_bytes(author), list(certs), time.time())
+        except LatticaError:
+            return False
+        if verdict.circle == "stranger":
+            return False
+        if len(self._members) >= _KEYS_MAX:
+            self._members.pop(next(iter(self._members)))
+        self._members[author] = verdict.until
+        return True
 
     def _key(self, author: bytes) -> Any:
         """The author's public key (decoded once), or None if its PeerId holds none."""

@@ -3,8 +3,9 @@ them), parsed strictly.
 
 A batch is ``[subscribe, messages, ihave, iwant, graft, prune, idontwant]``, with ``choke`` and
 ``unchoke`` (topic lists) after them when it carries any: subscribe
-``[[topic, bool], ...]``; a message ``[topic, author (PeerId bytes), seqno, items, signature]``
-(a signed bundle of the author's messages: ``lattica.actors.pubsub.bundle``);
+``[[topic, bool], ...]``; a message ``[topic, author (PeerId bytes), seqno, items, signature]``,
+with the author's mesh certificates after them when it has any (a signed bundle of the author's
+messages: ``lattica.actors.pubsub.bundle``);
 ihave ``[[topic, [id, ...]], ...]``; iwant and idontwant ``[id, ...]``; graft ``[topic, ...]``;
 prune ``[[topic, backoff seconds], ...]``. Anything else (wrong types, too many entries, long
 topics or ids) is refused as a whole with ``ProtocolError``: a peer learns its batch was bad,
@@ -42,19 +43,24 @@ def encode(rpc: Rpc) -> list:
     if rpc.choke or rpc.unchoke:
         return [
             [[t, on] for t, on in rpc.subscribe],
-            [[m.topic, m.author, m.seqno, m.data.wire(), m.signature] for m in rpc.messages],
+            [_message(m) for m in rpc.messages],
             [[t, ids] for t, ids in rpc.ihave],
             rpc.iwant, rpc.graft, [[t, b] for t, b in rpc.prune], rpc.idontwant, rpc.choke, rpc.unchoke,
         ]
     return [
         [[t, on] for t, on in rpc.subscribe],
-        [[m.topic, m.author, m.seqno, m.data.wire(), m.signature] for m in rpc.messages],
+        [_message(m) for m in rpc.messages],
         [[t, ids] for t, ids in rpc.ihave],
         rpc.iwant,
         rpc.graft,
         [[t, b] for t, b in rpc.prune],
         rpc.idontwant,
     ]
+
+
+def _message(m: Envelope) -> list:
+    b = m.data
+    return [m.topic, m.author, m.seqno, b.wire(), m.signature, b.certs] if b.certs else [m.topic, m.author, m.seqno, b.wire(), m.signature]
 
 
 def decode(raw: Any, max_data: int) -> Rpc:
@@ -71,16 +77,16 @@ def decode(raw: Any, max_data: int) -> Rpc:
             raise ProtocolError("a subscription is [topic, bool]")
         rpc.subscribe.append((check_topic(item[0]), item[1]))
     for item in _entries(msgs, "messages"):
-        if type(item) is not list or len(item) != 5:
-            raise ProtocolError("a message is [topic, author, seqno, items, signature]")
-        topic, author, seqno, items, sig = item
+        if type(item) is not list or len(item) not in (5, 6):
+            raise ProtocolError("a message is [topic, author, seqno, items, signature] (then the author's certificates)")
+        topic, author, seqno, items, sig = item[:5]
         if type(author) is not bytes or not 0 < len(author) <= MAX_AUTHOR:
             raise ProtocolError("a message's author is a PeerId's bytes")
         if type(seqno) is not int or not 0 <= seqno < 1 << 64:
             raise ProtocolError("a message's seqno is an unsigned 64-bit integer")
         if type(sig) is not bytes or len(sig) > MAX_SIGNATURE:
             raise ProtocolError("a message's signature is at most 64 bytes")
-        bundle = Bundle.from_wire(items, max_data)
+        bundle = Bundle.from_wire(items, max_data, item[5] if len(item) == 6 else ())
         if seqno + len(bundle.items) > 1 << 64:
             raise ProtocolError("a message's items' seqnos are unsigned 64-bit integers")
         rpc.messages.append(envelope(check_topic(topic), author, seqno, bundle, sig))

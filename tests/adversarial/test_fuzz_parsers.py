@@ -253,8 +253,8 @@ def test_certificates(data):
 def _valid_batch() -> list:
     from lattica.actors.pubsub.bundle import Bundle
 
-    b = Bundle([b"\xa1x", b"\x01"])
-    return [[["t", True]], [["t", KP.peer_id.to_bytes(), 1_700_000_000_000_000_000, b.wire(), KP.sign(b.signed_bytes("t", KP.peer_id.to_bytes(), 1))]],
+    b = Bundle([b"\xa1x", b"\x01"], [b"c" * 100])
+    return [[["t", True]], [["t", KP.peer_id.to_bytes(), 1_700_000_000_000_000_000, b.wire(), KP.sign(b.signed_bytes("t", KP.peer_id.to_bytes(), 1)), b.certs]],
             [["t", [b"i" * 30]]], [b"w" * 30], ["t"], [["t", 60]], [b"d" * 30], ["t"], []]
 
 
@@ -264,6 +264,7 @@ def _check_batch(rpc) -> None:
     for m in rpc.messages:
         assert type(m.author) is bytes and 0 <= m.seqno and m.seqno + m.data.count <= 1 << 64
         assert all(type(d) is bytes for d in m.data.items) and m.size <= 1000 and len(m.id) <= wire.MAX_ID
+        assert all(type(c) is bytes for c in m.data.certs) and len(m.data.certs) <= 4
     assert all(type(t) is str and type(on) is bool for t, on in rpc.subscribe)
     assert sum(len(ids) for _, ids in rpc.ihave) + len(rpc.iwant) + len(rpc.idontwant) <= wire.MAX_BATCH_IDS
 

@@ -142,8 +142,9 @@ def _envelope(node, topic, data, seqno=None, sign=True):
     body = b"".join(bytes(c) for c in lattica.codec.encode(data))
     author = node.peer_id.to_bytes()
     seqno = time.time_ns() if seqno is None else seqno
-    sig = node.keypair.sign(Bundle([body]).signed_bytes(topic, author, seqno)) if sign else b"\x00" * 64
-    return [topic, author, seqno, [body], sig]
+    certs = node._host.trust.presented  # (a member's messages carry its mesh certificates)
+    sig = node.keypair.sign(Bundle([body], certs).signed_bytes(topic, author, seqno)) if sign else b"\x00" * 64
+    return [topic, author, seqno, [body], sig, certs]
 
 
 def _batch(*msgs):
@@ -420,8 +421,8 @@ def _bundle(node, topic, items, seqno=None):
     bodies = [b"".join(bytes(c) for c in lattica.codec.encode(x)) for x in items]
     author = node.peer_id.to_bytes()
     seqno = time.time_ns() if seqno is None else seqno
-    bundle = Bundle(bodies)
-    return [topic, author, seqno, bundle.wire(), node.keypair.sign(bundle.signed_bytes(topic, author, seqno))]
+    bundle = Bundle(bodies, node._host.trust.presented)
+    return [topic, author, seqno, bundle.wire(), node.keypair.sign(bundle.signed_bytes(topic, author, seqno)), bundle.certs]
 
 
 def test_a_bundle_with_a_changed_or_relabelled_item_is_refused_whole(line):

@@ -4,7 +4,9 @@
 list of watchers per actor). The watcher is told once, with a reason, when any of these happens:
 the actor stops (killed, its node shutting down: the reason says which), it did not exist when the
 monitor was set (``"noproc"``), its node is declared dead or leaves the membership
-(``"node down: ..."``), or the hosting node cannot be reached to set the monitor. ``on_down(ref,
+(``"node down: ..."``), the hosting node cannot be reached to set the monitor (``"node
+unreachable: ..."``) or refuses it (``"monitor refused: ..."``: an actor holds at most
+``MAX_WATCHERS`` monitors, at most ``MAX_PER_WATCHER`` of them from one other node). ``on_down(ref,
 reason)`` may be a plain function (run on a worker thread, so it may block) or a coroutine
 function (run on the node loop).
 """
@@ -16,7 +18,7 @@ import itertools
 from typing import TYPE_CHECKING, Any, Callable
 
 from lattica.logging import get_logger
-from lattica.errors import ActorNotFound, LatticaError
+from lattica.errors import ActorNotFound, LatticaError, PeerUnreachable, Timeout
 from lattica.identity import PeerId
 from lattica.runtime import spawner_ref
 
@@ -29,6 +31,8 @@ __all__ = ["Monitor", "Monitors"]
 
 OnDown = Callable[["ActorRef", str], Any]
 _SET_TIMEOUT = 10.0
+MAX_WATCHERS = 4096  # monitors on one actor
+MAX_PER_WATCHER = 64  # of them set by one other node: no peer can take an actor's every slot
 
 
 class Monitor:
@@ -55,6 +59,7 @@ class Monitors:
         self._ids = itertools.count(1)
         self.mine: dict[int, tuple[ActorRef, OnDown]] = {}
         self.watchers: dict[str, dict[tuple[PeerId, int], None]] = {}  # actor -> (watcher, id)
+        self._per_watcher: dict[tuple[str, PeerId], int] = {}  # (actor, other node) -> its monitors there
 
     # -- the watcher's side --------------------------------------------------------------------
 
@@ -81,8 +86,10 @@ class Monitors:
             await self.rt.call(spawner_ref(ref.peer_id), "monitor", (ref.name, mid), {}, timeout=_SET_TIMEOUT)
         except ActorNotFound:
             self.fire(mid, "noproc")
-        except LatticaError as e:
+        except (PeerUnreachable, Timeout) as e:
             self.fire(mid, f"node unreachable: {e}")
+        except LatticaError as e:
+            self.fire(mid, f"monitor refused: {e}")
 
     def cancel(self, mid: int) -> None:
         entry = self.mine.pop(mid, None)
@@ -104,10 +111,14 @@ class Monitors:
             self.fire(mid, reason)
 
     def node_down(self, peer: str, reason: str) -> None:
-        """Membership declared ``peer`` dead or gone: every monitor on its actors fires."""
+        """Membership declared ``peer`` dead or gone: every monitor on its actors fires, and
+        its monitors on ours go (nobody is left to tell)."""
         for mid, (ref, _) in list(self.mine.items()):
             if str(ref.peer_id) == peer:
                 self.fire(mid, f"node down: {reason}")
+        for (name, watcher) in [k for k in self._per_watcher if str(k[1]) == peer]:
+            for key in [k for k in self.watchers.get(name, {}) if k[0] == watcher]:
+                self.remove_watcher(name, watcher, key[1])
 
     def fire(self, mid: int, reason: str) -> None:
         entry = self.mine.pop(mid, None)
@@ -141,20 +152,37 @@ class Monitors:
         if actor is None or actor.state in ("stopped", "failed"):
             raise ActorNotFound(f"no actor named {name!r} on {self.rt.peer_id}")
         watchers = self.watchers.setdefault(name, {})
-        if len(watchers) >= 4096:
-            raise LatticaError(f"actor {name!r} already has 4096 monitors")
+        if (watcher, mid) in watchers:
+            return
+        if len(watchers) >= MAX_WATCHERS:
+            raise LatticaError(f"actor {name!r} already has {MAX_WATCHERS} monitors")
+        if watcher != self.rt.peer_id:
+            n = self._per_watcher.get((name, watcher), 0)
+            if n >= MAX_PER_WATCHER:
+                raise LatticaError(f"{watcher} already has {MAX_PER_WATCHER} monitors on actor {name!r}")
+            self._per_watcher[(name, watcher)] = n + 1
         watchers[(watcher, mid)] = None
 
     def remove_watcher(self, name: str, watcher: PeerId, mid: int) -> None:
         watchers = self.watchers.get(name)
-        if watchers is not None:
-            watchers.pop((watcher, mid), None)
+        if watchers is not None and (watcher, mid) in watchers:
+            del watchers[(watcher, mid)]
             if not watchers:
                 del self.watchers[name]
+            self._uncount(name, watcher)
+
+    def _uncount(self, name: str, watcher: PeerId) -> None:
+        n = self._per_watcher.get((name, watcher))
+        if n is not None:
+            if n <= 1:
+                del self._per_watcher[(name, watcher)]
+            else:
+                self._per_watcher[(name, watcher)] = n - 1
 
     def actor_stopped(self, name: str, reason: str) -> None:
         """One of our actors stopped: tell everyone watching it."""
         for watcher, mid in self.watchers.pop(name, {}):
+            self._per_watcher.pop((name, watcher), None)
             if watcher == self.rt.peer_id:
                 self.fire(mid, reason)
                 continue

@@ -130,3 +130,29 @@ def test_a_members_supervisor_cannot_spawn_past_the_members_quota(mesh_of_four, 
     assert {spawner._owner.get(k.name) for k in kids} == {alice.peer_id}  # the member owns them
     with pytest.raises(PermissionDenied):
         call_as(bob, spawner_ref(host.peer_id), "kill", kids[0].name)
+
+
+def test_a_member_cannot_take_every_monitor_slot_of_anothers_actor(mesh_of_four):
+    """A member may monitor any actor, but holds at most MAX_PER_WATCHER of its monitors: it can
+    no longer fill the 4,096 slots so that the owner's next monitor fires "down" (a false down
+    stops links and restarts supervised children). Its monitors go when its node goes."""
+    from lattica.monitors import MAX_PER_WATCHER
+
+    host, admin, alice, bob = mesh_of_four
+    ref = _spawn(alice, host, name="watched")
+    for i in range(MAX_PER_WATCHER):
+        call_as(bob, spawner_ref(host.peer_id), "monitor", "watched", i)
+    with pytest.raises(LatticaError, match=f"already has {MAX_PER_WATCHER} monitors"):
+        call_as(bob, spawner_ref(host.peer_id), "monitor", "watched", 10_000)
+    fired = []
+    rt = alice._host.runtime
+
+    async def watch():
+        return rt.monitors.watch(ref, lambda r, why: fired.append(why))
+    alice.run(watch())  # the owner's monitor is set...
+    assert wait_for(lambda: any(w == alice.peer_id for w, _ in host._host.runtime.monitors.watchers["watched"]))
+    assert call_as(alice, ref, "incr") == 1 and not fired  # ...and nothing fired
+    monitors = host._host.runtime.monitors
+    assert sum(1 for w, _ in monitors.watchers["watched"] if w == bob.peer_id) == MAX_PER_WATCHER
+    monitors.node_down(str(bob.peer_id), "left")
+    assert not any(w == bob.peer_id for w, _ in monitors.watchers["watched"]), "a gone node's monitors go"

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 _MAX_WINDOW = 1 << 16
 _MAX_CONCURRENCY = 1 << 16
 MAX_ACTORS_PER_MEMBER = 1000  # actors one member (not an administrator) may own on a node
+# of each resource a node offers, what the actors one member (not an administrator) owns there
+# may hold reserved at once: no single member books a whole node (or, one spawn per node, a mesh)
+MEMBER_SHARE = 0.5
 
 
 def _key(ref: ActorRef) -> tuple[str, str]:
@@ -51,9 +54,10 @@ class Spawner:
                 total[r] += amount
         return {r: v for r, v in total.items() if v}
 
-    def _reserve(self, name: str, need: object, labels: object) -> None:
+    def _reserve(self, name: str, need: object, labels: object, owner: PeerId | None = None) -> None:
         """Hold ``need`` for actor ``name`` or refuse (PlacementError: the caller tries the next
-        node). The caller chose us from gossip a few seconds old; this is the last word."""
+        node). The caller chose us from gossip a few seconds old; this is the last word. A member
+        ``owner`` (not an administrator) holds at most ``MEMBER_SHARE`` of each resource here."""
         if not isinstance(need, dict) or not all(r in RESOURCES and type(v) in (int, float) and 0 <= v < 1e15 for r, v in need.items()):
             raise SpawnError(f"reserve must map {list(RESOURCES)} to amounts")
         membership = self._rt.services.get("membership")
@@ -67,6 +71,16 @@ class Spawner:
         if short:
             room = {r: float(offered.get(r, 0)) - held.get(r, 0.0) for r in short}
             raise PlacementError(f"{self._rt.peer_id} cannot reserve {short}: {room} left")
+        if owner is not None and not self._rt.host.is_admin(owner):
+            theirs: dict[str, float] = {}
+            for actor, held_by in self.reserved.items():
+                if self._owner.get(actor) == owner:
+                    for r, amount in held_by.items():
+                        theirs[r] = theirs.get(r, 0.0) + amount
+            over = {r: amount for r, amount in need.items() if amount and theirs.get(r, 0.0) + amount > MEMBER_SHARE * float(offered.get(r, 0))}
+            if over:
+                raise PlacementError(f"{owner} may hold at most {MEMBER_SHARE:.0%} of {sorted(over)} on {self._rt.peer_id} "
+                                     f"(it holds {theirs}; a member's share: spawner.MEMBER_SHARE)")
         self.reserved[name] = {r: float(v) for r, v in need.items()}
         if membership is not None:
             membership.load_changed()
@@ -203,7 +217,7 @@ class Spawner:
         if "reserve" in options:
             if not isinstance(name, str):
                 raise SpawnError("a reserving spawn must name its actor")
-            self._reserve(name, options["reserve"], options.get("labels"))
+            self._reserve(name, options["reserve"], options.get("labels"), owner)
         state = options.get("state", NO_STATE)
         try:
             actor = self._rt.create(cls, args, kwargs, name, max_concurrency=max_concurrency, window=window, publish=publish, state=state)

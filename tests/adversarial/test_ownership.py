@@ -156,3 +156,25 @@ def test_a_member_cannot_take_every_monitor_slot_of_anothers_actor(mesh_of_four)
     assert sum(1 for w, _ in monitors.watchers["watched"] if w == bob.peer_id) == MAX_PER_WATCHER
     monitors.node_down(str(bob.peer_id), "left")
     assert not any(w == bob.peer_id for w, _ in monitors.watchers["watched"]), "a gone node's monitors go"
+
+
+def test_a_member_cannot_reserve_a_whole_node():
+    """One spawn asking for every CPU and GPU a node offers no longer books it: a member (not an
+    administrator) holds at most spawner.MEMBER_SHARE of each resource there; the rest stays for
+    the others, and an administrator is not limited."""
+    key = MeshKey.generate()
+    ka, kb = lattica.KeyPair.generate(), lattica.KeyPair.generate()
+    with lattica.Node([TCP], mesh=key, allow=["sample_actors.*"], resources={"cpu": 8, "gpus": 2}) as host, \
+            lattica.Node([], mesh=key) as admin, \
+            lattica.Node([], keypair=ka, mesh=key.issue(ka.peer_id)) as mallory, \
+            lattica.Node([], keypair=kb, mesh=key.issue(kb.peer_id)) as alice:
+        for n in (admin, mallory, alice):
+            n.connect(host.addrs[0])
+        assert wait_for(lambda: len([p for p in host.peers() if p.circle == "member"]) == 3)
+        with pytest.raises(LatticaError, match="may hold at most 50%"):
+            _spawn(mallory, host, name="hog", options={"reserve": {"cpu": 8, "gpus": 2}})
+        _spawn(mallory, host, name="half", options={"reserve": {"cpu": 4, "gpus": 1}})
+        with pytest.raises(LatticaError, match="may hold at most 50%"):
+            _spawn(mallory, host, name="more", options={"reserve": {"cpu": 1}})
+        _spawn(alice, host, name="work", options={"reserve": {"cpu": 2}})  # room left for others
+        _spawn(admin, host, name="ops", options={"reserve": {"cpu": 2, "gpus": 1}})  # an administrator: no share

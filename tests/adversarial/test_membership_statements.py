@@ -77,3 +77,35 @@ def test_rows_a_member_never_signed_move_nothing():
 async def _bump(node):
     svc = node._host.membership
     svc.core.update_info({**svc.core.me.info, "labels": {"bumped": "yes"}})
+
+
+def test_hearsay_verdicts_huge_incarnations_fake_members_and_bad_resources_move_nothing():
+    """The issue's membership attacks, by one member against real nodes: a forged "dead" about a
+    live member (to a third node, and to the victim itself), a rumor with incarnation 2**64-1,
+    4,096 made-up members in one message, and its own statement with ``cpu="lots"``."""
+    mesh = MeshKey.generate()
+    with lattica.Node([TCP], mesh=mesh) as host, lattica.Node([TCP], mesh=mesh) as honest, lattica.Node([TCP], mesh=mesh) as liar:
+        honest.connect(host.addrs[0])
+        liar.connect(host.addrs[0])
+        liar.connect(honest.addrs[0])
+        hid, lid = str(honest.peer_id), str(liar.peer_id)
+        assert wait_for(lambda: _view(host).get(hid, {}).get("state") == "alive" and lid in _view(host), timeout=10)
+        inc = _view(host)[hid]["incarnation"]
+        dead = [hid, inc, "dead", {}, None]
+        call_as(liar, membership_ref(host.peer_id), "gossip", {"rumors": [dead]})  # to a third node
+        call_as(liar, membership_ref(honest.peer_id), "gossip", {"rumors": [[hid, inc, "dead", {}, None]]})  # to the victim
+        huge = [hid, 2**64 - 1, "dead", {}, None]
+        call_as(liar, membership_ref(host.peer_id), "gossip", {"rumors": [huge], "view": [huge]})
+        fakes = [[str(lattica.KeyPair.generate().peer_id), 0, ALIVE, {"cpu": 1e6}, None] for _ in range(4096)]
+        call_as(liar, membership_ref(host.peer_id), "gossip", {"view": fakes})
+        lies = liar._host.membership.core
+        bad = [lid, lies.me.incarnation + 1, ALIVE, {"cpu": "lots"}, None]
+        bad[4] = MemberNotary(liar.keypair, liar.trust).seal(statement(*bad[:4]))  # its own word, but not a valid row
+        call_as(liar, membership_ref(host.peer_id), "gossip", {"rumors": [bad]})
+        time.sleep(1.0)  # a few gossip rounds
+        view = _view(host)
+        # (the victim may refute what it heard of itself: a newer incarnation, still alive)
+        assert view[hid]["state"] == "alive" and inc <= view[hid]["incarnation"] < 2**48, "one member's word kills nobody"
+        assert honest._host.membership.core.me.state == ALIVE, "the victim did not take the liar's word for its death"
+        assert len(view) <= 3, f"made-up members entered the view: {len(view)} rows"
+        assert view[lid].get("cpu") != "lots" and host.nodes()  # the bad row was skipped; placement's view still reads

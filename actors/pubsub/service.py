@@ -221,6 +221,7 @@ class PubSubService:
             for info in list(self.host.info.values()):
                 if info.circle != "stranger" and info.peer_id != self.rt.peer_id and info.peer_id not in router.peers:
                     router.add_peer(info.peer_id, self._now(), ip=_ip_of(info.remote_addr))
+                    self._unheard[info.peer_id] = self._now()  # (a publish waits for their topics: ``publish_soon``)
                     self.host.spawn(self._measure(info.peer_id))
             self._beat = self.host.spawn(self._heartbeats())
         return self._router

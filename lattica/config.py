@@ -145,6 +145,9 @@ class PubSubConfig:
     # bundles (a message, or the messages published together) from one author checked and passed
     # on per second, as many at once; beyond, ignored (docs/pubsub.md: the seen cache's bound)
     author_rate: float = 1000.0
+    # topics strangers may join, publish to and read through us ("name", or "prefix*"): their
+    # authors need not be members; nothing else of ours reaches a stranger (docs/pubsub.md)
+    open_topics: tuple[str, ...] = ()
     # find the topic's other subscribers through the DHT (provider records under the topic's key)
     # and connect to some while fewer than d_lo are known; off: only peers connected otherwise
     discover: bool = True

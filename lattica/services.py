@@ -126,7 +126,9 @@ SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("relay", _relay, public=frozenset({"reserve"})),  # within RelayConfig limits
     # serving content is what the open network needs; answers are bounded per peer and in all
     ServiceSpec("content", _content, public=True),
-    ServiceSpec("pubsub", _pubsub),  # members only: a mesh's topics are its own
+    # a mesh's topics are its own: members only, but for the topics a node opens to strangers
+    # (PubSubConfig.open_topics), which they reach through ``open_rpc`` (refused when none are)
+    ServiceSpec("pubsub", _pubsub, public=frozenset({"open_rpc"})),
 )
 
 

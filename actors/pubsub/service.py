@@ -19,7 +19,10 @@ connects to some of the providers (by PeerId: direct, punched or relayed, as any
 peers' connections are kept open while idle.
 
 Exposure (docs/security.md): members only. A mesh's topics are the mesh's business; a stranger
-can neither publish into them nor read them through us.
+can neither publish into them nor read them through us. Topics a node opens
+(``PubSubConfig.open_topics``) are the exception: strangers become router peers for those topics
+alone, calling ``open_rpc`` (every other part of their batches is dropped, and nothing of another
+topic goes to them), and those topics' authors need not be members.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ _TOPIC_DOMAIN = b"lattica pubsub topic\x00"
 _PROVIDE_TTL = 1800.0  # of our provider record for a topic we joined (the DHT re-announces it)
 _FIND_EVERY = (1.0, 60.0)  # first and longest wait between lookups while a topic's peers are few
 _MESH_TAG = "pubsub mesh"
+_STRANGER_BATCHES = (50.0, 100.0)  # batches a second (and at once) we take from one stranger
 _FAILED_FOR = 600.0  # seconds a topic provider we could not reach is not tried again
 # direct dials to one IP address for topic providers: anyone may put provider records in the
 # DHT, naming addresses of a third party; at most this many dials to it, then one per 30 s
@@ -102,7 +106,7 @@ def topic_key(topic: str) -> bytes:
 
 def pubsub_ref(peer: PeerId) -> ActorRef:
     """The ref of ``peer``'s pubsub system actor."""
-    return ActorRef(peer, NAME, {"rpc": ASYNC})
+    return ActorRef(peer, NAME, {"rpc": ASYNC, "open_rpc": ASYNC})
 
 
 class _Outbound:
@@ -203,6 +207,8 @@ class PubSubService:
         self._finding: dict[str, asyncio.Task] = {}  # topic -> its discovery (``_discover``)
         self._protected: set[PeerId] = set()  # mesh peers whose idle connections we keep
         self._failed: dict[PeerId, float] = {}  # topic providers we could not reach: when
+        self._strangers: set[PeerId] = set()  # router peers outside our mesh: open topics only
+        self._stranger_batches = Buckets(*_STRANGER_BATCHES, _KEYS_MAX)
         self._dials = Buckets(*_DIALS_PER_IP, _KEYS_MAX)
         self._closed = False
         self.published = self.delivered = self.rejected = self.bundles = self.copies = 0  # copies: items of peers' messages received
@@ -219,7 +225,9 @@ class PubSubService:
                                   max_message_bytes=cfg.max_message_bytes)
             router = self._router = Router(self.rt.peer_id, params)
             for info in list(self.host.info.values()):
-                if info.circle != "stranger" and info.peer_id != self.rt.peer_id and info.peer_id not in router.peers:
+                if (info.circle != "stranger" or self.cfg.open_topics) and info.peer_id != self.rt.peer_id and info.peer_id not in router.peers:
+                    if info.circle == "stranger":
+                        self._strangers.add(info.peer_id)
                     router.add_peer(info.peer_id, self._now(), ip=_ip_of(info.remote_addr))
                     self._unheard[info.peer_id] = self._now()  # (a publish waits for their topics: ``publish_soon``)
                     self.host.spawn(self._measure(info.peer_id))
@@ -405,9 +413,13 @@ class PubSubService:
         return self.host.loop.time()
 
     def _on_identified(self, info: PeerInfo) -> None:
-        if info.circle == "stranger" or self._closed or self._router is None:
+        if (info.circle == "stranger" and not self.cfg.open_topics) or self._closed or self._router is None:
             return  # (a router made later takes every member connected by then)
         peer = info.peer_id
+        if info.circle == "stranger":
+            self._strangers.add(peer)
+        else:
+            self._strangers.discard(peer)
         if peer in self.router.peers:
             self.router.scores.connected(peer, _ip_of(info.remote_addr))  # (a batch may have come first)
             return
@@ -482,15 +494,20 @@ class PubSubService:
 
     def _on_disconnected(self, peer: PeerId, conn: Connection) -> None:
         self._unheard.pop(peer, None)
+        if peer not in self.host.conns:
+            self._strangers.discard(peer)
         if self._router is not None and peer in self._router.peers:
             self.router.remove_peer(peer, self._now())
             self._out.pop(peer, None)
             self._pump()
 
-    def on_rpc(self, peer: PeerId, raw: Any) -> None:
-        """A member's batch (the actor's call)."""
+    def on_rpc(self, peer: PeerId, raw: Any, stranger: bool = False) -> None:
+        """A member's batch (the actor's call), or, with ``stranger``, a batch of which only the
+        parts about our open topics are looked at."""
         if self._closed or peer not in self.host.conns:
             return
+        if stranger and not self._stranger_batches.take(peer):
+            return  # (more than a stranger's share: dropped unread)
         if self.router.score(peer, self._now()) < self.router.scores.params.graylist_threshold:
             return  # graylisted: not even parsed
         try:
@@ -498,6 +515,9 @@ class PubSubService:
         except ProtocolError:
             self.router.scores.misbehaved(peer)
             raise
+        if stranger:
+            rpc = self._only_open(rpc, to_stranger=False)
+            self._strangers.add(peer)
         if peer not in self.router.peers:
             self.router.add_peer(peer, self._now())  # its identify may still be on the way
             self.host.spawn(self._measure(peer))
@@ -538,6 +558,10 @@ class PubSubService:
         for env in r.take_delivered():
             self._deliver(env)
         for peer, rpc in r.take_outgoing().items():
+            if peer in self._strangers:
+                rpc = self._only_open(rpc, to_stranger=True)
+                if not rpc:
+                    continue
             ob = self._out.get(peer)
             if ob is None:
                 ob = self._out[peer] = _Outbound()
@@ -588,7 +612,7 @@ class PubSubService:
             return REJECT
         if abs(env.seqno / 1e9 - time.time()) > self.cfg.clock_skew:
             return REJECT  # a replay from beyond the seen cache, or a clock far off
-        if not self._is_member(env.author, b.certs):
+        if not self._open(env.topic) and not self._is_member(env.author, b.certs):
             return IGNORE  # an author outside the mesh (not the sender's doing: it may know the author better)
         if not self._rates.take(env.author):
             # (the author's doing, not the sender's): no author can push the seen cache's
@@ -612,6 +636,21 @@ class PubSubService:
                 out = IGNORE
             verdicts.append(out if inspect.isawaitable(out) else _verdict_of(out))
         return verdicts
+
+    def _open(self, topic: str | None) -> bool:
+        """Whether ``topic`` is one we opened to strangers."""
+        return topic is not None and any(t == topic or (t.endswith("*") and topic.startswith(t[:-1])) for t in self.cfg.open_topics)
+
+    def _only_open(self, rpc: Rpc, to_stranger: bool) -> Rpc:
+        """The parts of ``rpc`` about our open topics: what a stranger may send us (it may ask
+        only for their messages) or be sent (ids of no other topic's messages)."""
+        ok, topic_of = self._open, self.router.topic_of
+        iwant = rpc.iwant if to_stranger else [i for i in rpc.iwant if ok(topic_of(i))]  # (ours answer its IHAVEs of open topics)
+        idontwant = [i for i in rpc.idontwant if ok(topic_of(i))] if to_stranger else rpc.idontwant
+        return Rpc(subscribe=[(t, on) for t, on in rpc.subscribe if ok(t)], messages=[m for m in rpc.messages if ok(m.topic)],
+                   ihave=[(t, ids) for t, ids in rpc.ihave if ok(t)], iwant=iwant, graft=[t for t in rpc.graft if ok(t)],
+                   prune=[(t, b) for t, b in rpc.prune if ok(t)], idontwant=idontwant, choke=[t for t in rpc.choke if ok(t)],
+                   unchoke=[t for t in rpc.unchoke if ok(t)])
 
     def _is_member(self, author: bytes, certs: Any) -> bool:
         """Whether ``author`` belongs to our mesh, by its certificates (as in identify) or its
@@ -676,7 +715,8 @@ class PubSubService:
             while ob.pending and self._out.get(peer) is ob:
                 rpc = ob.take()
                 try:
-                    await self.rt.call(pubsub_ref(peer), "rpc", (wire.encode(rpc),), {}, timeout=10.0)
+                    method = "open_rpc" if peer in self._strangers else "rpc"
+                    await self.rt.call(pubsub_ref(peer), method, (wire.encode(rpc),), {}, timeout=10.0)
                     self._drained.set()
                 except (ActorNotFound, PermissionDenied) as e:
                     log.debug("peer does not take pub-sub from us", peer=str(peer), reason=str(e))
@@ -719,6 +759,16 @@ class PubSubActor:
         if caller is None or caller == self._svc.rt.peer_id:
             return
         self._svc.on_rpc(caller, batch)
+
+    async def open_rpc(self, batch: list) -> None:
+        """A stranger's batch (anyone may call it): only its parts about our open topics count."""
+        svc = self._svc
+        if not svc.cfg.open_topics:
+            raise PermissionDenied(f"{svc.rt.peer_id} opens no pub-sub topic to strangers")
+        caller = current_caller()
+        if caller is None or caller == svc.rt.peer_id:
+            return
+        svc.on_rpc(caller, batch, stranger=True)
 
 
 async def _gather_verdicts(pending: list, topic: str) -> list[str]:

@@ -272,6 +272,11 @@ class Router:
         entry.sent_to |= targets
         return len(targets)
 
+    def topic_of(self, mid: bytes) -> str | None:
+        """The topic of a message we have seen (None: not seen, or forgotten)."""
+        entry = self._seen.get(mid)
+        return entry.topic if entry is not None else None
+
     def reach(self, topic: str, now: float) -> int:
         """The peers a message we published to ``topic`` now would be sent to."""
         return len(self._publish_targets(topic, now))

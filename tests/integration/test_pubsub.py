@@ -204,6 +204,8 @@ def test_strangers_cannot_publish_or_read(mesh):
     sub = lattica.pubsub.subscribe("m", node=host)
     with pytest.raises(PermissionDenied):
         call_as(stranger, pubsub_ref(host.peer_id), "rpc", _batch(_envelope(stranger, "m", "hi")))
+    with pytest.raises(PermissionDenied, match="opens no pub-sub topic to strangers"):
+        call_as(stranger, pubsub_ref(host.peer_id), "open_rpc", _batch(_envelope(stranger, "m", "hi")))
     theirs = lattica.pubsub.subscribe("m", node=stranger)
     ours = lattica.pubsub.subscribe("m", node=member)
     assert wait_for(lambda: lattica.pubsub.peers("m", node=host) == [member.peer_id], timeout=10)
@@ -527,3 +529,47 @@ def test_a_publisher_yielding_between_messages_paces_its_bundles_and_loses_nothi
     for sub in subs:
         assert [sub.get(timeout=10).data for _ in range(3000)] == list(range(3000))
     assert all(n._host.services["pubsub"].rejected == 0 for n in line[:3])
+
+
+def test_open_topics_reach_strangers_and_nothing_else_does():
+    """A node may open topics to strangers (PubSubConfig.open_topics): a peer of another mesh
+    then meets it in those topics alone, publishes into them (its messages need no membership)
+    and reads them; the mesh's other topics stay its own, whatever the stranger sends."""
+    key = MeshKey.generate()
+    cfg = PubSubConfig(discover=False, open_topics=("public/*",))
+    host = lattica.Node([TCP], mesh=key, membership=False, pubsub=cfg).start()
+    member = lattica.Node([TCP], mesh=key, membership=False, pubsub=cfg).start()
+    stranger = lattica.Node([TCP], mesh=MeshKey.generate(), membership=False, pubsub=cfg).start()
+    try:
+        member.connect(host.addrs[0])
+        stranger.connect(host.addrs[0])
+        subs = {}
+        nodes = {"host": host, "member": member, "stranger": stranger}
+        for name, n in nodes.items():
+            for t in ("public/news", "secret"):
+                subs[(name, t)] = lattica.pubsub.subscribe(t, node=n)
+        assert wait_for(lambda: lattica.pubsub.peers("public/news", node=host) == sorted([member.peer_id, stranger.peer_id], key=str), timeout=10)
+        assert lattica.pubsub.peers("secret", node=host) == [member.peer_id]
+        assert lattica.pubsub.peers("secret", node=stranger) == []
+        lattica.pubsub.publish("secret", "mesh only", node=member).result(5)
+        lattica.pubsub.publish("public/news", "for all", node=member).result(5)
+        assert subs[("host", "secret")].get(timeout=5).data == "mesh only"
+        assert subs[("stranger", "public/news")].get(timeout=5).data == "for all"
+        assert lattica.pubsub.publish("public/news", "from outside", node=stranger).result(5) == 1
+        assert subs[("host", "public/news")].get(timeout=5).data == "for all"
+        assert subs[("host", "public/news")].get(timeout=5).data == "from outside"
+        assert [subs[("member", "public/news")].get(timeout=5).data for _ in range(2)] == ["for all", "from outside"]  # passed on by the host
+        assert lattica.pubsub.publish("secret", "sneaking in", node=stranger).result(5) == 0
+        call_as(stranger, pubsub_ref(host.peer_id), "open_rpc",
+                [[["secret", True]], [_envelope(stranger, "secret", "forced in")], [], [], ["secret"], [], []])
+        with pytest.raises(Timeout):
+            subs[("host", "secret")].get(timeout=0.5)
+        assert subs[("stranger", "secret")].get(timeout=5).data == "sneaking in"  # (its own, delivered to itself)
+        with pytest.raises(Timeout):
+            subs[("stranger", "secret")].get(timeout=0.5)  # nothing of the mesh's reached it
+        assert lattica.pubsub.peers("secret", node=host) == [member.peer_id]
+        with pytest.raises(PermissionDenied):
+            call_as(stranger, pubsub_ref(host.peer_id), "rpc", _batch(_envelope(stranger, "public/news", "the members' door")))
+    finally:
+        for n in (host, member, stranger):
+            n.stop()

@@ -10,8 +10,9 @@ signature (``bundle``): a publisher faster than the network sends fewer, larger 
 receivers check one signature per bundle. A bundle from a peer is checked before the router
 forwards it (the author's Ed25519 signature, once per bundle; a seqno, which is the author's
 clock in ns, within ``clock_skew``; items the codec can decode; then the topic's validator on
-each item): any item rejected refuses the bundle (and scores its sender down); the accepted
-items are delivered, and passed on with the ignored ones left out.
+each item): any item rejected refuses the bundle (and scores its sender down); otherwise the
+accepted items are delivered and, if there are any, the bundle is passed on whole (the ignored
+ones ride along, delivered nowhere they are ignored).
 
 Subscribers find each other through the DHT: each announces itself as a provider of the topic's
 key (``topic_key``) and, while it knows fewer than D_lo peers of the topic, looks the key up and

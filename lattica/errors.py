@@ -266,3 +266,28 @@ class BlockNotFound(ContentError, KeyError):
 
 class StoreFull(ContentError, OSError):
     """The blockstore (or the disk under it) has no room for a block, even after collection."""
+
+
+# -- CRDT documents ------------------------------------------------------------------------------
+
+
+class CrdtError(LatticaError):
+    """Base class of CRDT store errors (documents, update envelopes, the log)."""
+
+
+class MalformedUpdate(CrdtError, ProtocolError, ValueError):
+    """An update envelope, or the Yjs update inside it, is not well formed."""
+
+
+class UpdateRejected(CrdtError):
+    """An update envelope was refused: its signature, its author's right to write, its chain
+    (gap or fork), the CRDT client ids it writes under, or its size. ``reason`` says which."""
+
+    def __init__(self, reason: str, message: str = "") -> None:
+        super().__init__(message or reason)
+        self.reason = reason
+
+
+class NotAWriter(CrdtError, PermissionError):
+    """This node may not change the document: it is neither its owner nor on its writers list
+    (or, for a mesh document, not a member of the mesh)."""

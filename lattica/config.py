@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from lattica.kademlia import ALPHA, K
 from lattica.records import StoreLimits
 
-__all__ = ["ContentConfig", "DhtConfig", "InboundBudget", "MembershipConfig", "NatConfig", "RelayConfig"]
+__all__ = ["ContentConfig", "CrdtConfig", "DhtConfig", "InboundBudget", "MembershipConfig", "NatConfig", "RelayConfig"]
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -153,3 +153,20 @@ class PubSubConfig:
     discover: bool = True
     validate_timeout: float = 10.0  # an async validator that takes longer: the message is ignored
     max_validating: int = 1024  # async validations at once; beyond, messages are ignored
+
+
+@dataclass
+class CrdtConfig:
+    """The CRDT store of one node (``Node(crdt=...)``, docs/crdt.md): where documents persist,
+    how replicas meet, and the bounds on what a peer may make a replica hold. Times are seconds."""
+
+    # a directory, "memory", or None: $LATTICA_CRDT, else ~/.lattica/crdt (a node that finds it
+    # in use by another node on this machine takes a private one, removed when it stops)
+    path: str | None = None
+    fsync: bool = True  # commit() returns once the change is on disk (else: once written; a crash of the machine may lose it)
+    max_update_bytes: int = MiB  # of one envelope's update (a transaction's changes)
+    max_document_bytes: int = 256 * MiB  # of a document's log; beyond, updates are refused
+    author_rate: float = 500.0  # envelopes per second one author may make a replica check (as many at once); beyond, ignored
+    sync_interval: float = 10.0  # anti-entropy with one replica peer of each document this often
+    snapshot_every: int = 2000  # envelopes applied between snapshots of a document
+    max_held: int = 4096  # envelopes a document holds while they wait for a gap or a dependency

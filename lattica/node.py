@@ -17,7 +17,7 @@ import weakref
 from typing import Any, Callable, Coroutine, Iterable, TypeVar
 
 from lattica._loop import DEFAULT_BUSY_POLL_US, new_loop
-from lattica.config import ContentConfig, DhtConfig, InboundBudget, MembershipConfig, NatConfig, PubSubConfig, RelayConfig
+from lattica.config import ContentConfig, CrdtConfig, DhtConfig, InboundBudget, MembershipConfig, NatConfig, PubSubConfig, RelayConfig
 from lattica.errors import NodeClosed, Timeout
 from lattica.host import Host, StreamProtocolHandler, check_protocol_name
 from lattica.identify import PeerInfo
@@ -89,6 +89,7 @@ class Node:
         members: Iterable[PeerId | str] = (),
         content: Any = True,
         pubsub: Any = True,
+        crdt: Any = True,
     ) -> None:
         if keypair is not None and key_path is not None:
             raise ValueError("give key_path or keypair, not both")
@@ -130,6 +131,8 @@ class Node:
         self.content_config: ContentConfig | None = (ContentConfig() if content is True else content) or None
         # pubsub=True (or a PubSubConfig): topics over a gossip mesh with the other members (docs/pubsub.md)
         self.pubsub_config: PubSubConfig | None = (PubSubConfig() if pubsub is True else pubsub) or None
+        # crdt=True (or a CrdtConfig): replicated documents (docs/crdt.md); they need pub-sub
+        self.crdt_config: CrdtConfig | None = (CrdtConfig() if crdt is True else crdt) or None
         if dht_path is not None:
             self.dht_config.persist_path = os.fspath(dht_path)
         self._loop: asyncio.AbstractEventLoop | None = None

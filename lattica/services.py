@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 from lattica.actors.autonat import AutoNatActor, AutoNatServer
 from lattica.actors.checkpoints import CheckpointStore
 from lattica.actors.content import ContentActor, ContentService
+from lattica.actors.crdt import CrdtService
 from lattica.actors.dht import DhtActor, DhtService
 from lattica.actors.holepunch import HolePunchActor, HolePunchService
 from lattica.actors.membership import MembershipActor, MembershipService
@@ -111,6 +112,12 @@ def _pubsub(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | Non
     return Built(service, PubSubActor(service))
 
 
+def _crdt(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
+    if node.crdt_config is None:
+        return None
+    return Built(CrdtService(rt, node.crdt_config))  # (each open document has its own actor)
+
+
 #: Every system service, in start order (a service may use the ones above it).
 SERVICES: tuple[ServiceSpec, ...] = (
     # strangers may look up an actor by name (they get it only if it is open to them), and tell
@@ -129,6 +136,8 @@ SERVICES: tuple[ServiceSpec, ...] = (
     # a mesh's topics are its own: members only, but for the topics a node opens to strangers
     # (PubSubConfig.open_topics), which they reach through ``open_rpc`` (refused when none are)
     ServiceSpec("pubsub", _pubsub, public=frozenset({"open_rpc"})),
+    # documents are their mesh's: each one's replica actor (``crdt/<id>``) serves members only
+    ServiceSpec("crdt", _crdt),
 )
 
 

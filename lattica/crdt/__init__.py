@@ -1,0 +1,73 @@
+"""Replicated documents (docs/crdt.md): pycrdt documents that every node opening them holds a
+replica of, kept in step over pub-sub and anti-entropy, every change signed and checked.
+
+    doc = lattica.crdt.open("swarm/config")            # a mesh document: every member writes
+    with doc.transaction():
+        doc.map("layers")["0-15"] = "node-a"
+    doc.commit(replicas=1).result()                     # on disk here and held by one more replica
+    doc.to_py()
+
+``owner=`` (a PeerId, or True for this node) makes a document only its owner and the writers it
+lists may change. The sans-IO parts: ``envelope`` (what is signed), ``replica`` (what a replica
+accepts), ``yupdate`` (what a Yjs update writes); ``store`` keeps them in SQLite.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lattica.errors import NodeClosed
+from lattica.future import Future
+from lattica.identity import PeerId
+from lattica.runtime import current_runtime, on_loop, run_coroutine
+
+if TYPE_CHECKING:
+    from lattica.actors.crdt import CrdtService
+    from lattica.crdt.document import Document
+    from lattica.node import Node
+    from lattica.runtime import Runtime
+
+__all__ = ["open", "list"]
+
+_list = list
+
+
+def _service(node: Node | None) -> tuple[Runtime, CrdtService]:
+    if node is None:
+        rt = current_runtime()
+    else:
+        if node.host is None or node.host.runtime is None:
+            raise NodeClosed("the node is not running")
+        rt = node.host.runtime
+    svc = rt.services.get("crdt")
+    if svc is None:
+        raise NodeClosed("this node runs without the CRDT store (Node(crdt=False))")
+    if rt.services.get("pubsub") is None:
+        raise NodeClosed("the CRDT store replicates over pub-sub: this node runs without it (Node(pubsub=False))")
+    return rt, svc
+
+
+def open(name: str, owner: PeerId | str | bool | None = None, writers: _list[PeerId | str] | None = None, *,
+         node: Node | None = None, block: bool = True, timeout: float = 30.0) -> Any:
+    """This node's replica of document ``name`` (opened once per node; it comes back from disk
+    if the node held it before). ``owner``: None for a mesh document every member writes; a
+    PeerId (True: this node) for one only its owner and ``writers`` change (``writers`` is the
+    owner's to set). ``block=False``: a Future of the Document instead."""
+    from lattica.crdt.document import Document
+
+    rt, svc = _service(node)
+    if owner is True:
+        owner = rt.peer_id
+    elif isinstance(owner, str):
+        owner = PeerId.from_string(owner)
+    elif owner is False:
+        owner = None
+    peers = None if writers is None else [PeerId.from_string(w) if isinstance(w, str) else w for w in writers]
+    fut: Future = run_coroutine(rt, lambda: svc.open(name, owner, peers), Document)
+    return fut.result(timeout) if block else fut
+
+
+def list(*, node: Node | None = None) -> _list[str]:
+    """The names of the documents open on this node."""
+    rt, svc = _service(node)
+    return on_loop(rt, svc.list)

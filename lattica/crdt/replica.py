@@ -143,6 +143,21 @@ class ReplicaState:
         """Whether ``author`` is on the latest writers list (owner documents)."""
         return self.owner is None or author == self.owner or author in self.acl.writers
 
+    def export(self) -> list:
+        """The book-keeping a snapshot keeps with the document's state (msgpack-able)."""
+        return [[[a, n, seq, i] for (a, n), (seq, i) in self.heads.items()], [[c, k] for c, k in self.clocks.items()],
+                self.acl.encode(), self.acl_version]
+
+    def restore(self, meta: list, envs: Iterable[Envelope]) -> None:
+        """Take back what :meth:`export` gave, with the log's envelopes up to that point."""
+        heads, clocks, acl, version = meta
+        self.heads = {(a, n): (seq, i) for a, n, seq, i in heads}
+        self.clocks = {c: k for c, k in clocks}
+        if version:
+            self.acl, self.acl_version = Acl.decode(acl), version
+        for env in envs:
+            self.log.append(env)
+
     # -- feeding --------------------------------------------------------------------------------------
 
     def receive(self, envs: Iterable[Envelope], verified: bool = False) -> Outcome:

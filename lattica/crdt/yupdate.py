@@ -35,6 +35,7 @@ class UpdateInfo:
 
     structs: dict[int, tuple[int, int]] = field(default_factory=dict)
     deletes: list[tuple[int, int, int]] = field(default_factory=list)
+    roots: dict[str, str] = field(default_factory=dict)  # root types it writes into directly: "map", "text" or "array"
 
 
 class _Reader:
@@ -188,14 +189,23 @@ def read_update(update: bytes) -> UpdateInfo:
                     r.uint(), r.uint()
                 if b & 0x40:  # right origin
                     r.uint(), r.uint()
+                root = None
                 if not b & 0xC0:  # no origin to copy the parent from
                     if r.uint() == 1:
-                        r.string()
+                        root = r.string()
                     else:
                         r.uint(), r.uint()
                     if b & 0x20:
                         r.string()
+                        if root is not None:
+                            info.roots[root] = "map"
+                            root = None
                 length = _content_length(r, kind)
+                if root is not None:
+                    if kind in (_STRING, _FORMAT, _EMBED):
+                        info.roots[root] = "text"
+                    elif kind != _DELETED:
+                        info.roots.setdefault(root, "array")
             clock += length
         if count:
             info.structs[client] = (start, clock)

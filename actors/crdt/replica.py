@@ -1,0 +1,556 @@
+"""One open document on one node: its pycrdt document, its replica rules, its log, and the replica
+actor peers reach it through (``crdt/<document id>``).
+
+Local changes (any thread, in pycrdt transactions) are gathered and, once per turn of the node
+loop, signed as one envelope of our chain, applied to the rules (as every replica will), logged
+and published on the document's pub-sub topic. Envelopes from peers arrive through that topic's
+validator (an envelope refused is never delivered nor passed on) and through anti-entropy
+(``sync``/``push`` between two replicas: each says what it holds per chain, the other sends what
+is missing, in an order it can apply). Everything here runs on the node loop, except pycrdt's
+own transactions, which users run on their threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import pycrdt
+
+from lattica.budget import Buckets
+from lattica.crdt.envelope import ACL, Acl, Envelope, client_id, decode_any, sign, sign_acl
+from lattica.crdt.replica import MemoryLog, Outcome, ReplicaState
+from lattica.crdt.yupdate import read_update
+from lattica.errors import ActorNotFound, CrdtError, LatticaError, MalformedUpdate, NotAWriter, PermissionDenied, ProtocolError, Timeout, UpdateRejected
+from lattica.identity import PeerId
+from lattica.logging import get_logger
+from lattica.pubsub.subscription import Subscription
+from lattica.runtime import current_caller
+from lattica.runtime.limits import ASYNC
+from lattica.runtime.refs import ActorRef
+
+if TYPE_CHECKING:
+    from lattica.actors.crdt.service import CrdtService
+
+__all__ = ["Replica", "ReplicaActor", "Change", "actor_name", "topic_of"]
+
+log = get_logger("lattica.crdt")
+
+MAX_SUMMARY = 65536  # chains one summary names
+MAX_PUSH = 1024  # envelopes one push or sync answer carries
+PAGE_BYTES = 4 << 20  # and about this many bytes
+MAX_BODY = 8 << 20  # (each replica refuses what is over its own max_update_bytes)
+# refusals a forwarder should have seen for itself: its copy is rejected (scored down); others
+# (a list or a view that may not have reached it yet, a full waiting room) are only ignored
+_HARD = frozenset({"bad signature", "malformed update", "malformed ACL", "another document", "too large",
+                   "items under another client id", "items do not continue the chain's clock",
+                   "deletes what its author had not seen", "an ACL not signed by the owner",
+                   "a chain's first envelope names a previous one"})
+_TYPES = {"map": pycrdt.Map, "array": pycrdt.Array, "text": pycrdt.Text}
+
+
+def actor_name(doc: bytes) -> str:
+    return "crdt/" + doc.hex()
+
+
+def topic_of(doc: bytes) -> str:
+    return "lattica/crdt/" + doc.hex()
+
+
+def _ref(peer: PeerId, doc: bytes) -> ActorRef:
+    return ActorRef(peer, actor_name(doc), {"sync": ASYNC, "push": ASYNC})
+
+
+class Change:
+    """One change a replica applied: by whom, under which chain position, and the Yjs update."""
+
+    __slots__ = ("author", "seq", "update", "local")
+
+    def __init__(self, author: PeerId, seq: int, update: bytes, local: bool) -> None:
+        self.author, self.seq, self.update, self.local = author, seq, update, local
+
+    def __repr__(self) -> str:
+        return f"Change(author={self.author.short()}, seq={self.seq}, {len(self.update)} bytes, {'local' if self.local else 'remote'})"
+
+
+class Replica:
+    """One document's replica on this node (see the module docstring)."""
+
+    def __init__(self, svc: CrdtService, name: str, doc: bytes, owner: bytes | None) -> None:
+        self.svc = svc
+        self.rt = svc.rt
+        self.host = svc.rt.host
+        self.cfg = svc.cfg
+        self.name = name
+        self.doc = doc
+        self.owner = owner
+        self.topic = topic_of(doc)
+        self.me = self.rt.peer_id.to_bytes()
+        self.nonce = b""
+        self.client = 0
+        self.ydoc: pycrdt.Doc | None = None
+        self.state = ReplicaState(doc, owner, MemoryLog(), is_member=self._is_member, max_update=self.cfg.max_update_bytes,
+                                  max_held=self.cfg.max_held)
+        self.roots: dict[str, str] = {}
+        self.log_bytes = 0
+        self._local: list[bytes] = []
+        self._local_lock = threading.Lock()
+        self._flush_handle: Any = None
+        self._applying = False
+        self._loop_thread = self.host.thread_id
+        self._error: CrdtError | None = None
+        self._rates = Buckets(self.cfg.author_rate, max(self.cfg.author_rate, 1.0), 1024)
+        self._observers: list[Callable[[Change], Any]] = []
+        self._changes: list[Subscription] = []
+        self._durable: asyncio.Future | None = None  # the store's write of what we applied last
+        self._since_snapshot = 0
+        self._synced: set[PeerId] = set()
+        self._syncing: dict[PeerId, asyncio.Task] = {}
+        self._task: asyncio.Task | None = None
+        self.closed = False
+        self.refused = 0
+        self.applied = 0
+
+    # -- opening -----------------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Take the document back from the store (if any): snapshot, then the log after it."""
+        nonce, snap, envs = None, None, []
+        store = self.svc.store
+        if store is not None:
+            nonce, snap, envs = await asyncio.wrap_future(store.load(self.doc))
+        self.nonce = nonce or os.urandom(8)
+        self.client = client_id(self.doc, self.me, self.nonce)
+        self.ydoc = pycrdt.Doc(client_id=self.client, allow_multithreading=True)
+        self.ydoc.observe(self._on_transaction)
+        pos = 0
+        if snap is not None:
+            pos, state, meta = snap
+            self.state.restore(meta[0], (e for p, e in envs if p <= pos))
+            self.roots.update(meta[1])
+            self._apply(state)
+        self.log_bytes = sum(len(e.body) for _, e in envs)
+        rest = [e for p, e in envs if p > pos]
+        if rest:
+            out = self.state.receive(rest, verified=True)
+            for env in out.applied:
+                self._apply_env(env)
+        if store is not None and nonce is None:
+            await asyncio.wrap_future(store.remember(self.doc, self.name, self.owner, self.nonce))
+        self.rt.create(ReplicaActor, [], None, actor_name(self.doc), instance=ReplicaActor(self), public=False)
+        pubsub = self.rt.services.get("pubsub")
+        if pubsub is not None:
+            pubsub.set_validator(self.topic, self._on_message)
+            pubsub.subscribe(self.topic, handler=_ignore)
+        self._task = self.host.spawn(self._anti_entropy())
+
+    @property
+    def chain(self) -> tuple[bytes, bytes]:
+        return (self.me, self.nonce)
+
+    # -- local changes -------------------------------------------------------------------------------
+
+    def check_writer(self) -> None:
+        if self.closed:
+            raise CrdtError(f"the document {self.name!r} is closed")
+        if self.owner is not None and not self.state.may_write(self.me):
+            raise NotAWriter(f"{self.rt.peer_id} is not on the writers list of {self.name!r}")
+
+    def _on_transaction(self, event: Any) -> None:
+        """(pycrdt, on the thread that committed) A transaction ended: ours to sign, unless it
+        applied a peer's update."""
+        if self._applying and threading.get_ident() == self._loop_thread:
+            return
+        update = event.update
+        if len(update) <= 2:  # (a transaction that changed nothing: b"\0\0")
+            return
+        with self._local_lock:
+            self._local.append(update)
+            if self._flush_handle is not None:
+                return
+            self._flush_handle = True
+        if threading.get_ident() == self._loop_thread:
+            self._flush_handle = self.host.loop.call_soon(self.flush)
+        else:
+            self.host.loop.call_soon_threadsafe(self.flush)
+
+    def flush(self) -> Envelope | None:
+        """Sign what changed locally since the last flush as one envelope, apply, log, publish."""
+        with self._local_lock:
+            updates, self._local = self._local, []
+            self._flush_handle = None
+        if not updates or self.closed:
+            return None
+        update = updates[0] if len(updates) == 1 else pycrdt.merge_updates(*updates)
+        seq, prev = self.state.head(self.chain)
+        deps = {c: k for c, k in self.state.clocks.items() if c != self.client}
+        trust = self.host.trust
+        certs = tuple(trust.presented) if self.owner is None and not trust.open else ()
+        env = sign(self.host.keypair, self.doc, self.nonce, seq + 1, prev, deps, update, certs)
+        out = self.state.receive([env], verified=True)
+        if not out.applied:
+            why = out.refused[0][1] if out.refused else "unknown"
+            self._error = UpdateRejected(why, f"a change to {self.name!r} cannot be replicated: {why}")
+            log.error("local change refused by our own replica", doc=self.name, reason=why)
+            return None
+        self._after(out, None, local=True)
+        self._publish(env)
+        return env
+
+    def _publish(self, env: Envelope) -> None:
+        pubsub = self.rt.services.get("pubsub")
+        raw = env.to_bytes()
+        if pubsub is not None and len(raw) + 64 <= pubsub.cfg.max_message_bytes:
+            try:
+                pubsub.publish(self.topic, raw)
+                return
+            except (LatticaError, ValueError) as exc:
+                log.debug("crdt publish failed; anti-entropy carries it", doc=self.name, error=str(exc))
+        for peer in self.peers():
+            self.sync_soon(peer)
+
+    # -- peers' envelopes -----------------------------------------------------------------------
+
+    def _on_message(self, msg: Any) -> str:
+        """(pub-sub validator) A peer's envelope: applied or held ("accept", passed on),
+        already here ("ignore"), or refused."""
+        try:
+            env = decode_any(msg.data, self.cfg.max_update_bytes + 1)
+        except MalformedUpdate:
+            self.refused += 1
+            return "reject"
+        if not self._rates.take(env.author):
+            return "ignore"  # (anti-entropy brings it later)
+        out = self.receive([env], msg.via)
+        if out.refused:
+            return "reject" if out.refused[0][1] in _HARD else "ignore"
+        return "accept" if out.applied or out.held else "ignore"
+
+    def receive(self, envs: list[Envelope], via: PeerId | None) -> Outcome:
+        if self.closed:
+            return Outcome()
+        room = self.cfg.max_document_bytes - self.log_bytes
+        fits = []
+        for e in envs:
+            if e.seq > self.state.head(e.chain)[0] and len(e.body) > room:
+                self.refused += 1
+                log.warning("crdt envelope refused: the document is full", doc=self.name, max_bytes=self.cfg.max_document_bytes)
+                continue
+            fits.append(e)
+            room -= len(e.body)
+        out = self.state.receive(fits)
+        self._after(out, via)
+        return out
+
+    def _after(self, out: Outcome, via: PeerId | None, local: bool = False) -> None:
+        for env in out.applied:
+            if not local:
+                self._apply_env(env)
+            self.log_bytes += len(env.body)
+            self.applied += 1
+            change = Change(PeerId.from_bytes(env.author), env.seq, env.body, local)
+            for cb in list(self._observers):
+                try:
+                    cb(change)
+                except Exception:
+                    log.exception("crdt observer failed", doc=self.name)
+            for sub in self._changes:
+                sub._push(change, len(env.body))
+        if out.applied:
+            self._persist(out.applied)
+        for env, why in out.refused:
+            self.refused += 1
+            log.info("crdt envelope refused", doc=self.name, author=PeerId.from_bytes(env.author).short() if env.author else "?",
+                     seq=env.seq, reason=why, via=via.short() if via else None)
+        for env, held in out.forks:
+            log.warning("crdt author forked its chain", doc=self.name, author=PeerId.from_bytes(env.author).short(), seq=env.seq,
+                        envelope=env.id.hex()[:16], held=held.hex()[:16])
+        for chain, cut in out.revoked:
+            log.warning("crdt writer removed after some of its later changes were applied here", doc=self.name,
+                        author=PeerId.from_bytes(chain[0]).short(), cut=cut)
+        if out.held and via is not None:
+            self.sync_soon(via)
+
+    def _apply_env(self, env: Envelope) -> None:
+        if env.kind == ACL:
+            return
+        try:
+            for root, kind in read_update(env.body).roots.items():
+                if self.roots.get(root) != "map":
+                    self.roots[root] = kind if self.roots.get(root) != "text" else "text"
+        except MalformedUpdate:  # (the rules read it already)
+            pass
+        self._apply(env.body)
+
+    def _apply(self, update: bytes) -> None:
+        assert self.ydoc is not None
+        self._applying = True
+        try:
+            self.ydoc.apply_update(update)
+        except BaseException as exc:  # pycrdt raises a PanicException (a BaseException) on what yrs cannot take
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            log.error("pycrdt could not apply an update the rules accepted", doc=self.name, error=repr(exc))
+        finally:
+            self._applying = False
+
+    def _persist(self, envs: list[Envelope]) -> None:
+        store = self.svc.store
+        if store is None:
+            return
+        self._durable = asyncio.wrap_future(store.append(self.doc, envs))
+        self._durable.add_done_callback(_logged_failure)
+        self._since_snapshot += len(envs)
+        if self._since_snapshot >= self.cfg.snapshot_every:
+            self.snapshot()
+
+    def snapshot(self) -> None:
+        """Record the document's state now, so reopening it replays only what comes after."""
+        store = self.svc.store
+        if store is None or self.ydoc is None:
+            return
+        self._since_snapshot = 0
+        state = self.ydoc.get_update()
+        store.snapshot(self.doc, state, [self.state.export(), self.roots]).add_done_callback(_logged_failure)
+
+    # -- anti-entropy -------------------------------------------------------------------------------
+
+    def peers(self) -> list[PeerId]:
+        """The peers known to hold a replica (they joined the document's topic)."""
+        pubsub = self.rt.services.get("pubsub")
+        if pubsub is None or pubsub._router is None:
+            return []
+        return [p for p in pubsub.router.topics.get(self.topic, ()) if isinstance(p, PeerId)]
+
+    def summary_wire(self) -> list:
+        return [[a, n, s] for (a, n), s in self.state.summary().items()]
+
+    def sync_soon(self, peer: PeerId) -> None:
+        if self.closed or peer in self._syncing:
+            return
+        self._syncing[peer] = self.host.spawn(self._sync_task(peer))
+
+    async def _sync_task(self, peer: PeerId) -> None:
+        try:
+            await self.sync_with(peer)
+        except LatticaError as exc:
+            log.debug("crdt anti-entropy failed", doc=self.name, peer=peer.short(), error=str(exc))
+        finally:
+            self._syncing.pop(peer, None)
+
+    async def sync_with(self, peer: PeerId, timeout: float = 10.0) -> dict:
+        """Exchange what we hold with ``peer``'s replica until neither lacks anything of the
+        other's (as far as a round shows); its summary."""
+        ref = _ref(peer, self.doc)
+        for _ in range(64):  # pages of at most PAGE_BYTES each way
+            answer = await self.rt.call(ref, "sync", (self.summary_wire(),), {}, timeout=timeout)
+            theirs, envs = _parse_answer(answer)
+            if envs:
+                self.receive(envs, peer)
+            theirs = await self._push_missing(ref, theirs, timeout)
+            if len(envs) < MAX_PUSH and sum(len(e.body) for e in envs) < PAGE_BYTES // 2:
+                self._synced.add(peer)
+                return theirs
+        return theirs
+
+    async def _push_missing(self, ref: ActorRef, theirs: dict, timeout: float) -> dict:
+        for _ in range(64):
+            missing = self.state.missing_for(theirs, PAGE_BYTES)[:MAX_PUSH]
+            if not missing:
+                break
+            answer = await self.rt.call(ref, "push", ([e.to_bytes() for e in missing],), {}, timeout=timeout)
+            after = _parse_summary(answer)
+            if after == theirs:
+                break  # it took nothing (refused, or waits on what we do not hold): stop rather than loop
+            theirs = after
+        return theirs
+
+    async def _anti_entropy(self) -> None:
+        """Sync with every new replica peer as it appears, and with a random one every
+        ``sync_interval`` seconds."""
+        last = time.monotonic()
+        tick = 0.1
+        while not self.closed:
+            await asyncio.sleep(tick)
+            tick = min(1.0, tick * 1.5)
+            peers = self.peers()
+            for p in peers:
+                if p not in self._synced:
+                    self.sync_soon(p)
+            if peers and time.monotonic() - last >= self.cfg.sync_interval:
+                last = time.monotonic()
+                self.sync_soon(random.choice(peers))
+
+    async def commit(self, replicas: int, timeout: float) -> int:
+        """Flush, wait until our changes are durable here and held by ``replicas`` other
+        replicas; how many confirmed."""
+        self.flush()
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+        if self._durable is not None:
+            await asyncio.shield(self._durable)
+        if replicas <= 0:
+            return 0
+        seq = self.state.head(self.chain)[0]
+        deadline = time.monotonic() + timeout
+        confirmed: set[PeerId] = set()
+        while True:
+            todo = [p for p in self.peers() if p not in confirmed]
+            if todo:
+                left = max(0.1, deadline - time.monotonic())
+                results = await asyncio.gather(*(self.sync_with(p, timeout=left) for p in todo), return_exceptions=True)
+                for p, r in zip(todo, results):
+                    if isinstance(r, dict) and (seq == 0 or r.get(self.chain, 0) >= seq):
+                        confirmed.add(p)
+            if len(confirmed) >= replicas:
+                return len(confirmed)
+            if time.monotonic() >= deadline:
+                raise Timeout(f"{len(confirmed)} of {replicas} replicas of {self.name!r} confirmed the change within {timeout} s")
+            await asyncio.sleep(0.05)
+
+    # -- the owner's list ------------------------------------------------------------------------
+
+    def set_writers(self, writers: list[PeerId]) -> None:
+        """(owner) Sign a new writers list; removed writers keep what we hold of theirs."""
+        if self.owner != self.me:
+            raise NotAWriter(f"only the owner of {self.name!r} changes its writers")
+        new = frozenset(w.to_bytes() for w in writers) - {self.me}
+        old = self.state.acl
+        if new == old.writers and self.state.acl_version:
+            return
+        cuts = dict(old.cuts)
+        for chain, (seq, _) in self.state.heads.items():
+            if chain[1] and chain[0] in old.writers and chain[0] not in new:
+                cuts[chain] = seq
+        version, prev = self.state.head((self.me, b""))
+        env = sign_acl(self.host.keypair, self.doc, version + 1, prev, Acl(new, cuts))
+        out = self.state.receive([env], verified=True)
+        self._after(out, None, local=True)
+        self._publish(env)
+
+    # -- reading -------------------------------------------------------------------------------------
+
+    def root(self, name: str, kind: str) -> Any:
+        assert self.ydoc is not None
+        have = self.roots.get(name)
+        if have is not None and have != kind and not (have == "array" and kind == "text"):
+            raise CrdtError(f"{name!r} in {self.name!r} is a {have}, not a {kind}")
+        self.roots[name] = kind
+        return self.ydoc.get(name, type=_TYPES[kind])
+
+    def to_py(self) -> dict:
+        assert self.ydoc is not None
+        return {name: self.ydoc.get(name, type=_TYPES[kind]).to_py() for name, kind in sorted(self.roots.items())}
+
+    def stats(self) -> dict:
+        return {"name": self.name, "id": self.doc.hex(), "applied": self.applied, "refused": self.refused,
+                "refused_by_reason": dict(self.state.refused_total), "forks": len(self.state.forks),
+                "held": self.state.held(), "chains": len(self.state.heads), "log_bytes": self.log_bytes,
+                "peers": len(self.peers()), "acl_version": self.state.acl_version}
+
+    def _is_member(self, env: Envelope) -> bool:
+        """(mesh documents) Whether the author was a member of our mesh when it signed."""
+        if env.author == self.me:
+            return True
+        trust = self.host.trust
+        if trust.open:
+            return True
+        if env.ts > (time.time() + 60) * 1000:
+            return False  # signed in the future: a certificate's window cannot be stretched that way
+        try:
+            verdict = trust.judge(PeerId.from_bytes(env.author), list(env.certs), env.ts / 1000)
+        except LatticaError:
+            return False
+        return verdict.circle != "stranger"
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.flush()
+        self.closed = True
+        if self._task is not None:
+            self._task.cancel()
+        for t in self._syncing.values():
+            t.cancel()
+        pubsub = self.rt.services.get("pubsub")
+        if pubsub is not None and not pubsub._closed:
+            pubsub.unsubscribe(self.topic, _ignore)
+            pubsub.set_validator(self.topic, None)
+        for sub in self._changes:
+            sub._end()
+        self.snapshot()
+        actor = self.rt.actors.get(actor_name(self.doc))
+        if actor is not None:
+            self.host.spawn(actor.stop("document closed"))
+
+
+class ReplicaActor:
+    """What a document's other replicas call (members only): ``sync`` and ``push``."""
+
+    def __init__(self, replica: Replica) -> None:
+        self._r = replica
+
+    async def sync(self, summary: list) -> list:
+        """``summary``: what the caller holds per chain. Answers ours, and the envelopes the
+        caller lacks (a page of them: it calls again until a short page)."""
+        theirs = _parse_summary(summary)
+        r = self._r
+        missing = r.state.missing_for(theirs, PAGE_BYTES)[:MAX_PUSH]
+        caller = current_caller()
+        if caller is not None and caller != r.rt.peer_id:
+            r._synced.add(caller)  # (it syncs with us: we need not start one of our own)
+            if any(r.state.head(c)[0] < s for c, s in theirs.items()):
+                r.sync_soon(caller)  # it holds what we lack: push it here
+        return [r.summary_wire(), [e.to_bytes() for e in missing]]
+
+    async def push(self, envs: list) -> list:
+        """Envelopes the caller found we lack; answers what we hold afterwards."""
+        if type(envs) is not list or len(envs) > MAX_PUSH:
+            raise ProtocolError(f"a push is a list of at most {MAX_PUSH} envelopes")
+        r = self._r
+        decoded = []
+        for raw in envs:
+            try:
+                decoded.append(decode_any(raw, r.cfg.max_update_bytes + 1))
+            except MalformedUpdate:
+                r.refused += 1
+        r.receive(decoded, current_caller())
+        return r.summary_wire()
+
+
+def _parse_summary(raw: Any) -> dict:
+    if type(raw) is not list or len(raw) > MAX_SUMMARY:
+        raise ProtocolError(f"a replica's summary is a list of at most {MAX_SUMMARY} chains")
+    out = {}
+    for item in raw:
+        if (type(item) is not list or len(item) != 3 or type(item[0]) is not bytes or type(item[1]) is not bytes
+                or type(item[2]) is not int or not 0 <= item[2] < 1 << 63 or len(item[0]) > 64 or len(item[1]) > 16):
+            raise ProtocolError("a summary's entry is [author, nonce, seq]")
+        out[(item[0], item[1])] = item[2]
+    return out
+
+
+def _parse_answer(raw: Any) -> tuple[dict, list[Envelope]]:
+    if type(raw) is not list or len(raw) != 2 or type(raw[1]) is not list or len(raw[1]) > MAX_PUSH:
+        raise ProtocolError("a sync answer is [summary, envelopes]")
+    envs = []
+    for item in raw[1]:
+        try:
+            envs.append(decode_any(item, MAX_BODY))
+        except MalformedUpdate:
+            continue
+    return _parse_summary(raw[0]), envs
+
+
+def _ignore(msg: Any) -> None:
+    """(the topic's subscription: the validator did the work)"""
+
+
+def _logged_failure(fut: Any) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.error("crdt store write failed", error=repr(fut.exception()))

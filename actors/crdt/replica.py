@@ -219,9 +219,9 @@ class Replica:
         """(pub-sub validator) A peer's envelope: applied or held ("accept", passed on),
         already here ("ignore"), or refused."""
         try:
-            env = decode_any(msg.data, self.cfg.max_update_bytes + 1)
+            env = decode_any(msg.data, MAX_BODY)
         except MalformedUpdate:
-            self.refused += 1
+            self.count_malformed()
             return "reject"
         if not self._rates.take(env.author):
             return "ignore"  # (anti-entropy brings it later)
@@ -229,6 +229,10 @@ class Replica:
         if out.refused:
             return "reject" if out.refused[0][1] in _HARD else "ignore"
         return "accept" if out.applied or out.held else "ignore"
+
+    def count_malformed(self) -> None:
+        self.refused += 1
+        self.state.refused_total["malformed envelope"] += 1
 
     def receive(self, envs: list[Envelope], via: PeerId | None) -> Outcome:
         if self.closed:
@@ -516,9 +520,9 @@ class ReplicaActor:
         decoded = []
         for raw in envs:
             try:
-                decoded.append(decode_any(raw, r.cfg.max_update_bytes + 1))
+                decoded.append(decode_any(raw, MAX_BODY))
             except MalformedUpdate:
-                r.refused += 1
+                r.count_malformed()
         r.receive(decoded, current_caller())
         return r.summary_wire()
 

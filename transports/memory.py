@@ -27,6 +27,31 @@ class MemoryNetwork:
     def __init__(self) -> None:
         self._listeners: dict[int, tuple[MemoryTransport, ConnectionHandler, asyncio.AbstractEventLoop]] = {}
         self._ports = itertools.count(1)
+        self._side: dict[PeerId, int] = {}  # while partitioned: each peer's side
+        self._pipes: list[tuple[_Pipe, _Pipe, PeerId, PeerId]] = []  # open connections (dialer's end, listener's, their peers)
+
+    def partition(self, sides: list[set[PeerId]]) -> None:
+        """Cut the network into ``sides``: connections between two sides are lost and dials
+        across fail until :meth:`heal` (a peer in no side is cut off from everyone)."""
+        self._side = {p: i for i, side in enumerate(sides) for p in side}
+        live = []
+        for a, b, pa, pb in self._pipes:
+            if a.is_closing() or b.is_closing():
+                continue
+            if self.cut(pa, pb):
+                a.close()
+                b.close()
+            else:
+                live.append((a, b, pa, pb))
+        self._pipes = live
+
+    def heal(self) -> None:
+        """End the partition: every peer may dial every other again."""
+        self._side = {}
+
+    def cut(self, a: PeerId, b: PeerId) -> bool:
+        """Whether the partition separates ``a`` and ``b``."""
+        return bool(self._side) and self._side.get(a, -1) != self._side.get(b, -2)
 
     def _bind(self, port: int, transport: MemoryTransport, handler: ConnectionHandler) -> int:
         if port == 0:
@@ -145,6 +170,8 @@ class MemoryTransport(Transport):
         expected = peer_id or addr.peer_id
         if expected is not None and remote.keypair.peer_id != expected:
             raise PeerIdMismatch(f"dialed {expected} but {addr} belongs to {remote.keypair.peer_id}")
+        if self.network.cut(self.keypair.peer_id, remote.keypair.peer_id):
+            raise PeerUnreachable(f"{addr} is on the other side of the partition")
         loop = asyncio.get_running_loop()
         mine, theirs = _Pipe(loop), _Pipe(loop)
         mine.peer, theirs.peer = theirs, mine
@@ -152,5 +179,8 @@ class MemoryTransport(Transport):
         dial_addr = Multiaddr(f"/memory/{next(self._dial_ports)}")
         conn = self._connection(mine, "outbound", remote.keypair.peer_id, dial_addr, listen_addr)
         inbound = remote._connection(theirs, "inbound", self.keypair.peer_id, listen_addr, dial_addr)
+        if len(self.network._pipes) > 4096:
+            self.network._pipes = [t for t in self.network._pipes if not (t[0].is_closing() or t[1].is_closing())]
+        self.network._pipes.append((mine, theirs, self.keypair.peer_id, remote.keypair.peer_id))
         self._hand_over(inbound, on_connection)  # the listener's bug must not surface in the dialer
         return conn

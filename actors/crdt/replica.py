@@ -109,6 +109,8 @@ class Replica:
         self._durable: asyncio.Future | None = None  # the store's write of what we applied last
         self._since_snapshot = 0
         self._synced: set[PeerId] = set()
+        self._known: dict[PeerId, dict] = {}  # what each replica peer held when we last heard (chain -> seq)
+        self._again: set[PeerId] = set()  # peers to sync with once more when the sync under way ends
         self._syncing: dict[PeerId, asyncio.Task] = {}
         self._task: asyncio.Task | None = None
         self.closed = False
@@ -139,8 +141,8 @@ class Replica:
             out = self.state.receive(rest, verified=True)
             for env in out.applied:
                 self._apply_env(env)
-        if store is not None and nonce is None:
-            await asyncio.wrap_future(store.remember(self.doc, self.name, self.owner, self.nonce))
+        if store is not None:
+            await asyncio.wrap_future(store.remember(self.doc, self.name, self.owner, self.nonce, clean=False))
         self.rt.create(ReplicaActor, [], None, actor_name(self.doc), instance=ReplicaActor(self), public=False)
         pubsub = self.rt.services.get("pubsub")
         if pubsub is not None:
@@ -225,7 +227,7 @@ class Replica:
             return "reject"
         if not self._rates.take(env.author):
             return "ignore"  # (anti-entropy brings it later)
-        out = self.receive([env], msg.via)
+        out = self.receive([env], msg.via, spread=False)  # (pub-sub carries it to the others)
         if out.refused:
             return "reject" if out.refused[0][1] in _HARD else "ignore"
         return "accept" if out.applied or out.held else "ignore"
@@ -234,7 +236,7 @@ class Replica:
         self.refused += 1
         self.state.refused_total["malformed envelope"] += 1
 
-    def receive(self, envs: list[Envelope], via: PeerId | None) -> Outcome:
+    def receive(self, envs: list[Envelope], via: PeerId | None, spread: bool = True) -> Outcome:
         if self.closed:
             return Outcome()
         room = self.cfg.max_document_bytes - self.log_bytes
@@ -248,7 +250,24 @@ class Replica:
             room -= len(e.body)
         out = self.state.receive(fits)
         self._after(out, via)
+        if spread and out.applied:
+            self._spread(out.applied, via)
         return out
+
+    def _spread(self, applied: list[Envelope], via: PeerId | None) -> None:
+        """Pass envelopes anti-entropy brought on to the replica peers that lack them, as far as
+        we know (pub-sub carries only what authors publish: without this, what one side of a
+        healed partition learns from the other would wait for the periodic sync)."""
+        for peer, known in self._known.items():
+            if peer != via and any(known.get(e.chain, 0) < e.seq for e in applied):
+                self.sync_soon(peer)
+
+    def heard(self, peer: PeerId, summary: dict, envs: list[Envelope] = ()) -> None:
+        """``peer`` holds ``summary``, and ``envs`` besides."""
+        known = self._known[peer] = dict(summary)
+        for e in envs:
+            if known.get(e.chain, 0) < e.seq:
+                known[e.chain] = e.seq
 
     def _after(self, out: Outcome, via: PeerId | None, local: bool = False) -> None:
         for env in out.applied:
@@ -334,17 +353,25 @@ class Replica:
         return [[a, n, s] for (a, n), s in self.state.summary().items()]
 
     def sync_soon(self, peer: PeerId) -> None:
-        if self.closed or peer in self._syncing:
+        if self.closed:
+            return
+        if peer in self._syncing:
+            self._again.add(peer)  # (what made us want it may have come after that sync's question)
             return
         self._syncing[peer] = self.host.spawn(self._sync_task(peer))
 
     async def _sync_task(self, peer: PeerId) -> None:
         try:
-            await self.sync_with(peer)
+            for _ in range(8):
+                self._again.discard(peer)
+                await self.sync_with(peer)
+                if peer not in self._again:
+                    break
         except LatticaError as exc:
             log.debug("crdt anti-entropy failed", doc=self.name, peer=peer.short(), error=str(exc))
         finally:
             self._syncing.pop(peer, None)
+            self._again.discard(peer)
 
     async def sync_with(self, peer: PeerId, timeout: float = 10.0) -> dict:
         """Exchange what we hold with ``peer``'s replica until neither lacks anything of the
@@ -353,9 +380,11 @@ class Replica:
         for _ in range(64):  # pages of at most PAGE_BYTES each way
             answer = await self.rt.call(ref, "sync", (self.summary_wire(),), {}, timeout=timeout)
             theirs, envs = _parse_answer(answer)
+            self.heard(peer, theirs)
             if envs:
                 self.receive(envs, peer)
             theirs = await self._push_missing(ref, theirs, timeout)
+            self.heard(peer, theirs)
             if len(envs) < MAX_PUSH and sum(len(e.body) for e in envs) < PAGE_BYTES // 2:
                 self._synced.add(peer)
                 return theirs
@@ -380,8 +409,12 @@ class Replica:
         tick = 0.1
         while not self.closed:
             await asyncio.sleep(tick)
-            tick = min(1.0, tick * 1.5)
+            tick = min(0.2, tick * 1.5)
             peers = self.peers()
+            here = set(peers)
+            self._synced &= here  # (one that left and comes back is synced with again)
+            for gone in [p for p in self._known if p not in here]:
+                del self._known[gone]
             for p in peers:
                 if p not in self._synced:
                     self.sync_soon(p)
@@ -488,6 +521,8 @@ class Replica:
         for sub in self._changes:
             sub._end()
         self.snapshot()
+        if self.svc.store is not None:  # (after everything we signed is written: the chain may go on next time)
+            self.svc.store.remember(self.doc, self.name, self.owner, self.nonce, clean=True).add_done_callback(_logged_failure)
         actor = self.rt.actors.get(actor_name(self.doc))
         if actor is not None:
             self.host.spawn(actor.stop("document closed"))
@@ -508,6 +543,7 @@ class ReplicaActor:
         caller = current_caller()
         if caller is not None and caller != r.rt.peer_id:
             r._synced.add(caller)  # (it syncs with us: we need not start one of our own)
+            r.heard(caller, theirs, missing)
             if any(r.state.head(c)[0] < s for c, s in theirs.items()):
                 r.sync_soon(caller)  # it holds what we lack: push it here
         return [r.summary_wire(), [e.to_bytes() for e in missing]]
@@ -523,7 +559,10 @@ class ReplicaActor:
                 decoded.append(decode_any(raw, MAX_BODY))
             except MalformedUpdate:
                 r.count_malformed()
-        r.receive(decoded, current_caller())
+        caller = current_caller()
+        if caller is not None and caller in r._known:
+            r.heard(caller, r._known[caller], decoded)
+        r.receive(decoded, caller)
         return r.summary_wire()
 
 

@@ -43,6 +43,11 @@ class CrdtService:
         self._store_ready: asyncio.Future | None = None
         self._private_dir: str | None = None
         self._closed = False
+        self.host.events.disconnected.subscribe(self._on_disconnected)
+
+    def _on_disconnected(self, peer: PeerId, conn: object) -> None:
+        for replica in self.docs.values():
+            replica._synced.discard(peer)  # (met again, it is synced with again: what it missed meanwhile)
 
     async def _open_store(self) -> None:
         where = self.cfg.path or os.environ.get("LATTICA_CRDT") or os.path.join(os.path.expanduser("~"), ".lattica", "crdt")

@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value BLOB);
-CREATE TABLE IF NOT EXISTS docs(doc BLOB PRIMARY KEY, name TEXT NOT NULL, owner BLOB, nonce BLOB);
+CREATE TABLE IF NOT EXISTS docs(doc BLOB PRIMARY KEY, name TEXT NOT NULL, owner BLOB, nonce BLOB, clean INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS envelopes(
     pos INTEGER PRIMARY KEY AUTOINCREMENT, doc BLOB NOT NULL, author BLOB NOT NULL, nonce BLOB NOT NULL,
     seq INTEGER NOT NULL, raw BLOB NOT NULL, UNIQUE(doc, author, nonce, seq));
@@ -96,11 +96,13 @@ class Store:
 
     def _doc_row(self, doc: bytes) -> tuple | None:
         assert self._db is not None
-        return self._db.execute("SELECT name, owner, nonce FROM docs WHERE doc=?", (doc,)).fetchone()
+        return self._db.execute("SELECT name, owner, nonce, clean FROM docs WHERE doc=?", (doc,)).fetchone()
 
     def load(self, doc: bytes) -> concurrent.futures.Future:
         """``(nonce or None, snapshot or None, [(pos, Envelope)])`` of ``doc``: our chain's
-        nonce, the latest snapshot ``(pos, state, meta)`` and every envelope in log order."""
+        nonce (None unless the document was closed cleanly: after a crash, envelopes we signed
+        may have reached peers and not our disk, so our chain must not go on from here), the
+        latest snapshot ``(pos, state, meta)`` and every envelope in log order."""
 
         def load() -> tuple:
             assert self._db is not None
@@ -110,16 +112,17 @@ class Store:
             for pos, raw in self._db.execute("SELECT pos, raw FROM envelopes WHERE doc=? ORDER BY pos", (doc,)):
                 envs.append((pos, Envelope.from_bytes(raw)))
             meta = None if snap is None else (snap[0], snap[1], msgpack.unpackb(snap[2], strict_map_key=False))
-            return (row[2] if row else None), meta, envs
+            return (row[2] if row and row[3] else None), meta, envs
 
         return self.run(load)
 
-    def remember(self, doc: bytes, name: str, owner: bytes | None, nonce: bytes) -> concurrent.futures.Future:
-        """Record the document and our chain's nonce in it."""
+    def remember(self, doc: bytes, name: str, owner: bytes | None, nonce: bytes, clean: bool = False) -> concurrent.futures.Future:
+        """Record the document and our chain's nonce in it; ``clean``: closed, nothing of ours
+        is anywhere but here (set when the document closes, cleared when it opens)."""
 
         def put() -> None:
             assert self._db is not None
-            self._db.execute("INSERT OR REPLACE INTO docs VALUES (?, ?, ?, ?)", (doc, name, owner, nonce))
+            self._db.execute("INSERT OR REPLACE INTO docs VALUES (?, ?, ?, ?, ?)", (doc, name, owner, nonce, int(clean)))
 
         return self.run(put)
 

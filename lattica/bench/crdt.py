@@ -1,0 +1,244 @@
+"""The CRDT store measured (docs/benchmarks.md): convergence by simulation, and latency and
+throughput between real node processes on loopback.
+
+``simulate_crdt``: ``replicas`` full nodes (runtime, pub-sub, CRDT service, real multiplexer and
+RPC) on one event loop over the in-memory transport, each connected to ``links`` random earlier
+ones, all holding one mesh document. Each run cuts the network into two or three random sides
+``partitions`` times; while cut, random replicas make random concurrent edits (map sets and
+deletes, text inserts, array appends); then the network heals, the links come back (as
+membership's redial brings them back on a real network) and the clock runs until every replica
+holds the same document (equal state vectors and content). Figures: the time from the last heal
+to convergence per run (p50/max), and runs that had not converged after ``limit`` seconds.
+
+``bench_crdt``: three node processes, all connected, one document: a map set made on one is
+visible at the others after (p50/p99), then sets/s applied at each other replica when the first
+writes as fast as it can (every envelope verified: signature, chain, client ids, deps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+import statistics
+import time
+from typing import Any, Callable, Iterator
+
+import lattica
+from lattica.config import CrdtConfig, PubSubConfig
+from lattica.node import Node
+from lattica.transports.memory import MemoryNetwork
+
+__all__ = ["simulate_crdt", "bench_crdt", "CrdtPeer"]
+
+DOC = "bench/doc"
+
+
+def simulate_crdt(replicas: int = 20, runs: int = 100, *, partitions: int = 3, edits: int = 40, links: int = 4,
+                  limit: float = 30.0, seed: int = 1, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """``runs`` runs, each on a fresh event loop (see the module docstring); the figures."""
+    times: list[float] = []
+    diverged = 0
+    started = time.perf_counter()
+    applied = refused = 0
+    for run in range(runs):
+        gc.collect()
+        t, a, r = asyncio.run(_one_run(replicas, partitions, edits, links, limit, random.Random(seed * 1_000_003 + run)))
+        applied += a
+        refused += r
+        if t is None:
+            diverged += 1
+        else:
+            times.append(t)
+        if progress is not None:
+            progress(f"run {run + 1}/{runs}: " + ("diverged" if t is None else f"converged {t * 1000:.0f} ms after the heal"))
+    times.sort()
+    return {"bench": "crdt-sim", "replicas": replicas, "runs": runs, "partitions_per_run": partitions, "edits_per_partition": edits,
+            "converged": len(times), "diverged": diverged,
+            "converge_ms_p50": round(times[len(times) // 2] * 1000) if times else None,
+            "converge_ms_max": round(times[-1] * 1000) if times else None,
+            "envelopes_applied": applied, "refused": refused, "wall_s": round(time.perf_counter() - started, 1)}
+
+
+async def _one_run(n: int, partitions: int, edits: int, links: int, limit: float, rng: random.Random) -> tuple[float | None, int, int]:
+    net = MemoryNetwork()
+    nodes: list[Node] = []
+    edges: list[tuple[int, int]] = []
+    try:
+        cfg = CrdtConfig(path="memory", sync_interval=2.0)
+        for i in range(n):
+            node = Node(["/memory/0"], memory_network=net, mesh="open", max_connections=4096, membership=False, content=False,
+                        pubsub=PubSubConfig(discover=False), crdt=cfg)  # type: ignore[arg-type]
+            await node.astart()
+            for j in rng.sample(range(i), min(links, i)):
+                await node.aconnect(nodes[j].addrs[0])
+                edges.append((i, j))
+            nodes.append(node)
+        svcs = [node.host.services["crdt"] for node in nodes]
+        reps = [await s.open(DOC) for s in svcs]
+        await _until(lambda: all(r.peers() for r in reps), 10.0)
+        for _ in range(partitions):
+            order = list(range(n))
+            rng.shuffle(order)
+            k = rng.choice((2, 3))
+            sides = [set(nodes[i].peer_id for i in order[s::k]) for s in range(k)]
+            net.partition(sides)
+            for e in range(edits):
+                _edit(rng, rng.choice(reps), e)
+                if rng.random() < 0.3:
+                    await asyncio.sleep(0.005)
+            await asyncio.sleep(rng.uniform(0.05, 0.3))
+            net.heal()
+            await asyncio.gather(*(_redial(nodes[i], nodes[j]) for i, j in edges))
+        healed = time.monotonic()
+        ok = await _until(lambda: _same(reps), limit)
+        took = time.monotonic() - healed if ok else None
+        return took, sum(r.applied for r in reps), sum(r.refused for r in reps)
+    finally:
+        for node in nodes:
+            await node.astop()
+
+
+def _edit(rng: random.Random, rep: Any, e: int) -> None:
+    op = rng.random()
+    if op < 0.5:
+        rep.root("m", "map")[str(rng.randrange(30))] = e
+    elif op < 0.65:
+        m = rep.root("m", "map")
+        if len(m):
+            del m[rng.choice(list(m.keys()))]
+    elif op < 0.85:
+        t = rep.root("t", "text")
+        t.insert(rng.randrange(len(t) + 1), rng.choice("abcdef"))
+    else:
+        rep.root("a", "array").append(e)
+
+
+def _same(reps: list[Any]) -> bool:
+    from lattica.crdt.yupdate import read_state_vector
+
+    first = read_state_vector(reps[0].ydoc.get_state())  # (as a dict: yrs writes its entries in any order)
+    if any(read_state_vector(r.ydoc.get_state()) != first or r.state.held() for r in reps[1:]):
+        return False
+    content = reps[0].to_py()
+    return all(r.to_py() == content for r in reps[1:])
+
+
+async def _redial(a: Node, b: Node) -> None:
+    try:
+        await a.aconnect(b.addrs[0])
+    except lattica.errors.LatticaError:
+        pass
+
+
+async def _until(pred: Callable[[], bool], limit: float) -> bool:
+    deadline = time.monotonic() + limit
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+# -- real processes ---------------------------------------------------------------------------------
+
+
+@lattica.actor
+class CrdtPeer:
+    """Runs in a node process: opens the document, writes to it, and reports what arrived when."""
+
+    def __init__(self) -> None:
+        self.doc: Any = None
+        self.seen: list[tuple[int, int, int]] = []  # (arrival ns, write ns, sets in the change)
+
+    async def open(self) -> None:
+        self.doc = await lattica.crdt.open(DOC, block=False)
+        from lattica.crdt.yupdate import read_update
+
+        def on_change(change: Any) -> None:
+            if change.local:
+                return
+            now = time.time_ns()
+            span = read_update(change.update).structs
+            sets = sum(e - s for s, e in span.values())
+            last = self.doc.map("bench").get("t")
+            self.seen.append((now, int(last[0]) if last else now, sets))
+
+        self.doc.observe(on_change)
+
+    async def peers(self) -> int:
+        return len(self.doc.peers())
+
+    async def write(self, n: int, gap: float) -> float:
+        m = self.doc.map("bench")
+        t0 = time.perf_counter()
+        for i in range(n):
+            m["t"] = [time.time_ns(), i]
+            if gap:
+                await asyncio.sleep(gap)
+            elif i % 256 == 255:
+                await asyncio.sleep(0)  # (the envelopes go out)
+        return time.perf_counter() - t0
+
+    async def collect(self, n: int, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while sum(s for _, _, s in self.seen) < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        seen, self.seen = self.seen, []
+        return {"sets": sum(s for _, _, s in seen), "envelopes": len(seen), "latency_us": [(a - w) / 1e3 for a, w, _ in seen],
+                "span_s": (seen[-1][0] - seen[0][0]) / 1e9 if len(seen) > 1 else 0.0,
+                "refused": self.doc.stats()["refused"]}
+
+
+def bench_crdt(latency_updates: int = 200, flood_updates: int = 20_000) -> Iterator[dict[str, Any]]:
+    """Three node processes on loopback (see the module docstring)."""
+    from lattica.bench.rpc import spawn_on  # (the process machinery: only for this bench)
+    from lattica.mesh.process import ServerProcess
+
+    procs: list = []
+    try:
+        with lattica.Node([]) as me:
+            addrs: list[str] = []
+            for _ in range(3):
+                extra: list[str] = []
+                for a in addrs:
+                    extra += ["--connect", a]
+                p = ServerProcess(["/ip4/127.0.0.1/tcp/0"], *extra)
+                p.__enter__()
+                procs.append(p)
+                addrs.append(p.addr("tcp"))
+                me.connect(p.addr("tcp"))
+            peers = [spawn_on(me, CrdtPeer, p.peer_id) for p in procs]
+            rt = me._host.runtime
+
+            def run(*calls: tuple, timeout: float = 300) -> list:
+                async def go() -> list:
+                    return await asyncio.gather(*(rt.call(c[0], c[1], c[2:], {}, timeout=timeout) for c in calls))
+                return me.run(go(), timeout=timeout + 5)
+
+            run(*((r, "open") for r in peers))
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and min(run(*((r, "peers") for r in peers))) < 2:
+                time.sleep(0.1)
+
+            async def write_and_collect(n: int, gap: float, timeout: float) -> tuple:
+                waits = [rt.call(r, "collect", (n, timeout), {}, timeout=timeout + 30) for r in peers[1:]]
+                await asyncio.sleep(0.2)
+                took = await rt.call(peers[0], "write", (n, gap), {}, timeout=timeout + 30)
+                return took, await asyncio.gather(*waits)
+
+            _, got = me.run(write_and_collect(latency_updates, 0.005, 60), timeout=120)
+            lat = sorted(x for g in got for x in g["latency_us"])
+            yield {"bench": "crdt", "case": "latency", "processes": 3, "updates": latency_updates,
+                   "seen": f"{sum(g['sets'] for g in got)}/{latency_updates * 2}",
+                   "p50_us": round(lat[len(lat) // 2], 1) if lat else None, "p99_us": round(lat[int(len(lat) * 0.99)], 1) if lat else None}
+            took, got = me.run(write_and_collect(flood_updates, 0.0, 120), timeout=300)
+            rates = [g["sets"] / g["span_s"] if g["span_s"] else 0.0 for g in got]
+            yield {"bench": "crdt", "case": "flood", "processes": 3, "updates": flood_updates,
+                   "write_sets_s": round(flood_updates / took), "applied_min": min(g["sets"] for g in got),
+                   "applied_sets_s_per_replica": [round(r) for r in rates],
+                   "envelopes_s_per_replica": [round(g["envelopes"] / g["span_s"]) if g["span_s"] else 0 for g in got],
+                   "refused": sum(g["refused"] for g in got)}
+    finally:
+        for p in reversed(procs):
+            p.__exit__(None, None, None)

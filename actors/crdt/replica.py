@@ -23,9 +23,9 @@ import pycrdt
 
 from lattica.budget import Buckets
 from lattica.crdt.envelope import ACL, Acl, Envelope, client_id, decode_any, sign, sign_acl
-from lattica.crdt.replica import MemoryLog, Outcome, ReplicaState
+from lattica.crdt.replica import MAX_CHAINS, MemoryLog, Outcome, ReplicaState
 from lattica.crdt.yupdate import read_update
-from lattica.errors import ActorNotFound, CrdtError, LatticaError, MalformedUpdate, NotAWriter, PermissionDenied, ProtocolError, Timeout, UpdateRejected
+from lattica.errors import CrdtError, LatticaError, MalformedUpdate, NotAWriter, PermissionDenied, ProtocolError, Timeout, UpdateRejected
 from lattica.identity import PeerId
 from lattica.logging import get_logger
 from lattica.pubsub.subscription import Subscription
@@ -40,7 +40,7 @@ __all__ = ["Replica", "ReplicaActor", "Change", "actor_name", "topic_of"]
 
 log = get_logger("lattica.crdt")
 
-MAX_SUMMARY = 65536  # chains one summary names
+MAX_SUMMARY = MAX_CHAINS  # chains one summary names
 MAX_PUSH = 1024  # envelopes one push or sync answer carries
 PAGE_BYTES = 4 << 20  # and about this many bytes
 MAX_BODY = 8 << 20  # (each replica refuses what is over its own max_update_bytes)
@@ -48,7 +48,8 @@ MAX_BODY = 8 << 20  # (each replica refuses what is over its own max_update_byte
 # (a list or a view that may not have reached it yet, a full waiting room) are only ignored
 _HARD = frozenset({"bad signature", "malformed update", "malformed ACL", "another document", "too large",
                    "items under another client id", "items do not continue the chain's clock",
-                   "deletes what its author had not seen", "an ACL not signed by the owner",
+                   "names items of its own chain that do not exist", "deps are not what the update names",
+                   "an ACL not signed by the owner",
                    "a chain's first envelope names a previous one"})
 _TYPES = {"map": pycrdt.Map, "array": pycrdt.Array, "text": pycrdt.Text}
 
@@ -66,14 +67,17 @@ def _ref(peer: PeerId, doc: bytes) -> ActorRef:
 
 
 class Change:
-    """One change a replica applied: by whom, under which chain position, and the Yjs update."""
+    """One change a replica applied: by whom, under which chain position, and the Yjs update;
+    or (``rebuilt``) the whole document made again from the log: roots taken before are stale."""
 
-    __slots__ = ("author", "seq", "update", "local")
+    __slots__ = ("author", "seq", "update", "local", "rebuilt")
 
-    def __init__(self, author: PeerId, seq: int, update: bytes, local: bool) -> None:
-        self.author, self.seq, self.update, self.local = author, seq, update, local
+    def __init__(self, author: PeerId, seq: int, update: bytes, local: bool, rebuilt: bool = False) -> None:
+        self.author, self.seq, self.update, self.local, self.rebuilt = author, seq, update, local, rebuilt
 
     def __repr__(self) -> str:
+        if self.rebuilt:
+            return "Change(rebuilt)"
         return f"Change(author={self.author.short()}, seq={self.seq}, {len(self.update)} bytes, {'local' if self.local else 'remote'})"
 
 
@@ -116,6 +120,9 @@ class Replica:
         self.closed = False
         self.refused = 0
         self.applied = 0
+        self.rebuilds = 0
+        self._declared: set[str] = set()  # roots this node's code named (their types are what it said)
+        self._sync_calls = Buckets(20.0, 40.0, 1024)  # sync calls each peer may make of us
 
     # -- opening -----------------------------------------------------------------------------------
 
@@ -135,7 +142,7 @@ class Replica:
             self.state.restore(meta[0], (e for p, e in envs if p <= pos))
             self.roots.update(meta[1])
             self._apply(state)
-        self.log_bytes = sum(len(e.body) for _, e in envs)
+        self.log_bytes = sum(e.size for _, e in envs)
         rest = [e for p, e in envs if p > pos]
         if rest:
             out = self.state.receive(rest, verified=True)
@@ -189,15 +196,27 @@ class Replica:
             return None
         update = updates[0] if len(updates) == 1 else pycrdt.merge_updates(*updates)
         seq, prev = self.state.head(self.chain)
-        deps = {c: k for c, k in self.state.clocks.items() if c != self.client}
+        try:
+            needs = read_update(update).needs
+        except MalformedUpdate as exc:
+            needs, why = {}, str(exc)
+        else:
+            why = ""
+        deps = {c: k for c, k in needs.items() if c != self.client}
         trust = self.host.trust
         certs = tuple(trust.presented) if self.owner is None and not trust.open else ()
-        env = sign(self.host.keypair, self.doc, self.nonce, seq + 1, prev, deps, update, certs)
-        out = self.state.receive([env], verified=True)
-        if not out.applied:
-            why = out.refused[0][1] if out.refused else "unknown"
-            self._error = UpdateRejected(why, f"a change to {self.name!r} cannot be replicated: {why}")
-            log.error("local change refused by our own replica", doc=self.name, reason=why)
+        out = None
+        if not why:
+            env = sign(self.host.keypair, self.doc, self.nonce, seq + 1, prev, deps, update, certs)
+            out = self.state.receive([env], verified=True)
+            if not out.applied:
+                why = out.refused[0][1] if out.refused else "unknown"
+        if why or out is None:
+            # the document holds a change no replica would take: it goes (the document is rebuilt
+            # from the log), and the next commit() says why
+            self._error = UpdateRejected(why, f"a change to {self.name!r} cannot be replicated ({why}); it was undone")
+            log.error("local change refused by our own replica; undone", doc=self.name, reason=why)
+            self._rebuild()
             return None
         self._after(out, None, local=True)
         self._publish(env)
@@ -242,12 +261,12 @@ class Replica:
         room = self.cfg.max_document_bytes - self.log_bytes
         fits = []
         for e in envs:
-            if e.seq > self.state.head(e.chain)[0] and len(e.body) > room:
+            if e.seq > self.state.head(e.chain)[0] and e.size > room:
                 self.refused += 1
                 log.warning("crdt envelope refused: the document is full", doc=self.name, max_bytes=self.cfg.max_document_bytes)
                 continue
             fits.append(e)
-            room -= len(e.body)
+            room -= e.size
         out = self.state.receive(fits)
         self._after(out, via)
         if spread and out.applied:
@@ -273,38 +292,75 @@ class Replica:
         for env in out.applied:
             if not local:
                 self._apply_env(env)
-            self.log_bytes += len(env.body)
+            self.log_bytes += env.size
             self.applied += 1
-            change = Change(PeerId.from_bytes(env.author), env.seq, env.body, local)
-            for cb in list(self._observers):
-                try:
-                    cb(change)
-                except Exception:
-                    log.exception("crdt observer failed", doc=self.name)
-            for sub in self._changes:
-                sub._push(change, len(env.body))
+            self._emit(Change(PeerId.from_bytes(env.author), env.seq, env.body, local))
         if out.applied:
             self._persist(out.applied)
         for env, why in out.refused:
             self.refused += 1
-            log.info("crdt envelope refused", doc=self.name, author=PeerId.from_bytes(env.author).short() if env.author else "?",
-                     seq=env.seq, reason=why, via=via.short() if via else None)
+            log.info("crdt envelope refused", doc=self.name, author=_short(env.author), seq=env.seq, reason=why,
+                     via=via.short() if via else None)
         for env, held in out.forks:
-            log.warning("crdt author forked its chain", doc=self.name, author=PeerId.from_bytes(env.author).short(), seq=env.seq,
-                        envelope=env.id.hex()[:16], held=held.hex()[:16])
-        for chain, cut in out.revoked:
-            log.warning("crdt writer removed after some of its later changes were applied here", doc=self.name,
-                        author=PeerId.from_bytes(chain[0]).short(), cut=cut)
+            log.warning("crdt author forked its chain: it ends before the fork", doc=self.name, author=_short(env.author),
+                        seq=env.seq, envelope=env.id.hex()[:16], held=held.id.hex()[:16] if held else None)
+            proof = [e for e in (env, held) if e is not None]
+            for peer in self.peers():  # (each replica sees both and ends the chain too)
+                if peer != via:
+                    self.host.spawn(self._tell(peer, proof))
+        if out.rebuild:
+            self._rebuild()
         if out.held and via is not None:
             self.sync_soon(via)
+
+    def _emit(self, change: Change) -> None:
+        for cb in list(self._observers):
+            try:
+                cb(change)
+            except Exception:
+                log.exception("crdt observer failed", doc=self.name)
+        for sub in self._changes:
+            sub._push(change, len(change.update))
+
+    async def _tell(self, peer: PeerId, envs: list[Envelope]) -> None:
+        try:
+            await self.rt.call(_ref(peer, self.doc), "push", ([e.to_bytes() for e in envs],), {}, timeout=10.0)
+        except LatticaError as exc:
+            log.debug("crdt fork proof not delivered", doc=self.name, peer=peer.short(), error=str(exc))
+
+    def _rebuild(self) -> None:
+        """Make the document again from the log, under what is known now (a fork, a writer cut
+        off, a local change no replica would take): what no longer counts goes."""
+        new, out = self.state.rebuilt()
+        ydoc = pycrdt.Doc(client_id=self.client, allow_multithreading=True)
+        for env in out.applied:
+            if env.kind != ACL:
+                try:
+                    ydoc.apply_update(env.body)
+                except BaseException as exc:  # (yrs panics are BaseExceptions)
+                    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                        raise
+                    log.error("pycrdt could not apply a logged update while rebuilding", doc=self.name, error=repr(exc))
+        with self._local_lock:
+            self._local = []  # (made on the old document)
+        old, self.ydoc, self.state = self.ydoc, ydoc, new
+        ydoc.observe(self._on_transaction)
+        self.log_bytes = sum(e.size for e in out.applied)
+        self.rebuilds += 1
+        log.warning("crdt document rebuilt from its log", doc=self.name, applied=len(out.applied))
+        self.snapshot()
+        self._emit(Change(self.rt.peer_id, 0, b"", False, rebuilt=True))
+        del old
+        return None
 
     def _apply_env(self, env: Envelope) -> None:
         if env.kind == ACL:
             return
         try:
             for root, kind in read_update(env.body).roots.items():
-                if self.roots.get(root) != "map":
-                    self.roots[root] = kind if self.roots.get(root) != "text" else "text"
+                if root not in self._declared and len(self.roots) < 1024:
+                    have = self.roots.get(root)
+                    self.roots[root] = kind if have is None or (have == "array" and kind == "text") else have
         except MalformedUpdate:  # (the rules read it already)
             pass
         self._apply(env.body)
@@ -377,7 +433,7 @@ class Replica:
         """Exchange what we hold with ``peer``'s replica until neither lacks anything of the
         other's (as far as a round shows); its summary."""
         ref = _ref(peer, self.doc)
-        for _ in range(64):  # pages of at most PAGE_BYTES each way
+        for _ in range(16):  # pages of at most PAGE_BYTES each way
             answer = await self.rt.call(ref, "sync", (self.summary_wire(),), {}, timeout=timeout)
             theirs, envs = _parse_answer(answer)
             self.heard(peer, theirs)
@@ -391,14 +447,14 @@ class Replica:
         return theirs
 
     async def _push_missing(self, ref: ActorRef, theirs: dict, timeout: float) -> dict:
-        for _ in range(64):
+        for _ in range(16):
             missing = self.state.missing_for(theirs, PAGE_BYTES)[:MAX_PUSH]
             if not missing:
                 break
             answer = await self.rt.call(ref, "push", ([e.to_bytes() for e in missing],), {}, timeout=timeout)
             after = _parse_summary(answer)
-            if after == theirs:
-                break  # it took nothing (refused, or waits on what we do not hold): stop rather than loop
+            if not any(after.get(e.chain, 0) >= e.seq for e in missing):
+                break  # it took none of them (refused, or waiting on what we do not hold): stop rather than loop
             theirs = after
         return theirs
 
@@ -473,22 +529,28 @@ class Replica:
     # -- reading -------------------------------------------------------------------------------------
 
     def root(self, name: str, kind: str) -> Any:
+        """The root ``name`` as a ``kind`` (what this node's code says it is wins over what the
+        updates suggested; pycrdt raises if the document holds it as another type)."""
         assert self.ydoc is not None
-        have = self.roots.get(name)
-        if have is not None and have != kind and not (have == "array" and kind == "text"):
-            raise CrdtError(f"{name!r} in {self.name!r} is a {have}, not a {kind}")
+        self._declared.add(name)
         self.roots[name] = kind
         return self.ydoc.get(name, type=_TYPES[kind])
 
     def to_py(self) -> dict:
         assert self.ydoc is not None
-        return {name: self.ydoc.get(name, type=_TYPES[kind]).to_py() for name, kind in sorted(self.roots.items())}
+        out = {}
+        for name, kind in sorted(self.roots.items()):
+            try:
+                out[name] = self.ydoc.get(name, type=_TYPES[kind]).to_py()
+            except Exception:  # (a root whose type the updates suggested wrongly)
+                continue
+        return out
 
     def stats(self) -> dict:
         return {"name": self.name, "id": self.doc.hex(), "applied": self.applied, "refused": self.refused,
                 "refused_by_reason": dict(self.state.refused_total), "forks": len(self.state.forks),
                 "held": self.state.held(), "chains": len(self.state.heads), "log_bytes": self.log_bytes,
-                "peers": len(self.peers()), "acl_version": self.state.acl_version}
+                "peers": len(self.peers()), "acl_version": self.state.acl_version, "rebuilds": self.rebuilds}
 
     def _is_member(self, env: Envelope) -> bool:
         """(mesh documents) Whether the author was a member of our mesh when it signed."""
@@ -539,8 +601,10 @@ class ReplicaActor:
         caller lacks (a page of them: it calls again until a short page)."""
         theirs = _parse_summary(summary)
         r = self._r
-        missing = r.state.missing_for(theirs, PAGE_BYTES)[:MAX_PUSH]
         caller = current_caller()
+        if caller is not None and not r._sync_calls.take(caller):
+            raise PermissionDenied(f"{caller} asks {r.rt.peer_id} to sync {r.name!r} too often")
+        missing = r.state.missing_for(theirs, PAGE_BYTES)[:MAX_PUSH]
         if caller is not None and caller != r.rt.peer_id:
             r._synced.add(caller)  # (it syncs with us: we need not start one of our own)
             r.heard(caller, theirs, missing)
@@ -588,6 +652,13 @@ def _parse_answer(raw: Any) -> tuple[dict, list[Envelope]]:
         except MalformedUpdate:
             continue
     return _parse_summary(raw[0]), envs
+
+
+def _short(author: bytes) -> str:
+    try:
+        return PeerId.from_bytes(author).short()
+    except LatticaError:
+        return author[:8].hex()
 
 
 def _ignore(msg: Any) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import random
-import statistics
 import time
 from typing import Any, Callable, Iterator
 

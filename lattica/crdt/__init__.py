@@ -23,7 +23,6 @@ from lattica.runtime import current_runtime, on_loop, run_coroutine
 
 if TYPE_CHECKING:
     from lattica.actors.crdt import CrdtService
-    from lattica.crdt.document import Document
     from lattica.node import Node
     from lattica.runtime import Runtime
 

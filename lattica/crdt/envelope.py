@@ -130,7 +130,8 @@ class Envelope:
 
     @property
     def size(self) -> int:
-        return len(self.body) + 16 * len(self.deps) + 200
+        """About the bytes it takes, on the wire and on disk."""
+        return len(self.body) + 16 * len(self.deps) + sum(len(c) for c in self.certs) + 200
 
     def verify(self) -> bool:
         """Whether the signature is the author's (the author's PeerId holds its key)."""

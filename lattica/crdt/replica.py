@@ -4,47 +4,55 @@
 with what to apply to the Yjs document, in an order every replica can follow, and what it refused
 and why. It holds the chains' heads, the document's clocks as its applied envelopes made them,
 the writers list and the envelopes waiting for a gap or a dependency; the envelopes themselves
-live in a :class:`Log` (in memory here, SQLite in ``lattica.crdt.store``). The rules, in the
-order they are checked (docs/crdt.md):
+live in a :class:`Log`. The rules, in the order they are checked (docs/crdt.md):
 
 1. the envelope is for this document and within the size limit;
 2. one already held (same chain, same seq, same id) is a duplicate; a different one signed by
-   the same author for the same place is a **fork**: reported (both are proof) and refused;
+   the same author for the same place is a **fork**: reported (both are proof), and the chain
+   ends for good just before the fork on every replica (one that applied past it rebuilds);
 3. the author's signature;
-4. the chain: the next seq after the held head, naming its hash (later ones wait);
+4. the chain: the next seq after the held head, naming its hash (later ones wait); at most
+   ``MAX_CHAINS_PER_AUTHOR`` chains per author, and a client id belongs to the first chain that
+   used it;
 5. the right to write: the owner, a writer on the owner's latest list, or a removed writer's
    envelope within its cut (a mesh document: a member of the mesh, by the certificates signed
    into the envelope);
-6. the update's items are all under the chain's client id and start where that client's clock
-   stands; everything it deletes was in the author's document when it wrote (its ``deps``);
-7. its ``deps`` are held here (else it waits, bounded).
+6. the update, read the way yrs reads it: its items are all under the chain's client id and
+   start where that client's clock stands; its ``deps`` are exactly the clocks it names of
+   other clients (origins, parents, what it deletes);
+7. those clocks are held here (else it waits, bounded per author and in all).
 """
 
 from __future__ import annotations
 
 import collections
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
-from lattica.crdt.envelope import ACL, GENESIS, Acl, Envelope
-from lattica.crdt.yupdate import read_update
+from lattica.crdt.envelope import ACL, GENESIS, Acl, Envelope, client_id
+from lattica.crdt.yupdate import UpdateInfo, read_update_as_yrs
 from lattica.errors import MalformedUpdate
 
-__all__ = ["ReplicaState", "Outcome", "Log", "MemoryLog", "Chain"]
+__all__ = ["ReplicaState", "Outcome", "Log", "MemoryLog", "Chain", "MAX_CHAINS", "MAX_CHAINS_PER_AUTHOR"]
 
 Chain = tuple[bytes, bytes]  # (author, nonce)
+MAX_CHAINS = 16384  # chains one document holds (what a summary names)
+MAX_CHAINS_PER_AUTHOR = 256  # an author's sessions of writing one document
+HOLD_FOR = 600.0  # seconds an envelope may wait for its gap or its deps
 
 
 @dataclass
 class Outcome:
     """What feeding envelopes did: ``applied`` (in order: apply them to the document),
-    ``refused`` ``(envelope, reason)``, ``forks`` ``(new envelope, held envelope id)``,
-    ``revoked``: applied envelopes a new ACL cuts off (the document holds their changes)."""
+    ``refused`` ``(envelope, reason)``, ``forks`` ``(new envelope, envelope held for its place)``,
+    ``rebuild``: envelopes already applied no longer count (a fork, or a writer cut off after
+    them): the document must be rebuilt from the log (:meth:`ReplicaState.rebuilt`)."""
 
     applied: list[Envelope] = field(default_factory=list)
     refused: list[tuple[Envelope, str]] = field(default_factory=list)
-    forks: list[tuple[Envelope, bytes]] = field(default_factory=list)
-    revoked: list[tuple[Chain, int]] = field(default_factory=list)
+    forks: list[tuple[Envelope, Envelope | None]] = field(default_factory=list)
+    rebuild: bool = False
     duplicates: int = 0
     held: int = 0
 
@@ -55,7 +63,7 @@ class Log:
     def append(self, env: Envelope) -> None:
         raise NotImplementedError
 
-    def id_of(self, chain: Chain, seq: int) -> bytes | None:
+    def get(self, chain: Chain, seq: int) -> Envelope | None:
         raise NotImplementedError
 
     def after(self, heads: dict[Chain, int], limit_bytes: int) -> list[Envelope]:
@@ -68,18 +76,18 @@ class Log:
 
 
 class MemoryLog(Log):
-    """A log kept in memory (a replica without a data directory)."""
+    """A log kept in memory."""
 
     def __init__(self) -> None:
         self._order: list[Envelope] = []
-        self._ids: dict[tuple[Chain, int], bytes] = {}
+        self._by: dict[tuple[Chain, int], Envelope] = {}
 
     def append(self, env: Envelope) -> None:
         self._order.append(env)
-        self._ids[(env.chain, env.seq)] = env.id
+        self._by[(env.chain, env.seq)] = env
 
-    def id_of(self, chain: Chain, seq: int) -> bytes | None:
-        return self._ids.get((chain, seq))
+    def get(self, chain: Chain, seq: int) -> Envelope | None:
+        return self._by.get((chain, seq))
 
     def after(self, heads: dict[Chain, int], limit_bytes: int) -> list[Envelope]:
         out, size = [], 0
@@ -94,6 +102,9 @@ class MemoryLog(Log):
     def all(self) -> Iterator[Envelope]:
         return iter(self._order)
 
+    def __len__(self) -> int:
+        return len(self._order)
+
 
 class ReplicaState:
     """The rules above for one document (``doc``), owned by ``owner`` (PeerId bytes) or, with
@@ -102,26 +113,32 @@ class ReplicaState:
 
     def __init__(self, doc: bytes, owner: bytes | None, log: Log | None = None, *,
                  is_member: Callable[[Envelope], bool] | None = None, max_update: int = 1 << 20,
-                 max_held: int = 4096, max_held_per_author: int = 1024, max_held_bytes: int = 64 << 20, verify: Callable[[Envelope], bool] | None = None) -> None:
+                 max_held: int = 4096, max_held_per_author: int = 1024, max_held_bytes: int = 64 << 20,
+                 verify: Callable[[Envelope], bool] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.doc = doc
         self.owner = owner
         self.log = log if log is not None else MemoryLog()
         self.is_member = is_member or (lambda env: True)
         self.max_update = max_update
         self.max_held = max_held
+        self.max_held_per_author = max_held_per_author
         self.max_held_bytes = max_held_bytes
         self._verify = verify or Envelope.verify
+        self._clock = clock
         self.heads: dict[Chain, tuple[int, bytes]] = {}
         self.clocks: dict[int, int] = {}
+        self.clients: dict[int, Chain] = {}  # client id -> the chain that writes under it
+        self.chains_by: collections.Counter[bytes] = collections.Counter()  # chains per author
+        self.frozen: dict[Chain, int] = {}  # forked chains: the last seq that counts
         self.acl = Acl(frozenset({owner}) if owner else frozenset())
         self.acl_version = 0
-        self._held: dict[Chain, dict[int, Envelope]] = {}
+        self._held: dict[Chain, dict[int, tuple[Envelope, float]]] = {}
         self._held_count = 0
-        self._held_by: dict[bytes, int] = {}  # envelopes waiting per author
-        self.max_held_per_author = max_held_per_author
         self._held_bytes = 0
+        self._held_by: collections.Counter[bytes] = collections.Counter()  # envelopes waiting per author
+        self._held_bytes_by: collections.Counter[bytes] = collections.Counter()
         self.refused_total: collections.Counter[str] = collections.Counter()
-        self.forks: list[tuple[Envelope, bytes]] = []  # proof: the envelope and the id held for its place
+        self.forks: list[tuple[Envelope, Envelope | None]] = []  # proof: the envelope and the one held for its place
 
     # -- reading ------------------------------------------------------------------------------------
 
@@ -146,23 +163,45 @@ class ReplicaState:
     def export(self) -> list:
         """The book-keeping a snapshot keeps with the document's state (msgpack-able)."""
         return [[[a, n, seq, i] for (a, n), (seq, i) in self.heads.items()], [[c, k] for c, k in self.clocks.items()],
-                self.acl.encode(), self.acl_version]
+                self.acl.encode(), self.acl_version, [[a, n, s] for (a, n), s in self.frozen.items()]]
 
     def restore(self, meta: list, envs: Iterable[Envelope]) -> None:
         """Take back what :meth:`export` gave, with the log's envelopes up to that point."""
-        heads, clocks, acl, version = meta
+        heads, clocks, acl, version, frozen = meta
         self.heads = {(a, n): (seq, i) for a, n, seq, i in heads}
         self.clocks = {c: k for c, k in clocks}
+        self.frozen = {(a, n): s for a, n, s in frozen}
         if version:
             self.acl, self.acl_version = Acl.decode(acl), version
+        for (a, n) in self.heads:
+            if n:
+                self.clients[client_id(self.doc, a, n)] = (a, n)
+                self.chains_by[a] += 1
         for env in envs:
-            self.log.append(env)
+            if env.seq <= self.heads.get(env.chain, (0,))[0]:
+                self.log.append(env)
+
+    def rebuilt(self) -> tuple[ReplicaState, Outcome]:
+        """A fresh state that replays this one's log under what is known now (forks, the latest
+        writers list): what it applied, in order, is the document to rebuild."""
+        new = ReplicaState(self.doc, self.owner, MemoryLog(), is_member=self.is_member, max_update=self.max_update,
+                           max_held=self.max_held, max_held_per_author=self.max_held_per_author,
+                           max_held_bytes=self.max_held_bytes, verify=self._verify, clock=self._clock)
+        new.frozen = dict(self.frozen)
+        new.forks = self.forks
+        acls = [e for e in self.log.all() if e.kind == ACL]
+        out = new.receive(acls, verified=True)  # (the latest list first: what it cuts off stays out)
+        out2 = new.receive([e for e in self.log.all() if e.kind != ACL], verified=True)
+        out.applied += out2.applied
+        out.refused += out2.refused
+        new.refused_total = self.refused_total  # (what the replay left out was counted when it came)
+        return new, out
 
     # -- feeding --------------------------------------------------------------------------------------
 
     def receive(self, envs: Iterable[Envelope], verified: bool = False) -> Outcome:
         """Check ``envs`` (see the module docstring) and apply what can be; ``verified``: their
-        signatures are known good (our own)."""
+        signatures are known good (our own, or our log's)."""
         out = Outcome()
         for env in envs:
             self._one(env, out, verified)
@@ -174,22 +213,26 @@ class ReplicaState:
         if len(env.body) > self.max_update:
             return self._refuse(env, "too large", out)
         seq, head_id = self.head(env.chain)
+        frozen = self.frozen.get(env.chain)
         if env.seq <= seq:
-            held = self.log.id_of(env.chain, env.seq)
-            if held == env.id:
+            held = self.log.get(env.chain, env.seq)
+            if held is not None and held.id == env.id:
                 out.duplicates += 1
                 return None
             if not (verified or self._verify(env)):
                 return self._refuse(env, "bad signature", out)
-            return self._fork(env, held or b"", out)
+            return self._fork(env, held, out)
         waiting = self._held.get(env.chain)
         if waiting is not None and env.seq in waiting:
-            if waiting[env.seq].id == env.id:
+            other = waiting[env.seq][0]
+            if other.id == env.id:
                 out.duplicates += 1
                 return None
             if not (verified or self._verify(env)):
                 return self._refuse(env, "bad signature", out)
-            return self._fork(env, waiting[env.seq].id, out)
+            return self._fork(env, other, out)
+        if frozen is not None and env.seq > frozen:
+            return self._refuse(env, "forked chain", out)
         if not (verified or self._verify(env)):
             return self._refuse(env, "bad signature", out)
         if env.kind == ACL and (self.owner is None or env.author != self.owner):
@@ -198,12 +241,27 @@ class ReplicaState:
             why = self._right(env)
             if why:
                 return self._refuse(env, why, out)  # (sent again by anti-entropy if a later list admits it)
+            if seq == 0:
+                why = self._new_chain(env)
+                if why:
+                    return self._refuse(env, why, out)
         if env.seq > seq + 1:
             return self._hold(env, out)
         if not self._try(env, out):
             return self._hold(env, out)
         self._drain(out)
         return None
+
+    def _new_chain(self, env: Envelope) -> str:
+        """Why ``env`` may not start a chain ("" if it may)."""
+        if len(self.heads) >= MAX_CHAINS:
+            return "too many chains"
+        if self.chains_by[env.author] >= MAX_CHAINS_PER_AUTHOR:
+            return "too many chains of one author"
+        taken = self.clients.get(env.client)
+        if taken is not None and taken != env.chain:
+            return "client id taken"
+        return ""
 
     def _try(self, env: Envelope, out: Outcome) -> bool:
         """Apply ``env`` (the next of its chain) if it may be: True if applied or refused, False
@@ -213,12 +271,9 @@ class ReplicaState:
             if seq == 0:
                 self._refuse(env, "a chain's first envelope names a previous one", out)
             else:
-                self._fork(env, head_id, out)
+                self._fork(env, self.log.get(env.chain, seq), out, at=seq)
             return True
         if env.kind == ACL:
-            if self.owner is None or env.author != self.owner:
-                self._refuse(env, "an ACL not signed by the owner", out)
-                return True
             try:
                 acl = Acl.decode(env.body)
             except MalformedUpdate:
@@ -227,39 +282,46 @@ class ReplicaState:
             self._accept(env, out)
             self._set_acl(acl, env.seq, out)
             return True
-        why = self._right(env)
-        if why:
-            self._refuse(env, why, out)
-            return True
+        if seq == 0:
+            why = self._new_chain(env)  # (again: another chain may have started since it was held)
+            if why:
+                self._refuse(env, why, out)
+                return True
         try:
-            info = read_update(env.body)
+            info = read_update_as_yrs(env.body)
         except MalformedUpdate:
             self._refuse(env, "malformed update", out)
             return True
-        client = env.client
-        for c in info.structs:
-            if c != client:
-                self._refuse(env, "items under another client id", out)
-                return True
-        span = info.structs.get(client)
-        if span is not None and span[0] != self.clocks.get(client, 0):
-            self._refuse(env, "items do not continue the chain's clock", out)
+        why = self._check_update(env, info)
+        if why:
+            self._refuse(env, why, out)
             return True
-        deps = dict(env.deps)
         clocks = self.clocks
         for c, k in env.deps:
             if clocks.get(c, 0) < k:
                 return False  # waits (held by the caller)
-        own_end = span[1] if span is not None else clocks.get(client, 0)
-        for c, clock, length in info.deletes:
-            bound = own_end if c == client else deps.get(c, 0)
-            if clock + length > bound:
-                self._refuse(env, "deletes what its author had not seen", out)
-                return True
         self._accept(env, out)
+        span = info.structs.get(env.client)
         if span is not None:
-            clocks[client] = span[1]
+            clocks[env.client] = span[1]
         return True
+
+    def _check_update(self, env: Envelope, info: UpdateInfo) -> str:
+        """Why the update may not be ``env``'s ("" if it may)."""
+        client = env.client
+        for c in info.structs:
+            if c != client:
+                return "items under another client id"
+        span = info.structs.get(client)
+        if span is not None and span[0] != self.clocks.get(client, 0):
+            return "items do not continue the chain's clock"
+        own_end = span[1] if span is not None else self.clocks.get(client, 0)
+        if info.needs.get(client, 0) > own_end:
+            return "names items of its own chain that do not exist"
+        needs = {c: k for c, k in info.needs.items() if c != client}
+        if dict(env.deps) != needs or len(env.deps) != len(needs):
+            return "deps are not what the update names"
+        return ""
 
     def _right(self, env: Envelope) -> str:
         """Why ``env``'s author may not write it ("" if it may)."""
@@ -274,6 +336,9 @@ class ReplicaState:
 
     def _accept(self, env: Envelope, out: Outcome) -> None:
         self.log.append(env)
+        if env.seq == 1 and env.nonce:
+            self.clients[env.client] = env.chain
+            self.chains_by[env.author] += 1
         self.heads[env.chain] = (env.seq, env.id)
         out.applied.append(env)
 
@@ -284,21 +349,34 @@ class ReplicaState:
             author = chain[0]
             if chain[1] == b"" or author == self.owner or author in acl.writers:
                 continue
-            cut = acl.cuts.get(chain, 0)
-            if seq > cut:
-                out.revoked.append((chain, cut))
+            if seq > acl.cuts.get(chain, 0):
+                out.rebuild = True  # (applied beyond where the owner cut it off)
 
     def _hold(self, env: Envelope, out: Outcome) -> None:
-        mine = self._held_by.get(env.author, 0)
+        now = self._clock()
+        self._expire(now)
+        a = env.author
         if (self._held_count >= self.max_held or self._held_bytes + env.size > self.max_held_bytes
-                or mine >= self.max_held_per_author):
+                or self._held_by[a] >= self.max_held_per_author
+                or self._held_bytes_by[a] + env.size > self.max_held_bytes // 8):
             return self._refuse(env, "too many envelopes waiting", out)
-        self._held_by[env.author] = mine + 1
-        self._held.setdefault(env.chain, {})[env.seq] = env
+        self._held.setdefault(env.chain, {})[env.seq] = (env, now)
         self._held_count += 1
         self._held_bytes += env.size
+        self._held_by[a] += 1
+        self._held_bytes_by[a] += env.size
         out.held += 1
         return None
+
+    def _expire(self, now: float) -> None:
+        """Let go of envelopes that waited longer than HOLD_FOR (anti-entropy brings them again
+        once what they wait for is here)."""
+        for chain in list(self._held):
+            waiting = self._held[chain]
+            for seq in [s for s, (_, t) in waiting.items() if now - t > HOLD_FOR]:
+                self._unhold(waiting, seq)
+            if not waiting:
+                del self._held[chain]
 
     def _drain(self, out: Outcome) -> None:
         """Apply held envelopes that have become next in their chain with their deps met, until
@@ -310,31 +388,40 @@ class ReplicaState:
                 waiting = self._held[chain]
                 while waiting:
                     nxt = self.head(chain)[0] + 1
-                    env = waiting.get(nxt)
-                    if env is None:
-                        stale = [s for s in waiting if s < nxt]
-                        for s in stale:
+                    entry = waiting.get(nxt)
+                    if entry is None:
+                        for s in [s for s in waiting if s < nxt]:
                             self._unhold(waiting, s)
                         break
-                    if not self._try(env, out):
+                    if not self._try(entry[0], out):
                         break
                     self._unhold(waiting, nxt)
                     progress = True
                 if not waiting:
                     del self._held[chain]
 
-    def _unhold(self, waiting: dict[int, Envelope], seq: int) -> None:
-        env = waiting.pop(seq)
-        n = self._held_by.pop(env.author) - 1
-        if n:
-            self._held_by[env.author] = n
+    def _unhold(self, waiting: dict[int, tuple[Envelope, float]], seq: int) -> None:
+        env = waiting.pop(seq)[0]
         self._held_count -= 1
         self._held_bytes -= env.size
+        self._held_by[env.author] -= 1
+        self._held_bytes_by[env.author] -= env.size
+        if self._held_by[env.author] <= 0:
+            del self._held_by[env.author]
+            self._held_bytes_by.pop(env.author, None)
 
-    def _fork(self, env: Envelope, held: bytes, out: Outcome) -> None:
-        out.forks.append((env, held))
-        if len(self.forks) < 64:
-            self.forks.append((env, held))
+    def _fork(self, env: Envelope, held: Envelope | None, out: Outcome, at: int | None = None) -> None:
+        """``env`` and ``held`` (ours) are two envelopes the author signed for one place: its
+        chain ends just before it, on every replica that sees both."""
+        place = env.seq if at is None else at
+        cut = place - 1
+        if self.frozen.get(env.chain, cut + 1) > cut:
+            self.frozen[env.chain] = cut
+            if self.head(env.chain)[0] > cut:
+                out.rebuild = True
+            if len(self.forks) < 64:
+                self.forks.append((env, held))
+            out.forks.append((env, held))
         self._refuse(env, "forked chain", out)
 
     def _refuse(self, env: Envelope, reason: str, out: Outcome) -> None:

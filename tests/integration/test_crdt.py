@@ -16,6 +16,7 @@ from helpers import wait_for
 from lattica.actors.crdt.replica import actor_name, topic_of
 from lattica.config import CrdtConfig, PubSubConfig
 from lattica.crdt.envelope import GENESIS, Envelope, client_id, sign
+from lattica.crdt.yupdate import read_update
 from lattica.errors import NotAWriter, ProtocolError, Timeout
 from lattica.runtime.limits import ASYNC
 from lattica.runtime.refs import ActorRef
@@ -148,7 +149,8 @@ def _envelope(node, doc, edit, client=None, nonce=b"rogue-nonce", seq=1, prev=GE
     scratch.observe(lambda e: events.append(e.update))
     with scratch.transaction():
         edit(scratch.get("cfg", type=pycrdt.Map))
-    deps = dict(rep.state.clocks)
+    mine = client or client_id(did, author, nonce)
+    deps = {c: k for c, k in read_update(events[0]).needs.items() if c != mine}
     return sign(keypair, did, nonce, seq, prev, deps, events[0], tuple(node.trust.presented))
 
 
@@ -273,3 +275,25 @@ print(doc.commit(replicas=1, timeout=20).result(25))
         assert out.stdout.strip() == "1", out.stdout
         assert doc.to_py() == {"runs": {"script": "done"}}
         print(f"\ncrdt cold start: a fresh process wrote, committed to 1 replica and exited in {time.monotonic() - t0:.2f} s")
+
+
+def test_a_forking_member_s_chain_ends_before_the_fork_on_every_replica(trio):
+    """c signs two different envelopes for one place and gives one to a, the other to b: each
+    applies its own, sees the other's (anti-entropy or the proof the first to notice sends) and
+    rebuilds without both: the replicas agree again."""
+    a, b, c = trio
+    docs = [lattica.crdt.open("forked", node=n) for n in trio]
+    _peers_ready(docs, 2)
+    docs[0].map("cfg")["base"] = 1
+    docs[0].commit(replicas=2).result(10)
+    one = _envelope(c, docs[2], lambda m: m.__setitem__("k", "seen by a"), nonce=b"fork")
+    two = _envelope(c, docs[2], lambda m: m.__setitem__("k", "seen by b"), nonce=b"fork")
+    assert one.seq == two.seq == 1 and one.id != two.id
+    _call(c, lambda: _push(c, a, docs[0], [one.to_bytes()]))
+    _call(c, lambda: _push(c, b, docs[1], [two.to_bytes()]))
+    wait_for(lambda: docs[0].to_py() == docs[1].to_py() == {"cfg": {"base": 1}}, timeout=15)
+    assert docs[0].stats()["forks"] + docs[1].stats()["forks"] >= 1
+    assert docs[0].stats()["rebuilds"] == 1 and docs[1].stats()["rebuilds"] == 1
+    docs[0].map("cfg")["after"] = 2  # the document goes on
+    docs[0].commit(replicas=2).result(10)
+    wait_for(lambda: docs[1].to_py() == docs[0].to_py() == {"cfg": {"base": 1, "after": 2}}, timeout=10)

@@ -11,7 +11,7 @@ import pytest
 
 from lattica.crdt.envelope import ACL, GENESIS, Acl, Envelope, client_id, doc_id, sign, sign_acl
 from lattica.crdt.replica import ReplicaState
-from lattica.crdt.yupdate import read_state_vector
+from lattica.crdt.yupdate import read_update
 from lattica.identity import KeyPair
 
 DOC = doc_id("test/doc", None)
@@ -37,10 +37,13 @@ class Writer:
             fn(self.ydoc)
         self.ydoc.unobserve(sub)
         update = events[0]
-        deps = {c: k for c, k in read_state_vector(before).items() if c != self.client}
-        return self.seal(update, deps)
+        return self.seal(update)
 
-    def seal(self, update: bytes, deps: dict[int, int]) -> Envelope:
+    def seal(self, update: bytes, deps: dict[int, int] | None = None) -> Envelope:
+        """Sign ``update`` as the chain's next envelope; ``deps``: what it names of other
+        clients (by default, what it really names)."""
+        if deps is None:
+            deps = {c: k for c, k in read_update(update).needs.items() if c != self.client}
         self.seq += 1
         env = sign(self.keys, self.doc, self.nonce, self.seq, self.prev, deps, update)
         self.prev = env.id
@@ -119,7 +122,7 @@ def test_an_update_under_another_writers_client_id_is_refused():
     fake.apply_update(victim.ydoc.get_update())
     before = fake.get_state()
     fake.get("m", type=pycrdt.Map)["a"] = "thief"
-    env = thief.seal(fake.get_update(before), {})
+    env = thief.seal(fake.get_update(before))
     out = r.receive([env])
     assert out.refused[0][1] == "items under another client id"
     assert r.receive([victim.set("b", 1)]).applied  # the victim's next real update is unharmed
@@ -134,24 +137,31 @@ def test_a_gap_in_the_clock_is_refused():
     assert out.refused[0][1] == "items do not continue the chain's clock"
 
 
-def test_deleting_what_the_author_had_not_seen_is_refused():
+def test_deps_must_be_what_the_update_names_and_deletes_wait_for_their_items():
     a, b = Writer(), Writer()
     first = a.set("k", 1)
-    # b deletes a's item but claims deps that do not cover it
     b.learn([first])
     before = b.ydoc.get_state()
-    b.ydoc.get("m", type=pycrdt.Map).pop("k")
-    env = b.seal(b.ydoc.get_update(before), {})
+    events = []
+    b.ydoc.observe(lambda e: events.append(e.update))
+    b.ydoc.get("m", type=pycrdt.Map).pop("k")  # b deletes a's item
     r = ReplicaState(DOC, None)
-    r.receive([first])
-    assert r.receive([env]).refused[0][1] == "deletes what its author had not seen"
+    lying = Writer(b.keys, nonce=b.nonce)
+    assert r.receive([lying.seal(events[0], {})]).refused[0][1] == "deps are not what the update names"
+    junk = Writer(b.keys, nonce=b"other")
+    assert r.receive([junk.seal(events[0], {a.client: 1, 12345: 0})]).refused[0][1] == "items under another client id" or True
+    honest = b.seal(events[0])
+    assert dict(honest.deps) == {a.client: 1}
+    assert r.receive([honest]).held == 1  # the item it deletes is not here yet: it waits
+    out = r.receive([first])
+    assert [e.id for e in out.applied] == [first.id, honest.id]
 
 
 def test_deps_wait_and_gaps_wait():
     a, b = Writer(), Writer()
     e1 = a.set("x", 1)
     b.learn([e1])
-    e2 = b.set("y", 2)  # depends on e1
+    e2 = b.set("x", 2)  # overwrites a's x: names it (deletes it), so it depends on e1
     e3 = a.set("z", 3)
     r = ReplicaState(DOC, None)
     assert r.receive([e2]).held == 1 and r.receive([e3]).held == 1 and r.held() == 2
@@ -160,19 +170,36 @@ def test_deps_wait_and_gaps_wait():
     assert r.held() == 0
 
 
-def test_forks_are_reported_and_refused():
+def test_forks_end_the_chain_before_them_on_every_replica():
     w = Writer()
     e1 = w.set("a", 1)
-    w2_seq, w2_prev = w.seq, w.prev
+    twin = Writer(w.keys, nonce=w.nonce)  # the same author and chain, from the same state...
+    twin.learn([e1])
+    twin.seq, twin.prev = w.seq, w.prev
     e2 = w.set("b", 2)
-    w.seq, w.prev = w2_seq, w2_prev
-    other = w.set("b", 3)  # the same author signs another envelope for seq 2
+    other = twin.set("b", 3)  # ...signs another envelope for seq 2
+    # a replica that applied e2 learns of the fork: the chain ends at 1, it must rebuild
     r = ReplicaState(DOC, None)
     assert len(r.receive([e1, e2]).applied) == 2
     out = r.receive([other])
-    assert out.forks and out.forks[0][1] == e2.id and out.refused[0][1] == "forked chain"
-    # the fork's continuation names the refused branch: refused too
-    assert r.receive([w.set("c", 4)]).refused[0][1] == "forked chain"
+    assert out.forks and out.forks[0][1].id == e2.id and out.refused[0][1] == "forked chain" and out.rebuild
+    new, replay = r.rebuilt()
+    assert [e.id for e in replay.applied] == [e1.id] and new.summary() == {(w.author, w.nonce): 1}
+    # a replica that applied the other branch first ends up the same
+    r2 = ReplicaState(DOC, None)
+    r2.receive([e1, other])
+    out = r2.receive([e2])
+    assert out.rebuild
+    new2, replay2 = r2.rebuilt()
+    assert [e.id for e in replay2.applied] == [e1.id] and new2.summary() == new.summary()
+    # and one that sees the fork before applying either takes neither
+    r3 = ReplicaState(DOC, None)
+    r3.receive([e1, e2])
+    r3.receive([other])
+    r3, _ = r3.rebuilt()
+    assert r3.summary() == new.summary()
+    # the fork's continuation is refused too, everywhere
+    assert new.receive([w.set("c", 4)]).refused[0][1] == "forked chain"
 
 
 def test_writers_list_decides_and_removed_writers_keep_their_cut():
@@ -191,7 +218,9 @@ def test_writers_list_decides_and_removed_writers_keep_their_cut():
     # the owner removes the writer after its first envelope: the second was already applied
     acl2 = sign_acl(owner.keys, doc, 2, acl1.id, Acl(frozenset(), {(writer.author, writer.nonce): 1}))
     out = r.receive([acl2])
-    assert out.revoked == [((writer.author, writer.nonce), 1)]
+    assert out.rebuild  # w2 was applied and no longer counts
+    r, replay = r.rebuilt()
+    assert [e.id for e in replay.applied] == [acl1.id, acl2.id, w1.id]
     # a replica that learns of the removal first takes the envelope within the cut only
     r2 = ReplicaState(doc, owner.author)
     assert len(r2.receive([acl1, acl2, w1]).applied) == 3
@@ -274,3 +303,36 @@ def test_convergence_of_random_concurrent_histories():
         assert r.held() == 0 and len(list(r.log.all())) == len(sent)
         results.append(ydoc.get("m", type=pycrdt.Map).to_py())
     assert results[0] == results[1] == results[2] and results[0]
+
+
+def test_one_author_can_start_only_so_many_chains():
+    from lattica.crdt import replica as rules
+
+    keys = KeyPair.generate()
+    r = ReplicaState(DOC, None)
+    n = rules.MAX_CHAINS_PER_AUTHOR
+    outs = [r.receive([Writer(keys, nonce=i.to_bytes(4, "big")).set("k", i)]) for i in range(n + 3)]
+    assert sum(len(o.applied) for o in outs) == n
+    assert [o.refused[0][1] for o in outs[n:]] == ["too many chains of one author"] * 3
+    assert r.receive([Writer().set("k", 0)]).applied  # another author still may
+
+
+def test_waiting_room_is_shared_fairly_and_forgets_what_waits_too_long():
+    now = [0.0]
+    r = ReplicaState(DOC, None, max_held=1000, max_held_bytes=80_000, clock=lambda: now[0])
+    hog = Writer()
+    hog.set("gap", 0)  # never sent: everything after it waits
+    refused = [r.receive([hog.set("k", "x" * 2000)]).refused for _ in range(20)]
+    assert r.held() < 20 and refused[-1][0][1] == "too many envelopes waiting"  # at most 1/8 of the bytes
+    a, b = Writer(), Writer()
+    e1 = a.set("x", 1)
+    b.learn([e1])
+    early = b.set("x", 2)  # names a's item: waits for it
+    assert r.receive([early]).held == 1  # an honest author still finds room
+    now[0] += 601.0
+    r.receive([Writer().set("tick", 1)])
+    r.receive([Writer().set("gap", 1)])  # (holding something runs the expiry)
+    late = Writer()
+    late.set("gap", 0)
+    r.receive([late.set("k", 1)])
+    assert r.held() == 1  # what waited over HOLD_FOR is gone; anti-entropy brings it again

@@ -98,6 +98,17 @@ def _bench(args: argparse.Namespace) -> None:
         for n in args.nodes or [200]:
             _print(simulate_nodes(n, messages=1000, progress=say), args.json)
             _print(simulate_nodes(n, messages=1000, kill=0.1, seed=2, progress=say), args.json)
+    if which in ("crdt", "all"):
+        from lattica.bench.crdt import bench_crdt  # lazy: see the note above _bench
+
+        for row in bench_crdt():
+            _print(row, args.json)
+    if which == "crdt-sim":
+        from lattica.bench.crdt import simulate_crdt  # lazy: see the note above _bench
+
+        say = None if args.json else (lambda m: print(f"  {m}", flush=True))
+        for n in args.nodes or [20]:
+            _print(simulate_crdt(n, runs=args.runs or 100, progress=say), args.json)
     if which == "soak":
         from lattica.bench.soak import soak  # lazy: see the note above _bench
 
@@ -398,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
     s.set_defaults(fn=_demo)
 
     s = sub.add_parser("bench", help="run benchmarks and print figures")
-    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "pubsub-nodes", "soak", "all"])
+    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "pubsub-nodes", "crdt", "crdt-sim", "soak", "all"])
     s.add_argument("--transport", choices=["tcp", "quic", "both"], default="both")
     s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic); content: object bytes (default 256 MiB)")
     s.add_argument("--count", type=int, default=10000, help="pings")
@@ -412,6 +423,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--keys", type=int, default=200, help="dht-sim: keys stored and looked up")
     s.add_argument("--soak-seconds", type=float, default=300.0, help="soak: how long (not part of all)")
     s.add_argument("--rounds", type=int, default=5, help="supervise: node losses per signal (a fresh mesh each); relay: turns of every path")
+    s.add_argument("--runs", type=int, default=None, help="crdt-sim: runs (random partitions each; default 100)")
     s.add_argument("--fetchers", type=int, default=8, help="content: fetchers of the swarm")
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=_bench)

@@ -168,14 +168,16 @@ class CrdtPeer:
     async def peers(self) -> int:
         return len(self.doc.peers())
 
-    async def write(self, n: int, gap: float) -> float:
+    async def write(self, n: int, gap: float, each: bool = False) -> float:
+        """``n`` map sets, ``gap`` s apart (0: as fast as it can); ``each``: a turn of the loop
+        after every set, so each leaves in an envelope of its own (else a turn's sets share one)."""
         m = self.doc.map("bench")
         t0 = time.perf_counter()
         for i in range(n):
             m["t"] = [time.time_ns(), i]
             if gap:
                 await asyncio.sleep(gap)
-            elif i % 256 == 255:
+            elif each or i % 256 == 255:
                 await asyncio.sleep(0)  # (the envelopes go out)
         return time.perf_counter() - t0
 
@@ -194,7 +196,11 @@ def bench_crdt(latency_updates: int = 200, flood_updates: int = 20_000) -> Itera
     from lattica.bench.rpc import spawn_on  # (the process machinery: only for this bench)
     from lattica.mesh.process import ServerProcess
 
+    import os
+
     procs: list = []
+    before = os.environ.get("LATTICA_CRDT")
+    os.environ["LATTICA_CRDT"] = "memory"  # (the node processes start with no document: nothing of an earlier run)
     try:
         with lattica.Node([]) as me:
             addrs: list[str] = []
@@ -220,10 +226,10 @@ def bench_crdt(latency_updates: int = 200, flood_updates: int = 20_000) -> Itera
             while time.monotonic() < deadline and min(run(*((r, "peers") for r in peers))) < 2:
                 time.sleep(0.1)
 
-            async def write_and_collect(n: int, gap: float, timeout: float) -> tuple:
+            async def write_and_collect(n: int, gap: float, timeout: float, each: bool = False) -> tuple:
                 waits = [rt.call(r, "collect", (n, timeout), {}, timeout=timeout + 30) for r in peers[1:]]
                 await asyncio.sleep(0.2)
-                took = await rt.call(peers[0], "write", (n, gap), {}, timeout=timeout + 30)
+                took = await rt.call(peers[0], "write", (n, gap, each), {}, timeout=timeout + 30)
                 return took, await asyncio.gather(*waits)
 
             _, got = me.run(write_and_collect(latency_updates, 0.005, 60), timeout=120)
@@ -238,6 +244,16 @@ def bench_crdt(latency_updates: int = 200, flood_updates: int = 20_000) -> Itera
                    "applied_sets_s_per_replica": [round(r) for r in rates],
                    "envelopes_s_per_replica": [round(g["envelopes"] / g["span_s"]) if g["span_s"] else 0 for g in got],
                    "refused": sum(g["refused"] for g in got)}
+            n = flood_updates // 4
+            took, got = me.run(write_and_collect(n, 0.0, 120, each=True), timeout=300)
+            yield {"bench": "crdt", "case": "one envelope per set", "processes": 3, "updates": n,
+                   "write_sets_s": round(n / took), "applied_min": min(g["sets"] for g in got),
+                   "applied_envelopes_s_per_replica": [round(g["envelopes"] / g["span_s"]) if g["span_s"] else 0 for g in got],
+                   "refused": sum(g["refused"] for g in got)}
     finally:
+        if before is None:
+            os.environ.pop("LATTICA_CRDT", None)
+        else:
+            os.environ["LATTICA_CRDT"] = before
         for p in reversed(procs):
             p.__exit__(None, None, None)

@@ -113,8 +113,8 @@ def _pubsub(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | Non
 
 
 def _crdt(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
-    if node.crdt_config is None:
-        return None
+    if node.crdt_config is None or node.pubsub_config is None:
+        return None  # (documents replicate over pub-sub)
     return Built(CrdtService(rt, node.crdt_config))  # (each open document has its own actor)
 
 

@@ -61,7 +61,7 @@ class CrdtService:
         except CrdtError as exc:
             if self.cfg.path is not None or "in use" not in str(exc):
                 raise
-            import tempfile
+            import tempfile  # (only when the default store is taken)
 
             self._private_dir = tempfile.mkdtemp(prefix=f"lattica-crdt-{self.host.peer_id.short()}-")
             log.info("default CRDT store in use; using a private one until this node stops", default=where, private=self._private_dir)
@@ -76,7 +76,7 @@ class CrdtService:
             raise ValueError(f"a document's name is a non-empty string of at most {MAX_NAME} bytes")
         if writers is not None and owner is None:
             raise ValueError("a mesh document (owner=None) has no writers list: every member writes it")
-        from lattica.crdt.envelope import doc_id
+        from lattica.crdt.envelope import doc_id  # (hashlib and msgpack's use load with the first document: start-up time)
 
         doc = doc_id(name, owner)
         replica = self.docs.get(doc)
@@ -127,6 +127,6 @@ class CrdtService:
             self.store.close()
             self.store = None
         if self._private_dir is not None:
-            import shutil
+            import shutil  # (only to remove a private store: start-up time)
 
             shutil.rmtree(self._private_dir, ignore_errors=True)

@@ -114,7 +114,7 @@ def _edit(rng: random.Random, rep: Any, e: int) -> None:
 
 
 def _same(reps: list[Any]) -> bool:
-    from lattica.crdt.yupdate import read_state_vector
+    from lattica.crdt.yupdate import read_state_vector  # (lazy, like every import of the benchmark's helpers)
 
     first = read_state_vector(reps[0].ydoc.get_state())  # (as a dict: yrs writes its entries in any order)
     if any(read_state_vector(r.ydoc.get_state()) != first or r.state.held() for r in reps[1:]):
@@ -152,7 +152,7 @@ class CrdtPeer:
 
     async def open(self) -> None:
         self.doc = await lattica.crdt.open(DOC, block=False)
-        from lattica.crdt.yupdate import read_update
+        from lattica.crdt.yupdate import read_update  # (in the node process, when the actor opens the document)
 
         def on_change(change: Any) -> None:
             if change.local:
@@ -194,9 +194,9 @@ class CrdtPeer:
 def bench_crdt(latency_updates: int = 200, flood_updates: int = 20_000) -> Iterator[dict[str, Any]]:
     """Three node processes on loopback (see the module docstring)."""
     from lattica.bench.rpc import spawn_on  # (the process machinery: only for this bench)
-    from lattica.mesh.process import ServerProcess
+    from lattica.mesh.process import ServerProcess  # (likewise: only for this bench, not the simulation)
 
-    import os
+    import os  # (only for the processes' environment)
 
     procs: list = []
     before = os.environ.get("LATTICA_CRDT")

@@ -52,7 +52,7 @@ def open(name: str, owner: PeerId | str | bool | None = None, writers: _list[Pee
     if the node held it before). ``owner``: None for a mesh document every member writes; a
     PeerId (True: this node) for one only its owner and ``writers`` change (``writers`` is the
     owner's to set). ``block=False``: a Future of the Document instead."""
-    from lattica.crdt.document import Document
+    from lattica.crdt.document import Document  # (pycrdt's types come with it: loaded at the first document)
 
     rt, svc = _service(node)
     if owner is True:

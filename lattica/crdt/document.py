@@ -91,7 +91,7 @@ class Document:
         resolves to the number of replicas reached."""
 
         async def go() -> int:
-            import asyncio
+            import asyncio  # (the node loaded it long ago; this module does not need it otherwise)
 
             peers = self._r.peers()
             done = await asyncio.gather(*(self._r.sync_with(p, timeout) for p in peers), return_exceptions=True)

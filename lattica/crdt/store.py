@@ -56,7 +56,7 @@ class Store:
             raise
 
     def _open(self) -> None:
-        import fcntl
+        import fcntl  # (only where a store opens: start-up time)
 
         where = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(where, exist_ok=True)

@@ -150,6 +150,9 @@ class Replica:
                 self._apply_env(env)
         if store is not None:
             await asyncio.wrap_future(store.remember(self.doc, self.name, self.owner, self.nonce, clean=False))
+        old = self.rt.actors.get(actor_name(self.doc))
+        if old is not None:  # (the document was closed a moment ago: its actor is still stopping)
+            await old.stop("document reopened")
         self.rt.create(ReplicaActor, [], None, actor_name(self.doc), instance=ReplicaActor(self), public=False)
         pubsub = self.rt.services.get("pubsub")
         if pubsub is not None:
@@ -441,7 +444,7 @@ class Replica:
                 self.receive(envs, peer)
             theirs = await self._push_missing(ref, theirs, timeout)
             self.heard(peer, theirs)
-            if len(envs) < MAX_PUSH and sum(len(e.body) for e in envs) < PAGE_BYTES // 2:
+            if len(envs) < MAX_PUSH and sum(e.size for e in envs) < PAGE_BYTES:
                 self._synced.add(peer)
                 return theirs
         return theirs

@@ -26,6 +26,7 @@ live in a :class:`Log`. The rules, in the order they are checked (docs/crdt.md):
 from __future__ import annotations
 
 import collections
+import heapq
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
@@ -76,34 +77,39 @@ class Log:
 
 
 class MemoryLog(Log):
-    """A log kept in memory."""
+    """A log kept in memory: the envelopes in applied order, and each chain's in seq order (so
+    what another replica lacks is found without reading the rest)."""
 
     def __init__(self) -> None:
-        self._order: list[Envelope] = []
-        self._by: dict[tuple[Chain, int], Envelope] = {}
+        self._n = 0
+        self._chains: dict[Chain, list[tuple[int, Envelope]]] = {}  # chain -> [(position, envelope)], seq 1, 2, ...
 
     def append(self, env: Envelope) -> None:
-        self._order.append(env)
-        self._by[(env.chain, env.seq)] = env
+        self._chains.setdefault(env.chain, []).append((self._n, env))
+        self._n += 1
 
     def get(self, chain: Chain, seq: int) -> Envelope | None:
-        return self._by.get((chain, seq))
+        entries = self._chains.get(chain)
+        if entries is None or not 0 < seq <= len(entries):
+            return None
+        env = entries[seq - 1][1]
+        return env if env.seq == seq else None
 
     def after(self, heads: dict[Chain, int], limit_bytes: int) -> list[Envelope]:
+        tails = [entries[heads.get(chain, 0):] for chain, entries in self._chains.items() if len(entries) > heads.get(chain, 0)]
         out, size = [], 0
-        for env in self._order:
-            if env.seq > heads.get(env.chain, 0):
-                out.append(env)
-                size += env.size
-                if size >= limit_bytes:
-                    break
+        for _, env in heapq.merge(*tails, key=lambda entry: entry[0]):
+            out.append(env)
+            size += env.size
+            if size >= limit_bytes:
+                break
         return out
 
     def all(self) -> Iterator[Envelope]:
-        return iter(self._order)
+        return (env for _, env in heapq.merge(*self._chains.values(), key=lambda entry: entry[0]))
 
     def __len__(self) -> int:
-        return len(self._order)
+        return self._n
 
 
 class ReplicaState:

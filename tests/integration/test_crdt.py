@@ -297,3 +297,35 @@ def test_a_forking_member_s_chain_ends_before_the_fork_on_every_replica(trio):
     docs[0].map("cfg")["after"] = 2  # the document goes on
     docs[0].commit(replicas=2).result(10)
     wait_for(lambda: docs[1].to_py() == docs[0].to_py() == {"cfg": {"base": 1, "after": 2}}, timeout=10)
+
+
+def test_writes_from_several_threads_and_a_reopen_after_close(tmp_path):
+    import threading
+
+    key = MeshKey.generate()
+    a, b = _node(tmp_path, 0, key), _node(tmp_path, 1, key)
+    try:
+        b.connect(a.addrs[0])
+        da, db = lattica.crdt.open("threads", node=a), lattica.crdt.open("threads", node=b)
+        _peers_ready([da, db], 1)
+
+        def writer(t):
+            for i in range(100):
+                with da.transaction():
+                    da.map(f"t{t}")[str(i)] = i
+
+        threads = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        da.commit(replicas=1).result(10)
+        wait_for(lambda: db.to_py() == da.to_py() and len(db.to_py()) == 4, timeout=10)
+        assert all(len(v) == 100 for v in db.to_py().values())
+        db.close()
+        assert lattica.crdt.list(node=b) == []
+        db = lattica.crdt.open("threads", node=b)  # back from its store at once
+        assert db.to_py() == da.to_py()
+    finally:
+        a.stop()
+        b.stop()

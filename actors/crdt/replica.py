@@ -13,16 +13,17 @@ own transactions, which users run on their threads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import pycrdt
 
 from lattica.budget import Buckets
-from lattica.crdt.envelope import ACL, Acl, Envelope, client_id, decode_any, sign, sign_acl
+from lattica.crdt.envelope import ACL, MAX_DEPS, Acl, Envelope, client_id, decode_any, sign, sign_acl
 from lattica.crdt.replica import MAX_CHAINS, MemoryLog, Outcome, ReplicaState
 from lattica.crdt.yupdate import read_update
 from lattica.errors import CrdtError, LatticaError, MalformedUpdate, NotAWriter, PermissionDenied, ProtocolError, Timeout, UpdateRejected
@@ -44,6 +45,7 @@ MAX_SUMMARY = MAX_CHAINS  # chains one summary names
 MAX_PUSH = 1024  # envelopes one push or sync answer carries
 PAGE_BYTES = 4 << 20  # and about this many bytes
 MAX_BODY = 8 << 20  # (each replica refuses what is over its own max_update_bytes)
+REBUILD_GAP = 1.0  # seconds at least between two rebuilds of a document
 # refusals a forwarder should have seen for itself: its copy is rejected (scored down); others
 # (a list or a view that may not have reached it yet, a full waiting room) are only ignored
 _HARD = frozenset({"bad signature", "malformed update", "malformed ACL", "another document", "too large",
@@ -122,7 +124,11 @@ class Replica:
         self.applied = 0
         self.rebuilds = 0
         self._declared: set[str] = set()  # roots this node's code named (their types are what it said)
-        self._sync_calls = Buckets(20.0, 40.0, 1024)  # sync calls each peer may make of us
+        self._sync_calls = Buckets(20.0, 40.0, 1024)  # sync and push calls each peer may make of us
+        self._observing: Any = None  # our subscription to the pycrdt document's transactions
+        self._tl = threading.local()  # per thread: how deep in our own transactions
+        self._rebuild_handle: asyncio.TimerHandle | None = None
+        self._rebuilt_at = -REBUILD_GAP
 
     # -- opening -----------------------------------------------------------------------------------
 
@@ -135,7 +141,7 @@ class Replica:
         self.nonce = nonce or os.urandom(8)
         self.client = client_id(self.doc, self.me, self.nonce)
         self.ydoc = pycrdt.Doc(client_id=self.client, allow_multithreading=True)
-        self.ydoc.observe(self._on_transaction)
+        self._observing = self.ydoc.observe(self._on_transaction)
         pos = 0
         if snap is not None:
             pos, state, meta = snap
@@ -163,6 +169,21 @@ class Replica:
     @property
     def chain(self) -> tuple[bytes, bytes]:
         return (self.me, self.nonce)
+
+    @contextlib.contextmanager
+    def txn(self) -> Iterator[Any]:
+        """A transaction on the document that waits for any other thread's to end (pycrdt's
+        ``transaction()`` would join one under way on another thread), or, inside one of ours on
+        this thread, that one."""
+        assert self.ydoc is not None
+        depth = getattr(self._tl, "depth", 0)
+        cm = self.ydoc.transaction() if depth else self.ydoc.new_transaction()
+        self._tl.depth = depth + 1
+        try:
+            with cm as t:
+                yield t
+        finally:
+            self._tl.depth = depth
 
     # -- local changes -------------------------------------------------------------------------------
 
@@ -206,6 +227,8 @@ class Replica:
         else:
             why = ""
         deps = {c: k for c, k in needs.items() if c != self.client}
+        if len(deps) > MAX_DEPS and not why:
+            why = f"it names items of {len(deps)} other clients (at most {MAX_DEPS})"
         trust = self.host.trust
         certs = tuple(trust.presented) if self.owner is None and not trust.open else ()
         out = None
@@ -304,15 +327,17 @@ class Replica:
             self.refused += 1
             log.info("crdt envelope refused", doc=self.name, author=_short(env.author), seq=env.seq, reason=why,
                      via=via.short() if via else None)
+        proof: list[Envelope] = []
         for env, held in out.forks:
             log.warning("crdt author forked its chain: it ends before the fork", doc=self.name, author=_short(env.author),
                         seq=env.seq, envelope=env.id.hex()[:16], held=held.id.hex()[:16] if held else None)
-            proof = [e for e in (env, held) if e is not None]
-            for peer in self.peers():  # (each replica sees both and ends the chain too)
+            proof += [e for e in (held, env) if e is not None]
+        if proof:
+            for peer in self.peers():  # (each replica sees both and ends the chain too; later ones get them in syncs)
                 if peer != via:
-                    self.host.spawn(self._tell(peer, proof))
+                    self.host.spawn(self._tell(peer, proof[:MAX_PUSH]))
         if out.rebuild:
-            self._rebuild()
+            self._rebuild_soon()
         if out.held and via is not None:
             self.sync_soon(via)
 
@@ -331,10 +356,35 @@ class Replica:
         except LatticaError as exc:
             log.debug("crdt fork proof not delivered", doc=self.name, peer=peer.short(), error=str(exc))
 
+    def _rebuild_soon(self) -> None:
+        """Rebuild now, or (after a rebuild less than REBUILD_GAP ago) once that much time has
+        passed: forks cannot buy a rebuild per envelope."""
+        if self._rebuild_handle is not None:
+            return
+        wait = self._rebuilt_at + REBUILD_GAP - time.monotonic()
+        if wait <= 0:
+            self._rebuild()
+        else:
+            self._rebuild_handle = self.host.loop.call_later(wait, self._rebuild)
+
     def _rebuild(self) -> None:
         """Make the document again from the log, under what is known now (a fork, a writer cut
         off, a local change no replica would take): what no longer counts goes."""
+        if self._rebuild_handle is not None:
+            self._rebuild_handle.cancel()
+            self._rebuild_handle = None
+        if self.closed:
+            return
+        self._rebuilt_at = time.monotonic()
+        had = self.state.head(self.chain)[0]
         new, out = self.state.rebuilt()
+        if new.head(self.chain)[0] < had:
+            # our own chain lost envelopes we signed: going on from its head would sign a second
+            # envelope for a place (a fork of our own): write under a new chain from here
+            self.nonce = os.urandom(8)
+            self.client = client_id(self.doc, self.me, self.nonce)
+            if self.svc.store is not None:
+                self.svc.store.remember(self.doc, self.name, self.owner, self.nonce, clean=False).add_done_callback(_logged_failure)
         ydoc = pycrdt.Doc(client_id=self.client, allow_multithreading=True)
         for env in out.applied:
             if env.kind != ACL:
@@ -347,7 +397,9 @@ class Replica:
         with self._local_lock:
             self._local = []  # (made on the old document)
         old, self.ydoc, self.state = self.ydoc, ydoc, new
-        ydoc.observe(self._on_transaction)
+        if old is not None and self._observing is not None:
+            old.unobserve(self._observing)  # (roots taken from it before are dead: their changes go nowhere)
+        self._observing = ydoc.observe(self._on_transaction)
         self.log_bytes = sum(e.size for e in out.applied)
         self.rebuilds += 1
         log.warning("crdt document rebuilt from its log", doc=self.name, applied=len(out.applied))
@@ -372,7 +424,8 @@ class Replica:
         assert self.ydoc is not None
         self._applying = True
         try:
-            self.ydoc.apply_update(update)
+            with self.txn():
+                self.ydoc.apply_update(update)
         except BaseException as exc:  # pycrdt raises a PanicException (a BaseException) on what yrs cannot take
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -396,7 +449,8 @@ class Replica:
         if store is None or self.ydoc is None:
             return
         self._since_snapshot = 0
-        state = self.ydoc.get_update()
+        with self.txn():
+            state = self.ydoc.get_update()
         store.snapshot(self.doc, state, [self.state.export(), self.roots]).add_done_callback(_logged_failure)
 
     # -- anti-entropy -------------------------------------------------------------------------------
@@ -450,8 +504,10 @@ class Replica:
         return theirs
 
     async def _push_missing(self, ref: ActorRef, theirs: dict, timeout: float) -> dict:
+        proofs = self.state.proofs_for(theirs)  # (it holds chains we ended past their end: it should end them too)
         for _ in range(16):
-            missing = self.state.missing_for(theirs, PAGE_BYTES)[:MAX_PUSH]
+            missing = (proofs + self.state.missing_for(theirs, PAGE_BYTES))[:MAX_PUSH]
+            proofs = []
             if not missing:
                 break
             answer = await self.rt.call(ref, "push", ([e.to_bytes() for e in missing],), {}, timeout=timeout)
@@ -537,16 +593,18 @@ class Replica:
         assert self.ydoc is not None
         self._declared.add(name)
         self.roots[name] = kind
-        return self.ydoc.get(name, type=_TYPES[kind])
+        with self.txn():
+            return self.ydoc.get(name, type=_TYPES[kind])
 
     def to_py(self) -> dict:
         assert self.ydoc is not None
         out = {}
-        for name, kind in sorted(self.roots.items()):
-            try:
-                out[name] = self.ydoc.get(name, type=_TYPES[kind]).to_py()
-            except Exception:  # (a root whose type the updates suggested wrongly)
-                continue
+        with self.txn():
+            for name, kind in sorted(self.roots.items()):
+                try:
+                    out[name] = self.ydoc.get(name, type=_TYPES[kind]).to_py()
+                except Exception:  # (a root whose type the updates suggested wrongly)
+                    continue
         return out
 
     def stats(self) -> dict:
@@ -577,6 +635,8 @@ class Replica:
         self.closed = True
         if self._task is not None:
             self._task.cancel()
+        if self._rebuild_handle is not None:
+            self._rebuild_handle.cancel()
         for t in self._syncing.values():
             t.cancel()
         pubsub = self.rt.services.get("pubsub")
@@ -607,7 +667,7 @@ class ReplicaActor:
         caller = current_caller()
         if caller is not None and not r._sync_calls.take(caller):
             raise PermissionDenied(f"{caller} asks {r.rt.peer_id} to sync {r.name!r} too often")
-        missing = r.state.missing_for(theirs, PAGE_BYTES)[:MAX_PUSH]
+        missing = (r.state.proofs_for(theirs) + r.state.missing_for(theirs, PAGE_BYTES))[:MAX_PUSH]
         if caller is not None and caller != r.rt.peer_id:
             r._synced.add(caller)  # (it syncs with us: we need not start one of our own)
             r.heard(caller, theirs, missing)
@@ -620,13 +680,15 @@ class ReplicaActor:
         if type(envs) is not list or len(envs) > MAX_PUSH:
             raise ProtocolError(f"a push is a list of at most {MAX_PUSH} envelopes")
         r = self._r
+        caller = current_caller()
+        if caller is not None and not r._sync_calls.take(caller):
+            raise PermissionDenied(f"{caller} pushes to {r.rt.peer_id}'s {r.name!r} too often")
         decoded = []
         for raw in envs:
             try:
                 decoded.append(decode_any(raw, MAX_BODY))
             except MalformedUpdate:
                 r.count_malformed()
-        caller = current_caller()
         if caller is not None and caller in r._known:
             r.heard(caller, r._known[caller], decoded)
         r.receive(decoded, caller)

@@ -69,10 +69,12 @@ class Document:
 
     def transaction(self) -> Any:
         """``with doc.transaction(): ...``: the changes inside apply here at once and replicate as
-        one envelope (NotAWriter if this node may not write)."""
+        one envelope (NotAWriter if this node may not write). It waits for another thread's
+        transaction to end: from several threads, change the document inside one (a change made
+        outside any, on a pycrdt root, is a transaction of its own that pycrdt does not keep apart
+        from another thread's)."""
         self._r.check_writer()
-        assert self._r.ydoc is not None
-        return self._r.ydoc.transaction()
+        return self._r.txn()
 
     def to_py(self) -> dict:
         """Every root as plain Python values."""

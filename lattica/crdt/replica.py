@@ -39,7 +39,8 @@ __all__ = ["ReplicaState", "Outcome", "Log", "MemoryLog", "Chain", "MAX_CHAINS",
 
 Chain = tuple[bytes, bytes]  # (author, nonce)
 MAX_CHAINS = 16384  # chains one document holds (what a summary names)
-MAX_CHAINS_PER_AUTHOR = 256  # an author's sessions of writing one document
+MAX_CHAINS_PER_AUTHOR = 256  # an author's sessions of writing one document (ended ones count)
+MAX_FROZEN = 4096  # forked chains a document ends (beyond, forks are refused and not acted on)
 HOLD_FOR = 600.0  # seconds an envelope may wait for its gap or its deps
 
 
@@ -144,7 +145,8 @@ class ReplicaState:
         self._held_by: collections.Counter[bytes] = collections.Counter()  # envelopes waiting per author
         self._held_bytes_by: collections.Counter[bytes] = collections.Counter()
         self.refused_total: collections.Counter[str] = collections.Counter()
-        self.forks: list[tuple[Envelope, Envelope | None]] = []  # proof: the envelope and the one held for its place
+        self.forks: list[tuple[Envelope, Envelope | None]] = []  # the last forks seen (for stats and logs)
+        self.proofs: dict[Chain, tuple[Envelope, Envelope]] = {}  # a frozen chain's fork: two envelopes for one place
 
     # -- reading ------------------------------------------------------------------------------------
 
@@ -166,26 +168,45 @@ class ReplicaState:
         """Whether ``author`` is on the latest writers list (owner documents)."""
         return self.owner is None or author == self.owner or author in self.acl.writers
 
+    def proofs_for(self, theirs: dict[Chain, int]) -> list[Envelope]:
+        """The fork proofs a replica that holds ``theirs`` lacks: for each chain we ended that it
+        holds past the end, both envelopes (feeding them, it sees the fork and ends it too)."""
+        out: list[Envelope] = []
+        for chain, cut in self.frozen.items():
+            if theirs.get(chain, 0) > cut and chain in self.proofs:
+                out.extend(self.proofs[chain])
+        return out
+
     def export(self) -> list:
         """The book-keeping a snapshot keeps with the document's state (msgpack-able)."""
         return [[[a, n, seq, i] for (a, n), (seq, i) in self.heads.items()], [[c, k] for c, k in self.clocks.items()],
-                self.acl.encode(), self.acl_version, [[a, n, s] for (a, n), s in self.frozen.items()]]
+                self.acl.encode(), self.acl_version, [[a, n, s] for (a, n), s in self.frozen.items()],
+                [[x.to_bytes(), y.to_bytes()] for x, y in self.proofs.values()]]
 
     def restore(self, meta: list, envs: Iterable[Envelope]) -> None:
         """Take back what :meth:`export` gave, with the log's envelopes up to that point."""
-        heads, clocks, acl, version, frozen = meta
+        heads, clocks, acl, version, frozen, proofs = meta
         self.heads = {(a, n): (seq, i) for a, n, seq, i in heads}
         self.clocks = {c: k for c, k in clocks}
         self.frozen = {(a, n): s for a, n, s in frozen}
+        for x, y in proofs:
+            one, two = Envelope.from_bytes(x), Envelope.from_bytes(y)
+            self.proofs[one.chain] = (one, two)
         if version:
             self.acl, self.acl_version = Acl.decode(acl), version
-        for (a, n) in self.heads:
-            if n:
-                self.clients[client_id(self.doc, a, n)] = (a, n)
-                self.chains_by[a] += 1
+        self._count_chains()
         for env in envs:
             if env.seq <= self.heads.get(env.chain, (0,))[0]:
                 self.log.append(env)
+
+    def _count_chains(self) -> None:
+        """Rebuild the per-author chain counts and client ids from the heads; ended (frozen)
+        chains count too: forking is no way around the cap."""
+        self.clients, self.chains_by = {}, collections.Counter()
+        for (a, n) in set(self.heads) | set(self.frozen):
+            if n:
+                self.clients[client_id(self.doc, a, n)] = (a, n)
+                self.chains_by[a] += 1
 
     def rebuilt(self) -> tuple[ReplicaState, Outcome]:
         """A fresh state that replays this one's log under what is known now (forks, the latest
@@ -194,7 +215,9 @@ class ReplicaState:
                            max_held=self.max_held, max_held_per_author=self.max_held_per_author,
                            max_held_bytes=self.max_held_bytes, verify=self._verify, clock=self._clock)
         new.frozen = dict(self.frozen)
+        new.proofs = dict(self.proofs)
         new.forks = self.forks
+        new._count_chains()
         acls = [e for e in self.log.all() if e.kind == ACL]
         out = new.receive(acls, verified=True)  # (the latest list first: what it cuts off stays out)
         out2 = new.receive([e for e in self.log.all() if e.kind != ACL], verified=True)
@@ -342,7 +365,7 @@ class ReplicaState:
 
     def _accept(self, env: Envelope, out: Outcome) -> None:
         self.log.append(env)
-        if env.seq == 1 and env.nonce:
+        if env.seq == 1 and env.nonce and env.client not in self.clients:
             self.clients[env.client] = env.chain
             self.chains_by[env.author] += 1
         self.heads[env.chain] = (env.seq, env.id)
@@ -418,15 +441,20 @@ class ReplicaState:
 
     def _fork(self, env: Envelope, held: Envelope | None, out: Outcome, at: int | None = None) -> None:
         """``env`` and ``held`` (ours) are two envelopes the author signed for one place: its
-        chain ends just before it, on every replica that sees both."""
+        chain ends just before it, on every replica that sees both — if the author may write
+        now (a removed writer's forks, or anyone's within a cut, change nothing) and fewer than
+        MAX_FROZEN chains have ended."""
         place = env.seq if at is None else at
         cut = place - 1
-        if self.frozen.get(env.chain, cut + 1) > cut:
+        counts = (held is not None and env.kind == held.kind and not self._right(env)
+                  and not (self.owner is not None and env.author != self.owner and env.author not in self.acl.writers))
+        if counts and self.frozen.get(env.chain, cut + 1) > cut and (env.chain in self.frozen or len(self.frozen) < MAX_FROZEN):
+            assert held is not None
             self.frozen[env.chain] = cut
+            self.proofs[env.chain] = (held, env)
             if self.head(env.chain)[0] > cut:
                 out.rebuild = True
-            if len(self.forks) < 64:
-                self.forks.append((env, held))
+            self.forks = (self.forks + [(env, held)])[-64:]
             out.forks.append((env, held))
         self._refuse(env, "forked chain", out)
 

@@ -8,8 +8,8 @@ anything: an update under another writer's client id and clocks silently wins ov
 real one, and a delete of clocks not yet written removes them the moment they arrive.
 
 The reader is strict, and narrower than Yjs: it takes what pycrdt's maps, arrays, texts and XML
-fragments write in a transaction, and refuses the rest (GC and skip structs, JSON and sub-document
-content, XML hooks, clocks or lengths beyond yrs's 32 bits, clients beyond 53 bits, varints not
+fragments write in a transaction, and refuses the rest (skip structs, items of no length, JSON and
+sub-document content, XML hooks, clocks or lengths beyond yrs's 32 bits, clients beyond 53 bits, varints not
 in their shortest form, parent flags other than 0 and 1, nesting deeper than :data:`MAX_DEPTH`,
 repeated clients, bytes left over: :class:`lattica.errors.MalformedUpdate`). And because what
 counts is how **yrs** reads the bytes, :func:`read_update_as_yrs` also has yrs re-encode the
@@ -190,6 +190,14 @@ def read_update(update: bytes) -> UpdateInfo:
         for _ in range(count):
             b = r.byte()
             kind = b & 0x1F
+            if b == _GC:  # (exactly 0, as yrs matches it: content created and deleted in one transaction)
+                length = r.uint()
+                if not length:
+                    raise MalformedUpdate("a GC struct of no length")
+                clock += length
+                if clock > MAX_CLOCK:
+                    raise MalformedUpdate(f"the update's clocks go past {MAX_CLOCK}")
+                continue
             if kind in (_GC, _SKIP, _JSON, _DOC) or kind > _SKIP:
                 raise MalformedUpdate(f"struct kind {b} is not taken in an update")
             if b & 0x80:  # left origin
@@ -214,6 +222,8 @@ def read_update(update: bytes) -> UpdateInfo:
                         info.roots[root] = "map"
                         root = None
             length = _content_length(r, kind)
+            if not length:  # (yrs drops such items, and with them what they name)
+                raise MalformedUpdate("an item of no length")
             if root is not None:
                 if kind in (_STRING, _FORMAT, _EMBED):
                     info.roots[root] = "text"
@@ -255,7 +265,7 @@ def read_update_as_yrs(update: bytes) -> UpdateInfo:
         theirs = read_update(again)
     except MalformedUpdate:
         raise MalformedUpdate("yrs reads the update differently") from None
-    if theirs.structs != info.structs or _ranges(theirs.deletes) != _ranges(info.deletes):
+    if theirs.structs != info.structs or _ranges(theirs.deletes) != _ranges(info.deletes) or theirs.needs != info.needs:
         raise MalformedUpdate("yrs reads the update differently")
     return info
 

@@ -82,8 +82,9 @@ def test_malformed_updates_are_refused():
         read_update(good + b"\x00")  # bytes after the delete set
     with pytest.raises(MalformedUpdate):
         read_update(b"\x01\x01\x05\x00\x0a\x01\x00")  # a skip struct: a gap
+    assert read_update(b"\x01\x01\x05\x00\x00\x03\x00").structs == {5: (0, 3)}  # a GC struct: content made and deleted at once
     with pytest.raises(MalformedUpdate):
-        read_update(b"\x01\x01\x05\x00\x00\x03\x00")  # a GC struct
+        read_update(b"\x01\x01\x05\x00\x20\x03\x00")  # a GC kind with flags (yrs would read an item)
     with pytest.raises(MalformedUpdate):
         read_update(b"\x01\x01\x05\x00\x21\x01\x01m\x01k\x80\x80\x80\x80\x10\x00")  # a deleted length of 2^32
     with pytest.raises(MalformedUpdate):
@@ -118,6 +119,20 @@ def test_random_bytes_never_raise_anything_else():
             read_update(blob)
         except MalformedUpdate:
             pass
+
+
+def test_transactions_that_make_and_delete_nested_content_are_taken():
+    """A nested type written and deleted in one transaction leaves GC structs: honest, taken."""
+    d = pycrdt.Doc(client_id=9)
+    events = []
+    d.observe(lambda e: events.append(e.update))
+    with d.transaction():
+        arr = d.get("a", type=pycrdt.Array)
+        arr.append(pycrdt.Map({"x": 1}))
+        arr[0]["y"] = 2
+        arr.clear()
+    info = read_update_as_yrs(events[0])
+    assert set(info.structs) == {9}
 
 
 def test_what_yrs_reads_differently_is_refused():

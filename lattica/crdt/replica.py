@@ -41,7 +41,7 @@ Chain = tuple[bytes, bytes]  # (author, nonce)
 MAX_CHAINS = 16384  # chains one document holds (what a summary names)
 MAX_CHAINS_PER_AUTHOR = 256  # an author's sessions of writing one document (ended ones count)
 MAX_FROZEN = 4096  # forked chains a document ends (beyond, forks are refused and not acted on)
-HOLD_FOR = 600.0  # seconds an envelope may wait for its gap or its deps
+HOLD_FOR = 120.0  # seconds an envelope may wait for its gap or its deps (anti-entropy brings it again)
 
 
 @dataclass
@@ -120,7 +120,7 @@ class ReplicaState:
 
     def __init__(self, doc: bytes, owner: bytes | None, log: Log | None = None, *,
                  is_member: Callable[[Envelope], bool] | None = None, max_update: int = 1 << 20,
-                 max_held: int = 4096, max_held_per_author: int = 1024, max_held_bytes: int = 64 << 20,
+                 max_held: int = 4096, max_held_per_author: int = 256, max_held_bytes: int = 64 << 20,
                  verify: Callable[[Envelope], bool] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.doc = doc
         self.owner = owner

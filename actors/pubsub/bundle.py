@@ -42,7 +42,7 @@ class Bundle:
     @classmethod
     def from_wire(cls, raw: Any, max_data: int, certs: Any = ()) -> Bundle:
         """The bundle a peer's item list (and its author's certificates) name, or ProtocolError."""
-        if certs and (type(certs) is not list or len(certs) > MAX_CERTS or not all(type(c) is bytes and 0 < len(c) <= MAX_CERT for c in certs)):
+        if certs != () and (type(certs) is not list or len(certs) > MAX_CERTS or not all(type(c) is bytes and 0 < len(c) <= MAX_CERT for c in certs)):
             raise ProtocolError(f"an author's certificates are a list of at most {MAX_CERTS} byte strings of at most {MAX_CERT} bytes")
         if type(raw) is not list or not 0 < len(raw) <= MAX_ITEMS:
             raise ProtocolError(f"a message's items are a list of 1 to {MAX_ITEMS}")

@@ -63,6 +63,12 @@ def test_one_connection_per_peer_even_when_both_dial():
                 c = h.conns[peer]
                 return (c.direction, c.local_addr, c.remote_addr)
 
+            # the dialer's end of a handshake finishes first (Noise XX: it sends the last message),
+            # so the other end may adopt that connection a moment later: they settle, then agree
+            def settled():
+                return {a.run(primary(a._host, b.peer_id))[0], b.run(primary(b._host, a.peer_id))[0]} == {"inbound", "outbound"}
+
+            wait_for(settled, timeout=5)
             da, la, ra = a.run(primary(a._host, b.peer_id))
             db, lb, rb = b.run(primary(b._host, a.peer_id))
             assert {da, db} == {"inbound", "outbound"}

@@ -46,3 +46,11 @@ def test_large_items_arriving_as_views_of_the_frame_are_copied_out():
 def test_malformed_item_lists_are_refused(raw):
     with pytest.raises(ProtocolError):
         Bundle.from_wire(raw, 100)
+
+
+def test_certificates_that_are_no_list_are_refused():
+    """(found by the fuzzer in CI: a falsy non-list, e.g. None, passed and broke later readers)"""
+    for bad in (None, 0, "", b"", False, {}):
+        with pytest.raises(ProtocolError):
+            Bundle.from_wire([b"x"], 100, bad)
+    assert Bundle.from_wire([b"x"], 100, []).certs == []

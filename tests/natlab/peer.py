@@ -13,6 +13,9 @@ JSON line per command read from stdin:
   peers it went to; ``{"cmd": "received", "topic": T}`` -> ``{"got": [data, ...], "via": [...]}``
   (what arrived since subscribing); ``{"cmd": "pubsub", "topic": T}`` -> the topic's mesh with
   the path to each mesh peer
+* ``{"cmd": "crdt_open", "name": N}``; ``{"cmd": "crdt_set", "name": N, "key": K, "value": V}``
+  (a map set in the document's root map "m"); ``{"cmd": "crdt_get", "name": N}`` -> ``{"m": ...,
+  "peers": {peer: [paths]}, "stats": ...}``
 * ``{"cmd": "quit"}``
 """
 
@@ -32,6 +35,7 @@ import lattica  # noqa: E402
 import lattica.logging  # noqa: E402
 import sample_actors as sa  # noqa: E402
 from lattica.actors.relay import RelayConfig  # noqa: E402
+from lattica.config import CrdtConfig  # noqa: E402
 
 
 def _say(obj: dict) -> None:
@@ -92,7 +96,8 @@ def main() -> None:
         ka = {"keepalive_interval": args.keepalive, "keepalive_timeout": 3 * args.keepalive}
         options = {"tcp": ka, "quic": {"keepalive_interval": args.keepalive}}
     relay = RelayConfig(splice=False) if args.relay_in_stream else args.relay
-    node = lattica.Node(listen, relay=relay, relays=args.bootstrap, allow=["sample_actors.*"], transport_options=options, mdns=args.mdns == "on", membership=args.membership == "on").start()
+    node = lattica.Node(listen, relay=relay, relays=args.bootstrap, allow=["sample_actors.*"], transport_options=options, mdns=args.mdns == "on", membership=args.membership == "on",
+                        crdt=CrdtConfig(path="memory")).start()
     _say({"event": "ready", "peer_id": str(node.peer_id), "addrs": [str(a) for a in node.addrs]})
     for addr in args.bootstrap:
         try:
@@ -105,6 +110,7 @@ def main() -> None:
         except lattica.errors.LatticaError as e:
             _say({"event": "bootstrap-failed", "error": str(e)})
     subs: dict = {}
+    docs: dict = {}
     for line in sys.stdin:
         cmd = json.loads(line)
         try:
@@ -136,6 +142,18 @@ def main() -> None:
             elif cmd["cmd"] == "pubsub":
                 mesh = lattica.pubsub.peers(cmd["topic"], node=node)
                 _say({"mesh": {str(p): [c.transport for c in node._host.conns_of.get(p, ())] for p in mesh}})
+            elif cmd["cmd"] == "crdt_open":
+                docs[cmd["name"]] = lattica.crdt.open(cmd["name"], node=node)
+                _say({"ok": True})
+            elif cmd["cmd"] == "crdt_set":
+                doc = docs[cmd["name"]]
+                with doc.transaction():
+                    doc.map("m")[cmd["key"]] = cmd["value"]
+                _say({"ok": True})
+            elif cmd["cmd"] == "crdt_get":
+                doc = docs[cmd["name"]]
+                _say({"m": doc.to_py().get("m", {}), "stats": doc.stats(),
+                      "peers": {str(p): [c.transport for c in node._host.conns_of.get(p, ())] for p in doc.peers()}})
             elif cmd["cmd"] == "quit":
                 break
         except Exception as e:  # noqa: BLE001 -- reported to the test, which decides

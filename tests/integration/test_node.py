@@ -59,23 +59,23 @@ def test_one_connection_per_peer_even_when_both_dial():
             fb = b._submit(lambda h: h.connect([a.addrs[0]], None, 5))
             fa.result(), fb.result()
 
-            async def primary(h, peer):
-                c = h.conns[peer]
-                return (c.direction, c.local_addr, c.remote_addr)
+            async def held(h, peer):
+                return [(c.direction, c.local_addr, c.remote_addr, c is h.conns.get(peer)) for c in h.conns_of.get(peer, ())]
 
-            # the dialer's end of a handshake finishes first (Noise XX: it sends the last message),
-            # so the other end may adopt that connection a moment later: they settle, then agree
-            def settled():
-                return {a.run(primary(a._host, b.peer_id))[0], b.run(primary(b._host, a.peer_id))[0]} == {"inbound", "outbound"}
+            # Each end adopts the other's dial a moment after its own (the dialer's end of a Noise
+            # handshake finishes first) and keeps the one the tie-break picks; the loser lingers
+            # 2 s for streams already on it, then closes. In between the two ends may briefly use
+            # different connections; what must hold is that they end on one and the same.
+            def agreed():
+                ha, hb = a.run(held(a._host, b.peer_id)), b.run(held(b._host, a.peer_id))
+                return len(ha) == len(hb) == 1 and ha[0][3] and hb[0][3] and (ha[0][1], ha[0][2]) == (hb[0][2], hb[0][1])
 
-            wait_for(settled, timeout=5)
-            da, la, ra = a.run(primary(a._host, b.peer_id))
-            db, lb, rb = b.run(primary(b._host, a.peer_id))
-            assert {da, db} == {"inbound", "outbound"}
-            assert (la, ra) == (rb, lb)  # the very same socket pair
+            assert wait_for(agreed, timeout=10), (a.run(held(a._host, b.peer_id)), b.run(held(b._host, a.peer_id)))
+            da, db = a.run(held(a._host, b.peer_id))[0][0], b.run(held(b._host, a.peer_id))[0][0]
+            # (both "outbound" is a TCP simultaneous open: each dialed from its listening port,
+            # as hole punching needs, and the two dials became one connection)
+            assert {da, db} == {"inbound", "outbound"} or da == db == "outbound"
             assert a.ping(b.peer_id) > 0 and b.ping(a.peer_id) > 0
-            # the losing duplicate is closed after its linger period
-            assert wait_for(lambda: a.run(_count(a._host)) == 1 and b.run(_count(b._host)) == 1, timeout=8)
 
 
 async def _count(h):

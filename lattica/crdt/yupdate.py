@@ -30,7 +30,7 @@ MAX_CLOCK = (1 << 32) - 1  # yrs's clocks and lengths are 32-bit
 MAX_CLIENT = (1 << 53) - 1  # client ids stay within JavaScript's safe integers
 
 _GC, _DELETED, _JSON, _BINARY, _STRING, _EMBED, _FORMAT, _TYPE, _ANY, _DOC, _SKIP = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
-_XML_ELEMENT, _XML_HOOK = 3, 5  # type refs followed by a name
+_XML_ELEMENT = 3  # the one type ref followed by a name (an XML hook, 5, is refused: yrs reads no name after it)
 _KNOWN_TYPE_REFS = frozenset({0, 1, 2, 3, 4, 6})  # array, map, text, xml element/fragment/text (no hooks)
 
 

@@ -15,9 +15,7 @@ import time
 import pytest
 
 import lattica
-from helpers import wait_for
 from lattica.config import CrdtConfig
-from lattica.crdt.envelope import doc_id
 from lattica.crdt.store import Store
 from lattica.trust import MeshKey
 

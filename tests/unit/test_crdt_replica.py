@@ -7,7 +7,6 @@ import os
 import random
 
 import pycrdt
-import pytest
 
 from lattica.crdt.envelope import ACL, GENESIS, Acl, Envelope, client_id, doc_id, sign, sign_acl
 from lattica.crdt.replica import ReplicaState
@@ -30,7 +29,6 @@ class Writer:
         self.seq, self.prev = 0, GENESIS
 
     def change(self, fn) -> Envelope:
-        before = self.ydoc.get_state()
         events: list[bytes] = []
         sub = self.ydoc.observe(lambda e: events.append(e.update))  # this transaction's changes only
         with self.ydoc.transaction():
@@ -141,7 +139,6 @@ def test_deps_must_be_what_the_update_names_and_deletes_wait_for_their_items():
     a, b = Writer(), Writer()
     first = a.set("k", 1)
     b.learn([first])
-    before = b.ydoc.get_state()
     events = []
     b.ydoc.observe(lambda e: events.append(e.update))
     b.ydoc.get("m", type=pycrdt.Map).pop("k")  # b deletes a's item
@@ -149,7 +146,7 @@ def test_deps_must_be_what_the_update_names_and_deletes_wait_for_their_items():
     lying = Writer(b.keys, nonce=b.nonce)
     assert r.receive([lying.seal(events[0], {})]).refused[0][1] == "deps are not what the update names"
     junk = Writer(b.keys, nonce=b"other")
-    assert r.receive([junk.seal(events[0], {a.client: 1, 12345: 0})]).refused[0][1] == "items under another client id" or True
+    assert r.receive([junk.seal(events[0], {a.client: 1, 12345: 0})]).refused[0][1] == "deps are not what the update names"  # (padded)
     honest = b.seal(events[0])
     assert dict(honest.deps) == {a.client: 1}
     assert r.receive([honest]).held == 1  # the item it deletes is not here yet: it waits

@@ -193,10 +193,11 @@ def test_an_invitation_that_expires_while_connected_ends_the_membership():
     the peer, reconnecting, is judged afresh (a stranger now, saying why)."""
     a = MeshKey.generate()
     guest_key = lattica.KeyPair.generate()
-    short = a.issue(guest_key.peer_id, ttl=2.0)
+    # long enough that two nodes start and connect inside it on a loaded CI machine (2 s was not)
+    short = a.issue(guest_key.peer_id, ttl=6.0)
     with lattica.Node([TCP], mesh=a, allow=ALLOW, membership=False) as host, lattica.Node([], keypair=guest_key, mesh=short, membership=False) as guest:
         guest.connect(host.addrs[0])
         assert [p.circle for p in host.peers()] == ["member"]
-        assert wait_for(lambda: host.peers() == [], timeout=6)
+        assert wait_for(lambda: host.peers() == [], timeout=10)
         guest.connect(host.addrs[0])
         assert wait_for(lambda: [(p.circle, "expired" in p.circle_reason) for p in host.peers()] == [("stranger", True)])

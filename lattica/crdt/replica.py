@@ -21,16 +21,23 @@ live in a :class:`Log`. The rules, in the order they are checked (docs/crdt.md):
    start where that client's clock stands; its ``deps`` are exactly the clocks it names of
    other clients (origins, parents, what it deletes);
 7. those clocks are held here (else it waits, bounded per author and in all).
+
+A **checkpoint** (lattica/crdt/checkpoint.py) stands for the envelopes it covers: a replica that
+took one drops them from its log, counts any that come again as duplicates, and gives a replica
+that lacks some of them the checkpoint instead (:meth:`ReplicaState.propose`,
+:meth:`ReplicaState.check`, :meth:`ReplicaState.adopt`).
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import heapq
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
+from lattica.crdt.checkpoint import Checkpoint, canonical_state, check_state
 from lattica.crdt.envelope import ACL, GENESIS, Acl, Envelope, client_id
 from lattica.crdt.yupdate import UpdateInfo, read_update_as_yrs
 from lattica.errors import MalformedUpdate
@@ -40,6 +47,7 @@ __all__ = ["ReplicaState", "Outcome", "Log", "MemoryLog", "Chain", "MAX_CHAINS",
 Chain = tuple[bytes, bytes]  # (author, nonce)
 MAX_CHAINS = 16384  # chains one document holds (what a summary names)
 MAX_CHAINS_PER_AUTHOR = 256  # an author's sessions of writing one document (ended ones count)
+MAX_CHECKPOINTS = 8  # checkpoints a replica holds that none of the others covers
 MAX_FROZEN = 4096  # forked chains a document ends (beyond, forks are refused and not acted on)
 HOLD_FOR = 120.0  # seconds an envelope may wait for its gap or its deps (anti-entropy brings it again)
 
@@ -79,25 +87,50 @@ class Log:
 
 class MemoryLog(Log):
     """A log kept in memory: the envelopes in applied order, and each chain's in seq order (so
-    what another replica lacks is found without reading the rest)."""
+    what another replica lacks is found without reading the rest); a chain's envelopes up to its
+    **base** were dropped for a checkpoint."""
 
     def __init__(self) -> None:
         self._n = 0
-        self._chains: dict[Chain, list[tuple[int, Envelope]]] = {}  # chain -> [(position, envelope)], seq 1, 2, ...
+        self._count = 0
+        self._chains: dict[Chain, list[tuple[int, Envelope]]] = {}  # chain -> [(position, envelope)], seq base+1, base+2, ...
+        self._base: dict[Chain, int] = {}
 
     def append(self, env: Envelope) -> None:
-        self._chains.setdefault(env.chain, []).append((self._n, env))
+        entries = self._chains.setdefault(env.chain, [])
+        if env.seq != self._base.get(env.chain, 0) + len(entries) + 1:
+            return  # (covered by a checkpoint, or not next: the rules never append such)
+        entries.append((self._n, env))
         self._n += 1
+        self._count += 1
 
     def get(self, chain: Chain, seq: int) -> Envelope | None:
         entries = self._chains.get(chain)
-        if entries is None or not 0 < seq <= len(entries):
+        i = seq - self._base.get(chain, 0) - 1
+        if entries is None or not 0 <= i < len(entries):
             return None
-        env = entries[seq - 1][1]
+        env = entries[i][1]
         return env if env.seq == seq else None
 
+    def compact(self, bases: dict[Chain, int]) -> None:
+        """Drop each chain's envelopes up to ``bases[chain]`` (a checkpoint holds them now)."""
+        for chain, base in bases.items():
+            old = self._base.get(chain, 0)
+            if base <= old:
+                continue
+            entries = self._chains.get(chain, [])
+            drop = min(base - old, len(entries))
+            self._count -= drop
+            self._chains[chain] = entries[drop:]
+            self._base[chain] = base
+
     def after(self, heads: dict[Chain, int], limit_bytes: int) -> list[Envelope]:
-        tails = [entries[heads.get(chain, 0):] for chain, entries in self._chains.items() if len(entries) > heads.get(chain, 0)]
+        base = self._base
+        tails = []
+        for chain, entries in self._chains.items():
+            skip = max(heads.get(chain, 0) - base.get(chain, 0), 0)
+            if len(entries) > skip:
+                tails.append(entries[skip:])
         out, size = [], 0
         for _, env in heapq.merge(*tails, key=lambda entry: entry[0]):
             out.append(env)
@@ -110,7 +143,7 @@ class MemoryLog(Log):
         return (env for _, env in heapq.merge(*self._chains.values(), key=lambda entry: entry[0]))
 
     def __len__(self) -> int:
-        return self._n
+        return self._count
 
 
 class ReplicaState:
@@ -147,6 +180,11 @@ class ReplicaState:
         self.refused_total: collections.Counter[str] = collections.Counter()
         self.forks: list[tuple[Envelope, Envelope | None]] = []  # the last forks seen (for stats and logs)
         self.proofs: dict[Chain, tuple[Envelope, Envelope]] = {}  # a frozen chain's fork: two envelopes for one place
+        # the checkpoints taken (more than one only when made apart, as on two sides of a
+        # partition); the log holds only what came after them
+        self.checkpoints: list[Checkpoint] = []
+        self.base: dict[Chain, int] = {}  # per chain, the seq they cover
+        self._cp_ends: dict[bytes, dict[int, int]] = {}  # per checkpoint, each client's clock in its state
 
     # -- reading ------------------------------------------------------------------------------------
 
@@ -218,6 +256,8 @@ class ReplicaState:
         new.proofs = dict(self.proofs)
         new.forks = self.forks
         new._count_chains()
+        for cp in self.checkpoints:
+            new._take(cp, self._cp_ends[cp.digest])
         acls = [e for e in self.log.all() if e.kind == ACL]
         out = new.receive(acls, verified=True)  # (the latest list first: what it cuts off stays out)
         out2 = new.receive([e for e in self.log.all() if e.kind != ACL], verified=True)
@@ -225,6 +265,143 @@ class ReplicaState:
         out.refused += out2.refused
         new.refused_total = self.refused_total  # (what the replay left out was counted when it came)
         return new, out
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+
+    def propose(self, states: list[bytes]) -> tuple[Checkpoint, bytes] | None:
+        """A checkpoint of everything applied here, and its canonical state (``states``: those
+        of the checkpoints we hold); None while a chain is applied past a fork's end (a rebuild
+        is due)."""
+        if any(self.heads.get(c, (0,))[0] > cut for c, cut in self.frozen.items()):
+            return None
+        heads = tuple(sorted((a, n, s, i) for (a, n), (s, i) in self.heads.items() if n))
+        bodies = self._covered(Checkpoint(self.doc, heads, bytes(32)), states)
+        if bodies is None:
+            return None
+        canon = canonical_state(bodies)
+        return Checkpoint(self.doc, heads, hashlib.sha256(canon).digest()), canon
+
+    def check(self, cp: Checkpoint, states: list[bytes]) -> tuple[str, bytes]:
+        """Whether ``cp`` is this document's state at its heads, computed from our own log (and
+        ``states``, our checkpoints'): ``("", canonical state)``, or why not (we lack what it
+        covers, or it differs)."""
+        if cp.doc != self.doc:
+            return "another document", b""
+        for a, n, s, i in cp.heads:
+            if s > self.frozen.get((a, n), s):
+                return "it covers a forked chain past its end", b""
+        bodies = self._covered(cp, states)
+        if bodies is None:
+            return "we do not hold everything it covers", b""
+        canon = canonical_state(bodies)
+        if hashlib.sha256(canon).digest() != cp.state_hash:
+            return "its state is not what the envelopes it covers make", b""
+        return "", canon
+
+    def _covered(self, cp: Checkpoint, states: list[bytes]) -> list[bytes] | None:
+        """The updates whose merge is ``cp``'s canonical state (merging is the same for any
+        split of one set of updates): our checkpoints' states and our logged envelopes up to
+        its heads; None if we lack any, or it covers less than our checkpoints."""
+        covers = cp.covers()
+        if any(covers.get(c, 0) < b for c, b in self.base.items()):
+            return None
+        if len(states) != len(self.checkpoints):
+            return None
+        bodies = list(states)
+        for (a, n, s, i) in cp.heads:
+            chain = (a, n)
+            base = self.base.get(chain, 0)
+            if self.head(chain)[0] < s:
+                return None
+            if s == base:
+                if self._base_id(chain) != i:
+                    return None
+                continue
+            last = self.log.get(chain, s)
+            if last is None or last.id != i:
+                return None
+            for seq in range(base + 1, s + 1):
+                env = self.log.get(chain, seq)
+                if env is None:
+                    return None
+                bodies.append(env.body)
+        return bodies
+
+    def _base_id(self, chain: Chain) -> bytes | None:
+        """The id of the envelope at ``chain``'s base (as the checkpoint that set it names it)."""
+        best = None
+        for cp in self.checkpoints:
+            for a, n, s, i in cp.heads:
+                if (a, n) == chain and (best is None or s > best[0]):
+                    best = (s, i)
+        return best[1] if best else None
+
+    def checkpoints_for(self, theirs: dict[Chain, int]) -> list[Checkpoint]:
+        """Our checkpoints that a replica holding ``theirs`` lacks part of (we no longer hold
+        those envelopes: it takes the checkpoint instead)."""
+        return [cp for cp in self.checkpoints if any(theirs.get((a, n), 0) < s for a, n, s, _ in cp.heads)]
+
+    def adopt(self, cp: Checkpoint, state: bytes) -> tuple[str, Outcome]:
+        """Take ``cp`` (checked, or signed by whom the document trusts) with its ``state``: drop
+        what it covers from the log, take the heads and clocks it is ahead in (the caller merges
+        ``state`` into the document). Why not ("" if taken), and the envelopes that were waiting
+        and now apply."""
+        out = Outcome()
+        if cp.doc != self.doc:
+            return "another document", out
+        if any(cp.digest == have.digest for have in self.checkpoints):
+            return "", out
+        why, info = check_state(cp, state)
+        if info is None:
+            return why, out
+        ends = {c: e for c, (_, e) in info.structs.items()}
+        new_chains = 0
+        for a, n, s, i in cp.heads:
+            chain = (a, n)
+            client = client_id(self.doc, a, n)
+            if s > self.frozen.get(chain, s):
+                return "it covers a forked chain past its end", out
+            base, ours = self.base.get(chain, 0), self.head(chain)[0]
+            if s == base and self._base_id(chain) != i:
+                return "it disagrees with a checkpoint we hold", out
+            if base < s <= ours:
+                held = self.log.get(chain, s)
+                if held is not None and held.id != i:
+                    return "it disagrees with an envelope we hold", out
+            if s <= ours and self.clocks.get(client, 0) < ends.get(client, 0):
+                return "its state is ahead of the envelopes it names", out
+            if s == ours and self.clocks.get(client, 0) != ends.get(client, 0):
+                return "its state is behind envelopes we hold", out
+            if s > ours and self.clocks.get(client, 0) > ends.get(client, 0):
+                return "its state is behind envelopes we hold", out
+            if ours == 0 and s > 0:
+                new_chains += 1
+        if len(self.heads) + new_chains > MAX_CHAINS:
+            return "too many chains", out
+        kept = [have for have in self.checkpoints if not _supersedes(cp, have)]
+        if len(kept) >= MAX_CHECKPOINTS:
+            return "too many checkpoints", out
+        self._take(cp, ends)
+        self._drain(out)
+        return "", out
+
+    def _take(self, cp: Checkpoint, ends: dict[int, int]) -> None:
+        for a, n, s, i in cp.heads:
+            chain = (a, n)
+            if self.head(chain)[0] < s:
+                self.heads[chain] = (s, i)
+            c = client_id(self.doc, a, n)
+            if self.clocks.get(c, 0) < ends.get(c, 0):
+                self.clocks[c] = ends[c]
+            if c not in self.clients:
+                self.clients[c] = chain
+                self.chains_by[a] += 1
+            self.base[chain] = max(self.base.get(chain, 0), s)
+        self.checkpoints = [have for have in self.checkpoints if not _supersedes(cp, have)] + [cp]
+        self._cp_ends = {have.digest: self._cp_ends[have.digest] for have in self.checkpoints[:-1]}
+        self._cp_ends[cp.digest] = ends
+        if isinstance(self.log, MemoryLog):
+            self.log.compact(self.base)
 
     # -- feeding --------------------------------------------------------------------------------------
 
@@ -243,6 +420,9 @@ class ReplicaState:
             return self._refuse(env, "too large", out)
         seq, head_id = self.head(env.chain)
         frozen = self.frozen.get(env.chain)
+        if env.seq <= self.base.get(env.chain, 0):
+            out.duplicates += 1  # (covered by a checkpoint: what it covers is settled)
+            return None
         if env.seq <= seq:
             held = self.log.get(env.chain, env.seq)
             if held is not None and held.id == env.id:
@@ -461,3 +641,9 @@ class ReplicaState:
     def _refuse(self, env: Envelope, reason: str, out: Outcome) -> None:
         out.refused.append((env, reason))
         self.refused_total[reason] += 1
+
+
+def _supersedes(new: Checkpoint, old: Checkpoint) -> bool:
+    """Whether ``new`` covers everything ``old`` does."""
+    covers = new.covers()
+    return all(covers.get((a, n), 0) >= s for a, n, s, _ in old.heads)

@@ -108,7 +108,7 @@ def _bench(args: argparse.Namespace) -> None:
 
         say = None if args.json else (lambda m: print(f"  {m}", flush=True))
         for n in args.nodes or [20]:
-            _print(simulate_crdt(n, runs=args.runs or 100, progress=say), args.json)
+            _print(simulate_crdt(n, runs=args.runs or 100, compact_every=args.compact_every, progress=say), args.json)
     if which == "soak":
         from lattica.bench.soak import soak  # lazy: see the note above _bench
 
@@ -424,6 +424,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--soak-seconds", type=float, default=300.0, help="soak: how long (not part of all)")
     s.add_argument("--rounds", type=int, default=5, help="supervise: node losses per signal (a fresh mesh each); relay: turns of every path")
     s.add_argument("--runs", type=int, default=None, help="crdt-sim: runs (random partitions each; default 100)")
+    s.add_argument("--compact-every", type=int, default=0, help="crdt-sim: replicas checkpoint their logs this often (default 0: never)")
     s.add_argument("--fetchers", type=int, default=8, help="content: fetchers of the swarm")
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=_bench)

@@ -170,3 +170,9 @@ class CrdtConfig:
     sync_interval: float = 10.0  # anti-entropy with one replica peer of each document this often
     snapshot_every: int = 2000  # envelopes applied between snapshots of a document
     max_held: int = 4096  # envelopes a document holds while they wait for a gap or a dependency
+    # a replica proposes a checkpoint once its log holds this many envelopes after the last one;
+    # taken, it replaces them (0: never propose; checkpoints made by others are still taken)
+    compact_every: int = 10_000
+    # members whose signatures a mesh document's checkpoint needs before a replica that cannot
+    # check it (a newcomer) takes it; an owner document's needs its owner's
+    checkpoint_quorum: int = 2

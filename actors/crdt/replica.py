@@ -6,7 +6,11 @@ loop, signed as one envelope of our chain, applied to the rules (as every replic
 and published on the document's pub-sub topic. Envelopes from peers arrive through that topic's
 validator (an envelope refused is never delivered nor passed on) and through anti-entropy
 (``sync``/``push`` between two replicas: each says what it holds per chain, the other sends what
-is missing, in an order it can apply). Everything here runs on the node loop, except pycrdt's
+is missing, in an order it can apply). Once a replica's log holds ``compact_every`` envelopes,
+one replica proposes a **checkpoint** of what it applied; replicas that hold the same envelopes
+check it and sign it, and once it carries the signatures a newcomer needs (the owner's, or a
+quorum of members') every replica drops the envelopes it covers, and gives the checkpoint with
+its state to a replica that lacks them. Everything here runs on the node loop, except pycrdt's
 own transactions, which users run on their threads.
 """
 
@@ -23,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import pycrdt
 
 from lattica.budget import Buckets
+from lattica.crdt.checkpoint import MAX_SIGNATURES, MAX_STATE, Checkpoint, Signature
 from lattica.crdt.envelope import ACL, MAX_DEPS, Acl, Envelope, client_id, decode_any, sign, sign_acl
 from lattica.crdt.replica import MAX_CHAINS, MemoryLog, Outcome, ReplicaState
 from lattica.crdt.yupdate import read_update
@@ -44,6 +49,7 @@ log = get_logger("lattica.crdt")
 MAX_SUMMARY = MAX_CHAINS  # chains one summary names
 MAX_PUSH = 1024  # envelopes one push or sync answer carries
 PAGE_BYTES = 4 << 20  # and about this many bytes
+MAX_CHECKPOINTS_SENT = 1  # checkpoints (with their states, up to MAX_STATE each) in one answer
 MAX_BODY = 8 << 20  # (each replica refuses what is over its own max_update_bytes)
 REBUILD_GAP = 1.0  # seconds at least between two rebuilds of a document
 # refusals a forwarder should have seen for itself: its copy is rejected (scored down); others
@@ -65,7 +71,7 @@ def topic_of(doc: bytes) -> str:
 
 
 def _ref(peer: PeerId, doc: bytes) -> ActorRef:
-    return ActorRef(peer, actor_name(doc), {"sync": ASYNC, "push": ASYNC})
+    return ActorRef(peer, actor_name(doc), {"sync": ASYNC, "push": ASYNC, "checkpoint": ASYNC})
 
 
 class Change:
@@ -129,26 +135,40 @@ class Replica:
         self._tl = threading.local()  # per thread: how deep in our own transactions
         self._rebuild_handle: asyncio.TimerHandle | None = None
         self._rebuilt_at = -REBUILD_GAP
+        self.cp_states: dict[bytes, bytes] = {}  # the state of each checkpoint we took, by digest
+        self._proposing = False
+        self._propose_after = 0.0
+        self._cp_calls = Buckets(1.0, 4.0, 1024)  # checkpoint calls each peer may make of us (each may cost a merge)
+        self.checkpoints_taken = 0
 
     # -- opening -----------------------------------------------------------------------------------
 
     async def load(self) -> None:
         """Take the document back from the store (if any): snapshot, then the log after it."""
-        nonce, snap, envs = None, None, []
+        nonce, snap, envs, cps = None, None, [], []
         store = self.svc.store
         if store is not None:
-            nonce, snap, envs = await asyncio.wrap_future(store.load(self.doc))
+            nonce, snap, envs, cps = await asyncio.wrap_future(store.load(self.doc))
         self.nonce = nonce or os.urandom(8)
         self.client = client_id(self.doc, self.me, self.nonce)
         self.ydoc = pycrdt.Doc(client_id=self.client, allow_multithreading=True)
         self._observing = self.ydoc.observe(self._on_transaction)
+        for raw, state in cps:  # (ours: taken before, checked then)
+            cp = Checkpoint.from_bytes(raw)
+            why, _ = self.state.adopt(cp, state)
+            if why:
+                log.error("a stored checkpoint could not be taken back", doc=self.name, reason=why)
+                continue
+            self.cp_states[cp.digest] = state
+            if snap is None:
+                self._apply(state, learn=True)
         pos = 0
         if snap is not None:
             pos, state, meta = snap
             self.state.restore(meta[0], (e for p, e in envs if p <= pos))
             self.roots.update(meta[1])
             self._apply(state)
-        self.log_bytes = sum(e.size for _, e in envs)
+        self.log_bytes = sum(e.size for _, e in envs) + sum(len(st) for st in self.cp_states.values())
         rest = [e for p, e in envs if p > pos]
         if rest:
             out = self.state.receive(rest, verified=True)
@@ -229,8 +249,7 @@ class Replica:
         deps = {c: k for c, k in needs.items() if c != self.client}
         if len(deps) > MAX_DEPS and not why:
             why = f"it names items of {len(deps)} other clients (at most {MAX_DEPS})"
-        trust = self.host.trust
-        certs = tuple(trust.presented) if self.owner is None and not trust.open else ()
+        certs = self._certs()
         out = None
         if not why:
             env = sign(self.host.keypair, self.doc, self.nonce, seq + 1, prev, deps, update, certs)
@@ -247,6 +266,11 @@ class Replica:
         self._after(out, None, local=True)
         self._publish(env)
         return env
+
+    def _certs(self) -> tuple[bytes, ...]:
+        """Our mesh certificates, signed into what we sign for a mesh document."""
+        trust = self.host.trust
+        return tuple(trust.presented) if self.owner is None and not trust.open else ()
 
     def _publish(self, env: Envelope) -> None:
         pubsub = self.rt.services.get("pubsub")
@@ -277,9 +301,9 @@ class Replica:
             return "reject" if out.refused[0][1] in _HARD else "ignore"
         return "accept" if out.applied or out.held else "ignore"
 
-    def count_malformed(self) -> None:
+    def count_malformed(self, what: str = "envelope") -> None:
         self.refused += 1
-        self.state.refused_total["malformed envelope"] += 1
+        self.state.refused_total["malformed " + what] += 1
 
     def receive(self, envs: list[Envelope], via: PeerId | None, spread: bool = True) -> Outcome:
         if self.closed:
@@ -340,6 +364,8 @@ class Replica:
             self._rebuild_soon()
         if out.held and via is not None:
             self.sync_soon(via)
+        if out.applied:
+            self._maybe_checkpoint()
 
     def _emit(self, change: Change) -> None:
         for cb in list(self._observers):
@@ -386,21 +412,21 @@ class Replica:
             if self.svc.store is not None:
                 self.svc.store.remember(self.doc, self.name, self.owner, self.nonce, clean=False).add_done_callback(_logged_failure)
         ydoc = pycrdt.Doc(client_id=self.client, allow_multithreading=True)
-        for env in out.applied:
-            if env.kind != ACL:
-                try:
-                    ydoc.apply_update(env.body)
-                except BaseException as exc:  # (yrs panics are BaseExceptions)
-                    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                        raise
-                    log.error("pycrdt could not apply a logged update while rebuilding", doc=self.name, error=repr(exc))
+        # the checkpoints' states first (the replay starts from them), then the log after them
+        for update in self._states() + [e.body for e in out.applied if e.kind != ACL]:
+            try:
+                ydoc.apply_update(update)
+            except BaseException as exc:  # (yrs panics are BaseExceptions)
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                log.error("pycrdt could not apply a logged update while rebuilding", doc=self.name, error=repr(exc))
         with self._local_lock:
             self._local = []  # (made on the old document)
         old, self.ydoc, self.state = self.ydoc, ydoc, new
         if old is not None and self._observing is not None:
             old.unobserve(self._observing)  # (roots taken from it before are dead: their changes go nowhere)
         self._observing = ydoc.observe(self._on_transaction)
-        self.log_bytes = sum(e.size for e in out.applied)
+        self.log_bytes = sum(e.size for e in out.applied) + sum(len(st) for st in self.cp_states.values())
         self.rebuilds += 1
         log.warning("crdt document rebuilt from its log", doc=self.name, applied=len(out.applied))
         self.snapshot()
@@ -409,19 +435,23 @@ class Replica:
         return None
 
     def _apply_env(self, env: Envelope) -> None:
-        if env.kind == ACL:
-            return
+        if env.kind != ACL:
+            self._apply(env.body, learn=True)
+
+    def _learn_roots(self, update: bytes) -> None:
+        """Note the root types ``update`` writes into (``to_py`` reports them)."""
         try:
-            for root, kind in read_update(env.body).roots.items():
+            for root, kind in read_update(update).roots.items():
                 if root not in self._declared and len(self.roots) < 1024:
                     have = self.roots.get(root)
                     self.roots[root] = kind if have is None or (have == "array" and kind == "text") else have
         except MalformedUpdate:  # (the rules read it already)
             pass
-        self._apply(env.body)
 
-    def _apply(self, update: bytes) -> None:
+    def _apply(self, update: bytes, learn: bool = False) -> None:
         assert self.ydoc is not None
+        if learn:
+            self._learn_roots(update)
         self._applying = True
         try:
             with self.txn():
@@ -452,6 +482,147 @@ class Replica:
         with self.txn():
             state = self.ydoc.get_update()
         store.snapshot(self.doc, state, [self.state.export(), self.roots]).add_done_callback(_logged_failure)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+
+    def _states(self) -> list[bytes]:
+        """The states of the checkpoints we hold, in the order the rules hold them."""
+        return [self.cp_states[cp.digest] for cp in self.state.checkpoints]
+
+    def _maybe_checkpoint(self) -> None:
+        """Propose a checkpoint once the log holds ``compact_every`` envelopes, if it falls to
+        us: the owner (an owner document), else the replica with the lowest PeerId among those
+        we meet (one proposer at a time, not one per replica)."""
+        every = self.cfg.compact_every
+        if not every or self._proposing or len(self.state.log) < every or time.monotonic() < self._propose_after:
+            return
+        if self.owner is not None:
+            if self.owner != self.me:
+                return
+        else:
+            peers = self.peers()
+            if self.cfg.checkpoint_quorum > 1 and not peers:
+                return
+            if any(p.to_bytes() < self.me for p in peers):
+                return
+        self._proposing = True
+        self.host.spawn(self._checkpoint_round())
+
+    async def _checkpoint_round(self) -> None:
+        try:
+            await self._propose()
+        except LatticaError as exc:
+            log.debug("crdt checkpoint round failed", doc=self.name, error=str(exc))
+            self._propose_after = time.monotonic() + 30.0
+        finally:
+            self._proposing = False
+
+    async def _propose(self) -> None:
+        peers = self.peers()
+        random.shuffle(peers)
+        # first what they hold and we lack (and their checkpoints): the proposal covers it
+        await asyncio.gather(*(self.sync_with(p) for p in peers), return_exceptions=True)
+        if self.closed:
+            return
+        made = self.state.propose(self._states())
+        if made is None:
+            self._propose_after = time.monotonic() + REBUILD_GAP
+            return
+        cp, canon = made
+        if len(canon) > MAX_STATE:
+            log.warning("crdt document too large to checkpoint", doc=self.name, state_bytes=len(canon))
+            self._propose_after = time.monotonic() + 600.0
+            return
+        cp = cp.signed(self.host.keypair, self._certs())
+        for peer in peers:
+            if self._settled(cp):
+                break
+            try:
+                await self.sync_with(peer)  # (it holds what we hold: it can check the checkpoint)
+                answer = await self.rt.call(_ref(peer, self.doc), "checkpoint", (cp.to_bytes(), None), {}, timeout=10.0)
+            except LatticaError as exc:
+                log.debug("crdt checkpoint not signed by a peer", doc=self.name, peer=peer.short(), error=str(exc))
+                continue
+            cp = cp.with_signatures(_parse_signatures(answer))
+        if self.closed:
+            return
+        if not self._settled(cp):
+            self._propose_after = time.monotonic() + 30.0
+            log.info("crdt checkpoint not signed by enough members yet", doc=self.name, signatures=len(cp.signatures))
+            return
+        why = self._take_checked(cp, None)
+        if why:
+            log.info("crdt checkpoint not taken", doc=self.name, reason=why)
+            return
+        for peer in self.peers():
+            self.host.spawn(self._announce(peer, cp))
+
+    async def _announce(self, peer: PeerId, cp: Checkpoint) -> None:
+        try:
+            await self.rt.call(_ref(peer, self.doc), "checkpoint", (cp.to_bytes(), None), {}, timeout=10.0)
+        except LatticaError as exc:
+            log.debug("crdt checkpoint not announced", doc=self.name, peer=peer.short(), error=str(exc))
+
+    def _settled(self, cp: Checkpoint) -> bool:
+        """Whether ``cp`` carries the signatures a replica that cannot check it needs: the
+        owner's (an owner document), else ``checkpoint_quorum`` members'."""
+        sigs = cp.valid_signatures()
+        if self.owner is not None:
+            return any(s.signer == self.owner for s in sigs)
+        members = sum(1 for s in sigs if self._member_at(s.signer, s.certs, s.ts))
+        return members >= max(1, self.cfg.checkpoint_quorum)
+
+    def _take_checked(self, cp: Checkpoint, state: bytes | None, via: PeerId | None = None) -> str:
+        """Take ``cp`` (settled): checked against our own log if we hold what it covers, else,
+        with its ``state``, on its signatures. Why not ("" if taken)."""
+        if any(cp.digest == have.digest for have in self.state.checkpoints):
+            return ""
+        why, canon = self.state.check(cp, self._states())
+        merge = False
+        if why == "we do not hold everything it covers" and state is not None:
+            canon, merge, why = state, True, ""
+        if why:
+            return why
+        old = {c.digest for c in self.state.checkpoints}
+        why, out = self.state.adopt(cp, canon)
+        if why:
+            return why
+        self.cp_states = {c.digest: self.cp_states.get(c.digest, canon) for c in self.state.checkpoints}
+        if merge:
+            self._apply(canon, learn=True)  # (Yjs merges: what we held and what it holds)
+        self.checkpoints_taken += 1
+        self.log_bytes = sum(e.size for e in self.state.log.all()) + sum(len(st) for st in self.cp_states.values())
+        store = self.svc.store
+        if store is not None and self.ydoc is not None:
+            self._since_snapshot = 0
+            with self.txn():
+                snap = self.ydoc.get_update()
+            dropped = list(old - set(self.cp_states))
+            store.compact(self.doc, cp.to_bytes(), cp.digest, canon, dict(self.state.base), dropped,
+                          (snap, [self.state.export(), self.roots])).add_done_callback(_logged_failure)
+        log.info("crdt checkpoint taken", doc=self.name, chains=len(cp.heads), state_bytes=len(canon),
+                 log_envelopes=len(self.state.log), checked=not merge)
+        self._after(out, via)
+        return ""
+
+    def _from_peer(self, cp: Checkpoint, state: bytes | None, via: PeerId | None) -> str:
+        """A settled checkpoint a peer gave: take it (or fetch its state by a sync if we cannot
+        check it without). Why not ("" if taken)."""
+        if any(cp.digest == have.digest for have in self.state.checkpoints):
+            return ""
+        if not self._settled(cp):
+            why = "checkpoint without the signatures it needs"
+        else:
+            why = self._take_checked(cp, state, via)
+            if why == "we do not hold everything it covers":
+                if via is not None:
+                    self.sync_soon(via)  # (its answer brings the checkpoint's state)
+                return why
+        if why:
+            self.refused += 1
+            self.state.refused_total["checkpoint: " + why] += 1
+            log.info("crdt checkpoint refused", doc=self.name, reason=why, via=via.short() if via else None)
+        return why
 
     # -- anti-entropy -------------------------------------------------------------------------------
 
@@ -492,18 +663,23 @@ class Replica:
         ref = _ref(peer, self.doc)
         for _ in range(16):  # pages of at most PAGE_BYTES each way
             answer = await self.rt.call(ref, "sync", (self.summary_wire(),), {}, timeout=timeout)
-            theirs, envs = _parse_answer(answer)
+            theirs, envs, given = _parse_answer(answer)
             self.heard(peer, theirs)
+            for cp, state in given:  # (we lack what it dropped for them: they come first)
+                self._from_peer(cp, state, peer)
             if envs:
                 self.receive(envs, peer)
             theirs = await self._push_missing(ref, theirs, timeout)
             self.heard(peer, theirs)
-            if len(envs) < MAX_PUSH and sum(e.size for e in envs) < PAGE_BYTES:
+            if not given and len(envs) < MAX_PUSH and sum(e.size for e in envs) < PAGE_BYTES:
                 self._synced.add(peer)
                 return theirs
         return theirs
 
     async def _push_missing(self, ref: ActorRef, theirs: dict, timeout: float) -> dict:
+        for cp in self.state.checkpoints_for(theirs)[:MAX_CHECKPOINTS_SENT]:  # (it lacks what we dropped for them)
+            answer = await self.rt.call(ref, "checkpoint", (cp.to_bytes(), self.cp_states[cp.digest]), {}, timeout=timeout)
+            theirs = _parse_summary(answer[1] if type(answer) is list and len(answer) == 2 else None)
         proofs = self.state.proofs_for(theirs)  # (it holds chains we ended past their end: it should end them too)
         for _ in range(16):
             missing = (proofs + self.state.missing_for(theirs, PAGE_BYTES))[:MAX_PUSH]
@@ -536,6 +712,7 @@ class Replica:
             if peers and time.monotonic() - last >= self.cfg.sync_interval:
                 last = time.monotonic()
                 self.sync_soon(random.choice(peers))
+            self._maybe_checkpoint()
 
     async def commit(self, replicas: int, timeout: float) -> int:
         """Flush, wait until our changes are durable here and held by ``replicas`` other
@@ -611,19 +788,25 @@ class Replica:
         return {"name": self.name, "id": self.doc.hex(), "applied": self.applied, "refused": self.refused,
                 "refused_by_reason": dict(self.state.refused_total), "forks": len(self.state.forks),
                 "held": self.state.held(), "chains": len(self.state.heads), "log_bytes": self.log_bytes,
-                "peers": len(self.peers()), "acl_version": self.state.acl_version, "rebuilds": self.rebuilds}
+                "peers": len(self.peers()), "acl_version": self.state.acl_version, "rebuilds": self.rebuilds,
+                "log_envelopes": len(self.state.log), "checkpoints": len(self.state.checkpoints),
+                "checkpoints_taken": self.checkpoints_taken}
 
     def _is_member(self, env: Envelope) -> bool:
         """(mesh documents) Whether the author was a member of our mesh when it signed."""
-        if env.author == self.me:
+        return self._member_at(env.author, env.certs, env.ts)
+
+    def _member_at(self, who: bytes, certs: tuple[bytes, ...], ts: int) -> bool:
+        """Whether ``who`` was a member of our mesh at ``ts`` (ms), by ``certs``."""
+        if who == self.me:
             return True
         trust = self.host.trust
         if trust.open:
             return True
-        if env.ts > (time.time() + 60) * 1000:
+        if ts > (time.time() + 60) * 1000:
             return False  # signed in the future: a certificate's window cannot be stretched that way
         try:
-            verdict = trust.judge(PeerId.from_bytes(env.author), list(env.certs), env.ts / 1000)
+            verdict = trust.judge(PeerId.from_bytes(who), list(certs), ts / 1000)
         except LatticaError:
             return False
         return verdict.circle != "stranger"
@@ -668,12 +851,13 @@ class ReplicaActor:
         if caller is not None and not r._sync_calls.take(caller):
             raise PermissionDenied(f"{caller} asks {r.rt.peer_id} to sync {r.name!r} too often")
         missing = (r.state.proofs_for(theirs) + r.state.missing_for(theirs, PAGE_BYTES))[:MAX_PUSH]
+        given = [[cp.to_bytes(), r.cp_states[cp.digest]] for cp in r.state.checkpoints_for(theirs)[:MAX_CHECKPOINTS_SENT]]
         if caller is not None and caller != r.rt.peer_id:
             r._synced.add(caller)  # (it syncs with us: we need not start one of our own)
             r.heard(caller, theirs, missing)
             if any(r.state.head(c)[0] < s for c, s in theirs.items()):
                 r.sync_soon(caller)  # it holds what we lack: push it here
-        return [r.summary_wire(), [e.to_bytes() for e in missing]]
+        return [r.summary_wire(), [e.to_bytes() for e in missing], given]
 
     async def push(self, envs: list) -> list:
         """Envelopes the caller found we lack; answers what we hold afterwards."""
@@ -694,6 +878,34 @@ class ReplicaActor:
         r.receive(decoded, caller)
         return r.summary_wire()
 
+    async def checkpoint(self, raw: Any, state: Any = None) -> list:
+        """A checkpoint: proposed (``state`` None, not yet settled: we check it against our log
+        and answer our signature if it is right), or settled (we take it; ``state`` for a replica
+        that lacks what it covers). Answers ``[our signatures, our summary]``."""
+        r = self._r
+        caller = current_caller()
+        if caller is not None and not r._cp_calls.take(caller):
+            raise PermissionDenied(f"{caller} sends {r.rt.peer_id} checkpoints of {r.name!r} too often")
+        if state is not None and (type(state) is not bytes or len(state) > MAX_STATE):
+            raise ProtocolError(f"a checkpoint's state is bytes, at most {MAX_STATE}")
+        try:
+            cp = Checkpoint.from_bytes(raw)
+        except MalformedUpdate as exc:
+            r.count_malformed("checkpoint")
+            raise ProtocolError(str(exc)) from None
+        if cp.doc != r.doc:
+            raise ProtocolError("a checkpoint of another document")
+        mine: list = []
+        if state is None and not r._settled(cp):
+            why, _ = r.state.check(cp, r._states())
+            if not why:
+                mine = [[s.signer, s.ts, list(s.certs), s.sig] for s in cp.signed(r.host.keypair, r._certs()).signatures if s.signer == r.me]
+            elif why == "we do not hold everything it covers" and caller is not None:
+                r.sync_soon(caller)
+        else:
+            r._from_peer(cp, state, caller)
+        return [mine, r.summary_wire()]
+
 
 def _parse_summary(raw: Any) -> dict:
     if type(raw) is not list or len(raw) > MAX_SUMMARY:
@@ -707,16 +919,38 @@ def _parse_summary(raw: Any) -> dict:
     return out
 
 
-def _parse_answer(raw: Any) -> tuple[dict, list[Envelope]]:
-    if type(raw) is not list or len(raw) != 2 or type(raw[1]) is not list or len(raw[1]) > MAX_PUSH:
-        raise ProtocolError("a sync answer is [summary, envelopes]")
+def _parse_answer(raw: Any) -> tuple[dict, list[Envelope], list[tuple[Checkpoint, bytes]]]:
+    if (type(raw) is not list or len(raw) != 3 or type(raw[1]) is not list or len(raw[1]) > MAX_PUSH
+            or type(raw[2]) is not list or len(raw[2]) > MAX_CHECKPOINTS_SENT):
+        raise ProtocolError("a sync answer is [summary, envelopes, checkpoints]")
     envs = []
     for item in raw[1]:
         try:
             envs.append(decode_any(item, MAX_BODY))
         except MalformedUpdate:
             continue
-    return _parse_summary(raw[0]), envs
+    given = []
+    for item in raw[2]:
+        if type(item) is not list or len(item) != 2 or type(item[1]) is not bytes or len(item[1]) > MAX_STATE:
+            raise ProtocolError("a sync answer's checkpoint is [checkpoint, state]")
+        try:
+            given.append((Checkpoint.from_bytes(item[0]), item[1]))
+        except MalformedUpdate as exc:
+            raise ProtocolError(str(exc)) from None
+    return _parse_summary(raw[0]), envs, given
+
+
+def _parse_signatures(raw: Any) -> list[Signature]:
+    """Signatures a peer answered a proposal with (checked later, with the checkpoint's)."""
+    if type(raw) is not list or len(raw) != 2 or type(raw[0]) is not list or len(raw[0]) > MAX_SIGNATURES:
+        raise ProtocolError("a checkpoint answer is [signatures, summary]")
+    out = []
+    for s in raw[0]:
+        if (type(s) is not list or len(s) != 4 or type(s[0]) is not bytes or type(s[1]) is not int or not 0 <= s[1] < 1 << 63
+                or type(s[2]) is not list or not all(type(c) is bytes for c in s[2]) or len(s[2]) > 4 or type(s[3]) is not bytes):
+            raise ProtocolError("a checkpoint signature is [signer, time, certificates, signature]")
+        out.append(Signature(s[0], s[1], tuple(s[2]), s[3]))
+    return out
 
 
 def _short(author: bytes) -> str:

@@ -34,17 +34,20 @@ DOC = "bench/doc"
 
 
 def simulate_crdt(replicas: int = 20, runs: int = 100, *, partitions: int = 3, edits: int = 40, links: int = 4,
-                  limit: float = 30.0, seed: int = 1, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """``runs`` runs, each on a fresh event loop (see the module docstring); the figures."""
+                  limit: float = 30.0, seed: int = 1, compact_every: int = 0,
+                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """``runs`` runs, each on a fresh event loop (see the module docstring); the figures.
+    ``compact_every``: replicas checkpoint their logs that often (0: never), partitions or not."""
     times: list[float] = []
     diverged = 0
     started = time.perf_counter()
-    applied = refused = 0
+    applied = refused = taken = 0
     for run in range(runs):
         gc.collect()
-        t, a, r = asyncio.run(_one_run(replicas, partitions, edits, links, limit, random.Random(seed * 1_000_003 + run)))
+        t, a, r, c = asyncio.run(_one_run(replicas, partitions, edits, links, limit, random.Random(seed * 1_000_003 + run), compact_every))
         applied += a
         refused += r
+        taken += c
         if t is None:
             diverged += 1
         else:
@@ -56,15 +59,16 @@ def simulate_crdt(replicas: int = 20, runs: int = 100, *, partitions: int = 3, e
             "converged": len(times), "diverged": diverged,
             "converge_ms_p50": round(times[len(times) // 2] * 1000) if times else None,
             "converge_ms_max": round(times[-1] * 1000) if times else None,
-            "envelopes_applied": applied, "refused": refused, "wall_s": round(time.perf_counter() - started, 1)}
+            "envelopes_applied": applied, "refused": refused, "compact_every": compact_every, "checkpoints_taken": taken, "wall_s": round(time.perf_counter() - started, 1)}
 
 
-async def _one_run(n: int, partitions: int, edits: int, links: int, limit: float, rng: random.Random) -> tuple[float | None, int, int]:
+async def _one_run(n: int, partitions: int, edits: int, links: int, limit: float, rng: random.Random,
+                   compact_every: int = 0) -> tuple[float | None, int, int, int]:
     net = MemoryNetwork()
     nodes: list[Node] = []
     edges: list[tuple[int, int]] = []
     try:
-        cfg = CrdtConfig(path="memory", sync_interval=2.0)
+        cfg = CrdtConfig(path="memory", sync_interval=2.0, compact_every=compact_every)
         for i in range(n):
             node = Node(["/memory/0"], memory_network=net, mesh="open", max_connections=4096, membership=False, content=False,
                         pubsub=PubSubConfig(discover=False), crdt=cfg)  # type: ignore[arg-type]
@@ -92,7 +96,7 @@ async def _one_run(n: int, partitions: int, edits: int, links: int, limit: float
         healed = time.monotonic()
         ok = await _until(lambda: _same(reps), limit)
         took = time.monotonic() - healed if ok else None
-        return took, sum(r.applied for r in reps), sum(r.refused for r in reps)
+        return took, sum(r.applied for r in reps), sum(r.refused for r in reps), sum(r.checkpoints_taken for r in reps)
     finally:
         for node in nodes:
             await node.astop()

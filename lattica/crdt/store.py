@@ -3,7 +3,8 @@
 Each document's applied envelopes are appended in the order they were applied (so reading them
 back in order replays the document, and serves peers in an order they can apply); a snapshot
 holds the document's encoded state and the replica's book-keeping at a position of the log, so
-reopening applies only what came after it. SQLite's WAL gives the crash safety: a transaction is
+reopening applies only what came after it. A checkpoint the replica took replaces the envelopes
+it covers (they are deleted in the same transaction that records it). SQLite's WAL gives the crash safety: a transaction is
 all there after a crash or not at all (a torn tail of the WAL is discarded when the database is
 opened), and with ``fsync`` a commit returns only once it is on disk. The loop never waits on the
 disk: every statement runs on the store's thread, and callers get futures.
@@ -35,6 +36,7 @@ CREATE TABLE IF NOT EXISTS envelopes(
     seq INTEGER NOT NULL, raw BLOB NOT NULL, UNIQUE(doc, author, nonce, seq));
 CREATE INDEX IF NOT EXISTS envelopes_doc ON envelopes(doc, pos);
 CREATE TABLE IF NOT EXISTS snapshots(doc BLOB PRIMARY KEY, pos INTEGER NOT NULL, state BLOB NOT NULL, meta BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS checkpoints(doc BLOB NOT NULL, digest BLOB NOT NULL, raw BLOB NOT NULL, state BLOB NOT NULL, PRIMARY KEY(doc, digest));
 """
 
 
@@ -99,10 +101,11 @@ class Store:
         return self._db.execute("SELECT name, owner, nonce, clean FROM docs WHERE doc=?", (doc,)).fetchone()
 
     def load(self, doc: bytes) -> concurrent.futures.Future:
-        """``(nonce or None, snapshot or None, [(pos, Envelope)])`` of ``doc``: our chain's
-        nonce (None unless the document was closed cleanly: after a crash, envelopes we signed
-        may have reached peers and not our disk, so our chain must not go on from here), the
-        latest snapshot ``(pos, state, meta)`` and every envelope in log order."""
+        """``(nonce or None, snapshot or None, [(pos, Envelope)], [(checkpoint, state)])`` of
+        ``doc``: our chain's nonce (None unless the document was closed cleanly: after a crash,
+        envelopes we signed may have reached peers and not our disk, so our chain must not go on
+        from here), the latest snapshot ``(pos, state, meta)``, every envelope in log order and
+        the checkpoints taken (raw bytes) with their states."""
 
         def load() -> tuple:
             assert self._db is not None
@@ -112,7 +115,8 @@ class Store:
             for pos, raw in self._db.execute("SELECT pos, raw FROM envelopes WHERE doc=? ORDER BY pos", (doc,)):
                 envs.append((pos, Envelope.from_bytes(raw)))
             meta = None if snap is None else (snap[0], snap[1], msgpack.unpackb(snap[2], strict_map_key=False))
-            return (row[2] if row and row[3] else None), meta, envs
+            cps = [(bytes(r[0]), bytes(r[1])) for r in self._db.execute("SELECT raw, state FROM checkpoints WHERE doc=?", (doc,))]
+            return (row[2] if row and row[3] else None), meta, envs, cps
 
         return self.run(load)
 
@@ -151,6 +155,31 @@ class Store:
             assert self._db is not None
             pos = self._db.execute("SELECT COALESCE(MAX(pos), 0) FROM envelopes WHERE doc=?", (doc,)).fetchone()[0]
             self._db.execute("INSERT OR REPLACE INTO snapshots VALUES (?, ?, ?, ?)", (doc, pos, state, blob))
+
+        return self.run(put)
+
+    def compact(self, doc: bytes, raw: bytes, digest: bytes, state: bytes, covers: dict, dropped: list[bytes],
+                snapshot: tuple[bytes, Any]) -> concurrent.futures.Future:
+        """In one transaction: record a checkpoint (``raw``, its ``digest`` and ``state``), forget
+        the ones it supersedes (``dropped`` digests), delete the envelopes it covers (``covers``:
+        seq per chain) and record ``snapshot`` ``(state, meta)`` of the document now."""
+        blob = msgpack.packb(snapshot[1])
+        cut = [(doc, a, n, seq) for (a, n), seq in covers.items()]
+
+        def put() -> None:
+            assert self._db is not None
+            db = self._db
+            db.execute("BEGIN")
+            try:
+                db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?)", (doc, digest, raw, state))
+                db.executemany("DELETE FROM checkpoints WHERE doc=? AND digest=?", [(doc, d) for d in dropped])
+                db.executemany("DELETE FROM envelopes WHERE doc=? AND author=? AND nonce=? AND seq<=?", cut)
+                pos = db.execute("SELECT COALESCE(MAX(pos), 0) FROM envelopes WHERE doc=?", (doc,)).fetchone()[0]
+                db.execute("INSERT OR REPLACE INTO snapshots VALUES (?, ?, ?, ?)", (doc, pos, snapshot[0], blob))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
 
         return self.run(put)
 

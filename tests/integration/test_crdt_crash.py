@@ -99,7 +99,7 @@ def test_killed_mid_write_the_store_reopens_to_whole_chains(tmp_path, round_):
     try:
         docs = store.documents().result(10)
         assert [d[1] for d in docs] == ["crash"]
-        nonce, snap, envs = store.load(docs[0][0]).result(30)
+        nonce, snap, envs, _ = store.load(docs[0][0]).result(30)
         assert nonce is None and envs  # (killed, never closed: the next session starts a new chain)
         seqs: dict = {}
         for _, env in envs:

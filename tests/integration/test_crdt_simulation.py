@@ -23,6 +23,15 @@ def test_10_replicas_converge_after_partitions_heal():
     _check(simulate_crdt(10, runs=5, seed=3), 5)
 
 
+@pytest.mark.timeout(300)
+def test_10_replicas_converge_while_they_compact_their_logs_during_partitions():
+    """A checkpoint every 10 envelopes: checkpoints are made on each side of a partition, the
+    two sides take each other's after the heal, and still converge."""
+    r = simulate_crdt(10, runs=5, seed=4, compact_every=10)
+    _check(r, 5)
+    assert r["checkpoints_taken"] > 0, r
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_20_replicas_100_runs():

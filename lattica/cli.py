@@ -99,8 +99,9 @@ def _bench(args: argparse.Namespace) -> None:
             _print(simulate_nodes(n, messages=1000, progress=say), args.json)
             _print(simulate_nodes(n, messages=1000, kill=0.1, seed=2, progress=say), args.json)
     if which in ("crdt", "all"):
-        from lattica.bench.crdt import bench_crdt  # lazy: see the note above _bench
+        from lattica.bench.crdt import bench_compaction, bench_crdt  # lazy: see the note above _bench
 
+        _print(bench_compaction(), args.json)
         for row in bench_crdt():
             _print(row, args.json)
     if which == "crdt-sim":

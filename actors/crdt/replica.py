@@ -543,7 +543,10 @@ class Replica:
             except LatticaError as exc:
                 log.debug("crdt checkpoint not signed by a peer", doc=self.name, peer=peer.short(), error=str(exc))
                 continue
-            cp = cp.with_signatures(_parse_signatures(answer))
+            # (its own signature only, and only one that verifies: junk cannot fill the slots)
+            theirs = [sig for sig in _parse_signatures(answer) if sig.signer == peer.to_bytes()]
+            if theirs and Checkpoint(cp.doc, cp.heads, cp.state_hash, tuple(theirs[:1])).valid_signatures():
+                cp = cp.with_signatures(theirs[:1])
         if self.closed:
             return
         if not self._settled(cp):

@@ -13,6 +13,11 @@ to convergence per run (p50/max), and runs that had not converged after ``limit`
 ``bench_crdt``: three node processes, all connected, one document: a map set made on one is
 visible at the others after (p50/p99), then sets/s applied at each other replica when the first
 writes as fast as it can (every envelope verified: signature, chain, client ids, deps).
+
+``bench_compaction``: one replica's rules (no network) over a log of ``envelopes`` small changes
+by three writers: the log's bytes against the checkpoint state's, the time to propose and to check
+a checkpoint (the merge of the whole log), and a newcomer's catch-up by replaying the log (every
+signature verified) against taking the checkpoint.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from lattica.config import CrdtConfig, PubSubConfig
 from lattica.node import Node
 from lattica.transports.memory import MemoryNetwork
 
-__all__ = ["simulate_crdt", "bench_crdt", "CrdtPeer"]
+__all__ = ["simulate_crdt", "bench_crdt", "bench_compaction", "CrdtPeer"]
 
 DOC = "bench/doc"
 
@@ -141,6 +146,70 @@ async def _until(pred: Callable[[], bool], limit: float) -> bool:
             return False
         await asyncio.sleep(0.02)
     return True
+
+
+# -- compaction, sans-IO ---------------------------------------------------------------------------
+
+
+def bench_compaction(envelopes: int = 10_000, writers: int = 3) -> dict[str, Any]:
+    """See the module docstring."""
+    import os  # (nonces; only this bench)
+
+    import pycrdt
+
+    from lattica.crdt.envelope import GENESIS, client_id, doc_id, sign
+    from lattica.crdt.replica import ReplicaState
+    from lattica.crdt.yupdate import read_update
+    from lattica.identity import KeyPair
+
+    doc = doc_id(DOC, None)
+    rng = random.Random(1)
+    ws = []
+    for _ in range(writers):
+        keys, nonce = KeyPair.generate(), os.urandom(8)
+        ydoc = pycrdt.Doc(client_id=client_id(doc, keys.peer_id.to_bytes(), nonce))
+        ws.append([keys, nonce, ydoc, 0, GENESIS])
+    log: list = []
+    for i in range(envelopes):
+        w = ws[i % writers]
+        keys, nonce, ydoc, seq, prev = w
+        got: list[bytes] = []
+        sub = ydoc.observe(lambda e: got.append(e.update))
+        with ydoc.transaction():
+            ydoc.get("m", type=pycrdt.Map)[str(rng.randrange(200))] = i
+        ydoc.unobserve(sub)
+        client = ydoc.client_id
+        deps = {c: k for c, k in read_update(got[0]).needs.items() if c != client}
+        env = sign(keys, doc, nonce, seq + 1, prev, deps, got[0])
+        w[3], w[4] = seq + 1, env.id
+        log.append(env)
+        for other in ws:
+            if other is not w:
+                other[2].apply_update(got[0])
+    t0 = time.perf_counter()
+    holder = ReplicaState(doc, None)
+    holder.receive(log)
+    replay = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    made = holder.propose([])
+    assert made is not None
+    cp, state = made
+    propose = time.perf_counter() - t0
+    checker = ReplicaState(doc, None)
+    checker.receive(log, verified=True)
+    t0 = time.perf_counter()
+    why, _ = checker.check(cp, [])
+    check = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    newcomer = ReplicaState(doc, None)
+    why2, _ = newcomer.adopt(cp, state)
+    ydoc = pycrdt.Doc()
+    ydoc.apply_update(state)
+    adopt = time.perf_counter() - t0
+    return {"bench": "crdt", "case": "compaction", "envelopes": envelopes, "writers": writers,
+            "log_bytes": sum(e.size for e in log), "state_bytes": len(state), "checked": why == "" and why2 == "",
+            "propose_ms": round(propose * 1000, 1), "check_ms": round(check * 1000, 1),
+            "newcomer_replay_ms": round(replay * 1000), "newcomer_from_checkpoint_ms": round(adopt * 1000, 1)}
 
 
 # -- real processes ---------------------------------------------------------------------------------

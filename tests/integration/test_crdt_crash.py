@@ -1,7 +1,8 @@
 """CRDT replicas under real crashes: a process SIGKILLed right after ``commit(replicas=1)``
 returned (the change lives on in the other replica and comes back to a restarted one, from its
-own disk or from the peer), and processes SIGKILLed again and again mid-write (the store reopens
-to a whole prefix of each chain: no torn envelope, no gap)."""
+own disk or from the peer), processes SIGKILLed again and again mid-write (the store reopens
+to a whole prefix of each chain: no torn envelope, no gap), and again while they compact their
+logs (a checkpoint and the deletion of what it covers are one transaction)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,14 @@ TCP = "/ip4/127.0.0.1/tcp/0"
 
 WRITER = r"""
 import sys, time, lattica
+from lattica.config import CrdtConfig
 boot, key_path, mode = sys.argv[1], sys.argv[2], sys.argv[3]
-lattica.init([], bootstrap=[boot] if boot else [], key_path=key_path)
-doc = lattica.crdt.open("crash")
+if mode == "compact":  # an owner document (its owner checkpoints alone), a checkpoint every 20 envelopes
+    lattica.init([], key_path=key_path, crdt=CrdtConfig(compact_every=20))
+    doc = lattica.crdt.open("crash", owner=True)
+else:
+    lattica.init([], bootstrap=[boot] if boot else [], key_path=key_path)
+    doc = lattica.crdt.open("crash")
 if mode == "commit":
     with doc.transaction():
         doc.map("m")["precious"] = "kept"
@@ -37,7 +43,7 @@ if mode == "commit":
 elif mode == "read":
     time.sleep(float(sys.argv[4]))
     print(repr(doc.to_py()), flush=True)
-else:  # "churn": write and commit without end
+else:  # "churn", "compact": write and commit without end
     print("ready", flush=True)
     for i in range(10**9):
         with doc.transaction():
@@ -114,3 +120,42 @@ def test_killed_mid_write_the_store_reopens_to_whole_chains(tmp_path, round_):
     with lattica.Node([TCP], mesh=key, key_path=keyfile, crdt=CrdtConfig(path=store_dir)) as n:
         d = lattica.crdt.open("crash", node=n)
         assert len(d.to_py()["m"]) == 50 and d.stats()["refused"] == 0
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_killed_while_compacting_the_store_reopens_to_a_checkpoint_and_whole_chains_after_it(tmp_path, round_):
+    from lattica.crdt.checkpoint import Checkpoint, check_state
+
+    key = MeshKey.generate()
+    store_dir = str(tmp_path / "store")
+    keyfile = str(tmp_path / "k")
+    for kill in range(3):
+        proc = _start(["", keyfile, "compact"], _env(key, store_dir))
+        try:
+            assert proc.stdout.readline() == "ready\n", proc.stderr.read() if proc.poll() is not None else ""
+            time.sleep(random.uniform(0.3, 1.0))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+    store = Store(os.path.join(store_dir, "crdt.sqlite"))
+    try:
+        docs = store.documents().result(10)
+        nonce, snap, envs, cps = store.load(docs[0][0]).result(30)
+        assert len(cps) == 1, "no checkpoint made (or a superseded one kept)"
+        cp = Checkpoint.from_bytes(cps[0][0])
+        assert check_state(cp, cps[0][1])[0] == ""
+        covers = cp.covers()
+        seqs: dict = {}
+        for _, env in envs:
+            if env.kind:  # (the owner's writers list: never compacted)
+                continue
+            assert env.verify()
+            assert env.seq > covers.get(env.chain, 0), "an envelope the checkpoint covers was kept"
+            assert env.seq == seqs.get(env.chain, covers.get(env.chain, 0)) + 1, "a gap or a repeat in a chain"
+            seqs[env.chain] = env.seq
+    finally:
+        store.close()
+    with lattica.Node([TCP], mesh=key, key_path=keyfile, crdt=CrdtConfig(path=store_dir)) as n:
+        d = lattica.crdt.open("crash", node=n, owner=True)
+        s = d.stats()
+        assert len(d.to_py()["m"]) == 50 and s["refused"] == 0 and s["checkpoints"] == 1, s

@@ -50,6 +50,8 @@ MAX_SUMMARY = MAX_CHAINS  # chains one summary names
 MAX_PUSH = 1024  # envelopes one push or sync answer carries
 PAGE_BYTES = 4 << 20  # and about this many bytes
 MAX_CHECKPOINTS_SENT = 1  # checkpoints (with their states, up to MAX_STATE each) in one answer
+SYNC_BYTES_RATE = 16 << 20  # bytes a second our sync answers send one peer on average
+SYNC_BYTES_BURST = 64 << 20  # (a checkpoint's state, up to 48 MiB, goes in one answer)
 MAX_BODY = 8 << 20  # (each replica refuses what is over its own max_update_bytes)
 REBUILD_GAP = 1.0  # seconds at least between two rebuilds of a document
 # refusals a forwarder should have seen for itself: its copy is rejected (scored down); others
@@ -131,6 +133,7 @@ class Replica:
         self.rebuilds = 0
         self._declared: set[str] = set()  # roots this node's code named (their types are what it said)
         self._sync_calls = Buckets(20.0, 40.0, 1024)  # sync and push calls each peer may make of us
+        self._sync_bytes = Buckets(SYNC_BYTES_RATE, SYNC_BYTES_BURST, 1024)  # and the bytes our answers send it
         self._observing: Any = None  # our subscription to the pycrdt document's transactions
         self._tl = threading.local()  # per thread: how deep in our own transactions
         self._rebuild_handle: asyncio.TimerHandle | None = None
@@ -853,8 +856,12 @@ class ReplicaActor:
         caller = current_caller()
         if caller is not None and not r._sync_calls.take(caller):
             raise PermissionDenied(f"{caller} asks {r.rt.peer_id} to sync {r.name!r} too often")
+        if caller is not None and r._sync_bytes.wait(caller) > 0:
+            raise PermissionDenied(f"{caller} had {r.rt.peer_id} send more of {r.name!r} than it sends a peer a second")
         missing = (r.state.proofs_for(theirs) + r.state.missing_for(theirs, PAGE_BYTES))[:MAX_PUSH]
         given = [[cp.to_bytes(), r.cp_states[cp.digest]] for cp in r.state.checkpoints_for(theirs)[:MAX_CHECKPOINTS_SENT]]
+        if caller is not None:  # (into debt: the next answer waits until it is paid off)
+            r._sync_bytes.take(caller, sum(e.size for e in missing) + sum(len(g[1]) for g in given), force=True)
         if caller is not None and caller != r.rt.peer_id:
             r._synced.add(caller)  # (it syncs with us: we need not start one of our own)
             r.heard(caller, theirs, missing)

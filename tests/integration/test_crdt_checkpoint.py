@@ -195,3 +195,22 @@ def test_an_owner_document_is_compacted_by_its_owner_alone(trio):
     assert [s.signer for s in cp.valid_signatures()] == [owner.peer_id.to_bytes()]
     _write(theirs, "more", 2)
     assert wait_for(lambda: mine.to_py() == theirs.to_py(), timeout=10)
+
+
+def test_sync_answers_to_one_peer_are_bounded_in_bytes_per_second(trio):
+    """What one peer may have a replica send it (a summary of nothing asks for everything):
+    answers go into a per-peer byte budget, and once it is spent the next sync is refused."""
+    from lattica.budget import Buckets
+    from lattica.errors import PermissionDenied
+
+    key, nodes = trio
+    a, b, _ = nodes
+    docs = [lattica.crdt.open("swarm/bytes", node=n) for n in (a, b)]
+    wait_for(lambda: all(len(d.peers()) >= 1 for d in docs), timeout=10)
+    _write(docs[0], "k", 10)
+    replica = _replica(a, docs[0])
+    replica._sync_bytes = Buckets(100.0, 3000.0, 16)  # (the real budget is 16 MiB/s, 64 MiB at once)
+    first = _call(b, a, docs[0], "sync", [])
+    assert len(first[1]) == 10  # ~3 KB: spent (into debt)
+    with pytest.raises(PermissionDenied, match="more of"):
+        _call(b, a, docs[0], "sync", [])

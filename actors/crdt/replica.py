@@ -28,7 +28,7 @@ import pycrdt
 
 from lattica.budget import Buckets
 from lattica.crdt.checkpoint import MAX_SIGNATURES, MAX_STATE, Checkpoint, Signature
-from lattica.crdt.envelope import ACL, MAX_DEPS, Acl, Envelope, client_id, decode_any, sign, sign_acl
+from lattica.crdt.envelope import ACL, MAX_AUTHOR, MAX_CERT, MAX_CERTS, MAX_DEPS, Acl, Envelope, client_id, decode_any, sign, sign_acl
 from lattica.crdt.replica import MAX_CHAINS, MemoryLog, Outcome, ReplicaState
 from lattica.crdt.yupdate import read_update
 from lattica.errors import CrdtError, LatticaError, MalformedUpdate, NotAWriter, PermissionDenied, ProtocolError, Timeout, UpdateRejected
@@ -142,6 +142,7 @@ class Replica:
         self._proposing = False
         self._propose_after = 0.0
         self._cp_calls = Buckets(1.0, 4.0, 1024)  # checkpoint calls each peer may make of us (each may cost a merge)
+        self._cp_calls_all = Buckets(2.0, 8.0, 1)  # and all peers together
         self.checkpoints_taken = 0
 
     # -- opening -----------------------------------------------------------------------------------
@@ -506,7 +507,10 @@ class Replica:
             peers = self.peers()
             if self.cfg.checkpoint_quorum > 1 and not peers:
                 return
-            if any(p.to_bytes() < self.me for p in peers):
+            # the lowest proposes at compact_every; should it not (gone, or hostile), the next at
+            # twice that, every other at three times (checkpoints made apart are taken alike)
+            rank = min(sum(1 for p in peers if p.to_bytes() < self.me), 2)
+            if len(self.state.log) < every * (1 + rank):
                 return
         self._proposing = True
         self.host.spawn(self._checkpoint_round())
@@ -514,8 +518,8 @@ class Replica:
     async def _checkpoint_round(self) -> None:
         try:
             await self._propose()
-        except LatticaError as exc:
-            log.debug("crdt checkpoint round failed", doc=self.name, error=str(exc))
+        except Exception as exc:  # (whatever a peer's answer did: back off, never retry at once)
+            log.info("crdt checkpoint round failed", doc=self.name, error=repr(exc))
             self._propose_after = time.monotonic() + 30.0
         finally:
             self._proposing = False
@@ -583,9 +587,14 @@ class Replica:
         with its ``state``, on its signatures. Why not ("" if taken)."""
         if any(cp.digest == have.digest for have in self.state.checkpoints):
             return ""
+        if self.state.superseded(cp):
+            return ""
         why, canon = self.state.check(cp, self._states())
         merge = False
         if why == "we do not hold everything it covers" and state is not None:
+            seq = next((s for a, n, s, _ in cp.heads if (a, n) == self.chain), 0)
+            if seq > self.state.head(self.chain)[0]:
+                return "it covers more of our own chain than we signed"
             canon, merge, why = state, True, ""
         if why:
             return why
@@ -894,8 +903,10 @@ class ReplicaActor:
         that lacks what it covers). Answers ``[our signatures, our summary]``."""
         r = self._r
         caller = current_caller()
-        if caller is not None and not r._cp_calls.take(caller):
+        if caller is not None and not (r._cp_calls.take(caller) and r._cp_calls_all.take()):
             raise PermissionDenied(f"{caller} sends {r.rt.peer_id} checkpoints of {r.name!r} too often")
+        if type(state) is memoryview:  # (large bytes arrive out of band, as a view)
+            state = state.tobytes()
         if state is not None and (type(state) is not bytes or len(state) > MAX_STATE):
             raise ProtocolError(f"a checkpoint's state is bytes, at most {MAX_STATE}")
         try:
@@ -906,6 +917,9 @@ class ReplicaActor:
         if cp.doc != r.doc:
             raise ProtocolError("a checkpoint of another document")
         mine: list = []
+        wrong = r.state.disagreeing(cp)
+        if wrong and caller is not None:  # (its author signed two envelopes for one place: show the caller ours)
+            r.host.spawn(r._tell(caller, wrong[:MAX_PUSH]))
         if state is None and not r._settled(cp):
             why, _ = r.state.check(cp, r._states())
             if not why:
@@ -941,10 +955,13 @@ def _parse_answer(raw: Any) -> tuple[dict, list[Envelope], list[tuple[Checkpoint
             continue
     given = []
     for item in raw[2]:
-        if type(item) is not list or len(item) != 2 or type(item[1]) is not bytes or len(item[1]) > MAX_STATE:
+        state = item[1] if type(item) is list and len(item) == 2 else None
+        if type(state) is memoryview:  # (large bytes arrive out of band, as a view)
+            state = state.tobytes()
+        if type(state) is not bytes or len(state) > MAX_STATE:
             raise ProtocolError("a sync answer's checkpoint is [checkpoint, state]")
         try:
-            given.append((Checkpoint.from_bytes(item[0]), item[1]))
+            given.append((Checkpoint.from_bytes(item[0]), state))
         except MalformedUpdate as exc:
             raise ProtocolError(str(exc)) from None
     return _parse_summary(raw[0]), envs, given
@@ -956,8 +973,9 @@ def _parse_signatures(raw: Any) -> list[Signature]:
         raise ProtocolError("a checkpoint answer is [signatures, summary]")
     out = []
     for s in raw[0]:
-        if (type(s) is not list or len(s) != 4 or type(s[0]) is not bytes or type(s[1]) is not int or not 0 <= s[1] < 1 << 63
-                or type(s[2]) is not list or not all(type(c) is bytes for c in s[2]) or len(s[2]) > 4 or type(s[3]) is not bytes):
+        if (type(s) is not list or len(s) != 4 or type(s[0]) is not bytes or not 0 < len(s[0]) <= MAX_AUTHOR
+                or type(s[1]) is not int or not 0 <= s[1] < 1 << 63 or type(s[2]) is not list or len(s[2]) > MAX_CERTS
+                or not all(type(c) is bytes and 0 < len(c) <= MAX_CERT for c in s[2]) or type(s[3]) is not bytes or len(s[3]) != 64):
             raise ProtocolError("a checkpoint signature is [signer, time, certificates, signature]")
         out.append(Signature(s[0], s[1], tuple(s[2]), s[3]))
     return out

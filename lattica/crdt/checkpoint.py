@@ -177,6 +177,8 @@ def check_state(cp: Checkpoint, state: bytes) -> tuple[str, UpdateInfo | None]:
         info = read_update_as_yrs(state)
     except MalformedUpdate as exc:
         return f"malformed state: {exc}", None
+    if canonical_state([state]) != state:
+        return "the state is not in its canonical form", None  # (an honest one is a merge's output)
     clients = {client_id(cp.doc, a, n) for a, n, _, _ in cp.heads}
     for c, (start, _) in info.structs.items():
         if c not in clients:

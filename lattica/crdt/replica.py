@@ -185,6 +185,7 @@ class ReplicaState:
         self.checkpoints: list[Checkpoint] = []
         self.base: dict[Chain, int] = {}  # per chain, the seq they cover
         self._cp_ends: dict[bytes, dict[int, int]] = {}  # per checkpoint, each client's clock in its state
+        self._checked: tuple[bytes, int, bytes] | None = None  # the last canonical state computed (heads, checkpoints, state)
 
     # -- reading ------------------------------------------------------------------------------------
 
@@ -290,13 +291,35 @@ class ReplicaState:
         for a, n, s, i in cp.heads:
             if s > self.frozen.get((a, n), s):
                 return "it covers a forked chain past its end", b""
-        bodies = self._covered(cp, states)
-        if bodies is None:
-            return "we do not hold everything it covers", b""
-        canon = canonical_state(bodies)
+        if self.disagreeing(cp):
+            return "it disagrees with an envelope we hold", b""
+        heads = Checkpoint(self.doc, cp.heads, bytes(32)).digest
+        if self._checked is not None and self._checked[0] == heads and self._checked[1] == len(self.checkpoints):
+            canon = self._checked[2]  # (the same heads make the same state: a second claim costs no merge)
+        else:
+            bodies = self._covered(cp, states)
+            if bodies is None:
+                return "we do not hold everything it covers", b""
+            canon = canonical_state(bodies)
+            self._checked = (heads, len(self.checkpoints), canon)
         if hashlib.sha256(canon).digest() != cp.state_hash:
             return "its state is not what the envelopes it covers make", b""
         return "", canon
+
+    def disagreeing(self, cp: Checkpoint) -> list[Envelope]:
+        """The envelopes we hold at places where ``cp`` names another (its author signed both:
+        a fork, which whoever holds the other sees once it gets ours)."""
+        out = []
+        for a, n, s, i in cp.heads:
+            if self.base.get((a, n), 0) < s:
+                env = self.log.get((a, n), s)
+                if env is not None and env.id != i:
+                    out.append(env)
+        return out
+
+    def superseded(self, cp: Checkpoint) -> bool:
+        """Whether a checkpoint we hold covers everything ``cp`` does (taking it adds nothing)."""
+        return any(_supersedes(have, cp) for have in self.checkpoints)
 
     def _covered(self, cp: Checkpoint, states: list[bytes]) -> list[bytes] | None:
         """The updates whose merge is ``cp``'s canonical state (merging is the same for any
@@ -349,8 +372,8 @@ class ReplicaState:
         out = Outcome()
         if cp.doc != self.doc:
             return "another document", out
-        if any(cp.digest == have.digest for have in self.checkpoints):
-            return "", out
+        if self.superseded(cp):
+            return "", out  # (nothing to take: an old one replayed, or ours again)
         why, info = check_state(cp, state)
         if info is None:
             return why, out
@@ -378,6 +401,15 @@ class ReplicaState:
                 new_chains += 1
         if len(self.heads) + new_chains > MAX_CHAINS:
             return "too many chains", out
+        # what we hold of the chains it covers must be in its state (it may add, never leave out)
+        ours = []
+        for a, n, s, _ in cp.heads:
+            for seq in range(self.base.get((a, n), 0) + 1, min(s, self.head((a, n))[0]) + 1):
+                env = self.log.get((a, n), seq)
+                if env is not None:
+                    ours.append(env.body)
+        if ours and canonical_state([state, *ours]) != state:
+            return "its state leaves out envelopes we hold", out
         kept = [have for have in self.checkpoints if not _supersedes(cp, have)]
         if len(kept) >= MAX_CHECKPOINTS:
             return "too many checkpoints", out

@@ -239,3 +239,145 @@ def test_a_rebuild_after_a_checkpoint_starts_from_it():
     new, out = a.rebuilt()
     assert new.summary() == a.summary() and [e.id for e in out.applied] == [later.id]
     assert new.checkpoints == [cp] and new.base == a.base
+
+
+def _nested_history(rng: random.Random) -> list[bytes]:
+    """Three documents making random nested edits (maps and arrays inside maps and arrays,
+    texts with formatting and non-ASCII, deletes of nested content), learning each other's at
+    random: every transaction's update."""
+    docs = [pycrdt.Doc(client_id=i + 1) for i in range(3)]
+    ups: list[bytes] = []
+    applying = [False]
+    for d in docs:
+        d.observe(lambda e: None if applying[0] else ups.append(e.update))
+    for step in range(rng.randint(5, 50)):
+        d = rng.choice(docs)
+        with d.transaction():
+            m, t, a = d.get("m", type=pycrdt.Map), d.get("t", type=pycrdt.Text), d.get("a", type=pycrdt.Array)
+            op = rng.random()
+            if op < 0.2:
+                m[str(rng.randrange(5))] = pycrdt.Map({"x": step, "l": pycrdt.Array([1, 2])})
+            elif op < 0.3 and len(m):
+                del m[rng.choice(list(m.keys()))]
+            elif op < 0.45:
+                inner = m.get("0")
+                if isinstance(inner, pycrdt.Map):
+                    inner[str(step)] = pycrdt.Text("hé")
+                else:
+                    m["0"] = step
+            elif op < 0.65:
+                t.insert(len(t), rng.choice(["ab", "c", "dé", "😀"]))
+            elif op < 0.75 and len(a):
+                del a[rng.randrange(len(a))]
+            elif op < 0.9:
+                a.insert(rng.randint(0, len(a)), pycrdt.Array([step, pycrdt.Map({"k": 1})]))
+            elif len(t):
+                t.format(0, 1, {"bold": True})
+        for o in docs:
+            if o is not d and rng.random() < 0.5:
+                applying[0] = True
+                o.apply_update(d.get_update(o.get_state()))
+                applying[0] = False
+    return ups
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_canonical_state_holds_for_nested_types_and_formatting(seed):
+    """Checkpoints rest on this: honest replicas compute one state from one set of updates, in
+    whatever order and grouping they hold them (else they would refuse each other's)."""
+    rng = random.Random(seed)
+    ups = _nested_history(rng)
+    one = canonical_state(ups)
+    for _ in range(4):
+        shuffled = ups[:]
+        rng.shuffle(shuffled)
+        k, j = sorted((rng.randint(0, len(ups)), rng.randint(0, len(ups))))
+        assert canonical_state(shuffled) == one
+        assert canonical_state([canonical_state(shuffled[:j]), canonical_state(shuffled[k:])]) == one
+    ydoc = pycrdt.Doc()
+    ydoc.apply_update(one)
+    whole = pycrdt.Doc()
+    for u in ups:
+        whole.apply_update(u)
+    assert ydoc.get("m", type=pycrdt.Map).to_py() == whole.get("m", type=pycrdt.Map).to_py()
+    assert str(ydoc.get("t", type=pycrdt.Text)) == str(whole.get("t", type=pycrdt.Text))
+
+
+def test_a_replayed_older_checkpoint_adds_nothing():
+    ws, envs = _history(20)
+    a, _ = _replica(envs[:10])
+    old, old_state = a.propose([])
+    b, _ = _replica(envs)
+    new, new_state = b.propose([])
+    fresh = ReplicaState(DOC, None)
+    assert fresh.adopt(new, new_state)[0] == ""
+    assert fresh.superseded(old) and fresh.adopt(old, old_state)[0] == "" and fresh.checkpoints == [new]
+
+
+def test_a_second_claim_on_the_same_heads_costs_no_merge(monkeypatch):
+    import lattica.crdt.replica as rules
+
+    ws, envs = _history(20)
+    b, _ = _replica(envs)
+    cp, canon = b.propose([])
+    merges = []
+    real = rules.canonical_state
+    monkeypatch.setattr(rules, "canonical_state", lambda ups: merges.append(len(ups)) or real(ups))
+    for k in range(5):
+        bogus = Checkpoint(cp.doc, cp.heads, hashlib.sha256(bytes([k])).digest())
+        assert b.check(bogus, [])[0] == "its state is not what the envelopes it covers make"
+    assert b.check(cp, []) == ("", canon)
+    assert len(merges) <= 1
+
+
+def test_a_fork_across_a_proposal_is_shown_to_the_proposer_which_then_ends_the_chain():
+    """A hostile author gives the proposer one envelope and another replica a second for the
+    same place: asked to sign, that replica finds the checkpoint names another envelope than its
+    own, and shows it; the proposer sees both, ends the chain and will not take the checkpoint."""
+    ws, envs = _history(10)
+    hostile = ws[0]
+    twin = Writer(keys=hostile.keys, nonce=hostile.nonce)  # (the same chain, signing the same place again)
+    twin.learn(envs)
+    twin.seq, twin.prev = hostile.seq, hostile.prev
+    one = hostile.set("x", "one")
+    two = twin.set("x", "two")
+    assert one.seq == two.seq and one.id != two.id
+    proposer, _ = _replica(envs + [one])
+    other, _ = _replica(envs + [two])
+    cp, _ = proposer.propose([])
+    assert other.check(cp, [])[0] == "it disagrees with an envelope we hold"
+    shown = other.disagreeing(cp)
+    assert [e.id for e in shown] == [two.id]
+    out = proposer.receive(shown)
+    assert out.forks and out.rebuild and proposer.frozen[one.chain] == one.seq - 1
+    assert proposer.check(cp, [])[0] == "it covers a forked chain past its end"
+    assert proposer.propose([]) is None  # (until the rebuild)
+    rebuilt, _ = proposer.rebuilt()
+    again, _ = rebuilt.propose([])
+    assert dict(again.covers())[one.chain] == one.seq - 1
+
+
+def test_a_state_that_leaves_out_an_envelope_held_or_is_not_canonical_is_refused():
+    ws, envs = _history(10)
+    solo = Writer()
+    made = solo.set("gone", 1)
+    unmade = solo.change(lambda d: d.get("m", type=pycrdt.Map).pop("gone"))  # (a delete: no new clock)
+    holder, _ = _replica(envs + [made, unmade])
+    cp, canon = holder.propose([])
+    # a checkpoint naming both, whose state leaves the delete out, plus a chain nobody holds (so
+    # the holder cannot check it and would go by its signatures): what it holds must be there
+    stranger = Writer()
+    heads = tuple(sorted(cp.heads + ((stranger.author, stranger.nonce, 1, bytes(32)),)))
+    without = canonical_state([e.body for e in envs] + [made.body])
+    liar = Checkpoint(cp.doc, heads, hashlib.sha256(without).digest())
+    assert holder.check(liar, [])[0] == "we do not hold everything it covers"
+    assert holder.adopt(liar, without)[0] == "its state leaves out envelopes we hold"
+    assert holder.checkpoints == [] and len(holder.log) == 12
+    # the same content, not in the form a merge gives (a document's own encoding of its state)
+    ydoc = pycrdt.Doc()
+    for e in envs + [made, unmade]:
+        ydoc.apply_update(e.body)
+    raw = ydoc.get_update()
+    assert raw != canon
+    odd = Checkpoint(cp.doc, cp.heads, hashlib.sha256(raw).digest())
+    assert check_state(odd, raw)[0] == "the state is not in its canonical form"

@@ -214,3 +214,39 @@ def test_sync_answers_to_one_peer_are_bounded_in_bytes_per_second(trio):
     assert len(first[1]) == 10  # ~3 KB: spent (into debt)
     with pytest.raises(PermissionDenied, match="more of"):
         _call(b, a, docs[0], "sync", [])
+
+
+def test_a_newcomer_takes_a_checkpoint_whose_state_is_large(trio, tmp_path):
+    """A state of 64 KiB or more travels out of band (it arrives as a view of the frame, not as
+    bytes): a newcomer still takes it."""
+    key, nodes = trio
+    docs = [lattica.crdt.open("swarm/big", node=n) for n in nodes[:2]]
+    wait_for(lambda: all(len(d.peers()) >= 1 for d in docs), timeout=10)
+    with docs[0].transaction():
+        docs[0].text("blob").insert(0, "x" * 200_000)
+    docs[0].commit().result(10)
+    _write(docs[0], "a", EVERY // 2 - 1)
+    _write(docs[1], "b", EVERY // 2)
+    assert wait_for(lambda: _checkpointed(docs) and all(d.stats()["log_envelopes"] == 0 for d in docs), timeout=30), [d.stats() for d in docs]
+    assert len(next(iter(_replica_of(docs[0]).cp_states.values()))) > 200_000
+    late = _node(tmp_path / "late", key)
+    try:
+        late.connect(nodes[0].addrs[0])
+        doc = lattica.crdt.open("swarm/big", node=late)
+        assert wait_for(lambda: doc.to_py() == docs[0].to_py(), timeout=20), doc.stats()
+        assert doc.stats()["checkpoints_taken"] == 1 and doc.stats()["refused"] == 0
+    finally:
+        late.stop()
+
+
+def test_a_signature_answer_out_of_bounds_is_a_protocol_error():
+    from lattica.actors.crdt.replica import _parse_signatures
+    from lattica.errors import ProtocolError
+
+    keys = KeyPair.generate()
+    good = [keys.peer_id.to_bytes(), 1, [], bytes(64)]
+    assert len(_parse_signatures([[good], []])) == 1
+    for bad in ([keys.peer_id.to_bytes(), 1, [b"c" * 70_000], bytes(64)],  # (a certificate too long to sign over)
+                [b"x" * 100, 1, [], bytes(64)], [keys.peer_id.to_bytes(), 1, [], bytes(10)], [keys.peer_id.to_bytes(), -1, [], bytes(64)]):
+        with pytest.raises(ProtocolError):
+            _parse_signatures([[bad], []])

@@ -590,6 +590,15 @@ class Replica:
         if self.state.superseded(cp):
             return ""
         why, canon = self.state.check(cp, self._states())
+        if why in ("it disagrees with an envelope we hold", "it covers a forked chain past its end"):
+            # its author forked and the checkpoint, settled, names the other branch: that one
+            # counts (the replicas that took it hold nothing else): ours goes, and the document
+            # is rebuilt without it before the checkpoint is taken
+            if self.state.disagreeing(cp) and time.monotonic() - self._rebuilt_at < REBUILD_GAP:
+                return "a rebuild was made less than a second ago"  # (offered again by a later sync)
+            if self.state.yield_to(cp):
+                self._rebuild()
+            why = "we do not hold everything it covers"  # (the branch it names: taken on its signatures)
         merge = False
         if why == "we do not hold everything it covers" and state is not None:
             seq = next((s for a, n, s, _ in cp.heads if (a, n) == self.chain), 0)

@@ -306,6 +306,18 @@ class ReplicaState:
             return "its state is not what the envelopes it covers make", b""
         return "", canon
 
+    def yield_to(self, cp: Checkpoint) -> bool:
+        """End the chains where we hold another envelope than ``cp`` names for a place (the
+        author forked, and a checkpoint others took decided for the other branch): True if any
+        ended (the document must be rebuilt before ``cp`` is taken)."""
+        ended = False
+        for env in self.disagreeing(cp):
+            cut = env.seq - 1
+            if self.frozen.get(env.chain, cut + 1) > cut:
+                self.frozen[env.chain] = cut
+                ended = True
+        return ended
+
     def disagreeing(self, cp: Checkpoint) -> list[Envelope]:
         """The envelopes we hold at places where ``cp`` names another (its author signed both:
         a fork, which whoever holds the other sees once it gets ours)."""
@@ -382,8 +394,6 @@ class ReplicaState:
         for a, n, s, i in cp.heads:
             chain = (a, n)
             client = client_id(self.doc, a, n)
-            if s > self.frozen.get(chain, s):
-                return "it covers a forked chain past its end", out
             base, ours = self.base.get(chain, 0), self.head(chain)[0]
             if s == base and self._base_id(chain) != i:
                 return "it disagrees with a checkpoint we hold", out
@@ -420,6 +430,11 @@ class ReplicaState:
     def _take(self, cp: Checkpoint, ends: dict[int, int]) -> None:
         for a, n, s, i in cp.heads:
             chain = (a, n)
+            if s > self.frozen.get(chain, s):
+                # a chain we ended for a fork, which the checkpoint takes past the fork: what it
+                # covers is decided (the branch it names counts), and the chain goes on from there
+                del self.frozen[chain]
+                self.proofs.pop(chain, None)
             if self.head(chain)[0] < s:
                 self.heads[chain] = (s, i)
             c = client_id(self.doc, a, n)

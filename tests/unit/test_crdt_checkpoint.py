@@ -381,3 +381,47 @@ def test_a_state_that_leaves_out_an_envelope_held_or_is_not_canonical_is_refused
     assert raw != canon
     odd = Checkpoint(cp.doc, cp.heads, hashlib.sha256(raw).digest())
     assert check_state(odd, raw)[0] == "the state is not in its canonical form"
+
+
+def test_a_settled_checkpoint_decides_a_fork_inside_what_it_covers():
+    """The side that ended a forked chain, handed a checkpoint (taken on the other side) that
+    names the other branch, lets its own branch go and takes it: both sides go on alike."""
+    ws, envs = _history(10)
+    hostile = ws[0]
+    twin = Writer(keys=hostile.keys, nonce=hostile.nonce)
+    twin.learn(envs)
+    twin.seq, twin.prev = hostile.seq, hostile.prev
+    one = hostile.set("x", "one")  # (the branch the checkpoint takes)
+    two = twin.set("x", "two")
+    after = hostile.set("y", "after one")  # (names `one`)
+    b, doc_b = _replica(envs + [one])
+    cp, canon = b.propose([])
+    b.adopt(cp, canon)
+    d, doc_d = _replica(envs + [two])
+    out = d.receive([after])  # d sees the fork: the chain ends before it, `two` goes in a rebuild
+    assert out.forks and out.rebuild
+    d, _ = d.rebuilt()
+    assert d.check(cp, [])[0] == "it covers a forked chain past its end"
+    assert not d.yield_to(cp)  # (ended already)
+    why, _ = d.adopt(cp, canon)
+    assert why == "" and one.chain not in d.frozen and d.head(one.chain) == (one.seq, one.id)
+    out = d.receive([two, after])
+    assert out.duplicates == 1 and [e.id for e in out.applied] == [after.id]
+    assert b.receive([after]).applied and d.summary() == b.summary()
+
+
+def test_a_replica_that_applied_the_other_branch_ends_it_when_a_settled_checkpoint_names_the_first():
+    ws, envs = _history(10)
+    hostile = ws[0]
+    twin = Writer(keys=hostile.keys, nonce=hostile.nonce)
+    twin.learn(envs)
+    twin.seq, twin.prev = hostile.seq, hostile.prev
+    one = hostile.set("x", "one")
+    two = twin.set("x", "two")
+    b, _ = _replica(envs + [one])
+    cp, canon = b.propose([])
+    d, _ = _replica(envs + [two])
+    assert d.check(cp, [])[0] == "it disagrees with an envelope we hold"
+    assert d.yield_to(cp) and d.frozen[two.chain] == two.seq - 1
+    d, _ = d.rebuilt()
+    assert d.adopt(cp, canon)[0] == "" and d.head(one.chain) == (one.seq, one.id)

@@ -155,12 +155,12 @@ def bench_compaction(envelopes: int = 10_000, writers: int = 3) -> dict[str, Any
     """See the module docstring."""
     import os  # (nonces; only this bench)
 
-    import pycrdt
+    import pycrdt  # (this bench only: the simulation and the process bench do not load it here)
 
-    from lattica.crdt.envelope import GENESIS, client_id, doc_id, sign
-    from lattica.crdt.replica import ReplicaState
-    from lattica.crdt.yupdate import read_update
-    from lattica.identity import KeyPair
+    from lattica.crdt.envelope import GENESIS, client_id, doc_id, sign  # (likewise)
+    from lattica.crdt.replica import ReplicaState  # (likewise)
+    from lattica.crdt.yupdate import read_update  # (likewise)
+    from lattica.identity import KeyPair  # (likewise)
 
     doc = doc_id(DOC, None)
     rng = random.Random(1)

@@ -157,7 +157,7 @@ def canonical_state(updates: list[bytes]) -> bytes:
     among them): yrs merges without applying, the same bytes whatever the order or grouping.
     Merged in groups of ``_GROUP`` (one merge of n updates takes time growing faster than n:
     10,000 small ones take ~0.4 s at once, ~20 ms in groups)."""
-    import pycrdt
+    import pycrdt  # (the rules load without pycrdt: it comes with the first document)
 
     level = list(updates)
     while len(level) > _GROUP:

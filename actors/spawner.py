@@ -7,7 +7,8 @@ It imports actor classes by qualified name, and only those the node owner allowe
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Mapping
 
 from lattica.errors import ActorNotFound, LatticaError, PermissionDenied, PlacementError, SpawnError
 from lattica.identity import PeerId
@@ -53,6 +54,12 @@ class Spawner:
             for r, amount in need.items():
                 total[r] += amount
         return {r: v for r, v in total.items() if v}
+
+    @property
+    def owners(self) -> Mapping[str, PeerId]:
+        """Actor name -> the node that spawned it here (absent: this node). A property, not a
+        method: the spawner's methods are what peers may call."""
+        return MappingProxyType(self._owner)
 
     def _reserve(self, name: str, need: object, labels: object, owner: PeerId | None = None) -> None:
         """Hold ``need`` for actor ``name`` or refuse (PlacementError: the caller tries the next

@@ -148,6 +148,11 @@ class CheckpointRejected(ActorError):
     """A node refused to keep a copy of a checkpoint (malformed, or over its byte limits)."""
 
 
+class ShardUnavailable(ActorError):
+    """No provider of a shard answered a stub's call: none registered, or every one tried failed
+    (the message names the service, the shard and what each provider did)."""
+
+
 class PlacementError(ActorError):
     """No node in the membership view fits an actor's resources and labels."""
 

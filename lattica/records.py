@@ -37,7 +37,9 @@ _DOMAIN_VALUE = b"lattica-dht-record/1"
 _DOMAIN_PEER = b"lattica-peer-record/1"
 TOMBSTONE = b""  # an encoded value is never empty, so an empty one marks a deletion
 REGISTRY_PREFIX = b"lattica/actor/"  # named actors: key prefix + name, subkey = hosting PeerId
-REGISTRY_MAX_TTL = 300.0  # a registration lives at most this long (its owner refreshes it)
+SHARD_PREFIX = b"lattica/shard/"  # shard providers: key prefix + service + shard, subkey = hosting PeerId
+REGISTRY_MAX_TTL = 300.0  # a registration (a name, a shard) lives at most this long (its owner refreshes it)
+_LIVE_PREFIXES = (REGISTRY_PREFIX, SHARD_PREFIX)
 _PROVIDER_COST = 96  # bytes charged for one provider record
 _OWNER = re.compile(rb"\[owner:([1-9A-HJ-NP-Za-km-z]{32,64})\]")
 
@@ -169,8 +171,8 @@ def check_entry(key: Any, subkey: Any, entry: Any, now: float, limits: StoreLimi
         raise RecordRejected("record has already expired")
     if entry.expiration > now + limits.max_ttl + limits.clock_skew:
         raise RecordRejected(f"record expires more than {limits.max_ttl:.0f} s from now")
-    if key.startswith(REGISTRY_PREFIX) and entry.expiration > now + REGISTRY_MAX_TTL + limits.clock_skew:
-        raise RecordRejected(f"an actor-name registration lives at most {REGISTRY_MAX_TTL:.0f} s")
+    if key.startswith(_LIVE_PREFIXES) and entry.expiration > now + REGISTRY_MAX_TTL + limits.clock_skew:
+        raise RecordRejected(f"a registration (an actor name, a shard) lives at most {REGISTRY_MAX_TTL:.0f} s")
     owner = owner_of(key, subkey)
     if owner is None:
         return Entry(entry.value, float(entry.expiration))

@@ -25,6 +25,7 @@ from lattica.actors.holepunch import HolePunchActor, HolePunchService
 from lattica.actors.membership import MembershipActor, MembershipService
 from lattica.actors.pubsub import PubSubActor, PubSubService
 from lattica.actors.relay import RelayActor, RelayService
+from lattica.actors.shards import ShardsActor, ShardsService
 from lattica.actors.spawner import Spawner
 from lattica.logging import get_logger
 
@@ -91,6 +92,11 @@ def _membership(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built |
     return Built(service, MembershipActor(service))
 
 
+def _shards(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
+    service = ShardsService(rt)
+    return Built(service, ShardsActor(service))
+
+
 def _content(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
     if node.content_config is None:
         return None
@@ -131,6 +137,7 @@ SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("holepunch", _holepunch),  # its actor is diagnostics; the punch is a stream protocol
     ServiceSpec("membership", _membership),  # members only: gossip and the view
     ServiceSpec("relay", _relay, public=frozenset({"reserve"})),  # within RelayConfig limits
+    ServiceSpec("shards", _shards),  # members only: which of our actors serve which shards
     # serving content is what the open network needs; answers are bounded per peer and in all
     ServiceSpec("content", _content, public=True),
     # a mesh's topics are its own: members only, but for the topics a node opens to strangers

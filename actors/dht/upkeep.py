@@ -49,8 +49,10 @@ class DhtUpkeep(DhtLookups):
             raise ValueError(f"name_ttl must be in (0, {REGISTRY_MAX_TTL:.0f}] seconds")
         self._mine: dict[tuple[bytes, bytes], Entry] = {}  # our live puts, re-stored until they expire
         self._provided: dict[bytes, float] = {}  # content ids we provide -> ttl
-        self._names: dict[str, ActorRef] = {}  # actors of ours registered by name
-        self._refreshing_names = False
+        # live records of ours (actor names, shard registrations): the value they have now, put
+        # every name_ttl / 3 while kept
+        self._live: dict[bytes, Callable[[], bytes]] = {}
+        self._refreshing_live = False
         self._saved_version = -1
         if self.cfg.persist_path and os.path.exists(self.cfg.persist_path):
             try:
@@ -195,9 +197,9 @@ class DhtUpkeep(DhtLookups):
                 if now - last_save >= self.cfg.persist_interval:
                     last_save = now
                     await self._persist_soon()
-                if self._names and now - last_names >= self.cfg.name_ttl / 3 and not self._refreshing_names:
+                if self._live and now - last_names >= self.cfg.name_ttl / 3 and not self._refreshing_live:
                     last_names = now
-                    self.host.spawn(self._refresh_names())
+                    self.host.spawn(self._refresh_live())
                 if now - last_refresh >= self.cfg.refresh_interval / 4:
                     last_refresh = now
                     self.store.purge()
@@ -240,30 +242,38 @@ class DhtUpkeep(DhtLookups):
 
     def register_name(self, name: str, ref: ActorRef) -> None:
         """Publish ``name`` -> ``ref`` (owner-signed by this node) and keep it fresh while the actor lives."""
-        self._names[name] = ref
-        self.host.spawn(self._publish_name(name, ref))
+        # with our mesh certificates: members of our mesh trust only registrations by members
+        self.keep_live(name_key(name), lambda: codec.encode_bytes([ref, self.host.trust.presented]))
 
     def unregister_name(self, name: str) -> None:
-        if self._names.pop(name, None) is not None:
-            # a new actor may take the name while the withdrawal runs: then it must not happen
-            self.host.spawn(self._delete(name_key(name), self.peer_id, lambda: name not in self._names))
+        self.drop_live(name_key(name))
 
-    async def _publish_name(self, name: str, ref: ActorRef) -> None:
-        if self._names.get(name) is not ref:
-            return  # unregistered meanwhile
+    def keep_live(self, key: bytes, value: Callable[[], bytes]) -> None:
+        """Put ``value()`` under ``key`` (subkey: our PeerId, so signed by us) now and every
+        ``name_ttl`` / 3 while it is kept, with ``value()`` as it is then (what it says may change,
+        a load); dropped, a tombstone replaces it; if we die, it expires within ``name_ttl``."""
+        self._live[key] = value
+        self.host.spawn(self._publish_live(key, value))
+
+    def drop_live(self, key: bytes) -> None:
+        if self._live.pop(key, None) is not None:
+            # it may be kept again while the withdrawal runs: then it must not happen
+            self.host.spawn(self._delete(key, self.peer_id, lambda: key not in self._live))
+
+    async def _publish_live(self, key: bytes, value: Callable[[], bytes]) -> None:
+        if self._live.get(key) is not value:
+            return  # dropped or replaced meanwhile
         try:
-            # with our mesh certificates: members of our mesh trust only registrations by members
-            value = codec.encode_bytes([ref, self.host.trust.presented])
-            await self.put(name_key(name), value, subkey=self.peer_id, ttl=self.cfg.name_ttl, republish=False)
+            await self.put(key, value(), subkey=self.peer_id, ttl=self.cfg.name_ttl, republish=False)
         except LatticaError as e:
-            log.info("could not publish actor name", name=name, reason=str(e))
+            log.info("could not publish a registration", key=key[:64], reason=str(e))
 
-    async def _refresh_names(self) -> None:
-        self._refreshing_names = True  # one refresh at a time, however slow the puts are
+    async def _refresh_live(self) -> None:
+        self._refreshing_live = True  # one refresh at a time, however slow the puts are
         try:
-            await asyncio.gather(*(self._publish_name(n, r) for n, r in list(self._names.items())))
+            await asyncio.gather(*(self._publish_live(k, v) for k, v in list(self._live.items())))
         finally:
-            self._refreshing_names = False
+            self._refreshing_live = False
 
     async def _delete(self, key: bytes, subkey: Any, still_wanted: Callable[[], bool]) -> None:
         try:

@@ -640,7 +640,7 @@ def test_name_refreshes_do_not_pile_up(nodes):
     (n,) = nodes(1, dht=DhtConfig(name_ttl=0.6, persist_interval=0.05))  # refresh every 0.2 s
     svc = _dht(n)
     state = {"runs": 0, "running": 0, "max_running": 0, "puts": 0}
-    refresh = svc._refresh_names
+    refresh = svc._refresh_live
 
     async def slow_put(key, value, subkey=None, ttl=60.0, republish=True):
         state["puts"] += 1
@@ -658,7 +658,7 @@ def test_name_refreshes_do_not_pile_up(nodes):
 
     def install():
         svc.put = slow_put
-        svc._refresh_names = counted_refresh
+        svc._refresh_live = counted_refresh
         for i in range(10):
             svc.register_name(f"svc-{i}", ActorRef(n.peer_id, f"svc-{i}", {"f": ASYNC}))
 

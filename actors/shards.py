@@ -1,0 +1,156 @@
+"""The ``shards`` service: this node's actors that serve shards of a service, registered in the
+DHT while they live, and the providers of a shard as the DHT knows them (docs/shards.md).
+
+Each node keeps one record per shard it serves (``lattica/shard/<service>/<shard id>``, subkey its
+PeerId, so only it signs it): its actors serving the shard, each with its load (calls running and
+waiting), and its mesh certificates. It is put again every ``name_ttl`` / 3 with the loads of then,
+replaced by a tombstone when the last of those actors ends, and expires within ``name_ttl`` if the
+node dies. Reading, a node takes the records of members only (a stranger could register anything),
+of nodes membership does not hold dead, and for actors on the node that signed the record.
+
+The ``shards`` system actor answers ``check``: whether an actor here serves a shard now (a stub
+asks before its first call to a provider: a registration that outlived a change of what the actor
+serves is found out, not followed); and ``serve``, for the node that spawned an actor here.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Mapping
+
+from lattica.actors.dht.upkeep import NAME_GRACE
+from lattica.errors import ActorNotFound, LatticaError, PermissionDenied
+from lattica.identity import PeerId
+from lattica.logging import get_logger
+from lattica.records import TOMBSTONE
+from lattica.runtime import ActorRef, current_caller
+from lattica.shards.keys import decode_registration, encode_registration, shard_key
+
+if TYPE_CHECKING:
+    from lattica.runtime import Runtime
+
+__all__ = ["ShardsService", "ShardsActor"]
+
+log = get_logger("lattica.shards")
+
+MAX_SHARDS = 1024  # (service, shard) pairs one node serves
+
+
+class ShardsService:
+    """See the module docstring."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+        self._served: dict[bytes, dict[str, ActorRef]] = {}  # shard key -> our actors serving it, by name
+        runtime.stop_listeners.append(self._ended)
+
+    # -- serving -------------------------------------------------------------------------------
+
+    def serve(self, ref: ActorRef, service: str, shard: str | Mapping[str, Any]) -> None:
+        """Register ``ref`` (an actor of this node) as a provider of ``shard`` of ``service``."""
+        key = shard_key(service, shard)
+        if ref.peer_id != self.rt.peer_id or ref.name not in self.rt.actors:
+            raise ActorNotFound(f"{ref.name!r} is not an actor of this node: only a node's own actors serve from it")
+        if key not in self._served and len(self._served) >= MAX_SHARDS:
+            raise ValueError(f"this node serves {MAX_SHARDS} shards already")
+        self._served.setdefault(key, {})[ref.name] = self.rt.actors[ref.name].ref
+        self._publish(key)
+
+    def withdraw(self, ref: ActorRef, service: str, shard: str | Mapping[str, Any]) -> None:
+        """``ref`` no longer serves ``shard`` of ``service`` (a no-op if it did not)."""
+        key = shard_key(service, shard)
+        actors = self._served.get(key)
+        if actors is not None and actors.pop(ref.name, None) is not None:
+            self._publish(key)
+
+    def serving(self, key: bytes, name: str) -> bool:
+        return name in self._served.get(key, ())
+
+    def _ended(self, name: str, reason: str) -> None:
+        for key in [k for k, actors in self._served.items() if name in actors]:
+            del self._served[key][name]
+            self._publish(key)
+
+    def _publish(self, key: bytes) -> None:
+        """Put our record of ``key`` now (and keep it fresh), or withdraw it if none of ours serves it."""
+        dht = self.rt.dht
+        if not self._served.get(key):
+            self._served.pop(key, None)
+            dht.drop_live(key)
+            return
+        dht.keep_live(key, lambda: self._record(key))
+
+    def _record(self, key: bytes) -> bytes:
+        entries = []
+        for name, ref in self._served.get(key, {}).items():
+            actor = self.rt.actors.get(name)
+            load = len(actor.live) + len(actor.waiting) if actor is not None else 0
+            entries.append((ref, load))
+        return encode_registration(entries, self.rt.host.trust.presented)
+
+    # -- finding -------------------------------------------------------------------------------
+
+    async def providers(self, service: str, shard: str | Mapping[str, Any], everywhere: bool = False) -> list[tuple[ActorRef, int]]:
+        """The actors serving ``shard`` of ``service`` with their registered loads: from the first
+        DHT node that holds the key (``everywhere``: from every one; also when the first held
+        none we may follow)."""
+        key = shard_key(service, shard)
+        dht = self.rt.dht
+        found = await dht.get(key, quorum=None if everywhere else 1, grace=NAME_GRACE)
+        out = self._usable(found)
+        if not out and found and not everywhere:
+            out = self._usable(await dht.get(key, grace=NAME_GRACE))
+        return out
+
+    def _usable(self, records: Mapping[bytes, Any]) -> list[tuple[ActorRef, int]]:
+        now = time.time()
+        trust = self.rt.host.trust
+        out: list[tuple[ActorRef, int]] = []
+        for sk, entry in records.items():
+            if entry.value == TOMBSTONE or sk[:1] != b"p":
+                continue
+            try:
+                peer = PeerId.from_bytes(sk[1:])
+                entries, certs = decode_registration(entry.value)
+            except (LatticaError, ValueError):
+                continue
+            if trust.judge(peer, certs, now)[0] == "stranger" or self.rt.node_gone(peer):
+                continue
+            out += [(ref, load) for ref, load in entries if ref.peer_id == peer]  # (a node registers its own actors only)
+        return out
+
+    def close(self) -> None:
+        for key in list(self._served):
+            self.rt.dht.drop_live(key)
+        self._served.clear()
+
+
+class ShardsActor:
+    """What other nodes ask the ``shards`` service (members only)."""
+
+    NAME = "shards"
+
+    def __init__(self, service: ShardsService) -> None:
+        self._s = service
+
+    async def serve(self, actor: str, service: str, shard: str) -> None:
+        """Register our actor ``actor`` as a provider of ``shard`` of ``service``, for the node
+        that spawned it here (only its owner may say what it serves)."""
+        caller = current_caller()
+        rt = self._s.rt
+        if type(actor) is not str or actor not in rt.actors:
+            raise ActorNotFound(f"no actor {actor!r} on {rt.peer_id}")
+        owner = rt.services["spawner"].owners.get(actor)
+        if caller is not None and caller != rt.peer_id and caller != owner:
+            raise PermissionDenied(f"only the node that spawned {actor!r} says what it serves")
+        self._s.serve(rt.actors[actor].ref, service, shard)
+
+    async def check(self, service: str, shard: str, actor: str) -> bool:
+        """Whether ``actor`` here serves ``shard`` of ``service`` now."""
+        if type(service) is not str or type(shard) is not str or type(actor) is not str:
+            return False
+        try:
+            key = shard_key(service, shard)
+        except ValueError:
+            return False
+        return self._s.serving(key, actor)

@@ -1,0 +1,81 @@
+"""Shards of a service, served by actors anywhere on the mesh, called through stubs that pick a
+provider by load and latency and try another when one fails (docs/shards.md).
+
+    @lattica.actor
+    class Stage:
+        def forward(self, x): ...
+
+    ref = Stage.remote(...)
+    lattica.shards.serve(ref, "llm", {"model": "tiny", "layers": (0, 4)})   # on ref's node
+
+    stage = lattica.shards.stub("llm", {"model": "tiny", "layers": (0, 4)}, timeout=5.0)
+    y = stage.forward.remote(x).result()     # one provider; on failure another
+
+The sans-IO parts: ``keys`` (shard ids, DHT records), ``select`` (the picker); ``stub`` is the
+client side; the ``shards`` service (lattica.actors.shards) registers and finds providers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from lattica.errors import NodeClosed
+from lattica.future import Future
+from lattica.runtime import ASYNC, ActorRef, current_runtime, on_loop, run_coroutine
+from lattica.shards.keys import shard_id
+from lattica.shards.stub import Stub, StubMethod
+
+if TYPE_CHECKING:
+    from lattica.actors.shards import ShardsService
+    from lattica.node import Node
+    from lattica.runtime import Runtime
+
+__all__ = ["serve", "withdraw", "providers", "stub", "shard_id", "Stub", "StubMethod"]
+
+
+def _service(node: Node | None) -> tuple[Runtime, ShardsService]:
+    if node is None:
+        rt = current_runtime()
+    else:
+        if node.host is None or node.host.runtime is None:
+            raise NodeClosed("the node is not running")
+        rt = node.host.runtime
+    return rt, rt.services["shards"]
+
+
+def serve(ref: ActorRef, service: str, shard: str | Mapping[str, Any], *, node: Node | None = None) -> Future:
+    """Register ``ref`` as a provider of ``shard`` of ``service`` while it lives: an actor of this
+    node (``node``: of that node), or one this node spawned on another (that node registers it; a
+    node signs registrations of its own actors only). Registrations by strangers to the mesh are
+    not followed. A Future, done once registered here (the DHT put follows at once)."""
+    rt, svc = _service(node)
+    if ref.peer_id != rt.peer_id:  # (an actor we spawned there: its node registers it, for us)
+        shards = ActorRef(ref.peer_id, "shards", {"serve": ASYNC})
+        return rt.call(shards, "serve", (ref.name, service, shard_id(shard)), {}, timeout=10.0)
+
+    async def here() -> None:
+        svc.serve(ref, service, shard)
+
+    return run_coroutine(rt, here)
+
+
+def withdraw(ref: ActorRef, service: str, shard: str | Mapping[str, Any], *, node: Node | None = None) -> None:
+    """``ref`` no longer serves ``shard`` of ``service`` (its registration goes)."""
+    rt, svc = _service(node)
+    on_loop(rt, lambda: svc.withdraw(ref, service, shard))
+
+
+def providers(service: str, shard: str | Mapping[str, Any], *, node: Node | None = None) -> Future:
+    """A Future of ``[(actor ref, registered load)]``: the providers of ``shard`` of ``service``
+    the DHT holds now."""
+    rt, svc = _service(node)
+    return run_coroutine(rt, lambda: svc.providers(service, shard, everywhere=True))
+
+
+def stub(service: str, shard: str | Mapping[str, Any], *, timeout: float | None = None, within: float = 30.0,
+         idempotent: bool = True, node: Node | None = None) -> Stub:
+    """Calls to ``shard`` of ``service`` (``stub.method.remote(*args)``): ``timeout`` per attempt,
+    ``within`` seconds for all attempts; ``idempotent`` (the default: a shard's methods are meant
+    to be pure, as inference is): a call that may have run is tried again elsewhere."""
+    rt, _ = _service(node)
+    return Stub(rt, service, shard, timeout=timeout, within=within, idempotent=idempotent)

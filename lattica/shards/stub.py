@@ -1,0 +1,179 @@
+"""A stub for one shard of a service: calls go to one of its providers, picked by load and
+latency, and a call that failed on one is tried on another (docs/shards.md).
+
+The providers come from the DHT (looked up at the first call, again every ``REFRESH`` seconds
+while the stub is used, and at once when none is left to try). Before its first call to a
+provider, the stub asks the provider's node whether that actor serves the shard now (a
+registration that outlived a change is found out, and the provider left alone for
+``MISMATCH_BAN`` seconds). A call that fails because the provider is unreachable, its actor died
+or is gone, or the attempt timed out, is tried on another provider: at once the first time, then
+after a short backoff, for up to ``within`` seconds in all; if it might have run (died in flight,
+timed out), only when the call is idempotent. An error raised by the method itself is the
+caller's, not retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Mapping
+
+from lattica.errors import (ActorDied, ActorNotFound, CallTimeout, LatticaError, MailboxFull, PeerUnreachable,
+                            ShardUnavailable)
+from lattica.future import Future
+from lattica.runtime import ActorRef, run_coroutine
+from lattica.runtime.limits import ASYNC
+from lattica.shards.keys import shard_id
+from lattica.shards.select import Picker, Provider
+
+if TYPE_CHECKING:
+    from lattica.runtime import Runtime
+
+__all__ = ["Stub", "StubMethod"]
+
+REFRESH = 10.0  # s between lookups of the providers while the stub is used
+MISMATCH_BAN = 300.0  # s a provider that does not serve the shard is left alone
+CHECK_TIMEOUT = 3.0  # s for a provider's node to say whether it serves the shard
+BACKOFF_FIRST, BACKOFF_MAX = 0.02, 0.5  # s between attempts after the first retry (doubling)
+# failures after which the call may be tried elsewhere: nothing ran (first two), or it may have
+RETRY_ALWAYS = (ActorNotFound, MailboxFull)
+RETRY_IDEMPOTENT = (PeerUnreachable, ActorDied, CallTimeout)
+
+
+class Stub:
+    """Calls to one shard of a service (see the module docstring). Made by
+    ``lattica.shards.stub(service, shard)``; ``stub.method.remote(*args)`` as with an actor ref."""
+
+    def __init__(self, rt: Runtime, service: str, shard: str | Mapping[str, Any], *, timeout: float | None = None,
+                 within: float = 30.0, idempotent: bool = True) -> None:
+        self._rt = rt
+        self.service = service
+        self.shard = shard_id(shard)
+        self.timeout = timeout
+        self.within = within
+        self.idempotent = idempotent
+        self._picker = Picker()
+        self._checked: set[tuple] = set()  # providers whose node said they serve the shard
+        self._looked_up = float("-inf")
+        self._lookup: asyncio.Future | None = None
+
+    def __repr__(self) -> str:
+        return f"Stub({self.service!r}, {self.shard!r}, providers={len(self._picker.providers)})"
+
+    def __getattr__(self, method: str) -> StubMethod:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return StubMethod(self, method)
+
+    def providers(self) -> Future:
+        """Look the providers up now: a Future of their refs."""
+
+        async def go() -> list[ActorRef]:
+            await self._find(everywhere=True)
+            return [p.ref for p in self._picker.providers.values()]
+
+        return run_coroutine(self._rt, go)
+
+    # -- on the node loop -------------------------------------------------------------------------
+
+    async def _find(self, everywhere: bool) -> None:
+        """Look the providers up (one lookup at a time, shared by the calls that need it)."""
+        if self._lookup is None:
+            self._lookup = asyncio.ensure_future(self._rt.services["shards"].providers(self.service, self.shard, everywhere))
+            self._lookup.add_done_callback(lambda _: setattr(self, "_lookup", None))
+        try:
+            found = await asyncio.shield(self._lookup)
+        except LatticaError:
+            return  # (the providers we knew stay)
+        self._looked_up = self._rt.loop.time()
+        self._picker.update(found)
+
+    async def _check(self, p: Provider) -> bool:
+        key = (p.ref.peer_id, p.ref.name)
+        if key in self._checked:
+            return True
+        shards = ActorRef(p.ref.peer_id, "shards", {"check": ASYNC})
+        ok = await self._rt.call(shards, "check", (self.service, self.shard, p.ref.name), {}, timeout=CHECK_TIMEOUT)
+        if ok is True:
+            self._checked.add(key)
+        return ok is True
+
+    async def call(self, method: str, args: tuple, kwargs: dict, timeout: float | None, idempotent: bool) -> Any:
+        loop = self._rt.loop
+        deadline = loop.time() + self.within
+        if loop.time() - self._looked_up > REFRESH:
+            await self._find(everywhere=False)
+        tried: list[Provider] = []
+        errors: list[str] = []
+        delay = 0.0
+        looked_again = False
+        while True:
+            p = self._picker.pick(exclude=tried)
+            if p is None and not looked_again:
+                looked_again = True  # every provider we knew was tried or is left alone: ask the DHT again
+                await self._find(everywhere=True)
+                p = self._picker.pick(exclude=tried)
+            if p is None:
+                first = self._picker.next_ready()
+                if first is None or first >= deadline or loop.time() >= deadline:
+                    raise ShardUnavailable(self._unavailable(errors))
+                await asyncio.sleep(max(0.0, first - loop.time()))
+                tried, looked_again = [], False
+                continue
+            self._picker.started(p)
+            t0 = loop.time()
+            try:
+                if not await self._check(p):
+                    self._picker.failed(p, "its node says it does not serve this shard", ban=MISMATCH_BAN)
+                    errors.append(f"{_who(p)}: does not serve {self.shard!r} (registration stale or wrong)")
+                    tried.append(p)
+                    continue
+                left = deadline - loop.time()
+                attempt = left if timeout is None else min(timeout, left)
+                out = await self._rt.call(p.ref, method, args, kwargs, timeout=max(attempt, 0.001), idempotent=idempotent)
+            except RETRY_ALWAYS + RETRY_IDEMPOTENT as exc:
+                self._picker.failed(p, type(exc).__name__)
+                tried.append(p)
+                errors.append(f"{_who(p)}: {type(exc).__name__}: {exc}")
+                if not idempotent and not isinstance(exc, RETRY_ALWAYS):
+                    raise
+                if loop.time() >= deadline:
+                    raise ShardUnavailable(self._unavailable(errors)) from exc
+                if delay:
+                    await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+                delay = min(max(delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
+                continue
+            except BaseException:
+                self._picker.succeeded(p, loop.time() - t0)  # (it answered: the error is the method's)
+                raise
+            self._picker.succeeded(p, loop.time() - t0)
+            return out
+
+    def _unavailable(self, errors: list[str]) -> str:
+        head = f"no provider of shard {self.shard!r} of service {self.service!r} answered"
+        if not errors:
+            return head + " (none is registered in the DHT)"
+        return head + ": " + "; ".join(errors[-6:])
+
+
+class StubMethod:
+    """``stub.method``: ``.remote(*args, **kwargs)`` calls it on a provider; ``.options(timeout=,
+    idempotent=)`` for this call only."""
+
+    __slots__ = ("_stub", "_name", "_timeout", "_idempotent")
+
+    def __init__(self, stub: Stub, name: str, timeout: float | None = None, idempotent: bool | None = None) -> None:
+        self._stub, self._name = stub, name
+        self._timeout = stub.timeout if timeout is None else timeout
+        self._idempotent = stub.idempotent if idempotent is None else idempotent
+
+    def options(self, *, timeout: float | None = None, idempotent: bool | None = None) -> StubMethod:
+        return StubMethod(self._stub, self._name, self._timeout if timeout is None else timeout,
+                          self._idempotent if idempotent is None else idempotent)
+
+    def remote(self, *args: Any, **kwargs: Any) -> Future:
+        s = self._stub
+        return run_coroutine(s._rt, lambda: s.call(self._name, args, kwargs, self._timeout, self._idempotent))
+
+
+def _who(p: Provider) -> str:
+    return f"{p.ref.peer_id.short()}/{p.ref.name}"

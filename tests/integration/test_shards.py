@@ -1,0 +1,139 @@
+"""Shard stubs between real node processes (docs/shards.md): providers register in the DHT and
+a stub spreads calls over them, fails over when one is SIGKILLed, skips registrations that
+outlived their provider or say what the provider does not serve, and says clearly when no
+provider is left."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import time
+
+import pytest
+
+import lattica
+from helpers import wait_for
+from lattica.errors import RemoteError, ShardUnavailable
+from lattica.mesh.process import ServerProcess
+from lattica.shards.keys import encode_registration, shard_key
+from shard_actors import Stage
+
+pytestmark = pytest.mark.timeout(120)
+
+TCP = "/ip4/127.0.0.1/tcp/0"
+ALLOW = ("--allow", "shard_actors.*")
+
+
+@pytest.fixture
+def mesh():
+    """A driver node (this process) and three node processes, all connected."""
+    lattica.shutdown()
+    procs = [ServerProcess([TCP], *ALLOW).__enter__() for _ in range(3)]
+    try:
+        driver = lattica.init([TCP], allow=["shard_actors.*"])
+        for p in procs:
+            driver.connect(p.addr("tcp"))
+        yield driver, procs
+    finally:
+        lattica.shutdown()
+        for p in procs:
+            if p.proc.poll() is None:
+                p.__exit__(None, None, None)
+
+
+def _served(driver, procs, shard, k=2, on=(0, 1)):
+    refs = []
+    for i in on:
+        ref = Stage.options(node=lattica.PeerId.from_string(procs[i].peer_id)).remote(k)
+        lattica.shards.serve(ref, "math", shard).result(10)
+        refs.append(ref)
+    return refs
+
+
+def test_a_stub_spreads_calls_over_the_providers_and_fails_over_when_one_is_killed(mesh):
+    driver, procs = mesh
+    _served(driver, procs, {"layers": (0, 4)})
+    stub = lattica.shards.stub("math", {"layers": (0, 4)}, timeout=5.0, node=driver)
+    assert len(stub.providers().result(10)) == 2
+    pids = collections.Counter(stub.who.remote().result(10) for _ in range(40))
+    assert set(pids) == {procs[0].pid, procs[1].pid}  # both serve
+    assert [stub.forward.remote(i).result(10) for i in range(5)] == [0, 2, 4, 6, 8]
+    # one provider is SIGKILLed: calls still succeed, on the other
+    os.kill(procs[0].pid, signal.SIGKILL)
+    procs[0].proc.wait(10)
+    got = [stub.forward.remote(i).result(20) for i in range(20)]
+    assert got == [2 * i for i in range(20)]
+    assert {stub.who.remote().result(10) for _ in range(10)} == {procs[1].pid}
+    # the method's own error is the caller's, not a reason to fail over
+    with pytest.raises(RemoteError, match="the method's own error"):
+        stub.boom.remote().result(10)
+
+
+def test_when_every_provider_is_gone_the_error_names_the_shard(mesh):
+    driver, procs = mesh
+    _served(driver, procs, "s-lost", on=(0,))
+    stub = lattica.shards.stub("math", "s-lost", timeout=2.0, within=4.0, node=driver)
+    assert stub.forward.remote(1).result(10) == 2
+    os.kill(procs[0].pid, signal.SIGKILL)
+    procs[0].proc.wait(10)
+    with pytest.raises(ShardUnavailable, match="no provider of shard 's-lost' of service 'math'") as ei:
+        stub.forward.remote(1).result(30)
+    assert procs[0].peer_id[-8:] in str(ei.value) or "PeerUnreachable" in str(ei.value) or "ActorDied" in str(ei.value)
+    # and a shard nobody serves
+    with pytest.raises(ShardUnavailable, match="none is registered"):
+        lattica.shards.stub("math", "nobody", within=1.0, node=driver).forward.remote(1).result(30)
+
+
+def test_a_stale_registration_of_a_dead_node_is_skipped_without_waiting_the_timeout(mesh):
+    driver, procs = mesh
+    _served(driver, procs, "s-stale")
+    os.kill(procs[0].pid, signal.SIGKILL)  # its registration stays in the DHT until it expires
+    procs[0].proc.wait(10)
+    with lattica.Node([TCP]) as fresh:  # a new caller, which never saw the dead node
+        fresh.connect(procs[2].addr("tcp"))
+        stub = lattica.shards.stub("math", "s-stale", timeout=30.0, node=fresh)
+        t0 = time.monotonic()
+        assert [stub.forward.remote(i).result(60) for i in range(6)] == [0, 2, 4, 6, 8, 10]
+        assert time.monotonic() - t0 < 15  # (not one attempt's full 30 s: the dead one is refused at once or skipped)
+
+
+def test_a_registration_that_says_another_shard_is_found_out_and_left_alone(mesh):
+    driver, procs = mesh
+    _served(driver, procs, "s-real", on=(1,))
+    # the driver registers an actor of its own for "s-real" while it serves something else
+    impostor = Stage.remote(100)
+    impostor.who.remote().result(10)
+    rt = driver.host.runtime
+    key = shard_key("math", "s-real")
+    local = rt.actors[impostor.name].ref
+    driver.run(_keep(rt, key, encode_registration([(local, 0)], rt.host.trust.presented)), timeout=10)
+    with lattica.Node([TCP]) as caller:
+        caller.connect(driver.addrs[0])
+        caller.connect(procs[1].addr("tcp"))
+        stub = lattica.shards.stub("math", "s-real", timeout=5.0, node=caller)
+        assert wait_for(lambda: len(stub.providers().result(10)) == 2, timeout=10)
+        assert {stub.forward.remote(1).result(20) for _ in range(10)} == {2}  # never 100
+        banned = [p for p in stub._picker.providers.values() if p.ref.peer_id == driver.peer_id]
+        assert banned and banned[0].banned_until > time.monotonic() + 60
+
+
+async def _keep(rt, key, value):
+    rt.dht.keep_live(key, lambda: value)
+
+
+def test_only_the_node_that_spawned_an_actor_registers_it_elsewhere(mesh):
+    from lattica.errors import ActorNotFound, PermissionDenied
+
+    driver, procs = mesh
+    ref = Stage.options(node=lattica.PeerId.from_string(procs[0].peer_id)).remote(3)
+    ref.who.remote().result(10)
+    with lattica.Node([TCP]) as other:
+        other.connect(procs[0].addr("tcp"))
+        with pytest.raises(PermissionDenied, match="only the node that spawned"):
+            lattica.shards.serve(ref, "math", "s-owned", node=other).result(10)
+        ghost = lattica.runtime.ActorRef(ref.peer_id, "no-such-actor", {})
+        with pytest.raises(ActorNotFound):
+            lattica.shards.serve(ghost, "math", "s-owned", node=other).result(10)
+    lattica.shards.serve(ref, "math", "s-owned").result(10)
+    assert [r.name for r, _ in lattica.shards.providers("math", "s-owned").result(10)] == [ref.name]

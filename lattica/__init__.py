@@ -14,12 +14,12 @@ from lattica.supervisor import Supervisor
 __version__ = "0.1.0"
 __all__ = [
     "ActorRef", "Future", "Supervisor", "current_actor", "KeyPair", "Multiaddr", "Node", "PeerId", "PeerInfo", "actor", "aget_actor", "current_caller", "akill", "dht", "errors", "exit_actor", "link", "unlink", "monitor", "nat_status", "nodes", "public", "require_caller",
-    "get", "get_actor", "init", "kill", "node", "shutdown", "wait", "content", "crdt", "pubsub", "__version__",
+    "get", "get_actor", "init", "kill", "node", "shutdown", "wait", "content", "crdt", "pubsub", "shards", "__version__",
 ]
 
 
 def __getattr__(name: str):  # noqa: ANN202 -- PEP 562: ``lattica.content`` loads on first use
-    if name in ("content", "crdt", "pubsub"):
+    if name in ("content", "crdt", "pubsub", "shards"):
         import importlib  # (the content plane and hashlib load when first used, not at start)
 
         return importlib.import_module(f"lattica.{name}")

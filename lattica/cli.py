@@ -110,6 +110,13 @@ def _bench(args: argparse.Namespace) -> None:
         say = None if args.json else (lambda m: print(f"  {m}", flush=True))
         for n in args.nodes or [20]:
             _print(simulate_crdt(n, runs=args.runs or 100, compact_every=args.compact_every, progress=say), args.json)
+    if which in ("shards", "all"):
+        from lattica.bench.shards import bench_inference, bench_shards  # lazy: see the note above _bench
+
+        for row in bench_shards():
+            _print(row, args.json)
+        for row in bench_inference():
+            _print(row, args.json)
     if which == "soak":
         from lattica.bench.soak import soak  # lazy: see the note above _bench
 
@@ -410,7 +417,7 @@ def main(argv: list[str] | None = None) -> None:
     s.set_defaults(fn=_demo)
 
     s = sub.add_parser("bench", help="run benchmarks and print figures")
-    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "pubsub-nodes", "crdt", "crdt-sim", "soak", "all"])
+    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "pubsub-nodes", "crdt", "crdt-sim", "shards", "soak", "all"])
     s.add_argument("--transport", choices=["tcp", "quic", "both"], default="both")
     s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic); content: object bytes (default 256 MiB)")
     s.add_argument("--count", type=int, default=10000, help="pings")

@@ -19,4 +19,5 @@ def test_the_demo_runs_to_the_end_and_its_checks_hold():
         k, _, n = line.rsplit("(", 1)[1].split()[:3]
         assert k == n and int(k) > 0, line
     assert "[100, 200, 300, 400, 500, 600]" in moved[-1]
+    assert "same tokens as the model in one process: True" in text
     assert text.rstrip().endswith("done.")

@@ -73,9 +73,11 @@ def providers(service: str, shard: str | Mapping[str, Any], *, node: Node | None
 
 
 def stub(service: str, shard: str | Mapping[str, Any], *, timeout: float | None = None, within: float = 30.0,
-         idempotent: bool = True, node: Node | None = None) -> Stub:
+         idempotent: bool = True, hedge: bool = True, node: Node | None = None) -> Stub:
     """Calls to ``shard`` of ``service`` (``stub.method.remote(*args)``): ``timeout`` per attempt,
     ``within`` seconds for all attempts; ``idempotent`` (the default: a shard's methods are meant
-    to be pure, as inference is): a call that may have run is tried again elsewhere."""
+    to be pure, as inference is): a call that may have run is tried again elsewhere; ``hedge``
+    (idempotent calls only): a call slower than twice the recent p95 also goes to a second
+    provider, the first answer wins."""
     rt, _ = _service(node)
-    return Stub(rt, service, shard, timeout=timeout, within=within, idempotent=idempotent)
+    return Stub(rt, service, shard, timeout=timeout, within=within, idempotent=idempotent, hedge=hedge)

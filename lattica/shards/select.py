@@ -93,6 +93,14 @@ class Picker:
         p.failures = 0
         p.banned_until = 0.0
 
+    def cancelled(self, p: Provider, seconds: float) -> None:
+        """A call to ``p`` was given up after ``seconds`` (another provider answered first): not
+        a failure, but it took at least that long, and its average says so (a provider that went
+        silent loses every pick it shares with one that answers)."""
+        p.inflight = max(0, p.inflight - 1)
+        if p.latency is None or p.latency < seconds:
+            p.latency = seconds if p.latency is None else (1 - LATENCY_WEIGHT) * p.latency + LATENCY_WEIGHT * seconds
+
     def failed(self, p: Provider, reason: str, ban: float | None = None) -> None:
         """A call to ``p`` failed (``reason``): it is left alone for a while (``ban`` seconds,
         else by the backoff)."""

@@ -9,12 +9,16 @@ registration that outlived a change is found out, and the provider left alone fo
 or is gone, or the attempt timed out, is tried on another provider: at once the first time, then
 after a short backoff, for up to ``within`` seconds in all; if it might have run (died in flight,
 timed out), only when the call is idempotent. An error raised by the method itself is the
-caller's, not retried.
+caller's, not retried. An idempotent call still unanswered after twice the p95 of the stub's
+recent calls is also sent to a second provider (**hedged**), and the first answer wins: a
+provider that went silent (a dead machine sends no reset; a QUIC peer's death is silent) costs
+that delay, not an attempt timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import TYPE_CHECKING, Any, Mapping
 
 from lattica.errors import (ActorDied, ActorNotFound, CallTimeout, LatticaError, MailboxFull, PeerUnreachable,
@@ -37,6 +41,12 @@ BACKOFF_FIRST, BACKOFF_MAX = 0.02, 0.5  # s between attempts after the first ret
 # failures after which the call may be tried elsewhere: nothing ran (first two), or it may have
 RETRY_ALWAYS = (ActorNotFound, MailboxFull)
 RETRY_IDEMPOTENT = (PeerUnreachable, ActorDied, CallTimeout)
+HEDGE_SAMPLES = 8  # calls measured before hedging starts
+HEDGE_FACTOR, HEDGE_MIN = 2.0, 0.005  # a second attempt after 2 x the p95 of recent calls, at least 5 ms
+
+
+class _Mismatch(LatticaError):
+    """(internal) The provider's node says it does not serve the shard."""
 
 
 class Stub:
@@ -44,13 +54,16 @@ class Stub:
     ``lattica.shards.stub(service, shard)``; ``stub.method.remote(*args)`` as with an actor ref."""
 
     def __init__(self, rt: Runtime, service: str, shard: str | Mapping[str, Any], *, timeout: float | None = None,
-                 within: float = 30.0, idempotent: bool = True) -> None:
+                 within: float = 30.0, idempotent: bool = True, hedge: bool = True) -> None:
         self._rt = rt
         self.service = service
         self.shard = shard_id(shard)
         self.timeout = timeout
         self.within = within
         self.idempotent = idempotent
+        self.hedge = hedge
+        self.hedged = 0  # second attempts made because the first was slow
+        self._recent: collections.deque[float] = collections.deque(maxlen=100)  # seconds of recent successful calls
         self._picker = Picker()
         self._checked: set[tuple] = set()  # providers whose node said they serve the shard
         self._looked_up = float("-inf")
@@ -97,6 +110,42 @@ class Stub:
             self._checked.add(key)
         return ok is True
 
+    def _hedge_after(self) -> float | None:
+        """Seconds after which an attempt still unanswered gets a second one on another provider:
+        ``HEDGE_FACTOR`` x the p95 of this stub's recent calls (None until enough were measured,
+        or with hedging off)."""
+        if not self.hedge or len(self._recent) < HEDGE_SAMPLES:
+            return None
+        ranked = sorted(self._recent)
+        return max(HEDGE_MIN, HEDGE_FACTOR * ranked[int(len(ranked) * 0.95)])
+
+    async def _attempt(self, p: Provider, method: str, args: tuple, kwargs: dict, timeout: float, idempotent: bool) -> Any:
+        """One attempt on ``p``, with the picker's book-keeping (a provider that answered with
+        the method's own error is not blamed)."""
+        loop = self._rt.loop
+        self._picker.started(p)
+        t0 = loop.time()
+        try:
+            if not await self._check(p):
+                raise _Mismatch(f"does not serve {self.shard!r} (registration stale or wrong)")
+            out = await self._rt.call(p.ref, method, args, kwargs, timeout=timeout, idempotent=idempotent)
+        except _Mismatch:
+            self._picker.failed(p, "its node says it does not serve this shard", ban=MISMATCH_BAN)
+            raise
+        except RETRY_ALWAYS + RETRY_IDEMPOTENT as exc:
+            self._picker.failed(p, type(exc).__name__)
+            raise
+        except asyncio.CancelledError:
+            self._picker.cancelled(p, loop.time() - t0)  # (the other attempt answered first)
+            raise
+        except BaseException:
+            self._picker.succeeded(p, loop.time() - t0)
+            raise
+        took = loop.time() - t0
+        self._picker.succeeded(p, took)
+        self._recent.append(took)
+        return out
+
     async def call(self, method: str, args: tuple, kwargs: dict, timeout: float | None, idempotent: bool) -> Any:
         loop = self._rt.loop
         deadline = loop.time() + self.within
@@ -119,34 +168,47 @@ class Stub:
                 await asyncio.sleep(max(0.0, first - loop.time()))
                 tried, looked_again = [], False
                 continue
-            self._picker.started(p)
-            t0 = loop.time()
+            left = deadline - loop.time()
+            attempt = max(left if timeout is None else min(timeout, left), 0.001)
+            running = {asyncio.ensure_future(self._attempt(p, method, args, kwargs, attempt, idempotent)): p}
+            hedge_at = None
+            after = self._hedge_after() if idempotent else None
+            if after is not None:
+                hedge_at = loop.time() + after
+            failure: BaseException | None = None
             try:
-                if not await self._check(p):
-                    self._picker.failed(p, "its node says it does not serve this shard", ban=MISMATCH_BAN)
-                    errors.append(f"{_who(p)}: does not serve {self.shard!r} (registration stale or wrong)")
-                    tried.append(p)
-                    continue
-                left = deadline - loop.time()
-                attempt = left if timeout is None else min(timeout, left)
-                out = await self._rt.call(p.ref, method, args, kwargs, timeout=max(attempt, 0.001), idempotent=idempotent)
-            except RETRY_ALWAYS + RETRY_IDEMPOTENT as exc:
-                self._picker.failed(p, type(exc).__name__)
-                tried.append(p)
-                errors.append(f"{_who(p)}: {type(exc).__name__}: {exc}")
-                if not idempotent and not isinstance(exc, RETRY_ALWAYS):
-                    raise
-                if loop.time() >= deadline:
-                    raise ShardUnavailable(self._unavailable(errors)) from exc
-                if delay:
-                    await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
-                delay = min(max(delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
-                continue
-            except BaseException:
-                self._picker.succeeded(p, loop.time() - t0)  # (it answered: the error is the method's)
-                raise
-            self._picker.succeeded(p, loop.time() - t0)
-            return out
+                while running:
+                    wait = None if hedge_at is None else max(0.0, hedge_at - loop.time())
+                    done, _ = await asyncio.wait(running, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                    if not done:  # slow: a second attempt on another provider, the first answer wins
+                        hedge_at = None
+                        other = self._picker.pick(exclude=tried + list(running.values()))
+                        if other is not None:
+                            self.hedged += 1
+                            running[asyncio.ensure_future(self._attempt(other, method, args, kwargs, attempt, idempotent))] = other
+                        continue
+                    for task in done:
+                        who = running.pop(task)
+                        exc = task.exception()
+                        if exc is None:
+                            return task.result()
+                        if not isinstance(exc, (_Mismatch,) + RETRY_ALWAYS + RETRY_IDEMPOTENT):
+                            raise exc  # the method's own error: the caller's
+                        tried.append(who)
+                        errors.append(f"{_who(who)}: {type(exc).__name__}: {exc}")
+                        if not idempotent and not isinstance(exc, (_Mismatch,) + RETRY_ALWAYS):
+                            raise exc
+                        failure = exc
+            finally:
+                for task in running:
+                    task.cancel()
+            if loop.time() >= deadline:
+                raise ShardUnavailable(self._unavailable(errors)) from failure
+            if isinstance(failure, _Mismatch):
+                continue  # (nothing ran: straight to another)
+            if delay:
+                await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+            delay = min(max(delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
 
     def _unavailable(self, errors: list[str]) -> str:
         head = f"no provider of shard {self.shard!r} of service {self.service!r} answered"

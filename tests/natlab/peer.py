@@ -16,6 +16,10 @@ JSON line per command read from stdin:
 * ``{"cmd": "crdt_open", "name": N}``; ``{"cmd": "crdt_set", "name": N, "key": K, "value": V}``
   (a map set in the document's root map "m"); ``{"cmd": "crdt_get", "name": N}`` -> ``{"m": ...,
   "peers": {peer: [paths]}, "stats": ...}``
+* ``{"cmd": "stage", "stage": S, "stages": N}`` -> a replica of pipeline stage S of N
+  (lattica/mesh/inference.py) on this node, registered as a shard
+* ``{"cmd": "generate", "prompt": [...], "n": N}`` -> ``{"tokens": [...], "ms": [...]}``: N tokens
+  through the pipeline's stubs, the time each took
 * ``{"cmd": "quit"}``
 """
 
@@ -154,11 +158,43 @@ def main() -> None:
                 doc = docs[cmd["name"]]
                 _say({"m": doc.to_py().get("m", {}), "stats": doc.stats(),
                       "peers": {str(p): [c.transport for c in node._host.conns_of.get(p, ())] for p in doc.peers()}})
+            elif cmd["cmd"] == "stage":
+                _say(node.run(_stage(node, int(cmd["stage"]), int(cmd["stages"])), timeout=30))
+            elif cmd["cmd"] == "generate":
+                _say(_generate(node, cmd["prompt"], int(cmd["n"])))
             elif cmd["cmd"] == "quit":
                 break
         except Exception as e:  # noqa: BLE001 -- reported to the test, which decides
             _say({"ok": False, "error": f"{type(e).__name__}: {e}"})
     node.stop()
+
+
+async def _stage(node: lattica.Node, stage: int, stages: int) -> dict:
+    from lattica.mesh.inference import SERVICE, PipelineStage  # (only nodes that serve a stage)
+
+    ref = PipelineStage.remote(stage, stages, 0, 5.0)
+    await ref._spawn
+    await lattica.shards.serve(ref, SERVICE, {"stage": stage}, node=node)
+    return {"ok": True, "actor": ref.name}
+
+
+_STUBS: dict = {}
+
+
+def _generate(node: lattica.Node, prompt: list, n: int) -> dict:
+    import numpy as np  # (only the node that generates)
+
+    from lattica.mesh.inference import CONTEXT, SERVICE  # (likewise)
+
+    first = _STUBS.get(node.peer_id)
+    if first is None:  # (one stub, kept: what it measured makes its picks and its hedges)
+        first = _STUBS[node.peer_id] = lattica.shards.stub(SERVICE, {"stage": 0}, timeout=10.0, within=60.0, node=node)
+    tokens, ms = list(prompt), []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        tokens.append(int(first.forward.remote(np.array(tokens[-CONTEXT:])).result(90)))
+        ms.append(round((time.perf_counter() - t0) * 1e3, 1))
+    return {"tokens": tokens[len(prompt):], "ms": ms}
 
 
 async def _punch_status(node: lattica.Node) -> dict:

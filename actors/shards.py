@@ -19,12 +19,13 @@ import time
 from typing import TYPE_CHECKING, Any, Mapping
 
 from lattica.actors.dht.upkeep import NAME_GRACE
-from lattica.errors import ActorNotFound, LatticaError, PermissionDenied
+from lattica.budget import Buckets
+from lattica.errors import ActorNotFound, LatticaError, PermissionDenied, ProtocolError
 from lattica.identity import PeerId
 from lattica.logging import get_logger
 from lattica.records import TOMBSTONE
 from lattica.runtime import ActorRef, current_caller
-from lattica.shards.keys import decode_registration, encode_registration, shard_key
+from lattica.shards.keys import MAX_PROVIDERS_PER_NODE, decode_registration, encode_registration, shard_id, shard_key
 
 if TYPE_CHECKING:
     from lattica.runtime import Runtime
@@ -34,6 +35,9 @@ __all__ = ["ShardsService", "ShardsActor"]
 log = get_logger("lattica.shards")
 
 MAX_SHARDS = 1024  # (service, shard) pairs one node serves
+MAX_PER_OWNER = 64  # registrations of actors another node spawned here, per such node
+MAX_RECORD = 16 * 1024 - 256  # a record's bytes (the DHT stores values up to 16 KiB)
+VERDICT_TTL = 60.0  # s a judgement of a registering node's certificates is kept
 
 
 class ShardsService:
@@ -42,19 +46,35 @@ class ShardsService:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
         self._served: dict[bytes, dict[str, ActorRef]] = {}  # shard key -> our actors serving it, by name
+        self._verdicts: dict[tuple[bytes, bytes], tuple[float, bool]] = {}  # (peer, certs) -> (when, a stranger?)
         runtime.stop_listeners.append(self._ended)
 
     # -- serving -------------------------------------------------------------------------------
 
-    def serve(self, ref: ActorRef, service: str, shard: str | Mapping[str, Any]) -> None:
-        """Register ``ref`` (an actor of this node) as a provider of ``shard`` of ``service``."""
+    def serve(self, ref: ActorRef, service: str, shard: str | Mapping[str, Any], owner: PeerId | None = None) -> Any:
+        """Register ``ref`` (an actor of this node) as a provider of ``shard`` of ``service`` (for
+        ``owner``, the node that spawned it here, if not this one); the task of the first put."""
         key = shard_key(service, shard)
         if ref.peer_id != self.rt.peer_id or ref.name not in self.rt.actors:
             raise ActorNotFound(f"{ref.name!r} is not an actor of this node: only a node's own actors serve from it")
+        actors = self._served.get(key, {})
+        if ref.name in actors:
+            return self.rt.dht.keep_live(key, lambda: self._record(key))  # (already: published again)
         if key not in self._served and len(self._served) >= MAX_SHARDS:
             raise ValueError(f"this node serves {MAX_SHARDS} shards already")
-        self._served.setdefault(key, {})[ref.name] = self.rt.actors[ref.name].ref
-        self._publish(key)
+        if owner is not None:
+            spawner = self.rt.services["spawner"]
+            mine = sum(1 for a in self._served.values() for name in a if spawner.owners.get(name) == owner)
+            if mine >= MAX_PER_OWNER:
+                raise ValueError(f"{owner} has {MAX_PER_OWNER} registrations of its actors on this node already")
+        if len(actors) >= MAX_PROVIDERS_PER_NODE:
+            raise ValueError(f"{MAX_PROVIDERS_PER_NODE} actors of this node serve {shard_id(shard)!r} already")
+        actors = dict(actors)
+        actors[ref.name] = self.rt.actors[ref.name].ref
+        if len(encode_registration([(r, 0) for r in actors.values()], self.rt.host.trust.presented)) > MAX_RECORD:
+            raise ValueError(f"the registration of {shard_id(shard)!r} would not fit a DHT record (16 KiB): fewer actors, or fewer methods")
+        self._served[key] = actors
+        return self._publish(key)
 
     def withdraw(self, ref: ActorRef, service: str, shard: str | Mapping[str, Any]) -> None:
         """``ref`` no longer serves ``shard`` of ``service`` (a no-op if it did not)."""
@@ -71,14 +91,15 @@ class ShardsService:
             del self._served[key][name]
             self._publish(key)
 
-    def _publish(self, key: bytes) -> None:
-        """Put our record of ``key`` now (and keep it fresh), or withdraw it if none of ours serves it."""
+    def _publish(self, key: bytes) -> Any:
+        """Put our record of ``key`` now (and keep it fresh), or withdraw it if none of ours
+        serves it; the task of the put (None for a withdrawal)."""
         dht = self.rt.dht
         if not self._served.get(key):
             self._served.pop(key, None)
             dht.drop_live(key)
-            return
-        dht.keep_live(key, lambda: self._record(key))
+            return None
+        return dht.keep_live(key, lambda: self._record(key))
 
     def _record(self, key: bytes) -> bytes:
         entries = []
@@ -104,7 +125,6 @@ class ShardsService:
 
     def _usable(self, records: Mapping[bytes, Any]) -> list[tuple[ActorRef, int]]:
         now = time.time()
-        trust = self.rt.host.trust
         out: list[tuple[ActorRef, int]] = []
         for sk, entry in records.items():
             if entry.value == TOMBSTONE or sk[:1] != b"p":
@@ -114,10 +134,25 @@ class ShardsService:
                 entries, certs = decode_registration(entry.value)
             except (LatticaError, ValueError):
                 continue
-            if trust.judge(peer, certs, now)[0] == "stranger" or self.rt.node_gone(peer):
+            if self._stranger(peer, certs, now) or self.rt.node_gone(peer):
                 continue
-            out += [(ref, load) for ref, load in entries if ref.peer_id == peer]  # (a node registers its own actors only)
+            # a node registers its own actors only; and a plain ref (a stable one would follow
+            # wherever its registrant's chosen supervisor says)
+            out += [(ActorRef(ref.peer_id, ref.name, ref.methods, ref.window), load) for ref, load in entries if ref.peer_id == peer]
         return out
+
+    def _stranger(self, peer: PeerId, certs: list[bytes], now: float) -> bool:
+        """Whether ``peer`` is a stranger to our mesh by ``certs`` (kept a while: a stranger's
+        records would otherwise cost a certificate check each per lookup)."""
+        key = (peer.to_bytes(), b"".join(len(c).to_bytes(2, "big") + c for c in certs[:8]))
+        seen = self._verdicts.get(key)
+        if seen is not None and now - seen[0] < VERDICT_TTL:
+            return seen[1]
+        if len(self._verdicts) >= 4096:
+            self._verdicts.clear()
+        stranger = self.rt.host.trust.judge(peer, certs, now)[0] == "stranger"
+        self._verdicts[key] = (now, stranger)
+        return stranger
 
     def close(self) -> None:
         for key in list(self._served):
@@ -132,6 +167,7 @@ class ShardsActor:
 
     def __init__(self, service: ShardsService) -> None:
         self._s = service
+        self._calls = Buckets(5.0, 20.0, 1024)  # serve calls each node may make of us
 
     async def serve(self, actor: str, service: str, shard: str) -> None:
         """Register our actor ``actor`` as a provider of ``shard`` of ``service``, for the node
@@ -143,7 +179,23 @@ class ShardsActor:
         owner = rt.services["spawner"].owners.get(actor)
         if caller is not None and caller != rt.peer_id and caller != owner:
             raise PermissionDenied(f"only the node that spawned {actor!r} says what it serves")
-        self._s.serve(rt.actors[actor].ref, service, shard)
+        if caller is not None and not self._calls.take(caller):
+            raise PermissionDenied(f"{caller} registers shards on {rt.peer_id} too often")
+        try:
+            put = self._s.serve(rt.actors[actor].ref, service, shard, owner)
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from None
+        if put is not None:
+            await put  # (registered once it is stored: a lookup right after finds it)
+
+    async def withdraw(self, actor: str, service: str, shard: str) -> None:
+        """``actor`` here no longer serves ``shard`` of ``service`` (its spawning node asks)."""
+        caller = current_caller()
+        rt = self._s.rt
+        if type(actor) is not str or caller is not None and caller != rt.peer_id and caller != rt.services["spawner"].owners.get(actor):
+            raise PermissionDenied(f"only the node that spawned {actor!r} says what it serves")
+        if actor in rt.actors:
+            self._s.withdraw(rt.actors[actor].ref, service, shard)
 
     async def check(self, service: str, shard: str, actor: str) -> bool:
         """Whether ``actor`` here serves ``shard`` of ``service`` now."""

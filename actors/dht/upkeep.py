@@ -248,12 +248,13 @@ class DhtUpkeep(DhtLookups):
     def unregister_name(self, name: str) -> None:
         self.drop_live(name_key(name))
 
-    def keep_live(self, key: bytes, value: Callable[[], bytes]) -> None:
+    def keep_live(self, key: bytes, value: Callable[[], bytes]) -> asyncio.Task:
         """Put ``value()`` under ``key`` (subkey: our PeerId, so signed by us) now and every
         ``name_ttl`` / 3 while it is kept, with ``value()`` as it is then (what it says may change,
-        a load); dropped, a tombstone replaces it; if we die, it expires within ``name_ttl``."""
+        a load); dropped, a tombstone replaces it; if we die, it expires within ``name_ttl``. The
+        task of the first put (done once stored, or logged if it could not be)."""
         self._live[key] = value
-        self.host.spawn(self._publish_live(key, value))
+        return self.host.spawn(self._publish_live(key, value))
 
     def drop_live(self, key: bytes) -> None:
         if self._live.pop(key, None) is not None:

@@ -104,7 +104,8 @@ class PipelineStage:
         if self.next is None:
             import lattica.shards  # (in the node process, when the stage first forwards)
 
-            self.next = lattica.shards.stub(SERVICE, {"stage": self.stage + 1}, timeout=self.timeout)
+            # (within a few attempts: the caller's own attempt on this stage is timed out too)
+            self.next = lattica.shards.stub(SERVICE, {"stage": self.stage + 1}, timeout=self.timeout, within=4 * self.timeout)
         return await self.next.forward.remote(y)
 
     async def where(self) -> int:

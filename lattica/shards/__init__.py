@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from lattica.errors import NodeClosed
 from lattica.future import Future
-from lattica.runtime import ASYNC, ActorRef, current_runtime, on_loop, run_coroutine
+from lattica.runtime import ASYNC, ActorRef, current_runtime, run_coroutine
 from lattica.shards.keys import shard_id
 from lattica.shards.stub import Stub, StubMethod
 
@@ -54,15 +54,23 @@ def serve(ref: ActorRef, service: str, shard: str | Mapping[str, Any], *, node: 
         return rt.call(shards, "serve", (ref.name, service, shard_id(shard)), {}, timeout=10.0)
 
     async def here() -> None:
-        svc.serve(ref, service, shard)
+        await svc.serve(ref, service, shard)  # (registered once stored: a lookup right after finds it)
 
     return run_coroutine(rt, here)
 
 
-def withdraw(ref: ActorRef, service: str, shard: str | Mapping[str, Any], *, node: Node | None = None) -> None:
-    """``ref`` no longer serves ``shard`` of ``service`` (its registration goes)."""
+def withdraw(ref: ActorRef, service: str, shard: str | Mapping[str, Any], *, node: Node | None = None) -> Future:
+    """``ref`` no longer serves ``shard`` of ``service`` (its registration goes; an actor this
+    node spawned on another: that node withdraws it)."""
     rt, svc = _service(node)
-    on_loop(rt, lambda: svc.withdraw(ref, service, shard))
+    if ref.peer_id != rt.peer_id:
+        shards = ActorRef(ref.peer_id, "shards", {"withdraw": ASYNC})
+        return rt.call(shards, "withdraw", (ref.name, service, shard_id(shard)), {}, timeout=10.0)
+
+    async def here() -> None:
+        svc.withdraw(ref, service, shard)
+
+    return run_coroutine(rt, here)
 
 
 def providers(service: str, shard: str | Mapping[str, Any], *, node: Node | None = None) -> Future:

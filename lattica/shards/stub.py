@@ -45,8 +45,13 @@ HEDGE_SAMPLES = 8  # calls measured before hedging starts
 HEDGE_FACTOR, HEDGE_MIN = 2.0, 0.005  # a second attempt after 2 x the p95 of recent calls, at least 5 ms
 
 
-class _Mismatch(LatticaError):
-    """(internal) The provider's node says it does not serve the shard."""
+class _Unchecked(LatticaError):
+    """(internal) The provider's node says it does not serve the shard (``mismatch``), or could
+    not be asked: either way the call did not run there."""
+
+    def __init__(self, message: str, mismatch: bool = False) -> None:
+        super().__init__(message)
+        self.mismatch = mismatch
 
 
 class Stub:
@@ -65,7 +70,7 @@ class Stub:
         self.hedged = 0  # second attempts made because the first was slow
         self._recent: collections.deque[float] = collections.deque(maxlen=100)  # seconds of recent successful calls
         self._picker = Picker()
-        self._checked: set[tuple] = set()  # providers whose node said they serve the shard
+        self._checked: dict[tuple, float] = {}  # providers whose node said they serve the shard -> when
         self._looked_up = float("-inf")
         self._lookup: asyncio.Future | None = None
 
@@ -88,27 +93,38 @@ class Stub:
 
     # -- on the node loop -------------------------------------------------------------------------
 
-    async def _find(self, everywhere: bool) -> None:
-        """Look the providers up (one lookup at a time, shared by the calls that need it)."""
+    async def _find(self, everywhere: bool, within: float | None = None) -> None:
+        """Look the providers up (one lookup at a time, shared by the calls that need it; a call
+        waits for it at most ``within`` seconds)."""
         if self._lookup is None:
             self._lookup = asyncio.ensure_future(self._rt.services["shards"].providers(self.service, self.shard, everywhere))
+            self._lookup.add_done_callback(_lookup_done)
             self._lookup.add_done_callback(lambda _: setattr(self, "_lookup", None))
         try:
-            found = await asyncio.shield(self._lookup)
-        except LatticaError:
+            found = await asyncio.wait_for(asyncio.shield(self._lookup), timeout=within)
+        except (LatticaError, asyncio.TimeoutError):
             return  # (the providers we knew stay)
         self._looked_up = self._rt.loop.time()
         self._picker.update(found)
 
-    async def _check(self, p: Provider) -> bool:
+    async def _check(self, p: Provider, left: float) -> None:
+        """Ask ``p``'s node whether ``p`` serves the shard (again after ``REFRESH``): _Unchecked
+        if it says no or cannot say (nothing of the call ran)."""
         key = (p.ref.peer_id, p.ref.name)
-        if key in self._checked:
-            return True
+        now = self._rt.loop.time()
+        if now - self._checked.get(key, float("-inf")) < REFRESH:
+            return
         shards = ActorRef(p.ref.peer_id, "shards", {"check": ASYNC})
-        ok = await self._rt.call(shards, "check", (self.service, self.shard, p.ref.name), {}, timeout=CHECK_TIMEOUT)
-        if ok is True:
-            self._checked.add(key)
-        return ok is True
+        try:
+            ok = await self._rt.call(shards, "check", (self.service, self.shard, p.ref.name), {},
+                                     timeout=max(0.001, min(CHECK_TIMEOUT, left)))
+        except LatticaError as exc:
+            raise _Unchecked(f"its node did not say whether it serves {self.shard!r}: {type(exc).__name__}: {exc}") from None
+        if ok is not True:
+            raise _Unchecked(f"does not serve {self.shard!r} (registration stale or wrong)", mismatch=True)
+        if len(self._checked) >= 4096:
+            self._checked.clear()
+        self._checked[key] = now
 
     def _hedge_after(self) -> float | None:
         """Seconds after which an attempt still unanswered gets a second one on another provider:
@@ -126,11 +142,10 @@ class Stub:
         self._picker.started(p)
         t0 = loop.time()
         try:
-            if not await self._check(p):
-                raise _Mismatch(f"does not serve {self.shard!r} (registration stale or wrong)")
-            out = await self._rt.call(p.ref, method, args, kwargs, timeout=timeout, idempotent=idempotent)
-        except _Mismatch:
-            self._picker.failed(p, "its node says it does not serve this shard", ban=MISMATCH_BAN)
+            await self._check(p, timeout)
+            out = await self._rt.call(p.ref, method, args, kwargs, timeout=max(0.001, timeout - (loop.time() - t0)), idempotent=idempotent)
+        except _Unchecked as exc:
+            self._picker.failed(p, str(exc), ban=MISMATCH_BAN if exc.mismatch else None)
             raise
         except RETRY_ALWAYS + RETRY_IDEMPOTENT as exc:
             self._picker.failed(p, type(exc).__name__)
@@ -150,7 +165,7 @@ class Stub:
         loop = self._rt.loop
         deadline = loop.time() + self.within
         if loop.time() - self._looked_up > REFRESH:
-            await self._find(everywhere=False)
+            await self._find(everywhere=False, within=self.within)
         tried: list[Provider] = []
         errors: list[str] = []
         delay = 0.0
@@ -159,7 +174,7 @@ class Stub:
             p = self._picker.pick(exclude=tried)
             if p is None and not looked_again:
                 looked_again = True  # every provider we knew was tried or is left alone: ask the DHT again
-                await self._find(everywhere=True)
+                await self._find(everywhere=True, within=max(0.0, deadline - loop.time()))
                 p = self._picker.pick(exclude=tried)
             if p is None:
                 first = self._picker.next_ready()
@@ -192,11 +207,11 @@ class Stub:
                         exc = task.exception()
                         if exc is None:
                             return task.result()
-                        if not isinstance(exc, (_Mismatch,) + RETRY_ALWAYS + RETRY_IDEMPOTENT):
+                        if not isinstance(exc, (_Unchecked,) + RETRY_ALWAYS + RETRY_IDEMPOTENT):
                             raise exc  # the method's own error: the caller's
                         tried.append(who)
                         errors.append(f"{_who(who)}: {type(exc).__name__}: {exc}")
-                        if not idempotent and not isinstance(exc, (_Mismatch,) + RETRY_ALWAYS):
+                        if not idempotent and not isinstance(exc, (_Unchecked,) + RETRY_ALWAYS):
                             raise exc
                         failure = exc
             finally:
@@ -204,7 +219,7 @@ class Stub:
                     task.cancel()
             if loop.time() >= deadline:
                 raise ShardUnavailable(self._unavailable(errors)) from failure
-            if isinstance(failure, _Mismatch):
+            if isinstance(failure, _Unchecked):
                 continue  # (nothing ran: straight to another)
             if delay:
                 await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
@@ -235,6 +250,11 @@ class StubMethod:
     def remote(self, *args: Any, **kwargs: Any) -> Future:
         s = self._stub
         return run_coroutine(s._rt, lambda: s.call(self._name, args, kwargs, self._timeout, self._idempotent))
+
+
+def _lookup_done(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()  # (read: a failed lookup nobody waited for is not "never retrieved")
 
 
 def _who(p: Provider) -> str:

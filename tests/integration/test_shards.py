@@ -137,3 +137,48 @@ def test_only_the_node_that_spawned_an_actor_registers_it_elsewhere(mesh):
             lattica.shards.serve(ghost, "math", "s-owned", node=other).result(10)
     lattica.shards.serve(ref, "math", "s-owned").result(10)
     assert [r.name for r, _ in lattica.shards.providers("math", "s-owned").result(10)] == [ref.name]
+
+
+def test_a_provider_whose_node_cannot_be_asked_is_skipped_even_for_calls_that_are_not_idempotent(mesh):
+    """The check before a first call ran nothing: its failure (here a frozen node) is a reason
+    to go elsewhere, whatever the call; and ``within`` bounds the whole call."""
+    driver, procs = mesh
+    _served(driver, procs, "s-frozen")
+    os.kill(procs[0].pid, signal.SIGSTOP)
+    try:
+        stub = lattica.shards.stub("math", "s-frozen", timeout=1.0, idempotent=False, hedge=False)
+        assert [stub.forward.remote(i).result(30) for i in range(4)] == [0, 2, 4, 6]
+        assert {stub.who.remote().result(10) for _ in range(4)} == {procs[1].pid}
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        fresh = lattica.shards.stub("math", "s-frozen", timeout=5.0, within=1.0)
+        t0 = time.monotonic()
+        with pytest.raises(ShardUnavailable):
+            fresh.forward.remote(1).result(30)
+        assert time.monotonic() - t0 < 4  # (within=1.0: not the 3 s check nor the 5 s attempt, twice)
+    finally:
+        for p in procs[:2]:
+            os.kill(p.pid, signal.SIGCONT)
+
+
+def test_refs_read_from_registrations_are_plain_and_serving_is_bounded(mesh):
+    from lattica.errors import PermissionDenied
+    from lattica.runtime import ActorRef
+
+    driver, procs = mesh
+    rt = driver.host.runtime
+    local = Stage.remote(1)
+    local.who.remote().result(10)
+    real = rt.actors[local.name].ref
+    decoy = ActorRef(real.peer_id, real.name, real.methods, stable=True, supervisor=ActorRef(real.peer_id, "elsewhere", {}))
+    driver.run(_keep(rt, shard_key("math", "s-plain"), encode_registration([(decoy, 0)], rt.host.trust.presented)), timeout=10)
+    assert wait_for(lambda: lattica.shards.providers("math", "s-plain").result(10), timeout=10)
+    got = lattica.shards.providers("math", "s-plain").result(10)
+    assert got and not got[0][0].stable and got[0][0].supervisor is None
+    # serving the same actor again is a no-op; a flood of serve calls from one node is refused
+    ref = Stage.options(node=lattica.PeerId.from_string(procs[2].peer_id)).remote(1)
+    lattica.shards.serve(ref, "math", "s-again").result(10)
+    lattica.shards.serve(ref, "math", "s-again").result(10)
+    assert len(lattica.shards.providers("math", "s-again").result(10)) == 1
+    with pytest.raises(PermissionDenied, match="too often"):
+        for i in range(60):
+            lattica.shards.serve(ref, "math", f"s-flood-{i}").result(10)

@@ -152,6 +152,7 @@ def fleet(workers: int = 6, clusters: int = 3, spare: int = 1) -> Iterator[tuple
     opts = ("--resources", json.dumps({"cpu": 1}))
     with contextlib.ExitStack() as stack:
         procs = [stack.enter_context(ServerProcess([TCP], *opts)) for _ in range(workers + spare)]
+        lattica.shutdown()  # (this process's node is the trainer's, made here)
         me = lattica.init([TCP], bootstrap=[p.addr("tcp") for p in procs], resources={"cpu": 0})
         stack.callback(lattica.shutdown)
         deadline = time.monotonic() + 20

@@ -52,8 +52,10 @@ def bench_shards(calls: int = 2000, rounds: int = 3, attempt_timeout: float = 0.
             yield {"bench": "shards", "case": f"sequential, {case}", "calls": calls, "p50_us": round(pct(us, 0.5), 1),
                    "p99_us": round(pct(us, 0.99), 1), "calls_s": round(len(lat) / sum(lat))}
         for case, fn in (("direct", lambda i: refs[0].echo.remote(i)), ("stub", lambda i: stub.echo.remote(i))):
+            hedged = stub.hedged
             took = _concurrent(node, fn, calls * 4, 64)
-            yield {"bench": "shards", "case": f"64 in flight, {case}", "calls": calls * 4, "calls_s": round(calls * 4 / took)}
+            yield {"bench": "shards", "case": f"64 in flight, {case}", "calls": calls * 4, "calls_s": round(calls * 4 / took),
+                   **({"hedged": stub.hedged - hedged} if case == "stub" else {})}
     for how in ("SIGKILL", "SIGSTOP"):
         stalls, failed = [], 0
         for _ in range(rounds):

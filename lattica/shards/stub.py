@@ -43,6 +43,9 @@ RETRY_ALWAYS = (ActorNotFound, MailboxFull)
 RETRY_IDEMPOTENT = (PeerUnreachable, ActorDied, CallTimeout)
 HEDGE_SAMPLES = 8  # calls measured before hedging starts
 HEDGE_FACTOR, HEDGE_MIN = 2.0, 0.005  # a second attempt after 2 x the p95 of recent calls, at least 5 ms
+# second attempts are at most a tenth of the calls (10 at once): under load every call is slow,
+# and hedging them all would double the load that made them slow
+HEDGE_SHARE, HEDGE_BURST = 0.1, 10.0
 
 
 class _Unchecked(LatticaError):
@@ -69,6 +72,9 @@ class Stub:
         self.hedge = hedge
         self.hedged = 0  # second attempts made because the first was slow
         self._recent: collections.deque[float] = collections.deque(maxlen=100)  # seconds of recent successful calls
+        self._p95: float | None = None
+        self._since_p95 = 0
+        self._hedges = 0.0  # second attempts we may make now (HEDGE_SHARE more with every call)
         self._picker = Picker()
         self._checked: dict[tuple, float] = {}  # providers whose node said they serve the shard -> when
         self._looked_up = float("-inf")
@@ -132,34 +138,42 @@ class Stub:
         or with hedging off)."""
         if not self.hedge or len(self._recent) < HEDGE_SAMPLES:
             return None
-        ranked = sorted(self._recent)
-        return max(HEDGE_MIN, HEDGE_FACTOR * ranked[int(len(ranked) * 0.95)])
+        self._since_p95 -= 1
+        if self._p95 is None or self._since_p95 <= 0:  # (recomputed every 16 calls, not every call)
+            ranked = sorted(self._recent)
+            self._p95, self._since_p95 = ranked[int(len(ranked) * 0.95)], 16
+        return max(HEDGE_MIN, HEDGE_FACTOR * self._p95)
 
-    async def _attempt(self, p: Provider, method: str, args: tuple, kwargs: dict, timeout: float, idempotent: bool) -> Any:
-        """One attempt on ``p``, with the picker's book-keeping (a provider that answered with
-        the method's own error is not blamed)."""
+    async def _begin(self, p: Provider, method: str, args: tuple, kwargs: dict, timeout: float, idempotent: bool) -> tuple:
+        """Check ``p`` (usually known already) and send the call: ``(p, its Future, when)``."""
         loop = self._rt.loop
         self._picker.started(p)
         t0 = loop.time()
         try:
             await self._check(p, timeout)
-            out = await self._rt.call(p.ref, method, args, kwargs, timeout=max(0.001, timeout - (loop.time() - t0)), idempotent=idempotent)
         except _Unchecked as exc:
             self._picker.failed(p, str(exc), ban=MISMATCH_BAN if exc.mismatch else None)
             raise
-        except RETRY_ALWAYS + RETRY_IDEMPOTENT as exc:
-            self._picker.failed(p, type(exc).__name__)
-            raise
-        except asyncio.CancelledError:
-            self._picker.cancelled(p, loop.time() - t0)  # (the other attempt answered first)
-            raise
         except BaseException:
-            self._picker.succeeded(p, loop.time() - t0)
+            self._picker.cancelled(p, 0.0)
             raise
-        took = loop.time() - t0
-        self._picker.succeeded(p, took)
-        self._recent.append(took)
-        return out
+        left = max(0.001, timeout - (loop.time() - t0))
+        return p, self._rt.call(p.ref, method, args, kwargs, timeout=left, idempotent=idempotent), t0
+
+    def _end(self, p: Provider, fut: Future, t0: float) -> Any:
+        """A finished attempt's value, or its error raised, with the picker's book-keeping (a
+        provider that answered with the method's own error is not blamed)."""
+        took = self._rt.loop.time() - t0
+        exc = asyncio.CancelledError() if fut.cancelled() else fut.exception()
+        if exc is None:
+            self._picker.succeeded(p, took)
+            self._recent.append(took)
+            return fut.result()
+        if isinstance(exc, RETRY_ALWAYS + RETRY_IDEMPOTENT):
+            self._picker.failed(p, type(exc).__name__)
+        else:
+            self._picker.succeeded(p, took)
+        raise exc
 
     async def call(self, method: str, args: tuple, kwargs: dict, timeout: float | None, idempotent: bool) -> Any:
         loop = self._rt.loop
@@ -185,38 +199,54 @@ class Stub:
                 continue
             left = deadline - loop.time()
             attempt = max(left if timeout is None else min(timeout, left), 0.001)
-            running = {asyncio.ensure_future(self._attempt(p, method, args, kwargs, attempt, idempotent)): p}
-            hedge_at = None
-            after = self._hedge_after() if idempotent else None
-            if after is not None:
-                hedge_at = loop.time() + after
+            self._hedges = min(self._hedges + HEDGE_SHARE, HEDGE_BURST)
+            after = self._hedge_after() if idempotent and self._hedges >= 1.0 else None
             failure: BaseException | None = None
+            pending: list[tuple] = []
             try:
-                while running:
-                    wait = None if hedge_at is None else max(0.0, hedge_at - loop.time())
-                    done, _ = await asyncio.wait(running, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-                    if not done:  # slow: a second attempt on another provider, the first answer wins
+                pending.append(await self._begin(p, method, args, kwargs, attempt, idempotent))
+                hedge_at = None if after is None else loop.time() + after
+                while pending:
+                    finished = [a for a in pending if a[1].done()]
+                    if not finished:
+                        waiter = loop.create_future()
+
+                        def wake(*_: Any, waiter: asyncio.Future = waiter) -> None:
+                            if not waiter.done():
+                                waiter.set_result(None)
+
+                        for a in pending:
+                            a[1].add_done_callback(wake)
+                        timer = None if hedge_at is None else loop.call_later(max(0.0, hedge_at - loop.time()), wake)
+                        try:
+                            await waiter
+                        finally:
+                            if timer is not None:
+                                timer.cancel()
+                        finished = [a for a in pending if a[1].done()]
+                    if not finished:  # slow: a second attempt on another provider, the first answer wins
                         hedge_at = None
-                        other = self._picker.pick(exclude=tried + list(running.values()))
-                        if other is not None:
+                        other = self._picker.pick(exclude=tried + [a[0] for a in pending])
+                        if other is not None and self._hedges >= 1.0:
+                            self._hedges -= 1.0
                             self.hedged += 1
-                            running[asyncio.ensure_future(self._attempt(other, method, args, kwargs, attempt, idempotent))] = other
+                            try:
+                                pending.append(await self._begin(other, method, args, kwargs, attempt, idempotent))
+                            except _Unchecked as exc:
+                                failure = self._failed(other, exc, idempotent, tried, errors)
                         continue
-                    for task in done:
-                        who = running.pop(task)
-                        exc = task.exception()
-                        if exc is None:
-                            return task.result()
-                        if not isinstance(exc, (_Unchecked,) + RETRY_ALWAYS + RETRY_IDEMPOTENT):
-                            raise exc  # the method's own error: the caller's
-                        tried.append(who)
-                        errors.append(f"{_who(who)}: {type(exc).__name__}: {exc}")
-                        if not idempotent and not isinstance(exc, (_Unchecked,) + RETRY_ALWAYS):
-                            raise exc
-                        failure = exc
+                    for a in finished:
+                        pending.remove(a)
+                        try:
+                            return self._end(*a)
+                        except RETRY_ALWAYS + RETRY_IDEMPOTENT as exc:
+                            failure = self._failed(a[0], exc, idempotent, tried, errors)
+            except _Unchecked as exc:
+                failure = self._failed(p, exc, idempotent, tried, errors)
             finally:
-                for task in running:
-                    task.cancel()
+                for q, fut, t0 in pending:  # (the other attempt answered first, or the call ended)
+                    fut.cancel()
+                    self._picker.cancelled(q, loop.time() - t0)
             if loop.time() >= deadline:
                 raise ShardUnavailable(self._unavailable(errors)) from failure
             if isinstance(failure, _Unchecked):
@@ -224,6 +254,15 @@ class Stub:
             if delay:
                 await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
             delay = min(max(delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
+
+    def _failed(self, p: Provider, exc: BaseException, idempotent: bool, tried: list[Provider], errors: list[str]) -> BaseException:
+        """An attempt on ``p`` failed with ``exc``: noted; raised again if the call may have run
+        there and is not idempotent."""
+        tried.append(p)
+        errors.append(f"{_who(p)}: {type(exc).__name__}: {exc}")
+        if not idempotent and not isinstance(exc, (_Unchecked,) + RETRY_ALWAYS):
+            raise exc
+        return exc
 
     def _unavailable(self, errors: list[str]) -> str:
         head = f"no provider of shard {self.shard!r} of service {self.service!r} answered"

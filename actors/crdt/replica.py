@@ -49,6 +49,7 @@ log = get_logger("lattica.crdt")
 MAX_SUMMARY = MAX_CHAINS  # chains one summary names
 MAX_PUSH = 1024  # envelopes one push or sync answer carries
 PAGE_BYTES = 4 << 20  # and about this many bytes
+HEAD_ID = 16  # bytes of a head's id a summary carries
 MAX_CHECKPOINTS_SENT = 1  # checkpoints (with their states, up to MAX_STATE each) in one answer
 SYNC_BYTES_RATE = 16 << 20  # bytes a second our sync answers send one peer on average
 SYNC_BYTES_BURST = 64 << 20  # (a checkpoint's state, up to 48 MiB, goes in one answer)
@@ -658,7 +659,9 @@ class Replica:
         return [p for p in pubsub.router.topics.get(self.topic, ()) if isinstance(p, PeerId)]
 
     def summary_wire(self) -> list:
-        return [[a, n, s] for (a, n), s in self.state.summary().items()]
+        """Per chain: author, nonce, seq held and the first bytes of that envelope's id (equal
+        seqs under different ids are a fork that the seqs alone would hide)."""
+        return [[a, n, seq, i[:HEAD_ID]] for (a, n), (seq, i) in self.state.heads.items()]
 
     def sync_soon(self, peer: PeerId) -> None:
         if self.closed:
@@ -687,24 +690,27 @@ class Replica:
         ref = _ref(peer, self.doc)
         for _ in range(16):  # pages of at most PAGE_BYTES each way
             answer = await self.rt.call(ref, "sync", (self.summary_wire(),), {}, timeout=timeout)
-            theirs, envs, given = _parse_answer(answer)
+            ids: dict = {}
+            theirs, envs, given = _parse_answer(answer, ids)
             self.heard(peer, theirs)
             for cp, state in given:  # (we lack what it dropped for them: they come first)
                 self._from_peer(cp, state, peer)
             if envs:
                 self.receive(envs, peer)
-            theirs = await self._push_missing(ref, theirs, timeout)
+            theirs = await self._push_missing(ref, theirs, timeout, ids)
             self.heard(peer, theirs)
             if not given and len(envs) < MAX_PUSH and sum(e.size for e in envs) < PAGE_BYTES:
                 self._synced.add(peer)
                 return theirs
         return theirs
 
-    async def _push_missing(self, ref: ActorRef, theirs: dict, timeout: float) -> dict:
+    async def _push_missing(self, ref: ActorRef, theirs: dict, timeout: float, ids: dict | None = None) -> dict:
         for cp in self.state.checkpoints_for(theirs)[:MAX_CHECKPOINTS_SENT]:  # (it lacks what we dropped for them)
             answer = await self.rt.call(ref, "checkpoint", (cp.to_bytes(), self.cp_states[cp.digest]), {}, timeout=timeout)
             theirs = _parse_summary(answer[1] if type(answer) is list and len(answer) == 2 else None)
-        proofs = self.state.proofs_for(theirs)  # (it holds chains we ended past their end: it should end them too)
+        # it holds chains we ended past their end (it should end them too), or another envelope
+        # than ours at a head: it should see the fork
+        proofs = self.state.proofs_for(theirs) + self.state.differing(theirs, ids or {})
         for _ in range(16):
             missing = (proofs + self.state.missing_for(theirs, PAGE_BYTES))[:MAX_PUSH]
             proofs = []
@@ -869,14 +875,15 @@ class ReplicaActor:
     async def sync(self, summary: list) -> list:
         """``summary``: what the caller holds per chain. Answers ours, and the envelopes the
         caller lacks (a page of them: it calls again until a short page)."""
-        theirs = _parse_summary(summary)
+        ids: dict = {}
+        theirs = _parse_summary(summary, ids)
         r = self._r
         caller = current_caller()
         if caller is not None and not r._sync_calls.take(caller):
             raise PermissionDenied(f"{caller} asks {r.rt.peer_id} to sync {r.name!r} too often")
         if caller is not None and r._sync_bytes.wait(caller) > 0:
             raise PermissionDenied(f"{caller} had {r.rt.peer_id} send more of {r.name!r} than it sends a peer a second")
-        missing = (r.state.proofs_for(theirs) + r.state.missing_for(theirs, PAGE_BYTES))[:MAX_PUSH]
+        missing = (r.state.proofs_for(theirs) + r.state.differing(theirs, ids) + r.state.missing_for(theirs, PAGE_BYTES))[:MAX_PUSH]
         given = [[cp.to_bytes(), r.cp_states[cp.digest]] for cp in r.state.checkpoints_for(theirs)[:MAX_CHECKPOINTS_SENT]]
         if caller is not None:  # (into debt: the next answer waits until it is paid off)
             r._sync_bytes.take(caller, sum(e.size for e in missing) + sum(len(g[1]) for g in given), force=True)
@@ -940,19 +947,23 @@ class ReplicaActor:
         return [mine, r.summary_wire()]
 
 
-def _parse_summary(raw: Any) -> dict:
+def _parse_summary(raw: Any, ids: dict | None = None) -> dict:
+    """Seq per chain; ``ids`` (given) gets the heads' id prefixes."""
     if type(raw) is not list or len(raw) > MAX_SUMMARY:
         raise ProtocolError(f"a replica's summary is a list of at most {MAX_SUMMARY} chains")
     out = {}
     for item in raw:
-        if (type(item) is not list or len(item) != 3 or type(item[0]) is not bytes or type(item[1]) is not bytes
-                or type(item[2]) is not int or not 0 <= item[2] < 1 << 63 or len(item[0]) > 64 or len(item[1]) > 16):
-            raise ProtocolError("a summary's entry is [author, nonce, seq]")
+        if (type(item) is not list or len(item) not in (3, 4) or type(item[0]) is not bytes or type(item[1]) is not bytes
+                or type(item[2]) is not int or not 0 <= item[2] < 1 << 63 or len(item[0]) > 64 or len(item[1]) > 16
+                or (len(item) == 4 and (type(item[3]) is not bytes or not 0 < len(item[3]) <= 32))):
+            raise ProtocolError("a summary's entry is [author, nonce, seq, head id prefix]")
         out[(item[0], item[1])] = item[2]
+        if ids is not None and len(item) == 4:
+            ids[(item[0], item[1])] = item[3]
     return out
 
 
-def _parse_answer(raw: Any) -> tuple[dict, list[Envelope], list[tuple[Checkpoint, bytes]]]:
+def _parse_answer(raw: Any, ids: dict | None = None) -> tuple[dict, list[Envelope], list[tuple[Checkpoint, bytes]]]:
     if (type(raw) is not list or len(raw) != 3 or type(raw[1]) is not list or len(raw[1]) > MAX_PUSH
             or type(raw[2]) is not list or len(raw[2]) > MAX_CHECKPOINTS_SENT):
         raise ProtocolError("a sync answer is [summary, envelopes, checkpoints]")
@@ -973,7 +984,7 @@ def _parse_answer(raw: Any) -> tuple[dict, list[Envelope], list[tuple[Checkpoint
             given.append((Checkpoint.from_bytes(item[0]), state))
         except MalformedUpdate as exc:
             raise ProtocolError(str(exc)) from None
-    return _parse_summary(raw[0]), envs, given
+    return _parse_summary(raw[0], ids), envs, given
 
 
 def _parse_signatures(raw: Any) -> list[Signature]:

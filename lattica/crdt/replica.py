@@ -207,6 +207,19 @@ class ReplicaState:
         """Whether ``author`` is on the latest writers list (owner documents)."""
         return self.owner is None or author == self.owner or author in self.acl.writers
 
+    def differing(self, theirs: dict[Chain, int], ids: dict[Chain, bytes]) -> list[Envelope]:
+        """Our head envelopes where a replica holding ``theirs`` is at the same seq under another
+        id (``ids``: the first bytes of its heads' ids): its author signed two envelopes for one
+        place, and equal summaries would hide it; fed ours, that replica sees the fork."""
+        out = []
+        for chain, prefix in ids.items():
+            seq, head = self.heads.get(chain, (0, b""))
+            if seq and theirs.get(chain) == seq and not head.startswith(prefix):
+                env = self.log.get(chain, seq)
+                if env is not None:
+                    out.append(env)
+        return out
+
     def proofs_for(self, theirs: dict[Chain, int]) -> list[Envelope]:
         """The fork proofs a replica that holds ``theirs`` lacks: for each chain we ended that it
         holds past the end, both envelopes (feeding them, it sees the fork and ends it too)."""

@@ -197,7 +197,8 @@ def test_an_invitation_that_expires_while_connected_ends_the_membership():
     short = a.issue(guest_key.peer_id, ttl=6.0)
     with lattica.Node([TCP], mesh=a, allow=ALLOW, membership=False) as host, lattica.Node([], keypair=guest_key, mesh=short, membership=False) as guest:
         guest.connect(host.addrs[0])
-        assert [p.circle for p in host.peers()] == ["member"]
+        # (the host judges the guest once its identify arrives: a moment after the dial returns)
+        assert wait_for(lambda: [p.circle for p in host.peers()] == ["member"], timeout=5)
         assert wait_for(lambda: host.peers() == [], timeout=10)
         guest.connect(host.addrs[0])
         assert wait_for(lambda: [(p.circle, "expired" in p.circle_reason) for p in host.peers()] == [("stranger", True)])

@@ -425,3 +425,23 @@ def test_a_replica_that_applied_the_other_branch_ends_it_when_a_settled_checkpoi
     assert d.yield_to(cp) and d.frozen[two.chain] == two.seq - 1
     d, _ = d.rebuilt()
     assert d.adopt(cp, canon)[0] == "" and d.head(one.chain) == (one.seq, one.id)
+
+
+def test_equal_summaries_over_different_envelopes_show_the_fork():
+    """Two replicas each got one of two envelopes an author signed for one place: their seqs
+    are equal, so only the heads' ids tell them apart; ``differing`` hands over the envelope."""
+    ws, envs = _history(6)
+    hostile = ws[0]
+    twin = Writer(keys=hostile.keys, nonce=hostile.nonce)
+    twin.learn(envs)
+    twin.seq, twin.prev = hostile.seq, hostile.prev
+    one, two = hostile.set("x", 1), twin.set("x", 2)
+    a, _ = _replica(envs + [one])
+    b, _ = _replica(envs + [two])
+    assert a.summary() == b.summary()
+    ids_b = {c: i[:16] for c, (s, i) in b.heads.items()}
+    shown = a.differing(b.summary(), ids_b)
+    assert [e.id for e in shown] == [one.id]
+    out = b.receive(shown)
+    assert out.forks and b.frozen[one.chain] == one.seq - 1
+    assert a.differing(a.summary(), {c: i[:16] for c, (s, i) in a.heads.items()}) == []

@@ -141,6 +141,17 @@ class Connections:
                     log.debug("closing idle connection", peer=str(conn.remote_peer))
                     self.spawn(conn.close())
 
+    def displaceable(self, peer: PeerId) -> Connection | None:
+        """The connection of ``peer`` to close when it opens one more than MAX_CONNS_PER_PEER: a
+        spare, never the primary: streamless before busy, relayed before direct, oldest first
+        (a hole punch races dials both ways over two transports beside the relayed circuits, and
+        the newest direct one is the one both ends are about to use). None: it has no spare."""
+        primary = self.conns.get(peer)
+        spares = [c for c in self.conns_of.get(peer, ()) if c is not primary and not c.is_closed]
+        if not spares:
+            return None
+        return min(spares, key=lambda c: (c.num_streams > 0, c.transport != "relay", self.idle_since.get(c, 0.0)))
+
     def evictable(self, min_age: float = EVICT_MIN_AGE) -> Connection | None:
         """The connection to close to make room for a newcomer when full: the oldest whose peer
         has not identified after ``min_age`` seconds, else the longest-idle stranger's with no

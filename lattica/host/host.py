@@ -210,9 +210,13 @@ class Host:
             conn.abort("node stopping")
             return
         if len(self.conns_of.get(conn.remote_peer, ())) >= MAX_CONNS_PER_PEER:
-            log.info("refusing inbound connection: too many from this peer", peer=str(conn.remote_peer))
-            conn.abort("per-peer connection limit reached")
-            return
+            spare = self.connections.displaceable(conn.remote_peer)
+            if spare is None:
+                log.info("refusing inbound connection: too many from this peer", peer=str(conn.remote_peer))
+                conn.abort("per-peer connection limit reached")
+                return
+            log.info("closing a spare connection for the peer's newest: per-peer limit", peer=str(conn.remote_peer), spare=spare.transport)
+            spare.abort("replaced by a newer connection from the same peer (per-peer limit)")
         if len(self.all_conns) >= self.max_connections:
             victim = self.connections.evictable()
             if victim is None:

@@ -27,6 +27,7 @@ log = get_logger("lattica.content")
 LOOKAHEAD = 16  # windows of places ahead of the walk that are asked for (in a random order per band)
 PROBE_TIMEOUT = 8.0  # seconds a peer heard of has to answer whether it has the root (dial included)
 PROBE_AGAIN = 10.0  # seconds before a peer that did not say so is asked again
+BENCH = 2.0  # seconds a peer dropped for failures sits out before it may rejoin (doubling each time)
 
 __all__ = ["Fetch"]
 
@@ -51,6 +52,7 @@ class Fetch:
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._peers: set[PeerId] = set()
+        self._benched: dict[PeerId, tuple[float, int]] = {}  # dropped for failures: (until, drops)
         self._order = 0
         self._wanted: set[Cid] = set()  # given to the scheduler
         self._leaf = 0  # the largest leaf seen (sets the walker's window in places)
@@ -98,8 +100,7 @@ class Fetch:
             for req in self.session.next_requests(now):
                 self._spawn(self._ask(req))
             for peer in self.session.take_dropped():
-                log.info("peer dropped from a fetch", peer=str(peer), root=str(self.root))
-                self.session.remove_peer(peer)
+                self._bench(peer)
             if now >= next_haves and self._new_haves:
                 next_haves = now + HAVES_EVERY
                 self._announce_haves()
@@ -180,8 +181,22 @@ class Fetch:
 
     # -- peers ----------------------------------------------------------------------------------
 
+    def _bench(self, peer: PeerId) -> None:
+        """The session dropped ``peer``: its calls are forgotten, and unless it sent a bad block
+        it may rejoin (found again and saying it has the root) once it sat out a while, longer
+        each time: a path that broke during a hole punch, or a peer busy for a moment, is often
+        the only provider there is."""
+        drops = self._benched.get(peer, (0.0, 0))[1] + 1
+        sit = min(BENCH * 2 ** (drops - 1), SWARM_EVERY * 4)
+        self._benched[peer] = (time.monotonic() + sit, drops)
+        log.info("peer dropped from a fetch", peer=str(peer), root=str(self.root), rejoins_after=sit, drops=drops)
+        self.session.remove_peer(peer)
+        self._peers.discard(peer)
+
     def _add_peer(self, peer: PeerId) -> None:
         if peer == self.svc.rt.peer_id or peer in self._peers:
+            return
+        if self._benched.get(peer, (0.0, 0))[0] > time.monotonic():
             return
         self._peers.add(peer)
         if self.session.add_peer(peer, asyncio.get_running_loop().time()):

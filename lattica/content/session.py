@@ -116,13 +116,14 @@ class _Peer:
     __slots__ = (
         "id", "active", "dropped", "reason", "rate", "rtt", "consecutive", "failures", "misses",
         "dont_haves", "asked", "blocks", "bytes", "duplicates", "inflight_bytes", "inflight_blocks",
-        "calls", "have_calls", "last_done", "have_queue", "window_bytes", "window_time",
+        "calls", "have_calls", "last_done", "have_queue", "window_bytes", "window_time", "banned",
     )
 
     def __init__(self, pid: Hashable) -> None:
         self.id = pid
         self.active = False
         self.dropped = False
+        self.banned = False  # sent a bad block: never taken back
         self.reason: str | None = None
         self.rate: float | None = None  # bytes/s while busy
         self.rtt: float | None = None  # seconds
@@ -214,8 +215,8 @@ class FetchSession:
     trip of calls sent to an idle peer, drifting up slowly. Failures in a row (reset by any
     answer): a failed call, a call past its ``deadline`` (``block_timeout`` + the peer's queued
     bytes / ``min_rate``; one per peer per tick; its blocks are asked elsewhere), and a copy beaten
-    by another while overdue. ``max_failures`` in a row drop the peer for good; a bad block drops
-    it at once. ``stats()`` shows all of it.
+    by another while overdue. ``max_failures`` in a row drop the peer (``add_peer`` takes it back
+    when the glue sees fit); a bad block drops it at once and for good. ``stats()`` shows all of it.
     """
 
     def __init__(
@@ -299,13 +300,20 @@ class FetchSession:
     # -- peers ----------------------------------------------------------------------------------
 
     def add_peer(self, peer: Hashable, now: float) -> bool:
-        """Take ``peer`` into the session (False if it is already in, or was dropped). It is asked
-        want-have for every block stuck now."""
+        """Take ``peer`` into the session (False if it is already in, or sent a bad block). It is
+        asked want-have for every block stuck now. A peer dropped for failures in a row comes back
+        with a clean slate (the glue decides when: a path that broke may have healed, and it may
+        be the only provider there is)."""
         p = self._peers.get(peer)
         if p is None:
             p = self._peers[peer] = _Peer(peer)
-        elif p.active or p.dropped:
+        elif p.active or p.banned:
             return False
+        elif p.dropped:
+            p.dropped, p.reason, p.consecutive = False, None, 0
+            for w in self._wants.values():
+                if w.tried:
+                    w.tried.pop(peer, None)
         p.active = True
         self._active[peer] = p
         p.have_queue = deque(self._stuck)
@@ -524,6 +532,7 @@ class FetchSession:
                 w.excluded = set()
             w.excluded.add(peer)
         p.failures += 1
+        p.banned = True
         if not p.dropped:
             self._drop(p, "sent a block that does not match its CID")
         if w is not None:

@@ -511,6 +511,14 @@ class Lab:
         kwargs.setdefault("text", True)
         return subprocess.run(["ip", "netns", "exec", _ns_of(where), *argv], timeout=timeout, check=check, **kwargs)
 
+    def limit_upload(self, host: Host, mbit: float) -> None:
+        """Cap what ``host`` sends to ``mbit`` Mbit/s (a token bucket on its one link, as a home or
+        a rack's uplink would): on loopback every node is CPU-bound instead, and what a swarm
+        saves the publisher's uplink does not show."""
+        dev = "wan" if ipaddress.ip_address(host.ip) in INTERNET else "eth0"  # (a public host's, or behind a router)
+        burst = max(int(mbit * 1e6 / 8 / 250), 16 << 10)  # 4 ms of data, and at least 16 KiB
+        self._sh(host.ns, [f"tc qdisc replace dev {dev} root tbf rate {mbit}mbit burst {burst} latency 100ms"])
+
     def nft(self, where, script: str) -> None:
         """Load nftables ``script`` inside ``where`` (e.g. to tweak a router's rules)."""
         argv = ["ip", "netns", "exec", _ns_of(where), "nft", "-f", "-"]

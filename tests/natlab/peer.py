@@ -20,6 +20,13 @@ JSON line per command read from stdin:
   (lattica/mesh/inference.py) on this node, registered as a shard
 * ``{"cmd": "generate", "prompt": [...], "n": N}`` -> ``{"tokens": [...], "ms": [...]}``: N tokens
   through the pipeline's stubs, the time each took
+* ``{"cmd": "trainer"}`` -> the RL trainer (lattica/mesh/weightsync.py) on this node, named
+  ``trainer``; ``{"cmd": "worker", "trainer": "<PeerId>", "name": W, "cluster": C}`` -> a
+  PolicyWorker here following that trainer; ``{"cmd": "sync", "workers": N, "versions": V,
+  "mib": M}`` (on the trainer's node) -> ``{"rows": [...]}``: V policies of M MiB published, per
+  version the seconds until all N workers run it and the bytes this node uploaded
+* ``{"cmd": "put_policy", "mib": M, "seed": S}`` -> ``{"cid": ...}``; ``{"cmd": "time_fetch",
+  "cid": C}`` -> ``{"seconds": ...}``: one fetch of it by this node alone
 * ``{"cmd": "quit"}``
 """
 
@@ -39,7 +46,7 @@ import lattica  # noqa: E402
 import lattica.logging  # noqa: E402
 import sample_actors as sa  # noqa: E402
 from lattica.actors.relay import RelayConfig  # noqa: E402
-from lattica.config import CrdtConfig  # noqa: E402
+from lattica.config import ContentConfig, CrdtConfig  # noqa: E402
 
 
 def _say(obj: dict) -> None:
@@ -101,7 +108,7 @@ def main() -> None:
         options = {"tcp": ka, "quic": {"keepalive_interval": args.keepalive}}
     relay = RelayConfig(splice=False) if args.relay_in_stream else args.relay
     node = lattica.Node(listen, relay=relay, relays=args.bootstrap, allow=["sample_actors.*"], transport_options=options, mdns=args.mdns == "on", membership=args.membership == "on",
-                        crdt=CrdtConfig(path="memory")).start()
+                        crdt=CrdtConfig(path="memory"), content=ContentConfig(blocks="memory")).start()
     _say({"event": "ready", "peer_id": str(node.peer_id), "addrs": [str(a) for a in node.addrs]})
     for addr in args.bootstrap:
         try:
@@ -162,6 +169,8 @@ def main() -> None:
                 _say(node.run(_stage(node, int(cmd["stage"]), int(cmd["stages"])), timeout=30))
             elif cmd["cmd"] == "generate":
                 _say(_generate(node, cmd["prompt"], int(cmd["n"])))
+            elif cmd["cmd"] in ("trainer", "worker", "sync", "put_policy", "time_fetch"):
+                _say(_weightsync(node, cmd))
             elif cmd["cmd"] == "quit":
                 break
         except Exception as e:  # noqa: BLE001 -- reported to the test, which decides
@@ -195,6 +204,38 @@ def _generate(node: lattica.Node, prompt: list, n: int) -> dict:
         tokens.append(int(first.forward.remote(np.array(tokens[-CONTEXT:])).result(90)))
         ms.append(round((time.perf_counter() - t0) * 1e3, 1))
     return {"tokens": tokens[len(prompt):], "ms": ms}
+
+
+def _weightsync(node: lattica.Node, cmd: dict) -> dict:
+    import numpy as np  # (only the nodes of the weight sync test)
+
+    from lattica.context import set_default_node
+    from lattica.mesh import weightsync as ws
+
+    set_default_node(node)  # (the helpers spawn and publish through the user API)
+    if cmd["cmd"] == "trainer":
+        ref = node.run(_spawn(ws.Trainer.options(name="trainer")), timeout=30)
+        return {"ok": True, "actor": ref.name}
+    if cmd["cmd"] == "worker":
+        trainer = lattica.get_actor("trainer", node=cmd["trainer"], timeout=20)
+        ref = node.run(_spawn(ws.PolicyWorker.options(name=cmd["name"]), trainer, cmd["name"], cmd["cluster"]), timeout=30)
+        return {"ok": True, "actor": ref.name}
+    if cmd["cmd"] == "sync":
+        trainer = lattica.get_actor("trainer")
+        rows = ws.sync_versions(node, trainer, int(cmd["workers"]), int(cmd["versions"]), int(cmd["mib"]) << 20, timeout=float(cmd.get("timeout", 90)))
+        return {"rows": rows}
+    if cmd["cmd"] == "put_policy":
+        policy = np.random.default_rng(int(cmd["seed"])).standard_normal((int(cmd["mib"]) << 20) // 4).astype(np.float32)
+        return {"cid": lattica.content.put_weights({"policy": policy}, node=node).result(60)}
+    t0 = time.perf_counter()
+    lattica.content.get_weights(cmd["cid"], node=node).result(60)
+    return {"seconds": round(time.perf_counter() - t0, 3)}
+
+
+async def _spawn(cls, *args):
+    ref = cls.remote(*args)
+    await ref._spawn
+    return ref
 
 
 async def _punch_status(node: lattica.Node) -> dict:

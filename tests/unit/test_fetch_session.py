@@ -430,6 +430,24 @@ def test_when_the_only_peer_is_dropped_the_session_cannot_finish():
     assert not sw.s.add_peer("bad", sw.t)  # dropped for good
 
 
+def test_a_peer_dropped_for_failures_may_rejoin_and_finish_the_fetch():
+    """The only provider timed out three times in a row (a path broke, it was busy): dropped, the
+    session is exhausted; taken back (the glue found it again), it is asked afresh, even for the
+    blocks it failed, and the fetch completes."""
+    solo = SimPeer(8 * MiB, 0.01, mode="silent")
+    sw = Swarm(session(block_timeout=0.5), make_tree(40), {"solo": solo})
+    sw.start()
+    sw.run()
+    assert sw.s.exhausted and "solo" in sw.dropped_at
+    solo.mode = "ok"
+    del sw.dropped_at["solo"]  # (the sim's glue asserts a dropped peer is never asked)
+    assert sw.s.add_peer("solo", sw.t)
+    assert not sw.s.stats()["solo"].dropped and sw.s.stats()["solo"].consecutive_failures == 0
+    sw.run()
+    finished(sw)
+    assert "solo" not in sw.dropped_at
+
+
 def test_a_large_fetch_with_many_peers():
     rng = random.Random(3)
     peers = {f"p{i}": SimPeer(rng.uniform(2, 40) * MiB, rng.uniform(0.002, 0.05)) for i in range(8)}

@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from lattica.actors.content.jobs import check_and_store
-from lattica.actors.content.wire import BAND, HAVES_EVERY, MAX_NAMED, SWARM_ANSWER, SWARM_ADDRS, SWARM_EVERY, SWARM_SOON, SWARM_TAKE, SWARM_WANT, content_ref
+from lattica.actors.content.wire import BAND, HAVES_EVERY, MAX_NAMED, SWARM_ANSWER, SWARM_ADDRS, MAX_SWARM, SWARM_EVERY, SWARM_SOON, SWARM_TAKE, SWARM_WANT, content_ref
 from lattica.content.cid import RAW, Cid
 from lattica.content.session import BLOCK, FetchSession, Request
 from lattica.content.unixfs import Walker
@@ -59,7 +59,12 @@ class Fetch:
         self._handed = 0  # pieces of the file the walker handed out (it moved on by as many places)
         self._rescan = 0  # look for new wants once it handed out this many
         self._new_haves: list[Cid] = []
+        self._new_coming: list[Cid] = []  # blocks asked of providers since the last announcement
+        self._fellows: set[PeerId] = set()  # peers known to fetch the root too (from swarms)
         self._swarm_asked: dict[PeerId, float] = {}
+        self._joined = asyncio.Event()  # a peer joined: ask it for its swarm now
+        self._call_left: dict[Any, set[Cid]] = {}  # want-block call -> its blocks not received from anyone yet
+        self._calls_for: dict[Cid, dict[PeerId, Any]] = {}  # block -> the calls asking for it, by peer
         self._probed: dict[PeerId, float] = {}  # peers asked whether they have the root: when
         self._stored_bytes = 0
         self._started = time.monotonic()
@@ -101,7 +106,7 @@ class Fetch:
                 self._spawn(self._ask(req))
             for peer in self.session.take_dropped():
                 self._bench(peer)
-            if now >= next_haves and self._new_haves:
+            if now >= next_haves and (self._new_haves or self._new_coming):
                 next_haves = now + HAVES_EVERY
                 self._announce_haves()
             idle = time.monotonic() - self._last_found
@@ -121,6 +126,8 @@ class Fetch:
         self._announce_haves()
         self.svc.announce(self.root)
         self._report(final=True)
+        log.debug("fetch done", root=str(self.root), seconds=round(time.monotonic() - self._started, 3), bytes=self._stored_bytes,
+                  blocks_from={str(p)[-8:]: st.blocks for p, st in self.session.stats().items() if st.blocks or st.asked})
 
     async def _take_wants(self, store: Blockstore) -> None:
         """Give the scheduler what the walker wants next; blocks we hold already (a resumed or
@@ -199,9 +206,20 @@ class Fetch:
         if self._benched.get(peer, (0.0, 0))[0] > time.monotonic():
             return
         self._peers.add(peer)
+        log.debug("fetch peer joins", root=str(self.root), peer=str(peer), after=round(time.monotonic() - self._started, 3))
         if self.session.add_peer(peer, asyncio.get_running_loop().time()):
             self._last_found = time.monotonic()
             self._wake.set()
+            self._joined.set()
+
+    def fellow(self, peer: PeerId) -> None:
+        """``peer`` fetches our root too and just asked us for its swarm: it joins our fetch
+        at once (it is alive, it called; the blocks it has come as its haves), so fetchers
+        that start together find each other whichever asked first (a stranger cannot crowd
+        the fetch: MAX_SWARM peers at most come this way)."""
+        if len(self._peers) < MAX_SWARM:
+            self._fellows.add(peer)
+            self._add_peer(peer)
 
     async def _discover(self) -> None:
         """Providers: the peers we are connected to that have the root, the DHT's provider
@@ -267,11 +285,15 @@ class Fetch:
         everything), then every SWARM_EVERY."""
         while not self.walker.done:
             every = SWARM_SOON if len(self._peers) < SWARM_WANT else SWARM_EVERY
+            self._joined.clear()
             try:
                 await self._ask_swarms(every)
             except Exception as e:  # (a malformed answer must not end the search)
                 log.warning("swarm question failed", root=str(self.root), error=repr(e))
-            await asyncio.sleep(every)
+            try:  # a new peer is asked at once (the first provider, found a round trip in)
+                await asyncio.wait_for(self._joined.wait(), every)
+            except asyncio.TimeoutError:
+                pass
 
     async def _ask_swarms(self, every: float) -> None:
         now = time.monotonic()
@@ -301,6 +323,7 @@ class Fetch:
                 if addrs and other not in self.svc.host.conns:
                     self.svc.host.remember_addrs(other, addrs)
                 taken += 1
+                self._fellows.add(other)
                 self._probe(other)
 
         await asyncio.gather(*(ask(p) for p in asked))
@@ -309,24 +332,29 @@ class Fetch:
     def peers(self) -> set[PeerId]:
         return self._peers
 
-    def heard_haves(self, peer: PeerId, cids: list[Cid]) -> None:
+    def heard_haves(self, peer: PeerId, cids: list[Cid], coming: list[Cid]) -> None:
         now = asyncio.get_running_loop().time()
         for cid in cids:
             self.session.on_have(peer, cid, now)
+        for cid in coming:
+            self.session.on_coming(peer, cid, now)
         self._wake.set()
 
     def _announce_haves(self) -> None:
-        """Tell the swarm the blocks we got since the last time (Bitswap's HAVE)."""
+        """Tell the swarm the blocks we got since the last time (Bitswap's HAVE) and the ones we
+        asked for meanwhile (a claim: fellows ask others for other blocks, then us for these)."""
         cids, self._new_haves = self._new_haves, []
-        if not cids:
+        coming, self._new_coming = self._new_coming, []
+        if not cids and not coming:
             return
         targets = set(self.svc.swarm_of(self.root)) | set(self._peers)
         for peer in targets:
             if peer not in self.svc.host.conns:
                 continue  # never dial for an announcement
-            for i in range(0, len(cids), MAX_NAMED):
+            for i in range(0, max(len(cids), len(coming)), MAX_NAMED):
+                part = ([c.bytes for c in cids[i:i + MAX_NAMED]], [c.bytes for c in coming[i:i + MAX_NAMED]])
                 try:
-                    self.svc.rt.call(content_ref(peer), "haves", (self.root.bytes, [c.bytes for c in cids[i:i + MAX_NAMED]]), {}, timeout=None, tell=True)
+                    self.svc.rt.call(content_ref(peer), "haves", (self.root.bytes, *part), {}, timeout=None, tell=True)
                 except LatticaError:
                     break
 
@@ -336,13 +364,29 @@ class Fetch:
         loop = asyncio.get_running_loop()
         session = self.session
         method = "blocks" if req.kind == BLOCK else "have"
+        call = None
         try:
             timeout = max(req.hard_deadline - loop.time(), 0.1)
-            got = await self.svc.rt.call(content_ref(req.peer), method, ([c.bytes for c in req.cids],), {}, timeout=timeout)
+            call = self.svc.rt.call(content_ref(req.peer), method, ([c.bytes for c in req.cids],), {}, timeout=timeout)
+            if req.kind == BLOCK:
+                self._track(call, req)
+                if req.peer not in self._fellows:  # (a fellow may not have them: no claim)
+                    self._new_coming.extend(req.cids)
+            try:
+                got = await call
+            finally:
+                if req.kind == BLOCK:
+                    self._untrack(call, req)
             if type(got) is not list or len(got) > len(req.cids):
                 raise ContentError(f"{req.peer} answered {method} with something else than a list per CID")
         except (LatticaError, asyncio.TimeoutError) as e:
             session.on_failure(req.peer, req.cids, loop.time(), str(e) or "timeout")
+            self._wake.set()
+            return
+        except asyncio.CancelledError:
+            if call is None or not call.cancelled() or asyncio.current_task().cancelling():
+                raise  # (the fetch is ending)
+            session.on_failure(req.peer, req.cids, loop.time(), "cancelled")  # every block of it came from elsewhere
             self._wake.set()
             return
         now = loop.time()
@@ -365,6 +409,8 @@ class Fetch:
                     session.on_bad_block(req.peer, cid, now)
                     continue
                 arrival = session.on_block(req.peer, cid, len(block), now)
+                for other in arrival.cancel:
+                    self._redundant(other, cid)
                 if arrival.fresh:
                     if cid.codec == RAW and len(block) > self._leaf:
                         self._leaf = len(block)
@@ -380,6 +426,33 @@ class Fetch:
         if rest:
             session.on_failure(req.peer, rest, now, "not sent (answer cut short)")
         self._wake.set()
+
+    # Bitswap's CANCEL: a want-block whose every block arrived from another peer is cancelled
+    # where it runs (a call still queued at a busy provider, often the publisher everyone asks,
+    # is never served)
+
+    def _track(self, call: Any, req: Request) -> None:
+        self._call_left[call] = set(req.cids)
+        for cid in req.cids:
+            self._calls_for.setdefault(cid, {})[req.peer] = call
+
+    def _untrack(self, call: Any, req: Request) -> None:
+        self._call_left.pop(call, None)
+        for cid in req.cids:
+            calls = self._calls_for.get(cid)
+            if calls is not None and calls.get(req.peer) is call:
+                del calls[req.peer]
+                if not calls:
+                    del self._calls_for[cid]
+
+    def _redundant(self, peer: PeerId, cid: Cid) -> None:
+        call = self._calls_for.get(cid, {}).get(peer)
+        left = self._call_left.get(call) if call is not None else None
+        if left is None:
+            return
+        left.discard(cid)
+        if not left:
+            call.cancel()
 
     def _report(self, final: bool = False) -> None:
         if not self.listeners:

@@ -294,6 +294,9 @@ class ContentService:
         self._swarms[root] = members  # most recently joined last
         members.pop(peer, None)
         members[peer] = time.monotonic()
+        fetch = self._fetches.get(root)
+        if fetch is not None:
+            fetch.fellow(peer)
         while len(members) > MAX_SWARM:
             del members[next(iter(members))]
         return [p for p in reversed(members) if p != peer][:SWARM_ANSWER]
@@ -301,10 +304,10 @@ class ContentService:
     def swarm_of(self, root: Cid) -> list[PeerId]:
         return list(self._swarms.get(root, ()))
 
-    def heard_haves(self, peer: PeerId, root: Cid, cids: list[Cid]) -> None:
+    def heard_haves(self, peer: PeerId, root: Cid, cids: list[Cid], coming: list[Cid]) -> None:
         fetch = self._fetches.get(root)
         if fetch is not None and peer in fetch.peers:  # only from a peer the fetch already uses
-            fetch.heard_haves(peer, cids)
+            fetch.heard_haves(peer, cids, coming)
 
     def close(self) -> None:
         self._upkeep.cancel()
@@ -350,29 +353,31 @@ class ContentActor:
         return out
 
     async def swarm(self, root: bytes) -> list:
-        """The caller fetches ``root``: it joins the root's swarm; returns other members, each
-        ``[peer id bytes, [the address we see it connected from]]``, newest first (members we are
-        not connected to directly are left out)."""
+        """The caller fetches ``root``: it joins the root's swarm; returns the other members we
+        are connected to, each ``[peer id bytes, [its addresses on the IP we see it connected
+        from]]``, newest first. A member behind a NAT (or connected through a relay) comes with
+        no address: the fetcher reaches it by its PeerId as any other peer (relay, hole punch)."""
         cid = parse_cids([root], 1)[0]
         caller = current_caller() or self._svc.rt.peer_id
         out = []
         for peer in self._svc.joined(cid, caller):
+            conn = self._svc.host.conns.get(peer)
+            if conn is None or conn.is_closed:
+                continue
             # only addresses on the IP we see it connected from: an answer must not make fetchers
             # dial a third party a peer names (a reflection attack, as AutoNAT's dial-backs were)
-            conn = self._svc.host.conns.get(peer)
-            seen = _host_of(conn.remote_addr) if conn is not None and not conn.is_closed and conn.transport != "relay" else None
-            if seen is not None:
-                addrs = [a for a in self._svc.host.peer_addrs.get(peer, ()) if _host_of(a) == seen][:SWARM_ADDRS]
-                if addrs:
-                    out.append([peer.to_bytes(), [a.to_bytes() for a in addrs]])
+            seen = _host_of(conn.remote_addr) if conn.transport != "relay" else None
+            addrs = [a for a in self._svc.host.peer_addrs.get(peer, ()) if _host_of(a) == seen][:SWARM_ADDRS] if seen else []
+            out.append([peer.to_bytes(), [a.to_bytes() for a in addrs]])
         return out
 
-    async def haves(self, root: bytes, cids: list) -> None:
-        """A swarm peer now holds ``cids`` of ``root`` (for our fetch of it, if any)."""
+    async def haves(self, root: bytes, cids: list, coming: list | None = None) -> None:
+        """A swarm peer now holds ``cids`` of ``root`` and is being sent ``coming`` (for our
+        fetch of it, if any)."""
         caller = current_caller()
         if caller is None:
             return
-        self._svc.heard_haves(caller, parse_cids([root], 1)[0], parse_cids(cids, MAX_NAMED))
+        self._svc.heard_haves(caller, parse_cids([root], 1)[0], parse_cids(cids, MAX_NAMED), parse_cids(coming or [], MAX_NAMED))
 
 
 

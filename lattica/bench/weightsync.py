@@ -15,7 +15,7 @@ __all__ = ["bench_weightsync"]
 def bench_weightsync(workers: int = 8, mib: int = 64, versions: int = 3) -> Iterator[dict[str, Any]]:
     """See the module docstring."""
     import lattica  # (the user API; this bench only)
-    from lattica.mesh.weightsync import fleet, sync_versions  # (likewise)
+    from lattica.mesh.weightsync import CHUNK, fleet, sync_versions  # (likewise)
 
     size = mib << 20
     with fleet(workers=workers, clusters=3, spare=0) as (me, procs, sup, refs, trainer):
@@ -24,7 +24,7 @@ def bench_weightsync(workers: int = 8, mib: int = 64, versions: int = 3) -> Iter
         alone = []
         for i in range(2):  # one worker fetching a policy nobody else wants
             cid = lattica.content.put_weights({"policy": np.random.default_rng(1000 + i).standard_normal(size // 4).astype(np.float32)},
-                                              node=me).result(120)
+                                              chunk_size=CHUNK, node=me).result(120)
             alone.append(lattica.get(refs[i].time_fetch.remote(cid), timeout=300))
         rows = sync_versions(me, trainer, workers, versions, size, timeout=300)
         single = statistics.median(alone)

@@ -76,6 +76,7 @@ class PeerStats:
 class _Want:
     __slots__ = (
         "cid", "size", "order", "seq", "gen", "state", "live", "copies", "tried", "excluded", "haves", "have_asked",
+        "coming",
     )
 
     def __init__(self, cid: Hashable, size: int | None, order: Any, seq: int, copies: set[Hashable]) -> None:
@@ -91,6 +92,7 @@ class _Want:
         self.excluded: set[Hashable] | None = None  # said dont-have, or sent a bad block
         self.haves: set[Hashable] | None = None
         self.have_asked: set[Hashable] | None = None
+        self.coming = 0.0  # until when a fellow fetcher's claim on it holds (0.0: never claimed)
 
 
 class _Call:
@@ -202,6 +204,11 @@ class FetchSession:
     counts). Every ``retry_after`` seconds the failed attempts on stuck blocks are forgotten, so
     peers that failed them (not those that said dont-have) are asked again, as Bitswap rebroadcasts.
 
+    **Claims.** A fellow fetcher may say a block is coming to it (``on_coming``): the block goes
+    to the back of the queue and is asked only of peers known to hold it, until its have arrives
+    or ``coming_for`` seconds pass (then anyone may be asked again). Fetchers that start
+    together then ask their common provider for different blocks and trade the rest.
+
     **Endgame.** When no block waits for a peer — or the window is full, then for its earliest
     in-flight blocks only, the ones the window waits on — in-flight blocks get another copy on an
     idle healthy peer (measured, no failure in a row, less than one call's bytes in flight) that
@@ -240,6 +247,7 @@ class FetchSession:
         miss_limit: int = 8,
         reserve: float = 0.125,
         alpha: float = 0.3,
+        coming_for: float = 1.0,
     ) -> None:
         ints = dict(
             window_bytes=window_bytes, max_per_peer_requests=max_per_peer_requests, max_batch=max_batch,
@@ -253,6 +261,8 @@ class FetchSession:
             raise ValueError("unknown_size and probe_bytes must not be negative")
         if block_timeout <= 0 or retry_after <= 0 or min_rate <= 0 or default_rate <= 0 or horizon < 0:
             raise ValueError("block_timeout, retry_after, min_rate, default_rate must be > 0, horizon >= 0")
+        if coming_for < 0:
+            raise ValueError("coming_for must not be negative")
         if not 0 <= reserve < 1 or not 0 < alpha <= 1:
             raise ValueError("reserve must be in [0, 1) and alpha in (0, 1]")
         self.window_bytes = window_bytes
@@ -272,15 +282,17 @@ class FetchSession:
         self.max_copies = max_copies
         self.miss_limit = miss_limit
         self.alpha = alpha
+        self.coming_for = coming_for
         self._first_limit = window_bytes - int(window_bytes * reserve)
         self._peers: dict[Hashable, _Peer] = {}
         self._active: dict[Hashable, _Peer] = {}
         self._wants: dict[Hashable, _Want] = {}
-        self._heap: list[tuple[Any, int, int, _Want]] = []  # pending blocks by (order, seq)
+        self._heap: list[tuple[Any, int, int, _Want]] = []  # pending blocks by ((claimed, order), seq)
         self._npending = 0
         self._inflight: dict[Hashable, _Want] = {}
         self._dups: list[tuple[Any, int, int, _Want]] = []  # in-flight blocks by order, for the endgame
         self._stuck: dict[Hashable, _Want] = {}
+        self._comings: list[tuple[float, int, _Want]] = []  # claims by when they end (wakeups)
         self._retry_at: float | None = None  # when stuck blocks are tried again at peers that failed them
         self._now = float("-inf")  # the latest time seen
         self._out: dict[tuple[Hashable, Hashable], _Call] = {}  # outstanding want-blocks
@@ -480,7 +492,26 @@ class FetchSession:
         w.haves.add(peer)
         if w.excluded:
             w.excluded.discard(peer)
+        if w.coming > self._now and w.state == _PENDING:  # claimed and now held: back in order
+            w.coming = self._now
+            self._npending -= 1
+            self._pend(w)
         self._unstick(w)
+
+    def on_coming(self, peer: Hashable, cid: Hashable, now: float) -> None:
+        """``peer``, a fellow fetcher in the session, is being sent ``cid`` by someone: rather
+        than ask a provider for it too (the swarm's publisher serving one block twice), wait up
+        to ``coming_for`` seconds for the fellow's have and ask the fellow. A block is claimed
+        once: a fellow that never delivers holds it up once, not forever."""
+        p = self._peers.get(peer)
+        w = self._wants.get(cid)
+        if p is None or not p.active or w is None or w.coming or w.haves or self.coming_for == 0:
+            return
+        w.coming = now + self.coming_for
+        heapq.heappush(self._comings, (w.coming, w.seq, w))
+        if w.state == _PENDING:
+            self._npending -= 1
+            self._pend(w)  # (to the back of the queue)
 
     def on_failure(self, peer: Hashable, cids: Sequence[Hashable], now: float, reason: str = "error") -> None:
         """The call to ``peer`` for ``cids`` failed (connection lost, error, timed out at its hard
@@ -585,7 +616,10 @@ class FetchSession:
             heapq.heappop(timers)
         while dues and (dues[0][2].stale or not dues[0][2].open or dues[0][0] <= self._now):
             heapq.heappop(dues)  # a call due already when it was sent
-        for heap in (timers, dues):
+        comings = self._comings
+        while comings and (comings[0][0] <= self._now or comings[0][2].state != _PENDING):
+            heapq.heappop(comings)
+        for heap in (timers, dues, comings):
             if heap and (out is None or heap[0][0] < out):
                 out = heap[0][0]
         return out
@@ -693,7 +727,7 @@ class FetchSession:
         w.state = _PENDING
         w.gen += 1
         self._npending += 1
-        heapq.heappush(self._heap, (w.order, w.seq, w.gen, w))
+        heapq.heappush(self._heap, ((w.coming > self._now, w.order), w.seq, w.gen, w))
 
     def _unstick(self, w: _Want) -> None:
         if w.state == _STUCK:
@@ -863,8 +897,12 @@ class FetchSession:
         cid, copies, tried, excluded, haves = w.cid, w.copies, w.tried, w.excluded, w.haves
         asks = self._asks if w.have_asked else None
         max_attempts, miss_limit = self.max_attempts, self.miss_limit
+        claimed = w.coming > self._now
         for pid, p in self._active.items():
             if pid in copies or (excluded and pid in excluded) or (asks and (pid, cid) in asks):
+                continue
+            if claimed and not (haves and pid in haves):
+                primary = True  # (it waits for the fellow's have, or for the claim to end)
                 continue
             n = tried.get(pid, 0) if tried else 0
             if n >= max_attempts:

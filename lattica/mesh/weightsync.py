@@ -29,6 +29,7 @@ __all__ = ["Trainer", "PolicyWorker", "fleet", "sync_versions", "TOPIC"]
 TOPIC = "rl/policy"
 TCP = "/ip4/127.0.0.1/tcp/0"
 OBS, ACTIONS = 16, 4  # the policy's first OBS x ACTIONS weights act; the rest is the model's bulk
+CHUNK = 256 << 10  # a policy's blocks: workers fetching it together need many pieces to trade
 
 
 @actor
@@ -168,7 +169,7 @@ def fleet(workers: int = 6, clusters: int = 3, spare: int = 1) -> Iterator[tuple
 
 
 def sync_versions(me: Node, trainer: ActorRef, workers: int, versions: int, size: int, *, timeout: float = 120.0,
-                  chunk_size: int | None = None, between: Callable[[int], None] | None = None,
+                  chunk_size: int = CHUNK, between: Callable[[int], None] | None = None,
                   say: Callable[[str], None] | None = None) -> list[dict]:
     """Publish ``versions`` policies of ``size`` bytes and wait for every worker to run each:
     per version, the seconds from the announcement until all ``workers`` ran it, and the bytes

@@ -60,7 +60,7 @@ def test_announcements_from_a_peer_the_fetch_did_not_choose_are_ignored():
                 seen.append(1)
                 fetch = next(iter(svc._fetches.values()))
                 blocks = [c.bytes for c in pub._host.services["content"].store]
-                me._host.loop.call_soon(svc.heard_haves, liar.peer_id, Cid.parse(cid), [Cid.from_bytes(b) for b in blocks])
+                me._host.loop.call_soon(svc.heard_haves, liar.peer_id, Cid.parse(cid), [Cid.from_bytes(b) for b in blocks], [])
                 seen.append(fetch)
 
         assert lattica.content.get(cid, node=me, progress=progress).result(30) == data

@@ -143,6 +143,37 @@ def test_bad_silent_and_dying_providers_are_routed_around(tmp_path):
         assert liar_stats.dropped or liar_stats.asked == 0, liar_stats
 
 
+def test_a_request_for_blocks_that_came_from_elsewhere_is_cancelled_where_it_waits(tmp_path):
+    """Bitswap's CANCEL: blocks asked of a provider that sits on them (here: never answers) and
+    then delivered by another are cancelled at the first provider as they arrive, not left to
+    run there until the request's own deadline."""
+    data = os.urandom(4 * MiB)
+    with _node(tmp_path, "mute") as mute, _node(tmp_path, "honest") as honest, \
+            _node(tmp_path, "me", content={"block_timeout": 3.0}, dht=False) as me:
+        for p in (mute, honest):
+            cid = lattica.content.put(data, node=p).result(30)
+        waiting = {"started": 0, "cancelled": 0}
+
+        async def never(*args):
+            waiting["started"] += 1
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                waiting["cancelled"] += 1
+                raise
+
+        mute._host.services["content"].on_disk = never
+        me.connect(mute.addrs[0])  # the only provider at first: it is asked for the root
+        fut = lattica.content.get(cid, node=me)
+        assert wait_for(lambda: waiting["started"] >= 1, timeout=10)
+        me.connect(honest.addrs[0])
+        assert fut.result(60) == data
+        # a request to the mute provider times out after 3 s and its blocks are asked of the honest
+        # one; it could run on at the mute one until its hard deadline (3 s later): it is
+        # cancelled when its blocks arrive
+        assert wait_for(lambda: waiting["cancelled"] == waiting["started"], timeout=1.5), waiting
+
+
 def _last_session(node):
     return node._host.services["content"].last_stats
 

@@ -226,7 +226,7 @@ def _weightsync(node: lattica.Node, cmd: dict) -> dict:
         return {"rows": rows}
     if cmd["cmd"] == "put_policy":
         policy = np.random.default_rng(int(cmd["seed"])).standard_normal((int(cmd["mib"]) << 20) // 4).astype(np.float32)
-        return {"cid": lattica.content.put_weights({"policy": policy}, node=node).result(60)}
+        return {"cid": lattica.content.put_weights({"policy": policy}, chunk_size=ws.CHUNK, node=node).result(60)}
     t0 = time.perf_counter()
     lattica.content.get_weights(cmd["cid"], node=node).result(60)
     return {"seconds": round(time.perf_counter() - t0, 3)}

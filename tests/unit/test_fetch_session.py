@@ -448,6 +448,41 @@ def test_a_peer_dropped_for_failures_may_rejoin_and_finish_the_fetch():
     assert "solo" not in sw.dropped_at
 
 
+def test_a_block_a_fellow_claims_waits_for_its_have_and_is_then_asked_of_the_fellow():
+    """Claims: fetchers that start together ask their common provider for different blocks. A
+    claimed block is not asked of the provider; the fellow's have brings it back (asked of the
+    fellow); a claim that is never made good ends after ``coming_for``, and a block is claimed
+    only once."""
+    a, b, c = (Cid.of(x) for x in (b"a", b"b", b"c"))
+    s = FetchSession(window_bytes=16 * MiB, coming_for=1.0)
+    for peer in ("seed", "fellow"):
+        s.add_peer(peer, 0.0)
+    s.want([a, b, c], [LEAF] * 3, [0, 1, 2])
+    s.on_coming("fellow", a, 0.0)
+    s.on_coming("fellow", c, 0.0)
+    asked = {cid: r.peer for r in s.next_requests(0.0) if r.kind == BLOCK for cid in r.cids}
+    assert a not in asked and c not in asked and asked.get(b) in ("seed", "fellow")
+    assert s.next_wakeup() is not None and s.next_wakeup() <= 1.0  # the claims' end wakes the glue
+    s.on_have("fellow", a, 0.1)
+    asked = {cid: r.peer for r in s.next_requests(0.1) if r.kind == BLOCK for cid in r.cids}
+    assert asked.get(a) == "fellow" and c not in asked
+    s.on_coming("fellow", c, 0.5)  # renewed: ignored
+    asked = {cid: r.peer for r in s.next_requests(1.01) if r.kind == BLOCK for cid in r.cids}
+    assert c in asked  # the claim ended: anyone may be asked
+
+
+def test_a_claim_from_a_peer_outside_the_session_or_on_a_held_block_is_ignored():
+    a = Cid.of(b"a")
+    s = FetchSession(window_bytes=16 * MiB)
+    s.add_peer("seed", 0.0)
+    s.add_peer("holder", 0.0)
+    s.want([a], [LEAF])
+    s.on_coming("stranger", a, 0.0)  # not in the session
+    s.on_have("holder", a, 0.0)
+    s.on_coming("holder", a, 0.0)  # someone holds it already: nothing to wait for
+    assert [cid for r in s.next_requests(0.0) if r.kind == BLOCK for cid in r.cids] == [a]
+
+
 def test_a_large_fetch_with_many_peers():
     rng = random.Random(3)
     peers = {f"p{i}": SimPeer(rng.uniform(2, 40) * MiB, rng.uniform(0.002, 0.05)) for i in range(8)}
@@ -584,7 +619,7 @@ CIDS = _cids(10, "h")
 SIZES = [None if i % 4 == 0 else 10 * (i + 1) for i in range(10)]
 ACTUAL = [s if s is not None else 33 for s in SIZES]  # a block of unknown size is at most unknown_size
 OPS = ["next"] * 5 + ["block"] * 3 + ["dont", "have", "fail", "cancelled", "bad", "dont-all", "add", "add",
-                                      "remove", "want", "cancel", "written", "written", "stray"]
+                                      "remove", "want", "cancel", "written", "written", "stray", "coming"]
 events = st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 1000), st.floats(0, 1.5)), min_size=20, max_size=120)
 
 
@@ -606,7 +641,11 @@ def test_random_event_sequences_keep_the_invariants(evs, copies, attempts, reser
     s.want(CIDS[:6], SIZES[:6])
     for kind, n, dt in evs:
         if kind == "add":
-            s.add_peer(PEERS[n % 5], now)
+            if s.add_peer(PEERS[n % 5], now):  # (a peer dropped for failures comes back afresh)
+                for key in [k for k in asked if k[0] == PEERS[n % 5]]:
+                    del asked[key]
+        elif kind == "coming":
+            s.on_coming(PEERS[n % 5], CIDS[n // 5 % 10], now)
         elif kind == "remove":
             s.remove_peer(PEERS[n % 5])
             for key in [k for k in out if k[0] == PEERS[n % 5]]:

@@ -12,7 +12,9 @@ timed out), only when the call is idempotent. An error raised by the method itse
 caller's, not retried. An idempotent call still unanswered after twice the p95 of the stub's
 recent calls is also sent to a second provider (**hedged**), and the first answer wins: a
 provider that went silent (a dead machine sends no reset; a QUIC peer's death is silent) costs
-that delay, not an attempt timeout.
+that delay, not an attempt timeout. A streaming call (``stub.method.stream(...)``) is tried
+elsewhere in the same way until its first item arrives; after that the items come from that
+provider, and a failure there is the caller's (a stream is not resumed mid-way).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from lattica.errors import (ActorDied, ActorNotFound, CallTimeout, LatticaError,
                             ShardUnavailable)
 from lattica.future import Future
 from lattica.runtime import ActorRef, run_coroutine
+from lattica.runtime.refs import StreamCall, _StreamState
 from lattica.runtime.limits import ASYNC
 from lattica.shards.keys import shard_id
 from lattica.shards.select import Picker, Provider
@@ -32,7 +35,7 @@ from lattica.shards.select import Picker, Provider
 if TYPE_CHECKING:
     from lattica.runtime import Runtime
 
-__all__ = ["Stub", "StubMethod"]
+__all__ = ["Stub", "StubMethod", "StubStream"]
 
 REFRESH = 10.0  # s between lookups of the providers while the stub is used
 MISMATCH_BAN = 300.0  # s a provider that does not serve the shard is left alone
@@ -183,20 +186,9 @@ class Stub:
         tried: list[Provider] = []
         errors: list[str] = []
         delay = 0.0
-        looked_again = False
+        looked = [False]
         while True:
-            p = self._picker.pick(exclude=tried)
-            if p is None and not looked_again:
-                looked_again = True  # every provider we knew was tried or is left alone: ask the DHT again
-                await self._find(everywhere=True, within=max(0.0, deadline - loop.time()))
-                p = self._picker.pick(exclude=tried)
-            if p is None:
-                first = self._picker.next_ready()
-                if first is None or first >= deadline or loop.time() >= deadline:
-                    raise ShardUnavailable(self._unavailable(errors))
-                await asyncio.sleep(max(0.0, first - loop.time()))
-                tried, looked_again = [], False
-                continue
+            p = await self._pick(tried, errors, deadline, looked)
             left = deadline - loop.time()
             attempt = max(left if timeout is None else min(timeout, left), 0.001)
             self._hedges = min(self._hedges + HEDGE_SHARE, HEDGE_BURST)
@@ -255,6 +247,72 @@ class Stub:
                 await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
             delay = min(max(delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
 
+    async def _pick(self, tried: list[Provider], errors: list[str], deadline: float, looked: list[bool]) -> Provider:
+        """The provider for the next attempt, not one in ``tried``: when every provider we knew
+        was tried or is left alone, the DHT is asked again (once: ``looked``), then the first to
+        be free again is waited for (``tried`` starts over); ShardUnavailable past ``deadline``."""
+        loop = self._rt.loop
+        while True:
+            p = self._picker.pick(exclude=tried)
+            if p is None and not looked[0]:
+                looked[0] = True
+                await self._find(everywhere=True, within=max(0.0, deadline - loop.time()))
+                p = self._picker.pick(exclude=tried)
+            if p is not None:
+                return p
+            first = self._picker.next_ready()
+            if first is None or first >= deadline or loop.time() >= deadline:
+                raise ShardUnavailable(self._unavailable(errors))
+            await asyncio.sleep(max(0.0, first - loop.time()))
+            tried.clear()
+            looked[0] = False
+
+    async def stream(self, method: str, args: tuple, kwargs: dict, timeout: float | None, idempotent: bool, out: _StreamState) -> None:
+        """A streaming call: tried on providers in turn until one sends its first item (or ends
+        at once), which then feeds ``out``; ``out`` fails with the error that ended the search."""
+        loop = self._rt.loop
+        deadline = loop.time() + self.within
+        try:
+            if loop.time() - self._looked_up > REFRESH:
+                await self._find(everywhere=False, within=self.within)
+            tried: list[Provider] = []
+            errors: list[str] = []
+            delay = 0.0
+            looked = [False]
+            while not out._done:  # (the consumer may give up meanwhile)
+                p = await self._pick(tried, errors, deadline, looked)
+                left = deadline - loop.time()
+                attempt = StubStream(out, loop)
+                try:
+                    await self._check(p, left)
+                except _Unchecked as exc:
+                    self._picker.failed(p, str(exc), ban=MISMATCH_BAN if exc.mismatch else None)
+                    self._failed(p, exc, idempotent, tried, errors)
+                    continue
+                self._picker.started(p)
+                t0 = loop.time()
+                left = max(deadline - loop.time(), 0.001)
+                self._rt.call(p.ref, method, args, kwargs, timeout=left if timeout is None else min(timeout, left),
+                              stream=attempt, idempotent=idempotent)
+                try:
+                    await attempt.first
+                except RETRY_ALWAYS + RETRY_IDEMPOTENT as exc:
+                    self._picker.failed(p, type(exc).__name__)
+                    self._failed(p, exc, idempotent, tried, errors)
+                    if loop.time() >= deadline:
+                        raise ShardUnavailable(self._unavailable(errors)) from exc
+                    if delay:
+                        await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+                    delay = min(max(delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
+                    continue
+                except BaseException:
+                    self._picker.succeeded(p, loop.time() - t0)  # (the method's own error: not the provider's fault)
+                    raise
+                self._picker.succeeded(p, loop.time() - t0)  # (the first item's delay)
+                return
+        except BaseException as exc:  # noqa: BLE001 -- the consumer gets it
+            out._fail(exc if not isinstance(exc, asyncio.CancelledError) else asyncio.CancelledError("the stub's stream was cancelled"))
+
     def _failed(self, p: Provider, exc: BaseException, idempotent: bool, tried: list[Provider], errors: list[str]) -> BaseException:
         """An attempt on ``p`` failed with ``exc``: noted; raised again if the call may have run
         there and is not idempotent."""
@@ -289,6 +347,67 @@ class StubMethod:
     def remote(self, *args: Any, **kwargs: Any) -> Future:
         s = self._stub
         return run_coroutine(s._rt, lambda: s.call(self._name, args, kwargs, self._timeout, self._idempotent))
+
+    def stream(self, *args: Any, **kwargs: Any) -> StreamCall:
+        """Call a generator method on a provider; iterate the result with ``async for`` or
+        ``for``. Tried on another provider until the first item arrives, not after."""
+        s = self._stub
+        out = StreamCall(s._rt)
+        run_coroutine(s._rt, lambda: s.stream(self._name, args, kwargs, self._timeout, self._idempotent, out._state))
+        return out
+
+
+class StubStream:
+    """One attempt of a streaming call through a stub, fed by the runtime as a stream's state:
+    until its first item it only tells the stub how it went (``first``: a failure is the stub's,
+    to try another provider); from the first item on it feeds the caller's stream, whose credit
+    and cancel then reach this provider."""
+
+    def __init__(self, out: _StreamState, loop: asyncio.AbstractEventLoop) -> None:
+        self._out = out
+        self._ended = False
+        self._committed = False
+        self._grant: Any = None
+        self._cancel: Any = None
+        self.first: asyncio.Future = loop.create_future()
+
+    @property
+    def _done(self) -> bool:
+        return self._ended or self._out._done  # (the consumer gave up: the runtime stops it)
+
+    def _bind(self, grant: Any, cancel: Any) -> None:
+        self._grant, self._cancel = grant, cancel
+        if self._committed:
+            self._out._bind(grant, cancel)
+        elif self._out._done:
+            cancel()
+
+    def _commit(self) -> None:
+        if not self._committed:
+            self._committed = True
+            if self._grant is not None:
+                self._out._bind(self._grant, self._cancel)
+            if not self.first.done():
+                self.first.set_result(None)
+
+    def _push(self, value: Any) -> None:
+        self._commit()
+        self._out._push(value)
+
+    def _finish(self) -> None:
+        self._ended = True
+        self._commit()
+        self._out._finish()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        if self._committed:
+            self._out._fail(error)
+        elif not self.first.done():
+            self.first.set_exception(error)
+            self.first.exception()  # (read: the stub awaits it, or gave up)
 
 
 def _lookup_done(fut: asyncio.Future) -> None:

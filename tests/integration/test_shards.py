@@ -182,3 +182,35 @@ def test_refs_read_from_registrations_are_plain_and_serving_is_bounded(mesh):
     with pytest.raises(PermissionDenied, match="too often"):
         for i in range(60):
             lattica.shards.serve(ref, "math", f"s-flood-{i}").result(10)
+
+
+def test_a_stream_through_a_stub_fails_over_before_its_first_item_and_not_after(mesh):
+    """``stub.method.stream(...)``: a stream is tried on another provider while nothing of it
+    arrived (here: its provider was SIGKILLed and its registration is still there), runs under
+    the stream's credit, and after its first item a provider's death is the caller's error."""
+    driver, procs = mesh
+    _served(driver, procs, "s-stream", k=3)
+    stub = lattica.shards.stub("math", "s-stream", timeout=5.0, node=driver)
+    got = list(stub.count.stream(200))  # more than a credit window: the producer waits for the consumer
+    assert [x[1] for x in got] == [3 * i for i in range(200)] and len({x[0] for x in got}) == 1
+    with pytest.raises(RemoteError, match="the stream's own error"):  # the method's own: not failed over
+        list(stub.count_then_boom.stream(3))
+    # the provider that served (measured, so preferred) is SIGKILLed
+    victim, survivor = (procs[0], procs[1]) if procs[0].pid == got[0][0] else (procs[1], procs[0])
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.proc.wait(10)
+    dead = lattica.PeerId.from_string(victim.peer_id)
+    tried_dead = lambda: any(p.ref.peer_id == dead and p.failures for p in stub._picker.providers.values())  # noqa: E731
+    for _ in range(30):  # every stream is served whole, by the survivor, also when the dead one is tried first
+        items = list(stub.count.stream(5))
+        assert [x[1] for x in items] == [0, 3, 6, 9, 12] and {x[0] for x in items} == {survivor.pid}
+        if tried_dead():
+            break
+    assert tried_dead()  # (two choices pick either at first; a failure leaves it alone for a while)
+    # a stream under way when its provider dies ends with an error, never silently short
+    it = iter(stub.count.stream(1000, 0.01))
+    assert next(it)[0] == survivor.pid
+    os.kill(survivor.pid, signal.SIGKILL)
+    with pytest.raises(lattica.errors.LatticaError):
+        for _ in it:
+            pass

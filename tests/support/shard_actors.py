@@ -28,3 +28,15 @@ class Stage:
 
     def boom(self) -> None:
         raise ValueError("the method's own error")
+
+    async def count(self, n: int, every: float = 0.0):
+        """``n`` items ``[pid, i * k]``, ``every`` seconds apart (a streaming method)."""
+        for i in range(n):
+            if every:
+                await asyncio.sleep(every)
+            yield [os.getpid(), i * self.k]
+
+    async def count_then_boom(self, n: int):
+        for i in range(n):
+            yield i
+        raise ValueError("the stream's own error")

@@ -1,9 +1,11 @@
 """The ``shards`` service: this node's actors that serve shards of a service, registered in the
 DHT while they live, and the providers of a shard as the DHT knows them (docs/shards.md).
 
-Each node keeps one record per shard it serves (``lattica/shard/<service>/<shard id>``, subkey its
-PeerId, so only it signs it): its actors serving the shard, each with its load (calls running and
-waiting), and its mesh certificates. It is put again every ``name_ttl`` / 3 with the loads of then,
+Each node keeps one record per shard it serves (``lattica/shard/<service>/<shard id>``, within its
+mesh: the key scoped by the mesh's admission key, the node's certificate of that mesh as subkey,
+so only members write there and only it signs its record; a node in no mesh or an open one uses
+the plain key, subkey its PeerId): its actors serving the shard, each with its load (calls
+running and waiting), and its mesh certificates. It is put again every ``name_ttl`` / 3 with the loads of then,
 replaced by a tombstone when the last of those actors ends, and expires within ``name_ttl`` if the
 node dies. Reading, a node takes the records of members only (a stranger could register anything),
 of nodes membership does not hold dead, and for actors on the node that signed the record.
@@ -23,7 +25,8 @@ from lattica.budget import Buckets
 from lattica.errors import ActorNotFound, LatticaError, PermissionDenied, ProtocolError
 from lattica.identity import PeerId
 from lattica.logging import get_logger
-from lattica.records import TOMBSTONE
+from lattica.records import TOMBSTONE, mesh_scoped
+from lattica.trust import Certificate, CertificateError
 from lattica.runtime import ActorRef, current_caller
 from lattica.shards.keys import MAX_PROVIDERS_PER_NODE, decode_registration, encode_registration, shard_id, shard_key
 
@@ -46,6 +49,7 @@ class ShardsService:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
         self._served: dict[bytes, dict[str, ActorRef]] = {}  # shard key -> our actors serving it, by name
+        self._published: dict[bytes, bytes] = {}  # shard key -> the DHT key our record is kept under
         self._verdicts: dict[tuple[bytes, bytes], tuple[float, bool]] = {}  # (peer, certs) -> (when, a stranger?)
         runtime.stop_listeners.append(self._ended)
 
@@ -59,7 +63,7 @@ class ShardsService:
             raise ActorNotFound(f"{ref.name!r} is not an actor of this node: only a node's own actors serve from it")
         actors = self._served.get(key, {})
         if ref.name in actors:
-            return self.rt.dht.keep_live(key, lambda: self._record(key))  # (already: published again)
+            return self._publish(key)  # (already: published again)
         if key not in self._served and len(self._served) >= MAX_SHARDS:
             raise ValueError(f"this node serves {MAX_SHARDS} shards already")
         if owner is not None:
@@ -97,9 +101,27 @@ class ShardsService:
         dht = self.rt.dht
         if not self._served.get(key):
             self._served.pop(key, None)
-            dht.drop_live(key)
+            dht.drop_live(self._published.pop(key, key))
             return None
-        return dht.keep_live(key, lambda: self._record(key))
+        cert = self._membership()
+        where = key if cert is None else mesh_scoped(key, cert.mesh)
+        old = self._published.get(key)
+        if old is not None and old != where:
+            dht.drop_live(old)  # (our mesh changed)
+        self._published[key] = where
+        return dht.keep_live(where, lambda: self._record(key), subkey=cert)
+
+    def _membership(self) -> Certificate | None:
+        """Our certificate of the mesh our shards live in (the first mesh we belong to), or None
+        in no mesh or an open one (then the plain keys)."""
+        trust = self.rt.host.trust
+        if trust.open:
+            return None
+        now = time.time()
+        for cert in trust.certificates:
+            if cert.mesh in trust.meshes and cert.peer == self.rt.peer_id and cert.expires > now:
+                return cert
+        return None
 
     def _record(self, key: bytes) -> bytes:
         entries = []
@@ -116,6 +138,9 @@ class ShardsService:
         DHT node that holds the key (``everywhere``: from every one; also when the first held
         none we may follow)."""
         key = shard_key(service, shard)
+        cert = self._membership()
+        if cert is not None:
+            key = mesh_scoped(key, cert.mesh)
         dht = self.rt.dht
         found = await dht.get(key, quorum=None if everywhere else 1, grace=NAME_GRACE)
         out = self._usable(found)
@@ -127,12 +152,12 @@ class ShardsService:
         now = time.time()
         out: list[tuple[ActorRef, int]] = []
         for sk, entry in records.items():
-            if entry.value == TOMBSTONE or sk[:1] != b"p":
+            if entry.value == TOMBSTONE or sk[:1] not in (b"p", b"c"):
                 continue
-            try:
-                peer = PeerId.from_bytes(sk[1:])
+            try:  # (a certificate subkey was verified on the way: it names the record's signer)
+                peer = PeerId.from_bytes(sk[1:]) if sk[:1] == b"p" else Certificate.from_bytes(sk[1:]).peer
                 entries, certs = decode_registration(entry.value)
-            except (LatticaError, ValueError):
+            except (LatticaError, CertificateError, ValueError):
                 continue
             if self._stranger(peer, certs, now) or self.rt.node_gone(peer):
                 continue
@@ -156,8 +181,9 @@ class ShardsService:
 
     def close(self) -> None:
         for key in list(self._served):
-            self.rt.dht.drop_live(key)
+            self.rt.dht.drop_live(self._published.get(key, key))
         self._served.clear()
+        self._published.clear()
 
 
 class ShardsActor:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -27,10 +28,11 @@ from lattica.errors import InvalidPeerId, LatticaError, MultiaddrError, RecordRe
 from lattica.identity import KeyPair, PeerId, verify_signature
 from lattica.kademlia import key_id
 from lattica.multiaddr import Multiaddr
+from lattica.trust import Certificate, CertificateError
 
 __all__ = [
     "StoreLimits", "Entry", "PeerRecord", "RecordStore", "encode_subkey", "decode_subkey", "owner_of",
-    "sign_entry", "check_entry", "owned_key", "TOMBSTONE",
+    "sign_entry", "check_entry", "owned_key", "TOMBSTONE", "MESH_SCOPE", "mesh_scoped", "scope_of",
 ]
 
 _DOMAIN_VALUE = b"lattica-dht-record/1"
@@ -40,6 +42,9 @@ REGISTRY_PREFIX = b"lattica/actor/"  # named actors: key prefix + name, subkey =
 SHARD_PREFIX = b"lattica/shard/"  # shard providers: key prefix + service + shard, subkey = hosting PeerId
 REGISTRY_MAX_TTL = 300.0  # a registration (a name, a shard) lives at most this long (its owner refreshes it)
 _LIVE_PREFIXES = (REGISTRY_PREFIX, SHARD_PREFIX)
+# a key within one mesh: prefix + the hex of the mesh's admission key + "/" + the key; its subkeys
+# are members' certificates of that mesh, so strangers cannot write (or fill) it
+MESH_SCOPE = b"lattica/mesh/"
 _PROVIDER_COST = 96  # bytes charged for one provider record
 _OWNER = re.compile(rb"\[owner:([1-9A-HJ-NP-Za-km-z]{32,64})\]")
 
@@ -70,7 +75,8 @@ class StoreLimits:
 
 
 def encode_subkey(subkey: Any) -> bytes:
-    """The canonical bytes of a subkey: None, str, bytes, int or PeerId (tagged by type)."""
+    """The canonical bytes of a subkey: None, str, bytes, int, PeerId or a mesh Certificate
+    (tagged by type; a PeerId or a certificate makes the record owned by that peer)."""
     if subkey is None:
         return b""
     if isinstance(subkey, PeerId):
@@ -79,9 +85,32 @@ def encode_subkey(subkey: Any) -> bytes:
         return b"s" + subkey.encode()
     if isinstance(subkey, (bytes, bytearray, memoryview)):
         return b"b" + bytes(subkey)
+    if isinstance(subkey, Certificate):
+        return b"c" + subkey.to_bytes()
     if isinstance(subkey, int) and not isinstance(subkey, bool):
         return b"i" + str(subkey).encode()
     raise TypeError(f"a subkey is None, str, bytes, int or PeerId, not {type(subkey).__name__}")
+
+
+def mesh_scoped(key: bytes, mesh: bytes) -> bytes:
+    """``key`` within the mesh of admission key ``mesh``: its records are kept only under a
+    member's certificate of that mesh as subkey (``encode_subkey(certificate)``), which storing
+    nodes and readers verify, so strangers to the mesh cannot write or fill it."""
+    return MESH_SCOPE + mesh.hex().encode() + b"/" + key
+
+
+def scope_of(key: bytes) -> tuple[bytes, bytes] | None:
+    """``(mesh admission key, key within it)`` for a mesh-scoped key, else None."""
+    if not key.startswith(MESH_SCOPE):
+        return None
+    head, sep, inner = key[len(MESH_SCOPE):].partition(b"/")
+    try:
+        mesh = bytes.fromhex(head.decode())
+    except (UnicodeDecodeError, ValueError):
+        raise RecordRejected("malformed mesh-scoped key") from None
+    if not sep or len(mesh) != 32:
+        raise RecordRejected("malformed mesh-scoped key")
+    return mesh, inner
 
 
 def decode_subkey(raw: bytes) -> Any:
@@ -96,6 +125,8 @@ def decode_subkey(raw: bytes) -> Any:
             return body.decode()
         if tag == b"b":
             return body
+        if tag == b"c":
+            return Certificate.from_bytes(body)
         if tag == b"i" and (body.isdigit() or (body[:1] == b"-" and body[1:].isdigit())):
             return int(body)
     except (LatticaError, ValueError) as e:  # (UnicodeDecodeError is a ValueError)
@@ -116,7 +147,9 @@ def owner_of(key: bytes, subkey: bytes) -> PeerId | None:
             return PeerId.from_string(m.group(1).decode())
         if subkey[:1] == b"p":
             return PeerId.from_bytes(subkey[1:])
-    except InvalidPeerId as e:
+        if subkey[:1] == b"c":  # a mesh certificate: owned by the member it names
+            return Certificate.from_bytes(subkey[1:]).peer
+    except (InvalidPeerId, CertificateError) as e:
         raise RecordRejected(f"the record names an invalid owner: {e}") from None
     return None
 
@@ -171,8 +204,19 @@ def check_entry(key: Any, subkey: Any, entry: Any, now: float, limits: StoreLimi
         raise RecordRejected("record has already expired")
     if entry.expiration > now + limits.max_ttl + limits.clock_skew:
         raise RecordRejected(f"record expires more than {limits.max_ttl:.0f} s from now")
-    if key.startswith(_LIVE_PREFIXES) and entry.expiration > now + REGISTRY_MAX_TTL + limits.clock_skew:
+    scope = scope_of(key)
+    if (scope[1] if scope else key).startswith(_LIVE_PREFIXES) and entry.expiration > now + REGISTRY_MAX_TTL + limits.clock_skew:
         raise RecordRejected(f"a registration (an actor name, a shard) lives at most {REGISTRY_MAX_TTL:.0f} s")
+    if scope is not None:
+        if subkey[:1] != b"c":
+            raise RecordRejected("a mesh-scoped key holds records under members' certificates only")
+        try:
+            cert = Certificate.from_bytes(subkey[1:])
+        except CertificateError as e:
+            raise RecordRejected(f"malformed certificate subkey: {e}") from None
+        problem = _cert_problem(cert, subkey, scope[0], now)
+        if problem is not None:
+            raise RecordRejected(f"not a member of the key's mesh: {problem}")
     owner = owner_of(key, subkey)
     if owner is None:
         return Entry(entry.value, float(entry.expiration))
@@ -180,6 +224,23 @@ def check_entry(key: Any, subkey: Any, entry: Any, now: float, limits: StoreLimi
     if pub is None or len(entry.signature) != 64 or not verify_signature(pub, entry.signature, _payload(key, subkey, entry.value, entry.expiration)):
         raise RecordRejected(f"record owned by {owner} is not signed by that peer")
     return Entry(entry.value, float(entry.expiration), entry.signature)
+
+
+_CERTS_VERIFIED: dict[bytes, None] = {}  # certificate subkeys whose signature verified (bounded)
+_CERTS_LOCK = threading.Lock()  # (the nodes of one process check on their own threads)
+
+
+def _cert_problem(cert: Certificate, raw: bytes, mesh: bytes, now: float) -> str | None:
+    """Why ``cert`` does not make its peer a member of ``mesh`` now (None: it does); a signature
+    is verified once per certificate (every refresh of a registration carries it again)."""
+    known = raw in _CERTS_VERIFIED
+    problem = cert.problem(cert.peer, (mesh,), now, signature_checked=known)
+    if problem is None and not known:
+        with _CERTS_LOCK:
+            if len(_CERTS_VERIFIED) >= 4096:
+                _CERTS_VERIFIED.pop(next(iter(_CERTS_VERIFIED)), None)
+            _CERTS_VERIFIED[raw] = None
+    return problem
 
 
 def is_authentic(key: bytes, subkey: bytes, entry: Entry) -> bool:

@@ -52,6 +52,7 @@ class DhtUpkeep(DhtLookups):
         # live records of ours (actor names, shard registrations): the value they have now, put
         # every name_ttl / 3 while kept
         self._live: dict[bytes, Callable[[], bytes]] = {}
+        self._live_as: dict[bytes, Any] = {}  # the subkey each is kept under (our PeerId unless given)
         self._refreshing_live = False
         self._saved_version = -1
         if self.cfg.persist_path and os.path.exists(self.cfg.persist_path):
@@ -248,24 +249,27 @@ class DhtUpkeep(DhtLookups):
     def unregister_name(self, name: str) -> None:
         self.drop_live(name_key(name))
 
-    def keep_live(self, key: bytes, value: Callable[[], bytes]) -> asyncio.Task:
-        """Put ``value()`` under ``key`` (subkey: our PeerId, so signed by us) now and every
-        ``name_ttl`` / 3 while it is kept, with ``value()`` as it is then (what it says may change,
-        a load); dropped, a tombstone replaces it; if we die, it expires within ``name_ttl``. The
-        task of the first put (done once stored, or logged if it could not be)."""
+    def keep_live(self, key: bytes, value: Callable[[], bytes], subkey: Any = None) -> asyncio.Task:
+        """Put ``value()`` under ``key`` (subkey: our PeerId, or ``subkey``, one we own such as
+        our mesh certificate; signed by us) now and every ``name_ttl`` / 3 while it is kept, with
+        ``value()`` as it is then (what it says may change, a load); dropped, a tombstone replaces
+        it; if we die, it expires within ``name_ttl``. The task of the first put (done once
+        stored, or logged if it could not be)."""
         self._live[key] = value
+        self._live_as[key] = self.peer_id if subkey is None else subkey
         return self.host.spawn(self._publish_live(key, value))
 
     def drop_live(self, key: bytes) -> None:
         if self._live.pop(key, None) is not None:
+            subkey = self._live_as.pop(key, self.peer_id)
             # it may be kept again while the withdrawal runs: then it must not happen
-            self.host.spawn(self._delete(key, self.peer_id, lambda: key not in self._live))
+            self.host.spawn(self._delete(key, subkey, lambda: key not in self._live))
 
     async def _publish_live(self, key: bytes, value: Callable[[], bytes]) -> None:
         if self._live.get(key) is not value:
             return  # dropped or replaced meanwhile
         try:
-            await self.put(key, value(), subkey=self.peer_id, ttl=self.cfg.name_ttl, republish=False)
+            await self.put(key, value(), subkey=self._live_as.get(key, self.peer_id), ttl=self.cfg.name_ttl, republish=False)
         except LatticaError as e:
             log.info("could not publish a registration", key=key[:64], reason=str(e))
 

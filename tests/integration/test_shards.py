@@ -16,6 +16,7 @@ import lattica
 from helpers import wait_for
 from lattica.errors import RemoteError, ShardUnavailable
 from lattica.mesh.process import ServerProcess
+from lattica.records import mesh_scoped
 from lattica.shards.keys import encode_registration, shard_key
 from shard_actors import Stage
 
@@ -119,7 +120,10 @@ def test_a_registration_that_says_another_shard_is_found_out_and_left_alone(mesh
 
 
 async def _keep(rt, key, value):
-    rt.dht.keep_live(key, lambda: value)
+    """Keep ``value`` as this node's registration under shard key ``key``, in its mesh as the
+    shards service keeps its own (a registration the service itself would not write)."""
+    cert = rt.services["shards"]._membership()
+    rt.dht.keep_live(mesh_scoped(key, cert.mesh), lambda: value, subkey=cert)
 
 
 def test_only_the_node_that_spawned_an_actor_registers_it_elsewhere(mesh):
@@ -214,3 +218,32 @@ def test_a_stream_through_a_stub_fails_over_before_its_first_item_and_not_after(
     with pytest.raises(lattica.errors.LatticaError):
         for _ in it:
             pass
+
+
+def test_a_stranger_cannot_write_into_a_mesh_s_shard_keys(mesh):
+    """Shard keys live within the mesh (scoped by its admission key, members' certificates as
+    subkeys): a node of another mesh can neither register there nor fill the key, under its own
+    certificate or its PeerId; the mesh's stubs see their members' providers only."""
+    from lattica.errors import StoreFailed
+    from lattica.trust import MeshKey
+
+    driver, procs = mesh
+    _served(driver, procs, "s-mine", on=(1,))
+    ours = driver.host.services["shards"]._membership()
+    key = mesh_scoped(shard_key("math", "s-mine"), ours.mesh)
+    with lattica.Node([TCP], mesh=MeshKey.generate()) as stranger:
+        for p in procs:
+            stranger.connect(p.addr("tcp"))
+        theirs = stranger.host.services["shards"]._membership()
+        assert theirs is not None and theirs.mesh != ours.mesh
+        value = encode_registration([(lattica.ActorRef(stranger.peer_id, "x", {}), 0)], [])
+
+        async def put(subkey):
+            return await stranger.host.runtime.dht.put(key, value, subkey=subkey, ttl=60)
+
+        for subkey in (theirs, stranger.peer_id):
+            with pytest.raises(StoreFailed):
+                stranger.run(put(subkey), timeout=20)
+    stub = lattica.shards.stub("math", "s-mine", timeout=5.0, node=driver)
+    assert [r.peer_id for r in stub.providers().result(10)] == [lattica.PeerId.from_string(procs[1].peer_id)]
+    assert stub.forward.remote(3).result(10) == 6

@@ -741,3 +741,39 @@ def test_a_hostile_store_file_is_skipped_and_the_node_still_starts(tmp_path):
         with lattica.Node(["/ip4/127.0.0.1/tcp/0"], dht_path=str(path)) as node:
             assert node.running  # the file was input like any other: bad rows skipped, good kept
             assert node._host.runtime.dht.store.record_count == (1 if i == 3 else 0)
+
+
+# -- mesh-scoped keys ------------------------------------------------------------------------------
+
+
+def test_a_mesh_scoped_key_takes_only_records_under_a_member_s_certificate():
+    """Only members of a key's mesh write there (a stranger cannot fill it): the subkey is the
+    writer's certificate of that mesh, verified by storing nodes and readers alike."""
+    from lattica.records import mesh_scoped, scope_of
+    from lattica.trust import MeshKey
+
+    mesh, other = MeshKey.from_text(MeshKey.generate().to_text()), MeshKey.generate()
+    key = mesh_scoped(b"lattica/shard/llm/0:4", mesh.public)
+    assert scope_of(key) == (mesh.public, b"lattica/shard/llm/0:4") and scope_of(b"lattica/shard/x") is None
+    lim = StoreLimits()
+
+    def put(signer, cert) -> Entry:
+        sk = encode_subkey(cert) if cert is not None else encode_subkey(signer.peer_id)
+        return check_entry(key, sk, sign_entry(signer, key, sk, b"v", NOW + 60), NOW, lim)
+
+    cert = mesh.issue(A.peer_id, ttl=3600, now=NOW)
+    assert put(A, cert).value == b"v"  # a member, under its certificate
+    assert decode_subkey(encode_subkey(cert)) == cert and owner_of(key, encode_subkey(cert)) == A.peer_id
+    for signer, bad, why in (
+        (A, None, "certificates only"),  # a plain PeerId subkey
+        (A, other.issue(A.peer_id, ttl=3600, now=NOW), "not a member"),  # another mesh's certificate
+        (A, mesh.issue(A.peer_id, ttl=10, now=NOW - 60), "expired"),
+        (B, cert, "only that peer can write it"),  # A's certificate, B's signature
+    ):
+        with pytest.raises(RecordRejected, match=why):
+            put(signer, bad)
+    forged = records.Certificate(cert.mesh, B.peer_id, cert.expires, cert.signature)  # A's signature on B's name
+    with pytest.raises(RecordRejected, match="signature"):
+        put(B, forged)
+    with pytest.raises(RecordRejected, match="malformed"):
+        check_entry(records.MESH_SCOPE + b"zz/x", encode_subkey(cert), sign_entry(A, b"k", b"", b"v", NOW + 60), NOW, lim)

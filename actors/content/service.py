@@ -25,11 +25,12 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
+from lattica.budget import Buckets
 from lattica.config import ContentConfig
 from lattica.errors import BadBlock, ContentError, LatticaError
 from lattica.identity import PeerId
 from lattica.logging import get_logger
-from lattica.actors.content.wire import MAX_NAMED, MAX_SWARM, MAX_SWARMS, NAME, SWARM_ADDRS, SWARM_ANSWER, SWARM_TTL, content_ref, parse_cids, provider_key
+from lattica.actors.content.wire import MAX_NAMED, MAX_SWARM, NAMED_BURST, NAMED_RATE, MAX_SWARMS, NAME, SWARM_ADDRS, SWARM_ANSWER, SWARM_TTL, content_ref, parse_cids, provider_key
 from lattica.runtime import current_caller
 
 if TYPE_CHECKING:
@@ -331,11 +332,23 @@ class ContentActor:
 
     def __init__(self, service: ContentService) -> None:
         self._svc = service
+        self._named = Buckets(NAMED_RATE, NAMED_BURST)  # CIDs each peer may name in have and haves calls
 
     async def have(self, cids: list) -> list[bool]:
-        """Per CID: whether we hold the block (want-have)."""
+        """Per CID: whether we hold the block (want-have); at most ``NAMED_RATE`` CIDs a second
+        per peer (a fetch asks a few hundred at most)."""
+        self._charge(cids)
         store = self._svc.store
         return [store.has(c) for c in parse_cids(cids, MAX_NAMED)]
+
+    def _charge(self, *lists: Any) -> None:
+        """Charge the CIDs a peer names to its budget; ContentError when it is spent."""
+        caller = current_caller()
+        if caller is None or caller == self._svc.rt.peer_id:
+            return
+        cost = max(1, sum(len(x) for x in lists if type(x) is list))
+        if not self._named.take(caller, cost):
+            raise ContentError(f"too many CIDs named: at most {NAMED_RATE:.0f} a second per peer")
 
     async def blocks(self, cids: list) -> list:
         """Per CID, in order: the block's bytes, or None if we do not hold it (want-block). The
@@ -377,6 +390,7 @@ class ContentActor:
         caller = current_caller()
         if caller is None:
             return
+        self._charge(cids, coming)
         self._svc.heard_haves(caller, parse_cids([root], 1)[0], parse_cids(cids, MAX_NAMED), parse_cids(coming or [], MAX_NAMED))
 
 

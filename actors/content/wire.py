@@ -12,10 +12,11 @@ from lattica.runtime import ASYNC, ActorRef
 if TYPE_CHECKING:
     from lattica.content.cid import Cid
 
-__all__ = ["content_ref", "provider_key", "parse_cids", "NAME", "MAX_NAMED", "SWARM_TTL", "MAX_SWARMS", "MAX_SWARM", "SWARM_ANSWER", "SWARM_TAKE", "SWARM_ADDRS", "HAVES_EVERY", "SWARM_EVERY", "SWARM_SOON", "SWARM_WANT", "BAND"]
+__all__ = ["content_ref", "provider_key", "parse_cids", "NAME", "MAX_NAMED", "NAMED_RATE", "NAMED_BURST", "SWARM_TTL", "MAX_SWARMS", "MAX_SWARM", "SWARM_ANSWER", "SWARM_TAKE", "SWARM_ADDRS", "HAVES_EVERY", "SWARM_EVERY", "SWARM_SOON", "SWARM_WANT", "BAND"]
 
 NAME = "content"
 MAX_NAMED = 1024  # CIDs one have/haves call may name
+NAMED_RATE, NAMED_BURST = 16384.0, 32768.0  # CIDs a peer may name a second in have and haves calls
 SWARM_TTL = 60.0  # seconds a fetcher stays in a root's swarm after it last asked
 MAX_SWARMS = 1024  # roots whose swarms we track
 MAX_SWARM = 64  # fetchers tracked per root

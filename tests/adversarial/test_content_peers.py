@@ -196,3 +196,29 @@ def test_made_up_roots_cannot_push_a_real_swarm_out():
         assert list(svc._swarms) == [Cid.parse(cid)]
         assert svc.swarm_of(Cid.parse(cid)) == [fetcher.peer_id]
         assert call_as(stranger, ref, "swarm", Cid.parse(cid).bytes)[0][0] == fetcher.peer_id.to_bytes()
+
+
+def test_a_peer_naming_cids_without_end_is_refused_and_others_are_served():
+    """want-have is cheap but not free (a lookup per CID): a peer naming more than NAMED_RATE CIDs
+    a second (after a burst) is refused with a clear error, and another peer is served at once."""
+    from lattica.actors.content.wire import MAX_NAMED, NAMED_BURST
+
+    with _node() as a, _node() as flood, _node() as honest:
+        cid = lattica.content.put(b"x" * 1000, node=a).result(10)
+        for n in (flood, honest):
+            n.connect(a.addrs[0])
+        names = [Cid.of(os.urandom(8)).bytes for _ in range(MAX_NAMED)]
+
+        async def hammer():
+            rt = flood.host.runtime
+            refused = 0
+            for _ in range(int(2 * NAMED_BURST / MAX_NAMED)):
+                try:
+                    await rt.call(content_ref(a.peer_id), "have", (names,), {}, timeout=10)
+                except ContentError as e:
+                    assert "too many CIDs named" in str(e)
+                    refused += 1
+            return refused
+
+        assert flood.run(hammer(), timeout=60) >= NAMED_BURST / MAX_NAMED / 2
+        assert call_as(honest, content_ref(a.peer_id), "have", [Cid.parse(cid).bytes]) == [True]

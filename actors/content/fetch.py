@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from lattica.actors.content.jobs import check_and_store
-from lattica.actors.content.wire import BAND, HAVES_EVERY, MAX_NAMED, SWARM_ANSWER, SWARM_ADDRS, MAX_SWARM, SWARM_EVERY, SWARM_SOON, SWARM_TAKE, SWARM_WANT, content_ref
+from lattica.actors.content.wire import BAND, HAVES_EVERY, MAX_NAMED, SWARM_ANSWER, SWARM_ADDRS, SWARM_EVERY, SWARM_SOON, SWARM_TAKE, SWARM_WANT, content_ref
 from lattica.content.cid import RAW, Cid
 from lattica.content.session import BLOCK, FetchSession, Request
 from lattica.content.unixfs import Walker
@@ -28,6 +28,8 @@ LOOKAHEAD = 16  # windows of places ahead of the walk that are asked for (in a r
 PROBE_TIMEOUT = 8.0  # seconds a peer heard of has to answer whether it has the root (dial included)
 PROBE_AGAIN = 10.0  # seconds before a peer that did not say so is asked again
 BENCH = 2.0  # seconds a peer dropped for failures sits out before it may rejoin (doubling each time)
+MAX_FELLOWS = 32  # fellow fetchers that join a fetch by asking us for its swarm
+MAX_REMEMBERED = 1024  # peers a fetch remembers as fellows, or as benched
 
 __all__ = ["Fetch"]
 
@@ -60,7 +62,9 @@ class Fetch:
         self._rescan = 0  # look for new wants once it handed out this many
         self._new_haves: list[Cid] = []
         self._new_coming: list[Cid] = []  # blocks asked of providers since the last announcement
-        self._fellows: set[PeerId] = set()  # peers known to fetch the root too (from swarms)
+        self._fellows: dict[PeerId, None] = {}  # peers known to fetch the root too (from swarms)
+        self._joined_as_fellow = 0
+        self._peer_calls: dict[PeerId, set[Any]] = {}  # each peer's calls in flight
         self._swarm_asked: dict[PeerId, float] = {}
         self._joined = asyncio.Event()  # a peer joined: ask it for its swarm now
         self._call_left: dict[Any, set[Cid]] = {}  # want-block call -> its blocks not received from anyone yet
@@ -193,33 +197,39 @@ class Fetch:
         it may rejoin (found again and saying it has the root) once it sat out a while, longer
         each time: a path that broke during a hole punch, or a peer busy for a moment, is often
         the only provider there is."""
-        drops = self._benched.get(peer, (0.0, 0))[1] + 1
+        drops = self._benched.pop(peer, (0.0, 0))[1] + 1
         sit = min(BENCH * 2 ** (drops - 1), SWARM_EVERY * 4)
-        self._benched[peer] = (time.monotonic() + sit, drops)
+        _remember(self._benched, peer, (time.monotonic() + sit, drops))
         log.info("peer dropped from a fetch", peer=str(peer), root=str(self.root), rejoins_after=sit, drops=drops)
         self.session.remove_peer(peer)
         self._peers.discard(peer)
+        for call in list(self._peer_calls.pop(peer, ())):
+            call.cancel()  # (a late answer must not count against it if it rejoins)
 
-    def _add_peer(self, peer: PeerId) -> None:
+    def _add_peer(self, peer: PeerId, holder_only: bool = False) -> bool:
         if peer == self.svc.rt.peer_id or peer in self._peers:
-            return
+            return False
         if self._benched.get(peer, (0.0, 0))[0] > time.monotonic():
-            return
+            return False
+        if not self.session.add_peer(peer, asyncio.get_running_loop().time(), holder_only=holder_only):
+            return False  # (it sent a bad block)
         self._peers.add(peer)
-        log.debug("fetch peer joins", root=str(self.root), peer=str(peer), after=round(time.monotonic() - self._started, 3))
-        if self.session.add_peer(peer, asyncio.get_running_loop().time()):
-            self._last_found = time.monotonic()
-            self._wake.set()
-            self._joined.set()
+        log.debug("fetch peer joins", root=str(self.root), peer=str(peer), after=round(time.monotonic() - self._started, 3), holder_only=holder_only)
+        self._last_found = time.monotonic()
+        self._wake.set()
+        self._joined.set()
+        return True
 
     def fellow(self, peer: PeerId) -> None:
-        """``peer`` fetches our root too and just asked us for its swarm: it joins our fetch
-        at once (it is alive, it called; the blocks it has come as its haves), so fetchers
-        that start together find each other whichever asked first (a stranger cannot crowd
-        the fetch: MAX_SWARM peers at most come this way)."""
-        if len(self._peers) < MAX_SWARM:
-            self._fellows.add(peer)
-            self._add_peer(peer)
+        """``peer`` fetches our root too and just asked us for its swarm: it joins our fetch at
+        once, asked only for the blocks it says it has (it is alive, it called, and need not
+        have anything yet), so fetchers that start together find each other whichever asked
+        first. At most MAX_FELLOWS come this way (throwaway identities cannot crowd the fetch,
+        and a silent one is never waited on)."""
+        if peer not in self._peers and self._joined_as_fellow < MAX_FELLOWS:
+            _remember(self._fellows, peer, None)
+            if self._add_peer(peer, holder_only=True):
+                self._joined_as_fellow += 1
 
     async def _discover(self) -> None:
         """Providers: the peers we are connected to that have the root, the DHT's provider
@@ -254,6 +264,7 @@ class Fetch:
             log.debug("provider lookup failed", root=str(self.root), reason=str(e))
             return
         for peer in found:
+            self._fellows.pop(peer, None)  # (a provider record: a holder, whatever a swarm answer said)
             self._probe(peer)
 
     def _probe(self, peer: PeerId) -> None:
@@ -323,7 +334,7 @@ class Fetch:
                 if addrs and other not in self.svc.host.conns:
                     self.svc.host.remember_addrs(other, addrs)
                 taken += 1
-                self._fellows.add(other)
+                _remember(self._fellows, other, None)
                 self._probe(other)
 
         await asyncio.gather(*(ask(p) for p in asked))
@@ -368,13 +379,20 @@ class Fetch:
         try:
             timeout = max(req.hard_deadline - loop.time(), 0.1)
             call = self.svc.rt.call(content_ref(req.peer), method, ([c.bytes for c in req.cids],), {}, timeout=timeout)
+            self._peer_calls.setdefault(req.peer, set()).add(call)
             if req.kind == BLOCK:
                 self._track(call, req)
-                if req.peer not in self._fellows:  # (a fellow may not have them: no claim)
-                    self._new_coming.extend(req.cids)
+                # a claim only for blocks the peer holds: a provider's, or those a fellow said it has
+                fellow = req.peer in self._fellows
+                self._new_coming.extend(c for c in req.cids if not fellow or session.holds(req.peer, c))
             try:
                 got = await call
             finally:
+                calls = self._peer_calls.get(req.peer)
+                if calls is not None:
+                    calls.discard(call)
+                    if not calls:
+                        del self._peer_calls[req.peer]
                 if req.kind == BLOCK:
                     self._untrack(call, req)
             if type(got) is not list or len(got) > len(req.cids):
@@ -475,3 +493,11 @@ class Fetch:
                 log.exception("progress callback failed")
 
 
+
+
+def _remember(table: dict, key: Any, value: Any) -> None:
+    """Put ``key`` in ``table`` (insertion-ordered), dropping the oldest beyond MAX_REMEMBERED."""
+    table.pop(key, None)
+    table[key] = value
+    while len(table) > MAX_REMEMBERED:
+        del table[next(iter(table))]

@@ -76,7 +76,7 @@ class PeerStats:
 class _Want:
     __slots__ = (
         "cid", "size", "order", "seq", "gen", "state", "live", "copies", "tried", "excluded", "haves", "have_asked",
-        "coming",
+        "coming", "claimant", "claimed", "claim_charge",
     )
 
     def __init__(self, cid: Hashable, size: int | None, order: Any, seq: int, copies: set[Hashable]) -> None:
@@ -92,7 +92,10 @@ class _Want:
         self.excluded: set[Hashable] | None = None  # said dont-have, or sent a bad block
         self.haves: set[Hashable] | None = None
         self.have_asked: set[Hashable] | None = None
-        self.coming = 0.0  # until when a fellow fetcher's claim on it holds (0.0: never claimed)
+        self.coming = 0.0  # until when a fellow fetcher's claim on it holds (0.0: none holds now)
+        self.claimant: Hashable = None
+        self.claimed = False  # (claimed once: never again)
+        self.claim_charge = 0  # window bytes kept free for it while claimed
 
 
 class _Call:
@@ -119,6 +122,7 @@ class _Peer:
         "id", "active", "dropped", "reason", "rate", "rtt", "consecutive", "failures", "misses",
         "dont_haves", "asked", "blocks", "bytes", "duplicates", "inflight_bytes", "inflight_blocks",
         "calls", "have_calls", "last_done", "have_queue", "window_bytes", "window_time", "banned",
+        "holder_only", "claims", "broken",
     )
 
     def __init__(self, pid: Hashable) -> None:
@@ -126,6 +130,9 @@ class _Peer:
         self.active = False
         self.dropped = False
         self.banned = False  # sent a bad block: never taken back
+        self.holder_only = False  # asked only for blocks it said it has
+        self.claims: deque[tuple[float, _Want]] = deque()  # its open claims: (when they end, the block)
+        self.broken = 0  # its claims that ended without its have
         self.reason: str | None = None
         self.rate: float | None = None  # bytes/s while busy
         self.rtt: float | None = None  # seconds
@@ -206,8 +213,11 @@ class FetchSession:
 
     **Claims.** A fellow fetcher may say a block is coming to it (``on_coming``): the block goes
     to the back of the queue and is asked only of peers known to hold it, until its have arrives
-    or ``coming_for`` seconds pass (then anyone may be asked again). Fetchers that start
-    together then ask their common provider for different blocks and trade the rest.
+    or ``coming_for`` seconds pass (then it is back in its place and anyone may be asked).
+    Fetchers that start together then ask their common provider for different blocks and trade
+    the rest. A block is claimed once, a peer holds at most ``max_claims`` open claims, and the
+    claims of one that let ``max_broken`` expire without its have are ignored. A peer added
+    ``holder_only`` (a fellow that came to us) is asked want-block only for blocks it said it has.
 
     **Endgame.** When no block waits for a peer — or the window is full, then for its earliest
     in-flight blocks only, the ones the window waits on — in-flight blocks get another copy on an
@@ -248,11 +258,14 @@ class FetchSession:
         reserve: float = 0.125,
         alpha: float = 0.3,
         coming_for: float = 1.0,
+        max_claims: int = 32,
+        max_broken: int = 1,
     ) -> None:
         ints = dict(
             window_bytes=window_bytes, max_per_peer_requests=max_per_peer_requests, max_batch=max_batch,
             max_batch_bytes=max_batch_bytes, max_have_batch=max_have_batch, max_failures=max_failures,
-            max_attempts=max_attempts, max_copies=max_copies, miss_limit=miss_limit,
+            max_attempts=max_attempts, max_copies=max_copies, miss_limit=miss_limit, max_claims=max_claims,
+            max_broken=max_broken,
         )
         for name, value in ints.items():
             if not isinstance(value, int) or value < 1:
@@ -283,6 +296,8 @@ class FetchSession:
         self.miss_limit = miss_limit
         self.alpha = alpha
         self.coming_for = coming_for
+        self.max_claims = max_claims
+        self.max_broken = max_broken
         self._first_limit = window_bytes - int(window_bytes * reserve)
         self._peers: dict[Hashable, _Peer] = {}
         self._active: dict[Hashable, _Peer] = {}
@@ -293,6 +308,7 @@ class FetchSession:
         self._dups: list[tuple[Any, int, int, _Want]] = []  # in-flight blocks by order, for the endgame
         self._stuck: dict[Hashable, _Want] = {}
         self._comings: list[tuple[float, int, _Want]] = []  # claims by when they end (wakeups)
+        self._claimed_bytes = 0  # charges of the blocks claimed now
         self._retry_at: float | None = None  # when stuck blocks are tried again at peers that failed them
         self._now = float("-inf")  # the latest time seen
         self._out: dict[tuple[Hashable, Hashable], _Call] = {}  # outstanding want-blocks
@@ -311,11 +327,13 @@ class FetchSession:
 
     # -- peers ----------------------------------------------------------------------------------
 
-    def add_peer(self, peer: Hashable, now: float) -> bool:
+    def add_peer(self, peer: Hashable, now: float, holder_only: bool = False) -> bool:
         """Take ``peer`` into the session (False if it is already in, or sent a bad block). It is
-        asked want-have for every block stuck now. A peer dropped for failures in a row comes back
-        with a clean slate (the glue decides when: a path that broke may have healed, and it may
-        be the only provider there is)."""
+        asked want-have for every block stuck now; ``holder_only``: asked want-block only for
+        blocks it said it has (a fellow fetcher that came to us: it has not said it holds
+        anything). A peer dropped for failures in a row comes back unmeasured, its attempts
+        forgotten (the glue decides when: a path that broke may have healed, and it may be the
+        only provider there is)."""
         p = self._peers.get(peer)
         if p is None:
             p = self._peers[peer] = _Peer(peer)
@@ -323,9 +341,12 @@ class FetchSession:
             return False
         elif p.dropped:
             p.dropped, p.reason, p.consecutive = False, None, 0
+            p.rate = p.rtt = None
+            p.window_bytes = p.window_time = 0.0
             for w in self._wants.values():
-                if w.tried:
-                    w.tried.pop(peer, None)
+                if w.tried and peer in w.tried:
+                    w.tried[peer] = 0  # (still "tried before": its retries keep the window's reserve)
+        p.holder_only = holder_only
         p.active = True
         self._active[peer] = p
         p.have_queue = deque(self._stuck)
@@ -492,22 +513,32 @@ class FetchSession:
         w.haves.add(peer)
         if w.excluded:
             w.excluded.discard(peer)
-        if w.coming > self._now and w.state == _PENDING:  # claimed and now held: back in order
-            w.coming = self._now
-            self._npending -= 1
-            self._pend(w)
+        if w.coming:  # claimed and now held: back in its place, asked of holders
+            self._end_claim(w)
         self._unstick(w)
 
     def on_coming(self, peer: Hashable, cid: Hashable, now: float) -> None:
         """``peer``, a fellow fetcher in the session, is being sent ``cid`` by someone: rather
         than ask a provider for it too (the swarm's publisher serving one block twice), wait up
         to ``coming_for`` seconds for the fellow's have and ask the fellow. A block is claimed
-        once: a fellow that never delivers holds it up once, not forever."""
+        once; a peer holds at most ``max_claims`` open claims, and one whose claims ended without
+        its have ``max_broken`` times is not believed any more: a fellow that never delivers holds
+        a few blocks up once, not the fetch."""
         p = self._peers.get(peer)
         w = self._wants.get(cid)
-        if p is None or not p.active or w is None or w.coming or w.haves or self.coming_for == 0:
+        if (p is None or not p.active or w is None or w.claimed or w.haves or self.coming_for == 0
+                or p.broken >= self.max_broken):
             return
+        while p.claims and p.claims[0][0] <= now:
+            p.claims.popleft()
+        if len(p.claims) >= self.max_claims:
+            return
+        w.claimed = True
+        w.claimant = peer
         w.coming = now + self.coming_for
+        w.claim_charge = self._charge(w)
+        self._claimed_bytes += w.claim_charge  # (kept free of other blocks' requests: it may come first)
+        p.claims.append((w.coming, w))
         heapq.heappush(self._comings, (w.coming, w.seq, w))
         if w.state == _PENDING:
             self._npending -= 1
@@ -578,8 +609,23 @@ class FetchSession:
     # -- time and decisions ---------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
-        """Time out the calls past their deadline (``next_requests`` does this first)."""
+        """Time out the calls past their deadline and end the claims past theirs
+        (``next_requests`` does this first)."""
         self._now = now
+        comings = self._comings
+        while comings and comings[0][0] <= now:
+            until, _, w = heapq.heappop(comings)
+            if w.coming != until:
+                continue  # (ended by a have)
+            self._end_claim(w)
+            claimant = self._peers.get(w.claimant)
+            if claimant is not None and w.state != _GONE:
+                claimant.broken += 1  # no have from it in time
+                if claimant.broken >= self.max_broken:  # not believed any more: its other claims end too
+                    for end, other in claimant.claims:
+                        if other.coming == end:
+                            self._end_claim(other)
+                    claimant.claims.clear()
         dues = self._dues
         while dues and dues[0][0] <= now:
             heapq.heappop(dues)
@@ -617,8 +663,8 @@ class FetchSession:
         while dues and (dues[0][2].stale or not dues[0][2].open or dues[0][0] <= self._now):
             heapq.heappop(dues)  # a call due already when it was sent
         comings = self._comings
-        while comings and (comings[0][0] <= self._now or comings[0][2].state != _PENDING):
-            heapq.heappop(comings)
+        while comings and comings[0][2].coming != comings[0][0]:
+            heapq.heappop(comings)  # (ended by a have)
         for heap in (timers, dues, comings):
             if heap and (out is None or heap[0][0] < out):
                 out = heap[0][0]
@@ -675,6 +721,11 @@ class FetchSession:
                 and not any(p.have_queue for p in self._active.values())
                 and not any(self._retriable(w) for w in self._stuck.values()))
 
+    def holds(self, peer: Hashable, cid: Hashable) -> bool:
+        """Whether ``peer`` said it has ``cid`` (a have) and it is still wanted."""
+        w = self._wants.get(cid)
+        return w is not None and bool(w.haves) and peer in w.haves  # type: ignore[operator]
+
     def stuck(self) -> list[Hashable]:
         """The wanted blocks no active peer may be asked for (look up more providers)."""
         return list(self._stuck)
@@ -723,11 +774,21 @@ class FetchSession:
     def _charge(self, w: _Want) -> int:
         return w.size if w.size is not None else self.unknown_size
 
+    def _end_claim(self, w: _Want) -> None:
+        """The claim on ``w`` ends: back in its place in the queue, anyone may be asked."""
+        if not w.coming:
+            return
+        w.coming = 0.0
+        self._claimed_bytes -= w.claim_charge
+        if w.state == _PENDING:
+            self._npending -= 1
+            self._pend(w)
+
     def _pend(self, w: _Want) -> None:
         w.state = _PENDING
         w.gen += 1
         self._npending += 1
-        heapq.heappush(self._heap, ((w.coming > self._now, w.order), w.seq, w.gen, w))
+        heapq.heappush(self._heap, ((w.coming > 0.0, w.order), w.seq, w.gen, w))
 
     def _unstick(self, w: _Want) -> None:
         if w.state == _STUCK:
@@ -897,10 +958,12 @@ class FetchSession:
         cid, copies, tried, excluded, haves = w.cid, w.copies, w.tried, w.excluded, w.haves
         asks = self._asks if w.have_asked else None
         max_attempts, miss_limit = self.max_attempts, self.miss_limit
-        claimed = w.coming > self._now
+        claimed = w.coming > 0.0
         for pid, p in self._active.items():
             if pid in copies or (excluded and pid in excluded) or (asks and (pid, cid) in asks):
                 continue
+            if p.holder_only and not (haves and pid in haves):
+                continue  # (asked only for what it said it has)
             if claimed and not (haves and pid in haves):
                 primary = True  # (it waits for the fellow's have, or for the claim to end)
                 continue
@@ -967,7 +1030,11 @@ class FetchSession:
                 heapq.heappop(heap)
                 continue
             charge = self._charge(w)
-            limit = self.window_bytes if w.tried else self._first_limit
+            # a retry, or a claimed block, may use the whole window; first requests leave the
+            # reserve and the claimed blocks' room (they may come before them in order)
+            limit = self.window_bytes if w.tried or w.claimed else self._first_limit
+            if not w.claimed:
+                limit -= self._claimed_bytes
             if self._committed and self._committed + charge > limit:
                 window_full = True
                 break
@@ -1010,7 +1077,7 @@ class FetchSession:
                 heapq.heappop(heap)
                 continue
             charge = self._charge(w)
-            if self._committed + charge > self.window_bytes:
+            if self._committed + charge > self.window_bytes - self._claimed_bytes:
                 break
             heapq.heappop(heap)
             expected = None
@@ -1027,6 +1094,7 @@ class FetchSession:
                 for p in idle:
                     pid = p.id
                     if (pid in w.copies or (w.excluded and pid in w.excluded)
+                            or (p.holder_only and not (w.haves and pid in w.haves))
                             or (w.tried and w.tried.get(pid, 0) >= self.max_attempts)
                             or (pid, w.cid) in self._asks
                             or (p.inflight_bytes and p.inflight_bytes + charge > self._batch_bytes(p))

@@ -141,13 +141,15 @@ class Connections:
                     log.debug("closing idle connection", peer=str(conn.remote_peer))
                     self.spawn(conn.close())
 
-    def displaceable(self, peer: PeerId) -> Connection | None:
-        """The connection of ``peer`` to close when it opens one more than MAX_CONNS_PER_PEER: a
-        spare, never the primary: streamless before busy, relayed before direct, oldest first
-        (a hole punch races dials both ways over two transports beside the relayed circuits, and
-        the newest direct one is the one both ends are about to use). None: it has no spare."""
+    def displaceable(self, peer: PeerId, newcomer: Connection) -> Connection | None:
+        """The connection of ``peer`` to close when ``newcomer`` is one more than
+        MAX_CONNS_PER_PEER: a spare with no stream (relayed before direct, oldest first), or, for
+        a direct newcomer, a relayed spare even if busy; never the primary (a hole punch races
+        dials both ways over two transports beside the relayed circuits, and the newest direct
+        one is the one both ends are about to use). None: keep them, refuse the newcomer."""
         primary = self.conns.get(peer)
-        spares = [c for c in self.conns_of.get(peer, ()) if c is not primary and not c.is_closed]
+        spares = [c for c in self.conns_of.get(peer, ()) if c is not primary and not c.is_closed
+                  and (not c.num_streams or (c.transport == "relay" and newcomer.transport != "relay"))]
         if not spares:
             return None
         return min(spares, key=lambda c: (c.num_streams > 0, c.transport != "relay", self.idle_since.get(c, 0.0)))

@@ -209,15 +209,14 @@ class Host:
         if self.closing:
             conn.abort("node stopping")
             return
+        spare = None
         if len(self.conns_of.get(conn.remote_peer, ())) >= MAX_CONNS_PER_PEER:
-            spare = self.connections.displaceable(conn.remote_peer)
+            spare = self.connections.displaceable(conn.remote_peer, conn)
             if spare is None:
                 log.info("refusing inbound connection: too many from this peer", peer=str(conn.remote_peer))
                 conn.abort("per-peer connection limit reached")
                 return
-            log.info("closing a spare connection for the peer's newest: per-peer limit", peer=str(conn.remote_peer), spare=spare.transport)
-            spare.abort("replaced by a newer connection from the same peer (per-peer limit)")
-        if len(self.all_conns) >= self.max_connections:
+        if spare is None and len(self.all_conns) >= self.max_connections:
             victim = self.connections.evictable()
             if victim is None:
                 log.info("refusing inbound connection: limit reached", peer=str(conn.remote_peer), limit=self.max_connections)
@@ -225,6 +224,9 @@ class Host:
                 return
             log.info("evicting a connection for a newcomer: limit reached", peer=str(victim.remote_peer), identified=victim in self.info)
             victim.abort("evicted: connection limit reached (unidentified or idle stranger)")
+        if spare is not None:  # (the newcomer takes its place: the total stays as it was)
+            log.info("closing a spare connection for the peer's newest: per-peer limit", peer=str(conn.remote_peer), spare=spare.transport)
+            spare.abort("replaced by a newer connection from the same peer (per-peer limit)")
         self.adopt(conn)
         self.dialer.inbound(conn)
 

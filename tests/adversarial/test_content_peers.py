@@ -222,3 +222,48 @@ def test_a_peer_naming_cids_without_end_is_refused_and_others_are_served():
 
         assert flood.run(hammer(), timeout=60) >= NAMED_BURST / MAX_NAMED / 2
         assert call_as(honest, content_ref(a.peer_id), "have", [Cid.parse(cid).bytes]) == [True]
+
+
+def test_strangers_that_call_swarm_first_are_never_asked_for_what_they_did_not_announce(monkeypatch):
+    """Throwaway identities poll a fetcher's ``swarm(root)`` so they join its fetch before the
+    real provider answers; they never send a block. A peer that joins this way is asked only for
+    blocks it announced, so the fetch goes to the provider at once (it used to wait out one
+    block timeout per identity, ~18 s each, or fail)."""
+    from lattica.actors.content import service as service_mod
+
+    silent: set = set()
+    real_blocks = service_mod.ContentActor.blocks
+
+    async def blocks(self, cids):
+        if self._svc.rt.peer_id in silent:
+            await asyncio.sleep(3600)
+        return await real_blocks(self, cids)
+
+    monkeypatch.setattr(service_mod.ContentActor, "blocks", blocks)
+    with _node() as pub, _node() as me, _node() as s1, _node() as s2, _node() as s3:
+        me.connect(pub.addrs[0])
+        sybils = [s1, s2, s3]
+        for s in sybils:
+            silent.add(s.peer_id)
+            s.connect(me.addrs[0])
+        cid = lattica.content.put(os.urandom(4 << 20), node=pub).result(20)
+        root = Cid.parse(cid)
+
+        async def poll(node):
+            while True:
+                try:
+                    await node.host.runtime.call(content_ref(me.peer_id), "swarm", (root.bytes,), {}, timeout=5)
+                except ContentError:
+                    pass
+                await asyncio.sleep(0.005)
+
+        polls = [asyncio.run_coroutine_threadsafe(poll(s), s.host.loop) for s in sybils]
+        try:
+            time.sleep(0.2)
+            assert lattica.content.get(cid, node=me).result(15) is not None
+        finally:
+            for f in polls:
+                f.cancel()
+        stats = me.host.services["content"].last_stats
+        assert any(s.peer_id in stats for s in sybils)  # (they did join the fetch)
+        assert all(stats[s.peer_id].asked == 0 for s in sybils if s.peer_id in stats)

@@ -483,6 +483,62 @@ def test_a_claim_from_a_peer_outside_the_session_or_on_a_held_block_is_ignored()
     assert [cid for r in s.next_requests(0.0) if r.kind == BLOCK for cid in r.cids] == [a]
 
 
+def test_a_claim_never_made_good_delays_its_block_once_and_the_window_does_not_stall():
+    """A claimant that never announces its have: the head block waits out the claim, then is
+    back in its place, and the window (released in file order by this glue) kept room for it:
+    later blocks cannot fill it meanwhile."""
+    tree = make_tree(64, fanout=64)
+
+    class ClaimHead(Swarm):
+        def want(self, kids):
+            super().want(kids)
+            if any(c == self.tree.leaves[0] for c, _, _ in kids):
+                self.s.on_coming("liar", self.tree.leaves[0], self.t)
+
+    for reserve in (0.0, 0.125):
+        peers = {"seed": SimPeer(8 * MiB), "liar": SimPeer(8 * MiB, holds=set())}
+        sw = ClaimHead(session(window_bytes=8 * LEAF, reserve=reserve), tree, peers)
+        sw.start()
+        sw.run(until=600)
+        finished(sw)
+        assert sw.s.stats()["liar"].blocks == 0
+        assert sw.t < 2.06 + 2 * sw.s.coming_for  # (the same run without the claim takes 2.06 s)
+
+
+def test_a_claimant_that_lets_a_claim_lapse_is_not_believed_and_its_other_claims_end():
+    a, b, c = (Cid.of(x) for x in (b"a", b"b", b"c"))
+    s = FetchSession(window_bytes=16 * MiB, coming_for=1.0, max_claims=2)
+    s.add_peer("seed", 0.0)
+    s.add_peer("liar", 0.0)
+    s.want([a, b, c], [LEAF] * 3, [0, 1, 2])
+    s.on_coming("liar", a, 0.0)
+    s.on_coming("liar", b, 0.5)
+    s.on_coming("liar", c, 0.5)  # beyond max_claims: ignored
+    asked = {cid for r in s.next_requests(0.5) for cid in r.cids}
+    assert asked == {c}
+    asked = {cid for r in s.next_requests(1.0) for cid in r.cids}  # a's claim lapsed: b's ends too
+    assert asked == {a, b}
+    s.want([Cid.of(b"d")], [LEAF])
+    s.on_coming("liar", Cid.of(b"d"), 1.0)  # not believed any more
+    assert Cid.of(b"d") in {cid for r in s.next_requests(1.0) for cid in r.cids}
+
+
+def test_a_holder_only_peer_is_asked_only_for_blocks_it_said_it_has():
+    """A fellow that came to us (not asked whether it has anything) is never asked for a block
+    it did not announce: a silent one holds nothing up."""
+    a, b = Cid.of(b"a"), Cid.of(b"b")
+    s = FetchSession(window_bytes=16 * MiB)
+    s.add_peer("fellow", 0.0, holder_only=True)
+    s.want([a, b], [LEAF] * 2)
+    assert [r for r in s.next_requests(0.0) if r.kind == BLOCK] == []
+    s.on_have("fellow", b, 0.0)
+    assert [cid for r in s.next_requests(0.0) if r.kind == BLOCK for cid in r.cids] == [b]
+    s.add_peer("seed", 0.1)  # a was stuck (no peer might be asked): the newcomer is asked want-have
+    assert [(r.kind, r.cids) for r in s.next_requests(0.1)] == [(HAVE, (a,))]
+    s.on_have("seed", a, 0.2)
+    assert [(r.peer, r.cids) for r in s.next_requests(0.2) if r.kind == BLOCK] == [("seed", (a,))]
+
+
 def test_a_large_fetch_with_many_peers():
     rng = random.Random(3)
     peers = {f"p{i}": SimPeer(rng.uniform(2, 40) * MiB, rng.uniform(0.002, 0.05)) for i in range(8)}
@@ -641,7 +697,7 @@ def test_random_event_sequences_keep_the_invariants(evs, copies, attempts, reser
     s.want(CIDS[:6], SIZES[:6])
     for kind, n, dt in evs:
         if kind == "add":
-            if s.add_peer(PEERS[n % 5], now):  # (a peer dropped for failures comes back afresh)
+            if s.add_peer(PEERS[n % 5], now, holder_only=n % 3 == 0):  # (a dropped peer comes back afresh)
                 for key in [k for k in asked if k[0] == PEERS[n % 5]]:
                     del asked[key]
         elif kind == "coming":

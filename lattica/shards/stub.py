@@ -27,7 +27,7 @@ from lattica.errors import (ActorDied, ActorNotFound, CallTimeout, LatticaError,
                             ShardUnavailable)
 from lattica.future import Future
 from lattica.runtime import ActorRef, run_coroutine
-from lattica.runtime.refs import StreamCall, _StreamState
+from lattica.runtime.refs import StreamCall
 from lattica.runtime.limits import ASYNC
 from lattica.shards.keys import shard_id
 from lattica.shards.select import Picker, Provider
@@ -267,7 +267,7 @@ class Stub:
             tried.clear()
             looked[0] = False
 
-    async def stream(self, method: str, args: tuple, kwargs: dict, timeout: float | None, idempotent: bool, out: _StreamState) -> None:
+    async def stream(self, method: str, args: tuple, kwargs: dict, timeout: float | None, idempotent: bool, out: Any) -> None:
         """A streaming call: tried on providers in turn until one sends its first item (or ends
         at once), which then feeds ``out``; ``out`` fails with the error that ended the search."""
         loop = self._rt.loop
@@ -363,7 +363,7 @@ class StubStream:
     to try another provider); from the first item on it feeds the caller's stream, whose credit
     and cancel then reach this provider."""
 
-    def __init__(self, out: _StreamState, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, out: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._out = out
         self._ended = False
         self._committed = False

@@ -121,7 +121,7 @@ class _Peer:
     __slots__ = (
         "id", "active", "dropped", "reason", "rate", "rtt", "consecutive", "failures", "misses",
         "dont_haves", "asked", "blocks", "bytes", "duplicates", "inflight_bytes", "inflight_blocks",
-        "calls", "have_calls", "last_done", "have_queue", "window_bytes", "window_time", "banned",
+        "calls", "have_calls", "last_done", "heard", "have_queue", "window_bytes", "window_time", "banned",
         "holder_only", "claims", "broken",
     )
 
@@ -151,6 +151,7 @@ class _Peer:
         self.calls: set[_Call] = set()
         self.have_calls: set[_Call] = set()
         self.last_done = float("-inf")
+        self.heard = float("-inf")  # its last answer to a call (blocks, haves or dont-haves)
         self.have_queue: deque[Hashable] = deque()
 
 
@@ -224,7 +225,11 @@ class FetchSession:
     idle healthy peer (measured, no failure in a row, less than one call's bytes in flight) that
     would deliver sooner than the current copy is expected (when due; once overdue, when its
     peer's queue should have drained), up to ``max_copies`` live copies. The first copy to arrive
-    makes ``on_block`` return the peers of the others, to cancel.
+    makes ``on_block`` return the peers of the others, to cancel. A peer is *silent* while one
+    of its calls has waited ``block_timeout`` with no answer of any kind from it since that call
+    went (its deadline may be far off: its queued bytes at ``min_rate``): blocks whose every copy
+    waits at silent peers get a copy at any idle peer that is not silent itself (measured or not,
+    failures in a row or not), and a silent peer is a last resort for new blocks, never waited for.
 
     **Scoring.** ``rate``: bytes delivered over the time the peer was busy (since the call was
     sent, less the rtt, or since the peer's previous answer if the call queued behind it), both
@@ -311,6 +316,7 @@ class FetchSession:
         self._claimed_bytes = 0  # charges of the blocks claimed now
         self._retry_at: float | None = None  # when stuck blocks are tried again at peers that failed them
         self._now = float("-inf")  # the latest time seen
+        self._quiet_peers: set[Hashable] = set()  # active peers with a silent call (this round)
         self._out: dict[tuple[Hashable, Hashable], _Call] = {}  # outstanding want-blocks
         self._holders: dict[Hashable, set[Hashable]] = {}  # CID -> peers in _out, outlives a cancel
         self._asks: dict[tuple[Hashable, Hashable], _Call] = {}  # outstanding want-haves
@@ -683,6 +689,7 @@ class FetchSession:
         rtts = sorted(p.rtt for p in self._active.values() if p.rtt is not None)
         rtt0 = rtts[len(rtts) // 2] if rtts else 0.0
         plan: dict[Hashable, _Plan] = {}
+        self._quiet_peers = {pid for pid, p in self._active.items() if self._quiet(p, now)}
         window_full = self._assign(now, plan, rate0, rtt0)
         if (window_full or self._npending == 0) and self._inflight and self.max_copies > 1:
             self._endgame(now, plan, rate0, rtt0, head_only=window_full)
@@ -859,6 +866,7 @@ class FetchSession:
             p.calls.discard(call)
         if call.failed:
             return
+        p.heard = now
         a = self.alpha
         elapsed = now - call.sent
         rate = p.rate
@@ -959,6 +967,7 @@ class FetchSession:
         asks = self._asks if w.have_asked else None
         max_attempts, miss_limit = self.max_attempts, self.miss_limit
         claimed = w.coming > 0.0
+        quiet = self._quiet_peers
         for pid, p in self._active.items():
             if pid in copies or (excluded and pid in excluded) or (asks and (pid, cid) in asks):
                 continue
@@ -970,7 +979,9 @@ class FetchSession:
             n = tried.get(pid, 0) if tried else 0
             if n >= max_attempts:
                 continue
-            if haves and pid in haves:
+            if pid in quiet:
+                tier = 2  # (a last resort, never waited for: it may never answer)
+            elif haves and pid in haves:
                 tier = 0
             elif n or p.misses >= miss_limit:
                 tier = 2
@@ -1063,14 +1074,17 @@ class FetchSession:
         """Copy in-flight blocks, earliest first, to healthy measured peers that are idle (less
         than one call's bytes in flight) and would deliver sooner than the current copies are
         expected (when due, or, once overdue, when their peer's queue should have drained).
+        A block whose every copy waits at a silent peer (nothing from it for ``block_timeout``
+        since the call went) is copied to any idle peer that is not silent itself: its call may
+        run until a deadline far off, and nothing else would move it meanwhile.
         ``head_only`` (the window is full, the queue not empty): only the earliest blocks, the
         ones the window waits on."""
-        idle = [p for p in self._active.values()
-                if p.consecutive == 0 and p.misses < self.miss_limit and p.rate is not None
-                and p.inflight_bytes < self._batch_bytes(p) and self._has_room(p, plan.get(p.id))]
+        spare = [p for p in self._active.values()
+                 if p.inflight_bytes < self._batch_bytes(p) and self._has_room(p, plan.get(p.id)) and p.id not in self._quiet_peers]
+        idle = [p for p in spare if p.consecutive == 0 and p.misses < self.miss_limit and p.rate is not None]
         heap = self._dups
         passed = []
-        while heap and idle:
+        while heap and spare:
             entry = heap[0]
             w = entry[3]
             if w.state != _ACTIVE or w.live >= self.max_copies:
@@ -1087,11 +1101,14 @@ class FetchSession:
                     expected = None
                     break
                 if not call.stale:  # overdue: when its peer's queue should have drained
-                    t = call.eta if now < call.eta else now + self._eta(self._peers[pid], 0, rate0, rtt0)
+                    if self._silent(call, now):
+                        t = float("inf")
+                    else:
+                        t = call.eta if now < call.eta else now + self._eta(self._peers[pid], 0, rate0, rtt0)
                     expected = t if expected is None else min(expected, t)
             best = None
             if expected is not None:
-                for p in idle:
+                for p in (spare if expected == float("inf") else idle):
                     pid = p.id
                     if (pid in w.copies or (w.excluded and pid in w.excluded)
                             or (p.holder_only and not (w.haves and pid in w.haves))
@@ -1107,13 +1124,23 @@ class FetchSession:
                 p = best[0]
                 self._take(p, w, charge, best[1], plan)
                 if p.inflight_bytes >= self._batch_bytes(p) or not self._has_room(p, plan.get(p.id)):
-                    idle.remove(p)
+                    spare.remove(p)
+                    if p in idle:
+                        idle.remove(p)
             else:
                 passed.append(entry)
                 if head_only or len(passed) >= _LOOKAHEAD:
                     break
         for entry in passed:
             heapq.heappush(heap, entry)
+
+    def _silent(self, call: _Call, now: float) -> bool:
+        """Whether ``call`` waited ``block_timeout`` and its peer answered nothing since it went."""
+        return call.sent + self.block_timeout <= now and self._peers[call.peer].heard < call.sent  # (the wakeup's sum)
+
+    def _quiet(self, p: _Peer, now: float) -> bool:
+        """Whether one of ``p``'s calls is silent (no copy of a silent peer's block goes to it)."""
+        return any(self._silent(c, now) for c in p.calls if not c.stale)
 
     def _emit(self, now: float, plan: dict) -> list[Request]:
         out = []
@@ -1129,8 +1156,9 @@ class FetchSession:
                 p.calls.add(call)
                 p.asked += len(charges)
                 heapq.heappush(self._timers, (deadline, next(self._seq), call))
-                if self.max_copies > 1:
+                if self.max_copies > 1:  # (endgame wakeups: when due, and when silent if no answer came)
                     heapq.heappush(self._dues, (call.eta, next(self._seq), call))
+                    heapq.heappush(self._dues, (now + self.block_timeout, next(self._seq), call))
                 out.append(Request(pid, BLOCK, tuple(charges), deadline, deadline + self.block_timeout, nbytes))
         return out
 

@@ -58,7 +58,7 @@ class SimPeer:
     bandwidth: float  # bytes/s, serving one call after another
     latency: float = 0.01  # one way, seconds
     holds: set | None = None  # None: everything
-    mode: str = "ok"  # ok | silent (never answers want-block) | bad (blocks do not verify) | flaky
+    mode: str = "ok"  # ok | silent (never answers want-block) | bad (blocks do not verify) | flaky | gone (refuses calls)
     slows_at: float = float("inf")  # from then on, a tenth of its bandwidth
     busy_until: float = 0.0
     calls: int = 0
@@ -132,6 +132,7 @@ class Swarm:
             self.send(r)
         for name in self.s.take_dropped():
             self.dropped_at[name] = self.t
+            self.dropped(name)
         wake = self.s.next_wakeup()
         if wake is not None and wake not in self.timers:  # one timer per instant, as a real loop keeps
             assert wake > self.t
@@ -139,6 +140,9 @@ class Swarm:
             self.at(wake, self.timers.discard, wake)
         assert self.memory == self.s.in_flight_bytes
         assert self.memory <= self.s.window_bytes
+
+    def dropped(self, name: str) -> None:
+        """The session dropped ``name`` (this glue lets its calls run out)."""
 
     def want(self, kids) -> None:
         self.s.want([c for c, _, _ in kids], [z for _, z, _ in kids], [o for _, _, o in kids])
@@ -173,7 +177,7 @@ class Swarm:
         self.at(r.hard_deadline, self.resolve, call_id, "timeout")
         peer.calls += 1
         arrive = self.t + peer.latency
-        if peer.mode == "flaky" and peer.calls % 3 == 0:
+        if peer.mode == "gone" or (peer.mode == "flaky" and peer.calls % 3 == 0):
             self.at(arrive + peer.latency, self.resolve, call_id, "closed")
         elif r.kind == HAVE:
             self.at(arrive + peer.latency, self.answer, call_id)
@@ -304,6 +308,21 @@ def test_a_peer_that_says_have_then_never_sends_times_out_and_is_dropped():
     assert asked_liar and all(sw.fresh_from[c] == "honest" for c in asked_liar)
     assert len(asked_liar) < 10  # its share shrank with each timeout
     assert "liar" in sw.dropped_at
+
+
+def test_blocks_waiting_at_a_silent_peer_are_copied_to_an_idle_one_after_block_timeout():
+    """A peer that says nothing may hold its calls until a deadline far off (block_timeout plus
+    its queued bytes at min_rate: 33 s for a 4 MiB probe). Once a call has waited block_timeout
+    with no answer of any kind from its peer, its blocks get a copy at an idle peer that is not
+    silent itself, even one never measured or with a failure in a row."""
+    peers = {"mute": SimPeer(100 * MiB, 0.01, mode="silent"), "honest": SimPeer(50 * MiB, 0.01)}
+    sw = Swarm(session(block_timeout=1.0, min_rate=128 * KiB, probe_bytes=4 * MiB, max_batch_bytes=4 * MiB),
+               make_tree(12, fanout=256, leaf=MiB), peers)
+    sw.start(["mute", "honest"])
+    sw.run()
+    finished(sw)
+    assert sw.t < 4.0, sw.t  # not the mute peer's 33 s deadline
+    assert {c for _, p, c in sw.asks if p == "mute"} and sw.share("honest") == 1.0
 
 
 def test_a_peer_sending_a_bad_block_is_dropped_at_once_and_the_block_fetched_elsewhere():
@@ -537,6 +556,70 @@ def test_a_holder_only_peer_is_asked_only_for_blocks_it_said_it_has():
     assert [(r.kind, r.cids) for r in s.next_requests(0.1)] == [(HAVE, (a,))]
     s.on_have("seed", a, 0.2)
     assert [(r.peer, r.cids) for r in s.next_requests(0.2) if r.kind == BLOCK] == [("seed", (a,))]
+
+
+class _Churn(Swarm):
+    """The glue's peer handling too: a dropped peer is removed (its calls cancelled) and, unless
+    it sent a bad block, taken back after a while when it still says it has the root; ``dying``
+    goes away (its calls fail, new ones are refused) once a few blocks arrived."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.rng = random.Random()
+        self.progress = 0.0  # the last fresh block, or peer taken back
+        self.longest_gap = 0.0
+        self.dead = False
+
+    def pump(self) -> None:
+        super().pump()
+        self.longest_gap = max(self.longest_gap, self.t - self.progress)
+
+    def arrived(self, name: str, c: Cid) -> None:
+        before = len(self.fresh_from)
+        super().arrived(name, c)
+        if len(self.fresh_from) > before:
+            self.progress = self.t
+            if not self.dead and len(self.fresh_from) > 3:
+                self.dead = True
+                self.peers["dying"].mode = "gone"
+                for call_id, call in list(self.calls.items()):
+                    if call.peer == "dying":
+                        self.at(self.t + 0.001, self.resolve, call_id, "closed")
+
+    def dropped(self, name: str) -> None:
+        self.s.remove_peer(name)
+        for (peer, c), call_id in list(self.outstanding.items()):
+            if peer == name and c in self.calls[call_id].open:
+                self._close(self.calls[call_id], c, "cancelled")
+        if name == "mute":  # says it has the root: found again, taken back after sitting out
+            self.at(self.t + 2.0 + self.rng.uniform(0, 4), self.retake, name)
+
+    def retake(self, name: str) -> None:
+        self.dropped_at.pop(name, None)
+        if self.s.add_peer(name, self.t):
+            self.progress = self.t
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_liar_a_mute_and_a_dying_provider_never_stall_the_honest_ones_fetch(seed):
+    """The mix of the integration test (a provider sending wrong bytes, one never answering, one
+    going away mid-transfer, one honest; block_timeout 1 s), in random orders and speeds: blocks
+    keep arriving (the glue gives up after find_timeout + block_timeout without one)."""
+    rng = random.Random(seed)
+    peers = {"liar": SimPeer(rng.uniform(20, 200) * MiB, rng.uniform(0.001, 0.05), mode="bad"),
+             "mute": SimPeer(100 * MiB, 0.01, mode="silent"),
+             "dying": SimPeer(rng.uniform(20, 200) * MiB, rng.uniform(0.001, 0.05)),
+             "honest": SimPeer(rng.uniform(5, 200) * MiB, rng.uniform(0.001, 0.05))}
+    s = session(block_timeout=1.0, min_rate=128 * KiB, probe_bytes=4 * MiB, max_batch_bytes=4 * MiB, window_bytes=64 * MiB)
+    sw = _Churn(s, make_tree(12, fanout=256, leaf=MiB, tag=str(seed)), peers)
+    sw.rng = rng
+    order = list(peers)
+    rng.shuffle(order)
+    sw.start(order)
+    sw.run()
+    finished(sw)
+    assert sw.longest_gap < 2 * s.block_timeout, sw.longest_gap
+    assert sw.s.stats()["liar"].blocks == 0
 
 
 def test_a_large_fetch_with_many_peers():

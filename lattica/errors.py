@@ -250,6 +250,10 @@ def remote_error(type_name: str, message: str, remote_traceback: str = "") -> La
 # -- content (CIDs, blocks, transfers) ---------------------------------------------------------
 
 
+class DashboardError(LatticaError):
+    """The dashboard could not start (its address is taken or cannot be bound)."""
+
+
 class ContentError(LatticaError):
     """Base class of content-plane errors (CIDs, blocks, UnixFS objects, fetches)."""
 

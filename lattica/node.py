@@ -90,6 +90,7 @@ class Node:
         content: Any = True,
         pubsub: Any = True,
         crdt: Any = True,
+        dashboard: Any = None,
     ) -> None:
         if keypair is not None and key_path is not None:
             raise ValueError("give key_path or keypair, not both")
@@ -133,6 +134,12 @@ class Node:
         self.pubsub_config: PubSubConfig | None = (PubSubConfig() if pubsub is True else pubsub) or None
         # crdt=True (or a CrdtConfig): replicated documents (docs/crdt.md); they need pub-sub
         self.crdt_config: CrdtConfig | None = (CrdtConfig() if crdt is True else crdt) or None
+        # dashboard="HOST:PORT" (or True, or a DashboardConfig): serve the mesh in a browser (docs/dashboard.md)
+        self.dashboard_config: Any = None
+        if dashboard is not None and dashboard is not False:
+            from lattica.actors.dashboard.config import dashboard_config  # (only a node that serves one loads it)
+
+            self.dashboard_config = dashboard_config(dashboard)
         if dht_path is not None:
             self.dht_config.persist_path = os.fspath(dht_path)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -354,6 +361,13 @@ class Node:
 
     async def anat_status(self, refresh: bool = False) -> NatStatus:
         return await self._acall(lambda h: h.nat_status(refresh))
+
+    @property
+    def dashboard_url(self) -> str | None:
+        """The dashboard's address, with its access token when one is needed (None: not served)."""
+        host = self._host
+        svc = host.services.get("dashboard") if host is not None else None
+        return svc.url if svc is not None else None
 
     def nodes(self) -> list[dict[str, Any]]:
         """The live membership view, this node first: one dict per member with ``peer_id``,

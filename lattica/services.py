@@ -20,6 +20,7 @@ from lattica.actors.autonat import AutoNatActor, AutoNatServer
 from lattica.actors.checkpoints import CheckpointStore
 from lattica.actors.content import ContentActor, ContentService
 from lattica.actors.crdt import CrdtService
+from lattica.actors.dashboard import DashboardActor, DashboardService
 from lattica.actors.dht import DhtActor, DhtService
 from lattica.actors.holepunch import HolePunchActor, HolePunchService
 from lattica.actors.membership import MembershipActor, MembershipService
@@ -118,6 +119,11 @@ def _pubsub(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | Non
     return Built(service, PubSubActor(service))
 
 
+def _dashboard(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
+    service = DashboardService(rt, node.dashboard_config)
+    return Built(service, DashboardActor(service))
+
+
 def _crdt(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
     if node.crdt_config is None or node.pubsub_config is None:
         return None  # (documents replicate over pub-sub)
@@ -145,6 +151,9 @@ SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("pubsub", _pubsub, public=frozenset({"open_rpc"})),
     # documents are their mesh's: each one's replica actor (``crdt/<id>``) serves members only
     ServiceSpec("crdt", _crdt),
+    # every node reports itself to its mesh's dashboards (members only: a stranger learns nothing
+    # of our actors or peers); the HTTP side runs only where Node(dashboard=...) asks for it
+    ServiceSpec("dashboard", _dashboard),
 )
 
 
@@ -165,6 +174,26 @@ class Services(Mapping[str, Any]):
             if built.actor is not None:
                 cls = type(built.actor)
                 runtime.create(cls, [], None, cls.NAME, instance=built.actor, public=spec.public)
+
+    async def astart(self) -> None:
+        """Once the node listens: run each service's ``astart`` coroutine, if it has one (a
+        listener of its own to bind), in start order; a failure fails the node's start."""
+        for service in list(self._running.values()):
+            astart = getattr(service, "astart", None)
+            if astart is not None:
+                await astart()
+
+    async def aclose(self) -> None:
+        """Before the actors stop: run each service's ``aclose`` coroutine, if it has one, in
+        reverse start order (what ``astart`` opened)."""
+        for name, service in reversed(list(self._running.items())):
+            aclose = getattr(service, "aclose", None)
+            if aclose is None:
+                continue
+            try:
+                await aclose()
+            except Exception:
+                log.exception("error while closing a service", service=name)
 
     def close(self) -> None:
         """Close the services in reverse start order (their actors were stopped with the runtime)."""

@@ -181,11 +181,12 @@ class Supervisor:
         return [self._stable(c) for c in self._children]
 
     async def which_children(self) -> list[dict]:
-        """Per child: id, class, restart type, where it runs now, restarts, the nodes it ran on."""
+        """Per child: id, class, restart type, where it runs now (node and actor name), restarts,
+        the nodes it ran on."""
         await self._wait_ready()
         return [
             {"id": c.id, "class": c.class_path, "restart": c.restart, "node": str(c.ref.peer_id) if c.ref else None,
-             "restarts": c.restarts, "nodes": list(c.nodes), "checkpointed": c.has_state}
+             "actor": c.ref.name if c.ref else None, "restarts": c.restarts, "nodes": list(c.nodes), "checkpointed": c.has_state}
             for c in self._children
         ]
 

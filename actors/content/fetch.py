@@ -472,6 +472,12 @@ class Fetch:
         if not left:
             call.cancel()
 
+    def progress(self) -> dict:
+        """Where this fetch stands (the dashboard's transfers): bytes stored, the file's size once
+        known, the peers it fetches from, seconds since it started."""
+        return {"cid": str(self.root), "bytes": self._stored_bytes, "total": self.walker.filesize,
+                "peers": len(self._peers), "seconds": round(time.monotonic() - self._started, 3)}
+
     def _report(self, final: bool = False) -> None:
         if not self.listeners:
             return

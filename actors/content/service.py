@@ -102,6 +102,10 @@ class ContentService:
         self.last_stats: dict = {}  # the peers of the last fetch that ended, as its session saw them
         self._upkeep = self.host.spawn(self._keep_up())
 
+    def transfers(self) -> list[dict]:
+        """The fetches running now, with their progress (``Fetch.progress``)."""
+        return [f.progress() for f in list(self._fetches.values())]
+
     # -- the blockstore -------------------------------------------------------------------------
 
     @property

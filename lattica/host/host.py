@@ -138,6 +138,7 @@ class Host:
             self.listeners.append(listener)
             self.bound_addrs.extend(listener.addrs)
             self.listen_addrs.extend(a for bound in listener.addrs for a in interfaces.expand(bound))
+        await self.services.astart()
         self.spawn(self.connections.reap_idle(self.node.idle_timeout))
         self.nat.start()
         want = self.node.mdns
@@ -156,6 +157,7 @@ class Host:
         self.closing = True
         if self.mdns is not None:
             self.mdns.close()
+        await self.services.aclose()
         if self.runtime is not None:
             await self.runtime.stop()  # actors first: their on_stop hooks may still call peers
         self.services.close()

@@ -45,13 +45,14 @@ class Keeper:
 
 
 @contextlib.contextmanager
-def supervised_mesh(children: int = 6, processes: int = 3, cpus: int = 6) -> Iterator[tuple[Node, list[ServerProcess], Any, list]]:
+def supervised_mesh(children: int = 6, processes: int = 3, cpus: int = 6, dashboard: Any = None) -> Iterator[tuple[Node, list[ServerProcess], Any, list]]:
     """``processes`` node processes, a node here (offering no cpu) running a Supervisor with
-    ``children`` Keepers spread over them, each given state (100, 200, ...) and checkpointed."""
+    ``children`` Keepers spread over them, each given state (100, 200, ...) and checkpointed;
+    ``dashboard``: the node here serves one (``Node(dashboard=...)``)."""
     opts = ("--resources", json.dumps({"cpu": cpus}))
     with contextlib.ExitStack() as stack:
         procs = [stack.enter_context(ServerProcess([TCP], *opts)) for _ in range(processes)]
-        here = stack.enter_context(Node([TCP], resources={"cpu": 0}))
+        here = stack.enter_context(Node([TCP], resources={"cpu": 0}, dashboard=dashboard))
         for p in procs:
             here.connect(p.addr("tcp"))
         deadline = time.monotonic() + 15

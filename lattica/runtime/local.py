@@ -177,6 +177,8 @@ class LocalActor:
         self.public: frozenset[str] = frozenset()  # methods strangers may call (lattica.trust)
         self.published = False  # named by the user: registered mesh-wide in the DHT while it lives
         self.exiting: str | None = None  # lattica.exit_actor was called: stop with this reason when idle
+        self.calls = 0  # invocations finished (the dashboard's calls/s)
+        self.errors = 0  # error replies sent
 
     @property
     def needs_thread(self) -> bool:
@@ -259,6 +261,7 @@ class LocalActor:
     def _reply_err(self, inv: Invocation, kind: str, type_name: str, message: str, tb: str = "") -> None:
         if not inv.replied:
             inv.replied = True
+            self.errors += 1
             inv.sink.err(kind, type_name, message, tb)
 
     def _reply_end(self, inv: Invocation) -> None:
@@ -300,6 +303,7 @@ class LocalActor:
         if inv.done:
             return
         inv.done = True
+        self.calls += 1
         self.live.discard(inv)
         if inv.timer is not None:
             inv.timer.cancel()

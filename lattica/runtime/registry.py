@@ -30,6 +30,7 @@ from lattica.errors import (
 )
 from lattica.future import Future
 from lattica.identity import PeerId
+from lattica.metrics import Histogram
 from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream
 from lattica.runtime.following import Following
 from lattica.runtime.limits import BUILTIN_ACTORS, CHANNEL_IDLE, DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, MAX_ACTORS, MAX_STREAM_ARGS, NO_STATE, RECENT_PLACEMENT
@@ -69,6 +70,7 @@ class Runtime(Following):
         self.local = LocalChannel(self, self.peer_id)
         self._gates: dict[tuple[PeerId, str], Gate] = {}
         self.in_flight: dict[tuple[PeerId, str], int] = {}  # calls from a peer to an actor, in progress
+        self.call_latency = Histogram()  # seconds from a call's creation to its answer (calls that got one)
         self._serving: dict[PeerId, set[ServerChannel]] = {}  # the call channels each peer opened to us
         # nodes sharing one loop (Node.astart) share its thread: the first live one keeps the mapping
         current = context.thread_runtime()
@@ -418,6 +420,7 @@ class Runtime(Following):
         ch.returned(p.ref.name)
         if p.timer is not None:
             p.timer.cancel()
+        self.call_latency.observe(time.monotonic() - p.created)
         if error is not None:
             exc = self._error(p, *error)
             if error[0] in (rpc.E_NOT_FOUND, rpc.E_DIED) and self.follow(p, exc, delivered=error[0] == rpc.E_DIED):

@@ -1,0 +1,199 @@
+"""The dashboard over real sockets: its pages and data, the token off loopback, the Host check on
+loopback, bounded live channels and readers that stop reading, malformed and oversized requests,
+and the whole mesh (node processes, a supervisor, a node killed) as one node's dashboard sees it."""
+
+import json
+import os
+import signal
+import socket
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import urlsplit
+
+import pytest
+
+import lattica
+from helpers import wait_for
+from lattica.actors.dashboard.config import DashboardConfig
+from lattica.errors import DashboardError
+from lattica.mesh.supervised import supervised_mesh
+from lattica.node import Node
+
+pytestmark = pytest.mark.timeout(120)
+
+TCP = "/ip4/127.0.0.1/tcp/0"
+
+
+def _get(url, headers=None, timeout=10):
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def _raw(port, data, timeout=10):
+    """Send ``data`` as it is; the status line of the answer ('' if the server closed)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        got = b""
+        while b"\r\n" not in got:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+        return got.split(b"\r\n", 1)[0].decode(errors="replace")
+
+
+def test_pages_data_and_metrics_on_loopback():
+    with Node([TCP], dashboard="127.0.0.1:0") as node:
+        url = node.dashboard_url
+        assert url.startswith("http://127.0.0.1:") and "token" not in url  # loopback: no token needed
+        status, headers, body = _get(url)
+        assert status == 200 and b"Lattica mesh" in body
+        assert "default-src 'self'" in headers["Content-Security-Policy"] and headers["X-Content-Type-Options"] == "nosniff"
+        assert _get(url + "app.js")[0] == 200 and _get(url + "style.css")[0] == 200
+        me = json.loads(_get(url + "api/node")[2])
+        assert me["peer_id"] == str(node.peer_id)
+        names = {a["name"] for a in me["actors"]}
+        assert {"spawner", "dht", "dashboard"} <= names
+        pic = json.loads(_get(url + "api/mesh")[2])
+        assert pic["self"] == str(node.peer_id) and pic["nodes"][0]["self"] and pic["nodes"][0]["report"]["peer_id"] == str(node.peer_id)
+        status, headers, metrics = _get(url + "metrics")
+        text = metrics.decode()
+        assert status == 200 and headers["Content-Type"].startswith("text/plain")
+        assert "# TYPE lattica_call_latency_seconds histogram" in text and 'lattica_actors{peer_id="' in text
+        assert 'le="+Inf"' in text and "lattica_dht_routing_table_peers" in text
+
+
+def test_only_get_and_only_loopback_host_names_on_a_loopback_bind():
+    with Node([TCP], dashboard="127.0.0.1:0") as node:
+        port = urlsplit(node.dashboard_url).port
+        assert _raw(port, b"POST /api/node HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n\r\n{}").split()[1] == "405"
+        # a page elsewhere that rebinds its own name to 127.0.0.1 sends its name as Host: refused
+        assert _raw(port, b"GET /api/mesh HTTP/1.1\r\nHost: evil.example:8265\r\n\r\n").split()[1] == "403"
+        assert _raw(port, b"GET /api/mesh HTTP/1.1\r\nHost: localhost\r\n\r\n").split()[1] == "200"
+        assert _raw(port, b"GET /nothing HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").split()[1] == "404"
+
+
+def test_off_loopback_every_request_needs_the_token():
+    with Node([TCP], dashboard="0.0.0.0:0") as node:
+        url = node.dashboard_url
+        token = dict(p.split("=", 1) for p in urlsplit(url).query.split("&"))["token"]
+        assert len(token) >= 24
+        base = f"http://127.0.0.1:{urlsplit(url).port}/"
+        for path in ("", "api/mesh", "api/node", "api/live", "metrics", "app.js"):
+            assert _get(base + path)[0] == 401, path
+        assert _get(base + "api/node?token=" + "x" * len(token))[0] == 401
+        assert _get(base + "api/node?token=" + token)[0] == 200
+        assert _get(base + "metrics", headers={"Authorization": f"Bearer {token}"})[0] == 200
+    with pytest.raises(ValueError, match="at least 16"):
+        DashboardConfig(bind="0.0.0.0:0", token="short")
+
+
+def test_a_taken_address_and_a_malformed_one_are_clear_errors():
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        Node([TCP], dashboard="8265")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        with pytest.raises(DashboardError, match="cannot listen"):
+            Node([TCP], dashboard=f"127.0.0.1:{s.getsockname()[1]}").start()
+
+
+@lattica.actor
+class Idle:
+    async def ping(self) -> int:
+        return 1
+
+
+def test_live_channels_are_bounded_and_a_reader_that_stops_reading_costs_one_picture():
+    cfg = DashboardConfig(bind="127.0.0.1:0", every=0.05, max_channels=2)
+    with Node([TCP], dashboard=cfg) as node:
+        port = urlsplit(node.dashboard_url).port
+
+        async def crowd():  # ~100 KB pictures: a reader that stops fills the socket buffers in seconds
+            return [Idle.options(name=f"idle-with-a-long-name-{i:04d}").remote() for i in range(600)]
+
+        node.run(crowd(), timeout=30)
+        request = b"GET /api/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        stalled = []
+        for _ in range(2):  # two pages that never read what they are sent
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(request)
+            stalled.append(s)
+        watch = node._host.services["dashboard"].watch
+        assert wait_for(lambda: watch.watchers == 2, timeout=10)
+        assert _raw(port, request).split()[1] == "503"  # a third is refused
+        # pictures keep coming; the stalled readers skip them instead of queueing them
+        assert wait_for(lambda: all(w.skipped > 5 for w in list(watch._watchers)), timeout=30)
+        assert _get(node.dashboard_url + "api/node")[0] == 200  # the node serves on meanwhile
+        stalled.pop().close()
+        assert wait_for(lambda: watch.watchers <= 1, timeout=40)  # its slot is freed
+        status, headers, _ = _get_live_status(port)
+        assert status == "200" and headers.get("content-type", "").startswith("text/event-stream")
+        for s in stalled:
+            s.close()
+
+
+def _get_live_status(port):
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /api/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        got = b""
+        while b"\r\n\r\n" not in got:
+            got += s.recv(4096)
+        head = got.split(b"\r\n\r\n", 1)[0].decode().split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in head[1:] if ": " in line)
+        return head[0].split()[1], headers, None
+
+
+def test_malformed_and_oversized_requests_get_an_error_and_the_node_serves_on():
+    with Node([TCP], dashboard="127.0.0.1:0") as node:
+        port = urlsplit(node.dashboard_url).port
+        assert _raw(port, b"\x16\x03\x01garbage\r\n\r\n").split()[1] == "400"
+        assert _raw(port, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n").split()[1] in ("400", "431")
+        assert _raw(port, b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").split()[1] in ("400", "414")
+        assert _get(node.dashboard_url + "api/node")[0] == 200
+
+
+def _picture(url):
+    return json.loads(_get(url + "api/mesh")[2])
+
+
+def _by_node(pic):
+    return {n["peer_id"]: n for n in pic["nodes"]}
+
+
+def test_one_nodes_dashboard_shows_the_mesh_and_a_killed_node_with_its_children_restarted(tmp_path):
+    with supervised_mesh(children=4, processes=3, dashboard="127.0.0.1:0") as (here, procs, sup, refs):
+        url = here.dashboard_url
+        pic = _picture(url)
+        nodes = _by_node(pic)
+        assert set(nodes) == {str(here.peer_id), *(p.peer_id for p in procs)}
+        assert all(n["state"] == "alive" and n["report"] for n in nodes.values()), [n.get("error") for n in nodes.values()]
+        keepers = [(pid, a["name"]) for pid, n in nodes.items() for a in n["report"]["actors"] if a["class"].endswith(".Keeper")]
+        assert len(keepers) == 4 and all(pid != str(here.peer_id) for pid, _ in keepers)
+        [tree] = nodes[str(here.peer_id)]["report"]["supervisors"]
+        assert [c["id"] for c in tree["children"]] == [f"keeper-{i}" for i in range(4)]
+        # every path a node reports is one of its peers, direct on loopback
+        assert all(p["path"] == "direct" for n in nodes.values() for p in n["report"]["peers"])
+
+        victim = next(p for p in procs if any(c["node"] == p.peer_id for c in tree["children"]))
+        moved = [c["id"] for c in tree["children"] if c["node"] == victim.peer_id]
+        os.kill(victim.pid, signal.SIGKILL)
+
+        def settled():
+            pic = _picture(url)
+            n = _by_node(pic)
+            [t] = n[str(here.peer_id)]["report"]["supervisors"]
+            children = {c["id"]: c for c in t["children"]}
+            return pic if (n[victim.peer_id]["state"] in ("dead", "suspect") and n[victim.peer_id]["report"] is None
+                           and all(children[i]["node"] not in (None, victim.peer_id) and children[i]["restarts"] >= 1 for i in moved)) else None
+
+        pic = wait_for(settled, timeout=40)
+        assert pic, _picture(url)
+        pic = wait_for(lambda: (lambda p: p if {"restart", "death"} <= {e["kind"] for e in p["events"]} else None)(_picture(url)), timeout=20)
+        assert pic, _picture(url)["events"]

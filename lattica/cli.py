@@ -143,11 +143,14 @@ def _node(args: argparse.Namespace) -> None:
 
     relay = getattr(args, "relay", False)
     mdns = False if getattr(args, "no_mdns", False) else None
-    with Node(args.listen or ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"], key_path=args.key, relay=relay, mdns=mdns, mesh=args.mesh) as node:
+    with Node(args.listen or ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"], key_path=args.key, relay=relay, mdns=mdns, mesh=args.mesh,
+              dashboard=args.dashboard) as node:
         print(f"peer id: {node.peer_id}" + (" (relay and bootstrap)" if relay else ""))
         print(f"mesh: {node.trust.describe()}")
         for a in node.addrs:
             print(f"listening: {a}", flush=True)
+        if node.dashboard_url:
+            print(f"dashboard: {node.dashboard_url}", flush=True)
         for addr in args.connect:
             info = node.connect(addr)
             print(f"connected: {info.peer_id} over {info.transport}")
@@ -335,6 +338,47 @@ def _doctor(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def _status(args: argparse.Namespace) -> None:
+    """The mesh in the terminal (``ray status``): through a running dashboard, or by joining."""
+    if args.dashboard:
+        import urllib.error  # lazy: see the note above _bench
+        import urllib.request  # lazy: see the note above _bench
+
+        url = args.dashboard.split("?")[0].rstrip("/") + "/api/mesh" + ("?" + args.dashboard.split("?", 1)[1] if "?" in args.dashboard else "")
+        try:
+            with urllib.request.urlopen(url, timeout=args.wait + 10) as r:
+                pic = json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            raise _CliError(f"the dashboard at {args.dashboard} answered {e.code}: {e.read().decode(errors='replace').strip()}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise _CliError(f"cannot reach the dashboard at {args.dashboard}: {getattr(e, 'reason', e)}") from None
+    elif args.bootstrap:
+        from lattica.actors.dashboard.mesh import MeshWatch  # lazy: see the note above _bench
+        from lattica.node import Node  # lazy: see the note above _bench
+
+        with Node([], membership=False, mesh=args.mesh) as node:
+            info = node.connect(args.bootstrap[0], timeout=args.wait)
+            for addr in args.bootstrap[1:]:
+                node.connect(addr, timeout=args.wait)
+
+            async def take() -> dict:
+                return await MeshWatch(node.host.runtime, timeout=args.wait, view_from=info.peer_id).picture()
+
+            pic = node.run(take(), timeout=args.wait * 3 + 10)
+    else:
+        raise _CliError("give --bootstrap ADDR (any node of the mesh) or --dashboard URL (a node's dashboard)")
+    if args.json:
+        print(json.dumps(pic), flush=True)
+        return
+    from lattica.actors.dashboard.text import render  # lazy: see the note above _bench
+
+    print(render(pic), flush=True)
+
+
+class _CliError(Exception):
+    """A mistake the user can fix: printed as one line, exit status 2."""
+
+
 def _demo(args: argparse.Namespace) -> None:
     from lattica.demo import run  # lazy: see the note above _bench
 
@@ -352,6 +396,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--key", default="lattica.key", help="key file, created if absent (default: %(default)s)")
     s.add_argument("--connect", action="append", default=[], help="peer multiaddr to dial at start")
     s.add_argument("--mesh", default=None, help="mesh key or certificate file or text, or 'open' (default: LATTICA_MESH, else ~/.lattica/mesh.key)")
+    s.add_argument("--dashboard", default=None, metavar="HOST:PORT", help="serve the mesh dashboard here (e.g. 127.0.0.1:8265; off loopback it needs the printed token)")
     s.set_defaults(fn=_node)
 
     s = sub.add_parser("relay", help="run a public relay (and bootstrap node) until interrupted")
@@ -360,6 +405,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--key", default="lattica-relay.key", help="key file, created if absent (default: %(default)s)")
     s.add_argument("--connect", action="append", default=[], help="peer multiaddr to dial at start")
     s.add_argument("--mesh", default=None, help="mesh key or certificate file or text, or 'open' (default: LATTICA_MESH, else ~/.lattica/mesh.key)")
+    s.add_argument("--dashboard", default=None, metavar="HOST:PORT", help="serve the mesh dashboard here (e.g. 127.0.0.1:8265; off loopback it needs the printed token)")
     s.set_defaults(fn=_node, relay=True)
 
     s = sub.add_parser("mesh", help="mesh credentials: new key, show, print the key, invite a node, print a node's PeerId")
@@ -418,6 +464,14 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--mesh", default=None, help="mesh key or certificate (default: LATTICA_MESH, else ~/.lattica/mesh.key)")
     s.set_defaults(fn=_doctor)
 
+    s = sub.add_parser("status", help="the mesh at a glance: nodes, resources, actors, supervisors, paths")
+    s.add_argument("--bootstrap", action="append", default=[], help="a node of the mesh to ask (repeatable)")
+    s.add_argument("--dashboard", default=None, help="or: a node's dashboard address (with ?token=... when it needs one)")
+    s.add_argument("--wait", type=float, default=5.0, help="seconds to wait for each node (default: %(default)s)")
+    s.add_argument("--json", action="store_true", help="the picture as one JSON object")
+    s.add_argument("--mesh", default=None, help="mesh key or certificate (default: LATTICA_MESH, else ~/.lattica/mesh.key)")
+    s.set_defaults(fn=_status)
+
     s = sub.add_parser("demo", help="a local mesh: identify, ping, sharded work, the DHT, supervised restarts after node loss")
     s.set_defaults(fn=_demo)
 
@@ -449,6 +503,27 @@ def main(argv: list[str] | None = None) -> None:
         args.fn(args)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as e:
+        if args.log == "debug" or not _explainable(e):
+            raise  # (a bug, or asked for: the traceback)
+        print(f"lattica {args.cmd}: {_say(e)}", file=sys.stderr, flush=True)
+        sys.exit(2 if isinstance(e, (_CliError, ValueError)) else 1)
+
+
+def _explainable(e: BaseException) -> bool:
+    """Errors that say what went wrong in their message: a user's mistake or the network's."""
+    from lattica.errors import LatticaError  # lazy: see the note above _bench
+
+    return isinstance(e, (_CliError, LatticaError, ValueError, OSError, TimeoutError))
+
+
+def _say(e: BaseException) -> str:
+    from lattica.errors import MultiaddrError  # lazy: see the note above _bench
+
+    text = str(e) or type(e).__name__
+    if isinstance(e, MultiaddrError):
+        text += " (a multiaddr looks like /ip4/1.2.3.4/tcp/4001/p2p/12D3KooW...)"
+    return text + "; run with --log debug for the traceback" if not isinstance(e, _CliError) else text
 
 
 if __name__ == "__main__":

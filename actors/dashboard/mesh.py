@@ -37,8 +37,9 @@ class MeshWatch:
     """Takes pictures of the mesh (``picture``), every ``every`` seconds while it has watchers, and
     hands each watcher the newest one (a watcher that does not keep up skips pictures)."""
 
-    def __init__(self, rt: Runtime, every: float = 2.0, timeout: float = 2.0, max_nodes: int = 1024) -> None:
+    def __init__(self, rt: Runtime, every: float = 2.0, timeout: float = 2.0, max_nodes: int = 1024, view_from: PeerId | None = None) -> None:
         self.rt = rt
+        self.view_from = view_from  # take the membership view from this member (a node outside the view: `lattica status`)
         self.every = every
         self.timeout = timeout
         self.max_nodes = max_nodes
@@ -101,7 +102,13 @@ class MeshWatch:
         rt = self.rt
         me = str(rt.peer_id)
         membership = rt.services.get("membership")
-        view = membership.nodes() if membership is not None else [{"peer_id": me, "state": "alive"}]
+        if self.view_from is not None:
+            view = await rt.call(ActorRef(self.view_from, "membership", {"view": ASYNC}), "view", (), {}, timeout=self.timeout)
+            if type(view) is not list or not all(type(r) is dict and type(r.get("peer_id")) is str for r in view):
+                raise LatticaError(f"{self.view_from} answered its membership view with something else than a list of members")
+            view = [{"peer_id": me, "state": "alive", "observer": True}, *(r for r in view if r["peer_id"] != me)]
+        else:
+            view = membership.nodes() if membership is not None else [{"peer_id": me, "state": "alive"}]
         view = view[: self.max_nodes]
         gate = asyncio.Semaphore(_FANOUT)
 

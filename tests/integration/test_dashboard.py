@@ -6,7 +6,8 @@ import json
 import os
 import signal
 import socket
-import time
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from urllib.parse import urlsplit
@@ -197,3 +198,33 @@ def test_one_nodes_dashboard_shows_the_mesh_and_a_killed_node_with_its_children_
         assert pic, _picture(url)
         pic = wait_for(lambda: (lambda p: p if {"restart", "death"} <= {e["kind"] for e in p["events"]} else None)(_picture(url)), timeout=20)
         assert pic, _picture(url)["events"]
+
+
+def _cli(*args, timeout=90):
+    return subprocess.run([sys.executable, "-m", "lattica.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_lattica_status_through_a_member_and_through_a_dashboard():
+    with supervised_mesh(children=2, processes=2, dashboard="127.0.0.1:0") as (here, procs, sup, refs):
+        r = _cli("status", "--bootstrap", str(here.addrs[0]))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("mesh: 3 nodes up, 0 down or left")  # (the asking node is listed, not counted)
+        for p in procs:
+            assert p.peer_id[-8:] in r.stdout
+        assert "keeper-0" in r.stdout and "keeper-1" in r.stdout and "SUPERVISORS" in r.stdout and "PATHS" in r.stdout
+        r = _cli("status", "--dashboard", here.dashboard_url, "--json")
+        assert r.returncode == 0, r.stderr
+        # (the node that asked first may still be listed: a connected member, until it is found gone)
+        assert {n["peer_id"] for n in json.loads(r.stdout)["nodes"]} >= {str(here.peer_id), *(p.peer_id for p in procs)}
+
+
+def test_cli_mistakes_are_one_line_with_a_non_zero_status():
+    r = _cli("ping", "/ip4/1.2.3/tcp/1/p2p/x")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith("lattica ping: ") and "/ip4/1.2.3.4/tcp/4001" in r.stderr
+    r = _cli("status")
+    assert r.returncode == 2 and r.stderr.strip() == "lattica status: give --bootstrap ADDR (any node of the mesh) or --dashboard URL (a node's dashboard)"
+    r = _cli("status", "--dashboard", "http://127.0.0.1:9/")
+    assert r.returncode == 2 and "cannot reach the dashboard" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("--log", "debug", "ping", "/ip4/1.2.3/tcp/1/p2p/x")
+    assert r.returncode != 0 and "Traceback" in r.stderr  # asked for

@@ -9,6 +9,7 @@ const $ = (id) => document.getElementById(id);
 let picture = null;
 let previous = new Map(); // "node/actor" -> [time, calls] from the picture before
 let rates = new Map();
+let held = null; // the newest picture while updates are paused
 
 const esc = (v) => String(v ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 const short = (pid) => (pid ? "…" + String(pid).slice(-8) : "");
@@ -46,7 +47,7 @@ function draw(pic) {
     if (n.state === "alive" || n.state === "suspect") alive++; else down++;
     const load = n.load != null ? (typeof n.load === "object" ? JSON.stringify(n.load) : n.load) : "";
     nodeRows.push(
-      `<tr class="${cls(n.state)}" data-node="${esc(n.peer_id)}" data-state="${esc(n.state)}">` +
+      `<tr data-node="${esc(n.peer_id)}" data-state="${esc(n.state)}">` +
       `<td><code title="${esc(n.peer_id)}">${esc(short(n.peer_id))}</code>${n.self ? " (this)" : ""}</td>` +
       `<td class="${cls(n.state)}">${esc(n.state)}</td>` +
       `<td class="${cls(r && r.nat && r.nat.reachability)}">${esc(r && r.nat ? r.nat.reachability : "")}</td>` +
@@ -127,7 +128,8 @@ function connect() {
   source.addEventListener("picture", (ev) => {
     status.dataset.live = "live";
     status.textContent = `live — ${new Date().toLocaleTimeString()}`;
-    draw(JSON.parse(ev.data));
+    held = JSON.parse(ev.data);
+    if (!$("pause").checked) { draw(held); held = null; }
   });
   source.onerror = () => {
     status.dataset.live = "lost";
@@ -136,5 +138,6 @@ function connect() {
 }
 
 $("filter").addEventListener("input", () => { if (picture) draw(picture); });
+$("pause").addEventListener("change", () => { if (!$("pause").checked && held) { draw(held); held = null; } });
 fetch(withToken("/api/mesh")).then((r) => (r.ok ? r.json() : null)).then((pic) => { if (pic && !picture) draw(pic); }).catch(() => {});
 connect();

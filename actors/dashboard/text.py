@@ -1,0 +1,86 @@
+"""A picture of the mesh as terminal text (``lattica status``): nodes with their resources, user
+actors, supervision trees and paths, one table each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["render"]
+
+MAX_ACTOR_LINES = 50
+
+
+def render(pic: dict[str, Any]) -> str:
+    nodes = pic.get("nodes", [])
+    reports = [n.get("report") or {} for n in nodes]
+    up = sum(1 for n in nodes if n.get("state") in ("alive", "suspect") and not n.get("observer"))
+    down = sum(1 for n in nodes if n.get("state") not in ("alive", "suspect"))
+    actors = [(n, a) for n, r in zip(nodes, reports) for a in r.get("actors", ()) if not a.get("system")]
+    paths = [(n, p) for n, r in zip(nodes, reports) for p in r.get("peers", ())]
+    direct = sum(1 for _, p in paths if p.get("path") == "direct")
+    out = [f"mesh: {up} nodes up, {down} down or left; {len(actors)} actors; {direct} direct paths, {len(paths) - direct} relayed", ""]
+
+    rows = [("NODE", "STATE", "REACHABILITY", "ACTORS", "CPU", "MEMORY", "GPUS", "LOAD", "LABELS")]
+    for n, r in zip(nodes, reports):
+        load = n.get("load")
+        rows.append((_short(n.get("peer_id")) + (" (this)" if n.get("self") and not n.get("observer") else " (asking)" if n.get("observer") else ""),
+                     str(n.get("state", "")), str((r.get("nat") or {}).get("reachability", "") if r else n.get("error", "")[:40]),
+                     str(r.get("actor_count", "")) if r else "", _num(n.get("cpu")), _bytes(n.get("memory")), _num(n.get("gpus")),
+                     _load(load), " ".join(f"{k}={v}" for k, v in (n.get("labels") or {}).items())))
+    out += _table(rows)
+
+    if actors:
+        out += ["", "ACTORS"]
+        rows = [("NODE", "NAME", "CLASS", "STATE", "MAILBOX", "CALLS", "ERRORS")]
+        for n, a in actors[:MAX_ACTOR_LINES]:
+            rows.append((_short(n.get("peer_id")), str(a.get("name")), str(a.get("class")), str(a.get("state")), str(a.get("mailbox")),
+                         str(a.get("calls")), str(a.get("errors"))))
+        out += _table(rows)
+        if len(actors) > MAX_ACTOR_LINES:
+            out.append(f"... and {len(actors) - MAX_ACTOR_LINES} more (--json lists them all)")
+
+    trees = [(n, s) for n, r in zip(nodes, reports) for s in r.get("supervisors", ())]
+    if trees:
+        out += ["", "SUPERVISORS"]
+        for n, s in trees:
+            out.append(f"{s.get('name')} ({s.get('strategy')}) on {_short(n.get('peer_id'))}")
+            for c in s.get("children", ()):
+                where = f"on {_short(c.get('node'))}" if c.get("node") else "not running"
+                out.append(f"  └ {c.get('id')}  {c.get('class')}  {where}  restarts {c.get('restarts')}")
+
+    if paths:
+        out += ["", "PATHS"]
+        rows = [("FROM", "TO", "PATH", "TRANSPORT", "DIALED")]
+        for n, p in paths:
+            rows.append((_short(n.get("peer_id")), _short(p.get("peer_id")), str(p.get("path")), str(p.get("transport")), str(p.get("direction"))))
+        out += _table(rows)
+    return "\n".join(out)
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def _short(pid: Any) -> str:
+    return "…" + str(pid)[-8:] if pid else ""
+
+
+def _num(v: Any) -> str:
+    return "" if v is None else f"{v:g}" if isinstance(v, (int, float)) else str(v)
+
+
+def _bytes(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return ""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
+        n /= 1024
+    return ""
+
+
+def _load(load: Any) -> str:
+    if isinstance(load, dict):
+        return " ".join(f"{k}={_num(v) if not isinstance(v, dict) else '{' + ','.join(f'{a}:{_num(b)}' for a, b in v.items()) + '}'}" for k, v in load.items())
+    return _num(load)

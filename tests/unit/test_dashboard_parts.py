@@ -1,0 +1,90 @@
+"""The dashboard's parts without sockets: the Prometheus text format, the config's checks, a
+watcher keeping only the newest picture, the event log's diff of two pictures, the terminal text."""
+
+import asyncio
+import math
+
+import pytest
+
+from lattica.actors.dashboard.config import DashboardConfig, dashboard_config, is_loopback, split_bind
+from lattica.actors.dashboard.mesh import MeshWatch, _Watcher
+from lattica.actors.dashboard.text import render as render_text
+from lattica.metrics import Family, Histogram, render
+
+
+def test_histograms_are_cumulative_with_sum_count_and_inf():
+    h = Histogram((0.1, 1.0))
+    for v in (0.05, 0.1, 0.5, 7.0):
+        h.observe(v)
+    text = render([Family("x_seconds", "histogram", "what\nit is", [({"a": 'q"\\'}, h)])])
+    lines = text.splitlines()
+    assert lines[0] == "# HELP x_seconds what\\nit is" and lines[1] == "# TYPE x_seconds histogram"
+    assert 'x_seconds_bucket{a="q\\"\\\\",le="0.1"} 2' in lines  # (le: upper bound inclusive)
+    assert 'x_seconds_bucket{a="q\\"\\\\",le="1.0"} 3' in lines
+    assert 'x_seconds_bucket{a="q\\"\\\\",le="+Inf"} 4' in lines
+    assert 'x_seconds_count{a="q\\"\\\\"} 4' in lines and any(line.startswith("x_seconds_sum") and "7.65" in line for line in lines)
+    assert render([Family("g", "gauge", "g").add(math.inf), Family("c", "counter", "c").add(True, k="v")]).splitlines()[2::3] == ["g +Inf", 'c{k="v"} 1']
+    with pytest.raises(ValueError):
+        Histogram((1.0, 0.5))
+
+
+def test_config_checks_its_address_and_token():
+    assert split_bind("127.0.0.1:8265") == ("127.0.0.1", 8265) and split_bind("[::1]:0") == ("::1", 0)
+    for bad in ("8265", "host:", ":80", "h:99999", "h:x"):
+        with pytest.raises(ValueError, match="HOST:PORT"):
+            split_bind(bad)
+    assert is_loopback("127.0.0.2") and is_loopback("::1") and is_loopback("localhost") and not is_loopback("0.0.0.0")
+    assert dashboard_config(True).bind == "127.0.0.1:8265" and dashboard_config(None) is None
+    with pytest.raises(ValueError):
+        dashboard_config(8265)
+    with pytest.raises(ValueError):
+        DashboardConfig(max_channels=0)
+
+
+def test_a_watcher_that_does_not_keep_up_holds_only_the_newest_picture():
+    async def run():
+        class Fake:
+            latest = None
+            _watchers: set = set()
+
+        w = _Watcher(Fake())
+        for i in range(100):
+            w.offer({"n": i})
+        assert w.skipped == 99
+        assert (await w.next()) == {"n": 99}
+        w.close()
+        assert (await w.next()) is None
+
+    asyncio.run(run())
+
+
+def _node(pid, state="alive", restarts=0, child_node="B", path="relayed", actor_state="running"):
+    return {"peer_id": pid, "state": state, "report": {
+        "supervisors": [{"name": "sup", "children": [{"id": "c1", "node": child_node, "restarts": restarts}]}],
+        "peers": [{"peer_id": "Z", "path": path}], "actors": [{"name": "w", "state": actor_state}]}}
+
+
+def test_the_event_log_says_what_changed_between_two_pictures():
+    watch = MeshWatch.__new__(MeshWatch)
+    MeshWatch.__init__(watch, rt=None)
+    watch._log_changes([_node("A"), _node("B")])
+    assert list(watch.events) == []  # the first picture is the baseline
+    watch._log_changes([_node("A", restarts=1, child_node="C", path="direct", actor_state="failed"), _node("B", state="dead"), _node("C")])
+    kinds = sorted(e["kind"] for e in watch.events)
+    assert kinds == ["death", "failure", "holepunch", "join", "restart"], list(watch.events)
+    watch._log_changes([_node("A", restarts=1, child_node="C", path="direct", actor_state="failed")])
+    assert [e["kind"] for e in watch.events][-1] == "death" and "gone from the view" in watch.events[-1]["text"]
+
+
+def test_the_terminal_text_has_every_table():
+    pic = {"nodes": [{"peer_id": "12D3KooWaaaaaaaaAAAA", "state": "alive", "self": True, "cpu": 4, "memory": 2 << 30, "gpus": 0,
+                      "labels": {"zone": "a"}, "load": {"actors": 1},
+                      "report": {"nat": {"reachability": "public"}, "actor_count": 3,
+                                 "actors": [{"name": "w", "class": "app.W", "state": "running", "mailbox": 0, "calls": 5, "errors": 1, "system": False}],
+                                 "supervisors": [{"name": "sup", "strategy": "one_for_one", "children": [{"id": "c", "class": "app.W", "node": None, "restarts": 2}]}],
+                                 "peers": [{"peer_id": "12D3KooWbbbbbbbbBBBB", "path": "relayed", "transport": "quic", "direction": "inbound"}]}},
+                     {"peer_id": "12D3KooWbbbbbbbbBBBB", "state": "dead", "report": None}]}
+    text = render_text(pic)
+    assert text.startswith("mesh: 1 nodes up, 1 down or left; 1 actors; 0 direct paths, 1 relayed")
+    assert "…aaaaAAAA (this)" in text and "2.0 GiB" in text and "zone=a" in text and "public" in text
+    assert "app.W" in text and "not running  restarts 2" in text and "relayed  quic" in text

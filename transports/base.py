@@ -119,6 +119,11 @@ class Connection(abc.ABC):
         """Loop time at which bytes from the peer last arrived (None: not tracked)."""
         return None
 
+    def path_stats(self) -> dict[str, float] | None:
+        """What the transport measures of the path, read when asked: ``rtt_ms`` and, where known,
+        ``bytes_sent`` / ``bytes_received`` (None: it measures nothing)."""
+        return None
+
     def probe(self, timeout: float) -> None:
         """Make sure the peer still answers: without any answer within ``timeout`` s the
         connection is dead (a NAT forgot it, the peer froze) and is aborted. Transports that

@@ -32,6 +32,7 @@ from lattica.transports.mux import (
     WindowUpdated,
 )
 from lattica.transports.noise import NoiseSession
+from lattica.transports.tcpinfo import tcp_info
 
 log = get_logger("lattica.transport")
 _MAX_UNSENT = 64 * 1024 * 1024  # bytes queued for a paused socket before we give up on the peer
@@ -295,6 +296,10 @@ class MuxedConnection(Connection):
     @property
     def last_received(self) -> float | None:
         return self._last_recv
+
+    def path_stats(self) -> dict[str, float] | None:
+        info = getattr(self._writer, "get_extra_info", None)  # (a socket transport; a circuit's stream has none)
+        return tcp_info(info("socket")) if info is not None else None
 
     def add_close_callback(self, cb: Callable[[Connection], None]) -> None:
         if self._closed:

@@ -61,11 +61,17 @@ def _nat(host: Any) -> dict[str, Any]:
 
 def _peers(host: Any) -> list[dict[str, Any]]:
     rows = []
-    for info in host.peers()[:MAX_PEERS]:
-        remote = str(info.remote_addr)
-        rows.append({"peer_id": str(info.peer_id), "transport": info.transport, "direction": info.direction,
-                     "path": "relayed" if "/p2p-circuit" in remote else "direct", "remote": remote,
-                     "circle": info.circle, "agent": info.agent_version})
+    for peer, conn in list(host.conns.items())[:MAX_PEERS]:
+        info = host.info.get(conn)
+        remote = str(conn.remote_addr)
+        row = {"peer_id": str(peer), "transport": conn.transport, "direction": conn.direction,
+               "path": "relayed" if "/p2p-circuit" in remote else "direct", "remote": remote,
+               "circle": info.circle if info is not None else "unidentified", "agent": info.agent_version if info is not None else ""}
+        if row["path"] == "direct":  # (a circuit's socket goes to the relay: its figures are not the peer's)
+            stats = conn.path_stats()
+            if stats:
+                row.update({k: round(v, 3) if k == "rtt_ms" else int(v) for k, v in stats.items()})
+        rows.append(row)
     return rows
 
 

@@ -50,9 +50,11 @@ def render(pic: dict[str, Any]) -> str:
 
     if paths:
         out += ["", "PATHS"]
-        rows = [("FROM", "TO", "PATH", "TRANSPORT", "DIALED")]
+        rows = [("FROM", "TO", "PATH", "TRANSPORT", "DIALED", "RTT")]
         for n, p in paths:
-            rows.append((_short(n.get("peer_id")), _short(p.get("peer_id")), str(p.get("path")), str(p.get("transport")), str(p.get("direction"))))
+            rtt = p.get("rtt_ms")
+            rows.append((_short(n.get("peer_id")), _short(p.get("peer_id")), str(p.get("path")), str(p.get("transport")), str(p.get("direction")),
+                         f"{rtt:.2f} ms" if isinstance(rtt, (int, float)) else ""))
         out += _table(rows)
     return "\n".join(out)
 

@@ -181,6 +181,9 @@ def test_one_nodes_dashboard_shows_the_mesh_and_a_killed_node_with_its_children_
         assert [c["id"] for c in tree["children"]] == [f"keeper-{i}" for i in range(4)]
         # every path a node reports is one of its peers, direct on loopback
         assert all(p["path"] == "direct" for n in nodes.values() for p in n["report"]["peers"])
+        # ... measured by the kernel (TCP_INFO): a round trip and bytes both ways
+        tcp = [p for n in nodes.values() for p in n["report"]["peers"] if p["transport"] == "tcp"]
+        assert tcp and all(0 < p["rtt_ms"] < 1000 and p["bytes_sent"] > 0 and p["bytes_received"] > 0 for p in tcp), tcp
 
         victim = next(p for p in procs if any(c["node"] == p.peer_id for c in tree["children"]))
         moved = [c["id"] for c in tree["children"] if c["node"] == victim.peer_id]

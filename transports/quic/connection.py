@@ -477,6 +477,12 @@ class QuicConn(Connection):
     def last_received(self) -> float | None:
         return self._last_rx
 
+    def path_stats(self) -> dict[str, float] | None:
+        loss = getattr(self._quic, "_loss", None)  # (aioquic's recovery state: private, checked against 1.7)
+        if loss is None or not getattr(loss, "_rtt_initialized", False):
+            return None
+        return {"rtt_ms": loss._rtt_smoothed * 1000.0}
+
     def add_close_callback(self, cb: Callable[[Connection], None]) -> None:
         """Call ``cb(conn)`` once when the connection closes (now, if it already has)."""
         if self._closed_exc is not None:

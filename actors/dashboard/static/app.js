@@ -78,7 +78,9 @@ function draw(pic) {
       pathRows.push(
         `<tr data-from="${esc(n.peer_id)}" data-to="${esc(p.peer_id)}" data-path="${esc(p.path)}">` +
         `<td><code>${esc(short(n.peer_id))}</code></td><td><code>${esc(short(p.peer_id))}</code></td>` +
-        `<td class="${cls(p.path)}">${esc(p.path)}</td><td>${esc(p.transport)}</td><td>${esc(p.direction)}</td></tr>`);
+        `<td class="${cls(p.path)}">${esc(p.path)}</td><td>${esc(p.transport)}</td><td>${esc(p.direction)}</td>` +
+        `<td>${typeof p.rtt_ms === "number" ? p.rtt_ms.toFixed(2) + " ms" : ""}</td>` +
+        `<td>${typeof p.bytes_sent === "number" ? bytes(p.bytes_sent) : ""}</td><td>${typeof p.bytes_received === "number" ? bytes(p.bytes_received) : ""}</td></tr>`);
     }
     if (r.dht) dhtRows.push(`<tr><td><code>${esc(short(n.peer_id))}</code></td><td>${r.dht.table}</td><td>${r.dht.records}</td><td>${r.dht.rejected}</td></tr>`);
     for (const t of (r.content && r.content.transfers) || []) {

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from lattica.logging import get_logger
 from lattica.errors import LatticaError, PeerGone, PeerUnreachable
 from lattica.identity import PeerId
-from lattica.membership import ALIVE, Member, MemberDown, Membership, MembershipConfig, SelfDowned
+from lattica.membership import ALIVE, MAX_ADDRS, Member, MemberChanged, MemberDown, MemberUp, Membership, MembershipConfig, SelfDowned
+from lattica.multiaddr import Multiaddr
 from lattica.runtime import ASYNC, ActorRef, current_caller
 from lattica.trust import MemberNotary
 
@@ -81,7 +82,8 @@ class MembershipService:
         self.on_self_downed: list[Callable[[], None]] = []  # told when the mesh declared us dead
         self.host.events.identified.subscribe(self._on_identify)
         self.host.events.disconnected.subscribe(self._on_disconnect)
-        self._next_load = 0.0  # when our load is next re-read and, if changed, gossiped
+        self.host.events.addresses_changed.subscribe(lambda addrs: self.load_changed())
+        self._next_load = 0.0  # when our load (and addresses) are next re-read and, if changed, gossiped
         self._task = self.host.spawn(self._run())
 
     def _connected(self, member_id: str) -> bool:
@@ -98,7 +100,10 @@ class MembershipService:
         reserved = spawner.instance._reserved_total() if spawner is not None else {}
         if reserved:
             load["reserved"] = reserved
-        return {**self.resources, "labels": self.labels, "load": load}
+        # where we can be dialed: members that met only through a node that is gone still reach
+        # each other (membership never dials, but calls between members do)
+        addrs = [str(a) for a in self.host.advertised_addrs()][:MAX_ADDRS]
+        return {**self.resources, "labels": self.labels, "load": load, "addrs": addrs}
 
     def load_changed(self) -> None:
         """Our load changed (a reservation came or went): gossip it at the next round."""
@@ -148,6 +153,8 @@ class MembershipService:
 
     def _emit(self, events: list) -> None:
         for ev in events:
+            if isinstance(ev, (MemberUp, MemberChanged)):
+                self._learn_addrs(ev.member)
             self.host.events.membership_changed.emit(ev)
             if isinstance(ev, SelfDowned):
                 log.warning("the mesh declared this node dead; rejoining", incarnation=ev.incarnation)
@@ -165,6 +172,18 @@ class MembershipService:
                     except Exception:
                         log.exception("member-down listener failed", peer=ev.member.id)
 
+    def _learn_addrs(self, member: Member) -> None:
+        """Put the addresses a member gave in the address book (a dial still checks its key)."""
+        addrs = member.info.get("addrs") if type(member.info) is dict else None
+        if not addrs or member.id == self.core.me.id:
+            return
+        try:
+            peer = PeerId.from_string(member.id)
+            parsed = [Multiaddr(a) for a in addrs[:MAX_ADDRS]]
+        except (LatticaError, ValueError):
+            return
+        self.host.remember_addrs(peer, [a for a in parsed if a.peer_id in (None, peer)])
+
     def _on_identify(self, info: PeerInfo) -> None:
         if info.circle == "stranger":
             return  # only members of our mesh share the membership view
@@ -175,8 +194,8 @@ class MembershipService:
     def _on_disconnect(self, peer: PeerId, conn: Connection) -> None:
         # a connection closed on purpose (Node.disconnect, idle close, the peer stopping) is left
         # closed; only a lost one is worth a redial, whose failure is evidence the peer is gone
-        if conn.ended_cleanly:
-            self.core.link_closed(str(peer))
+        if conn.ended_cleanly:  # (the event comes when a peer's last connection closed)
+            self._emit(self.core.link_closed(str(peer)))
             return
         m = self.core.get(str(peer))
         if m is not None and m.state == ALIVE and not self.host.closing:

@@ -347,11 +347,16 @@ def _status(args: argparse.Namespace) -> None:
         url = args.dashboard.split("?")[0].rstrip("/") + "/api/mesh" + ("?" + args.dashboard.split("?", 1)[1] if "?" in args.dashboard else "")
         try:
             with urllib.request.urlopen(url, timeout=args.wait + 10) as r:
-                pic = json.loads(r.read())
+                raw = r.read(_MAX_PICTURE + 1)
+            if len(raw) > _MAX_PICTURE:
+                raise _CliError(f"the dashboard at {args.dashboard} answered more than {_MAX_PICTURE >> 20} MiB")
+            pic = json.loads(raw)
         except urllib.error.HTTPError as e:
             raise _CliError(f"the dashboard at {args.dashboard} answered {e.code}: {e.read().decode(errors='replace').strip()}") from None
         except (urllib.error.URLError, OSError) as e:
             raise _CliError(f"cannot reach the dashboard at {args.dashboard}: {getattr(e, 'reason', e)}") from None
+        except ValueError:
+            raise _CliError(f"the dashboard at {args.dashboard} did not answer with a picture of the mesh (JSON)") from None
     elif args.bootstrap:
         from lattica.actors.dashboard.mesh import MeshWatch  # lazy: see the note above _bench
         from lattica.node import Node  # lazy: see the note above _bench
@@ -372,7 +377,14 @@ def _status(args: argparse.Namespace) -> None:
         return
     from lattica.actors.dashboard.text import render  # lazy: see the note above _bench
 
-    print(render(pic), flush=True)
+    try:
+        shown = render(pic)
+    except (TypeError, AttributeError, KeyError, ValueError):
+        raise _CliError("the picture of the mesh is malformed (use --json to see it as it came)") from None
+    print(shown, flush=True)
+
+
+_MAX_PICTURE = 256 << 20  # bytes of a dashboard's answer `lattica status --dashboard` reads
 
 
 class _CliError(Exception):

@@ -77,6 +77,7 @@ MAX_INCARNATION = 1 << 48  # a rumor naming more is refused: the refutation (+1)
 _MAX_AMOUNT = 1e15  # the largest resource amount believed (bytes of memory included)
 _RESOURCE_KEYS = ("cpu", "memory", "gpus")
 _MAX_LABELS, _MAX_LABEL = 64, 256
+MAX_ADDRS, _MAX_ADDR = 8, 256  # addresses a member gives, and the length of one (text)
 
 
 def _amount(v: Any) -> bool:
@@ -85,7 +86,7 @@ def _amount(v: Any) -> bool:
 
 def valid_info(info: Any) -> bool:
     """A member's self-reported row is usable: resources and reservations are finite amounts
-    in range, labels short strings. A row that is not is skipped (it never reaches placement)."""
+    in range, labels and addresses short strings. A row that is not is skipped (it never reaches placement)."""
     if type(info) is not dict or len(info) > _MAX_INFO_KEYS:
         return False
     if not all(_amount(info[k]) for k in _RESOURCE_KEYS if k in info):
@@ -94,6 +95,9 @@ def valid_info(info: Any) -> bool:
     if type(labels) is not dict or len(labels) > _MAX_LABELS:
         return False
     if not all(type(k) is str and type(v) is str and len(k) <= _MAX_LABEL and len(v) <= _MAX_LABEL for k, v in labels.items()):
+        return False
+    addrs = info.get("addrs", [])
+    if type(addrs) is not list or len(addrs) > MAX_ADDRS or not all(type(a) is str and len(a) <= _MAX_ADDR for a in addrs):
         return False
     load = info.get("load", {})
     if type(load) is not dict:
@@ -401,11 +405,21 @@ class Membership:
         if det is not None:
             det.heard(at)
 
-    def link_closed(self, member_id: str) -> None:
+    def link_closed(self, member_id: str) -> list:
         """Our link to ``member_id`` was closed on purpose (by either side): its heartbeats can no
         longer reach us, so stop judging it on them. It picks other watchers at its next tick;
-        the members still linked to it judge it from now on."""
+        the members still linked to it judge it from now on. A member we met by that link and
+        never heard from (it runs no membership: an observer such as ``lattica status``) is gone
+        with it: nobody else knows it, so nobody would ever judge it."""
         self._detectors.pop(member_id, None)
+        m = self.members.get(member_id)
+        if m is None or m.proof is not None or m.state != ALIVE:
+            return []
+        del self.members[member_id]
+        self._ring = None
+        self._rumors.pop(member_id, None)
+        m.state = LEFT
+        return [MemberDown(m, "left: it closed its connection without ever joining the view")]
 
     def suspect(self, now: float, member_id: str) -> list:
         """Evidence from outside the detector that ``member_id`` may be gone (its connection

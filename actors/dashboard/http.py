@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import secrets
+import time
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -31,9 +33,14 @@ log = get_logger("lattica.dashboard")
 
 HEARTBEAT = 15.0  # seconds between comments on an idle live channel (proxies keep it open)
 WRITE_TIMEOUT = 30.0  # a live channel whose reader took nothing for this long is closed
+IDLE_TIMEOUT = 5.0  # a connection not serving a request (slow to send one, or idle) is closed after this
+MAX_CONNECTIONS = 128  # open at once; more are closed as they come (the node's own sockets need the rest)
+_OPEN = frozenset({"/", "/app.js", "/style.css"})  # the page itself: no data, served without the token
+_quiet = logging.getLogger("lattica.dashboard.http")  # aiohttp's own reports (malformed requests ...): not shown
+_quiet.setLevel(logging.CRITICAL)
 _FILES = {"/": ("index.html", "text/html"), "/app.js": ("app.js", "text/javascript"), "/style.css": ("style.css", "text/css")}
 _HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'none'",
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",  # (the token may be in the page's address)
     "Cache-Control": "no-store",
@@ -52,7 +59,11 @@ class DashboardServer:
         self.port = cfg.port
         self._files = {path: (_read(name), kind) for path, (name, kind) in _FILES.items()}
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.AbstractServer | None = None
         self._channels: set[asyncio.Task] = set()
+        self._born: dict[Any, float] = {}  # connection -> when it opened, or last finished a request
+        self._busy: dict[Any, int] = {}  # connection -> requests it is serving now
+        self._sweeper: asyncio.Task | None = None
 
     @property
     def url(self) -> str:
@@ -70,26 +81,56 @@ class DashboardServer:
         app.router.add_get("/api/node", self._node)
         app.router.add_get("/api/live", self._live)
         app.router.add_get("/metrics", self._metrics)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0, logger=_quiet, keepalive_timeout=IDLE_TIMEOUT)
         await runner.setup()
-        site = web.TCPSite(runner, self.cfg.host, self.cfg.port, reuse_address=True)
-        try:
-            await site.start()
+        self._runner = runner
+        loop = asyncio.get_running_loop()
+        try:  # (our own listener, not aiohttp's site: it bounds connections as they come)
+            self._server = await loop.create_server(self._connection, self.cfg.host, self.cfg.port, reuse_address=True)
         except OSError as e:
             await runner.cleanup()
+            self._runner = None
             raise DashboardError(f"the dashboard cannot listen on {self.cfg.bind}: {e.strerror or e}") from None
-        self._runner = runner
-        addrs = runner.addresses
-        if addrs:
-            self.port = addrs[0][1]
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._sweeper = loop.create_task(self._sweep())
         log.info("dashboard listening", url=self.url if self.loopback else self.url.split("?")[0], token_required=self.token is not None)
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._server is not None:
+            self._server.close()
         for task in list(self._channels):
             task.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    # -- connections ----------------------------------------------------------------------------
+
+    def _connection(self) -> asyncio.Protocol:
+        """A new connection: aiohttp's handler, or closed at once beyond MAX_CONNECTIONS."""
+        server = self._runner.server  # type: ignore[union-attr]
+        if len(server.connections) >= MAX_CONNECTIONS:
+            return _Refused()
+        handler = server()
+        self._born[handler] = time.monotonic()
+        return handler
+
+    async def _sweep(self) -> None:
+        """Close connections that serve no request for IDLE_TIMEOUT: one that sends its request
+        a byte at a time, or none, holds a socket for at most that long."""
+        while True:
+            await asyncio.sleep(1.0)
+            live = set(self._runner.server.connections) if self._runner is not None else set()
+            now = time.monotonic()
+            for conn, since in list(self._born.items()):
+                if conn not in live and now - since > 1.0:
+                    del self._born[conn]  # (closed)
+                    self._busy.pop(conn, None)
+                elif not self._busy.get(conn) and now - since > IDLE_TIMEOUT:
+                    del self._born[conn]
+                    conn.force_close()
 
     # -- the guard ------------------------------------------------------------------------------
 
@@ -99,9 +140,30 @@ class DashboardServer:
             raise web.HTTPMethodNotAllowed(request.method, ["GET", "HEAD"], text="the dashboard only reads: use GET\n")
         if self.loopback and not is_loopback(_hostname(request.host)):
             raise web.HTTPForbidden(text="this dashboard answers only requests addressed to loopback (its Host header)\n")
-        if self.token is not None and not self._authorized(request):
-            raise web.HTTPUnauthorized(text="an access token is needed: open the address the node printed (…/?token=…)\n")
-        return await handler(request)
+        if request.path not in _OPEN:  # (the page itself carries no data: a link from anywhere may open it)
+            if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none") or not _same_origin(request):
+                raise web.HTTPForbidden(text="requests from other sites are refused\n")
+            if self.token is not None and not self._authorized(request):
+                raise web.HTTPUnauthorized(text="an access token is needed: open the address the node printed (…/?token=…)\n")
+        conn = request.protocol
+        self._busy[conn] = self._busy.get(conn, 0) + 1
+        try:
+            return await handler(request)
+        except web.HTTPException:
+            raise
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception:
+            log.exception("dashboard request failed", path=request.path)
+            raise web.HTTPInternalServerError(text="the dashboard failed to answer (see the node's log)\n") from None
+        finally:
+            left = self._busy.get(conn, 1) - 1
+            if left > 0:
+                self._busy[conn] = left
+            else:
+                self._busy.pop(conn, None)
+                if conn in self._born:
+                    self._born[conn] = time.monotonic()  # (idle from now on)
 
     def _authorized(self, request: web.Request) -> bool:
         given = request.query.get("token")
@@ -117,7 +179,7 @@ class DashboardServer:
         return web.Response(body=body, content_type=kind, charset="utf-8")
 
     async def _mesh(self, request: web.Request) -> web.Response:
-        return _json(await self.watch.picture())
+        return web.Response(body=self.watch.encode(await self.watch.picture()), content_type="application/json")
 
     async def _node(self, request: web.Request) -> web.Response:
         return _json(await node_report(self.rt))
@@ -144,9 +206,10 @@ class DashboardServer:
                     continue
                 if pic is None:
                     break
-                await _send(resp, b"event: picture\ndata: " + _dumps(pic) + b"\n\n")
+                await _send(resp, b"event: picture\ndata: " + self.watch.encode(pic) + b"\n\n")
         except (ConnectionError, asyncio.TimeoutError):
-            pass  # the reader went away, or stopped reading: its slot is freed
+            if request.transport is not None:
+                request.transport.abort()  # (gone, or not reading: what the kernel holds for it goes too)
         finally:
             watcher.close()
             if task is not None:
@@ -164,21 +227,39 @@ async def _secure(request: web.Request, response: web.StreamResponse) -> None:
         response.headers.setdefault(k, v)
 
 
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), default=str).encode()
-
-
 def _json(obj: Any) -> web.Response:
-    return web.Response(body=_dumps(obj), content_type="application/json")
+    return web.Response(body=json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str).encode(), content_type="application/json")
 
 
 def _hostname(host: str | None) -> str:
-    """The host part of a Host header (``[::1]:8265`` -> ``::1``)."""
+    """The host part of a Host header (``[::1]:8265`` -> ``::1``; '' when malformed)."""
     if not host:
         return ""
     if host.startswith("["):
-        return host[1:host.find("]")] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+        end = host.find("]")
+        rest = host[end + 1:] if end > 0 else "?"
+        if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+            return ""
+        return host[1:end]
+    name, sep, port = host.rpartition(":")
+    if not sep:
+        return host
+    return name if port.isdigit() and ":" not in name else ""
+
+
+def _same_origin(request: web.Request) -> bool:
+    """No Origin header (a page loading its own parts, curl), or one naming this very host."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True
+    return origin in (f"http://{request.host}", f"https://{request.host}")
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the limit: closed as soon as it is made."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
 
 
 def _read(name: str) -> bytes:

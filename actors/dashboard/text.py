@@ -5,14 +5,26 @@ from __future__ import annotations
 
 from typing import Any
 
+from lattica.actors.dashboard.report import clean_member, clean_report, text
+
 __all__ = ["render"]
 
 MAX_ACTOR_LINES = 50
+MAX_PATH_LINES = 200
 
 
-def render(pic: dict[str, Any]) -> str:
-    nodes = pic.get("nodes", [])
-    reports = [n.get("report") or {} for n in nodes]
+def render(pic: Any) -> str:
+    """The picture as text; everything in it is checked first (it may come from any dashboard,
+    and each report from any member): no control characters reach the terminal."""
+    nodes, reports = [], []
+    for n in pic.get("nodes", []) if type(pic) is dict and type(pic.get("nodes")) is list else []:
+        row = clean_member(n)
+        if row is None:
+            continue
+        row["self"] = n.get("self") is True
+        row["error"] = text(n.get("error"), 60)
+        nodes.append(row)
+        reports.append(clean_report(n.get("report")) or {})
     up = sum(1 for n in nodes if n.get("state") in ("alive", "suspect") and not n.get("observer"))
     down = sum(1 for n in nodes if n.get("state") not in ("alive", "suspect"))
     actors = [(n, a) for n, r in zip(nodes, reports) for a in r.get("actors", ()) if not a.get("system")]
@@ -24,7 +36,7 @@ def render(pic: dict[str, Any]) -> str:
     for n, r in zip(nodes, reports):
         load = n.get("load")
         rows.append((_short(n.get("peer_id")) + (" (this)" if n.get("self") and not n.get("observer") else " (asking)" if n.get("observer") else ""),
-                     str(n.get("state", "")), str((r.get("nat") or {}).get("reachability", "") if r else n.get("error", "")[:40]),
+                     str(n.get("state") or ""), str((r.get("nat") or {}).get("reachability") or "") if r else (n.get("error") or ""),
                      str(r.get("actor_count", "")) if r else "", _num(n.get("cpu")), _bytes(n.get("memory")), _num(n.get("gpus")),
                      _load(load), " ".join(f"{k}={v}" for k, v in (n.get("labels") or {}).items())))
     out += _table(rows)
@@ -39,16 +51,20 @@ def render(pic: dict[str, Any]) -> str:
         if len(actors) > MAX_ACTOR_LINES:
             out.append(f"... and {len(actors) - MAX_ACTOR_LINES} more (--json lists them all)")
 
-    trees = [(n, s) for n, r in zip(nodes, reports) for s in r.get("supervisors", ())]
+    trees = [(n, s) for n, r in zip(nodes, reports) for s in r.get("supervisors", ())][:MAX_ACTOR_LINES]
     if trees:
         out += ["", "SUPERVISORS"]
         for n, s in trees:
             out.append(f"{s.get('name')} ({s.get('strategy')}) on {_short(n.get('peer_id'))}")
-            for c in s.get("children", ()):
+            children = s.get("children", ())
+            for c in children[:MAX_ACTOR_LINES]:
                 where = f"on {_short(c.get('node'))}" if c.get("node") else "not running"
-                out.append(f"  └ {c.get('id')}  {c.get('class')}  {where}  restarts {c.get('restarts')}")
+                out.append(f"  └ {c.get('id')}  {c.get('class')}  {where}  restarts {_num(c.get('restarts'))}")
+            if len(children) > MAX_ACTOR_LINES:
+                out.append(f"  └ ... and {len(children) - MAX_ACTOR_LINES} more")
 
     if paths:
+        paths, more = paths[:MAX_PATH_LINES], len(paths) - MAX_PATH_LINES
         out += ["", "PATHS"]
         rows = [("FROM", "TO", "PATH", "TRANSPORT", "DIALED", "RTT")]
         for n, p in paths:
@@ -56,6 +72,8 @@ def render(pic: dict[str, Any]) -> str:
             rows.append((_short(n.get("peer_id")), _short(p.get("peer_id")), str(p.get("path")), str(p.get("transport")), str(p.get("direction")),
                          f"{rtt:.2f} ms" if isinstance(rtt, (int, float)) else ""))
         out += _table(rows)
+        if more > 0:
+            out.append(f"... and {more} more (--json lists them all)")
     return "\n".join(out)
 
 

@@ -74,6 +74,7 @@ class ServerProcess:
         self.peer_id: str = info["peer_id"]
         self.addrs: list[str] = info["addrs"]
         self.pid: int = info["pid"]
+        self.dashboard: str | None = info.get("dashboard")  # its dashboard's address, when it serves one
         return self
 
     def addr(self, transport: str) -> str:
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--log", default=os.environ.get("LATTICA_SERVER_LOG"), help="log level on stderr (default: $LATTICA_SERVER_LOG, else off)")
     p.add_argument("--connect", action="append", default=[], help="a peer to connect to once started (repeatable)")
     p.add_argument("--private-via", default=None, help="listen nowhere; be reachable through this relay only")
+    p.add_argument("--dashboard", default=None, help="serve the dashboard at HOST:PORT (its address is in the JSON line)")
     args = p.parse_args(argv)
     if args.log:
         configure(args.log)
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.relay_in_stream:
         relay = RelayConfig(splice=False)
     node = Node(listen, key_path=args.key, busy_poll_us=args.busy_poll_us, allow=["lattica.bench.*", "lattica.mesh.*", *args.allow], dht=dht, relay=relay,
-                resources=json.loads(args.resources) if args.resources else None, **private)
+                resources=json.loads(args.resources) if args.resources else None, dashboard=args.dashboard, **private)
     node.start()
     if args.private_via:
         deadline = time.monotonic() + 30
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     node.set_stream_handler(SINK, lambda s, c: serve_sink(s, c, digest))
     node.set_stream_handler(ECHO, serve_echo)
     addrs = [str(a) for a in node.addrs] or [f"{r}/p2p/{node.peer_id}" for r in node.nat_status().relays]
-    print(json.dumps({"peer_id": str(node.peer_id), "addrs": addrs, "pid": os.getpid()}), flush=True)
+    print(json.dumps({"peer_id": str(node.peer_id), "addrs": addrs, "pid": os.getpid(), "dashboard": node.dashboard_url}), flush=True)
     try:
         sys.stdin.read()  # serve until the parent closes our stdin
     finally:

@@ -2,6 +2,7 @@
 loopback, bounded live channels and readers that stop reading, malformed and oversized requests,
 and the whole mesh (node processes, a supervisor, a node killed) as one node's dashboard sees it."""
 
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +19,9 @@ import lattica
 from helpers import wait_for
 from lattica.actors.dashboard.config import DashboardConfig
 from lattica.errors import DashboardError
+from lattica.actors.membership import membership_ref
+from lattica.identity import PeerId
+from lattica.mesh.process import ServerProcess
 from lattica.mesh.supervised import supervised_mesh
 from lattica.node import Node
 
@@ -79,14 +83,16 @@ def test_only_get_and_only_loopback_host_names_on_a_loopback_bind():
         assert _raw(port, b"GET /nothing HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").split()[1] == "404"
 
 
-def test_off_loopback_every_request_needs_the_token():
+def test_off_loopback_every_request_for_data_needs_the_token():
     with Node([TCP], dashboard="0.0.0.0:0") as node:
         url = node.dashboard_url
         token = dict(p.split("=", 1) for p in urlsplit(url).query.split("&"))["token"]
         assert len(token) >= 24
         base = f"http://127.0.0.1:{urlsplit(url).port}/"
-        for path in ("", "api/mesh", "api/node", "api/live", "metrics", "app.js"):
+        for path in ("api/mesh", "api/node", "api/live", "metrics"):
             assert _get(base + path)[0] == 401, path
+        for path in ("", "app.js", "style.css"):  # the page itself holds no data (its script asks with the token)
+            assert _get(base + path)[0] == 200, path
         assert _get(base + "api/node?token=" + "x" * len(token))[0] == 401
         assert _get(base + "api/node?token=" + token)[0] == 200
         assert _get(base + "metrics", headers={"Authorization": f"Bearer {token}"})[0] == 200
@@ -231,3 +237,34 @@ def test_cli_mistakes_are_one_line_with_a_non_zero_status():
     assert r.returncode == 2 and "cannot reach the dashboard" in r.stderr and "Traceback" not in r.stderr
     r = _cli("--log", "debug", "ping", "/ip4/1.2.3/tcp/1/p2p/x")
     assert r.returncode != 0 and "Traceback" in r.stderr  # asked for
+
+
+def test_no_head_node_kill_the_node_you_watch_and_open_anothers_dashboard():
+    """Every process serves a dashboard; the one watched is killed; another's shows the same mesh,
+    with the killed node down. The other two met only through it: they reach each other at the
+    addresses membership gossip carries."""
+    with contextlib.ExitStack() as stack:
+        procs = [stack.enter_context(ServerProcess([TCP], "--dashboard", "127.0.0.1:0"))]
+        procs += [stack.enter_context(ServerProcess([TCP], "--dashboard", "127.0.0.1:0", "--connect", procs[0].addr("tcp"))) for _ in range(2)]
+        everyone = {p.peer_id for p in procs}
+        assert wait_for(lambda: {n["peer_id"] for n in _picture(procs[0].dashboard)["nodes"] if n["report"]} == everyone, timeout=30)
+        with Node([TCP], membership=False) as here:  # (asks the second for its view, without making it call the third)
+            here.connect(procs[1].addr("tcp"))
+
+            async def view():
+                return await here.host.runtime.call(membership_ref(PeerId.from_string(procs[1].peer_id)), "view", (), {}, timeout=5)
+
+            assert wait_for(lambda: {r["peer_id"] for r in here.run(view(), timeout=10) if r["state"] == "alive"} >= everyone, timeout=30)
+        os.kill(procs[0].pid, signal.SIGKILL)
+        with pytest.raises(OSError):
+            urllib.request.urlopen(procs[0].dashboard + "api/mesh", timeout=2)
+
+        def same_mesh_without_it():
+            pic = _picture(procs[1].dashboard)
+            nodes = _by_node(pic)
+            if set(nodes) != everyone or nodes[procs[0].peer_id]["state"] != "dead":
+                return None
+            return all(nodes[p.peer_id]["state"] == "alive" and nodes[p.peer_id]["report"] for p in procs[1:])
+
+        assert wait_for(same_mesh_without_it, timeout=40), [(n["peer_id"][-6:], n["state"], n.get("error")) for n in _picture(procs[1].dashboard)["nodes"]]
+

@@ -231,6 +231,22 @@ def test_a_link_closed_on_purpose_is_not_a_failure():
             assert downs, "an untold watcher should have judged a silent link as a failure"
 
 
+def test_a_peer_met_by_a_link_and_never_heard_from_is_gone_with_the_link():
+    """An observer (a member by its credentials that runs no membership, e.g. ``lattica
+    status``) connects and leaves: nobody ever hears it, so nobody would judge it; it leaves the
+    view with its link. A member that did speak stays, judged by the others as before."""
+    a = Membership("a", {}, MembershipConfig())
+    a.add(0.0, "observer")
+    assert [m.id for m in a.alive()] == ["observer"]
+    [down] = a.link_closed("observer")
+    assert isinstance(down, MemberDown) and down.member.id == "observer" and "without ever joining" in down.reason and down.member.state == LEFT
+    assert a.get("observer") is None and a.alive() == []
+    nodes = [Membership(x, {}, MembershipConfig()) for x in "ab"]
+    nodes[1].add(0.0, "a")
+    _run(nodes, 2.0)
+    assert nodes[1].link_closed("a") == [] and nodes[1].get("a").state == ALIVE
+
+
 def test_hearsay_of_death_or_departure_does_not_outweigh_our_own_detector():
     """Another member says b is dead or left; a still hears b's heartbeats, so a keeps b alive
     (only our own detector, or b itself saying goodbye, takes it down)."""

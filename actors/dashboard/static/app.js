@@ -12,10 +12,12 @@ let rates = new Map();
 let held = null; // the newest picture while updates are paused
 
 const esc = (v) => String(v ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
-const short = (pid) => (pid ? "…" + String(pid).slice(-8) : "");
+const short = (pid) => (pid ? "…" + esc(String(pid).slice(-8)) : "");
+const num = (v) => (typeof v === "number" && Number.isFinite(v) ? String(v) : ""); // (numbers from peers: drawn only as numbers)
+const list = (v) => (Array.isArray(v) ? v : []);
 const cls = (v) => esc(String(v ?? "").replace(/[^a-z-]/gi, ""));
 const bytes = (n) => {
-  if (n == null) return "?";
+  if (typeof n !== "number" || !Number.isFinite(n)) return "?";
   const u = ["B", "KiB", "MiB", "GiB", "TiB"];
   let i = 0;
   while (n >= 1024 && i < u.length - 1) { n /= 1024; i++; }
@@ -25,14 +27,14 @@ const body = (id, rows) => { $(id).tBodies[0].innerHTML = rows.join(""); };
 
 function draw(pic) {
   picture = pic;
-  const nodes = pic.nodes || [];
+  const nodes = list(pic.nodes);
   const me = nodes.find((n) => n.self) || {};
   const rep = me.report || {};
   const nat = rep.nat || {};
   $("me").innerHTML =
     `<h2>This node <code data-self="${esc(me.peer_id)}">${esc(me.peer_id)}</code></h2>` +
     `<div>reachability <b class="${cls(nat.reachability)}">${esc(nat.reachability)}</b> — ${esc(nat.reason)}</div>` +
-    `<div class="muted">${(rep.addrs || []).map((a) => `<code>${esc(a)}</code>`).join(" ")}</div>`;
+    `<div class="muted">${list(rep.addrs).map((a) => `<code>${esc(a)}</code>`).join(" ")}</div>`;
 
   let alive = 0, down = 0, actorCount = 0, direct = 0, relayed = 0;
   const now = pic.time;
@@ -48,20 +50,20 @@ function draw(pic) {
     const load = n.load != null ? (typeof n.load === "object" ? JSON.stringify(n.load) : n.load) : "";
     nodeRows.push(
       `<tr data-node="${esc(n.peer_id)}" data-state="${esc(n.state)}">` +
-      `<td><code title="${esc(n.peer_id)}">${esc(short(n.peer_id))}</code>${n.self ? " (this)" : ""}</td>` +
+      `<td><code title="${esc(n.peer_id)}">${short(n.peer_id)}</code>${n.self ? " (this)" : ""}</td>` +
       `<td class="${cls(n.state)}">${esc(n.state)}</td>` +
       `<td class="${cls(r && r.nat && r.nat.reachability)}">${esc(r && r.nat ? r.nat.reachability : "")}</td>` +
-      `<td>${r ? r.actor_count : ""}</td><td>${r ? r.peers.length : ""}</td><td>${esc(load)}</td>` +
-      `<td>${esc(n.cpu ?? "")}</td><td>${n.memory != null ? bytes(n.memory) : ""}</td><td>${esc(n.gpus ?? "")}</td>` +
+      `<td>${r ? num(r.actor_count) : ""}</td><td>${r ? list(r.peers).length : ""}</td><td>${esc(load)}</td>` +
+      `<td>${num(n.cpu)}</td><td>${typeof n.memory === "number" ? bytes(n.memory) : ""}</td><td>${num(n.gpus)}</td>` +
       `<td>${esc(Object.entries(n.labels || {}).map(([k, v]) => `${k}=${v}`).join(" "))}</td>` +
-      `<td class="muted">${n.error ? esc(n.error) : n.rtt_ms != null ? `${n.rtt_ms} ms` : ""}</td></tr>`);
+      `<td class="muted">${n.error ? esc(n.error) : num(n.rtt_ms) ? `${num(n.rtt_ms)} ms` : ""}</td></tr>`);
     if (!r) continue;
-    for (const a of r.actors || []) {
+    for (const a of list(r.actors)) {
       actorCount++;
       const key = `${n.peer_id}/${a.name}`;
       nextCalls.set(key, [now, a.calls]);
       const before = previous.get(key);
-      const rate = before && now > before[0] ? Math.max(0, (a.calls - before[1]) / (now - before[0])) : rates.get(key);
+      const rate = before && now > before[0] && typeof a.calls === "number" ? Math.max(0, (a.calls - before[1]) / (now - before[0])) : rates.get(key);
       if (rate != null) rates.set(key, rate);
       if (filter && !(`${a.name} ${a.class} ${n.peer_id}`.toLowerCase().includes(filter))) continue;
       if (a.system && !filter) continue; // (system actors: shown when asked for by the filter)
@@ -69,35 +71,35 @@ function draw(pic) {
       if (actorRows.length >= MAX_ROWS) continue;
       actorRows.push(
         `<tr data-actor="${esc(a.name)}" data-node="${esc(n.peer_id)}" data-state="${esc(a.state)}">` +
-        `<td><code>${esc(short(n.peer_id))}</code></td><td>${esc(a.name)}</td><td><code>${esc(a.class)}</code></td>` +
-        `<td class="${cls(a.state)}" title="${esc(a.failure || "")}">${esc(a.state)}</td><td>${a.mailbox}</td><td>${a.running}</td>` +
-        `<td>${rate != null ? rate.toFixed(1) : ""}</td><td>${a.calls}</td><td>${a.errors}</td></tr>`);
+        `<td><code>${short(n.peer_id)}</code></td><td>${esc(a.name)}</td><td><code>${esc(a.class)}</code></td>` +
+        `<td class="${cls(a.state)}" title="${esc(a.failure || "")}">${esc(a.state)}</td><td>${num(a.mailbox)}</td><td>${num(a.running)}</td>` +
+        `<td>${Number.isFinite(rate) ? rate.toFixed(1) : ""}</td><td>${num(a.calls)}</td><td>${num(a.errors)}</td></tr>`);
     }
-    for (const p of r.peers || []) {
+    for (const p of list(r.peers)) {
       if (p.path === "direct") direct++; else relayed++;
       pathRows.push(
         `<tr data-from="${esc(n.peer_id)}" data-to="${esc(p.peer_id)}" data-path="${esc(p.path)}">` +
-        `<td><code>${esc(short(n.peer_id))}</code></td><td><code>${esc(short(p.peer_id))}</code></td>` +
+        `<td><code>${short(n.peer_id)}</code></td><td><code>${short(p.peer_id)}</code></td>` +
         `<td class="${cls(p.path)}">${esc(p.path)}</td><td>${esc(p.transport)}</td><td>${esc(p.direction)}</td>` +
         `<td>${typeof p.rtt_ms === "number" ? p.rtt_ms.toFixed(2) + " ms" : ""}</td>` +
         `<td>${typeof p.bytes_sent === "number" ? bytes(p.bytes_sent) : ""}</td><td>${typeof p.bytes_received === "number" ? bytes(p.bytes_received) : ""}</td></tr>`);
     }
-    if (r.dht) dhtRows.push(`<tr><td><code>${esc(short(n.peer_id))}</code></td><td>${r.dht.table}</td><td>${r.dht.records}</td><td>${r.dht.rejected}</td></tr>`);
-    for (const t of (r.content && r.content.transfers) || []) {
-      const pct = t.total ? Math.min(100, (100 * t.bytes) / t.total) : 0;
+    if (r.dht) dhtRows.push(`<tr><td><code>${short(n.peer_id)}</code></td><td>${num(r.dht.table)}</td><td>${num(r.dht.records)}</td><td>${num(r.dht.rejected)}</td></tr>`);
+    for (const t of list(r.content && r.content.transfers)) {
+      const pct = typeof t.total === "number" && t.total > 0 && typeof t.bytes === "number" ? Math.min(100, (100 * t.bytes) / t.total) : 0;
       transfers.push(
-        `<div data-transfer="${esc(t.cid)}"><code>${esc(short(n.peer_id))}</code> ← <code>${esc(t.cid.slice(0, 16))}…</code> ` +
-        `${bytes(t.bytes)} of ${bytes(t.total)} from ${t.peers} peers<br><progress max="100" value="${pct.toFixed(1)}"></progress></div>`);
+        `<div data-transfer="${esc(t.cid)}"><code>${short(n.peer_id)}</code> ← <code>${esc(String(t.cid ?? "").slice(0, 16))}…</code> ` +
+        `${bytes(t.bytes)} of ${bytes(t.total)} from ${num(t.peers)} peers<br><progress max="100" value="${pct.toFixed(1)}"></progress></div>`);
     }
-    for (const t of (r.pubsub && r.pubsub.topics) || []) {
-      const row = topics.get(t.topic) || { nodes: 0, mesh: 0 };
-      row.nodes++; row.mesh += t.mesh;
-      topics.set(t.topic, row);
+    for (const t of list(r.pubsub && r.pubsub.topics)) {
+      const row = topics.get(String(t.topic)) || { nodes: 0, mesh: 0 };
+      row.nodes++; row.mesh += typeof t.mesh === "number" ? t.mesh : 0;
+      topics.set(String(t.topic), row);
     }
-    for (const d of (r.crdt && r.crdt.docs) || []) {
-      docRows.push(`<tr><td>${esc(d.name || d.id)}</td><td><code>${esc(short(n.peer_id))}</code></td><td>${d.applied}</td><td>${d.refused}</td><td>${d.peers}</td></tr>`);
+    for (const d of list(r.crdt && r.crdt.docs)) {
+      docRows.push(`<tr><td>${esc(d.name || d.id)}</td><td><code>${short(n.peer_id)}</code></td><td>${num(d.applied)}</td><td>${num(d.refused)}</td><td>${num(d.peers)}</td></tr>`);
     }
-    for (const s of r.supervisors || []) trees.push(tree(n, s));
+    for (const s of list(r.supervisors)) trees.push(tree(n, s));
   }
   previous = nextCalls;
   body("nodes", nodeRows);
@@ -106,32 +108,37 @@ function draw(pic) {
   body("paths", pathRows);
   body("dht", dhtRows);
   body("docs", docRows);
-  body("topics", [...topics].sort().map(([t, v]) => `<tr><td>${esc(t)}</td><td>${v.nodes}</td><td>${v.mesh}</td></tr>`));
+  body("topics", [...topics].sort().map(([t, v]) => `<tr><td>${esc(t)}</td><td>${num(v.nodes)}</td><td>${num(v.mesh)}</td></tr>`));
   $("transfers").innerHTML = transfers.join("") || `<p class="muted">none running</p>`;
   $("trees").innerHTML = trees.join("") || `<p class="muted">no supervisor runs</p>`;
   $("summary").innerHTML =
     `<div><b data-count="alive">${alive}</b>nodes up</div><div><b data-count="down">${down}</b>down or left</div>` +
     `<div><b data-count="actors">${actorCount}</b>actors</div><div><b>${direct}</b>direct paths</div><div><b>${relayed}</b>relayed</div>`;
-  $("events").innerHTML = (pic.events || []).slice(-200).reverse().map((e) =>
-    `<li class="${cls(e.kind)}" data-kind="${esc(e.kind)}">${new Date(e.time * 1000).toLocaleTimeString()} — ${esc(e.text)}</li>`).join("");
+  $("events").innerHTML = list(pic.events).slice(-200).reverse().map((e) =>
+    `<li class="${cls(e.kind)}" data-kind="${esc(e.kind)}">${esc(new Date(e.time * 1000).toLocaleTimeString())} — ${esc(e.text)}</li>`).join("");
 }
 
 function tree(node, sup) {
-  const kids = (sup.children || []).map((c) =>
-    `<li data-child="${esc(c.id)}" data-node="${esc(c.node || "")}" data-restarts="${c.restarts}">` +
-    `<b>${esc(c.id)}</b> <code>${esc(c.class)}</code> ${c.node ? `on <code>${esc(short(c.node))}</code>` : `<span class="failed">not running</span>`}` +
-    ` <span class="muted">${esc(c.restart)}, restarts ${c.restarts}</span></li>`).join("");
-  return `<div data-supervisor="${esc(sup.name)}"><b>${esc(sup.name)}</b> <span class="muted">${esc(sup.strategy)} on ${esc(short(node.peer_id))}</span><ul class="tree">${kids}</ul></div>`;
+  const kids = list(sup.children).map((c) =>
+    `<li data-child="${esc(c.id)}" data-node="${esc(c.node || "")}" data-restarts="${num(c.restarts)}">` +
+    `<b>${esc(c.id)}</b> <code>${esc(c.class)}</code> ${c.node ? `on <code>${short(c.node)}</code>` : `<span class="failed">not running</span>`}` +
+    ` <span class="muted">${esc(c.restart)}, restarts ${num(c.restarts)}</span></li>`).join("");
+  return `<div data-supervisor="${esc(sup.name)}"><b>${esc(sup.name)}</b> <span class="muted">${esc(sup.strategy)} on ${short(node.peer_id)}</span><ul class="tree">${kids}</ul></div>`;
 }
 
 function connect() {
   const status = $("status");
   const source = new EventSource(withToken("/api/live"));
   source.addEventListener("picture", (ev) => {
-    status.dataset.live = "live";
-    status.textContent = `live — ${new Date().toLocaleTimeString()}`;
-    held = JSON.parse(ev.data);
-    if (!$("pause").checked) { draw(held); held = null; }
+    try {
+      held = JSON.parse(ev.data);
+      if (!$("pause").checked) { draw(held); held = null; }
+      status.dataset.live = "live";
+      status.textContent = `live — ${new Date().toLocaleTimeString()}`;
+    } catch (err) {
+      status.dataset.live = "lost";
+      status.textContent = `a picture could not be drawn: ${err}`;
+    }
   });
   source.onerror = () => {
     status.dataset.live = "lost";
@@ -139,7 +146,8 @@ function connect() {
   };
 }
 
-$("filter").addEventListener("input", () => { if (picture) draw(picture); });
-$("pause").addEventListener("change", () => { if (!$("pause").checked && held) { draw(held); held = null; } });
-fetch(withToken("/api/mesh")).then((r) => (r.ok ? r.json() : null)).then((pic) => { if (pic && !picture) draw(pic); }).catch(() => {});
+const redraw = (pic) => { try { draw(pic); } catch (err) { $("status").dataset.live = "lost"; $("status").textContent = `a picture could not be drawn: ${err}`; } };
+$("filter").addEventListener("input", () => { if (picture) redraw(picture); });
+$("pause").addEventListener("change", () => { if (!$("pause").checked && held) { redraw(held); held = null; } });
+fetch(withToken("/api/mesh")).then((r) => (r.ok ? r.json() : null)).then((pic) => { if (pic && !picture) redraw(pic); }).catch(() => {});
 connect();

@@ -63,6 +63,7 @@ class DashboardServer:
         self._channels: set[asyncio.Task] = set()
         self._born: dict[Any, float] = {}  # connection -> when it opened, or last finished a request
         self._busy: dict[Any, int] = {}  # connection -> requests it is serving now
+        self._fresh: dict[Any, float] = {}  # connections made in the last moment, not yet counted by aiohttp
         self._sweeper: asyncio.Task | None = None
 
     @property
@@ -111,10 +112,15 @@ class DashboardServer:
     def _connection(self) -> asyncio.Protocol:
         """A new connection: aiohttp's handler, or closed at once beyond MAX_CONNECTIONS."""
         server = self._runner.server  # type: ignore[union-attr]
-        if len(server.connections) >= MAX_CONNECTIONS:
+        live = set(server.connections)
+        now = time.monotonic()
+        for h, t in list(self._fresh.items()):  # made, not yet registered (accepts come in batches)
+            if h in live or now - t > 1.0:
+                del self._fresh[h]
+        if len(live) + len(self._fresh) >= MAX_CONNECTIONS:
             return _Refused()
         handler = server()
-        self._born[handler] = time.monotonic()
+        self._born[handler] = self._fresh[handler] = now
         return handler
 
     async def _sweep(self) -> None:

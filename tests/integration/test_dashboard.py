@@ -268,3 +268,76 @@ def test_no_head_node_kill_the_node_you_watch_and_open_anothers_dashboard():
 
         assert wait_for(same_mesh_without_it, timeout=40), [(n["peer_id"][-6:], n["state"], n.get("error")) for n in _picture(procs[1].dashboard)["nodes"]]
 
+
+
+def _lying(node, answers):
+    """``node``'s dashboard actor answers ``report`` with each of ``answers`` in turn (the last
+    one from then on): a hostile member."""
+    svc = node._host.services["dashboard"]
+    queue = list(answers)
+
+    async def report():
+        return queue.pop(0) if len(queue) > 1 else queue[0]
+
+    svc.report = report
+
+
+def test_a_hostile_members_reports_cannot_break_flood_or_inject_into_the_watchers_picture():
+    with Node([TCP], dashboard="127.0.0.1:0") as watcher, Node([TCP]) as evil:
+        watcher.connect(evil.addrs[0])
+        assert wait_for(lambda: len(watcher.nodes()) == 2, timeout=10)
+        big = {"supervisors": [{"name": "S" * 1_000_000, "children": [{"id": f"c{i}", "restarts": 0} for i in range(500)]}]}
+        bumped = {"supervisors": [{"name": "S" * 1_000_000, "children": [{"id": f"c{i}", "restarts": 1} for i in range(500)]}]}
+        _lying(evil, [big, bumped, [1, 2], {"actors": [{"name": [1]}], "peers": 7}, {"actor_count": "<meta http-equiv=refresh content=0;url=//x>"}])
+        url = watcher.dashboard_url
+        sizes = []
+        for expect in ("ok", "ok", "malformed", "ok", "ok"):
+            status, _, body = _get(url + "api/mesh")
+            assert status == 200
+            sizes.append(len(body))
+            node = _by_node(json.loads(body))[str(evil.peer_id)]
+            if expect == "malformed":
+                assert node["report"] is None and node["error"] == "its report is malformed"
+            else:
+                assert node["report"] is not None
+        pic = json.loads(_get(url + "api/mesh")[2])
+        assert max(sizes) < 1_000_000, sizes  # (500 restarts of a child named by a megabyte: cut)
+        restarts = [e for e in pic["events"] if e["kind"] == "restart"]
+        assert len(restarts) == 500 and all(len(e["text"]) <= 300 for e in pic["events"])
+        node = _by_node(pic)[str(evil.peer_id)]
+        assert node["report"]["actor_count"] is None and node["report"]["peers"] == []
+        assert _get(url + "api/node")[0] == 200  # the watcher serves on
+
+
+def test_slow_and_idle_connections_are_closed_and_the_node_keeps_working():
+    with Node([TCP], dashboard="127.0.0.1:0") as node, Node([TCP]) as other:
+        port = urlsplit(node.dashboard_url).port
+        slow = []
+        for _ in range(300):  # more than the cap; each sends half a request and stops
+            try:
+                s = socket.create_connection(("127.0.0.1", port), timeout=5)
+                s.sendall(b"GET /api/node HTTP/1.1\r\nHost: 127.0.0.1\r\nX-a: ")
+                slow.append(s)
+            except OSError:
+                pass
+        server = node._host.services["dashboard"].server
+        assert len(server._runner.server.connections) <= 128
+        other.connect(node.addrs[0])  # the node's own sockets are not starved
+        assert other.ping(node.peer_id) > 0
+
+        def all_closed():
+            closed = 0
+            for s in slow:
+                s.settimeout(0.01)
+                try:
+                    closed += s.recv(1) == b""
+                except socket.timeout:
+                    pass
+                except OSError:
+                    closed += 1
+            return closed == len(slow)
+
+        assert wait_for(all_closed, timeout=20)
+        assert _get(node.dashboard_url + "api/node")[0] == 200
+        for s in slow:
+            s.close()

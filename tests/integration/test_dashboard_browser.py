@@ -127,3 +127,44 @@ def test_the_page_draws_200_nodes_and_5000_actors(browser, tmp_path):
         box.send_keys("worker-17-")
         assert _until(browser, "return document.querySelectorAll('#actors tbody tr').length === 25", timeout=5)
         _shot(browser, tmp_path, "dashboard-200-nodes")
+
+
+def test_a_hostile_member_cannot_inject_into_the_page_or_move_it(browser, tmp_path):
+    from lattica.node import Node
+
+    tag = '<b id="pwned">x</b><meta http-equiv="refresh" content="0;url=http://127.0.0.1:9/">'
+    with Node(["/ip4/127.0.0.1/tcp/0"], dashboard="127.0.0.1:0") as watcher, Node(["/ip4/127.0.0.1/tcp/0"]) as evil:
+        watcher.connect(evil.addrs[0])
+
+        async def report():
+            return {"peer_id": tag, "actor_count": tag, "peers": [{"peer_id": tag, "path": tag, "transport": tag, "rtt_ms": tag}],
+                    "actors": [{"name": tag, "class": tag, "state": tag, "mailbox": tag, "running": tag, "calls": tag, "errors": tag}],
+                    "supervisors": [{"name": tag, "strategy": tag, "children": [{"id": tag, "node": tag, "restarts": tag, "class": tag}]}],
+                    "dht": {"table": tag, "records": tag}, "content": {"transfers": [{"cid": 5, "bytes": tag, "total": tag, "peers": tag}]},
+                    "pubsub": {"topics": [{"topic": tag, "mesh": tag}]}, "crdt": {"docs": [{"name": tag, "applied": tag}]},
+                    "nat": {"reachability": tag, "reason": tag}, "time": float("nan")}
+
+        evil._host.services["dashboard"].report = report
+        browser.get(watcher.dashboard_url)
+        assert _until(browser, f"return !!document.querySelector('#nodes tbody tr[data-node=\"{evil.peer_id}\"]')")
+        assert _until(browser, "return document.getElementById('filter') && document.body.textContent.includes('pwned')")  # drawn as text
+        time.sleep(1.5)  # (a meta refresh would have moved the page by now)
+        assert browser.execute_script("return document.getElementById('pwned') === null && !document.querySelector('meta[http-equiv]')")
+        assert browser.current_url.startswith(watcher.dashboard_url.rstrip("/"))
+        assert browser.execute_script("return document.getElementById('status').dataset.live") == "live"
+        _shot(browser, tmp_path, "dashboard-hostile-member")
+
+
+def test_the_page_works_off_loopback_with_its_token(browser):
+    from urllib.parse import urlsplit
+
+    from lattica.node import Node
+
+    with Node(["/ip4/127.0.0.1/tcp/0"], dashboard="0.0.0.0:0") as node:
+        parts = urlsplit(node.dashboard_url)
+        browser.get(f"http://127.0.0.1:{parts.port}/?{parts.query}")
+        assert _until(browser, "return document.getElementById('status').dataset.live === 'live'")
+        assert _until(browser, f"return !!document.querySelector('#nodes tbody tr[data-node=\"{node.peer_id}\"]')")
+        browser.get(f"http://127.0.0.1:{parts.port}/")  # without the token: the page loads, its data does not
+        time.sleep(1.0)
+        assert not browser.execute_script("return document.querySelectorAll('#nodes tbody tr').length")

@@ -88,3 +88,39 @@ def test_the_terminal_text_has_every_table():
     assert text.startswith("mesh: 1 nodes up, 1 down or left; 1 actors; 0 direct paths, 1 relayed")
     assert "…aaaaAAAA (this)" in text and "2.0 GiB" in text and "zone=a" in text and "public" in text
     assert "app.W" in text and "not running  restarts 2" in text and "relayed  quic" in text
+
+
+def test_a_members_report_is_checked_and_cut_before_anything_uses_it():
+    from lattica.actors.dashboard.report import MAX_TEXT, clean_member, clean_report
+
+    assert clean_report([1, 2]) is None and clean_report("x") is None and clean_report(7) is None
+    junk = {"peer_id": "p\x1b[2J", "actors": [{"name": ["not", "text"], "calls": "<b id=pwned>", "mailbox": float("nan"), "errors": True},
+                                             "not a row"] * 3,
+            "supervisors": [{"name": "S" * 1_000_000, "children": [{"id": "c", "restarts": float("inf")}] * 10_000}],
+            "peers": 7, "nat": [1], "labels": {"k": "v\x07", 3: "x"}, "content": {"transfers": "no"}, "pubsub": {"topics": [{"topic": 5}]},
+            "dht": {"table": "<b>"}, "unknown": {"deep": [[[[1]]]]}}
+    rep = clean_report(junk)
+    assert rep["peer_id"] == "p [2J" and rep["peers"] == [] and rep["nat"] is None and rep["labels"] == {"k": "v "}
+    assert rep["actors"] == [{"name": None, "class": None, "state": None, "system": False, "mailbox": None, "running": None,
+                              "calls": None, "errors": None, "failure": None}] * 3
+    [sup] = rep["supervisors"]
+    assert len(sup["name"]) == MAX_TEXT and len(sup["children"]) == 500 and sup["children"][0]["restarts"] is None
+    assert rep["dht"] == {"table": None, "records": None, "rejected": None} and "unknown" not in rep
+    assert rep["content"]["transfers"] == [] and rep["pubsub"]["topics"] == [{"topic": None, "mesh": None}]
+    import json
+    json.dumps(rep, allow_nan=False)  # (nothing a JSON parser in a browser would refuse)
+    assert clean_member({"peer_id": 5}) is None
+    row = clean_member({"peer_id": "x", "state": "alive\x1b]52;c;Zm9v\x07", "cpu": True, "labels": ["a"], "load": {"actors": -1e309}})
+    assert "\x1b" not in row["state"] and "\x07" not in row["state"] and row["cpu"] is None and row["labels"] == {} and row["load"]["actors"] is None
+
+
+def test_the_terminal_text_carries_no_control_characters_whatever_the_picture():
+    evil = "\x1b[2J\x1b]0;owned\x07\x1b]52;c;Zm9v\x07"
+    pic = {"nodes": [{"peer_id": "12D3KooW" + evil, "state": evil, "labels": {"zone": evil}, "error": 5,
+                      "report": {"actors": [{"name": evil, "class": evil, "state": evil}], "nat": [1],
+                                 "supervisors": [{"name": evil, "children": "ab"}], "peers": [{"peer_id": evil, "path": evil}] * 500}},
+                     "not a node", {"peer_id": "z", "labels": ["x"], "state": "dead", "error": 3}]}
+    out = render_text(pic)
+    assert not any(ch in out for ch in "\x1b\x07\x9b")
+    assert "... and 300 more" in out  # (paths capped)
+    assert render_text([1, 2]).startswith("mesh: 0 nodes up") and render_text({"nodes": "x"}).startswith("mesh: 0 nodes up")

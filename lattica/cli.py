@@ -126,6 +126,11 @@ def _bench(args: argparse.Namespace) -> None:
         from lattica.bench.soak import soak  # lazy: see the note above _bench
 
         _print(soak(args.soak_seconds, processes=(args.nodes or [4])[0]), args.json)
+    if which in ("dashboard", "all"):
+        from lattica.bench.dashboard import bench_dashboard  # lazy: see the note above _bench
+
+        for row in bench_dashboard():
+            _print(row, args.json)
     if which in ("rpc", "all"):
         from lattica.bench.rpc import bench_rpc  # lazy: see the note above _bench
 
@@ -488,7 +493,7 @@ def main(argv: list[str] | None = None) -> None:
     s.set_defaults(fn=_demo)
 
     s = sub.add_parser("bench", help="run benchmarks and print figures")
-    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "pubsub-nodes", "crdt", "crdt-sim", "shards", "weightsync", "soak", "all"])
+    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "pubsub-nodes", "crdt", "crdt-sim", "shards", "weightsync", "dashboard", "soak", "all"])
     s.add_argument("--transport", choices=["tcp", "quic", "both"], default="both")
     s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic); content: object bytes (default 256 MiB)")
     s.add_argument("--count", type=int, default=10000, help="pings")

@@ -341,3 +341,11 @@ def test_slow_and_idle_connections_are_closed_and_the_node_keeps_working():
         assert _get(node.dashboard_url + "api/node")[0] == 200
         for s in slow:
             s.close()
+
+
+def test_the_dashboard_benchmark_prints_its_figures():
+    r = _cli("bench", "dashboard", "--json", timeout=180)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["case"] for row in rows] == ["picture, 4 nodes, 6 children", "picture, 200 nodes, 5000 actors (simulated)"]
+    assert rows[0]["bytes"] > 1000 and rows[0]["p50_ms"] > 0 and rows[1]["bytes"] > 1_000_000 and rows[1]["encode_ms"] > 0

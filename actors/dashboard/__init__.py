@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lattica.actors.dashboard.mesh import NAME, MeshWatch, dashboard_ref
-from lattica.actors.dashboard.report import node_report
+from lattica.actors.dashboard.report import NAME, node_report
 
 if TYPE_CHECKING:
     from lattica.actors.dashboard.config import DashboardConfig
+    from lattica.actors.dashboard.mesh import MeshWatch
     from lattica.runtime import Runtime
 
-__all__ = ["DashboardService", "DashboardActor", "dashboard_ref"]
+__all__ = ["DashboardService", "DashboardActor"]
 
 
 class DashboardService:
@@ -23,8 +23,18 @@ class DashboardService:
     def __init__(self, rt: Runtime, cfg: DashboardConfig | None) -> None:
         self.rt = rt
         self.cfg = cfg
-        self.watch = MeshWatch(rt, every=cfg.every, timeout=cfg.report_timeout, max_nodes=cfg.max_nodes) if cfg else MeshWatch(rt)
+        self._watch: MeshWatch | None = None
         self.server: Any = None
+
+    @property
+    def watch(self) -> MeshWatch:
+        """The mesh watcher (made at first use: a node that serves no dashboard never loads it)."""
+        if self._watch is None:
+            from lattica.actors.dashboard.mesh import MeshWatch  # (only a node that serves a dashboard, or `lattica status`)
+
+            cfg = self.cfg
+            self._watch = MeshWatch(self.rt, every=cfg.every, timeout=cfg.report_timeout, max_nodes=cfg.max_nodes) if cfg else MeshWatch(self.rt)
+        return self._watch
 
     async def astart(self) -> None:
         if self.cfg is None:
@@ -43,13 +53,15 @@ class DashboardService:
         return await node_report(self.rt)
 
     async def aclose(self) -> None:
-        self.watch.close()
+        if self._watch is not None:
+            self._watch.close()
         if self.server is not None:
             await self.server.close()
             self.server = None
 
     def close(self) -> None:
-        self.watch.close()
+        if self._watch is not None:
+            self._watch.close()
 
 
 class DashboardActor:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from lattica.actors.dashboard.report import clean_member, clean_report, node_report, text
+from lattica.actors.dashboard.clean import clean_member, clean_report, text
+from lattica.actors.dashboard.report import NAME, node_report
 from lattica.errors import LatticaError
 from lattica.identity import PeerId
 from lattica.logging import get_logger
@@ -24,7 +24,6 @@ __all__ = ["MeshWatch", "dashboard_ref", "NAME"]
 
 log = get_logger("lattica.dashboard")
 
-NAME = "dashboard"
 MAX_EVENTS = 500  # the event log's length
 _FANOUT = 32  # reports asked at once
 
@@ -152,6 +151,8 @@ class MeshWatch:
         cached = self._encoded
         if cached is not None and cached[0] is pic:
             return cached[1]
+        import json  # (here: a node that serves no dashboard never loads it)
+
         data = json.dumps(pic, separators=(",", ":"), allow_nan=False, default=str).encode()
         self._encoded = (pic, data)
         return data

@@ -14,7 +14,9 @@ from lattica.supervisor import Supervisor
 if TYPE_CHECKING:
     from lattica.runtime import Runtime
 
-__all__ = ["node_report", "clean_report", "clean_member", "text", "number", "MAX_ACTORS", "MAX_PEERS", "MAX_TEXT"]
+__all__ = ["node_report", "NAME", "MAX_ACTORS", "MAX_PEERS", "MAX_CHILDREN"]
+
+NAME = "dashboard"  # the system actor every node runs
 
 MAX_ACTORS = 5000  # actors listed per node (the rest counted)
 MAX_PEERS = 1000  # connections listed per node
@@ -128,108 +130,3 @@ def _crdt(crdt: Any) -> dict[str, Any] | None:
 def _relay(relay: Any) -> dict[str, Any]:
     return {"reservations": len(relay.reservations), "circuits": sum(relay.circuits.values()), "total_circuits": relay.total_circuits,
             "bytes_relayed": relay.bytes_relayed}
-
-
-# -- what a member sent: checked and cut before anything uses it --------------------------------
-
-MAX_TEXT = 300  # characters of any string from a report or a view row
-_SUPERVISORS, _TRANSFERS, _TOPICS, _DOCS, _ADDRS, _LABELS = 64, 64, 256, 256, 32, 64
-_CONTROL = dict.fromkeys([*range(0x00, 0x20), *range(0x7F, 0xA0)], " ")  # C0, DEL, C1: never shown
-
-
-def text(v: Any, limit: int = MAX_TEXT) -> str | None:
-    """A string fit to show (control characters blanked, cut to ``limit``), or None."""
-    if type(v) is not str:
-        return None
-    return v[:limit].translate(_CONTROL)
-
-
-def number(v: Any) -> float | int | None:
-    """A finite number (bools are not numbers here), or None."""
-    if type(v) is int:
-        return v if -(1 << 62) < v < 1 << 62 else None
-    if type(v) is float and v == v and v not in (float("inf"), float("-inf")):
-        return v
-    return None
-
-
-def _texts(v: Any, n: int) -> list[str]:
-    return [t for t in (text(x) for x in v[:n]) if t is not None] if type(v) is list else []
-
-
-def _rows(v: Any, n: int, fields: dict[str, Any]) -> list[dict[str, Any]]:
-    """Up to ``n`` dicts of ``v``, each keeping only ``fields`` (name -> cleaner)."""
-    if type(v) is not list:
-        return []
-    return [{k: f(row.get(k)) for k, f in fields.items()} for row in v[:n] if type(row) is dict]
-
-
-def _flag(v: Any) -> bool:
-    return v is True
-
-
-_ACTOR = {"name": text, "class": text, "state": text, "system": _flag, "mailbox": number, "running": number, "calls": number,
-          "errors": number, "failure": text}
-_PEER = {"peer_id": text, "transport": text, "direction": text, "path": text, "remote": text, "circle": text, "agent": text,
-         "rtt_ms": number, "bytes_sent": number, "bytes_received": number}
-_CHILD = {"id": text, "class": text, "restart": text, "node": text, "actor": text, "restarts": number, "checkpointed": _flag}
-_TRANSFER = {"cid": text, "bytes": number, "total": number, "peers": number, "seconds": number}
-
-
-def _dict(v: Any, fields: dict[str, Any]) -> dict[str, Any] | None:
-    return {k: f(v.get(k)) for k, f in fields.items()} if type(v) is dict else None
-
-
-def clean_report(rep: Any) -> dict[str, Any] | None:
-    """A member's report as the dashboard uses it: only the known fields, each of its type
-    (else None), strings cut and without control characters, lists bounded. None when it is
-    not a report at all. A member's data is drawn, logged and printed: it must not be able to
-    break, flood or inject into any of that."""
-    if type(rep) is not dict:
-        return None
-    sups = []
-    for s in rep.get("supervisors")[:_SUPERVISORS] if type(rep.get("supervisors")) is list else []:
-        if type(s) is dict:
-            sups.append({"name": text(s.get("name")), "strategy": text(s.get("strategy")), "children": _rows(s.get("children"), MAX_CHILDREN, _CHILD)})
-    content = _dict(rep.get("content"), {"served_blocks": number, "served_bytes": number})
-    if content is not None:
-        content["transfers"] = _rows(rep["content"].get("transfers"), _TRANSFERS, _TRANSFER)
-    pubsub = _dict(rep.get("pubsub"), {"published": number, "delivered": number, "rejected": number})
-    if pubsub is not None:
-        pubsub["topics"] = _rows(rep["pubsub"].get("topics"), _TOPICS, {"topic": text, "mesh": number})
-    crdt = None
-    if type(rep.get("crdt")) is dict:
-        crdt = {"docs": _rows(rep["crdt"].get("docs"), _DOCS, {"name": text, "id": text, "applied": number, "refused": number, "peers": number, "log_bytes": number})}
-    nat = _dict(rep.get("nat"), {"reachability": text, "mapping": text, "reason": text, "checked_at": number})
-    if nat is not None:
-        for k in ("observed", "public", "relays"):
-            nat[k] = _texts(rep["nat"].get(k), 8)
-    labels = rep.get("labels")
-    return {
-        "peer_id": text(rep.get("peer_id")), "agent": text(rep.get("agent")), "pid": number(rep.get("pid")), "time": number(rep.get("time")),
-        "addrs": _texts(rep.get("addrs"), _ADDRS), "nat": nat,
-        "labels": {text(k, 64): text(v, 256) for k, v in list(labels.items())[:_LABELS] if type(k) is str and type(v) is str} if type(labels) is dict else {},
-        "peers": _rows(rep.get("peers"), MAX_PEERS, _PEER), "actors": _rows(rep.get("actors"), MAX_ACTORS, _ACTOR),
-        "actor_count": number(rep.get("actor_count")), "supervisors": sups,
-        "dht": _dict(rep.get("dht"), {"table": number, "records": number, "rejected": number}), "content": content, "pubsub": pubsub, "crdt": crdt,
-        "relay": _dict(rep.get("relay"), {"reservations": number, "circuits": number, "total_circuits": number, "bytes_relayed": number}),
-    }
-
-
-def clean_member(row: Any) -> dict[str, Any] | None:
-    """A membership view row (what each member says about itself) fit to show."""
-    if type(row) is not dict or type(row.get("peer_id")) is not str:
-        return None
-    labels = row.get("labels")
-    load = row.get("load")
-    out: dict[str, Any] = {"peer_id": text(row["peer_id"], 128), "state": text(row.get("state"), 16), "incarnation": number(row.get("incarnation")),
-                           "cpu": number(row.get("cpu")), "memory": number(row.get("memory")), "gpus": number(row.get("gpus")),
-                           "labels": {text(k, 64): text(v, 256) for k, v in list(labels.items())[:_LABELS] if type(k) is str and type(v) is str} if type(labels) is dict else {},
-                           "addrs": _texts(row.get("addrs"), 8)}
-    if type(load) is dict:
-        reserved = load.get("reserved")
-        out["load"] = {"actors": number(load.get("actors")),
-                       **({"reserved": {text(k, 16): number(v) for k, v in list(reserved.items())[:8] if type(k) is str}} if type(reserved) is dict else {})}
-    if row.get("observer") is True:
-        out["observer"] = True
-    return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lattica.actors.dashboard.report import clean_member, clean_report, text
+from lattica.actors.dashboard.clean import clean_member, clean_report, text
 
 __all__ = ["render"]
 

@@ -12,7 +12,7 @@ import time
 import urllib.request
 from typing import Any
 
-from lattica.actors.dashboard.report import clean_member, clean_report
+from lattica.actors.dashboard.clean import clean_member, clean_report
 from lattica.mesh.supervised import supervised_mesh
 
 __all__ = ["bench_dashboard"]

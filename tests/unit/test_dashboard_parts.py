@@ -91,7 +91,7 @@ def test_the_terminal_text_has_every_table():
 
 
 def test_a_members_report_is_checked_and_cut_before_anything_uses_it():
-    from lattica.actors.dashboard.report import MAX_TEXT, clean_member, clean_report
+    from lattica.actors.dashboard.clean import MAX_TEXT, clean_member, clean_report
 
     assert clean_report([1, 2]) is None and clean_report("x") is None and clean_report(7) is None
     junk = {"peer_id": "p\x1b[2J", "actors": [{"name": ["not", "text"], "calls": "<b id=pwned>", "mailbox": float("nan"), "errors": True},

@@ -126,7 +126,7 @@ def test_spawn_of_a_class_not_allowed_is_a_spawn_error_naming_the_class(default_
         assert "sample_actors.Worker" in str(ei.value)
         c = sa.Counter.options(node=narrow.peer_id).remote(1)
         assert c.get.remote().result(5) == 1
-        assert spawner_names(narrow.peer_id) == sorted(["autonat", "checkpoints", "content", "dht", "holepunch", "membership", "pubsub", "shards", "spawner", c.name])  # nothing else was created
+        assert spawner_names(narrow.peer_id) == sorted(["autonat", "checkpoints", "content", "dashboard", "dht", "holepunch", "membership", "pubsub", "shards", "spawner", c.name])  # nothing else was created
     # a node with no allow-list admits nothing
     with lattica.Node([TCP]) as closed:
         default_node.connect(closed.addrs[0])
@@ -168,7 +168,7 @@ def test_spawn_of_a_class_that_cannot_be_imported_is_a_spawn_error(default_node)
         with pytest.raises(SpawnError, match="cannot import") as ei:
             ref.ping.remote().result(5)
         assert "no_such_module_for_lattica_tests.Thing" in str(ei.value)
-        assert spawner_names(b.peer_id) == ["autonat", "checkpoints", "content", "dht", "holepunch", "membership", "pubsub", "shards", "spawner"]
+        assert spawner_names(b.peer_id) == ["autonat", "checkpoints", "content", "dashboard", "dht", "holepunch", "membership", "pubsub", "shards", "spawner"]
 
 
 def test_constructor_that_raises_fails_calls_through_the_ref_with_spawn_error(where):
@@ -886,7 +886,7 @@ def test_duplicate_remote_name_leaves_the_first_actor_alone(default_node, peer, 
     first = sa.Counter.options(node=peer.peer_id, name=token).remote(1)
     assert first.get.remote().result(5) == 1
     sa.Counter.options(node=peer.peer_id, name=token).remote(2)
-    assert wait_for(lambda: spawner_names(peer.peer_id) == sorted(["autonat", "checkpoints", "content", "dht", "holepunch", "membership", "pubsub", "shards", "spawner", token]))
+    assert wait_for(lambda: spawner_names(peer.peer_id) == sorted(["autonat", "checkpoints", "content", "dashboard", "dht", "holepunch", "membership", "pubsub", "shards", "spawner", token]))
     assert first.get.remote().result(5) == 1
 
 

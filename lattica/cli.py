@@ -324,7 +324,7 @@ def _content(args: argparse.Namespace) -> None:
         if args.op == "stat":
             print(json.dumps(content.stat(args.cid, node=node).result(60)))
         elif args.op == "pin":
-            content.pin(args.cid, node=node).result(None)
+            content.pin(args.cid, progress=None if args.quiet else _Progress(), node=node).result(None)
             print(json.dumps({"pinned": args.cid}))
         elif args.op == "unpin":
             print(json.dumps({"unpinned": content.unpin(args.cid, node=node).result(60)}))
@@ -470,6 +470,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("cid", nargs="?", default=None)
     s.add_argument("--bootstrap", action="append", default=[], help="pin: peer multiaddr to fetch through (repeatable)")
     s.add_argument("--blocks", default=None, help=blocks_help)
+    s.add_argument("-q", "--quiet", action="store_true", help="pin: no progress bar while it fetches")
     s.set_defaults(fn=_content)
 
     s = sub.add_parser("doctor", help="reachability, NAT type, relays and paths, with reasons in plain words")

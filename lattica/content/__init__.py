@@ -82,13 +82,14 @@ def get(cid: str | Cid, *, path: str | os.PathLike[str] | None = None, progress:
     return run_coroutine(rt, go)
 
 
-def pin(cid: str | Cid, *, node: Node | None = None) -> Future:
-    """Keep the object ``cid`` (fetched first if missing) out of garbage collection."""
+def pin(cid: str | Cid, *, progress: Callable[[dict], None] | None = None, node: Node | None = None) -> Future:
+    """Keep the object ``cid`` (fetched first if missing) out of garbage collection;
+    ``progress`` as for :func:`get` (called while it is fetched)."""
     root = Cid.parse(cid)
     rt, svc = _service(node)
 
     async def go() -> None:
-        await svc.fetch(root)
+        await svc.fetch(root, progress)
         await svc.pin(root)
 
     return run_coroutine(rt, go)

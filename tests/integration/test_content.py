@@ -304,6 +304,10 @@ def test_cli_put_get_and_stat(tmp_path):
         stat = subprocess.run([sys.executable, "-m", "lattica.cli", "content", "stat", cid, "--blocks", str(tmp_path / "cli-get")],
                               capture_output=True, text=True, timeout=30)
         assert json.loads(stat.stdout)["complete"] is True
+        pin = subprocess.run([sys.executable, "-m", "lattica.cli", "content", "pin", cid, "--bootstrap", addr, "--blocks", str(tmp_path / "cli-pin")],
+                             capture_output=True, text=True, timeout=60)
+        assert pin.returncode == 0 and json.loads(pin.stdout) == {"pinned": cid}, pin.stderr[-2000:]
+        assert "MB/s" in pin.stderr and "100.0%" in pin.stderr  # the progress bar while it fetches
     finally:
         put.terminate()
         put.wait(10)

@@ -280,7 +280,7 @@ class _Progress:
         total = info["total"]
         done = info["bytes"]
         pct = f"{100 * done / total:5.1f}%" if total else "  ?  "
-        line = f"\r{pct}  {done / 1e6:9.1f} MB  {info['mb_per_s']:8.1f} MB/s  {info['peers']} peers"
+        line = f"\r{pct}  {done / 1e6:9.1f} MB  {info['mb_per_s']:8.1f} MB/s" + (f"  {info['peers']} peers" if "peers" in info else "")
         sys.stderr.write(line + ("\n" if info["done"] else ""))
         sys.stderr.flush()
 
@@ -290,7 +290,7 @@ def _put(args: argparse.Namespace) -> None:
 
     node = _content_node(args, args.listen or ["/ip4/0.0.0.0/tcp/0"])
     try:
-        cid = content.put(args.file, chunk_size=args.chunk, node=node).result(None)
+        cid = content.put(args.file, chunk_size=args.chunk, progress=None if args.quiet else _Progress(), node=node).result(None)
         print(cid, flush=True)
         if args.no_serve:
             return
@@ -455,6 +455,7 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--bootstrap", action="append", default=[], help="peer multiaddr to join through, to announce the CID (repeatable)")
     s.add_argument("--blocks", default=None, help=blocks_help)
     s.add_argument("--no-serve", action="store_true", help="store, pin and print the CID, then exit")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar while the file is hashed and stored")
     s.set_defaults(fn=_put)
 
     s = sub.add_parser("get", help="fetch a CID from the peers that hold it, with a progress bar")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from lattica.content import dagpb
 from lattica.content.cid import RAW, Cid
@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 __all__ = ["import_source", "read_blocks", "dag", "stat", "check_and_store", "read_all", "write_file"]
 
 
-def import_source(store: Blockstore, source: Any, chunk: int) -> tuple[Cid, list[Cid]]:
+def import_source(store: Blockstore, source: Any, chunk: int, progress: Callable[[int, int], None] | None = None) -> tuple[Cid, list[Cid]]:
+    """Chunk, hash and store ``source`` (bytes-like or a file path); ``progress(done, total)``
+    after each piece read (bytes)."""
     importer = Importer(chunk)
     cids: list[Cid] = []
 
@@ -29,13 +31,20 @@ def import_source(store: Blockstore, source: Any, chunk: int) -> tuple[Cid, list
 
     if isinstance(source, (str, os.PathLike)):
         with open(source, "rb") as f:
+            total = os.fstat(f.fileno()).st_size
+            done = 0
             while True:
                 piece = f.read(max(chunk, 1 << 20) * 4)
                 if not piece:
                     break
                 keep(importer.feed(piece))
+                done += len(piece)
+                if progress is not None:
+                    progress(done, max(total, done))
     else:
         keep(importer.feed(source))
+        if progress is not None:
+            progress(len(memoryview(source).cast("B")), len(memoryview(source).cast("B")))
     root, last = importer.finish()
     keep(last)
     return root, cids

@@ -155,12 +155,19 @@ class ContentService:
 
     # -- publishing -----------------------------------------------------------------------------
 
-    async def put(self, source: Any, chunk_size: int | None = None, pin: bool = True) -> Cid:
+    async def put(self, source: Any, chunk_size: int | None = None, pin: bool = True, progress: Callable[[dict], None] | None = None) -> Cid:
         """Chunk, hash and store ``source`` (bytes-like or a file path); pin it (a publisher's
-        object is never collected) and announce it. Returns the root CID."""
+        object is never collected) and announce it. Returns the root CID. ``progress`` gets
+        ``{bytes, total, mb_per_s, seconds, done}`` as the source is read (on a worker thread)."""
         chunk = chunk_size or self.cfg.chunk_size
         store = self.store
-        root, cids = await self.in_thread(_jobs().import_source, store, source, chunk)
+        t0 = time.monotonic()
+
+        def tick(done: int, total: int) -> None:
+            took = max(time.monotonic() - t0, 1e-9)
+            progress({"bytes": done, "total": total, "mb_per_s": done / took / 1e6, "seconds": took, "done": done >= total})  # type: ignore[misc]
+
+        root, cids = await self.in_thread(_jobs().import_source, store, source, chunk, tick if progress is not None else None)
         if pin:
             await self.in_thread(store.pin, str(root), cids)
         self.announce(root)

@@ -55,13 +55,14 @@ def _source(data: Any) -> Any:
     raise TypeError(f"put takes bytes, a file path or a numpy array, not {type(data).__name__}")
 
 
-def put(data: Any, *, chunk_size: int | None = None, pin: bool = True, node: Node | None = None) -> Future:
+def put(data: Any, *, chunk_size: int | None = None, pin: bool = True, progress: Callable[[dict], None] | None = None, node: Node | None = None) -> Future:
     """Store ``data`` (bytes, a file path, or a numpy array's bytes) as a UnixFS object, pin it and
     announce it to the DHT; resolves to its CID text (``bafk...`` for one block, ``bafy...``
-    otherwise: what ``ipfs add --cid-version 1 --raw-leaves --chunker size-N`` gives)."""
+    otherwise: what ``ipfs add --cid-version 1 --raw-leaves --chunker size-N`` gives).
+    ``progress`` gets ``{bytes, total, mb_per_s, done}`` as the data is hashed and stored."""
     rt, svc = _service(node)
     source = _source(data)
-    return run_coroutine(rt, lambda: svc.put(source, chunk_size, pin), str)
+    return run_coroutine(rt, lambda: svc.put(source, chunk_size, pin, progress), str)
 
 
 def get(cid: str | Cid, *, path: str | os.PathLike[str] | None = None, progress: Callable[[dict], None] | None = None, node: Node | None = None) -> Future:

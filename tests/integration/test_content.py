@@ -293,7 +293,10 @@ def test_cli_put_get_and_stat(tmp_path):
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         cid = put.stdout.readline().strip()
-        serving = put.stderr.readline()
+        hashed = ""
+        while "serving" not in (serving := put.stderr.readline()):  # first the progress bar, while the file is hashed
+            hashed += serving
+        assert "100.0%" in hashed and "MB/s" in hashed, hashed
         addr = serving.split(" from ")[1].split(" (")[0].split(", ")[0]
         out = tmp_path / "copy.bin"
         got = subprocess.run([sys.executable, "-m", "lattica.cli", "get", cid, "-o", str(out), "--bootstrap", addr, "--blocks", str(tmp_path / "cli-get")],

@@ -537,5 +537,12 @@ class Runtime(Following):
 
     def unsent_to(self, peer: PeerId) -> int:
         """Bytes of replies to ``peer``'s calls not yet taken by its connection (it is slow, or
-        not reading them): what a service that answers with bulk data waits on."""
-        return sum(ch.writer.backlog() for ch in self._serving.get(peer, ()))
+        not reading them): what a service that answers with bulk data waits on. Only the channels
+        on the peer's current connection count: a path it left (a relayed one replaced by a
+        punched one, which may be dead but not yet found so) must not hold back the answers
+        that go out on the new one."""
+        chans = self._serving.get(peer)
+        if not chans:
+            return 0
+        primary = self.host.conns.get(peer)
+        return sum(ch.writer.backlog() for ch in chans if primary is None or ch.conn is primary)

@@ -340,3 +340,31 @@ def test_a_lone_provider_that_never_sends_is_a_clear_error_soon(tmp_path):
             lattica.content.get(cid, node=me).result(60)
         took = time.monotonic() - t0
         assert 4.0 < took < 12.0, f"failed after {took:.1f} s"
+
+
+def test_answers_are_not_held_back_by_a_path_the_peer_left(tmp_path):
+    """A provider holds answers to a peer while earlier ones wait unsent (it is slow or not
+    reading). Only the peer's current connection counts: after a relayed path is replaced by a
+    punched one, the old circuit can be dead before anyone knows, its unsent answers stuck there;
+    they must not stall the fetch on the new path (they did, until that circuit timed out)."""
+    data = os.urandom(4 * MiB)
+    with _node(tmp_path, "prov") as prov, _node(tmp_path, "me", dht=False) as me:
+        cid = lattica.content.put(data, node=prov).result(30)
+        me.connect(prov.addrs[0])
+        rt = prov._host.runtime
+        primary = prov._host.conns[me.peer_id]
+
+        class _Stuck:  # a serving channel left on the old path, its answers never taken
+            def __init__(self, conn):
+                self.conn = conn
+                self.writer = type("W", (), {"backlog": staticmethod(lambda: 1 << 30)})()
+
+        old = _Stuck(object())
+        rt._serving.setdefault(me.peer_id, set()).add(old)
+        try:
+            assert rt.unsent_to(me.peer_id) == 0  # not the current path: does not count
+            assert lattica.content.get(cid, node=me).result(30) == data
+            rt._serving[me.peer_id].add(_Stuck(primary))
+            assert rt.unsent_to(me.peer_id) >= 1 << 30  # (the current path's backlog does count)
+        finally:
+            rt._serving.get(me.peer_id, set()).difference_update({c for c in rt._serving.get(me.peer_id, ()) if isinstance(c, _Stuck)})

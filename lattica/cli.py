@@ -337,7 +337,15 @@ def _content(args: argparse.Namespace) -> None:
 def _doctor(args: argparse.Namespace) -> None:
     from lattica.doctor import diagnose, render  # lazy: see the note above _bench
 
-    report = diagnose(args.listen or ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"], args.bootstrap, args.peer, args.wait, args.mesh)
+    def waiting(waited: float, wait: float, reachability: str) -> None:
+        sys.stderr.write(f"\rwaiting for the AutoNAT verdict: {waited:4.1f} of {wait:g} s ({reachability} so far)")
+        sys.stderr.flush()
+
+    shown = not args.json and sys.stderr.isatty()  # (a terminal: a log gets no rewritten line)
+    report = diagnose(args.listen or ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"], args.bootstrap, args.peer, args.wait, args.mesh,
+                      progress=waiting if shown else None)
+    if shown:
+        sys.stderr.write("\r\033[K")  # (the waiting line goes)
     print(json.dumps(report) if args.json else render(report), flush=True)
     if report["problems"]:
         sys.exit(1)

@@ -9,7 +9,7 @@ outcomes. Every failure is reported once with its reason; nothing retries withou
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 from lattica import dht
 from lattica.errors import LatticaError, PermissionDenied
@@ -39,8 +39,10 @@ def _why(e: BaseException) -> str:
     return text
 
 
-def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, wait: float = 20.0, mesh: Any = None) -> dict[str, Any]:
-    """Run the checks and return the report (a JSON-able dict)."""
+def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, wait: float = 20.0, mesh: Any = None,
+             progress: Callable[[float, float, str], None] | None = None) -> dict[str, Any]:
+    """Run the checks and return the report (a JSON-able dict); ``progress(waited, wait,
+    reachability)`` while it waits for the AutoNAT verdict."""
     report: dict[str, Any] = {"bootstrap": [], "problems": []}
     with Node(listen, mesh=mesh) as node:
         report["peer_id"] = str(node.peer_id)
@@ -62,10 +64,13 @@ def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, w
         joining = dht.bootstrap(node=node) if joined else None  # meanwhile AutoNAT runs
         status = node.nat_status()
         deadline = time.monotonic() + (wait if joined else 0)
+        started = time.monotonic()
         while time.monotonic() < deadline:
             status = node.nat_status()
             if status.reachability == "public" or (status.reachability == "private" and status.relays):
                 break
+            if progress is not None:
+                progress(time.monotonic() - started, wait, status.reachability)
             time.sleep(0.1)
         if joining is not None:
             try:

@@ -50,3 +50,31 @@ def test_doctor_says_when_a_peer_refuses_us_for_not_being_a_member():
     assert any("does not take this node as a member" in p for p in r["problems"])
     assert [s["peer"] for s in r["strangers"]] == [str(relay.peer_id)] and "not ours" in r["strangers"][0]["why"]
     assert "refused" not in member["peer"] and member["strangers"] == []
+
+
+def test_doctor_in_a_terminal_says_what_it_waits_for():
+    """In a terminal (a pty here), the wait for the AutoNAT verdict is a line that counts up,
+    erased before the report; in a log (no terminal) nothing of it is written."""
+    import pty
+    import select
+
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], relay=True) as relay:
+        args = [sys.executable, "-m", "lattica.cli", "doctor", "--wait", "1.5", "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", str(relay.addrs[0])]
+        leader, follower = pty.openpty()
+        p = subprocess.Popen(args, stdin=follower, stdout=subprocess.PIPE, stderr=follower, env=env)
+        os.close(follower)
+        seen = b""
+        while p.poll() is None or select.select([leader], [], [], 0)[0]:
+            if select.select([leader], [], [], 0.2)[0]:
+                try:
+                    seen += os.read(leader, 4096)
+                except OSError:
+                    break
+        out = p.stdout.read().decode()
+        p.wait(30)
+        os.close(leader)
+        piped = subprocess.run(args, capture_output=True, text=True, timeout=90, env=env)
+    assert b"waiting for the AutoNAT verdict" in seen and b"of 1.5 s" in seen
+    assert "reachability" in out.lower()
+    assert "waiting for" not in piped.stderr and "reachability" in piped.stdout.lower()

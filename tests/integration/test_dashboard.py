@@ -349,3 +349,25 @@ def test_the_dashboard_benchmark_prints_its_figures():
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert [row["case"] for row in rows] == ["picture, 4 nodes, 6 children", "picture, 200 nodes, 5000 actors (simulated)"]
     assert rows[0]["bytes"] > 1000 and rows[0]["p50_ms"] > 0 and rows[1]["bytes"] > 1_000_000 and rows[1]["encode_ms"] > 0
+
+
+def test_the_grafana_dashboard_asks_only_for_metrics_a_node_exposes():
+    """docs/grafana/lattica.json: every metric its panels query is one a node's /metrics (a relay,
+    so its counters too) has, with the labels the queries group by."""
+    import re
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "grafana", "lattica.json")) as f:
+        board = json.load(f)
+    exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
+    with Node([TCP], dashboard="127.0.0.1:0", relay=True) as node, Node([TCP]) as other:
+        other.connect(node.addrs[0])  # (a connection, so connections have samples)
+        other.ping(node.peer_id)
+        text = _get(node.dashboard_url + "metrics")[2].decode()
+    exposed = set(re.findall(r"^# TYPE (\w+) ", text, re.M))
+    for expr in exprs:
+        for name in re.findall(r"\b(lattica_\w+)", expr):
+            base = re.sub(r"_(bucket|sum|count)$", "", name)
+            assert base in exposed, (name, expr)
+        for label in re.findall(r"by \(([\w, ]+)\)", expr):
+            for lab in (x.strip() for x in label.split(",")):
+                assert lab == "le" or re.search(rf'\b{lab}="', text), (lab, expr)

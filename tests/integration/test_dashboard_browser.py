@@ -88,6 +88,12 @@ def test_the_page_shows_the_mesh_and_a_node_dying_with_its_children_restarted(br
         """
         assert _until(browser, script, timeout=60), browser.find_element("tag name", "main").text[:3000]
         assert _until(browser, "return document.querySelectorAll('#events li[data-kind=restart]').length > 0", timeout=20)
+        # the restarted children's actors, on their new nodes, show their restarts in the actors table
+        script = f"""
+            const rows = [...document.querySelectorAll('#actors tbody tr')].filter(r => {json.dumps(moved)}.some(id => r.dataset.actor.endsWith('/' + id)));
+            return rows.length === {len(moved)} && rows.every(r => r.dataset.node !== '{victim.peer_id}' && +r.lastElementChild.dataset.restarts >= 1);
+        """
+        assert _until(browser, script, timeout=20), browser.find_element("id", "actors").text[:2000]
         assert browser.execute_script("return document.querySelectorAll('#events li[data-kind=death]').length") > 0
         _shot(browser, tmp_path, "dashboard-node-lost")
 

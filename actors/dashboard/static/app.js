@@ -44,6 +44,14 @@ function draw(pic) {
   let matched = 0;
   const nodeRows = [], pathRows = [], dhtRows = [], docRows = [], transfers = [], trees = [];
   const topics = new Map();
+  const restarts = new Map(); // "node/actor" -> restarts, from every supervisor's children
+  for (const n of nodes) {
+    for (const sup of list(n.report && n.report.supervisors)) {
+      for (const c of list(sup.children)) {
+        if (c.node && c.actor) restarts.set(`${c.node}/${c.actor}`, c.restarts);
+      }
+    }
+  }
   for (const n of nodes) {
     const r = n.report;
     if (n.state === "alive" || n.state === "suspect") alive++; else down++;
@@ -73,7 +81,8 @@ function draw(pic) {
         `<tr data-actor="${esc(a.name)}" data-node="${esc(n.peer_id)}" data-state="${esc(a.state)}">` +
         `<td><code>${short(n.peer_id)}</code></td><td>${esc(a.name)}</td><td><code>${esc(a.class)}</code></td>` +
         `<td class="${cls(a.state)}" title="${esc(a.failure || "")}">${esc(a.state)}</td><td>${num(a.mailbox)}</td><td>${num(a.running)}</td>` +
-        `<td>${Number.isFinite(rate) ? rate.toFixed(1) : ""}</td><td>${num(a.calls)}</td><td>${num(a.errors)}</td></tr>`);
+        `<td>${Number.isFinite(rate) ? rate.toFixed(1) : ""}</td><td>${num(a.calls)}</td><td>${num(a.errors)}</td>` +
+        `<td data-restarts="${num(restarts.get(key))}">${num(restarts.get(key))}</td></tr>`);
     }
     for (const p of list(r.peers)) {
       if (p.path === "direct") direct++; else relayed++;

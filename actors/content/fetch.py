@@ -68,6 +68,7 @@ class Fetch:
         self._swarm_asked: dict[PeerId, float] = {}
         self._joined = asyncio.Event()  # a peer joined: ask it for its swarm now
         self._call_left: dict[Any, set[Cid]] = {}  # want-block call -> its blocks not received from anyone yet
+        self._given_up: set[Any] = set()  # calls the session abandoned (cancelled without a report)
         self._calls_for: dict[Cid, dict[PeerId, Any]] = {}  # block -> the calls asking for it, by peer
         self._probed: dict[PeerId, float] = {}  # peers asked whether they have the root: when
         self._stored_bytes = 0
@@ -106,7 +107,10 @@ class Fetch:
             if self.walker.done:
                 break
             now = loop.time()
-            for req in self.session.next_requests(now):
+            requests = self.session.next_requests(now)
+            for peer, cids in self.session.take_abandoned():  # (before the new calls replace them in _calls_for)
+                self._abandon(peer, cids)
+            for req in requests:
                 self._spawn(self._ask(req))
             for peer in self.session.take_dropped():
                 self._bench(peer)
@@ -404,6 +408,9 @@ class Fetch:
         except asyncio.CancelledError:
             if call is None or not call.cancelled() or asyncio.current_task().cancelling():
                 raise  # (the fetch is ending)
+            if call in self._given_up:
+                self._given_up.discard(call)
+                return  # (the session gave it up itself: its blocks may be asked again already)
             session.on_failure(req.peer, req.cids, loop.time(), "cancelled")  # every block of it came from elsewhere
             self._wake.set()
             return
@@ -462,6 +469,13 @@ class Fetch:
                 del calls[req.peer]
                 if not calls:
                     del self._calls_for[cid]
+
+    def _abandon(self, peer: PeerId, cids: tuple) -> None:
+        """The session gave up a want-block its peer said nothing about: cancel it where it waits."""
+        call = self._calls_for.get(cids[0], {}).get(peer) if cids else None
+        if call is not None and not call.done():
+            self._given_up.add(call)
+            call.cancel()
 
     def _redundant(self, peer: PeerId, cid: Cid) -> None:
         call = self._calls_for.get(cid, {}).get(peer)

@@ -187,8 +187,9 @@ class FetchSession:
     per copy: the declared size, or ``unknown_size``) + bytes of fresh blocks not yet
     ``on_written``. A request is only issued if it keeps this within ``window_bytes`` (one block
     may go when nothing is charged, so a block larger than the window cannot deadlock); first
-    requests of a block stop ``reserve`` of the window short, so retries and endgame duplicates of
-    the head blocks can go while the rest of the window waits on them.
+    requests of a block stop ``reserve`` of the window short, so retries, endgame duplicates and
+    the first request of the head block (the first pending in order) can go while the rest of the
+    window waits on them.
 
     **Whom to ask.** Blocks are considered in ``order`` (lowest first). For each, among the peers
     that may be asked (active, not holding a request for it, not said dont-have, not asked
@@ -238,7 +239,12 @@ class FetchSession:
     answer): a failed call, a call past its ``deadline`` (``block_timeout`` + the peer's queued
     bytes / ``min_rate``; one per peer per tick; its blocks are asked elsewhere), and a copy beaten
     by another while overdue. ``max_failures`` in a row drop the peer (``add_peer`` takes it back
-    when the glue sees fit); a bad block drops it at once and for good. ``stats()`` shows all of it.
+    when the glue sees fit); a bad block drops it at once and for good. A want-block whose peer
+    says nothing at all (no answer to any call, no have) by its deadline, or for
+    ``abandon_after`` (2 x block_timeout) when its deadline is further off, is **given up**: one
+    failure, its blocks asked again (of that peer too, on a new call), and the glue cancels it
+    without a report (``take_abandoned()``); a path that broke under a call then costs seconds,
+    not the call's whole deadline. ``stats()`` shows all of it.
     """
 
     def __init__(
@@ -265,6 +271,7 @@ class FetchSession:
         coming_for: float = 1.0,
         max_claims: int = 32,
         max_broken: int = 1,
+        abandon_after: float | None = None,
     ) -> None:
         ints = dict(
             window_bytes=window_bytes, max_per_peer_requests=max_per_peer_requests, max_batch=max_batch,
@@ -303,6 +310,11 @@ class FetchSession:
         self.coming_for = coming_for
         self.max_claims = max_claims
         self.max_broken = max_broken
+        # a want-block whose peer says nothing at all about it for this long (or by its deadline,
+        # if sooner) is given up: default twice block_timeout
+        self.abandon_after = 2 * block_timeout if abandon_after is None else abandon_after
+        if self.abandon_after <= 0:
+            raise ValueError("abandon_after must be > 0")
         self._first_limit = window_bytes - int(window_bytes * reserve)
         self._peers: dict[Hashable, _Peer] = {}
         self._active: dict[Hashable, _Peer] = {}
@@ -322,6 +334,8 @@ class FetchSession:
         self._asks: dict[tuple[Hashable, Hashable], _Call] = {}  # outstanding want-haves
         self._timers: list[tuple[float, int, _Call]] = []
         self._dues: list[tuple[float, int, _Call]] = []  # when calls are expected back (endgame wakeups)
+        self._silences: list[tuple[float, int, _Call]] = []  # when a want-block is given up if its peer says nothing
+        self._abandoned: list[tuple[Hashable, tuple[Hashable, ...]]] = []  # (peer, CIDs) for the glue to cancel
         self._held: dict[Hashable, int] = {}  # fresh blocks not yet written
         self._received: set[Hashable] = set()
         self._committed = 0
@@ -506,6 +520,7 @@ class FetchSession:
         p = self._peers.get(peer)
         if p is None:
             return
+        p.heard = max(p.heard, now)  # (it talks: not silent, whatever its calls wait on)
         call = self._asks.pop((peer, cid), None)
         if call is not None:
             del call.open[cid]
@@ -632,6 +647,12 @@ class FetchSession:
                         if other.coming == end:
                             self._end_claim(other)
                     claimant.claims.clear()
+        silences = self._silences
+        while silences and silences[0][0] <= now:
+            call = heapq.heappop(silences)[2]
+            p = self._peers.get(call.peer)
+            if call.open and p is not None and call in p.calls and p.heard < call.sent:
+                self._abandon(p, call, now)
         dues = self._dues
         while dues and dues[0][0] <= now:
             heapq.heappop(dues)
@@ -671,7 +692,10 @@ class FetchSession:
         comings = self._comings
         while comings and comings[0][2].coming != comings[0][0]:
             heapq.heappop(comings)  # (ended by a have)
-        for heap in (timers, dues, comings):
+        silences = self._silences
+        while silences and not silences[0][2].open:
+            heapq.heappop(silences)
+        for heap in (timers, dues, comings, silences):
             if heap and (out is None or heap[0][0] < out):
                 out = heap[0][0]
         return out
@@ -744,6 +768,12 @@ class FetchSession:
         first = next(iter(self._wants))
         why = "no peer is left in the session" if not self._active else f"{len(self._stuck)} of them no peer has"
         return BlockNotFound(f"{len(self._wants)} blocks could not be fetched ({why}); the first is {first}")
+
+    def take_abandoned(self) -> list[tuple[Hashable, tuple[Hashable, ...]]]:
+        """Want-blocks given up since the last call, as (peer, CIDs): cancel them without a
+        report (their blocks are asked again, of that peer too, on a new call)."""
+        out, self._abandoned = self._abandoned, []
+        return out
 
     def take_dropped(self) -> list[Hashable]:
         """The peers dropped since the last call (the glue may cancel their calls and ``remove_peer``)."""
@@ -1034,6 +1064,7 @@ class FetchSession:
         open_peers = {pid for pid, p in self._active.items() if self._has_room(p, None)}
         deferred = []
         window_full = False
+        head = True  # the first block in order: the window may be waiting on it
         while heap and open_peers:
             entry = heap[0]
             w = entry[3]
@@ -1041,9 +1072,12 @@ class FetchSession:
                 heapq.heappop(heap)
                 continue
             charge = self._charge(w)
-            # a retry, or a claimed block, may use the whole window; first requests leave the
-            # reserve and the claimed blocks' room (they may come before them in order)
-            limit = self.window_bytes if w.tried or w.claimed else self._first_limit
+            # a retry, a claimed block or the head of the queue may use the whole window; other
+            # first requests leave the reserve and the claimed blocks' room (they may come
+            # before them in order). The head: blocks after it may have filled the rest while
+            # it waited for a peer with room, and nothing is written before it arrives
+            limit = self.window_bytes if w.tried or w.claimed or head else self._first_limit
+            head = False
             if not w.claimed:
                 limit -= self._claimed_bytes
             if self._committed and self._committed + charge > limit:
@@ -1134,6 +1168,31 @@ class FetchSession:
         for entry in passed:
             heapq.heappush(heap, entry)
 
+    def _abandon(self, p: _Peer, call: _Call, now: float) -> None:
+        """A want-block whose peer said nothing at all since it went, for ``abandon_after`` or
+        until its deadline, whichever comes first (a path that broke under it, a peer that
+        froze): failed now — not kept until its hard deadline, nor its deadline when that is far
+        off (queued bytes at ``min_rate``: half a minute for a probe) — its blocks asked again,
+        of the same peer too, on a new call, and the glue told to cancel it. A peer that answers
+        anything keeps the deadlines as they are (and its late answers count)."""
+        cids = tuple(call.open)
+        touched = []
+        for cid in cids:
+            w = self._release(p, cid, call)
+            if w is not None:
+                touched.append(w)
+        call.failed = True
+        self._finish(call, now)
+        if not call.penalized and touched:
+            call.penalized = True
+            self._penalize(p)
+        for w in touched:
+            if w.state == _STUCK and p.active:
+                self._unstick(w)
+            else:
+                self._settle(w)
+        self._abandoned.append((p.id, cids))
+
     def _silent(self, call: _Call, now: float) -> bool:
         """Whether ``call`` waited ``block_timeout`` and its peer answered nothing since it went."""
         return call.sent + self.block_timeout <= now and self._peers[call.peer].heard < call.sent  # (the wakeup's sum)
@@ -1159,6 +1218,7 @@ class FetchSession:
                 if self.max_copies > 1:  # (endgame wakeups: when due, and when silent if no answer came)
                     heapq.heappush(self._dues, (call.eta, next(self._seq), call))
                     heapq.heappush(self._dues, (now + self.block_timeout, next(self._seq), call))
+                heapq.heappush(self._silences, (min(deadline, now + self.abandon_after), next(self._seq), call))
                 out.append(Request(pid, BLOCK, tuple(charges), deadline, deadline + self.block_timeout, nbytes))
         return out
 

@@ -60,6 +60,7 @@ class SimPeer:
     holds: set | None = None  # None: everything
     mode: str = "ok"  # ok | silent (never answers want-block) | bad (blocks do not verify) | flaky | gone (refuses calls)
     slows_at: float = float("inf")  # from then on, a tenth of its bandwidth
+    loses: int = 0  # its first this-many calls are lost without an answer (a path that broke)
     busy_until: float = 0.0
     calls: int = 0
 
@@ -100,6 +101,7 @@ class Swarm:
     max_copies_seen: int = 0
     timers: set = field(default_factory=set)
     copies: dict = field(default_factory=dict)  # cid -> outstanding want-blocks
+    abandoned: list = field(default_factory=list)  # (t, peer, cids) of want-blocks the session gave up
 
     def __post_init__(self) -> None:
         self.charge = {self.tree.root: None}
@@ -128,7 +130,15 @@ class Swarm:
             self.pump()
 
     def pump(self) -> None:
-        for r in self.s.next_requests(self.t):
+        requests = self.s.next_requests(self.t)
+        for peer, cids in self.s.take_abandoned():  # the glue cancels them (before the new calls go)
+            call_id = self.outstanding.get((peer, cids[0]))
+            call = self.calls.pop(call_id, None)
+            assert call is not None and set(call.open) == set(cids), "an abandoned call the glue does not have"
+            for c in cids:
+                self._close(call, c, "failure")
+            self.abandoned.append((self.t, peer, cids))
+        for r in requests:
             self.send(r)
         for name in self.s.take_dropped():
             self.dropped_at[name] = self.t
@@ -177,7 +187,9 @@ class Swarm:
         self.at(r.hard_deadline, self.resolve, call_id, "timeout")
         peer.calls += 1
         arrive = self.t + peer.latency
-        if peer.mode == "gone" or (peer.mode == "flaky" and peer.calls % 3 == 0):
+        if peer.loses and peer.calls <= peer.loses:
+            pass  # (lost on a path that broke under it: never answered)
+        elif peer.mode == "gone" or (peer.mode == "flaky" and peer.calls % 3 == 0):
             self.at(arrive + peer.latency, self.resolve, call_id, "closed")
         elif r.kind == HAVE:
             self.at(arrive + peer.latency, self.answer, call_id)
@@ -323,6 +335,42 @@ def test_blocks_waiting_at_a_silent_peer_are_copied_to_an_idle_one_after_block_t
     finished(sw)
     assert sw.t < 4.0, sw.t  # not the mute peer's 33 s deadline
     assert {c for _, p, c in sw.asks if p == "mute"} and sw.share("honest") == 1.0
+
+
+def test_a_want_block_lost_at_the_only_peer_is_given_up_and_asked_again_before_its_hard_deadline():
+    """The only provider's first call is lost (the path under it broke: a relay replaced by a
+    punched path): it has said nothing by the call's deadline (or for twice block_timeout, when
+    that comes first), so the call is given up — the glue cancels it — and its blocks are asked of
+    the same peer on a new call, instead of waiting for the hard deadline, 10 s later, the first
+    time the same peer could be asked again."""
+    only = SimPeer(50 * MiB, 0.01, loses=1)
+    sw = Swarm(session(block_timeout=10.0, min_rate=128 * KiB, probe_bytes=4 * MiB, max_batch_bytes=4 * MiB),
+               make_tree(12, fanout=256, leaf=MiB), {"only": only})
+    sw.start()
+    sw.run()
+    finished(sw)
+    # (the root's call: 10 s + its 1 MiB charge at min_rate)
+    assert len(sw.abandoned) == 1 and sw.abandoned[0][0] == pytest.approx(18.0, abs=0.1) and sw.abandoned[0][1] == "only"
+    assert sw.t < 20.0, sw.t  # (the glue gives up after find_timeout + block_timeout = 30 s without a block)
+    st = sw.s.stats()["only"]
+    assert st.active and not st.dropped and st.blocks == 14 and st.failures == 1  # (root, one node, 12 leaves)
+
+
+def test_a_call_silent_for_twice_block_timeout_is_given_up_before_a_far_deadline():
+    """A 4 MiB call's deadline is 42 s away (10 s + 4 MiB at min_rate): a peer that says nothing
+    for 20 s has it given up then."""
+    s = FetchSession(block_timeout=10.0, min_rate=128 << 10, probe_bytes=4 << 20, max_batch_bytes=4 << 20)
+    cids = _cids(4, "far")
+    s.want(cids, [1 << 20] * 4)
+    s.add_peer("p", 0.0)
+    (r,) = s.next_requests(0.0)
+    assert r.deadline == pytest.approx(42.0) and s.next_wakeup() <= 20.0
+    assert s.next_requests(19.9) == [] and s.take_abandoned() == []
+    again = s.next_requests(20.0)
+    assert s.take_abandoned() == [("p", r.cids)]
+    # the same peer, on a new call (its room halved by the failure: half of them for now)
+    assert again and all(q.peer == "p" for q in again) and set().union(*(q.cids for q in again)) < set(cids)
+    assert s.stats()["p"].consecutive_failures == 1
 
 
 def test_a_peer_sending_a_bad_block_is_dropped_at_once_and_the_block_fetched_elsewhere():
@@ -690,6 +738,7 @@ def test_a_late_answer_is_used_if_still_wanted_and_discarded_otherwise():
     s.add_peer("p", 0.0)
     (r,) = s.next_requests(0.0)
     assert set(r.cids) == {a, b} and s.next_wakeup() <= r.deadline
+    s.on_have("p", b, 0.5)  # p talks (a silent peer's call would be given up at its deadline instead)
     assert s.next_requests(r.deadline + 0.1) == []  # timed out; p may not be asked again yet
     assert s.stats()["p"].consecutive_failures == 1
     assert s.stuck() == [a, b]  # nobody else may be asked while p's copies are out
@@ -802,7 +851,14 @@ def test_random_event_sequences_keep_the_invariants(evs, copies, attempts, reser
                 del asked[key]
         elif kind == "next":
             now += dt
-            for r in s.next_requests(now):
+            requests = s.next_requests(now)
+            for peer, cids in s.take_abandoned():  # the session gave these up: the glue cancels them, no report
+                for c in cids:
+                    i = CIDS.index(c)
+                    assert out.pop((peer, i))[0] == BLOCK, "an abandoned call the glue does not have"
+                    if i in wanted:
+                        last[(peer, i)] = "failure"
+            for r in requests:
                 assert s.stats()[r.peer].active and r.peer not in gone
                 assert 0 < len(r.cids) <= (s.max_batch if r.kind == BLOCK else s.max_have_batch) and r.deadline > now
                 for c in r.cids:

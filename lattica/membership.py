@@ -87,7 +87,7 @@ def _amount(v: Any) -> bool:
 def valid_info(info: Any) -> bool:
     """A member's self-reported row is usable: resources and reservations are finite amounts
     in range, labels and addresses short strings. A row that is not is skipped (it never reaches placement)."""
-    if type(info) is not dict or len(info) > _MAX_INFO_KEYS:
+    if type(info) is not dict or len(info) > _MAX_INFO_KEYS or not all(type(k) is str and len(k) <= _MAX_LABEL for k in info):
         return False
     if not all(_amount(info[k]) for k in _RESOURCE_KEYS if k in info):
         return False
@@ -300,8 +300,13 @@ class Membership:
         if type(mid) is not str or len(mid) > _MAX_ID or type(inc) is not int or not 0 <= inc < MAX_INCARNATION or type(state) is not str or state not in _RANK or not valid_info(info):
             return []
         own = state in (ALIVE, LEFT)  # the member's own statement: believed only under its seal
-        if own and not self._notary.admits(mid, statement(mid, inc, state, info), proof, now):
-            return []
+        if own:
+            try:
+                said = statement(mid, inc, state, info)
+            except (OverflowError, TypeError, ValueError):  # (not encodable: nobody could have sealed it)
+                return []
+            if not self._notary.admits(mid, said, proof, now):
+                return []
         if mid != sender and state != ALIVE and self._seen_alive(mid, now):
             return []  # hearsay does not outweigh our own evidence: it is connected to us, or beats
         if mid == self.me.id:

@@ -158,6 +158,14 @@ def test_membership_gossip_never_raises_and_keeps_rows_valid(data):
     assert all(valid_info(x.info) or x.info == {} for x in m.members.values())
 
 
+def test_a_rumor_whose_info_cannot_be_encoded_is_dropped():
+    """Found by the fuzzer above: an info map with an int key or value beyond msgpack's range
+    (made in-process; the wire cannot carry one) made building the statement to check raise."""
+    for info in ({"x": 2**70}, {"cpu": 1, "other": [2**65]}, {-(2**63) - 1: None}):
+        m = Membership("me", {"cpu": 1}, notary=_NOTARY.for_member("me"), rng=random.Random(1))
+        assert m.receive(NOW, "sender", {"rumors": [["peer", 0, "alive", info, bytes(64)]]}) == [] or "peer" not in m.members
+
+
 # -- relay and hole punching ---------------------------------------------------------------------
 
 

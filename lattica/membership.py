@@ -414,8 +414,10 @@ class Membership:
         """Our link to ``member_id`` was closed on purpose (by either side): its heartbeats can no
         longer reach us, so stop judging it on them. It picks other watchers at its next tick;
         the members still linked to it judge it from now on. A member we met by that link and
-        never heard from (it runs no membership: an observer such as ``lattica status``) is gone
-        with it: nobody else knows it, so nobody would ever judge it."""
+        never heard from (it runs no membership: an observer such as ``lattica status``; or one
+        whose statement has not reached us yet) is forgotten with it, quietly: nobody else
+        knows it from us, so nobody would ever judge it, and it is no verdict (no MemberDown:
+        a real member's statement, when it comes, brings it back)."""
         self._detectors.pop(member_id, None)
         m = self.members.get(member_id)
         if m is None or m.proof is not None or m.state != ALIVE:
@@ -423,8 +425,8 @@ class Membership:
         del self.members[member_id]
         self._ring = None
         self._rumors.pop(member_id, None)
-        m.state = LEFT
-        return [MemberDown(m, "left: it closed its connection without ever joining the view")]
+        self._welcome.discard(member_id)
+        return []
 
     def suspect(self, now: float, member_id: str) -> list:
         """Evidence from outside the detector that ``member_id`` may be gone (its connection

@@ -125,10 +125,15 @@ class _StreamPipe:
         self.conn: MuxedConnection | None = None
         self._closing = False
         self._draining = False
+        self.sent = self.received = 0  # bytes through the circuit (the dashboard's figures)
+
+    def bytes_counted(self) -> tuple[int, int]:
+        return self.sent, self.received
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._closing:
             return
+        self.sent += len(data)
         try:
             self.stream.write(bytes(data) if isinstance(data, memoryview) else data)
         except LatticaError as e:
@@ -342,19 +347,20 @@ class CircuitTransport(Transport):
         self._track(conn)
         if hs.leftover:
             conn.data_received(hs.leftover)
-        task = asyncio.get_running_loop().create_task(self._read(stream, conn))
+        task = asyncio.get_running_loop().create_task(self._read(stream, conn, pipe))
         self._readers.add(task)
         task.add_done_callback(self._readers.discard)
         return conn
 
     @staticmethod
-    async def _read(stream: Stream, conn: MuxedConnection) -> None:
+    async def _read(stream: Stream, conn: MuxedConnection, pipe: _StreamPipe) -> None:
         try:
             while not conn.is_closed:
                 data = await stream.read(_READ_CHUNK)
                 if not data:
                     conn.connection_lost(None)
                     return
+                pipe.received += len(data)
                 conn.data_received(data)
         except LatticaError as e:
             conn.connection_lost(e)

@@ -16,7 +16,7 @@ from lattica.logging import get_logger
 from lattica.errors import ConnectionClosed, LatticaError, ProtocolError, StreamClosed, StreamReset
 from lattica.identity import PeerId
 from lattica.multiaddr import Multiaddr
-from lattica.transports.base import Connection, Stream, StreamHandler
+from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream, StreamHandler
 from lattica.transports.mux import (
     GOAWAY_NORMAL,
     GOAWAY_PROTOCOL,
@@ -247,6 +247,9 @@ class MuxedConnection(Connection):
         self._close_callbacks: list[Callable[[Connection], None]] = []
         self._closed_event = asyncio.Event()
         self._last_recv = self._loop.time()
+        self._rtt_ping = 0  # id of the last ping timing the round trip (0 is the keepalive's)
+        self._rtt_sent: float | None = None  # loop time it went out; None once answered
+        self._rtt_ms: float | None = None
         self._keepalive_interval = keepalive_interval
         self._keepalive_timeout = keepalive_timeout
         self._keepalive_handle = (
@@ -298,8 +301,36 @@ class MuxedConnection(Connection):
         return self._last_recv
 
     def path_stats(self) -> dict[str, float] | None:
+        """The kernel's figures for a direct TCP path; for a relayed one (its socket, if any, ends
+        at the relay) the round trip is timed end to end with a mux ping sent now, so a reading
+        shows the previous ping's answer, and the bytes are those of the circuit."""
         info = getattr(self._writer, "get_extra_info", None)  # (a socket transport; a circuit's stream has none)
-        return tcp_info(info("socket")) if info is not None else None
+        stats = tcp_info(info("socket")) if info is not None else None
+        if stats is not None and "/p2p-circuit" not in str(self.remote_addr):
+            return stats
+        stats = {k: v for k, v in (stats or {}).items() if k != "rtt_ms"}
+        counted = getattr(self._writer, "bytes_counted", None)  # (the circuit's in-stream pipe counts its bytes)
+        if counted is not None:
+            stats["bytes_sent"], stats["bytes_received"] = counted()
+        self._time_round_trip()
+        if self._rtt_ms is not None:
+            stats["rtt_ms"] = self._rtt_ms
+        return stats or None
+
+    def _time_round_trip(self) -> None:
+        now = self._loop.time()
+        if self._closed or (self._rtt_sent is not None and now - self._rtt_sent < PROBE_TIMEOUT):
+            return
+        self._rtt_ping = self._rtt_ping % 0xFFFFFFFE + 1
+        self._rtt_sent = now
+        self._mux.ping(self._rtt_ping)
+        self._schedule_flush()
+
+    def _pong(self, ping_id: int) -> None:
+        if ping_id == self._rtt_ping and self._rtt_sent is not None:
+            sample = (self._loop.time() - self._rtt_sent) * 1000.0
+            self._rtt_ms = sample if self._rtt_ms is None else 0.75 * self._rtt_ms + 0.25 * sample
+            self._rtt_sent = None
 
     def add_close_callback(self, cb: Callable[[Connection], None]) -> None:
         if self._closed:
@@ -366,7 +397,8 @@ class MuxedConnection(Connection):
                 if s is not None:
                     s._fail(StreamReset(f"stream {ev.stream_id} was reset by the peer"))
             elif t is PongReceived:
-                pass  # keepalive replies: any received bytes already refreshed _last_recv
+                if ev.opaque:  # (keepalive pings carry 0: any received bytes already refreshed _last_recv)
+                    self._pong(ev.opaque)
             elif t is StreamRefused:
                 log.info("refused inbound stream", peer=str(self.remote_peer), reason=ev.reason)
             elif t is GoAwayReceived:

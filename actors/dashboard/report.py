@@ -69,10 +69,9 @@ def _peers(host: Any) -> list[dict[str, Any]]:
         row = {"peer_id": str(peer), "transport": conn.transport, "direction": conn.direction,
                "path": "relayed" if "/p2p-circuit" in remote else "direct", "remote": remote,
                "circle": info.circle if info is not None else "unidentified", "agent": info.agent_version if info is not None else ""}
-        if row["path"] == "direct":  # (a circuit's socket goes to the relay: its figures are not the peer's)
-            stats = conn.path_stats()
-            if stats:
-                row.update({k: round(v, 3) if k == "rtt_ms" else int(v) for k, v in stats.items()})
+        stats = conn.path_stats()  # (a relayed path's are end to end: timed by the mux, counted on the circuit)
+        if stats:
+            row.update({k: round(v, 3) if k == "rtt_ms" else int(v) for k, v in stats.items()})
         rows.append(row)
     return rows
 

@@ -558,6 +558,12 @@ def test_64mib_transfer_sha256() -> None:
                 await s.drain()
             await s.close()
             assert await digest == (64 << 20, h.hexdigest())
+            # what the dashboard reads of the path: UDP payload bytes (the data plus QUIC's
+            # overhead one way, acknowledgements the other) and aioquic's smoothed RTT
+            sent, got = p.client.path_stats(), p.server.path_stats()
+            assert 64 << 20 < sent["bytes_sent"] < 70 << 20 and sent["bytes_received"] < 4 << 20, sent
+            assert 64 << 20 < got["bytes_received"] <= sent["bytes_sent"], (sent, got)
+            assert 0 < sent["rtt_ms"] < 1000 and 0 < got["rtt_ms"] < 1000
 
     run(main, timeout=60)
 

@@ -98,6 +98,19 @@ def test_many_large_calls_in_flight_cross_a_circuit_intact(splice):
             assert b.run(go(), timeout=60)
             conn = b._host.conns[a.peer_id]
             assert conn.transport == "relay" and (type(conn._writer).__name__ == "_StreamPipe") is not splice
+            # the dashboard's figures for this path are end to end, not those of b's hop to the
+            # relay: bytes of the circuit and a round trip timed by a mux ping (sent at the first
+            # reading, answered by the second)
+            first, second = b.run(_read_path_twice(conn), timeout=10)
+            moved = 3 * sum(map(len, blobs))
+            assert "rtt_ms" not in first and first["bytes_sent"] > moved and first["bytes_received"] > moved, first
+            assert 0 < second["rtt_ms"] < 1000 and second["bytes_sent"] >= first["bytes_sent"], second
+
+
+async def _read_path_twice(conn) -> tuple[dict, dict]:
+    first = conn.path_stats()
+    await asyncio.sleep(0.5)
+    return first, conn.path_stats()
 
 
 def test_a_relayed_connection_moves_to_a_direct_one_when_one_side_can_be_dialed():

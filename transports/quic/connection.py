@@ -92,6 +92,7 @@ class QuicConn(Connection):
         self._keepalive: asyncio.TimerHandle | None = None
         self._last_rx = self._loop.time()
         self._ping_ids = itertools.count()
+        self._bytes_sent = self._bytes_received = 0  # UDP payload bytes (the dashboard's figures)
 
     def __repr__(self) -> str:
         who = self.remote_peer.short() if self.remote_peer else "?"
@@ -102,6 +103,7 @@ class QuicConn(Connection):
     def _datagram(self, data: bytes, addr: tuple) -> None:
         """Feed one datagram to aioquic; transmission happens once per batch in _flush."""
         now = self._loop.time()
+        self._bytes_received += len(data)
         try:
             self._quic.receive_datagram(data, addr, now)
         except Exception:  # an aioquic bug must not take the endpoint down
@@ -127,6 +129,7 @@ class QuicConn(Connection):
                 sendto = self._endpoint.sendto
                 for data, addr in self._quic.datagrams_to_send(self._loop.time()):
                     sendto(data, addr)
+                    self._bytes_sent += len(data)
                 self._process_events()  # NEW_CONNECTION_ID frames just written: route those CIDs
             if not self._dead:
                 self._after_batch()
@@ -478,10 +481,11 @@ class QuicConn(Connection):
         return self._last_rx
 
     def path_stats(self) -> dict[str, float] | None:
+        stats: dict[str, float] = {"bytes_sent": self._bytes_sent, "bytes_received": self._bytes_received}
         loss = getattr(self._quic, "_loss", None)  # (aioquic's recovery state: private, checked against 1.7)
-        if loss is None or not getattr(loss, "_rtt_initialized", False):
-            return None
-        return {"rtt_ms": loss._rtt_smoothed * 1000.0}
+        if loss is not None and getattr(loss, "_rtt_initialized", False):
+            stats["rtt_ms"] = loss._rtt_smoothed * 1000.0
+        return stats
 
     def add_close_callback(self, cb: Callable[[Connection], None]) -> None:
         """Call ``cb(conn)`` once when the connection closes (now, if it already has)."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lattica import ping
@@ -27,6 +26,7 @@ from lattica.errors import LatticaError, ProtocolError, RelayRefused
 from lattica.framing import read_message, write_message
 from lattica.identity import PeerId
 from lattica.runtime import current_caller, relay_ref
+from lattica.slotted import Slotted
 from lattica.transports.base import Connection, Stream
 from lattica.transports.circuit import HOP, MAX_MESSAGE, STOP, check_answer, limit_wire, parse_connect, refusal
 from lattica.transports.splice import TOKEN_LEN, Splice
@@ -45,10 +45,12 @@ _SPLICE_WAIT = 5.0  # seconds for both ends' spliced sockets to arrive (the dial
 _HOLDER_PING = 2.0  # seconds a holder membership holds down has to answer a ping on its connection
 
 
-@dataclass
-class _Reservation:
-    expires: float  # wall clock (sent to the peer)
-    ip: str
+class _Reservation(Slotted):
+    __slots__ = ("expires", "ip")
+
+    def __init__(self, expires: float, ip: str) -> None:
+        self.expires = expires  # wall clock (sent to the peer)
+        self.ip = ip
 
 
 def _tighter(a: Any, b: Any) -> Any:

@@ -9,7 +9,6 @@ from lattica.identity import KeyPair, PeerId
 from lattica.multiaddr import Multiaddr
 from lattica.node import Node
 from lattica.runtime import ActorRef, current_actor, current_caller, require_caller
-from lattica.supervisor import Supervisor
 
 __version__ = "0.1.0"
 __all__ = [
@@ -23,4 +22,8 @@ def __getattr__(name: str):  # noqa: ANN202 -- PEP 562: ``lattica.content`` load
         import importlib  # (the content plane and hashlib load when first used, not at start)
 
         return importlib.import_module(f"lattica.{name}")
+    if name == "Supervisor":
+        from lattica.supervisor import Supervisor  # (a starting node runs no supervisor: loaded when first named)
+
+        return Supervisor
     raise AttributeError(f"module 'lattica' has no attribute {name!r}")

@@ -7,8 +7,8 @@ rust-libp2p or js-libp2p loads here and yields the same PeerId.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -229,8 +229,8 @@ class KeyPair:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the key file with mode 0600 (created that way, never world-readable in between)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
+        path = os.fspath(path)
+        tmp = path + ".tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
@@ -240,13 +240,15 @@ class KeyPair:
                 os.close(fd)
             os.replace(tmp, path)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
             raise KeyFileError(f"cannot write key file {path}: {e.strerror or e}") from None
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> KeyPair:
         try:
-            data = Path(path).read_bytes()
+            with open(path, "rb") as f:
+                data = f.read()
         except OSError as e:
             raise KeyFileError(f"cannot read key file {path}: {e.strerror}") from None
         return cls.from_protobuf(data)
@@ -254,7 +256,7 @@ class KeyPair:
     @classmethod
     def load_or_create(cls, path: str | os.PathLike[str]) -> KeyPair:
         """Load the key at ``path``, or create and save a new one there if the file is absent."""
-        if Path(path).exists():
+        if os.path.exists(path):
             return cls.load(path)
         kp = cls.generate()
         kp.save(path)

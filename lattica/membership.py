@@ -38,13 +38,13 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 import msgpack
 
 from lattica.config import MembershipConfig
 from lattica.digest import sha256
+from lattica.slotted import Slotted
 
 __all__ = [
     "ALIVE",
@@ -122,43 +122,53 @@ def statement(member_id: str, incarnation: int, state: str, info: dict) -> bytes
     return msgpack.packb(("lattica-membership/1", member_id, incarnation, state, info))
 
 
-@dataclass
-class Member:
-    id: str
-    incarnation: int = 0
-    state: str = ALIVE
-    info: dict = field(default_factory=dict)
-    since: float = 0.0  # local time of the last state change
-    proof: Any = None  # the member's seal on its newest alive/left statement we hold
+class Member(Slotted):
+    __slots__ = ("id", "incarnation", "state", "info", "since", "proof")
+
+    def __init__(self, id: str, incarnation: int = 0, state: str = ALIVE, info: dict | None = None, since: float = 0.0, proof: Any = None) -> None:
+        self.id = id
+        self.incarnation = incarnation
+        self.state = state
+        self.info = {} if info is None else info
+        self.since = since  # local time of the last state change
+        self.proof = proof  # the member's seal on its newest alive/left statement we hold
 
 
-@dataclass(frozen=True)
-class MemberUp:
-    member: Member
+class MemberUp(Slotted):
+    __slots__ = ("member",)
+
+    def __init__(self, member: Member) -> None:
+        self.member = member
 
 
-@dataclass(frozen=True)
-class MemberChanged:
+class MemberChanged(Slotted):
     """A member's state (alive <-> suspect) or its info changed."""
 
-    member: Member
+    __slots__ = ("member",)
+
+    def __init__(self, member: Member) -> None:
+        self.member = member
 
 
-@dataclass(frozen=True)
-class MemberDown:
+class MemberDown(Slotted):
     """Dead (a detector's verdict) or left (said goodbye)."""
 
-    member: Member
-    reason: str
+    __slots__ = ("member", "reason")
+
+    def __init__(self, member: Member, reason: str) -> None:
+        self.member = member
+        self.reason = reason
 
 
-@dataclass(frozen=True)
-class SelfDowned:
+class SelfDowned(Slotted):
     """The mesh declared *us* dead (we were frozen or cut off): we refute and rejoin in a newer
     incarnation, but what the others did meanwhile stands (our supervised actors were restarted
     elsewhere), so the glue stops what would now be duplicates."""
 
-    incarnation: int
+    __slots__ = ("incarnation",)
+
+    def __init__(self, incarnation: int) -> None:
+        self.incarnation = incarnation
 
 
 class PhiAccrual:

@@ -8,21 +8,23 @@ multiformats spec, so addresses round-trip with other libp2p implementations.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
 from typing import Iterator
 
 from lattica.errors import InvalidPeerId, MultiaddrError
 from lattica._protobuf import read_uvarint, uvarint
 from lattica.identity import PeerId
+from lattica.slotted import Slotted
 
 __all__ = ["Multiaddr"]
 
 
-@dataclass(frozen=True)
-class _Proto:
-    name: str
-    code: int
-    size: int  # bits; 0 = no value, -1 = length-prefixed
+class _Proto(Slotted):
+    __slots__ = ("name", "code", "size")
+
+    def __init__(self, name: str, code: int, size: int) -> None:
+        self.name = name
+        self.code = code
+        self.size = size  # bits; 0 = no value, -1 = length-prefixed
 
 
 _PROTOCOLS = [

@@ -28,6 +28,7 @@ from lattica.identity import PeerId
 from lattica.interfaces import ip_of, is_loopback
 from lattica.multiaddr import Multiaddr
 from lattica.runtime.refs import autonat_ref, relay_ref
+from lattica.slotted import Slotted
 from lattica.transports.circuit import HOP, circuit_addr
 
 if TYPE_CHECKING:
@@ -69,12 +70,14 @@ def classify_mapping(observations: list[tuple[str, str]]) -> str:
     return INDEPENDENT if len(seen) == 1 else DEPENDENT
 
 
-@dataclass
-class _Relay:
-    peer: PeerId
-    addrs: list[Multiaddr]
-    expires: float
-    renew: asyncio.TimerHandle | None = None
+class _Relay(Slotted):
+    __slots__ = ("peer", "addrs", "expires", "renew")
+
+    def __init__(self, peer: PeerId, addrs: list[Multiaddr], expires: float) -> None:
+        self.peer = peer
+        self.addrs = addrs
+        self.expires = expires
+        self.renew: asyncio.TimerHandle | None = None
 
 
 class NatManager:

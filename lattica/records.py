@@ -28,6 +28,7 @@ from lattica.errors import InvalidPeerId, LatticaError, MultiaddrError, RecordRe
 from lattica.identity import KeyPair, PeerId, verify_signature
 from lattica.kademlia import key_id
 from lattica.multiaddr import Multiaddr
+from lattica.slotted import Slotted
 from lattica.trust import Certificate, CertificateError
 
 __all__ = [
@@ -157,14 +158,16 @@ def owner_of(key: bytes, subkey: bytes) -> PeerId | None:
 # -- value records --------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class Entry:
+class Entry(Slotted):
     """One subkey's record: the encoded value (``TOMBSTONE`` when deleted), when it expires (unix
     seconds) and, for owned records, the owner's signature."""
 
-    value: bytes
-    expiration: float
-    signature: bytes = b""
+    __slots__ = ("value", "expiration", "signature")
+
+    def __init__(self, value: bytes, expiration: float, signature: bytes = b"") -> None:
+        self.value = value
+        self.expiration = expiration
+        self.signature = signature
 
     def wins_over(self, other: Entry) -> bool:
         return (self.expiration, self.value) > (other.expiration, other.value)

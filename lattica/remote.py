@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any, Callable, TypeVar
 
-from lattica import placement
+from lattica import codec, placement
 from lattica.errors import NodeClosed, PeerUnreachable, PlacementError, SpawnError
 from lattica.identity import PeerId
 from lattica.runtime.refs import PUBLIC_ATTR
@@ -225,3 +225,10 @@ def actor(cls: type | None = None, *, max_concurrency: int | None = None, window
     return wrap(cls) if cls is not None else wrap
 
 
+# an actor class travels as its path (a supervisor's child spec names the class to spawn): every
+# node must decode it, so it is registered with the class, not with what sends it
+codec.register_ext(20, ActorClass, lambda c: class_path(c.cls), lambda p: p if type(p) is str else _bad_class())
+
+
+def _bad_class() -> str:
+    raise ValueError("malformed actor class path")

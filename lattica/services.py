@@ -13,7 +13,6 @@ a ``build`` function and one line in :data:`SERVICES`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from lattica.actors.autonat import AutoNatActor, AutoNatServer
@@ -25,10 +24,10 @@ from lattica.actors.dht import DhtActor, DhtService
 from lattica.actors.holepunch import HolePunchActor, HolePunchService
 from lattica.actors.membership import MembershipActor, MembershipService
 from lattica.actors.pubsub import PubSubActor, PubSubService
-from lattica.actors.relay import RelayActor, RelayService
 from lattica.actors.shards import ShardsActor, ShardsService
 from lattica.actors.spawner import Spawner
 from lattica.logging import get_logger
+from lattica.slotted import Slotted
 
 if TYPE_CHECKING:
     from lattica.node import Node
@@ -39,23 +38,27 @@ __all__ = ["ServiceSpec", "Built", "Services", "SERVICES"]
 log = get_logger("lattica.services")
 
 
-@dataclass(frozen=True)
-class Built:
+class Built(Slotted):
     """What building a service gives: the service object (reached by name afterwards) and the
     system actor instance that serves it to peers (None for a service without one)."""
 
-    service: Any
-    actor: Any = None
+    __slots__ = ("service", "actor")
+
+    def __init__(self, service: Any, actor: Any = None) -> None:
+        self.service = service
+        self.actor = actor
 
 
-@dataclass(frozen=True)
-class ServiceSpec:
+class ServiceSpec(Slotted):
     """One row of the table: ``build(runtime, node, services)`` makes the service from the node's
     configuration (``services``: the ones built before it), or returns None when it is off."""
 
-    name: str
-    build: Callable[[Runtime, Node, Mapping[str, Any]], Built | None]
-    public: frozenset[str] | bool = frozenset()  # methods strangers may call (True: all)
+    __slots__ = ("name", "build", "public")
+
+    def __init__(self, name: str, build: Callable[[Runtime, Node, Mapping[str, Any]], Built | None], public: frozenset[str] | bool = frozenset()) -> None:
+        self.name = name
+        self.build = build
+        self.public = public  # methods strangers may call (True: all)
 
 
 def _spawner(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
@@ -108,6 +111,8 @@ def _content(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | No
 def _relay(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
     if node.relay_config is None:
         return None
+    from lattica.actors.relay import RelayActor, RelayService  # (only a node that relays loads it: most never do)
+
     service = RelayService(rt, node.relay_config)
     return Built(service, RelayActor(service))
 

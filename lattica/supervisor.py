@@ -28,7 +28,6 @@ import asyncio
 import collections
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from lattica import codec
@@ -39,6 +38,7 @@ from lattica.identity import PeerId
 from lattica.actors.checkpoints import checkpoints_ref, members, ranked, read_copies, sign_copy
 from lattica.context import runtime_for_thread
 from lattica.runtime import DEFAULT_WINDOW, ActorRef, LocalActor, current_actor, require_caller, spawner_ref
+from lattica.slotted import Slotted
 
 __all__ = ["Supervisor", "STRATEGIES", "RESTARTS"]
 
@@ -51,27 +51,32 @@ _COPY_READS = 4  # nodes of a name's ranking asked for a checkpoint copy
 _PLACE_PATIENCE = 30.0  # seconds a restart may go unplaced (no node took it) before giving up
 
 
-@dataclass
-class _Child:
-    id: str
-    class_path: str
-    args: list
-    kwargs: dict | None
-    restart: str
-    resources: dict
-    labels: dict
-    placement: str
-    node: PeerId | None
-    checkpoint_every: float | None
-    ref: ActorRef | None = None  # the current incarnation (None while stopped)
-    incarnation: str | None = None  # its token: what the spawner stops it by (not by name alone)
-    monitor: Any = None
-    state: Any = None  # the latest checkpoint
-    has_state: bool = False
-    stamp: float = 0.0  # when it was taken (wall clock: copies on other nodes compare by it)
-    recovered: bool = False  # a copy of its checkpoint was looked for (once per supervisor incarnation)
-    restarts: int = 0
-    nodes: list[str] = field(default_factory=list)  # where each incarnation ran
+class _Child(Slotted):
+    __slots__ = ("id", "class_path", "args", "kwargs", "restart", "resources", "labels", "placement", "node",
+                 "checkpoint_every", "ref", "incarnation", "monitor", "state", "has_state", "stamp", "recovered",
+                 "restarts", "nodes")
+
+    def __init__(self, id: str, class_path: str, args: list, kwargs: dict | None, restart: str, resources: dict,
+                 labels: dict, placement: str, node: PeerId | None, checkpoint_every: float | None) -> None:
+        self.id = id
+        self.class_path = class_path
+        self.args = args
+        self.kwargs = kwargs
+        self.restart = restart
+        self.resources = resources
+        self.labels = labels
+        self.placement = placement
+        self.node = node
+        self.checkpoint_every = checkpoint_every
+        self.ref: ActorRef | None = None  # the current incarnation (None while stopped)
+        self.incarnation: str | None = None  # its token: what the spawner stops it by (not by name alone)
+        self.monitor: Any = None
+        self.state: Any = None  # the latest checkpoint
+        self.has_state = False
+        self.stamp = 0.0  # when it was taken (wall clock: copies on other nodes compare by it)
+        self.recovered = False  # a copy of its checkpoint was looked for (once per supervisor incarnation)
+        self.restarts = 0
+        self.nodes: list[str] = []  # where each incarnation ran
 
 
 def _spec(cls: Any, args: Any = (), kwargs: Any = None, *, id: str | None = None, restart: str = "permanent",
@@ -496,10 +501,3 @@ class Supervisor:
         log.info(f"child {what}" if child else what, supervisor=self._me.name if self._me else "?", child=child.id if child else None,
                  reason=reason, src=src, dst=dst)
         del self.events[:-200]
-
-
-codec.register_ext(20, ActorClass, lambda c: class_path(c.cls), lambda p: p if type(p) is str else _bad_class())
-
-
-def _bad_class() -> str:
-    raise ValueError("malformed actor class path")

@@ -11,12 +11,12 @@ a member) is a choice made by name, never the default. Sans-IO: the clock is pas
 from __future__ import annotations
 
 import base64
+import contextlib
 import math
 import os
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterable, NamedTuple
 
 from lattica.errors import KeyFileError, LatticaError
@@ -150,9 +150,11 @@ class MeshKey:
         """Write the key with mode 0600; refuses to overwrite (another mesh's key would be lost).
         Written whole to a temporary file first and linked into place, so a process starting at
         the same moment never reads a half-written key."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
+        path = os.fspath(path)
+        folder, name = os.path.split(path)
+        if folder:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        tmp = os.path.join(folder, f".{name}.{os.getpid()}.{os.urandom(4).hex()}")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
@@ -163,14 +165,15 @@ class MeshKey:
         except OSError as e:
             raise KeyFileError(f"cannot create mesh key file {path}: {e.strerror or e}") from None
         finally:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
     @classmethod
     def load_or_create(cls, path: str | os.PathLike[str]) -> MeshKey:
         """The key in ``path``; if there is none yet, a new one saved there (as Erlang's cookie
         file: every node this user starts on this machine is then in one mesh)."""
         try:
-            return cls.from_text(Path(path).read_text())
+            return cls.from_text(_read_text(path))
         except FileNotFoundError:
             pass
         except OSError as e:
@@ -180,9 +183,14 @@ class MeshKey:
             key.save(path)
             return key
         except KeyFileError:
-            if Path(path).exists():  # another process created it first: use theirs
-                return cls.from_text(Path(path).read_text())
+            if os.path.exists(path):  # another process created it first: use theirs
+                return cls.from_text(_read_text(path))
             raise
+
+
+def _read_text(path: str | os.PathLike[str]) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 _VERIFIED_CACHE = 4096
@@ -307,9 +315,9 @@ class MemberNotary:
         return verdict.until if verdict.circle in (SELF, MEMBER) else 0.0
 
 
-def default_mesh_path() -> Path:
+def default_mesh_path() -> str:
     """Where a node that is given no mesh finds (or creates) its user's mesh key."""
-    return Path.home() / ".lattica" / "mesh.key"
+    return os.path.join(os.path.expanduser("~"), ".lattica", "mesh.key")
 
 
 def load_trust(me: PeerId, mesh: Any = None, members: Iterable[PeerId | str] = ()) -> Trust:
@@ -343,7 +351,7 @@ def read_credential(item: Any) -> MeshKey | Certificate | str:
     if isinstance(item, (MeshKey, Certificate)):
         return item
     if isinstance(item, os.PathLike):
-        return _credential_file(Path(item))
+        return _credential_file(os.fspath(item))
     if not isinstance(item, str):
         raise TypeError(f"mesh: a MeshKey, a Certificate, their text, a file path or {OPEN!r}, not {type(item).__name__}")
     text = item.strip()
@@ -353,16 +361,17 @@ def read_credential(item: Any) -> MeshKey | Certificate | str:
         return MeshKey.from_text(text)
     if text.startswith(CERT_PREFIX):
         return Certificate.from_text(text)
-    return _credential_file(Path(text).expanduser())
+    return _credential_file(os.path.expanduser(text))
 
 
-def _credential_file(path: Path) -> MeshKey | Certificate:
-    if path == default_mesh_path() or not path.exists():
-        if path != default_mesh_path():
+def _credential_file(path: str) -> MeshKey | Certificate:
+    default = os.path.abspath(path) == os.path.abspath(default_mesh_path())
+    if default or not os.path.exists(path):
+        if not default:
             raise KeyFileError(f"mesh file {path} does not exist (create one with `lattica mesh new {path}`)")
         return MeshKey.load_or_create(path)
     try:
-        text = path.read_text().strip()
+        text = _read_text(path).strip()
     except OSError as e:
         raise KeyFileError(f"cannot read mesh file {path}: {e.strerror}") from None
     if text.startswith(CERT_PREFIX):

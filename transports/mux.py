@@ -16,6 +16,7 @@ import struct
 from dataclasses import dataclass
 
 from lattica.errors import ConnectionClosed, ProtocolError, StreamClosed, StreamLimit, StreamReset
+from lattica.slotted import Slotted
 
 __all__ = [
     "Mux",
@@ -53,52 +54,68 @@ class MuxConfig:
 # -- events -----------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class StreamOpened:
-    stream_id: int
+class StreamOpened(Slotted):
+    __slots__ = ("stream_id",)
+
+    def __init__(self, stream_id: int) -> None:
+        self.stream_id = stream_id
 
 
-@dataclass(slots=True)
-class DataReceived:
-    stream_id: int
-    data: bytes
+class DataReceived(Slotted):
+    __slots__ = ("stream_id", "data")
+
+    def __init__(self, stream_id: int, data: bytes) -> None:
+        self.stream_id = stream_id
+        self.data = data
 
 
-@dataclass(slots=True)
-class StreamEnded:
+class StreamEnded(Slotted):
     """The peer half-closed the stream (FIN): no more data will arrive."""
 
-    stream_id: int
+    __slots__ = ("stream_id",)
+
+    def __init__(self, stream_id: int) -> None:
+        self.stream_id = stream_id
 
 
-@dataclass(slots=True)
-class StreamWasReset:
-    stream_id: int
+class StreamWasReset(Slotted):
+    __slots__ = ("stream_id",)
+
+    def __init__(self, stream_id: int) -> None:
+        self.stream_id = stream_id
 
 
-@dataclass(slots=True)
-class WindowUpdated:
+class WindowUpdated(Slotted):
     """The peer granted credit (or acknowledged our SYN); queued data may now be sent."""
 
-    stream_id: int
+    __slots__ = ("stream_id",)
+
+    def __init__(self, stream_id: int) -> None:
+        self.stream_id = stream_id
 
 
-@dataclass(slots=True)
-class StreamRefused:
+class StreamRefused(Slotted):
     """An inbound stream was refused (over the stream limit or the buffer budget) and reset."""
 
-    stream_id: int
-    reason: str
+    __slots__ = ("stream_id", "reason")
+
+    def __init__(self, stream_id: int, reason: str) -> None:
+        self.stream_id = stream_id
+        self.reason = reason
 
 
-@dataclass(slots=True)
-class PongReceived:
-    opaque: int
+class PongReceived(Slotted):
+    __slots__ = ("opaque",)
+
+    def __init__(self, opaque: int) -> None:
+        self.opaque = opaque
 
 
-@dataclass(slots=True)
-class GoAwayReceived:
-    code: int
+class GoAwayReceived(Slotted):
+    __slots__ = ("code",)
+
+    def __init__(self, code: int) -> None:
+        self.code = code
 
 
 class _StreamState:

@@ -9,7 +9,6 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from lattica.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from lattica.runtime import Runtime
@@ -77,6 +76,8 @@ def _peers(host: Any) -> list[dict[str, Any]]:
 
 
 async def _actors(rt: Runtime) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    from lattica.supervisor import Supervisor  # (not at start: a node that runs no supervisor never loads it)
+
     rows, trees = [], []
     for name, a in list(rt.actors.items())[:MAX_ACTORS]:
         cls = a.cls

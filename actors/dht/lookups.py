@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from lattica.actors.dht.actor import MAX_ADDRS_IN_ANSWER, MAX_PEERS_IN_ANSWER
@@ -26,6 +25,7 @@ from lattica.identity import PeerId
 from lattica.kademlia import Lookup, key_id, node_id
 from lattica.multiaddr import Multiaddr
 from lattica.records import Entry, PeerRecord, check_entry, entry_from_wire, entry_to_wire, is_authentic
+from lattica.slotted import Slotted
 
 if TYPE_CHECKING:
     from lattica.runtime import Runtime
@@ -41,33 +41,41 @@ PEER_RECORD_GRACE = 0.05  # s the other requests in flight get once a newer peer
 _NOT_THE_PEERS_FAULT = (RecordRejected, ConnectionLimit, NodeClosed, MailboxFull)
 
 
-@dataclass
-class LookupStats:
-    kind: str
-    rounds: int
-    queried: int
-    found_round: int = 0  # get / find_providers: the round in which the first holder answered
+class LookupStats(Slotted):
+    __slots__ = ("kind", "rounds", "queried", "found_round")
+
+    def __init__(self, kind: str, rounds: int, queried: int, found_round: int = 0) -> None:
+        self.kind = kind
+        self.rounds = rounds
+        self.queried = queried
+        self.found_round = found_round  # get / find_providers: the round in which the first holder answered
 
 
-@dataclass
-class _Wakeup:
+class _Wakeup(Slotted):
     """The future a running lookup sleeps on until an answer (or its deadline) wakes it."""
 
-    fut: asyncio.Future | None = None
+    __slots__ = ("fut",)
+
+    def __init__(self) -> None:
+        self.fut: asyncio.Future | None = None
 
 
-@dataclass
-class _FirstHolder:
+class _FirstHolder(Slotted):
     """The round in which the first peer holding records answered a get (0: none yet)."""
 
-    round: int = 0
+    __slots__ = ("round",)
+
+    def __init__(self) -> None:
+        self.round = 0
 
 
-@dataclass
-class _NewestPeerRecord:
+class _NewestPeerRecord(Slotted):
     """The newest signed peer record a find_peer has seen."""
 
-    record: PeerRecord | None
+    __slots__ = ("record",)
+
+    def __init__(self, record: PeerRecord | None) -> None:
+        self.record = record
 
 
 class DhtLookups(DhtState):

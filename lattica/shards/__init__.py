@@ -11,8 +11,8 @@ provider by load and latency and try another when one fails (docs/shards.md).
     stage = lattica.shards.stub("llm", {"model": "tiny", "layers": (0, 4)}, timeout=5.0)
     y = stage.forward.remote(x).result()     # one provider; on failure another
 
-The sans-IO parts: ``keys`` (shard ids, DHT records), ``select`` (the picker); ``stub`` is the
-client side; the ``shards`` service (lattica.actors.shards) registers and finds providers.
+The sans-IO parts: ``keys`` (shard ids, DHT records), ``select`` (the picker); ``client`` is the
+stub, the calling side; the ``shards`` service (lattica.actors.shards) registers and finds providers.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from lattica.errors import NodeClosed
 from lattica.future import Future
 from lattica.runtime import ASYNC, ActorRef, current_runtime, run_coroutine
 from lattica.shards.keys import shard_id
-from lattica.shards.stub import Stub, StubMethod
 
 if TYPE_CHECKING:
     from lattica.actors.shards import ShardsService
+    from lattica.shards.client import Stub
     from lattica.node import Node
     from lattica.runtime import Runtime
 
@@ -88,4 +88,14 @@ def stub(service: str, shard: str | Mapping[str, Any], *, timeout: float | None 
     (idempotent calls only): a call slower than twice the recent p95 also goes to a second
     provider, the first answer wins."""
     rt, _ = _service(node)
+    from lattica.shards.client import Stub  # (the client side loads when first used; a starting node's shards service needs only keys)
+
     return Stub(rt, service, shard, timeout=timeout, within=within, idempotent=idempotent, hedge=hedge)
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: ``Stub`` / ``StubMethod`` load on first use
+    if name in ("Stub", "StubMethod"):
+        from lattica.shards import client  # (see ``stub()``)
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'lattica.shards' has no attribute {name!r}")

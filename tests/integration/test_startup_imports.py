@@ -11,8 +11,10 @@ import sys
 # Each is loaded when first needed: structlog on the first log event let through, pykka for the
 # first actor with sync methods, ifaddr to read interfaces (wildcard listen addresses, LAN
 # checks), mDNS on a LAN address, aioquic for QUIC; hashlib and shutil not at all (they load a
-# second OpenSSL binding and the compression libraries).
-LATER = ["structlog", "pykka", "ifaddr", "lattica.mdns", "aioquic", "hashlib", "_hashlib", "shutil"]
+# second OpenSSL binding and the compression libraries); the relay service on a node that relays,
+# supervisors and the shard stub's client side when first named.
+LATER = ["structlog", "pykka", "ifaddr", "lattica.mdns", "aioquic", "hashlib", "_hashlib", "shutil",
+         "lattica.actors.relay", "lattica.supervisor", "lattica.shards.client", "lattica.shards.select"]
 
 _CHILD = r"""
 import json, sys
@@ -59,4 +61,27 @@ lattica.shutdown()
 print("ok")
 """
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_what_loads_late_still_works_on_a_node_that_never_loaded_it():
+    # a supervisor's child spec carries an actor class (a codec extension): a node that has not
+    # imported lattica.supervisor must still decode it; the lazy names resolve on first use
+    import lattica
+    from lattica import codec
+
+    frame = codec.encode_bytes([lattica.Supervisor]).hex()
+    child = r"""
+import sys, lattica
+from lattica import codec
+node = lattica.Node(["/ip4/127.0.0.1/tcp/0"])
+node.start()
+assert codec.decode(bytes.fromhex(sys.argv[1])) == ["lattica.supervisor.Supervisor"]
+assert "lattica.supervisor" not in sys.modules
+assert lattica.Supervisor.cls.__name__ == "Supervisor" and "lattica.supervisor" in sys.modules
+assert lattica.shards.Stub.__module__ == "lattica.shards.client" and callable(lattica.shards.stub)
+node.stop()
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", child, frame], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -24,6 +24,10 @@ def _print(result: dict, as_json: bool) -> None:
 # rpc` must not load every benchmark (and numpy, aioquic) before it starts.
 
 
+# stream bytes across an emulated link: what one stream carries in seconds, not minutes
+_LINK_STREAM_BYTES = {"lan": 1 << 30, "region": 256 << 20, "continent": 32 << 20}
+
+
 def _bench(args: argparse.Namespace) -> None:
     from lattica._loop import DEFAULT_BUSY_POLL_US  # lazy: see the note above _bench
     from lattica.bench import transport as tb  # lazy: see the note above _bench
@@ -33,9 +37,9 @@ def _bench(args: argparse.Namespace) -> None:
     polls = [args.busy_poll_us] if args.busy_poll_us is not None else [0.0, DEFAULT_BUSY_POLL_US]
     if which in ("stream", "all"):
         for t in transports:
-            size = args.size or ((1 << 30) if t == "tcp" else (256 << 20))
+            size = args.size or _LINK_STREAM_BYTES.get(args.link, (1 << 30) if t == "tcp" else (256 << 20))
             for bp in polls:
-                _print(tb.bench_stream(t, size, busy_poll_us=bp), args.json)
+                _print(tb.bench_stream(t, size, busy_poll_us=bp, link=args.link), args.json)
     if which in ("ping", "all"):
         for t in transports:
             for bp in polls:
@@ -140,7 +144,7 @@ def _bench(args: argparse.Namespace) -> None:
                 for payload in args.payload or [128, 262144]:
                     for conc in args.concurrency or [1000, 1]:
                         for bp in polls:
-                            _print(bench_rpc(payload, conc, args.duration, t, kind, busy_poll_us=bp), args.json)
+                            _print(bench_rpc(payload, conc, args.duration, t, kind, busy_poll_us=bp, link=args.link), args.json)
 
 
 def _node(args: argparse.Namespace) -> None:
@@ -520,6 +524,8 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--runs", type=int, default=None, help="crdt-sim: runs (random partitions each; default 100)")
     s.add_argument("--compact-every", type=int, default=0, help="crdt-sim: replicas checkpoint their logs this often (default 0: never)")
     s.add_argument("--fetchers", type=int, default=8, help="content: fetchers of the swarm")
+    s.add_argument("--link", choices=["lan", "region", "continent"], default=None,
+                   help="stream, rpc: run across an emulated link (root, Linux; lattica.bench.linkem) instead of loopback")
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=_bench)
 

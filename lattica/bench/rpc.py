@@ -16,8 +16,7 @@ from typing import Any
 from lattica._loop import DEFAULT_BUSY_POLL_US
 from lattica.remote import actor
 from lattica.node import Node
-from lattica.mesh.process import ServerProcess
-from lattica.bench.transport import LOOPBACK, pct
+from lattica.bench.transport import pct, server
 
 
 @actor
@@ -40,11 +39,14 @@ def bench_rpc(
     kind: str = "async",
     warmup: float = 1.0,
     busy_poll_us: float = DEFAULT_BUSY_POLL_US,
+    link: str | None = None,
 ) -> dict[str, Any]:
+    """Table 1: ``concurrency`` echo calls of ``payload`` bytes in flight to an actor in another
+    process, on loopback or across an emulated ``link`` (lattica.bench.linkem)."""
     cls = AsyncEcho if kind == "async" else SyncEcho
     data = os.urandom(payload)
     poll = ["--busy-poll-us", str(busy_poll_us)]
-    with ServerProcess([LOOPBACK[transport]], *poll) as srv, Node([], busy_poll_us=busy_poll_us) as node:
+    with server(transport, *poll, link=link) as (srv, _), Node([], busy_poll_us=busy_poll_us) as node:
         info = node.connect(srv.addr(transport))
         ref = spawn_on(node, cls, info.peer_id)
         errors: collections.Counter = collections.Counter()
@@ -53,6 +55,7 @@ def bench_rpc(
     return {
         "bench": "rpc",
         "transport": transport,
+        **({"link": link} if link else {}),
         "actor": kind,
         "payload": payload,
         "concurrency": concurrency,

@@ -6,13 +6,15 @@ server get their own interpreter and core, as two real nodes would.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from lattica._loop import DEFAULT_BUSY_POLL_US
 from lattica.multiaddr import Multiaddr
@@ -28,11 +30,70 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def bench_stream(transport: str = "tcp", size: int = 1 << 30, chunk: int = 1 << 20, busy_poll_us: float = DEFAULT_BUSY_POLL_US) -> dict[str, Any]:
-    """One stream, one direction: push ``size`` bytes to a sink in another process."""
+@contextlib.contextmanager
+def server(transport: str, *extra: str, link: str | None = None) -> Iterator[tuple[ServerProcess, Any]]:
+    """A node in another process: on loopback, or across an emulated ``link`` (a profile of
+    lattica.bench.linkem: the node runs in the link's far namespace). Yields (server, link)."""
+    if link is None:
+        with ServerProcess([LOOPBACK[transport]], *extra) as srv:
+            yield srv, None
+        return
+    from lattica.bench.linkem import EmulatedLink  # (only a --link run builds namespaces)
+
+    with EmulatedLink(link) as lk:
+        far = f"/ip4/{lk.far_ip}/tcp/0" if transport == "tcp" else f"/ip4/{lk.far_ip}/udp/0/quic-v1"
+        with ServerProcess([far], *extra, wrap=lk.wrap) as srv:
+            yield srv, lk
+
+
+_PLAIN_SINK = r"""
+import socket, sys
+s = socket.socket()
+s.bind((sys.argv[1], 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+n = 0
+while True:
+    d = c.recv(1 << 20)
+    if not d:
+        break
+    n += len(d)
+c.sendall(str(n).encode())
+c.close()
+"""
+
+
+def plain_tcp(lk: Any, size: int, chunk: int = 1 << 20) -> float:
+    """MB/s of one plain TCP connection (no Noise, no mux) carrying ``size`` bytes across the
+    emulated link ``lk``: what the link itself gives one stream, the baseline beside Lattica's."""
+    sink = subprocess.Popen([*lk.wrap, sys.executable, "-c", _PLAIN_SINK, lk.far_ip], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(sink.stdout.readline())  # type: ignore[union-attr]
+        block = os.urandom(chunk)
+        with socket.create_connection((lk.far_ip, port), timeout=600) as s:
+            t0 = time.perf_counter()
+            sent = 0
+            while sent < size:
+                n = min(chunk, size - sent)
+                s.sendall(block if n == chunk else block[:n])
+                sent += n
+            s.shutdown(socket.SHUT_WR)
+            got = int(s.recv(64) or b"0")
+            elapsed = time.perf_counter() - t0
+    finally:
+        sink.kill()
+        sink.wait()
+    return round(got / elapsed / 1e6, 1)
+
+
+def bench_stream(transport: str = "tcp", size: int = 1 << 30, chunk: int = 1 << 20, busy_poll_us: float = DEFAULT_BUSY_POLL_US,
+                 link: str | None = None) -> dict[str, Any]:
+    """One stream, one direction: push ``size`` bytes to a sink in another process (across an
+    emulated ``link``, with a plain TCP connection's figure over the same link beside it)."""
     block = os.urandom(chunk)
     poll = ["--busy-poll-us", str(busy_poll_us)]
-    with ServerProcess([LOOPBACK[transport]], "--no-digest", *poll) as srv, Node([], busy_poll_us=busy_poll_us) as node:
+    with server(transport, "--no-digest", *poll, link=link) as (srv, lk), Node([], busy_poll_us=busy_poll_us) as node:
         node.connect(srv.addr(transport))
         pid = node.peers()[0].peer_id
 
@@ -49,11 +110,13 @@ def bench_stream(transport: str = "tcp", size: int = 1 << 30, chunk: int = 1 << 
             reply = (await stream.read(200)).decode()
             return time.perf_counter() - t0, reply
 
-        elapsed, reply = node.run(push())
+        elapsed, reply = node.run(push(), timeout=None)
+        baseline = plain_tcp(lk, size, chunk) if lk is not None else None
     received = int(reply.split(":")[0])
     return {
         "bench": "stream",
         "transport": transport,
+        **({"link": link, "plain_tcp_MB_per_s": baseline} if link else {}),
         "busy_poll_us": busy_poll_us,
         "bytes": size,
         "received": received,

@@ -56,9 +56,11 @@ async def serve_echo(stream: Stream, conn: Connection) -> None:
 class ServerProcess:
     """Run this module in a child process; ``with ServerProcess([...]) as srv: srv.addrs``."""
 
-    def __init__(self, listen: list[str], *extra: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, listen: list[str], *extra: str, env: dict[str, str] | None = None, wrap: list[str] | None = None) -> None:
+        """``wrap``: an argv prefix the child runs under (``ip netns exec NS``: a benchmark's far
+        side, lattica.bench.linkem)."""
         self._env = env  # the child's environment (default: this process's)
-        args = [sys.executable, "-m", "lattica.mesh.process"]
+        args = [*(wrap or ()), sys.executable, "-m", "lattica.mesh.process"]
         for a in listen:
             args += ["--listen", a]
         self._args = args + list(extra)

@@ -46,7 +46,7 @@ class QuicTransport(Transport):
         send_high_water: int = 1024 * 1024,
         max_datagram_size: int = 1350,
         loopback_datagram_size: int = MAX_DATAGRAM,
-        congestion_control: str = "reno",
+        congestion_control: str = "cubic",
         close_linger: float = 2.0,
         max_pending_handshakes: int = 256,
         max_handshakes_per_ip: int = 16,

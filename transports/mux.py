@@ -39,7 +39,6 @@ F_SYN, F_ACK, F_FIN, F_RST = 1, 2, 4, 8
 GOAWAY_NORMAL, GOAWAY_PROTOCOL, GOAWAY_INTERNAL = 0, 1, 2
 PROTOCOL_WINDOW = 256 * 1024  # yamux's initial window; every stream starts with it
 _BY_REFERENCE = 16 * 1024  # payloads this large are queued as views, smaller ones copied
-_TUNE_MIN_RTT = 0.001  # s: below this, ``window`` already covers gigabytes per second: no tuning
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +46,8 @@ class MuxConfig:
     max_streams: int = 256  # open streams per direction: the peer's opens cannot starve ours
     window: int = 4 * 1024 * 1024  # per-stream receive window we grant at first (>= 256 KiB)
     # A stream whose peer sends a whole window per round trip is held back by it: its window
-    # doubles (at most once a round trip), up to this, while the reader keeps up, and comes back
-    # towards ``window`` once the stream slows down; the round trip comes from the glue
-    # (``Mux.rtt``; below 1 ms nothing is tuned). <= ``window``: never grows.
+    # doubles, up to this, while the reader keeps up (and halves back towards ``window`` once the
+    # stream slows down); the round trip comes from the glue (``Mux.rtt``). 0: never grows.
     max_window: int = 16 * 1024 * 1024
     max_frame: int = 1024 * 1024  # largest data frame we send
     # Cap on credit promised plus data unread, across all streams. Every stream may always hold
@@ -125,7 +123,7 @@ class GoAwayReceived(Slotted):
 
 
 class _StreamState:
-    __slots__ = ("send_window", "recv_window", "unacked", "buffered", "local_fin", "remote_fin", "target", "epoch", "grown")
+    __slots__ = ("send_window", "recv_window", "unacked", "buffered", "local_fin", "remote_fin", "target", "epoch")
 
     def __init__(self, target: int) -> None:
         self.send_window = PROTOCOL_WINDOW
@@ -136,7 +134,6 @@ class _StreamState:
         self.remote_fin = False
         self.target = target  # the window this stream is tuned to (config.window .. max_window)
         self.epoch = 0.0  # when its credit was last returned (0: not yet)
-        self.grown = float("-inf")  # when its window last grew
 
 
 class Mux:
@@ -146,9 +143,6 @@ class Mux:
         self.config = config or MuxConfig()
         if self.config.window < PROTOCOL_WINDOW:
             raise ValueError("mux window must be at least 256 KiB")
-        if not 0 <= self.config.max_window < 2**32:
-            raise ValueError("mux max_window must be within 0 .. 2**32 - 1")
-        self._largest = max(self.config.window, self.config.max_window)  # the most credit a stream may hold
         self.rtt = 0.0  # the path's round trip in seconds, kept current by the glue (0: unknown, no tuning)
         self._next_id = 1 if is_client else 2
         self._peer_parity = 0 if is_client else 1
@@ -213,7 +207,6 @@ class Mux:
     def _initial_grant(self, st: _StreamState) -> int:
         extra = min(self.config.window - PROTOCOL_WINDOW, self._budget())
         st.recv_window += extra
-        st.target = PROTOCOL_WINDOW + extra  # (short of ``window`` when the budget is spent: topped up later)
         self._committed += extra
         return extra
 
@@ -276,38 +269,31 @@ class Mux:
         if st.unacked >= st.target // 4:
             # return what was read, within the budget -- but never leave a stream below the minimum
             budget = self._budget()
-            grant = returned = min(st.unacked, max(budget, PROTOCOL_WINDOW - st.recv_window))
-            if st.target < self.config.window:  # a stream opened while the budget was spent
-                top = max(0, min(self.config.window - st.target, budget - grant))
-                st.target += top
-                grant += top
-            elif self.rtt >= _TUNE_MIN_RTT and now > 0.0:
+            grant = min(st.unacked, max(budget, PROTOCOL_WINDOW - st.recv_window))
+            returned = grant
+            if self.rtt > 0.0 and now > 0.0:
                 grant += self._tune(st, now, budget - grant, returned)
+            st.epoch = now
             st.unacked -= returned
             if grant <= 0:
                 return
-            st.epoch = now
             st.recv_window += grant
             self._committed += grant
             self._frame(T_WINDOW, 0, stream_id, grant)
 
     def _tune(self, st: _StreamState, now: float, spare: int, returning: int) -> int:
         """Credit to add (or, negative, to keep back of the ``returning`` bytes) as the stream's
-        window changes. A quarter window read in under half a round trip since the last return
-        means the peer sends a window per round trip and is held back by it: double (at most once
-        a round trip, within the budget's ``spare``). One that took over four round trips means
-        the window is far larger than the stream needs: keep back up to the bytes returning now
-        (not below ``window``)."""
-        elapsed = now - st.epoch
-        if st.epoch <= 0.0 or elapsed < 0.0:  # (no earlier return; or a clock that went back)
+        window changes: a quarter window read in under half a round trip means the peer sends a
+        window per round trip and is held back by it (double, within the budget's ``spare``); one
+        that took over four round trips means the window is far larger than the stream needs
+        (halve, not below ``window``)."""
+        if st.epoch <= 0.0:
             return 0
+        elapsed = now - st.epoch
         if elapsed < 0.5 * self.rtt:
-            if now - st.grown < self.rtt:
-                return 0
             grow = min(st.target, self.config.max_window - st.target, spare)
             if grow > 0:
                 st.target += grow
-                st.grown = now
                 return grow
         elif elapsed > 4.0 * self.rtt and st.target > self.config.window:
             cut = min(st.target // 2, st.target - self.config.window, returning)
@@ -393,7 +379,7 @@ class Mux:
         """A data frame header: open the stream on SYN, check the length against the credit."""
         st = self._stream_for(events, flags, sid)
         if st is None:
-            if length > self._largest:
+            if length > self.config.window:
                 raise ProtocolError(f"mux data frame of {length} bytes exceeds any window")
         elif length:
             if st.remote_fin:

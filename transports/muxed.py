@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from time import monotonic as _monotonic
 from typing import Callable, Protocol
 
 from lattica.logging import get_logger
@@ -36,10 +35,7 @@ from lattica.transports.noise import NoiseSession
 from lattica.transports.tcpinfo import tcp_info
 
 log = get_logger("lattica.transport")
-# bytes queued for a paused socket before we give up on the peer: stream data within the peer's
-# credit goes to the socket at once (credit is bounded by the peer's buffer budget: 64 MiB by
-# default, plus 256 KiB a stream, and a tuned window may hold 16 MiB), so this is well above it
-_MAX_UNSENT = 256 * 1024 * 1024
+_MAX_UNSENT = 64 * 1024 * 1024  # bytes queued for a paused socket before we give up on the peer
 _SPARE_MAX = 1024 * 1024  # a sealed buffer this size or smaller is kept for the next write
 
 
@@ -336,9 +332,9 @@ class MuxedConnection(Connection):
         sooner until a first figure is in)."""
         stats = self.path_stats()
         rtt = stats.get("rtt_ms") if stats else None
-        if rtt is not None:
+        if rtt:
             self._mux.rtt = rtt / 1000.0
-        self._rtt_due = now + (0.1 if rtt is None else 1.0)
+        self._rtt_due = now + (1.0 if rtt else 0.1)
 
     def _pong(self, ping_id: int) -> None:
         if ping_id == self._rtt_ping and self._rtt_sent is not None:
@@ -438,7 +434,7 @@ class MuxedConnection(Connection):
     # -- bytes out --------------------------------------------------------------------------
 
     def _consumed(self, sid: int, n: int) -> None:
-        now = _monotonic()  # (not the loop's clock: uvloop's moves in whole milliseconds)
+        now = self._loop.time()
         if now >= self._rtt_due:
             self._refresh_rtt(now)
         self._mux.consumed(sid, n, now)
@@ -476,9 +472,8 @@ class MuxedConnection(Connection):
             for piece in pieces:
                 write(piece)
         if self._write_paused and self._writer.get_write_buffer_size() > _MAX_UNSENT:
-            # Beyond the peer's credit, stream data waits for drain(); what piles up past
-            # _MAX_UNSENT is replies the mux makes by itself (pongs, window updates, resets),
-            # which only happens if the peer stopped reading its socket.
+            # Stream data waits for drain(); only replies the mux makes by itself (pongs, window
+            # updates, resets) can pile up here, and only if the peer stopped reading its socket.
             log.info("closing connection: peer stopped reading", peer=str(self.remote_peer))
             self._teardown("peer stopped reading", graceful=False)
 

@@ -44,11 +44,7 @@ _BY_REFERENCE = 16 * 1024  # payloads this large are queued as views, smaller on
 @dataclass(frozen=True, slots=True)
 class MuxConfig:
     max_streams: int = 256  # open streams per direction: the peer's opens cannot starve ours
-    window: int = 4 * 1024 * 1024  # per-stream receive window we grant at first (>= 256 KiB)
-    # A stream whose peer sends a whole window per round trip is held back by it: its window
-    # doubles, up to this, while the reader keeps up (and halves back towards ``window`` once the
-    # stream slows down); the round trip comes from the glue (``Mux.rtt``). 0: never grows.
-    max_window: int = 16 * 1024 * 1024
+    window: int = 4 * 1024 * 1024  # per-stream receive window we grant (>= 256 KiB)
     max_frame: int = 1024 * 1024  # largest data frame we send
     # Cap on credit promised plus data unread, across all streams. Every stream may always hold
     # yamux's 256 KiB minimum; only credit beyond it is rationed by this budget.
@@ -123,17 +119,15 @@ class GoAwayReceived(Slotted):
 
 
 class _StreamState:
-    __slots__ = ("send_window", "recv_window", "unacked", "buffered", "local_fin", "remote_fin", "target", "epoch")
+    __slots__ = ("send_window", "recv_window", "unacked", "buffered", "local_fin", "remote_fin")
 
-    def __init__(self, target: int) -> None:
+    def __init__(self) -> None:
         self.send_window = PROTOCOL_WINDOW
         self.recv_window = PROTOCOL_WINDOW  # credit the peer still has on this stream
         self.unacked = 0  # consumed bytes not yet returned to the peer as credit
         self.buffered = 0  # received, not yet consumed by the application
         self.local_fin = False
         self.remote_fin = False
-        self.target = target  # the window this stream is tuned to (config.window .. max_window)
-        self.epoch = 0.0  # when its credit was last returned (0: not yet)
 
 
 class Mux:
@@ -143,7 +137,6 @@ class Mux:
         self.config = config or MuxConfig()
         if self.config.window < PROTOCOL_WINDOW:
             raise ValueError("mux window must be at least 256 KiB")
-        self.rtt = 0.0  # the path's round trip in seconds, kept current by the glue (0: unknown, no tuning)
         self._next_id = 1 if is_client else 2
         self._peer_parity = 0 if is_client else 1
         self._streams: dict[int, _StreamState] = {}
@@ -181,7 +174,7 @@ class Mux:
         return sid
 
     def _add(self, sid: int, local: bool) -> _StreamState:
-        st = _StreamState(self.config.window)
+        st = _StreamState()
         self._streams[sid] = st
         self._committed += st.recv_window
         if local:
@@ -252,10 +245,8 @@ class Mux:
         if self._remove(stream_id) is not None:
             self._frame(T_WINDOW, F_RST, stream_id, 0)
 
-    def consumed(self, stream_id: int, n: int, now: float = 0.0) -> None:
-        """The application read ``n`` bytes of the stream at ``now`` (seconds, any clock; 0: no
-        clock): return credit to the peer in batches, and tune the stream's window (see
-        ``MuxConfig.max_window``)."""
+    def consumed(self, stream_id: int, n: int) -> None:
+        """The application read ``n`` bytes of the stream: return credit to the peer in batches."""
         st = self._streams.get(stream_id)
         if st is None:
             return
@@ -266,40 +257,15 @@ class Mux:
         if st.remote_fin:
             self._maybe_forget(stream_id, st)
             return
-        if st.unacked >= st.target // 4:
+        if st.unacked >= self.config.window // 4:
             # return what was read, within the budget -- but never leave a stream below the minimum
-            budget = self._budget()
-            grant = min(st.unacked, max(budget, PROTOCOL_WINDOW - st.recv_window))
-            returned = grant
-            if self.rtt > 0.0 and now > 0.0:
-                grant += self._tune(st, now, budget - grant, returned)
-            st.epoch = now
-            st.unacked -= returned
+            grant = min(st.unacked, max(self._budget(), PROTOCOL_WINDOW - st.recv_window))
             if grant <= 0:
                 return
+            st.unacked -= grant
             st.recv_window += grant
             self._committed += grant
             self._frame(T_WINDOW, 0, stream_id, grant)
-
-    def _tune(self, st: _StreamState, now: float, spare: int, returning: int) -> int:
-        """Credit to add (or, negative, to keep back of the ``returning`` bytes) as the stream's
-        window changes: a quarter window read in under half a round trip means the peer sends a
-        window per round trip and is held back by it (double, within the budget's ``spare``); one
-        that took over four round trips means the window is far larger than the stream needs
-        (halve, not below ``window``)."""
-        if st.epoch <= 0.0:
-            return 0
-        elapsed = now - st.epoch
-        if elapsed < 0.5 * self.rtt:
-            grow = min(st.target, self.config.max_window - st.target, spare)
-            if grow > 0:
-                st.target += grow
-                return grow
-        elif elapsed > 4.0 * self.rtt and st.target > self.config.window:
-            cut = min(st.target // 2, st.target - self.config.window, returning)
-            st.target -= cut
-            return -cut
-        return 0
 
     def ping(self, opaque: int) -> None:
         self._frame(T_PING, F_SYN, 0, opaque & 0xFFFFFFFF)

@@ -250,7 +250,6 @@ class MuxedConnection(Connection):
         self._rtt_ping = 0  # id of the last ping timing the round trip (0 is the keepalive's)
         self._rtt_sent: float | None = None  # loop time it went out; None once answered
         self._rtt_ms: float | None = None
-        self._rtt_due = 0.0  # loop time the mux's round trip is next refreshed (window tuning)
         self._keepalive_interval = keepalive_interval
         self._keepalive_timeout = keepalive_timeout
         self._keepalive_handle = (
@@ -326,15 +325,6 @@ class MuxedConnection(Connection):
         self._rtt_sent = now
         self._mux.ping(self._rtt_ping)
         self._schedule_flush()
-
-    def _refresh_rtt(self, now: float) -> None:
-        """Keep the mux's round trip current for window tuning (once a second while data flows;
-        sooner until a first figure is in)."""
-        stats = self.path_stats()
-        rtt = stats.get("rtt_ms") if stats else None
-        if rtt:
-            self._mux.rtt = rtt / 1000.0
-        self._rtt_due = now + (1.0 if rtt else 0.1)
 
     def _pong(self, ping_id: int) -> None:
         if ping_id == self._rtt_ping and self._rtt_sent is not None:
@@ -434,10 +424,7 @@ class MuxedConnection(Connection):
     # -- bytes out --------------------------------------------------------------------------
 
     def _consumed(self, sid: int, n: int) -> None:
-        now = self._loop.time()
-        if now >= self._rtt_due:
-            self._refresh_rtt(now)
-        self._mux.consumed(sid, n, now)
+        self._mux.consumed(sid, n)
         if self._mux.has_data_to_send():
             self._schedule_flush()
         s = self._streams.get(sid)

@@ -99,11 +99,11 @@ def test_many_large_calls_in_flight_cross_a_circuit_intact(splice):
             conn = b._host.conns[a.peer_id]
             assert conn.transport == "relay" and (type(conn._writer).__name__ == "_StreamPipe") is not splice
             # the dashboard's figures for this path are end to end, not those of b's hop to the
-            # relay: bytes of the circuit and a round trip timed by a mux ping (sent at the first
-            # reading, answered by the second)
+            # relay: bytes of the circuit and a round trip timed by a mux ping (one a reading sends
+            # is answered by the next; the window tuning has usually timed one already)
             first, second = b.run(_read_path_twice(conn), timeout=10)
             moved = 3 * sum(map(len, blobs))
-            assert "rtt_ms" not in first and first["bytes_sent"] > moved and first["bytes_received"] > moved, first
+            assert first["bytes_sent"] > moved and first["bytes_received"] > moved, first
             assert 0 < second["rtt_ms"] < 1000 and second["bytes_sent"] >= first["bytes_sent"], second
 
 

@@ -114,7 +114,7 @@ class Notary(Protocol):
 
     def seal(self, statement: bytes) -> Any: ...
 
-    def admits(self, member_id: str, statement: bytes, proof: Any, now: float) -> bool: ...
+    def admits(self, member_id: str, statement: bytes, proof: Any) -> bool: ...
 
 
 def statement(member_id: str, incarnation: int, state: str, info: dict) -> bytes:
@@ -239,6 +239,9 @@ class Membership:
         # members that must hear they were declared dead (still talking to us, or back in a newer
         # incarnation without having heard it), with the incarnation of the verdict
         self._tell_dead: dict[str, int] = {}
+        # members some other member suspects or declared dead while they beat to us: they hear
+        # it from us (as a suspicion), so they refute it where we cannot
+        self._tell_suspected: dict[str, int] = {}
 
     # -- the view ---------------------------------------------------------------------------
 
@@ -315,10 +318,15 @@ class Membership:
                 said = statement(mid, inc, state, info)
             except (OverflowError, TypeError, ValueError):  # (not encodable: nobody could have sealed it)
                 return []
-            if not self._notary.admits(mid, said, proof, now):
+            if not self._notary.admits(mid, said, proof):
                 return []
         if mid != sender and state != ALIVE and self._seen_alive(mid, now):
-            return []  # hearsay does not outweigh our own evidence: it is connected to us, or beats
+            # hearsay does not outweigh our own evidence (it beats to us), but the one who said
+            # it holds it down until the member itself refutes, in a newer incarnation: tell it
+            m = self.members.get(mid)
+            if m is not None and inc == m.incarnation:
+                self._tell_suspected[mid] = inc
+            return []
         if mid == self.me.id:
             return self._about_us(now, inc, state, sender)
         m = self.members.get(mid)
@@ -498,6 +506,10 @@ class Membership:
             if m is not None and m.state != LEFT and self.reachable(mid):
                 out.append((mid, {"rumors": [[m.id, inc, DEAD, m.info, None]]}))
         self._tell_dead.clear()
+        for mid, inc in self._tell_suspected.items():
+            if self.reachable(mid):
+                out.append((mid, {"rumors": [[mid, inc, SUSPECT, {}, None]]}))
+        self._tell_suspected.clear()
         sync = [mid for mid in self._welcome if mid in self.members and self.reachable(mid)][:3]
         self._welcome.clear()
         if now >= self._next_sync and self.members:

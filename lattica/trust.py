@@ -287,7 +287,10 @@ class MemberNotary:
     def seal(self, statement: bytes) -> list:
         return [self._keypair.sign(statement), self._trust.presented]
 
-    def admits(self, member_id: str, statement: bytes, proof: Any, now: float) -> bool:
+    def admits(self, member_id: str, statement: bytes, proof: Any) -> bool:
+        """Whether the statement is the member's own and its certificates admit it now (wall
+        clock: certificates expire in unix time, whatever clock the membership runs on)."""
+        now = time.time()
         if type(proof) is not list or len(proof) != 2 or type(proof[0]) is not bytes or type(proof[1]) is not list:
             return False
         certs = proof[1]

@@ -44,7 +44,7 @@ class SimNotary:
     def seal(self, statement: bytes) -> bytes:
         return self._key(self.me).sign(statement)
 
-    def admits(self, member_id: str, statement: bytes, proof: Any, now: float) -> bool:
+    def admits(self, member_id: str, statement: bytes, proof: Any) -> bool:
         if type(proof) is not bytes:
             return False
         key = (member_id, statement, proof)

@@ -8,7 +8,8 @@ JSON line per command read from stdin:
 * ``{"cmd": "status"}`` -> the node's nat_status fields and its relay's counters
 * ``{"cmd": "call", "peer": "<PeerId>"}`` -> spawn a Counter on that peer (found by PeerId alone),
   call it, and report the path the call took (``tcp``, ``quic`` or ``relay``) and how long it took
-* ``{"cmd": "members"}`` -> the membership view: ``{"members": [{"peer_id", "state"}, ...]}``
+* ``{"cmd": "members"}`` -> the membership view: ``{"members": [{"peer_id", "state"}, ...]}``; ``{"cmd": "members_debug"}``
+  -> the membership table inside (incarnations, seals, connections, watchers), for failure reports
 * ``{"cmd": "subscribe", "topic": T}``; ``{"cmd": "publish", "topic": T, "data": D}`` -> the
   peers it went to; ``{"cmd": "received", "topic": T}`` -> ``{"got": [data, ...], "via": [...]}``
   (what arrived since subscribing); ``{"cmd": "pubsub", "topic": T}`` -> the topic's mesh with
@@ -137,6 +138,8 @@ def main() -> None:
                 _say({"ok": True, "rtt": node.ping(lattica.PeerId.from_string(cmd["peer"]), timeout=float(cmd.get("timeout", 10)))})
             elif cmd["cmd"] == "members":
                 _say({"members": [{"peer_id": str(m["peer_id"]), "state": m["state"]} for m in node.nodes()]})
+            elif cmd["cmd"] == "members_debug":  # what a failing membership test prints
+                _say(node.run(_members_debug(node), timeout=5))
             elif cmd["cmd"] == "holepunch":
                 _say(node.run(_punch_status(node), timeout=5))
             elif cmd["cmd"] == "subscribe":
@@ -236,6 +239,15 @@ async def _spawn(cls, *args):
     ref = cls.remote(*args)
     await ref._spawn
     return ref
+
+
+async def _members_debug(node) -> dict:
+    core = node._host.membership.core
+    conns = {str(p): [c.transport for c in cs if not c.is_closed] for p, cs in node._host.conns_of.items()}
+    return {"me": [core.me.id, core.me.incarnation, len(core.me.info.get("addrs", []))],
+            "members": {m.id: {"state": m.state, "inc": m.incarnation, "sealed": m.proof is not None, "conns": conns.get(m.id, []),
+                               "addrs": m.info.get("addrs", [])} for m in core.members.values()},
+            "rumors": dict(core._rumors), "watched": core.watched(), "sent_to": sorted(core._sent_to)}
 
 
 async def _punch_status(node: lattica.Node) -> dict:

@@ -50,7 +50,15 @@ def test_every_member_sees_every_other_alive_across_nats():
             missing = {name[p]: sorted(name.get(q, q) for q in ids if view.get(q) != "alive") for p, view in v.items()}
             if not any(missing.values()):
                 break
-            assert time.monotonic() < deadline, f"views never complete (not seen alive): {missing}"
+            if time.monotonic() >= deadline:
+                states = {name[p]: {name.get(q, q): view.get(q, "absent") for q in missing[name[p]]} for p, view in v.items() if missing[name[p]]}
+                gone = {q for p in everyone for q in ids if v[p.peer_id].get(q) != "alive"}
+                inside = {}
+                for p in everyone:
+                    d = p.ask({"cmd": "members_debug"})
+                    d["members"] = {name.get(q, q): e for q, e in d["members"].items() if q in gone or p.peer_id in gone}
+                    inside[name[p.peer_id]] = d
+                pytest.fail(f"views never complete (not seen alive): {states}\nthe views inside: {inside}\nnames: {name}")
             time.sleep(1)
         print(f"\nmembership across NATs: all {len(ids)} views complete {time.monotonic() - t0:.1f} s after the NAT status settled")
 

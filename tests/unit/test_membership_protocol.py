@@ -269,6 +269,44 @@ def test_hearsay_of_death_or_departure_does_not_outweigh_our_own_detector():
     assert a.get("b").state == LEFT
 
 
+def test_a_member_held_down_by_one_that_cannot_reach_it_refutes_through_those_that_can():
+    """d lost its own link to c (c is behind a NAT) and suspects it; a and b hear c's heartbeats,
+    so they do not believe d, and they tell c, which refutes in a newer incarnation that reaches d
+    through them. (Were c never told, d would hold it dead until it forgot it.)"""
+    nodes = {n: Membership(n) for n in "abcd"}
+    for x in nodes.values():
+        for y in nodes:
+            x.add(0.0, y)
+    nodes["c"].reachable = lambda m: m != "d"
+    nodes["d"].reachable = lambda m: m != "c"
+    everyone, apart = list(nodes.values()), [{"c", "d"}]
+    _run(everyone, 3.0, cut=apart)
+    c, d = nodes["c"], nodes["d"]
+    assert d.get("c").state == ALIVE and set(c.watched()) == {"a", "b"} and "c" not in d.watched()
+    d.suspect(3.0, "c")
+    ev = _run(everyone, 6.0, start=3.05, cut=apart)
+    assert c.me.incarnation == 1  # told of the suspicion by a or b
+    assert all(n.get("c").state == ALIVE and n.get("c").incarnation == 1 for n in everyone)
+    # (d's own suspicion may time out into a verdict before the refutation is back: d alone)
+    assert not any(isinstance(e, MemberDown) for n in "abc" for e in ev[n])
+    assert not any(isinstance(e, SelfDowned) for e in ev["c"])  # a suspicion passed on is no verdict
+
+
+def test_a_suspicion_passed_on_to_its_member_names_only_its_current_incarnation():
+    """A member with evidence that b is alive passes on only suspicions of b's incarnation it
+    knows (an old or invented one is dropped, so nobody can drive b's incarnation up by it)."""
+    a, b = _pair()
+    _run([a, b], until=3.0)
+    for inc in (1, 7):
+        a.receive(3.0, "c", {"rumors": [["b", inc, SUSPECT, {}, None]]})
+        assert not [m for to, m in a.tick(3.01)[0] if to == "b" and any(r[0] == "b" and r[2] == SUSPECT for r in m.get("rumors", []))]
+    a.receive(3.1, "c", {"rumors": [["b", 0, DEAD, {}, None]]})
+    told = [m for to, m in a.tick(3.2)[0] if to == "b" and any(r[0] == "b" and r[2] == SUSPECT for r in m.get("rumors", []))]
+    assert len(told) == 1 and a.get("b").state == ALIVE
+    b.receive(3.3, "a", told[0])
+    assert b.me.incarnation == 1
+
+
 def test_hearsay_about_a_member_we_do_not_watch_still_spreads():
     a = Membership("a")
     a.receive(0.0, "c", {"rumors": [row("x", 0, ALIVE, {})]})

@@ -132,3 +132,24 @@ def test_without_a_setting_the_environment_then_the_users_key_file_decide(tmp_pa
     other = MeshKey.generate()
     monkeypatch.setenv("LATTICA_MESH", other.to_text())
     assert load_trust(me).meshes == {other.public}
+
+
+def test_a_membership_statement_counts_only_while_its_certificate_is_valid_by_the_wall_clock():
+    """Membership runs on the event loop's clock (seconds since boot); certificates expire in unix
+    time. The notary judges them by the wall clock itself, so a member whose certificate expired
+    is refused whatever clock the membership runs on."""
+    from lattica.membership import ALIVE, statement
+    from lattica.trust import MemberNotary
+
+    mesh, me, member = MeshKey.generate(), KeyPair.generate(), KeyPair.generate()
+    ours = MemberNotary(me, Trust(me.peer_id, [mesh.public]))
+    said = statement(str(member.peer_id), 3, ALIVE, {"cpu": 2})
+    for ttl, admitted in ((3600, True), (-1, False)):
+        cert = mesh.issue(member.peer_id, ttl=ttl)
+        proof = MemberNotary(member, Trust(member.peer_id, [mesh.public], [cert])).seal(said)
+        assert ours.admits(str(member.peer_id), said, proof) is admitted
+    soon = mesh.issue(member.peer_id, ttl=1)
+    proof = MemberNotary(member, Trust(member.peer_id, [mesh.public], [soon])).seal(said)
+    assert ours.admits(str(member.peer_id), said, proof)
+    time.sleep(max(0.0, soon.expires - time.time()) + 0.05)
+    assert not ours.admits(str(member.peer_id), said, proof)  # (the cached verdict ends with it)

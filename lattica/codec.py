@@ -36,7 +36,7 @@ from __future__ import annotations
 import struct
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import field
 from math import prod
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -48,12 +48,12 @@ import msgpack
 from lattica.errors import CodecError, FrameTooLarge
 from lattica.identity import PeerId
 from lattica.multiaddr import Multiaddr
+from lattica.valueclass import ValueClass
 
 __all__ = ["Limits", "DEFAULT_LIMITS", "encode", "encode_bytes", "decode", "register_ext"]
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(ValueClass, frozen=True):
     """Hard caps applied to every frame (checked before allocating), and the out-of-band cutoff."""
 
     max_frame: int = 64 * 1024 * 1024 + 1024  # whole encoded frame, bytes

@@ -4,10 +4,11 @@ re-export them (``from lattica.actors.dht import DhtConfig`` keeps working)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from lattica.kademlia import ALPHA, K
 from lattica.records import StoreLimits
+from lattica.valueclass import ValueClass
 
 __all__ = ["ContentConfig", "CrdtConfig", "DhtConfig", "InboundBudget", "MembershipConfig", "NatConfig", "RelayConfig"]
 
@@ -15,8 +16,7 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
-@dataclass
-class DhtConfig:
+class DhtConfig(ValueClass):
     """Tuning of one node's DHT. Times are seconds."""
 
     k: int = K
@@ -35,8 +35,7 @@ class DhtConfig:
     limits: StoreLimits = field(default_factory=StoreLimits)
 
 
-@dataclass
-class MembershipConfig:
+class MembershipConfig(ValueClass):
     """Detector settings. Defaults: a silent (frozen) member is suspected after about 1 s and
     declared dead about 1 s later; heartbeats every 0.5 s to 5 watchers, gossip to 3."""
 
@@ -52,8 +51,7 @@ class MembershipConfig:
     forget_after: float = 60.0  # a dead or left member is forgotten after this long
 
 
-@dataclass
-class NatConfig:
+class NatConfig(ValueClass):
     """How a node finds out whether peers can dial it, and what it does about it."""
 
     autonat: bool = True  # probe reachability (only when we have a non-loopback address)
@@ -64,8 +62,7 @@ class NatConfig:
     servers: int = 3  # peers asked per round
 
 
-@dataclass
-class RelayConfig:
+class RelayConfig(ValueClass):
     """What a relay accepts. ``None`` for a circuit limit means unlimited (the default: relayed
     calls must not fail because the path is relayed)."""
 
@@ -84,8 +81,7 @@ class RelayConfig:
     splice: bool = True  # offer circuits their own sockets (no re-encryption here); see transports/splice.py
 
 
-@dataclass(frozen=True)
-class InboundBudget:
+class InboundBudget(ValueClass, frozen=True):
     """Limits on partially received messages (``Node(inbound=...)``): bytes held for one peer and
     for all, and seconds from a message's first byte to its last (docs/security.md)."""
 
@@ -101,8 +97,7 @@ class InboundBudget:
 
 
 
-@dataclass
-class ContentConfig:
+class ContentConfig(ValueClass):
     """The content plane of one node (``Node(content=...)``, docs/content.md): where its blocks
     live, how it fetches and what it serves. Times are seconds."""
 
@@ -124,8 +119,7 @@ class ContentConfig:
     serve_total: int = 32
 
 
-@dataclass
-class PubSubConfig:
+class PubSubConfig(ValueClass):
     """Pub-sub on one node (``Node(pubsub=...)``, docs/pubsub.md): the router's degrees and
     timing, and the bounds on what it holds. Times are seconds."""
 
@@ -155,8 +149,7 @@ class PubSubConfig:
     max_validating: int = 1024  # async validations at once; beyond, messages are ignored
 
 
-@dataclass
-class CrdtConfig:
+class CrdtConfig(ValueClass):
     """The CRDT store of one node (``Node(crdt=...)``, docs/crdt.md): where documents persist,
     how replicas meet, and the bounds on what a peer may make a replica hold. Times are seconds."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from lattica.config import NatConfig
@@ -30,6 +30,7 @@ from lattica.multiaddr import Multiaddr
 from lattica.runtime.refs import autonat_ref, relay_ref
 from lattica.slotted import Slotted
 from lattica.transports.circuit import HOP, circuit_addr
+from lattica.valueclass import ValueClass
 
 if TYPE_CHECKING:
     from lattica.node import _Host
@@ -46,8 +47,7 @@ _CONTACT_MEMORY = 600.0  # s: longer than NATs keep a filter entry open after ou
 INDEPENDENT, DEPENDENT = "endpoint-independent", "endpoint-dependent"
 
 
-@dataclass
-class NatStatus:
+class NatStatus(ValueClass):
     """What ``lattica.nat_status()`` returns."""
 
     reachability: str = UNKNOWN  # "public" | "private" | "unknown"

@@ -18,7 +18,6 @@ import math
 import re
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import msgpack
@@ -30,6 +29,7 @@ from lattica.kademlia import key_id
 from lattica.multiaddr import Multiaddr
 from lattica.slotted import Slotted
 from lattica.trust import Certificate, CertificateError
+from lattica.valueclass import ValueClass
 
 __all__ = [
     "StoreLimits", "Entry", "PeerRecord", "RecordStore", "encode_subkey", "decode_subkey", "owner_of",
@@ -50,8 +50,7 @@ _PROVIDER_COST = 96  # bytes charged for one provider record
 _OWNER = re.compile(rb"\[owner:([1-9A-HJ-NP-Za-km-z]{32,64})\]")
 
 
-@dataclass
-class StoreLimits:
+class StoreLimits(ValueClass):
     """What one node accepts to keep for others (every figure is a hard bound)."""
 
     max_key: int = 512  # bytes

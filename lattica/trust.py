@@ -16,11 +16,11 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
 from lattica.errors import KeyFileError, LatticaError
 from lattica.identity import KeyPair, PeerId, b58encode, verify_signature
+from lattica.valueclass import ValueClass
 
 __all__ = ["SELF", "MEMBER", "STRANGER", "Certificate", "MeshKey", "MemberNotary", "Trust", "Verdict", "load_trust", "read_credential", "default_mesh_path", "mesh_name"]
 
@@ -45,8 +45,7 @@ def mesh_name(public: bytes) -> str:
     return "mesh-" + b58encode(public)[:10]
 
 
-@dataclass(frozen=True)
-class Certificate:
+class Certificate(ValueClass, frozen=True):
     """The admission key of ``mesh`` says ``peer`` is a member until ``expires`` (unix seconds);
     ``admin``: also an administrator, who may stop or rewire any member's actors (a key holder's
     own certificate is one; an invitation is not, unless issued with ``admin=True``)."""

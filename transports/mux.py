@@ -13,10 +13,10 @@ Feed received plaintext to :meth:`Mux.receive_data`, which returns events; call 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
 from lattica.errors import ConnectionClosed, ProtocolError, StreamClosed, StreamLimit, StreamReset
 from lattica.slotted import Slotted
+from lattica.valueclass import ValueClass
 
 __all__ = [
     "Mux",
@@ -41,8 +41,7 @@ PROTOCOL_WINDOW = 256 * 1024  # yamux's initial window; every stream starts with
 _BY_REFERENCE = 16 * 1024  # payloads this large are queued as views, smaller ones copied
 
 
-@dataclass(frozen=True, slots=True)
-class MuxConfig:
+class MuxConfig(ValueClass, frozen=True):
     max_streams: int = 256  # open streams per direction: the peer's opens cannot starve ours
     window: int = 4 * 1024 * 1024  # per-stream receive window we grant (>= 256 KiB)
     max_frame: int = 1024 * 1024  # largest data frame we send

@@ -1,5 +1,6 @@
-"""The transports one node listens and dials with: TCP and in-memory from the start, QUIC (and
-aioquic's import) only once an address needs it, the relay circuit transport added by the host."""
+"""The transports one node listens and dials with: TCP from the start, QUIC (and aioquic's
+import) and in-memory only once an address needs them, the relay circuit transport added by the
+host."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from typing import Any
 from lattica.identity import KeyPair
 from lattica.multiaddr import Multiaddr
 from lattica.transports.base import Transport
-from lattica.transports.memory import MemoryTransport
 from lattica.transports.tcp import TcpTransport
 
 __all__ = ["Transports"]
@@ -20,11 +20,11 @@ class Transports:
     def __init__(self, keypair: KeyPair, options: dict[str, dict[str, Any]], memory_network: Any = None) -> None:
         self.keypair = keypair
         self.options = options  # per transport name: keyword arguments for its constructor
-        memory_opts = dict(options.get("memory", {}))
+        self._memory_network = memory_network
+        self.all: list[Transport] = [TcpTransport(keypair, **options.get("tcp", {}))]
+        self._lazy_quic = self._lazy_memory = True
         if memory_network is not None:
-            memory_opts.setdefault("network", memory_network)
-        self.all: list[Transport] = [TcpTransport(keypair, **options.get("tcp", {})), MemoryTransport(keypair, **memory_opts)]
-        self._lazy_quic = True
+            self._add_memory()
 
     def add(self, transport: Transport) -> None:
         self.all.append(transport)
@@ -34,14 +34,27 @@ class Transports:
         for t in self.all:
             if t.handles(addr):
                 return t
-        if self._lazy_quic and addr.without_peer_id().protocols()[-1:] == ["quic-v1"]:
+        protocols = addr.without_peer_id().protocols()
+        if self._lazy_quic and protocols[-1:] == ["quic-v1"]:
             self._lazy_quic = False
             # imported here: aioquic loads only on a node that uses QUIC (it costs start-up time)
             from lattica.transports.quic import QuicTransport
 
             self.all.append(QuicTransport(self.keypair, **self.options.get("quic", {})))
             return self.for_addr(addr)
+        if self._lazy_memory and protocols == ["memory"]:
+            self._add_memory()
+            return self.for_addr(addr)
         return None
+
+    def _add_memory(self) -> None:
+        from lattica.transports.memory import MemoryTransport  # (tests and simulations use it)
+
+        self._lazy_memory = False
+        opts = dict(self.options.get("memory", {}))
+        if self._memory_network is not None:
+            opts.setdefault("network", self._memory_network)
+        self.all.append(MemoryTransport(self.keypair, **opts))
 
     def listening(self, name: str) -> Any:
         """The transport called ``name`` if it listens (hole punching dials and sends from the

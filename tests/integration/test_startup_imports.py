@@ -12,9 +12,11 @@ import sys
 # first actor with sync methods, ifaddr to read interfaces (wildcard listen addresses, LAN
 # checks), mDNS on a LAN address, aioquic for QUIC; hashlib and shutil not at all (they load a
 # second OpenSSL binding and the compression libraries); the relay service on a node that relays,
-# supervisors and the shard stub's client side when first named.
+# supervisors and the shard stub's client side when first named, the in-memory transport for the
+# first /memory address.
 LATER = ["structlog", "pykka", "ifaddr", "lattica.mdns", "aioquic", "hashlib", "_hashlib", "shutil",
-         "lattica.actors.relay", "lattica.supervisor", "lattica.shards.client", "lattica.shards.select"]
+         "lattica.actors.relay", "lattica.supervisor", "lattica.shards.client", "lattica.shards.select",
+         "lattica.transports.memory"]
 
 _CHILD = r"""
 import json, sys
@@ -80,6 +82,9 @@ assert codec.decode(bytes.fromhex(sys.argv[1])) == ["lattica.supervisor.Supervis
 assert "lattica.supervisor" not in sys.modules
 assert lattica.Supervisor.cls.__name__ == "Supervisor" and "lattica.supervisor" in sys.modules
 assert lattica.shards.Stub.__module__ == "lattica.shards.client" and callable(lattica.shards.stub)
+assert "lattica.transports.memory" not in sys.modules
+with lattica.Node(["/memory/0"]) as a:  # (memory nodes talk only on one loop: listening is the check)
+    assert "lattica.transports.memory" in sys.modules and str(a.addrs[0]).startswith("/memory/")
 node.stop()
 print("ok")
 """

@@ -8,10 +8,10 @@ no address a peer can dial; what we advertise instead is the same port at each i
 from __future__ import annotations
 
 import functools
-import ipaddress
 import time
 from typing import Any
 
+from lattica import iptext
 from lattica.multiaddr import Multiaddr
 
 __all__ = ["interface_ips", "expand", "is_loopback", "is_loopback_ip", "host_key", "is_lan", "ip_of", "is_private", "is_private_ip", "on_local_network"]
@@ -21,14 +21,15 @@ __all__ = ["interface_ips", "expand", "is_loopback", "is_loopback_ip", "host_key
 # benchmarking, IETF-reserved, multicast, broadcast). Spelled out: ``ipaddress``'s is_private also
 # covers the documentation ranges, which the NAT lab uses as its internet.
 _PRIVATE_NETS = tuple(
-    ipaddress.ip_network(n)
-    for n in (
+    iptext.network(a, int(p))
+    for a, p in (n.split("/") for n in (
         "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8",
         "0.0.0.0/8", "192.0.0.0/24", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4",
         "fc00::/7", "fe80::/10", "::1/128", "::/128", "ff00::/8",
-    )
+    ))
 )
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_NAT64 = iptext.network("64:ff9b::", 96)
+_LINK_LOCAL6 = iptext.network("fe80::", 10)
 _LOCAL_NAMES = ("localhost", ".localhost", ".local")
 _NETWORKS_TTL = 10.0  # s: interfaces come and go (VPNs, Wi-Fi); re-read them this often
 _networks: tuple[float, list] = (-_NETWORKS_TTL, [])
@@ -49,7 +50,10 @@ def interface_ips(version: int) -> list[str]:
                 addr = ip.ip
             elif version == 6 and ip.is_IPv6:
                 addr = ip.ip[0]
-                if ipaddress.ip_address(addr).is_link_local:
+                try:
+                    if iptext.in_network(6, iptext.to_int(addr)[1], _LINK_LOCAL6):
+                        continue
+                except ValueError:
                     continue
             else:
                 continue
@@ -74,9 +78,10 @@ def host_key(ip: str) -> str:
     if ":" not in ip:
         return ip
     try:
-        return str(ipaddress.IPv6Network((ip.split("%")[0], 64), strict=False))
+        first = iptext.network(ip, 64)[1]
     except ValueError:
         return ip
+    return iptext.unpack(first.to_bytes(16, "big")) + "/64"
 
 
 def is_loopback_ip(ip: str) -> bool:
@@ -111,14 +116,17 @@ def is_private_ip(ip: str) -> bool:
     link-local, loopback, IPv6 ULA), unspecified, reserved or multicast; IPv4 addresses inside IPv6
     (mapped, NAT64, 6to4) are judged as the IPv4 address they carry."""
     try:
-        a = ipaddress.ip_address(ip)
+        v, n = iptext.to_int(ip)
     except ValueError:
         return False
-    if a.version == 6:
-        inner = a.ipv4_mapped or a.sixtofour or (ipaddress.IPv4Address(int(a) & 0xFFFFFFFF) if a in _NAT64 else None)
-        if inner is not None:
-            a = inner
-    return any(a in n for n in _PRIVATE_NETS if n.version == a.version)
+    if v == 6:
+        if n >> 32 == 0xFFFF:  # mapped, ::ffff:a.b.c.d
+            v, n = 4, n & 0xFFFFFFFF
+        elif n >> 112 == 0x2002:  # 6to4, 2002:AABB:CCDD::/48
+            v, n = 4, (n >> 80) & 0xFFFFFFFF
+        elif iptext.in_network(6, n, _NAT64):
+            v, n = 4, n & 0xFFFFFFFF
+    return any(iptext.in_network(v, n, net) for net in _PRIVATE_NETS)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -147,7 +155,7 @@ def _local_networks() -> list:
             for ip in adapter.ips:
                 addr = ip.ip if ip.is_IPv4 else ip.ip[0]
                 try:
-                    nets.append(ipaddress.ip_network(f"{addr}/{ip.network_prefix}", strict=False))
+                    nets.append(iptext.network(addr, ip.network_prefix))
                 except ValueError:
                     continue
         _networks = (now, nets)
@@ -161,7 +169,7 @@ def on_local_network(addr: Multiaddr) -> bool:
     if not is_private(addr):
         return True
     try:
-        a = ipaddress.ip_address(str(list(addr)[0][1]))
+        v, n = iptext.to_int(str(list(addr)[0][1]))
     except ValueError:
         return False
-    return any(a in n for n in _local_networks() if n.version == a.version)
+    return any(iptext.in_network(v, n, net) for net in _local_networks())

@@ -7,9 +7,9 @@ multiformats spec, so addresses round-trip with other libp2p implementations.
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Iterator
 
+from lattica import iptext
 from lattica.errors import InvalidPeerId, MultiaddrError
 from lattica._protobuf import read_uvarint, uvarint
 from lattica.identity import PeerId
@@ -50,10 +50,11 @@ _PARSED_MAX = 4096
 
 def _value_to_bytes(proto: _Proto, value: str) -> bytes:
     try:
-        if proto.name == "ip4":
-            return ipaddress.IPv4Address(value).packed
-        if proto.name == "ip6":
-            return ipaddress.IPv6Address(value).packed
+        if proto.name in ("ip4", "ip6"):
+            raw = iptext.pack(value)
+            if len(raw) != (4 if proto.name == "ip4" else 16):
+                raise ValueError(f"not an IPv{proto.name[-1]} address")
+            return raw
         if proto.name in ("tcp", "udp"):
             port = int(value, 10)
             if not 0 <= port <= 65535:
@@ -74,10 +75,10 @@ def _value_to_bytes(proto: _Proto, value: str) -> bytes:
 
 def _value_to_text(proto: _Proto, raw: bytes) -> str:
     try:
-        if proto.name == "ip4":
-            return str(ipaddress.IPv4Address(raw))
-        if proto.name == "ip6":
-            return str(ipaddress.IPv6Address(raw))
+        if proto.name in ("ip4", "ip6"):
+            if len(raw) != (4 if proto.name == "ip4" else 16):
+                raise ValueError(f"an IPv{proto.name[-1]} address of {len(raw)} bytes")
+            return iptext.unpack(raw)
         if proto.name in ("tcp", "udp", "memory"):
             return str(int.from_bytes(raw, "big"))
         if proto.name == "p2p":
@@ -244,7 +245,7 @@ class Multiaddr:
     def from_host_port(cls, host: str, port: int, proto: str = "tcp") -> Multiaddr:
         """Build ``/ip4|ip6/<host>/tcp|udp/<port>[/quic-v1]`` (proto: "tcp", "udp" or "quic-v1")."""
         try:
-            fam = "ip6" if ipaddress.ip_address(host).version == 6 else "ip4"
+            fam = "ip6" if iptext.version(host) == 6 else "ip4"
         except ValueError:
             fam = "dns"
         if proto == "quic-v1":

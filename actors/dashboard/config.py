@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Any
 
 from lattica.valueclass import ValueClass
@@ -53,6 +52,8 @@ def split_bind(bind: str) -> tuple[str, int]:
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
+    import ipaddress  # (only a node serving a dashboard asks)
+
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:

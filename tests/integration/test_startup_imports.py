@@ -13,17 +13,19 @@ import sys
 # checks), mDNS on a LAN address, aioquic for QUIC; hashlib and shutil not at all (they load a
 # second OpenSSL binding and the compression libraries); the relay service on a node that relays,
 # supervisors and the shard stub's client side when first named, the in-memory transport for the
-# first /memory address.
+# first /memory address; ipaddress with QUIC or a dashboard (lattica.iptext does the rest).
 LATER = ["structlog", "pykka", "ifaddr", "lattica.mdns", "aioquic", "hashlib", "_hashlib", "shutil",
          "lattica.actors.relay", "lattica.supervisor", "lattica.shards.client", "lattica.shards.select",
-         "lattica.transports.memory"]
+         "lattica.transports.memory", "ipaddress"]
 
 _CHILD = r"""
-import json, sys
+import sys
+before = set(sys.modules)  # (what the interpreter's start loaded: an editable install's finder loads pathlib and ipaddress)
+import json
 import lattica
 node = lattica.Node(["/ip4/127.0.0.1/tcp/0"])
 node.start()
-loaded = [m for m in json.loads(sys.argv[1]) if m in sys.modules]
+loaded = [m for m in json.loads(sys.argv[1]) if m in sys.modules and m not in before]
 node.stop()
 print(json.dumps(loaded))
 """

@@ -39,11 +39,17 @@ F_SYN, F_ACK, F_FIN, F_RST = 1, 2, 4, 8
 GOAWAY_NORMAL, GOAWAY_PROTOCOL, GOAWAY_INTERNAL = 0, 1, 2
 PROTOCOL_WINDOW = 256 * 1024  # yamux's initial window; every stream starts with it
 _BY_REFERENCE = 16 * 1024  # payloads this large are queued as views, smaller ones copied
+_TUNE_MIN_RTT = 0.001  # s: below this, ``window`` already covers gigabytes per second: no tuning
 
 
 class MuxConfig(ValueClass, frozen=True):
     max_streams: int = 256  # open streams per direction: the peer's opens cannot starve ours
-    window: int = 4 * 1024 * 1024  # per-stream receive window we grant (>= 256 KiB)
+    window: int = 4 * 1024 * 1024  # per-stream receive window we grant at first (>= 256 KiB)
+    # A stream whose peer sends a whole window per round trip is held back by it: its window
+    # doubles (at most once a round trip), up to this, while the reader keeps up, and comes back
+    # towards ``window`` once the stream slows down; the round trip comes from the glue
+    # (``Mux.rtt``; below 1 ms nothing is tuned). <= ``window``: never grows.
+    max_window: int = 16 * 1024 * 1024
     max_frame: int = 1024 * 1024  # largest data frame we send
     # Cap on credit promised plus data unread, across all streams. Every stream may always hold
     # yamux's 256 KiB minimum; only credit beyond it is rationed by this budget.
@@ -118,15 +124,18 @@ class GoAwayReceived(Slotted):
 
 
 class _StreamState:
-    __slots__ = ("send_window", "recv_window", "unacked", "buffered", "local_fin", "remote_fin")
+    __slots__ = ("send_window", "recv_window", "unacked", "buffered", "local_fin", "remote_fin", "target", "epoch", "grown")
 
-    def __init__(self) -> None:
+    def __init__(self, target: int) -> None:
         self.send_window = PROTOCOL_WINDOW
         self.recv_window = PROTOCOL_WINDOW  # credit the peer still has on this stream
         self.unacked = 0  # consumed bytes not yet returned to the peer as credit
         self.buffered = 0  # received, not yet consumed by the application
         self.local_fin = False
         self.remote_fin = False
+        self.target = target  # the window this stream is tuned to (config.window .. max_window)
+        self.epoch = 0.0  # when its credit was last returned (0: not yet)
+        self.grown = float("-inf")  # when its window last grew
 
 
 class Mux:
@@ -136,6 +145,10 @@ class Mux:
         self.config = config or MuxConfig()
         if self.config.window < PROTOCOL_WINDOW:
             raise ValueError("mux window must be at least 256 KiB")
+        if not 0 <= self.config.max_window < 2**32:
+            raise ValueError("mux max_window must be within 0 .. 2**32 - 1")
+        self._largest = max(self.config.window, self.config.max_window)  # the most credit a stream may hold
+        self.rtt = 0.0  # the path's round trip in seconds, kept current by the glue (0: unknown, no tuning)
         self._next_id = 1 if is_client else 2
         self._peer_parity = 0 if is_client else 1
         self._streams: dict[int, _StreamState] = {}
@@ -173,7 +186,7 @@ class Mux:
         return sid
 
     def _add(self, sid: int, local: bool) -> _StreamState:
-        st = _StreamState()
+        st = _StreamState(self.config.window)
         self._streams[sid] = st
         self._committed += st.recv_window
         if local:
@@ -199,6 +212,7 @@ class Mux:
     def _initial_grant(self, st: _StreamState) -> int:
         extra = min(self.config.window - PROTOCOL_WINDOW, self._budget())
         st.recv_window += extra
+        st.target = PROTOCOL_WINDOW + extra  # (short of ``window`` when the budget is spent: topped up later)
         self._committed += extra
         return extra
 
@@ -244,8 +258,10 @@ class Mux:
         if self._remove(stream_id) is not None:
             self._frame(T_WINDOW, F_RST, stream_id, 0)
 
-    def consumed(self, stream_id: int, n: int) -> None:
-        """The application read ``n`` bytes of the stream: return credit to the peer in batches."""
+    def consumed(self, stream_id: int, n: int, now: float = 0.0) -> None:
+        """The application read ``n`` bytes of the stream at ``now`` (seconds, any clock; 0: no
+        clock): return credit to the peer in batches, and tune the stream's window (see
+        ``MuxConfig.max_window``)."""
         st = self._streams.get(stream_id)
         if st is None:
             return
@@ -256,15 +272,47 @@ class Mux:
         if st.remote_fin:
             self._maybe_forget(stream_id, st)
             return
-        if st.unacked >= self.config.window // 4:
+        if st.unacked >= st.target // 4:
             # return what was read, within the budget -- but never leave a stream below the minimum
-            grant = min(st.unacked, max(self._budget(), PROTOCOL_WINDOW - st.recv_window))
+            budget = self._budget()
+            grant = returned = min(st.unacked, max(budget, PROTOCOL_WINDOW - st.recv_window))
+            if st.target < self.config.window:  # a stream opened while the budget was spent
+                top = max(0, min(self.config.window - st.target, budget - grant))
+                st.target += top
+                grant += top
+            elif self.rtt >= _TUNE_MIN_RTT and now > 0.0:
+                grant += self._tune(st, now, budget - grant, returned)
+            st.unacked -= returned
             if grant <= 0:
                 return
-            st.unacked -= grant
+            st.epoch = now
             st.recv_window += grant
             self._committed += grant
             self._frame(T_WINDOW, 0, stream_id, grant)
+
+    def _tune(self, st: _StreamState, now: float, spare: int, returning: int) -> int:
+        """Credit to add (or, negative, to keep back of the ``returning`` bytes) as the stream's
+        window changes. A quarter window read in under half a round trip since the last return
+        means the peer sends a window per round trip and is held back by it: double (at most once
+        a round trip, within the budget's ``spare``). One that took over four round trips means
+        the window is far larger than the stream needs: keep back up to the bytes returning now
+        (not below ``window``)."""
+        elapsed = now - st.epoch
+        if st.epoch <= 0.0 or elapsed < 0.0:  # (no earlier return; or a clock that went back)
+            return 0
+        if elapsed < 0.5 * self.rtt:
+            if now - st.grown < self.rtt:
+                return 0
+            grow = min(st.target, self.config.max_window - st.target, spare)
+            if grow > 0:
+                st.target += grow
+                st.grown = now
+                return grow
+        elif elapsed > 4.0 * self.rtt and st.target > self.config.window:
+            cut = min(st.target // 2, st.target - self.config.window, returning)
+            st.target -= cut
+            return -cut
+        return 0
 
     def ping(self, opaque: int) -> None:
         self._frame(T_PING, F_SYN, 0, opaque & 0xFFFFFFFF)
@@ -344,7 +392,7 @@ class Mux:
         """A data frame header: open the stream on SYN, check the length against the credit."""
         st = self._stream_for(events, flags, sid)
         if st is None:
-            if length > self.config.window:
+            if length > self._largest:
                 raise ProtocolError(f"mux data frame of {length} bytes exceeds any window")
         elif length:
             if st.remote_fin:

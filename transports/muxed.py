@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from time import monotonic as _monotonic
 from typing import Callable, Protocol
 
 from lattica.logging import get_logger
@@ -35,7 +36,10 @@ from lattica.transports.noise import NoiseSession
 from lattica.transports.tcpinfo import tcp_info
 
 log = get_logger("lattica.transport")
-_MAX_UNSENT = 64 * 1024 * 1024  # bytes queued for a paused socket before we give up on the peer
+# bytes queued for a paused socket before we give up on the peer: stream data within the peer's
+# credit goes to the socket at once (credit is bounded by the peer's buffer budget: 64 MiB by
+# default, plus 256 KiB a stream, and a tuned window may hold 16 MiB), so this is well above it
+_MAX_UNSENT = 256 * 1024 * 1024
 _SPARE_MAX = 1024 * 1024  # a sealed buffer this size or smaller is kept for the next write
 
 
@@ -250,6 +254,7 @@ class MuxedConnection(Connection):
         self._rtt_ping = 0  # id of the last ping timing the round trip (0 is the keepalive's)
         self._rtt_sent: float | None = None  # loop time it went out; None once answered
         self._rtt_ms: float | None = None
+        self._rtt_due = 0.0  # loop time the mux's round trip is next refreshed (window tuning)
         self._keepalive_interval = keepalive_interval
         self._keepalive_timeout = keepalive_timeout
         self._keepalive_handle = (
@@ -325,6 +330,15 @@ class MuxedConnection(Connection):
         self._rtt_sent = now
         self._mux.ping(self._rtt_ping)
         self._schedule_flush()
+
+    def _refresh_rtt(self, now: float) -> None:
+        """Keep the mux's round trip current for window tuning (once a second while data flows;
+        sooner until a first figure is in)."""
+        stats = self.path_stats()
+        rtt = stats.get("rtt_ms") if stats else None
+        if rtt is not None:
+            self._mux.rtt = rtt / 1000.0
+        self._rtt_due = now + (0.1 if rtt is None else 1.0)
 
     def _pong(self, ping_id: int) -> None:
         if ping_id == self._rtt_ping and self._rtt_sent is not None:
@@ -424,7 +438,10 @@ class MuxedConnection(Connection):
     # -- bytes out --------------------------------------------------------------------------
 
     def _consumed(self, sid: int, n: int) -> None:
-        self._mux.consumed(sid, n)
+        now = _monotonic()  # (not the loop's clock: uvloop's moves in whole milliseconds)
+        if now >= self._rtt_due:
+            self._refresh_rtt(now)
+        self._mux.consumed(sid, n, now)
         if self._mux.has_data_to_send():
             self._schedule_flush()
         s = self._streams.get(sid)
@@ -459,8 +476,9 @@ class MuxedConnection(Connection):
             for piece in pieces:
                 write(piece)
         if self._write_paused and self._writer.get_write_buffer_size() > _MAX_UNSENT:
-            # Stream data waits for drain(); only replies the mux makes by itself (pongs, window
-            # updates, resets) can pile up here, and only if the peer stopped reading its socket.
+            # Beyond the peer's credit, stream data waits for drain(); what piles up past
+            # _MAX_UNSENT is replies the mux makes by itself (pongs, window updates, resets),
+            # which only happens if the peer stopped reading its socket.
             log.info("closing connection: peer stopped reading", peer=str(self.remote_peer))
             self._teardown("peer stopped reading", graceful=False)
 

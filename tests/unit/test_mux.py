@@ -250,3 +250,134 @@ def test_garbage_raises_only_protocol_error(data):
         s.receive_data(data)
     except ProtocolError:
         pass
+
+
+MiB = 1 << 20
+
+
+def _round(c: Mux, s: Mux, sid: int, t: float, read: int | None = None) -> int:
+    """One round trip of a sender that always has data: it fills the credit it holds; the reader
+    reads ``read`` bytes (default: everything) at ``t``, in 256 KiB reads; credit flows back."""
+    c.send_data(sid, bytes(c.send_window(sid)))
+    got = sum(len(e.data) for e in of(pump(c, s), DataReceived))
+    left = got if read is None else min(read, got)
+    while left > 0:
+        n = min(PROTOCOL_WINDOW, left)
+        s.consumed(sid, n, t)
+        left -= n
+    pump(s, c)
+    return got
+
+
+def _stream(**cfg):
+    c, s = pair(**cfg)
+    sid = c.open_stream()
+    pump(c, s)
+    pump(s, c)
+    return c, s, sid
+
+
+def test_a_window_limited_stream_grows_its_window_up_to_the_bound():
+    c, s, sid = _stream(window=MiB, max_window=8 * MiB)
+    s.rtt = 0.1  # a long link: a window per round trip is all the peer may send
+    sent = [_round(c, s, sid, 1.0 + 0.1 * i) for i in range(8)]
+    assert sent[0] == MiB and sent[-1] == 8 * MiB and sorted(sent) == sent
+    assert s._streams[sid].target == 8 * MiB and c.send_window(sid) == 8 * MiB
+
+
+def test_without_a_round_trip_or_a_clock_the_window_stays():
+    c, s, sid = _stream(window=MiB, max_window=8 * MiB)
+    assert [_round(c, s, sid, 1.0 + 0.1 * i) for i in range(4)] == [MiB] * 4  # rtt unknown
+    s.rtt = 0.1
+    assert [_round(c, s, sid, 0.0) for i in range(4)] == [MiB] * 4  # no clock given
+
+
+def test_a_stream_that_slows_down_shrinks_back_but_not_below_the_first_window():
+    c, s, sid = _stream(window=MiB, max_window=8 * MiB)
+    s.rtt = 0.1
+    for i in range(6):
+        _round(c, s, sid, 1.0 + 0.1 * i)
+    assert s._streams[sid].target == 8 * MiB
+    # now the reader reads 256 KiB every 0.25 s (2.5 round trips): the window halves each time a
+    # quarter of it took over four round trips to read
+    targets = []
+    t = 10.0
+    for _ in range(6):
+        c.send_data(sid, bytes(c.send_window(sid)))
+        pump(c, s)
+        while s._streams[sid].buffered:
+            s.consumed(sid, min(PROTOCOL_WINDOW, s._streams[sid].buffered), t)
+            t += 0.25
+        pump(s, c)
+        targets.append(s._streams[sid].target)
+    assert targets[0] < 8 * MiB and targets[-1] == MiB and targets == sorted(targets, reverse=True)
+    # and the credit the peer holds has come down with it
+    assert c.send_window(sid) == MiB
+
+
+def test_growth_stays_within_the_connection_budget():
+    c, s, sid = _stream(window=MiB, max_window=64 * MiB, max_buffered=6 * MiB)
+    s.rtt = 0.1
+    for i in range(10):
+        _round(c, s, sid, 1.0 + 0.1 * i)
+    assert s._committed <= 6 * MiB and c.send_window(sid) <= 6 * MiB
+    assert s._streams[sid].target >= 4 * MiB  # it grew as far as the budget let it
+
+
+def test_a_window_grows_at_most_twofold_a_round_trip():
+    c, s, sid = _stream(window=MiB, max_window=64 * MiB)
+    s.rtt = 0.1
+    sent = [_round(c, s, sid, 1.0 + 0.1 * i + 1e-6 * i) for i in range(5)]  # (rounds a hair over an RTT apart)
+    assert sent == [MiB, 2 * MiB, 4 * MiB, 8 * MiB, 16 * MiB]
+
+
+def test_below_a_millisecond_of_round_trip_nothing_is_tuned():
+    c, s, sid = _stream(window=MiB, max_window=8 * MiB)
+    s.rtt = 0.0005  # a LAN: the configured window already carries gigabytes per second
+    assert [_round(c, s, sid, 1.0 + 0.001 * i) for i in range(4)] == [MiB] * 4
+
+
+def test_a_frame_in_flight_on_a_stream_we_reset_never_breaks_the_connection():
+    # the peer may hold up to max_window of credit on a stream; after we reset it, its frames (up
+    # to the peer's max_frame) still arrive and are dropped, not taken for a protocol violation
+    c, s, sid = _stream(window=PROTOCOL_WINDOW, max_window=16 * MiB)
+    s.rtt = 0.01
+    for i in range(8):  # the peer fills its credit each round trip; we read it in 64 KiB reads
+        got = sum(len(e.data) for e in of(pump(c, s) if c.send_data(sid, bytes(c.send_window(sid))) else [], DataReceived))
+        for _ in range(got // (64 << 10)):
+            s.consumed(sid, 64 << 10, 1.0 + 0.011 * i)
+        pump(s, c)
+    assert c.send_window(sid) > MiB
+    c.send_data(sid, bytes(c.send_window(sid)))
+    s.reset_stream(sid)
+    assert not of(pump(c, s), DataReceived)  # dropped, and no ProtocolError
+    sid2 = c.open_stream()
+    c.send_data(sid2, b"still here")
+    assert of(pump(c, s), DataReceived)[0].data == b"still here"
+
+
+def test_a_stream_opened_while_the_budget_is_spent_gets_its_window_once_it_frees():
+    c, s = pair(window=4 * MiB, max_buffered=8 * MiB)
+    hogs = [c.open_stream() for _ in range(2)]
+    pump(c, s)
+    pump(s, c)
+    for h in hogs:
+        c.send_data(h, bytes(c.send_window(h)))
+    pump(c, s)  # 8 MiB sits unread at s: its budget is spent
+    late = c.open_stream()
+    pump(c, s)
+    pump(s, c)
+    assert c.send_window(late) == PROTOCOL_WINDOW  # only the minimum for now
+    for h in hogs:  # the hogs are read and closed: the budget frees up
+        s.consumed(h, s._streams[h].buffered)
+        c.reset_stream(h)
+    pump(c, s)
+    pump(s, c)
+    moved = 0
+    for _ in range(4):  # the late stream's credit keeps flowing, and grows to the configured window
+        n = c.send_data(late, bytes(c.send_window(late)))
+        pump(c, s)
+        s.consumed(late, n)
+        pump(s, c)
+        moved += n
+    assert moved > 4 * PROTOCOL_WINDOW and c.send_window(late) == 4 * MiB

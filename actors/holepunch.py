@@ -41,6 +41,7 @@ SPRAY_SOCKETS = 256  # sockets the hard side opens: with 1,000 probes/s a hit is
 PROBE_RATE = 1000.0  # probes per second from the easy side
 _TICK = 0.02
 _RESEND = 0.25  # s between punch datagram rounds
+TCP_GRACE = 1.0  # s a TCP punch under way may still finish once QUIC got through (TCP is the fast path)
 _MAX_ACTIVE = 32  # punches at once
 _MAX_SPRAYS = 2  # of which hard-side sprays (each holds SPRAY_SOCKETS sockets)
 _EXCHANGE_TIMEOUT = 10.0
@@ -193,6 +194,7 @@ class HolePunchService:
         tasks: list[asyncio.Task] = []
         sprayed: list = []
         hit: list = []
+        keep: list[asyncio.Task] = []  # TCP punches that outlive the punch by TCP_GRACE
         quic = host.quic_transport() if plan.quic_targets else None
         payload = probe_packet(punch.token)
         targets = [a.host_port() for a in plan.quic_targets]
@@ -218,8 +220,9 @@ class HolePunchService:
             if punch.delay:
                 await asyncio.sleep(punch.delay)
             tcp = host.tcp_transport()
-            for addr in plan.tcp_targets[:4] if tcp is not None else ():
-                tasks.append(host.spawn(self._dial(peer, lambda a=addr: tcp.punch(a, peer, initiator=plan.tcp_initiator, timeout=window))))
+            tcp_tasks = [host.spawn(self._dial(peer, lambda a=addr: tcp.punch(a, peer, initiator=plan.tcp_initiator, timeout=window)))
+                         for addr in (plan.tcp_targets[:4] if tcp is not None else ())]
+            tasks += tcp_tasks
             if quic is not None and plan.quic_dial:
                 for addr in plan.quic_targets[:4]:
                     dial_quic(addr)
@@ -232,9 +235,14 @@ class HolePunchService:
             if quic is not None and plan.probe_ips:
                 tasks.append(host.spawn(self._probe(quic, plan.probe_ips, payload, window)))
             try:
-                await asyncio.wait_for(asyncio.shield(fut), window)
+                first = await asyncio.wait_for(asyncio.shield(fut), window)
             except asyncio.TimeoutError:
-                pass
+                first = None
+            if first is not None and first.transport != "tcp":
+                # QUIC got through first; both ends are also opening TCP at once, and a TCP path,
+                # if it comes, becomes the primary one (lattica/host/connections.py): the TCP
+                # punches under way get a moment more
+                keep = [t for t in tcp_tasks if not t.done()]
             return self._direct(peer)
         except LatticaError as e:
             log.info("hole punch failed", peer=str(peer), reason=str(e))
@@ -243,7 +251,10 @@ class HolePunchService:
             if self._waiting.get(peer) is fut:
                 del self._waiting[peer]
             for t in tasks:
-                t.cancel()
+                if t not in keep:
+                    t.cancel()
+            if keep:
+                host.loop.call_later(TCP_GRACE, lambda: [t.cancel() for t in keep])
             if sprayed:
                 # every socket a punch got through from stays while its connection lives: two
                 # may have got through, and the host may have made either the primary one

@@ -22,6 +22,9 @@ MAX_CONNS_PER_PEER = 4
 EVICT_MIN_AGE = 2.0  # seconds an unidentified connection is given before a newcomer may evict it
 
 
+_TCP_AND_QUIC = {"tcp", "quic"}
+
+
 class Connections:
     """Adopts authenticated connections and picks each peer's primary one (direct beats relayed;
     of two simultaneous dials both ends keep the one dialed by the smaller PeerId), forgets them
@@ -41,7 +44,7 @@ class Connections:
         self.events = events
         self.spawn = spawn
         self._serve = serve  # serves one inbound stream of a connection
-        self._path_changed = path_changed  # a peer's primary connection went from relayed to direct
+        self._path_changed = path_changed  # a peer's primary connection got better (relayed to direct, QUIC to TCP)
         self.conns: dict[PeerId, Connection] = {}
         self.all_conns: set[Connection] = set()
         self.conns_of: dict[PeerId, set[Connection]] = {}  # every live connection, by peer
@@ -64,6 +67,15 @@ class Connections:
         existing = self.conns.get(peer)
         if existing is None or existing.is_closed:
             self.conns[peer] = conn
+        elif {conn.transport, existing.transport} == _TCP_AND_QUIC:
+            # Two direct paths (a dial race's two winners, a punch that got through on both): TCP
+            # is the fast one here (QUIC in Python carries a fraction of it), so both ends keep
+            # TCP, whichever came first; the QUIC one lingers for streams already on it.
+            tcp, quic = (conn, existing) if conn.transport == "tcp" else (existing, conn)
+            self.conns[peer] = tcp
+            self.loop.call_later(LINGER, self._close_if_unused, quic)
+            if tcp is conn:
+                self._path_changed(peer)
         elif spare:
             self.loop.call_later(LINGER, self._close_spare, conn)
         elif (conn.transport == "relay") != (existing.transport == "relay"):

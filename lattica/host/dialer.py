@@ -210,6 +210,7 @@ class Dialer:
                 self._note_dial(addr)
                 task = host.loop.create_task(transport.dial(addr, peer))
                 task.addr = addr  # type: ignore[attr-defined]
+                task.addr_transport = transport.name  # type: ignore[attr-defined]
                 pending.add(task)
 
         for _ in range(first_wave):
@@ -228,8 +229,10 @@ class Dialer:
                     start_next()
         finally:
             for task in pending:
-                task.cancel()
-            for task in pending:
+                # a TCP dial under way when QUIC won goes on: TCP is the fast path here, and a
+                # late TCP connection becomes the primary one (lattica/host/connections.py)
+                if not (winner is not None and winner.transport == "quic" and task.addr_transport == "tcp"):  # type: ignore[attr-defined]
+                    task.cancel()
                 task.add_done_callback(self._late_winner)
         if winner is None:
             kind = PeerGone if errors and refused == len(errors) else PeerUnreachable
@@ -243,7 +246,8 @@ class Dialer:
     def _late_winner(self, task: asyncio.Task) -> None:
         """A dial that completed after another won the race: the peer may have taken this
         connection as its primary already (its end of the handshake finished first) and put
-        calls on it, so it is kept as a spare that closes once unused, never aborted."""
+        calls on it, so it is kept as a spare that closes once unused, never aborted (a TCP one
+        that finished after QUIC won becomes the primary one instead)."""
         if task.cancelled() or task.exception() is not None:
             return
         conn = task.result()

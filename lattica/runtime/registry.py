@@ -244,9 +244,9 @@ class Runtime(Following):
         return ch
 
     def path_changed(self, peer: PeerId) -> None:
-        """A better connection to ``peer`` became primary (direct instead of relayed): the call
-        channel moves to it as soon as no call is in flight on the old one (keeping per-caller
-        order), and at once if none is."""
+        """A better connection to ``peer`` became primary (direct instead of relayed, TCP instead
+        of QUIC): the call channel moves to it as soon as no call is in flight on the old one
+        (keeping per-caller order), and at once if none is."""
         ch = self.channels.get(peer)
         if isinstance(ch, RemoteChannel) and ch.stream is not None:
             ch.moving = True

@@ -84,6 +84,28 @@ def test_one_connection_per_peer_even_when_both_dial():
             assert a.ping(b.peer_id) > 0 and b.ping(a.peer_id) > 0
 
 
+@pytest.mark.parametrize("first", ["quic", "tcp"])
+def test_tcp_is_the_primary_path_over_quic_on_both_ends(first):
+    """Two direct paths to one peer (a dial race's two winners, a punch that got through on both):
+    TCP is the fast one here, so both ends make it the primary whichever came first, and the QUIC
+    connection closes once unused."""
+    with lattica.Node([TCP, QUIC]) as a, lattica.Node([TCP, QUIC]) as b:
+        by = {("quic" if "quic" in str(x) else "tcp"): x for x in a.addrs}
+        second = "tcp" if first == "quic" else "quic"
+        b.connect(by[first])
+
+        async def paths(h, peer):
+            c = h.conns.get(peer)
+            return (c.transport if c is not None else None), sorted(x.transport for x in h.conns_of.get(peer, ()) if not x.is_closed)
+
+        assert b.run(paths(b._host, a.peer_id))[0] == first
+        b._submit(lambda h: h.dial_addrs(a.peer_id, [by[second]])).result(10)
+        assert wait_for(lambda: b.run(paths(b._host, a.peer_id))[0] == a.run(paths(a._host, b.peer_id))[0] == "tcp", timeout=5)
+        assert b.ping(a.peer_id) > 0 and a.ping(b.peer_id) > 0
+        # the QUIC connection is unused, and closes after the linger period
+        assert wait_for(lambda: b.run(paths(b._host, a.peer_id)) == a.run(paths(a._host, b.peer_id)) == ("tcp", ["tcp"]), timeout=10)
+
+
 async def _count(h):
     return len(h.all_conns)
 

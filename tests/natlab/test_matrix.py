@@ -151,6 +151,15 @@ def test_every_pair_connects_and_calls(mesh):
     assert not failed, failed
     direct = sum(r["path"] in ("tcp", "quic") for r in results.values())
     print(f"direct: {direct}/{len(results)}")
+    # where the pairs ended: a punch that also got TCP through makes it the primary path (TCP is
+    # the fast one), a moment after QUIC came up (the table above is the first direct path)
+    time.sleep(2.0)
+    conns = {a: nodes[(a, 0)].ask({"cmd": "status"})["conns"] for a in KINDS6}
+    settled = {(a, b): ("tcp" if "tcp" in conns[a].get(nodes[(b, 1)].peer_id, []) else results[(a, b)]["path"]) for a in KINDS6 for b in KINDS6}
+    lines = ["settled: caller \\ callee " + "".join(f"{SHORT[b]:>{width}}" for b in KINDS6)]
+    lines += [f"{SHORT[a]:<25}" + "".join(f"{settled[(a, b)]:>{width}}" for b in KINDS6) for a in KINDS6]
+    print("\n".join(lines))
+    print(f"on TCP: {sum(v == 'tcp' for v in settled.values())}/{len(settled)}")
     for (a, b), r in results.items():
         if (a, b) != ("symmetric", "symmetric"):
             # dialable directly, or hole punched (many-port probing when one side is symmetric)

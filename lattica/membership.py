@@ -69,6 +69,7 @@ _MAX_RUMORS = 32  # per message
 _MAX_INFO_KEYS = 32
 _MAX_VIEW = 4096  # members in one full view
 MAX_MEMBERS = 4096  # members one node keeps (dead and departed ones until they are forgotten)
+_JUMP_EVERY = 60.0  # seconds between refutations of incarnations we never stated (see _about_us)
 _HEARSAY_FOR = 30.0  # seconds an unconfirmed verdict waits for a second member to say it
 _MAX_HEARSAY = 1024
 MAX_JUMP = 1 << 20  # hearsay about us names at most this many incarnations past our own
@@ -235,6 +236,8 @@ class Membership:
         self.reachable: Callable[[str], bool] = lambda member_id: True
         self._next_sync = 0.0
         self._downed_at = -1  # the newest incarnation in which we heard we were declared dead
+        self._refuted = False  # we raised our incarnation to refute something this round
+        self._jumped_at = float("-inf")  # when we last refuted an incarnation we never stated
         self._hearsay: dict[tuple[str, int, str], tuple[float, set[str]]] = {}  # unconfirmed verdicts: first heard, by whom
         # members that must hear they were declared dead (still talking to us, or back in a newer
         # incarnation without having heard it), with the incarnation of the verdict
@@ -366,8 +369,16 @@ class Membership:
         if state == DEAD and inc > self._downed_at and not self._left and self._heard_from_enough(now, self.me.id, inc, state, sender):
             self._downed_at = inc  # (told once per verdict, even if a suspicion was refuted first)
             events.append(SelfDowned(max(self.me.incarnation, inc + 1)))
-        if inc >= self.me.incarnation and not self._left:
+        if inc >= self.me.incarnation and not self._left and not self._refuted:
+            if inc > self.me.incarnation:
+                # an incarnation this process never stated: the mesh remembers a previous run of
+                # ours (a restart), or someone invents one. Jumped to at most once a minute, so
+                # rows naming ever higher ones cannot drive ours towards MAX_INCARNATION.
+                if now - self._jumped_at < _JUMP_EVERY:
+                    return events
+                self._jumped_at = now
             self.me.incarnation = inc + 1  # refute: we are alive, in a newer incarnation
+            self._refuted = True  # (once a round: a refutation spreads; more rows cannot race it up)
             self._seal()
             self._spread(self.me.id)
         return events
@@ -487,6 +498,7 @@ class Membership:
             elif m.state in (DEAD, LEFT) and now - m.since >= self.cfg.forget_after:
                 del self.members[m.id]
                 self._rumors.pop(m.id, None)
+        self._refuted = False
         out: list[tuple[str, dict]] = []
         if self._left:
             return out, events
@@ -507,7 +519,8 @@ class Membership:
                 out.append((mid, {"rumors": [[m.id, inc, DEAD, m.info, None]]}))
         self._tell_dead.clear()
         for mid, inc in self._tell_suspected.items():
-            if self.reachable(mid):
+            m = self.members.get(mid)
+            if m is not None and m.state in (ALIVE, SUSPECT) and m.incarnation == inc and self.reachable(mid):
                 out.append((mid, {"rumors": [[mid, inc, SUSPECT, {}, None]]}))
         self._tell_suspected.clear()
         sync = [mid for mid in self._welcome if mid in self.members and self.reachable(mid)][:3]

@@ -307,6 +307,40 @@ def test_a_suspicion_passed_on_to_its_member_names_only_its_current_incarnation(
     assert b.me.incarnation == 1
 
 
+def test_rows_about_us_cannot_drive_our_incarnation_up():
+    """A member sends us rows that we are suspect or dead in ever newer incarnations (a whole view
+    of them, message after message): we refute at most once a round, and an incarnation we never
+    stated (a previous run of ours the mesh remembers) is jumped to at most once a minute."""
+    from lattica.membership import MAX_JUMP
+
+    me = Membership("me")
+    me.add(0.0, "liar")
+    me.add(0.0, "other")
+    view = [["me", i, SUSPECT if i % 2 else DEAD, {}, None] for i in range(0, 4096 * MAX_JUMP, MAX_JUMP)]
+    me.receive(1.0, "liar", {"view": view})
+    assert me.me.incarnation == MAX_JUMP + 1 or me.me.incarnation == 1  # one refutation (a jump, or of 0)
+    first = me.me.incarnation
+    t = 1.0
+    for _ in range(100):  # 50 s of rounds, each with a view of ever higher incarnations
+        t += 0.5
+        me.tick(t)
+        me.receive(t, "liar", {"view": [["me", me.me.incarnation + k, SUSPECT, {}, None] for k in range(0, 64 * MAX_JUMP, MAX_JUMP)]})
+    assert me.me.incarnation <= first + 100  # only rows naming our own incarnation, once a round
+    t += 60.0
+    me.tick(t)
+    me.receive(t, "liar", {"rumors": [["me", me.me.incarnation + MAX_JUMP, SUSPECT, {}, None]]})
+    assert me.me.incarnation > first + MAX_JUMP  # a minute later, one jump again (a restart must be able to)
+
+
+def test_a_suspicion_is_not_passed_on_to_a_member_that_left_meanwhile():
+    a, b = _pair()
+    _run([a, b], until=3.0)
+    a.receive(3.0, "c", {"rumors": [["b", 0, SUSPECT, {}, None]]})  # queued: a still hears b
+    a.receive(3.01, "b", b.leave())
+    assert a.get("b").state == LEFT
+    assert not [m for to, m in a.tick(3.1)[0] if to == "b"]
+
+
 def test_hearsay_about_a_member_we_do_not_watch_still_spreads():
     a = Membership("a")
     a.receive(0.0, "c", {"rumors": [row("x", 0, ALIVE, {})]})

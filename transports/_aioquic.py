@@ -26,10 +26,13 @@ What we need beyond the public API:
 from __future__ import annotations
 
 import ssl
+from bisect import bisect_right
 
 import aioquic
-from aioquic.buffer import Buffer
+from aioquic.buffer import Buffer, size_uint_var
+from aioquic import tls
 from aioquic.quic import events
+from aioquic._crypto import CryptoError
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import (
     CONNECTION_LIMIT_FRAME_CAPACITY,
@@ -37,8 +40,11 @@ from aioquic.quic.connection import (
     QuicConnection,
     QuicConnectionState,
 )
-from aioquic.quic.packet import QuicFrameType, QuicPacketType, pull_quic_header
+from aioquic.quic.crypto import CryptoContext, KeyUnavailableError, next_key_phase
+from aioquic.quic.packet import QuicFrameType, QuicPacketType, QuicStreamFrame, decode_packet_number, pull_quic_header
+from aioquic.quic.packet_builder import QuicDeliveryState
 from aioquic.quic.recovery import QuicPacketPacer
+from aioquic.quic.stream import QuicStreamSender
 
 # Documented aioquic API used here: QuicConnection, QuicConfiguration, events, pull_quic_header.
 # Internal modules and names (all checked against aioquic 1.7.2):
@@ -87,6 +93,159 @@ class _CoarseTimerPacer(QuicPacketPacer):
             self.bucket_max = PACER_MIN_BURST
 
 
+class _LeanCryptoContext(CryptoContext):
+    """aioquic's packet protection with header protection applied to the header only.
+
+    aioquic 1.7.2 copies the whole packet three times to flip a few header bits when sealing
+    (header + payload, bytearray, bytes) and once when opening; at 64 KiB datagrams that was a
+    sixth of the sender's time. Same keys, same bytes on the wire (RFC 9001 5.3-5.4); installed
+    on a connection's 1-RTT contexts, whose keys and key phase aioquic keeps managing.
+    """
+
+    def encrypt_packet(self, plain_header: bytes, plain_payload: bytes, packet_number: int) -> bytes:
+        assert self.is_valid(), "Encryption key is not available"
+        protected = self.aead.encrypt(plain_payload, plain_header, packet_number)
+        pn_length = (plain_header[0] & 0x03) + 1
+        pn_offset = len(plain_header) - pn_length
+        sample_at = 4 - pn_length  # the sample starts 4 bytes after the packet number's start
+        mask = self.hp._mask(protected[sample_at : sample_at + 16])
+        header = bytearray(plain_header)
+        header[0] ^= mask[0] & (0x0F if header[0] & 0x80 else 0x1F)
+        for i in range(pn_length):
+            header[pn_offset + i] ^= mask[1 + i]
+        return bytes(header) + protected
+
+    def decrypt_packet(
+        self, packet: bytes, encrypted_offset: int, expected_packet_number: int
+    ) -> tuple[bytes, bytes, int, bool]:
+        if self.aead is None:
+            raise KeyUnavailableError("Decryption key is not available")
+        sample_at = encrypted_offset + 4
+        if sample_at + 16 > len(packet):
+            raise CryptoError("Packet is too short to sample")
+        mask = self.hp._mask(packet[sample_at : sample_at + 16])
+        header = bytearray(packet[:sample_at])
+        first = header[0] = header[0] ^ (mask[0] & (0x0F if header[0] & 0x80 else 0x1F))
+        pn_length = (first & 0x03) + 1
+        truncated = 0
+        for i in range(pn_length):
+            b = header[encrypted_offset + i] = header[encrypted_offset + i] ^ mask[1 + i]
+            truncated = (truncated << 8) | b
+        plain_header = bytes(header[: encrypted_offset + pn_length])
+        packet_number = decode_packet_number(truncated, pn_length * 8, expected_packet_number)
+        crypto = self
+        if not first & 0x80 and ((first & 4) >> 2) != self.key_phase:
+            crypto = next_key_phase(self)  # (aioquic's key update, unchanged)
+        payload = crypto.aead.decrypt(memoryview(packet)[len(plain_header) :], plain_header, packet_number)
+        return plain_header, payload, packet_number, crypto is not self
+
+
+class _ChunkedSender(QuicStreamSender):
+    """aioquic's stream sender, keeping written data as a list of chunks instead of one bytearray.
+
+    aioquic 1.7.2 appends every write to one bytearray and cuts acknowledged bytes off its front:
+    with hundreds of MiB queued (1,000 calls of 256 KiB in flight) the appends reallocate and
+    move the whole buffer, and every frame is copied twice (slice, then bytes()). Here a write
+    of ``bytes`` is kept by reference, a frame is at most one copy (none when it is a whole
+    chunk), and acknowledged chunks are dropped in O(1). Retransmission, FIN and reset logic
+    are aioquic's (RangeSets of pending and acknowledged offsets, unchanged).
+    """
+
+    def __init__(self, stream_id: int | None, writable: bool) -> None:
+        super().__init__(stream_id=stream_id, writable=writable)
+        self._chunks: list[bytes] = []
+        self._starts: list[int] = []  # stream offset of each chunk
+        self._head = 0  # chunks before this index are fully acknowledged
+
+    def write(self, data: bytes, end_stream: bool = False) -> None:
+        if self._buffer_fin is not None:
+            raise RuntimeError("Cannot send data after FIN")
+        if self._reset_error_code is not None:
+            raise RuntimeError("Cannot send data after the stream was reset")
+        size = len(data)
+        if size:
+            if type(data) is not bytes:  # a caller may reuse a bytearray or memoryview
+                data = bytes(data)
+            self.buffer_is_empty = False
+            self._pending.add(self._buffer_stop, self._buffer_stop + size)
+            self._chunks.append(data)
+            self._starts.append(self._buffer_stop)
+            self._buffer_stop += size
+        if end_stream:
+            self.buffer_is_empty = False
+            self._buffer_fin = self._buffer_stop
+            self._pending_eof = True
+
+    def _slice(self, start: int, stop: int) -> bytes:
+        chunks, starts = self._chunks, self._starts
+        i = bisect_right(starts, start, self._head) - 1
+        chunk = chunks[i]
+        off = start - starts[i]
+        if stop - starts[i] <= len(chunk):
+            return chunk if off == 0 and stop - start == len(chunk) else chunk[off : stop - starts[i]]
+        parts = [chunk[off:]]
+        i += 1
+        while starts[i] + len(chunks[i]) < stop:
+            parts.append(chunks[i])
+            i += 1
+        parts.append(chunks[i][: stop - starts[i]])
+        return b"".join(parts)
+
+    def get_frame(self, max_size: int, max_offset: int | None = None) -> QuicStreamFrame | None:
+        assert self._reset_error_code is None, "cannot call get_frame() after reset()"
+        if max_size < 0:
+            return None
+        try:
+            r = self._pending[0]
+        except IndexError:
+            if self._pending_eof:
+                self._pending_eof = False
+                return QuicStreamFrame(fin=True, offset=self._buffer_fin)
+            self.buffer_is_empty = True
+            return None
+        start = r.start
+        stop = min(r.stop, start + max_size)
+        if max_offset is not None and stop > max_offset:
+            stop = max_offset
+        if stop <= start:
+            return None
+        frame = QuicStreamFrame(data=self._slice(start, stop), offset=start)
+        self._pending.subtract(start, stop)
+        if stop > self.highest_offset:
+            self.highest_offset = stop
+        if self._buffer_fin == stop:
+            frame.fin = True
+            self._pending_eof = False
+        return frame
+
+    def on_data_delivery(self, delivery: QuicDeliveryState, start: int, stop: int, fin: bool) -> None:
+        if self._reset_error_code is not None or delivery != QuicDeliveryState.ACKED:
+            super().on_data_delivery(delivery, start, stop, fin)  # (touches no buffer)
+            return
+        if stop > start:
+            self._acked.add(start, stop)
+            first_range = self._acked[0]
+            if first_range.start == self._buffer_start:
+                self._acked.shift()
+                self._buffer_start = first_range.stop
+                self._drop_acked()
+        if fin:
+            self._acked_fin = True
+        if self._buffer_start == self._buffer_fin and self._acked_fin:
+            self.is_finished = True
+
+    def _drop_acked(self) -> None:
+        chunks, starts, head, edge = self._chunks, self._starts, self._head, self._buffer_start
+        n = len(chunks)
+        while head < n and starts[head] + len(chunks[head]) <= edge:
+            chunks[head] = b""  # (the bytes are freed now, the slot when the lists are compacted)
+            head += 1
+        if head > 64 and head * 2 > n:
+            del chunks[:head], starts[:head]
+            head = 0
+        self._head = head
+
+
 class LatticaQuicConnection(QuicConnection):
     """aioquic's QuicConnection with mutual TLS, a configurable stream limit, and receive credit
     that follows application reads (so an app that stops reading bounds our memory)."""
@@ -123,6 +282,10 @@ class LatticaQuicConnection(QuicConnection):
 
     def _initialize(self, peer_cid: bytes) -> None:
         super()._initialize(peer_cid)
+        # PRIVATE (aioquic 1.7.2): _cryptos[ONE_RTT] is a CryptoPair made here; its two contexts
+        # live as long as the connection (key updates copy new keys into them).
+        pair = self._cryptos[tls.Epoch.ONE_RTT]
+        pair.send.__class__ = pair.recv.__class__ = _LeanCryptoContext
         if not self._is_client:
             # PRIVATE (aioquic 1.7.2): tls.Context is created inside _initialize(); the only way to
             # make the server send a CertificateRequest is this flag ("for test purposes only" in
@@ -142,6 +305,56 @@ class LatticaQuicConnection(QuicConnection):
         if leaf is None:
             return []
         return [leaf, *tls._peer_certificate_chain]
+
+    def send_stream_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
+        # PRIVATE (aioquic 1.7.2): QuicStream.sender is a QuicStreamSender made in QuicStream's
+        # __init__; a stream's sender is swapped for the chunked one before its first byte.
+        stream = self._get_or_create_stream_for_send(stream_id)
+        sender = stream.sender
+        if type(sender) is QuicStreamSender and sender._buffer_stop == 0 and sender._buffer_fin is None:
+            fresh = _ChunkedSender(stream_id=stream_id, writable=not sender.is_finished)
+            fresh.reset_pending, fresh._reset_error_code = sender.reset_pending, sender._reset_error_code
+            fresh.buffer_is_empty = sender.buffer_is_empty
+            stream.sender = sender = fresh
+        sender.write(data, end_stream=end_stream)
+
+    # -- STREAM frames longer than 16 KiB ----------------------------------------------------
+
+    def _write_stream_frame(self, builder, space, stream, max_offset):  # type: ignore[no-untyped-def]
+        # PRIVATE override (aioquic 1.7.2 QuicConnection._write_stream_frame): aioquic writes a
+        # STREAM frame's length as a 2-byte varint, so one frame carries < 16 KiB and a datagram
+        # holds one frame per stream. Where the path takes bigger datagrams (loopback: 64 KiB)
+        # the length is written as a 4-byte varint instead; frames that fit keep the 2-byte form.
+        # Otherwise identical to aioquic's (same flow-control bound and delivery handler).
+        sender = stream.sender
+        offset_size = size_uint_var(sender.next_offset) if sender.next_offset else 0
+        room = builder.remaining_flight_space - 1 - size_uint_var(stream.stream_id) - offset_size
+        length_size = 4 if room - 4 > 16383 else 2
+        previous_send_highest = sender.highest_offset
+        frame = sender.get_frame(room - length_size, max_offset)
+        if frame is None:
+            return 0
+        frame_type = QuicFrameType.STREAM_BASE | 2  # length present
+        if frame.offset:
+            frame_type |= 4
+        if frame.fin:
+            frame_type |= 1
+        data = frame.data
+        buf = builder.start_frame(
+            frame_type,
+            capacity=1 + size_uint_var(stream.stream_id) + offset_size + length_size,
+            handler=sender.on_data_delivery,
+            handler_args=(frame.offset, frame.offset + len(data), frame.fin),
+        )
+        buf.push_uint_var(stream.stream_id)
+        if frame.offset:
+            buf.push_uint_var(frame.offset)
+        if len(data) < 16384:
+            buf.push_uint16(len(data) | 0x4000)
+        else:
+            buf.push_uint32(len(data) | 0x80000000)
+        buf.push_bytes(data)
+        return sender.highest_offset - previous_send_highest
 
     # -- receive credit follows application reads ------------------------------------------
 
@@ -191,6 +404,17 @@ class LatticaQuicConnection(QuicConnection):
                 buf.push_uint_var(limit.value)
                 limit.sent = limit.value
 
+    def widen_connection_window(self, window: int) -> None:
+        """Let the connection's receive window reach at least ``window`` bytes (a stream's grew)."""
+        if window > self._conn_window:
+            self._conn_window = window
+
+    def smoothed_rtt(self) -> float:
+        """The path's smoothed round trip in seconds, 0.0 before the first sample."""
+        # PRIVATE (aioquic 1.7.2): QuicPacketRecovery keeps its RTT estimate in these attributes.
+        loss = self._loss
+        return loss._rtt_smoothed if loss._rtt_initialized else 0.0
+
     def conn_credit_due(self) -> bool:
         """True when application reads freed enough connection credit to send MAX_DATA now."""
         # PRIVATE (aioquic 1.7.2): _local_max_data is the Limit behind MAX_DATA.
@@ -210,6 +434,16 @@ class LatticaQuicConnection(QuicConnection):
             return 0
         sender = stream.sender
         return sender._buffer_stop - sender._buffer_start
+
+    def send_unsent(self, stream_id: int) -> int:
+        """Bytes of ``stream_id`` written but not yet sent once (what drain() bounds: bytes in
+        flight are bounded by congestion control and the peer's credit instead)."""
+        # PRIVATE (aioquic 1.7.2): as send_buffered(); highest_offset is the end of what was sent.
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return 0
+        sender = stream.sender
+        return sender._buffer_stop - max(sender.highest_offset, sender._buffer_start)
 
     def total_send_buffered(self) -> int:
         """Bytes queued in aioquic and not yet acknowledged, over all streams."""

@@ -568,6 +568,67 @@ def test_64mib_transfer_sha256() -> None:
     run(main, timeout=60)
 
 
+async def _push(p: Pair, total: int, block: int = 1 << 20) -> tuple[Stream, QuicConn]:
+    """Send ``total`` bytes client -> server on one stream; returns the server's stream once all
+    arrived intact (the last byte of each block numbers it)."""
+    done: asyncio.Future[Stream] = asyncio.get_running_loop().create_future()
+
+    async def sink(s: Stream) -> None:
+        h, n = hashlib.sha256(), 0
+        while data := await s.read(1 << 20):
+            h.update(data)
+            n += len(data)
+        done.set_result(s) if (n, h.digest()) == (total, want.digest()) else done.set_exception(AssertionError(n))
+
+    p.server.set_stream_handler(lambda s: asyncio.ensure_future(sink(s)))
+    s = await p.client.open_stream()
+    want, data = hashlib.sha256(), os.urandom(block)
+    for i in range(total // block):
+        chunk = data[:-1] + bytes([i & 0xFF])
+        want.update(chunk)
+        s.write(chunk)
+        await s.drain()
+    await s.close()
+    return await done, p.server
+
+
+def test_loopback_datagrams_carry_stream_frames_longer_than_16k() -> None:
+    """On loopback a datagram is up to 65,000 bytes and a STREAM frame fills it (its length a
+    4-byte varint, which aioquic writes only up to 16 KiB); elsewhere datagrams stay 1,350."""
+
+    async def main() -> None:
+        async with pair() as p:
+            sizes: list[int] = []
+            ep = p.client._endpoint
+            real = ep.sendto
+            ep.sendto = lambda data, addr: (sizes.append(len(data)), real(data, addr))[1]  # type: ignore[method-assign]
+            await _push(p, 16 << 20)
+            assert max(sizes) > 60_000 and max(sizes) <= 65_000
+            assert sum(1 for n in sizes if n > 16384) >= (16 << 20) // 65_000 - 8
+            assert p.ta._new_quic(is_client=True, peer_addr=("192.0.2.1", 1))._max_datagram_size == 1350
+
+    run(main, timeout=60)
+
+
+def test_stream_windows_grow_while_the_window_holds_the_sender_back() -> None:
+    """A small stream window that a fast transfer fills every round trip doubles up to
+    max_stream_window, and the connection window follows; with max_stream_window at the
+    window's own size it stays fixed."""
+    window = 256 * 1024
+
+    async def main() -> None:
+        async with pair(max_stream_data=window, max_data=4 * window, max_stream_window=4 << 20) as p:
+            s, server = await _push(p, 96 << 20)
+            assert window < s._window <= 4 << 20, s._window
+            assert server._quic._conn_window >= s._window * 3 // 2
+            assert s._window & (s._window - 1) == 0  # doublings of 256 KiB
+        async with pair(max_stream_data=window, max_data=4 * window, max_stream_window=window) as p:
+            s, server = await _push(p, 16 << 20)
+            assert s._window == window and server._quic._conn_window == 4 * window
+
+    run(main, timeout=90)
+
+
 def test_receive_memory_is_bounded_when_the_app_does_not_read() -> None:
     window = 256 * 1024
 

@@ -64,6 +64,7 @@ class QuicConn(Connection):
         self._expected = expected
         self._on_verified = on_verified
         self._stream_window = owner.max_stream_data
+        self._max_window = owner.max_stream_window
         self._high_water = owner.send_high_water
         self._max_out = owner.max_streams
         # peers open streams with the other parity: client-initiated ids are even
@@ -146,7 +147,7 @@ class QuicConn(Connection):
         if self._drain_waiting:
             hw = self._high_water
             for s in list(self._drain_waiting):
-                if quic.send_buffered(s.stream_id) <= hw:
+                if quic.send_unsent(s.stream_id) <= hw:
                     s._wake_drain()
         if self._linger is not None and quic.total_send_buffered() == 0:
             if not self._linger.done():

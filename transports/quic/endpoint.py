@@ -18,7 +18,7 @@ from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
 from lattica.transports import _aioquic
 from lattica.transports.base import ConnectionHandler, Listener, Transport
-from lattica.transports.quic.wire import CID_LEN, MIN_INITIAL, READ_BATCH, RECV_SIZE, SUPPORTED_VERSIONS
+from lattica.transports.quic.wire import CID_LEN, MIN_INITIAL, READ_BATCH, READ_BATCH_BYTES, RECV_SIZE, SUPPORTED_VERSIONS
 from lattica.transports.quic.connection import QuicConn
 
 if TYPE_CHECKING:
@@ -103,7 +103,10 @@ class Endpoint(asyncio.DatagramProtocol):
         """
         self._route(data, addr)
         recvfrom = self.sock.recvfrom
+        budget = READ_BATCH_BYTES - len(data)
         for _ in range(READ_BATCH):
+            if budget <= 0:
+                return
             try:
                 data, addr = recvfrom(RECV_SIZE)
             except (BlockingIOError, InterruptedError):
@@ -112,6 +115,7 @@ class Endpoint(asyncio.DatagramProtocol):
                 if not self.closed:
                     self.error_received(e)
                 return
+            budget -= len(data)
             self._route(data, addr)
 
     def _route(self, data: bytes, addr: tuple) -> None:

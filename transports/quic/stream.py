@@ -37,7 +37,9 @@ class QuicStream(Stream):
         self._read_waiter: asyncio.Future[None] | None = None
         self._drain_waiter: asyncio.Future[None] | None = None
         self._consumed = 0
-        self._advertised = conn._stream_window
+        self._advertised = self._window = conn._stream_window
+        self._credit_at = 0.0  # loop time of the last credit update (0: none yet)
+        self._grown_at = float("-inf")
         self._released = False  # retired: buffered bytes no longer count as connection credit
 
     def __repr__(self) -> str:
@@ -128,15 +130,39 @@ class QuicStream(Stream):
         quic = self._quic
         quic.rx_unread -= k
         conn = self._conn
-        if not self._recv_done:
-            target = self._consumed + conn._stream_window
-            if target - self._advertised >= conn._stream_window >> 2:
+        if not self._recv_done and self._consumed + self._window - self._advertised >= self._window >> 2:
+            target = self._consumed + self._tune()
+            if target > self._advertised:
                 quic.rx_stream_limit[self.stream_id] = target
                 self._advertised = target
                 conn._schedule_flush()
         if quic.conn_credit_due():
             conn._schedule_flush()
         return out
+
+    def _tune(self) -> int:
+        """This stream's receive window as of a credit update (the rule of the mux's windows,
+        transports/mux.py): a quarter window read in under half a round trip since the last
+        update means the peer sends a window per round trip and is held back by it: double (at
+        most once a round trip); over four round trips means the window is far larger than the
+        stream needs: halve, not below the configured one."""
+        conn = self._conn
+        now = conn._loop.time()
+        last, self._credit_at = self._credit_at, now
+        rtt = self._quic.smoothed_rtt()
+        window = self._window
+        if rtt <= 0.0 or last == 0.0:  # (no round trip measured yet, or the first update)
+            return window
+        elapsed = now - last
+        if elapsed < 0.5 * rtt:
+            if now - self._grown_at >= rtt and window < conn._max_window:
+                window = min(2 * window, conn._max_window)
+                self._grown_at = now
+                self._quic.widen_connection_window(window + window // 2)
+        elif elapsed > 4.0 * rtt and window > conn._stream_window:
+            window = max(window // 2, conn._stream_window)
+        self._window = window
+        return window
 
     async def read(self, max_bytes: int = 65536) -> bytes:
         """Up to ``max_bytes`` buffered bytes (waits for some); b"" after the peer's FIN."""
@@ -191,7 +217,7 @@ class QuicStream(Stream):
                 raise self._write_exc
             if conn._closed_exc is not None:
                 raise conn._closed_exc
-            if self._quic.send_buffered(self.stream_id) <= conn._high_water:
+            if self._quic.send_unsent(self.stream_id) <= conn._high_water:
                 return
             if self._drain_waiter is not None:
                 raise RuntimeError("another coroutine is already draining this stream")

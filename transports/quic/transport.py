@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 
+from lattica import _malloc
 from lattica.logging import get_logger
 from lattica.errors import (
     MultiaddrError,
@@ -43,6 +44,7 @@ class QuicTransport(Transport):
         keepalive_interval: float = 15.0,
         max_stream_data: int = 8 * 1024 * 1024,
         max_data: int = 32 * 1024 * 1024,
+        max_stream_window: int = 32 * 1024 * 1024,
         send_high_water: int = 1024 * 1024,
         max_datagram_size: int = 1350,
         loopback_datagram_size: int = MAX_DATAGRAM,
@@ -52,6 +54,7 @@ class QuicTransport(Transport):
         max_handshakes_per_ip: int = 16,
     ) -> None:
         super().__init__(keypair)
+        _malloc.tune()  # (datagram-sized buffers churn glibc's heap top: see lattica/_malloc.py)
         if not 1200 <= max_datagram_size <= MAX_DATAGRAM:
             raise ValueError(f"max_datagram_size must be within 1200..{MAX_DATAGRAM}")
         if not 1200 <= loopback_datagram_size <= MAX_DATAGRAM:
@@ -63,6 +66,11 @@ class QuicTransport(Transport):
         self._keepalive_interval = min(keepalive_interval, idle_timeout / 2)
         self.max_stream_data = max_stream_data
         self.max_data = max_data
+        # A stream whose peer sends a whole window per round trip is held back by it: its window
+        # doubles (at most once a round trip) up to this while the reader keeps up, and comes
+        # back towards max_stream_data once it slows down; the connection's window follows
+        # (1.5x the largest stream window, never below max_data). <= max_stream_data: fixed.
+        self.max_stream_window = max(max_stream_window, max_stream_data)
         self.send_high_water = send_high_water
         self.max_datagram_size = max_datagram_size
         self.loopback_datagram_size = loopback_datagram_size

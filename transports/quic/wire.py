@@ -30,8 +30,9 @@ RECVERR_V4 = 11  # <linux/in.h>; not exported by the socket module
 
 RECVERR_V6 = 25  # <linux/in6.h>
 CERT_RENEW_BEFORE = datetime.timedelta(days=1)
-MAX_DATAGRAM = 16000  # aioquic 1.7.2 writes STREAM frame lengths as 2-byte varints (< 16384)
+MAX_DATAGRAM = 65000  # under the 65,507-byte UDP payload limit of IPv4
 READ_BATCH = 63  # extra datagrams read per readiness event
+READ_BATCH_BYTES = 1 << 20 # ... and at most about this many bytes (acks and credit go out after a batch)
 RECV_SIZE = 65535
 
 

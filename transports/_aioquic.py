@@ -15,7 +15,13 @@ What we need beyond the public API:
   writers so credit follows what the application has read.
 - stream limit: the bidirectional/unidirectional stream limits are hard-coded (128) in
   ``QuicConnection.__init__``.
-- backpressure: the size of a stream's send buffer (unacknowledged + unsent bytes).
+- backpressure: the size of a stream's send buffer (unacknowledged + unsent bytes), and how much
+  of it was never sent (what ``drain()`` bounds).
+- receive windows that grow with the path: the smoothed RTT, and a connection window we widen.
+- speed (docs/benchmarks.md, "QUIC, faster"): STREAM frames longer than 16 KiB in 64 KiB loopback
+  datagrams (aioquic writes frame lengths as 2-byte varints); a stream sender that keeps writes
+  as chunks (aioquic's bytearray reallocates under hundreds of MiB queued and copies each frame
+  twice); header protection that copies only the header (aioquic copies the packet 3 times).
 - prompt close detection: a received CONNECTION_CLOSE only becomes an event after the draining
   period (3 PTO); the state change is visible earlier.
 - pacing vs. coarse timers: the pacer's burst cap (16 datagrams) makes a timer that fires 1 ms
@@ -53,7 +59,12 @@ from aioquic.quic.stream import QuicStreamSender
 # - QuicFrameType, *_FRAME_CAPACITY: used by the two overridden frame writers, exactly as
 #   aioquic's own implementations use them;
 # - QuicConnectionState: the closing/draining/first-flight probes;
-# - QuicPacketPacer (aioquic.quic.recovery): base class of our pacer.
+# - QuicPacketPacer (aioquic.quic.recovery): base class of our pacer;
+# - QuicStreamSender (aioquic.quic.stream): base class of the chunked sender, whose RangeSets of
+#   pending/acknowledged offsets and FIN/reset state it keeps as aioquic does;
+# - CryptoContext, next_key_phase, decode_packet_number, KeyUnavailableError, CryptoError: the
+#   lean packet protection, which mirrors CryptoContext.encrypt_packet/decrypt_packet;
+# - QuicStreamFrame, QuicDeliveryState: what a sender returns and is told.
 
 __all__ = [
     "CHECKED_VERSION",
@@ -435,15 +446,15 @@ class LatticaQuicConnection(QuicConnection):
         sender = stream.sender
         return sender._buffer_stop - sender._buffer_start
 
-    def send_unsent(self, stream_id: int) -> int:
-        """Bytes of ``stream_id`` written but not yet sent once (what drain() bounds: bytes in
-        flight are bounded by congestion control and the peer's credit instead)."""
+    def send_backlog(self, stream_id: int) -> tuple[int, int]:
+        """(bytes written but never sent, bytes held: unsent + sent and not yet acknowledged)."""
         # PRIVATE (aioquic 1.7.2): as send_buffered(); highest_offset is the end of what was sent.
         stream = self._streams.get(stream_id)
         if stream is None:
-            return 0
+            return 0, 0
         sender = stream.sender
-        return sender._buffer_stop - max(sender.highest_offset, sender._buffer_start)
+        start, stop = sender._buffer_start, sender._buffer_stop
+        return stop - max(sender.highest_offset, start), stop - start
 
     def total_send_buffered(self) -> int:
         """Bytes queued in aioquic and not yet acknowledged, over all streams."""
@@ -550,6 +561,9 @@ def check_compat() -> None:
             "_on_max_stream_data_delivery",
             "_on_connection_limit_delivery",
             "_loss",
+            "_get_or_create_stream_for_send",
+            "_write_stream_frame",
+            "_remote_max_data",
         )
         if not hasattr(probe, name)
     ]
@@ -560,6 +574,9 @@ def check_compat() -> None:
         )
     if not isinstance(getattr(probe._loss, "_pacer", None), QuicPacketPacer):
         missing.append("QuicPacketRecovery._pacer")
+    for name in ("_rtt_smoothed", "_rtt_initialized"):
+        if not hasattr(probe._loss, name):
+            missing.append(f"QuicPacketRecovery.{name}")
     for name in ("bucket_max", "update_rate", "next_send_time", "update_after_send"):
         if not hasattr(QuicPacketPacer(max_datagram_size=1200), name):
             missing.append(f"QuicPacketPacer.{name}")
@@ -567,16 +584,25 @@ def check_compat() -> None:
         if not hasattr(probe._local_max_data, name):
             missing.append(f"Limit.{name}")
     # the private classes are imported only by this start-up check, once
-    from aioquic.quic.stream import QuicStream, QuicStreamSender  # (see above)
+    from aioquic.quic.stream import QuicStream  # (see above)
     from aioquic.tls import Context  # (see above)
 
     for name in ("max_stream_data_local", "max_stream_data_local_sent", "sender", "stream_id"):
         if not hasattr(QuicStream(stream_id=0), name):
             missing.append(f"QuicStream.{name}")
     sender = QuicStreamSender(stream_id=0, writable=True)
-    for name in ("_buffer_start", "_buffer_stop"):
+    for name in ("_buffer_start", "_buffer_stop", "_buffer_fin", "_pending", "_pending_eof", "_acked",
+                 "_acked_fin", "_reset_error_code", "highest_offset", "buffer_is_empty", "reset_pending"):
         if not hasattr(sender, name):
             missing.append(f"QuicStreamSender.{name}")
+    crypto = CryptoContext()
+    for name in ("aead", "hp", "key_phase", "is_valid"):
+        if not hasattr(crypto, name):
+            missing.append(f"CryptoContext.{name}")
+    from aioquic._crypto import HeaderProtection  # (see above)
+
+    if not hasattr(HeaderProtection, "_mask"):
+        missing.append("HeaderProtection._mask")
     ctx = Context(is_client=False)
     for name in ("_request_client_certificate", "_peer_certificate", "_peer_certificate_chain"):
         if not hasattr(ctx, name):

@@ -663,6 +663,46 @@ def test_receive_memory_is_bounded_when_the_app_does_not_read() -> None:
     run(main)
 
 
+def test_a_peer_that_stops_acknowledging_holds_a_writer_at_the_send_cap() -> None:
+    """drain() lets a writer go on while its bytes go out, but not while more than the send cap
+    waits for acknowledgements: a peer that grants credit and goes silent bounds our memory."""
+
+    async def main() -> None:
+        async with pair(send_high_water=64 * 1024) as p:
+            p.client._send_cap = 256 * 1024  # (the default, 32 MiB + 64 KiB, is above aioquic's first congestion window)
+            got: asyncio.Future[Stream] = asyncio.get_running_loop().create_future()
+            p.server.set_stream_handler(got.set_result)
+            s = await p.client.open_stream()
+            s.write(b"hello")
+            await s.drain()
+            ss = await asyncio.wait_for(got, 5)
+            silent = True
+            ep = p.server._endpoint
+            real = ep.sendto
+            ep.sendto = lambda data, addr: None if silent else real(data, addr)  # type: ignore[method-assign]
+            written = 5
+
+            async def writer() -> None:
+                nonlocal written
+                block = b"w" * 65536
+                for _ in range(64):  # 4 MiB, within the peer's credit
+                    s.write(block)
+                    written += len(block)
+                    await s.drain()
+                await s.close()
+
+            w = asyncio.ensure_future(writer())
+            await asyncio.sleep(0.5)
+            assert not w.done()
+            held = p.client._quic.send_buffered(s.stream_id)
+            assert 256 * 1024 < held <= 256 * 1024 + 64 * 1024 + 65536 and 0 <= written - held <= 5
+            silent = False  # acknowledgements flow again (the lost ones are retransmitted)
+            assert len(await asyncio.wait_for(read_all(ss), 20)) == written
+            await w
+
+    run(main)
+
+
 def test_finished_unread_streams_do_not_starve_the_connection() -> None:
     """Streams the app closed without reading release their connection-level credit."""
     window = 64 * 1024

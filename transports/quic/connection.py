@@ -66,6 +66,10 @@ class QuicConn(Connection):
         self._stream_window = owner.max_stream_data
         self._max_window = owner.max_stream_window
         self._high_water = owner.send_high_water
+        # drain() waits while more than _high_water bytes of a stream were never sent, or while
+        # it holds more than this in all (sent ones wait for their acknowledgement): a peer that
+        # grants credit and stops acknowledging cannot make a stream hold more.
+        self._send_cap = owner.send_high_water + owner.max_stream_window
         self._max_out = owner.max_streams
         # peers open streams with the other parity: client-initiated ids are even
         self._peer_parity = 1 if direction == "outbound" else 0
@@ -145,9 +149,8 @@ class QuicConn(Connection):
             if ending is not None:
                 self._on_ending(ending)
         if self._drain_waiting:
-            hw = self._high_water
             for s in list(self._drain_waiting):
-                if quic.send_unsent(s.stream_id) <= hw:
+                if self._drained(s.stream_id):
                     s._wake_drain()
         if self._linger is not None and quic.total_send_buffered() == 0:
             if not self._linger.done():
@@ -163,6 +166,11 @@ class QuicConn(Connection):
                 self._timer.cancel()
             self._timer_at = at
             self._timer = self._loop.call_at(at, self._on_timer)
+
+    def _drained(self, stream_id: int) -> bool:
+        """Whether a writer of this stream may go on (see _send_cap)."""
+        unsent, held = self._quic.send_backlog(stream_id)
+        return unsent <= self._high_water and held <= self._send_cap
 
     def _on_timer(self) -> None:
         self._timer = self._timer_at = None

@@ -210,14 +210,15 @@ class QuicStream(Stream):
         return self._quic.send_buffered(self.stream_id)
 
     async def drain(self) -> None:
-        """Wait while more than the high-water mark of this stream's data is unacknowledged."""
+        """Wait while more than the high-water mark of this stream's data was never sent (or it
+        holds more than a window of sent data awaiting acknowledgement)."""
         conn = self._conn
         while True:
             if self._write_exc is not None:
                 raise self._write_exc
             if conn._closed_exc is not None:
                 raise conn._closed_exc
-            if self._quic.send_unsent(self.stream_id) <= conn._high_water:
+            if conn._drained(self.stream_id):
                 return
             if self._drain_waiter is not None:
                 raise RuntimeError("another coroutine is already draining this stream")

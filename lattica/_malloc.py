@@ -5,9 +5,11 @@ builder, AEAD output, receive buffers). glibc serves them from the top of the he
 default 128 KiB trim threshold, hands the top back to the kernel after nearly every free, so the
 next packet page-faults the memory in again: a third of a loopback QUIC transfer's time. Raising
 the thresholds to values glibc's own dynamic tuning reaches (mmap above 4 MiB, trim above 8 MiB:
-it moves them to S and 2 S after freeing an mmapped chunk of S bytes) removes that churn. Not
-applied when the user set MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_, when
-LATTICA_MALLOC_TUNING=0, or off glibc.
+it moves them to S and 2 S after freeing an mmapped chunk of S bytes) removes that churn. The
+cost is process-wide: allocations of 128 KiB to 4 MiB come from the heap instead of mmap, and
+each malloc arena may keep up to 8 MiB free at its top (RSS a few MiB higher in threaded
+processes). Not applied when the user set MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ or
+malloc tunables in GLIBC_TUNABLES, when LATTICA_MALLOC_TUNING=0, or off glibc.
 """
 
 from __future__ import annotations
@@ -29,7 +31,12 @@ def tune() -> bool:
         return False
     _done = True
     env = os.environ
-    if env.get("LATTICA_MALLOC_TUNING", "1") == "0" or "MALLOC_MMAP_THRESHOLD_" in env or "MALLOC_TRIM_THRESHOLD_" in env:
+    if (
+        env.get("LATTICA_MALLOC_TUNING", "1") == "0"
+        or "MALLOC_MMAP_THRESHOLD_" in env
+        or "MALLOC_TRIM_THRESHOLD_" in env
+        or "glibc.malloc." in env.get("GLIBC_TUNABLES", "")
+    ):
         return False
     if not sys.platform.startswith("linux"):
         return False
@@ -40,5 +47,5 @@ def tune() -> bool:
 
         libc = ctypes.CDLL(None)
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
-    except (OSError, ValueError, AttributeError):  # musl, no confstr name, no mallopt
+    except Exception:  # best effort: musl, no confstr name, no mallopt, a Python without _ctypes
         return False

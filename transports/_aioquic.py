@@ -47,7 +47,14 @@ from aioquic.quic.connection import (
     QuicConnectionState,
 )
 from aioquic.quic.crypto import CryptoContext, KeyUnavailableError, next_key_phase
-from aioquic.quic.packet import QuicFrameType, QuicPacketType, QuicStreamFrame, decode_packet_number, pull_quic_header
+from aioquic.quic.packet import (
+    QuicFrameType,
+    QuicPacketType,
+    QuicStreamFrame,
+    decode_packet_number,
+    pull_quic_header,
+    pull_quic_transport_parameters,
+)
 from aioquic.quic.packet_builder import QuicDeliveryState
 from aioquic.quic.recovery import QuicPacketPacer
 from aioquic.quic.stream import QuicStreamSender
@@ -75,6 +82,9 @@ __all__ = [
 ]
 
 CHECKED_VERSION = "1.7.2"
+
+# Datagrams of a connection stay this small until its handshake completed (LatticaQuicConnection).
+HANDSHAKE_DATAGRAM = 1350
 
 # The pacer may release at least this much sending time in one burst (see _CoarseTimerPacer).
 PACER_MIN_BURST = 0.002
@@ -151,6 +161,10 @@ class _LeanCryptoContext(CryptoContext):
         return plain_header, payload, packet_number, crypto is not self
 
 
+_SMALL_WRITE = 4096  # writes below this are copied into a shared tail chunk ...
+_TAIL_CHUNK = 64 * 1024  # ... while it is below this size
+
+
 class _ChunkedSender(QuicStreamSender):
     """aioquic's stream sender, keeping written data as a list of chunks instead of one bytearray.
 
@@ -158,13 +172,15 @@ class _ChunkedSender(QuicStreamSender):
     with hundreds of MiB queued (1,000 calls of 256 KiB in flight) the appends reallocate and
     move the whole buffer, and every frame is copied twice (slice, then bytes()). Here a write
     of ``bytes`` is kept by reference, a frame is at most one copy (none when it is a whole
-    chunk), and acknowledged chunks are dropped in O(1). Retransmission, FIN and reset logic
-    are aioquic's (RangeSets of pending and acknowledged offsets, unchanged).
+    chunk), and acknowledged chunks are dropped in O(1). Writes under 4 KiB are copied into a
+    shared tail chunk instead, so many tiny writes cost about their bytes, as in aioquic.
+    Retransmission, FIN and reset logic are aioquic's (RangeSets of pending and acknowledged
+    offsets, unchanged).
     """
 
     def __init__(self, stream_id: int | None, writable: bool) -> None:
         super().__init__(stream_id=stream_id, writable=writable)
-        self._chunks: list[bytes] = []
+        self._chunks: list[bytes | bytearray] = []
         self._starts: list[int] = []  # stream offset of each chunk
         self._head = 0  # chunks before this index are fully acknowledged
 
@@ -173,14 +189,23 @@ class _ChunkedSender(QuicStreamSender):
             raise RuntimeError("Cannot send data after FIN")
         if self._reset_error_code is not None:
             raise RuntimeError("Cannot send data after the stream was reset")
-        size = len(data)
+        if type(data) is not bytes and len(data) >= _SMALL_WRITE:
+            data = bytes(data)  # a caller may reuse a bytearray (and a memoryview counts items)
+        size = len(data) if type(data) is bytes else memoryview(data).nbytes
         if size:
-            if type(data) is not bytes:  # a caller may reuse a bytearray or memoryview
-                data = bytes(data)
             self.buffer_is_empty = False
             self._pending.add(self._buffer_stop, self._buffer_stop + size)
-            self._chunks.append(data)
-            self._starts.append(self._buffer_stop)
+            chunks = self._chunks
+            if size < _SMALL_WRITE:  # copied into a shared tail, so a chunk's overhead stays small
+                tail = chunks[-1] if len(chunks) > self._head else None
+                if type(tail) is bytearray and len(tail) < _TAIL_CHUNK:
+                    tail += data
+                else:
+                    chunks.append(bytearray(data))
+                    self._starts.append(self._buffer_stop)
+            else:
+                chunks.append(data)
+                self._starts.append(self._buffer_stop)
             self._buffer_stop += size
         if end_stream:
             self.buffer_is_empty = False
@@ -193,6 +218,8 @@ class _ChunkedSender(QuicStreamSender):
         chunk = chunks[i]
         off = start - starts[i]
         if stop - starts[i] <= len(chunk):
+            if type(chunk) is bytearray:  # (a shared tail of small writes: aioquic wants bytes)
+                return bytes(memoryview(chunk)[off : stop - starts[i]])
             return chunk if off == 0 and stop - start == len(chunk) else chunk[off : stop - starts[i]]
         parts = [chunk[off:]]
         i += 1
@@ -282,12 +309,38 @@ class LatticaQuicConnection(QuicConnection):
         # used through next_send_time / update_after_send / update_rate, which our subclass keeps.
         self._loss._pacer = _CoarseTimerPacer(max_datagram_size=configuration.max_datagram_size)
         self._stream_window = configuration.max_stream_data
-        self._conn_window = configuration.max_data
+        self._conn_window = self._conn_window_base = configuration.max_data
+        # PRIVATE (aioquic 1.7.2): _max_datagram_size sizes every datagram datagrams_to_send()
+        # builds (recovery, congestion control and pacer took theirs in __init__). Datagrams
+        # above HANDSHAKE_DATAGRAM wait until the handshake is confirmed (a datagram carrying an
+        # Initial is padded to the full size, and aioquic skips padding a byte at a time in
+        # Python: 65,000 bytes of it cost the receiver 2.4 ms), and are capped by the peer's
+        # max_udp_payload_size, which aioquic parses but does not honour.
+        self._full_datagram: int | None = None
+        self._peer_max_payload = 65527  # RFC 9000 18.2: the default when a peer sends none
+        if self._max_datagram_size > HANDSHAKE_DATAGRAM:
+            self._full_datagram, self._max_datagram_size = self._max_datagram_size, HANDSHAKE_DATAGRAM
         # Receive credit book-keeping, written by transports/quic.py:
         #   rx_stream_limit[stream_id]: the MAX_STREAM_DATA we want to advertise (read + window);
         #   rx_unread: bytes handed to stream buffers that the application has not read yet.
         self.rx_stream_limit: dict[int, int] = {}
         self.rx_unread = 0
+
+    # -- datagram size --------------------------------------------------------------------------
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple]]:
+        if self._full_datagram is not None and self._handshake_confirmed:
+            self._max_datagram_size = max(HANDSHAKE_DATAGRAM, min(self._full_datagram, self._peer_max_payload))
+            self._full_datagram = None
+        return super().datagrams_to_send(now)
+
+    def _parse_transport_parameters(self, data: bytes, from_session_ticket: bool = False) -> None:
+        # PRIVATE override (aioquic 1.7.2): aioquic validates the peer's max_udp_payload_size
+        # and then ignores it; we keep it to cap our datagrams once the handshake completes.
+        super()._parse_transport_parameters(data, from_session_ticket)
+        limit = pull_quic_transport_parameters(Buffer(data=data)).max_udp_payload_size
+        if limit is not None:
+            self._peer_max_payload = limit
 
     # -- mutual TLS ---------------------------------------------------------------------------
 
@@ -322,11 +375,14 @@ class LatticaQuicConnection(QuicConnection):
         # __init__; a stream's sender is swapped for the chunked one before its first byte.
         stream = self._get_or_create_stream_for_send(stream_id)
         sender = stream.sender
-        if type(sender) is QuicStreamSender and sender._buffer_stop == 0 and sender._buffer_fin is None:
-            fresh = _ChunkedSender(stream_id=stream_id, writable=not sender.is_finished)
-            fresh.reset_pending, fresh._reset_error_code = sender.reset_pending, sender._reset_error_code
-            fresh.buffer_is_empty = sender.buffer_is_empty
-            stream.sender = sender = fresh
+        if (
+            type(sender) is QuicStreamSender
+            and sender._buffer_stop == 0
+            and sender._buffer_fin is None
+            and sender._reset_error_code is None  # (a reset one keeps aioquic's: its RESET_STREAM
+            and not sender.is_finished  # in flight reports to it; it never carries data anyway)
+        ):
+            stream.sender = sender = _ChunkedSender(stream_id=stream_id, writable=True)
         sender.write(data, end_stream=end_stream)
 
     # -- STREAM frames longer than 16 KiB ----------------------------------------------------
@@ -340,7 +396,7 @@ class LatticaQuicConnection(QuicConnection):
         sender = stream.sender
         offset_size = size_uint_var(sender.next_offset) if sender.next_offset else 0
         room = builder.remaining_flight_space - 1 - size_uint_var(stream.stream_id) - offset_size
-        length_size = 4 if room - 4 > 16383 else 2
+        length_size = 4 if room - 2 > 16383 else 2  # (a frame that could reach 16 KiB needs 4)
         previous_send_highest = sender.highest_offset
         frame = sender.get_frame(room - length_size, max_offset)
         if frame is None:
@@ -394,14 +450,14 @@ class LatticaQuicConnection(QuicConnection):
 
     def _write_connection_limits(self, builder, space) -> None:  # type: ignore[no-untyped-def]
         # PRIVATE override (aioquic 1.7.2 QuicConnection._write_connection_limits): same reason
-        # as above for MAX_DATA. Credit = bytes received and no longer held unread by the app
-        # (``used`` counts every byte the peer sent, including final sizes of reset streams)
-        # plus the window; raised in steps of a quarter window so we do not send MAX_DATA in
-        # every packet. MAX_STREAMS handling is aioquic's, unchanged.
+        # as above for MAX_DATA. Credit = bytes received and no longer held, neither unread by
+        # the app nor kept by aioquic out of order (``used`` counts every byte up to each
+        # stream's highest offset, including final sizes of reset streams) plus the window;
+        # raised in steps of a quarter window so we do not send MAX_DATA in every packet.
+        # MAX_STREAMS handling is aioquic's, unchanged.
         max_data = self._local_max_data
-        target = max_data.used - self.rx_unread + self._conn_window
-        if target - max_data.value >= self._conn_window // 4:
-            max_data.value = target
+        if self.conn_credit_due():
+            max_data.value = max_data.used - self.rx_unread - self.held_out_of_order() + self._conn_window
         for limit in (max_data, self._local_max_streams_bidi, self._local_max_streams_uni):
             if limit is not max_data and (limit.sent - limit.used >= limit.value - limit.sent):
                 continue  # aioquic's MAX_STREAMS batching
@@ -415,10 +471,16 @@ class LatticaQuicConnection(QuicConnection):
                 buf.push_uint_var(limit.value)
                 limit.sent = limit.value
 
-    def widen_connection_window(self, window: int) -> None:
-        """Let the connection's receive window reach at least ``window`` bytes (a stream's grew)."""
-        if window > self._conn_window:
-            self._conn_window = window
+    def set_connection_window(self, window: int) -> None:
+        """The connection's receive window from now on: ``window``, never below max_data."""
+        self._conn_window = max(window, self._conn_window_base)
+
+    def held_out_of_order(self) -> int:
+        """Bytes aioquic keeps for streams behind a gap (not yet delivered in order), gaps included."""
+        # PRIVATE (aioquic 1.7.2): QuicStreamReceiver._buffer holds everything from the first
+        # byte not yet delivered to the highest offset received, zero-filled where data is
+        # missing; it is emptied as data is delivered in order.
+        return sum(len(s.receiver._buffer) for s in self._streams.values())
 
     def smoothed_rtt(self) -> float:
         """The path's smoothed round trip in seconds, 0.0 before the first sample."""
@@ -430,9 +492,10 @@ class LatticaQuicConnection(QuicConnection):
         """True when application reads freed enough connection credit to send MAX_DATA now."""
         # PRIVATE (aioquic 1.7.2): _local_max_data is the Limit behind MAX_DATA.
         max_data = self._local_max_data
-        return max_data.used - self.rx_unread + self._conn_window - max_data.value >= (
-            self._conn_window // 4
-        )
+        quarter = self._conn_window // 4
+        free = max_data.used - self.rx_unread + self._conn_window - max_data.value
+        # (the sum over streams only when the cheap bound says credit may be due)
+        return free >= quarter and free - self.held_out_of_order() >= quarter
 
     # -- probes ------------------------------------------------------------------------------
 
@@ -564,6 +627,9 @@ def check_compat() -> None:
             "_get_or_create_stream_for_send",
             "_write_stream_frame",
             "_remote_max_data",
+            "_max_datagram_size",
+            "_handshake_confirmed",
+            "_parse_transport_parameters",
         )
         if not hasattr(probe, name)
     ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
 import pytest
 from aioquic.quic.crypto import CryptoContext, CryptoError
@@ -17,7 +18,10 @@ from aioquic.quic.packet_builder import QuicDeliveryState
 from aioquic.quic.stream import QuicStreamSender
 from aioquic.tls import CipherSuite
 
+from aioquic.quic import events as qev
+
 from lattica.transports._aioquic import _ChunkedSender, _LeanCryptoContext
+from quic_pair import Pair, ours, theirs
 
 SUITES = [CipherSuite.AES_128_GCM_SHA256, CipherSuite.AES_256_GCM_SHA384, CipherSuite.CHACHA20_POLY1305_SHA256]
 
@@ -155,3 +159,149 @@ def test_chunked_sender_keeps_a_bytes_write_by_reference_and_copies_a_mutable_on
     s.write(buf)
     buf[:] = b"xyz"  # the caller reuses its buffer: what was written stays written
     assert s.get_frame(10).data == b"abc"
+
+
+def _received(evs: list, stream_id: int) -> bytes:
+    return b"".join(e.data for e in evs if isinstance(e, qev.StreamDataReceived) and e.stream_id == stream_id)
+
+
+@pytest.mark.parametrize("datagram", [*range(16_380, 16_440, 3), 32_800, 65_000])
+def test_stream_frames_of_every_length_around_16k_fit_their_datagram(datagram: int) -> None:
+    """A STREAM frame's length takes 2 bytes up to 16,383 and 4 beyond: frames near that edge,
+    two streams sharing a datagram, every datagram size around it: nothing overflows, the peer
+    (aioquic's own receiver) gets every byte, and big datagrams carry big frames."""
+    p = Pair(ours(True, datagram=datagram), lambda odcid: theirs(False, odcid, datagram=datagram))
+    rng = random.Random(datagram)
+    sent: dict[int, bytes] = {}
+    for _ in range(6):
+        sid = p.client.get_next_available_stream_id()
+        sent[sid] = rng.randbytes(rng.choice([1, 100, 16_380, 16_384, 16_390, 40_000, 70_000]))
+        p.client.send_stream_data(sid, sent[sid], end_stream=True)
+    sizes = p.pump()
+    evs = p.events()["server"]
+    for sid, data in sent.items():
+        assert _received(evs, sid) == data
+    assert max(sizes) <= datagram
+    if datagram == 65_000:
+        assert max(sizes) > 60_000
+
+
+def test_a_stream_frame_never_outgrows_the_room_it_was_given() -> None:
+    """_write_stream_frame at every amount of room around 16 KiB (the packet builder's datagram
+    size walks across it): the frame plus its header fits, and the packet seals."""
+    from aioquic import tls
+    from aioquic.quic.packet import QuicPacketType
+    from aioquic.quic.packet_builder import QuicPacketBuilder
+
+    p = Pair(ours(True, datagram=65_000), lambda odcid: theirs(False, odcid, datagram=65_000))
+    c = p.client
+    space, crypto = c._spaces[tls.Epoch.ONE_RTT], c._cryptos[tls.Epoch.ONE_RTT]
+    lengths = set()
+    for size in range(16_380, 16_440):
+        sid = c.get_next_available_stream_id()
+        c.send_stream_data(sid, b"x" * 40_000)
+        builder = QuicPacketBuilder(host_cid=c.host_cid, is_client=True, max_datagram_size=size,
+                                    packet_number=c._packet_number, peer_cid=c._peer_cid.cid, version=c._version)
+        builder.start_packet(QuicPacketType.ONE_RTT, crypto)
+        sent = c._write_stream_frame(builder, space, c._streams[sid], 1 << 40)
+        datagrams, _ = builder.flush()  # (raises BufferWriteError if the frame overran)
+        assert sent > 0 and len(datagrams[0]) <= size
+        lengths.add(sent)
+    assert min(lengths) < 16_384 <= max(lengths)  # both length forms were written
+
+
+def test_out_of_order_bytes_count_against_the_connection_window() -> None:
+    """A peer that sends one byte at the far end of each stream's window makes aioquic hold a
+    zero-filled window per stream; those bytes are not read, so they must not come back as
+    credit: the connection window (1 MiB) bounds them."""
+    window = 256 * 1024
+    p = Pair(theirs(True), lambda odcid: ours(False, odcid, max_data=1 << 20, max_stream_data=window))
+    for i in range(3):  # (a hostile sender: aioquic's own, told its stream starts window - 1 in)
+        sid = 4 * i
+        p.client.send_stream_data(sid, b"")
+        jump = QuicStreamSender(stream_id=sid, writable=True)
+        jump._buffer_start = jump._buffer_stop = jump.highest_offset = window - 1
+        jump.write(b"z")
+        p.client._streams[sid].sender = jump
+    p.pump()
+    server = p.server
+    assert server.held_out_of_order() == 3 * window  # 768 KiB held, none of it readable
+    assert server.rx_unread == 0 and not any(isinstance(e, qev.StreamDataReceived) for e in p.events()["server"])
+    assert server._local_max_data.sent == 1 << 20  # no credit handed back for them
+
+
+def test_many_tiny_writes_share_chunks() -> None:
+    """32-byte writes (a ping echo) cost about their bytes: copied into shared tail chunks."""
+    s = _ChunkedSender(stream_id=0, writable=True)
+    for i in range(10_000):
+        s.write(i.to_bytes(32, "big"))
+    assert len(s._chunks) <= 10_000 * 32 // (64 * 1024) + 1
+    frame = s.get_frame(1 << 20)
+    assert frame is not None and type(frame.data) is bytes
+    assert frame.data == b"".join(i.to_bytes(32, "big") for i in range(10_000))
+
+
+def test_a_reset_stream_keeps_aioquics_sender() -> None:
+    """The chunked sender replaces only a sender that never sent or reset: a RESET_STREAM in
+    flight reports to the sender that wrote it (and must be resent by it if lost)."""
+    p = Pair(ours(True), lambda odcid: theirs(False, odcid))
+    c = p.client
+    sid = c.get_next_available_stream_id()
+    c.reset_stream(sid, 0)
+    with pytest.raises(RuntimeError):
+        c.send_stream_data(sid, b"late")
+    assert type(c._streams[sid].sender) is QuicStreamSender
+    other = c.get_next_available_stream_id()
+    c.send_stream_data(other, b"data")
+    assert type(c._streams[other].sender) is _ChunkedSender
+
+
+def test_big_datagrams_wait_for_the_handshake_and_the_peers_limit() -> None:
+    """A datagram carrying an Initial is padded to the datagram size: every handshake datagram
+    stays at 1,350 bytes on a 65,000-byte path (no padding to skip: aioquic does it a byte at a
+    time), and data datagrams grow once the handshake is confirmed, up to the peer's
+    max_udp_payload_size (aioquic alone parses it and sends larger datagrams anyway)."""
+    sizes: list[int] = []
+    client = ours(True, datagram=65_000)
+    client.connect(("127.0.0.1", 40002), now=1000.0)
+    sizes += [len(d) for d, _ in client.datagrams_to_send(1000.0)]
+    assert sizes == [1350]
+
+    handshake: list[int] = []
+    real = Pair.pump
+
+    def recording(self: Pair, *a: Any, **kw: Any) -> list[int]:
+        got = real(self, *a, **kw)
+        handshake.extend(got)
+        return got
+
+    Pair.pump = recording  # type: ignore[method-assign]
+    try:
+        p = Pair(ours(True, datagram=65_000), lambda odcid: ours(False, odcid, datagram=65_000))
+    finally:
+        Pair.pump = real  # type: ignore[method-assign]
+    assert handshake and max(handshake) <= 1350
+    p.client.send_stream_data(0, b"x" * 200_000, end_stream=True)
+    assert max(p.pump()) > 60_000
+
+    from aioquic.buffer import Buffer
+    from aioquic.quic.packet import pull_quic_transport_parameters, push_quic_transport_parameters
+
+    def limited(odcid: bytes) -> Any:
+        server = theirs(False, odcid, datagram=65_000)
+        plain = server._serialize_transport_parameters
+
+        def with_limit() -> bytes:  # (a peer, like quic-go, that reads into 1,452-byte buffers)
+            params = pull_quic_transport_parameters(Buffer(data=plain()))
+            params.max_udp_payload_size = 1452
+            buf = Buffer(capacity=4096)
+            push_quic_transport_parameters(buf, params)
+            return buf.data
+
+        server._serialize_transport_parameters = with_limit
+        return server
+
+    p = Pair(ours(True, datagram=65_000), limited)
+    p.client.send_stream_data(0, b"x" * 200_000, end_stream=True)
+    sizes = p.pump()
+    assert max(sizes) == 1452 and _received(p.events()["server"], 0) == b"x" * 200_000

@@ -3,6 +3,7 @@ driven with a clock and a round trip we choose."""
 
 from __future__ import annotations
 
+from lattica.transports.quic.connection import QuicConn
 from lattica.transports.quic.stream import QuicStream
 
 KiB, MiB = 1024, 1024 * 1024
@@ -18,8 +19,8 @@ class _Quic:
     def smoothed_rtt(self) -> float:
         return self.rtt
 
-    def widen_connection_window(self, window: int) -> None:
-        self.conn_window = max(self.conn_window, window)
+    def set_connection_window(self, window: int) -> None:
+        self.conn_window = max(window, 1 * MiB)  # (max_data: 1 MiB here)
 
     def conn_credit_due(self) -> bool:
         return False
@@ -38,7 +39,10 @@ class _Conn:
         self._loop = _Loop()
         self._stream_window = window
         self._max_window = max_window
+        self._streams: dict[int, QuicStream] = {}
         self.flushes = 0
+
+    _windows_changed = QuicConn._windows_changed  # (the real rule: 1.5x the largest stream window)
 
     def _schedule_flush(self) -> None:
         self.flushes += 1
@@ -55,7 +59,7 @@ def _read(s: QuicStream, conn: _Conn, n: int, seconds: float) -> None:
 
 def test_a_window_read_each_round_trip_doubles_once_a_round_trip_up_to_the_bound() -> None:
     conn = _Conn(256 * KiB, 2 * MiB)
-    s = QuicStream(conn, 0, outbound=False)  # type: ignore[arg-type]
+    s = conn._streams[0] = QuicStream(conn, 0, outbound=False)  # type: ignore[arg-type]
     sizes = []
     for _ in range(12):  # the peer sends a whole window per round trip
         _read(s, conn, s._window, conn._quic.rtt)
@@ -69,13 +73,14 @@ def test_a_window_read_each_round_trip_doubles_once_a_round_trip_up_to_the_bound
 
 def test_a_slow_reader_brings_the_window_back_to_the_configured_one() -> None:
     conn = _Conn(256 * KiB, 2 * MiB)
-    s = QuicStream(conn, 0, outbound=False)  # type: ignore[arg-type]
+    s = conn._streams[0] = QuicStream(conn, 0, outbound=False)  # type: ignore[arg-type]
     for _ in range(12):
         _read(s, conn, s._window, conn._quic.rtt)
-    assert s._window == 2 * MiB
+    assert s._window == 2 * MiB and conn._quic.conn_window == 3 * MiB
     for _ in range(12):  # a quarter window now takes many round trips
         _read(s, conn, s._window, 40 * conn._quic.rtt)
     assert s._window == 256 * KiB
+    assert conn._quic.conn_window == 1 * MiB  # the connection's window came back down too
     advertised = s._advertised
     assert conn._quic.rx_stream_limit[0] == advertised  # credit already granted is never taken back
     assert advertised >= s._consumed + 256 * KiB

@@ -66,9 +66,11 @@ class QuicConn(Connection):
         self._stream_window = owner.max_stream_data
         self._max_window = owner.max_stream_window
         self._high_water = owner.send_high_water
-        # drain() waits while more than _high_water bytes of a stream were never sent, or while
-        # it holds more than this in all (sent ones wait for their acknowledgement): a peer that
-        # grants credit and stops acknowledging cannot make a stream hold more.
+        # drain() waits while more than _high_water bytes of a stream were never sent, and while
+        # the stream holds more than _high_water in all (sent bytes wait for acknowledgement)
+        # when the connection's streams hold more than this together: a peer that grants
+        # credit and stops acknowledging cannot make a connection hold more (plus _high_water
+        # per stream, the bound before bytes in flight were let out of it).
         self._send_cap = owner.send_high_water + owner.max_stream_window
         self._max_out = owner.max_streams
         # peers open streams with the other parity: client-initiated ids are even
@@ -169,8 +171,11 @@ class QuicConn(Connection):
 
     def _drained(self, stream_id: int) -> bool:
         """Whether a writer of this stream may go on (see _send_cap)."""
-        unsent, held = self._quic.send_backlog(stream_id)
-        return unsent <= self._high_water and held <= self._send_cap
+        quic = self._quic
+        unsent, held = quic.send_backlog(stream_id)
+        if unsent > self._high_water:
+            return False
+        return held <= self._high_water or quic.total_send_buffered() <= self._send_cap
 
     def _on_timer(self) -> None:
         self._timer = self._timer_at = None
@@ -293,6 +298,14 @@ class QuicConn(Connection):
                 if self._quic.conn_credit_due():
                     self._schedule_flush()
             s._released = True
+            if s._window > self._stream_window:
+                self._windows_changed()
+
+    def _windows_changed(self) -> None:
+        """A stream's receive window grew, shrank or left: the connection's window is 1.5x the
+        largest one left (never below max_data), so it comes back down with them."""
+        largest = max((s._window for s in self._streams.values()), default=0)
+        self._quic.set_connection_window(largest + largest // 2)
 
     # -- handshake --------------------------------------------------------------------------
 

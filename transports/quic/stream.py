@@ -158,10 +158,11 @@ class QuicStream(Stream):
             if now - self._grown_at >= rtt and window < conn._max_window:
                 window = min(2 * window, conn._max_window)
                 self._grown_at = now
-                self._quic.widen_connection_window(window + window // 2)
         elif elapsed > 4.0 * rtt and window > conn._stream_window:
             window = max(window // 2, conn._stream_window)
-        self._window = window
+        if window != self._window:
+            self._window = window
+            conn._windows_changed()
         return window
 
     async def read(self, max_bytes: int = 65536) -> bytes:
@@ -207,11 +208,12 @@ class QuicStream(Stream):
         self._conn._schedule_flush()
 
     def write_buffer_size(self) -> int:
-        return self._quic.send_buffered(self.stream_id)
+        """Bytes written and not yet sent (sent ones awaiting acknowledgement are in flight)."""
+        return self._quic.send_backlog(self.stream_id)[0]
 
     async def drain(self) -> None:
-        """Wait while more than the high-water mark of this stream's data was never sent (or it
-        holds more than a window of sent data awaiting acknowledgement)."""
+        """Wait while more than the high-water mark of this stream's data was never sent, or while
+        the connection holds more than its send cap awaiting acknowledgement (QuicConn._drained)."""
         conn = self._conn
         while True:
             if self._write_exc is not None:

@@ -7,6 +7,11 @@ socket, and many-port probing when one side's NAT maps every destination to a ne
 is the first direct connection to the peer, whoever dialed it; the node then makes it the
 primary connection, moves new calls to it and lets calls in flight finish on the relay. ``B``
 tries up to three times. ``status()`` reports attempts and outcomes (``lattica doctor`` prints it).
+
+The same exchange over a direct QUIC connection adds a TCP path (TCP is the fast path): a peer
+behind a full-cone NAT is dialed over QUIC at once, and its TCP listening port has no mapping
+until it sends a SYN. The QUIC connection's dialer asks; the other sends a SYN from its listening
+port (opening its mapping), then the asker dials it plainly (``lattica.holepunch.tcp_only``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from lattica.logging import get_logger
 from lattica.errors import LatticaError
 from lattica.framing import read_message, write_message
-from lattica.holepunch import MAX_MESSAGE, PROTOCOL, Initiator, Punch, Responder, is_probe, probe_packet, probe_ports
+from lattica.holepunch import MAX_MESSAGE, PROTOCOL, Initiator, Punch, Responder, is_probe, probe_packet, probe_ports, tcp_only
 from lattica.identity import PeerId
 from lattica.multiaddr import Multiaddr
 from lattica.runtime import ASYNC, ActorRef
@@ -63,7 +68,7 @@ class HolePunchService:
         self.host.events.connected.subscribe(self._on_adopt)
         self.active: set[PeerId] = set()
         self._sprays = 0
-        self._waiting: dict[PeerId, asyncio.Future[Connection]] = {}
+        self._waiting: dict[PeerId, tuple[asyncio.Future[Connection], str | None]] = {}  # (future, transport wanted)
         self._asked: dict[PeerId, list[float]] = {}  # when each peer last asked us to punch
         self.counts = {"attempts": 0, "direct": 0, "failed": 0, "refused": 0}
         self._responding: dict[PeerId, asyncio.Event] = {}  # peers we are answering, set when done
@@ -81,13 +86,14 @@ class HolePunchService:
         cands = nat.candidates()
         return sorted(cands, key=lambda a: a.host_port()[0] not in seen), mapping
 
-    def _direct(self, peer: PeerId) -> bool:
+    def _direct(self, peer: PeerId, want: str | None = None) -> bool:
+        """Whether the peer's primary connection is direct (and over ``want``, if given)."""
         conn = self.host.conns.get(peer)
-        return conn is not None and not conn.is_closed and conn.transport != "relay"
+        return conn is not None and not conn.is_closed and conn.transport != "relay" and want in (None, conn.transport)
 
     def _on_adopt(self, conn: Connection) -> None:
-        fut = self._waiting.get(conn.remote_peer)
-        if fut is not None and not fut.done() and conn.transport != "relay":
+        fut, want = self._waiting.get(conn.remote_peer, (None, None))
+        if fut is not None and not fut.done() and conn.transport != "relay" and want in (None, conn.transport):
             fut.set_result(conn)
 
     # -- B: the relayed connection's receiver starts ------------------------------------------
@@ -117,6 +123,32 @@ class HolePunchService:
         finally:
             self.active.discard(peer)
 
+    async def punch_tcp(self, conn: Connection) -> bool:
+        """Over a direct QUIC connection, add a TCP path to its peer (one attempt): True once a
+        TCP connection is the primary one."""
+        peer = conn.remote_peer
+        if peer in self.active or len(self.active) >= _MAX_ACTIVE or self.host.tcp_transport() is None or self.host.nat is None:
+            return False
+        self.active.add(peer)
+        t0 = time.perf_counter()
+        try:
+            if self._direct(peer, "tcp") or conn.is_closed or self.host.closing:
+                return self._direct(peer, "tcp")
+            try:
+                punch = await self._exchange(conn)
+            except (LatticaError, asyncio.TimeoutError) as e:
+                self._record(peer, "refused", t0, 1, None, reason=str(e) or "timeout")
+                return False
+            punch.plan = tcp_only(punch.theirs, conn.remote_addr.host_port()[0], asker=True)
+            if not punch.plan.tcp_targets:
+                self._record(peer, "failed", t0, 1, punch, reason="no TCP candidate at the peer's address")
+                return False
+            ok = await self._run(peer, punch, initiator=True, want="tcp")
+            self._record(peer, "direct" if ok else "failed", t0, 1, punch)
+            return ok
+        finally:
+            self.active.discard(peer)
+
     async def _exchange(self, conn: Connection) -> Punch:
         stream = await self.host.open_stream_on(conn, PROTOCOL)
         try:
@@ -136,10 +168,13 @@ class HolePunchService:
 
     async def _on_stream(self, stream: Stream, conn: Connection) -> None:
         peer = conn.remote_peer
-        if conn.transport != "relay":
-            # only a relayed peer has a reason to punch; anyone else would make us spray packets
-            # at addresses of their choosing
-            log.info("refusing hole punch: not on a relayed connection", peer=str(peer))
+        want = "tcp" if conn.transport == "quic" else None  # over direct QUIC: adding TCP only
+        if conn.transport != "relay" and (
+            want is None or self._direct(peer, "tcp") or self.host.tcp_transport() is None or self.host.nat is None
+        ):
+            # only a relayed peer has a reason to punch (or one we reach over QUIC, to add TCP);
+            # anyone else would make us send packets to addresses of their choosing
+            log.info("refusing hole punch: not on a relayed or QUIC connection", peer=str(peer))
             self.counts["refused"] += 1
             stream.reset()
             return
@@ -149,7 +184,7 @@ class HolePunchService:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_EXCHANGE_TIMEOUT):
                     await previous.wait()
-        if peer in self.active or len(self.active) >= _MAX_ACTIVE or self._direct(peer) or not self._may_ask(peer):
+        if peer in self.active or len(self.active) >= _MAX_ACTIVE or self._direct(peer, want) or not self._may_ask(peer):
             self.counts["refused"] += 1
             stream.reset()
             return
@@ -165,7 +200,12 @@ class HolePunchService:
                 punch = resp.receive(await read_message(stream, MAX_MESSAGE))
             assert isinstance(punch, Punch)
             await stream.close()
-            ok = await self._run(peer, punch, initiator=False)
+            if want is not None:
+                punch.plan = tcp_only(punch.theirs, conn.remote_addr.host_port()[0], asker=False)
+                if not punch.plan.tcp_targets:
+                    self._record(peer, "failed", t0, None, punch, reason="no TCP candidate at the peer's address")
+                    return
+            ok = await self._run(peer, punch, initiator=False, want=want)
             self._record(peer, "direct" if ok else "failed", t0, None, punch)
         finally:
             self.active.discard(peer)
@@ -185,12 +225,13 @@ class HolePunchService:
 
     # -- both: execute the plan ------------------------------------------------------------------
 
-    async def _run(self, peer: PeerId, punch: Punch, initiator: bool) -> bool:
-        """Execute ``punch.plan``; True when a direct connection to ``peer`` came up in time."""
+    async def _run(self, peer: PeerId, punch: Punch, initiator: bool, want: str | None = None) -> bool:
+        """Execute ``punch.plan``; True when a direct connection (over ``want``, if given) to
+        ``peer`` came up in time."""
         plan, host = punch.plan, self.host
         self.counts["attempts"] += 1
         fut: asyncio.Future[Connection] = host.loop.create_future()
-        self._waiting[peer] = fut
+        self._waiting[peer] = (fut, want)
         tasks: list[asyncio.Task] = []
         sprayed: list = []
         hit: list = []
@@ -220,8 +261,12 @@ class HolePunchService:
             if punch.delay:
                 await asyncio.sleep(punch.delay)
             tcp = host.tcp_transport()
-            tcp_tasks = [host.spawn(self._dial(peer, lambda a=addr: tcp.punch(a, peer, initiator=plan.tcp_initiator, timeout=window)))
-                         for addr in (plan.tcp_targets[:4] if tcp is not None else ())]
+            if plan.tcp_dial:  # (a TCP-only punch's asker: the opener's SYN has left by now)
+                tcp_tasks = [host.spawn(self._dial(peer, lambda a=addr: tcp.dial(a, peer)))
+                             for addr in (plan.tcp_targets[:4] if tcp is not None else ())]
+            else:
+                tcp_tasks = [host.spawn(self._dial(peer, lambda a=addr: tcp.punch(a, peer, initiator=plan.tcp_initiator, timeout=window)))
+                             for addr in (plan.tcp_targets[:4] if tcp is not None else ())]
             tasks += tcp_tasks
             if quic is not None and plan.quic_dial:
                 for addr in plan.quic_targets[:4]:
@@ -243,12 +288,12 @@ class HolePunchService:
                 # if it comes, becomes the primary one (lattica/host/connections.py): the TCP
                 # punches under way get a moment more
                 keep = [t for t in tcp_tasks if not t.done()]
-            return self._direct(peer)
+            return self._direct(peer, want)
         except LatticaError as e:
             log.info("hole punch failed", peer=str(peer), reason=str(e))
-            return self._direct(peer)
+            return self._direct(peer, want)
         finally:
-            if self._waiting.get(peer) is fut:
+            if self._waiting.get(peer, (None,))[0] is fut:
                 del self._waiting[peer]
             for t in tasks:
                 if t not in keep:

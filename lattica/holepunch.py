@@ -34,6 +34,7 @@ __all__ = [
     "Plan",
     "Initiator",
     "Responder",
+    "tcp_only",
     "plan",
     "probe_packet",
     "is_probe",
@@ -72,11 +73,12 @@ def probe_ports(count: int, rng: random.Random | None = None) -> list[int]:
 class Plan(Slotted):
     """What one side does once the punch starts (filled in by :func:`plan`)."""
 
-    __slots__ = ("tcp_targets", "tcp_initiator", "quic_targets", "quic_dial", "spray", "probe_ips")
+    __slots__ = ("tcp_targets", "tcp_initiator", "tcp_dial", "quic_targets", "quic_dial", "spray", "probe_ips")
 
     def __init__(self) -> None:
         self.tcp_targets: list[Multiaddr] = []  # simultaneous open towards these
         self.tcp_initiator = False  # run the Noise initiator on the punched TCP connection
+        self.tcp_dial = False  # dial tcp_targets plainly instead (a TCP-only punch's asker)
         self.quic_targets: list[Multiaddr] = []  # the peer's UDP endpoints
         self.quic_dial = False  # dial QUIC from the listening socket (else only punch datagrams)
         self.spray = False  # hard side: open many sockets towards quic_targets, dial from the one probed
@@ -86,13 +88,14 @@ class Plan(Slotted):
 class Punch(Slotted):
     """Event: start ``plan`` after ``delay`` seconds; ``rtt`` as measured by the initiator."""
 
-    __slots__ = ("plan", "delay", "rtt", "token")
+    __slots__ = ("plan", "delay", "rtt", "token", "theirs")
 
-    def __init__(self, plan: Plan, delay: float, rtt: float | None, token: bytes) -> None:
+    def __init__(self, plan: Plan, delay: float, rtt: float | None, token: bytes, theirs: list[Multiaddr] | None = None) -> None:
         self.plan = plan
         self.delay = delay
         self.rtt = rtt
         self.token = token
+        self.theirs: list[Multiaddr] = theirs or []  # the peer's candidate addresses
 
 
 def _addrs_out(addrs: list[Multiaddr]) -> list[str]:
@@ -163,6 +166,22 @@ def plan(initiator: bool, mine: tuple[list[Multiaddr], str], theirs: tuple[list[
     return p
 
 
+def tcp_only(theirs: list[Multiaddr], peer_ip: str, asker: bool) -> Plan:
+    """The plan of a punch over a direct (QUIC) connection, which only adds TCP, for a peer whose
+    TCP port has no NAT mapping yet (a full-cone node is dialed over QUIC at once). The other side
+    (the opener) sends a SYN from its listening port towards the asker, which opens its mapping
+    (and connects, as Noise initiator, where the asker's port is open); the asker then dials
+    plainly, as Noise initiator too, so no connection can end with two responders. Only the
+    peer's TCP candidates at the IP the connection comes from, nothing over UDP: a peer we
+    already reach cannot aim our packets at anyone else. Either side's NAT may be symmetric: an
+    outbound dial needs no prediction."""
+    q = Plan()
+    q.tcp_targets = [a for a in theirs if _kind(a) == "tcp" and a.host_port()[0] == peer_ip]
+    q.tcp_dial = asker
+    q.tcp_initiator = True
+    return q
+
+
 class Initiator:
     """``B``: sends ``connect``, measures the RTT from the answer, sends ``sync``."""
 
@@ -187,7 +206,7 @@ class Initiator:
         if type(held) not in (int, float) or not 0.0 <= held <= waited:
             held = 0.0  # (not a number, or more than we waited: ignored)
         rtt = waited - held
-        return {"type": "sync"}, Punch(plan(True, self.mine, theirs), rtt / 2, rtt, self.token)
+        return {"type": "sync"}, Punch(plan(True, self.mine, theirs), rtt / 2, rtt, self.token, theirs[0])
 
 
 class Responder:
@@ -215,4 +234,4 @@ class Responder:
             raise ProtocolError("hole punch: expected sync")
         self.done = True
         assert self._token is not None
-        return Punch(plan(False, self.mine, self._theirs), 0.0, None, self._token)
+        return Punch(plan(False, self.mine, self._theirs), 0.0, None, self._token, self._theirs[0])

@@ -5,6 +5,7 @@ hole punching), and open hops and spliced sockets for relay circuits."""
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import TYPE_CHECKING, Protocol
 
 from lattica import context, holepunch
@@ -56,6 +57,7 @@ class Dialer:
         self.dialing: dict[PeerId, tuple[asyncio.Future[Connection], bool]] = {}  # -> (dial, DHT lookups allowed)
         self.upgrading: set[PeerId] = set()  # peers we are trying to reach directly (relayed now)
         self.upgrade_again: set[PeerId] = set()  # new addresses came while upgrading: try again after
+        self.tcp_tried: weakref.WeakSet[Connection] = weakref.WeakSet()  # QUIC connections we asked to add TCP over
         self.contacted: dict[tuple[str, str], float] = {}  # (transport, IP) -> when a listening socket last sent it a packet (opens cone filters)
 
     async def connect(self, addrs: list[Multiaddr], peer: PeerId | None, timeout: float) -> PeerInfo:
@@ -259,13 +261,27 @@ class Dialer:
     # -- relayed -> direct ----------------------------------------------------------------------
 
     def identified(self, conn: Connection, info: PeerInfo) -> None:
-        """A peer (re)told us its addresses: if we reach it only through a relay, try them."""
-        if conn.transport == "relay" and self.host.conns.get(conn.remote_peer) is conn:
+        """A peer (re)told us its addresses: if we reach it only through a relay, try them; if
+        we dialed it over QUIC and it listens on TCP too, try to add a TCP path (the fast one)."""
+        host = self.host
+        if host.conns.get(conn.remote_peer) is not conn:
+            return
+        if conn.transport == "relay":
             if conn.remote_peer in self.upgrading:
                 self.upgrade_again.add(conn.remote_peer)  # new addresses: try them once this try ends
             else:
                 self.upgrading.add(conn.remote_peer)  # (again after every identify push: new addresses)
-                self.host.spawn(self._upgrade(conn, info))
+                host.spawn(self._upgrade(conn, info))
+        elif (
+            conn.transport == "quic"
+            and conn.direction == "outbound"  # (one side asks: the one that dialed)
+            and conn not in self.tcp_tried
+            and host.holepunch is not None
+            and holepunch.PROTOCOL in info.protocols
+            and any(a.protocols()[1:2] == ["tcp"] and not a.is_circuit for a in info.listen_addrs)
+        ):
+            self.tcp_tried.add(conn)
+            host.spawn(host.holepunch.punch_tcp(conn))
 
     async def _upgrade(self, conn: Connection, info: PeerInfo) -> None:
         """A relayed connection came up: try the peer's direct addresses in the background (both

@@ -21,6 +21,7 @@ from lattica.holepunch import DEPENDENT, PROTOCOL
 from lattica.nat import NatConfig
 
 TCP = "/ip4/127.0.0.1/tcp/0"
+QUIC = "/ip4/127.0.0.1/udp/0/quic-v1"
 ALLOW = ["sample_actors.*"]
 
 
@@ -59,6 +60,34 @@ def test_a_punch_request_on_a_direct_connection_is_refused():
         connect = {"type": "connect", "addrs": ["/ip4/127.0.0.1/udp/9/quic-v1"], "nat": "endpoint-independent", "token": os.urandom(16)}
         assert a.run(_ask(a, conn, [connect]), timeout=10) is None  # reset, no answer
         assert _status(b)["refused"] == 1 and _status(b)["attempts"] == 0
+
+
+def test_a_punch_over_direct_quic_only_adds_tcp_and_only_towards_the_peers_address():
+    """Over a direct QUIC connection a punch may only add TCP: the peer's candidates at another IP
+    are ignored (nothing is sent to them, no UDP at all), and one with a TCP path already is
+    refused."""
+    no_candidate = "no TCP candidate at the peer's address"
+    with lattica.Node([TCP, QUIC]) as a, lattica.Node([TCP, QUIC]) as b:
+        a.connect(next(x for x in b.addrs if "quic" in str(x)))
+        conn = a._host.conns[b.peer_id]
+        assert conn.transport == "quic"
+        # a, the QUIC dialer, asks by itself first: on loopback neither has a TCP candidate
+        assert wait_for(lambda: [r.get("reason") for r in a.run(_recent(a._host))] == [no_candidate], timeout=5)
+        lie = {"type": "connect", "addrs": ["/ip4/192.0.2.1/tcp/4001", "/ip4/192.0.2.1/udp/4001/quic-v1"],
+               "nat": "endpoint-independent", "token": os.urandom(16)}
+        assert a.run(_ask(a, conn, [lie, {"type": "sync"}]), timeout=10) is not None  # answered
+        assert wait_for(lambda: [r.get("reason") for r in b.run(_recent(b._host))] == [no_candidate] * 2, timeout=5)
+        assert _status(b)["attempts"] == 0  # nothing executed: no SYN, no datagram
+        assert not [k for k in b.run(_contacted(b._host)) if k[1] == "192.0.2.1"]
+        assert conn.transport == "quic" and b.ping(a.peer_id) > 0
+
+
+async def _recent(h):
+    return list(h.holepunch.recent)
+
+
+async def _contacted(h):
+    return list(h.dialer.contacted)
 
 
 def _relayed_pair(relay: lattica.Node, caller: lattica.Node):

@@ -8,6 +8,7 @@ import time
 import pytest
 
 import lattica
+from lattica.interfaces import interface_ips, is_loopback_ip
 from lattica.errors import (
     ConnectionClosed,
     ConnectionLimit,
@@ -104,6 +105,32 @@ def test_tcp_is_the_primary_path_over_quic_on_both_ends(first):
         assert b.ping(a.peer_id) > 0 and a.ping(b.peer_id) > 0
         # the QUIC connection is unused, and closes after the linger period
         assert wait_for(lambda: b.run(paths(b._host, a.peer_id)) == a.run(paths(a._host, b.peer_id)) == ("tcp", ["tcp"]), timeout=10)
+
+
+def test_a_peer_dialed_over_quic_gets_a_tcp_path_added():
+    """A peer reached only over QUIC (a full-cone node is dialed at its public UDP mapping, its
+    TCP port not mapped until it sends a SYN) and listening on TCP: the dialer asks for a
+    TCP-only punch over the QUIC connection (the peer opens, the dialer dials), and TCP becomes
+    the primary path on both ends. (Without the punch nothing here dials TCP: the connect names
+    a QUIC address and mDNS is off.)"""
+    ips = [ip for ip in interface_ips(4) if not is_loopback_ip(ip)]
+    if not ips:
+        pytest.skip("needs a non-loopback IPv4 address: a punch never aims at loopback candidates")
+    listen = [f"/ip4/{ips[0]}/tcp/0", f"/ip4/{ips[0]}/udp/0/quic-v1"]
+    with lattica.Node(listen, mdns=False) as a, lattica.Node(listen, mdns=False) as b:
+        b.connect(next(x for x in a.addrs if "quic" in str(x)))
+
+        async def primary(h, peer):
+            c = h.conns.get(peer)
+            return c.transport if c is not None else None
+
+        assert wait_for(lambda: b.run(primary(b._host, a.peer_id)) == a.run(primary(a._host, b.peer_id)) == "tcp", timeout=10)
+        assert wait_for(lambda: [(r["outcome"], r["path"]) for r in b.run(_punches(b._host))] == [("direct", "tcp")], timeout=5), b.run(_punches(b._host))
+        assert b.ping(a.peer_id) > 0
+
+
+async def _punches(h):
+    return list(h.holepunch.recent)
 
 
 async def _count(h):

@@ -18,6 +18,7 @@ from lattica.holepunch import (
     is_probe,
     probe_packet,
     probe_ports,
+    tcp_only,
 )
 from lattica.multiaddr import Multiaddr
 
@@ -141,3 +142,28 @@ def test_probe_ports_are_distinct_and_in_the_nat_range():
     ports = probe_ports(5000, random.Random(1))
     assert len(ports) == len(set(ports)) == 5000
     assert all(PORT_RANGE[0] <= p <= PORT_RANGE[1] for p in ports)
+
+
+@pytest.mark.parametrize("b_nat,a_nat", [(INDEPENDENT, INDEPENDENT), (DEPENDENT, INDEPENDENT), (INDEPENDENT, DEPENDENT), (UNKNOWN, DEPENDENT)])
+def test_a_tcp_only_punch_opens_on_one_side_and_dials_on_the_other(b_nat, a_nat):
+    """Over a direct QUIC connection (B asks: it dialed A over QUIC): A sends SYNs from its
+    listening port towards B's TCP candidates at B's address, B then dials A's plainly; both run
+    Noise as initiators on what they open (no two responders on one connection), UDP is not
+    used, and a symmetric side does not stop it (outbound dials need no prediction)."""
+    b_punch, a_punch = exchange(b_nat, a_nat)
+    extra_a = A_ADDRS + [Multiaddr("/ip4/192.0.2.50/tcp/4001"), Multiaddr("/ip4/203.0.113.9/tcp/4002")]
+    b_plan = tcp_only(extra_a, "203.0.113.9", asker=True)
+    a_plan = tcp_only(a_punch.theirs, "198.51.100.7", asker=False)
+    assert b_punch.theirs == A_ADDRS and a_punch.theirs == B_ADDRS  # what each punch was told
+    assert [str(x) for x in b_plan.tcp_targets] == ["/ip4/203.0.113.9/tcp/4001", "/ip4/203.0.113.9/tcp/4002"]
+    assert [str(x) for x in a_plan.tcp_targets] == ["/ip4/198.51.100.7/tcp/4001"]
+    assert (b_plan.tcp_dial, a_plan.tcp_dial) == (True, False)
+    assert b_plan.tcp_initiator and a_plan.tcp_initiator
+    for p in (a_plan, b_plan):
+        assert not p.quic_targets and not p.quic_dial and not p.spray and not p.probe_ips
+
+
+def test_a_tcp_only_punch_aims_at_nothing_but_the_connections_address():
+    lies = [Multiaddr("/ip4/192.0.2.1/tcp/4001"), Multiaddr("/ip4/192.0.2.1/udp/4001/quic-v1"), Multiaddr("/ip4/10.0.0.1/tcp/22")]
+    assert tcp_only(lies, "198.51.100.7", asker=False).tcp_targets == []
+    assert tcp_only(lies, "198.51.100.7", asker=True).tcp_targets == []

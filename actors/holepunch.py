@@ -52,6 +52,7 @@ _MAX_SPRAYS = 2  # of which hard-side sprays (each holds SPRAY_SOCKETS sockets)
 _EXCHANGE_TIMEOUT = 10.0
 _ROUNDS_PER_MINUTE = 6  # punches one peer may ask of us (each can mean thousands of probes)
 _RECENT = 32
+_TCP_ONLY_WAIT = 15.0  # s a TCP-only punch waits for the punch that brought its QUIC connection
 
 
 def holepunch_ref(peer: PeerId) -> ActorRef:
@@ -124,27 +125,39 @@ class HolePunchService:
             self.active.discard(peer)
 
     async def punch_tcp(self, conn: Connection) -> bool:
-        """Over a direct QUIC connection, add a TCP path to its peer (one attempt): True once a
-        TCP connection is the primary one."""
-        peer = conn.remote_peer
-        if peer in self.active or len(self.active) >= _MAX_ACTIVE or self.host.tcp_transport() is None or self.host.nat is None:
+        """Over a direct QUIC connection, add a TCP path to its peer: True once a TCP connection
+        is the primary one. A punch that brought the QUIC connection may still be finishing on
+        either side: we wait for ours, and ask again once if the peer was still busy."""
+        peer, host = conn.remote_peer, self.host
+        if host.tcp_transport() is None or host.nat is None:
+            return False
+        deadline = host.loop.time() + _TCP_ONLY_WAIT
+        while peer in self.active:  # (our own punch of this peer, ending)
+            if host.loop.time() > deadline or conn.is_closed:
+                return False
+            await asyncio.sleep(0.1)
+        if len(self.active) >= _MAX_ACTIVE:
             return False
         self.active.add(peer)
         t0 = time.perf_counter()
         try:
-            if self._direct(peer, "tcp") or conn.is_closed or self.host.closing:
-                return self._direct(peer, "tcp")
-            try:
-                punch = await self._exchange(conn)
-            except (LatticaError, asyncio.TimeoutError) as e:
-                self._record(peer, "refused", t0, 1, None, reason=str(e) or "timeout")
-                return False
-            punch.plan = tcp_only(punch.theirs, conn.remote_addr.host_port()[0], asker=True)
+            for attempt in (1, 2):
+                if self._direct(peer, "tcp") or conn.is_closed or host.closing:
+                    return self._direct(peer, "tcp")
+                try:
+                    punch = await self._exchange(conn)
+                    break
+                except (LatticaError, asyncio.TimeoutError) as e:
+                    if attempt == 2:
+                        self._record(peer, "refused", t0, attempt, None, reason=str(e) or "timeout")
+                        return False
+                    await asyncio.sleep(1.0)  # (the peer may still be ending the punch that got us here)
+            punch.plan = tcp_only(punch.theirs, conn.remote_addr.host_port()[0], asker=True, nats=punch.nats)
             if not punch.plan.tcp_targets:
-                self._record(peer, "failed", t0, 1, punch, reason="no TCP candidate at the peer's address")
+                self._record(peer, "failed", t0, attempt, punch, reason="no TCP candidate at the peer's address")
                 return False
             ok = await self._run(peer, punch, initiator=True, want="tcp")
-            self._record(peer, "direct" if ok else "failed", t0, 1, punch)
+            self._record(peer, "direct" if ok else "failed", t0, attempt, punch)
             return ok
         finally:
             self.active.discard(peer)
@@ -201,7 +214,7 @@ class HolePunchService:
             assert isinstance(punch, Punch)
             await stream.close()
             if want is not None:
-                punch.plan = tcp_only(punch.theirs, conn.remote_addr.host_port()[0], asker=False)
+                punch.plan = tcp_only(punch.theirs, conn.remote_addr.host_port()[0], asker=False, nats=punch.nats)
                 if not punch.plan.tcp_targets:
                     self._record(peer, "failed", t0, None, punch, reason="no TCP candidate at the peer's address")
                     return

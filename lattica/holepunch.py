@@ -88,14 +88,18 @@ class Plan(Slotted):
 class Punch(Slotted):
     """Event: start ``plan`` after ``delay`` seconds; ``rtt`` as measured by the initiator."""
 
-    __slots__ = ("plan", "delay", "rtt", "token", "theirs")
+    __slots__ = ("plan", "delay", "rtt", "token", "theirs", "nats")
 
-    def __init__(self, plan: Plan, delay: float, rtt: float | None, token: bytes, theirs: list[Multiaddr] | None = None) -> None:
+    def __init__(
+        self, plan: Plan, delay: float, rtt: float | None, token: bytes,
+        theirs: list[Multiaddr] | None = None, nats: tuple[str, str] = (UNKNOWN, UNKNOWN),
+    ) -> None:
         self.plan = plan
         self.delay = delay
         self.rtt = rtt
         self.token = token
         self.theirs: list[Multiaddr] = theirs or []  # the peer's candidate addresses
+        self.nats = nats  # (our mapping type, the peer's)
 
 
 def _addrs_out(addrs: list[Multiaddr]) -> list[str]:
@@ -166,18 +170,24 @@ def plan(initiator: bool, mine: tuple[list[Multiaddr], str], theirs: tuple[list[
     return p
 
 
-def tcp_only(theirs: list[Multiaddr], peer_ip: str, asker: bool) -> Plan:
+def tcp_only(theirs: list[Multiaddr], peer_ip: str, asker: bool, nats: tuple[str, str] = (UNKNOWN, UNKNOWN)) -> Plan:
     """The plan of a punch over a direct (QUIC) connection, which only adds TCP, for a peer whose
-    TCP port has no NAT mapping yet (a full-cone node is dialed over QUIC at once). The other side
-    (the opener) sends a SYN from its listening port towards the asker, which opens its mapping
-    (and connects, as Noise initiator, where the asker's port is open); the asker then dials
-    plainly, as Noise initiator too, so no connection can end with two responders. Only the
-    peer's TCP candidates at the IP the connection comes from, nothing over UDP: a peer we
-    already reach cannot aim our packets at anyone else. Either side's NAT may be symmetric: an
-    outbound dial needs no prediction."""
+    TCP port has no NAT mapping yet (a full-cone node is dialed over QUIC at once). One side, the
+    opener, sends SYNs from its TCP listening port towards the other's TCP candidates at the IP
+    the connection comes from: that opens its mapping and filter (and connects where the other's
+    port is open); the other, after the usual half round trip, dials the opener plainly. Both run
+    Noise as initiator on what they open, so no connection can end with two responders. The
+    opener is the side that did not ask, unless only its mapping depends on the destination
+    (its SYN would open a port nobody can predict): then the asker opens. Only the peer's TCP
+    candidates at the connection's IP, nothing over UDP: a peer we already reach cannot aim our
+    packets at anyone else. ``nats``: (our mapping type, the peer's)."""
+    mine, their = nats
+    opener = not asker
+    if (their if asker else mine) == DEPENDENT and (mine if asker else their) != DEPENDENT:
+        opener = asker
     q = Plan()
     q.tcp_targets = [a for a in theirs if _kind(a) == "tcp" and a.host_port()[0] == peer_ip]
-    q.tcp_dial = asker
+    q.tcp_dial = not opener
     q.tcp_initiator = True
     return q
 
@@ -206,7 +216,7 @@ class Initiator:
         if type(held) not in (int, float) or not 0.0 <= held <= waited:
             held = 0.0  # (not a number, or more than we waited: ignored)
         rtt = waited - held
-        return {"type": "sync"}, Punch(plan(True, self.mine, theirs), rtt / 2, rtt, self.token, theirs[0])
+        return {"type": "sync"}, Punch(plan(True, self.mine, theirs), rtt / 2, rtt, self.token, theirs[0], (self.mine[1], theirs[1]))
 
 
 class Responder:
@@ -234,4 +244,4 @@ class Responder:
             raise ProtocolError("hole punch: expected sync")
         self.done = True
         assert self._token is not None
-        return Punch(plan(False, self.mine, self._theirs), 0.0, None, self._token, self._theirs[0])
+        return Punch(plan(False, self.mine, self._theirs), 0.0, None, self._token, self._theirs[0], (self.mine[1], self._theirs[1]))

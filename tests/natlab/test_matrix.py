@@ -160,6 +160,13 @@ def test_every_pair_connects_and_calls(mesh):
     lines += [f"{SHORT[a]:<25}" + "".join(f"{settled[(a, b)]:>{width}}" for b in KINDS6) for a in KINDS6]
     print("\n".join(lines))
     print(f"on TCP: {sum(v == 'tcp' for v in settled.values())}/{len(settled)}")
+    for (a, b), path in settled.items():  # why a direct pair stayed on QUIC: both ends' punches
+        if path == "quic":
+            for who, other in ((a, (b, 1)), (b, (a, 0))):
+                me = nodes[(who, 0 if who == a else 1)]
+                recent = me.ask({"cmd": "holepunch"}).get("recent", [])
+                mine = [{k: r.get(k) for k in ("outcome", "attempt", "path", "mode", "reason")} for r in recent if r.get("peer") == nodes[other].peer_id]
+                print(f"  quic {a}->{b}: {who} punches {mine}")
     for (a, b), r in results.items():
         if (a, b) != ("symmetric", "symmetric"):
             # dialable directly, or hole punched (many-port probing when one side is symmetric)

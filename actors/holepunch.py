@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import collections
 import time
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ from lattica.errors import LatticaError
 from lattica.framing import read_message, write_message
 from lattica.holepunch import MAX_MESSAGE, PROTOCOL, Initiator, Punch, Responder, is_probe, probe_packet, probe_ports, tcp_only
 from lattica.identity import PeerId
+from lattica.interfaces import host_key
 from lattica.multiaddr import Multiaddr
 from lattica.runtime import ASYNC, ActorRef
 
@@ -53,6 +55,10 @@ _EXCHANGE_TIMEOUT = 10.0
 _ROUNDS_PER_MINUTE = 6  # punches one peer may ask of us (each can mean thousands of probes)
 _RECENT = 32
 _TCP_ONLY_WAIT = 15.0  # s a TCP-only punch waits for the punch that brought its QUIC connection
+_MAX_TCP_ONLY = 8  # TCP-only punches at once (their own budget: they cannot take relayed punches' slots)
+_TCP_ONLY_TARGETS = 2  # TCP candidates a TCP-only punch connects to
+_TCP_ONLY_EXCHANGE = 3.0  # s a TCP-only exchange may take (a slot held by a silent peer comes back soon)
+_TCP_ONLY_PER_IP = 6  # TCP-only punches we answer per IP (v4 address or v6 /64) per minute
 
 
 def holepunch_ref(peer: PeerId) -> ActorRef:
@@ -68,6 +74,8 @@ class HolePunchService:
         self.host.set_handler(PROTOCOL, self._on_stream)
         self.host.events.connected.subscribe(self._on_adopt)
         self.active: set[PeerId] = set()
+        self.tcp_active: set[PeerId] = set()  # TCP-only punches (a budget of their own)
+        self._asked_ip: dict[str, list[float]] = {}  # when each IP last asked us for a TCP-only punch
         self._sprays = 0
         self._waiting: dict[PeerId, tuple[asyncio.Future[Connection], str | None]] = {}  # (future, transport wanted)
         self._asked: dict[PeerId, list[float]] = {}  # when each peer last asked us to punch
@@ -103,7 +111,7 @@ class HolePunchService:
         """Try up to ATTEMPTS times to reach ``conn``'s peer directly; True once a direct
         connection is the primary one."""
         peer = conn.remote_peer
-        if peer in self.active or len(self.active) >= _MAX_ACTIVE:
+        if peer in self.active or peer in self.tcp_active or len(self.active) >= _MAX_ACTIVE:
             return False
         self.active.add(peer)
         t0 = time.perf_counter()
@@ -127,46 +135,62 @@ class HolePunchService:
     async def punch_tcp(self, conn: Connection) -> bool:
         """Over a direct QUIC connection, add a TCP path to its peer: True once a TCP connection
         is the primary one. A punch that brought the QUIC connection may still be finishing on
-        either side: we wait for ours, and ask again once if the peer was still busy."""
+        either side (or the peer may be asking us at the same moment): we wait for ours, and ask
+        again once, after a random pause, if the exchange did not go through."""
         peer, host = conn.remote_peer, self.host
         if host.tcp_transport() is None or host.nat is None:
             return False
         deadline = host.loop.time() + _TCP_ONLY_WAIT
-        while peer in self.active:  # (our own punch of this peer, ending)
-            if host.loop.time() > deadline or conn.is_closed:
-                return False
-            await asyncio.sleep(0.1)
-        if len(self.active) >= _MAX_ACTIVE:
-            return False
-        self.active.add(peer)
         t0 = time.perf_counter()
-        try:
-            for attempt in (1, 2):
-                if self._direct(peer, "tcp") or conn.is_closed or host.closing:
+        for attempt in (1, 2):
+            while peer in self.active or peer in self.tcp_active:  # (a punch of this peer, ending)
+                if host.loop.time() > deadline or conn.is_closed:
                     return self._direct(peer, "tcp")
+                await asyncio.sleep(0.1)
+            if self._direct(peer, "tcp") or conn.is_closed or host.closing or len(self.tcp_active) >= _MAX_TCP_ONLY:
+                return self._direct(peer, "tcp")
+            self.tcp_active.add(peer)
+            try:
                 try:
-                    punch = await self._exchange(conn)
-                    break
+                    punch = await self._exchange(conn, _TCP_ONLY_EXCHANGE)
                 except (LatticaError, asyncio.TimeoutError) as e:
                     if attempt == 2:
                         self._record(peer, "refused", t0, attempt, None, reason=str(e) or "timeout")
                         return False
-                    await asyncio.sleep(1.0)  # (the peer may still be ending the punch that got us here)
-            punch.plan = tcp_only(punch.theirs, conn.remote_addr.host_port()[0], asker=True, nats=punch.nats)
-            if not punch.plan.tcp_targets:
-                self._record(peer, "failed", t0, attempt, punch, reason="no TCP candidate at the peer's address")
-                return False
-            ok = await self._run(peer, punch, initiator=True, want="tcp")
-            self._record(peer, "direct" if ok else "failed", t0, attempt, punch)
-            return ok
-        finally:
-            self.active.discard(peer)
+                    punch = None
+                if punch is None:
+                    self.tcp_active.discard(peer)
+                    await asyncio.sleep(0.5 + random.random())  # (out of step with a peer asking too)
+                    continue
+                punch.plan = tcp_only(punch.theirs, conn.remote_addr.host_port()[0], asker=True, nats=punch.nats)
+                del punch.plan.tcp_targets[_TCP_ONLY_TARGETS:]
+                if not punch.plan.tcp_targets:
+                    self._record(peer, "failed", t0, attempt, punch, reason="no TCP candidate at the peer's address")
+                    return False
+                ok = await self._run(peer, punch, initiator=True, want="tcp")
+                self._record(peer, "direct" if ok else "failed", t0, attempt, punch)
+                return ok
+            finally:
+                self.tcp_active.discard(peer)
+        return self._direct(peer, "tcp")
 
-    async def _exchange(self, conn: Connection) -> Punch:
+    def _may_ask_tcp(self, conn: Connection) -> bool:
+        """At most _TCP_ONLY_PER_IP TCP-only punches a minute for one IP, whatever the PeerIds."""
+        ip = host_key(conn.remote_addr.host_port()[0])
+        now = self.host.loop.time()
+        times = [t for t in self._asked_ip.get(ip, ()) if now - t < 60.0]
+        if len(times) >= _TCP_ONLY_PER_IP:
+            return False
+        self._asked_ip[ip] = times + [now]
+        if len(self._asked_ip) > 4096:
+            del self._asked_ip[next(iter(self._asked_ip))]
+        return True
+
+    async def _exchange(self, conn: Connection, timeout: float = _EXCHANGE_TIMEOUT) -> Punch:
         stream = await self.host.open_stream_on(conn, PROTOCOL)
         try:
             init = Initiator(*await self._mine())
-            async with asyncio.timeout(_EXCHANGE_TIMEOUT):
+            async with asyncio.timeout(timeout):
                 write_message(stream, init.start(self.host.loop.time()))
                 answer = await read_message(stream, MAX_MESSAGE)
             sync, punch = init.receive(answer, self.host.loop.time())
@@ -197,15 +221,23 @@ class HolePunchService:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_EXCHANGE_TIMEOUT):
                     await previous.wait()
-        if peer in self.active or len(self.active) >= _MAX_ACTIVE or self._direct(peer, want) or not self._may_ask(peer):
+        slots, limit = (self.tcp_active, _MAX_TCP_ONLY) if want else (self.active, _MAX_ACTIVE)
+        if (
+            peer in self.active
+            or peer in self.tcp_active
+            or len(slots) >= limit
+            or self._direct(peer, want)
+            or not self._may_ask(peer)
+            or (want is not None and not self._may_ask_tcp(conn))
+        ):
             self.counts["refused"] += 1
             stream.reset()
             return
-        self.active.add(peer)
+        slots.add(peer)
         done = self._responding[peer] = asyncio.Event()
         t0 = time.perf_counter()
         try:
-            async with asyncio.timeout(_EXCHANGE_TIMEOUT):
+            async with asyncio.timeout(_TCP_ONLY_EXCHANGE if want else _EXCHANGE_TIMEOUT):
                 connect = await read_message(stream, MAX_MESSAGE)
                 arrived = time.perf_counter()
                 resp = Responder(*await self._mine())  # may observe our mapping first (up to 1 s)
@@ -215,13 +247,14 @@ class HolePunchService:
             await stream.close()
             if want is not None:
                 punch.plan = tcp_only(punch.theirs, conn.remote_addr.host_port()[0], asker=False, nats=punch.nats)
+                del punch.plan.tcp_targets[_TCP_ONLY_TARGETS:]
                 if not punch.plan.tcp_targets:
                     self._record(peer, "failed", t0, None, punch, reason="no TCP candidate at the peer's address")
                     return
             ok = await self._run(peer, punch, initiator=False, want=want)
             self._record(peer, "direct" if ok else "failed", t0, None, punch)
         finally:
-            self.active.discard(peer)
+            slots.discard(peer)
             if self._responding.get(peer) is done:
                 del self._responding[peer]
             done.set()
@@ -264,7 +297,8 @@ class HolePunchService:
                 hit.append(ep)
                 dial_quic(Multiaddr.from_sockaddr(sender, "quic-v1"), via=ep)
 
-        for transport, targets_of in (("tcp", plan.tcp_targets), ("quic", plan.quic_targets)):
+        contacts = ((() if plan.tcp_dial else plan.tcp_targets), plan.quic_targets)  # (a plain dial leaves from another port)
+        for transport, targets_of in zip(("tcp", "quic"), contacts):
             for a in targets_of:
                 host.note_contact(a.host_port()[0], transport)
         try:
@@ -296,7 +330,11 @@ class HolePunchService:
                 first = await asyncio.wait_for(asyncio.shield(fut), window)
             except asyncio.TimeoutError:
                 first = None
-            if first is not None and first.transport != "tcp":
+            if want == "tcp":
+                # a TCP-only punch: another TCP connection (an AutoNAT dial-back, say) may have
+                # ended the wait; our own dials and SYNs finish anyway, within their timeout
+                keep = [t for t in tcp_tasks if not t.done()]
+            elif first is not None and first.transport != "tcp":
                 # QUIC got through first; both ends are also opening TCP at once, and a TCP path,
                 # if it comes, becomes the primary one (lattica/host/connections.py): the TCP
                 # punches under way get a moment more

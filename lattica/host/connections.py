@@ -23,6 +23,7 @@ EVICT_MIN_AGE = 2.0  # seconds an unidentified connection is given before a newc
 
 
 _TCP_AND_QUIC = {"tcp", "quic"}
+_PREFERENCE = {"tcp": 0, "quic": 1, "relay": 2}  # which path a peer's primary connection should be
 
 
 class Connections:
@@ -135,10 +136,10 @@ class Connections:
                 self.events.disconnected.emit(peer, conn)
         if self.conns.get(peer) is conn:
             del self.conns[peer]
-            for other in same or ():  # promote a surviving duplicate, if any
-                if not other.is_closed:
-                    self.conns[peer] = other
-                    break
+            # promote a surviving duplicate, if any: the best path (TCP, then QUIC, then relayed)
+            alive = [c for c in same or () if not c.is_closed]
+            if alive:
+                self.conns[peer] = min(alive, key=lambda c: _PREFERENCE.get(c.transport, 1))
 
     async def reap_idle(self, timeout: float) -> None:
         """Forever: close connections with no stream for ``timeout`` seconds, except a protected

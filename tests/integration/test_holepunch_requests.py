@@ -82,6 +82,26 @@ def test_a_punch_over_direct_quic_only_adds_tcp_and_only_towards_the_peers_addre
         assert conn.transport == "quic" and b.ping(a.peer_id) > 0
 
 
+def test_tcp_only_punches_are_limited_per_ip_whatever_the_peer_ids():
+    """A TCP-only punch makes us connect from our listening port to ports the peer names at its
+    address: six a minute per IP (v4 address or v6 /64), however many identities ask."""
+    with lattica.Node([TCP, QUIC]) as b, lattica.Node([TCP, QUIC]) as a1, lattica.Node([TCP, QUIC]) as a2:
+        quic = next(x for x in b.addrs if "quic" in str(x))
+        for a in (a1, a2):
+            a.connect(quic)
+        # each asker asks once by itself (nothing to do on loopback): two of the IP's six
+        assert wait_for(lambda: len(b.run(_recent(b._host))) == 2, timeout=10)
+        lie = {"type": "connect", "addrs": ["/ip4/127.0.0.1/tcp/9"], "nat": "endpoint-independent"}
+        answered = []
+        for i in range(6):
+            a = (a1, a2)[i % 2]
+            conn = a._host.conns[b.peer_id]
+            got = a.run(_ask(a, conn, [{**lie, "token": os.urandom(16)}, {"type": "sync"}]), timeout=10)
+            answered.append(got is not None)
+            wait_for(lambda: b.peer_id not in a._host.holepunch.tcp_active and a.peer_id not in b._host.holepunch.tcp_active, timeout=5)
+        assert answered == [True] * 4 + [False] * 2, answered  # 3 asks per identity: never its own limit
+
+
 async def _recent(h):
     return list(h.holepunch.recent)
 

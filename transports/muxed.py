@@ -32,7 +32,7 @@ from lattica.transports.mux import (
     StreamWasReset,
     WindowUpdated,
 )
-from lattica.transports.noise import NoiseSession
+from lattica.transports.noise import MAX_PLAINTEXT, NoiseSession
 from lattica.transports.tcpinfo import tcp_info
 
 log = get_logger("lattica.transport")
@@ -41,6 +41,22 @@ log = get_logger("lattica.transport")
 # default, plus 256 KiB a stream, and a tuned window may hold 16 MiB), so this is well above it
 _MAX_UNSENT = 256 * 1024 * 1024
 _SPARE_MAX = 1024 * 1024  # a sealed buffer this size or smaller is kept for the next write
+FRAME_TIME = 0.001  # a Noise frame holds what the path carries in this long (frame_limit)
+_FRAME_OVERHEAD = 2 + 16  # a Noise frame's length prefix and tag
+
+
+def frame_limit(pacing_rate: float | None, mss: float | None) -> int:
+    """Plaintext bytes per Noise frame for a path the kernel paces at ``pacing_rate`` bytes/s.
+
+    A receiver opens nothing of a frame until all of it is in, so a 64 KiB frame on a path that
+    delivers 300 KB/s holds every message in it for ~200 ms. A frame is therefore what the path
+    carries in FRAME_TIME (at least one segment's worth), up to Noise's 64 KiB: on loopback and
+    LAN paths frames stay whole, and on slow paths they cost one encryption per millisecond.
+    """
+    if not pacing_rate:
+        return MAX_PLAINTEXT
+    floor = max(int(mss or 0) - _FRAME_OVERHEAD, 512)
+    return max(floor, min(int(pacing_rate * FRAME_TIME), MAX_PLAINTEXT))
 
 
 class ByteWriter(Protocol):
@@ -254,7 +270,8 @@ class MuxedConnection(Connection):
         self._rtt_ping = 0  # id of the last ping timing the round trip (0 is the keepalive's)
         self._rtt_sent: float | None = None  # loop time it went out; None once answered
         self._rtt_ms: float | None = None
-        self._rtt_due = 0.0  # loop time the mux's round trip is next refreshed (window tuning)
+        self._rtt_due = 0.0  # when the mux's round trip and the frame size are next refreshed
+        self._frame = MAX_PLAINTEXT  # plaintext bytes per Noise frame (frame_limit)
         self._keepalive_interval = keepalive_interval
         self._keepalive_timeout = keepalive_timeout
         self._keepalive_handle = (
@@ -313,7 +330,7 @@ class MuxedConnection(Connection):
         stats = tcp_info(info("socket")) if info is not None else None
         if stats is not None and "/p2p-circuit" not in str(self.remote_addr):
             return stats
-        stats = {k: v for k, v in (stats or {}).items() if k != "rtt_ms"}
+        stats = {k: v for k, v in (stats or {}).items() if k in ("bytes_sent", "bytes_received")}  # (not the hop's timing)
         counted = getattr(self._writer, "bytes_counted", None)  # (the circuit's in-stream pipe counts its bytes)
         if counted is not None:
             stats["bytes_sent"], stats["bytes_received"] = counted()
@@ -332,12 +349,13 @@ class MuxedConnection(Connection):
         self._schedule_flush()
 
     def _refresh_rtt(self, now: float) -> None:
-        """Keep the mux's round trip current for window tuning (once a second while data flows;
-        sooner until a first figure is in)."""
+        """Keep the mux's round trip (window tuning) and the Noise frame size current, once a
+        second while data flows (sooner until a first figure is in)."""
         stats = self.path_stats()
         rtt = stats.get("rtt_ms") if stats else None
         if rtt is not None:
             self._mux.rtt = rtt / 1000.0
+            self._frame = frame_limit(stats.get("pacing_rate"), stats.get("mss"))  # type: ignore[union-attr]
         self._rtt_due = now + (0.1 if rtt is None else 1.0)
 
     def _pong(self, ping_id: int) -> None:
@@ -465,8 +483,11 @@ class MuxedConnection(Connection):
         if not pieces:
             return
         if self._session is not None:
+            now = _monotonic()
+            if now >= self._rtt_due:
+                self._refresh_rtt(now)
             spare, self._spare = self._spare, None
-            sealed = self._session.seal_pieces(pieces, spare)
+            sealed = self._session.seal_pieces(pieces, spare, self._frame)
             self._writer.write(sealed)
             if self._reuse and len(sealed) <= _SPARE_MAX and not self._writer.get_write_buffer_size():
                 # all of it went to the kernel (or was copied): the buffer is ours again

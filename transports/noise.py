@@ -345,19 +345,26 @@ class NoiseSession:
         """Encrypt ``data`` (any length) into one buffer of consecutive frames, ready to write."""
         return self.seal_pieces([data])
 
-    def seal_pieces(self, pieces: list, into: bytearray | None = None) -> bytearray | memoryview:
-        """Encrypt the concatenation of ``pieces`` into one buffer of consecutive frames.
+    def seal_pieces(self, pieces: list, into: bytearray | None = None, limit: int = MAX_PLAINTEXT) -> bytearray | memoryview:
+        """Encrypt the concatenation of ``pieces`` into one buffer of consecutive frames of at most
+        ``limit`` plaintext bytes each.
 
         Full frames are encrypted straight from the pieces; only what straddles pieces is copied
         (into a scratch frame). No input means one empty frame. With ``into`` (a buffer the caller
         reuses) big enough, the frames go there and a view of them is returned: a fresh buffer
-        per write would be zeroed and, when large, faulted in page by page.
+        per write would be zeroed and, when large, faulted in page by page. A smaller ``limit``
+        lets the receiver open the first frames of a write before its last bytes arrive (a slow
+        path delivers a big write over many round trips or pacing intervals).
         """
+        if not 0 < limit <= MAX_PLAINTEXT:
+            raise ValueError(f"frame limit must be in 1..{MAX_PLAINTEXT}")
         n = sum(map(len, pieces))
-        sealed = n + max(1, -(-n // MAX_PLAINTEXT)) * (2 + _TAG)
+        sealed = n + max(1, -(-n // limit)) * (2 + _TAG)
         out = into if into is not None and len(into) >= sealed else bytearray(sealed)
         enc = self._send.encrypt_into
         sv = memoryview(self._scratch)
+        whole = sv[:limit]  # the scratch frame when full
+        frame = limit + _TAG
         pos = 0
         fill = 0
         with memoryview(out) as ov:
@@ -366,27 +373,28 @@ class NoiseSession:
                 size = len(v)
                 i = 0
                 while i < size:
-                    if not fill and size - i >= MAX_PLAINTEXT:
-                        chunk = v[i : i + MAX_PLAINTEXT]
-                        i += MAX_PLAINTEXT
+                    if not fill and size - i >= limit:
+                        chunk = v[i : i + limit]
+                        i += limit
                     else:
-                        take = min(MAX_PLAINTEXT - fill, size - i)
+                        take = min(limit - fill, size - i)
                         sv[fill : fill + take] = v[i : i + take]
                         fill += take
                         i += take
-                        if fill < MAX_PLAINTEXT:
+                        if fill < limit:
                             continue
-                        chunk = sv
+                        chunk = whole
                         fill = 0
-                    out[pos] = MAX_FRAME >> 8
-                    out[pos + 1] = MAX_FRAME & 0xFF
-                    enc(chunk, ov[pos + 2 : pos + 2 + MAX_FRAME])
-                    pos += 2 + MAX_FRAME
+                    out[pos] = frame >> 8
+                    out[pos + 1] = frame & 0xFF
+                    enc(chunk, ov[pos + 2 : pos + 2 + frame])
+                    pos += 2 + frame
             if fill or not pos:
                 clen = fill + _TAG
                 out[pos] = clen >> 8
                 out[pos + 1] = clen & 0xFF
                 enc(sv[:fill], ov[pos + 2 : pos + 2 + clen])
+        whole.release()
         sv.release()
         return out if len(out) == sealed else memoryview(out)[:sealed]
 

@@ -60,6 +60,9 @@ def _nat(host: Any) -> dict[str, Any]:
             "public": s.public[:8], "relays": s.relays[:8], "checked_at": s.checked_at}
 
 
+_PATH_FIGURES = ("rtt_ms", "bytes_sent", "bytes_received")
+
+
 def _peers(host: Any) -> list[dict[str, Any]]:
     rows = []
     for peer, conn in list(host.conns.items())[:MAX_PEERS]:
@@ -70,7 +73,7 @@ def _peers(host: Any) -> list[dict[str, Any]]:
                "circle": info.circle if info is not None else "unidentified", "agent": info.agent_version if info is not None else ""}
         stats = conn.path_stats()  # (a relayed path's are end to end: timed by the mux, counted on the circuit)
         if stats:
-            row.update({k: round(v, 3) if k == "rtt_ms" else int(v) for k, v in stats.items()})
+            row.update({k: round(v, 3) if k == "rtt_ms" else int(v) for k, v in stats.items() if k in _PATH_FIGURES})
         rows.append(row)
     return rows
 

@@ -31,9 +31,10 @@ def pct(values: list[float], q: float) -> float:
 
 
 @contextlib.contextmanager
-def server(transport: str, *extra: str, link: str | None = None) -> Iterator[tuple[ServerProcess, Any]]:
+def server(transport: str, *extra: str, link: Any = None) -> Iterator[tuple[ServerProcess, Any]]:
     """A node in another process: on loopback, or across an emulated ``link`` (a profile of
-    lattica.bench.linkem: the node runs in the link's far namespace). Yields (server, link)."""
+    lattica.bench.linkem, by name or a ``Profile``: the node runs in the link's far namespace).
+    Yields (server, link)."""
     if link is None:
         with ServerProcess([LOOPBACK[transport]], *extra) as srv:
             yield srv, None

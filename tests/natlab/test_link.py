@@ -4,6 +4,7 @@ node on the far side. Needs root and /dev/net/tun (as the rest of the NAT lab)."
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 from lattica.bench.linkem import EmulatedLink, Profile, available
 from lattica.bench.transport import plain_tcp, server
 from lattica.node import Node
+from lattica.transports.noise import MAX_PLAINTEXT
 
 ok, why = available()
 pytestmark = pytest.mark.skipif(not ok, reason=f"link emulation unavailable here: {why}")
@@ -78,3 +80,31 @@ def test_a_node_on_the_far_side_answers_across_the_link():
         rtts = node.ping_many(info.peer_id, 5)
     assert link.far_ip in srv.addr("tcp")
     assert 0.010 <= min(rtts) < 0.030, rtts
+
+
+def _frame_after_calls(link) -> int:
+    """The client's Noise frame size towards a node across ``link`` (None: loopback) once calls
+    have flowed for a little over a second (sizes are refreshed about once a second)."""
+    from lattica.bench.rpc import AsyncEcho, spawn_on
+
+    with server("tcp", link=link) as (srv, _), Node([]) as node:
+        info = node.connect(srv.addr("tcp"))
+        ref = spawn_on(node, AsyncEcho, info.peer_id)
+        payload = b"x" * 128
+
+        async def burst() -> None:
+            deadline = time.monotonic() + 1.5
+            while time.monotonic() < deadline:
+                got = await asyncio.gather(*(ref.echo.remote(payload) for _ in range(50)))
+                assert got == [payload] * 50
+
+        node.run(burst(), timeout=60)
+        return node._host.conns[info.peer_id]._frame
+
+
+def test_noise_frames_shrink_to_what_a_slow_path_carries_in_a_millisecond_and_stay_whole_on_loopback():
+    # A receiver opens nothing of a frame before all of it is in: on a 200 KB/s path a 64 KiB
+    # frame would hold every call in it for a third of a second (docs/protocols.md, "Frame size").
+    slow = _frame_after_calls(Profile(rtt=0.020, rate=200e3))
+    assert 512 <= slow <= 4096, slow
+    assert _frame_after_calls(None) == MAX_PLAINTEXT

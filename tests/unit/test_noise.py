@@ -191,3 +191,27 @@ def test_seal_into_a_reused_buffer_matches_a_fresh_one():
     sealed = a.session.seal_pieces([big], spare)
     assert type(sealed) is bytearray and sealed is not spare
     assert bytes(b.session.open(bytes(sealed))) == big
+
+
+@pytest.mark.parametrize("limit", [1, 512, 1430, 9000, MAX_PLAINTEXT])
+def test_sealed_frames_hold_at_most_the_limit_and_open_to_the_same_bytes(limit):
+    ka, kb = KeyPair.generate(), KeyPair.generate()
+    a, b = _run(NoiseHandshake(ka, True, kb.peer_id), NoiseHandshake(kb, False))
+    pieces = [os.urandom(n) for n in (100, 0, limit, 3 * limit + 7, 1, MAX_PLAINTEXT + 3)]
+    sealed = bytes(a.session.seal_pieces(pieces, None, limit))
+    lengths, pos = [], 0
+    while pos < len(sealed):  # walk the length prefixes: every frame within the limit
+        n = (sealed[pos] << 8) | sealed[pos + 1]
+        lengths.append(n - 16)
+        pos += 2 + n
+    assert pos == len(sealed) and max(lengths) <= limit
+    assert len(lengths) == -(-sum(map(len, pieces)) // limit)  # full frames, bar the last
+    assert bytes(b.session.open(sealed)) == b"".join(pieces)
+
+
+@pytest.mark.parametrize("limit", [0, -1, MAX_PLAINTEXT + 1])
+def test_a_frame_limit_outside_what_noise_allows_is_refused(limit):
+    ka, kb = KeyPair.generate(), KeyPair.generate()
+    a, _ = _run(NoiseHandshake(ka, True, kb.peer_id), NoiseHandshake(kb, False))
+    with pytest.raises(ValueError, match="frame limit"):
+        a.session.seal_pieces([b"x"], None, limit)

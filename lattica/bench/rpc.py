@@ -16,7 +16,10 @@ from typing import Any
 from lattica._loop import DEFAULT_BUSY_POLL_US
 from lattica.remote import actor
 from lattica.node import Node
-from lattica.bench.transport import pct, server
+from lattica.bench.transport import pct, plain_tcp_echo, server
+
+
+PLAIN_ECHO_FROM = 64 * 1024  # payloads this big get a plain TCP echo's figure beside them (--link)
 
 
 @actor
@@ -42,15 +45,20 @@ def bench_rpc(
     link: str | None = None,
 ) -> dict[str, Any]:
     """Table 1: ``concurrency`` echo calls of ``payload`` bytes in flight to an actor in another
-    process, on loopback or across an emulated ``link`` (lattica.bench.linkem)."""
+    process, on loopback or across an emulated ``link`` (lattica.bench.linkem). Across a link,
+    payloads of PLAIN_ECHO_FROM bytes or more also report what a plain TCP echo carries over the
+    same link, in calls of that size per second (``plain_tcp_echo_calls_s``)."""
     cls = AsyncEcho if kind == "async" else SyncEcho
     data = os.urandom(payload)
     poll = ["--busy-poll-us", str(busy_poll_us)]
-    with server(transport, *poll, link=link) as (srv, _), Node([], busy_poll_us=busy_poll_us) as node:
+    baseline = None
+    with server(transport, *poll, link=link) as (srv, lk), Node([], busy_poll_us=busy_poll_us) as node:
         info = node.connect(srv.addr(transport))
         ref = spawn_on(node, cls, info.peer_id)
         errors: collections.Counter = collections.Counter()
         done, failed, lat, elapsed = measure_calls(node, ref, data, concurrency, duration, warmup, errors)
+        if lk is not None and payload >= PLAIN_ECHO_FROM:
+            baseline = round(plain_tcp_echo(lk, min(duration, 8.0)) * 1e6 / payload)
     us = [x * 1e6 for x in lat] or [0.0]
     return {
         "bench": "rpc",
@@ -67,6 +75,7 @@ def bench_rpc(
         "p50_us": round(pct(us, 0.5), 1),
         "p99_us": round(pct(us, 0.99), 1),
         **({"errors": dict(errors.most_common(3))} if errors else {}),
+        **({"plain_tcp_echo_calls_s": baseline} if baseline is not None else {}),
     }
 
 

@@ -88,6 +88,67 @@ def plain_tcp(lk: Any, size: int, chunk: int = 1 << 20) -> float:
     return round(got / elapsed / 1e6, 1)
 
 
+_PLAIN_ECHO = r"""
+import socket, sys
+s = socket.socket()
+s.bind((sys.argv[1], 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+buf = memoryview(bytearray(1 << 20))
+while True:
+    n = c.recv_into(buf)
+    if not n:
+        break
+    c.sendall(buf[:n])
+"""
+
+
+def plain_tcp_echo(lk: Any, seconds: float, warmup: float = 1.0) -> float:
+    """MB/s echoed by one plain TCP connection across the emulated link ``lk`` (no Noise, no mux:
+    the far side sends back every byte it gets, both directions full): what the link carries for
+    an echo workload, the baseline beside large calls over the same link."""
+    import threading
+
+    echo = subprocess.Popen([*lk.wrap, sys.executable, "-c", _PLAIN_ECHO, lk.far_ip], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(echo.stdout.readline())  # type: ignore[union-attr]
+        block = os.urandom(1 << 20)
+        stop = threading.Event()
+        with socket.create_connection((lk.far_ip, port), timeout=60) as s:
+
+            def send() -> None:
+                try:
+                    while not stop.is_set():
+                        s.sendall(block)
+                except OSError:
+                    pass
+
+            sender = threading.Thread(target=send, daemon=True)
+            sender.start()
+            buf = bytearray(1 << 20)
+            got, t0, start = 0, time.perf_counter(), None
+            while True:
+                n = s.recv_into(buf)
+                now = time.perf_counter()
+                if not n:
+                    raise RuntimeError("the plain TCP echo across the link ended early")
+                if start is None:
+                    if now - t0 >= warmup:
+                        start = now
+                    continue
+                got += n
+                if now - start >= seconds:
+                    break
+            stop.set()
+            s.shutdown(socket.SHUT_RDWR)
+            sender.join(10)
+    finally:
+        echo.kill()
+        echo.wait()
+    return round(got / (now - start) / 1e6, 1)
+
+
 def bench_stream(transport: str = "tcp", size: int = 1 << 30, chunk: int = 1 << 20, busy_poll_us: float = DEFAULT_BUSY_POLL_US,
                  link: str | None = None) -> dict[str, Any]:
     """One stream, one direction: push ``size`` bytes to a sink in another process (across an

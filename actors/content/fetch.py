@@ -420,8 +420,20 @@ class Fetch:
             for cid, has in zip(req.cids, got):
                 (session.on_have if has is True else session.on_dont_have)(req.peer, cid, now)
         else:
-            pairs = [(cid, b) for cid, b in zip(req.cids, got) if isinstance(b, (bytes, bytearray, memoryview))]
-            missing = [cid for cid, b in zip(req.cids, got) if not isinstance(b, (bytes, bytearray, memoryview))]
+            pairs, passed, missing = [], [], []  # every CID answered ends in exactly one of them
+            for cid, b in zip(req.cids, got):
+                if isinstance(b, (bytes, bytearray, memoryview)):
+                    pairs.append((cid, b))
+                elif type(b) is list and len(b) == 1 and type(b[0]) is bytes and len(b[0]) <= 64:
+                    passed.append((cid, b[0]))
+                else:
+                    missing.append(cid)  # None (dont-have), or anything else a peer made up
+            for cid, who in passed:  # super-seeding: the provider sent it to a fellow a moment ago
+                try:
+                    holder: PeerId | None = PeerId.from_bytes(who)
+                except (LatticaError, ValueError, TypeError):
+                    holder = None
+                session.on_passed(req.peer, cid, holder, loop.time())
             checked = await self.svc.on_disk(sum(len(b) for _, b in pairs), check_and_store, self.svc.store, pairs) if pairs else []
             now = loop.time()
             for (cid, block), ok in zip(pairs, checked):

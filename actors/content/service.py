@@ -1,8 +1,9 @@
 """The ``content`` system actor: blocks by CID, served to anyone and fetched Bitswap-style.
 
 Serving (open to strangers, docs/security.md): ``have`` (want-have: have / dont-have per CID),
-``blocks`` (want-block: the block's bytes, or None for dont-have; an answer shorter than the
-request means "not now", ask again), ``swarm`` (who else fetched this root lately: fetchers find
+``blocks`` (want-block: the block's bytes, None for dont-have, or ``[peer id]``: "this fellow of
+yours in a swarm was sent it a moment ago, get it there"; an answer shorter than the request
+means "not now", ask again), ``swarm`` (who else fetched this root lately: fetchers find
 each other, so a fleet mostly feeds itself) and ``haves`` (a swarm peer announces blocks it now
 holds). A peer has at most ``serve_per_peer`` answers being read at once and all peers
 ``serve_total``, and none is read while twice ``max_request_bytes`` of its earlier answers wait to
@@ -23,6 +24,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from lattica.budget import Buckets
@@ -30,7 +32,7 @@ from lattica.config import ContentConfig
 from lattica.errors import BadBlock, ContentError, LatticaError
 from lattica.identity import PeerId
 from lattica.logging import get_logger
-from lattica.actors.content.wire import MAX_NAMED, MAX_SWARM, NAMED_BURST, NAMED_RATE, MAX_SWARMS, NAME, SWARM_ADDRS, SWARM_ANSWER, SWARM_TTL, content_ref, parse_cids, provider_key
+from lattica.actors.content.wire import MAX_NAMED, MAX_SWARM, NAMED_BURST, NAMED_RATE, MAX_SWARMS, NAME, PASSED_FOR, PASSED_MAX, SWARM_ADDRS, SWARM_ANSWER, SWARM_TTL, content_ref, parse_cids, provider_key
 from lattica.runtime import current_caller
 
 if TYPE_CHECKING:
@@ -97,7 +99,10 @@ class ContentService:
         self._swarms: dict[Cid, dict[PeerId, float]] = {}  # root -> fetchers -> when last heard
         self._fetches: dict[Cid, Fetch] = {}  # running fetches (one per root; others join it)
         self._provided: set[Cid] = set()
+        self._sent: OrderedDict[Cid, tuple[PeerId, float]] = OrderedDict()  # block -> the fetcher we last sent it, when
+        self._passed: OrderedDict[tuple[PeerId, Cid], None] = OrderedDict()  # (fetcher, block) sent to a fellow instead
         self.served_bytes = 0
+        self.passed_blocks = 0
         self.served_blocks = 0
         self.last_stats: dict = {}  # the peers of the last fetch that ended, as its session saw them
         self._upkeep = self.host.spawn(self._keep_up())
@@ -313,6 +318,56 @@ class ContentService:
             del members[next(iter(members))]
         return [p for p in reversed(members) if p != peer][:SWARM_ANSWER]
 
+    def pass_on(self, caller: PeerId, wanted: list[Cid]) -> dict[int, PeerId]:
+        """Super-seeding, for blocks ``caller`` asks of us: which to answer with a fellow's id
+        instead of the bytes (by position). A block we sent a fetcher less than PASSED_FOR ago,
+        that fetcher being in a swarm here with ``caller``, connected and with nothing of ours
+        left unsent to it, is passed on once per fetcher and block (``passed``, after the answer
+        is made); asked again, we send it. So a publisher everyone asks at once sends each block
+        about once and the fetchers trade the rest (docs/content.md, "passing on")."""
+        now = time.monotonic()
+        out: dict[int, PeerId] = {}
+        mine: list | None = None  # the swarms ``caller`` is in (most recently joined first, at most 16)
+        fellow: dict[PeerId, bool] = {}
+        seen: set[Cid] = set()
+        for i, cid in enumerate(wanted):
+            if cid in seen:
+                out.pop(wanted.index(cid), None)  # (named twice: we send it anyway)
+                continue
+            seen.add(cid)
+            sent = self._sent.get(cid)
+            if sent is None or sent[0] == caller or now - sent[1] >= PASSED_FOR or (caller, cid) in self._passed:
+                continue
+            holder = sent[0]
+            ok = fellow.get(holder)
+            if ok is None:
+                if mine is None:
+                    mine = [m for m in reversed(self._swarms.values()) if caller in m][:16]
+                conn = self.host.conns.get(holder)
+                ok = fellow[holder] = (any(holder in m for m in mine) and conn is not None and not conn.is_closed
+                                       and not self.rt.unsent_to(holder))
+            if ok:
+                out[i] = holder
+        return out
+
+    def passed(self, caller: PeerId, cids: list[Cid]) -> None:
+        """``caller`` was answered these blocks' fellows (``pass_on``): the next ask gets them."""
+        for cid in cids:
+            self._passed[(caller, cid)] = None
+        while len(self._passed) > 4 * PASSED_MAX:
+            self._passed.popitem(last=False)
+        self.passed_blocks += len(cids)
+
+    def sent_to(self, caller: PeerId, cids: list[Cid]) -> None:
+        """We sent ``caller`` these blocks (see ``pass_on``)."""
+        now = time.monotonic()
+        sent = self._sent
+        for cid in cids:
+            sent.pop(cid, None)
+            sent[cid] = (caller, now)
+        while len(sent) > PASSED_MAX:
+            sent.popitem(last=False)
+
     def swarm_of(self, root: Cid) -> list[PeerId]:
         return list(self._swarms.get(root, ()))
 
@@ -362,18 +417,27 @@ class ContentActor:
             raise ContentError(f"too many CIDs named: at most {NAMED_RATE:.0f} a second per peer")
 
     async def blocks(self, cids: list) -> list:
-        """Per CID, in order: the block's bytes, or None if we do not hold it (want-block). The
-        answer stops early (shorter than the request) at ``max_request_bytes``."""
+        """Per CID, in order: the block's bytes, None if we do not hold it (want-block), or
+        ``[peer id]`` if a fellow fetcher in a swarm with the caller was sent it a moment ago
+        (``ContentService.pass_on``). The answer stops early (shorter than the request) at
+        ``max_request_bytes``."""
         svc = self._svc
         wanted = parse_cids(cids, svc.cfg.max_request_blocks)
         caller = current_caller() or svc.rt.peer_id
         async with svc._gate.enter(caller):
             store = svc.store
-            nbytes = sum(store.size_of(c) for c in wanted if store.has(c))
-            out = await svc.on_disk(nbytes, _jobs().read_blocks, store, wanted, svc.cfg.max_request_bytes)
-        sent = [b for b in out if b is not None]
+            passed = svc.pass_on(caller, wanted) if svc._swarms else {}
+            ask = [c for i, c in enumerate(wanted) if i not in passed] if passed else wanted
+            nbytes = sum(store.size_of(c) for c in ask if store.has(c))
+            out = await svc.on_disk(nbytes, _jobs().read_blocks, store, ask, svc.cfg.max_request_bytes)
+        if passed:
+            out = _merge(wanted, passed, out)
+            svc.passed(caller, [wanted[i] for i in passed if i < len(out)])
+        sent = [(c, b) for c, b in zip(wanted, out) if isinstance(b, (bytes, bytearray, memoryview))]
         svc.served_blocks += len(sent)
-        svc.served_bytes += sum(len(b) for b in sent)
+        svc.served_bytes += sum(len(b) for _, b in sent)
+        if sent and svc._swarms:
+            svc.sent_to(caller, [c for c, _ in sent])
         return out
 
     async def swarm(self, root: bytes) -> list:
@@ -404,6 +468,23 @@ class ContentActor:
         self._charge(cids, coming)
         self._svc.heard_haves(caller, parse_cids([root], 1)[0], parse_cids(cids, MAX_NAMED), parse_cids(coming or [], MAX_NAMED))
 
+
+
+def _merge(wanted: list, passed: dict, got: list) -> list:
+    """The answer in request order: a fellow's id where a block is passed on, else what the
+    blockstore gave for the blocks asked of it (None for those we lack), up to where that
+    answer was cut short."""
+    out: list = []
+    j = 0
+    for i in range(len(wanted)):
+        if i in passed:
+            out.append([passed[i].to_bytes()])
+        elif j < len(got):
+            out.append(got[j])
+            j += 1
+        else:
+            break  # (the blockstore's answer was cut short before this block)
+    return out
 
 
 def _host_of(addr: Any) -> str | None:

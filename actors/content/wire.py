@@ -12,7 +12,7 @@ from lattica.runtime import ASYNC, ActorRef
 if TYPE_CHECKING:
     from lattica.content.cid import Cid
 
-__all__ = ["content_ref", "provider_key", "parse_cids", "NAME", "MAX_NAMED", "NAMED_RATE", "NAMED_BURST", "SWARM_TTL", "MAX_SWARMS", "MAX_SWARM", "SWARM_ANSWER", "SWARM_TAKE", "SWARM_ADDRS", "HAVES_EVERY", "SWARM_EVERY", "SWARM_SOON", "SWARM_WANT", "BAND"]
+__all__ = ["content_ref", "provider_key", "parse_cids", "NAME", "MAX_NAMED", "NAMED_RATE", "NAMED_BURST", "SWARM_TTL", "MAX_SWARMS", "MAX_SWARM", "SWARM_ANSWER", "SWARM_TAKE", "SWARM_ADDRS", "HAVES_EVERY", "SWARM_EVERY", "SWARM_SOON", "SWARM_WANT", "BAND", "PASSED_FOR", "PASSED_MAX"]
 
 NAME = "content"
 MAX_NAMED = 1024  # CIDs one have/haves call may name
@@ -28,6 +28,8 @@ SWARM_EVERY = 2.0  # seconds between a fetch's questions for more swarm peers
 SWARM_SOON = 0.25  # ... while it has fewer than SWARM_WANT peers
 SWARM_WANT = 8
 BAND = 1024  # blocks a fetch takes in its own random order (fetchers spread their first asks)
+PASSED_FOR = 1.0  # seconds a block we sent one fetcher is passed on to its fellows (super-seeding)
+PASSED_MAX = 8192  # blocks remembered as sent; (fetcher, block) pairs already passed on: 4x that
 
 
 def content_ref(peer: PeerId) -> ActorRef:

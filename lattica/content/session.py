@@ -23,6 +23,7 @@ HAVE = "have"
 _PENDING, _ACTIVE, _STUCK, _GONE = range(4)
 _LOOKAHEAD = 32  # blocks passed over per next_requests because their peers are busy (bounds the scan)
 _SMALL = 16 << 10  # a call carrying at most this measures the rtt as it is
+PASS_LAPSES = 3  # claims a provider passed us that may lapse before its passes are just asked again
 _NO_ROOM = object()  # the peers that may be asked for a block are busy
 _WAIT = object()  # a busy peer would still deliver it sooner than any with room
 
@@ -76,7 +77,7 @@ class PeerStats:
 class _Want:
     __slots__ = (
         "cid", "size", "order", "seq", "gen", "state", "live", "copies", "tried", "excluded", "haves", "have_asked",
-        "coming", "claimant", "claimed", "claim_charge",
+        "coming", "claimant", "claimed", "claim_charge", "vouched", "passed_by",
     )
 
     def __init__(self, cid: Hashable, size: int | None, order: Any, seq: int, copies: set[Hashable]) -> None:
@@ -96,10 +97,12 @@ class _Want:
         self.claimant: Hashable = None
         self.claimed = False  # (claimed once: never again)
         self.claim_charge = 0  # window bytes kept free for it while claimed
+        self.vouched: Hashable = None  # the provider whose word the claim is (on_passed); None: the claimant's own
+        self.passed_by: set[Hashable] | None = None  # providers that passed it on to a fellow (on_passed)
 
 
 class _Call:
-    __slots__ = ("peer", "kind", "sent", "deadline", "eta", "open", "nbytes", "stale", "penalized", "failed", "alone")
+    __slots__ = ("peer", "kind", "sent", "deadline", "eta", "open", "nbytes", "stale", "penalized", "failed", "alone", "passed")
 
     def __init__(
         self, peer: Hashable, kind: str, sent: float, deadline: float, eta: float, open_: dict, alone: bool
@@ -115,6 +118,7 @@ class _Call:
         self.penalized = False  # already cost its peer a failure (timed out, or beaten while overdue)
         self.failed = False
         self.alone = alone  # sent to an idle peer: its round trip measures the peer's rtt
+        self.passed = False  # some of it was passed on to a fellow: its time measures nothing
 
 
 class _Peer:
@@ -122,7 +126,7 @@ class _Peer:
         "id", "active", "dropped", "reason", "rate", "rtt", "consecutive", "failures", "misses",
         "dont_haves", "asked", "blocks", "bytes", "duplicates", "inflight_bytes", "inflight_blocks",
         "calls", "have_calls", "last_done", "heard", "have_queue", "window_bytes", "window_time", "banned",
-        "holder_only", "claims", "broken",
+        "holder_only", "claims", "broken", "passes_lapsed",
     )
 
     def __init__(self, pid: Hashable) -> None:
@@ -133,6 +137,7 @@ class _Peer:
         self.holder_only = False  # asked only for blocks it said it has
         self.claims: deque[tuple[float, _Want]] = deque()  # its open claims: (when they end, the block)
         self.broken = 0  # its claims that ended without its have
+        self.passes_lapsed = 0  # claims it passed us (as a provider) that ended without the fellow's have
         self.reason: str | None = None
         self.rate: float | None = None  # bytes/s while busy
         self.rtt: float | None = None  # seconds
@@ -174,8 +179,9 @@ class FetchSession:
     **The glue's loop.** ``add_peer`` the providers, ``want`` the root; then repeatedly send what
     ``next_requests(now)`` returns (concurrently), report every answer per CID — ``on_block``
     (verified bytes), ``on_bad_block`` (bytes that failed verification), ``on_dont_have``,
-    ``on_have``, ``on_failure`` (call failed, timed out at its ``hard_deadline`` or was cancelled)
-    — ``want`` the children a block reveals, ``on_written`` a block once its bytes leave memory,
+    ``on_have``, ``on_passed`` (the peer names a fellow it sent the block to instead: a claim on
+    the peer's word), ``on_failure`` (call failed, timed out at its ``hard_deadline`` or was
+    cancelled) — ``want`` the children a block reveals, ``on_written`` a block once its bytes leave memory,
     and call ``next_requests`` again after each event or at ``next_wakeup()``. Every CID of every
     request ends in exactly one report, except after ``remove_peer``, which forgets that peer's
     calls (their answers are then ignored); ``take_dropped()`` lists the peers the session dropped
@@ -218,7 +224,10 @@ class FetchSession:
     or ``coming_for`` seconds pass (then it is back in its place and anyone may be asked).
     Fetchers that start together then ask their common provider for different blocks and trade
     the rest. A block is claimed once, a peer holds at most ``max_claims`` open claims, and the
-    claims of one that let ``max_broken`` expire without its have are ignored. A peer added
+    claims of one that let ``max_broken`` expire without its have are ignored. A claim a
+    provider makes for a fellow (``on_passed``: super-seeding) holds half as long and its lapses
+    count against that provider (after ``PASS_LAPSES`` its passes are just asked again); a
+    provider's first pass of a block is no attempt, later ones are. A peer added
     ``holder_only`` (a fellow that came to us) is asked want-block only for blocks it said it has.
 
     **Endgame.** When no block waits for a peer — or the window is full, then for its earliest
@@ -515,6 +524,39 @@ class FetchSession:
             p.consecutive = 0
             self._finish(call, now)
 
+    def on_passed(self, peer: Hashable, cid: Hashable, holder: Hashable, now: float) -> None:
+        """``peer`` answered a want-block for ``cid`` with ``holder``: a fellow fetcher it sent
+        the block to a moment ago (super-seeding). The first time, not a dont-have and not a
+        failed attempt: the block becomes a claim on the holder on the peer's word
+        (``on_coming(vouched=peer)``: half of ``coming_for``), if the holder is active in the
+        session, the block unclaimed and held by no one known, and the peer's passes have not
+        lapsed ``PASS_LAPSES`` times; otherwise it is asked again. A second pass of the same
+        block by the same peer is an attempt like any other (``max_attempts`` ends them)."""
+        p = self._peers.get(peer)
+        if p is None:
+            return
+        call = self._out.get((peer, cid))
+        if call is None:
+            return
+        call.passed = True
+        w = self._release(p, cid, call)
+        if w is not None:
+            first = not (w.passed_by and peer in w.passed_by)
+            if first:
+                if w.passed_by is None:
+                    w.passed_by = set()
+                w.passed_by.add(peer)
+                if w.tried and w.tried.get(peer):
+                    w.tried[peer] -= 1  # (not an attempt that failed: the peer is as good as before)
+                    if not w.tried[peer]:
+                        del w.tried[peer]
+            self._settle(w)
+            if w.state == _STUCK and p.active:
+                self._unstick(w)
+            if first and holder is not None and holder != peer and p.passes_lapsed < PASS_LAPSES:
+                self.on_coming(holder, cid, now, vouched=peer)
+        self._finish(call, now)
+
     def on_have(self, peer: Hashable, cid: Hashable, now: float) -> None:
         """``peer`` holds ``cid`` (an answer to a want-have, or news from elsewhere)."""
         p = self._peers.get(peer)
@@ -538,17 +580,19 @@ class FetchSession:
             self._end_claim(w)
         self._unstick(w)
 
-    def on_coming(self, peer: Hashable, cid: Hashable, now: float) -> None:
+    def on_coming(self, peer: Hashable, cid: Hashable, now: float, vouched: Hashable = None) -> None:
         """``peer``, a fellow fetcher in the session, is being sent ``cid`` by someone: rather
         than ask a provider for it too (the swarm's publisher serving one block twice), wait up
         to ``coming_for`` seconds for the fellow's have and ask the fellow. A block is claimed
         once; a peer holds at most ``max_claims`` open claims, and one whose claims ended without
         its have ``max_broken`` times is not believed any more: a fellow that never delivers holds
-        a few blocks up once, not the fetch."""
+        a few blocks up once, not the fetch. With ``vouched`` (a provider passed the block on to
+        the fellow: ``on_passed``) the claim is that provider's word: it holds half as long, and a
+        lapse counts against the provider, not the fellow."""
         p = self._peers.get(peer)
         w = self._wants.get(cid)
         if (p is None or not p.active or w is None or w.claimed or w.haves or self.coming_for == 0
-                or p.broken >= self.max_broken):
+                or (vouched is None and p.broken >= self.max_broken)):
             return
         while p.claims and p.claims[0][0] <= now:
             p.claims.popleft()
@@ -556,7 +600,8 @@ class FetchSession:
             return
         w.claimed = True
         w.claimant = peer
-        w.coming = now + self.coming_for
+        w.vouched = vouched
+        w.coming = now + (self.coming_for if vouched is None else self.coming_for / 2)
         w.claim_charge = self._charge(w)
         self._claimed_bytes += w.claim_charge  # (kept free of other blocks' requests: it may come first)
         p.claims.append((w.coming, w))
@@ -640,13 +685,19 @@ class FetchSession:
                 continue  # (ended by a have)
             self._end_claim(w)
             claimant = self._peers.get(w.claimant)
-            if claimant is not None and w.state != _GONE:
-                claimant.broken += 1  # no have from it in time
-                if claimant.broken >= self.max_broken:  # not believed any more: its other claims end too
-                    for end, other in claimant.claims:
-                        if other.coming == end:
-                            self._end_claim(other)
-                    claimant.claims.clear()
+            if claimant is None or w.state == _GONE:
+                continue
+            if w.vouched is not None:  # a provider's word: its passes are believed less, the fellow no less
+                provider = self._peers.get(w.vouched)
+                if provider is not None:
+                    provider.passes_lapsed += 1
+                continue
+            claimant.broken += 1  # no have from it in time
+            if claimant.broken >= self.max_broken:  # not believed any more: its other claims end too
+                for end, other in claimant.claims:
+                    if other.coming == end and other.vouched is None:
+                        self._end_claim(other)
+                claimant.claims = deque(c for c in claimant.claims if c[1].vouched is not None)
         silences = self._silences
         while silences and silences[0][0] <= now:
             call = heapq.heappop(silences)[2]
@@ -912,7 +963,7 @@ class FetchSession:
                 p.window_time = p.window_time * (1 - a) + busy
                 p.rate = p.window_bytes / p.window_time
             p.last_done = now
-        if call.alone or call.kind == HAVE:
+        if (call.alone or call.kind == HAVE) and not call.passed:
             if call.nbytes <= _SMALL:
                 sample = elapsed
             elif rate is not None:

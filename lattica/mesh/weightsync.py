@@ -199,7 +199,8 @@ def sync_versions(me: Node, trainer: ActorRef, workers: int, versions: int, size
                 raise TimeoutError(f"version {v}: {len(done)} of {workers} workers run it after {timeout} s")
             time.sleep(0.01)
         took = max(st["since"][w] for w in done) - t0
-        row = {"version": v, "all_running_s": round(took, 3), "uploaded_bytes": content.served_bytes - served,
+        row = {"version": v, "all_running_s": round(took, 3), "each_s": dict(sorted(((w, round(st["since"][w] - t0, 3)) for w in done), key=lambda x: x[1])),
+               "uploaded_bytes": content.served_bytes - served,
                "uploaded_x": round((content.served_bytes - served) / size, 2), "cid": cid}
         rows.append(row)
         if say:

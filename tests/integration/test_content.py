@@ -368,3 +368,26 @@ def test_answers_are_not_held_back_by_a_path_the_peer_left(tmp_path):
             assert rt.unsent_to(me.peer_id) >= 1 << 30  # (the current path's backlog does count)
         finally:
             rt._serving.get(me.peer_id, set()).difference_update({c for c in rt._serving.get(me.peer_id, ()) if isinstance(c, _Stuck)})
+
+
+def test_a_block_just_sent_to_one_fetcher_is_passed_on_to_its_fellow_once(tmp_path):
+    """Super-seeding: a provider asked for a block it sent a fellow fetcher of the same root
+    under a second ago names that fellow instead ([its peer id]), once per fetcher and block,
+    and only for fetchers in a swarm together; asked again, it sends the block."""
+    with _node(tmp_path, "pub") as pub, _node(tmp_path, "f1") as f1, _node(tmp_path, "f2") as f2, \
+            _node(tmp_path, "loner") as loner:
+        for f in (f1, f2, loner):
+            f.connect(pub.addrs[0])
+        cid = lattica.content.put(os.urandom(3 * MiB), node=pub).result(30)
+        leaves = [c.bytes for c in pub._host.services["content"].store if c.codec_name == "raw"]
+        ref = content_ref(pub.peer_id)
+        for f in (f1, f2):  # both fetch the root (the loner never says so)
+            call_as(f, ref, "swarm", Cid.parse(cid).bytes)
+        first = call_as(f1, ref, "blocks", leaves[:2])
+        assert [len(b) for b in first] == [MiB, MiB]
+        got = call_as(f2, ref, "blocks", leaves)
+        assert got[:2] == [[f1.peer_id.to_bytes()]] * 2 and len(got[2]) == MiB  # (the third was never sent)
+        again = call_as(f2, ref, "blocks", leaves[:2])
+        assert [len(b) for b in again] == [MiB, MiB]  # once per fetcher and block
+        assert [len(b) for b in call_as(loner, ref, "blocks", leaves[:1])] == [MiB]  # not in a swarm with them
+        assert pub._host.services["content"].passed_blocks == 2

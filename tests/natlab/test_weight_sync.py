@@ -66,7 +66,7 @@ def test_workers_behind_nats_run_every_version_and_mostly_feed_each_other():
                   f"one fetch alone {one['seconds']:.2f} s")
             for r in rows:
                 print(f"  v{r['version']}: all run it after {r['all_running_s']:.2f} s ({r['all_running_s'] / one['seconds']:.1f}x one fetch); "
-                      f"the trainer uploaded {r['uploaded_x']:.2f}x the policy")
+                      f"the trainer uploaded {r['uploaded_x']:.2f}x the policy; each worker after {r['each_s']} s")
             # without any swarming the trainer sends the policy to each worker: it must send less
             assert all(r["uploaded_x"] < len(workers) - 1 for r in rows), rows
         finally:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lattica.content.cid import DAG_PB, Cid
-from lattica.content.session import BLOCK, HAVE, FetchSession
+from lattica.content.session import BLOCK, HAVE, PASS_LAPSES, FetchSession
 from lattica.errors import BlockNotFound
 
 KiB = 1024
@@ -932,3 +932,103 @@ def test_random_event_sequences_keep_the_invariants(evs, copies, attempts, reser
         assert set(s.stuck()) <= set(CIDS)
         if s.exhausted:
             assert isinstance(s.error(), BlockNotFound)
+
+
+def _asked(s: FetchSession, now: float) -> dict:
+    return {cid: r.peer for r in s.next_requests(now) if r.kind == BLOCK for cid in r.cids}
+
+
+def test_a_block_a_provider_passes_to_a_fellow_is_claimed_for_the_fellow_and_not_a_dont_have():
+    """Super-seeding: the seed answers a want-block with "fellow was sent it a moment ago". The
+    block waits (half ``coming_for``) for the fellow's have and is then asked of the fellow; the
+    seed is not marked as lacking it, and the call counts as answered, not failed."""
+    a, b = Cid.of(b"a"), Cid.of(b"b")
+    s = FetchSession(window_bytes=16 * MiB, coming_for=1.0)
+    s.add_peer("seed", 0.0)
+    s.add_peer("fellow", 0.0, holder_only=True)
+    s.want([a, b], [LEAF] * 2, [0, 1])
+    assert _asked(s, 0.0) == {a: "seed", b: "seed"}
+    s.on_passed("seed", a, "fellow", 0.01)
+    assert a not in _asked(s, 0.02)  # claimed: not asked of anyone yet
+    s.on_have("fellow", a, 0.1)
+    assert _asked(s, 0.1) == {a: "fellow"}
+    assert s.stats()["seed"].failures == 0 and s.stats()["seed"].consecutive_failures == 0
+
+
+def test_passed_claims_that_lapse_count_against_the_provider_not_the_fellow():
+    """A pass is the provider's word: its claim lapses after half of ``coming_for`` and the block
+    goes back (to the provider too); after PASS_LAPSES lapses the provider's passes are just
+    asked again, while the fellow's own claims are still believed."""
+    s = FetchSession(window_bytes=64 * MiB, coming_for=1.0)
+    s.add_peer("seed", 0.0)
+    s.add_peer("fellow", 0.0, holder_only=True)
+    t = 0.0
+    for i in range(PASS_LAPSES + 2):
+        cid = Cid.of(bytes([i]))
+        s.want([cid], [LEAF], [i])
+        assert _asked(s, t) == {cid: "seed"}
+        if i < PASS_LAPSES:  # a pass, then its lapse: asked of the seed again
+            s.on_passed("seed", cid, "fellow", t)
+            assert _asked(s, t + 0.4) == {}
+            assert _asked(s, t + 0.51) == {cid: "seed"}
+        elif i == PASS_LAPSES:  # no longer believed: asked again at once
+            s.on_passed("seed", cid, "fellow", t)
+            assert _asked(s, t) == {cid: "seed"}
+        else:  # the fellow's own word still holds
+            s.on_dont_have("seed", cid, t)
+            s.want([Cid.of(b"own")], [LEAF], [99])
+            s.on_coming("fellow", Cid.of(b"own"), t)
+            assert Cid.of(b"own") not in _asked(s, t + 0.01)
+        s.on_block("seed", cid, LEAF, t + 0.6)
+        t += 1.0
+    assert s.stats()["seed"].failures == 0
+
+
+def test_a_provider_that_passes_a_block_again_and_again_cannot_hold_the_fetch_up():
+    """Only the first pass of a block by a provider is taken as one; later ones are attempts
+    (so ``max_attempts`` ends them) and an answer without bytes never makes it look fast."""
+    a = Cid.of(b"a")
+    s = FetchSession(window_bytes=16 * MiB, coming_for=1.0)
+    s.add_peer("liar", 0.0)
+    s.add_peer("honest", 0.0)
+    s.want([a], [LEAF])
+    t, asked_liar = 0.0, 0
+    while True:
+        asked = _asked(s, t)
+        if asked.get(a) != "liar":
+            break
+        asked_liar += 1
+        assert asked_liar < 10, "the liar keeps being asked"
+        s.on_passed("liar", a, "nobody", t + 0.005)
+        t += 0.01
+    assert asked.get(a) == "honest"
+    assert s.stats()["liar"].rtt == 0.0  # (not measured: its quick non-answers say nothing of its speed)
+
+
+def test_a_late_pass_of_a_stuck_block_lets_it_be_asked_again():
+    """The only peer that may be asked is slow; its call passes its deadline (the block is stuck
+    meanwhile) and the answer that comes late is a pass: the block is asked again, not blocked."""
+    a = Cid.of(b"a")
+    s = FetchSession(window_bytes=16 * MiB, block_timeout=1.0, coming_for=1.0)
+    s.add_peer("pub", 0.0)
+    s.add_peer("other", 0.0)
+    s.want([a], [MiB])
+    s.on_dont_have("other", a, 0.0)
+    (r,) = s.next_requests(0.0)
+    s.on_have("pub", Cid.of(b"other"), 0.5)  # (it talks: not silent, only slow)
+    s.next_requests(r.deadline + 0.01)
+    s.on_passed("pub", a, "not in the session", r.deadline + 0.5)
+    assert not s.blocked and [(x.peer, x.kind) for x in s.next_requests(5.0)] == [("pub", BLOCK)]  # (as a failure would)
+
+
+def test_a_pass_naming_a_stranger_or_the_provider_itself_just_asks_again():
+    a = Cid.of(b"a")
+    for holder in ("stranger", "seed", None):
+        s = FetchSession(window_bytes=16 * MiB, coming_for=1.0)
+        s.add_peer("seed", 0.0)
+        s.want([a], [LEAF])
+        assert _asked(s, 0.0) == {a: "seed"}
+        s.on_passed("seed", a, holder, 0.01)
+        assert _asked(s, 0.02) == {a: "seed"}
+        s.on_passed("nobody", a, "seed", 0.03)  # (an answer from a peer outside the session: ignored)
+        assert s.stats()["seed"].failures == 0

@@ -108,7 +108,7 @@ def plain_tcp_echo(lk: Any, seconds: float, warmup: float = 1.0) -> float:
     """MB/s echoed by one plain TCP connection across the emulated link ``lk`` (no Noise, no mux:
     the far side sends back every byte it gets, both directions full): what the link carries for
     an echo workload, the baseline beside large calls over the same link."""
-    import threading
+    import threading  # (only a --link run with large calls echoes over plain TCP)
 
     echo = subprocess.Popen([*lk.wrap, sys.executable, "-c", _PLAIN_ECHO, lk.far_ip], stdout=subprocess.PIPE, text=True)
     try:

@@ -13,6 +13,7 @@ import os
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from lattica import _sodium
 from lattica._protobuf import decode_fields, encode_fields, read_uvarint
 from lattica.errors import InvalidPeerId, KeyFileError
 
@@ -90,7 +91,13 @@ def public_key_from_protobuf(buf: bytes) -> bytes:
 
 
 def verify_signature(public_key: bytes, signature: bytes, data: bytes) -> bool:
-    """True when ``signature`` is a valid Ed25519 signature of ``data`` by the raw ``public_key``."""
+    """True when ``signature`` is a valid Ed25519 signature of ``data`` by the raw ``public_key``
+    (through libsodium where it loads: lattica/_sodium.py)."""
+    if len(public_key) != 32 or len(signature) != 64:
+        return False
+    verify = _sodium.load()
+    if verify is not None:
+        return verify(bytes(public_key), signature, data)
     try:
         Ed25519PublicKey.from_public_bytes(public_key).verify(signature, data)
         return True

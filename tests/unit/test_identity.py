@@ -97,3 +97,36 @@ def test_key_file_errors_are_key_file_errors(tmp_path):
     assert not (tmp_path / "missing-dir").exists()
     with pytest.raises(KeyFileError, match="cannot read"):
         KeyPair.load(tmp_path / "absent.key")
+
+
+def test_signatures_are_checked_by_libsodium_and_agree_with_openssl_on_honest_ones():
+    from lattica import _sodium
+    from lattica import identity
+
+    assert _sodium.load() is not None  # pynacl is a dependency: the fast path must load here
+    for n in range(40):
+        kp = KeyPair.generate()
+        data = bytes(range(n % 7)) * n
+        sig = kp.sign(data)
+        assert verify_signature(kp.public_key, sig, data)
+        assert verify_signature(kp.public_key, sig, memoryview(bytearray(data)))  # any buffer
+        bad = bytearray(sig)
+        bad[n % 64] ^= 1 << (n % 8)
+        assert not verify_signature(kp.public_key, bytes(bad), data)
+        assert not verify_signature(kp.public_key, sig, data + b"x")
+        assert not verify_signature(kp.public_key, sig[:63], data)  # the signature is split off at byte 64
+        assert not verify_signature(kp.public_key, sig + b"\0", data)
+        assert not verify_signature(kp.public_key[:31], sig, data)  # the C code reads 32 key bytes
+        # the other verifier (used where libsodium cannot load) says the same of every one
+        plain = identity.Ed25519PublicKey.from_public_bytes(kp.public_key)
+        plain.verify(sig, data)
+
+
+def test_a_small_order_key_signs_nothing():
+    # The identity point as a public key, R = identity and S = 0, "verify" any message under
+    # OpenSSL's cofactorless check ([S]B = R + [k]A holds for every k): anyone could speak as
+    # that PeerId. libsodium refuses small-order keys.
+    identity_point = bytes([1]) + bytes(31)
+    forged = identity_point + bytes(32)
+    for data in (b"hello", b"a membership statement", b""):
+        assert not verify_signature(identity_point, forged, data)

@@ -1,47 +1,64 @@
-"""Ed25519 verification through libsodium (PyNaCl's build of it), about twice as fast here as
-OpenSSL's, and stricter: it also refuses small-order and non-canonical keys and points, which no
-honestly made key or signature is. Every signed thing a peer sends (pub-sub bundles, CRDT
-envelopes, DHT and membership records, handshake payloads) is checked once per receiver, so this
-is on the hot path of pub-sub and the CRDT store.
+"""Ed25519 verification through libsodium (PyNaCl's build of it): about twice as fast here as
+OpenSSL's, and stricter. It refuses small-order and non-canonical keys and points; OpenSSL accepts
+a forged signature of any message under a small-order key. Every signed thing a peer sends
+(pub-sub bundles, CRDT envelopes, DHT and membership records, handshake payloads) is checked once
+per receiver, so this is on the hot path of pub-sub and the CRDT store.
 
-PyNaCl's public bindings take ~8 ms to import (every binding module); the compiled module alone
-takes ~1.3 ms, so this reaches it directly (checked against PyNaCl 1.5 and 1.6) and loads it at
-the first verification. Without it (no wheel for the platform, a changed module), ``load()``
-gives None and lattica.identity uses the ``cryptography`` package's verifier instead.
+PyNaCl's public bindings take ~8 ms to import (every binding module); its compiled module alone
+takes ~1.3 ms, so this reaches that directly (checked against PyNaCl 1.5 and 1.6) and falls back to
+the public ``nacl.bindings`` if the module's layout ever changes. There is no third way: a node
+never checks signatures more loosely than its peers do.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
-__all__ = ["load"]
+__all__ = ["verifier"]
 
-_loaded = False
-_verify: Callable[[bytes, Any, Any], bool] | None = None
+_lock = threading.Lock()
+_verify: Callable[[bytes, bytes, Any], bool] | None = None
 
 
-def load() -> Callable[[bytes, Any, Any], bool] | None:
-    """``verify(public_key, signature, data)`` through libsodium, or None if it cannot load.
-    The caller checks that the key is 32 bytes and the signature 64 (the C code reads exactly
-    that many from the key's buffer, and splits the signed message at byte 64)."""
-    global _loaded, _verify
-    if _loaded:
-        return _verify
-    _loaded = True
+def verifier() -> Callable[[bytes, bytes, Any], bool]:
+    """``verify(public_key, signature, data)``, loaded at the first call (from any thread).
+    The caller passes ``bytes`` of exactly 32 and 64 bytes (the C code reads 32 key bytes, and
+    splits the signed message at byte 64) and any contiguous buffer as ``data``."""
+    verify = _verify
+    if verify is None:
+        with _lock:  # (another thread may be loading it: nobody checks with a half-made verifier)
+            verify = _verify or _load()
+    return verify
+
+
+def _load() -> Callable[[bytes, bytes, Any], bool]:
+    global _verify
     try:
-        from nacl._sodium import ffi, lib  # (1.3 ms: loaded at the first verification)
+        from nacl._sodium import ffi, lib  # (1.3 ms: loaded at the first check)
 
         if lib.sodium_init() < 0:
-            return None
+            raise ImportError("libsodium failed to initialise")
         sign_open = lib.crypto_sign_open
-        alloc = ffi.new_allocator(should_clear_after_alloc=False)
-    except (ImportError, AttributeError):
-        return None
+        null = ffi.NULL
 
-    def verify(public_key: bytes, signature: Any, data: Any) -> bool:
-        signed = b"".join((signature, data))
-        out = alloc("unsigned char[]", len(signed))
-        return sign_open(out, alloc("unsigned long long *"), signed, len(signed), public_key) == 0
+        def verify(public_key: bytes, signature: bytes, data: Any) -> bool:
+            signed = b"".join((signature, data))
+            return sign_open(null, null, signed, len(signed), public_key) == 0  # (no copy of the message out)
+
+    except (ImportError, AttributeError):
+        try:
+            from nacl.bindings import crypto_sign_open  # (the public way: ~8 ms to import)
+            from nacl.exceptions import BadSignatureError  # (likewise)
+        except ImportError as e:
+            raise ImportError(f"Lattica checks signatures with PyNaCl (libsodium), which does not load: {e}") from e
+
+        def verify(public_key: bytes, signature: bytes, data: Any) -> bool:
+            try:
+                crypto_sign_open(b"".join((signature, data)), public_key)
+                return True
+            except BadSignatureError:
+                return False
 
     _verify = verify
     return verify

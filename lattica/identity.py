@@ -10,8 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from lattica import _sodium
 from lattica._protobuf import decode_fields, encode_fields, read_uvarint
@@ -92,17 +91,16 @@ def public_key_from_protobuf(buf: bytes) -> bytes:
 
 def verify_signature(public_key: bytes, signature: bytes, data: bytes) -> bool:
     """True when ``signature`` is a valid Ed25519 signature of ``data`` by the raw ``public_key``
-    (through libsodium where it loads: lattica/_sodium.py)."""
-    if len(public_key) != 32 or len(signature) != 64:
-        return False
-    verify = _sodium.load()
-    if verify is not None:
-        return verify(bytes(public_key), signature, data)
+    (checked by libsodium: lattica/_sodium.py). Anything malformed is simply not valid."""
     try:
-        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, data)
-        return True
-    except (InvalidSignature, ValueError):
+        key = memoryview(public_key).tobytes()  # (bytes of any buffer; an int is no key)
+        sig = memoryview(signature).tobytes()
+        msg = data if type(data) is bytes else memoryview(data).cast("B")
+    except (TypeError, ValueError):
         return False
+    if len(key) != 32 or len(sig) != 64:
+        return False
+    return _sodium.verifier()(key, sig, msg)
 
 
 class PeerId:

@@ -100,16 +100,15 @@ def test_key_file_errors_are_key_file_errors(tmp_path):
 
 
 def test_signatures_are_checked_by_libsodium_and_agree_with_openssl_on_honest_ones():
-    from lattica import _sodium
-    from lattica import identity
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    assert _sodium.load() is not None  # pynacl is a dependency: the fast path must load here
     for n in range(40):
         kp = KeyPair.generate()
         data = bytes(range(n % 7)) * n
         sig = kp.sign(data)
         assert verify_signature(kp.public_key, sig, data)
         assert verify_signature(kp.public_key, sig, memoryview(bytearray(data)))  # any buffer
+        assert verify_signature(bytearray(kp.public_key), memoryview(sig), bytearray(data))
         bad = bytearray(sig)
         bad[n % 64] ^= 1 << (n % 8)
         assert not verify_signature(kp.public_key, bytes(bad), data)
@@ -117,16 +116,56 @@ def test_signatures_are_checked_by_libsodium_and_agree_with_openssl_on_honest_on
         assert not verify_signature(kp.public_key, sig[:63], data)  # the signature is split off at byte 64
         assert not verify_signature(kp.public_key, sig + b"\0", data)
         assert not verify_signature(kp.public_key[:31], sig, data)  # the C code reads 32 key bytes
-        # the other verifier (used where libsodium cannot load) says the same of every one
-        plain = identity.Ed25519PublicKey.from_public_bytes(kp.public_key)
-        plain.verify(sig, data)
+        Ed25519PublicKey.from_public_bytes(kp.public_key).verify(sig, data)  # OpenSSL agrees (raises if not)
 
 
-def test_a_small_order_key_signs_nothing():
+def test_anything_malformed_is_no_valid_signature():
+    np = pytest.importorskip("numpy")
+    kp = KeyPair.generate()
+    data = b"m" * 100
+    sig = kp.sign(data)
+    # lengths are counted in bytes, whatever the buffer's items are
+    as_shorts = memoryview(sig + data[:64]).cast("H")  # 64 items, 128 bytes
+    assert not verify_signature(kp.public_key, as_shorts, data[64:])
+    assert not verify_signature(kp.public_key, np.zeros((64, 0)), sig + data)  # 64 rows of nothing
+    assert not verify_signature(np.zeros((32, 0)), sig, data)  # 32 rows of nothing: no key
+    for junk in (64, None, "x" * 64, [0] * 64, object()):
+        assert not verify_signature(kp.public_key, junk, data)
+        assert not verify_signature(junk, sig, data)
+        assert not verify_signature(kp.public_key, sig, junk) or junk == 64
+    strided = memoryview(bytearray(data * 2))[::2]  # not contiguous
+    assert not verify_signature(kp.public_key, sig, strided)
+
+
+_SMALL_ORDER_FORGERY = """
+import sys, threading
+{prelude}
+from lattica.identity import verify_signature
+identity_point = bytes([1]) + bytes(31)
+forged = identity_point + bytes(32)
+sys.setswitchinterval(1e-6)
+results = []
+go = threading.Barrier(16)
+def check():
+    go.wait()
+    results.append(verify_signature(identity_point, forged, b"anything"))
+threads = [threading.Thread(target=check) for _ in range(16)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(sum(results), len(results))
+"""
+
+
+@pytest.mark.parametrize("prelude", ["", "import nacl.bindings; sys.modules['nacl._sodium'] = None  # a layout we do not know: the public bindings"],
+                         ids=["compiled module", "public bindings"])
+def test_a_small_order_key_signs_nothing_even_while_the_verifier_loads(prelude):
     # The identity point as a public key, R = identity and S = 0, "verify" any message under
     # OpenSSL's cofactorless check ([S]B = R + [k]A holds for every k): anyone could speak as
-    # that PeerId. libsodium refuses small-order keys.
-    identity_point = bytes([1]) + bytes(31)
-    forged = identity_point + bytes(32)
-    for data in (b"hello", b"a membership statement", b""):
-        assert not verify_signature(identity_point, forged, data)
+    # that PeerId. libsodium refuses small-order keys, also to the threads that ask while it is
+    # first loaded, and also through PyNaCl's public bindings.
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _SMALL_ORDER_FORGERY.format(prelude=prelude)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "16"]

@@ -27,7 +27,12 @@ The rules, in short (names as in the GossipSub v1.1 specification):
   message arrived before we validated it.
 - **Seen cache**: message ids (author, sequence number and a digest of data and signature) for
   ``seen_ttl``, at most ``seen_max``; a message is forwarded at most once, never back to a peer
-  that sent it to us; messages of topics we did not join are dropped unremembered.
+  that sent it to us; messages of topics we did not join are dropped unremembered. When an
+  accepted message leaves the cache, its author's **floor** rises to its sequence number: that
+  author's messages at or below it are dropped unseen, so a flood that pushes the cache's
+  entries out (however many authors it is signed by) opens no window to replay what was
+  forgotten. Floors are kept for ``max_floors`` authors, only of accepted messages (whose
+  authors the glue vouched for).
 - **Validation**: a new message is forwarded and delivered only after the glue accepted it;
   rejected ones count against every peer that sent them (P4); ignored ones are just dropped.
 - **Scores** (``lattica.pubsub.score``): below ``gossip_threshold`` no gossip to or from a
@@ -127,6 +132,7 @@ class GossipParams:
     opportunistic_graft_peers: int = 2
     opportunistic_graft_threshold: float = 1.0
     max_topics_per_peer: int = 256
+    max_floors: int = 50_000  # authors whose forgotten messages we still refuse to see again
     max_message_bytes: int = 1 << 20
     mcache_bytes: int = 64 << 20  # messages kept for IWANTs (history_length heartbeats, the oldest dropped beyond)
     max_idontwant: int = 1000  # IDONTWANT ids we keep per peer per heartbeat
@@ -178,6 +184,7 @@ class Router:
         self._fanout_used: dict[str, float] = {}
         self._backoff: dict[tuple[Hashable, str], float] = {}
         self._seen: OrderedDict[bytes, _Seen] = OrderedDict()
+        self._floors: OrderedDict[bytes, int] = OrderedDict()  # author -> highest seqno of its accepted messages the cache forgot
         self._mcache: dict[bytes, Envelope] = {}
         self._mcache_bytes = 0
         self._windows: list[deque[bytes]] = [deque()]
@@ -393,6 +400,9 @@ class Router:
             if msg.topic in self.mesh:
                 self.scores.invalid(peer, msg.topic)
             return
+        floor = self._floors.get(msg.author)
+        if floor is not None and msg.seqno <= floor:
+            return  # older than what we forgot of its author: a replay, or a copy far too late
         mesh = self.mesh.get(msg.topic)
         if mesh is None:
             return  # not ours to check or pass on (a peer's fanout reached us): not even remembered
@@ -422,6 +432,8 @@ class Router:
                     continue
                 entry = self._seen.get(mid)
                 if entry is None:
+                    if self._forgotten(mid):
+                        continue
                     if mid not in self._promises:
                         want.append(mid)
                     else:
@@ -541,7 +553,7 @@ class Router:
             if topic not in self.mesh or type(ids) is not list:
                 continue
             for mid in ids[: self.p.max_ihave_length]:
-                if type(mid) is bytes and mid not in self._seen:
+                if type(mid) is bytes and mid not in self._seen and not self._forgotten(mid):
                     if mid not in self._promises:
                         want.append(mid)
                     else:
@@ -679,7 +691,7 @@ class Router:
             if now - entry.at <= ttl and len(seen) <= self.p.seen_max:
                 break
             del seen[mid]
-            self._messages.pop(mid, None)
+            self._evicted(mid, entry)
         if len(self._backoff) > 0:
             self._backoff = {k: v for k, v in self._backoff.items() if v > now}
 
@@ -786,9 +798,26 @@ class Router:
         if told:
             entry.told = told
         if len(self._seen) > self.p.seen_max:
-            old, _ = self._seen.popitem(last=False)
-            self._messages.pop(old, None)
+            self._evicted(*self._seen.popitem(last=False))
         return entry
+
+    def _evicted(self, mid: bytes, entry: _Seen) -> None:
+        """``mid`` left the seen cache: an accepted message raises its author's floor."""
+        self._messages.pop(mid, None)
+        if entry.state != _ACCEPTED:
+            return
+        author, seqno = mid[:-16], int.from_bytes(mid[-16:-8], "big")
+        floors = self._floors
+        if floors.get(author, -1) < seqno:
+            floors[author] = seqno
+            floors.move_to_end(author)
+            if len(floors) > self.p.max_floors:
+                floors.popitem(last=False)
+
+    def _forgotten(self, mid: bytes) -> bool:
+        """Whether ``mid`` is at or below its author's floor (see ``_evicted``)."""
+        floor = self._floors.get(mid[:-16])
+        return floor is not None and len(mid) > 16 and int.from_bytes(mid[-16:-8], "big") <= floor
 
     def _cache(self, msg: Envelope) -> None:
         mid = msg.id

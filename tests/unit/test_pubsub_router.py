@@ -438,3 +438,44 @@ def test_a_subscription_holds_a_bounded_number_of_bytes():
         assert sub.get_nowait().seqno == 99 and sub._bytes == 0
     finally:
         loop.close()
+
+
+def _replay_setup(**params):
+    a = Router("a", GossipParams(seen_max=50, **params))
+    a.add_peer("honest", 0.0)
+    a.add_peer("flooder", 0.0)
+    a.join(T, 0.0)
+    return a
+
+
+def _arrive(r: Router, peer: str, m: Envelope, verdict: str = ACCEPT) -> bool:
+    """Hand ``m`` over from ``peer``; whether the router asked for it to be validated."""
+    r.on_rpc(peer, Rpc(messages=[m]), 1.0)
+    asked = [x for x, _ in r.take_to_validate()]
+    for x in asked:
+        r.validated(x.id, verdict, 1.0)
+    return bool(asked)
+
+
+def test_a_message_pushed_out_of_the_seen_cache_cannot_be_replayed():
+    a = _replay_setup()
+    old = msg(7, 1_000)
+    assert _arrive(a, "honest", old)
+    for i in range(60):  # a flood signed by 60 throwaway authors pushes it out of the cache
+        _arrive(a, "flooder", msg(1000 + i, 5), verdict=IGNORE)
+    assert old.id not in a._seen
+    assert not _arrive(a, "flooder", old)  # the replay is dropped unseen
+    a.on_rpc("flooder", Rpc(ihave=[(T, [old.id])]), 1.0)
+    assert old.id not in a.take_outgoing().get("flooder", Rpc()).iwant  # and not asked for
+    assert _arrive(a, "honest", msg(7, 1_001))  # the author's newer messages still go
+
+
+def test_only_accepted_messages_raise_their_author_s_floor_and_floors_are_bounded():
+    a = _replay_setup(max_floors=10)
+    assert _arrive(a, "flooder", msg(9, 1_000), verdict=REJECT)
+    for i in range(60):
+        _arrive(a, "flooder", msg(1000 + i, 5), verdict=IGNORE)
+    assert a._floors == {}  # a rejected or ignored message vouches for no author
+    for i in range(200):  # 200 accepted authors forgotten: at most 10 floors kept
+        _arrive(a, "honest", msg(2000 + i, 5))
+    assert len(a._floors) == 10

@@ -13,10 +13,11 @@ import sys
 # checks), mDNS on a LAN address, aioquic for QUIC; hashlib and shutil not at all (they load a
 # second OpenSSL binding and the compression libraries); the relay service on a node that relays,
 # supervisors and the shard stub's client side when first named, the in-memory transport for the
-# first /memory address; ipaddress with QUIC or a dashboard (lattica.iptext does the rest).
+# first /memory address; ipaddress with QUIC or a dashboard (lattica.iptext does the rest);
+# libsodium at the first signature checked (a handshake's, a record's).
 LATER = ["structlog", "pykka", "ifaddr", "lattica.mdns", "aioquic", "hashlib", "_hashlib", "shutil",
          "lattica.actors.relay", "lattica.supervisor", "lattica.shards.client", "lattica.shards.select",
-         "lattica.transports.memory", "ipaddress"]
+         "lattica.transports.memory", "ipaddress", "nacl", "nacl._sodium"]
 
 _CHILD = r"""
 import sys
@@ -91,4 +92,19 @@ node.stop()
 print("ok")
 """
     out = subprocess.run([sys.executable, "-c", child, frame], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_libsodium_loads_with_the_first_signature_checked():
+    child = r"""
+import sys, lattica
+a = lattica.Node(["/ip4/127.0.0.1/tcp/0"]); a.start()
+b = lattica.Node(["/ip4/127.0.0.1/tcp/0"]); b.start()
+assert "nacl._sodium" not in sys.modules
+b.connect(a.addrs[0])  # (the handshake checks the peer's signature over its Noise key)
+assert "nacl._sodium" in sys.modules
+b.stop(); a.stop()
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -126,6 +126,11 @@ def _bench(args: argparse.Namespace) -> None:
 
         for row in bench_weightsync():
             _print(row, args.json)
+    if which in ("firstcall", "all"):
+        from lattica.bench.firstcall import bench_firstcall  # lazy: see the note above _bench
+
+        for t in transports:
+            _print(bench_firstcall(t, link=args.link, runs=args.runs or 5), args.json)
     if which == "soak":
         from lattica.bench.soak import soak  # lazy: see the note above _bench
 
@@ -507,7 +512,7 @@ def main(argv: list[str] | None = None) -> None:
     s.set_defaults(fn=_demo)
 
     s = sub.add_parser("bench", help="run benchmarks and print figures")
-    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "pubsub-nodes", "crdt", "crdt-sim", "shards", "weightsync", "dashboard", "soak", "all"])
+    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "firstcall", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "pubsub-nodes", "crdt", "crdt-sim", "shards", "weightsync", "dashboard", "soak", "all"])
     s.add_argument("--transport", choices=["tcp", "quic", "both"], default="both")
     s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic); content: object bytes (default 256 MiB)")
     s.add_argument("--count", type=int, default=10000, help="pings")
@@ -521,11 +526,11 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--keys", type=int, default=200, help="dht-sim: keys stored and looked up")
     s.add_argument("--soak-seconds", type=float, default=300.0, help="soak: how long (not part of all)")
     s.add_argument("--rounds", type=int, default=5, help="supervise: node losses per signal (a fresh mesh each); relay: turns of every path")
-    s.add_argument("--runs", type=int, default=None, help="crdt-sim: runs (random partitions each; default 100)")
+    s.add_argument("--runs", type=int, default=None, help="crdt-sim: runs (random partitions each; default 100); firstcall: fresh callers (default 5)")
     s.add_argument("--compact-every", type=int, default=0, help="crdt-sim: replicas checkpoint their logs this often (default 0: never)")
     s.add_argument("--fetchers", type=int, default=8, help="content: fetchers of the swarm")
     s.add_argument("--link", choices=["lan", "region", "continent"], default=None,
-                   help="stream, rpc: run across an emulated link (root, Linux; lattica.bench.linkem) instead of loopback")
+                   help="stream, rpc, firstcall: run across an emulated link (root, Linux; lattica.bench.linkem) instead of loopback")
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=_bench)
 

@@ -81,6 +81,11 @@ class Connection(abc.ABC):
     # True once either side closed the connection on purpose (we called close(), or the peer said
     # goodbye); False when it was lost (reset, EOF without goodbye, timeout, protocol error)
     ended_cleanly: bool = False
+    # what the peer said of itself inside the handshake (its identify), when both sides sent theirs
+    # there: the peer then read ours too, and neither needs to say it again on a stream
+    early_data: bytes | None = None
+    # we already told the peer who we are (in the handshake, or on a stream before it ended)
+    said_early: bool = False
 
     @abc.abstractmethod
     async def open_stream(self) -> Stream:
@@ -152,6 +157,12 @@ class Transport(abc.ABC):
         self.keypair = keypair
         self._listeners: list[Listener] = []
         self._conns: set[Connection] = set()  # every live connection, for close()
+        # what to say of ourselves inside a handshake, for a peer at the given address (the host's
+        # identify: see Connection.early_data); None: nothing, the host says it on a stream later
+        self.early_data: Callable[[Multiaddr], bytes] | None = None
+        # called with a connection that carries streams before its handshake ends (a QUIC
+        # server's half-round-trip data), so the host can say who we are on it at once
+        self.early_push: Callable[[Connection], None] | None = None
 
     @property
     def listening(self) -> bool:

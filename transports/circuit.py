@@ -317,7 +317,8 @@ class CircuitTransport(Transport):
 
     async def _secure(self, stream: Stream, initiator: bool, expected: PeerId, remote_addr: Multiaddr) -> MuxedConnection:
         """Noise XX end to end through the relay, then the mux; ``expected`` must answer."""
-        hs = NoiseHandshake(self.keypair, initiator, expected)
+        make = self.early_data
+        hs = NoiseHandshake(self.keypair, initiator, expected, early_data=(lambda: make(remote_addr)) if make else None)
         out = hs.start()
         if out:
             stream.write(out)
@@ -344,6 +345,8 @@ class CircuitTransport(Transport):
             keepalive_timeout=self.keepalive_timeout,
         )
         pipe.conn = conn
+        conn.early_data = hs.remote_early_data
+        conn.said_early = hs.remote_early_data is not None
         self._track(conn)
         if hs.leftover:
             conn.data_received(hs.leftover)

@@ -6,7 +6,9 @@ Three layers, each a plain object with no I/O:
   ChaChaPoly), checked against the published cacophony vectors.
 * ``NoiseHandshake`` runs it the libp2p way: 2-byte length-prefixed messages, and a payload in the
   2nd and 3rd message carrying the Ed25519 identity key and its signature over the Noise static key,
-  so the channel is authenticated to a PeerId.
+  so the channel is authenticated to a PeerId. The payload may also carry early data (the host's
+  identify): the responder's in the 2nd message, the initiator's in the 3rd only if the 2nd had
+  some, so a connection is identified when the handshake ends, a round trip sooner.
 * ``NoiseSession`` seals and opens transport frames after the handshake.
 
 AES-256-GCM is the default: measured on this machine at 14.6 GB/s per 64 KiB frame against 3.3 GB/s
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import Callable
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -216,23 +219,32 @@ class _HandshakeState:
         return (c1, c2) if self.initiator else (c2, c1)
 
 
-# -- libp2p payload: protobuf NoiseHandshakePayload {bytes identity_key = 1; bytes identity_sig = 2}
+# -- libp2p payload: protobuf NoiseHandshakePayload {bytes identity_key = 1; bytes identity_sig = 2},
+# plus our early data in a field libp2p does not use (other implementations skip unknown fields)
+
+_EARLY_DATA_FIELD = 1000
+MAX_EARLY_DATA = 32 * 1024  # bytes of early data either side may put in a handshake message
 
 
-def _encode_payload(keypair: KeyPair, noise_static_pub: bytes) -> bytes:
+def _encode_payload(keypair: KeyPair, noise_static_pub: bytes, early: bytes | None = None) -> bytes:
     sig = keypair.sign(_SIG_PREFIX + noise_static_pub)
-    return encode_fields([(1, keypair.public_key_protobuf()), (2, sig)])
+    fields: list[tuple[int, int | bytes]] = [(1, keypair.public_key_protobuf()), (2, sig)]
+    if early is not None:
+        fields.append((_EARLY_DATA_FIELD, early))
+    return encode_fields(fields)
 
 
-def _decode_payload(data: bytes) -> tuple[bytes, bytes]:
+def _decode_payload(data: bytes) -> tuple[bytes, bytes, bytes | None]:
     try:
         fields = decode_fields(data)
     except ValueError as e:
         raise HandshakeError(f"malformed handshake payload: {e}") from None
-    key, sig = fields.get(1), fields.get(2)
+    key, sig, early = fields.get(1), fields.get(2), fields.get(_EARLY_DATA_FIELD)
     if not isinstance(key, bytes) or not isinstance(sig, bytes):
         raise HandshakeError("handshake payload lacks the identity key or its signature")
-    return key, sig
+    if early is not None and (not isinstance(early, bytes) or len(early) > MAX_EARLY_DATA):
+        raise HandshakeError(f"handshake early data must be at most {MAX_EARLY_DATA} bytes")
+    return key, sig, early
 
 
 class NoiseHandshake:
@@ -241,6 +253,11 @@ class NoiseHandshake:
     Feed received bytes to :meth:`receive`; send whatever it (and :meth:`start`) return. When
     ``complete`` is true, ``remote_peer`` is the authenticated PeerId, ``session`` seals further
     traffic, and ``leftover`` holds bytes that arrived after the last handshake message.
+
+    ``early_data`` (called once, when our payload is written) gives bytes to carry in the payload;
+    ``remote_early_data`` is the peer's, set only when both sides sent theirs (so each side knows
+    the other read its own). Early data is encrypted but sent before the initiator is
+    authenticated: only what any peer may learn belongs there.
     """
 
     def __init__(
@@ -250,9 +267,13 @@ class NoiseHandshake:
         expected_peer: PeerId | None = None,
         *,
         static_key: X25519PrivateKey | None = None,
+        early_data: Callable[[], bytes] | None = None,
     ) -> None:
         self._keypair = keypair
         self._expected = expected_peer
+        self._early = early_data
+        self._early_sent = False
+        self.remote_early_data: bytes | None = None
         self._hs = _HandshakeState(initiator, static_key or _x25519_new())
         self._buf = bytearray()
         self.complete = False
@@ -297,17 +318,31 @@ class NoiseHandshake:
         if hs._step == 1:  # responder got "-> e": answer "<- e, ee, s, es" with our identity
             if payload:
                 raise HandshakeError("first handshake message must not carry a payload")
-            return self._frame(hs.write_message(_encode_payload(self._keypair, hs.s_pub)))
-        self._authenticate(payload)
+            return self._frame(hs.write_message(_encode_payload(self._keypair, hs.s_pub, self._our_early())))
+        early = self._authenticate(payload)
         if hs._step == 2:  # initiator got message 2: send "-> s, se" and finish
-            out = self._frame(hs.write_message(_encode_payload(self._keypair, hs.s_pub)))
+            # our early data only to a responder that sent its own (it reads ours, then)
+            mine = self._our_early() if early is not None else None
+            out = self._frame(hs.write_message(_encode_payload(self._keypair, hs.s_pub, mine)))
+            if mine is not None:
+                self.remote_early_data = early
             self._finish()
             return out
-        self._finish()  # responder got message 3
+        if self._early_sent:  # responder got message 3
+            self.remote_early_data = early
+        self._finish()
         return b""
 
-    def _authenticate(self, payload: bytes) -> None:
-        key_pb, sig = _decode_payload(payload)
+    def _our_early(self) -> bytes | None:
+        """Our early data, if any fits in a handshake message (else the host says it later)."""
+        data = self._early() if self._early is not None else None
+        if data is None or len(data) > MAX_EARLY_DATA:
+            return None
+        self._early_sent = True
+        return data
+
+    def _authenticate(self, payload: bytes) -> bytes | None:
+        key_pb, sig, early = _decode_payload(payload)
         try:
             pub = public_key_from_protobuf(key_pb)
         except Exception as e:
@@ -318,6 +353,7 @@ class NoiseHandshake:
         if self._expected is not None and peer != self._expected:
             raise PeerIdMismatch(f"dialed {self._expected} but the peer authenticated as {peer}")
         self.remote_peer, self.remote_public_key = peer, pub
+        return early
 
     def _finish(self) -> None:
         send, recv = self._hs.split()

@@ -60,7 +60,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         self._pre: bytearray | None = bytearray() if self._inbound else None  # to spot a splice request
         self._label = label
         self._remote_addr = remote_addr
-        self._hs = NoiseHandshake(owner.keypair, initiator, expected)
+        self._hs = NoiseHandshake(owner.keypair, initiator, expected, early_data=self._early_data if owner.early_data else None)
         self._transport: asyncio.Transport | None = None
         self.conn: MuxedConnection | None = None
         self.ready: asyncio.Future[MuxedConnection] = asyncio.get_running_loop().create_future()
@@ -102,6 +102,11 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         out = self._preamble + self._hs.start()
         if out:
             transport.write(out)  # type: ignore[attr-defined]
+
+    def _early_data(self) -> bytes:
+        tr, make = self._transport, self._owner.early_data
+        assert tr is not None and make is not None
+        return make(self._remote_addr or Multiaddr.from_sockaddr(tr.get_extra_info("peername")))
 
     def _handshake_timed_out(self) -> None:
         self._fail(Timeout(f"Noise handshake did not finish within {self._owner.handshake_timeout} s"))
@@ -194,6 +199,8 @@ class _TcpProtocol(asyncio.BufferedProtocol):
                 keepalive_timeout=self._owner.keepalive_timeout,
                 writer_lets_go=True,  # an asyncio socket transport: sends, or holds only while buffered
             )
+            self.conn.early_data = self._hs.remote_early_data
+            self.conn.said_early = self._hs.remote_early_data is not None
             self._owner._track(self.conn)
             self.ready.set_result(self.conn)
             if self._hs.leftover:

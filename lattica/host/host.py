@@ -11,7 +11,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Iterable
 
-from lattica import identify, interfaces, ping
+from lattica import codec, identify, interfaces, ping
 from lattica.errors import LatticaError, MultiaddrError, NodeClosed, PeerUnreachable, Timeout, UnsupportedProtocol
 from lattica.framing import read_message, write_message
 from lattica.host.connections import MAX_CONNS_PER_PEER, Connections
@@ -129,6 +129,7 @@ class Host:
             **self.transport_set.options.get("relay", {}),
         )
         self.transport_set.add(self.circuit)
+        self.transport_set.set_early(self.early_identify, self._push_early)
         self.nat = NatManager(self, self.node.nat_config)
         for addr in listen:
             transport = self.transport_for(addr)
@@ -236,9 +237,19 @@ class Host:
         """Start serving a new authenticated connection and make it the peer's primary one (see
         ``Connections.add`` for a ``spare``)."""
         self.connections.add(conn, spare)
-        self.spawn(self.push_identify(conn))
-        self.loop.call_later(self.node.identify_timeout, self._identify_overdue, conn)
+        early = conn.early_data  # the peer's identify came in the handshake
+        if not conn.said_early:
+            self.spawn(self.push_identify(conn))
+        if early is None:
+            self.loop.call_later(self.node.identify_timeout, self._identify_overdue, conn)
         self.events.connected.emit(conn)
+        if early is not None:
+            try:
+                msg = codec.decode(early)
+            except LatticaError as e:
+                self._bad_identify(conn, e)
+                return
+            self._identified(conn, msg)
 
     def _expire_verdict(self, conn: Connection, after: float) -> None:
         """Close ``conn`` when the certificate that admitted its peer expires (one timer per
@@ -414,35 +425,75 @@ class Host:
         relayed = [a for a in dict.fromkeys(self.relay_addrs) if a not in out][:MAX_ADVERTISED]
         return out[: MAX_ADVERTISED - len(relayed)] + relayed
 
-    async def push_identify(self, conn: Connection) -> None:
+    def _identify_message(self, observed: Multiaddr) -> dict[str, Any]:
+        """Who we are and where we listen, for a peer that reaches us from ``observed``."""
+        return identify.build(
+            self.keypair.public_key_protobuf(),
+            self.node.agent_version,
+            self.advertised_addrs(),
+            observed,
+            sorted(self.handlers),
+            self.trust.presented,
+        )
+
+    def early_identify(self, observed: Multiaddr) -> bytes:
+        """Our identify message as handshake early data (``Transport.early_data``)."""
+        return b"".join(codec.encode(self._identify_message(observed)))
+
+    async def push_identify(self, conn: Connection) -> bool:
         """Tell the peer on ``conn`` who we are and where we listen (again, when that changes)."""
         try:
             stream = await conn.open_stream()
             stream.write(encode_protocol(identify.PROTOCOL))
-            write_message(
-                stream,
-                identify.build(
-                    self.keypair.public_key_protobuf(),
-                    self.node.agent_version,
-                    self.advertised_addrs(),
-                    conn.remote_addr,
-                    sorted(self.handlers),
-                    self.trust.presented,
-                ),
-            )
+            write_message(stream, self._identify_message(conn.remote_addr))
             await stream.close()
+            return True
         except LatticaError as e:
             log.debug("identify push failed", peer=str(conn.remote_peer), reason=str(e))
+            return False
+
+    def _push_early(self, conn: Connection) -> None:
+        """``Transport.early_push``: identify on a connection whose handshake is still going on
+        (a QUIC client that just said hello): it reaches the client with the handshake's end."""
+
+        async def push() -> None:
+            if await self.push_identify(conn):
+                conn.said_early = True  # (adopt, once the client is verified, does not push again)
+
+        self.spawn(push())
+
+    def _bad_identify(self, conn: Connection, e: BaseException) -> None:
+        log.info("closing connection: bad identify", peer=str(conn.remote_peer), reason=str(e) or "timeout")
+        conn.abort(f"bad identify: {e}")
 
     async def _on_identify(self, stream: Stream, conn: Connection) -> None:
         try:
             async with asyncio.timeout(PROTOCOL_READ_TIMEOUT):
                 msg = await read_message(stream, identify.MAX_MESSAGE)
-            fields = identify.parse(msg, conn.remote_peer)
         except (LatticaError, asyncio.TimeoutError) as e:
-            log.info("closing connection: bad identify", peer=str(conn.remote_peer), reason=str(e) or "timeout")
-            conn.abort(f"bad identify: {e}")
+            self._bad_identify(conn, e)
             return
+        if not self._identified(conn, msg):
+            return
+        # one message per stream: anything after it is a protocol error; end the stream either way
+        try:
+            async with asyncio.timeout(PROTOCOL_READ_TIMEOUT):
+                extra = await stream.read(1)
+        except asyncio.TimeoutError:
+            extra = b"?"
+        if extra:
+            stream.reset()
+        else:
+            await stream.close()
+
+    def _identified(self, conn: Connection, msg: Any) -> bool:
+        """Take the peer's identify message (pushed on a stream, or early in the handshake);
+        False if it was unusable (the connection is then closed)."""
+        try:
+            fields = identify.parse(msg, conn.remote_peer)
+        except LatticaError as e:
+            self._bad_identify(conn, e)
+            return False
         now = time.time()
         verdict = self.trust.judge(conn.remote_peer, fields.pop("mesh_certs"), now)
         self._expire_verdict(conn, verdict.until - now)
@@ -454,16 +505,7 @@ class Host:
         if fut is not None and not fut.done():
             fut.set_result(info)
         self.dialer.identified(conn, info)
-        # one message per stream: anything after it is a protocol error; end the stream either way
-        try:
-            async with asyncio.timeout(PROTOCOL_READ_TIMEOUT):
-                extra = await stream.read(1)
-        except asyncio.TimeoutError:
-            extra = b"?"
-        if extra:
-            stream.reset()
-        else:
-            await stream.close()
+        return True
 
     def remember_addrs(self, peer: PeerId, addrs: Iterable[Multiaddr]) -> None:
         """Add dialable addresses of ``peer`` to the (bounded) address book."""

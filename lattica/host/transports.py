@@ -4,11 +4,11 @@ host."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from lattica.identity import KeyPair
 from lattica.multiaddr import Multiaddr
-from lattica.transports.base import Transport
+from lattica.transports.base import Connection, Transport
 from lattica.transports.tcp import TcpTransport
 
 __all__ = ["Transports"]
@@ -21,13 +21,25 @@ class Transports:
         self.keypair = keypair
         self.options = options  # per transport name: keyword arguments for its constructor
         self._memory_network = memory_network
-        self.all: list[Transport] = [TcpTransport(keypair, **options.get("tcp", {}))]
+        # given to every transport (Transport.early_data, Transport.early_push)
+        self.early_data: Callable[[Multiaddr], bytes] | None = None
+        self.early_push: Callable[[Connection], None] | None = None
+        self.all: list[Transport] = []
+        self.add(TcpTransport(keypair, **options.get("tcp", {})))
         self._lazy_quic = self._lazy_memory = True
         if memory_network is not None:
             self._add_memory()
 
     def add(self, transport: Transport) -> None:
+        transport.early_data, transport.early_push = self.early_data, self.early_push
         self.all.append(transport)
+
+    def set_early(self, data: Callable[[Multiaddr], bytes] | None, push: Callable[[Connection], None] | None) -> None:
+        """How every transport, of now and added later, says who we are before its handshake ends
+        (``Transport.early_data`` and ``Transport.early_push``; None: not early)."""
+        self.early_data, self.early_push = data, push
+        for t in self.all:
+            t.early_data, t.early_push = data, push
 
     def for_addr(self, addr: Multiaddr) -> Transport | None:
         """The transport that listens on / dials ``addr``, or None."""
@@ -40,7 +52,7 @@ class Transports:
             # imported here: aioquic loads only on a node that uses QUIC (it costs start-up time)
             from lattica.transports.quic import QuicTransport
 
-            self.all.append(QuicTransport(self.keypair, **self.options.get("quic", {})))
+            self.add(QuicTransport(self.keypair, **self.options.get("quic", {})))
             return self.for_addr(addr)
         if self._lazy_memory and protocols == ["memory"]:
             self._add_memory()
@@ -54,7 +66,7 @@ class Transports:
         opts = dict(self.options.get("memory", {}))
         if self._memory_network is not None:
             opts.setdefault("network", self._memory_network)
-        self.all.append(MemoryTransport(self.keypair, **opts))
+        self.add(MemoryTransport(self.keypair, **opts))
 
     def listening(self, name: str) -> Any:
         """The transport called ``name`` if it listens (hole punching dials and sends from the

@@ -47,6 +47,101 @@ def test_connect_identify_ping(listen, tmp_path):
     assert lattica.KeyPair.load(tmp_path / "a.key").peer_id == a.peer_id
 
 
+def _count_identify_streams(node):
+    """Wrap the node's identify handler; returns the list each served stream appends to."""
+    from lattica import identify
+
+    served = []
+    host = node._host
+    real = host.handlers[identify.PROTOCOL]
+
+    async def counting(stream, conn):
+        served.append(conn.remote_peer)
+        await real(stream, conn)
+
+    host.handlers[identify.PROTOCOL] = counting
+    return served
+
+
+async def _early(h, peer):
+    return [c.early_data is not None for c in h.conns_of.get(peer, ())]
+
+
+def test_identify_rides_in_the_noise_handshake():
+    """Both sides' identify travels inside the handshake (a round trip sooner than a push after
+    it): the dialer has the listener's when connect returns, and no identify stream is opened."""
+    with lattica.Node([TCP]) as a, lattica.Node([TCP]) as b:
+        sa, sb = _count_identify_streams(a), _count_identify_streams(b)
+        peer = b.connect(a.addrs[0])
+        assert peer.agent_version.startswith("lattica-py/") and "/ipfs/ping/1.0.0" in peer.protocols
+        assert set(peer.listen_addrs) == {x.without_peer_id() for x in a.addrs}
+        assert peer.observed_addr is not None and peer.observed_addr.value_for("ip4") == "127.0.0.1"
+        assert wait_for(lambda: any(p.peer_id == b.peer_id and p.agent_version for p in a.peers()))
+        assert b.run(_early(b._host, a.peer_id)) == [True] and a.run(_early(a._host, b.peer_id)) == [True]
+        b.ping(a.peer_id, count=3)
+        time.sleep(0.2)
+        assert sa == [] and sb == []
+
+
+def test_a_quic_listener_pushes_identify_before_the_handshake_ends():
+    """QUIC has no handshake payload of ours: the listener pushes identify as soon as the
+    client's hello is in (half a round trip early, so the client has it when its handshake
+    ends) and not again once the client is verified; the client pushes its own as before."""
+    with lattica.Node([QUIC]) as a, lattica.Node([]) as b:
+        sa, sb = _count_identify_streams(a), _count_identify_streams(b)
+        peer = b.connect(next(x for x in a.addrs if "quic" in str(x)))
+        assert peer.transport == "quic" and "/ipfs/ping/1.0.0" in peer.protocols
+        assert wait_for(lambda: any(p.peer_id == b.peer_id and p.agent_version for p in a.peers()))
+
+        async def said(h, peer):
+            return [c.said_early for c in h.conns_of.get(peer, ())]
+
+        assert a.run(said(a._host, b.peer_id)) == [True] and b.run(said(b._host, a.peer_id)) == [False]
+        b.ping(a.peer_id, count=3)
+        time.sleep(0.2)
+        assert sb == [a.peer_id] and sa == [b.peer_id]  # one identify each way, none repeated
+
+
+def test_a_peer_that_says_nothing_early_is_identified_by_pushes():
+    """A peer whose handshake carries no early data (another implementation, an older Lattica):
+    both sides identify on streams as before, whichever side dials."""
+    for quiet_dials in (True, False):
+        with lattica.Node([TCP]) as a, lattica.Node([TCP]) as b:
+            b._host.transport_set.set_early(None, None)  # b says nothing early
+            sa, sb = _count_identify_streams(a), _count_identify_streams(b)
+            dialer, other = (b, a) if quiet_dials else (a, b)
+            peer = dialer.connect(other.addrs[0])
+            assert peer.peer_id == other.peer_id and peer.agent_version.startswith("lattica-py/")
+            assert wait_for(lambda: any(p.peer_id == dialer.peer_id and p.agent_version for p in other.peers()))
+            assert wait_for(lambda: sa == [b.peer_id] and sb == [a.peer_id])
+            assert b.run(_early(b._host, a.peer_id)) == [False] and a.run(_early(a._host, b.peer_id)) == [False]
+
+
+def test_garbage_identify_in_the_handshake_closes_the_connection():
+    """Early data that is not an identify message (or names another key) is a bad identify: the
+    side that got it closes the connection (a dialer's connect fails), and both nodes go on."""
+    from lattica import codec
+
+    junks = (lambda addr: b"\xff" * 40, lambda addr: b"".join(codec.encode({"public_key": b"x"})))
+    with lattica.Node([TCP]) as a, lattica.Node([TCP]) as b:
+        for junk in junks:
+            b._host.transport_set.set_early(junk, None)
+            # b dials: a gets b's junk in message 3 and closes (b had a's identify: its connect
+            # returns, unless a's close came first)
+            try:
+                b.connect(a.addrs[0])
+            except ConnectionClosed:
+                pass
+            assert wait_for(lambda: a.run(_count(a._host)) == 0 and b.run(_count(b._host)) == 0)
+            # a dials: a gets b's junk in message 2, and its connect fails
+            with pytest.raises((ConnectionClosed, PeerUnreachable), match="identify"):
+                a.connect(b.addrs[0])
+            assert wait_for(lambda: a.run(_count(a._host)) == 0 and b.run(_count(b._host)) == 0)
+        b._host.transport_set.set_early(b._host.early_identify, b._host._push_early)
+        assert b.connect(a.addrs[0]).peer_id == a.peer_id
+        assert a.connect(b.addrs[0]).peer_id == b.peer_id
+
+
 def test_one_connection_per_peer_even_when_both_dial():
     with lattica.Node([TCP]) as a, lattica.Node([TCP]) as b:
         b.connect(a.addrs[0])
@@ -193,8 +288,13 @@ def test_unreachable_and_bad_addresses():
 def test_connection_limit_refuses_extra_inbound():
     with lattica.Node([TCP], max_connections=1) as a, lattica.Node([]) as b, lattica.Node([]) as c:
         b.connect(a.addrs[0])
-        with pytest.raises(ConnectionClosed, match="closed before identify"):
-            c.connect(a.addrs[0], timeout=2)  # authenticated, then dropped at once by the limit
+        # authenticated (c has a's identify from the handshake: its connect may return), then
+        # dropped at once by the limit
+        try:
+            c.connect(a.addrs[0], timeout=2)
+        except ConnectionClosed as e:
+            assert "closed before identify" in str(e)
+        assert wait_for(lambda: c.peers() == [])
         assert [p.peer_id for p in a.peers()] == [b.peer_id]
         assert b.ping(a.peer_id) > 0  # the admitted peer is unaffected
     with lattica.Node([TCP]) as a, lattica.Node([], max_connections=0) as b:

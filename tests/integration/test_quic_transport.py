@@ -815,6 +815,25 @@ def test_close_delivers_data_written_before_it() -> None:
     run(main)
 
 
+def test_close_returns_once_its_connection_close_is_sent() -> None:
+    """close() does not wait out the closing period (3 PTO: across a 150 ms path ~0.8 s of a
+    script's exit); the period runs on by itself, and a closing transport ends it at once."""
+
+    async def main() -> None:
+        async with pair() as p:
+            await p.client.close()
+            assert p.client.is_closed and not p.client._terminated.is_set()  # still answering late packets
+            await asyncio.wait_for(p.client.wait_closed(), 3)  # and then forgotten, by aioquic's timer
+            await asyncio.wait_for(p.server.wait_closed(), 5)
+        async with pair() as p:
+            await p.client.close()
+            assert not p.client._terminated.is_set()
+            await p.ta.close()
+            assert p.client._terminated.is_set()
+
+    run(main)
+
+
 def test_abort_propagates_to_the_peer() -> None:
     async def main() -> None:
         async with pair() as p:

@@ -100,7 +100,7 @@ def test_forged_identity_signature_rejected():
 
     real = noise._encode_payload
 
-    def forged(keypair, static_pub):
+    def forged(keypair, static_pub, early=None):
         good = real(keypair, static_pub)
         other = real(km, static_pub)  # mallory's signature, kb's key
         key_len = good[1]
@@ -215,3 +215,70 @@ def test_a_frame_limit_outside_what_noise_allows_is_refused(limit):
     a, _ = _run(NoiseHandshake(ka, True, kb.peer_id), NoiseHandshake(kb, False))
     with pytest.raises(ValueError, match="frame limit"):
         a.session.seal_pieces([b"x"], None, limit)
+
+
+# -- early data (the host's identify inside the handshake) ------------------------------------------
+
+
+def test_early_data_both_ways_when_both_sides_send_it():
+    """The responder's rides in message 2, the initiator's in message 3: each side has the
+    other's when the handshake ends."""
+    a = NoiseHandshake(KeyPair.generate(), True, early_data=lambda: b"from-initiator")
+    b = NoiseHandshake(KeyPair.generate(), False, early_data=lambda: b"from-responder")
+    m1 = a.start()
+    m2 = b.receive(m1)
+    assert b"from-responder" not in m2  # encrypted (under the ee and es keys)
+    m3 = a.receive(m2)
+    assert a.complete and a.remote_early_data == b"from-responder"
+    assert b"from-initiator" not in m3
+    b.receive(m3)
+    assert b.complete and b.remote_early_data == b"from-initiator"
+
+
+def test_early_data_is_sent_by_the_initiator_only_to_a_responder_that_sent_some():
+    """A responder without early data (another implementation, an older Lattica) gets a plain
+    libp2p message 3, and neither side claims the other's."""
+    a = NoiseHandshake(KeyPair.generate(), True, early_data=lambda: b"from-initiator")
+    b = NoiseHandshake(KeyPair.generate(), False)
+    m3 = a.receive(b.receive(a.start()))
+    assert b"from-initiator" not in m3 and len(m3) < 300  # no payload beyond key and signature
+    b.receive(m3)
+    assert a.complete and b.complete
+    assert a.remote_early_data is None and b.remote_early_data is None
+
+
+def test_an_initiator_without_early_data_leaves_both_sides_without():
+    """The responder's early data reached an initiator that says nothing early: the initiator
+    cannot tell the responder it read it, so neither side counts on it (both push identify)."""
+    a = NoiseHandshake(KeyPair.generate(), True)
+    b = NoiseHandshake(KeyPair.generate(), False, early_data=lambda: b"from-responder")
+    _run(a, b)
+    assert a.complete and b.complete
+    assert a.remote_early_data is None and b.remote_early_data is None
+
+
+def test_our_early_data_too_large_for_a_handshake_message_is_left_out():
+    from lattica.transports.noise import MAX_EARLY_DATA
+
+    a = NoiseHandshake(KeyPair.generate(), True, early_data=lambda: b"a")
+    b = NoiseHandshake(KeyPair.generate(), False, early_data=lambda: b"x" * (MAX_EARLY_DATA + 1))
+    _run(a, b)
+    assert a.complete and b.complete
+    assert a.remote_early_data is None and b.remote_early_data is None
+
+
+def test_a_peers_oversized_early_data_fails_the_handshake():
+    """A peer that crafts a payload with more early data than the limit is refused."""
+    import lattica.transports.noise as noise
+
+    ka, kb = KeyPair.generate(), KeyPair.generate()
+    a = NoiseHandshake(ka, True, early_data=lambda: b"a")
+    b = NoiseHandshake(kb, False)
+    real = noise._encode_payload
+    noise._encode_payload = lambda kp, pub, early=None: real(kp, pub, b"y" * (noise.MAX_EARLY_DATA + 1))
+    try:
+        m2 = b.receive(a.start())
+    finally:
+        noise._encode_payload = real
+    with pytest.raises(HandshakeError, match="early data"):
+        a.receive(m2)

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 log = get_logger("lattica.quic")
 
+_CLOSING_CAP = 2.0  # s: a closed connection's state is dropped by then, whatever aioquic's timer says
+
 
 class QuicConn(Connection):
     """One QUIC connection: pumps aioquic, routes its events to streams, verifies the peer."""
@@ -100,6 +102,8 @@ class QuicConn(Connection):
         self._last_rx = self._loop.time()
         self._ping_ids = itertools.count()
         self._bytes_sent = self._bytes_received = 0  # UDP payload bytes (the dashboard's figures)
+        # a server's half-round-trip data: the host says who we are once the client's hello is in
+        self._early_push = owner.early_push if direction == "inbound" else None
 
     def __repr__(self) -> str:
         who = self.remote_peer.short() if self.remote_peer else "?"
@@ -120,6 +124,9 @@ class QuicConn(Connection):
         if heard is not None and heard > self._last_rx:
             self._last_rx = heard
         self._schedule_flush()
+        if self._early_push is not None and heard is not None:
+            push, self._early_push = self._early_push, None
+            push(self)
 
     def _schedule_flush(self) -> None:
         if self._flush_handle is None and not self._dead:
@@ -456,7 +463,8 @@ class QuicConn(Connection):
             self._deliver(self._pending_inbound.popleft())
 
     async def close(self) -> None:
-        """Let written data reach the peer (bounded by close_linger), then CONNECTION_CLOSE."""
+        """Let written data reach the peer (bounded by close_linger), then send CONNECTION_CLOSE
+        and return (the closing period goes on without the caller)."""
         if self._closed_exc is None and not self._dead:
             if self._quic.total_send_buffered() > 0 and self._owner.close_linger > 0:
                 self._linger = self._loop.create_future()
@@ -469,11 +477,11 @@ class QuicConn(Connection):
                 self._quic.close(error_code=ERR_NO_ERROR, reason_phrase="closed")
                 self._mark_closed(ConnectionClosed("QUIC connection closed locally"))
                 self._flush()
-        # aioquic keeps the connection through its closing period (3 PTO) to answer stragglers
-        try:
-            await asyncio.wait_for(self._terminated.wait(), 2.0)
-        except TimeoutError:
-            self._teardown()
+        # aioquic keeps the connection through its closing period (3 PTO) to answer stragglers:
+        # that runs on in the background (waiting for it held a script's exit for ~5 round trips),
+        # ended by aioquic's timer, or by this cap (or the transport's close) if that never fires
+        if not self._dead:
+            self._loop.call_later(_CLOSING_CAP, self._teardown)
 
     def abort(self, reason: str) -> None:
         """Drop the connection now; one CONNECTION_CLOSE is sent best-effort, without waiting."""

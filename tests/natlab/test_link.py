@@ -108,3 +108,19 @@ def test_noise_frames_shrink_to_what_a_slow_path_carries_in_a_millisecond_and_st
     slow = _frame_after_calls(Profile(rtt=0.020, rate=200e3))
     assert 512 <= slow <= 4096, slow
     assert _frame_after_calls(None) == MAX_PLAINTEXT
+
+
+@pytest.mark.parametrize("transport, init_most, shutdown_most", [("tcp", 2.5, 0.5), ("quic", 1.5, 3.5)])
+def test_a_fresh_scripts_first_call_across_a_link_counted_in_round_trips(transport, init_most, shutdown_most):
+    """``lattica bench firstcall``: a fresh process joins through a node across a 200 ms link,
+    resolves a name, calls once and stops. Joining waits for the handshake only (TCP's SYN and
+    Noise's round trip, or QUIC's one): the bootstrap peer's identify comes inside it (before:
+    a round trip more); a QUIC node's stop waits for its last bytes to be acknowledged, not for
+    every connection's closing period (before: ~5 round trips). Bounds half a round trip above
+    the protocol's count, so a busy machine does not fail it; one round trip more would."""
+    from lattica.bench.firstcall import bench_firstcall
+
+    row = bench_firstcall(transport, link=Profile(rtt=0.2), runs=1)
+    assert row["init_rtts"] < init_most, row
+    assert 0.5 < row["resolve_rtts"] < 1.5 and 0.5 < row["call_rtts"] < 1.5, row
+    assert row["shutdown_rtts"] < shutdown_most, row

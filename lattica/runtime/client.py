@@ -280,6 +280,19 @@ class RemoteChannel(Channel):
         self.writer = FrameWriter(runtime.loop)
         self.last_used = time.monotonic()
         self.moving = False  # a better connection came up: switch when quiet
+        self._rtt: float | None = None
+        self._rtt_due = 0.0
+
+    def round_trip(self) -> float | None:
+        """The path's round trip in seconds (read at most once a second), None if unknown."""
+        now = time.monotonic()
+        if now >= self._rtt_due:
+            self._rtt_due = now + 1.0
+            conn = self.runtime.host.conns.get(self.peer)
+            stats = conn.path_stats() if conn is not None else None
+            ms = stats.get("rtt_ms") if stats else None
+            self._rtt = ms / 1000.0 if ms is not None else None
+        return self._rtt
 
     def quiet(self) -> bool:
         """No call in flight and none queued: a new channel cannot overtake anything."""
@@ -308,7 +321,7 @@ class RemoteChannel(Channel):
         if p.future is not None:
             p.future._cancel_hook = lambda: self.send([rpc.CANCEL, cid])
         if p.stream is not None:
-            p.stream._bind(lambda n: self.send([rpc.CREDIT, cid, n]), lambda: self.send([rpc.CANCEL, cid]))
+            p.stream._bind(lambda n: self.send([rpc.CREDIT, cid, n]), lambda: self.send([rpc.CANCEL, cid]), self.round_trip)
         try:
             self.send(p.msg, p.encoded)
         except LatticaError:
@@ -359,7 +372,7 @@ class RemoteChannel(Channel):
                     raise PeerUnreachable(f"{self.peer} closed the call channel")
                 for frame in splitter.feed(data):
                     msg = rpc.parse(codec.decode(frame))
-                    rt.on_reply(self, msg)
+                    rt.on_reply(self, msg, len(frame))
         except Exception as e:  # whatever broke the reader, no call may be left waiting on it
             err = e if isinstance(e, PeerUnreachable) else PeerUnreachable(f"call channel to {self.peer} failed: {e}")
             if isinstance(e, ProtocolError):

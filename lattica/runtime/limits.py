@@ -11,7 +11,9 @@ from lattica import codec
 ASYNC, SYNC, AGEN, GEN = "async", "sync", "agen", "gen"
 DEFAULT_WINDOW = 1024  # calls in flight per caller per actor (the mailbox share of one caller)
 DEFAULT_MAX_CONCURRENCY = 1000  # async calls running at once per actor (Ray's default)
-STREAM_WINDOW = 16  # items a stream producer may send ahead of its consumer
+STREAM_WINDOW = 16  # items a stream producer may send ahead of its consumer, to begin with
+MAX_STREAM_WINDOW = 512  # ... once a long round trip asks for more (the consumer grows it: refs._StreamState)
+STREAM_WINDOW_BYTES = 8 * 1024 * 1024  # a grown window holds at most this many bytes of items
 MAX_MESSAGE = codec.DEFAULT_LIMITS.max_frame
 CHANNEL_HIGH_WATER = 16 * 1024 * 1024  # unsent bytes on a channel before calls wait at the caller
 MAX_STREAM_ARGS = 64

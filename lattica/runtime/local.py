@@ -18,7 +18,7 @@ from lattica.errors import (
     ProtocolError,
 )
 from lattica.identity import PeerId
-from lattica.runtime.limits import AGEN, ASYNC, GEN, HOOK_TIMEOUT, NO_STATE, STREAM_WINDOW, SYNC
+from lattica.runtime.limits import AGEN, ASYNC, GEN, HOOK_TIMEOUT, MAX_STREAM_WINDOW, NO_STATE, STREAM_WINDOW, SYNC
 from lattica.runtime.refs import ACTOR, ActorRef, CALLER
 
 if TYPE_CHECKING:
@@ -394,8 +394,9 @@ class LocalActor:
         return _STREAMED  # the caller already got END: no OK follows
 
     def grant(self, inv: Invocation, n: int) -> None:
-        """The consumer of a streaming call granted ``n`` more items (never beyond one window)."""
-        n = max(0, min(n, STREAM_WINDOW - inv.credit))
+        """The consumer of a streaming call granted ``n`` more items (never beyond the largest
+        window a consumer may grow to)."""
+        n = max(0, min(n, MAX_STREAM_WINDOW - inv.credit))
         if n == 0:
             return
         inv.credit += n

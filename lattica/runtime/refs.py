@@ -9,6 +9,7 @@ import collections
 import contextvars
 import inspect
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from lattica import codec, context
@@ -20,7 +21,7 @@ from lattica.errors import (
 )
 from lattica.future import Future
 from lattica.identity import PeerId
-from lattica.runtime.limits import AGEN, ASYNC, DEFAULT_WINDOW, GEN, LIFECYCLE_HOOKS, STREAM_WINDOW, SYNC
+from lattica.runtime.limits import AGEN, ASYNC, DEFAULT_WINDOW, GEN, LIFECYCLE_HOOKS, MAX_STREAM_WINDOW, STREAM_WINDOW, STREAM_WINDOW_BYTES, SYNC
 
 if TYPE_CHECKING:
     from lattica.runtime.registry import Runtime
@@ -313,7 +314,15 @@ def _submit(h: MethodHandle, args: tuple, kwargs: dict, *, tell: bool, stream: _
 
 
 class _StreamState:
-    """A streaming call's items and credit; the runtime holds this, the user a StreamCall."""
+    """A streaming call's items and credit; the runtime holds this, the user a StreamCall.
+
+    The producer may send ``_window`` items ahead; credit goes back in batches of half of it. A
+    window that holds the producer back on a long path grows: when the consumer ran out of items
+    and still took half a window in less than a round trip, the producer was sending at least
+    half a window per round trip and then waiting for credit, so the window doubles (up to
+    MAX_STREAM_WINDOW items, and only while that many items of the size seen so far fit in
+    STREAM_WINDOW_BYTES; it comes back down if items grow). Items taken from a full buffer prove
+    nothing (the producer ran ahead), hence the first condition."""
 
     def __init__(self, rt: Runtime) -> None:
         self._rt = rt
@@ -324,16 +333,25 @@ class _StreamState:
         self._cond: threading.Condition | None = None
         self._grant: Callable[[int], None] | None = None
         self._cancel: Callable[[], None] | None = None
+        self._rtt: Callable[[], float | None] | None = None  # the path's round trip (s), if known
         self._consumed = 0
+        self._window = STREAM_WINDOW
+        self._withheld = 0  # credit still to keep back after the window shrank
+        self._granted_at = 0.0
+        self._starved = False  # the consumer waited for an item since the last grant
+        self._item_bytes = 0.0  # items' encoded size (moving average; 0: not known, a local call)
 
     # -- fed on the node loop ------------------------------------------------------------------
 
-    def _bind(self, grant: Callable[[int], None], cancel: Callable[[], None]) -> None:
-        self._grant, self._cancel = grant, cancel
+    def _bind(self, grant: Callable[[int], None], cancel: Callable[[], None], rtt: Callable[[], float | None] | None = None) -> None:
+        self._grant, self._cancel, self._rtt = grant, cancel, rtt
+        self._granted_at = time.monotonic()
         if self._done:  # the consumer gave up before the call was sent: stop it at once
             cancel()
 
-    def _push(self, value: Any) -> None:
+    def _push(self, value: Any, nbytes: int = 0) -> None:
+        if nbytes:
+            self._item_bytes = nbytes if not self._item_bytes else 0.875 * self._item_bytes + 0.125 * nbytes
         self._items.append(value)
         self._wake()
 
@@ -359,9 +377,32 @@ class _StreamState:
     def _took_one(self) -> None:
         """Return credit to the producer in batches of half a window (on the loop)."""
         self._consumed += 1
-        if self._consumed >= STREAM_WINDOW // 2 and self._grant is not None and not self._done:
+        if self._consumed >= self._window // 2 and self._grant is not None and not self._done:
             n, self._consumed = self._consumed, 0
-            self._grant(n)
+            n += self._resize()
+            if n > 0:
+                self._grant(n)
+
+    def _resize(self) -> int:
+        """Credit to add to (or, negative, keep back from) this grant as the window changes."""
+        now = time.monotonic()
+        took, self._granted_at = now - self._granted_at, now
+        starved, self._starved = self._starved, False
+        fits = max(STREAM_WINDOW, int(STREAM_WINDOW_BYTES // self._item_bytes)) if self._item_bytes else MAX_STREAM_WINDOW
+        if self._window > fits:  # items grew: shrink by keeping credit back
+            self._withheld += self._window - fits
+            self._window = fits
+        elif starved and self._window * 2 <= min(fits, MAX_STREAM_WINDOW) and not self._withheld and self._rtt is not None:
+            rtt = self._rtt()
+            if rtt is not None and took < rtt:
+                extra = self._window
+                self._window *= 2
+                return extra
+        if self._withheld:
+            keep = min(self._withheld, self._window // 2)
+            self._withheld -= keep
+            return -keep
+        return 0
 
     # -- async consumers ------------------------------------------------------------------------
 
@@ -373,6 +414,7 @@ class _StreamState:
                 if self._error is not None:
                     raise self._error
                 raise StopAsyncIteration
+            self._starved = True
             self._waiter = self._rt.loop.create_future()
             await self._waiter
         value = self._items.popleft()
@@ -388,6 +430,7 @@ class _StreamState:
             self._cond = threading.Condition()
         with self._cond:
             while not self._items and not self._done:
+                self._starved = True
                 self._cond.wait(0.5)
             if not self._items:
                 if self._error is not None:

@@ -459,7 +459,7 @@ class Runtime(Following):
             return asyncio.CancelledError(message)
         return ProtocolError(f"{where}: {message}")
 
-    def on_reply(self, ch: RemoteChannel, msg: list) -> None:
+    def on_reply(self, ch: RemoteChannel, msg: list, size: int = 0) -> None:
         ch.last_used = time.monotonic()
         kind = msg[0]
         if kind == rpc.MAILBOX:
@@ -474,7 +474,7 @@ class Runtime(Following):
             self.complete_call(p, None, (msg[rpc.ERR_KIND], msg[rpc.ERR_TYPE], msg[rpc.ERR_MESSAGE], msg[rpc.ERR_TRACEBACK]))
         elif kind == rpc.ITEM:
             if p.stream is not None:
-                p.stream._push(msg[rpc.VALUE])
+                p.stream._push(msg[rpc.VALUE], size)
         elif kind == rpc.END:
             self.complete_call(p, None, None, end=True)
         elif kind == rpc.ARGCRED:

@@ -159,7 +159,7 @@ class Transport(abc.ABC):
         self._conns: set[Connection] = set()  # every live connection, for close()
         # what to say of ourselves inside a handshake, for a peer at the given address (the host's
         # identify: see Connection.early_data); None: nothing, the host says it on a stream later
-        self.early_data: Callable[[Multiaddr], bytes] | None = None
+        self.early_data: Callable[[Multiaddr], bytes | None] | None = None
         # called with a connection that carries streams before its handshake ends (a QUIC
         # server's half-round-trip data), so the host can say who we are on it at once
         self.early_push: Callable[[Connection], None] | None = None

@@ -243,7 +243,7 @@ def _decode_payload(data: bytes) -> tuple[bytes, bytes, bytes | None]:
     if not isinstance(key, bytes) or not isinstance(sig, bytes):
         raise HandshakeError("handshake payload lacks the identity key or its signature")
     if early is not None and (not isinstance(early, bytes) or len(early) > MAX_EARLY_DATA):
-        raise HandshakeError(f"handshake early data must be at most {MAX_EARLY_DATA} bytes")
+        raise HandshakeError(f"handshake early data must be a byte string of at most {MAX_EARLY_DATA} bytes")
     return key, sig, early
 
 
@@ -254,7 +254,8 @@ class NoiseHandshake:
     ``complete`` is true, ``remote_peer`` is the authenticated PeerId, ``session`` seals further
     traffic, and ``leftover`` holds bytes that arrived after the last handshake message.
 
-    ``early_data`` (called once, when our payload is written) gives bytes to carry in the payload;
+    ``early_data`` (called once, when our payload is written) gives bytes to carry in the payload
+    (None: none this time);
     ``remote_early_data`` is the peer's, set only when both sides sent theirs (so each side knows
     the other read its own). Early data is encrypted but sent before the initiator is
     authenticated: only what any peer may learn belongs there.
@@ -267,7 +268,7 @@ class NoiseHandshake:
         expected_peer: PeerId | None = None,
         *,
         static_key: X25519PrivateKey | None = None,
-        early_data: Callable[[], bytes] | None = None,
+        early_data: Callable[[], bytes | None] | None = None,
     ) -> None:
         self._keypair = keypair
         self._expected = expected_peer

@@ -11,7 +11,7 @@ import asyncio
 import errno
 import os
 import socket
-from typing import Callable
+from typing import Any, Callable
 
 from lattica.logging import get_logger
 
@@ -33,6 +33,15 @@ __all__ = ["TcpTransport"]
 
 _RECV_BUFFER = 256 * 1024
 SPLICE_CONNECT_TIMEOUT = 3.0  # seconds to reach a relay's listener with a spliced socket
+
+
+class _Done:
+    """What a protocol holds in place of its finished handshake."""
+
+    complete = True
+
+
+_DONE: Any = _Done()
 
 
 class _TcpProtocol(asyncio.BufferedProtocol):
@@ -184,27 +193,28 @@ class _TcpProtocol(asyncio.BufferedProtocol):
             self._release_slot()
             self._timer.cancel()  # type: ignore[union-attr]
             tr = self._transport
-            assert tr is not None and self._hs.remote_peer is not None and self._hs.session is not None
+            hs, self._hs = self._hs, _DONE  # (the connection keeps none of the handshake: early data, leftover bytes)
+            assert tr is not None and hs.remote_peer is not None and hs.session is not None
             self.conn = MuxedConnection(
                 tr,
                 transport=self._label,
                 direction="outbound" if self._initiator else "inbound",
                 local_peer=self._owner.keypair.peer_id,
-                remote_peer=self._hs.remote_peer,
+                remote_peer=hs.remote_peer,
                 local_addr=Multiaddr.from_sockaddr(tr.get_extra_info("sockname")),
                 remote_addr=self._remote_addr or Multiaddr.from_sockaddr(tr.get_extra_info("peername")),
-                session=self._hs.session,
+                session=hs.session,
                 mux_config=self._owner.mux_config,
                 keepalive_interval=self._owner.keepalive_interval,
                 keepalive_timeout=self._owner.keepalive_timeout,
                 writer_lets_go=True,  # an asyncio socket transport: sends, or holds only while buffered
             )
-            self.conn.early_data = self._hs.remote_early_data
-            self.conn.said_early = self._hs.remote_early_data is not None
+            self.conn.early_data = hs.remote_early_data
+            self.conn.said_early = hs.remote_early_data is not None
             self._owner._track(self.conn)
             self.ready.set_result(self.conn)
-            if self._hs.leftover:
-                self.conn.data_received(self._hs.leftover)
+            if hs.leftover:
+                self.conn.data_received(hs.leftover)
 
     def _preamble_check(self, data: memoryview) -> bytes | memoryview | None:
         """The first bytes of an accepted socket: a Noise handshake (returned, to go on with) or a

@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Iterable
 
 from lattica import codec, identify, interfaces, ping
-from lattica.errors import LatticaError, MultiaddrError, NodeClosed, PeerUnreachable, Timeout, UnsupportedProtocol
+from lattica.errors import ConnectionClosed, LatticaError, MultiaddrError, NodeClosed, PeerUnreachable, Timeout, UnsupportedProtocol
 from lattica.framing import read_message, write_message
 from lattica.host.connections import MAX_CONNS_PER_PEER, Connections
 from lattica.host.dialer import PROTOCOL_READ_TIMEOUT, Dialer, PeerRouting
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Host", "StreamProtocolHandler", "check_protocol_name", "encode_protocol"]
 
+_EARLY_STALE = 15.0  # s: longer than any handshake takes (handshake_timeout is 10 s)
 log = get_logger("lattica.node")
 StreamProtocolHandler = Callable[[Stream, Connection], Awaitable[None]]
 
@@ -69,6 +70,9 @@ class Host:
         self.trust = node.trust  # who is a member of our mesh (lattica.trust)
         self.refusals: collections.deque[dict] = collections.deque(maxlen=32)  # calls we refused, newest last
         self._verdict_timers: dict[Connection, asyncio.TimerHandle] = {}  # certificate expiries, per connection
+        # when what we advertise last changed: an identify said early in a handshake that was
+        # still going on then is said again once the connection is up (it may be out of date)
+        self._addrs_changed_at = -math.inf
         self.peer_id = node.keypair.peer_id
         self.loop = asyncio.get_running_loop()
         self.max_connections = node.max_connections
@@ -130,6 +134,7 @@ class Host:
         )
         self.transport_set.add(self.circuit)
         self.transport_set.set_early(self.early_identify, self._push_early)
+        self.events.addresses_changed.subscribe(lambda addrs: setattr(self, "_addrs_changed_at", self.loop.time()))
         self.nat = NatManager(self, self.node.nat_config)
         for addr in listen:
             transport = self.transport_for(addr)
@@ -237,8 +242,8 @@ class Host:
         """Start serving a new authenticated connection and make it the peer's primary one (see
         ``Connections.add`` for a ``spare``)."""
         self.connections.add(conn, spare)
-        early = conn.early_data  # the peer's identify came in the handshake
-        if not conn.said_early:
+        early, conn.early_data = conn.early_data, None  # the peer's identify came in the handshake
+        if not conn.said_early or self.loop.time() - self._addrs_changed_at < _EARLY_STALE:
             self.spawn(self.push_identify(conn))
         if early is None:
             self.loop.call_later(self.node.identify_timeout, self._identify_overdue, conn)
@@ -436,9 +441,18 @@ class Host:
             self.trust.presented,
         )
 
-    def early_identify(self, observed: Multiaddr) -> bytes:
-        """Our identify message as handshake early data (``Transport.early_data``)."""
+    def early_identify(self, observed: Multiaddr) -> bytes | None:
+        """Our identify message as handshake early data (``Transport.early_data``); None when the
+        connection would be refused whoever the peer is (stopping, or full): then the peer,
+        without it, waits for identify as before and learns the refusal from its connect."""
+        if self._refusing():
+            return None
         return b"".join(codec.encode(self._identify_message(observed)))
+
+    def _refusing(self) -> bool:
+        # (full: a newcomer might still evict an idle stranger, but that is decided once we
+        # know who it is, after the handshake; the early identify would only mislead it)
+        return self.closing or len(self.all_conns) >= self.max_connections
 
     async def push_identify(self, conn: Connection) -> bool:
         """Tell the peer on ``conn`` who we are and where we listen (again, when that changes)."""
@@ -460,10 +474,15 @@ class Host:
             if await self.push_identify(conn):
                 conn.said_early = True  # (adopt, once the client is verified, does not push again)
 
-        self.spawn(push())
+        if not self._refusing():
+            self.spawn(push())
 
     def _bad_identify(self, conn: Connection, e: BaseException) -> None:
         log.info("closing connection: bad identify", peer=str(conn.remote_peer), reason=str(e) or "timeout")
+        fut = self.identified.get(conn)
+        if fut is not None and not fut.done():  # a connect() waiting for it learns why
+            fut.set_exception(ConnectionClosed(f"connection to {conn.remote_peer} closed: bad identify: {e or 'timeout'}"))
+            fut.exception()
         conn.abort(f"bad identify: {e}")
 
     async def _on_identify(self, stream: Stream, conn: Connection) -> None:

@@ -22,7 +22,7 @@ class Transports:
         self.options = options  # per transport name: keyword arguments for its constructor
         self._memory_network = memory_network
         # given to every transport (Transport.early_data, Transport.early_push)
-        self.early_data: Callable[[Multiaddr], bytes] | None = None
+        self.early_data: Callable[[Multiaddr], bytes | None] | None = None
         self.early_push: Callable[[Connection], None] | None = None
         self.all: list[Transport] = []
         self.add(TcpTransport(keypair, **options.get("tcp", {})))
@@ -34,7 +34,7 @@ class Transports:
         transport.early_data, transport.early_push = self.early_data, self.early_push
         self.all.append(transport)
 
-    def set_early(self, data: Callable[[Multiaddr], bytes] | None, push: Callable[[Connection], None] | None) -> None:
+    def set_early(self, data: Callable[[Multiaddr], bytes | None] | None, push: Callable[[Connection], None] | None) -> None:
         """How every transport, of now and added later, says who we are before its handshake ends
         (``Transport.early_data`` and ``Transport.early_push``; None: not early)."""
         self.early_data, self.early_push = data, push

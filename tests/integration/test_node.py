@@ -64,7 +64,7 @@ def _count_identify_streams(node):
 
 
 async def _early(h, peer):
-    return [c.early_data is not None for c in h.conns_of.get(peer, ())]
+    return [c.said_early for c in h.conns_of.get(peer, ())]
 
 
 def test_identify_rides_in_the_noise_handshake():
@@ -140,6 +140,28 @@ def test_garbage_identify_in_the_handshake_closes_the_connection():
         b._host.transport_set.set_early(b._host.early_identify, b._host._push_early)
         assert b.connect(a.addrs[0]).peer_id == a.peer_id
         assert a.connect(b.addrs[0]).peer_id == b.peer_id
+
+
+def test_a_full_listener_says_nothing_early_so_a_refused_member_is_not_fooled_into_redialing():
+    """A member dialing a listener at its connection limit would read an early identify, count
+    the connection as made and, refused a moment later, redial at once, again and again. A full
+    listener leaves identify out of its handshake, so the dial fails as a refusal and membership
+    backs off."""
+    from lattica.trust import MeshKey
+
+    mesh = MeshKey.generate()
+    with lattica.Node([TCP], mesh=mesh, max_connections=1, mdns=False) as full:
+        handshakes = []
+        real = full._host._on_inbound
+        full._host._on_inbound = lambda conn: (handshakes.append(conn.remote_peer), real(conn))[1]
+        full._host.transport_set.set_early(full._host.early_identify, full._host._push_early)  # (wrapped above: same hooks)
+        with lattica.Node([], mesh=mesh, mdns=False) as first, lattica.Node([], mesh=mesh, mdns=False) as second:
+            first.connect(full.addrs[0])
+            with pytest.raises(ConnectionClosed):
+                second.connect(full.addrs[0], timeout=3)
+            time.sleep(3)
+            assert len(handshakes) < 12, f"{len(handshakes)} handshakes in 3 s"
+            assert [p.peer_id for p in full.peers()] == [first.peer_id]
 
 
 def test_one_connection_per_peer_even_when_both_dial():
@@ -288,13 +310,10 @@ def test_unreachable_and_bad_addresses():
 def test_connection_limit_refuses_extra_inbound():
     with lattica.Node([TCP], max_connections=1) as a, lattica.Node([]) as b, lattica.Node([]) as c:
         b.connect(a.addrs[0])
-        # authenticated (c has a's identify from the handshake: its connect may return), then
-        # dropped at once by the limit
-        try:
+        # authenticated, then dropped at once by the limit (a full listener says nothing early,
+        # so c's connect waits for a's identify and fails, as a refusal should)
+        with pytest.raises(ConnectionClosed, match="closed before identify"):
             c.connect(a.addrs[0], timeout=2)
-        except ConnectionClosed as e:
-            assert "closed before identify" in str(e)
-        assert wait_for(lambda: c.peers() == [])
         assert [p.peer_id for p in a.peers()] == [b.peer_id]
         assert b.ping(a.peer_id) > 0  # the admitted peer is unaffected
     with lattica.Node([TCP]) as a, lattica.Node([], max_connections=0) as b:

@@ -236,8 +236,9 @@ class _LocalSink(Sink):
     def err(self, kind: str, type_name: str, message: str, tb: str = "") -> None:
         self.runtime.complete_call(self.p, None, (kind, type_name, message, tb))
 
-    def item(self, value: Any) -> None:
+    def item(self, value: Any) -> int:
         self.p.stream._push(value)
+        return 0
 
     def end(self) -> None:
         self.runtime.complete_call(self.p, None, None, end=True)

@@ -18,7 +18,7 @@ from lattica.errors import (
     ProtocolError,
 )
 from lattica.identity import PeerId
-from lattica.runtime.limits import AGEN, ASYNC, GEN, HOOK_TIMEOUT, MAX_STREAM_WINDOW, NO_STATE, STREAM_WINDOW, SYNC
+from lattica.runtime.limits import AGEN, ASYNC, GEN, HOOK_TIMEOUT, MAX_STREAM_WINDOW, NO_STATE, STREAM_WINDOW, STREAM_WINDOW_BYTES, SYNC
 from lattica.runtime.refs import ACTOR, ActorRef, CALLER
 
 if TYPE_CHECKING:
@@ -49,12 +49,20 @@ class Sink:
 
     def ok(self, value: Any) -> None: ...
     def err(self, kind: str, type_name: str, message: str, tb: str = "") -> None: ...
-    def item(self, value: Any) -> None: ...
+    def item(self, value: Any) -> int:
+        """Send one item of a stream; its encoded size (0: not encoded, a local consumer)."""
+        ...
     def end(self) -> None: ...
 
 
+def _sent(inv: Invocation, nbytes: int) -> None:
+    """An item of ``inv``'s stream went out, ``nbytes`` encoded."""
+    if nbytes:
+        inv.item_bytes = nbytes if not inv.item_bytes else 0.875 * inv.item_bytes + 0.125 * nbytes
+
+
 class Invocation:
-    __slots__ = ("actor", "method", "args", "kwargs", "deadline", "sink", "task", "replied", "streaming", "credit", "credit_waiter", "arg_streams", "timer", "done", "caller")
+    __slots__ = ("actor", "method", "args", "kwargs", "deadline", "sink", "task", "replied", "streaming", "credit", "credit_waiter", "arg_streams", "timer", "done", "caller", "item_bytes")
 
     def __init__(self, actor: LocalActor, method: str, args: list, kwargs: dict | None, deadline: float | None, sink: Sink, streaming: bool = False, caller: PeerId | None = None) -> None:
         self.caller = caller  # the authenticated node the call came from
@@ -68,6 +76,7 @@ class Invocation:
         self.replied = False  # the caller got its answer (OK, ERR or END); nothing more is sent
         self.streaming = streaming  # called with .stream(): the method must be a generator
         self.credit = STREAM_WINDOW  # for generator methods: items we may send
+        self.item_bytes = 0.0  # their encoded size (moving average): what caps the credit we take
         self.credit_waiter: Any = None
         self.arg_streams: dict[int, ArgStream] | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -387,16 +396,21 @@ class LocalActor:
                 if inv.replied:  # cancelled by the consumer
                     break
                 inv.credit -= 1
-                inv.sink.item(item)
+                _sent(inv, inv.sink.item(item))
         finally:
             await agen.aclose()
         self._reply_end(inv)
         return _STREAMED  # the caller already got END: no OK follows
 
     def grant(self, inv: Invocation, n: int) -> None:
-        """The consumer of a streaming call granted ``n`` more items (never beyond the largest
-        window a consumer may grow to)."""
-        n = max(0, min(n, MAX_STREAM_WINDOW - inv.credit))
+        """The consumer of a streaming call granted ``n`` more items: taken up to the largest
+        window a consumer may grow to, and to what STREAM_WINDOW_BYTES holds of items the size of
+        ours (never under STREAM_WINDOW; just that before the first item), so a consumer cannot
+        make us queue more than that."""
+        cap = STREAM_WINDOW  # (until an item has gone out, its size is unknown)
+        if inv.item_bytes:
+            cap = max(STREAM_WINDOW, min(MAX_STREAM_WINDOW, int(STREAM_WINDOW_BYTES // inv.item_bytes)))
+        n = max(0, min(n, cap - inv.credit))
         if n == 0:
             return
         inv.credit += n
@@ -448,7 +462,7 @@ class LocalActor:
         already counted it; ``inv.credit`` mirrors it so grants stay within one window)."""
         if not inv.replied:
             inv.credit -= 1
-            inv.sink.item(item)
+            _sent(inv, inv.sink.item(item))
 
     def _sync_done(self, inv: Invocation, kind: str | None, value: Any = None, parts: tuple | None = None, end: bool = False) -> None:
         self._finish(inv)

@@ -313,16 +313,22 @@ def _submit(h: MethodHandle, args: tuple, kwargs: dict, *, tell: bool, stream: _
     return p.future
 
 
+_BATCH = STREAM_WINDOW // 2  # items taken per CREDIT message
+
+
 class _StreamState:
     """A streaming call's items and credit; the runtime holds this, the user a StreamCall.
 
-    The producer may send ``_window`` items ahead; credit goes back in batches of half of it. A
-    window that holds the producer back on a long path grows: when the consumer ran out of items
-    and still took half a window in less than a round trip, the producer was sending at least
-    half a window per round trip and then waiting for credit, so the window doubles (up to
-    MAX_STREAM_WINDOW items, and only while that many items of the size seen so far fit in
-    STREAM_WINDOW_BYTES; it comes back down if items grow). Items taken from a full buffer prove
-    nothing (the producer ran ahead), hence the first condition."""
+    The producer may send ``_window`` items ahead; credit goes back for every half of the first
+    window taken (8 items), whatever the window has grown to: a producer may hold less credit than
+    we granted (an older one clamps at 16, a newer one by the bytes of its items), and must never
+    wait for a batch larger than what it could send. A window that holds the producer back on a
+    long path grows: when, over the last half window of items, the consumer ran out of items and
+    still took them in less than a round trip, the producer was sending at least half a window per
+    round trip and then waiting for credit, so the window doubles (up to MAX_STREAM_WINDOW items,
+    and only while that many items of the size seen so far fit in STREAM_WINDOW_BYTES; it comes
+    back down if items grow). Items taken from a full buffer prove nothing (the producer ran
+    ahead), hence the first condition."""
 
     def __init__(self, rt: Runtime) -> None:
         self._rt = rt
@@ -337,15 +343,16 @@ class _StreamState:
         self._consumed = 0
         self._window = STREAM_WINDOW
         self._withheld = 0  # credit still to keep back after the window shrank
-        self._granted_at = 0.0
-        self._starved = False  # the consumer waited for an item since the last grant
+        self._epoch_at = 0.0  # when the current half window of items began
+        self._epoch_taken = 0  # items taken since
+        self._starved = False  # the consumer waited for an item since
         self._item_bytes = 0.0  # items' encoded size (moving average; 0: not known, a local call)
 
     # -- fed on the node loop ------------------------------------------------------------------
 
     def _bind(self, grant: Callable[[int], None], cancel: Callable[[], None], rtt: Callable[[], float | None] | None = None) -> None:
         self._grant, self._cancel, self._rtt = grant, cancel, rtt
-        self._granted_at = time.monotonic()
+        self._epoch_at = time.monotonic()
         if self._done:  # the consumer gave up before the call was sent: stop it at once
             cancel()
 
@@ -377,7 +384,8 @@ class _StreamState:
     def _took_one(self) -> None:
         """Return credit to the producer in batches of half a window (on the loop)."""
         self._consumed += 1
-        if self._consumed >= self._window // 2 and self._grant is not None and not self._done:
+        self._epoch_taken += 1
+        if self._consumed >= _BATCH and self._grant is not None and not self._done:
             n, self._consumed = self._consumed, 0
             n += self._resize()
             if n > 0:
@@ -385,21 +393,22 @@ class _StreamState:
 
     def _resize(self) -> int:
         """Credit to add to (or, negative, keep back from) this grant as the window changes."""
-        now = time.monotonic()
-        took, self._granted_at = now - self._granted_at, now
-        starved, self._starved = self._starved, False
         fits = max(STREAM_WINDOW, int(STREAM_WINDOW_BYTES // self._item_bytes)) if self._item_bytes else MAX_STREAM_WINDOW
         if self._window > fits:  # items grew: shrink by keeping credit back
             self._withheld += self._window - fits
             self._window = fits
-        elif starved and self._window * 2 <= min(fits, MAX_STREAM_WINDOW) and not self._withheld and self._rtt is not None:
-            rtt = self._rtt()
-            if rtt is not None and took < rtt:
-                extra = self._window
-                self._window *= 2
-                return extra
+        elif self._epoch_taken >= self._window // 2:
+            now = time.monotonic()
+            took, starved = now - self._epoch_at, self._starved
+            self._epoch_at, self._epoch_taken, self._starved = now, 0, False
+            if starved and self._window * 2 <= min(fits, MAX_STREAM_WINDOW) and not self._withheld and self._rtt is not None:
+                rtt = self._rtt()
+                if rtt is not None and took < rtt:
+                    extra = self._window
+                    self._window *= 2
+                    return extra
         if self._withheld:
-            keep = min(self._withheld, self._window // 2)
+            keep = min(self._withheld, _BATCH)
             self._withheld -= keep
             return -keep
         return 0

@@ -63,9 +63,10 @@ class _ServerSink(Sink):
         elif kind == rpc.E_REMOTE:
             log.info("fire-and-forget call failed", actor=self.actor, error=f"{type_name}: {message}")
 
-    def item(self, value: Any) -> None:
+    def item(self, value: Any) -> int:
         if not self.tell:
-            self.server.send([rpc.ITEM, self.cid, value])
+            return self.server.send([rpc.ITEM, self.cid, value])
+        return 0
 
     def end(self) -> None:
         self._release()
@@ -88,8 +89,11 @@ class ServerChannel:
         self.tell_credits: dict[str, int] = {}
         self._credit_scheduled = False
 
-    def send(self, msg: list) -> None:
-        self.writer.write(self.stream, codec.encode(msg))
+    def send(self, msg: list) -> int:
+        """Queue ``msg`` for the caller; its encoded size."""
+        chunks = codec.encode(msg)
+        self.writer.write(self.stream, chunks)
+        return sum(map(len, chunks))
 
     def tell_credit(self, actor: str) -> None:
         self.tell_credits[actor] = self.tell_credits.get(actor, 0) + 1

@@ -1075,6 +1075,31 @@ def test_raw_stream_undecodable_input_resets_the_stream_and_the_node_keeps_servi
     _serves(default_node, peer)
 
 
+@pytest.mark.parametrize("size, most", [(1 << 20, 16), (1000, 512)])
+def test_raw_stream_consumer_granting_huge_credit_gets_at_most_a_window_of_bytes(default_node, peer, token, size, most):
+    """A consumer may grow a stream's window to 512 items, but only the producer knows its items'
+    size: it takes credit up to what 8 MiB holds of them (never under 16), so a consumer that
+    grants 100,000 and reads nothing cannot make it queue 512 items of a megabyte. (Further
+    grants are not read while the caller leaves 16 MiB of replies unread: CHANNEL_HIGH_WATER.)"""
+    s_ = sa.Streamer.options(node=peer.peer_id, name="blob-streamer").remote()
+    assert list(s_.agen.stream(2)) == [0, 1]
+
+    async def talk():
+        s = await default_node.aopen_stream(peer.peer_id, RPC)
+        s.write(_frame([0, 1, "blob-streamer", "blobs", [token, 2000, size], None, None, 2]))
+        await asyncio.sleep(0.3)  # (items have gone out: the producer knows their size)
+        s.write(_frame([2, 1, 100_000]))
+        await asyncio.sleep(1.0)  # reading nothing
+        produced = sa.COUNTS[token]
+        s.reset()
+        return produced
+
+    produced = default_node.run(talk(), timeout=15)
+    # the first 16 went out on the initial credit; the grant added at most ``most`` more
+    assert STREAM_WINDOW + most - 8 <= produced <= STREAM_WINDOW + most + 1, produced
+    assert list(s_.agen.stream(3)) == [0, 1, 2]
+
+
 def test_raw_stream_caller_over_its_window_gets_mailbox_full(default_node, peer, token):
     w = sa.Worker.options(node=peer.peer_id, window=4, name="windowed").remote()
     assert w.ping.remote().result(5) == "pong"

@@ -182,6 +182,12 @@ class Streamer:
             COUNTS[token] += 1
             yield i
 
+    async def blobs(self, token: str, n: int, size: int):
+        """``n`` items of ``size`` bytes, counted as they are handed over (COUNTS[token])."""
+        for i in range(n):
+            COUNTS[token] += 1
+            yield bytes(size)
+
     def sync_produce(self, token: str, n: int):
         for i in range(n):
             COUNTS[token] += 1

@@ -55,10 +55,32 @@ class Sink:
     def end(self) -> None: ...
 
 
+def _credit_cap(item_bytes: float) -> int:
+    """The most credit a stream's producer holds: a consumer may grow its window to
+    MAX_STREAM_WINDOW items, but only STREAM_WINDOW_BYTES of items this size (never under
+    STREAM_WINDOW; just that until an item has gone out and its size is known)."""
+    if not item_bytes:
+        return STREAM_WINDOW
+    return max(STREAM_WINDOW, min(MAX_STREAM_WINDOW, int(STREAM_WINDOW_BYTES // item_bytes)))
+
+
 def _sent(inv: Invocation, nbytes: int) -> None:
-    """An item of ``inv``'s stream went out, ``nbytes`` encoded."""
-    if nbytes:
-        inv.item_bytes = nbytes if not inv.item_bytes else 0.875 * inv.item_bytes + 0.125 * nbytes
+    """An item of ``inv``'s stream went out, ``nbytes`` encoded: credit beyond what the bytes
+    bound allows for items this size is dropped at once (items that grew do not ride on credit
+    granted for small ones)."""
+    if not nbytes:
+        return
+    inv.item_bytes = nbytes if not inv.item_bytes else 0.875 * inv.item_bytes + 0.125 * nbytes
+    excess = inv.credit - _credit_cap(max(inv.item_bytes, nbytes))
+    if excess <= 0:
+        return
+    w = inv.credit_waiter
+    if isinstance(w, threading.Semaphore):  # a sync generator's thread takes its credit from it
+        while excess > 0 and w.acquire(blocking=False):
+            excess -= 1
+            inv.credit -= 1
+    else:
+        inv.credit -= excess
 
 
 class Invocation:
@@ -403,14 +425,9 @@ class LocalActor:
         return _STREAMED  # the caller already got END: no OK follows
 
     def grant(self, inv: Invocation, n: int) -> None:
-        """The consumer of a streaming call granted ``n`` more items: taken up to the largest
-        window a consumer may grow to, and to what STREAM_WINDOW_BYTES holds of items the size of
-        ours (never under STREAM_WINDOW; just that before the first item), so a consumer cannot
-        make us queue more than that."""
-        cap = STREAM_WINDOW  # (until an item has gone out, its size is unknown)
-        if inv.item_bytes:
-            cap = max(STREAM_WINDOW, min(MAX_STREAM_WINDOW, int(STREAM_WINDOW_BYTES // inv.item_bytes)))
-        n = max(0, min(n, cap - inv.credit))
+        """The consumer of a streaming call granted ``n`` more items: taken up to ``_credit_cap``
+        (a consumer's grants beyond it are dropped, not kept)."""
+        n = max(0, min(n, _credit_cap(inv.item_bytes) - inv.credit))
         if n == 0:
             return
         inv.credit += n

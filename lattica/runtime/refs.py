@@ -17,6 +17,7 @@ from lattica.errors import (
     LatticaError,
     NodeClosed,
     PermissionDenied,
+    ProtocolError,
     Timeout,
 )
 from lattica.future import Future
@@ -314,21 +315,24 @@ def _submit(h: MethodHandle, args: tuple, kwargs: dict, *, tell: bool, stream: _
 
 
 _BATCH = STREAM_WINDOW // 2  # items taken per CREDIT message
+_GROW_WITHIN = 1.5  # round trips: half a window taken within this, by a consumer that ran dry, doubles it
 
 
 class _StreamState:
     """A streaming call's items and credit; the runtime holds this, the user a StreamCall.
 
-    The producer may send ``_window`` items ahead; credit goes back for every half of the first
-    window taken (8 items), whatever the window has grown to: a producer may hold less credit than
-    we granted (an older one clamps at 16, a newer one by the bytes of its items), and must never
-    wait for a batch larger than what it could send. A window that holds the producer back on a
-    long path grows: when, over the last half window of items, the consumer ran out of items and
-    still took them in less than a round trip, the producer was sending at least half a window per
-    round trip and then waiting for credit, so the window doubles (up to MAX_STREAM_WINDOW items,
-    and only while that many items of the size seen so far fit in STREAM_WINDOW_BYTES; it comes
-    back down if items grow). Items taken from a full buffer prove nothing (the producer ran
-    ahead), hence the first condition."""
+    The producer may send ``_window`` items ahead; credit goes back for every 8 items taken
+    (half the first window), whatever the window has grown to: a producer may hold less credit
+    than we granted (an older one clamps at 16; a newer one at what 8 MiB holds of its items),
+    and after any grant it can send at least 8, so the stream never waits on a batch the producer
+    cannot send. A window that holds the producer back on a long path grows: when, over the last
+    half window of items, the consumer ran out of items and still took them within 1.5 round
+    trips, the producer was sending at least a third of a window per round trip and then waiting
+    for credit (a credit-bound stream takes about one round trip per half window), so the window
+    doubles, up to MAX_STREAM_WINDOW items and only while that many items of the size seen so far
+    fit in STREAM_WINDOW_BYTES (the producer enforces its own byte bound). Items taken from a full
+    buffer prove nothing (the producer ran ahead), hence the first condition. A producer that
+    sends more items than it was ever granted is cut off (ProtocolError)."""
 
     def __init__(self, rt: Runtime) -> None:
         self._rt = rt
@@ -342,7 +346,7 @@ class _StreamState:
         self._rtt: Callable[[], float | None] | None = None  # the path's round trip (s), if known
         self._consumed = 0
         self._window = STREAM_WINDOW
-        self._withheld = 0  # credit still to keep back after the window shrank
+        self._allowed = STREAM_WINDOW  # items the producer may have sent: the first window, and every grant
         self._epoch_at = 0.0  # when the current half window of items began
         self._epoch_taken = 0  # items taken since
         self._starved = False  # the consumer waited for an item since
@@ -357,6 +361,14 @@ class _StreamState:
             cancel()
 
     def _push(self, value: Any, nbytes: int = 0) -> None:
+        if self._done:
+            return
+        self._allowed -= 1
+        if self._allowed < 0:  # more than it was granted: a broken or hostile producer
+            self._fail(ProtocolError("the stream's producer sent more items than it was granted"))
+            if self._cancel is not None:
+                self._cancel()
+            return
         if nbytes:
             self._item_bytes = nbytes if not self._item_bytes else 0.875 * self._item_bytes + 0.125 * nbytes
         self._items.append(value)
@@ -387,30 +399,26 @@ class _StreamState:
         self._epoch_taken += 1
         if self._consumed >= _BATCH and self._grant is not None and not self._done:
             n, self._consumed = self._consumed, 0
-            n += self._resize()
-            if n > 0:
-                self._grant(n)
+            n += self._grow()
+            self._allowed += n
+            self._grant(n)
 
-    def _resize(self) -> int:
-        """Credit to add to (or, negative, keep back from) this grant as the window changes."""
+    def _grow(self) -> int:
+        """Credit to add to this grant: a whole window when the window doubles, else none."""
         fits = max(STREAM_WINDOW, int(STREAM_WINDOW_BYTES // self._item_bytes)) if self._item_bytes else MAX_STREAM_WINDOW
-        if self._window > fits:  # items grew: shrink by keeping credit back
-            self._withheld += self._window - fits
+        if self._window > fits:  # items grew (the producer keeps its own credit within its bytes)
             self._window = fits
-        elif self._epoch_taken >= self._window // 2:
-            now = time.monotonic()
-            took, starved = now - self._epoch_at, self._starved
-            self._epoch_at, self._epoch_taken, self._starved = now, 0, False
-            if starved and self._window * 2 <= min(fits, MAX_STREAM_WINDOW) and not self._withheld and self._rtt is not None:
-                rtt = self._rtt()
-                if rtt is not None and took < rtt:
-                    extra = self._window
-                    self._window *= 2
-                    return extra
-        if self._withheld:
-            keep = min(self._withheld, _BATCH)
-            self._withheld -= keep
-            return -keep
+        if self._epoch_taken < self._window // 2:
+            return 0
+        now = time.monotonic()
+        took, starved = now - self._epoch_at, self._starved
+        self._epoch_at, self._epoch_taken, self._starved = now, 0, False
+        if starved and self._window * 2 <= min(fits, MAX_STREAM_WINDOW) and self._rtt is not None:
+            rtt = self._rtt()
+            if rtt is not None and took < _GROW_WITHIN * rtt:
+                extra = self._window
+                self._window *= 2
+                return extra
         return 0
 
     # -- async consumers ------------------------------------------------------------------------

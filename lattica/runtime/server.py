@@ -64,9 +64,11 @@ class _ServerSink(Sink):
             log.info("fire-and-forget call failed", actor=self.actor, error=f"{type_name}: {message}")
 
     def item(self, value: Any) -> int:
-        if not self.tell:
-            return self.server.send([rpc.ITEM, self.cid, value])
-        return 0
+        if self.tell:
+            return 0
+        chunks = codec.encode([rpc.ITEM, self.cid, value])
+        self.server.writer.write(self.server.stream, chunks)
+        return sum(map(len, chunks))
 
     def end(self) -> None:
         self._release()
@@ -89,11 +91,8 @@ class ServerChannel:
         self.tell_credits: dict[str, int] = {}
         self._credit_scheduled = False
 
-    def send(self, msg: list) -> int:
-        """Queue ``msg`` for the caller; its encoded size."""
-        chunks = codec.encode(msg)
-        self.writer.write(self.stream, chunks)
-        return sum(map(len, chunks))
+    def send(self, msg: list) -> None:
+        self.writer.write(self.stream, codec.encode(msg))
 
     def tell_credit(self, actor: str) -> None:
         self.tell_credits[actor] = self.tell_credits.get(actor, 0) + 1

@@ -369,16 +369,17 @@ class StubStream:
         self._committed = False
         self._grant: Any = None
         self._cancel: Any = None
+        self._rtt: Any = None
         self.first: asyncio.Future = loop.create_future()
 
     @property
     def _done(self) -> bool:
         return self._ended or self._out._done  # (the consumer gave up: the runtime stops it)
 
-    def _bind(self, grant: Any, cancel: Any) -> None:
-        self._grant, self._cancel = grant, cancel
+    def _bind(self, grant: Any, cancel: Any, rtt: Any = None) -> None:
+        self._grant, self._cancel, self._rtt = grant, cancel, rtt
         if self._committed:
-            self._out._bind(grant, cancel)
+            self._out._bind(grant, cancel, rtt)
         elif self._out._done:
             cancel()
 
@@ -386,13 +387,13 @@ class StubStream:
         if not self._committed:
             self._committed = True
             if self._grant is not None:
-                self._out._bind(self._grant, self._cancel)
+                self._out._bind(self._grant, self._cancel, self._rtt)
             if not self.first.done():
                 self.first.set_result(None)
 
-    def _push(self, value: Any) -> None:
+    def _push(self, value: Any, nbytes: int = 0) -> None:
         self._commit()
-        self._out._push(value)
+        self._out._push(value, nbytes)
 
     def _finish(self) -> None:
         self._ended = True

@@ -82,17 +82,28 @@ def _line(a: str, b: str, r: dict) -> str:
     )
 
 
+def _pairs(full: bool) -> list[tuple[str, str]]:
+    """Every ordered pair of the six kinds with ``--slow`` (36, ~5 min); by default 18: each kind
+    calls itself and both its neighbours in KINDS6, so every kind calls and is called three times
+    and the hard pairs (symmetric -> symmetric, symmetric <-> port-restricted, firewalls) are in."""
+    if full:
+        return [(a, b) for a in KINDS6 for b in KINDS6]
+    n = len(KINDS6)
+    return [(KINDS6[i], KINDS6[(i + d) % n]) for i in range(n) for d in (0, 1, n - 1)]
+
+
 @pytest.mark.timeout(1800)
-def test_cold_start_every_pair(coldlab):
+def test_cold_start_every_pair(coldlab, request):
     lab, boot, sites = coldlab
+    full = request.config.getoption("--slow") or os.environ.get("LATTICA_SLOW") == "1"
+    pairs = _pairs(full)
     results = {}
     header = f"{'caller -> callee':<18}{'init':>7}{'resolve':>9}{'call':>7}{'direct':>8}  path   callee (seconds from the caller's init)"
     print("\n" + header, flush=True)
-    for a in KINDS6:
-        for b in KINDS6:
-            name = f"cold-{SHORT[a]}-{SHORT[b]}"
-            results[(a, b)] = _pair(lab, boot, sites[(a, 0)].host, sites[(b, 1)].host, name)
-            print(_line(a, b, results[(a, b)]), flush=True)
+    for a, b in pairs:
+        name = f"cold-{SHORT[a]}-{SHORT[b]}"
+        results[(a, b)] = _pair(lab, boot, sites[(a, 0)].host, sites[(b, 1)].host, name)
+        print(_line(a, b, results[(a, b)]), flush=True)
     lines = [header] + [_line(a, b, r) for (a, b), r in results.items()]
     ok = [r for r in results.values() if r.get("ok")]
     for what in ("init_ms", "resolve_ms", "call_ms", "direct_ms"):
@@ -102,9 +113,10 @@ def test_cold_start_every_pair(coldlab):
     print("\n" + "\n".join(lines))
     failed = {k: r.get("error") for k, r in results.items() if not r.get("ok")}
     assert not failed, failed
-    # direct within 5 s of the first call: every pair but symmetric -> symmetric can punch
+    # direct within 5 s of the first call: every pair but symmetric -> symmetric can punch (one
+    # more may miss: 34 of 36 in the full matrix)
     direct = [k for k, r in results.items() if r.get("direct_ms") is not None and r["direct_ms"] - r["call_ms"] <= 5000]
-    assert len(direct) >= 34, sorted(set(results) - set(direct))
+    assert len(direct) >= len(pairs) - 2, sorted(set(results) - set(direct))
 
 
 EXPECTED = {"public": "public", "full_cone": "public", "address_restricted": "private", "port_restricted": "private", "symmetric": "private", "firewall": "private"}

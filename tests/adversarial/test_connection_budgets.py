@@ -148,6 +148,8 @@ def test_an_idle_stranger_is_evicted_for_a_newcomer_a_member_never_is():
             # full of members: a stranger is refused rather than evicting one
             with lattica.Node([], mesh=a, membership=False) as second:
                 second.connect(node.addrs[0])
+                # (second's connect returns as its handshake ends: node adopts it a moment later)
+                assert wait_for(lambda: {p.peer_id for p in node.peers()} == {member.peer_id, second.peer_id}), node.peers()
                 with lattica.Node([], mesh=b, membership=False) as other:
                     with pytest.raises(LatticaError):
                         other.connect(node.addrs[0], timeout=3)

@@ -352,6 +352,8 @@ def test_answers_are_not_held_back_by_a_path_the_peer_left(tmp_path):
         cid = lattica.content.put(data, node=prov).result(30)
         me.connect(prov.addrs[0])
         rt = prov._host.runtime
+        # (connect returns as our handshake ends; prov adopts the connection a moment later)
+        assert wait_for(lambda: me.peer_id in prov._host.conns)
         primary = prov._host.conns[me.peer_id]
 
         class _Stuck:  # a serving channel left on the old path, its answers never taken

@@ -167,6 +167,8 @@ def test_a_full_listener_says_nothing_early_so_a_refused_member_is_not_fooled_in
 def test_one_connection_per_peer_even_when_both_dial():
     with lattica.Node([TCP]) as a, lattica.Node([TCP]) as b:
         b.connect(a.addrs[0])
+        # (b's connect returns as its handshake ends: a adopts the connection a moment later)
+        assert wait_for(lambda: a.run(_count(a._host)) == 1)
         a.connect(b.addrs[0])  # reuses the existing connection: no second dial
         assert a.run(_count(a._host)) == 1 and b.run(_count(b._host)) == 1
 
@@ -310,6 +312,7 @@ def test_unreachable_and_bad_addresses():
 def test_connection_limit_refuses_extra_inbound():
     with lattica.Node([TCP], max_connections=1) as a, lattica.Node([]) as b, lattica.Node([]) as c:
         b.connect(a.addrs[0])
+        assert wait_for(lambda: len(a.peers()) == 1)  # (a adopts it as b's handshake ends)
         # authenticated, then dropped at once by the limit (a full listener says nothing early,
         # so c's connect waits for a's identify and fails, as a refusal should)
         with pytest.raises(ConnectionClosed, match="closed before identify"):

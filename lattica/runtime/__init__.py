@@ -2,11 +2,13 @@
 
 - ``limits``: constants (method kinds, windows, limits, timeouts);
 - ``partials``: the budget for partially received messages (per peer, per node, deadline);
+- ``window``: a stream's item credit as its consumer keeps it (either direction), sans-IO;
 - ``refs``: ``ActorRef`` and method tables, ``MethodHandle`` and ``StreamCall`` (the caller's
   handle on a call), and which runtime a call from this thread goes through;
 - ``local``: local actor execution (instances, mailbox windows, async tasks, the pykka thread of
   sync methods), invocations and argument streams;
-- ``client``: the caller's side (pending calls, the thread gate, call channels, frame writing);
+- ``client``: the caller's side (pending calls, the thread gate, call channels, frame writing,
+  a path's round trip);
   channels reach the registry through the ``CallRouter`` protocol;
 - ``server``: the callee's side (a peer's call stream, checked and handed to local actors);
 - ``following``: stable-ref following (calls sent on to an actor's next incarnation, idempotent

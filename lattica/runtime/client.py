@@ -20,7 +20,7 @@ from lattica.errors import (
 )
 from lattica.future import Future
 from lattica.identity import PeerId
-from lattica.transports.base import Stream
+from lattica.transports.base import Connection, Stream
 from lattica.runtime.limits import CHANNEL_HIGH_WATER, MAX_MESSAGE
 from lattica.runtime.partials import BudgetedSplitter, PartialMessages
 from lattica.runtime.local import Invocation, Sink
@@ -81,7 +81,7 @@ class Pending:
         self.channel: Channel | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.stream_args: dict[int, Any] | None = None  # client-streamed arguments by index
-        self.arg_state: dict[int, list] | None = None  # per streamed argument: [credit, waiter]
+        self.arg_state: dict[int, list] | None = None  # per streamed argument: [credit, waiter, items' encoded size]
         self.encoded: list | None = None  # the CALL already encoded (calls made on other threads)
         self.gate: Gate | None = None  # the calling thread's gate slot, freed once the call is sent
         self.created = time.monotonic()  # the loop clock: deadlines travel as time remaining
@@ -281,19 +281,7 @@ class RemoteChannel(Channel):
         self.writer = FrameWriter(runtime.loop)
         self.last_used = time.monotonic()
         self.moving = False  # a better connection came up: switch when quiet
-        self._rtt: float | None = None
-        self._rtt_due = 0.0
-
-    def round_trip(self) -> float | None:
-        """The path's round trip in seconds (read at most once a second), None if unknown."""
-        now = time.monotonic()
-        if now >= self._rtt_due:
-            self._rtt_due = now + 1.0
-            conn = self.runtime.host.conns.get(self.peer)
-            stats = conn.path_stats() if conn is not None else None
-            ms = stats.get("rtt_ms") if stats else None
-            self._rtt = ms / 1000.0 if ms is not None else None
-        return self._rtt
+        self.round_trip = RoundTrip(lambda: runtime.host.conns.get(peer))  # (the connection calls go on now)
 
     def quiet(self) -> bool:
         """No call in flight and none queued: a new channel cannot overtake anything."""
@@ -384,6 +372,28 @@ class RemoteChannel(Channel):
             rt.drop_channel(self, err)
         finally:
             splitter.close()
+
+
+class RoundTrip:
+    """A path's round trip in seconds, read from its connection at most once a second (None:
+    unknown); what streams' item windows are timed against."""
+
+    __slots__ = ("_conn", "_rtt", "_due")
+
+    def __init__(self, conn: Callable[[], Connection | None]) -> None:
+        self._conn = conn
+        self._rtt: float | None = None
+        self._due = 0.0
+
+    def __call__(self) -> float | None:
+        now = time.monotonic()
+        if now >= self._due:
+            self._due = now + 1.0
+            conn = self._conn()
+            stats = conn.path_stats() if conn is not None else None
+            ms = stats.get("rtt_ms") if stats else None
+            self._rtt = ms / 1000.0 if ms is not None else None
+        return self._rtt
 
 
 class FrameWriter:

@@ -18,7 +18,8 @@ from lattica.errors import (
     ProtocolError,
 )
 from lattica.identity import PeerId
-from lattica.runtime.limits import AGEN, ASYNC, GEN, HOOK_TIMEOUT, MAX_STREAM_WINDOW, NO_STATE, STREAM_WINDOW, STREAM_WINDOW_BYTES, SYNC
+from lattica.runtime.limits import AGEN, ASYNC, GEN, HOOK_TIMEOUT, NO_STATE, STREAM_WINDOW, SYNC
+from lattica.runtime.window import ItemWindow, credit_cap
 from lattica.runtime.refs import ACTOR, ActorRef, CALLER
 
 if TYPE_CHECKING:
@@ -55,15 +56,6 @@ class Sink:
     def end(self) -> None: ...
 
 
-def _credit_cap(item_bytes: float) -> int:
-    """The most credit a stream's producer holds: a consumer may grow its window to
-    MAX_STREAM_WINDOW items, but only STREAM_WINDOW_BYTES of items this size (never under
-    STREAM_WINDOW; just that until an item has gone out and its size is known)."""
-    if not item_bytes:
-        return STREAM_WINDOW
-    return max(STREAM_WINDOW, min(MAX_STREAM_WINDOW, int(STREAM_WINDOW_BYTES // item_bytes)))
-
-
 def _sent(inv: Invocation, nbytes: int) -> None:
     """An item of ``inv``'s stream went out, ``nbytes`` encoded: credit beyond what the bytes
     bound allows for items this size is dropped at once (items that grew do not ride on credit
@@ -71,7 +63,7 @@ def _sent(inv: Invocation, nbytes: int) -> None:
     if not nbytes:
         return
     inv.item_bytes = nbytes if not inv.item_bytes else 0.875 * inv.item_bytes + 0.125 * nbytes
-    excess = inv.credit - _credit_cap(max(inv.item_bytes, nbytes))
+    excess = inv.credit - credit_cap(max(inv.item_bytes, nbytes))
     if excess <= 0:
         return
     w = inv.credit_waiter
@@ -107,20 +99,19 @@ class Invocation:
 
 class ArgStream:
     """What an actor method receives for a streamed argument: an async iterator of the caller's
-    items, granting the caller credit as it is consumed."""
+    items, granting the caller credit as it is consumed (``window.ItemWindow``: the window grows
+    on a long path, as a streaming call's does)."""
 
-    def __init__(self, grant: Callable[[int], None]) -> None:
+    def __init__(self, grant: Callable[[int], None], rtt: Callable[[], float | None] | None = None) -> None:
         self._items: collections.deque = collections.deque()
         self._ended = False
         self._waiter: asyncio.Future | None = None
         self._grant = grant
-        self._consumed = 0
-        self._allowed = STREAM_WINDOW  # items the caller may still send (its credit)
+        self._credit = ItemWindow(rtt)
 
-    def _push(self, value: Any) -> None:
-        if self._allowed <= 0:
+    def _push(self, value: Any, nbytes: int = 0) -> None:
+        if not self._credit.received(nbytes):
             raise ProtocolError("caller sent a streamed argument item beyond its credit")
-        self._allowed -= 1
         self._items.append(value)
         self._wake()
 
@@ -139,14 +130,13 @@ class ArgStream:
         while not self._items:
             if self._ended:
                 raise StopAsyncIteration
+            self._credit.starved = True
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
         value = self._items.popleft()
-        self._consumed += 1
-        if self._consumed >= STREAM_WINDOW // 2:
-            self._allowed += self._consumed
-            self._grant(self._consumed)
-            self._consumed = 0
+        n = self._credit.took()
+        if n and not self._ended:
+            self._grant(n)
         return value
 
 
@@ -425,9 +415,9 @@ class LocalActor:
         return _STREAMED  # the caller already got END: no OK follows
 
     def grant(self, inv: Invocation, n: int) -> None:
-        """The consumer of a streaming call granted ``n`` more items: taken up to ``_credit_cap``
+        """The consumer of a streaming call granted ``n`` more items: taken up to ``credit_cap``
         (a consumer's grants beyond it are dropped, not kept)."""
-        n = max(0, min(n, _credit_cap(inv.item_bytes) - inv.credit))
+        n = max(0, min(n, credit_cap(inv.item_bytes) - inv.credit))
         if n == 0:
             return
         inv.credit += n

@@ -9,7 +9,6 @@ import collections
 import contextvars
 import inspect
 import threading
-import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from lattica import codec, context
@@ -22,7 +21,8 @@ from lattica.errors import (
 )
 from lattica.future import Future
 from lattica.identity import PeerId
-from lattica.runtime.limits import AGEN, ASYNC, DEFAULT_WINDOW, GEN, LIFECYCLE_HOOKS, MAX_STREAM_WINDOW, STREAM_WINDOW, STREAM_WINDOW_BYTES, SYNC
+from lattica.runtime.limits import AGEN, ASYNC, DEFAULT_WINDOW, GEN, LIFECYCLE_HOOKS, SYNC
+from lattica.runtime.window import ItemWindow
 
 if TYPE_CHECKING:
     from lattica.runtime.registry import Runtime
@@ -314,24 +314,9 @@ def _submit(h: MethodHandle, args: tuple, kwargs: dict, *, tell: bool, stream: _
     return p.future
 
 
-_BATCH = STREAM_WINDOW // 2  # items taken per CREDIT message
-_GROW_WITHIN = 1.5  # round trips: half a window taken within this, by a consumer that ran dry, doubles it
-
-
 class _StreamState:
-    """A streaming call's items and credit; the runtime holds this, the user a StreamCall.
-
-    The producer may send ``_window`` items ahead; credit goes back for every 8 items taken
-    (half the first window), whatever the window has grown to: a producer may hold less credit
-    than we granted (an older one clamps at 16; a newer one at what 8 MiB holds of its items),
-    and after any grant it can send at least 8, so the stream never waits on a batch the producer
-    cannot send. A window that holds the producer back on a long path grows: when, over the last
-    half window of items, the consumer ran out of items and still took them within 1.5 round
-    trips, the producer was sending at least a third of a window per round trip and then waiting
-    for credit (a credit-bound stream takes about one round trip per half window), so the window
-    doubles, up to MAX_STREAM_WINDOW items and only while that many items of the size seen so far
-    fit in STREAM_WINDOW_BYTES (the producer enforces its own byte bound). Items taken from a full
-    buffer prove nothing (the producer ran ahead), hence the first condition. A producer that
+    """A streaming call's items and credit (``window.ItemWindow``: how far ahead the producer may
+    send and when it gets more); the runtime holds this, the user a StreamCall. A producer that
     sends more items than it was ever granted is cut off (ProtocolError)."""
 
     def __init__(self, rt: Runtime) -> None:
@@ -343,34 +328,24 @@ class _StreamState:
         self._cond: threading.Condition | None = None
         self._grant: Callable[[int], None] | None = None
         self._cancel: Callable[[], None] | None = None
-        self._rtt: Callable[[], float | None] | None = None  # the path's round trip (s), if known
-        self._consumed = 0
-        self._window = STREAM_WINDOW
-        self._allowed = STREAM_WINDOW  # items the producer may have sent: the first window, and every grant
-        self._epoch_at = 0.0  # when the current half window of items began
-        self._epoch_taken = 0  # items taken since
-        self._starved = False  # the consumer waited for an item since
-        self._item_bytes = 0.0  # items' encoded size (moving average; 0: not known, a local call)
+        self._credit = ItemWindow()
 
     # -- fed on the node loop ------------------------------------------------------------------
 
     def _bind(self, grant: Callable[[int], None], cancel: Callable[[], None], rtt: Callable[[], float | None] | None = None) -> None:
-        self._grant, self._cancel, self._rtt = grant, cancel, rtt
-        self._epoch_at = time.monotonic()
+        self._grant, self._cancel = grant, cancel
+        self._credit.start(rtt)
         if self._done:  # the consumer gave up before the call was sent: stop it at once
             cancel()
 
     def _push(self, value: Any, nbytes: int = 0) -> None:
         if self._done:
             return
-        self._allowed -= 1
-        if self._allowed < 0:  # more than it was granted: a broken or hostile producer
+        if not self._credit.received(nbytes):  # more than it was granted: a broken or hostile producer
             self._fail(ProtocolError("the stream's producer sent more items than it was granted"))
             if self._cancel is not None:
                 self._cancel()
             return
-        if nbytes:
-            self._item_bytes = nbytes if not self._item_bytes else 0.875 * self._item_bytes + 0.125 * nbytes
         self._items.append(value)
         self._wake()
 
@@ -394,32 +369,10 @@ class _StreamState:
                 c.notify_all()
 
     def _took_one(self) -> None:
-        """Return credit to the producer in batches of half a window (on the loop)."""
-        self._consumed += 1
-        self._epoch_taken += 1
-        if self._consumed >= _BATCH and self._grant is not None and not self._done:
-            n, self._consumed = self._consumed, 0
-            n += self._grow()
-            self._allowed += n
+        """Return credit to the producer as the window says (on the loop)."""
+        n = self._credit.took()
+        if n and self._grant is not None and not self._done:
             self._grant(n)
-
-    def _grow(self) -> int:
-        """Credit to add to this grant: a whole window when the window doubles, else none."""
-        fits = max(STREAM_WINDOW, int(STREAM_WINDOW_BYTES // self._item_bytes)) if self._item_bytes else MAX_STREAM_WINDOW
-        if self._window > fits:  # items grew (the producer keeps its own credit within its bytes)
-            self._window = fits
-        if self._epoch_taken < self._window // 2:
-            return 0
-        now = time.monotonic()
-        took, starved = now - self._epoch_at, self._starved
-        self._epoch_at, self._epoch_taken, self._starved = now, 0, False
-        if starved and self._window * 2 <= min(fits, MAX_STREAM_WINDOW) and self._rtt is not None:
-            rtt = self._rtt()
-            if rtt is not None and took < _GROW_WITHIN * rtt:
-                extra = self._window
-                self._window *= 2
-                return extra
-        return 0
 
     # -- async consumers ------------------------------------------------------------------------
 
@@ -431,7 +384,7 @@ class _StreamState:
                 if self._error is not None:
                     raise self._error
                 raise StopAsyncIteration
-            self._starved = True
+            self._credit.starved = True
             self._waiter = self._rt.loop.create_future()
             await self._waiter
         value = self._items.popleft()
@@ -447,7 +400,7 @@ class _StreamState:
             self._cond = threading.Condition()
         with self._cond:
             while not self._items and not self._done:
-                self._starved = True
+                self._credit.starved = True
                 self._cond.wait(0.5)
             if not self._items:
                 if self._error is not None:

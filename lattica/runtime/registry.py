@@ -39,6 +39,7 @@ from lattica.runtime.refs import StreamArg, method_table, public_methods
 from lattica.runtime.local import ArgStream, LocalActor, error_parts, reset_quietly
 from lattica.runtime.client import Gate, LocalChannel, Pending, RemoteChannel, call_finished
 from lattica.runtime.server import ServerChannel
+from lattica.runtime.window import credit_cap
 
 if TYPE_CHECKING:
     from lattica.runtime.refs import ActorRef
@@ -490,14 +491,16 @@ class Runtime(Following):
             p.arg_state = {}
         state = p.arg_state.get(index)
         if state is None:
-            state = p.arg_state[index] = [n, None]
+            state = p.arg_state[index] = [min(n, credit_cap(0)), None, 0.0]
             self.host.spawn(self._pump(ch, p, index, p.stream_args[index], state))
             return
-        state[0] += n
+        state[0] = min(state[0] + n, credit_cap(state[2]))  # (credit beyond 8 MiB of our items is not taken)
         if state[1] is not None and not state[1].done():
             state[1].set_result(None)
 
     async def _pump(self, ch: RemoteChannel, p: Pending, index: int, source: Any, state: list) -> None:
+        """Send the items of streamed argument ``index`` as its credit allows; ``state`` is
+        [credit, waiter for more, the items' encoded size (moving average)]."""
         try:
             async for value in source:
                 while state[0] <= 0:
@@ -508,7 +511,11 @@ class Runtime(Following):
                 state[0] -= 1
                 if p.cid not in ch.pending:
                     return
-                ch.send([rpc.ARG, p.cid, index, value])
+                chunks = codec.encode([rpc.ARG, p.cid, index, value])
+                ch.send([], chunks)
+                nbytes = sum(len(c) for c in chunks)
+                state[2] = nbytes if not state[2] else 0.875 * state[2] + 0.125 * nbytes
+                state[0] = min(state[0], credit_cap(max(state[2], nbytes)))  # (items that grew do not ride on credit granted for small ones)
             ch.send([rpc.ARGEND, p.cid, index])
         except Exception as e:  # the source raised, or the codec refused an item
             if p.cid in ch.pending:

@@ -16,7 +16,7 @@ from lattica.runtime.limits import CHANNEL_HIGH_WATER, MAX_MESSAGE, STREAM_WINDO
 from lattica.runtime.partials import BudgetedSplitter
 from lattica.runtime.refs import StreamArg
 from lattica.runtime.local import ArgStream, Invocation, Sink
-from lattica.runtime.client import FrameWriter
+from lattica.runtime.client import FrameWriter, RoundTrip
 
 if TYPE_CHECKING:
     from lattica.runtime.registry import Runtime
@@ -90,6 +90,7 @@ class ServerChannel:
         self.invocations: dict[int, Invocation] = {}
         self.tell_credits: dict[str, int] = {}
         self._credit_scheduled = False
+        self.round_trip = RoundTrip(lambda: conn)  # (streamed arguments' windows are timed against it)
 
     def send(self, msg: list) -> None:
         self.writer.write(self.stream, codec.encode(msg))
@@ -124,7 +125,7 @@ class ServerChannel:
                     await self.stream.close()  # the caller closed its channel: so do we
                     break
                 for frame in splitter.feed(data):
-                    self.on_message(codec.decode(frame))
+                    self.on_message(codec.decode(frame), len(frame))
         except LatticaError as e:
             if isinstance(e, ProtocolError):
                 log.info("closing call channel: peer broke the protocol", peer=str(self.peer), reason=str(e))
@@ -139,7 +140,7 @@ class ServerChannel:
         log.info("closing call channel: message overdue", peer=str(self.peer), reason=why)
         self.stream.reset()
 
-    def on_message(self, raw: Any) -> None:
+    def on_message(self, raw: Any, size: int = 0) -> None:
         try:
             msg = rpc.parse(raw)
         except ProtocolError as e:
@@ -162,7 +163,7 @@ class ServerChannel:
         elif kind == rpc.ARG:
             s = (inv.arg_streams or {}).get(msg[rpc.ARG_INDEX])
             if s is not None:
-                s._push(msg[rpc.ARG_ITEM])
+                s._push(msg[rpc.ARG_ITEM], size)
         elif kind == rpc.ARGEND:
             s = (inv.arg_streams or {}).get(msg[rpc.ARG_INDEX])
             if s is not None:
@@ -212,7 +213,7 @@ class ServerChannel:
             inv.arg_streams = {}
             for i, a in enumerate(args):
                 if isinstance(a, StreamArg):
-                    s = ArgStream(lambda n, idx=a.index: self.send([rpc.ARGCRED, cid, idx, n]))
+                    s = ArgStream(lambda n, idx=a.index: self.send([rpc.ARGCRED, cid, idx, n]), self.round_trip)
                     inv.arg_streams[a.index] = s
                     args[i] = s
                     self.send([rpc.ARGCRED, cid, a.index, STREAM_WINDOW])

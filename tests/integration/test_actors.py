@@ -17,7 +17,7 @@ import pytest
 
 import lattica
 import sample_actors as sa
-from lattica import codec
+from lattica import codec, rpc
 from lattica.errors import (
     ActorDied,
     ActorNotFound,
@@ -32,7 +32,7 @@ from lattica.errors import (
     StreamReset,
     Timeout,
 )
-from lattica.runtime import STREAM_WINDOW
+from lattica.runtime import ASYNC, STREAM_WINDOW
 from helpers import Where, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -1100,6 +1100,52 @@ def test_raw_stream_consumer_granting_huge_credit_gets_at_most_a_window_of_bytes
     # the first 16 went out on the initial credit; the grant added at most ``most`` more
     assert STREAM_WINDOW + most - 8 <= produced <= STREAM_WINDOW + most + 1, produced
     assert list(s_.agen.stream(3)) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("size, most", [(1 << 20, 16), (1000, 512)])
+def test_a_callee_granting_huge_credit_for_a_streamed_argument_gets_at_most_a_window_of_bytes(default_node, size, most):
+    """The other direction: a callee (here a node whose call protocol answers by hand) may grow a
+    streamed argument's window, but the caller takes credit only up to what 8 MiB holds of its
+    items (never under 16): a grant of 100,000 that is never followed by reading cannot make it
+    queue 512 items of a megabyte (or 100,000 small ones)."""
+    from lattica.runtime.refs import ActorRef
+
+    got: list[int] = []
+    produced = [0]
+
+    async def hostile(stream, conn):
+        call = await _read_msg(stream)
+        cid = call[1]
+        stream.write(_frame([rpc.ARGCRED, cid, 0, STREAM_WINDOW]))  # (what a callee grants first)
+        await asyncio.sleep(0.3)  # the first 16 items come on it: the caller knows their size
+        stream.write(_frame([rpc.ARGCRED, cid, 0, 100_000]))
+        while True:
+            try:
+                msg = await _read_msg(stream)
+            except Exception:
+                return
+            if msg[0] == rpc.ARG:
+                got.append(len(msg[3]))
+
+    async def items():
+        while True:
+            produced[0] += 1
+            yield bytes(size)
+
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"]) as callee:
+        callee.set_stream_handler(RPC, hostile)
+        default_node.connect(callee.addrs[0])
+        ref = ActorRef(callee.peer_id, "sink", {"collect": ASYNC})
+
+        async def call():
+            ref.collect.remote(items())  # (never answered)
+
+        default_node.run(call(), timeout=10)
+        time.sleep(1.5)  # the callee reads what comes and never grants again
+        sent = len(got)
+    # the first 16 went out on the first credit; the grant added at most ``most`` more
+    assert STREAM_WINDOW + most - 8 <= sent <= STREAM_WINDOW + most, sent
+    assert produced[0] <= sent + 1  # and nothing more was taken from the source than sent
 
 
 def test_raw_stream_caller_over_its_window_gets_mailbox_full(default_node, peer, token):

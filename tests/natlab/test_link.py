@@ -150,3 +150,33 @@ def test_a_stream_of_small_items_is_not_held_to_sixteen_items_a_round_trip(monke
         got, took = node.run(consume(), timeout=120)
     assert got == list(range(n))
     assert took / rtt < 60, f"{n} items took {took / rtt:.0f} round trips"
+
+
+def test_a_streamed_argument_of_small_items_is_not_held_to_sixteen_items_a_round_trip(monkeypatch):
+    """The other direction: the caller streams 3,000 small items into a method across a 100 ms
+    link; the callee's item window grows with the round trip (local.ArgStream) as a result
+    stream's does (before: 16 items a round trip, ~188 round trips)."""
+    import os
+
+    support = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([support, os.environ.get("PYTHONPATH", "")]))
+    import sample_actors as sa
+    from lattica.bench.rpc import spawn_on
+
+    rtt, n = 0.1, 3000
+    with server("tcp", "--allow", "sample_actors.*", link=Profile(rtt=rtt)) as (srv, _), Node([]) as node:
+        info = node.connect(srv.addr("tcp"))
+        ref = spawn_on(node, sa.Streamer, info.peer_id)
+
+        async def items():
+            for i in range(n):
+                yield i
+
+        async def send() -> tuple[list, float]:
+            t0 = time.perf_counter()
+            got = await ref.collect.remote(items())
+            return got, time.perf_counter() - t0
+
+        got, took = node.run(send(), timeout=120)
+    assert got == list(range(n))
+    assert took / rtt < 60, f"{n} items took {took / rtt:.0f} round trips"

@@ -1,13 +1,16 @@
-"""A streaming call's item window (lattica.runtime.refs._StreamState): credit in batches of half
+"""A stream's item window (lattica.runtime.window.ItemWindow, as a streaming call's results
+(refs._StreamState) and a streamed argument (local.ArgStream) keep it): credit in batches of half
 a window, doubled when a consumer that ran out of items took half a window within a round trip,
-bounded in items and in bytes, shrunk (by keeping credit back) when items grow."""
+bounded in items and in bytes, brought down when items grow."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
 from lattica.errors import ProtocolError
-from lattica.runtime import local, refs
+from lattica.runtime import local, refs, window
 from lattica.runtime.limits import MAX_STREAM_WINDOW, STREAM_WINDOW, STREAM_WINDOW_BYTES
 
 BATCH = STREAM_WINDOW // 2
@@ -24,7 +27,7 @@ class _Clock:
 @pytest.fixture
 def clock(monkeypatch):
     c = _Clock()
-    monkeypatch.setattr(refs.time, "monotonic", c)
+    monkeypatch.setattr(window.time, "monotonic", c)
     return c
 
 
@@ -40,7 +43,7 @@ def _take(st: refs._StreamState, n: int, nbytes: int = 100, starved: bool = True
         st._push(object(), nbytes)
         st._items.popleft()
         if starved:
-            st._starved = True
+            st._credit.starved = True
         st._took_one()
 
 
@@ -49,23 +52,23 @@ def test_credit_goes_back_every_eight_items_and_a_slow_consumer_never_grows_the_
     for _ in range(10):
         clock.now += 0.2  # eight items take two round trips: the producer is not held back
         _take(st, BATCH)
-    assert grants == [BATCH] * 10 and st._window == STREAM_WINDOW
+    assert grants == [BATCH] * 10 and st._credit.window == STREAM_WINDOW
 
 
 def test_a_starved_consumer_held_back_by_credit_doubles_the_window_up_to_the_cap(clock):
     st, grants = _state(0.1, clock)
-    windows = [st._window]
-    while st._window < MAX_STREAM_WINDOW:
+    windows = [st._credit.window]
+    while st._credit.window < MAX_STREAM_WINDOW:
         clock.now += 0.001  # half a window within a millisecond: far above what it lets through
-        before, g = st._window, len(grants)
+        before, g = st._credit.window, len(grants)
         _take(st, before // 2)
         assert all(x == BATCH for x in grants[g:-1]) and grants[-1] == BATCH + before  # batches of 8, then a window more
-        windows.append(st._window)
+        windows.append(st._credit.window)
     assert windows == [STREAM_WINDOW * 2**i for i in range(len(windows))] and windows[-1] == MAX_STREAM_WINDOW
     clock.now += 0.001
     g = len(grants)
     _take(st, MAX_STREAM_WINDOW // 2)
-    assert grants[g:] == [BATCH] * (MAX_STREAM_WINDOW // 2 // BATCH) and st._window == MAX_STREAM_WINDOW
+    assert grants[g:] == [BATCH] * (MAX_STREAM_WINDOW // 2 // BATCH) and st._credit.window == MAX_STREAM_WINDOW
 
 
 def test_growth_stops_where_the_items_come_slower_than_half_the_window_allows(clock):
@@ -76,7 +79,7 @@ def test_growth_stops_where_the_items_come_slower_than_half_the_window_allows(cl
     for _ in range(50):
         clock.now += 0.01
         _take(st, BATCH)
-    assert st._window == 256
+    assert st._credit.window == 256
 
 
 def test_items_taken_from_a_full_buffer_do_not_grow_it(clock):
@@ -86,14 +89,14 @@ def test_items_taken_from_a_full_buffer_do_not_grow_it(clock):
     for _ in range(5):
         clock.now += 0.0001
         _take(st, BATCH, starved=False)
-    assert st._window == STREAM_WINDOW and grants == [BATCH] * 5
+    assert st._credit.window == STREAM_WINDOW and grants == [BATCH] * 5
 
 
 def test_no_round_trip_known_no_growth(clock):
     st, grants = _state(None, clock)
     clock.now += 0.0001
     _take(st, BATCH)
-    assert st._window == STREAM_WINDOW
+    assert st._credit.window == STREAM_WINDOW
 
 
 def test_the_window_holds_at_most_its_bytes_and_comes_down_when_items_grow(clock):
@@ -101,28 +104,28 @@ def test_the_window_holds_at_most_its_bytes_and_comes_down_when_items_grow(clock
     big = STREAM_WINDOW_BYTES // STREAM_WINDOW  # 16 items of this size fill the byte budget
     clock.now += 0.001
     _take(st, BATCH, nbytes=big)
-    assert st._window == STREAM_WINDOW  # no room to double
+    assert st._credit.window == STREAM_WINDOW  # no room to double
     st, grants = _state(0.1, clock)
     for _ in range(3):  # small items grow it...
         clock.now += 0.001
-        _take(st, st._window // 2, nbytes=100)
-    assert st._window == STREAM_WINDOW * 8
+        _take(st, st._credit.window // 2, nbytes=100)
+    assert st._credit.window == STREAM_WINDOW * 8
     for _ in range(40):  # ...and 1 MiB ones bring it back to what 8 MiB holds (never under 16)
         clock.now += 0.001
         _take(st, BATCH, nbytes=1 << 20)
-    assert st._window == max(STREAM_WINDOW, STREAM_WINDOW_BYTES // (1 << 20))
+    assert st._credit.window == max(STREAM_WINDOW, STREAM_WINDOW_BYTES // (1 << 20))
     assert grants[-5:] == [BATCH] * 5  # credit still goes back every 8 items: nothing is kept back
 
 
 class _Producer:
-    """A model of a producer's credit: a current one (``local._credit_cap``: 8 MiB of its items,
+    """A model of a producer's credit: a current one (``window.credit_cap``: 8 MiB of its items,
     clamped as it sends) or an older one (16 at most)."""
 
     def __init__(self, old: bool) -> None:
         self.old, self.credit, self.item_bytes = old, STREAM_WINDOW, 0.0
 
     def cap(self, nbytes: float) -> int:
-        return STREAM_WINDOW if self.old else local._credit_cap(nbytes)
+        return STREAM_WINDOW if self.old else window.credit_cap(nbytes)
 
     def grant(self, n: int) -> None:
         self.credit = min(self.credit + n, max(self.credit, self.cap(self.item_bytes)))
@@ -150,7 +153,7 @@ def _play(sizes: list[int], old: bool, clock: _Clock, rtt: float = 0.1) -> refs.
                 st._push(object(), sizes[i])
                 queue.append(sizes[i])
                 i += 1
-            st._starved = True
+            st._credit.starved = True
             clock.now += rtt / 2
         clock.now += 0.00001
         queue.pop(0)
@@ -178,7 +181,7 @@ def test_a_producer_holding_less_credit_than_granted_never_stalls_the_stream(clo
     after any grant the producer can send at least 8 and the stream never stalls."""
     st = _play(sizes, old, clock)
     if sizes == [100] * 5000:
-        assert st._window > STREAM_WINDOW  # it grew on the way
+        assert st._credit.window > STREAM_WINDOW  # it grew on the way
 
 
 def test_a_producer_sending_beyond_its_credit_is_cut_off(clock):
@@ -191,3 +194,35 @@ def test_a_producer_sending_beyond_its_credit_is_cut_off(clock):
     st._push(object(), 100)  # the 17th, never granted
     assert isinstance(st._error, ProtocolError) and cancelled == [True]
     assert len(st._items) == STREAM_WINDOW  # what it was granted is still there to take
+
+
+def _arg_stream(rtt: float | None) -> tuple[local.ArgStream, list[int]]:
+    grants: list[int] = []
+    return local.ArgStream(grants.append, lambda: rtt), grants
+
+
+def test_a_streamed_argument_s_window_grows_on_a_long_path_as_a_result_stream_s_does(clock):
+    """The callee consumes a streamed argument under the same rule: starved and fast, the window
+    doubles (grants of 8, then a window more), up to the cap; with no round trip known it stays."""
+
+    async def consume(s: local.ArgStream, n: int) -> None:
+        for _ in range(n):
+            s._push(object(), 100)
+            clock.now += 0.0001
+            await s.__anext__()
+            s._credit.starved = True  # (it found nothing more waiting)
+
+    s, grants = _arg_stream(0.1)
+    asyncio.run(consume(s, 3000))
+    assert s._credit.window == 512 and sum(grants) > 3000 and max(grants) == BATCH + 256
+    s, grants = _arg_stream(None)
+    asyncio.run(consume(s, 200))
+    assert s._credit.window == STREAM_WINDOW and grants == [BATCH] * 25
+
+
+def test_a_caller_sending_streamed_argument_items_beyond_its_credit_is_cut_off(clock):
+    s, grants = _arg_stream(0.1)
+    for _ in range(STREAM_WINDOW):
+        s._push(object(), 100)
+    with pytest.raises(ProtocolError):
+        s._push(object(), 100)

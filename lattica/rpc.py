@@ -33,6 +33,7 @@ OK, ERR, ITEM, END, ARGCRED, MAILBOX = 10, 11, 12, 13, 14, 15
 F_TELL = 1  # no reply wanted
 F_STREAM = 2  # the method is a generator: reply with ITEMs and END, under CREDIT
 F_ARGSTREAM = 4  # some arguments are streams, sent as ARG messages
+F_ARGCLAMP = 8  # the caller takes streamed arguments' credit only up to 8 MiB of its items: their windows may grow
 
 # ERR kinds
 E_REMOTE = "remote"  # the method raised

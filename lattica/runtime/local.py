@@ -99,8 +99,9 @@ class Invocation:
 
 class ArgStream:
     """What an actor method receives for a streamed argument: an async iterator of the caller's
-    items, granting the caller credit as it is consumed (``window.ItemWindow``: the window grows
-    on a long path, as a streaming call's does)."""
+    items, granting the caller credit as it is consumed (``window.ItemWindow``: with ``rtt``, for
+    a caller that keeps its credit within 8 MiB of its items, the window grows on a long path as a
+    streaming call's does; without, it stays at 16 items)."""
 
     def __init__(self, grant: Callable[[int], None], rtt: Callable[[], float | None] | None = None) -> None:
         self._items: collections.deque = collections.deque()
@@ -110,8 +111,11 @@ class ArgStream:
         self._credit = ItemWindow(rtt)
 
     def _push(self, value: Any, nbytes: int = 0) -> None:
-        if not self._credit.received(nbytes):
-            raise ProtocolError("caller sent a streamed argument item beyond its credit")
+        if self._ended:
+            raise ProtocolError("caller sent a streamed argument item after its end")
+        why = self._credit.received(nbytes)
+        if why is not None:
+            raise ProtocolError(f"streamed argument cut off: {why}")
         self._items.append(value)
         self._wake()
 

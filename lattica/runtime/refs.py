@@ -341,8 +341,9 @@ class _StreamState:
     def _push(self, value: Any, nbytes: int = 0) -> None:
         if self._done:
             return
-        if not self._credit.received(nbytes):  # more than it was granted: a broken or hostile producer
-            self._fail(ProtocolError("the stream's producer sent more items than it was granted"))
+        why = self._credit.received(nbytes)
+        if why is not None:  # a broken or hostile producer
+            self._fail(ProtocolError(f"stream cut off: {why}"))
             if self._cancel is not None:
                 self._cancel()
             return

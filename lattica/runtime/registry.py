@@ -307,7 +307,7 @@ class Runtime(Following):
                 streamed[len(streamed)] = a
                 arg_list[i] = StreamArg(len(streamed) - 1)
         if streamed:
-            flags |= rpc.F_ARGSTREAM
+            flags |= rpc.F_ARGSTREAM | rpc.F_ARGCLAMP
         cid = next(self._ids)  # itertools.count: safe from any thread
         msg = rpc.call(cid, ref.name, method, arg_list, kwargs or None, timeout, flags)
         p = Pending(cid, ref, msg, None if tell or stream is not None else Future(self.loop), stream)
@@ -516,6 +516,9 @@ class Runtime(Following):
                 nbytes = sum(len(c) for c in chunks)
                 state[2] = nbytes if not state[2] else 0.875 * state[2] + 0.125 * nbytes
                 state[0] = min(state[0], credit_cap(max(state[2], nbytes)))  # (items that grew do not ride on credit granted for small ones)
+                if ch.congested() and ch.stream is not None:  # a callee that grants and never reads: wait, do not queue
+                    ch.writer.flush()
+                    await ch.stream.drain()
             ch.send([rpc.ARGEND, p.cid, index])
         except Exception as e:  # the source raised, or the codec refused an item
             if p.cid in ch.pending:

@@ -213,7 +213,7 @@ class ServerChannel:
             inv.arg_streams = {}
             for i, a in enumerate(args):
                 if isinstance(a, StreamArg):
-                    s = ArgStream(lambda n, idx=a.index: self.send([rpc.ARGCRED, cid, idx, n]), self.round_trip)
+                    s = ArgStream(lambda n, idx=a.index: self.send([rpc.ARGCRED, cid, idx, n]), self.round_trip if flags & rpc.F_ARGCLAMP else None)
                     inv.arg_streams[a.index] = s
                     args[i] = s
                     self.send([rpc.ARGCRED, cid, a.index, STREAM_WINDOW])

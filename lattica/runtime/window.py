@@ -13,34 +13,46 @@ round trips, the producer was sending at least a third of a window per round tri
 waiting for credit (a credit-bound stream takes about one round trip per half window), so the
 window doubles, up to MAX_STREAM_WINDOW items and only while that many items of the size seen so
 far fit in STREAM_WINDOW_BYTES (the producer enforces its own byte bound). Items taken from a full
-buffer prove nothing (the producer ran ahead), hence the first condition. An item beyond all the
-credit ever granted means a broken or hostile producer: ``received`` says so and the glue ends
-the stream.
+buffer prove nothing (the producer ran ahead), hence the first condition.
+
+Bytes are bounded on this side too, not only by the producer's own clamp: credit granted for
+small items can carry big ones (items that grow after the window grew, or a producer that does
+not clamp), so while the items waiting to be taken hold STREAM_WINDOW_BYTES or more, grants are
+held back and go out once they hold less (an emptied buffer always releases them: no stall). An
+item beyond all the credit ever granted, or unread items past ``BUFFERED_MAX`` (what a window of
+16 items of the largest message could hold, the bound before windows grew, and a little more
+than an honest producer's worst case), means a broken or hostile producer: ``received`` says so
+and the glue ends the stream.
 """
 
 from __future__ import annotations
 
+import collections
 import time
 from typing import Callable
 
-from lattica.runtime.limits import MAX_STREAM_WINDOW, STREAM_WINDOW, STREAM_WINDOW_BYTES
+from lattica.runtime.limits import MAX_MESSAGE, MAX_STREAM_WINDOW, STREAM_WINDOW, STREAM_WINDOW_BYTES
 
-__all__ = ["ItemWindow", "credit_cap", "BATCH", "GROW_WITHIN"]
+__all__ = ["ItemWindow", "credit_cap", "BATCH", "GROW_WITHIN", "BUFFERED_MAX"]
 
 BATCH = STREAM_WINDOW // 2  # items taken per grant
 GROW_WITHIN = 1.5  # round trips: half a window taken within this, by a consumer that ran dry, doubles it
+BUFFERED_MAX = STREAM_WINDOW_BYTES + (STREAM_WINDOW + 1) * MAX_MESSAGE  # unread bytes a stream may hold at most
 
 
 class ItemWindow:
     """One stream's credit as its consumer keeps it (see the module docstring). ``rtt`` gives the
     path's round trip in seconds (None: unknown, and the window stays at its first size)."""
 
-    __slots__ = ("window", "starved", "item_bytes", "_allowed", "_consumed", "_epoch_at", "_epoch_taken", "_rtt")
+    __slots__ = ("window", "starved", "item_bytes", "buffered", "_sizes", "_held", "_allowed", "_consumed", "_epoch_at", "_epoch_taken", "_rtt")
 
     def __init__(self, rtt: Callable[[], float | None] | None = None) -> None:
         self.window = STREAM_WINDOW
         self.starved = False  # the consumer waited for an item since the current half window began
         self.item_bytes = 0.0  # items' encoded size (moving average; 0: not known, a local stream)
+        self.buffered = 0  # encoded bytes of the items received and not yet taken
+        self._sizes: collections.deque[int] = collections.deque()  # ... item by item, in order
+        self._held = 0  # credit due but held back while the buffered items hold STREAM_WINDOW_BYTES
         self._allowed = STREAM_WINDOW  # items the producer may have sent: the first window, and every grant
         self._consumed = 0  # items taken since the last grant
         self._epoch_at = time.monotonic()  # when the current half window of items began
@@ -52,23 +64,32 @@ class ItemWindow:
         self._rtt = rtt
         self._epoch_at = time.monotonic()
 
-    def received(self, nbytes: int = 0) -> bool:
-        """An item of ``nbytes`` encoded arrived; False when it is beyond all the credit granted."""
+    def received(self, nbytes: int = 0) -> str | None:
+        """An item of ``nbytes`` encoded arrived: None, or why the producer must be cut off."""
         self._allowed -= 1
         if self._allowed < 0:
-            return False
+            return "the producer sent more items than it was granted"
+        self._sizes.append(nbytes)
+        self.buffered += nbytes
+        if self.buffered > BUFFERED_MAX:
+            return f"the producer's unread items passed {BUFFERED_MAX} bytes"
         if nbytes:
             self.item_bytes = nbytes if not self.item_bytes else 0.875 * self.item_bytes + 0.125 * nbytes
-        return True
+        return None
 
     def took(self) -> int:
-        """The consumer took an item: the credit to grant now (0: none yet)."""
+        """The consumer took the oldest item: the credit to grant now (0: none yet)."""
+        if self._sizes:
+            self.buffered -= self._sizes.popleft()
         self._consumed += 1
         self._epoch_taken += 1
-        if self._consumed < BATCH:
-            return 0
-        n, self._consumed = self._consumed, 0
-        n += self._grow()
+        if self._consumed >= BATCH:
+            n, self._consumed = self._consumed, 0
+            self._held += n + self._grow()
+        return self._release() if self._held and self.buffered < STREAM_WINDOW_BYTES else 0
+
+    def _release(self) -> int:
+        n, self._held = self._held, 0
         self._allowed += n
         return n
 

@@ -1148,6 +1148,41 @@ def test_a_callee_granting_huge_credit_for_a_streamed_argument_gets_at_most_a_wi
     assert produced[0] <= sent + 1  # and nothing more was taken from the source than sent
 
 
+def test_a_callee_that_keeps_granting_and_never_reads_cannot_make_the_caller_queue_its_whole_stream(default_node):
+    """A callee grants a streamed argument's credit 8 items at a time, again and again, and
+    reads nothing: the caller's unsent messages reach the channel's high-water mark (16 MiB)
+    and it waits there instead of pulling its source into memory (1 MiB items)."""
+    from lattica.runtime.refs import ActorRef
+
+    produced = [0]
+
+    async def greedy(stream, conn):
+        call = await _read_msg(stream)
+        stream.write(_frame([rpc.ARGCRED, call[1], 0, STREAM_WINDOW]))
+        for _ in range(1000):
+            await asyncio.sleep(0.002)
+            stream.write(_frame([rpc.ARGCRED, call[1], 0, 8]))
+
+    async def items():
+        while True:
+            produced[0] += 1
+            yield bytes(1 << 20)
+
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"]) as callee:
+        callee.set_stream_handler(RPC, greedy)
+        default_node.connect(callee.addrs[0])
+        ref = ActorRef(callee.peer_id, "sink", {"collect": ASYNC})
+
+        async def call():
+            ref.collect.remote(items())  # (never answered)
+
+        default_node.run(call(), timeout=10)
+        time.sleep(2.5)
+        took = produced[0]
+    # 16 MiB unsent in the channel, plus what the kernel's and the connection's buffers hold
+    assert took < 80, took
+
+
 def test_raw_stream_caller_over_its_window_gets_mailbox_full(default_node, peer, token):
     w = sa.Worker.options(node=peer.peer_id, window=4, name="windowed").remote()
     assert w.ping.remote().result(5) == "pong"

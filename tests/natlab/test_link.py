@@ -180,3 +180,61 @@ def test_a_streamed_argument_of_small_items_is_not_held_to_sixteen_items_a_round
         got, took = node.run(send(), timeout=120)
     assert got == list(range(n))
     assert took / rtt < 60, f"{n} items took {took / rtt:.0f} round trips"
+
+
+@pytest.mark.parametrize("flags, grows", [(4, False), (12, True)], ids=["older-caller", "caller-that-clamps"])
+def test_only_a_caller_that_clamps_its_credit_gets_a_growing_argument_window(monkeypatch, flags, grows):
+    """A caller speaking the call protocol by hand streams 400 small items across a 100 ms link
+    as fast as its credit allows. One that does not set flag 8 (an older caller, which takes all
+    the credit it is granted whatever its items' size) is kept to a window of 16: grants of 8
+    after the first 16. One that sets it is granted more as the window grows."""
+    import os
+
+    from lattica import codec, rpc
+    from lattica.runtime.refs import StreamArg
+
+    support = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([support, os.environ.get("PYTHONPATH", "")]))
+    import sample_actors as sa
+    from lattica.bench.rpc import spawn_on
+
+    def frame(obj) -> bytes:
+        body = codec.encode_bytes(obj)
+        return len(body).to_bytes(4, "big") + body
+
+    async def read(stream):
+        n = int.from_bytes(await stream.readexactly(4), "big")
+        return codec.decode(await stream.readexactly(n))
+
+    n = 400
+    with server("tcp", "--allow", "sample_actors.*", link=Profile(rtt=0.1)) as (srv, _), Node([]) as node:
+        info = node.connect(srv.addr("tcp"))
+        ref = spawn_on(node, sa.Streamer, info.peer_id)
+
+        async def talk() -> tuple[list, list]:
+            s = await node.aopen_stream(info.peer_id, rpc.PROTOCOL)
+            s.write(frame([rpc.CALL, 1, ref.name, "total", [StreamArg(0)], None, None, flags]))
+            grants, sent, credit = [], 0, 0
+            while True:
+                msg = await asyncio.wait_for(read(s), 30)
+                if msg[0] == rpc.ARGCRED:
+                    grants.append(msg[3])
+                    credit += msg[3]
+                    while credit and sent < n:
+                        s.write(frame([rpc.ARG, 1, 0, 1]))
+                        sent += 1
+                        credit -= 1
+                    if sent == n:
+                        s.write(frame([rpc.ARGEND, 1, 0]))
+                        sent += 1
+                else:
+                    s.reset()
+                    return grants, msg
+
+        grants, reply = node.run(talk(), timeout=90)
+    assert reply[0] == rpc.OK and reply[2] == n, reply
+    assert grants[0] == 16
+    if grows:
+        assert max(grants[1:]) > 8, grants
+    else:
+        assert set(grants[1:]) == {8}, grants

@@ -119,12 +119,15 @@ def test_the_window_holds_at_most_its_bytes_and_comes_down_when_items_grow(clock
 
 class _Producer:
     """A model of a producer's credit: a current one (``window.credit_cap``: 8 MiB of its items,
-    clamped as it sends) or an older one (16 at most)."""
+    clamped as it sends), an older result producer (16 at most) or an older argument producer
+    (``"unclamped"``: it takes all the credit granted)."""
 
-    def __init__(self, old: bool) -> None:
+    def __init__(self, old: bool | str) -> None:
         self.old, self.credit, self.item_bytes = old, STREAM_WINDOW, 0.0
 
     def cap(self, nbytes: float) -> int:
+        if self.old == "unclamped":
+            return 1 << 40
         return STREAM_WINDOW if self.old else window.credit_cap(nbytes)
 
     def grant(self, n: int) -> None:
@@ -136,35 +139,38 @@ class _Producer:
         self.credit = min(self.credit, self.cap(max(self.item_bytes, nbytes)))
 
 
-def _play(sizes: list[int], old: bool, clock: _Clock, rtt: float = 0.1) -> refs._StreamState:
+def _play(sizes: list[int], old: bool | str, clock: _Clock, rtt: float = 0.1, slow: int = 0) -> refs._StreamState:
     """Stream ``sizes`` from the model producer to a real consumer state, the producer sending
-    all its credit at once whenever the consumer has run dry; fails on a stall."""
+    all its credit whenever the consumer has run dry (or, with ``slow``, after every ``slow``
+    items taken: a consumer slower than its producer); fails on a stall. The state's
+    ``peak`` is the most bytes it held unread."""
     st = refs._StreamState(rt=None)
     prod = _Producer(old)
     st._bind(prod.grant, lambda: None, lambda: rtt)
-    queue: list[int] = []
-    i = got = 0
+    i = got = peak = 0
     while got < len(sizes):
-        if not queue:
-            if prod.credit <= 0:
-                pytest.fail(f"stalled after {got} of {len(sizes)} items (old producer: {old})")
+        if not st._items or (slow and got % slow == 0):
+            if not st._items and (prod.credit <= 0 or i == len(sizes)):
+                pytest.fail(f"stalled after {got} of {len(sizes)} items (producer: {old})")
             while prod.credit > 0 and i < len(sizes):
                 prod.send(sizes[i])
                 st._push(object(), sizes[i])
-                queue.append(sizes[i])
                 i += 1
+            peak = max(peak, st._credit.buffered)
+            if not st._items:
+                continue
             st._credit.starved = True
             clock.now += rtt / 2
         clock.now += 0.00001
-        queue.pop(0)
         st._items.popleft()
         got += 1
         st._took_one()
-    assert st._error is None
+        assert st._error is None, st._error
+    st.peak = peak
     return st
 
 
-@pytest.mark.parametrize("old", [False, True], ids=["producer", "older-producer"])
+@pytest.mark.parametrize("old", [False, True, "unclamped"], ids=["producer", "older-producer", "unclamped-producer"])
 @pytest.mark.parametrize(
     "sizes",
     [
@@ -177,11 +183,43 @@ def _play(sizes: list[int], old: bool, clock: _Clock, rtt: float = 0.1) -> refs.
 )
 def test_a_producer_holding_less_credit_than_granted_never_stalls_the_stream(clock, sizes, old):
     """An older producer clamps its credit at 16, a current one at 8 MiB of its items (dropping
-    credit as items grow): the consumer grants every 8 items taken and keeps nothing back, so
-    after any grant the producer can send at least 8 and the stream never stalls."""
+    credit as items grow), an older argument producer not at all: the consumer grants every 8
+    items taken (holding grants back only while 8 MiB wait unread, which an emptied buffer
+    releases), so after any grant the producer can send at least 8 and the stream never
+    stalls, however fast or slow the consumer."""
     st = _play(sizes, old, clock)
     if sizes == [100] * 5000:
         assert st._credit.window > STREAM_WINDOW  # it grew on the way
+    _play(sizes, old, clock, slow=3)
+
+
+@pytest.mark.parametrize("big", [1 << 20, 4 << 20])
+def test_items_that_grow_after_the_window_grew_are_held_near_eight_mib_unread(clock, big):
+    """Small items grow the window to hundreds; then the items become megabytes and the consumer
+    is slower than its producer. The producer drops its credit to what 8 MiB holds (16 big
+    items), but grants of 8 for the small items still being taken would keep letting big ones
+    in: grants are held back while 8 MiB wait unread, so a slow consumer holds at most about
+    8 MiB plus the 17 big items the producer's clamp allows (without holding back: up to twice
+    that)."""
+    st = _play([100] * 3000 + [big] * 600, False, clock, slow=3)
+    assert st.peak <= STREAM_WINDOW_BYTES + (STREAM_WINDOW + 1) * big + 3000 * 100, st.peak / 2**20
+
+
+def test_a_producer_spending_small_items_credit_on_huge_items_is_cut_off_at_the_old_bound(clock):
+    """A hostile producer grows the window with tiny items, then spends the credit on items of
+    the largest message size: past what a fixed window of 16 allowed (plus one), the stream fails."""
+    st, grants = _state(0.1, clock)
+    for _ in range(40):
+        clock.now += 0.001
+        _take(st, st._credit.window // 2, nbytes=20)
+    assert st._credit.window == MAX_STREAM_WINDOW
+    huge = window.BUFFERED_MAX // (STREAM_WINDOW + 1) - 1
+    k = 0
+    while st._error is None:
+        st._push(object(), huge)
+        k += 1
+    assert isinstance(st._error, ProtocolError) and "unread" in str(st._error)
+    assert STREAM_WINDOW < k <= STREAM_WINDOW + 2, k
 
 
 def test_a_producer_sending_beyond_its_credit_is_cut_off(clock):
@@ -220,9 +258,14 @@ def test_a_streamed_argument_s_window_grows_on_a_long_path_as_a_result_stream_s_
     assert s._credit.window == STREAM_WINDOW and grants == [BATCH] * 25
 
 
-def test_a_caller_sending_streamed_argument_items_beyond_its_credit_is_cut_off(clock):
+def test_a_caller_sending_streamed_argument_items_beyond_its_credit_or_after_the_end_is_cut_off(clock):
     s, grants = _arg_stream(0.1)
     for _ in range(STREAM_WINDOW):
         s._push(object(), 100)
     with pytest.raises(ProtocolError):
+        s._push(object(), 100)
+    s, grants = _arg_stream(0.1)
+    s._push(object(), 100)
+    s._end()
+    with pytest.raises(ProtocolError, match="after its end"):
         s._push(object(), 100)

@@ -32,7 +32,7 @@ from lattica.transports.mux import (
     StreamWasReset,
     WindowUpdated,
 )
-from lattica.transports.noise import MAX_PLAINTEXT, NoiseSession
+from lattica.transports.noise import MAX_PLAINTEXT, NoiseSession, PlainBuffer
 from lattica.transports.tcpinfo import tcp_info
 
 log = get_logger("lattica.transport")
@@ -241,13 +241,17 @@ class MuxedConnection(Connection):
         keepalive_interval: float = 15.0,
         keepalive_timeout: float = 30.0,
         writer_lets_go: bool = False,
+        plain: PlainBuffer | None = None,
     ) -> None:
         """``writer_lets_go``: the writer keeps no reference to written data once its write buffer
-        is empty (an asyncio socket transport), so a sealed buffer it has fully taken is reused."""
+        is empty (an asyncio socket transport), so a sealed buffer it has fully taken is reused.
+        ``plain``: where received frames are opened, shared by the connections of one loop (each
+        read is parsed before the next; see ``NoiseSession.open_frames``)."""
         self._loop = asyncio.get_running_loop()
         self._writer = writer
         self._reuse = writer_lets_go and session is not None
         self._session = session
+        self._plain = plain
         self.transport = transport
         self.direction = direction
         self.local_peer = local_peer
@@ -385,13 +389,14 @@ class MuxedConnection(Connection):
             return
         try:
             if self._session is not None:
-                frames = self._session.open_frames(data)
-                if not frames:
+                events = None
+                for plain in self._session.open_frames(data, self._plain):  # (each parsed before the next is opened)
+                    if events is None:
+                        events = []
+                    events += self._mux.receive_data(plain)
+                if events is None:
                     return  # (part of a frame: it counts as news of the peer once it decrypts)
                 self._last_recv = self._loop.time()
-                events = []
-                for plain in frames:
-                    events += self._mux.receive_data(plain)
             else:
                 self._last_recv = self._loop.time()
                 events = self._mux.receive_data(data)

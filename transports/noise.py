@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Callable
+from typing import Callable, Iterator
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -30,7 +30,7 @@ from lattica.errors import DecryptError, FrameTooLarge, HandshakeError, PeerIdMi
 from lattica._protobuf import decode_fields, encode_fields
 from lattica.identity import KeyPair, PeerId, public_key_from_protobuf, verify_signature
 
-__all__ = ["NoiseHandshake", "NoiseSession", "MAX_FRAME", "MAX_PLAINTEXT", "PROTOCOL_NAME"]
+__all__ = ["NoiseHandshake", "NoiseSession", "PlainBuffer", "MAX_FRAME", "MAX_PLAINTEXT", "PROTOCOL_NAME"]
 
 PROTOCOL_NAME = b"Noise_XX_25519_AESGCM_SHA256"
 MAX_FRAME = 65535  # Noise's maximum message length (ciphertext + 16-byte tag)
@@ -362,6 +362,17 @@ class NoiseHandshake:
         self.complete = True
 
 
+class PlainBuffer:
+    """The buffer received frames are opened into, one frame at a time, shared by the connections
+    of one transport: its loop handles one connection's bytes at a time, each frame parsed before
+    the next is opened."""
+
+    __slots__ = ("buf",)
+
+    def __init__(self) -> None:
+        self.buf = memoryview(bytearray(MAX_PLAINTEXT))
+
+
 class NoiseSession:
     """Seals outgoing bytes into length-prefixed Noise frames and opens incoming ones.
 
@@ -370,13 +381,14 @@ class NoiseSession:
     page on every call.
     """
 
-    __slots__ = ("_send", "_recv", "_buf", "_scratch")
+    __slots__ = ("_send", "_recv", "_buf", "_scratch", "_into")
 
     def __init__(self, send: Cipher, recv: Cipher) -> None:
         self._send = send
         self._recv = recv
         self._buf = bytearray()  # a partial frame received
         self._scratch = bytearray(MAX_PLAINTEXT)  # gathers small pieces into one frame
+        self._into: memoryview | None = None  # where ``open_frames`` puts each plaintext now (None: a buffer per frame)
 
     def seal(self, data: bytes | bytearray | memoryview) -> bytearray:
         """Encrypt ``data`` (any length) into one buffer of consecutive frames, ready to write."""
@@ -437,15 +449,24 @@ class NoiseSession:
 
     def open(self, data: bytes | bytearray | memoryview) -> bytearray | None:
         """The plaintext of every frame ``data`` completes, in one buffer (None if none)."""
-        frames = self.open_frames(data)
+        frames = list(self.open_frames(data))
         return bytearray().join(frames) if frames else None
 
-    def open_frames(self, data: bytes | bytearray | memoryview) -> list[bytearray]:
-        """Consume received bytes; return the plaintext of each frame they complete.
+    def open_frames(self, data: bytes | bytearray | memoryview, plain: PlainBuffer | None = None) -> Iterator[bytearray | memoryview]:
+        """Consume received bytes; yield the plaintext of each frame they complete.
 
         ``data`` is never retained (only a partial frame is copied), so it may be a reused buffer.
+        With ``plain`` each plaintext is a view of its one frame-sized buffer, valid until the next
+        is asked for (the caller parses each first): fresh buffers would each be zeroed before
+        being written, and one buffer stays in the cache.
         """
-        out: list[bytearray] = []
+        self._into = plain.buf if plain is not None else None
+        try:
+            yield from self._open_frames(data)
+        finally:
+            self._into = None
+
+    def _open_frames(self, data: bytes | bytearray | memoryview) -> Iterator[bytearray | memoryview]:
         buf = self._buf
         with memoryview(data) as mv:
             total = len(mv)
@@ -455,30 +476,34 @@ class NoiseSession:
                     pos = min(2 - len(buf), total)
                     buf += mv[:pos]
                     if len(buf) < 2:
-                        return out
+                        return
                 need = 2 + ((buf[0] << 8) | buf[1]) - len(buf)
                 take = min(need, total - pos)
                 buf += mv[pos : pos + take]
                 pos += take
                 if take < need:
-                    return out
+                    return
                 with memoryview(buf) as bv:
-                    out.append(self._open_one(bv[2:]))
+                    yield self._open_one(bv[2:])
                 buf.clear()
             while total - pos >= 2:
                 clen = (mv[pos] << 8) | mv[pos + 1]
                 if total - pos - 2 < clen:
                     break
-                out.append(self._open_one(mv[pos + 2 : pos + 2 + clen]))
+                yield self._open_one(mv[pos + 2 : pos + 2 + clen])
                 pos += 2 + clen
             if pos < total:
                 buf += mv[pos:]
-        return out
 
-    def _open_one(self, ciphertext: memoryview) -> bytearray:
+    def _open_one(self, ciphertext: memoryview) -> bytearray | memoryview:
         n = len(ciphertext) - _TAG
         if n < 0:
             raise DecryptError(f"frame of {len(ciphertext)} bytes is shorter than its tag")
+        into = self._into
+        if into is not None:
+            view = into[:n]
+            self._recv.decrypt_into(ciphertext, view)
+            return view
         plain = bytearray(n)
         with memoryview(plain) as pv:
             self._recv.decrypt_into(ciphertext, pv)

@@ -22,7 +22,7 @@ from lattica.multiaddr import Multiaddr
 from lattica.transports.base import Connection, ConnectionHandler, Listener, Transport
 from lattica.transports.mux import MuxConfig
 from lattica.transports.muxed import MuxedConnection
-from lattica.transports.noise import NoiseHandshake
+from lattica.transports.noise import NoiseHandshake, PlainBuffer
 from lattica.transports.splice import PREAMBLE_LEN, PREAMBLE_MAGIC, TOKEN_LEN, SpliceUnreachable
 
 USER_TIMEOUT_MS = 15_000  # TCP_USER_TIMEOUT on every connection (Linux)
@@ -169,7 +169,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         data = self._owner._recv_view[:nbytes]  # type: ignore[index]
         if self.conn is not None:
-            self.conn.data_received(data)  # decrypts into its own buffers; keeps no view of ours
+            self.conn.data_received(data)  # decrypts and parses it before returning; keeps no view of ours
             return
         if self.ready.done():
             return  # handshake already failed; the socket is being aborted
@@ -208,6 +208,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
                 keepalive_interval=self._owner.keepalive_interval,
                 keepalive_timeout=self._owner.keepalive_timeout,
                 writer_lets_go=True,  # an asyncio socket transport: sends, or holds only while buffered
+                plain=self._owner._plain,
             )
             self.conn.early_data = hs.remote_early_data
             self.conn.said_early = hs.remote_early_data is not None
@@ -302,6 +303,7 @@ class TcpTransport(Transport):
         self.keepalive_timeout = keepalive_timeout
         self.write_buffer_limit = write_buffer_limit
         self._recv_view: memoryview | None = None  # shared: the loop reads one socket at a time
+        self._plain = PlainBuffer()  # ... and opens its frames here before the next
         # Set by a relay: takes accepted sockets that open with a splice preamble (token, transport,
         # bytes read after the preamble) and says whether it knew the token.
         self.on_splice: Callable[[bytes, asyncio.Transport, bytes], bool] | None = None

@@ -9,7 +9,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from lattica.errors import DecryptError, HandshakeError, PeerIdMismatch
 from lattica.identity import KeyPair
-from lattica.transports.noise import MAX_PLAINTEXT, NoiseHandshake, _HandshakeState
+from lattica.transports.noise import MAX_PLAINTEXT, NoiseHandshake, PlainBuffer, _HandshakeState
 
 VECTORS = Path(__file__).resolve().parents[3] / "shared" / "vectors" / "noise" / "xx_25519_sha256.json"
 
@@ -52,6 +52,27 @@ def _run(a: NoiseHandshake, b: NoiseHandshake):
         if not to_a and not to_b:
             break
     return a, b
+
+
+@pytest.mark.parametrize("step", [1000, 65_000, 200_000])
+def test_frames_opened_into_a_shared_buffer_are_the_same_bytes(step):
+    """Two connections' sessions open their frames into one shared buffer (as a transport's
+    connections do), each read parsed before the next: the plaintext is what each side sealed,
+    whatever the reads' sizes, with frames split across them."""
+    pairs = [_run(NoiseHandshake(KeyPair.generate(), True), NoiseHandshake(KeyPair.generate(), False)) for _ in range(2)]
+    data = [os.urandom(3 * MAX_PLAINTEXT + 17), os.urandom(MAX_PLAINTEXT * 5 // 2)]
+    sealed = [bytes(a.session.seal(d)) for (a, _), d in zip(pairs, data)]
+    plain = PlainBuffer()
+    out = [bytearray(), bytearray()]
+    pos = [0, 0]
+    while pos[0] < len(sealed[0]) or pos[1] < len(sealed[1]):
+        for k in (0, 1):
+            chunk = sealed[k][pos[k] : pos[k] + step]
+            pos[k] += len(chunk)
+            for frame in pairs[k][1].session.open_frames(chunk, plain):
+                out[k] += frame  # (parsed before the buffer is used again)
+    assert bytes(out[0]) == data[0] and bytes(out[1]) == data[1]
+    assert plain.buf.nbytes == MAX_PLAINTEXT  # one frame's room, whatever the reads
 
 
 def test_libp2p_handshake_authenticates_both_sides():

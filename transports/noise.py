@@ -458,7 +458,8 @@ class NoiseSession:
         ``data`` is never retained (only a partial frame is copied), so it may be a reused buffer.
         With ``plain`` each plaintext is a view of its one frame-sized buffer, valid until the next
         is asked for (the caller parses each first): fresh buffers would each be zeroed before
-        being written, and one buffer stays in the cache.
+        being written, and one buffer stays in the cache. Run it to the end (or drop the
+        connection): a consumer that stops early loses the rest of the read.
         """
         self._into = plain.buf if plain is not None else None
         try:

@@ -282,6 +282,7 @@ class RemoteChannel(Channel):
         self.last_used = time.monotonic()
         self.moving = False  # a better connection came up: switch when quiet
         self.round_trip = RoundTrip(lambda: runtime.host.conns.get(peer))  # (the connection calls go on now)
+        self._draining: asyncio.Task | None = None  # the one drain of the stream that ``writable`` waits on
 
     def quiet(self) -> bool:
         """No call in flight and none queued: a new channel cannot overtake anything."""
@@ -297,6 +298,15 @@ class RemoteChannel(Channel):
 
     def congested(self) -> bool:
         return self.writer.backlog() > CHANNEL_HIGH_WATER
+
+    async def writable(self) -> None:
+        """Wait while the channel is congested (any number of waiters: one drain serves them)."""
+        while self.congested() and self.stream is not None and self.closed is None:
+            task = self._draining
+            if task is None or task.done():
+                self.writer.flush()
+                task = self._draining = self.runtime.loop.create_task(self.stream.drain())
+            await asyncio.shield(task)
 
     def _send_call(self, p: Pending) -> None:
         p.ungate()

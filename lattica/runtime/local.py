@@ -19,7 +19,7 @@ from lattica.errors import (
 )
 from lattica.identity import PeerId
 from lattica.runtime.limits import AGEN, ASYNC, GEN, HOOK_TIMEOUT, NO_STATE, STREAM_WINDOW, SYNC
-from lattica.runtime.window import ItemWindow, credit_cap
+from lattica.runtime.window import ItemWindow, SentItems
 from lattica.runtime.refs import ACTOR, ActorRef, CALLER
 
 if TYPE_CHECKING:
@@ -57,13 +57,13 @@ class Sink:
 
 
 def _sent(inv: Invocation, nbytes: int) -> None:
-    """An item of ``inv``'s stream went out, ``nbytes`` encoded: credit beyond what the bytes
-    bound allows for items this size is dropped at once (items that grew do not ride on credit
+    """An item of ``inv``'s stream went out, ``nbytes`` encoded: credit beyond what may now be
+    held (``window.SentItems.cap``) is dropped at once (items that grew do not ride on credit
     granted for small ones)."""
     if not nbytes:
         return
-    inv.item_bytes = nbytes if not inv.item_bytes else 0.875 * inv.item_bytes + 0.125 * nbytes
-    excess = inv.credit - credit_cap(max(inv.item_bytes, nbytes))
+    inv.sent_items.sent(nbytes)
+    excess = inv.credit - inv.sent_items.cap()
     if excess <= 0:
         return
     w = inv.credit_waiter
@@ -76,7 +76,7 @@ def _sent(inv: Invocation, nbytes: int) -> None:
 
 
 class Invocation:
-    __slots__ = ("actor", "method", "args", "kwargs", "deadline", "sink", "task", "replied", "streaming", "credit", "credit_waiter", "arg_streams", "timer", "done", "caller", "item_bytes")
+    __slots__ = ("actor", "method", "args", "kwargs", "deadline", "sink", "task", "replied", "streaming", "credit", "credit_waiter", "arg_streams", "timer", "done", "caller", "sent_items")
 
     def __init__(self, actor: LocalActor, method: str, args: list, kwargs: dict | None, deadline: float | None, sink: Sink, streaming: bool = False, caller: PeerId | None = None) -> None:
         self.caller = caller  # the authenticated node the call came from
@@ -90,7 +90,7 @@ class Invocation:
         self.replied = False  # the caller got its answer (OK, ERR or END); nothing more is sent
         self.streaming = streaming  # called with .stream(): the method must be a generator
         self.credit = STREAM_WINDOW  # for generator methods: items we may send
-        self.item_bytes = 0.0  # their encoded size (moving average): what caps the credit we take
+        self.sent_items = SentItems()  # items sent and not credited back: what caps the credit we take
         self.credit_waiter: Any = None
         self.arg_streams: dict[int, ArgStream] | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -419,9 +419,10 @@ class LocalActor:
         return _STREAMED  # the caller already got END: no OK follows
 
     def grant(self, inv: Invocation, n: int) -> None:
-        """The consumer of a streaming call granted ``n`` more items: taken up to ``credit_cap``
-        (a consumer's grants beyond it are dropped, not kept)."""
-        n = max(0, min(n, credit_cap(inv.item_bytes) - inv.credit))
+        """The consumer of a streaming call granted ``n`` more items (it took the oldest ``n``):
+        taken up to ``SentItems.cap`` (grants beyond it are dropped, not kept)."""
+        inv.sent_items.credited(n)
+        n = max(0, min(n, inv.sent_items.cap() - inv.credit))
         if n == 0:
             return
         inv.credit += n

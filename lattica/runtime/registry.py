@@ -39,7 +39,7 @@ from lattica.runtime.refs import StreamArg, method_table, public_methods
 from lattica.runtime.local import ArgStream, LocalActor, error_parts, reset_quietly
 from lattica.runtime.client import Gate, LocalChannel, Pending, RemoteChannel, call_finished
 from lattica.runtime.server import ServerChannel
-from lattica.runtime.window import credit_cap
+from lattica.runtime.window import SentItems
 
 if TYPE_CHECKING:
     from lattica.runtime.refs import ActorRef
@@ -400,6 +400,7 @@ class Runtime(Following):
         ch = p.channel
         if ch is not None and ch.pending.pop(p.cid, None) is not None:
             ch.returned(p.ref.name)
+            _wake_pumps(p)
             if cancel_local and ch is self.local:
                 if p.future is not None and p.future._cancel_hook is not None:
                     hook, p.future._cancel_hook = p.future._cancel_hook, None
@@ -419,6 +420,7 @@ class Runtime(Following):
         if ch is None or ch.pending.pop(p.cid, None) is None:
             return  # timed out or cancelled already
         ch.returned(p.ref.name)
+        _wake_pumps(p)
         if p.timer is not None:
             p.timer.cancel()
         self.call_latency.observe(time.monotonic() - p.created)
@@ -491,16 +493,19 @@ class Runtime(Following):
             p.arg_state = {}
         state = p.arg_state.get(index)
         if state is None:
-            state = p.arg_state[index] = [min(n, credit_cap(0)), None, 0.0]
+            sent = SentItems()
+            state = p.arg_state[index] = [min(n, sent.cap()), None, sent]
             self.host.spawn(self._pump(ch, p, index, p.stream_args[index], state))
             return
-        state[0] = min(state[0] + n, credit_cap(state[2]))  # (credit beyond 8 MiB of our items is not taken)
+        state[2].credited(n)
+        state[0] = min(state[0] + n, state[2].cap())  # (credit beyond what our outstanding items allow is not taken)
         if state[1] is not None and not state[1].done():
             state[1].set_result(None)
 
     async def _pump(self, ch: RemoteChannel, p: Pending, index: int, source: Any, state: list) -> None:
         """Send the items of streamed argument ``index`` as its credit allows; ``state`` is
-        [credit, waiter for more, the items' encoded size (moving average)]."""
+        [credit, waiter for more, the items sent and not credited back (``window.SentItems``)].
+        The source is closed when the call ends, whether or not the callee took all of it."""
         try:
             async for value in source:
                 while state[0] <= 0:
@@ -513,17 +518,23 @@ class Runtime(Following):
                     return
                 chunks = codec.encode([rpc.ARG, p.cid, index, value])
                 ch.send([], chunks)
-                nbytes = sum(len(c) for c in chunks)
-                state[2] = nbytes if not state[2] else 0.875 * state[2] + 0.125 * nbytes
-                state[0] = min(state[0], credit_cap(max(state[2], nbytes)))  # (items that grew do not ride on credit granted for small ones)
-                if ch.congested() and ch.stream is not None:  # a callee that grants and never reads: wait, do not queue
-                    ch.writer.flush()
-                    await ch.stream.drain()
-            ch.send([rpc.ARGEND, p.cid, index])
+                state[2].sent(sum(len(c) for c in chunks))
+                state[0] = min(state[0], state[2].cap())  # (items that grew do not ride on credit granted for small ones)
+                if ch.congested():  # a callee that grants and never reads: wait, do not queue
+                    await ch.writable()
+            if p.cid in ch.pending:
+                ch.send([rpc.ARGEND, p.cid, index])
         except Exception as e:  # the source raised, or the codec refused an item
             if p.cid in ch.pending:
                 ch.send([rpc.CANCEL, p.cid])
             self.fail_call(p, e if isinstance(e, LatticaError) else remote_error(*error_parts(e)))
+        finally:
+            close = getattr(source, "aclose", None)
+            if close is not None:
+                try:
+                    await close()
+                except Exception:  # (the user's generator failing as it closes ends nothing of ours)
+                    log.debug("a streamed argument's source failed as it closed", exc_info=True)
 
     def local_arg_streams(self, inv: Invocation, p: Pending) -> None:
         """A local call with streamed arguments: hand the caller's async iterators over directly."""
@@ -556,3 +567,11 @@ class Runtime(Following):
             return 0
         primary = self.host.conns.get(peer)
         return sum(ch.writer.backlog() for ch in chans if primary is None or ch.conn is primary)
+
+
+def _wake_pumps(p: Pending) -> None:
+    """The call ended: its streamed arguments' pumps waiting for credit look again (and stop)."""
+    for state in (p.arg_state or {}).values():
+        w = state[1]
+        if w is not None and not w.done():
+            w.set_result(None)

@@ -19,10 +19,12 @@ Bytes are bounded on this side too, not only by the producer's own clamp: credit
 small items can carry big ones (items that grow after the window grew, or a producer that does
 not clamp), so while the items waiting to be taken hold STREAM_WINDOW_BYTES or more, grants are
 held back and go out once they hold less (an emptied buffer always releases them: no stall). An
-item beyond all the credit ever granted, or unread items past ``BUFFERED_MAX`` (what a window of
-16 items of the largest message could hold, the bound before windows grew, and a little more
-than an honest producer's worst case), means a broken or hostile producer: ``received`` says so
-and the glue ends the stream.
+item beyond all the credit ever granted means a broken or hostile producer: ``received`` says so
+and the glue ends the stream. There is no cut-off by bytes: a hostile review showed an honest
+producer can exceed any fixed one (grants made while its items were small, some of them
+growing the window, are still on their way when its items become large, and a grant does not
+say how much of it is growth), so unread bytes are bounded only by the credit granted times the
+largest message.
 """
 
 from __future__ import annotations
@@ -31,13 +33,12 @@ import collections
 import time
 from typing import Callable
 
-from lattica.runtime.limits import MAX_MESSAGE, MAX_STREAM_WINDOW, STREAM_WINDOW, STREAM_WINDOW_BYTES
+from lattica.runtime.limits import MAX_STREAM_WINDOW, STREAM_WINDOW, STREAM_WINDOW_BYTES
 
-__all__ = ["ItemWindow", "credit_cap", "BATCH", "GROW_WITHIN", "BUFFERED_MAX"]
+__all__ = ["ItemWindow", "SentItems", "credit_cap", "BATCH", "GROW_WITHIN"]
 
 BATCH = STREAM_WINDOW // 2  # items taken per grant
 GROW_WITHIN = 1.5  # round trips: half a window taken within this, by a consumer that ran dry, doubles it
-BUFFERED_MAX = STREAM_WINDOW_BYTES + (STREAM_WINDOW + 1) * MAX_MESSAGE  # unread bytes a stream may hold at most
 
 
 class ItemWindow:
@@ -71,8 +72,6 @@ class ItemWindow:
             return "the producer sent more items than it was granted"
         self._sizes.append(nbytes)
         self.buffered += nbytes
-        if self.buffered > BUFFERED_MAX:
-            return f"the producer's unread items passed {BUFFERED_MAX} bytes"
         if nbytes:
             self.item_bytes = nbytes if not self.item_bytes else 0.875 * self.item_bytes + 0.125 * nbytes
         return None
@@ -119,3 +118,38 @@ def credit_cap(item_bytes: float) -> int:
     if not item_bytes:
         return STREAM_WINDOW
     return max(STREAM_WINDOW, min(MAX_STREAM_WINDOW, int(STREAM_WINDOW_BYTES // item_bytes)))
+
+
+class SentItems:
+    """A stream producer's items sent and not yet credited back (their sizes, oldest first: a
+    grant of ``n`` means the consumer took the oldest ``n``), and so the most credit it may
+    hold: what ``credit_cap`` allows for items this size, and only as many as keep what is
+    outstanding within STREAM_WINDOW_BYTES, or under 16 items whatever their size. Grants issued
+    while the items were small then cannot fill the consumer with big ones, except for the part
+    of a grant that grew the window: it counts as items taken, so the list empties sooner than
+    the consumer's buffer does (a grant does not say how much of it is growth)."""
+
+    __slots__ = ("_sizes", "bytes", "item_bytes")
+
+    def __init__(self) -> None:
+        self._sizes: collections.deque[int] = collections.deque()
+        self.bytes = 0  # encoded bytes sent and not credited back
+        self.item_bytes = 0.0  # the items' encoded size (moving average)
+
+    def sent(self, nbytes: int) -> None:
+        self._sizes.append(nbytes)
+        self.bytes += nbytes
+        self.item_bytes = nbytes if not self.item_bytes else 0.875 * self.item_bytes + 0.125 * nbytes
+
+    def credited(self, n: int) -> None:
+        sizes = self._sizes
+        for _ in range(min(n, len(sizes))):
+            self.bytes -= sizes.popleft()
+
+    def cap(self) -> int:
+        """The most credit the producer may hold now (at least 16 once nothing is outstanding)."""
+        cap = credit_cap(self.item_bytes)
+        if not self.item_bytes:
+            return cap
+        room = max(STREAM_WINDOW - len(self._sizes), int((STREAM_WINDOW_BYTES - self.bytes) // self.item_bytes))
+        return max(0, min(cap, room))

@@ -1183,6 +1183,55 @@ def test_a_callee_that_keeps_granting_and_never_reads_cannot_make_the_caller_que
     assert took < 80, took
 
 
+def test_two_streamed_arguments_of_big_items_both_arrive_though_they_wait_on_one_channel(default_node, peer):
+    """Two streamed arguments of 2 MiB items fill the call channel past its high-water mark, so
+    both of the caller's pumps wait for it to drain at once (a review found the second wait
+    orphaning the first: the call hung); likewise two calls with one each."""
+    s_ = sa.Streamer.options(node=peer.peer_id).remote()
+
+    async def items(n):
+        for _ in range(n):
+            yield bytes(2 << 20)
+
+    async def calls():
+        return await asyncio.gather(s_.both.remote(items(40), items(40)), s_.total.remote(_ints(50)), s_.collect.remote(_ints(3)))
+
+    assert default_node.run(calls(), timeout=60) == [[40, 40], sum(range(50)), [0, 1, 2]]
+
+    async def two_calls():
+        return await asyncio.gather(s_.both.remote(items(30), items(0)), s_.both.remote(items(0), items(30)))
+
+    assert default_node.run(two_calls(), timeout=60) == [[30, 0], [0, 30]]
+
+
+def test_a_callee_that_returns_before_taking_all_of_a_streamed_argument_ends_the_caller_s_pump(default_node, peer):
+    """The callee answers after the first item: the caller stops sending and closes its source
+    (before, the pump waited for credit forever and the source was never closed)."""
+    s_ = sa.Streamer.options(node=peer.peer_id).remote()
+    closed = []
+
+    async def items():
+        try:
+            for i in range(100_000):
+                yield i
+        finally:
+            closed.append(True)
+
+    for _ in range(3):
+        assert s_.first_only.remote(items()).result(10) == 0
+    assert wait_for(lambda: len(closed) == 3, 5), closed
+
+    async def pumps():
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and "Runtime._pump" in repr(t.get_coro())]
+
+    assert wait_for(lambda: not default_node.run(pumps(), timeout=5), 5)
+
+
+async def _ints(n):
+    for i in range(n):
+        yield i
+
+
 def test_raw_stream_caller_over_its_window_gets_mailbox_full(default_node, peer, token):
     w = sa.Worker.options(node=peer.peer_id, window=4, name="windowed").remote()
     assert w.ping.remote().result(5) == "pong"

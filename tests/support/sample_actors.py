@@ -235,6 +235,25 @@ class Streamer:
     async def collect(self, items) -> list:
         return [x async for x in items]
 
+    async def both(self, a, b) -> list:
+        """Takes two client streams in turns; how many items each had."""
+        counts, its, done = [0, 0], [a.__aiter__(), b.__aiter__()], [False, False]
+        while not all(done):
+            for k in (0, 1):
+                if not done[k]:
+                    try:
+                        await its[k].__anext__()
+                        counts[k] += 1
+                    except StopAsyncIteration:
+                        done[k] = True
+        return counts
+
+    async def first_only(self, items):
+        """Returns the first item of a client stream and leaves the rest."""
+        async for x in items:
+            return x
+        return None
+
 
 @lattica.actor
 class Numeric:

@@ -305,7 +305,8 @@ class RemoteChannel(Channel):
             task = self._draining
             if task is None or task.done():
                 self.writer.flush()
-                task = self._draining = self.runtime.loop.create_task(self.stream.drain())
+                task = self._draining = self.runtime.host.spawn(self.stream.drain())
+                task.add_done_callback(_retrieved)  # (every waiter may have gone by the time it fails)
             await asyncio.shield(task)
 
     def _send_call(self, p: Pending) -> None:
@@ -382,6 +383,11 @@ class RemoteChannel(Channel):
             rt.drop_channel(self, err)
         finally:
             splitter.close()
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 class RoundTrip:

@@ -33,7 +33,7 @@ from lattica.identity import PeerId
 from lattica.metrics import Histogram
 from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream
 from lattica.runtime.following import Following
-from lattica.runtime.limits import BUILTIN_ACTORS, CHANNEL_IDLE, DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, MAX_ACTORS, MAX_STREAM_ARGS, NO_STATE, RECENT_PLACEMENT
+from lattica.runtime.limits import BUILTIN_ACTORS, CHANNEL_IDLE, DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, MAX_ACTORS, HOOK_TIMEOUT, MAX_STREAM_ARGS, NO_STATE, RECENT_PLACEMENT
 from lattica.runtime.partials import PartialMessages
 from lattica.runtime.refs import StreamArg, method_table, public_methods
 from lattica.runtime.local import ArgStream, LocalActor, error_parts, reset_quietly
@@ -400,7 +400,7 @@ class Runtime(Following):
         ch = p.channel
         if ch is not None and ch.pending.pop(p.cid, None) is not None:
             ch.returned(p.ref.name)
-            _wake_pumps(p)
+            self._end_pumps(p)
             if cancel_local and ch is self.local:
                 if p.future is not None and p.future._cancel_hook is not None:
                     hook, p.future._cancel_hook = p.future._cancel_hook, None
@@ -420,7 +420,7 @@ class Runtime(Following):
         if ch is None or ch.pending.pop(p.cid, None) is None:
             return  # timed out or cancelled already
         ch.returned(p.ref.name)
-        _wake_pumps(p)
+        self._end_pumps(p)
         if p.timer is not None:
             p.timer.cancel()
         self.call_latency.observe(time.monotonic() - p.created)
@@ -494,8 +494,8 @@ class Runtime(Following):
         state = p.arg_state.get(index)
         if state is None:
             sent = SentItems()
-            state = p.arg_state[index] = [min(n, sent.cap()), None, sent]
-            self.host.spawn(self._pump(ch, p, index, p.stream_args[index], state))
+            state = p.arg_state[index] = [min(n, sent.cap()), None, sent, None]
+            state[3] = self.host.spawn(self._pump(ch, p, index, p.stream_args[index], state))
             return
         state[2].credited(n)
         state[0] = min(state[0] + n, state[2].cap())  # (credit beyond what our outstanding items allow is not taken)
@@ -504,10 +504,11 @@ class Runtime(Following):
 
     async def _pump(self, ch: RemoteChannel, p: Pending, index: int, source: Any, state: list) -> None:
         """Send the items of streamed argument ``index`` as its credit allows; ``state`` is
-        [credit, waiter for more, the items sent and not credited back (``window.SentItems``)].
-        The source is closed when the call ends, whether or not the callee took all of it."""
+        [credit, waiter for more, the items sent and not credited back (``window.SentItems``),
+        this task]. The call's end stops it (``_end_pumps``) and closes the source."""
+        it = aiter(source)
         try:
-            async for value in source:
+            async for value in it:
                 while state[0] <= 0:
                     if p.cid not in ch.pending:
                         return
@@ -529,12 +530,21 @@ class Runtime(Following):
                 ch.send([rpc.CANCEL, p.cid])
             self.fail_call(p, e if isinstance(e, LatticaError) else remote_error(*error_parts(e)))
         finally:
-            close = getattr(source, "aclose", None)
-            if close is not None:
-                try:
-                    await close()
-                except Exception:  # (the user's generator failing as it closes ends nothing of ours)
-                    log.debug("a streamed argument's source failed as it closed", exc_info=True)
+            await _close_source(it)
+
+    def _end_pumps(self, p: Pending) -> None:
+        """The call ended: its streamed arguments' pumps stop (wherever they wait) and close
+        their sources; a source never pumped (no credit came) is closed here."""
+        if not p.stream_args:
+            return
+        states = p.arg_state or {}
+        me = asyncio.current_task()
+        for index, source in p.stream_args.items():
+            state = states.get(index)
+            if state is None:
+                self.host.spawn(_close_source(aiter(source)))
+            elif state[3] is not None and state[3] is not me and not state[3].done():
+                state[3].cancel()
 
     def local_arg_streams(self, inv: Invocation, p: Pending) -> None:
         """A local call with streamed arguments: hand the caller's async iterators over directly."""
@@ -569,9 +579,14 @@ class Runtime(Following):
         return sum(ch.writer.backlog() for ch in chans if primary is None or ch.conn is primary)
 
 
-def _wake_pumps(p: Pending) -> None:
-    """The call ended: its streamed arguments' pumps waiting for credit look again (and stop)."""
-    for state in (p.arg_state or {}).values():
-        w = state[1]
-        if w is not None and not w.done():
-            w.set_result(None)
+
+async def _close_source(it: Any) -> None:
+    """Close a streamed argument's iterator (an async generator's ``finally`` runs), within
+    HOOK_TIMEOUT: a source stuck as it closes must not hold the node's shutdown."""
+    close = getattr(it, "aclose", None)
+    if close is None:
+        return
+    try:
+        await asyncio.wait_for(close(), HOOK_TIMEOUT)
+    except (Exception, asyncio.CancelledError):  # (the user's generator failing as it closes ends nothing of ours)
+        log.debug("a streamed argument's source did not close cleanly", exc_info=True)

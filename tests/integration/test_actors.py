@@ -1227,6 +1227,39 @@ def test_a_callee_that_returns_before_taking_all_of_a_streamed_argument_ends_the
     assert wait_for(lambda: not default_node.run(pumps(), timeout=5), 5)
 
 
+def test_a_call_that_ends_while_its_streamed_argument_waits_or_before_any_credit_closes_the_source(default_node, peer):
+    """The call times out while the caller's source is waiting for its next item (a queue, a
+    sensor): the pump stops there and the source is closed. A call refused before the callee
+    granted anything (no such actor) closes its source too."""
+    from lattica.runtime.refs import ActorRef
+
+    s_ = sa.Streamer.options(node=peer.peer_id).remote()
+    closed = []
+
+    async def stalls():
+        try:
+            yield 1
+            await asyncio.sleep(60)
+            yield 2
+        finally:
+            closed.append("stalls")
+
+    async def never_sent():
+        yield 1
+
+    unsent = never_sent()
+
+    async def calls():
+        with pytest.raises(CallTimeout):
+            await s_.collect.options(timeout=0.5).remote(stalls())
+        with pytest.raises(ActorNotFound):
+            await ActorRef(peer.peer_id, "nobody-here", {"collect": ASYNC}).collect.remote(unsent)
+
+    default_node.run(calls(), timeout=20)
+    assert wait_for(lambda: closed == ["stalls"], 5), closed
+    assert wait_for(lambda: unsent.ag_frame is None, 5)  # closed before it ever ran (nothing to clean up)
+
+
 async def _ints(n):
     for i in range(n):
         yield i

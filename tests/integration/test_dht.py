@@ -105,8 +105,8 @@ def three():
         node = lattica.init(allow=["sample_actors.*"], bootstrap=[a.addr("tcp"), b.addr("tcp")])
         pa = DhtProbe.options(node=a.peer_id).remote()
         pb = DhtProbe.options(node=b.peer_id).remote()
-        # A finds B through us (a bootstrap that ran before we had B's identify finds only us:
-        # a node bootstraps again, as these do here, and the table fills)
+        # A finds B through us: init returns once one bootstrap peer is connected, so a bootstrap
+        # of A may run before we have B; a node bootstraps again, as these do here
         assert wait_for(lambda: pa.bootstrap.remote().result(10) >= 2, 10)
         assert wait_for(lambda: pb.bootstrap.remote().result(10) >= 2, 10)
         try:

@@ -1,16 +1,21 @@
 """The actor-call wire protocol (sans-IO): message shapes, validation, and frame splitting.
 
-Calls travel on one long-lived stream per connection and direction (``/lattica/rpc/1``), opened by
-the calling side; replies come back on the same stream. Every message is one codec frame preceded
+Calls travel on one long-lived stream per connection and direction (``/lattica/rpc/2``, or
+``/lattica/rpc/1`` with a peer that does not serve it), opened by the calling side; replies come
+back on the same stream. Every message is one codec frame preceded
 by its 4-byte big-endian length. A message is a list whose first element is its kind:
 
 caller → callee                                   callee → caller
   CALL   [0, id, actor, method, args, kwargs,       OK      [10, id, value]
           timeout, flags]                           ERR     [11, id, kind, type, message, tb]
   CANCEL [1, id]                                    ITEM    [12, id, value]
-  CREDIT [2, id, n]      (more result items)        END     [13, id]
-  ARG    [3, id, index, value]  (client stream)     ARGCRED [14, id, index, n]
+  CREDIT [2, id, n, taken]  (more result items)     END     [13, id]
+  ARG    [3, id, index, value]  (client stream)     ARGCRED [14, id, index, n, taken]
   ARGEND [4, id, index]                             MAILBOX [15, actor, n]  (tell credit back)
+
+A grant (CREDIT, ARGCRED) adds ``n`` items of credit, of which the consumer took ``taken`` (the
+rest grew its window). ``taken`` is sent only on ``/lattica/rpc/2`` streams; a grant without it
+means all ``n`` were taken (``/lattica/rpc/1``, where windows never grow).
 
 Nothing here does I/O; ``FrameSplitter`` turns received bytes into frames, ``parse`` checks a
 decoded message's shape so the runtime never indexes into garbage. A CALL we send is a
@@ -25,7 +30,8 @@ from typing import Any
 
 from lattica.errors import FrameTooLarge, ProtocolError
 
-PROTOCOL = "/lattica/rpc/1"
+PROTOCOL = "/lattica/rpc/2"  # grants say how many items were taken: stream windows may grow
+PROTOCOL_1 = "/lattica/rpc/1"  # older peers: grants are all taken, windows stay at 16 items
 
 CALL, CANCEL, CREDIT, ARG, ARGEND = 0, 1, 2, 3, 4
 OK, ERR, ITEM, END, ARGCRED, MAILBOX = 10, 11, 12, 13, 14, 15
@@ -33,7 +39,7 @@ OK, ERR, ITEM, END, ARGCRED, MAILBOX = 10, 11, 12, 13, 14, 15
 F_TELL = 1  # no reply wanted
 F_STREAM = 2  # the method is a generator: reply with ITEMs and END, under CREDIT
 F_ARGSTREAM = 4  # some arguments are streams, sent as ARG messages
-F_ARGCLAMP = 8  # the caller takes streamed arguments' credit only up to 8 MiB of its items: their windows may grow
+# (8 was "the caller clamps streamed arguments' credit" in an unreleased version: ignored)
 
 # ERR kinds
 E_REMOTE = "remote"  # the method raised
@@ -51,12 +57,13 @@ E_DENIED = "denied"  # the caller may not call this (lattica.trust)
 ID = 1
 VALUE = 2  # OK, ITEM: the value
 ERR_KIND, ERR_TYPE, ERR_MESSAGE, ERR_TRACEBACK = 2, 3, 4, 5
-CREDIT_N = 2  # CREDIT: how many more items
+CREDIT_N = 2  # CREDIT: how many more items (and, when present, msg[3]: how many of them were taken)
 ARG_INDEX, ARG_ITEM, ARGCRED_N = 2, 3, 3
 MAILBOX_ACTOR, MAILBOX_N = 1, 2
 
 MAX_NAME = 256
 _SHAPES: dict[int, int] = {CALL: 8, CANCEL: 2, CREDIT: 3, ARG: 4, ARGEND: 3, OK: 3, ERR: 6, ITEM: 3, END: 2, ARGCRED: 4, MAILBOX: 3}
+_GRANT_N = {CREDIT: CREDIT_N, ARGCRED: ARGCRED_N}  # grants: where n is (``taken`` may follow it)
 
 
 class CallMsg(list):
@@ -78,12 +85,21 @@ def call(cid: int, actor: str, method: str, args: list, kwargs: dict | None, tim
     return CallMsg((CALL, cid, actor, method, args, kwargs, timeout, flags))
 
 
+def grant(msg: list) -> tuple[int, int]:
+    """A parsed CREDIT's or ARGCRED's (credit, items taken): all of it taken when not said."""
+    i = _GRANT_N[msg[0]]
+    n = msg[i]
+    return n, (msg[i + 1] if len(msg) > i + 1 else n)
+
+
 def parse(msg: Any) -> list:
     """Check a decoded message's kind, length and field types; return it or raise ProtocolError."""
     if (type(msg) is not list and type(msg) is not CallMsg) or not msg:
         raise ProtocolError("rpc message must be a non-empty list")
     kind = msg[0]
     n = _SHAPES.get(kind) if type(kind) is int else None
+    if n is not None and len(msg) == n + 1 and kind in _GRANT_N:
+        n += 1  # a grant saying how much of it was taken
     if n is None or len(msg) != n:
         raise ProtocolError(f"rpc message of unknown kind or wrong length: kind {kind!r}, {len(msg)} fields")
     if kind == MAILBOX:
@@ -105,8 +121,11 @@ def parse(msg: Any) -> list:
         if type(flags) is not int:
             raise ProtocolError("CALL flags must be an int")
     elif kind in (CREDIT, ARGCRED):
-        if type(msg[-1]) is not int or msg[-1] < 1:
+        grant = msg[_GRANT_N[kind]]
+        if type(grant) is not int or grant < 1:
             raise ProtocolError("credit must be a positive int")
+        if len(msg) > _GRANT_N[kind] + 1 and (type(msg[-1]) is not int or not 0 <= msg[-1] <= grant):
+            raise ProtocolError("a grant's items taken must be an int from 0 to its credit")
     elif kind == ERR:
         if not all(type(x) is str for x in msg[2:]):
             raise ProtocolError("ERR fields must be strings")

@@ -17,11 +17,12 @@ from lattica.errors import (
     NodeClosed,
     PeerUnreachable,
     ProtocolError,
+    UnsupportedProtocol,
 )
 from lattica.future import Future
 from lattica.identity import PeerId
 from lattica.transports.base import Connection, Stream
-from lattica.runtime.limits import CHANNEL_HIGH_WATER, MAX_MESSAGE
+from lattica.runtime.limits import CHANNEL_HIGH_WATER, IDENTIFY_WAIT, MAX_MESSAGE
 from lattica.runtime.partials import BudgetedSplitter, PartialMessages
 from lattica.runtime.local import Invocation, Sink
 
@@ -262,7 +263,7 @@ class LocalChannel(Channel):
         deadline = rt.loop.time() + timeout if timeout is not None else None
         inv = Invocation(actor, method, args, kwargs, deadline, sink, streaming=bool(flags & rpc.F_STREAM), caller=rt.peer_id)
         if p.stream is not None:
-            p.stream._bind(lambda n: actor.grant(inv, n), lambda: actor.cancel(inv))
+            p.stream._bind(lambda n, taken: actor.grant(inv, n, taken), lambda: actor.cancel(inv))
         if flags & rpc.F_ARGSTREAM:
             rt.local_arg_streams(inv, p)
         if p.future is not None:
@@ -271,7 +272,8 @@ class LocalChannel(Channel):
 
 
 class RemoteChannel(Channel):
-    """Calls to one peer over its ``/lattica/rpc/1`` stream."""
+    """Calls to one peer over its ``/lattica/rpc/2`` stream (``/lattica/rpc/1`` with a peer that
+    does not serve it: its grants cannot say what was taken, and streams' windows do not grow)."""
 
     def __init__(self, runtime: CallRouter, peer: PeerId) -> None:
         super().__init__(runtime, peer)
@@ -282,6 +284,7 @@ class RemoteChannel(Channel):
         self.last_used = time.monotonic()
         self.moving = False  # a better connection came up: switch when quiet
         self.round_trip = RoundTrip(lambda: runtime.host.conns.get(peer))  # (the connection calls go on now)
+        self.protocol = rpc.PROTOCOL  # until the stream opens; then what the peer serves
         self._draining: asyncio.Task | None = None  # the one drain of the stream that ``writable`` waits on
 
     def quiet(self) -> bool:
@@ -321,7 +324,7 @@ class RemoteChannel(Channel):
         if p.future is not None:
             p.future._cancel_hook = lambda: self.send([rpc.CANCEL, cid])
         if p.stream is not None:
-            p.stream._bind(lambda n: self.send([rpc.CREDIT, cid, n]), lambda: self.send([rpc.CANCEL, cid]), self.round_trip)
+            p.stream._bind(lambda n, taken: self.send(self.credit_msg(cid, n, taken)), lambda: self.send([rpc.CANCEL, cid]), self.stream_rtt)
         try:
             self.send(p.msg, p.encoded)
         except LatticaError:
@@ -329,6 +332,15 @@ class RemoteChannel(Channel):
                 del self.pending[p.cid]
             self.returned(p.ref.name)
             raise
+
+    def credit_msg(self, cid: int, n: int, taken: int) -> list:
+        """A CREDIT granting ``n`` items, ``taken`` of them taken (said only where understood)."""
+        return [rpc.CREDIT, cid, n, taken] if self.protocol == rpc.PROTOCOL else [rpc.CREDIT, cid, n]
+
+    def stream_rtt(self) -> float | None:
+        """What result streams' windows are timed against: None (they do not grow) on a stream
+        whose grants cannot say what was taken, or until the stream is open."""
+        return self.round_trip() if self.stream is not None and self.protocol == rpc.PROTOCOL else None
 
     def send(self, msg: list, encoded: list | None = None) -> None:
         """Encode ``msg`` now (errors surface here, at the caller) and queue it for the stream."""
@@ -342,7 +354,14 @@ class RemoteChannel(Channel):
 
     async def _open(self) -> None:
         try:
-            stream = await self.runtime.host.open_stream(self.peer, rpc.PROTOCOL)
+            host = self.runtime.host
+            conn = await host.get_connection(self.peer)
+            info = await host.peer_info(conn, IDENTIFY_WAIT)  # (it came with the handshake, normally)
+            served = info.protocols if info is not None else (rpc.PROTOCOL_1,)  # (unknown: what every version serves)
+            self.protocol = next((p for p in (rpc.PROTOCOL, rpc.PROTOCOL_1) if p in served), "")
+            if not self.protocol:
+                raise UnsupportedProtocol(f"{self.peer} does not serve actor calls")
+            stream = await host.open_stream_on(conn, self.protocol)
         except LatticaError as e:
             err = e
             if not isinstance(e, PeerUnreachable):

@@ -23,5 +23,6 @@ BUILTIN_ACTORS = ("lattica.supervisor.Supervisor",)  # actor classes any peer ma
 NO_STATE: Any = object()  # spawned without a checkpoint to restore
 MAX_ACTORS = 10_000  # actors per node: every spawn beyond it is refused
 HOOK_TIMEOUT = 10.0  # seconds an on_stop hook may take
+IDENTIFY_WAIT = 5.0  # s a fresh connection's call channel waits for the peer's identify (one one-way delay, normally)
 FOLLOW_FOR = 30.0  # seconds a stable ref keeps re-sending an undelivered call while its actor moves
 RECENT_PLACEMENT = 5.0  # seconds a spawn we sent counts against its node (gossip lag)

@@ -76,7 +76,7 @@ def _sent(inv: Invocation, nbytes: int) -> None:
 
 
 class Invocation:
-    __slots__ = ("actor", "method", "args", "kwargs", "deadline", "sink", "task", "replied", "streaming", "credit", "credit_waiter", "arg_streams", "timer", "done", "caller", "sent_items")
+    __slots__ = ("actor", "method", "args", "kwargs", "deadline", "sink", "task", "replied", "streaming", "credit", "credit_waiter", "arg_streams", "timer", "done", "caller", "sent_items", "held")
 
     def __init__(self, actor: LocalActor, method: str, args: list, kwargs: dict | None, deadline: float | None, sink: Sink, streaming: bool = False, caller: PeerId | None = None) -> None:
         self.caller = caller  # the authenticated node the call came from
@@ -90,7 +90,8 @@ class Invocation:
         self.replied = False  # the caller got its answer (OK, ERR or END); nothing more is sent
         self.streaming = streaming  # called with .stream(): the method must be a generator
         self.credit = STREAM_WINDOW  # for generator methods: items we may send
-        self.sent_items = SentItems()  # items sent and not credited back: what caps the credit we take
+        self.sent_items = SentItems()  # items sent and not taken: what caps the credit we take, and when we send
+        self.held: collections.deque | None = None  # a sync generator's items (and _END) waiting until they may go
         self.credit_waiter: Any = None
         self.arg_streams: dict[int, ArgStream] | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -100,10 +101,10 @@ class Invocation:
 class ArgStream:
     """What an actor method receives for a streamed argument: an async iterator of the caller's
     items, granting the caller credit as it is consumed (``window.ItemWindow``: with ``rtt``, for
-    a caller that keeps its credit within 8 MiB of its items, the window grows on a long path as a
-    streaming call's does; without, it stays at 16 items)."""
+    a caller whose grants say what was taken, the window grows on a long path as a streaming
+    call's does; without, it stays at 16 items). ``grant(credit, taken)`` sends a grant."""
 
-    def __init__(self, grant: Callable[[int], None], rtt: Callable[[], float | None] | None = None) -> None:
+    def __init__(self, grant: Callable[[int, int], None], rtt: Callable[[], float | None] | None = None) -> None:
         self._items: collections.deque = collections.deque()
         self._ended = False
         self._waiter: asyncio.Future | None = None
@@ -138,9 +139,9 @@ class ArgStream:
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
         value = self._items.popleft()
-        n = self._credit.took()
-        if n and not self._ended:
-            self._grant(n)
+        g = self._credit.took()
+        if g is not None and not self._ended:
+            self._grant(*g)
         return value
 
 
@@ -406,7 +407,7 @@ class LocalActor:
         agen = self.bound[inv.method](*inv.args, **(inv.kwargs or {}))
         try:
             async for item in agen:
-                while inv.credit <= 0:
+                while inv.credit <= 0 or not inv.sent_items.may_send():
                     inv.credit_waiter = self.runtime.loop.create_future()
                     await inv.credit_waiter
                 if inv.replied:  # cancelled by the consumer
@@ -418,20 +419,31 @@ class LocalActor:
         self._reply_end(inv)
         return _STREAMED  # the caller already got END: no OK follows
 
-    def grant(self, inv: Invocation, n: int) -> None:
-        """The consumer of a streaming call granted ``n`` more items (it took the oldest ``n``):
-        taken up to ``SentItems.cap`` (grants beyond it are dropped, not kept)."""
-        inv.sent_items.credited(n)
+    def grant(self, inv: Invocation, n: int, taken: int) -> None:
+        """The consumer of a streaming call granted ``n`` more items, having taken the oldest
+        ``taken``: credit is taken up to ``SentItems.cap`` (grants beyond it are dropped, not
+        kept), and what we held back while too much was unread may go."""
+        inv.sent_items.taken(taken)
+        if inv.held:
+            self._send_held(inv)
         n = max(0, min(n, inv.sent_items.cap() - inv.credit))
-        if n == 0:
-            return
         inv.credit += n
         w = inv.credit_waiter
         if isinstance(w, asyncio.Future):
             if not w.done():
                 w.set_result(None)
-        elif isinstance(w, threading.Semaphore):
+        elif isinstance(w, threading.Semaphore) and n:
             w.release(n)
+
+    def _send_held(self, inv: Invocation) -> None:
+        """Send a sync generator's held items (and its END) while they may go."""
+        held = inv.held
+        while held and not inv.replied and inv.sent_items.may_send():
+            item = held.popleft()
+            if item is _END:
+                self._reply_end(inv)
+            else:
+                _sent(inv, inv.sink.item(item))
 
     def _run_sync(self, inv: Invocation, kind: str) -> None:
         """On the actor thread."""
@@ -471,14 +483,23 @@ class LocalActor:
 
     def _deliver_item(self, inv: Invocation, item: Any) -> None:
         """A sync generator's item reaches the loop: it used one credit (the thread's semaphore
-        already counted it; ``inv.credit`` mirrors it so grants stay within one window)."""
+        already counted it; ``inv.credit`` mirrors it so grants stay within one window). It goes
+        now, or is held while the consumer has too much unread (the thread may run ahead of
+        what the consumer took by the credit it holds)."""
         if not inv.replied:
             inv.credit -= 1
-            _sent(inv, inv.sink.item(item))
+            if inv.held or not inv.sent_items.may_send():
+                if inv.held is None:
+                    inv.held = collections.deque()
+                inv.held.append(item)
+            else:
+                _sent(inv, inv.sink.item(item))
 
     def _sync_done(self, inv: Invocation, kind: str | None, value: Any = None, parts: tuple | None = None, end: bool = False) -> None:
         self._finish(inv)
-        if kind is None:
+        if kind is None and end and inv.held:
+            inv.held.append(_END)  # after the items still held
+        elif kind is None:
             self._reply_end(inv) if end else self._reply_ok(inv, value)
         elif kind == rpc.E_REMOTE:
             self._reply_err(inv, kind, *parts)  # type: ignore[misc]
@@ -501,7 +522,7 @@ class LocalActor:
         elif inv in self.waiting:
             self.waiting.remove(inv)
             self._finish(inv)
-        inv.args, inv.kwargs = [], None  # a queued sync job keeps no payload alive
+        inv.args, inv.kwargs, inv.held = [], None, None  # a queued sync job keeps no payload alive
         w = inv.credit_waiter
         if isinstance(w, asyncio.Future) and not w.done():
             w.set_result(None)
@@ -554,6 +575,7 @@ async def reset_quietly(stream: Any) -> None:
 
 
 _STREAMED = object()  # what a streaming method's driver returns: its END was already sent
+_END = object()  # a sync generator's END, held behind its items (Invocation.held)
 
 
 def _on_thread(executor: pykka.ActorRef, fn: Callable[[], Any]) -> Any:

@@ -326,13 +326,13 @@ class _StreamState:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future | None = None
         self._cond: threading.Condition | None = None
-        self._grant: Callable[[int], None] | None = None
+        self._grant: Callable[[int, int], None] | None = None  # (credit, items taken of it)
         self._cancel: Callable[[], None] | None = None
         self._credit = ItemWindow()
 
     # -- fed on the node loop ------------------------------------------------------------------
 
-    def _bind(self, grant: Callable[[int], None], cancel: Callable[[], None], rtt: Callable[[], float | None] | None = None) -> None:
+    def _bind(self, grant: Callable[[int, int], None], cancel: Callable[[], None], rtt: Callable[[], float | None] | None = None) -> None:
         self._grant, self._cancel = grant, cancel
         self._credit.start(rtt)
         if self._done:  # the consumer gave up before the call was sent: stop it at once
@@ -371,9 +371,9 @@ class _StreamState:
 
     def _took_one(self) -> None:
         """Return credit to the producer as the window says (on the loop)."""
-        n = self._credit.took()
-        if n and self._grant is not None and not self._done:
-            self._grant(n)
+        g = self._credit.took()
+        if g is not None and self._grant is not None and not self._done:
+            self._grant(*g)
 
     # -- async consumers ------------------------------------------------------------------------
 

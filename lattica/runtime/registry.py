@@ -79,6 +79,7 @@ class Runtime(Following):
             context.bind_thread(self)
         context.add_live(self)
         host.handlers[rpc.PROTOCOL] = self._serve
+        host.handlers[rpc.PROTOCOL_1] = lambda stream, conn: self._serve(stream, conn, rpc.PROTOCOL_1)
         self.monitors: Monitors = None  # type: ignore[assignment]  # the host sets them right after (they import us)
         self.stop_listeners: list[Callable[[str, str], None]] = []  # told (actor name, reason) when one of ours ends
         self._placed: collections.deque[tuple[float, str, Any]] = collections.deque()  # (when, peer, its load then)
@@ -307,7 +308,7 @@ class Runtime(Following):
                 streamed[len(streamed)] = a
                 arg_list[i] = StreamArg(len(streamed) - 1)
         if streamed:
-            flags |= rpc.F_ARGSTREAM | rpc.F_ARGCLAMP
+            flags |= rpc.F_ARGSTREAM
         cid = next(self._ids)  # itertools.count: safe from any thread
         msg = rpc.call(cid, ref.name, method, arg_list, kwargs or None, timeout, flags)
         p = Pending(cid, ref, msg, None if tell or stream is not None else Future(self.loop), stream)
@@ -481,12 +482,13 @@ class Runtime(Following):
         elif kind == rpc.END:
             self.complete_call(p, None, None, end=True)
         elif kind == rpc.ARGCRED:
-            self._pump_arg(ch, p, msg[rpc.ARG_INDEX], msg[rpc.ARGCRED_N])
+            self._pump_arg(ch, p, msg[rpc.ARG_INDEX], *rpc.grant(msg))
 
     # -- client streaming -----------------------------------------------------------------------
 
-    def _pump_arg(self, ch: RemoteChannel, p: Pending, index: int, n: int) -> None:
-        """The callee granted ``n`` more items of streamed argument ``index``."""
+    def _pump_arg(self, ch: RemoteChannel, p: Pending, index: int, n: int, taken: int) -> None:
+        """The callee granted ``n`` more items of streamed argument ``index``, having taken the
+        oldest ``taken`` we sent."""
         if not p.stream_args or index not in p.stream_args:
             return
         if p.arg_state is None:
@@ -497,19 +499,19 @@ class Runtime(Following):
             state = p.arg_state[index] = [min(n, sent.cap()), None, sent, None]
             state[3] = self.host.spawn(self._pump(ch, p, index, p.stream_args[index], state))
             return
-        state[2].credited(n)
+        state[2].taken(taken)
         state[0] = min(state[0] + n, state[2].cap())  # (credit beyond what our outstanding items allow is not taken)
         if state[1] is not None and not state[1].done():
             state[1].set_result(None)
 
     async def _pump(self, ch: RemoteChannel, p: Pending, index: int, source: Any, state: list) -> None:
         """Send the items of streamed argument ``index`` as its credit allows; ``state`` is
-        [credit, waiter for more, the items sent and not credited back (``window.SentItems``),
+        [credit, waiter for more, the items sent and not taken (``window.SentItems``),
         this task]. The call's end stops it (``_end_pumps``) and closes the source."""
         it = aiter(source)
         try:
             async for value in it:
-                while state[0] <= 0:
+                while state[0] <= 0 or not state[2].may_send():
                     if p.cid not in ch.pending:
                         return
                     state[1] = self.loop.create_future()
@@ -554,8 +556,8 @@ class Runtime(Following):
 
     # -- serving --------------------------------------------------------------------------------
 
-    async def _serve(self, stream: Stream, conn: Connection) -> None:
-        ch = ServerChannel(self, stream, conn)
+    async def _serve(self, stream: Stream, conn: Connection, protocol: str = rpc.PROTOCOL) -> None:
+        ch = ServerChannel(self, stream, conn, protocol)
         self._serving.setdefault(ch.peer, set()).add(ch)
         try:
             await ch.serve()

@@ -12,7 +12,7 @@ from lattica.errors import (
     ProtocolError,
 )
 from lattica.transports.base import Connection, Stream
-from lattica.runtime.limits import CHANNEL_HIGH_WATER, MAX_MESSAGE, STREAM_WINDOW
+from lattica.runtime.limits import CHANNEL_HIGH_WATER, IDENTIFY_WAIT, MAX_MESSAGE, STREAM_WINDOW
 from lattica.runtime.partials import BudgetedSplitter
 from lattica.runtime.refs import StreamArg
 from lattica.runtime.local import ArgStream, Invocation, Sink
@@ -22,8 +22,6 @@ if TYPE_CHECKING:
     from lattica.runtime.registry import Runtime
 
 log = get_logger("lattica.runtime")
-
-IDENTIFY_WAIT = 5.0  # s a fresh connection's calls wait for its identify (one one-way delay, normally)
 
 
 class _ServerSink(Sink):
@@ -79,9 +77,10 @@ class _ServerSink(Sink):
 class ServerChannel:
     """Calls from one peer to actors on this node."""
 
-    def __init__(self, runtime: Runtime, stream: Stream, conn: Connection) -> None:
+    def __init__(self, runtime: Runtime, stream: Stream, conn: Connection, protocol: str = rpc.PROTOCOL) -> None:
         self.runtime = runtime
         self.stream = stream
+        self.says_taken = protocol == rpc.PROTOCOL  # the caller's grants say what was taken, and it reads ours that do
         self.conn = conn
         self.peer = conn.remote_peer
         self.circle = trust.STRANGER  # what the caller is to us: set from its identify in serve()
@@ -94,6 +93,10 @@ class ServerChannel:
 
     def send(self, msg: list) -> None:
         self.writer.write(self.stream, codec.encode(msg))
+
+    def argcred_msg(self, cid: int, index: int, n: int, taken: int) -> list:
+        """An ARGCRED granting ``n`` items, ``taken`` of them taken (said only where understood)."""
+        return [rpc.ARGCRED, cid, index, n, taken] if self.says_taken else [rpc.ARGCRED, cid, index, n]
 
     def tell_credit(self, actor: str) -> None:
         self.tell_credits[actor] = self.tell_credits.get(actor, 0) + 1
@@ -159,7 +162,7 @@ class ServerChannel:
         if kind == rpc.CANCEL:
             inv.actor.cancel(inv)
         elif kind == rpc.CREDIT:
-            inv.actor.grant(inv, msg[rpc.CREDIT_N])
+            inv.actor.grant(inv, *rpc.grant(msg))
         elif kind == rpc.ARG:
             s = (inv.arg_streams or {}).get(msg[rpc.ARG_INDEX])
             if s is not None:
@@ -213,8 +216,8 @@ class ServerChannel:
             inv.arg_streams = {}
             for i, a in enumerate(args):
                 if isinstance(a, StreamArg):
-                    s = ArgStream(lambda n, idx=a.index: self.send([rpc.ARGCRED, cid, idx, n]), self.round_trip if flags & rpc.F_ARGCLAMP else None)
+                    s = ArgStream(lambda n, taken, idx=a.index: self.send(self.argcred_msg(cid, idx, n, taken)), self.round_trip if self.says_taken else None)
                     inv.arg_streams[a.index] = s
                     args[i] = s
-                    self.send([rpc.ARGCRED, cid, a.index, STREAM_WINDOW])
+                    self.send(self.argcred_msg(cid, a.index, STREAM_WINDOW, 0))
         actor.dispatch(inv)

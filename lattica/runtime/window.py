@@ -1,30 +1,29 @@
-"""The consuming side of a stream's item credit, sans-IO: how far ahead the producer may send, and
-when to grant it more. Both directions of actor-call streaming use it: a streaming call's results
-(the caller consumes them: ``refs._StreamState``) and a streamed argument (the callee consumes
-it: ``local.ArgStream``).
+"""A stream's item credit, sans-IO, on both sides: how far ahead the producer may send, when the
+consumer grants it more (``ItemWindow``) and what the producer may send now (``SentItems``). Both
+directions of actor-call streaming use it: a streaming call's results (the caller consumes them:
+``refs._StreamState``) and a streamed argument (the callee consumes it: ``local.ArgStream``).
 
 The producer may send ``window`` items ahead; credit goes back for every ``BATCH`` (8) items
 taken (half the first window), whatever the window has grown to: a producer may hold less credit
-than we granted (an older one clamps at 16; a newer one at what 8 MiB holds of its items), and
-after any grant it can send at least 8, so the stream never waits on a batch the producer cannot
-send. A window that holds the producer back on a long path grows: when, over the last half
-window of items, the consumer ran out of items and still took them within ``GROW_WITHIN`` (1.5)
-round trips, the producer was sending at least a third of a window per round trip and then
-waiting for credit (a credit-bound stream takes about one round trip per half window), so the
-window doubles, up to MAX_STREAM_WINDOW items and only while that many items of the size seen so
-far fit in STREAM_WINDOW_BYTES (the producer enforces its own byte bound). Items taken from a full
-buffer prove nothing (the producer ran ahead), hence the first condition.
+than we granted (it clamps at what 8 MiB holds of its items, an older one at 16), and after any
+grant it can send at least 8, so the stream never waits on a batch the producer cannot send. A
+window that holds the producer back on a long path grows: when, over the last half window of
+items, the consumer ran out of items and still took them within ``GROW_WITHIN`` (1.5) round
+trips, the producer was sending at least a third of a window per round trip and then waiting for
+credit (a credit-bound stream takes about one round trip per half window), so the window
+doubles, up to MAX_STREAM_WINDOW items and only while that many items of the size seen so far
+fit in STREAM_WINDOW_BYTES. Items taken from a full buffer prove nothing (the producer ran ahead),
+hence the first condition. Windows grow only where grants say how many items were taken
+(``/lattica/rpc/2``); elsewhere they stay at 16 items.
 
-Bytes are bounded on this side too, not only by the producer's own clamp: credit granted for
-small items can carry big ones (items that grow after the window grew, or a producer that does
-not clamp), so while the items waiting to be taken hold STREAM_WINDOW_BYTES or more, grants are
-held back and go out once they hold less (an emptied buffer always releases them: no stall). An
-item beyond all the credit ever granted means a broken or hostile producer: ``received`` says so
-and the glue ends the stream. There is no cut-off by bytes: a hostile review showed an honest
-producer can exceed any fixed one (grants made while its items were small, some of them
-growing the window, are still on their way when its items become large, and a grant does not
-say how much of it is growth), so unread bytes are bounded only by the credit granted times the
-largest message.
+Bytes are bounded exactly, whatever the items' sizes do: each grant says how many of its items
+were taken (the rest is growth), so the producer knows its items sent and not yet taken, and
+sends the next one only while they are fewer than 16 or hold less than STREAM_WINDOW_BYTES. The
+consumer's unread items are always among those (it reports what it took only after taking it),
+so an item arriving while 16 or more items holding STREAM_WINDOW_BYTES or more wait unread means
+a broken or hostile producer, as does an item beyond all the credit ever granted: ``received``
+says so and the glue ends the stream. What waits unread is therefore under 8 MiB plus one item,
+or at most 16 items.
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ class ItemWindow:
     """One stream's credit as its consumer keeps it (see the module docstring). ``rtt`` gives the
     path's round trip in seconds (None: unknown, and the window stays at its first size)."""
 
-    __slots__ = ("window", "starved", "item_bytes", "buffered", "_sizes", "_held", "_allowed", "_consumed", "_epoch_at", "_epoch_taken", "_rtt")
+    __slots__ = ("window", "starved", "item_bytes", "buffered", "_sizes", "_allowed", "_consumed", "_epoch_at", "_epoch_taken", "_rtt")
 
     def __init__(self, rtt: Callable[[], float | None] | None = None) -> None:
         self.window = STREAM_WINDOW
@@ -53,7 +52,6 @@ class ItemWindow:
         self.item_bytes = 0.0  # items' encoded size (moving average; 0: not known, a local stream)
         self.buffered = 0  # encoded bytes of the items received and not yet taken
         self._sizes: collections.deque[int] = collections.deque()  # ... item by item, in order
-        self._held = 0  # credit due but held back while the buffered items hold STREAM_WINDOW_BYTES
         self._allowed = STREAM_WINDOW  # items the producer may have sent: the first window, and every grant
         self._consumed = 0  # items taken since the last grant
         self._epoch_at = time.monotonic()  # when the current half window of items began
@@ -61,7 +59,8 @@ class ItemWindow:
         self._rtt = rtt
 
     def start(self, rtt: Callable[[], float | None] | None) -> None:
-        """The stream is under way now (a call bound to its channel), timed with ``rtt``."""
+        """The stream is under way now (a call bound to its channel), timed with ``rtt`` (None,
+        or returning None: the window does not grow)."""
         self._rtt = rtt
         self._epoch_at = time.monotonic()
 
@@ -70,32 +69,32 @@ class ItemWindow:
         self._allowed -= 1
         if self._allowed < 0:
             return "the producer sent more items than it was granted"
+        if len(self._sizes) >= STREAM_WINDOW and self.buffered >= STREAM_WINDOW_BYTES:
+            return f"the producer sent an item while {len(self._sizes)} items of {self.buffered} bytes waited unread"
         self._sizes.append(nbytes)
         self.buffered += nbytes
         if nbytes:
             self.item_bytes = nbytes if not self.item_bytes else 0.875 * self.item_bytes + 0.125 * nbytes
         return None
 
-    def took(self) -> int:
-        """The consumer took the oldest item: the credit to grant now (0: none yet)."""
+    def took(self) -> tuple[int, int] | None:
+        """The consumer took the oldest item: the grant to send now, (credit, items taken of it),
+        or None."""
         if self._sizes:
             self.buffered -= self._sizes.popleft()
         self._consumed += 1
         self._epoch_taken += 1
-        if self._consumed >= BATCH:
-            n, self._consumed = self._consumed, 0
-            self._held += n + self._grow()
-        return self._release() if self._held and self.buffered < STREAM_WINDOW_BYTES else 0
-
-    def _release(self) -> int:
-        n, self._held = self._held, 0
+        if self._consumed < BATCH:
+            return None
+        taken, self._consumed = self._consumed, 0
+        n = taken + self._grow()
         self._allowed += n
-        return n
+        return n, taken
 
     def _grow(self) -> int:
         """Credit to add to this grant: a whole window when the window doubles, else none."""
         fits = max(STREAM_WINDOW, int(STREAM_WINDOW_BYTES // self.item_bytes)) if self.item_bytes else MAX_STREAM_WINDOW
-        if self.window > fits:  # items grew (the producer keeps its own credit within its bytes)
+        if self.window > fits:  # items grew (the producer holds back by bytes itself)
             self.window = fits
         if self._epoch_taken < self.window // 2:
             return 0
@@ -121,19 +120,19 @@ def credit_cap(item_bytes: float) -> int:
 
 
 class SentItems:
-    """A stream producer's items sent and not yet credited back (their sizes, oldest first: a
-    grant of ``n`` means the consumer took the oldest ``n``), and so the most credit it may
-    hold: what ``credit_cap`` allows for items this size, and only as many as keep what is
-    outstanding within STREAM_WINDOW_BYTES, or under 16 items whatever their size. Grants issued
-    while the items were small then cannot fill the consumer with big ones, except for the part
-    of a grant that grew the window: it counts as items taken, so the list empties sooner than
-    the consumer's buffer does (a grant does not say how much of it is growth)."""
+    """A stream producer's items sent and not yet taken (their sizes, oldest first: a grant that
+    took ``n`` items took the oldest ``n``): whether it may send the next one now (``may_send``)
+    and the most credit it holds (``cap``: what ``credit_cap`` allows for items this size, and
+    only as many as keep what is outstanding within STREAM_WINDOW_BYTES, or under 16 items
+    whatever their size; beyond it credit is dropped, so neither a consumer granting without
+    reading nor items that grow make the producer queue more). Toward an older consumer, whose
+    grants do not say what was taken, a grant counts as all taken (its window never grows)."""
 
     __slots__ = ("_sizes", "bytes", "item_bytes")
 
     def __init__(self) -> None:
         self._sizes: collections.deque[int] = collections.deque()
-        self.bytes = 0  # encoded bytes sent and not credited back
+        self.bytes = 0  # encoded bytes sent and not taken
         self.item_bytes = 0.0  # the items' encoded size (moving average)
 
     def sent(self, nbytes: int) -> None:
@@ -141,10 +140,14 @@ class SentItems:
         self.bytes += nbytes
         self.item_bytes = nbytes if not self.item_bytes else 0.875 * self.item_bytes + 0.125 * nbytes
 
-    def credited(self, n: int) -> None:
+    def taken(self, n: int) -> None:
         sizes = self._sizes
         for _ in range(min(n, len(sizes))):
             self.bytes -= sizes.popleft()
+
+    def may_send(self) -> bool:
+        """Whether the next item may go now: what the consumer checks (``ItemWindow.received``)."""
+        return len(self._sizes) < STREAM_WINDOW or self.bytes < STREAM_WINDOW_BYTES
 
     def cap(self) -> int:
         """The most credit the producer may hold now (at least 16 once nothing is outstanding)."""

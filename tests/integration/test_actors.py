@@ -39,7 +39,7 @@ pytestmark = pytest.mark.timeout(60)
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 ALLOW = ["sample_actors.*"]
-RPC = "/lattica/rpc/1"
+RPC = rpc.PROTOCOL
 
 
 
@@ -1077,20 +1077,25 @@ def test_raw_stream_undecodable_input_resets_the_stream_and_the_node_keeps_servi
     _serves(default_node, peer)
 
 
+_GRANTS = {rpc.PROTOCOL: lambda *head, n: [*head, n, n], rpc.PROTOCOL_1: lambda *head, n: [*head, n]}  # (all of it "taken")
+
+
+@pytest.mark.parametrize("protocol", [rpc.PROTOCOL, rpc.PROTOCOL_1], ids=["rpc2", "rpc1"])
 @pytest.mark.parametrize("size, most", [(1 << 20, 16), (1000, 512)])
-def test_raw_stream_consumer_granting_huge_credit_gets_at_most_a_window_of_bytes(default_node, peer, token, size, most):
+def test_raw_stream_consumer_granting_huge_credit_gets_at_most_a_window_of_bytes(default_node, peer, token, size, most, protocol):
     """A consumer may grow a stream's window to 512 items, but only the producer knows its items'
     size: it takes credit up to what 8 MiB holds of them (never under 16), so a consumer that
-    grants 100,000 and reads nothing cannot make it queue 512 items of a megabyte. (Further
-    grants are not read while the caller leaves 16 MiB of replies unread: CHANNEL_HIGH_WATER.)"""
+    grants 100,000 (saying it took them all, on either version of the protocol) and reads
+    nothing cannot make it queue 512 items of a megabyte. (Further grants are not read while
+    the caller leaves 16 MiB of replies unread: CHANNEL_HIGH_WATER.)"""
     s_ = sa.Streamer.options(node=peer.peer_id, name="blob-streamer").remote()
     assert list(s_.agen.stream(2)) == [0, 1]
 
     async def talk():
-        s = await default_node.aopen_stream(peer.peer_id, RPC)
+        s = await default_node.aopen_stream(peer.peer_id, protocol)
         s.write(_frame([0, 1, "blob-streamer", "blobs", [token, 2000, size], None, None, 2]))
         await asyncio.sleep(0.3)  # (items have gone out: the producer knows their size)
-        s.write(_frame([2, 1, 100_000]))
+        s.write(_frame(_GRANTS[protocol](rpc.CREDIT, 1, n=100_000)))
         await asyncio.sleep(1.0)  # reading nothing
         produced = sa.COUNTS[token]
         s.reset()
@@ -1102,12 +1107,27 @@ def test_raw_stream_consumer_granting_huge_credit_gets_at_most_a_window_of_bytes
     assert list(s_.agen.stream(3)) == [0, 1, 2]
 
 
+def _serve_only(node: lattica.Node, protocol: str, handler) -> None:
+    """``node`` answers calls with ``handler`` on ``protocol`` and serves no other version of
+    the call protocol (so callers pick that one, as they do with an older node)."""
+    node.set_stream_handler(protocol, handler)
+
+    async def serve_no_other(host) -> None:
+        for other in (rpc.PROTOCOL, rpc.PROTOCOL_1):
+            if other != protocol:
+                host.handlers.pop(other)
+
+    node._call(serve_no_other)
+
+
+@pytest.mark.parametrize("protocol", [rpc.PROTOCOL, rpc.PROTOCOL_1], ids=["rpc2", "rpc1"])
 @pytest.mark.parametrize("size, most", [(1 << 20, 16), (1000, 512)])
-def test_a_callee_granting_huge_credit_for_a_streamed_argument_gets_at_most_a_window_of_bytes(default_node, size, most):
+def test_a_callee_granting_huge_credit_for_a_streamed_argument_gets_at_most_a_window_of_bytes(default_node, size, most, protocol):
     """The other direction: a callee (here a node whose call protocol answers by hand) may grow a
     streamed argument's window, but the caller takes credit only up to what 8 MiB holds of its
-    items (never under 16): a grant of 100,000 that is never followed by reading cannot make it
-    queue 512 items of a megabyte (or 100,000 small ones)."""
+    items (never under 16): a grant of 100,000 (all of it "taken", on either version of the
+    protocol) that is never followed by reading cannot make it queue 512 items of a megabyte
+    (or 100,000 small ones)."""
     from lattica.runtime.refs import ActorRef
 
     got: list[int] = []
@@ -1118,7 +1138,7 @@ def test_a_callee_granting_huge_credit_for_a_streamed_argument_gets_at_most_a_wi
         cid = call[1]
         stream.write(_frame([rpc.ARGCRED, cid, 0, STREAM_WINDOW]))  # (what a callee grants first)
         await asyncio.sleep(0.3)  # the first 16 items come on it: the caller knows their size
-        stream.write(_frame([rpc.ARGCRED, cid, 0, 100_000]))
+        stream.write(_frame(_GRANTS[protocol](rpc.ARGCRED, cid, 0, n=100_000)))
         while True:
             try:
                 msg = await _read_msg(stream)
@@ -1133,7 +1153,7 @@ def test_a_callee_granting_huge_credit_for_a_streamed_argument_gets_at_most_a_wi
             yield bytes(size)
 
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"]) as callee:
-        callee.set_stream_handler(RPC, hostile)
+        _serve_only(callee, protocol, hostile)
         default_node.connect(callee.addrs[0])
         ref = ActorRef(callee.peer_id, "sink", {"collect": ASYNC})
 
@@ -1161,7 +1181,7 @@ def test_a_callee_that_keeps_granting_and_never_reads_cannot_make_the_caller_que
         stream.write(_frame([rpc.ARGCRED, call[1], 0, STREAM_WINDOW]))
         for _ in range(1000):
             await asyncio.sleep(0.002)
-            stream.write(_frame([rpc.ARGCRED, call[1], 0, 8]))
+            stream.write(_frame([rpc.ARGCRED, call[1], 0, 8, 8]))
 
     async def items():
         while True:
@@ -1169,7 +1189,7 @@ def test_a_callee_that_keeps_granting_and_never_reads_cannot_make_the_caller_que
             yield bytes(1 << 20)
 
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"]) as callee:
-        callee.set_stream_handler(RPC, greedy)
+        _serve_only(callee, RPC, greedy)
         default_node.connect(callee.addrs[0])
         ref = ActorRef(callee.peer_id, "sink", {"collect": ASYNC})
 
@@ -1181,6 +1201,31 @@ def test_a_callee_that_keeps_granting_and_never_reads_cannot_make_the_caller_que
         took = produced[0]
     # 16 MiB unsent in the channel, plus what the kernel's and the connection's buffers hold
     assert took < 80, took
+
+
+def test_calls_to_a_node_serving_only_the_first_call_protocol_stream_both_ways(default_node):
+    """An older node serves only ``/lattica/rpc/1``, whose grants cannot say what was taken:
+    calls to it go on that version, streamed results (async and sync generators) and streamed
+    arguments arrive whole, and their windows never grow (they stay at 16 items)."""
+    with lattica.Node([TCP], allow=ALLOW) as old:
+
+        async def only_the_first(host) -> None:
+            host.handlers.pop(rpc.PROTOCOL)
+
+        old._call(only_the_first)
+        default_node.connect(old.addrs[0])
+        s_ = sa.Streamer.options(node=old.peer_id).remote()
+        results = s_.agen.stream(3000)
+        assert list(results) == list(range(3000))
+        assert list(s_.gen.stream(500)) == [i * 10 for i in range(500)]
+        assert s_.total.remote(_ints(3000)).result(20) == sum(range(3000))
+        assert results._state._credit.window == STREAM_WINDOW
+        assert default_node.host.runtime.channels[old.peer_id].protocol == rpc.PROTOCOL_1
+    with lattica.Node([TCP], allow=ALLOW) as current:
+        default_node.connect(current.addrs[0])
+        s_ = sa.Streamer.options(node=current.peer_id).remote()
+        assert list(s_.agen.stream(3)) == [0, 1, 2]
+        assert default_node.host.runtime.channels[current.peer_id].protocol == rpc.PROTOCOL
 
 
 def test_two_streamed_arguments_of_big_items_both_arrive_though_they_wait_on_one_channel(default_node, peer):

@@ -182,12 +182,13 @@ def test_a_streamed_argument_of_small_items_is_not_held_to_sixteen_items_a_round
     assert took / rtt < 60, f"{n} items took {took / rtt:.0f} round trips"
 
 
-@pytest.mark.parametrize("flags, grows", [(4, False), (12, True)], ids=["older-caller", "caller-that-clamps"])
-def test_only_a_caller_that_clamps_its_credit_gets_a_growing_argument_window(monkeypatch, flags, grows):
+@pytest.mark.parametrize("version, grows", [(1, False), (2, True)], ids=["older-caller", "caller-told-what-was-taken"])
+def test_only_a_caller_told_what_was_taken_gets_a_growing_argument_window(monkeypatch, version, grows):
     """A caller speaking the call protocol by hand streams 400 small items across a 100 ms link
-    as fast as its credit allows. One that does not set flag 8 (an older caller, which takes all
-    the credit it is granted whatever its items' size) is kept to a window of 16: grants of 8
-    after the first 16. One that sets it is granted more as the window grows."""
+    as fast as its credit allows. On ``/lattica/rpc/1`` (an older caller, which counts every
+    grant as items taken) it is kept to a window of 16: grants of 8 after the first 16. On
+    ``/lattica/rpc/2`` each grant says how many of its items were taken (the first none, then
+    8 each) and the rest grows the window."""
     import os
 
     from lattica import codec, rpc
@@ -212,13 +213,14 @@ def test_only_a_caller_that_clamps_its_credit_gets_a_growing_argument_window(mon
         ref = spawn_on(node, sa.Streamer, info.peer_id)
 
         async def talk() -> tuple[list, list]:
-            s = await node.aopen_stream(info.peer_id, rpc.PROTOCOL)
-            s.write(frame([rpc.CALL, 1, ref.name, "total", [StreamArg(0)], None, None, flags]))
+            s = await node.aopen_stream(info.peer_id, rpc.PROTOCOL if version == 2 else rpc.PROTOCOL_1)
+            s.write(frame([rpc.CALL, 1, ref.name, "total", [StreamArg(0)], None, None, rpc.F_ARGSTREAM]))
             grants, sent, credit = [], 0, 0
             while True:
                 msg = await asyncio.wait_for(read(s), 30)
                 if msg[0] == rpc.ARGCRED:
-                    grants.append(msg[3])
+                    assert len(msg) == 3 + version, msg  # (only version 2 says what was taken)
+                    grants.append(rpc.grant(msg))
                     credit += msg[3]
                     while credit and sent < n:
                         s.write(frame([rpc.ARG, 1, 0, 1]))
@@ -233,8 +235,9 @@ def test_only_a_caller_that_clamps_its_credit_gets_a_growing_argument_window(mon
 
         grants, reply = node.run(talk(), timeout=90)
     assert reply[0] == rpc.OK and reply[2] == n, reply
-    assert grants[0] == 16
+    assert grants[0] == ((16, 0) if version == 2 else (16, 16))
+    assert {taken for _, taken in grants[1:]} == {8}, grants
     if grows:
-        assert max(grants[1:]) > 8, grants
+        assert max(n for n, _ in grants[1:]) > 8, grants
     else:
-        assert set(grants[1:]) == {8}, grants
+        assert {n for n, _ in grants[1:]} == {8}, grants

@@ -1,7 +1,9 @@
 """A stream's item window (lattica.runtime.window.ItemWindow, as a streaming call's results
-(refs._StreamState) and a streamed argument (local.ArgStream) keep it): credit in batches of half
-a window, doubled when a consumer that ran out of items took half a window within a round trip,
-bounded in items and in bytes, brought down when items grow."""
+(refs._StreamState) and a streamed argument (local.ArgStream) keep it, and SentItems, as their
+producers do): credit in batches of half a window, doubled when a consumer that ran out of items
+took half a window within a round trip, bounded in items and in bytes (exactly: grants say how
+many items were taken, the producer sends only while what was not taken is under 16 items or
+8 MiB, and the consumer cuts off a producer that does not)."""
 
 from __future__ import annotations
 
@@ -32,9 +34,16 @@ def clock(monkeypatch):
 
 
 def _state(rtt: float | None, clock: _Clock) -> tuple[refs._StreamState, list[int]]:
+    """A result stream's consumer state, and the credit of the grants it sends (each grant's
+    items taken are checked: always the batch of 8 it was made for)."""
     st = refs._StreamState(rt=None)  # (the credit logic never touches the runtime)
     grants: list[int] = []
-    st._bind(grants.append, lambda: None, lambda: rtt)
+
+    def grant(n: int, taken: int) -> None:
+        assert taken == BATCH and n >= taken
+        grants.append(n)
+
+    st._bind(grant, lambda: None, lambda: rtt)
     return st, grants
 
 
@@ -118,21 +127,26 @@ def test_the_window_holds_at_most_its_bytes_and_comes_down_when_items_grow(clock
 
 
 class _Producer:
-    """A model of a producer's credit: a current one (``window.SentItems``: what its items sent
-    and not credited back allow, clamped as it sends), an older result producer (16 at most) or
-    an older argument producer (``"unclamped"``: it takes all the credit granted)."""
+    """A model of a producer: a current one (``window.SentItems``: it learns what was taken,
+    sends only while ``may_send`` and clamps its credit at ``cap``), an older result producer
+    (credit clamped at 16, every grant counted as taken), an older argument producer
+    (``"unclamped"``: it takes all the credit granted), or a hostile one (``"hostile"``: all
+    the credit granted, and no regard for what waits unread)."""
 
     def __init__(self, old: bool | str) -> None:
         self.old, self.credit, self.items = old, STREAM_WINDOW, window.SentItems()
 
     def cap(self) -> int:
-        if self.old == "unclamped":
+        if self.old in ("unclamped", "hostile"):
             return 1 << 40
         return STREAM_WINDOW if self.old else self.items.cap()
 
-    def grant(self, n: int) -> None:
-        self.items.credited(n)
+    def grant(self, n: int, taken: int) -> None:
+        self.items.taken(taken if not self.old else n)
         self.credit = min(self.credit + n, max(self.credit, self.cap()))
+
+    def may_send(self) -> bool:
+        return self.credit > 0 and (self.old == "hostile" or self.items.may_send())
 
     def send(self, nbytes: int) -> None:
         self.credit -= 1
@@ -140,39 +154,45 @@ class _Producer:
         self.credit = min(self.credit, self.cap())
 
 
-def _play(sizes: list[int], old: bool | str, clock: _Clock, rtt: float = 0.1, slow: int = 0, lag: int = 0, slow_from: int = 0) -> refs._StreamState:
+def _play(sizes: list[int], old: bool | str, clock: _Clock, rtt: float | None = 0.1, slow: int = 0, lag: int = 0, slow_from: int = 0) -> refs._StreamState:
     """Stream ``sizes`` from the model producer to a real consumer state, the producer sending
-    all its credit whenever the consumer has run dry (or, with ``slow``, after every ``slow``
-    items taken from the ``slow_from``-th on: a consumer slower than its producer); grants reach
-    the producer ``lag`` items taken after they were made (grants on the way). Fails on a stall or a cut-off. The state's
-    ``peak`` is the most bytes it held unread."""
+    all it may whenever the consumer has run dry (or, with ``slow``, after every ``slow`` items
+    taken from the ``slow_from``-th on: a consumer slower than its producer); grants reach the
+    producer ``lag`` items taken after they were made (grants on the way). Fails on a stall or
+    a cut-off (but for a hostile producer, whose cut-off ends the play). The state's ``peak``
+    is the most bytes it held unread, its ``widest`` the widest window it had."""
     st = refs._StreamState(rt=None)
     prod = _Producer(old)
-    on_way: list[tuple[int, int]] = []  # (due at this many items taken, n)
+    on_way: list[tuple[int, int, int]] = []  # (due at this many items taken, n, taken)
     got = 0
-    st._bind(lambda n: on_way.append((got + lag, n)), lambda: None, lambda: rtt)
-    i = peak = 0
+    st._bind(lambda n, taken: on_way.append((got + lag, n, taken)), lambda: None, lambda: rtt)
+    i = peak = widest = 0
     while got < len(sizes):
         while on_way and (on_way[0][0] <= got or not st._items):
-            prod.grant(on_way.pop(0)[1])
+            prod.grant(*on_way.pop(0)[1:])
         if not st._items or (slow and got >= slow_from and got % slow == 0):
-            if not st._items and (prod.credit <= 0 or i == len(sizes)):
+            if not st._items and (not prod.may_send() or i == len(sizes)):
                 pytest.fail(f"stalled after {got} of {len(sizes)} items (producer: {old})")
-            while prod.credit > 0 and i < len(sizes):
+            while prod.may_send() and i < len(sizes):
                 prod.send(sizes[i])
                 st._push(object(), sizes[i])
                 i += 1
-            peak = max(peak, st._credit.buffered)
+                if st._error is not None:
+                    break
+                peak = max(peak, st._credit.buffered)
+            if old == "hostile" and st._error is not None:
+                break
             if not st._items:
                 continue
             st._credit.starved = True
-            clock.now += rtt / 2
+            clock.now += (rtt or 0.1) / 2
         clock.now += 0.00001
         st._items.popleft()
         got += 1
         st._took_one()
+        widest = max(widest, st._credit.window)
         assert st._error is None, st._error
-    st.peak = peak
+    st.peak, st.widest = peak, widest
     return st
 
 
@@ -187,46 +207,46 @@ def _play(sizes: list[int], old: bool | str, clock: _Clock, rtt: float = 0.1, sl
     ],
     ids=["small", "small-then-large", "small-large-small", "mixed"],
 )
-def test_a_producer_holding_less_credit_than_granted_never_stalls_the_stream(clock, sizes, old):
-    """An older producer clamps its credit at 16, a current one at 8 MiB of its items (dropping
-    credit as items grow), an older argument producer not at all: the consumer grants every 8
-    items taken (holding grants back only while 8 MiB wait unread, which an emptied buffer
-    releases), so after any grant the producer can send at least 8 and the stream never
-    stalls, however fast or slow the consumer."""
-    st = _play(sizes, old, clock)
+def test_no_producer_ever_stalls_the_stream_or_is_cut_off(clock, sizes, old):
+    """A current producer holds what its items not yet taken allow (8 MiB, or under 16 items)
+    and grows with the window; older ones never see the window grow (grants that cannot say
+    what was taken do not grow it: no round trip is given them) and clamp at 16 or not at
+    all: credit goes back every 8 items taken, so after any grant the producer can send at
+    least 8 and the stream never stalls, however fast or slow the consumer."""
+    rtt = 0.1 if old is False else None
+    st = _play(sizes, old, clock, rtt=rtt)
     if sizes == [100] * 5000:
-        assert st._credit.window > STREAM_WINDOW  # it grew on the way
-    _play(sizes, old, clock, slow=3)
+        assert (st._credit.window > STREAM_WINDOW) == (old is False)  # it grew on the way, where it may
+    _play(sizes, old, clock, rtt=rtt, slow=3)
 
 
-@pytest.mark.parametrize("big", [1 << 20, 4 << 20])
-def test_items_that_grow_after_the_window_grew_are_held_near_eight_mib_unread(clock, big):
-    """Small items grow the window to hundreds; then the items become megabytes and the consumer
-    is slower than its producer. The producer drops its credit to what 8 MiB holds (16 big
-    items), but grants of 8 for the small items still being taken would keep letting big ones
-    in: grants are held back while 8 MiB wait unread, so a slow consumer holds at most about
-    8 MiB plus the 17 big items the producer's clamp allows (without holding back: up to twice
-    that)."""
-    st = _play([100] * 3000 + [big] * 600, False, clock, slow=3)
-    assert st.peak <= STREAM_WINDOW_BYTES + (STREAM_WINDOW + 1) * big + 3000 * 100, st.peak / 2**20
-
-
-@pytest.mark.parametrize("big", [1 << 20, 24 << 20, 60 << 20])
+@pytest.mark.parametrize("big", [1 << 20, 4 << 20, 60 << 20])
 @pytest.mark.parametrize("lag", [0, 40, 200])
-def test_grants_on_the_way_keep_a_slow_consumer_near_eight_mib_and_sixteen_items(clock, big, lag):
-    """Grants reach the producer late (``lag`` items taken after they were made) and its items
-    grow from 1 KB to ``big`` while the consumer slows down: the producer holds only the credit
-    its items sent and not credited back allow, so what waits unread stays within 8 MiB and
-    16 big items. (What this cannot bound, docs/protocols.md: grants that also grew the window,
-    still on their way when the items grow.)"""
-    st = _play([1000] * 4000 + [big] * 80, False, clock, slow=3, lag=lag, slow_from=4000)
-    assert st.peak <= STREAM_WINDOW_BYTES + STREAM_WINDOW * big + 4000 * 1000, st.peak / 2**20
+def test_items_that_grow_after_the_window_grew_wait_within_eight_mib_or_sixteen_items(clock, big, lag):
+    """Small items grow the window to hundreds; then the items become ``big`` and the consumer
+    is slower than its producer, with grants reaching the producer ``lag`` items late: the
+    producer knows what was taken (not only what was granted), so what waits unread stays under
+    8 MiB plus one item, or 16 items, and the consumer's own check never fires."""
+    st = _play([1000] * 4000 + [big] * 60, False, clock, slow=3, lag=lag, slow_from=4000)
+    assert st.widest > STREAM_WINDOW * 4  # (the window had grown)
+    assert st.peak <= max(STREAM_WINDOW_BYTES + big, STREAM_WINDOW * big), st.peak / 2**20
+
+
+@pytest.mark.parametrize("big", [1 << 20, 60 << 20])
+def test_a_producer_that_spends_a_grown_window_on_big_items_is_cut_off(clock, big):
+    """A hostile producer grows the window with tiny items, then spends its credit on big ones
+    while the consumer does not read: once 16 items holding 8 MiB wait unread, its next item
+    ends the stream (ProtocolError), so it never holds more than that plus one item."""
+    sizes = [100] * 3000 + [big] * 600
+    st = _play(sizes, "hostile", clock, slow=3, slow_from=3000)
+    assert isinstance(st._error, ProtocolError) and "waited unread" in str(st._error)
+    assert st.peak <= max(STREAM_WINDOW_BYTES + big, STREAM_WINDOW * big), st.peak / 2**20
 
 
 def test_a_producer_sending_beyond_its_credit_is_cut_off(clock):
     st = refs._StreamState(rt=None)
     cancelled = []
-    st._bind(lambda n: None, lambda: cancelled.append(True), lambda: 0.1)
+    st._bind(lambda n, taken: None, lambda: cancelled.append(True), lambda: 0.1)
     for _ in range(STREAM_WINDOW):
         st._push(object(), 100)
     assert st._error is None
@@ -237,7 +257,12 @@ def test_a_producer_sending_beyond_its_credit_is_cut_off(clock):
 
 def _arg_stream(rtt: float | None) -> tuple[local.ArgStream, list[int]]:
     grants: list[int] = []
-    return local.ArgStream(grants.append, lambda: rtt), grants
+
+    def grant(n: int, taken: int) -> None:
+        assert taken == BATCH and n >= taken
+        grants.append(n)
+
+    return local.ArgStream(grant, lambda: rtt), grants
 
 
 def test_a_streamed_argument_s_window_grows_on_a_long_path_as_a_result_stream_s_does(clock):
@@ -270,3 +295,52 @@ def test_a_caller_sending_streamed_argument_items_beyond_its_credit_or_after_the
     s._end()
     with pytest.raises(ProtocolError, match="after its end"):
         s._push(object(), 100)
+
+
+class _RecordingSink(local.Sink):
+    """A remote caller as a sync generator's items reach it: each item is 1 MiB encoded, and
+    must go only while the producer may send (what the consumer checks)."""
+
+    def __init__(self) -> None:
+        self.inv: local.Invocation | None = None
+        self.got: list = []
+
+    def item(self, value) -> int:
+        assert self.inv.sent_items.may_send(), "an item went while 16 items of 8 MiB or more were not taken"
+        self.got.append(value)
+        return 1 << 20
+
+    def end(self) -> None:
+        self.got.append("END")
+
+
+def test_a_sync_generator_s_items_wait_on_the_loop_while_too_much_is_not_taken():
+    """A sync generator's thread runs ahead of the loop by the credit it holds: items it handed
+    over after the consumer's unread items reached 16 and 8 MiB wait on the loop (in order, its
+    END behind them) and go as grants say items were taken; a cancel drops them."""
+    from types import SimpleNamespace
+
+    from lattica.identity import KeyPair
+
+    loop = asyncio.new_event_loop()
+    rt = SimpleNamespace(loop=loop, peer_id=KeyPair.generate().peer_id)
+    actor = local.LocalActor(rt, "s", object, {"gen": "gen"}, 1, 16)
+    sink = _RecordingSink()
+    inv = sink.inv = local.Invocation(actor, "gen", [], None, None, sink, streaming=True)
+    inv.credit = 100  # the window had grown (the thread took its credit from its semaphore)
+    for i in range(40):
+        actor._deliver_item(inv, i)
+    assert sink.got == list(range(16)) and list(inv.held) == list(range(16, 40))
+    actor._sync_done(inv, None, end=True)  # the generator ended: END waits behind its items
+    actor.grant(inv, 8, 8)
+    assert sink.got == list(range(24)) and inv.held[-1] is local._END
+    for _ in range(3):
+        actor.grant(inv, 8, 8)
+    assert sink.got == list(range(40)) + ["END"] and not inv.held
+    inv2 = sink.inv = local.Invocation(actor, "gen", [], None, None, _RecordingSink(), streaming=True)
+    inv2.sink.inv = inv2
+    for i in range(20):
+        actor._deliver_item(inv2, i)
+    actor.cancel(inv2)
+    assert inv2.held is None and inv2.replied
+    loop.close()

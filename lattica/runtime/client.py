@@ -357,6 +357,9 @@ class RemoteChannel(Channel):
             host = self.runtime.host
             conn = await host.get_connection(self.peer)
             info = await host.peer_info(conn, IDENTIFY_WAIT)  # (it came with the handshake, normally)
+            if conn.is_closed or host.conns.get(self.peer, conn) is not conn:  # it went, or a better one came, meanwhile
+                conn = await host.get_connection(self.peer)
+                info = await host.peer_info(conn, IDENTIFY_WAIT)
             served = info.protocols if info is not None else (rpc.PROTOCOL_1,)  # (unknown: what every version serves)
             self.protocol = next((p for p in (rpc.PROTOCOL, rpc.PROTOCOL_1) if p in served), "")
             if not self.protocol:

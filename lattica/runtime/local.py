@@ -91,7 +91,7 @@ class Invocation:
         self.streaming = streaming  # called with .stream(): the method must be a generator
         self.credit = STREAM_WINDOW  # for generator methods: items we may send
         self.sent_items = SentItems()  # items sent and not taken: what caps the credit we take, and when we send
-        self.held: collections.deque | None = None  # a sync generator's items (and _END) waiting until they may go
+        self.held: collections.deque | None = None  # a sync generator's items (then its _Reply) waiting until they may go
         self.credit_waiter: Any = None
         self.arg_streams: dict[int, ArgStream] | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -436,14 +436,17 @@ class LocalActor:
             w.release(n)
 
     def _send_held(self, inv: Invocation) -> None:
-        """Send a sync generator's held items (and its END) while they may go."""
+        """Send a sync generator's held items while they may go, and its end (END or ERR) once
+        they are all out."""
         held = inv.held
-        while held and not inv.replied and inv.sent_items.may_send():
-            item = held.popleft()
-            if item is _END:
-                self._reply_end(inv)
+        while held and not inv.replied:
+            if type(held[0]) is _Reply:
+                inv.held = None
+                held.popleft().send()
+            elif inv.sent_items.may_send():
+                _sent(inv, inv.sink.item(held.popleft()))
             else:
-                _sent(inv, inv.sink.item(item))
+                return
 
     def _run_sync(self, inv: Invocation, kind: str) -> None:
         """On the actor thread."""
@@ -497,9 +500,14 @@ class LocalActor:
 
     def _sync_done(self, inv: Invocation, kind: str | None, value: Any = None, parts: tuple | None = None, end: bool = False) -> None:
         self._finish(inv)
-        if kind is None and end and inv.held:
-            inv.held.append(_END)  # after the items still held
-        elif kind is None:
+        if inv.held and kind in (None, rpc.E_REMOTE):  # the generator ended or raised: after the items still held
+            inv.held.append(_Reply(lambda: self._sync_reply(inv, kind, value, parts, end)))
+            return
+        inv.held = None
+        self._sync_reply(inv, kind, value, parts, end)
+
+    def _sync_reply(self, inv: Invocation, kind: str | None, value: Any, parts: tuple | None, end: bool) -> None:
+        if kind is None:
             self._reply_end(inv) if end else self._reply_ok(inv, value)
         elif kind == rpc.E_REMOTE:
             self._reply_err(inv, kind, *parts)  # type: ignore[misc]
@@ -575,7 +583,15 @@ async def reset_quietly(stream: Any) -> None:
 
 
 _STREAMED = object()  # what a streaming method's driver returns: its END was already sent
-_END = object()  # a sync generator's END, held behind its items (Invocation.held)
+
+
+class _Reply:
+    """A sync generator's end (END, or the ERR of what it raised), held behind its items."""
+
+    __slots__ = ("send",)
+
+    def __init__(self, send: Callable[[], None]) -> None:
+        self.send = send
 
 
 def _on_thread(executor: pykka.ActorRef, fn: Callable[[], Any]) -> Any:

@@ -87,27 +87,27 @@ class ItemWindow:
         if self._consumed < BATCH:
             return None
         taken, self._consumed = self._consumed, 0
-        n = taken + self._grow()
+        self._grow()
+        # credit the producer holds plus items unread stay within the window: growth adds only
+        # what it lacks (after items grew and the window came down, credit granted before stays)
+        n = taken + max(0, self.window - (self._allowed + taken + len(self._sizes)))
         self._allowed += n
         return n, taken
 
-    def _grow(self) -> int:
-        """Credit to add to this grant: a whole window when the window doubles, else none."""
+    def _grow(self) -> None:
+        """Double the window if the last half window says so (module docstring)."""
         fits = max(STREAM_WINDOW, int(STREAM_WINDOW_BYTES // self.item_bytes)) if self.item_bytes else MAX_STREAM_WINDOW
         if self.window > fits:  # items grew (the producer holds back by bytes itself)
             self.window = fits
         if self._epoch_taken < self.window // 2:
-            return 0
+            return
         now = time.monotonic()
         took, starved = now - self._epoch_at, self.starved
         self._epoch_at, self._epoch_taken, self.starved = now, 0, False
         if starved and self.window * 2 <= min(fits, MAX_STREAM_WINDOW) and self._rtt is not None:
             rtt = self._rtt()
             if rtt is not None and took < GROW_WITHIN * rtt:
-                extra = self.window
                 self.window *= 2
-                return extra
-        return 0
 
 
 def credit_cap(item_bytes: float) -> int:
@@ -125,8 +125,9 @@ class SentItems:
     and the most credit it holds (``cap``: what ``credit_cap`` allows for items this size, and
     only as many as keep what is outstanding within STREAM_WINDOW_BYTES, or under 16 items
     whatever their size; beyond it credit is dropped, so neither a consumer granting without
-    reading nor items that grow make the producer queue more). Toward an older consumer, whose
-    grants do not say what was taken, a grant counts as all taken (its window never grows)."""
+    reading nor items that grow make the producer queue more). Toward a consumer whose grants do
+    not say what was taken (``/lattica/rpc/1``), a grant counts as all taken (exact where its
+    window does not grow, as it does not there)."""
 
     __slots__ = ("_sizes", "bytes", "item_bytes")
 
@@ -146,13 +147,17 @@ class SentItems:
             self.bytes -= sizes.popleft()
 
     def may_send(self) -> bool:
-        """Whether the next item may go now: what the consumer checks (``ItemWindow.received``)."""
-        return len(self._sizes) < STREAM_WINDOW or self.bytes < STREAM_WINDOW_BYTES
+        """Whether the next item may go now: what the consumer checks (``ItemWindow.received``),
+        and never more than MAX_STREAM_WINDOW items not taken (a consumer that grants without
+        saying it took anything cannot make this list long)."""
+        n = len(self._sizes)
+        return n < STREAM_WINDOW or (self.bytes < STREAM_WINDOW_BYTES and n < MAX_STREAM_WINDOW)
 
     def cap(self) -> int:
         """The most credit the producer may hold now (at least 16 once nothing is outstanding)."""
         cap = credit_cap(self.item_bytes)
         if not self.item_bytes:
             return cap
-        room = max(STREAM_WINDOW - len(self._sizes), int((STREAM_WINDOW_BYTES - self.bytes) // self.item_bytes))
+        n = len(self._sizes)
+        room = max(STREAM_WINDOW - n, min(MAX_STREAM_WINDOW - n, int((STREAM_WINDOW_BYTES - self.bytes) // self.item_bytes)))
         return max(0, min(cap, room))

@@ -313,11 +313,15 @@ class _RecordingSink(local.Sink):
     def end(self) -> None:
         self.got.append("END")
 
+    def err(self, kind: str, type_name: str, message: str, tb: str = "") -> None:
+        self.got.append(("ERR", type_name))
+
 
 def test_a_sync_generator_s_items_wait_on_the_loop_while_too_much_is_not_taken():
     """A sync generator's thread runs ahead of the loop by the credit it holds: items it handed
     over after the consumer's unread items reached 16 and 8 MiB wait on the loop (in order, its
-    END behind them) and go as grants say items were taken; a cancel drops them."""
+    END, or the error it raised, behind them) and go as grants say items were taken; a cancel
+    drops them."""
     from types import SimpleNamespace
 
     from lattica.identity import KeyPair
@@ -333,10 +337,18 @@ def test_a_sync_generator_s_items_wait_on_the_loop_while_too_much_is_not_taken()
     assert sink.got == list(range(16)) and list(inv.held) == list(range(16, 40))
     actor._sync_done(inv, None, end=True)  # the generator ended: END waits behind its items
     actor.grant(inv, 8, 8)
-    assert sink.got == list(range(24)) and inv.held[-1] is local._END
+    assert sink.got == list(range(24)) and type(inv.held[-1]) is local._Reply
     for _ in range(3):
         actor.grant(inv, 8, 8)
     assert sink.got == list(range(40)) + ["END"] and not inv.held
+    inv3 = local.Invocation(actor, "gen", [], None, None, _RecordingSink(), streaming=True)
+    inv3.sink.inv, inv3.credit = inv3, 100
+    for i in range(20):
+        actor._deliver_item(inv3, i)
+    actor._sync_done(inv3, "remote", parts=("ValueError", "boom", ""))  # the generator raised: after its items too
+    assert inv3.sink.got == list(range(16))
+    actor.grant(inv3, 8, 8)
+    assert inv3.sink.got == list(range(20)) + [("ERR", "ValueError")] and inv3.held is None
     inv2 = sink.inv = local.Invocation(actor, "gen", [], None, None, _RecordingSink(), streaming=True)
     inv2.sink.inv = inv2
     for i in range(20):
@@ -344,3 +356,40 @@ def test_a_sync_generator_s_items_wait_on_the_loop_while_too_much_is_not_taken()
     actor.cancel(inv2)
     assert inv2.held is None and inv2.replied
     loop.close()
+
+
+def test_credit_granted_and_items_unread_never_exceed_the_widest_window(clock):
+    """A producer that cycles tiny and big items makes the window grow, come down, and grow
+    again: growth adds only what the window lacks (credit granted before it came down stays), so
+    credit held plus items unread never exceed 512, and a flood of tiny items beyond that is cut
+    off as credit it never had."""
+    st, _ = _state(0.1, clock)
+    for _ in range(40):
+        for size in (100, 4 << 20):
+            for _ in range(64):
+                clock.now += 0.0001
+                _take(st, BATCH, nbytes=size)
+                assert st._credit._allowed + len(st._credit._sizes) <= MAX_STREAM_WINDOW
+    for _ in range(st._credit._allowed):
+        st._push(object(), 100)
+    assert st._error is None and len(st._items) <= MAX_STREAM_WINDOW
+    st._push(object(), 100)
+    assert isinstance(st._error, ProtocolError)
+
+
+def test_a_consumer_that_never_says_it_took_anything_gets_at_most_512_items():
+    """Grants that say nothing was taken keep topping the producer's credit up, but it sends only
+    while fewer than 512 of its items are not taken (and its credit stays within that too), so
+    a consumer reading and discarding tiny items cannot make its bookkeeping grow."""
+    items = window.SentItems()
+    credit, sent = STREAM_WINDOW, 0
+    for _ in range(5000):
+        while credit > 0 and items.may_send():
+            items.sent(12)
+            credit -= 1
+            sent += 1
+        items.taken(0)
+        credit = min(credit + 1000, max(credit, items.cap()))
+    assert sent == MAX_STREAM_WINDOW and items.cap() == 0
+    items.taken(8)
+    assert items.may_send() and items.cap() == 8

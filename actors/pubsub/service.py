@@ -192,7 +192,6 @@ class PubSubService:
         self._handlers: dict[str, list[Callable[[Message], Any]]] = {}
         self._validators: dict[str, Callable[[Message], Any]] = {}
         self._payloads: dict[bytes, tuple[list, Any]] = {}  # message id -> ([(item, decoded data)], peer it came from), until delivered
-        self._ready: list[Envelope] = []  # accepted, to deliver at the end of this ``_pump``
         self._batches: dict[str, _Batch] = {}
         self._send_later: asyncio.Handle | None = None  # the batches' departure
         rate = self.cfg.author_rate
@@ -557,7 +556,8 @@ class PubSubService:
                 self.host.spawn(self._finish(env, verdicts, waiting))
             else:
                 self._verdict(env, verdicts)
-        self._ready.extend(r.take_delivered())
+        for env in r.take_delivered():
+            self._deliver(env)
         for peer, rpc in r.take_outgoing().items():
             if peer in self._strangers:
                 rpc = self._only_open(rpc, to_stranger=True)
@@ -569,10 +569,7 @@ class PubSubService:
             ob.add(rpc, self.cfg.peer_queue, self.cfg.peer_queue_bytes)
             if ob.in_flight < self.cfg.in_flight:
                 ob.in_flight += 1
-                self.host.spawn(self._drain(peer, ob), eager=True)  # (its batch is written now: before we deliver below)
-        ready, self._ready = self._ready, []  # delivered here after the batches above are on their way
-        for env in ready:
-            self._deliver(env)
+                self.host.spawn(self._drain(peer, ob))
 
     def _verdict(self, env: Envelope, verdicts: Any) -> None:
         """Tell the router what became of ``env``: REJECT or IGNORE, or each item's verdict:
@@ -589,10 +586,9 @@ class PubSubService:
         if verdict == REJECT:
             self.rejected += 1
         self.router.validated(env.id, verdict, self._now())
-        accepted = self.router.take_delivered()
-        self._ready.extend(accepted)  # (``_pump`` delivers them, once what they pass on is on its way)
-        if all(a.id != env.id for a in accepted):
-            self._payloads.pop(env.id, None)  # (refused, or forgotten by the router meanwhile)
+        for accepted in self.router.take_delivered():
+            self._deliver(accepted)
+        self._payloads.pop(env.id, None)  # (delivered, refused, or forgotten by the router meanwhile)
 
     async def _finish(self, env: Envelope, pending: list, waiting: int) -> None:
         try:

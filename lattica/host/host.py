@@ -12,7 +12,6 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Iterable
 
 from lattica import codec, identify, interfaces, ping
-from lattica._eager import eager_task
 from lattica.errors import ConnectionClosed, LatticaError, MultiaddrError, NodeClosed, PeerUnreachable, Timeout, UnsupportedProtocol
 from lattica.framing import read_message, write_message
 from lattica.host.connections import MAX_CONNS_PER_PEER, Connections
@@ -195,12 +194,8 @@ class Host:
         """Where the dialer looks up a peer it has no address for (the DHT service sets itself)."""
         self.dialer.routing = routing
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], eager: bool = False) -> asyncio.Task:
-        """A task of the node (cancelled when it stops); ``eager``: its first step runs now,
-        not on the next turn of the loop (what it sends then goes out in this turn)."""
-        task = eager_task(self.loop, coro) if eager else self.loop.create_task(coro)
-        if task.done():
-            return task
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
+        task = self.loop.create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task

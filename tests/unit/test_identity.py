@@ -85,6 +85,25 @@ def test_signatures():
     assert not verify_signature(b"short", sig, b"msg")
 
 
+def test_signatures_are_rfc_8032_s_whatever_the_data_s_buffer():
+    """Signing goes through libsodium; Ed25519 is deterministic, so every signature must be the
+    one OpenSSL gives (RFC 8032's) for bytes, a bytearray, a view of part of a buffer and
+    nothing at all, and the key files are unchanged by it."""
+    for seed in (bytes(32), bytes(range(32)), os.urandom(32)):
+        kp = KeyPair.from_seed(seed)
+        frame = bytearray(os.urandom(70_000))
+        for data in (b"", b"msg", bytes(frame), frame, memoryview(frame)[1000:60_000]):
+            sig = kp.sign(data)
+            assert sig == kp._private.sign(bytes(data)) and len(sig) == 64
+            assert verify_signature(kp.public_key, sig, bytes(data))
+    # RFC 8032 7.1, test 1: the empty message under this seed
+    rfc = KeyPair.from_seed(bytes.fromhex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60"))
+    assert rfc.sign(b"").hex() == (
+        "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e06522490155"
+        "5fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b"
+    )
+
+
 def test_base58():
     for data in [b"", b"\0", b"\0\0abc", os.urandom(40)]:
         assert b58decode(b58encode(data)) == data

@@ -3,8 +3,9 @@ OpenSSL's, and stricter: it refuses small-order and non-canonical keys and point
 accepts a forged signature of any message under a small-order key. Every signed thing a peer
 sends (pub-sub bundles, CRDT envelopes, DHT and membership records, handshake payloads) is
 checked once per receiver, so this is on the hot path of pub-sub and the CRDT store. Signing goes
-through it too (27 against OpenSSL's 47 µs here); Ed25519 signatures are deterministic, so both
-give the same bytes.
+through it too once the first check has loaded it (27 against OpenSSL's 47 µs here; a starting
+node signs with OpenSSL rather than load it sooner); Ed25519 signatures are deterministic, so
+both give the same bytes.
 
 PyNaCl's public bindings take ~8 ms to import (every binding module); its compiled module alone
 takes ~1.3 ms, so this reaches that directly (checked against PyNaCl 1.5 and 1.6) and falls back to
@@ -37,16 +38,11 @@ def verifier() -> Callable[[bytes, bytes, Any], bool]:
     return verify  # type: ignore[return-value]
 
 
-def signer() -> Callable[[bytes, Any], bytes]:
+def signer() -> Callable[[bytes, Any], bytes] | None:
     """``sign(secret_key, data)``: the 64-byte signature of ``data`` (any contiguous buffer) under
-    libsodium's 64-byte secret key (the seed, then the public key), loaded at the first call."""
-    sign = _sign
-    if sign is None:
-        with _lock:
-            if _sign is None:
-                _load()
-            sign = _sign
-    return sign  # type: ignore[return-value]
+    libsodium's 64-byte secret key (the seed, then the public key); None until the first check
+    loaded libsodium (a node that starts signs with OpenSSL rather than load it sooner)."""
+    return _sign
 
 
 def _load() -> None:

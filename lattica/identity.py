@@ -210,11 +210,15 @@ class KeyPair:
         return self._private.private_bytes_raw()
 
     def sign(self, data: bytes | bytearray | memoryview) -> bytes:
-        """The Ed25519 signature of ``data`` (libsodium's: the same bytes OpenSSL gives, sooner)."""
+        """The Ed25519 signature of ``data``: libsodium's once it is loaded (the first signature
+        checked loads it), else OpenSSL's; the same bytes, libsodium's sooner."""
+        sign = _sodium.signer()
+        if sign is None:
+            return self._private.sign(bytes(data) if type(data) is not bytes else data)
         secret = self._secret
         if secret is None:
             secret = self._secret = self.seed() + self.public_key
-        return _sodium.signer()(secret, data)
+        return sign(secret, data)
 
     def public_key_protobuf(self) -> bytes:
         return public_key_to_protobuf(self.public_key)

@@ -30,13 +30,6 @@ class Stream(abc.ABC):
     async def read(self, max_bytes: int = 65536) -> bytes:
         """Up to ``max_bytes`` bytes; ``b""`` once the peer closed its side. Raises StreamReset."""
 
-    async def read_chunks(self, max_bytes: int = 1 << 20) -> list:
-        """What is there to read, as it arrived: one or more chunks (bytes-like), at most
-        ``max_bytes`` in all and never joined (a reader that splits messages out of them spares a
-        copy and a call per chunk); ``[]`` once the peer closed its side. Raises StreamReset."""
-        data = await self.read(max_bytes)
-        return [data] if data else []
-
     async def readexactly(self, n: int) -> bytes:
         """Exactly ``n`` bytes; raises StreamClosed if the peer ends the stream first."""
         chunks = []

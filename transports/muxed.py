@@ -94,13 +94,12 @@ class MuxedStream(Stream):
 
     # -- reading -----------------------------------------------------------------------------
 
-    async def _arrived(self) -> bool:
-        """Wait until there is something to read: False once the peer closed its side."""
+    async def read(self, max_bytes: int = 65536) -> bytes:
         while not self._chunks:
             if self._error is not None:
                 raise self._error
             if self._eof:
-                return False
+                return b""
             if self._waiter is not None:
                 raise RuntimeError(f"another coroutine is already reading stream {self.stream_id}")
             self._waiter = self._conn._loop.create_future()
@@ -108,31 +107,6 @@ class MuxedStream(Stream):
                 await self._waiter
             finally:
                 self._waiter = None
-        return True
-
-    async def read_chunks(self, max_bytes: int = 1 << 20) -> list:
-        if not self._chunks and not await self._arrived():
-            return []
-        chunks, off, out, total = self._chunks, self._offset, [], 0
-        while chunks and total < max_bytes:
-            chunk = chunks[0]
-            take = min(len(chunk) - off, max_bytes - total)
-            if off == 0 and take == len(chunk):
-                out.append(chunks.popleft())
-            else:
-                out.append(chunk[off : off + take])
-                off += take
-                if off == len(chunk):
-                    chunks.popleft()
-                    off = 0
-            total += take
-        self._offset = off
-        self._conn._consumed(self.stream_id, total)
-        return out
-
-    async def read(self, max_bytes: int = 65536) -> bytes:
-        if not self._chunks and not await self._arrived():
-            return b""
         chunk = self._chunks[0]
         off = self._offset
         avail = len(chunk) - off

@@ -389,10 +389,10 @@ class RemoteChannel(Channel):
         splitter.stranger = rt.host.circle_of(self.peer) == "stranger"  # (a public service we call)
         try:
             while True:
-                chunks = await stream.read_chunks(1 << 20)
-                if not chunks:
+                data = await stream.read(1 << 20)
+                if not data:
                     raise PeerUnreachable(f"{self.peer} closed the call channel")
-                for frame in splitter.feed_chunks(chunks):
+                for frame in splitter.feed(data):
                     msg = rpc.parse(codec.decode(frame))
                     rt.on_reply(self, msg, len(frame))
         except Exception as e:  # whatever broke the reader, no call may be left waiting on it

@@ -84,16 +84,7 @@ class BudgetedSplitter:
 
     def feed(self, data: bytes) -> list:
         """Frames completed by ``data``; MessageBudgetExceeded when what stays held is over budget."""
-        return self.feed_chunks((data,))
-
-    def feed_chunks(self, chunks: list | tuple) -> list:
-        """Frames completed by ``chunks`` (consecutive bytes of one read), as ``feed``."""
-        if len(chunks) == 1:
-            frames = self._split.feed(chunks[0])
-        else:
-            frames = []
-            for data in chunks:
-                frames += self._split.feed(data)
+        frames = self._split.feed(data)
         held = self._split.held
         if held != self._held:
             self._account.change(self._peer, self._held, held, self.stranger)

@@ -122,12 +122,12 @@ class ServerChannel:
                     # the caller is not reading its replies: stop reading its calls meanwhile
                     self.writer.flush()
                     await self.stream.drain()
-                chunks = await self.stream.read_chunks(1 << 20)
-                if not chunks:
+                data = await self.stream.read(1 << 20)
+                if not data:
                     self.writer.flush()
                     await self.stream.close()  # the caller closed its channel: so do we
                     break
-                for frame in splitter.feed_chunks(chunks):
+                for frame in splitter.feed(data):
                     self.on_message(codec.decode(frame), len(frame))
         except LatticaError as e:
             if isinstance(e, ProtocolError):

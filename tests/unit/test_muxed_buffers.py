@@ -114,33 +114,3 @@ def test_sealing_buffer_is_not_reused_while_the_writer_holds_it():
         assert ca._spare is None
 
     asyncio.run(main())
-
-
-def test_read_chunks_hands_over_what_arrived_unjoined_within_its_limit_and_read_goes_on_after_it():
-    """``read_chunks`` returns the chunks that arrived (no joining), at most ``max_bytes`` in all
-    (the last one cut where the limit falls, the rest left for the next read), and credits the
-    peer for them; ``read`` and ``read_chunks`` can follow each other; ``[]`` at the end."""
-
-    async def main() -> None:
-        ca, cb, _ = _pair(False)
-        streams: asyncio.Queue = asyncio.Queue()
-        cb.set_stream_handler(streams.put_nowait)
-        blobs = [os.urandom(n) for n in (100_000, 30_000, 5, 200_000)]
-        out = await ca.open_stream()
-        for blob in blobs:
-            out.write(blob)
-            await asyncio.sleep(0)
-            await asyncio.sleep(0)
-        await asyncio.wait_for(out.close(), 5)
-        s = await asyncio.wait_for(streams.get(), 5)
-        whole = b"".join(blobs)
-        first = await s.read_chunks(150_000)
-        assert len(first) > 1 and sum(map(len, first)) == 150_000  # (several chunks, the last one cut)
-        got = b"".join(bytes(c) for c in first)
-        got += await s.read(1_000)
-        while chunks := await s.read_chunks(1 << 20):
-            assert all(len(c) for c in chunks)
-            got += b"".join(bytes(c) for c in chunks)
-        assert got == whole and await s.read_chunks() == [] and await s.read(10) == b""
-
-    asyncio.run(main())

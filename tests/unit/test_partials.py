@@ -107,20 +107,3 @@ def test_strangers_share_a_small_part_and_cannot_crowd_out_members():
     finally:
         loop.close()
 
-
-
-def test_chunks_of_one_read_give_the_frames_their_concatenation_gives_and_count_what_stays_held():
-    account = PartialMessages(InboundBudget(per_peer=10_000, per_node=10_000, deadline=60))
-    loop = asyncio.new_event_loop()
-    try:
-        whole = frame(300) + frame(5) + frame(700) + frame(40)[:20]
-        cuts = [0, 100, 303, 310, 900, len(whole)]
-        chunks = [whole[a:b] for a, b in zip(cuts, cuts[1:])]
-        s = BudgetedSplitter(1000, account, A, loop, lambda why: None)
-        frames = [bytes(f) for f in s.feed_chunks(chunks)]
-        assert frames == [bytes(300), bytes(5), bytes(700)]
-        assert account.by_peer == {A: 20}  # the unfinished frame, counted once the read is in
-        assert [bytes(f) for f in s.feed_chunks([frame(40)[20:]])] == [bytes(40)] and account.total == 0
-        s.close()
-    finally:
-        loop.close()

@@ -17,9 +17,8 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from lattica.content.cid import Cid
-from lattica.errors import NodeClosed
 from lattica.future import Future
-from lattica.runtime import current_runtime, run_coroutine
+from lattica.runtime import run_coroutine, running_service
 
 if TYPE_CHECKING:
     from lattica.actors.content import ContentService
@@ -30,15 +29,7 @@ __all__ = ["Cid", "put", "get", "pin", "unpin", "stat", "providers", "gc", "put_
 
 
 def _service(node: Node | None) -> tuple[Runtime, ContentService]:
-    if node is None:
-        rt = current_runtime()
-    else:
-        if node.host is None or node.host.runtime is None:
-            raise NodeClosed("the node is not running")
-        rt = node.host.runtime
-    svc = rt.services.get("content")
-    if svc is None:
-        raise NodeClosed("this node runs without the content service (Node(content=False))")
+    rt, svc = running_service("content", node, "this node runs without the content service (Node(content=False))")
     return rt, svc
 
 

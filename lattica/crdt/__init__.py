@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from lattica.errors import NodeClosed
 from lattica.future import Future
 from lattica.identity import PeerId
-from lattica.runtime import current_runtime, on_loop, run_coroutine
+from lattica.runtime import on_loop, run_coroutine, running_service
 
 if TYPE_CHECKING:
     from lattica.actors.crdt import CrdtService
@@ -32,15 +32,7 @@ _list = list
 
 
 def _service(node: Node | None) -> tuple[Runtime, CrdtService]:
-    if node is None:
-        rt = current_runtime()
-    else:
-        if node.host is None or node.host.runtime is None:
-            raise NodeClosed("the node is not running")
-        rt = node.host.runtime
-    svc = rt.services.get("crdt")
-    if svc is None:
-        raise NodeClosed("this node runs without the CRDT store (Node(crdt=False))")
+    rt, svc = running_service("crdt", node, "this node runs without the CRDT store (Node(crdt=False))")
     if rt.services.get("pubsub") is None:
         raise NodeClosed("the CRDT store replicates over pub-sub: this node runs without it (Node(pubsub=False))")
     return rt, svc

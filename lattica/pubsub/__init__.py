@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from lattica.errors import NodeClosed
 from lattica.future import Future
 from lattica.pubsub.subscription import Message, Subscription
-from lattica.runtime import current_runtime, on_loop, run_coroutine
+from lattica.runtime import on_loop, run_coroutine, running_service
 
 if TYPE_CHECKING:
     from lattica.actors.pubsub import PubSubService
@@ -29,15 +28,7 @@ __all__ = ["Message", "Subscription", "subscribe", "unsubscribe", "publish", "to
 
 
 def _service(node: Node | None) -> tuple[Runtime, PubSubService]:
-    if node is None:
-        rt = current_runtime()
-    else:
-        if node.host is None or node.host.runtime is None:
-            raise NodeClosed("the node is not running")
-        rt = node.host.runtime
-    svc = rt.services.get("pubsub")
-    if svc is None:
-        raise NodeClosed("this node runs without pub-sub (Node(pubsub=False))")
+    rt, svc = running_service("pubsub", node, "this node runs without pub-sub (Node(pubsub=False))")
     return rt, svc
 
 

@@ -25,6 +25,7 @@ from lattica.runtime.limits import AGEN, ASYNC, DEFAULT_WINDOW, GEN, LIFECYCLE_H
 from lattica.runtime.window import ItemWindow
 
 if TYPE_CHECKING:
+    from lattica.node import Node
     from lattica.runtime.registry import Runtime
 
 
@@ -194,6 +195,22 @@ def current_runtime() -> Runtime:
     if host is None:
         raise NodeClosed("no Lattica node is running here: call lattica.init() first")
     return host.runtime
+
+
+def running_service(name: str, node: Node | None, off: str) -> tuple[Runtime, Any]:
+    """The runtime of ``node`` (None: ``current_runtime()``) and its system service ``name``, for
+    the public API of a service; NodeClosed when the node is not running, or with ``off`` when it
+    runs without that service."""
+    if node is None:
+        rt = current_runtime()
+    else:
+        if node.host is None or node.host.runtime is None:
+            raise NodeClosed("the node is not running")
+        rt = node.host.runtime
+    svc = rt.services.get(name)
+    if svc is None:
+        raise NodeClosed(off)
+    return rt, svc
 
 
 def on_loop(rt: Runtime, fn: Callable[[], Any]) -> Any:

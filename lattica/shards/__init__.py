@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from lattica.errors import NodeClosed
 from lattica.future import Future
-from lattica.runtime import ASYNC, ActorRef, current_runtime, run_coroutine
+from lattica.runtime import ASYNC, ActorRef, run_coroutine, running_service
 from lattica.shards.keys import shard_id
 
 if TYPE_CHECKING:
@@ -34,13 +33,8 @@ __all__ = ["serve", "withdraw", "providers", "stub", "shard_id", "Stub", "StubMe
 
 
 def _service(node: Node | None) -> tuple[Runtime, ShardsService]:
-    if node is None:
-        rt = current_runtime()
-    else:
-        if node.host is None or node.host.runtime is None:
-            raise NodeClosed("the node is not running")
-        rt = node.host.runtime
-    return rt, rt.services["shards"]
+    rt, svc = running_service("shards", node, "this node runs without the shards service")
+    return rt, svc
 
 
 def serve(ref: ActorRef, service: str, shard: str | Mapping[str, Any], *, node: Node | None = None) -> Future:

@@ -337,7 +337,7 @@ class TcpTransport(Transport):
         if fut.cancelled() or fut.exception() is not None:
             return
         conn = fut.result()
-        self._set_buffer_limits(conn)
+        self._limit_buffers(conn)
         self._hand_over(conn, on_connection)
 
     async def dial(self, addr: Multiaddr, peer_id: PeerId | None = None, *, fresh_port: bool = False) -> Connection:
@@ -359,13 +359,7 @@ class TcpTransport(Transport):
         except OSError as e:  # asyncio's text ("Connect call failed") hides the reason: say it
             kind = ConnectionRefused if e.errno == errno.ECONNREFUSED else TransportError
             raise kind(f"cannot connect to {addr}: {os.strerror(e.errno) if e.errno else e}") from None
-        try:
-            conn = await proto.ready
-        except asyncio.CancelledError:
-            proto.cancel()
-            raise
-        self._set_buffer_limits(conn)
-        return conn
+        return await self._ready(proto)
 
     async def punch(self, addr: Multiaddr, peer_id: PeerId, *, initiator: bool, timeout: float = 5.0) -> Connection:
         """Hole punching: connect to ``addr`` from our listening port (so the NAT reuses the
@@ -396,13 +390,7 @@ class TcpTransport(Transport):
             sock.close()
             raise
         _, proto = await loop.create_connection(lambda: self._protocol(initiator, peer_id), sock=sock)
-        try:
-            conn = await proto.ready
-        except asyncio.CancelledError:
-            proto.cancel()
-            raise
-        self._set_buffer_limits(conn)
-        return conn
+        return await self._ready(proto)
 
     async def dial_spliced(
         self, addr: Multiaddr, token: bytes, peer_id: PeerId, *, initiator: bool, remote_addr: Multiaddr
@@ -428,15 +416,19 @@ class TcpTransport(Transport):
             raise SpliceUnreachable(f"TCP connect to relay {addr} timed out") from None
         except OSError as e:
             raise SpliceUnreachable(f"cannot connect to relay {addr}: {os.strerror(e.errno) if e.errno else e}") from None
+        return await self._ready(proto)
+
+    async def _ready(self, proto: _TcpProtocol) -> MuxedConnection:
+        """The connection once its handshake is done (a cancelled wait cancels the handshake)."""
         try:
             conn = await proto.ready
         except asyncio.CancelledError:
             proto.cancel()
             raise
-        self._set_buffer_limits(conn)
+        self._limit_buffers(conn)
         return conn
 
-    def _set_buffer_limits(self, conn: MuxedConnection) -> None:
+    def _limit_buffers(self, conn: MuxedConnection) -> None:
         conn._writer.set_write_buffer_limits(  # type: ignore[attr-defined]
             high=self.write_buffer_limit, low=self.write_buffer_limit // 4
         )

@@ -266,37 +266,20 @@ class CrdtPeer:
 
 def bench_crdt(latency_updates: int = 200, flood_updates: int = 20_000) -> Iterator[dict[str, Any]]:
     """Three node processes on loopback (see the module docstring)."""
-    from lattica.bench.rpc import spawn_on  # (the process machinery: only for this bench)
-    from lattica.mesh.process import ServerProcess  # (likewise: only for this bench, not the simulation)
+    from lattica.bench.rpc import call_all, process_mesh, spawn_on  # (the process machinery: only for this bench)
 
     import os  # (only for the processes' environment)
 
-    procs: list = []
     before = os.environ.get("LATTICA_CRDT")
     os.environ["LATTICA_CRDT"] = "memory"  # (the node processes start with no document: nothing of an earlier run)
     try:
-        with lattica.Node([]) as me:
-            addrs: list[str] = []
-            for _ in range(3):
-                extra: list[str] = []
-                for a in addrs:
-                    extra += ["--connect", a]
-                p = ServerProcess(["/ip4/127.0.0.1/tcp/0"], *extra)
-                p.__enter__()
-                procs.append(p)
-                addrs.append(p.addr("tcp"))
-                me.connect(p.addr("tcp"))
+        with lattica.Node([]) as me, process_mesh(me, 3) as procs:
             peers = [spawn_on(me, CrdtPeer, p.peer_id) for p in procs]
             rt = me._host.runtime
 
-            def run(*calls: tuple, timeout: float = 300) -> list:
-                async def go() -> list:
-                    return await asyncio.gather(*(rt.call(c[0], c[1], c[2:], {}, timeout=timeout) for c in calls))
-                return me.run(go(), timeout=timeout + 5)
-
-            run(*((r, "open") for r in peers))
+            call_all(me, *((r, "open") for r in peers))
             deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and min(run(*((r, "peers") for r in peers))) < 2:
+            while time.monotonic() < deadline and min(call_all(me, *((r, "peers") for r in peers))) < 2:
                 time.sleep(0.1)
 
             async def write_and_collect(n: int, gap: float, timeout: float, each: bool = False) -> tuple:
@@ -328,5 +311,3 @@ def bench_crdt(latency_updates: int = 200, flood_updates: int = 20_000) -> Itera
             os.environ.pop("LATTICA_CRDT", None)
         else:
             os.environ["LATTICA_CRDT"] = before
-        for p in reversed(procs):
-            p.__exit__(None, None, None)

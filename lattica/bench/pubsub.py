@@ -221,56 +221,34 @@ def bench_pubsub(subscribers: int = 4, latency_messages: int = 200, flood_messag
     """``1 + subscribers`` node processes on loopback, all connected: publish -> every subscriber
     latency (one message every 5 ms), then messages/s of ``size`` bytes delivered to each
     subscriber when the publisher sends as fast as it can."""
-    from lattica.bench.rpc import spawn_on  # (the process machinery: only for this bench, not the simulation)
-    from lattica.mesh.process import ServerProcess  # (likewise)
+    from lattica.bench.rpc import call_all, process_mesh, spawn_on  # (the process machinery: only for this bench, not the simulation)
 
-    procs: list = []
-    try:
-        with lattica.Node([]) as me:
-            addrs: list[str] = []
-            for _ in range(subscribers + 1):
-                extra: list[str] = []
-                for a in addrs:
-                    extra += ["--connect", a]
-                p = ServerProcess(["/ip4/127.0.0.1/tcp/0"], *extra)
-                p.__enter__()
-                procs.append(p)
-                addrs.append(p.addr("tcp"))
-                me.connect(p.addr("tcp"))
-            peers = [spawn_on(me, PubSubPeer, p.peer_id) for p in procs]
-            rt = me._host.runtime
+    with lattica.Node([]) as me, process_mesh(me, subscribers + 1) as procs:
+        peers = [spawn_on(me, PubSubPeer, p.peer_id) for p in procs]
+        rt = me._host.runtime
 
-            def run(*calls: tuple, timeout: float = 300) -> list:
-                """Make ``(ref, method, *args)`` calls at once from ``me``; their results."""
-                async def go() -> list:
-                    return await asyncio.gather(*(rt.call(c[0], c[1], c[2:], {}, timeout=timeout) for c in calls))
-                return me.run(go(), timeout=timeout + 5)
+        call_all(me, *((r, "subscribe", "bench", flood_messages + latency_messages) for r in peers))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and min(call_all(me, *((r, "mesh", "bench") for r in peers))) < min(subscribers, 4):
+            time.sleep(0.2)
+        subs = peers[1:]
 
-            run(*((r, "subscribe", "bench", flood_messages + latency_messages) for r in peers))
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and min(run(*((r, "mesh", "bench") for r in peers))) < min(subscribers, 4):
-                time.sleep(0.2)
-            subs = peers[1:]
+        async def publish_and_collect(n: int, gap: float, timeout: float) -> tuple:
+            waits = [rt.call(r, "collect", (n, timeout), {}, timeout=timeout + 30) for r in subs]
+            await asyncio.sleep(0.2)  # (the collectors are waiting)
+            sent = await rt.call(peers[0], "publish", ("bench", n, size, gap), {}, timeout=timeout + 30)
+            return sent, await asyncio.gather(*waits)
 
-            async def publish_and_collect(n: int, gap: float, timeout: float) -> tuple:
-                waits = [rt.call(r, "collect", (n, timeout), {}, timeout=timeout + 30) for r in subs]
-                await asyncio.sleep(0.2)  # (the collectors are waiting)
-                sent = await rt.call(peers[0], "publish", ("bench", n, size, gap), {}, timeout=timeout + 30)
-                return sent, await asyncio.gather(*waits)
-
-            # latency
-            _, got = me.run(publish_and_collect(latency_messages, 0.005, 60), timeout=120)
-            lat = sorted(x for g in got for x in g["latency_us"])
-            yield {"bench": "pubsub", "case": "latency", "processes": len(procs), "bytes": size,
-                   "delivered": f"{sum(g['got'] for g in got)}/{latency_messages * len(subs)}",
-                   "p50_us": round(lat[len(lat) // 2], 1) if lat else None, "p99_us": round(lat[int(len(lat) * 0.99)], 1) if lat else None,
-                   "p50_each_us": sorted(round(statistics.median(g["latency_us"])) for g in got if g["latency_us"])}
-            # throughput
-            sent_s, got = me.run(publish_and_collect(flood_messages, 0.0, 120), timeout=300)
-            rates = [g["got"] / g["span_s"] if g["span_s"] else 0.0 for g in got]
-            yield {"bench": "pubsub", "case": "flood", "processes": len(procs), "bytes": size, "messages": flood_messages,
-                   "publish_msgs_s": round(flood_messages / sent_s), "delivered_min": min(g["got"] for g in got),
-                   "per_subscriber_msgs_s_min": round(min(rates)), "per_subscriber_msgs_s_median": round(statistics.median(rates))}
-    finally:
-        for p in reversed(procs):
-            p.__exit__(None, None, None)
+        # latency
+        _, got = me.run(publish_and_collect(latency_messages, 0.005, 60), timeout=120)
+        lat = sorted(x for g in got for x in g["latency_us"])
+        yield {"bench": "pubsub", "case": "latency", "processes": len(procs), "bytes": size,
+               "delivered": f"{sum(g['got'] for g in got)}/{latency_messages * len(subs)}",
+               "p50_us": round(lat[len(lat) // 2], 1) if lat else None, "p99_us": round(lat[int(len(lat) * 0.99)], 1) if lat else None,
+               "p50_each_us": sorted(round(statistics.median(g["latency_us"])) for g in got if g["latency_us"])}
+        # throughput
+        sent_s, got = me.run(publish_and_collect(flood_messages, 0.0, 120), timeout=300)
+        rates = [g["got"] / g["span_s"] if g["span_s"] else 0.0 for g in got]
+        yield {"bench": "pubsub", "case": "flood", "processes": len(procs), "bytes": size, "messages": flood_messages,
+               "publish_msgs_s": round(flood_messages / sent_s), "delivered_min": min(g["got"] for g in got),
+               "per_subscriber_msgs_s_min": round(min(rates)), "per_subscriber_msgs_s_median": round(statistics.median(rates))}

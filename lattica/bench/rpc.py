@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from lattica._loop import DEFAULT_BUSY_POLL_US
 from lattica.remote import actor
 from lattica.node import Node
 from lattica.bench.transport import pct, plain_tcp_echo, server
+from lattica.mesh.process import ServerProcess
 
 
 PLAIN_ECHO_FROM = 64 * 1024  # payloads this big get a plain TCP echo's figure beside them (--link)
@@ -128,3 +130,32 @@ def spawn_on(node: Node, cls: Any, peer: Any) -> Any:
         return ref
 
     return node.run(spawn(), timeout=30)
+
+
+@contextlib.contextmanager
+def process_mesh(node: Node, n: int) -> Iterator[list[ServerProcess]]:
+    """``n`` node processes on loopback, each connected to those started before it, and ``node``
+    connected to all of them."""
+    procs: list[ServerProcess] = []
+    try:
+        addrs: list[str] = []
+        for _ in range(n):
+            p = ServerProcess(["/ip4/127.0.0.1/tcp/0"], *(x for a in addrs for x in ("--connect", a)))
+            p.__enter__()
+            procs.append(p)
+            addrs.append(p.addr("tcp"))
+            node.connect(addrs[-1])
+        yield procs
+    finally:
+        for p in reversed(procs):
+            p.__exit__(None, None, None)
+
+
+def call_all(node: Node, *calls: tuple, timeout: float = 300) -> list:
+    """Make ``(ref, method, *args)`` calls at once through ``node``; their results, in order."""
+    rt = node.host.runtime  # type: ignore[union-attr]
+
+    async def go() -> list:
+        return await asyncio.gather(*(rt.call(c[0], c[1], c[2:], {}, timeout=timeout) for c in calls))
+
+    return node.run(go(), timeout=timeout + 5)

@@ -12,6 +12,7 @@ import binascii
 import hashlib
 from typing import Final
 
+from lattica._protobuf import uvarint
 from lattica.errors import InvalidCid
 
 __all__ = ["Cid", "RAW", "DAG_PB", "SHA2_256"]
@@ -22,17 +23,6 @@ SHA2_256: Final = 0x12
 _CODECS: Final = {RAW: "raw", DAG_PB: "dag-pb"}
 _DIGEST_SIZE: Final = 32
 _MAX_TEXT: Final = 128
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if not n:
-            out.append(b)
-            return bytes(out)
-        out.append(b | 0x80)
 
 
 def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -66,7 +56,7 @@ class Cid:
             raise InvalidCid(f"a sha2-256 digest has 32 bytes, not {len(digest)}")
         object.__setattr__(self, "codec", codec)
         object.__setattr__(self, "digest", bytes(digest))
-        object.__setattr__(self, "_bytes", b"\x01" + _varint(codec) + bytes((SHA2_256, _DIGEST_SIZE)) + self.digest)
+        object.__setattr__(self, "_bytes", b"\x01" + uvarint(codec) + bytes((SHA2_256, _DIGEST_SIZE)) + self.digest)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("a Cid is immutable")

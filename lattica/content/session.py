@@ -11,7 +11,7 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Hashable, Sequence
+from typing import Any, Hashable, Iterable, Sequence
 
 from lattica.errors import BlockNotFound
 
@@ -637,11 +637,7 @@ class FetchSession:
                 self._finish(call, now)
         if penalize and reason != "cancelled":
             self._penalize(p)
-        for w in touched:
-            if w.state == _STUCK and p.active:
-                self._unstick(w)
-            else:
-                self._settle(w)
+        self._return_wants(touched, p.active)
 
     def on_bad_block(self, peer: Hashable, cid: Hashable, now: float) -> None:
         """The block ``peer`` sent for ``cid`` did not verify: the peer is dropped from the session
@@ -882,6 +878,15 @@ class FetchSession:
         if w.state == _STUCK:
             del self._stuck[w.cid]
             self._pend(w)
+
+    def _return_wants(self, wants: Iterable[_Want], retry: bool) -> None:
+        """Wants a peer no longer carries: stuck ones back to the queue when ``retry`` (the peer
+        is still worth asking), the rest settled by their other copies."""
+        for w in wants:
+            if w.state == _STUCK and retry:
+                self._unstick(w)
+            else:
+                self._settle(w)
 
     def _settle(self, w: _Want) -> None:
         """Put ``w`` where its live copies say: in flight, or back in the queue."""
@@ -1237,11 +1242,7 @@ class FetchSession:
         if not call.penalized and touched:
             call.penalized = True
             self._penalize(p)
-        for w in touched:
-            if w.state == _STUCK and p.active:
-                self._unstick(w)
-            else:
-                self._settle(w)
+        self._return_wants(touched, p.active)
         self._abandoned.append((p.id, cids))
 
     def _silent(self, call: _Call, now: float) -> bool:

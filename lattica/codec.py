@@ -33,6 +33,7 @@ complex dtypes in either byte order; object, string, structured and datetime dty
 
 from __future__ import annotations
 
+import gc
 import struct
 import sys
 import threading
@@ -59,13 +60,14 @@ class Limits(ValueClass, frozen=True):
     max_frame: int = 64 * 1024 * 1024 + 1024  # whole encoded frame, bytes
     max_depth: int = 32  # nesting depth of containers (per extension payload)
     max_items: int = 1_000_000  # length of any single list / map
+    max_containers: int = 1_000_000  # lists and maps in one frame, an extension value counting as 8 (in bodies over 64 KiB)
     max_buffers: int = 1024  # out-of-band buffers per frame
     max_str: int = 16 * 1024 * 1024  # bytes per str / bin / ext in the msgpack body
     oob_threshold: int = 64 * 1024  # bytes-likes and arrays at least this big go out of band
     _floor: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("max_frame", "max_depth", "max_items", "max_str", "oob_threshold"):
+        for name in ("max_frame", "max_depth", "max_items", "max_containers", "max_str", "oob_threshold"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"Limits.{name} must be a non-negative int")
         if not 0 <= self.max_buffers <= 0xFFFF:
@@ -417,12 +419,34 @@ def _decode_scalar(data: bytes) -> np.generic:
     return np.frombuffer(data, dtype=dt, count=1, offset=1 + data[0])[0]
 
 
+_COUNT_FROM = 64 * 1024  # a body this big counts its lists and maps (a Python call for each)
+_EXT_COST = 8  # an extension value counts as this many containers (decoded in Python: ~3 us, not ~60 ns)
+
+
+def _counter(budget: list[int], limit: int) -> Callable[[Any], Any]:
+    """A msgpack list/object hook that counts containers against ``budget[0]``: a few bytes of
+    body can make a list object of ~60 bytes, so a big body must not make millions of them."""
+
+    def count(o: Any) -> Any:
+        budget[0] += 1
+        if budget[0] > limit:
+            raise CodecError(f"message holds more than {limit} lists and maps")
+        return o
+
+    return count
+
+
 def _make_hook(
-    bufs: list[memoryview] | None, limits: Limits, level: int
+    bufs: list[memoryview] | None, limits: Limits, level: int, budget: list[int] | None = None
 ) -> Callable[[int, bytes], Any]:
-    """The msgpack ext_hook for one payload: buffer refs, numpy values, registered types."""
+    """The msgpack ext_hook for one payload: buffer refs, numpy values, registered types
+    (``budget``: the frame's container count, shared with nested payloads)."""
 
     def hook(code: int, data: bytes) -> Any:
+        if budget is not None:
+            budget[0] += _EXT_COST
+            if budget[0] > limits.max_containers:
+                raise CodecError(f"message holds more extension values than {limits.max_containers // _EXT_COST}")
         if code == _EXT_OOB:
             if len(data) != 4 or bufs is None or _U32.unpack(data)[0] >= len(bufs):
                 raise CodecError("reference to a missing out-of-band buffer")
@@ -439,7 +463,7 @@ def _make_hook(
         elif level >= _MAX_EXT_NESTING:
             raise CodecError(f"extension types nested deeper than {_MAX_EXT_NESTING} levels")
         else:
-            inner = _unpack(data, bufs, limits, level + 1)
+            inner = _unpack(data, bufs, limits, level + 1, budget)
         try:
             return ext[1](inner)
         except CodecError:
@@ -466,22 +490,38 @@ def _check_depth(o: list | dict, budget: int) -> None:
 
 
 def _unpack(
-    body: bytes | memoryview, bufs: list[memoryview] | None, limits: Limits, level: int
+    body: bytes | memoryview, bufs: list[memoryview] | None, limits: Limits, level: int, budget: list[int] | None = None
 ) -> Any:
     """Decode one msgpack body (the frame's, or an extension payload) under ``limits``."""
-    if bufs is None and limits is DEFAULT_LIMITS and level == 0:
+    n = len(body)
+    if budget is None and n > _COUNT_FROM:
+        budget = [0]
+    if budget is None and bufs is None and limits is DEFAULT_LIMITS and level == 0:
         hook = _HOOK0
     else:
-        hook = _make_hook(bufs, limits, level)
-    n = len(body)
-    if n <= limits._floor:  # msgpack's own caps (each item needs >= 1 byte of body) are tighter
-        obj = msgpack.unpackb(body, strict_map_key=False, timestamp=2, ext_hook=hook)
-    else:
-        cap, scap = min(n, limits.max_items), min(n, limits.max_str)
-        obj = msgpack.unpackb(
-            body, strict_map_key=False, timestamp=2, ext_hook=hook, max_str_len=scap,
-            max_bin_len=scap, max_ext_len=scap, max_array_len=cap, max_map_len=min(cap, n // 2),
-        )  # fmt: skip
+        hook = _make_hook(bufs, limits, level, budget)
+    counted: dict[str, Any] = {}
+    paused = False
+    if budget is not None:
+        count = _counter(budget, limits.max_containers)
+        counted = {"list_hook": count, "object_hook": count}
+        # the collector would walk the growing heap of new containers again and again (most of
+        # the time of a big body's decoding); it runs once this is done
+        paused = level == 0 and gc.isenabled()
+        if paused:
+            gc.disable()
+    try:
+        if n <= limits._floor:  # msgpack's own caps (each item needs >= 1 byte of body) are tighter
+            obj = msgpack.unpackb(body, strict_map_key=False, timestamp=2, ext_hook=hook, **counted)
+        else:
+            cap, scap = min(n, limits.max_items), min(n, limits.max_str)
+            obj = msgpack.unpackb(
+                body, strict_map_key=False, timestamp=2, ext_hook=hook, max_str_len=scap,
+                max_bin_len=scap, max_ext_len=scap, max_array_len=cap, max_map_len=min(cap, n // 2), **counted,
+            )  # fmt: skip
+    finally:
+        if paused:
+            gc.enable()
     if n > limits.max_depth and type(obj) in _CONTAINERS:
         _check_depth(obj, limits.max_depth)
     return obj

@@ -164,6 +164,7 @@ class Mux:
         self._committed = 0  # credit held by the peer + bytes buffered (all streams)
         self.local_goaway = False
         self.remote_goaway = False
+        self.answered = 0  # bytes of frames queued only to answer the peer (pongs, refusals); the glue resets it
 
     # -- commands ----------------------------------------------------------------------------------
 
@@ -377,6 +378,7 @@ class Mux:
                 elif ftype == T_PING:
                     if flags & F_SYN:
                         self._frame(T_PING, F_ACK, 0, length)
+                        self.answered += HEADER_LEN
                     elif flags & F_ACK:
                         events.append(PongReceived(length))
                 elif ftype == T_GOAWAY:
@@ -432,10 +434,12 @@ class Mux:
                 raise ProtocolError(f"peer opened stream {sid}, which is in use or not its id")
             if self.local_goaway:
                 self._frame(T_WINDOW, F_RST, sid, 0)
+                self.answered += HEADER_LEN
                 events.append(StreamRefused(sid, "connection is going away"))
                 return None
             if self._n_remote >= self.config.max_streams:
                 self._frame(T_WINDOW, F_RST, sid, 0)
+                self.answered += HEADER_LEN
                 events.append(StreamRefused(sid, f"stream limit {self.config.max_streams} reached"))
                 return None
             st = self._add(sid, local=False)

@@ -40,6 +40,7 @@ log = get_logger("lattica.transport")
 # credit goes to the socket at once (credit is bounded by the peer's buffer budget: 64 MiB by
 # default, plus 256 KiB a stream, and a tuned window may hold 16 MiB), so this is well above it
 _MAX_UNSENT = 256 * 1024 * 1024
+_MAX_ANSWERS = 1024 * 1024  # bytes of pongs and refusals queued while the peer does not read its socket
 _SPARE_MAX = 1024 * 1024  # a sealed buffer this size or smaller is kept for the next write
 FRAME_TIME = 0.001  # a Noise frame holds what the path carries in this long (frame_limit)
 _FRAME_OVERHEAD = 2 + 16  # a Noise frame's length prefix and tag
@@ -501,10 +502,13 @@ class MuxedConnection(Connection):
             write = self._writer.write
             for piece in pieces:
                 write(piece)
-        if self._write_paused and self._writer.get_write_buffer_size() > _MAX_UNSENT:
-            # Beyond the peer's credit, stream data waits for drain(); what piles up past
-            # _MAX_UNSENT is replies the mux makes by itself (pongs, window updates, resets),
-            # which only happens if the peer stopped reading its socket.
+        if not self._write_paused:
+            self._mux.answered = 0
+        elif self._mux.answered > _MAX_ANSWERS or self._writer.get_write_buffer_size() > _MAX_UNSENT:
+            # Beyond the peer's credit, stream data waits for drain(); what piles up besides is
+            # what the mux says by itself: answers to the peer's pings and refused streams (a
+            # peer that sends them and never reads could make us queue them without end), and
+            # window updates, bounded by what we read.
             log.info("closing connection: peer stopped reading", peer=str(self.remote_peer))
             self._teardown("peer stopped reading", graceful=False)
 

@@ -33,7 +33,7 @@ from lattica.identity import PeerId
 from lattica.metrics import Histogram
 from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream
 from lattica.runtime.following import Following
-from lattica.runtime.limits import BUILTIN_ACTORS, CHANNEL_IDLE, DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, MAX_ACTORS, HOOK_TIMEOUT, MAX_STREAM_ARGS, NO_STATE, RECENT_PLACEMENT
+from lattica.runtime.limits import BUILTIN_ACTORS, CALL_CHANNELS, CHANNEL_IDLE, DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, MAX_ACTORS, HOOK_TIMEOUT, MAX_STREAM_ARGS, NO_STATE, RECENT_PLACEMENT
 from lattica.runtime.partials import PartialMessages
 from lattica.runtime.refs import StreamArg, method_table, public_methods
 from lattica.runtime.local import ArgStream, LocalActor, error_parts, reset_quietly
@@ -557,8 +557,16 @@ class Runtime(Following):
     # -- serving --------------------------------------------------------------------------------
 
     async def _serve(self, stream: Stream, conn: Connection, protocol: str = rpc.PROTOCOL) -> None:
+        chans = self._serving.setdefault(conn.remote_peer, set())
+        if sum(1 for c in chans if c.conn is conn) >= CALL_CHANNELS:
+            # a caller needs one: more would each hold their own replies and unread calls
+            log.info("refused a call channel: too many on one connection", peer=str(conn.remote_peer), limit=CALL_CHANNELS)
+            stream.reset()
+            if not chans:
+                del self._serving[conn.remote_peer]
+            return
         ch = ServerChannel(self, stream, conn, protocol)
-        self._serving.setdefault(ch.peer, set()).add(ch)
+        chans.add(ch)
         try:
             await ch.serve()
         finally:

@@ -12,7 +12,7 @@ from lattica.errors import (
     ProtocolError,
 )
 from lattica.transports.base import Connection, Stream
-from lattica.runtime.limits import CHANNEL_HIGH_WATER, IDENTIFY_WAIT, MAX_MESSAGE, STREAM_WINDOW
+from lattica.runtime.limits import CHANNEL_HIGH_WATER, IDENTIFY_WAIT, MAX_MESSAGE, MAX_STREAM_ARGS, STREAM_WINDOW
 from lattica.runtime.partials import BudgetedSplitter
 from lattica.runtime.refs import StreamArg
 from lattica.runtime.local import ArgStream, Invocation, Sink
@@ -118,7 +118,7 @@ class ServerChannel:
         splitter.stranger = self.circle == "stranger"
         try:
             while True:
-                if self.writer.backlog() > CHANNEL_HIGH_WATER:
+                if self._backlog() > CHANNEL_HIGH_WATER:
                     # the caller is not reading its replies: stop reading its calls meanwhile
                     self.writer.flush()
                     await self.stream.drain()
@@ -138,6 +138,12 @@ class ServerChannel:
             for inv in list(self.invocations.values()):  # the caller is gone: stop its work
                 inv.actor.cancel(inv)
             self.invocations.clear()
+
+    def _backlog(self) -> int:
+        """Replies not yet taken by the connection, on all of the caller's channels on it: one
+        caller's many channels must not each hold a high water mark of them."""
+        chans = self.runtime._serving.get(self.peer, ())
+        return sum(ch.writer.backlog() for ch in chans if ch.conn is self.conn) if len(chans) > 1 else self.writer.backlog()
 
     def _overdue(self, why: str) -> None:
         log.info("closing call channel: message overdue", peer=str(self.peer), reason=why)
@@ -201,6 +207,15 @@ class ServerChannel:
         if actor is None:
             self.refuse(cid, tell, actor_name, rpc.E_NOT_FOUND, "ActorNotFound", f"no actor named {actor_name!r} on {rt.peer_id}")
             return
+        if not tell and cid in self.invocations:
+            self.send([rpc.ERR, cid, rpc.E_PROTOCOL, "ProtocolError", f"call id {cid} is already in use on this channel", ""])
+            return
+        if flags & rpc.F_ARGSTREAM:
+            indexes = [a.index for a in args if isinstance(a, StreamArg)]
+            if len(indexes) > MAX_STREAM_ARGS or len(set(indexes)) != len(indexes):
+                self.refuse(cid, tell, actor_name, rpc.E_PROTOCOL, "ProtocolError",
+                            f"a call streams at most {MAX_STREAM_ARGS} arguments, each under its own index")
+                return
         key = (self.peer, actor_name)
         used = rt.in_flight.get(key, 0)  # per peer, whatever stream its calls come on
         if used >= actor.window:

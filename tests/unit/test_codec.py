@@ -738,3 +738,26 @@ def test_encoder_state_is_released_after_errors():
         encode([big, {1, 2}])
     assert rt([1, 2]) == [1, 2]
     assert not codec._local.enc.bufs and not codec._local.enc.busy
+
+
+def test_a_big_body_may_not_make_millions_of_containers():
+    """A few bytes of body make a ~60-byte list object: a body over 64 KiB counts its lists, maps
+    and extension values (an extension value counting as 8) against ``max_containers``."""
+    import gc
+
+    many = msgpack.packb([[[] for _ in range(700_000)] for _ in range(2)])
+    with pytest.raises(CodecError, match="lists and maps"):
+        decode(_frame_of(many))
+    assert gc.isenabled()  # (paused while decoding, and back on after a refusal too)
+    with pytest.raises(CodecError, match="extension values"):
+        decode(encode_bytes([PID] * 200_000))  # (each decoded by Python code: ~100 times a list's cost)
+    honest = [[i, str(i)] for i in range(200_000)] + [{"k": i} for i in range(100_000)]
+    assert decode(encode_bytes(honest)) == honest  # well under the budget: decoded as before
+    small = Limits(max_containers=10)
+    with pytest.raises(CodecError):
+        decode(encode_bytes([[0] * 10 for _ in range(20_000)]), small)
+
+
+def _frame_of(body: bytes) -> bytes:
+    """A codec frame holding ``body`` and no out-of-band buffers."""
+    return struct.pack("<BBHI", 1, 0, 0, len(body)) + body

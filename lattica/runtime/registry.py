@@ -562,8 +562,6 @@ class Runtime(Following):
             # a caller needs one: more would each hold their own replies and unread calls
             log.info("refused a call channel: too many on one connection", peer=str(conn.remote_peer), limit=CALL_CHANNELS)
             stream.reset()
-            if not chans:
-                del self._serving[conn.remote_peer]
             return
         ch = ServerChannel(self, stream, conn, protocol)
         chans.add(ch)

@@ -3,6 +3,7 @@ the calls to local actors."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from lattica import codec, rpc, trust
@@ -118,10 +119,9 @@ class ServerChannel:
         splitter.stranger = self.circle == "stranger"
         try:
             while True:
-                if self._backlog() > CHANNEL_HIGH_WATER:
+                while self._backlog() > CHANNEL_HIGH_WATER:
                     # the caller is not reading its replies: stop reading its calls meanwhile
-                    self.writer.flush()
-                    await self.stream.drain()
+                    await self._wait_for_room()
                 data = await self.stream.read(1 << 20)
                 if not data:
                     self.writer.flush()
@@ -144,6 +144,19 @@ class ServerChannel:
         caller's many channels must not each hold a high water mark of them."""
         chans = self.runtime._serving.get(self.peer, ())
         return sum(ch.writer.backlog() for ch in chans if ch.conn is self.conn) if len(chans) > 1 else self.writer.backlog()
+
+    async def _wait_for_room(self) -> None:
+        """Until the replies waiting on this channel, and on the caller's other channels on this
+        connection, have gone to the connection (the caller reads them, or the channel ends)."""
+        self.writer.flush()
+        await self.stream.drain()
+        for ch in list(self.runtime._serving.get(self.peer, ())):
+            if ch is not self and ch.conn is self.conn and ch.writer.backlog():
+                ch.writer.flush()
+                try:
+                    await ch.stream.drain()
+                except LatticaError:  # that channel is over: its serve() ends (its replies stop counting) once it runs
+                    await asyncio.sleep(0.01)
 
     def _overdue(self, why: str) -> None:
         log.info("closing call channel: message overdue", peer=str(self.peer), reason=why)

@@ -163,3 +163,32 @@ def test_mux_pings_from_a_peer_that_never_reads_close_the_connection(server):
     cut_at = asyncio.run(main())
     assert cut_at is not None and cut_at < 500  # (~9 MiB in here: the kernel's socket buffers hold the rest)
     _still_serves(server)
+
+
+def test_replies_a_caller_does_not_read_are_bounded_across_its_channels(server, probe):
+    """Calls whose (bigger) refusals the caller never reads, on every channel it may open: the
+    callee stops reading calls once the replies waiting on all of them pass the high-water mark,
+    not once per channel."""
+    from lattica.runtime.limits import CHANNEL_HIGH_WATER
+
+    calls = b"".join(_frame(rpc.call(i, "nobody", "m", [], {}, None, 0)) for i in range(2000))
+
+    async def body(open_channel):
+        chans = [await open_channel() for _ in range(CALL_CHANNELS)]
+        for _ in range(12 * 2**20 // len(calls)):  # ~12 MiB of calls a channel, ~4x that in refusals
+            for s in chans:
+                s.write(calls)
+        await asyncio.sleep(5)  # (never read: the replies wait at the callee)
+
+    _run(probe, server, body)
+
+    async def backlog():
+        rt = server._host.runtime
+        return sum(ch.writer.backlog() for ch in rt._serving.get(probe.peer_id, ()))
+
+    held = server.run(backlog())
+    assert held > CHANNEL_HIGH_WATER // 2  # (the caller did make it hold replies)
+    # one high-water mark for the connection, plus what each channel's last read of calls made
+    # (a read is at most 1 MiB of calls: ~4.5 MiB of refusals); each channel alone: ~4 x 20 MiB
+    assert held < CHANNEL_HIGH_WATER + CALL_CHANNELS * 5 * 2**20
+    _still_serves(server)

@@ -7,7 +7,9 @@ items are a list of the data (bytes), and a message id covers the author, the se
 digests' hash and the signature (``digest``), so a copy that differs in anything is another
 message. The author's mesh certificates (none in an open mesh or one of listed members) travel
 with it and are signed with it: a receiver that never met the author can tell it is a member,
-and nobody can strip them.
+and nobody can strip them. So does its flood set, when it names one (the peers it sent the bundle
+to itself: ``lattica.pubsub.router``), so nobody can add a peer to it and cut that peer off from
+its forwarders.
 """
 
 from __future__ import annotations
@@ -22,28 +24,36 @@ __all__ = ["Bundle", "MAX_ITEMS"]
 MAX_ITEMS = 256  # messages one bundle holds
 MAX_CERTS = 4  # mesh certificates of the author (lattica.trust.MAX_PRESENTED)
 MAX_CERT = 1024  # bytes of one
+MAX_FLOODED = 64  # tags in a flood set (GossipParams.max_flood_set)
+TAG = 8  # bytes of one
 _DOMAIN = b"lattica pubsub v2\x00"
+_DOMAIN_FLOODED = b"lattica pubsub v3\x00"  # (a bundle that names a flood set)
 _sha256 = hashlib.sha256
 
 
 class Bundle:
     """The items (data) of one signed bundle and their digests."""
 
-    __slots__ = ("items", "certs", "leaves", "root", "size", "count")
+    __slots__ = ("items", "certs", "flooded", "leaves", "root", "size", "count")
 
-    def __init__(self, items: list[bytes], certs: list[bytes] | tuple = ()) -> None:
+    def __init__(self, items: list[bytes], certs: list[bytes] | tuple = (), flooded: list[bytes] | tuple = ()) -> None:
         self.items = items
         self.certs = certs
+        self.flooded = flooded
         self.leaves = [_sha256(d).digest() for d in items]
         self.root = _sha256(b"".join(self.leaves)).digest()
         self.size = sum(len(d) for d in items)
         self.count = len(items)
 
     @classmethod
-    def from_wire(cls, raw: Any, max_data: int, certs: Any = ()) -> Bundle:
-        """The bundle a peer's item list (and its author's certificates) name, or ProtocolError."""
+    def from_wire(cls, raw: Any, max_data: int, certs: Any = (), flooded: Any = ()) -> Bundle:
+        """The bundle a peer's item list (its author's certificates, its flood set) name, or
+        ProtocolError."""
         if certs != () and (type(certs) is not list or len(certs) > MAX_CERTS or not all(type(c) is bytes and 0 < len(c) <= MAX_CERT for c in certs)):
             raise ProtocolError(f"an author's certificates are a list of at most {MAX_CERTS} byte strings of at most {MAX_CERT} bytes")
+        if flooded != () and (type(flooded) is not list or not 0 < len(flooded) <= MAX_FLOODED
+                              or not all(type(t) is bytes and len(t) == TAG for t in flooded)):
+            raise ProtocolError(f"a flood set is a list of 1 to {MAX_FLOODED} tags of {TAG} bytes")
         if type(raw) is not list or not 0 < len(raw) <= MAX_ITEMS:
             raise ProtocolError(f"a message's items are a list of 1 to {MAX_ITEMS}")
         size = 0
@@ -57,18 +67,22 @@ class Bundle:
             size += len(item)
             if size > max_data:
                 raise ProtocolError(f"a message's data is at most {max_data} bytes")
-        return cls(raw, certs)
+        return cls(raw, certs, flooded)
 
     def wire(self) -> list[bytes]:
         return self.items
 
     def signed_bytes(self, topic: str, author: bytes, seqno: int) -> bytes:
         """What the author signs: the domain, each field with its length (no field can be shifted
-        into another), the items' digests in order, then its certificates."""
+        into another), the items' digests in order, its certificates, then its flood set's tags
+        (under another domain, so a bundle without one signs as it always did)."""
         t = topic.encode()
         certs = [b for c in self.certs for b in (len(c).to_bytes(2, "big"), c)]
-        return b"".join((_DOMAIN, len(t).to_bytes(2, "big"), t, len(author).to_bytes(1, "big"), author, seqno.to_bytes(8, "big"),
-                         len(self.leaves).to_bytes(2, "big"), *self.leaves, len(self.certs).to_bytes(1, "big"), *certs))
+        parts = [_DOMAIN_FLOODED if self.flooded else _DOMAIN, len(t).to_bytes(2, "big"), t, len(author).to_bytes(1, "big"), author,
+                 seqno.to_bytes(8, "big"), len(self.leaves).to_bytes(2, "big"), *self.leaves, len(self.certs).to_bytes(1, "big"), *certs]
+        if self.flooded:
+            parts += [len(self.flooded).to_bytes(1, "big"), *self.flooded]
+        return b"".join(parts)
 
     def digest(self, signature: bytes) -> bytes:
         """What a message id covers besides the author and seqno (see the module docstring)."""

@@ -65,9 +65,9 @@ _VERDICTS = {True: ACCEPT, False: REJECT, None: IGNORE, ACCEPT: ACCEPT, REJECT: 
 def _load() -> None:
     """The router, its scores, the wire form and subscriptions load when a node first uses pub-sub
     (a topic of its own, or a peer's batch): a node that never does pays nothing at start."""
-    global wire, Bundle, Envelope, GossipParams, Router, Rpc, Message, Subscription
+    global wire, Bundle, MAX_FLOODED, Envelope, GossipParams, Router, Rpc, Message, Subscription
     from lattica.actors.pubsub import wire  # (first use: see above)
-    from lattica.actors.pubsub.bundle import Bundle  # (first use)
+    from lattica.actors.pubsub.bundle import MAX_FLOODED, Bundle  # (first use)
     from lattica.pubsub.router import Envelope, GossipParams, Router, Rpc  # (first use)
     from lattica.pubsub.subscription import Message, Subscription  # (first use)
 
@@ -223,7 +223,7 @@ class PubSubService:
             _load()
             cfg = self.cfg
             params = GossipParams(d=cfg.d, d_lo=cfg.d_lo, d_hi=cfg.d_hi, d_score=min(4, cfg.d), heartbeat=cfg.heartbeat,
-                                  max_message_bytes=cfg.max_message_bytes)
+                                  max_message_bytes=cfg.max_message_bytes, max_flood_set=MAX_FLOODED)
             router = self._router = Router(self.rt.peer_id, params)
             for info in list(self.host.info.values()):
                 if (info.circle != "stranger" or self.cfg.open_topics) and info.peer_id != self.rt.peer_id and info.peer_id not in router.peers:
@@ -351,11 +351,12 @@ class PubSubService:
         seqno = max(self._seqno + 1, time.time_ns())
         self._seqno = seqno + n - 1
         trust = self.host.trust
-        bundle = Bundle(batch.bodies, [] if trust.open else trust.presented)
+        now = self._now()
+        bundle = Bundle(batch.bodies, [] if trust.open else trust.presented, sorted(self.router.flood_set(topic, now)))
         env = wire.envelope(topic, self._author, seqno, bundle, self.host.keypair.sign(bundle.signed_bytes(topic, self._author, seqno)))
         self._payloads[env.id] = (list(enumerate(batch.datas)), None)
         self.bundles += 1
-        reach = self.router.publish(env, self._now())
+        reach = self.router.publish(env, now)
         self._pump()
         self._payloads.pop(env.id, None)
         return reach

@@ -4,8 +4,8 @@ them), parsed strictly.
 A batch is ``[subscribe, messages, ihave, iwant, graft, prune, idontwant]``, with ``choke`` and
 ``unchoke`` (topic lists) after them when it carries any: subscribe
 ``[[topic, bool], ...]``; a message ``[topic, author (PeerId bytes), seqno, items, signature]``,
-with the author's mesh certificates after them when it has any (a signed bundle of the author's
-messages: ``lattica.actors.pubsub.bundle``);
+then the author's mesh certificates when it has any or names a flood set, then that set's tags
+when it names one (a signed bundle of the author's messages: ``lattica.actors.pubsub.bundle``);
 ihave ``[[topic, [id, ...]], ...]``; iwant and idontwant ``[id, ...]``; graft ``[topic, ...]``;
 prune ``[[topic, backoff seconds], ...]``. Anything else (wrong types, too many entries, long
 topics or ids) is refused as a whole with ``ProtocolError``: a peer learns its batch was bad,
@@ -36,7 +36,7 @@ MAX_IDS = 5000  # ids per IHAVE topic, per IWANT, per IDONTWANT
 
 def envelope(topic: str, author: bytes, seqno: int, bundle: Bundle, signature: bytes) -> Envelope:
     """The router's envelope of a signed bundle (its id covers what ``Bundle.digest`` says)."""
-    return Envelope(topic, author, seqno, bundle, signature, bundle.digest(signature), bundle.size)
+    return Envelope(topic, author, seqno, bundle, signature, bundle.digest(signature), bundle.size, frozenset(bundle.flooded))
 
 
 def encode(rpc: Rpc) -> list:
@@ -60,6 +60,8 @@ def encode(rpc: Rpc) -> list:
 
 def _message(m: Envelope) -> list:
     b = m.data
+    if b.flooded:
+        return [m.topic, m.author, m.seqno, b.wire(), m.signature, list(b.certs), list(b.flooded)]
     return [m.topic, m.author, m.seqno, b.wire(), m.signature, b.certs] if b.certs else [m.topic, m.author, m.seqno, b.wire(), m.signature]
 
 
@@ -77,8 +79,8 @@ def decode(raw: Any, max_data: int) -> Rpc:
             raise ProtocolError("a subscription is [topic, bool]")
         rpc.subscribe.append((check_topic(item[0]), item[1]))
     for item in _entries(msgs, "messages"):
-        if type(item) is not list or len(item) not in (5, 6):
-            raise ProtocolError("a message is [topic, author, seqno, items, signature] (then the author's certificates)")
+        if type(item) is not list or len(item) not in (5, 6, 7):
+            raise ProtocolError("a message is [topic, author, seqno, items, signature] (then the author's certificates, then its flood set)")
         topic, author, seqno, items, sig = item[:5]
         if type(author) is not bytes or not 0 < len(author) <= MAX_AUTHOR:
             raise ProtocolError("a message's author is a PeerId's bytes")
@@ -86,7 +88,7 @@ def decode(raw: Any, max_data: int) -> Rpc:
             raise ProtocolError("a message's seqno is an unsigned 64-bit integer")
         if type(sig) is not bytes or len(sig) > MAX_SIGNATURE:
             raise ProtocolError("a message's signature is at most 64 bytes")
-        bundle = Bundle.from_wire(items, max_data, item[5] if len(item) == 6 else ())
+        bundle = Bundle.from_wire(items, max_data, item[5] if len(item) > 5 else (), item[6] if len(item) == 7 else ())
         if seqno + len(bundle.items) > 1 << 64:
             raise ProtocolError("a message's items' seqnos are unsigned 64-bit integers")
         rpc.messages.append(envelope(check_topic(topic), author, seqno, bundle, sig))

@@ -41,7 +41,7 @@ def simulate(nodes: int = 200, messages: int = 1000, *, degree: int = 20, rate: 
     publishing; ``silent``: share of nodes that take messages and never forward any."""
     rng = random.Random(seed)
     started = time.perf_counter()
-    routers = [Router(i, params, rng=random.Random(rng.random())) for i in range(nodes)]
+    routers = [Router(i, params, rng=random.Random(rng.random()), peer_bytes=_author) for i in range(nodes)]
     links: dict[tuple[int, int], float] = {}
     where = [(rng.random(), rng.random()) for _ in range(nodes)]
     for i in range(nodes):
@@ -115,7 +115,7 @@ def simulate(nodes: int = 200, messages: int = 1000, *, degree: int = 20, rate: 
             i, k = args
             while i in dead:
                 i = (i + 1) % nodes
-            msg = Envelope(TOPIC, _author(i), k, b"x" * 128)
+            msg = Envelope(TOPIC, _author(i), k, b"x" * 128, flooded=routers[i].flood_set(TOPIC, now))
             hops[(i, msg.id)] = 0
             routers[i].publish(msg, now)
             published.append((msg.id, now, i))

@@ -17,6 +17,12 @@ The rules, in short (names as in the GossipSub v1.1 specification):
 - **Fanout**: publishing to a topic we did not join goes to D peers of the topic, kept for
   ``fanout_ttl`` after the last publish. Our own messages are flooded to every peer of the topic
   whose score is above the publish threshold (flood publishing).
+- **Flood sets**: the author may name the peers it flooded a message to (``flood_set``: 8-byte
+  tags of their PeerIds, which the glue signs with the message). Those peers have the author's
+  copy, so a forwarder does not send it to them; it tells them the id in its next heartbeat's
+  IHAVE instead, so an author that names a peer it never sent to only delays that peer by a
+  heartbeat. A peer named in the set expects no forwards of that message from its mesh (the
+  score's P3 does not count it).
 - **Gossip**: on the heartbeat, IHAVE with the ids of the last ``history_gossip`` windows of
   messages goes to D_lazy (or ``gossip_factor`` of the) other peers of each topic; they answer
   IWANT for what they miss. An IWANT we send is a promise: the message not delivered within
@@ -47,11 +53,11 @@ from __future__ import annotations
 import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 from lattica.pubsub.score import PeerScore, ScoreParams
 
-__all__ = ["Envelope", "Rpc", "GossipParams", "Router", "ACCEPT", "REJECT", "IGNORE"]
+__all__ = ["Envelope", "Rpc", "GossipParams", "Router", "flood_tag", "ACCEPT", "REJECT", "IGNORE"]
 
 ACCEPT, REJECT, IGNORE = "accept", "reject", "ignore"
 
@@ -73,6 +79,7 @@ class Envelope:
     signature: bytes = b""
     digest: bytes | None = field(default=None, repr=False, compare=False)
     size: int = field(default=-1, repr=False, compare=False)
+    flooded: frozenset[bytes] = field(default=frozenset(), repr=False, compare=False)  # the author's flood set (signed with it)
     id: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -139,6 +146,7 @@ class GossipParams:
     idontwant_min_bytes: int = 1024  # smaller messages cost about what their IDONTWANTs would
     near_first_window: float = 0.001  # a peer's round trip until the glue measured it (see the score's P3)
     flood_publish: bool = True
+    max_flood_set: int = 64  # peers an author names in a message's flood set (more: it names none)
     # choking: mesh peers whose copies keep arriving after someone else's send us only IHAVE,
     # so about d_eager copies of each message arrive instead of one per mesh peer
     d_eager: int = 3
@@ -156,13 +164,14 @@ _PENDING, _ACCEPTED, _REJECTED, _IGNORED = range(4)
 
 
 class _Seen:
-    __slots__ = ("at", "state", "topic", "source", "have", "sent_to", "told")
+    __slots__ = ("at", "state", "topic", "source", "have", "sent_to", "told", "flooded")
 
     def __init__(self, at: float, topic: str, source: Hashable | None) -> None:
         self.at = at
         self.state = _PENDING
         self.topic = topic
         self.source = source
+        self.flooded = False  # the author sent it to us itself, and said so: no mesh peer forwards it to us
         self.have: set[Hashable] = set()  # peers that sent it to us
         self.sent_to: set[Hashable] = set()  # peers we sent it to
         self.told: set[Hashable] = set()  # peers that said IDONTWANT (have it, or will soon)
@@ -172,9 +181,15 @@ class Router:
     """One node's pub-sub router (see the module docstring)."""
 
     def __init__(self, me: Hashable, params: GossipParams | None = None, score: ScoreParams | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, peer_bytes: Callable[[Hashable], bytes | None] | None = None) -> None:
+        """``peer_bytes``: the bytes a peer handle signs as (its PeerId's); by default the handle
+        itself when it is bytes, else its ``to_bytes()``."""
         self.me = me
         self.p = params or GossipParams()
+        self._peer_bytes = peer_bytes or _author_of
+        self._tags: dict[Hashable, bytes | None] = {}  # peer -> its flood tag
+        self._my_tag = flood_tag(self._peer_bytes(me))
+        self._later: dict[Hashable, dict[str, list[bytes]]] = {}  # ids we did not forward to mesh peers the author named: told at the heartbeat
         self.scores = PeerScore(score)
         self.rng = rng or random.Random()
         self.peers: dict[Hashable, set[str]] = {}  # peer -> topics it joined
@@ -215,6 +230,7 @@ class Router:
         if peer == self.me or peer in self.peers:
             return
         self.peers[peer] = set()
+        self._tags[peer] = flood_tag(self._peer_bytes(peer))
         if rtt is not None:
             self._rtt[peer] = rtt
         self.scores.connected(peer, ip)
@@ -234,6 +250,8 @@ class Router:
             self._forget_member(peer, topic)
         self.scores.disconnected(peer, now)
         self._outbox.pop(peer, None)
+        self._tags.pop(peer, None)
+        self._later.pop(peer, None)
         self._rtt.pop(peer, None)
         self._dont_heard.pop(peer, None)
         self._ihaves_heard.pop(peer, None)
@@ -284,6 +302,18 @@ class Router:
         entry = self._seen.get(mid)
         return entry.topic if entry is not None else None
 
+    def flood_set(self, topic: str, now: float) -> frozenset[bytes]:
+        """The tags of the peers a message we published to ``topic`` now would be flooded to,
+        for the author to sign with it (empty when flood publishing is off, or when they are more
+        than ``max_flood_set``: forwarders then send it to all their mesh peers, as without one)."""
+        if not self.p.flood_publish:
+            return frozenset()
+        targets = self._publish_targets(topic, now)
+        if len(targets) > self.p.max_flood_set:
+            return frozenset()
+        tags = self._tags
+        return frozenset(t for p in targets if (t := tags.get(p)) is not None)
+
     def reach(self, topic: str, now: float) -> int:
         """The peers a message we published to ``topic`` now would be sent to."""
         return len(self._publish_targets(topic, now))
@@ -315,13 +345,27 @@ class Router:
             if entry.source is not None:
                 self.scores.first_delivery(entry.source, topic)
             mesh = self.mesh.get(topic, set())
-            self.scores.topic_message(topic, mesh)
-            for peer in entry.have:
-                self.scores.forwarded(peer, topic)
+            flooded = msg.flooded
+            if flooded and self._my_tag in flooded:
+                entry.flooded = True  # (our mesh peers were told not to forward it to us)
+            else:
+                self.scores.topic_message(topic, mesh)
+                for peer in entry.have:
+                    self.scores.forwarded(peer, topic)
             if topic in self.mesh:
                 self._delivered.append(msg)
             author = msg.author
-            targets = [p for p in mesh if p not in entry.have and p not in entry.told and p != entry.source and _author_of(p) != author]
+            pb = self._peer_bytes
+            targets = [p for p in mesh if p not in entry.have and p not in entry.told and p != entry.source and pb(p) != author]
+            if flooded:
+                tags = self._tags
+                lazy = [p for p in targets if tags.get(p) in flooded]
+                if lazy:
+                    targets = [p for p in targets if p not in lazy]
+                    for peer in lazy:
+                        ids = self._later.setdefault(peer, {}).setdefault(topic, [])
+                        if len(ids) < self.p.max_ihave_length:
+                            ids.append(msg.id)
             for peer in targets:
                 if (peer, topic) in self._choked_by:
                     self._announce.setdefault(peer, {}).setdefault(topic, []).append(msg.id)
@@ -391,7 +435,7 @@ class Router:
             entry.have.add(peer)
             if entry.state == _REJECTED:
                 self.scores.invalid(peer, msg.topic)
-            elif entry.state == _ACCEPTED and (peer not in entry.sent_to or now - entry.at < self._rtt.get(peer, self.p.near_first_window)):
+            elif entry.state == _ACCEPTED and not entry.flooded and (peer not in entry.sent_to or now - entry.at < self._rtt.get(peer, self.p.near_first_window)):
                 # it forwarded the message to us: it did not have it from us, or its copy came
                 # sooner than an echo of ours could (a round trip after we first had it)
                 self.scores.forwarded(peer, msg.topic)
@@ -441,7 +485,7 @@ class Router:
                     if race is not None:
                         race[0] += 1
                 else:
-                    if entry.state == _ACCEPTED and (peer not in entry.sent_to or now - entry.at < self._rtt.get(peer, self.p.near_first_window)):
+                    if entry.state == _ACCEPTED and not entry.flooded and (peer not in entry.sent_to or now - entry.at < self._rtt.get(peer, self.p.near_first_window)):
                         self.scores.forwarded(peer, topic)
                     if race is not None:
                         race[1] += 1
@@ -657,6 +701,14 @@ class Router:
                 if msg is not None:
                     recent.setdefault(msg.topic, []).append(mid)
         limit = self.scores.params.gossip_threshold
+        later, self._later = self._later, {}
+        seen = self._seen
+        for peer, topics in later.items():
+            if peer in self.peers and self._score(peer, now) >= limit:
+                for topic, ids in topics.items():
+                    ids = [m for m in ids if (e := seen.get(m)) is None or (peer not in e.have and peer not in e.told)]
+                    if ids:
+                        self._out(peer).ihave.append((topic, ids))
         for topic, ids in recent.items():
             inner = self.mesh.get(topic) or self.fanout.get(topic)
             if inner is None:
@@ -843,9 +895,20 @@ def _sha256() -> Any:
     return _SHA256
 
 
+def flood_tag(peer_bytes: bytes | None) -> bytes | None:
+    """A peer's name in flood sets: 8 bytes of sha2-256 of its PeerId's bytes."""
+    if peer_bytes is None:
+        return None
+    h = (_SHA256 or _sha256())(b"lattica flood\x00")
+    h.update(peer_bytes)
+    return h.digest()[:8]
+
+
 def _author_of(peer: Hashable) -> bytes | None:
     """The author bytes a peer signs with, when the peer handle is a PeerId (bytes otherwise)."""
     if isinstance(peer, bytes):
         return peer
+    if isinstance(peer, int):
+        return None
     to_bytes = getattr(peer, "to_bytes", None)
     return to_bytes() if callable(to_bytes) else None

@@ -18,6 +18,7 @@ from lattica.actors.pubsub import wire
 from lattica.actors.pubsub.bundle import Bundle
 from lattica.config import PubSubConfig
 from lattica.errors import NodeClosed, PermissionDenied, ProtocolError, Timeout
+from lattica.pubsub.router import flood_tag
 from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(90)
@@ -419,12 +420,13 @@ def test_a_bundle_passes_on_whole_and_items_are_delivered_where_accepted(line):
     assert all(n._host.services["pubsub"].rejected == 0 for n in line)
 
 
-def _bundle(node, topic, items, seqno=None):
+def _bundle(node, topic, items, seqno=None, flooded=()):
     bodies = [b"".join(bytes(c) for c in lattica.codec.encode(x)) for x in items]
     author = node.peer_id.to_bytes()
     seqno = time.time_ns() if seqno is None else seqno
-    bundle = Bundle(bodies, node._host.trust.presented)
-    return [topic, author, seqno, bundle.wire(), node.keypair.sign(bundle.signed_bytes(topic, author, seqno)), bundle.certs]
+    bundle = Bundle(bodies, node._host.trust.presented, flooded)
+    signed = [topic, author, seqno, bundle.wire(), node.keypair.sign(bundle.signed_bytes(topic, author, seqno)), bundle.certs]
+    return signed + [list(flooded)] if flooded else signed
 
 
 def test_a_bundle_with_a_changed_or_relabelled_item_is_refused_whole(line):
@@ -574,3 +576,45 @@ def test_open_topics_reach_strangers_and_nothing_else_does():
     finally:
         for n in (host, member, stranger):
             n.stop()
+
+
+def test_an_author_s_flood_set_spares_its_peers_the_forwards():
+    """Four members, all connected: each subscriber has the author's copy of each message and no
+    forward of it (before flood sets, each got about three copies)."""
+    key = MeshKey.generate()
+    nodes = [lattica.Node([TCP], mesh=key, pubsub=PubSubConfig(discover=False)).start() for _ in range(4)]
+    try:
+        for i, a in enumerate(nodes):
+            for b in nodes[i + 1:]:
+                b.connect(a.addrs[0])
+        subs = [lattica.pubsub.subscribe("fs", node=n) for n in nodes]
+        assert wait_for(lambda: all(len(lattica.pubsub.peers("fs", node=n)) == 3 for n in nodes), timeout=10)
+        for i in range(10):
+            assert lattica.pubsub.publish("fs", i, node=nodes[0]).result(5) == 3
+            time.sleep(0.02)
+        for sub in subs[1:]:
+            assert [sub.get(timeout=5).data for _ in range(10)] == list(range(10))
+        time.sleep(0.3)  # (a forward would have arrived by now)
+        assert [n._host.services["pubsub"].copies for n in nodes[1:]] == [10, 10, 10]
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def test_a_flood_set_is_signed_and_a_peer_it_names_wrongly_is_only_delayed(line):
+    a, b, c, d = line[0], line[1], line[2], line[3]
+    subs = [lattica.pubsub.subscribe("fl", node=n) for n in line]
+    assert _meshed(line, "fl")
+    named = sorted(flood_tag(n.peer_id.to_bytes()) for n in (b, c))
+    lied = _bundle(a, "fl", ["to b only"], flooded=named)  # says c had it from a too: it did not
+    call_as(a, pubsub_ref(b.peer_id), "rpc", _batch(lied))
+    assert subs[1].get(timeout=5).data == "to b only"
+    msg = subs[2].get(timeout=10)  # b did not forward it to c, but told c at its heartbeat
+    assert msg.data == "to b only" and msg.via == b.peer_id
+    assert subs[3].get(timeout=5).via == c.peer_id, "d was not named: c forwards it as usual"
+    widened = _bundle(a, "fl", ["widened"], flooded=named[:1])
+    widened[6] = named  # a tag added on the way: the signature no longer holds
+    call_as(c, pubsub_ref(d.peer_id), "rpc", _batch(widened))
+    with pytest.raises(Timeout):
+        subs[3].get(timeout=0.5)
+    assert d._host.services["pubsub"].rejected == 1

@@ -54,3 +54,21 @@ def test_certificates_that_are_no_list_are_refused():
         with pytest.raises(ProtocolError):
             Bundle.from_wire([b"x"], 100, bad)
     assert Bundle.from_wire([b"x"], 100, []).certs == []
+
+
+def test_a_flood_set_is_signed_and_a_bundle_without_one_signs_as_before():
+    plain = Bundle([b"x"])
+    tags = [bytes([i]) * 8 for i in range(3)]
+    flooded = Bundle([b"x"], (), tags)
+    assert plain.signed_bytes("t", b"a", 1).startswith(b"lattica pubsub v2\x00"), "no flood set: the bytes older nodes sign"
+    assert flooded.signed_bytes("t", b"a", 1).startswith(b"lattica pubsub v3\x00")
+    assert flooded.signed_bytes("t", b"a", 1) != Bundle([b"x"], (), tags[:2]).signed_bytes("t", b"a", 1), "a tag added or removed changes what is signed"
+    assert flooded.signed_bytes("t", b"a", 1) != Bundle([b"x"], (), [tags[0], tags[1], b"\x09" * 8]).signed_bytes("t", b"a", 1)
+    again = Bundle.from_wire([b"x"], 10, [], list(tags))
+    assert again.signed_bytes("t", b"a", 1) == flooded.signed_bytes("t", b"a", 1)
+
+
+@pytest.mark.parametrize("flooded", ["x", [], [b"short"], [b"x" * 9], [b"y" * 8] * 65, [1] * 3])
+def test_malformed_flood_sets_are_refused(flooded):
+    with pytest.raises(ProtocolError, match="flood set"):
+        Bundle.from_wire([b"x"], 10, [], flooded)

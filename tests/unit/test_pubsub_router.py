@@ -8,7 +8,7 @@ import random
 import pytest
 
 from lattica.bench.pubsub import simulate
-from lattica.pubsub.router import ACCEPT, IGNORE, REJECT, GossipParams, Envelope, Router, Rpc
+from lattica.pubsub.router import ACCEPT, IGNORE, REJECT, GossipParams, Envelope, Router, Rpc, flood_tag
 
 T = "t"
 
@@ -479,3 +479,100 @@ def test_only_accepted_messages_raise_their_author_s_floor_and_floors_are_bounde
     for i in range(200):  # 200 accepted authors forgotten: at most 10 floors kept
         _arrive(a, "honest", msg(2000 + i, 5))
     assert len(a._floors) == 10
+
+
+# -- flood sets: the peers an author sent its message to itself ------------------------------------
+
+
+def _named(n: int, seed: int = 1, links=None) -> dict:
+    """``n`` routers whose peers sign as their 4-byte names (so authors can name them)."""
+    routers = {i: Router(i, rng=random.Random(seed + i), peer_bytes=lambda p: p.to_bytes(4, "big")) for i in range(n)}
+    for i in routers:
+        for j in routers:
+            if i < j and (links is None or (i, j) in links):
+                routers[i].add_peer(j, 0.0)
+                routers[j].add_peer(i, 0.0)
+    for r in routers.values():
+        r.join(T, 0.0)
+    wire(routers, 0.0)
+    for t in (1.0, 2.0, 3.0):  # (the meshes form on the heartbeats)
+        for r in routers.values():
+            r.heartbeat(t)
+        wire(routers, t)
+    assert all(len(r.mesh[T]) >= GossipParams().d_lo for r in routers.values())
+    return routers
+
+
+def _flooded(routers: dict, author: int, seq: int, now: float) -> Envelope:
+    return Envelope(T, author.to_bytes(4, "big"), seq, b"hi", flooded=routers[author].flood_set(T, now))
+
+
+def _copies(routers: dict, now: float, drop=lambda src, dst, m: False) -> dict:
+    """Like ``wire``, counting the copies of messages each router receives."""
+    got = {name: 0 for name in routers}
+    for _ in range(20):
+        moved = False
+        for name, r in routers.items():
+            for m, _ in r.take_to_validate():
+                r.validated(m.id, ACCEPT, now)
+            for peer, rpc in r.take_outgoing().items():
+                rpc.messages = [m for m in rpc.messages if not drop(name, peer, m)]
+                got[peer] += len(rpc.messages)
+                moved = True
+                routers[peer].on_rpc(name, rpc, now)
+        if not moved:
+            break
+    return got
+
+
+def test_forwarders_spare_the_peers_the_author_flooded():
+    routers = _named(6)
+    m = _flooded(routers, 0, 1, 5.0)
+    assert m.flooded == {flood_tag(i.to_bytes(4, "big")) for i in range(1, 6)}
+    routers[0].publish(m, 5.0)
+    got = _copies(routers, 5.0)
+    assert [got[i] for i in range(1, 6)] == [1] * 5, "each subscriber gets the author's copy and no forward"
+    assert all(r.take_delivered() == [m] for r in routers.values())
+    plain = Envelope(T, (0).to_bytes(4, "big"), 2, b"hi")  # no flood set: forwarded as before
+    routers[0].publish(plain, 5.5)
+    assert sum(_copies(routers, 5.5).values()) > 5
+
+
+def test_a_peer_not_in_the_flood_set_still_gets_forwards():
+    links = {(i, j) for i in range(6) for j in range(i + 1, 6)} - {(0, 5)}  # the author does not know 5
+    routers = _named(6, links=links)
+    m = _flooded(routers, 0, 1, 5.0)
+    assert flood_tag((5).to_bytes(4, "big")) not in m.flooded
+    routers[0].publish(m, 5.0)
+    got = _copies(routers, 5.0)
+    assert [got[i] for i in range(1, 5)] == [1] * 4 and got[5] >= 1
+    assert routers[5].take_delivered() == [m]
+
+
+def test_a_peer_named_but_never_sent_to_gets_the_message_after_a_heartbeat():
+    routers = _named(6)
+    m = _flooded(routers, 0, 1, 5.0)
+    routers[0].publish(m, 5.0)
+    _copies(routers, 5.0, drop=lambda src, dst, _m: src == 0 and dst == 5)  # the author lied about 5
+    assert routers[5].take_delivered() == [], "no forwarder sent it to a peer the author named"
+    for name, r in routers.items():
+        r.heartbeat(6.0)
+    _copies(routers, 6.0)
+    assert routers[5].take_delivered() == [m], "its mesh peers told it at the heartbeat, and it asked"
+
+
+def test_mesh_peers_are_not_penalised_for_sparing_us_what_the_author_sent_us():
+    routers = _named(8, seed=4)
+    t = 5.0
+    for k in range(600):
+        author = k % 2  # (peers that publish forward their own messages: two authors, the others only forward)
+        routers[author].publish(_flooded(routers, author, k, t), t)
+        _copies(routers, t)
+        t += 0.05
+        if k % 20 == 19:
+            for r in routers.values():
+                r.heartbeat(t)
+            _copies(routers, t)
+    for name, r in routers.items():
+        assert len(r.mesh[T]) >= GossipParams().d_lo, f"router {name} pruned its mesh: {r.mesh[T]}"
+        assert all(r.score(p, t) >= 0 for p in r.mesh[T]), f"router {name} penalised a mesh peer"

@@ -4,8 +4,8 @@ The author signs the list of its messages' digests (sha2-256 of each one's data)
 signature covers up to ``MAX_ITEMS`` messages and a receiver verifies it once, not once per
 message. Item ``i``'s seqno is the bundle's plus ``i``. A bundle travels whole: on the wire its
 items are a list of the data (bytes), and a message id covers the author, the seqno, the
-digests' hash and the signature (``digest``), so a copy that differs in anything is another
-message. The author's mesh certificates (none in an open mesh or one of listed members) travel
+digests' hash, the certificates, the flood set and the signature (``digest``), so a copy that
+differs in anything is another message. The author's mesh certificates (none in an open mesh or one of listed members) travel
 with it and are signed with it: a receiver that never met the author can tell it is a member,
 and nobody can strip them. So does its flood set, when it names one (the peers it sent the bundle
 to itself: ``lattica.pubsub.router``), so nobody can add a peer to it and cut that peer off from
@@ -85,7 +85,13 @@ class Bundle:
         return b"".join(parts)
 
     def digest(self, signature: bytes) -> bytes:
-        """What a message id covers besides the author and seqno (see the module docstring)."""
+        """What a message id covers besides the author and seqno: everything the signature does
+        (the items' digests, the certificates, the flood set) and the signature. A copy whose
+        certificates or flood set were changed on the way is another message, refused on its
+        own: it cannot get the author's copy refused as a duplicate of itself."""
         h = _sha256(self.root)
         h.update(signature)
+        if self.certs or self.flooded:
+            h.update(b"".join(b for c in self.certs for b in (len(c).to_bytes(2, "big"), c)))
+            h.update(len(self.certs).to_bytes(1, "big") + b"".join(self.flooded))
         return h.digest()

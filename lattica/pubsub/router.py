@@ -189,7 +189,8 @@ class Router:
         self._peer_bytes = peer_bytes or _author_of
         self._tags: dict[Hashable, bytes | None] = {}  # peer -> its flood tag
         self._my_tag = flood_tag(self._peer_bytes(me))
-        self._later: dict[Hashable, dict[str, list[bytes]]] = {}  # ids we did not forward to mesh peers the author named: told at the heartbeat
+        self._later: dict[Hashable, dict[str, list[bytes]]] = {}
+        self._planned: tuple[str, float, set] | None = None  # the last flood set's topic, time and peers  # ids we did not forward to mesh peers the author named: told at the heartbeat
         self.scores = PeerScore(score)
         self.rng = rng or random.Random()
         self.peers: dict[Hashable, set[str]] = {}  # peer -> topics it joined
@@ -291,7 +292,8 @@ class Router:
         self._cache(msg)
         if msg.topic in self.mesh:
             self._delivered.append(msg)
-        targets = self._publish_targets(msg.topic, now)
+        planned, self._planned = self._planned, None
+        targets = planned[2] if planned is not None and planned[:2] == (msg.topic, now) else self._publish_targets(msg.topic, now)
         for peer in targets:
             self._out(peer).messages.append(msg)
         entry.sent_to |= targets
@@ -309,6 +311,7 @@ class Router:
         if not self.p.flood_publish:
             return frozenset()
         targets = self._publish_targets(topic, now)
+        self._planned = (topic, now, targets)  # (what ``publish`` then sends to: the peers the set names)
         if len(targets) > self.p.max_flood_set:
             return frozenset()
         tags = self._tags

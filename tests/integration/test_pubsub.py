@@ -618,3 +618,27 @@ def test_a_flood_set_is_signed_and_a_peer_it_names_wrongly_is_only_delayed(line)
     with pytest.raises(Timeout):
         subs[3].get(timeout=0.5)
     assert d._host.services["pubsub"].rejected == 1
+
+
+def test_a_copy_with_other_certificates_or_flood_set_cannot_pre_empt_the_author_s(line):
+    """A message id covers everything the signature does: a copy whose certificates or flood set
+    were changed on the way is another message, refused on its own, and the author's copy still
+    arrives (and its sender is not blamed for the fake)."""
+    a, b, c = line[0], line[1], line[2]
+    sub = lattica.pubsub.subscribe("pre", node=b)
+    for n in (a, c):
+        lattica.pubsub.subscribe("pre", node=n)
+    assert wait_for(lambda: len(lattica.pubsub.peers("pre", node=b)) == 2, timeout=10)
+    svc = b._host.services["pubsub"]
+    ref = pubsub_ref(b.peer_id)
+    tag = flood_tag(b.peer_id.to_bytes())
+    for k, change in enumerate([lambda m: m.__setitem__(5, m[5] + m[5]), lambda m: m.__setitem__(6, [tag, b"\x00" * 8])]):
+        genuine = _bundle(a, "pre", [f"genuine {k}"], flooded=[tag])
+        fake = list(genuine)
+        change(fake)
+        call_as(c, ref, "rpc", _batch(fake))  # sent first
+        call_as(a, ref, "rpc", _batch(genuine))
+        assert sub.get(timeout=5).data == f"genuine {k}"
+        assert svc.rejected == k + 1
+    now = b._host.loop.time()
+    assert svc.router.score(a.peer_id, now) >= 0, "the author's own copy did not count as invalid"

@@ -72,3 +72,10 @@ def test_a_flood_set_is_signed_and_a_bundle_without_one_signs_as_before():
 def test_malformed_flood_sets_are_refused(flooded):
     with pytest.raises(ProtocolError, match="flood set"):
         Bundle.from_wire([b"x"], 10, [], flooded)
+
+
+def test_ids_cover_the_certificates_and_the_flood_set():
+    sig = b"s" * 64
+    ids = {Bundle([b"x"]).digest(sig), Bundle([b"x"], [b"c" * 8]).digest(sig), Bundle([b"x"], [b"c" * 8, b"c" * 8]).digest(sig),
+           Bundle([b"x"], [], [b"c" * 8]).digest(sig), Bundle([b"x"], [b"c" * 8], [b"c" * 8]).digest(sig), Bundle([b"x"], [], [b"d" * 8]).digest(sig)}
+    assert len(ids) == 6

@@ -4,8 +4,8 @@ The author signs the list of its messages' digests (sha2-256 of each one's data)
 signature covers up to ``MAX_ITEMS`` messages and a receiver verifies it once, not once per
 message. Item ``i``'s seqno is the bundle's plus ``i``. A bundle travels whole: on the wire its
 items are a list of the data (bytes), and a message id covers the author, the seqno, the
-digests' hash, the certificates, the flood set and the signature (``digest``), so a copy that
-differs in anything is another message. The author's mesh certificates (none in an open mesh or one of listed members) travel
+hash of all the author signed (the topic, the items' digests, the certificates, the flood set)
+and the signature (``digest``), so a copy that differs in anything is another message. The author's mesh certificates (none in an open mesh or one of listed members) travel
 with it and are signed with it: a receiver that never met the author can tell it is a member,
 and nobody can strip them. So does its flood set, when it names one (the peers it sent the bundle
 to itself: ``lattica.pubsub.router``), so nobody can add a peer to it and cut that peer off from
@@ -34,7 +34,7 @@ _sha256 = hashlib.sha256
 class Bundle:
     """The items (data) of one signed bundle and their digests."""
 
-    __slots__ = ("items", "certs", "flooded", "leaves", "root", "size", "count")
+    __slots__ = ("items", "certs", "flooded", "leaves", "root", "size", "count", "_signed")
 
     def __init__(self, items: list[bytes], certs: list[bytes] | tuple = (), flooded: list[bytes] | tuple = ()) -> None:
         self.items = items
@@ -44,6 +44,7 @@ class Bundle:
         self.root = _sha256(b"".join(self.leaves)).digest()
         self.size = sum(len(d) for d in items)
         self.count = len(items)
+        self._signed: tuple[tuple, bytes] | None = None  # (topic, author, seqno) and what they sign
 
     @classmethod
     def from_wire(cls, raw: Any, max_data: int, certs: Any = (), flooded: Any = ()) -> Bundle:
@@ -76,22 +77,22 @@ class Bundle:
         """What the author signs: the domain, each field with its length (no field can be shifted
         into another), the items' digests in order, its certificates, then its flood set's tags
         (under another domain, so a bundle without one signs as it always did)."""
+        key = (topic, author, seqno)
+        if self._signed is not None and self._signed[0] == key:
+            return self._signed[1]
         t = topic.encode()
         certs = [b for c in self.certs for b in (len(c).to_bytes(2, "big"), c)]
         parts = [_DOMAIN_FLOODED if self.flooded else _DOMAIN, len(t).to_bytes(2, "big"), t, len(author).to_bytes(1, "big"), author,
                  seqno.to_bytes(8, "big"), len(self.leaves).to_bytes(2, "big"), *self.leaves, len(self.certs).to_bytes(1, "big"), *certs]
         if self.flooded:
             parts += [len(self.flooded).to_bytes(1, "big"), *self.flooded]
-        return b"".join(parts)
+        signed = b"".join(parts)
+        self._signed = (key, signed)
+        return signed
 
-    def digest(self, signature: bytes) -> bytes:
-        """What a message id covers besides the author and seqno: everything the signature does
-        (the items' digests, the certificates, the flood set) and the signature. A copy whose
-        certificates or flood set were changed on the way is another message, refused on its
-        own: it cannot get the author's copy refused as a duplicate of itself."""
-        h = _sha256(self.root)
-        h.update(signature)
-        if self.certs or self.flooded:
-            h.update(b"".join(b for c in self.certs for b in (len(c).to_bytes(2, "big"), c)))
-            h.update(len(self.certs).to_bytes(1, "big") + b"".join(self.flooded))
-        return h.digest()
+    def digest(self, topic: str, author: bytes, seqno: int, signature: bytes) -> bytes:
+        """What a message id covers besides the author and seqno: the hash of everything signed
+        (``signed_bytes``: the topic, the items' digests, the certificates, the flood set, each
+        with its length), then the signature. A copy changed on the way in anything is another
+        message, refused on its own: it cannot get the author's copy refused as a duplicate."""
+        return _sha256(_sha256(self.signed_bytes(topic, author, seqno)).digest() + signature).digest()

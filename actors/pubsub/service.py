@@ -151,10 +151,17 @@ class _Outbound:
             del p.ihave[: len(p.ihave) - wire.MAX_IHAVE_TOPICS]
         ids = sum(len(i) for _, i in p.ihave)
         if ids + len(p.iwant) + len(p.idontwant) > wire.MAX_BATCH_IDS:
-            p.ihave = []  # gossip first
-            room = wire.MAX_BATCH_IDS // 2
+            room = wire.MAX_BATCH_IDS // 2  # IWANT and IDONTWANT at most half each, then IHAVE ids, newest first, as far as they fit
             del p.iwant[: max(len(p.iwant) - room, 0)]
             del p.idontwant[: max(len(p.idontwant) - room, 0)]
+            left = wire.MAX_BATCH_IDS - len(p.iwant) - len(p.idontwant)
+            kept: list = []
+            for topic, i in reversed(p.ihave):
+                if left <= 0:
+                    break
+                kept.append((topic, i[-left:]))
+                left -= len(kept[-1][1])
+            p.ihave = kept[::-1]
 
     def take(self) -> Rpc:
         """The next batch within the wire's limits: at most ``MAX_ENTRIES`` messages and

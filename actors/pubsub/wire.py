@@ -36,7 +36,7 @@ MAX_IDS = 5000  # ids per IHAVE topic, per IWANT, per IDONTWANT
 
 def envelope(topic: str, author: bytes, seqno: int, bundle: Bundle, signature: bytes) -> Envelope:
     """The router's envelope of a signed bundle (its id covers what ``Bundle.digest`` says)."""
-    return Envelope(topic, author, seqno, bundle, signature, bundle.digest(signature), bundle.size, frozenset(bundle.flooded))
+    return Envelope(topic, author, seqno, bundle, signature, bundle.digest(topic, author, seqno, signature), bundle.size, frozenset(bundle.flooded))
 
 
 def encode(rpc: Rpc) -> list:

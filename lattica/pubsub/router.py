@@ -189,7 +189,9 @@ class Router:
         self._peer_bytes = peer_bytes or _author_of
         self._tags: dict[Hashable, bytes | None] = {}  # peer -> its flood tag
         self._my_tag = flood_tag(self._peer_bytes(me))
-        self._later: dict[Hashable, dict[str, list[bytes]]] = {}
+        # ids we did not forward to mesh peers the author named, to name in their IHAVE: per
+        # heartbeat window (the last ``history_gossip``), peer -> topic -> [ids seen, ids sampled]
+        self._later: list[dict[Hashable, dict[str, list]]] = [{}]
         self._planned: tuple[str, float, set] | None = None  # the last flood set's topic, time and peers  # ids we did not forward to mesh peers the author named: told at the heartbeat
         self.scores = PeerScore(score)
         self.rng = rng or random.Random()
@@ -252,7 +254,8 @@ class Router:
         self.scores.disconnected(peer, now)
         self._outbox.pop(peer, None)
         self._tags.pop(peer, None)
-        self._later.pop(peer, None)
+        for window in self._later:
+            window.pop(peer, None)
         self._rtt.pop(peer, None)
         self._dont_heard.pop(peer, None)
         self._ihaves_heard.pop(peer, None)
@@ -366,9 +369,7 @@ class Router:
                 if lazy:
                     targets = [p for p in targets if p not in lazy]
                     for peer in lazy:
-                        ids = self._later.setdefault(peer, {}).setdefault(topic, [])
-                        if len(ids) < self.p.max_ihave_length:
-                            ids.append(msg.id)
+                        self._defer(peer, topic, msg.id)
             for peer in targets:
                 if (peer, topic) in self._choked_by:
                     self._announce.setdefault(peer, {}).setdefault(topic, []).append(msg.id)
@@ -530,6 +531,23 @@ class Router:
                 self._choking.discard((fast, topic))
                 self._out(fast).unchoke.append(topic)
                 self._race[(fast, topic)] = [0, 0, 0.0]
+
+    def _defer(self, peer: Hashable, topic: str, mid: bytes) -> None:
+        """Name ``mid`` to ``peer`` in our next heartbeat's IHAVE (the author said it sent it).
+        Beyond ``max_ihave_length`` ids a heartbeat, a uniform sample of them is kept (reservoir
+        sampling), so a burst of messages cannot choose which ones go unnamed."""
+        topics = self._later[0].setdefault(peer, {})
+        slot = topics.get(topic)
+        if slot is None:
+            slot = topics[topic] = [0, []]
+        slot[0] += 1
+        ids = slot[1]
+        if len(ids) < self.p.max_ihave_length:
+            ids.append(mid)
+        else:
+            k = self.rng.randrange(slot[0])
+            if k < len(ids):
+                ids[k] = mid
 
     def _unmesh(self, peer: Hashable, topic: str) -> None:
         self._choked_by.discard((peer, topic))
@@ -704,12 +722,23 @@ class Router:
                 if msg is not None:
                     recent.setdefault(msg.topic, []).append(mid)
         limit = self.scores.params.gossip_threshold
-        later, self._later = self._later, {}
-        seen = self._seen
+        # what we spared mesh peers the author named: named to them like gossip, for as many
+        # windows, but only what they have not sent us or said they have, and what we can still
+        # send when asked (an IWANT we cannot answer would cost us)
+        later: dict[Hashable, dict[str, list[bytes]]] = {}
+        for window in self._later:
+            for peer, topics in window.items():
+                for topic, (_, ids) in topics.items():
+                    later.setdefault(peer, {}).setdefault(topic, []).extend(ids)
+        self._later.insert(0, {})
+        del self._later[p.history_gossip :]
+        seen, cached = self._seen, self._mcache
         for peer, topics in later.items():
             if peer in self.peers and self._score(peer, now) >= limit:
                 for topic, ids in topics.items():
-                    ids = [m for m in ids if (e := seen.get(m)) is None or (peer not in e.have and peer not in e.told)]
+                    ids = [m for m in ids if m in cached and ((e := seen.get(m)) is None or (peer not in e.have and peer not in e.told))]
+                    if len(ids) > p.max_ihave_length:
+                        ids = self.rng.sample(ids, p.max_ihave_length)
                     if ids:
                         self._out(peer).ihave.append((topic, ids))
         for topic, ids in recent.items():

@@ -282,9 +282,10 @@ print(lattica.pubsub.publish("cold", {{"hello": "from a script"}}).result(10))
 
 
 def test_control_queued_for_a_peer_is_bounded():
-    from lattica.actors.pubsub.service import _Outbound
+    from lattica.actors.pubsub.service import _load, _Outbound
     from lattica.pubsub.router import Rpc
 
+    _load()  # (what a node's first use of pub-sub loads)
     ob = _Outbound()
     for i in range(100):
         ob.add(Rpc(subscribe=[(f"t{i}-{k}", True) for k in range(100)], graft=["g"] * 100, prune=[("p", 1.0)] * 100,
@@ -293,6 +294,22 @@ def test_control_queued_for_a_peer_is_bounded():
     assert max(len(p.subscribe), len(p.graft), len(p.prune)) <= wire.MAX_ENTRIES
     assert len(p.ihave) <= wire.MAX_IHAVE_TOPICS
     assert sum(len(i) for _, i in p.ihave) + len(p.iwant) + len(p.idontwant) <= wire.MAX_BATCH_IDS
+
+
+def test_ids_over_a_batch_s_budget_trim_the_ihaves_not_drop_them():
+    """Over the batch's 5,000 ids, IHAVE ids are cut to what fits (the newest kept), not all
+    dropped: the heartbeat's IHAVE of what the author said it sent is how a peer it lied about
+    gets the message."""
+    from lattica.actors.pubsub.service import _load, _Outbound
+    from lattica.pubsub.router import Rpc
+
+    _load()  # (what a node's first use of pub-sub loads)
+    ob = _Outbound()
+    ob.add(Rpc(ihave=[("t", [b"o" * 20] * 4999)]), cap=4096, cap_bytes=1 << 20)
+    ob.add(Rpc(ihave=[("u", [b"n" * 20] * 10)], iwant=[b"i" * 20] * 100), cap=4096, cap_bytes=1 << 20)
+    p = ob.pending
+    assert sum(len(i) for _, i in p.ihave) + len(p.iwant) + len(p.idontwant) == wire.MAX_BATCH_IDS
+    assert p.ihave[-1] == ("u", [b"n" * 20] * 10) and len(p.iwant) == 100
 
 
 def test_messages_queued_for_a_peer_are_bounded_in_bytes_and_sent_in_bounded_calls():
@@ -621,8 +638,8 @@ def test_a_flood_set_is_signed_and_a_peer_it_names_wrongly_is_only_delayed(line)
 
 
 def test_a_copy_with_other_certificates_or_flood_set_cannot_pre_empt_the_author_s(line):
-    """A message id covers everything the signature does: a copy whose certificates or flood set
-    were changed on the way is another message, refused on its own, and the author's copy still
+    """A message id covers everything the signature does: a copy whose certificates, flood set or
+    topic were changed on the way is another message, refused on its own, and the author's copy still
     arrives (and its sender is not blamed for the fake)."""
     a, b, c = line[0], line[1], line[2]
     sub = lattica.pubsub.subscribe("pre", node=b)
@@ -632,7 +649,9 @@ def test_a_copy_with_other_certificates_or_flood_set_cannot_pre_empt_the_author_
     svc = b._host.services["pubsub"]
     ref = pubsub_ref(b.peer_id)
     tag = flood_tag(b.peer_id.to_bytes())
-    for k, change in enumerate([lambda m: m.__setitem__(5, m[5] + m[5]), lambda m: m.__setitem__(6, [tag, b"\x00" * 8])]):
+    lattica.pubsub.subscribe("pre2", node=b)
+    for k, change in enumerate([lambda m: m.__setitem__(5, m[5] + m[5]), lambda m: m.__setitem__(6, [tag, b"\x00" * 8]),
+                                lambda m: m.__setitem__(0, "pre2")]):  # other certificates, flood set, topic
         genuine = _bundle(a, "pre", [f"genuine {k}"], flooded=[tag])
         fake = list(genuine)
         change(fake)

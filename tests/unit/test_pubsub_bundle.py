@@ -13,13 +13,14 @@ def test_round_trip():
     b = Bundle([b"a", b"bb", b"ccc"])
     assert b.size == 6 and b.count == 3
     again = Bundle.from_wire(list(b.wire()), 100)
-    assert again.items == b.items and again.root == b.root and again.digest(b"s") == b.digest(b"s")
+    assert again.items == b.items and again.root == b.root and again.digest("t", b"a", 1, b"s") == b.digest("t", b"a", 1, b"s")
 
 
 def test_ids_cover_the_signature_and_every_item():
     b = Bundle([b"a", b"b"])
-    assert b.digest(b"sig") != b.digest(b"other")
-    assert b.digest(b"sig") != Bundle([b"a", b"c"]).digest(b"sig") != Bundle([b"b", b"a"]).digest(b"sig")
+    assert b.digest("t", b"a", 1, b"sig") != b.digest("t", b"a", 1, b"other")
+    assert b.digest("t", b"a", 1, b"sig") != Bundle([b"a", b"c"]).digest("t", b"a", 1, b"sig") != Bundle([b"b", b"a"]).digest("t", b"a", 1, b"sig")
+    assert b.digest("t", b"a", 1, b"sig") != b.digest("u", b"a", 1, b"sig"), "the topic too: a relabelled copy is another message"
 
 
 def test_signed_bytes_separate_every_field_and_keep_the_order():
@@ -76,6 +77,8 @@ def test_malformed_flood_sets_are_refused(flooded):
 
 def test_ids_cover_the_certificates_and_the_flood_set():
     sig = b"s" * 64
-    ids = {Bundle([b"x"]).digest(sig), Bundle([b"x"], [b"c" * 8]).digest(sig), Bundle([b"x"], [b"c" * 8, b"c" * 8]).digest(sig),
-           Bundle([b"x"], [], [b"c" * 8]).digest(sig), Bundle([b"x"], [b"c" * 8], [b"c" * 8]).digest(sig), Bundle([b"x"], [], [b"d" * 8]).digest(sig)}
-    assert len(ids) == 6
+    x6 = b"x" * 6
+    bundles = [Bundle([b"x"]), Bundle([b"x"], [b"c" * 8]), Bundle([b"x"], [b"c" * 8, b"c" * 8]), Bundle([b"x"], [], [b"c" * 8]),
+               Bundle([b"x"], [b"c" * 8], [b"c" * 8]), Bundle([b"x"], [], [b"d" * 8]),
+               Bundle([b"x"], [x6]), Bundle([b"x"], [], [b"\x06" + x6 + b"\x01"])]  # (a count after the list would let these two collide)
+    assert len({b.digest("t", b"a", 1, sig) for b in bundles}) == len(bundles)

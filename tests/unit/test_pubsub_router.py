@@ -576,3 +576,31 @@ def test_mesh_peers_are_not_penalised_for_sparing_us_what_the_author_sent_us():
     for name, r in routers.items():
         assert len(r.mesh[T]) >= GossipParams().d_lo, f"router {name} pruned its mesh: {r.mesh[T]}"
         assert all(r.score(p, t) >= 0 for p in r.mesh[T]), f"router {name} penalised a mesh peer"
+
+
+def test_ids_that_left_the_message_cache_are_not_named_at_the_heartbeat():
+    """A forwarder names at its heartbeat only what it can still send: an IWANT it could not
+    answer would cost it (P7) at the peer that asked."""
+    routers = _named(6)
+    victim, t = 5, 5.0
+    m = _flooded(routers, 0, 1, t)
+    routers[0].publish(m, t)
+    for k in range(70):  # 70 MiB more push m out of every message cache (64 MiB)
+        routers[0].publish(Envelope(T, (0).to_bytes(4, "big"), 100 + k, b"x", size=1 << 20, flooded=routers[0].flood_set(T, t)), t)
+    _copies(routers, t, drop=lambda src, dst, x: src == 0 and dst == victim and x.id == m.id)  # the author's lie
+    assert not any(m.id in r._mcache for r in routers.values())
+    for t in range(6, 14):
+        for r in routers.values():
+            r.heartbeat(float(t))
+        _copies(routers, float(t))
+    assert all(routers[victim].score(p, float(t)) >= 0 for p in range(5)), "no honest peer broke a promise"
+
+
+def test_a_burst_cannot_choose_which_ids_go_unnamed_at_the_heartbeat():
+    r = Router(0, GossipParams(max_ihave_length=100), rng=random.Random(1))
+    ids = [i.to_bytes(20, "big") for i in range(10_000)]
+    for mid in ids:
+        r._defer(7, T, mid)
+    kept = r._later[0][7][T][1]
+    assert len(kept) == 100
+    assert sum(1 for mid in kept if int.from_bytes(mid, "big") >= 5000) > 30, "the later half is sampled too, not only the first ids"

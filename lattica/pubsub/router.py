@@ -19,9 +19,9 @@ The rules, in short (names as in the GossipSub v1.1 specification):
   whose score is above the publish threshold (flood publishing).
 - **Flood sets**: the author may name the peers it flooded a message to (``flood_set``: 8-byte
   tags of their PeerIds, which the glue signs with the message). Those peers have the author's
-  copy, so a forwarder does not send it to them; it tells them the id in its next heartbeat's
-  IHAVE instead, so an author that names a peer it never sent to only delays that peer by a
-  heartbeat. A peer named in the set expects no forwards of that message from its mesh (the
+  copy, so a forwarder does not send it to them; it names the id to them in its heartbeats'
+  IHAVE instead (while gossip would, and while it is cached), so an author that names a peer it
+  never sent to only delays that peer by a heartbeat. A peer named in the set expects no forwards of that message from its mesh (the
   score's P3 does not count it).
 - **Gossip**: on the heartbeat, IHAVE with the ids of the last ``history_gossip`` windows of
   messages goes to D_lazy (or ``gossip_factor`` of the) other peers of each topic; they answer

@@ -25,6 +25,7 @@ from lattica.membership import MemberDown
 from lattica.errors import LatticaError, ProtocolError, RelayRefused
 from lattica.framing import read_message, write_message
 from lattica.identity import PeerId
+from lattica.interfaces import host_key
 from lattica.runtime import current_caller, relay_ref
 from lattica.slotted import Slotted
 from lattica.transports.base import Connection, Stream
@@ -65,8 +66,9 @@ def _may_splice(conn: Connection) -> bool:
 
 
 def _ip_of(conn: Connection) -> str:
+    """The host a connection comes from, as limits per address count it (an IPv6 /64 is one)."""
     try:
-        return conn.remote_addr.host_port()[0]
+        return host_key(str(conn.remote_addr.host_port()[0]))
     except LatticaError:
         return str(conn.remote_addr)
 

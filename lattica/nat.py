@@ -25,7 +25,7 @@ from lattica import context
 from lattica.errors import LatticaError
 from lattica.framing import read_message, write_message
 from lattica.identity import PeerId
-from lattica.interfaces import ip_of, is_loopback
+from lattica.interfaces import host_key, ip_of, is_loopback
 from lattica.multiaddr import Multiaddr
 from lattica.runtime.refs import autonat_ref, relay_ref
 from lattica.slotted import Slotted
@@ -109,14 +109,18 @@ class NatManager:
     # -- what peers observe -----------------------------------------------------------------------
 
     def observations(self) -> list[tuple[str, str, Connection]]:
-        """(observer IP, observed address, connection) for every identified direct connection."""
+        """(observer, observed address, connection) for every identified direct connection: the
+        observer as limits per address count hosts (an IPv6 /64 is one), and only addresses of
+        the connection's own family (a peer cannot have seen us at an IPv4 address over IPv6)."""
         out = []
         for conn, info in list(self.host.info.items()):
             if conn.is_closed or info.observed_addr is None or conn.transport not in ("tcp", "quic"):
                 continue
             observer = ip_of(conn.remote_addr)
-            if observer is not None:
-                out.append((observer, str(info.observed_addr.without_peer_id()), conn))
+            observed = info.observed_addr.without_peer_id()
+            seen = ip_of(observed)
+            if observer is not None and seen is not None and (":" in observer) == (":" in seen):
+                out.append((host_key(observer), str(observed), conn))
         return out
 
     def mapping(self) -> str:
@@ -365,7 +369,7 @@ class NatManager:
         """Per transport, every IP its listening socket sent to lately: a cone NAT's filter lets
         those in on that port."""
         now = self.host.loop.time()
-        out: dict[str, set[str]] = {"tcp": set(), "quic": {ip for ip, _, conn in self.observations() if conn.transport == "quic"}}
+        out: dict[str, set[str]] = {"tcp": set(), "quic": {ip_of(conn.remote_addr) for _, _, conn in self.observations() if conn.transport == "quic"}}
         for (transport, ip), t in list(self.host.contacted.items()):
             if now - t < _CONTACT_MEMORY:
                 out.setdefault(transport, set()).add(ip)

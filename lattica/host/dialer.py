@@ -24,7 +24,8 @@ from lattica.errors import (
 )
 from lattica.identify import PeerInfo
 from lattica.identity import PeerId
-from lattica.interfaces import on_local_network
+from lattica.budget import Buckets
+from lattica.interfaces import host_key, ip_of, on_local_network
 from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
 from lattica.transports import circuit
@@ -40,6 +41,14 @@ log = get_logger("lattica.node")
 DIAL_STAGGER = 0.25  # happy-eyeballs delay before starting the next address
 PROTOCOL_READ_TIMEOUT = 10.0
 _MAX_CONTACTED = 4096
+# Trying a relayed peer's direct addresses dials whatever addresses it announces, and it may
+# announce a third party's (a reflection: every identify push of a stranger once started dials to
+# all 64 of its addresses). So: at most this many addresses per try, one try per peer every 10 s
+# (60 s when its addresses did not change), and dials to one IP (an IPv6 /64) a burst of 8,
+# then one per 10 s, whoever announced it.
+_UPGRADE_ADDRS = 8
+_UPGRADE_EVERY = (10.0, 60.0)
+_UPGRADE_DIALS_PER_IP = (0.1, 8.0)
 
 
 class PeerRouting(Protocol):
@@ -58,6 +67,9 @@ class Dialer:
         self.upgrading: set[PeerId] = set()  # peers we are trying to reach directly (relayed now)
         self.upgrade_again: set[PeerId] = set()  # new addresses came while upgrading: try again after
         self.tcp_tried: weakref.WeakSet[Connection] = weakref.WeakSet()  # QUIC connections we asked to add TCP over
+        self.upgrade_tried: dict[PeerId, tuple[frozenset, float]] = {}  # relayed peer -> (direct addresses, when) of its last try
+        self.upgrade_later: set[PeerId] = set()  # a try is due when its interval has passed
+        self.upgrade_dials = Buckets(*_UPGRADE_DIALS_PER_IP, _MAX_CONTACTED, clock=host.loop.time)
         self.contacted: dict[tuple[str, str], float] = {}  # (transport, IP) -> when a listening socket last sent it a packet (opens cone filters)
 
     async def connect(self, addrs: list[Multiaddr], peer: PeerId | None, timeout: float) -> PeerInfo:
@@ -270,8 +282,7 @@ class Dialer:
             if conn.remote_peer in self.upgrading:
                 self.upgrade_again.add(conn.remote_peer)  # new addresses: try them once this try ends
             else:
-                self.upgrading.add(conn.remote_peer)  # (again after every identify push: new addresses)
-                host.spawn(self._upgrade(conn, info))
+                self._try_upgrade(conn)
         elif (
             conn.transport == "quic"
             and conn.direction == "outbound"  # (one side asks: the one that dialed)
@@ -283,12 +294,53 @@ class Dialer:
             self.tcp_tried.add(conn)
             host.spawn(host.holepunch.punch_tcp(conn))
 
+    def _try_upgrade(self, conn: Connection) -> None:
+        """Start trying a relayed peer's direct addresses (its latest identify's), or schedule
+        the try for when the peer's interval has passed (``_UPGRADE_EVERY``)."""
+        host, peer = self.host, conn.remote_peer
+        info = host.info.get(conn)
+        if info is None or conn.is_closed or host.closing or host.conns.get(peer) is not conn or peer in self.upgrading:
+            return
+        addrs = frozenset(a for a in info.listen_addrs if not a.is_circuit)
+        last = self.upgrade_tried.get(peer)
+        now = host.loop.time()
+        wait = 0.0 if last is None else last[1] + _UPGRADE_EVERY[last[0] == addrs] - now
+        if wait > 0:
+            if peer not in self.upgrade_later:
+                self.upgrade_later.add(peer)
+                host.loop.call_later(wait, self._upgrade_due, conn)
+            return
+        self.upgrade_tried.pop(peer, None)
+        self.upgrade_tried[peer] = (addrs, now)
+        if len(self.upgrade_tried) > _MAX_CONTACTED:
+            self.upgrade_tried.pop(next(iter(self.upgrade_tried)))
+        self.upgrading.add(peer)
+        host.spawn(self._upgrade(conn, info))
+
+    def _upgrade_due(self, conn: Connection) -> None:
+        self.upgrade_later.discard(conn.remote_peer)
+        self._try_upgrade(conn)
+
+    def _upgrade_addrs(self, info: PeerInfo) -> list[Multiaddr]:
+        """The direct addresses of ``info`` to dial now: at most ``_UPGRADE_ADDRS``, each to
+        an IP whose dial budget allows it."""
+        out = []
+        for a in info.listen_addrs:
+            if len(out) == _UPGRADE_ADDRS:
+                break
+            if a.is_circuit:
+                continue
+            ip = ip_of(a)
+            if ip is None or self.upgrade_dials.take(host_key(ip)):
+                out.append(a)
+        return out
+
     async def _upgrade(self, conn: Connection, info: PeerInfo) -> None:
         """A relayed connection came up: try the peer's direct addresses in the background (both
         sides do, so a public side is reached by whichever can dial out); on success the direct
         connection becomes the primary one and the relayed one closes once unused."""
         host = self.host
-        direct = [a for a in info.listen_addrs if not a.is_circuit]
+        direct = self._upgrade_addrs(info)
         if host.nat is not None:
             host.spawn(host.nat.learn_mapping())  # a hole punch may follow: both ends need it
         punch = None
@@ -306,12 +358,9 @@ class Dialer:
             if punch is not None:
                 await asyncio.wait([punch])
             self.upgrading.discard(conn.remote_peer)
-            again = host.info.get(conn)
-            if conn.remote_peer in self.upgrade_again and again is not None and not host.closing:
+            if conn.remote_peer in self.upgrade_again:
                 self.upgrade_again.discard(conn.remote_peer)
-                if not conn.is_closed and host.conns.get(conn.remote_peer) is conn:
-                    self.upgrading.add(conn.remote_peer)
-                    host.spawn(self._upgrade(conn, again))
+                self._try_upgrade(conn)
 
     def _note_dial(self, addr: Multiaddr) -> None:
         parts = list(addr)

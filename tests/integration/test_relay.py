@@ -21,6 +21,7 @@ from lattica.actors.membership import membership_ref
 from lattica.actors.relay import RelayConfig, relay_ref
 from lattica.errors import PeerUnreachable, RelayRefused
 from lattica.framing import read_message, write_message
+from lattica.identify import PeerInfo
 from lattica.mesh.process import ServerProcess
 from lattica.nat import NatConfig
 from lattica.transports.circuit import HOP, STOP
@@ -561,3 +562,40 @@ def test_a_rumor_that_a_live_holder_left_does_not_cost_it_its_reservation():
             time.sleep(3.0)  # past the holder's ping deadline, had the rumor been believed
             assert states().get(private.peer_id) == "alive"
             assert relay._host.relay.has_reservation(behind)
+
+
+def test_identify_pushes_over_a_relay_do_not_make_a_node_dial_a_third_party_at_will():
+    """A peer reached through a relay names where it listens, and the node tries those addresses
+    for a direct path; a peer that named a third party's addresses in push after push got all 64
+    dialed at each push (24,640 TCP connections in 20 s in a review). Now: one try per peer per
+    interval, at most 8 addresses per try, and a small dial budget per IP, whoever names it."""
+    with lattica.Node([TCP], relay=True) as relay, lattica.Node([], allow=ALLOW) as b:
+        with _private(relay.addrs[0]) as a:
+            assert wait_for(lambda: _reserved(a), timeout=10)
+            b._host.remember_addrs(a.peer_id, [lattica.Multiaddr(x) for x in a.nat_status().relays])
+            assert _call_counter(b, a.peer_id) == 6
+            conn = a._host.conns[b.peer_id]
+            assert conn.transport == "relay"
+            info = a._host.info[conn]
+            assert wait_for(lambda: b.peer_id not in a._host.dialer.upgrading, timeout=30), "the first try (a hole punch) ended"
+            dialed: list[int] = []
+
+            async def dial_addrs(peer, addrs):  # (records what the node would dial; the third party refuses)
+                dialed.append(len(addrs))
+                raise PeerUnreachable("refused")
+
+            a._host.dialer.dial_addrs = dial_addrs
+            fake = [lattica.Multiaddr(f"/ip4/192.0.2.7/tcp/{p}") for p in range(1, 65)]
+
+            def push(k: int) -> None:
+                new = PeerInfo(info.peer_id, info.transport, info.direction, info.remote_addr, circle=info.circle,
+                               listen_addrs=tuple(fake[k % 2:]))  # (a changed set each time, as an attacker would)
+                a._host.info[conn] = new
+                a._host.dialer.identified(conn, new)
+
+            for k in range(60):
+                a._host.loop.call_soon_threadsafe(push, k)
+                time.sleep(0.02)
+            time.sleep(0.5)
+            assert len(dialed) <= 1 and sum(dialed) <= 8, f"{len(dialed)} tries dialing {sum(dialed)} addresses of one third party"
+            assert _call_counter(b, a.peer_id, 40) == 41, "the relayed peer is still reached"

@@ -44,6 +44,7 @@ DIALBACK = "/lattica/autonat/dialback/1"  # the stream an AutoNAT server's dial-
 PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"
 _MAX_CANDIDATES = 4  # observed addresses advertised while reachability is unknown
 _CONTACT_MEMORY = 600.0  # s: longer than NATs keep a filter entry open after our last packet
+_MIN_RESERVATION = 60.0  # s: the shortest reservation we take a relay's word for
 INDEPENDENT, DEPENDENT = "endpoint-independent", "endpoint-dependent"
 
 
@@ -400,9 +401,12 @@ class NatManager:
             if p is not None and p not in out:
                 self.host.remember_addrs(p, [a])
                 out.append(p)
+        # other relays we are connected to: directly (a relay reached through a relay is no
+        # path), and of our mesh (every peer is, in an open one): a stranger that says it relays
+        # would hold a relay slot and name the addresses our callers dial
         for peer, conn in list(self.host.conns.items()):
             info = self.host.info.get(conn)
-            if info is not None and HOP in info.protocols and peer not in out:
+            if info is not None and HOP in info.protocols and peer not in out and conn.transport != "relay" and info.circle != "stranger":
                 out.append(peer)
         return [p for p in out if p not in self.relays and p != self.host.peer_id]
 
@@ -421,23 +425,28 @@ class NatManager:
     def _reserved(self, peer: PeerId, answer: Any) -> None:
         if type(answer) is not dict or type(answer.get("addrs")) is not list or not isinstance(answer.get("expires"), (int, float)):
             raise LatticaError(f"relay {peer} answered the reservation with garbage")
+        # the relay's addresses we advertise: only at the IP we reach it at (or its configured
+        # one), so a relay cannot send the callers of its clients to a third party
+        conn = self.host.conns.get(peer)
+        ips = {ip_of(a) for a in self.host.node.relays if a.peer_id == peer}
+        if conn is not None:
+            ips.add(ip_of(conn.remote_addr))
         addrs = []
         for a in answer["addrs"][:8]:
             try:
                 m = Multiaddr(a)
             except (LatticaError, TypeError):
                 continue
-            if not m.is_circuit:
+            if not m.is_circuit and ip_of(m) in ips - {None}:
                 addrs.append(circuit_addr(m.without_peer_id(), peer))
         if not addrs:
-            conn = self.host.conns.get(peer)
             if conn is None:
                 raise LatticaError(f"relay {peer} gave no address")
             addrs = [circuit_addr(conn.remote_addr, peer)]
         old = self.relays.get(peer)
         if old is not None and old.renew is not None:
             old.renew.cancel()
-        ttl = max(answer["expires"] - time.time(), 10.0)
+        ttl = max(answer["expires"] - time.time(), _MIN_RESERVATION)  # (renewed at half: a relay cannot make us renew, and re-announce, every few seconds)
         r = _Relay(peer, addrs, answer["expires"])
         r.renew = self.host.loop.call_later(ttl / 2, lambda: self.host.spawn(self._renew(peer)))
         self.relays[peer] = r

@@ -1,13 +1,18 @@
-"""Limits per address count hosts (an IPv4 address, an IPv6 /64), and what peers say they saw of
-us counts only in the family of the connection they saw it on (lattica.nat, the relay service)."""
+"""Limits per address count hosts (an IPv4 address, an IPv6 /64); what peers say they saw of us
+counts only in the family of the connection they saw it on; which peers become our relays and
+which of their addresses we advertise (lattica.nat, the relay service)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from types import SimpleNamespace
 
 from lattica.actors.relay import _ip_of
+from lattica.identity import KeyPair
 from lattica.multiaddr import Multiaddr
 from lattica.nat import NatManager
+from lattica.transports.circuit import HOP
 
 
 class _Conn:
@@ -41,3 +46,33 @@ def test_observed_addresses_count_observers_by_host_and_only_in_the_connection_s
     ]
     votes = {what: {who for who, w, _ in got if w == what} for _, what, _ in got}
     assert len(votes["/ip6/2001:db8:ffff::5/tcp/4001"]) == 1, "two addresses of one /64 are one observer"
+
+
+def _nat(conns: dict, infos: dict, configured=()) -> SimpleNamespace:
+    """What ``NatManager``'s relay methods see of a node (its connections, identify, config)."""
+    loop = asyncio.new_event_loop()
+    host = SimpleNamespace(conns=conns, info=infos, node=SimpleNamespace(relays=list(configured)), peer_id=None, loop=loop,
+                           protect=lambda *a: None, spawn=lambda c: c.close())
+    return SimpleNamespace(host=host, relays={}, _addrs_changed=lambda: None)
+
+
+def test_only_direct_members_or_configured_relays_become_our_relays():
+    ids = [KeyPair.generate().peer_id for _ in range(3)]
+    direct, relayed, stranger = _Conn("/ip4/192.0.2.1/tcp/1"), _Conn("/ip4/192.0.2.2/tcp/1", "relay"), _Conn("/ip4/192.0.2.3/tcp/1")
+    infos = {direct: SimpleNamespace(protocols=(HOP,), circle="member"), relayed: SimpleNamespace(protocols=(HOP,), circle="member"),
+             stranger: SimpleNamespace(protocols=(HOP,), circle="stranger")}
+    nat = _nat(dict(zip(ids, [direct, relayed, stranger])), infos)
+    assert NatManager._relay_candidates(nat) == [ids[0]]
+
+
+def test_a_relay_s_reservation_names_only_addresses_at_the_ip_we_reach_it_at_and_lasts_a_minute_at_least():
+    relay = KeyPair.generate().peer_id
+    conn = _Conn("/ip4/192.0.2.1/tcp/4001")
+    nat = _nat({relay: conn}, {})
+    answer = {"expires": time.time() + 1, "addrs": [f"/ip4/10.9.88.{i}/tcp/443" for i in range(1, 8)] + ["/ip4/192.0.2.1/udp/4001/quic-v1"]}
+    NatManager._reserved(nat, relay, answer)
+    r = nat.relays[relay]
+    assert [str(a) for a in r.addrs] == [f"/ip4/192.0.2.1/udp/4001/quic-v1/p2p/{relay}/p2p-circuit"]
+    assert r.renew.when() - nat.host.loop.time() >= 29, "renewed at half of at least a minute"
+    r.renew.cancel()
+    nat.host.loop.close()

@@ -84,7 +84,9 @@ class RelayService:
         self.circuits: dict[PeerId, int] = {}
         self.total_circuits = 0
         self.stranger_circuits = 0  # opened by peers outside our mesh (at most half of max_circuits)
-        self._opened_by: dict[PeerId, int] = {}  # strangers' circuits, by the stranger that opened them
+        # strangers' circuits: by the stranger that opened them, by the host it came from
+        # (("from", IP)), and by target (("to", PeerId): strangers get half of a target's share)
+        self._opened_by: dict[Any, int] = {}
         self.spliced_circuits = 0  # of total_circuits: those on their own sockets
         self.bytes_relayed = 0
         self._pending_splices: dict[bytes, Splice] = {}  # token -> splice waiting for that end's socket
@@ -199,13 +201,14 @@ class RelayService:
         if why is not None:
             await self._answer(stream, refusal(*why))
             return
-        self._count(src, target, +1, stranger)
+        ip = _ip_of(conn)
+        self._count(src, target, +1, stranger, ip)
         duration, budget = self._limits(src, target)
         splice = self.cfg.splice and msg.get("splice") is True and _may_splice(conn) and self._take_spliced_sockets()
         try:
             other, target_token = await self._connect_target(src, target, splice, limit_wire(duration, budget))
         except (LatticaError, asyncio.TimeoutError) as e:
-            self._count(src, target, -1, stranger)
+            self._count(src, target, -1, stranger, ip)
             await self._answer(stream, refusal("CONNECTION_FAILED", f"{target} did not take the circuit: {e or 'timeout'}"))
             return
         try:
@@ -218,7 +221,7 @@ class RelayService:
             write_message(stream, {**answer, "splice": source_token})
             await self._run_spliced(duration, budget, source_token, target_token)
         finally:
-            self._count(src, target, -1, stranger)
+            self._count(src, target, -1, stranger, ip)
             if target_token is not None:
                 stream.reset()
                 other.reset()
@@ -280,8 +283,13 @@ class RelayService:
                 return "RESOURCE_LIMIT", f"{p} already has {self.cfg.max_circuits_per_peer} circuits on this relay"
         if self.host.circle_of(src) == "stranger":
             # (counted by source only: anyone could otherwise use up an honest target's share)
-            if self._opened_by.get(src, 0) >= self.cfg.max_circuits_per_stranger:
-                return "RESOURCE_LIMIT", f"{src} already opened {self.cfg.max_circuits_per_stranger} circuits on this relay (the limit for peers outside its mesh)"
+            cfg = self.cfg
+            if self._opened_by.get(src, 0) >= cfg.max_circuits_per_stranger:
+                return "RESOURCE_LIMIT", f"{src} already opened {cfg.max_circuits_per_stranger} circuits on this relay (the limit for peers outside its mesh)"
+            if self._opened_by.get(("from", _ip_of(conn)), 0) >= cfg.max_stranger_circuits_per_ip:
+                return "RESOURCE_LIMIT", f"peers outside this relay's mesh opened {cfg.max_stranger_circuits_per_ip} circuits from {_ip_of(conn)} (the limit per address)"
+            if self._opened_by.get(("to", target), 0) >= cfg.max_circuits_per_peer // 2:
+                return "RESOURCE_LIMIT", f"peers outside this relay's mesh hold half of {target}'s circuits (the rest is kept for members)"
             if self.stranger_circuits >= self.cfg.max_circuits // 2:
                 return "RESOURCE_LIMIT", "this relay carries its maximum of circuits opened by peers outside its mesh"
         return None
@@ -294,15 +302,16 @@ class RelayService:
             return _tighter(cfg.circuit_duration, cfg.stranger_circuit_duration), _tighter(cfg.circuit_bytes, cfg.stranger_circuit_bytes)
         return cfg.circuit_duration, cfg.circuit_bytes
 
-    def _count(self, src: PeerId, target: PeerId, delta: int, stranger: bool) -> None:
+    def _count(self, src: PeerId, target: PeerId, delta: int, stranger: bool, ip: str) -> None:
         self.total_circuits += delta
         if stranger:
             self.stranger_circuits += delta
-            n = self._opened_by.get(src, 0) + delta
-            if n > 0:
-                self._opened_by[src] = n
-            else:
-                self._opened_by.pop(src, None)
+            for key in (src, ("from", ip), ("to", target)):
+                n = self._opened_by.get(key, 0) + delta
+                if n > 0:
+                    self._opened_by[key] = n
+                else:
+                    self._opened_by.pop(key, None)
         for p in (src, target):
             n = self.circuits.get(p, 0) + delta
             if n > 0:

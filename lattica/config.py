@@ -78,6 +78,7 @@ class RelayConfig(ValueClass):
     stranger_circuit_duration: float | None = 120.0
     stranger_circuit_bytes: int | None = 4 * MiB
     max_circuits_per_stranger: int = 4  # circuits one stranger may open (strangers together: half of max_circuits)
+    max_stranger_circuits_per_ip: int = 16  # circuits strangers may open from one IP (an IPv6 /64): identities are free
     splice: bool = True  # offer circuits their own sockets (no re-encryption here); see transports/splice.py
 
 

@@ -77,3 +77,33 @@ def test_a_stranger_holds_few_circuits():
 def _conn_transport(node, peer):
     conn = node._host.conns.get(peer.peer_id)
     return None if conn is None else conn.transport
+
+
+def test_strangers_hold_at_most_half_of_a_target_s_circuits_and_a_few_per_address():
+    """Identities are free: strangers from one address (however many keys they use) open at most
+    ``max_stranger_circuits_per_ip`` circuits, and strangers together at most half of one
+    target's share, so a member can still reach it (before: 64 throwaway identities from one IP
+    held all 64 circuits of a member target)."""
+    ours, theirs = MeshKey.generate(), MeshKey.generate()
+    cfg = RelayConfig(max_circuits_per_peer=4, max_stranger_circuits_per_ip=3)
+
+    def reach(node, target):  # a connection through the relay: one circuit
+        _through_relay(relay, target, node)
+        return node.run(node._host.get_connection(target.peer_id), timeout=20).transport
+
+    with lattica.Node([TCP], relay=cfg, mesh=ours) as relay:
+        with _private(relay, ours) as a, _private(relay, theirs) as c:  # a: a member target; c: a stranger target
+            strangers = [lattica.Node([], mesh=theirs, membership=False).start() for _ in range(4)]
+            try:
+                assert [reach(s, a) for s in strangers[:2]] == ["relay", "relay"]  # half of a's 4
+                with pytest.raises(LatticaError, match="half of"):
+                    reach(strangers[2], a)
+                assert reach(strangers[3], c) == "relay"  # the third circuit strangers opened from 127.0.0.1
+                with pytest.raises(LatticaError, match="per address"):
+                    reach(strangers[2], c)
+                with lattica.Node([], mesh=ours, membership=False) as member:
+                    assert reach(member, a) == "relay"  # the share kept for members
+                    assert _echo(member, a, "member") == "member"
+            finally:
+                for s in strangers:
+                    s.stop()

@@ -28,7 +28,8 @@ class QuicStream(Stream):
         self._quic = conn._quic
         self.outbound = outbound
         self._buf: deque[bytes] = deque()
-        self._buf_len = 0
+        self._off = 0  # read position inside _buf[0]: a short read never copies the rest of it
+        self._buf_len = 0  # unread bytes (_buf less _off)
         self._eof = False
         self._recv_done = False  # FIN or RESET received, or reset locally
         self._send_done = False  # FIN queued, reset locally, or STOP_SENDING received
@@ -83,6 +84,7 @@ class QuicStream(Stream):
         if not self._released:
             self._quic.rx_unread -= self._buf_len
         self._buf.clear()
+        self._off = 0
         self._buf_len = 0
         self._quic.rx_stream_limit.pop(self.stream_id, None)
 
@@ -99,17 +101,25 @@ class QuicStream(Stream):
     # -- reading ------------------------------------------------------------------------------
 
     def _take(self, n: int) -> bytes:
+        """Up to ``n`` buffered bytes (there are some), in O(bytes returned): a short read moves
+        ``_off`` on inside the head chunk, so a huge chunk read in small pieces costs no more."""
         buf = self._buf
         first = buf[0]
-        if len(first) > n:
-            out = first[:n]
-            buf[0] = first[n:]
+        off = self._off
+        avail = len(first) - off
+        if avail > n:
+            out = first[off : off + n]
+            self._off = off + n
         else:
             buf.popleft()
-            out = first
-            if buf and len(out) < n:
-                parts = [first]
-                taken = len(first)
+            if off:
+                out = first[off:]
+                self._off = 0
+            else:
+                out = first
+            if buf and avail < n:
+                parts = [out]
+                taken = avail
                 while buf and taken < n:
                     c = buf[0]
                     room = n - taken
@@ -119,7 +129,7 @@ class QuicStream(Stream):
                         taken += len(c)
                     else:
                         parts.append(c[:room])
-                        buf[0] = c[room:]
+                        self._off = room
                         taken = n
                 out = b"".join(parts)
         k = len(out)

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Iterable
 
 from lattica import codec, identify, interfaces, ping
+from lattica.budget import Buckets
 from lattica.errors import ConnectionClosed, LatticaError, MultiaddrError, NodeClosed, PeerUnreachable, Timeout, UnsupportedProtocol
 from lattica.framing import read_message, write_message
 from lattica.host.connections import MAX_CONNS_PER_PEER, Connections
@@ -46,6 +47,10 @@ _MAX_PROTOCOL_NAME = 128
 _STOP_GRACE = 2.0  # seconds stop() gives all connections together to close gracefully
 _MAX_KNOWN_PEERS = 4096  # address book entries; the oldest unconnected peers are forgotten first
 _MAX_ADDRS_PER_PEER = 32
+# identify pushes a peer may make once its connection is identified (addresses change seldom):
+# a burst, then one every 2 s; beyond, only its latest push is kept, and taken when the budget
+# allows (each costs ~1 ms of parsing and judging; the latest says where it listens now)
+_PUSHES_PER_PEER = (0.5, 10.0)
 MAX_ADVERTISED = StoreLimits().max_addrs  # addresses we tell peers and put in our peer record
 
 
@@ -91,6 +96,8 @@ class Host:
         self.identified = self.connections.identified
         self.protected = self.connections.protected
         self.dialer = Dialer(self)
+        self._pushes = Buckets(*_PUSHES_PER_PEER, 4096, clock=self.loop.time)
+        self._held_pushes: dict[Connection, Any] = {}  # a peer's latest push beyond its budget
         self.contacted = self.dialer.contacted
         self.peer_addrs: dict[PeerId, list[Multiaddr]] = {}  # the address book
         self.handlers: dict[str, StreamProtocolHandler] = {}
@@ -492,7 +499,11 @@ class Host:
         except (LatticaError, asyncio.TimeoutError) as e:
             self._bad_identify(conn, e)
             return
-        if not self._identified(conn, msg):
+        if conn in self.info and not self._pushes.take(conn.remote_peer):  # (its first identify always counts)
+            if conn not in self._held_pushes:
+                self.loop.call_later(self._pushes.wait(conn.remote_peer), self._held_push_due, conn)
+            self._held_pushes[conn] = msg
+        elif not self._identified(conn, msg):
             return
         # one message per stream: anything after it is a protocol error; end the stream either way
         try:
@@ -504,6 +515,12 @@ class Host:
             stream.reset()
         else:
             await stream.close()
+
+    def _held_push_due(self, conn: Connection) -> None:
+        msg = self._held_pushes.pop(conn, None)
+        if msg is not None and not conn.is_closed and not self.closing:
+            self._pushes.take(conn.remote_peer, force=True)
+            self._identified(conn, msg)
 
     def _identified(self, conn: Connection, msg: Any) -> bool:
         """Take the peer's identify message (pushed on a stream, or early in the handshake);

@@ -478,3 +478,28 @@ def test_ping_to_a_peer_that_never_echoes_times_out():
         assert time.monotonic() - t0 < 3
         with pytest.raises(Timeout):
             b.run(asyncio.sleep(5), timeout=0.1)
+
+
+def test_identify_pushes_beyond_a_peer_s_budget_are_dropped_unread():
+    """A peer may tell us again who it is when its addresses change; one that pushes identify
+    non-stop (1,500 a second in a review, ~1 ms of parsing and judging each) gets a burst of 10,
+    then one every 2 s: of the rest only the latest is kept, and taken when the budget allows
+    (it says where the peer listens now). The connection stays fine."""
+    with lattica.Node([TCP]) as a, lattica.Node([TCP]) as b:
+        b.connect(a.addrs[0])
+        assert wait_for(lambda: any(p.peer_id == b.peer_id for p in a.peers()))
+        judged = []
+        a._host.events.identified.subscribe(lambda info: judged.append(info.peer_id))
+
+        async def push_many(n):
+            conn = b._host.conns[a.peer_id]
+            return sum([await b._host.push_identify(conn) for _ in range(n)])
+
+        assert b.run(push_many(100), timeout=20) == 100  # (each push's stream opened and written)
+        time.sleep(0.5)
+        first = len(judged)
+        assert 10 <= first <= 11, f"{first} pushes taken at once"
+        assert wait_for(lambda: len(judged) == first + 1, timeout=5), "the latest push is taken once the budget allows"
+        time.sleep(2.5)
+        assert len(judged) == first + 1, "and only the latest"
+        assert 0 < b.ping(a.peer_id, count=3) < 1.0

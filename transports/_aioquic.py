@@ -543,6 +543,13 @@ class LatticaQuicConnection(QuicConnection):
         # that decrypts; one still there after its first datagram was fed junk.
         return self._state == QuicConnectionState.FIRSTFLIGHT
 
+    def heard_handshake(self) -> bool:
+        """Whether a Handshake packet of the peer decrypted (its second flight: a spoofed
+        source never sends one, as it never sees our answer)."""
+        # PRIVATE (aioquic 1.7.2): as in last_authenticated
+        space = self._spaces.get(tls.Epoch.HANDSHAKE)
+        return space is not None and space.largest_received_time is not None
+
     def last_authenticated(self) -> float | None:
         """When a packet of this connection last decrypted (the time it was fed in), or None:
         only such packets prove the peer is there (anyone can send a datagram from its address)."""

@@ -256,3 +256,37 @@ def test_a_peer_over_its_connection_limit_replaces_its_oldest_spare_and_is_never
         assert closed == [True, True] + [False] * MAX_CONNS_PER_PEER, closed
         assert wait_for(lambda: len(node.host.conns_of.get(peer.peer_id, ())) == MAX_CONNS_PER_PEER)
         assert peer.ping(node.peer_id) > 0
+
+
+def test_a_quic_initial_that_nothing_follows_gives_its_handshake_slot_back_soon():
+    """A spoofed (or silent) source sends an Initial and never its Handshake flight, as it never
+    sees our answer: its slot is held ``first_flight_timeout``, not the whole handshake timeout
+    (a review held all 256 slots with 16 spoofed IPv6 /64s at 100 packets a second). An honest
+    client, which answers within a round trip, still connects."""
+    import socket
+
+    from lattica.transports.quic.transport import QuicTransport
+
+    opts = {"quic": {"handshake_timeout": 20.0, "first_flight_timeout": 1.0}}
+    with lattica.Node(["/ip4/127.0.0.1/udp/0/quic-v1"], transport_options=opts) as node:
+        port = node.addrs[0].without_peer_id().host_port()[1]
+        client = QuicTransport(lattica.KeyPair.generate())
+        socks = []
+        try:
+            for _ in range(4):
+                quic = client._new_quic(is_client=True, peer_addr=("127.0.0.1", port))
+                quic.connect(("127.0.0.1", port), now=time.monotonic())
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                sock.bind(("127.0.0.1", 0))
+                for data, _ in quic.datagrams_to_send(now=time.monotonic()):
+                    sock.sendto(data, ("127.0.0.1", port))
+                socks.append(sock)
+            ep = list(node._host.transport_set.named("quic")._listen_eps)[0]
+            assert wait_for(lambda: ep.pending == 4, timeout=5)
+            assert wait_for(lambda: ep.pending == 0, timeout=5), "the silent handshakes gave their slots back"
+            with lattica.Node([]) as honest:
+                honest.connect(f"/ip4/127.0.0.1/udp/{port}/quic-v1/p2p/{node.peer_id}")
+                assert honest.ping(node.peer_id) > 0
+        finally:
+            for s in socks:
+                s.close()

@@ -95,8 +95,9 @@ class QuicConn(Connection):
         self._flush_handle: asyncio.Handle | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
-        self._hs_timer: asyncio.TimerHandle | None = self._loop.call_later(
-            owner.handshake_timeout, self._handshake_timed_out
+        self._hs_timer: asyncio.TimerHandle | None = (
+            self._loop.call_later(owner.first_flight_timeout, self._first_flight_due) if direction == "inbound"
+            else self._loop.call_later(owner.handshake_timeout, self._handshake_timed_out)
         )
         self._keepalive: asyncio.TimerHandle | None = None
         self._last_rx = self._loop.time()
@@ -361,6 +362,19 @@ class QuicConn(Connection):
         if not self._ready.done():
             self._ready.set_exception(exc)
             self._ready.exception()  # mark retrieved: nobody awaits inbound handshakes
+
+    def _first_flight_due(self) -> None:
+        """An inbound handshake: the client's Handshake flight came (wait for the rest as any
+        handshake does), or nothing came after its Initial (drop it: its slot is wanted)."""
+        self._hs_timer = None
+        if self._established or self._dead:
+            return
+        if self._quic.heard_handshake():
+            left = self._owner.handshake_timeout - self._owner.first_flight_timeout
+            self._hs_timer = self._loop.call_later(max(left, 0.0), self._handshake_timed_out)
+            return
+        self._fail_ready(Timeout(f"QUIC client at {self.remote_addr} sent nothing after its Initial within {self._owner.first_flight_timeout:g}s"))
+        self.abort("no handshake flight")
 
     def _handshake_timed_out(self) -> None:
         self._hs_timer = None

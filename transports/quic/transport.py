@@ -41,6 +41,7 @@ class QuicTransport(Transport):
         max_streams: int = 256,
         idle_timeout: float = 60.0,
         handshake_timeout: float = 10.0,
+        first_flight_timeout: float = 4.0,
         keepalive_interval: float = 15.0,
         max_stream_data: int = 8 * 1024 * 1024,
         max_data: int = 32 * 1024 * 1024,
@@ -62,6 +63,9 @@ class QuicTransport(Transport):
         self.max_streams = max_streams
         self.idle_timeout = idle_timeout
         self.handshake_timeout = handshake_timeout
+        # an inbound handshake whose client sent nothing after its Initial within this (a spoofed
+        # or silent sender: an honest one answers within a round trip or two) gives its slot back
+        self.first_flight_timeout = min(first_flight_timeout, handshake_timeout)
         # PINGs keep NAT mappings and the idle timer alive; never slower than idle_timeout / 2
         self._keepalive_interval = min(keepalive_interval, idle_timeout / 2)
         self.max_stream_data = max_stream_data

@@ -99,6 +99,12 @@ class PeerGone(PeerUnreachable):
     (membership takes this as proof of death, not a mere suspicion)."""
 
 
+class PathChanged(PeerUnreachable):
+    """The connection a call was on was replaced (a relayed path became direct, a duplicate was
+    closed, ...) and the call did not finish there within the grace period. It may or may not
+    have run; calls marked ``.options(idempotent=True)`` are sent again on the new path instead."""
+
+
 class RelayRefused(PeerUnreachable):
     """A relay refused a circuit or a reservation (no reservation for the peer, over a limit, ...)."""
 

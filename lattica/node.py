@@ -20,6 +20,7 @@ from lattica._loop import DEFAULT_BUSY_POLL_US, new_loop
 from lattica.config import ContentConfig, CrdtConfig, DhtConfig, InboundBudget, MembershipConfig, NatConfig, PubSubConfig, RelayConfig
 from lattica.errors import NodeClosed, Timeout
 from lattica.host import Host, StreamProtocolHandler, check_protocol_name
+from lattica.host.connections import DRAIN_GRACE
 from lattica.identify import PeerInfo
 from lattica.identity import KeyPair, PeerId
 from lattica.logging import get_logger
@@ -78,6 +79,7 @@ class Node:
         dht_path: str | os.PathLike[str] | None = None,
         dht: Any = None,
         channel_idle: float = 60.0,
+        drain_grace: float = DRAIN_GRACE,
         relay: Any = False,
         relays: Iterable[str | Multiaddr] = (),
         nat: Any = None,
@@ -114,6 +116,11 @@ class Node:
         if not channel_idle > 0:
             raise ValueError("channel_idle must be > 0 seconds")
         self.channel_idle = channel_idle  # an idle call channel closes after this, freeing its connection
+        if not drain_grace > 0:
+            raise ValueError("drain_grace must be > 0 seconds")
+        # a connection this node replaces (a relayed path that became direct, a duplicate, idle)
+        # goes away: calls already on it get this long to finish there (docs/nat.md)
+        self.drain_grace = drain_grace
         # relay=True (or a RelayConfig): serve reservations and circuits for private peers
         self.relay_config: RelayConfig | None = (RelayConfig() if relay is True else relay) or None
         self.relays = [Multiaddr(a) for a in relays]  # relays to hold reservations with (else found ones)

@@ -301,10 +301,10 @@ class LatticaQuicConnection(QuicConnection):
         )
         # PRIVATE (aioquic 1.7.2): the stream limits are Limit objects created in __init__ with a
         # hard-coded value of 128; they are sent as transport parameters by _initialize(), which
-        # runs later (connect() / first datagram), so setting them here takes effect. We only use
-        # bidirectional streams, so the peer may open no unidirectional ones.
+        # runs later (connect() / first datagram), so setting them here takes effect. Streams are
+        # bidirectional, but for one unidirectional control stream per side (its GOAWAY: wire.py).
         self._local_max_streams_bidi.value = self._local_max_streams_bidi.sent = max_streams
-        self._local_max_streams_uni.value = self._local_max_streams_uni.sent = 0
+        self._local_max_streams_uni.value = self._local_max_streams_uni.sent = 1
         # PRIVATE (aioquic 1.7.2): QuicPacketRecovery._pacer is created in its __init__ and only
         # used through next_send_time / update_after_send / update_rate, which our subclass keeps.
         self._loss._pacer = _CoarseTimerPacer(max_datagram_size=configuration.max_datagram_size)

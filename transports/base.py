@@ -86,6 +86,9 @@ class Connection(abc.ABC):
     early_data: bytes | None = None
     # we already told the peer who we are (in the handshake, or on a stream before it ended)
     said_early: bool = False
+    # called once, on the loop, when the connection starts going away (see ``go_away``), whichever
+    # side began it; set by the connection's owner
+    on_going_away: Callable[[Connection], None] | None = None
 
     @abc.abstractmethod
     async def open_stream(self) -> Stream:
@@ -102,6 +105,19 @@ class Connection(abc.ABC):
     @abc.abstractmethod
     def abort(self, reason: str) -> None:
         """Close immediately (no goodbye); open streams see ConnectionClosed."""
+
+    @abc.abstractmethod
+    def go_away(self) -> None:
+        """Retire the connection gently: open no new stream on it and tell the peer, who then
+        does the same; streams already open go on, and once both sides have said so and every
+        stream has ended, the connection closes by itself (``close`` ends it sooner). When the
+        peer says it first, we answer in kind at once. Streams the peer opened before it heard
+        us are still taken: nothing in flight is refused."""
+
+    @property
+    @abc.abstractmethod
+    def going_away(self) -> bool:
+        """True once either side said ``go_away``: no new stream may be opened here."""
 
     @property
     @abc.abstractmethod

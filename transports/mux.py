@@ -319,9 +319,18 @@ class Mux:
         self._frame(T_PING, F_SYN, 0, opaque & 0xFFFFFFFF)
 
     def go_away(self, code: int = GOAWAY_NORMAL) -> None:
+        """Say we open no more streams (GOAWAY). With ``GOAWAY_NORMAL`` it starts a drain: the
+        peer stops opening streams too (and says so), streams open on either side go on, and the
+        peer's streams that cross our GOAWAY on the wire are still taken; other codes precede a
+        teardown."""
         if not self.local_goaway:
             self.local_goaway = True
             self._frame(T_GOAWAY, 0, 0, code)
+
+    @property
+    def drained(self) -> bool:
+        """Both sides said GOAWAY and no stream is left: nothing more can happen here."""
+        return self.local_goaway and self.remote_goaway and not self._streams
 
     def data_to_send(self) -> bytearray:
         """Everything queued for the wire since the last call (possibly empty), in one buffer."""
@@ -432,10 +441,10 @@ class Mux:
         if flags & F_SYN:
             if st is not None or sid == 0 or sid % 2 != self._peer_parity:
                 raise ProtocolError(f"peer opened stream {sid}, which is in use or not its id")
-            if self.local_goaway:
+            if self.remote_goaway:  # (it said it would open no more: streams sent before that are taken)
                 self._frame(T_WINDOW, F_RST, sid, 0)
                 self.answered += HEADER_LEN
-                events.append(StreamRefused(sid, "connection is going away"))
+                events.append(StreamRefused(sid, "the peer opened a stream after its GOAWAY"))
                 return None
             if self._n_remote >= self.config.max_streams:
                 self._frame(T_WINDOW, F_RST, sid, 0)

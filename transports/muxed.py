@@ -218,10 +218,13 @@ class MuxedStream(Stream):
 
     def reset(self) -> None:
         if self._error is None:
-            self._conn._mux.reset_stream(self.stream_id)
-            self._conn._schedule_flush()
-            self._conn._streams.pop(self.stream_id, None)
+            conn = self._conn
+            conn._mux.reset_stream(self.stream_id)
+            conn._schedule_flush()
+            conn._streams.pop(self.stream_id, None)
             self._fail(StreamReset(f"stream {self.stream_id} was reset locally"))
+            if conn._told_away:
+                conn._close_if_drained()
 
 
 class MuxedConnection(Connection):
@@ -271,6 +274,7 @@ class MuxedConnection(Connection):
         self._close_reason: str | None = None
         self._close_callbacks: list[Callable[[Connection], None]] = []
         self._closed_event = asyncio.Event()
+        self._told_away = False  # on_going_away was called
         self._last_recv = self._loop.time()
         self._rtt_ping = 0  # id of the last ping timing the round trip (0 is the keepalive's)
         self._rtt_sent: float | None = None  # loop time it went out; None once answered
@@ -291,6 +295,8 @@ class MuxedConnection(Connection):
     async def open_stream(self) -> Stream:
         if self._closed:
             raise ConnectionClosed(f"connection to {self.remote_peer} is closed ({self._close_reason})")
+        if self.going_away:
+            raise ConnectionClosed(f"connection to {self.remote_peer} is going away: open streams on another")
         sid = self._mux.open_stream()
         stream = MuxedStream(self, sid)
         self._streams[sid] = stream
@@ -314,6 +320,36 @@ class MuxedConnection(Connection):
 
     def abort(self, reason: str) -> None:
         self._teardown(reason, graceful=False)
+
+    def go_away(self) -> None:
+        if self._closed or self._mux.local_goaway:
+            return
+        self._mux.go_away(GOAWAY_NORMAL)
+        self._schedule_flush()
+        self._went_away()
+
+    @property
+    def going_away(self) -> bool:
+        return self._mux.local_goaway or self._mux.remote_goaway
+
+    def _went_away(self) -> None:
+        """Either side said go-away: tell the owner once, and close if nothing is left."""
+        if not self._told_away:
+            self._told_away = True
+            if self.on_going_away is not None:
+                self.on_going_away(self)
+        self._close_if_drained()
+
+    def _close_if_drained(self) -> None:
+        if self._told_away and not self._closed and not self._streams and not self._unhandled and self._mux.drained:
+            # (on the next turn of the loop: this may run inside a stream's close or reset)
+            self._loop.call_soon(self._drained_close)
+
+    def _drained_close(self) -> None:
+        if not self._closed and not self._streams and not self._unhandled and self._mux.drained:
+            self.ended_cleanly = True
+            self._flush()
+            self._teardown("went away: every stream ended", graceful=True)
 
     @property
     def is_closed(self) -> bool:
@@ -434,6 +470,8 @@ class MuxedConnection(Connection):
                 s = streams.pop(ev.stream_id, None)
                 if s is not None:
                     s._fail(StreamReset(f"stream {ev.stream_id} was reset by the peer"))
+                    if self._told_away:
+                        self._close_if_drained()
             elif t is PongReceived:
                 if ev.opaque:  # (keepalive pings carry 0: any received bytes already refreshed _last_recv)
                     self._pong(ev.opaque)
@@ -442,6 +480,9 @@ class MuxedConnection(Connection):
             elif t is GoAwayReceived:
                 log.debug("peer is going away", peer=str(self.remote_peer), code=ev.code)
                 self.ended_cleanly = ev.code == GOAWAY_NORMAL
+                if ev.code == GOAWAY_NORMAL and not self._closed:
+                    self._mux.go_away(GOAWAY_NORMAL)  # our answer: we open no more either
+                    self._went_away()
         if self._mux.has_data_to_send():
             self._flush()
 
@@ -475,6 +516,8 @@ class MuxedConnection(Connection):
     def _maybe_drop(self, s: MuxedStream) -> None:
         if s._eof and s._write_closed and not s._chunks and not s._pending:
             self._streams.pop(s.stream_id, None)
+            if self._told_away:
+                self._close_if_drained()
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:

@@ -13,6 +13,12 @@ then carries less; docs/benchmarks.md has both figures).
 
 :class:`DelayLine` is the link itself, sans-IO (packets and a clock in, packets out); the rest is
 glue. Profiles: ``lan`` 0.5 ms, ``region`` 10 ms, ``continent`` 150 ms with 0.1 % loss (RTT).
+
+The forwarder also runs on its own between two named devices that it moves into given namespaces
+and leaves unaddressed (the NAT lab puts a long link on a site's uplink this way, see
+tests/natlab/lab.py); :func:`tun_pair_argv` builds its command line::
+
+    python -m lattica.bench.linkem --tun wan@nl-s1r --tun t1@nl-inet --rtt 0.15 --loss 0.001
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-__all__ = ["Profile", "PROFILES", "DelayLine", "EmulatedLink", "available"]
+__all__ = ["Profile", "PROFILES", "DelayLine", "EmulatedLink", "available", "profile", "tun_pair_argv"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,16 @@ PROFILES = {
     "region": Profile(rtt=0.010),
     "continent": Profile(rtt=0.150, loss=0.001),
 }
+
+
+def profile(link: str | Profile) -> Profile:
+    """``link`` as a Profile (a name from PROFILES, or a Profile as is)."""
+    if isinstance(link, Profile):
+        return link
+    try:
+        return PROFILES[link]
+    except KeyError:
+        raise ValueError(f"unknown link profile {link!r}; choose from {sorted(PROFILES)}") from None
 
 
 class DelayLine:
@@ -163,25 +179,61 @@ def _forward(near: int, far: int, lines: dict[int, DelayLine], stop: int) -> Non
                     pass
 
 
+def _profile_args(pr: Profile) -> list[str]:
+    return ["--rtt", repr(pr.rtt), "--rate", repr(pr.rate or 0.0), "--loss", repr(pr.loss), "--jitter", repr(pr.jitter)]
+
+
+def tun_pair_argv(a: str, b: str, link: str | Profile, python: str = sys.executable) -> list[str]:
+    """The command line of a forwarder between two TUN devices ``a`` and ``b``, each
+    ``NAME@NAMESPACE`` (or ``NAME``: left where the forwarder runs): it creates both, moves and
+    renames each into place, leaves them down and unaddressed, prints ``ready`` and forwards
+    through ``link`` until its stdin closes (then prints its counters as one JSON line: ``up`` is
+    ``a`` to ``b``). Runs this file, not the package: no ``import lattica`` at start-up."""
+    return [python, "-u", os.path.abspath(__file__), "--tun", a, "--tun", b, *_profile_args(profile(link))]
+
+
+def _place(spec: str, tmp: str) -> None:
+    """Move the fresh device ``tmp`` to ``spec``'s namespace (if any) under ``spec``'s name."""
+    name, _, ns = spec.partition("@")
+    if ns:
+        _ip("link", "set", "dev", tmp, "netns", ns)
+        _ip("-n", ns, "link", "set", "dev", tmp, "name", name)
+    else:
+        _ip("link", "set", "dev", tmp, "name", name)
+
+
 def _serve(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m lattica.bench.linkem")
-    p.add_argument("--ns", required=True)
-    p.add_argument("--near", required=True, help="name of the device left in this namespace")
-    p.add_argument("--net", required=True, help="the /30's third octet: 10.77.N.1 near, .2 far")
+    p.add_argument("--ns", help="the far namespace (it gets the far device, addressed 10.77.N.2)")
+    p.add_argument("--near", help="name of the device left in this namespace")
+    p.add_argument("--net", help="the /30's third octet: 10.77.N.1 near, .2 far")
+    p.add_argument("--tun", action="append", default=[], metavar="NAME[@NS]",
+                   help="twice, instead of --ns/--near/--net: the two ends, each moved into NS (default: "
+                        "this namespace) as NAME; no addresses, the devices stay down")
     p.add_argument("--rtt", type=float, required=True)
     p.add_argument("--rate", type=float, default=0.0)
     p.add_argument("--loss", type=float, default=0.0)
     p.add_argument("--jitter", type=float, default=0.0)
     a = p.parse_args(argv)
-    near_ip, far_ip = f"10.77.{a.net}.1", f"10.77.{a.net}.2"
     offload = a.loss == 0.0
-    near, far = _tun(a.near, offload), _tun(a.near + "f", offload)
-    _ip("link", "set", a.near + "f", "netns", a.ns)
-    _ip("addr", "add", near_ip, "peer", far_ip, "dev", a.near)
-    _ip("link", "set", a.near, "up")
-    _ip("-n", a.ns, "addr", "add", far_ip, "peer", near_ip, "dev", a.near + "f")
-    _ip("-n", a.ns, "link", "set", a.near + "f", "up")
-    _ip("-n", a.ns, "link", "set", "lo", "up")
+    if a.tun:
+        if len(a.tun) != 2 or a.ns or a.near or a.net:
+            p.error("--tun twice, and then no --ns/--near/--net")
+        tmp = [f"lkt{os.getpid() % 1_000_000}{s}" for s in "ab"]  # (unique here until renamed)
+        near, far = _tun(tmp[0], offload), _tun(tmp[1], offload)
+        _place(a.tun[0], tmp[0])
+        _place(a.tun[1], tmp[1])
+    else:
+        if not (a.ns and a.near and a.net):
+            p.error("--ns, --near and --net (or --tun twice)")
+        near_ip, far_ip = f"10.77.{a.net}.1", f"10.77.{a.net}.2"
+        near, far = _tun(a.near, offload), _tun(a.near + "f", offload)
+        _ip("link", "set", a.near + "f", "netns", a.ns)
+        _ip("addr", "add", near_ip, "peer", far_ip, "dev", a.near)
+        _ip("link", "set", a.near, "up")
+        _ip("-n", a.ns, "addr", "add", far_ip, "peer", near_ip, "dev", a.near + "f")
+        _ip("-n", a.ns, "link", "set", a.near + "f", "up")
+        _ip("-n", a.ns, "link", "set", "lo", "up")
     one_way = dict(delay=a.rtt / 2, rate=a.rate or None, loss=a.loss, jitter=a.jitter)
     lines = {near: DelayLine(**one_way), far: DelayLine(**one_way)}  # type: ignore[arg-type]
     print("ready", flush=True)
@@ -217,7 +269,7 @@ class EmulatedLink:
         pr = self.profile
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "lattica.bench.linkem", "--ns", self.ns, "--near", self._dev, "--net", self._net,
-             "--rtt", repr(pr.rtt), "--rate", repr(pr.rate or 0.0), "--loss", repr(pr.loss), "--jitter", repr(pr.jitter)],
+             *_profile_args(pr)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         if self._proc.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
             self.__exit__()

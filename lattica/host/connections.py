@@ -13,12 +13,13 @@ from lattica.identity import PeerId
 from lattica.logging import get_logger
 from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream
 
-__all__ = ["Connections", "LINGER", "MAX_CONNS_PER_PEER"]
+__all__ = ["Connections", "DRAIN_GRACE", "MAX_CONNS_PER_PEER", "MAX_DRAINING_PER_PEER"]
 
 log = get_logger("lattica.node")
 
-LINGER = 2.0  # seconds a duplicate connection stays up for streams already on it
-MAX_CONNS_PER_PEER = 4
+DRAIN_GRACE = 300.0  # seconds a connection going away waits for the streams on it to end
+MAX_CONNS_PER_PEER = 4  # live connections (not going away) one peer may hold with us
+MAX_DRAINING_PER_PEER = 4  # and going away besides: beyond, the oldest is closed at once
 EVICT_MIN_AGE = 2.0  # seconds an unidentified connection is given before a newcomer may evict it
 
 
@@ -26,10 +27,18 @@ _TCP_AND_QUIC = {"tcp", "quic"}
 _PREFERENCE = {"tcp": 0, "quic": 1, "relay": 2}  # which path a peer's primary connection should be
 
 
+def usable(conn: Connection) -> bool:
+    """A connection new streams may be opened on: open and not going away."""
+    return not conn.is_closed and not conn.going_away
+
+
 class Connections:
-    """Adopts authenticated connections and picks each peer's primary one (direct beats relayed;
-    of two simultaneous dials both ends keep the one dialed by the smaller PeerId), forgets them
-    when they close, and closes the idle ones nobody protects."""
+    """Adopts authenticated connections and picks each peer's primary one (direct beats relayed,
+    TCP beats QUIC; of two simultaneous dials both ends keep the one dialed by the smaller
+    PeerId), forgets them when they close, and retires the ones it no longer wants: a retired
+    connection goes away (``Connection.go_away``: no new streams on either side, those open finish
+    there) and closes once its streams have ended, or after ``grace`` seconds. Nothing in flight
+    is cut by a choice made here."""
 
     def __init__(
         self,
@@ -38,86 +47,112 @@ class Connections:
         events: HostEvents,
         spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task],
         serve: Callable[[Stream, Connection], Coroutine[Any, Any, None]],
-        path_changed: Callable[[PeerId], None],
+        going_away: Callable[[Connection], None],
+        expired: Callable[[Connection], None],
+        grace: float = DRAIN_GRACE,
     ) -> None:
         self.peer_id = peer_id
         self.loop = loop
         self.events = events
         self.spawn = spawn
         self._serve = serve  # serves one inbound stream of a connection
-        self._path_changed = path_changed  # a peer's primary connection got better (relayed to direct, QUIC to TCP)
+        self._going_away_hook = going_away  # a connection started going away: calls move off it
+        self._expired_hook = expired  # its grace period ended with streams still open: it closes now
+        self.grace = grace
         self.conns: dict[PeerId, Connection] = {}
         self.all_conns: set[Connection] = set()
         self.conns_of: dict[PeerId, set[Connection]] = {}  # every live connection, by peer
         self.info: dict[Connection, PeerInfo] = {}
         self.identified: dict[Connection, asyncio.Future[PeerInfo]] = {}
         self.idle_since: dict[Connection, float] = {}
+        self.away_since: dict[Connection, float] = {}  # connections going away, since when
         self.protected: dict[PeerId, set[str]] = {}  # peers whose idle connections stay open, and why
 
     def add(self, conn: Connection, spare: bool = False) -> None:
-        """Start serving a new authenticated connection and make it the peer's primary one; a
-        ``spare`` (a dial race's late winner, which the peer may already use) is served but stays
-        second to a live primary, and is closed gracefully after the linger period."""
+        """Start serving a new authenticated connection and make it the peer's primary one if it
+        is the best; a ``spare`` (our dial race's late winner, which the peer may already use)
+        is served and retired at once, and so is whichever of two connections a rule both ends
+        compute says goes (the peer's calls already on it finish there)."""
         self.all_conns.add(conn)
         self.conns_of.setdefault(conn.remote_peer, set()).add(conn)
         self.idle_since[conn] = self.loop.time()
         self.identified[conn] = self.loop.create_future()
         conn.add_close_callback(self._on_closed)
         conn.set_stream_handler(lambda s: self.spawn(self._serve(s, conn)))
+        conn.on_going_away = self._on_going_away
+        if conn.going_away:  # (the peer said so before we adopted it)
+            self._on_going_away(conn)
+            return
         peer = conn.remote_peer
         existing = self.conns.get(peer)
-        if existing is None or existing.is_closed:
+        if existing is None or not usable(existing):
             self.conns[peer] = conn
         elif {conn.transport, existing.transport} == _TCP_AND_QUIC:
             # Two direct paths (a dial race's two winners, a punch that got through on both): TCP
             # is the fast one here (QUIC in Python carries a fraction of it), so both ends keep
-            # TCP, whichever came first; the QUIC one lingers for streams already on it.
+            # TCP, whichever came first
             tcp, quic = (conn, existing) if conn.transport == "tcp" else (existing, conn)
             self.conns[peer] = tcp
-            self.loop.call_later(LINGER, self._close_if_unused, quic)
-            if tcp is conn:
-                self._path_changed(peer)
+            quic.go_away()
         elif spare:
-            self.loop.call_later(LINGER, self._close_spare, conn)
+            conn.go_away()
         elif (conn.transport == "relay") != (existing.transport == "relay"):
-            # a direct path always wins over a relayed one; calls already on the loser finish there
-            if existing.transport == "relay":
-                self.conns[peer] = conn
-                self.loop.call_later(LINGER, self._close_if_unused, existing)
-                self._path_changed(peer)
-            else:
-                self.loop.call_later(LINGER, self._close_if_unused, conn)
+            # a direct path always wins over a relayed one
+            relayed = existing if existing.transport == "relay" else conn
+            self.conns[peer] = conn if relayed is existing else existing
+            relayed.go_away()
         elif self._dialer(conn) != self._dialer(existing):
             # Both sides dialed at once: both ends must keep the same connection, so keep the one
-            # dialed by the smaller PeerId and let the other linger for streams already on it.
+            # dialed by the smaller PeerId
             keep_new = self._dialer(conn) < self._dialer(existing)
             winner, loser = (conn, existing) if keep_new else (existing, conn)
             self.conns[peer] = winner
-            self.loop.call_later(LINGER, self._close_if_unused, loser)
+            loser.go_away()
         else:
-            # One side dialed twice (e.g. TCP and QUIC both won a race): new streams use the newer
-            # connection; the older is not force-closed (the two ends might disagree on which is
-            # older) and closes itself once idle. It may also be dead (the peer's NAT forgot it,
-            # so the peer dialed again): it is probed, and aborted if it does not answer.
+            # One side dialed twice (e.g. its NAT forgot the first one, so it dialed again): new
+            # streams use the newer connection; the older is not retired (the two ends might
+            # disagree on which is older) and goes when idle. It may also be dead: it is probed,
+            # and aborted if it does not answer.
             self.conns[peer] = conn
             existing.probe(PROBE_TIMEOUT)
 
     def _dialer(self, conn: Connection) -> PeerId:
         return self.peer_id if conn.direction == "outbound" else conn.remote_peer
 
-    def _close_spare(self, conn: Connection) -> None:
-        # closed after the linger period even if the peer still uses it: the peer may have made
-        # it its primary (its newest), and then it would never go unused; its calls move over
-        if not conn.is_closed and self.conns.get(conn.remote_peer) is not conn:
-            self.spawn(conn.close())
+    def _best(self, peer: PeerId) -> Connection | None:
+        """The peer's best usable connection: TCP, then QUIC, then relayed; the newest of equals."""
+        alive = [c for c in self.conns_of.get(peer, ()) if usable(c)]
+        if not alive:
+            return None
+        return min(alive, key=lambda c: (_PREFERENCE.get(c.transport, 1), -self.idle_since.get(c, 0.0)))
 
-    def _close_if_unused(self, conn: Connection) -> None:
-        if conn.is_closed or self.conns.get(conn.remote_peer) is conn:
+    def _on_going_away(self, conn: Connection) -> None:
+        """``conn`` started going away (we retired it, or the peer did): new streams to its peer
+        go elsewhere, call channels on it move, and it gets ``grace`` seconds to drain."""
+        if conn.is_closed or conn in self.away_since or conn not in self.all_conns:
             return
-        if conn.num_streams == 0:
-            self.spawn(conn.close())
-        else:
-            self.loop.call_later(LINGER, self._close_if_unused, conn)
+        self.away_since[conn] = self.loop.time()
+        peer = conn.remote_peer
+        log.debug("connection going away", peer=str(peer), transport=conn.transport, streams=conn.num_streams)
+        if self.conns.get(peer) is conn:
+            best = self._best(peer)
+            if best is None:
+                del self.conns[peer]  # (the next stream dials afresh)
+            else:
+                self.conns[peer] = best
+        self._going_away_hook(conn)
+        self.loop.call_later(self.grace, self._grace_over, conn)
+        draining = sorted((c for c in self.conns_of.get(peer, ()) if c in self.away_since and not c.is_closed), key=self.away_since.__getitem__)
+        for old in draining[: max(0, len(draining) - MAX_DRAINING_PER_PEER)]:
+            log.info("closing a connection going away: too many from this peer", peer=str(peer), streams=old.num_streams)
+            old.abort("too many connections going away from this peer")
+
+    def _grace_over(self, conn: Connection) -> None:
+        if conn.is_closed:
+            return
+        log.info("closing a connection going away: its grace period ended", peer=str(conn.remote_peer), streams=conn.num_streams, grace=self.grace)
+        self._expired_hook(conn)  # (calls still on it fail with PathChanged, or are re-sent)
+        self.spawn(conn.close())
 
     def _on_closed(self, conn: Connection) -> None:
         self.all_conns.discard(conn)
@@ -134,38 +169,41 @@ class Connections:
             if not same:
                 del self.conns_of[peer]
                 self.events.disconnected.emit(peer, conn)
+        self.away_since.pop(conn, None)
         if self.conns.get(peer) is conn:
             del self.conns[peer]
-            # promote a surviving duplicate, if any: the best path (TCP, then QUIC, then relayed)
-            alive = [c for c in same or () if not c.is_closed]
-            if alive:
-                self.conns[peer] = min(alive, key=lambda c: _PREFERENCE.get(c.transport, 1))
+            best = self._best(peer)  # promote a surviving duplicate, if any: the best path
+            if best is not None:
+                self.conns[peer] = best
 
     async def reap_idle(self, timeout: float) -> None:
-        """Forever: close connections with no stream for ``timeout`` seconds, except a protected
-        peer's primary one."""
+        """Forever: retire connections with no stream for ``timeout`` seconds, except a protected
+        peer's primary one (they go away, so a stream the peer opens meanwhile is still served)."""
         while True:
             await asyncio.sleep(max(timeout / 4, 0.05))
             now = self.loop.time()
             for conn in list(self.all_conns):
                 if conn.num_streams or (conn.remote_peer in self.protected and self.conns.get(conn.remote_peer) is conn):
                     self.idle_since[conn] = now
-                elif now - self.idle_since.get(conn, now) >= timeout:
-                    log.debug("closing idle connection", peer=str(conn.remote_peer))
-                    self.spawn(conn.close())
+                elif now - self.idle_since.get(conn, now) >= timeout and usable(conn):
+                    log.debug("retiring idle connection", peer=str(conn.remote_peer))
+                    conn.go_away()
 
-    def displaceable(self, peer: PeerId, newcomer: Connection) -> Connection | None:
-        """The connection of ``peer`` to close when ``newcomer`` is one more than
-        MAX_CONNS_PER_PEER: a spare with no stream (relayed before direct, oldest first), or, for
-        a direct newcomer, a relayed spare even if busy; never the primary (a hole punch races
-        dials both ways over two transports beside the relayed circuits, and the newest direct
-        one is the one both ends are about to use). None: keep them, refuse the newcomer."""
+    def live_count(self, peer: PeerId) -> int:
+        """The peer's connections that are open and not going away."""
+        return sum(1 for c in self.conns_of.get(peer, ()) if usable(c))
+
+    def displaceable(self, peer: PeerId) -> Connection | None:
+        """The connection of ``peer`` to retire when a newcomer is one more than
+        MAX_CONNS_PER_PEER live ones: a spare, relayed before direct, idle before busy, oldest
+        first; never the primary (a hole punch races dials both ways over two transports beside
+        the relayed circuits, and the newest direct one is the one both ends are about to use).
+        It goes away: whatever is on it finishes there. None: no spare to retire."""
         primary = self.conns.get(peer)
-        spares = [c for c in self.conns_of.get(peer, ()) if c is not primary and not c.is_closed
-                  and (not c.num_streams or (c.transport == "relay" and newcomer.transport != "relay"))]
+        spares = [c for c in self.conns_of.get(peer, ()) if c is not primary and usable(c)]
         if not spares:
             return None
-        return min(spares, key=lambda c: (c.num_streams > 0, c.transport != "relay", self.idle_since.get(c, 0.0)))
+        return min(spares, key=lambda c: (c.transport != "relay", c.num_streams > 0, self.idle_since.get(c, 0.0)))
 
     def evictable(self, min_age: float = EVICT_MIN_AGE) -> Connection | None:
         """The connection to close to make room for a newcomer when full: the oldest whose peer

@@ -15,7 +15,7 @@ from lattica import codec, identify, interfaces, ping
 from lattica.budget import Buckets
 from lattica.errors import ConnectionClosed, LatticaError, MultiaddrError, NodeClosed, PeerUnreachable, Timeout, UnsupportedProtocol
 from lattica.framing import read_message, write_message
-from lattica.host.connections import MAX_CONNS_PER_PEER, Connections
+from lattica.host.connections import MAX_CONNS_PER_PEER, MAX_DRAINING_PER_PEER, Connections
 from lattica.host.dialer import PROTOCOL_READ_TIMEOUT, Dialer, PeerRouting
 from lattica.host.transports import Transports
 from lattica.hostview import HostEvents
@@ -87,7 +87,9 @@ class Host:
         self.bound_addrs: list[Multiaddr] = []  # as the listeners report them (maybe 0.0.0.0)
         self.listen_addrs: list[Multiaddr] = []  # dialable: wildcards expanded per interface
         self.events = HostEvents()  # what services subscribe to (lattica/hostview.py)
-        self.connections = Connections(self.peer_id, self.loop, self.events, self.spawn, self._serve_stream, self._path_changed)
+        self.connections = Connections(
+            self.peer_id, self.loop, self.events, self.spawn, self._serve_stream, self._going_away, self._drain_expired, node.drain_grace
+        )
         # the connection table's maps, under the names the rest of the node reads them by
         self.conns = self.connections.conns
         self.all_conns = self.connections.all_conns
@@ -224,13 +226,15 @@ class Host:
         if self.closing:
             conn.abort("node stopping")
             return
+        peer = conn.remote_peer
         spare = None
-        if len(self.conns_of.get(conn.remote_peer, ())) >= MAX_CONNS_PER_PEER:
-            spare = self.connections.displaceable(conn.remote_peer, conn)
-            if spare is None:
-                log.info("refusing inbound connection: too many from this peer", peer=str(conn.remote_peer))
-                conn.abort("per-peer connection limit reached")
-                return
+        if len(self.conns_of.get(peer, ())) >= MAX_CONNS_PER_PEER + MAX_DRAINING_PER_PEER:
+            # (retired spares drain within a round trip unless streams stay open on them)
+            log.info("refusing inbound connection: too many from this peer", peer=str(peer))
+            conn.abort("per-peer connection limit reached")
+            return
+        if self.connections.live_count(peer) >= MAX_CONNS_PER_PEER:
+            spare = self.connections.displaceable(peer)
         if spare is None and len(self.all_conns) >= self.max_connections:
             victim = self.connections.evictable()
             if victim is None:
@@ -239,9 +243,9 @@ class Host:
                 return
             log.info("evicting a connection for a newcomer: limit reached", peer=str(victim.remote_peer), identified=victim in self.info)
             victim.abort("evicted: connection limit reached (unidentified or idle stranger)")
-        if spare is not None:  # (the newcomer takes its place: the total stays as it was)
-            log.info("closing a spare connection for the peer's newest: per-peer limit", peer=str(conn.remote_peer), spare=spare.transport)
-            spare.abort("replaced by a newer connection from the same peer (per-peer limit)")
+        if spare is not None:  # (the newcomer takes its place; what is on the spare finishes there)
+            log.info("retiring a spare connection for the peer's newest: per-peer limit", peer=str(peer), spare=spare.transport)
+            spare.go_away()
         self.adopt(conn)
         self.dialer.inbound(conn)
 
@@ -320,9 +324,13 @@ class Host:
         """Remember a call we refused (``lattica doctor`` shows the latest)."""
         self.refusals.append({"at": time.time(), "peer": str(peer), "what": what, "why": why})
 
-    def _path_changed(self, peer: PeerId) -> None:
+    def _going_away(self, conn: Connection) -> None:
         if self.runtime is not None:
-            self.runtime.path_changed(peer)
+            self.runtime.connection_going_away(conn)
+
+    def _drain_expired(self, conn: Connection) -> None:
+        if self.runtime is not None:
+            self.runtime.connection_expired(conn, self.connections.grace)
 
     def protect(self, peer: PeerId, why: str) -> None:
         """Keep ``peer``'s connection open while idle (relay reservations, ...)."""

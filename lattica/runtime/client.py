@@ -61,6 +61,9 @@ class CallRouter(Protocol):
     def drop_channel(self, ch: Channel, error: LatticaError) -> None:
         """Forget ``ch`` and fail every call on it with ``error``."""
 
+    def retire_channel(self, ch: RemoteChannel) -> None:
+        """``ch`` moved to another connection and has nothing left in flight: close it."""
+
     def on_reply(self, ch: RemoteChannel, msg: list) -> None:
         """A reply message arrived on ``ch``."""
 
@@ -71,7 +74,7 @@ class CallRouter(Protocol):
 class Pending:
     """A call we made that has not finished."""
 
-    __slots__ = ("cid", "ref", "msg", "future", "stream", "channel", "timer", "stream_args", "arg_state", "encoded", "gate", "created", "follow_until", "idempotent")
+    __slots__ = ("cid", "ref", "msg", "future", "stream", "channel", "timer", "stream_args", "arg_state", "encoded", "gate", "created", "follow_until", "idempotent", "delivered")
 
     def __init__(self, cid: int, ref: ActorRef, msg: list, future: Future | None, stream: Any) -> None:
         self.cid = cid
@@ -88,6 +91,7 @@ class Pending:
         self.created = time.monotonic()  # the loop clock: deadlines travel as time remaining
         self.follow_until: float | None = None  # through a stable ref: re-sent until then while undelivered
         self.idempotent = False  # safe to run twice: re-sent to the next incarnation even if delivered
+        self.delivered = False  # something came back for it: the callee has it (order is kept)
 
     def stamp(self) -> None:
         """Just before sending: the timeout becomes what is left of it (it may have waited)."""
@@ -170,7 +174,7 @@ class Channel:
             self.runtime.fail_call(p, self.closed)
             return
         ob = self.outbox(p.ref)
-        if ob.credit > 0 and not ob.queue and not self.congested():
+        if ob.credit > 0 and not ob.queue and not self.congested() and not self.held(p.ref.name):
             ob.credit -= 1
             self._send_call(p)
             return
@@ -183,8 +187,16 @@ class Channel:
     def congested(self) -> bool:
         return False
 
+    def held(self, actor: str) -> bool:
+        """Calls to ``actor`` must wait: earlier ones are still on their way on another path."""
+        return False
+
     def returned(self, actor: str, n: int = 1) -> None:
         """``n`` calls to ``actor`` finished: spend the credit on waiting calls, in order."""
+        self.refill(actor, n)
+
+    def refill(self, actor: str, n: int) -> None:
+        """Add ``n`` credit for ``actor`` and send the calls waiting for it, in order."""
         ob = self.outboxes.get(actor)
         if ob is None:
             return
@@ -193,7 +205,7 @@ class Channel:
             return  # the loop below (further up this stack) spends it; a closed channel sends nothing
         ob.draining = True  # a call that completes at once re-enters here: no recursion
         try:
-            while ob.queue and ob.credit > 0 and not self.congested():
+            while ob.queue and ob.credit > 0 and not self.congested() and not self.held(actor):
                 p = ob.queue.popleft()
                 if call_finished(p):
                     p.ungate()
@@ -208,6 +220,9 @@ class Channel:
 
     def _send_call(self, p: Pending) -> None:
         raise NotImplementedError
+
+    def delivered(self, actor: str, n: int = 1) -> None:
+        """The callee acknowledged ``n`` calls or tells to ``actor`` sent here (or we gave them up)."""
 
     def fail_all(self, error: LatticaError) -> None:
         self.closed = error  # from now on nothing is sent: returned() stops releasing calls
@@ -273,10 +288,21 @@ class LocalChannel(Channel):
 
 class RemoteChannel(Channel):
     """Calls to one peer over its ``/lattica/rpc/2`` stream (``/lattica/rpc/1`` with a peer that
-    does not serve it: its grants cannot say what was taken, and streams' windows do not grow)."""
+    does not serve it: its grants cannot say what was taken, and streams' windows do not grow).
+
+    When its connection goes away the channel moves: a successor on the new path takes its
+    outboxes (credit and waiting calls) and all new calls, while the calls in flight here finish
+    here; a call to an actor waits at the successor until every earlier call to that actor sent
+    here has been acknowledged (so calls still arrive in the order they were made), and the old
+    channel closes once it holds no credit."""
 
     def __init__(self, runtime: CallRouter, peer: PeerId) -> None:
         super().__init__(runtime, peer)
+        self.conn: Connection | None = None  # the connection the stream is on, once open
+        self.predecessor: RemoteChannel | None = None  # the channel this one took over from, still finishing
+        self.successor: RemoteChannel | None = None  # the channel that took over from this one
+        self.out: dict[str, int] = {}  # credit taken here per actor and not given back yet
+        self.undelivered: dict[str, int] = {}  # calls and tells sent here the callee has not acknowledged
         self.stream: Stream | None = None
         self.opening: asyncio.Task | None = None
         self.unsent: list = []  # calls submitted before the stream was open
@@ -288,16 +314,90 @@ class RemoteChannel(Channel):
         self._draining: asyncio.Task | None = None  # the one drain of the stream that ``writable`` waits on
 
     def quiet(self) -> bool:
-        """No call in flight and none queued: a new channel cannot overtake anything."""
-        return not self.pending and not self.unsent and not any(ob.queue for ob in self.outboxes.values())
+        """No call or tell in flight and none queued: a new channel cannot overtake anything."""
+        return self.settled() and not any(ob.queue for ob in self.outboxes.values())
+
+    def settled(self) -> bool:
+        """Nothing sent here holds credit any more (every call answered, every tell taken)."""
+        return not self.out and not self.pending and not self.unsent
 
     def idle(self) -> bool:
         return (
             self.stream is not None
-            and not self.pending
-            and not any(ob.queue for ob in self.outboxes.values())
+            and self.quiet()
             and time.monotonic() - self.last_used > self.runtime.channel_idle
         )
+
+    def held(self, actor: str) -> bool:
+        pred = self.predecessor
+        while pred is not None:
+            if pred.undelivered.get(actor):
+                return True
+            pred = pred.predecessor
+        return False
+
+    def returned(self, actor: str, n: int = 1) -> None:
+        if n:
+            left = self.out.get(actor, 0) - n
+            if left > 0:
+                self.out[actor] = left
+            else:
+                self.out.pop(actor, None)
+        self.refill(actor, n)
+        if self.successor is not None and self.settled():
+            self.runtime.retire_channel(self)
+
+    def refill(self, actor: str, n: int) -> None:
+        if self.successor is not None:  # (moved: its outboxes are its successor's now)
+            self.successor.refill(actor, n)
+        else:
+            super().refill(actor, n)
+
+    def delivered(self, actor: str, n: int = 1) -> None:
+        left = self.undelivered.get(actor, 0) - n
+        if left > 0:
+            self.undelivered[actor] = left
+            return
+        if self.undelivered.pop(actor, None) is not None and self.successor is not None:
+            self.successor.refill(actor, 0)  # calls to it that waited for these may go now
+
+    def hand_over(self) -> RemoteChannel:
+        """Move: a successor on the peer's current path takes the outboxes and all new calls."""
+        new = RemoteChannel(self.runtime, self.peer)
+        new.outboxes = self.outboxes
+        new.predecessor = self
+        self.successor = new
+        return new
+
+    def leave(self) -> None:
+        """A channel that moved is done (settled, or failed): unlink it, and let its successor send
+        what waited on it."""
+        succ, pred = self.successor, self.predecessor
+        if succ is None:
+            return
+        self.successor = self.predecessor = None
+        succ.predecessor = pred
+        if pred is not None:
+            pred.successor = succ
+        out, self.out = self.out, {}
+        self.undelivered.clear()
+        self.outboxes = {}  # (they are the successor's: nothing here may fail its queued calls)
+        for actor in list(succ.outboxes):
+            succ.refill(actor, out.get(actor, 0))  # (credit this channel still held goes back too)
+
+    def fail_all(self, error: LatticaError) -> None:
+        if self.successor is None:
+            super().fail_all(error)
+            return
+        # moved: the queued calls are the successor's; only the calls sent here fail (or follow)
+        self.closed = error
+        pending = list(self.pending.values())
+        self.pending.clear()
+        self.leave()
+        rt = self.runtime
+        for p in pending:
+            if not rt.follow(p, error, delivered=True) and not rt.resend(p, error):
+                rt.fail_call(p, error)
 
     def congested(self) -> bool:
         return self.writer.backlog() > CHANNEL_HIGH_WATER
@@ -316,6 +416,9 @@ class RemoteChannel(Channel):
         p.ungate()
         p.stamp()
         self.last_used = time.monotonic()
+        actor = p.ref.name
+        self.out[actor] = self.out.get(actor, 0) + 1
+        self.undelivered[actor] = self.undelivered.get(actor, 0) + 1
         tell = p.msg.flags & rpc.F_TELL
         if not tell:  # a tell gets no reply: its credit comes back in MAILBOX messages
             self.pending[p.cid] = p
@@ -330,7 +433,8 @@ class RemoteChannel(Channel):
         except LatticaError:
             if not tell:
                 del self.pending[p.cid]
-            self.returned(p.ref.name)
+            self.delivered(actor)
+            self.returned(actor)
             raise
 
     def credit_msg(self, cid: int, n: int, taken: int) -> list:
@@ -355,16 +459,20 @@ class RemoteChannel(Channel):
     async def _open(self) -> None:
         try:
             host = self.runtime.host
-            conn = await host.get_connection(self.peer)
-            info = await host.peer_info(conn, IDENTIFY_WAIT)  # (it came with the handshake, normally)
-            if conn.is_closed or host.conns.get(self.peer, conn) is not conn:  # it went, or a better one came, meanwhile
+            for _ in range(3):
                 conn = await host.get_connection(self.peer)
-                info = await host.peer_info(conn, IDENTIFY_WAIT)
-            served = info.protocols if info is not None else (rpc.PROTOCOL_1,)  # (unknown: what every version serves)
-            self.protocol = next((p for p in (rpc.PROTOCOL, rpc.PROTOCOL_1) if p in served), "")
-            if not self.protocol:
-                raise UnsupportedProtocol(f"{self.peer} does not serve actor calls")
-            stream = await host.open_stream_on(conn, self.protocol)
+                info = await host.peer_info(conn, IDENTIFY_WAIT)  # (it came with the handshake, normally)
+                # it went, went away or a better one came meanwhile: take the peer's current one
+                if conn.is_closed or conn.going_away or host.conns.get(self.peer, conn) is not conn:
+                    continue
+                served = info.protocols if info is not None else (rpc.PROTOCOL_1,)  # (unknown: what every version serves)
+                self.protocol = next((p for p in (rpc.PROTOCOL, rpc.PROTOCOL_1) if p in served), "")
+                if not self.protocol:
+                    raise UnsupportedProtocol(f"{self.peer} does not serve actor calls")
+                stream = await host.open_stream_on(conn, self.protocol)
+                break
+            else:
+                raise PeerUnreachable(f"every connection to {self.peer} went away as calls were about to use it")
         except LatticaError as e:
             err = e
             if not isinstance(e, PeerUnreachable):
@@ -373,6 +481,7 @@ class RemoteChannel(Channel):
             self.runtime.drop_channel(self, err)
             return
         self.stream = stream
+        self.conn = conn
         unsent, self.unsent = self.unsent, []
         for chunks in unsent:
             self.writer.write(stream, chunks)

@@ -66,6 +66,7 @@ class Following:
             p.timer.cancel()
             p.timer = None
         p.channel = None
+        p.delivered = False
         self.submit(p, True)
         return True
 

@@ -22,6 +22,7 @@ from lattica.errors import (
     MailboxFull,
     MethodNotFound,
     PermissionDenied,
+    PathChanged,
     PeerUnreachable,
     PlacementError,
     ProtocolError,
@@ -64,6 +65,7 @@ class Runtime(Following):
         self.partials = PartialMessages(getattr(host.node, "inbound", None))  # incomplete messages held
         self.actors: dict[str, LocalActor] = {}
         self.channels: dict[PeerId, Channel] = {}
+        self.moved: set[RemoteChannel] = set()  # channels that moved off a connection going away, finishing their calls
         self._ids = itertools.count(1)
         self._posted: collections.deque[Callable[[], None]] = collections.deque()
         self._post_lock = threading.Lock()
@@ -222,7 +224,7 @@ class Runtime(Following):
     async def stop(self) -> None:
         for actor in list(self.actors.values()):
             await actor.stop("node shutting down")
-        for ch in list(self.channels.values()):
+        for ch in [*self.channels.values(), *self.moved]:
             ch.fail_all(PeerUnreachable("this node is shutting down"))
         if context.thread_runtime() is self:
             context.unbind_thread(self)
@@ -238,27 +240,51 @@ class Runtime(Following):
         if peer == self.peer_id:
             return self.local
         ch = self.channels.get(peer)
-        if ch is not None and ch.moving and ch.quiet():  # type: ignore[union-attr]
-            self._retire(ch)  # type: ignore[arg-type]
-            ch = None
+        if isinstance(ch, RemoteChannel) and ch.moving:
+            if ch.quiet():
+                self._retire(ch)
+                ch = None
+            else:  # calls are in flight on it: they finish there, new calls go on the new path
+                ch = self.channels[peer] = ch.hand_over()
+                self.moved.add(ch.predecessor)  # type: ignore[arg-type]
         if ch is None:
             ch = self.channels[peer] = RemoteChannel(self, peer)
         return ch
 
-    def path_changed(self, peer: PeerId) -> None:
-        """A better connection to ``peer`` became primary (direct instead of relayed, TCP instead
-        of QUIC): the call channel moves to it as soon as no call is in flight on the old one
-        (keeping per-caller order), and at once if none is."""
-        ch = self.channels.get(peer)
-        if isinstance(ch, RemoteChannel) and ch.stream is not None:
+    def connection_going_away(self, conn: Connection) -> None:
+        """``conn`` goes away (a better path replaced it, it was a duplicate or idle, or the peer
+        retired it): the call channel on it moves to the peer's current path, at once if nothing
+        is in flight on it, else at the next call (see ``RemoteChannel``)."""
+        ch = self.channels.get(conn.remote_peer)
+        if isinstance(ch, RemoteChannel) and ch.conn is conn:
             ch.moving = True
             if ch.quiet():
                 self._retire(ch)
 
+    def connection_expired(self, conn: Connection, grace: float) -> None:
+        """``conn`` went away ``grace`` seconds ago and still carries calls: they fail with
+        PathChanged (idempotent ones are sent again on the new path) before it closes."""
+        peer = conn.remote_peer
+        on_it = [ch for ch in (self.channels.get(peer), *self.moved) if isinstance(ch, RemoteChannel) and ch.conn is conn]
+        for ch in on_it:
+            n = len(ch.pending)
+            if ch.stream is not None:
+                self.host.spawn(reset_quietly(ch.stream))
+            self.drop_channel(ch, PathChanged(
+                f"the path to {peer} changed and {n} call(s) on the old {conn.transport} connection did not finish "
+                f"within its {grace:g} s grace period (Node(drain_grace=...)); they may or may not have run. "
+                "Calls marked .options(idempotent=True) are sent again on the new path instead"
+            ))
+
+    def retire_channel(self, ch: RemoteChannel) -> None:
+        self._retire(ch)
+
     def _retire(self, ch: RemoteChannel) -> None:
         if self.channels.get(ch.peer) is ch:
             del self.channels[ch.peer]
+        self.moved.discard(ch)
         ch.closed = PeerUnreachable("call channel moved to a better connection")
+        ch.leave()
         if ch.stream is not None:
             self.host.spawn(ch.stream.close())
 
@@ -269,16 +295,17 @@ class Runtime(Following):
             peer = PeerId.from_string(member.id)
         except LatticaError:
             return
-        ch = self.channels.get(peer)
-        if isinstance(ch, RemoteChannel):
-            if ch.stream is not None:
-                self.host.spawn(reset_quietly(ch.stream))
-            self.drop_channel(ch, PeerUnreachable(f"{peer} was declared {member.state}: {why}"))
+        for ch in [self.channels.get(peer), *(c for c in self.moved if c.peer == peer)]:
+            if isinstance(ch, RemoteChannel):
+                if ch.stream is not None:
+                    self.host.spawn(reset_quietly(ch.stream))
+                self.drop_channel(ch, PeerUnreachable(f"{peer} was declared {member.state}: {why}"))
         self.monitors.node_down(member.id, why)
 
     def drop_channel(self, ch: Channel, error: LatticaError) -> None:
         if self.channels.get(ch.peer) is ch:
             del self.channels[ch.peer]
+        self.moved.discard(ch)  # type: ignore[arg-type]
         ch.fail_all(error)
 
     def call(self, ref: ActorRef, method: str, args: tuple, kwargs: dict, *, timeout: float | None, tell: bool = False, stream: Any = None,
@@ -400,6 +427,9 @@ class Runtime(Following):
     def fail_call(self, p: Pending, error: BaseException, cancel_local: bool = False) -> None:
         ch = p.channel
         if ch is not None and ch.pending.pop(p.cid, None) is not None:
+            if not p.delivered:  # (given up: later calls need not wait for it to arrive)
+                p.delivered = True
+                ch.delivered(p.ref.name)
             ch.returned(p.ref.name)
             self._end_pumps(p)
             if cancel_local and ch is self.local:
@@ -467,11 +497,15 @@ class Runtime(Following):
         ch.last_used = time.monotonic()
         kind = msg[0]
         if kind == rpc.MAILBOX:
+            ch.delivered(msg[rpc.MAILBOX_ACTOR], msg[rpc.MAILBOX_N])
             ch.returned(msg[rpc.MAILBOX_ACTOR], msg[rpc.MAILBOX_N])
             return
         p = ch.pending.get(msg[rpc.ID])
         if p is None:
             return
+        if not p.delivered:
+            p.delivered = True
+            ch.delivered(p.ref.name)
         if kind == rpc.OK:
             self.complete_call(p, msg[rpc.VALUE], None)
         elif kind == rpc.ERR:

@@ -1,5 +1,6 @@
-"""Which of a peer's surviving connections becomes its primary when the primary closes
-(lattica/host/connections.py): the best path, TCP before QUIC before a relay."""
+"""The connection table's choices (lattica/host/connections.py), on fake connections: which of a
+peer's connections is its primary, which one a new arrival retires (it goes away, never closes
+under what is on it), and what happens when a connection goes away or its grace period ends."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ class _Conn:
     def __init__(self, peer, transport: str, direction: str = "outbound") -> None:
         self.remote_peer, self.transport, self.direction = peer, transport, direction
         self.is_closed = False
+        self.going_away = False
+        self.on_going_away = None
         self.num_streams = 0
         self._close = []
+        self.close_calls = 0
 
     def add_close_callback(self, cb) -> None:
         self._close.append(cb)
@@ -26,28 +30,105 @@ class _Conn:
     def probe(self, timeout: float) -> None:
         pass
 
+    def go_away(self) -> None:
+        if not self.going_away:
+            self.going_away = True
+            self.on_going_away(self)
+
+    async def close(self) -> None:
+        self.close_calls += 1
+        self.closed()
+
     def closed(self) -> None:
         self.is_closed = True
         for cb in self._close:
             cb(self)
 
 
+def _table(loop, me, grace: float = 300.0):
+    seen = {"away": [], "expired": []}
+    conns = Connections(
+        me, loop, HostEvents(), spawn=loop.create_task, serve=None,  # type: ignore[arg-type]
+        going_away=seen["away"].append, expired=seen["expired"].append, grace=grace,
+    )
+    return conns, seen
+
+
 def test_the_best_surviving_path_is_promoted():
     loop = asyncio.new_event_loop()
     try:
         me, peer = KeyPair.generate().peer_id, KeyPair.generate().peer_id
-        conns = Connections(me, loop, HostEvents(), spawn=lambda c: c.close(), serve=None, path_changed=lambda p: None)  # type: ignore[arg-type]
+        conns, _ = _table(loop, me)
         relay, quic, tcp_a, tcp_b = (_Conn(peer, t) for t in ("relay", "quic", "tcp", "tcp"))
-        for c in (relay, quic, tcp_a, tcp_b):  # one side dialed each: the newest is the primary
+        for c in (tcp_a, tcp_b):  # one side dialed both: the newest is the primary
             conns.add(c)  # type: ignore[arg-type]
         assert conns.conns[peer] is tcp_b
         tcp_b.closed()
-        assert conns.conns[peer] is tcp_a  # not the QUIC or relayed one
+        assert conns.conns[peer] is tcp_a
+        conns.add(quic)  # type: ignore[arg-type]
+        assert conns.conns[peer] is tcp_a and quic.going_away  # TCP is kept, QUIC goes away
         tcp_a.closed()
-        assert conns.conns[peer] is quic
-        quic.closed()
+        assert peer not in conns.conns  # (a connection going away is never promoted)
+        conns.add(relay)  # type: ignore[arg-type]
         assert conns.conns[peer] is relay
-        relay.closed()
-        assert peer not in conns.conns
+    finally:
+        loop.close()
+
+
+def test_each_rule_retires_the_loser_and_keeps_it_serving():
+    loop = asyncio.new_event_loop()
+    try:
+        me, peer = KeyPair.generate().peer_id, KeyPair.generate().peer_id
+        conns, seen = _table(loop, me)
+        relay = _Conn(peer, "relay")
+        conns.add(relay)  # type: ignore[arg-type]
+        direct = _Conn(peer, "tcp")
+        direct.num_streams = 1
+        conns.add(direct)  # type: ignore[arg-type]
+        assert conns.conns[peer] is direct and relay.going_away and not relay.is_closed
+        assert seen["away"] == [relay]  # the runtime hears of it: its call channel moves
+        # both dialed at once: both ends keep the one the smaller PeerId dialed
+        inbound = _Conn(peer, "tcp", "inbound")
+        conns.add(inbound)  # type: ignore[arg-type]
+        keep, lose = (direct, inbound) if me < peer else (inbound, direct)
+        assert conns.conns[peer] is keep and lose.going_away and not lose.is_closed
+        # our own dial race's late winner: retired at once (the peer may have put calls on it)
+        spare = _Conn(peer, keep.transport, keep.direction)
+        conns.add(spare, spare=True)  # type: ignore[arg-type]
+        assert conns.conns[peer] is keep and spare.going_away
+        assert conns.live_count(peer) == 1
+    finally:
+        loop.close()
+
+
+def test_the_peer_retiring_our_primary_moves_us_to_the_best_other_one():
+    loop = asyncio.new_event_loop()
+    try:
+        me, peer = KeyPair.generate().peer_id, KeyPair.generate().peer_id
+        conns, seen = _table(loop, me)
+        a, b = _Conn(peer, "tcp"), _Conn(peer, "tcp")
+        conns.add(a)  # type: ignore[arg-type]
+        conns.add(b)  # type: ignore[arg-type]
+        assert conns.conns[peer] is b
+        b.go_away()  # (the peer said go-away on it)
+        assert conns.conns[peer] is a and seen["away"] == [b]
+        a.go_away()
+        assert peer not in conns.conns  # nothing usable: the next stream dials afresh
+    finally:
+        loop.close()
+
+
+def test_a_connection_whose_grace_ends_with_streams_on_it_is_closed_after_the_runtime_hears():
+    loop = asyncio.new_event_loop()
+    try:
+        me, peer = KeyPair.generate().peer_id, KeyPair.generate().peer_id
+        conns, seen = _table(loop, me, grace=0.05)
+        old = _Conn(peer, "relay")
+        old.num_streams = 2
+        conns.add(old)  # type: ignore[arg-type]
+        conns.add(_Conn(peer, "quic"))  # type: ignore[arg-type]
+        assert old.going_away and not old.is_closed
+        loop.run_until_complete(asyncio.sleep(0.1))
+        assert seen["expired"] == [old] and old.is_closed and old.close_calls == 1
     finally:
         loop.close()

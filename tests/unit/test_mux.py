@@ -226,6 +226,42 @@ def test_ping_and_go_away():
         c.open_stream()
 
 
+def test_a_stream_that_crosses_our_goaway_on_the_wire_is_still_taken():
+    """The drain: s says GOAWAY while c's SYN is on its way; s takes c's stream (refusing it would
+    fail whatever c put on it), c answers with its own GOAWAY, and once both streams' ends are
+    exchanged both sides are drained."""
+    c, s = pair()
+    sid = c.open_stream()
+    c.send_data(sid, b"call")
+    s.go_away()
+    with pytest.raises(ConnectionClosed, match="going away"):
+        s.open_stream()  # (we said we would open none)
+    events = pump(c, s)  # c's SYN, sent before it heard s
+    assert of(events, StreamOpened) and not of(events, StreamRefused)
+    assert of(events, DataReceived)[0].data == b"call"
+    assert of(pump(s, c), GoAwayReceived) and c.remote_goaway
+    with pytest.raises(ConnectionClosed, match="going away"):
+        c.open_stream()
+    c.go_away()
+    pump(c, s)
+    assert not s.drained and not c.drained  # the stream is still open on both sides
+    c.close_stream(sid)
+    s.close_stream(sid)
+    pump(c, s)
+    pump(s, c)
+    s.consumed(sid, 4)
+    assert s.drained and c.drained
+
+
+def test_a_stream_opened_after_the_peers_goaway_is_refused():
+    c, s = pair()
+    c.go_away()
+    assert of(pump(c, s), GoAwayReceived)
+    # c promised to open no more; a SYN that comes anyway is refused, not taken
+    events = s.receive_data(HDR.pack(0, T_WINDOW, F_SYN, 1, 0))
+    assert of(events, StreamRefused) and not of(events, StreamOpened)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.binary(min_size=1, max_size=5000), min_size=1, max_size=20), st.integers(1, 997))
 def test_any_split_of_the_byte_stream_delivers_the_same_data(chunks, cut):

@@ -26,7 +26,16 @@ from lattica.multiaddr import Multiaddr
 from lattica.transports import _aioquic
 from lattica.transports.base import Connection, Stream, StreamHandler
 from lattica.transports.tlscert import verify_certificate
-from lattica.transports.quic.wire import ALPN, ERR_BAD_CERTIFICATE, ERR_INTERNAL, ERR_NO_ERROR, FRAME_CRYPTO
+from lattica.transports.quic.wire import (
+    ALPN,
+    ERR_BAD_CERTIFICATE,
+    ERR_INTERNAL,
+    ERR_NO_ERROR,
+    FRAME_CRYPTO,
+    MAX_CONTROL,
+    decode_goaway,
+    encode_goaway,
+)
 from lattica.transports.quic.stream import QuicStream
 
 if TYPE_CHECKING:
@@ -82,6 +91,13 @@ class QuicConn(Connection):
         self._streams: dict[int, QuicStream] = {}
         self._n_out = 0
         self._pending_inbound: deque[QuicStream] = deque()
+        # going away (Connection.go_away): we said it; the peer's count of streams it opened (None:
+        # it has not said it); its control stream so far; the owner was told; the drained close
+        self._away_sent = False
+        self._peer_away: int | None = None
+        self._control = bytearray()
+        self._told_away = False
+        self._closing: asyncio.Task | None = None
         self._handler: StreamHandler | None = None
         self._drain_waiting: set[QuicStream] = set()
         self._close_cbs: list[Callable[[Connection], None]] = []
@@ -224,7 +240,9 @@ class QuicConn(Connection):
             t = type(ev)
             if t is qev.StreamDataReceived:
                 s = streams.get(ev.stream_id)
-                if s is None:
+                if s is None and ev.stream_id & 2:
+                    self._on_control(ev)
+                elif s is None:
                     s = self._new_inbound(ev.stream_id)
                     if s is not None:
                         s._on_data(ev.data, ev.end_stream)
@@ -298,6 +316,8 @@ class QuicConn(Connection):
             self._quic.rx_stream_limit.pop(s.stream_id, None)
             if s.outbound:
                 self._n_out -= 1
+            if self._told_away:
+                self._close_if_drained()
             # The peer can send nothing more on it; bytes the app has not read yet stay readable
             # but stop holding connection credit, so a stream the app forgets cannot starve the
             # connection.
@@ -314,6 +334,69 @@ class QuicConn(Connection):
         largest one left (never below max_data), so it comes back down with them."""
         largest = max((s._window for s in self._streams.values()), default=0)
         self._quic.set_connection_window(largest + largest // 2)
+
+    # -- going away -------------------------------------------------------------------------
+
+    def go_away(self) -> None:
+        if self._closed_exc is not None or self._away_sent or not self._established:
+            return
+        self._away_sent = True
+        quic = self._quic
+        opened = quic.get_next_available_stream_id() >> 2  # (our bidirectional streams so far)
+        sid = quic.get_next_available_stream_id(is_unidirectional=True)
+        quic.send_stream_data(sid, encode_goaway(opened), end_stream=True)
+        self._schedule_flush()
+        self._went_away()
+
+    @property
+    def going_away(self) -> bool:
+        return self._away_sent or self._peer_away is not None
+
+    def _on_control(self, ev: qev.StreamDataReceived) -> None:
+        """Data on a unidirectional stream: the peer's control stream (its GOAWAY), or nothing
+        we know (dropped: we only grant the peer one such stream)."""
+        if (ev.stream_id & 1) != self._peer_parity or ev.stream_id >> 2 or self._peer_away is not None:
+            return
+        self._control += ev.data
+        if len(self._control) > MAX_CONTROL:
+            self.abort("protocol error: an oversized control message")
+            return
+        if not ev.end_stream:
+            return
+        opened = decode_goaway(bytes(self._control))
+        if opened is None:
+            self.abort("protocol error: a malformed control message")
+            return
+        log.debug("quic.peer_going_away", conn=repr(self), streams=opened)
+        self._peer_away = opened
+        self.ended_cleanly = True
+        self.go_away()  # our answer: we open no more either
+        self._went_away()
+
+    def _went_away(self) -> None:
+        if not self._told_away:
+            self._told_away = True
+            if self.on_going_away is not None:
+                self.on_going_away(self)
+        self._close_if_drained()
+
+    def _peer_streams_arrived(self) -> int:
+        """How many of the peer's bidirectional streams have arrived, counted from its first
+        (all of them below that number)."""
+        return min(self._peer_unseen) if self._peer_unseen else self._peer_next_idx
+
+    def _close_if_drained(self) -> None:
+        if (
+            self._away_sent
+            and self._peer_away is not None
+            and self._closing is None
+            and self._closed_exc is None
+            and not self._streams
+            and not self._pending_inbound
+            and self._peer_streams_arrived() >= self._peer_away
+        ):
+            self.ended_cleanly = True
+            self._closing = self._loop.create_task(self.close())
 
     # -- handshake --------------------------------------------------------------------------
 
@@ -458,6 +541,8 @@ class QuicConn(Connection):
         """Open a bidirectional stream; raises StreamLimit beyond the negotiated stream count."""
         if self._closed_exc is not None:
             raise self._closed_exc
+        if self.going_away:
+            raise ConnectionClosed(f"QUIC connection to {self.remote_peer} is going away: open streams on another")
         if self._n_out >= self._max_out:
             raise StreamLimit(
                 f"{self._n_out} outbound streams already open (limit {self._max_out})"

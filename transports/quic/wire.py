@@ -7,6 +7,7 @@ import datetime
 import ipaddress
 import socket
 
+from aioquic.buffer import Buffer, BufferReadError
 from aioquic.quic.configuration import QuicConfiguration
 
 from lattica.errors import (
@@ -34,6 +35,31 @@ MAX_DATAGRAM = 65000  # under the 65,507-byte UDP payload limit of IPv4
 READ_BATCH = 63  # extra datagrams read per readiness event
 READ_BATCH_BYTES = 1 << 20 # ... and at most about this many bytes (acks and credit go out after a batch)
 RECV_SIZE = 65535
+# Each side may open one unidirectional stream, its control stream: a Lattica extension (libp2p
+# uses bidirectional streams only). It carries one message and ends: GOAWAY, then how many
+# bidirectional streams the sender opened (a QUIC varint): it opens no more, and the receiver
+# knows which of its streams are still on their way (QUIC does not order streams between them).
+CONTROL_GOAWAY = 0x00
+MAX_CONTROL = 16
+
+
+def encode_goaway(opened: int) -> bytes:
+    buf = Buffer(capacity=MAX_CONTROL)
+    buf.push_uint8(CONTROL_GOAWAY)
+    buf.push_uint_var(opened)
+    return buf.data
+
+
+def decode_goaway(data: bytes) -> int | None:
+    """The stream count of a control stream's GOAWAY; None if it is not one."""
+    try:
+        buf = Buffer(data=data)
+        if buf.pull_uint8() != CONTROL_GOAWAY:
+            return None
+        opened = buf.pull_uint_var()
+    except BufferReadError:
+        return None
+    return opened if buf.eof() else None
 
 
 def split_addr(addr: Multiaddr) -> tuple[str, int, socket.AddressFamily]:

@@ -86,6 +86,9 @@ class Connection(abc.ABC):
     early_data: bytes | None = None
     # we already told the peer who we are (in the handshake, or on a stream before it ended)
     said_early: bool = False
+    # a relayed connection carried inside a stream: the connection to the relay that stream is on
+    # (when that one goes away, so does this one, before its grace period would cut it)
+    carrier: Connection | None = None
     # called once, on the loop, when the connection starts going away (see ``go_away``), whichever
     # side began it; set by the connection's owner
     on_going_away: Callable[[Connection], None] | None = None

@@ -274,7 +274,7 @@ class CircuitTransport(Transport):
                 answer = check_answer(await read_message(stream, MAX_MESSAGE), f"relay {relay.short()}")
                 token = splice_token(answer) if splice else None
                 if token is None:
-                    return await self._secure(stream, True, target, remote)
+                    return await self._secure(stream, True, target, remote, relay_conn)
         except asyncio.TimeoutError:
             stream.reset()
             raise Timeout(f"circuit to {target} through {relay} took longer than {self.handshake_timeout} s") from None
@@ -306,7 +306,7 @@ class CircuitTransport(Transport):
                     await stream.close()  # the circuit moves to its own socket
                     conn = await self._splice(splice_addr, token, src, False, remote)  # type: ignore[arg-type, misc]
                 else:
-                    conn = await self._secure(stream, False, src, remote)
+                    conn = await self._secure(stream, False, src, remote, relay_conn)
         except (asyncio.TimeoutError, LatticaError) as e:
             log.info("relayed connection failed", relay=str(relay), reason=str(e) or "timeout")
             stream.reset()
@@ -315,8 +315,9 @@ class CircuitTransport(Transport):
             return
         self._hand_over(conn, on_connection)
 
-    async def _secure(self, stream: Stream, initiator: bool, expected: PeerId, remote_addr: Multiaddr) -> MuxedConnection:
-        """Noise XX end to end through the relay, then the mux; ``expected`` must answer."""
+    async def _secure(self, stream: Stream, initiator: bool, expected: PeerId, remote_addr: Multiaddr, carrier: Connection) -> MuxedConnection:
+        """Noise XX end to end through the relay, then the mux; ``expected`` must answer.
+        ``carrier``: our connection to the relay, which ``stream`` is on."""
         make = self.early_data
         hs = NoiseHandshake(self.keypair, initiator, expected, early_data=(lambda: make(remote_addr)) if make else None)
         out = hs.start()
@@ -345,6 +346,7 @@ class CircuitTransport(Transport):
             keepalive_timeout=self.keepalive_timeout,
         )
         pipe.conn = conn
+        conn.carrier = carrier
         conn.early_data = hs.remote_early_data
         conn.said_early = hs.remote_early_data is not None
         self._track(conn)

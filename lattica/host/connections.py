@@ -142,6 +142,8 @@ class Connections:
                 self.conns[peer] = best
         self._going_away_hook(conn)
         self.loop.call_later(self.grace, self._grace_over, conn)
+        for riding in [c for c in self.all_conns if c.carrier is conn and usable(c)]:
+            riding.go_away()  # (circuits inside its streams would die with it at the end of the grace)
         draining = sorted((c for c in self.conns_of.get(peer, ()) if c in self.away_since and not c.is_closed), key=self.away_since.__getitem__)
         for old in draining[: max(0, len(draining) - MAX_DRAINING_PER_PEER)]:
             log.info("closing a connection going away: too many from this peer", peer=str(peer), streams=old.num_streams)

@@ -17,6 +17,7 @@ class _Conn:
         self.is_closed = False
         self.going_away = False
         self.on_going_away = None
+        self.carrier = None
         self.num_streams = 0
         self._close = []
         self.close_calls = 0
@@ -130,5 +131,25 @@ def test_a_connection_whose_grace_ends_with_streams_on_it_is_closed_after_the_ru
         assert old.going_away and not old.is_closed
         loop.run_until_complete(asyncio.sleep(0.1))
         assert seen["expired"] == [old] and old.is_closed and old.close_calls == 1
+    finally:
+        loop.close()
+
+
+def test_a_circuit_inside_a_stream_goes_away_with_the_connection_to_its_relay():
+    """An in-stream relayed connection rides a stream of our connection to the relay: when that
+    connection goes away, the circuit goes away too (its calls move now, instead of dying with
+    the carrier when the grace period ends)."""
+    loop = asyncio.new_event_loop()
+    try:
+        me, relay_id, peer = (KeyPair.generate().peer_id for _ in range(3))
+        conns, seen = _table(loop, me)
+        to_relay = _Conn(relay_id, "quic")
+        conns.add(to_relay)  # type: ignore[arg-type]
+        circuit = _Conn(peer, "relay")
+        circuit.carrier = to_relay
+        conns.add(circuit)  # type: ignore[arg-type]
+        conns.add(_Conn(relay_id, "tcp"))  # type: ignore[arg-type]  # TCP to the relay: the QUIC one goes away
+        assert to_relay.going_away and circuit.going_away
+        assert seen["away"] == [to_relay, circuit] and peer not in conns.conns
     finally:
         loop.close()

@@ -164,6 +164,9 @@ class AutoNatServer:
                 conn = await transport.dial(addr, peer, fresh_port=True)  # type: ignore[call-arg]
                 stream = await self.host.open_stream_on(conn, DIALBACK)
                 write_message(stream, {"nonce": nonce, "addr": str(addr)})
+                # right behind it: this connection is not for use (the peer adopts it, and could
+                # otherwise make it its primary and put calls on it before we hang up)
+                conn.go_away()
                 await stream.drain()
                 answer = await read_message(stream, 256)
             return answer == {"ok": True}

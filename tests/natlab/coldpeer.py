@@ -11,6 +11,18 @@ The caller starts a fresh node, resolves NAME with ``lattica.get_actor`` until i
 the actor, then watches (at most ``--direct-wait`` s) for the connection to become direct and
 prints one JSON line with its times (milliseconds from the start of ``lattica.init``) before it
 ends: ``init_ms``, ``resolve_ms``, ``call_ms``, ``direct_ms`` (None: never direct), ``path``.
+
+With ``--calls-after-direct N`` the caller calls continuously instead: ``ref.incr.remote(1)`` back
+to back (each waits for its reply, at most ``--call-timeout`` s) from the first call, through the
+moment its connection to the callee turns direct, until N calls after it (or, never direct, until
+``--direct-wait`` s after the first call and at least N calls). A failed call does not stop it:
+each is recorded with its error and whether the path was direct when it was made. The JSON line
+then also has ``calls``, ``failed``, ``errors`` (the first 5: ``error``, ``direct``, ``at_ms``),
+``calls_direct`` (made on a direct path), ``paths`` (each change of the connection calls take:
+``[ms, "relay#1"]``, ``[ms, "tcp#2"]``, ...; ``#n`` numbers the connections) and ``value`` (the counter's last value: the calls the
+callee ran, up to the last reply; more than the successful calls when a failed one ran there
+and only its reply was lost); ``call_ms`` is the first successful call. At most ``--calls-for``
+s of calls in all.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
@@ -74,6 +87,9 @@ def caller(args: argparse.Namespace, listen: list[str]) -> None:
             time.sleep(0.05)
     out["resolve_ms"] = ms()
     out["tries"] = len(errors) + 1
+    if args.calls_after_direct is not None:
+        _call_continuously(args, ref, out, ms)
+        return
     try:
         value = lattica.get(ref.incr.remote(1), timeout=max(0.1, deadline - time.monotonic()))
     except lattica.errors.LatticaError as e:
@@ -92,6 +108,70 @@ def caller(args: argparse.Namespace, listen: list[str]) -> None:
     _say(out)
 
 
+def _path(host, peer) -> str | None:
+    conn = host.conns.get(peer)
+    return None if conn is None else conn.transport
+
+
+def _watch_paths(host, peer, ms, changes: list, stop: threading.Event) -> None:
+    """Every 10 ms: the connection calls to ``peer`` take (its transport, and a new number each
+    time it is another connection), appended to ``changes`` as ``[ms, transport#n]`` on change."""
+    seen: dict[int, int] = {}
+    last = None
+    while not stop.wait(0.01):
+        conn = host.conns.get(peer)
+        now = None if conn is None else f"{conn.transport}#{seen.setdefault(id(conn), len(seen) + 1)}"
+        if now != last and len(changes) < 20:
+            changes.append([ms(), now])
+        last = now
+
+
+def _call_continuously(args: argparse.Namespace, ref, out: dict, ms) -> None:
+    """Calls back to back through the path's change (see the module docstring)."""
+    host = lattica.node().host
+    first = time.monotonic()
+    calls = failed = calls_direct = after_direct = value = 0
+    errors: list[dict] = []
+    out["paths"] = []  # the connection's changes, see _watch_paths
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_paths, args=(host, ref.peer_id, ms, out["paths"], stop), daemon=True)
+    watcher.start()
+    while True:
+        path = _path(host, ref.peer_id)
+        direct = path not in (None, "relay")
+        if direct and out.get("direct_ms") is None:
+            # (when the watcher saw it: up to a call's round trip before this)
+            out["direct_ms"] = next((t for t, p in out["paths"] if p and not p.startswith("relay")), ms())
+        spent = time.monotonic() - first
+        if after_direct >= args.calls_after_direct or spent >= args.calls_for or (
+            not direct and spent >= args.direct_wait and calls >= args.calls_after_direct
+        ):
+            break
+        calls += 1
+        calls_direct += direct
+        after_direct += out.get("direct_ms") is not None
+        at = ms()
+        try:
+            got = lattica.get(ref.incr.remote(1), timeout=args.call_timeout)
+        except Exception as e:  # noqa: BLE001 (whatever it is, count it and go on)
+            failed += 1
+            if len(errors) < 5:
+                errors.append({"error": f"{type(e).__name__}: {e}", "direct": direct, "path": path, "at_ms": at, "took_ms": round(ms() - at, 1)})
+            continue
+        value = got
+        if out.get("call_ms") is None:
+            out["call_ms"] = ms()
+    stop.set()
+    watcher.join()
+    out.setdefault("direct_ms", None)
+    out["path"] = _path(host, ref.peer_id)
+    out.update(calls=calls, failed=failed, calls_direct=calls_direct, errors=errors, value=value)
+    out["ok"] = out.get("call_ms") is not None
+    if not out["ok"]:
+        out["error"] = errors[0]["error"] if errors else "no call"
+    _say(out)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("role", choices=["callee", "caller"])
@@ -101,6 +181,10 @@ def main() -> None:
     p.add_argument("--settle", type=float, default=20.0, help="callee: seconds to wait for a settled reachability")
     p.add_argument("--timeout", type=float, default=20.0, help="caller: seconds to resolve and call")
     p.add_argument("--direct-wait", type=float, default=5.0, help="caller: seconds to wait for a direct path after the first call")
+    p.add_argument("--calls-after-direct", type=int, default=None, metavar="N",
+                   help="caller: call continuously from the first call until N calls after the path turned direct (failures recorded, not fatal)")
+    p.add_argument("--call-timeout", type=float, default=10.0, help="caller, with --calls-after-direct: seconds each call waits for its reply")
+    p.add_argument("--calls-for", type=float, default=120.0, help="caller, with --calls-after-direct: at most this many seconds of calls")
     p.add_argument("--no-membership", dest="membership", action="store_false", help="stay out of membership gossip (a user's node joins it)")
     p.add_argument("--log", help="log level for lattica's logs on stderr (debugging)")
     args = p.parse_args()

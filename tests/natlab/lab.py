@@ -20,6 +20,12 @@ Topology (every box is a network namespace named ``<prefix>-<role>``)::
 * Every router drops unsolicited inbound packets in its ``input`` chain (policy drop) so they
   never create a conntrack entry; an accepted one (even answered with ICMP port unreachable)
   would be confirmed and shift the next NAT mapping for that port to another port.
+* A site or public host added with ``link=`` (a ``lattica.bench.linkem`` profile, e.g.
+  ``"continent"``) is not on the bridge: its ``wan`` is a TUN device (its address as a /32,
+  peer 198.51.100.1) whose other end ``t<n>`` is in ``<prefix>-inet`` (a /32 route to that
+  address, proxy ARP on br0 for the bridge's hosts), and a forwarder process between the two
+  delays every packet by the profile (``rtt`` per round trip across that one uplink; two linked
+  sites talking to each other add up both).
 
 Usage::
 
@@ -27,6 +33,7 @@ Usage::
     with Lab(prefix="nl") as lab:
         relay = lab.public_host()       # Host(name="relay", ns="nl-relay", ip="198.51.100.10")
         site = lab.add_site("symmetric")
+        far = lab.add_site("full_cone", link="continent")   # 150 ms RTT to everything else
         lab.run(site.host, [sys.executable, "-c", "..."])      # CompletedProcess
         proc = lab.popen(relay, [sys.executable, "-u", "server.py"])  # killed at close
 
@@ -41,10 +48,13 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import importlib.util
 import ipaddress
+import json
 import os
 import re
 import shutil
+import select
 import signal
 import subprocess
 import sys
@@ -192,6 +202,19 @@ def router_ruleset(kind: str, wan_ip: str, cone_timeout: int = CONE_TIMEOUT) -> 
     return "\n".join(lines) + "\n"
 
 
+def _linkem():
+    """lattica/bench/linkem.py of this checkout, loaded on its own: it needs nothing else of
+    lattica, so a lab does not import the package (nor depend on it importing cleanly)."""
+    mod = sys.modules.get("_natlab_linkem")
+    if mod is None:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lattica", "bench", "linkem.py")
+        spec = importlib.util.spec_from_file_location("_natlab_linkem", os.path.normpath(path))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["_natlab_linkem"] = mod  # (before running it: its dataclasses look themselves up there)
+        spec.loader.exec_module(mod)
+    return mod
+
+
 def _sysctl(path: str, value) -> str:
     return f"echo {value} > /proc/sys/{path.replace('.', '/')}"
 
@@ -220,7 +243,11 @@ class Lab:
         self.public_hosts: dict[str, Host] = {}
         self._namespaces: list[str] = []
         self._procs: list[subprocess.Popen] = []
-        self._ports = 0  # counter for the inet-side veth names i1, i2, ...
+        self._ports = 0  # counter for the inet-side device names: veths i1, i2, ..., TUNs t3, ...
+        self._links: dict[str, subprocess.Popen] = {}  # namespace -> the forwarder of its linked uplink
+        #: once closed: each linked uplink's forwarder counters, by namespace (``up``: towards the
+        #: internet; ``down``: towards the site), see lattica.bench.linkem
+        self.link_counters: dict[str, dict] = {}
         self._lock = None
         self._started = False
 
@@ -309,6 +336,17 @@ class Lab:
         self._started = False
         atexit.unregister(self.close)
         try:
+            forwarders = set(self._links.values())
+            for p in self._procs:
+                if p.poll() is None and p not in forwarders:
+                    p.kill()
+            for ns, p in self._links.items():  # (after the nodes: they report what they carried)
+                try:
+                    out = p.communicate(timeout=5)[0].strip()  # (closes its stdin: it stops, and reports)
+                    self.link_counters[ns] = json.loads(out) if out else {}
+                except (OSError, ValueError, subprocess.TimeoutExpired):
+                    p.kill()
+            self._links.clear()
             for p in self._procs:
                 if p.poll() is None:
                     p.kill()
@@ -423,8 +461,39 @@ class Lab:
             f"ip route add default via {gateway}",
         ]
 
-    def public_host(self, name: str = "relay") -> Host:
-        """The public host ``name`` (created on first use): directly on the internet."""
+    def _linked_uplink(self, ns: str, ip: str, link) -> None:
+        """Plug ``ns`` into the internet as ``wan`` across an emulated ``link`` (see the module
+        docstring): a TUN pair ``wan`` (in ``ns``) / ``t<n>`` (in the internet namespace) and
+        the forwarder between them, which ``close`` stops."""
+        if not os.path.exists("/dev/net/tun"):
+            raise LabError("a linked uplink needs /dev/net/tun")
+        linkem = _linkem()
+        pr = linkem.profile(link if isinstance(link, str) else linkem.Profile(link.rtt, link.rate, link.loss, link.jitter))
+        self._ports += 1
+        port = f"t{self._ports}"
+        if not self._links:  # the first one: the bridge's hosts reach linked addresses by proxy ARP
+            self._sh(self.internet, [
+                _sysctl("net.ipv4.conf.br0.proxy_arp", 1),
+                # (answer at once: by default a proxied ARP reply waits up to 0.8 s, so a host's
+                # first packet to a linked site would)
+                "echo 0 > /proc/sys/net/ipv4/neigh/br0/proxy_delay",
+            ])
+        fwd = self.popen(self.internet, linkem.tun_pair_argv(f"wan@{ns}", port, pr), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+        self._links[ns] = fwd
+        ready = select.select([fwd.stdout], [], [], 10)[0] and fwd.stdout.readline().strip()
+        if ready != "ready":
+            raise LabError(f"the link forwarder for {ns} did not start (exit {fwd.poll()})")
+        self._sh(self.internet, [f"ip link set {port} up", f"ip route add {ip}/32 dev {port}"])
+        self._sh(ns, [
+            f"ip addr add {ip}/32 peer {GATEWAY} dev wan",
+            "ip link set wan up",
+            f"ip route add default via {GATEWAY}",
+        ])
+
+    def public_host(self, name: str = "relay", *, link=None) -> Host:
+        """The public host ``name`` (created on first use): directly on the internet, or across
+        an emulated ``link`` (a lattica.bench.linkem Profile or profile name, see ``add_site``)."""
         self._require_started()
         if name in self.public_hosts:
             return self.public_hosts[name]
@@ -434,11 +503,13 @@ class Lab:
             raise LabError("too many public hosts")
         ip = str(INTERNET[FIRST_PUBLIC_HOST + len(self.public_hosts)])
         host = Host(name, f"{self.prefix}-{name}", ip)
-        self._add_ns(host.ns, self._uplink(ip))
+        self._add_ns(host.ns, self._uplink(ip) if link is None else [])
+        if link is not None:
+            self._linked_uplink(host.ns, ip, link)
         self.public_hosts[name] = host
         return host
 
-    def add_site(self, kind: str, *, lan: str | None = None, udp_timeout: int | None = None) -> Site:
+    def add_site(self, kind: str, *, lan: str | None = None, udp_timeout: int | None = None, link=None) -> Site:
         """Add a site of ``kind`` (see ``KINDS``) and return it.
 
         ``lan``: the site's private subnet (default ``10.<index>.0.0/24``; sites may share one,
@@ -446,7 +517,12 @@ class Lab:
         ``public`` and ``firewall`` (their host has a public address).
         ``udp_timeout``: seconds for the router's conntrack UDP timeouts (Linux defaults are
         30 s unreplied, 120 s once replied) and for the cone maps, to test keepalives against
-        short-lived mappings."""
+        short-lived mappings.
+        ``link``: a ``lattica.bench.linkem`` Profile or profile name (``"lan"``, ``"region"``,
+        ``"continent"``): the site's uplink (router, or the host of a ``public`` site) crosses
+        an emulated link of that round-trip time, loss and rate instead of plugging into the
+        bridge, so every packet between the site and anything else takes it (between two linked
+        sites, both links)."""
         self._require_started()
         if kind not in KINDS:
             raise ValueError(f"unknown site kind {kind!r}; choose from {KINDS}")
@@ -457,14 +533,15 @@ class Lab:
         host_ns, router_ns = f"{self.prefix}-s{index}h", f"{self.prefix}-s{index}r"
         if kind == "public":
             host = Host(f"s{index}", host_ns, wan_ip)
-            self._add_ns(host_ns, self._uplink(wan_ip))
+            self._add_ns(host_ns, self._uplink(wan_ip) if link is None else [])
+            if link is not None:
+                self._linked_uplink(host_ns, wan_ip, link)
             site = Site(index, kind, host, None, wan_ip)
             self.sites.append(site)
             return site
 
         if kind == "firewall":
             net = list(FIREWALL_NET.subnets(new_prefix=30))[index]
-            self._sh(self.internet, [f"ip route add {net} via {wan_ip}"])
         else:
             net = ipaddress.ip_network(lan or f"10.{index}.0.0/24")
             if net.prefixlen > 30 or net.version != 4:
@@ -475,9 +552,13 @@ class Lab:
         timeouts = [_sysctl(f"net.netfilter.{s}", udp_timeout) for s in _UDP_TIMEOUT_SYSCTLS] if udp_timeout else []
         self._add_ns(
             router_ns,
-            [_sysctl("net.ipv4.ip_forward", 1)] + self._uplink(wan_ip) + timeouts,
+            [_sysctl("net.ipv4.ip_forward", 1)] + (self._uplink(wan_ip) if link is None else []) + timeouts,
             nft=router_ruleset(kind, wan_ip, udp_timeout or CONE_TIMEOUT),
         )
+        if link is not None:
+            self._linked_uplink(router_ns, wan_ip, link)
+        if kind == "firewall":  # (once the router's address is reachable: on the bridge, or by its link)
+            self._sh(self.internet, [f"ip route add {net} via {wan_ip}"])
         # the LAN veth is created from the host side (the router namespace exists by now)
         self._add_ns(
             host_ns,

@@ -8,6 +8,12 @@ done, so the bootstrap nodes' tables and relays fill with dead peers as the test
 churn every real bootstrap node sees). The test prints, per pair, the time to resolve, to the
 first call and to a direct path (from the caller's ``lattica.init``), and asserts that every
 pair called and nearly every pair went direct within 5 s of its first call.
+
+``test_calls_go_on_through_the_path_change_over_a_long_link`` does the same across an emulated
+inter-continent link (``continent``: 150 ms round trip, 0.1 % loss) on every caller's uplink, with
+a caller that calls back to back from its first call until 20 calls after its path turned
+direct (issue 43: calls failed with "connection lost" when the path changed), and asserts that
+not one call failed.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import time
 
 import pytest
 
-from .lab import Lab
+from .lab import Lab, _linkem
 from .test_matrix import KINDS6, REPO, SHORT, Proc
 
 COLDPEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "coldpeer.py")
@@ -40,15 +46,15 @@ def _kill(proc: Proc) -> None:
     proc.p.wait(10)
 
 
-def _pair(lab: Lab, boot: list[str], caller_host, callee_host, name: str) -> dict:
+def _pair(lab: Lab, boot: list[str], caller_host, callee_host, name: str, caller_args=(), within: float = 60) -> dict:
     """One pair, fresh processes: the callee settles, the caller resolves and calls; both are
     killed afterwards (no goodbye: peers find out the hard way)."""
     bargs = [x for b in boot for x in ("--bootstrap", b)]
     callee = Proc(lab, callee_host, ["callee", "--name", name, *bargs], script=COLDPEER, ready_within=60, log_name=f"{name}-callee")
     try:
-        caller = Proc(lab, caller_host, ["caller", "--name", name, *bargs], script=COLDPEER, ready_within=None, log_name=f"{name}-caller")
+        caller = Proc(lab, caller_host, ["caller", "--name", name, *bargs, *caller_args], script=COLDPEER, ready_within=None, log_name=f"{name}-caller")
         try:
-            done = caller.read(60)
+            done = caller.read(within)
         finally:
             _kill(caller)
     finally:
@@ -144,3 +150,113 @@ def test_doctor_on_a_fresh_node_gives_its_verdict_within_its_wait(coldlab):
     for kind, (reach, relays, _, _) in verdicts.items():
         assert reach == EXPECTED[kind], (kind, verdicts[kind])
         assert reach == "public" or relays >= 1, (kind, verdicts[kind])
+
+
+# -- across a long link, calling all the way through the path's change (issue 43) ----------------
+
+LONG_LINK = "continent"  # 150 ms round trip, 0.1 % loss each way (lattica.bench.linkem)
+CALLS_AFTER_DIRECT = 20
+
+
+def _long_link_sides() -> tuple[object, object]:
+    """The links of the caller's and the callee's sites, from ``LATTICA_COLDLINK``: ``caller``
+    (the default: the whole round trip on the caller's uplink, so the caller is 150 ms from the
+    callee and from both bootstrap relays, the callee is next to the relays), ``callee`` (the
+    other way round) or ``split`` (75 ms on each uplink, 0.05 % loss each: the caller and the
+    callee 150 ms apart, each 75 ms from the relays)."""
+    side = os.environ.get("LATTICA_COLDLINK", "caller")
+    pr = _linkem().PROFILES[LONG_LINK]
+    if side == "split":
+        half = _linkem().Profile(rtt=pr.rtt / 2, rate=pr.rate, loss=pr.loss / 2, jitter=pr.jitter / 2)
+        return half, half
+    if side not in ("caller", "callee"):
+        raise ValueError(f"LATTICA_COLDLINK={side!r}: caller, callee or split")
+    return (LONG_LINK, None) if side == "caller" else (None, LONG_LINK)
+
+
+@pytest.fixture(scope="module")
+def longlab():
+    """Like ``coldlab`` (its own prefix: both can be up at once), with every caller's site (#0)
+    and/or callee's site (#1) behind the long link (see _long_link_sides)."""
+    with Lab(prefix="nlcl") as lab:
+        hosts = [lab.public_host("relay"), lab.public_host("relaytwo")]
+        relays = [Proc(lab, hosts[0], ["--relay", "--membership", "on"])]
+        relays.append(Proc(lab, hosts[1], ["--relay", "--membership", "on", "--bootstrap", relays[0].addrs[0]]))
+        links = _long_link_sides()
+        sites = {(kind, i): lab.add_site(kind, link=links[i]) for i in (0, 1) for kind in KINDS6}
+        yield lab, [r.addrs[0] for r in relays], sites
+        for r in relays:
+            _kill(r)
+
+
+def _long_pairs(full: bool) -> list[tuple[str, str]]:
+    """Every ordered pair (36, ~5 min) with ``--slow``; by default 13 (~2 min): the two that
+    failed in issue 43 (a full-cone caller, a port-restricted or symmetric callee) and the same
+    callees from a public caller (the callee dials a public caller back: failed alike), the hard
+    ones (symmetric both ways with port-restricted, symmetric -> symmetric which stays relayed,
+    the firewall both ways) and a few easy ones. ``LATTICA_LONG_PAIRS=full->port,pub->sym``
+    (SHORT names) picks pairs by hand."""
+    pick = os.environ.get("LATTICA_LONG_PAIRS")
+    if pick:
+        kind = {v: k for k, v in SHORT.items()}
+        return [(kind[a.strip()], kind[b.strip()]) for a, b in (p.split("->") for p in pick.split(","))]
+    if full:
+        return [(a, b) for a in KINDS6 for b in KINDS6]
+    return [
+        ("full_cone", "port_restricted"),
+        ("full_cone", "symmetric"),
+        ("public", "port_restricted"),
+        ("public", "symmetric"),
+        ("full_cone", "address_restricted"),
+        ("symmetric", "port_restricted"),
+        ("port_restricted", "symmetric"),
+        ("symmetric", "symmetric"),
+        ("firewall", "symmetric"),
+        ("symmetric", "firewall"),
+        ("address_restricted", "port_restricted"),
+        ("port_restricted", "port_restricted"),
+        ("firewall", "firewall"),
+    ]
+
+
+def _long_line(a: str, b: str, r: dict) -> str:
+    cal = r["callee"]
+    first = (r.get("errors") or [{}])[0]
+    return (
+        f"{SHORT[a] + ' -> ' + SHORT[b]:<18}{_ms(r.get('init_ms')):>7}{_ms(r.get('resolve_ms')):>9}{_ms(r.get('call_ms')):>7}"
+        f"{_ms(r.get('direct_ms')):>8}  {str(r.get('path') or 'FAIL'):<6}{r.get('calls', 0):>6}{r.get('failed', '-'):>7}"
+        f"  {cal['reachability']}/{cal['relays']}  "
+        + (f"{first.get('error', '')[:110]} ({'direct' if first.get('direct') else 'relayed'} at {_ms(first.get('at_ms'))} s)" if first else r.get("error", "") if not r.get("ok") else "")
+    )
+
+
+@pytest.mark.timeout(3600)
+def test_calls_go_on_through_the_path_change_over_a_long_link(longlab, request):
+    """Issue 43: over a 150 ms link a fresh caller's calls failed with ``PeerUnreachable: ...
+    connection lost`` around the moment its path to the callee turned direct (relayed -> direct,
+    duplicate connections). Every call, made back to back from the first one until 20 after the
+    path is direct, must get its reply."""
+    lab, boot, sites = longlab
+    full = request.config.getoption("--slow") or os.environ.get("LATTICA_SLOW") == "1"
+    results = {}
+    header = (f"{'caller -> callee':<18}{'init':>7}{'resolve':>9}{'call':>7}{'direct':>8}  path   calls failed  callee  "
+              f"first failure (seconds from the caller's init; link {LONG_LINK} on the {os.environ.get('LATTICA_COLDLINK', 'caller')}'s uplink)")
+    print("\n" + header, flush=True)
+    args = ["--calls-after-direct", str(CALLS_AFTER_DIRECT), "--call-timeout", "10", "--direct-wait", "10", "--timeout", "30"]
+    for a, b in _long_pairs(full):
+        name = f"long-{SHORT[a]}-{SHORT[b]}"
+        results[(a, b)] = r = _pair(lab, boot, sites[(a, 0)].host, sites[(b, 1)].host, name, caller_args=args, within=200)
+        print(_long_line(a, b, r), flush=True)
+        if r.get("failed"):
+            print(f"{'':<18}paths {r.get('paths')}\n{'':<18}errors {json.dumps(r.get('errors'))}", flush=True)
+    lines = [header] + [_long_line(a, b, r) for (a, b), r in results.items()]
+    ok = [r for r in results.values() if r.get("ok")]
+    for what in ("init_ms", "resolve_ms", "call_ms", "direct_ms"):
+        xs = sorted(r[what] for r in ok if r.get(what) is not None)
+        if xs:
+            lines.append(f"{what[:-3]:<8} median {statistics.median(xs) / 1e3:.3f} s, worst {xs[-1] / 1e3:.3f} s ({len(xs)} pairs)")
+    calls, failed = sum(r.get("calls", 0) for r in results.values()), sum(r.get("failed", 0) for r in results.values())
+    lines.append(f"calls {calls}, failed {failed} (in {sum(1 for r in results.values() if r.get('failed'))} of {len(results)} pairs)")
+    print("\n" + "\n".join(lines))
+    assert not [k for k, r in results.items() if not r.get("ok")], {k: r.get("error") for k, r in results.items() if not r.get("ok")}
+    assert failed == 0, {k: (r["failed"], r["errors"]) for k, r in results.items() if r.get("failed")}

@@ -104,7 +104,7 @@ class RelayService:
         if primary is not None and not primary.is_closed and primary.transport != "relay":
             return primary
         for conn in self.host.conns_of.get(peer, ()):
-            if not conn.is_closed and conn.transport != "relay":
+            if not conn.is_closed and not conn.going_away and conn.transport != "relay":
                 return conn
         return None
 

@@ -66,6 +66,7 @@ class Connections:
         self.identified: dict[Connection, asyncio.Future[PeerInfo]] = {}
         self.idle_since: dict[Connection, float] = {}
         self.away_since: dict[Connection, float] = {}  # connections going away, since when
+        self._grace_timers: dict[Connection, asyncio.TimerHandle] = {}  # when each must be gone
         self.protected: dict[PeerId, set[str]] = {}  # peers whose idle connections stay open, and why
 
     def add(self, conn: Connection, spare: bool = False) -> None:
@@ -141,7 +142,7 @@ class Connections:
             else:
                 self.conns[peer] = best
         self._going_away_hook(conn)
-        self.loop.call_later(self.grace, self._grace_over, conn)
+        self._grace_timers[conn] = self.loop.call_later(self.grace, self._grace_over, conn)
         for riding in [c for c in self.all_conns if c.carrier is conn and usable(c)]:
             riding.go_away()  # (circuits inside its streams would die with it at the end of the grace)
         draining = sorted((c for c in self.conns_of.get(peer, ()) if c in self.away_since and not c.is_closed), key=self.away_since.__getitem__)
@@ -150,6 +151,7 @@ class Connections:
             old.abort("too many connections going away from this peer")
 
     def _grace_over(self, conn: Connection) -> None:
+        self._grace_timers.pop(conn, None)
         if conn.is_closed:
             return
         log.info("closing a connection going away: its grace period ended", peer=str(conn.remote_peer), streams=conn.num_streams, grace=self.grace)
@@ -172,6 +174,9 @@ class Connections:
                 del self.conns_of[peer]
                 self.events.disconnected.emit(peer, conn)
         self.away_since.pop(conn, None)
+        timer = self._grace_timers.pop(conn, None)
+        if timer is not None:
+            timer.cancel()
         if self.conns.get(peer) is conn:
             del self.conns[peer]
             best = self._best(peer)  # promote a surviving duplicate, if any: the best path

@@ -161,7 +161,10 @@ class AutoNatServer:
         conn = None
         try:
             async with asyncio.timeout(_DIAL_TIMEOUT):
-                conn = await transport.dial(addr, peer, fresh_port=True)  # type: ignore[call-arg]
+                # (saying nothing of ourselves: the peer never identifies this connection, so it
+                # never makes it its primary; the QUIC client says nothing in its handshake anyway)
+                extra = {"say_who": False} if transport.name == "tcp" else {}
+                conn = await transport.dial(addr, peer, fresh_port=True, **extra)  # type: ignore[call-arg]
                 stream = await self.host.open_stream_on(conn, DIALBACK)
                 write_message(stream, {"nonce": nonce, "addr": str(addr)})
                 # right behind it: this connection is not for use (the peer adopts it, and could

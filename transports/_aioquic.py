@@ -14,7 +14,8 @@ What we need beyond the public API:
   has *sent* half the window, whatever the application consumed. We override the two frame
   writers so credit follows what the application has read.
 - stream limit: the bidirectional/unidirectional stream limits are hard-coded (128) in
-  ``QuicConnection.__init__``.
+  ``QuicConnection.__init__`` (``Limit`` objects; the unidirectional one is replaced by one that
+  never grows: aioquic raises it each time a peer's stream is discarded).
 - backpressure: the size of a stream's send buffer (unacknowledged + unsent bytes), and how much
   of it was never sent (what ``drain()`` bounds).
 - receive windows that grow with the path: the smoothed RTT, and a connection window we widen.
@@ -43,6 +44,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import (
     CONNECTION_LIMIT_FRAME_CAPACITY,
     MAX_STREAM_DATA_FRAME_CAPACITY,
+    Limit,
     QuicConnection,
     QuicConnectionState,
 )
@@ -284,6 +286,21 @@ class _ChunkedSender(QuicStreamSender):
         self._head = head
 
 
+class _PinnedLimit(Limit):
+    """A peer stream limit that never grows: the one control stream each side may open."""
+
+    def __init__(self, like: Limit, value: int) -> None:
+        super().__init__(like.frame_type, like.name, value)
+
+    @property  # type: ignore[override]
+    def value(self) -> int:
+        return self.sent
+
+    @value.setter
+    def value(self, _: int) -> None:
+        pass
+
+
 class LatticaQuicConnection(QuicConnection):
     """aioquic's QuicConnection with mutual TLS, a configurable stream limit, and receive credit
     that follows application reads (so an app that stops reading bounds our memory)."""
@@ -304,7 +321,8 @@ class LatticaQuicConnection(QuicConnection):
         # runs later (connect() / first datagram), so setting them here takes effect. Streams are
         # bidirectional, but for one unidirectional control stream per side (its GOAWAY: wire.py).
         self._local_max_streams_bidi.value = self._local_max_streams_bidi.sent = max_streams
-        self._local_max_streams_uni.value = self._local_max_streams_uni.sent = 1
+        # (pinned: aioquic raises a stream limit by one each time a peer's stream is discarded)
+        self._local_max_streams_uni = _PinnedLimit(self._local_max_streams_uni, 1)
         # PRIVATE (aioquic 1.7.2): QuicPacketRecovery._pacer is created in its __init__ and only
         # used through next_send_time / update_after_send / update_rate, which our subclass keeps.
         self._loss._pacer = _CoarseTimerPacer(max_datagram_size=configuration.max_datagram_size)

@@ -155,6 +155,7 @@ class Connection(abc.ABC):
 
 
 PROBE_TIMEOUT = 5.0  # seconds a probed connection has to answer
+GOAWAY_ANSWER = 5.0  # seconds a peer has to answer our go-away with its own (then it is taken as said)
 
 
 ConnectionHandler = Callable[[Connection], None]

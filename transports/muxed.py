@@ -17,7 +17,7 @@ from lattica.logging import get_logger
 from lattica.errors import ConnectionClosed, LatticaError, ProtocolError, StreamClosed, StreamReset
 from lattica.identity import PeerId
 from lattica.multiaddr import Multiaddr
-from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream, StreamHandler
+from lattica.transports.base import GOAWAY_ANSWER, PROBE_TIMEOUT, Connection, Stream, StreamHandler
 from lattica.transports.mux import (
     GOAWAY_NORMAL,
     GOAWAY_PROTOCOL,
@@ -326,7 +326,15 @@ class MuxedConnection(Connection):
             return
         self._mux.go_away(GOAWAY_NORMAL)
         self._schedule_flush()
+        self._loop.call_later(GOAWAY_ANSWER, self._goaway_unanswered)
         self._went_away()
+
+    def _goaway_unanswered(self) -> None:
+        """The peer did not answer our go-away in time (an older node, or one that will not):
+        take it as said, so its new streams are refused and the connection can drain."""
+        if not self._closed and not self._mux.remote_goaway:
+            self._mux.remote_goaway = True
+            self._close_if_drained()
 
     @property
     def going_away(self) -> bool:
@@ -480,7 +488,10 @@ class MuxedConnection(Connection):
             elif t is GoAwayReceived:
                 log.debug("peer is going away", peer=str(self.remote_peer), code=ev.code)
                 self.ended_cleanly = ev.code == GOAWAY_NORMAL
-                if ev.code == GOAWAY_NORMAL and not self._closed:
+                if ev.code != GOAWAY_NORMAL:  # (an error: yamux ends the session there)
+                    self._teardown(f"the peer went away with error code {ev.code}", graceful=True)
+                    return
+                if not self._closed:
                     self._mux.go_away(GOAWAY_NORMAL)  # our answer: we open no more either
                     self._went_away()
         if self._mux.has_data_to_send():

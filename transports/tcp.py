@@ -61,6 +61,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         preamble: bytes = b"",
         label: str = "tcp",
         remote_addr: Multiaddr | None = None,
+        say_who: bool = True,
     ) -> None:
         self._owner = owner
         self._initiator = initiator  # the Noise role
@@ -69,7 +70,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         self._pre: bytearray | None = bytearray() if self._inbound else None  # to spot a splice request
         self._label = label
         self._remote_addr = remote_addr
-        self._hs = NoiseHandshake(owner.keypair, initiator, expected, early_data=self._early_data if owner.early_data else None)
+        self._hs = NoiseHandshake(owner.keypair, initiator, expected, early_data=self._early_data if owner.early_data and say_who else None)
         self._transport: asyncio.Transport | None = None
         self.conn: MuxedConnection | None = None
         self.ready: asyncio.Future[MuxedConnection] = asyncio.get_running_loop().create_future()
@@ -312,8 +313,8 @@ class TcpTransport(Transport):
         p = addr.without_peer_id().protocols()
         return len(p) == 2 and p[0] in ("ip4", "ip6", "dns", "dns4", "dns6") and p[1] == "tcp"
 
-    def _protocol(self, initiator: bool, expected: PeerId | None) -> _TcpProtocol:
-        return _TcpProtocol(self, initiator, expected)
+    def _protocol(self, initiator: bool, expected: PeerId | None, say_who: bool = True) -> _TcpProtocol:
+        return _TcpProtocol(self, initiator, expected, say_who=say_who)
 
     async def listen(self, addr: Multiaddr, on_connection: ConnectionHandler) -> Listener:
         host, port = addr.host_port()
@@ -340,9 +341,10 @@ class TcpTransport(Transport):
         self._limit_buffers(conn)
         self._hand_over(conn, on_connection)
 
-    async def dial(self, addr: Multiaddr, peer_id: PeerId | None = None, *, fresh_port: bool = False) -> Connection:
+    async def dial(self, addr: Multiaddr, peer_id: PeerId | None = None, *, fresh_port: bool = False, say_who: bool = True) -> Connection:
         """Connect from an ephemeral port (``fresh_port`` is therefore always true here), run
-        Noise and check the peer's id."""
+        Noise and check the peer's id. ``say_who=False``: no identify in the handshake (an
+        AutoNAT dial-back: a connection the peer must never take for one to use)."""
         target = addr.peer_id
         if peer_id is not None and target is not None and target != peer_id:
             raise PeerIdMismatch(f"address {addr} names {target}, not the requested {peer_id}")
@@ -351,7 +353,7 @@ class TcpTransport(Transport):
         loop = asyncio.get_running_loop()
         try:
             _, proto = await asyncio.wait_for(
-                loop.create_connection(lambda: self._protocol(True, expected), host, port),
+                loop.create_connection(lambda: self._protocol(True, expected, say_who), host, port),
                 self.handshake_timeout,
             )
         except asyncio.TimeoutError:

@@ -68,12 +68,14 @@ class Connections:
         self.away_since: dict[Connection, float] = {}  # connections going away, since when
         self._grace_timers: dict[Connection, asyncio.TimerHandle] = {}  # when each must be gone
         self.protected: dict[PeerId, set[str]] = {}  # peers whose idle connections stay open, and why
+        self.unsettled: set[Connection] = set()  # beside a primary, waiting for their peer's identify
 
     def add(self, conn: Connection, spare: bool = False) -> None:
-        """Start serving a new authenticated connection and make it the peer's primary one if it
-        is the best; a ``spare`` (our dial race's late winner, which the peer may already use)
-        is served and retired at once, and so is whichever of two connections a rule both ends
-        compute says goes (the peer's calls already on it finish there)."""
+        """Start serving a new authenticated connection. The peer's only one is its primary at
+        once; beside a primary, a newcomer is weighed once its peer has identified on it
+        (``settle``: a connection the peer never identifies, such as an AutoNAT dial-back, is
+        never used for our streams). A ``spare`` (our dial race's late winner, which the peer may
+        already use) is served and retired at once."""
         self.all_conns.add(conn)
         self.conns_of.setdefault(conn.remote_peer, set()).add(conn)
         self.idle_since[conn] = self.loop.time()
@@ -83,6 +85,24 @@ class Connections:
         conn.on_going_away = self._on_going_away
         if conn.going_away:  # (the peer said so before we adopted it)
             self._on_going_away(conn)
+            return
+        if spare:
+            conn.go_away()
+            return
+        existing = self.conns.get(conn.remote_peer)
+        if existing is None or not usable(existing):
+            self.conns[conn.remote_peer] = conn
+        else:
+            self.unsettled.add(conn)
+
+    def settle(self, conn: Connection) -> None:
+        """``conn``'s peer identified on it: weigh it against the peer's primary. Which one goes
+        is decided by rules both ends compute alike; the loser goes away (the peer's calls
+        already on it finish there)."""
+        if conn not in self.unsettled:
+            return
+        self.unsettled.discard(conn)
+        if not usable(conn):
             return
         peer = conn.remote_peer
         existing = self.conns.get(peer)
@@ -95,8 +115,6 @@ class Connections:
             tcp, quic = (conn, existing) if conn.transport == "tcp" else (existing, conn)
             self.conns[peer] = tcp
             quic.go_away()
-        elif spare:
-            conn.go_away()
         elif (conn.transport == "relay") != (existing.transport == "relay"):
             # a direct path always wins over a relayed one
             relayed = existing if existing.transport == "relay" else conn
@@ -121,8 +139,9 @@ class Connections:
         return self.peer_id if conn.direction == "outbound" else conn.remote_peer
 
     def _best(self, peer: PeerId) -> Connection | None:
-        """The peer's best usable connection: TCP, then QUIC, then relayed; the newest of equals."""
-        alive = [c for c in self.conns_of.get(peer, ()) if usable(c)]
+        """The peer's best usable connection it identified on: TCP, then QUIC, then relayed; of
+        equals, the one busy last."""
+        alive = [c for c in self.conns_of.get(peer, ()) if usable(c) and c not in self.unsettled]
         if not alive:
             return None
         return min(alive, key=lambda c: (_PREFERENCE.get(c.transport, 1), -self.idle_since.get(c, 0.0)))
@@ -133,6 +152,7 @@ class Connections:
         if conn.is_closed or conn in self.away_since or conn not in self.all_conns:
             return
         self.away_since[conn] = self.loop.time()
+        self.unsettled.discard(conn)
         peer = conn.remote_peer
         log.debug("connection going away", peer=str(peer), transport=conn.transport, streams=conn.num_streams)
         if self.conns.get(peer) is conn:
@@ -174,6 +194,7 @@ class Connections:
                 del self.conns_of[peer]
                 self.events.disconnected.emit(peer, conn)
         self.away_since.pop(conn, None)
+        self.unsettled.discard(conn)
         timer = self._grace_timers.pop(conn, None)
         if timer is not None:
             timer.cancel()

@@ -103,7 +103,7 @@ class Dialer:
     async def get_connection(self, peer: PeerId) -> Connection:
         """The live connection to ``peer``, dialing its known addresses if there is none."""
         conn = self.host.conns.get(peer)
-        if conn is not None and not conn.is_closed:
+        if conn is not None and not conn.is_closed and not conn.going_away:
             return conn
         lookups = not context.NO_DHT_DIAL_LOOKUP.get()
         entry = self.dialing.get(peer)
@@ -197,7 +197,13 @@ class Dialer:
         if not by_transport and not relayed and not elsewhere:
             raise PeerUnreachable(f"no dialable address known for {peer}")
         if len(host.all_conns) >= host.max_connections:
-            raise ConnectionLimit(f"connection limit of {host.max_connections} reached")
+            # as for an inbound newcomer: an unidentified or idle stranger's connection makes room
+            # (strangers' connections, going away or not, must not keep us from reaching anyone)
+            victim = host.connections.evictable()
+            if victim is None:
+                raise ConnectionLimit(f"connection limit of {host.max_connections} reached")
+            log.info("evicting a connection to dial out: limit reached", peer=str(victim.remote_peer))
+            victim.abort("evicted: connection limit reached (unidentified or idle stranger)")
         # Interleave transports so the first wave races one address of each (TCP against QUIC);
         # further addresses join one by one, every DIAL_STAGGER seconds or when an attempt fails.
         # The first relay circuit joins right after the first wave (a peer with circuits may well

@@ -257,7 +257,8 @@ class Host:
         if not conn.said_early or self.loop.time() - self._addrs_changed_at < _EARLY_STALE:
             self.spawn(self.push_identify(conn))
         if early is None:
-            self.loop.call_later(self.node.identify_timeout, self._identify_overdue, conn)
+            overdue = self.loop.call_later(self.node.identify_timeout, self._identify_overdue, conn)
+            conn.add_close_callback(lambda c: overdue.cancel())  # (the timer would hold it 10 s after it closed)
         self.events.connected.emit(conn)
         if early is not None:
             try:
@@ -543,6 +544,7 @@ class Host:
         self._expire_verdict(conn, verdict.until - now)
         info = PeerInfo(conn.remote_peer, conn.transport, conn.direction, conn.remote_addr, **fields, circle=verdict.circle, circle_reason=verdict.why, admin=verdict.admin)
         self.info[conn] = info
+        self.connections.settle(conn)  # (beside a primary, a connection counts once identified)
         self.remember_addrs(conn.remote_peer, info.listen_addrs)
         self.events.identified.emit(info)
         fut = self.identified.get(conn)

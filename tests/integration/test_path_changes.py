@@ -230,7 +230,9 @@ def test_tcp_replacing_quic_under_calls_and_a_stream_fails_nothing():
     # (the QUIC dialer also asks for a TCP path by itself, a TCP-only punch: more connections
     # than ours come and go, each retired by the same rules)
     assert final is not None and final.transport == "tcp" and "quic" in seen["away"], seen
-    assert [c["transport"] for c in far_conns if not c["going_away"]] == ["tcp"], far_conns
+    # the far end retired QUIC too (two TCP ones we both dialed may stay until idle: the ends
+    # might disagree on which is older)
+    assert {c["transport"] for c in far_conns if not c["going_away"]} == {"tcp"}, far_conns
 
 
 @needs_link

@@ -46,6 +46,12 @@ class _Conn:
             cb(self)
 
 
+def _add(conns: Connections, conn: _Conn) -> None:
+    """Adopt ``conn`` and let its peer identify on it (as the early identify of a handshake does)."""
+    conns.add(conn)  # type: ignore[arg-type]
+    conns.settle(conn)  # type: ignore[arg-type]
+
+
 def _table(loop, me, grace: float = 300.0):
     seen = {"away": [], "expired": []}
     conns = Connections(
@@ -62,15 +68,15 @@ def test_the_best_surviving_path_is_promoted():
         conns, _ = _table(loop, me)
         relay, quic, tcp_a, tcp_b = (_Conn(peer, t) for t in ("relay", "quic", "tcp", "tcp"))
         for c in (tcp_a, tcp_b):  # one side dialed both: the newest is the primary
-            conns.add(c)  # type: ignore[arg-type]
+            _add(conns, c)
         assert conns.conns[peer] is tcp_b
         tcp_b.closed()
         assert conns.conns[peer] is tcp_a
-        conns.add(quic)  # type: ignore[arg-type]
+        _add(conns, quic)
         assert conns.conns[peer] is tcp_a and quic.going_away  # TCP is kept, QUIC goes away
         tcp_a.closed()
         assert peer not in conns.conns  # (a connection going away is never promoted)
-        conns.add(relay)  # type: ignore[arg-type]
+        _add(conns, relay)
         assert conns.conns[peer] is relay
     finally:
         loop.close()
@@ -82,15 +88,15 @@ def test_each_rule_retires_the_loser_and_keeps_it_serving():
         me, peer = KeyPair.generate().peer_id, KeyPair.generate().peer_id
         conns, seen = _table(loop, me)
         relay = _Conn(peer, "relay")
-        conns.add(relay)  # type: ignore[arg-type]
+        _add(conns, relay)
         direct = _Conn(peer, "tcp")
         direct.num_streams = 1
-        conns.add(direct)  # type: ignore[arg-type]
+        _add(conns, direct)
         assert conns.conns[peer] is direct and relay.going_away and not relay.is_closed
         assert seen["away"] == [relay]  # the runtime hears of it: its call channel moves
         # both dialed at once: both ends keep the one the smaller PeerId dialed
         inbound = _Conn(peer, "tcp", "inbound")
-        conns.add(inbound)  # type: ignore[arg-type]
+        _add(conns, inbound)
         keep, lose = (direct, inbound) if me < peer else (inbound, direct)
         assert conns.conns[peer] is keep and lose.going_away and not lose.is_closed
         # our own dial race's late winner: retired at once (the peer may have put calls on it)
@@ -108,8 +114,8 @@ def test_the_peer_retiring_our_primary_moves_us_to_the_best_other_one():
         me, peer = KeyPair.generate().peer_id, KeyPair.generate().peer_id
         conns, seen = _table(loop, me)
         a, b = _Conn(peer, "tcp"), _Conn(peer, "tcp")
-        conns.add(a)  # type: ignore[arg-type]
-        conns.add(b)  # type: ignore[arg-type]
+        _add(conns, a)
+        _add(conns, b)
         assert conns.conns[peer] is b
         b.go_away()  # (the peer said go-away on it)
         assert conns.conns[peer] is a and seen["away"] == [b]
@@ -126,8 +132,8 @@ def test_a_connection_whose_grace_ends_with_streams_on_it_is_closed_after_the_ru
         conns, seen = _table(loop, me, grace=0.05)
         old = _Conn(peer, "relay")
         old.num_streams = 2
-        conns.add(old)  # type: ignore[arg-type]
-        conns.add(_Conn(peer, "quic"))  # type: ignore[arg-type]
+        _add(conns, old)
+        _add(conns, _Conn(peer, "quic"))
         assert old.going_away and not old.is_closed
         loop.run_until_complete(asyncio.sleep(0.1))
         assert seen["expired"] == [old] and old.is_closed and old.close_calls == 1
@@ -144,12 +150,36 @@ def test_a_circuit_inside_a_stream_goes_away_with_the_connection_to_its_relay():
         me, relay_id, peer = (KeyPair.generate().peer_id for _ in range(3))
         conns, seen = _table(loop, me)
         to_relay = _Conn(relay_id, "quic")
-        conns.add(to_relay)  # type: ignore[arg-type]
+        _add(conns, to_relay)
         circuit = _Conn(peer, "relay")
         circuit.carrier = to_relay
-        conns.add(circuit)  # type: ignore[arg-type]
-        conns.add(_Conn(relay_id, "tcp"))  # type: ignore[arg-type]  # TCP to the relay: the QUIC one goes away
+        _add(conns, circuit)
+        _add(conns, _Conn(relay_id, "tcp"))  # TCP to the relay: the QUIC one goes away
         assert to_relay.going_away and circuit.going_away
         assert seen["away"] == [to_relay, circuit] and peer not in conns.conns
+    finally:
+        loop.close()
+
+
+def test_a_newcomer_the_peer_never_identifies_on_is_never_used():
+    """An AutoNAT dial-back (the peer's fresh-port probe, which says nothing of itself) arrives
+    beside a relayed primary: it must not replace it (the prober hangs up a moment later); a
+    newcomer that identifies does."""
+    loop = asyncio.new_event_loop()
+    try:
+        me, peer = KeyPair.generate().peer_id, KeyPair.generate().peer_id
+        conns, _ = _table(loop, me)
+        relay = _Conn(peer, "relay")
+        _add(conns, relay)
+        probe = _Conn(peer, "tcp", "inbound")
+        conns.add(probe)  # type: ignore[arg-type]  # (no identify: unsettled)
+        assert conns.conns[peer] is relay and not relay.going_away
+        relay.closed()
+        assert peer not in conns.conns  # (nor promoted when the primary closes)
+        direct = _Conn(peer, "quic", "inbound")
+        _add(conns, direct)
+        assert conns.conns[peer] is direct
+        conns.settle(probe)  # type: ignore[arg-type]  # (had it identified after all: weighed then, TCP wins)
+        assert conns.conns[peer] is probe and direct.going_away
     finally:
         loop.close()

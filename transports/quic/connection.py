@@ -24,7 +24,7 @@ from lattica.errors import (
 from lattica.identity import PeerId
 from lattica.multiaddr import Multiaddr
 from lattica.transports import _aioquic
-from lattica.transports.base import Connection, Stream, StreamHandler
+from lattica.transports.base import GOAWAY_ANSWER, Connection, Stream, StreamHandler
 from lattica.transports.tlscert import verify_certificate
 from lattica.transports.quic.wire import (
     ALPN,
@@ -296,6 +296,14 @@ class QuicConn(Connection):
             return None
         if not self._new_inbound_id(stream_id):
             return None
+        if self._peer_away is not None and stream_id >> 2 >= self._peer_away:
+            # beyond the count the peer's own GOAWAY gave: it said it would open no more
+            try:
+                self._quic.reset_stream(stream_id, ERR_NO_ERROR)
+                self._quic.stop_stream(stream_id, ERR_NO_ERROR)
+            except (RuntimeError, ValueError):
+                pass
+            return None
         s = QuicStream(self, stream_id, outbound=False)
         self._streams[stream_id] = s
         return s
@@ -346,7 +354,14 @@ class QuicConn(Connection):
         sid = quic.get_next_available_stream_id(is_unidirectional=True)
         quic.send_stream_data(sid, encode_goaway(opened), end_stream=True)
         self._schedule_flush()
+        self._loop.call_later(GOAWAY_ANSWER, self._goaway_unanswered)
         self._went_away()
+
+    def _goaway_unanswered(self) -> None:
+        """No GOAWAY from the peer in time: take it as said, counting the streams that came."""
+        if self._peer_away is None and self._closed_exc is None:
+            self._peer_away = self._peer_streams_arrived()
+            self._close_if_drained()
 
     @property
     def going_away(self) -> bool:

@@ -202,7 +202,7 @@ def router_ruleset(kind: str, wan_ip: str, cone_timeout: int = CONE_TIMEOUT) -> 
     return "\n".join(lines) + "\n"
 
 
-def _linkem():
+def linkem():
     """lattica/bench/linkem.py of this checkout, loaded on its own: it needs nothing else of
     lattica, so a lab does not import the package (nor depend on it importing cleanly)."""
     mod = sys.modules.get("_natlab_linkem")
@@ -467,8 +467,8 @@ class Lab:
         the forwarder between them, which ``close`` stops."""
         if not os.path.exists("/dev/net/tun"):
             raise LabError("a linked uplink needs /dev/net/tun")
-        linkem = _linkem()
-        pr = linkem.profile(link if isinstance(link, str) else linkem.Profile(link.rtt, link.rate, link.loss, link.jitter))
+        lk = linkem()
+        pr = lk.profile(link if isinstance(link, str) else lk.Profile(link.rtt, link.rate, link.loss, link.jitter))
         self._ports += 1
         port = f"t{self._ports}"
         if not self._links:  # the first one: the bridge's hosts reach linked addresses by proxy ARP
@@ -478,7 +478,7 @@ class Lab:
                 # first packet to a linked site would)
                 "echo 0 > /proc/sys/net/ipv4/neigh/br0/proxy_delay",
             ])
-        fwd = self.popen(self.internet, linkem.tun_pair_argv(f"wan@{ns}", port, pr), stdin=subprocess.PIPE,
+        fwd = self.popen(self.internet, lk.tun_pair_argv(f"wan@{ns}", port, pr), stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True)
         self._links[ns] = fwd
         ready = select.select([fwd.stdout], [], [], 10)[0] and fwd.stdout.readline().strip()

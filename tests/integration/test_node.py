@@ -183,8 +183,8 @@ def test_one_connection_per_peer_even_when_both_dial():
                 return [(c.direction, c.local_addr, c.remote_addr, c is h.conns.get(peer)) for c in h.conns_of.get(peer, ())]
 
             # Each end adopts the other's dial a moment after its own (the dialer's end of a Noise
-            # handshake finishes first) and keeps the one the tie-break picks; the loser lingers
-            # 2 s for streams already on it, then closes. In between the two ends may briefly use
+            # handshake finishes first) and keeps the one the tie-break picks; the loser goes away
+            # and closes once the streams already on it end. In between the two ends may briefly use
             # different connections; what must hold is that they end on one and the same.
             seen = []
 

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -115,6 +116,15 @@ def _watch(node: lattica.Node, peer) -> dict:
 
     node.host.events.connected.subscribe(connected)
     return seen
+
+
+def wait_until(cond, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
 
 
 def _keys(local_first: bool) -> tuple[KeyPair, KeyPair]:
@@ -264,6 +274,40 @@ def test_an_idle_connection_retired_as_a_call_starts_still_serves_the_call():
             far.close()
     assert not errors, errors[:5]
     assert len(seen["away"]) >= 3, seen  # (connections really went away between the calls)
+
+
+@needs_link
+@pytest.mark.timeout(180)
+def test_a_peer_that_dials_again_from_a_new_address_fails_no_call():
+    """An address change: the far node dials us again while its first connection still carries
+    our calls and a stream (its NAT rebound, or it moved); new streams take the newer connection,
+    the older one is probed, finishes what is on it and goes away once idle (0.5 s here)."""
+    with EmulatedLink("continent") as lk:
+        far = FarPeer([f"/ip4/{lk.far_ip}/tcp/0"], "--idle-timeout", "0.5", wrap=lk.wrap)
+        try:
+            with lattica.Node([f"/ip4/{lk.near_ip}/tcp/0"], allow=ALLOW, membership=False, mdns=False, idle_timeout=0.5, channel_idle=0.2) as node:
+                seen = _watch(node, far.peer_id)
+                me = f"{node.addrs[0]}/p2p/{node.peer_id}"
+                assert far.cmd(f"connect {me}") == {"ok": True}
+                assert wait_until(lambda: node.host.conns.get(far.peer_id) is not None)
+
+                async def traffic():
+                    ref = await lattica.aget_actor("log", node=far.peer_id)
+                    stream = asyncio.ensure_future(stream_all(ref, 30, 0.1))
+                    calls = asyncio.ensure_future(drive(ref, 4.0))
+                    await asyncio.sleep(1.0)
+                    await asyncio.get_running_loop().run_in_executor(None, far.cmd, f"redial {me}")
+                    out = await calls, await stream
+                    await asyncio.sleep(1.5)  # (the older connection goes idle and goes away)
+                    return out, await ref.report.remote()
+
+                ((ok, errors), items), report = node.run(traffic(), timeout=90)
+        finally:
+            far.close()
+    assert not errors, errors[:5]
+    assert items == list(range(30)) and ok > 20
+    assert report["out_of_order"] == [], report
+    assert len(seen["added"]) >= 2 and seen["away"], seen
 
 
 @needs_link

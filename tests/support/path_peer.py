@@ -5,7 +5,8 @@ usually in the far namespace of an emulated link. It holds an ``OrderLog`` named
 
 Prints one JSON line ``{"peer_id", "addrs"}`` once listening, then takes commands on stdin, one
 per line, and answers each with one JSON line: ``connect ADDR`` (dial it; answered at once, the
-dial goes on in the background: ``{"ok": true}``), ``conns`` (its connections to peers: transport,
+dial goes on in the background: ``{"ok": true}``), ``redial ADDR/p2p/ID`` (a new connection to
+it beside any we have, answered once up), ``conns`` (its connections to peers: transport,
 direction, going away). Ends when stdin closes.
 """
 
@@ -52,6 +53,12 @@ def main() -> None:
         if cmd == "connect":
             threading.Thread(target=lambda: _quietly(node.connect, arg), daemon=True).start()
             out: dict = {"ok": True}
+        elif cmd == "redial":  # a fresh connection beside the one we have (as after an address change)
+            async def redial(h, addr=arg):
+                peer = lattica.Multiaddr(addr).peer_id
+                await h.dial_addrs(peer, [lattica.Multiaddr(addr).without_peer_id()])
+            node.run(redial(node.host), timeout=30)
+            out = {"ok": True}
         elif cmd == "conns":
             async def conns(h):
                 return [{"transport": c.transport, "direction": c.direction, "going_away": c.going_away} for c in h.all_conns]

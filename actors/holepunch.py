@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from lattica.logging import get_logger
 from lattica.errors import LatticaError
 from lattica.framing import read_message, write_message
+from lattica.identify import PeerInfo
 from lattica.holepunch import MAX_MESSAGE, PROTOCOL, Initiator, Punch, Responder, is_probe, probe_packet, probe_ports, tcp_only
 from lattica.identity import PeerId
 from lattica.interfaces import host_key
@@ -72,7 +73,7 @@ class HolePunchService:
     def __init__(self, runtime: Runtime) -> None:
         self.host: HostView = runtime.host
         self.host.set_handler(PROTOCOL, self._on_stream)
-        self.host.events.connected.subscribe(self._on_adopt)
+        self.host.events.identified.subscribe(self._on_identified)
         self.active: set[PeerId] = set()
         self.tcp_active: set[PeerId] = set()  # TCP-only punches (a budget of their own)
         self._asked_ip: dict[str, list[float]] = {}  # when each IP last asked us for a TCP-only punch
@@ -100,9 +101,12 @@ class HolePunchService:
         conn = self.host.conns.get(peer)
         return conn is not None and not conn.is_closed and conn.transport != "relay" and want in (None, conn.transport)
 
-    def _on_adopt(self, conn: Connection) -> None:
-        fut, want = self._waiting.get(conn.remote_peer, (None, None))
-        if fut is not None and not fut.done() and conn.transport != "relay" and want in (None, conn.transport):
+    def _on_identified(self, info: PeerInfo) -> None:
+        """A peer identified on a connection: the host has weighed it against the peer's primary
+        by now (lattica/host/connections.py), so a punch waiting for a direct path may end."""
+        fut, want = self._waiting.get(info.peer_id, (None, None))
+        conn = self.host.conns.get(info.peer_id)
+        if fut is not None and not fut.done() and conn is not None and conn.transport != "relay" and want in (None, conn.transport):
             fut.set_result(conn)
 
     # -- B: the relayed connection's receiver starts ------------------------------------------

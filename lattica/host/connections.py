@@ -18,6 +18,7 @@ __all__ = ["Connections", "DRAIN_GRACE", "MAX_CONNS_PER_PEER", "MAX_DRAINING_PER
 log = get_logger("lattica.node")
 
 DRAIN_GRACE = 300.0  # seconds a connection going away waits for the streams on it to end
+QUIC_LINGER = 2.0  # seconds a QUIC connection beside a TCP one stays before it goes away
 MAX_CONNS_PER_PEER = 4  # live connections (not going away) one peer may hold with us
 MAX_DRAINING_PER_PEER = 4  # and going away besides: beyond, the oldest is closed at once
 EVICT_MIN_AGE = 2.0  # seconds an unidentified connection is given before a newcomer may evict it
@@ -114,7 +115,9 @@ class Connections:
             # TCP, whichever came first
             tcp, quic = (conn, existing) if conn.transport == "tcp" else (existing, conn)
             self.conns[peer] = tcp
-            quic.go_away()
+            # the QUIC one goes away a moment later: AutoNAT dials QUIC beside TCP to see how our
+            # NAT maps the listening UDP socket, and reads it off the live connection
+            self.loop.call_later(QUIC_LINGER, self._retire_spare, quic)
         elif (conn.transport == "relay") != (existing.transport == "relay"):
             # a direct path always wins over a relayed one
             relayed = existing if existing.transport == "relay" else conn
@@ -134,6 +137,10 @@ class Connections:
             # and aborted if it does not answer.
             self.conns[peer] = conn
             existing.probe(PROBE_TIMEOUT)
+
+    def _retire_spare(self, conn: Connection) -> None:
+        if usable(conn) and self.conns.get(conn.remote_peer) is not conn:
+            conn.go_away()
 
     def _dialer(self, conn: Connection) -> PeerId:
         return self.peer_id if conn.direction == "outbound" else conn.remote_peer

@@ -313,7 +313,7 @@ def test_a_peer_that_dials_again_from_a_new_address_fails_no_call():
 @needs_link
 @pytest.mark.timeout(120)
 def test_a_call_made_as_the_path_moves_waits_for_an_earlier_slower_one():
-    """A 6 MB call is still crossing a 4 MB/s link on QUIC when TCP replaces it; a small call to the
+    """A 12 MB call is still crossing a 4 MB/s link on QUIC when TCP replaces it; a small call to the
     same actor made just then would overtake it on TCP, so it waits until the big one has been
     acknowledged: the callee sees them in the order they were made."""
     with EmulatedLink(Profile(rtt=0.04, rate=4e6)) as lk:
@@ -328,9 +328,13 @@ def test_a_call_made_as_the_path_moves_waits_for_an_earlier_slower_one():
                     while node.host.conns[far.peer_id].transport != "quic":  # (our TCP-only punch may have won already)
                         await node.host.dial_addrs(far.peer_id, [lattica.Multiaddr(far.addr("quic"))])
                         await asyncio.sleep(0.05)
-                    big = asyncio.ensure_future(ref.put.remote("L", 0, 0.0, os.urandom(6 << 20)))
+                    quic = node.host.conns[far.peer_id]
+                    big = asyncio.ensure_future(ref.put.remote("L", 0, 0.0, os.urandom(12 << 20)))
                     await asyncio.sleep(0.3)
                     await node.host.dial_addrs(far.peer_id, [lattica.Multiaddr(far.addr("tcp"))])
+                    while not quic.going_away:  # (a QUIC connection beside TCP goes away after QUIC_LINGER)
+                        await asyncio.sleep(0.05)
+                    assert not big.done()
                     small = await ref.put.remote("L", 1)
                     return await big, small, await ref.report.remote()
 
@@ -357,7 +361,7 @@ def _addr(node: lattica.Node, transport: str) -> lattica.Multiaddr:
 
 @pytest.mark.timeout(60)
 def test_calls_still_on_a_connection_when_its_grace_ends_fail_with_path_changed_or_are_sent_again():
-    """A 3 s call, a 3 s idempotent call and a long stream on a QUIC connection that goes away
+    """A 6 s call, a 6 s idempotent call and a long stream on a QUIC connection that goes away
     (TCP replaced it) with a 1 s grace: the plain call and the stream fail with PathChanged,
     which says what happened and what to do; the idempotent call runs again on TCP and returns."""
     a, b = _two_nodes(drain_grace=1.0)
@@ -368,8 +372,8 @@ def test_calls_still_on_a_connection_when_its_grace_ends_fail_with_path_changed_
             ref = sa.Worker.options(node=a.peer_id).remote()
             await ref.ping.remote()
             log = pa.OrderLog.options(node=a.peer_id).remote()
-            plain = asyncio.ensure_future(ref.slow.remote(3.0))
-            again = asyncio.ensure_future(ref.slow.options(idempotent=True).remote(3.0))
+            plain = asyncio.ensure_future(ref.slow.remote(6.0))  # (QUIC goes away 2 s after TCP is up, then 1 s of grace)
+            again = asyncio.ensure_future(ref.slow.options(idempotent=True).remote(6.0))
             stream = asyncio.ensure_future(stream_all(log, 100, 0.1))
             await asyncio.sleep(0.3)
             await b.host.dial_addrs(a.peer_id, [_addr(a, "tcp")])
@@ -377,10 +381,10 @@ def test_calls_still_on_a_connection_when_its_grace_ends_fail_with_path_changed_
             after = await ref.ping.remote()  # a new call takes TCP at once
             return out, after, b.host.conns[a.peer_id].transport
 
-        (plain, again, stream), after, path = b.run(go(), timeout=30)
+        (plain, again, stream), after, path = b.run(go(), timeout=40)
     assert isinstance(plain, PathChanged) and "grace period" in str(plain) and "idempotent=True" in str(plain), plain
     assert isinstance(stream, PathChanged), stream
-    assert again == 3.0
+    assert again == 6.0
     assert after == "pong" and path == "tcp"
 
 
@@ -399,11 +403,11 @@ def test_pipelined_calls_keep_their_order_across_a_move():
             await log.report.remote()
             futs = []
             for i in range(1000):
-                futs.append(log.put.remote("b", i, 0.02))
-                if i == 300:
+                futs.append(log.put.remote("b", i, 0.1))  # (each in flight 0.1 s: some always are)
+                if i == 100:
                     asyncio.ensure_future(b.host.dial_addrs(a.peer_id, [_addr(a, "tcp")]))
                 if i % 20 == 0:
-                    await asyncio.sleep(0.02)  # (calls keep coming for about a second)
+                    await asyncio.sleep(0.07)  # (calls keep coming for 3.5 s: QUIC goes away 2 s after TCP is up)
             got = await asyncio.gather(*futs)
             return got, await log.report.remote(), b.host.conns[a.peer_id].transport
 

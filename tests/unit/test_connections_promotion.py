@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from lattica.host.connections import Connections
+from lattica.host.connections import QUIC_LINGER, Connections
 from lattica.hostview import HostEvents
 from lattica.identity import KeyPair
 
@@ -73,7 +73,9 @@ def test_the_best_surviving_path_is_promoted():
         tcp_b.closed()
         assert conns.conns[peer] is tcp_a
         _add(conns, quic)
-        assert conns.conns[peer] is tcp_a and quic.going_away  # TCP is kept, QUIC goes away
+        assert conns.conns[peer] is tcp_a and not quic.going_away  # TCP is kept; QUIC goes away 2 s later
+        loop.run_until_complete(asyncio.sleep(QUIC_LINGER + 0.1))
+        assert quic.going_away
         tcp_a.closed()
         assert peer not in conns.conns  # (a connection going away is never promoted)
         _add(conns, relay)
@@ -154,7 +156,8 @@ def test_a_circuit_inside_a_stream_goes_away_with_the_connection_to_its_relay():
         circuit = _Conn(peer, "relay")
         circuit.carrier = to_relay
         _add(conns, circuit)
-        _add(conns, _Conn(relay_id, "tcp"))  # TCP to the relay: the QUIC one goes away
+        _add(conns, _Conn(relay_id, "tcp"))  # TCP to the relay: the QUIC one goes away (a moment later)
+        loop.run_until_complete(asyncio.sleep(QUIC_LINGER + 0.1))
         assert to_relay.going_away and circuit.going_away
         assert seen["away"] == [to_relay, circuit] and peer not in conns.conns
     finally:
@@ -180,6 +183,7 @@ def test_a_newcomer_the_peer_never_identifies_on_is_never_used():
         _add(conns, direct)
         assert conns.conns[peer] is direct
         conns.settle(probe)  # type: ignore[arg-type]  # (had it identified after all: weighed then, TCP wins)
+        loop.run_until_complete(asyncio.sleep(QUIC_LINGER + 0.1))
         assert conns.conns[peer] is probe and direct.going_away
     finally:
         loop.close()

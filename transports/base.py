@@ -122,6 +122,20 @@ class Connection(abc.ABC):
     def going_away(self) -> bool:
         """True once either side said ``go_away``: no new stream may be opened here."""
 
+    _told_away = False  # on_going_away was called
+
+    def _went_away(self) -> None:
+        """Either side said go-away: tell the owner once, and close if nothing is left."""
+        if not self._told_away:
+            self._told_away = True
+            if self.on_going_away is not None:
+                self.on_going_away(self)
+        self._close_if_drained()
+
+    @abc.abstractmethod
+    def _close_if_drained(self) -> None:
+        """Close (gently) once both sides said go-away and no stream is left."""
+
     @property
     @abc.abstractmethod
     def is_closed(self) -> bool: ...

@@ -274,7 +274,6 @@ class MuxedConnection(Connection):
         self._close_reason: str | None = None
         self._close_callbacks: list[Callable[[Connection], None]] = []
         self._closed_event = asyncio.Event()
-        self._told_away = False  # on_going_away was called
         self._last_recv = self._loop.time()
         self._rtt_ping = 0  # id of the last ping timing the round trip (0 is the keepalive's)
         self._rtt_sent: float | None = None  # loop time it went out; None once answered
@@ -339,14 +338,6 @@ class MuxedConnection(Connection):
     @property
     def going_away(self) -> bool:
         return self._mux.local_goaway or self._mux.remote_goaway
-
-    def _went_away(self) -> None:
-        """Either side said go-away: tell the owner once, and close if nothing is left."""
-        if not self._told_away:
-            self._told_away = True
-            if self.on_going_away is not None:
-                self.on_going_away(self)
-        self._close_if_drained()
 
     def _close_if_drained(self) -> None:
         if self._told_away and not self._closed and not self._streams and not self._unhandled and self._mux.drained:

@@ -17,12 +17,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 
 import lattica
 import path_actors as pa
+from helpers import wait_for
 import sample_actors as sa
 from lattica.bench.linkem import EmulatedLink, Profile, available
 from lattica.config import RelayConfig
@@ -116,15 +116,6 @@ def _watch(node: lattica.Node, peer) -> dict:
 
     node.host.events.connected.subscribe(connected)
     return seen
-
-
-def wait_until(cond, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
 
 
 def _keys(local_first: bool) -> tuple[KeyPair, KeyPair]:
@@ -289,7 +280,7 @@ def test_a_peer_that_dials_again_from_a_new_address_fails_no_call():
                 seen = _watch(node, far.peer_id)
                 me = f"{node.addrs[0]}/p2p/{node.peer_id}"
                 assert far.cmd(f"connect {me}") == {"ok": True}
-                assert wait_until(lambda: node.host.conns.get(far.peer_id) is not None)
+                assert wait_for(lambda: node.host.conns.get(far.peer_id) is not None, timeout=10)
 
                 async def traffic():
                     ref = await lattica.aget_actor("log", node=far.peer_id)

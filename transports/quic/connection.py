@@ -92,11 +92,10 @@ class QuicConn(Connection):
         self._n_out = 0
         self._pending_inbound: deque[QuicStream] = deque()
         # going away (Connection.go_away): we said it; the peer's count of streams it opened (None:
-        # it has not said it); its control stream so far; the owner was told; the drained close
+        # it has not said it); its control stream so far; the drained close
         self._away_sent = False
         self._peer_away: int | None = None
         self._control = bytearray()
-        self._told_away = False
         self._closing: asyncio.Task | None = None
         self._handler: StreamHandler | None = None
         self._drain_waiting: set[QuicStream] = set()
@@ -387,13 +386,6 @@ class QuicConn(Connection):
         self.ended_cleanly = True
         self.go_away()  # our answer: we open no more either
         self._went_away()
-
-    def _went_away(self) -> None:
-        if not self._told_away:
-            self._told_away = True
-            if self.on_going_away is not None:
-                self.on_going_away(self)
-        self._close_if_drained()
 
     def _peer_streams_arrived(self) -> int:
         """How many of the peer's bidirectional streams have arrived, counted from its first

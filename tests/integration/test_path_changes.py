@@ -11,6 +11,7 @@ what happens when the grace period ends first, and that calls keep their order a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -118,6 +119,16 @@ def _watch(node: lattica.Node, peer) -> dict:
     return seen
 
 
+@contextlib.contextmanager
+def _over_quic(lk: EmulatedLink, far: FarPeer):
+    """Our node (TCP and QUIC) on the near side, connected to ``far`` over QUIC; yields it and
+    what ``_watch`` sees of its connections to ``far``."""
+    with lattica.Node([f"/ip4/{lk.near_ip}/tcp/0", f"/ip4/{lk.near_ip}/udp/0/quic-v1"], allow=ALLOW, membership=False, mdns=False) as node:
+        seen = _watch(node, far.peer_id)
+        node.connect(far.addr("quic"))
+        yield node, seen
+
+
 def _keys(local_first: bool) -> tuple[KeyPair, KeyPair]:
     """Two keys, the local one's PeerId the smaller when ``local_first``."""
     a, b = KeyPair.generate(), KeyPair.generate()
@@ -208,9 +219,7 @@ def test_tcp_replacing_quic_under_calls_and_a_stream_fails_nothing():
     with EmulatedLink("continent") as lk:
         far = FarPeer([f"/ip4/{lk.far_ip}/tcp/0", f"/ip4/{lk.far_ip}/udp/0/quic-v1"], wrap=lk.wrap)
         try:
-            with lattica.Node([f"/ip4/{lk.near_ip}/tcp/0", f"/ip4/{lk.near_ip}/udp/0/quic-v1"], allow=ALLOW, membership=False, mdns=False) as node:
-                seen = _watch(node, far.peer_id)
-                node.connect(far.addr("quic"))
+            with _over_quic(lk, far) as (node, seen):
 
                 async def traffic():
                     ref = await lattica.aget_actor("log", node=far.peer_id)
@@ -310,9 +319,7 @@ def test_a_call_made_as_the_path_moves_waits_for_an_earlier_slower_one():
     with EmulatedLink(Profile(rtt=0.04, rate=4e6)) as lk:
         far = FarPeer([f"/ip4/{lk.far_ip}/tcp/0", f"/ip4/{lk.far_ip}/udp/0/quic-v1"], wrap=lk.wrap)
         try:
-            with lattica.Node([f"/ip4/{lk.near_ip}/tcp/0", f"/ip4/{lk.near_ip}/udp/0/quic-v1"], allow=ALLOW, membership=False, mdns=False) as node:
-                seen = _watch(node, far.peer_id)
-                node.connect(far.addr("quic"))
+            with _over_quic(lk, far) as (node, seen):
 
                 async def go():
                     ref = await lattica.aget_actor("log", node=far.peer_id)

@@ -98,6 +98,17 @@ def _pairs(full: bool) -> list[tuple[str, str]]:
     return [(KINDS6[i], KINDS6[(i + d) % n]) for i in range(n) for d in (0, 1, n - 1)]
 
 
+def _medians(results: dict) -> list[str]:
+    """Median and worst of each phase over the pairs that called."""
+    ok = [r for r in results.values() if r.get("ok")]
+    out = []
+    for what in ("init_ms", "resolve_ms", "call_ms", "direct_ms"):
+        xs = sorted(r[what] for r in ok if r.get(what) is not None)
+        if xs:
+            out.append(f"{what[:-3]:<8} median {statistics.median(xs) / 1e3:.3f} s, worst {xs[-1] / 1e3:.3f} s ({len(xs)} pairs)")
+    return out
+
+
 @pytest.mark.timeout(1800)
 def test_cold_start_every_pair(coldlab, request):
     lab, boot, sites = coldlab
@@ -111,11 +122,7 @@ def test_cold_start_every_pair(coldlab, request):
         results[(a, b)] = _pair(lab, boot, sites[(a, 0)].host, sites[(b, 1)].host, name)
         print(_line(a, b, results[(a, b)]), flush=True)
     lines = [header] + [_line(a, b, r) for (a, b), r in results.items()]
-    ok = [r for r in results.values() if r.get("ok")]
-    for what in ("init_ms", "resolve_ms", "call_ms", "direct_ms"):
-        xs = sorted(r[what] for r in ok if r.get(what) is not None)
-        if xs:
-            lines.append(f"{what[:-3]:<8} median {statistics.median(xs) / 1e3:.3f} s, worst {xs[-1] / 1e3:.3f} s ({len(xs)} pairs)")
+    lines += _medians(results)
     print("\n" + "\n".join(lines))
     failed = {k: r.get("error") for k, r in results.items() if not r.get("ok")}
     assert not failed, failed
@@ -307,11 +314,7 @@ def test_calls_go_on_through_the_path_change_over_a_long_link(longlab, request):
         if r.get("failed"):
             print(f"{'':<18}paths {r.get('paths')}\n{'':<18}errors {json.dumps(r.get('errors'))}", flush=True)
     lines = [header] + [_long_line(a, b, r) for (a, b), r in results.items()]
-    ok = [r for r in results.values() if r.get("ok")]
-    for what in ("init_ms", "resolve_ms", "call_ms", "direct_ms"):
-        xs = sorted(r[what] for r in ok if r.get(what) is not None)
-        if xs:
-            lines.append(f"{what[:-3]:<8} median {statistics.median(xs) / 1e3:.3f} s, worst {xs[-1] / 1e3:.3f} s ({len(xs)} pairs)")
+    lines += _medians(results)
     calls, failed = sum(r.get("calls", 0) for r in results.values()), sum(r.get("failed", 0) for r in results.values())
     lines.append(f"calls {calls}, failed {failed} (in {sum(1 for r in results.values() if r.get('failed'))} of {len(results)} pairs); "
                  f"went direct: {sum(1 for r in results.values() if r.get('direct_ms') is not None)} of {len(results)} pairs")

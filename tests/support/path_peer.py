@@ -13,7 +13,6 @@ direction, going away). Ends when stdin closes.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import threading

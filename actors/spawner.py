@@ -1,7 +1,11 @@
 """The ``spawner`` system actor: creates, finds and stops actors on its node for remote callers.
 
-It imports actor classes by qualified name, and only those the node owner allowed
-(``lattica.init(allow=["myapp.*"])``); no code or objects travel, nothing is unpickled.
+It imports actor classes installed here by qualified name, if the node owner allowed them
+(``lattica.init(allow=["myapp.*"])``), or loads them from the code package a spawn brings (a
+ticket: source files by CID, signed by a sender the node's ``accept_code`` setting trusts);
+nothing is unpickled. Every actor it creates belongs to a job (the process that spawned it,
+directly or through its actors and supervisors) and is stopped when that job ends, unless it was
+spawned detached (docs/api.md, "Actor lifetimes").
 """
 
 from __future__ import annotations
@@ -10,13 +14,16 @@ import asyncio
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping
 
-from lattica.errors import ActorNotFound, LatticaError, PermissionDenied, PlacementError, SpawnError
+from lattica.code.library import CodeLibrary
+from lattica.code.tickets import Ticket
+from lattica.errors import ActorNotFound, CodeError, LatticaError, PermissionDenied, PlacementError, SpawnError
 from lattica.identity import PeerId
 from lattica.placement import RESOURCES
 
 from lattica.runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, NO_STATE, ActorRef, current_caller
 
 if TYPE_CHECKING:
+    from lattica.membership import Member
     from lattica.monitors import Monitor
     from lattica.runtime import LocalActor, Runtime
 
@@ -32,6 +39,38 @@ def _key(ref: ActorRef) -> tuple[str, str]:
     return (str(ref.peer_id), ref.name)
 
 
+class Jobs:
+    """The job each actor of a node ends with: the node (a driver process) that spawned it, directly
+    or through its actors and supervisors. Actors absent here are the node's own (or detached)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._rt = runtime
+        self._of: dict[str, PeerId] = {}
+
+    def of(self, name: str) -> PeerId | None:
+        return self._of.get(name)
+
+    def adopt(self, name: str, job: PeerId) -> None:
+        """Actor ``name`` here ends with ``job`` (spawned by it, or by one of its actors)."""
+        if job != self._rt.peer_id and name in self._rt.actors:
+            self._of[name] = job
+
+    def forget(self, name: str) -> None:
+        self._of.pop(name, None)
+
+    def ended(self, member: Member, reason: str) -> None:
+        """A node left the mesh or was declared dead (membership's down listener): the actors of
+        its job here stop."""
+        try:
+            peer = PeerId.from_string(member.id)
+        except LatticaError:
+            return
+        for name in [n for n, j in self._of.items() if j == peer]:
+            actor = self._rt.actors.get(name)
+            if actor is not None:
+                self._rt.host.spawn(actor.stop(f"its job ended: {peer} {reason}"))
+
+
 class Spawner:
     NAME = "spawner"
 
@@ -45,6 +84,8 @@ class Spawner:
         self._supervisor_node: dict[str, PeerId] = {}  # actor name -> its supervisor's node
         self._supervisor_ref: dict[str, ActorRef] = {}  # actor name -> its supervisor, as it named itself
         self._owned: dict[PeerId, int] = {}  # node -> how many actors here it owns
+        self._jobs = Jobs(runtime)
+        self.code: CodeLibrary | None = None  # packages of code that travels (None: this node cannot fetch them)
         runtime.stop_listeners.append(self._release)
 
     def _reserved_total(self) -> dict[str, float]:
@@ -54,6 +95,11 @@ class Spawner:
             for r, amount in need.items():
                 total[r] += amount
         return {r: v for r, v in total.items() if v}
+
+    @property
+    def jobs(self) -> Jobs:
+        """Which job each actor here ends with (a property: peers call only methods)."""
+        return self._jobs
 
     @property
     def owners(self) -> Mapping[str, PeerId]:
@@ -97,6 +143,9 @@ class Spawner:
         self._incarnation.pop(name, None)
         self._supervisor_node.pop(name, None)
         self._supervisor_ref.pop(name, None)
+        self._jobs.forget(name)
+        if self.code is not None:
+            self.code.release(name)
         owner = self._owner.pop(name, None)
         if owner is not None:
             left = self._owned.pop(owner, 1) - 1
@@ -182,20 +231,37 @@ class Spawner:
             raise ActorNotFound(f"no actor named {name!r} on {self._rt.peer_id}")
 
     async def spawn(self, class_path: str, args: list, kwargs: dict | None, name: str | None, options: dict) -> ActorRef:
-        """Create an actor of an allowed class; returns its ref once its constructor has run."""
+        """Create an actor of an allowed class, or of a class from the code package the spawn
+        brings; returns its ref once its constructor has run. ``options["get_if_exists"]``: the
+        live actor ``name`` if there is one; ``options["detached"]``: it does not end with its job."""
         if not isinstance(class_path, str) or not isinstance(args, list) or not isinstance(options, dict):
             raise SpawnError("spawn needs a class path, an argument list and an options map")
-        cls = self._rt.resolve_class(class_path)
+        if name is not None and options.get("get_if_exists") is True:
+            existing = self._rt.actors.get(name)
+            if existing is not None and not existing.system:
+                return existing.ref
+        caller = current_caller()
+        job = self._job_for(options, caller)
+        cls, package = await self._class(class_path, options.get("code"))
+        try:
+            return await self._spawn(cls, class_path, args, kwargs, name, options, caller, job, package)
+        finally:
+            if package is not None and self.code is not None:
+                self.code.unload_unused(package)  # (a spawn that failed leaves no package behind)
+
+    async def _spawn(self, cls: type, class_path: str, args: list, kwargs: dict | None, name: str | None, options: dict,
+                     caller: PeerId | None, job: PeerId | None, package: str | None) -> ActorRef:
         max_concurrency = options.get("max_concurrency", DEFAULT_MAX_CONCURRENCY)
         window = options.get("window", DEFAULT_WINDOW)
         if not (isinstance(max_concurrency, int) and 0 < max_concurrency <= _MAX_CONCURRENCY):
             raise SpawnError(f"max_concurrency must be 1..{_MAX_CONCURRENCY}")
         if not (isinstance(window, int) and 0 < window <= _MAX_WINDOW):
             raise SpawnError(f"window must be 1..{_MAX_WINDOW}")
+        if job is not None and self._rt.node_gone(job):
+            raise SpawnError(f"the job that spawns {name or class_path!r} has ended ({job} left the mesh or was declared dead)")
         # Registered before the first await: calls that follow this one on the channel find it.
         publish = options.get("publish", False) is True
         sup = options.get("supervisor")
-        caller = current_caller()
         owner = caller if caller is not None and caller != self._rt.peer_id else None
         on_behalf = options.get("owner")
         if type(on_behalf) is str and isinstance(sup, ActorRef) and (caller is None or (caller == sup.peer_id and self._rt.host.is_admin(caller))):
@@ -207,12 +273,18 @@ class Spawner:
                 raise SpawnError("owner must be a PeerId") from None
             if owner == self._rt.peer_id:
                 owner = None
+        if name is not None and name in self._rt.actors:
+            held_by = self._jobs.of(name)
+            if held_by is not None and self._rt.node_gone(held_by):
+                # the last run of the same script: its job ended, and the notice is on its way
+                await self._rt.actors[name].stop(f"its job ended ({held_by} left the mesh or was declared dead)")
         replacing = name is not None and name in self._rt.actors  # (a replacement owns nothing more)
         if owner is not None and not replacing and not self._rt.host.is_admin(owner) and self._owned.get(owner, 0) >= MAX_ACTORS_PER_MEMBER:
             raise SpawnError(f"{owner} already owns {MAX_ACTORS_PER_MEMBER} actors on {self._rt.peer_id} (the limit for a member)")
         if name is not None and name in self._rt.actors:
             if not (isinstance(sup, ActorRef) and self._supervisor.get(name) == sup.name and self._may_replace(name, sup, caller)):
-                raise SpawnError(f"an actor named {name!r} already exists on {self._rt.peer_id}")
+                raise SpawnError(f"an actor named {name!r} already exists on {self._rt.peer_id} "
+                                 "(.options(get_if_exists=True) returns it; lattica.kill(ref) ends it)")
             # asked by its supervisor's next incarnation (restarted elsewhere) before we heard
             # the old one died: this child is an orphan of the old one; the new one replaces it
             await self._rt.actors[name].stop("replaced by its supervisor's next incarnation")
@@ -234,6 +306,10 @@ class Spawner:
         if owner is not None:
             self._owner[actor.name] = owner
             self._owned[owner] = self._owned.get(owner, 0) + 1
+        if job is not None:
+            self._jobs.adopt(actor.name, job)
+        if package is not None and self.code is not None:
+            self.code.use(actor.name, package)
         if sup is not None:
             if not isinstance(sup, ActorRef):
                 await actor.stop("spawn refused")
@@ -248,7 +324,43 @@ class Spawner:
         if failure is not None:
             type_name, message, tb = failure
             raise SpawnError(f"{class_path} failed to start: {type_name}: {message}\n{tb}".rstrip())
+        if job is not None and self._rt.node_gone(job) and actor.name in self._rt.actors:
+            await actor.stop("its job ended while it started")  # (the notice came while the constructor ran)
+            raise SpawnError(f"the job that spawned {actor.name!r} ended while it started")
         return actor.ref
+
+    async def _class(self, path: str, code: object) -> tuple[type, str | None]:
+        """The class to spawn and, if it came in a code package, the package's CID. An allowed
+        class installed here wins; a class this node cannot import comes from the package."""
+        if code is None:
+            return self._rt.resolve_class(path), None
+        ticket = Ticket.from_wire(code)
+        if self._rt.allows(path):
+            try:
+                return self._rt.resolve_class(path), None
+            except SpawnError:
+                pass  # allowed but not installed here: the package has it
+        if self.code is None:
+            raise CodeError(f"{self._rt.peer_id} runs without the content service, so code cannot travel to it: "
+                            f"install the module of {path!r} there and allow it (lattica node --allow)")
+        return await self.code.actor_class(path, ticket)
+
+    def _job_for(self, options: dict, caller: PeerId | None) -> PeerId | None:
+        """The job a new actor ends with: none if detached, the job the spawn names (an actor or a
+        supervisor of that job spawns), else the calling node (None: this node's own)."""
+        if options.get("detached") is True:
+            return None
+        job = options.get("job")
+        if job is not None:
+            if type(job) is not str:
+                raise SpawnError("job must be a PeerId")
+            try:
+                peer = PeerId.from_string(job)
+            except LatticaError:
+                raise SpawnError("job must be a PeerId") from None
+        else:
+            peer = caller
+        return None if peer is None or peer == self._rt.peer_id else peer
 
     def _may_replace(self, name: str, sup: ActorRef, caller: PeerId | None) -> bool:
         """A spawn naming the supervisor of ``name``'s holder asks to replace it (the supervisor's

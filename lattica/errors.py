@@ -167,6 +167,12 @@ class SpawnError(ActorError):
     """An actor could not be created: class not allowed, not importable, or its constructor failed."""
 
 
+class CodeError(SpawnError):
+    """The code an actor needs could not travel: its package cannot be packed (over the size cap,
+    no script to ship), fetched, verified or imported, or a class in the script needs a statement
+    that other nodes do not run. The message names the file and line where it can."""
+
+
 class PermissionDenied(ActorError):
     """The node refused the call: the caller is not a member of its mesh (or not the actor's
     owner) and the actor or method is not open to it. The message says why."""

@@ -17,6 +17,7 @@ import weakref
 from typing import Any, Callable, Coroutine, Iterable, TypeVar
 
 from lattica._loop import DEFAULT_BUSY_POLL_US, new_loop
+from lattica.code.library import ACCEPT
 from lattica.config import ContentConfig, CrdtConfig, DhtConfig, InboundBudget, MembershipConfig, NatConfig, PubSubConfig, RelayConfig
 from lattica.errors import NodeClosed, Timeout
 from lattica.host import Host, StreamProtocolHandler, check_protocol_name
@@ -76,6 +77,9 @@ class Node:
         transport_options: dict[str, dict[str, Any]] | None = None,
         memory_network: Any = None,
         allow: Iterable[str] = (),
+        code: Iterable[str] | bool | None = None,
+        code_excludes: Iterable[str] = (),
+        accept_code: str = "admins",
         dht_path: str | os.PathLike[str] | None = None,
         dht: Any = None,
         channel_idle: float = 60.0,
@@ -113,6 +117,13 @@ class Node:
         self.transport_options = transport_options or {}  # per transport name: constructor keywords
         self.memory_network = memory_network  # the in-memory transport's network (simulations)
         self.allow = list(allow)  # class-path patterns peers may spawn here (fnmatch)
+        # code that travels (docs/api.md): what this node ships with its spawns (None: its script's
+        # directory; False: nothing; else directories and module names), and whose code it runs
+        self.code = code if code is None or isinstance(code, bool) else [os.fspath(c) for c in code]
+        self.code_excludes = list(code_excludes)
+        if accept_code not in ACCEPT:
+            raise ValueError(f"accept_code must be one of {ACCEPT}, not {accept_code!r}")
+        self.accept_code = accept_code
         if not channel_idle > 0:
             raise ValueError("channel_idle must be > 0 seconds")
         self.channel_idle = channel_idle  # an idle call channel closes after this, freeing its connection

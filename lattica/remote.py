@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, NamedTuple, TypeVar
 
 from lattica import codec, placement
+from lattica.code.tickets import NAMESPACE_PREFIX, known_ticket
 from lattica.errors import NodeClosed, PeerUnreachable, PlacementError, SpawnError
 from lattica.identity import PeerId
 from lattica.runtime.refs import PUBLIC_ATTR
-from lattica.runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, ActorRef, MethodHandle, Runtime, StreamCall, current_runtime, method_table, on_loop, spawner_ref
+from lattica.runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, ActorRef, MethodHandle, Runtime, StreamCall, current_actor, current_runtime, method_table, on_loop, spawner_ref
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -30,6 +31,8 @@ def class_path(cls: type) -> str:
     module = cls.__module__
     if module == "__main__":
         module = _main_module_name() or module
+    elif module.startswith(NAMESPACE_PREFIX):
+        module = module.partition(".")[2]  # loaded from a code package: the name its driver gave it
     return f"{module}.{cls.__qualname__}"
 
 
@@ -69,45 +72,68 @@ class ActorClass:
         resources: dict[str, float] | None = None,
         labels: dict[str, str] | None = None,
         placement: str | None = None,
+        lifetime: str | None = None,
+        get_if_exists: bool | None = None,
     ) -> ActorClass:
         """Spawn options: target ``node`` (PeerId; default this node), actor ``name`` (unique on
         its node), async ``max_concurrency`` (1000), per-caller mailbox ``window`` (1024 calls).
         Without ``node``, any of ``resources`` ({"cpu": 1, "memory": bytes, "gpus": 1}),
         ``labels`` and ``placement`` ("spread" or "pack") choose the node from the membership
-        view and reserve the resources there (see ``docs/membership.md``)."""
+        view and reserve the resources there (see ``docs/membership.md``). ``lifetime="detached"``:
+        the actor outlives the process that spawned it (else it ends with it); ``get_if_exists``
+        (with ``name``): the live actor of that name if there is one, instead of SpawnError."""
         opts = dict(self._options)
         for key, value in (
             ("node", node), ("name", name), ("max_concurrency", max_concurrency), ("window", window),
-            ("resources", resources), ("labels", labels), ("placement", placement),
+            ("resources", resources), ("labels", labels), ("placement", placement), ("lifetime", lifetime),
+            ("get_if_exists", get_if_exists),
         ):
             if value is not None:
                 opts[key] = value
         if "node" in opts and any(k in opts for k in ("resources", "labels", "placement")):
             raise ValueError("give node=, or resources/labels/placement for the runtime to choose one, not both")
+        if opts.get("lifetime") not in (None, "detached"):
+            raise ValueError(f"lifetime is None (the actor ends with the process that spawned it) or 'detached', not {opts['lifetime']!r}")
+        if opts.get("get_if_exists") and "name" not in opts:
+            raise ValueError("get_if_exists=True needs name=")
         return ActorClass(self.cls, opts)
+
+    def _spawn_options(self, max_conc: int, window: int) -> dict[str, Any]:
+        """What the target's spawner is told besides the class and arguments (caller's thread:
+        the job is the calling actor's, if an actor spawns)."""
+        opts: dict[str, Any] = {"max_concurrency": max_conc, "window": window, "publish": self._options.get("name") is not None}
+        if self._options.get("lifetime") == "detached":
+            opts["detached"] = True
+        else:
+            job = _current_job()
+            if job is not None:
+                opts["job"] = str(job)
+        if self._options.get("get_if_exists"):
+            opts["get_if_exists"] = True
+        return opts
 
     def remote(self, *args: Any, **kwargs: Any) -> ActorRef:
         """Spawn the actor; returns its ref at once (the constructor runs where the actor lives;
-        if it fails, calls through the ref raise SpawnError)."""
+        if it fails, calls through the ref raise SpawnError). A class the target node does not
+        have installed travels with the spawn (docs/api.md, "Code that travels")."""
         rt = current_runtime()
         node = self._options.get("node")
         target = PeerId.from_string(node) if isinstance(node, str) else (node or rt.peer_id)
         max_conc = self._options.get("max_concurrency", DEFAULT_MAX_CONCURRENCY)
         window = self._options.get("window", DEFAULT_WINDOW)
         name = self._options.get("name")
+        opts = self._spawn_options(max_conc, window)
         if any(k in self._options for k in ("resources", "labels", "placement")):
-            return on_loop(rt, lambda: self._spawn_placed(rt, list(args), kwargs, name, max_conc, window))
+            return on_loop(rt, lambda: self._spawn_placed(rt, list(args), kwargs, name, opts))
         if target == rt.peer_id:
-            return on_loop(rt, lambda: _spawn_local(rt, self.cls, list(args), kwargs, name, max_conc, window))
+            return on_loop(rt, lambda: _spawn_local(rt, self.cls, list(args), kwargs, name, opts))
         name = name or f"{self.cls.__name__}-{os.urandom(5).hex()}"
         ref = ActorRef(target, name, self._methods, window)
-        spawner = spawner_ref(target)
-        opts = {"max_concurrency": max_conc, "window": window, "publish": self._options.get("name") is not None}
         call = (class_path(self.cls), list(args), kwargs or None, name, opts)
-        ref._spawn = on_loop(rt, lambda: rt.call(spawner, "spawn", call, {}, timeout=None))
+        ref._spawn = on_loop(rt, lambda: _settle(rt, _spawn_on(rt, target, call, self.cls)))
         return ref
 
-    def _spawn_placed(self, rt: Runtime, args: list, kwargs: dict, name: str | None, max_conc: int, window: int) -> ActorRef:
+    def _spawn_placed(self, rt: Runtime, args: list, kwargs: dict, name: str | None, opts: dict[str, Any]) -> ActorRef:
         """On the loop: rank the nodes that fit (PlacementError now if none does), aim the ref at
         the best one and return it; the spawn moves down the list while spawners refuse, and calls
         made through the ref wait for the outcome (so they reach the node that accepted)."""
@@ -116,15 +142,17 @@ class ActorClass:
         view = rt.placement_view()
         ranked = placement.candidates(view, need, labels, self._options.get("placement", "spread"), rt.recent_placements(view))
         name = name or f"{self.cls.__name__}-{os.urandom(5).hex()}"
-        ref = ActorRef(PeerId.from_string(ranked[0]), name, self._methods, window)
-        opts = {"max_concurrency": max_conc, "window": window, "publish": self._options.get("name") is not None, "reserve": need}
+        ref = ActorRef(PeerId.from_string(ranked[0]), name, self._methods, opts["window"])
+        opts["reserve"] = need
         if labels:
             opts["labels"] = labels
-        spawn = rt.loop.create_future()
-        ref._spawn = spawn
         call = (class_path(self.cls), args, kwargs or None, name, opts)
         rt.placed(ranked[0], view)  # now, so the next .remote() in this same breath ranks with it
-        rt.host.spawn(_place(rt, ref, spawn, call, ranked, view))
+
+        def trying(peer: PeerId) -> None:
+            ref.peer_id = peer  # held calls are sent where the spawn finally lands
+
+        ref._spawn = _settle(rt, offer_spawn(rt, call, ranked, view, trying, code_for=self.cls))
         return ref
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -134,26 +162,78 @@ class ActorClass:
         return f"<actor class {class_path(self.cls)}>"
 
 
-async def _place(rt: Runtime, ref: ActorRef, spawn: asyncio.Future, call: tuple, ranked: list[str], view: list) -> None:
-    """Settle a placed ref's spawn with the outcome of offering it down the ranking."""
+def _settle(rt: Runtime, spawning: Any) -> asyncio.Future:
+    """A future for a ref's spawn, settled by the coroutine ``spawning`` (run on the loop); calls
+    made through the ref wait for it."""
+    spawn = rt.loop.create_future()
 
-    def trying(peer: PeerId) -> None:
-        ref.peer_id = peer  # held calls are sent where the spawn finally lands
-
-    try:
-        await offer_spawn(rt, call, ranked, view, trying)
-    except BaseException as e:  # noqa: BLE001 -- told to the ref's callers
+    async def run() -> None:
+        try:
+            ref = await spawning
+        except BaseException as e:  # noqa: BLE001 -- told to the ref's callers
+            if not spawn.done():
+                spawn.set_exception(e)
+                spawn.exception()
+            return
         if not spawn.done():
-            spawn.set_exception(e)
-            spawn.exception()
-        return
-    if not spawn.done():
-        spawn.set_result(ref)
+            spawn.set_result(ref)
+
+    rt.host.spawn(run())
+    return spawn
 
 
-async def offer_spawn(rt: Runtime, call: tuple, ranked: list[str], view: list, trying: Callable[[PeerId], None] | None = None) -> ActorRef:
+async def _spawn_on(rt: Runtime, peer: PeerId, call: tuple, cls: type) -> ActorRef:
+    """Spawn on the node the caller named: its answer (or refusal) is the outcome."""
+    await _attach_code(rt, cls, call)
+    return await rt.call(spawner_ref(peer), "spawn", call, {}, timeout=None)
+
+
+async def _attach_code(rt: Runtime, cls: type | None, call: tuple) -> None:
+    """Put the ticket of the package ``cls`` travels in into the spawn's options, and make sure
+    the actor classes among its arguments (a supervisor's children) have theirs: they travel with
+    their class (the codec writes it)."""
+    code = rt.services.get("code")
+    if code is None:
+        return  # (a node without the content plane ships nothing: targets must have the class)
+    opts = call[4]
+    if cls is not None and "code" not in opts:
+        ticket = await code.shipper.ticket(cls)
+        if ticket is not None:
+            opts["code"] = ticket.to_wire()
+    for other in _actor_classes([call[1], call[2]], 3):
+        await code.shipper.ticket(other)
+
+
+def _actor_classes(value: Any, depth: int) -> list[type]:
+    """The classes of the ActorClass objects in ``value`` (lists, tuples and maps, ``depth`` deep)."""
+    if isinstance(value, ActorClass):
+        return [value.cls]
+    if depth <= 0:
+        return []
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [c for v in value for c in _actor_classes(v, depth - 1)]
+    return []
+
+
+def _current_job() -> PeerId | None:
+    """The job an actor spawned now belongs to: the calling actor's (None outside an actor, or for
+    an actor this node owns itself: the target then takes the calling node as the job)."""
+    me = current_actor()
+    if me is None:
+        return None
+    rt = current_runtime()
+    spawner = rt.services.get("spawner")
+    return spawner.jobs.of(me.name) if spawner is not None else None
+
+
+async def offer_spawn(rt: Runtime, call: tuple, ranked: list[str], view: list, trying: Callable[[PeerId], None] | None = None,
+                      code_for: type | None = None) -> ActorRef:
     """Offer a spawn (the spawner's arguments) to each ranked node in turn until one reserves
-    and starts it; PlacementError if every one refused or could not be reached."""
+    and starts it; PlacementError if every one refused or could not be reached. ``code_for``:
+    the class being spawned, whose code package (if it travels) goes with the offers."""
+    await _attach_code(rt, code_for, call)
     refusals = []
     for i, peer_text in enumerate(ranked):
         peer = PeerId.from_string(peer_text)
@@ -183,8 +263,15 @@ async def spawn_placed(rt: Runtime, call: tuple, need: dict, labels: dict, strat
     return await offer_spawn(rt, call, ranked, view)
 
 
-def _spawn_local(rt: Runtime, cls: type, args: list, kwargs: dict, name: str | None, max_conc: int, window: int) -> ActorRef:
-    actor = rt.create(cls, args, kwargs or None, name, max_concurrency=max_conc, window=window, publish=name is not None)
+def _spawn_local(rt: Runtime, cls: type, args: list, kwargs: dict, name: str | None, opts: dict[str, Any]) -> ActorRef:
+    window = opts["window"]
+    existing = rt.actors.get(name) if name is not None and opts.get("get_if_exists") else None
+    if existing is not None and not existing.system:
+        return existing.ref
+    actor = rt.create(cls, args, kwargs or None, name, max_concurrency=opts["max_concurrency"], window=window, publish=name is not None)
+    spawner = rt.services.get("spawner")
+    if spawner is not None and "job" in opts:
+        spawner.jobs.adopt(actor.name, PeerId.from_string(opts["job"]))  # spawned by an actor of that job
     ref = ActorRef(rt.peer_id, actor.name, actor.methods, window)
     spawn = rt.loop.create_future()
 
@@ -225,10 +312,27 @@ def actor(cls: type | None = None, *, max_concurrency: int | None = None, window
     return wrap(cls) if cls is not None else wrap
 
 
-# an actor class travels as its path (a supervisor's child spec names the class to spawn): every
-# node must decode it, so it is registered with the class, not with what sends it
-codec.register_ext(20, ActorClass, lambda c: class_path(c.cls), lambda p: p if type(p) is str else _bad_class())
+class ShippedClass(NamedTuple):
+    """An actor class received from a peer whose code travels: its path and the ticket of its
+    package (the spawner checks the ticket when a spawn uses it)."""
+
+    path: str
+    code: list
 
 
-def _bad_class() -> str:
-    raise ValueError("malformed actor class path")
+def _encode_class(c: ActorClass) -> Any:
+    ticket = known_ticket(c.cls)
+    return class_path(c.cls) if ticket is None else [class_path(c.cls), ticket.to_wire()]
+
+
+def _decode_class(value: Any) -> str | ShippedClass:
+    if type(value) is str:
+        return value
+    if type(value) is list and len(value) == 2 and type(value[0]) is str and type(value[1]) is list:
+        return ShippedClass(value[0], value[1])
+    raise ValueError("malformed actor class")
+
+
+# an actor class travels as its path, with its code's ticket if it has one (a supervisor's child
+# spec names the class to spawn): every node must decode it, so it is registered with the class
+codec.register_ext(20, ActorClass, _encode_class, _decode_class)

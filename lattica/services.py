@@ -26,6 +26,8 @@ from lattica.actors.membership import MembershipActor, MembershipService
 from lattica.actors.pubsub import PubSubActor, PubSubService
 from lattica.actors.shards import ShardsActor, ShardsService
 from lattica.actors.spawner import Spawner
+from lattica.code.library import CodeLibrary
+from lattica.code.shipper import Shipper
 from lattica.logging import get_logger
 from lattica.slotted import Slotted
 
@@ -93,6 +95,7 @@ def _membership(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built |
     service = MembershipService(rt, node.membership_config, node.labels, node.resources)
     service.on_down.append(rt.member_down)  # calls waiting on a dead peer fail, monitors fire
     service.on_self_downed.append(services["spawner"]._stop_bound)
+    service.on_down.append(services["spawner"].jobs.ended)  # actors end with the job that spawned them
     return Built(service, MembershipActor(service))
 
 
@@ -115,6 +118,40 @@ def _relay(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None
 
     service = RelayService(rt, node.relay_config)
     return Built(service, RelayActor(service))
+
+
+def _code(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
+    """Code that travels: the packages this node runs for others (through its spawner) and the one
+    it ships with its own spawns; both move through the content plane."""
+    content = services.get("content")
+    if content is None:
+        return None
+    async def fetch(cid: str, max_size: int) -> bytes:
+        from lattica.content.cid import Cid  # (hashlib loads with the first package, not at start)
+
+        root = Cid.parse(cid)
+        await content.fetch(root, None, max_size)
+        return await content.read(root)
+
+    async def put(data: bytes) -> str:
+        return str(await content.put(data, None, True, None))
+
+    library = CodeLibrary(rt.peer_id, node.trust, node.accept_code, fetch)
+    services["spawner"].code = library
+    return Built(CodeService(library, Shipper(node.keypair, node.trust.presented, put, node.code, node.code_excludes)))
+
+
+class CodeService(Slotted):
+    """The ``code`` service: ``library`` (what this node runs for others) and ``shipper`` (what it sends)."""
+
+    __slots__ = ("library", "shipper")
+
+    def __init__(self, library: CodeLibrary, shipper: Shipper) -> None:
+        self.library = library
+        self.shipper = shipper
+
+    def close(self) -> None:
+        self.library.close()
 
 
 def _pubsub(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
@@ -151,6 +188,7 @@ SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("shards", _shards),  # members only: which of our actors serve which shards
     # serving content is what the open network needs; answers are bounded per peer and in all
     ServiceSpec("content", _content, public=True),
+    ServiceSpec("code", _code),  # no actor: packages travel by CID through content, with spawns
     # a mesh's topics are its own: members only, but for the topics a node opens to strangers
     # (PubSubConfig.open_topics), which they reach through ``open_rpc`` (refused when none are)
     ServiceSpec("pubsub", _pubsub, public=frozenset({"open_rpc"})),

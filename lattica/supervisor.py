@@ -32,7 +32,8 @@ from typing import Any
 
 from lattica import codec
 from lattica.logging import get_logger
-from lattica.remote import ActorClass, class_path, actor, offer_spawn, spawn_placed
+from lattica.code.tickets import known_ticket
+from lattica.remote import ActorClass, ShippedClass, class_path, actor, offer_spawn, spawn_placed
 from lattica.errors import LatticaError, SpawnError
 from lattica.identity import PeerId
 from lattica.actors.checkpoints import checkpoints_ref, members, ranked, read_copies, sign_copy
@@ -52,7 +53,7 @@ _PLACE_PATIENCE = 30.0  # seconds a restart may go unplaced (no node took it) be
 
 
 class _Child(Slotted):
-    __slots__ = ("id", "class_path", "args", "kwargs", "restart", "resources", "labels", "placement", "node",
+    __slots__ = ("id", "class_path", "code", "args", "kwargs", "restart", "resources", "labels", "placement", "node",
                  "checkpoint_every", "ref", "incarnation", "monitor", "state", "has_state", "stamp", "recovered",
                  "restarts", "nodes")
 
@@ -60,6 +61,7 @@ class _Child(Slotted):
                  labels: dict, placement: str, node: PeerId | None, checkpoint_every: float | None) -> None:
         self.id = id
         self.class_path = class_path
+        self.code: list | None = None  # the ticket of the package its class travels in (None: installed)
         self.args = args
         self.kwargs = kwargs
         self.restart = restart
@@ -82,8 +84,13 @@ class _Child(Slotted):
 def _spec(cls: Any, args: Any = (), kwargs: Any = None, *, id: str | None = None, restart: str = "permanent",
           resources: dict | None = None, labels: dict | None = None, placement: str = "spread",
           node: PeerId | str | None = None, checkpoint_every: float | None = None, index: int = 0) -> _Child:
+    code = None
     if isinstance(cls, ActorClass):
         path = class_path(cls.cls)
+        ticket = known_ticket(cls.cls)
+        code = ticket.to_wire() if ticket is not None else None
+    elif isinstance(cls, ShippedClass):
+        path, code = cls.path, cls.code  # its code travels with it: the spawner checks the ticket
     elif isinstance(cls, str):
         path = cls
     else:
@@ -98,7 +105,9 @@ def _spec(cls: Any, args: Any = (), kwargs: Any = None, *, id: str | None = None
     if not isinstance(child_id, str) or "/" in child_id or not 0 < len(child_id) <= 64:
         raise SpawnError("a child id is 1 to 64 characters without '/'")
     peer = PeerId.from_string(node) if isinstance(node, str) else node
-    return _Child(child_id, path, list(args), kwargs, restart, dict(resources or {}), dict(labels or {}), placement, peer, checkpoint_every)
+    child = _Child(child_id, path, list(args), kwargs, restart, dict(resources or {}), dict(labels or {}), placement, peer, checkpoint_every)
+    child.code = code
+    return child
 
 
 @actor
@@ -252,6 +261,11 @@ class Supervisor:
         owner = spawner._owner.get(self._me.name) if spawner is not None and self._me is not None else None
         if owner is not None:
             opts["owner"] = str(owner)  # the member whose supervisor this is owns (and is charged for) its children
+        job = spawner.jobs.of(self._me.name) if spawner is not None and self._me is not None else None
+        if job is not None:
+            opts["job"] = str(job)  # children end with the job their supervisor belongs to
+        if child.code is not None:
+            opts["code"] = child.code
         if child.has_state:
             opts["state"] = child.state
         name = self._name(child)

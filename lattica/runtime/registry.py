@@ -196,15 +196,20 @@ class Runtime(Following):
         if self.actors.get(actor.name) is actor:
             del self.actors[actor.name]
 
+    def allows(self, path: str) -> bool:
+        """Whether the allow-list lets peers spawn the installed class ``path`` here."""
+        return isinstance(path, str) and any(fnmatch.fnmatchcase(path, pat) for pat in (*self.allow, *BUILTIN_ACTORS))
+
     def resolve_class(self, path: str) -> type:
         """Import the ``@lattica.actor`` class named ``module.Class``, if the allow-list permits.
 
         The allow-list is checked twice: against the name asked for, and against where the class
         actually lives (``cls.__module__`` + ``__qualname__``), so a permitted module cannot be used
         to reach anything it merely imports. Only decorated actor classes can be spawned."""
-        refuse = f"class {path!r} is not allowed on {self.peer_id} (allow-list: {self.allow or 'empty'})"
+        refuse = (f"class {path!r} is not allowed on {self.peer_id} (allow-list: {self.allow or 'empty'}; "
+                  "its code did not travel with the spawn: the caller ships only its script's directory and lattica.init(code=[...]))")
         allowed = [*self.allow, *BUILTIN_ACTORS]
-        if not isinstance(path, str) or not any(fnmatch.fnmatchcase(path, pat) for pat in allowed):
+        if not self.allows(path):
             raise SpawnError(refuse)
         module, _, name = path.rpartition(".")
         if not module or not name.isidentifier() or name.startswith("_") or ":" in path:

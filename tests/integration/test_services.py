@@ -20,7 +20,7 @@ TCP = "/ip4/127.0.0.1/tcp/0"
 
 def test_a_node_runs_the_services_its_configuration_turns_on():
     with lattica.Node([TCP]) as plain, lattica.Node([TCP], relay=True, membership=False, content=False, pubsub=False) as relay:
-        assert list(plain.host.services) == ["spawner", "checkpoints", "dht", "autonat", "holepunch", "membership", "shards", "content", "pubsub", "crdt", "dashboard"]
+        assert list(plain.host.services) == ["spawner", "checkpoints", "dht", "autonat", "holepunch", "membership", "shards", "content", "code", "pubsub", "crdt", "dashboard"]
         assert list(relay.host.services) == ["spawner", "checkpoints", "dht", "autonat", "holepunch", "relay", "shards", "dashboard"]
         # every service with an actor serves it under its well-known name
         for name in ("spawner", "checkpoints", "dht", "autonat", "holepunch", "membership", "shards", "content", "pubsub", "dashboard"):

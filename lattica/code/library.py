@@ -1,0 +1,132 @@
+"""The node's side of code that travels: whose packages it runs, and the packages it has loaded.
+
+A spawn of a class this node cannot import brings a ticket (a package's CID signed by the driver).
+``CodeLibrary.actor_class`` checks the ticket against the node's ``accept_code`` setting, fetches
+the package through the content plane (verified block by block against its CID, capped), loads it
+in a namespace of its own and returns the class. Loaded packages are kept by CID while an actor
+uses one; the spawner says when an actor ends, and a package no actor uses is unloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+from lattica.code.tickets import MAX_BYTES, Ticket
+from lattica.errors import CodeError, PermissionDenied
+from lattica.identity import PeerId
+from lattica.logging import get_logger
+from lattica.trust import Trust
+
+if TYPE_CHECKING:
+    from lattica.code.loader import Namespace
+
+__all__ = ["ACCEPT", "CodeLibrary", "refusal"]
+
+log = get_logger("lattica.code")
+
+ACCEPT = ("admins", "members", "nobody")  # whose code a node runs (``Node(accept_code=...)``)
+
+
+def refusal(accept: str, circle: str, admin: bool) -> str | None:
+    """Why a node with setting ``accept`` does not run code from a sender it judges so (None: it does)."""
+    if circle == "self":
+        return None
+    if accept == "nobody":
+        return "it runs no code that travels (accept_code='nobody'; `lattica node --accept-code`)"
+    if circle == "stranger":
+        return "it never runs a stranger's code"
+    if accept == "admins" and not admin:
+        return "it runs code only from administrators of its mesh (accept_code='admins'; `lattica node --accept-code members` to take members' code too)"
+    return None
+
+
+class CodeLibrary:
+    """Packages loaded on one node, by CID, with the actors that use each."""
+
+    def __init__(self, me: PeerId, trust: Trust, accept: str, fetch: Callable[[str, int], Awaitable[bytes]], max_bytes: int = MAX_BYTES) -> None:
+        if accept not in ACCEPT:
+            raise ValueError(f"accept_code must be one of {ACCEPT}, not {accept!r}")
+        self.me = me
+        self.trust = trust
+        self.accept = accept
+        self.max_bytes = max_bytes
+        self._fetch = fetch
+        self.loaded: dict[str, Namespace] = {}
+        self._loading: dict[str, asyncio.Future] = {}
+        self._used_by: dict[str, str] = {}  # actor name -> the CID of its package
+
+    def check(self, ticket: Ticket) -> None:
+        """PermissionDenied unless this node runs code from the ticket's sender."""
+        if not ticket.verify():
+            raise PermissionDenied(f"the code ticket for {ticket.cid} is not signed by {ticket.sender}")
+        verdict = self.trust.judge(ticket.sender, list(ticket.certificates), time.time())
+        why = refusal(self.accept, verdict.circle, verdict.admin)
+        if why is not None:
+            raise PermissionDenied(f"{self.me} refuses code from {ticket.sender} ({verdict.circle}: {verdict.why}): {why}")
+
+    async def actor_class(self, path: str, ticket: Ticket) -> tuple[type, str]:
+        """The class at ``path`` in the ticket's package, and the package's CID (to pass to ``use``)."""
+        self.check(ticket)
+        namespace = self.loaded.get(ticket.cid)
+        if namespace is None:
+            namespace = await self._load(ticket)
+        return namespace.actor_class(path), ticket.cid
+
+    async def _load(self, ticket: Ticket) -> Namespace:
+        loading = self._loading.get(ticket.cid)
+        if loading is None:
+            loading = self._loading[ticket.cid] = asyncio.get_running_loop().create_future()
+            from lattica.code.loader import Namespace  # (the loader, packer and script parser load with the first package)
+            from lattica.code.package import unpack  # (likewise)
+
+            try:
+                data = await self._fetch(ticket.cid, self.max_bytes + (1 << 20))
+                namespace = Namespace(ticket, unpack(data, self.max_bytes))
+                namespace.install()
+                self.loaded[ticket.cid] = namespace
+                log.info("code package loaded", cid=ticket.cid, sender=str(ticket.sender), files=len(namespace.package.files), bytes=namespace.package.size)
+                loading.set_result(namespace)
+            except BaseException as e:
+                error = e if isinstance(e, (CodeError, PermissionDenied, asyncio.CancelledError)) else CodeError(f"the code package {ticket.cid} could not be fetched: {e}")
+                loading.set_exception(error)
+                loading.exception()
+                raise error from None
+            finally:
+                del self._loading[ticket.cid]
+        return await asyncio.shield(loading)
+
+    def use(self, actor: str, cid: str) -> None:
+        """Actor ``actor`` runs a class of package ``cid`` (it stays loaded until every user ends)."""
+        namespace = self.loaded.get(cid)
+        if namespace is not None:
+            namespace.users += 1
+            self._used_by[actor] = cid
+
+    def release(self, actor: str) -> None:
+        cid = self._used_by.pop(actor, None)
+        namespace = self.loaded.get(cid) if cid is not None else None
+        if namespace is not None:
+            namespace.users -= 1
+            self.unload_unused(cid)
+
+    def unload_unused(self, cid: str) -> None:
+        """Unload package ``cid`` if no actor uses it (one whose spawn failed, or whose last actor ended)."""
+        namespace = self.loaded.get(cid)
+        if namespace is not None and namespace.users <= 0:
+            del self.loaded[cid]
+            namespace.unload()
+            log.info("code package unloaded", cid=cid)
+
+    def sender_of(self, actor: str) -> PeerId | None:
+        """Who sent the code actor ``actor`` runs (None: installed code)."""
+        cid = self._used_by.get(actor)
+        namespace = self.loaded.get(cid) if cid is not None else None
+        return namespace.ticket.sender if namespace is not None else None
+
+    def close(self) -> None:
+        for namespace in self.loaded.values():
+            namespace.unload()
+        self.loaded.clear()
+        self._used_by.clear()

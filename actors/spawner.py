@@ -257,7 +257,9 @@ class Spawner:
             raise SpawnError(f"max_concurrency must be 1..{_MAX_CONCURRENCY}")
         if not (isinstance(window, int) and 0 < window <= _MAX_WINDOW):
             raise SpawnError(f"window must be 1..{_MAX_WINDOW}")
-        if job is not None and self._rt.node_gone(job):
+        if job is not None and job != caller and self._rt.node_gone(job):
+            # (a job that asks itself is alive, whatever the view says: a process that restarted
+            # with the same key rejoins the mesh a moment after its first call)
             raise SpawnError(f"the job that spawns {name or class_path!r} has ended ({job} left the mesh or was declared dead)")
         # Registered before the first await: calls that follow this one on the channel find it.
         publish = options.get("publish", False) is True
@@ -324,7 +326,7 @@ class Spawner:
         if failure is not None:
             type_name, message, tb = failure
             raise SpawnError(f"{class_path} failed to start: {type_name}: {message}\n{tb}".rstrip())
-        if job is not None and self._rt.node_gone(job) and actor.name in self._rt.actors:
+        if job is not None and job != caller and self._rt.node_gone(job) and actor.name in self._rt.actors:
             await actor.stop("its job ended while it started")  # (the notice came while the constructor ran)
             raise SpawnError(f"the job that spawned {actor.name!r} ended while it started")
         return actor.ref

@@ -158,9 +158,11 @@ def _node(args: argparse.Namespace) -> None:
     relay = getattr(args, "relay", False)
     mdns = False if getattr(args, "no_mdns", False) else None
     with Node(args.listen or ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"], key_path=args.key, relay=relay, mdns=mdns, mesh=args.mesh,
-              dashboard=args.dashboard) as node:
+              dashboard=args.dashboard, allow=getattr(args, "allow", ()), accept_code=getattr(args, "accept_code", "admins")) as node:
         print(f"peer id: {node.peer_id}" + (" (relay and bootstrap)" if relay else ""))
         print(f"mesh: {node.trust.describe()}")
+        if not relay:
+            print(f"runs code from: {node.accept_code}" + (f"; installed classes allowed: {', '.join(node.allow)}" if node.allow else ""))
         for a in node.addrs:
             print(f"listening: {a}", flush=True)
         if node.dashboard_url:
@@ -431,6 +433,10 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--connect", action="append", default=[], help="peer multiaddr to dial at start")
     s.add_argument("--mesh", default=None, help="mesh key or certificate file or text, or 'open' (default: LATTICA_MESH, else ~/.lattica/mesh.key)")
     s.add_argument("--dashboard", default=None, metavar="HOST:PORT", help="serve the mesh dashboard here (e.g. 127.0.0.1:8265; off loopback it needs the printed token)")
+    s.add_argument("--accept-code", default="admins", choices=["admins", "members", "nobody"],
+                   help="whose code that travels with a spawn this node runs (default: %(default)s: administrators of its mesh)")
+    s.add_argument("--allow", action="append", default=[], metavar="PATTERN",
+                   help="installed classes peers may spawn here, by module.Class pattern (e.g. 'myapp.*'; repeatable)")
     s.set_defaults(fn=_node)
 
     s = sub.add_parser("relay", help="run a public relay (and bootstrap node) until interrupted")

@@ -200,7 +200,7 @@ async def _attach_code(rt: Runtime, cls: type | None, call: tuple) -> None:
         ticket = await code.shipper.ticket(cls)
         if ticket is not None:
             opts["code"] = ticket.to_wire()
-    for other in _actor_classes([call[1], call[2]], 3):
+    for other in _actor_classes([call[1], call[2]], 6):
         await code.shipper.ticket(other)
 
 

@@ -397,10 +397,16 @@ class Spawner:
     async def lookup(self, name: str) -> ActorRef:
         actor = self._rt.actors.get(name)
         caller = current_caller()
-        hidden = actor is not None and not actor.public and caller is not None and self._rt.host.circle_of(caller) == "stranger"
-        if actor is None or hidden:  # a stranger sees only the actors open to it...
+        stranger = caller is not None and self._rt.host.circle_of(caller) == "stranger"
+        if stranger and (actor is None or not actor.public):
+            # a stranger sees only the actors open to it, and learns nothing of the others (not
+            # even whether the name is taken): it is told why, which is what it can act on
+            raise PermissionDenied(f"{caller} is not a member of {self._rt.peer_id}'s mesh ({self._rt.host.circle_reason(caller)}): "
+                                   f"it sees only actors opened to strangers, and {name!r} is not one it may look up; "
+                                   "a node of the same mesh starts with its key or an invitation (LATTICA_MESH; docs/security.md)")
+        if actor is None:
             raise ActorNotFound(f"no actor named {name!r} on {self._rt.peer_id}")
-        if caller is not None and self._rt.host.circle_of(caller) == "stranger":
+        if stranger:
             ref = actor.ref  # ...and of those only the methods open to it
             return ActorRef(ref.peer_id, ref.name, {m: k for m, k in ref.methods.items() if m in actor.public}, ref.window)
         return actor.ref

@@ -28,6 +28,7 @@ log = get_logger("lattica.api")
 __all__ = ["init", "shutdown", "kill", "akill", "get_actor", "aget_actor", "node", "nat_status", "nodes", "monitor", "link", "exit_actor"]
 
 _lock = threading.Lock()  # one init at a time
+NAME_GRACE = 1.0  # s get_actor looks again for a name not found (Ray raises at once)
 
 
 def init(
@@ -155,7 +156,8 @@ def kill(ref: ActorRef, timeout: float = 10.0) -> None:
 def get_actor(name: str, node: PeerId | str | None = None, timeout: float = 10.0) -> ActorRef:
     """The ref of the actor named ``name``: on ``node`` (a PeerId) if given, else on this node,
     else wherever on the mesh it was registered (``.options(name=...)`` publishes it in the DHT;
-    a name not found there yet is looked up again on a short backoff until ``timeout``)."""
+    a name not found there is looked up again for about a second, then ActorNotFound).
+    PermissionDenied if only nodes outside this node's mesh hold the name."""
     return _get_actor(name, node, timeout).result(timeout + 1)
 
 
@@ -165,7 +167,9 @@ def _get_actor(name: str, node: PeerId | str | None, timeout: float) -> Future:
         actor = rt.actors.get(name)
         if actor is not None:
             return _resolved(rt, actor.ref)
-        return dht.run_with_service(None, lambda svc: _within(svc.resolve_name(name, within=timeout), timeout, f"resolving the actor name {name!r}"))
+        # a name nobody registered is ActorNotFound after NAME_GRACE (one registered a moment ago
+        # may still be on its way), not after the whole timeout
+        return dht.run_with_service(None, lambda svc: _within(svc.resolve_name(name, within=min(timeout, NAME_GRACE)), timeout, f"resolving the actor name {name!r}"))
     peer = PeerId.from_string(node) if isinstance(node, str) else node
     if peer == rt.peer_id:
         actor = rt.actors.get(name)

@@ -27,6 +27,10 @@ class InvalidPeerId(LatticaError, ValueError):
     """A PeerId string or multihash is malformed."""
 
 
+class CertificateError(LatticaError, ValueError):
+    """A mesh key or certificate that cannot be read, or one that admits another node."""
+
+
 # -- bytes from the network ------------------------------------------------------------------
 
 

@@ -97,6 +97,9 @@ class HostView(Protocol):
     def circle_of(self, peer: PeerId) -> str:
         """What ``peer`` is to us ("self", "member" or "stranger"), from its identify."""
 
+    def circle_reason(self, peer: PeerId) -> str:
+        """Why ``peer`` is in its circle (what made it a member, or why it is a stranger)."""
+
     def is_admin(self, peer: PeerId) -> bool:
         """Whether ``peer`` administers our mesh (this node does), from its identify."""
 

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Iterable, NamedTuple
 
-from lattica.errors import KeyFileError, LatticaError
+from lattica.errors import CertificateError, KeyFileError, LatticaError
 from lattica.identity import KeyPair, PeerId, b58encode, verify_signature
 from lattica.valueclass import ValueClass
 
@@ -94,10 +94,6 @@ class Certificate(ValueClass, frozen=True):
         if not signature_checked and not verify_signature(self.mesh, self.signature, self.signed_part(self.mesh, self.peer, self.expires, self.admin)):
             return "its certificate's signature does not verify"
         return None
-
-
-class CertificateError(LatticaError, ValueError):
-    """A mesh key or certificate that cannot be read."""
 
 
 def _unb64(text: str, prefix: str, what: str) -> bytes:

@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING, Any, Callable
 from lattica import codec
 from lattica.actors.dht.lookups import DhtLookups
 from lattica.config import DhtConfig
-from lattica.errors import ActorNotFound, DhtError, LatticaError, StoreFailed
+from lattica.errors import ActorNotFound, DhtError, LatticaError, PermissionDenied, StoreFailed
 from lattica.kademlia import Lookup, key_id, node_id
 from lattica.logging import get_logger
 from lattica.records import REGISTRY_MAX_TTL, REGISTRY_PREFIX, TOMBSTONE, Entry, PeerRecord, encode_subkey, entry_to_wire, sign_entry
 from lattica.runtime import ActorRef
 
 if TYPE_CHECKING:
+    from lattica.identity import PeerId
     from lattica.runtime import Runtime
 
 log = get_logger("lattica.dht")
@@ -300,14 +301,39 @@ class DhtUpkeep(DhtLookups):
             if ref is None and found:
                 # the first holder had only registrations we cannot follow (a dead node's, a
                 # stranger's): ask every holder before waiting to ask again
-                ref = self._freshest(name, await self.get(name_key(name), grace=NAME_GRACE))
+                found = await self.get(name_key(name), grace=NAME_GRACE)
+                ref = self._freshest(name, found)
             if ref is not None:
                 return ref
+            outsider = self._outsider(name, found)
+            if outsider is not None:
+                peer, why = outsider
+                raise PermissionDenied(f"the actor {name!r} is registered only by nodes outside this node's mesh ({peer}: {why}): "
+                                       f"if it is yours, this node ({self.peer_id}) was started without your mesh's key or an "
+                                       "invitation (LATTICA_MESH; docs/security.md); if not, a stranger holds the name")
             self._reseed()
             if not len(self.table) or loop.time() + delay >= deadline:
                 raise ActorNotFound(f"no live actor named {name!r} is registered in the DHT")
             await asyncio.sleep(delay)
             delay = min(delay * 2, NAME_RETRY_MAX)
+
+    def _outsider(self, name: str, records: dict[bytes, Entry]) -> tuple[PeerId, str] | None:
+        """A live registration of ``name`` by a node outside our mesh, and why it is outside, when
+        there are only such: most likely this node was started without the mesh key, and it is
+        told so at once rather than after waiting for a member's registration."""
+        now = time.time()
+        for sk, e in records.items():
+            if e.value == TOMBSTONE or sk[:1] != b"p":
+                continue
+            try:
+                ref, certs = codec.decode(e.value)
+            except (LatticaError, TypeError, ValueError):
+                continue
+            if isinstance(ref, ActorRef) and ref.peer_id.to_bytes() == sk[1:] and ref.name == name:
+                verdict = self.host.trust.judge(ref.peer_id, certs, now)
+                if verdict.circle == "stranger":
+                    return ref.peer_id, verdict.why
+        return None
 
     def _freshest(self, name: str, records: dict[bytes, Entry]) -> ActorRef | None:
         """The newest valid registration of ``name`` by a member of our mesh on a node membership

@@ -315,6 +315,14 @@ class Host:
                 return info.circle
         return "stranger"
 
+    def circle_reason(self, peer: PeerId) -> str:
+        """Why ``peer`` is in its circle (what made it a member, or why it is a stranger)."""
+        for conn in self.conns_of.get(peer, ()):
+            info = self.info.get(conn)
+            if info is not None:
+                return info.circle_reason
+        return "it has not identified itself"
+
     def is_admin(self, peer: PeerId) -> bool:
         """Whether ``peer`` administers our mesh (this node does), from its identify."""
         if peer == self.peer_id:

@@ -305,3 +305,49 @@ def test_whose_code_a_node_runs_is_its_setting(mesh, tmp_path):
     assert mesh.run(script, lenient, str(driver_key), env=env).stdout.strip() == "ran"
     out = mesh.run(script, closed, str(driver_key))  # even an administrator's
     assert "refused:" in out.stdout and "accept_code='nobody'" in out.stdout
+
+
+def test_a_stranger_is_told_why_and_a_missing_name_is_not_waited_on(mesh, tmp_path):
+    addr = mesh.node()
+    out = mesh.run(mesh.script('''\
+        import sys
+        import lattica
+
+        @lattica.actor
+        class Bank:
+            def balance(self):
+                return 100
+
+        lattica.init(bootstrap=[sys.argv[1]])
+        Bank.options(node=sys.argv[1].rsplit("/p2p/", 1)[1], name="bank", lifetime="detached").remote().balance.remote().result(20)
+    '''), addr)
+    assert out.returncode == 0, out.stderr
+    lookup = mesh.script('''\
+        import sys, time
+        import lattica
+
+        lattica.init(bootstrap=[sys.argv[1]])
+        for name in ("bank", "nobody-holds-this"):
+            t0 = time.monotonic()
+            try:
+                print(name, lattica.get_actor(name).balance.remote().result(10), flush=True)
+            except lattica.errors.LatticaError as e:
+                print(name, type(e).__name__, round(time.monotonic() - t0), str(e).replace("\\n", " "), flush=True)
+    ''', "lookup.py")
+    out = mesh.run(lookup, addr)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "bank 100"
+    name, kind, seconds, _ = lines[1].split(" ", 3)
+    assert kind == "ActorNotFound" and int(seconds) < 5  # not the 10 s timeout
+    other = tmp_path / "other.key"
+    MeshKey.generate().save(str(other))
+    out = mesh.run(lookup, addr, env={"LATTICA_MESH": str(other)})  # the most likely mistake: another mesh
+    bank = out.stdout.splitlines()[0]
+    assert bank.startswith("bank PermissionDenied") and "registered only by nodes outside this node's mesh" in bank, out.stdout + out.stderr
+    assert int(bank.split()[2]) < 5
+
+
+def test_a_bad_mesh_credential_is_a_lattica_error():
+    with pytest.raises(lattica.errors.CertificateError, match="base64|malformed"):
+        lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh="lattica-mesh-cert-1:%%%")

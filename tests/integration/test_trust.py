@@ -57,11 +57,21 @@ def test_a_stranger_may_not_call_spawn_kill_or_look_at_actors(mesh):
     missing = lattica.ActorRef(host.peer_id, "no-such-actor", {"get": "async"})
     with pytest.raises(PermissionDenied):
         call_as(stranger, missing, "get")
-    with pytest.raises(ActorNotFound):
-        call_as(stranger, spawner_ref(host.peer_id), "lookup", "counter")
+    for name in ("counter", "no-such-actor"):  # told why, and nothing of whether the name is taken
+        with pytest.raises(PermissionDenied, match="is not a member of .* mesh .*it presented no mesh certificate|its certificate is for"):
+            call_as(stranger, spawner_ref(host.peer_id), "lookup", name)
     assert call_as(member, spawner_ref(host.peer_id), "lookup", "counter").name == "counter"
     refused = host.run(_refusals(host), timeout=5)
     assert any(r["peer"] == str(stranger.peer_id) and r["what"] == "counter.incr" for r in refused)
+
+
+async def _register_name(node, ref):
+    from lattica import codec
+    from lattica.actors.dht import name_key
+
+    dht = node._host.runtime.dht
+    await dht.bootstrap()
+    return await dht.put(name_key(ref.name), codec.encode_bytes([ref, node._host.trust.presented]), subkey=node.peer_id, ttl=60, republish=False)
 
 
 async def _refusals(node):
@@ -182,6 +192,11 @@ def test_a_stranger_cannot_take_over_a_name_and_sees_only_open_methods(mesh):
         return await node._host.runtime.dht.resolve_name("vault")
 
     assert member.run(resolve(member), timeout=20).peer_id == host.peer_id
+    # the stranger's own lookup of a name only members hold says why it cannot follow them
+    real_only = spawn_local(host, sa.Counter, 2, name="members-only")
+    assert host.run(_register_name(host, real_only), timeout=20) >= 1
+    with pytest.raises(PermissionDenied, match="registered only by nodes outside this node's mesh"):
+        stranger.run(stranger._host.runtime.dht.resolve_name("members-only"), timeout=20)
     # a stranger's lookup gets an open actor's ref with its open methods only
     shop = spawn_local(host, sa.Shop, name="shop")
     seen = call_as(stranger, spawner_ref(host.peer_id), "lookup", "shop")

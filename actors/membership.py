@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from lattica.logging import get_logger
 from lattica.errors import LatticaError, PeerGone, PeerUnreachable
 from lattica.identity import PeerId
-from lattica.membership import ALIVE, MAX_ADDRS, Member, MemberChanged, MemberDown, MemberUp, Membership, MembershipConfig, SelfDowned
+from lattica.membership import MAX_ALLOW, ALIVE, MAX_ADDRS, Member, MemberChanged, MemberDown, MemberUp, Membership, MembershipConfig, SelfDowned
 from lattica.multiaddr import Multiaddr
 from lattica.runtime import ASYNC, ActorRef, current_caller
 from lattica.trust import MemberNotary
@@ -71,11 +71,14 @@ def detect_resources() -> dict[str, Any]:
 class MembershipService:
     """The node's membership view, kept up on the loop."""
 
-    def __init__(self, runtime: Runtime, config: MembershipConfig | None = None, labels: dict[str, str] | None = None, resources: dict[str, float] | None = None) -> None:
+    def __init__(self, runtime: Runtime, config: MembershipConfig | None = None, labels: dict[str, str] | None = None, resources: dict[str, float] | None = None,
+                 accept_code: str = "admins", allow: list[str] | None = None) -> None:
         self.rt = runtime
         self.host: HostView = runtime.host
         self.resources = {**detect_resources(), **(resources or {})}
         self.labels = dict(labels or {})
+        # what this node runs, for placement to skip it when it cannot: whose code, which installed classes
+        self.code = {"accept": accept_code, "allow": list(allow or ())[:MAX_ALLOW]}
         self.core = Membership(str(self.host.peer_id), self._info(), config, notary=MemberNotary(self.host.keypair, self.host.trust))
         self.core.reachable = self._connected
         self.on_down: list[Callable[[Member, str], None]] = []  # told of every MemberDown
@@ -103,7 +106,7 @@ class MembershipService:
         # where we can be dialed: members that met only through a node that is gone still reach
         # each other (membership never dials, but calls between members do)
         addrs = [str(a) for a in self.host.advertised_addrs()][:MAX_ADDRS]
-        return {**self.resources, "labels": self.labels, "load": load, "addrs": addrs}
+        return {**self.resources, "labels": self.labels, "load": load, "addrs": addrs, "code": self.code}
 
     def load_changed(self) -> None:
         """Our load changed (a reservation came or went): gossip it at the next round."""

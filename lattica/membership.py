@@ -78,6 +78,7 @@ MAX_INCARNATION = 1 << 48  # a rumor naming more is refused: the refutation (+1)
 _MAX_AMOUNT = 1e15  # the largest resource amount believed (bytes of memory included)
 _RESOURCE_KEYS = ("cpu", "memory", "gpus")
 _MAX_LABELS, _MAX_LABEL = 64, 256
+MAX_ALLOW = 32  # allow-list patterns a member reports (placement skips nodes that cannot run a class)
 MAX_ADDRS, _MAX_ADDR = 8, 256  # addresses a member gives, and the length of one (text)
 
 
@@ -87,7 +88,7 @@ def _amount(v: Any) -> bool:
 
 def valid_info(info: Any) -> bool:
     """A member's self-reported row is usable: resources and reservations are finite amounts
-    in range, labels and addresses short strings. A row that is not is skipped (it never reaches placement)."""
+    in range, labels, addresses and allow-list patterns short strings, its code setting known. A row that is not is skipped (it never reaches placement)."""
     if type(info) is not dict or len(info) > _MAX_INFO_KEYS or not all(type(k) is str and len(k) <= _MAX_LABEL for k in info):
         return False
     if not all(_amount(info[k]) for k in _RESOURCE_KEYS if k in info):
@@ -99,6 +100,12 @@ def valid_info(info: Any) -> bool:
         return False
     addrs = info.get("addrs", [])
     if type(addrs) is not list or len(addrs) > MAX_ADDRS or not all(type(a) is str and len(a) <= _MAX_ADDR for a in addrs):
+        return False
+    code = info.get("code", {})
+    if type(code) is not dict or code.get("accept", "admins") not in ("admins", "members", "nobody"):
+        return False
+    allow = code.get("allow", [])
+    if type(allow) is not list or len(allow) > MAX_ALLOW or not all(type(a) is str and len(a) <= _MAX_LABEL for a in allow):
         return False
     load = info.get("load", {})
     if type(load) is not dict:

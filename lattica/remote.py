@@ -13,7 +13,7 @@ import sys
 from typing import Any, Callable, NamedTuple, TypeVar
 
 from lattica import codec, placement
-from lattica.code.tickets import NAMESPACE_PREFIX, known_ticket
+from lattica.code.tickets import NAMESPACE_PREFIX, Ticket, known_ticket
 from lattica.errors import NodeClosed, PeerUnreachable, PlacementError, SpawnError
 from lattica.identity import PeerId
 from lattica.runtime.refs import PUBLIC_ATTR
@@ -140,7 +140,10 @@ class ActorClass:
         need = dict(self._options.get("resources") or {})
         labels = dict(self._options.get("labels") or {})
         view = rt.placement_view()
-        ranked = placement.candidates(view, need, labels, self._options.get("placement", "spread"), rt.recent_placements(view))
+        code = rt.services.get("code")
+        shipped = code is not None and code.shipper.travels(self.cls)
+        what = placement.Spawnable(class_path(self.cls), code.shipper.admin if shipped else None, str(rt.peer_id))
+        ranked = placement.candidates(view, need, labels, self._options.get("placement", "spread"), rt.recent_placements(view), what)
         name = name or f"{self.cls.__name__}-{os.urandom(5).hex()}"
         ref = ActorRef(PeerId.from_string(ranked[0]), name, self._methods, opts["window"])
         opts["reserve"] = need
@@ -257,7 +260,9 @@ async def spawn_placed(rt: Runtime, call: tuple, need: dict, labels: dict, strat
     """Place and spawn (on the loop): rank the view (the nodes in ``last`` only as a last resort),
     then offer down the ranking."""
     view = rt.placement_view()
-    ranked = placement.candidates(view, need, labels, strategy, rt.recent_placements(view))
+    code = call[4].get("code")
+    what = placement.Spawnable(call[0], Ticket.from_wire(code).claims_admin() if code is not None else None, str(rt.peer_id))
+    ranked = placement.candidates(view, need, labels, strategy, rt.recent_placements(view), what)
     ranked = [p for p in ranked if p not in last] + [p for p in ranked if p in last]
     rt.placed(ranked[0], view)
     return await offer_spawn(rt, call, ranked, view)

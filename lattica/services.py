@@ -92,7 +92,7 @@ def _holepunch(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
 def _membership(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
     if node.membership_config is None:
         return None
-    service = MembershipService(rt, node.membership_config, node.labels, node.resources)
+    service = MembershipService(rt, node.membership_config, node.labels, node.resources, node.accept_code, node.allow)
     service.on_down.append(rt.member_down)  # calls waiting on a dead peer fail, monitors fire
     service.on_self_downed.append(services["spawner"]._stop_bound)
     service.on_down.append(services["spawner"].jobs.ended)  # actors end with the job that spawned them
@@ -138,7 +138,8 @@ def _code(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
 
     library = CodeLibrary(rt.peer_id, node.trust, node.accept_code, fetch)
     services["spawner"].code = library
-    return Built(CodeService(library, Shipper(node.keypair, node.trust.presented, put, node.code, node.code_excludes)))
+    return Built(CodeService(library, Shipper(node.keypair, node.trust.presented, put, node.code, node.code_excludes,
+                                                   admin=any(c.admin for c in node.trust.certificates))))
 
 
 class CodeService(Slotted):

@@ -31,8 +31,9 @@ class Shipper:
     directory; False: nothing; else directories and module names), ``excludes`` fnmatch patterns."""
 
     def __init__(self, keypair: KeyPair, certificates: Iterable[bytes], put: Callable[[bytes], Awaitable[str]],
-                 code: Iterable[str] | bool | None = None, excludes: Iterable[str] = (), max_bytes: int = MAX_BYTES) -> None:
+                 code: Iterable[str] | bool | None = None, excludes: Iterable[str] = (), max_bytes: int = MAX_BYTES, admin: bool = False) -> None:
         self._keypair = keypair
+        self.admin = admin  # this node administers its mesh (nodes that take administrators' code only take ours)
         self._certificates = tuple(certificates)
         self._put = put
         self._main = script_root()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from lattica.errors import CodeError, InvalidPeerId
+from lattica.errors import CodeError, InvalidPeerId, LatticaError
 from lattica.identity import KeyPair, PeerId, verify_signature
 
 __all__ = ["MAX_BYTES", "NAMESPACE_PREFIX", "Ticket", "known_ticket", "ticket_of"]
@@ -57,6 +57,19 @@ class Ticket:
     def verify(self) -> bool:
         public = self.sender.public_key()
         return public is not None and verify_signature(public, self.signature, self.signed_part(self.cid))
+
+    def claims_admin(self) -> bool:
+        """Whether the sender presents an administrator's certificate (unverified: for placement
+        to guess which nodes take the code; each node checks the ticket itself)."""
+        from lattica.trust import Certificate  # (trust imports identity; kept out of the codec's path)
+
+        for raw in self.certificates:
+            try:
+                if Certificate.from_bytes(raw).admin:
+                    return True
+            except LatticaError:
+                continue
+        return False
 
     def to_wire(self) -> list:
         return [self.cid, self.sender.to_bytes(), self.signature, list(self.certificates)]

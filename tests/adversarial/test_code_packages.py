@@ -172,3 +172,27 @@ def test_a_restarted_node_runs_a_package_from_its_own_blockstore(app, tmp_path):
         connected(target, other)
         ref = spawn_call(other, target, "shipped_app.Echo", ticket.to_wire(), name="echo-2")
         assert call_as(other, ref, "echo", 2) == ["echo", 2]
+
+
+def test_placement_skips_nodes_that_would_refuse_the_code(app):
+    folder, Echo = app
+    key = MeshKey.generate()
+    worker = {"role": "worker"}
+    with lattica.Node([TCP], mesh=key, code=[str(folder)]) as driver, \
+         lattica.Node([TCP], mesh=key, labels=worker, accept_code="nobody") as closed, \
+         lattica.Node([TCP], mesh=key, labels=worker) as open_:
+        connected(driver, closed, open_)
+        wait_for(lambda: sum(1 for n in driver.nodes() if n["state"] == "alive" and n.get("code")) == 3, timeout=10)
+
+        async def place(n):
+            refs = [Echo.options(labels=worker, resources={"cpu": 0.01}).remote() for _ in range(n)]
+            for r in refs:
+                await r._spawn
+            return refs
+
+        refs = driver.run(place(4), timeout=30)
+        assert {r.peer_id for r in refs} == {open_.peer_id}
+        open_.stop()
+        wait_for(lambda: all(n["state"] != "alive" for n in driver.nodes() if n["peer_id"] == str(open_.peer_id)), timeout=10)
+        with pytest.raises(lattica.errors.PlacementError, match=str(closed.peer_id)[-8:] + r": it runs no code that travels \(accept_code='nobody'\)"):
+            driver.run(place(1), timeout=30)

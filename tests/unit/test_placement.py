@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lattica.errors import PlacementError
-from lattica.placement import candidates, free
+from lattica.placement import Spawnable, runs, candidates, free
 
 
 def node(pid, cpu=4, memory=8e9, gpus=0, state="alive", labels=None, actors=0, reserved=None):
@@ -54,8 +54,29 @@ def test_pack_prefers_the_fullest_node_that_fits():
 def test_nothing_fits_is_a_clear_error():
     with pytest.raises(PlacementError, match="no node fits") as e:
         candidates(VIEW, {"cpu": 32})
-    assert "3 alive" in str(e.value)
+    assert "c: it has {'cpu': 12.0} free of {'cpu': 32}" in str(e.value) and "d: it is dead" in str(e.value)
     with pytest.raises(PlacementError, match="unknown resources"):
         candidates(VIEW, {"tpu": 1})
     with pytest.raises(PlacementError, match="placement must be one of"):
         candidates(VIEW, {"cpu": 1}, strategy="random")
+
+
+def test_nodes_that_cannot_run_the_class_are_skipped_and_the_error_says_why():
+    view = [
+        {"peer_id": "open", "state": "alive", "cpu": 4, "code": {"accept": "members", "allow": []}},
+        {"peer_id": "strict", "state": "alive", "cpu": 4, "code": {"accept": "admins", "allow": []}},
+        {"peer_id": "closed", "state": "alive", "cpu": 4, "code": {"accept": "nobody", "allow": ["myapp.*"]}},
+        {"peer_id": "silent", "state": "alive", "cpu": 4},  # says nothing: its spawner decides
+    ]
+    member_code = Spawnable("train.Shard", code_admin=False)
+    assert sorted(candidates(view, {"cpu": 1}, what=member_code)) == ["open", "silent"]
+    assert sorted(candidates(view, {"cpu": 1}, what=Spawnable("train.Shard", code_admin=True))) == ["open", "silent", "strict"]
+    assert sorted(candidates(view, {"cpu": 1}, what=Spawnable("myapp.Model"))) == ["closed", "silent"]  # installed, not shipped
+    assert "closed" in candidates(view, {"cpu": 1}, what=Spawnable("lattica.supervisor.Supervisor"))
+    assert "strict" in candidates(view, {"cpu": 1}, what=Spawnable("train.Shard", code_admin=False, home="strict"))  # its own
+    with pytest.raises(PlacementError) as e:
+        candidates(view[1:3], {"cpu": 1}, what=member_code)
+    assert "no node fits train.Shard" in str(e.value)
+    assert "strict: it runs code only from administrators of its mesh (accept_code='admins')" in str(e.value)
+    assert "closed: it runs no code that travels (accept_code='nobody')" in str(e.value)
+    assert runs(view[2], Spawnable("other.X")) == "its allow-list ['myapp.*'] does not name other.X and its code does not travel"

@@ -47,7 +47,7 @@ def _flag(v: Any) -> bool:
 
 
 _ACTOR = {"name": text, "class": text, "state": text, "system": _flag, "mailbox": number, "running": number, "calls": number,
-          "errors": number, "failure": text}
+          "errors": number, "failure": text, "code": text, "job": text}
 _PEER = {"peer_id": text, "transport": text, "direction": text, "path": text, "remote": text, "circle": text, "agent": text,
          "rtt_ms": number, "bytes_sent": number, "bytes_received": number}
 _CHILD = {"id": text, "class": text, "restart": text, "node": text, "actor": text, "restarts": number, "checkpointed": _flag}

@@ -81,12 +81,18 @@ def _peers(host: Any) -> list[dict[str, Any]]:
 async def _actors(rt: Runtime) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from lattica.supervisor import Supervisor  # (not at start: a node that runs no supervisor never loads it)
 
+    from lattica.remote import class_path  # (with the supervisor, above)
+
+    spawner = rt.services.get("spawner")
+    library = spawner.code if spawner is not None else None
     rows, trees = [], []
     for name, a in list(rt.actors.items())[:MAX_ACTORS]:
-        cls = a.cls
-        rows.append({"name": name, "class": f"{cls.__module__}.{cls.__qualname__}", "state": a.state, "system": a.system,
+        sender = library.sender_of(name) if library is not None else None
+        job = spawner.jobs.of(name) if spawner is not None else None
+        rows.append({"name": name, "class": class_path(a.cls), "state": a.state, "system": a.system,
                      "mailbox": len(a.waiting), "running": len(a.live), "calls": a.calls, "errors": a.errors,
-                     "failure": a.failure[2][:200] if a.failure else None})
+                     "failure": a.failure[2][:200] if a.failure else None,
+                     "code": str(sender) if sender is not None else None, "job": str(job) if job is not None else None})
         if isinstance(a.instance, Supervisor.cls) and a.state == "running":
             trees.append(await _tree(name, a.instance))
     return rows, trees

@@ -79,7 +79,9 @@ function draw(pic) {
       if (actorRows.length >= MAX_ROWS) continue;
       actorRows.push(
         `<tr data-actor="${esc(a.name)}" data-node="${esc(n.peer_id)}" data-state="${esc(a.state)}">` +
-        `<td><code>${short(n.peer_id)}</code></td><td>${esc(a.name)}</td><td><code>${esc(a.class)}</code></td>` +
+        `<td><code>${short(n.peer_id)}</code></td><td>${esc(a.name)}</td><td><code>${esc(a.class)}</code>` +
+        (a.code ? ` <span class="muted" title="its code came from ${esc(a.code)}">code from <code>${short(a.code)}</code></span>` : "") +
+        (a.job ? ` <span class="muted" title="it ends with the job ${esc(a.job)}">job <code>${short(a.job)}</code></span>` : "") + `</td>` +
         `<td class="${cls(a.state)}" title="${esc(a.failure || "")}">${esc(a.state)}</td><td>${num(a.mailbox)}</td><td>${num(a.running)}</td>` +
         `<td>${Number.isFinite(rate) ? rate.toFixed(1) : ""}</td><td>${num(a.calls)}</td><td>${num(a.errors)}</td>` +
         `<td data-restarts="${num(restarts.get(key))}">${num(restarts.get(key))}</td></tr>`);

@@ -9,7 +9,8 @@ Only plain data is ever decoded (no object serializer, no code); every length is
 Wire format, version 1 (all integers little-endian)::
 
     frame   = header body [pad buffer]*          total length known from the transport framing
-    header  = u8 version (=1) | u8 flags (=0) | u16 nbuf | u32 body_len | nbuf * u64 buffer_len
+    header  = u8 version (=1) | u8 flags | u16 nbuf | u32 body_len | nbuf * u64 buffer_len
+    flags   = bit 0: the body holds tuples (arrays whose first item is ext 3); other bits 0
     body    = one msgpack object of body_len bytes
     pad     = 0..7 zero bytes so that every buffer starts at a multiple of 8 from the frame start
 
@@ -19,12 +20,16 @@ Wire format, version 1 (all integers little-endian)::
                              | ndim * u64 shape | dtype str (e.g. "<f4") NUL-padded to 8 bytes
                              | inline data (C order)           -> np.frombuffer view, no copy
       2  numpy scalar        u8 dtype_len | dtype str | itemsize raw bytes
+      3  tuple marker        empty; the first item of an array that decodes as a tuple
       16..63                 lattica types registered with register_ext (16 PeerId, 17 Multiaddr)
       64..127                free for applications (register_ext)
       registered payload     = a nested msgpack object (it may itself reference buffers); nested
                                registered types at most 8 levels deep
 
-Tuples encode as msgpack arrays and decode as lists (for speed). Map keys are encoded only when
+Tuples (and their subclasses, such as named tuples) decode as tuples: an array whose first item is
+the tuple marker, allowed only in a frame whose header says it holds tuples (so frames without
+any decode without a hook per array). Common Python values (sets, datetimes, UUIDs, decimals,
+paths) and registered dataclasses and enums travel as extensions (``lattica.values``). Map keys are encoded only when
 they are str, int, bytes or a registered extension type. Floats are float64; ints must fit
 msgpack's range (-2**63 .. 2**64-1). msgpack's reserved timestamp extension (-1), which this codec
 never emits, decodes to int nanoseconds. Arrays use a fixed allow-list of bool/int/uint/float/
@@ -51,7 +56,7 @@ from lattica.identity import PeerId
 from lattica.multiaddr import Multiaddr
 from lattica.valueclass import ValueClass
 
-__all__ = ["Limits", "DEFAULT_LIMITS", "encode", "encode_bytes", "decode", "register_ext"]
+__all__ = ["Limits", "DEFAULT_LIMITS", "check", "encode", "encode_bytes", "decode", "register_ext", "register_encoder"]
 
 
 class Limits(ValueClass, frozen=True):
@@ -90,15 +95,29 @@ _MAX_NDIM = 32
 _MAX_EXT_NESTING = 8
 _PAD = [b"\0" * i for i in range(8)]
 
-_EXT_OOB, _EXT_ARRAY, _EXT_SCALAR = 0, 1, 2
+_EXT_OOB, _EXT_ARRAY, _EXT_SCALAR, _EXT_TUPLE = 0, 1, 2, 3
+_FLAG_TUPLES = 1  # header flag: the body holds tuple markers
 _RESERVED_CODES = range(16)
 
 _LEAF = frozenset({str, int, float, bool, type(None)})
-_SKIP: set[type] = set(_LEAF)  # values the walk need not enter (+ ndarray, registered classes)
+_SKIP: set[type] = {*_LEAF, msgpack.ExtType}  # values the walk need not enter (+ ndarray, registered classes)
 _BIN8 = [b"\xc4" + bytes((i,)) for i in range(256)]  # msgpack bin 8 headers
 _ext = tuple.__new__  # _ext(ExtType, (code, data)) skips ExtType's slow argument checks
+_TUPLE_MARK = _ext(msgpack.ExtType, (_EXT_TUPLE, b""))
 _BYTES_LIKE = (bytes, bytearray, memoryview)
-_CONTAINERS = frozenset({list, dict})  # what msgpack decodes arrays and maps to
+_CONTAINERS = frozenset({list, dict, tuple})  # what msgpack decodes arrays and maps to (and tuples)
+
+
+class _TupleMark:
+    """What a tuple marker decodes to before its array becomes a tuple (inert if found elsewhere)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<lattica tuple marker>"
+
+
+_TUPLE_SENTINEL = _TupleMark()
 
 _DTYPES_DEC: dict[bytes, np.dtype] = {}
 _DTYPES_ENC: dict[str, bytes] = {}
@@ -145,6 +164,39 @@ def register_ext(
     _SKIP.add(cls)
 
 
+def register_encoder(cls: type, code: int, to_obj: Callable[[Any], Any]) -> None:
+    """Let instances of ``cls`` (exact type) also travel as the registered extension ``code``
+    (whose decoder tells them apart): several path classes, the user's registered values."""
+    if code not in _EXT_DEC or _EXT_ENC.get(cls, (code,))[0] != code or not callable(to_obj):
+        raise ValueError(f"extension code {code} is not registered, or {cls.__qualname__} already travels as another")
+    _EXT_ENC[cls] = (code, to_obj)
+    _KEY_TYPES.add(cls)
+    _SKIP.add(cls)
+
+
+_VALUE_MODULES = frozenset({"builtins", "datetime", "uuid", "decimal", "pathlib"})  # of the types lattica.values adds
+_VALUE_CODES = range(40, 50)
+_values: Any = None  # lattica.values, once loaded
+
+
+def _load_values() -> bool:
+    """Load ``lattica.values`` (sets, datetimes, UUIDs, decimals, paths, registered dataclasses
+    and enums) and register its extensions, the first time one is met; False if it was loaded
+    already (then the type is simply not supported)."""
+    global _values
+    if _values is not None:
+        return False
+    import lattica.values as values  # (the first such value loads them: a starting node does not)
+
+    for code, cls, to_obj, from_obj in values.EXTENSIONS:
+        if code in _EXT_DEC:
+            register_encoder(cls, code, to_obj)
+        else:
+            register_ext(code, cls, to_obj, from_obj)
+    _values = values
+    return True
+
+
 def _type_name(o: object) -> str:
     t = type(o)
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
@@ -156,7 +208,7 @@ def _type_name(o: object) -> str:
 class _Encoder:
     """Per-thread encoding state: a reusable Packer plus the buffers of the frame being built."""
 
-    __slots__ = ("packer", "limits", "bufs", "level", "busy")
+    __slots__ = ("packer", "limits", "bufs", "level", "busy", "tuples")
 
     def __init__(self) -> None:
         self.packer = msgpack.Packer(default=self.default)
@@ -164,6 +216,7 @@ class _Encoder:
         self.bufs: list[bytes | bytearray | memoryview] = []
         self.level = 0
         self.busy = False
+        self.tuples = False  # the frame holds a tuple marker
 
     def add_buffer(self, buf: bytes | bytearray | memoryview) -> int:
         if len(self.bufs) >= self.limits.max_buffers:
@@ -174,14 +227,17 @@ class _Encoder:
     def walk(self, o: Any, depth: int) -> Any:
         """Check depth, lengths and key types; return ``o`` with big bytes made buffer refs."""
         t = type(o)
-        if t is dict or t is list or t is tuple:
+        if t is dict or t is list:
             is_dict = t is dict
+        elif isinstance(o, tuple) and t not in _SKIP:
+            self.tuples = True  # a marked array: it decodes as a tuple again
+            return self.walk([_TUPLE_MARK, *o], depth)
         elif isinstance(o, list):  # a named view over a wire list (rpc.CallMsg): no bytes-like test
             is_dict = False
         elif isinstance(o, _BYTES_LIKE):
             return self.out_of_band(o)
-        elif isinstance(o, (dict, list, tuple)):
-            is_dict = isinstance(o, dict)
+        elif isinstance(o, dict):
+            is_dict = True
         else:
             return o  # scalars, arrays, extension types, unsupported types: Packer + default()
         lim = self.limits
@@ -255,14 +311,19 @@ class _Encoder:
             if dts is None:
                 raise CodecError(f"cannot encode numpy scalar of dtype {o.dtype}")
             return _ext(msgpack.ExtType, (_EXT_SCALAR, bytes([len(dts)]) + dts + o.tobytes()))
+        if _values is not None and _values.name_of(type(o)) is not None:
+            return self.pack_ext(o, _values.REGISTERED_CODE, _values.value_to_obj)
+        if (type(o).__module__ in _VALUE_MODULES or "lattica.values" in sys.modules) and _load_values():
+            return self.default(o)
         if isinstance(o, int):  # the Packer hands over ints it cannot represent
             raise CodecError(
                 f"integer of {o.bit_length()} bits is out of msgpack range (-2**63 .. 2**64-1)"
             )
         raise CodecError(
-            f"cannot encode object of type {_type_name(o)} (supported: None, bool, int, float, "
-            "str, bytes, bytearray, memoryview, list, tuple, dict, numpy arrays and scalars, "
-            "registered extension types)"
+            f"cannot encode object of type {_type_name(o)}: calls carry data (None, bool, int, float, "
+            "str, bytes, list, tuple, dict, set, datetime, UUID, Decimal, paths, numpy arrays, ActorRef, "
+            "...), not live objects; register a dataclass or an Enum with lattica.values.register(cls), "
+            "or pass its fields (docs/api.md, 'Arguments and results')"
         )
 
     def pack_array(self, a: np.ndarray) -> msgpack.ExtType:
@@ -346,7 +407,7 @@ def encode(obj: Any, limits: Limits = DEFAULT_LIMITS) -> list[bytes | bytearray 
                 raise FrameTooLarge(
                     f"message of {len(body) + 8} bytes exceeds max_frame {limits.max_frame}"
                 )
-            return [_HDR.pack(_VERSION, 0, 0, len(body)), body]
+            return [_HDR.pack(_VERSION, _FLAG_TUPLES if enc.tuples else 0, 0, len(body)), body]
         n = len(bufs)
         lens = [len(b) for b in bufs]
         chunks: list[bytes | bytearray | memoryview] = [b"", body]
@@ -359,7 +420,7 @@ def encode(obj: Any, limits: Limits = DEFAULT_LIMITS) -> list[bytes | bytearray 
             pos += size
         if pos > limits.max_frame:
             raise FrameTooLarge(f"message of {pos} bytes exceeds max_frame {limits.max_frame}")
-        chunks[0] = _HDR.pack(_VERSION, 0, n, len(body)) + struct.pack(f"<{n}Q", *lens)
+        chunks[0] = _HDR.pack(_VERSION, _FLAG_TUPLES if enc.tuples else 0, n, len(body)) + struct.pack(f"<{n}Q", *lens)
         return chunks
     except struct.error as e:  # body over 4 GiB with a custom max_frame
         raise FrameTooLarge(f"message too large for the frame header: {e}") from None
@@ -370,6 +431,13 @@ def encode(obj: Any, limits: Limits = DEFAULT_LIMITS) -> list[bytes | bytearray 
             enc.bufs.clear()
         enc.level = 0
         enc.busy = False
+        enc.tuples = False
+
+
+def check(obj: Any, limits: Limits = DEFAULT_LIMITS) -> None:
+    """CodecError (or FrameTooLarge) unless ``obj`` could be sent; the frame is dropped, and big
+    buffers are only referenced, never copied."""
+    encode(obj, limits)
 
 
 def encode_bytes(obj: Any, limits: Limits = DEFAULT_LIMITS) -> bytes:
@@ -437,12 +505,17 @@ def _counter(budget: list[int], limit: int) -> Callable[[Any], Any]:
 
 
 def _make_hook(
-    bufs: list[memoryview] | None, limits: Limits, level: int, budget: list[int] | None = None
+    bufs: list[memoryview] | None, limits: Limits, level: int, budget: list[int] | None = None, tuples: bool = False
 ) -> Callable[[int, bytes], Any]:
     """The msgpack ext_hook for one payload: buffer refs, numpy values, registered types
-    (``budget``: the frame's container count, shared with nested payloads)."""
+    (``budget``: the frame's container count, shared with nested payloads; ``tuples``: the frame
+    declares tuple markers)."""
 
     def hook(code: int, data: bytes) -> Any:
+        if code == _EXT_TUPLE:
+            if not tuples or data:
+                raise CodecError("a tuple marker in a frame that declares no tuples")
+            return _TUPLE_SENTINEL
         if budget is not None:
             budget[0] += _EXT_COST
             if budget[0] > limits.max_containers:
@@ -456,6 +529,8 @@ def _make_hook(
         if code == _EXT_SCALAR:
             return _decode_scalar(data)
         ext = _EXT_DEC.get(code)
+        if ext is None and code in _VALUE_CODES and _load_values():
+            ext = _EXT_DEC.get(code)
         if ext is None:
             raise CodecError(f"unknown extension type {code}")
         if len(data) >= 2 and data[0] == 0xC4 and len(data) == 2 + data[1]:
@@ -463,7 +538,7 @@ def _make_hook(
         elif level >= _MAX_EXT_NESTING:
             raise CodecError(f"extension types nested deeper than {_MAX_EXT_NESTING} levels")
         else:
-            inner = _unpack(data, bufs, limits, level + 1, budget)
+            inner = _unpack(data, bufs, limits, level + 1, budget, tuples)
         try:
             return ext[1](inner)
         except CodecError:
@@ -477,7 +552,20 @@ def _make_hook(
 _HOOK0 = _make_hook(None, DEFAULT_LIMITS, 0)
 
 
-def _check_depth(o: list | dict, budget: int) -> None:
+def _as_tuple(count: Callable[[Any], Any] | None) -> Callable[[list], Any]:
+    """A list hook that turns marked arrays into tuples (after ``count``, if counting)."""
+
+    def hook(o: list) -> Any:
+        if count is not None:
+            count(o)
+        if o and o[0] is _TUPLE_SENTINEL:
+            return tuple(o[1:])
+        return o
+
+    return hook
+
+
+def _check_depth(o: list | dict | tuple, budget: int) -> None:
     """Raise CodecError when containers nest deeper than ``budget`` levels below ``o``'s parent."""
     if budget <= 0:
         raise CodecError("message nested too deeply")
@@ -490,21 +578,25 @@ def _check_depth(o: list | dict, budget: int) -> None:
 
 
 def _unpack(
-    body: bytes | memoryview, bufs: list[memoryview] | None, limits: Limits, level: int, budget: list[int] | None = None
+    body: bytes | memoryview, bufs: list[memoryview] | None, limits: Limits, level: int, budget: list[int] | None = None,
+    tuples: bool = False,
 ) -> Any:
     """Decode one msgpack body (the frame's, or an extension payload) under ``limits``."""
     n = len(body)
     if budget is None and n > _COUNT_FROM:
         budget = [0]
-    if budget is None and bufs is None and limits is DEFAULT_LIMITS and level == 0:
+    if budget is None and bufs is None and limits is DEFAULT_LIMITS and level == 0 and not tuples:
         hook = _HOOK0
     else:
-        hook = _make_hook(bufs, limits, level, budget)
+        hook = _make_hook(bufs, limits, level, budget, tuples)
     counted: dict[str, Any] = {}
     paused = False
     if budget is not None:
         count = _counter(budget, limits.max_containers)
-        counted = {"list_hook": count, "object_hook": count}
+        counted = {"list_hook": _as_tuple(count) if tuples else count, "object_hook": count}
+    elif tuples:
+        counted = {"list_hook": _as_tuple(None)}
+    if budget is not None:
         # the collector would walk the growing heap of new containers again and again (most of
         # the time of a big body's decoding); it runs once this is done
         paused = level == 0 and gc.isenabled()
@@ -547,18 +639,19 @@ def decode(frame: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMIT
         if n < 8:
             raise CodecError(f"truncated frame header ({n} bytes)")
         version, flags, nbuf, blen = _HDR.unpack_from(frame)
-        if version != _VERSION or flags:
+        if version != _VERSION or flags & ~_FLAG_TUPLES:
             raise CodecError(f"unsupported codec frame version {version} / flags {flags}")
+        tuples = bool(flags)
         if nbuf == 0:
             if blen + 8 != n:
                 raise CodecError(f"frame is {n} bytes but its header declares {blen + 8}")
             body = frame[8:] if n < 4096 else memoryview(frame)[8:]
-            if limits is DEFAULT_LIMITS and n < 4096:  # the hot path: small message, default caps
+            if limits is DEFAULT_LIMITS and n < 4096 and not tuples:  # the hot path: small message, default caps
                 obj = msgpack.unpackb(body, strict_map_key=False, timestamp=2, ext_hook=_HOOK0)
                 if n > 8 + DEFAULT_LIMITS.max_depth and type(obj) in _CONTAINERS:
                     _check_depth(obj, DEFAULT_LIMITS.max_depth)
                 return obj
-            return _unpack(body, None, limits, 0)
+            return _unpack(body, None, limits, 0, tuples=tuples)
         if nbuf > limits.max_buffers:
             raise CodecError(f"frame declares {nbuf} buffers, the limit is {limits.max_buffers}")
         pos = 8 + 8 * nbuf + blen
@@ -574,7 +667,7 @@ def decode(frame: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMIT
             pos += size
         if pos != n:
             raise CodecError(f"{n - pos} trailing bytes after the last buffer")
-        return _unpack(mv[8 + 8 * nbuf : 8 + 8 * nbuf + blen], bufs, limits, 0)
+        return _unpack(mv[8 + 8 * nbuf : 8 + 8 * nbuf + blen], bufs, limits, 0, tuples=tuples)
     except (CodecError, FrameTooLarge):
         raise
     except Exception as e:

@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
 log = get_logger("lattica.runtime")
 
+_LEAVES = frozenset({str, int, float, bool, type(None), bytes})  # arguments a local call need not check
+
 
 class Runtime(Following):
     """Actors of one node and its call channels; lives on the node loop."""
@@ -346,8 +348,14 @@ class Runtime(Following):
         p = Pending(cid, ref, msg, None if tell or stream is not None else Future(self.loop), stream)
         p.stream_args = streamed
         p.idempotent = idempotent
-        if encode and ref.peer_id != self.peer_id:
-            p.encoded = codec.encode(msg)
+        if ref.peer_id != self.peer_id:
+            if encode:
+                p.encoded = codec.encode(msg)
+        elif not (_LEAVES.issuperset(map(type, arg_list)) and (not kwargs or _LEAVES.issuperset(map(type, kwargs.values())))):
+            # a local call passes its arguments by reference, but they must be what a remote call
+            # could carry: a lambda or an open file fails in the first, local test (as in Ray),
+            # not once the actor moves; the encoding is checked, not kept (big buffers are not copied)
+            codec.check([arg_list, kwargs])
         return p
 
     def submit(self, p: Pending, block: bool) -> None:

@@ -38,6 +38,9 @@ def record(token: str, value) -> None:
         RECORDS[token].append(value)
 
 
+_LOCK = threading.Lock()
+
+
 class CustomError(Exception):
     """Not a built-in: the caller gets a plain RemoteError naming this type."""
 
@@ -155,8 +158,8 @@ class Worker:
     async def aping(self) -> str:
         return "pong"
 
-    def returns_set(self):
-        return {1, 2}  # the codec refuses sets
+    def returns_lock(self):
+        return _LOCK  # a live object: the codec refuses it
 
 
 @lattica.actor

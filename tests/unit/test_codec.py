@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import inspect
+import collections
 import math
+import sys
 import pickle
 import struct
 import threading
@@ -73,8 +75,15 @@ def test_nan_round_trips():
     assert math.isnan(out[0]) and math.isnan(out[1]["x"])
 
 
-def test_tuples_and_small_bytes_likes_decode_as_lists_and_bytes():
-    assert rt((1, (2, 3), [(4,)])) == [1, [2, 3], [[4]]]
+def test_tuples_come_back_as_tuples_and_small_bytes_likes_as_bytes():
+    out = rt((1, (2, 3), [(4,)], {"t": ()}))
+    assert out == (1, (2, 3), [(4,)], {"t": ()}) and type(out[2]) is list
+    Point = collections.namedtuple("Point", "x y")
+    assert rt([Point(1, 2)]) == [(1, 2)]  # a named tuple arrives as a plain tuple
+    assert codec.encode([1, 2])[0][1] == 0 and codec.encode([(1, 2)])[0][1] == 1  # the header says so
+    big = b"x" * (1 << 17)
+    out = rt((big, (big,)))
+    assert type(out) is tuple and type(out[1]) is tuple and bytes(out[1][0]) == big
     assert rt(bytearray(b"abc")) == b"abc"
     assert rt(memoryview(b"abc")) == b"abc"
     assert rt(memoryview(np.arange(4, dtype=np.uint16))) == np.arange(4, dtype=np.uint16).tobytes()
@@ -509,15 +518,13 @@ def test_limits_validation():
         Limits(max_depth=-1)
 
 
-@pytest.mark.parametrize(
-    "bad", [{1, 2}, object(), 1 + 2j, datetime(2024, 1, 1), frozenset(), range(3), Exception("x")]
-)
-def test_unsupported_types_are_named(bad):
-    with pytest.raises(CodecError, match=type(bad).__name__):
+@pytest.mark.parametrize("bad", [object(), 1 + 2j, range(3), Exception("x"), lambda: 1, sys.stdout])
+def test_unsupported_types_are_named_with_what_to_do(bad):
+    with pytest.raises(CodecError, match=type(bad).__name__ + ".*lattica.values.register"):
         encode({"value": [bad]})
 
 
-@pytest.mark.parametrize("key", [(1, 2), 1.5, None, True, frozenset()])
+@pytest.mark.parametrize("key", [(1, 2), 1.5, None, True])
 def test_unsupported_map_keys(key):
     with pytest.raises(CodecError, match="key"):
         encode({key: 1})
@@ -525,7 +532,7 @@ def test_unsupported_map_keys(key):
 
 def test_malformed_frames():
     short = b"\x01\x00\x00\x00\x00\x00\x00"
-    for bad in [b"", b"\x01", short, frame(b"\xc0", version=2), frame(b"\xc0", flags=1)]:
+    for bad in [b"", b"\x01", short, frame(b"\xc0", version=2), frame(b"\xc0", flags=2), frame(b"\x92\xd4\x03\x00\x01")]:
         with pytest.raises(CodecError):
             decode(bad)
     bodies = [b"", b"\xc1", b"\x92\x01", b"\x01\x02", b"\xa2\xff\xfe", b"\x81\x91\x01\x02"]
@@ -735,7 +742,7 @@ def test_concurrent_use_from_threads():
 def test_encoder_state_is_released_after_errors():
     big = b"x" * MiB
     with pytest.raises(CodecError):
-        encode([big, {1, 2}])
+        encode([big, object()])
     assert rt([1, 2]) == [1, 2]
     assert not codec._local.enc.bufs and not codec._local.enc.busy
 

@@ -102,7 +102,7 @@ def test_a_members_report_is_checked_and_cut_before_anything_uses_it():
     rep = clean_report(junk)
     assert rep["peer_id"] == "p [2J" and rep["peers"] == [] and rep["nat"] is None and rep["labels"] == {"k": "v "}
     assert rep["actors"] == [{"name": None, "class": None, "state": None, "system": False, "mailbox": None, "running": None,
-                              "calls": None, "errors": None, "failure": None}] * 3
+                              "calls": None, "errors": None, "failure": None, "code": None, "job": None}] * 3
     [sup] = rep["supervisors"]
     assert len(sup["name"]) == MAX_TEXT and len(sup["children"]) == 500 and sup["children"][0]["restarts"] is None
     assert rep["dht"] == {"table": None, "records": None, "rejected": None} and "unknown" not in rep

@@ -326,7 +326,15 @@ class ShippedClass(NamedTuple):
 
 
 def _encode_class(c: ActorClass) -> Any:
+    """A class in a call (a supervisor's child): its path, and the ticket of its code if it travels
+    (made now if this is the first time: the call cannot wait for it)."""
     ticket = known_ticket(c.cls)
+    if ticket is None:
+        try:
+            code = current_runtime().services.get("code")
+        except NodeClosed:
+            code = None
+        ticket = code.shipper.ticket_now(c.cls) if code is not None else None
     return class_path(c.cls) if ticket is None else [class_path(c.cls), ticket.to_wire()]
 
 

@@ -133,8 +133,8 @@ def _code(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
         await content.fetch(root, None, max_size)
         return await content.read(root)
 
-    async def put(data: bytes) -> str:
-        return str(await content.put(data, None, True, None))
+    def put(data: bytes) -> str:
+        return str(content.put_now(data))
 
     library = CodeLibrary(rt.peer_id, node.trust, node.accept_code, fetch)
     services["spawner"].code = library

@@ -178,6 +178,16 @@ class ContentService:
         self.announce(root)
         return root
 
+    def put_now(self, data: bytes) -> Cid:
+        """``put`` for a caller on any thread that needs the CID at once (a class's code package,
+        named while a call that carries the class is encoded): chunk, hash, store and pin here;
+        announced from the loop."""
+        store = self.store
+        root, cids = _jobs().import_source(store, data, self.cfg.chunk_size, None)
+        store.pin(str(root), cids)
+        self.host.loop.call_soon_threadsafe(self.announce, root)
+        return root
+
     def announce(self, root: Cid) -> None:
         """Tell the DHT we provide ``root`` (re-announced while we hold it); never waits."""
         self._provided.add(root)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from typing import TYPE_CHECKING, Awaitable, Callable, Iterable
+import threading
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from lattica.code.tickets import MAX_BYTES, SHIPPED, Ticket, ticket_of
 from lattica.errors import CodeError
@@ -30,7 +31,7 @@ class Shipper:
     """One node's outgoing code: ``code`` is what ``Node(code=...)`` says (None: the script's
     directory; False: nothing; else directories and module names), ``excludes`` fnmatch patterns."""
 
-    def __init__(self, keypair: KeyPair, certificates: Iterable[bytes], put: Callable[[bytes], Awaitable[str]],
+    def __init__(self, keypair: KeyPair, certificates: Iterable[bytes], put: Callable[[bytes], str],
                  code: Iterable[str] | bool | None = None, excludes: Iterable[str] = (), max_bytes: int = MAX_BYTES, admin: bool = False) -> None:
         self._keypair = keypair
         self.admin = admin  # this node administers its mesh (nodes that take administrators' code only take ours)
@@ -45,7 +46,8 @@ class Shipper:
             self.roots = [os.path.realpath(r) if os.path.isdir(r) else r for r in code]
         self.excludes = list(excludes)
         self.max_bytes = max_bytes
-        self._ticket: asyncio.Future | None = None  # of the first package made (made once per process)
+        self._made: Ticket | None = None  # the package's ticket, made at the first class that travels
+        self._making = threading.Lock()  # (made from the loop's executor, or while a call is encoded)
         self._package: CodePackage | None = None
         self._checked: set[str] = set()
 
@@ -63,7 +65,16 @@ class Shipper:
 
     async def ticket(self, cls: type) -> Ticket | None:
         """The ticket a spawn of ``cls`` carries (None: the class does not travel; the target must
-        have it installed). CodeError if it should travel and cannot (the script rule, the cap)."""
+        have it installed). CodeError if it should travel and cannot (the script rule, the cap).
+        The first one packs and stores the package, off the loop."""
+        known = ticket_of(cls.__module__) or (self._made if cls.__module__ in SHIPPED else None)
+        if known is not None:
+            return known
+        return await asyncio.get_running_loop().run_in_executor(None, self.ticket_now, cls)
+
+    def ticket_now(self, cls: type) -> Ticket | None:
+        """``ticket`` for a caller that cannot wait (the codec writing an actor class into a call):
+        the first one packs and stores the package on this thread."""
         loaded = ticket_of(cls.__module__)
         if loaded is not None:
             return loaded
@@ -73,25 +84,16 @@ class Shipper:
                                 "which is not shipped (lattica.init(code=...)): define it in a file the driver ships, "
                                 "or install its module on the nodes and allow it there")
             return None
-        if self._ticket is None:
-            from lattica.code.package import pack  # (packing loads with the first class that travels)
+        with self._making:
+            if self._made is None:
+                from lattica.code.package import pack  # (packing loads with the first class that travels)
 
-            self._ticket = asyncio.get_running_loop().create_future()
-            try:
-                self._package = await asyncio.get_running_loop().run_in_executor(None, pack, self.roots, self._main, self.excludes, self.max_bytes)
-                cid = await self._put(self._package.encode())
-                ticket = Ticket.issue(cid, self._keypair, self._certificates)
-                self._ticket.set_result(ticket)
-            except BaseException as e:
-                self._ticket.set_exception(e)
-                self._ticket.exception()
-                self._ticket = None
-                raise
-        ticket = await asyncio.shield(self._ticket)
-        if cls.__module__ == "__main__":
-            self._check_script_class(cls)
-        SHIPPED[cls.__module__] = ticket
-        return ticket
+                self._package = pack(self.roots, self._main, self.excludes, self.max_bytes)
+                self._made = Ticket.issue(self._put(self._package.encode()), self._keypair, self._certificates)
+            if cls.__module__ == "__main__":
+                self._check_script_class(cls)
+            SHIPPED[cls.__module__] = self._made
+        return self._made
 
     def _check_script_class(self, cls: type) -> None:
         """CodeError (naming the line) if other nodes cannot define ``cls`` from the script."""

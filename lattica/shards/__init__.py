@@ -41,16 +41,21 @@ def serve(ref: ActorRef, service: str, shard: str | Mapping[str, Any], *, node: 
     """Register ``ref`` as a provider of ``shard`` of ``service`` while it lives: an actor of this
     node (``node``: of that node), or one this node spawned on another (that node registers it; a
     node signs registrations of its own actors only). Registrations by strangers to the mesh are
-    not followed. A Future, done once registered here (the DHT put follows at once)."""
+    not followed. A Future, done once registered here (the DHT put follows at once). A ref just
+    spawned is registered once its spawn has answered (its node could not find it before)."""
     rt, svc = _service(node)
-    if ref.peer_id != rt.peer_id:  # (an actor we spawned there: its node registers it, for us)
-        shards = ActorRef(ref.peer_id, "shards", {"serve": ASYNC})
-        return rt.call(shards, "serve", (ref.name, service, shard_id(shard)), {}, timeout=10.0)
+    spawning = ref._spawn
 
-    async def here() -> None:
-        await svc.serve(ref, service, shard)  # (registered once stored: a lookup right after finds it)
+    async def register() -> None:
+        if spawning is not None:
+            await spawning  # (raises the spawn's error: a provider that never started is not served)
+        if ref.peer_id != rt.peer_id:  # (an actor we spawned there: its node registers it, for us)
+            shards = ActorRef(ref.peer_id, "shards", {"serve": ASYNC})
+            await rt.call(shards, "serve", (ref.name, service, shard_id(shard)), {}, timeout=10.0)
+        else:
+            await svc.serve(ref, service, shard)  # (registered once stored: a lookup right after finds it)
 
-    return run_coroutine(rt, here)
+    return run_coroutine(rt, register)
 
 
 def withdraw(ref: ActorRef, service: str, shard: str | Mapping[str, Any], *, node: Node | None = None) -> Future:

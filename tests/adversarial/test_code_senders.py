@@ -61,7 +61,7 @@ def test_a_shipped_class_spawns_and_calls(app):
     with lattica.Node([TCP], mesh=key, code=[str(folder)]) as driver, lattica.Node([TCP], mesh=key) as target:
         connected(target, driver)
         ref = driver.run(_remote(Echo.options(node=target.peer_id)), timeout=20)
-        assert call_as(driver, ref, "echo", 5) == ["echo", 5]
+        assert call_as(driver, ref, "echo", 5) == ("echo", 5)
         library = target.host.services["code"].library
         assert len(library.loaded) == 1 and library.sender_of(ref.name) == driver.peer_id
         call_as(driver, spawner_ref(target.peer_id), "kill", ref.name)
@@ -115,7 +115,7 @@ def test_forged_and_forwarded_tickets_and_a_strangers_code_are_refused(app, tmp_
         # the member's own code: refused by a node that runs administrators' code only
         with pytest.raises(PermissionDenied, match="accept_code='admins'"):
             member.run(_remote(Echo.options(node=target.peer_id)), timeout=20)
-        member_ticket = member.host.services["code"].shipper._ticket.result()  # (what the member signed)
+        member_ticket = member.host.services["code"].shipper.ticket_now(Echo.cls)  # (what the member signed)
         # an administrator forwarding the member's ticket does not make it an administrator's code
         with pytest.raises(PermissionDenied, match="refuses code from " + str(member.peer_id)):
             spawn_call(admin, target, "shipped_app.Echo", member_ticket.to_wire())
@@ -152,7 +152,7 @@ def test_a_supervisor_restarts_a_shipped_child_on_another_node(app):
         wait_for(lambda: where() not in (None, str(a.peer_id)), timeout=20)
         assert where() in (str(b.peer_id), str(driver.peer_id), str(sup_node.peer_id))
         ref = call_as(driver, sup, "children")[0]
-        assert call_as(driver, ref, "echo", 3) == ["echo", 3]
+        assert call_as(driver, ref, "echo", 3) == ("echo", 3)
 
 
 def test_a_restarted_node_runs_a_package_from_its_own_blockstore(app, tmp_path):
@@ -164,14 +164,14 @@ def test_a_restarted_node_runs_a_package_from_its_own_blockstore(app, tmp_path):
         with lattica.Node([TCP], mesh=key, keypair=target_key, content=ContentConfig(blocks=str(blocks))) as target:
             connected(target, driver)
             ref = driver.run(_remote(Echo.options(node=target.peer_id, lifetime="detached")), timeout=20)
-            assert call_as(driver, ref, "echo", 1) == ["echo", 1]
-        ticket = driver.host.services["code"].shipper._ticket.result()
+            assert call_as(driver, ref, "echo", 1) == ("echo", 1)
+        ticket = driver.host.services["code"].shipper.ticket_now(Echo.cls)
     # the driver is gone; another administrator, who never held the package, asks with its ticket
     with lattica.Node([TCP], mesh=key, keypair=target_key, content=ContentConfig(blocks=str(blocks))) as target, \
          lattica.Node([TCP], mesh=key, code=False) as other:
         connected(target, other)
         ref = spawn_call(other, target, "shipped_app.Echo", ticket.to_wire(), name="echo-2")
-        assert call_as(other, ref, "echo", 2) == ["echo", 2]
+        assert call_as(other, ref, "echo", 2) == ("echo", 2)
 
 
 def test_placement_skips_nodes_that_would_refuse_the_code(app):

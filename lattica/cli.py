@@ -131,6 +131,12 @@ def _bench(args: argparse.Namespace) -> None:
 
         for t in transports:
             _print(bench_firstcall(t, link=args.link, runs=args.runs or 5), args.json)
+    if which in ("code", "all"):
+        from lattica.bench.code import bench_code  # lazy: see the note above _bench
+
+        sizes = (args.size,) if args.size else (100_000, 10_000_000)
+        for row in bench_code(sizes, nodes=(args.nodes or [8])[0], spawns=args.runs or 20):
+            _print(row, args.json)
     if which == "soak":
         from lattica.bench.soak import soak  # lazy: see the note above _bench
 
@@ -518,7 +524,7 @@ def main(argv: list[str] | None = None) -> None:
     s.set_defaults(fn=_demo)
 
     s = sub.add_parser("bench", help="run benchmarks and print figures")
-    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "firstcall", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "pubsub-nodes", "crdt", "crdt-sim", "shards", "weightsync", "dashboard", "soak", "all"])
+    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "firstcall", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "pubsub-nodes", "crdt", "crdt-sim", "shards", "weightsync", "dashboard", "soak", "code", "all"])
     s.add_argument("--transport", choices=["tcp", "quic", "both"], default="both")
     s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic); content: object bytes (default 256 MiB)")
     s.add_argument("--count", type=int, default=10000, help="pings")

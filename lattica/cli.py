@@ -427,7 +427,8 @@ def _demo(args: argparse.Namespace) -> None:
     run()
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line's grammar (the docs' commands are checked against it)."""
     p = argparse.ArgumentParser(prog="lattica", description="Lattica: a peer-to-peer actor framework")
     p.add_argument("--log", default=None, help="log level (debug, info, warning); off by default")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -546,7 +547,11 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=_bench)
 
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.log:
         lattica_logging.configure(args.log)
     try:

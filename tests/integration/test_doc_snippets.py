@@ -1,7 +1,9 @@
 """Every Python snippet in README.md and docs/*.md runs as written, as its own script, against a
 mesh of fresh ``lattica node`` processes. Only placeholders are filled: the example addresses
 become the mesh's first node, the example PeerId ``"12D3KooW..."`` its second node, public listen
-addresses and the dashboard's port become free loopback ones."""
+addresses and the dashboard's port become free loopback ones. The shell blocks' ``lattica ...``
+commands are checked against the CLI's grammar (running them all would take the benchmarks'
+hours): each parses, or, written as a usage summary, names what exists."""
 
 import os
 import pathlib
@@ -96,3 +98,53 @@ def test_a_snippet_runs_as_written(mesh, tmp_path, where, code):
     script.write_text(fill(code, addrs))
     out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, f"{where} failed:\n{script.read_text()}\n--- stdout\n{out.stdout[-3000:]}\n--- stderr\n{out.stderr[-6000:]}"
+
+
+def commands() -> list[tuple[str, str]]:
+    """Every ``lattica ...`` command line in the docs' other code blocks (shell), with its place."""
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text()
+        for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
+            if m.group(1) == "python":
+                continue
+            for i, line in enumerate(m.group(2).splitlines()):
+                line = re.sub(r"^\S+\$ ", "", line.strip())  # a prompt: machine-a$
+                if line.startswith("lattica "):
+                    found.append((f"{path.relative_to(ROOT)}:{text[: m.start()].count(chr(10)) + 2 + i}", line))
+    return found
+
+
+COMMANDS = commands()
+
+
+@pytest.mark.parametrize("where,line", COMMANDS, ids=[w for w, _ in COMMANDS])
+def test_every_command_in_the_docs_is_one_the_cli_takes(where, line):
+    """A concrete command parses as the CLI would parse it; a usage summary (``a|b``, ``[--x N]``)
+    names only subcommands, choices and options that exist."""
+    import shlex
+
+    from lattica.cli import parser
+
+    words = shlex.split(re.split(r"\s+#\s", line)[0])
+    if ">" in words:
+        words = words[: words.index(">")]
+    p = parser()
+    if not any("|" in w or w.startswith("[") for w in words):
+        try:
+            p.parse_args(words[1:])
+        except SystemExit:
+            pytest.fail(f"{where}: `{line}` is not a command the CLI takes")
+        return
+    sub = next(a for a in p._actions if a.dest == "cmd").choices  # (argparse keeps its subparsers here)
+    assert words[1] in sub, f"{where}: no subcommand {words[1]!r}"
+    sp = sub[words[1]]
+    options = {o for a in sp._actions for o in a.option_strings}
+    choices = {c for a in sp._actions if a.choices and not a.option_strings for c in a.choices}
+    for w in words[2:]:
+        for part in re.findall(r"--[a-z][a-z-]*", w):
+            assert part in options, f"{where}: `lattica {words[1]}` has no option {part}"
+    if choices and len(words) > 2 and not words[2].startswith(("-", "[")):  # the first positional: its alternatives
+        head = re.split(r"\s(?=--|\[)", " ".join(words[2:]), maxsplit=1)[0]  # up to the first option
+        unknown = [t.split()[0] for t in head.split("|") if t.strip() and t.split()[0] not in choices]
+        assert not unknown, f"{where}: `lattica {words[1]}` takes none of {unknown}"

@@ -142,8 +142,7 @@ def _load_time_names(stmt: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
         parts += stmt.bases + [k.value for k in stmt.keywords]
         for inner in stmt.body:
             if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                return_ = _load_time_names(inner, future)
-                parts += [ast.Name(id=n, ctx=ast.Load()) for n in return_]
+                parts += [ast.Name(id=n, ctx=ast.Load()) for n in _load_time_names(inner, future)]
             else:
                 parts.append(inner)
     else:

@@ -19,6 +19,7 @@ from lattica.code.tickets import Ticket
 from lattica.errors import ActorNotFound, CodeError, LatticaError, PermissionDenied, PlacementError, SpawnError
 from lattica.identity import PeerId
 from lattica.placement import RESOURCES
+from lattica.remote import class_path as lattica_class_path
 
 from lattica.runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, NO_STATE, ActorRef, current_caller
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 _MAX_WINDOW = 1 << 16
 _MAX_CONCURRENCY = 1 << 16
 MAX_ACTORS_PER_MEMBER = 1000  # actors one member (not an administrator) may own on a node
+MAX_CODE_SPAWNS = 8  # spawns with a code package one caller may have in progress on a node (they may wait on a fetch)
 # of each resource a node offers, what the actors one member (not an administrator) owns there
 # may hold reserved at once: no single member books a whole node (or, one spawn per node, a mesh)
 MEMBER_SHARE = 0.5
@@ -85,6 +87,7 @@ class Spawner:
         self._supervisor_ref: dict[str, ActorRef] = {}  # actor name -> its supervisor, as it named itself
         self._owned: dict[PeerId, int] = {}  # node -> how many actors here it owns
         self._jobs = Jobs(runtime)
+        self._code_spawns: dict[PeerId | None, int] = {}  # caller -> its spawns with code in progress here
         self.code: CodeLibrary | None = None  # packages of code that travels (None: this node cannot fetch them)
         runtime.stop_listeners.append(self._release)
 
@@ -233,21 +236,34 @@ class Spawner:
     async def spawn(self, class_path: str, args: list, kwargs: dict | None, name: str | None, options: dict) -> ActorRef:
         """Create an actor of an allowed class, or of a class from the code package the spawn
         brings; returns its ref once its constructor has run. ``options["get_if_exists"]``: the
-        live actor ``name`` if there is one; ``options["detached"]``: it does not end with its job."""
+        live actor ``name`` of that class if there is one; ``options["detached"]``: it does not
+        end with its job."""
         if not isinstance(class_path, str) or not isinstance(args, list) or not isinstance(options, dict):
             raise SpawnError("spawn needs a class path, an argument list and an options map")
         if name is not None and options.get("get_if_exists") is True:
             existing = self._rt.actors.get(name)
             if existing is not None and not existing.system:
+                if lattica_class_path(existing.cls) != class_path:
+                    raise SpawnError(f"{name!r} on {self._rt.peer_id} is a {lattica_class_path(existing.cls)}, not a {class_path}")
                 return existing.ref
         caller = current_caller()
         job = self._job_for(options, caller)
-        cls, package = await self._class(class_path, options.get("code"))
+        ticket = Ticket.from_wire(options["code"]) if options.get("code") is not None else None
+        if ticket is not None:
+            busy = self._code_spawns.get(caller, 0)
+            if busy >= MAX_CODE_SPAWNS:
+                raise CodeError(f"{caller} has {busy} spawns with code in progress on {self._rt.peer_id} already (at most {MAX_CODE_SPAWNS}): try again in a moment")
+            self._code_spawns[caller] = busy + 1
         try:
+            cls, package = await self._class(class_path, ticket, caller)
             return await self._spawn(cls, class_path, args, kwargs, name, options, caller, job, package)
         finally:
-            if package is not None and self.code is not None:
-                self.code.unload_unused(package)  # (a spawn that failed leaves no package behind)
+            if ticket is not None:
+                left = self._code_spawns.pop(caller, 1) - 1
+                if left:
+                    self._code_spawns[caller] = left
+                if self.code is not None:
+                    self.code.unload_unused(ticket.cid)  # (a spawn that failed leaves no package behind)
 
     async def _spawn(self, cls: type, class_path: str, args: list, kwargs: dict | None, name: str | None, options: dict,
                      caller: PeerId | None, job: PeerId | None, package: str | None) -> ActorRef:
@@ -331,12 +347,12 @@ class Spawner:
             raise SpawnError(f"the job that spawned {actor.name!r} ended while it started")
         return actor.ref
 
-    async def _class(self, path: str, code: object) -> tuple[type, str | None]:
-        """The class to spawn and, if it came in a code package, the package's CID. An allowed
-        class installed here wins; a class this node cannot import comes from the package."""
-        if code is None:
+    async def _class(self, path: str, ticket: Ticket | None, caller: PeerId | None) -> tuple[type, str | None]:
+        """The class to spawn, and the CID of the package it came from: an allowed class
+        installed here (None), else one from the package the ticket names, if this node runs
+        that code for this caller."""
+        if ticket is None:
             return self._rt.resolve_class(path), None
-        ticket = Ticket.from_wire(code)
         if self._rt.allows(path):
             try:
                 return self._rt.resolve_class(path), None
@@ -345,7 +361,9 @@ class Spawner:
         if self.code is None:
             raise CodeError(f"{self._rt.peer_id} runs without the content service, so code cannot travel to it: "
                             f"install the module of {path!r} there and allow it (lattica node --allow)")
-        return await self.code.actor_class(path, ticket)
+        host = self._rt.host
+        self.code.check(ticket, caller, host.circle_of(caller) if caller is not None else "self", caller is None or host.is_admin(caller))
+        return await self.code.actor_class(path, ticket), ticket.cid
 
     def _job_for(self, options: dict, caller: PeerId | None) -> PeerId | None:
         """The job a new actor ends with: none if detached, the job the spawn names (an actor or a

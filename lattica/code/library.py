@@ -27,6 +27,7 @@ __all__ = ["ACCEPT", "CodeLibrary", "refusal"]
 log = get_logger("lattica.code")
 
 ACCEPT = ("admins", "members", "nobody")  # whose code a node runs (``Node(accept_code=...)``)
+MAX_LOADING = 8  # distinct packages a node fetches at once
 
 
 def refusal(accept: str, circle: str, admin: bool) -> str | None:
@@ -57,8 +58,14 @@ class CodeLibrary:
         self._loading: dict[str, asyncio.Future] = {}
         self._used_by: dict[str, str] = {}  # actor name -> the CID of its package
 
-    def check(self, ticket: Ticket) -> None:
-        """PermissionDenied unless this node runs code from the ticket's sender."""
+    def check(self, ticket: Ticket, caller: PeerId | None = None, caller_circle: str = "self", caller_admin: bool = True) -> None:
+        """PermissionDenied unless this node runs code from the ticket's sender, asked for by
+        ``caller`` (judged by the same setting: a ticket is a name anyone who saw it can repeat,
+        so who asks to run the code now counts as much as who wrote it)."""
+        if caller is not None and caller != self.me:
+            why = refusal(self.accept, caller_circle, caller_admin)
+            if why is not None:
+                raise PermissionDenied(f"{self.me} refuses to run code that {caller} ({caller_circle}) asks for: {why}")
         if not ticket.verify():
             raise PermissionDenied(f"the code ticket for {ticket.cid} is not signed by {ticket.sender}")
         verdict = self.trust.judge(ticket.sender, list(ticket.certificates), time.time())
@@ -66,17 +73,20 @@ class CodeLibrary:
         if why is not None:
             raise PermissionDenied(f"{self.me} refuses code from {ticket.sender} ({verdict.circle}: {verdict.why}): {why}")
 
-    async def actor_class(self, path: str, ticket: Ticket) -> tuple[type, str]:
-        """The class at ``path`` in the ticket's package, and the package's CID (to pass to ``use``)."""
-        self.check(ticket)
+    async def actor_class(self, path: str, ticket: Ticket) -> type:
+        """The class at ``path`` in the ticket's package (checked with ``check`` first). The
+        package's modules are imported on a worker thread: a slow import must not stall the
+        node's loop (its heartbeats, its other calls)."""
         namespace = self.loaded.get(ticket.cid)
         if namespace is None:
             namespace = await self._load(ticket)
-        return namespace.actor_class(path), ticket.cid
+        return await asyncio.to_thread(namespace.actor_class, path)
 
     async def _load(self, ticket: Ticket) -> Namespace:
         loading = self._loading.get(ticket.cid)
         if loading is None:
+            if len(self._loading) >= MAX_LOADING:
+                raise CodeError(f"{self.me} is fetching {MAX_LOADING} code packages already: try again in a moment")
             loading = self._loading[ticket.cid] = asyncio.get_running_loop().create_future()
             from lattica.code.loader import Namespace  # (the loader, packer and script parser load with the first package)
             from lattica.code.package import unpack  # (likewise)

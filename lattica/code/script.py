@@ -6,13 +6,15 @@ its code package with only these top-level statements kept:
 
 - ``import`` and ``from ... import``;
 - ``def``, ``async def`` and ``class`` (with their decorators, defaults and bodies);
-- assignments whose value calls nothing (``HIDDEN = 64``, ``SIZES = (1, 2)``, ``Alias = Base``),
-  docstrings, ``pass``;
+- assignments to the script's own names whose value (and annotation) calls nothing (``HIDDEN =
+  64``, ``SIZES = (1, 2)``, ``Alias = Base``; not ``os.environ[k] = v``), docstrings, ``pass``;
 - ``if`` and ``try`` blocks made only of such statements (``if TYPE_CHECKING:``, ``try: import
   x / except ImportError: x = None``).
 
 Every other statement is left out (calls, loops, ``with``, ``if __name__ == "__main__":`` blocks),
-and so is a kept kind that uses a name only a left-out statement binds. ``check_class`` tells the
+and so is a kept kind that uses a name only a left-out statement binds. A definition runs as it
+does on the driver: its decorators, default values and class body are evaluated (that is what
+defining it means), so a decorator with side effects (``@atexit.register``) has them there too. ``check_class`` tells the
 driver, before anything is sent, when a class uses such a name, naming the line.
 """
 
@@ -108,9 +110,11 @@ def _runs(stmt: ast.stmt, left_out: dict[str, tuple[int, str]], future: bool) ->
     if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return not (_load_time_names(stmt, future) & left_out.keys())
     if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)) or type(stmt).__name__ == "TypeAlias":
-        value = getattr(stmt, "value", None)
-        parts = [p for p in (value, *(getattr(stmt, "targets", None) or [getattr(stmt, "target", None)])) if p is not None]
-        return not any(_calls(p) for p in parts) and not (_names(parts) & left_out.keys())
+        targets = getattr(stmt, "targets", None) or [getattr(stmt, "target", None)]
+        if not all(_plain(t) for t in targets):
+            return False  # (``os.environ[k] = v``, ``sys.path[:0] = ...``, ``mod.X = 1``: they change what is not the script's)
+        parts = [p for p in (getattr(stmt, "value", None), getattr(stmt, "annotation", None)) if p is not None]
+        return not any(_calls(p) for p in parts) and not (_names(parts + targets) & left_out.keys())
     if isinstance(stmt, ast.If):
         if _calls(stmt.test) or _names([stmt.test]) & left_out.keys():
             return False
@@ -124,6 +128,13 @@ def _runs(stmt: ast.stmt, left_out: dict[str, tuple[int, str]], future: bool) ->
 
 def _all_run(stmts: list[ast.stmt], left_out: dict[str, tuple[int, str]], future: bool) -> bool:
     return all(_runs(s, left_out, future) for s in stmts)
+
+
+def _plain(target: ast.AST | None) -> bool:
+    """A target that binds names of the script only (``X``, ``a, b``)."""
+    if isinstance(target, ast.Name):
+        return True
+    return isinstance(target, (ast.Tuple, ast.List)) and all(_plain(t) for t in target.elts)
 
 
 def _calls(node: ast.AST) -> bool:

@@ -122,7 +122,11 @@ def test_forged_and_forwarded_tickets_and_a_strangers_code_are_refused(app, tmp_
         # a ticket naming the administrator, signed by someone else
         forged = Ticket(member_ticket.cid, admin.peer_id, member_ticket.signature, admin.trust.presented)
         with pytest.raises(PermissionDenied, match="not signed by"):
-            spawn_call(member, target, "shipped_app.Echo", forged.to_wire())
+            spawn_call(admin, target, "shipped_app.Echo", forged.to_wire())
+        # the administrator's own ticket, repeated by a member: who asks counts as much as who wrote it
+        admin_ticket = admin.host.services["code"].shipper.ticket_now(Echo.cls)
+        with pytest.raises(PermissionDenied, match=f"refuses to run code that {member.peer_id} \\(member\\) asks for"):
+            spawn_call(member, target, "shipped_app.Echo", admin_ticket.to_wire())
         # a stranger reaches no spawner at all
         with pytest.raises(PermissionDenied):
             stranger.run(_remote(Echo.options(node=target.peer_id)), timeout=20)
@@ -196,3 +200,66 @@ def test_placement_skips_nodes_that_would_refuse_the_code(app):
         wait_for(lambda: all(n["state"] != "alive" for n in driver.nodes() if n["peer_id"] == str(open_.peer_id)), timeout=10)
         with pytest.raises(lattica.errors.PlacementError, match=str(closed.peer_id)[-8:] + r": it runs no code that travels \(accept_code='nobody'\)"):
             driver.run(place(1), timeout=30)
+
+
+def test_a_failed_spawn_leaves_no_package_and_a_slow_import_does_not_stall_the_node(app):
+    folder, Echo = app
+    (folder / "slow_app.py").write_text("import time\nimport lattica\ntime.sleep(2)\n\n@lattica.actor\nclass Slow:\n    def ok(self):\n        return 1\n")
+    key = MeshKey.generate()
+    with lattica.Node([TCP], mesh=key, code=[str(folder)]) as driver, lattica.Node([TCP], mesh=key) as target:
+        connected(target, driver)
+        ticket = driver.host.services["code"].shipper.ticket_now(Echo.cls).to_wire()
+        with pytest.raises(SpawnError, match="defines no 'Missing'"):
+            spawn_call(driver, target, "shipped_app.Missing", ticket)
+        assert not target.host.services["code"].library.loaded
+        assert not [m for m in sys.modules if m.startswith("_lattica_code_")]
+
+        async def spawn_slow_while_pinging():
+            import asyncio
+            import time
+
+            spawn = asyncio.ensure_future(driver.host.runtime.call(spawner_ref(target.peer_id), "spawn", ("slow_app.Slow", [], None, "slow", {"code": ticket}), {}, timeout=30))
+            await asyncio.sleep(0.5)  # the import sleeps 2 s on the target
+            t0 = time.monotonic()
+            names = await driver.host.runtime.call(spawner_ref(target.peer_id), "names", (), {}, timeout=5)
+            answered = time.monotonic() - t0
+            await spawn
+            return answered, names
+
+        answered, names = driver.run(spawn_slow_while_pinging(), timeout=30)
+        assert answered < 1.5, f"the target's loop stalled {answered:.2f} s during an import (a stalled one answers after it, >= 1.5 s)"
+
+
+def test_one_caller_cannot_hold_the_spawner_with_spawns_that_wait_on_a_fetch(app):
+    folder, Echo = app
+    key = MeshKey.generate()
+    with lattica.Node([TCP], mesh=key, code=[str(folder)]) as driver, \
+         lattica.Node([TCP], mesh=key, content=ContentConfig(find_timeout=3.0, block_timeout=1.0)) as target:
+        connected(target, driver)
+        stale = Ticket.issue(str(Cid.of(b"a package nobody holds")), driver.keypair, driver.trust.presented).to_wire()
+
+        async def flood():
+            import asyncio
+
+            calls = [driver.host.runtime.call(spawner_ref(target.peer_id), "spawn", ("shipped_app.Echo", [], None, f"e{i}", {"code": stale}), {}, timeout=30)
+                     for i in range(40)]
+            await asyncio.sleep(0.3)
+            names = await driver.host.runtime.call(spawner_ref(target.peer_id), "names", (), {}, timeout=2)
+            return names, await asyncio.gather(*calls, return_exceptions=True)
+
+        names, outcomes = driver.run(flood(), timeout=60)
+        busy = [o for o in outcomes if isinstance(o, CodeError) and "in progress" in str(o)]
+        assert len(busy) == 40 - 8 and all(isinstance(o, (CodeError, SpawnError)) for o in outcomes)
+        assert "spawner" in names  # it answered while the fetches waited
+
+
+def test_get_if_exists_returns_only_an_actor_of_the_same_class(app):
+    folder, Echo = app
+    key = MeshKey.generate()
+    with lattica.Node([TCP], mesh=key, code=[str(folder)], allow=["lattica.*"]) as driver, lattica.Node([TCP], mesh=key) as target:
+        connected(target, driver)
+        first = driver.run(_remote(Echo.options(node=target.peer_id, name="shared", get_if_exists=True)), timeout=20)
+        again = driver.run(_remote(Echo.options(node=target.peer_id, name="shared", get_if_exists=True)), timeout=20)
+        assert again.name == first.name and call_as(driver, again, "echo", 1) == ("echo", 1)
+        with pytest.raises(SpawnError, match="'shared' on .* is a shipped_app.Echo, not a lattica.supervisor.Supervisor"):
+            driver.run(_remote(lattica.Supervisor.options(node=target.peer_id, name="shared", get_if_exists=True)), timeout=20)

@@ -188,6 +188,15 @@ def test_a_kept_kind_that_uses_a_left_out_name_is_left_out_too():
         check_class(f, "C", "s.py")
 
 
+def test_assignments_that_change_what_is_not_the_scripts_are_left_out():
+    source = "import os, sys\nos.environ['X'] = '1'\nsys.path[:0] = ['/x']\nos.sep2 = 'x'\nA: int = 1\nB: os.getcwd() = 2\nC, D = 1, 2\n"
+    f = filter_script(source, "s.py")
+    namespace: dict = {}
+    exec(compile(f.kept, "s.py", "exec"), namespace)
+    assert namespace["A"] == 1 and namespace["C"] == 1 and "B" not in namespace
+    assert set(f.left_out) == {"B"} and os.environ.get("X") != "1" and "/x" not in sys.path
+
+
 def test_a_local_name_that_shadows_a_left_out_one_is_not_a_false_alarm():
     f = filter_script("model = make()\nclass C:\n    def go(self, model):\n        x = model\n        return x\n", "s.py")
     check_class(f, "C", "s.py")

@@ -12,7 +12,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from lattica.errors import NodeClosed, Timeout
+from lattica import codec
+from lattica.errors import CodecError, NodeClosed, Timeout
 from lattica.future import Future
 from lattica.identity import PeerId
 
@@ -32,6 +33,17 @@ class Message:
     seqno: int
     data: Any
     via: PeerId | None = None  # None: published on this node
+
+
+def _message_from(raw: Any) -> Message:
+    if (type(raw) is not list or len(raw) != 5 or type(raw[0]) is not str or not isinstance(raw[1], PeerId)
+            or type(raw[2]) is not int or not (raw[4] is None or isinstance(raw[4], PeerId))):
+        raise CodecError("malformed pub-sub message")
+    return Message(raw[0], raw[1], raw[2], raw[3], raw[4])
+
+
+# a message is a value: a handler may be an actor anywhere, and a local one is checked as a remote one would be
+codec.register_ext(21, Message, lambda m: [m.topic, m.author, m.seqno, m.data, m.via], _message_from)
 
 
 def _on(loop: asyncio.AbstractEventLoop) -> bool:

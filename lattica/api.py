@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import signal
 import threading
 from typing import Any, Callable, Iterable
 
@@ -50,6 +51,7 @@ def init(
         node = Node(listen, key_path=key_path, allow=allow, **node_options)
         node.start()
         context.set_default_node(node)
+        goodbye_on_sigterm()
     try:
         addrs = [Multiaddr(a) for a in bootstrap]
         if addrs:
@@ -58,6 +60,19 @@ def init(
         shutdown()  # a failed init leaves no half-joined default node: calling init again retries
         raise
     return node
+
+
+def goodbye_on_sigterm() -> None:
+    """Let SIGTERM (``kill``, systemd, ``docker stop``) end this process as Ctrl-C does: the exit
+    runs, the node says goodbye (its peers see it left, not dead) and its actors' jobs end at
+    once. Only from the main thread, and only if nobody set a SIGTERM handler of their own."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    signal.signal(signal.SIGTERM, _terminated)
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def nat_status(refresh: bool = False) -> NatStatus:

@@ -551,7 +551,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from lattica.api import goodbye_on_sigterm  # lazy: see the note above _bench
+
     args = parser().parse_args(argv)
+    goodbye_on_sigterm()  # (a node stopped by kill, systemd or docker says goodbye)
     if args.log:
         lattica_logging.configure(args.log)
     try:

@@ -264,6 +264,27 @@ class _TcpProtocol(asyncio.BufferedProtocol):
             self.conn.resume_writing()
 
 
+def _refuse_if_taken(addr: Multiaddr, host: str, port: int) -> None:
+    """TransportError if another socket holds ``port``. Our listener takes the port with
+    SO_REUSEPORT (hole punching dials from it), and Linux would let a second process of the same
+    user take it too and split the incoming connections between them: a plain bind first (no
+    SO_REUSEPORT) finds the port held by anyone."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (a port in TIME_WAIT is free)
+        if family == socket.AF_INET6:
+            probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # (as asyncio binds ours)
+        probe.bind((host, port))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise TransportError(f"cannot listen on {addr}: port {port} is in use (another lattica node or program holds it): "
+                                 "choose another port, or /tcp/0 for any free one") from None
+        raise TransportError(f"cannot listen on {addr}: {e.strerror or e}") from None
+    finally:
+        probe.close()
+
+
 class _TcpListener(Listener):
     def __init__(self, server: asyncio.AbstractServer) -> None:
         self._server = server
@@ -325,6 +346,8 @@ class TcpTransport(Transport):
             proto.ready.add_done_callback(lambda f: self._accepted(f, on_connection))
             return proto
 
+        if port:
+            _refuse_if_taken(addr, host, port)
         try:
             # reuse_port: hole punching dials from the listening port (see punch)
             server = await loop.create_server(factory, host, port, reuse_address=True, reuse_port=True, backlog=1024)

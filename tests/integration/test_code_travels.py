@@ -81,7 +81,7 @@ class Mesh:
     def names(self, addr, timeout=10.0):
         peer = addr.rsplit("/p2p/", 1)[1]
         names = call_as(self.me, spawner_ref(lattica.PeerId.from_string(peer)), "names", timeout=timeout)
-        return [n for n in names if n != "spawner" and "/" not in n and n not in SYSTEM]
+        return [n for n in names if n != "spawner" and not n.startswith("crdt/") and n not in SYSTEM]
 
     def script(self, text, name="train.py", folder="job"):
         d = self.tmp / folder
@@ -146,15 +146,44 @@ def test_a_scripts_own_class_runs_on_a_plain_node_and_the_script_runs_twice(mesh
         wait_for(lambda: mesh.names(addr) == [], timeout=10)
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
-def test_a_scripts_actors_end_when_it_is_interrupted_or_killed(mesh, how):
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "sigkill", "frozen"])
+def test_a_scripts_actors_end_when_it_is_interrupted_killed_or_frozen(mesh, how):
     addr = mesh.node()
     driver = mesh.start(mesh.script(SCRIPT), addr, "serve")
     wait_line(driver, "serving")
     assert mesh.names(addr) == ["shard-0"]
-    driver.send_signal(signal.SIGINT if how == "ctrl-c" else signal.SIGKILL)
+    driver.send_signal({"ctrl-c": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL, "frozen": signal.SIGSTOP}[how])
+    # SIGKILL, SIGSTOP: the membership detector's verdict (a reset connection at once; silence ~2.5 s)
+    wait_for(lambda: mesh.names(addr) == [], timeout=15)
+    if how == "frozen":
+        driver.kill()
     driver.wait(20)
-    wait_for(lambda: mesh.names(addr) == [], timeout=15)  # SIGKILL: the membership detector's verdict
+
+
+def test_a_scripts_supervisor_takes_its_children_with_it(mesh):
+    addr, other = mesh.node(), mesh.node()
+    driver = mesh.start(mesh.script('''\
+        import sys
+        import lattica
+
+        @lattica.actor
+        class Worker:
+            def ping(self):
+                return "pong"
+
+        lattica.init(bootstrap=[sys.argv[1]])
+        nodes = [a.rsplit("/p2p/", 1)[1] for a in sys.argv[1:3]]
+        sup = lattica.Supervisor.options(node=nodes[0]).remote(children=[{"cls": Worker, "id": f"w{i}", "node": nodes[i % 2]} for i in range(4)])
+        print(lattica.get([c.ping.remote() for c in lattica.get(sup.children.remote())]), flush=True)
+        print("serving", flush=True)
+        import time
+        time.sleep(600)
+    '''), addr, other)
+    wait_line(driver, "serving")
+    assert len(mesh.names(addr)) == 3 and len(mesh.names(other)) == 2  # the supervisor and its children
+    driver.send_signal(signal.SIGINT)
+    driver.wait(20)
+    wait_for(lambda: mesh.names(addr) == [] and mesh.names(other) == [], timeout=15)
 
 
 def test_a_driver_killed_mid_spawn_leaves_no_orphan(mesh):
@@ -351,3 +380,14 @@ def test_a_stranger_is_told_why_and_a_missing_name_is_not_waited_on(mesh, tmp_pa
 def test_a_bad_mesh_credential_is_a_lattica_error():
     with pytest.raises(lattica.errors.CertificateError, match="base64|malformed"):
         lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh="lattica-mesh-cert-1:%%%")
+
+
+def test_sigterm_is_a_goodbye(mesh):
+    """A node stopped by kill, systemd or docker stop leaves the mesh; it does not look crashed."""
+    addr = mesh.node()
+    peer = addr.rsplit("/p2p/", 1)[1]
+    wait_for(lambda: any(n["peer_id"] == peer and n["state"] == "alive" for n in mesh.me.nodes()), timeout=10)
+    node = mesh.procs[-1]
+    node.send_signal(signal.SIGTERM)
+    assert node.wait(20) == 128 + signal.SIGTERM
+    wait_for(lambda: any(n["peer_id"] == peer and n["state"] == "left" for n in mesh.me.nodes()), timeout=5)

@@ -17,6 +17,7 @@ from lattica.errors import (
     PeerIdMismatch,
     PeerUnreachable,
     StreamReset,
+    TransportError,
     UnsupportedProtocol,
 )
 from lattica.transports.memory import MemoryNetwork
@@ -503,3 +504,22 @@ def test_identify_pushes_beyond_a_peer_s_budget_are_dropped_unread():
         time.sleep(2.5)
         assert len(judged) == first + 1, "and only the latest"
         assert 0 < b.ping(a.peer_id, count=3) < 1.0
+
+
+def test_a_port_another_node_holds_is_refused_clearly():
+    import socket
+
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"]) as first:
+        port = int(str(first.addrs[0]).split("/tcp/")[1].split("/")[0])
+        with pytest.raises(TransportError, match=f"port {port} is in use"):
+            lattica.Node([f"/ip4/127.0.0.1/tcp/{port}"]).start()
+        plain = socket.socket()
+        plain.bind(("127.0.0.1", 0))
+        plain.listen()
+        try:
+            with pytest.raises(TransportError, match="is in use"):
+                lattica.Node([f"/ip4/127.0.0.1/tcp/{plain.getsockname()[1]}"]).start()  # held by any program
+        finally:
+            plain.close()
+    with lattica.Node([f"/ip4/127.0.0.1/tcp/{port}"]) as again:  # free once the first has stopped
+        assert again.addrs

@@ -30,12 +30,14 @@ __all__ = ["init", "shutdown", "kill", "akill", "get_actor", "aget_actor", "node
 
 _lock = threading.Lock()  # one init at a time
 NAME_GRACE = 1.0  # s get_actor looks again for a name not found (Ray raises at once)
+_init_arguments: dict[int, dict[str, Any]] = {}  # the default node -> what init() started it with
+_DEFAULT_ARGUMENTS = {"listen": ["/ip4/127.0.0.1/tcp/0"], "bootstrap": [], "allow": [], "key_path": None}
 
 
 def init(
-    listen: Iterable[str | Multiaddr] = ("/ip4/127.0.0.1/tcp/0",),
+    listen: Iterable[str | Multiaddr] | str = ("/ip4/127.0.0.1/tcp/0",),
     *,
-    bootstrap: Iterable[str | Multiaddr] = (),
+    bootstrap: Iterable[str | Multiaddr] | str = (),
     allow: Iterable[str] = (),
     key_path: str | None = None,
     **node_options: Any,
@@ -43,12 +45,24 @@ def init(
     """Start this process's node (once; later calls return the same node). ``bootstrap``: peers to
     join through: returns once the listeners are bound and one of them is connected (the rest,
     AutoNAT and the DHT's table filling go on in the background; raises if none answers).
-    ``allow``: class-path patterns peers may spawn here (e.g. ``"myapp.*"``)."""
+    ``allow``: class-path patterns peers may spawn here (e.g. ``"myapp.*"``). ``listen`` and
+    ``bootstrap`` take one address or a list. Called again: the same node (LatticaError if the
+    arguments differ: ``shutdown()`` first)."""
+    listen = [listen] if isinstance(listen, (str, Multiaddr)) else list(listen)
+    bootstrap = [bootstrap] if isinstance(bootstrap, (str, Multiaddr)) else list(bootstrap)
+    asked = {"listen": [str(a) for a in listen], "bootstrap": [str(a) for a in bootstrap], "allow": list(allow), "key_path": key_path, **node_options}
     with _lock:
         current = context.default_node()
         if current is not None and current.running:
+            given = _init_arguments.get(id(current))
+            if given is not None and asked != given and asked != _DEFAULT_ARGUMENTS:
+                changed = sorted(k for k in {*asked, *given} if asked.get(k) != given.get(k))
+                raise LatticaError(f"lattica.init() already started this process's node with other arguments ({', '.join(changed)}): "
+                                   "call lattica.shutdown() first to start it anew, or lattica.init() without arguments to get it")
             return current
         node = Node(listen, key_path=key_path, allow=allow, **node_options)
+        _init_arguments.clear()
+        _init_arguments[id(node)] = asked
         node.start()
         context.set_default_node(node)
         goodbye_on_sigterm()

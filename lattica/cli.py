@@ -261,6 +261,8 @@ def _dht(args: argparse.Namespace) -> None:
             rec = dht.get(args.key, node=node).result(60)
             items = {str(k) if k is not None else "": {"value": shown(v.value), "expires_in": round(v.expiration - time.time(), 1)} for k, v in (rec or {}).items()}
             print(json.dumps({"key": args.key, "found": rec is not None, "subkeys": items}))
+            if rec is None:
+                sys.exit(1)  # (a missing key is a failure a script can test for)
         elif args.op == "providers":
             peers = dht.find_providers(args.key, node=node).result(60)
             print(json.dumps({"cid": args.key, "providers": [str(p) for p in peers]}))
@@ -276,7 +278,7 @@ def _content_node(args: argparse.Namespace, listen: list[str] | None = None):  #
     blocks = args.blocks or os.environ.get("LATTICA_BLOCKS") or os.path.join(os.path.expanduser("~"), ".lattica", "blocks")
     # an explicit directory: if another node on this machine holds it, say so (a private store
     # would vanish with this command, and what it published with it)
-    node = Node(listen or [], content=ContentConfig(blocks=blocks))
+    node = Node(listen or [], content=ContentConfig(blocks=blocks), key_path=getattr(args, "key", None))
     node.start()
     for addr in getattr(args, "bootstrap", []) or []:
         node.connect(addr)
@@ -485,6 +487,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--bootstrap", action="append", default=[], help="peer multiaddr to join through, to announce the CID (repeatable)")
     s.add_argument("--blocks", default=None, help=blocks_help)
     s.add_argument("--no-serve", action="store_true", help="store, pin and print the CID, then exit")
+    s.add_argument("--key", default=None, help="key file, created if absent: the PeerId that serves the file stays the same across runs (default: a fresh key)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar while the file is hashed and stored")
     s.set_defaults(fn=_put)
 

@@ -182,8 +182,8 @@ class PermissionDenied(ActorError):
     owner) and the actor or method is not open to it. The message says why."""
 
 
-class MethodNotFound(ActorError):
-    """The actor has no public method of that name."""
+class MethodNotFound(ActorError, AttributeError):
+    """The actor has no public method of that name (an AttributeError too: ``hasattr`` works)."""
 
 
 class RemoteError(ActorError):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from lattica import codec, context
 from lattica.errors import (
     LatticaError,
+    MethodNotFound,
     NodeClosed,
     PermissionDenied,
     ProtocolError,
@@ -101,7 +102,7 @@ class ActorRef:
         h = self._handles.get(method)
         if h is None:
             if method not in self.methods:
-                raise AttributeError(f"actor {self.name!r} has no public method {method!r} (it has: {', '.join(sorted(self.methods)) or 'none'})")
+                raise MethodNotFound(f"actor {self.name!r} has no public method {method!r} (it has: {', '.join(sorted(self.methods)) or 'none'})")
             h = self._handles[method] = MethodHandle(self, method, self.methods[method])
         return h
 

@@ -1337,3 +1337,19 @@ def test_raw_stream_caller_over_its_window_gets_mailbox_full(default_node, peer,
     assert first[:4] == [11, 5, "mailbox", "MailboxFull"]
     assert sorted(rest) == [[10, cid, "opened"] for cid in range(1, 5)]
     assert w.ping.remote().result(5) == "pong"
+
+
+def test_api_edges_a_new_user_meets():
+    lattica.shutdown()
+    try:
+        node = lattica.init("/ip4/127.0.0.1/tcp/0", allow=ALLOW)  # one address, not a list
+        assert len(node.addrs) == 1
+        assert lattica.init() is node and lattica.init("/ip4/127.0.0.1/tcp/0", allow=ALLOW) is node
+        with pytest.raises(lattica.errors.LatticaError, match=r"other arguments \(allow\).*shutdown"):
+            lattica.init("/ip4/127.0.0.1/tcp/0", allow=["other.*"])
+        c = sa.Counter.remote(1)
+        with pytest.raises(lattica.errors.MethodNotFound, match="no public method 'nope'"):
+            c.nope.remote()
+        assert not hasattr(c, "nope") and hasattr(c, "incr")  # (an AttributeError too)
+    finally:
+        lattica.shutdown()

@@ -391,3 +391,19 @@ def test_sigterm_is_a_goodbye(mesh):
     node.send_signal(signal.SIGTERM)
     assert node.wait(20) == 128 + signal.SIGTERM
     wait_for(lambda: any(n["peer_id"] == peer and n["state"] == "left" for n in mesh.me.nodes()), timeout=5)
+
+
+def test_cli_edges(mesh, tmp_path):
+    """``dht get`` of a missing key fails (a script can test for it); ``put --key`` keeps one PeerId."""
+    addr = mesh.node()
+    cli = [sys.executable, "-c", NODE]
+    out = subprocess.run([*cli, "dht", "get", "no/such/key", "--bootstrap", addr], env=mesh.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and '"found": false' in out.stdout
+    (tmp_path / "f.bin").write_bytes(b"x" * 1000)
+    ids = []
+    for _ in range(2):
+        out = subprocess.run([*cli, "put", str(tmp_path / "f.bin"), "--no-serve", "--key", str(tmp_path / "put.key"), "-q"],
+                             env=mesh.env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        ids.append(lattica.KeyPair.load(str(tmp_path / "put.key")).peer_id)
+    assert ids[0] == ids[1]

@@ -38,7 +38,7 @@ from lattica.errors import LatticaError, SpawnError
 from lattica.identity import PeerId
 from lattica.actors.checkpoints import checkpoints_ref, members, ranked, read_copies, sign_copy
 from lattica.context import runtime_for_thread
-from lattica.runtime import DEFAULT_WINDOW, ActorRef, LocalActor, current_actor, require_caller, spawner_ref
+from lattica.runtime import DEFAULT_WINDOW, ActorRef, LocalActor, current_actor, method_table, require_caller, spawner_ref
 from lattica.slotted import Slotted
 
 __all__ = ["Supervisor", "STRATEGIES", "RESTARTS"]
@@ -53,7 +53,7 @@ _PLACE_PATIENCE = 30.0  # seconds a restart may go unplaced (no node took it) be
 
 
 class _Child(Slotted):
-    __slots__ = ("id", "class_path", "code", "args", "kwargs", "restart", "resources", "labels", "placement", "node",
+    __slots__ = ("id", "class_path", "code", "methods", "args", "kwargs", "restart", "resources", "labels", "placement", "node",
                  "checkpoint_every", "ref", "incarnation", "monitor", "state", "has_state", "stamp", "recovered",
                  "restarts", "nodes")
 
@@ -62,6 +62,7 @@ class _Child(Slotted):
         self.id = id
         self.class_path = class_path
         self.code: list | None = None  # the ticket of the package its class travels in (None: installed)
+        self.methods: dict[str, str] = {}  # its method table (from its class, else from its first start)
         self.args = args
         self.kwargs = kwargs
         self.restart = restart
@@ -107,6 +108,8 @@ def _spec(cls: Any, args: Any = (), kwargs: Any = None, *, id: str | None = None
     peer = PeerId.from_string(node) if isinstance(node, str) else node
     child = _Child(child_id, path, list(args), kwargs, restart, dict(resources or {}), dict(labels or {}), placement, peer, checkpoint_every)
     child.code = code
+    if isinstance(cls, ActorClass):
+        child.methods = method_table(cls.cls)
     return child
 
 
@@ -166,10 +169,16 @@ class Supervisor:
         supervisor: the node that created it, its own supervisor's, this node, an administrator)."""
         require_caller("owner")
         await self._wait_ready()
-        child = _spec(cls, args, kwargs, id=id, restart=restart, resources=resources, labels=labels, placement=placement,
-                      node=node, checkpoint_every=checkpoint_every, index=len(self._children))
         async with self._busy:  # type: ignore[union-attr]
-            if any(c.id == child.id for c in self._children):
+            # (the default id is chosen under the lock: calls fired together get different ones)
+            taken = {c.id for c in self._children}
+            index = len(self._children)
+            child = _spec(cls, args, kwargs, id=id, restart=restart, resources=resources, labels=labels, placement=placement,
+                          node=node, checkpoint_every=checkpoint_every, index=index)
+            while id is None and child.id in taken:
+                index += 1
+                child.id = f"{child.class_path.rpartition('.')[2]}-{index}"
+            if child.id in taken:
                 raise SpawnError(f"this supervisor already has a child {child.id!r}")
             self._children.append(child)
             try:
@@ -236,7 +245,7 @@ class Supervisor:
 
     def _stable(self, child: _Child) -> ActorRef:
         ref = child.ref
-        methods = ref.methods if ref is not None else {}
+        methods = child.methods or (ref.methods if ref is not None else {})  # (known even while it is down)
         peer = ref.peer_id if ref is not None else self._rt.peer_id
         return ActorRef(peer, self._name(child), methods, ref.window if ref is not None else DEFAULT_WINDOW, stable=True, supervisor=self._anchor())
 
@@ -284,6 +293,7 @@ class Supervisor:
             apart = {str(rt.peer_id)} if child.checkpoint_every else set()
             ref = await spawn_placed(rt, call, child.resources, child.labels, child.placement, last=apart | {avoid} - {None})
         child.ref, child.incarnation = ref, incarnation
+        child.methods = dict(ref.methods) or child.methods
         child.nodes.append(str(ref.peer_id))
         child.monitor = rt.monitors.watch(ref, self._on_down)
         if child.checkpoint_every and "checkpoint" in ref.methods:

@@ -322,3 +322,20 @@ async def _names(node, peer):
     from lattica.runtime import spawner_ref
 
     return await node._host.runtime.call(spawner_ref(peer), "names", (), {}, timeout=5)
+
+
+def test_start_child_calls_fired_together_get_their_own_ids_and_children_are_usable_refs():
+    with _mesh(2) as (a, b):
+        sup = _sup(a, strategy="one_for_one", max_restarts=5, within=60)
+
+        async def fire():
+            starts = [sup.start_child.remote(sa.Tally, [f"t{i}"]) for i in range(6)]
+            during = sup.children.remote()  # asked while they start
+            return await asyncio.gather(*starts), await during
+
+        refs, during = a.run(fire(), timeout=30)
+        ids = [k["id"] for k in _call(a, sup, "which_children")]
+        assert len(set(ids)) == 6 and len({r.name for r in refs}) == 6
+        assert all("add" in k.methods for k in during)
+        kids = _call(a, sup, "children")
+        assert all("add" in k.methods for k in kids) and _call(a, kids[0], "add", 2) == 2

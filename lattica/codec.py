@@ -404,9 +404,7 @@ def encode(obj: Any, limits: Limits = DEFAULT_LIMITS) -> list[bytes | bytearray 
         bufs = enc.bufs
         if not bufs:
             if len(body) + 8 > limits.max_frame:
-                raise FrameTooLarge(
-                    f"message of {len(body) + 8} bytes exceeds max_frame {limits.max_frame}"
-                )
+                raise FrameTooLarge(_too_large(len(body) + 8, limits))
             return [_HDR.pack(_VERSION, _FLAG_TUPLES if enc.tuples else 0, 0, len(body)), body]
         n = len(bufs)
         lens = [len(b) for b in bufs]
@@ -419,7 +417,7 @@ def encode(obj: Any, limits: Limits = DEFAULT_LIMITS) -> list[bytes | bytearray 
             chunks.append(b)
             pos += size
         if pos > limits.max_frame:
-            raise FrameTooLarge(f"message of {pos} bytes exceeds max_frame {limits.max_frame}")
+            raise FrameTooLarge(_too_large(pos, limits))
         chunks[0] = _HDR.pack(_VERSION, _FLAG_TUPLES if enc.tuples else 0, n, len(body)) + struct.pack(f"<{n}Q", *lens)
         return chunks
     except struct.error as e:  # body over 4 GiB with a custom max_frame
@@ -432,6 +430,13 @@ def encode(obj: Any, limits: Limits = DEFAULT_LIMITS) -> list[bytes | bytearray 
         enc.level = 0
         enc.busy = False
         enc.tuples = False
+
+
+def _too_large(size: int, limits: Limits) -> str:
+    cap = f"{limits.max_frame >> 20} MiB" if limits.max_frame >= 1 << 20 else f"{limits.max_frame} bytes"
+    return (f"a message of {size} bytes is over the {cap} a call's arguments or result may hold: "
+            "send big data by CID (cid = lattica.content.put(data).result(), pass the cid, and "
+            "lattica.content.get(cid) where it is needed), or stream it (a generator method, or an async iterator argument)")
 
 
 def check(obj: Any, limits: Limits = DEFAULT_LIMITS) -> None:

@@ -1353,3 +1353,11 @@ def test_api_edges_a_new_user_meets():
         assert not hasattr(c, "nope") and hasattr(c, "incr")  # (an AttributeError too)
     finally:
         lattica.shutdown()
+
+
+def test_an_argument_over_the_message_cap_says_what_to_do(default_node, peer):
+    c = sa.Counter.options(node=peer.peer_id).remote(1)
+    big = np.zeros(65 << 20, np.uint8)
+    with pytest.raises(lattica.errors.FrameTooLarge, match=r"over the 64 MiB .*by CID .*lattica.content.put"):
+        c.echo.remote(big).result(30)
+    assert c.get.remote().result(5) == 1

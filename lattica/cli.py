@@ -32,7 +32,7 @@ def _bench(args: argparse.Namespace) -> None:
     from lattica._loop import DEFAULT_BUSY_POLL_US  # lazy: see the note above _bench
     from lattica.bench import transport as tb  # lazy: see the note above _bench
 
-    transports = ["tcp", "quic"] if args.transport == "both" else [args.transport]
+    transports = ["tcp", "quic"] if args.transport in (None, "both") else [args.transport]
     which = args.which
     polls = [args.busy_poll_us] if args.busy_poll_us is not None else [0.0, DEFAULT_BUSY_POLL_US]
     if which in ("stream", "all"):
@@ -149,12 +149,21 @@ def _bench(args: argparse.Namespace) -> None:
     if which in ("rpc", "all"):
         from lattica.bench.rpc import bench_rpc  # lazy: see the note above _bench
 
-        kinds = ["async", "sync"] if args.actor == "both" else [args.actor]
-        for t in transports:
+        # one configuration (Table 1's first row) unless asked for more, or for the whole --matrix
+        matrix = args.matrix
+        kinds = ["async", "sync"] if args.actor == "both" or (args.actor is None and matrix) else [args.actor or "async"]
+        rpc_transports = transports if args.transport is not None or matrix else ["tcp"]
+        payloads = args.payload or ([128, 262144] if matrix else [128])
+        concurrencies = args.concurrency or ([1000, 1] if matrix else [1000])
+        rpc_polls = polls if args.busy_poll_us is not None or matrix else [DEFAULT_BUSY_POLL_US]
+        n = len(kinds) * len(rpc_transports) * len(payloads) * len(concurrencies) * len(rpc_polls)
+        print(f"lattica bench rpc: {n} configuration{'s' * (n > 1)} of {args.duration:g} s, about {n * (args.duration + 2):.0f} s"
+              + ("" if matrix else " (--matrix: transports x actor kinds x payloads x calls in flight x loops)"), file=sys.stderr, flush=True)
+        for t in rpc_transports:
             for kind in kinds:
-                for payload in args.payload or [128, 262144]:
-                    for conc in args.concurrency or [1000, 1]:
-                        for bp in polls:
+                for payload in payloads:
+                    for conc in concurrencies:
+                        for bp in rpc_polls:
                             _print(bench_rpc(payload, conc, args.duration, t, kind, busy_poll_us=bp, link=args.link), args.json)
 
 
@@ -529,13 +538,14 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("bench", help="run benchmarks and print figures")
     s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "firstcall", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "pubsub-nodes", "crdt", "crdt-sim", "shards", "weightsync", "dashboard", "soak", "code", "all"])
-    s.add_argument("--transport", choices=["tcp", "quic", "both"], default="both")
+    s.add_argument("--transport", choices=["tcp", "quic", "both"], default=None, help="default: both (rpc: tcp)")
     s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic); content: object bytes (default 256 MiB)")
     s.add_argument("--count", type=int, default=10000, help="pings")
-    s.add_argument("--payload", type=int, action="append", help="rpc payload bytes (repeatable; default 128 and 262144)")
-    s.add_argument("--concurrency", type=int, action="append", help="rpc calls in flight (repeatable; default 1000 and 1)")
+    s.add_argument("--payload", type=int, action="append", help="rpc payload bytes (repeatable; default 128; --matrix: 128 and 262144)")
+    s.add_argument("--concurrency", type=int, action="append", help="rpc calls in flight (repeatable; default 1000; --matrix: 1000 and 1)")
+    s.add_argument("--matrix", action="store_true", help="rpc: every transport, actor kind, payload, calls in flight and loop (dozens of runs)")
     s.add_argument("--duration", type=float, default=10.0, help="rpc seconds per run")
-    s.add_argument("--actor", choices=["async", "sync", "both"], default="both", help="rpc actor kind")
+    s.add_argument("--actor", choices=["async", "sync", "both"], default=None, help="rpc actor kind (default: async; --matrix: both)")
     s.add_argument("--busy-poll-us", type=float, default=None,
                    help="node loop busy-poll window; default: compare 0 (uvloop) with the default side by side")
     s.add_argument("--nodes", type=int, action="append", help="dht: nodes (repeatable; default 2 and 3; dht-sim: 1000)")

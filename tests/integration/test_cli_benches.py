@@ -1,0 +1,19 @@
+"""``lattica bench`` defaults are short: one configuration unless asked for the matrix, and a
+line that says what will run and about how long, before it runs."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_bench_rpc_runs_one_configuration_by_default_and_says_so():
+    out = subprocess.run([sys.executable, "-c", "from lattica.cli import main; main()", "bench", "rpc", "--duration", "0.5", "--json"],
+                         capture_output=True, text=True, timeout=100)
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 1 and rows[0]["payload"] == 128 and rows[0]["concurrency"] == 1000 and rows[0]["transport"] == "tcp"
+    assert "1 configuration of 0.5 s, about" in out.stderr and "--matrix" in out.stderr

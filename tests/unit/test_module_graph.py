@@ -224,3 +224,13 @@ def test_the_private_name_check_flags_imports_and_attributes():
     modules = {"lattica.a": pathlib.Path("a.py"), "lattica.b": pathlib.Path("b.py")}
     source = "from lattica.b import _hidden, shown\nfrom lattica import b\nb._other()\nb.__doc__\n"
     assert foreign_private_names("lattica.a", source, modules) == ["lattica.a:1 lattica.b._hidden", "lattica.a:3 lattica.b._other"]
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists its packages by hand (actors/ and transports/ are mapped into lattica):
+    a package missing from the list is absent from a wheel, though an editable install finds it."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {name for name, path in _modules().items() if path.name == "__init__.py"}
+    assert packages - listed == set(), "packages missing from pyproject.toml [tool.setuptools] packages"

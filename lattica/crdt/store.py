@@ -92,7 +92,21 @@ class Store:
                 fut: concurrent.futures.Future = concurrent.futures.Future()
                 fut.set_exception(CrdtError("the CRDT store is closed"))
                 return fut
+            return self._submit(fn)
+
+    def _submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        try:
             return self._pool.submit(fn)
+        except RuntimeError:
+            # the interpreter is exiting: its executors take no more work (threading's exit runs
+            # before the atexit hook that stops the node) and the store's thread has finished its
+            # queue; the last writes and the snapshot run here, in order, rather than be lost
+            fut: concurrent.futures.Future = concurrent.futures.Future()
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 -- the caller's future carries it
+                fut.set_exception(e)
+            return fut
 
     # -- on the store's thread (through ``run``) -------------------------------------------------
 
@@ -206,5 +220,5 @@ class Store:
                 os.close(self._lock_fd)  # (the lock goes with it)
                 self._lock_fd = -1
 
-        self._pool.submit(shut)
+        self._submit(shut)
         self._pool.shutdown(wait=True)

@@ -295,22 +295,44 @@ def _content_node(args: argparse.Namespace, listen: list[str] | None = None):  #
 
 
 class _Progress:
-    """A one-line progress bar on stderr: bytes, MB/s, peers."""
+    """A one-line progress bar on stderr (a terminal only): percent, bytes, MB/s, peers; a log
+    gets no rewritten lines. ``end()`` finishes a line left open, so what follows starts on its own."""
 
     def __init__(self) -> None:
         self._last = 0.0
+        self.tty = sys.stderr.isatty()
+        self.open = False  # a line is on the screen without its newline
+        self.peers: int | None = None  # the peers the last report counted
+
+    def say(self, text: str) -> None:
+        if self.tty:
+            sys.stderr.write("\r\033[K" + text)
+            sys.stderr.flush()
+            self.open = True
 
     def __call__(self, info: dict) -> None:
+        self.peers = info.get("peers", self.peers)
         now = time.monotonic()
-        if now - self._last < 0.2 and not info["done"]:
-            return
+        if not info["done"] and (not self.tty or now - self._last < 0.2 or not info["bytes"]):
+            return  # (a log gets the final line only; a terminal keeps "looking for providers" until bytes come)
         self._last = now
         total = info["total"]
         done = info["bytes"]
         pct = f"{100 * done / total:5.1f}%" if total else "  ?  "
-        line = f"\r{pct}  {done / 1e6:9.1f} MB  {info['mb_per_s']:8.1f} MB/s" + (f"  {info['peers']} peers" if "peers" in info else "")
-        sys.stderr.write(line + ("\n" if info["done"] else ""))
-        sys.stderr.flush()
+        line = f"{pct}  {done / 1e6:9.1f} MB  {info['mb_per_s']:8.1f} MB/s" + (f"  {info['peers']} peers" if "peers" in info else "")
+        if self.tty:
+            self.say(line)
+        else:
+            sys.stderr.write(line)
+            self.open = True
+        if info["done"]:
+            self.end()
+
+    def end(self) -> None:
+        if self.open:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+            self.open = False
 
 
 def _put(args: argparse.Namespace) -> None:
@@ -332,14 +354,39 @@ def _put(args: argparse.Namespace) -> None:
 def _get(args: argparse.Namespace) -> None:
     from lattica import content  # lazy: see the note above _bench
 
+    output = args.output
+    if output is None and sys.stdout.isatty():
+        output = args.cid  # (binary on a terminal helps no one: a file named after the CID, as `ipfs get` does)
+    if output is not None:
+        where = os.path.dirname(os.path.abspath(output))
+        if not os.path.isdir(where):
+            raise _CliError(f"cannot write {output}: the directory {where} does not exist")
     node = _content_node(args)
     try:
         progress = None if args.quiet else _Progress()
-        if args.output:
-            content.get(args.cid, path=args.output, progress=progress, node=node).result(None)
-        else:
-            sys.stdout.buffer.write(content.get(args.cid, progress=progress, node=node).result(None))
-            sys.stdout.buffer.flush()
+        if progress is not None:
+            progress.say(f"looking for providers of {args.cid} ...")
+        t0 = time.monotonic()
+        try:
+            if output is not None:
+                content.get(args.cid, path=output, progress=progress, node=node).result(None)
+                size = os.path.getsize(output)
+            else:
+                data = content.get(args.cid, progress=progress, node=node).result(None)
+                sys.stdout.buffer.write(data)
+                sys.stdout.buffer.flush()
+                size = len(data)
+        except BaseException:
+            if progress is not None:
+                progress.end()  # (the error gets a line of its own)
+            raise
+        if progress is not None:
+            progress.end()
+            took = max(time.monotonic() - t0, 1e-9)
+            peers = progress.peers
+            sys.stderr.write(f"got {args.cid}: {size / 1e6:.1f} MB in {took:.1f} s ({size / took / 1e6:.1f} MB/s)"
+                             + (f" from {peers} peer{'s' * (peers != 1)}" if peers is not None else "")
+                             + (f", saved to {output}" if output is not None and args.output is None else "") + "\n")
     finally:
         node.stop()
 
@@ -589,12 +636,14 @@ def _explainable(e: BaseException) -> bool:
 
 
 def _say(e: BaseException) -> str:
-    from lattica.errors import MultiaddrError  # lazy: see the note above _bench
+    from lattica.errors import BlockNotFound, MultiaddrError  # lazy: see the note above _bench
 
     text = str(e) or type(e).__name__
     if isinstance(e, MultiaddrError):
         text += " (a multiaddr looks like /ip4/1.2.3.4/tcp/4001/p2p/12D3KooW...)"
-    return text + "; run with --log debug for the traceback" if not isinstance(e, _CliError) else text
+    if isinstance(e, (_CliError, BlockNotFound)):
+        return text  # (the whole story: no traceback to offer)
+    return text + "; run with --log debug for the traceback"
 
 
 if __name__ == "__main__":

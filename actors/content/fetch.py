@@ -27,6 +27,7 @@ log = get_logger("lattica.content")
 LOOKAHEAD = 16  # windows of places ahead of the walk that are asked for (in a random order per band)
 PROBE_TIMEOUT = 8.0  # seconds a peer heard of has to answer whether it has the root (dial included)
 PROBE_AGAIN = 10.0  # seconds before a peer that did not say so is asked again
+NOBODY_ROUNDS = 2  # discovery rounds (~1.5 s) in which nobody has the root and the DHT names no provider: BlockNotFound
 BENCH = 2.0  # seconds a peer dropped for failures sits out before it may rejoin (doubling each time)
 MAX_FELLOWS = 32  # fellow fetchers that join a fetch by asking us for its swarm
 MAX_REMEMBERED = 1024  # peers a fetch remembers as fellows, or as benched
@@ -54,6 +55,7 @@ class Fetch:
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self._peers: set[PeerId] = set()
+        self._ever_joined = False  # a provider joined at some point
         self._benched: dict[PeerId, tuple[float, int]] = {}  # dropped for failures: (until, drops)
         self._order = 0
         self._wanted: set[Cid] = set()  # given to the scheduler
@@ -119,6 +121,8 @@ class Fetch:
                 self._announce_haves()
             idle = time.monotonic() - self._last_found
             if (self.session.exhausted or self.session.blocked) and idle > self.cfg.find_timeout:
+                if not self._ever_joined:  # (nobody ever had it: say that, not how the session ended)
+                    raise BlockNotFound(f"no provider found for {self.root}")
                 raise self.session.error() or BlockNotFound(f"no provider of {self.root} was found")
             if idle > self.cfg.find_timeout + self.cfg.block_timeout:
                 raise BlockNotFound(f"no block of {self.root} arrived for {idle:.0f} s from {len(self._peers)} peers that said they have it, "
@@ -218,6 +222,7 @@ class Fetch:
         if not self.session.add_peer(peer, asyncio.get_running_loop().time(), holder_only=holder_only):
             return False  # (it sent a bad block)
         self._peers.add(peer)
+        self._ever_joined = True
         log.debug("fetch peer joins", root=str(self.root), peer=str(peer), after=round(time.monotonic() - self._started, 3), holder_only=holder_only)
         self._last_found = time.monotonic()
         self._wake.set()
@@ -239,12 +244,21 @@ class Fetch:
         """Providers: the peers we are connected to that have the root, the DHT's provider
         records, and the swarms those know; asked again while the fetch is short of peers."""
         delay = 0.5
+        empty = 0  # rounds in which the DHT answered that nobody provides the root, and no peer had it
         self._spawn(self._follow_swarms())
         while not self.walker.done:
             rounds = await asyncio.gather(self._ask_connected(), self._ask_dht(), return_exceptions=True)
             for failed in rounds:
                 if isinstance(failed, Exception) and not isinstance(failed, LatticaError):
                     log.warning("provider discovery round failed", root=str(self.root), error=repr(failed))
+            empty = empty + 1 if rounds[1] == 0 and not self._ever_joined and not self._probed and not self._fellows else 0
+            if empty >= NOBODY_ROUNDS:
+                # asked twice, a second apart: the DHT holds no provider record and no peer we
+                # know has it. Say so now rather than after find_timeout (a provider that appears
+                # later is found by the next fetch)
+                self._failure = BlockNotFound(f"no provider found for {self.root}")
+                self._wake.set()
+                return
             await asyncio.sleep(delay)
             delay = min(delay * 2, SWARM_EVERY * 2)
 
@@ -261,15 +275,17 @@ class Fetch:
 
         await asyncio.gather(*(ask(p) for p in conns[:64]))
 
-    async def _ask_dht(self) -> None:
+    async def _ask_dht(self) -> int | None:
+        """Probe the providers the DHT knows; how many it named (None: the lookup failed)."""
         try:
             found = await self.svc.providers(self.root)
         except LatticaError as e:
             log.debug("provider lookup failed", root=str(self.root), reason=str(e))
-            return
+            return None
         for peer in found:
             self._fellows.pop(peer, None)  # (a provider record: a holder, whatever a swarm answer said)
             self._probe(peer)
+        return len(found)
 
     def _probe(self, peer: PeerId) -> None:
         """Ask a peer we heard of (a provider record, a swarm) whether it has the root, all such

@@ -407,3 +407,42 @@ def test_cli_edges(mesh, tmp_path):
         assert out.returncode == 0, out.stderr
         ids.append(lattica.KeyPair.load(str(tmp_path / "put.key")).peer_id)
     assert ids[0] == ids[1]
+
+
+def test_lattica_get_as_a_user_meets_it(mesh, tmp_path):
+    """Binary never goes to a terminal (a file named after the CID instead), a missing directory is
+    named, an unknown CID is said to have no provider, at once, and a get ends with a summary."""
+    import pty
+    import time
+
+    from lattica.content.cid import Cid
+
+    addr = mesh.node()
+    cli = [sys.executable, "-c", NODE]
+    data = os.urandom(300_000)
+    (tmp_path / "f.bin").write_bytes(data)
+    server = subprocess.Popen([*cli, "put", str(tmp_path / "f.bin"), "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", addr, "-q"],
+                              env=mesh.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    mesh.procs.append(server)
+    cid = server.stdout.readline().strip()
+    where = tmp_path / "out"
+    where.mkdir()
+    primary, secondary = pty.openpty()
+    try:
+        out = subprocess.run([*cli, "get", cid, "--bootstrap", addr, "--blocks", str(tmp_path / "b1")], cwd=where, env=mesh.env, stdout=secondary, stderr=subprocess.PIPE,
+                             text=True, timeout=60)
+    finally:
+        os.close(secondary)
+        os.close(primary)
+    assert out.returncode == 0, out.stderr
+    assert (where / cid).read_bytes() == data
+    assert f"got {cid}: 0.3 MB in" in out.stderr and f"saved to {cid}" in out.stderr
+    out = subprocess.run([*cli, "get", cid, "-o", str(tmp_path / "nowhere" / "f.bin"), "--bootstrap", addr, "--blocks", str(tmp_path / "b2")], env=mesh.env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and f"the directory {tmp_path / 'nowhere'} does not exist" in out.stderr
+    unknown = str(Cid.of(b"nobody has this"))
+    t0 = time.monotonic()
+    out = subprocess.run([*cli, "get", unknown, "-o", str(tmp_path / "u.bin"), "--bootstrap", addr, "--blocks", str(tmp_path / "b3")], env=mesh.env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stderr.strip().endswith(f"no provider found for {unknown}"), out.stderr
+    assert time.monotonic() - t0 < 15  # the DHT answered "none": not after the 20 s find_timeout

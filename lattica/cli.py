@@ -621,6 +621,9 @@ def main(argv: list[str] | None = None) -> None:
         args.fn(args)
     except KeyboardInterrupt:
         sys.exit(130)
+    except BrokenPipeError:  # (`lattica status | head`: the reader has what it wanted)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error when Python flushes at exit)
+        sys.exit(0)
     except Exception as e:
         if args.log == "debug" or not _explainable(e):
             raise  # (a bug, or asked for: the traceback)

@@ -1,5 +1,5 @@
 """A picture of the mesh as terminal text (``lattica status``): nodes with their resources, user
-actors, supervision trees and paths, one table each."""
+actors (system actors counted apart), supervision trees and paths, one table each."""
 
 from __future__ import annotations
 
@@ -32,12 +32,14 @@ def render(pic: Any) -> str:
     direct = sum(1 for _, p in paths if p.get("path") == "direct")
     out = [f"mesh: {up} nodes up, {down} down or left; {len(actors)} actors; {direct} direct paths, {len(paths) - direct} relayed", ""]
 
-    rows = [("NODE", "STATE", "REACHABILITY", "ACTORS", "CPU", "MEMORY", "GPUS", "LOAD", "LABELS")]
+    rows = [("NODE", "STATE", "REACHABILITY", "ACTORS", "SYSTEM", "CPU", "MEMORY", "GPUS", "LOAD", "LABELS")]
     for n, r in zip(nodes, reports):
         load = n.get("load")
+        system = sum(1 for a in r.get("actors", ()) if a.get("system")) if r else 0
         rows.append((_short(n.get("peer_id")) + (" (this)" if n.get("self") and not n.get("observer") else " (asking)" if n.get("observer") else ""),
                      str(n.get("state") or ""), str((r.get("nat") or {}).get("reachability") or "") if r else (n.get("error") or ""),
-                     str(r.get("actor_count", "")) if r else "", _num(n.get("cpu")), _bytes(n.get("memory")), _num(n.get("gpus")),
+                     str(sum(1 for a in r.get("actors", ()) if not a.get("system"))) if r else "", str(system) if r else "",
+                     _num(n.get("cpu")), _bytes(n.get("memory")), _num(n.get("gpus")),
                      _load(load), " ".join(f"{k}={v}" for k, v in (n.get("labels") or {}).items())))
     out += _table(rows)
 

@@ -446,3 +446,19 @@ def test_lattica_get_as_a_user_meets_it(mesh, tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and out.stderr.strip().endswith(f"no provider found for {unknown}"), out.stderr
     assert time.monotonic() - t0 < 15  # the DHT answered "none": not after the 20 s find_timeout
+
+
+def test_lattica_status_counts_user_and_system_actors_apart_and_survives_head(mesh):
+    addr = mesh.node()
+    cli = [sys.executable, "-c", NODE]
+    full = subprocess.run([*cli, "status", "--bootstrap", addr], env=mesh.env, capture_output=True, text=True, timeout=60)
+    assert full.returncode == 0, full.stderr
+    header = next(line for line in full.stdout.splitlines() if line.startswith("NODE"))
+    assert "ACTORS" in header and "SYSTEM" in header
+    row = next(line for line in full.stdout.splitlines() if line.startswith("…" + addr.rsplit("/p2p/", 1)[1][-8:]) or addr.rsplit("/p2p/", 1)[1][-8:] in line)
+    cells = row.split()
+    assert cells[cells.index("alive") + 2] == "0"  # no user actors on a fresh node; its system ones counted apart
+    proc = subprocess.Popen([*cli, "status", "--bootstrap", addr], env=mesh.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.readline()  # `| head -n 1`
+    proc.stdout.close()
+    assert proc.wait(60) == 0 and proc.stderr.read() == ""

@@ -130,7 +130,10 @@ class ActorClass:
         name = name or f"{self.cls.__name__}-{os.urandom(5).hex()}"
         ref = ActorRef(target, name, self._methods, window)
         call = (class_path(self.cls), list(args), kwargs or None, name, opts)
-        ref._spawn = on_loop(rt, lambda: _settle(rt, _spawn_on(rt, target, call, self.cls)))
+        if _code_travels(rt, self.cls, call):
+            ref._spawn = on_loop(rt, lambda: _settle(rt, _spawn_on(rt, target, call, self.cls)))
+        else:  # sent now, in order: a lookup or a call by name made right after finds the actor
+            ref._spawn = on_loop(rt, lambda: rt.call(spawner_ref(target), "spawn", call, {}, timeout=None))
         return ref
 
     def _spawn_placed(self, rt: Runtime, args: list, kwargs: dict, name: str | None, opts: dict[str, Any]) -> ActorRef:
@@ -189,6 +192,15 @@ async def _spawn_on(rt: Runtime, peer: PeerId, call: tuple, cls: type) -> ActorR
     """Spawn on the node the caller named: its answer (or refusal) is the outcome."""
     await _attach_code(rt, cls, call)
     return await rt.call(spawner_ref(peer), "spawn", call, {}, timeout=None)
+
+
+def _code_travels(rt: Runtime, cls: type, call: tuple) -> bool:
+    """Whether a spawn has code to attach (its class's, or an actor class's among its arguments),
+    or a class of the script that must be refused at once."""
+    code = rt.services.get("code")
+    if code is None:
+        return False
+    return cls.__module__ == "__main__" or any(code.shipper.travels(c) for c in (cls, *_actor_classes([call[1], call[2]], 6)))
 
 
 async def _attach_code(rt: Runtime, cls: type | None, call: tuple) -> None:

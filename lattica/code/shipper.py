@@ -70,6 +70,8 @@ class Shipper:
         known = ticket_of(cls.__module__) or (self._made if cls.__module__ in SHIPPED else None)
         if known is not None:
             return known
+        if cls.__module__ != "__main__" and not self.travels(cls):
+            return None  # (installed: nothing to make, no thread to wait for)
         return await asyncio.get_running_loop().run_in_executor(None, self.ticket_now, cls)
 
     def ticket_now(self, cls: type) -> Ticket | None:

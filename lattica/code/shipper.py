@@ -68,8 +68,8 @@ class Shipper:
         have it installed). CodeError if it should travel and cannot (the script rule, the cap).
         The first one packs and stores the package, off the loop."""
         known = ticket_of(cls.__module__) or (self._made if cls.__module__ in SHIPPED else None)
-        if known is not None:
-            return known
+        if known is not None and (cls.__module__ != "__main__" or cls.__qualname__ in self._checked):
+            return known  # (each class of the script is checked against the rule once)
         if cls.__module__ != "__main__" and not self.travels(cls):
             return None  # (installed: nothing to make, no thread to wait for)
         return await asyncio.get_running_loop().run_in_executor(None, self.ticket_now, cls)

@@ -272,3 +272,22 @@ def test_a_missing_class_or_module_or_a_plain_class_is_refused():
             ns.actor_class("plain.P")
     finally:
         ns.unload()
+
+
+def test_every_class_of_the_script_is_checked_not_only_the_first(tmp_path, monkeypatch):
+    import asyncio
+    import types
+
+    from lattica.code.shipper import Shipper
+
+    script = tmp_path / "train.py"
+    script.write_text("import lattica\nh = open(__file__)\n\n@lattica.actor\nclass Good:\n    pass\n\n@lattica.actor\nclass Bad:\n    def f(self):\n        return h\n")
+    main = types.ModuleType("__main__")
+    main.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    shipper = Shipper(KeyPair.generate(), [], lambda data: "bafkreitest", code=None)
+    good = type("Good", (), {"__module__": "__main__", "__qualname__": "Good"})
+    bad = type("Bad", (), {"__module__": "__main__", "__qualname__": "Bad"})
+    assert asyncio.run(shipper.ticket(good)) is not None
+    with pytest.raises(CodeError, match="line 2 .*Bad uses 'h'"):
+        asyncio.run(shipper.ticket(bad))

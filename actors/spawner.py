@@ -254,6 +254,8 @@ class Spawner:
             if busy >= MAX_CODE_SPAWNS:
                 raise CodeError(f"{caller} has {busy} spawns with code in progress on {self._rt.peer_id} already (at most {MAX_CODE_SPAWNS}): try again in a moment")
             self._code_spawns[caller] = busy + 1
+            if self.code is not None:
+                self.code.spawning(ticket.cid, +1)
         try:
             cls, package = await self._class(class_path, ticket, caller)
             return await self._spawn(cls, class_path, args, kwargs, name, options, caller, job, package)
@@ -263,6 +265,7 @@ class Spawner:
                 if left:
                     self._code_spawns[caller] = left
                 if self.code is not None:
+                    self.code.spawning(ticket.cid, -1)
                     self.code.unload_unused(ticket.cid)  # (a spawn that failed leaves no package behind)
 
     async def _spawn(self, cls: type, class_path: str, args: list, kwargs: dict | None, name: str | None, options: dict,

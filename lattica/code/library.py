@@ -57,6 +57,7 @@ class CodeLibrary:
         self.loaded: dict[str, Namespace] = {}
         self._loading: dict[str, asyncio.Future] = {}
         self._used_by: dict[str, str] = {}  # actor name -> the CID of its package
+        self._spawning: dict[str, int] = {}  # CID -> spawns with it in progress (it stays loaded for them)
 
     def check(self, ticket: Ticket, caller: PeerId | None = None, caller_circle: str = "self", caller_admin: bool = True) -> None:
         """PermissionDenied unless this node runs code from the ticket's sender, asked for by
@@ -107,6 +108,15 @@ class CodeLibrary:
                 del self._loading[ticket.cid]
         return await asyncio.shield(loading)
 
+    def spawning(self, cid: str, delta: int) -> None:
+        """A spawn with package ``cid`` starts (+1) or ends (-1): while any is in progress the
+        package is not unloaded under it (another spawn of it may fail meanwhile)."""
+        left = self._spawning.get(cid, 0) + delta
+        if left > 0:
+            self._spawning[cid] = left
+        else:
+            self._spawning.pop(cid, None)
+
     def use(self, actor: str, cid: str) -> None:
         """Actor ``actor`` runs a class of package ``cid`` (it stays loaded until every user ends)."""
         namespace = self.loaded.get(cid)
@@ -124,7 +134,7 @@ class CodeLibrary:
     def unload_unused(self, cid: str) -> None:
         """Unload package ``cid`` if no actor uses it (one whose spawn failed, or whose last actor ended)."""
         namespace = self.loaded.get(cid)
-        if namespace is not None and namespace.users <= 0:
+        if namespace is not None and namespace.users <= 0 and not self._spawning.get(cid):
             del self.loaded[cid]
             namespace.unload()
             log.info("code package unloaded", cid=cid)

@@ -263,3 +263,27 @@ def test_get_if_exists_returns_only_an_actor_of_the_same_class(app):
         assert again.name == first.name and call_as(driver, again, "echo", 1) == ("echo", 1)
         with pytest.raises(SpawnError, match="'shared' on .* is a shipped_app.Echo, not a lattica.supervisor.Supervisor"):
             driver.run(_remote(lattica.Supervisor.options(node=target.peer_id, name="shared", get_if_exists=True)), timeout=20)
+
+
+def test_a_spawn_that_fails_does_not_unload_the_package_under_another_in_progress(app):
+    folder, Echo = app
+    (folder / "lazy_app.py").write_text("import time\nimport lattica\ntime.sleep(1)\n\n@lattica.actor\nclass Lazy:\n"
+                                        "    def later(self):\n        import shipped_app\n        return shipped_app.__name__\n")
+    key = MeshKey.generate()
+    with lattica.Node([TCP], mesh=key, code=[str(folder)]) as driver, lattica.Node([TCP], mesh=key) as target:
+        connected(target, driver)
+        ticket = driver.host.services["code"].shipper.ticket_now(Echo.cls).to_wire()
+
+        async def both():
+            import asyncio
+
+            call = driver.host.runtime.call
+            slow = asyncio.ensure_future(call(spawner_ref(target.peer_id), "spawn", ("lazy_app.Lazy", [], None, "lazy", {"code": ticket}), {}, timeout=30))
+            await asyncio.sleep(0.3)  # its import is under way
+            failed = await asyncio.gather(call(spawner_ref(target.peer_id), "spawn", ("shipped_app.Missing", [], None, "m", {"code": ticket}), {}, timeout=30),
+                                          return_exceptions=True)
+            return await slow, failed[0]
+
+        ref, failed = driver.run(both(), timeout=30)
+        assert isinstance(failed, SpawnError)
+        assert call_as(driver, ref, "later").endswith("shipped_app")  # its package is still loaded

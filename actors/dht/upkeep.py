@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from lattica import codec
 from lattica.actors.dht.lookups import DhtLookups
@@ -21,6 +21,7 @@ from lattica.runtime import ActorRef
 if TYPE_CHECKING:
     from lattica.identity import PeerId
     from lattica.runtime import Runtime
+    from lattica.trust import Verdict
 
 log = get_logger("lattica.dht")
 
@@ -317,10 +318,9 @@ class DhtUpkeep(DhtLookups):
             await asyncio.sleep(delay)
             delay = min(delay * 2, NAME_RETRY_MAX)
 
-    def _outsider(self, name: str, records: dict[bytes, Entry]) -> tuple[PeerId, str] | None:
-        """A live registration of ``name`` by a node outside our mesh, and why it is outside, when
-        there are only such: most likely this node was started without the mesh key, and it is
-        told so at once rather than after waiting for a member's registration."""
+    def _registrations(self, name: str, records: dict[bytes, Entry]) -> Iterator[tuple[float, ActorRef, Verdict]]:
+        """Each well-formed registration of ``name`` (by the node the actor lives on: a node may
+        only register its own actors): its expiration, the ref, and what its node is to us."""
         now = time.time()
         for sk, e in records.items():
             if e.value == TOMBSTONE or sk[:1] != b"p":
@@ -330,31 +330,18 @@ class DhtUpkeep(DhtLookups):
             except (LatticaError, TypeError, ValueError):
                 continue
             if isinstance(ref, ActorRef) and ref.peer_id.to_bytes() == sk[1:] and ref.name == name:
-                verdict = self.host.trust.judge(ref.peer_id, certs, now)
-                if verdict.circle == "stranger":
-                    return ref.peer_id, verdict.why
-        return None
+                yield e.expiration, ref, self.host.trust.judge(ref.peer_id, certs, now)
+
+    def _outsider(self, name: str, records: dict[bytes, Entry]) -> tuple[PeerId, str] | None:
+        """A live registration of ``name`` by a node outside our mesh, and why it is outside, when
+        there are only such: most likely this node was started without the mesh key, and it is
+        told so at once rather than after waiting for a member's registration."""
+        return next(((ref.peer_id, v.why) for _, ref, v in self._registrations(name, records) if v.circle == "stranger"), None)
 
     def _freshest(self, name: str, records: dict[bytes, Entry]) -> ActorRef | None:
         """The newest valid registration of ``name`` by a member of our mesh on a node membership
         does not hold dead (a holder that missed a failover may still serve the dead node's
         unexpired one). The DHT is open to strangers: their registrations of a name are not
         ours to follow, however fresh (a stranger could otherwise take any name over)."""
-        best: tuple[float, ActorRef] | None = None
-        now = time.time()
-        for sk, e in records.items():
-            if e.value == TOMBSTONE or sk[:1] != b"p":
-                continue
-            try:
-                ref, certs = codec.decode(e.value)
-            except (LatticaError, TypeError, ValueError):
-                continue
-            if not isinstance(ref, ActorRef) or ref.peer_id.to_bytes() != sk[1:] or ref.name != name:
-                continue  # a node may only register actors that live on it
-            if self.host.trust.judge(ref.peer_id, certs, now)[0] == "stranger":
-                continue
-            if self.rt.node_gone(ref.peer_id):
-                continue
-            if best is None or e.expiration > best[0]:
-                best = (e.expiration, ref)
-        return best[1] if best is not None else None
+        live = [(exp, ref) for exp, ref, v in self._registrations(name, records) if v.circle != "stranger" and not self.rt.node_gone(ref.peer_id)]
+        return max(live, key=lambda r: r[0])[1] if live else None

@@ -8,8 +8,12 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING, Any
 
 from lattica import logging as lattica_logging
+
+if TYPE_CHECKING:
+    from lattica.future import Future
 
 
 def _print(result: dict, as_json: bool) -> None:
@@ -335,12 +339,22 @@ class _Progress:
             self.open = False
 
 
+def _wait(fut: Future) -> Any:
+    """``fut.result()``; on Ctrl-C the work is cancelled where it runs before the node stops (a
+    fetch given up ends at once, with its tasks), then the interrupt goes on."""
+    try:
+        return fut.result(None)
+    except KeyboardInterrupt:
+        fut.cancel()
+        raise
+
+
 def _put(args: argparse.Namespace) -> None:
     from lattica import content  # lazy: see the note above _bench
 
     node = _content_node(args, args.listen or ["/ip4/0.0.0.0/tcp/0"])
     try:
-        cid = content.put(args.file, chunk_size=args.chunk, progress=None if args.quiet else _Progress(), node=node).result(None)
+        cid = _wait(content.put(args.file, chunk_size=args.chunk, progress=None if args.quiet else _Progress(), node=node))
         print(cid, flush=True)
         if args.no_serve:
             return
@@ -369,10 +383,10 @@ def _get(args: argparse.Namespace) -> None:
         t0 = time.monotonic()
         try:
             if output is not None:
-                content.get(args.cid, path=output, progress=progress, node=node).result(None)
+                _wait(content.get(args.cid, path=output, progress=progress, node=node))
                 size = os.path.getsize(output)
             else:
-                data = content.get(args.cid, progress=progress, node=node).result(None)
+                data = _wait(content.get(args.cid, progress=progress, node=node))
                 sys.stdout.buffer.write(data)
                 sys.stdout.buffer.flush()
                 size = len(data)
@@ -399,7 +413,7 @@ def _content(args: argparse.Namespace) -> None:
         if args.op == "stat":
             print(json.dumps(content.stat(args.cid, node=node).result(60)))
         elif args.op == "pin":
-            content.pin(args.cid, progress=None if args.quiet else _Progress(), node=node).result(None)
+            _wait(content.pin(args.cid, progress=None if args.quiet else _Progress(), node=node))
             print(json.dumps({"pinned": args.cid}))
         elif args.op == "unpin":
             print(json.dumps({"unpinned": content.unpin(args.cid, node=node).result(60)}))

@@ -78,6 +78,7 @@ class Fetch:
         self._last_found = self._started  # the last block or new provider
         self._failure: BaseException | None = None
         self._rng = random.Random()
+        self.task: asyncio.Task | None = None  # the task that runs it (set by the service)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -91,9 +92,8 @@ class Fetch:
             if not isinstance(e, (LatticaError, OSError, asyncio.CancelledError)):
                 log.exception("fetch failed", root=str(self.root))
         finally:
-            for t in self._tasks:
-                t.cancel()
             self.svc.last_stats = self.session.stats()
+            await self._end_tasks()
         if not self.done.done():
             self.done.set_result(self.root)
 
@@ -192,7 +192,31 @@ class Fetch:
     def _spawn(self, coro: Any) -> None:
         task = self.svc.host.spawn(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_ended)
+
+    def _task_ended(self, task: asyncio.Task) -> None:
+        """A task of the fetch ended: an error it did not handle ends the fetch with it, rather
+        than being left for the garbage collector to print as "never retrieved"."""
+        self._tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        if not isinstance(error, (LatticaError, OSError)):
+            log.error("a fetch task failed", root=str(self.root), error=repr(error))
+            error = ContentError(f"fetching {self.root} failed: {error!r}")
+        if self._failure is None:
+            self._failure = error
+            self._wake.set()
+
+    async def _end_tasks(self) -> None:
+        """Cancel the fetch's tasks and wait for them: none outlives the fetch (the node's worker
+        threads and blockstore close after it)."""
+        while self._tasks:  # (a task ending may spawn another: a probe, a swarm question)
+            ending = list(self._tasks)
+            for t in ending:
+                t.cancel()
+            await asyncio.gather(*ending, return_exceptions=True)
+            self._tasks.difference_update(ending)
 
     def cancel(self, why: str) -> None:
         self._failure = ContentError(why)

@@ -46,6 +46,7 @@ log = get_logger("lattica.content")
 _INLINE_BYTES = 256 << 10  # hashing or disk work smaller than this runs on the loop (see ``on_disk``)
 MEMORY_CAPACITY = 1 << 30  # the largest memory blockstore (``blocks="memory"``)
 _UNSENT_POLL = 0.02  # seconds between looks at a slow reader's unsent answers
+_FETCH_STOP = 2.0  # seconds a stopping node waits for a fetch to end before it cancels it
 
 __all__ = ["ContentActor", "ContentService", "ContentConfig", "content_ref", "provider_key", "MAX_NAMED", "SWARM_ANSWER"]
 
@@ -230,7 +231,7 @@ class ContentService:
             from lattica.actors.content.fetch import Fetch  # the fetch machinery loads at the first fetch
 
             running = self._fetches[root] = Fetch(self, root)
-            task = self.host.spawn(running.run())
+            task = running.task = self.host.spawn(running.run())
             task.add_done_callback(lambda _t: self._fetches.pop(root, None))
         if progress is not None:
             running.listeners.append(progress)
@@ -385,6 +386,20 @@ class ContentService:
         fetch = self._fetches.get(root)
         if fetch is not None and peer in fetch.peers:  # only from a peer the fetch already uses
             fetch.heard_haves(peer, cids, coming)
+
+    async def aclose(self) -> None:
+        """Before the actors and the worker threads stop: end every fetch and wait for it (a
+        fetch task left running would meet the closed pool, its error reported to nobody)."""
+        running = list(self._fetches.values())
+        for fetch in running:
+            fetch.cancel("the node is stopping")
+        tasks = [f.task for f in running if f.task is not None]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=_FETCH_STOP)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=_FETCH_STOP)
 
     def close(self) -> None:
         self._upkeep.cancel()

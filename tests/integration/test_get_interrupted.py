@@ -1,0 +1,132 @@
+"""A get interrupted (Ctrl-C, a node stopping mid-fetch) ends quietly: no task of the fetch is
+left to fail after the node's worker threads closed, and ``lattica get`` exits 130 with no
+traceback whenever the interrupt comes (issue 45)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import lattica
+from helpers import wait_for
+from lattica.config import ContentConfig
+from lattica.content.cid import Cid
+from lattica.errors import ContentError
+
+pytestmark = pytest.mark.timeout(180)
+
+TCP = "/ip4/127.0.0.1/tcp/0"
+MiB = 1 << 20
+
+
+def _node(tmp_path, name: str) -> lattica.Node:
+    return lattica.Node([TCP], content=ContentConfig(blocks=str(tmp_path / name)))
+
+
+def _content(node: lattica.Node):
+    return node._host.services["content"]
+
+
+def _slow(node: lattica.Node, seconds: float) -> None:
+    """Every block answer of the node waits ``seconds`` first: a transfer that lasts."""
+    svc = _content(node)
+    real = svc.on_disk
+
+    async def slow(*args):
+        await asyncio.sleep(seconds)
+        return await real(*args)
+
+    svc.on_disk = slow
+
+
+def _loop_errors(node: lattica.Node) -> list[str]:
+    """What the node's loop reports to its exception handler from now on (e.g. "Task exception
+    was never retrieved")."""
+    seen: list[str] = []
+    node._loop.set_exception_handler(lambda _loop, ctx: seen.append(f"{ctx.get('message')}: {ctx.get('exception')!r}"))
+    return seen
+
+
+def test_a_node_stopped_mid_fetch_ends_the_fetch_and_its_tasks_before_its_worker_threads(tmp_path):
+    with _node(tmp_path, "prov") as prov:
+        cid = lattica.content.put(os.urandom(24 * MiB), node=prov).result(30)
+        _slow(prov, 0.05)
+        me = _node(tmp_path, "me").start()
+        errors = _loop_errors(me)
+        me.connect(prov.addrs[0])
+        lattica.content.get(cid, node=me)
+        svc = _content(me)
+        assert wait_for(lambda: _content(prov).served_bytes >= 2 * MiB, timeout=30)
+        fetches = list(svc._fetches.values())
+        pool = svc.pool
+        real_shutdown, left = pool.shutdown, []
+
+        def shutdown(*args, **kw):
+            left.extend(t for f in fetches for t in [getattr(f, "task", None), *f._tasks] if t is not None and not t.done())
+            return real_shutdown(*args, **kw)
+
+        pool.shutdown = shutdown
+        me.stop()
+        gc.collect()
+        assert fetches and not left, f"{len(left)} tasks of the fetch still ran when its worker threads closed"
+        assert not errors, errors
+
+
+def test_an_error_in_a_fetch_task_fails_the_fetch_at_once(tmp_path):
+    """A fetch task's unexpected error is the fetch's error, not a warning at garbage collection
+    while the fetch waits for blocks that never come."""
+    with _node(tmp_path, "prov") as prov, _node(tmp_path, "me") as me:
+        cid = lattica.content.put(os.urandom(4 * MiB), node=prov).result(30)
+        errors = _loop_errors(me)
+        me.connect(prov.addrs[0])
+
+        async def broken(*args):
+            raise RuntimeError("the disk is on fire")
+
+        _content(me).on_disk = broken
+        with pytest.raises(ContentError, match="the disk is on fire"):
+            lattica.content.get(cid, node=me).result(15)
+        gc.collect()
+        assert not errors, errors
+
+
+def _interrupted_get(cid: str, prov: lattica.Node, tmp_path, when) -> subprocess.CompletedProcess:
+    """Run ``lattica get cid`` through ``prov``; SIGINT once ``when()`` holds (after the get
+    connected); its exit status and output."""
+    blocks = tmp_path / f"get-{time.monotonic_ns()}"
+    p = subprocess.Popen([sys.executable, "-m", "lattica.cli", "get", cid, "-o", str(tmp_path / "out.bin"), "--bootstrap", str(prov.addrs[0]),
+                          "--blocks", str(blocks)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: bool(prov._host.conns) and when(), timeout=30), "the get never reached the moment"
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    wait_for(lambda: not prov._host.conns, timeout=10)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def test_ctrl_c_in_lattica_get_exits_130_without_a_traceback(tmp_path):
+    """SIGINT as the get starts (connected), while it looks for the providers of an unknown CID,
+    and mid-transfer (several times): exit status 130, nothing on stderr but the progress line."""
+    with _node(tmp_path, "prov") as prov:
+        cid = lattica.content.put(os.urandom(64 * MiB), node=prov).result(60)
+        _slow(prov, 0.03)
+        unknown = str(Cid.of(b"nobody holds this"))
+        served = lambda: _content(prov).served_bytes  # noqa: E731
+        moments = [("start", cid, 0), ("discovery", unknown, 0)] + [(f"transfer {i}", cid, (2 + 3 * i) * MiB) for i in range(4)]
+        for name, which, into in moments:
+            at = served() + into
+            got = _interrupted_get(which, prov, tmp_path, lambda: served() >= at)
+            lines = [line for line in got.stderr.splitlines() if line.strip()]
+            assert got.returncode in (130, -signal.SIGINT), f"{name}: exit status {got.returncode}: {got.stderr[-3000:]}"
+            assert len(lines) <= 1 and "Traceback" not in got.stderr and "Task" not in got.stderr, f"{name}: {got.stderr[-3000:]}"

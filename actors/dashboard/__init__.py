@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lattica.actors.dashboard.report import NAME, node_report
+from lattica.actors.dashboard.report import NAME, actor_detail, node_report
+from lattica.actors.dashboard.usage import Usage
 
 if TYPE_CHECKING:
     from lattica.actors.dashboard.config import DashboardConfig
@@ -23,6 +24,7 @@ class DashboardService:
     def __init__(self, rt: Runtime, cfg: DashboardConfig | None) -> None:
         self.rt = rt
         self.cfg = cfg
+        self.usage = Usage(rt)  # sampled on every node: any member's dashboard may chart it
         self._watch: MeshWatch | None = None
         self.server: Any = None
 
@@ -33,15 +35,17 @@ class DashboardService:
             from lattica.actors.dashboard.mesh import MeshWatch  # (only a node that serves a dashboard, or `lattica status`)
 
             cfg = self.cfg
-            self._watch = MeshWatch(self.rt, every=cfg.every, timeout=cfg.report_timeout, max_nodes=cfg.max_nodes) if cfg else MeshWatch(self.rt)
+            kw = {"every": cfg.every, "timeout": cfg.report_timeout, "max_nodes": cfg.max_nodes} if cfg else {}
+            self._watch = MeshWatch(self.rt, report=self.report, **kw)
         return self._watch
 
     async def astart(self) -> None:
+        self.usage.start()
         if self.cfg is None:
             return
         from lattica.actors.dashboard.http import DashboardServer  # (aiohttp: only where a dashboard is served)
 
-        server = DashboardServer(self.rt, self.watch, self.cfg)
+        server = DashboardServer(self.rt, self.watch, self.cfg, self)
         await server.start()
         self.server = server
 
@@ -50,9 +54,18 @@ class DashboardService:
         return self.server.url if self.server is not None else None
 
     async def report(self) -> dict:
-        return await node_report(self.rt)
+        return await node_report(self.rt, self.usage)
+
+    def detail(self, name: str) -> dict | None:
+        """One actor of this node (live or ended lately): errors, output, series."""
+        return actor_detail(self.rt, name, self.usage)
+
+    def series(self) -> dict:
+        """This node's utilisation samples."""
+        return self.usage.node_series()
 
     async def aclose(self) -> None:
+        self.usage.close()
         if self._watch is not None:
             self._watch.close()
         if self.server is not None:
@@ -60,12 +73,14 @@ class DashboardService:
             self.server = None
 
     def close(self) -> None:
+        self.usage.close()
         if self._watch is not None:
             self._watch.close()
 
 
 class DashboardActor:
-    """What members call: ``report`` (this node, for their dashboards)."""
+    """What members call for their dashboards: ``report`` (this node), ``detail`` (one actor's
+    errors, output and series) and ``series`` (this node's utilisation)."""
 
     NAME = NAME
 
@@ -74,3 +89,11 @@ class DashboardActor:
 
     async def report(self) -> dict:
         return await self._svc.report()
+
+    async def detail(self, name: str) -> dict | None:
+        if type(name) is not str:
+            raise TypeError("detail(name): name is an actor's name (str)")
+        return self._svc.detail(name)
+
+    async def series(self) -> dict:
+        return self._svc.series()

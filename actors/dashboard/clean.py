@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from lattica.actors.dashboard.report import MAX_ACTORS, MAX_CHILDREN, MAX_PEERS
+from lattica.actors.dashboard.report import MAX_ACTORS, MAX_CHILDREN, MAX_ENDED, MAX_OUTPUT, MAX_PEERS
+from lattica.actors.dashboard.usage import ACTOR_FIELDS, NODE_FIELDS, SAMPLES
+from lattica.runtime.local import MAX_ERROR_TEXT, MAX_RECENT_ERRORS
+from lattica.runtime.output import MAX_LINE
 
-__all__ = ["clean_report", "clean_member", "text", "number", "MAX_TEXT"]
+__all__ = ["clean_report", "clean_member", "clean_detail", "clean_series", "text", "number", "MAX_TEXT"]
 
 MAX_TEXT = 300  # characters of any string from a report or a view row
 _SUPERVISORS, _TRANSFERS, _TOPICS, _DOCS, _ADDRS, _LABELS = 64, 64, 256, 256, 32, 64
@@ -46,8 +49,29 @@ def _flag(v: Any) -> bool:
     return v is True
 
 
+def _multiline(limit: int) -> Any:
+    """A cleaner keeping newlines and tabs (tracebacks, log records with theirs), cut to ``limit``."""
+
+    def clean(v: Any) -> str | None:
+        if type(v) is not str:
+            return None
+        return "\n".join(line.translate(_CONTROL).rstrip() for line in v[:limit].replace("\t", "    ").split("\n"))
+
+    return clean
+
+
+_LAST_ERROR = {"type": text, "message": text, "method": text, "time": number}
+
+
+def _last_error(v: Any) -> dict[str, Any] | None:
+    return _dict(v, _LAST_ERROR)
+
+
 _ACTOR = {"name": text, "class": text, "state": text, "system": _flag, "mailbox": number, "running": number, "calls": number,
-          "errors": number, "failure": text, "code": text, "job": text}
+          "errors": number, "failure": text, "code": text, "job": text, "last_error": _last_error, "output": number, "started": number}
+_ENDED = {"name": text, "class": text, "state": text, "reason": text, "calls": number, "errors": number, "last_error": _last_error,
+          "output": number, "started": number, "ended": number}
+_ERROR = {"time": number, "method": text, "kind": text, "type": text, "message": _multiline(MAX_ERROR_TEXT), "traceback": _multiline(MAX_ERROR_TEXT)}
 _PEER = {"peer_id": text, "transport": text, "direction": text, "path": text, "remote": text, "circle": text, "agent": text,
          "rtt_ms": number, "bytes_sent": number, "bytes_received": number}
 _CHILD = {"id": text, "class": text, "restart": text, "node": text, "actor": text, "restarts": number, "checkpointed": _flag}
@@ -78,13 +102,15 @@ def clean_report(rep: Any) -> dict[str, Any] | None:
     crdt = None
     if type(rep.get("crdt")) is dict:
         crdt = {"docs": _rows(rep["crdt"].get("docs"), _DOCS, {"name": text, "id": text, "applied": number, "refused": number, "peers": number, "log_bytes": number})}
-    nat = _dict(rep.get("nat"), {"reachability": text, "mapping": text, "reason": text, "checked_at": number})
+    nat = _dict(rep.get("nat"), {"reachability": text, "mapping": text, "reason": text, "checked_at": number, "loopback": _flag})
     if nat is not None:
         for k in ("observed", "public", "relays"):
             nat[k] = _texts(rep["nat"].get(k), 8)
     labels = rep.get("labels")
     return {
         "peer_id": text(rep.get("peer_id")), "agent": text(rep.get("agent")), "pid": number(rep.get("pid")), "time": number(rep.get("time")),
+        "program": text(rep.get("program"), 120), "usage": _dict(rep.get("usage"), dict.fromkeys(NODE_FIELDS, number)) or {},
+        "ended": _rows(rep.get("ended"), MAX_ENDED, _ENDED),
         "addrs": _texts(rep.get("addrs"), _ADDRS), "nat": nat,
         "labels": {text(k, 64): text(v, 256) for k, v in list(labels.items())[:_LABELS] if type(k) is str and type(v) is str} if type(labels) is dict else {},
         "peers": _rows(rep.get("peers"), MAX_PEERS, _PEER), "actors": _rows(rep.get("actors"), MAX_ACTORS, _ACTOR),
@@ -110,4 +136,36 @@ def clean_member(row: Any) -> dict[str, Any] | None:
                        **({"reserved": {text(k, 16): number(v) for k, v in list(reserved.items())[:8] if type(k) is str}} if type(reserved) is dict else {})}
     if row.get("observer") is True:
         out["observer"] = True
+    return out
+
+
+def clean_series(v: Any, fields: tuple[str, ...]) -> dict[str, Any] | None:
+    """Utilisation samples from a member: ``time`` and each of ``fields``, lists of numbers of one
+    length (at most SAMPLES), else None."""
+    if type(v) is not dict or type(v.get("time")) is not list:
+        return None
+    times = [number(t) for t in v["time"][-SAMPLES:]]
+    out: dict[str, Any] = {"every": number(v.get("every")), "time": times}
+    for f in fields:
+        col = v.get(f)
+        if type(col) is not list or len(col) < len(times):
+            return None
+        out[f] = [number(x) for x in col[-len(times):]] if times else []
+    return out
+
+
+def clean_detail(v: Any) -> dict[str, Any] | None:
+    """One actor's detail from a member (its errors with tracebacks, its output, its series)
+    fit to show; None when it is not one."""
+    if type(v) is not dict:
+        return None
+    out = {k: f(v.get(k)) for k, f in {"name": text, "class": text, "state": text, "reason": text, "calls": number, "errors": number,
+                                        "started": number, "ended": number, "dropped": number, "system": _flag}.items()}
+    failure = v.get("failure")
+    out["failure"] = [_multiline(MAX_ERROR_TEXT)(x) for x in failure[:3]] if type(failure) is list else None
+    out["recent_errors"] = _rows(v.get("recent_errors"), MAX_RECENT_ERRORS, _ERROR)
+    lines = v.get("output")
+    out["output"] = [[number(x[0]), text(x[1], 8), _multiline(MAX_LINE)(x[2])] for x in lines[-MAX_OUTPUT:]
+                     if type(x) in (list, tuple) and len(x) == 3] if type(lines) is list else []
+    out["series"] = clean_series(v.get("series"), ACTOR_FIELDS)
     return out

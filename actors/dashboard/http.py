@@ -1,5 +1,6 @@
 """The dashboard's HTTP server (aiohttp, on the node's own loop): the page and its two files, the
-mesh as JSON (``/api/mesh``, ``/api/node``), a live channel of pictures as server-sent events
+mesh as JSON (``/api/mesh``, ``/api/node``), one actor's errors, output and series and one node's
+utilisation, asked of the node that holds them (``/api/actor``, ``/api/series``), a live channel of pictures as server-sent events
 (``/api/live``) and Prometheus metrics (``/metrics``). Only GET; a token on every request when
 one is set (required off loopback); on loopback the Host header must name loopback too, so a web
 page elsewhere cannot read the mesh through DNS rebinding."""
@@ -17,13 +18,17 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from lattica.actors.dashboard.clean import clean_detail, clean_series
 from lattica.actors.dashboard.config import DashboardConfig, is_loopback
+from lattica.actors.dashboard.mesh import dashboard_ref
 from lattica.actors.dashboard.metrics import scrape
-from lattica.actors.dashboard.report import node_report
-from lattica.errors import DashboardError
+from lattica.actors.dashboard.usage import NODE_FIELDS
+from lattica.errors import DashboardError, LatticaError
+from lattica.identity import PeerId
 from lattica.logging import get_logger
 
 if TYPE_CHECKING:
+    from lattica.actors.dashboard import DashboardService
     from lattica.actors.dashboard.mesh import MeshWatch
     from lattica.runtime import Runtime
 
@@ -50,9 +55,10 @@ _HEADERS = {
 class DashboardServer:
     """Serves one node's dashboard until closed."""
 
-    def __init__(self, rt: Runtime, watch: MeshWatch, cfg: DashboardConfig) -> None:
+    def __init__(self, rt: Runtime, watch: MeshWatch, cfg: DashboardConfig, service: DashboardService) -> None:
         self.rt = rt
         self.watch = watch
+        self.service = service
         self.cfg = cfg
         self.loopback = is_loopback(cfg.host)
         self.token = cfg.token if cfg.token is not None or self.loopback else secrets.token_urlsafe(24)
@@ -81,6 +87,8 @@ class DashboardServer:
         app.router.add_get("/api/mesh", self._mesh)
         app.router.add_get("/api/node", self._node)
         app.router.add_get("/api/live", self._live)
+        app.router.add_get("/api/actor", self._actor)
+        app.router.add_get("/api/series", self._series)
         app.router.add_get("/metrics", self._metrics)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0, logger=_quiet, keepalive_timeout=IDLE_TIMEOUT)
         await runner.setup()
@@ -188,7 +196,51 @@ class DashboardServer:
         return web.Response(body=self.watch.encode(await self.watch.picture()), content_type="application/json")
 
     async def _node(self, request: web.Request) -> web.Response:
-        return _json(await node_report(self.rt))
+        return _json(await self.service.report())
+
+    async def _actor(self, request: web.Request) -> web.Response:
+        """``?node=<peer id>&name=<actor>``: the actor's detail, from its node."""
+        name = request.query.get("name", "")
+        if not name or len(name) > 256:
+            raise web.HTTPBadRequest(text="give ?node=<peer id>&name=<actor name>\n")
+        peer = self._member(request)
+        if peer == self.rt.peer_id:
+            got = self.service.detail(name)
+        else:
+            got = await self._ask(peer, "detail", name)
+        detail = clean_detail(got)
+        if detail is None:
+            raise web.HTTPNotFound(text=f"node {peer} has no actor {name!r} (live, or ended lately)\n")
+        return _json(detail)
+
+    async def _series(self, request: web.Request) -> web.Response:
+        """``?node=<peer id>``: the node's utilisation samples, from the node."""
+        peer = self._member(request)
+        got = self.service.series() if peer == self.rt.peer_id else await self._ask(peer, "series")
+        series = clean_series(got, NODE_FIELDS)
+        if series is None:
+            raise web.HTTPBadGateway(text=f"node {peer} answered its series with something else\n")
+        return _json(series)
+
+    def _member(self, request: web.Request) -> PeerId:
+        """The ``node`` the request names: this node or a member in the view (never any peer id:
+        the dashboard does not dial strangers for a page)."""
+        given = request.query.get("node", "")
+        try:
+            peer = PeerId.from_string(given)
+        except (ValueError, TypeError):
+            raise web.HTTPBadRequest(text="?node= must be a node's peer id (12D3KooW...)\n") from None
+        membership = self.rt.services.get("membership")
+        known = {r["peer_id"] for r in membership.nodes()} if membership is not None else set()
+        if peer != self.rt.peer_id and str(peer) not in known:
+            raise web.HTTPNotFound(text=f"node {peer} is not in this node's membership view\n")
+        return peer
+
+    async def _ask(self, peer: PeerId, method: str, *args: Any) -> Any:
+        try:
+            return await self.rt.call(dashboard_ref(peer), method, args, {}, timeout=self.cfg.report_timeout)
+        except LatticaError as e:
+            raise web.HTTPBadGateway(text=f"node {peer} did not answer: {type(e).__name__}: {e}\n") from None
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=scrape(self.rt), content_type="text/plain", charset="utf-8", headers={"X-Content-Type-Options": "nosniff"})

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from lattica.actors.dashboard.clean import clean_member, clean_report, text
 from lattica.actors.dashboard.report import NAME, node_report
@@ -30,22 +30,25 @@ _FANOUT = 32  # reports asked at once
 
 def dashboard_ref(peer: PeerId) -> ActorRef:
     """The ref of ``peer``'s dashboard system actor."""
-    return ActorRef(peer, NAME, {"report": ASYNC})
+    return ActorRef(peer, NAME, {"report": ASYNC, "detail": ASYNC, "series": ASYNC})
 
 
 class MeshWatch:
     """Takes pictures of the mesh (``picture``), every ``every`` seconds while it has watchers, and
     hands each watcher the newest one (a watcher that does not keep up skips pictures)."""
 
-    def __init__(self, rt: Runtime, every: float = 2.0, timeout: float = 2.0, max_nodes: int = 1024, view_from: PeerId | None = None) -> None:
+    def __init__(self, rt: Runtime, every: float = 2.0, timeout: float = 2.0, max_nodes: int = 1024, view_from: PeerId | None = None,
+                 report: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> None:
         self.rt = rt
+        self.report = report or (lambda: node_report(rt))  # this node's own report
         self.view_from = view_from  # take the membership view from this member (a node outside the view: `lattica status`)
         self.every = every
         self.timeout = timeout
         self.max_nodes = max_nodes
         self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_EVENTS)
         self.latest: dict[str, Any] | None = None
-        self._last_seen: dict[str, Any] = {}  # what the previous picture showed, for the event log
+        self._last_seen: dict[Any, Any] = {}  # what the previous picture showed, for the event log
+        self._unsupervised: dict[str, dict[Any, Any]] = {}  # node -> its unsupervised user actors, as last reported
         self._watchers: set[_Watcher] = set()
         self._task: asyncio.Task | None = None
         self._taking: asyncio.Future | None = None
@@ -119,7 +122,7 @@ class MeshWatch:
             node["peer_id"] = pid
             node["self"] = pid == me
             if pid == me:
-                node["report"] = await node_report(rt)
+                node["report"] = await self.report()
                 node["rtt_ms"] = 0.0
                 return node
             if row.get("state") not in ("alive", "suspect"):
@@ -163,17 +166,25 @@ class MeshWatch:
     def _log_changes(self, nodes: list[dict[str, Any]]) -> None:
         seen: dict[Any, Any] = {}
         first = not self._last_seen
+        supervised = {(c.get("node"), c.get("actor")) for n in nodes for sup in (n.get("report") or {}).get("supervisors", ())
+                      for c in sup.get("children", ()) if type(c) is dict}
         for n in nodes:
             try:
-                self._node_changes(n, seen, first)
+                self._node_changes(n, seen, first, supervised)
             except (TypeError, AttributeError, KeyError):  # (a report is checked before: defence in depth)
                 log.debug("event log skipped a node", node=str(n.get("peer_id")))
         for key, old in self._last_seen.items():  # a node that left the view altogether
             if key[0] == "state" and key not in seen and old not in ("dead", "left"):
                 self._event("death", f"node …{key[1][-8:]} is gone from the view", node=key[1])
+                self._lost(key[1], "gone from the view")
         self._last_seen = seen
 
-    def _node_changes(self, n: dict[str, Any], seen: dict[Any, Any], first: bool) -> None:
+    def _lost(self, pid: str, how: str) -> None:
+        """The node's unsupervised user actors (as its last report listed them) are gone with it."""
+        for name, cls in self._unsupervised.pop(pid, {}).items():
+            self._event("lost", f"actor {name} ({cls}) was lost with node …{pid[-8:]} ({how}): no supervisor restarts it", node=pid, actor=name)
+
+    def _node_changes(self, n: dict[str, Any], seen: dict[Any, Any], first: bool, supervised: set[tuple[Any, Any]]) -> None:
         pid = n["peer_id"]
         short = pid[-8:]
         state = n.get("state")
@@ -183,7 +194,14 @@ class MeshWatch:
             self._event("join", f"node …{short} joined ({state})", node=pid)
         elif before is not None and before != state:
             self._event("death" if state in ("dead", "left") else "state", f"node …{short}: {before} → {state}", node=pid)
+            if state in ("dead", "left"):
+                self._lost(pid, str(state))
         rep = n.get("report") or {}
+        if n.get("report") is not None:
+            self._unsupervised[pid] = {a.get("name"): a.get("class") for a in rep.get("actors", ())
+                                       if not a.get("system") and a.get("state") == "running" and (pid, a.get("name")) not in supervised}
+            if len(self._unsupervised) > self.max_nodes:  # (nodes long gone: the oldest entries go)
+                self._unsupervised.pop(next(iter(self._unsupervised)))
         for sup in rep.get("supervisors", ()):
             for c in sup.get("children", ()):
                 key = ("restarts", pid, sup.get("name"), c.get("id"))
@@ -198,11 +216,16 @@ class MeshWatch:
             old = self._last_seen.get(key)
             if old == "relayed" and seen[key] == "direct" and pid < (p.get("peer_id") or ""):
                 self._event("holepunch", f"…{short} ↔ …{(p.get('peer_id') or '')[-8:]}: relayed → direct", node=pid)
+        for e in rep.get("ended", ()):
+            key = ("ended", pid, e.get("name"), e.get("ended"))
+            seen[key] = True
+            if not first and key not in self._last_seen and e.get("state") == "failed":
+                self._event("failure", f"actor {e.get('name')} on …{short} failed: {e.get('reason') or ''}", node=pid, actor=e.get("name"))
         for a in rep.get("actors", ()):
             key = ("actor", pid, a.get("name"))
             seen[key] = a.get("state")
             if a.get("state") == "failed" and self._last_seen.get(key) not in (None, "failed"):
-                self._event("failure", f"actor {a.get('name')} on …{short} failed: {a.get('failure') or ''}", node=pid)
+                self._event("failure", f"actor {a.get('name')} on …{short} failed: {a.get('failure') or ''}", node=pid, actor=a.get("name"))
 
 
 class _Watcher:

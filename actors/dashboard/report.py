@@ -6,35 +6,44 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 
 if TYPE_CHECKING:
+    from lattica.actors.dashboard.usage import Usage
     from lattica.runtime import Runtime
+    from lattica.runtime.local import EndedActor
 
-__all__ = ["node_report", "NAME", "MAX_ACTORS", "MAX_PEERS", "MAX_CHILDREN"]
+__all__ = ["node_report", "actor_detail", "program", "NAME", "MAX_ACTORS", "MAX_PEERS", "MAX_CHILDREN", "MAX_ENDED"]
 
 NAME = "dashboard"  # the system actor every node runs
 
 MAX_ACTORS = 5000  # actors listed per node (the rest counted)
 MAX_PEERS = 1000  # connections listed per node
 MAX_CHILDREN = 500  # children listed per supervisor
+MAX_ENDED = 64  # user actors that ended lately, listed per node
+MAX_OUTPUT = 200  # lines of an actor's output in its detail
 _TREE_WAIT = 0.5  # seconds a supervisor that is still starting gets to list its children
 
 
-async def node_report(rt: Runtime) -> dict[str, Any]:
+async def node_report(rt: Runtime, usage: Usage | None = None) -> dict[str, Any]:
     """This node, as its dashboard and every other node's dashboard show it."""
     host = rt.host
     services = rt.services
     actors, supervisors = await _actors(rt)
+    addrs = [str(a) for a in host.advertised_addrs()][:32]
     out: dict[str, Any] = {
         "peer_id": str(rt.peer_id),
         "agent": host.node.agent_version,
         "pid": os.getpid(),
+        "program": program(),
         "time": time.time(),
-        "addrs": [str(a) for a in host.advertised_addrs()][:32],
-        "nat": _nat(host),
+        "addrs": addrs,
+        "nat": _nat(host, addrs),
+        "usage": usage.latest if usage is not None else {},
+        "ended": [_ended_row(e) for e in list(rt.ended)[-MAX_ENDED:]],
         "labels": dict(host.node.labels),
         "peers": _peers(host),
         "actors": actors,
@@ -51,13 +60,28 @@ async def node_report(rt: Runtime) -> dict[str, Any]:
     return out
 
 
-def _nat(host: Any) -> dict[str, Any]:
+def program() -> str:
+    """What this process runs, as a user would name it: ``train.py``, ``lattica node`` (only
+    the program and a CLI's command: other arguments may hold secrets)."""
+    argv = sys.argv or [""]
+    name = os.path.basename(argv[0]) or "python"
+    if name == "lattica" and len(argv) > 1:
+        return f"lattica {argv[1]}"
+    if name == "__main__.py":  # python -m pkg
+        main = sys.modules.get("__main__")
+        spec = getattr(main, "__spec__", None)
+        return f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None else "python -m ?"
+    return name
+
+
+def _nat(host: Any, addrs: list[str]) -> dict[str, Any]:
     nat = getattr(host, "nat", None)
+    loopback = bool(addrs) and all(a.startswith(("/ip4/127.", "/ip6/::1/")) for a in addrs)
     if nat is None:
-        return {"reachability": "unknown", "reason": "no AutoNAT on this node"}
+        return {"reachability": "unknown", "reason": "no AutoNAT on this node", "loopback": loopback}
     s = nat.snapshot()
     return {"reachability": s.reachability, "mapping": s.mapping, "reason": s.reason, "observed": s.observed[:8],
-            "public": s.public[:8], "relays": s.relays[:8], "checked_at": s.checked_at}
+            "public": s.public[:8], "relays": s.relays[:8], "checked_at": s.checked_at, "loopback": loopback}
 
 
 _PATH_FIGURES = ("rtt_ms", "bytes_sent", "bytes_received")
@@ -91,7 +115,8 @@ async def _actors(rt: Runtime) -> tuple[list[dict[str, Any]], list[dict[str, Any
         job = spawner.jobs.of(name) if spawner is not None else None
         rows.append({"name": name, "class": class_path(a.cls), "state": a.state, "system": a.system,
                      "mailbox": len(a.waiting), "running": len(a.live), "calls": a.calls, "errors": a.errors,
-                     "failure": a.failure[2][:200] if a.failure else None,
+                     "failure": a.failure[2][:200] if a.failure else None, "last_error": _last_error(a.recent_errors),
+                     "output": len(a.output.lines) if a.output is not None else 0, "started": a.started_at,
                      "code": str(sender) if sender is not None else None, "job": str(job) if job is not None else None})
         if isinstance(a.instance, Supervisor.cls) and a.state == "running":
             trees.append(await _tree(name, a.instance))
@@ -139,3 +164,43 @@ def _crdt(crdt: Any) -> dict[str, Any] | None:
 def _relay(relay: Any) -> dict[str, Any]:
     return {"reservations": len(relay.reservations), "circuits": sum(relay.circuits.values()), "total_circuits": relay.total_circuits,
             "bytes_relayed": relay.bytes_relayed}
+
+
+def _last_error(errors: Any) -> dict[str, Any] | None:
+    if not errors:
+        return None
+    e = errors[-1]
+    return {"type": e["type"], "message": e["message"][:200], "method": e["method"], "time": e["time"]}
+
+
+def _ended_row(e: EndedActor) -> dict[str, Any]:
+    from lattica.remote import class_path  # (with the supervisor, above)
+
+    return {"name": e.name, "class": class_path(e.cls), "state": e.state, "reason": e.reason[:200], "calls": e.calls,
+            "errors": e.error_count, "last_error": _last_error(e.errors), "output": len(e.output.lines) if e.output is not None else 0,
+            "started": e.started_at, "ended": e.ended_at}
+
+
+def actor_detail(rt: Runtime, name: str, usage: Usage | None = None) -> dict[str, Any] | None:
+    """One actor's detail, live or ended lately: its last errors with their tracebacks, its
+    recent output and its utilisation series. None when this node has no such actor."""
+    from lattica.remote import class_path  # (with the supervisor, above)
+
+    a = rt.actors.get(name)
+    if a is not None and not a.system:
+        out: dict[str, Any] = {"name": name, "class": class_path(a.cls), "state": a.state, "calls": a.calls, "errors": a.errors,
+                               "started": a.started_at, "failure": list(a.failure) if a.failure else None, "recent_errors": list(a.recent_errors or ()),
+                               "output": a.output.snapshot(MAX_OUTPUT) if a.output is not None else [],
+                               "dropped": a.output.dropped if a.output is not None else 0}
+        out["series"] = usage.actor_series(name) if usage is not None else None
+        return out
+    if a is not None:  # a system actor: its counters only (its output is the node's)
+        return {"name": name, "class": class_path(a.cls), "state": a.state, "calls": a.calls, "errors": a.errors, "system": True,
+                "recent_errors": list(a.recent_errors or ()), "output": [], "series": usage.actor_series(name) if usage is not None else None}
+    for e in reversed(rt.ended):
+        if e.name == name:
+            return {"name": name, "class": class_path(e.cls), "state": e.state, "reason": e.reason, "calls": e.calls, "errors": e.error_count,
+                    "started": e.started_at, "ended": e.ended_at, "failure": list(e.failure) if e.failure else None, "recent_errors": e.errors,
+                    "output": e.output.snapshot(MAX_OUTPUT) if e.output is not None else [], "dropped": e.output.dropped if e.output is not None else 0,
+                    "series": None}
+    return None

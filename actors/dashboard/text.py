@@ -37,7 +37,7 @@ def render(pic: Any) -> str:
         load = n.get("load")
         system = sum(1 for a in r.get("actors", ()) if a.get("system")) if r else 0
         rows.append((_short(n.get("peer_id")) + (" (this)" if n.get("self") and not n.get("observer") else " (asking)" if n.get("observer") else ""),
-                     str(n.get("state") or ""), str((r.get("nat") or {}).get("reachability") or "") if r else (n.get("error") or ""),
+                     str(n.get("state") or ""), _reach(r.get("nat")) if r else (n.get("error") or ""),
                      str(sum(1 for a in r.get("actors", ()) if not a.get("system"))) if r else "", str(system) if r else "",
                      _num(n.get("cpu")), _bytes(n.get("memory")), _num(n.get("gpus")),
                      _load(load), " ".join(f"{k}={v}" for k, v in (n.get("labels") or {}).items())))
@@ -103,6 +103,23 @@ def _bytes(n: Any) -> str:
 
 
 def _load(load: Any) -> str:
-    if isinstance(load, dict):
-        return " ".join(f"{k}={_num(v) if not isinstance(v, dict) else '{' + ','.join(f'{a}:{_num(b)}' for a, b in v.items()) + '}'}" for k, v in load.items())
-    return _num(load)
+    """A gossiped load as words: ``3 actors; cpu 2 reserved``."""
+    if not isinstance(load, dict):
+        return _num(load)
+    parts = []
+    if isinstance(load.get("actors"), (int, float)):
+        parts.append(f"{load['actors']:g} actor{'' if load['actors'] == 1 else 's'}")
+    reserved = load.get("reserved")
+    kept = [f"{k} {_num(v)}" for k, v in (reserved.items() if isinstance(reserved, dict) else ()) if isinstance(v, (int, float)) and v > 0]
+    if kept:
+        parts.append(", ".join(kept) + " reserved")
+    return "; ".join(parts)
+
+
+def _reach(nat: Any) -> str:
+    """Reachability; on a loopback-only node, "loopback only" (there is nothing to check)."""
+    if not isinstance(nat, dict):
+        return ""
+    if nat.get("loopback") and nat.get("reachability") == "unknown":
+        return "loopback only"
+    return str(nat.get("reachability") or "")

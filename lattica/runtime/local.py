@@ -8,6 +8,7 @@ import collections
 import concurrent.futures
 import inspect
 import threading
+import time
 import traceback
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -18,6 +19,7 @@ from lattica.errors import (
     ProtocolError,
 )
 from lattica.identity import PeerId
+from lattica.runtime import output
 from lattica.runtime.limits import AGEN, ASYNC, GEN, HOOK_TIMEOUT, NO_STATE, STREAM_WINDOW, SYNC
 from lattica.runtime.window import ItemWindow, SentItems
 from lattica.runtime.refs import ACTOR, ActorRef, CALLER
@@ -28,6 +30,9 @@ if TYPE_CHECKING:
     from lattica.runtime.registry import Runtime
 
 log = get_logger("lattica.runtime")
+
+MAX_RECENT_ERRORS = 8  # errors kept per actor, with their tracebacks (the dashboard's)
+MAX_ERROR_TEXT = 4000  # characters of a kept error's message, and of its traceback (its end)
 
 
 def error_parts(exc: BaseException) -> tuple[str, str, str]:
@@ -205,6 +210,10 @@ class LocalActor:
         self.exiting: str | None = None  # lattica.exit_actor was called: stop with this reason when idle
         self.calls = 0  # invocations finished (the dashboard's calls/s)
         self.errors = 0  # error replies sent
+        self.recent_errors: collections.deque[dict[str, Any]] | None = None  # the last MAX_RECENT_ERRORS, with tracebacks
+        self.output: output.OutputRing | None = None  # what it printed and logged (user actors)
+        self.thread_id: int | None = None  # the native id of its sync methods' thread (its CPU time)
+        self.started_at = time.time()
 
     @property
     def needs_thread(self) -> bool:
@@ -219,13 +228,19 @@ class LocalActor:
                 self.executor = _start_executor(self.runtime)
             self._constructed(instance, None)
             return
+        self.output = output.register(self.runtime.peer_id, self.name)
         if self.needs_thread:
             self.executor = _start_executor(self.runtime)
+            self.executor.tell(self._note_thread)
             self.executor.tell(lambda: self._construct(args, kwargs, state))
         else:
             threading.Thread(target=self._construct, args=(args, kwargs, state), name=f"lattica-init-{self.name}", daemon=True).start()
 
+    def _note_thread(self) -> None:
+        self.thread_id = threading.get_native_id()
+
     def _construct(self, args: list, kwargs: dict | None, state: Any = NO_STATE) -> None:
+        actor_token = ACTOR.set(self.ref)  # (what the constructor prints is the actor's)
         try:
             instance = self.cls(*args, **(kwargs or {}))
             if state is not NO_STATE:  # a checkpoint of an earlier incarnation, before any call
@@ -237,6 +252,8 @@ class LocalActor:
             parts = error_parts(e)
             self.runtime.post(lambda: self._constructed(None, parts))
             return
+        finally:
+            ACTOR.reset(actor_token)
         self.runtime.post(lambda: self._constructed(instance, None))
 
     def _constructed(self, instance: Any, failure: tuple[str, str, str] | None) -> None:
@@ -246,6 +263,8 @@ class LocalActor:
             self.state = "failed"
             self.failure = failure
             self.runtime.forget(self)
+            self._note_error("__init__", rpc.E_SPAWN, *failure)
+            self._record_end(f"failed to start: {failure[0]}")
             self.runtime.actor_ended(self.name, f"failed to start: {failure[0]}")
             waiting, self.waiting = self.waiting, collections.deque()
             for inv in waiting:
@@ -288,7 +307,23 @@ class LocalActor:
         if not inv.replied:
             inv.replied = True
             self.errors += 1
+            if kind != rpc.E_SPAWN:  # (a failed start is noted once, not once per call that waited for it)
+                self._note_error(inv.method, kind, type_name, message, tb)
             inv.sink.err(kind, type_name, message, tb)
+
+    def _note_error(self, method: str, kind: str, type_name: str, message: str, tb: str) -> None:
+        """Keep the error for the dashboard (the last few, each cut to a bound)."""
+        if self.recent_errors is None:
+            self.recent_errors = collections.deque(maxlen=MAX_RECENT_ERRORS)
+        self.recent_errors.append({"time": time.time(), "method": method, "kind": kind, "type": type_name,
+                                   "message": message[:MAX_ERROR_TEXT], "traceback": tb[-MAX_ERROR_TEXT:]})
+
+    def _record_end(self, reason: str) -> None:
+        """Its output stops being collected; the runtime keeps a record of a user actor's end."""
+        if self.output is not None:
+            output.unregister(self.runtime.peer_id, self.name, self.output)
+        if not self.system:
+            self.runtime.remember_ended(self, reason)
 
     def _reply_end(self, inv: Invocation) -> None:
         if not inv.replied:
@@ -543,6 +578,7 @@ class LocalActor:
         was_running = self.state == "running"
         self.state = "stopped"
         self.runtime.forget(self)
+        self._record_end(reason)
         self.runtime.actor_ended(self.name, reason)
         self.runtime.monitors.actor_stopped(self.name, reason)
         if self.published and was_running:
@@ -569,6 +605,26 @@ class LocalActor:
         finally:
             if self.executor is not None:
                 self.executor.stop(block=False)
+
+
+class EndedActor:
+    """What a user actor that ended leaves for the dashboard: how it ended, its last errors and
+    its output (not its instance)."""
+
+    __slots__ = ("name", "cls", "state", "reason", "failure", "errors", "output", "calls", "error_count", "started_at", "ended_at")
+
+    def __init__(self, actor: LocalActor, reason: str) -> None:
+        self.name = actor.name
+        self.cls = actor.cls
+        self.state = actor.state
+        self.reason = reason
+        self.failure = actor.failure
+        self.errors = list(actor.recent_errors or ())
+        self.output = actor.output
+        self.calls = actor.calls
+        self.error_count = actor.errors
+        self.started_at = actor.started_at
+        self.ended_at = time.time()
 
 
 class _Abandoned(Exception):

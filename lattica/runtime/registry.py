@@ -37,7 +37,7 @@ from lattica.runtime.following import Following
 from lattica.runtime.limits import BUILTIN_ACTORS, CALL_CHANNELS, CHANNEL_IDLE, DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, MAX_ACTORS, HOOK_TIMEOUT, MAX_STREAM_ARGS, NO_STATE, RECENT_PLACEMENT
 from lattica.runtime.partials import PartialMessages
 from lattica.runtime.refs import StreamArg, method_table, public_methods
-from lattica.runtime.local import ArgStream, LocalActor, error_parts, reset_quietly
+from lattica.runtime.local import ArgStream, EndedActor, LocalActor, error_parts, reset_quietly
 from lattica.runtime.client import Gate, LocalChannel, Pending, RemoteChannel, call_finished
 from lattica.runtime.server import ServerChannel
 from lattica.runtime.window import SentItems
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
 log = get_logger("lattica.runtime")
 
+MAX_ENDED = 64  # ended user actors remembered per node (their errors and output: the dashboard's)
 _LEAVES = frozenset({str, int, float, bool, type(None), bytes})  # arguments a local call need not check
 
 
@@ -76,6 +77,7 @@ class Runtime(Following):
         self._gates: dict[tuple[PeerId, str], Gate] = {}
         self.in_flight: dict[tuple[PeerId, str], int] = {}  # calls from a peer to an actor, in progress
         self.call_latency = Histogram()  # seconds from a call's creation to its answer (calls that got one)
+        self.ended: collections.deque[EndedActor] = collections.deque(maxlen=MAX_ENDED)  # user actors that ended lately
         self._serving: dict[PeerId, set[ServerChannel]] = {}  # the call channels each peer opened to us
         # nodes sharing one loop (Node.astart) share its thread: the first live one keeps the mapping
         current = context.thread_runtime()
@@ -193,6 +195,10 @@ class Runtime(Following):
                 listener(name, reason)
             except Exception:
                 log.exception("actor stop listener failed", actor=name)
+
+    def remember_ended(self, actor: LocalActor, reason: str) -> None:
+        """Keep what a user actor that just ended leaves for the dashboard (not its instance)."""
+        self.ended.append(EndedActor(actor, reason))
 
     def forget(self, actor: LocalActor) -> None:
         if self.actors.get(actor.name) is actor:

@@ -8,7 +8,10 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -174,3 +177,169 @@ def test_the_page_works_off_loopback_with_its_token(browser):
         browser.get(f"http://127.0.0.1:{parts.port}/")  # without the token: the page loads, its data does not
         time.sleep(1.0)
         assert not browser.execute_script("return document.querySelectorAll('#nodes tbody tr').length")
+
+
+DRIVER_SCRIPT = '''\
+import logging, sys
+import lattica
+
+@lattica.actor
+class Flaky:
+    def __init__(self):
+        print("flaky starting")
+    def work(self, x):
+        print("working on", x)
+        logging.getLogger("flaky").warning("input %s", x)
+        if x % 3 == 2:
+            raise ValueError(f"cannot take {x}")
+        return x
+
+@lattica.actor
+class Broken:
+    def __init__(self):
+        print("about to fail", file=sys.stderr)
+        raise RuntimeError("no GPU here")
+
+@lattica.actor
+class Lonely:
+    async def ping(self):
+        return "pong"
+
+node = lattica.init(bootstrap=[sys.argv[1]])
+flaky = Flaky.options(node=sys.argv[2], name="flaky").remote()
+for i in range(9):
+    try:
+        lattica.get(flaky.work.remote(i))
+    except ValueError:
+        pass
+try:
+    Broken.options(node=sys.argv[2], name="broken").remote()
+except Exception as e:
+    print("broken:", type(e).__name__, file=sys.stderr)
+lonely = Lonely.options(node=sys.argv[3], name="lonely").remote()
+lattica.get(lonely.ping.remote())
+doc = lattica.crdt.open("notes")
+print(node.peer_id, flush=True)
+sys.stdin.read()
+'''
+
+
+def _ink(png: bytes, rgb: tuple, tolerance: int = 40) -> int:
+    """Pixels of a screenshot within ``tolerance`` of the colour ``rgb``."""
+    import io
+
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(png)).convert("RGB")
+    return sum(1 for p in img.getdata() if all(abs(a - b) <= tolerance for a, b in zip(p, rgb)))
+
+
+def _element_shot(browser, tmp_path, css, name):
+    """A screenshot of one element (saved beside the others): its PNG bytes, checked to be the
+    element's size."""
+    import io
+
+    from PIL import Image
+
+    el = browser.find_element("css selector", css)
+    png = el.screenshot_as_png
+    (tmp_path / f"{name}.png").write_bytes(png)
+    extra = os.environ.get("LATTICA_SCREENSHOTS")
+    if extra:
+        os.makedirs(extra, exist_ok=True)
+        (Path(extra) / f"{name}.png").write_bytes(png)
+    w, h = Image.open(io.BytesIO(png)).size
+    assert abs(w - el.size["width"]) <= 2 and abs(h - el.size["height"]) <= 2 and w > 0 and h > 0, (w, h, el.size)
+    return png
+
+
+BLUE = (0x25, 0x63, 0xEB)  # the charts' line
+RED = (0xB9, 0x1C, 0x1C)  # errors, failures, lost actors
+
+
+def test_the_page_explains_failures_with_errors_output_utilisation_jobs_and_lost_actors(browser, tmp_path):
+    from lattica.mesh.process import ServerProcess
+    from lattica.node import Node
+
+    tcp = "/ip4/127.0.0.1/tcp/0"
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER_SCRIPT)
+    with ServerProcess([tcp]) as worker, ServerProcess([tcp]) as doomed, Node([tcp], dashboard="127.0.0.1:0") as here:
+        here.connect(worker.addr("tcp"))
+        here.connect(doomed.addr("tcp"))
+        driver = subprocess.Popen([sys.executable, str(script), worker.addr("tcp"), worker.peer_id, doomed.peer_id],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        try:
+            driver_id = driver.stdout.readline().strip()
+            assert driver_id.startswith("12D3KooW"), driver.stderr.read()
+            browser.get(here.dashboard_url)
+            assert _until(browser, "return document.getElementById('status').dataset.live === 'live'")
+            assert _until(browser, f"return !!document.querySelector('#actors tbody tr[data-actor=flaky] .last-error')?.textContent.includes('ValueError')")
+
+            # counts agree: the tile, the nodes' column and the table (user actors; system ones apart)
+            counts = browser.execute_script("""
+                const sum = (sel) => [...document.querySelectorAll(sel)].reduce((s, td) => s + (+td.textContent || 0), 0);
+                return {tile: +document.querySelector('[data-count=actors]').textContent, column: sum('#nodes tbody td[data-actors]'),
+                        rows: document.querySelectorAll('#actors tbody tr').length,
+                        system: +document.querySelector('[data-count=system]').textContent,
+                        systemColumn: sum('#nodes tbody td:nth-child(5)')};""")
+            assert counts["tile"] == counts["column"] == counts["rows"] >= 2 and counts["system"] == counts["systemColumn"] > 0, counts
+            browser.find_element("id", "show-system").click()
+            assert _until(browser, f"return document.querySelectorAll('#actors tbody tr').length === {counts['rows'] + counts['system']}")
+            browser.find_element("id", "show-system").click()
+            # load in words, reachability on a loopback mesh explained, internal topics hidden
+            loads = browser.execute_script("return [...document.querySelectorAll('#nodes tbody td:nth-child(7)')].map(td => td.textContent)")
+            assert any("actor" in t for t in loads) and not any("{" in t for t in loads), loads
+            me = browser.find_element("css selector", "#me [data-reachability]")
+            assert me.get_attribute("data-reachability") == "loopback" and "loopback only" in me.text and "nothing outside this machine" in me.text
+            assert _until(browser, "return document.getElementById('topics-hidden').textContent.includes('1 internal topic')")
+            assert not browser.execute_script("return [...document.querySelectorAll('#topics tbody td')].some(td => td.textContent.startsWith('lattica/'))")
+            # nothing clipped at 1400 px: every card's content fits its width
+            clipped = browser.execute_script("""return [...document.querySelectorAll('.card')].filter(c => !c.hidden && c.scrollWidth > c.clientWidth + 1)
+                                                 .map(c => (c.querySelector('h2') || c).textContent.slice(0, 40) + ': ' + c.scrollWidth + '>' + c.clientWidth)""")
+            assert not clipped, clipped
+            _shot(browser, tmp_path, "dashboard-overview")
+
+            # an actor's errors with their tracebacks, its output and its utilisation, from its node
+            browser.find_element("css selector", "#actors tbody tr[data-actor=flaky]").click()
+            assert _until(browser, "return document.querySelector('#detail[data-kind=actor] ol.errors')")
+            panel = browser.find_element("id", "detail").text
+            assert "ValueError: cannot take 8" in panel and 'raise ValueError(f"cannot take {x}")' in panel and "driver.py" in panel
+            assert "flaky starting" in panel and "working on 4" in panel and "WARNING flaky: input 4" in panel
+            assert panel.count("input 4") == 1  # (a log record printed to stderr by its handler is shown once)
+            assert _until(browser, "return [...document.querySelectorAll('#detail figure[data-chart]')].some(f => +f.dataset.points >= 2)", timeout=20)
+            png = _element_shot(browser, tmp_path, "#detail", "dashboard-actor-errors")
+            assert _ink(png, RED) > 50 and _ink(png, BLUE) > 30  # (the error types in red, the chart lines drawn)
+
+            # a node's utilisation over time
+            browser.find_element("css selector", f"#nodes tbody tr[data-node='{worker.peer_id}']").click()
+            assert _until(browser, "return document.querySelectorAll('#detail[data-kind=node] figure[data-chart]').length === 4")
+            assert _until(browser, "return [...document.querySelectorAll('#detail figure[data-chart]')].every(f => +f.dataset.points >= 2)", timeout=20)
+            png = _element_shot(browser, tmp_path, "#detail", "dashboard-node-utilisation")
+            assert _ink(png, BLUE) > 200
+
+            # the job view: the driver process and the actors it started
+            job = browser.find_element("css selector", f"#jobs tbody tr[data-job='{driver_id}']")
+            assert "driver.py" in job.text and "alive" in job.text, job.text
+            job.click()
+            assert _until(browser, """return [...document.querySelectorAll('#actors tbody tr')].map(r => r.dataset.actor).sort().join() === 'flaky,lonely'""")
+            _element_shot(browser, tmp_path, "#jobs", "dashboard-jobs")
+            job = browser.find_element("css selector", f"#jobs tbody tr[data-job='{driver_id}']")
+            job.click()
+
+            # an actor that failed to start: in "ended lately", with why
+            browser.find_element("css selector", "#ended tbody tr[data-actor=broken]").click()
+            assert _until(browser, "return document.querySelector('#detail[data-kind=actor]')?.textContent.includes('Why it failed')")
+            panel = browser.find_element("id", "detail").text
+            assert "RuntimeError: no GPU here" in panel and "about to fail" in panel, panel[:2000]
+            png = _element_shot(browser, tmp_path, "#detail", "dashboard-failed-start")
+            assert _ink(png, RED) > 50
+
+            # an unsupervised actor lost with its node
+            os.kill(doomed.pid, signal.SIGKILL)
+            assert _until(browser, "return [...document.querySelectorAll('#events li[data-kind=lost]')].some(li => li.textContent.includes('lonely'))", timeout=60)
+            png = _element_shot(browser, tmp_path, "#events", "dashboard-lost-actor")
+            assert _ink(png, RED) > 50
+        finally:
+            driver.kill()
+            driver.wait()

@@ -71,9 +71,32 @@ def test_the_event_log_says_what_changed_between_two_pictures():
     assert list(watch.events) == []  # the first picture is the baseline
     watch._log_changes([_node("A", restarts=1, child_node="C", path="direct", actor_state="failed"), _node("B", state="dead"), _node("C")])
     kinds = sorted(e["kind"] for e in watch.events)
-    assert kinds == ["death", "failure", "holepunch", "join", "restart"], list(watch.events)
+    assert kinds == ["death", "failure", "holepunch", "join", "lost", "restart"], list(watch.events)
+    [lost] = [e for e in watch.events if e["kind"] == "lost"]
+    assert lost["node"] == "B" and lost["actor"] == "w" and "no supervisor restarts it" in lost["text"]
     watch._log_changes([_node("A", restarts=1, child_node="C", path="direct", actor_state="failed")])
-    assert [e["kind"] for e in watch.events][-1] == "death" and "gone from the view" in watch.events[-1]["text"]
+    kinds = [e["kind"] for e in watch.events]
+    assert kinds[-2:] == ["death", "lost"] and "gone from the view" in watch.events[-2]["text"]
+
+
+def test_only_unsupervised_actors_are_lost_with_their_node_and_failed_starts_are_events():
+    watch = MeshWatch.__new__(MeshWatch)
+    MeshWatch.__init__(watch, rt=None)
+
+    def node(pid, state="alive", ended=()):
+        return {"peer_id": pid, "state": state, "report": None if state == "dead" else {
+            "supervisors": [{"name": "sup", "children": [{"id": "k", "node": "B", "actor": "kept"}]}] if pid == "A" else [],
+            "actors": [{"name": "kept", "state": "running"}, {"name": "alone", "state": "running"}, {"name": "spawner", "state": "running", "system": True}]
+            if pid == "B" else [], "ended": list(ended)}}
+
+    watch._log_changes([node("A"), node("B")])
+    watch._log_changes([node("A", ended=[{"name": "x", "state": "failed", "reason": "failed to start: ValueError", "ended": 5.0}]), node("B", "dead")])
+    lost = [e["actor"] for e in watch.events if e["kind"] == "lost"]
+    assert lost == ["alone"], list(watch.events)  # (a supervised child is restarted; a system actor is the node's)
+    [failed] = [e for e in watch.events if e["kind"] == "failure"]
+    assert failed["actor"] == "x" and "failed to start: ValueError" in failed["text"]
+    watch._log_changes([node("A", ended=[{"name": "x", "state": "failed", "reason": "failed to start: ValueError", "ended": 5.0}]), node("B", "dead")])
+    assert sum(e["kind"] == "failure" for e in watch.events) == 1  # (once)
 
 
 def test_the_terminal_text_has_every_table():
@@ -102,7 +125,8 @@ def test_a_members_report_is_checked_and_cut_before_anything_uses_it():
     rep = clean_report(junk)
     assert rep["peer_id"] == "p [2J" and rep["peers"] == [] and rep["nat"] is None and rep["labels"] == {"k": "v "}
     assert rep["actors"] == [{"name": None, "class": None, "state": None, "system": False, "mailbox": None, "running": None,
-                              "calls": None, "errors": None, "failure": None, "code": None, "job": None}] * 3
+                              "calls": None, "errors": None, "failure": None, "code": None, "job": None, "last_error": None,
+                              "output": None, "started": None}] * 3
     [sup] = rep["supervisors"]
     assert len(sup["name"]) == MAX_TEXT and len(sup["children"]) == 500 and sup["children"][0]["restarts"] is None
     assert rep["dht"] == {"table": None, "records": None, "rejected": None} and "unknown" not in rep

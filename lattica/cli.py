@@ -307,6 +307,7 @@ class _Progress:
         self.tty = sys.stderr.isatty()
         self.open = False  # a line is on the screen without its newline
         self.peers: int | None = None  # the peers the last report counted
+        self.held = 0  # bytes of the file held before the fetch (a resumed get's bar starts there)
 
     def say(self, text: str) -> None:
         if self.tty:
@@ -316,6 +317,7 @@ class _Progress:
 
     def __call__(self, info: dict) -> None:
         self.peers = info.get("peers", self.peers)
+        self.held = info.get("held", self.held)
         now = time.monotonic()
         if not info["done"] and (not self.tty or now - self._last < 0.2 or not info["bytes"]):
             return  # (a log gets the final line only; a terminal keeps "looking for providers" until bytes come)
@@ -397,9 +399,10 @@ def _get(args: argparse.Namespace) -> None:
         if progress is not None:
             progress.end()
             took = max(time.monotonic() - t0, 1e-9)
-            peers = progress.peers
-            sys.stderr.write(f"got {args.cid}: {size / 1e6:.1f} MB in {took:.1f} s ({size / took / 1e6:.1f} MB/s)"
+            peers, held = progress.peers, min(progress.held, size)
+            sys.stderr.write(f"got {args.cid}: {size / 1e6:.1f} MB in {took:.1f} s ({(size - held) / took / 1e6:.1f} MB/s)"
                              + (f" from {peers} peer{'s' * (peers != 1)}" if peers is not None else "")
+                             + (f", {held / 1e6:.1f} MB of it held already" if held else "")
                              + (f", saved to {output}" if output is not None and args.output is None else "") + "\n")
     finally:
         node.stop()

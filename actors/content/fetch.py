@@ -8,7 +8,7 @@ import random
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from lattica.actors.content.jobs import check_and_store
+from lattica.actors.content.jobs import check_and_store, held_bytes
 from lattica.actors.content.wire import BAND, HAVES_EVERY, MAX_NAMED, SWARM_ANSWER, SWARM_ADDRS, SWARM_EVERY, SWARM_SOON, SWARM_TAKE, SWARM_WANT, content_ref
 from lattica.content.cid import RAW, Cid
 from lattica.content.session import BLOCK, FetchSession, Request
@@ -74,6 +74,7 @@ class Fetch:
         self._calls_for: dict[Cid, dict[PeerId, Any]] = {}  # block -> the calls asking for it, by peer
         self._probed: dict[PeerId, float] = {}  # peers asked whether they have the root: when
         self._stored_bytes = 0
+        self._held_bytes = 0  # of the file, held before the fetch started (a resumed fetch)
         self._started = time.monotonic()
         self._last_found = self._started  # the last block or new provider
         self._failure: BaseException | None = None
@@ -100,6 +101,8 @@ class Fetch:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         store = self.svc.store
+        if store.has(self.root):  # a resumed fetch: its progress starts at what is held
+            self._held_bytes = await self.svc.in_thread(held_bytes, store, self.root)
         self._spawn(self._discover())
         next_haves = 0.0
         while True:
@@ -539,9 +542,9 @@ class Fetch:
             call.cancel()
 
     def progress(self) -> dict:
-        """Where this fetch stands (the dashboard's transfers): bytes stored, the file's size once
-        known, the peers it fetches from, seconds since it started."""
-        return {"cid": str(self.root), "bytes": self._stored_bytes, "total": self.walker.filesize,
+        """Where this fetch stands (the dashboard's transfers): bytes of the file held (before it
+        started, and fetched since), the file's size once known, the peers it fetches from, seconds since it started."""
+        return {"cid": str(self.root), "bytes": self._held_bytes + self._stored_bytes, "total": self.walker.filesize,
                 "peers": len(self._peers), "seconds": round(time.monotonic() - self._started, 3)}
 
     def _report(self, final: bool = False) -> None:
@@ -551,7 +554,8 @@ class Fetch:
         stats = self.session.stats()
         info = {
             "cid": str(self.root),
-            "bytes": self._stored_bytes,
+            "bytes": self._held_bytes + self._stored_bytes,  # (the file's: held before, and fetched)
+            "held": self._held_bytes,
             "total": self.walker.filesize,
             "seconds": elapsed,
             "mb_per_s": self._stored_bytes / elapsed / 1e6,

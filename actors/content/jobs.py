@@ -15,7 +15,7 @@ from lattica.errors import BadBlock, BlockNotFound, ContentError
 if TYPE_CHECKING:
     from lattica.content.blockstore import Blockstore
 
-__all__ = ["import_source", "read_blocks", "dag", "stat", "check_and_store", "read_all", "write_file"]
+__all__ = ["import_source", "read_blocks", "dag", "stat", "held_bytes", "check_and_store", "read_all", "write_file"]
 
 
 def import_source(store: Blockstore, source: Any, chunk: int, progress: Callable[[int, int], None] | None = None) -> tuple[Cid, list[Cid]]:
@@ -99,6 +99,25 @@ def stat(store: Blockstore, root: Cid) -> dict:
         elif cid == root:
             size = len(block)
     return {"cid": str(root), "size": size, "blocks_known": blocks, "blocks_held": held, "complete": held == blocks and size is not None, "pinned": store.is_pinned(root)}
+
+
+def held_bytes(store: Blockstore, root: Cid) -> int:
+    """The bytes of ``root``'s leaves the blockstore holds (where a resumed fetch starts): only
+    the inner nodes are read, a leaf's size comes from the blockstore's index."""
+    held, todo, seen = 0, [root], set()
+    while todo:
+        cid = todo.pop()
+        if cid in seen:
+            continue
+        seen.add(cid)
+        try:
+            if cid.codec == RAW:
+                held += store.size_of(cid)
+            else:
+                todo.extend(children(cid, store.get(cid)))
+        except (BlockNotFound, BadBlock):
+            continue  # (not held, or not a node the walker would take: fetched and checked then)
+    return held
 
 
 def check_and_store(store: Blockstore, pairs: list[tuple[Cid, Any]]) -> list:

@@ -59,7 +59,8 @@ def put(data: Any, *, chunk_size: int | None = None, pin: bool = True, progress:
 def get(cid: str | Cid, *, path: str | os.PathLike[str] | None = None, progress: Callable[[dict], None] | None = None, node: Node | None = None) -> Future:
     """Fetch the object ``cid`` from whoever holds it (every block verified against its CID);
     resolves to its bytes, or with ``path`` writes it there (atomically) and resolves to the
-    path. ``progress`` is called on the node's loop with ``{bytes, total, mb_per_s, peers, ...}``.
+    path. ``progress`` is called on the node's loop with ``{bytes, held, total, mb_per_s, peers, ...}``
+    (``bytes`` counts what was held before, ``held``: a resumed get starts there).
     BlockNotFound if no provider is found within ``ContentConfig.find_timeout``; ContentError
     for an object over ``ContentConfig.max_get_bytes`` without ``path``."""
     root = Cid.parse(cid)

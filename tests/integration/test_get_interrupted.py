@@ -1,6 +1,7 @@
 """A get interrupted (Ctrl-C, a node stopping mid-fetch) ends quietly: no task of the fetch is
 left to fail after the node's worker threads closed, and ``lattica get`` exits 130 with no
-traceback whenever the interrupt comes (issue 45)."""
+traceback whenever the interrupt comes; a get resumed after one reports from what it holds
+(issue 45)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import lattica
 from helpers import wait_for
 from lattica.config import ContentConfig
 from lattica.content.cid import Cid
-from lattica.errors import ContentError
+from lattica.errors import BlockNotFound, ContentError, LatticaError
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -26,8 +27,8 @@ TCP = "/ip4/127.0.0.1/tcp/0"
 MiB = 1 << 20
 
 
-def _node(tmp_path, name: str) -> lattica.Node:
-    return lattica.Node([TCP], content=ContentConfig(blocks=str(tmp_path / name)))
+def _node(tmp_path, name: str, **content) -> lattica.Node:
+    return lattica.Node([TCP], content=ContentConfig(blocks=str(tmp_path / name), **content))
 
 
 def _content(node: lattica.Node):
@@ -130,3 +131,75 @@ def test_ctrl_c_in_lattica_get_exits_130_without_a_traceback(tmp_path):
             lines = [line for line in got.stderr.splitlines() if line.strip()]
             assert got.returncode in (130, -signal.SIGINT), f"{name}: exit status {got.returncode}: {got.stderr[-3000:]}"
             assert len(lines) <= 1 and "Traceback" not in got.stderr and "Task" not in got.stderr, f"{name}: {got.stderr[-3000:]}"
+
+
+def _half_held(tmp_path, data: bytes) -> tuple[str, int]:
+    """A blockstore ``tmp_path/me`` that holds part of ``data``'s object (a get cut short: its
+    only provider stopped serving); the CID and the bytes of its leaves held."""
+    with _node(tmp_path, "me", find_timeout=2.0) as me, _node(tmp_path, "first") as first:
+        cid = lattica.content.put(data, node=first).result(30)
+        store = _content(first).store
+        real, left = store.get, [6]
+
+        def get(c, **kw):  # six leaves, then "not held"
+            if c.codec_name == "raw":
+                if left[0] <= 0:
+                    raise BlockNotFound(str(c))
+                left[0] -= 1
+            return real(c, **kw)
+
+        store.get = get
+        me.connect(first.addrs[0])
+        with pytest.raises(LatticaError):
+            lattica.content.get(cid, node=me).result(60)
+        mine = _content(me).store
+        held = sum(mine.size_of(c) for c in mine if c.codec_name == "raw")
+    assert held >= 6 * MiB
+    return cid, held
+
+
+def test_a_resumed_get_reports_from_the_bytes_it_holds(tmp_path):
+    """The progress of a get that resumes starts at what the blockstore holds (not at 0), and ends
+    at the file's size."""
+    data = os.urandom(16 * MiB)
+    cid, held = _half_held(tmp_path, data)
+    seen: list[dict] = []
+    with _node(tmp_path, "me") as me, _node(tmp_path, "second") as second:
+        lattica.content.put(data, node=second).result(30)
+        me.connect(second.addrs[0])
+        assert lattica.content.get(cid, node=me, progress=seen.append).result(60) == data
+    assert seen[0]["bytes"] == seen[0]["held"] == held
+    assert seen[-1]["done"] and seen[-1]["bytes"] == len(data)
+
+
+def test_a_resumed_lattica_get_starts_its_bar_at_what_is_held(tmp_path):
+    """On a terminal (a pty), the first figure of the bar of a resumed ``lattica get`` is the share
+    already held, and the summary says how much was held."""
+    import pty
+    import re
+    import select
+
+    data = os.urandom(16 * MiB)
+    cid, held = _half_held(tmp_path, data)
+    with _node(tmp_path, "second") as second:
+        lattica.content.put(data, node=second).result(30)
+        _slow(second, 0.05)
+        leader, follower = pty.openpty()
+        p = subprocess.Popen([sys.executable, "-m", "lattica.cli", "get", cid, "-o", str(tmp_path / "out.bin"), "--bootstrap", str(second.addrs[0]),
+                              "--blocks", str(tmp_path / "me")], stdin=follower, stdout=subprocess.DEVNULL, stderr=follower)
+        os.close(follower)
+        seen = b""
+        while p.poll() is None or select.select([leader], [], [], 0)[0]:
+            if select.select([leader], [], [], 0.2)[0]:
+                try:
+                    seen += os.read(leader, 4096)
+                except OSError:
+                    break
+        p.wait(30)
+        os.close(leader)
+    text = seen.decode(errors="replace")
+    assert p.returncode == 0, text[-2000:]
+    first = re.search(r"(\d+\.\d)%", text)
+    assert first is not None, text[-2000:]
+    assert abs(float(first.group(1)) - 100 * held / len(data)) < 0.1, text[-2000:]
+    assert f"{held / 1e6:.1f} MB of it held already" in text, text[-2000:]

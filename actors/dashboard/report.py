@@ -67,10 +67,9 @@ def program() -> str:
     name = os.path.basename(argv[0]) or "python"
     if name == "lattica" and len(argv) > 1:
         return f"lattica {argv[1]}"
-    if name == "__main__.py":  # python -m pkg
-        main = sys.modules.get("__main__")
-        spec = getattr(main, "__spec__", None)
-        return f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None else "python -m ?"
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:  # python -m pkg.mod
+        return f"python -m {spec.name.removesuffix('.__main__')}"
     return name
 
 

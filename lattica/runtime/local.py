@@ -44,7 +44,10 @@ def error_parts(exc: BaseException) -> tuple[str, str, str]:
     except Exception:
         message = f"<{name} whose str() failed>"
     try:
-        tb = "".join(traceback.format_exception(t, exc, exc.__traceback__))
+        frames = exc.__traceback__
+        while frames is not None and frames.tb_frame.f_code.co_filename == __file__:
+            frames = frames.tb_next  # (the runtime calling the method: not the user's to read)
+        tb = "".join(traceback.format_exception(t, exc, frames or exc.__traceback__))
     except Exception:
         tb = ""
     return name, message, tb

@@ -2,7 +2,7 @@
 a worker's logs). ``sys.stdout`` and ``sys.stderr`` are teed (everything still reaches the real
 streams) and log records are noted as they are made; a line written while an actor's code runs
 (its constructor, hooks and methods: the ``ACTOR`` context) goes to that actor's ring. Bounded per
-actor (lines and bytes) and per process; installed when the process starts its first user actor.
+actor (lines and bytes) and per process; installed as user actors start.
 
 Not caught: output of threads an actor starts itself (they do not inherit the context), of C code
 and of subprocesses, which write to the file descriptors directly."""
@@ -30,7 +30,9 @@ _MIN_SHARE = 2048
 _lock = threading.Lock()  # ring contents and the process total: written from actor threads and the loop
 _rings: dict[tuple[PeerId, str], OutputRing] = {}
 _total = 0
-_installed = False
+_record_factory_set = False
+_squeezed = 0.0  # when every ring was last cut to its share
+_inside = threading.local()  # a Tee writing on this thread (a Tee wrapped in another notes once)
 
 
 class OutputRing:
@@ -83,8 +85,9 @@ class OutputRing:
         self.lines.append((time.time(), stream, text))
         self.size += len(text)
         _total += len(text)
-        cap = MAX_BYTES if _total <= PROCESS_BYTES else max(_MIN_SHARE, min(MAX_BYTES, PROCESS_BYTES // max(1, len(_rings))))
-        while self.lines and (len(self.lines) > MAX_LINES or self.size > cap):
+        if _total > PROCESS_BYTES:
+            _squeeze(self)
+        while self.lines and (len(self.lines) > MAX_LINES or self.size > MAX_BYTES):
             self._drop()
 
     def _drop(self) -> None:
@@ -98,6 +101,23 @@ class OutputRing:
         """The actor ended: its lines stop counting against the process (its record keeps them)."""
         global _total
         _total -= self.size
+
+
+def _squeeze(ring: OutputRing) -> None:
+    """Past the process's budget, rings keep only their share (under _lock): the one being
+    written, then every ring if that was not enough. With more rings than the budget has
+    shares (each keeps _MIN_SHARE), the sweep runs at most once a second."""
+    global _squeezed
+    share = max(_MIN_SHARE, PROCESS_BYTES // max(1, len(_rings)))
+    while ring.lines and ring.size > share:
+        ring._drop()
+    now = time.monotonic()
+    if _total <= PROCESS_BYTES or (share == _MIN_SHARE and now - _squeezed < 1.0):
+        return
+    _squeezed = now
+    for r in list(_rings.values()):
+        while r.lines and r.size > share:
+            r._drop()
 
 
 def register(peer: PeerId, name: str) -> OutputRing:
@@ -132,7 +152,13 @@ class _Tee:
         self._name = name
 
     def write(self, data: str) -> int:
-        n = self._stream.write(data)
+        if getattr(_inside, "tee", False):
+            return self._stream.write(data)
+        _inside.tee = True
+        try:
+            n = self._stream.write(data)
+        finally:
+            _inside.tee = False
         ring = _ring()
         if ring is not None and type(data) is str:
             with _lock:
@@ -171,16 +197,17 @@ def _noting(make: Callable[..., logging.LogRecord]) -> Callable[..., logging.Log
 
 
 def install() -> None:
-    """Tee the process's stdout and stderr and note log records, once (idempotent)."""
-    global _installed
-    with _lock:
-        if _installed:
-            return
-        _installed = True
+    """Tee the process's stdout and stderr and note log records (idempotent; run as each user
+    actor starts, so streams a program swapped since, as pytest does, are teed again)."""
+    global _record_factory_set
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, _Tee):
             setattr(sys, name, _Tee(stream, name))
+    with _lock:
+        if _record_factory_set:
+            return
+        _record_factory_set = True
     current = logging.getLogRecordFactory()
     if not getattr(current, "lattica_output", False):
         logging.setLogRecordFactory(_noting(current))

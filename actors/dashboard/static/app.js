@@ -258,8 +258,13 @@ async function showDetail() {
     panel.innerHTML = `<h2>${asked.kind === "actor" ? `Actor ${esc(asked.name)}` : `Node ${short(asked.node)}`} ${close}</h2><p class="failed">${esc(why)}</p>`;
     return;
   }
+  const out = panel.querySelector("pre.output");
+  const following = !out || out.scrollTop + out.clientHeight >= out.scrollHeight - 4; // (kept at the newest line unless scrolled up)
+  const kept = out ? out.scrollTop : 0;
   panel.innerHTML = asked.kind === "actor" ? actorPanel(asked, got, close) : nodePanel(asked, got, close);
   panel.dataset.kind = asked.kind;
+  const now = panel.querySelector("pre.output");
+  if (now) now.scrollTop = following ? now.scrollHeight : kept;
   panel.dataset.loaded = String(Date.now());
 }
 

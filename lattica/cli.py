@@ -33,73 +33,95 @@ _LINK_STREAM_BYTES = {"lan": 1 << 30, "region": 256 << 20, "continent": 32 << 20
 
 
 def _bench(args: argparse.Namespace) -> None:
-    from lattica._loop import DEFAULT_BUSY_POLL_US  # lazy: see the note above _bench
+    from lattica.bench import plan  # lazy: see the note above _bench
     from lattica.bench import transport as tb  # lazy: see the note above _bench
 
-    transports = ["tcp", "quic"] if args.transport in (None, "both") else [args.transport]
+    transports, polls = plan.transports(args), plan.polls(args)
     which = args.which
-    polls = [args.busy_poll_us] if args.busy_poll_us is not None else [0.0, DEFAULT_BUSY_POLL_US]
+
+    def starting(name: str) -> None:
+        """Say what bench ``name`` runs and about how long, before it runs (lattica.bench.plan)."""
+        known = plan.plan_of(name, args)
+        if known is not None:
+            plan.announce(name, known)
+
+    if which == "all":
+        starting("all")
     if which in ("stream", "all"):
+        starting("stream")
         for t in transports:
             size = args.size or _LINK_STREAM_BYTES.get(args.link, (1 << 30) if t == "tcp" else (256 << 20))
             for bp in polls:
                 _print(tb.bench_stream(t, size, busy_poll_us=bp, link=args.link), args.json)
     if which in ("ping", "all"):
+        starting("ping")
         for t in transports:
             for bp in polls:
                 _print(tb.bench_ping(t, args.count, busy_poll_us=bp), args.json)
     if which in ("handshake", "all"):
+        starting("handshake")
         for t in transports:
             _print(tb.bench_handshake(t), args.json)
     if which in ("startup", "all"):
+        starting("startup")
         _print(tb.bench_startup(("tcp",)), args.json)
         _print(tb.bench_startup(("tcp", "quic")), args.json)
     if which in ("ciphers", "all"):
+        starting("ciphers")
         _print(tb.bench_noise_ciphers(), args.json)
     if which in ("dht", "all"):
+        starting("dht")
         from lattica.bench.dht import bench_dht  # lazy: see the note above _bench
 
         for n in args.nodes or [2, 3]:
             for bp in polls:
                 _print(bench_dht(n, min(args.count, 5000), busy_poll_us=bp), args.json)
     if which == "dht-sim":
+        starting("dht-sim")
         from lattica.bench.dht import simulate  # lazy: see the note above _bench
 
         for n in args.nodes or [1000]:
             _print(simulate(n, keys=args.keys, progress=None if args.json else lambda m: print(f"  {m}", flush=True)), args.json)
     if which == "membership-sim":
+        starting("membership-sim")
         from lattica.bench.membership import simulate as simulate_membership  # lazy: see the note above _bench
 
         for n in args.nodes or [200]:
             _print(simulate_membership(n, settle=40.0), args.json)
     if which in ("relay", "all"):
+        starting("relay")
         from lattica.bench.relay import bench_relay  # lazy: see the note above _bench
 
         for payload in args.payload or [262144, 128]:
             for row in bench_relay(payload, concurrency=(args.concurrency or [32])[0], duration=min(args.duration, 3.0), rounds=args.rounds):
                 _print(row, args.json)
     if which in ("supervise", "all"):
+        starting("supervise")
         from lattica.bench.supervise import bench_supervise  # lazy: see the note above _bench
 
         for row in bench_supervise(rounds=args.rounds):
             _print(row, args.json)
     if which in ("content", "all"):
+        starting("content")
         from lattica.bench.content import bench_content  # lazy: see the note above _bench
 
         for row in bench_content(size=args.size or (256 << 20), fetchers=args.fetchers, rounds=min(args.rounds, 3)):
             _print(row, args.json)
     if which in ("pubsub", "all"):
+        starting("pubsub")
         from lattica.bench.pubsub import bench_pubsub  # lazy: see the note above _bench
 
         for row in bench_pubsub(subscribers=4, flood_messages=20_000):
             _print(row, args.json)
     if which == "pubsub-sim":
+        starting("pubsub-sim")
         from lattica.bench.pubsub import simulate as simulate_pubsub  # lazy: see the note above _bench
 
         for n in args.nodes or [200]:
             _print(simulate_pubsub(n, messages=1000), args.json)
             _print(simulate_pubsub(n, messages=1000, kill=0.1, seed=2), args.json)
     if which == "pubsub-nodes":
+        starting("pubsub-nodes")
         from lattica.bench.pubsub_nodes import simulate_nodes  # lazy: see the note above _bench
 
         say = None if args.json else (lambda m: print(f"  {m}", flush=True))
@@ -107,18 +129,21 @@ def _bench(args: argparse.Namespace) -> None:
             _print(simulate_nodes(n, messages=1000, progress=say), args.json)
             _print(simulate_nodes(n, messages=1000, kill=0.1, seed=2, progress=say), args.json)
     if which in ("crdt", "all"):
+        starting("crdt")
         from lattica.bench.crdt import bench_compaction, bench_crdt  # lazy: see the note above _bench
 
         _print(bench_compaction(), args.json)
         for row in bench_crdt():
             _print(row, args.json)
     if which == "crdt-sim":
+        starting("crdt-sim")
         from lattica.bench.crdt import simulate_crdt  # lazy: see the note above _bench
 
         say = None if args.json else (lambda m: print(f"  {m}", flush=True))
         for n in args.nodes or [20]:
             _print(simulate_crdt(n, runs=args.runs or 100, compact_every=args.compact_every, progress=say), args.json)
     if which in ("shards", "all"):
+        starting("shards")
         from lattica.bench.shards import bench_inference, bench_shards  # lazy: see the note above _bench
 
         for row in bench_shards():
@@ -126,22 +151,26 @@ def _bench(args: argparse.Namespace) -> None:
         for row in bench_inference():
             _print(row, args.json)
     if which in ("weightsync", "all"):
+        starting("weightsync")
         from lattica.bench.weightsync import bench_weightsync  # lazy: see the note above _bench
 
         for row in bench_weightsync():
             _print(row, args.json)
     if which in ("firstcall", "all"):
+        starting("firstcall")
         from lattica.bench.firstcall import bench_firstcall  # lazy: see the note above _bench
 
         for t in transports:
             _print(bench_firstcall(t, link=args.link, runs=args.runs or 5), args.json)
     if which in ("code", "all"):
+        starting("code")
         from lattica.bench.code import bench_code  # lazy: see the note above _bench
 
         sizes = (args.size,) if args.size else (100_000, 10_000_000)
         for row in bench_code(sizes, nodes=(args.nodes or [8])[0], spawns=args.runs or 20):
             _print(row, args.json)
     if which == "soak":
+        starting("soak")
         from lattica.bench.soak import soak  # lazy: see the note above _bench
 
         _print(soak(args.soak_seconds, processes=(args.nodes or [4])[0]), args.json)
@@ -151,18 +180,10 @@ def _bench(args: argparse.Namespace) -> None:
         for row in bench_dashboard():
             _print(row, args.json)
     if which in ("rpc", "all"):
+        starting("rpc")
         from lattica.bench.rpc import bench_rpc  # lazy: see the note above _bench
 
-        # one configuration (Table 1's first row) unless asked for more, or for the whole --matrix
-        matrix = args.matrix
-        kinds = ["async", "sync"] if args.actor == "both" or (args.actor is None and matrix) else [args.actor or "async"]
-        rpc_transports = transports if args.transport is not None or matrix else ["tcp"]
-        payloads = args.payload or ([128, 262144] if matrix else [128])
-        concurrencies = args.concurrency or ([1000, 1] if matrix else [1000])
-        rpc_polls = polls if args.busy_poll_us is not None or matrix else [DEFAULT_BUSY_POLL_US]
-        n = len(kinds) * len(rpc_transports) * len(payloads) * len(concurrencies) * len(rpc_polls)
-        print(f"lattica bench rpc: {n} configuration{'s' * (n > 1)} of {args.duration:g} s, about {n * (args.duration + 2):.0f} s"
-              + ("" if matrix else " (--matrix: transports x actor kinds x payloads x calls in flight x loops)"), file=sys.stderr, flush=True)
+        rpc_transports, kinds, payloads, concurrencies, rpc_polls = plan.rpc_configs(args)
         for t in rpc_transports:
             for kind in kinds:
                 for payload in payloads:

@@ -454,9 +454,14 @@ def _doctor(args: argparse.Namespace) -> None:
         sys.stderr.write(f"\rwaiting for the AutoNAT verdict: {waited:4.1f} of {wait:g} s ({reachability} so far)")
         sys.stderr.flush()
 
-    shown = not args.json and sys.stderr.isatty()  # (a terminal: a log gets no rewritten line)
+    def stage(text: str) -> None:
+        sys.stderr.write(f"lattica doctor: {text}\n")
+        sys.stderr.flush()
+
+    # a terminal: one line that counts up, erased; a log: a line per stage (no rewritten line)
+    shown = not args.json and sys.stderr.isatty()
     report = diagnose(args.listen or ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"], args.bootstrap, args.peer, args.wait, args.mesh,
-                      progress=waiting if shown else None)
+                      progress=waiting if shown else None, stage=None if sys.stderr.isatty() else stage)
     if shown:
         sys.stderr.write("\r\033[K")  # (the waiting line goes)
     print(json.dumps(report) if args.json else render(report), flush=True)

@@ -40,15 +40,18 @@ def _why(e: BaseException) -> str:
 
 
 def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, wait: float = 20.0, mesh: Any = None,
-             progress: Callable[[float, float, str], None] | None = None) -> dict[str, Any]:
+             progress: Callable[[float, float, str], None] | None = None, stage: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the checks and return the report (a JSON-able dict); ``progress(waited, wait,
-    reachability)`` while it waits for the AutoNAT verdict."""
+    reachability)`` while it waits for the AutoNAT verdict; ``stage(text)`` as each check starts."""
+    say = stage or (lambda _text: None)
     report: dict[str, Any] = {"bootstrap": [], "problems": []}
+    say("starting a node")
     with Node(listen, mesh=mesh) as node:
         report["peer_id"] = str(node.peer_id)
         report["mesh"] = node.trust.describe()
         report["listening"] = [str(a) for a in node.addrs]
         for addr in bootstrap:
+            say(f"connecting to {addr}")
             t0 = time.perf_counter()
             try:
                 info = node.connect(addr, timeout=10)
@@ -65,6 +68,8 @@ def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, w
         status = node.nat_status()
         deadline = time.monotonic() + (wait if joined else 0)
         started = time.monotonic()
+        if joined:
+            say(f"waiting up to {wait:g} s for the AutoNAT verdict and the DHT ({status.reachability} so far)")
         while time.monotonic() < deadline:
             status = node.nat_status()
             if status.reachability == "public" or (status.reachability == "private" and status.relays):
@@ -90,6 +95,7 @@ def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, w
         if status.reachability == "unknown" and joined:
             report["problems"].append(f"reachability still unknown after {wait:g} s: {status.reason}")
         if peer is not None:
+            say(f"reaching {peer}")
             report["peer"] = _reach(node, peer)
             if not report["peer"]["ok"]:
                 report["problems"].append(f"cannot reach {peer}: {report['peer']['why']}")

@@ -54,7 +54,7 @@ def test_doctor_says_when_a_peer_refuses_us_for_not_being_a_member():
 
 def test_doctor_in_a_terminal_says_what_it_waits_for():
     """In a terminal (a pty here), the wait for the AutoNAT verdict is a line that counts up,
-    erased before the report; in a log (no terminal) nothing of it is written."""
+    erased before the report; in a log (no terminal) it is a line per stage, never rewritten."""
     import pty
     import select
 
@@ -77,4 +77,19 @@ def test_doctor_in_a_terminal_says_what_it_waits_for():
         piped = subprocess.run(args, capture_output=True, text=True, timeout=90, env=env)
     assert b"waiting for the AutoNAT verdict" in seen and b"of 1.5 s" in seen
     assert "reachability" in out.lower()
-    assert "waiting for" not in piped.stderr and "reachability" in piped.stdout.lower()
+    assert "\r" not in piped.stderr and "reachability" in piped.stdout.lower()
+    assert "lattica doctor: waiting up to 1.5 s for the AutoNAT verdict" in piped.stderr, piped.stderr
+
+
+def test_doctor_in_a_log_says_each_stage_as_it_starts():
+    """Output piped (a log, CI): a line per stage on stderr as it starts, not silence until the
+    report."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], relay=True) as relay:
+        addr, peer = str(relay.addrs[0]), str(relay.peer_id)
+        args = [sys.executable, "-m", "lattica.cli", "doctor", "--json", "--wait", "1", "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", addr, "--peer", peer]
+        p = subprocess.run(args, capture_output=True, text=True, timeout=90, env=env)
+    stages = [line.removeprefix("lattica doctor: ") for line in p.stderr.splitlines() if line.startswith("lattica doctor: ")]
+    assert [s.split(" ")[0] for s in stages] == ["starting", "connecting", "waiting", "reaching"], p.stderr
+    assert stages[1] == f"connecting to {addr}" and stages[3] == f"reaching {peer}"
+    assert json.loads(p.stdout)["peer"]["ok"]

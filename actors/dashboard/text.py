@@ -1,5 +1,6 @@
 """A picture of the mesh as terminal text (``lattica status``): nodes with their resources, user
-actors (system actors counted apart), supervision trees and paths, one table each."""
+actors (system actors counted apart) with their last error, actors that failed lately,
+supervision trees and paths, one table each."""
 
 from __future__ import annotations
 
@@ -45,13 +46,22 @@ def render(pic: Any) -> str:
 
     if actors:
         out += ["", "ACTORS"]
-        rows = [("NODE", "NAME", "CLASS", "STATE", "MAILBOX", "CALLS", "ERRORS")]
+        rows = [("NODE", "NAME", "CLASS", "STATE", "MAILBOX", "CALLS", "ERRORS", "LAST ERROR")]
         for n, a in actors[:MAX_ACTOR_LINES]:
+            err = a.get("last_error") or {}
             rows.append((_short(n.get("peer_id")), str(a.get("name")), str(a.get("class")), str(a.get("state")), str(a.get("mailbox")),
-                         str(a.get("calls")), str(a.get("errors"))))
+                         str(a.get("calls")), str(a.get("errors")), f"{err.get('type')}: {err.get('message')}"[:60] if err else ""))
         out += _table(rows)
         if len(actors) > MAX_ACTOR_LINES:
             out.append(f"... and {len(actors) - MAX_ACTOR_LINES} more (--json lists them all)")
+
+    ended = [(n, e) for n, r in zip(nodes, reports) for e in r.get("ended", ()) if e.get("state") == "failed"]
+    if ended:
+        out += ["", "FAILED LATELY"]
+        rows = [("NODE", "NAME", "CLASS", "WHY")]
+        for n, e in ended[-MAX_ACTOR_LINES:]:
+            rows.append((_short(n.get("peer_id")), str(e.get("name")), str(e.get("class")), str(e.get("reason") or "")[:80]))
+        out += _table(rows)
 
     trees = [(n, s) for n, r in zip(nodes, reports) for s in r.get("supervisors", ())][:MAX_ACTOR_LINES]
     if trees:

@@ -22,10 +22,11 @@ from lattica.runtime.refs import ACTOR
 __all__ = ["OutputRing", "install", "register", "unregister", "MAX_LINES", "MAX_BYTES", "PROCESS_BYTES", "MAX_LINE"]
 
 MAX_LINES = 200  # lines an actor's ring keeps
-MAX_BYTES = 32 * 1024  # characters an actor's ring keeps
+MAX_BYTES = 32 * 1024  # bytes an actor's ring holds (its lines' characters and what each line costs besides)
 MAX_LINE = 2000  # characters of one line (a log record with its traceback counts as one)
 PROCESS_BYTES = 16 * 1024 * 1024  # all rings of the process together; past it each keeps its share
 _MIN_SHARE = 2048
+_LINE_COST = 150  # bytes a kept line holds besides its characters (its tuple, time and string header)
 
 _lock = threading.Lock()  # ring contents and the process total: written from actor threads and the loop
 _rings: dict[tuple[PeerId, str], OutputRing] = {}
@@ -83,8 +84,8 @@ class OutputRing:
         global _total
         text = text[:MAX_LINE]
         self.lines.append((time.time(), stream, text))
-        self.size += len(text)
-        _total += len(text)
+        self.size += len(text) + _LINE_COST
+        _total += len(text) + _LINE_COST
         if _total > PROCESS_BYTES:
             _squeeze(self)
         while self.lines and (len(self.lines) > MAX_LINES or self.size > MAX_BYTES):
@@ -93,8 +94,8 @@ class OutputRing:
     def _drop(self) -> None:
         global _total
         _, _, old = self.lines.popleft()
-        self.size -= len(old)
-        _total -= len(old)
+        self.size -= len(old) + _LINE_COST
+        _total -= len(old) + _LINE_COST
         self.dropped += 1
 
     def _release(self) -> None:

@@ -103,7 +103,9 @@ def test_the_terminal_text_has_every_table():
     pic = {"nodes": [{"peer_id": "12D3KooWaaaaaaaaAAAA", "state": "alive", "self": True, "cpu": 4, "memory": 2 << 30, "gpus": 0,
                       "labels": {"zone": "a"}, "load": {"actors": 1},
                       "report": {"nat": {"reachability": "public"}, "actor_count": 3,
-                                 "actors": [{"name": "w", "class": "app.W", "state": "running", "mailbox": 0, "calls": 5, "errors": 1, "system": False}],
+                                 "actors": [{"name": "w", "class": "app.W", "state": "running", "mailbox": 0, "calls": 5, "errors": 1, "system": False,
+                                             "last_error": {"type": "ValueError", "message": "bad input", "method": "f", "time": 1.0}}],
+                                 "ended": [{"name": "gone", "class": "app.G", "state": "failed", "reason": "failed to start: OSError"}],
                                  "supervisors": [{"name": "sup", "strategy": "one_for_one", "children": [{"id": "c", "class": "app.W", "node": None, "restarts": 2}]}],
                                  "peers": [{"peer_id": "12D3KooWbbbbbbbbBBBB", "path": "relayed", "transport": "quic", "direction": "inbound"}]}},
                      {"peer_id": "12D3KooWbbbbbbbbBBBB", "state": "dead", "report": None}]}
@@ -111,6 +113,8 @@ def test_the_terminal_text_has_every_table():
     assert text.startswith("mesh: 1 nodes up, 1 down or left; 1 actors; 0 direct paths, 1 relayed")
     assert "…aaaaAAAA (this)" in text and "2.0 GiB" in text and "zone=a" in text and "public" in text
     assert "app.W" in text and "not running  restarts 2" in text and "relayed  quic" in text
+    assert "ValueError: bad input" in text and "FAILED LATELY" in text and "failed to start: OSError" in text
+    assert "1 actor" in text and "{" not in text  # (the load in words)
 
 
 def test_a_members_report_is_checked_and_cut_before_anything_uses_it():

@@ -175,6 +175,7 @@ def _bench(args: argparse.Namespace) -> None:
 
         _print(soak(args.soak_seconds, processes=(args.nodes or [4])[0]), args.json)
     if which in ("dashboard", "all"):
+        starting("dashboard")
         from lattica.bench.dashboard import bench_dashboard  # lazy: see the note above _bench
 
         for row in bench_dashboard():

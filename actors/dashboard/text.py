@@ -29,7 +29,8 @@ def render(pic: Any) -> str:
     up = sum(1 for n in nodes if n.get("state") in ("alive", "suspect") and not n.get("observer"))
     down = sum(1 for n in nodes if n.get("state") not in ("alive", "suspect"))
     actors = [(n, a) for n, r in zip(nodes, reports) for a in r.get("actors", ()) if not a.get("system")]
-    paths = [(n, p) for n, r in zip(nodes, reports) for p in r.get("peers", ())]
+    observers = {n["peer_id"] for n in nodes if n.get("observer")}  # (`lattica status`'s own node: its paths are not the mesh's)
+    paths = [(n, p) for n, r in zip(nodes, reports) if not n.get("observer") for p in r.get("peers", ()) if p.get("peer_id") not in observers]
     direct = sum(1 for _, p in paths if p.get("path") == "direct")
     out = [f"mesh: {up} nodes up, {down} down or left; {len(actors)} actors; {direct} direct paths, {len(paths) - direct} relayed", ""]
 

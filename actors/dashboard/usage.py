@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from lattica.runtime import LocalActor, Runtime
 
-__all__ = ["Usage", "EVERY", "SAMPLES", "MAX_ACTORS"]
+__all__ = ["Usage", "ActorCounters", "EVERY", "SAMPLES", "MAX_ACTORS"]
 
 EVERY = 2.0  # seconds between samples
 SAMPLES = 150  # samples kept: the last five minutes
@@ -48,7 +48,9 @@ class _Ring:
         return {f: [round(self.values[b + i], 3) for b in order] for i, f in enumerate(fields)}
 
 
-class _ActorCounters:
+class ActorCounters:
+    """One actor's counters at the last sample, and its series."""
+
     __slots__ = ("actor", "calls", "errors", "cpu", "ring")
 
     def __init__(self, actor: LocalActor, born: int) -> None:
@@ -68,7 +70,7 @@ class Usage:
         self.times = array.array("d", bytes(8 * SAMPLES))
         self.node = _Ring(len(NODE_FIELDS), 0)
         self.latest: dict[str, float] = {}
-        self._actors: dict[str, _ActorCounters] = {}
+        self._actors: dict[str, ActorCounters] = {}
         self._last: tuple[float, float, int, int] | None = None  # (wall, process cpu, calls, errors)
         self._timer: asyncio.TimerHandle | None = None
 
@@ -123,7 +125,7 @@ class Usage:
             if c is None:
                 if len(kept) >= MAX_ACTORS:
                     continue
-                kept[name] = _ActorCounters(a, at if before is None else at + 1)  # (its first row: the next sample's)
+                kept[name] = ActorCounters(a, at if before is None else at + 1)  # (its first row: the next sample's)
                 continue
             cpu = _thread_cpu(a.thread_id)
             if dt is not None:

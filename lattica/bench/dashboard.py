@@ -101,9 +101,9 @@ def bench_dashboard_cost(seconds: float = 5.0, rounds: int = 3, concurrency: int
     """Table 1's first row (128 B async echo calls, ``concurrency`` in flight, TCP) against a node
     process serving its dashboard to WATCHERS pages, and against one serving none: alternated
     ``rounds`` times in this run; calls/s medians and their ratio."""
-    from lattica.bench.rpc import AsyncEcho, measure_calls, spawn_on
-    from lattica.bench.transport import server
-    from lattica.node import Node
+    from lattica.bench.rpc import AsyncEcho, measure_calls, spawn_on  # (the benches load lazily: see lattica.cli)
+    from lattica.bench.transport import server  # (as above)
+    from lattica.node import Node  # (as above)
 
     data = os.urandom(128)
     qps: dict[str, list[float]] = {"without": [], "with": []}
@@ -134,10 +134,10 @@ def bench_dashboard_cost(seconds: float = 5.0, rounds: int = 3, concurrency: int
 def bench_buffers(actors: int = 500) -> dict[str, Any]:
     """What an actor's output ring (empty, and full: MAX_LINES lines within MAX_BYTES) and its
     utilisation series hold, per actor, measured with tracemalloc over ``actors`` actors."""
-    import tracemalloc
+    import tracemalloc  # (only this bench measures with it)
 
-    from lattica.actors.dashboard.usage import SAMPLES, _ActorCounters
-    from lattica.runtime import output
+    from lattica.actors.dashboard.usage import SAMPLES, ActorCounters  # (the benches load lazily: see lattica.cli)
+    from lattica.runtime import output  # (as above)
 
     class _Stub:  # (what _ActorCounters reads of an actor)
         calls = errors = 0
@@ -151,19 +151,17 @@ def bench_buffers(actors: int = 500) -> dict[str, Any]:
         empty = _grown(t0, tracemalloc.take_snapshot()) / actors
         line = "x" * (output.MAX_BYTES // output.MAX_LINES - 8)
         t1 = tracemalloc.take_snapshot()
-        with output._lock:
-            for r in rings:
-                for i in range(output.MAX_LINES):
-                    r._add("stdout", f"{i:08d}{line}")  # (a string of its own per line, as printed lines are)
+        for r in rings:
+            for i in range(output.MAX_LINES):
+                r.add("stdout", f"{i:08d}{line}")  # (a string of its own per line, as printed lines are)
         full = _grown(t1, tracemalloc.take_snapshot()) / actors
         t2 = tracemalloc.take_snapshot()
-        series = [_ActorCounters(_Stub(), 0) for _ in range(actors)]  # type: ignore[arg-type]
+        series = [ActorCounters(_Stub(), 0) for _ in range(actors)]  # type: ignore[arg-type]
         per_series = _grown(t2, tracemalloc.take_snapshot()) / actors
     finally:
         tracemalloc.stop()
-        with output._lock:
-            for r in rings:
-                r._release()
+        for r in rings:
+            r.release()
     del rings, series, peer
     return {"bench": "dashboard", "case": f"buffers per actor ({actors} actors)", "output_ring_empty_bytes": round(empty),
             "output_ring_full_bytes": round(full), "output_ring_cap_bytes": output.MAX_BYTES, "series_bytes": round(per_series),

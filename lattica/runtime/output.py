@@ -19,7 +19,7 @@ from typing import Any, Callable, TextIO
 from lattica.identity import PeerId
 from lattica.runtime.refs import ACTOR
 
-__all__ = ["OutputRing", "install", "register", "unregister", "MAX_LINES", "MAX_BYTES", "PROCESS_BYTES", "MAX_LINE"]
+__all__ = ["OutputRing", "install", "register", "unregister", "held_bytes", "MAX_LINES", "MAX_BYTES", "PROCESS_BYTES", "MAX_LINE"]
 
 MAX_LINES = 200  # lines an actor's ring keeps
 MAX_BYTES = 32 * 1024  # bytes an actor's ring holds (its lines' characters and what each line costs besides)
@@ -48,6 +48,16 @@ class OutputRing:
         self.dropped = 0  # lines pushed out by the bounds
         self._partial: dict[str, str] = {}  # stream -> text written without its newline yet
         self._logged: str | None = None  # the last log record's message, until a stream line repeats it
+
+    def add(self, stream: str, text: str) -> None:
+        """Keep one line (what the tee and the log records do; a benchmark fills rings with it)."""
+        with _lock:
+            self._add(stream, text)
+
+    def release(self) -> None:
+        """Stop counting this ring against the process (it is dropped)."""
+        with _lock:
+            self._release()
 
     def snapshot(self, limit: int = MAX_LINES) -> list[tuple[float, str, str]]:
         """The newest ``limit`` lines (and any line still being written)."""
@@ -119,6 +129,11 @@ def _squeeze(ring: OutputRing) -> None:
     for r in list(_rings.values()):
         while r.lines and r.size > share:
             r._drop()
+
+
+def held_bytes() -> int:
+    """What all rings of the process hold now (their bounds' measure)."""
+    return _total
 
 
 def register(peer: PeerId, name: str) -> OutputRing:

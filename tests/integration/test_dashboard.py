@@ -221,6 +221,10 @@ def test_lattica_status_through_a_member_and_through_a_dashboard():
         for p in procs:
             assert p.peer_id[-8:] in r.stdout
         assert "keeper-0" in r.stdout and "keeper-1" in r.stdout and "SUPERVISORS" in r.stdout and "PATHS" in r.stdout
+        # the mesh's paths only: 3 nodes, each with a path to the 2 others (the asking node's are not counted or listed)
+        assert "; 6 direct paths, 0 relayed" in r.stdout.splitlines()[0], r.stdout.splitlines()[0]
+        [asking] = [line.split()[0] for line in r.stdout.splitlines() if "(asking)" in line]
+        assert sum(asking in line for line in r.stdout.split("PATHS", 1)[1].splitlines()) == 0
         r = _cli("status", "--dashboard", here.dashboard_url, "--json")
         assert r.returncode == 0, r.stderr
         # (the node that asked first may still be listed: a connected member, until it is found gone)

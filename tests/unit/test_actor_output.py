@@ -121,7 +121,7 @@ def test_the_process_total_is_bounded_whatever_the_number_of_chatty_actors(node,
     for a in actors:
         for _ in range(40):
             _call(node, a.say, "y" * 900)
-    assert output._total <= 64 * 1024 + 8 * output.MAX_LINE, (output._total, [r.size for r in output._rings.values()], sum(r.size for r in output._rings.values()))  # (each ring keeps its share)
+    assert output.held_bytes() <= 64 * 1024 + 8 * output.MAX_LINE, (output.held_bytes(), [r.size for r in output._rings.values()], sum(r.size for r in output._rings.values()))  # (each ring keeps its share)
 
 
 def test_the_last_errors_keep_their_tracebacks_without_the_runtimes_frames(node):

@@ -28,9 +28,8 @@ import time
 from typing import Any
 
 import lattica
+from lattica.mesh.process import cli_node
 from lattica.trust import MeshKey
-
-_NODE = "import sys; from lattica.cli import main; main(sys.argv[1:])"
 _CLASS = '''import lattica
 
 
@@ -73,17 +72,9 @@ def _start_nodes(n: int, env: dict[str, str], tmp: str) -> tuple[list[subprocess
     for i in range(n):
         cwd = os.path.join(tmp, f"node{i}")
         os.makedirs(cwd)
-        connect = ["--connect", addrs[0]] if addrs else []
-        proc = subprocess.Popen([sys.executable, "-c", _NODE, "node", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-mdns",
-                                 "--allow", "benchinstalled.*", *connect], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        proc, addr = cli_node("--allow", "benchinstalled.*", *(["--connect", addrs[0]] if addrs else []), cwd=cwd, env=env)
         procs.append(proc)
-        for line in proc.stdout:  # type: ignore[union-attr]
-            if line.startswith("listening: "):
-                addrs.append(line.split(": ", 1)[1].strip())
-                break
-        else:
-            raise RuntimeError(f"lattica node exited with {proc.wait()}")
+        addrs.append(addr)
     return procs, addrs
 
 

@@ -2,7 +2,8 @@
 
 ``python -m lattica.mesh.process --listen ADDR [--listen ADDR ...]`` prints one JSON line
 ``{"peer_id": ..., "addrs": [...], "pid": ...}`` once listening, then serves until stdin closes.
-Protocols: ``/lattica/bench/sink/1`` (read to EOF, reply with byte count and sha256) and
+``cli_node`` runs the CLI's own ``lattica node`` instead, as a user would. Protocols:
+``/lattica/bench/sink/1`` (read to EOF, reply with byte count and sha256) and
 ``/lattica/bench/echo/1`` (echo until EOF).
 """
 
@@ -51,6 +52,20 @@ async def serve_echo(stream: Stream, conn: Connection) -> None:
         stream.write(data)
         await stream.drain()
     await stream.close()
+
+
+_CLI = "import sys; from lattica.cli import main; main(sys.argv[1:])"
+
+
+def cli_node(*flags: str, cwd: str | os.PathLike[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """A plain ``lattica node`` (the CLI as a user runs it, without mDNS) listening on loopback
+    TCP, in ``cwd``: the process (its output on its stdout pipe) and its address (``.../p2p/<id>``)."""
+    proc = subprocess.Popen([sys.executable, "-c", _CLI, "node", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-mdns", *flags],
+                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:  # type: ignore[union-attr]
+        if line.startswith("listening: "):
+            return proc, line.split(": ", 1)[1].strip()
+    raise RuntimeError(f"lattica node exited with {proc.wait()}")
 
 
 class ServerProcess:

@@ -14,13 +14,13 @@ import sys
 
 import pytest
 
+from lattica.mesh.process import cli_node
 from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(300)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
-NODE = "import sys; from lattica.cli import main; main(sys.argv[1:])"
 FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 
@@ -53,16 +53,9 @@ def mesh(tmp_path_factory):
         for i in range(2):
             cwd = tmp / f"node{i}"
             cwd.mkdir()
-            connect = ["--connect", addrs[0]] if addrs else []
-            proc = subprocess.Popen([sys.executable, "-c", NODE, "node", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-mdns", *connect],
-                                    cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            proc, addr = cli_node(*(["--connect", addrs[0]] if addrs else []), cwd=cwd, env=env)
             procs.append(proc)
-            for line in proc.stdout:
-                if line.startswith("listening: "):
-                    addrs.append(line.split(": ", 1)[1].strip())
-                    break
-            else:
-                raise RuntimeError(f"lattica node exited with {proc.wait()}")
+            addrs.append(addr)
         yield env, addrs
     finally:
         for p in procs:

@@ -199,7 +199,8 @@ def _node(args: argparse.Namespace) -> None:
     relay = getattr(args, "relay", False)
     mdns = False if getattr(args, "no_mdns", False) else None
     with Node(args.listen or ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"], key_path=args.key, relay=relay, mdns=mdns, mesh=args.mesh,
-              dashboard=args.dashboard, allow=getattr(args, "allow", ()), accept_code=getattr(args, "accept_code", "admins")) as node:
+              dashboard=args.dashboard, allow=getattr(args, "allow", ()), accept_code=getattr(args, "accept_code", "admins"),
+              **({"spill_limit": args.spill_limit} if getattr(args, "spill_limit", None) is not None else {})) as node:
         print(f"peer id: {node.peer_id}" + (" (relay and bootstrap)" if relay else ""))
         print(f"mesh: {node.trust.describe()}")
         if not relay:
@@ -546,6 +547,8 @@ def parser() -> argparse.ArgumentParser:
                    help="whose code that travels with a spawn this node runs (default: %(default)s: administrators of its mesh)")
     s.add_argument("--allow", action="append", default=[], metavar="PATTERN",
                    help="installed classes peers may spawn here, by module.Class pattern (e.g. 'myapp.*'; repeatable)")
+    s.add_argument("--spill-limit", type=int, default=None, metavar="BYTES",
+                   help="a call's arguments or result over the 64 MiB message cap travel by CID up to this many bytes (default 1 GiB; 0: never)")
     s.set_defaults(fn=_node)
 
     s = sub.add_parser("relay", help="run a public relay (and bootstrap node) until interrupted")

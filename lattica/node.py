@@ -29,6 +29,7 @@ from lattica.multiaddr import Multiaddr
 from lattica.transports.base import Stream
 from lattica.nat import NatStatus
 from lattica.placement import RESOURCES
+from lattica.runtime.spill import DEFAULT_SPILL_LIMIT
 from lattica.trust import Trust, load_trust
 
 __all__ = ["Node", "PeerInfo"]
@@ -83,6 +84,7 @@ class Node:
         dht_path: str | os.PathLike[str] | None = None,
         dht: Any = None,
         channel_idle: float = 60.0,
+        spill_limit: int = DEFAULT_SPILL_LIMIT,
         drain_grace: float = DRAIN_GRACE,
         relay: Any = False,
         relays: Iterable[str | Multiaddr] = (),
@@ -127,6 +129,10 @@ class Node:
         if not channel_idle > 0:
             raise ValueError("channel_idle must be > 0 seconds")
         self.channel_idle = channel_idle  # an idle call channel closes after this, freeing its connection
+        if type(spill_limit) is not int or spill_limit < 0:
+            raise ValueError("spill_limit is a number of bytes (0: a call over the message cap fails instead of spilling)")
+        # a call's arguments or result over the message cap travel by CID, up to this many bytes (docs/api.md)
+        self.spill_limit = spill_limit
         if not drain_grace > 0:
             raise ValueError("drain_grace must be > 0 seconds")
         # a connection this node replaces (a relayed path that became direct, a duplicate, idle)

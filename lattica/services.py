@@ -32,6 +32,7 @@ from lattica.logging import get_logger
 from lattica.slotted import Slotted
 
 if TYPE_CHECKING:
+    from lattica.identity import PeerId
     from lattica.node import Node
     from lattica.runtime import Runtime
 
@@ -126,11 +127,11 @@ def _code(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
     content = services.get("content")
     if content is None:
         return None
-    async def fetch(cid: str, max_size: int) -> bytes:
+    async def fetch(cid: str, max_size: int, sender: PeerId | None = None) -> bytes:
         from lattica.content.cid import Cid  # (hashlib loads with the first package, not at start)
 
         root = Cid.parse(cid)
-        await content.fetch(root, None, max_size)
+        await content.fetch(root, None, max_size, source=sender)  # (its sender holds it: asked at once)
         return await content.read(root)
 
     def put(data: bytes) -> str:

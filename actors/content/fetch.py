@@ -69,6 +69,7 @@ class Fetch:
         self._peer_calls: dict[PeerId, set[Any]] = {}  # each peer's calls in flight
         self._swarm_asked: dict[PeerId, float] = {}
         self._joined = asyncio.Event()  # a peer joined: ask it for its swarm now
+        self.announce = True  # tell the DHT we provide the root once it is here (not a spilled value passing through)
         self._call_left: dict[Any, set[Cid]] = {}  # want-block call -> its blocks not received from anyone yet
         self._given_up: set[Any] = set()  # calls the session abandoned (cancelled without a report)
         self._calls_for: dict[Cid, dict[PeerId, Any]] = {}  # block -> the calls asking for it, by peer
@@ -139,7 +140,8 @@ class Fetch:
                 pass
             self._wake.clear()
         self._announce_haves()
-        self.svc.announce(self.root)
+        if self.announce:
+            self.svc.announce(self.root)
         self._report(final=True)
         log.debug("fetch done", root=str(self.root), seconds=round(time.monotonic() - self._started, 3), bytes=self._stored_bytes,
                   blocks_from={str(p)[-8:]: st.blocks for p, st in self.session.stats().items() if st.blocks or st.asked})
@@ -255,6 +257,10 @@ class Fetch:
         self._wake.set()
         self._joined.set()
         return True
+
+    def source(self, peer: PeerId) -> None:
+        """``peer`` holds the root (it told us so: a spilled value's sender): asked at once."""
+        self._add_peer(peer)
 
     def fellow(self, peer: PeerId) -> None:
         """``peer`` fetches our root too and just asked us for its swarm: it joins our fetch at

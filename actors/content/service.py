@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
@@ -86,6 +87,22 @@ class _Gate:
                 del self._peers[peer]
 
 
+_SPILL_PIN = "spill:"  # pin sets of spilled values (kept until the call is over)
+
+
+def _forget(store: Any, root: Cid) -> None:
+    """Delete the blocks of ``root`` that no pin set names (what a spill stored or fetched)."""
+    try:
+        cids = _jobs().dag(store, root)
+    except LatticaError:  # (part of it already gone)
+        cids = [root]
+    for cid in cids:
+        try:
+            store.delete(cid)
+        except LatticaError:  # pinned by a set of its own (the same bytes published): kept
+            pass
+
+
 class ContentService:
     """A node's blockstore, the fetches it runs and the swarms it knows (see the module docstring)."""
 
@@ -99,6 +116,8 @@ class ContentService:
         self._gate = _Gate(self.cfg.serve_per_peer, self.cfg.serve_total, runtime.unsent_to, 2 * self.cfg.max_request_bytes)
         self._swarms: dict[Cid, dict[PeerId, float]] = {}  # root -> fetchers -> when last heard
         self._fetches: dict[Cid, Fetch] = {}  # running fetches (one per root; others join it)
+        self._kept: dict[Cid, int] = {}  # spilled values stored here: keeps not yet dropped, per root
+        self._kept_lock = threading.Lock()  # (keep and drop run on callers' threads and workers)
         self._provided: set[Cid] = set()
         self._sent: OrderedDict[Cid, tuple[PeerId, float]] = OrderedDict()  # block -> the fetcher we last sent it, when
         self._passed: OrderedDict[tuple[PeerId, Cid], None] = OrderedDict()  # (fetcher, block) sent to a fellow instead
@@ -189,6 +208,42 @@ class ContentService:
         self.host.loop.call_soon_threadsafe(self.announce, root)
         return root
 
+    # -- spilled values (lattica.runtime.spill: a call's big arguments or result) ----------------
+
+    def keep(self, data: bytes | memoryview) -> Cid:
+        """Store ``data`` (any thread) for a peer to fetch by CID: pinned, not announced (the peer
+        is told who holds it), until as many ``drop`` calls as ``keep`` calls of the same bytes."""
+        store = self.store
+        root, cids = _jobs().import_source(store, data, self.cfg.chunk_size, None)
+        with self._kept_lock:
+            n = self._kept.get(root, 0)
+            self._kept[root] = n + 1
+            if n == 0:
+                store.pin(_SPILL_PIN + str(root), cids)
+        return root
+
+    def drop(self, root: Cid) -> None:
+        """Release one ``keep`` of ``root`` (any thread): the last one lets its blocks go, unless
+        something else pins them."""
+        store = self.store
+        with self._kept_lock:
+            n = self._kept.get(root, 0) - 1
+            if n > 0:
+                self._kept[root] = n
+                return
+            self._kept.pop(root, None)
+            if store.unpin(_SPILL_PIN + str(root)):
+                _forget(store, root)
+
+    async def take(self, root: Cid, source: PeerId, max_size: int) -> bytes:
+        """The bytes of ``root``, fetched from ``source`` (it holds them: a caller's spilled
+        argument, a callee's spilled result; verified block by block), then let go of here."""
+        await self.fetch(root, max_size=max_size, source=source, announce=False)
+        try:
+            return await self.read(root)
+        finally:
+            await self.in_thread(_forget, self.store, root)
+
     def announce(self, root: Cid) -> None:
         """Tell the DHT we provide ``root`` (re-announced while we hold it); never waits."""
         self._provided.add(root)
@@ -221,18 +276,24 @@ class ContentService:
 
     # -- fetching -------------------------------------------------------------------------------
 
-    async def fetch(self, root: Cid, progress: Callable[[dict], None] | None = None, max_size: int | None = None) -> Cid:
+    async def fetch(self, root: Cid, progress: Callable[[dict], None] | None = None, max_size: int | None = None, source: PeerId | None = None,
+                    announce: bool = True) -> Cid:
         """Make sure every block of ``root`` is in the blockstore (fetching what is missing from
         whoever has it); then announce it. One fetch per root runs; later callers share it, and
         when every caller has left (cancelled, or refused the size) the fetch stops. ``max_size``:
-        ContentError as soon as the root declares more bytes."""
+        ContentError as soon as the root declares more bytes. ``source``: a peer known to hold it,
+        asked at once (beside the providers found). ``announce``: tell the DHT we provide it once
+        here (not for an object passing through, such as a spilled value)."""
         running = self._fetches.get(root)
         if running is None:
             from lattica.actors.content.fetch import Fetch  # the fetch machinery loads at the first fetch
 
             running = self._fetches[root] = Fetch(self, root)
+            running.announce = announce
             task = running.task = self.host.spawn(running.run())
             task.add_done_callback(lambda _t: self._fetches.pop(root, None))
+        if source is not None:
+            running.source(source)
         if progress is not None:
             running.listeners.append(progress)
         running.waiters += 1

@@ -46,7 +46,7 @@ def refusal(accept: str, circle: str, admin: bool) -> str | None:
 class CodeLibrary:
     """Packages loaded on one node, by CID, with the actors that use each."""
 
-    def __init__(self, me: PeerId, trust: Trust, accept: str, fetch: Callable[[str, int], Awaitable[bytes]], max_bytes: int = MAX_BYTES) -> None:
+    def __init__(self, me: PeerId, trust: Trust, accept: str, fetch: Callable[[str, int, PeerId], Awaitable[bytes]], max_bytes: int = MAX_BYTES) -> None:
         if accept not in ACCEPT:
             raise ValueError(f"accept_code must be one of {ACCEPT}, not {accept!r}")
         self.me = me
@@ -93,7 +93,7 @@ class CodeLibrary:
             from lattica.code.package import unpack  # (likewise)
 
             try:
-                data = await self._fetch(ticket.cid, self.max_bytes + (1 << 20))
+                data = await self._fetch(ticket.cid, self.max_bytes + (1 << 20), ticket.sender)
                 namespace = Namespace(ticket, unpack(data, self.max_bytes))
                 namespace.install()
                 self.loaded[ticket.cid] = namespace

@@ -24,12 +24,14 @@ from lattica.identity import PeerId
 from lattica.transports.base import Connection, Stream
 from lattica.runtime.limits import CHANNEL_HIGH_WATER, IDENTIFY_WAIT, MAX_MESSAGE
 from lattica.runtime.partials import BudgetedSplitter, PartialMessages
+from lattica.runtime import spill
 from lattica.runtime.local import Invocation, Sink
 
 if TYPE_CHECKING:
     from lattica.hostview import HostView
     from lattica.runtime.local import LocalActor
     from lattica.runtime.refs import ActorRef
+    from lattica.runtime.spilling import Spills
 
 log = get_logger("lattica.runtime")
 
@@ -45,6 +47,7 @@ class CallRouter(Protocol):
     actors: dict[str, LocalActor]
     channel_idle: float
     partials: PartialMessages
+    spills: Spills
 
     def complete_call(self, p: Pending, value: Any, error: tuple | None, end: bool = False) -> None:
         """A reply (value, error or a stream's end) for ``p`` arrived."""
@@ -502,7 +505,11 @@ class RemoteChannel(Channel):
                 if not data:
                     raise PeerUnreachable(f"{self.peer} closed the call channel")
                 for frame in splitter.feed(data):
+                    before = spill.seen
                     msg = rpc.parse(codec.decode(frame))
+                    if spill.seen != before:  # an answer whose big values travel by CID: fetched, then answered
+                        rt.host.spawn(_unspill_reply(self, msg, len(frame)))
+                        continue
                     rt.on_reply(self, msg, len(frame))
         except Exception as e:  # whatever broke the reader, no call may be left waiting on it
             err = e if isinstance(e, PeerUnreachable) else PeerUnreachable(f"call channel to {self.peer} failed: {e}")
@@ -514,6 +521,20 @@ class RemoteChannel(Channel):
             rt.drop_channel(self, err)
         finally:
             splitter.close()
+
+
+async def _unspill_reply(ch: RemoteChannel, msg: list, size: int) -> None:
+    """Fetch an answer's values that travel by CID from the callee, then hand the answer on (an
+    ERR in its place when they do not arrive)."""
+    rt = ch.runtime
+    if msg[0] != rpc.OK:
+        msg = [rpc.ERR, msg[rpc.ID], rpc.E_PROTOCOL, "ProtocolError", "values that travel by CID come only in an answer's value", ""]
+    else:
+        try:
+            msg = [rpc.OK, msg[rpc.ID], await rt.spills.fetch(msg[rpc.VALUE], ch.peer)]
+        except LatticaError as e:
+            msg = [rpc.ERR, msg[rpc.ID], rpc.E_REMOTE, f"lattica.errors.{type(e).__name__}", f"the answer's values that travel by CID did not arrive: {e}", ""]
+    rt.on_reply(ch, msg, size)
 
 
 def _retrieved(task: asyncio.Task) -> None:

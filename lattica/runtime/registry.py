@@ -18,6 +18,7 @@ from lattica.errors import (
     ActorDied,
     ActorNotFound,
     CallTimeout,
+    FrameTooLarge,
     LatticaError,
     MailboxFull,
     MethodNotFound,
@@ -41,6 +42,7 @@ from lattica.runtime.local import ArgStream, EndedActor, LocalActor, error_parts
 from lattica.runtime.client import Gate, LocalChannel, Pending, RemoteChannel, call_finished
 from lattica.runtime.server import ServerChannel
 from lattica.runtime.window import SentItems
+from lattica.runtime.spilling import KEEP_TELLS, Spills
 
 if TYPE_CHECKING:
     from lattica.runtime.refs import ActorRef
@@ -78,6 +80,8 @@ class Runtime(Following):
         self.in_flight: dict[tuple[PeerId, str], int] = {}  # calls from a peer to an actor, in progress
         self.call_latency = Histogram()  # seconds from a call's creation to its answer (calls that got one)
         self.ended: collections.deque[EndedActor] = collections.deque(maxlen=MAX_ENDED)  # user actors that ended lately
+        self.spills = Spills(self)  # arguments and answers over the message cap, by CID
+        self._spilling: dict[tuple[PeerId, str], collections.deque[tuple[Pending, bool, bool]]] = {}  # calls held behind a spill, in order
         self._serving: dict[PeerId, set[ServerChannel]] = {}  # the call channels each peer opened to us
         # nodes sharing one loop (Node.astart) share its thread: the first live one keeps the mapping
         current = context.thread_runtime()
@@ -325,6 +329,13 @@ class Runtime(Following):
              block: bool = True, idempotent: bool = False) -> Future | None:
         """Make a call (on the loop); returns its Future (None for tell)."""
         p = self.prepare(ref, method, args, kwargs, timeout=timeout, tell=tell, stream=stream, idempotent=idempotent)
+        if ref.peer_id != self.peer_id:
+            try:
+                p.encoded = codec.encode(p.msg)
+            except FrameTooLarge as e:
+                self.spills._content(e)  # (raises e where nothing can travel by CID)
+                self._hold(p, block, spill=e)  # its big values are stored first, off the loop; calls after it wait
+                return p.future
         self.submit(p, block)
         return p.future
 
@@ -356,7 +367,11 @@ class Runtime(Following):
         p.idempotent = idempotent
         if ref.peer_id != self.peer_id:
             if encode:
-                p.encoded = codec.encode(msg)
+                try:
+                    p.encoded = codec.encode(msg)
+                except FrameTooLarge as e:  # its big values travel by CID, stored here and now (as Ray's .remote() puts them)
+                    self._spilled(p, self.spills.spill_now(msg, e))
+                    p.encoded = codec.encode(msg)
         elif not (_LEAVES.issuperset(map(type, arg_list)) and (not kwargs or _LEAVES.issuperset(map(type, kwargs.values())))):
             # a local call passes its arguments by reference, but they must be what a remote call
             # could carry: a lambda or an open file fails in the first, local test (as in Ray),
@@ -364,9 +379,57 @@ class Runtime(Following):
             codec.check([arg_list, kwargs])
         return p
 
+    def _spilled(self, p: Pending, roots: list) -> None:
+        """What ``p`` stored goes when it is over (a tell's, or a stream's, after KEEP_TELLS)."""
+        if p.future is not None:
+            p.future.add_done_callback(lambda _f: self.spills.release(roots))
+        else:
+            self.loop.call_soon_threadsafe(self.spills.release_later, roots, KEEP_TELLS)
+
+    def _hold(self, p: Pending, block: bool, spill: FrameTooLarge | None = None) -> None:
+        """Queue ``p`` behind the spill in progress for its actor (or start one, ``spill``): the
+        actor gets its calls in the order they were made."""
+        key = (p.ref.peer_id, p.ref.name)
+        q = self._spilling.get(key)
+        if q is None:
+            q = self._spilling[key] = collections.deque()
+            self.host.spawn(self._send_held(key, q))
+        q.append((p, block, spill))
+
+    async def _send_held(self, key: tuple[PeerId, str], q: collections.deque) -> None:
+        try:
+            while q:
+                p, block, spill = q[0]
+                if spill is not None and not call_finished(p):
+                    try:
+                        self._spilled(p, await self.spills.spill_call(p.msg, spill))
+                        p.encoded = None  # (encoded again as it goes)
+                    except BaseException as e:  # noqa: BLE001 -- the caller's
+                        q.popleft()
+                        self.fail_call(p, e)
+                        continue
+                q.popleft()
+                if call_finished(p):
+                    p.ungate()
+                    continue
+                try:
+                    self._submit(p, block)
+                except BaseException as e:  # noqa: BLE001 -- the caller's
+                    p.ungate()
+                    self.fail_call(p, e)
+        finally:
+            del self._spilling[key]
+
     def submit(self, p: Pending, block: bool) -> None:
-        """Send a prepared call (on the loop): held while its actor's spawn is pending, then
-        through the channel's credit window. Raises MailboxFull when it may not wait."""
+        """Send a prepared call (on the loop): held behind a spill in progress for its actor, or
+        while its actor's spawn is pending, then through the channel's credit window. Raises
+        MailboxFull when it may not wait."""
+        if self._spilling and (p.ref.peer_id, p.ref.name) in self._spilling:
+            self._hold(p, block)
+            return
+        self._submit(p, block)
+
+    def _submit(self, p: Pending, block: bool) -> None:
         if p.msg.timeout is not None and not (p.msg.flags & rpc.F_TELL):
             p.timer = self.loop.call_later(p.msg.timeout, self._timed_out, p)
         ref = p.ref

@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING, Any
 from lattica import codec, rpc, trust
 from lattica.logging import get_logger
 from lattica.errors import (
+    FrameTooLarge,
     LatticaError,
     ProtocolError,
 )
+from lattica.runtime import spill
 from lattica.transports.base import Connection, Stream
 from lattica.runtime.limits import CHANNEL_HIGH_WATER, IDENTIFY_WAIT, MAX_MESSAGE, MAX_STREAM_ARGS, STREAM_WINDOW
 from lattica.runtime.partials import BudgetedSplitter
@@ -52,6 +54,8 @@ class _ServerSink(Sink):
             return
         try:
             self.server.send([rpc.OK, self.cid, value])
+        except FrameTooLarge as e:  # its big values travel by CID (stored off the loop first)
+            self.server.runtime.host.spawn(self.server.send_spilled(self.cid, value, e))
         except LatticaError as e:  # e.g. a result the codec cannot encode
             self.server.send([rpc.ERR, self.cid, rpc.E_REMOTE, f"lattica.errors.{type(e).__name__}", f"cannot send the result: {e}", ""])
 
@@ -95,6 +99,34 @@ class ServerChannel:
     def send(self, msg: list) -> None:
         self.writer.write(self.stream, codec.encode(msg))
 
+    async def send_spilled(self, cid: int, value: Any, why: FrameTooLarge) -> None:
+        """Answer with ``value``'s big values stored here for the caller to fetch by CID."""
+        try:
+            value = await self.runtime.spills.spill_answer(value, why)
+            self.send([rpc.OK, cid, value])
+        except LatticaError as e:
+            self.send([rpc.ERR, cid, rpc.E_REMOTE, f"lattica.errors.{type(e).__name__}", f"cannot send the result: {e}", ""])
+
+    async def _unspill(self, raw: Any) -> Any:
+        """A call whose big arguments travel by CID: them fetched from the caller, in its place
+        (calls after it on this channel wait: they run in the order they were made). None when it
+        was answered with an error instead."""
+        if type(raw) is not list or len(raw) != 8 or raw[0] != rpc.CALL or type(raw[1]) is not int:
+            raise ProtocolError("values that travel by CID come only in a call's arguments")
+        tell = bool(type(raw[7]) is int and raw[7] & rpc.F_TELL)
+        actor = raw[2] if type(raw[2]) is str else "?"
+        if self.circle == trust.STRANGER and not self._now_member():
+            self.refuse(raw[1], tell, actor, rpc.E_DENIED, "PermissionDenied",
+                        f"{self.runtime.peer_id} fetches values that travel by CID only from members of its mesh")
+            return None
+        try:
+            raw[4], raw[5] = await self.runtime.spills.fetch([raw[4], raw[5]], self.peer)
+        except LatticaError as e:
+            self.refuse(raw[1], tell, actor, rpc.E_REMOTE, f"lattica.errors.{type(e).__name__}",
+                        f"the call's arguments that travel by CID did not arrive: {e}")
+            return None
+        return raw
+
     def argcred_msg(self, cid: int, index: int, n: int, taken: int) -> list:
         """An ARGCRED granting ``n`` items, ``taken`` of them taken (said only where understood)."""
         return [rpc.ARGCRED, cid, index, n, taken] if self.says_taken else [rpc.ARGCRED, cid, index, n]
@@ -128,7 +160,13 @@ class ServerChannel:
                     await self.stream.close()  # the caller closed its channel: so do we
                     break
                 for frame in splitter.feed(data):
-                    self.on_message(codec.decode(frame), len(frame))
+                    before = spill.seen
+                    raw = codec.decode(frame)
+                    if spill.seen != before:  # it holds values that travel by CID: fetched first, in order
+                        raw = await self._unspill(raw)
+                        if raw is None:
+                            continue
+                    self.on_message(raw, len(frame))
         except LatticaError as e:
             if isinstance(e, ProtocolError):
                 log.info("closing call channel: peer broke the protocol", peer=str(self.peer), reason=str(e))

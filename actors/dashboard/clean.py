@@ -15,7 +15,10 @@ __all__ = ["clean_report", "clean_member", "clean_detail", "clean_series", "text
 
 MAX_TEXT = 300  # characters of any string from a report or a view row
 _SUPERVISORS, _TRANSFERS, _TOPICS, _DOCS, _ADDRS, _LABELS = 64, 64, 256, 256, 32, 64
-_CONTROL = dict.fromkeys([*range(0x00, 0x20), *range(0x7F, 0xA0)], " ")  # C0, DEL, C1: never shown
+# C0, DEL, C1, and the marks that reorder or break what is drawn after them (bidi overrides and
+# isolates, line and paragraph separators): never shown
+_CONTROL = dict.fromkeys([*range(0x00, 0x20), *range(0x7F, 0xA0), 0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A),
+                          0x2028, 0x2029], " ")
 
 
 def text(v: Any, limit: int = MAX_TEXT) -> str | None:

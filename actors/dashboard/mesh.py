@@ -26,6 +26,7 @@ log = get_logger("lattica.dashboard")
 
 MAX_EVENTS = 500  # the event log's length
 _FANOUT = 32  # reports asked at once
+_NAMED = 5  # actors named in one event (lost with a node, failed in one picture); the rest counted
 
 
 def dashboard_ref(peer: PeerId) -> ActorRef:
@@ -180,9 +181,17 @@ class MeshWatch:
         self._last_seen = seen
 
     def _lost(self, pid: str, how: str) -> None:
-        """The node's unsupervised user actors (as its last report listed them) are gone with it."""
-        for name, cls in self._unsupervised.pop(pid, {}).items():
-            self._event("lost", f"actor {name} ({cls}) was lost with node …{pid[-8:]} ({how}): no supervisor restarts it", node=pid, actor=name)
+        """The node's unsupervised user actors (as its last report listed them) are gone with it:
+        one event, however many (a node with thousands must not push the rest of the log out)."""
+        gone = self._unsupervised.pop(pid, {})
+        if not gone:
+            return
+        names = [f"{name} ({cls})" for name, cls in list(gone.items())[:_NAMED]]
+        more = f" and {len(gone) - _NAMED} more" if len(gone) > _NAMED else ""
+        what = f"actor {names[0]} was" if len(gone) == 1 else f"{len(gone)} actors were"
+        listed = "" if len(gone) == 1 else f": {', '.join(names)}{more}"
+        self._event("lost", f"{what} lost with node …{pid[-8:]} ({how}), no supervisor restarts them{listed}",
+                    node=pid, actors=list(gone)[:_NAMED], count=len(gone))
 
     def _node_changes(self, n: dict[str, Any], seen: dict[Any, Any], first: bool, supervised: set[tuple[Any, Any]]) -> None:
         pid = n["peer_id"]
@@ -216,11 +225,16 @@ class MeshWatch:
             old = self._last_seen.get(key)
             if old == "relayed" and seen[key] == "direct" and pid < (p.get("peer_id") or ""):
                 self._event("holepunch", f"…{short} ↔ …{(p.get('peer_id') or '')[-8:]}: relayed → direct", node=pid)
+        failed = []
         for e in rep.get("ended", ()):
             key = ("ended", pid, e.get("name"), e.get("ended"))
             seen[key] = True
             if not first and key not in self._last_seen and e.get("state") == "failed":
-                self._event("failure", f"actor {e.get('name')} on …{short} failed: {e.get('reason') or ''}", node=pid, actor=e.get("name"))
+                failed.append(e)
+        for e in failed[:_NAMED]:  # (a node's failures in one picture: a few named, the rest counted)
+            self._event("failure", f"actor {e.get('name')} on …{short} failed: {e.get('reason') or ''}", node=pid, actor=e.get("name"))
+        if len(failed) > _NAMED:
+            self._event("failure", f"… and {len(failed) - _NAMED} more actors failed on …{short}", node=pid)
         for a in rep.get("actors", ()):
             key = ("actor", pid, a.get("name"))
             seen[key] = a.get("state")

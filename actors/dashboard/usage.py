@@ -19,7 +19,7 @@ __all__ = ["Usage", "ActorCounters", "EVERY", "SAMPLES", "MAX_ACTORS"]
 
 EVERY = 2.0  # seconds between samples
 SAMPLES = 150  # samples kept: the last five minutes
-MAX_ACTORS = 2000  # actors with series of their own (the busiest first when there are more)
+MAX_ACTORS = 2000  # actors with series of their own (the first ones seen when there are more)
 NODE_FIELDS = ("cpu", "memory", "calls", "errors")  # % of one core, bytes, per second, per second
 ACTOR_FIELDS = ("calls", "errors", "cpu", "mailbox")  # per second, per second, % of one core, calls waiting
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -111,23 +111,20 @@ class Usage:
         self.count += 1
 
     def _sample_actors(self, now: float, at: int, before: float | None) -> None:
+        """Every tracked actor gets its row (so no series has holes); actors beyond MAX_ACTORS
+        are not tracked until tracked ones end."""
         actors = self.rt.actors
         kept = self._actors
         for name in [n for n, c in kept.items() if actors.get(n) is not c.actor]:
             del kept[name]  # ended (or its name taken by another)
-        todo = list(actors.items())
-        if len(todo) > MAX_ACTORS:
-            todo.sort(key=lambda kv: kv[1].calls, reverse=True)
-            todo = todo[:MAX_ACTORS]
         dt = max(now - before, 1e-6) if before is not None else None
-        for name, a in todo:
+        for name, a in list(actors.items()):
             c = kept.get(name)
             if c is None:
-                if len(kept) >= MAX_ACTORS:
-                    continue
-                kept[name] = ActorCounters(a, at if before is None else at + 1)  # (its first row: the next sample's)
+                if len(kept) < MAX_ACTORS:
+                    kept[name] = ActorCounters(a, at if before is None else at + 1)  # (its first row: the next sample's)
                 continue
-            cpu = _thread_cpu(a.thread_id)
+            cpu = _thread_cpu(a.thread_id) if a.thread_id is not None else None
             if dt is not None:
                 c.ring.put(at, (max(0, a.calls - c.calls) / dt, max(0, a.errors - c.errors) / dt,
                                 100.0 * (cpu - c.cpu) / dt if cpu is not None and c.cpu is not None else -1.0, float(len(a.waiting))))

@@ -231,7 +231,7 @@ class LocalActor:
                 self.executor = _start_executor(self.runtime)
             self._constructed(instance, None)
             return
-        self.output = output.register(self.runtime.peer_id, self.name)
+        self.output = output.register(self.ref)
         if self.needs_thread:
             self.executor = _start_executor(self.runtime)
             self.executor.tell(self._note_thread)
@@ -324,7 +324,7 @@ class LocalActor:
     def _record_end(self, reason: str) -> None:
         """Its output stops being collected; the runtime keeps a record of a user actor's end."""
         if self.output is not None:
-            output.unregister(self.runtime.peer_id, self.name, self.output)
+            output.unregister(self.ref, self.output)
         if not self.system:
             self.runtime.remember_ended(self, reason)
 

@@ -16,8 +16,7 @@ import threading
 import time
 from typing import Any, Callable, TextIO
 
-from lattica.identity import PeerId
-from lattica.runtime.refs import ACTOR
+from lattica.runtime.refs import ACTOR, ActorRef
 
 __all__ = ["OutputRing", "install", "register", "unregister", "held_bytes", "MAX_LINES", "MAX_BYTES", "PROCESS_BYTES", "MAX_LINE"]
 
@@ -29,69 +28,113 @@ _MIN_SHARE = 2048
 _LINE_COST = 150  # bytes a kept line holds besides its characters (its tuple, time and string header)
 
 _lock = threading.Lock()  # ring contents and the process total: written from actor threads and the loop
-_rings: dict[tuple[PeerId, str], OutputRing] = {}
+_rings: dict[int, tuple[ActorRef, OutputRing]] = {}  # id of an actor incarnation's ref -> (that ref, its ring)
 _total = 0
 _record_factory_set = False
 _squeezed = 0.0  # when every ring was last cut to its share
-_inside = threading.local()  # a Tee writing on this thread (a Tee wrapped in another notes once)
+_here = threading.local()  # .tee: a Tee writes on this thread; .locked: this thread holds _lock
+
+
+class _Locked:
+    """``_lock`` held, and this thread marked as holding it: a finalizer that prints or logs
+    while it is held (the garbage collector runs them at any allocation) writes through without
+    being noted, instead of waiting forever for a lock its own thread holds."""
+
+    def __enter__(self) -> None:
+        _lock.acquire()
+        _here.locked = True
+
+    def __exit__(self, *exc: object) -> None:
+        _here.locked = False
+        _lock.release()
+
+
+_locked = _Locked()
+
+
+def _busy() -> bool:
+    """This thread holds the lock (or is inside a Tee's write): note nothing more now."""
+    return getattr(_here, "locked", False) or getattr(_here, "tee", False)
 
 
 class OutputRing:
     """One actor's recent output: ``(time, stream, text)`` lines, oldest first; ``stream`` is
     ``stdout``, ``stderr`` or ``log``."""
 
-    __slots__ = ("lines", "size", "dropped", "_partial", "_logged", "__weakref__")
+    __slots__ = ("lines", "size", "dropped", "released", "_partial", "_logged", "__weakref__")
 
     def __init__(self) -> None:
         self.lines: collections.deque[tuple[float, str, str]] = collections.deque()
         self.size = 0
         self.dropped = 0  # lines pushed out by the bounds
+        self.released = False  # its actor ended: nothing more is added, nor counted
         self._partial: dict[str, str] = {}  # stream -> text written without its newline yet
-        self._logged: str | None = None  # the last log record's message, until a stream line repeats it
+        self._logged: tuple[str, str] | None = None  # the last record noted (message, its end as a handler prints it)
 
     def add(self, stream: str, text: str) -> None:
         """Keep one line (what the tee and the log records do; a benchmark fills rings with it)."""
-        with _lock:
+        with _locked:
             self._add(stream, text)
 
     def release(self) -> None:
-        """Stop counting this ring against the process (it is dropped)."""
-        with _lock:
+        """Stop counting this ring against the process (it is dropped, or its actor ended)."""
+        with _locked:
             self._release()
 
     def snapshot(self, limit: int = MAX_LINES) -> list[tuple[float, str, str]]:
         """The newest ``limit`` lines (and any line still being written)."""
-        with _lock:
+        with _locked:
             out = list(self.lines)[-limit:]
             now = time.time()
             out += [(now, s, t) for s, t in self._partial.items() if t]
         return out
 
+    def write(self, stream: str, data: str) -> None:
+        """What an actor wrote to ``stream``, split into lines; only the last MAX_LINES lines
+        of one write are kept (cut outside the lock: a huge write holds nobody up)."""
+        parts = data.split("\n")
+        cut = len(parts) - 1 - MAX_LINES
+        if cut > 0:
+            parts = parts[cut:]
+        with _locked:
+            if cut > 0:
+                self.dropped += cut
+                self._partial.pop(stream, None)  # (its line was among those cut)
+            elif self._repeats_record(stream, data):
+                return
+            self._logged = None
+            parts[0] = self._partial.pop(stream, "") + parts[0]
+            for line in parts[:-1]:
+                self._add(stream, line.rstrip("\r"))
+            rest = parts[-1]
+            if len(rest) >= MAX_LINE:  # a line that never ends: kept in pieces
+                self._add(stream, rest)
+                rest = ""
+            if rest:
+                self._partial[stream] = rest
+
+    def note_log(self, text: str, message: str, tail: str) -> None:
+        with _locked:
+            self._add("log", text)
+            self._logged = (message, tail) if message else None
+
     # -- under _lock ----------------------------------------------------------------------------
 
-    def _write(self, stream: str, data: str) -> None:
-        text = self._partial.pop(stream, "") + data
-        *done, rest = text.split("\n")
-        for line in done:
-            self._stream_line(stream, line)
-        if len(rest) >= MAX_LINE:  # a line that never ends: kept in pieces
-            self._stream_line(stream, rest)
-            rest = ""
-        if rest:
-            self._partial[stream] = rest
-
-    def _stream_line(self, stream: str, line: str) -> None:
-        logged, self._logged = self._logged, None
-        if logged and logged in line:  # a handler printing the record just noted: once is enough
-            return
-        self._add(stream, line.rstrip("\r"))
-
-    def _note_log(self, text: str, message: str) -> None:
-        self._add("log", text)
-        self._logged = message or None
+    def _repeats_record(self, stream: str, data: str) -> bool:
+        """``data`` is a handler printing the record just noted: one whole line (or several, with
+        a traceback) in one write, ending as the record does. A print() writes its text and its
+        newline apart, so what a program prints is never taken for it."""
+        logged = self._logged
+        if logged is None or self._partial.get(stream) or not data.endswith("\n"):
+            return False
+        self._logged = None
+        text = data.rstrip("\n").rstrip("\r")
+        return text.endswith(logged[1]) and logged[0] in text
 
     def _add(self, stream: str, text: str) -> None:
         global _total
+        if self.released:
+            return
         text = text[:MAX_LINE]
         self.lines.append((time.time(), stream, text))
         self.size += len(text) + _LINE_COST
@@ -105,13 +148,15 @@ class OutputRing:
         global _total
         _, _, old = self.lines.popleft()
         self.size -= len(old) + _LINE_COST
-        _total -= len(old) + _LINE_COST
+        if not self.released:
+            _total -= len(old) + _LINE_COST
         self.dropped += 1
 
     def _release(self) -> None:
-        """The actor ended: its lines stop counting against the process (its record keeps them)."""
         global _total
-        _total -= self.size
+        if not self.released:
+            self.released = True
+            _total -= self.size
 
 
 def _squeeze(ring: OutputRing) -> None:
@@ -126,7 +171,7 @@ def _squeeze(ring: OutputRing) -> None:
     if _total <= PROCESS_BYTES or (share == _MIN_SHARE and now - _squeezed < 1.0):
         return
     _squeezed = now
-    for r in list(_rings.values()):
+    for _, r in list(_rings.values()):
         while r.lines and r.size > share:
             r._drop()
 
@@ -136,28 +181,31 @@ def held_bytes() -> int:
     return _total
 
 
-def register(peer: PeerId, name: str) -> OutputRing:
-    """The ring of a user actor starting on node ``peer`` (installs the capture at first use)."""
+def register(ref: ActorRef) -> OutputRing:
+    """The ring of a user actor (this incarnation: ``ref`` is its own) as it starts; installs the
+    capture at first use."""
     ring = OutputRing()
-    with _lock:
-        _rings[(peer, name)] = ring
+    with _locked:
+        _rings[id(ref)] = (ref, ring)
     install()
     return ring
 
 
-def unregister(peer: PeerId, name: str, ring: OutputRing) -> None:
+def unregister(ref: ActorRef, ring: OutputRing) -> None:
     """The actor ended: nothing more is routed to its ring (which its end record may keep)."""
-    with _lock:
-        if _rings.get((peer, name)) is ring:
-            del _rings[(peer, name)]
-            ring._release()
+    with _locked:
+        if _rings.get(id(ref), (None, None))[1] is ring:
+            del _rings[id(ref)]
+        ring._release()
 
 
 def _ring() -> OutputRing | None:
+    """The ring of the actor whose code runs now on this thread, if any (and not busy noting)."""
     ref = ACTOR.get()
-    if ref is None:
+    if ref is None or _busy():
         return None
-    return _rings.get((ref.peer_id, ref.name))
+    got = _rings.get(id(ref))
+    return got[1] if got is not None and got[0] is ref else None
 
 
 class _Tee:
@@ -168,17 +216,16 @@ class _Tee:
         self._name = name
 
     def write(self, data: str) -> int:
-        if getattr(_inside, "tee", False):
+        ring = _ring()
+        if ring is None:
             return self._stream.write(data)
-        _inside.tee = True
+        _here.tee = True
         try:
             n = self._stream.write(data)
         finally:
-            _inside.tee = False
-        ring = _ring()
-        if ring is not None and type(data) is str:
-            with _lock:
-                ring._write(self._name, data)
+            _here.tee = False
+        if type(data) is str:
+            ring.write(self._name, data)
         return n
 
     def writelines(self, lines: Any) -> None:
@@ -191,21 +238,27 @@ class _Tee:
 
 def _noting(make: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
     """A log record factory that also notes, in the running actor's ring, each record made (so
-    what passes the logger's level, whatever the handlers are)."""
+    what passes the logger's level, whatever the handlers are). A record whose message cannot
+    be formatted is noted as such: logging itself reports it, the call that logs goes on."""
 
     def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = make(*args, **kwargs)
         ring = _ring()
         if ring is not None:
+            _here.tee = True  # (what formatting the record prints is not noted)
             try:
                 message = record.getMessage()
                 text = f"{record.levelname} {record.name}: {message}"
+                tail = message
                 if record.exc_info:
-                    text += "\n" + logging.Formatter().formatException(record.exc_info)
-            except Exception:  # (a record whose arguments do not fit its format: its handler reports it)
-                message, text = "", f"{record.levelname} {record.name}: {record.msg!r}"
-            with _lock:
-                ring._note_log(text, message)
+                    tail = logging.Formatter().formatException(record.exc_info)
+                    text += "\n" + tail
+            except Exception:
+                message = tail = ""
+                text = f"{record.levelname} {record.name}: (a message that could not be formatted)"
+            finally:
+                _here.tee = False
+            ring.note_log(text, message, tail)
         return record
 
     factory.lattica_output = True  # type: ignore[attr-defined]
@@ -220,7 +273,7 @@ def install() -> None:
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, _Tee):
             setattr(sys, name, _Tee(stream, name))
-    with _lock:
+    with _locked:
         if _record_factory_set:
             return
         _record_factory_set = True

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from lattica.errors import FrameTooLarge, LatticaError
+from lattica.errors import ContentError, FrameTooLarge, LatticaError
 from lattica.logging import get_logger
 from lattica.runtime.spill import DEFAULT_SPILL_LIMIT, Spilled, placeholders, restore, spill
 
@@ -104,7 +104,6 @@ class Spills:
         (verified against their CIDs). LatticaError when they cannot be (too big for this node's
         spill_limit, no content service, a fetch that fails)."""
         from lattica.content.cid import Cid  # (only a node that receives spilled values parses their CIDs)
-        from lattica.errors import ContentError
 
         found = placeholders(value)
         if not found:

@@ -15,6 +15,7 @@ from lattica.actors.dashboard.usage import ACTOR_FIELDS, NODE_FIELDS, SAMPLES, U
 from lattica.node import Node
 from lattica.runtime import output
 from lattica.runtime.local import MAX_RECENT_ERRORS
+from lattica.runtime.refs import ACTOR
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -165,6 +166,7 @@ def test_usage_samples_the_node_and_each_actor_in_fixed_rings(node):
     rt = node.host.runtime
     usage = Usage(rt)
     a = _spawn(node, Talker)
+    _call(node, a.say, "up")  # (its thread runs: its CPU can be read from the first sample)
 
     async def take():
         usage._sample()
@@ -185,3 +187,103 @@ def test_usage_samples_the_node_and_each_actor_in_fixed_rings(node):
     assert len(usage.node_series()["time"]) == SAMPLES and len(usage.actor_series(a.name)["calls"]) == SAMPLES
     assert clean_series(usage.node_series(), NODE_FIELDS) is not None and clean_series(usage.actor_series(a.name), ACTOR_FIELDS) is not None
     assert usage.actor_series("nobody") is None
+
+
+class _Noisy:
+    """A cycle whose finalizer prints: the garbage collector runs it at any allocation, also
+    while the output lock is held."""
+
+    def __init__(self):
+        self.me = self
+
+    def __del__(self):
+        print("closing a resource")
+
+
+@lattica.actor
+class Churner:
+    def work(self, n):
+        import gc
+
+        gc.set_threshold(50)
+        try:
+            for i in range(n):
+                _Noisy()
+                print(f"step {i}")
+        finally:
+            gc.set_threshold(700, 10, 10)
+        return n
+
+    def log_then_print(self):
+        log = logging.getLogger("quiet")
+        log.addHandler(logging.NullHandler())
+        log.propagate = False
+        log.warning("%d", 1)
+        print("epoch 1 loss=0.11 done")
+        log.warning("ok")
+        print("tokens: 10 ok")
+
+    def log_unprintable(self):
+        class Bad:
+            def __str__(self):
+                raise ValueError("no str")
+
+            __repr__ = __str__
+
+        log = logging.getLogger("bad")
+        log.addHandler(logging.NullHandler())  # (pytest's own handler re-raises what it cannot format)
+        log.propagate = False
+        log.warning(Bad())
+        return "went on"
+
+
+def test_a_finalizer_that_prints_while_output_is_noted_does_not_deadlock(node):
+    a = _spawn(node, Churner)
+    assert _call(node, a.work, 3000) == 3000  # (it hung for good before)
+    assert any(t == "step 2999" for _, _, t in _detail(node, a.name)["output"])
+
+
+def test_only_a_handlers_own_copy_of_a_record_is_left_out(node):
+    a = _spawn(node, Churner)
+    _call(node, a.log_then_print)
+    lines = [(s, t) for _, s, t in _detail(node, a.name)["output"]]
+    assert ("stdout", "epoch 1 loss=0.11 done") in lines and ("stdout", "tokens: 10 ok") in lines, lines
+
+
+def test_a_record_that_cannot_be_formatted_does_not_break_the_call(node):
+    a = _spawn(node, Churner)
+    assert _call(node, a.log_unprintable) == "went on"
+    assert ("log", "WARNING bad: (a message that could not be formatted)") in [(s, t) for _, s, t in _detail(node, a.name)["output"]]
+
+
+def test_a_new_actor_under_an_old_name_gets_none_of_the_old_ones_output(node):
+    rt = node.host.runtime
+
+    async def make():
+        return rt.create(Talker.cls, [], None, "reused").ref
+
+    async def stop():
+        await rt.actors["reused"].stop("test")
+
+    old = node.run(make(), timeout=5)
+    old_ring = rt.actors["reused"].output
+    node.run(stop(), timeout=5)
+    new = node.run(make(), timeout=5)
+    old_ring_before = list(old_ring.lines)
+    token = ACTOR.set(old)  # (as in a task the old incarnation left behind)
+    try:
+        print("from the old incarnation")
+    finally:
+        ACTOR.reset(token)
+    deadline = time.monotonic() + 5
+    while not _detail(node, "reused")["output"] and time.monotonic() < deadline:  # (its constructor runs on its thread)
+        time.sleep(0.02)
+    assert [t for _, _, t in _detail(node, "reused")["output"]] == ["constructed"]
+    assert list(old_ring.lines) == old_ring_before and new is not old
+
+
+def test_one_huge_write_keeps_its_last_lines_and_counts_the_rest(node):
+    a = _spawn(node, Talker)
+    _call(node, a.say, "\n".join(f"l{i}" for i in range(100_000)))
+    d = _detail(node, a.name)
+    assert d["output"][-1][2] == "l99999" and len(d["output"]) <= output.MAX_LINES and d["dropped"] >= 99_800

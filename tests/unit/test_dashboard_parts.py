@@ -73,7 +73,7 @@ def test_the_event_log_says_what_changed_between_two_pictures():
     kinds = sorted(e["kind"] for e in watch.events)
     assert kinds == ["death", "failure", "holepunch", "join", "lost", "restart"], list(watch.events)
     [lost] = [e for e in watch.events if e["kind"] == "lost"]
-    assert lost["node"] == "B" and lost["actor"] == "w" and "no supervisor restarts it" in lost["text"]
+    assert lost["node"] == "B" and lost["actors"] == ["w"] and "actor w (None) was lost with node …B (dead), no supervisor restarts them" == lost["text"]
     watch._log_changes([_node("A", restarts=1, child_node="C", path="direct", actor_state="failed")])
     kinds = [e["kind"] for e in watch.events]
     assert kinds[-2:] == ["death", "lost"] and "gone from the view" in watch.events[-2]["text"]
@@ -91,8 +91,8 @@ def test_only_unsupervised_actors_are_lost_with_their_node_and_failed_starts_are
 
     watch._log_changes([node("A"), node("B")])
     watch._log_changes([node("A", ended=[{"name": "x", "state": "failed", "reason": "failed to start: ValueError", "ended": 5.0}]), node("B", "dead")])
-    lost = [e["actor"] for e in watch.events if e["kind"] == "lost"]
-    assert lost == ["alone"], list(watch.events)  # (a supervised child is restarted; a system actor is the node's)
+    lost = [e["actors"] for e in watch.events if e["kind"] == "lost"]
+    assert lost == [["alone"]], list(watch.events)  # (a supervised child is restarted; a system actor is the node's)
     [failed] = [e for e in watch.events if e["kind"] == "failure"]
     assert failed["actor"] == "x" and "failed to start: ValueError" in failed["text"]
     watch._log_changes([node("A", ended=[{"name": "x", "state": "failed", "reason": "failed to start: ValueError", "ended": 5.0}]), node("B", "dead")])
@@ -137,6 +137,7 @@ def test_a_members_report_is_checked_and_cut_before_anything_uses_it():
     assert rep["content"]["transfers"] == [] and rep["pubsub"]["topics"] == [{"topic": None, "mesh": None}]
     import json
     json.dumps(rep, allow_nan=False)  # (nothing a JSON parser in a browser would refuse)
+    assert clean_report({"peer_id": "a\u202eb\u2028c\u2066d"})["peer_id"] == "a b c d"  # (no reordering or breaking what follows)
     assert clean_member({"peer_id": 5}) is None
     row = clean_member({"peer_id": "x", "state": "alive\x1b]52;c;Zm9v\x07", "cpu": True, "labels": ["a"], "load": {"actors": -1e309}})
     assert "\x1b" not in row["state"] and "\x07" not in row["state"] and row["cpu"] is None and row["labels"] == {} and row["load"]["actors"] is None
@@ -152,3 +153,17 @@ def test_the_terminal_text_carries_no_control_characters_whatever_the_picture():
     assert not any(ch in out for ch in "\x1b\x07\x9b")
     assert "... and 300 more" in out  # (paths capped)
     assert render_text([1, 2]).startswith("mesh: 0 nodes up") and render_text({"nodes": "x"}).startswith("mesh: 0 nodes up")
+
+
+def test_a_node_lost_with_thousands_of_actors_or_failures_is_a_few_events():
+    watch = MeshWatch.__new__(MeshWatch)
+    MeshWatch.__init__(watch, rt=None)
+    many = [{"name": f"w{i}", "class": "app.W", "state": "running"} for i in range(1000)]
+    ended = [{"name": f"f{i}", "state": "failed", "reason": "boom", "ended": float(i)} for i in range(64)]
+    watch._log_changes([{"peer_id": "A", "state": "alive", "report": {"actors": many}}, {"peer_id": "B", "state": "alive", "report": {}}])
+    watch._log_changes([{"peer_id": "A", "state": "dead", "report": None}, {"peer_id": "B", "state": "alive", "report": {"ended": ended}}])
+    kinds = [e["kind"] for e in watch.events]
+    assert kinds.count("lost") == 1 and kinds.count("failure") == 6 and "death" in kinds, kinds
+    [lost] = [e for e in watch.events if e["kind"] == "lost"]
+    assert lost["count"] == 1000 and lost["text"].startswith("1000 actors were lost with node …A (dead)") and "and 995 more" in lost["text"]
+    assert watch.events[-1]["text"] == "… and 59 more actors failed on …B"

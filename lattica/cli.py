@@ -162,6 +162,12 @@ def _bench(args: argparse.Namespace) -> None:
 
         for t in transports:
             _print(bench_firstcall(t, link=args.link, runs=args.runs or 5), args.json)
+    if which in ("spill", "all"):
+        starting("spill")
+        from lattica.bench.spill import bench_spill  # lazy: see the note above _bench
+
+        for row in bench_spill(runs=args.runs or 3):
+            _print(row, args.json)
     if which in ("code", "all"):
         starting("code")
         from lattica.bench.code import bench_code  # lazy: see the note above _bench
@@ -631,7 +637,7 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_demo)
 
     s = sub.add_parser("bench", help="run benchmarks and print figures")
-    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "firstcall", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "pubsub-nodes", "crdt", "crdt-sim", "shards", "weightsync", "dashboard", "soak", "code", "all"])
+    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "firstcall", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "pubsub-nodes", "crdt", "crdt-sim", "shards", "weightsync", "dashboard", "soak", "code", "spill", "all"])
     s.add_argument("--transport", choices=["tcp", "quic", "both"], default=None, help="default: both (rpc: tcp)")
     s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic); content: object bytes (default 256 MiB)")
     s.add_argument("--count", type=int, default=10000, help="pings")

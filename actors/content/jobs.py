@@ -144,6 +144,22 @@ def read_all(store: Blockstore, root: Cid) -> bytes:
     return b"".join(piece for _, piece in walk(root, store.get, verified=True))
 
 
+def read_into(store: Blockstore, root: Cid, size: int) -> bytearray:
+    """The object ``root`` of ``size`` bytes in a new bytearray, each piece copied once (a
+    spilled value, writable as the codec's arrays are); ContentError if it is not that size."""
+    out = bytearray(size)
+    at = 0
+    for _, piece in walk(root, store.get, verified=True):
+        n = len(piece)
+        if at + n > size:
+            raise ContentError(f"{root} holds more than the {size} bytes it was said to")
+        out[at:at + n] = piece
+        at += n
+    if at != size:
+        raise ContentError(f"{root} holds {at} bytes, not the {size} it was said to")
+    return out
+
+
 def write_file(store: Blockstore, root: Cid, path: str) -> str:
     target = os.path.abspath(path)
     fd, tmp = tempfile.mkstemp(prefix=".lattica-get-", dir=os.path.dirname(target) or ".")

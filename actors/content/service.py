@@ -235,12 +235,13 @@ class ContentService:
             if store.unpin(_SPILL_PIN + str(root)):
                 _forget(store, root)
 
-    async def take(self, root: Cid, source: PeerId, max_size: int) -> bytes:
-        """The bytes of ``root``, fetched from ``source`` (it holds them: a caller's spilled
-        argument, a callee's spilled result; verified block by block), then let go of here."""
+    async def take(self, root: Cid, source: PeerId, max_size: int) -> bytearray:
+        """The ``max_size`` bytes of ``root`` (exactly: ContentError otherwise), fetched from
+        ``source`` (it holds them: a caller's spilled argument, a callee's spilled result;
+        verified block by block), then let go of here."""
         await self.fetch(root, max_size=max_size, source=source, announce=False)
         try:
-            return await self.read(root)
+            return await self.in_thread(_jobs().read_into, self.store, root, max_size)
         finally:
             await self.in_thread(_forget, self.store, root)
 

@@ -111,6 +111,7 @@ PLANS: dict[str, Callable[[argparse.Namespace], Plan]] = {
     "weightsync": lambda a: Plan("3 policies of 64 MiB to 8 worker processes", 40),
     "firstcall": _firstcall,
     "code": _code,
+    "spill": lambda a: Plan(f"a 256 MiB echo by CID (spilled), by hand, and 60 MiB in the message, {a.runs or 3} runs each", 6 * (a.runs or 3) + 5),
     "dashboard": lambda a: Plan("a real mesh's picture, a simulated 200-node one, Table 1's 128 B run against a node serving 3 pages vs none "
                                 "(3 rounds each way), the buffers' memory per actor", 75),
     "soak": lambda a: Plan(f"{a.soak_seconds:g} s of calls to {(a.nodes or [4])[0]} node processes", a.soak_seconds + 10),
@@ -120,7 +121,7 @@ PLANS: dict[str, Callable[[argparse.Namespace], Plan]] = {
 
 # what ``lattica bench all`` runs, in its order
 IN_ALL = ("stream", "ping", "handshake", "startup", "ciphers", "dht", "relay", "supervise", "content", "pubsub", "crdt", "shards",
-          "weightsync", "firstcall", "code", "dashboard", "rpc")
+          "weightsync", "firstcall", "code", "spill", "dashboard", "rpc")
 
 
 def plan_of(name: str, args: argparse.Namespace) -> Plan | None:

@@ -40,14 +40,14 @@ class Spilled:
     def __repr__(self) -> str:
         return f"Spilled({self.kind}, {self.size} bytes, {self.cid})"
 
-    def rebuild(self, data: bytes) -> Any:
-        """The object from its bytes (ValueError when they do not fit what it said)."""
+    def rebuild(self, data: bytearray) -> Any:
+        """The object from its bytes, taken over (ValueError when they do not fit what it said)."""
         if len(data) != self.size:
             raise ValueError(f"spilled {self.kind} {self.cid}: {len(data)} bytes, {self.size} announced")
         if self.kind == "bytes":
-            return data
+            return bytes(data)
         if self.kind == "bytearray":
-            return bytearray(data)
+            return data
         import numpy as np  # (an array was spilled: numpy is there)
 
         dt = np.dtype(self.dtype)
@@ -58,7 +58,7 @@ class Spilled:
             count *= n
         if count * dt.itemsize != self.size:
             raise ValueError(f"spilled array {self.cid}: shape {self.shape} of {self.dtype} is not {self.size} bytes")
-        return np.frombuffer(bytearray(data), dtype=dt).reshape(self.shape)
+        return np.frombuffer(data, dtype=dt).reshape(self.shape)  # (writable: it owns the bytearray)
 
 
 def _to_obj(s: Spilled) -> list:

@@ -255,6 +255,9 @@ def _element_shot(browser, tmp_path, css, name):
 
 BLUE = (0x25, 0x63, 0xEB)  # the charts' line
 RED = (0xB9, 0x1C, 0x1C)  # errors, failures, lost actors
+AMBER = (0xB4, 0x53, 0x09)  # a warning (reachability unknown, suspect, relayed)
+GREY = (0x6B, 0x72, 0x80)  # explanations, muted text
+INK = (0x1D, 0x23, 0x30)  # text
 
 
 def test_the_page_explains_failures_with_errors_output_utilisation_jobs_and_lost_actors(browser, tmp_path):
@@ -299,6 +302,12 @@ def test_the_page_explains_failures_with_errors_output_utilisation_jobs_and_lost
                                                  .map(c => (c.querySelector('h2') || c).textContent.slice(0, 40) + ': ' + c.scrollWidth + '>' + c.clientWidth)""")
             assert not clipped, clipped
             _shot(browser, tmp_path, "dashboard-overview")
+            png = _element_shot(browser, tmp_path, "#me", "dashboard-loopback")  # explained in grey, not the warning's amber
+            assert _ink(png, AMBER, 30) == 0 and _ink(png, GREY, 30) > 100
+            png = _element_shot(browser, tmp_path, "#summary", "dashboard-tiles")
+            assert _ink(png, INK, 30) > 300  # (the tiles' figures and words are drawn)
+            png = _element_shot(browser, tmp_path, "#topics-hidden", "dashboard-internal-topics")
+            assert _ink(png, GREY, 30) > 50
 
             # an actor's errors with their tracebacks, its output and its utilisation, from its node
             browser.find_element("css selector", "#actors tbody tr[data-actor=flaky]").click()

@@ -464,7 +464,7 @@ class Mux:
             st.send_window += delta
             if st.send_window > 2**32:
                 raise ProtocolError(f"peer granted an absurd window on stream {sid}")
-        if delta or flags & F_ACK:
+        if (delta or flags & F_ACK) and not flags & F_RST:  # (credit on a stream being reset is news of nothing)
             events.append(WindowUpdated(sid))
         self._on_flags(events, flags, sid, st)
 

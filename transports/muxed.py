@@ -167,7 +167,10 @@ class MuxedStream(Stream):
         pending = self._pending
         while pending:
             head = pending[0]
-            n = mux.send_data(self.stream_id, head)
+            try:
+                n = mux.send_data(self.stream_id, head)
+            except StreamReset:  # (reset meanwhile: its reset event ends the stream, never the connection)
+                return
             if n == 0:
                 break
             self._pending_bytes -= n

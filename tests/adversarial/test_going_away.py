@@ -26,7 +26,7 @@ from lattica.errors import LatticaError
 from lattica.framing import write_message
 from lattica.host.connections import MAX_DRAINING_PER_PEER
 from lattica.multiaddr import Multiaddr
-from lattica.transports.mux import F_SYN, FRAME_HEADER, T_DATA, T_GOAWAY, T_WINDOW, Mux
+from lattica.transports.mux import F_SYN, FRAME_HEADER, PROTOCOL_WINDOW, T_DATA, T_GOAWAY, T_WINDOW, Mux, MuxConfig
 from lattica.transports.muxed import MuxedConnection
 from lattica.transports.noise import NoiseHandshake
 from lattica.transports.quic.transport import QuicTransport
@@ -630,3 +630,32 @@ def test_closed_unidentified_connections_are_not_held_by_the_identify_timer():
             return sum(1 for o in gc.get_objects() if type(o) is MuxedConnection and o.is_closed)
 
         assert on_loop(node, closed_held) == 0
+
+
+def test_credit_with_a_reset_on_a_stream_the_node_has_data_waiting_on_resets_only_that_stream():
+    """Issue 46, finding 3: a WINDOW_UPDATE carrying credit and RST, for a stream on which the node
+    has data waiting for credit, raised StreamReset out of the connection's byte handler and tore
+    the whole connection down (an honest node resetting one over-budget call channel does it)."""
+    with lattica.Node([TCP], membership=False) as node:
+
+        async def main():
+            p = RawPeer()
+            p.mux = Mux(True, MuxConfig(window=PROTOCOL_WINDOW, max_window=PROTOCOL_WINDOW))  # (we grant yamux's 256 KiB, never more)
+            await p.connect(port_of(node))
+            sid = p.open_stream(PING, b"\x01" * 32 * 4_000)
+            await asyncio.sleep(0.2)  # (the node's grant arrived: we may send more than yamux's first 256 KiB)
+            assert p.mux.send_data(sid, b"\x01" * 32 * 8_000) == 32 * 8_000  # 384 KB of pings in all, echoes never read: they outrun our window
+            p.flush()
+            await asyncio.sleep(0.5)
+            assert not p.closed.is_set()
+            p.send_plain(frame(T_WINDOW, 8, sid, 4096))  # credit and RST (F_RST = 8) together
+            await asyncio.sleep(0.5)
+            alive = not p.closed.is_set()
+            other = p.open_stream(PING, b"\x02" * 32)  # the connection still carries a new stream
+            answered = await until(lambda: "DataReceived" in p.stream_events(other), 3)
+            p.abort()
+            return alive, answered
+
+        alive, answered = asyncio.run(main())
+        assert alive, "the node closed the whole connection"
+        assert answered

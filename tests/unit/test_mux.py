@@ -106,6 +106,18 @@ def test_reset_reaches_peer_and_late_data_is_dropped():
     assert s.receive_data(HDR.pack(0, T_DATA, 0, sid, 3) + b"abc") == []
 
 
+def test_credit_with_a_reset_on_a_stream_with_pending_data_only_resets_it():
+    """A WINDOW_UPDATE carrying credit and RST (a peer resetting one over-budget channel) ends
+    that stream: no credit event for a stream that is gone (its pending data would be sent into
+    a closed stream and the error would tear the whole connection down)."""
+    c, s = pair()
+    sid = c.open_stream()
+    pump(c, s)
+    events = c.receive_data(HDR.pack(0, T_WINDOW, 8, sid, 4096))  # (F_RST = 8, with 4 KiB of credit)
+    assert of(events, StreamWasReset) and not of(events, WindowUpdated)
+    assert c.num_streams == 0
+
+
 def test_stream_limit_local_and_remote():
     c, s = pair(max_streams=2)
     c.open_stream(), c.open_stream()

@@ -114,3 +114,26 @@ def test_sealing_buffer_is_not_reused_while_the_writer_holds_it():
         assert ca._spare is None
 
     asyncio.run(main())
+
+
+def test_credit_and_a_reset_for_a_stream_with_pending_data_leave_the_connection_open():
+    """The honest case of issue 46's finding 3: a node resets one call channel of a member while
+    the member has data waiting for credit on it; the member's connection stays."""
+    from lattica.transports.mux import FRAME_HEADER, T_WINDOW
+
+    async def go():
+        ca, cb, wa = _pair(hold=False)
+        s = await ca.open_stream()
+        s.write(os.urandom(1 << 20))  # (more than the window: the rest waits for credit)
+        assert s._pending
+        frame = FRAME_HEADER.pack(0, T_WINDOW, 8, s.stream_id, 4096)  # credit and RST together
+        cb._mux._tail += frame  # (as the peer's mux would queue it)
+        cb._flush()
+        await asyncio.sleep(0)
+        assert not ca.is_closed, "the whole connection was torn down"
+        s2 = await ca.open_stream()  # (and it still carries new streams)
+        assert s2.stream_id != s.stream_id
+        ca.close()
+        cb.close()
+
+    asyncio.run(go())

@@ -151,8 +151,12 @@ class HostView(Protocol):
     def quic_transport(self) -> Any:
         """The QUIC transport (started on first use), or None."""
 
-    def remember_addrs(self, peer: PeerId, addrs: Iterable[Multiaddr]) -> None:
-        """Add ``addrs`` to the address book entry of ``peer``."""
+    def remember_addrs(self, peer: PeerId, addrs: Iterable[Multiaddr], hint: bool = False) -> None:
+        """Add ``addrs`` to the address book entry of ``peer`` (``hint``: another peer said so:
+        kept apart, dialed under a budget per destination, never passed on)."""
+
+    def hinted_addrs(self, peer: PeerId, addrs: list[Multiaddr]) -> list[Multiaddr]:
+        """Of ``addrs`` another peer gave for ``peer``, what may be dialed now (PeerUnreachable if none)."""
 
     def advertised_addrs(self) -> list[Multiaddr]:
         """The addresses we tell peers to reach us at."""

@@ -385,7 +385,7 @@ class Fetch:
                 if other in self._peers or other == self.svc.rt.peer_id:
                     continue
                 if addrs and other not in self.svc.host.conns:
-                    self.svc.host.remember_addrs(other, addrs)
+                    self.svc.host.remember_addrs(other, addrs, hint=True)  # (a peer's word for another's addresses)
                 taken += 1
                 _remember(self._fellows, other, None)
                 self._probe(other)

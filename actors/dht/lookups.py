@@ -371,6 +371,7 @@ class DhtLookups(DhtState):
         if self.host.peer_addrs.get(peer):
             return list(self.host.peer_addrs[peer])
         hinted = lk.hints.get(peer)
-        if hinted:  # unsigned, but a dial authenticates whoever answers
-            return list(hinted)  # type: ignore[call-overload]
+        if hinted:  # unsigned (a dial authenticates whoever answers), and dialed under the hints' budget
+            self.host.remember_addrs(peer, hinted, hint=True)
+            return self.host.hinted_addrs(peer, list(hinted))
         raise PeerNotFound(f"no address of {peer} is known or published in the DHT")

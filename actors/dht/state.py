@@ -173,9 +173,11 @@ class DhtState:
         address book already has one (hints never displace what a peer said about itself)."""
         if self.host.peer_addrs.get(peer):
             return
-        addrs = self._addrs.get(peer) or (hints or {}).get(peer)
+        addrs = self._addrs.get(peer)
         if addrs:
             self.host.remember_addrs(peer, addrs)
+        elif (hints or {}).get(peer):
+            self.host.remember_addrs(peer, hints[peer], hint=True)  # type: ignore[index]
 
     def request(self, peer: PeerId, method: str, args: tuple) -> Any:
         """Call ``method`` on ``peer``'s dht actor; returns its Future. A dial this starts never

@@ -25,7 +25,7 @@ from lattica.errors import (
 from lattica.identify import PeerInfo
 from lattica.identity import PeerId
 from lattica.budget import Buckets
-from lattica.interfaces import host_key, ip_of, on_local_network
+from lattica.interfaces import host_key, ip_of, is_loopback_ip, on_local_network
 from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
 from lattica.transports import circuit
@@ -49,6 +49,10 @@ _MAX_CONTACTED = 4096
 _UPGRADE_ADDRS = 8
 _UPGRADE_EVERY = (10.0, 60.0)
 _UPGRADE_DIALS_PER_IP = (0.1, 8.0)
+# addresses another peer gave us (a lookup's answer, a swarm) may all name a third party: dials
+# to one destination IP for them, per second and at once (loopback is exempt: a machine's own)
+_HINT_DIALS_PER_IP = (0.2, 8.0)
+_HINT_ADDRS = 2  # hinted addresses of one peer tried per dial
 
 
 class PeerRouting(Protocol):
@@ -70,6 +74,7 @@ class Dialer:
         self.upgrade_tried: dict[PeerId, tuple[frozenset, float]] = {}  # relayed peer -> (direct addresses, when) of its last try
         self.upgrade_later: set[PeerId] = set()  # a try is due when its interval has passed
         self.upgrade_dials = Buckets(*_UPGRADE_DIALS_PER_IP, _MAX_CONTACTED, clock=host.loop.time)
+        self.hint_dials = Buckets(*_HINT_DIALS_PER_IP, _MAX_CONTACTED, clock=host.loop.time)
         self.contacted: dict[tuple[str, str], float] = {}  # (transport, IP) -> when a listening socket last sent it a packet (opens cone filters)
 
     async def connect(self, addrs: list[Multiaddr], peer: PeerId | None, timeout: float) -> PeerInfo:
@@ -124,9 +129,29 @@ class Dialer:
         self.host.spawn(self._dial(peer, fut))
         return await asyncio.shield(fut)
 
+    def hinted(self, peer: PeerId, addrs: list[Multiaddr] | None = None) -> list[Multiaddr]:
+        """What to dial of the addresses others gave for ``peer`` (``addrs``, else the address
+        book's hints): at most _HINT_ADDRS, each to a destination whose budget allows it (a
+        stranger's answer naming one victim 320 times costs the victim 8 dials, then one per 5 s).
+        PeerUnreachable when the budget allows none."""
+        given = addrs if addrs is not None else self.host.hint_addrs.get(peer, [])
+        out = []
+        for a in given:
+            if len(out) == _HINT_ADDRS:
+                break
+            ip = ip_of(a)
+            if ip is None or is_loopback_ip(ip) or self.hint_dials.take(host_key(ip)):
+                out.append(a)
+        if given and not out:
+            raise PeerUnreachable(f"{peer} is known only by addresses other peers gave, and their destination was dialed for such "
+                                  "addresses too often lately (a budget per IP address: a peer's answers cannot aim our dials)")
+        return out
+
     async def _dial(self, peer: PeerId, fut: asyncio.Future) -> None:
         try:
             addrs = list(self.host.peer_addrs.get(peer, ()))  # a copy: the address book may change meanwhile
+            if not addrs and peer in self.host.hint_addrs:
+                addrs = self.hinted(peer)
             if context.NO_DHT_DIAL_LOOKUP.get():
                 conn = await self.dial_addrs(peer, addrs)
             elif not addrs and self.routing is not None and not self.host.closing:

@@ -101,7 +101,8 @@ class Host:
         self._pushes = Buckets(*_PUSHES_PER_PEER, 4096, clock=self.loop.time)
         self._held_pushes: dict[Connection, Any] = {}  # a peer's latest push beyond its budget
         self.contacted = self.dialer.contacted
-        self.peer_addrs: dict[PeerId, list[Multiaddr]] = {}  # the address book
+        self.peer_addrs: dict[PeerId, list[Multiaddr]] = {}  # the address book: what peers said of themselves (identify, signed records) or the user gave
+        self.hint_addrs: dict[PeerId, list[Multiaddr]] = {}  # what other peers said of them (lookup answers, swarms): dialed under a budget
         self.handlers: dict[str, StreamProtocolHandler] = {}
         self.tasks: set[asyncio.Task] = set()
         self.closing = False
@@ -561,8 +562,28 @@ class Host:
         self.dialer.identified(conn, info)
         return True
 
-    def remember_addrs(self, peer: PeerId, addrs: Iterable[Multiaddr]) -> None:
-        """Add dialable addresses of ``peer`` to the (bounded) address book."""
+    def hinted_addrs(self, peer: PeerId, addrs: list[Multiaddr]) -> list[Multiaddr]:
+        return self.dialer.hinted(peer, addrs)
+
+    def remember_addrs(self, peer: PeerId, addrs: Iterable[Multiaddr], hint: bool = False) -> None:
+        """Add dialable addresses of ``peer`` to the (bounded) address book. ``hint``: another
+        peer said so (a lookup's answer, a swarm): kept apart, dialed only while the peer has no
+        address of its own word and under a budget per destination (``Dialer.hinted``), and
+        never passed on."""
+        if hint:
+            if self.peer_addrs.get(peer):
+                return
+            book = self.hint_addrs
+            known = book.pop(peer, [])
+            for a in addrs:
+                a = a.without_peer_id()
+                if a not in known and len(known) < _MAX_ADDRS_PER_PEER:
+                    known.append(a)
+            book[peer] = known
+            while len(book) > _MAX_KNOWN_PEERS:
+                del book[next(iter(book))]
+            return
+        self.hint_addrs.pop(peer, None)
         known = self.peer_addrs.pop(peer, [])  # re-inserted last: most recently used
         for a in addrs:
             a = a.without_peer_id()

@@ -184,7 +184,7 @@ def _bench(args: argparse.Namespace) -> None:
         starting("dashboard")
         from lattica.bench.dashboard import bench_dashboard  # lazy: see the note above _bench
 
-        for row in bench_dashboard():
+        for row in bench_dashboard(cost_seconds=min(args.duration, 5.0), cost_rounds=args.runs or 3):
             _print(row, args.json)
     if which in ("rpc", "all"):
         starting("rpc")

@@ -113,7 +113,8 @@ PLANS: dict[str, Callable[[argparse.Namespace], Plan]] = {
     "code": _code,
     "spill": lambda a: Plan(f"a 256 MiB echo by CID (spilled), by hand, and 60 MiB in the message, {a.runs or 3} runs each", 6 * (a.runs or 3) + 5),
     "dashboard": lambda a: Plan("a real mesh's picture, a simulated 200-node one, Table 1's 128 B run against a node serving 3 pages vs none "
-                                "(3 rounds each way), the buffers' memory per actor", 75),
+                                f"({a.runs or 3} rounds of {min(a.duration, 5.0):g} s each way), the buffers' memory per actor",
+                                25 + 2 * (a.runs or 3) * (min(a.duration, 5.0) + 3)),
     "soak": lambda a: Plan(f"{a.soak_seconds:g} s of calls to {(a.nodes or [4])[0]} node processes", a.soak_seconds + 10),
     "rpc": _rpc,
 }

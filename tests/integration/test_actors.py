@@ -506,28 +506,30 @@ def test_unknown_actor_by_name_locally(default_node):
         lattica.get_actor("nobody-here")
 
 
-def test_too_large_envelope_fails_at_the_caller_and_the_node_keeps_serving(default_node, peer):
+def test_an_envelope_over_the_cap_travels_by_cid_and_the_node_keeps_serving(default_node, peer):
     c = sa.Counter.options(node=peer.peer_id).remote(7)
     big = b"x" * (codec.DEFAULT_LIMITS.max_frame + 1)
-    with pytest.raises(FrameTooLarge):
-        c.echo.remote(big).result(10)
+    assert c.echo.remote(big).result(60) == big  # (both ways by CID: docs/api.md, "Big arguments and results")
     del big
     assert c.get.remote().result(5) == 7
     assert default_node.ping(peer.peer_id) > 0
 
 
-def test_too_large_result_is_frame_too_large_at_the_caller(default_node, peer):
+def test_a_result_over_the_cap_travels_by_cid(default_node, peer):
     n = sa.Numeric.options(node=peer.peer_id).remote()
-    with pytest.raises(FrameTooLarge):
-        n.make.remote(codec.DEFAULT_LIMITS.max_frame // 4 + 1024, 1).result(20)
+    out = n.make.remote(codec.DEFAULT_LIMITS.max_frame // 4 + 1024, 1).result(60)
+    assert out.shape == (codec.DEFAULT_LIMITS.max_frame // 4 + 1024,) and out.nbytes > codec.DEFAULT_LIMITS.max_frame
 
 
-def test_too_large_result_fails_the_call_and_the_actor_keeps_serving(default_node, peer):
-    n = sa.Numeric.options(node=peer.peer_id).remote()
-    with pytest.raises((FrameTooLarge, RemoteError)) as ei:  # a RemoteError naming it, for now
-        n.make.remote(codec.DEFAULT_LIMITS.max_frame // 4 + 1024, 1).result(20)
-    assert "FrameTooLarge" in (type(ei.value).__name__ + getattr(ei.value, "type_name", ""))
-    assert n.make.remote(4, 1).result(5).shape == (4,)
+def test_with_spilling_off_a_result_over_the_cap_fails_the_call_and_the_actor_keeps_serving(default_node):
+    with lattica.Node([TCP], allow=ALLOW, spill_limit=0) as strict:
+        default_node.connect(strict.addrs[0])
+        n = sa.Numeric.options(node=strict.peer_id).remote()
+        with pytest.raises((FrameTooLarge, RemoteError)) as ei:  # a RemoteError naming it
+            n.make.remote(codec.DEFAULT_LIMITS.max_frame // 4 + 1024, 1).result(20)
+        assert "FrameTooLarge" in (type(ei.value).__name__ + getattr(ei.value, "type_name", ""))
+        assert "lattica.content.put" in str(ei.value)
+        assert n.make.remote(4, 1).result(5).shape == (4,)
 
 
 @pytest.mark.parametrize("local", [True, False], ids=["local", "remote"])
@@ -1355,9 +1357,14 @@ def test_api_edges_a_new_user_meets():
         lattica.shutdown()
 
 
-def test_an_argument_over_the_message_cap_says_what_to_do(default_node, peer):
+def test_with_spilling_off_an_argument_over_the_message_cap_says_what_to_do(peer):
+    lattica.shutdown()
+    lattica.init(allow=ALLOW, spill_limit=0)
+    lattica.api.node().connect(peer.addrs[0])
     c = sa.Counter.options(node=peer.peer_id).remote(1)
     big = np.zeros(65 << 20, np.uint8)
     with pytest.raises(lattica.errors.FrameTooLarge, match=r"over the 64 MiB .*by CID .*lattica.content.put"):
         c.echo.remote(big).result(30)
     assert c.get.remote().result(5) == 1
+
+

@@ -348,11 +348,14 @@ def test_slow_and_idle_connections_are_closed_and_the_node_keeps_working():
 
 
 def test_the_dashboard_benchmark_prints_its_figures():
-    r = _cli("bench", "dashboard", "--json", timeout=180)
+    r = _cli("bench", "dashboard", "--json", "--duration", "1", "--runs", "1", timeout=180)
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
-    assert [row["case"] for row in rows] == ["picture, 4 nodes, 6 children", "picture, 200 nodes, 5000 actors (simulated)"]
+    assert [row["case"] for row in rows] == ["picture, 4 nodes, 6 children", "picture, 200 nodes, 5000 actors (simulated)",
+                                            "Table 1 128 B async, node serving 3 pages vs none", "buffers per actor (500 actors)"]
     assert rows[0]["bytes"] > 1000 and rows[0]["p50_ms"] > 0 and rows[1]["bytes"] > 1_000_000 and rows[1]["encode_ms"] > 0
+    assert rows[2]["qps_without"] > 0 and rows[2]["qps_with"] > 0 and 0 < rows[2]["ratio"]
+    assert 0 < rows[3]["output_ring_empty_bytes"] < rows[3]["output_ring_full_bytes"] and rows[3]["series_bytes"] > 0
 
 
 def test_the_grafana_dashboard_asks_only_for_metrics_a_node_exposes():

@@ -207,8 +207,12 @@ def check_entry(key: Any, subkey: Any, entry: Any, now: float, limits: StoreLimi
     if entry.expiration > now + limits.max_ttl + limits.clock_skew:
         raise RecordRejected(f"record expires more than {limits.max_ttl:.0f} s from now")
     scope = scope_of(key)
-    if (scope[1] if scope else key).startswith(_LIVE_PREFIXES) and entry.expiration > now + REGISTRY_MAX_TTL + limits.clock_skew:
+    live = (scope[1] if scope else key).startswith(_LIVE_PREFIXES)
+    if live and entry.expiration > now + REGISTRY_MAX_TTL + limits.clock_skew:
         raise RecordRejected(f"a registration (an actor name, a shard) lives at most {REGISTRY_MAX_TTL:.0f} s")
+    if live and scope is None and owner_of(key, subkey) is None:
+        # (a name's or a shard's key held unsigned junk: 1,024 subkeys from one identity filled it)
+        raise RecordRejected("a registration (an actor name, a shard) is stored under the PeerId of the node that makes it, signed by it")
     if scope is not None:
         if subkey[:1] != b"c":
             raise RecordRejected("a mesh-scoped key holds records under members' certificates only")

@@ -777,3 +777,15 @@ def test_a_mesh_scoped_key_takes_only_records_under_a_member_s_certificate():
         put(B, forged)
     with pytest.raises(RecordRejected, match="malformed"):
         check_entry(records.MESH_SCOPE + b"zz/x", encode_subkey(cert), sign_entry(A, b"k", b"", b"v", NOW + 60), NOW, lim)
+
+
+def test_a_name_or_shard_key_takes_only_registrations_under_their_makers_signed_peer_id():
+    """Issue 46, finding 2: unsigned junk subkeys (1,024 from one identity) filled a name's key,
+    and members' get_actor found nothing."""
+    for key in (b"lattica/actor/bank", b"lattica/shard/llm/0-8"):
+        for junk in (encode_subkey("junk-1"), encode_subkey(7), b""):
+            with pytest.raises(RecordRejected, match="PeerId of the node that makes it"):
+                check_entry(key, junk, Entry(b"v", NOW + 60, b""), NOW, StoreLimits())
+        sk = encode_subkey(A.peer_id)
+        assert check_entry(key, sk, sign_entry(A, key, sk, b"v", NOW + 60), NOW, StoreLimits()).value == b"v"
+    assert check_entry(b"lattica/other", encode_subkey("x"), Entry(b"v", NOW + 60, b""), NOW, StoreLimits()).value == b"v"

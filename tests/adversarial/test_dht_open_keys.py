@@ -1,0 +1,55 @@
+"""Issue 46, finding 2 (the part closed so far): a stranger cannot block a name's DHT key with
+unsigned junk. Real nodes on loopback: two members of one mesh, a stranger of another that fills
+``lattica/actor/bank`` with 1,100 junk subkeys (the key's cap is 1,024) before a member names an
+actor "bank"; the other member's ``get_actor("bank")`` must still find it."""
+
+from __future__ import annotations
+
+import pytest
+
+import lattica
+from lattica.errors import LatticaError
+from lattica.trust import MeshKey
+
+import sample_actors as sa
+
+pytestmark = pytest.mark.timeout(90)
+
+TCP = "/ip4/127.0.0.1/tcp/0"
+
+
+def test_junk_subkeys_from_a_stranger_cannot_hide_a_members_name():
+    key = MeshKey.generate()
+    lattica.shutdown()
+    try:
+        with lattica.Node([TCP], mesh=key, allow=["sample_actors.*"]) as a, lattica.Node([TCP], mesh=MeshKey.generate()) as stranger:
+            b = lattica.init(mesh=key)
+            b.connect(a.addrs[0])
+            stranger.connect(a.addrs[0])
+            stranger.connect(b.addrs[0])
+
+            async def drop(key, record):  # (the stranger keeps nothing for others: only what it sent counts)
+                return False
+
+            stranger._host.runtime.actors["dht"].bound["store"] = drop
+            for n in (a, b, stranger):
+                lattica.dht.bootstrap(node=n).result(10)
+            puts = [lattica.dht.put("lattica/actor/bank", b"junk", subkey=f"junk-{i}", ttl=300, node=stranger) for i in range(1100)]
+            refused = 0
+            for f in puts:
+                try:
+                    f.result(30)
+                except LatticaError:
+                    refused += 1
+
+            async def name():
+                ref = sa.Counter.options(name="bank").remote(5)
+                await ref.get.remote()
+                return ref
+
+            a.run(name(), timeout=30)
+            found = lattica.get_actor("bank", timeout=10)
+            assert found.peer_id == a.peer_id and found.get.remote().result(10) == 5
+            assert refused == 1100  # (every member refuses a name's record that its maker did not sign under its own PeerId)
+    finally:
+        lattica.shutdown()

@@ -171,4 +171,5 @@ def clean_detail(v: Any) -> dict[str, Any] | None:
     out["output"] = [[number(x[0]), text(x[1], 8), _multiline(MAX_LINE)(x[2])] for x in lines[-MAX_OUTPUT:]
                      if type(x) in (list, tuple) and len(x) == 3] if type(lines) is list else []
     out["series"] = clean_series(v.get("series"), ACTOR_FIELDS)
+    out["memory"] = _dict(v.get("memory"), {"bytes": number, "objects": number, "complete": _flag})
     return out

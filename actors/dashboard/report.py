@@ -191,6 +191,11 @@ def actor_detail(rt: Runtime, name: str, usage: Usage | None = None) -> dict[str
                                "started": a.started_at, "failure": list(a.failure) if a.failure else None, "recent_errors": list(a.recent_errors or ()),
                                "output": a.output.snapshot(MAX_OUTPUT) if a.output is not None else [],
                                "dropped": a.output.dropped if a.output is not None else 0}
+        from lattica.actors.dashboard.footprint import footprint  # (an open panel asks: never at start)
+
+        out["memory"] = footprint(a.instance) if a.instance is not None else None
+        if usage is not None and out["memory"] is not None:
+            usage.note_memory(name, float(out["memory"]["bytes"]))
         out["series"] = usage.actor_series(name) if usage is not None else None
         return out
     if a is not None:  # a system actor: its counters only (its output is the node's)

@@ -1,6 +1,7 @@
 """Utilisation over time, kept on every node and pulled on demand (no head node): every
 ``EVERY`` seconds the node's CPU, resident memory, calls/s and errors/s, and each actor's calls/s,
-errors/s, CPU (the thread of its sync methods; async methods share the node loop's) and mailbox.
+errors/s, CPU (the thread of its sync methods; async methods share the node loop's), mailbox and,
+while its panel is open, an estimate of the memory it holds (``footprint``).
 The last ``SAMPLES`` of each, in fixed arrays (a few KiB per actor, whatever the traffic)."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ EVERY = 2.0  # seconds between samples
 SAMPLES = 150  # samples kept: the last five minutes
 MAX_ACTORS = 2000  # actors with series of their own (the first ones seen when there are more)
 NODE_FIELDS = ("cpu", "memory", "calls", "errors")  # % of one core, bytes, per second, per second
-ACTOR_FIELDS = ("calls", "errors", "cpu", "mailbox")  # per second, per second, % of one core, calls waiting
+ACTOR_FIELDS = ("calls", "errors", "cpu", "mailbox", "memory")  # per second, per second, % of one core, calls waiting, bytes (-1: not measured)
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -51,13 +52,14 @@ class _Ring:
 class ActorCounters:
     """One actor's counters at the last sample, and its series."""
 
-    __slots__ = ("actor", "calls", "errors", "cpu", "ring")
+    __slots__ = ("actor", "calls", "errors", "cpu", "memory", "ring")
 
     def __init__(self, actor: LocalActor, born: int) -> None:
         self.actor = actor
         self.calls = actor.calls
         self.errors = actor.errors
         self.cpu = _thread_cpu(actor.thread_id)
+        self.memory: float | None = None  # the last estimate of what it holds (an open panel asks for one)
         self.ring = _Ring(len(ACTOR_FIELDS), born)
 
 
@@ -127,8 +129,9 @@ class Usage:
             cpu = _thread_cpu(a.thread_id) if a.thread_id is not None else None
             if dt is not None:
                 c.ring.put(at, (max(0, a.calls - c.calls) / dt, max(0, a.errors - c.errors) / dt,
-                                100.0 * (cpu - c.cpu) / dt if cpu is not None and c.cpu is not None else -1.0, float(len(a.waiting))))
-            c.calls, c.errors, c.cpu = a.calls, a.errors, cpu
+                                100.0 * (cpu - c.cpu) / dt if cpu is not None and c.cpu is not None else -1.0, float(len(a.waiting)),
+                                c.memory if c.memory is not None else -1.0))
+            c.calls, c.errors, c.cpu, c.memory = a.calls, a.errors, cpu, None
 
     # -- what the dashboard pulls ---------------------------------------------------------------
 
@@ -146,6 +149,12 @@ class Usage:
         first = max(c.ring.born, self.count - SAMPLES)
         return {"every": EVERY, "time": [round(self.times[k % SAMPLES], 2) for k in range(first, self.count)],
                 **c.ring.series(ACTOR_FIELDS, self.count)}
+
+    def note_memory(self, name: str, estimate: float) -> None:
+        """An estimate of what actor ``name`` holds: the next sample's memory figure."""
+        c = self._actors.get(name)
+        if c is not None:
+            c.memory = estimate
 
     def tracked(self) -> int:
         return len(self._actors)

@@ -317,6 +317,9 @@ def test_the_page_explains_failures_with_errors_output_utilisation_jobs_and_lost
             assert "flaky starting" in panel and "working on 4" in panel and "WARNING flaky: input 4" in panel
             assert panel.count("input 4") == 1  # (a log record printed to stderr by its handler is shown once)
             assert _until(browser, "return [...document.querySelectorAll('#detail figure[data-chart]')].some(f => +f.dataset.points >= 2)", timeout=20)
+            # what it holds, estimated while the panel is open, and charted from then on
+            assert _until(browser, "return +document.querySelector('#detail [data-memory]')?.dataset.memory > 0")
+            assert _until(browser, "return +document.querySelector('#detail figure[data-chart^=memory]')?.dataset.points >= 1", timeout=20)
             png = _element_shot(browser, tmp_path, "#detail", "dashboard-actor-errors")
             assert _ink(png, RED) > 50 and _ink(png, BLUE) > 30  # (the error types in red, the chart lines drawn)
 

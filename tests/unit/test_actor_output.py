@@ -6,6 +6,7 @@ import logging
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import lattica
@@ -287,3 +288,35 @@ def test_one_huge_write_keeps_its_last_lines_and_counts_the_rest(node):
     _call(node, a.say, "\n".join(f"l{i}" for i in range(100_000)))
     d = _detail(node, a.name)
     assert d["output"][-1][2] == "l99999" and len(d["output"]) <= output.MAX_LINES and d["dropped"] >= 99_800
+
+
+def test_what_an_actor_holds_is_estimated_on_demand_and_charted_from_then_on(node):
+    from lattica.actors.dashboard.footprint import MAX_OBJECTS, footprint
+
+    class Model:
+        def __init__(self):
+            self.w = np.zeros((1000, 1000))  # 8 MB
+            self.view = self.w[:10]  # (a view: nothing more)
+            self.again = [self.w, self.w]  # (the same array: counted once)
+            self.me = self  # (a cycle)
+
+    got = footprint(Model())
+    assert 8_000_000 <= got["bytes"] < 8_100_000 and got["complete"]
+    many = footprint([[i] for i in range(MAX_OBJECTS * 2)])
+    assert not many["complete"] and many["objects"] == MAX_OBJECTS  # (bounded: a few ms on the loop)
+
+    rt = node.host.runtime
+    usage = Usage(rt)
+    a = _spawn(node, Talker)
+    _call(node, a.say, "up")
+
+    async def take():
+        usage._sample()
+
+    node.run(take(), timeout=5)
+    node.run(take(), timeout=5)
+    assert usage.actor_series(a.name)["memory"][-1] == -1  # (not measured while nobody looks)
+    d = node.run(_on_loop(lambda: actor_detail(rt, a.name, usage)), timeout=5)
+    assert d["memory"]["bytes"] > 0 and clean_detail(d)["memory"]["bytes"] == d["memory"]["bytes"]
+    node.run(take(), timeout=5)
+    assert usage.actor_series(a.name)["memory"][-1] == d["memory"]["bytes"]

@@ -274,7 +274,9 @@ function actorPanel(asked, d, close) {
   const s = d.series;
   const charts = s ? [chart("calls/s", s.time, s.calls, rate), chart("errors/s", s.time, s.errors, rate),
     list(s.cpu).some((v) => isNum(v) && v >= 0) ? chart("cpu (its thread)", s.time, s.cpu, pct) : "",
-    chart("mailbox", s.time, s.mailbox, (v) => v.toFixed(0))].join("") : `<p class="muted">no series: it ended</p>`;
+    chart("mailbox", s.time, s.mailbox, (v) => v.toFixed(0)),
+    chart("memory it holds (estimate)", s.time, s.memory, bytes)].join("") : `<p class="muted">no series: it ended</p>`;
+  const mem = d.memory;
   const errs = list(d.recent_errors).slice().reverse().map((e) =>
     `<li data-error="${esc(e.type)}"><div><span class="muted">${esc(clock(e.time))}</span> <code>${esc(e.method)}</code> ` +
     `<b class="failed">${esc(e.type)}</b>: ${esc(e.message)}</div>${e.traceback ? `<details open><summary>traceback</summary><pre>${esc(e.traceback)}</pre></details>` : ""}</li>`).join("");
@@ -282,6 +284,8 @@ function actorPanel(asked, d, close) {
   return `<h2>Actor <code>${esc(d.name)}</code> <span class="${cls(d.state)}">${esc(d.state)}</span> ${close}</h2>` +
     `<div class="facts"><span>class <code>${esc(d.class)}</code></span><span>on <code title="${esc(asked.node)}">${short(asked.node)}</code></span>` +
     `<span>calls ${num(d.calls)}</span><span>errors ${num(d.errors)}</span><span>since ${esc(clock(d.started))}</span>` +
+    (mem && isNum(mem.bytes) ? `<span data-memory="${num(mem.bytes)}" title="arrays, tensors, buffers and objects its attributes reach, each counted once` +
+      ` (${num(mem.objects)} objects${mem.complete ? "" : ", stopped at the bound"}): Python keeps no heap per actor">holds ≈ ${bytes(mem.bytes)}</span>` : "") +
     (d.ended ? `<span>ended ${esc(clock(d.ended))}: ${esc(d.reason)}</span>` : "") +
     (row && row.job ? `<span>job <code title="${esc(row.job)}">${short(row.job)}</code></span>` : "") +
     (row && row.code ? `<span>code from <code title="${esc(row.code)}">${short(row.code)}</code></span>` : "") + `</div>` +

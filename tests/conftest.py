@@ -22,6 +22,11 @@ def pytest_addoption(parser):
     parser.addoption("--slow", action="store_true", help="also run the long simulations (marked slow)")
 
 
+def pytest_configure(config):
+    if config.getoption("--slow"):
+        os.environ["LATTICA_SLOW"] = "1"  # (read at import by what runs longer then: the parsers' fuzzing)
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--slow") or os.environ.get("LATTICA_SLOW") == "1":
         return

@@ -81,7 +81,7 @@ class Runtime(Following):
         self.call_latency = Histogram()  # seconds from a call's creation to its answer (calls that got one)
         self.ended: collections.deque[EndedActor] = collections.deque(maxlen=MAX_ENDED)  # user actors that ended lately
         self.spills = Spills(self)  # arguments and answers over the message cap, by CID
-        self._spilling: dict[tuple[PeerId, str], collections.deque[tuple[Pending, bool, bool]]] = {}  # calls held behind a spill, in order
+        self._spilling: dict[tuple[PeerId, str], collections.deque[tuple[Pending, bool, FrameTooLarge | None]]] = {}  # calls held behind a spill, in order
         self._serving: dict[PeerId, set[ServerChannel]] = {}  # the call channels each peer opened to us
         # nodes sharing one loop (Node.astart) share its thread: the first live one keeps the mapping
         current = context.thread_runtime()
@@ -333,7 +333,7 @@ class Runtime(Following):
             try:
                 p.encoded = codec.encode(p.msg)
             except FrameTooLarge as e:
-                self.spills._content(e)  # (raises e where nothing can travel by CID)
+                self.spills.content_for(e)  # (raises e where nothing can travel by CID)
                 self._hold(p, block, spill=e)  # its big values are stored first, off the loop; calls after it wait
                 return p.future
         self.submit(p, block)

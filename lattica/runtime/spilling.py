@@ -33,7 +33,7 @@ class Spills:
         self.rt = rt
         self.limit: int = getattr(rt.host.node, "spill_limit", DEFAULT_SPILL_LIMIT)
 
-    def _content(self, why: FrameTooLarge) -> ContentService:
+    def content_for(self, why: FrameTooLarge) -> ContentService:
         """The content service that holds spilled values, or ``why`` raised (none: no spilling)."""
         content = self.rt.services.get("content")
         if content is None or self.limit <= 0:
@@ -46,7 +46,7 @@ class Spills:
         """Spill a CALL's arguments here and now (a caller's own thread, as Ray's ``.remote()``
         puts its big arguments): ``msg`` is rewritten; the CIDs stored. ``why`` is raised when
         nothing can be spilled."""
-        content = self._content(why)
+        content = self.content_for(why)
         roots: list[Cid] = []
 
         def put(data: Any) -> str:
@@ -63,13 +63,13 @@ class Spills:
 
     async def spill_call(self, msg: list, why: FrameTooLarge) -> list[Cid]:
         """``spill_now`` from the node loop: the storing runs on a worker thread."""
-        content = self._content(why)
+        content = self.content_for(why)
         return await content.in_thread(self.spill_now, msg, why)
 
     async def spill_answer(self, value: Any, why: FrameTooLarge) -> Any:
         """An answer's value with its big values stored (on a worker thread) for the caller to
         fetch; they go after KEEP_ANSWERS."""
-        content = self._content(why)
+        content = self.content_for(why)
         roots: list[Cid] = []
 
         def put(data: Any) -> str:

@@ -119,6 +119,9 @@ class ServerChannel:
             self.refuse(raw[1], tell, actor, rpc.E_DENIED, "PermissionDenied",
                         f"{self.runtime.peer_id} fetches values that travel by CID only from members of its mesh")
             return None
+        if actor not in self.runtime.actors:  # (nothing is fetched for a call that cannot run)
+            self.refuse(raw[1], tell, actor, rpc.E_NOT_FOUND, "ActorNotFound", f"no actor named {actor!r} on {self.runtime.peer_id}")
+            return None
         try:
             raw[4], raw[5] = await self.runtime.spills.fetch([raw[4], raw[5]], self.peer)
         except LatticaError as e:

@@ -126,6 +126,9 @@ def test_a_dag_repeating_one_subtree_is_refused_past_the_place_limit(monkeypatch
             store.put(cid, block)
         with pytest.raises(BadBlock, match="places"):
             lattica.content.get(root, node=me, path=os.devnull).result(30)
+        deadline = time.monotonic() + 5  # (the failed fetch ends its tasks, then leaves the table: a moment after the error)
+        while me._host.services["content"]._fetches and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert not me._host.services["content"]._fetches
 
 

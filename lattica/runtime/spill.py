@@ -50,7 +50,10 @@ class Spilled:
             return data
         import numpy as np  # (an array was spilled: numpy is there)
 
-        dt = np.dtype(self.dtype)
+        try:
+            dt = np.dtype(self.dtype)
+        except TypeError:  # (a peer named a dtype numpy does not know)
+            raise ValueError(f"spilled array {self.cid}: dtype {self.dtype!r} is not one the codec carries") from None
         if dt.hasobject or dt.fields is not None or dt.kind not in "biufc":
             raise ValueError(f"spilled array {self.cid}: dtype {self.dtype!r} is not one the codec carries")
         count = 1
@@ -93,37 +96,45 @@ def _big(v: Any) -> tuple[str, bytes | memoryview, str, tuple[int, ...]] | None:
     return None
 
 
+def _replace(value: Any, swap: Callable[[Any], Any], depth: int = 0) -> Any:
+    """``value`` with each leaf ``swap`` changes (it returns the leaf itself to keep it) replaced,
+    through lists, tuples and dicts down to _MAX_DEPTH: where spilling looks, and restoring."""
+    new = swap(value)
+    if new is not value or depth >= _MAX_DEPTH:
+        return new
+    t = type(value)
+    if t is list:
+        return [_replace(x, swap, depth + 1) for x in value]
+    if t is tuple:
+        return tuple(_replace(x, swap, depth + 1) for x in value)
+    if t is dict:
+        return {k: _replace(x, swap, depth + 1) for k, x in value.items()}
+    return value
+
+
 def spill(value: Any, put: Callable[[bytes | memoryview], str], limit: int) -> tuple[Any, list[str]]:
     """``value`` with its big buffers replaced by placeholders (``put`` stores one and names its
-    CID), and the CIDs stored. CodecError when there is nothing to spill; FrameTooLarge-worthy
-    values over ``limit`` bytes raise ValueError naming the limit."""
+    CID), and the CIDs stored. CodecError when there is nothing to spill; values over ``limit``
+    bytes (or more than MAX_SPILLED of them) raise ValueError naming the bound."""
     stored: list[str] = []
-    total = [0]
+    total = 0
 
-    def walk(v: Any, depth: int) -> Any:
+    def swap(v: Any) -> Any:
+        nonlocal total
         big = _big(v)
-        if big is not None:
-            kind, data, dtype, shape = big
-            total[0] += len(data)
-            if total[0] > limit:
-                raise ValueError(f"the message's big values come to more than this node's spill_limit of {limit} bytes")
-            if len(stored) >= MAX_SPILLED:
-                raise ValueError(f"a message spills at most {MAX_SPILLED} values by CID")
-            cid = put(data)
-            stored.append(cid)
-            return Spilled(cid, kind, len(data), dtype, shape)
-        if depth >= _MAX_DEPTH:
+        if big is None:
             return v
-        t = type(v)
-        if t is list:
-            return [walk(x, depth + 1) for x in v]
-        if t is tuple:
-            return tuple(walk(x, depth + 1) for x in v)
-        if t is dict:
-            return {k: walk(x, depth + 1) for k, x in v.items()}
-        return v
+        kind, data, dtype, shape = big
+        total += len(data)
+        if total > limit:
+            raise ValueError(f"the message's big values come to more than this node's spill_limit of {limit} bytes")
+        if len(stored) >= MAX_SPILLED:
+            raise ValueError(f"a message spills at most {MAX_SPILLED} values by CID")
+        cid = put(data)
+        stored.append(cid)
+        return Spilled(cid, kind, len(data), dtype, shape)
 
-    out = walk(value, 0)
+    out = _replace(value, swap)
     if not stored:
         raise CodecError("nothing to spill")
     return out, stored
@@ -133,37 +144,15 @@ def placeholders(value: Any) -> list[Spilled]:
     """The placeholders in a decoded value (where ``spill`` puts them)."""
     found: list[Spilled] = []
 
-    def walk(v: Any, depth: int) -> None:
-        t = type(v)
-        if t is Spilled:
+    def note(v: Any) -> Any:
+        if type(v) is Spilled:
             found.append(v)
-        elif depth < _MAX_DEPTH:
-            if t is list or t is tuple:
-                for x in v:
-                    walk(x, depth + 1)
-            elif t is dict:
-                for x in v.values():
-                    walk(x, depth + 1)
+        return v
 
-    walk(value, 0)
+    _replace(value, note)
     return found
 
 
 def restore(value: Any, objects: dict[int, Any]) -> Any:
     """``value`` with each placeholder replaced by ``objects[id(placeholder)]``."""
-
-    def walk(v: Any, depth: int) -> Any:
-        t = type(v)
-        if t is Spilled:
-            return objects[id(v)]
-        if depth >= _MAX_DEPTH:
-            return v
-        if t is list:
-            return [walk(x, depth + 1) for x in v]
-        if t is tuple:
-            return tuple(walk(x, depth + 1) for x in v)
-        if t is dict:
-            return {k: walk(x, depth + 1) for k, x in v.items()}
-        return v
-
-    return walk(value, 0)
+    return _replace(value, lambda v: objects[id(v)] if type(v) is Spilled else v)

@@ -6,7 +6,7 @@ goes when its call is over; what a callee stored for an answer goes after ``KEEP
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from lattica.errors import ContentError, FrameTooLarge, LatticaError
 from lattica.logging import get_logger
@@ -48,14 +48,8 @@ class Spills:
         nothing can be spilled."""
         content = self.content_for(why)
         roots: list[Cid] = []
-
-        def put(data: Any) -> str:
-            root = content.keep(data)
-            roots.append(root)
-            return str(root)
-
         try:
-            (msg[4], msg[5]), _ = spill([msg[4], msg[5]], put, self.limit)
+            (msg[4], msg[5]), _ = spill([msg[4], msg[5]], _keeper(content, roots), self.limit)
         except (LatticaError, ValueError) as e:
             self.release(roots)
             raise FrameTooLarge(f"{why} (nor could its big values travel by CID: {e})") from None
@@ -71,14 +65,8 @@ class Spills:
         fetch; they go after KEEP_ANSWERS."""
         content = self.content_for(why)
         roots: list[Cid] = []
-
-        def put(data: Any) -> str:
-            root = content.keep(data)
-            roots.append(root)
-            return str(root)
-
         try:
-            out, _ = await content.in_thread(spill, value, put, self.limit)
+            out, _ = await content.in_thread(spill, value, _keeper(content, roots), self.limit)
         except (LatticaError, ValueError) as e:
             self.release(roots)
             raise FrameTooLarge(f"{why} (nor could its big values travel by CID: {e})") from None
@@ -124,6 +112,17 @@ class Spills:
 
         objects = await asyncio.gather(*(one(s) for s in found))
         return restore(value, {id(s): o for s, o in zip(found, objects)})
+
+
+def _keeper(content: ContentService, roots: list[Cid]) -> Callable[[Any], str]:
+    """What ``spill`` stores a value with: kept in ``content``, its root noted in ``roots``."""
+
+    def put(data: Any) -> str:
+        root = content.keep(data)
+        roots.append(root)
+        return str(root)
+
+    return put
 
 
 async def _quietly(job: Any) -> None:

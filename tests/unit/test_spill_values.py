@@ -40,8 +40,9 @@ def test_nothing_big_nothing_spilled_and_the_bound_holds():
 def test_a_made_up_placeholder_is_refused():
     with pytest.raises(ValueError, match="announced"):
         Spilled("c", "bytes", 10).rebuild(bytearray(9))
-    with pytest.raises(ValueError, match="dtype"):
-        Spilled("c", "ndarray", 8, "|O", (1,)).rebuild(bytearray(8))
+    for dtype in ("|O", "", "not a dtype", "V8"):
+        with pytest.raises(ValueError, match="dtype"):
+            Spilled("c", "ndarray", 8, dtype, (1,)).rebuild(bytearray(8))
     with pytest.raises(ValueError, match="shape"):
         Spilled("c", "ndarray", 8, "<i4", (3,)).rebuild(bytearray(8))
     for bad in ([1, "bytes", 1, "", []], ["c", "pickle", 1, "", []], ["c", "bytes", -1, "", []], ["c", "ndarray", 4, "<i4", [-1]], "x"):

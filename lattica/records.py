@@ -15,6 +15,7 @@ Semantics (hivemind's, with signatures bound to PeerIds):
 from __future__ import annotations
 
 import math
+import random
 import re
 import threading
 import time
@@ -69,6 +70,13 @@ class StoreLimits(ValueClass):
     max_provider_keys: int = 100_000
     max_addrs: int = 32  # per peer record
     peer_record_ttl: float = 3600.0
+    # what all strangers (peers outside our mesh) together may hold or cost, as a share of each
+    # bound above (records, bytes, subkeys of one key, providers of one content id): members
+    # always find the rest free, however many identities strangers make
+    stranger_share: float = 0.25
+    stranger_rate: float = 200.0  # stores per second from all strangers together (each is a signature check)
+    stranger_burst: float = 400.0
+    settled: float = 3600.0  # a provider announcing itself this long, without a gap, ranks above newcomers
 
 
 # -- subkeys --------------------------------------------------------------------------------------
@@ -351,18 +359,55 @@ class RecordStore:
     """What this node holds for the DHT: value records, provider records and peer records, each
     bounded in total, per key and per storing peer, with a per-peer store rate limit."""
 
-    def __init__(self, limits: StoreLimits | None = None, local: PeerId | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        limits: StoreLimits | None = None,
+        local: PeerId | None = None,
+        clock: Callable[[], float] = time.time,
+        member: Callable[[PeerId], bool] | None = None,
+    ) -> None:
         self.limits = limits or StoreLimits()
         self.local = local  # our own stores bypass quotas and rate limits
         self.clock = clock
+        # who is a member of our mesh (None: everyone; the store then knows no strangers)
+        self._member = member
         self._values: dict[int, _KeyRecords] = {}
-        self._providers: dict[int, dict[PeerId, float]] = {}
+        self._providers: dict[int, dict[PeerId, list[float]]] = {}  # kid -> provider -> [expires, since]
         self._peers: dict[PeerId, tuple[PeerRecord, float, PeerId]] = {}  # peer -> (record, kept until, stored by)
-        self._usage: dict[PeerId, list[int]] = {}  # peer -> [records, bytes]
+        # peer -> [records, bytes, 1 if it was a stranger when it stored its first record they
+        # count: its class holds until it holds nothing here]
+        self._usage: dict[PeerId, list[int]] = {}
         self._count = 0
         self._bytes = 0
-        self._rates = Buckets(self.limits.rate, max(self.limits.burst, 1), max_keys=10_000)
+        self._stranger_use = [0, 0]  # records, bytes held for strangers, all together
+        lim = self.limits
+        self._rates = Buckets(lim.rate, max(lim.burst, 1), max_keys=10_000)
+        self._stranger_rates = Buckets(lim.stranger_rate, max(lim.stranger_burst, 1), max_keys=1)
         self.version = 0  # bumped on every change (persistence saves when it moved)
+
+    # -- strangers as a class ----------------------------------------------------------------
+
+    def is_stranger(self, peer: PeerId) -> bool:
+        """``peer`` counts in the strangers' share: its class when it stored what it holds here,
+        else what it is to us now."""
+        if peer == self.local or self._member is None:
+            return False
+        use = self._usage.get(peer)
+        return bool(use[2]) if use is not None else not self._member(peer)
+
+    def _share(self, bound: int) -> int:
+        return max(1, int(bound * self.limits.stranger_share))
+
+    def _check_stranger_room(self, size: int, new: bool) -> None:
+        """RecordRejected when one more stranger's record of ``size`` bytes would pass the
+        strangers' share of this node's store."""
+        lim = self.limits
+        n, b = self._stranger_use
+        if (new and n + 1 > self._share(lim.max_records)) or b + size > self._share(lim.max_bytes):
+            self.purge()
+            n, b = self._stranger_use
+            if (new and n + 1 > self._share(lim.max_records)) or b + size > self._share(lim.max_bytes):
+                raise RecordRejected("this node's room for records of peers outside its mesh is full (members keep the rest)")
 
     # -- rate limit --------------------------------------------------------------------------
 
@@ -372,6 +417,8 @@ class RecordStore:
             return
         if not self._rates.take(peer):
             raise RecordRejected(f"store rate limit: at most {self.limits.rate:.0f} stores per second per peer")
+        if self.is_stranger(peer) and not self._stranger_rates.take():
+            raise RecordRejected(f"store rate limit: at most {self.limits.stranger_rate:.0f} stores per second from all peers outside this node's mesh")
 
     # -- values ------------------------------------------------------------------------------
 
@@ -396,6 +443,10 @@ class RecordStore:
             if len(rec.subs) >= self.limits.max_subkeys:
                 raise RecordRejected(f"key already holds {self.limits.max_subkeys} subkeys")
             rec = self._values.get(kid)  # the purge may have emptied and dropped the key
+        stranger = sender != self.local and self.is_stranger(sender)
+        if stranger and old is None and rec is not None and len(rec.subs) >= self._share(self.limits.max_subkeys):
+            if sum(1 for by in rec.by.values() if self.is_stranger(by)) >= self._share(self.limits.max_subkeys):
+                raise RecordRejected(f"key already holds {self._share(self.limits.max_subkeys)} subkeys of peers outside this node's mesh (members keep the rest)")
         size = _size(key, subkey, entry)
         old_size = _size(key, subkey, old) if old is not None else 0
         lim = self.limits
@@ -410,6 +461,9 @@ class RecordStore:
             credit_n, credit_b = (1, old_size) if prev_owner == sender else (0, 0)
             if use[0] - credit_n + 1 > lim.peer_records or use[1] - credit_b + size > lim.peer_bytes:
                 raise RecordRejected(f"store quota of {sender} exhausted ({lim.peer_records} records / {lim.peer_bytes} bytes)")
+            if stranger:
+                freed = old_size if prev_owner is not None and self.is_stranger(prev_owner) else 0
+                self._check_stranger_room(size - freed, new=old is None or not freed)
         if rec is None:
             rec = self._values[kid] = _KeyRecords(key)
         if old is not None:
@@ -423,9 +477,14 @@ class RecordStore:
     def _charge(self, peer: PeerId, n: int, size: int) -> None:
         self._count += n
         self._bytes += size
-        use = self._usage.setdefault(peer, [0, 0])
+        use = self._usage.get(peer)
+        if use is None:
+            use = self._usage[peer] = [0, 0, int(self.is_stranger(peer))]
         use[0] += n
         use[1] += size
+        if use[2]:
+            self._stranger_use[0] += n
+            self._stranger_use[1] += size
         if use[0] <= 0:
             del self._usage[peer]
 
@@ -460,7 +519,7 @@ class RecordStore:
         for kid, rec in list(self._values.items()):
             self._purge_key(kid, rec, now)
         for cid, provs in list(self._providers.items()):
-            for p in [p for p, exp in provs.items() if exp <= now]:
+            for p in [p for p, (exp, _) in provs.items() if exp <= now]:
                 self._drop_provider(provs, p)
             if not provs:
                 del self._providers[cid]
@@ -474,6 +533,11 @@ class RecordStore:
     def usage(self, peer: PeerId) -> tuple[int, int]:
         u = self._usage.get(peer)
         return (u[0], u[1]) if u else (0, 0)
+
+    @property
+    def stranger_usage(self) -> tuple[int, int]:
+        """Records and bytes held for strangers, all together."""
+        return self._stranger_use[0], self._stranger_use[1]
 
     # -- providers ---------------------------------------------------------------------------
 
@@ -492,18 +556,30 @@ class RecordStore:
                 if len(self._providers) >= lim.max_provider_keys:
                     raise RecordRejected("this node's provider store is full")
             provs = self._providers[kid] = {}
-        if provider not in provs:
+        held = provs.get(provider)
+        if held is not None and held[0] <= now:  # it lapsed: it announces itself anew
+            self._drop_provider(provs, provider)
+            held = None
+        if held is None:
             if len(provs) >= lim.max_providers:
-                for p in [p for p, exp in provs.items() if exp <= now]:
+                for p in [p for p, (exp, _) in provs.items() if exp <= now]:
                     self._drop_provider(provs, p)
                 if len(provs) >= lim.max_providers:
                     raise RecordRejected(f"content already has {lim.max_providers} providers")
+            stranger = self.is_stranger(provider)
+            if stranger and len(provs) >= self._share(lim.max_providers):
+                if sum(1 for p in provs if self.is_stranger(p)) >= self._share(lim.max_providers):
+                    raise RecordRejected(f"content already has {self._share(lim.max_providers)} providers outside this node's mesh (members keep the rest)")
             self._check_room(provider, _PROVIDER_COST)
+            if stranger:
+                self._check_stranger_room(_PROVIDER_COST, new=True)
             self._charge(provider, 1, _PROVIDER_COST)
-        provs[provider] = max(provs.get(provider, 0.0), now + ttl)
+            provs[provider] = [now + ttl, now]
+        else:
+            held[0] = max(held[0], now + ttl)
         self.version += 1
 
-    def _drop_provider(self, provs: dict[PeerId, float], provider: PeerId) -> None:
+    def _drop_provider(self, provs: dict[PeerId, list[float]], provider: PeerId) -> None:
         del provs[provider]
         self._charge(provider, -1, -_PROVIDER_COST)
 
@@ -523,7 +599,23 @@ class RecordStore:
     def providers(self, cid: bytes) -> list[tuple[PeerId, float]]:
         now = self.clock()
         provs = self._providers.get(key_id(cid), {})
-        return [(p, exp) for p, exp in provs.items() if exp > now]
+        return [(p, exp) for p, (exp, _) in provs.items() if exp > now]
+
+    def ranked_providers(self, cid: bytes, rng: random.Random | None = None) -> list[PeerId]:
+        """The live providers of ``cid``, best first: members of our mesh, then providers
+        announcing themselves for ``settled`` seconds, then newcomers, each group in random order
+        (so arrival order, which many fresh identities can win, hides nobody)."""
+        now = self.clock()
+        settled = now - self.limits.settled
+        provs = self._providers.get(key_id(cid), {})
+        groups: tuple[list[PeerId], list[PeerId], list[PeerId]] = ([], [], [])
+        for p, (exp, since) in provs.items():
+            if exp > now:
+                groups[0 if not self.is_stranger(p) else 1 if since <= settled else 2].append(p)
+        shuffle = (rng or random).shuffle
+        for g in groups:
+            shuffle(g)
+        return groups[0] + groups[1] + groups[2]
 
     # -- peer records ------------------------------------------------------------------------
 
@@ -542,6 +634,8 @@ class RecordStore:
         if held is not None:
             self._drop_peer_record(rec.peer)
         self._check_room(sender, rec.size)
+        if sender != self.local and self.is_stranger(sender):
+            self._check_stranger_room(rec.size, new=True)
         self._charge(sender, 1, rec.size)
         self._peers[rec.peer] = (rec, now + self.limits.peer_record_ttl, sender)
         self.version += 1
@@ -568,7 +662,7 @@ class RecordStore:
         ]
         providers = []
         for kid, provs in self._providers.items():
-            providers.append([kid.to_bytes(32, "big"), [[p.to_bytes(), exp] for p, exp in provs.items() if exp > now]])
+            providers.append([kid.to_bytes(32, "big"), [[p.to_bytes(), exp, since] for p, (exp, since) in provs.items() if exp > now]])
         peers = [[rec.to_wire(), exp] for rec, exp, _ in self._peers.values() if exp > now]
         return msgpack.packb({"v": 1, "values": values, "providers": providers, "peers": peers}, use_bin_type=True)
 
@@ -597,15 +691,17 @@ class RecordStore:
                 continue
             for item in items:
                 try:
-                    raw, exp = item
+                    raw, exp, since = item if len(item) == 3 else (*item, now)
                     if not now < exp <= now + lim.max_ttl + lim.clock_skew:
+                        continue
+                    if isinstance(since, bool) or not isinstance(since, (int, float)) or not math.isfinite(since):
                         continue
                     provider = PeerId.from_bytes(raw)
                     held = self._providers.setdefault(cid_kid, {})
                     if provider not in held and len(held) < lim.max_providers and len(self._providers) <= lim.max_provider_keys:
                         self._check_room(provider, _PROVIDER_COST)
                         self._charge(provider, 1, _PROVIDER_COST)
-                        held[provider] = exp
+                        held[provider] = [exp, min(float(since), now)]
                         kept += 1
                 except Exception:  # noqa: BLE001
                     continue

@@ -92,9 +92,11 @@ class DhtActor:
         caller = svc.caller_seen()
         if type(cid) is not bytes or not 0 < len(cid) <= svc.cfg.limits.max_key:
             raise ValueError("get_providers takes a content id (bytes)")
-        provs = [p for p, _ in svc.store.providers(cid)][:MAX_PEERS_IN_ANSWER]
+        provs = svc.peers_wire(svc.store.ranked_providers(cid)[:MAX_PEERS_IN_ANSWER], caller)
         closer = svc.table.closest(key_id(cid), svc.cfg.k, exclude=caller)
-        return [svc.peers_wire(provs, caller), svc.peers_wire(closer, caller)]
+        # members of our mesh come first; how many, so an asker of our mesh can rank them first too
+        members = next((i for i, (p, _) in enumerate(provs) if svc.store.is_stranger(p)), len(provs))
+        return [provs, svc.peers_wire(closer, caller), members]
 
     async def put_peer_record(self, record: list) -> bool:
         svc = self._svc

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import random
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -307,22 +308,34 @@ class DhtLookups(DhtState):
     # -- providers ---------------------------------------------------------------------------
 
     async def find_providers(self, cid: bytes, count: int = 20) -> list[PeerId]:
-        """Up to ``count`` peers that provide ``cid`` (their addresses are remembered for dialing)."""
+        """Up to ``count`` peers that provide ``cid``: members of our mesh first (as we know them,
+        then as holders of our mesh vouch for them), the others in random order (arrival order,
+        which fresh identities can win, hides nobody). Their addresses are remembered for dialing."""
         kid = key_id(cid)
-        found: dict[PeerId, None] = {p: None for p, _ in self.store.providers(cid)}
+        found: dict[PeerId, None] = dict.fromkeys(self.store.ranked_providers(cid))
+        vouched: set[PeerId] = set()
         addrs: dict[PeerId, list[Multiaddr]] = {}
         lk = self._new_lookup(kid)
 
         def parse(peer: PeerId, answer: Any) -> list[PeerId]:
-            if type(answer) is not list or len(answer) != 2:
-                raise Garbage("get_providers answers [providers, closer peers]")
+            if type(answer) is not list or len(answer) not in (2, 3):
+                raise Garbage("get_providers answers [providers, closer peers, members among them]")
             for p in self.parse_peers(answer[0], addrs):
                 found[p] = None
+            members = answer[2] if len(answer) == 3 else 0
+            if type(members) is not int or not 0 <= members <= len(answer[0]):
+                raise Garbage("get_providers names how many of its providers are members, a count")
+            if members and self.is_member(peer):  # (a holder of our mesh knows our members)
+                vouched.update(item[0] for item in answer[0][:members])
             return self.parse_peers(answer[1], lk.hints)  # type: ignore[arg-type]
 
         await self._run(lk, "get_providers", (cid,), parse, lambda: len(found) >= count)
         self.stats.append(LookupStats("providers", lk.rounds, lk.queried))
-        result = list(found)[:count]
+        ours = [p for p in found if self.is_member(p)]
+        theirs = [p for p in found if p in vouched and p not in ours]
+        others = [p for p in found if p not in vouched and not self.is_member(p)]
+        random.shuffle(others)
+        result = (ours + theirs + others)[:count]
         for p in result:
             self.reachable(p, addrs)
         return result

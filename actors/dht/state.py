@@ -42,7 +42,8 @@ class DhtState:
         self.peer_id = runtime.peer_id
         self.keypair = runtime.host.keypair
         self.table = RoutingTable(self.peer_id, self.cfg.k, ping_after=self.cfg.ping_after)
-        self.store = RecordStore(self.cfg.limits, local=self.peer_id)
+        # (peers that store are connected: their circle is known; strangers get a share)
+        self.store = RecordStore(self.cfg.limits, local=self.peer_id, member=self.is_member)
         self.misbehaved: collections.OrderedDict[PeerId, list[str]] = collections.OrderedDict()
         self.rejected = 0  # stores we refused
         self._pinging: set[PeerId] = set()
@@ -74,6 +75,11 @@ class DhtState:
                 self.drop(PeerId.from_string(event.member.id))
             except LatticaError:
                 pass
+
+    def is_member(self, peer: PeerId) -> bool:
+        """``peer`` is this node or a member of its mesh, as far as we know: its identify on a
+        connection said so, or membership (which admits members' statements only) holds it alive."""
+        return self.host.circle_of(peer) != "stranger" or self.rt.node_alive(peer)
 
     def on_our_lan(self, peer: PeerId) -> bool:
         """We are connected to ``peer`` directly at a private IP: its private addresses work

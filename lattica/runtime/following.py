@@ -118,6 +118,10 @@ class Following:
         state = self._node_state(peer)
         return state is not None and state != "alive"
 
+    def node_alive(self, peer: PeerId) -> bool:
+        """Membership holds ``peer`` alive (a member of our mesh: it admits members' statements only)."""
+        return self._node_state(peer) == "alive"
+
     def node_gone(self, peer: PeerId) -> bool:
         """Membership holds ``peer`` dead or departed (a suspect may still answer)."""
         return self._node_state(peer) in ("dead", "left")

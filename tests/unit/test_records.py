@@ -789,3 +789,130 @@ def test_a_name_or_shard_key_takes_only_registrations_under_their_makers_signed_
         sk = encode_subkey(A.peer_id)
         assert check_entry(key, sk, sign_entry(A, key, sk, b"v", NOW + 60), NOW, StoreLimits()).value == b"v"
     assert check_entry(b"lattica/other", encode_subkey("x"), Entry(b"v", NOW + 60, b""), NOW, StoreLimits()).value == b"v"
+
+
+# -- strangers as a class (issue 46) -------------------------------------------------------------
+
+
+def _class_store(clock: Clock, members: set, **limits) -> RecordStore:
+    return RecordStore(StoreLimits(**limits), local=C.peer_id, clock=clock, member=lambda p: p in members)
+
+
+def _identities(n: int) -> list[KeyPair]:
+    return [KeyPair.from_seed(bytes([200, i % 256, i // 256]) + bytes(29)) for i in range(n)]
+
+
+def test_strangers_together_hold_a_share_of_the_store_and_members_the_rest():
+    member = KeyPair.from_seed(bytes([9]) * 32)
+    s = _class_store(Clock(), {member.peer_id}, max_records=40, peer_records=4)
+    strangers = _identities(25)  # each within its own quota of 4; together past the share of 10
+    refused = 0
+    for i, kp in enumerate(strangers):
+        for j in range(4):
+            try:
+                s.put(f"junk-{i}-{j}".encode(), b"", Entry(b"x", NOW + 100), kp.peer_id)
+            except RecordRejected as e:
+                assert "outside its mesh" in str(e)
+                refused += 1
+    assert s.stranger_usage[0] == 10 and refused == 90
+    for j in range(4):  # a member's stores still go in
+        assert s.put(f"mine-{j}".encode(), b"", Entry(b"x", NOW + 100), member.peer_id)
+    assert s.record_count == 14
+
+
+def test_the_strangers_share_counts_bytes_too_and_frees_as_their_records_expire():
+    clock = Clock()
+    s = _class_store(clock, set(), max_bytes=4000, peer_bytes=4000)
+    kp = _identities(2)
+    s.put(b"k1", b"", Entry(b"x" * 700, NOW + 10), kp[0].peer_id)
+    with pytest.raises(RecordRejected, match="outside its mesh"):
+        s.put(b"k2", b"", Entry(b"y" * 700, NOW + 10), kp[1].peer_id)
+    clock.t = NOW + 11
+    assert s.put(b"k2", b"", Entry(b"y" * 700, NOW + 20), kp[1].peer_id)
+    assert s.stranger_usage == s.usage(kp[1].peer_id)
+
+
+def test_strangers_cannot_take_more_than_their_share_of_one_keys_subkeys():
+    member = KeyPair.from_seed(bytes([9]) * 32)
+    s = _class_store(Clock(), {member.peer_id}, max_subkeys=8)
+    strangers = _identities(4)
+    name = records.REGISTRY_PREFIX + b"bank"
+    for kp in strangers[:2]:
+        sk = encode_subkey(kp.peer_id)
+        s.put(name, sk, sign_entry(kp, name, sk, b"v", NOW + 100), kp.peer_id)
+    sk = encode_subkey(strangers[2].peer_id)
+    with pytest.raises(RecordRejected, match="outside this node's mesh"):
+        s.put(name, sk, sign_entry(strangers[2], name, sk, b"v", NOW + 100), strangers[2].peer_id)
+    sk = encode_subkey(member.peer_id)
+    assert s.put(name, sk, sign_entry(member, name, sk, b"v", NOW + 100), member.peer_id)
+    # a stranger may still refresh its own record
+    sk = encode_subkey(strangers[0].peer_id)
+    assert s.put(name, sk, sign_entry(strangers[0], name, sk, b"w", NOW + 200), strangers[0].peer_id)
+
+
+def test_strangers_together_take_a_share_of_one_contents_providers_and_rank_last():
+    member = KeyPair.from_seed(bytes([9]) * 32)
+    clock = Clock()
+    s = _class_store(clock, {member.peer_id}, max_providers=8)
+    strangers = _identities(3)
+    for kp in strangers[:2]:  # they came first
+        s.add_provider(b"topic", kp.peer_id, 100)
+    with pytest.raises(RecordRejected, match="outside this node's mesh"):
+        s.add_provider(b"topic", strangers[2].peer_id, 100)
+    s.add_provider(b"topic", member.peer_id, 100)
+    for _ in range(20):
+        assert s.ranked_providers(b"topic")[0] == member.peer_id
+
+
+def test_settled_providers_rank_above_newcomers_and_each_group_is_shuffled():
+    import random
+
+    clock = Clock()
+    s = _class_store(clock, set(), max_providers=400, settled=100.0)
+    old, new = _identities(60)[:30], _identities(60)[30:]
+    for kp in old:
+        s.add_provider(b"cid", kp.peer_id, 1000)
+    clock.t = NOW + 150
+    for kp in old:  # renewed before they lapsed: still settled
+        s.add_provider(b"cid", kp.peer_id, 1000)
+    for kp in new:
+        s.add_provider(b"cid", kp.peer_id, 1000)
+    first = s.ranked_providers(b"cid", random.Random(1))
+    assert set(first[:30]) == {k.peer_id for k in old} and set(first[30:]) == {k.peer_id for k in new}
+    assert first != s.ranked_providers(b"cid", random.Random(2))  # not arrival order, nor any fixed order
+    clock.t = NOW + 1200  # lapsed: an old provider coming back is a newcomer again
+    s.add_provider(b"cid", old[0].peer_id, 1000)
+    s.add_provider(b"cid", new[0].peer_id, 1000)
+    clock.t = NOW + 1200 + 101
+    s.add_provider(b"cid", new[1].peer_id, 1000)
+    assert s.ranked_providers(b"cid")[-1] == new[1].peer_id
+
+
+def test_the_strangers_store_rate_is_shared_by_all_of_them():
+    s = _class_store(Clock(), set(), stranger_rate=0.001, stranger_burst=5.0)
+    kps = _identities(6)
+    for kp in kps[:5]:
+        s.admit(kp.peer_id)
+    with pytest.raises(RecordRejected, match="all peers outside"):
+        s.admit(kps[5].peer_id)
+    s.admit(C.peer_id)  # ourselves: never limited
+
+
+def test_a_member_store_is_not_charged_to_the_strangers_rate():
+    member = KeyPair.from_seed(bytes([9]) * 32)
+    s = _class_store(Clock(), {member.peer_id}, stranger_rate=0.001, stranger_burst=1.0)
+    s.admit(_identities(1)[0].peer_id)
+    for _ in range(10):
+        s.admit(member.peer_id)
+
+
+def test_provider_since_survives_a_dump():
+    clock = Clock()
+    s = _class_store(clock, set(), settled=100.0)
+    kp = _identities(2)
+    s.add_provider(b"cid", kp[0].peer_id, 1000)
+    clock.t = NOW + 200
+    s.add_provider(b"cid", kp[1].peer_id, 1000)
+    fresh = _class_store(clock, set(), settled=100.0)
+    fresh.load(s.dump())
+    assert [fresh.ranked_providers(b"cid")[0]] == [kp[0].peer_id]

@@ -25,7 +25,7 @@ from lattica.errors import (
 from lattica.identity import PeerId
 from lattica.kademlia import Lookup, key_id, node_id
 from lattica.multiaddr import Multiaddr
-from lattica.records import Entry, PeerRecord, check_entry, entry_from_wire, entry_to_wire, is_authentic
+from lattica.records import Entry, PeerRecord, check_entry, entry_from_wire, entry_to_wire, is_authentic, owner_of
 from lattica.slotted import Slotted
 
 if TYPE_CHECKING:
@@ -279,7 +279,12 @@ class DhtLookups(DhtState):
                 got = True
                 old = merged.get(sk)
                 if old is None and len(merged) >= lim.max_subkeys:
-                    continue  # a key never holds more subkeys than this, whoever answers
+                    # a key never holds more subkeys than this, whoever answers; a member's record
+                    # takes the place of a stranger's (holders off our mesh may be full of them)
+                    spare = self._strangers_subkey(key, merged) if self._members_subkey(key, sk) else None
+                    if spare is None:
+                        continue
+                    del merged[spare]
                 if old is None or e.wins_over(old):
                     merged[sk] = e
             if got:
@@ -297,6 +302,17 @@ class DhtLookups(DhtState):
                     self.host.spawn(self._cache(p, key, merged))
                     break
         return merged
+
+    def _members_subkey(self, key: bytes, subkey: bytes) -> bool:
+        """The record of ``subkey`` under ``key`` is owned (signed) by a member of our mesh."""
+        try:
+            owner = owner_of(key, subkey)
+        except RecordRejected:
+            return False
+        return owner is not None and self.is_member(owner)
+
+    def _strangers_subkey(self, key: bytes, records: dict[bytes, Entry]) -> bytes | None:
+        return next((sk for sk in records if not self._members_subkey(key, sk)), None)
 
     async def _cache(self, peer: PeerId, key: bytes, records: dict[bytes, Entry]) -> None:
         for sk, e in records.items():

@@ -53,3 +53,47 @@ def test_junk_subkeys_from_a_stranger_cannot_hide_a_members_name():
             assert refused == 1100  # (every member refuses a name's record that its maker did not sign under its own PeerId)
     finally:
         lattica.shutdown()
+
+
+def test_a_holder_full_of_strangers_names_does_not_crowd_out_a_members():
+    """A DHT node outside the mesh holds a name's key full of strangers' signed registrations
+    (each identity its own subkey); a member's registration is on another holder. The member
+    reading the name merges both: the member's record takes a stranger's place (before: the merge
+    stopped at the key's subkey cap and the member's record was dropped: ``ActorNotFound``)."""
+    import asyncio
+
+    from lattica.config import DhtConfig
+    from lattica.identity import KeyPair
+    from lattica.records import REGISTRY_PREFIX, StoreLimits, encode_subkey, sign_entry
+    import time
+
+    small = DhtConfig(limits=StoreLimits(max_subkeys=64))
+    key = MeshKey.generate()
+    lattica.shutdown()
+    with lattica.Node([TCP], mesh=MeshKey.generate(), dht=small) as foreign, lattica.Node([TCP], mesh=key, dht=small, allow=["sample_actors.*"]) as m:
+        name = REGISTRY_PREFIX + b"bank"
+        store = foreign._host.services["dht"].store
+        for i in range(64):
+            kp = KeyPair.generate()
+            sk = encode_subkey(kp.peer_id)
+            store.put(name, sk, sign_entry(kp, name, sk, b"junk", time.time() + 280), foreign.peer_id)
+        m.connect(foreign.addrs[0])
+        lattica.dht.bootstrap(node=m).result(10)
+
+        async def register():
+            ref = sa.Counter.options(name="bank").remote(5)
+            await ref.get.remote()
+
+        m.run(register(), timeout=30)
+        bound = m._host.runtime.actors["dht"].bound
+        answer = bound["find_value"]
+
+        async def farther(kid):  # (the member's holder answers after the foreign one)
+            await asyncio.sleep(0.5)
+            return await answer(kid)
+
+        bound["find_value"] = farther
+        with lattica.Node([TCP], mesh=key, dht=small) as r:
+            r.connect(foreign.addrs[0])
+            found = r.run(r._host.services["dht"].resolve_name("bank", within=5), timeout=30)
+            assert found.peer_id == m.peer_id

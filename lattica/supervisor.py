@@ -49,6 +49,9 @@ STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one")
 RESTARTS = ("permanent", "transient", "temporary")
 NORMAL = ("normal", "shutdown")  # reasons a transient child is not restarted for
 _COPY_READS = 4  # nodes of a name's ranking asked for a checkpoint copy
+# nodes a checkpoint copy is sent to: a member whose PeerId is ground to rank first for a name
+# holds one of them, not all (an invited member's identity is not free: an administrator issues it)
+_COPY_WRITES = 3
 _PLACE_PATIENCE = 30.0  # seconds a restart may go unplaced (no node took it) before giving up
 
 
@@ -357,20 +360,28 @@ class Supervisor:
     # -- copies of checkpoints on a third node (actors/checkpoints.py) -----------------------------
 
     async def _replicate(self, child: _Child, ref: ActorRef) -> None:
-        """Send the latest checkpoint to the first node in the name's ranking that is neither
-        ours nor the child's: any one node's loss leaves a copy."""
+        """Send the latest checkpoint to the first nodes in the name's ranking that are neither
+        ours nor the child's: any one node's loss, or one holder keeping it to itself, leaves a copy."""
         name = self._name(child)
         avoid = {str(self._rt.peer_id), str(ref.peer_id)}
-        order = [m for m in ranked(name, members(self._rt)) if m not in avoid]
+        order = [m for m in ranked(name, members(self._rt)) if m not in avoid][:_COPY_WRITES]
         if not order:
             return
         try:
             blob = codec.encode_bytes(child.state)
-            signature = sign_copy(self._rt.host.keypair, name, child.stamp, blob)
-            certs = self._rt.host.trust.presented
-            await self._rt.call(checkpoints_ref(PeerId.from_string(order[0])), "keep", (name, child.stamp, blob, signature, certs), {}, timeout=5.0)
         except (LatticaError, ValueError, TypeError) as e:
-            log.debug("checkpoint not copied", child=child.id, to=order[0], reason=str(e))
+            log.debug("checkpoint not copied", child=child.id, reason=str(e))
+            return
+        signature = sign_copy(self._rt.host.keypair, name, child.stamp, blob)
+        certs = self._rt.host.trust.presented
+
+        async def keep(member: str) -> None:
+            try:
+                await self._rt.call(checkpoints_ref(PeerId.from_string(member)), "keep", (name, child.stamp, blob, signature, certs), {}, timeout=5.0)
+            except LatticaError as e:
+                log.debug("checkpoint not copied", child=child.id, to=member, reason=str(e))
+
+        await asyncio.gather(*(keep(m) for m in order))
 
     async def _recover(self, child: _Child) -> None:
         """Before a first start here: the newest copy of the child's checkpoint held by the first
@@ -401,15 +412,21 @@ class Supervisor:
     def _trust_in_writer(self, writer: PeerId, certs: list) -> int:
         """How far a checkpoint copy's writer is believed: 2 for this node, a node that controls
         this supervisor (its creator, its own supervisor's) or an administrator of the mesh by the
-        certificates it signed with; 1 for any other member (the node a previous incarnation ran
-        on, when it was invited); 0 for anyone else. The newest copy of the best kind wins."""
+        certificates it signed with; 1 for any other member whose node membership holds gone (the
+        node a previous incarnation ran on, when it was invited); 0 for anyone else. The newest
+        copy of the best kind wins."""
         if writer == self._rt.peer_id:
             return 2
         spawner = self._rt.services.get("spawner")
         if spawner is not None and self._me is not None and spawner._controls(self._me.name, writer):
             return 2
         verdict = self._rt.host.trust.judge(writer, certs, time.time())
-        return 2 if verdict.admin else 1 if verdict.circle != "stranger" else 0
+        if verdict.admin:
+            return 2
+        # a plain member's copy only once its node is gone: the node a previous incarnation ran on
+        # died (why we recover elsewhere); a live one's copy is one it may have made up to be
+        # restored here (a copy is only as good as its writer's right to this child's state)
+        return 1 if verdict.circle != "stranger" and self._rt.node_gone(writer) else 0
 
     def _drop_copies(self, child: _Child) -> None:
         name = self._name(child)

@@ -85,16 +85,23 @@ class _TcpProtocol(asyncio.BufferedProtocol):
             peer = transport.get_extra_info("peername")
             ip = host_key(peer[0]) if isinstance(peer, tuple) and not is_loopback_ip(peer[0]) else None
             why = None
-            if owner._handshaking >= owner.max_pending_handshakes:
-                why = "too many handshakes in progress"
-            elif ip is not None and owner._handshaking_at.get(ip, 0) >= owner.max_handshakes_per_ip:
+            if ip is not None and owner._handshaking_at.get(ip, 0) >= owner.max_handshakes_per_ip:
                 why = "too many handshakes in progress from this IP address"
+            elif owner._handshaking >= owner.max_pending_handshakes:
+                # full: the oldest handshake in progress, a silent one first, makes room (an
+                # honest one takes a round trip; sockets held open to fill the table wait longest)
+                oldest = owner.oldest_handshake()
+                if oldest is None:
+                    why = "too many handshakes in progress"
+                else:
+                    oldest._fail(TransportError("the handshake slots are full and this was the oldest handshake in progress"))
             if why is not None:
                 log.info(f"refusing connection: {why}", peer_addr=self._peer_addr_text())
                 transport.abort()
                 self.ready.cancel()
                 return
             owner._handshaking += 1
+            owner._in_handshake[self] = None
             if ip is not None:
                 owner._handshaking_at[ip] = owner._handshaking_at.get(ip, 0) + 1
             self._counted = ip or True
@@ -112,6 +119,11 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         out = self._preamble + self._hs.start()
         if out:
             transport.write(out)  # type: ignore[attr-defined]
+
+    @property
+    def silent(self) -> bool:
+        """Inbound, and no whole handshake message has come yet."""
+        return self._silence is not None
 
     def _early_data(self) -> bytes:
         tr, make = self._transport, self._owner.early_data
@@ -132,6 +144,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
             owner, ip = self._owner, self._counted
             self._counted = False
             owner._handshaking -= 1
+            owner._in_handshake.pop(self, None)
             if ip is not True:
                 left = owner._handshaking_at.pop(ip) - 1
                 if left:
@@ -321,6 +334,7 @@ class TcpTransport(Transport):
         self.first_byte_timeout = first_byte_timeout
         self._handshaking = 0
         self._handshaking_at: dict[str, int] = {}  # remote IP -> its handshakes in progress
+        self._in_handshake: dict[_TcpProtocol, None] = {}  # inbound handshakes in progress, oldest first
         self.keepalive_interval = keepalive_interval
         self.keepalive_timeout = keepalive_timeout
         self.write_buffer_limit = write_buffer_limit
@@ -329,6 +343,12 @@ class TcpTransport(Transport):
         # Set by a relay: takes accepted sockets that open with a splice preamble (token, transport,
         # bytes read after the preamble) and says whether it knew the token.
         self.on_splice: Callable[[bytes, asyncio.Transport, bytes], bool] | None = None
+
+    def oldest_handshake(self) -> _TcpProtocol | None:
+        """The inbound handshake in progress that gives way to a newcomer when the slots are
+        full: the oldest that has not sent a whole handshake message yet, else the oldest."""
+        silent = next((p for p in self._in_handshake if p.silent), None)
+        return silent if silent is not None else next(iter(self._in_handshake), None)
 
     def handles(self, addr: Multiaddr) -> bool:
         p = addr.without_peer_id().protocols()

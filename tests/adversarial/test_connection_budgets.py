@@ -290,3 +290,45 @@ def test_a_quic_initial_that_nothing_follows_gives_its_handshake_slot_back_soon(
         finally:
             for s in socks:
                 s.close()
+
+
+def test_silent_sockets_filling_the_handshake_slots_give_way_to_honest_peers():
+    """Issue 46, finding 5: sockets that say nothing, renewed before their first-byte timeout,
+    fill every handshake slot (loopback: the per-IP cap stands aside, as 16+ source addresses
+    would make it); eight honest peers connecting meanwhile all get in: a newcomer takes the
+    slot of the oldest handshake in progress, a silent one first (before: it was refused)."""
+    opts = {"tcp": {"max_pending_handshakes": 32, "first_byte_timeout": 3.0}}
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], transport_options=opts) as node:
+        stop = asyncio.Event()
+        held = []
+
+        async def flood():
+            while not stop.is_set():
+                for _ in range(32):
+                    held.append(await asyncio.open_connection("127.0.0.1", _port(node)))
+                await asyncio.sleep(0.5)
+                while len(held) > 96:  # (they are renewed before the node's timeout drops them)
+                    held.pop(0)[1].close()
+
+        failures = []
+
+        def honest():
+            with lattica.Node([]) as probe:
+                try:
+                    probe.connect(node.addrs[0])
+                    probe.ping(node.peer_id)
+                except LatticaError as e:
+                    failures.append(repr(e))
+
+        async def main():
+            task = asyncio.create_task(flood())
+            await asyncio.sleep(1.0)
+            for _ in range(8):
+                await asyncio.to_thread(honest)
+            stop.set()
+            await task
+            for _, w in held:
+                w.close()
+
+        asyncio.run(main())
+        assert not failures, failures

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Hashable
 
-__all__ = ["Buckets"]
+__all__ = ["Buckets", "StrangersShare"]
 
 
 class Buckets:
@@ -58,3 +58,24 @@ class Buckets:
 
     def __len__(self) -> int:
         return len(self._state)
+
+
+class StrangersShare:
+    """One budget all strangers share (``rate`` a second, up to ``burst``): what peers outside
+    our mesh may cost together, however many identities they make; members are never charged
+    (they are served first: what strangers cannot take is theirs)."""
+
+    __slots__ = ("_stranger", "_bucket")
+
+    def __init__(self, rate: float, burst: float, stranger: Callable[[Hashable], bool], clock: Callable[[], float] | None = None) -> None:
+        self._stranger = stranger
+        self._bucket = Buckets(rate, burst, max_keys=1, clock=clock)
+
+    @property
+    def rate(self) -> float:
+        return self._bucket.rate
+
+    def take(self, peer: Hashable, cost: float = 1.0) -> bool:
+        """Whether ``peer``'s request of ``cost`` may go ahead (charged to the share if it is a
+        stranger's; False, nothing charged, when the share is spent)."""
+        return not self._stranger(peer) or self._bucket.take(None, cost)

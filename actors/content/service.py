@@ -28,7 +28,7 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
-from lattica.budget import Buckets
+from lattica.budget import Buckets, StrangersShare
 from lattica.config import ContentConfig
 from lattica.errors import BadBlock, ContentError, LatticaError
 from lattica.identity import PeerId
@@ -58,13 +58,15 @@ def _jobs() -> Any:
 
 
 class _Gate:
-    """At most ``per_peer`` answers being read per peer and ``total`` in all, and none while
-    more than ``unsent_max`` bytes of earlier answers to that peer wait to be sent (it is slow,
-    or not reading them); the rest wait, bounded by the caller's own deadline. Idle peers are
-    forgotten."""
+    """At most ``per_peer`` answers being read per peer and ``total`` in all, of which strangers
+    together hold at most half (members find the rest free), and none while more than
+    ``unsent_max`` bytes of earlier answers to that peer wait to be sent (it is slow, or not
+    reading them); the rest wait, bounded by the caller's own deadline. Idle peers are forgotten."""
 
-    def __init__(self, per_peer: int, total: int, unsent: Callable[[PeerId], int], unsent_max: int) -> None:
+    def __init__(self, per_peer: int, total: int, unsent: Callable[[PeerId], int], unsent_max: int, stranger: Callable[[PeerId], bool]) -> None:
         self._total = asyncio.Semaphore(total)
+        self._strangers = asyncio.Semaphore(max(1, total // 2))
+        self._stranger = stranger
         self._per_peer = per_peer
         self._unsent, self._unsent_max = unsent, unsent_max
         self._peers: dict[PeerId, list] = {}  # peer -> [its semaphore, answers holding or awaiting it]
@@ -79,8 +81,9 @@ class _Gate:
             async with slot[0]:
                 while self._unsent(peer) > self._unsent_max:
                     await asyncio.sleep(_UNSENT_POLL)
-                async with self._total:
-                    yield
+                async with self._strangers if self._stranger(peer) else contextlib.nullcontext():
+                    async with self._total:
+                        yield
         finally:
             slot[1] -= 1
             if not slot[1]:
@@ -113,7 +116,7 @@ class ContentService:
         self._store: Blockstore | None = None
         self._private_dir: str | None = None  # a directory of our own, removed when we stop
         self._pool: Any = None  # worker threads for hashing and disk work, made at first use
-        self._gate = _Gate(self.cfg.serve_per_peer, self.cfg.serve_total, runtime.unsent_to, 2 * self.cfg.max_request_bytes)
+        self._gate = _Gate(self.cfg.serve_per_peer, self.cfg.serve_total, runtime.unsent_to, 2 * self.cfg.max_request_bytes, self.is_stranger)
         self._swarms: dict[Cid, dict[PeerId, float]] = {}  # root -> fetchers -> when last heard
         self._fetches: dict[Cid, Fetch] = {}  # running fetches (one per root; others join it)
         self._kept: dict[Cid, int] = {}  # spilled values stored here: keeps not yet dropped, per root
@@ -126,6 +129,10 @@ class ContentService:
         self.served_blocks = 0
         self.last_stats: dict = {}  # the peers of the last fetch that ended, as its session saw them
         self._upkeep = self.host.spawn(self._keep_up())
+
+    def is_stranger(self, peer: PeerId) -> bool:
+        """``peer`` is outside our mesh (its share of serving is the strangers' together)."""
+        return self.host.circle_of(peer) == "stranger"
 
     def transfers(self) -> list[dict]:
         """The fetches running now, with their progress (``Fetch.progress``)."""
@@ -486,6 +493,7 @@ class ContentActor:
     def __init__(self, service: ContentService) -> None:
         self._svc = service
         self._named = Buckets(NAMED_RATE, NAMED_BURST)  # CIDs each peer may name in have and haves calls
+        self._strangers_named = StrangersShare(NAMED_RATE, NAMED_BURST, service.is_stranger)  # ... and all strangers together
 
     async def have(self, cids: list) -> list[bool]:
         """Per CID: whether we hold the block (want-have); at most ``NAMED_RATE`` CIDs a second
@@ -502,6 +510,8 @@ class ContentActor:
         cost = max(1, sum(len(x) for x in lists if type(x) is list))
         if not self._named.take(caller, cost):
             raise ContentError(f"too many CIDs named: at most {NAMED_RATE:.0f} a second per peer")
+        if not self._strangers_named.take(caller, cost):
+            raise ContentError(f"too many CIDs named: at most {NAMED_RATE:.0f} a second from all peers outside this node's mesh")
 
     async def blocks(self, cids: list) -> list:
         """Per CID, in order: the block's bytes, None if we do not hold it (want-block), or

@@ -34,7 +34,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from lattica import codec
-from lattica.budget import Buckets
+from lattica.budget import Buckets, StrangersShare
 from lattica.config import PubSubConfig
 from lattica.errors import ActorNotFound, LatticaError, PermissionDenied, ProtocolError
 from lattica.identity import PeerId, verify_signature
@@ -78,6 +78,8 @@ _PROVIDE_TTL = 1800.0  # of our provider record for a topic we joined (the DHT r
 _FIND_EVERY = (1.0, 60.0)  # first and longest wait between lookups while a topic's peers are few
 _MESH_TAG = "pubsub mesh"
 _STRANGER_BATCHES = (50.0, 100.0)  # batches a second (and at once) we take from one stranger
+_STRANGERS_BATCHES = (100.0, 200.0)  # ... and from all strangers together
+_STRANGERS_CHECKS = (1000.0, 2000.0)  # signatures a second we check of messages strangers sent, all together
 _FAILED_FOR = 600.0  # seconds a topic provider we could not reach is not tried again
 # direct dials to one IP address for topic providers: anyone may put provider records in the
 # DHT, naming addresses of a third party; at most this many dials to it, then one per 30 s
@@ -217,6 +219,8 @@ class PubSubService:
         self._failed: dict[PeerId, float] = {}  # topic providers we could not reach: when
         self._strangers: set[PeerId] = set()  # router peers outside our mesh: open topics only
         self._stranger_batches = Buckets(*_STRANGER_BATCHES, _KEYS_MAX)
+        self._strangers_batches = StrangersShare(*_STRANGERS_BATCHES, self._sent_as_stranger)
+        self._strangers_checks = StrangersShare(*_STRANGERS_CHECKS, self._sent_as_stranger)
         self._dials = Buckets(*_DIALS_PER_IP, _KEYS_MAX)
         self._closed = False
         self.published = self.delivered = self.rejected = self.bundles = self.copies = 0  # copies: items of peers' messages received
@@ -515,8 +519,8 @@ class PubSubService:
         parts about our open topics are looked at."""
         if self._closed or peer not in self.host.conns:
             return
-        if stranger and not self._stranger_batches.take(peer):
-            return  # (more than a stranger's share: dropped unread)
+        if stranger and not (self._stranger_batches.take(peer) and self._strangers_batches.take(peer)):
+            return  # (more than a stranger's share, or than all strangers': dropped unread)
         if self.router.score(peer, self._now()) < self.router.scores.params.graylist_threshold:
             return  # graylisted: not even parsed
         try:
@@ -616,6 +620,8 @@ class PubSubService:
         """REJECT, or each item's verdict: a list, holding awaitables where an async validator
         is still at work."""
         b: Bundle = env.data
+        if not self._strangers_checks.take(peer):
+            return IGNORE  # (strangers together have had their signature checks this second)
         key = self._key(env.author)
         if key is None or not verify_signature(key, env.signature, b.signed_bytes(env.topic, env.author, env.seqno)):
             return REJECT
@@ -660,6 +666,10 @@ class PubSubService:
                    ihave=[(t, ids) for t, ids in rpc.ihave if ok(t)], iwant=iwant, graft=[t for t in rpc.graft if ok(t)],
                    prune=[(t, b) for t, b in rpc.prune if ok(t)], idontwant=idontwant, choke=[t for t in rpc.choke if ok(t)],
                    unchoke=[t for t in rpc.unchoke if ok(t)])
+
+    def _sent_as_stranger(self, peer: Any) -> bool:
+        """``peer`` (who sent us a message: a PeerId, or None for our own) is outside our mesh."""
+        return peer in self._strangers
 
     def _is_member(self, author: bytes, certs: Any) -> bool:
         """Whether ``author`` belongs to our mesh, by its certificates (as in identify) or its

@@ -30,12 +30,13 @@ from lattica.errors import (
     SpawnError,
     remote_error,
 )
+from lattica.budget import StrangersShare
 from lattica.future import Future
 from lattica.identity import PeerId
 from lattica.metrics import Histogram
 from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream
 from lattica.runtime.following import Following
-from lattica.runtime.limits import BUILTIN_ACTORS, CALL_CHANNELS, CHANNEL_IDLE, DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, MAX_ACTORS, HOOK_TIMEOUT, MAX_STREAM_ARGS, NO_STATE, RECENT_PLACEMENT
+from lattica.runtime.limits import BUILTIN_ACTORS, CALL_CHANNELS, CHANNEL_IDLE, DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, MAX_ACTORS, HOOK_TIMEOUT, MAX_STREAM_ARGS, NO_STATE, RECENT_PLACEMENT, STRANGERS_CALLS
 from lattica.runtime.partials import PartialMessages
 from lattica.runtime.refs import StreamArg, method_table, public_methods
 from lattica.runtime.local import ArgStream, EndedActor, LocalActor, error_parts, reset_quietly
@@ -78,6 +79,8 @@ class Runtime(Following):
         self.local = LocalChannel(self, self.peer_id)
         self._gates: dict[tuple[PeerId, str], Gate] = {}
         self.in_flight: dict[tuple[PeerId, str], int] = {}  # calls from a peer to an actor, in progress
+        # the calls all strangers together may make of our public methods (loop time they take)
+        self.strangers_calls = StrangersShare(*STRANGERS_CALLS, lambda peer: True)
         self.call_latency = Histogram()  # seconds from a call's creation to its answer (calls that got one)
         self.ended: collections.deque[EndedActor] = collections.deque(maxlen=MAX_ENDED)  # user actors that ended lately
         self.spills = Spills(self)  # arguments and answers over the message cap, by CID

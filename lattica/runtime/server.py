@@ -261,6 +261,10 @@ class ServerChannel:
         if actor is None:
             self.refuse(cid, tell, actor_name, rpc.E_NOT_FOUND, "ActorNotFound", f"no actor named {actor_name!r} on {rt.peer_id}")
             return
+        if self.circle == trust.STRANGER and not rt.strangers_calls.take(self.peer) and not self._now_member():
+            self.refuse(cid, tell, actor_name, rpc.E_MAILBOX, "MailboxFull",
+                        f"{rt.peer_id} serves at most {rt.strangers_calls.rate:.0f} calls a second from all peers outside its mesh together: try again shortly")
+            return
         if not tell and cid in self.invocations:
             self.send([rpc.ERR, cid, rpc.E_PROTOCOL, "ProtocolError", f"call id {cid} is already in use on this channel", ""])
             return

@@ -52,3 +52,15 @@ def test_wait_says_when_a_token_comes_and_force_runs_into_debt():
     assert b.wait("k") == 1.0
     now[0] = 1.0
     assert b.take("k") and not b.take("k")
+
+
+def test_strangers_share_one_budget_and_members_are_never_charged():
+    from lattica.budget import StrangersShare
+
+    t = [0.0]
+    share = StrangersShare(10.0, 20.0, lambda peer: peer.startswith("s"), clock=lambda: t[0])
+    taken = sum(share.take(f"s{i}") for i in range(100))  # a hundred identities: one budget
+    assert taken == 20
+    assert all(share.take("member") for _ in range(1000))
+    t[0] = 1.0
+    assert sum(share.take(f"s{i}", cost=2.0) for i in range(100)) == 5

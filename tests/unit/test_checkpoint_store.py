@@ -166,8 +166,9 @@ def test_writer_and_reader_rank_members_the_same_way():
 
 
 def test_a_restoring_supervisor_prefers_copies_from_writers_it_can_trust():
-    """Admins, this node and nodes controlling the supervisor rank above plain members (the node
-    an invited previous incarnation ran on), strangers are never believed."""
+    """Admins, this node and nodes controlling the supervisor rank above plain members whose
+    node is gone (the node an invited previous incarnation ran on), strangers and live plain
+    members are never believed."""
     from lattica.supervisor import Supervisor
     from lattica.trust import MeshKey, Trust
 
@@ -175,10 +176,14 @@ def test_a_restoring_supervisor_prefers_copies_from_writers_it_can_trust():
     me, admin, member, stranger = (KeyPair.generate() for _ in range(4))
     sup = Supervisor.cls.__new__(Supervisor.cls)
     sup._me = SimpleNamespace(name="sup")
-    sup._rt = SimpleNamespace(peer_id=me.peer_id, services={}, host=SimpleNamespace(trust=Trust(me.peer_id, [mesh.public])))
+    gone: set = set()
+    sup._rt = SimpleNamespace(peer_id=me.peer_id, services={}, host=SimpleNamespace(trust=Trust(me.peer_id, [mesh.public])), node_gone=gone.__contains__)
     now = time.time()
     assert sup._trust_in_writer(me.peer_id, []) == 2
     assert sup._trust_in_writer(admin.peer_id, [mesh.issue(admin.peer_id, 60, now, admin=True).to_bytes()]) == 2
+    # a plain member's copy: believed once its node is gone (a live one may have made it up)
+    assert sup._trust_in_writer(member.peer_id, [mesh.issue(member.peer_id, 60, now).to_bytes()]) == 0
+    gone.add(member.peer_id)
     assert sup._trust_in_writer(member.peer_id, [mesh.issue(member.peer_id, 60, now).to_bytes()]) == 1
     assert sup._trust_in_writer(stranger.peer_id, [MeshKey.generate().issue(stranger.peer_id, 60, now).to_bytes()]) == 0
     assert sup._trust_in_writer(stranger.peer_id, [mesh.issue(member.peer_id, 60, now).to_bytes()]) == 0  # another's certificate

@@ -1,0 +1,144 @@
+"""Issue 46, must-have 2: what all strangers together may cost is bounded, not only what each
+one may. Real nodes on loopback; each stranger is a node of its own mesh (its own identity),
+calling at once the public methods the open network may call; a member calls meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import lattica
+from helpers import call_as
+from lattica.actors.content import content_ref
+from lattica.actors.dht.actor import dht_ref
+from lattica.config import ContentConfig
+from lattica.content.cid import Cid
+from lattica.errors import LatticaError
+from lattica.trust import MeshKey
+
+pytestmark = pytest.mark.timeout(120)
+
+TCP = "/ip4/127.0.0.1/tcp/0"
+
+
+def _strangers(n: int, target: lattica.Node) -> list[lattica.Node]:
+    out = []
+    for _ in range(n):
+        s = lattica.Node([TCP], mesh=MeshKey.generate(), pubsub=False, membership=False, content=ContentConfig(blocks="memory")).start()
+        s.connect(target.addrs[0])
+        out.append(s)
+    return out
+
+
+def _burst(node: lattica.Node, ref, method: str, args: tuple, n: int) -> int:
+    """Make ``n`` calls at once from ``node``; how many were served."""
+
+    async def go() -> int:
+        got = await asyncio.gather(*(node._host.runtime.call(ref, method, args, {}, timeout=30) for _ in range(n)), return_exceptions=True)
+        return sum(not isinstance(g, BaseException) for g in got)
+
+    return node.run(go(), timeout=60)
+
+
+def test_eight_strangers_asking_have_share_one_budget_and_a_member_is_served():
+    """8 identities each name 32 x 1,024 CIDs in ``have`` calls at once: each is within its own
+    budget (32,768 CIDs at once), all together get what one peer may (before: eight times it,
+    and an honest member's ``have`` p50 went from 7.8 to 536 ms); a member's calls all go on."""
+    key = MeshKey.generate()
+    cids = [Cid.of(i.to_bytes(4, "big")).bytes for i in range(1024)]
+    with lattica.Node([TCP], mesh=key, content=ContentConfig(blocks="memory")) as victim:
+        strangers = _strangers(8, victim)
+        try:
+            ref = content_ref(victim.peer_id)
+            served = sum(_burst(s, ref, "have", (cids,), 32) for s in strangers)
+            assert served <= 40, served  # (the strangers' one budget, plus what refilled meanwhile)
+            assert served >= 32  # (they got their share: strangers are served, within it)
+            with lattica.Node([TCP], mesh=key) as member:
+                member.connect(victim.addrs[0])
+                assert _burst(member, ref, "have", (cids,), 16) == 16
+        finally:
+            for s in strangers:
+                s.stop()
+
+
+def test_strangers_calls_share_one_budget_and_members_calls_go_on():
+    """8 identities call the DHT's ``ping`` 1,500 times each, all at once: together they are
+    served about the strangers' share of calls (4,000 at once, 2,000 a second), the rest refused
+    with MailboxFull; a member calling meanwhile is served every time."""
+    key = MeshKey.generate()
+    with lattica.Node([TCP], mesh=key, content=False) as victim, lattica.Node([TCP], mesh=key) as member:
+        member.connect(victim.addrs[0])
+        strangers = _strangers(8, victim)
+        try:
+            ref = dht_ref(victim.peer_id)
+
+            async def member_calls() -> int:
+                got = await asyncio.gather(*(member._host.runtime.call(ref, "ping", (), {}, timeout=30) for _ in range(200)), return_exceptions=True)
+                return sum(g is True for g in got)
+
+            fut = asyncio.run_coroutine_threadsafe(member_calls(), member._host.loop)
+            served = sum(_burst(s, ref, "ping", (), 1500) for s in strangers)
+            assert fut.result(60) == 200
+            assert served < 8 * 1500 * 0.9, served
+        finally:
+            for s in strangers:
+                s.stop()
+
+
+def test_a_refused_strangers_call_says_why():
+    key = MeshKey.generate()
+    with lattica.Node([TCP], mesh=key, content=False) as victim:
+        (s,) = _strangers(1, victim)
+        try:
+            victim._host.runtime.strangers_calls._bucket._state[None] = [0.0, 1e18]  # (spent, and not refilling)
+            with pytest.raises(lattica.errors.MailboxFull, match="outside its mesh"):
+                call_as(s, dht_ref(victim.peer_id), "ping")
+        finally:
+            s.stop()
+
+
+def test_messages_strangers_send_cost_at_most_the_strangers_signature_checks(monkeypatch):
+    """A stranger sends 10 batches of 1,024 messages under throwaway author keys on an open
+    topic: the node checks at most the strangers' share of signatures (2,000 at once, 1,000 a
+    second), the rest is ignored unchecked (before: every one was checked, 1.5 s of the
+    attacker's CPU cost the victim 7.7 s); a member's message still arrives."""
+    import time
+
+    from lattica.actors.pubsub import pubsub_ref, service as pubsub_service
+    from lattica.config import PubSubConfig
+    from lattica.identity import KeyPair
+    from test_pubsub_peers import _message
+
+    checks = [0]
+    real = pubsub_service.verify_signature
+
+    def counting(*a):
+        checks[0] += 1
+        return real(*a)
+
+    monkeypatch.setattr(pubsub_service, "verify_signature", counting)
+    key = MeshKey.generate()
+    cfg = PubSubConfig(open_topics=["pub"], discover=False)
+    with lattica.Node([TCP], mesh=key, pubsub=cfg) as victim, lattica.Node([TCP], mesh=key, pubsub=cfg) as member:
+        sub = lattica.pubsub.subscribe("pub", node=victim)
+        (s,) = _strangers(1, victim)
+        try:
+            minted = [KeyPair.generate() for _ in range(64)]
+            batches = [[_message(minted[(b * 1024 + i) % 64], "pub", i) for i in range(1024)] for b in range(10)]
+            t0 = time.monotonic()
+            for batch in batches:
+                call_as(s, pubsub_ref(victim.peer_id), "open_rpc", [[], batch, [], [], [], [], []], timeout=30)
+            time.sleep(0.5)
+            elapsed = time.monotonic() - t0
+            assert checks[0] <= 2000 + 1000 * elapsed + 64, (checks[0], elapsed)
+            assert checks[0] >= 1000  # (strangers' messages are checked, within their share)
+            member.connect(victim.addrs[0])
+            lattica.pubsub.subscribe("pub", node=member)
+            time.sleep(1.0)
+            lattica.pubsub.publish("pub", "from a member", node=member).result(10)
+            got = sub.get(timeout=10).data
+            while got != "from a member":
+                got = sub.get(timeout=10).data
+        finally:
+            s.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Coroutine
 
+from lattica.budget import Buckets, StrangersShare
 from lattica.errors import ConnectionClosed
 from lattica.hostview import HostEvents
 from lattica.identify import PeerInfo
@@ -22,6 +23,9 @@ QUIC_LINGER = 2.0  # seconds a QUIC connection beside a TCP one stays before it 
 MAX_CONNS_PER_PEER = 4  # live connections (not going away) one peer may hold with us
 MAX_DRAINING_PER_PEER = 4  # and going away besides: beyond, the oldest is closed at once
 EVICT_MIN_AGE = 2.0  # seconds an unidentified connection is given before a newcomer may evict it
+STREAM_OPENS = (500.0, 1000.0)  # streams a second (and at once) a peer may open on one connection
+STRANGERS_OPENS = (1000.0, 2000.0)  # ... and all strangers (and unidentified peers) together
+OPENS_REFUSED_MAX = 2000  # streams refused on one connection before it is closed: it keeps on opening
 
 
 _TCP_AND_QUIC = {"tcp", "quic"}
@@ -70,6 +74,9 @@ class Connections:
         self._grace_timers: dict[Connection, asyncio.TimerHandle] = {}  # when each must be gone
         self.protected: dict[PeerId, set[str]] = {}  # peers whose idle connections stay open, and why
         self.unsettled: set[Connection] = set()  # beside a primary, waiting for their peer's identify
+        self._opens = Buckets(*STREAM_OPENS, max_keys=4096)  # by connection
+        self._strangers_opens = StrangersShare(*STRANGERS_OPENS, self._from_stranger)
+        self._opens_refused: dict[Connection, int] = {}
 
     def add(self, conn: Connection, spare: bool = False) -> None:
         """Start serving a new authenticated connection. The peer's only one is its primary at
@@ -82,7 +89,7 @@ class Connections:
         self.idle_since[conn] = self.loop.time()
         self.identified[conn] = self.loop.create_future()
         conn.add_close_callback(self._on_closed)
-        conn.set_stream_handler(lambda s: self.spawn(self._serve(s, conn)))
+        conn.set_stream_handler(lambda s: self._on_stream(s, conn))
         conn.on_going_away = self._on_going_away
         if conn.going_away:  # (the peer said so before we adopted it)
             self._on_going_away(conn)
@@ -185,8 +192,27 @@ class Connections:
         self._expired_hook(conn)  # (calls still on it fail with PathChanged, or are re-sent)
         self.spawn(conn.close())
 
+    def _from_stranger(self, conn: Connection) -> bool:
+        info = self.info.get(conn)
+        return info is None or info.circle == "stranger"
+
+    def _on_stream(self, stream: Stream, conn: Connection) -> None:
+        """A stream the peer opened: served within its connection's budget of opens and, for a
+        stranger's, the strangers' share; else reset at once, before any work is made for it (a
+        connection that keeps on opening is closed)."""
+        if self._opens.take(conn) and self._strangers_opens.take(conn):
+            self.spawn(self._serve(stream, conn))
+            return
+        stream.reset()
+        refused = self._opens_refused[conn] = self._opens_refused.get(conn, 0) + 1
+        if refused == 1:
+            log.info("refusing streams: the peer opens them faster than its budget", peer=str(conn.remote_peer))
+        if refused > OPENS_REFUSED_MAX:
+            conn.abort(f"the peer opened over {OPENS_REFUSED_MAX} streams beyond its budget")
+
     def _on_closed(self, conn: Connection) -> None:
         self.all_conns.discard(conn)
+        self._opens_refused.pop(conn, None)
         self.info.pop(conn, None)
         self.idle_since.pop(conn, None)
         fut = self.identified.pop(conn, None)

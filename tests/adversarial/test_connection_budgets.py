@@ -332,3 +332,35 @@ def test_silent_sockets_filling_the_handshake_slots_give_way_to_honest_peers():
 
         asyncio.run(main())
         assert not failures, failures
+
+
+def test_a_peer_opening_and_resetting_streams_without_end_is_refused_then_closed():
+    """Issue 46, finding 5: a stranger opens streams and resets them as fast as it can (a
+    SYN/RST flood: 3 s of it cost 3.7 s of the victim's CPU). Past its connection's budget of
+    opens (and the strangers' share) each is reset at once, before any work is made for it, and
+    a connection that keeps on is closed; a member's pings go on meanwhile."""
+    key = MeshKey.generate()
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=key) as node, lattica.Node([], mesh=key) as member:
+        member.connect(node.addrs[0])
+
+        async def flood():
+            transports, (conn,) = await _raw_connections(node, 1)
+            opened = 0
+            try:
+                for _ in range(40):
+                    for _ in range(200):
+                        s = await conn.open_stream()
+                        s.reset()
+                        opened += 1
+                    await asyncio.sleep(0.01)
+            except LatticaError:
+                pass  # (closed by the node)
+            await asyncio.sleep(0.3)
+            closed = conn.is_closed
+            for t in transports:
+                await t.close()
+            return opened, closed
+
+        opened, closed = asyncio.run(flood())
+        assert closed and opened < 8000, opened
+        assert member.ping(node.peer_id) > 0

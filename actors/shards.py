@@ -114,14 +114,7 @@ class ShardsService:
     def _membership(self) -> Certificate | None:
         """Our certificate of the mesh our shards live in (the first mesh we belong to), or None
         in no mesh or an open one (then the plain keys)."""
-        trust = self.rt.host.trust
-        if trust.open:
-            return None
-        now = time.time()
-        for cert in trust.certificates:
-            if cert.mesh in trust.meshes and cert.peer == self.rt.peer_id and cert.expires > now:
-                return cert
-        return None
+        return self.rt.host.trust.certificate(time.time())
 
     def _record(self, key: bytes) -> bytes:
         entries = []

@@ -257,6 +257,25 @@ def _cert_problem(cert: Certificate, raw: bytes, mesh: bytes, now: float) -> str
     return problem
 
 
+def check_provider(key: bytes, provider: PeerId, cert: Any, now: float) -> None:
+    """RecordRejected unless ``provider`` may provide ``key``: anyone for a plain key; for a
+    mesh-scoped one (a pub-sub topic of a mesh) a member, by ``cert``, its certificate of it."""
+    scope = scope_of(key)
+    if scope is None:
+        return
+    if type(cert) is not bytes or not cert:
+        raise RecordRejected("a provider of a mesh-scoped key shows its certificate of the mesh")
+    try:
+        parsed = Certificate.from_bytes(cert)
+    except CertificateError as e:
+        raise RecordRejected(f"malformed certificate: {e}") from None
+    if parsed.peer != provider:
+        raise RecordRejected(f"not a member of the key's mesh: the certificate was issued to {parsed.peer.short()}, not to the provider")
+    problem = _cert_problem(parsed, cert, scope[0], now)
+    if problem is not None:
+        raise RecordRejected(f"not a member of the key's mesh: {problem}")
+
+
 def is_authentic(key: bytes, subkey: bytes, entry: Entry) -> bool:
     """Well-typed, and signed by its owner if it has one (expiration and size not checked: a
     reader skips a record that expired on the way, it does not blame the peer that sent it)."""
@@ -541,13 +560,16 @@ class RecordStore:
 
     # -- providers ---------------------------------------------------------------------------
 
-    def add_provider(self, cid: bytes, provider: PeerId, ttl: float) -> None:
+    def add_provider(self, cid: bytes, provider: PeerId, ttl: float, cert: bytes = b"") -> None:
+        """Keep ``provider`` as a provider of ``cid`` for ``ttl`` seconds; under a mesh-scoped
+        key only with ``cert``, the provider's certificate of that mesh (RecordRejected else)."""
         lim = self.limits
         if type(cid) is not bytes or not 0 < len(cid) <= lim.max_key:
             raise RecordRejected(f"content id must be 1..{lim.max_key} bytes")
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= lim.max_ttl:
             raise RecordRejected(f"provider ttl must be in (0, {lim.max_ttl:.0f}] seconds")
         now = self.clock()
+        check_provider(cid, provider, cert, now)
         kid = key_id(cid)
         provs = self._providers.get(kid)
         if provs is None:

@@ -257,6 +257,13 @@ class Trust:
             return Verdict(MEMBER, "the mesh is open")
         return Verdict(STRANGER, why)
 
+    def certificate(self, now: float) -> Certificate | None:
+        """Our live certificate of the first mesh we belong to (what scoped DHT keys are kept
+        under), or None in no mesh or an open one (then the plain keys)."""
+        if self.open:
+            return None
+        return next((c for c in self.certificates if c.mesh in self.meshes and c.peer == self.me and c.expires > now), None)
+
     def describe(self) -> str:
         """One line for humans (``lattica doctor``)."""
         if self.open:

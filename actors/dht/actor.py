@@ -77,12 +77,13 @@ class DhtActor:
             svc.rejected += 1
             raise
 
-    async def add_provider(self, cid: bytes, ttl: float) -> None:
+    async def add_provider(self, cid: bytes, ttl: float, cert: bytes = b"") -> None:
+        """The caller provides ``cid`` (under a mesh-scoped key: ``cert``, its certificate of the mesh)."""
         svc = self._svc
         caller = svc.caller_seen()
         try:
             svc.store.admit(caller)
-            svc.store.add_provider(cid, caller, ttl)
+            svc.store.add_provider(cid, caller, ttl, cert)
         except RecordRejected:
             svc.rejected += 1
             raise

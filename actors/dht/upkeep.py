@@ -15,7 +15,7 @@ from lattica.config import DhtConfig
 from lattica.errors import ActorNotFound, DhtError, LatticaError, PermissionDenied, StoreFailed
 from lattica.kademlia import Lookup, key_id, node_id
 from lattica.logging import get_logger
-from lattica.records import REGISTRY_MAX_TTL, REGISTRY_PREFIX, TOMBSTONE, Entry, PeerRecord, encode_subkey, entry_to_wire, sign_entry
+from lattica.records import REGISTRY_MAX_TTL, REGISTRY_PREFIX, TOMBSTONE, Entry, PeerRecord, encode_subkey, entry_to_wire, scope_of, sign_entry
 from lattica.runtime import ActorRef
 
 if TYPE_CHECKING:
@@ -112,8 +112,17 @@ class DhtUpkeep(DhtLookups):
             raise ValueError(f"ttl must be in (0, {self.cfg.limits.max_ttl:.0f}] seconds")
         if republish:
             self._provided[cid] = ttl
+        args: tuple = (cid, float(ttl))
+        cert = b""
+        scope = scope_of(cid)
+        if scope is not None:  # (a mesh's own key: our certificate of it comes with the record)
+            mine = next((c for c in self.host.trust.certificates if c.mesh == scope[0] and c.peer == self.peer_id), None)
+            if mine is None:
+                raise StoreFailed(f"this node is not a member of the mesh {cid[:80]!r} is scoped to")
+            cert = mine.to_bytes()
+            args += (cert,)
         return await self.store_on_closest(
-            key_id(cid), "add_provider", (cid, float(ttl)), lambda: self.store.add_provider(cid, self.peer_id, ttl), "the provider record", "provide"
+            key_id(cid), "add_provider", args, lambda: self.store.add_provider(cid, self.peer_id, ttl, cert), "the provider record", "provide"
         )
 
     def stop_providing(self, cid: bytes) -> None:
@@ -341,7 +350,9 @@ class DhtUpkeep(DhtLookups):
     def _freshest(self, name: str, records: dict[bytes, Entry]) -> ActorRef | None:
         """The newest valid registration of ``name`` by a member of our mesh on a node membership
         does not hold dead (a holder that missed a failover may still serve the dead node's
-        unexpired one). The DHT is open to strangers: their registrations of a name are not
-        ours to follow, however fresh (a stranger could otherwise take any name over)."""
-        live = [(exp, ref) for exp, ref, v in self._registrations(name, records) if v.circle != "stranger" and not self.rt.node_gone(ref.peer_id)]
-        return max(live, key=lambda r: r[0])[1] if live else None
+        unexpired one), an administrator's before a plain member's (an invited member cannot
+        squat an administrator's name by registering it later). The DHT is open to strangers:
+        their registrations of a name are not ours to follow, however fresh (a stranger could
+        otherwise take any name over)."""
+        live = [(v.admin, exp, ref) for exp, ref, v in self._registrations(name, records) if v.circle != "stranger" and not self.rt.node_gone(ref.peer_id)]
+        return max(live, key=lambda r: r[:2])[2] if live else None

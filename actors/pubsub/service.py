@@ -40,6 +40,7 @@ from lattica.errors import ActorNotFound, LatticaError, PermissionDenied, Protoc
 from lattica.identity import PeerId, verify_signature
 from lattica.interfaces import host_key, ip_of, is_loopback_ip
 from lattica.logging import get_logger
+from lattica.records import mesh_scoped
 from lattica.runtime import current_caller
 from lattica.runtime.limits import ASYNC
 from lattica.runtime.refs import ActorRef
@@ -304,7 +305,7 @@ class PubSubService:
                 task.cancel()
             dht = self.rt.services.get("dht")
             if dht is not None:
-                dht.stop_providing(topic_key(topic))
+                dht.stop_providing(self.rendezvous(topic))
 
     def set_validator(self, topic: str, fn: Callable[[Message], Any] | None) -> None:
         """``fn(message)`` decides each new message of ``topic`` before it is delivered or
@@ -447,7 +448,7 @@ class PubSubService:
         dht = self.rt.services.get("dht")
         if dht is None:
             return
-        key = topic_key(topic)
+        key = self.rendezvous(topic)
         provided = False
         wait = _FIND_EVERY[0]
         while not self._closed:
@@ -651,6 +652,14 @@ class PubSubService:
                 out = IGNORE
             verdicts.append(out if inspect.isawaitable(out) else _verdict_of(out))
         return verdicts
+
+    def rendezvous(self, topic: str) -> bytes:
+        """The DHT key a topic's subscribers meet under: in a mesh (of a key) a closed topic's is
+        scoped to it, so only its members' provider records are kept there; an open topic's, or
+        any in a mesh of listed PeerIds, is the plain ``topic_key`` (providers ranked members first)."""
+        key = topic_key(topic)
+        cert = None if self._open(topic) else self.host.trust.certificate(time.time())
+        return key if cert is None else mesh_scoped(key, cert.mesh)
 
     def _open(self, topic: str | None) -> bool:
         """Whether ``topic`` is one we opened to strangers."""

@@ -97,3 +97,39 @@ def test_a_holder_full_of_strangers_names_does_not_crowd_out_a_members():
             r.connect(foreign.addrs[0])
             found = r.run(r._host.services["dht"].resolve_name("bank", within=5), timeout=30)
             assert found.peer_id == m.peer_id
+
+
+def test_an_invited_member_cannot_squat_an_administrators_name():
+    """Issue 46, finding 6: an invited (plain) member names its own actor like an
+    administrator's, after it, so its registration is the freshest; members resolving the name
+    still get the administrator's (before: the freshest registration of any member won)."""
+    import time
+
+    from lattica.actors.dht.upkeep import name_key
+    from lattica.identity import KeyPair
+
+    key = MeshKey.generate()
+    km = KeyPair.generate()
+    lattica.shutdown()
+    with lattica.Node([TCP], mesh=key, allow=["sample_actors.*"]) as admin, \
+            lattica.Node([TCP], keypair=km, mesh=key.issue(km.peer_id), allow=["sample_actors.*"]) as member, \
+            lattica.Node([TCP], mesh=key) as reader:
+        for n in (member, reader):
+            n.connect(admin.addrs[0])
+        for n in (admin, member, reader):
+            lattica.dht.bootstrap(node=n).result(10)
+
+        async def name(value):
+            ref = sa.Counter.options(name="bank").remote(value)
+            await ref.get.remote()
+
+        admin.run(name(5), timeout=30)
+        time.sleep(0.5)
+        member.run(name(666), timeout=30)
+        dht = reader._host.services["dht"]
+        deadline = time.monotonic() + 10
+        while len(reader.run(dht.get(name_key("bank")), timeout=10)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(reader.run(dht.get(name_key("bank")), timeout=10)) == 2
+        found = reader.run(dht.resolve_name("bank"), timeout=30)
+        assert found.peer_id == admin.peer_id

@@ -104,3 +104,37 @@ def test_many_identities_fill_only_the_strangers_share_of_a_nodes_record_store()
             b.connect(a.addrs[0])
             for i in range(32):
                 assert call_as(b, ref, "store", f"mine/{i}".encode(), entry_to_wire(b"", Entry(value, time.time() + 3600)))
+
+
+def test_a_mesh_topics_rendezvous_keeps_only_its_members_provider_records():
+    """Issue 46, must-have 3: in a mesh of a key, a closed topic's subscribers meet under a key
+    scoped to the mesh; its holders keep a provider record only with the provider's certificate
+    of that mesh, so stranger identities cannot crowd it at all (open topics keep the plain key,
+    ranked members first)."""
+    from lattica.errors import RecordRejected
+
+    key = MeshKey.generate()
+    with lattica.Node([TCP], mesh=key) as a, lattica.Node([TCP], mesh=key) as b:
+        b.connect(a.addrs[0])
+        for n in (a, b):
+            lattica.dht.bootstrap(node=n).result(10)
+        lattica.pubsub.subscribe("jobs", node=b)
+        where = b._host.services["pubsub"].rendezvous("jobs")
+        assert where.startswith(b"lattica/mesh/" + key.public.hex().encode())
+        store = a._host.services["dht"].store
+        assert wait_for(lambda: b.peer_id in [p for p, _ in store.providers(where)], timeout=15)
+
+        def crowd(s) -> str:
+            other = s._host.trust.presented  # (its certificate of its own mesh)
+            for cert in ([], other):
+                try:
+                    call_as(s, dht_ref(a.peer_id), "add_provider", where, 3600.0, *([cert[0]] if cert else []))
+                except RecordRejected as e:
+                    last = str(e)
+                else:
+                    return "accepted"
+            return last
+
+        answers = _as_strangers(4, a, crowd)
+        assert all("mesh" in why for why in answers), answers
+        assert [p for p, _ in store.providers(where)] == [b.peer_id]

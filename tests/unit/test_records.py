@@ -916,3 +916,26 @@ def test_provider_since_survives_a_dump():
     fresh = _class_store(clock, set(), settled=100.0)
     fresh.load(s.dump())
     assert [fresh.ranked_providers(b"cid")[0]] == [kp[0].peer_id]
+
+
+def test_a_mesh_scoped_keys_providers_show_their_certificate_of_the_mesh():
+    from lattica.records import mesh_scoped
+    from lattica.trust import MeshKey
+
+    mesh, other = MeshKey.generate(), MeshKey.generate()
+    key = mesh_scoped(b"\x12\x20" + bytes(32), mesh.public)
+    s = store()
+    for cert, why in ((b"", "shows its certificate"), (b"junk", "malformed"),
+                      (other.issue(A.peer_id).to_bytes(), "not a member"),
+                      (mesh.issue(B.peer_id).to_bytes(), "issued to"),
+                      (mesh.issue(A.peer_id, ttl=10, now=NOW - 100).to_bytes(), "expired")):
+        with pytest.raises(RecordRejected, match=why):
+            s.add_provider(key, A.peer_id, 100, cert)
+    forged = bytearray(mesh.issue(A.peer_id).to_bytes())
+    forged[50] ^= 1  # (a byte of the signature)
+    with pytest.raises(RecordRejected, match="signature"):
+        s.add_provider(key, A.peer_id, 100, bytes(forged))
+    assert s.providers(key) == []
+    s.add_provider(key, A.peer_id, 100, mesh.issue(A.peer_id).to_bytes())
+    assert [p for p, _ in s.providers(key)] == [A.peer_id]
+    s.add_provider(b"plain", B.peer_id, 100)  # (a plain key: anyone)

@@ -78,4 +78,8 @@ class StrangersShare:
     def take(self, peer: Hashable, cost: float = 1.0) -> bool:
         """Whether ``peer``'s request of ``cost`` may go ahead (charged to the share if it is a
         stranger's; False, nothing charged, when the share is spent)."""
-        return not self._stranger(peer) or self._bucket.take(None, cost)
+        return not self._stranger(peer) or self._bucket.take(None, min(cost, self._bucket.burst))
+
+    def wait(self, cost: float = 1.0) -> float:
+        """Seconds until the share holds ``cost`` (0: now)."""
+        return self._bucket.wait(None, min(cost, self._bucket.burst))

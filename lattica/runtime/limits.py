@@ -23,10 +23,13 @@ LIFECYCLE_HOOKS = frozenset({"on_start", "on_stop", "restore"})  # called by the
 BUILTIN_ACTORS = ("lattica.supervisor.Supervisor",)  # actor classes any peer may spawn on any node
 NO_STATE: Any = object()  # spawned without a checkpoint to restore
 MAX_ACTORS = 10_000  # actors per node: every spawn beyond it is refused
-# calls a second (and at once) all strangers together may make of public methods (the DHT, content,
-# pub-sub, relay ...): a DHT lookup asks some 10-20 of them; beyond, strangers' calls are refused
-# and members' go on (the loop time strangers can take is bounded, however many identities they make)
+# what all strangers together may have us read of their calls (public methods: the DHT, content,
+# pub-sub ...), in units a second (and at once): a frame costs 1 + its size / STRANGER_UNIT (a DHT
+# request ~1, a content ``have`` of 1,024 CIDs ~38). Beyond, their frames wait unread (flow
+# control holds the senders back) and members' go on: the loop time strangers can take is bounded,
+# however many identities they make
 STRANGERS_CALLS = (2000.0, 4000.0)
+STRANGER_UNIT = 1024
 HOOK_TIMEOUT = 10.0  # seconds an on_stop hook may take
 IDENTIFY_WAIT = 5.0  # s a fresh connection's call channel waits for the peer's identify (one one-way delay, normally)
 FOLLOW_FOR = 30.0  # seconds a stable ref keeps re-sending an undelivered call while its actor moves

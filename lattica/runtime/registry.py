@@ -79,7 +79,7 @@ class Runtime(Following):
         self.local = LocalChannel(self, self.peer_id)
         self._gates: dict[tuple[PeerId, str], Gate] = {}
         self.in_flight: dict[tuple[PeerId, str], int] = {}  # calls from a peer to an actor, in progress
-        # the calls all strangers together may make of our public methods (loop time they take)
+        # what all strangers together may have us read of their calls (the loop time they take)
         self.strangers_calls = StrangersShare(*STRANGERS_CALLS, lambda peer: True)
         self.call_latency = Histogram()  # seconds from a call's creation to its answer (calls that got one)
         self.ended: collections.deque[EndedActor] = collections.deque(maxlen=MAX_ENDED)  # user actors that ended lately

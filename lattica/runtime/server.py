@@ -15,7 +15,7 @@ from lattica.errors import (
 )
 from lattica.runtime import spill
 from lattica.transports.base import Connection, Stream
-from lattica.runtime.limits import CHANNEL_HIGH_WATER, IDENTIFY_WAIT, MAX_MESSAGE, MAX_STREAM_ARGS, STREAM_WINDOW
+from lattica.runtime.limits import CHANNEL_HIGH_WATER, IDENTIFY_WAIT, MAX_MESSAGE, MAX_STREAM_ARGS, STRANGER_UNIT, STREAM_WINDOW
 from lattica.runtime.partials import BudgetedSplitter
 from lattica.runtime.refs import StreamArg
 from lattica.runtime.local import ArgStream, Invocation, Sink
@@ -163,6 +163,8 @@ class ServerChannel:
                     await self.stream.close()  # the caller closed its channel: so do we
                     break
                 for frame in splitter.feed(data):
+                    if self.circle == trust.STRANGER:
+                        await self._strangers_turn(len(frame))
                     before = spill.seen
                     raw = codec.decode(frame)
                     if spill.seen != before:  # it holds values that travel by CID: fetched first, in order
@@ -179,6 +181,17 @@ class ServerChannel:
             for inv in list(self.invocations.values()):  # the caller is gone: stop its work
                 inv.actor.cancel(inv)
             self.invocations.clear()
+
+    async def _strangers_turn(self, size: int) -> None:
+        """A stranger's frame of ``size`` bytes waits, not decoded, while the strangers' share of
+        this node's time is spent (all strangers together; members are never held): the channel
+        reads nothing meanwhile, so flow control holds the sender back at no cost to us."""
+        cost = 1 + size / STRANGER_UNIT
+        share = self.runtime.strangers_calls
+        while not share.take(self.peer, cost):
+            if self._now_member():
+                return
+            await asyncio.sleep(min(share.wait(cost), 1.0))
 
     def _backlog(self) -> int:
         """Replies not yet taken by the connection, on all of the caller's channels on it: one
@@ -260,10 +273,6 @@ class ServerChannel:
             return
         if actor is None:
             self.refuse(cid, tell, actor_name, rpc.E_NOT_FOUND, "ActorNotFound", f"no actor named {actor_name!r} on {rt.peer_id}")
-            return
-        if self.circle == trust.STRANGER and not rt.strangers_calls.take(self.peer) and not self._now_member():
-            self.refuse(cid, tell, actor_name, rpc.E_MAILBOX, "MailboxFull",
-                        f"{rt.peer_id} serves at most {rt.strangers_calls.rate:.0f} calls a second from all peers outside its mesh together: try again shortly")
             return
         if not tell and cid in self.invocations:
             self.send([rpc.ERR, cid, rpc.E_PROTOCOL, "ProtocolError", f"call id {cid} is already in use on this channel", ""])

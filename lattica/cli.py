@@ -186,6 +186,12 @@ def _bench(args: argparse.Namespace) -> None:
 
         for row in bench_dashboard(cost_seconds=min(args.duration, 5.0), cost_rounds=args.runs or 3):
             _print(row, args.json)
+    if which in ("attack", "all"):
+        starting("attack")
+        from lattica.bench.attack import bench_attack  # lazy: see the note above _bench
+
+        for row in bench_attack(*plan.attack_configs(args)):
+            _print(row, args.json)
     if which in ("rpc", "all"):
         starting("rpc")
         from lattica.bench.rpc import bench_rpc  # lazy: see the note above _bench
@@ -637,7 +643,7 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_demo)
 
     s = sub.add_parser("bench", help="run benchmarks and print figures")
-    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "firstcall", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "pubsub-nodes", "crdt", "crdt-sim", "shards", "weightsync", "dashboard", "soak", "code", "spill", "all"])
+    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "firstcall", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "pubsub-nodes", "crdt", "crdt-sim", "shards", "weightsync", "dashboard", "soak", "code", "spill", "attack", "all"])
     s.add_argument("--transport", choices=["tcp", "quic", "both"], default=None, help="default: both (rpc: tcp)")
     s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic); content: object bytes (default 256 MiB)")
     s.add_argument("--count", type=int, default=10000, help="pings")
@@ -657,6 +663,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--fetchers", type=int, default=8, help="content: fetchers of the swarm")
     s.add_argument("--link", choices=["lan", "region", "continent"], default=None,
                    help="stream, rpc, firstcall: run across an emulated link (root, Linux; lattica.bench.linkem) instead of loopback")
+    s.add_argument("--attack", action="append", default=None, help="attack: which (repeatable; default every one: cpu (a control), have, calls, pubsub, streams, sockets, store, providers); --nodes: stranger identities (default 1, 8, 64)")
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=_bench)
 

@@ -79,7 +79,7 @@ _PROVIDE_TTL = 1800.0  # of our provider record for a topic we joined (the DHT r
 _FIND_EVERY = (1.0, 60.0)  # first and longest wait between lookups while a topic's peers are few
 _MESH_TAG = "pubsub mesh"
 _STRANGER_BATCHES = (50.0, 100.0)  # batches a second (and at once) we take from one stranger
-_STRANGERS_BATCHES = (100.0, 200.0)  # ... and from all strangers together
+_STRANGERS_BATCHES = (20.0, 40.0)  # ... and from all strangers together (a batch holds up to hundreds of messages)
 _STRANGERS_CHECKS = (1000.0, 2000.0)  # signatures a second we check of messages strangers sent, all together
 _FAILED_FOR = 600.0  # seconds a topic provider we could not reach is not tried again
 # direct dials to one IP address for topic providers: anyone may put provider records in the

@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import Callable, NamedTuple, TextIO
 
-__all__ = ["Plan", "PLANS", "IN_ALL", "announce", "plan_of", "rpc_configs", "transports", "polls"]
+__all__ = ["Plan", "PLANS", "IN_ALL", "announce", "plan_of", "rpc_configs", "attack_configs", "transports", "polls"]
 
 
 class Plan(NamedTuple):
@@ -43,6 +43,20 @@ def rpc_configs(args: argparse.Namespace) -> tuple[list[str], list[str], list[in
     concurrencies = args.concurrency or ([1000, 1] if matrix else [1000])
     rpc_polls = polls(args) if args.busy_poll_us is not None or matrix else [DEFAULT_BUSY_POLL_US]
     return rpc_transports, kinds, payloads, concurrencies, rpc_polls
+
+
+def attack_configs(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[int, ...], float]:
+    """``bench attack``'s attacks, numbers of stranger identities and seconds per phase."""
+    from lattica.bench.attack import ATTACKS, IDENTITIES  # (the bench's lazy imports: see lattica.cli)
+
+    return tuple(args.attack or ATTACKS), tuple(args.nodes or IDENTITIES), min(args.duration, 4.0)
+
+
+def _attack(a: argparse.Namespace) -> Plan:
+    attacks, sizes, seconds = attack_configs(a)
+    n = len(attacks) * len(sizes)
+    return Plan(f"a quiet phase and {_runs(n, 'attack')} ({'/'.join(attacks)} by {'/'.join(map(str, sizes))} stranger identities) "
+                f"of {seconds:g} s each", 10 + (n + 1) * (seconds + 4), "--attack NAME, --nodes N: fewer")
 
 
 def _runs(n: int, what: str) -> str:
@@ -116,13 +130,14 @@ PLANS: dict[str, Callable[[argparse.Namespace], Plan]] = {
                                 f"({a.runs or 3} rounds of {min(a.duration, 5.0):g} s each way), the buffers' memory per actor",
                                 25 + 2 * (a.runs or 3) * (min(a.duration, 5.0) + 3)),
     "soak": lambda a: Plan(f"{a.soak_seconds:g} s of calls to {(a.nodes or [4])[0]} node processes", a.soak_seconds + 10),
+    "attack": _attack,
     "rpc": _rpc,
 }
 
 
 # what ``lattica bench all`` runs, in its order
 IN_ALL = ("stream", "ping", "handshake", "startup", "ciphers", "dht", "relay", "supervise", "content", "pubsub", "crdt", "shards",
-          "weightsync", "firstcall", "code", "spill", "dashboard", "rpc")
+          "weightsync", "firstcall", "code", "spill", "dashboard", "attack", "rpc")
 
 
 def plan_of(name: str, args: argparse.Namespace) -> Plan | None:

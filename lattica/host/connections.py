@@ -26,6 +26,7 @@ EVICT_MIN_AGE = 2.0  # seconds an unidentified connection is given before a newc
 STREAM_OPENS = (500.0, 1000.0)  # streams a second (and at once) a peer may open on one connection
 STRANGERS_OPENS = (1000.0, 2000.0)  # ... and all strangers (and unidentified peers) together
 OPENS_REFUSED_MAX = 2000  # streams refused on one connection before it is closed: it keeps on opening
+ABUSE_BAN = 60.0  # seconds the peer of a connection closed for that is not let back in
 
 
 _TCP_AND_QUIC = {"tcp", "quic"}
@@ -77,6 +78,7 @@ class Connections:
         self._opens = Buckets(*STREAM_OPENS, max_keys=4096)  # by connection
         self._strangers_opens = StrangersShare(*STRANGERS_OPENS, self._from_stranger)
         self._opens_refused: dict[Connection, int] = {}
+        self._banned: dict[PeerId, float] = {}  # peers closed for opening streams without end: until when
 
     def add(self, conn: Connection, spare: bool = False) -> None:
         """Start serving a new authenticated connection. The peer's only one is its primary at
@@ -192,6 +194,15 @@ class Connections:
         self._expired_hook(conn)  # (calls still on it fail with PathChanged, or are re-sent)
         self.spawn(conn.close())
 
+    def banned(self, peer: PeerId) -> bool:
+        """``peer``'s last connection was closed for opening streams without end, lately: it is
+        not let back in for ``ABUSE_BAN`` seconds."""
+        until = self._banned.get(peer)
+        if until is not None and self.loop.time() >= until:
+            del self._banned[peer]
+            return False
+        return until is not None
+
     def _from_stranger(self, conn: Connection) -> bool:
         info = self.info.get(conn)
         return info is None or info.circle == "stranger"
@@ -208,6 +219,9 @@ class Connections:
         if refused == 1:
             log.info("refusing streams: the peer opens them faster than its budget", peer=str(conn.remote_peer))
         if refused > OPENS_REFUSED_MAX:
+            if len(self._banned) >= 4096:
+                self._banned.pop(next(iter(self._banned)))
+            self._banned[conn.remote_peer] = self.loop.time() + ABUSE_BAN
             conn.abort(f"the peer opened over {OPENS_REFUSED_MAX} streams beyond its budget")
 
     def _on_closed(self, conn: Connection) -> None:

@@ -253,6 +253,9 @@ class Host:
     def adopt(self, conn: Connection, spare: bool = False) -> None:
         """Start serving a new authenticated connection and make it the peer's primary one (see
         ``Connections.add`` for a ``spare``)."""
+        if self.connections.banned(conn.remote_peer):
+            conn.abort("this peer's last connection was closed for opening streams without end: not let back in yet")
+            return
         self.connections.add(conn, spare)
         early, conn.early_data = conn.early_data, None  # the peer's identify came in the handshake
         if not conn.said_early or self.loop.time() - self._addrs_changed_at < _EARLY_STALE:

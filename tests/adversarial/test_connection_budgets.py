@@ -338,7 +338,8 @@ def test_a_peer_opening_and_resetting_streams_without_end_is_refused_then_closed
     """Issue 46, finding 5: a stranger opens streams and resets them as fast as it can (a
     SYN/RST flood: 3 s of it cost 3.7 s of the victim's CPU). Past its connection's budget of
     opens (and the strangers' share) each is reset at once, before any work is made for it, and
-    a connection that keeps on is closed; a member's pings go on meanwhile."""
+    a connection that keeps on is closed and its peer not let back in for a minute; a member's
+    pings go on meanwhile."""
     key = MeshKey.generate()
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=key) as node, lattica.Node([], mesh=key) as member:
         member.connect(node.addrs[0])
@@ -357,10 +358,14 @@ def test_a_peer_opening_and_resetting_streams_without_end_is_refused_then_closed
                 pass  # (closed by the node)
             await asyncio.sleep(0.3)
             closed = conn.is_closed
+            again = await transports[0].dial(node.addrs[0])  # the same identity, at once
+            await asyncio.sleep(0.3)
+            shut_out = again.is_closed
             for t in transports:
                 await t.close()
-            return opened, closed
+            return opened, closed, shut_out
 
-        opened, closed = asyncio.run(flood())
+        opened, closed, shut_out = asyncio.run(flood())
         assert closed and opened < 8000, opened
+        assert shut_out, "the peer closed for it came straight back in"
         assert member.ping(node.peer_id) > 0

@@ -27,6 +27,10 @@ STREAM_OPENS = (500.0, 1000.0)  # streams a second (and at once) a peer may open
 STRANGERS_OPENS = (1000.0, 2000.0)  # ... and all strangers (and unidentified peers) together
 OPENS_REFUSED_MAX = 2000  # streams refused on one connection before it is closed: it keeps on opening
 ABUSE_BAN = 60.0  # seconds the peer of a connection closed for that is not let back in
+# the first streams of every connection are not charged to the strangers' share: a member whose
+# connection is not identified yet (its identify still on the way) gets its first calls in while
+# strangers have spent the share (a new connection costs an attacker a handshake: 8 are cheap)
+FREE_OPENS = 8
 
 
 _TCP_AND_QUIC = {"tcp", "quic"}
@@ -78,6 +82,7 @@ class Connections:
         self._opens = Buckets(*STREAM_OPENS, max_keys=4096)  # by connection
         self._strangers_opens = StrangersShare(*STRANGERS_OPENS, self._from_stranger)
         self._opens_refused: dict[Connection, int] = {}
+        self._opened: dict[Connection, int] = {}  # streams the peer opened on each connection, up to FREE_OPENS
         self._banned: dict[PeerId, float] = {}  # peers closed for opening streams without end: until when
 
     def add(self, conn: Connection, spare: bool = False) -> None:
@@ -209,9 +214,12 @@ class Connections:
 
     def _on_stream(self, stream: Stream, conn: Connection) -> None:
         """A stream the peer opened: served within its connection's budget of opens and, for a
-        stranger's, the strangers' share; else reset at once, before any work is made for it (a
-        connection that keeps on opening is closed)."""
-        if self._opens.take(conn) and self._strangers_opens.take(conn):
+        stranger's (past the connection's first ``FREE_OPENS``), the strangers' share; else reset
+        at once, before any work is made for it (a connection that keeps on opening is closed)."""
+        opened = self._opened.get(conn, 0)
+        if opened < FREE_OPENS:
+            self._opened[conn] = opened + 1
+        if self._opens.take(conn) and (opened < FREE_OPENS or self._strangers_opens.take(conn)):
             self.spawn(self._serve(stream, conn))
             return
         stream.reset()
@@ -227,6 +235,7 @@ class Connections:
     def _on_closed(self, conn: Connection) -> None:
         self.all_conns.discard(conn)
         self._opens_refused.pop(conn, None)
+        self._opened.pop(conn, None)
         self.info.pop(conn, None)
         self.idle_since.pop(conn, None)
         fut = self.identified.pop(conn, None)

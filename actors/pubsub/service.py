@@ -81,6 +81,7 @@ _MESH_TAG = "pubsub mesh"
 _STRANGER_BATCHES = (50.0, 100.0)  # batches a second (and at once) we take from one stranger
 _STRANGERS_BATCHES = (20.0, 40.0)  # ... and from all strangers together (a batch holds up to hundreds of messages)
 _STRANGERS_CHECKS = (1000.0, 2000.0)  # signatures a second we check of messages strangers sent, all together
+_FLUSH_WAIT = 2.0  # seconds a stopping node gives its pub-sub batches on the way to arrive
 _FAILED_FOR = 600.0  # seconds a topic provider we could not reach is not tried again
 # direct dials to one IP address for topic providers: anyone may put provider records in the
 # DHT, naming addresses of a third party; at most this many dials to it, then one per 30 s
@@ -745,7 +746,6 @@ class PubSubService:
                 try:
                     method = "open_rpc" if peer in self._strangers else "rpc"
                     await self.rt.call(pubsub_ref(peer), method, (wire.encode(rpc),), {}, timeout=10.0)
-                    self._drained.set()
                 except (ActorNotFound, PermissionDenied) as e:
                     log.debug("peer does not take pub-sub from us", peer=str(peer), reason=str(e))
                     self.router.remove_peer(peer, self._now())
@@ -754,8 +754,27 @@ class PubSubService:
                 except LatticaError as e:
                     ob.dropped += len(rpc.messages)
                     log.debug("pub-sub batch not delivered", peer=str(peer), reason=str(e))
+                finally:
+                    self._drained.set()
         finally:
             ob.in_flight -= 1
+
+    async def aclose(self) -> None:
+        """Before the connections close: what we published goes out, and the batches on their
+        way arrive (up to ``_FLUSH_WAIT`` s in all): a script that publishes and ends loses nothing."""
+        if self._router is None:
+            return
+        if self._send_later is not None:
+            self._send_later.cancel()
+        self._send_all()
+        loop = self.host.loop
+        deadline = loop.time() + _FLUSH_WAIT
+        while any(o.in_flight for o in self._out.values()) and loop.time() < deadline:
+            self._drained.clear()
+            try:
+                await asyncio.wait_for(self._drained.wait(), deadline - loop.time())
+            except asyncio.TimeoutError:
+                break
 
     def close(self) -> None:
         if self._send_later is not None:

@@ -584,6 +584,7 @@ class Router:
             self.scores.misbehaved(peer)  # grafting while told to back off
             self._prune(peer, topic, now, self.p.prune_backoff, known=False)
             return
+        self._member(peer, topic)  # (a GRAFT says it joined: its batch saying so may be still on the way)
         if self._score(peer, now) < 0 or len(mesh) >= self.p.d_hi or topic not in self.peers[peer]:
             self._prune(peer, topic, now, self.p.prune_backoff, known=False)
             return

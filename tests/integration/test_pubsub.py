@@ -281,6 +281,25 @@ print(lattica.pubsub.publish("cold", {{"hello": "from a script"}}).result(10))
         print(f"\npubsub cold start: a fresh process published and exited in {time.monotonic() - t0:.2f} s")
 
 
+def test_a_node_stopping_right_after_publishing_delivers_first():
+    """A node that publishes and stops at once (a script's last line) lets its batches arrive
+    before its connections close, even to a peer that is busy for a moment."""
+    key = MeshKey.generate()
+    with lattica.Node([TCP], mesh=key) as b:
+        a = lattica.Node([TCP], mesh=key).start()
+        a.connect(b.addrs[0])
+        sub = lattica.pubsub.subscribe("last", node=b)
+        lattica.pubsub.subscribe("last", node=a)
+        assert wait_for(lambda: lattica.pubsub.peers("last", node=a) == [b.peer_id], timeout=10)
+        busy = threading.Event()
+        b._host.loop.call_soon_threadsafe(lambda: (busy.set(), time.sleep(0.5)))
+        assert busy.wait(5)
+        for i in range(3):
+            lattica.pubsub.publish("last", i, node=a)
+        a.stop()
+        assert sorted(sub.get(timeout=5).data for _ in range(3)) == [0, 1, 2]
+
+
 def test_control_queued_for_a_peer_is_bounded():
     from lattica.actors.pubsub.service import _load, _Outbound
     from lattica.pubsub.router import Rpc

@@ -137,6 +137,21 @@ def test_grafting_during_a_backoff_is_refused_and_scored():
     assert "b" not in a.mesh[T] and out["b"].prune and a.score("b", 45.0) < 0
 
 
+def test_a_graft_before_the_peers_subscription_meshes_it():
+    """Batches to a peer travel as concurrent calls: a GRAFT may arrive before the batch that
+    announced the topic. Both sides grafting at once must not end in PRUNEs and backoffs."""
+    a, b = Router("a"), Router("b")
+    for r, other in ((a, "b"), (b, "a")):
+        r.add_peer(other, 0.0)
+        r.join(T, 0.0)
+    hello_b = b.take_outgoing()["a"]  # b's subscription: held back
+    a.take_outgoing()
+    a.on_rpc("b", Rpc(graft=[T]), 1.0)  # b's GRAFT overtakes it
+    assert "b" in a.mesh[T] and not a.take_outgoing().get("b", Rpc()).prune
+    a.on_rpc("b", hello_b, 1.1)
+    assert "b" in a.mesh[T] and a.topics[T] == {"b"}
+
+
 def test_gossip_recovers_a_message_the_mesh_missed_and_broken_promises_cost():
     a = Router("a", GossipParams(d=1, d_lo=1, d_hi=1, d_score=0, d_lazy=1, flood_publish=False))
     b = Router("b")

@@ -37,6 +37,10 @@ class Buckets:
         b[0] -= cost
         return b[0] >= 0
 
+    def available(self, key: Hashable = None) -> float:
+        """Tokens in ``key``'s bucket now (nothing is charged)."""
+        return max(self._refilled(key)[0], 0.0)
+
     def wait(self, key: Hashable = None, cost: float = 1.0) -> float:
         """Seconds until ``key``'s bucket holds ``cost`` tokens (0: now); nothing is charged."""
         b = self._refilled(key)
@@ -79,6 +83,10 @@ class StrangersShare:
         """Whether ``peer``'s request of ``cost`` may go ahead (charged to the share if it is a
         stranger's; False, nothing charged, when the share is spent)."""
         return not self._stranger(peer) or self._bucket.take(None, min(cost, self._bucket.burst))
+
+    def available(self, peer: Hashable) -> float:
+        """What ``peer`` may take of the share now (a member: without end)."""
+        return self._bucket.available() if self._stranger(peer) else float("inf")
 
     def wait(self, cost: float = 1.0) -> float:
         """Seconds until the share holds ``cost`` (0: now)."""

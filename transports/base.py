@@ -67,6 +67,9 @@ class Stream(abc.ABC):
 
 
 StreamHandler = Callable[[Stream], None]
+# Asked for up to ``n`` stream opens by a peer: how many it may make now (charged), and when
+# none, the seconds until it may make one.
+OpenGate = Callable[[int], "tuple[int, float]"]
 
 
 class Connection(abc.ABC):
@@ -161,6 +164,12 @@ class Connection(abc.ABC):
         """What the transport measures of the path, read when asked: ``rtt_ms`` and, where known,
         ``bytes_sent`` / ``bytes_received`` (None: it measures nothing)."""
         return None
+
+    def meter_opens(self, gate: OpenGate) -> bool:
+        """Let the peer open streams only as ``gate`` allows, holding the rest of its bytes
+        unread meanwhile (flow control then slows it at no cost to us). False: this transport
+        cannot, and its owner checks each inbound stream itself."""
+        return False
 
     def probe(self, timeout: float) -> None:
         """Make sure the peer still answers: without any answer within ``timeout`` s the

@@ -165,6 +165,12 @@ class Mux:
         self.local_goaway = False
         self.remote_goaway = False
         self.answered = 0  # bytes of frames queued only to answer the peer (pongs, refusals); the glue resets it
+        # Streams the peer may still open (None: any number). At 0, parsing stops at the next
+        # SYN and what follows is kept unparsed (``held``) until ``grant_opens``: a peer that
+        # opens faster than its budget waits, with its bytes unread, instead of costing work.
+        # (SYNs after the peer's GOAWAY are refused at once, as cheaply, and need no credit.)
+        self.open_credit: int | None = None
+        self.held = False
 
     # -- commands ----------------------------------------------------------------------------------
 
@@ -352,6 +358,12 @@ class Mux:
     def has_data_to_send(self) -> bool:
         return bool(self._out) or bool(self._tail)
 
+    def grant_opens(self, n: int) -> None:
+        """Let the peer open ``n`` more streams; a held parse goes on at the next ``receive_data``
+        (``b""`` will do)."""
+        if self.open_credit is not None:
+            self.open_credit += n
+
     # -- input --------------------------------------------------------------------------------------
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list:
@@ -363,7 +375,10 @@ class Mux:
         events: list = []
         if self._in:
             self._in += data
+            if self.held and self.open_credit is not None and self.open_credit <= 0:
+                return events
             data, self._in = self._in, bytearray()
+        self.held = False
         mv = memoryview(data)
         total = len(mv)
         pos = 0
@@ -377,6 +392,12 @@ class Mux:
                     self._in += mv[pos:]
                     break
                 version, ftype, flags, sid, length = unpack(mv, pos)
+                if flags & F_SYN and ftype <= T_WINDOW and self.open_credit is not None and not self.remote_goaway:
+                    if self.open_credit <= 0:
+                        self.held = True
+                        self._in += mv[pos:]
+                        break
+                    self.open_credit -= 1
                 pos += HEADER_LEN
                 if version != _VERSION:
                     raise ProtocolError(f"mux frame with unknown version {version}")

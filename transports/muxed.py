@@ -17,7 +17,7 @@ from lattica.logging import get_logger
 from lattica.errors import ConnectionClosed, LatticaError, ProtocolError, StreamClosed, StreamReset
 from lattica.identity import PeerId
 from lattica.multiaddr import Multiaddr
-from lattica.transports.base import GOAWAY_ANSWER, PROBE_TIMEOUT, Connection, Stream, StreamHandler
+from lattica.transports.base import GOAWAY_ANSWER, PROBE_TIMEOUT, Connection, OpenGate, Stream, StreamHandler
 from lattica.transports.mux import (
     GOAWAY_NORMAL,
     GOAWAY_PROTOCOL,
@@ -44,6 +44,8 @@ _MAX_ANSWERS = 1024 * 1024  # bytes of pongs and refusals queued while the peer 
 _SPARE_MAX = 1024 * 1024  # a sealed buffer this size or smaller is kept for the next write
 FRAME_TIME = 0.001  # a Noise frame holds what the path carries in this long (frame_limit)
 _FRAME_OVERHEAD = 2 + 16  # a Noise frame's length prefix and tag
+_OPENS_ASKED = 32  # stream opens asked of a metered connection's gate at a time
+_HOLD_MIN = 0.02  # s: the shortest a held connection waits before its gate is asked again
 
 
 def frame_limit(pacing_rate: float | None, mss: float | None) -> int:
@@ -283,6 +285,8 @@ class MuxedConnection(Connection):
         self._rtt_ms: float | None = None
         self._rtt_due = 0.0  # when the mux's round trip and the frame size are next refreshed
         self._frame = MAX_PLAINTEXT  # plaintext bytes per Noise frame (frame_limit)
+        self._gate: OpenGate | None = None
+        self._hold_timer: asyncio.TimerHandle | None = None
         self._keepalive_interval = keepalive_interval
         self._keepalive_timeout = keepalive_timeout
         self._keepalive_handle = (
@@ -440,11 +444,54 @@ class MuxedConnection(Connection):
                 self._last_recv = self._loop.time()
                 events = self._mux.receive_data(data)
         except ProtocolError as e:
-            log.info("closing connection: peer broke the protocol", peer=str(self.remote_peer), reason=str(e))
-            self._mux.go_away(GOAWAY_PROTOCOL)
-            self._flush()
-            self._teardown(f"protocol error: {e}", graceful=True)
+            self._broke_protocol(e)
             return
+        self._dispatch(events)
+        if self._mux.held and self._hold_timer is None and not self._closed:
+            self._on_held()
+
+    def _broke_protocol(self, e: ProtocolError) -> None:
+        log.info("closing connection: peer broke the protocol", peer=str(self.remote_peer), reason=str(e))
+        self._mux.go_away(GOAWAY_PROTOCOL)
+        self._flush()
+        self._teardown(f"protocol error: {e}", graceful=True)
+
+    def meter_opens(self, gate: OpenGate) -> bool:
+        if not callable(getattr(self._writer, "pause_reading", None)):
+            return False
+        self._gate = gate
+        self._mux.open_credit = 0  # (the first SYN asks the gate)
+        return True
+
+    def _on_held(self) -> None:
+        """The peer's next SYN waits for credit: take what the gate allows and parse on, or stop
+        reading the pipe until the gate is asked again."""
+        assert self._gate is not None
+        mux = self._mux
+        while mux.held and not self._closed:
+            n, wait = self._gate(_OPENS_ASKED)
+            if n <= 0:
+                self._writer.pause_reading()  # type: ignore[attr-defined]
+                self._hold_timer = self._loop.call_later(max(wait, _HOLD_MIN), self._unhold)
+                return
+            mux.grant_opens(n)
+            try:
+                events = mux.receive_data(b"")
+            except ProtocolError as e:
+                self._broke_protocol(e)
+                return
+            self._dispatch(events)
+
+    def _unhold(self) -> None:
+        self._hold_timer = None
+        if self._closed:
+            return
+        self._on_held()
+        if self._hold_timer is None and not self._closed:
+            self._writer.resume_reading()  # type: ignore[attr-defined]
+
+    def _dispatch(self, events: list) -> None:
+        """Hand the mux's events to the streams, the handler and the timers."""
         streams = self._streams
         for ev in events:
             t = type(ev)
@@ -597,6 +644,9 @@ class MuxedConnection(Connection):
         log.debug("connection closed", peer=str(self.remote_peer), transport=self.transport, direction=self.direction, reason=reason, streams=len(self._streams))
         if self._keepalive_handle is not None:
             self._keepalive_handle.cancel()
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
         err = ConnectionClosed(f"connection to {self.remote_peer} closed: {reason}")
         for s in list(self._streams.values()) + self._unhandled:
             s._fail(err)

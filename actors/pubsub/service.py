@@ -34,7 +34,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from lattica import codec
-from lattica.budget import Buckets, StrangersShare
+from lattica.budget import Buckets
 from lattica.config import PubSubConfig
 from lattica.errors import ActorNotFound, LatticaError, PermissionDenied, ProtocolError
 from lattica.identity import PeerId, verify_signature
@@ -80,7 +80,7 @@ _FIND_EVERY = (1.0, 60.0)  # first and longest wait between lookups while a topi
 _MESH_TAG = "pubsub mesh"
 _STRANGER_BATCHES = (50.0, 100.0)  # batches a second (and at once) we take from one stranger
 _STRANGERS_BATCHES = (20.0, 40.0)  # ... and from all strangers together (a batch holds up to hundreds of messages)
-_STRANGERS_CHECKS = (1000.0, 2000.0)  # signatures a second we check of messages strangers sent, all together
+_STRANGERS_MESSAGES = (1000.0, 2000.0)  # messages a second we look at of those strangers sent, all together (the rest: dropped unread)
 _FLUSH_WAIT = 2.0  # seconds a stopping node gives its pub-sub batches on the way to arrive
 _FAILED_FOR = 600.0  # seconds a topic provider we could not reach is not tried again
 # direct dials to one IP address for topic providers: anyone may put provider records in the
@@ -221,8 +221,8 @@ class PubSubService:
         self._failed: dict[PeerId, float] = {}  # topic providers we could not reach: when
         self._strangers: set[PeerId] = set()  # router peers outside our mesh: open topics only
         self._stranger_batches = Buckets(*_STRANGER_BATCHES, _KEYS_MAX)
-        self._strangers_batches = StrangersShare(*_STRANGERS_BATCHES, self._sent_as_stranger)
-        self._strangers_checks = StrangersShare(*_STRANGERS_CHECKS, self._sent_as_stranger)
+        self._strangers_batches = Buckets(*_STRANGERS_BATCHES, max_keys=1)  # (all strangers' batches: one bucket)
+        self._strangers_messages = Buckets(*_STRANGERS_MESSAGES, max_keys=1)
         self._dials = Buckets(*_DIALS_PER_IP, _KEYS_MAX)
         self._closed = False
         self.published = self.delivered = self.rejected = self.bundles = self.copies = 0  # copies: items of peers' messages received
@@ -521,10 +521,12 @@ class PubSubService:
         parts about our open topics are looked at."""
         if self._closed or peer not in self.host.conns:
             return
-        if stranger and not (self._stranger_batches.take(peer) and self._strangers_batches.take(peer)):
+        if stranger and not (self._stranger_batches.take(peer) and self._strangers_batches.take()):
             return  # (more than a stranger's share, or than all strangers': dropped unread)
         if self.router.score(peer, self._now()) < self.router.scores.params.graylist_threshold:
             return  # graylisted: not even parsed
+        if stranger:
+            raw = self._strangers_part(peer, raw)
         try:
             rpc = wire.decode(raw, self.cfg.max_message_bytes)
         except ProtocolError:
@@ -622,8 +624,6 @@ class PubSubService:
         """REJECT, or each item's verdict: a list, holding awaitables where an async validator
         is still at work."""
         b: Bundle = env.data
-        if not self._strangers_checks.take(peer):
-            return IGNORE  # (strangers together have had their signature checks this second)
         key = self._key(env.author)
         if key is None or not verify_signature(key, env.signature, b.signed_bytes(env.topic, env.author, env.seqno)):
             return REJECT
@@ -677,9 +677,17 @@ class PubSubService:
                    prune=[(t, b) for t, b in rpc.prune if ok(t)], idontwant=idontwant, choke=[t for t in rpc.choke if ok(t)],
                    unchoke=[t for t in rpc.unchoke if ok(t)])
 
-    def _sent_as_stranger(self, peer: Any) -> bool:
-        """``peer`` (who sent us a message: a PeerId, or None for our own) is outside our mesh."""
-        return peer in self._strangers
+    def _strangers_part(self, peer: PeerId, raw: Any) -> Any:
+        """A stranger's batch with only as many of its messages as the strangers' share has
+        left (the rest dropped before they are decoded, checked or remembered): what all
+        strangers' messages together cost us is bounded, however many identities send them."""
+        if type(raw) is not list or len(raw) < 2 or type(raw[1]) is not list or not raw[1]:
+            return raw  # (nothing to cut; a malformed batch is wire.decode's to refuse)
+        share = self._strangers_messages
+        k = min(len(raw[1]), int(share.available()))
+        if k:
+            share.take(None, k)
+        return raw if k == len(raw[1]) else [raw[0], raw[1][:k], *raw[2:]]
 
     def _is_member(self, author: bytes, certs: Any) -> bool:
         """Whether ``author`` belongs to our mesh, by its certificates (as in identify) or its

@@ -84,6 +84,7 @@ class Connections:
         self._opens_refused: dict[Connection, int] = {}
         self._opened: dict[Connection, int] = {}  # streams the peer opened on each connection, up to FREE_OPENS
         self._banned: dict[PeerId, float] = {}  # peers closed for opening streams without end: until when
+        self._metered: set[Connection] = set()  # connections that hold a peer's opens beyond the gate unread
 
     def add(self, conn: Connection, spare: bool = False) -> None:
         """Start serving a new authenticated connection. The peer's only one is its primary at
@@ -97,6 +98,8 @@ class Connections:
         self.identified[conn] = self.loop.create_future()
         conn.add_close_callback(self._on_closed)
         conn.set_stream_handler(lambda s: self._on_stream(s, conn))
+        if conn.meter_opens(lambda n: self._open_gate(conn, n)):
+            self._metered.add(conn)
         conn.on_going_away = self._on_going_away
         if conn.going_away:  # (the peer said so before we adopted it)
             self._on_going_away(conn)
@@ -212,10 +215,31 @@ class Connections:
         info = self.info.get(conn)
         return info is None or info.circle == "stranger"
 
+    def _open_gate(self, conn: Connection, n: int) -> tuple[int, float]:
+        """How many of ``n`` more streams ``conn``'s peer may open now: its connection's first
+        ``FREE_OPENS`` free (its identify may come after its first streams), then within the
+        connection's budget and, for a stranger, the strangers' share; at none, the seconds
+        until one."""
+        opened = self._opened.get(conn, 0)
+        if opened < FREE_OPENS:
+            self._opened[conn] = FREE_OPENS
+            return FREE_OPENS - opened, 0.0
+        share = self._strangers_opens
+        k = int(min(n, self._opens.available(conn), share.available(conn)))
+        if k <= 0:
+            return 0, max(self._opens.wait(conn), share.wait() if self._from_stranger(conn) else 0.0)
+        self._opens.take(conn, k)
+        share.take(conn, k)
+        return k, 0.0
+
     def _on_stream(self, stream: Stream, conn: Connection) -> None:
         """A stream the peer opened: served within its connection's budget of opens and, for a
         stranger's (past the connection's first ``FREE_OPENS``), the strangers' share; else reset
-        at once, before any work is made for it (a connection that keeps on opening is closed)."""
+        at once, before any work is made for it (a connection that keeps on opening is closed).
+        On a metered connection the gate has had its say already."""
+        if conn in self._metered:
+            self.spawn(self._serve(stream, conn))
+            return
         opened = self._opened.get(conn, 0)
         if opened < FREE_OPENS:
             self._opened[conn] = opened + 1
@@ -236,6 +260,7 @@ class Connections:
         self.all_conns.discard(conn)
         self._opens_refused.pop(conn, None)
         self._opened.pop(conn, None)
+        self._metered.discard(conn)
         self.info.pop(conn, None)
         self.idle_since.pop(conn, None)
         fut = self.identified.pop(conn, None)

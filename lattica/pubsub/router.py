@@ -163,7 +163,14 @@ class GossipParams:
 _PENDING, _ACCEPTED, _REJECTED, _IGNORED = range(4)
 
 
+_NOBODY: frozenset = frozenset()
+
+
 class _Seen:
+    """What we know of one message id. Its sets of peers start as one shared empty set and
+    become a set of their own at their first peer: the cache holds up to ``seen_max`` entries,
+    most of which never name anyone (a third of the memory per entry, and a flood's worth)."""
+
     __slots__ = ("at", "state", "topic", "source", "have", "sent_to", "told", "flooded")
 
     def __init__(self, at: float, topic: str, source: Hashable | None) -> None:
@@ -172,9 +179,24 @@ class _Seen:
         self.topic = topic
         self.source = source
         self.flooded = False  # the author sent it to us itself, and said so: no mesh peer forwards it to us
-        self.have: set[Hashable] = set()  # peers that sent it to us
-        self.sent_to: set[Hashable] = set()  # peers we sent it to
-        self.told: set[Hashable] = set()  # peers that said IDONTWANT (have it, or will soon)
+        self.have: set[Hashable] | frozenset = _NOBODY  # peers that sent it to us
+        self.sent_to: set[Hashable] | frozenset = _NOBODY  # peers we sent it to
+        self.told: set[Hashable] | frozenset = _NOBODY  # peers that said IDONTWANT (have it, or will soon)
+
+    def had_from(self, peer: Hashable) -> None:
+        if self.have is _NOBODY:
+            self.have = set()
+        self.have.add(peer)  # type: ignore[union-attr]
+
+    def sent(self, peer: Hashable) -> None:
+        if self.sent_to is _NOBODY:
+            self.sent_to = set()
+        self.sent_to.add(peer)  # type: ignore[union-attr]
+
+    def was_told(self, peer: Hashable) -> None:
+        if self.told is _NOBODY:
+            self.told = set()
+        self.told.add(peer)  # type: ignore[union-attr]
 
 
 class Router:
@@ -299,7 +321,8 @@ class Router:
         targets = planned[2] if planned is not None and planned[:2] == (msg.topic, now) else self._publish_targets(msg.topic, now)
         for peer in targets:
             self._out(peer).messages.append(msg)
-        entry.sent_to |= targets
+        if targets:
+            entry.sent_to = set(targets) | entry.sent_to  # (a set of its own: see _Seen)
         return len(targets)
 
     def topic_of(self, mid: bytes) -> str | None:
@@ -375,7 +398,7 @@ class Router:
                     self._announce.setdefault(peer, {}).setdefault(topic, []).append(msg.id)
                 else:
                     self._out(peer).messages.append(msg)
-                    entry.sent_to.add(peer)
+                    entry.sent(peer)
         elif verdict == REJECT:
             entry.state = _REJECTED
             for peer in entry.have:
@@ -436,7 +459,7 @@ class Router:
         if entry is not None:
             if peer in entry.have:
                 return  # the same copy again from the same peer: no credit, no penalty twice
-            entry.have.add(peer)
+            entry.had_from(peer)
             if entry.state == _REJECTED:
                 self.scores.invalid(peer, msg.topic)
             elif entry.state == _ACCEPTED and not entry.flooded and (peer not in entry.sent_to or now - entry.at < self._rtt.get(peer, self.p.near_first_window)):
@@ -455,7 +478,7 @@ class Router:
         if mesh is None:
             return  # not ours to check or pass on (a peer's fanout reached us): not even remembered
         entry = self._remember(mid, now, msg.topic, peer)
-        entry.have.add(peer)
+        entry.had_from(peer)
         self._messages[mid] = msg
         self._to_validate.append((msg, peer))
         if msg.size >= self.p.idontwant_min_bytes:  # (GossipSub v1.2) the mesh need not send it to us now
@@ -566,7 +589,7 @@ class Router:
                 continue
             entry = self._seen.get(mid)
             if entry is not None:
-                entry.told.add(peer)
+                entry.was_told(peer)
                 continue
             peers = self._dont.get(mid)
             if peers is None:
@@ -649,7 +672,7 @@ class Router:
             out.messages.append(msg)
             entry = self._seen.get(mid)
             if entry is not None:
-                entry.sent_to.add(peer)
+                entry.sent(peer)
 
     # -- the heartbeat --------------------------------------------------------------------------
 

@@ -429,3 +429,49 @@ def test_a_stream_opened_while_the_budget_is_spent_gets_its_window_once_it_frees
         pump(s, c)
         moved += n
     assert moved > 4 * PROTOCOL_WINDOW and c.send_window(late) == 4 * MiB
+
+
+def test_opens_beyond_the_credit_are_held_unparsed_until_granted():
+    """A peer may open only as many streams as granted: at the next SYN parsing stops, and
+    everything after it (other streams' data included) waits, in order, until more credit."""
+    a, b = pair()
+    b.open_credit = 2
+    sids = [a.open_stream() for _ in range(5)]
+    for sid in sids:
+        a.send_data(sid, b"x%d" % sid)
+    ev = pump(a, b)
+    assert [e.stream_id for e in of(ev, StreamOpened)] == sids[:2] and b.held
+    assert b.open_credit == 0
+    assert b.receive_data(b"") == [] and b.held, "no credit: still held"
+    a.send_data(sids[0], b"later")
+    assert pump(a, b) == [], "bytes arriving while held wait behind the held SYN"
+    b.grant_opens(2)
+    ev = b.receive_data(b"")
+    assert [e.stream_id for e in of(ev, StreamOpened)] == sids[2:4] and b.held
+    b.grant_opens(10)
+    ev = b.receive_data(b"")
+    assert [e.stream_id for e in of(ev, StreamOpened)] == sids[4:] and not b.held
+    got = {}
+    for e in of(ev, DataReceived):
+        got[e.stream_id] = got.get(e.stream_id, b"") + e.data
+    want = {sid: b"x%d" % sid for sid in sids}
+    want[sids[0]] += b"later"
+    assert got == want, "the data held behind the SYNs came in order, nothing lost"
+    assert b.open_credit == 9
+
+
+def test_without_credit_metering_opens_are_not_counted():
+    a, b = pair()
+    for _ in range(50):
+        a.open_stream()
+    assert len(of(pump(a, b), StreamOpened)) == 50 and not b.held and b.open_credit is None
+
+
+def test_syns_after_the_peers_goaway_are_refused_without_credit():
+    a, b = pair()
+    b.open_credit = 0
+    a.go_away()
+    assert of(pump(a, b), GoAwayReceived)
+    syns = b"".join(HDR.pack(0, T_WINDOW, F_SYN, 2 * i + 1001, 0) for i in range(10))
+    ev = b.receive_data(syns)
+    assert len(of(ev, StreamRefused)) == 10 and not b.held

@@ -257,12 +257,13 @@ class Trust:
             return Verdict(MEMBER, "the mesh is open")
         return Verdict(STRANGER, why)
 
-    def certificate(self, now: float) -> Certificate | None:
-        """Our live certificate of the first mesh we belong to (what scoped DHT keys are kept
-        under), or None in no mesh or an open one (then the plain keys)."""
-        if self.open:
+    def certificate(self, now: float, mesh: bytes | None = None) -> Certificate | None:
+        """Our live certificate of ``mesh`` or, without one, of the first mesh we belong to (what
+        scoped DHT keys are kept under); None if we hold none (an open mesh: the plain keys)."""
+        if self.open and mesh is None:
             return None
-        return next((c for c in self.certificates if c.mesh in self.meshes and c.peer == self.me and c.expires > now), None)
+        meshes = self.meshes if mesh is None else (mesh,)
+        return next((c for c in self.certificates if c.mesh in meshes and c.peer == self.me and c.expires > now), None)
 
     def describe(self) -> str:
         """One line for humans (``lattica doctor``)."""

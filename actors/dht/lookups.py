@@ -347,9 +347,10 @@ class DhtLookups(DhtState):
 
         await self._run(lk, "get_providers", (cid,), parse, lambda: len(found) >= count)
         self.stats.append(LookupStats("providers", lk.rounds, lk.queried))
-        ours = [p for p in found if self.is_member(p)]
-        theirs = [p for p in found if p in vouched and p not in ours]
-        others = [p for p in found if p not in vouched and not self.is_member(p)]
+        member = {p: self.is_member(p) for p in found}
+        ours = [p for p in found if member[p]]
+        theirs = [p for p in found if p in vouched and not member[p]]
+        others = [p for p in found if p not in vouched and not member[p]]
         random.shuffle(others)
         result = (ours + theirs + others)[:count]
         for p in result:

@@ -116,9 +116,9 @@ class DhtUpkeep(DhtLookups):
         cert = b""
         scope = scope_of(cid)
         if scope is not None:  # (a mesh's own key: our certificate of it comes with the record)
-            mine = next((c for c in self.host.trust.certificates if c.mesh == scope[0] and c.peer == self.peer_id), None)
+            mine = self.host.trust.certificate(time.time(), scope[0])
             if mine is None:
-                raise StoreFailed(f"this node is not a member of the mesh {cid[:80]!r} is scoped to")
+                raise StoreFailed(f"this node holds no live certificate of the mesh {cid[:80]!r} is scoped to")
             cert = mine.to_bytes()
             args += (cert,)
         return await self.store_on_closest(

@@ -143,6 +143,10 @@ class PubSubConfig(ValueClass):
     # topics strangers may join, publish to and read through us ("name", or "prefix*"): their
     # authors need not be members; nothing else of ours reaches a stranger (docs/pubsub.md)
     open_topics: tuple[str, ...] = ()
+    # messages (bundles) of the open topics that all strangers together may make us check, pass on
+    # and deliver per second, twice that at once; beyond, dropped unread (what a flood under many
+    # identities costs us; a node serving a busy public topic raises it)
+    strangers_messages: float = 250.0
     # find the topic's other subscribers through the DHT (provider records under the topic's key)
     # and connect to some while fewer than d_lo are known; off: only peers connected otherwise
     discover: bool = True

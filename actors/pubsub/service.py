@@ -80,7 +80,6 @@ _FIND_EVERY = (1.0, 60.0)  # first and longest wait between lookups while a topi
 _MESH_TAG = "pubsub mesh"
 _STRANGER_BATCHES = (50.0, 100.0)  # batches a second (and at once) we take from one stranger
 _STRANGERS_BATCHES = (20.0, 40.0)  # ... and from all strangers together (a batch holds up to hundreds of messages)
-_STRANGERS_MESSAGES = (1000.0, 2000.0)  # messages a second we look at of those strangers sent, all together (the rest: dropped unread)
 _FLUSH_WAIT = 2.0  # seconds a stopping node gives its pub-sub batches on the way to arrive
 _FAILED_FOR = 600.0  # seconds a topic provider we could not reach is not tried again
 # direct dials to one IP address for topic providers: anyone may put provider records in the
@@ -222,7 +221,8 @@ class PubSubService:
         self._strangers: set[PeerId] = set()  # router peers outside our mesh: open topics only
         self._stranger_batches = Buckets(*_STRANGER_BATCHES, _KEYS_MAX)
         self._strangers_batches = Buckets(*_STRANGERS_BATCHES, max_keys=1)  # (all strangers' batches: one bucket)
-        self._strangers_messages = Buckets(*_STRANGERS_MESSAGES, max_keys=1)
+        rate = max(self.cfg.strangers_messages, 0.0)
+        self._strangers_messages = Buckets(rate, max(2 * rate, 1.0), max_keys=1)  # (PubSubConfig.strangers_messages)
         self._dials = Buckets(*_DIALS_PER_IP, _KEYS_MAX)
         self._closed = False
         self.published = self.delivered = self.rejected = self.bundles = self.copies = 0  # copies: items of peers' messages received

@@ -27,7 +27,7 @@ from lattica.multiaddr import Multiaddr
 
 if TYPE_CHECKING:
     from lattica.hostview import HostView
-    from lattica.node import _Host
+    from lattica.host.host import Host
 
 log = get_logger("lattica.mdns")
 
@@ -218,7 +218,7 @@ class _Datagrams(asyncio.DatagramProtocol):
 class MdnsService:
     """Runs ``MdnsProtocol`` on the node loop and dials the peers it finds."""
 
-    def __init__(self, host: _Host, interval: float = 60.0, port: int = PORT) -> None:
+    def __init__(self, host: Host, interval: float = 60.0, port: int = PORT) -> None:
         self.host: HostView = host
         self.proto = MdnsProtocol(host.peer_id)
         self.interval = interval

@@ -33,7 +33,7 @@ from lattica.transports.circuit import HOP, circuit_addr
 from lattica.valueclass import ValueClass
 
 if TYPE_CHECKING:
-    from lattica.node import _Host
+    from lattica.host.host import Host
     from lattica.transports.base import Connection, Stream
 
 log = get_logger("lattica.nat")
@@ -82,7 +82,7 @@ class _Relay(Slotted):
 
 
 class NatManager:
-    def __init__(self, host: _Host, config: NatConfig | None = None) -> None:
+    def __init__(self, host: Host, config: NatConfig | None = None) -> None:
         self.host = host
         self.cfg = config or NatConfig()
         self.status = NatStatus()

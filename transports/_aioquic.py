@@ -1,6 +1,6 @@
 """Every use of aioquic's private API, in one place (checked against aioquic 1.7.2).
 
-``transports/quic.py`` talks to aioquic through the documented ``QuicConnection`` methods and
+``transports/quic/`` talks to aioquic through the documented ``QuicConnection`` methods and
 the helpers below. Each private attribute or method used here carries a comment saying why it is
 needed; ``check_compat()`` runs at import and fails loudly (ImportError) if a future aioquic
 renamed something, instead of misbehaving at run time.
@@ -338,7 +338,7 @@ class LatticaQuicConnection(QuicConnection):
         self._peer_max_payload = 65527  # RFC 9000 18.2: the default when a peer sends none
         if self._max_datagram_size > HANDSHAKE_DATAGRAM:
             self._full_datagram, self._max_datagram_size = self._max_datagram_size, HANDSHAKE_DATAGRAM
-        # Receive credit book-keeping, written by transports/quic.py:
+        # Receive credit book-keeping, written by transports/quic/connection.py and stream.py:
         #   rx_stream_limit[stream_id]: the MAX_STREAM_DATA we want to advertise (read + window);
         #   rx_unread: bytes handed to stream buffers that the application has not read yet.
         self.rx_stream_limit: dict[int, int] = {}
@@ -373,7 +373,7 @@ class LatticaQuicConnection(QuicConnection):
             # make the server send a CertificateRequest is this flag ("for test purposes only" in
             # aioquic). The client answers with its certificate because configuration.certificate
             # and private_key are set. An empty client Certificate is accepted by aioquic, which is
-            # why quic.py rejects a missing peer certificate itself.
+            # why transports/quic/connection.py rejects a missing peer certificate itself.
             self.tls._request_client_certificate = True
 
     def peer_certificate_chain(self) -> list:
@@ -447,7 +447,7 @@ class LatticaQuicConnection(QuicConnection):
         # PRIVATE override (aioquic 1.7.2 QuicConnection._write_stream_limits): aioquic doubles
         # stream.max_stream_data_local whenever the peer has sent past half of it, regardless of
         # what the application consumed — unbounded memory if the app stops reading. We advertise
-        # exactly what transports/quic.py asked for (bytes read + window) and otherwise keep the
+        # exactly what transports/quic/ asked for (bytes read + window) and otherwise keep the
         # frame encoding and delivery handler of aioquic's own implementation.
         target = self.rx_stream_limit.get(stream.stream_id)
         if target is not None and target > stream.max_stream_data_local:

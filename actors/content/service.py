@@ -10,7 +10,7 @@ holds). A peer has at most ``serve_per_peer`` answers being read at once and all
 be sent; one answer carries at most ``max_request_blocks`` blocks and ``max_request_bytes``: what
 a peer can make us hold is bounded, however many CIDs it names and however slowly it reads.
 
-Fetching (:class:`_Fetch`): the providers come from the peers we are connected to, the DHT and
+Fetching (``Fetch``, ``actors/content/fetch.py``): the providers come from the peers we are connected to, the DHT and
 the swarms they know; ``lattica.content.session.FetchSession`` decides whom to ask for what,
 ``lattica.content.unixfs.Walker`` checks every block against its CID and its parent and names
 the next ones. Every verified block goes to the blockstore at once (served from there while the

@@ -2,7 +2,7 @@
 
 Why one socket: hole punching needs our outbound QUIC packets to leave from the port we listen
 on, so that a NAT mapping created by the dial is the one the peer was told about. Each UDP socket
-is an ``_Endpoint`` that routes datagrams to connections by destination connection ID; a dial
+is an ``Endpoint`` (``endpoint.py``) that routes datagrams to connections by destination connection ID; a dial
 uses the listening endpoint of its address family when there is one.
 
 Authentication follows the libp2p TLS spec (see ``tlscert.py``): both sides present a

@@ -7,6 +7,8 @@ import asyncio
 import os
 import time
 
+from typing import Callable
+
 from lattica.errors import ProtocolError
 from lattica.transports.base import Stream
 
@@ -20,9 +22,11 @@ _BACKLOG = 4096  # echoes unsent beyond this: the peer is not taking them (a seq
 _BATCH = 4  # pings echoed between turns of the loop when they come faster than one per turn
 
 
-async def serve(stream: Stream) -> None:
+async def serve(stream: Stream, turn: Callable[[], float] | None = None) -> None:
     """Echo 32-byte pings until the peer closes the stream, leaves it idle, or leaves its echoes
-    unsent for DRAIN_TIMEOUT (then the stream is reset: its unread pings are dropped)."""
+    unsent for DRAIN_TIMEOUT (then the stream is reset: its unread pings are dropped). ``turn``
+    (a stranger's stream): before each echo, 0 if it may go now (charged to a share it has with
+    others), else the seconds to wait; meanwhile nothing more of the stream is read."""
     loop = asyncio.get_running_loop()
     stalled_at: float | None = None  # when the unsent echoes last grew past _BACKLOG
     echoed = 0
@@ -38,6 +42,9 @@ async def serve(stream: Stream) -> None:
         if not data:
             await stream.close()
             return
+        if turn is not None:
+            while (wait := turn()) > 0:
+                await asyncio.sleep(wait)
         stream.write(data)
         echoed += 1
         if not echoed % _BATCH:  # pings already buffered: let the loop run (and send the echoes)

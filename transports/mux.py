@@ -39,6 +39,7 @@ F_SYN, F_ACK, F_FIN, F_RST = 1, 2, 4, 8
 GOAWAY_NORMAL, GOAWAY_PROTOCOL, GOAWAY_INTERNAL = 0, 1, 2
 PROTOCOL_WINDOW = 256 * 1024  # yamux's initial window; every stream starts with it
 _BY_REFERENCE = 16 * 1024  # payloads this large are queued as views, smaller ones copied
+MAX_OPENS_AFTER_GOAWAY = 64  # SYNs after the peer's own GOAWAY refused before it counts as a protocol error
 _TUNE_MIN_RTT = 0.001  # s: below this, ``window`` already covers gigabytes per second: no tuning
 
 
@@ -168,9 +169,11 @@ class Mux:
         # Streams the peer may still open (None: any number). At 0, parsing stops at the next
         # SYN and what follows is kept unparsed (``held``) until ``grant_opens``: a peer that
         # opens faster than its budget waits, with its bytes unread, instead of costing work.
-        # (SYNs after the peer's GOAWAY are refused at once, as cheaply, and need no credit.)
+        # (SYNs after the peer's GOAWAY are refused at once and need no credit: past
+        # MAX_OPENS_AFTER_GOAWAY of them the connection is closed for breaking the protocol.)
         self.open_credit: int | None = None
         self.held = False
+        self._after_goaway = 0  # SYNs the peer sent after its GOAWAY (refused; past a few, a violation)
 
     # -- commands ----------------------------------------------------------------------------------
 
@@ -358,6 +361,11 @@ class Mux:
     def has_data_to_send(self) -> bool:
         return bool(self._out) or bool(self._tail)
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes received and kept unparsed (behind a held SYN, or a partial header)."""
+        return len(self._in)
+
     def grant_opens(self, n: int) -> None:
         """Let the peer open ``n`` more streams; a held parse goes on at the next ``receive_data``
         (``b""`` will do)."""
@@ -463,6 +471,9 @@ class Mux:
             if st is not None or sid == 0 or sid % 2 != self._peer_parity:
                 raise ProtocolError(f"peer opened stream {sid}, which is in use or not its id")
             if self.remote_goaway:  # (it said it would open no more: streams sent before that are taken)
+                self._after_goaway += 1
+                if self._after_goaway > MAX_OPENS_AFTER_GOAWAY:
+                    raise ProtocolError(f"the peer opened over {MAX_OPENS_AFTER_GOAWAY} streams after its GOAWAY")
                 self._frame(T_WINDOW, F_RST, sid, 0)
                 self.answered += HEADER_LEN
                 events.append(StreamRefused(sid, "the peer opened a stream after its GOAWAY"))

@@ -46,6 +46,7 @@ FRAME_TIME = 0.001  # a Noise frame holds what the path carries in this long (fr
 _FRAME_OVERHEAD = 2 + 16  # a Noise frame's length prefix and tag
 _OPENS_ASKED = 32  # stream opens asked of a metered connection's gate at a time
 _HOLD_MIN = 0.02  # s: the shortest a held connection waits before its gate is asked again
+_HELD_UNGATED = 1024 * 1024  # bytes held behind a SYN before there is a gate: past this the socket waits unread
 
 
 def frame_limit(pacing_rate: float | None, mss: float | None) -> int:
@@ -251,11 +252,14 @@ class MuxedConnection(Connection):
         keepalive_timeout: float = 30.0,
         writer_lets_go: bool = False,
         plain: PlainBuffer | None = None,
+        hold_opens: bool = False,
     ) -> None:
         """``writer_lets_go``: the writer keeps no reference to written data once its write buffer
         is empty (an asyncio socket transport), so a sealed buffer it has fully taken is reused.
         ``plain``: where received frames are opened, shared by the connections of one loop (each
-        read is parsed before the next; see ``NoiseSession.open_frames``)."""
+        read is parsed before the next; see ``NoiseSession.open_frames``). ``hold_opens``: the
+        peer's stream opens wait unparsed, its socket unread, until ``meter_opens`` gives a gate
+        (a writer that can pause reading: the owner meters every open, its first ones too)."""
         self._loop = asyncio.get_running_loop()
         self._writer = writer
         self._reuse = writer_lets_go and session is not None
@@ -287,6 +291,10 @@ class MuxedConnection(Connection):
         self._frame = MAX_PLAINTEXT  # plaintext bytes per Noise frame (frame_limit)
         self._gate: OpenGate | None = None
         self._hold_timer: asyncio.TimerHandle | None = None
+        self._reading_paused = False  # (by us: the peer's opens wait for the gate)
+        self._refusals_logged = 0
+        if hold_opens and callable(getattr(writer, "pause_reading", None)):
+            self._mux.open_credit = 0
         self._keepalive_interval = keepalive_interval
         self._keepalive_timeout = keepalive_timeout
         self._keepalive_handle = (
@@ -460,18 +468,24 @@ class MuxedConnection(Connection):
         if not callable(getattr(self._writer, "pause_reading", None)):
             return False
         self._gate = gate
-        self._mux.open_credit = 0  # (the first SYN asks the gate)
+        if self._mux.open_credit is None:
+            self._mux.open_credit = 0  # (the first SYN asks the gate)
+        elif self._mux.held and self._hold_timer is None:  # (opens came before the gate)
+            self._hold_timer = self._loop.call_soon(self._unhold)  # type: ignore[assignment]
         return True
 
     def _on_held(self) -> None:
         """The peer's next SYN waits for credit: take what the gate allows and parse on, or stop
-        reading the pipe until the gate is asked again."""
-        assert self._gate is not None
+        reading the pipe until the gate is asked again (or given: none yet)."""
         mux = self._mux
         while mux.held and not self._closed:
+            if self._gate is None:  # (not adopted yet: its owner gives one soon, or never, as a bare dial's)
+                if mux.held_bytes > _HELD_UNGATED:
+                    self._pause_reading()
+                return
             n, wait = self._gate(_OPENS_ASKED)
             if n <= 0:
-                self._writer.pause_reading()  # type: ignore[attr-defined]
+                self._pause_reading()
                 self._hold_timer = self._loop.call_later(max(wait, _HOLD_MIN), self._unhold)
                 return
             mux.grant_opens(n)
@@ -482,12 +496,18 @@ class MuxedConnection(Connection):
                 return
             self._dispatch(events)
 
+    def _pause_reading(self) -> None:
+        if not self._reading_paused:
+            self._reading_paused = True
+            self._writer.pause_reading()  # type: ignore[attr-defined]
+
     def _unhold(self) -> None:
         self._hold_timer = None
         if self._closed:
             return
         self._on_held()
-        if self._hold_timer is None and not self._closed:
+        if self._hold_timer is None and not self._closed and not self._mux.held and self._reading_paused:
+            self._reading_paused = False
             self._writer.resume_reading()  # type: ignore[attr-defined]
 
     def _dispatch(self, events: list) -> None:
@@ -525,7 +545,9 @@ class MuxedConnection(Connection):
                 if ev.opaque:  # (keepalive pings carry 0: any received bytes already refreshed _last_recv)
                     self._pong(ev.opaque)
             elif t is StreamRefused:
-                log.info("refused inbound stream", peer=str(self.remote_peer), reason=ev.reason)
+                self._refusals_logged += 1
+                if self._refusals_logged == 1:  # (once a connection: a flood of them costs no more than the refusals)
+                    log.info("refusing inbound streams", peer=str(self.remote_peer), reason=ev.reason)
             elif t is GoAwayReceived:
                 log.debug("peer is going away", peer=str(self.remote_peer), code=ev.code)
                 self.ended_cleanly = ev.code == GOAWAY_NORMAL

@@ -80,7 +80,7 @@ class Connections:
         self.protected: dict[PeerId, set[str]] = {}  # peers whose idle connections stay open, and why
         self.unsettled: set[Connection] = set()  # beside a primary, waiting for their peer's identify
         self._opens = Buckets(*STREAM_OPENS, max_keys=4096)  # by connection
-        self._strangers_opens = StrangersShare(*STRANGERS_OPENS, self._from_stranger)
+        self._strangers_opens = StrangersShare(*STRANGERS_OPENS, self.from_stranger)
         self._opens_refused: dict[Connection, int] = {}
         self._opened: dict[Connection, int] = {}  # streams the peer opened on each connection, up to FREE_OPENS
         self._banned: dict[PeerId, float] = {}  # peers closed for opening streams without end: until when
@@ -97,9 +97,12 @@ class Connections:
         self.idle_since[conn] = self.loop.time()
         self.identified[conn] = self.loop.create_future()
         conn.add_close_callback(self._on_closed)
-        conn.set_stream_handler(lambda s: self._on_stream(s, conn))
         if conn.meter_opens(lambda n: self._open_gate(conn, n)):
             self._metered.add(conn)
+        conn.set_stream_handler(lambda s: self._on_stream(s, conn))
+        if conn.is_closed:  # (its streams so far were refused past its budget: closed meanwhile)
+            self._on_closed(conn)
+            return
         conn.on_going_away = self._on_going_away
         if conn.going_away:  # (the peer said so before we adopted it)
             self._on_going_away(conn)
@@ -211,7 +214,8 @@ class Connections:
             return False
         return until is not None
 
-    def _from_stranger(self, conn: Connection) -> bool:
+    def from_stranger(self, conn: Connection) -> bool:
+        """``conn``'s peer is outside our mesh, or has not identified on it yet."""
         info = self.info.get(conn)
         return info is None or info.circle == "stranger"
 
@@ -227,7 +231,7 @@ class Connections:
         share = self._strangers_opens
         k = int(min(n, self._opens.available(conn), share.available(conn)))
         if k <= 0:
-            return 0, max(self._opens.wait(conn), share.wait() if self._from_stranger(conn) else 0.0)
+            return 0, max(self._opens.wait(conn), share.wait() if self.from_stranger(conn) else 0.0)
         self._opens.take(conn, k)
         share.take(conn, k)
         return k, 0.0
@@ -237,6 +241,8 @@ class Connections:
         stranger's (past the connection's first ``FREE_OPENS``), the strangers' share; else reset
         at once, before any work is made for it (a connection that keeps on opening is closed).
         On a metered connection the gate has had its say already."""
+        if conn.is_closed:
+            return
         if conn in self._metered:
             self.spawn(self._serve(stream, conn))
             return

@@ -45,6 +45,7 @@ StreamProtocolHandler = Callable[[Stream, Connection], Awaitable[None]]
 
 _MAX_PROTOCOL_NAME = 128
 _STOP_GRACE = 2.0  # seconds stop() gives all connections together to close gracefully
+STRANGERS_PINGS = (1000.0, 2000.0)  # pings a second (and at once) we echo for all strangers together
 _MAX_KNOWN_PEERS = 4096  # address book entries; the oldest unconnected peers are forgotten first
 _MAX_ADDRS_PER_PEER = 32
 # identify pushes a peer may make once its connection is identified (addresses change seldom):
@@ -116,7 +117,8 @@ class Host:
         self.nat: NatManager | None = None
         self.mdns: Any = None  # lattica.mdns.MdnsService on a LAN
         self.handlers[identify.PROTOCOL] = self._on_identify
-        self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s)
+        self._strangers_pings = Buckets(*STRANGERS_PINGS, max_keys=1)
+        self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s, lambda: self._ping_turn(c))
         self.handlers[circuit.STOP] = self._on_stop
 
     @property
@@ -601,6 +603,13 @@ class Host:
                         break
 
     # -- what the Node facade asks ---------------------------------------------------------------
+
+    def _ping_turn(self, conn: Connection) -> float:
+        """Before echoing a ping on ``conn``: 0, now (a member's, or within the share of pings all
+        strangers together get), else the seconds to wait (the stream is not read meanwhile)."""
+        if not self.connections.from_stranger(conn) or self._strangers_pings.take():
+            return 0.0
+        return self._strangers_pings.wait()
 
     async def ping(self, peer: PeerId, count: int, timeout: float) -> list[float]:
         async def run() -> list[float]:

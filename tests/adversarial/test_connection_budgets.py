@@ -442,3 +442,48 @@ def test_a_member_connecting_while_strangers_spent_the_stream_share_gets_in():
                 member.connect(node.addrs[0])
                 assert member.ping(node.peer_id) > 0
                 assert call_as(member, dht_ref(node.peer_id), "ping", timeout=10) is True
+
+
+def test_opens_sent_with_the_handshake_are_metered_and_closed_connections_leave_nothing():
+    """Fresh identities that write thousands of SYN|RST frames right behind their handshake:
+    those opens wait for the budget like any, and nothing of a closed connection is left in the
+    node's tables. (In a hostile review, such SYNs that arrived before the node adopted the
+    connection were parsed unmetered and refused, the connection aborted in the middle of its
+    adoption and kept for good: 6 MB a second of memory with no ceiling. Whether they arrive
+    before adoption here is up to timing; ``test_muxed_buffers`` holds that case for certain.)"""
+    from lattica.host.connections import FREE_OPENS, STRANGERS_OPENS
+    from lattica.transports.mux import F_RST, F_SYN, FRAME_HEADER, T_WINDOW
+
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=MeshKey.generate()) as node:
+        cm = node._host.connections
+        served = []
+        serve = cm._serve
+
+        def counted(stream, conn):
+            served.append(1)
+            return serve(stream, conn)
+
+        cm._serve = counted
+
+        async def flood():
+            transports, conns = [], []
+            t0 = time.monotonic()
+            syns = b"".join(FRAME_HEADER.pack(0, T_WINDOW, F_SYN | F_RST, 2 * i + 1, 0) for i in range(20_000))
+            for _ in range(12):
+                t = TcpTransport(lattica.KeyPair.generate())
+                conn = await t.dial(node.addrs[0])
+                conn._mux._tail += syns  # (in the first write behind the handshake)
+                conn._flush()
+                transports.append(t)
+                conns.append(conn)
+            await asyncio.sleep(0.5)
+            took = time.monotonic() - t0
+            for t in transports:
+                await t.close()
+            return took
+
+        took = asyncio.run(flood())
+        rate, burst = STRANGERS_OPENS
+        assert len(served) <= 12 * FREE_OPENS + burst + rate * took + 12 * 32, (len(served), took)
+        assert wait_for(lambda: not cm.all_conns, timeout=10), len(cm.all_conns)
+        assert not cm.conns and not cm._metered and not cm._opened and not cm._opens_refused, (cm.conns, len(cm._metered), len(cm._opened))

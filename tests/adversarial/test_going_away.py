@@ -377,7 +377,14 @@ def test_many_identities_going_away_stay_within_max_connections_and_a_member_get
             assert table(node)["all"] <= 10
 
 
-def test_syns_after_the_peers_own_goaway_are_refused_and_cheap():
+@pytest.mark.parametrize("n", [16, 20_000])
+def test_syns_after_the_peers_own_goaway_are_refused_then_the_connection_closed(n):
+    """SYNs after the peer's own GOAWAY are answered with RST, without credit and without being
+    served; a few (a peer's mistake) leave the connection open, a flood of them (issue 46: one
+    identity pegged the victim's loop, 34x an honest member's ping) closes it as a protocol
+    violation."""
+    from lattica.transports.mux import MAX_OPENS_AFTER_GOAWAY
+
     sid_of_burst = 100_001  # (odd: ours; far from the ids our own mux hands out)
     with lattica.Node([TCP], membership=False, drain_grace=20) as node:
 
@@ -386,21 +393,23 @@ def test_syns_after_the_peers_own_goaway_are_refused_and_cheap():
             p.open_stream(PING)  # (keeps the connection from draining at once)
             p.go_away(0)
             await until(lambda: p.goaway_codes, 2)
-            cpu0 = time.process_time()
-            n = 20_000
             burst = b"".join(frame(T_WINDOW, F_SYN, sid_of_burst + 2 * i, 0) for i in range(n))
             p.send_plain(burst)
             await p.writer.drain()
+            if n > MAX_OPENS_AFTER_GOAWAY:
+                return None, p, await until(lambda: p.closed.is_set(), 5)
             sid = p.open_stream(PING, b"z" * 32)  # one more, with a ping in it
             refused = await until(lambda: "StreamWasReset" in p.stream_events(sid), 5)
-            return refused, p, time.process_time() - cpu0, p.closed.is_set()
+            return refused, p, p.closed.is_set()
 
-        refused, p, cpu, cut_off = asyncio.run(main())
-        assert p.error is None, p.error
-        assert refused, "a SYN after the peer's own GOAWAY is answered with RST"
+        refused, p, cut_off = asyncio.run(main())
         assert "DataReceived" not in p.stream_events(sid_of_burst)  # none was served
-        assert not cut_off  # refusals are not a protocol error
-        assert cpu < 5.0, cpu  # (both ends in this process: ~1.4 us a SYN at the victim)
+        if n > MAX_OPENS_AFTER_GOAWAY:
+            assert cut_off, "a flood of SYNs after its GOAWAY closes the connection"
+        else:
+            assert p.error is None, p.error
+            assert refused, "a SYN after the peer's own GOAWAY is answered with RST"
+            assert not cut_off  # a few refusals are not a protocol error
         with lattica.Node([]) as honest:
             honest.connect(node.addrs[0])
             assert honest.ping(node.peer_id) > 0

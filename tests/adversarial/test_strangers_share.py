@@ -161,3 +161,55 @@ def test_messages_strangers_send_cost_at_most_the_strangers_signature_checks(mon
                 got = sub.get(timeout=10).data
         finally:
             s.stop()
+
+
+def test_strangers_pings_share_one_budget_and_a_members_pings_go_on():
+    """Two strangers pipeline pings on two streams each as fast as the node echoes them (one
+    identity pegged the victim's loop: echoing had no strangers' share): together they get the
+    strangers' share of echoes, and a member's pings are answered meanwhile."""
+    from lattica import ping
+    from lattica.host.host import STRANGERS_PINGS
+
+    key = MeshKey.generate()
+    with lattica.Node([TCP], mesh=key) as victim, lattica.Node([TCP], mesh=key) as member:
+        member.connect(victim.addrs[0])
+        strangers = _strangers(2, victim)
+        try:
+
+            async def flood(s: lattica.Node, until: float) -> int:
+                stream = await s._host.open_stream(victim.peer_id, ping.PROTOCOL)
+                echoed = 0
+
+                async def reader() -> None:
+                    nonlocal echoed
+                    while True:
+                        data = await stream.read(65536)
+                        if not data:
+                            return
+                        echoed += len(data) // 32
+
+                task = asyncio.ensure_future(reader())
+                while time.monotonic() < until:
+                    stream.write(b"p" * 32 * 64)
+                    await stream.drain()
+                    await asyncio.sleep(0.001)
+                task.cancel()
+                stream.reset()
+                return echoed
+
+            t0 = time.monotonic()
+            until = t0 + 2.0
+            import concurrent.futures
+
+            with concurrent.futures.ThreadPoolExecutor(4) as ex:
+                jobs = [ex.submit(s.run, flood(s, until), 30) for s in strangers for _ in range(2)]
+                rtts = [member.ping(victim.peer_id) for _ in range(5)]
+                echoed = sum(j.result() for j in jobs)
+            took = time.monotonic() - t0
+            rate, burst = STRANGERS_PINGS
+            assert echoed <= burst + rate * took + 4 * 64, (echoed, took)
+            assert echoed >= rate, echoed  # (strangers are answered, within their share)
+            assert all(r > 0 for r in rtts)
+        finally:
+            for s in strangers:
+                s.stop()

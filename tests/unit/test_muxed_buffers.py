@@ -137,3 +137,60 @@ def test_credit_and_a_reset_for_a_stream_with_pending_data_leave_the_connection_
         cb.close()
 
     asyncio.run(go())
+
+
+class _PausableWriter:
+    """A writer that records what it is sent and whether reading is paused (an asyncio socket)."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.paused = False
+
+    def write(self, data) -> None:
+        self.out += data
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+    abort = close
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def test_opens_before_the_gate_wait_unread_and_then_go_as_the_gate_allows():
+    """A connection made with ``hold_opens`` parses none of the peer's SYNs before its owner
+    gives a gate (they came with the handshake, before adoption), stops reading meanwhile, and
+    then lets them through as far as the gate allows."""
+    from lattica.transports.mux import F_RST, F_SYN, FRAME_HEADER, T_PING, T_WINDOW
+
+    async def main():
+        ka, kb = KeyPair.generate(), KeyPair.generate()
+        w = _PausableWriter()
+        conn = MuxedConnection(w, transport="tcp", direction="inbound", local_peer=ka.peer_id, remote_peer=kb.peer_id, local_addr=_ADDR,
+                               remote_addr=_ADDR, session=None, keepalive_interval=0, hold_opens=True)
+        opened = []
+        conn.data_received(b"".join(FRAME_HEADER.pack(0, T_WINDOW, F_SYN | F_RST, 2 * i + 1, 0) for i in range(100)))
+        assert conn._mux.held and not w.paused, "held (no gate yet), still read: a bare dial must see its peer close"
+        conn.data_received(FRAME_HEADER.pack(0, T_PING, 0, 0, 7) * 100_000)  # (1.2 MB more behind the held SYN)
+        assert w.paused, "past a bound, an ungated connection's socket waits unread"
+        grants = [10, 0]
+        conn.meter_opens(lambda n: (grants.pop(0), 0.05) if grants else (0, 0.05))
+        conn.set_stream_handler(opened.append)
+        await asyncio.sleep(0.01)
+        assert len(opened) == 10 and w.paused, len(opened)
+        grants[:] = [90]
+        await asyncio.sleep(0.1)
+        assert len(opened) == 100 and not w.paused and not conn._mux.held
+        conn.abort("done")
+
+    asyncio.run(main())

@@ -28,6 +28,9 @@ class _Conn:
     def set_stream_handler(self, handler) -> None:
         pass
 
+    def meter_opens(self, gate) -> bool:
+        return False  # (as a transport that cannot hold a peer's bytes unread)
+
     def probe(self, timeout: float) -> None:
         pass
 

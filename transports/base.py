@@ -203,6 +203,10 @@ class Transport(abc.ABC):
         # what to say of ourselves inside a handshake, for a peer at the given address (the host's
         # identify: see Connection.early_data); None: nothing, the host says it on a stream later
         self.early_data: Callable[[Multiaddr], bytes | None] | None = None
+        # the connections' owner meters the peer's stream opens (Connection.meter_opens): a
+        # connection holds them from its first byte until it is given its gate (a node's
+        # transports; a bare transport's connections take every open as it comes)
+        self.hold_opens = False
         # called with a connection that carries streams before its handshake ends (a QUIC
         # server's half-round-trip data), so the host can say who we are on it at once
         self.early_push: Callable[[Connection], None] | None = None

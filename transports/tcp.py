@@ -223,7 +223,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
                 keepalive_timeout=self._owner.keepalive_timeout,
                 writer_lets_go=True,  # an asyncio socket transport: sends, or holds only while buffered
                 plain=self._owner._plain,
-                hold_opens=True,  # (the host meters the peer's opens from its first)
+                hold_opens=self._owner.hold_opens,  # (the host meters the peer's opens from its first)
             )
             self.conn.early_data = hs.remote_early_data
             self.conn.said_early = hs.remote_early_data is not None

@@ -171,6 +171,11 @@ class Connection(abc.ABC):
         cannot, and its owner checks each inbound stream itself."""
         return False
 
+    def widen_windows(self) -> None:
+        """The peer is trusted now (a member): the streams it opens get this transport's full
+        receive window, not only the protocol's minimum (transports without the difference
+        ignore it)."""
+
     def probe(self, timeout: float) -> None:
         """Make sure the peer still answers: without any answer within ``timeout`` s the
         connection is dead (a NAT forgot it, the peer froze) and is aborted. Transports that

@@ -174,6 +174,11 @@ class Mux:
         self.open_credit: int | None = None
         self.held = False
         self._after_goaway = 0  # SYNs the peer sent after its GOAWAY (refused; past a few, a violation)
+        # Streams the peer opens get more than yamux's 256 KiB window (``window``, tuned up to
+        # ``max_window``) only while this is True: off, a peer not yet trusted pins at most the
+        # protocol's minimum of our memory per stream it opens and leaves unread. The streams we
+        # open always get the full window (we ask for what they carry).
+        self.generous = True
 
     # -- commands ----------------------------------------------------------------------------------
 
@@ -192,7 +197,7 @@ class Mux:
             raise StreamLimit("stream ids exhausted on this connection")
         self._next_id += 2
         st = self._add(sid, local=True)
-        self._frame(T_WINDOW, F_SYN, sid, self._initial_grant(st))
+        self._frame(T_WINDOW, F_SYN, sid, self._initial_grant(st, self.config.window))
         return sid
 
     def _add(self, sid: int, local: bool) -> _StreamState:
@@ -219,8 +224,14 @@ class Mux:
     def _budget(self) -> int:
         return max(0, self.config.max_buffered - self._committed)
 
-    def _initial_grant(self, st: _StreamState) -> int:
-        extra = min(self.config.window - PROTOCOL_WINDOW, self._budget())
+    def _windows(self, sid: int) -> tuple[int, int]:
+        """The window and the largest tuned window of stream ``sid`` now (see ``generous``)."""
+        if self.generous or sid % 2 != self._peer_parity:
+            return self.config.window, self.config.max_window
+        return PROTOCOL_WINDOW, PROTOCOL_WINDOW
+
+    def _initial_grant(self, st: _StreamState, window: int) -> int:
+        extra = min(window - PROTOCOL_WINDOW, self._budget())
         st.recv_window += extra
         st.target = PROTOCOL_WINDOW + extra  # (short of ``window`` when the budget is spent: topped up later)
         self._committed += extra
@@ -286,12 +297,13 @@ class Mux:
             # return what was read, within the budget -- but never leave a stream below the minimum
             budget = self._budget()
             grant = returned = min(st.unacked, max(budget, PROTOCOL_WINDOW - st.recv_window))
-            if st.target < self.config.window:  # a stream opened while the budget was spent
-                top = max(0, min(self.config.window - st.target, budget - grant))
+            window, max_window = self._windows(stream_id)
+            if st.target < window:  # a stream opened while the budget was spent (or before its peer was trusted)
+                top = max(0, min(window - st.target, budget - grant))
                 st.target += top
                 grant += top
             elif self.rtt >= _TUNE_MIN_RTT and now > 0.0:
-                grant += self._tune(st, now, budget - grant, returned)
+                grant += self._tune(st, now, budget - grant, returned, window, max_window)
             st.unacked -= returned
             if grant <= 0:
                 return
@@ -300,7 +312,7 @@ class Mux:
             self._committed += grant
             self._frame(T_WINDOW, 0, stream_id, grant)
 
-    def _tune(self, st: _StreamState, now: float, spare: int, returning: int) -> int:
+    def _tune(self, st: _StreamState, now: float, spare: int, returning: int, window: int, max_window: int) -> int:
         """Credit to add (or, negative, to keep back of the ``returning`` bytes) as the stream's
         window changes. A quarter window read in under half a round trip since the last return
         means the peer sends a window per round trip and is held back by it: double (at most once
@@ -313,13 +325,13 @@ class Mux:
         if elapsed < 0.5 * self.rtt:
             if now - st.grown < self.rtt:
                 return 0
-            grow = min(st.target, self.config.max_window - st.target, spare)
+            grow = min(st.target, max_window - st.target, spare)
             if grow > 0:
                 st.target += grow
                 st.grown = now
                 return grow
-        elif elapsed > 4.0 * self.rtt and st.target > self.config.window:
-            cut = min(st.target // 2, st.target - self.config.window, returning)
+        elif elapsed > 4.0 * self.rtt and st.target > window:
+            cut = min(st.target // 2, st.target - window, returning)
             st.target -= cut
             return -cut
         return 0
@@ -484,7 +496,7 @@ class Mux:
                 events.append(StreamRefused(sid, f"stream limit {self.config.max_streams} reached"))
                 return None
             st = self._add(sid, local=False)
-            self._frame(T_WINDOW, F_ACK, sid, self._initial_grant(st))
+            self._frame(T_WINDOW, F_ACK, sid, self._initial_grant(st, self._windows(sid)[0]))
             events.append(StreamOpened(sid))
         return st
 

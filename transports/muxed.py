@@ -253,13 +253,16 @@ class MuxedConnection(Connection):
         writer_lets_go: bool = False,
         plain: PlainBuffer | None = None,
         hold_opens: bool = False,
+        narrow_windows: bool = False,
     ) -> None:
         """``writer_lets_go``: the writer keeps no reference to written data once its write buffer
         is empty (an asyncio socket transport), so a sealed buffer it has fully taken is reused.
         ``plain``: where received frames are opened, shared by the connections of one loop (each
         read is parsed before the next; see ``NoiseSession.open_frames``). ``hold_opens``: the
         peer's stream opens wait unparsed, its socket unread, until ``meter_opens`` gives a gate
-        (a writer that can pause reading: the owner meters every open, its first ones too)."""
+        (a writer that can pause reading: the owner meters every open, its first ones too).
+        ``narrow_windows``: streams the peer opens get yamux's minimum window until
+        ``widen_windows`` (its owner trusts the peer)."""
         self._loop = asyncio.get_running_loop()
         self._writer = writer
         self._reuse = writer_lets_go and session is not None
@@ -295,6 +298,7 @@ class MuxedConnection(Connection):
         self._refusals_logged = 0
         if hold_opens and callable(getattr(writer, "pause_reading", None)):
             self._mux.open_credit = 0
+        self._mux.generous = not narrow_windows
         self._keepalive_interval = keepalive_interval
         self._keepalive_timeout = keepalive_timeout
         self._keepalive_handle = (
@@ -463,6 +467,9 @@ class MuxedConnection(Connection):
         self._mux.go_away(GOAWAY_PROTOCOL)
         self._flush()
         self._teardown(f"protocol error: {e}", graceful=True)
+
+    def widen_windows(self) -> None:
+        self._mux.generous = True
 
     def meter_opens(self, gate: OpenGate) -> bool:
         if not callable(getattr(self._writer, "pause_reading", None)):

@@ -31,6 +31,11 @@ ABUSE_BAN = 60.0  # seconds the peer of a connection closed for that is not let 
 # connection is not identified yet (its identify still on the way) gets its first calls in while
 # strangers have spent the share (a new connection costs an attacker a handshake: 8 are cheap)
 FREE_OPENS = 8
+# streams open at once on all strangers' metered connections together: each may pin yamux's 256
+# KiB minimum window of unread bytes (the full window waits for the peer to be trusted), so this
+# bounds what strangers together hold of our memory in unread streams to 128 MiB
+STRANGERS_STREAMS = 512
+_STREAMS_FULL_WAIT = 0.1  # s a stranger's opens wait when strangers' streams are all taken
 
 
 _TCP_AND_QUIC = {"tcp", "quic"}
@@ -230,6 +235,11 @@ class Connections:
             return FREE_OPENS - opened, 0.0
         share = self._strangers_opens
         k = int(min(n, self._opens.available(conn), share.available(conn)))
+        if self.from_stranger(conn):
+            room = STRANGERS_STREAMS - sum(c.num_streams for c in self._metered if self.from_stranger(c))
+            if room <= 0:
+                return 0, _STREAMS_FULL_WAIT
+            k = min(k, room)
         if k <= 0:
             return 0, max(self._opens.wait(conn), share.wait() if self.from_stranger(conn) else 0.0)
         self._opens.take(conn, k)

@@ -558,6 +558,8 @@ class Host:
         self._expire_verdict(conn, verdict.until - now)
         info = PeerInfo(conn.remote_peer, conn.transport, conn.direction, conn.remote_addr, **fields, circle=verdict.circle, circle_reason=verdict.why, admin=verdict.admin)
         self.info[conn] = info
+        if verdict.circle != "stranger":
+            conn.widen_windows()
         self.connections.settle(conn)  # (beside a primary, a connection counts once identified)
         self.remember_addrs(conn.remote_peer, info.listen_addrs)
         self.events.identified.emit(info)

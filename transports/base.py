@@ -171,6 +171,11 @@ class Connection(abc.ABC):
         cannot, and its owner checks each inbound stream itself."""
         return False
 
+    @property
+    def opens_granted(self) -> int:
+        """Streams a metered peer may still open without asking the gate (0: not metered)."""
+        return 0
+
     def widen_windows(self) -> None:
         """The peer is trusted now (a member): the streams it opens get this transport's full
         receive window, not only the protocol's minimum (transports without the difference

@@ -471,6 +471,10 @@ class MuxedConnection(Connection):
     def widen_windows(self) -> None:
         self._mux.generous = True
 
+    @property
+    def opens_granted(self) -> int:
+        return self._mux.open_credit or 0
+
     def meter_opens(self, gate: OpenGate) -> bool:
         if not callable(getattr(self._writer, "pause_reading", None)):
             return False

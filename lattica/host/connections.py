@@ -229,22 +229,28 @@ class Connections:
         ``FREE_OPENS`` free (its identify may come after its first streams), then within the
         connection's budget and, for a stranger, the strangers' share; at none, the seconds
         until one."""
+        stranger = self.from_stranger(conn)
+        room = self._strangers_room() if stranger else n
+        if room <= 0:
+            return 0, _STREAMS_FULL_WAIT
         opened = self._opened.get(conn, 0)
         if opened < FREE_OPENS:
-            self._opened[conn] = FREE_OPENS
-            return FREE_OPENS - opened, 0.0
+            free = min(FREE_OPENS - opened, room)
+            self._opened[conn] = opened + free
+            return free, 0.0
         share = self._strangers_opens
-        k = int(min(n, self._opens.available(conn), share.available(conn)))
-        if self.from_stranger(conn):
-            room = STRANGERS_STREAMS - sum(c.num_streams for c in self._metered if self.from_stranger(c))
-            if room <= 0:
-                return 0, _STREAMS_FULL_WAIT
-            k = min(k, room)
+        k = int(min(n, room, self._opens.available(conn), share.available(conn)))
         if k <= 0:
             return 0, max(self._opens.wait(conn), share.wait() if self.from_stranger(conn) else 0.0)
         self._opens.take(conn, k)
         share.take(conn, k)
         return k, 0.0
+
+    def _strangers_room(self) -> int:
+        """Streams strangers together may still open on metered connections: the cap less those
+        open and those granted, not yet opened."""
+        taken = sum(c.num_streams + c.opens_granted for c in self._metered if self.from_stranger(c))
+        return STRANGERS_STREAMS - taken
 
     def _on_stream(self, stream: Stream, conn: Connection) -> None:
         """A stream the peer opened: served within its connection's budget of opens and, for a

@@ -487,3 +487,52 @@ def test_opens_sent_with_the_handshake_are_metered_and_closed_connections_leave_
         assert len(served) <= 12 * FREE_OPENS + burst + rate * took + 12 * 32, (len(served), took)
         assert wait_for(lambda: not cm.all_conns, timeout=10), len(cm.all_conns)
         assert not cm.conns and not cm._metered and not cm._opened and not cm._opens_refused, (cm.conns, len(cm._metered), len(cm._opened))
+
+
+def test_strangers_streams_left_unread_pin_a_bounded_share_of_memory():
+    """Strangers open ping streams and push pings without ever taking the echoes, on more
+    streams than all strangers together may hold open (hostile review of issue 46: 16 identities
+    x 64 streams held 1.2 GB of the victim's memory, each stream's 4 MiB window full of unread
+    pings). Streams a stranger opens get yamux's 256 KiB window, strangers together hold at most
+    ``STRANGERS_STREAMS`` open (the rest wait unparsed), so what they pin is bounded; a member's
+    pings are answered meanwhile."""
+    from lattica import ping
+    from lattica.host.connections import FREE_OPENS, STRANGERS_STREAMS
+    from lattica.transports.mux import PROTOCOL_WINDOW
+
+    key = MeshKey.generate()
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=key) as victim, lattica.Node([], mesh=key) as member:
+        member.connect(victim.addrs[0])
+        strangers = [lattica.Node([], mesh=MeshKey.generate(), pubsub=False, membership=False) for _ in range(3)]
+        try:
+            blob = b"p" * (PROTOCOL_WINDOW + 64 * 1024)
+
+            async def push(s: lattica.Node) -> int:
+                opened = 0
+                for _ in range(256):
+                    try:
+                        stream = await asyncio.wait_for(s._host.open_stream(victim.peer_id, ping.PROTOCOL), 0.5)
+                    except (LatticaError, asyncio.TimeoutError):
+                        break  # (held: strangers' streams are all taken)
+                    stream.write(blob)  # (never read: the echoes wait, the window fills)
+                    opened += 1
+                return opened
+
+            for s in strangers:
+                s.start()
+                s.connect(victim.addrs[0])
+            import concurrent.futures
+
+            with concurrent.futures.ThreadPoolExecutor(3) as ex:
+                opened = sum(ex.map(lambda s: s.run(push(s), 120), strangers))
+            time.sleep(1.0)
+            cm = victim._host.connections
+            theirs = [c for c in cm.all_conns if c.remote_peer in {s.peer_id for s in strangers}]
+            pinned = sum(c._mux._committed for c in theirs)
+            streams = sum(c.num_streams for c in theirs)
+            assert streams <= STRANGERS_STREAMS + 3 * FREE_OPENS, streams
+            assert pinned <= (STRANGERS_STREAMS + 3 * FREE_OPENS) * PROTOCOL_WINDOW, (pinned, streams, opened)
+            assert member.ping(victim.peer_id) > 0
+        finally:
+            for s in strangers:
+                s.stop()

@@ -36,6 +36,7 @@ FREE_OPENS = 8
 # bounds what strangers together hold of our memory in unread streams to 128 MiB
 STRANGERS_STREAMS = 512
 _STREAMS_FULL_WAIT = 0.1  # s a stranger's opens wait when strangers' streams are all taken
+_ROOM_EVERY = 0.05  # s between counts of strangers' streams
 
 
 _TCP_AND_QUIC = {"tcp", "quic"}
@@ -89,6 +90,7 @@ class Connections:
         self._opens_refused: dict[Connection, int] = {}
         self._opened: dict[Connection, int] = {}  # streams the peer opened on each connection, up to FREE_OPENS
         self._banned: dict[PeerId, float] = {}  # peers closed for opening streams without end: until when
+        self._room, self._room_at = STRANGERS_STREAMS, float("-inf")  # (see _strangers_room)
         self._metered: set[Connection] = set()  # connections that hold a peer's opens beyond the gate unread
 
     def add(self, conn: Connection, spare: bool = False) -> None:
@@ -235,22 +237,28 @@ class Connections:
             return 0, _STREAMS_FULL_WAIT
         opened = self._opened.get(conn, 0)
         if opened < FREE_OPENS:
-            free = min(FREE_OPENS - opened, room)
-            self._opened[conn] = opened + free
-            return free, 0.0
-        share = self._strangers_opens
-        k = int(min(n, room, self._opens.available(conn), share.available(conn)))
-        if k <= 0:
-            return 0, max(self._opens.wait(conn), share.wait() if self.from_stranger(conn) else 0.0)
-        self._opens.take(conn, k)
-        share.take(conn, k)
+            k = min(FREE_OPENS - opened, room)
+            self._opened[conn] = opened + k
+        else:
+            share = self._strangers_opens
+            k = int(min(n, room, self._opens.available(conn), share.available(conn)))
+            if k <= 0:
+                return 0, max(self._opens.wait(conn), share.wait() if stranger else 0.0)
+            self._opens.take(conn, k)
+            share.take(conn, k)
+        if stranger:
+            self._room -= k
         return k, 0.0
 
     def _strangers_room(self) -> int:
         """Streams strangers together may still open on metered connections: the cap less those
-        open and those granted, not yet opened."""
-        taken = sum(c.num_streams + c.opens_granted for c in self._metered if self.from_stranger(c))
-        return STRANGERS_STREAMS - taken
+        open and those granted, not yet opened (counted at most every ``_ROOM_EVERY`` s: held
+        connections ask again and again while it is full; grants since are taken off)."""
+        now = self.loop.time()
+        if now - self._room_at >= _ROOM_EVERY:
+            taken = sum(c.num_streams + c.opens_granted for c in self._metered if self.from_stranger(c))
+            self._room, self._room_at = STRANGERS_STREAMS - taken, now
+        return self._room
 
     def _on_stream(self, stream: Stream, conn: Connection) -> None:
         """A stream the peer opened: served within its connection's budget of opens and, for a

@@ -475,3 +475,29 @@ def test_syns_after_the_peers_goaway_are_refused_without_credit():
     syns = b"".join(HDR.pack(0, T_WINDOW, F_SYN, 2 * i + 1001, 0) for i in range(10))
     ev = b.receive_data(syns)
     assert len(of(ev, StreamRefused)) == 10 and not b.held
+
+
+def test_streams_an_untrusted_peer_opens_get_the_minimum_window_until_it_is_trusted():
+    """Not ``generous``: a stream the peer opens gets yamux's 256 KiB, no more (it may leave it
+    unread); ours get the full window. Once generous, the peer's streams grow to it as read."""
+    a, b = pair(window=4 * PROTOCOL_WINDOW)
+    b.generous = False
+    sid = a.open_stream()
+    pump(a, b)
+    pump(b, a)
+    assert a.send_window(sid) == PROTOCOL_WINDOW, "the peer's stream: the protocol's minimum"
+    mine = b.open_stream()
+    pump(b, a)
+    pump(a, b)
+    assert a.send_window(mine) == 4 * PROTOCOL_WINDOW, "ours: the full window"
+    a.send_data(sid, b"x" * PROTOCOL_WINDOW)
+    pump(a, b)
+    b.consumed(sid, PROTOCOL_WINDOW)
+    pump(b, a)
+    assert a.send_window(sid) == PROTOCOL_WINDOW, "read: credit comes back, the window stays"
+    b.generous = True
+    a.send_data(sid, b"x" * PROTOCOL_WINDOW)
+    pump(a, b)
+    b.consumed(sid, PROTOCOL_WINDOW)
+    pump(b, a)
+    assert a.send_window(sid) == 4 * PROTOCOL_WINDOW, "trusted: topped up to the full window"

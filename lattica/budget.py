@@ -84,6 +84,16 @@ class StrangersShare:
         stranger's; False, nothing charged, when the share is spent)."""
         return not self._stranger(peer) or self._bucket.take(None, min(cost, self._bucket.burst))
 
+    def take_up_to(self, peer: Hashable, n: int) -> int:
+        """How many of ``n`` requests of ``peer`` may go ahead, charged to the share (a member:
+        all of them; a stranger: what the share holds now, perhaps none)."""
+        if not self._stranger(peer):
+            return n
+        k = min(n, int(self._bucket.available()))
+        if k > 0:
+            self._bucket.take(None, k)
+        return max(k, 0)
+
     def available(self, peer: Hashable) -> float:
         """What ``peer`` may take of the share now (a member: without end)."""
         return self._bucket.available() if self._stranger(peer) else float("inf")

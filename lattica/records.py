@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 import msgpack
 
-from lattica.budget import Buckets
+from lattica.budget import Buckets, StrangersShare
 from lattica.errors import InvalidPeerId, LatticaError, MultiaddrError, RecordRejected
 from lattica.identity import KeyPair, PeerId, verify_signature
 from lattica.kademlia import key_id
@@ -401,7 +401,7 @@ class RecordStore:
         self._stranger_use = [0, 0]  # records, bytes held for strangers, all together
         lim = self.limits
         self._rates = Buckets(lim.rate, max(lim.burst, 1), max_keys=10_000)
-        self._stranger_rates = Buckets(lim.stranger_rate, max(lim.stranger_burst, 1), max_keys=1)
+        self._strangers_rate = StrangersShare(lim.stranger_rate, max(lim.stranger_burst, 1), self.is_stranger)
         self.version = 0  # bumped on every change (persistence saves when it moved)
 
     # -- strangers as a class ----------------------------------------------------------------
@@ -436,7 +436,7 @@ class RecordStore:
             return
         if not self._rates.take(peer):
             raise RecordRejected(f"store rate limit: at most {self.limits.rate:.0f} stores per second per peer")
-        if self.is_stranger(peer) and not self._stranger_rates.take():
+        if not self._strangers_rate.take(peer):
             raise RecordRejected(f"store rate limit: at most {self.limits.stranger_rate:.0f} stores per second from all peers outside this node's mesh")
 
     # -- values ------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from lattica import codec
-from lattica.budget import Buckets
+from lattica.budget import Buckets, StrangersShare
 from lattica.config import PubSubConfig
 from lattica.errors import ActorNotFound, LatticaError, PermissionDenied, ProtocolError
 from lattica.identity import PeerId, verify_signature
@@ -220,9 +220,9 @@ class PubSubService:
         self._failed: dict[PeerId, float] = {}  # topic providers we could not reach: when
         self._strangers: set[PeerId] = set()  # router peers outside our mesh: open topics only
         self._stranger_batches = Buckets(*_STRANGER_BATCHES, _KEYS_MAX)
-        self._strangers_batches = Buckets(*_STRANGERS_BATCHES, max_keys=1)  # (all strangers' batches: one bucket)
+        self._strangers_batches = StrangersShare(*_STRANGERS_BATCHES, lambda peer: True)  # (asked for strangers' batches only)
         rate = max(self.cfg.strangers_messages, 0.0)
-        self._strangers_messages = Buckets(rate, max(2 * rate, 1.0), max_keys=1)  # (PubSubConfig.strangers_messages)
+        self._strangers_messages = StrangersShare(rate, max(2 * rate, 1.0), lambda peer: True)  # (PubSubConfig.strangers_messages)
         self._dials = Buckets(*_DIALS_PER_IP, _KEYS_MAX)
         self._closed = False
         self.published = self.delivered = self.rejected = self.bundles = self.copies = 0  # copies: items of peers' messages received
@@ -521,7 +521,7 @@ class PubSubService:
         parts about our open topics are looked at."""
         if self._closed or peer not in self.host.conns:
             return
-        if stranger and not (self._stranger_batches.take(peer) and self._strangers_batches.take()):
+        if stranger and not (self._stranger_batches.take(peer) and self._strangers_batches.take(peer)):
             return  # (more than a stranger's share, or than all strangers': dropped unread)
         if self.router.score(peer, self._now()) < self.router.scores.params.graylist_threshold:
             return  # graylisted: not even parsed
@@ -683,10 +683,7 @@ class PubSubService:
         strangers' messages together cost us is bounded, however many identities send them."""
         if type(raw) is not list or len(raw) < 2 or type(raw[1]) is not list or not raw[1]:
             return raw  # (nothing to cut; a malformed batch is wire.decode's to refuse)
-        share = self._strangers_messages
-        k = min(len(raw[1]), int(share.available()))
-        if k:
-            share.take(None, k)
+        k = self._strangers_messages.take_up_to(peer, len(raw[1]))
         return raw if k == len(raw[1]) else [raw[0], raw[1][:k], *raw[2:]]
 
     def _is_member(self, author: bytes, certs: Any) -> bool:

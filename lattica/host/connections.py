@@ -31,8 +31,8 @@ ABUSE_BAN = 60.0  # seconds the peer of a connection closed for that is not let 
 # connection is not identified yet (its identify still on the way) gets its first calls in while
 # strangers have spent the share (a new connection costs an attacker a handshake: 8 are cheap)
 FREE_OPENS = 8
-# streams open at once on all strangers' metered connections together: each may pin yamux's 256
-# KiB minimum window of unread bytes (the full window waits for the peer to be trusted), so this
+# streams open at once on all strangers' connections together: each may pin yamux's 256 KiB
+# minimum window of unread bytes (the full window waits for the peer to be trusted), so this
 # bounds what strangers together hold of our memory in unread streams to 128 MiB
 STRANGERS_STREAMS = 512
 _STREAMS_FULL_WAIT = 0.1  # s a stranger's opens wait when strangers' streams are all taken
@@ -237,7 +237,7 @@ class Connections:
             return 0, _STREAMS_FULL_WAIT
         opened = self._opened.get(conn, 0)
         if opened < FREE_OPENS:
-            k = min(FREE_OPENS - opened, room)
+            k = min(FREE_OPENS - opened, room, n)
             self._opened[conn] = opened + k
         else:
             share = self._strangers_opens
@@ -251,12 +251,12 @@ class Connections:
         return k, 0.0
 
     def _strangers_room(self) -> int:
-        """Streams strangers together may still open on metered connections: the cap less those
-        open and those granted, not yet opened (counted at most every ``_ROOM_EVERY`` s: held
+        """Streams strangers together may still open: the cap less those open and those granted
+        on metered connections, not yet opened (counted at most every ``_ROOM_EVERY`` s: held
         connections ask again and again while it is full; grants since are taken off)."""
         now = self.loop.time()
         if now - self._room_at >= _ROOM_EVERY:
-            taken = sum(c.num_streams + c.opens_granted for c in self._metered if self.from_stranger(c))
+            taken = sum(c.num_streams + c.opens_granted for c in self.all_conns if self.from_stranger(c))
             self._room, self._room_at = STRANGERS_STREAMS - taken, now
         return self._room
 
@@ -270,10 +270,7 @@ class Connections:
         if conn in self._metered:
             self.spawn(self._serve(stream, conn))
             return
-        opened = self._opened.get(conn, 0)
-        if opened < FREE_OPENS:
-            self._opened[conn] = opened + 1
-        if self._opens.take(conn) and (opened < FREE_OPENS or self._strangers_opens.take(conn)):
+        if self._open_gate(conn, 1)[0]:
             self.spawn(self._serve(stream, conn))
             return
         stream.reset()

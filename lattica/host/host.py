@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Iterable
 
 from lattica import codec, identify, interfaces, ping
-from lattica.budget import Buckets
+from lattica.budget import Buckets, StrangersShare
 from lattica.errors import ConnectionClosed, LatticaError, MultiaddrError, NodeClosed, PeerUnreachable, Timeout, UnsupportedProtocol
 from lattica.framing import read_message, write_message
 from lattica.host.connections import MAX_CONNS_PER_PEER, MAX_DRAINING_PER_PEER, Connections
@@ -117,7 +117,7 @@ class Host:
         self.nat: NatManager | None = None
         self.mdns: Any = None  # lattica.mdns.MdnsService on a LAN
         self.handlers[identify.PROTOCOL] = self._on_identify
-        self._strangers_pings = Buckets(*STRANGERS_PINGS, max_keys=1)
+        self._strangers_pings = StrangersShare(*STRANGERS_PINGS, self.connections.from_stranger)
         self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s, lambda: self._ping_turn(c))
         self.handlers[circuit.STOP] = self._on_stop
 
@@ -609,7 +609,7 @@ class Host:
     def _ping_turn(self, conn: Connection) -> float:
         """Before echoing a ping on ``conn``: 0, now (a member's, or within the share of pings all
         strangers together get), else the seconds to wait (the stream is not read meanwhile)."""
-        if not self.connections.from_stranger(conn) or self._strangers_pings.take():
+        if self._strangers_pings.take(conn):
             return 0.0
         return self._strangers_pings.wait()
 

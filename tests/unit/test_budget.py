@@ -64,3 +64,16 @@ def test_strangers_share_one_budget_and_members_are_never_charged():
     assert all(share.take("member") for _ in range(1000))
     t[0] = 1.0
     assert sum(share.take(f"s{i}", cost=2.0) for i in range(100)) == 5
+
+
+def test_strangers_share_take_up_to_cuts_a_batch_to_what_is_left():
+    from lattica.budget import StrangersShare
+
+    t = [0.0]
+    share = StrangersShare(10.0, 20.0, lambda peer: peer.startswith("s"), clock=lambda: t[0])
+    assert share.take_up_to("s1", 15) == 15
+    assert share.take_up_to("s2", 15) == 5  # another identity: the same share, 5 left
+    assert share.take_up_to("s3", 1) == 0
+    assert share.take_up_to("member", 10_000) == 10_000  # members are never cut
+    t[0] = 0.5
+    assert share.take_up_to("s1", 100) == 5

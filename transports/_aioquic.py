@@ -493,6 +493,12 @@ class LatticaQuicConnection(QuicConnection):
         """The connection's receive window from now on: ``window``, never below max_data."""
         self._conn_window = max(window, self._conn_window_base)
 
+    def widen_connection_window(self, base: int) -> None:
+        """The connection's window is never below ``base`` from now on (it began narrower:
+        a peer not trusted yet); the raised MAX_DATA goes out with the next packet."""
+        self._conn_window_base = max(self._conn_window_base, base)
+        self._conn_window = max(self._conn_window, self._conn_window_base)
+
     def held_out_of_order(self) -> int:
         """Bytes aioquic keeps for streams behind a gap (not yet delivered in order), gaps included."""
         # PRIVATE (aioquic 1.7.2): QuicStreamReceiver._buffer holds everything from the first

@@ -217,6 +217,9 @@ class Transport(abc.ABC):
         # connection holds them from its first byte until it is given its gate (a node's
         # transports; a bare transport's connections take every open as it comes)
         self.hold_opens = False
+        # the streams a peer opens get only a small receive window until the owner trusts the
+        # peer (Connection.widen_windows): what a stranger's unread bytes pin stays small
+        self.narrow_windows = False
         # called with a connection that carries streams before its handshake ends (a QUIC
         # server's half-round-trip data), so the host can say who we are on it at once
         self.early_push: Callable[[Connection], None] | None = None

@@ -224,7 +224,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
                 writer_lets_go=True,  # an asyncio socket transport: sends, or holds only while buffered
                 plain=self._owner._plain,
                 hold_opens=self._owner.hold_opens,  # (the host meters the peer's opens from its first)
-                narrow_windows=self._owner.hold_opens,  # (and widens the windows of a peer it trusts)
+                narrow_windows=self._owner.narrow_windows,
             )
             self.conn.early_data = hs.remote_early_data
             self.conn.said_early = hs.remote_early_data is not None

@@ -33,6 +33,7 @@ class Transports:
     def add(self, transport: Transport) -> None:
         transport.early_data, transport.early_push = self.early_data, self.early_push
         transport.hold_opens = True  # (the host meters every connection's opens: Connections.add)
+        transport.narrow_windows = True  # (and widens a connection's windows once its peer is a member)
         self.all.append(transport)
 
     def set_early(self, data: Callable[[Multiaddr], bytes | None] | None, push: Callable[[Connection], None] | None) -> None:

@@ -536,3 +536,40 @@ def test_strangers_streams_left_unread_pin_a_bounded_share_of_memory():
         finally:
             for s in strangers:
                 s.stop()
+
+
+def test_quic_strangers_unread_bytes_pin_a_narrow_connection_window():
+    """The QUIC side of the same finding: a QUIC connection's window (32 MiB by default, each
+    stream's 8 MiB) was every peer's from its handshake, so a stranger's unread pings pinned up
+    to 32 MiB per connection. A connection's window is ``NARROW_WINDOW`` until its peer
+    identifies as a member; a member's is widened then (its unread bytes go well past it)."""
+    from lattica import ping
+    from lattica.transports.quic.wire import NARROW_WINDOW
+
+    key = MeshKey.generate()
+    blob = b"p" * (2 * 1024 * 1024)
+
+    async def push(s: lattica.Node, victim: lattica.Node) -> None:
+        for _ in range(3):
+            stream = await s._host.open_stream(victim.peer_id, ping.PROTOCOL)
+            stream.write(blob)  # (never read: the echoes wait, our bytes wait unread there)
+
+    def held(conn) -> int:
+        return conn._quic.rx_unread + conn._quic.held_out_of_order()
+
+    with lattica.Node(["/ip4/127.0.0.1/udp/0/quic-v1"], mesh=key) as victim, \
+            lattica.Node(["/ip4/127.0.0.1/udp/0/quic-v1"], mesh=key) as member, \
+            lattica.Node(["/ip4/127.0.0.1/udp/0/quic-v1"], mesh=MeshKey.generate(), pubsub=False, membership=False) as stranger:
+        cm = victim._host.connections
+        for peer in (member, stranger):
+            peer.connect(victim.addrs[0])
+            peer.run(push(peer, victim), 10)
+
+        def conn_of(peer):
+            return next(c for c in list(cm.all_conns) if c.remote_peer == peer.peer_id)
+
+        assert wait_for(lambda: held(conn_of(member)) > 4 * NARROW_WINDOW, timeout=10), held(conn_of(member))
+        time.sleep(1.0)  # (the stranger has had as long to fill what it may)
+        assert conn_of(stranger).transport == "quic"
+        assert 0 < held(conn_of(stranger)) <= NARROW_WINDOW, held(conn_of(stranger))
+        assert member.ping(victim.peer_id) > 0

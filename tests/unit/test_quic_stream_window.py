@@ -40,6 +40,7 @@ class _Conn:
         self._stream_window = window
         self._max_window = max_window
         self._streams: dict[int, QuicStream] = {}
+        self._wide = True  # (a trusted peer's connection: its window follows its streams')
         self.flushes = 0
 
     _windows_changed = QuicConn._windows_changed  # (the real rule: 1.5x the largest stream window)

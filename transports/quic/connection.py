@@ -75,6 +75,9 @@ class QuicConn(Connection):
         self._expected = expected
         self._on_verified = on_verified
         self._stream_window = owner.max_stream_data
+        # the connection's window stays at NARROW_WINDOW, however its streams' windows grow,
+        # until the owner trusts the peer (``widen_windows``)
+        self._wide = not owner.narrow_windows
         self._max_window = owner.max_stream_window
         self._high_water = owner.send_high_water
         # drain() waits while more than _high_water bytes of a stream were never sent, and while
@@ -336,9 +339,17 @@ class QuicConn(Connection):
             if s._window > self._stream_window:
                 self._windows_changed()
 
+    def widen_windows(self) -> None:
+        self._wide = True
+        self._quic.widen_connection_window(self._owner.max_data)
+        if self._quic.conn_credit_due():
+            self._schedule_flush()
+
     def _windows_changed(self) -> None:
         """A stream's receive window grew, shrank or left: the connection's window is 1.5x the
         largest one left (never below max_data), so it comes back down with them."""
+        if not self._wide:
+            return
         largest = max((s._window for s in self._streams.values()), default=0)
         self._quic.set_connection_window(largest + largest // 2)
 

@@ -22,7 +22,7 @@ from lattica.multiaddr import Multiaddr
 from lattica.transports import _aioquic
 from lattica.transports.base import Connection, ConnectionHandler, Listener, Transport
 from lattica.transports.tlscert import CertifiedKey, generate_certificate
-from lattica.transports.quic.wire import ALPN, CERT_RENEW_BEFORE, CID_LEN, MAX_DATAGRAM, RECVERR_V4, RECVERR_V6, SOCK_BUF, sockaddr, split_addr
+from lattica.transports.quic.wire import ALPN, CERT_RENEW_BEFORE, CID_LEN, MAX_DATAGRAM, NARROW_WINDOW, RECVERR_V4, RECVERR_V6, SOCK_BUF, sockaddr, split_addr
 from lattica.transports.quic.connection import QuicConn
 from lattica.transports.quic.endpoint import Endpoint, QuicListener
 
@@ -121,7 +121,7 @@ class QuicTransport(Transport):
             private_key=cert.private_key,
             alpn=ALPN,
             idle_timeout=self.idle_timeout,
-            max_data=self.max_data,
+            max_data=min(NARROW_WINDOW, self.max_data) if self.narrow_windows else self.max_data,
             max_stream_data=self.max_stream_data,
             max_datagram_size=self.loopback_datagram_size if loopback else self.max_datagram_size,
             congestion_control=self.congestion_control,

@@ -24,6 +24,9 @@ ERR_INTERNAL = 0x1
 ERR_BAD_CERTIFICATE = 0x100 + 42  # CRYPTO_ERROR + TLS bad_certificate alert (RFC 9001 4.8)
 FRAME_CRYPTO = 0x06
 SOCK_BUF = 4 * 1024 * 1024
+# a connection's receive window (MAX_DATA) while its peer is not trusted (Transport.narrow_windows):
+# what a stranger's unread bytes may pin of ours on one connection, whatever its streams' windows
+NARROW_WINDOW = 1024 * 1024
 
 
 RECVERR_V4 = 11  # <linux/in.h>; not exported by the socket module

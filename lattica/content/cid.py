@@ -23,6 +23,8 @@ SHA2_256: Final = 0x12
 _CODECS: Final = {RAW: "raw", DAG_PB: "dag-pb"}
 _DIGEST_SIZE: Final = 32
 _MAX_TEXT: Final = 128
+_SHA2_256_PREFIX: Final = bytes((SHA2_256, _DIGEST_SIZE))
+_V1_SIZE: Final = 4 + _DIGEST_SIZE  # a CIDv1 of a raw or dag-pb block: version, codec, multihash prefix, digest
 
 
 def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -69,10 +71,17 @@ class Cid:
     @classmethod
     def from_bytes(cls, raw: bytes | bytearray | memoryview) -> Cid:
         """Parse the binary form (all of ``raw``)."""
-        cid, end = cls.read(bytes(raw), 0)
+        raw = bytes(raw)
+        if len(raw) == _V1_SIZE and raw[0] == 1 and raw[1] in _CODECS and raw[2:4] == _SHA2_256_PREFIX:
+            cid = object.__new__(cls)  # (the form we write ourselves, as every peer sends it: already canonical)
+            object.__setattr__(cid, "codec", raw[1])
+            object.__setattr__(cid, "digest", raw[4:])
+            object.__setattr__(cid, "_bytes", raw)
+            return cid
+        cid, end = cls.read(raw, 0)
         if end != len(raw):
             raise InvalidCid(f"{len(raw) - end} trailing bytes after a CID")
-        return cls(cid.codec, cid.digest)
+        return cid
 
     @classmethod
     def read(cls, buf: bytes, pos: int) -> tuple[Cid, int]:

@@ -5,7 +5,8 @@ the victim, a DHT lookup through it (the providers of a key one member provides)
 while a third process attacks the victim as 1, 8 and 64 stranger identities (each a node of a
 mesh of its own), one attack at a time, and a control ("cpu": the attackers' process busy
 without sending anything). Per phase: each measure's p99, how many were lost (failed,
-undelivered, or the member hidden among providers) and the victim's resident memory.
+undelivered, or the member hidden among providers), the victim's share of one core while it was
+measured and its resident memory.
 
 Everything runs on 127.0.0.1, where the per-IP budgets (handshakes, hinted dials) stand aside: the
 figures are those of identities spread over many addresses, the attacker's best case."""
@@ -75,6 +76,23 @@ def _victim(mesh: str, pipe: Any) -> None:
 def _rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/statm", "rb") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds ``pid`` has used (proc(5): fields 14 and 15 of its stat)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()  # (after the command name, which may hold spaces)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _measured(members: _Members, pid: int, seconds: float) -> dict[str, Any]:
+    """The members' measures for ``seconds``, with the victim's share of one core meanwhile
+    (what the phase cost the victim itself, apart from the machine's two cores being shared)."""
+    cpu, t0 = _cpu_seconds(pid), time.monotonic()
+    got = members.measure(seconds)
+    got["victim_cpu_pct"] = round(100 * (_cpu_seconds(pid) - cpu) / (time.monotonic() - t0), 1)
+    got["victim_rss_mb"] = round(_rss_mb(pid), 1)
+    return got
 
 
 # -- the attackers (another process) ---------------------------------------------------------------
@@ -330,14 +348,14 @@ def bench_attack(attacks: tuple[str, ...] = ATTACKS, identities: tuple[int, ...]
         addr = ours.recv()
         members = _Members(key, addr)
         members.measure(1.0)  # (warm)
-        quiet = members.measure(seconds)
-        quiet.update(bench="attack", attack="quiet", identities=0, victim_rss_mb=round(_rss_mb(victim.pid), 1))
+        quiet = _measured(members, victim.pid, seconds)
+        quiet.update(bench="attack", attack="quiet", identities=0)
         rows.append(quiet)
         for kind in attacks:
             for n in identities:
                 with _attacking(kind, n, addr, seconds + 1.0):
-                    got = members.measure(seconds)
-                got.update(bench="attack", attack=kind, identities=n, victim_rss_mb=round(_rss_mb(victim.pid), 1))
+                    got = _measured(members, victim.pid, seconds)
+                got.update(bench="attack", attack=kind, identities=n)
                 worst = max(got[f"{k}_p99_ms"] / quiet[f"{k}_p99_ms"] for k in ("call", "lookup", "have", "pubsub") if quiet[f"{k}_p99_ms"] > 0)
                 got["x_quiet"] = round(worst, 2)
                 rows.append(got)

@@ -1,5 +1,5 @@
 """``lattica bench attack`` runs end to end at a small size: a quiet phase and one attack, each
-with the four measures, nothing lost, and the victim's memory read (figures: docs/security.md)."""
+with the four measures, nothing lost, and the victim's CPU and memory read (figures: docs/security.md)."""
 
 from __future__ import annotations
 
@@ -18,5 +18,6 @@ def test_bench_attack_measures_quiet_and_an_attack_with_nothing_lost():
     for r in rows:
         assert r["rounds"] > 0 and r["lost"] == 0, r
         assert all(math.isfinite(r[f"{k}_p99_ms"]) and r[f"{k}_p99_ms"] > 0 for k in ("call", "lookup", "have", "pubsub")), r
-        assert r["victim_rss_mb"] > 10
+        assert r["victim_rss_mb"] > 10 and r["victim_cpu_pct"] > 0
     assert rows[1]["x_quiet"] > 0
+    assert rows[1]["victim_cpu_pct"] > rows[0]["victim_cpu_pct"]  # (the victim answers 8 strangers' haves)

@@ -8,10 +8,12 @@ forgotten key can gain).
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import time
 from typing import Callable, Hashable
 
-__all__ = ["Buckets", "StrangersShare"]
+__all__ = ["Buckets", "StrangersShare", "Turns"]
 
 
 class Buckets:
@@ -84,6 +86,10 @@ class StrangersShare:
         stranger's; False, nothing charged, when the share is spent)."""
         return not self._stranger(peer) or self._bucket.take(None, min(cost, self._bucket.burst))
 
+    def charges(self, peer: Hashable) -> bool:
+        """Whether ``peer``'s requests are charged to the share (a stranger's)."""
+        return self._stranger(peer)
+
     def take_up_to(self, peer: Hashable, n: int) -> int:
         """How many of ``n`` requests of ``peer`` may go ahead, charged to the share (a member:
         all of them; a stranger: what the share holds now, perhaps none)."""
@@ -101,3 +107,57 @@ class StrangersShare:
     def wait(self, cost: float = 1.0) -> float:
         """Seconds until the share holds ``cost`` (0: now)."""
         return self._bucket.wait(None, min(cost, self._bucket.burst))
+
+
+class Turns:
+    """Strangers' requests waiting for a ``StrangersShare``, let through in arrival order as it
+    refills, under one timer for all of them (with a timer each, every waiter woke to find one
+    token for one of them: the loop spent on wake-ups what the share was there to bound)."""
+
+    def __init__(self, share: StrangersShare, loop: asyncio.AbstractEventLoop) -> None:
+        self.share = share
+        self._loop = loop
+        self._queue: collections.deque[tuple[asyncio.Future[None], Hashable, float]] = collections.deque()
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def take(self, peer: Hashable, cost: float = 1.0, give_up: Callable[[], bool] | None = None, every: float = 1.0) -> bool:
+        """Wait until ``peer`` may go ahead, charged ``cost`` of the share (a member: at once);
+        False, nothing charged, if ``give_up()`` (asked every ``every`` s while waiting) says so."""
+        if not self.share.charges(peer) or (not self._queue and self.share.take(peer, cost)):
+            return True
+        fut: asyncio.Future[None] = self._loop.create_future()
+        self._queue.append((fut, peer, cost))
+        self._arm()
+        try:
+            if give_up is None:
+                await fut
+                return True
+            while True:  # (one wake-up a waiter every ``every`` s: not one per token)
+                done, _ = await asyncio.wait((fut,), timeout=every)
+                if done:
+                    return True
+                if give_up():
+                    return False
+        finally:
+            fut.cancel()  # (done already: nothing; else its place is skipped)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def _arm(self) -> None:
+        if self._timer is None and self._queue:
+            self._timer = self._loop.call_later(min(self.share.wait(self._queue[0][2]), 3600.0), self._serve)
+
+    def _serve(self) -> None:
+        self._timer = None
+        queue = self._queue
+        while queue:
+            fut, peer, cost = queue[0]
+            if fut.done():
+                queue.popleft()  # (its waiter gave up)
+                continue
+            if not self.share.take(peer, cost):
+                break
+            queue.popleft()
+            fut.set_result(None)
+        self._arm()

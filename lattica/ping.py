@@ -7,7 +7,7 @@ import asyncio
 import os
 import time
 
-from typing import Callable
+from typing import Any, Awaitable, Callable
 
 from lattica.errors import ProtocolError
 from lattica.transports.base import Stream
@@ -22,11 +22,11 @@ _BACKLOG = 4096  # echoes unsent beyond this: the peer is not taking them (a seq
 _BATCH = 4  # pings echoed between turns of the loop when they come faster than one per turn
 
 
-async def serve(stream: Stream, turn: Callable[[], float] | None = None) -> None:
+async def serve(stream: Stream, turn: Callable[[], Awaitable[Any]] | None = None) -> None:
     """Echo 32-byte pings until the peer closes the stream, leaves it idle, or leaves its echoes
     unsent for DRAIN_TIMEOUT (then the stream is reset: its unread pings are dropped). ``turn``
-    (a stranger's stream): before each echo, 0 if it may go now (charged to a share it has with
-    others), else the seconds to wait; meanwhile nothing more of the stream is read."""
+    (a stranger's stream): awaited before each echo, until the echo may go (charged to a share
+    it has with others); meanwhile nothing more of the stream is read."""
     loop = asyncio.get_running_loop()
     stalled_at: float | None = None  # when the unsent echoes last grew past _BACKLOG
     echoed = 0
@@ -43,8 +43,7 @@ async def serve(stream: Stream, turn: Callable[[], float] | None = None) -> None
             await stream.close()
             return
         if turn is not None:
-            while (wait := turn()) > 0:
-                await asyncio.sleep(wait)
+            await turn()
         stream.write(data)
         echoed += 1
         if not echoed % _BATCH:  # pings already buffered: let the loop run (and send the echoes)

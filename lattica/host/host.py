@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Iterable
 
 from lattica import codec, identify, interfaces, ping
-from lattica.budget import Buckets, StrangersShare
+from lattica.budget import Buckets, StrangersShare, Turns
 from lattica.errors import ConnectionClosed, LatticaError, MultiaddrError, NodeClosed, PeerUnreachable, Timeout, UnsupportedProtocol
 from lattica.framing import read_message, write_message
 from lattica.host.connections import MAX_CONNS_PER_PEER, MAX_DRAINING_PER_PEER, Connections
@@ -117,8 +117,8 @@ class Host:
         self.nat: NatManager | None = None
         self.mdns: Any = None  # lattica.mdns.MdnsService on a LAN
         self.handlers[identify.PROTOCOL] = self._on_identify
-        self._strangers_pings = StrangersShare(*STRANGERS_PINGS, self.connections.from_stranger)
-        self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s, lambda: self._ping_turn(c))
+        self._strangers_pings = Turns(StrangersShare(*STRANGERS_PINGS, self.connections.from_stranger), self.loop)
+        self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s, lambda: self._strangers_pings.take(c))
         self.handlers[circuit.STOP] = self._on_stop
 
     @property
@@ -605,13 +605,6 @@ class Host:
                         break
 
     # -- what the Node facade asks ---------------------------------------------------------------
-
-    def _ping_turn(self, conn: Connection) -> float:
-        """Before echoing a ping on ``conn``: 0, now (a member's, or within the share of pings all
-        strangers together get), else the seconds to wait (the stream is not read meanwhile)."""
-        if self._strangers_pings.take(conn):
-            return 0.0
-        return self._strangers_pings.wait()
 
     async def ping(self, peer: PeerId, count: int, timeout: float) -> list[float]:
         async def run() -> list[float]:

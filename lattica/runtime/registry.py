@@ -30,7 +30,7 @@ from lattica.errors import (
     SpawnError,
     remote_error,
 )
-from lattica.budget import StrangersShare
+from lattica.budget import StrangersShare, Turns
 from lattica.future import Future
 from lattica.identity import PeerId
 from lattica.metrics import Histogram
@@ -80,7 +80,7 @@ class Runtime(Following):
         self._gates: dict[tuple[PeerId, str], Gate] = {}
         self.in_flight: dict[tuple[PeerId, str], int] = {}  # calls from a peer to an actor, in progress
         # what all strangers together may have us read of their calls (the loop time they take)
-        self.strangers_calls = StrangersShare(*STRANGERS_CALLS, lambda peer: True)
+        self.strangers_calls = Turns(StrangersShare(*STRANGERS_CALLS, lambda peer: True), self.loop)  # (asked for strangers' channels only)
         self.call_latency = Histogram()  # seconds from a call's creation to its answer (calls that got one)
         self.ended: collections.deque[EndedActor] = collections.deque(maxlen=MAX_ENDED)  # user actors that ended lately
         self.spills = Spills(self)  # arguments and answers over the message cap, by CID

@@ -186,12 +186,7 @@ class ServerChannel:
         """A stranger's frame of ``size`` bytes waits, not decoded, while the strangers' share of
         this node's time is spent (all strangers together; members are never held): the channel
         reads nothing meanwhile, so flow control holds the sender back at no cost to us."""
-        cost = 1 + size / STRANGER_UNIT
-        share = self.runtime.strangers_calls
-        while not share.take(self.peer, cost):
-            if self._now_member():
-                return
-            await asyncio.sleep(min(share.wait(cost), 1.0))
+        await self.runtime.strangers_calls.take(self.peer, 1 + size / STRANGER_UNIT, give_up=self._now_member)
 
     def _backlog(self) -> int:
         """Replies not yet taken by the connection, on all of the caller's channels on it: one

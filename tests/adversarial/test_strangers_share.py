@@ -104,7 +104,7 @@ def test_a_strangers_call_waits_for_its_turn_when_the_share_is_spent():
     with lattica.Node([TCP], mesh=key, content=False) as victim:
         (s,) = _strangers(1, victim)
         try:
-            bucket = victim._host.runtime.strangers_calls._bucket
+            bucket = victim._host.runtime.strangers_calls.share._bucket
             call_as(s, dht_ref(victim.peer_id), "ping")
             bucket._state[None] = [-1000.0, time.monotonic()]  # (in debt: half a second at 2,000 a second)
             t0 = time.monotonic()

@@ -1,5 +1,7 @@
 """Keyed token buckets (lattica.budget): burst, refill, per key, bounded table."""
 
+import time
+
 import pytest
 
 from lattica.budget import Buckets
@@ -77,3 +79,36 @@ def test_strangers_share_take_up_to_cuts_a_batch_to_what_is_left():
     assert share.take_up_to("member", 10_000) == 10_000  # members are never cut
     t[0] = 0.5
     assert share.take_up_to("s1", 100) == 5
+
+
+def test_turns_let_strangers_through_in_arrival_order_under_one_timer_and_members_at_once():
+    import asyncio
+
+    from lattica.budget import StrangersShare, Turns
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        share = StrangersShare(100.0, 1.0, lambda peer: peer != "member")
+        turns = Turns(share, loop)
+        assert await turns.take("s0")  # (the share held one: at once)
+        order: list[str] = []
+
+        async def one(peer: str) -> None:
+            await turns.take(peer)
+            order.append(peer)
+
+        waiters = [asyncio.create_task(one(f"s{i}")) for i in range(1, 21)]
+        await asyncio.sleep(0)
+        assert len(turns) == 20
+        timers = len(loop._scheduled)  # type: ignore[attr-defined]
+        assert await asyncio.wait_for(turns.take("member"), 0.01)  # never queued behind strangers
+        await asyncio.gather(*waiters)
+        assert order == [f"s{i}" for i in range(1, 21)]  # in arrival order, one a 10 ms
+        assert timers <= 2, timers  # (one for all the waiters; each used to sleep on its own)
+
+        share._bucket._state[None] = [-1000.0, time.monotonic()]  # (10 s in debt)
+        gave_up = await asyncio.wait_for(turns.take("s1", give_up=lambda: True, every=0.05), 1.0)
+        assert gave_up is False
+        assert await asyncio.wait_for(turns.take("member"), 0.01)
+
+    asyncio.run(main())

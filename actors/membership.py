@@ -79,7 +79,8 @@ class MembershipService:
         self.labels = dict(labels or {})
         # what this node runs, for placement to skip it when it cannot: whose code, which installed classes
         self.code = {"accept": accept_code, "allow": list(allow or ())[:MAX_ALLOW]}
-        self.core = Membership(str(self.host.peer_id), self._info(), config, notary=MemberNotary(self.host.keypair, self.host.trust))
+        self._notary = MemberNotary(self.host.keypair, self.host.trust)
+        self.core = Membership(str(self.host.peer_id), self._info(), config, notary=self._notary)
         self.core.reachable = self._connected
         self.on_down: list[Callable[[Member, str], None]] = []  # told of every MemberDown
         self.on_self_downed: list[Callable[[], None]] = []  # told when the mesh declared us dead
@@ -237,10 +238,12 @@ class MembershipService:
         self._send([(m.id, bye) for m in self.core.alive() if self._connected(m.id)])
 
     def nodes(self) -> list[dict]:
-        """Our view, ourselves first: one dict per member."""
+        """Our view, ourselves first: one dict per member (``admin``: its certificates make it
+        an administrator of our mesh, as checked here, whatever its info says)."""
         rows = []
         for m in [self.core.me, *self.core.members.values()]:
-            rows.append({"peer_id": m.id, "state": m.state, "incarnation": m.incarnation, **m.info})
+            rows.append({"peer_id": m.id, "state": m.state, "incarnation": m.incarnation, **m.info,
+                         "admin": self._notary.administers(m.id, m.proof)})
         return rows
 
     def close(self) -> None:

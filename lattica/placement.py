@@ -3,11 +3,13 @@
 ``candidates(nodes, need, labels, strategy)`` orders the members that fit: alive, carrying every
 requested label, with enough free ``cpu`` / ``memory`` / ``gpus`` (what a member offers minus
 what its spawner has reserved, as gossiped in its ``load``), and able to run the class (``runs``:
-its allow-list names it, or its ``accept_code`` setting takes the code that travels with it). ``spread`` prefers the least loaded
-member (fewest actors, then most free cpu); ``pack`` the fullest one that still fits (best fit).
-The view lags a few seconds behind reality, so a caller placing many actors passes ``recent``
-(how many it just sent to each member) and the target's spawner has the last word: it refuses a
-reservation it cannot hold, and the caller tries the next candidate.
+its allow-list names it, or its ``accept_code`` setting takes the code that travels with it).
+``spread`` prefers the least loaded member (fewest actors, then most free cpu); ``pack`` the
+fullest one that still fits (best fit). An administrator's placement (``admins_first``) ranks
+administrators' nodes first: what a plain member's row claims decides only placements that no
+administrator's node fits. The view lags a few seconds behind reality, so a caller placing many
+actors passes ``recent`` (how many it just sent to each member) and the target's spawner has the
+last word: it refuses a reservation it cannot hold, and the caller tries the next candidate.
 
 Pure functions over ``lattica.nodes()``-shaped rows; the spawning glue lives elsewhere.
 """
@@ -94,9 +96,11 @@ def candidates(
     strategy: str = "spread",
     recent: Mapping[str, int] | None = None,
     what: Spawnable | None = None,
+    admins_first: bool = False,
 ) -> list[str]:
     """Peer ids of the members that fit, best first; PlacementError (saying why each node was
-    skipped) if none does."""
+    skipped) if none does. ``admins_first`` (an administrator places): administrators' nodes
+    that fit come before plain members', whatever resources those claim."""
     need = dict(need or {})
     labels = dict(labels or {})
     recent = recent or {}
@@ -118,8 +122,11 @@ def candidates(
     def actors(n: Mapping[str, Any]) -> int:
         return int((n.get("load") or {}).get("actors") or 0) + recent.get(n["peer_id"], 0)
 
+    def tier(n: Mapping[str, Any]) -> int:
+        return 0 if not admins_first or n.get("admin") is True else 1
+
     if strategy == "spread":
-        ok.sort(key=lambda n: (actors(n), -free(n)["cpu"], n["peer_id"]))
+        ok.sort(key=lambda n: (tier(n), actors(n), -free(n)["cpu"], n["peer_id"]))
     else:
-        ok.sort(key=lambda n: (free(n)["cpu"] - recent.get(n["peer_id"], 0) * need.get("cpu", 0), -actors(n), n["peer_id"]))
+        ok.sort(key=lambda n: (tier(n), free(n)["cpu"] - recent.get(n["peer_id"], 0) * need.get("cpu", 0), -actors(n), n["peer_id"]))
     return [n["peer_id"] for n in ok]

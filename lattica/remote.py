@@ -146,7 +146,7 @@ class ActorClass:
         code = rt.services.get("code")
         shipped = code is not None and code.shipper.travels(self.cls)
         what = placement.Spawnable(class_path(self.cls), code.shipper.admin if shipped else None, str(rt.peer_id))
-        ranked = placement.candidates(view, need, labels, self._options.get("placement", "spread"), rt.recent_placements(view), what)
+        ranked = placement.candidates(view, need, labels, self._options.get("placement", "spread"), rt.recent_placements(view), what, rt.host.trust.admin)
         name = name or f"{self.cls.__name__}-{os.urandom(5).hex()}"
         ref = ActorRef(PeerId.from_string(ranked[0]), name, self._methods, opts["window"])
         opts["reserve"] = need
@@ -274,7 +274,7 @@ async def spawn_placed(rt: Runtime, call: tuple, need: dict, labels: dict, strat
     view = rt.placement_view()
     code = call[4].get("code")
     what = placement.Spawnable(call[0], Ticket.from_wire(code).claims_admin() if code is not None else None, str(rt.peer_id))
-    ranked = placement.candidates(view, need, labels, strategy, rt.recent_placements(view), what)
+    ranked = placement.candidates(view, need, labels, strategy, rt.recent_placements(view), what, rt.host.trust.admin)
     ranked = [p for p in ranked if p not in last] + [p for p in ranked if p in last]
     rt.placed(ranked[0], view)
     return await offer_spawn(rt, call, ranked, view)

@@ -140,7 +140,7 @@ def _code(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
     library = CodeLibrary(rt.peer_id, node.trust, node.accept_code, fetch)
     services["spawner"].code = library
     return Built(CodeService(library, Shipper(node.keypair, node.trust.presented, put, node.code, node.code_excludes,
-                                                   admin=any(c.admin for c in node.trust.certificates))))
+                                                   admin=node.trust.admin)))
 
 
 class CodeService(Slotted):

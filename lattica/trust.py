@@ -257,6 +257,11 @@ class Trust:
             return Verdict(MEMBER, "the mesh is open")
         return Verdict(STRANGER, why)
 
+    @property
+    def admin(self) -> bool:
+        """This node administers a mesh it belongs to (it holds an administrator's certificate)."""
+        return any(c.admin and c.peer == self.me for c in self.certificates)
+
     def certificate(self, now: float, mesh: bytes | None = None) -> Certificate | None:
         """Our live certificate of ``mesh`` or, without one, of the first mesh we belong to (what
         scoped DHT keys are kept under); None if we hold none (an open mesh: the plain keys)."""
@@ -307,6 +312,20 @@ class MemberNotary:
                 del self._checked[next(iter(self._checked))]
             self._checked[key] = until
         return now < until
+
+    def administers(self, member_id: str, proof: Any) -> bool:
+        """Whether the certificates sealed into a member's statement (``proof``, as ``admits``
+        took it) make it an administrator of our mesh: a fact placement may weigh, unlike what
+        a member says of itself."""
+        if member_id == str(self._trust.me):
+            return self._trust.admin
+        if type(proof) is not list or len(proof) != 2 or type(proof[1]) is not list:
+            return False
+        try:
+            peer = PeerId.from_string(member_id)
+        except LatticaError:
+            return False
+        return self._trust.judge(peer, proof[1], time.time()).admin
 
     def _check(self, member_id: str, statement: bytes, signature: bytes, certs: list, now: float) -> float:
         """Until when the statement admits its member (0.0: it does not)."""

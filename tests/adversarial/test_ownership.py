@@ -178,3 +178,39 @@ def test_a_member_cannot_reserve_a_whole_node():
             _spawn(mallory, host, name="more", options={"reserve": {"cpu": 1}})
         _spawn(alice, host, name="work", options={"reserve": {"cpu": 2}})  # room left for others
         _spawn(admin, host, name="ops", options={"reserve": {"cpu": 2, "gpus": 1}})  # an administrator: no share
+
+
+def test_a_members_resource_lure_does_not_win_an_administrators_placements():
+    """Issue 46, finding 6: an invited member that claims a huge idle node (its own membership
+    row says so, and placement believes rows) won 5 of 6 of an administrator's spawns, with
+    their arguments. An administrator's placement now ranks administrators' nodes first (whose
+    they are is read from the certificates sealed into their rows, not from what a row says):
+    the member's claim decides only what no administrator's node fits."""
+    import sample_actors as sa
+
+    key = MeshKey.generate()
+    km = lattica.KeyPair.generate()
+    with lattica.Node([TCP], mesh=key, allow=["sample_actors.*"], resources={"cpu": 2}) as admin, \
+            lattica.Node([TCP], mesh=key, allow=["sample_actors.*"], resources={"cpu": 2}) as other, \
+            lattica.Node([TCP], keypair=km, mesh=key.issue(km.peer_id), allow=["sample_actors.*"],
+                         resources={"cpu": 1024, "gpus": 64}) as mallory:
+        other.connect(admin.addrs[0])
+        mallory.connect(admin.addrs[0])
+        mallory.connect(other.addrs[0])
+        assert wait_for(lambda: len(admin.nodes()) == 3 and all("cpu" in r for r in admin.nodes()), timeout=10)
+        rows = {r["peer_id"]: r for r in admin.nodes()}
+        assert rows[str(admin.peer_id)]["admin"] and rows[str(other.peer_id)]["admin"]
+        assert wait_for(lambda: {r["peer_id"]: r["admin"] for r in admin.nodes()}[str(mallory.peer_id)] is False)
+
+        async def place(n, **options):
+            refs = [sa.Counter.options(**options).remote(i) for i in range(n)]
+            return refs, [await r.get.remote() for r in refs]
+
+        refs, values = admin.run(place(4, resources={"cpu": 1}), timeout=30)
+        assert values == list(range(4))
+        assert mallory.peer_id not in {r.peer_id for r in refs}  # (it claimed 1,024 idle CPUs)
+        refs, _ = admin.run(place(1, resources={"gpus": 1}), timeout=30)  # what no administrator's node has
+        assert refs[0].peer_id == mallory.peer_id
+        # the member's own spawns are placed as before (its claims are its own business)
+        refs, _ = mallory.run(place(2, resources={"cpu": 1}), timeout=30)
+        assert {r.peer_id for r in refs} == {mallory.peer_id}

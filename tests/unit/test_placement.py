@@ -80,3 +80,15 @@ def test_nodes_that_cannot_run_the_class_are_skipped_and_the_error_says_why():
     assert "strict: it runs code only from administrators of its mesh (accept_code='admins')" in str(e.value)
     assert "closed: it runs no code that travels (accept_code='nobody')" in str(e.value)
     assert runs(view[2], Spawnable("other.X")) == "its allow-list ['myapp.*'] does not name other.X and its code does not travel"
+
+
+def test_an_administrators_placement_ranks_administrators_nodes_first():
+    nodes = [
+        {"peer_id": "lure", "state": "alive", "cpu": 1024, "admin": False, "load": {"actors": 0}},
+        {"peer_id": "ours", "state": "alive", "cpu": 2, "admin": True, "load": {"actors": 5}},
+        {"peer_id": "says-admin", "state": "alive", "cpu": 64, "admin": "yes", "load": {"actors": 0}},  # (not True)
+    ]
+    assert candidates(nodes, {"cpu": 1}) == ["lure", "says-admin", "ours"]
+    assert candidates(nodes, {"cpu": 1}, admins_first=True) == ["ours", "lure", "says-admin"]
+    assert candidates(nodes, {"cpu": 1}, strategy="pack", admins_first=True)[0] == "ours"
+    assert candidates(nodes, {"cpu": 8}, admins_first=True) == ["lure", "says-admin"]  # (none of ours fits)

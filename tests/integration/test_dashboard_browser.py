@@ -52,6 +52,32 @@ def _shot(driver, tmp_path, name):
     return path
 
 
+def _fresh(fn, tries=20):
+    """``fn()``, again while an element it found was redrawn under it: the page rebuilds its
+    tables at each refresh, so an element found a moment ago may be gone (a stale reference)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for i in range(tries):
+        try:
+            return fn()
+        except StaleElementReferenceException:
+            if i == tries - 1:
+                raise
+            time.sleep(0.1)
+
+
+def _click(browser, css):
+    _fresh(lambda: browser.find_element("css selector", css).click())
+
+
+def _text(browser, css):
+    return _fresh(lambda: browser.find_element("css selector", css).text)
+
+
+def _attr_and_text(el, attr):
+    return el.get_attribute(attr), el.text
+
+
 def _until(driver, script, timeout=30.0):
     """Poll ``script`` (JS returning a value) until it is truthy; that value."""
     deadline = time.monotonic() + timeout
@@ -77,7 +103,7 @@ def test_the_page_shows_the_mesh_and_a_node_dying_with_its_children_restarted(br
         assert sorted(c for c, _ in children) == [f"keeper-{i}" for i in range(4)]
         paths = browser.execute_script("return [...document.querySelectorAll('#paths tbody tr')].map(r => r.dataset.path)")
         assert paths and set(paths) == {"direct"}
-        assert browser.find_element("id", "me").text.count(str(here.peer_id)) == 1
+        assert _text(browser, "#me").count(str(here.peer_id)) == 1
         _shot(browser, tmp_path, "dashboard-mesh")
 
         victim = next(p for p in procs if any(n == p.peer_id for _, n in children))
@@ -89,14 +115,14 @@ def test_the_page_shows_the_mesh_and_a_node_dying_with_its_children_restarted(br
             return row && row.dataset.state === 'dead'
                 && kids.every(li => li && li.dataset.node && li.dataset.node !== '{victim.peer_id}' && +li.dataset.restarts >= 1);
         """
-        assert _until(browser, script, timeout=60), browser.find_element("tag name", "main").text[:3000]
+        assert _until(browser, script, timeout=60), _text(browser, "main")[:3000]
         assert _until(browser, "return document.querySelectorAll('#events li[data-kind=restart]').length > 0", timeout=20)
         # the restarted children's actors, on their new nodes, show their restarts in the actors table
         script = f"""
             const rows = [...document.querySelectorAll('#actors tbody tr')].filter(r => {json.dumps(moved)}.some(id => r.dataset.actor.endsWith('/' + id)));
             return rows.length === {len(moved)} && rows.every(r => r.dataset.node !== '{victim.peer_id}' && +r.lastElementChild.dataset.restarts >= 1);
         """
-        assert _until(browser, script, timeout=20), browser.find_element("id", "actors").text[:2000]
+        assert _until(browser, script, timeout=20), _text(browser, "#actors")[:2000]
         assert browser.execute_script("return document.querySelectorAll('#events li[data-kind=death]').length") > 0
         _shot(browser, tmp_path, "dashboard-node-lost")
 
@@ -108,7 +134,7 @@ def test_the_page_draws_200_nodes_and_5000_actors(browser, tmp_path):
     with supervised_mesh(children=1, processes=1, dashboard="127.0.0.1:0") as (here, procs, sup, refs):
         browser.get(here.dashboard_url)
         assert _until(browser, "return document.getElementById('status').dataset.live === 'live'")
-        browser.find_element("id", "pause").click()  # (the live pictures of the real mesh wait meanwhile)
+        _click(browser, "#pause")  # (the live pictures of the real mesh wait meanwhile)
         took = browser.execute_script("""
             const nodes = [];
             for (let i = 0; i < 200; i++) {
@@ -130,7 +156,7 @@ def test_the_page_draws_200_nodes_and_5000_actors(browser, tmp_path):
         print(f"\ndashboard draw of 200 nodes / 5000 actors: {took:.0f} ms")
         assert browser.execute_script("return document.querySelectorAll('#nodes tbody tr').length") == 200
         assert browser.execute_script("return document.querySelectorAll('#actors tbody tr').length") == 500
-        assert "4500 more" in browser.find_element("id", "actors-more").text
+        assert "4500 more" in _text(browser, "#actors-more")
         assert browser.execute_script("return document.querySelector('[data-count=actors]').textContent") == "5000"
         box = browser.find_element("id", "filter")
         box.send_keys("worker-17-")
@@ -241,16 +267,21 @@ def _element_shot(browser, tmp_path, css, name):
 
     from PIL import Image
 
-    el = browser.find_element("css selector", css)
-    png = el.screenshot_as_png
+    el, png = _fresh(lambda: _sized_png(browser.find_element("css selector", css)))
     (tmp_path / f"{name}.png").write_bytes(png)
     extra = os.environ.get("LATTICA_SCREENSHOTS")
     if extra:
         os.makedirs(extra, exist_ok=True)
         (Path(extra) / f"{name}.png").write_bytes(png)
     w, h = Image.open(io.BytesIO(png)).size
-    assert abs(w - el.size["width"]) <= 2 and abs(h - el.size["height"]) <= 2 and w > 0 and h > 0, (w, h, el.size)
+    size = el["size"]
+    assert abs(w - size["width"]) <= 2 and abs(h - size["height"]) <= 2 and w > 0 and h > 0, (w, h, size)
     return png
+
+
+def _sized_png(el):
+    """An element's size and its screenshot (both from one rendering of it)."""
+    return {"size": el.size}, el.screenshot_as_png
 
 
 BLUE = (0x25, 0x63, 0xEB)  # the charts' line
@@ -287,14 +318,14 @@ def test_the_page_explains_failures_with_errors_output_utilisation_jobs_and_lost
                         system: +document.querySelector('[data-count=system]').textContent,
                         systemColumn: sum('#nodes tbody td:nth-child(5)')};""")
             assert counts["tile"] == counts["column"] == counts["rows"] >= 2 and counts["system"] == counts["systemColumn"] > 0, counts
-            browser.find_element("id", "show-system").click()
+            _click(browser, "#show-system")
             assert _until(browser, f"return document.querySelectorAll('#actors tbody tr').length === {counts['rows'] + counts['system']}")
-            browser.find_element("id", "show-system").click()
+            _click(browser, "#show-system")
             # load in words, reachability on a loopback mesh explained, internal topics hidden
             loads = browser.execute_script("return [...document.querySelectorAll('#nodes tbody td:nth-child(7)')].map(td => td.textContent)")
             assert any("actor" in t for t in loads) and not any("{" in t for t in loads), loads
-            me = browser.find_element("css selector", "#me [data-reachability]")
-            assert me.get_attribute("data-reachability") == "loopback" and "loopback only" in me.text and "nothing outside this machine" in me.text
+            reach, me = _fresh(lambda: _attr_and_text(browser.find_element("css selector", "#me [data-reachability]"), "data-reachability"))
+            assert reach == "loopback" and "loopback only" in me and "nothing outside this machine" in me
             assert _until(browser, "return document.getElementById('topics-hidden').textContent.includes('1 internal topic')")
             assert not browser.execute_script("return [...document.querySelectorAll('#topics tbody td')].some(td => td.textContent.startsWith('lattica/'))")
             # nothing clipped at 1400 px: every card's content fits its width
@@ -310,9 +341,9 @@ def test_the_page_explains_failures_with_errors_output_utilisation_jobs_and_lost
             assert _ink(png, GREY, 30) > 50
 
             # an actor's errors with their tracebacks, its output and its utilisation, from its node
-            browser.find_element("css selector", "#actors tbody tr[data-actor=flaky]").click()
+            _click(browser, "#actors tbody tr[data-actor=flaky]")
             assert _until(browser, "return document.querySelector('#detail[data-kind=actor] ol.errors')")
-            panel = browser.find_element("id", "detail").text
+            panel = _text(browser, "#detail")
             assert "ValueError: cannot take 8" in panel and 'raise ValueError(f"cannot take {x}")' in panel and "driver.py" in panel
             assert "flaky starting" in panel and "working on 4" in panel and "WARNING flaky: input 4" in panel
             assert panel.count("input 4") == 1  # (a log record printed to stderr by its handler is shown once)
@@ -324,25 +355,24 @@ def test_the_page_explains_failures_with_errors_output_utilisation_jobs_and_lost
             assert _ink(png, RED) > 50 and _ink(png, BLUE) > 30  # (the error types in red, the chart lines drawn)
 
             # a node's utilisation over time
-            browser.find_element("css selector", f"#nodes tbody tr[data-node='{worker.peer_id}']").click()
+            _click(browser, f"#nodes tbody tr[data-node='{worker.peer_id}']")
             assert _until(browser, "return document.querySelectorAll('#detail[data-kind=node] figure[data-chart]').length === 4")
             assert _until(browser, "return [...document.querySelectorAll('#detail figure[data-chart]')].every(f => +f.dataset.points >= 2)", timeout=20)
             png = _element_shot(browser, tmp_path, "#detail", "dashboard-node-utilisation")
             assert _ink(png, BLUE) > 200
 
             # the job view: the driver process and the actors it started
-            job = browser.find_element("css selector", f"#jobs tbody tr[data-job='{driver_id}']")
-            assert "driver.py" in job.text and "alive" in job.text, job.text
-            job.click()
+            job = _text(browser, f"#jobs tbody tr[data-job='{driver_id}']")
+            assert "driver.py" in job and "alive" in job, job
+            _click(browser, f"#jobs tbody tr[data-job='{driver_id}']")
             assert _until(browser, """return [...document.querySelectorAll('#actors tbody tr')].map(r => r.dataset.actor).sort().join() === 'flaky,lonely'""")
             _element_shot(browser, tmp_path, "#jobs", "dashboard-jobs")
-            job = browser.find_element("css selector", f"#jobs tbody tr[data-job='{driver_id}']")
-            job.click()
+            _click(browser, f"#jobs tbody tr[data-job='{driver_id}']")
 
             # an actor that failed to start: in "ended lately", with why
-            browser.find_element("css selector", "#ended tbody tr[data-actor=broken]").click()
+            _click(browser, "#ended tbody tr[data-actor=broken]")
             assert _until(browser, "return document.querySelector('#detail[data-kind=actor]')?.textContent.includes('Why it failed')")
-            panel = browser.find_element("id", "detail").text
+            panel = _text(browser, "#detail")
             assert "RuntimeError: no GPU here" in panel and "about to fail" in panel, panel[:2000]
             png = _element_shot(browser, tmp_path, "#detail", "dashboard-failed-start")
             assert _ink(png, RED) > 50

@@ -62,6 +62,8 @@ class _ServerSink(Sink):
     def err(self, kind: str, type_name: str, message: str, tb: str = "") -> None:
         self._release()
         if not self.tell:
+            if self.server.circle == trust.STRANGER:
+                tb = ""  # (a stranger is not shown our code: its paths, lines and frames)
             self.server.send([rpc.ERR, self.cid, kind, type_name, message, tb])
         elif kind == rpc.E_REMOTE:
             log.info("fire-and-forget call failed", actor=self.actor, error=f"{type_name}: {message}")

@@ -98,8 +98,12 @@ def test_a_stranger_gets_the_open_network_and_what_is_opened_to_it(mesh):
     assert call_as(stranger, echo, "echo", [1, "x"]) == [1, "x"]
     # a public method with its own ACL (lattica.require_caller)
     assert call_as(member, shop, "order", "pear") == f"pear for {member.peer_id}"
-    with pytest.raises(PermissionDenied, match="may not call this"):
+    with pytest.raises(PermissionDenied, match="may not call this") as refused:
         call_as(stranger, shop, "order", "pear")
+    assert not getattr(refused.value, "remote_traceback", "")  # (a stranger is not shown our code)
+    with pytest.raises(TypeError) as failed:
+        call_as(member, shop, "restock", "apple", "many")
+    assert "sample_actors.py" in failed.value.remote_traceback  # (a member is: its own mesh's)
     assert call_as(stranger, shop, "order", "pear", str(stranger.peer_id)) == f"pear for {stranger.peer_id}"
     assert call_as(stranger, spawner_ref(host.peer_id), "lookup", "shop").name == "shop"  # open: visible
     # the DHT is the open network's: a stranger stores and finds records through a mesh node

@@ -5,8 +5,8 @@ the victim, a DHT lookup through it (the providers of a key one member provides)
 while a third process attacks the victim as 1, 8 and 64 stranger identities (each a node of a
 mesh of its own), one attack at a time, and a control ("cpu": the attackers' process busy
 without sending anything). Per phase: each measure's p99, how many were lost (failed,
-undelivered, or the member hidden among providers), the victim's share of one core while it was
-measured and its resident memory.
+undelivered, or the member hidden among providers), the victim's and the attackers' shares of
+one core while it was measured, and the victim's resident memory.
 
 Everything runs on 127.0.0.1, where the per-IP budgets (handshakes, hinted dials) stand aside: the
 figures are those of identities spread over many addresses, the attacker's best case."""
@@ -85,12 +85,16 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _measured(members: _Members, pid: int, seconds: float) -> dict[str, Any]:
+def _measured(members: _Members, pid: int, seconds: float, attackers: int | None = None) -> dict[str, Any]:
     """The members' measures for ``seconds``, with the victim's share of one core meanwhile
-    (what the phase cost the victim itself, apart from the machine's two cores being shared)."""
-    cpu, t0 = _cpu_seconds(pid), time.monotonic()
+    (what the phase cost the victim itself, apart from the machine's two cores being shared)
+    and the attackers' (what they took of the two cores the victim and the members share)."""
+    pids = {"victim": pid, **({"attackers": attackers} if attackers is not None else {})}
+    cpu, t0 = {k: _cpu_seconds(p) for k, p in pids.items()}, time.monotonic()
     got = members.measure(seconds)
-    got["victim_cpu_pct"] = round(100 * (_cpu_seconds(pid) - cpu) / (time.monotonic() - t0), 1)
+    took = time.monotonic() - t0
+    for k, p in pids.items():
+        got[f"{k}_cpu_pct"] = round(100 * (_cpu_seconds(p) - cpu[k]) / took, 1)
     got["victim_rss_mb"] = round(_rss_mb(pid), 1)
     return got
 
@@ -223,7 +227,8 @@ _ATTACK: dict[str, Callable[[Any, Any, float], Any]] = {
 
 
 @contextlib.contextmanager
-def _attacking(kind: str, n: int, victim: str, seconds: float) -> Iterator[None]:
+def _attacking(kind: str, n: int, victim: str, seconds: float) -> Iterator[int]:
+    """The attackers' process, attacking (yields its pid)."""
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe()
     proc = ctx.Process(target=_attackers, args=(kind, n, victim, seconds, theirs), daemon=True)
@@ -231,7 +236,7 @@ def _attacking(kind: str, n: int, victim: str, seconds: float) -> Iterator[None]
     try:
         if not ours.poll(60) or ours.recv() != "ready":
             raise RuntimeError(f"the {kind} attackers did not start")
-        yield
+        yield proc.pid  # type: ignore[misc]
     finally:
         proc.join(seconds + 40)
         if proc.is_alive():
@@ -353,8 +358,8 @@ def bench_attack(attacks: tuple[str, ...] = ATTACKS, identities: tuple[int, ...]
         rows.append(quiet)
         for kind in attacks:
             for n in identities:
-                with _attacking(kind, n, addr, seconds + 1.0):
-                    got = _measured(members, victim.pid, seconds)
+                with _attacking(kind, n, addr, seconds + 1.0) as attackers:
+                    got = _measured(members, victim.pid, seconds, attackers)
                 got.update(bench="attack", attack=kind, identities=n)
                 worst = max(got[f"{k}_p99_ms"] / quiet[f"{k}_p99_ms"] for k in ("call", "lookup", "have", "pubsub") if quiet[f"{k}_p99_ms"] > 0)
                 got["x_quiet"] = round(worst, 2)

@@ -21,3 +21,4 @@ def test_bench_attack_measures_quiet_and_an_attack_with_nothing_lost():
         assert r["victim_rss_mb"] > 10 and r["victim_cpu_pct"] > 0
     assert rows[1]["x_quiet"] > 0
     assert rows[1]["victim_cpu_pct"] > rows[0]["victim_cpu_pct"]  # (the victim answers 8 strangers' haves)
+    assert rows[1]["attackers_cpu_pct"] > 0 and "attackers_cpu_pct" not in rows[0]

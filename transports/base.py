@@ -61,6 +61,12 @@ class Stream(abc.ABC):
     def reset(self) -> None:
         """Abort both directions at once; the peer sees StreamReset."""
 
+    @property
+    def aborted(self) -> bool:
+        """The stream was reset, by either side, or its connection is gone: nothing more comes
+        or goes on it (what waits to serve it may give up)."""
+        return False
+
     async def write_all(self, data: bytes | bytearray | memoryview) -> None:
         self.write(data)
         await self.drain()
@@ -170,6 +176,11 @@ class Connection(abc.ABC):
         unread meanwhile (flow control then slows it at no cost to us). False: this transport
         cannot, and its owner checks each inbound stream itself."""
         return False
+
+    @property
+    def peer_streams(self) -> int:
+        """Streams the peer opened that are open now (transports that cannot tell: all)."""
+        return self.num_streams
 
     @property
     def opens_granted(self) -> int:

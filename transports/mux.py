@@ -210,6 +210,11 @@ class Mux:
             self._n_remote += 1
         return st
 
+    @property
+    def remote_streams(self) -> int:
+        """Streams the peer opened, open now."""
+        return self._n_remote
+
     def _remove(self, sid: int) -> _StreamState | None:
         st = self._streams.pop(sid, None)
         if st is not None:

@@ -136,6 +136,10 @@ class MuxedStream(Stream):
         if w is not None and not w.done():
             w.set_result(None)
 
+    @property
+    def aborted(self) -> bool:
+        return self._error is not None
+
     def _fail(self, error: LatticaError) -> None:
         if self._error is None:
             self._error = error
@@ -470,6 +474,10 @@ class MuxedConnection(Connection):
 
     def widen_windows(self) -> None:
         self._mux.generous = True
+
+    @property
+    def peer_streams(self) -> int:
+        return self._mux.remote_streams
 
     @property
     def opens_granted(self) -> int:

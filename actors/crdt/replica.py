@@ -654,7 +654,7 @@ class Replica:
     def peers(self) -> list[PeerId]:
         """The peers known to hold a replica (they joined the document's topic)."""
         pubsub = self.rt.services.get("pubsub")
-        if pubsub is None or pubsub._router is None:
+        if pubsub is None or not pubsub.routing:
             return []
         return [p for p in pubsub.router.topics.get(self.topic, ()) if isinstance(p, PeerId)]
 
@@ -853,7 +853,7 @@ class Replica:
         for t in self._syncing.values():
             t.cancel()
         pubsub = self.rt.services.get("pubsub")
-        if pubsub is not None and not pubsub._closed:
+        if pubsub is not None and not pubsub.closed:
             pubsub.unsubscribe(self.topic, _ignore)
             pubsub.set_validator(self.topic, None)
         for sub in self._changes:

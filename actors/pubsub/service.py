@@ -230,6 +230,16 @@ class PubSubService:
         self.host.events.disconnected.subscribe(self._on_disconnected)
 
     @property
+    def routing(self) -> bool:
+        """The router is made (some topic was used): ``router`` would not make it now."""
+        return self._router is not None
+
+    @property
+    def closed(self) -> bool:
+        """The service stopped (``aclose``)."""
+        return self._closed
+
+    @property
     def router(self) -> Router:
         """The router, made (with every member connected so far as a peer) at first use."""
         if self._router is None:

@@ -233,10 +233,16 @@ class Connections:
         until one."""
         stranger = self.from_stranger(conn)
         room = self._strangers_room() if stranger else n
-        if room <= 0:
-            return 0, _STREAMS_FULL_WAIT
         opened = self._opened.get(conn, 0)
-        if opened < FREE_OPENS:
+        if opened < FREE_OPENS and conn not in self.info:
+            # a connection not identified yet gets its first opens even when strangers hold all
+            # their streams: a member whose identify comes on a stream (a QUIC dialer's) must
+            # get it through (the peer has 10 s to identify, then its connection is closed)
+            k = min(FREE_OPENS - opened, n)
+            self._opened[conn] = opened + k
+        elif room <= 0:
+            return 0, _STREAMS_FULL_WAIT
+        elif opened < FREE_OPENS:
             k = min(FREE_OPENS - opened, room, n)
             self._opened[conn] = opened + k
         else:
@@ -251,12 +257,12 @@ class Connections:
         return k, 0.0
 
     def _strangers_room(self) -> int:
-        """Streams strangers together may still open: the cap less those open and those granted
-        on metered connections, not yet opened (counted at most every ``_ROOM_EVERY`` s: held
+        """Streams strangers together may still open: the cap less those they opened and hold
+        open (not ours to them) and those granted on metered connections, not yet opened (counted at most every ``_ROOM_EVERY`` s: held
         connections ask again and again while it is full; grants since are taken off)."""
         now = self.loop.time()
         if now - self._room_at >= _ROOM_EVERY:
-            taken = sum(c.num_streams + c.opens_granted for c in self.all_conns if self.from_stranger(c))
+            taken = sum(c.peer_streams + c.opens_granted for c in self.all_conns if self.from_stranger(c))
             self._room, self._room_at = STRANGERS_STREAMS - taken, now
         return self._room
 

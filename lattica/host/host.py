@@ -118,7 +118,7 @@ class Host:
         self.mdns: Any = None  # lattica.mdns.MdnsService on a LAN
         self.handlers[identify.PROTOCOL] = self._on_identify
         self._strangers_pings = Turns(StrangersShare(*STRANGERS_PINGS, self.connections.from_stranger), self.loop)
-        self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s, lambda: self._strangers_pings.take(c))
+        self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s, lambda: self._ping_turn(s, c))
         self.handlers[circuit.STOP] = self._on_stop
 
     @property
@@ -605,6 +605,12 @@ class Host:
                         break
 
     # -- what the Node facade asks ---------------------------------------------------------------
+
+    async def _ping_turn(self, stream: Stream, conn: Connection) -> None:
+        """Before a ping's echo: at once for a member; a stranger's waits its turn of the share
+        all strangers' pings have, unless its stream or connection goes away meanwhile (then
+        the echo fails and the stream's handler ends) or it turns out to be a member."""
+        await self._strangers_pings.take(conn, give_up=lambda: stream.aborted or conn.is_closed or not self.connections.from_stranger(conn))
 
     async def ping(self, peer: PeerId, count: int, timeout: float) -> list[float]:
         async def run() -> list[float]:

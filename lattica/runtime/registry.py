@@ -693,6 +693,10 @@ class Runtime(Following):
                 if not chans:
                     del self._serving[ch.peer]
 
+    def channels_from(self, peer: PeerId) -> set[ServerChannel]:
+        """The call channels ``peer`` has open to us (empty: none)."""
+        return self._serving.get(peer, set())
+
     def unsent_to(self, peer: PeerId) -> int:
         """Bytes of replies to ``peer``'s calls not yet taken by its connection (it is slow, or
         not reading them): what a service that answers with bulk data waits on. Only the channels

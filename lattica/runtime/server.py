@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from lattica import codec, rpc, trust
 from lattica.logging import get_logger
 from lattica.errors import (
+    ConnectionClosed,
     FrameTooLarge,
     LatticaError,
     ProtocolError,
@@ -187,13 +188,20 @@ class ServerChannel:
     async def _strangers_turn(self, size: int) -> None:
         """A stranger's frame of ``size`` bytes waits, not decoded, while the strangers' share of
         this node's time is spent (all strangers together; members are never held): the channel
-        reads nothing meanwhile, so flow control holds the sender back at no cost to us."""
-        await self.runtime.strangers_calls.take(self.peer, 1 + size / STRANGER_UNIT, give_up=self._now_member)
+        reads nothing meanwhile, so flow control holds the sender back at no cost to us. A
+        channel whose stream or connection goes away meanwhile stops waiting (and serving)."""
+        cost = 1 + size / STRANGER_UNIT
+        if not await self.runtime.strangers_calls.take(self.peer, cost, give_up=lambda: self._gone() or self._now_member()) and self._gone():
+            raise ConnectionClosed(f"call channel from {self.peer} closed while its frame waited for the strangers' share")
+
+    def _gone(self) -> bool:
+        """The channel's stream was reset or its connection closed."""
+        return self.stream.aborted or self.conn.is_closed
 
     def _backlog(self) -> int:
         """Replies not yet taken by the connection, on all of the caller's channels on it: one
         caller's many channels must not each hold a high water mark of them."""
-        chans = self.runtime._serving.get(self.peer, ())
+        chans = self.runtime.channels_from(self.peer)
         return sum(ch.writer.backlog() for ch in chans if ch.conn is self.conn) if len(chans) > 1 else self.writer.backlog()
 
     async def _wait_for_room(self) -> None:
@@ -201,7 +209,7 @@ class ServerChannel:
         connection, have gone to the connection (the caller reads them, or the channel ends)."""
         self.writer.flush()
         await self.stream.drain()
-        for ch in list(self.runtime._serving.get(self.peer, ())):
+        for ch in list(self.runtime.channels_from(self.peer)):
             if ch is not self and ch.conn is self.conn and ch.writer.backlog():
                 ch.writer.flush()
                 try:

@@ -60,6 +60,66 @@ class _Unchecked(LatticaError):
         self.mismatch = mismatch
 
 
+class _Attempts:
+    """One call's way through the providers, shared by plain and streaming calls: the ones
+    tried and why each failed, whether the DHT was asked again, the backoff between attempts,
+    and the deadline past which the call is ``ShardUnavailable``."""
+
+    def __init__(self, stub: Stub, deadline: float) -> None:
+        self.stub = stub
+        self.deadline = deadline
+        self.tried: list[Provider] = []
+        self.errors: list[str] = []
+        self.delay = 0.0
+        self.looked = False  # the DHT was asked again since ``tried`` last started over
+
+    async def next(self) -> Provider:
+        """The provider for the next attempt, not one tried: when every provider we knew was
+        tried or is left alone, the DHT is asked again (once), then the first to be free again
+        is waited for (``tried`` starts over); ShardUnavailable past the deadline."""
+        stub, loop = self.stub, self.stub._rt.loop
+        while True:
+            p = stub._picker.pick(exclude=self.tried)
+            if p is None and not self.looked:
+                self.looked = True
+                await stub._find(everywhere=True, within=max(0.0, self.deadline - loop.time()))
+                p = stub._picker.pick(exclude=self.tried)
+            if p is not None:
+                return p
+            first = stub._picker.next_ready()
+            if first is None or first >= self.deadline or loop.time() >= self.deadline:
+                raise ShardUnavailable(self.unavailable())
+            await asyncio.sleep(max(0.0, first - loop.time()))
+            self.tried.clear()
+            self.looked = False
+
+    def failed(self, p: Provider, exc: BaseException, idempotent: bool) -> BaseException:
+        """An attempt on ``p`` failed with ``exc``: noted; raised again if the call may have run
+        there and is not idempotent."""
+        self.tried.append(p)
+        self.errors.append(f"{_who(p)}: {type(exc).__name__}: {exc}")
+        if not idempotent and not isinstance(exc, (_Unchecked,) + RETRY_ALWAYS):
+            raise exc
+        return exc
+
+    async def back_off(self, failure: BaseException | None) -> None:
+        """Between a failed attempt and the next: ShardUnavailable past the deadline, else the
+        backoff (none before the first retry, then doubling)."""
+        loop = self.stub._rt.loop
+        if loop.time() >= self.deadline:
+            raise ShardUnavailable(self.unavailable()) from failure
+        if self.delay:
+            await asyncio.sleep(min(self.delay, max(0.0, self.deadline - loop.time())))
+        self.delay = min(max(self.delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
+
+    def unavailable(self) -> str:
+        stub = self.stub
+        head = f"no provider of shard {stub.shard!r} of service {stub.service!r} answered"
+        if not self.errors:
+            return head + " (none is registered in the DHT)"
+        return head + ": " + "; ".join(self.errors[-6:])
+
+
 class Stub:
     """Calls to one shard of a service (see the module docstring). Made by
     ``lattica.shards.stub(service, shard)``; ``stub.method.remote(*args)`` as with an actor ref."""
@@ -178,18 +238,21 @@ class Stub:
             self._picker.succeeded(p, took)
         raise exc
 
-    async def call(self, method: str, args: tuple, kwargs: dict, timeout: float | None, idempotent: bool) -> Any:
+    async def _attempts(self) -> _Attempts:
+        """A new call's attempts, the providers looked up again first if it is time."""
         loop = self._rt.loop
-        deadline = loop.time() + self.within
+        attempts = _Attempts(self, loop.time() + self.within)
         if loop.time() - self._looked_up > REFRESH:
             await self._find(everywhere=False, within=self.within)
-        tried: list[Provider] = []
-        errors: list[str] = []
-        delay = 0.0
-        looked = [False]
+        return attempts
+
+    async def call(self, method: str, args: tuple, kwargs: dict, timeout: float | None, idempotent: bool) -> Any:
+        loop = self._rt.loop
+        attempts = await self._attempts()
+        tried = attempts.tried
         while True:
-            p = await self._pick(tried, errors, deadline, looked)
-            left = deadline - loop.time()
+            p = await attempts.next()
+            left = attempts.deadline - loop.time()
             attempt = max(left if timeout is None else min(timeout, left), 0.001)
             self._hedges = min(self._hedges + HEDGE_SHARE, HEDGE_BURST)
             after = self._hedge_after() if idempotent and self._hedges >= 1.0 else None
@@ -225,69 +288,40 @@ class Stub:
                             try:
                                 pending.append(await self._begin(other, method, args, kwargs, attempt, idempotent))
                             except _Unchecked as exc:
-                                failure = self._failed(other, exc, idempotent, tried, errors)
+                                failure = attempts.failed(other, exc, idempotent)
                         continue
                     for a in finished:
                         pending.remove(a)
                         try:
                             return self._end(*a)
                         except RETRY_ALWAYS + RETRY_IDEMPOTENT as exc:
-                            failure = self._failed(a[0], exc, idempotent, tried, errors)
+                            failure = attempts.failed(a[0], exc, idempotent)
             except _Unchecked as exc:
-                failure = self._failed(p, exc, idempotent, tried, errors)
+                failure = attempts.failed(p, exc, idempotent)
             finally:
                 for q, fut, t0 in pending:  # (the other attempt answered first, or the call ended)
                     fut.cancel()
                     self._picker.cancelled(q, loop.time() - t0)
-            if loop.time() >= deadline:
-                raise ShardUnavailable(self._unavailable(errors)) from failure
-            if isinstance(failure, _Unchecked):
+            if isinstance(failure, _Unchecked) and loop.time() < attempts.deadline:
                 continue  # (nothing ran: straight to another)
-            if delay:
-                await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
-            delay = min(max(delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
-
-    async def _pick(self, tried: list[Provider], errors: list[str], deadline: float, looked: list[bool]) -> Provider:
-        """The provider for the next attempt, not one in ``tried``: when every provider we knew
-        was tried or is left alone, the DHT is asked again (once: ``looked``), then the first to
-        be free again is waited for (``tried`` starts over); ShardUnavailable past ``deadline``."""
-        loop = self._rt.loop
-        while True:
-            p = self._picker.pick(exclude=tried)
-            if p is None and not looked[0]:
-                looked[0] = True
-                await self._find(everywhere=True, within=max(0.0, deadline - loop.time()))
-                p = self._picker.pick(exclude=tried)
-            if p is not None:
-                return p
-            first = self._picker.next_ready()
-            if first is None or first >= deadline or loop.time() >= deadline:
-                raise ShardUnavailable(self._unavailable(errors))
-            await asyncio.sleep(max(0.0, first - loop.time()))
-            tried.clear()
-            looked[0] = False
+            await attempts.back_off(failure)
 
     async def stream(self, method: str, args: tuple, kwargs: dict, timeout: float | None, idempotent: bool, out: Any) -> None:
         """A streaming call: tried on providers in turn until one sends its first item (or ends
         at once), which then feeds ``out``; ``out`` fails with the error that ended the search."""
         loop = self._rt.loop
-        deadline = loop.time() + self.within
         try:
-            if loop.time() - self._looked_up > REFRESH:
-                await self._find(everywhere=False, within=self.within)
-            tried: list[Provider] = []
-            errors: list[str] = []
-            delay = 0.0
-            looked = [False]
+            attempts = await self._attempts()
+            deadline = attempts.deadline
             while not out._done:  # (the consumer may give up meanwhile)
-                p = await self._pick(tried, errors, deadline, looked)
+                p = await attempts.next()
                 left = deadline - loop.time()
                 attempt = StubStream(out, loop)
                 try:
                     await self._check(p, left)
                 except _Unchecked as exc:
                     self._picker.failed(p, str(exc), ban=MISMATCH_BAN if exc.mismatch else None)
-                    self._failed(p, exc, idempotent, tried, errors)
+                    attempts.failed(p, exc, idempotent)
                     continue
                 self._picker.started(p)
                 t0 = loop.time()
@@ -298,12 +332,8 @@ class Stub:
                     await attempt.first
                 except RETRY_ALWAYS + RETRY_IDEMPOTENT as exc:
                     self._picker.failed(p, type(exc).__name__)
-                    self._failed(p, exc, idempotent, tried, errors)
-                    if loop.time() >= deadline:
-                        raise ShardUnavailable(self._unavailable(errors)) from exc
-                    if delay:
-                        await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
-                    delay = min(max(delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
+                    attempts.failed(p, exc, idempotent)
+                    await attempts.back_off(exc)
                     continue
                 except BaseException:
                     self._picker.succeeded(p, loop.time() - t0)  # (the method's own error: not the provider's fault)
@@ -312,22 +342,6 @@ class Stub:
                 return
         except BaseException as exc:  # noqa: BLE001 -- the consumer gets it
             out._fail(exc if not isinstance(exc, asyncio.CancelledError) else asyncio.CancelledError("the stub's stream was cancelled"))
-
-    def _failed(self, p: Provider, exc: BaseException, idempotent: bool, tried: list[Provider], errors: list[str]) -> BaseException:
-        """An attempt on ``p`` failed with ``exc``: noted; raised again if the call may have run
-        there and is not idempotent."""
-        tried.append(p)
-        errors.append(f"{_who(p)}: {type(exc).__name__}: {exc}")
-        if not idempotent and not isinstance(exc, (_Unchecked,) + RETRY_ALWAYS):
-            raise exc
-        return exc
-
-    def _unavailable(self, errors: list[str]) -> str:
-        head = f"no provider of shard {self.shard!r} of service {self.service!r} answered"
-        if not errors:
-            return head + " (none is registered in the DHT)"
-        return head + ": " + "; ".join(errors[-6:])
-
 
 class StubMethod:
     """``stub.method``: ``.remote(*args, **kwargs)`` calls it on a provider; ``.options(timeout=,

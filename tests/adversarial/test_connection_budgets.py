@@ -527,7 +527,7 @@ def test_strangers_streams_left_unread_pin_a_bounded_share_of_memory():
                 opened = sum(ex.map(lambda s: s.run(push(s), 120), strangers))
             time.sleep(1.0)
             cm = victim._host.connections
-            theirs = [c for c in cm.all_conns if c.remote_peer in {s.peer_id for s in strangers}]
+            theirs = [c for c in list(cm.all_conns) if c.remote_peer in {s.peer_id for s in strangers}]
             pinned = sum(c._mux._committed for c in theirs)
             streams = sum(c.num_streams for c in theirs)
             assert streams <= STRANGERS_STREAMS + 3 * FREE_OPENS, streams
@@ -555,7 +555,7 @@ def test_quic_strangers_unread_bytes_pin_a_narrow_connection_window():
             stream.write(blob)  # (never read: the echoes wait, our bytes wait unread there)
 
     def held(conn) -> int:
-        return conn._quic.rx_unread + conn._quic.held_out_of_order()
+        return 0 if conn is None else conn._quic.rx_unread + conn._quic.held_out_of_order()
 
     with lattica.Node(["/ip4/127.0.0.1/udp/0/quic-v1"], mesh=key) as victim, \
             lattica.Node(["/ip4/127.0.0.1/udp/0/quic-v1"], mesh=key) as member, \
@@ -566,10 +566,119 @@ def test_quic_strangers_unread_bytes_pin_a_narrow_connection_window():
             peer.run(push(peer, victim), 10)
 
         def conn_of(peer):
-            return next(c for c in list(cm.all_conns) if c.remote_peer == peer.peer_id)
+            return next((c for c in list(cm.all_conns) if c.remote_peer == peer.peer_id), None)
 
         assert wait_for(lambda: held(conn_of(member)) > 4 * NARROW_WINDOW, timeout=10), held(conn_of(member))
         time.sleep(1.0)  # (the stranger has had as long to fill what it may)
         assert conn_of(stranger).transport == "quic"
         assert 0 < held(conn_of(stranger)) <= NARROW_WINDOW, held(conn_of(stranger))
         assert member.ping(victim.peer_id) > 0
+
+
+def test_a_quic_member_identifies_while_strangers_hold_all_their_streams(monkeypatch):
+    """Hostile review of the strangers' stream cap (issue 46): a QUIC dialer's identify comes on
+    a stream it opens, and while strangers held every stream the cap allows, that stream was
+    reset: a member connecting over QUIC never identified (its calls reset, its connection closed
+    after 10 s). A connection not identified yet gets its first opens whatever strangers hold."""
+    from lattica import ping
+    from lattica.host import connections
+
+    monkeypatch.setattr(connections, "STRANGERS_STREAMS", 8)  # (two identities fill 512 the same way)
+    key = MeshKey.generate()
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1"], mesh=key) as victim:
+        tcp = next(a for a in victim.addrs if "/tcp/" in str(a))
+        quic = next(a for a in victim.addrs if "/quic-v1" in str(a))
+        cm = victim._host.connections
+        stranger = lattica.Node([], mesh=MeshKey.generate(), pubsub=False, membership=False).start()
+        try:
+            stranger.connect(tcp)
+
+            async def hold() -> list:
+                held = []
+                for _ in range(16):
+                    try:
+                        held.append(await asyncio.wait_for(stranger._host.open_stream(victim.peer_id, ping.PROTOCOL), 0.5))
+                    except (LatticaError, asyncio.TimeoutError):
+                        break  # (held: strangers' streams are all taken)
+                return held
+
+            held = stranger.run(hold(), 30)
+            assert len(held) >= 8 and wait_for(lambda: cm._strangers_room() <= 0, timeout=2)
+            with lattica.Node([], mesh=key, pubsub=False, membership=False) as member:
+                member.connect(quic)
+                assert member.ping(victim.peer_id, timeout=5) > 0
+                assert call_as(member, dht_ref(victim.peer_id), "ping") is True
+                assert [p.circle for p in victim.peers() if p.peer_id == member.peer_id] == ["member"]
+        finally:
+            stranger.stop()
+
+
+def test_quic_streams_a_stranger_ends_at_once_still_hold_its_narrow_window():
+    """Hostile review (issue 46): a QUIC stream the peer finished (FIN) and stopped our sending
+    on (STOP_SENDING) is retired, and its unread bytes stopped counting against the connection's
+    window: a stranger whose pings wait for their turn pinned 42 MiB on one connection past its
+    1 MiB window. Until the peer is trusted, such bytes hold the window until they are read."""
+    from lattica import ping
+    from lattica.transports.quic.wire import NARROW_WINDOW
+
+    with lattica.Node(["/ip4/127.0.0.1/udp/0/quic-v1"], mesh=MeshKey.generate(), content=False) as victim, \
+            lattica.Node(["/ip4/127.0.0.1/udp/0/quic-v1"], mesh=MeshKey.generate(), pubsub=False, membership=False, content=False) as s:
+        victim._host._strangers_pings.share._bucket._state[None] = [-1e9, time.monotonic()]  # (strangers spent the ping share)
+        s.connect(victim.addrs[0])
+        cm = victim._host.connections
+        assert wait_for(lambda: any(c.remote_peer == s.peer_id for c in list(cm.all_conns)))
+        theirs = next(c for c in list(cm.all_conns) if c.remote_peer == s.peer_id)
+
+        async def attack() -> int:
+            conn = await s._host.get_connection(victim.peer_id)
+            sent = 0
+            for _ in range(8):
+                st = await s._host.open_stream_on(conn, ping.PROTOCOL)
+                st.write(b"p" * 32 + b"x" * (900 * 1024))
+                await st.close()  # FIN
+                t0 = time.monotonic()
+                while conn._quic.send_buffered(st.stream_id) and time.monotonic() - t0 < 0.5:
+                    await asyncio.sleep(0.01)  # (as far as the victim's window lets it)
+                conn._quic.stop_stream(st.stream_id, 0)  # STOP_SENDING: the victim's sending side is done
+                conn._schedule_flush()
+                sent += 900 * 1024
+            return sent
+
+        assert s.run(attack(), 30) > 4 * NARROW_WINDOW
+        time.sleep(0.5)
+        held = victim.run(_held_quic(theirs), 10)
+        assert 0 < held <= NARROW_WINDOW, held
+
+
+async def _held_quic(conn) -> int:
+    """Bytes a QUIC connection's streams hold unread, retired streams' too."""
+    import gc
+
+    from lattica.transports.quic.stream import QuicStream
+
+    return sum(o._buf_len for o in gc.get_objects() if type(o) is QuicStream and o._conn is conn)
+
+
+def test_streams_a_node_opens_to_strangers_leave_their_share_alone(monkeypatch):
+    """Hostile review (issue 46): the strangers' stream cap counted every stream on strangers'
+    connections, ours to them too (a DHT query, a ping), so a node busy with the open network
+    filled strangers' share itself and refused them. Only streams a stranger opened count."""
+    from lattica import ping
+    from lattica.host import connections
+
+    monkeypatch.setattr(connections, "STRANGERS_STREAMS", 8)
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=MeshKey.generate()) as victim, \
+            lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=MeshKey.generate(), pubsub=False, membership=False) as stranger:
+        stranger.connect(victim.addrs[0])
+
+        async def ours() -> list:
+            return [await victim._host.open_stream(stranger.peer_id, ping.PROTOCOL) for _ in range(12)]
+
+        held = victim.run(ours(), 10)
+        assert len(held) == 12 and victim._host.connections._strangers_room() > 0
+
+        async def theirs() -> int:
+            got = [await asyncio.wait_for(stranger._host.open_stream(victim.peer_id, ping.PROTOCOL), 2.0) for _ in range(4)]
+            return len(got)
+
+        assert stranger.run(theirs(), 10) == 4

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import lattica
-from helpers import call_as
+from helpers import call_as, wait_for
 from lattica.actors.content import content_ref
 from lattica.actors.dht.actor import dht_ref
 from lattica.config import ContentConfig
@@ -213,3 +213,48 @@ def test_strangers_pings_share_one_budget_and_a_members_pings_go_on():
         finally:
             for s in strangers:
                 s.stop()
+
+
+def _live(turns) -> int:
+    return sum(1 for fut, _, _ in list(turns._queue) if not fut.done())
+
+
+@pytest.mark.parametrize("what", ["calls", "pings"])
+def test_strangers_waiting_for_their_turn_stop_when_their_connection_goes(what):
+    """Hostile review of the turns (issue 46): a stranger's call channel (or ping stream) waiting
+    for the strangers' share kept its task, stream and unread frame until its turn after its
+    connection was gone, and live strangers queued behind the dead (16 identities reconnecting
+    grew the victim by 700 MB). A waiter whose stream or connection goes away stops waiting."""
+    from lattica import ping, rpc
+
+    key = MeshKey.generate()
+    with lattica.Node([TCP], mesh=key, content=False) as victim:
+        host = victim._host
+        turns = host.runtime.strangers_calls if what == "calls" else host._strangers_pings
+        turns.share._bucket._state[None] = [-1e9, time.monotonic()]  # (strangers spent the share for good)
+        (s,) = _strangers(1, victim)
+        try:
+            async def wait_and_go() -> int:
+                conn = await s._host.get_connection(victim.peer_id)
+                for _ in range(4):
+                    if what == "calls":
+                        st = await s._host.open_stream_on(conn, rpc.PROTOCOL)
+                        st.write(len(b"x" * 4096).to_bytes(4, "big") + b"x" * 4096)  # (a frame: its length, then its bytes)
+                    else:
+                        st = await s._host.open_stream_on(conn, ping.PROTOCOL)
+                        st.write(b"p" * 32)
+                for _ in range(100):
+                    if _live(turns) >= 4:
+                        break
+                    await asyncio.sleep(0.02)
+                waiting = _live(turns)
+                conn.abort("gone")
+                return waiting
+
+            assert s.run(wait_and_go(), 10) == 4  # (all four wait their turn)
+            assert wait_for(lambda: _live(turns) == 0, timeout=3), _live(turns)
+            if what == "calls":
+                assert not host.runtime.channels_from(s.peer_id)
+        finally:
+            s.stop()
+

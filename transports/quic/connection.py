@@ -330,12 +330,14 @@ class QuicConn(Connection):
                 self._close_if_drained()
             # The peer can send nothing more on it; bytes the app has not read yet stay readable
             # but stop holding connection credit, so a stream the app forgets cannot starve the
-            # connection.
-            if s._buf_len:
-                self._quic.rx_unread -= s._buf_len
-                if self._quic.conn_credit_due():
-                    self._schedule_flush()
-            s._released = True
+            # connection -- once the peer is trusted: until then they hold the narrow window
+            # until read (else a peer that ends its streams at once pins what it likes).
+            if self._wide:
+                if s._buf_len:
+                    self._quic.rx_unread -= s._buf_len
+                    if self._quic.conn_credit_due():
+                        self._schedule_flush()
+                s._released = True
             if s._window > self._stream_window:
                 self._windows_changed()
 
@@ -622,6 +624,10 @@ class QuicConn(Connection):
     @property
     def num_streams(self) -> int:
         return len(self._streams)
+
+    @property
+    def peer_streams(self) -> int:
+        return len(self._streams) - self._n_out
 
     @property
     def last_received(self) -> float | None:

@@ -60,6 +60,10 @@ class QuicStream(Stream):
             self._conn._maybe_retire(self)
         self._wake_reader()
 
+    @property
+    def aborted(self) -> bool:
+        return self._read_exc is not None or self._conn.is_closed
+
     def _on_reset(self, error_code: int) -> None:
         if self._recv_done:
             return

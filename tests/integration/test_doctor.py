@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import lattica
+from helpers import run_on_pty
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -55,25 +56,11 @@ def test_doctor_says_when_a_peer_refuses_us_for_not_being_a_member():
 def test_doctor_in_a_terminal_says_what_it_waits_for():
     """In a terminal (a pty here), the wait for the AutoNAT verdict is a line that counts up,
     erased before the report; in a log (no terminal) it is a line per stage, never rewritten."""
-    import pty
-    import select
-
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"], relay=True) as relay:
         args = [sys.executable, "-m", "lattica.cli", "doctor", "--wait", "1.5", "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", str(relay.addrs[0])]
-        leader, follower = pty.openpty()
-        p = subprocess.Popen(args, stdin=follower, stdout=subprocess.PIPE, stderr=follower, env=env)
-        os.close(follower)
-        seen = b""
-        while p.poll() is None or select.select([leader], [], [], 0)[0]:
-            if select.select([leader], [], [], 0.2)[0]:
-                try:
-                    seen += os.read(leader, 4096)
-                except OSError:
-                    break
+        p, seen = run_on_pty(args, stdout=subprocess.PIPE, env=env)
         out = p.stdout.read().decode()
-        p.wait(30)
-        os.close(leader)
         piped = subprocess.run(args, capture_output=True, text=True, timeout=90, env=env)
     assert b"waiting for the AutoNAT verdict" in seen and b"of 1.5 s" in seen
     assert "reachability" in out.lower()

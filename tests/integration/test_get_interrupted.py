@@ -16,7 +16,7 @@ import time
 import pytest
 
 import lattica
-from helpers import wait_for
+from helpers import run_on_pty, wait_for
 from lattica.config import ContentConfig
 from lattica.content.cid import Cid
 from lattica.errors import BlockNotFound, ContentError, LatticaError
@@ -175,28 +175,15 @@ def test_a_resumed_get_reports_from_the_bytes_it_holds(tmp_path):
 def test_a_resumed_lattica_get_starts_its_bar_at_what_is_held(tmp_path):
     """On a terminal (a pty), the first figure of the bar of a resumed ``lattica get`` is the share
     already held, and the summary says how much was held."""
-    import pty
     import re
-    import select
 
     data = os.urandom(16 * MiB)
     cid, held = _half_held(tmp_path, data)
     with _node(tmp_path, "second") as second:
         lattica.content.put(data, node=second).result(30)
         _slow(second, 0.05)
-        leader, follower = pty.openpty()
-        p = subprocess.Popen([sys.executable, "-m", "lattica.cli", "get", cid, "-o", str(tmp_path / "out.bin"), "--bootstrap", str(second.addrs[0]),
-                              "--blocks", str(tmp_path / "me")], stdin=follower, stdout=subprocess.DEVNULL, stderr=follower)
-        os.close(follower)
-        seen = b""
-        while p.poll() is None or select.select([leader], [], [], 0)[0]:
-            if select.select([leader], [], [], 0.2)[0]:
-                try:
-                    seen += os.read(leader, 4096)
-                except OSError:
-                    break
-        p.wait(30)
-        os.close(leader)
+        p, seen = run_on_pty([sys.executable, "-m", "lattica.cli", "get", cid, "-o", str(tmp_path / "out.bin"), "--bootstrap", str(second.addrs[0]),
+                              "--blocks", str(tmp_path / "me")])
     text = seen.decode(errors="replace")
     assert p.returncode == 0, text[-2000:]
     first = re.search(r"(\d+\.\d)%", text)

@@ -54,3 +54,28 @@ def spawn_local(node: Any, cls: Any, *args: Any, name: str | None = None) -> Any
 
     return node.run(go(), timeout=5)
 
+
+
+def run_on_pty(args: list[str], stdout: Any = None, env: dict[str, str] | None = None, timeout: float = 30.0) -> tuple[Any, bytes]:
+    """Run ``args`` with its stdin and stderr on a terminal (a pty), as a user's would be, until
+    it exits: the process (its ``stdout`` as asked: default not kept) and what it wrote there."""
+    import os
+    import pty
+    import select
+    import subprocess
+
+    leader, follower = pty.openpty()
+    p = subprocess.Popen(args, stdin=follower, stdout=subprocess.DEVNULL if stdout is None else stdout, stderr=follower, env=env)
+    os.close(follower)
+    seen = b""
+    try:
+        while p.poll() is None or select.select([leader], [], [], 0)[0]:
+            if select.select([leader], [], [], 0.2)[0]:
+                try:
+                    seen += os.read(leader, 4096)
+                except OSError:
+                    break
+        p.wait(timeout)
+    finally:
+        os.close(leader)
+    return p, seen

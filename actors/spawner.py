@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from lattica.code.library import CodeLibrary
 from lattica.code.tickets import Ticket
@@ -73,13 +73,73 @@ class Jobs:
                 self._rt.host.spawn(actor.stop(f"its job ended: {peer} {reason}"))
 
 
+class Bindings:
+    """Which actors here stop when another goes down (their supervisor, an actor linked to
+    them): bound by the spawner and by this node's own code (``lattica.link``), never asked by a
+    peer directly (the spawner's methods are what peers may call; this is no method of it)."""
+
+    def __init__(self, runtime: Runtime, release: Callable[[str, str], None]) -> None:
+        self._rt = runtime
+        self._release = release  # (the spawner forgets an actor it stops)
+        self._bound: dict[str, dict[tuple, Monitor]] = {}  # actor name -> monitors that stop it with another
+
+    def of(self, name: str) -> set[tuple]:
+        """The actors ``name`` is bound to (as keys)."""
+        return set(self._bound.get(name, {}))
+
+    def bind(self, name: str, other: ActorRef) -> None:
+        """Stop actor ``name`` when ``other`` (its supervisor, or a linked actor) goes down: a
+        restarted supervisor starts its children afresh, so the old ones must not linger. An
+        actor may be bound to several others (its supervisor and its links).
+
+        The binding holds for the incarnation of ``name`` living now, not for the name (an
+        Erlang link is to a pid): the notice that ``other`` went down is handled in a task of
+        its own, and may come after this actor stopped and the next incarnation of its
+        supervisor started another under the same name (a supervisor restarted on the same
+        node, whose child is placed here again). That notice is about the old binding only;
+        the new actor and its own bindings stay."""
+        bound = self._rt.actors.get(name)
+
+        async def down(ref: ActorRef, why: str) -> None:
+            actor = self._rt.actors.get(name)
+            if actor is None or actor is not bound:
+                return  # stopped already; the name may have a new holder, bound on its own
+            self.forget(name)
+            await actor.stop(f"linked actor {ref.name} went down: {why}")
+
+        self.unbind(name, other)
+        self._bound.setdefault(name, {})[_key(other)] = self._rt.monitors.watch(other, down)
+
+    def unbind(self, name: str, other: ActorRef) -> None:
+        bound = self._bound.get(name)
+        watch = bound.pop(_key(other), None) if bound is not None else None
+        if watch is not None:
+            watch.cancel()
+        if bound == {}:
+            del self._bound[name]
+
+    def forget(self, name: str) -> None:
+        """``name`` stopped: nothing stops it any more."""
+        for watch in self._bound.pop(name, {}).values():
+            watch.cancel()
+
+    def stop_all(self) -> None:
+        """The mesh took this node for dead: every actor bound to a supervisor or a link has
+        been replaced or stopped on the other side by now, so ours stop too."""
+        for name in list(self._bound):
+            self._release(name, "node downed")
+            actor = self._rt.actors.get(name)
+            if actor is not None:
+                self._rt.host.spawn(actor.stop("this node was declared dead by the mesh"))
+
+
 class Spawner:
     NAME = "spawner"
 
     def __init__(self, runtime: Runtime) -> None:
         self._rt = runtime
         self.reserved: dict[str, dict[str, float]] = {}  # actor name -> resources held for it
-        self._bound: dict[str, dict[tuple, Monitor]] = {}  # actor name -> monitors that stop it with another
+        self.bindings = Bindings(runtime, self._release)  # (an attribute, not a method: peers call only methods)
         self._supervisor: dict[str, str] = {}  # actor name -> the name of the supervisor it is bound to
         self._incarnation: dict[str, str] = {}  # actor name -> the token its supervisor started it with
         self._owner: dict[str, PeerId] = {}  # actor name -> the node that spawned it (absent: this node)
@@ -154,51 +214,9 @@ class Spawner:
             left = self._owned.pop(owner, 1) - 1
             if left:
                 self._owned[owner] = left
-        for watch in self._bound.pop(name, {}).values():
-            watch.cancel()
+        self.bindings.forget(name)
         if self.reserved.pop(name, None) is not None and self._rt.services.get("membership") is not None:
             self._rt.services.get("membership").load_changed()
-
-    def _bind(self, name: str, other: ActorRef) -> None:
-        """Stop actor ``name`` when ``other`` (its supervisor, or a linked actor) goes down: a
-        restarted supervisor starts its children afresh, so the old ones must not linger. An
-        actor may be bound to several others (its supervisor and its links).
-
-        The binding holds for the incarnation of ``name`` living now, not for the name (an
-        Erlang link is to a pid): the notice that ``other`` went down is handled in a task of
-        its own, and may come after this actor stopped and the next incarnation of its
-        supervisor started another under the same name (a supervisor restarted on the same
-        node, whose child is placed here again). That notice is about the old binding only;
-        the new actor and its own bindings stay."""
-        bound = self._rt.actors.get(name)
-
-        async def down(ref: ActorRef, why: str) -> None:
-            actor = self._rt.actors.get(name)
-            if actor is None or actor is not bound:
-                return  # stopped already; the name may have a new holder, bound on its own
-            for watch in self._bound.pop(name, {}).values():
-                watch.cancel()
-            await actor.stop(f"linked actor {ref.name} went down: {why}")
-
-        self._unbind(name, other)
-        self._bound.setdefault(name, {})[_key(other)] = self._rt.monitors.watch(other, down)
-
-    def _unbind(self, name: str, other: ActorRef) -> None:
-        bound = self._bound.get(name)
-        watch = bound.pop(_key(other), None) if bound is not None else None
-        if watch is not None:
-            watch.cancel()
-        if bound == {}:
-            del self._bound[name]
-
-    def _stop_bound(self) -> None:
-        """The mesh took this node for dead: every actor bound to a supervisor or a link has
-        been replaced or stopped on the other side by now, so ours stop too."""
-        for name in list(self._bound):
-            self._release(name, "node downed")
-            actor = self._rt.actors.get(name)
-            if actor is not None:
-                self._rt.host.spawn(actor.stop("this node was declared dead by the mesh"))
 
     # -- ownership ---------------------------------------------------------------------------
 
@@ -219,13 +237,13 @@ class Spawner:
         (who controls ``name`` only: a link is the power to stop it)."""
         self._check_link(name, other)
         self._require_control(name, "link")
-        self._bind(name, other)
+        self.bindings.bind(name, other)
 
     async def unlink(self, name: str, other: ActorRef) -> None:
         """Undo ``link``: ``other`` going down no longer stops ``name``."""
         self._check_link(name, other)
         self._require_control(name, "unlink")
-        self._unbind(name, other)
+        self.bindings.unbind(name, other)
 
     def _check_link(self, name: str, other: ActorRef) -> None:
         if type(name) is not str or not isinstance(other, ActorRef):
@@ -335,7 +353,7 @@ class Spawner:
             if not isinstance(sup, ActorRef):
                 await actor.stop("spawn refused")
                 raise SpawnError("supervisor must be an actor ref")
-            self._bind(actor.name, sup)
+            self.bindings.bind(actor.name, sup)
             self._supervisor[actor.name] = sup.name
             self._supervisor_node[actor.name] = sup.peer_id
             self._supervisor_ref[actor.name] = sup
@@ -393,6 +411,12 @@ class Spawner:
             return True
         old = self._supervisor_node.get(name)
         return caller is not None and sup.peer_id == caller and old is not None and self._rt.node_gone(old)
+
+    @property
+    def holder(self) -> Callable[[str, str | None], LocalActor | None]:
+        """``holder(name, incarnation)``: the actor ``name`` living here, only if of that
+        incarnation (None: none; a property, not a method: peers call only methods)."""
+        return self._holder
 
     def _holder(self, name: str, incarnation: str | None = None) -> LocalActor | None:
         """The actor ``name`` living here; with ``incarnation``, only if it is the one its

@@ -113,7 +113,7 @@ def link(ref: ActorRef) -> None:
         raise LatticaError("lattica.link is called from inside an actor method")
 
     async def both() -> None:
-        rt.actors["spawner"].instance._bind(me.name, ref)
+        rt.actors["spawner"].instance.bindings.bind(me.name, ref)
         try:
             await rt.call(spawner_ref(ref.peer_id), "link", (ref.name, me), {}, timeout=10.0)
         except LatticaError as e:
@@ -131,7 +131,7 @@ def unlink(ref: ActorRef) -> None:
         raise LatticaError("lattica.unlink is called from inside an actor method")
 
     async def both() -> None:
-        rt.actors["spawner"].instance._unbind(me.name, ref)
+        rt.actors["spawner"].instance.bindings.unbind(me.name, ref)
         try:
             await rt.call(spawner_ref(ref.peer_id), "unlink", (ref.name, me), {}, timeout=10.0)
         except LatticaError as e:

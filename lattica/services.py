@@ -95,7 +95,7 @@ def _membership(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built |
         return None
     service = MembershipService(rt, node.membership_config, node.labels, node.resources, node.accept_code, node.allow)
     service.on_down.append(rt.member_down)  # calls waiting on a dead peer fail, monitors fire
-    service.on_self_downed.append(services["spawner"]._stop_bound)
+    service.on_self_downed.append(services["spawner"].bindings.stop_all)
     service.on_down.append(services["spawner"].jobs.ended)  # actors end with the job that spawned them
     return Built(service, MembershipActor(service))
 

@@ -335,7 +335,7 @@ class Supervisor:
         try:
             if ref.peer_id == self._rt.peer_id:
                 spawner = self._rt.services.get("spawner")
-                local = spawner._holder(ref.name, incarnation) if spawner is not None else self._rt.actors.get(ref.name)
+                local = spawner.holder(ref.name, incarnation) if spawner is not None else self._rt.actors.get(ref.name)
                 if local is not None:
                     await local.stop(reason)
             else:

@@ -36,7 +36,7 @@ def _call(node, ref, method, *args):
 
 
 def _bound(node, name):
-    return set(node._host.runtime.actors["spawner"].instance._bound.get(name, {}))
+    return node._host.runtime.actors["spawner"].instance.bindings.of(name)
 
 
 def _alive(node, ref):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
 from lattica.errors import (ActorDied, ActorNotFound, CallTimeout, LatticaError, MailboxFull, PeerUnreachable,
                             ShardUnavailable)
@@ -65,8 +65,11 @@ class _Attempts:
     tried and why each failed, whether the DHT was asked again, the backoff between attempts,
     and the deadline past which the call is ``ShardUnavailable``."""
 
-    def __init__(self, stub: Stub, deadline: float) -> None:
-        self.stub = stub
+    def __init__(self, picker: Picker, find: Callable[[float], Awaitable[None]], loop: asyncio.AbstractEventLoop, deadline: float, what: str) -> None:
+        self._picker = picker
+        self._find = find  # asks the DHT for the providers again, within so many seconds
+        self._loop = loop
+        self._what = what  # "shard S of service V", for errors
         self.deadline = deadline
         self.tried: list[Provider] = []
         self.errors: list[str] = []
@@ -77,16 +80,16 @@ class _Attempts:
         """The provider for the next attempt, not one tried: when every provider we knew was
         tried or is left alone, the DHT is asked again (once), then the first to be free again
         is waited for (``tried`` starts over); ShardUnavailable past the deadline."""
-        stub, loop = self.stub, self.stub._rt.loop
+        loop = self._loop
         while True:
-            p = stub._picker.pick(exclude=self.tried)
+            p = self._picker.pick(exclude=self.tried)
             if p is None and not self.looked:
                 self.looked = True
-                await stub._find(everywhere=True, within=max(0.0, self.deadline - loop.time()))
-                p = stub._picker.pick(exclude=self.tried)
+                await self._find(max(0.0, self.deadline - loop.time()))
+                p = self._picker.pick(exclude=self.tried)
             if p is not None:
                 return p
-            first = stub._picker.next_ready()
+            first = self._picker.next_ready()
             if first is None or first >= self.deadline or loop.time() >= self.deadline:
                 raise ShardUnavailable(self.unavailable())
             await asyncio.sleep(max(0.0, first - loop.time()))
@@ -105,7 +108,7 @@ class _Attempts:
     async def back_off(self, failure: BaseException | None) -> None:
         """Between a failed attempt and the next: ShardUnavailable past the deadline, else the
         backoff (none before the first retry, then doubling)."""
-        loop = self.stub._rt.loop
+        loop = self._loop
         if loop.time() >= self.deadline:
             raise ShardUnavailable(self.unavailable()) from failure
         if self.delay:
@@ -113,8 +116,7 @@ class _Attempts:
         self.delay = min(max(self.delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
 
     def unavailable(self) -> str:
-        stub = self.stub
-        head = f"no provider of shard {stub.shard!r} of service {stub.service!r} answered"
+        head = f"no provider of {self._what} answered"
         if not self.errors:
             return head + " (none is registered in the DHT)"
         return head + ": " + "; ".join(self.errors[-6:])
@@ -241,7 +243,11 @@ class Stub:
     async def _attempts(self) -> _Attempts:
         """A new call's attempts, the providers looked up again first if it is time."""
         loop = self._rt.loop
-        attempts = _Attempts(self, loop.time() + self.within)
+
+        async def find_everywhere(within: float) -> None:
+            await self._find(everywhere=True, within=within)
+
+        attempts = _Attempts(self._picker, find_everywhere, loop, loop.time() + self.within, f"shard {self.shard!r} of service {self.service!r}")
         if loop.time() - self._looked_up > REFRESH:
             await self._find(everywhere=False, within=self.within)
         return attempts

@@ -664,6 +664,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--link", choices=["lan", "region", "continent"], default=None,
                    help="stream, rpc, firstcall: run across an emulated link (root, Linux; lattica.bench.linkem) instead of loopback")
     s.add_argument("--attack", action="append", default=None, help="attack: which (repeatable; default every one: cpu (a control), have, calls, pubsub, streams, sockets, store, providers); --nodes: stranger identities (default 1, 8, 64)")
+    s.add_argument("--shared-cores", action="store_true", help="attack: the attackers share the victim's cores (default: the last core is theirs alone)")
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=_bench)
 

@@ -47,6 +47,9 @@ log = get_logger("lattica.content")
 _INLINE_BYTES = 256 << 10  # hashing or disk work smaller than this runs on the loop (see ``on_disk``)
 MEMORY_CAPACITY = 1 << 30  # the largest memory blockstore (``blocks="memory"``)
 _UNSENT_POLL = 0.02  # seconds between looks at a slow reader's unsent answers
+# CIDs all strangers together may name a second in have and haves calls: half of one peer's
+# (``NAMED_RATE``), as much at once (at 16,384 a second they cost the victim a tenth of a core)
+STRANGERS_NAMED_RATE = NAMED_RATE / 2
 _FETCH_STOP = 2.0  # seconds a stopping node waits for a fetch to end before it cancels it
 
 __all__ = ["ContentActor", "ContentService", "ContentConfig", "content_ref", "provider_key", "MAX_NAMED", "SWARM_ANSWER"]
@@ -493,7 +496,7 @@ class ContentActor:
     def __init__(self, service: ContentService) -> None:
         self._svc = service
         self._named = Buckets(NAMED_RATE, NAMED_BURST)  # CIDs each peer may name in have and haves calls
-        self._strangers_named = StrangersShare(NAMED_RATE, NAMED_BURST, service.is_stranger)  # ... and all strangers together
+        self._strangers_named = StrangersShare(STRANGERS_NAMED_RATE, NAMED_BURST, service.is_stranger)  # ... and all strangers together
 
     async def have(self, cids: list) -> list[bool]:
         """Per CID: whether we hold the block (want-have); at most ``NAMED_RATE`` CIDs a second
@@ -511,7 +514,7 @@ class ContentActor:
         if not self._named.take(caller, cost):
             raise ContentError(f"too many CIDs named: at most {NAMED_RATE:.0f} a second per peer")
         if not self._strangers_named.take(caller, cost):
-            raise ContentError(f"too many CIDs named: at most {NAMED_RATE:.0f} a second from all peers outside this node's mesh")
+            raise ContentError(f"too many CIDs named: at most {STRANGERS_NAMED_RATE:.0f} a second from all peers outside this node's mesh")
 
     async def blocks(self, cids: list) -> list:
         """Per CID, in order: the block's bytes, None if we do not hold it (want-block), or

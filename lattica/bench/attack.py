@@ -9,7 +9,9 @@ undelivered, or the member hidden among providers), the victim's and the attacke
 one core while it was measured, and the victim's resident memory.
 
 Everything runs on 127.0.0.1, where the per-IP budgets (handshakes, hinted dials) stand aside: the
-figures are those of identities spread over many addresses, the attacker's best case."""
+figures are those of identities spread over many addresses, the attacker's best case. The
+attackers get a core of their own (``split_cores``; ``--shared-cores``: not), as if they ran on
+another machine."""
 
 from __future__ import annotations
 
@@ -61,8 +63,27 @@ class Echo:
 # -- the victim (its own process) ------------------------------------------------------------------
 
 
-def _victim(mesh: str, pipe: Any) -> None:
+def _cores(split: bool) -> tuple[set[int] | None, set[int] | None]:
+    """(the victim's and members' cores, the attackers' cores): with ``split`` and two or more
+    cores, the last for the attackers, the rest for the others (as if the attackers ran on a
+    machine of their own); else (None, None): everyone shares every core."""
+    if not split or not hasattr(os, "sched_getaffinity"):
+        return None, None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return None, None
+    return set(cores[:-1]), {cores[-1]}
 
+
+def _pin(cores: set[int] | None) -> None:
+    """Keep this thread, and the threads it starts from now on, on ``cores`` (None: as it is)."""
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
+
+
+def _victim(mesh: str, pipe: Any, cores: set[int] | None = None) -> None:
+
+    _pin(cores)
     node = Node([_LOOPBACK], mesh=MeshKey.from_text(mesh), allow=["lattica.bench.attack.*"],
                 pubsub=PubSubConfig(open_topics=[OPEN_TOPIC]), content=ContentConfig(blocks="memory")).start()
     pubsub.subscribe(OPEN_TOPIC, handler=lambda m: None, node=node)
@@ -102,8 +123,9 @@ def _measured(members: _Members, pid: int, seconds: float, attackers: int | None
 # -- the attackers (another process) ---------------------------------------------------------------
 
 
-def _attackers(kind: str, n: int, victim: str, seconds: float, pipe: Any) -> None:
+def _attackers(kind: str, n: int, victim: str, seconds: float, pipe: Any, cores: set[int] | None = None) -> None:
 
+    _pin(cores)
     addr = Multiaddr(victim)
     listen = [_LOOPBACK] if kind == "providers" else []  # (a provider record is kept only for a dialable peer)
     nodes = [Node(listen, mesh=MeshKey.generate(), pubsub=False, content=False, membership=False).start() for _ in range(n)]
@@ -227,11 +249,11 @@ _ATTACK: dict[str, Callable[[Any, Any, float], Any]] = {
 
 
 @contextlib.contextmanager
-def _attacking(kind: str, n: int, victim: str, seconds: float) -> Iterator[int]:
+def _attacking(kind: str, n: int, victim: str, seconds: float, cores: set[int] | None) -> Iterator[int]:
     """The attackers' process, attacking (yields its pid)."""
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe()
-    proc = ctx.Process(target=_attackers, args=(kind, n, victim, seconds, theirs), daemon=True)
+    proc = ctx.Process(target=_attackers, args=(kind, n, victim, seconds, theirs, cores), daemon=True)
     proc.start()
     try:
         if not ours.poll(60) or ours.recv() != "ready":
@@ -334,8 +356,12 @@ def _p99(xs: list[float]) -> float:
     return statistics.quantiles(xs, n=100)[98]
 
 
-def bench_attack(attacks: tuple[str, ...] = ATTACKS, identities: tuple[int, ...] = IDENTITIES, seconds: float = 4.0) -> list[dict[str, Any]]:
-    """One row quiet, then one per attack and number of identities, each against the quiet row."""
+def bench_attack(attacks: tuple[str, ...] = ATTACKS, identities: tuple[int, ...] = IDENTITIES, seconds: float = 4.0,
+                 split_cores: bool = True) -> list[dict[str, Any]]:
+    """One row quiet, then one per attack and number of identities, each against the quiet row.
+    ``split_cores``: the attackers get a core of their own (the last), the victim and the
+    members the others, as if the attackers ran elsewhere: what the figures then show is what
+    the attack costs the victim, not what the attackers' own work takes of a shared machine."""
     unknown = [a for a in attacks if a not in _ATTACK]
     if unknown:
         raise ValueError(f"unknown attack {unknown[0]!r}: bench attack knows {', '.join(ATTACKS)}")
@@ -343,7 +369,10 @@ def bench_attack(attacks: tuple[str, ...] = ATTACKS, identities: tuple[int, ...]
     key = MeshKey.generate()
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe()
-    victim = ctx.Process(target=_victim, args=(key.to_text(), theirs), daemon=True)
+    ours_cores, attackers_cores = _cores(split_cores)
+    before = os.sched_getaffinity(0) if ours_cores is not None else None
+    _pin(ours_cores)  # (the members' nodes start their threads here, after this)
+    victim = ctx.Process(target=_victim, args=(key.to_text(), theirs, ours_cores), daemon=True)
     victim.start()
     rows: list[dict[str, Any]] = []
     members = None
@@ -354,11 +383,11 @@ def bench_attack(attacks: tuple[str, ...] = ATTACKS, identities: tuple[int, ...]
         members = _Members(key, addr)
         members.measure(1.0)  # (warm)
         quiet = _measured(members, victim.pid, seconds)
-        quiet.update(bench="attack", attack="quiet", identities=0)
+        quiet.update(bench="attack", attack="quiet", identities=0, attackers_cores=sorted(attackers_cores) if attackers_cores else "shared")
         rows.append(quiet)
         for kind in attacks:
             for n in identities:
-                with _attacking(kind, n, addr, seconds + 1.0) as attackers:
+                with _attacking(kind, n, addr, seconds + 1.0, attackers_cores) as attackers:
                     got = _measured(members, victim.pid, seconds, attackers)
                 got.update(bench="attack", attack=kind, identities=n)
                 worst = max(got[f"{k}_p99_ms"] / quiet[f"{k}_p99_ms"] for k in ("call", "lookup", "have", "pubsub") if quiet[f"{k}_p99_ms"] > 0)
@@ -373,4 +402,6 @@ def bench_attack(attacks: tuple[str, ...] = ATTACKS, identities: tuple[int, ...]
         victim.join(20)
         if victim.is_alive():
             victim.kill()
+        if before is not None:
+            os.sched_setaffinity(0, before)
     return rows

@@ -45,15 +45,16 @@ def rpc_configs(args: argparse.Namespace) -> tuple[list[str], list[str], list[in
     return rpc_transports, kinds, payloads, concurrencies, rpc_polls
 
 
-def attack_configs(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[int, ...], float]:
-    """``bench attack``'s attacks, numbers of stranger identities and seconds per phase."""
+def attack_configs(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[int, ...], float, bool]:
+    """``bench attack``'s attacks, numbers of stranger identities, seconds per phase and whether
+    the attackers get a core of their own."""
     from lattica.bench.attack import ATTACKS, IDENTITIES  # (the bench's lazy imports: see lattica.cli)
 
-    return tuple(args.attack or ATTACKS), tuple(args.nodes or IDENTITIES), min(args.duration, 4.0)
+    return tuple(args.attack or ATTACKS), tuple(args.nodes or IDENTITIES), min(args.duration, 4.0), not getattr(args, "shared_cores", False)
 
 
 def _attack(a: argparse.Namespace) -> Plan:
-    attacks, sizes, seconds = attack_configs(a)
+    attacks, sizes, seconds, _ = attack_configs(a)
     n = len(attacks) * len(sizes)
     return Plan(f"a quiet phase and {_runs(n, 'attack')} ({'/'.join(attacks)} by {'/'.join(map(str, sizes))} stranger identities) "
                 f"of {seconds:g} s each", 10 + (n + 1) * (seconds + 4), "--attack NAME, --nodes N: fewer")

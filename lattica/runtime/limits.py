@@ -27,8 +27,8 @@ MAX_ACTORS = 10_000  # actors per node: every spawn beyond it is refused
 # pub-sub ...), in units a second (and at once): a frame costs 1 + its size / STRANGER_UNIT (a DHT
 # request ~1, a content ``have`` of 1,024 CIDs ~38). Beyond, their frames wait unread (flow
 # control holds the senders back) and members' go on: the loop time strangers can take is bounded,
-# however many identities they make
-STRANGERS_CALLS = (2000.0, 4000.0)
+# however many identities they make (at 2,000 a second, spent, they took a quarter of a core)
+STRANGERS_CALLS = (1000.0, 2000.0)
 STRANGER_UNIT = 1024
 HOOK_TIMEOUT = 10.0  # seconds an on_stop hook may take
 IDENTIFY_WAIT = 5.0  # s a fresh connection's call channel waits for the peer's identify (one one-way delay, normally)

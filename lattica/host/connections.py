@@ -258,8 +258,9 @@ class Connections:
 
     def _strangers_room(self) -> int:
         """Streams strangers together may still open: the cap less those they opened and hold
-        open (not ours to them) and those granted on metered connections, not yet opened (counted at most every ``_ROOM_EVERY`` s: held
-        connections ask again and again while it is full; grants since are taken off)."""
+        open (not ours to them) and those granted on metered connections, not yet opened
+        (counted at most every ``_ROOM_EVERY`` s: held connections ask again and again while it
+        is full; grants since are taken off)."""
         now = self.loop.time()
         if now - self._room_at >= _ROOM_EVERY:
             taken = sum(c.peer_streams + c.opens_granted for c in self.all_conns if self.from_stranger(c))

@@ -560,9 +560,11 @@ def test_64mib_transfer_sha256() -> None:
             await s.close()
             assert await digest == (64 << 20, h.hexdigest())
             # what the dashboard reads of the path: UDP payload bytes (the data plus QUIC's
-            # overhead one way, acknowledgements the other) and aioquic's smoothed RTT
+            # overhead one way, acknowledgements the other) and aioquic's smoothed RTT; on a
+            # loaded CI machine datagrams are lost on loopback too and sent again (73.6 MB once:
+            # 12% more), so the bound is what counting the data twice would break
             sent, got = p.client.path_stats(), p.server.path_stats()
-            assert 64 << 20 < sent["bytes_sent"] < 70 << 20 and sent["bytes_received"] < 4 << 20, sent
+            assert 64 << 20 < sent["bytes_sent"] < 96 << 20 and sent["bytes_received"] < 4 << 20, sent
             assert 64 << 20 < got["bytes_received"] <= sent["bytes_sent"], (sent, got)
             assert 0 < sent["rtt_ms"] < 1000 and 0 < got["rtt_ms"] < 1000
 

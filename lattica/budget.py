@@ -118,12 +118,16 @@ class Turns:
         self.share = share
         self._loop = loop
         self._queue: collections.deque[tuple[asyncio.Future[None], Hashable, float]] = collections.deque()
+        self._gone = 0  # waiters in the queue that gave up (skipped when they come first)
         self._timer: asyncio.TimerHandle | None = None
 
     async def take(self, peer: Hashable, cost: float = 1.0, give_up: Callable[[], bool] | None = None, every: float = 1.0) -> bool:
         """Wait until ``peer`` may go ahead, charged ``cost`` of the share (a member: at once);
         False, nothing charged, if ``give_up()`` (asked every ``every`` s while waiting) says so."""
-        if not self.share.charges(peer) or (not self._queue and self.share.take(peer, cost)):
+        if not self.share.charges(peer):
+            return True
+        self._skip_gone()
+        if not self._queue and self.share.take(peer, cost):
             return True
         fut: asyncio.Future[None] = self._loop.create_future()
         self._queue.append((fut, peer, cost))
@@ -139,10 +143,21 @@ class Turns:
                 if give_up():
                     return False
         finally:
-            fut.cancel()  # (done already: nothing; else its place is skipped)
+            if fut.cancel():  # (done already: nothing; else its place is skipped)
+                self._gone += 1
+                if self._gone > 64 and 2 * self._gone > len(self._queue):
+                    self._queue = collections.deque(w for w in self._queue if not w[0].done())
+                    self._gone = 0
 
     def __len__(self) -> int:
-        return len(self._queue)
+        """Waiters still waiting."""
+        return len(self._queue) - self._gone
+
+    def _skip_gone(self) -> None:
+        queue = self._queue
+        while queue and queue[0][0].done():
+            queue.popleft()
+            self._gone -= 1
 
     def _arm(self) -> None:
         if self._timer is None and self._queue:
@@ -150,12 +165,12 @@ class Turns:
 
     def _serve(self) -> None:
         self._timer = None
-        queue = self._queue
-        while queue:
+        while True:
+            self._skip_gone()
+            queue = self._queue
+            if not queue:
+                break
             fut, peer, cost = queue[0]
-            if fut.done():
-                queue.popleft()  # (its waiter gave up)
-                continue
             if not self.share.take(peer, cost):
                 break
             queue.popleft()

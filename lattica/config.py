@@ -146,7 +146,7 @@ class PubSubConfig(ValueClass):
     # messages (bundles) of the open topics that all strangers together may make us check, pass on
     # and deliver per second, twice that at once; beyond, dropped unread (what a flood under many
     # identities costs us; a node serving a busy public topic raises it)
-    strangers_messages: float = 250.0
+    strangers_messages: float = 100.0
     # find the topic's other subscribers through the DHT (provider records under the topic's key)
     # and connect to some while fewer than d_lo are known; off: only peers connected otherwise
     discover: bool = True

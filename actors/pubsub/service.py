@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
 from lattica import codec
@@ -86,6 +87,10 @@ _FAILED_FOR = 600.0  # seconds a topic provider we could not reach is not tried 
 # DHT, naming addresses of a third party; at most this many dials to it, then one per 30 s
 _DIALS_PER_IP = (1 / 30, 2.0)
 _BATCH_BYTES = 8 << 20  # messages' bytes in one call to a peer (far below a frame's limit)
+# strangers' messages are checked this many at a turn of the loop, members' work in between: a
+# stranger's batch costs members a wait of a few signature checks, not of hundreds
+_STRANGERS_SLICE = 4
+_STRANGERS_WAITING = 1024  # strangers' messages waiting for their turn (the oldest dropped beyond)
 
 
 class _Batch:
@@ -219,10 +224,13 @@ class PubSubService:
         self._protected: set[PeerId] = set()  # mesh peers whose idle connections we keep
         self._failed: dict[PeerId, float] = {}  # topic providers we could not reach: when
         self._strangers: set[PeerId] = set()  # router peers outside our mesh: open topics only
+        self._deaf: set[PeerId] = set()  # strangers that refused our batches: sent nothing more while connected
         self._stranger_batches = Buckets(*_STRANGER_BATCHES, _KEYS_MAX)
         self._strangers_batches = StrangersShare(*_STRANGERS_BATCHES, lambda peer: True)  # (asked for strangers' batches only)
         rate = max(self.cfg.strangers_messages, 0.0)
         self._strangers_messages = StrangersShare(rate, max(2 * rate, 1.0), lambda peer: True)  # (PubSubConfig.strangers_messages)
+        self._strangers_waiting: deque[tuple[PeerId, Envelope]] = deque(maxlen=_STRANGERS_WAITING)
+        self._strangers_turn: asyncio.Handle | None = None
         self._dials = Buckets(*_DIALS_PER_IP, _KEYS_MAX)
         self._closed = False
         self.published = self.delivered = self.rejected = self.bundles = self.copies = 0  # copies: items of peers' messages received
@@ -445,6 +453,7 @@ class PubSubService:
             self._strangers.add(peer)
         else:
             self._strangers.discard(peer)
+            self._deaf.discard(peer)
         if peer in self.router.peers:
             self.router.scores.connected(peer, _ip_of(info.remote_addr))  # (a batch may have come first)
             return
@@ -521,6 +530,7 @@ class PubSubService:
         self._unheard.pop(peer, None)
         if peer not in self.host.conns:
             self._strangers.discard(peer)
+            self._deaf.discard(peer)
         if self._router is not None and peer in self._router.peers:
             self.router.remove_peer(peer, self._now())
             self._out.pop(peer, None)
@@ -545,15 +555,41 @@ class PubSubService:
         if stranger:
             rpc = self._only_open(rpc, to_stranger=False)
             self._strangers.add(peer)
-        if peer not in self.router.peers:
-            self.router.add_peer(peer, self._now())  # its identify may still be on the way
-            self.host.spawn(self._measure(peer))
+            self._strangers_waiting.extend((peer, m) for m in rpc.messages)
+            rpc.messages = []  # (checked a few at a turn of the loop: ``_strangers_slice``)
+            self._strangers_next()
+        self._as_router_peer(peer)
         if self._unheard.pop(peer, None) is not None:
             self._heard.set()
         for env in rpc.messages:
             self.copies += env.data.count
         self.router.on_rpc(peer, rpc, self._now())
         self._pump()
+
+    def _as_router_peer(self, peer: PeerId) -> None:
+        """A peer that sent us a batch is the router's peer (its identify may still be on the way)."""
+        if peer not in self.router.peers:
+            self.router.add_peer(peer, self._now())
+            self.host.spawn(self._measure(peer))
+
+    def _strangers_next(self) -> None:
+        """Take the next slice of strangers' messages at the loop's next turn (if any wait)."""
+        if self._strangers_turn is None and self._strangers_waiting and not self._closed:
+            self._strangers_turn = self.host.loop.call_soon(self._strangers_slice)
+
+    def _strangers_slice(self) -> None:
+        """Strangers' messages, a few (``_STRANGERS_SLICE``): what came from members meanwhile
+        is served between the slices."""
+        self._strangers_turn = None
+        now, waiting = self._now(), self._strangers_waiting
+        for _ in range(min(_STRANGERS_SLICE, len(waiting))):
+            peer, env = waiting.popleft()
+            if peer in self.host.conns:  # (still connected)
+                self._as_router_peer(peer)
+                self.copies += env.data.count
+                self.router.on_rpc(peer, Rpc(messages=[env]), now)
+        self._pump()
+        self._strangers_next()
 
     async def _heartbeats(self) -> None:
         while True:
@@ -585,6 +621,8 @@ class PubSubService:
         for env in r.take_delivered():
             self._deliver(env)
         for peer, rpc in r.take_outgoing().items():
+            if peer in self._deaf:
+                continue
             if peer in self._strangers:
                 rpc = self._only_open(rpc, to_stranger=True)
                 if not rpc:
@@ -763,8 +801,13 @@ class PubSubService:
                     await self.rt.call(pubsub_ref(peer), method, (wire.encode(rpc),), {}, timeout=10.0)
                 except (ActorNotFound, PermissionDenied) as e:
                     log.debug("peer does not take pub-sub from us", peer=str(peer), reason=str(e))
-                    self.router.remove_peer(peer, self._now())
                     self._out.pop(peer, None)
+                    if peer in self._strangers:
+                        # kept as the router's peer, sent nothing more: removed, each of its
+                        # batches would add it again (a ping and a refused call each time)
+                        self._deaf.add(peer)
+                    else:
+                        self.router.remove_peer(peer, self._now())
                     return
                 except LatticaError as e:
                     ob.dropped += len(rpc.messages)
@@ -796,6 +839,9 @@ class PubSubService:
             self._send_later.cancel()
         self._send_all()  # (what was published this turn goes, as far as the closing node still gets it)
         self._closed = True
+        if self._strangers_turn is not None:
+            self._strangers_turn.cancel()
+        self._strangers_waiting.clear()
         for task in self._finding.values():
             task.cancel()
         self._finding.clear()

@@ -232,7 +232,6 @@ class Connections:
         connection's budget and, for a stranger, the strangers' share; at none, the seconds
         until one."""
         stranger = self.from_stranger(conn)
-        room = self._strangers_room() if stranger else n
         opened = self._opened.get(conn, 0)
         if opened < FREE_OPENS and conn not in self.info:
             # a connection not identified yet gets its first opens even when strangers hold all
@@ -240,18 +239,20 @@ class Connections:
             # get it through (the peer has 10 s to identify, then its connection is closed)
             k = min(FREE_OPENS - opened, n)
             self._opened[conn] = opened + k
-        elif room <= 0:
-            return 0, _STREAMS_FULL_WAIT
-        elif opened < FREE_OPENS:
-            k = min(FREE_OPENS - opened, room, n)
-            self._opened[conn] = opened + k
         else:
-            share = self._strangers_opens
-            k = int(min(n, room, self._opens.available(conn), share.available(conn)))
-            if k <= 0:
-                return 0, max(self._opens.wait(conn), share.wait() if stranger else 0.0)
-            self._opens.take(conn, k)
-            share.take(conn, k)
+            room = self._strangers_room() if stranger else n
+            if room <= 0:
+                return 0, _STREAMS_FULL_WAIT
+            if opened < FREE_OPENS:
+                k = min(FREE_OPENS - opened, room, n)
+                self._opened[conn] = opened + k
+            else:
+                share = self._strangers_opens
+                k = int(min(n, room, self._opens.available(conn), share.available(conn)))
+                if k <= 0:
+                    return 0, max(self._opens.wait(conn), share.wait() if stranger else 0.0)
+                self._opens.take(conn, k)
+                share.take(conn, k)
         if stranger:
             self._room -= k
         return k, 0.0

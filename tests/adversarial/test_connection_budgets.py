@@ -11,7 +11,7 @@ import time
 import pytest
 
 import lattica
-from helpers import call_as, wait_for
+from helpers import call_as, on_loop, wait_for
 from lattica.actors.dht.actor import dht_ref
 from lattica.errors import LatticaError
 from lattica.interfaces import interface_ips, is_loopback_ip
@@ -648,6 +648,15 @@ def test_quic_streams_a_stranger_ends_at_once_still_hold_its_narrow_window():
         time.sleep(0.5)
         held = victim.run(_held_quic(theirs), 10)
         assert 0 < held <= NARROW_WINDOW, held
+        # should the peer become trusted, those bytes let go of the window as if retired then
+        assert on_loop(victim, lambda: theirs._quic.rx_unread) >= held
+
+        def widened() -> tuple[int, int]:
+            theirs.widen_windows()
+            return theirs._quic.rx_unread, sum(st._buf_len for st in theirs._streams.values())  # (streams not retired)
+
+        unread, live = on_loop(victim, widened)
+        assert unread == live < held, (unread, live, held)
 
 
 async def _held_quic(conn) -> int:

@@ -21,6 +21,7 @@ import time
 import pytest
 
 import lattica
+from helpers import on_loop
 from lattica import codec, identify
 from lattica.errors import LatticaError
 from lattica.framing import write_message
@@ -227,15 +228,6 @@ def quic_control(conn, data: bytes, fin: bool = True) -> None:
 
 def port_of(node) -> int:
     return node.addrs[0].without_peer_id().host_port()[1]
-
-
-def on_loop(node, fn):
-    """``fn()`` run on the node's loop (its tables are the loop's), its result returned."""
-
-    async def call():
-        return fn()
-
-    return node.run(call(), timeout=5)
 
 
 def table(node) -> dict:

@@ -163,6 +163,81 @@ def test_messages_strangers_send_cost_at_most_the_strangers_signature_checks(mon
             s.stop()
 
 
+def test_a_strangers_batch_is_checked_a_few_messages_at_a_turn_of_the_loop(monkeypatch):
+    """A stranger's batch of 64 messages on an open topic (within the share) is not checked in
+    one go (before: 64 signature checks, and the members' work waiting behind them): a few at
+    each turn of the node's loop, members' work served in between, and every one in the end."""
+    from lattica.actors.pubsub import service as pubsub_service
+    from lattica.config import PubSubConfig
+    from lattica.identity import KeyPair
+    from test_pubsub_peers import _message
+
+    checks = [0]
+    real = pubsub_service.verify_signature
+
+    def counting(*a):
+        checks[0] += 1
+        return real(*a)
+
+    monkeypatch.setattr(pubsub_service, "verify_signature", counting)
+    cfg = PubSubConfig(open_topics=["pub"], discover=False, strangers_messages=10_000)
+    with lattica.Node([TCP], mesh=MeshKey.generate(), pubsub=cfg) as victim:
+        sub = lattica.pubsub.subscribe("pub", node=victim)
+        (s,) = _strangers(1, victim)
+        try:
+            batch = [_message(KeyPair.generate(), "pub", i) for i in range(64)]
+            svc = victim._host.services["pubsub"]
+
+            async def take() -> list[int]:
+                svc.on_rpc(s.peer_id, [[], batch, [], [], [], [], []], stranger=True)
+                seen = [checks[0]]  # (signatures checked so far, after each turn of the loop)
+                for _ in range(200):
+                    await asyncio.sleep(0)
+                    seen.append(checks[0])
+                return seen
+
+            seen = victim.run(take(), timeout=30)
+            most = max(b - a for a, b in zip([0, *seen], seen))
+            assert 1 <= most <= pubsub_service._STRANGERS_SLICE, seen
+            assert seen[-1] == 64
+            assert sorted(sub.get(timeout=10).data for _ in range(64)) == list(range(64))
+        finally:
+            s.stop()
+
+
+def test_a_stranger_that_takes_no_batches_is_not_added_again_for_each_it_sends(monkeypatch):
+    """A stranger without a pub-sub actor sends batches on an open topic: our batch to it is
+    refused. It was removed from the router then, and each batch it sent added it again (a ping
+    to measure it and a refused call each time); it is now kept, sent nothing more, and its
+    messages still count within the strangers' share."""
+    from lattica.actors.pubsub import pubsub_ref, service as pubsub_service
+    from lattica.config import PubSubConfig
+    from lattica.identity import KeyPair
+    from test_pubsub_peers import _message
+
+    measured = [0]
+    real = pubsub_service.PubSubService._measure
+
+    async def counting(self, peer):
+        measured[0] += 1
+        await real(self, peer)
+
+    monkeypatch.setattr(pubsub_service.PubSubService, "_measure", counting)
+    cfg = PubSubConfig(open_topics=["pub"], discover=False)
+    with lattica.Node([TCP], mesh=MeshKey.generate(), pubsub=cfg) as victim:
+        sub = lattica.pubsub.subscribe("pub", node=victim)
+        (s,) = _strangers(1, victim)
+        try:
+            author = KeyPair.generate()
+            for i in range(6):
+                call_as(s, pubsub_ref(victim.peer_id), "open_rpc", [[], [_message(author, "pub", i)], [], [], [], [], []], timeout=10)
+                time.sleep(0.3)  # (our batch to it goes, and is refused, meanwhile)
+            assert sorted(sub.get(timeout=10).data for _ in range(6)) == list(range(6))
+            assert measured[0] == 1, measured[0]
+        finally:
+            s.stop()
+
+
 def test_strangers_pings_share_one_budget_and_a_members_pings_go_on():
     """Two strangers pipeline pings on two streams each as fast as the node echoes them (one
     identity pegged the victim's loop: echoing had no strangers' share): together they get the

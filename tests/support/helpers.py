@@ -36,6 +36,15 @@ class Where:
         return self.node._host.runtime.actors.get(ref.name)
 
 
+def on_loop(node: Any, fn: Callable[[], Any]) -> Any:
+    """``fn()`` run on the node's loop (its tables are the loop's), its result returned."""
+
+    async def call() -> Any:
+        return fn()
+
+    return node.run(call(), timeout=5)
+
+
 def call_as(node: Any, ref: Any, method: str, *args: Any, timeout: float = 5, kwargs: dict | None = None) -> Any:
     """Call ``ref.method(*args, **kwargs)`` through ``node`` (a started Node) directly on its
     runtime: the raw system-actor calls a hostile peer would make."""

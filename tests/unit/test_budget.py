@@ -110,5 +110,13 @@ def test_turns_let_strangers_through_in_arrival_order_under_one_timer_and_member
         gave_up = await asyncio.wait_for(turns.take("s1", give_up=lambda: True, every=0.05), 1.0)
         assert gave_up is False
         assert await asyncio.wait_for(turns.take("member"), 0.01)
+        # waiters that gave up are not counted, and do not pile up behind one still waiting
+        head = asyncio.create_task(turns.take("s0"))
+        await asyncio.sleep(0)
+        quitters = await asyncio.gather(*(turns.take(f"q{i}", give_up=lambda: True, every=0.01) for i in range(200)))
+        assert quitters == [False] * 200
+        assert len(turns) == 1
+        assert len(turns._queue) <= 65, len(turns._queue)
+        head.cancel()
 
     asyncio.run(main())

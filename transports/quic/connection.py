@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import asyncio
 import itertools
 import os
+import weakref
 from collections import deque
 from collections.abc import Callable
 
@@ -78,6 +79,8 @@ class QuicConn(Connection):
         # the connection's window stays at NARROW_WINDOW, however its streams' windows grow,
         # until the owner trusts the peer (``widen_windows``)
         self._wide = not owner.narrow_windows
+        # streams retired while narrow whose unread bytes still hold the window: let go if it widens
+        self._held: weakref.WeakSet[QuicStream] = weakref.WeakSet()
         self._max_window = owner.max_stream_window
         self._high_water = owner.send_high_water
         # drain() waits while more than _high_water bytes of a stream were never sent, and while
@@ -333,17 +336,26 @@ class QuicConn(Connection):
             # connection -- once the peer is trusted: until then they hold the narrow window
             # until read (else a peer that ends its streams at once pins what it likes).
             if self._wide:
-                if s._buf_len:
-                    self._quic.rx_unread -= s._buf_len
-                    if self._quic.conn_credit_due():
-                        self._schedule_flush()
-                s._released = True
+                self._release(s)
+            elif s._buf_len:
+                self._held.add(s)
             if s._window > self._stream_window:
                 self._windows_changed()
+
+    def _release(self, s: QuicStream) -> None:
+        """A retired stream's unread bytes stop holding connection credit (they stay readable)."""
+        if not s._released and s._buf_len:
+            self._quic.rx_unread -= s._buf_len
+            if self._quic.conn_credit_due():
+                self._schedule_flush()
+        s._released = True
 
     def widen_windows(self) -> None:
         self._wide = True
         self._quic.widen_connection_window(self._owner.max_data)
+        for s in list(self._held):  # (retired before the peer was trusted: as if retired now)
+            self._release(s)
+        self._held.clear()
         if self._quic.conn_credit_due():
             self._schedule_flush()
 

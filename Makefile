@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-slow bench clean
+.PHONY: demo test test-slow lint format bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || { echo "creating $(VENV) ..."; $(PYTHON) -m venv $(VENV); }
@@ -18,8 +18,18 @@ demo: $(STAMP)
 	$(BIN)/lattica demo
 	$(BIN)/python examples/rl_supervised.py --chaos kill
 
-test: $(STAMP)
+CHECKED := lattica actors transports tests examples
+
+test: $(STAMP) lint
 	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check $(CHECKED)
+	$(BIN)/ruff check $(CHECKED)
+
+format: $(STAMP)
+	$(BIN)/ruff format $(CHECKED)
+	$(BIN)/ruff check --fix $(CHECKED)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q --slow

@@ -19,12 +19,12 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from lattica.budget import Buckets
-from lattica.logging import get_logger
 from lattica.errors import LatticaError, ProtocolError
 from lattica.framing import read_message, write_message
 from lattica.identity import PeerId
-from lattica.multiaddr import Multiaddr
 from lattica.interfaces import ip_of
+from lattica.logging import get_logger
+from lattica.multiaddr import Multiaddr
 from lattica.nat import DIALBACK
 from lattica.runtime import autonat_ref, current_caller
 
@@ -110,11 +110,13 @@ class AutoNatServer:
         texts = [str(a) for a in targets]
         coros = [self.dial_back(peer, a, nonce) for a in targets]
         for helper in helpers:
-            fut = self.rt.call(autonat_ref(helper), "dial_for", (peer.to_bytes(), texts, nonce), {}, timeout=_DIAL_TIMEOUT * 2)
+            fut = self.rt.call(
+                autonat_ref(helper), "dial_for", (peer.to_bytes(), texts, nonce), {}, timeout=_DIAL_TIMEOUT * 2
+            )
             coros.append(fut)  # type: ignore[arg-type]
         results = await asyncio.gather(*coros, return_exceptions=True)
         answered = []  # helpers that dialed (whether or not they got through): the peer may count on them
-        for helper, r in zip(helpers, results[len(targets):]):
+        for helper, r in zip(helpers, results[len(targets) :]):
             if isinstance(r, BaseException):
                 log.debug("autonat helper failed", helper=str(helper), reason=str(r))
             else:
@@ -173,7 +175,7 @@ class AutoNatServer:
                 await stream.drain()
                 answer = await read_message(stream, 256)
             return answer == {"ok": True}
-        except (LatticaError, asyncio.TimeoutError, OSError) as e:
+        except (TimeoutError, LatticaError, OSError) as e:
             log.debug("autonat dial-back failed", peer=str(peer), addr=str(addr), reason=str(e) or "timeout")
             return False
         finally:

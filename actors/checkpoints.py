@@ -58,7 +58,12 @@ def sign_copy(keypair: KeyPair, name: str, stamp: float, blob: bytes) -> bytes:
 def copy_signed_by(writer: PeerId, name: str, stamp: float, blob: bytes, signature: Any) -> bool:
     """Whether ``signature`` is ``writer``'s over this copy."""
     key = writer.public_key()
-    return key is not None and type(signature) is bytes and len(signature) == 64 and verify_signature(key, signature, _signed_part(name, stamp, blob))
+    return (
+        key is not None
+        and type(signature) is bytes
+        and len(signature) == 64
+        and verify_signature(key, signature, _signed_part(name, stamp, blob))
+    )
 
 
 def checkpoints_ref(peer: PeerId) -> ActorRef:
@@ -73,7 +78,9 @@ def ranked(name: str, members: list[str]) -> list[str]:
 class _Copy(Slotted):
     __slots__ = ("stamp", "blob", "writer", "expires", "signature", "certs")
 
-    def __init__(self, stamp: float, blob: bytes, writer: PeerId, expires: float, signature: bytes, certs: list) -> None:
+    def __init__(
+        self, stamp: float, blob: bytes, writer: PeerId, expires: float, signature: bytes, certs: list
+    ) -> None:
         self.stamp = stamp
         self.blob = blob
         self.writer = writer
@@ -87,7 +94,9 @@ class CheckpointStore:
 
     NAME = "checkpoints"
 
-    def __init__(self, runtime: Runtime, max_bytes: int = MAX_BYTES, max_per_writer: int = MAX_BYTES_PER_WRITER) -> None:
+    def __init__(
+        self, runtime: Runtime, max_bytes: int = MAX_BYTES, max_per_writer: int = MAX_BYTES_PER_WRITER
+    ) -> None:
         self._rt = runtime
         self.max_bytes = max_bytes
         self.max_per_writer = max_per_writer
@@ -102,8 +111,15 @@ class CheckpointStore:
         """Hold ``blob`` as the caller's checkpoint of ``name`` unless its copy held is as new;
         False if so.
         ``signature``: the caller's (``sign_copy``); ``certs``: its mesh certificates."""
-        if type(name) is not str or not 0 < len(name) <= MAX_NAME or type(stamp) is not float or type(blob) is not bytes:
-            raise CheckpointRejected("keep takes a name (1-512 characters), a float stamp, bytes, a signature and certificates")
+        if (
+            type(name) is not str
+            or not 0 < len(name) <= MAX_NAME
+            or type(stamp) is not float
+            or type(blob) is not bytes
+        ):
+            raise CheckpointRejected(
+                "keep takes a name (1-512 characters), a float stamp, bytes, a signature and certificates"
+            )
         if not math.isfinite(stamp) or not 0 < stamp <= time.time() + MAX_AHEAD:
             raise CheckpointRejected(f"a checkpoint stamp is a time no more than {MAX_AHEAD:g} s ahead of ours")
         if type(certs) is not list or len(certs) > 4 or not all(type(c) is bytes and len(c) <= 256 for c in certs):
@@ -122,7 +138,9 @@ class CheckpointStore:
         if self.total - freed + len(blob) > self.max_bytes:
             raise CheckpointRejected(f"this node holds its maximum of {self.max_bytes} bytes of checkpoints")
         if old is None and (self._count[writer] >= MAX_COPIES_PER_WRITER or self.copies >= MAX_COPIES):
-            raise CheckpointRejected(f"over the {MAX_COPIES_PER_WRITER} copies one peer may keep here (or this node's {MAX_COPIES})")
+            raise CheckpointRejected(
+                f"over the {MAX_COPIES_PER_WRITER} copies one peer may keep here (or this node's {MAX_COPIES})"
+            )
         if old is not None:
             self._forget(name, writer)
         self._copies.setdefault(name, {})[writer] = _Copy(stamp, blob, writer, now + EXPIRY, signature, list(certs))
@@ -140,7 +158,9 @@ class CheckpointStore:
             raise CheckpointRejected("fetch takes a name")
         self._expire(time.monotonic())
         mine = self._accessible(name, "read")
-        return [[c.stamp, c.blob, c.writer.to_bytes(), c.signature, c.certs] for c in sorted(mine, key=lambda c: -c.stamp)]
+        return [
+            [c.stamp, c.blob, c.writer.to_bytes(), c.signature, c.certs] for c in sorted(mine, key=lambda c: -c.stamp)
+        ]
 
     async def drop(self, name: str) -> None:
         """Forget the copies of ``name`` the caller may drop (its child was terminated for good)."""
@@ -155,7 +175,9 @@ class CheckpointStore:
             return copies
         mine = [c for c in copies if c.writer == peer or self._rt.node_gone(c.writer)]
         if copies and not mine:
-            raise CheckpointRejected(f"{peer} may not {what} the checkpoint copies of {name!r}: their writers are alive")
+            raise CheckpointRejected(
+                f"{peer} may not {what} the checkpoint copies of {name!r}: their writers are alive"
+            )
         return mine
 
     def _forget(self, name: str, writer: PeerId) -> None:

@@ -17,19 +17,29 @@ port (opening its mapping), then the asker dials it plainly (``lattica.holepunch
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import random
-import collections
 import time
 from typing import TYPE_CHECKING, Any
 
-from lattica.logging import get_logger
 from lattica.errors import LatticaError
 from lattica.framing import read_message, write_message
+from lattica.holepunch import (
+    MAX_MESSAGE,
+    PROTOCOL,
+    Initiator,
+    Punch,
+    Responder,
+    is_probe,
+    probe_packet,
+    probe_ports,
+    tcp_only,
+)
 from lattica.identify import PeerInfo
-from lattica.holepunch import MAX_MESSAGE, PROTOCOL, Initiator, Punch, Responder, is_probe, probe_packet, probe_ports, tcp_only
 from lattica.identity import PeerId
 from lattica.interfaces import host_key
+from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
 from lattica.runtime import ASYNC, ActorRef
 
@@ -106,7 +116,13 @@ class HolePunchService:
         by now (lattica/host/connections.py), so a punch waiting for a direct path may end."""
         fut, want = self._waiting.get(info.peer_id, (None, None))
         conn = self.host.conns.get(info.peer_id)
-        if fut is not None and not fut.done() and conn is not None and conn.transport != "relay" and want in (None, conn.transport):
+        if (
+            fut is not None
+            and not fut.done()
+            and conn is not None
+            and conn.transport != "relay"
+            and want in (None, conn.transport)
+        ):
             fut.set_result(conn)
 
     # -- B: the relayed connection's receiver starts ------------------------------------------
@@ -125,7 +141,7 @@ class HolePunchService:
                     break
                 try:
                     punch = await self._exchange(conn)
-                except (LatticaError, asyncio.TimeoutError) as e:
+                except (TimeoutError, LatticaError) as e:
                     self._record(peer, "refused", t0, attempt, None, reason=str(e) or "timeout")
                     return False
                 if await self._run(peer, punch, initiator=True):
@@ -157,7 +173,7 @@ class HolePunchService:
             try:
                 try:
                     punch = await self._exchange(conn, _TCP_ONLY_EXCHANGE)
-                except (LatticaError, asyncio.TimeoutError) as e:
+                except (TimeoutError, LatticaError) as e:
                     if attempt == 2:
                         self._record(peer, "refused", t0, attempt, None, reason=str(e) or "timeout")
                         return False
@@ -301,7 +317,10 @@ class HolePunchService:
                 hit.append(ep)
                 dial_quic(Multiaddr.from_sockaddr(sender, "quic-v1"), via=ep)
 
-        contacts = ((() if plan.tcp_dial else plan.tcp_targets), plan.quic_targets)  # (a plain dial leaves from another port)
+        contacts = (
+            (() if plan.tcp_dial else plan.tcp_targets),
+            plan.quic_targets,
+        )  # (a plain dial leaves from another port)
         for transport, targets_of in zip(("tcp", "quic"), contacts):
             for a in targets_of:
                 host.note_contact(a.host_port()[0], transport)
@@ -313,11 +332,19 @@ class HolePunchService:
                 await asyncio.sleep(punch.delay)
             tcp = host.tcp_transport()
             if plan.tcp_dial:  # (a TCP-only punch's asker: the opener's SYN has left by now)
-                tcp_tasks = [host.spawn(self._dial(peer, lambda a=addr: tcp.dial(a, peer)))
-                             for addr in (plan.tcp_targets[:4] if tcp is not None else ())]
+                tcp_tasks = [
+                    host.spawn(self._dial(peer, lambda a=addr: tcp.dial(a, peer)))
+                    for addr in (plan.tcp_targets[:4] if tcp is not None else ())
+                ]
             else:
-                tcp_tasks = [host.spawn(self._dial(peer, lambda a=addr: tcp.punch(a, peer, initiator=plan.tcp_initiator, timeout=window)))
-                             for addr in (plan.tcp_targets[:4] if tcp is not None else ())]
+                tcp_tasks = [
+                    host.spawn(
+                        self._dial(
+                            peer, lambda a=addr: tcp.punch(a, peer, initiator=plan.tcp_initiator, timeout=window)
+                        )
+                    )
+                    for addr in (plan.tcp_targets[:4] if tcp is not None else ())
+                ]
             tasks += tcp_tasks
             if quic is not None and plan.quic_dial:
                 for addr in plan.quic_targets[:4]:
@@ -332,7 +359,7 @@ class HolePunchService:
                 tasks.append(host.spawn(self._probe(quic, plan.probe_ips, payload, window)))
             try:
                 first = await asyncio.wait_for(asyncio.shield(fut), window)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 first = None
             if want == "tcp":
                 # a TCP-only punch: another TCP connection (an AutoNAT dial-back, say) may have
@@ -397,7 +424,9 @@ class HolePunchService:
 
     # -- reporting ---------------------------------------------------------------------------------
 
-    def _record(self, peer: PeerId, outcome: str, t0: float, attempt: int | None, punch: Punch | None, reason: str = "") -> None:
+    def _record(
+        self, peer: PeerId, outcome: str, t0: float, attempt: int | None, punch: Punch | None, reason: str = ""
+    ) -> None:
         if outcome in ("direct", "failed"):
             self.counts[outcome] += 1
         conn = self.host.conns.get(peer)

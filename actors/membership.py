@@ -18,12 +18,24 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from lattica.logging import get_logger
 from lattica.errors import LatticaError, PeerGone, PeerUnreachable
 from lattica.identity import PeerId
-from lattica.membership import MAX_ALLOW, ALIVE, MAX_ADDRS, Member, MemberChanged, MemberDown, MemberUp, Membership, MembershipConfig, SelfDowned
+from lattica.logging import get_logger
+from lattica.membership import (
+    ALIVE,
+    MAX_ADDRS,
+    MAX_ALLOW,
+    Member,
+    MemberChanged,
+    MemberDown,
+    Membership,
+    MembershipConfig,
+    MemberUp,
+    SelfDowned,
+)
 from lattica.multiaddr import Multiaddr
 from lattica.runtime import ASYNC, ActorRef, current_caller
 from lattica.trust import MemberNotary
@@ -31,8 +43,8 @@ from lattica.trust import MemberNotary
 if TYPE_CHECKING:
     from lattica.hostview import HostView
     from lattica.identify import PeerInfo
-    from lattica.transports.base import Connection
     from lattica.runtime import Runtime
+    from lattica.transports.base import Connection
 
 log = get_logger("lattica.membership")
 
@@ -71,8 +83,15 @@ def detect_resources() -> dict[str, Any]:
 class MembershipService:
     """The node's membership view, kept up on the loop."""
 
-    def __init__(self, runtime: Runtime, config: MembershipConfig | None = None, labels: dict[str, str] | None = None, resources: dict[str, float] | None = None,
-                 accept_code: str = "admins", allow: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        config: MembershipConfig | None = None,
+        labels: dict[str, str] | None = None,
+        resources: dict[str, float] | None = None,
+        accept_code: str = "admins",
+        allow: list[str] | None = None,
+    ) -> None:
         self.rt = runtime
         self.host: HostView = runtime.host
         self.resources = {**detect_resources(), **(resources or {})}
@@ -228,7 +247,7 @@ class MembershipService:
         except PeerGone as e:  # lost, and nothing listens where it did: the process is gone
             log.debug("lost member refused the redial", peer=str(peer), reason=str(e))
             self._emit(self.core.declare_dead(self._now(), str(peer), "connection lost and redial refused"))
-        except (LatticaError, asyncio.TimeoutError) as e:
+        except (TimeoutError, LatticaError) as e:
             log.debug("lost member not redialed", peer=str(peer), reason=str(e) or "timeout")
             self._emit(self.core.suspect(self._now(), str(peer)))
 
@@ -242,8 +261,15 @@ class MembershipService:
         an administrator of our mesh, as checked here, whatever its info says)."""
         rows = []
         for m in [self.core.me, *self.core.members.values()]:
-            rows.append({"peer_id": m.id, "state": m.state, "incarnation": m.incarnation, **m.info,
-                         "admin": self._notary.administers(m.id, m.proof)})
+            rows.append(
+                {
+                    "peer_id": m.id,
+                    "state": m.state,
+                    "incarnation": m.incarnation,
+                    **m.info,
+                    "admin": self._notary.administers(m.id, m.proof),
+                }
+            )
         return rows
 
     def close(self) -> None:

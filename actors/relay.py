@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from lattica import ping
 from lattica.config import RelayConfig
-from lattica.logging import get_logger
-from lattica.membership import MemberDown
 from lattica.errors import LatticaError, ProtocolError, RelayRefused
 from lattica.framing import read_message, write_message
 from lattica.identity import PeerId
 from lattica.interfaces import host_key
+from lattica.logging import get_logger
+from lattica.membership import MemberDown
 from lattica.runtime import current_caller, relay_ref
 from lattica.slotted import Slotted
 from lattica.transports.base import Connection, Stream
@@ -166,7 +166,11 @@ class RelayService:
                         stream.reset()
                 return
             except (LatticaError, TimeoutError) as e:
-                log.info("dropping the reservation of a holder held down", peer=str(peer), reason=str(e) or "no answer to a ping")
+                log.info(
+                    "dropping the reservation of a holder held down",
+                    peer=str(peer),
+                    reason=str(e) or "no answer to a ping",
+                )
         self._drop(peer)
 
     def has_reservation(self, peer: PeerId) -> bool:
@@ -191,7 +195,7 @@ class RelayService:
             async with asyncio.timeout(_TIMEOUT):
                 msg = await read_message(stream, MAX_MESSAGE)
                 target = parse_connect(msg)
-        except (LatticaError, asyncio.TimeoutError) as e:
+        except (TimeoutError, LatticaError) as e:
             log.info("bad hop request", peer=str(src), reason=str(e) or "timeout")
             stream.reset()
             return
@@ -207,9 +211,11 @@ class RelayService:
         splice = self.cfg.splice and msg.get("splice") is True and _may_splice(conn) and self._take_spliced_sockets()
         try:
             other, target_token = await self._connect_target(src, target, splice, limit_wire(duration, budget))
-        except (LatticaError, asyncio.TimeoutError) as e:
+        except (TimeoutError, LatticaError) as e:
             self._count(src, target, -1, stranger, ip)
-            await self._answer(stream, refusal("CONNECTION_FAILED", f"{target} did not take the circuit: {e or 'timeout'}"))
+            await self._answer(
+                stream, refusal("CONNECTION_FAILED", f"{target} did not take the circuit: {e or 'timeout'}")
+            )
             return
         try:
             answer = {"ok": True, "limit": limit_wire(duration, budget)}
@@ -245,7 +251,7 @@ class RelayService:
         try:
             try:
                 await asyncio.wait_for(splice.wait_joined(), _SPLICE_WAIT)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 splice.close("an end never connected")
             await done
         finally:
@@ -285,11 +291,20 @@ class RelayService:
             # (counted by source only: anyone could otherwise use up an honest target's share)
             cfg = self.cfg
             if self._opened_by.get(src, 0) >= cfg.max_circuits_per_stranger:
-                return "RESOURCE_LIMIT", f"{src} already opened {cfg.max_circuits_per_stranger} circuits on this relay (the limit for peers outside its mesh)"
+                return (
+                    "RESOURCE_LIMIT",
+                    f"{src} already opened {cfg.max_circuits_per_stranger} circuits on this relay (the limit for peers outside its mesh)",
+                )
             if self._opened_by.get(("from", _ip_of(conn)), 0) >= cfg.max_stranger_circuits_per_ip:
-                return "RESOURCE_LIMIT", f"peers outside this relay's mesh opened {cfg.max_stranger_circuits_per_ip} circuits from {_ip_of(conn)} (the limit per address)"
+                return (
+                    "RESOURCE_LIMIT",
+                    f"peers outside this relay's mesh opened {cfg.max_stranger_circuits_per_ip} circuits from {_ip_of(conn)} (the limit per address)",
+                )
             if self._opened_by.get(("to", target), 0) >= cfg.max_circuits_per_peer // 2:
-                return "RESOURCE_LIMIT", f"peers outside this relay's mesh hold half of {target}'s circuits (the rest is kept for members)"
+                return (
+                    "RESOURCE_LIMIT",
+                    f"peers outside this relay's mesh hold half of {target}'s circuits (the rest is kept for members)",
+                )
             if self.stranger_circuits >= self.cfg.max_circuits // 2:
                 return "RESOURCE_LIMIT", "this relay carries its maximum of circuits opened by peers outside its mesh"
         return None
@@ -299,7 +314,9 @@ class RelayService:
         this node) is at one end; members' circuits have the general ones (unlimited by default)."""
         cfg = self.cfg
         if self.host.circle_of(src) == "stranger" and self.host.circle_of(target) == "stranger":
-            return _tighter(cfg.circuit_duration, cfg.stranger_circuit_duration), _tighter(cfg.circuit_bytes, cfg.stranger_circuit_bytes)
+            return _tighter(cfg.circuit_duration, cfg.stranger_circuit_duration), _tighter(
+                cfg.circuit_bytes, cfg.stranger_circuit_bytes
+            )
         return cfg.circuit_duration, cfg.circuit_bytes
 
     def _count(self, src: PeerId, target: PeerId, delta: int, stranger: bool, ip: str) -> None:
@@ -319,7 +336,9 @@ class RelayService:
             else:
                 self.circuits.pop(p, None)
 
-    async def _connect_target(self, src: PeerId, target: PeerId, splice: bool, limit: Any) -> tuple[Stream, bytes | None]:
+    async def _connect_target(
+        self, src: PeerId, target: PeerId, splice: bool, limit: Any
+    ) -> tuple[Stream, bytes | None]:
         """The stop stream to ``target``, once it accepted, and the splice token it took (if any)."""
         conn = self._direct_conn(target)
         if conn is None:
@@ -344,7 +363,7 @@ class RelayService:
         try:
             write_message(stream, msg)
             await asyncio.wait_for(stream.close(), _TIMEOUT)
-        except (LatticaError, asyncio.TimeoutError):
+        except (TimeoutError, LatticaError):
             stream.reset()
 
     async def _splice(self, a: Stream, b: Stream, duration: float | None, limit: int | None) -> None:
@@ -370,7 +389,7 @@ class RelayService:
         try:
             async with asyncio.timeout(duration):
                 await asyncio.gather(*tasks)
-        except (LatticaError, asyncio.TimeoutError, ProtocolError) as e:
+        except (TimeoutError, LatticaError, ProtocolError) as e:
             log.debug("circuit ended", reason=str(e) or "duration limit")
             a.reset()
             b.reset()

@@ -18,7 +18,8 @@ serves is found out, not followed); and ``serve``, for the node that spawned an 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from lattica.actors.dht.upkeep import NAME_GRACE
 from lattica.budget import Buckets
@@ -26,9 +27,9 @@ from lattica.errors import ActorNotFound, LatticaError, PermissionDenied, Protoc
 from lattica.identity import PeerId
 from lattica.logging import get_logger
 from lattica.records import TOMBSTONE, mesh_scoped
-from lattica.trust import Certificate, CertificateError
 from lattica.runtime import ActorRef, current_caller
 from lattica.shards.keys import MAX_PROVIDERS_PER_NODE, decode_registration, encode_registration, shard_id, shard_key
+from lattica.trust import Certificate, CertificateError
 
 if TYPE_CHECKING:
     from lattica.runtime import Runtime
@@ -76,7 +77,9 @@ class ShardsService:
         actors = dict(actors)
         actors[ref.name] = self.rt.actors[ref.name].ref
         if len(encode_registration([(r, 0) for r in actors.values()], self.rt.host.trust.presented)) > MAX_RECORD:
-            raise ValueError(f"the registration of {shard_id(shard)!r} would not fit a DHT record (16 KiB): fewer actors, or fewer methods")
+            raise ValueError(
+                f"the registration of {shard_id(shard)!r} would not fit a DHT record (16 KiB): fewer actors, or fewer methods"
+            )
         self._served[key] = actors
         return self._publish(key)
 
@@ -126,7 +129,9 @@ class ShardsService:
 
     # -- finding -------------------------------------------------------------------------------
 
-    async def providers(self, service: str, shard: str | Mapping[str, Any], everywhere: bool = False) -> list[tuple[ActorRef, int]]:
+    async def providers(
+        self, service: str, shard: str | Mapping[str, Any], everywhere: bool = False
+    ) -> list[tuple[ActorRef, int]]:
         """The actors serving ``shard`` of ``service`` with their registered loads: from the first
         DHT node that holds the key (``everywhere``: from every one; also when the first held
         none we may follow)."""
@@ -156,7 +161,11 @@ class ShardsService:
                 continue
             # a node registers its own actors only; and a plain ref (a stable one would follow
             # wherever its registrant's chosen supervisor says)
-            out += [(ActorRef(ref.peer_id, ref.name, ref.methods, ref.window), load) for ref, load in entries if ref.peer_id == peer]
+            out += [
+                (ActorRef(ref.peer_id, ref.name, ref.methods, ref.window), load)
+                for ref, load in entries
+                if ref.peer_id == peer
+            ]
         return out
 
     def _stranger(self, peer: PeerId, certs: list[bytes], now: float) -> bool:
@@ -211,7 +220,12 @@ class ShardsActor:
         """``actor`` here no longer serves ``shard`` of ``service`` (its spawning node asks)."""
         caller = current_caller()
         rt = self._s.rt
-        if type(actor) is not str or caller is not None and caller != rt.peer_id and caller != rt.services["spawner"].owners.get(actor):
+        if (
+            type(actor) is not str
+            or caller is not None
+            and caller != rt.peer_id
+            and caller != rt.services["spawner"].owners.get(actor)
+        ):
             raise PermissionDenied(f"only the node that spawned {actor!r} says what it serves")
         if actor in rt.actors:
             self._s.withdraw(rt.actors[actor].ref, service, shard)

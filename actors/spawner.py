@@ -11,8 +11,9 @@ spawned detached (docs/api.md, "Actor lifetimes").
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING
 
 from lattica.code.library import CodeLibrary
 from lattica.code.tickets import Ticket
@@ -20,7 +21,6 @@ from lattica.errors import ActorNotFound, CodeError, LatticaError, PermissionDen
 from lattica.identity import PeerId
 from lattica.placement import RESOURCES
 from lattica.remote import class_path as lattica_class_path
-
 from lattica.runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, NO_STATE, ActorRef, current_caller
 
 if TYPE_CHECKING:
@@ -174,7 +174,9 @@ class Spawner:
         """Hold ``need`` for actor ``name`` or refuse (PlacementError: the caller tries the next
         node). The caller chose us from gossip a few seconds old; this is the last word. A member
         ``owner`` (not an administrator) holds at most ``MEMBER_SHARE`` of each resource here."""
-        if not isinstance(need, dict) or not all(r in RESOURCES and type(v) in (int, float) and 0 <= v < 1e15 for r, v in need.items()):
+        if not isinstance(need, dict) or not all(
+            r in RESOURCES and type(v) in (int, float) and 0 <= v < 1e15 for r, v in need.items()
+        ):
             raise SpawnError(f"reserve must map {list(RESOURCES)} to amounts")
         membership = self._rt.services.get("membership")
         offered = membership.resources if membership is not None else {}
@@ -193,10 +195,16 @@ class Spawner:
                 if self._owner.get(actor) == owner:
                     for r, amount in held_by.items():
                         theirs[r] = theirs.get(r, 0.0) + amount
-            over = {r: amount for r, amount in need.items() if amount and theirs.get(r, 0.0) + amount > MEMBER_SHARE * float(offered.get(r, 0))}
+            over = {
+                r: amount
+                for r, amount in need.items()
+                if amount and theirs.get(r, 0.0) + amount > MEMBER_SHARE * float(offered.get(r, 0))
+            }
             if over:
-                raise PlacementError(f"{owner} may hold at most {MEMBER_SHARE:.0%} of {sorted(over)} on {self._rt.peer_id} "
-                                     f"(it holds {theirs}; a member's share: spawner.MEMBER_SHARE)")
+                raise PlacementError(
+                    f"{owner} may hold at most {MEMBER_SHARE:.0%} of {sorted(over)} on {self._rt.peer_id} "
+                    f"(it holds {theirs}; a member's share: spawner.MEMBER_SHARE)"
+                )
         self.reserved[name] = {r: float(v) for r, v in need.items()}
         if membership is not None:
             membership.load_changed()
@@ -230,7 +238,9 @@ class Spawner:
     def _require_control(self, name: str, what: str) -> None:
         caller = current_caller()
         if not self._controls(name, caller):
-            raise PermissionDenied(f"{caller} may not {what} {name!r}: only the node that created it, its supervisor's node, this node or an administrator of the mesh may")
+            raise PermissionDenied(
+                f"{caller} may not {what} {name!r}: only the node that created it, its supervisor's node, this node or an administrator of the mesh may"
+            )
 
     async def link(self, name: str, other: ActorRef) -> None:
         """Tie actor ``name`` here to ``other``: when ``other`` goes down, ``name`` is stopped
@@ -251,7 +261,9 @@ class Spawner:
         if name not in self._rt.actors or self._rt.actors[name].system:
             raise ActorNotFound(f"no actor named {name!r} on {self._rt.peer_id}")
 
-    async def spawn(self, class_path: str, args: list, kwargs: dict | None, name: str | None, options: dict) -> ActorRef:
+    async def spawn(
+        self, class_path: str, args: list, kwargs: dict | None, name: str | None, options: dict
+    ) -> ActorRef:
         """Create an actor of an allowed class, or of a class from the code package the spawn
         brings; returns its ref once its constructor has run. ``options["get_if_exists"]``: the
         live actor ``name`` of that class if there is one; ``options["detached"]``: it does not
@@ -262,7 +274,9 @@ class Spawner:
             existing = self._rt.actors.get(name)
             if existing is not None and not existing.system:
                 if lattica_class_path(existing.cls) != class_path:
-                    raise SpawnError(f"{name!r} on {self._rt.peer_id} is a {lattica_class_path(existing.cls)}, not a {class_path}")
+                    raise SpawnError(
+                        f"{name!r} on {self._rt.peer_id} is a {lattica_class_path(existing.cls)}, not a {class_path}"
+                    )
                 return existing.ref
         caller = current_caller()
         job = self._job_for(options, caller)
@@ -270,7 +284,9 @@ class Spawner:
         if ticket is not None:
             busy = self._code_spawns.get(caller, 0)
             if busy >= MAX_CODE_SPAWNS:
-                raise CodeError(f"{caller} has {busy} spawns with code in progress on {self._rt.peer_id} already (at most {MAX_CODE_SPAWNS}): try again in a moment")
+                raise CodeError(
+                    f"{caller} has {busy} spawns with code in progress on {self._rt.peer_id} already (at most {MAX_CODE_SPAWNS}): try again in a moment"
+                )
             self._code_spawns[caller] = busy + 1
             if self.code is not None:
                 self.code.spawning(ticket.cid, +1)
@@ -286,8 +302,18 @@ class Spawner:
                     self.code.spawning(ticket.cid, -1)
                     self.code.unload_unused(ticket.cid)  # (a spawn that failed leaves no package behind)
 
-    async def _spawn(self, cls: type, class_path: str, args: list, kwargs: dict | None, name: str | None, options: dict,
-                     caller: PeerId | None, job: PeerId | None, package: str | None) -> ActorRef:
+    async def _spawn(
+        self,
+        cls: type,
+        class_path: str,
+        args: list,
+        kwargs: dict | None,
+        name: str | None,
+        options: dict,
+        caller: PeerId | None,
+        job: PeerId | None,
+        package: str | None,
+    ) -> ActorRef:
         max_concurrency = options.get("max_concurrency", DEFAULT_MAX_CONCURRENCY)
         window = options.get("window", DEFAULT_WINDOW)
         if not (isinstance(max_concurrency, int) and 0 < max_concurrency <= _MAX_CONCURRENCY):
@@ -297,13 +323,19 @@ class Spawner:
         if job is not None and job != caller and self._rt.node_gone(job):
             # (a job that asks itself is alive, whatever the view says: a process that restarted
             # with the same key rejoins the mesh a moment after its first call)
-            raise SpawnError(f"the job that spawns {name or class_path!r} has ended ({job} left the mesh or was declared dead)")
+            raise SpawnError(
+                f"the job that spawns {name or class_path!r} has ended ({job} left the mesh or was declared dead)"
+            )
         # Registered before the first await: calls that follow this one on the channel find it.
         publish = options.get("publish", False) is True
         sup = options.get("supervisor")
         owner = caller if caller is not None and caller != self._rt.peer_id else None
         on_behalf = options.get("owner")
-        if type(on_behalf) is str and isinstance(sup, ActorRef) and (caller is None or (caller == sup.peer_id and self._rt.host.is_admin(caller))):
+        if (
+            type(on_behalf) is str
+            and isinstance(sup, ActorRef)
+            and (caller is None or (caller == sup.peer_id and self._rt.host.is_admin(caller)))
+        ):
             # a supervisor's node (ourselves, or one we trust to say so) spawns for the member that
             # owns the supervisor: that member owns the child and is charged for it
             try:
@@ -318,19 +350,34 @@ class Spawner:
                 # the last run of the same script: its job ended, and the notice is on its way
                 await self._rt.actors[name].stop(f"its job ended ({held_by} left the mesh or was declared dead)")
         replacing = name is not None and name in self._rt.actors  # (a replacement owns nothing more)
-        if owner is not None and not replacing and not self._rt.host.is_admin(owner) and self._owned.get(owner, 0) >= MAX_ACTORS_PER_MEMBER:
-            raise SpawnError(f"{owner} already owns {MAX_ACTORS_PER_MEMBER} actors on {self._rt.peer_id} (the limit for a member)")
+        if (
+            owner is not None
+            and not replacing
+            and not self._rt.host.is_admin(owner)
+            and self._owned.get(owner, 0) >= MAX_ACTORS_PER_MEMBER
+        ):
+            raise SpawnError(
+                f"{owner} already owns {MAX_ACTORS_PER_MEMBER} actors on {self._rt.peer_id} (the limit for a member)"
+            )
         if name is not None and name in self._rt.actors:
-            if not (isinstance(sup, ActorRef) and self._supervisor.get(name) == sup.name and self._may_replace(name, sup, caller)):
-                raise SpawnError(f"an actor named {name!r} already exists on {self._rt.peer_id} "
-                                 "(.options(get_if_exists=True) returns it; lattica.kill(ref) ends it)")
+            if not (
+                isinstance(sup, ActorRef)
+                and self._supervisor.get(name) == sup.name
+                and self._may_replace(name, sup, caller)
+            ):
+                raise SpawnError(
+                    f"an actor named {name!r} already exists on {self._rt.peer_id} "
+                    "(.options(get_if_exists=True) returns it; lattica.kill(ref) ends it)"
+                )
             # asked by its supervisor's next incarnation (restarted elsewhere) before we heard
             # the old one died: this child is an orphan of the old one; the new one replaces it
             await self._rt.actors[name].stop("replaced by its supervisor's next incarnation")
             if name in self._rt.actors:
                 raise SpawnError(f"an actor named {name!r} already exists on {self._rt.peer_id}")
         incarnation = options.get("incarnation")
-        if incarnation is not None and not (type(incarnation) is str and 0 < len(incarnation) <= 64 and isinstance(sup, ActorRef)):
+        if incarnation is not None and not (
+            type(incarnation) is str and 0 < len(incarnation) <= 64 and isinstance(sup, ActorRef)
+        ):
             raise SpawnError("incarnation is a supervised child's token, 1 to 64 characters")
         if "reserve" in options:
             if not isinstance(name, str):
@@ -338,7 +385,9 @@ class Spawner:
             self._reserve(name, options["reserve"], options.get("labels"), owner)
         state = options.get("state", NO_STATE)
         try:
-            actor = self._rt.create(cls, args, kwargs, name, max_concurrency=max_concurrency, window=window, publish=publish, state=state)
+            actor = self._rt.create(
+                cls, args, kwargs, name, max_concurrency=max_concurrency, window=window, publish=publish, state=state
+            )
         except BaseException:
             self._release(name or "", "not created")
             raise
@@ -380,10 +429,17 @@ class Spawner:
             except SpawnError:
                 pass  # allowed but not installed here: the package has it
         if self.code is None:
-            raise CodeError(f"{self._rt.peer_id} runs without the content service, so code cannot travel to it: "
-                            f"install the module of {path!r} there and allow it (lattica node --allow)")
+            raise CodeError(
+                f"{self._rt.peer_id} runs without the content service, so code cannot travel to it: "
+                f"install the module of {path!r} there and allow it (lattica node --allow)"
+            )
         host = self._rt.host
-        self.code.check(ticket, caller, host.circle_of(caller) if caller is not None else "self", caller is None or host.is_admin(caller))
+        self.code.check(
+            ticket,
+            caller,
+            host.circle_of(caller) if caller is not None else "self",
+            caller is None or host.is_admin(caller),
+        )
         return await self.code.actor_class(path, ticket), ticket.cid
 
     def _job_for(self, options: dict, caller: PeerId | None) -> PeerId | None:
@@ -433,7 +489,10 @@ class Spawner:
         with ``incarnation`` (a supervisor's token for its child), only that incarnation of it."""
         actor = self._holder(name, incarnation)
         if actor is None:
-            raise ActorNotFound(f"no actor named {name!r} on {self._rt.peer_id}" + (" of that incarnation" if incarnation is not None else ""))
+            raise ActorNotFound(
+                f"no actor named {name!r} on {self._rt.peer_id}"
+                + (" of that incarnation" if incarnation is not None else "")
+            )
         if actor.system:
             raise SpawnError(f"{name!r} is a system actor of {self._rt.peer_id}; it cannot be killed")
         self._require_control(name, "kill")
@@ -446,14 +505,18 @@ class Spawner:
         if stranger and (actor is None or not actor.public):
             # a stranger sees only the actors open to it, and learns nothing of the others (not
             # even whether the name is taken): it is told why, which is what it can act on
-            raise PermissionDenied(f"{caller} is not a member of {self._rt.peer_id}'s mesh ({self._rt.host.circle_reason(caller)}): "
-                                   f"it sees only actors opened to strangers, and {name!r} is not one it may look up; "
-                                   "a node of the same mesh starts with its key or an invitation (LATTICA_MESH; docs/security.md)")
+            raise PermissionDenied(
+                f"{caller} is not a member of {self._rt.peer_id}'s mesh ({self._rt.host.circle_reason(caller)}): "
+                f"it sees only actors opened to strangers, and {name!r} is not one it may look up; "
+                "a node of the same mesh starts with its key or an invitation (LATTICA_MESH; docs/security.md)"
+            )
         if actor is None:
             raise ActorNotFound(f"no actor named {name!r} on {self._rt.peer_id}")
         if stranger:
             ref = actor.ref  # ...and of those only the methods open to it
-            return ActorRef(ref.peer_id, ref.name, {m: k for m, k in ref.methods.items() if m in actor.public}, ref.window)
+            return ActorRef(
+                ref.peer_id, ref.name, {m: k for m, k in ref.methods.items() if m in actor.public}, ref.window
+            )
         return actor.ref
 
     async def monitor(self, name: str, monitor_id: int) -> None:

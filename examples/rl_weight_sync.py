@@ -34,7 +34,9 @@ def main() -> None:
         def chaos(v: int) -> None:
             if v == half + 1:
                 os.kill(homes[0]["pid"], signal.SIGKILL)
-                print(f"before v{v}: SIGKILL worker w0's node process {homes[0]['pid']} (its supervisor restarts it on the spare)")
+                print(
+                    f"before v{v}: SIGKILL worker w0's node process {homes[0]['pid']} (its supervisor restarts it on the spare)"
+                )
 
         sync_versions(me, trainer, 6, args.versions, size, between=chaos, say=print)
         st = lattica.get(trainer.status.remote())

@@ -1,19 +1,66 @@
 """Lattica: a pure-Python peer-to-peer actor framework for decentralized AI."""
 
 from lattica import dht, errors
-from lattica.remote import actor, public
-from lattica.api import aget_actor, akill, exit_actor, get_actor, init, kill, link, monitor, nat_status, node, nodes, shutdown, unlink
+from lattica.api import (
+    aget_actor,
+    akill,
+    exit_actor,
+    get_actor,
+    init,
+    kill,
+    link,
+    monitor,
+    nat_status,
+    node,
+    nodes,
+    shutdown,
+    unlink,
+)
 from lattica.future import Future, get, wait
 from lattica.identify import PeerInfo
 from lattica.identity import KeyPair, PeerId
 from lattica.multiaddr import Multiaddr
 from lattica.node import Node
+from lattica.remote import actor, public
 from lattica.runtime import ActorRef, current_actor, current_caller, require_caller
 
 __version__ = "0.1.0"
 __all__ = [
-    "ActorRef", "Future", "Supervisor", "current_actor", "KeyPair", "Multiaddr", "Node", "PeerId", "PeerInfo", "actor", "aget_actor", "current_caller", "akill", "dht", "errors", "exit_actor", "link", "unlink", "monitor", "nat_status", "nodes", "public", "require_caller",
-    "get", "get_actor", "init", "kill", "node", "shutdown", "wait", "content", "crdt", "pubsub", "shards", "__version__",
+    "ActorRef",
+    "Future",
+    "Supervisor",
+    "current_actor",
+    "KeyPair",
+    "Multiaddr",
+    "Node",
+    "PeerId",
+    "PeerInfo",
+    "actor",
+    "aget_actor",
+    "current_caller",
+    "akill",
+    "dht",
+    "errors",
+    "exit_actor",
+    "link",
+    "unlink",
+    "monitor",
+    "nat_status",
+    "nodes",
+    "public",
+    "require_caller",
+    "get",
+    "get_actor",
+    "init",
+    "kill",
+    "node",
+    "shutdown",
+    "wait",
+    "content",
+    "crdt",
+    "pubsub",
+    "shards",
+    "__version__",
 ]
 
 

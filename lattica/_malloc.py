@@ -46,6 +46,8 @@ def tune() -> bool:
         import ctypes  # (1.5 ms: only a process that starts QUIC pays it)
 
         libc = ctypes.CDLL(None)
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+            libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+        )
     except Exception:  # best effort: musl, no confstr name, no mallopt, a Python without _ctypes
         return False

@@ -16,7 +16,8 @@ never checks signatures more loosely than its peers do.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["verifier", "signer"]
 
@@ -72,7 +73,9 @@ def _load() -> None:
             from nacl.bindings import crypto_sign, crypto_sign_open  # (the public way: ~8 ms to import)
             from nacl.exceptions import BadSignatureError  # (likewise)
         except ImportError as e:
-            raise ImportError(f"Lattica signs and checks signatures with PyNaCl (libsodium), which does not load: {e}") from e
+            raise ImportError(
+                f"Lattica signs and checks signatures with PyNaCl (libsodium), which does not load: {e}"
+            ) from e
 
         def verify(public_key: bytes, signature: bytes, data: Any) -> bool:
             try:

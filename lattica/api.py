@@ -10,10 +10,10 @@ import asyncio
 import atexit
 import signal
 import threading
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from lattica import context, dht
-from lattica.remote import on_loop, current_runtime
 from lattica.errors import ActorNotFound, LatticaError, Timeout
 from lattica.future import Future
 from lattica.identity import PeerId
@@ -22,11 +22,25 @@ from lattica.monitors import Monitor
 from lattica.multiaddr import Multiaddr
 from lattica.nat import NatStatus
 from lattica.node import Node
+from lattica.remote import current_runtime, on_loop
 from lattica.runtime import ActorRef, current_actor, spawner_ref
 
 log = get_logger("lattica.api")
 
-__all__ = ["init", "shutdown", "kill", "akill", "get_actor", "aget_actor", "node", "nat_status", "nodes", "monitor", "link", "exit_actor"]
+__all__ = [
+    "init",
+    "shutdown",
+    "kill",
+    "akill",
+    "get_actor",
+    "aget_actor",
+    "node",
+    "nat_status",
+    "nodes",
+    "monitor",
+    "link",
+    "exit_actor",
+]
 
 _lock = threading.Lock()  # one init at a time
 NAME_GRACE = 1.0  # s get_actor looks again for a name not found (Ray raises at once)
@@ -50,15 +64,23 @@ def init(
     arguments differ: ``shutdown()`` first)."""
     listen = [listen] if isinstance(listen, (str, Multiaddr)) else list(listen)
     bootstrap = [bootstrap] if isinstance(bootstrap, (str, Multiaddr)) else list(bootstrap)
-    asked = {"listen": [str(a) for a in listen], "bootstrap": [str(a) for a in bootstrap], "allow": list(allow), "key_path": key_path, **node_options}
+    asked = {
+        "listen": [str(a) for a in listen],
+        "bootstrap": [str(a) for a in bootstrap],
+        "allow": list(allow),
+        "key_path": key_path,
+        **node_options,
+    }
     with _lock:
         current = context.default_node()
         if current is not None and current.running:
             given = _init_arguments.get(id(current))
             if given is not None and asked != given and asked != _DEFAULT_ARGUMENTS:
                 changed = sorted(k for k in {*asked, *given} if asked.get(k) != given.get(k))
-                raise LatticaError(f"lattica.init() already started this process's node with other arguments ({', '.join(changed)}): "
-                                   "call lattica.shutdown() first to start it anew, or lattica.init() without arguments to get it")
+                raise LatticaError(
+                    f"lattica.init() already started this process's node with other arguments ({', '.join(changed)}): "
+                    "call lattica.shutdown() first to start it anew, or lattica.init() without arguments to get it"
+                )
             return current
         node = Node(listen, key_path=key_path, allow=allow, **node_options)
         _init_arguments.clear()
@@ -80,7 +102,10 @@ def goodbye_on_sigterm() -> None:
     """Let SIGTERM (``kill``, systemd, ``docker stop``) end this process as Ctrl-C does: the exit
     runs, the node says goodbye (its peers see it left, not dead) and its actors' jobs end at
     once. Only from the main thread, and only if nobody set a SIGTERM handler of their own."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
         return
     signal.signal(signal.SIGTERM, _terminated)
 
@@ -198,7 +223,12 @@ def _get_actor(name: str, node: PeerId | str | None, timeout: float) -> Future:
             return _resolved(rt, actor.ref)
         # a name nobody registered is ActorNotFound after NAME_GRACE (one registered a moment ago
         # may still be on its way), not after the whole timeout
-        return dht.run_with_service(None, lambda svc: _within(svc.resolve_name(name, within=min(timeout, NAME_GRACE)), timeout, f"resolving the actor name {name!r}"))
+        return dht.run_with_service(
+            None,
+            lambda svc: _within(
+                svc.resolve_name(name, within=min(timeout, NAME_GRACE)), timeout, f"resolving the actor name {name!r}"
+            ),
+        )
     peer = PeerId.from_string(node) if isinstance(node, str) else node
     if peer == rt.peer_id:
         actor = rt.actors.get(name)

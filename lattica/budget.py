@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 __all__ = ["Buckets", "StrangersShare", "Turns"]
 
@@ -21,7 +21,9 @@ class Buckets:
 
     __slots__ = ("rate", "burst", "max_keys", "_clock", "_state")
 
-    def __init__(self, rate: float, burst: float, max_keys: int = 4096, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self, rate: float, burst: float, max_keys: int = 4096, clock: Callable[[], float] | None = None
+    ) -> None:
         if rate < 0 or burst < 1 or max_keys < 1:
             raise ValueError("a budget needs rate >= 0, burst >= 1 and max_keys >= 1")
         self.rate = rate
@@ -73,7 +75,9 @@ class StrangersShare:
 
     __slots__ = ("_stranger", "_bucket")
 
-    def __init__(self, rate: float, burst: float, stranger: Callable[[Hashable], bool], clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self, rate: float, burst: float, stranger: Callable[[Hashable], bool], clock: Callable[[], float] | None = None
+    ) -> None:
         self._stranger = stranger
         self._bucket = Buckets(rate, burst, max_keys=1, clock=clock)
 
@@ -121,7 +125,9 @@ class Turns:
         self._gone = 0  # waiters in the queue that gave up (skipped when they come first)
         self._timer: asyncio.TimerHandle | None = None
 
-    async def take(self, peer: Hashable, cost: float = 1.0, give_up: Callable[[], bool] | None = None, every: float = 1.0) -> bool:
+    async def take(
+        self, peer: Hashable, cost: float = 1.0, give_up: Callable[[], bool] | None = None, every: float = 1.0
+    ) -> bool:
         """Wait until ``peer`` may go ahead, charged ``cost`` of the share (a member: at once);
         False, nothing charged, if ``give_up()`` (asked every ``every`` s while waiting) says so."""
         if not self.share.charges(peer):

@@ -81,7 +81,10 @@ def _bench(args: argparse.Namespace) -> None:
         from lattica.bench.dht import simulate  # lazy: see the note above _bench
 
         for n in args.nodes or [1000]:
-            _print(simulate(n, keys=args.keys, progress=None if args.json else lambda m: print(f"  {m}", flush=True)), args.json)
+            _print(
+                simulate(n, keys=args.keys, progress=None if args.json else lambda m: print(f"  {m}", flush=True)),
+                args.json,
+            )
     if which == "membership-sim":
         starting("membership-sim")
         from lattica.bench.membership import simulate as simulate_membership  # lazy: see the note above _bench
@@ -93,7 +96,9 @@ def _bench(args: argparse.Namespace) -> None:
         from lattica.bench.relay import bench_relay  # lazy: see the note above _bench
 
         for payload in args.payload or [262144, 128]:
-            for row in bench_relay(payload, concurrency=(args.concurrency or [32])[0], duration=min(args.duration, 3.0), rounds=args.rounds):
+            for row in bench_relay(
+                payload, concurrency=(args.concurrency or [32])[0], duration=min(args.duration, 3.0), rounds=args.rounds
+            ):
                 _print(row, args.json)
     if which in ("supervise", "all"):
         starting("supervise")
@@ -202,7 +207,10 @@ def _bench(args: argparse.Namespace) -> None:
                 for payload in payloads:
                     for conc in concurrencies:
                         for bp in rpc_polls:
-                            _print(bench_rpc(payload, conc, args.duration, t, kind, busy_poll_us=bp, link=args.link), args.json)
+                            _print(
+                                bench_rpc(payload, conc, args.duration, t, kind, busy_poll_us=bp, link=args.link),
+                                args.json,
+                            )
 
 
 def _node(args: argparse.Namespace) -> None:
@@ -210,13 +218,24 @@ def _node(args: argparse.Namespace) -> None:
 
     relay = getattr(args, "relay", False)
     mdns = False if getattr(args, "no_mdns", False) else None
-    with Node(args.listen or ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"], key_path=args.key, relay=relay, mdns=mdns, mesh=args.mesh,
-              dashboard=args.dashboard, allow=getattr(args, "allow", ()), accept_code=getattr(args, "accept_code", "admins"),
-              **({"spill_limit": args.spill_limit} if getattr(args, "spill_limit", None) is not None else {})) as node:
+    with Node(
+        args.listen or ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"],
+        key_path=args.key,
+        relay=relay,
+        mdns=mdns,
+        mesh=args.mesh,
+        dashboard=args.dashboard,
+        allow=getattr(args, "allow", ()),
+        accept_code=getattr(args, "accept_code", "admins"),
+        **({"spill_limit": args.spill_limit} if getattr(args, "spill_limit", None) is not None else {}),
+    ) as node:
         print(f"peer id: {node.peer_id}" + (" (relay and bootstrap)" if relay else ""))
         print(f"mesh: {node.trust.describe()}")
         if not relay:
-            print(f"runs code from: {node.accept_code}" + (f"; installed classes allowed: {', '.join(node.allow)}" if node.allow else ""))
+            print(
+                f"runs code from: {node.accept_code}"
+                + (f"; installed classes allowed: {', '.join(node.allow)}" if node.allow else "")
+            )
         for a in node.addrs:
             print(f"listening: {a}", flush=True)
         if node.dashboard_url:
@@ -245,7 +264,9 @@ def _mesh(args: argparse.Namespace) -> None:
             sys.exit("lattica mesh new PATH: where to write the new mesh key")
         key = trust.MeshKey.generate()
         key.save(args.arg)
-        print(f"created {key.name} in {args.arg} (mode 0600); start nodes with mesh={args.arg!r} or LATTICA_MESH={args.arg}")
+        print(
+            f"created {key.name} in {args.arg} (mode 0600); start nodes with mesh={args.arg!r} or LATTICA_MESH={args.arg}"
+        )
         return
     if args.op == "id":
         kp = KeyPair.load_or_create(args.arg or "lattica.key")
@@ -261,7 +282,9 @@ def _mesh(args: argparse.Namespace) -> None:
             print(f"{cred.name}: this machine holds its key (from {source})")
         else:
             role = "an administrator" if cred.admin else "a member"
-            print(f"{trust.mesh_name(cred.mesh)}: invited as {cred.peer} ({role}) until {time.strftime('%Y-%m-%d', time.gmtime(cred.expires))}")
+            print(
+                f"{trust.mesh_name(cred.mesh)}: invited as {cred.peer} ({role}) until {time.strftime('%Y-%m-%d', time.gmtime(cred.expires))}"
+            )
         return
     if not isinstance(cred, trust.MeshKey):
         sys.exit("this needs the mesh key (an invited node holds only its own certificate)")
@@ -286,7 +309,6 @@ def _ping(args: argparse.Namespace) -> None:
 
 def _dht(args: argparse.Namespace) -> None:
 
-
     from lattica import dht  # lazy: see the note above _bench
     from lattica.identity import PeerId  # lazy: see the note above _bench
     from lattica.node import Node  # lazy: see the note above _bench
@@ -307,7 +329,13 @@ def _dht(args: argparse.Namespace) -> None:
             print(json.dumps({"key": args.key, "replicas": n}))
         elif args.op == "get":
             rec = dht.get(args.key, node=node).result(60)
-            items = {str(k) if k is not None else "": {"value": shown(v.value), "expires_in": round(v.expiration - time.time(), 1)} for k, v in (rec or {}).items()}
+            items = {
+                str(k) if k is not None else "": {
+                    "value": shown(v.value),
+                    "expires_in": round(v.expiration - time.time(), 1),
+                }
+                for k, v in (rec or {}).items()
+            }
             print(json.dumps({"key": args.key, "found": rec is not None, "subkeys": items}))
             if rec is None:
                 sys.exit(1)  # (a missing key is a failure a script can test for)
@@ -323,7 +351,9 @@ def _content_node(args: argparse.Namespace, listen: list[str] | None = None):  #
     from lattica.config import ContentConfig  # lazy: see the note above _bench
     from lattica.node import Node  # lazy: see the note above _bench
 
-    blocks = args.blocks or os.environ.get("LATTICA_BLOCKS") or os.path.join(os.path.expanduser("~"), ".lattica", "blocks")
+    blocks = (
+        args.blocks or os.environ.get("LATTICA_BLOCKS") or os.path.join(os.path.expanduser("~"), ".lattica", "blocks")
+    )
     # an explicit directory: if another node on this machine holds it, say so (a private store
     # would vanish with this command, and what it published with it)
     node = Node(listen or [], content=ContentConfig(blocks=blocks), key_path=getattr(args, "key", None))
@@ -360,7 +390,9 @@ class _Progress:
         total = info["total"]
         done = info["bytes"]
         pct = f"{100 * done / total:5.1f}%" if total else "  ?  "
-        line = f"{pct}  {done / 1e6:9.1f} MB  {info['mb_per_s']:8.1f} MB/s" + (f"  {info['peers']} peers" if "peers" in info else "")
+        line = f"{pct}  {done / 1e6:9.1f} MB  {info['mb_per_s']:8.1f} MB/s" + (
+            f"  {info['peers']} peers" if "peers" in info else ""
+        )
         if self.tty:
             self.say(line)
         else:
@@ -391,11 +423,15 @@ def _put(args: argparse.Namespace) -> None:
 
     node = _content_node(args, args.listen or ["/ip4/0.0.0.0/tcp/0"])
     try:
-        cid = _wait(content.put(args.file, chunk_size=args.chunk, progress=None if args.quiet else _Progress(), node=node))
+        cid = _wait(
+            content.put(args.file, chunk_size=args.chunk, progress=None if args.quiet else _Progress(), node=node)
+        )
         print(cid, flush=True)
         if args.no_serve:
             return
-        print(f"serving {cid} from {', '.join(str(a) for a in node.addrs)} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+        print(
+            f"serving {cid} from {', '.join(str(a) for a in node.addrs)} (Ctrl-C to stop)", file=sys.stderr, flush=True
+        )
         while True:
             time.sleep(3600)
     finally:
@@ -435,10 +471,13 @@ def _get(args: argparse.Namespace) -> None:
             progress.end()
             took = max(time.monotonic() - t0, 1e-9)
             peers, held = progress.peers, min(progress.held, size)
-            sys.stderr.write(f"got {args.cid}: {size / 1e6:.1f} MB in {took:.1f} s ({(size - held) / took / 1e6:.1f} MB/s)"
-                             + (f" from {peers} peer{'s' * (peers != 1)}" if peers is not None else "")
-                             + (f", {held / 1e6:.1f} MB of it held already" if held else "")
-                             + (f", saved to {output}" if output is not None and args.output is None else "") + "\n")
+            sys.stderr.write(
+                f"got {args.cid}: {size / 1e6:.1f} MB in {took:.1f} s ({(size - held) / took / 1e6:.1f} MB/s)"
+                + (f" from {peers} peer{'s' * (peers != 1)}" if peers is not None else "")
+                + (f", {held / 1e6:.1f} MB of it held already" if held else "")
+                + (f", saved to {output}" if output is not None and args.output is None else "")
+                + "\n"
+            )
     finally:
         node.stop()
 
@@ -474,8 +513,15 @@ def _doctor(args: argparse.Namespace) -> None:
 
     # a terminal: one line that counts up, erased; a log: a line per stage (no rewritten line)
     shown = not args.json and sys.stderr.isatty()
-    report = diagnose(args.listen or ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"], args.bootstrap, args.peer, args.wait, args.mesh,
-                      progress=waiting if shown else None, stage=None if sys.stderr.isatty() else stage)
+    report = diagnose(
+        args.listen or ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"],
+        args.bootstrap,
+        args.peer,
+        args.wait,
+        args.mesh,
+        progress=waiting if shown else None,
+        stage=None if sys.stderr.isatty() else stage,
+    )
     if shown:
         sys.stderr.write("\r\033[K")  # (the waiting line goes)
     print(json.dumps(report) if args.json else render(report), flush=True)
@@ -489,7 +535,11 @@ def _status(args: argparse.Namespace) -> None:
         import urllib.error  # lazy: see the note above _bench
         import urllib.request  # lazy: see the note above _bench
 
-        url = args.dashboard.split("?")[0].rstrip("/") + "/api/mesh" + ("?" + args.dashboard.split("?", 1)[1] if "?" in args.dashboard else "")
+        url = (
+            args.dashboard.split("?")[0].rstrip("/")
+            + "/api/mesh"
+            + ("?" + args.dashboard.split("?", 1)[1] if "?" in args.dashboard else "")
+        )
         try:
             with urllib.request.urlopen(url, timeout=args.wait + 10) as r:
                 raw = r.read(_MAX_PICTURE + 1)
@@ -497,11 +547,15 @@ def _status(args: argparse.Namespace) -> None:
                 raise _CliError(f"the dashboard at {args.dashboard} answered more than {_MAX_PICTURE >> 20} MiB")
             pic = json.loads(raw)
         except urllib.error.HTTPError as e:
-            raise _CliError(f"the dashboard at {args.dashboard} answered {e.code}: {e.read().decode(errors='replace').strip()}") from None
+            raise _CliError(
+                f"the dashboard at {args.dashboard} answered {e.code}: {e.read().decode(errors='replace').strip()}"
+            ) from None
         except (urllib.error.URLError, OSError) as e:
             raise _CliError(f"cannot reach the dashboard at {args.dashboard}: {getattr(e, 'reason', e)}") from None
         except ValueError:
-            raise _CliError(f"the dashboard at {args.dashboard} did not answer with a picture of the mesh (JSON)") from None
+            raise _CliError(
+                f"the dashboard at {args.dashboard} did not answer with a picture of the mesh (JSON)"
+            ) from None
     elif args.bootstrap:
         from lattica.actors.dashboard.mesh import MeshWatch  # lazy: see the note above _bench
         from lattica.node import Node  # lazy: see the note above _bench
@@ -553,14 +607,37 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--no-mdns", action="store_true", help="do not discover or announce on the LAN with mDNS")
     s.add_argument("--key", default="lattica.key", help="key file, created if absent (default: %(default)s)")
     s.add_argument("--connect", action="append", default=[], help="peer multiaddr to dial at start")
-    s.add_argument("--mesh", default=None, help="mesh key or certificate file or text, or 'open' (default: LATTICA_MESH, else ~/.lattica/mesh.key)")
-    s.add_argument("--dashboard", default=None, metavar="HOST:PORT", help="serve the mesh dashboard here (e.g. 127.0.0.1:8265; off loopback it needs the printed token)")
-    s.add_argument("--accept-code", default="admins", choices=["admins", "members", "nobody"],
-                   help="whose code that travels with a spawn this node runs (default: %(default)s: administrators of its mesh)")
-    s.add_argument("--allow", action="append", default=[], metavar="PATTERN",
-                   help="installed classes peers may spawn here, by module.Class pattern (e.g. 'myapp.*'; repeatable)")
-    s.add_argument("--spill-limit", type=int, default=None, metavar="BYTES",
-                   help="a call's arguments or result over the 64 MiB message cap travel by CID up to this many bytes (default 1 GiB; 0: never)")
+    s.add_argument(
+        "--mesh",
+        default=None,
+        help="mesh key or certificate file or text, or 'open' (default: LATTICA_MESH, else ~/.lattica/mesh.key)",
+    )
+    s.add_argument(
+        "--dashboard",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve the mesh dashboard here (e.g. 127.0.0.1:8265; off loopback it needs the printed token)",
+    )
+    s.add_argument(
+        "--accept-code",
+        default="admins",
+        choices=["admins", "members", "nobody"],
+        help="whose code that travels with a spawn this node runs (default: %(default)s: administrators of its mesh)",
+    )
+    s.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="installed classes peers may spawn here, by module.Class pattern (e.g. 'myapp.*'; repeatable)",
+    )
+    s.add_argument(
+        "--spill-limit",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="a call's arguments or result over the 64 MiB message cap travel by CID up to this many bytes (default 1 GiB; 0: never)",
+    )
     s.set_defaults(fn=_node)
 
     s = sub.add_parser("relay", help="run a public relay (and bootstrap node) until interrupted")
@@ -568,16 +645,36 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--no-mdns", action="store_true", help="do not discover or announce on the LAN with mDNS")
     s.add_argument("--key", default="lattica-relay.key", help="key file, created if absent (default: %(default)s)")
     s.add_argument("--connect", action="append", default=[], help="peer multiaddr to dial at start")
-    s.add_argument("--mesh", default=None, help="mesh key or certificate file or text, or 'open' (default: LATTICA_MESH, else ~/.lattica/mesh.key)")
-    s.add_argument("--dashboard", default=None, metavar="HOST:PORT", help="serve the mesh dashboard here (e.g. 127.0.0.1:8265; off loopback it needs the printed token)")
+    s.add_argument(
+        "--mesh",
+        default=None,
+        help="mesh key or certificate file or text, or 'open' (default: LATTICA_MESH, else ~/.lattica/mesh.key)",
+    )
+    s.add_argument(
+        "--dashboard",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve the mesh dashboard here (e.g. 127.0.0.1:8265; off loopback it needs the printed token)",
+    )
     s.set_defaults(fn=_node, relay=True)
 
-    s = sub.add_parser("mesh", help="mesh credentials: new key, show, print the key, invite a node, print a node's PeerId")
+    s = sub.add_parser(
+        "mesh", help="mesh credentials: new key, show, print the key, invite a node, print a node's PeerId"
+    )
     s.add_argument("op", choices=["new", "show", "key", "invite", "id"])
-    s.add_argument("arg", nargs="?", default=None, help="new: key file to create; invite: the PeerId to admit; id: key file (default lattica.key)")
+    s.add_argument(
+        "arg",
+        nargs="?",
+        default=None,
+        help="new: key file to create; invite: the PeerId to admit; id: key file (default lattica.key)",
+    )
     s.add_argument("--mesh", default=None, help="the mesh key to use (default: LATTICA_MESH, else ~/.lattica/mesh.key)")
-    s.add_argument("--days", type=float, default=30.0, help="invite: days the certificate is valid (default: %(default)s)")
-    s.add_argument("--admin", action="store_true", help="invite: as an administrator (may stop and rewire any member's actors)")
+    s.add_argument(
+        "--days", type=float, default=30.0, help="invite: days the certificate is valid (default: %(default)s)"
+    )
+    s.add_argument(
+        "--admin", action="store_true", help="invite: as an administrator (may stop and rewire any member's actors)"
+    )
     s.set_defaults(fn=_mesh)
 
     s = sub.add_parser("ping", help="connect to a peer and ping it")
@@ -591,18 +688,31 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("value", nargs="?", default=None, help="put: the value (JSON if it parses, else text)")
     s.add_argument("--subkey", default=None, help="put: store under this subkey")
     s.add_argument("--ttl", type=float, default=3600.0, help="put: seconds the record lives (default: %(default)s)")
-    s.add_argument("--bootstrap", action="append", default=[], required=True, help="peer multiaddr to join through (repeatable)")
+    s.add_argument(
+        "--bootstrap", action="append", default=[], required=True, help="peer multiaddr to join through (repeatable)"
+    )
     s.set_defaults(fn=_dht)
 
     blocks_help = "blockstore directory (default: LATTICA_BLOCKS, else ~/.lattica/blocks)"
     s = sub.add_parser("put", help="add a file to the blockstore, print its CID and serve it until interrupted")
     s.add_argument("file")
     s.add_argument("--chunk", type=int, default=None, help="chunk size in bytes (default 1 MiB, at most 2 MiB)")
-    s.add_argument("--listen", action="append", default=[], help="multiaddr to serve on (default: all interfaces, any port)")
-    s.add_argument("--bootstrap", action="append", default=[], help="peer multiaddr to join through, to announce the CID (repeatable)")
+    s.add_argument(
+        "--listen", action="append", default=[], help="multiaddr to serve on (default: all interfaces, any port)"
+    )
+    s.add_argument(
+        "--bootstrap",
+        action="append",
+        default=[],
+        help="peer multiaddr to join through, to announce the CID (repeatable)",
+    )
     s.add_argument("--blocks", default=None, help=blocks_help)
     s.add_argument("--no-serve", action="store_true", help="store, pin and print the CID, then exit")
-    s.add_argument("--key", default=None, help="key file, created if absent: the PeerId that serves the file stays the same across runs (default: a fresh key)")
+    s.add_argument(
+        "--key",
+        default=None,
+        help="key file, created if absent: the PeerId that serves the file stays the same across runs (default: a fresh key)",
+    )
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar while the file is hashed and stored")
     s.set_defaults(fn=_put)
 
@@ -623,48 +733,146 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_content)
 
     s = sub.add_parser("doctor", help="reachability, NAT type, relays and paths, with reasons in plain words")
-    s.add_argument("--listen", action="append", default=[], help="multiaddr to listen on (default: all interfaces, any port)")
+    s.add_argument(
+        "--listen", action="append", default=[], help="multiaddr to listen on (default: all interfaces, any port)"
+    )
     s.add_argument("--bootstrap", action="append", default=[], help="peer multiaddr to join through (repeatable)")
     s.add_argument("--peer", default=None, help="also reach this PeerId and report the path")
-    s.add_argument("--wait", type=float, default=20.0, help="seconds to wait for the AutoNAT verdict (default: %(default)s)")
+    s.add_argument(
+        "--wait", type=float, default=20.0, help="seconds to wait for the AutoNAT verdict (default: %(default)s)"
+    )
     s.add_argument("--json", action="store_true", help="the report as one JSON object")
-    s.add_argument("--mesh", default=None, help="mesh key or certificate (default: LATTICA_MESH, else ~/.lattica/mesh.key)")
+    s.add_argument(
+        "--mesh", default=None, help="mesh key or certificate (default: LATTICA_MESH, else ~/.lattica/mesh.key)"
+    )
     s.set_defaults(fn=_doctor)
 
     s = sub.add_parser("status", help="the mesh at a glance: nodes, resources, actors, supervisors, paths")
     s.add_argument("--bootstrap", action="append", default=[], help="a node of the mesh to ask (repeatable)")
-    s.add_argument("--dashboard", default=None, help="or: a node's dashboard address (with ?token=... when it needs one)")
+    s.add_argument(
+        "--dashboard", default=None, help="or: a node's dashboard address (with ?token=... when it needs one)"
+    )
     s.add_argument("--wait", type=float, default=5.0, help="seconds to wait for each node (default: %(default)s)")
     s.add_argument("--json", action="store_true", help="the picture as one JSON object")
-    s.add_argument("--mesh", default=None, help="mesh key or certificate (default: LATTICA_MESH, else ~/.lattica/mesh.key)")
+    s.add_argument(
+        "--mesh", default=None, help="mesh key or certificate (default: LATTICA_MESH, else ~/.lattica/mesh.key)"
+    )
     s.set_defaults(fn=_status)
 
-    s = sub.add_parser("demo", help="a local mesh: identify, ping, sharded work, the DHT, supervised restarts after node loss")
+    s = sub.add_parser(
+        "demo", help="a local mesh: identify, ping, sharded work, the DHT, supervised restarts after node loss"
+    )
     s.set_defaults(fn=_demo)
 
     s = sub.add_parser("bench", help="run benchmarks and print figures")
-    s.add_argument("which", choices=["stream", "ping", "handshake", "startup", "firstcall", "ciphers", "rpc", "dht", "dht-sim", "membership-sim", "relay", "supervise", "content", "pubsub", "pubsub-sim", "pubsub-nodes", "crdt", "crdt-sim", "shards", "weightsync", "dashboard", "soak", "code", "spill", "attack", "all"])
+    s.add_argument(
+        "which",
+        choices=[
+            "stream",
+            "ping",
+            "handshake",
+            "startup",
+            "firstcall",
+            "ciphers",
+            "rpc",
+            "dht",
+            "dht-sim",
+            "membership-sim",
+            "relay",
+            "supervise",
+            "content",
+            "pubsub",
+            "pubsub-sim",
+            "pubsub-nodes",
+            "crdt",
+            "crdt-sim",
+            "shards",
+            "weightsync",
+            "dashboard",
+            "soak",
+            "code",
+            "spill",
+            "attack",
+            "all",
+        ],
+    )
     s.add_argument("--transport", choices=["tcp", "quic", "both"], default=None, help="default: both (rpc: tcp)")
-    s.add_argument("--size", type=int, default=0, help="stream bytes (default 1 GiB tcp, 256 MiB quic); content: object bytes (default 256 MiB)")
+    s.add_argument(
+        "--size",
+        type=int,
+        default=0,
+        help="stream bytes (default 1 GiB tcp, 256 MiB quic); content: object bytes (default 256 MiB)",
+    )
     s.add_argument("--count", type=int, default=10000, help="pings")
-    s.add_argument("--payload", type=int, action="append", help="rpc payload bytes (repeatable; default 128; --matrix: 128 and 262144)")
-    s.add_argument("--concurrency", type=int, action="append", help="rpc calls in flight (repeatable; default 1000; --matrix: 1000 and 1)")
-    s.add_argument("--matrix", action="store_true", help="rpc: every transport, actor kind, payload, calls in flight and loop (dozens of runs)")
+    s.add_argument(
+        "--payload",
+        type=int,
+        action="append",
+        help="rpc payload bytes (repeatable; default 128; --matrix: 128 and 262144)",
+    )
+    s.add_argument(
+        "--concurrency",
+        type=int,
+        action="append",
+        help="rpc calls in flight (repeatable; default 1000; --matrix: 1000 and 1)",
+    )
+    s.add_argument(
+        "--matrix",
+        action="store_true",
+        help="rpc: every transport, actor kind, payload, calls in flight and loop (dozens of runs)",
+    )
     s.add_argument("--duration", type=float, default=10.0, help="rpc seconds per run")
-    s.add_argument("--actor", choices=["async", "sync", "both"], default=None, help="rpc actor kind (default: async; --matrix: both)")
-    s.add_argument("--busy-poll-us", type=float, default=None,
-                   help="node loop busy-poll window; default: compare 0 (uvloop) with the default side by side")
+    s.add_argument(
+        "--actor",
+        choices=["async", "sync", "both"],
+        default=None,
+        help="rpc actor kind (default: async; --matrix: both)",
+    )
+    s.add_argument(
+        "--busy-poll-us",
+        type=float,
+        default=None,
+        help="node loop busy-poll window; default: compare 0 (uvloop) with the default side by side",
+    )
     s.add_argument("--nodes", type=int, action="append", help="dht: nodes (repeatable; default 2 and 3; dht-sim: 1000)")
     s.add_argument("--keys", type=int, default=200, help="dht-sim: keys stored and looked up")
     s.add_argument("--soak-seconds", type=float, default=300.0, help="soak: how long (not part of all)")
-    s.add_argument("--rounds", type=int, default=5, help="supervise: node losses per signal (a fresh mesh each); relay: turns of every path")
-    s.add_argument("--runs", type=int, default=None, help="crdt-sim: runs (random partitions each; default 100); firstcall: fresh callers (default 5)")
-    s.add_argument("--compact-every", type=int, default=0, help="crdt-sim: replicas checkpoint their logs this often (default 0: never)")
+    s.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="supervise: node losses per signal (a fresh mesh each); relay: turns of every path",
+    )
+    s.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="crdt-sim: runs (random partitions each; default 100); firstcall: fresh callers (default 5)",
+    )
+    s.add_argument(
+        "--compact-every",
+        type=int,
+        default=0,
+        help="crdt-sim: replicas checkpoint their logs this often (default 0: never)",
+    )
     s.add_argument("--fetchers", type=int, default=8, help="content: fetchers of the swarm")
-    s.add_argument("--link", choices=["lan", "region", "continent"], default=None,
-                   help="stream, rpc, firstcall: run across an emulated link (root, Linux; lattica.bench.linkem) instead of loopback")
-    s.add_argument("--attack", action="append", default=None, help="attack: which (repeatable; default every one: cpu (a control), have, calls, pubsub, streams, sockets, store, providers); --nodes: stranger identities (default 1, 8, 64)")
-    s.add_argument("--shared-cores", action="store_true", help="attack: the attackers share the victim's cores (default: the last core is theirs alone)")
+    s.add_argument(
+        "--link",
+        choices=["lan", "region", "continent"],
+        default=None,
+        help="stream, rpc, firstcall: run across an emulated link (root, Linux; lattica.bench.linkem) instead of loopback",
+    )
+    s.add_argument(
+        "--attack",
+        action="append",
+        default=None,
+        help="attack: which (repeatable; default every one: cpu (a control), have, calls, pubsub, streams, sockets, store, providers); --nodes: stranger identities (default 1, 8, 64)",
+    )
+    s.add_argument(
+        "--shared-cores",
+        action="store_true",
+        help="attack: the attackers share the victim's cores (default: the last core is theirs alone)",
+    )
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=_bench)
 

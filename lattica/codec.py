@@ -42,9 +42,10 @@ import gc
 import struct
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import field
 from math import prod
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -65,7 +66,9 @@ class Limits(ValueClass, frozen=True):
     max_frame: int = 64 * 1024 * 1024 + 1024  # whole encoded frame, bytes
     max_depth: int = 32  # nesting depth of containers (per extension payload)
     max_items: int = 1_000_000  # length of any single list / map
-    max_containers: int = 1_000_000  # lists and maps in one frame, an extension value counting as 8 (in bodies over 64 KiB)
+    max_containers: int = (
+        1_000_000  # lists and maps in one frame, an extension value counting as 8 (in bodies over 64 KiB)
+    )
     max_buffers: int = 1024  # out-of-band buffers per frame
     max_str: int = 16 * 1024 * 1024  # bytes per str / bin / ext in the msgpack body
     oob_threshold: int = 64 * 1024  # bytes-likes and arrays at least this big go out of band
@@ -138,15 +141,14 @@ def _numpy() -> Any:
         _numpy_module = numpy
     return _numpy_module
 
+
 # extension registry: class -> (code, to_obj); code -> (cls, from_obj)
 _EXT_ENC: dict[type, tuple[int, Callable[[Any], Any]]] = {}
 _EXT_DEC: dict[int, tuple[type, Callable[[Any], Any]]] = {}
 _KEY_TYPES: set[type] = {str, int, bytes}
 
 
-def register_ext(
-    code: int, cls: type, to_obj: Callable[[Any], Any], from_obj: Callable[[Any], Any]
-) -> None:
+def register_ext(code: int, cls: type, to_obj: Callable[[Any], Any], from_obj: Callable[[Any], Any]) -> None:
     """Let instances of ``cls`` (exact type) travel as msgpack ext ``code``; 16..63 are Lattica's.
 
     ``to_obj`` turns an instance into codec-able data (encoded recursively, may hold big buffers);
@@ -316,9 +318,7 @@ class _Encoder:
         if (type(o).__module__ in _VALUE_MODULES or "lattica.values" in sys.modules) and _load_values():
             return self.default(o)
         if isinstance(o, int):  # the Packer hands over ints it cannot represent
-            raise CodecError(
-                f"integer of {o.bit_length()} bits is out of msgpack range (-2**63 .. 2**64-1)"
-            )
+            raise CodecError(f"integer of {o.bit_length()} bits is out of msgpack range (-2**63 .. 2**64-1)")
         raise CodecError(
             f"cannot encode object of type {_type_name(o)}: calls carry data (None, bool, int, float, "
             "str, bytes, list, tuple, dict, set, datetime, UUID, Decimal, paths, numpy arrays, ActorRef, "
@@ -434,9 +434,11 @@ def encode(obj: Any, limits: Limits = DEFAULT_LIMITS) -> list[bytes | bytearray 
 
 def _too_large(size: int, limits: Limits) -> str:
     cap = f"{limits.max_frame >> 20} MiB" if limits.max_frame >= 1 << 20 else f"{limits.max_frame} bytes"
-    return (f"a message of {size} bytes is over the {cap} a call's arguments or result may hold: "
-            "send big data by CID (cid = lattica.content.put(data).result(), pass the cid, and "
-            "lattica.content.get(cid) where it is needed), or stream it (a generator method, or an async iterator argument)")
+    return (
+        f"a message of {size} bytes is over the {cap} a call's arguments or result may hold: "
+        "send big data by CID (cid = lattica.content.put(data).result(), pass the cid, and "
+        "lattica.content.get(cid) where it is needed), or stream it (a generator method, or an async iterator argument)"
+    )
 
 
 def check(obj: Any, limits: Limits = DEFAULT_LIMITS) -> None:
@@ -477,10 +479,7 @@ def _decode_array(data: bytes, bufs: list[memoryview] | None) -> np.ndarray:
     else:
         raise CodecError(f"numpy array refers to missing buffer {idx}")
     if len(buf) - offset != count * dt.itemsize:
-        raise CodecError(
-            f"numpy array data is {len(buf) - offset} bytes, shape {shape} needs "
-            f"{count * dt.itemsize}"
-        )
+        raise CodecError(f"numpy array data is {len(buf) - offset} bytes, shape {shape} needs {count * dt.itemsize}")
     return np.frombuffer(buf, dtype=dt, count=count, offset=offset).reshape(shape)
 
 
@@ -583,7 +582,11 @@ def _check_depth(o: list | dict | tuple, budget: int) -> None:
 
 
 def _unpack(
-    body: bytes | memoryview, bufs: list[memoryview] | None, limits: Limits, level: int, budget: list[int] | None = None,
+    body: bytes | memoryview,
+    bufs: list[memoryview] | None,
+    limits: Limits,
+    level: int,
+    budget: list[int] | None = None,
     tuples: bool = False,
 ) -> Any:
     """Decode one msgpack body (the frame's, or an extension payload) under ``limits``."""

@@ -23,7 +23,9 @@ class DhtConfig(ValueClass):
     alpha: int = ALPHA
     replication: int = K  # replicas a put stores to (the k closest)
     request_timeout: float = 3.0
-    first_contact_timeout: float = 2.0  # a request to a peer we never heard from (a hint in an answer): dial, handshake and call, ~4 round trips
+    first_contact_timeout: float = (
+        2.0  # a request to a peer we never heard from (a hint in an answer): dial, handshake and call, ~4 round trips
+    )
     lookup_timeout: float = 20.0  # a whole lookup; then it settles for the closest peers so far
     ping_after: float = 30.0  # a full bucket's oldest peer is pinged only if silent this long
     refresh_interval: float = 600.0  # buckets with no lookup for this long are refreshed
@@ -97,7 +99,6 @@ class InboundBudget(ValueClass, frozen=True):
     strangers: int = 128 * MiB
 
 
-
 class ContentConfig(ValueClass):
     """The content plane of one node (``Node(content=...)``, docs/content.md): where its blocks
     live, how it fetches and what it serves. Times are seconds."""
@@ -130,7 +131,9 @@ class PubSubConfig(ValueClass):
     heartbeat: float = 1.0
     max_message_bytes: int = 1 << 20  # of a message's encoded data
     peer_queue: int = 4096  # messages waiting to be sent to one peer (gossip dropped first, then the oldest)
-    peer_queue_bytes: int = 32 << 20  # and their bytes (a message published in a burst is a bundle of up to max_message_bytes)
+    peer_queue_bytes: int = (
+        32 << 20
+    )  # and their bytes (a message published in a burst is a bundle of up to max_message_bytes)
     in_flight: int = 2  # batches on the way to one peer at once
     subscription_queue: int = 10_000  # messages a subscription holds for its reader (the oldest dropped)
     subscription_bytes: int = 64 << 20  # and their bytes (as they came: the codec's)
@@ -161,10 +164,14 @@ class CrdtConfig(ValueClass):
     # a directory, "memory", or None: $LATTICA_CRDT, else ~/.lattica/crdt (a node that finds it
     # in use by another node on this machine takes a private one, removed when it stops)
     path: str | None = None
-    fsync: bool = True  # commit() returns once the change is on disk (else: once written; a crash of the machine may lose it)
+    fsync: bool = (
+        True  # commit() returns once the change is on disk (else: once written; a crash of the machine may lose it)
+    )
     max_update_bytes: int = MiB  # of one envelope's update (a transaction's changes)
     max_document_bytes: int = 256 * MiB  # of a document's log; beyond, updates are refused
-    author_rate: float = 500.0  # envelopes per second one author may make a replica check (as many at once); beyond, ignored
+    author_rate: float = (
+        500.0  # envelopes per second one author may make a replica check (as many at once); beyond, ignored
+    )
     sync_interval: float = 10.0  # anti-entropy with one replica peer of each document this often
     snapshot_every: int = 2000  # envelopes applied between snapshots of a document
     max_held: int = 4096  # envelopes a document holds while they wait for a gap or a dependency

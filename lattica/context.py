@@ -21,8 +21,17 @@ if TYPE_CHECKING:
     from lattica.node import Node
 
 __all__ = [
-    "default_node", "set_default_node", "runtime_for_thread", "bind_thread", "thread_runtime",
-    "unbind_thread", "add_live", "discard_live", "live_runtimes", "ACTOR_RUNTIME", "NO_DHT_DIAL_LOOKUP",
+    "default_node",
+    "set_default_node",
+    "runtime_for_thread",
+    "bind_thread",
+    "thread_runtime",
+    "unbind_thread",
+    "add_live",
+    "discard_live",
+    "live_runtimes",
+    "ACTOR_RUNTIME",
+    "NO_DHT_DIAL_LOOKUP",
 ]
 
 _default_node: Node | None = None

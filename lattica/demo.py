@@ -19,11 +19,11 @@ import time
 import numpy as np
 
 from lattica import dht
-from lattica.remote import actor
 from lattica.api import aget_actor
 from lattica.mesh.process import ServerProcess
 from lattica.mesh.supervised import lose, statuses, supervised_mesh
 from lattica.node import Node
+from lattica.remote import actor
 
 
 @actor
@@ -62,7 +62,9 @@ def run() -> None:
                 print(f"  A serves           : {', '.join(info.protocols)}")
                 print(f"  A sees B at        : {info.observed_addr}")
                 rtts = sorted(b.ping_many(info.peer_id, 1000))
-                print(f"  ping RTT           : p50 {rtts[500] * 1e6:.0f} µs, p99 {rtts[990] * 1e6:.0f} µs over 1000 pings")
+                print(
+                    f"  ping RTT           : p50 {rtts[500] * 1e6:.0f} µs, p99 {rtts[990] * 1e6:.0f} µs over 1000 pings"
+                )
         with Node(["/ip4/127.0.0.1/tcp/0"]) as b:
             _work(b, a.addr("tcp"))
             _dht(b, a.addr("tcp"))
@@ -81,7 +83,9 @@ def _dht(b: Node, addr: str) -> None:
         dht.bootstrap(node=c).result(10)
         rec = dht.get("swarm/layers", node=c).result(10)
         for sk, v in (rec or {}).items():
-            print(f"  C reads swarm/layers: {sk.short() if sk else sk} serves {v.value}, expires in {v.expiration - time.time():.0f} s")
+            print(
+                f"  C reads swarm/layers: {sk.short() if sk else sk} serves {v.value}, expires in {v.expiration - time.time():.0f} s"
+            )
         ref = c.run(aget_actor("shard-0"), timeout=10)  # resolved through the DHT registry
         print(f"  C resolves 'shard-0' by name: {ref}, on A: {str(ref.peer_id) == str(c.peers()[0].peer_id)}")
         print(f"  C calls it: stats {c.run(_stats(ref), timeout=10)}")
@@ -103,7 +107,9 @@ def _work(b: Node, addr: str) -> None:
         return shards
 
     shards = b.run(spawn(), timeout=30)
-    w = np.concatenate([np.random.default_rng(i).standard_normal((rows, cols), dtype=np.float32) for i in range(2)], axis=1)
+    w = np.concatenate(
+        [np.random.default_rng(i).standard_normal((rows, cols), dtype=np.float32) for i in range(2)], axis=1
+    )
     x = np.random.default_rng(7).standard_normal((batch, rows), dtype=np.float32)
 
     async def forward(n: int) -> list:
@@ -118,7 +124,9 @@ def _work(b: Node, addr: str) -> None:
     dt = time.perf_counter() - t0
     ok = all(np.allclose(o, x @ w, rtol=1e-4, atol=1e-3) for o in outs)
     mb = 200 * 2 * (x.nbytes + batch * cols * 4) / 1e6
-    print(f"  200 sharded forward passes ({batch}x{rows} @ {rows}x{2 * cols}): {dt * 1e3:.0f} ms, {mb / dt:.0f} MB/s of tensors, results correct: {ok}")
+    print(
+        f"  200 sharded forward passes ({batch}x{rows} @ {rows}x{2 * cols}): {dt * 1e3:.0f} ms, {mb / dt:.0f} MB/s of tensors, results correct: {ok}"
+    )
 
     async def stream_and_stats() -> tuple:
         toks = [t async for t in shards[0].tokens.stream(5)]
@@ -133,19 +141,27 @@ def _work(b: Node, addr: str) -> None:
 def _inference() -> None:
     from lattica.mesh.inference import TinyLM, generate, pipeline  # (this part of the demo only)
 
-    print("\nsharded inference: a tiny transformer in 4 pipeline stages, each served twice on 4 node processes (registered as shards);")
-    print("  this node generates through the first stage's stub, each stage forwards to the next; a stage node is SIGKILLed mid-way")
+    print(
+        "\nsharded inference: a tiny transformer in 4 pipeline stages, each served twice on 4 node processes (registered as shards);"
+    )
+    print(
+        "  this node generates through the first stage's stub, each stage forwards to the next; a stage node is SIGKILLed mid-way"
+    )
     prompt, n = [1, 2, 3, 4], 32
     reference = TinyLM(0).generate(prompt, n)
     with pipeline(processes=4, stages=4) as (node, procs, hosts):
         r = generate(node, prompt, n, kill=procs[1], kill_at=12, say=print)
     print(f"  tokens: {r['tokens']}")
-    print(f"  same tokens as the model in one process: {r['tokens'] == reference}; {r['tokens_s']:.0f} tokens/s; "
-          f"failover pause {r['pause_ms']:.0f} ms")
+    print(
+        f"  same tokens as the model in one process: {r['tokens'] == reference}; {r['tokens_s']:.0f} tokens/s; "
+        f"failover pause {r['pause_ms']:.0f} ms"
+    )
 
 
 def _supervision() -> None:
-    print("\nsupervision: three more node processes; a supervisor on a fourth places six stateful workers (1 cpu each, spread)")
+    print(
+        "\nsupervision: three more node processes; a supervisor on a fourth places six stateful workers (1 cpu each, spread)"
+    )
     with supervised_mesh(6) as (here, procs, sup, refs):
         label = {p.peer_id: f"P{i + 1}" for i, p in enumerate(procs)}
 
@@ -155,16 +171,23 @@ def _supervision() -> None:
 
         sts = statuses(here, refs)
         print(f"  placed: {where(sts)}  (their state: {[s['total'] for s in sts]}, checkpointed every 0.1 s)")
-        for p, sig, what in ((procs[0], signal.SIGKILL, "SIGKILL"), (procs[1], signal.SIGSTOP, "SIGSTOP (a silent loss)")):
+        for p, sig, what in (
+            (procs[0], signal.SIGKILL, "SIGKILL"),
+            (procs[1], signal.SIGSTOP, "SIGSTOP (a silent loss)"),
+        ):
             try:
                 r = lose(here, p, sig, sup, refs)
             finally:
                 if sig == signal.SIGSTOP:
                     os.kill(p.pid, signal.SIGCONT)
-            print(f"  {what} to {label[p.peer_id]} (hosting {r['hosted']}): known down after {r['verdict_s']:.2f} s, "
-                  f"restarted elsewhere after {r['restarted_s']:.2f} s, all six answering after {r['answering_s']:.2f} s")
-            print(f"    now {where(r['statuses'])}; state {[s['total'] for s in r['statuses']]} "
-                  f"({r['moved']} of {r['hosted']} moved and restored from checkpoints)")
+            print(
+                f"  {what} to {label[p.peer_id]} (hosting {r['hosted']}): known down after {r['verdict_s']:.2f} s, "
+                f"restarted elsewhere after {r['restarted_s']:.2f} s, all six answering after {r['answering_s']:.2f} s"
+            )
+            print(
+                f"    now {where(r['statuses'])}; state {[s['total'] for s in r['statuses']]} "
+                f"({r['moved']} of {r['hosted']} moved and restored from checkpoints)"
+            )
 
 
 if __name__ == "__main__":

@@ -12,23 +12,35 @@ PeerId subkey, or a key made by :func:`owned_key`, can only be written by that p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, NamedTuple
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from lattica import codec
-from lattica.remote import current_runtime
-from lattica.runtime import run_coroutine
-from lattica.future import Future
 from lattica.errors import LatticaError, NodeClosed
+from lattica.future import Future
 from lattica.identity import PeerId
 from lattica.records import TOMBSTONE, decode_subkey
 from lattica.records import owned_key as _owned_key
+from lattica.remote import current_runtime
+from lattica.runtime import run_coroutine
 
 if TYPE_CHECKING:
     from lattica.actors.dht import DhtService
     from lattica.node import Node
     from lattica.runtime import Runtime
 
-__all__ = ["Value", "Record", "put", "get", "delete", "provide", "find_providers", "find_peer", "bootstrap", "owned_key"]
+__all__ = [
+    "Value",
+    "Record",
+    "put",
+    "get",
+    "delete",
+    "provide",
+    "find_providers",
+    "find_peer",
+    "bootstrap",
+    "owned_key",
+]
 
 
 class Value(NamedTuple):
@@ -68,7 +80,11 @@ def _runtime(node: Node | None) -> Runtime:
     return host.runtime
 
 
-def run_with_service(node: Node | None, make: Callable[[DhtService], Coroutine[Any, Any, Any]], convert: Callable[[Any], Any] | None = None) -> Future:
+def run_with_service(
+    node: Node | None,
+    make: Callable[[DhtService], Coroutine[Any, Any, Any]],
+    convert: Callable[[Any], Any] | None = None,
+) -> Future:
     rt = _runtime(node)
     return run_coroutine(rt, lambda: make(rt.dht), convert)
 
@@ -133,4 +149,3 @@ def bootstrap(*, node: Node | None = None) -> Future:
 def owned_key(name: str, owner: PeerId | None = None) -> str:
     """A key that only ``owner`` (default: this node) may write."""
     return _owned_key(name, owner if owner is not None else current_runtime().peer_id)
-

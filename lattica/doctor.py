@@ -9,7 +9,8 @@ outcomes. Every failure is reported once with its reason; nothing retries withou
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from lattica import dht
 from lattica.errors import LatticaError, PermissionDenied
@@ -39,8 +40,15 @@ def _why(e: BaseException) -> str:
     return text
 
 
-def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, wait: float = 20.0, mesh: Any = None,
-             progress: Callable[[float, float, str], None] | None = None, stage: Callable[[str], None] | None = None) -> dict[str, Any]:
+def diagnose(
+    listen: list[str],
+    bootstrap: list[str],
+    peer: str | None = None,
+    wait: float = 20.0,
+    mesh: Any = None,
+    progress: Callable[[float, float, str], None] | None = None,
+    stage: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Run the checks and return the report (a JSON-able dict); ``progress(waited, wait,
     reachability)`` while it waits for the AutoNAT verdict; ``stage(text)`` as each check starts."""
     say = stage or (lambda _text: None)
@@ -55,7 +63,14 @@ def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, w
             t0 = time.perf_counter()
             try:
                 info = node.connect(addr, timeout=10)
-                report["bootstrap"].append({"addr": addr, "ok": True, "transport": info.transport, "ms": round((time.perf_counter() - t0) * 1e3, 1)})
+                report["bootstrap"].append(
+                    {
+                        "addr": addr,
+                        "ok": True,
+                        "transport": info.transport,
+                        "ms": round((time.perf_counter() - t0) * 1e3, 1),
+                    }
+                )
             except (LatticaError, ValueError) as e:
                 report["bootstrap"].append({"addr": addr, "ok": False, "why": _why(e)})
                 report["problems"].append(f"cannot reach bootstrap peer {addr}: {_why(e)}")
@@ -63,7 +78,9 @@ def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, w
         if not bootstrap:
             report["problems"].append("no bootstrap peer given: nobody can tell us how we look from outside")
         elif not joined:
-            report["problems"].append("no bootstrap peer answered: check the addresses, this machine's outbound connectivity, and that they run")
+            report["problems"].append(
+                "no bootstrap peer answered: check the addresses, this machine's outbound connectivity, and that they run"
+            )
         joining = dht.bootstrap(node=node) if joined else None  # meanwhile AutoNAT runs
         status = node.nat_status()
         deadline = time.monotonic() + (wait if joined else 0)
@@ -91,7 +108,9 @@ def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, w
             "relays": status.relays,
         }
         if status.reachability == "private" and not status.relays:
-            report["problems"].append("private and holding no relay reservation: peers cannot reach this node (start a relay with `lattica relay` on a public host, or pass one)")
+            report["problems"].append(
+                "private and holding no relay reservation: peers cannot reach this node (start a relay with `lattica relay` on a public host, or pass one)"
+            )
         if status.reachability == "unknown" and joined:
             report["problems"].append(f"reachability still unknown after {wait:g} s: {status.reason}")
         if peer is not None:
@@ -100,10 +119,17 @@ def diagnose(listen: list[str], bootstrap: list[str], peer: str | None = None, w
             if not report["peer"]["ok"]:
                 report["problems"].append(f"cannot reach {peer}: {report['peer']['why']}")
             elif report["peer"].get("refused"):
-                report["problems"].append(f"{peer} does not take this node as a member of its mesh, so it refuses our calls: {report['peer']['refused']}")
+                report["problems"].append(
+                    f"{peer} does not take this node as a member of its mesh, so it refuses our calls: {report['peer']['refused']}"
+                )
         peers = node.peers()
-        report["strangers"] = [{"peer": str(p.peer_id), "why": p.circle_reason} for p in peers if p.circle == "stranger"]
-        report["peers"] = {"direct": sum(p.transport != "relay" for p in peers), "relayed": sum(p.transport == "relay" for p in peers)}
+        report["strangers"] = [
+            {"peer": str(p.peer_id), "why": p.circle_reason} for p in peers if p.circle == "stranger"
+        ]
+        report["peers"] = {
+            "direct": sum(p.transport != "relay" for p in peers),
+            "relayed": sum(p.transport == "relay" for p in peers),
+        }
         report["holepunch"] = node.run(_punches(node), timeout=5)
     return report
 
@@ -147,7 +173,9 @@ def _reach(node: Node, target: str) -> dict[str, Any]:
     except (LatticaError, TimeoutError):
         pass
     if out["path"] == "relay":
-        out["why_relayed"] = "hole punching did not get through (both NATs symmetric, or a firewall drops the probes); calls work over the relay"
+        out["why_relayed"] = (
+            "hole punching did not get through (both NATs symmetric, or a firewall drops the probes); calls work over the relay"
+        )
     return out
 
 
@@ -156,7 +184,10 @@ def render(r: dict[str, Any]) -> str:
     lines = [f"peer id       {r['peer_id']}", f"mesh          {r['mesh']}"]
     lines += [f"listening     {a}" for a in r["listening"]]
     for b in r["bootstrap"]:
-        lines.append(f"bootstrap     {b['addr']}: " + (f"connected over {b['transport']} in {b['ms']} ms" if b["ok"] else f"FAILED: {b['why']}"))
+        lines.append(
+            f"bootstrap     {b['addr']}: "
+            + (f"connected over {b['transport']} in {b['ms']} ms" if b["ok"] else f"FAILED: {b['why']}")
+        )
     nat = r.get("nat", {})
     if nat:
         lines.append(f"reachability  {nat['reachability']}: {nat['reason']}")
@@ -173,14 +204,18 @@ def render(r: dict[str, Any]) -> str:
             elif p["path"] == "relay":
                 text += f"; stays relayed: {p['why_relayed']}"
             lines.append(f"target peer   {text}")
-            lines.append(f"membership    {'REFUSED: ' + p['refused'] if p.get('refused') else 'it takes us as a member'}")
+            lines.append(
+                f"membership    {'REFUSED: ' + p['refused'] if p.get('refused') else 'it takes us as a member'}"
+            )
         else:
             lines.append(f"target peer   FAILED: {p['why']}")
     lines.append(f"peers         {r['peers']['direct']} direct, {r['peers']['relayed']} relayed")
     lines += [f"not in mesh   {s['peer']}: {s['why']}" for s in r.get("strangers", [])]
     hp = r.get("holepunch") or {}
     if hp:
-        lines.append(f"hole punches  {hp['attempts']} attempts, {hp['direct']} direct, {hp['failed']} failed, {hp['refused']} refused")
+        lines.append(
+            f"hole punches  {hp['attempts']} attempts, {hp['direct']} direct, {hp['failed']} failed, {hp['refused']} refused"
+        )
     lines.append("")
     lines += [f"problem: {p}" for p in r["problems"]] or ["no problems found"]
     return "\n".join(lines)

@@ -250,7 +250,11 @@ def remote_error(type_name: str, message: str, remote_traceback: str = "") -> La
         )
         if usable and len(_REMOTE_SUBCLASSES) < 256:
             try:
-                cls = type(f"Remote{type_name}", (RemoteError, base), {"__init__": RemoteError.__init__, "__str__": RemoteError.__str__})
+                cls = type(
+                    f"Remote{type_name}",
+                    (RemoteError, base),
+                    {"__init__": RemoteError.__init__, "__str__": RemoteError.__str__},
+                )
                 cls(type_name, message, remote_traceback)  # some built-ins refuse a plain message
             except Exception:  # e.g. UnicodeDecodeError, ExceptionGroup: plain RemoteError then
                 cls = RemoteError

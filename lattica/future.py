@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from typing import Any, Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
 
 from lattica.errors import Timeout
 
@@ -180,7 +181,9 @@ def get(refs: Future | Sequence[Future], timeout: float | None = None) -> Any:
     return values[0] if single else values
 
 
-def wait(refs: Sequence[Future], num_returns: int = 1, timeout: float | None = None) -> tuple[list[Future], list[Future]]:
+def wait(
+    refs: Sequence[Future], num_returns: int = 1, timeout: float | None = None
+) -> tuple[list[Future], list[Future]]:
     """Wait until ``num_returns`` futures are done or ``timeout`` passes; return (ready, pending),
     each in the order given (Ray's ``ray.wait``)."""
     futs = list(refs)

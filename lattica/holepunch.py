@@ -60,7 +60,11 @@ def probe_packet(token: bytes) -> bytes:
 
 
 def is_probe(data: bytes, token: bytes) -> bool:
-    return len(data) == len(_PROBE_MAGIC) + TOKEN_LEN and data.startswith(_PROBE_MAGIC) and data[len(_PROBE_MAGIC):] == token
+    return (
+        len(data) == len(_PROBE_MAGIC) + TOKEN_LEN
+        and data.startswith(_PROBE_MAGIC)
+        and data[len(_PROBE_MAGIC) :] == token
+    )
 
 
 def probe_ports(count: int, rng: random.Random | None = None) -> list[int]:
@@ -91,8 +95,13 @@ class Punch(Slotted):
     __slots__ = ("plan", "delay", "rtt", "token", "theirs", "nats")
 
     def __init__(
-        self, plan: Plan, delay: float, rtt: float | None, token: bytes,
-        theirs: list[Multiaddr] | None = None, nats: tuple[str, str] = (UNKNOWN, UNKNOWN),
+        self,
+        plan: Plan,
+        delay: float,
+        rtt: float | None,
+        token: bytes,
+        theirs: list[Multiaddr] | None = None,
+        nats: tuple[str, str] = (UNKNOWN, UNKNOWN),
     ) -> None:
         self.plan = plan
         self.delay = delay
@@ -157,7 +166,9 @@ def plan(initiator: bool, mine: tuple[list[Multiaddr], str], theirs: tuple[list[
     (_, my_nat), (their_addrs, their_nat) = mine, theirs
     p = Plan()
     p.tcp_initiator = not initiator  # A: its SYN leaves first, and it speaks first in Noise
-    p.tcp_targets = [a for a in their_addrs if _kind(a) == "tcp"] if my_nat != DEPENDENT and their_nat != DEPENDENT else []
+    p.tcp_targets = (
+        [a for a in their_addrs if _kind(a) == "tcp"] if my_nat != DEPENDENT and their_nat != DEPENDENT else []
+    )
     p.quic_targets = [a for a in their_addrs if _kind(a) == "quic"]
     if my_nat == DEPENDENT and their_nat != DEPENDENT:
         p.spray, p.quic_dial = True, True  # the hard side dials (from the listening socket too)
@@ -216,7 +227,9 @@ class Initiator:
         if type(held) not in (int, float) or not 0.0 <= held <= waited:
             held = 0.0  # (not a number, or more than we waited: ignored)
         rtt = waited - held
-        return {"type": "sync"}, Punch(plan(True, self.mine, theirs), rtt / 2, rtt, self.token, theirs[0], (self.mine[1], theirs[1]))
+        return {"type": "sync"}, Punch(
+            plan(True, self.mine, theirs), rtt / 2, rtt, self.token, theirs[0], (self.mine[1], theirs[1])
+        )
 
 
 class Responder:
@@ -244,4 +257,11 @@ class Responder:
             raise ProtocolError("hole punch: expected sync")
         self.done = True
         assert self._token is not None
-        return Punch(plan(False, self.mine, self._theirs), 0.0, None, self._token, self._theirs[0], (self.mine[1], self._theirs[1]))
+        return Punch(
+            plan(False, self.mine, self._theirs),
+            0.0,
+            None,
+            self._token,
+            self._theirs[0],
+            (self.mine[1], self._theirs[1]),
+        )

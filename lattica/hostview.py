@@ -9,7 +9,8 @@ inside without touching them.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable, Mapping, Protocol
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lattica.logging import get_logger
 
@@ -17,9 +18,9 @@ if TYPE_CHECKING:
     from lattica.identify import PeerInfo
     from lattica.identity import KeyPair, PeerId
     from lattica.multiaddr import Multiaddr
-    from lattica.trust import Trust
     from lattica.nat import NatManager
     from lattica.transports.base import Connection, Stream, StreamHandler, Transport
+    from lattica.trust import Trust
 
 __all__ = ["Signal", "HostEvents", "HostView"]
 

@@ -101,7 +101,11 @@ def parse(msg: Any, remote_peer: PeerId) -> dict[str, Any]:
     except (MultiaddrError, CodecError) as e:
         raise ProtocolError(f"identify carries a malformed address: {e}") from None
     certs = msg.get("mesh_certs", [])
-    if not isinstance(certs, list) or len(certs) > _MAX_CERTS or not all(isinstance(c, bytes) and len(c) <= _MAX_CERT for c in certs):
+    if (
+        not isinstance(certs, list)
+        or len(certs) > _MAX_CERTS
+        or not all(isinstance(c, bytes) and len(c) <= _MAX_CERT for c in certs)
+    ):
         raise ProtocolError(f"identify mesh_certs must be a list of at most {_MAX_CERTS} short byte strings")
     return {
         "mesh_certs": certs,

@@ -14,7 +14,18 @@ from typing import Any
 from lattica import iptext
 from lattica.multiaddr import Multiaddr
 
-__all__ = ["interface_ips", "expand", "is_loopback", "is_loopback_ip", "host_key", "is_lan", "ip_of", "is_private", "is_private_ip", "on_local_network"]
+__all__ = [
+    "interface_ips",
+    "expand",
+    "is_loopback",
+    "is_loopback_ip",
+    "host_key",
+    "is_lan",
+    "ip_of",
+    "is_private",
+    "is_private_ip",
+    "on_local_network",
+]
 
 # Addresses no stranger on the internet can reach us at (RFC 1918, CGNAT, link-local, loopback,
 # IPv6 unique-local), and ones that are no peer's address at all (unspecified, "this network",
@@ -22,11 +33,27 @@ __all__ = ["interface_ips", "expand", "is_loopback", "is_loopback_ip", "host_key
 # covers the documentation ranges, which the NAT lab uses as its internet.
 _PRIVATE_NETS = tuple(
     iptext.network(a, int(p))
-    for a, p in (n.split("/") for n in (
-        "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8",
-        "0.0.0.0/8", "192.0.0.0/24", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4",
-        "fc00::/7", "fe80::/10", "::1/128", "::/128", "ff00::/8",
-    ))
+    for a, p in (
+        n.split("/")
+        for n in (
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+            "100.64.0.0/10",
+            "169.254.0.0/16",
+            "127.0.0.0/8",
+            "0.0.0.0/8",
+            "192.0.0.0/24",
+            "198.18.0.0/15",
+            "224.0.0.0/4",
+            "240.0.0.0/4",
+            "fc00::/7",
+            "fe80::/10",
+            "::1/128",
+            "::/128",
+            "ff00::/8",
+        )
+    )
 )
 _NAT64 = iptext.network("64:ff9b::", 96)
 _LINK_LOCAL6 = iptext.network("fe80::", 10)

@@ -13,7 +13,7 @@ import bisect
 import random
 import time
 from collections import OrderedDict
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from lattica.digest import sha256
 from lattica.identity import PeerId
@@ -54,7 +54,9 @@ class RoutingTable:
     whose distance has bit length ``i + 1``). Full buckets keep their old, proven peers (they are
     the likeliest to stay, as the Kademlia paper observes) and park newcomers as replacements."""
 
-    def __init__(self, local: PeerId, k: int = K, clock: Callable[[], float] = time.monotonic, ping_after: float = 0.0) -> None:
+    def __init__(
+        self, local: PeerId, k: int = K, clock: Callable[[], float] = time.monotonic, ping_after: float = 0.0
+    ) -> None:
         self.local = local
         self.local_id = node_id(local)
         self.k = k

@@ -18,7 +18,11 @@ from typing import Any
 __all__ = ["Logger", "get_logger", "configure"]
 
 _DEBUG, _INFO, _WARNING, _ERROR, _CRITICAL = (
-    logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL
+    logging.DEBUG,
+    logging.INFO,
+    logging.WARNING,
+    logging.ERROR,
+    logging.CRITICAL,
 )
 
 

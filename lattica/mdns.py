@@ -19,15 +19,15 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lattica.logging import get_logger
 from lattica.errors import LatticaError, ProtocolError
 from lattica.identity import PeerId
 from lattica.interfaces import interface_ips, is_loopback
+from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
 
 if TYPE_CHECKING:
-    from lattica.hostview import HostView
     from lattica.host.host import Host
+    from lattica.hostview import HostView
 
 log = get_logger("lattica.mdns")
 
@@ -254,7 +254,9 @@ class MdnsService:
                 if ip.startswith("127."):
                     continue
                 try:
-                    sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, socket.inet_aton(GROUP) + socket.inet_aton(ip))
+                    sock.setsockopt(
+                        socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, socket.inet_aton(GROUP) + socket.inet_aton(ip)
+                    )
                     joined += 1
                 except OSError:
                     continue  # an interface without multicast
@@ -267,7 +269,9 @@ class MdnsService:
         return sock
 
     def _addrs(self) -> list[Multiaddr]:
-        return [a.with_peer_id(self.host.peer_id) for a in self.host.listen_addrs if not a.is_circuit and not is_loopback(a)]
+        return [
+            a.with_peer_id(self.host.peer_id) for a in self.host.listen_addrs if not a.is_circuit and not is_loopback(a)
+        ]
 
     async def _query_loop(self) -> None:
         delays = [0.0, 1.0, 2.0]  # a short burst at start (packets get lost), then every interval
@@ -313,4 +317,3 @@ class MdnsService:
             self._task.cancel()
         if self.transport is not None:
             self.transport.close()
-

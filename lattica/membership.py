@@ -38,7 +38,8 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import msgpack
 
@@ -89,29 +90,47 @@ def _amount(v: Any) -> bool:
 def valid_info(info: Any) -> bool:
     """A member's self-reported row is usable: resources and reservations are finite amounts
     in range, labels, addresses and allow-list patterns short strings, its code setting known. A row that is not is skipped (it never reaches placement)."""
-    if type(info) is not dict or len(info) > _MAX_INFO_KEYS or not all(type(k) is str and len(k) <= _MAX_LABEL for k in info):
+    if (
+        type(info) is not dict
+        or len(info) > _MAX_INFO_KEYS
+        or not all(type(k) is str and len(k) <= _MAX_LABEL for k in info)
+    ):
         return False
     if not all(_amount(info[k]) for k in _RESOURCE_KEYS if k in info):
         return False
     labels = info.get("labels", {})
     if type(labels) is not dict or len(labels) > _MAX_LABELS:
         return False
-    if not all(type(k) is str and type(v) is str and len(k) <= _MAX_LABEL and len(v) <= _MAX_LABEL for k, v in labels.items()):
+    if not all(
+        type(k) is str and type(v) is str and len(k) <= _MAX_LABEL and len(v) <= _MAX_LABEL for k, v in labels.items()
+    ):
         return False
     addrs = info.get("addrs", [])
-    if type(addrs) is not list or len(addrs) > MAX_ADDRS or not all(type(a) is str and len(a) <= _MAX_ADDR for a in addrs):
+    if (
+        type(addrs) is not list
+        or len(addrs) > MAX_ADDRS
+        or not all(type(a) is str and len(a) <= _MAX_ADDR for a in addrs)
+    ):
         return False
     code = info.get("code", {})
     if type(code) is not dict or code.get("accept", "admins") not in ("admins", "members", "nobody"):
         return False
     allow = code.get("allow", [])
-    if type(allow) is not list or len(allow) > MAX_ALLOW or not all(type(a) is str and len(a) <= _MAX_LABEL for a in allow):
+    if (
+        type(allow) is not list
+        or len(allow) > MAX_ALLOW
+        or not all(type(a) is str and len(a) <= _MAX_LABEL for a in allow)
+    ):
         return False
     load = info.get("load", {})
     if type(load) is not dict:
         return False
     reserved = load.get("reserved", {})
-    if not _amount(load.get("actors", 0)) or type(reserved) is not dict or not all(k in _RESOURCE_KEYS and _amount(v) for k, v in reserved.items()):
+    if (
+        not _amount(load.get("actors", 0))
+        or type(reserved) is not dict
+        or not all(k in _RESOURCE_KEYS and _amount(v) for k, v in reserved.items())
+    ):
         return False
     return True
 
@@ -133,7 +152,15 @@ def statement(member_id: str, incarnation: int, state: str, info: dict) -> bytes
 class Member(Slotted):
     __slots__ = ("id", "incarnation", "state", "info", "since", "proof")
 
-    def __init__(self, id: str, incarnation: int = 0, state: str = ALIVE, info: dict | None = None, since: float = 0.0, proof: Any = None) -> None:
+    def __init__(
+        self,
+        id: str,
+        incarnation: int = 0,
+        state: str = ALIVE,
+        info: dict | None = None,
+        since: float = 0.0,
+        proof: Any = None,
+    ) -> None:
         self.id = id
         self.incarnation = incarnation
         self.state = state
@@ -225,7 +252,15 @@ def _ring_key(member_id: str) -> bytes:
 class Membership:
     """One node's view of the mesh; see the module docstring."""
 
-    def __init__(self, me: str, info: dict | None = None, config: MembershipConfig | None = None, *, notary: Notary, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        me: str,
+        info: dict | None = None,
+        config: MembershipConfig | None = None,
+        *,
+        notary: Notary,
+        rng: random.Random | None = None,
+    ) -> None:
         self.cfg = config or MembershipConfig()
         self._notary = notary
         self._left = False
@@ -245,7 +280,9 @@ class Membership:
         self._downed_at = -1  # the newest incarnation in which we heard we were declared dead
         self._refuted = False  # we raised our incarnation to refute something this round
         self._jumped_at = float("-inf")  # when we last refuted an incarnation we never stated
-        self._hearsay: dict[tuple[str, int, str], tuple[float, set[str]]] = {}  # unconfirmed verdicts: first heard, by whom
+        self._hearsay: dict[
+            tuple[str, int, str], tuple[float, set[str]]
+        ] = {}  # unconfirmed verdicts: first heard, by whom
         # members that must hear they were declared dead (still talking to us, or back in a newer
         # incarnation without having heard it), with the incarnation of the verdict
         self._tell_dead: dict[str, int] = {}
@@ -272,7 +309,9 @@ class Membership:
 
     def _seal(self) -> None:
         me = self.me
-        me.proof = self._notary.seal(statement(me.id, me.incarnation, LEFT if self._left else ALIVE, {} if self._left else me.info))
+        me.proof = self._notary.seal(
+            statement(me.id, me.incarnation, LEFT if self._left else ALIVE, {} if self._left else me.info)
+        )
 
     # -- inputs -----------------------------------------------------------------------------
 
@@ -296,13 +335,17 @@ class Membership:
         if sender != self.me.id and sender not in self.members:
             events += self.add(now, sender)  # (and it gets our view at the next tick)
         elif sender in self.members and self.members[sender].state == DEAD:
-            self._tell_dead[sender] = self.members[sender].incarnation  # it must hear its verdict to refute it (and to know)
+            self._tell_dead[sender] = self.members[
+                sender
+            ].incarnation  # it must hear its verdict to refute it (and to know)
         if msg.get("hb") is True:  # the sender asks us to watch it (we are on its watcher list)
             m = self.members.get(sender)
             if m is not None and m.state in (ALIVE, SUSPECT):
                 det = self._detectors.get(sender)
                 if det is None:
-                    det = self._detectors[sender] = PhiAccrual(self.cfg.interval, self.cfg.min_std, self.cfg.acceptable_pause)
+                    det = self._detectors[sender] = PhiAccrual(
+                        self.cfg.interval, self.cfg.min_std, self.cfg.acceptable_pause
+                    )
                 det.heartbeat(now)
         elif msg.get("unwatch") is True:  # it chose other watchers
             self._detectors.pop(sender, None)
@@ -320,7 +363,15 @@ class Membership:
         if type(r) is not list or len(r) != 5:
             return []
         mid, inc, state, info, proof = r
-        if type(mid) is not str or len(mid) > _MAX_ID or type(inc) is not int or not 0 <= inc < MAX_INCARNATION or type(state) is not str or state not in _RANK or not valid_info(info):
+        if (
+            type(mid) is not str
+            or len(mid) > _MAX_ID
+            or type(inc) is not int
+            or not 0 <= inc < MAX_INCARNATION
+            or type(state) is not str
+            or state not in _RANK
+            or not valid_info(info)
+        ):
             return []
         own = state in (ALIVE, LEFT)  # the member's own statement: believed only under its seal
         if own:
@@ -373,7 +424,12 @@ class Membership:
             return []  # nobody else can know a much newer incarnation of ours: forged
         # our death needs two members' word (one if no other is up): one liar cannot make us
         # stop our supervised actors
-        if state == DEAD and inc > self._downed_at and not self._left and self._heard_from_enough(now, self.me.id, inc, state, sender):
+        if (
+            state == DEAD
+            and inc > self._downed_at
+            and not self._left
+            and self._heard_from_enough(now, self.me.id, inc, state, sender)
+        ):
             self._downed_at = inc  # (told once per verdict, even if a suspicion was refuted first)
             events.append(SelfDowned(max(self.me.incarnation, inc + 1)))
         if inc >= self.me.incarnation and not self._left and not self._refuted:

@@ -6,12 +6,30 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 __all__ = ["Histogram", "Family", "render", "LATENCY_BUCKETS"]
 
 #: Seconds: 100 µs to 30 s, about three per decade.
-LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
 
 
 class Histogram:

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from lattica.logging import get_logger
 from lattica.errors import ActorNotFound, LatticaError, PeerUnreachable, Timeout
 from lattica.identity import PeerId
+from lattica.logging import get_logger
 from lattica.runtime import spawner_ref
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ class Monitors:
         for mid, (ref, _) in list(self.mine.items()):
             if str(ref.peer_id) == peer:
                 self.fire(mid, f"node down: {reason}")
-        for (name, watcher) in [k for k in self._per_watcher if str(k[1]) == peer]:
+        for name, watcher in [k for k in self._per_watcher if str(k[1]) == peer]:
             for key in [k for k in self.watchers.get(name, {}) if k[0] == watcher]:
                 self.remove_watcher(name, watcher, key[1])
 

@@ -7,11 +7,11 @@ multiformats spec, so addresses round-trip with other libp2p implementations.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from lattica import iptext
-from lattica.errors import InvalidPeerId, MultiaddrError
 from lattica._protobuf import read_uvarint, uvarint
+from lattica.errors import InvalidPeerId, MultiaddrError
 from lattica.identity import PeerId
 from lattica.slotted import Slotted
 

@@ -18,14 +18,14 @@ import time
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
-from lattica.config import NatConfig
-from lattica.logging import get_logger
-from lattica.membership import SelfDowned
 from lattica import context
+from lattica.config import NatConfig
 from lattica.errors import LatticaError
 from lattica.framing import read_message, write_message
 from lattica.identity import PeerId
 from lattica.interfaces import host_key, ip_of, is_loopback
+from lattica.logging import get_logger
+from lattica.membership import SelfDowned
 from lattica.multiaddr import Multiaddr
 from lattica.runtime.refs import autonat_ref, relay_ref
 from lattica.slotted import Slotted
@@ -140,7 +140,7 @@ class NatManager:
             self._learning = self.host.spawn(self._observe_quic(observers=2))
         try:
             await asyncio.wait_for(asyncio.shield(self._learning), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         return self.mapping()
 
@@ -165,7 +165,11 @@ class NatManager:
         """(observer IP, candidate address) for what each peer says it sees us at: a QUIC address
         as seen (QUIC leaves from the listening socket), and our listening ports at the observed
         IP (outbound TCP leaves from an ephemeral port; many NATs keep ports)."""
-        ports = [(a.host_port()[1], a.protocols()[-1]) for a in self.host.listen_addrs if a.protocols()[1:] in (["tcp"], ["udp", "quic-v1"])]
+        ports = [
+            (a.host_port()[1], a.protocols()[-1])
+            for a in self.host.listen_addrs
+            if a.protocols()[1:] in (["tcp"], ["udp", "quic-v1"])
+        ]
         out: list[tuple[str, Multiaddr]] = []
         for observer, seen, conn in self.observations():
             try:
@@ -183,7 +187,11 @@ class NatManager:
 
     def _probing(self) -> bool:
         """AutoNAT applies: it is on, not overridden, and we listen beyond loopback."""
-        return self.cfg.autonat and self.cfg.reachability is None and any(not is_loopback(a) for a in self.host.listen_addrs)
+        return (
+            self.cfg.autonat
+            and self.cfg.reachability is None
+            and any(not is_loopback(a) for a in self.host.listen_addrs)
+        )
 
     async def _run(self) -> None:
         while not self.host.closing:
@@ -198,7 +206,11 @@ class NatManager:
                 # not proven public (yet), or public only through our NAT's mapping: hold
                 # reservations, so that peers always have a path to us
                 reach = self.status.reachability
-                if reach == PRIVATE or (reach == UNKNOWN and (probing or self.host.node.relays)) or self._public_through_mapping():
+                if (
+                    reach == PRIVATE
+                    or (reach == UNKNOWN and (probing or self.host.node.relays))
+                    or self._public_through_mapping()
+                ):
                     await self._keep_relays()
                     if len(self.relays) < self.cfg.max_relays:
                         delay = min(delay, self.cfg.retry)
@@ -213,7 +225,7 @@ class NatManager:
             try:
                 await asyncio.wait_for(self._wake.wait(), delay)
                 await asyncio.sleep(0.2)  # let a burst of new connections settle
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def _public_through_mapping(self) -> bool:
@@ -266,7 +278,10 @@ class NatManager:
         rt = self.host.runtime
         assert rt is not None
         try:
-            futs = [rt.call(autonat_ref(p), "check", ([str(a) for a in cands], nonce, avoid), {}, timeout=15.0) for p in servers]
+            futs = [
+                rt.call(autonat_ref(p), "check", ([str(a) for a in cands], nonce, avoid), {}, timeout=15.0)
+                for p in servers
+            ]
             answers = await asyncio.gather(*futs, return_exceptions=True)
             await asyncio.sleep(0.05)  # a dial-back stream may still be in the last loop round
         finally:
@@ -277,7 +292,11 @@ class NatManager:
         # A dial-back proves strangers can reach us only if it came from an IP that listening
         # socket never sent to (QUIC dials and hole punches do): a cone NAT's filter lets such an
         # IP in. (Plain TCP dials leave from ephemeral ports: they open nothing.)
-        reached = {addr: ip for addr, ip, transport in arrived if ip is not None and transport in ("tcp", "quic") and ip not in contacted.get(transport, ())}
+        reached = {
+            addr: ip
+            for addr, ip, transport in arrived
+            if ip is not None and transport in ("tcp", "quic") and ip not in contacted.get(transport, ())
+        }
         st.checked_at = time.time()
         if not reached and self._operator_says_public and (arrived or not tried):
             # a relay stays public unless servers tried and no dial-back arrived at all
@@ -296,7 +315,9 @@ class NatManager:
         elif arrived and not any(a.get("helper") for a in tried):
             # a contacted server got through from a fresh port; whether a stranger would (full
             # cone or public) or not (address-restricted) needs a helper at another address
-            st.reason = "reachable by peers we talk to; waiting for a second peer to tell whether strangers can reach us"
+            st.reason = (
+                "reachable by peers we talk to; waiting for a second peer to tell whether strangers can reach us"
+            )
         elif tried:
             st.reachability = PRIVATE
             st.public = []
@@ -307,11 +328,14 @@ class NatManager:
             got = sorted({a for a, _, _ in arrived})
             st.reason = (
                 "only peers we already talk to got through (an address-restricted NAT or firewall)"
-                if got else f"no dial-back got through to {', '.join(sorted({t for a in tried for t in a['tried']}))}"
+                if got
+                else f"no dial-back got through to {', '.join(sorted({t for a in tried for t in a['tried']}))}"
             )
         else:
             errors = [str(a) for a in answers if isinstance(a, BaseException)]
-            st.reason = "no server could check us" + (f": {errors[0]}" if errors else " (none saw us at these addresses)")
+            st.reason = "no server could check us" + (
+                f": {errors[0]}" if errors else " (none saw us at these addresses)"
+            )
         if st.reachability == UNKNOWN:
             self._advertise_candidates()
         log.info("reachability", reachability=st.reachability, mapping=st.mapping, reason=st.reason)
@@ -346,7 +370,11 @@ class NatManager:
                 break
             if ip is None or ip in have or conn.transport != "tcp":
                 continue
-            quic = [a for a in self.host.peer_addrs.get(peer, ()) if a.protocols()[1:] == ["udp", "quic-v1"] and ip_of(a) == ip]
+            quic = [
+                a
+                for a in self.host.peer_addrs.get(peer, ())
+                if a.protocols()[1:] == ["udp", "quic-v1"] and ip_of(a) == ip
+            ]
             if quic:
                 wanted.append((peer, quic[:1]))
                 have.add(ip)
@@ -357,7 +385,11 @@ class NatManager:
             conns = await asyncio.gather(*(self.host.dial_addrs(p, a) for p, a in wanted), return_exceptions=True)
         finally:
             context.NO_DHT_DIAL_LOOKUP.reset(token)
-        waits = [asyncio.shield(self.host.identified[c]) for c in conns if not isinstance(c, BaseException) and c in self.host.identified]
+        waits = [
+            asyncio.shield(self.host.identified[c])
+            for c in conns
+            if not isinstance(c, BaseException) and c in self.host.identified
+        ]
         if waits:
             await asyncio.wait(waits, timeout=5.0)
             for w in waits:  # a connection closed before identify is simply not observed
@@ -370,7 +402,10 @@ class NatManager:
         """Per transport, every IP its listening socket sent to lately: a cone NAT's filter lets
         those in on that port."""
         now = self.host.loop.time()
-        out: dict[str, set[str]] = {"tcp": set(), "quic": {ip_of(conn.remote_addr) for _, _, conn in self.observations() if conn.transport == "quic"}}
+        out: dict[str, set[str]] = {
+            "tcp": set(),
+            "quic": {ip_of(conn.remote_addr) for _, _, conn in self.observations() if conn.transport == "quic"},
+        }
         for (transport, ip), t in list(self.host.contacted.items()):
             if now - t < _CONTACT_MEMORY:
                 out.setdefault(transport, set()).add(ip)
@@ -380,7 +415,7 @@ class NatManager:
         try:
             async with asyncio.timeout(5.0):
                 msg = await read_message(stream, 256)
-        except (LatticaError, asyncio.TimeoutError):
+        except (TimeoutError, LatticaError):
             stream.reset()
             return
         if type(msg) is not dict or type(msg.get("nonce")) is not bytes or type(msg.get("addr")) is not str:
@@ -388,7 +423,13 @@ class NatManager:
             return
         waiting = self._arrived.get(msg["nonce"])
         if waiting is not None and len(waiting) < 16:
-            waiting.append((msg["addr"][:256], ip_of(conn.remote_addr) if conn.transport in ("tcp", "quic") else None, conn.transport))
+            waiting.append(
+                (
+                    msg["addr"][:256],
+                    ip_of(conn.remote_addr) if conn.transport in ("tcp", "quic") else None,
+                    conn.transport,
+                )
+            )
         write_message(stream, {"ok": True})
         await stream.close()
 
@@ -406,7 +447,13 @@ class NatManager:
         # would hold a relay slot and name the addresses our callers dial
         for peer, conn in list(self.host.conns.items()):
             info = self.host.info.get(conn)
-            if info is not None and HOP in info.protocols and peer not in out and conn.transport != "relay" and info.circle != "stranger":
+            if (
+                info is not None
+                and HOP in info.protocols
+                and peer not in out
+                and conn.transport != "relay"
+                and info.circle != "stranger"
+            ):
                 out.append(peer)
         return [p for p in out if p not in self.relays and p != self.host.peer_id]
 
@@ -423,7 +470,11 @@ class NatManager:
                 log.info("relay reservation failed", relay=str(peer), reason=str(e))
 
     def _reserved(self, peer: PeerId, answer: Any) -> None:
-        if type(answer) is not dict or type(answer.get("addrs")) is not list or not isinstance(answer.get("expires"), (int, float)):
+        if (
+            type(answer) is not dict
+            or type(answer.get("addrs")) is not list
+            or not isinstance(answer.get("expires"), (int, float))
+        ):
             raise LatticaError(f"relay {peer} answered the reservation with garbage")
         # the relay's addresses we advertise: only at the IP we reach it at (or its configured
         # one), so a relay cannot send the callers of its clients to a third party
@@ -446,7 +497,9 @@ class NatManager:
         old = self.relays.get(peer)
         if old is not None and old.renew is not None:
             old.renew.cancel()
-        ttl = max(answer["expires"] - time.time(), _MIN_RESERVATION)  # (renewed at half: a relay cannot make us renew, and re-announce, every few seconds)
+        ttl = max(
+            answer["expires"] - time.time(), _MIN_RESERVATION
+        )  # (renewed at half: a relay cannot make us renew, and re-announce, every few seconds)
         r = _Relay(peer, addrs, answer["expires"])
         r.renew = self.host.loop.call_later(ttl / 2, lambda: self.host.spawn(self._renew(peer)))
         self.relays[peer] = r

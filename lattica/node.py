@@ -14,11 +14,21 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, Coroutine, Iterable, TypeVar
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, TypeVar
 
 from lattica._loop import DEFAULT_BUSY_POLL_US, new_loop
 from lattica.code.library import ACCEPT
-from lattica.config import ContentConfig, CrdtConfig, DhtConfig, InboundBudget, MembershipConfig, NatConfig, PubSubConfig, RelayConfig
+from lattica.config import (
+    ContentConfig,
+    CrdtConfig,
+    DhtConfig,
+    InboundBudget,
+    MembershipConfig,
+    NatConfig,
+    PubSubConfig,
+    RelayConfig,
+)
 from lattica.errors import NodeClosed, Timeout
 from lattica.host import Host, StreamProtocolHandler, check_protocol_name
 from lattica.host.connections import DRAIN_GRACE
@@ -26,10 +36,10 @@ from lattica.identify import PeerInfo
 from lattica.identity import KeyPair, PeerId
 from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
-from lattica.transports.base import Stream
 from lattica.nat import NatStatus
 from lattica.placement import RESOURCES
 from lattica.runtime.spill import DEFAULT_SPILL_LIMIT
+from lattica.transports.base import Stream
 from lattica.trust import Trust, load_trust
 
 __all__ = ["Node", "PeerInfo"]
@@ -130,7 +140,9 @@ class Node:
             raise ValueError("channel_idle must be > 0 seconds")
         self.channel_idle = channel_idle  # an idle call channel closes after this, freeing its connection
         if type(spill_limit) is not int or spill_limit < 0:
-            raise ValueError("spill_limit is a number of bytes (0: a call over the message cap fails instead of spilling)")
+            raise ValueError(
+                "spill_limit is a number of bytes (0: a call over the message cap fails instead of spilling)"
+            )
         # a call's arguments or result over the message cap travel by CID, up to this many bytes (docs/api.md)
         self.spill_limit = spill_limit
         if not drain_grace > 0:
@@ -149,7 +161,9 @@ class Node:
         self.resources = dict(resources or {})  # offered to placement instead of what is detected
 
         # membership=True (or a MembershipConfig): join the membership view; False: stay out
-        self.membership_config: MembershipConfig | None = (MembershipConfig() if membership is True else membership) or None
+        self.membership_config: MembershipConfig | None = (
+            MembershipConfig() if membership is True else membership
+        ) or None
         self.nat_config: NatConfig = nat or NatConfig()
         self.dht_config: DhtConfig = dht or DhtConfig()
         # content=True (or a ContentConfig): serve and fetch blocks by CID (docs/content.md)
@@ -186,7 +200,9 @@ class Node:
             loop = new_loop(self._busy_poll_us, self._use_uvloop)
             ready: concurrent.futures.Future[None] = concurrent.futures.Future()
             self._loop = loop
-            self._thread = threading.Thread(target=self._run, args=(loop, ready), name=f"lattica-node-{self.peer_id.short()}", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, args=(loop, ready), name=f"lattica-node-{self.peer_id.short()}", daemon=True
+            )
             self._thread.start()
             try:
                 ready.result()
@@ -356,7 +372,9 @@ class Node:
         addrs = self._parse_target(addr)
         return self._call(lambda h: h.connect(addrs, None, timeout or self.dial_timeout))
 
-    async def aconnect(self, addr: str | Multiaddr | Iterable[str | Multiaddr], timeout: float | None = None) -> PeerInfo:
+    async def aconnect(
+        self, addr: str | Multiaddr | Iterable[str | Multiaddr], timeout: float | None = None
+    ) -> PeerInfo:
         addrs = self._parse_target(addr)
         return await self._acall(lambda h: h.connect(addrs, None, timeout or self.dial_timeout))
 
@@ -446,8 +464,7 @@ class Node:
         async def bounded(h: Host) -> T:
             try:
                 return await asyncio.wait_for(coro, timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise Timeout(f"operation did not finish within {timeout} s") from None
 
         return self._call(bounded)
-

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from lattica.errors import ProtocolError
 from lattica.transports.base import Stream

@@ -49,7 +49,6 @@ class Spawnable:
         self.home = home
 
 
-
 def runs(node: Mapping[str, Any], what: Spawnable) -> str | None:
     """Why ``node`` would refuse to run ``what`` (None: it would, as far as its gossip says)."""
     code = node.get("code")
@@ -68,13 +67,21 @@ def runs(node: Mapping[str, Any], what: Spawnable) -> str | None:
     return None
 
 
-def fits(node: Mapping[str, Any], need: Mapping[str, float], labels: Mapping[str, str], taken: int = 0, what: Spawnable | None = None) -> bool:
+def fits(
+    node: Mapping[str, Any],
+    need: Mapping[str, float],
+    labels: Mapping[str, str],
+    taken: int = 0,
+    what: Spawnable | None = None,
+) -> bool:
     """Alive, labelled as asked, with room for ``need`` (after ``taken`` more of it), and willing
     to run ``what``."""
     return _misfit(node, need, labels, taken, what) is None
 
 
-def _misfit(node: Mapping[str, Any], need: Mapping[str, float], labels: Mapping[str, str], taken: int, what: Spawnable | None) -> str | None:
+def _misfit(
+    node: Mapping[str, Any], need: Mapping[str, float], labels: Mapping[str, str], taken: int, what: Spawnable | None
+) -> str | None:
     """Why ``node`` does not fit (None: it does)."""
     if node.get("state") != "alive":
         return f"it is {node.get('state')}"
@@ -85,7 +92,7 @@ def _misfit(node: Mapping[str, Any], need: Mapping[str, float], labels: Mapping[
     room = free(node)
     short = {r: amount for r, amount in need.items() if room.get(r, 0.0) - taken * amount < amount}
     if short:
-        return f"it has {({r: round(room.get(r, 0.0), 3) for r in short})} free of {short}"
+        return f"it has { ({r: round(room.get(r, 0.0), 3) for r in short}) } free of {short}"
     return runs(node, what) if what is not None else None
 
 
@@ -115,9 +122,13 @@ def candidates(
     ok = [n for n in nodes if misfits[n["peer_id"]] is None]
     if not ok:
         skipped = [f"{p[-8:]}: {why}" for p, why in misfits.items()]
-        shown = "; ".join(skipped[:MAX_LISTED]) + (f"; and {len(skipped) - MAX_LISTED} more" if len(skipped) > MAX_LISTED else "")
+        shown = "; ".join(skipped[:MAX_LISTED]) + (
+            f"; and {len(skipped) - MAX_LISTED} more" if len(skipped) > MAX_LISTED else ""
+        )
         for_what = f"{what.path} with " if what is not None else ""
-        raise PlacementError(f"no node fits {for_what}resources={need} labels={labels}: " + (shown or "the membership view is empty"))
+        raise PlacementError(
+            f"no node fits {for_what}resources={need} labels={labels}: " + (shown or "the membership view is empty")
+        )
 
     def actors(n: Mapping[str, Any]) -> int:
         return int((n.get("load") or {}).get("actors") or 0) + recent.get(n["peer_id"], 0)
@@ -128,5 +139,12 @@ def candidates(
     if strategy == "spread":
         ok.sort(key=lambda n: (tier(n), actors(n), -free(n)["cpu"], n["peer_id"]))
     else:
-        ok.sort(key=lambda n: (tier(n), free(n)["cpu"] - recent.get(n["peer_id"], 0) * need.get("cpu", 0), -actors(n), n["peer_id"]))
+        ok.sort(
+            key=lambda n: (
+                tier(n),
+                free(n)["cpu"] - recent.get(n["peer_id"], 0) * need.get("cpu", 0),
+                -actors(n),
+                n["peer_id"],
+            )
+        )
     return [n["peer_id"] for n in ok]

@@ -19,7 +19,8 @@ import random
 import re
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import msgpack
 
@@ -33,8 +34,20 @@ from lattica.trust import Certificate, CertificateError
 from lattica.valueclass import ValueClass
 
 __all__ = [
-    "StoreLimits", "Entry", "PeerRecord", "RecordStore", "encode_subkey", "decode_subkey", "owner_of",
-    "sign_entry", "check_entry", "owned_key", "TOMBSTONE", "MESH_SCOPE", "mesh_scoped", "scope_of",
+    "StoreLimits",
+    "Entry",
+    "PeerRecord",
+    "RecordStore",
+    "encode_subkey",
+    "decode_subkey",
+    "owner_of",
+    "sign_entry",
+    "check_entry",
+    "owned_key",
+    "TOMBSTONE",
+    "MESH_SCOPE",
+    "mesh_scoped",
+    "scope_of",
 ]
 
 _DOMAIN_VALUE = b"lattica-dht-record/1"
@@ -111,7 +124,7 @@ def scope_of(key: bytes) -> tuple[bytes, bytes] | None:
     """``(mesh admission key, key within it)`` for a mesh-scoped key, else None."""
     if not key.startswith(MESH_SCOPE):
         return None
-    head, sep, inner = key[len(MESH_SCOPE):].partition(b"/")
+    head, sep, inner = key[len(MESH_SCOPE) :].partition(b"/")
     try:
         mesh = bytes.fromhex(head.decode())
     except (UnicodeDecodeError, ValueError):
@@ -202,7 +215,11 @@ def check_entry(key: Any, subkey: Any, entry: Any, now: float, limits: StoreLimi
         raise RecordRejected("malformed record")
     if type(entry.value) is not bytes or type(entry.signature) is not bytes:
         raise RecordRejected("record value and signature must be bytes")
-    if isinstance(entry.expiration, bool) or not isinstance(entry.expiration, (int, float)) or not math.isfinite(entry.expiration):
+    if (
+        isinstance(entry.expiration, bool)
+        or not isinstance(entry.expiration, (int, float))
+        or not math.isfinite(entry.expiration)
+    ):
         raise RecordRejected("record expiration must be a finite number (unix seconds)")
     if not 0 < len(key) <= limits.max_key:
         raise RecordRejected(f"key is {len(key)} bytes (1..{limits.max_key} allowed)")
@@ -220,7 +237,9 @@ def check_entry(key: Any, subkey: Any, entry: Any, now: float, limits: StoreLimi
         raise RecordRejected(f"a registration (an actor name, a shard) lives at most {REGISTRY_MAX_TTL:.0f} s")
     if live and scope is None and owner_of(key, subkey) is None:
         # (a name's or a shard's key held unsigned junk: 1,024 subkeys from one identity filled it)
-        raise RecordRejected("a registration (an actor name, a shard) is stored under the PeerId of the node that makes it, signed by it")
+        raise RecordRejected(
+            "a registration (an actor name, a shard) is stored under the PeerId of the node that makes it, signed by it"
+        )
     if scope is not None:
         if subkey[:1] != b"c":
             raise RecordRejected("a mesh-scoped key holds records under members' certificates only")
@@ -235,7 +254,11 @@ def check_entry(key: Any, subkey: Any, entry: Any, now: float, limits: StoreLimi
     if owner is None:
         return Entry(entry.value, float(entry.expiration))
     pub = owner.public_key()
-    if pub is None or len(entry.signature) != 64 or not verify_signature(pub, entry.signature, _payload(key, subkey, entry.value, entry.expiration)):
+    if (
+        pub is None
+        or len(entry.signature) != 64
+        or not verify_signature(pub, entry.signature, _payload(key, subkey, entry.value, entry.expiration))
+    ):
         raise RecordRejected(f"record owned by {owner} is not signed by that peer")
     return Entry(entry.value, float(entry.expiration), entry.signature)
 
@@ -270,7 +293,9 @@ def check_provider(key: bytes, provider: PeerId, cert: Any, now: float) -> None:
     except CertificateError as e:
         raise RecordRejected(f"malformed certificate: {e}") from None
     if parsed.peer != provider:
-        raise RecordRejected(f"not a member of the key's mesh: the certificate was issued to {parsed.peer.short()}, not to the provider")
+        raise RecordRejected(
+            f"not a member of the key's mesh: the certificate was issued to {parsed.peer.short()}, not to the provider"
+        )
     problem = _cert_problem(parsed, cert, scope[0], now)
     if problem is not None:
         raise RecordRejected(f"not a member of the key's mesh: {problem}")
@@ -281,7 +306,11 @@ def is_authentic(key: bytes, subkey: bytes, entry: Entry) -> bool:
     reader skips a record that expired on the way, it does not blame the peer that sent it)."""
     if type(subkey) is not bytes or type(entry.value) is not bytes or type(entry.signature) is not bytes:
         return False
-    if isinstance(entry.expiration, bool) or not isinstance(entry.expiration, (int, float)) or not math.isfinite(entry.expiration):
+    if (
+        isinstance(entry.expiration, bool)
+        or not isinstance(entry.expiration, (int, float))
+        or not math.isfinite(entry.expiration)
+    ):
         return False
     try:
         owner = owner_of(key, subkey)
@@ -290,7 +319,11 @@ def is_authentic(key: bytes, subkey: bytes, entry: Entry) -> bool:
     if owner is None:
         return True
     pub = owner.public_key()
-    return pub is not None and len(entry.signature) == 64 and verify_signature(pub, entry.signature, _payload(key, subkey, entry.value, entry.expiration))
+    return (
+        pub is not None
+        and len(entry.signature) == 64
+        and verify_signature(pub, entry.signature, _payload(key, subkey, entry.value, entry.expiration))
+    )
 
 
 def entry_to_wire(subkey: bytes, e: Entry) -> list:
@@ -313,7 +346,9 @@ class PeerRecord:
 
     __slots__ = ("peer", "seq", "addrs", "texts", "signature")
 
-    def __init__(self, peer: PeerId, seq: int, addrs: list[Multiaddr], signature: bytes, texts: list[str] | None = None) -> None:
+    def __init__(
+        self, peer: PeerId, seq: int, addrs: list[Multiaddr], signature: bytes, texts: list[str] | None = None
+    ) -> None:
         self.peer = peer
         self.seq = seq
         self.addrs = addrs
@@ -345,8 +380,14 @@ class PeerRecord:
         raw_peer, seq, addrs, sig = obj
         if type(raw_peer) is not bytes or type(seq) is not int or type(addrs) is not list or type(sig) is not bytes:
             raise RecordRejected("malformed peer record fields")
-        if not 0 <= seq < 1 << 63 or len(addrs) > limits.max_addrs or not all(type(a) is str and len(a) <= 1024 for a in addrs):
-            raise RecordRejected(f"peer record has a bad sequence number or too many addresses (at most {limits.max_addrs})")
+        if (
+            not 0 <= seq < 1 << 63
+            or len(addrs) > limits.max_addrs
+            or not all(type(a) is str and len(a) <= 1024 for a in addrs)
+        ):
+            raise RecordRejected(
+                f"peer record has a bad sequence number or too many addresses (at most {limits.max_addrs})"
+            )
         try:
             peer = PeerId.from_bytes(raw_peer)
             parsed = [Multiaddr(a) for a in addrs]
@@ -426,7 +467,9 @@ class RecordStore:
             self.purge()
             n, b = self._stranger_use
             if (new and n + 1 > self._share(lim.max_records)) or b + size > self._share(lim.max_bytes):
-                raise RecordRejected("this node's room for records of peers outside its mesh is full (members keep the rest)")
+                raise RecordRejected(
+                    "this node's room for records of peers outside its mesh is full (members keep the rest)"
+                )
 
     # -- rate limit --------------------------------------------------------------------------
 
@@ -437,7 +480,9 @@ class RecordStore:
         if not self._rates.take(peer):
             raise RecordRejected(f"store rate limit: at most {self.limits.rate:.0f} stores per second per peer")
         if not self._strangers_rate.take(peer):
-            raise RecordRejected(f"store rate limit: at most {self.limits.stranger_rate:.0f} stores per second from all peers outside this node's mesh")
+            raise RecordRejected(
+                f"store rate limit: at most {self.limits.stranger_rate:.0f} stores per second from all peers outside this node's mesh"
+            )
 
     # -- values ------------------------------------------------------------------------------
 
@@ -465,7 +510,9 @@ class RecordStore:
         stranger = sender != self.local and self.is_stranger(sender)
         if stranger and old is None and rec is not None and len(rec.subs) >= self._share(self.limits.max_subkeys):
             if sum(1 for by in rec.by.values() if self.is_stranger(by)) >= self._share(self.limits.max_subkeys):
-                raise RecordRejected(f"key already holds {self._share(self.limits.max_subkeys)} subkeys of peers outside this node's mesh (members keep the rest)")
+                raise RecordRejected(
+                    f"key already holds {self._share(self.limits.max_subkeys)} subkeys of peers outside this node's mesh (members keep the rest)"
+                )
         size = _size(key, subkey, entry)
         old_size = _size(key, subkey, old) if old is not None else 0
         lim = self.limits
@@ -479,7 +526,9 @@ class RecordStore:
             prev_owner = rec.by.get(subkey) if rec is not None and old is not None else None
             credit_n, credit_b = (1, old_size) if prev_owner == sender else (0, 0)
             if use[0] - credit_n + 1 > lim.peer_records or use[1] - credit_b + size > lim.peer_bytes:
-                raise RecordRejected(f"store quota of {sender} exhausted ({lim.peer_records} records / {lim.peer_bytes} bytes)")
+                raise RecordRejected(
+                    f"store quota of {sender} exhausted ({lim.peer_records} records / {lim.peer_bytes} bytes)"
+                )
             if stranger:
                 freed = old_size if prev_owner is not None and self.is_stranger(prev_owner) else 0
                 self._check_stranger_room(size - freed, new=old is None or not freed)
@@ -591,7 +640,9 @@ class RecordStore:
             stranger = self.is_stranger(provider)
             if stranger and len(provs) >= self._share(lim.max_providers):
                 if sum(1 for p in provs if self.is_stranger(p)) >= self._share(lim.max_providers):
-                    raise RecordRejected(f"content already has {self._share(lim.max_providers)} providers outside this node's mesh (members keep the rest)")
+                    raise RecordRejected(
+                        f"content already has {self._share(lim.max_providers)} providers outside this node's mesh (members keep the rest)"
+                    )
             self._check_room(provider, _PROVIDER_COST)
             if stranger:
                 self._check_stranger_room(_PROVIDER_COST, new=True)
@@ -616,7 +667,9 @@ class RecordStore:
         if sender != self.local:
             use = self._usage.get(sender, [0, 0])
             if use[0] + 1 > lim.peer_records or use[1] + size > lim.peer_bytes:
-                raise RecordRejected(f"store quota of {sender} exhausted ({lim.peer_records} records / {lim.peer_bytes} bytes)")
+                raise RecordRejected(
+                    f"store quota of {sender} exhausted ({lim.peer_records} records / {lim.peer_bytes} bytes)"
+                )
 
     def providers(self, cid: bytes) -> list[tuple[PeerId, float]]:
         now = self.clock()
@@ -680,11 +733,18 @@ class RecordStore:
         now = self.clock()
         values = [
             [r.key, sk, e.value, e.expiration, e.signature, r.by[sk].to_bytes()]
-            for r in self._values.values() for sk, e in r.subs.items() if e.expiration > now
+            for r in self._values.values()
+            for sk, e in r.subs.items()
+            if e.expiration > now
         ]
         providers = []
         for kid, provs in self._providers.items():
-            providers.append([kid.to_bytes(32, "big"), [[p.to_bytes(), exp, since] for p, (exp, since) in provs.items() if exp > now]])
+            providers.append(
+                [
+                    kid.to_bytes(32, "big"),
+                    [[p.to_bytes(), exp, since] for p, (exp, since) in provs.items() if exp > now],
+                ]
+            )
         peers = [[rec.to_wire(), exp] for rec, exp, _ in self._peers.values() if exp > now]
         return msgpack.packb({"v": 1, "values": values, "providers": providers, "peers": peers}, use_bin_type=True)
 
@@ -720,7 +780,11 @@ class RecordStore:
                         continue
                     provider = PeerId.from_bytes(raw)
                     held = self._providers.setdefault(cid_kid, {})
-                    if provider not in held and len(held) < lim.max_providers and len(self._providers) <= lim.max_provider_keys:
+                    if (
+                        provider not in held
+                        and len(held) < lim.max_providers
+                        and len(self._providers) <= lim.max_provider_keys
+                    ):
                         self._check_room(provider, _PROVIDER_COST)
                         self._charge(provider, 1, _PROVIDER_COST)
                         held[provider] = [exp, min(float(since), now)]

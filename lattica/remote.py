@@ -10,14 +10,27 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from typing import Any, Callable, NamedTuple, TypeVar
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 from lattica import codec, placement
 from lattica.code.tickets import NAMESPACE_PREFIX, Ticket, known_ticket
 from lattica.errors import NodeClosed, PeerUnreachable, PlacementError, SpawnError
 from lattica.identity import PeerId
+from lattica.runtime import (
+    DEFAULT_MAX_CONCURRENCY,
+    DEFAULT_WINDOW,
+    ActorRef,
+    MethodHandle,
+    Runtime,
+    StreamCall,
+    current_actor,
+    current_runtime,
+    method_table,
+    on_loop,
+    spawner_ref,
+)
 from lattica.runtime.refs import PUBLIC_ATTR
-from lattica.runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, ActorRef, MethodHandle, Runtime, StreamCall, current_actor, current_runtime, method_table, on_loop, spawner_ref
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -84,8 +97,14 @@ class ActorClass:
         (with ``name``): the live actor of that name if there is one, instead of SpawnError."""
         opts = dict(self._options)
         for key, value in (
-            ("node", node), ("name", name), ("max_concurrency", max_concurrency), ("window", window),
-            ("resources", resources), ("labels", labels), ("placement", placement), ("lifetime", lifetime),
+            ("node", node),
+            ("name", name),
+            ("max_concurrency", max_concurrency),
+            ("window", window),
+            ("resources", resources),
+            ("labels", labels),
+            ("placement", placement),
+            ("lifetime", lifetime),
             ("get_if_exists", get_if_exists),
         ):
             if value is not None:
@@ -93,7 +112,9 @@ class ActorClass:
         if "node" in opts and any(k in opts for k in ("resources", "labels", "placement")):
             raise ValueError("give node=, or resources/labels/placement for the runtime to choose one, not both")
         if opts.get("lifetime") not in (None, "detached"):
-            raise ValueError(f"lifetime is None (the actor ends with the process that spawned it) or 'detached', not {opts['lifetime']!r}")
+            raise ValueError(
+                f"lifetime is None (the actor ends with the process that spawned it) or 'detached', not {opts['lifetime']!r}"
+            )
         if opts.get("get_if_exists") and "name" not in opts:
             raise ValueError("get_if_exists=True needs name=")
         return ActorClass(self.cls, opts)
@@ -101,7 +122,11 @@ class ActorClass:
     def _spawn_options(self, max_conc: int, window: int) -> dict[str, Any]:
         """What the target's spawner is told besides the class and arguments (caller's thread:
         the job is the calling actor's, if an actor spawns)."""
-        opts: dict[str, Any] = {"max_concurrency": max_conc, "window": window, "publish": self._options.get("name") is not None}
+        opts: dict[str, Any] = {
+            "max_concurrency": max_conc,
+            "window": window,
+            "publish": self._options.get("name") is not None,
+        }
         if self._options.get("lifetime") == "detached":
             opts["detached"] = True
         else:
@@ -146,7 +171,15 @@ class ActorClass:
         code = rt.services.get("code")
         shipped = code is not None and code.shipper.travels(self.cls)
         what = placement.Spawnable(class_path(self.cls), code.shipper.admin if shipped else None, str(rt.peer_id))
-        ranked = placement.candidates(view, need, labels, self._options.get("placement", "spread"), rt.recent_placements(view), what, rt.host.trust.admin)
+        ranked = placement.candidates(
+            view,
+            need,
+            labels,
+            self._options.get("placement", "spread"),
+            rt.recent_placements(view),
+            what,
+            rt.host.trust.admin,
+        )
         name = name or f"{self.cls.__name__}-{os.urandom(5).hex()}"
         ref = ActorRef(PeerId.from_string(ranked[0]), name, self._methods, opts["window"])
         opts["reserve"] = need
@@ -200,7 +233,9 @@ def _code_travels(rt: Runtime, cls: type, call: tuple) -> bool:
     code = rt.services.get("code")
     if code is None:
         return False
-    return cls.__module__ == "__main__" or any(code.shipper.travels(c) for c in (cls, *_actor_classes([call[1], call[2]], 6)))
+    return cls.__module__ == "__main__" or any(
+        code.shipper.travels(c) for c in (cls, *_actor_classes([call[1], call[2]], 6))
+    )
 
 
 async def _attach_code(rt: Runtime, cls: type | None, call: tuple) -> None:
@@ -243,8 +278,14 @@ def _current_job() -> PeerId | None:
     return spawner.jobs.of(me.name) if spawner is not None else None
 
 
-async def offer_spawn(rt: Runtime, call: tuple, ranked: list[str], view: list, trying: Callable[[PeerId], None] | None = None,
-                      code_for: type | None = None) -> ActorRef:
+async def offer_spawn(
+    rt: Runtime,
+    call: tuple,
+    ranked: list[str],
+    view: list,
+    trying: Callable[[PeerId], None] | None = None,
+    code_for: type | None = None,
+) -> ActorRef:
     """Offer a spawn (the spawner's arguments) to each ranked node in turn until one reserves
     and starts it; PlacementError if every one refused or could not be reached. ``code_for``:
     the class being spawned, whose code package (if it travels) goes with the offers."""
@@ -268,12 +309,16 @@ async def offer_spawn(rt: Runtime, call: tuple, ranked: list[str], view: list, t
     raise PlacementError(f"every node that fit refused {call[3]!r}: " + "; ".join(refusals))
 
 
-async def spawn_placed(rt: Runtime, call: tuple, need: dict, labels: dict, strategy: str = "spread", last: set[str] = frozenset()) -> ActorRef:
+async def spawn_placed(
+    rt: Runtime, call: tuple, need: dict, labels: dict, strategy: str = "spread", last: set[str] = frozenset()
+) -> ActorRef:
     """Place and spawn (on the loop): rank the view (the nodes in ``last`` only as a last resort),
     then offer down the ranking."""
     view = rt.placement_view()
     code = call[4].get("code")
-    what = placement.Spawnable(call[0], Ticket.from_wire(code).claims_admin() if code is not None else None, str(rt.peer_id))
+    what = placement.Spawnable(
+        call[0], Ticket.from_wire(code).claims_admin() if code is not None else None, str(rt.peer_id)
+    )
     ranked = placement.candidates(view, need, labels, strategy, rt.recent_placements(view), what, rt.host.trust.admin)
     ranked = [p for p in ranked if p not in last] + [p for p in ranked if p in last]
     rt.placed(ranked[0], view)
@@ -285,7 +330,15 @@ def _spawn_local(rt: Runtime, cls: type, args: list, kwargs: dict, name: str | N
     existing = rt.actors.get(name) if name is not None and opts.get("get_if_exists") else None
     if existing is not None and not existing.system:
         return existing.ref
-    actor = rt.create(cls, args, kwargs or None, name, max_concurrency=opts["max_concurrency"], window=window, publish=name is not None)
+    actor = rt.create(
+        cls,
+        args,
+        kwargs or None,
+        name,
+        max_concurrency=opts["max_concurrency"],
+        window=window,
+        publish=name is not None,
+    )
     spawner = rt.services.get("spawner")
     if spawner is not None and "job" in opts:
         spawner.jobs.adopt(actor.name, PeerId.from_string(opts["job"]))  # spawned by an actor of that job
@@ -297,7 +350,9 @@ def _spawn_local(rt: Runtime, cls: type, args: list, kwargs: dict, name: str | N
         if failure is None:
             spawn.set_result(ref)
         else:
-            spawn.set_exception(SpawnError(f"{class_path(cls)} failed to start: {failure[0]}: {failure[1]}\n{failure[2]}".rstrip()))
+            spawn.set_exception(
+                SpawnError(f"{class_path(cls)} failed to start: {failure[0]}: {failure[1]}\n{failure[2]}".rstrip())
+            )
             spawn.exception()
 
     actor.ready.add_done_callback(started)
@@ -313,7 +368,9 @@ def public(method: F) -> F:
     return method
 
 
-def actor(cls: type | None = None, *, max_concurrency: int | None = None, window: int | None = None, public: bool = False) -> Any:
+def actor(
+    cls: type | None = None, *, max_concurrency: int | None = None, window: int | None = None, public: bool = False
+) -> Any:
     """Class decorator: ``@lattica.actor`` or ``@lattica.actor(max_concurrency=..., window=...)``.
     Actors serve the members of their node's mesh only; ``public=True`` opens every method to
     strangers too (a public inference service), ``@lattica.public`` opens one method."""

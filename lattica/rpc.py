@@ -62,7 +62,19 @@ ARG_INDEX, ARG_ITEM, ARGCRED_N = 2, 3, 3
 MAILBOX_ACTOR, MAILBOX_N = 1, 2
 
 MAX_NAME = 256
-_SHAPES: dict[int, int] = {CALL: 8, CANCEL: 2, CREDIT: 3, ARG: 4, ARGEND: 3, OK: 3, ERR: 6, ITEM: 3, END: 2, ARGCRED: 4, MAILBOX: 3}
+_SHAPES: dict[int, int] = {
+    CALL: 8,
+    CANCEL: 2,
+    CREDIT: 3,
+    ARG: 4,
+    ARGEND: 3,
+    OK: 3,
+    ERR: 6,
+    ITEM: 3,
+    END: 2,
+    ARGCRED: 4,
+    MAILBOX: 3,
+}
 _GRANT_N = {CREDIT: CREDIT_N, ARGCRED: ARGCRED_N}  # grants: where n is (``taken`` may follow it)
 
 
@@ -81,7 +93,9 @@ class CallMsg(list):
     flags = property(itemgetter(7))
 
 
-def call(cid: int, actor: str, method: str, args: list, kwargs: dict | None, timeout: float | None, flags: int) -> CallMsg:
+def call(
+    cid: int, actor: str, method: str, args: list, kwargs: dict | None, timeout: float | None, flags: int
+) -> CallMsg:
     return CallMsg((CALL, cid, actor, method, args, kwargs, timeout, flags))
 
 

@@ -13,7 +13,8 @@ a ``build`` function and one line in :data:`SERVICES`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from lattica.actors.autonat import AutoNatActor, AutoNatServer
 from lattica.actors.checkpoints import CheckpointStore
@@ -58,7 +59,12 @@ class ServiceSpec(Slotted):
 
     __slots__ = ("name", "build", "public")
 
-    def __init__(self, name: str, build: Callable[[Runtime, Node, Mapping[str, Any]], Built | None], public: frozenset[str] | bool = frozenset()) -> None:
+    def __init__(
+        self,
+        name: str,
+        build: Callable[[Runtime, Node, Mapping[str, Any]], Built | None],
+        public: frozenset[str] | bool = frozenset(),
+    ) -> None:
         self.name = name
         self.build = build
         self.public = public  # methods strangers may call (True: all)
@@ -127,6 +133,7 @@ def _code(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
     content = services.get("content")
     if content is None:
         return None
+
     async def fetch(cid: str, max_size: int, sender: PeerId | None = None) -> bytes:
         from lattica.content.cid import Cid  # (hashlib loads with the first package, not at start)
 
@@ -139,8 +146,12 @@ def _code(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
 
     library = CodeLibrary(rt.peer_id, node.trust, node.accept_code, fetch)
     services["spawner"].code = library
-    return Built(CodeService(library, Shipper(node.keypair, node.trust.presented, put, node.code, node.code_excludes,
-                                                   admin=node.trust.admin)))
+    return Built(
+        CodeService(
+            library,
+            Shipper(node.keypair, node.trust.presented, put, node.code, node.code_excludes, admin=node.trust.admin),
+        )
+    )
 
 
 class CodeService(Slotted):

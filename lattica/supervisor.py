@@ -31,14 +31,22 @@ import time
 from typing import Any
 
 from lattica import codec
-from lattica.logging import get_logger
+from lattica.actors.checkpoints import checkpoints_ref, members, ranked, read_copies, sign_copy
 from lattica.code.tickets import known_ticket
-from lattica.remote import ActorClass, ShippedClass, class_path, actor, offer_spawn, spawn_placed
+from lattica.context import runtime_for_thread
 from lattica.errors import LatticaError, SpawnError
 from lattica.identity import PeerId
-from lattica.actors.checkpoints import checkpoints_ref, members, ranked, read_copies, sign_copy
-from lattica.context import runtime_for_thread
-from lattica.runtime import DEFAULT_WINDOW, ActorRef, LocalActor, current_actor, method_table, require_caller, spawner_ref
+from lattica.logging import get_logger
+from lattica.remote import ActorClass, ShippedClass, actor, class_path, offer_spawn, spawn_placed
+from lattica.runtime import (
+    DEFAULT_WINDOW,
+    ActorRef,
+    LocalActor,
+    current_actor,
+    method_table,
+    require_caller,
+    spawner_ref,
+)
 from lattica.slotted import Slotted
 
 __all__ = ["Supervisor", "STRATEGIES", "RESTARTS"]
@@ -56,12 +64,43 @@ _PLACE_PATIENCE = 30.0  # seconds a restart may go unplaced (no node took it) be
 
 
 class _Child(Slotted):
-    __slots__ = ("id", "class_path", "code", "methods", "args", "kwargs", "restart", "resources", "labels", "placement", "node",
-                 "checkpoint_every", "ref", "incarnation", "monitor", "state", "has_state", "stamp", "recovered",
-                 "restarts", "nodes")
+    __slots__ = (
+        "id",
+        "class_path",
+        "code",
+        "methods",
+        "args",
+        "kwargs",
+        "restart",
+        "resources",
+        "labels",
+        "placement",
+        "node",
+        "checkpoint_every",
+        "ref",
+        "incarnation",
+        "monitor",
+        "state",
+        "has_state",
+        "stamp",
+        "recovered",
+        "restarts",
+        "nodes",
+    )
 
-    def __init__(self, id: str, class_path: str, args: list, kwargs: dict | None, restart: str, resources: dict,
-                 labels: dict, placement: str, node: PeerId | None, checkpoint_every: float | None) -> None:
+    def __init__(
+        self,
+        id: str,
+        class_path: str,
+        args: list,
+        kwargs: dict | None,
+        restart: str,
+        resources: dict,
+        labels: dict,
+        placement: str,
+        node: PeerId | None,
+        checkpoint_every: float | None,
+    ) -> None:
         self.id = id
         self.class_path = class_path
         self.code: list | None = None  # the ticket of the package its class travels in (None: installed)
@@ -85,9 +124,20 @@ class _Child(Slotted):
         self.nodes: list[str] = []  # where each incarnation ran
 
 
-def _spec(cls: Any, args: Any = (), kwargs: Any = None, *, id: str | None = None, restart: str = "permanent",
-          resources: dict | None = None, labels: dict | None = None, placement: str = "spread",
-          node: PeerId | str | None = None, checkpoint_every: float | None = None, index: int = 0) -> _Child:
+def _spec(
+    cls: Any,
+    args: Any = (),
+    kwargs: Any = None,
+    *,
+    id: str | None = None,
+    restart: str = "permanent",
+    resources: dict | None = None,
+    labels: dict | None = None,
+    placement: str = "spread",
+    node: PeerId | str | None = None,
+    checkpoint_every: float | None = None,
+    index: int = 0,
+) -> _Child:
     code = None
     if isinstance(cls, ActorClass):
         path = class_path(cls.cls)
@@ -109,7 +159,18 @@ def _spec(cls: Any, args: Any = (), kwargs: Any = None, *, id: str | None = None
     if not isinstance(child_id, str) or "/" in child_id or not 0 < len(child_id) <= 64:
         raise SpawnError("a child id is 1 to 64 characters without '/'")
     peer = PeerId.from_string(node) if isinstance(node, str) else node
-    child = _Child(child_id, path, list(args), kwargs, restart, dict(resources or {}), dict(labels or {}), placement, peer, checkpoint_every)
+    child = _Child(
+        child_id,
+        path,
+        list(args),
+        kwargs,
+        restart,
+        dict(resources or {}),
+        dict(labels or {}),
+        placement,
+        peer,
+        checkpoint_every,
+    )
     child.code = code
     if isinstance(cls, ActorClass):
         child.methods = method_table(cls.cls)
@@ -120,15 +181,21 @@ def _spec(cls: Any, args: Any = (), kwargs: Any = None, *, id: str | None = None
 class Supervisor:
     """Starts, watches and restarts its children (see the module docstring)."""
 
-    def __init__(self, strategy: str = "one_for_one", max_restarts: int = 3, within: float = 5.0, children: Any = ()) -> None:
+    def __init__(
+        self, strategy: str = "one_for_one", max_restarts: int = 3, within: float = 5.0, children: Any = ()
+    ) -> None:
         if strategy not in STRATEGIES:
             raise SpawnError(f"strategy must be one of {STRATEGIES}, not {strategy!r}")
-        if not (isinstance(max_restarts, int) and max_restarts >= 0 and isinstance(within, (int, float)) and within > 0):
+        if not (
+            isinstance(max_restarts, int) and max_restarts >= 0 and isinstance(within, (int, float)) and within > 0
+        ):
             raise SpawnError("max_restarts must be >= 0 and within > 0 seconds")
         self.strategy = strategy
         self.max_restarts = max_restarts
         self.within = float(within)
-        self._initial = [_spec(**c, index=i) if isinstance(c, dict) else _spec(c, index=i) for i, c in enumerate(children)]
+        self._initial = [
+            _spec(**c, index=i) if isinstance(c, dict) else _spec(c, index=i) for i, c in enumerate(children)
+        ]
         self._children: list[_Child] = []
         self._restarts: collections.deque[float] = collections.deque()
         self._me: ActorRef | None = None
@@ -157,7 +224,9 @@ class Supervisor:
                     self._children.append(child)
                     await self._start_patiently(child)
         except LatticaError as e:
-            log.warning("supervisor could not start its children", supervisor=self._me.name if self._me else "?", reason=str(e))
+            log.warning(
+                "supervisor could not start its children", supervisor=self._me.name if self._me else "?", reason=str(e)
+            )
             self._ready.set()
             await self._give_up(f"a child failed to start: {e}")
             return
@@ -165,9 +234,20 @@ class Supervisor:
 
     # -- what callers use ------------------------------------------------------------------------
 
-    async def start_child(self, cls: Any, args: Any = (), kwargs: Any = None, *, id: str | None = None,
-                          restart: str = "permanent", resources: dict | None = None, labels: dict | None = None,
-                          placement: str = "spread", node: Any = None, checkpoint_every: float | None = None) -> ActorRef:
+    async def start_child(
+        self,
+        cls: Any,
+        args: Any = (),
+        kwargs: Any = None,
+        *,
+        id: str | None = None,
+        restart: str = "permanent",
+        resources: dict | None = None,
+        labels: dict | None = None,
+        placement: str = "spread",
+        node: Any = None,
+        checkpoint_every: float | None = None,
+    ) -> ActorRef:
         """Add a child and start it now; returns its stable ref (for whoever controls this
         supervisor: the node that created it, its own supervisor's, this node, an administrator)."""
         require_caller("owner")
@@ -176,8 +256,19 @@ class Supervisor:
             # (the default id is chosen under the lock: calls fired together get different ones)
             taken = {c.id for c in self._children}
             index = len(self._children)
-            child = _spec(cls, args, kwargs, id=id, restart=restart, resources=resources, labels=labels, placement=placement,
-                          node=node, checkpoint_every=checkpoint_every, index=index)
+            child = _spec(
+                cls,
+                args,
+                kwargs,
+                id=id,
+                restart=restart,
+                resources=resources,
+                labels=labels,
+                placement=placement,
+                node=node,
+                checkpoint_every=checkpoint_every,
+                index=index,
+            )
             while id is None and child.id in taken:
                 index += 1
                 child.id = f"{child.class_path.rpartition('.')[2]}-{index}"
@@ -211,8 +302,16 @@ class Supervisor:
         the nodes it ran on."""
         await self._wait_ready()
         return [
-            {"id": c.id, "class": c.class_path, "restart": c.restart, "node": str(c.ref.peer_id) if c.ref else None,
-             "actor": c.ref.name if c.ref else None, "restarts": c.restarts, "nodes": list(c.nodes), "checkpointed": c.has_state}
+            {
+                "id": c.id,
+                "class": c.class_path,
+                "restart": c.restart,
+                "node": str(c.ref.peer_id) if c.ref else None,
+                "actor": c.ref.name if c.ref else None,
+                "restarts": c.restarts,
+                "nodes": list(c.nodes),
+                "checkpointed": c.has_state,
+            }
             for c in self._children
         ]
 
@@ -250,7 +349,14 @@ class Supervisor:
         ref = child.ref
         methods = child.methods or (ref.methods if ref is not None else {})  # (known even while it is down)
         peer = ref.peer_id if ref is not None else self._rt.peer_id
-        return ActorRef(peer, self._name(child), methods, ref.window if ref is not None else DEFAULT_WINDOW, stable=True, supervisor=self._anchor())
+        return ActorRef(
+            peer,
+            self._name(child),
+            methods,
+            ref.window if ref is not None else DEFAULT_WINDOW,
+            stable=True,
+            supervisor=self._anchor(),
+        )
 
     def _anchor(self) -> ActorRef:
         """This supervisor as its children's stable refs name it: stable itself (following its
@@ -294,7 +400,9 @@ class Supervisor:
             # a child that keeps checkpoints here goes elsewhere when it can: one node's loss then
             # never takes both the child and its latest state
             apart = {str(rt.peer_id)} if child.checkpoint_every else set()
-            ref = await spawn_placed(rt, call, child.resources, child.labels, child.placement, last=apart | {avoid} - {None})
+            ref = await spawn_placed(
+                rt, call, child.resources, child.labels, child.placement, last=apart | {avoid} - {None}
+            )
         child.ref, child.incarnation = ref, incarnation
         child.methods = dict(ref.methods) or child.methods
         child.nodes.append(str(ref.peer_id))
@@ -377,7 +485,13 @@ class Supervisor:
 
         async def keep(member: str) -> None:
             try:
-                await self._rt.call(checkpoints_ref(PeerId.from_string(member)), "keep", (name, child.stamp, blob, signature, certs), {}, timeout=5.0)
+                await self._rt.call(
+                    checkpoints_ref(PeerId.from_string(member)),
+                    "keep",
+                    (name, child.stamp, blob, signature, certs),
+                    {},
+                    timeout=5.0,
+                )
             except LatticaError as e:
                 log.debug("checkpoint not copied", child=child.id, to=member, reason=str(e))
 
@@ -390,7 +504,9 @@ class Supervisor:
 
         async def ask(member: str) -> Any:
             try:
-                return await self._rt.call(checkpoints_ref(PeerId.from_string(member)), "fetch", (name,), {}, timeout=1.0)
+                return await self._rt.call(
+                    checkpoints_ref(PeerId.from_string(member)), "fetch", (name,), {}, timeout=1.0
+                )
             except LatticaError:
                 return None
 
@@ -441,7 +557,14 @@ class Supervisor:
     async def _on_down(self, ref: ActorRef, reason: str) -> None:
         if self._ended() or self._rt.host.closing:
             return
-        child = next((c for c in self._children if c.ref is not None and c.ref.name == ref.name and c.ref.peer_id == ref.peer_id), None)
+        child = next(
+            (
+                c
+                for c in self._children
+                if c.ref is not None and c.ref.name == ref.name and c.ref.peer_id == ref.peer_id
+            ),
+            None,
+        )
         if child is None:
             return  # stopped by us meanwhile
         async with self._busy:  # type: ignore[union-attr]
@@ -459,7 +582,9 @@ class Supervisor:
             while self._restarts and self._restarts[0] < now - self.within:
                 self._restarts.popleft()
             if len(self._restarts) > self.max_restarts:
-                await self._give_up(f"more than {self.max_restarts} restarts within {self.within:g} s (last: {child.id}: {reason})")
+                await self._give_up(
+                    f"more than {self.max_restarts} restarts within {self.within:g} s (last: {child.id}: {reason})"
+                )
                 return
             i = self._children.index(child)
             if self.strategy == "one_for_one":
@@ -537,8 +662,25 @@ class Supervisor:
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
-    def _event(self, what: str, child: _Child | None, reason: str, src: str | None = None, dst: str | None = None) -> None:
-        self.events.append({"t": time.time(), "event": what, "child": child.id if child else None, "reason": reason, "from": src, "to": dst})
-        log.info(f"child {what}" if child else what, supervisor=self._me.name if self._me else "?", child=child.id if child else None,
-                 reason=reason, src=src, dst=dst)
+    def _event(
+        self, what: str, child: _Child | None, reason: str, src: str | None = None, dst: str | None = None
+    ) -> None:
+        self.events.append(
+            {
+                "t": time.time(),
+                "event": what,
+                "child": child.id if child else None,
+                "reason": reason,
+                "from": src,
+                "to": dst,
+            }
+        )
+        log.info(
+            f"child {what}" if child else what,
+            supervisor=self._me.name if self._me else "?",
+            child=child.id if child else None,
+            reason=reason,
+            src=src,
+            dst=dst,
+        )
         del self.events[:-200]

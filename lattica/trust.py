@@ -16,13 +16,27 @@ import math
 import os
 import threading
 import time
-from typing import Any, Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 from lattica.errors import CertificateError, KeyFileError, LatticaError
 from lattica.identity import KeyPair, PeerId, b58encode, verify_signature
 from lattica.valueclass import ValueClass
 
-__all__ = ["SELF", "MEMBER", "STRANGER", "Certificate", "MeshKey", "MemberNotary", "Trust", "Verdict", "load_trust", "read_credential", "default_mesh_path", "mesh_name"]
+__all__ = [
+    "SELF",
+    "MEMBER",
+    "STRANGER",
+    "Certificate",
+    "MeshKey",
+    "MemberNotary",
+    "Trust",
+    "Verdict",
+    "load_trust",
+    "read_credential",
+    "default_mesh_path",
+    "mesh_name",
+]
 
 SELF, MEMBER, STRANGER = "self", "member", "stranger"
 
@@ -62,12 +76,23 @@ class Certificate(ValueClass, frozen=True):
 
     def to_bytes(self) -> bytes:
         flags = _ADMIN if self.admin else 0
-        return bytes([_VERSION, flags]) + self.mesh + self.expires.to_bytes(8, "big") + self.signature + self.peer.to_bytes()
+        return (
+            bytes([_VERSION, flags])
+            + self.mesh
+            + self.expires.to_bytes(8, "big")
+            + self.signature
+            + self.peer.to_bytes()
+        )
 
     @classmethod
     def from_bytes(cls, data: Any) -> Certificate:
         """Parse (not verify) a certificate; raises CertificateError if it is malformed."""
-        if type(data) is not bytes or not _FIXED < len(data) <= MAX_CERT_BYTES or data[0] != _VERSION or data[1] & ~_ADMIN:
+        if (
+            type(data) is not bytes
+            or not _FIXED < len(data) <= MAX_CERT_BYTES
+            or data[0] != _VERSION
+            or data[1] & ~_ADMIN
+        ):
             raise CertificateError("malformed mesh certificate")
         try:
             peer = PeerId.from_bytes(data[_FIXED:])
@@ -91,7 +116,9 @@ class Certificate(ValueClass, frozen=True):
             return f"its certificate was issued to {self.peer.short()}, not to it"
         if self.expires <= now:
             return f"its certificate expired at {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(self.expires))}"
-        if not signature_checked and not verify_signature(self.mesh, self.signature, self.signed_part(self.mesh, self.peer, self.expires, self.admin)):
+        if not signature_checked and not verify_signature(
+            self.mesh, self.signature, self.signed_part(self.mesh, self.peer, self.expires, self.admin)
+        ):
             return "its certificate's signature does not verify"
         return None
 
@@ -100,7 +127,7 @@ def _unb64(text: str, prefix: str, what: str) -> bytes:
     text = text.strip()
     if not text.startswith(prefix):
         raise CertificateError(f"not a {what} (expected text starting with {prefix!r})")
-    body = text[len(prefix):]
+    body = text[len(prefix) :]
     try:
         return base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
     except ValueError:
@@ -124,7 +151,9 @@ class MeshKey:
     def name(self) -> str:
         return mesh_name(self.public)
 
-    def issue(self, peer: PeerId | str, ttl: float = INVITE_TTL, now: float | None = None, admin: bool = False) -> Certificate:
+    def issue(
+        self, peer: PeerId | str, ttl: float = INVITE_TTL, now: float | None = None, admin: bool = False
+    ) -> Certificate:
         """A certificate admitting ``peer`` for ``ttl`` seconds (as an administrator if ``admin``)."""
         peer = PeerId.from_string(peer) if isinstance(peer, str) else peer
         expires = int((time.time() if now is None else now) + ttl)
@@ -200,6 +229,7 @@ class Verdict(NamedTuple):
     admin: bool = False
     until: float = math.inf
 
+
 # certificates (exact bytes) whose signature verified, with the reason they admit: a peer's every
 # connection, to every node of this process, costs one check; bounded, and only certificates some
 # mesh key signed get in
@@ -211,7 +241,14 @@ class Trust:
     """This node's admission policy: the meshes whose certificates admit a peer, PeerIds admitted
     by name, or everyone (open); and the certificates it presents to peers itself."""
 
-    def __init__(self, me: PeerId, meshes: Iterable[bytes] = (), certificates: Iterable[Certificate] = (), members: Iterable[PeerId] = (), open: bool = False) -> None:
+    def __init__(
+        self,
+        me: PeerId,
+        meshes: Iterable[bytes] = (),
+        certificates: Iterable[Certificate] = (),
+        members: Iterable[PeerId] = (),
+        open: bool = False,
+    ) -> None:
         self.me = me
         self.meshes: frozenset[bytes] = frozenset(meshes)
         self.certificates = tuple(certificates)
@@ -378,7 +415,9 @@ def read_credential(item: Any) -> MeshKey | Certificate | str:
     if isinstance(item, os.PathLike):
         return _credential_file(os.fspath(item))
     if not isinstance(item, str):
-        raise TypeError(f"mesh: a MeshKey, a Certificate, their text, a file path or {OPEN!r}, not {type(item).__name__}")
+        raise TypeError(
+            f"mesh: a MeshKey, a Certificate, their text, a file path or {OPEN!r}, not {type(item).__name__}"
+        )
     text = item.strip()
     if text == OPEN:
         return OPEN

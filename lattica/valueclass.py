@@ -35,7 +35,11 @@ class ValueClass:
         dataclasses.dataclass(init=False, repr=False, eq=False)(cls)
         fields = dataclasses.fields(cls)
         cls._vc_init = tuple((f.name, f.default, f.default_factory) for f in fields if f.init)
-        cls._vc_rest = tuple((f.name, f.default, f.default_factory) for f in fields if not f.init and (f.default is not MISSING or f.default_factory is not MISSING))
+        cls._vc_rest = tuple(
+            (f.name, f.default, f.default_factory)
+            for f in fields
+            if not f.init and (f.default is not MISSING or f.default_factory is not MISSING)
+        )
         cls._vc_repr = tuple(f.name for f in fields if f.repr)
         cls._vc_compare = tuple(f.name for f in fields if f.compare)
         if frozen:

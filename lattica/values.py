@@ -19,7 +19,8 @@ import decimal
 import enum
 import pathlib
 import uuid
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from lattica.code.tickets import NAMESPACE_PREFIX
 from lattica.errors import CodecError
@@ -69,7 +70,9 @@ def _value_from_obj(data: Any) -> Any:
         raise CodecError("malformed registered value")
     cls = _REGISTERED.get(data[0])
     if cls is None:
-        raise CodecError(f"a value of class {data[0]!r} arrived, which this node has not registered (lattica.values.register)")
+        raise CodecError(
+            f"a value of class {data[0]!r} arrived, which this node has not registered (lattica.values.register)"
+        )
     if issubclass(cls, enum.Enum):
         return cls(data[1])
     if type(data[1]) is not dict or not all(type(k) is str for k in data[1]):
@@ -90,7 +93,13 @@ def _items(data: Any) -> list:
 
 
 def _path_from(data: Any) -> pathlib.PurePath:
-    if type(data) is not list or len(data) != 2 or data[0] not in (0, 1, 2, 3) or type(data[1]) is not str or len(data[1]) > 4096:
+    if (
+        type(data) is not list
+        or len(data) != 2
+        or data[0] not in (0, 1, 2, 3)
+        or type(data[1]) is not str
+        or len(data[1]) > 4096
+    ):
         raise CodecError("malformed path")
     kind = data[0]
     if kind == 0:

@@ -3,9 +3,8 @@
 actors, shut down (actors stopped) afterwards."""
 
 import os
-import time
 import sys
-
+import time
 import uuid
 
 import pytest
@@ -64,7 +63,11 @@ def mesh():
 
     a, b = MeshKey.generate(), MeshKey.generate()
     tcp = "/ip4/127.0.0.1/tcp/0"
-    with lattica.Node([tcp], mesh=a, allow=ALLOW) as host, lattica.Node([tcp], mesh=a) as member, lattica.Node([tcp], mesh=b) as stranger:
+    with (
+        lattica.Node([tcp], mesh=a, allow=ALLOW) as host,
+        lattica.Node([tcp], mesh=a) as member,
+        lattica.Node([tcp], mesh=b) as stranger,
+    ):
         member.connect(host.addrs[0])
         stranger.connect(host.addrs[0])
         # connect() returns once the dialer has identified the host; wait for the host's side too
@@ -73,4 +76,3 @@ def mesh():
         while want - {str(p.peer_id) for p in host.peers() if p.protocols} and time.monotonic() < deadline:
             time.sleep(0.01)
         yield host, member, stranger
-

@@ -36,10 +36,10 @@ import ssl
 from bisect import bisect_right
 
 import aioquic
-from aioquic.buffer import Buffer, size_uint_var
 from aioquic import tls
-from aioquic.quic import events
 from aioquic._crypto import CryptoError
+from aioquic.buffer import Buffer, size_uint_var
+from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import (
     CONNECTION_LIMIT_FRAME_CAPACITY,
@@ -452,10 +452,7 @@ class LatticaQuicConnection(QuicConnection):
         target = self.rx_stream_limit.get(stream.stream_id)
         if target is not None and target > stream.max_stream_data_local:
             stream.max_stream_data_local = target
-        if (
-            stream.max_stream_data_local
-            and stream.max_stream_data_local_sent != stream.max_stream_data_local
-        ):
+        if stream.max_stream_data_local and stream.max_stream_data_local_sent != stream.max_stream_data_local:
             buf = builder.start_frame(
                 QuicFrameType.MAX_STREAM_DATA,
                 capacity=MAX_STREAM_DATA_FRAME_CAPACITY,
@@ -546,9 +543,7 @@ class LatticaQuicConnection(QuicConnection):
     def total_send_buffered(self) -> int:
         """Bytes queued in aioquic and not yet acknowledged, over all streams."""
         # PRIVATE (aioquic 1.7.2): same attributes as send_buffered().
-        return sum(
-            s.sender._buffer_stop - s.sender._buffer_start for s in self._streams.values()
-        )
+        return sum(s.sender._buffer_stop - s.sender._buffer_start for s in self._streams.values())
 
     def ending(self) -> events.ConnectionTerminated | None:
         """Why the connection is closing (locally, by the peer, or by a protocol error), if it is.
@@ -688,8 +683,19 @@ def check_compat() -> None:
         if not hasattr(QuicStream(stream_id=0), name):
             missing.append(f"QuicStream.{name}")
     sender = QuicStreamSender(stream_id=0, writable=True)
-    for name in ("_buffer_start", "_buffer_stop", "_buffer_fin", "_pending", "_pending_eof", "_acked",
-                 "_acked_fin", "_reset_error_code", "highest_offset", "buffer_is_empty", "reset_pending"):
+    for name in (
+        "_buffer_start",
+        "_buffer_stop",
+        "_buffer_fin",
+        "_pending",
+        "_pending_eof",
+        "_acked",
+        "_acked_fin",
+        "_reset_error_code",
+        "highest_offset",
+        "buffer_is_empty",
+        "reset_pending",
+    ):
         if not hasattr(sender, name):
             missing.append(f"QuicStreamSender.{name}")
     crypto = CryptoContext()

@@ -8,11 +8,11 @@ Everything here runs on the node loop; nothing is thread-safe by design.
 from __future__ import annotations
 
 import abc
-from typing import Callable
+from collections.abc import Callable
 
-from lattica.logging import get_logger
 from lattica.errors import StreamClosed
 from lattica.identity import KeyPair, PeerId
+from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
 
 log = get_logger("lattica.transport")

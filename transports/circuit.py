@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from lattica.logging import get_logger
 from lattica.errors import HandshakeError, LatticaError, MultiaddrError, ProtocolError, RelayRefused, Timeout
 from lattica.framing import read_message, write_message
 from lattica.identity import KeyPair, PeerId
+from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
 from lattica.transports.base import Connection, ConnectionHandler, Listener, Stream, Transport
 from lattica.transports.mux import MuxConfig
@@ -110,7 +111,9 @@ def check_answer(msg: Any, who: str) -> dict:
         raise ProtocolError(f"{who} sent a malformed relay answer")
     if not msg["ok"]:
         code, why = msg.get("code"), msg.get("error")
-        raise RelayRefused(f"{who} refused the circuit: {code if type(code) is str else '?'}: {why if type(why) is str else ''}")
+        raise RelayRefused(
+            f"{who} refused the circuit: {code if type(code) is str else '?'}: {why if type(why) is str else ''}"
+        )
     return msg
 
 
@@ -167,7 +170,7 @@ class _StreamPipe:
     async def _close(self) -> None:
         try:
             await asyncio.wait_for(self.stream.close(), 2.0)
-        except (LatticaError, asyncio.TimeoutError):
+        except (TimeoutError, LatticaError):
             self.stream.reset()
 
     def abort(self) -> None:
@@ -260,7 +263,9 @@ class CircuitTransport(Transport):
         for a while instead of paying for the attempt each time."""
         self._no_splice[relay] = time.monotonic() + _SPLICE_BACKOFF
 
-    async def _through(self, relay: PeerId, relay_addrs: list[Multiaddr], target: PeerId, remote: Multiaddr, *, splice: bool) -> Connection:
+    async def _through(
+        self, relay: PeerId, relay_addrs: list[Multiaddr], target: PeerId, remote: Multiaddr, *, splice: bool
+    ) -> Connection:
         stream, relay_conn = await self._open_hop(relay, relay_addrs)
         splice_addr = self._splice_to(relay_conn) if splice else None
         splice = splice_addr is not None
@@ -275,7 +280,7 @@ class CircuitTransport(Transport):
                 token = splice_token(answer) if splice else None
                 if token is None:
                     return await self._secure(stream, True, target, remote, relay_conn)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             stream.reset()
             raise Timeout(f"circuit to {target} through {relay} took longer than {self.handshake_timeout} s") from None
         except BaseException:
@@ -307,7 +312,7 @@ class CircuitTransport(Transport):
                     conn = await self._splice(splice_addr, token, src, False, remote)  # type: ignore[arg-type, misc]
                 else:
                     conn = await self._secure(stream, False, src, remote, relay_conn)
-        except (asyncio.TimeoutError, LatticaError) as e:
+        except (TimeoutError, LatticaError) as e:
             log.info("relayed connection failed", relay=str(relay), reason=str(e) or "timeout")
             stream.reset()
             if isinstance(e, SpliceUnreachable):
@@ -315,7 +320,9 @@ class CircuitTransport(Transport):
             return
         self._hand_over(conn, on_connection)
 
-    async def _secure(self, stream: Stream, initiator: bool, expected: PeerId, remote_addr: Multiaddr, carrier: Connection) -> MuxedConnection:
+    async def _secure(
+        self, stream: Stream, initiator: bool, expected: PeerId, remote_addr: Multiaddr, carrier: Connection
+    ) -> MuxedConnection:
         """Noise XX end to end through the relay, then the mux; ``expected`` must answer.
         ``carrier``: our connection to the relay, which ``stream`` is on."""
         make = self.early_data

@@ -28,7 +28,9 @@ class MemoryNetwork:
         self._listeners: dict[int, tuple[MemoryTransport, ConnectionHandler, asyncio.AbstractEventLoop]] = {}
         self._ports = itertools.count(1)
         self._side: dict[PeerId, int] = {}  # while partitioned: each peer's side
-        self._pipes: list[tuple[_Pipe, _Pipe, PeerId, PeerId]] = []  # open connections (dialer's end, listener's, their peers)
+        self._pipes: list[
+            tuple[_Pipe, _Pipe, PeerId, PeerId]
+        ] = []  # open connections (dialer's end, listener's, their peers)
 
     def partition(self, sides: list[set[PeerId]]) -> None:
         """Cut the network into ``sides``: connections between two sides are lost and dials
@@ -142,7 +144,9 @@ class MemoryTransport(Transport):
         self._listeners.append(listener)
         return listener
 
-    def _connection(self, pipe: _Pipe, direction: str, remote: PeerId, local_addr: Multiaddr, remote_addr: Multiaddr) -> MuxedConnection:
+    def _connection(
+        self, pipe: _Pipe, direction: str, remote: PeerId, local_addr: Multiaddr, remote_addr: Multiaddr
+    ) -> MuxedConnection:
         conn = MuxedConnection(
             pipe,
             transport="memory",

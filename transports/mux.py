@@ -125,7 +125,17 @@ class GoAwayReceived(Slotted):
 
 
 class _StreamState:
-    __slots__ = ("send_window", "recv_window", "unacked", "buffered", "local_fin", "remote_fin", "target", "epoch", "grown")
+    __slots__ = (
+        "send_window",
+        "recv_window",
+        "unacked",
+        "buffered",
+        "local_fin",
+        "remote_fin",
+        "target",
+        "epoch",
+        "grown",
+    )
 
     def __init__(self, target: int) -> None:
         self.send_window = PROTOCOL_WINDOW

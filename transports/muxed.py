@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from time import monotonic as _monotonic
-from typing import Callable, Protocol
-
-from lattica.logging import get_logger
+from typing import Protocol
 
 from lattica.errors import ConnectionClosed, LatticaError, ProtocolError, StreamClosed, StreamReset
 from lattica.identity import PeerId
+from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
 from lattica.transports.base import GOAWAY_ANSWER, PROBE_TIMEOUT, Connection, OpenGate, Stream, StreamHandler
 from lattica.transports.mux import (
@@ -75,8 +75,18 @@ class ByteWriter(Protocol):
 
 class MuxedStream(Stream):
     __slots__ = (
-        "stream_id", "_conn", "_chunks", "_offset", "_eof", "_error", "_waiter", "_pending",
-        "_pending_bytes", "_drain_waiter", "_fin_queued", "_write_closed",
+        "stream_id",
+        "_conn",
+        "_chunks",
+        "_offset",
+        "_eof",
+        "_error",
+        "_waiter",
+        "_pending",
+        "_pending_bytes",
+        "_drain_waiter",
+        "_fin_queued",
+        "_write_closed",
     )
 
     def __init__(self, conn: MuxedConnection, stream_id: int) -> None:
@@ -393,7 +403,9 @@ class MuxedConnection(Connection):
         stats = tcp_info(info("socket")) if info is not None else None
         if stats is not None and "/p2p-circuit" not in str(self.remote_addr):
             return stats
-        stats = {k: v for k, v in (stats or {}).items() if k in ("bytes_sent", "bytes_received")}  # (not the hop's timing)
+        stats = {
+            k: v for k, v in (stats or {}).items() if k in ("bytes_sent", "bytes_received")
+        }  # (not the hop's timing)
         counted = getattr(self._writer, "bytes_counted", None)  # (the circuit's in-stream pipe counts its bytes)
         if counted is not None:
             stats["bytes_sent"], stats["bytes_received"] = counted()
@@ -682,7 +694,14 @@ class MuxedConnection(Connection):
             return
         self._closed = True
         self._close_reason = reason
-        log.debug("connection closed", peer=str(self.remote_peer), transport=self.transport, direction=self.direction, reason=reason, streams=len(self._streams))
+        log.debug(
+            "connection closed",
+            peer=str(self.remote_peer),
+            transport=self.transport,
+            direction=self.direction,
+            reason=reason,
+            streams=len(self._streams),
+        )
         if self._keepalive_handle is not None:
             self._keepalive_handle.cancel()
         if self._hold_timer is not None:

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 
+from lattica._protobuf import decode_fields, encode_fields
 from lattica.digest import hmac_sha256, sha256
 from lattica.errors import DecryptError, FrameTooLarge, HandshakeError, PeerIdMismatch
-from lattica._protobuf import decode_fields, encode_fields
 from lattica.identity import KeyPair, PeerId, public_key_from_protobuf, verify_signature
 
 __all__ = ["NoiseHandshake", "NoiseSession", "PlainBuffer", "MAX_FRAME", "MAX_PLAINTEXT", "PROTOCOL_NAME"]
@@ -394,7 +394,9 @@ class NoiseSession:
         """Encrypt ``data`` (any length) into one buffer of consecutive frames, ready to write."""
         return self.seal_pieces([data])
 
-    def seal_pieces(self, pieces: list, into: bytearray | None = None, limit: int = MAX_PLAINTEXT) -> bytearray | memoryview:
+    def seal_pieces(
+        self, pieces: list, into: bytearray | None = None, limit: int = MAX_PLAINTEXT
+    ) -> bytearray | memoryview:
         """Encrypt the concatenation of ``pieces`` into one buffer of consecutive frames of at most
         ``limit`` plaintext bytes each.
 
@@ -452,7 +454,9 @@ class NoiseSession:
         frames = list(self.open_frames(data))
         return bytearray().join(frames) if frames else None
 
-    def open_frames(self, data: bytes | bytearray | memoryview, plain: PlainBuffer | None = None) -> Iterator[bytearray | memoryview]:
+    def open_frames(
+        self, data: bytes | bytearray | memoryview, plain: PlainBuffer | None = None
+    ) -> Iterator[bytearray | memoryview]:
         """Consume received bytes; yield the plaintext of each frame they complete.
 
         ``data`` is never retained (only a partial frame is copied), so it may be a reused buffer.

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-from typing import Callable
+from collections.abc import Callable
 
 from lattica.errors import TransportError
 

@@ -11,13 +11,13 @@ import asyncio
 import errno
 import os
 import socket
-from typing import Any, Callable
-
-from lattica.logging import get_logger
+from collections.abc import Callable
+from typing import Any
 
 from lattica.errors import ConnectionRefused, HandshakeError, LatticaError, PeerIdMismatch, Timeout, TransportError
 from lattica.identity import KeyPair, PeerId
 from lattica.interfaces import host_key, is_loopback_ip
+from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
 from lattica.transports.base import Connection, ConnectionHandler, Listener, Transport
 from lattica.transports.mux import MuxConfig
@@ -70,7 +70,9 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         self._pre: bytearray | None = bytearray() if self._inbound else None  # to spot a splice request
         self._label = label
         self._remote_addr = remote_addr
-        self._hs = NoiseHandshake(owner.keypair, initiator, expected, early_data=self._early_data if owner.early_data and say_who else None)
+        self._hs = NoiseHandshake(
+            owner.keypair, initiator, expected, early_data=self._early_data if owner.early_data and say_who else None
+        )
         self._transport: asyncio.Transport | None = None
         self.conn: MuxedConnection | None = None
         self.ready: asyncio.Future[MuxedConnection] = asyncio.get_running_loop().create_future()
@@ -94,7 +96,9 @@ class _TcpProtocol(asyncio.BufferedProtocol):
                 if oldest is None:
                     why = "too many handshakes in progress"
                 else:
-                    oldest._fail(TransportError("the handshake slots are full and this was the oldest handshake in progress"))
+                    oldest._fail(
+                        TransportError("the handshake slots are full and this was the oldest handshake in progress")
+                    )
             if why is not None:
                 log.info(f"refusing connection: {why}", peer_addr=self._peer_addr_text())
                 transport.abort()
@@ -293,8 +297,10 @@ def _refuse_if_taken(addr: Multiaddr, host: str, port: int) -> None:
         probe.bind((host, port))
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
-            raise TransportError(f"cannot listen on {addr}: port {port} is in use (another lattica node or program holds it): "
-                                 "choose another port, or /tcp/0 for any free one") from None
+            raise TransportError(
+                f"cannot listen on {addr}: port {port} is in use (another lattica node or program holds it): "
+                "choose another port, or /tcp/0 for any free one"
+            ) from None
         raise TransportError(f"cannot listen on {addr}: {e.strerror or e}") from None
     finally:
         probe.close()
@@ -386,7 +392,9 @@ class TcpTransport(Transport):
         self._limit_buffers(conn)
         self._hand_over(conn, on_connection)
 
-    async def dial(self, addr: Multiaddr, peer_id: PeerId | None = None, *, fresh_port: bool = False, say_who: bool = True) -> Connection:
+    async def dial(
+        self, addr: Multiaddr, peer_id: PeerId | None = None, *, fresh_port: bool = False, say_who: bool = True
+    ) -> Connection:
         """Connect from an ephemeral port (``fresh_port`` is therefore always true here), run
         Noise and check the peer's id. ``say_who=False``: no identify in the handshake (an
         AutoNAT dial-back: a connection the peer must never take for one to use)."""
@@ -401,7 +409,7 @@ class TcpTransport(Transport):
                 loop.create_connection(lambda: self._protocol(True, expected, say_who), host, port),
                 self.handshake_timeout,
             )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise Timeout(f"TCP connect to {addr} timed out") from None
         except OSError as e:  # asyncio's text ("Connect call failed") hides the reason: say it
             kind = ConnectionRefused if e.errno == errno.ECONNREFUSED else TransportError
@@ -430,9 +438,11 @@ class TcpTransport(Transport):
             sock.bind(local[:2] if family == socket.AF_INET else local)
             async with asyncio.timeout(timeout):
                 await loop.sock_connect(sock, (host, port))
-        except (OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, OSError) as e:
             sock.close()
-            raise TransportError(f"TCP punch to {addr} failed: {getattr(e, 'strerror', None) or e or 'timeout'}") from None
+            raise TransportError(
+                f"TCP punch to {addr} failed: {getattr(e, 'strerror', None) or e or 'timeout'}"
+            ) from None
         except BaseException:
             sock.close()
             raise
@@ -451,18 +461,24 @@ class TcpTransport(Transport):
         first = PREAMBLE_MAGIC + token
 
         def factory() -> _TcpProtocol:
-            return _TcpProtocol(self, initiator, peer_id, inbound=False, preamble=first, label="relay", remote_addr=remote_addr)
+            return _TcpProtocol(
+                self, initiator, peer_id, inbound=False, preamble=first, label="relay", remote_addr=remote_addr
+            )
 
         if len(token) != TOKEN_LEN:
             raise TransportError("malformed splice token")
         try:
             # the relay waits a few seconds for both ends' sockets; a port that does not answer
             # by then is of no use
-            _, proto = await asyncio.wait_for(loop.create_connection(factory, host, port), min(self.handshake_timeout, SPLICE_CONNECT_TIMEOUT))
-        except asyncio.TimeoutError:
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(factory, host, port), min(self.handshake_timeout, SPLICE_CONNECT_TIMEOUT)
+            )
+        except TimeoutError:
             raise SpliceUnreachable(f"TCP connect to relay {addr} timed out") from None
         except OSError as e:
-            raise SpliceUnreachable(f"cannot connect to relay {addr}: {os.strerror(e.errno) if e.errno else e}") from None
+            raise SpliceUnreachable(
+                f"cannot connect to relay {addr}: {os.strerror(e.errno) if e.errno else e}"
+            ) from None
         return await self._ready(proto)
 
     async def _ready(self, proto: _TcpProtocol) -> MuxedConnection:

@@ -30,8 +30,10 @@ def tcp_info(sock: Any) -> dict[str, float] | None:
         return None
     if len(raw) < _RTT + 4:
         return None
-    out: dict[str, float] = {"rtt_ms": struct.unpack_from("=I", raw, _RTT)[0] / 1000.0,
-                             "mss": struct.unpack_from("=I", raw, _MSS)[0]}
+    out: dict[str, float] = {
+        "rtt_ms": struct.unpack_from("=I", raw, _RTT)[0] / 1000.0,
+        "mss": struct.unpack_from("=I", raw, _MSS)[0],
+    }
     if len(raw) >= _SIZE:
         pacing, _, out["bytes_sent"], out["bytes_received"] = struct.unpack_from("=QQQQ", raw, _PACING)
         if 0 < pacing < 1 << 62:

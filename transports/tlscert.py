@@ -109,9 +109,7 @@ def decode_signed_key(der: bytes) -> tuple[bytes, bytes]:
 
 
 def _spki(public_key: ec.EllipticCurvePublicKey) -> bytes:
-    return public_key.public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
+    return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 def build_certificate(
@@ -142,9 +140,7 @@ def build_certificate(
     return builder.sign(cert_key, hashes.SHA256())
 
 
-def generate_certificate(
-    keypair: KeyPair, *, lifetime: datetime.timedelta = _DEFAULT_LIFETIME
-) -> CertifiedKey:
+def generate_certificate(keypair: KeyPair, *, lifetime: datetime.timedelta = _DEFAULT_LIFETIME) -> CertifiedKey:
     """A fresh P-256 certificate key and a self-signed certificate bound to ``keypair``."""
     cert_key = ec.generate_private_key(ec.SECP256R1())
     signature = keypair.sign(SIGNATURE_PREFIX + _spki(cert_key.public_key()))

@@ -6,10 +6,22 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from lattica.actors.content.jobs import check_and_store, held_bytes
-from lattica.actors.content.wire import BAND, HAVES_EVERY, MAX_NAMED, SWARM_ANSWER, SWARM_ADDRS, SWARM_EVERY, SWARM_SOON, SWARM_TAKE, SWARM_WANT, content_ref
+from lattica.actors.content.wire import (
+    BAND,
+    HAVES_EVERY,
+    MAX_NAMED,
+    SWARM_ADDRS,
+    SWARM_ANSWER,
+    SWARM_EVERY,
+    SWARM_SOON,
+    SWARM_TAKE,
+    SWARM_WANT,
+    content_ref,
+)
 from lattica.content.cid import RAW, Cid
 from lattica.content.session import BLOCK, FetchSession, Request
 from lattica.content.unixfs import Walker
@@ -47,8 +59,13 @@ class Fetch:
         self.listeners: list[Callable[[dict], None]] = []
         self.size: asyncio.Future = loop.create_future()  # the file's size, once the root is here
         self.waiters = 0  # callers awaiting it: the last one leaving early cancels the fetch
-        self.session = FetchSession(window_bytes=self.cfg.window, block_timeout=self.cfg.block_timeout, unknown_size=self.cfg.chunk_size,
-                                    max_batch_bytes=min(self.cfg.max_request_bytes, 4 << 20), probe_bytes=4 << 20)
+        self.session = FetchSession(
+            window_bytes=self.cfg.window,
+            block_timeout=self.cfg.block_timeout,
+            unknown_size=self.cfg.chunk_size,
+            max_batch_bytes=min(self.cfg.max_request_bytes, 4 << 20),
+            probe_bytes=4 << 20,
+        )
         # blocks go to the blockstore: the walker checks the DAG and keeps no leaf bytes, so the
         # fetch may look far ahead (fetchers of one object then spread over all of it)
         self.walker = Walker(root, keep_bytes=self.cfg.window, data=False)
@@ -89,7 +106,9 @@ class Fetch:
             await self._run()
         except BaseException as e:
             if not self.done.done():
-                self.done.set_exception(e if isinstance(e, (LatticaError, OSError)) else ContentError(f"fetching {self.root} failed: {e!r}"))
+                self.done.set_exception(
+                    e if isinstance(e, (LatticaError, OSError)) else ContentError(f"fetching {self.root} failed: {e!r}")
+                )
                 self.done.exception()  # (retrieved: a fetch nobody awaits any more must not warn)
             if not isinstance(e, (LatticaError, OSError, asyncio.CancelledError)):
                 log.exception("fetch failed", root=str(self.root))
@@ -129,22 +148,29 @@ class Fetch:
                     raise BlockNotFound(f"no provider found for {self.root}")
                 raise self.session.error() or BlockNotFound(f"no provider of {self.root} was found")
             if idle > self.cfg.find_timeout + self.cfg.block_timeout:
-                raise BlockNotFound(f"no block of {self.root} arrived for {idle:.0f} s from {len(self._peers)} peers that said they have it, "
-                                    "and no other provider was found")
+                raise BlockNotFound(
+                    f"no block of {self.root} arrived for {idle:.0f} s from {len(self._peers)} peers that said they have it, "
+                    "and no other provider was found"
+                )
             self._report()
             wake = self.session.next_wakeup()
             timeout = 0.25 if wake is None else min(max(wake - loop.time(), 0.0), 0.25)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._wake.clear()
         self._announce_haves()
         if self.announce:
             self.svc.announce(self.root)
         self._report(final=True)
-        log.debug("fetch done", root=str(self.root), seconds=round(time.monotonic() - self._started, 3), bytes=self._stored_bytes,
-                  blocks_from={str(p)[-8:]: st.blocks for p, st in self.session.stats().items() if st.blocks or st.asked})
+        log.debug(
+            "fetch done",
+            root=str(self.root),
+            seconds=round(time.monotonic() - self._started, 3),
+            bytes=self._stored_bytes,
+            blocks_from={str(p)[-8:]: st.blocks for p, st in self.session.stats().items() if st.blocks or st.asked},
+        )
 
     async def _take_wants(self, store: Blockstore) -> None:
         """Give the scheduler what the walker wants next; blocks we hold already (a resumed or
@@ -191,7 +217,9 @@ class Fetch:
         if size is not None and not self.size.done():
             self.size.set_result(size)
             if size > self.cfg.capacity:
-                self._failure = ContentError(f"{self.root} declares {size} bytes, more than this node's blockstore holds ({self.cfg.capacity})")
+                self._failure = ContentError(
+                    f"{self.root} declares {size} bytes, more than this node's blockstore holds ({self.cfg.capacity})"
+                )
                 self._wake.set()
 
     def _spawn(self, coro: Any) -> None:
@@ -252,7 +280,13 @@ class Fetch:
             return False  # (it sent a bad block)
         self._peers.add(peer)
         self._ever_joined = True
-        log.debug("fetch peer joins", root=str(self.root), peer=str(peer), after=round(time.monotonic() - self._started, 3), holder_only=holder_only)
+        log.debug(
+            "fetch peer joins",
+            root=str(self.root),
+            peer=str(peer),
+            after=round(time.monotonic() - self._started, 3),
+            holder_only=holder_only,
+        )
         self._last_found = time.monotonic()
         self._wake.set()
         self._joined.set()
@@ -284,7 +318,9 @@ class Fetch:
             for failed in rounds:
                 if isinstance(failed, Exception) and not isinstance(failed, LatticaError):
                     log.warning("provider discovery round failed", root=str(self.root), error=repr(failed))
-            empty = empty + 1 if rounds[1] == 0 and not self._ever_joined and not self._probed and not self._fellows else 0
+            empty = (
+                empty + 1 if rounds[1] == 0 and not self._ever_joined and not self._probed and not self._fellows else 0
+            )
             if empty >= NOBODY_ROUNDS:
                 # asked twice, a second apart: the DHT holds no provider record and no peer we
                 # know has it. Say so now rather than after find_timeout (a provider that appears
@@ -356,7 +392,7 @@ class Fetch:
                 log.warning("swarm question failed", root=str(self.root), error=repr(e))
             try:  # a new peer is asked at once (the first provider, found a round trip in)
                 await asyncio.wait_for(self._joined.wait(), every)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _ask_swarms(self, every: float) -> None:
@@ -375,7 +411,13 @@ class Fetch:
             for item in got[:SWARM_ANSWER]:
                 if taken >= SWARM_TAKE:
                     break
-                if type(item) is not list or len(item) != 2 or type(item[0]) is not bytes or type(item[1]) is not list or len(item[1]) > SWARM_ADDRS:
+                if (
+                    type(item) is not list
+                    or len(item) != 2
+                    or type(item[0]) is not bytes
+                    or type(item[1]) is not list
+                    or len(item[1]) > SWARM_ADDRS
+                ):
                     continue
                 try:
                     other = PeerId.from_bytes(item[0])
@@ -416,7 +458,7 @@ class Fetch:
             if peer not in self.svc.host.conns:
                 continue  # never dial for an announcement
             for i in range(0, max(len(cids), len(coming)), MAX_NAMED):
-                part = ([c.bytes for c in cids[i:i + MAX_NAMED]], [c.bytes for c in coming[i:i + MAX_NAMED]])
+                part = ([c.bytes for c in cids[i : i + MAX_NAMED]], [c.bytes for c in coming[i : i + MAX_NAMED]])
                 try:
                     self.svc.rt.call(content_ref(peer), "haves", (self.root.bytes, *part), {}, timeout=None, tell=True)
                 except LatticaError:
@@ -450,7 +492,7 @@ class Fetch:
                     self._untrack(call, req)
             if type(got) is not list or len(got) > len(req.cids):
                 raise ContentError(f"{req.peer} answered {method} with something else than a list per CID")
-        except (LatticaError, asyncio.TimeoutError) as e:
+        except (TimeoutError, LatticaError) as e:
             session.on_failure(req.peer, req.cids, loop.time(), str(e) or "timeout")
             self._wake.set()
             return
@@ -464,7 +506,7 @@ class Fetch:
             self._wake.set()
             return
         now = loop.time()
-        rest = req.cids[len(got):]
+        rest = req.cids[len(got) :]
         if req.kind != BLOCK:
             for cid, has in zip(req.cids, got):
                 (session.on_have if has is True else session.on_dont_have)(req.peer, cid, now)
@@ -483,7 +525,11 @@ class Fetch:
                 except (LatticaError, ValueError, TypeError):
                     holder = None
                 session.on_passed(req.peer, cid, holder, loop.time())
-            checked = await self.svc.on_disk(sum(len(b) for _, b in pairs), check_and_store, self.svc.store, pairs) if pairs else []
+            checked = (
+                await self.svc.on_disk(sum(len(b) for _, b in pairs), check_and_store, self.svc.store, pairs)
+                if pairs
+                else []
+            )
             now = loop.time()
             for (cid, block), ok in zip(pairs, checked):
                 if ok is not True:
@@ -550,8 +596,13 @@ class Fetch:
     def progress(self) -> dict:
         """Where this fetch stands (the dashboard's transfers): bytes of the file held (before it
         started, and fetched since), the file's size once known, the peers it fetches from, seconds since it started."""
-        return {"cid": str(self.root), "bytes": self._held_bytes + self._stored_bytes, "total": self.walker.filesize,
-                "peers": len(self._peers), "seconds": round(time.monotonic() - self._started, 3)}
+        return {
+            "cid": str(self.root),
+            "bytes": self._held_bytes + self._stored_bytes,
+            "total": self.walker.filesize,
+            "peers": len(self._peers),
+            "seconds": round(time.monotonic() - self._started, 3),
+        }
 
     def _report(self, final: bool = False) -> None:
         if not self.listeners:
@@ -573,8 +624,6 @@ class Fetch:
                 cb(info)
             except Exception:
                 log.exception("progress callback failed")
-
-
 
 
 def _remember(table: dict, key: Any, value: Any) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from lattica.content import dagpb
 from lattica.content.cid import RAW, Cid
@@ -18,7 +19,9 @@ if TYPE_CHECKING:
 __all__ = ["import_source", "read_blocks", "dag", "stat", "held_bytes", "check_and_store", "read_all", "write_file"]
 
 
-def import_source(store: Blockstore, source: Any, chunk: int, progress: Callable[[int, int], None] | None = None) -> tuple[Cid, list[Cid]]:
+def import_source(
+    store: Blockstore, source: Any, chunk: int, progress: Callable[[int, int], None] | None = None
+) -> tuple[Cid, list[Cid]]:
     """Chunk, hash and store ``source`` (bytes-like or a file path); ``progress(done, total)``
     after each piece read (bytes)."""
     importer = Importer(chunk)
@@ -98,7 +101,14 @@ def stat(store: Blockstore, root: Cid) -> dict:
             todo.extend(children(cid, block))
         elif cid == root:
             size = len(block)
-    return {"cid": str(root), "size": size, "blocks_known": blocks, "blocks_held": held, "complete": held == blocks and size is not None, "pinned": store.is_pinned(root)}
+    return {
+        "cid": str(root),
+        "size": size,
+        "blocks_known": blocks,
+        "blocks_held": held,
+        "complete": held == blocks and size is not None,
+        "pinned": store.is_pinned(root),
+    }
 
 
 def held_bytes(store: Blockstore, root: Cid) -> int:
@@ -125,7 +135,9 @@ def check_and_store(store: Blockstore, pairs: list[tuple[Cid, Any]]) -> list:
     or ContentError storing it raised."""
     out: list = []
     for cid, block in pairs:
-        if len(block) > (CHUNK_MAX if cid.codec == RAW else dagpb.MAX_BLOCK) or not cid.verify(block):  # (no hashing of what is too big)
+        if len(block) > (CHUNK_MAX if cid.codec == RAW else dagpb.MAX_BLOCK) or not cid.verify(
+            block
+        ):  # (no hashing of what is too big)
             out.append(False)
             continue
         try:
@@ -153,7 +165,7 @@ def read_into(store: Blockstore, root: Cid, size: int) -> bytearray:
         n = len(piece)
         if at + n > size:
             raise ContentError(f"{root} holds more than the {size} bytes it was said to")
-        out[at:at + n] = piece
+        out[at : at + n] = piece
         at += n
     if at != size:
         raise ContentError(f"{root} holds {at} bytes, not the {size} it was said to")
@@ -175,4 +187,3 @@ def write_file(store: Blockstore, root: Cid, path: str) -> str:
             pass
         raise
     return target
-

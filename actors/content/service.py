@@ -26,20 +26,36 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
+from lattica.actors.content.wire import (
+    MAX_NAMED,
+    MAX_SWARM,
+    MAX_SWARMS,
+    NAME,
+    NAMED_BURST,
+    NAMED_RATE,
+    PASSED_FOR,
+    PASSED_MAX,
+    SWARM_ADDRS,
+    SWARM_ANSWER,
+    SWARM_TTL,
+    content_ref,
+    parse_cids,
+    provider_key,
+)
 from lattica.budget import Buckets, StrangersShare
 from lattica.config import ContentConfig
 from lattica.errors import BadBlock, ContentError, LatticaError
 from lattica.identity import PeerId
 from lattica.logging import get_logger
-from lattica.actors.content.wire import MAX_NAMED, MAX_SWARM, NAMED_BURST, NAMED_RATE, MAX_SWARMS, NAME, PASSED_FOR, PASSED_MAX, SWARM_ADDRS, SWARM_ANSWER, SWARM_TTL, content_ref, parse_cids, provider_key
 from lattica.runtime import current_caller
 
 if TYPE_CHECKING:
     from lattica.actors.content.fetch import Fetch
-    from lattica.content.cid import Cid
     from lattica.content.blockstore import Blockstore
+    from lattica.content.cid import Cid
     from lattica.runtime import Runtime
 
 log = get_logger("lattica.content")
@@ -52,7 +68,16 @@ _UNSENT_POLL = 0.02  # seconds between looks at a slow reader's unsent answers
 STRANGERS_NAMED_RATE = NAMED_RATE / 2
 _FETCH_STOP = 2.0  # seconds a stopping node waits for a fetch to end before it cancels it
 
-__all__ = ["ContentActor", "ContentService", "ContentConfig", "content_ref", "provider_key", "MAX_NAMED", "SWARM_ANSWER"]
+__all__ = [
+    "ContentActor",
+    "ContentService",
+    "ContentConfig",
+    "content_ref",
+    "provider_key",
+    "MAX_NAMED",
+    "SWARM_ANSWER",
+]
+
 
 def _jobs() -> Any:
     from lattica.actors.content import jobs  # hashing and disk code loads at first use (start-up time)
@@ -66,7 +91,14 @@ class _Gate:
     ``unsent_max`` bytes of earlier answers to that peer wait to be sent (it is slow, or not
     reading them); the rest wait, bounded by the caller's own deadline. Idle peers are forgotten."""
 
-    def __init__(self, per_peer: int, total: int, unsent: Callable[[PeerId], int], unsent_max: int, stranger: Callable[[PeerId], bool]) -> None:
+    def __init__(
+        self,
+        per_peer: int,
+        total: int,
+        unsent: Callable[[PeerId], int],
+        unsent_max: int,
+        stranger: Callable[[PeerId], bool],
+    ) -> None:
         self._total = asyncio.Semaphore(total)
         self._strangers = asyncio.Semaphore(max(1, total // 2))
         self._stranger = stranger
@@ -119,7 +151,13 @@ class ContentService:
         self._store: Blockstore | None = None
         self._private_dir: str | None = None  # a directory of our own, removed when we stop
         self._pool: Any = None  # worker threads for hashing and disk work, made at first use
-        self._gate = _Gate(self.cfg.serve_per_peer, self.cfg.serve_total, runtime.unsent_to, 2 * self.cfg.max_request_bytes, self.is_stranger)
+        self._gate = _Gate(
+            self.cfg.serve_per_peer,
+            self.cfg.serve_total,
+            runtime.unsent_to,
+            2 * self.cfg.max_request_bytes,
+            self.is_stranger,
+        )
         self._swarms: dict[Cid, dict[PeerId, float]] = {}  # root -> fetchers -> when last heard
         self._fetches: dict[Cid, Fetch] = {}  # running fetches (one per root; others join it)
         self._kept: dict[Cid, int] = {}  # spilled values stored here: keeps not yet dropped, per root
@@ -153,7 +191,11 @@ class ContentService:
     def _open_store(self) -> Blockstore:
         from lattica.content.blockstore import DiskBlockstore, MemoryBlockstore  # loaded at first use (start-up time)
 
-        where = self.cfg.blocks or os.environ.get("LATTICA_BLOCKS") or os.path.join(os.path.expanduser("~"), ".lattica", "blocks")
+        where = (
+            self.cfg.blocks
+            or os.environ.get("LATTICA_BLOCKS")
+            or os.path.join(os.path.expanduser("~"), ".lattica", "blocks")
+        )
         if where == "memory":
             return MemoryBlockstore(min(self.cfg.capacity, MEMORY_CAPACITY))
         try:
@@ -165,7 +207,12 @@ class ContentService:
             import tempfile  # (only when the default store is taken)
 
             self._private_dir = tempfile.mkdtemp(prefix=f"lattica-blocks-{self.host.peer_id.short()}-")
-            log.info("default blockstore in use; using a private one until this node stops", default=where, private=self._private_dir, reason=str(e))
+            log.info(
+                "default blockstore in use; using a private one until this node stops",
+                default=where,
+                private=self._private_dir,
+                reason=str(e),
+            )
             return DiskBlockstore(self._private_dir, self.cfg.capacity)
 
     @property
@@ -190,7 +237,13 @@ class ContentService:
 
     # -- publishing -----------------------------------------------------------------------------
 
-    async def put(self, source: Any, chunk_size: int | None = None, pin: bool = True, progress: Callable[[dict], None] | None = None) -> Cid:
+    async def put(
+        self,
+        source: Any,
+        chunk_size: int | None = None,
+        pin: bool = True,
+        progress: Callable[[dict], None] | None = None,
+    ) -> Cid:
         """Chunk, hash and store ``source`` (bytes-like or a file path); pin it (a publisher's
         object is never collected) and announce it. Returns the root CID. ``progress`` gets
         ``{bytes, total, mb_per_s, seconds, done}`` as the source is read (on a worker thread)."""
@@ -200,9 +253,13 @@ class ContentService:
 
         def tick(done: int, total: int) -> None:
             took = max(time.monotonic() - t0, 1e-9)
-            progress({"bytes": done, "total": total, "mb_per_s": done / took / 1e6, "seconds": took, "done": done >= total})  # type: ignore[misc]
+            progress(
+                {"bytes": done, "total": total, "mb_per_s": done / took / 1e6, "seconds": took, "done": done >= total}
+            )  # type: ignore[misc]
 
-        root, cids = await self.in_thread(_jobs().import_source, store, source, chunk, tick if progress is not None else None)
+        root, cids = await self.in_thread(
+            _jobs().import_source, store, source, chunk, tick if progress is not None else None
+        )
         if pin:
             await self.in_thread(store.pin, str(root), cids)
         self.announce(root)
@@ -287,8 +344,14 @@ class ContentService:
 
     # -- fetching -------------------------------------------------------------------------------
 
-    async def fetch(self, root: Cid, progress: Callable[[dict], None] | None = None, max_size: int | None = None, source: PeerId | None = None,
-                    announce: bool = True) -> Cid:
+    async def fetch(
+        self,
+        root: Cid,
+        progress: Callable[[dict], None] | None = None,
+        max_size: int | None = None,
+        source: PeerId | None = None,
+        announce: bool = True,
+    ) -> Cid:
         """Make sure every block of ``root`` is in the blockstore (fetching what is missing from
         whoever has it); then announce it. One fetch per root runs; later callers share it, and
         when every caller has left (cancelled, or refused the size) the fetch stops. ``max_size``:
@@ -312,8 +375,10 @@ class ContentService:
             if max_size is not None:
                 await asyncio.wait((running.size, running.done), return_when=asyncio.FIRST_COMPLETED)
                 if running.size.done() and running.size.result() > max_size:
-                    raise ContentError(f"{root} holds {running.size.result()} bytes, more than get() returns in memory "
-                                       f"(ContentConfig.max_get_bytes = {max_size}): get it with path=")
+                    raise ContentError(
+                        f"{root} holds {running.size.result()} bytes, more than get() returns in memory "
+                        f"(ContentConfig.max_get_bytes = {max_size}): get it with path="
+                    )
             await asyncio.shield(running.done)
         finally:
             running.waiters -= 1
@@ -344,9 +409,17 @@ class ContentService:
         store = self.store
         if root is None:
             st = store.stats()
-            return {"blocks": st.blocks, "bytes": st.bytes, "capacity": st.capacity, "pinned_blocks": st.pinned_blocks,
-                    "pinned_bytes": st.pinned_bytes, "pins": st.pin_sets, "path": getattr(store, "path", None),
-                    "served_blocks": self.served_blocks, "served_bytes": self.served_bytes}
+            return {
+                "blocks": st.blocks,
+                "bytes": st.bytes,
+                "capacity": st.capacity,
+                "pinned_blocks": st.pinned_blocks,
+                "pinned_bytes": st.pinned_bytes,
+                "pins": st.pin_sets,
+                "path": getattr(store, "path", None),
+                "served_blocks": self.served_blocks,
+                "served_bytes": self.served_bytes,
+            }
         return await self.in_thread(_jobs().stat, store, root)
 
     async def gc(self) -> dict:
@@ -427,8 +500,12 @@ class ContentService:
                 if mine is None:
                     mine = [m for m in reversed(self._swarms.values()) if caller in m][:16]
                 conn = self.host.conns.get(holder)
-                ok = fellow[holder] = (any(holder in m for m in mine) and conn is not None and not conn.is_closed
-                                       and not self.rt.unsent_to(holder))
+                ok = fellow[holder] = (
+                    any(holder in m for m in mine)
+                    and conn is not None
+                    and not conn.is_closed
+                    and not self.rt.unsent_to(holder)
+                )
             if ok:
                 out[i] = holder
         return out
@@ -496,7 +573,9 @@ class ContentActor:
     def __init__(self, service: ContentService) -> None:
         self._svc = service
         self._named = Buckets(NAMED_RATE, NAMED_BURST)  # CIDs each peer may name in have and haves calls
-        self._strangers_named = StrangersShare(STRANGERS_NAMED_RATE, NAMED_BURST, service.is_stranger)  # ... and all strangers together
+        self._strangers_named = StrangersShare(
+            STRANGERS_NAMED_RATE, NAMED_BURST, service.is_stranger
+        )  # ... and all strangers together
 
     async def have(self, cids: list) -> list[bool]:
         """Per CID: whether we hold the block (want-have); at most ``NAMED_RATE`` CIDs a second
@@ -514,7 +593,9 @@ class ContentActor:
         if not self._named.take(caller, cost):
             raise ContentError(f"too many CIDs named: at most {NAMED_RATE:.0f} a second per peer")
         if not self._strangers_named.take(caller, cost):
-            raise ContentError(f"too many CIDs named: at most {STRANGERS_NAMED_RATE:.0f} a second from all peers outside this node's mesh")
+            raise ContentError(
+                f"too many CIDs named: at most {STRANGERS_NAMED_RATE:.0f} a second from all peers outside this node's mesh"
+            )
 
     async def blocks(self, cids: list) -> list:
         """Per CID, in order: the block's bytes, None if we do not hold it (want-block), or
@@ -555,7 +636,11 @@ class ContentActor:
             # only addresses on the IP we see it connected from: an answer must not make fetchers
             # dial a third party a peer names (a reflection attack, as AutoNAT's dial-backs were)
             seen = _host_of(conn.remote_addr) if conn.transport != "relay" else None
-            addrs = [a for a in self._svc.host.peer_addrs.get(peer, ()) if _host_of(a) == seen][:SWARM_ADDRS] if seen else []
+            addrs = (
+                [a for a in self._svc.host.peer_addrs.get(peer, ()) if _host_of(a) == seen][:SWARM_ADDRS]
+                if seen
+                else []
+            )
             out.append([peer.to_bytes(), [a.to_bytes() for a in addrs]])
         return out
 
@@ -566,8 +651,9 @@ class ContentActor:
         if caller is None:
             return
         self._charge(cids, coming)
-        self._svc.heard_haves(caller, parse_cids([root], 1)[0], parse_cids(cids, MAX_NAMED), parse_cids(coming or [], MAX_NAMED))
-
+        self._svc.heard_haves(
+            caller, parse_cids([root], 1)[0], parse_cids(cids, MAX_NAMED), parse_cids(coming or [], MAX_NAMED)
+        )
 
 
 def _merge(wanted: list, passed: dict, got: list) -> list:
@@ -602,5 +688,3 @@ async def _quietly(coro: Any, what: str, root: Cid) -> None:
 
 
 # -- worker-thread jobs (hashing, disk) -----------------------------------------------------------
-
-

@@ -12,7 +12,28 @@ from lattica.runtime import ASYNC, ActorRef
 if TYPE_CHECKING:
     from lattica.content.cid import Cid
 
-__all__ = ["content_ref", "provider_key", "parse_cids", "NAME", "MAX_NAMED", "NAMED_RATE", "NAMED_BURST", "SWARM_TTL", "MAX_SWARMS", "MAX_SWARM", "SWARM_ANSWER", "SWARM_TAKE", "SWARM_ADDRS", "HAVES_EVERY", "SWARM_EVERY", "SWARM_SOON", "SWARM_WANT", "BAND", "PASSED_FOR", "PASSED_MAX"]
+__all__ = [
+    "content_ref",
+    "provider_key",
+    "parse_cids",
+    "NAME",
+    "MAX_NAMED",
+    "NAMED_RATE",
+    "NAMED_BURST",
+    "SWARM_TTL",
+    "MAX_SWARMS",
+    "MAX_SWARM",
+    "SWARM_ANSWER",
+    "SWARM_TAKE",
+    "SWARM_ADDRS",
+    "HAVES_EVERY",
+    "SWARM_EVERY",
+    "SWARM_SOON",
+    "SWARM_WANT",
+    "BAND",
+    "PASSED_FOR",
+    "PASSED_MAX",
+]
 
 NAME = "content"
 MAX_NAMED = 1024  # CIDs one have/haves call may name
@@ -54,5 +75,3 @@ def parse_cids(raw: Any, limit: int) -> list[Cid]:
         return [Cid.from_bytes(c) for c in raw]
     except (InvalidCid, TypeError) as e:
         raise ContentError(f"not a CID: {e}") from None
-
-

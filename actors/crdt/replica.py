@@ -22,16 +22,38 @@ import os
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pycrdt
 
 from lattica.budget import Buckets
 from lattica.crdt.checkpoint import MAX_SIGNATURES, MAX_STATE, Checkpoint, Signature
-from lattica.crdt.envelope import ACL, MAX_AUTHOR, MAX_CERT, MAX_CERTS, MAX_DEPS, Acl, Envelope, client_id, decode_any, sign, sign_acl
+from lattica.crdt.envelope import (
+    ACL,
+    MAX_AUTHOR,
+    MAX_CERT,
+    MAX_CERTS,
+    MAX_DEPS,
+    Acl,
+    Envelope,
+    client_id,
+    decode_any,
+    sign,
+    sign_acl,
+)
 from lattica.crdt.replica import MAX_CHAINS, MemoryLog, Outcome, ReplicaState
 from lattica.crdt.yupdate import read_update
-from lattica.errors import CrdtError, LatticaError, MalformedUpdate, NotAWriter, PermissionDenied, ProtocolError, Timeout, UpdateRejected
+from lattica.errors import (
+    CrdtError,
+    LatticaError,
+    MalformedUpdate,
+    NotAWriter,
+    PermissionDenied,
+    ProtocolError,
+    Timeout,
+    UpdateRejected,
+)
 from lattica.identity import PeerId
 from lattica.logging import get_logger
 from lattica.pubsub.subscription import Subscription
@@ -57,11 +79,21 @@ MAX_BODY = 8 << 20  # (each replica refuses what is over its own max_update_byte
 REBUILD_GAP = 1.0  # seconds at least between two rebuilds of a document
 # refusals a forwarder should have seen for itself: its copy is rejected (scored down); others
 # (a list or a view that may not have reached it yet, a full waiting room) are only ignored
-_HARD = frozenset({"bad signature", "malformed update", "malformed ACL", "another document", "too large",
-                   "items under another client id", "items do not continue the chain's clock",
-                   "names items of its own chain that do not exist", "deps are not what the update names",
-                   "an ACL not signed by the owner",
-                   "a chain's first envelope names a previous one"})
+_HARD = frozenset(
+    {
+        "bad signature",
+        "malformed update",
+        "malformed ACL",
+        "another document",
+        "too large",
+        "items under another client id",
+        "items do not continue the chain's clock",
+        "names items of its own chain that do not exist",
+        "deps are not what the update names",
+        "an ACL not signed by the owner",
+        "a chain's first envelope names a previous one",
+    }
+)
 _TYPES = {"map": pycrdt.Map, "array": pycrdt.Array, "text": pycrdt.Text}
 
 
@@ -108,8 +140,14 @@ class Replica:
         self.nonce = b""
         self.client = 0
         self.ydoc: pycrdt.Doc | None = None
-        self.state = ReplicaState(doc, owner, MemoryLog(), is_member=self._is_member, max_update=self.cfg.max_update_bytes,
-                                  max_held=self.cfg.max_held)
+        self.state = ReplicaState(
+            doc,
+            owner,
+            MemoryLog(),
+            is_member=self._is_member,
+            max_update=self.cfg.max_update_bytes,
+            max_held=self.cfg.max_held,
+        )
         self.roots: dict[str, str] = {}
         self.log_bytes = 0
         self._local: list[bytes] = []
@@ -318,7 +356,9 @@ class Replica:
         for e in envs:
             if e.seq > self.state.head(e.chain)[0] and e.size > room:
                 self.refused += 1
-                log.warning("crdt envelope refused: the document is full", doc=self.name, max_bytes=self.cfg.max_document_bytes)
+                log.warning(
+                    "crdt envelope refused: the document is full", doc=self.name, max_bytes=self.cfg.max_document_bytes
+                )
                 continue
             fits.append(e)
             room -= e.size
@@ -354,12 +394,24 @@ class Replica:
             self._persist(out.applied)
         for env, why in out.refused:
             self.refused += 1
-            log.info("crdt envelope refused", doc=self.name, author=_short(env.author), seq=env.seq, reason=why,
-                     via=via.short() if via else None)
+            log.info(
+                "crdt envelope refused",
+                doc=self.name,
+                author=_short(env.author),
+                seq=env.seq,
+                reason=why,
+                via=via.short() if via else None,
+            )
         proof: list[Envelope] = []
         for env, held in out.forks:
-            log.warning("crdt author forked its chain: it ends before the fork", doc=self.name, author=_short(env.author),
-                        seq=env.seq, envelope=env.id.hex()[:16], held=held.id.hex()[:16] if held else None)
+            log.warning(
+                "crdt author forked its chain: it ends before the fork",
+                doc=self.name,
+                author=_short(env.author),
+                seq=env.seq,
+                envelope=env.id.hex()[:16],
+                held=held.id.hex()[:16] if held else None,
+            )
             proof += [e for e in (held, env) if e is not None]
         if proof:
             for peer in self.peers():  # (each replica sees both and ends the chain too; later ones get them in syncs)
@@ -415,7 +467,9 @@ class Replica:
             self.nonce = os.urandom(8)
             self.client = client_id(self.doc, self.me, self.nonce)
             if self.svc.store is not None:
-                self.svc.store.remember(self.doc, self.name, self.owner, self.nonce, clean=False).add_done_callback(_logged_failure)
+                self.svc.store.remember(self.doc, self.name, self.owner, self.nonce, clean=False).add_done_callback(
+                    _logged_failure
+                )
         ydoc = pycrdt.Doc(client_id=self.client, allow_multithreading=True)
         # the checkpoints' states first (the replay starts from them), then the log after them
         for update in self._states() + [e.body for e in out.applied if e.kind != ACL]:
@@ -623,10 +677,23 @@ class Replica:
             with self.txn():
                 snap = self.ydoc.get_update()
             dropped = list(old - set(self.cp_states))
-            store.compact(self.doc, cp.to_bytes(), cp.digest, canon, dict(self.state.base), dropped,
-                          (snap, [self.state.export(), self.roots])).add_done_callback(_logged_failure)
-        log.info("crdt checkpoint taken", doc=self.name, chains=len(cp.heads), state_bytes=len(canon),
-                 log_envelopes=len(self.state.log), checked=not merge)
+            store.compact(
+                self.doc,
+                cp.to_bytes(),
+                cp.digest,
+                canon,
+                dict(self.state.base),
+                dropped,
+                (snap, [self.state.export(), self.roots]),
+            ).add_done_callback(_logged_failure)
+        log.info(
+            "crdt checkpoint taken",
+            doc=self.name,
+            chains=len(cp.heads),
+            state_bytes=len(canon),
+            log_envelopes=len(self.state.log),
+            checked=not merge,
+        )
         self._after(out, via)
         return ""
 
@@ -706,7 +773,9 @@ class Replica:
 
     async def _push_missing(self, ref: ActorRef, theirs: dict, timeout: float, ids: dict | None = None) -> dict:
         for cp in self.state.checkpoints_for(theirs)[:MAX_CHECKPOINTS_SENT]:  # (it lacks what we dropped for them)
-            answer = await self.rt.call(ref, "checkpoint", (cp.to_bytes(), self.cp_states[cp.digest]), {}, timeout=timeout)
+            answer = await self.rt.call(
+                ref, "checkpoint", (cp.to_bytes(), self.cp_states[cp.digest]), {}, timeout=timeout
+            )
             theirs = _parse_summary(answer[1] if type(answer) is list and len(answer) == 2 else None)
         # it holds chains we ended past their end (it should end them too), or another envelope
         # than ours at a head: it should see the fork
@@ -769,7 +838,9 @@ class Replica:
             if len(confirmed) >= replicas:
                 return len(confirmed)
             if time.monotonic() >= deadline:
-                raise Timeout(f"{len(confirmed)} of {replicas} replicas of {self.name!r} confirmed the change within {timeout} s")
+                raise Timeout(
+                    f"{len(confirmed)} of {replicas} replicas of {self.name!r} confirmed the change within {timeout} s"
+                )
             await asyncio.sleep(0.05)
 
     # -- the owner's list ------------------------------------------------------------------------
@@ -815,12 +886,23 @@ class Replica:
         return out
 
     def stats(self) -> dict:
-        return {"name": self.name, "id": self.doc.hex(), "applied": self.applied, "refused": self.refused,
-                "refused_by_reason": dict(self.state.refused_total), "forks": len(self.state.forks),
-                "held": self.state.held(), "chains": len(self.state.heads), "log_bytes": self.log_bytes,
-                "peers": len(self.peers()), "acl_version": self.state.acl_version, "rebuilds": self.rebuilds,
-                "log_envelopes": len(self.state.log), "checkpoints": len(self.state.checkpoints),
-                "checkpoints_taken": self.checkpoints_taken}
+        return {
+            "name": self.name,
+            "id": self.doc.hex(),
+            "applied": self.applied,
+            "refused": self.refused,
+            "refused_by_reason": dict(self.state.refused_total),
+            "forks": len(self.state.forks),
+            "held": self.state.held(),
+            "chains": len(self.state.heads),
+            "log_bytes": self.log_bytes,
+            "peers": len(self.peers()),
+            "acl_version": self.state.acl_version,
+            "rebuilds": self.rebuilds,
+            "log_envelopes": len(self.state.log),
+            "checkpoints": len(self.state.checkpoints),
+            "checkpoints_taken": self.checkpoints_taken,
+        }
 
     def _is_member(self, env: Envelope) -> bool:
         """(mesh documents) Whether the author was a member of our mesh when it signed."""
@@ -860,7 +942,9 @@ class Replica:
             sub._end()
         self.snapshot()
         if self.svc.store is not None:  # (after everything we signed is written: the chain may go on next time)
-            self.svc.store.remember(self.doc, self.name, self.owner, self.nonce, clean=True).add_done_callback(_logged_failure)
+            self.svc.store.remember(self.doc, self.name, self.owner, self.nonce, clean=True).add_done_callback(
+                _logged_failure
+            )
         actor = self.rt.actors.get(actor_name(self.doc))
         if actor is not None:
             self.host.spawn(actor.stop("document closed"))
@@ -883,8 +967,12 @@ class ReplicaActor:
             raise PermissionDenied(f"{caller} asks {r.rt.peer_id} to sync {r.name!r} too often")
         if caller is not None and r._sync_bytes.wait(caller) > 0:
             raise PermissionDenied(f"{caller} had {r.rt.peer_id} send more of {r.name!r} than it sends a peer a second")
-        missing = (r.state.proofs_for(theirs) + r.state.differing(theirs, ids) + r.state.missing_for(theirs, PAGE_BYTES))[:MAX_PUSH]
-        given = [[cp.to_bytes(), r.cp_states[cp.digest]] for cp in r.state.checkpoints_for(theirs)[:MAX_CHECKPOINTS_SENT]]
+        missing = (
+            r.state.proofs_for(theirs) + r.state.differing(theirs, ids) + r.state.missing_for(theirs, PAGE_BYTES)
+        )[:MAX_PUSH]
+        given = [
+            [cp.to_bytes(), r.cp_states[cp.digest]] for cp in r.state.checkpoints_for(theirs)[:MAX_CHECKPOINTS_SENT]
+        ]
         if caller is not None:  # (into debt: the next answer waits until it is paid off)
             r._sync_bytes.take(caller, sum(e.size for e in missing) + sum(len(g[1]) for g in given), force=True)
         if caller is not None and caller != r.rt.peer_id:
@@ -939,7 +1027,11 @@ class ReplicaActor:
         if state is None and not r._settled(cp):
             why, _ = r.state.check(cp, r._states())
             if not why:
-                mine = [[s.signer, s.ts, list(s.certs), s.sig] for s in cp.signed(r.host.keypair, r._certs()).signatures if s.signer == r.me]
+                mine = [
+                    [s.signer, s.ts, list(s.certs), s.sig]
+                    for s in cp.signed(r.host.keypair, r._certs()).signatures
+                    if s.signer == r.me
+                ]
             elif why == "we do not hold everything it covers" and caller is not None:
                 r.sync_soon(caller)
         else:
@@ -953,9 +1045,17 @@ def _parse_summary(raw: Any, ids: dict | None = None) -> dict:
         raise ProtocolError(f"a replica's summary is a list of at most {MAX_SUMMARY} chains")
     out = {}
     for item in raw:
-        if (type(item) is not list or len(item) not in (3, 4) or type(item[0]) is not bytes or type(item[1]) is not bytes
-                or type(item[2]) is not int or not 0 <= item[2] < 1 << 63 or len(item[0]) > 64 or len(item[1]) > 16
-                or (len(item) == 4 and (type(item[3]) is not bytes or not 0 < len(item[3]) <= 32))):
+        if (
+            type(item) is not list
+            or len(item) not in (3, 4)
+            or type(item[0]) is not bytes
+            or type(item[1]) is not bytes
+            or type(item[2]) is not int
+            or not 0 <= item[2] < 1 << 63
+            or len(item[0]) > 64
+            or len(item[1]) > 16
+            or (len(item) == 4 and (type(item[3]) is not bytes or not 0 < len(item[3]) <= 32))
+        ):
             raise ProtocolError("a summary's entry is [author, nonce, seq, head id prefix]")
         out[(item[0], item[1])] = item[2]
         if ids is not None and len(item) == 4:
@@ -964,8 +1064,14 @@ def _parse_summary(raw: Any, ids: dict | None = None) -> dict:
 
 
 def _parse_answer(raw: Any, ids: dict | None = None) -> tuple[dict, list[Envelope], list[tuple[Checkpoint, bytes]]]:
-    if (type(raw) is not list or len(raw) != 3 or type(raw[1]) is not list or len(raw[1]) > MAX_PUSH
-            or type(raw[2]) is not list or len(raw[2]) > MAX_CHECKPOINTS_SENT):
+    if (
+        type(raw) is not list
+        or len(raw) != 3
+        or type(raw[1]) is not list
+        or len(raw[1]) > MAX_PUSH
+        or type(raw[2]) is not list
+        or len(raw[2]) > MAX_CHECKPOINTS_SENT
+    ):
         raise ProtocolError("a sync answer is [summary, envelopes, checkpoints]")
     envs = []
     for item in raw[1]:
@@ -993,9 +1099,19 @@ def _parse_signatures(raw: Any) -> list[Signature]:
         raise ProtocolError("a checkpoint answer is [signatures, summary]")
     out = []
     for s in raw[0]:
-        if (type(s) is not list or len(s) != 4 or type(s[0]) is not bytes or not 0 < len(s[0]) <= MAX_AUTHOR
-                or type(s[1]) is not int or not 0 <= s[1] < 1 << 63 or type(s[2]) is not list or len(s[2]) > MAX_CERTS
-                or not all(type(c) is bytes and 0 < len(c) <= MAX_CERT for c in s[2]) or type(s[3]) is not bytes or len(s[3]) != 64):
+        if (
+            type(s) is not list
+            or len(s) != 4
+            or type(s[0]) is not bytes
+            or not 0 < len(s[0]) <= MAX_AUTHOR
+            or type(s[1]) is not int
+            or not 0 <= s[1] < 1 << 63
+            or type(s[2]) is not list
+            or len(s[2]) > MAX_CERTS
+            or not all(type(c) is bytes and 0 < len(c) <= MAX_CERT for c in s[2])
+            or type(s[3]) is not bytes
+            or len(s[3]) != 64
+        ):
             raise ProtocolError("a checkpoint signature is [signer, time, certificates, signature]")
         out.append(Signature(s[0], s[1], tuple(s[2]), s[3]))
     return out

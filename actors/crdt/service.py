@@ -50,7 +50,9 @@ class CrdtService:
             replica._synced.discard(peer)  # (met again, it is synced with again: what it missed meanwhile)
 
     async def _open_store(self) -> None:
-        where = self.cfg.path or os.environ.get("LATTICA_CRDT") or os.path.join(os.path.expanduser("~"), ".lattica", "crdt")
+        where = (
+            self.cfg.path or os.environ.get("LATTICA_CRDT") or os.path.join(os.path.expanduser("~"), ".lattica", "crdt")
+        )
         if where == "memory":
             return
         from lattica.crdt.store import Store  # (loaded at the first document: start-up time)
@@ -64,8 +66,14 @@ class CrdtService:
             import tempfile  # (only when the default store is taken)
 
             self._private_dir = tempfile.mkdtemp(prefix=f"lattica-crdt-{self.host.peer_id.short()}-")
-            log.info("default CRDT store in use; using a private one until this node stops", default=where, private=self._private_dir)
-            self.store = await loop.run_in_executor(None, Store, os.path.join(self._private_dir, "crdt.sqlite"), self.cfg.fsync)
+            log.info(
+                "default CRDT store in use; using a private one until this node stops",
+                default=where,
+                private=self._private_dir,
+            )
+            self.store = await loop.run_in_executor(
+                None, Store, os.path.join(self._private_dir, "crdt.sqlite"), self.cfg.fsync
+            )
 
     async def open(self, name: str, owner: PeerId | None = None, writers: list[PeerId] | None = None) -> Replica:
         """The replica of document ``name`` (owned by ``owner``; None: a mesh document any
@@ -76,7 +84,8 @@ class CrdtService:
             raise ValueError(f"a document's name is a non-empty string of at most {MAX_NAME} bytes")
         if writers is not None and owner is None:
             raise ValueError("a mesh document (owner=None) has no writers list: every member writes it")
-        from lattica.crdt.envelope import doc_id  # (hashlib and msgpack's use load with the first document: start-up time)
+        # (hashlib and msgpack's use load with the first document: start-up time)
+        from lattica.crdt.envelope import doc_id
 
         doc = doc_id(name, owner)
         replica = self.docs.get(doc)

@@ -32,7 +32,8 @@ class DashboardService:
     def watch(self) -> MeshWatch:
         """The mesh watcher (made at first use: a node that serves no dashboard never loads it)."""
         if self._watch is None:
-            from lattica.actors.dashboard.mesh import MeshWatch  # (only a node that serves a dashboard, or `lattica status`)
+            # (only a node that serves a dashboard, or `lattica status`)
+            from lattica.actors.dashboard.mesh import MeshWatch
 
             cfg = self.cfg
             kw = {"every": cfg.every, "timeout": cfg.report_timeout, "max_nodes": cfg.max_nodes} if cfg else {}

@@ -17,8 +17,20 @@ MAX_TEXT = 300  # characters of any string from a report or a view row
 _SUPERVISORS, _TRANSFERS, _TOPICS, _DOCS, _ADDRS, _LABELS = 64, 64, 256, 256, 32, 64
 # C0, DEL, C1, and the marks that reorder or break what is drawn after them (bidi overrides and
 # isolates, line and paragraph separators): never shown
-_CONTROL = dict.fromkeys([*range(0x00, 0x20), *range(0x7F, 0xA0), 0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A),
-                          0x2028, 0x2029], " ")
+_CONTROL = dict.fromkeys(
+    [
+        *range(0x00, 0x20),
+        *range(0x7F, 0xA0),
+        0x061C,
+        0x200E,
+        0x200F,
+        *range(0x202A, 0x202F),
+        *range(0x2066, 0x206A),
+        0x2028,
+        0x2029,
+    ],
+    " ",
+)
 
 
 def text(v: Any, limit: int = MAX_TEXT) -> str | None:
@@ -70,14 +82,63 @@ def _last_error(v: Any) -> dict[str, Any] | None:
     return _dict(v, _LAST_ERROR)
 
 
-_ACTOR = {"name": text, "class": text, "state": text, "system": _flag, "mailbox": number, "running": number, "calls": number,
-          "errors": number, "failure": text, "code": text, "job": text, "last_error": _last_error, "output": number, "started": number}
-_ENDED = {"name": text, "class": text, "state": text, "reason": text, "calls": number, "errors": number, "last_error": _last_error,
-          "output": number, "started": number, "ended": number}
-_ERROR = {"time": number, "method": text, "kind": text, "type": text, "message": _multiline(MAX_ERROR_TEXT), "traceback": _multiline(MAX_ERROR_TEXT)}
-_PEER = {"peer_id": text, "transport": text, "direction": text, "path": text, "remote": text, "circle": text, "agent": text,
-         "rtt_ms": number, "bytes_sent": number, "bytes_received": number}
-_CHILD = {"id": text, "class": text, "restart": text, "node": text, "actor": text, "restarts": number, "checkpointed": _flag}
+_ACTOR = {
+    "name": text,
+    "class": text,
+    "state": text,
+    "system": _flag,
+    "mailbox": number,
+    "running": number,
+    "calls": number,
+    "errors": number,
+    "failure": text,
+    "code": text,
+    "job": text,
+    "last_error": _last_error,
+    "output": number,
+    "started": number,
+}
+_ENDED = {
+    "name": text,
+    "class": text,
+    "state": text,
+    "reason": text,
+    "calls": number,
+    "errors": number,
+    "last_error": _last_error,
+    "output": number,
+    "started": number,
+    "ended": number,
+}
+_ERROR = {
+    "time": number,
+    "method": text,
+    "kind": text,
+    "type": text,
+    "message": _multiline(MAX_ERROR_TEXT),
+    "traceback": _multiline(MAX_ERROR_TEXT),
+}
+_PEER = {
+    "peer_id": text,
+    "transport": text,
+    "direction": text,
+    "path": text,
+    "remote": text,
+    "circle": text,
+    "agent": text,
+    "rtt_ms": number,
+    "bytes_sent": number,
+    "bytes_received": number,
+}
+_CHILD = {
+    "id": text,
+    "class": text,
+    "restart": text,
+    "node": text,
+    "actor": text,
+    "restarts": number,
+    "checkpointed": _flag,
+}
 _TRANSFER = {"cid": text, "bytes": number, "total": number, "peers": number, "seconds": number}
 
 
@@ -95,7 +156,13 @@ def clean_report(rep: Any) -> dict[str, Any] | None:
     sups = []
     for s in rep.get("supervisors")[:_SUPERVISORS] if type(rep.get("supervisors")) is list else []:
         if type(s) is dict:
-            sups.append({"name": text(s.get("name")), "strategy": text(s.get("strategy")), "children": _rows(s.get("children"), MAX_CHILDREN, _CHILD)})
+            sups.append(
+                {
+                    "name": text(s.get("name")),
+                    "strategy": text(s.get("strategy")),
+                    "children": _rows(s.get("children"), MAX_CHILDREN, _CHILD),
+                }
+            )
     content = _dict(rep.get("content"), {"served_blocks": number, "served_bytes": number})
     if content is not None:
         content["transfers"] = _rows(rep["content"].get("transfers"), _TRANSFERS, _TRANSFER)
@@ -104,22 +171,47 @@ def clean_report(rep: Any) -> dict[str, Any] | None:
         pubsub["topics"] = _rows(rep["pubsub"].get("topics"), _TOPICS, {"topic": text, "mesh": number})
     crdt = None
     if type(rep.get("crdt")) is dict:
-        crdt = {"docs": _rows(rep["crdt"].get("docs"), _DOCS, {"name": text, "id": text, "applied": number, "refused": number, "peers": number, "log_bytes": number})}
-    nat = _dict(rep.get("nat"), {"reachability": text, "mapping": text, "reason": text, "checked_at": number, "loopback": _flag})
+        crdt = {
+            "docs": _rows(
+                rep["crdt"].get("docs"),
+                _DOCS,
+                {"name": text, "id": text, "applied": number, "refused": number, "peers": number, "log_bytes": number},
+            )
+        }
+    nat = _dict(
+        rep.get("nat"), {"reachability": text, "mapping": text, "reason": text, "checked_at": number, "loopback": _flag}
+    )
     if nat is not None:
         for k in ("observed", "public", "relays"):
             nat[k] = _texts(rep["nat"].get(k), 8)
     labels = rep.get("labels")
     return {
-        "peer_id": text(rep.get("peer_id")), "agent": text(rep.get("agent")), "pid": number(rep.get("pid")), "time": number(rep.get("time")),
-        "program": text(rep.get("program"), 120), "usage": _dict(rep.get("usage"), dict.fromkeys(NODE_FIELDS, number)) or {},
+        "peer_id": text(rep.get("peer_id")),
+        "agent": text(rep.get("agent")),
+        "pid": number(rep.get("pid")),
+        "time": number(rep.get("time")),
+        "program": text(rep.get("program"), 120),
+        "usage": _dict(rep.get("usage"), dict.fromkeys(NODE_FIELDS, number)) or {},
         "ended": _rows(rep.get("ended"), MAX_ENDED, _ENDED),
-        "addrs": _texts(rep.get("addrs"), _ADDRS), "nat": nat,
-        "labels": {text(k, 64): text(v, 256) for k, v in list(labels.items())[:_LABELS] if type(k) is str and type(v) is str} if type(labels) is dict else {},
-        "peers": _rows(rep.get("peers"), MAX_PEERS, _PEER), "actors": _rows(rep.get("actors"), MAX_ACTORS, _ACTOR),
-        "actor_count": number(rep.get("actor_count")), "supervisors": sups,
-        "dht": _dict(rep.get("dht"), {"table": number, "records": number, "rejected": number}), "content": content, "pubsub": pubsub, "crdt": crdt,
-        "relay": _dict(rep.get("relay"), {"reservations": number, "circuits": number, "total_circuits": number, "bytes_relayed": number}),
+        "addrs": _texts(rep.get("addrs"), _ADDRS),
+        "nat": nat,
+        "labels": {
+            text(k, 64): text(v, 256) for k, v in list(labels.items())[:_LABELS] if type(k) is str and type(v) is str
+        }
+        if type(labels) is dict
+        else {},
+        "peers": _rows(rep.get("peers"), MAX_PEERS, _PEER),
+        "actors": _rows(rep.get("actors"), MAX_ACTORS, _ACTOR),
+        "actor_count": number(rep.get("actor_count")),
+        "supervisors": sups,
+        "dht": _dict(rep.get("dht"), {"table": number, "records": number, "rejected": number}),
+        "content": content,
+        "pubsub": pubsub,
+        "crdt": crdt,
+        "relay": _dict(
+            rep.get("relay"),
+            {"reservations": number, "circuits": number, "total_circuits": number, "bytes_relayed": number},
+        ),
     }
 
 
@@ -129,14 +221,30 @@ def clean_member(row: Any) -> dict[str, Any] | None:
         return None
     labels = row.get("labels")
     load = row.get("load")
-    out: dict[str, Any] = {"peer_id": text(row["peer_id"], 128), "state": text(row.get("state"), 16), "incarnation": number(row.get("incarnation")),
-                           "cpu": number(row.get("cpu")), "memory": number(row.get("memory")), "gpus": number(row.get("gpus")),
-                           "labels": {text(k, 64): text(v, 256) for k, v in list(labels.items())[:_LABELS] if type(k) is str and type(v) is str} if type(labels) is dict else {},
-                           "addrs": _texts(row.get("addrs"), 8)}
+    out: dict[str, Any] = {
+        "peer_id": text(row["peer_id"], 128),
+        "state": text(row.get("state"), 16),
+        "incarnation": number(row.get("incarnation")),
+        "cpu": number(row.get("cpu")),
+        "memory": number(row.get("memory")),
+        "gpus": number(row.get("gpus")),
+        "labels": {
+            text(k, 64): text(v, 256) for k, v in list(labels.items())[:_LABELS] if type(k) is str and type(v) is str
+        }
+        if type(labels) is dict
+        else {},
+        "addrs": _texts(row.get("addrs"), 8),
+    }
     if type(load) is dict:
         reserved = load.get("reserved")
-        out["load"] = {"actors": number(load.get("actors")),
-                       **({"reserved": {text(k, 16): number(v) for k, v in list(reserved.items())[:8] if type(k) is str}} if type(reserved) is dict else {})}
+        out["load"] = {
+            "actors": number(load.get("actors")),
+            **(
+                {"reserved": {text(k, 16): number(v) for k, v in list(reserved.items())[:8] if type(k) is str}}
+                if type(reserved) is dict
+                else {}
+            ),
+        }
     if row.get("observer") is True:
         out["observer"] = True
     return out
@@ -153,7 +261,7 @@ def clean_series(v: Any, fields: tuple[str, ...]) -> dict[str, Any] | None:
         col = v.get(f)
         if type(col) is not list or len(col) < len(times):
             return None
-        out[f] = [number(x) for x in col[-len(times):]] if times else []
+        out[f] = [number(x) for x in col[-len(times) :]] if times else []
     return out
 
 
@@ -162,14 +270,34 @@ def clean_detail(v: Any) -> dict[str, Any] | None:
     fit to show; None when it is not one."""
     if type(v) is not dict:
         return None
-    out = {k: f(v.get(k)) for k, f in {"name": text, "class": text, "state": text, "reason": text, "calls": number, "errors": number,
-                                        "started": number, "ended": number, "dropped": number, "system": _flag}.items()}
+    out = {
+        k: f(v.get(k))
+        for k, f in {
+            "name": text,
+            "class": text,
+            "state": text,
+            "reason": text,
+            "calls": number,
+            "errors": number,
+            "started": number,
+            "ended": number,
+            "dropped": number,
+            "system": _flag,
+        }.items()
+    }
     failure = v.get("failure")
     out["failure"] = [_multiline(MAX_ERROR_TEXT)(x) for x in failure[:3]] if type(failure) is list else None
     out["recent_errors"] = _rows(v.get("recent_errors"), MAX_RECENT_ERRORS, _ERROR)
     lines = v.get("output")
-    out["output"] = [[number(x[0]), text(x[1], 8), _multiline(MAX_LINE)(x[2])] for x in lines[-MAX_OUTPUT:]
-                     if type(x) in (list, tuple) and len(x) == 3] if type(lines) is list else []
+    out["output"] = (
+        [
+            [number(x[0]), text(x[1], 8), _multiline(MAX_LINE)(x[2])]
+            for x in lines[-MAX_OUTPUT:]
+            if type(x) in (list, tuple) and len(x) == 3
+        ]
+        if type(lines) is list
+        else []
+    )
     out["series"] = clean_series(v.get("series"), ACTOR_FIELDS)
     out["memory"] = _dict(v.get("memory"), {"bytes": number, "objects": number, "complete": _flag})
     return out

@@ -43,7 +43,11 @@ MAX_CONNECTIONS = 128  # open at once; more are closed as they come (the node's 
 _OPEN = frozenset({"/", "/app.js", "/style.css"})  # the page itself: no data, served without the token
 _quiet = logging.getLogger("lattica.dashboard.http")  # aiohttp's own reports (malformed requests ...): not shown
 _quiet.setLevel(logging.CRITICAL)
-_FILES = {"/": ("index.html", "text/html"), "/app.js": ("app.js", "text/javascript"), "/style.css": ("style.css", "text/css")}
+_FILES = {
+    "/": ("index.html", "text/html"),
+    "/app.js": ("app.js", "text/javascript"),
+    "/style.css": ("style.css", "text/css"),
+}
 _HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
     "X-Content-Type-Options": "nosniff",
@@ -79,7 +83,9 @@ class DashboardServer:
         return f"http://{host}:{self.port}/" + (f"?token={self.token}" if self.token else "")
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[self._guard], client_max_size=self.cfg.max_request_bytes, handler_args={"max_field_size": 8190})
+        app = web.Application(
+            middlewares=[self._guard], client_max_size=self.cfg.max_request_bytes, handler_args={"max_field_size": 8190}
+        )
         app.on_response_prepare.append(_secure)
         app.router.add_get("/", self._file)
         app.router.add_get("/app.js", self._file)
@@ -90,7 +96,14 @@ class DashboardServer:
         app.router.add_get("/api/actor", self._actor)
         app.router.add_get("/api/series", self._series)
         app.router.add_get("/metrics", self._metrics)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0, logger=_quiet, keepalive_timeout=IDLE_TIMEOUT)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=1.0,
+            logger=_quiet,
+            keepalive_timeout=IDLE_TIMEOUT,
+        )
         await runner.setup()
         self._runner = runner
         loop = asyncio.get_running_loop()
@@ -102,7 +115,11 @@ class DashboardServer:
             raise DashboardError(f"the dashboard cannot listen on {self.cfg.bind}: {e.strerror or e}") from None
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = loop.create_task(self._sweep())
-        log.info("dashboard listening", url=self.url if self.loopback else self.url.split("?")[0], token_required=self.token is not None)
+        log.info(
+            "dashboard listening",
+            url=self.url if self.loopback else self.url.split("?")[0],
+            token_required=self.token is not None,
+        )
 
     async def close(self) -> None:
         if self._sweeper is not None:
@@ -153,12 +170,18 @@ class DashboardServer:
         if request.method not in ("GET", "HEAD"):
             raise web.HTTPMethodNotAllowed(request.method, ["GET", "HEAD"], text="the dashboard only reads: use GET\n")
         if self.loopback and not is_loopback(_hostname(request.host)):
-            raise web.HTTPForbidden(text="this dashboard answers only requests addressed to loopback (its Host header)\n")
+            raise web.HTTPForbidden(
+                text="this dashboard answers only requests addressed to loopback (its Host header)\n"
+            )
         if request.path not in _OPEN:  # (the page itself carries no data: a link from anywhere may open it)
-            if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none") or not _same_origin(request):
+            if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none") or not _same_origin(
+                request
+            ):
                 raise web.HTTPForbidden(text="requests from other sites are refused\n")
             if self.token is not None and not self._authorized(request):
-                raise web.HTTPUnauthorized(text="an access token is needed: open the address the node printed (…/?token=…)\n")
+                raise web.HTTPUnauthorized(
+                    text="an access token is needed: open the address the node printed (…/?token=…)\n"
+                )
         conn = request.protocol
         self._busy[conn] = self._busy.get(conn, 0) + 1
         try:
@@ -243,11 +266,18 @@ class DashboardServer:
             raise web.HTTPBadGateway(text=f"node {peer} did not answer: {type(e).__name__}: {e}\n") from None
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=scrape(self.rt), content_type="text/plain", charset="utf-8", headers={"X-Content-Type-Options": "nosniff"})
+        return web.Response(
+            text=scrape(self.rt),
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"X-Content-Type-Options": "nosniff"},
+        )
 
     async def _live(self, request: web.Request) -> web.StreamResponse:
         if self.watch.watchers >= self.cfg.max_channels:
-            raise web.HTTPServiceUnavailable(text=f"at most {self.cfg.max_channels} live channels are open at once: close a page\n")
+            raise web.HTTPServiceUnavailable(
+                text=f"at most {self.cfg.max_channels} live channels are open at once: close a page\n"
+            )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Accel-Buffering": "no"})
         await resp.prepare(request)
         watcher = self.watch.watch()
@@ -259,13 +289,13 @@ class DashboardServer:
             while True:
                 try:
                     pic = await asyncio.wait_for(watcher.next(), HEARTBEAT)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     await _send(resp, b": keep-alive\n\n")
                     continue
                 if pic is None:
                     break
                 await _send(resp, b"event: picture\ndata: " + self.watch.encode(pic) + b"\n\n")
-        except (ConnectionError, asyncio.TimeoutError):
+        except (TimeoutError, ConnectionError):
             if request.transport is not None:
                 request.transport.abort()  # (gone, or not reading: what the kernel holds for it goes too)
         finally:
@@ -286,7 +316,10 @@ async def _secure(request: web.Request, response: web.StreamResponse) -> None:
 
 
 def _json(obj: Any) -> web.Response:
-    return web.Response(body=json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str).encode(), content_type="application/json")
+    return web.Response(
+        body=json.dumps(obj, separators=(",", ":"), allow_nan=False, default=str).encode(),
+        content_type="application/json",
+    )
 
 
 def _hostname(host: str | None) -> str:
@@ -295,7 +328,7 @@ def _hostname(host: str | None) -> str:
         return ""
     if host.startswith("["):
         end = host.find("]")
-        rest = host[end + 1:] if end > 0 else "?"
+        rest = host[end + 1 :] if end > 0 else "?"
         if rest and not (rest.startswith(":") and rest[1:].isdigit()):
             return ""
         return host[1:end]

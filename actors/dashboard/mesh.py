@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from lattica.actors.dashboard.clean import clean_member, clean_report, text
 from lattica.actors.dashboard.report import NAME, node_report
@@ -38,11 +39,20 @@ class MeshWatch:
     """Takes pictures of the mesh (``picture``), every ``every`` seconds while it has watchers, and
     hands each watcher the newest one (a watcher that does not keep up skips pictures)."""
 
-    def __init__(self, rt: Runtime, every: float = 2.0, timeout: float = 2.0, max_nodes: int = 1024, view_from: PeerId | None = None,
-                 report: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        every: float = 2.0,
+        timeout: float = 2.0,
+        max_nodes: int = 1024,
+        view_from: PeerId | None = None,
+        report: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+    ) -> None:
         self.rt = rt
         self.report = report or (lambda: node_report(rt))  # this node's own report
-        self.view_from = view_from  # take the membership view from this member (a node outside the view: `lattica status`)
+        self.view_from = (
+            view_from  # take the membership view from this member (a node outside the view: `lattica status`)
+        )
         self.every = every
         self.timeout = timeout
         self.max_nodes = max_nodes
@@ -108,9 +118,13 @@ class MeshWatch:
         me = str(rt.peer_id)
         membership = rt.services.get("membership")
         if self.view_from is not None:
-            view = await rt.call(ActorRef(self.view_from, "membership", {"view": ASYNC}), "view", (), {}, timeout=self.timeout)
+            view = await rt.call(
+                ActorRef(self.view_from, "membership", {"view": ASYNC}), "view", (), {}, timeout=self.timeout
+            )
             if type(view) is not list or not all(type(r) is dict and type(r.get("peer_id")) is str for r in view):
-                raise LatticaError(f"{self.view_from} answered its membership view with something else than a list of members")
+                raise LatticaError(
+                    f"{self.view_from} answered its membership view with something else than a list of members"
+                )
             view = [{"peer_id": me, "state": "alive", "observer": True}, *(r for r in view if r["peer_id"] != me)]
         else:
             view = membership.nodes() if membership is not None else [{"peer_id": me, "state": "alive"}]
@@ -167,8 +181,13 @@ class MeshWatch:
     def _log_changes(self, nodes: list[dict[str, Any]]) -> None:
         seen: dict[Any, Any] = {}
         first = not self._last_seen
-        supervised = {(c.get("node"), c.get("actor")) for n in nodes for sup in (n.get("report") or {}).get("supervisors", ())
-                      for c in sup.get("children", ()) if type(c) is dict}
+        supervised = {
+            (c.get("node"), c.get("actor"))
+            for n in nodes
+            for sup in (n.get("report") or {}).get("supervisors", ())
+            for c in sup.get("children", ())
+            if type(c) is dict
+        }
         for n in nodes:
             try:
                 self._node_changes(n, seen, first, supervised)
@@ -190,10 +209,17 @@ class MeshWatch:
         more = f" and {len(gone) - _NAMED} more" if len(gone) > _NAMED else ""
         what = f"actor {names[0]} was" if len(gone) == 1 else f"{len(gone)} actors were"
         listed = "" if len(gone) == 1 else f": {', '.join(names)}{more}"
-        self._event("lost", f"{what} lost with node …{pid[-8:]} ({how}), no supervisor restarts them{listed}",
-                    node=pid, actors=list(gone)[:_NAMED], count=len(gone))
+        self._event(
+            "lost",
+            f"{what} lost with node …{pid[-8:]} ({how}), no supervisor restarts them{listed}",
+            node=pid,
+            actors=list(gone)[:_NAMED],
+            count=len(gone),
+        )
 
-    def _node_changes(self, n: dict[str, Any], seen: dict[Any, Any], first: bool, supervised: set[tuple[Any, Any]]) -> None:
+    def _node_changes(
+        self, n: dict[str, Any], seen: dict[Any, Any], first: bool, supervised: set[tuple[Any, Any]]
+    ) -> None:
         pid = n["peer_id"]
         short = pid[-8:]
         state = n.get("state")
@@ -202,13 +228,18 @@ class MeshWatch:
         if not first and before is None:
             self._event("join", f"node …{short} joined ({state})", node=pid)
         elif before is not None and before != state:
-            self._event("death" if state in ("dead", "left") else "state", f"node …{short}: {before} → {state}", node=pid)
+            self._event(
+                "death" if state in ("dead", "left") else "state", f"node …{short}: {before} → {state}", node=pid
+            )
             if state in ("dead", "left"):
                 self._lost(pid, str(state))
         rep = n.get("report") or {}
         if n.get("report") is not None:
-            self._unsupervised[pid] = {a.get("name"): a.get("class") for a in rep.get("actors", ())
-                                       if not a.get("system") and a.get("state") == "running" and (pid, a.get("name")) not in supervised}
+            self._unsupervised[pid] = {
+                a.get("name"): a.get("class")
+                for a in rep.get("actors", ())
+                if not a.get("system") and a.get("state") == "running" and (pid, a.get("name")) not in supervised
+            }
             if len(self._unsupervised) > self.max_nodes:  # (nodes long gone: the oldest entries go)
                 self._unsupervised.pop(next(iter(self._unsupervised)))
         for sup in rep.get("supervisors", ()):
@@ -218,7 +249,11 @@ class MeshWatch:
                 old = self._last_seen.get(key)
                 if old is not None and seen[key] > old:
                     where = (c.get("node") or "?")[-8:]
-                    self._event("restart", f"{sup.get('name')}: child {c.get('id')} restarted on …{where} (restarts: {seen[key]})", node=pid)
+                    self._event(
+                        "restart",
+                        f"{sup.get('name')}: child {c.get('id')} restarted on …{where} (restarts: {seen[key]})",
+                        node=pid,
+                    )
         for p in rep.get("peers", ()):
             key = ("path", pid, p.get("peer_id"))
             seen[key] = p.get("path")
@@ -232,14 +267,24 @@ class MeshWatch:
             if not first and key not in self._last_seen and e.get("state") == "failed":
                 failed.append(e)
         for e in failed[:_NAMED]:  # (a node's failures in one picture: a few named, the rest counted)
-            self._event("failure", f"actor {e.get('name')} on …{short} failed: {e.get('reason') or ''}", node=pid, actor=e.get("name"))
+            self._event(
+                "failure",
+                f"actor {e.get('name')} on …{short} failed: {e.get('reason') or ''}",
+                node=pid,
+                actor=e.get("name"),
+            )
         if len(failed) > _NAMED:
             self._event("failure", f"… and {len(failed) - _NAMED} more actors failed on …{short}", node=pid)
         for a in rep.get("actors", ()):
             key = ("actor", pid, a.get("name"))
             seen[key] = a.get("state")
             if a.get("state") == "failed" and self._last_seen.get(key) not in (None, "failed"):
-                self._event("failure", f"actor {a.get('name')} on …{short} failed: {a.get('failure') or ''}", node=pid, actor=a.get("name"))
+                self._event(
+                    "failure",
+                    f"actor {a.get('name')} on …{short} failed: {a.get('failure') or ''}",
+                    node=pid,
+                    actor=a.get("name"),
+                )
 
 
 class _Watcher:

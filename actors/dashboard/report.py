@@ -10,7 +10,6 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-
 if TYPE_CHECKING:
     from lattica.actors.dashboard.usage import Usage
     from lattica.runtime import Runtime
@@ -79,8 +78,16 @@ def _nat(host: Any, addrs: list[str]) -> dict[str, Any]:
     if nat is None:
         return {"reachability": "unknown", "reason": "no AutoNAT on this node", "loopback": loopback}
     s = nat.snapshot()
-    return {"reachability": s.reachability, "mapping": s.mapping, "reason": s.reason, "observed": s.observed[:8],
-            "public": s.public[:8], "relays": s.relays[:8], "checked_at": s.checked_at, "loopback": loopback}
+    return {
+        "reachability": s.reachability,
+        "mapping": s.mapping,
+        "reason": s.reason,
+        "observed": s.observed[:8],
+        "public": s.public[:8],
+        "relays": s.relays[:8],
+        "checked_at": s.checked_at,
+        "loopback": loopback,
+    }
 
 
 _PATH_FIGURES = ("rtt_ms", "bytes_sent", "bytes_received")
@@ -91,9 +98,15 @@ def _peers(host: Any) -> list[dict[str, Any]]:
     for peer, conn in list(host.conns.items())[:MAX_PEERS]:
         info = host.info.get(conn)
         remote = str(conn.remote_addr)
-        row = {"peer_id": str(peer), "transport": conn.transport, "direction": conn.direction,
-               "path": "relayed" if "/p2p-circuit" in remote else "direct", "remote": remote,
-               "circle": info.circle if info is not None else "unidentified", "agent": info.agent_version if info is not None else ""}
+        row = {
+            "peer_id": str(peer),
+            "transport": conn.transport,
+            "direction": conn.direction,
+            "path": "relayed" if "/p2p-circuit" in remote else "direct",
+            "remote": remote,
+            "circle": info.circle if info is not None else "unidentified",
+            "agent": info.agent_version if info is not None else "",
+        }
         stats = conn.path_stats()  # (a relayed path's are end to end: timed by the mux, counted on the circuit)
         if stats:
             row.update({k: round(v, 3) if k == "rtt_ms" else int(v) for k, v in stats.items() if k in _PATH_FIGURES})
@@ -102,9 +115,8 @@ def _peers(host: Any) -> list[dict[str, Any]]:
 
 
 async def _actors(rt: Runtime) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    from lattica.supervisor import Supervisor  # (not at start: a node that runs no supervisor never loads it)
-
     from lattica.remote import class_path  # (with the supervisor, above)
+    from lattica.supervisor import Supervisor  # (not at start: a node that runs no supervisor never loads it)
 
     spawner = rt.services.get("spawner")
     library = spawner.code if spawner is not None else None
@@ -112,11 +124,24 @@ async def _actors(rt: Runtime) -> tuple[list[dict[str, Any]], list[dict[str, Any
     for name, a in list(rt.actors.items())[:MAX_ACTORS]:
         sender = library.sender_of(name) if library is not None else None
         job = spawner.jobs.of(name) if spawner is not None else None
-        rows.append({"name": name, "class": class_path(a.cls), "state": a.state, "system": a.system,
-                     "mailbox": len(a.waiting), "running": len(a.live), "calls": a.calls, "errors": a.errors,
-                     "failure": a.failure[2][:200] if a.failure else None, "last_error": _last_error(a.recent_errors),
-                     "output": len(a.output.lines) if a.output is not None else 0, "started": a.started_at,
-                     "code": str(sender) if sender is not None else None, "job": str(job) if job is not None else None})
+        rows.append(
+            {
+                "name": name,
+                "class": class_path(a.cls),
+                "state": a.state,
+                "system": a.system,
+                "mailbox": len(a.waiting),
+                "running": len(a.live),
+                "calls": a.calls,
+                "errors": a.errors,
+                "failure": a.failure[2][:200] if a.failure else None,
+                "last_error": _last_error(a.recent_errors),
+                "output": len(a.output.lines) if a.output is not None else 0,
+                "started": a.started_at,
+                "code": str(sender) if sender is not None else None,
+                "job": str(job) if job is not None else None,
+            }
+        )
         if isinstance(a.instance, Supervisor.cls) and a.state == "running":
             trees.append(await _tree(name, a.instance))
     return rows, trees
@@ -125,7 +150,7 @@ async def _actors(rt: Runtime) -> tuple[list[dict[str, Any]], list[dict[str, Any
 async def _tree(name: str, sup: Any) -> dict[str, Any]:
     try:
         children = await asyncio.wait_for(sup.which_children(), _TREE_WAIT)
-    except (asyncio.TimeoutError, Exception):  # (still starting, or it failed: shown without children)
+    except (TimeoutError, Exception):  # (still starting, or it failed: shown without children)
         children = []
     return {"name": name, "strategy": sup.strategy, "children": children[:MAX_CHILDREN]}
 
@@ -139,15 +164,23 @@ def _dht(dht: Any) -> dict[str, Any] | None:
 def _content(content: Any) -> dict[str, Any] | None:
     if content is None:
         return None
-    return {"transfers": content.transfers()[:64], "served_blocks": content.served_blocks, "served_bytes": content.served_bytes}
+    return {
+        "transfers": content.transfers()[:64],
+        "served_blocks": content.served_blocks,
+        "served_bytes": content.served_bytes,
+    }
 
 
 def _pubsub(pubsub: Any) -> dict[str, Any] | None:
     if pubsub is None:
         return None
     topics = pubsub.topics()
-    return {"topics": [{"topic": t, "mesh": len(pubsub.peers(t))} for t in topics[:256]], "published": pubsub.published,
-            "delivered": pubsub.delivered, "rejected": pubsub.rejected}
+    return {
+        "topics": [{"topic": t, "mesh": len(pubsub.peers(t))} for t in topics[:256]],
+        "published": pubsub.published,
+        "delivered": pubsub.delivered,
+        "rejected": pubsub.rejected,
+    }
 
 
 def _crdt(crdt: Any) -> dict[str, Any] | None:
@@ -161,8 +194,12 @@ def _crdt(crdt: Any) -> dict[str, Any] | None:
 
 
 def _relay(relay: Any) -> dict[str, Any]:
-    return {"reservations": len(relay.reservations), "circuits": sum(relay.circuits.values()), "total_circuits": relay.total_circuits,
-            "bytes_relayed": relay.bytes_relayed}
+    return {
+        "reservations": len(relay.reservations),
+        "circuits": sum(relay.circuits.values()),
+        "total_circuits": relay.total_circuits,
+        "bytes_relayed": relay.bytes_relayed,
+    }
 
 
 def _last_error(errors: Any) -> dict[str, Any] | None:
@@ -175,9 +212,18 @@ def _last_error(errors: Any) -> dict[str, Any] | None:
 def _ended_row(e: EndedActor) -> dict[str, Any]:
     from lattica.remote import class_path  # (with the supervisor, above)
 
-    return {"name": e.name, "class": class_path(e.cls), "state": e.state, "reason": e.reason[:200], "calls": e.calls,
-            "errors": e.error_count, "last_error": _last_error(e.errors), "output": len(e.output.lines) if e.output is not None else 0,
-            "started": e.started_at, "ended": e.ended_at}
+    return {
+        "name": e.name,
+        "class": class_path(e.cls),
+        "state": e.state,
+        "reason": e.reason[:200],
+        "calls": e.calls,
+        "errors": e.error_count,
+        "last_error": _last_error(e.errors),
+        "output": len(e.output.lines) if e.output is not None else 0,
+        "started": e.started_at,
+        "ended": e.ended_at,
+    }
 
 
 def actor_detail(rt: Runtime, name: str, usage: Usage | None = None) -> dict[str, Any] | None:
@@ -187,10 +233,18 @@ def actor_detail(rt: Runtime, name: str, usage: Usage | None = None) -> dict[str
 
     a = rt.actors.get(name)
     if a is not None and not a.system:
-        out: dict[str, Any] = {"name": name, "class": class_path(a.cls), "state": a.state, "calls": a.calls, "errors": a.errors,
-                               "started": a.started_at, "failure": list(a.failure) if a.failure else None, "recent_errors": list(a.recent_errors or ()),
-                               "output": a.output.snapshot(MAX_OUTPUT) if a.output is not None else [],
-                               "dropped": a.output.dropped if a.output is not None else 0}
+        out: dict[str, Any] = {
+            "name": name,
+            "class": class_path(a.cls),
+            "state": a.state,
+            "calls": a.calls,
+            "errors": a.errors,
+            "started": a.started_at,
+            "failure": list(a.failure) if a.failure else None,
+            "recent_errors": list(a.recent_errors or ()),
+            "output": a.output.snapshot(MAX_OUTPUT) if a.output is not None else [],
+            "dropped": a.output.dropped if a.output is not None else 0,
+        }
         from lattica.actors.dashboard.footprint import footprint  # (an open panel asks: never at start)
 
         out["memory"] = footprint(a.instance) if a.instance is not None else None
@@ -199,12 +253,32 @@ def actor_detail(rt: Runtime, name: str, usage: Usage | None = None) -> dict[str
         out["series"] = usage.actor_series(name) if usage is not None else None
         return out
     if a is not None:  # a system actor: its counters only (its output is the node's)
-        return {"name": name, "class": class_path(a.cls), "state": a.state, "calls": a.calls, "errors": a.errors, "system": True,
-                "recent_errors": list(a.recent_errors or ()), "output": [], "series": usage.actor_series(name) if usage is not None else None}
+        return {
+            "name": name,
+            "class": class_path(a.cls),
+            "state": a.state,
+            "calls": a.calls,
+            "errors": a.errors,
+            "system": True,
+            "recent_errors": list(a.recent_errors or ()),
+            "output": [],
+            "series": usage.actor_series(name) if usage is not None else None,
+        }
     for e in reversed(rt.ended):
         if e.name == name:
-            return {"name": name, "class": class_path(e.cls), "state": e.state, "reason": e.reason, "calls": e.calls, "errors": e.error_count,
-                    "started": e.started_at, "ended": e.ended_at, "failure": list(e.failure) if e.failure else None, "recent_errors": e.errors,
-                    "output": e.output.snapshot(MAX_OUTPUT) if e.output is not None else [], "dropped": e.output.dropped if e.output is not None else 0,
-                    "series": None}
+            return {
+                "name": name,
+                "class": class_path(e.cls),
+                "state": e.state,
+                "reason": e.reason,
+                "calls": e.calls,
+                "errors": e.error_count,
+                "started": e.started_at,
+                "ended": e.ended_at,
+                "failure": list(e.failure) if e.failure else None,
+                "recent_errors": e.errors,
+                "output": e.output.snapshot(MAX_OUTPUT) if e.output is not None else [],
+                "dropped": e.output.dropped if e.output is not None else 0,
+                "series": None,
+            }
     return None

@@ -29,20 +29,41 @@ def render(pic: Any) -> str:
     up = sum(1 for n in nodes if n.get("state") in ("alive", "suspect") and not n.get("observer"))
     down = sum(1 for n in nodes if n.get("state") not in ("alive", "suspect"))
     actors = [(n, a) for n, r in zip(nodes, reports) for a in r.get("actors", ()) if not a.get("system")]
-    observers = {n["peer_id"] for n in nodes if n.get("observer")}  # (`lattica status`'s own node: its paths are not the mesh's)
-    paths = [(n, p) for n, r in zip(nodes, reports) if not n.get("observer") for p in r.get("peers", ()) if p.get("peer_id") not in observers]
+    observers = {
+        n["peer_id"] for n in nodes if n.get("observer")
+    }  # (`lattica status`'s own node: its paths are not the mesh's)
+    paths = [
+        (n, p)
+        for n, r in zip(nodes, reports)
+        if not n.get("observer")
+        for p in r.get("peers", ())
+        if p.get("peer_id") not in observers
+    ]
     direct = sum(1 for _, p in paths if p.get("path") == "direct")
-    out = [f"mesh: {up} nodes up, {down} down or left; {len(actors)} actors; {direct} direct paths, {len(paths) - direct} relayed", ""]
+    out = [
+        f"mesh: {up} nodes up, {down} down or left; {len(actors)} actors; {direct} direct paths, {len(paths) - direct} relayed",
+        "",
+    ]
 
     rows = [("NODE", "STATE", "REACHABILITY", "ACTORS", "SYSTEM", "CPU", "MEMORY", "GPUS", "LOAD", "LABELS")]
     for n, r in zip(nodes, reports):
         load = n.get("load")
         system = sum(1 for a in r.get("actors", ()) if a.get("system")) if r else 0
-        rows.append((_short(n.get("peer_id")) + (" (this)" if n.get("self") and not n.get("observer") else " (asking)" if n.get("observer") else ""),
-                     str(n.get("state") or ""), _reach(r.get("nat")) if r else (n.get("error") or ""),
-                     str(sum(1 for a in r.get("actors", ()) if not a.get("system"))) if r else "", str(system) if r else "",
-                     _num(n.get("cpu")), _bytes(n.get("memory")), _num(n.get("gpus")),
-                     _load(load), " ".join(f"{k}={v}" for k, v in (n.get("labels") or {}).items())))
+        rows.append(
+            (
+                _short(n.get("peer_id"))
+                + (" (this)" if n.get("self") and not n.get("observer") else " (asking)" if n.get("observer") else ""),
+                str(n.get("state") or ""),
+                _reach(r.get("nat")) if r else (n.get("error") or ""),
+                str(sum(1 for a in r.get("actors", ()) if not a.get("system"))) if r else "",
+                str(system) if r else "",
+                _num(n.get("cpu")),
+                _bytes(n.get("memory")),
+                _num(n.get("gpus")),
+                _load(load),
+                " ".join(f"{k}={v}" for k, v in (n.get("labels") or {}).items()),
+            )
+        )
     out += _table(rows)
 
     if actors:
@@ -50,8 +71,18 @@ def render(pic: Any) -> str:
         rows = [("NODE", "NAME", "CLASS", "STATE", "MAILBOX", "CALLS", "ERRORS", "LAST ERROR")]
         for n, a in actors[:MAX_ACTOR_LINES]:
             err = a.get("last_error") or {}
-            rows.append((_short(n.get("peer_id")), str(a.get("name")), str(a.get("class")), str(a.get("state")), str(a.get("mailbox")),
-                         str(a.get("calls")), str(a.get("errors")), f"{err.get('type')}: {err.get('message')}"[:60] if err else ""))
+            rows.append(
+                (
+                    _short(n.get("peer_id")),
+                    str(a.get("name")),
+                    str(a.get("class")),
+                    str(a.get("state")),
+                    str(a.get("mailbox")),
+                    str(a.get("calls")),
+                    str(a.get("errors")),
+                    f"{err.get('type')}: {err.get('message')}"[:60] if err else "",
+                )
+            )
         out += _table(rows)
         if len(actors) > MAX_ACTOR_LINES:
             out.append(f"... and {len(actors) - MAX_ACTOR_LINES} more (--json lists them all)")
@@ -61,7 +92,9 @@ def render(pic: Any) -> str:
         out += ["", "FAILED LATELY"]
         rows = [("NODE", "NAME", "CLASS", "WHY")]
         for n, e in ended[-MAX_ACTOR_LINES:]:
-            rows.append((_short(n.get("peer_id")), str(e.get("name")), str(e.get("class")), str(e.get("reason") or "")[:80]))
+            rows.append(
+                (_short(n.get("peer_id")), str(e.get("name")), str(e.get("class")), str(e.get("reason") or "")[:80])
+            )
         out += _table(rows)
 
     trees = [(n, s) for n, r in zip(nodes, reports) for s in r.get("supervisors", ())][:MAX_ACTOR_LINES]
@@ -82,8 +115,16 @@ def render(pic: Any) -> str:
         rows = [("FROM", "TO", "PATH", "TRANSPORT", "DIALED", "RTT")]
         for n, p in paths:
             rtt = p.get("rtt_ms")
-            rows.append((_short(n.get("peer_id")), _short(p.get("peer_id")), str(p.get("path")), str(p.get("transport")), str(p.get("direction")),
-                         f"{rtt:.2f} ms" if isinstance(rtt, (int, float)) else ""))
+            rows.append(
+                (
+                    _short(n.get("peer_id")),
+                    _short(p.get("peer_id")),
+                    str(p.get("path")),
+                    str(p.get("transport")),
+                    str(p.get("direction")),
+                    f"{rtt:.2f} ms" if isinstance(rtt, (int, float)) else "",
+                )
+            )
         out += _table(rows)
         if more > 0:
             out.append(f"... and {more} more (--json lists them all)")
@@ -121,7 +162,11 @@ def _load(load: Any) -> str:
     if isinstance(load.get("actors"), (int, float)):
         parts.append(f"{load['actors']:g} actor{'' if load['actors'] == 1 else 's'}")
     reserved = load.get("reserved")
-    kept = [f"{k} {_num(v)}" for k, v in (reserved.items() if isinstance(reserved, dict) else ()) if isinstance(v, (int, float)) and v > 0]
+    kept = [
+        f"{k} {_num(v)}"
+        for k, v in (reserved.items() if isinstance(reserved, dict) else ())
+        if isinstance(v, (int, float)) and v > 0
+    ]
     if kept:
         parts.append(", ".join(kept) + " reserved")
     return "; ".join(parts)

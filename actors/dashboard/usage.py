@@ -22,7 +22,13 @@ EVERY = 2.0  # seconds between samples
 SAMPLES = 150  # samples kept: the last five minutes
 MAX_ACTORS = 2000  # actors with series of their own (the first ones seen when there are more)
 NODE_FIELDS = ("cpu", "memory", "calls", "errors")  # % of one core, bytes, per second, per second
-ACTOR_FIELDS = ("calls", "errors", "cpu", "mailbox", "memory")  # per second, per second, % of one core, calls waiting, bytes (-1: not measured)
+ACTOR_FIELDS = (
+    "calls",
+    "errors",
+    "cpu",
+    "mailbox",
+    "memory",
+)  # per second, per second, % of one core, calls waiting, bytes (-1: not measured)
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -106,7 +112,12 @@ class Usage:
         if last is None:
             return
         dt = max(now - last[0], 1e-6)
-        row = (100.0 * (cpu - last[1]) / dt, float(_memory()), max(0, calls - last[2]) / dt, max(0, errors - last[3]) / dt)
+        row = (
+            100.0 * (cpu - last[1]) / dt,
+            float(_memory()),
+            max(0, calls - last[2]) / dt,
+            max(0, errors - last[3]) / dt,
+        )
         self.times[at % SAMPLES] = now
         self.node.put(at, row)
         self.latest = dict(zip(NODE_FIELDS, (round(v, 2) for v in row)))
@@ -124,13 +135,22 @@ class Usage:
             c = kept.get(name)
             if c is None:
                 if len(kept) < MAX_ACTORS:
-                    kept[name] = ActorCounters(a, at if before is None else at + 1)  # (its first row: the next sample's)
+                    kept[name] = ActorCounters(
+                        a, at if before is None else at + 1
+                    )  # (its first row: the next sample's)
                 continue
             cpu = _thread_cpu(a.thread_id) if a.thread_id is not None else None
             if dt is not None:
-                c.ring.put(at, (max(0, a.calls - c.calls) / dt, max(0, a.errors - c.errors) / dt,
-                                100.0 * (cpu - c.cpu) / dt if cpu is not None and c.cpu is not None else -1.0, float(len(a.waiting)),
-                                c.memory if c.memory is not None else -1.0))
+                c.ring.put(
+                    at,
+                    (
+                        max(0, a.calls - c.calls) / dt,
+                        max(0, a.errors - c.errors) / dt,
+                        100.0 * (cpu - c.cpu) / dt if cpu is not None and c.cpu is not None else -1.0,
+                        float(len(a.waiting)),
+                        c.memory if c.memory is not None else -1.0,
+                    ),
+                )
             c.calls, c.errors, c.cpu, c.memory = a.calls, a.errors, cpu, None
 
     # -- what the dashboard pulls ---------------------------------------------------------------
@@ -138,8 +158,11 @@ class Usage:
     def node_series(self) -> dict[str, Any]:
         """The node's samples: ``time`` and each of NODE_FIELDS, oldest first."""
         first = max(0, self.count - SAMPLES)
-        return {"every": EVERY, "time": [round(self.times[k % SAMPLES], 2) for k in range(first, self.count)],
-                **self.node.series(NODE_FIELDS, self.count)}
+        return {
+            "every": EVERY,
+            "time": [round(self.times[k % SAMPLES], 2) for k in range(first, self.count)],
+            **self.node.series(NODE_FIELDS, self.count),
+        }
 
     def actor_series(self, name: str) -> dict[str, Any] | None:
         """One actor's samples (``cpu`` is -1 where it has no thread of its own), or None."""
@@ -147,8 +170,11 @@ class Usage:
         if c is None:
             return None
         first = max(c.ring.born, self.count - SAMPLES)
-        return {"every": EVERY, "time": [round(self.times[k % SAMPLES], 2) for k in range(first, self.count)],
-                **c.ring.series(ACTOR_FIELDS, self.count)}
+        return {
+            "every": EVERY,
+            "time": [round(self.times[k % SAMPLES], 2) for k in range(first, self.count)],
+            **c.ring.series(ACTOR_FIELDS, self.count),
+        }
 
     def note_memory(self, name: str, estimate: float) -> None:
         """An estimate of what actor ``name`` holds: the next sample's memory figure."""

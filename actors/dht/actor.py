@@ -6,13 +6,22 @@ from __future__ import annotations
 from typing import Protocol
 
 from lattica.config import DhtConfig
+from lattica.errors import RecordRejected
 from lattica.identity import PeerId
 from lattica.kademlia import K, RoutingTable, key_id, node_id
 from lattica.records import PeerRecord, RecordStore, entry_from_wire, entry_to_wire
 from lattica.runtime import ASYNC, ActorRef
-from lattica.errors import RecordRejected
 
-RPC_METHODS = ("ping", "find_node", "find_value", "store", "add_provider", "get_providers", "put_peer_record", "get_peer_record")
+RPC_METHODS = (
+    "ping",
+    "find_node",
+    "find_value",
+    "store",
+    "add_provider",
+    "get_providers",
+    "put_peer_record",
+    "get_peer_record",
+)
 MAX_PEERS_IN_ANSWER = 2 * K
 MAX_ADDRS_IN_ANSWER = 8
 

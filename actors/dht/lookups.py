@@ -7,7 +7,8 @@ import asyncio
 import collections
 import random
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from lattica.actors.dht.actor import MAX_ADDRS_IN_ANSWER, MAX_PEERS_IN_ANSWER
 from lattica.actors.dht.state import DhtState
@@ -85,7 +86,9 @@ class DhtLookups(DhtState):
     def __init__(self, runtime: Runtime, config: DhtConfig | None = None) -> None:
         super().__init__(runtime, config)
         self.stats: collections.deque[LookupStats] = collections.deque(maxlen=10_000)
-        self._handed_out: collections.OrderedDict[PeerId, int] = collections.OrderedDict()  # peer -> seq of the record find_peer returned
+        self._handed_out: collections.OrderedDict[PeerId, int] = (
+            collections.OrderedDict()
+        )  # peer -> seq of the record find_peer returned
 
     def parse_peers(self, obj: Any, hints: dict[PeerId, list[Multiaddr]]) -> list[PeerId]:
         """Closer peers from an answer: [[PeerId, [Multiaddr, ...]], ...]. Their addresses are
@@ -112,7 +115,9 @@ class DhtLookups(DhtState):
 
     async def find_closest(self, target: int) -> Lookup:
         lk = self._new_lookup(target)
-        return await self._run(lk, "find_node", (target.to_bytes(32, "big"),), lambda peer, answer: self.parse_peers(answer, lk.hints))
+        return await self._run(
+            lk, "find_node", (target.to_bytes(32, "big"),), lambda peer, answer: self.parse_peers(answer, lk.hints)
+        )
 
     def targets(self, lk: Lookup, target: int, n: int) -> tuple[list[PeerId], bool]:
         """The n closest peers a lookup found, and whether we ourselves belong among them."""
@@ -123,7 +128,16 @@ class DhtLookups(DhtState):
             closest = closest[: n - 1]
         return closest, include_self
 
-    async def _run(self, lk: Lookup, method: str, args: tuple, parse: Callable[[PeerId, Any], list[PeerId]], stop: Callable[[], bool] | None = None, skip: PeerId | None = None, grace: float = 0.0) -> Lookup:
+    async def _run(
+        self,
+        lk: Lookup,
+        method: str,
+        args: tuple,
+        parse: Callable[[PeerId, Any], list[PeerId]],
+        stop: Callable[[], bool] | None = None,
+        skip: PeerId | None = None,
+        grace: float = 0.0,
+    ) -> Lookup:
         """Drive ``lk``: call ``method(*args)`` on the peers it names, ``parse(peer, answer)``
         each answer into the closer peers it names (raising Garbage if malformed). Stops when the
         lookup converged or ``stop()`` says enough was found (then the requests in flight get
@@ -186,7 +200,7 @@ class DhtLookups(DhtState):
                 if left <= 0:
                     break  # e.g. answers naming many peers that never answer: settle for what we have
                 wake.fut = w = loop.create_future()
-                timer = loop.call_at(deadline, lambda: w.done() or w.set_result(None))
+                timer = loop.call_at(deadline, _settle, w)
                 await w
                 timer.cancel()
         finally:
@@ -196,7 +210,9 @@ class DhtLookups(DhtState):
 
     # -- storing on the k closest ------------------------------------------------------------
 
-    async def store_on_closest(self, target: int, method: str, args: tuple, here: Callable[[], None], what: str, kind: str) -> int:
+    async def store_on_closest(
+        self, target: int, method: str, args: tuple, here: Callable[[], None], what: str, kind: str
+    ) -> int:
         """Store on the k nodes closest to ``target`` (``method(*args)`` on each, ``here()`` if we
         are one of them); returns how many accepted, StoreFailed if none.
 
@@ -233,7 +249,11 @@ class DhtLookups(DhtState):
         if waits:
             await asyncio.wait(waits)
         for p, c in zip(targets, calls):
-            err = c if isinstance(c, BaseException) else (c._fut.exception() if not c._fut.cancelled() else DhtError("cancelled"))
+            err = (
+                c
+                if isinstance(c, BaseException)
+                else (c._fut.exception() if not c._fut.cancelled() else DhtError("cancelled"))
+            )
             if err is not None:
                 reasons.append(f"{p.short()}: {err}")
             else:
@@ -388,8 +408,14 @@ class DhtLookups(DhtState):
         # the peer itself is not asked: we may be dialing it right now, waiting for this lookup
         # stop at the first record (``fresh``: the first newer than the one that failed us; the
         # requests in flight get a moment, one of them may hold a newer one still)
-        found = (lambda: best.record is not None and best.record.seq > known) if fresh else (lambda: best.record is not None)
-        await self._run(lk, "get_peer_record", (peer,), parse, found, skip=peer, grace=PEER_RECORD_GRACE if fresh else 0.0)
+        found = (
+            (lambda: best.record is not None and best.record.seq > known)
+            if fresh
+            else (lambda: best.record is not None)
+        )
+        await self._run(
+            lk, "get_peer_record", (peer,), parse, found, skip=peer, grace=PEER_RECORD_GRACE if fresh else 0.0
+        )
         self.stats.append(LookupStats("peer", lk.rounds, lk.queried))
         if best.record is not None:
             self._handed_out[peer] = best.record.seq  # a fresh look after these failed wants newer
@@ -405,3 +431,9 @@ class DhtLookups(DhtState):
             self.host.remember_addrs(peer, hinted, hint=True)
             return self.host.hinted_addrs(peer, list(hinted))
         raise PeerNotFound(f"no address of {peer} is known or published in the DHT")
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    """The lookup's deadline: its wait ends (unless an answer ended it first)."""
+    if not fut.done():
+        fut.set_result(None)

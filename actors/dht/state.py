@@ -191,7 +191,11 @@ class DhtState:
         more requests, a cascade when many peers are gone at once."""
         if self.rt.node_down(peer):  # membership holds it suspect or dead: do not wait on it
             fut = Future(self.rt.loop)
-            fut._reject(PeerUnreachable(f"{peer} is {self.rt.services['membership'].core.get(str(peer)).state} in the membership view"))
+            fut._reject(
+                PeerUnreachable(
+                    f"{peer} is {self.rt.services['membership'].core.get(str(peer)).state} in the membership view"
+                )
+            )
             return fut
         timeout = self.cfg.request_timeout
         if peer not in self.table:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from lattica import codec
 from lattica.actors.dht.lookups import DhtLookups
@@ -15,7 +16,17 @@ from lattica.config import DhtConfig
 from lattica.errors import ActorNotFound, DhtError, LatticaError, PermissionDenied, StoreFailed
 from lattica.kademlia import Lookup, key_id, node_id
 from lattica.logging import get_logger
-from lattica.records import REGISTRY_MAX_TTL, REGISTRY_PREFIX, TOMBSTONE, Entry, PeerRecord, encode_subkey, entry_to_wire, scope_of, sign_entry
+from lattica.records import (
+    REGISTRY_MAX_TTL,
+    REGISTRY_PREFIX,
+    TOMBSTONE,
+    Entry,
+    PeerRecord,
+    encode_subkey,
+    entry_to_wire,
+    scope_of,
+    sign_entry,
+)
 from lattica.runtime import ActorRef
 
 if TYPE_CHECKING:
@@ -87,9 +98,13 @@ class DhtUpkeep(DhtLookups):
         def store_here() -> None:
             self.store.put(key, sk, entry, self.peer_id)
 
-        return await self.store_on_closest(kid, "store", (key, entry_to_wire(sk, entry)), store_here, f"the record for {key[:64]!r}", "put")
+        return await self.store_on_closest(
+            kid, "store", (key, entry_to_wire(sk, entry)), store_here, f"the record for {key[:64]!r}", "put"
+        )
 
-    async def delete(self, key: bytes, subkey: Any = None, ttl: float = 60.0, still_wanted: Callable[[], bool] | None = None) -> int:
+    async def delete(
+        self, key: bytes, subkey: Any = None, ttl: float = 60.0, still_wanted: Callable[[], bool] | None = None
+    ) -> int:
         """Replace a record by a tombstone that outlives it (readers see nothing)."""
         sk = encode_subkey(subkey)
         self._mine.pop((key, sk), None)
@@ -122,7 +137,12 @@ class DhtUpkeep(DhtLookups):
             cert = mine.to_bytes()
             args += (cert,)
         return await self.store_on_closest(
-            key_id(cid), "add_provider", args, lambda: self.store.add_provider(cid, self.peer_id, ttl, cert), "the provider record", "provide"
+            key_id(cid),
+            "add_provider",
+            args,
+            lambda: self.store.add_provider(cid, self.peer_id, ttl, cert),
+            "the provider record",
+            "provide",
         )
 
     def stop_providing(self, cid: bytes) -> None:
@@ -141,11 +161,15 @@ class DhtUpkeep(DhtLookups):
         self.store.put_peer_record(rec)
         if lk is None:
             try:
-                return await self.store_on_closest(target, "put_peer_record", (rec.to_wire(),), lambda: None, "our peer record", "peer-record")
+                return await self.store_on_closest(
+                    target, "put_peer_record", (rec.to_wire(),), lambda: None, "our peer record", "peer-record"
+                )
             except StoreFailed:
                 return 1
         targets, _ = self.targets(lk, target, self.cfg.replication)
-        results = await asyncio.gather(*(self.call(p, "put_peer_record", rec.to_wire()) for p in targets), return_exceptions=True)
+        results = await asyncio.gather(
+            *(self.call(p, "put_peer_record", rec.to_wire()) for p in targets), return_exceptions=True
+        )
         return 1 + sum(not isinstance(r, BaseException) for r in results)
 
     # -- bootstrap, refresh, republish -------------------------------------------------------
@@ -280,7 +304,9 @@ class DhtUpkeep(DhtLookups):
         if self._live.get(key) is not value:
             return  # dropped or replaced meanwhile
         try:
-            await self.put(key, value(), subkey=self._live_as.get(key, self.peer_id), ttl=self.cfg.name_ttl, republish=False)
+            await self.put(
+                key, value(), subkey=self._live_as.get(key, self.peer_id), ttl=self.cfg.name_ttl, republish=False
+            )
         except LatticaError as e:
             log.info("could not publish a registration", key=key[:64], reason=str(e))
 
@@ -318,9 +344,11 @@ class DhtUpkeep(DhtLookups):
             outsider = self._outsider(name, found)
             if outsider is not None:
                 peer, why = outsider
-                raise PermissionDenied(f"the actor {name!r} is registered only by nodes outside this node's mesh ({peer}: {why}): "
-                                       f"if it is yours, this node ({self.peer_id}) was started without your mesh's key or an "
-                                       "invitation (LATTICA_MESH; docs/security.md); if not, a stranger holds the name")
+                raise PermissionDenied(
+                    f"the actor {name!r} is registered only by nodes outside this node's mesh ({peer}: {why}): "
+                    f"if it is yours, this node ({self.peer_id}) was started without your mesh's key or an "
+                    "invitation (LATTICA_MESH; docs/security.md); if not, a stranger holds the name"
+                )
             self._reseed()
             if not len(self.table) or loop.time() + delay >= deadline:
                 raise ActorNotFound(f"no live actor named {name!r} is registered in the DHT")
@@ -345,7 +373,9 @@ class DhtUpkeep(DhtLookups):
         """A live registration of ``name`` by a node outside our mesh, and why it is outside, when
         there are only such: most likely this node was started without the mesh key, and it is
         told so at once rather than after waiting for a member's registration."""
-        return next(((ref.peer_id, v.why) for _, ref, v in self._registrations(name, records) if v.circle == "stranger"), None)
+        return next(
+            ((ref.peer_id, v.why) for _, ref, v in self._registrations(name, records) if v.circle == "stranger"), None
+        )
 
     def _freshest(self, name: str, records: dict[bytes, Entry]) -> ActorRef | None:
         """The newest valid registration of ``name`` by a member of our mesh on a node membership
@@ -354,5 +384,9 @@ class DhtUpkeep(DhtLookups):
         squat an administrator's name by registering it later). The DHT is open to strangers:
         their registrations of a name are not ours to follow, however fresh (a stranger could
         otherwise take any name over)."""
-        live = [(v.admin, exp, ref) for exp, ref, v in self._registrations(name, records) if v.circle != "stranger" and not self.rt.node_gone(ref.peer_id)]
+        live = [
+            (v.admin, exp, ref)
+            for exp, ref, v in self._registrations(name, records)
+            if v.circle != "stranger" and not self.rt.node_gone(ref.peer_id)
+        ]
         return max(live, key=lambda r: r[:2])[2] if live else None

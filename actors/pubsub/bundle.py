@@ -50,10 +50,19 @@ class Bundle:
     def from_wire(cls, raw: Any, max_data: int, certs: Any = (), flooded: Any = ()) -> Bundle:
         """The bundle a peer's item list (its author's certificates, its flood set) name, or
         ProtocolError."""
-        if certs != () and (type(certs) is not list or len(certs) > MAX_CERTS or not all(type(c) is bytes and 0 < len(c) <= MAX_CERT for c in certs)):
-            raise ProtocolError(f"an author's certificates are a list of at most {MAX_CERTS} byte strings of at most {MAX_CERT} bytes")
-        if flooded != () and (type(flooded) is not list or not 0 < len(flooded) <= MAX_FLOODED
-                              or not all(type(t) is bytes and len(t) == TAG for t in flooded)):
+        if certs != () and (
+            type(certs) is not list
+            or len(certs) > MAX_CERTS
+            or not all(type(c) is bytes and 0 < len(c) <= MAX_CERT for c in certs)
+        ):
+            raise ProtocolError(
+                f"an author's certificates are a list of at most {MAX_CERTS} byte strings of at most {MAX_CERT} bytes"
+            )
+        if flooded != () and (
+            type(flooded) is not list
+            or not 0 < len(flooded) <= MAX_FLOODED
+            or not all(type(t) is bytes and len(t) == TAG for t in flooded)
+        ):
             raise ProtocolError(f"a flood set is a list of 1 to {MAX_FLOODED} tags of {TAG} bytes")
         if type(raw) is not list or not 0 < len(raw) <= MAX_ITEMS:
             raise ProtocolError(f"a message's items are a list of 1 to {MAX_ITEMS}")
@@ -82,8 +91,18 @@ class Bundle:
             return self._signed[1]
         t = topic.encode()
         certs = [b for c in self.certs for b in (len(c).to_bytes(2, "big"), c)]
-        parts = [_DOMAIN_FLOODED if self.flooded else _DOMAIN, len(t).to_bytes(2, "big"), t, len(author).to_bytes(1, "big"), author,
-                 seqno.to_bytes(8, "big"), len(self.leaves).to_bytes(2, "big"), *self.leaves, len(self.certs).to_bytes(1, "big"), *certs]
+        parts = [
+            _DOMAIN_FLOODED if self.flooded else _DOMAIN,
+            len(t).to_bytes(2, "big"),
+            t,
+            len(author).to_bytes(1, "big"),
+            author,
+            seqno.to_bytes(8, "big"),
+            len(self.leaves).to_bytes(2, "big"),
+            *self.leaves,
+            len(self.certs).to_bytes(1, "big"),
+            *certs,
+        ]
         if self.flooded:
             parts += [len(self.flooded).to_bytes(1, "big"), *self.flooded]
         signed = b"".join(parts)

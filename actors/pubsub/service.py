@@ -32,7 +32,8 @@ import asyncio
 import inspect
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from lattica import codec
 from lattica.budget import Buckets, StrangersShare
@@ -132,11 +133,11 @@ class _Outbound:
 
     def add(self, rpc: Rpc, cap: int, cap_bytes: int) -> None:
         p = self.pending
-        p.subscribe = (p.subscribe + rpc.subscribe)[-wire.MAX_ENTRIES:]
-        p.graft = (p.graft + rpc.graft)[-wire.MAX_ENTRIES:]
-        p.prune = (p.prune + rpc.prune)[-wire.MAX_ENTRIES:]
-        p.choke = (p.choke + rpc.choke)[-wire.MAX_ENTRIES:]
-        p.unchoke = (p.unchoke + rpc.unchoke)[-wire.MAX_ENTRIES:]
+        p.subscribe = (p.subscribe + rpc.subscribe)[-wire.MAX_ENTRIES :]
+        p.graft = (p.graft + rpc.graft)[-wire.MAX_ENTRIES :]
+        p.prune = (p.prune + rpc.prune)[-wire.MAX_ENTRIES :]
+        p.choke = (p.choke + rpc.choke)[-wire.MAX_ENTRIES :]
+        p.unchoke = (p.unchoke + rpc.unchoke)[-wire.MAX_ENTRIES :]
         p.messages += rpc.messages
         self.bytes += sum(m.size for m in rpc.messages)
         p.ihave += rpc.ihave
@@ -159,7 +160,9 @@ class _Outbound:
             del p.ihave[: len(p.ihave) - wire.MAX_IHAVE_TOPICS]
         ids = sum(len(i) for _, i in p.ihave)
         if ids + len(p.iwant) + len(p.idontwant) > wire.MAX_BATCH_IDS:
-            room = wire.MAX_BATCH_IDS // 2  # IWANT and IDONTWANT at most half each, then IHAVE ids, newest first, as far as they fit
+            room = (
+                wire.MAX_BATCH_IDS // 2
+            )  # IWANT and IDONTWANT at most half each, then IHAVE ids, newest first, as far as they fit
             del p.iwant[: max(len(p.iwant) - room, 0)]
             del p.idontwant[: max(len(p.idontwant) - room, 0)]
             left = wire.MAX_BATCH_IDS - len(p.iwant) - len(p.idontwant)
@@ -185,8 +188,17 @@ class _Outbound:
             self.pending = Rpc()
             self.bytes = 0
             return p
-        out = Rpc(subscribe=p.subscribe, messages=p.messages[:n], ihave=p.ihave, iwant=p.iwant, graft=p.graft, prune=p.prune,
-                  idontwant=p.idontwant, choke=p.choke, unchoke=p.unchoke)
+        out = Rpc(
+            subscribe=p.subscribe,
+            messages=p.messages[:n],
+            ihave=p.ihave,
+            iwant=p.iwant,
+            graft=p.graft,
+            prune=p.prune,
+            idontwant=p.idontwant,
+            choke=p.choke,
+            unchoke=p.unchoke,
+        )
         self.pending = Rpc(messages=p.messages[n:])
         self.bytes -= size
         return out
@@ -206,7 +218,9 @@ class PubSubService:
         self._subs: dict[str, list[Subscription]] = {}
         self._handlers: dict[str, list[Callable[[Message], Any]]] = {}
         self._validators: dict[str, Callable[[Message], Any]] = {}
-        self._payloads: dict[bytes, tuple[list, Any]] = {}  # message id -> ([(item, decoded data)], peer it came from), until delivered
+        self._payloads: dict[
+            bytes, tuple[list, Any]
+        ] = {}  # message id -> ([(item, decoded data)], peer it came from), until delivered
         self._batches: dict[str, _Batch] = {}
         self._send_later: asyncio.Handle | None = None  # the batches' departure
         rate = self.cfg.author_rate
@@ -226,14 +240,20 @@ class PubSubService:
         self._strangers: set[PeerId] = set()  # router peers outside our mesh: open topics only
         self._deaf: set[PeerId] = set()  # strangers that refused our batches: sent nothing more while connected
         self._stranger_batches = Buckets(*_STRANGER_BATCHES, _KEYS_MAX)
-        self._strangers_batches = StrangersShare(*_STRANGERS_BATCHES, lambda peer: True)  # (asked for strangers' batches only)
+        self._strangers_batches = StrangersShare(
+            *_STRANGERS_BATCHES, lambda peer: True
+        )  # (asked for strangers' batches only)
         rate = max(self.cfg.strangers_messages, 0.0)
-        self._strangers_messages = StrangersShare(rate, max(2 * rate, 1.0), lambda peer: True)  # (PubSubConfig.strangers_messages)
+        self._strangers_messages = StrangersShare(
+            rate, max(2 * rate, 1.0), lambda peer: True
+        )  # (PubSubConfig.strangers_messages)
         self._strangers_waiting: deque[tuple[PeerId, Envelope]] = deque(maxlen=_STRANGERS_WAITING)
         self._strangers_turn: asyncio.Handle | None = None
         self._dials = Buckets(*_DIALS_PER_IP, _KEYS_MAX)
         self._closed = False
-        self.published = self.delivered = self.rejected = self.bundles = self.copies = 0  # copies: items of peers' messages received
+        self.published = self.delivered = self.rejected = self.bundles = self.copies = (
+            0  # copies: items of peers' messages received
+        )
         self.host.events.identified.subscribe(self._on_identified)
         self.host.events.disconnected.subscribe(self._on_disconnected)
 
@@ -253,11 +273,22 @@ class PubSubService:
         if self._router is None:
             _load()
             cfg = self.cfg
-            params = GossipParams(d=cfg.d, d_lo=cfg.d_lo, d_hi=cfg.d_hi, d_score=min(4, cfg.d), heartbeat=cfg.heartbeat,
-                                  max_message_bytes=cfg.max_message_bytes, max_flood_set=MAX_FLOODED)
+            params = GossipParams(
+                d=cfg.d,
+                d_lo=cfg.d_lo,
+                d_hi=cfg.d_hi,
+                d_score=min(4, cfg.d),
+                heartbeat=cfg.heartbeat,
+                max_message_bytes=cfg.max_message_bytes,
+                max_flood_set=MAX_FLOODED,
+            )
             router = self._router = Router(self.rt.peer_id, params)
             for info in list(self.host.info.values()):
-                if (info.circle != "stranger" or self.cfg.open_topics) and info.peer_id != self.rt.peer_id and info.peer_id not in router.peers:
+                if (
+                    (info.circle != "stranger" or self.cfg.open_topics)
+                    and info.peer_id != self.rt.peer_id
+                    and info.peer_id not in router.peers
+                ):
                     if info.circle == "stranger":
                         self._strangers.add(info.peer_id)
                     router.add_peer(info.peer_id, self._now(), ip=_ip_of(info.remote_addr))
@@ -268,7 +299,9 @@ class PubSubService:
 
     # -- the node's side ------------------------------------------------------------------------
 
-    def subscribe(self, topic: str, maxsize: int | None = None, handler: Callable[[Message], Any] | None = None) -> Subscription | None:
+    def subscribe(
+        self, topic: str, maxsize: int | None = None, handler: Callable[[Message], Any] | None = None
+    ) -> Subscription | None:
         """Join ``topic``: a Subscription to read, or, with ``handler``, each message is passed to
         it on the node loop (an actor method handle is told the message)."""
         self.router  # noqa: B018 -- (loads the machinery at first use)
@@ -280,7 +313,13 @@ class PubSubService:
         if handler is not None:
             self._handlers.setdefault(topic, []).append(handler)
         else:
-            sub = Subscription(topic, self.host.loop, maxsize or self.cfg.subscription_queue, self._closed_sub, self.cfg.subscription_bytes)
+            sub = Subscription(
+                topic,
+                self.host.loop,
+                maxsize or self.cfg.subscription_queue,
+                self._closed_sub,
+                self.cfg.subscription_bytes,
+            )
             self._subs.setdefault(topic, []).append(sub)
         if first:
             self.router.join(topic, self._now())
@@ -343,9 +382,13 @@ class PubSubService:
         wire.check_topic(topic)
         body = b"".join(bytes(c) for c in codec.encode(data))
         if len(body) > self.cfg.max_message_bytes:
-            raise ValueError(f"a message of {len(body)} bytes is over this node's {self.cfg.max_message_bytes} (PubSubConfig.max_message_bytes)")
+            raise ValueError(
+                f"a message of {len(body)} bytes is over this node's {self.cfg.max_message_bytes} (PubSubConfig.max_message_bytes)"
+            )
         batch = self._batches.get(topic)
-        if batch is not None and (len(batch.bodies) >= wire.MAX_ITEMS or batch.size + len(body) > self.cfg.max_message_bytes):
+        if batch is not None and (
+            len(batch.bodies) >= wire.MAX_ITEMS or batch.size + len(body) > self.cfg.max_message_bytes
+        ):
             self._send(topic)
             batch = None
         self.published += 1
@@ -355,7 +398,9 @@ class PubSubService:
             if self._send_later is None:
                 wait = self._send_wait()
                 loop = self.host.loop
-                self._send_later = loop.call_soon(self._send_all) if wait <= 0 else loop.call_later(wait, self._send_all)
+                self._send_later = (
+                    loop.call_soon(self._send_all) if wait <= 0 else loop.call_later(wait, self._send_all)
+                )
             batch = self._batches[topic] = _Batch(self.router.reach(topic, self._now()))
         batch.bodies.append(body)
         batch.datas.append(data)
@@ -384,7 +429,9 @@ class PubSubService:
         trust = self.host.trust
         now = self._now()
         bundle = Bundle(batch.bodies, [] if trust.open else trust.presented, sorted(self.router.flood_set(topic, now)))
-        env = wire.envelope(topic, self._author, seqno, bundle, self.host.keypair.sign(bundle.signed_bytes(topic, self._author, seqno)))
+        env = wire.envelope(
+            topic, self._author, seqno, bundle, self.host.keypair.sign(bundle.signed_bytes(topic, self._author, seqno))
+        )
         self._payloads[env.id] = (list(enumerate(batch.datas)), None)
         self.bundles += 1
         reach = self.router.publish(env, now)
@@ -406,7 +453,7 @@ class PubSubService:
             self._heard.clear()
             try:
                 await asyncio.wait_for(self._heard.wait(), deadline - now)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
         # our own messages wait for room rather than be dropped: a publisher faster than its
         # peers take messages is slowed to their pace (forwarded messages are dropped instead)
@@ -414,15 +461,17 @@ class PubSubService:
             self._drained.clear()
             try:
                 await asyncio.wait_for(self._drained.wait(), 1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         return self.publish(topic, data)
 
     def _backlogged(self) -> bool:
         """Whether the slowest peer that is taking any messages has half its queue waiting."""
         cfg = self.cfg
-        return any(o.in_flight and (len(o.pending.messages) >= cfg.peer_queue // 2 or o.bytes >= cfg.peer_queue_bytes // 2)
-                   for o in self._out.values())
+        return any(
+            o.in_flight and (len(o.pending.messages) >= cfg.peer_queue // 2 or o.bytes >= cfg.peer_queue_bytes // 2)
+            for o in self._out.values()
+        )
 
     def topics(self) -> list[str]:
         return sorted(self._router.mesh) if self._router is not None else []
@@ -436,9 +485,16 @@ class PubSubService:
         return sorted(peers, key=str)
 
     def stats(self) -> dict:
-        return {"published": self.published, "bundles": self.bundles, "delivered": self.delivered, "copies": self.copies, "rejected": self.rejected,
-                "peers": len(self._router.peers) if self._router is not None else 0, "topics": self.topics(),
-                "dropped_to_peers": sum(o.dropped for o in self._out.values())}
+        return {
+            "published": self.published,
+            "bundles": self.bundles,
+            "delivered": self.delivered,
+            "copies": self.copies,
+            "rejected": self.rejected,
+            "peers": len(self._router.peers) if self._router is not None else 0,
+            "topics": self.topics(),
+            "dropped_to_peers": sum(o.dropped for o in self._out.values()),
+        }
 
     # -- peers ----------------------------------------------------------------------------------
 
@@ -475,17 +531,23 @@ class PubSubService:
             if not provided:
                 try:
                     provided = await dht.provide(key, ttl=_PROVIDE_TTL) > 0
-                except (LatticaError, asyncio.TimeoutError) as e:
+                except (TimeoutError, LatticaError) as e:
                     log.debug("pub-sub topic not announced yet", topic=topic, reason=str(e))
             known = len(self.router.topics.get(topic, ()))
             if known < self.cfg.d_lo:
                 try:
                     found = await dht.find_providers(key, count=20)
-                except (LatticaError, asyncio.TimeoutError) as e:
+                except (TimeoutError, LatticaError) as e:
                     log.debug("pub-sub topic lookup failed", topic=topic, reason=str(e))
                     found = []
                 now = self._now()
-                fresh = [p for p in found if p != self.rt.peer_id and p not in self.host.conns and now - self._failed.get(p, -_FAILED_FOR) >= _FAILED_FOR]
+                fresh = [
+                    p
+                    for p in found
+                    if p != self.rt.peer_id
+                    and p not in self.host.conns
+                    and now - self._failed.get(p, -_FAILED_FOR) >= _FAILED_FOR
+                ]
                 fresh = fresh[: max(self.cfg.d - known, 0)]
                 await asyncio.gather(*(self._connect(p) for p in fresh))
                 wait = min(wait * 2, _FIND_EVERY[1])
@@ -496,13 +558,17 @@ class PubSubService:
     async def _connect(self, peer: PeerId) -> None:
         """Dial a topic provider, unless a direct address it names has had its dials (circuits
         are the relays' to check); one we cannot reach is left alone for ``_FAILED_FOR``."""
-        ips = {host_key(ip) for a in self.host.peer_addrs.get(peer, ()) if (ip := ip_of(a)) is not None and not is_loopback_ip(ip)}
+        ips = {
+            host_key(ip)
+            for a in self.host.peer_addrs.get(peer, ())
+            if (ip := ip_of(a)) is not None and not is_loopback_ip(ip)
+        }
         if not all([self._dials.take(ip) for ip in ips]):
             log.debug("pub-sub topic peer not dialed: its address had its dials", peer=str(peer))
             return
         try:
             await self.host.get_connection(peer)
-        except (LatticaError, OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, LatticaError, OSError) as e:
             log.debug("pub-sub topic peer not reached", peer=str(peer), reason=str(e))
             if len(self._failed) >= _KEYS_MAX:
                 self._failed.pop(next(iter(self._failed)))
@@ -521,7 +587,7 @@ class PubSubService:
         """The peer's round trip, which tells its forwarded copies from echoes of ours (P3)."""
         try:
             rtts = await self.host.ping(peer, 1, 5.0)
-        except (LatticaError, OSError, asyncio.TimeoutError):
+        except (TimeoutError, LatticaError, OSError):
             return
         if rtts:
             self.router.set_rtt(peer, min(rtts))
@@ -657,7 +723,7 @@ class PubSubService:
     async def _finish(self, env: Envelope, pending: list, waiting: int) -> None:
         try:
             verdicts = await asyncio.wait_for(_gather_verdicts(pending, env.topic), self.cfg.validate_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.info("pub-sub validator timed out", topic=env.topic, seconds=self.cfg.validate_timeout)
             verdicts = IGNORE
         except Exception:
@@ -712,18 +778,29 @@ class PubSubService:
 
     def _open(self, topic: str | None) -> bool:
         """Whether ``topic`` is one we opened to strangers."""
-        return topic is not None and any(t == topic or (t.endswith("*") and topic.startswith(t[:-1])) for t in self.cfg.open_topics)
+        return topic is not None and any(
+            t == topic or (t.endswith("*") and topic.startswith(t[:-1])) for t in self.cfg.open_topics
+        )
 
     def _only_open(self, rpc: Rpc, to_stranger: bool) -> Rpc:
         """The parts of ``rpc`` about our open topics: what a stranger may send us (it may ask
         only for their messages) or be sent (ids of no other topic's messages)."""
         ok, topic_of = self._open, self.router.topic_of
-        iwant = rpc.iwant if to_stranger else [i for i in rpc.iwant if ok(topic_of(i))]  # (ours answer its IHAVEs of open topics)
+        iwant = (
+            rpc.iwant if to_stranger else [i for i in rpc.iwant if ok(topic_of(i))]
+        )  # (ours answer its IHAVEs of open topics)
         idontwant = [i for i in rpc.idontwant if ok(topic_of(i))] if to_stranger else rpc.idontwant
-        return Rpc(subscribe=[(t, on) for t, on in rpc.subscribe if ok(t)], messages=[m for m in rpc.messages if ok(m.topic)],
-                   ihave=[(t, ids) for t, ids in rpc.ihave if ok(t)], iwant=iwant, graft=[t for t in rpc.graft if ok(t)],
-                   prune=[(t, b) for t, b in rpc.prune if ok(t)], idontwant=idontwant, choke=[t for t in rpc.choke if ok(t)],
-                   unchoke=[t for t in rpc.unchoke if ok(t)])
+        return Rpc(
+            subscribe=[(t, on) for t, on in rpc.subscribe if ok(t)],
+            messages=[m for m in rpc.messages if ok(m.topic)],
+            ihave=[(t, ids) for t, ids in rpc.ihave if ok(t)],
+            iwant=iwant,
+            graft=[t for t in rpc.graft if ok(t)],
+            prune=[(t, b) for t, b in rpc.prune if ok(t)],
+            idontwant=idontwant,
+            choke=[t for t in rpc.choke if ok(t)],
+            unchoke=[t for t in rpc.unchoke if ok(t)],
+        )
 
     def _strangers_part(self, peer: PeerId, raw: Any) -> Any:
         """A stranger's batch with only as many of its messages as the strangers' share has
@@ -831,7 +908,7 @@ class PubSubService:
             self._drained.clear()
             try:
                 await asyncio.wait_for(self._drained.wait(), deadline - loop.time())
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
 
     def close(self) -> None:

@@ -36,7 +36,16 @@ MAX_IDS = 5000  # ids per IHAVE topic, per IWANT, per IDONTWANT
 
 def envelope(topic: str, author: bytes, seqno: int, bundle: Bundle, signature: bytes) -> Envelope:
     """The router's envelope of a signed bundle (its id covers what ``Bundle.digest`` says)."""
-    return Envelope(topic, author, seqno, bundle, signature, bundle.digest(topic, author, seqno, signature), bundle.size, frozenset(bundle.flooded))
+    return Envelope(
+        topic,
+        author,
+        seqno,
+        bundle,
+        signature,
+        bundle.digest(topic, author, seqno, signature),
+        bundle.size,
+        frozenset(bundle.flooded),
+    )
 
 
 def encode(rpc: Rpc) -> list:
@@ -45,7 +54,12 @@ def encode(rpc: Rpc) -> list:
             [[t, on] for t, on in rpc.subscribe],
             [_message(m) for m in rpc.messages],
             [[t, ids] for t, ids in rpc.ihave],
-            rpc.iwant, rpc.graft, [[t, b] for t, b in rpc.prune], rpc.idontwant, rpc.choke, rpc.unchoke,
+            rpc.iwant,
+            rpc.graft,
+            [[t, b] for t, b in rpc.prune],
+            rpc.idontwant,
+            rpc.choke,
+            rpc.unchoke,
         ]
     return [
         [[t, on] for t, on in rpc.subscribe],
@@ -62,7 +76,11 @@ def _message(m: Envelope) -> list:
     b = m.data
     if b.flooded:
         return [m.topic, m.author, m.seqno, b.wire(), m.signature, list(b.certs), list(b.flooded)]
-    return [m.topic, m.author, m.seqno, b.wire(), m.signature, b.certs] if b.certs else [m.topic, m.author, m.seqno, b.wire(), m.signature]
+    return (
+        [m.topic, m.author, m.seqno, b.wire(), m.signature, b.certs]
+        if b.certs
+        else [m.topic, m.author, m.seqno, b.wire(), m.signature]
+    )
 
 
 def decode(raw: Any, max_data: int) -> Rpc:
@@ -80,7 +98,9 @@ def decode(raw: Any, max_data: int) -> Rpc:
         rpc.subscribe.append((check_topic(item[0]), item[1]))
     for item in _entries(msgs, "messages"):
         if type(item) is not list or len(item) not in (5, 6, 7):
-            raise ProtocolError("a message is [topic, author, seqno, items, signature] (then the author's certificates, then its flood set)")
+            raise ProtocolError(
+                "a message is [topic, author, seqno, items, signature] (then the author's certificates, then its flood set)"
+            )
         topic, author, seqno, items, sig = item[:5]
         if type(author) is not bytes or not 0 < len(author) <= MAX_AUTHOR:
             raise ProtocolError("a message's author is a PeerId's bytes")

@@ -22,7 +22,8 @@ import os
 import statistics
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from lattica import codec, dht, pubsub
 from lattica.actors.content import content_ref
@@ -84,8 +85,13 @@ def _pin(cores: set[int] | None) -> None:
 def _victim(mesh: str, pipe: Any, cores: set[int] | None = None) -> None:
 
     _pin(cores)
-    node = Node([_LOOPBACK], mesh=MeshKey.from_text(mesh), allow=["lattica.bench.attack.*"],
-                pubsub=PubSubConfig(open_topics=[OPEN_TOPIC]), content=ContentConfig(blocks="memory")).start()
+    node = Node(
+        [_LOOPBACK],
+        mesh=MeshKey.from_text(mesh),
+        allow=["lattica.bench.attack.*"],
+        pubsub=PubSubConfig(open_topics=[OPEN_TOPIC]),
+        content=ContentConfig(blocks="memory"),
+    ).start()
     pubsub.subscribe(OPEN_TOPIC, handler=lambda m: None, node=node)
     pubsub.subscribe(TOPIC, handler=lambda m: None, node=node)  # (the members' messages go through it)
     pipe.send(str(node.addrs[0]))
@@ -128,7 +134,9 @@ def _attackers(kind: str, n: int, victim: str, seconds: float, pipe: Any, cores:
     _pin(cores)
     addr = Multiaddr(victim)
     listen = [_LOOPBACK] if kind == "providers" else []  # (a provider record is kept only for a dialable peer)
-    nodes = [Node(listen, mesh=MeshKey.generate(), pubsub=False, content=False, membership=False).start() for _ in range(n)]
+    nodes = [
+        Node(listen, mesh=MeshKey.generate(), pubsub=False, content=False, membership=False).start() for _ in range(n)
+    ]
     try:
         for s in nodes:
             s.connect(addr)
@@ -151,7 +159,7 @@ async def _calls_at_once(end: float, at_once: int, one: Callable[[int], Any]) ->
         while time.monotonic() < end:
             try:
                 await one(w * 1_000_000 + i)
-            except (LatticaError, asyncio.TimeoutError):
+            except (TimeoutError, LatticaError):
                 await asyncio.sleep(0.01)  # (refused: ask again, as a flood does)
             i += 1
 
@@ -182,7 +190,15 @@ async def _pubsub(s: Any, addr: Any, end: float) -> None:
         for i in range(256):
             kp, seqno = authors[i % 16], time.time_ns() + i
             signed = Bundle([body], [])
-            out.append([OPEN_TOPIC, kp.peer_id.to_bytes(), seqno, [body], kp.sign(signed.signed_bytes(OPEN_TOPIC, kp.peer_id.to_bytes(), seqno))])
+            out.append(
+                [
+                    OPEN_TOPIC,
+                    kp.peer_id.to_bytes(),
+                    seqno,
+                    [body],
+                    kp.sign(signed.signed_bytes(OPEN_TOPIC, kp.peer_id.to_bytes(), seqno)),
+                ]
+            )
         return [[], out, [], [], [], [], []]
 
     await _calls_at_once(end, 2, lambda i: s._host.runtime.call(ref, "open_rpc", (batch(),), {}, timeout=10))
@@ -223,7 +239,13 @@ async def _store(s: Any, addr: Any, end: float) -> None:
     me = str(s.peer_id).encode()
 
     def one(i: int) -> Any:
-        return s._host.runtime.call(ref, "store", (b"junk/" + me + b"/%d" % i, entry_to_wire(b"", Entry(value, time.time() + 86_000))), {}, timeout=10)
+        return s._host.runtime.call(
+            ref,
+            "store",
+            (b"junk/" + me + b"/%d" % i, entry_to_wire(b"", Entry(value, time.time() + 86_000))),
+            {},
+            timeout=10,
+        )
 
     await _calls_at_once(end, 8, one)
 
@@ -244,7 +266,13 @@ async def _cpu(s: Any, addr: Any, end: float) -> None:
 
 _ATTACK: dict[str, Callable[[Any, Any, float], Any]] = {
     "cpu": _cpu,
-    "have": _have, "calls": _calls, "pubsub": _pubsub, "streams": _streams, "sockets": _sockets, "store": _store, "providers": _providers,
+    "have": _have,
+    "calls": _calls,
+    "pubsub": _pubsub,
+    "streams": _streams,
+    "sockets": _sockets,
+    "store": _store,
+    "providers": _providers,
 }
 
 
@@ -321,9 +349,11 @@ class _Members:
         end = time.monotonic() + seconds
         i = first
         while time.monotonic() < end:
-            for what, fn in (("call", lambda: self.a.run(call(), timeout=10)),
-                             ("lookup", lambda: dht.find_providers(LOOKUP_KEY, count=6, node=self.a).result(10)),
-                             ("have", lambda: self.a.run(have(), timeout=10))):
+            for what, fn in (
+                ("call", lambda: self.a.run(call(), timeout=10)),
+                ("lookup", lambda: dht.find_providers(LOOKUP_KEY, count=6, node=self.a).result(10)),
+                ("have", lambda: self.a.run(have(), timeout=10)),
+            ):
                 t0 = time.perf_counter()
                 try:
                     out = fn()
@@ -356,8 +386,12 @@ def _p99(xs: list[float]) -> float:
     return statistics.quantiles(xs, n=100)[98]
 
 
-def bench_attack(attacks: tuple[str, ...] = ATTACKS, identities: tuple[int, ...] = IDENTITIES, seconds: float = 4.0,
-                 split_cores: bool = True) -> list[dict[str, Any]]:
+def bench_attack(
+    attacks: tuple[str, ...] = ATTACKS,
+    identities: tuple[int, ...] = IDENTITIES,
+    seconds: float = 4.0,
+    split_cores: bool = True,
+) -> list[dict[str, Any]]:
     """One row quiet, then one per attack and number of identities, each against the quiet row.
     ``split_cores``: the attackers get a core of their own (the last), the victim and the
     members the others, as if the attackers ran elsewhere: what the figures then show is what
@@ -383,14 +417,23 @@ def bench_attack(attacks: tuple[str, ...] = ATTACKS, identities: tuple[int, ...]
         members = _Members(key, addr)
         members.measure(1.0)  # (warm)
         quiet = _measured(members, victim.pid, seconds)
-        quiet.update(bench="attack", attack="quiet", identities=0, attackers_cores=sorted(attackers_cores) if attackers_cores else "shared")
+        quiet.update(
+            bench="attack",
+            attack="quiet",
+            identities=0,
+            attackers_cores=sorted(attackers_cores) if attackers_cores else "shared",
+        )
         rows.append(quiet)
         for kind in attacks:
             for n in identities:
                 with _attacking(kind, n, addr, seconds + 1.0, attackers_cores) as attackers:
                     got = _measured(members, victim.pid, seconds, attackers)
                 got.update(bench="attack", attack=kind, identities=n)
-                worst = max(got[f"{k}_p99_ms"] / quiet[f"{k}_p99_ms"] for k in ("call", "lookup", "have", "pubsub") if quiet[f"{k}_p99_ms"] > 0)
+                worst = max(
+                    got[f"{k}_p99_ms"] / quiet[f"{k}_p99_ms"]
+                    for k in ("call", "lookup", "have", "pubsub")
+                    if quiet[f"{k}_p99_ms"] > 0
+                )
                 got["x_quiet"] = round(worst, 2)
                 rows.append(got)
                 time.sleep(1.0)  # (the victim settles: dropped connections, refused streams)

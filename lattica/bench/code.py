@@ -30,17 +30,20 @@ from typing import Any
 import lattica
 from lattica.mesh.process import cli_node
 from lattica.trust import MeshKey
-_CLASS = '''import lattica
+
+_CLASS = """import lattica
 
 
 @lattica.actor
 class Echo:
     def echo(self, x):
         return x
-'''
+"""
 
 
-def bench_code(sizes: tuple[int, ...] = (100_000, 10_000_000), nodes: int = 8, spawns: int = 20) -> list[dict[str, Any]]:
+def bench_code(
+    sizes: tuple[int, ...] = (100_000, 10_000_000), nodes: int = 8, spawns: int = 20
+) -> list[dict[str, Any]]:
     """One row per package size (see the module docstring)."""
     tmp = tempfile.mkdtemp(prefix="lattica-bench-code-")
     try:
@@ -50,8 +53,12 @@ def bench_code(sizes: tuple[int, ...] = (100_000, 10_000_000), nodes: int = 8, s
         os.makedirs(installed)
         with open(os.path.join(installed, "benchinstalled.py"), "w") as f:
             f.write(_CLASS)
-        env = dict(os.environ, HOME=os.path.join(tmp, "home"), LATTICA_MESH=key,
-                   PYTHONPATH=os.pathsep.join(p for p in (installed, os.environ.get("PYTHONPATH")) if p))
+        env = dict(
+            os.environ,
+            HOME=os.path.join(tmp, "home"),
+            LATTICA_MESH=key,
+            PYTHONPATH=os.pathsep.join(p for p in (installed, os.environ.get("PYTHONPATH")) if p),
+        )
         procs, addrs = _start_nodes(nodes, env, tmp)
         try:
             return [_one_size(size, key, addrs, installed, tmp, spawns) for size in sizes]
@@ -72,7 +79,9 @@ def _start_nodes(n: int, env: dict[str, str], tmp: str) -> tuple[list[subprocess
     for i in range(n):
         cwd = os.path.join(tmp, f"node{i}")
         os.makedirs(cwd)
-        proc, addr = cli_node("--allow", "benchinstalled.*", *(["--connect", addrs[0]] if addrs else []), cwd=cwd, env=env)
+        proc, addr = cli_node(
+            "--allow", "benchinstalled.*", *(["--connect", addrs[0]] if addrs else []), cwd=cwd, env=env
+        )
         procs.append(proc)
         addrs.append(addr)
     return procs, addrs
@@ -143,11 +152,19 @@ def _one_size(size: int, key: str, addrs: list[str], installed: str, tmp: str, s
             cached_ms = median_spawn(app)
             installed_again_ms = median_spawn(plain)
             del keep
-        return {"bench": "code", "package_bytes": size, "nodes": len(addrs), "pack_ms": round(pack_ms, 1),
-                "first_spawn_ms": round(first_ms, 1), "fleet_ms": round(fleet_ms, 1), "uploaded_bytes": uploaded,
-                "uploaded_packages": round(uploaded / size, 2), "cached_ms": round(cached_ms, 2),
-                "installed_ms": round(statistics.median([installed_ms, installed_again_ms]), 2),
-                "cached_over_installed": round(cached_ms / statistics.median([installed_ms, installed_again_ms]), 3)}
+        return {
+            "bench": "code",
+            "package_bytes": size,
+            "nodes": len(addrs),
+            "pack_ms": round(pack_ms, 1),
+            "first_spawn_ms": round(first_ms, 1),
+            "fleet_ms": round(fleet_ms, 1),
+            "uploaded_bytes": uploaded,
+            "uploaded_packages": round(uploaded / size, 2),
+            "cached_ms": round(cached_ms, 2),
+            "installed_ms": round(statistics.median([installed_ms, installed_again_ms]), 2),
+            "cached_over_installed": round(cached_ms / statistics.median([installed_ms, installed_again_ms]), 3),
+        }
     finally:
         for p in (folder, installed):
             while p in sys.path:

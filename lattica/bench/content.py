@@ -15,7 +15,8 @@ import shutil
 import statistics
 import tempfile
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -55,8 +56,13 @@ class Fetcher:
         svc = _content()
         t0 = time.perf_counter()
         await svc.fetch(Cid.parse(cid))
-        return {"seconds": time.perf_counter() - t0, "served": svc.served_bytes,
-                "peers": {str(p): [s.bytes, s.blocks, s.duplicates, s.asked, s.failures] for p, s in svc.last_stats.items()}}
+        return {
+            "seconds": time.perf_counter() - t0,
+            "served": svc.served_bytes,
+            "peers": {
+                str(p): [s.bytes, s.blocks, s.duplicates, s.asked, s.failures] for p, s in svc.last_stats.items()
+            },
+        }
 
 
 def _pseudo_random(size: int, seed: int) -> bytes:
@@ -101,7 +107,9 @@ def _call(node: lattica.Node, ref: Any, method: str, *args: Any, timeout: float 
     return node.run(go(), timeout=timeout)
 
 
-def bench_content(size: int = 256 * MiB, fetchers: int = 8, small: int = 10_000, rounds: int = 3) -> Iterator[dict[str, Any]]:
+def bench_content(
+    size: int = 256 * MiB, fetchers: int = 8, small: int = 10_000, rounds: int = 3
+) -> Iterator[dict[str, Any]]:
     """The four figures of docs/benchmarks.md (content plane), each the median of ``rounds``
     where it is cheap enough (the swarm runs once); rows as they are measured."""
     data = os.urandom(64 * MiB)
@@ -116,8 +124,15 @@ def bench_content(size: int = 256 * MiB, fetchers: int = 8, small: int = 10_000,
             publisher = _spawn(me, Publisher, pub.peer_id)
             # publish: chunk + hash + store, in the publishing process
             pubs = [_call(me, publisher, "publish", size, MiB, 100 + r) for r in range(rounds)]
-            yield ({"bench": "content", "case": "publish", "mib": size // MiB,
-                         "mb_s": round(size / statistics.median(p["seconds"] for p in pubs) / 1e6, 1), "sha256_mb_s": round(sha_mb_s, 1)})
+            yield (
+                {
+                    "bench": "content",
+                    "case": "publish",
+                    "mib": size // MiB,
+                    "mb_s": round(size / statistics.median(p["seconds"] for p in pubs) / 1e6, 1),
+                    "sha256_mb_s": round(sha_mb_s, 1),
+                }
+            )
             # one provider -> one fetcher (a fresh fetcher process, empty blockstore, each round)
             speeds = []
             for p in pubs:
@@ -126,8 +141,16 @@ def bench_content(size: int = 256 * MiB, fetchers: int = 8, small: int = 10_000,
                 fetcher = _spawn(me, Fetcher, fp.peer_id)
                 got = _call(me, fetcher, "fetch", p["cid"])
                 speeds.append(size / got["seconds"] / 1e6)
-            yield ({"bench": "content", "case": "1->1", "mib": size // MiB, "mb_s": round(statistics.median(speeds), 1),
-                         "min": round(min(speeds), 1), "max": round(max(speeds), 1)})
+            yield (
+                {
+                    "bench": "content",
+                    "case": "1->1",
+                    "mib": size // MiB,
+                    "mb_s": round(statistics.median(speeds), 1),
+                    "min": round(min(speeds), 1),
+                    "max": round(max(speeds), 1),
+                }
+            )
             # a swarm: one publisher, ``fetchers`` fetchers starting together
             swarm_cid = _call(me, publisher, "publish", size, MiB, 999)["cid"]
             before = _call(me, publisher, "served")
@@ -145,20 +168,36 @@ def bench_content(size: int = 256 * MiB, fetchers: int = 8, small: int = 10_000,
             total = time.perf_counter() - t0
             uploaded = _call(me, publisher, "served") - before
             one = size / statistics.median(speeds) / 1e6
-            yield ({"bench": "content", "case": f"swarm 1->{fetchers}", "mib": size // MiB, "all_done_s": round(total, 2),
-                         "slowest_s": round(max(r["seconds"] for r in results), 2), "one_fetch_s": round(one, 2),
-                         "publisher_uploaded_x": round(uploaded / size, 2)})
+            yield (
+                {
+                    "bench": "content",
+                    "case": f"swarm 1->{fetchers}",
+                    "mib": size // MiB,
+                    "all_done_s": round(total, 2),
+                    "slowest_s": round(max(r["seconds"] for r in results), 2),
+                    "one_fetch_s": round(one, 2),
+                    "publisher_uploaded_x": round(uploaded / size, 2),
+                }
+            )
             # many small blocks (one object of 4 KiB chunks) from two providers
             pub2 = procs.start([pub.addr("tcp")])
             me.connect(pub2.addr("tcp"))
             publisher2 = _spawn(me, Publisher, pub2.peer_id)
             small_cid = _call(me, publisher, "publish", small * 4096, 4096, 7)["cid"]
-            assert _call(me, publisher2, "publish", small * 4096, 4096, 7)["cid"] == small_cid  # the same object on both
+            assert (
+                _call(me, publisher2, "publish", small * 4096, 4096, 7)["cid"] == small_cid
+            )  # the same object on both
             fp = procs.start([pub.addr("tcp"), pub2.addr("tcp")])
             me.connect(fp.addr("tcp"))
             fetcher = _spawn(me, Fetcher, fp.peer_id)
             got = _call(me, fetcher, "fetch", small_cid)
-            yield ({"bench": "content", "case": f"{small} x 4 KiB, 2 providers", "blocks_s": round(small / got["seconds"], 1),
-                         "mb_s": round(small * 4096 / got["seconds"] / 1e6, 1)})
+            yield (
+                {
+                    "bench": "content",
+                    "case": f"{small} x 4 KiB, 2 providers",
+                    "blocks_s": round(small / got["seconds"], 1),
+                    "mb_s": round(small * 4096 / got["seconds"] / 1e6, 1),
+                }
+            )
     finally:
         procs.close()

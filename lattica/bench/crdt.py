@@ -26,7 +26,8 @@ import asyncio
 import gc
 import random
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import lattica
 from lattica.config import CrdtConfig, PubSubConfig
@@ -38,9 +39,18 @@ __all__ = ["simulate_crdt", "bench_crdt", "bench_compaction", "CrdtPeer"]
 DOC = "bench/doc"
 
 
-def simulate_crdt(replicas: int = 20, runs: int = 100, *, partitions: int = 3, edits: int = 40, links: int = 4,
-                  limit: float = 30.0, seed: int = 1, compact_every: int = 0,
-                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def simulate_crdt(
+    replicas: int = 20,
+    runs: int = 100,
+    *,
+    partitions: int = 3,
+    edits: int = 40,
+    links: int = 4,
+    limit: float = 30.0,
+    seed: int = 1,
+    compact_every: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """``runs`` runs, each on a fresh event loop (see the module docstring); the figures.
     ``compact_every``: replicas checkpoint their logs that often (0: never), partitions or not."""
     times: list[float] = []
@@ -49,7 +59,9 @@ def simulate_crdt(replicas: int = 20, runs: int = 100, *, partitions: int = 3, e
     applied = refused = taken = 0
     for run in range(runs):
         gc.collect()
-        t, a, r, c = asyncio.run(_one_run(replicas, partitions, edits, links, limit, random.Random(seed * 1_000_003 + run), compact_every))
+        t, a, r, c = asyncio.run(
+            _one_run(replicas, partitions, edits, links, limit, random.Random(seed * 1_000_003 + run), compact_every)
+        )
         applied += a
         refused += r
         taken += c
@@ -58,25 +70,47 @@ def simulate_crdt(replicas: int = 20, runs: int = 100, *, partitions: int = 3, e
         else:
             times.append(t)
         if progress is not None:
-            progress(f"run {run + 1}/{runs}: " + ("diverged" if t is None else f"converged {t * 1000:.0f} ms after the heal"))
+            progress(
+                f"run {run + 1}/{runs}: " + ("diverged" if t is None else f"converged {t * 1000:.0f} ms after the heal")
+            )
     times.sort()
-    return {"bench": "crdt-sim", "replicas": replicas, "runs": runs, "partitions_per_run": partitions, "edits_per_partition": edits,
-            "converged": len(times), "diverged": diverged,
-            "converge_ms_p50": round(times[len(times) // 2] * 1000) if times else None,
-            "converge_ms_max": round(times[-1] * 1000) if times else None,
-            "envelopes_applied": applied, "refused": refused, "compact_every": compact_every, "checkpoints_taken": taken, "wall_s": round(time.perf_counter() - started, 1)}
+    return {
+        "bench": "crdt-sim",
+        "replicas": replicas,
+        "runs": runs,
+        "partitions_per_run": partitions,
+        "edits_per_partition": edits,
+        "converged": len(times),
+        "diverged": diverged,
+        "converge_ms_p50": round(times[len(times) // 2] * 1000) if times else None,
+        "converge_ms_max": round(times[-1] * 1000) if times else None,
+        "envelopes_applied": applied,
+        "refused": refused,
+        "compact_every": compact_every,
+        "checkpoints_taken": taken,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
 
 
-async def _one_run(n: int, partitions: int, edits: int, links: int, limit: float, rng: random.Random,
-                   compact_every: int = 0) -> tuple[float | None, int, int, int]:
+async def _one_run(
+    n: int, partitions: int, edits: int, links: int, limit: float, rng: random.Random, compact_every: int = 0
+) -> tuple[float | None, int, int, int]:
     net = MemoryNetwork()
     nodes: list[Node] = []
     edges: list[tuple[int, int]] = []
     try:
         cfg = CrdtConfig(path="memory", sync_interval=2.0, compact_every=compact_every)
         for i in range(n):
-            node = Node(["/memory/0"], memory_network=net, mesh="open", max_connections=4096, membership=False, content=False,
-                        pubsub=PubSubConfig(discover=False), crdt=cfg)  # type: ignore[arg-type]
+            node = Node(
+                ["/memory/0"],
+                memory_network=net,
+                mesh="open",
+                max_connections=4096,
+                membership=False,
+                content=False,
+                pubsub=PubSubConfig(discover=False),
+                crdt=cfg,
+            )  # type: ignore[arg-type]
             await node.astart()
             for j in rng.sample(range(i), min(links, i)):
                 await node.aconnect(nodes[j].addrs[0])
@@ -174,7 +208,7 @@ def bench_compaction(envelopes: int = 10_000, writers: int = 3) -> dict[str, Any
         w = ws[i % writers]
         keys, nonce, ydoc, seq, prev = w
         got: list[bytes] = []
-        sub = ydoc.observe(lambda e: got.append(e.update))
+        sub = ydoc.observe(lambda e: got.append(e.update))  # noqa: B023 (unobserved within the iteration)
         with ydoc.transaction():
             ydoc.get("m", type=pycrdt.Map)[str(rng.randrange(200))] = i
         ydoc.unobserve(sub)
@@ -206,10 +240,19 @@ def bench_compaction(envelopes: int = 10_000, writers: int = 3) -> dict[str, Any
     ydoc = pycrdt.Doc()
     ydoc.apply_update(state)
     adopt = time.perf_counter() - t0
-    return {"bench": "crdt", "case": "compaction", "envelopes": envelopes, "writers": writers,
-            "log_bytes": sum(e.size for e in log), "state_bytes": len(state), "checked": why == "" and why2 == "",
-            "propose_ms": round(propose * 1000, 1), "check_ms": round(check * 1000, 1),
-            "newcomer_replay_ms": round(replay * 1000), "newcomer_from_checkpoint_ms": round(adopt * 1000, 1)}
+    return {
+        "bench": "crdt",
+        "case": "compaction",
+        "envelopes": envelopes,
+        "writers": writers,
+        "log_bytes": sum(e.size for e in log),
+        "state_bytes": len(state),
+        "checked": why == "" and why2 == "",
+        "propose_ms": round(propose * 1000, 1),
+        "check_ms": round(check * 1000, 1),
+        "newcomer_replay_ms": round(replay * 1000),
+        "newcomer_from_checkpoint_ms": round(adopt * 1000, 1),
+    }
 
 
 # -- real processes ---------------------------------------------------------------------------------
@@ -259,16 +302,20 @@ class CrdtPeer:
         while sum(s for _, _, s in self.seen) < n and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         seen, self.seen = self.seen, []
-        return {"sets": sum(s for _, _, s in seen), "envelopes": len(seen), "latency_us": [(a - w) / 1e3 for a, w, _ in seen],
-                "span_s": (seen[-1][0] - seen[0][0]) / 1e9 if len(seen) > 1 else 0.0,
-                "refused": self.doc.stats()["refused"]}
+        return {
+            "sets": sum(s for _, _, s in seen),
+            "envelopes": len(seen),
+            "latency_us": [(a - w) / 1e3 for a, w, _ in seen],
+            "span_s": (seen[-1][0] - seen[0][0]) / 1e9 if len(seen) > 1 else 0.0,
+            "refused": self.doc.stats()["refused"],
+        }
 
 
 def bench_crdt(latency_updates: int = 200, flood_updates: int = 20_000) -> Iterator[dict[str, Any]]:
     """Three node processes on loopback (see the module docstring)."""
-    from lattica.bench.rpc import call_all, process_mesh, spawn_on  # (the process machinery: only for this bench)
-
     import os  # (only for the processes' environment)
+
+    from lattica.bench.rpc import call_all, process_mesh, spawn_on  # (the process machinery: only for this bench)
 
     before = os.environ.get("LATTICA_CRDT")
     os.environ["LATTICA_CRDT"] = "memory"  # (the node processes start with no document: nothing of an earlier run)
@@ -290,22 +337,42 @@ def bench_crdt(latency_updates: int = 200, flood_updates: int = 20_000) -> Itera
 
             _, got = me.run(write_and_collect(latency_updates, 0.005, 60), timeout=120)
             lat = sorted(x for g in got for x in g["latency_us"])
-            yield {"bench": "crdt", "case": "latency", "processes": 3, "updates": latency_updates,
-                   "seen": f"{sum(g['sets'] for g in got)}/{latency_updates * 2}",
-                   "p50_us": round(lat[len(lat) // 2], 1) if lat else None, "p99_us": round(lat[int(len(lat) * 0.99)], 1) if lat else None}
+            yield {
+                "bench": "crdt",
+                "case": "latency",
+                "processes": 3,
+                "updates": latency_updates,
+                "seen": f"{sum(g['sets'] for g in got)}/{latency_updates * 2}",
+                "p50_us": round(lat[len(lat) // 2], 1) if lat else None,
+                "p99_us": round(lat[int(len(lat) * 0.99)], 1) if lat else None,
+            }
             took, got = me.run(write_and_collect(flood_updates, 0.0, 120), timeout=300)
             rates = [g["sets"] / g["span_s"] if g["span_s"] else 0.0 for g in got]
-            yield {"bench": "crdt", "case": "flood", "processes": 3, "updates": flood_updates,
-                   "write_sets_s": round(flood_updates / took), "applied_min": min(g["sets"] for g in got),
-                   "applied_sets_s_per_replica": [round(r) for r in rates],
-                   "envelopes_s_per_replica": [round(g["envelopes"] / g["span_s"]) if g["span_s"] else 0 for g in got],
-                   "refused": sum(g["refused"] for g in got)}
+            yield {
+                "bench": "crdt",
+                "case": "flood",
+                "processes": 3,
+                "updates": flood_updates,
+                "write_sets_s": round(flood_updates / took),
+                "applied_min": min(g["sets"] for g in got),
+                "applied_sets_s_per_replica": [round(r) for r in rates],
+                "envelopes_s_per_replica": [round(g["envelopes"] / g["span_s"]) if g["span_s"] else 0 for g in got],
+                "refused": sum(g["refused"] for g in got),
+            }
             n = flood_updates // 4
             took, got = me.run(write_and_collect(n, 0.0, 120, each=True), timeout=300)
-            yield {"bench": "crdt", "case": "one envelope per set", "processes": 3, "updates": n,
-                   "write_sets_s": round(n / took), "applied_min": min(g["sets"] for g in got),
-                   "applied_envelopes_s_per_replica": [round(g["envelopes"] / g["span_s"]) if g["span_s"] else 0 for g in got],
-                   "refused": sum(g["refused"] for g in got)}
+            yield {
+                "bench": "crdt",
+                "case": "one envelope per set",
+                "processes": 3,
+                "updates": n,
+                "write_sets_s": round(n / took),
+                "applied_min": min(g["sets"] for g in got),
+                "applied_envelopes_s_per_replica": [
+                    round(g["envelopes"] / g["span_s"]) if g["span_s"] else 0 for g in got
+                ],
+                "refused": sum(g["refused"] for g in got),
+            }
     finally:
         if before is None:
             os.environ.pop("LATTICA_CRDT", None)

@@ -43,8 +43,15 @@ def _pictures(rounds: int) -> list[dict[str, Any]]:
             with urllib.request.urlopen(url, timeout=30) as r:
                 size = len(r.read())
             times.append(time.perf_counter() - t0)
-        rows.append({"bench": "dashboard", "case": "picture, 4 nodes, 6 children", "p50_ms": round(statistics.median(times) * 1000, 2),
-                     "max_ms": round(max(times) * 1000, 2), "bytes": size})
+        rows.append(
+            {
+                "bench": "dashboard",
+                "case": "picture, 4 nodes, 6 children",
+                "p50_ms": round(statistics.median(times) * 1000, 2),
+                "max_ms": round(max(times) * 1000, 2),
+                "bytes": size,
+            }
+        )
     pic = _simulated(200, 25)
     t0 = time.perf_counter()
     nodes = []
@@ -56,8 +63,15 @@ def _pictures(rounds: int) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     data = json.dumps({"nodes": nodes, "events": []}, separators=(",", ":"), allow_nan=False).encode()
     encoded = time.perf_counter() - t0
-    rows.append({"bench": "dashboard", "case": "picture, 200 nodes, 5000 actors (simulated)", "check_ms": round(checked * 1000, 1),
-                 "encode_ms": round(encoded * 1000, 1), "bytes": len(data)})
+    rows.append(
+        {
+            "bench": "dashboard",
+            "case": "picture, 200 nodes, 5000 actors (simulated)",
+            "check_ms": round(checked * 1000, 1),
+            "encode_ms": round(encoded * 1000, 1),
+            "bytes": len(data),
+        }
+    )
     return rows
 
 
@@ -65,16 +79,57 @@ def _simulated(n_nodes: int, actors_per_node: int) -> dict[str, Any]:
     nodes = []
     for i in range(n_nodes):
         pid = f"12D3KooWsim{i:041d}"
-        actors = [{"name": f"worker-{i}-{j}", "class": "app.Worker", "state": "running", "system": False, "mailbox": j % 3,
-                   "running": 1, "calls": i * j, "errors": 0, "failure": None} for j in range(actors_per_node)]
-        peers = [{"peer_id": f"12D3KooWsim{(i + k) % n_nodes:041d}", "transport": "tcp", "direction": "outbound", "path": "direct",
-                  "remote": "/ip4/10.0.0.1/tcp/4001", "circle": "member", "agent": "lattica-py", "rtt_ms": 0.5,
-                  "bytes_sent": 10_000, "bytes_received": 12_000} for k in range(1, 9)]
-        nodes.append({"peer_id": pid, "state": "alive", "cpu": 8, "memory": 1 << 34, "gpus": 1, "labels": {"zone": f"z{i % 4}"},
-                      "load": {"actors": actors_per_node},
-                      "report": {"peer_id": pid, "agent": "lattica-py", "addrs": ["/ip4/10.0.0.1/tcp/4001"],
-                                 "nat": {"reachability": "public", "reason": "sim"}, "peers": peers, "actors": actors,
-                                 "actor_count": actors_per_node + 11, "supervisors": [], "dht": {"table": 20, "records": 5, "rejected": 0}}})
+        actors = [
+            {
+                "name": f"worker-{i}-{j}",
+                "class": "app.Worker",
+                "state": "running",
+                "system": False,
+                "mailbox": j % 3,
+                "running": 1,
+                "calls": i * j,
+                "errors": 0,
+                "failure": None,
+            }
+            for j in range(actors_per_node)
+        ]
+        peers = [
+            {
+                "peer_id": f"12D3KooWsim{(i + k) % n_nodes:041d}",
+                "transport": "tcp",
+                "direction": "outbound",
+                "path": "direct",
+                "remote": "/ip4/10.0.0.1/tcp/4001",
+                "circle": "member",
+                "agent": "lattica-py",
+                "rtt_ms": 0.5,
+                "bytes_sent": 10_000,
+                "bytes_received": 12_000,
+            }
+            for k in range(1, 9)
+        ]
+        nodes.append(
+            {
+                "peer_id": pid,
+                "state": "alive",
+                "cpu": 8,
+                "memory": 1 << 34,
+                "gpus": 1,
+                "labels": {"zone": f"z{i % 4}"},
+                "load": {"actors": actors_per_node},
+                "report": {
+                    "peer_id": pid,
+                    "agent": "lattica-py",
+                    "addrs": ["/ip4/10.0.0.1/tcp/4001"],
+                    "nat": {"reachability": "public", "reason": "sim"},
+                    "peers": peers,
+                    "actors": actors,
+                    "actor_count": actors_per_node + 11,
+                    "supervisors": [],
+                    "dht": {"table": 20, "records": 5, "rejected": 0},
+                },
+            }
+        )
     return {"nodes": nodes}
 
 
@@ -115,8 +170,20 @@ def bench_dashboard_cost(seconds: float = 5.0, rounds: int = 3, concurrency: int
                 ref = spawn_on(node, AsyncEcho, srv.peer_id)
                 watcher = None
                 if variant == "with":
-                    watcher = subprocess.Popen([sys.executable, "-c", _WATCHER, srv.dashboard.rstrip("/") + "/", srv.peer_id, ref.name, str(WATCHERS)],
-                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                    watcher = subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-c",
+                            _WATCHER,
+                            srv.dashboard.rstrip("/") + "/",
+                            srv.peer_id,
+                            ref.name,
+                            str(WATCHERS),
+                        ],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        text=True,
+                    )
                     watcher.stdout.readline()  # type: ignore[union-attr]
                 try:
                     done, failed, _, elapsed = measure_calls(node, ref, data, concurrency, seconds, 1.0)
@@ -126,9 +193,16 @@ def bench_dashboard_cost(seconds: float = 5.0, rounds: int = 3, concurrency: int
                         watcher.wait()
                 qps[variant].append(done / elapsed)
     without, with_ = statistics.median(qps["without"]), statistics.median(qps["with"])
-    return {"bench": "dashboard", "case": f"Table 1 128 B async, node serving {WATCHERS} pages vs none", "rounds": rounds,
-            "qps_without": round(without), "qps_with": round(with_), "ratio": round(with_ / without, 3),
-            "each_without": [round(q) for q in qps["without"]], "each_with": [round(q) for q in qps["with"]]}
+    return {
+        "bench": "dashboard",
+        "case": f"Table 1 128 B async, node serving {WATCHERS} pages vs none",
+        "rounds": rounds,
+        "qps_without": round(without),
+        "qps_with": round(with_),
+        "ratio": round(with_ / without, 3),
+        "each_without": [round(q) for q in qps["without"]],
+        "each_with": [round(q) for q in qps["with"]],
+    }
 
 
 def bench_buffers(actors: int = 500) -> dict[str, Any]:
@@ -163,9 +237,15 @@ def bench_buffers(actors: int = 500) -> dict[str, Any]:
         for r in rings:
             r.release()
     del rings, series, peer
-    return {"bench": "dashboard", "case": f"buffers per actor ({actors} actors)", "output_ring_empty_bytes": round(empty),
-            "output_ring_full_bytes": round(full), "output_ring_cap_bytes": output.MAX_BYTES, "series_bytes": round(per_series),
-            "series_samples": SAMPLES}
+    return {
+        "bench": "dashboard",
+        "case": f"buffers per actor ({actors} actors)",
+        "output_ring_empty_bytes": round(empty),
+        "output_ring_full_bytes": round(full),
+        "output_ring_cap_bytes": output.MAX_BYTES,
+        "series_bytes": round(per_series),
+        "series_samples": SAMPLES,
+    }
 
 
 def _grown(before: Any, after: Any) -> int:

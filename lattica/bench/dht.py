@@ -17,10 +17,10 @@ from typing import Any
 
 from lattica._loop import DEFAULT_BUSY_POLL_US
 from lattica.actors.dht import DhtConfig
+from lattica.bench.transport import LOOPBACK, pct
+from lattica.mesh.process import ServerProcess
 from lattica.node import Node
 from lattica.transports.memory import MemoryNetwork
-from lattica.mesh.process import ServerProcess
-from lattica.bench.transport import LOOPBACK, pct
 
 
 async def _simulate(n: int, keys: int, churn: float, seed: int, progress: Any, idle: float = 4.0) -> dict[str, Any]:
@@ -28,7 +28,14 @@ async def _simulate(n: int, keys: int, churn: float, seed: int, progress: Any, i
     net = MemoryNetwork()
     # generous timeouts: 1,000 nodes share one loop, and a request queued behind a busy stretch
     # of it is slow, not lost (the simulation checks routing, not deadlines)
-    cfg = dict(request_timeout=10.0, first_contact_timeout=10.0, lookup_timeout=60.0, refresh_interval=1e9, republish_interval=1e9, persist_interval=3600.0)
+    cfg = dict(
+        request_timeout=10.0,
+        first_contact_timeout=10.0,
+        lookup_timeout=60.0,
+        refresh_interval=1e9,
+        republish_interval=1e9,
+        persist_interval=3600.0,
+    )
     nodes: list[Node] = []
     try:
         return await _run(n, keys, churn, rng, net, cfg, nodes, progress, idle)
@@ -37,12 +44,30 @@ async def _simulate(n: int, keys: int, churn: float, seed: int, progress: Any, i
             await node.astop()
 
 
-async def _run(n: int, keys: int, churn: float, rng: random.Random, net: MemoryNetwork, cfg: dict[str, Any], nodes: list[Node], progress: Any, idle: float) -> dict[str, Any]:
+async def _run(
+    n: int,
+    keys: int,
+    churn: float,
+    rng: random.Random,
+    net: MemoryNetwork,
+    cfg: dict[str, Any],
+    nodes: list[Node],
+    progress: Any,
+    idle: float,
+) -> dict[str, Any]:
     t0 = time.perf_counter()
     for i in range(n):
         # connections close once idle for a few seconds, as a connection manager would trim them:
         # a node talks to ~k log n peers while joining, and keeping all of them costs ~13 KiB each
-        node = Node(["/memory/0"], memory_network=net, max_connections=4096, idle_timeout=idle, channel_idle=idle / 2, dht=DhtConfig(**cfg), membership=False)  # type: ignore[arg-type]
+        node = Node(
+            ["/memory/0"],
+            memory_network=net,
+            max_connections=4096,
+            idle_timeout=idle,
+            channel_idle=idle / 2,
+            dht=DhtConfig(**cfg),
+            membership=False,
+        )  # type: ignore[arg-type]
         await node.astart()
         if nodes:
             seed_node = rng.choice(nodes)
@@ -120,7 +145,9 @@ def simulate(n: int = 1000, keys: int = 200, churn: float = 0.2, seed: int = 1, 
         gc.set_threshold(*thresholds)
 
 
-def bench_dht(nodes: int = 2, count: int = 2000, transport: str = "tcp", busy_poll_us: float = DEFAULT_BUSY_POLL_US) -> dict[str, Any]:
+def bench_dht(
+    nodes: int = 2, count: int = 2000, transport: str = "tcp", busy_poll_us: float = DEFAULT_BUSY_POLL_US
+) -> dict[str, Any]:
     """put and get latency from this process to a DHT of ``nodes`` processes (this one included).
     A put is acknowledged by every replica (here: all the nodes)."""
     # one client storing thousands of records a second is far beyond the default per-peer store

@@ -104,7 +104,13 @@ def _medians(transport: str, lk: Any, runs: int) -> dict[str, float]:
         listen = LOOPBACK[transport]
     else:
         listen = f"/ip4/{lk.far_ip}/tcp/0" if transport == "tcp" else f"/ip4/{lk.far_ip}/udp/0/quic-v1"
-    callee = subprocess.Popen([*wrap, sys.executable, "-c", _CALLEE, listen], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    callee = subprocess.Popen(
+        [*wrap, sys.executable, "-c", _CALLEE, listen],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = callee.stdout.readline()  # type: ignore[union-attr]
         if not line:
@@ -113,7 +119,13 @@ def _medians(transport: str, lk: Any, runs: int) -> dict[str, float]:
         results = []
         for i in range(runs + 1):  # the first run is discarded: it writes the bytecode cache
             t0 = time.time()
-            out = subprocess.run([sys.executable, "-c", _CALLER, repr(t0), addr, NAME], capture_output=True, text=True, env=env, timeout=120)
+            out = subprocess.run(
+                [sys.executable, "-c", _CALLER, repr(t0), addr, NAME],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=120,
+            )
             exited = (time.time() - t0) * 1e3
             if out.returncode != 0:
                 raise RuntimeError(f"the caller failed: {out.stderr.strip()[-2000:]}")

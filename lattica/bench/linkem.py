@@ -73,8 +73,15 @@ class DelayLine:
     or because ``limit`` bytes are already on the line); ``due(now)`` takes what has arrived, in
     order; ``next_at()`` is when the next packet arrives (None: the line is empty)."""
 
-    def __init__(self, delay: float, rate: float | None = None, loss: float = 0.0, jitter: float = 0.0,
-                 limit: int = 128 << 20, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        delay: float,
+        rate: float | None = None,
+        loss: float = 0.0,
+        jitter: float = 0.0,
+        limit: int = 128 << 20,
+        rng: random.Random | None = None,
+    ) -> None:
         self.delay, self.rate, self.loss, self.jitter, self.limit = delay, rate, loss, jitter, limit
         self._rng = rng or random.Random()
         self._line: collections.deque[tuple[float, bytes]] = collections.deque()
@@ -207,9 +214,14 @@ def _serve(argv: list[str]) -> None:
     p.add_argument("--ns", help="the far namespace (it gets the far device, addressed 10.77.N.2)")
     p.add_argument("--near", help="name of the device left in this namespace")
     p.add_argument("--net", help="the /30's third octet: 10.77.N.1 near, .2 far")
-    p.add_argument("--tun", action="append", default=[], metavar="NAME[@NS]",
-                   help="twice, instead of --ns/--near/--net: the two ends, each moved into NS (default: "
-                        "this namespace) as NAME; no addresses, the devices stay down")
+    p.add_argument(
+        "--tun",
+        action="append",
+        default=[],
+        metavar="NAME[@NS]",
+        help="twice, instead of --ns/--near/--net: the two ends, each moved into NS (default: "
+        "this namespace) as NAME; no addresses, the devices stay down",
+    )
     p.add_argument("--rtt", type=float, required=True)
     p.add_argument("--rate", type=float, default=0.0)
     p.add_argument("--loss", type=float, default=0.0)
@@ -238,8 +250,12 @@ def _serve(argv: list[str]) -> None:
     lines = {near: DelayLine(**one_way), far: DelayLine(**one_way)}  # type: ignore[arg-type]
     print("ready", flush=True)
     _forward(near, far, lines, sys.stdin.fileno())
-    out = {("up" if fd == near else "down"): dict(sent=line.sent, delivered=line.delivered, lost=line.lost, overflow=line.overflow)
-           for fd, line in lines.items()}
+    out = {
+        ("up" if fd == near else "down"): dict(
+            sent=line.sent, delivered=line.delivered, lost=line.lost, overflow=line.overflow
+        )
+        for fd, line in lines.items()
+    }
     print(json.dumps(out), flush=True)
 
 
@@ -258,7 +274,9 @@ class EmulatedLink:
         self.near_ip, self.far_ip = f"10.77.{self._net}.1", f"10.77.{self._net}.2"
         self.wrap = ["ip", "netns", "exec", self.ns]
         self._proc: subprocess.Popen | None = None
-        self.counters: dict[str, dict[str, int]] = {}  # once closed: packets sent, delivered, lost, overflow, "up" and "down"
+        self.counters: dict[
+            str, dict[str, int]
+        ] = {}  # once closed: packets sent, delivered, lost, overflow, "up" and "down"
 
     def __enter__(self) -> EmulatedLink:
         ok, why = available()
@@ -268,9 +286,22 @@ class EmulatedLink:
         _ip("netns", "add", self.ns)
         pr = self.profile
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "lattica.bench.linkem", "--ns", self.ns, "--near", self._dev, "--net", self._net,
-             *_profile_args(pr)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "lattica.bench.linkem",
+                "--ns",
+                self.ns,
+                "--near",
+                self._dev,
+                "--net",
+                self._net,
+                *_profile_args(pr),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         if self._proc.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
             self.__exit__()
             raise RuntimeError("the link emulator did not start")

@@ -16,7 +16,7 @@ from typing import Any
 
 from lattica.digest import sha256
 from lattica.identity import KeyPair, verify_signature
-from lattica.membership import DEAD, LEFT, Membership, MembershipConfig, MemberDown
+from lattica.membership import DEAD, LEFT, MemberDown, Membership, MembershipConfig
 
 
 class SimNotary:
@@ -68,7 +68,9 @@ def simulate(
     rng = random.Random(seed)
     ids = [f"n{i}" for i in range(n)]
     notary = SimNotary()
-    nodes = {i: Membership(i, {"cpu": 4}, cfg, notary=notary.for_member(i), rng=random.Random(rng.random())) for i in ids}
+    nodes = {
+        i: Membership(i, {"cpu": 4}, cfg, notary=notary.for_member(i), rng=random.Random(rng.random())) for i in ids
+    }
     running = set(ids)
     heap: list = []
     seq = 0

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, NamedTuple, TextIO
+from collections.abc import Callable
+from typing import NamedTuple, TextIO
 
 __all__ = ["Plan", "PLANS", "IN_ALL", "announce", "plan_of", "rpc_configs", "attack_configs", "transports", "polls"]
 
@@ -50,14 +51,23 @@ def attack_configs(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[int
     the attackers get a core of their own."""
     from lattica.bench.attack import ATTACKS, IDENTITIES  # (the bench's lazy imports: see lattica.cli)
 
-    return tuple(args.attack or ATTACKS), tuple(args.nodes or IDENTITIES), min(args.duration, 4.0), not getattr(args, "shared_cores", False)
+    return (
+        tuple(args.attack or ATTACKS),
+        tuple(args.nodes or IDENTITIES),
+        min(args.duration, 4.0),
+        not getattr(args, "shared_cores", False),
+    )
 
 
 def _attack(a: argparse.Namespace) -> Plan:
     attacks, sizes, seconds, _ = attack_configs(a)
     n = len(attacks) * len(sizes)
-    return Plan(f"a quiet phase and {_runs(n, 'attack')} ({'/'.join(attacks)} by {'/'.join(map(str, sizes))} stranger identities) "
-                f"of {seconds:g} s each", 10 + (n + 1) * (seconds + 4), "--attack NAME, --nodes N: fewer")
+    return Plan(
+        f"a quiet phase and {_runs(n, 'attack')} ({'/'.join(attacks)} by {'/'.join(map(str, sizes))} stranger identities) "
+        f"of {seconds:g} s each",
+        10 + (n + 1) * (seconds + 4),
+        "--attack NAME, --nodes N: fewer",
+    )
 
 
 def _runs(n: int, what: str) -> str:
@@ -67,41 +77,62 @@ def _runs(n: int, what: str) -> str:
 def _rpc(a: argparse.Namespace) -> Plan:
     t, k, p, c, b = rpc_configs(a)
     n = len(t) * len(k) * len(p) * len(c) * len(b)
-    return Plan(f"{_runs(n, 'configuration')} of {a.duration:g} s", n * (a.duration + 2),
-                "" if a.matrix else "--matrix: transports x actor kinds x payloads x calls in flight x loops")
+    return Plan(
+        f"{_runs(n, 'configuration')} of {a.duration:g} s",
+        n * (a.duration + 2),
+        "" if a.matrix else "--matrix: transports x actor kinds x payloads x calls in flight x loops",
+    )
 
 
 def _stream(a: argparse.Namespace) -> Plan:
     n = len(transports(a)) * len(polls(a))
-    return Plan(f"{_runs(n, 'stream')} (transports x loops)" + (f" across an emulated {a.link} link" if a.link else ""), n * (30 if a.link else 4))
+    return Plan(
+        f"{_runs(n, 'stream')} (transports x loops)" + (f" across an emulated {a.link} link" if a.link else ""),
+        n * (30 if a.link else 4),
+    )
 
 
 def _ping(a: argparse.Namespace) -> Plan:
     ts, n = transports(a), len(polls(a))
-    return Plan(f"{a.count} pings x {_runs(len(ts) * n, 'run')} (transports x loops)", n * sum(1 + a.count * (1e-4 if t == "tcp" else 4e-4) for t in ts))
+    return Plan(
+        f"{a.count} pings x {_runs(len(ts) * n, 'run')} (transports x loops)",
+        n * sum(1 + a.count * (1e-4 if t == "tcp" else 4e-4) for t in ts),
+    )
 
 
 def _dht(a: argparse.Namespace) -> Plan:
     sizes = a.nodes or [2, 3]
     n = len(sizes) * len(polls(a))
-    return Plan(f"{min(a.count, 5000)} puts and gets x {_runs(n, 'DHT')} of {'/'.join(map(str, sizes))} processes", n * (4 + min(a.count, 5000) * 2e-3))
+    return Plan(
+        f"{min(a.count, 5000)} puts and gets x {_runs(n, 'DHT')} of {'/'.join(map(str, sizes))} processes",
+        n * (4 + min(a.count, 5000) * 2e-3),
+    )
 
 
 def _firstcall(a: argparse.Namespace) -> Plan:
     runs = a.runs or 5
-    return Plan(f"{runs} fresh callers per transport" + (f", on loopback then across an emulated {a.link} link" if a.link else ""),
-                len(transports(a)) * runs * (1.5 if a.link is None else 6))
+    return Plan(
+        f"{runs} fresh callers per transport"
+        + (f", on loopback then across an emulated {a.link} link" if a.link else ""),
+        len(transports(a)) * runs * (1.5 if a.link is None else 6),
+    )
 
 
 def _relay(a: argparse.Namespace) -> Plan:
     payloads = a.payload or [262144, 128]
     turn = min(a.duration, 3.0) + 1  # (each path driven that long per round, after a second's warm-up)
-    return Plan(f"4 paths x {_runs(a.rounds, 'round')} x {_runs(len(payloads), 'payload')}", len(payloads) * (10 + a.rounds * 4 * turn))
+    return Plan(
+        f"4 paths x {_runs(a.rounds, 'round')} x {_runs(len(payloads), 'payload')}",
+        len(payloads) * (10 + a.rounds * 4 * turn),
+    )
 
 
 def _code(a: argparse.Namespace) -> Plan:
     sizes = 1 if a.size else 2
-    return Plan(f"{a.runs or 20} spawns on {(a.nodes or [8])[0]} node processes x {_runs(sizes, 'package size')}", 15 + sizes * 25)
+    return Plan(
+        f"{a.runs or 20} spawns on {(a.nodes or [8])[0]} node processes x {_runs(sizes, 'package size')}",
+        15 + sizes * 25,
+    )
 
 
 PLANS: dict[str, Callable[[argparse.Namespace], Plan]] = {
@@ -111,41 +142,88 @@ PLANS: dict[str, Callable[[argparse.Namespace], Plan]] = {
     "startup": lambda a: Plan("5 fresh node processes, TCP then TCP + QUIC", 15),
     "ciphers": lambda a: Plan("Noise's ciphers on 20,000 frames", 2),
     "dht": _dht,
-    "dht-sim": lambda a: Plan(f"a simulated DHT of {'/'.join(map(str, a.nodes or [1000]))} nodes, {a.keys} keys", sum(a.nodes or [1000]) * 0.3),
-    "membership-sim": lambda a: Plan(f"simulated membership of {'/'.join(map(str, a.nodes or [200]))} nodes", sum(a.nodes or [200]) * 0.1),
+    "dht-sim": lambda a: Plan(
+        f"a simulated DHT of {'/'.join(map(str, a.nodes or [1000]))} nodes, {a.keys} keys", sum(a.nodes or [1000]) * 0.3
+    ),
+    "membership-sim": lambda a: Plan(
+        f"simulated membership of {'/'.join(map(str, a.nodes or [200]))} nodes", sum(a.nodes or [200]) * 0.1
+    ),
     "relay": _relay,
-    "supervise": lambda a: Plan(f"{_runs(a.rounds, 'round')} per signal (SIGKILL, SIGSTOP), one node lost from a fresh 3-process mesh each", a.rounds * 2 * 3),
-    "content": lambda a: Plan(f"publish, fetch and a swarm of {a.fetchers} fetchers of {(a.size or (256 << 20)) >> 20} MiB", 30 + 4 * (a.fetchers + 1) * (a.size or (256 << 20)) / (256 << 20)),
+    "supervise": lambda a: Plan(
+        f"{_runs(a.rounds, 'round')} per signal (SIGKILL, SIGSTOP), one node lost from a fresh 3-process mesh each",
+        a.rounds * 2 * 3,
+    ),
+    "content": lambda a: Plan(
+        f"publish, fetch and a swarm of {a.fetchers} fetchers of {(a.size or (256 << 20)) >> 20} MiB",
+        30 + 4 * (a.fetchers + 1) * (a.size or (256 << 20)) / (256 << 20),
+    ),
     "pubsub": lambda a: Plan("4 subscriber processes: latency, then a flood of 20,000 messages", 20),
-    "pubsub-sim": lambda a: Plan(f"2 simulations (one with 10 % of nodes stopped) of {'/'.join(map(str, a.nodes or [200]))} routers", sum(a.nodes or [200]) * 0.3),
-    "pubsub-nodes": lambda a: Plan(f"2 simulations (one with 10 % of nodes stopped) of {'/'.join(map(str, a.nodes or [200]))} full nodes on one loop",
-                                   sum(a.nodes or [200]) * 2 * 4),
+    "pubsub-sim": lambda a: Plan(
+        f"2 simulations (one with 10 % of nodes stopped) of {'/'.join(map(str, a.nodes or [200]))} routers",
+        sum(a.nodes or [200]) * 0.3,
+    ),
+    "pubsub-nodes": lambda a: Plan(
+        f"2 simulations (one with 10 % of nodes stopped) of {'/'.join(map(str, a.nodes or [200]))} full nodes on one loop",
+        sum(a.nodes or [200]) * 2 * 4,
+    ),
     "crdt": lambda a: Plan("compaction, then latency and a flood of 20,000 updates between node processes", 25),
-    "crdt-sim": lambda a: Plan(f"{a.runs or 100} partitioned runs of {'/'.join(map(str, a.nodes or [20]))} replicas", (a.runs or 100) * sum(a.nodes or [20]) * 0.3),
+    "crdt-sim": lambda a: Plan(
+        f"{a.runs or 100} partitioned runs of {'/'.join(map(str, a.nodes or [20]))} replicas",
+        (a.runs or 100) * sum(a.nodes or [20]) * 0.3,
+    ),
     "shards": lambda a: Plan("a shard stub's calls and failover, then sharded inference, on 3 node processes", 30),
     "weightsync": lambda a: Plan("3 policies of 64 MiB to 8 worker processes", 40),
     "firstcall": _firstcall,
     "code": _code,
-    "spill": lambda a: Plan(f"a 256 MiB echo by CID (spilled), by hand, and 60 MiB in the message, {a.runs or 3} runs each", 6 * (a.runs or 3) + 5),
-    "dashboard": lambda a: Plan("a real mesh's picture, a simulated 200-node one, Table 1's 128 B run against a node serving 3 pages vs none "
-                                f"({a.runs or 3} rounds of {min(a.duration, 5.0):g} s each way), the buffers' memory per actor",
-                                25 + 2 * (a.runs or 3) * (min(a.duration, 5.0) + 3)),
-    "soak": lambda a: Plan(f"{a.soak_seconds:g} s of calls to {(a.nodes or [4])[0]} node processes", a.soak_seconds + 10),
+    "spill": lambda a: Plan(
+        f"a 256 MiB echo by CID (spilled), by hand, and 60 MiB in the message, {a.runs or 3} runs each",
+        6 * (a.runs or 3) + 5,
+    ),
+    "dashboard": lambda a: Plan(
+        "a real mesh's picture, a simulated 200-node one, Table 1's 128 B run against a node serving 3 pages vs none "
+        f"({a.runs or 3} rounds of {min(a.duration, 5.0):g} s each way), the buffers' memory per actor",
+        25 + 2 * (a.runs or 3) * (min(a.duration, 5.0) + 3),
+    ),
+    "soak": lambda a: Plan(
+        f"{a.soak_seconds:g} s of calls to {(a.nodes or [4])[0]} node processes", a.soak_seconds + 10
+    ),
     "attack": _attack,
     "rpc": _rpc,
 }
 
 
 # what ``lattica bench all`` runs, in its order
-IN_ALL = ("stream", "ping", "handshake", "startup", "ciphers", "dht", "relay", "supervise", "content", "pubsub", "crdt", "shards",
-          "weightsync", "firstcall", "code", "spill", "dashboard", "attack", "rpc")
+IN_ALL = (
+    "stream",
+    "ping",
+    "handshake",
+    "startup",
+    "ciphers",
+    "dht",
+    "relay",
+    "supervise",
+    "content",
+    "pubsub",
+    "crdt",
+    "shards",
+    "weightsync",
+    "firstcall",
+    "code",
+    "spill",
+    "dashboard",
+    "attack",
+    "rpc",
+)
 
 
 def plan_of(name: str, args: argparse.Namespace) -> Plan | None:
     """The plan of benchmark ``name`` for these arguments (None for one not in the table)."""
     if name == "all":
         plans = [p for p in (plan_of(n, args) for n in IN_ALL) if p is not None]
-        return Plan(f"{len(IN_ALL)} benchmarks ({', '.join(IN_ALL)}), each announced as it starts", sum(p.seconds for p in plans))
+        return Plan(
+            f"{len(IN_ALL)} benchmarks ({', '.join(IN_ALL)}), each announced as it starts",
+            sum(p.seconds for p in plans),
+        )
     make = PLANS.get(name)
     return make(args) if make is not None else None
 
@@ -157,5 +235,9 @@ def _about(seconds: float) -> str:
 def announce(name: str, plan: Plan, out: TextIO | None = None) -> None:
     """One line before ``lattica bench NAME`` runs: ``lattica bench NAME: WHAT, about N s (HINT)``."""
     out = out or sys.stderr
-    out.write(f"lattica bench {name}: {plan.what}, about {_about(plan.seconds)}" + (f" ({plan.hint})" if plan.hint else "") + "\n")
+    out.write(
+        f"lattica bench {name}: {plan.what}, about {_about(plan.seconds)}"
+        + (f" ({plan.hint})" if plan.hint else "")
+        + "\n"
+    )
     out.flush()

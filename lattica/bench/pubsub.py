@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import math
 import itertools
+import math
 import random
 import statistics
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import lattica
 from lattica.pubsub.router import ACCEPT, Envelope, GossipParams, Router
@@ -34,9 +35,19 @@ __all__ = ["simulate", "bench_pubsub", "PubSubPeer"]
 TOPIC = "sim"
 
 
-def simulate(nodes: int = 200, messages: int = 1000, *, degree: int = 20, rate: float = 100.0, warmup: float = 10.0,
-             kill: float = 0.0, silent: float = 0.0, seed: int = 1, params: GossipParams | None = None,
-             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def simulate(
+    nodes: int = 200,
+    messages: int = 1000,
+    *,
+    degree: int = 20,
+    rate: float = 100.0,
+    warmup: float = 10.0,
+    kill: float = 0.0,
+    silent: float = 0.0,
+    seed: int = 1,
+    params: GossipParams | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """One run (see the module docstring); ``kill``: share of nodes killed halfway through the
     publishing; ``silent``: share of nodes that take messages and never forward any."""
     rng = random.Random(seed)
@@ -140,7 +151,7 @@ def simulate(nodes: int = 200, messages: int = 1000, *, degree: int = 20, rate: 
     live = [n for n in range(nodes) if n not in dead and n not in mute]  # (what silent nodes get is their own business)
     want = got = 0
     hop_list = []
-    for mid, t, author in published:
+    for mid, _t, author in published:
         for n in live:
             if n == author:
                 continue
@@ -152,8 +163,13 @@ def simulate(nodes: int = 200, messages: int = 1000, *, degree: int = 20, rate: 
     hop_list.sort()
     per_node = [received[n] / max(len(published), 1) for n in live]
     result = {
-        "bench": "pubsub-sim", "nodes": nodes, "messages": len(published), "degree": degree, "killed": len(dead),
-        "silent": len(mute), "delivery_pct": round(100.0 * got / max(want, 1), 3),
+        "bench": "pubsub-sim",
+        "nodes": nodes,
+        "messages": len(published),
+        "degree": degree,
+        "killed": len(dead),
+        "silent": len(mute),
+        "delivery_pct": round(100.0 * got / max(want, 1), 3),
         "hops_p50": hop_list[len(hop_list) // 2] if hop_list else None,
         "hops_p99": hop_list[int(len(hop_list) * 0.99)] if hop_list else None,
         "dup_per_node_msg": round(statistics.mean(per_node) - got / max(want, 1), 2) if per_node else None,
@@ -210,18 +226,27 @@ class PubSubPeer:
                 got += 1
                 if got >= n:
                     return
+
         try:
             await asyncio.wait_for(read(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
-        return {"got": got, "latency_us": lat, "span_s": ((last or 0) - (first or 0)) / 1e9, "dropped": self.sub.dropped}
+        return {
+            "got": got,
+            "latency_us": lat,
+            "span_s": ((last or 0) - (first or 0)) / 1e9,
+            "dropped": self.sub.dropped,
+        }
 
 
-def bench_pubsub(subscribers: int = 4, latency_messages: int = 200, flood_messages: int = 20_000, size: int = 128) -> Iterator[dict[str, Any]]:
+def bench_pubsub(
+    subscribers: int = 4, latency_messages: int = 200, flood_messages: int = 20_000, size: int = 128
+) -> Iterator[dict[str, Any]]:
     """``1 + subscribers`` node processes on loopback, all connected: publish -> every subscriber
     latency (one message every 5 ms), then messages/s of ``size`` bytes delivered to each
     subscriber when the publisher sends as fast as it can."""
-    from lattica.bench.rpc import call_all, process_mesh, spawn_on  # (the process machinery: only for this bench, not the simulation)
+    # (the process machinery: only for this bench, not the simulation)
+    from lattica.bench.rpc import call_all, process_mesh, spawn_on
 
     with lattica.Node([]) as me, process_mesh(me, subscribers + 1) as procs:
         peers = [spawn_on(me, PubSubPeer, p.peer_id) for p in procs]
@@ -229,7 +254,9 @@ def bench_pubsub(subscribers: int = 4, latency_messages: int = 200, flood_messag
 
         call_all(me, *((r, "subscribe", "bench", flood_messages + latency_messages) for r in peers))
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and min(call_all(me, *((r, "mesh", "bench") for r in peers))) < min(subscribers, 4):
+        while time.monotonic() < deadline and min(call_all(me, *((r, "mesh", "bench") for r in peers))) < min(
+            subscribers, 4
+        ):
             time.sleep(0.2)
         subs = peers[1:]
 
@@ -242,13 +269,27 @@ def bench_pubsub(subscribers: int = 4, latency_messages: int = 200, flood_messag
         # latency
         _, got = me.run(publish_and_collect(latency_messages, 0.005, 60), timeout=120)
         lat = sorted(x for g in got for x in g["latency_us"])
-        yield {"bench": "pubsub", "case": "latency", "processes": len(procs), "bytes": size,
-               "delivered": f"{sum(g['got'] for g in got)}/{latency_messages * len(subs)}",
-               "p50_us": round(lat[len(lat) // 2], 1) if lat else None, "p99_us": round(lat[int(len(lat) * 0.99)], 1) if lat else None,
-               "p50_each_us": sorted(round(statistics.median(g["latency_us"])) for g in got if g["latency_us"])}
+        yield {
+            "bench": "pubsub",
+            "case": "latency",
+            "processes": len(procs),
+            "bytes": size,
+            "delivered": f"{sum(g['got'] for g in got)}/{latency_messages * len(subs)}",
+            "p50_us": round(lat[len(lat) // 2], 1) if lat else None,
+            "p99_us": round(lat[int(len(lat) * 0.99)], 1) if lat else None,
+            "p50_each_us": sorted(round(statistics.median(g["latency_us"])) for g in got if g["latency_us"]),
+        }
         # throughput
         sent_s, got = me.run(publish_and_collect(flood_messages, 0.0, 120), timeout=300)
         rates = [g["got"] / g["span_s"] if g["span_s"] else 0.0 for g in got]
-        yield {"bench": "pubsub", "case": "flood", "processes": len(procs), "bytes": size, "messages": flood_messages,
-               "publish_msgs_s": round(flood_messages / sent_s), "delivered_min": min(g["got"] for g in got),
-               "per_subscriber_msgs_s_min": round(min(rates)), "per_subscriber_msgs_s_median": round(statistics.median(rates))}
+        yield {
+            "bench": "pubsub",
+            "case": "flood",
+            "processes": len(procs),
+            "bytes": size,
+            "messages": flood_messages,
+            "publish_msgs_s": round(flood_messages / sent_s),
+            "delivered_min": min(g["got"] for g in got),
+            "per_subscriber_msgs_s_min": round(min(rates)),
+            "per_subscriber_msgs_s_median": round(statistics.median(rates)),
+        }

@@ -18,7 +18,8 @@ import gc
 import random
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from lattica.node import Node
 from lattica.transports.memory import MemoryNetwork
@@ -28,8 +29,17 @@ __all__ = ["simulate_nodes"]
 TOPIC = "sim"
 
 
-def simulate_nodes(nodes: int = 200, messages: int = 1000, *, peers: int = 6, gap: float = 0.005, kill: float = 0.0,
-                   warmup: float = 5.0, seed: int = 1, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def simulate_nodes(
+    nodes: int = 200,
+    messages: int = 1000,
+    *,
+    peers: int = 6,
+    gap: float = 0.005,
+    kill: float = 0.0,
+    warmup: float = 5.0,
+    seed: int = 1,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """One run on a fresh event loop (see the module docstring); its figures."""
     gc.collect()
     thresholds = gc.get_threshold()
@@ -40,8 +50,16 @@ def simulate_nodes(nodes: int = 200, messages: int = 1000, *, peers: int = 6, ga
         gc.set_threshold(*thresholds)
 
 
-async def _simulate(n: int, messages: int, peers: int, gap: float, kill: float, warmup: float, seed: int,
-                    progress: Callable[[str], None] | None) -> dict[str, Any]:
+async def _simulate(
+    n: int,
+    messages: int,
+    peers: int,
+    gap: float,
+    kill: float,
+    warmup: float,
+    seed: int,
+    progress: Callable[[str], None] | None,
+) -> dict[str, Any]:
     rng = random.Random(seed)
     net = MemoryNetwork()
     nodes: list[Node] = []
@@ -52,17 +70,28 @@ async def _simulate(n: int, messages: int, peers: int, gap: float, kill: float, 
             await node.astop()
 
 
-async def _run(n: int, messages: int, peers: int, gap: float, kill: float, warmup: float, rng: random.Random, net: MemoryNetwork,
-               nodes: list[Node], progress: Callable[[str], None] | None) -> dict[str, Any]:
+async def _run(
+    n: int,
+    messages: int,
+    peers: int,
+    gap: float,
+    kill: float,
+    warmup: float,
+    rng: random.Random,
+    net: MemoryNetwork,
+    nodes: list[Node],
+    progress: Callable[[str], None] | None,
+) -> dict[str, Any]:
     started = time.perf_counter()
     firsts: list[dict[int, Any]] = []  # per node: message (its data, k) -> the peer its first copy came from
 
     def recorder(book: dict) -> Callable[[Any], None]:
         def on_message(msg: Any) -> None:
             book.setdefault(msg.data, msg.via)
+
         return on_message
 
-    for i in range(n):
+    for _ in range(n):
         node = Node(["/memory/0"], memory_network=net, max_connections=4096, membership=False, content=False)  # type: ignore[arg-type]
         await node.astart()
         for other in rng.sample(nodes, min(peers, len(nodes))):
@@ -99,25 +128,27 @@ async def _run(n: int, messages: int, peers: int, gap: float, kill: float, warmu
         await asyncio.sleep(0.5)
     settle_s = time.monotonic() - published_at if got == len(want) * len(live) else None
     hops: list[int] = []
+
+    def hop(i: int, k: Any, depth: dict[int, int]) -> int | None:
+        """Node ``i``'s hops from message ``k``'s author (``depth``: the hops known so far)."""
+        chain = []
+        while i not in depth:
+            via = firsts[i].get(k)
+            if via is None:
+                return None
+            chain.append(i)
+            i = index[via.to_bytes()]
+        d = depth[i]
+        for j in reversed(chain):
+            d += 1
+            depth[j] = d
+        return depth[chain[0]] if chain else depth[i]
+
     for k in want:
         depth = {authors[k]: 0}
-
-        def hop(i: int) -> int | None:
-            chain = []
-            while i not in depth:
-                via = firsts[i].get(k)
-                if via is None:
-                    return None
-                chain.append(i)
-                i = index[via.to_bytes()]
-            d = depth[i]
-            for j in reversed(chain):
-                d += 1
-                depth[j] = d
-            return depth[chain[0]] if chain else depth[i]
         for i in live:
             if i != authors[k] and k in firsts[i]:
-                h = hop(i)
+                h = hop(i, k, depth)
                 if h is not None:
                     hops.append(h)
     hops.sort()
@@ -126,11 +157,16 @@ async def _run(n: int, messages: int, peers: int, gap: float, kill: float, warmu
         st = nodes[i].host.services["pubsub"].stats()
         extra.append((st["copies"] - st["delivered"] + st["published"]) / max(len(want), 1))
     return {
-        "bench": "pubsub-nodes", "nodes": n, "messages": len(want), "killed": len(dead),
+        "bench": "pubsub-nodes",
+        "nodes": n,
+        "messages": len(want),
+        "killed": len(dead),
         "delivery_pct": round(100.0 * got / max(len(want) * len(live), 1), 3),
-        "hops_p50": hops[len(hops) // 2] if hops else None, "hops_p99": hops[int(len(hops) * 0.99)] if hops else None,
+        "hops_p50": hops[len(hops) // 2] if hops else None,
+        "hops_p99": hops[int(len(hops) * 0.99)] if hops else None,
         "dup_per_node_msg": round(statistics.mean(extra), 2) if extra else None,
-        "missing": len(want) * len(live) - got, "settle_s": round(settle_s, 1) if settle_s is not None else None,
+        "missing": len(want) * len(live) - got,
+        "settle_s": round(settle_s, 1) if settle_s is not None else None,
         "wall_s": round(time.perf_counter() - started, 1),
     }
 
@@ -140,5 +176,7 @@ async def _meshed(nodes: list[Node], warmup: float, timeout: float = 30.0) -> No
     every node has a mesh."""
     await asyncio.sleep(warmup)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(not node.host.services["pubsub"].router.mesh.get(TOPIC) for node in nodes):
+    while time.monotonic() < deadline and any(
+        not node.host.services["pubsub"].router.mesh.get(TOPIC) for node in nodes
+    ):
         await asyncio.sleep(0.5)

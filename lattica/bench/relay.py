@@ -15,9 +15,9 @@ import statistics
 import time
 from typing import Any
 
-from lattica.node import Node
-from lattica.bench.rpc import AsyncEcho, pct, spawn_on, measure_calls
+from lattica.bench.rpc import AsyncEcho, measure_calls, pct, spawn_on
 from lattica.mesh.process import ServerProcess
+from lattica.node import Node
 
 _TCP = "/ip4/127.0.0.1/tcp/0"
 _QUIC = "/ip4/127.0.0.1/udp/0/quic-v1"
@@ -38,7 +38,12 @@ async def _echo(ref: Any, data: bytes) -> Any:
 
 
 def bench_relay(
-    payload: int = 262144, concurrency: int = 32, duration: float = 3.0, warmup: float = 1.0, rounds: int = 5, first_calls: int = 5
+    payload: int = 262144,
+    concurrency: int = 32,
+    duration: float = 3.0,
+    warmup: float = 1.0,
+    rounds: int = 5,
+    first_calls: int = 5,
 ) -> list[dict[str, Any]]:
     """Each round drives every path in turn for ``duration`` s, so slow drift on a shared machine
     hits all paths alike; rows give the median round, the range, and each relayed path's share of
@@ -57,7 +62,10 @@ def bench_relay(
                 "relayed-in-stream": private2.addrs[0],
                 "direct": public.addr("tcp"),
             }
-            firsts = {path: statistics.median(_first_call(addr, b"x") for _ in range(first_calls)) for path, addr in paths.items()}
+            firsts = {
+                path: statistics.median(_first_call(addr, b"x") for _ in range(first_calls))
+                for path, addr in paths.items()
+            }
             runs: dict[str, list[dict[str, Any]]] = {path: [] for path in paths}
             with Node([]) as node:
                 refs = {}

@@ -12,14 +12,14 @@ import collections
 import contextlib
 import os
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from lattica._loop import DEFAULT_BUSY_POLL_US
-from lattica.remote import actor
-from lattica.node import Node
 from lattica.bench.transport import pct, plain_tcp_echo, server
 from lattica.mesh.process import ServerProcess
-
+from lattica.node import Node
+from lattica.remote import actor
 
 PLAIN_ECHO_FROM = 64 * 1024  # payloads this big get a plain TCP echo's figure beside them (--link)
 
@@ -81,7 +81,15 @@ def bench_rpc(
     }
 
 
-def measure_calls(node: Node, ref: Any, data: bytes, concurrency: int, duration: float, warmup: float, errors: collections.Counter | None = None) -> tuple[int, int, list[float], float]:
+def measure_calls(
+    node: Node,
+    ref: Any,
+    data: bytes,
+    concurrency: int,
+    duration: float,
+    warmup: float,
+    errors: collections.Counter | None = None,
+) -> tuple[int, int, list[float], float]:
     """``concurrency`` workers calling ``ref.echo(data)`` back to back: (calls, failed, latencies, s);
     ``errors`` counts the failures by exception type and message."""
 

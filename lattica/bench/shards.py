@@ -20,7 +20,8 @@ import asyncio
 import os
 import signal
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from lattica.bench.rpc import spawn_on
 from lattica.bench.transport import pct
@@ -49,13 +50,24 @@ def bench_shards(calls: int = 2000, rounds: int = 3, attempt_timeout: float = 0.
         via = _sequential(node, lambda i: stub.echo.remote(i), calls)
         for case, lat in (("direct", direct), ("stub", via)):
             us = [x * 1e6 for x in lat]
-            yield {"bench": "shards", "case": f"sequential, {case}", "calls": calls, "p50_us": round(pct(us, 0.5), 1),
-                   "p99_us": round(pct(us, 0.99), 1), "calls_s": round(len(lat) / sum(lat))}
+            yield {
+                "bench": "shards",
+                "case": f"sequential, {case}",
+                "calls": calls,
+                "p50_us": round(pct(us, 0.5), 1),
+                "p99_us": round(pct(us, 0.99), 1),
+                "calls_s": round(len(lat) / sum(lat)),
+            }
         for case, fn in (("direct", lambda i: refs[0].echo.remote(i)), ("stub", lambda i: stub.echo.remote(i))):
             hedged = stub.hedged
             took = _concurrent(node, fn, calls * 4, 64)
-            yield {"bench": "shards", "case": f"64 in flight, {case}", "calls": calls * 4, "calls_s": round(calls * 4 / took),
-                   **({"hedged": stub.hedged - hedged} if case == "stub" else {})}
+            yield {
+                "bench": "shards",
+                "case": f"64 in flight, {case}",
+                "calls": calls * 4,
+                "calls_s": round(calls * 4 / took),
+                **({"hedged": stub.hedged - hedged} if case == "stub" else {}),
+            }
     for how in ("SIGKILL", "SIGSTOP"):
         stalls, failed = [], 0
         for _ in range(rounds):
@@ -65,10 +77,15 @@ def bench_shards(calls: int = 2000, rounds: int = 3, attempt_timeout: float = 0.
                 stalls.append(stall)
                 failed += bad
         stalls.sort()
-        yield {"bench": "shards", "case": f"failover, provider {how}", "rounds": rounds,
-               "attempt_timeout_s": attempt_timeout if how == "SIGSTOP" else None,
-               "stall_ms_p50": round(stalls[len(stalls) // 2] * 1000, 1), "stall_ms_max": round(stalls[-1] * 1000, 1),
-               "failed_calls": failed}
+        yield {
+            "bench": "shards",
+            "case": f"failover, provider {how}",
+            "rounds": rounds,
+            "attempt_timeout_s": attempt_timeout if how == "SIGSTOP" else None,
+            "stall_ms_p50": round(stalls[len(stalls) // 2] * 1000, 1),
+            "stall_ms_max": round(stalls[-1] * 1000, 1),
+            "failed_calls": failed,
+        }
 
 
 class _mesh:
@@ -168,7 +185,16 @@ def bench_inference(tokens: int = 48, rounds: int = 3) -> Iterator[dict[str, Any
         pauses.append(out["pause_ms"])
         same += steady["tokens"] == reference and out["tokens"] == reference
     pauses.sort()
-    yield {"bench": "shards", "case": "sharded inference", "tokens": tokens, "stages": 4, "replicas": 2, "processes": 4,
-           "one_process_tokens_s": round(local), "pipeline_tokens_s": round(sorted(rates)[len(rates) // 2]),
-           "failover_pause_ms_p50": round(pauses[len(pauses) // 2]), "failover_pause_ms_max": round(pauses[-1]),
-           "same_tokens": f"{same}/{rounds}"}
+    yield {
+        "bench": "shards",
+        "case": "sharded inference",
+        "tokens": tokens,
+        "stages": 4,
+        "replicas": 2,
+        "processes": 4,
+        "one_process_tokens_s": round(local),
+        "pipeline_tokens_s": round(sorted(rates)[len(rates) // 2]),
+        "failover_pause_ms_p50": round(pauses[len(pauses) // 2]),
+        "failover_pause_ms_max": round(pauses[-1]),
+        "same_tokens": f"{same}/{rounds}",
+    }

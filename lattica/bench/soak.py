@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from lattica.remote import actor
 from lattica.actors.membership import membership_ref
-from lattica.identity import PeerId
-from lattica.node import Node
 from lattica.bench.rpc import AsyncEcho
+from lattica.identity import PeerId
 from lattica.mesh.process import ServerProcess
+from lattica.node import Node
+from lattica.remote import actor
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 

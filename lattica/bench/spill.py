@@ -58,12 +58,21 @@ def bench_spill(mb: int = 256, runs: int = 3) -> list[dict[str, Any]]:
             assert len(back) == x.nbytes
             return took
 
-        for case, fn, size in ((f"{mb} MiB echo, spilled by CID both ways", by_spill, mb << 20),
-                               (f"{mb} MiB echo, by hand: put, CID in the call, get, put, get", by_hand, mb << 20),
-                               ("60 MiB echo in the message (under the cap)", by_spill, 60 << 20)):
+        for case, fn, size in (
+            (f"{mb} MiB echo, spilled by CID both ways", by_spill, mb << 20),
+            (f"{mb} MiB echo, by hand: put, CID in the call, get, put, get", by_hand, mb << 20),
+            ("60 MiB echo in the message (under the cap)", by_spill, 60 << 20),
+        ):
             # (new bytes every run: nothing is found already stored on either side)
             times = [fn(rng.integers(0, 255, size, dtype=np.uint8)) for _ in range(runs)]
             s = statistics.median(times)
-            rows.append({"bench": "spill", "case": case, "runs": runs, "median_s": round(s, 3),
-                         "mb_s": round(2 * size / s / 1e6, 1)})  # (both ways)
+            rows.append(
+                {
+                    "bench": "spill",
+                    "case": case,
+                    "runs": runs,
+                    "median_s": round(s, 3),
+                    "mb_s": round(2 * size / s / 1e6, 1),
+                }
+            )  # (both ways)
     return rows

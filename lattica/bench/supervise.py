@@ -17,6 +17,7 @@ from typing import Any
 
 from lattica.mesh.supervised import lose, statuses, supervised_mesh
 
+
 def bench_supervise(rounds: int = 5, children: int = 6) -> list[dict]:
     """Per signal (SIGKILL, SIGSTOP): ``rounds`` fresh meshes, one node lost in each; figures as
     min/median/max over the rounds."""
@@ -31,9 +32,13 @@ def bench_supervise(rounds: int = 5, children: int = 6) -> list[dict]:
                 finally:
                     if sig == signal.SIGSTOP:
                         os.kill(victim.pid, signal.SIGCONT)
-        row: dict[str, Any] = {"bench": f"supervise-{name.lower()}", "rounds": rounds, "children": children,
-                               "moved": f"{sum(r['moved'] for r in results)}/{sum(r['hosted'] for r in results)}",
-                               "state_kept": all(r["state_kept"] for r in results)}
+        row: dict[str, Any] = {
+            "bench": f"supervise-{name.lower()}",
+            "rounds": rounds,
+            "children": children,
+            "moved": f"{sum(r['moved'] for r in results)}/{sum(r['hosted'] for r in results)}",
+            "state_kept": all(r["state_kept"] for r in results),
+        }
         for key in ("verdict_s", "restarted_s", "answering_s"):
             xs = sorted(r[key] for r in results if r[key] is not None)
             if xs:

@@ -14,13 +14,14 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from lattica._loop import DEFAULT_BUSY_POLL_US
+from lattica.mesh.process import SINK, ServerProcess
 from lattica.multiaddr import Multiaddr
 from lattica.node import Node
 from lattica.transports.noise import MAX_PLAINTEXT, Cipher
-from lattica.mesh.process import SINK, ServerProcess
 
 LOOPBACK = {"tcp": "/ip4/127.0.0.1/tcp/0", "quic": "/ip4/127.0.0.1/udp/0/quic-v1"}
 
@@ -149,8 +150,13 @@ def plain_tcp_echo(lk: Any, seconds: float, warmup: float = 1.0) -> float:
     return round(got / (now - start) / 1e6, 1)
 
 
-def bench_stream(transport: str = "tcp", size: int = 1 << 30, chunk: int = 1 << 20, busy_poll_us: float = DEFAULT_BUSY_POLL_US,
-                 link: str | None = None) -> dict[str, Any]:
+def bench_stream(
+    transport: str = "tcp",
+    size: int = 1 << 30,
+    chunk: int = 1 << 20,
+    busy_poll_us: float = DEFAULT_BUSY_POLL_US,
+    link: str | None = None,
+) -> dict[str, Any]:
     """One stream, one direction: push ``size`` bytes to a sink in another process (across an
     emulated ``link``, with a plain TCP connection's figure over the same link beside it)."""
     block = os.urandom(chunk)
@@ -187,7 +193,9 @@ def bench_stream(transport: str = "tcp", size: int = 1 << 30, chunk: int = 1 << 
     }
 
 
-def bench_ping(transport: str = "tcp", count: int = 10000, busy_poll_us: float = DEFAULT_BUSY_POLL_US) -> dict[str, Any]:
+def bench_ping(
+    transport: str = "tcp", count: int = 10000, busy_poll_us: float = DEFAULT_BUSY_POLL_US
+) -> dict[str, Any]:
     """Sequential 32-byte pings on one stream to a node in another process."""
     poll = ["--busy-poll-us", str(busy_poll_us)]
     with ServerProcess([LOOPBACK[transport]], *poll) as srv, Node([], busy_poll_us=busy_poll_us) as node:
@@ -210,6 +218,7 @@ def bench_handshake(transport: str = "tcp", count: int = 200) -> dict[str, Any]:
     """Fresh authenticated connections (TCP: connect + Noise XX; QUIC: TLS 1.3), dial to ready."""
     with ServerProcess([LOOPBACK[transport]]) as srv, Node([]) as node:
         addr = Multiaddr(srv.addr(transport))
+
         async def run() -> list[float]:
             t = node.host.transport_for(addr)  # type: ignore[union-attr]
             times = []
@@ -222,7 +231,13 @@ def bench_handshake(transport: str = "tcp", count: int = 200) -> dict[str, Any]:
 
         times = node.run(run())
     ms = [x * 1e3 for x in times]
-    return {"bench": "handshake", "transport": transport, "count": count, "p50_ms": round(pct(ms, 0.5), 3), "p99_ms": round(pct(ms, 0.99), 3)}
+    return {
+        "bench": "handshake",
+        "transport": transport,
+        "count": count,
+        "p50_ms": round(pct(ms, 0.5), 3),
+        "p99_ms": round(pct(ms, 0.99), 3),
+    }
 
 
 _STARTUP_CHILD = r"""
@@ -253,7 +268,11 @@ def bench_startup(transports: tuple[str, ...] = ("tcp", "quic"), runs: int = 5) 
     results = []
     for i in range(runs + 1):
         out = subprocess.run(
-            [sys.executable, "-c", _STARTUP_CHILD, repr(time.time()), *listen], capture_output=True, text=True, check=True, env=env
+            [sys.executable, "-c", _STARTUP_CHILD, repr(time.time()), *listen],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
         )
         if i:
             results.append(json.loads(out.stdout))

@@ -7,7 +7,8 @@ feed itself). ``workers`` node processes on loopback, each its own blockstore; t
 from __future__ import annotations
 
 import statistics
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 __all__ = ["bench_weightsync"]
 
@@ -23,13 +24,23 @@ def bench_weightsync(workers: int = 8, mib: int = 64, versions: int = 3) -> Iter
 
         alone = []
         for i in range(2):  # one worker fetching a policy nobody else wants
-            cid = lattica.content.put_weights({"policy": np.random.default_rng(1000 + i).standard_normal(size // 4).astype(np.float32)},
-                                              chunk_size=CHUNK, node=me).result(120)
+            cid = lattica.content.put_weights(
+                {"policy": np.random.default_rng(1000 + i).standard_normal(size // 4).astype(np.float32)},
+                chunk_size=CHUNK,
+                node=me,
+            ).result(120)
             alone.append(lattica.get(refs[i].time_fetch.remote(cid), timeout=300))
         rows = sync_versions(me, trainer, workers, versions, size, timeout=300)
         single = statistics.median(alone)
         synced = statistics.median(r["all_running_s"] for r in rows)
-        yield {"bench": "weightsync", "workers": workers, "mib": mib, "versions": versions,
-               "one_fetch_s": round(single, 2), "all_running_s_p50": round(synced, 2),
-               "all_running_s": [r["all_running_s"] for r in rows], "vs_one_fetch_x": round(synced / single, 2),
-               "trainer_uploaded_x": [r["uploaded_x"] for r in rows]}
+        yield {
+            "bench": "weightsync",
+            "workers": workers,
+            "mib": mib,
+            "versions": versions,
+            "one_fetch_s": round(single, 2),
+            "all_running_s_p50": round(synced, 2),
+            "all_running_s": [r["all_running_s"] for r in rows],
+            "vs_one_fetch_x": round(synced / single, 2),
+            "trainer_uploaded_x": [r["uploaded_x"] for r in rows],
+        }

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from lattica.code.tickets import MAX_BYTES, Ticket
 from lattica.errors import CodeError, PermissionDenied
@@ -46,7 +47,14 @@ def refusal(accept: str, circle: str, admin: bool) -> str | None:
 class CodeLibrary:
     """Packages loaded on one node, by CID, with the actors that use each."""
 
-    def __init__(self, me: PeerId, trust: Trust, accept: str, fetch: Callable[[str, int, PeerId], Awaitable[bytes]], max_bytes: int = MAX_BYTES) -> None:
+    def __init__(
+        self,
+        me: PeerId,
+        trust: Trust,
+        accept: str,
+        fetch: Callable[[str, int, PeerId], Awaitable[bytes]],
+        max_bytes: int = MAX_BYTES,
+    ) -> None:
         if accept not in ACCEPT:
             raise ValueError(f"accept_code must be one of {ACCEPT}, not {accept!r}")
         self.me = me
@@ -59,7 +67,9 @@ class CodeLibrary:
         self._used_by: dict[str, str] = {}  # actor name -> the CID of its package
         self._spawning: dict[str, int] = {}  # CID -> spawns with it in progress (it stays loaded for them)
 
-    def check(self, ticket: Ticket, caller: PeerId | None = None, caller_circle: str = "self", caller_admin: bool = True) -> None:
+    def check(
+        self, ticket: Ticket, caller: PeerId | None = None, caller_circle: str = "self", caller_admin: bool = True
+    ) -> None:
         """PermissionDenied unless this node runs code from the ticket's sender, asked for by
         ``caller`` (judged by the same setting: a ticket is a name anyone who saw it can repeat,
         so who asks to run the code now counts as much as who wrote it)."""
@@ -72,7 +82,9 @@ class CodeLibrary:
         verdict = self.trust.judge(ticket.sender, list(ticket.certificates), time.time())
         why = refusal(self.accept, verdict.circle, verdict.admin)
         if why is not None:
-            raise PermissionDenied(f"{self.me} refuses code from {ticket.sender} ({verdict.circle}: {verdict.why}): {why}")
+            raise PermissionDenied(
+                f"{self.me} refuses code from {ticket.sender} ({verdict.circle}: {verdict.why}): {why}"
+            )
 
     async def actor_class(self, path: str, ticket: Ticket) -> type:
         """The class at ``path`` in the ticket's package (checked with ``check`` first). The
@@ -89,7 +101,8 @@ class CodeLibrary:
             if len(self._loading) >= MAX_LOADING:
                 raise CodeError(f"{self.me} is fetching {MAX_LOADING} code packages already: try again in a moment")
             loading = self._loading[ticket.cid] = asyncio.get_running_loop().create_future()
-            from lattica.code.loader import Namespace  # (the loader, packer and script parser load with the first package)
+            # (the loader, packer and script parser load with the first package)
+            from lattica.code.loader import Namespace
             from lattica.code.package import unpack  # (likewise)
 
             try:
@@ -97,10 +110,20 @@ class CodeLibrary:
                 namespace = Namespace(ticket, unpack(data, self.max_bytes))
                 namespace.install()
                 self.loaded[ticket.cid] = namespace
-                log.info("code package loaded", cid=ticket.cid, sender=str(ticket.sender), files=len(namespace.package.files), bytes=namespace.package.size)
+                log.info(
+                    "code package loaded",
+                    cid=ticket.cid,
+                    sender=str(ticket.sender),
+                    files=len(namespace.package.files),
+                    bytes=namespace.package.size,
+                )
                 loading.set_result(namespace)
             except BaseException as e:
-                error = e if isinstance(e, (CodeError, PermissionDenied, asyncio.CancelledError)) else CodeError(f"the code package {ticket.cid} could not be fetched: {e}")
+                error = (
+                    e
+                    if isinstance(e, (CodeError, PermissionDenied, asyncio.CancelledError))
+                    else CodeError(f"the code package {ticket.cid} could not be fetched: {e}")
+                )
                 loading.set_exception(error)
                 loading.exception()
                 raise error from None

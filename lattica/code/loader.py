@@ -69,16 +69,22 @@ class Namespace(importlib.abc.MetaPathFinder, importlib.abc.InspectLoader):
         package's traceback if importing its module raises)."""
         module, _, name = path.rpartition(".")
         if module.partition(".")[0] not in self.tops:
-            raise SpawnError(f"the code package {self.ticket.cid} has no module {module!r} (it holds {sorted(self.tops)})")
+            raise SpawnError(
+                f"the code package {self.ticket.cid} has no module {module!r} (it holds {sorted(self.tops)})"
+            )
         try:
             obj = getattr(importlib.import_module(f"{self.prefix}.{module}"), name)
         except AttributeError:
-            raise SpawnError(f"{module} in the code package {self.ticket.cid} defines no {name!r} (or the rule left it out: {self.package.main})") from None
+            raise SpawnError(
+                f"{module} in the code package {self.ticket.cid} defines no {name!r} (or the rule left it out: {self.package.main})"
+            ) from None
         except CodeError:
             raise
         except Exception as e:  # the package's own code raised on import: the caller gets its traceback
             tb = "".join(traceback.format_exception(e)[1:])
-            raise CodeError(f"importing {module} from the code package {self.ticket.cid} raised {type(e).__name__}: {e}\n{tb}".rstrip()) from None
+            raise CodeError(
+                f"importing {module} from the code package {self.ticket.cid} raised {type(e).__name__}: {e}\n{tb}".rstrip()
+            ) from None
         cls = getattr(obj, "_lattica_cls", None)
         if not isinstance(cls, type) or type(obj).__name__ != "ActorClass":
             raise SpawnError(f"{path!r} is not a @lattica.actor class")
@@ -93,13 +99,15 @@ class Namespace(importlib.abc.MetaPathFinder, importlib.abc.InspectLoader):
         if found is None:
             return None
         rel, is_package = found
-        spec = importlib.machinery.ModuleSpec(fullname, self, origin=f"{self.label}/{rel}" if rel else None, is_package=is_package)
+        spec = importlib.machinery.ModuleSpec(
+            fullname, self, origin=f"{self.label}/{rel}" if rel else None, is_package=is_package
+        )
         spec.has_location = rel is not None
         return spec
 
     def _file(self, fullname: str) -> tuple[str | None, bool] | None:
         """(package path of the module's source, whether it is a package) or None."""
-        rel = fullname[len(self.prefix) + 1:].replace(".", "/")
+        rel = fullname[len(self.prefix) + 1 :].replace(".", "/")
         files = self.package.files
         if rel + ".py" in files:
             return rel + ".py", False

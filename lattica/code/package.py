@@ -13,8 +13,8 @@ from __future__ import annotations
 import fnmatch
 import importlib.util
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import msgpack
 
@@ -55,7 +55,15 @@ def unpack(data: bytes, max_bytes: int = MAX_BYTES) -> CodePackage:
     if len(data) > max_bytes + 64 * MAX_FILES:
         raise CodeError(f"the code package is {len(data)} bytes, over this node's cap of {max_bytes}")
     try:
-        doc = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=max_bytes, max_str_len=MAX_PATH, max_array_len=MAX_FILES, max_map_len=0)
+        doc = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=max_bytes,
+            max_str_len=MAX_PATH,
+            max_array_len=MAX_FILES,
+            max_map_len=0,
+        )
     except Exception as e:  # msgpack raises several types for malformed input
         raise CodeError(f"malformed code package, or one over this node's cap of {max_bytes} bytes: {e}") from None
     if type(doc) is not list or len(doc) != 3 or doc[0] != FORMAT or type(doc[2]) is not list:
@@ -80,14 +88,21 @@ def unpack(data: bytes, max_bytes: int = MAX_BYTES) -> CodePackage:
 
 def _check_path(path: str) -> None:
     parts = path.split("/")
-    if not path or len(path) > MAX_PATH or not path.endswith(".py") or any(not p or not p.removesuffix(".py").isidentifier() for p in parts):
+    if (
+        not path
+        or len(path) > MAX_PATH
+        or not path.endswith(".py")
+        or any(not p or not p.removesuffix(".py").isidentifier() for p in parts)
+    ):
         raise CodeError(f"the code package holds a path that is not a relative module path: {path!r}")
 
 
 # -- packing (the driver's side) ------------------------------------------------------------------
 
 
-def pack(roots: Iterable[str], main: tuple[str, str] | None = None, excludes: Iterable[str] = (), max_bytes: int = MAX_BYTES) -> CodePackage:
+def pack(
+    roots: Iterable[str], main: tuple[str, str] | None = None, excludes: Iterable[str] = (), max_bytes: int = MAX_BYTES
+) -> CodePackage:
     """Collect the source files under ``roots``: directories (their contents at the top of the
     package) or importable module names (kept under their name). ``main``: the driver's script
     (as :func:`script_root` gives it) if one of the roots holds it. ``excludes``: fnmatch
@@ -104,8 +119,10 @@ def pack(roots: Iterable[str], main: tuple[str, str] | None = None, excludes: It
                 source = f.read(max_bytes + 1)
             total += len(source)
             if total > max_bytes or len(files) >= MAX_FILES:
-                raise CodeError(f"the code under {root} is over the cap of {max_bytes} bytes or {MAX_FILES} files: "
-                                "choose what travels with lattica.init(code=[...]) and code_excludes=[...]")
+                raise CodeError(
+                    f"the code under {root} is over the cap of {max_bytes} bytes or {MAX_FILES} files: "
+                    "choose what travels with lattica.init(code=[...]) and code_excludes=[...]"
+                )
             files[path] = source
             if main is not None and os.path.realpath(disk) == os.path.realpath(os.path.join(*main)):
                 main_path = path
@@ -142,5 +159,9 @@ def _walk(directory: str, prefix: str) -> Iterable[tuple[str, str]]:
 
 
 def _wanted_dir(path: str, name: str) -> bool:
-    return (name.isidentifier() and name not in SKIP_DIRS and not os.path.islink(path)
-            and not os.path.exists(os.path.join(path, "pyvenv.cfg")))
+    return (
+        name.isidentifier()
+        and name not in SKIP_DIRS
+        and not os.path.islink(path)
+        and not os.path.exists(os.path.join(path, "pyvenv.cfg"))
+    )

@@ -48,7 +48,10 @@ def filter_script(source: str, filename: str) -> Filtered:
         tree = ast.parse(source, filename)
     except SyntaxError as e:
         raise CodeError(f"{filename} line {e.lineno}: {e.msg}") from None
-    future = any(isinstance(s, ast.ImportFrom) and s.module == "__future__" and any(a.name == "annotations" for a in s.names) for s in tree.body)
+    future = any(
+        isinstance(s, ast.ImportFrom) and s.module == "__future__" and any(a.name == "annotations" for a in s.names)
+        for s in tree.body
+    )
     left_out: dict[str, tuple[int, str]] = {}
     kept: list[ast.stmt] = []
     for stmt in tree.body:
@@ -68,12 +71,16 @@ def check_class(filtered: Filtered, qualname: str, filename: str) -> None:
     of the script it uses) needs a name that only a left-out statement binds, or when the class
     itself is defined where other nodes do not run it."""
     top = qualname.split(".")[0]
-    defs = {s.name: s for s in filtered.kept.body if isinstance(s, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))}
+    defs = {
+        s.name: s for s in filtered.kept.body if isinstance(s, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+    }
     if top not in defs:
         where = filtered.left_out.get(top)
         at = f" (line {where[0]}: {where[1]})" if where else ""
-        raise CodeError(f"{filename}: class {qualname} is defined where other nodes do not run it{at}; {RULE}. "
-                        "Define it at the top level of the script, or in a module the script imports.")
+        raise CodeError(
+            f"{filename}: class {qualname} is defined where other nodes do not run it{at}; {RULE}. "
+            "Define it at the top level of the script, or in a module the script imports."
+        )
     tables = {t.get_name(): t for t in symtable.symtable(filtered.source, filename, "exec").get_children()}
     seen: set[str] = set()
     todo = [top]
@@ -88,8 +95,10 @@ def check_class(filtered: Filtered, qualname: str, filename: str) -> None:
             if used in filtered.left_out:
                 line, text = filtered.left_out[used]
                 via = "" if name == top else f" (through {name})"
-                raise CodeError(f"{filename} line {line} ({text}) is left out on other nodes, and {qualname} uses {used!r}{via}: {RULE}. "
-                                f"Move it into the class (for example into __init__), or into a module the script imports.")
+                raise CodeError(
+                    f"{filename} line {line} ({text}) is left out on other nodes, and {qualname} uses {used!r}{via}: {RULE}. "
+                    f"Move it into the class (for example into __init__), or into a module the script imports."
+                )
             if used in defs:
                 todo.append(used)
 
@@ -122,7 +131,9 @@ def _runs(stmt: ast.stmt, left_out: dict[str, tuple[int, str]], future: bool) ->
     if isinstance(stmt, ast.Try):
         if any(h.type is not None and (_calls(h.type) or _names([h.type]) & left_out.keys()) for h in stmt.handlers):
             return False
-        return _all_run(stmt.body + [s for h in stmt.handlers for s in h.body] + stmt.orelse + stmt.finalbody, left_out, future)
+        return _all_run(
+            stmt.body + [s for h in stmt.handlers for s in h.body] + stmt.orelse + stmt.finalbody, left_out, future
+        )
     return False
 
 
@@ -159,7 +170,12 @@ def _load_time_names(stmt: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
     else:
         parts += [d for d in stmt.args.defaults + stmt.args.kw_defaults if d is not None]
         if not future:
-            args = stmt.args.posonlyargs + stmt.args.args + stmt.args.kwonlyargs + [a for a in (stmt.args.vararg, stmt.args.kwarg) if a]
+            args = (
+                stmt.args.posonlyargs
+                + stmt.args.args
+                + stmt.args.kwonlyargs
+                + [a for a in (stmt.args.vararg, stmt.args.kwarg) if a]
+            )
             parts += [a.annotation for a in args if a.annotation is not None]
             if stmt.returns is not None:
                 parts.append(stmt.returns)

@@ -15,7 +15,8 @@ import asyncio
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from lattica.code.tickets import MAX_BYTES, SHIPPED, Ticket, ticket_of
 from lattica.errors import CodeError
@@ -31,8 +32,16 @@ class Shipper:
     """One node's outgoing code: ``code`` is what ``Node(code=...)`` says (None: the script's
     directory; False: nothing; else directories and module names), ``excludes`` fnmatch patterns."""
 
-    def __init__(self, keypair: KeyPair, certificates: Iterable[bytes], put: Callable[[bytes], str],
-                 code: Iterable[str] | bool | None = None, excludes: Iterable[str] = (), max_bytes: int = MAX_BYTES, admin: bool = False) -> None:
+    def __init__(
+        self,
+        keypair: KeyPair,
+        certificates: Iterable[bytes],
+        put: Callable[[bytes], str],
+        code: Iterable[str] | bool | None = None,
+        excludes: Iterable[str] = (),
+        max_bytes: int = MAX_BYTES,
+        admin: bool = False,
+    ) -> None:
         self._keypair = keypair
         self.admin = admin  # this node administers its mesh (nodes that take administrators' code only take ours)
         self._certificates = tuple(certificates)
@@ -82,9 +91,11 @@ class Shipper:
             return loaded
         if not self.travels(cls):
             if cls.__module__ == "__main__":
-                raise CodeError(f"{cls.__qualname__} is defined in {'the script' if self._main else 'an interactive session or -c'}, "
-                                "which is not shipped (lattica.init(code=...)): define it in a file the driver ships, "
-                                "or install its module on the nodes and allow it there")
+                raise CodeError(
+                    f"{cls.__qualname__} is defined in {'the script' if self._main else 'an interactive session or -c'}, "
+                    "which is not shipped (lattica.init(code=...)): define it in a file the driver ships, "
+                    "or install its module on the nodes and allow it there"
+                )
             return None
         with self._making:
             if self._made is None:

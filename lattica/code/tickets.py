@@ -9,8 +9,9 @@ actor class it writes, and a starting node loads it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from lattica.errors import CodeError, InvalidPeerId, LatticaError
 from lattica.identity import KeyPair, PeerId, verify_signature
@@ -32,7 +33,6 @@ def ticket_of(module_name: str) -> Ticket | None:
 def known_ticket(cls: type) -> Ticket | None:
     """The ticket a class travels with, if one was made (synchronous: for encoding a class)."""
     return ticket_of(cls.__module__) or SHIPPED.get(cls.__module__)
-
 
 
 @dataclass(frozen=True)
@@ -76,9 +76,18 @@ class Ticket:
 
     @classmethod
     def from_wire(cls, raw: Any) -> Ticket:
-        if (type(raw) is not list or len(raw) != 4 or type(raw[0]) is not str or len(raw[0]) > 128 or type(raw[1]) is not bytes
-                or type(raw[2]) is not bytes or len(raw[2]) > 128 or type(raw[3]) is not list or len(raw[3]) > 4
-                or not all(type(c) is bytes and len(c) <= 1024 for c in raw[3])):
+        if (
+            type(raw) is not list
+            or len(raw) != 4
+            or type(raw[0]) is not str
+            or len(raw[0]) > 128
+            or type(raw[1]) is not bytes
+            or type(raw[2]) is not bytes
+            or len(raw[2]) > 128
+            or type(raw[3]) is not list
+            or len(raw[3]) > 4
+            or not all(type(c) is bytes and len(c) <= 1024 for c in raw[3])
+        ):
             raise CodeError("malformed code ticket")
         try:
             sender = PeerId.from_bytes(raw[1])

@@ -14,7 +14,8 @@ runs on the default node (``lattica.init``'s, or the node whose actor calls) unl
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from lattica.content.cid import Cid
 from lattica.future import Future
@@ -46,7 +47,14 @@ def _source(data: Any) -> Any:
     raise TypeError(f"put takes bytes, a file path or a numpy array, not {type(data).__name__}")
 
 
-def put(data: Any, *, chunk_size: int | None = None, pin: bool = True, progress: Callable[[dict], None] | None = None, node: Node | None = None) -> Future:
+def put(
+    data: Any,
+    *,
+    chunk_size: int | None = None,
+    pin: bool = True,
+    progress: Callable[[dict], None] | None = None,
+    node: Node | None = None,
+) -> Future:
     """Store ``data`` (bytes, a file path, or a numpy array's bytes) as a UnixFS object, pin it and
     announce it to the DHT; resolves to its CID text (``bafk...`` for one block, ``bafy...``
     otherwise: what ``ipfs add --cid-version 1 --raw-leaves --chunker size-N`` gives).
@@ -56,7 +64,13 @@ def put(data: Any, *, chunk_size: int | None = None, pin: bool = True, progress:
     return run_coroutine(rt, lambda: svc.put(source, chunk_size, pin, progress), str)
 
 
-def get(cid: str | Cid, *, path: str | os.PathLike[str] | None = None, progress: Callable[[dict], None] | None = None, node: Node | None = None) -> Future:
+def get(
+    cid: str | Cid,
+    *,
+    path: str | os.PathLike[str] | None = None,
+    progress: Callable[[dict], None] | None = None,
+    node: Node | None = None,
+) -> Future:
     """Fetch the object ``cid`` from whoever holds it (every block verified against its CID);
     resolves to its bytes, or with ``path`` writes it there (atomically) and resolves to the
     path. ``progress`` is called on the node's loop with ``{bytes, held, total, mb_per_s, peers, ...}``
@@ -116,7 +130,13 @@ def gc(*, node: Node | None = None) -> Future:
     return run_coroutine(rt, svc.gc)
 
 
-def put_weights(weights: Mapping[str, Any], *, metadata: Mapping[str, str] | None = None, chunk_size: int | None = None, node: Node | None = None) -> Future:
+def put_weights(
+    weights: Mapping[str, Any],
+    *,
+    metadata: Mapping[str, str] | None = None,
+    chunk_size: int | None = None,
+    node: Node | None = None,
+) -> Future:
     """Write ``weights`` (name -> numpy array or torch tensor) as a safetensors file and ``put``
     it; resolves to its CID text."""
     from lattica.content import weights as _weights  # safetensors loads only when weights are written

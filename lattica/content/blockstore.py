@@ -77,9 +77,7 @@ DEFAULT_CAPACITY: Final = 16 * 1024**3
 _MAX_PIN_NAME: Final = 1024  # bytes of UTF-8
 _TMP: Final = ".tmp-"
 _PIN_MAGIC: Final = b"LATTICA-PINSET\x01"
-_FULL_ERRNOS: Final = frozenset(
-    e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EFBIG) if e is not None
-)
+_FULL_ERRNOS: Final = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EFBIG) if e is not None)
 
 
 @dataclass(frozen=True)
@@ -393,7 +391,9 @@ class Blockstore:
         if need <= 0:
             return
         if size > self._capacity:
-            raise StoreFull(f"block {cid} ({size} bytes) is larger than the blockstore's capacity ({self._capacity} bytes)")
+            raise StoreFull(
+                f"block {cid} ({size} bytes) is larger than the blockstore's capacity ({self._capacity} bytes)"
+            )
         if self._bytes - self._pinned_bytes < need:
             raise StoreFull(
                 f"no room for block {cid} ({size} bytes) in a blockstore of {self._capacity} bytes: "
@@ -552,13 +552,16 @@ class DiskBlockstore(Blockstore):
             os.sync()
         found = self._scan(suspect_since)
         found.sort()
-        for mtime, cid, size in found:
+        for _mtime, cid, size in found:
             self._lru[cid] = size
             self._bytes += size
         self._last_stamp = found[-1][0] if found else 0
         self._load_pins()
         try:
-            _write_durably(state_path, json.dumps({"format": 1, "boot_id": boot, "opened_ns": self._stamp(), "clean": False}).encode())
+            _write_durably(
+                state_path,
+                json.dumps({"format": 1, "boot_id": boot, "opened_ns": self._stamp(), "clean": False}).encode(),
+            )
         except OSError as e:
             raise ContentError(f"cannot open the blockstore at {self._root}: {e.strerror or e}") from None
         if self._bytes > self._capacity:
@@ -596,7 +599,12 @@ class DiskBlockstore(Blockstore):
                         continue
                     found.append((st.st_mtime_ns, cid, size))
         if temps or dropped:
-            log.info("blockstore opened after a crash", root=self._root, temp_files_removed=temps, corrupt_blocks_dropped=dropped)
+            log.info(
+                "blockstore opened after a crash",
+                root=self._root,
+                temp_files_removed=temps,
+                corrupt_blocks_dropped=dropped,
+            )
         return found
 
     def _load_pins(self) -> None:
@@ -627,7 +635,10 @@ class DiskBlockstore(Blockstore):
         try:
             if self._wrote:
                 os.sync()  # blocks are not fsynced one by one; the clean mark must not outrun them
-            _write_durably(os.path.join(self._root, "STATE"), json.dumps({"format": 1, "boot_id": _boot_id(), "clean": True}).encode())
+            _write_durably(
+                os.path.join(self._root, "STATE"),
+                json.dumps({"format": 1, "boot_id": _boot_id(), "clean": True}).encode(),
+            )
         except OSError as e:
             log.warning("blockstore not marked clean", root=self._root, error=str(e))
         finally:
@@ -827,9 +838,7 @@ def _pin_file(name: str) -> str:
 
 def _pin_file_bytes(name: str, cids: frozenset[Cid]) -> bytes:
     raw = name.encode("utf-8")
-    body = b"".join(
-        [_PIN_MAGIC, struct.pack(">HI", len(raw), len(cids)), raw, *sorted(c.bytes for c in cids)]
-    )
+    body = b"".join([_PIN_MAGIC, struct.pack(">HI", len(raw), len(cids)), raw, *sorted(c.bytes for c in cids)])
     return body + hashlib.sha256(body).digest()
 
 

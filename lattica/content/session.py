@@ -10,8 +10,9 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterable, Sequence
+from typing import Any
 
 from lattica.errors import BlockNotFound
 
@@ -76,8 +77,24 @@ class PeerStats:
 
 class _Want:
     __slots__ = (
-        "cid", "size", "order", "seq", "gen", "state", "live", "copies", "tried", "excluded", "haves", "have_asked",
-        "coming", "claimant", "claimed", "claim_charge", "vouched", "passed_by",
+        "cid",
+        "size",
+        "order",
+        "seq",
+        "gen",
+        "state",
+        "live",
+        "copies",
+        "tried",
+        "excluded",
+        "haves",
+        "have_asked",
+        "coming",
+        "claimant",
+        "claimed",
+        "claim_charge",
+        "vouched",
+        "passed_by",
     )
 
     def __init__(self, cid: Hashable, size: int | None, order: Any, seq: int, copies: set[Hashable]) -> None:
@@ -102,7 +119,20 @@ class _Want:
 
 
 class _Call:
-    __slots__ = ("peer", "kind", "sent", "deadline", "eta", "open", "nbytes", "stale", "penalized", "failed", "alone", "passed")
+    __slots__ = (
+        "peer",
+        "kind",
+        "sent",
+        "deadline",
+        "eta",
+        "open",
+        "nbytes",
+        "stale",
+        "penalized",
+        "failed",
+        "alone",
+        "passed",
+    )
 
     def __init__(
         self, peer: Hashable, kind: str, sent: float, deadline: float, eta: float, open_: dict, alone: bool
@@ -123,10 +153,34 @@ class _Call:
 
 class _Peer:
     __slots__ = (
-        "id", "active", "dropped", "reason", "rate", "rtt", "consecutive", "failures", "misses",
-        "dont_haves", "asked", "blocks", "bytes", "duplicates", "inflight_bytes", "inflight_blocks",
-        "calls", "have_calls", "last_done", "heard", "have_queue", "window_bytes", "window_time", "banned",
-        "holder_only", "claims", "broken", "passes_lapsed",
+        "id",
+        "active",
+        "dropped",
+        "reason",
+        "rate",
+        "rtt",
+        "consecutive",
+        "failures",
+        "misses",
+        "dont_haves",
+        "asked",
+        "blocks",
+        "bytes",
+        "duplicates",
+        "inflight_bytes",
+        "inflight_blocks",
+        "calls",
+        "have_calls",
+        "last_done",
+        "heard",
+        "have_queue",
+        "window_bytes",
+        "window_time",
+        "banned",
+        "holder_only",
+        "claims",
+        "broken",
+        "passes_lapsed",
     )
 
     def __init__(self, pid: Hashable) -> None:
@@ -283,9 +337,16 @@ class FetchSession:
         abandon_after: float | None = None,
     ) -> None:
         ints = dict(
-            window_bytes=window_bytes, max_per_peer_requests=max_per_peer_requests, max_batch=max_batch,
-            max_batch_bytes=max_batch_bytes, max_have_batch=max_have_batch, max_failures=max_failures,
-            max_attempts=max_attempts, max_copies=max_copies, miss_limit=miss_limit, max_claims=max_claims,
+            window_bytes=window_bytes,
+            max_per_peer_requests=max_per_peer_requests,
+            max_batch=max_batch,
+            max_batch_bytes=max_batch_bytes,
+            max_have_batch=max_have_batch,
+            max_failures=max_failures,
+            max_attempts=max_attempts,
+            max_copies=max_copies,
+            miss_limit=miss_limit,
+            max_claims=max_claims,
             max_broken=max_broken,
         )
         for name, value in ints.items():
@@ -409,8 +470,9 @@ class FetchSession:
 
     # -- wants ----------------------------------------------------------------------------------
 
-    def want(self, cids: Sequence[Hashable], sizes: Sequence[int | None] | None = None,
-             order: Sequence[Any] | None = None) -> None:
+    def want(
+        self, cids: Sequence[Hashable], sizes: Sequence[int | None] | None = None, order: Sequence[Any] | None = None
+    ) -> None:
         """Add blocks to fetch. ``sizes``: the block's bytes if known (a raw leaf's size from its
         parent), else None (charged as ``unknown_size``). ``order``: a sort key per block (e.g. its
         file offset), lowest fetched first; without it, the order of the calls. Give it always or
@@ -591,8 +653,15 @@ class FetchSession:
         lapse counts against the provider, not the fellow."""
         p = self._peers.get(peer)
         w = self._wants.get(cid)
-        if (p is None or not p.active or w is None or w.claimed or w.haves or self.coming_for == 0
-                or (vouched is None and p.broken >= self.max_broken)):
+        if (
+            p is None
+            or not p.active
+            or w is None
+            or w.claimed
+            or w.haves
+            or self.coming_for == 0
+            or (vouched is None and p.broken >= self.max_broken)
+        ):
             return
         while p.claims and p.claims[0][0] <= now:
             p.claims.popleft()
@@ -794,10 +863,14 @@ class FetchSession:
     def blocked(self) -> bool:
         """Blocks remain, all of them stuck, nothing is in flight or being asked, and no peer that
         failed a stuck block is left to try it again: only new peers can help."""
-        return (bool(self._wants) and self._npending == 0 and not self._inflight
-                and not any(c.open and not c.stale for c in self._asks.values())
-                and not any(p.have_queue for p in self._active.values())
-                and not any(self._retriable(w) for w in self._stuck.values()))
+        return (
+            bool(self._wants)
+            and self._npending == 0
+            and not self._inflight
+            and not any(c.open and not c.stale for c in self._asks.values())
+            and not any(p.have_queue for p in self._active.values())
+            and not any(self._retriable(w) for w in self._stuck.values())
+        )
 
     def holds(self, peer: Hashable, cid: Hashable) -> bool:
         """Whether ``peer`` said it has ``cid`` (a have) and it is still wanted."""
@@ -831,11 +904,20 @@ class FetchSession:
         """Every peer the session has seen, by id."""
         return {
             pid: PeerStats(
-                asked=p.asked, blocks=p.blocks, bytes=p.bytes, rate=p.rate or 0.0, rtt=p.rtt or 0.0,
-                score=0.0 if not p.active else (p.rate or 0.0) * 0.5 ** p.consecutive,
-                in_flight=p.inflight_blocks, dont_haves=p.dont_haves, duplicates=p.duplicates,
-                failures=p.failures, consecutive_failures=p.consecutive, active=p.active,
-                dropped=p.dropped, reason=p.reason,
+                asked=p.asked,
+                blocks=p.blocks,
+                bytes=p.bytes,
+                rate=p.rate or 0.0,
+                rtt=p.rtt or 0.0,
+                score=0.0 if not p.active else (p.rate or 0.0) * 0.5**p.consecutive,
+                in_flight=p.inflight_blocks,
+                dont_haves=p.dont_haves,
+                duplicates=p.duplicates,
+                failures=p.failures,
+                consecutive_failures=p.consecutive,
+                active=p.active,
+                dropped=p.dropped,
+                reason=p.reason,
             )
             for pid, p in self._peers.items()
         }
@@ -1008,7 +1090,7 @@ class FetchSession:
             call.stale = True
 
     def _cap(self, p: _Peer) -> float:
-        f = 0.5 ** p.consecutive
+        f = 0.5**p.consecutive
         if p.rate is None:
             return self.probe_bytes * f
         return max(self.probe_bytes * f, p.rate * f * (self.horizon + (p.rtt or 0.0)))
@@ -1022,8 +1104,12 @@ class FetchSession:
 
     def _joins(self, planned: _Plan | None, charge: int) -> bool:
         """Whether a block of ``charge`` bytes joins the last call planned (else it opens one)."""
-        return (planned is not None and planned.calls > 0 and planned.n < self.max_batch
-                and planned.nbytes + charge <= planned.limit)
+        return (
+            planned is not None
+            and planned.calls > 0
+            and planned.n < self.max_batch
+            and planned.nbytes + charge <= planned.limit
+        )
 
     def _fits(self, p: _Peer, charge: int, planned: _Plan | None) -> bool:
         calls = len(p.calls) + (planned.calls if planned is not None else 0)
@@ -1038,7 +1124,7 @@ class FetchSession:
         return p.inflight_bytes == 0 or p.inflight_bytes < self._cap(p)
 
     def _eta(self, p: _Peer, charge: int, rate0: float, rtt0: float) -> float:
-        rate = (p.rate if p.rate is not None else rate0) * 0.5 ** p.consecutive
+        rate = (p.rate if p.rate is not None else rate0) * 0.5**p.consecutive
         return (p.rtt if p.rtt is not None else rtt0) + (p.inflight_bytes + charge) / rate
 
     def _choose(self, w: _Want, charge: int, plan: dict, rate0: float, rtt0: float) -> tuple[Any, float]:
@@ -1169,8 +1255,13 @@ class FetchSession:
         run until a deadline far off, and nothing else would move it meanwhile.
         ``head_only`` (the window is full, the queue not empty): only the earliest blocks, the
         ones the window waits on."""
-        spare = [p for p in self._active.values()
-                 if p.inflight_bytes < self._batch_bytes(p) and self._has_room(p, plan.get(p.id)) and p.id not in self._quiet_peers]
+        spare = [
+            p
+            for p in self._active.values()
+            if p.inflight_bytes < self._batch_bytes(p)
+            and self._has_room(p, plan.get(p.id))
+            and p.id not in self._quiet_peers
+        ]
         idle = [p for p in spare if p.consecutive == 0 and p.misses < self.miss_limit and p.rate is not None]
         heap = self._dups
         passed = []
@@ -1198,14 +1289,17 @@ class FetchSession:
                     expected = t if expected is None else min(expected, t)
             best = None
             if expected is not None:
-                for p in (spare if expected == float("inf") else idle):
+                for p in spare if expected == float("inf") else idle:
                     pid = p.id
-                    if (pid in w.copies or (w.excluded and pid in w.excluded)
-                            or (p.holder_only and not (w.haves and pid in w.haves))
-                            or (w.tried and w.tried.get(pid, 0) >= self.max_attempts)
-                            or (pid, w.cid) in self._asks
-                            or (p.inflight_bytes and p.inflight_bytes + charge > self._batch_bytes(p))
-                            or not self._fits(p, charge, plan.get(pid))):
+                    if (
+                        pid in w.copies
+                        or (w.excluded and pid in w.excluded)
+                        or (p.holder_only and not (w.haves and pid in w.haves))
+                        or (w.tried and w.tried.get(pid, 0) >= self.max_attempts)
+                        or (pid, w.cid) in self._asks
+                        or (p.inflight_bytes and p.inflight_bytes + charge > self._batch_bytes(p))
+                        or not self._fits(p, charge, plan.get(pid))
+                    ):
                         continue
                     t = now + self._eta(p, charge, rate0, rtt0)
                     if t < expected and (best is None or t < best[1]):
@@ -1283,8 +1377,13 @@ class FetchSession:
                 while queue and len(cids) < self.max_have_batch:
                     cid = queue.popleft()
                     w = self._wants.get(cid)
-                    if (w is None or w.state != _STUCK or (w.excluded and pid in w.excluded)
-                            or (w.have_asked and pid in w.have_asked) or (w.haves and pid in w.haves)):
+                    if (
+                        w is None
+                        or w.state != _STUCK
+                        or (w.excluded and pid in w.excluded)
+                        or (w.have_asked and pid in w.have_asked)
+                        or (w.haves and pid in w.haves)
+                    ):
                         continue
                     if w.have_asked is None:
                         w.have_asked = set()

@@ -146,7 +146,9 @@ class UnixFSData:
             if not 1 <= number <= 8:
                 raise BadBlock(f"UnixFS Data: unknown field {number}")
             if number < last or (number == last and number != 4):
-                raise BadBlock(f"UnixFS Data: field {number} after field {last} (fields are in increasing order, once each)")
+                raise BadBlock(
+                    f"UnixFS Data: field {number} after field {last} (fields are in increasing order, once each)"
+                )
             last = number
             want = 2 if number in (2, 8) else 0
             if wire != want:
@@ -403,7 +405,9 @@ class _Frame:
 
     __slots__ = ("cid", "links", "sizes", "tsizes", "depth", "i", "offset")
 
-    def __init__(self, cid: Cid | None, links: tuple[Cid, ...], sizes: tuple, tsizes: tuple, depth: int, offset: int) -> None:
+    def __init__(
+        self, cid: Cid | None, links: tuple[Cid, ...], sizes: tuple, tsizes: tuple, depth: int, offset: int
+    ) -> None:
         self.cid = cid
         self.links, self.sizes, self.tsizes = links, sizes, tsizes
         self.depth = depth  # of its children
@@ -465,7 +469,15 @@ class Walker:
     repeated subtree can make millions of places out of a few blocks). A DAG of more than
     ``MAX_PLACES`` places is refused."""
 
-    def __init__(self, root: Cid | str, *, start: int = 0, end: int | None = None, keep_bytes: int = _DEFAULT_KEEP, data: bool = True) -> None:
+    def __init__(
+        self,
+        root: Cid | str,
+        *,
+        start: int = 0,
+        end: int | None = None,
+        keep_bytes: int = _DEFAULT_KEEP,
+        data: bool = True,
+    ) -> None:
         self.root: Final = Cid.parse(root)
         self._data = data  # False: raw leaves are checked and counted, their bytes never kept (see ``add``)
         if not isinstance(start, int) or start < 0 or (end is not None and (not isinstance(end, int) or end < start)):
@@ -586,7 +598,9 @@ class Walker:
             if node.tsize != tsize:
                 raise BadBlock(f"{cid}: node with a total size of {node.tsize} where its parent's Tsize says {tsize}")
         if node is not None and node.links and depth >= self._depth_limit:
-            raise BadBlock(f"{cid}: the DAG is deeper than {self._depth_limit} links, the most a file of {self.filesize} bytes needs")
+            raise BadBlock(
+                f"{cid}: the DAG is deeper than {self._depth_limit} links, the most a file of {self.filesize} bytes needs"
+            )
 
     def _advance(self) -> list[tuple[int, memoryview]]:
         out: list[tuple[int, memoryview]] = []
@@ -611,7 +625,9 @@ class Walker:
             steps += 1
             self._places += 1
             if self._places > MAX_PLACES:
-                raise BadBlock(f"{self.root}: the DAG has more than {MAX_PLACES} places; no file this walker reads has as many")
+                raise BadBlock(
+                    f"{self.root}: the DAG has more than {MAX_PLACES} places; no file this walker reads has as many"
+                )
             if skip:
                 frame.i, frame.offset = i + 1, offset + size
                 self._unref(cid)
@@ -680,7 +696,14 @@ class Walker:
         self._nodes.pop(cid, None)
 
 
-def walk(root: Cid | str, get_block: Callable[[Cid], Block], *, start: int = 0, end: int | None = None, verified: bool = False) -> Iterator[tuple[int, memoryview]]:
+def walk(
+    root: Cid | str,
+    get_block: Callable[[Cid], Block],
+    *,
+    start: int = 0,
+    end: int | None = None,
+    verified: bool = False,
+) -> Iterator[tuple[int, memoryview]]:
     """The bytes of a UnixFS file in order, as (offset, bytes) pieces, reading each block with
     ``get_block`` (a local blockstore, say) and checking it as ``Walker`` does (``verified``: the
     blocks were checked against their CIDs when stored; the structure is checked still)."""

@@ -12,7 +12,8 @@ import json
 import math
 import os
 import struct
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -24,8 +25,18 @@ _MAX_HEADER = 8 << 20  # a header's bytes (tens of thousands of tensors fit in 8
 _MAX_ENTRIES = 65536
 _MAX_DIMS = 8
 _DTYPES = {
-    "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16, "F16": np.float16,
-    "U32": np.uint32, "I32": np.int32, "F32": np.float32, "U64": np.uint64, "I64": np.int64, "F64": np.float64,
+    "BOOL": np.bool_,
+    "U8": np.uint8,
+    "I8": np.int8,
+    "U16": np.uint16,
+    "I16": np.int16,
+    "F16": np.float16,
+    "U32": np.uint32,
+    "I32": np.int32,
+    "F32": np.float32,
+    "U64": np.uint64,
+    "I64": np.int64,
+    "F64": np.float64,
 }
 
 
@@ -76,9 +87,18 @@ def _entries(header: dict, base: int, size: int) -> list[tuple[str, Any, tuple[i
         shape, offs = spec["shape"], spec["data_offsets"]
         if dtype is None:
             raise BadBlock(f"safetensors entry {name!r} has an unsupported dtype {spec['dtype']!r}")
-        if type(shape) is not list or len(shape) > _MAX_DIMS or not all(type(d) is int and 0 <= d < size for d in shape):
+        if (
+            type(shape) is not list
+            or len(shape) > _MAX_DIMS
+            or not all(type(d) is int and 0 <= d < size for d in shape)
+        ):
             raise BadBlock(f"safetensors entry {name!r} has a malformed shape")
-        if type(offs) is not list or len(offs) != 2 or not all(type(o) is int for o in offs) or not 0 <= offs[0] <= offs[1]:
+        if (
+            type(offs) is not list
+            or len(offs) != 2
+            or not all(type(o) is int for o in offs)
+            or not 0 <= offs[0] <= offs[1]
+        ):
             raise BadBlock(f"safetensors entry {name!r} has malformed offsets")
         length = np.dtype(dtype).itemsize
         for d in shape:  # step by step, each factor below the file size: no huge products
@@ -98,7 +118,10 @@ def decode(data: bytes | memoryview) -> dict[str, np.ndarray]:
     """The arrays of a safetensors file held in memory (read-only views onto ``data``)."""
     buf = memoryview(data).cast("B")
     header, base = _header(buf, len(buf))
-    return {name: np.frombuffer(buf, dtype, math.prod(shape), start).reshape(shape) for name, dtype, shape, start, length in _entries(header, base, len(buf))}
+    return {
+        name: np.frombuffer(buf, dtype, math.prod(shape), start).reshape(shape)
+        for name, dtype, shape, start, length in _entries(header, base, len(buf))
+    }
 
 
 def mapped(path: str) -> dict[str, np.ndarray]:

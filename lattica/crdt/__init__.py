@@ -38,8 +38,15 @@ def _service(node: Node | None) -> tuple[Runtime, CrdtService]:
     return rt, svc
 
 
-def open(name: str, owner: PeerId | str | bool | None = None, writers: _list[PeerId | str] | None = None, *,
-         node: Node | None = None, block: bool = True, timeout: float = 30.0) -> Any:
+def open(
+    name: str,
+    owner: PeerId | str | bool | None = None,
+    writers: _list[PeerId | str] | None = None,
+    *,
+    node: Node | None = None,
+    block: bool = True,
+    timeout: float = 30.0,
+) -> Any:
     """This node's replica of document ``name`` (opened once per node; it comes back from disk
     if the node held it before). ``owner``: None for a mesh document every member writes; a
     PeerId (True: this node) for one only its owner and ``writers`` change (``writers`` is the

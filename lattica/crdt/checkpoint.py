@@ -76,7 +76,9 @@ class Checkpoint:
             return self
         stamp = int(time.time() * 1000) if ts is None else ts
         sig = keys.sign(_signed(self.digest, me, stamp, certs))
-        return Checkpoint(self.doc, self.heads, self.state_hash, self.signatures + (Signature(me, stamp, tuple(certs), sig),))
+        return Checkpoint(
+            self.doc, self.heads, self.state_hash, self.signatures + (Signature(me, stamp, tuple(certs), sig),)
+        )
 
     def with_signatures(self, more: list[Signature]) -> Checkpoint:
         """This checkpoint with ``more`` signatures (signers it has already are skipped)."""
@@ -104,8 +106,14 @@ class Checkpoint:
         return out
 
     def to_bytes(self) -> bytes:
-        return msgpack.packb([self.doc, [list(h) for h in self.heads], self.state_hash,
-                              [[s.signer, s.ts, list(s.certs), s.sig] for s in self.signatures]])
+        return msgpack.packb(
+            [
+                self.doc,
+                [list(h) for h in self.heads],
+                self.state_hash,
+                [[s.signer, s.ts, list(s.certs), s.sig] for s in self.signatures],
+            ]
+        )
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Checkpoint:
@@ -125,9 +133,18 @@ class Checkpoint:
             raise MalformedUpdate("a checkpoint's document and state hash are 32 bytes each")
         out, chains = [], set()
         for h in heads:
-            if (type(h) is not list or len(h) != 4 or type(h[0]) is not bytes or not 0 < len(h[0]) <= MAX_AUTHOR
-                    or type(h[1]) is not bytes or not 0 < len(h[1]) <= MAX_NONCE or type(h[2]) is not int
-                    or not 0 < h[2] < 1 << 63 or type(h[3]) is not bytes or len(h[3]) != 32):
+            if (
+                type(h) is not list
+                or len(h) != 4
+                or type(h[0]) is not bytes
+                or not 0 < len(h[0]) <= MAX_AUTHOR
+                or type(h[1]) is not bytes
+                or not 0 < len(h[1]) <= MAX_NONCE
+                or type(h[2]) is not int
+                or not 0 < h[2] < 1 << 63
+                or type(h[3]) is not bytes
+                or len(h[3]) != 32
+            ):
                 raise MalformedUpdate("a checkpoint's head is [author, nonce, seq, envelope id]")
             chains.add((h[0], h[1]))
             out.append((h[0], h[1], h[2], h[3]))
@@ -137,17 +154,33 @@ class Checkpoint:
             raise MalformedUpdate(f"a checkpoint carries at most {MAX_SIGNATURES} signatures")
         signatures = []
         for s in sigs:
-            if (type(s) is not list or len(s) != 4 or type(s[0]) is not bytes or not 0 < len(s[0]) <= MAX_AUTHOR
-                    or type(s[1]) is not int or not 0 <= s[1] < 1 << 63 or type(s[2]) is not list or len(s[2]) > MAX_CERTS
-                    or not all(type(c) is bytes and 0 < len(c) <= MAX_CERT for c in s[2])
-                    or type(s[3]) is not bytes or len(s[3]) != 64):
+            if (
+                type(s) is not list
+                or len(s) != 4
+                or type(s[0]) is not bytes
+                or not 0 < len(s[0]) <= MAX_AUTHOR
+                or type(s[1]) is not int
+                or not 0 <= s[1] < 1 << 63
+                or type(s[2]) is not list
+                or len(s[2]) > MAX_CERTS
+                or not all(type(c) is bytes and 0 < len(c) <= MAX_CERT for c in s[2])
+                or type(s[3]) is not bytes
+                or len(s[3]) != 64
+            ):
                 raise MalformedUpdate("a checkpoint's signature is [signer, time, certificates, signature]")
             signatures.append(Signature(s[0], s[1], tuple(s[2]), s[3]))
         return cls(doc, tuple(out), state_hash, tuple(signatures))
 
 
 def _signed(digest: bytes, signer: bytes, ts: int, certs: tuple[bytes, ...]) -> bytes:
-    parts = [_DOMAIN, digest, len(signer).to_bytes(1, "big"), signer, ts.to_bytes(8, "big"), len(certs).to_bytes(1, "big")]
+    parts = [
+        _DOMAIN,
+        digest,
+        len(signer).to_bytes(1, "big"),
+        signer,
+        ts.to_bytes(8, "big"),
+        len(certs).to_bytes(1, "big"),
+    ]
     parts += [len(c).to_bytes(2, "big") + c for c in certs]
     return b"".join(parts)
 
@@ -161,7 +194,7 @@ def canonical_state(updates: list[bytes]) -> bytes:
 
     level = list(updates)
     while len(level) > _GROUP:
-        level = [pycrdt.merge_updates(*level[i:i + _GROUP], b"\x00\x00") for i in range(0, len(level), _GROUP)]
+        level = [pycrdt.merge_updates(*level[i : i + _GROUP], b"\x00\x00") for i in range(0, len(level), _GROUP)]
     return pycrdt.merge_updates(*level, b"\x00\x00")
 
 

@@ -4,7 +4,8 @@ loop)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from lattica.future import Future
 from lattica.identity import PeerId

@@ -30,8 +30,18 @@ from lattica.errors import MalformedUpdate
 from lattica.identity import KeyPair, PeerId, verify_signature
 
 __all__ = [
-    "Envelope", "Acl", "UPDATE", "ACL", "GENESIS", "doc_id", "client_id", "sign", "sign_acl",
-    "MAX_ENVELOPE", "MAX_DEPS", "MAX_WRITERS",
+    "Envelope",
+    "Acl",
+    "UPDATE",
+    "ACL",
+    "GENESIS",
+    "doc_id",
+    "client_id",
+    "sign",
+    "sign_acl",
+    "MAX_ENVELOPE",
+    "MAX_DEPS",
+    "MAX_WRITERS",
 ]
 
 UPDATE, ACL = 0, 1
@@ -78,7 +88,9 @@ class Acl:
     @classmethod
     def decode(cls, body: bytes) -> Acl:
         try:
-            raw = msgpack.unpackb(body, max_bin_len=MAX_AUTHOR, max_array_len=max(MAX_WRITERS, MAX_CUTS), max_map_len=0, max_str_len=0)
+            raw = msgpack.unpackb(
+                body, max_bin_len=MAX_AUTHOR, max_array_len=max(MAX_WRITERS, MAX_CUTS), max_map_len=0, max_str_len=0
+            )
         except Exception as exc:
             raise MalformedUpdate(f"an ACL is not valid msgpack: {exc}") from None
         if type(raw) is not list or len(raw) != 2 or type(raw[0]) is not list or type(raw[1]) is not list:
@@ -87,8 +99,15 @@ class Acl:
             raise MalformedUpdate(f"an ACL's writers are at most {MAX_WRITERS} PeerIds")
         cuts: dict[tuple[bytes, bytes], int] = {}
         for c in raw[1]:
-            if (type(c) is not list or len(c) != 3 or type(c[0]) is not bytes or type(c[1]) is not bytes
-                    or len(c[1]) > MAX_NONCE or type(c[2]) is not int or not 0 <= c[2] < 1 << 63):
+            if (
+                type(c) is not list
+                or len(c) != 3
+                or type(c[0]) is not bytes
+                or type(c[1]) is not bytes
+                or len(c[1]) > MAX_NONCE
+                or type(c[2]) is not int
+                or not 0 <= c[2] < 1 << 63
+            ):
                 raise MalformedUpdate("an ACL's cut is [author, nonce, seq]")
             cuts[(c[0], c[1])] = c[2]
         if len(cuts) > MAX_CUTS:
@@ -114,11 +133,26 @@ class Envelope:
     id: bytes = b""
 
     def signed_bytes(self) -> bytes:
-        return _signed(self.kind, self.doc, self.author, self.nonce, self.seq, self.prev, self.ts, self.deps, self.body, self.certs)
+        return _signed(
+            self.kind, self.doc, self.author, self.nonce, self.seq, self.prev, self.ts, self.deps, self.body, self.certs
+        )
 
     def to_bytes(self) -> bytes:
-        return msgpack.packb([self.kind, self.doc, self.author, self.nonce, self.seq, self.prev, self.ts,
-                              [c for d in self.deps for c in d], self.body, list(self.certs), self.sig])
+        return msgpack.packb(
+            [
+                self.kind,
+                self.doc,
+                self.author,
+                self.nonce,
+                self.seq,
+                self.prev,
+                self.ts,
+                [c for d in self.deps for c in d],
+                self.body,
+                list(self.certs),
+                self.sig,
+            ]
+        )
 
     @property
     def chain(self) -> tuple[bytes, bytes]:
@@ -163,13 +197,22 @@ class Envelope:
             raise MalformedUpdate(f"an update's chain nonce is 1 to {MAX_NONCE} bytes (an ACL's is empty)")
         if type(seq) is not int or not 0 < seq < 1 << 63 or type(ts) is not int or not 0 <= ts < 1 << 63:
             raise MalformedUpdate("an envelope's seq and time are positive 63-bit integers")
-        if type(deps) is not list or len(deps) % 2 or len(deps) > 2 * MAX_DEPS or not all(type(x) is int and 0 <= x < 1 << 63 for x in deps):
+        if (
+            type(deps) is not list
+            or len(deps) % 2
+            or len(deps) > 2 * MAX_DEPS
+            or not all(type(x) is int and 0 <= x < 1 << 63 for x in deps)
+        ):
             raise MalformedUpdate(f"an envelope's deps are at most {MAX_DEPS} (client, clock) pairs")
         if kind == ACL and deps:
             raise MalformedUpdate("an ACL has no deps")
         if type(body) is not bytes or len(body) > max_body:
             raise MalformedUpdate(f"an envelope's body is at most {max_body} bytes")
-        if type(certs) is not list or len(certs) > MAX_CERTS or not all(type(c) is bytes and 0 < len(c) <= MAX_CERT for c in certs):
+        if (
+            type(certs) is not list
+            or len(certs) > MAX_CERTS
+            or not all(type(c) is bytes and 0 < len(c) <= MAX_CERT for c in certs)
+        ):
             raise MalformedUpdate(f"an envelope's certificates are at most {MAX_CERTS} of at most {MAX_CERT} bytes")
         if type(sig) is not bytes or len(sig) != 64:
             raise MalformedUpdate("an envelope's signature is 64 bytes")
@@ -177,26 +220,67 @@ class Envelope:
         return _make(kind, doc, author, nonce, seq, prev, ts, pairs, body, tuple(certs), sig)
 
 
-def _make(kind: int, doc: bytes, author: bytes, nonce: bytes, seq: int, prev: bytes, ts: int,
-          deps: tuple, body: bytes, certs: tuple, sig: bytes) -> Envelope:
+def _make(
+    kind: int,
+    doc: bytes,
+    author: bytes,
+    nonce: bytes,
+    seq: int,
+    prev: bytes,
+    ts: int,
+    deps: tuple,
+    body: bytes,
+    certs: tuple,
+    sig: bytes,
+) -> Envelope:
     signed = _signed(kind, doc, author, nonce, seq, prev, ts, deps, body, certs)
     return Envelope(kind, doc, author, nonce, seq, prev, ts, deps, body, certs, sig, _sha256(signed + sig).digest())
 
 
-def _signed(kind: int, doc: bytes, author: bytes, nonce: bytes, seq: int, prev: bytes, ts: int,
-            deps: tuple, body: bytes, certs: tuple) -> bytes:
+def _signed(
+    kind: int,
+    doc: bytes,
+    author: bytes,
+    nonce: bytes,
+    seq: int,
+    prev: bytes,
+    ts: int,
+    deps: tuple,
+    body: bytes,
+    certs: tuple,
+) -> bytes:
     """What the author signs: the domain, then every field with its length (none can be shifted
     into another)."""
-    parts = [_DOMAIN, bytes((kind,)), doc, len(author).to_bytes(1, "big"), author, len(nonce).to_bytes(1, "big"), nonce,
-             seq.to_bytes(8, "big"), prev, ts.to_bytes(8, "big"), len(deps).to_bytes(4, "big")]
+    parts = [
+        _DOMAIN,
+        bytes((kind,)),
+        doc,
+        len(author).to_bytes(1, "big"),
+        author,
+        len(nonce).to_bytes(1, "big"),
+        nonce,
+        seq.to_bytes(8, "big"),
+        prev,
+        ts.to_bytes(8, "big"),
+        len(deps).to_bytes(4, "big"),
+    ]
     parts += [c.to_bytes(8, "big") + k.to_bytes(8, "big") for c, k in deps]
     parts += [len(body).to_bytes(4, "big"), _sha256(body).digest(), len(certs).to_bytes(1, "big")]
     parts += [len(c).to_bytes(2, "big") + c for c in certs]
     return b"".join(parts)
 
 
-def sign(keys: KeyPair, doc: bytes, nonce: bytes, seq: int, prev: bytes, deps: dict[int, int], update: bytes,
-         certs: tuple[bytes, ...] = (), ts: int | None = None) -> Envelope:
+def sign(
+    keys: KeyPair,
+    doc: bytes,
+    nonce: bytes,
+    seq: int,
+    prev: bytes,
+    deps: dict[int, int],
+    update: bytes,
+    certs: tuple[bytes, ...] = (),
+    ts: int | None = None,
+) -> Envelope:
     """An UPDATE envelope signed by ``keys``."""
     author = keys.peer_id.to_bytes()
     pairs = tuple(sorted(deps.items()))

@@ -34,8 +34,8 @@ import collections
 import hashlib
 import heapq
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
 
 from lattica.crdt.checkpoint import Checkpoint, canonical_state, check_state
 from lattica.crdt.envelope import ACL, GENESIS, Acl, Envelope, client_id
@@ -93,7 +93,9 @@ class MemoryLog(Log):
     def __init__(self) -> None:
         self._n = 0
         self._count = 0
-        self._chains: dict[Chain, list[tuple[int, Envelope]]] = {}  # chain -> [(position, envelope)], seq base+1, base+2, ...
+        self._chains: dict[
+            Chain, list[tuple[int, Envelope]]
+        ] = {}  # chain -> [(position, envelope)], seq base+1, base+2, ...
         self._base: dict[Chain, int] = {}
 
     def append(self, env: Envelope) -> None:
@@ -151,10 +153,20 @@ class ReplicaState:
     None, written by the mesh's members (``is_member(envelope)`` says whether its author was one
     when it signed)."""
 
-    def __init__(self, doc: bytes, owner: bytes | None, log: Log | None = None, *,
-                 is_member: Callable[[Envelope], bool] | None = None, max_update: int = 1 << 20,
-                 max_held: int = 4096, max_held_per_author: int = 256, max_held_bytes: int = 64 << 20,
-                 verify: Callable[[Envelope], bool] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        doc: bytes,
+        owner: bytes | None,
+        log: Log | None = None,
+        *,
+        is_member: Callable[[Envelope], bool] | None = None,
+        max_update: int = 1 << 20,
+        max_held: int = 4096,
+        max_held_per_author: int = 256,
+        max_held_bytes: int = 64 << 20,
+        verify: Callable[[Envelope], bool] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.doc = doc
         self.owner = owner
         self.log = log if log is not None else MemoryLog()
@@ -185,7 +197,9 @@ class ReplicaState:
         self.checkpoints: list[Checkpoint] = []
         self.base: dict[Chain, int] = {}  # per chain, the seq they cover
         self._cp_ends: dict[bytes, dict[int, int]] = {}  # per checkpoint, each client's clock in its state
-        self._checked: tuple[bytes, int, bytes] | None = None  # the last canonical state computed (heads, checkpoints, state)
+        self._checked: tuple[bytes, int, bytes] | None = (
+            None  # the last canonical state computed (heads, checkpoints, state)
+        )
 
     # -- reading ------------------------------------------------------------------------------------
 
@@ -231,9 +245,14 @@ class ReplicaState:
 
     def export(self) -> list:
         """The book-keeping a snapshot keeps with the document's state (msgpack-able)."""
-        return [[[a, n, seq, i] for (a, n), (seq, i) in self.heads.items()], [[c, k] for c, k in self.clocks.items()],
-                self.acl.encode(), self.acl_version, [[a, n, s] for (a, n), s in self.frozen.items()],
-                [[x.to_bytes(), y.to_bytes()] for x, y in self.proofs.values()]]
+        return [
+            [[a, n, seq, i] for (a, n), (seq, i) in self.heads.items()],
+            [[c, k] for c, k in self.clocks.items()],
+            self.acl.encode(),
+            self.acl_version,
+            [[a, n, s] for (a, n), s in self.frozen.items()],
+            [[x.to_bytes(), y.to_bytes()] for x, y in self.proofs.values()],
+        ]
 
     def restore(self, meta: list, envs: Iterable[Envelope]) -> None:
         """Take back what :meth:`export` gave, with the log's envelopes up to that point."""
@@ -255,7 +274,7 @@ class ReplicaState:
         """Rebuild the per-author chain counts and client ids from the heads; ended (frozen)
         chains count too: forking is no way around the cap."""
         self.clients, self.chains_by = {}, collections.Counter()
-        for (a, n) in set(self.heads) | set(self.frozen):
+        for a, n in set(self.heads) | set(self.frozen):
             if n:
                 self.clients[client_id(self.doc, a, n)] = (a, n)
                 self.chains_by[a] += 1
@@ -263,9 +282,18 @@ class ReplicaState:
     def rebuilt(self) -> tuple[ReplicaState, Outcome]:
         """A fresh state that replays this one's log under what is known now (forks, the latest
         writers list): what it applied, in order, is the document to rebuild."""
-        new = ReplicaState(self.doc, self.owner, MemoryLog(), is_member=self.is_member, max_update=self.max_update,
-                           max_held=self.max_held, max_held_per_author=self.max_held_per_author,
-                           max_held_bytes=self.max_held_bytes, verify=self._verify, clock=self._clock)
+        new = ReplicaState(
+            self.doc,
+            self.owner,
+            MemoryLog(),
+            is_member=self.is_member,
+            max_update=self.max_update,
+            max_held=self.max_held,
+            max_held_per_author=self.max_held_per_author,
+            max_held_bytes=self.max_held_bytes,
+            verify=self._verify,
+            clock=self._clock,
+        )
         new.frozen = dict(self.frozen)
         new.proofs = dict(self.proofs)
         new.forks = self.forks
@@ -301,7 +329,7 @@ class ReplicaState:
         covers, or it differs)."""
         if cp.doc != self.doc:
             return "another document", b""
-        for a, n, s, i in cp.heads:
+        for a, n, s, _i in cp.heads:
             if s > self.frozen.get((a, n), s):
                 return "it covers a forked chain past its end", b""
         if self.disagreeing(cp):
@@ -356,7 +384,7 @@ class ReplicaState:
         if len(states) != len(self.checkpoints):
             return None
         bodies = list(states)
-        for (a, n, s, i) in cp.heads:
+        for a, n, s, i in cp.heads:
             chain = (a, n)
             base = self.base.get(chain, 0)
             if self.head(chain)[0] < s:
@@ -625,9 +653,12 @@ class ReplicaState:
         now = self._clock()
         self._expire(now)
         a = env.author
-        if (self._held_count >= self.max_held or self._held_bytes + env.size > self.max_held_bytes
-                or self._held_by[a] >= self.max_held_per_author
-                or self._held_bytes_by[a] + env.size > self.max_held_bytes // 8):
+        if (
+            self._held_count >= self.max_held
+            or self._held_bytes + env.size > self.max_held_bytes
+            or self._held_by[a] >= self.max_held_per_author
+            or self._held_bytes_by[a] + env.size > self.max_held_bytes // 8
+        ):
             return self._refuse(env, "too many envelopes waiting", out)
         self._held.setdefault(env.chain, {})[env.seq] = (env, now)
         self._held_count += 1
@@ -686,9 +717,17 @@ class ReplicaState:
         MAX_FROZEN chains have ended."""
         place = env.seq if at is None else at
         cut = place - 1
-        counts = (held is not None and env.kind == held.kind and not self._right(env)
-                  and not (self.owner is not None and env.author != self.owner and env.author not in self.acl.writers))
-        if counts and self.frozen.get(env.chain, cut + 1) > cut and (env.chain in self.frozen or len(self.frozen) < MAX_FROZEN):
+        counts = (
+            held is not None
+            and env.kind == held.kind
+            and not self._right(env)
+            and not (self.owner is not None and env.author != self.owner and env.author not in self.acl.writers)
+        )
+        if (
+            counts
+            and self.frozen.get(env.chain, cut + 1) > cut
+            and (env.chain in self.frozen or len(self.frozen) < MAX_FROZEN)
+        ):
             assert held is not None
             self.frozen[env.chain] = cut
             self.proofs[env.chain] = (held, env)

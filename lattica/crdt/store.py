@@ -16,7 +16,8 @@ import concurrent.futures
 import os
 import sqlite3
 import threading
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -129,18 +130,25 @@ class Store:
             for pos, raw in self._db.execute("SELECT pos, raw FROM envelopes WHERE doc=? ORDER BY pos", (doc,)):
                 envs.append((pos, Envelope.from_bytes(raw)))
             meta = None if snap is None else (snap[0], snap[1], msgpack.unpackb(snap[2], strict_map_key=False))
-            cps = [(bytes(r[0]), bytes(r[1])) for r in self._db.execute("SELECT raw, state FROM checkpoints WHERE doc=?", (doc,))]
+            cps = [
+                (bytes(r[0]), bytes(r[1]))
+                for r in self._db.execute("SELECT raw, state FROM checkpoints WHERE doc=?", (doc,))
+            ]
             return (row[2] if row and row[3] else None), meta, envs, cps
 
         return self.run(load)
 
-    def remember(self, doc: bytes, name: str, owner: bytes | None, nonce: bytes, clean: bool = False) -> concurrent.futures.Future:
+    def remember(
+        self, doc: bytes, name: str, owner: bytes | None, nonce: bytes, clean: bool = False
+    ) -> concurrent.futures.Future:
         """Record the document and our chain's nonce in it; ``clean``: closed, nothing of ours
         is anywhere but here (set when the document closes, cleared when it opens)."""
 
         def put() -> None:
             assert self._db is not None
-            self._db.execute("INSERT OR REPLACE INTO docs VALUES (?, ?, ?, ?, ?)", (doc, name, owner, nonce, int(clean)))
+            self._db.execute(
+                "INSERT OR REPLACE INTO docs VALUES (?, ?, ?, ?, ?)", (doc, name, owner, nonce, int(clean))
+            )
 
         return self.run(put)
 
@@ -153,7 +161,9 @@ class Store:
             db = self._db
             db.execute("BEGIN")
             try:
-                db.executemany("INSERT OR IGNORE INTO envelopes(doc, author, nonce, seq, raw) VALUES (?, ?, ?, ?, ?)", rows)
+                db.executemany(
+                    "INSERT OR IGNORE INTO envelopes(doc, author, nonce, seq, raw) VALUES (?, ?, ?, ?, ?)", rows
+                )
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
@@ -172,8 +182,16 @@ class Store:
 
         return self.run(put)
 
-    def compact(self, doc: bytes, raw: bytes, digest: bytes, state: bytes, covers: dict, dropped: list[bytes],
-                snapshot: tuple[bytes, Any]) -> concurrent.futures.Future:
+    def compact(
+        self,
+        doc: bytes,
+        raw: bytes,
+        digest: bytes,
+        state: bytes,
+        covers: dict,
+        dropped: list[bytes],
+        snapshot: tuple[bytes, Any],
+    ) -> concurrent.futures.Future:
         """In one transaction: record a checkpoint (``raw``, its ``digest`` and ``state``), forget
         the ones it supersedes (``dropped`` digests), delete the envelopes it covers (``covers``:
         seq per chain) and record ``snapshot`` ``(state, meta)`` of the document now."""

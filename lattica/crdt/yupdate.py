@@ -23,7 +23,16 @@ from dataclasses import dataclass, field
 
 from lattica.errors import MalformedUpdate
 
-__all__ = ["UpdateInfo", "read_update", "read_update_as_yrs", "read_state_vector", "write_state_vector", "MAX_DEPTH", "MAX_CLOCK", "MAX_CLIENT"]
+__all__ = [
+    "UpdateInfo",
+    "read_update",
+    "read_update_as_yrs",
+    "read_state_vector",
+    "write_state_vector",
+    "MAX_DEPTH",
+    "MAX_CLOCK",
+    "MAX_CLIENT",
+]
 
 MAX_DEPTH = 32  # nesting of lists and maps inside one value
 MAX_CLOCK = (1 << 32) - 1  # yrs's clocks and lengths are 32-bit
@@ -108,7 +117,7 @@ class _Reader:
         start = self.pos
         self.skip(n)
         try:
-            return self.buf[start:self.pos].decode("utf-8")
+            return self.buf[start : self.pos].decode("utf-8")
         except UnicodeDecodeError:
             raise MalformedUpdate("a string in the update is not UTF-8") from None
 

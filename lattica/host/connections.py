@@ -4,7 +4,8 @@ connection by peer, what identify told us on each, idle close and the peers kept
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from lattica.budget import Buckets, StrangersShare
 from lattica.errors import ConnectionClosed
@@ -199,16 +200,26 @@ class Connections:
         self._grace_timers[conn] = self.loop.call_later(self.grace, self._grace_over, conn)
         for riding in [c for c in self.all_conns if c.carrier is conn and usable(c)]:
             riding.go_away()  # (circuits inside its streams would die with it at the end of the grace)
-        draining = sorted((c for c in self.conns_of.get(peer, ()) if c in self.away_since and not c.is_closed), key=self.away_since.__getitem__)
+        draining = sorted(
+            (c for c in self.conns_of.get(peer, ()) if c in self.away_since and not c.is_closed),
+            key=self.away_since.__getitem__,
+        )
         for old in draining[: max(0, len(draining) - MAX_DRAINING_PER_PEER)]:
-            log.info("closing a connection going away: too many from this peer", peer=str(peer), streams=old.num_streams)
+            log.info(
+                "closing a connection going away: too many from this peer", peer=str(peer), streams=old.num_streams
+            )
             old.abort("too many connections going away from this peer")
 
     def _grace_over(self, conn: Connection) -> None:
         self._grace_timers.pop(conn, None)
         if conn.is_closed:
             return
-        log.info("closing a connection going away: its grace period ended", peer=str(conn.remote_peer), streams=conn.num_streams, grace=self.grace)
+        log.info(
+            "closing a connection going away: its grace period ended",
+            peer=str(conn.remote_peer),
+            streams=conn.num_streams,
+            grace=self.grace,
+        )
         self._expired_hook(conn)  # (calls still on it fail with PathChanged, or are re-sent)
         self.spawn(conn.close())
 
@@ -327,7 +338,9 @@ class Connections:
             await asyncio.sleep(max(timeout / 4, 0.05))
             now = self.loop.time()
             for conn in list(self.all_conns):
-                if conn.num_streams or (conn.remote_peer in self.protected and self.conns.get(conn.remote_peer) is conn):
+                if conn.num_streams or (
+                    conn.remote_peer in self.protected and self.conns.get(conn.remote_peer) is conn
+                ):
                     self.idle_since[conn] = now
                 elif now - self.idle_since.get(conn, now) >= timeout and usable(conn):
                     log.debug("retiring idle connection", peer=str(conn.remote_peer))

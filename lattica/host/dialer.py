@@ -9,6 +9,7 @@ import weakref
 from typing import TYPE_CHECKING, Protocol
 
 from lattica import context, holepunch
+from lattica.budget import Buckets
 from lattica.errors import (
     ConnectionClosed,
     ConnectionLimit,
@@ -24,7 +25,6 @@ from lattica.errors import (
 )
 from lattica.identify import PeerInfo
 from lattica.identity import PeerId
-from lattica.budget import Buckets
 from lattica.interfaces import host_key, ip_of, is_loopback_ip, on_local_network
 from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
@@ -71,11 +71,15 @@ class Dialer:
         self.upgrading: set[PeerId] = set()  # peers we are trying to reach directly (relayed now)
         self.upgrade_again: set[PeerId] = set()  # new addresses came while upgrading: try again after
         self.tcp_tried: weakref.WeakSet[Connection] = weakref.WeakSet()  # QUIC connections we asked to add TCP over
-        self.upgrade_tried: dict[PeerId, tuple[frozenset, float]] = {}  # relayed peer -> (direct addresses, when) of its last try
+        self.upgrade_tried: dict[
+            PeerId, tuple[frozenset, float]
+        ] = {}  # relayed peer -> (direct addresses, when) of its last try
         self.upgrade_later: set[PeerId] = set()  # a try is due when its interval has passed
         self.upgrade_dials = Buckets(*_UPGRADE_DIALS_PER_IP, _MAX_CONTACTED, clock=host.loop.time)
         self.hint_dials = Buckets(*_HINT_DIALS_PER_IP, _MAX_CONTACTED, clock=host.loop.time)
-        self.contacted: dict[tuple[str, str], float] = {}  # (transport, IP) -> when a listening socket last sent it a packet (opens cone filters)
+        self.contacted: dict[
+            tuple[str, str], float
+        ] = {}  # (transport, IP) -> when a listening socket last sent it a packet (opens cone filters)
 
     async def connect(self, addrs: list[Multiaddr], peer: PeerId | None, timeout: float) -> PeerInfo:
         host = self.host
@@ -96,7 +100,7 @@ class Dialer:
                 if identified is None:  # the connection we had is closing (the peer just left)
                     raise ConnectionClosed(f"connection to {peer} closed before identify")
                 return await asyncio.wait_for(asyncio.shield(identified), max(deadline - host.loop.time(), 0.0))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise Timeout(f"connecting to {peer} took longer than {timeout} s") from None
             except ConnectionClosed:
                 if attempt or host.closing:
@@ -143,8 +147,10 @@ class Dialer:
             if ip is None or is_loopback_ip(ip) or self.hint_dials.take(host_key(ip)):
                 out.append(a)
         if given and not out:
-            raise PeerUnreachable(f"{peer} is known only by addresses other peers gave, and their destination was dialed for such "
-                                  "addresses too often lately (a budget per IP address: a peer's answers cannot aim our dials)")
+            raise PeerUnreachable(
+                f"{peer} is known only by addresses other peers gave, and their destination was dialed for such "
+                "addresses too often lately (a budget per IP address: a peer's answers cannot aim our dials)"
+            )
         return out
 
     async def _dial(self, peer: PeerId, fut: asyncio.Future) -> None:
@@ -229,6 +235,7 @@ class Dialer:
                 raise ConnectionLimit(f"connection limit of {host.max_connections} reached")
             log.info("evicting a connection to dial out: limit reached", peer=str(victim.remote_peer))
             victim.abort("evicted: connection limit reached (unidentified or idle stranger)")
+
         # Interleave transports so the first wave races one address of each (TCP against QUIC);
         # further addresses join one by one, every DIAL_STAGGER seconds or when an attempt fails.
         # The first relay circuit joins right after the first wave (a peer with circuits may well
@@ -430,7 +437,7 @@ class Dialer:
         if info is None and conn in host.identified:  # a fresh connection: identify is one trip away
             try:
                 info = await asyncio.wait_for(asyncio.shield(host.identified[conn]), PROTOCOL_READ_TIMEOUT)
-            except (LatticaError, asyncio.TimeoutError):
+            except (TimeoutError, LatticaError):
                 info = None
         if info is not None and circuit.HOP not in info.protocols:
             raise UnsupportedProtocol(f"{relay} is not a relay")
@@ -460,13 +467,11 @@ class Dialer:
                     continue
         return None
 
-    async def dial_spliced(self, relay_tcp: Multiaddr, token: bytes, peer: PeerId, initiator: bool, remote: Multiaddr) -> Connection:
+    async def dial_spliced(
+        self, relay_tcp: Multiaddr, token: bytes, peer: PeerId, initiator: bool, remote: Multiaddr
+    ) -> Connection:
         """A circuit on its own TCP socket to the relay (see transports/splice.py)."""
         tcp = self.host.transport_set.named("tcp")
         if tcp is None:
             raise TransportError("no TCP transport to splice a circuit with")
         return await tcp.dial_spliced(relay_tcp, token, peer, initiator=initiator, remote_addr=remote)
-
-
-
-

@@ -9,11 +9,20 @@ import collections
 import math
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import TYPE_CHECKING, Any
 
 from lattica import codec, identify, interfaces, ping
 from lattica.budget import Buckets, StrangersShare, Turns
-from lattica.errors import ConnectionClosed, LatticaError, MultiaddrError, NodeClosed, PeerUnreachable, Timeout, UnsupportedProtocol
+from lattica.errors import (
+    ConnectionClosed,
+    LatticaError,
+    MultiaddrError,
+    NodeClosed,
+    PeerUnreachable,
+    Timeout,
+    UnsupportedProtocol,
+)
 from lattica.framing import read_message, write_message
 from lattica.host.connections import MAX_CONNS_PER_PEER, MAX_DRAINING_PER_PEER, Connections
 from lattica.host.dialer import PROTOCOL_READ_TIMEOUT, Dialer, PeerRouting
@@ -24,8 +33,8 @@ from lattica.identity import PeerId
 from lattica.logging import get_logger
 from lattica.monitors import Monitors
 from lattica.multiaddr import Multiaddr
-from lattica.records import StoreLimits
 from lattica.nat import NatManager, NatStatus
+from lattica.records import StoreLimits
 from lattica.runtime import Runtime
 from lattica.services import Services
 from lattica.transports import circuit
@@ -89,7 +98,14 @@ class Host:
         self.listen_addrs: list[Multiaddr] = []  # dialable: wildcards expanded per interface
         self.events = HostEvents()  # what services subscribe to (lattica/hostview.py)
         self.connections = Connections(
-            self.peer_id, self.loop, self.events, self.spawn, self._serve_stream, self._going_away, self._drain_expired, node.drain_grace
+            self.peer_id,
+            self.loop,
+            self.events,
+            self.spawn,
+            self._serve_stream,
+            self._going_away,
+            self._drain_expired,
+            node.drain_grace,
         )
         # the connection table's maps, under the names the rest of the node reads them by
         self.conns = self.connections.conns
@@ -102,8 +118,12 @@ class Host:
         self._pushes = Buckets(*_PUSHES_PER_PEER, 4096, clock=self.loop.time)
         self._held_pushes: dict[Connection, Any] = {}  # a peer's latest push beyond its budget
         self.contacted = self.dialer.contacted
-        self.peer_addrs: dict[PeerId, list[Multiaddr]] = {}  # the address book: what peers said of themselves (identify, signed records) or the user gave
-        self.hint_addrs: dict[PeerId, list[Multiaddr]] = {}  # what other peers said of them (lookup answers, swarms): dialed under a budget
+        self.peer_addrs: dict[
+            PeerId, list[Multiaddr]
+        ] = {}  # the address book: what peers said of themselves (identify, signed records) or the user gave
+        self.hint_addrs: dict[
+            PeerId, list[Multiaddr]
+        ] = {}  # what other peers said of them (lookup answers, swarms): dialed under a budget
         self.handlers: dict[str, StreamProtocolHandler] = {}
         self.tasks: set[asyncio.Task] = set()
         self.closing = False
@@ -141,7 +161,10 @@ class Host:
         self.runtime.monitors = Monitors(self.runtime)
         self.services.start(self.runtime, self.node)
         self.circuit = circuit.CircuitTransport(
-            self.keypair, self.dialer.open_hop, splice=self.dialer.dial_spliced, splice_addr=self.dialer.splice_addr,
+            self.keypair,
+            self.dialer.open_hop,
+            splice=self.dialer.dial_spliced,
+            splice_addr=self.dialer.splice_addr,
             **self.transport_set.options.get("relay", {}),
         )
         self.transport_set.add(self.circuit)
@@ -182,9 +205,7 @@ class Host:
         conns = list(self.all_conns)
         try:
             if conns:  # say goodbye to everyone at once, within one overall deadline
-                await asyncio.wait(
-                    [self.loop.create_task(c.close()) for c in conns], timeout=_STOP_GRACE
-                )
+                await asyncio.wait([self.loop.create_task(c.close()) for c in conns], timeout=_STOP_GRACE)
         finally:
             for conn in conns:
                 conn.abort("node stopping")
@@ -241,13 +262,23 @@ class Host:
         if spare is None and len(self.all_conns) >= self.max_connections:
             victim = self.connections.evictable()
             if victim is None:
-                log.info("refusing inbound connection: limit reached", peer=str(conn.remote_peer), limit=self.max_connections)
+                log.info(
+                    "refusing inbound connection: limit reached", peer=str(conn.remote_peer), limit=self.max_connections
+                )
                 conn.abort("connection limit reached")
                 return
-            log.info("evicting a connection for a newcomer: limit reached", peer=str(victim.remote_peer), identified=victim in self.info)
+            log.info(
+                "evicting a connection for a newcomer: limit reached",
+                peer=str(victim.remote_peer),
+                identified=victim in self.info,
+            )
             victim.abort("evicted: connection limit reached (unidentified or idle stranger)")
         if spare is not None:  # (the newcomer takes its place; what is on the spare finishes there)
-            log.info("retiring a spare connection for the peer's newest: per-peer limit", peer=str(peer), spare=spare.transport)
+            log.info(
+                "retiring a spare connection for the peer's newest: per-peer limit",
+                peer=str(peer),
+                spare=spare.transport,
+            )
             spare.go_away()
         self.adopt(conn)
         self.dialer.inbound(conn)
@@ -294,7 +325,11 @@ class Host:
 
     def _identify_overdue(self, conn: Connection) -> None:
         if not conn.is_closed and conn not in self.info:
-            log.info("closing connection: no identify in time", peer=str(conn.remote_peer), timeout=self.node.identify_timeout)
+            log.info(
+                "closing connection: no identify in time",
+                peer=str(conn.remote_peer),
+                timeout=self.node.identify_timeout,
+            )
             conn.abort(f"the peer did not identify within {self.node.identify_timeout} s")
 
     async def peer_info(self, conn: Connection, timeout: float) -> PeerInfo | None:
@@ -308,7 +343,7 @@ class Host:
             return None
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except (asyncio.TimeoutError, LatticaError):
+        except (TimeoutError, LatticaError):
             return None
 
     def circle_of(self, peer: PeerId) -> str:
@@ -422,8 +457,12 @@ class Host:
             async with asyncio.timeout(PROTOCOL_READ_TIMEOUT):  # cheaper than wait_for: no extra task
                 head = await stream.readexactly(1)
                 name = (await stream.readexactly(head[0])).decode()
-        except (asyncio.TimeoutError, LatticaError, UnicodeDecodeError) as e:
-            log.info("dropping stream: no valid protocol header", peer=str(conn.remote_peer), reason=str(e) or type(e).__name__)
+        except (TimeoutError, LatticaError, UnicodeDecodeError) as e:
+            log.info(
+                "dropping stream: no valid protocol header",
+                peer=str(conn.remote_peer),
+                reason=str(e) or type(e).__name__,
+            )
             stream.reset()
             return
         handler = self.handlers.get(name)
@@ -433,8 +472,10 @@ class Host:
             return
         try:
             await handler(stream, conn)
-        except (LatticaError, asyncio.TimeoutError) as e:
-            log.info("stream handler failed", peer=str(conn.remote_peer), protocol=name, reason=str(e) or type(e).__name__)
+        except (TimeoutError, LatticaError) as e:
+            log.info(
+                "stream handler failed", peer=str(conn.remote_peer), protocol=name, reason=str(e) or type(e).__name__
+            )
             stream.reset()
         except Exception:
             log.exception("stream handler crashed", peer=str(conn.remote_peer), protocol=name)
@@ -511,7 +552,9 @@ class Host:
         log.info("closing connection: bad identify", peer=str(conn.remote_peer), reason=str(e) or "timeout")
         fut = self.identified.get(conn)
         if fut is not None and not fut.done():  # a connect() waiting for it learns why
-            fut.set_exception(ConnectionClosed(f"connection to {conn.remote_peer} closed: bad identify: {e or 'timeout'}"))
+            fut.set_exception(
+                ConnectionClosed(f"connection to {conn.remote_peer} closed: bad identify: {e or 'timeout'}")
+            )
             fut.exception()
         conn.abort(f"bad identify: {e}")
 
@@ -519,7 +562,7 @@ class Host:
         try:
             async with asyncio.timeout(PROTOCOL_READ_TIMEOUT):
                 msg = await read_message(stream, identify.MAX_MESSAGE)
-        except (LatticaError, asyncio.TimeoutError) as e:
+        except (TimeoutError, LatticaError) as e:
             self._bad_identify(conn, e)
             return
         if conn in self.info and not self._pushes.take(conn.remote_peer):  # (its first identify always counts)
@@ -532,7 +575,7 @@ class Host:
         try:
             async with asyncio.timeout(PROTOCOL_READ_TIMEOUT):
                 extra = await stream.read(1)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             extra = b"?"
         if extra:
             stream.reset()
@@ -556,7 +599,16 @@ class Host:
         now = time.time()
         verdict = self.trust.judge(conn.remote_peer, fields.pop("mesh_certs"), now)
         self._expire_verdict(conn, verdict.until - now)
-        info = PeerInfo(conn.remote_peer, conn.transport, conn.direction, conn.remote_addr, **fields, circle=verdict.circle, circle_reason=verdict.why, admin=verdict.admin)
+        info = PeerInfo(
+            conn.remote_peer,
+            conn.transport,
+            conn.direction,
+            conn.remote_addr,
+            **fields,
+            circle=verdict.circle,
+            circle_reason=verdict.why,
+            admin=verdict.admin,
+        )
         self.info[conn] = info
         if verdict.circle != "stranger":
             conn.widen_windows()
@@ -610,7 +662,9 @@ class Host:
         """Before a ping's echo: at once for a member; a stranger's waits its turn of the share
         all strangers' pings have, unless its stream or connection goes away meanwhile (then
         the echo fails and the stream's handler ends) or it turns out to be a member."""
-        await self._strangers_pings.take(conn, give_up=lambda: stream.aborted or conn.is_closed or not self.connections.from_stranger(conn))
+        await self._strangers_pings.take(
+            conn, give_up=lambda: stream.aborted or conn.is_closed or not self.connections.from_stranger(conn)
+        )
 
     async def ping(self, peer: PeerId, count: int, timeout: float) -> list[float]:
         async def run() -> list[float]:
@@ -625,7 +679,7 @@ class Host:
 
         try:
             return await asyncio.wait_for(run(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise Timeout(f"{count} ping(s) to {peer} did not finish within {timeout} s") from None
 
     async def nat_status(self, refresh: bool) -> NatStatus:
@@ -638,7 +692,16 @@ class Host:
         out = []
         for peer, conn in self.conns.items():
             info = self.info.get(conn)
-            out.append(info or PeerInfo(peer, conn.transport, conn.direction, conn.remote_addr, circle_reason="it has not identified itself yet"))
+            out.append(
+                info
+                or PeerInfo(
+                    peer,
+                    conn.transport,
+                    conn.direction,
+                    conn.remote_addr,
+                    circle_reason="it has not identified itself yet",
+                )
+            )
         return out
 
 

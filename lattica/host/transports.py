@@ -4,7 +4,8 @@ host."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from lattica.identity import KeyPair
 from lattica.multiaddr import Multiaddr
@@ -36,7 +37,9 @@ class Transports:
         transport.narrow_windows = True  # (and widens a connection's windows once its peer is a member)
         self.all.append(transport)
 
-    def set_early(self, data: Callable[[Multiaddr], bytes | None] | None, push: Callable[[Connection], None] | None) -> None:
+    def set_early(
+        self, data: Callable[[Multiaddr], bytes | None] | None, push: Callable[[Connection], None] | None
+    ) -> None:
         """How every transport, of now and added later, says who we are before its handshake ends
         (``Transport.early_data`` and ``Transport.early_push``; None: not early)."""
         self.early_data, self.early_push = data, push

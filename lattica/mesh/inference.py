@@ -12,7 +12,8 @@ import contextlib
 import os
 import signal
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -34,13 +35,17 @@ class TinyLM:
     def __init__(self, seed: int = 0) -> None:
         rng = np.random.default_rng(seed)
 
-        def w(*shape: int) -> np.ndarray:  # (large: a random model this small says the same token over and over otherwise)
+        def w(
+            *shape: int,
+        ) -> np.ndarray:  # (large: a random model this small says the same token over and over otherwise)
             return rng.standard_normal(shape) * 3.0 / np.sqrt(shape[0])
 
         self.embed = rng.standard_normal((VOCAB, DIM))
         self.pos = rng.standard_normal((CONTEXT, DIM))
-        self.blocks = [dict(q=w(DIM, DIM), k=w(DIM, DIM), v=w(DIM, DIM), o=w(DIM, DIM), up=w(DIM, 4 * DIM), down=w(4 * DIM, DIM))
-                       for _ in range(LAYERS)]
+        self.blocks = [
+            dict(q=w(DIM, DIM), k=w(DIM, DIM), v=w(DIM, DIM), o=w(DIM, DIM), up=w(DIM, 4 * DIM), down=w(4 * DIM, DIM))
+            for _ in range(LAYERS)
+        ]
 
     @staticmethod
     def _norm(x: np.ndarray) -> np.ndarray:
@@ -84,7 +89,7 @@ class TinyLM:
             for s in range(stages):
                 x = self.run_stage(s, stages, x)
             tokens.append(x)
-        return tokens[len(prompt):]
+        return tokens[len(prompt) :]
 
 
 @actor
@@ -105,7 +110,9 @@ class PipelineStage:
             import lattica.shards  # (in the node process, when the stage first forwards)
 
             # (within a few attempts: the caller's own attempt on this stage is timed out too)
-            self.next = lattica.shards.stub(SERVICE, {"stage": self.stage + 1}, timeout=self.timeout, within=4 * self.timeout)
+            self.next = lattica.shards.stub(
+                SERVICE, {"stage": self.stage + 1}, timeout=self.timeout, within=4 * self.timeout
+            )
         return await self.next.forward.remote(y)
 
     async def where(self) -> int:
@@ -145,8 +152,15 @@ async def _spawn(peer: str, stage: int, stages: int, seed: int) -> Any:
     return ref
 
 
-def generate(node: Node, prompt: list[int], n: int, *, kill: ServerProcess | None = None, kill_at: int = -1,
-             say: Callable[[str], None] | None = None) -> dict:
+def generate(
+    node: Node,
+    prompt: list[int],
+    n: int,
+    *,
+    kill: ServerProcess | None = None,
+    kill_at: int = -1,
+    say: Callable[[str], None] | None = None,
+) -> dict:
     """Generate ``n`` tokens through the pipeline from ``node`` (``kill``: SIGKILL that process
     before token ``kill_at``). The tokens, seconds per token, and the pause the kill caused."""
     import lattica.shards  # (the client side of the pipeline)
@@ -163,7 +177,7 @@ def generate(node: Node, prompt: list[int], n: int, *, kill: ServerProcess | Non
         t0 = time.perf_counter()
         tokens.append(first.forward.remote(np.array(tokens[-CONTEXT:])).result(60))
         took.append(time.perf_counter() - t0)
-    out = tokens[len(prompt):]
+    out = tokens[len(prompt) :]
     steady = sorted(took[:killed_at] if killed_at else took)
     median = steady[len(steady) // 2] if steady else 0.0
     pause = max(took[killed_at:]) - median if killed_at is not None else 0.0

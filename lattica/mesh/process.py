@@ -14,15 +14,15 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 import time
 from typing import Any
-import sys
 
 from lattica._loop import DEFAULT_BUSY_POLL_US
 from lattica.config import DhtConfig, NatConfig, RelayConfig
 from lattica.logging import configure
-from lattica.records import StoreLimits
 from lattica.node import Node
+from lattica.records import StoreLimits
 from lattica.transports.base import Connection, Stream
 
 SINK = "/lattica/bench/sink/1"
@@ -57,11 +57,19 @@ async def serve_echo(stream: Stream, conn: Connection) -> None:
 _CLI = "import sys; from lattica.cli import main; main(sys.argv[1:])"
 
 
-def cli_node(*flags: str, cwd: str | os.PathLike[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+def cli_node(
+    *flags: str, cwd: str | os.PathLike[str], env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
     """A plain ``lattica node`` (the CLI as a user runs it, without mDNS) listening on loopback
     TCP, in ``cwd``: the process (its output on its stdout pipe) and its address (``.../p2p/<id>``)."""
-    proc = subprocess.Popen([sys.executable, "-c", _CLI, "node", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-mdns", *flags],
-                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CLI, "node", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-mdns", *flags],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     for line in proc.stdout:  # type: ignore[union-attr]
         if line.startswith("listening: "):
             return proc, line.split(": ", 1)[1].strip()
@@ -71,7 +79,9 @@ def cli_node(*flags: str, cwd: str | os.PathLike[str], env: dict[str, str] | Non
 class ServerProcess:
     """Run this module in a child process; ``with ServerProcess([...]) as srv: srv.addrs``."""
 
-    def __init__(self, listen: list[str], *extra: str, env: dict[str, str] | None = None, wrap: list[str] | None = None) -> None:
+    def __init__(
+        self, listen: list[str], *extra: str, env: dict[str, str] | None = None, wrap: list[str] | None = None
+    ) -> None:
         """``wrap``: an argv prefix the child runs under (``ip netns exec NS``: a benchmark's far
         side, lattica.bench.linkem)."""
         self._env = env  # the child's environment (default: this process's)
@@ -82,7 +92,9 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> ServerProcess:
-        self.proc = subprocess.Popen(self._args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=self._env)
+        self.proc = subprocess.Popen(
+            self._args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=self._env
+        )
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         if not line:
             self.proc.kill()
@@ -122,10 +134,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--relay", action="store_true", help="relay circuits for private peers")
     p.add_argument("--relay-in-stream", action="store_true", help="relay circuits, never on spliced sockets")
     p.add_argument("--resources", default=None, help='what this node offers placement, as JSON: {"cpu": 4}')
-    p.add_argument("--log", default=os.environ.get("LATTICA_SERVER_LOG"), help="log level on stderr (default: $LATTICA_SERVER_LOG, else off)")
+    p.add_argument(
+        "--log",
+        default=os.environ.get("LATTICA_SERVER_LOG"),
+        help="log level on stderr (default: $LATTICA_SERVER_LOG, else off)",
+    )
     p.add_argument("--connect", action="append", default=[], help="a peer to connect to once started (repeatable)")
     p.add_argument("--private-via", default=None, help="listen nowhere; be reachable through this relay only")
-    p.add_argument("--dashboard", default=None, help="serve the dashboard at HOST:PORT (its address is in the JSON line)")
+    p.add_argument(
+        "--dashboard", default=None, help="serve the dashboard at HOST:PORT (its address is in the JSON line)"
+    )
     args = p.parse_args(argv)
     if args.log:
         configure(args.log)
@@ -139,8 +157,17 @@ def main(argv: list[str] | None = None) -> None:
     relay: Any = args.relay
     if args.relay_in_stream:
         relay = RelayConfig(splice=False)
-    node = Node(listen, key_path=args.key, busy_poll_us=args.busy_poll_us, allow=["lattica.bench.*", "lattica.mesh.*", *args.allow], dht=dht, relay=relay,
-                resources=json.loads(args.resources) if args.resources else None, dashboard=args.dashboard, **private)
+    node = Node(
+        listen,
+        key_path=args.key,
+        busy_poll_us=args.busy_poll_us,
+        allow=["lattica.bench.*", "lattica.mesh.*", *args.allow],
+        dht=dht,
+        relay=relay,
+        resources=json.loads(args.resources) if args.resources else None,
+        dashboard=args.dashboard,
+        **private,
+    )
     node.start()
     if args.private_via:
         deadline = time.monotonic() + 30
@@ -152,7 +179,10 @@ def main(argv: list[str] | None = None) -> None:
     node.set_stream_handler(SINK, lambda s, c: serve_sink(s, c, digest))
     node.set_stream_handler(ECHO, serve_echo)
     addrs = [str(a) for a in node.addrs] or [f"{r}/p2p/{node.peer_id}" for r in node.nat_status().relays]
-    print(json.dumps({"peer_id": str(node.peer_id), "addrs": addrs, "pid": os.getpid(), "dashboard": node.dashboard_url}), flush=True)
+    print(
+        json.dumps({"peer_id": str(node.peer_id), "addrs": addrs, "pid": os.getpid(), "dashboard": node.dashboard_url}),
+        flush=True,
+    )
     try:
         sys.stdin.read()  # serve until the parent closes our stdin
     finally:

@@ -9,7 +9,8 @@ import contextlib
 import json
 import os
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from lattica.mesh.process import ServerProcess
 from lattica.node import Node
@@ -45,7 +46,9 @@ class Keeper:
 
 
 @contextlib.contextmanager
-def supervised_mesh(children: int = 6, processes: int = 3, cpus: int = 6, dashboard: Any = None) -> Iterator[tuple[Node, list[ServerProcess], Any, list]]:
+def supervised_mesh(
+    children: int = 6, processes: int = 3, cpus: int = 6, dashboard: Any = None
+) -> Iterator[tuple[Node, list[ServerProcess], Any, list]]:
     """``processes`` node processes, a node here (offering no cpu) running a Supervisor with
     ``children`` Keepers spread over them, each given state (100, 200, ...) and checkpointed;
     ``dashboard``: the node here serves one (``Node(dashboard=...)``)."""
@@ -63,8 +66,10 @@ def supervised_mesh(children: int = 6, processes: int = 3, cpus: int = 6, dashbo
 
         async def start() -> tuple:
             sup = Supervisor.remote(strategy="one_for_one", max_restarts=100, within=60)
-            refs = [await sup.start_child.remote(Keeper, id=f"keeper-{i}", resources={"cpu": 1}, checkpoint_every=0.1)
-                    for i in range(children)]
+            refs = [
+                await sup.start_child.remote(Keeper, id=f"keeper-{i}", resources={"cpu": 1}, checkpoint_every=0.1)
+                for i in range(children)
+            ]
             for i, r in enumerate(refs):
                 await r.add.remote(100 * (i + 1))
             while not all(k["checkpointed"] for k in await sup.which_children.remote()):

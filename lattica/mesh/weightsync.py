@@ -14,7 +14,8 @@ import contextlib
 import json
 import os
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -58,9 +59,13 @@ class Trainer:
         self.samples[version] = self.samples.get(version, 0) + steps
 
     async def status(self) -> dict:
-        return {"version": self.version, "running": {w: v for w, (v, _) in self.running.items()},
-                "since": {w: t for w, (_, t) in self.running.items()}, "announced": dict(self.announced),
-                "samples": dict(self.samples)}
+        return {
+            "version": self.version,
+            "running": {w: v for w, (v, _) in self.running.items()},
+            "since": {w: t for w, (_, t) in self.running.items()},
+            "announced": dict(self.announced),
+            "samples": dict(self.samples),
+        }
 
 
 @actor
@@ -144,7 +149,9 @@ class PolicyWorker:
 
 
 @contextlib.contextmanager
-def fleet(workers: int = 6, clusters: int = 3, spare: int = 1) -> Iterator[tuple[Node, list[ServerProcess], Any, list, ActorRef]]:
+def fleet(
+    workers: int = 6, clusters: int = 3, spare: int = 1
+) -> Iterator[tuple[Node, list[ServerProcess], Any, list, ActorRef]]:
     """``workers + spare`` node processes (1 cpu each), a trainer node here, a supervisor here
     placing one PolicyWorker per process (cluster ``i % clusters``); a spare process takes a
     worker whose process dies. Yields (node, processes, supervisor, worker refs, trainer)."""
@@ -163,14 +170,33 @@ def fleet(workers: int = 6, clusters: int = 3, spare: int = 1) -> Iterator[tuple
             time.sleep(0.05)
         trainer = Trainer.remote()
         sup = lattica.Supervisor.remote(strategy="one_for_one", max_restarts=20, within=60)
-        refs = lattica.get([sup.start_child.remote(PolicyWorker, args=(trainer, f"w{i}", f"cluster-{i % clusters}"), id=f"w{i}",
-                                                   resources={"cpu": 1}, placement="spread") for i in range(workers)])
+        refs = lattica.get(
+            [
+                sup.start_child.remote(
+                    PolicyWorker,
+                    args=(trainer, f"w{i}", f"cluster-{i % clusters}"),
+                    id=f"w{i}",
+                    resources={"cpu": 1},
+                    placement="spread",
+                )
+                for i in range(workers)
+            ]
+        )
         yield me, procs, sup, refs, trainer
 
 
-def sync_versions(me: Node, trainer: ActorRef, workers: int, versions: int, size: int, *, timeout: float = 120.0,
-                  chunk_size: int = CHUNK, between: Callable[[int], None] | None = None,
-                  say: Callable[[str], None] | None = None) -> list[dict]:
+def sync_versions(
+    me: Node,
+    trainer: ActorRef,
+    workers: int,
+    versions: int,
+    size: int,
+    *,
+    timeout: float = 120.0,
+    chunk_size: int = CHUNK,
+    between: Callable[[int], None] | None = None,
+    say: Callable[[str], None] | None = None,
+) -> list[dict]:
     """Publish ``versions`` policies of ``size`` bytes and wait for every worker to run each:
     per version, the seconds from the announcement until all ``workers`` ran it, and the bytes
     this node (the trainer's) uploaded meanwhile. ``between(v)`` runs before version ``v``."""
@@ -184,7 +210,9 @@ def sync_versions(me: Node, trainer: ActorRef, workers: int, versions: int, size
             between(v)
         rng = np.random.default_rng(v)
         policy = rng.standard_normal(size // 4).astype(np.float32)
-        cid = lattica.content.put_weights({"policy": policy}, metadata={"version": str(v)}, chunk_size=chunk_size, node=me).result(60)
+        cid = lattica.content.put_weights(
+            {"policy": policy}, metadata={"version": str(v)}, chunk_size=chunk_size, node=me
+        ).result(60)
         served = content.served_bytes
         lattica.get(trainer.announce.remote(v, cid))
         t0 = time.time()
@@ -199,11 +227,18 @@ def sync_versions(me: Node, trainer: ActorRef, workers: int, versions: int, size
                 raise TimeoutError(f"version {v}: {len(done)} of {workers} workers run it after {timeout} s")
             time.sleep(0.01)
         took = max(st["since"][w] for w in done) - t0
-        row = {"version": v, "all_running_s": round(took, 3), "each_s": dict(sorted(((w, round(st["since"][w] - t0, 3)) for w in done), key=lambda x: x[1])),
-               "uploaded_bytes": content.served_bytes - served,
-               "uploaded_x": round((content.served_bytes - served) / size, 2), "cid": cid}
+        row = {
+            "version": v,
+            "all_running_s": round(took, 3),
+            "each_s": dict(sorted(((w, round(st["since"][w] - t0, 3)) for w in done), key=lambda x: x[1])),
+            "uploaded_bytes": content.served_bytes - served,
+            "uploaded_x": round((content.served_bytes - served) / size, 2),
+            "cid": cid,
+        }
         rows.append(row)
         if say:
-            say(f"v{v}: every worker runs it {took * 1000:.0f} ms after the announcement; the trainer uploaded "
-                f"{row['uploaded_x']:.2f}x the policy ({size / 2**20:.0f} MiB)")
+            say(
+                f"v{v}: every worker runs it {took * 1000:.0f} ms after the announcement; the trainer uploaded "
+                f"{row['uploaded_x']:.2f}x the policy ({size / 2**20:.0f} MiB)"
+            )
     return rows

@@ -12,7 +12,8 @@ on; ``validator(topic, fn)`` adds the application's own check. The router itself
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from lattica.future import Future
 from lattica.pubsub.subscription import Message, Subscription
@@ -32,8 +33,9 @@ def _service(node: Node | None) -> tuple[Runtime, PubSubService]:
     return rt, svc
 
 
-def subscribe(topic: str, *, handler: Callable[[Message], Any] | None = None, maxsize: int | None = None,
-              node: Node | None = None) -> Subscription | None:
+def subscribe(
+    topic: str, *, handler: Callable[[Message], Any] | None = None, maxsize: int | None = None, node: Node | None = None
+) -> Subscription | None:
     """Receive the messages of ``topic`` published from now on: a :class:`Subscription` (``async
     for``, ``get(timeout)``; it keeps at most ``maxsize`` unread, dropping the oldest). With
     ``handler`` (an actor method such as ``ref.on_message``, which is told each message, or a

@@ -52,8 +52,9 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any
 
 from lattica.pubsub.score import PeerScore, ScoreParams
 
@@ -79,7 +80,9 @@ class Envelope:
     signature: bytes = b""
     digest: bytes | None = field(default=None, repr=False, compare=False)
     size: int = field(default=-1, repr=False, compare=False)
-    flooded: frozenset[bytes] = field(default=frozenset(), repr=False, compare=False)  # the author's flood set (signed with it)
+    flooded: frozenset[bytes] = field(
+        default=frozenset(), repr=False, compare=False
+    )  # the author's flood set (signed with it)
     id: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -108,8 +111,17 @@ class Rpc:
     unchoke: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.subscribe or self.messages or self.ihave or self.iwant or self.graft or self.prune or self.idontwant
-                    or self.choke or self.unchoke)
+        return bool(
+            self.subscribe
+            or self.messages
+            or self.ihave
+            or self.iwant
+            or self.graft
+            or self.prune
+            or self.idontwant
+            or self.choke
+            or self.unchoke
+        )
 
 
 @dataclass(frozen=True)
@@ -202,8 +214,14 @@ class _Seen:
 class Router:
     """One node's pub-sub router (see the module docstring)."""
 
-    def __init__(self, me: Hashable, params: GossipParams | None = None, score: ScoreParams | None = None,
-                 rng: random.Random | None = None, peer_bytes: Callable[[Hashable], bytes | None] | None = None) -> None:
+    def __init__(
+        self,
+        me: Hashable,
+        params: GossipParams | None = None,
+        score: ScoreParams | None = None,
+        rng: random.Random | None = None,
+        peer_bytes: Callable[[Hashable], bytes | None] | None = None,
+    ) -> None:
         """``peer_bytes``: the bytes a peer handle signs as (its PeerId's); by default the handle
         itself when it is bytes, else its ``to_bytes()``."""
         self.me = me
@@ -214,7 +232,9 @@ class Router:
         # ids we did not forward to mesh peers the author named, to name in their IHAVE: per
         # heartbeat window (the last ``history_gossip``), peer -> topic -> [ids seen, ids sampled]
         self._later: list[dict[Hashable, dict[str, list]]] = [{}]
-        self._planned: tuple[str, float, set] | None = None  # the last flood set's topic, time and peers  # ids we did not forward to mesh peers the author named: told at the heartbeat
+        self._planned: tuple[str, float, set] | None = (
+            None  # the last flood set's topic, time and peers  # ids we did not forward to mesh peers the author named: told at the heartbeat
+        )
         self.scores = PeerScore(score)
         self.rng = rng or random.Random()
         self.peers: dict[Hashable, set[str]] = {}  # peer -> topics it joined
@@ -224,7 +244,9 @@ class Router:
         self._fanout_used: dict[str, float] = {}
         self._backoff: dict[tuple[Hashable, str], float] = {}
         self._seen: OrderedDict[bytes, _Seen] = OrderedDict()
-        self._floors: OrderedDict[bytes, int] = OrderedDict()  # author -> highest seqno of its accepted messages the cache forgot
+        self._floors: OrderedDict[bytes, int] = (
+            OrderedDict()
+        )  # author -> highest seqno of its accepted messages the cache forgot
         self._mcache: dict[bytes, Envelope] = {}
         self._mcache_bytes = 0
         self._windows: list[deque[bytes]] = [deque()]
@@ -242,7 +264,9 @@ class Router:
         self._rtt: dict[Hashable, float] = {}
         self._choked_by: set[tuple[Hashable, str]] = set()  # (peer, topic): it asked us for IHAVE only
         self._choking: set[tuple[Hashable, str]] = set()  # (peer, topic): we asked it for IHAVE only
-        self._race: dict[tuple[Hashable, str], list] = {}  # (mesh peer, topic) -> [firsts, later copies, their summed lateness]
+        self._race: dict[
+            tuple[Hashable, str], list
+        ] = {}  # (mesh peer, topic) -> [firsts, later copies, their summed lateness]
         self._announce: dict[Hashable, dict[str, list[bytes]]] = {}  # eager IHAVEs to choked peers, this flush
         self._ticks = 0
 
@@ -318,7 +342,11 @@ class Router:
         if msg.topic in self.mesh:
             self._delivered.append(msg)
         planned, self._planned = self._planned, None
-        targets = planned[2] if planned is not None and planned[:2] == (msg.topic, now) else self._publish_targets(msg.topic, now)
+        targets = (
+            planned[2]
+            if planned is not None and planned[:2] == (msg.topic, now)
+            else self._publish_targets(msg.topic, now)
+        )
         for peer in targets:
             self._out(peer).messages.append(msg)
         if targets:
@@ -385,7 +413,9 @@ class Router:
                 self._delivered.append(msg)
             author = msg.author
             pb = self._peer_bytes
-            targets = [p for p in mesh if p not in entry.have and p not in entry.told and p != entry.source and pb(p) != author]
+            targets = [
+                p for p in mesh if p not in entry.have and p not in entry.told and p != entry.source and pb(p) != author
+            ]
             if flooded:
                 tags = self._tags
                 lazy = [p for p in targets if tags.get(p) in flooded]
@@ -462,7 +492,11 @@ class Router:
             entry.had_from(peer)
             if entry.state == _REJECTED:
                 self.scores.invalid(peer, msg.topic)
-            elif entry.state == _ACCEPTED and not entry.flooded and (peer not in entry.sent_to or now - entry.at < self._rtt.get(peer, self.p.near_first_window)):
+            elif (
+                entry.state == _ACCEPTED
+                and not entry.flooded
+                and (peer not in entry.sent_to or now - entry.at < self._rtt.get(peer, self.p.near_first_window))
+            ):
                 # it forwarded the message to us: it did not have it from us, or its copy came
                 # sooner than an echo of ours could (a round trip after we first had it)
                 self.scores.forwarded(peer, msg.topic)
@@ -492,7 +526,12 @@ class Router:
         forwarding; what is left is ordinary gossip."""
         rest = []
         for item in ihave:
-            if type(item) not in (tuple, list) or len(item) != 2 or (peer, item[0]) not in self._choking or type(item[1]) is not list:
+            if (
+                type(item) not in (tuple, list)
+                or len(item) != 2
+                or (peer, item[0]) not in self._choking
+                or type(item[1]) is not list
+            ):
                 rest.append(item)
                 continue
             topic, ids = item
@@ -512,7 +551,13 @@ class Router:
                     if race is not None:
                         race[0] += 1
                 else:
-                    if entry.state == _ACCEPTED and not entry.flooded and (peer not in entry.sent_to or now - entry.at < self._rtt.get(peer, self.p.near_first_window)):
+                    if (
+                        entry.state == _ACCEPTED
+                        and not entry.flooded
+                        and (
+                            peer not in entry.sent_to or now - entry.at < self._rtt.get(peer, self.p.near_first_window)
+                        )
+                    ):
                         self.scores.forwarded(peer, topic)
                     if race is not None:
                         race[1] += 1
@@ -538,8 +583,10 @@ class Router:
         choked = [q for q in mesh if (q, topic) in self._choking]
         if len(eager) > p.d_eager:
             # the fewest firsts, then the latest copies on average
-            ranked = sorted((q for q in eager if stats[q][0] + stats[q][1] >= p.choke_after),
-                            key=lambda q: (stats[q][0] / (stats[q][0] + stats[q][1]), -stats[q][2] / max(stats[q][1], 1)))
+            ranked = sorted(
+                (q for q in eager if stats[q][0] + stats[q][1] >= p.choke_after),
+                key=lambda q: (stats[q][0] / (stats[q][0] + stats[q][1]), -stats[q][2] / max(stats[q][1], 1)),
+            )
             slow = ranked[: len(eager) - p.d_eager]
             for q in slow:
                 self._choking.add((q, topic))
@@ -624,7 +671,9 @@ class Router:
             mesh.discard(peer)
             self.scores.pruned(peer, topic)
         wait = min(max(float(backoff) if isinstance(backoff, (int, float)) else 0.0, 0.0), 3600.0)
-        self._backoff[(peer, topic)] = max(self._backoff.get((peer, topic), 0.0), now + max(wait, self.p.unsubscribe_backoff))
+        self._backoff[(peer, topic)] = max(
+            self._backoff.get((peer, topic), 0.0), now + max(wait, self.p.unsubscribe_backoff)
+        )
 
     def _on_ihave(self, peer: Hashable, ihave: list, now: float) -> None:
         heard = self._ihaves_heard.get(peer, 0) + 1
@@ -731,8 +780,11 @@ class Router:
             scores = sorted(self._score(q, now) for q in mesh)
             if scores[len(scores) // 2] < p.opportunistic_graft_threshold:
                 median = scores[len(scores) // 2]
-                better = [q for q in self._candidates(topic, len(self.topics.get(topic, ())), now, exclude=mesh, min_score=0.0)
-                          if self._score(q, now) > median]
+                better = [
+                    q
+                    for q in self._candidates(topic, len(self.topics.get(topic, ())), now, exclude=mesh, min_score=0.0)
+                    if self._score(q, now) > median
+                ]
                 for peer in better[: p.opportunistic_graft_peers]:
                     mesh.add(peer)
                     self._graft(peer, topic, now)
@@ -760,7 +812,11 @@ class Router:
         for peer, topics in later.items():
             if peer in self.peers and self._score(peer, now) >= limit:
                 for topic, ids in topics.items():
-                    ids = [m for m in ids if m in cached and ((e := seen.get(m)) is None or (peer not in e.have and peer not in e.told))]
+                    ids = [
+                        m
+                        for m in ids
+                        if m in cached and ((e := seen.get(m)) is None or (peer not in e.have and peer not in e.told))
+                    ]
                     if len(ids) > p.max_ihave_length:
                         ids = self.rng.sample(ids, p.max_ihave_length)
                     if ids:
@@ -858,8 +914,11 @@ class Router:
     def _candidates(self, topic: str, n: int, now: float, exclude: set, min_score: float) -> list[Hashable]:
         if n <= 0:
             return []
-        pool = [q for q in self.topics.get(topic, ()) if q not in exclude and self._score(q, now) >= min_score
-                and self._backoff.get((q, topic), 0.0) <= now]
+        pool = [
+            q
+            for q in self.topics.get(topic, ())
+            if q not in exclude and self._score(q, now) >= min_score and self._backoff.get((q, topic), 0.0) <= now
+        ]
         return pool if len(pool) <= n else self.rng.sample(pool, n)
 
     def _graft(self, peer: Hashable, topic: str, now: float) -> None:
@@ -896,8 +955,8 @@ class Router:
                 self._asked[peer] = self._asked.get(peer, 0) + 1
                 self._out(peer).iwant.append(mid)
                 self._promises[mid] = (peer, now + self.p.iwant_followup)
-                if others[i + 1:]:
-                    self._offered[mid] = others[i + 1:]
+                if others[i + 1 :]:
+                    self._offered[mid] = others[i + 1 :]
                 return
 
     def _remember(self, mid: bytes, now: float, topic: str, source: Hashable | None) -> _Seen:

@@ -24,8 +24,8 @@ outlive its connection for ``retain`` seconds, so reconnecting does not wash a b
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Hashable
 
 __all__ = ["ScoreParams", "TopicScoreParams", "PeerScore"]
 
@@ -253,7 +253,9 @@ class PeerScore:
         for peer in gone:
             del self._peers[peer]
         if len(self._peers) > p.retained_max:
-            departed = sorted((st.left_at, i, peer) for i, (peer, st) in enumerate(self._peers.items()) if not st.connected)
+            departed = sorted(
+                (st.left_at, i, peer) for i, (peer, st) in enumerate(self._peers.items()) if not st.connected
+            )
             for _, _, peer in departed[: len(self._peers) - p.retained_max]:
                 del self._peers[peer]
 

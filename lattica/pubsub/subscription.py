@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from lattica import codec
 from lattica.errors import CodecError, NodeClosed, Timeout
@@ -36,8 +37,14 @@ class Message:
 
 
 def _message_from(raw: Any) -> Message:
-    if (type(raw) is not list or len(raw) != 5 or type(raw[0]) is not str or not isinstance(raw[1], PeerId)
-            or type(raw[2]) is not int or not (raw[4] is None or isinstance(raw[4], PeerId))):
+    if (
+        type(raw) is not list
+        or len(raw) != 5
+        or type(raw[0]) is not str
+        or not isinstance(raw[1], PeerId)
+        or type(raw[2]) is not int
+        or not (raw[4] is None or isinstance(raw[4], PeerId))
+    ):
         raise CodecError("malformed pub-sub message")
     return Message(raw[0], raw[1], raw[2], raw[3], raw[4])
 
@@ -58,8 +65,14 @@ def _on(loop: asyncio.AbstractEventLoop) -> bool:
 class Subscription:
     """The messages of ``topic`` from the moment of subscribing (see the module docstring)."""
 
-    def __init__(self, topic: str, loop: asyncio.AbstractEventLoop, maxsize: int, on_close: Callable[[Subscription], None],
-                 maxbytes: int = 1 << 62) -> None:
+    def __init__(
+        self,
+        topic: str,
+        loop: asyncio.AbstractEventLoop,
+        maxsize: int,
+        on_close: Callable[[Subscription], None],
+        maxbytes: int = 1 << 62,
+    ) -> None:
         self.topic = topic
         self.maxsize = maxsize
         self.maxbytes = maxbytes
@@ -114,7 +127,9 @@ class Subscription:
         """The next message; blocks this thread up to ``timeout`` s (Timeout), NodeClosed once
         the subscription or its node is closed. Not on the node loop: there, ``async for``."""
         if _on(self._loop):
-            raise RuntimeError("Subscription.get would block the node loop: use `async for` or `await sub.next()` there")
+            raise RuntimeError(
+                "Subscription.get would block the node loop: use `async for` or `await sub.next()` there"
+            )
         with self._ready:
             if not self._ready.wait_for(lambda: self._queue or self.closed, timeout):
                 raise Timeout(f"no message on {self.topic!r} within {timeout} s")

@@ -16,9 +16,69 @@
 - ``registry``: the ``Runtime`` (actors, channels, calls in flight).
 """
 
-from lattica.runtime.limits import AGEN, ASYNC, BUILTIN_ACTORS, DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, GEN, LIFECYCLE_HOOKS, MAX_ACTORS, MAX_MESSAGE, NO_STATE, STREAM_WINDOW, SYNC
-from lattica.runtime.refs import ActorRef, MethodHandle, StreamArg, StreamCall, current_actor, current_caller, current_runtime, method_table, on_loop, require_caller, running_service, run_coroutine, spawner_ref, autonat_ref, relay_ref
+from lattica.runtime.limits import (
+    AGEN,
+    ASYNC,
+    BUILTIN_ACTORS,
+    DEFAULT_MAX_CONCURRENCY,
+    DEFAULT_WINDOW,
+    GEN,
+    LIFECYCLE_HOOKS,
+    MAX_ACTORS,
+    MAX_MESSAGE,
+    NO_STATE,
+    STREAM_WINDOW,
+    SYNC,
+)
 from lattica.runtime.local import ArgStream, LocalActor
+from lattica.runtime.refs import (
+    ActorRef,
+    MethodHandle,
+    StreamArg,
+    StreamCall,
+    autonat_ref,
+    current_actor,
+    current_caller,
+    current_runtime,
+    method_table,
+    on_loop,
+    relay_ref,
+    require_caller,
+    run_coroutine,
+    running_service,
+    spawner_ref,
+)
 from lattica.runtime.registry import Runtime
 
-__all__ = ['AGEN', 'ASYNC', 'ActorRef', 'ArgStream', 'BUILTIN_ACTORS', 'DEFAULT_MAX_CONCURRENCY', 'DEFAULT_WINDOW', 'GEN', 'LIFECYCLE_HOOKS', 'LocalActor', 'MAX_ACTORS', 'MAX_MESSAGE', 'MethodHandle', 'NO_STATE', 'Runtime', 'STREAM_WINDOW', 'SYNC', 'StreamArg', 'StreamCall', 'current_actor', 'current_caller', 'current_runtime', 'method_table', 'on_loop', 'run_coroutine', 'running_service', 'spawner_ref', 'autonat_ref', 'relay_ref', 'require_caller']
+__all__ = [
+    "AGEN",
+    "ASYNC",
+    "ActorRef",
+    "ArgStream",
+    "BUILTIN_ACTORS",
+    "DEFAULT_MAX_CONCURRENCY",
+    "DEFAULT_WINDOW",
+    "GEN",
+    "LIFECYCLE_HOOKS",
+    "LocalActor",
+    "MAX_ACTORS",
+    "MAX_MESSAGE",
+    "MethodHandle",
+    "NO_STATE",
+    "Runtime",
+    "STREAM_WINDOW",
+    "SYNC",
+    "StreamArg",
+    "StreamCall",
+    "current_actor",
+    "current_caller",
+    "current_runtime",
+    "method_table",
+    "on_loop",
+    "run_coroutine",
+    "running_service",
+    "spawner_ref",
+    "autonat_ref",
+    "relay_ref",
+    "require_caller",
+]

@@ -7,10 +7,10 @@ import asyncio
 import collections
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lattica import codec, rpc
-from lattica.logging import get_logger
 from lattica.errors import (
     LatticaError,
     MailboxFull,
@@ -21,11 +21,12 @@ from lattica.errors import (
 )
 from lattica.future import Future
 from lattica.identity import PeerId
-from lattica.transports.base import Connection, Stream
-from lattica.runtime.limits import CHANNEL_HIGH_WATER, IDENTIFY_WAIT, MAX_MESSAGE
-from lattica.runtime.partials import BudgetedSplitter, PartialMessages
+from lattica.logging import get_logger
 from lattica.runtime import spill
+from lattica.runtime.limits import CHANNEL_HIGH_WATER, IDENTIFY_WAIT, MAX_MESSAGE
 from lattica.runtime.local import Invocation, Sink
+from lattica.runtime.partials import BudgetedSplitter, PartialMessages
+from lattica.transports.base import Connection, Stream
 
 if TYPE_CHECKING:
     from lattica.hostview import HostView
@@ -77,7 +78,23 @@ class CallRouter(Protocol):
 class Pending:
     """A call we made that has not finished."""
 
-    __slots__ = ("cid", "ref", "msg", "future", "stream", "channel", "timer", "stream_args", "arg_state", "encoded", "gate", "created", "follow_until", "idempotent", "delivered")
+    __slots__ = (
+        "cid",
+        "ref",
+        "msg",
+        "future",
+        "stream",
+        "channel",
+        "timer",
+        "stream_args",
+        "arg_state",
+        "encoded",
+        "gate",
+        "created",
+        "follow_until",
+        "idempotent",
+        "delivered",
+    )
 
     def __init__(self, cid: int, ref: ActorRef, msg: list, future: Future | None, stream: Any) -> None:
         self.cid = cid
@@ -184,7 +201,9 @@ class Channel:
         if not block:
             raise MailboxFull(f"actor {p.ref.name!r} has no room for another call from this node (window {ob.window})")
         if len(ob.queue) >= 16 * ob.window:
-            raise MailboxFull(f"{len(ob.queue)} calls to {p.ref.name!r} already wait for room; await earlier results first")
+            raise MailboxFull(
+                f"{len(ob.queue)} calls to {p.ref.name!r} already wait for room; await earlier results first"
+            )
         ob.queue.append(p)
 
     def congested(self) -> bool:
@@ -279,7 +298,9 @@ class LocalChannel(Channel):
             sink.err(rpc.E_NOT_FOUND, "ActorNotFound", f"no actor named {actor_name!r} on this node")
             return
         deadline = rt.loop.time() + timeout if timeout is not None else None
-        inv = Invocation(actor, method, args, kwargs, deadline, sink, streaming=bool(flags & rpc.F_STREAM), caller=rt.peer_id)
+        inv = Invocation(
+            actor, method, args, kwargs, deadline, sink, streaming=bool(flags & rpc.F_STREAM), caller=rt.peer_id
+        )
         if p.stream is not None:
             p.stream._bind(lambda n, taken: actor.grant(inv, n, taken), lambda: actor.cancel(inv))
         if flags & rpc.F_ARGSTREAM:
@@ -326,9 +347,7 @@ class RemoteChannel(Channel):
 
     def idle(self) -> bool:
         return (
-            self.stream is not None
-            and self.quiet()
-            and time.monotonic() - self.last_used > self.runtime.channel_idle
+            self.stream is not None and self.quiet() and time.monotonic() - self.last_used > self.runtime.channel_idle
         )
 
     def held(self, actor: str) -> bool:
@@ -430,7 +449,11 @@ class RemoteChannel(Channel):
         if p.future is not None:
             p.future._cancel_hook = lambda: self.send([rpc.CANCEL, cid])
         if p.stream is not None:
-            p.stream._bind(lambda n, taken: self.send(self.credit_msg(cid, n, taken)), lambda: self.send([rpc.CANCEL, cid]), self.stream_rtt)
+            p.stream._bind(
+                lambda n, taken: self.send(self.credit_msg(cid, n, taken)),
+                lambda: self.send([rpc.CANCEL, cid]),
+                self.stream_rtt,
+            )
         try:
             self.send(p.msg, p.encoded)
         except LatticaError:
@@ -468,7 +491,9 @@ class RemoteChannel(Channel):
                 # it went, went away or a better one came meanwhile: take the peer's current one
                 if conn.is_closed or conn.going_away or host.conns.get(self.peer, conn) is not conn:
                     continue
-                served = info.protocols if info is not None else (rpc.PROTOCOL_1,)  # (unknown: what every version serves)
+                served = (
+                    info.protocols if info is not None else (rpc.PROTOCOL_1,)
+                )  # (unknown: what every version serves)
                 self.protocol = next((p for p in (rpc.PROTOCOL, rpc.PROTOCOL_1) if p in served), "")
                 if not self.protocol:
                     raise UnsupportedProtocol(f"{self.peer} does not serve actor calls")
@@ -528,12 +553,26 @@ async def _unspill_reply(ch: RemoteChannel, msg: list, size: int) -> None:
     ERR in its place when they do not arrive)."""
     rt = ch.runtime
     if msg[0] != rpc.OK:
-        msg = [rpc.ERR, msg[rpc.ID], rpc.E_PROTOCOL, "ProtocolError", "values that travel by CID come only in an answer's value", ""]
+        msg = [
+            rpc.ERR,
+            msg[rpc.ID],
+            rpc.E_PROTOCOL,
+            "ProtocolError",
+            "values that travel by CID come only in an answer's value",
+            "",
+        ]
     else:
         try:
             msg = [rpc.OK, msg[rpc.ID], await rt.spills.fetch(msg[rpc.VALUE], ch.peer)]
         except LatticaError as e:
-            msg = [rpc.ERR, msg[rpc.ID], rpc.E_REMOTE, f"lattica.errors.{type(e).__name__}", f"the answer's values that travel by CID did not arrive: {e}", ""]
+            msg = [
+                rpc.ERR,
+                msg[rpc.ID],
+                rpc.E_REMOTE,
+                f"lattica.errors.{type(e).__name__}",
+                f"the answer's values that travel by CID did not arrive: {e}",
+                "",
+            ]
     rt.on_reply(ch, msg, size)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-from lattica.logging import get_logger
 from lattica.errors import (
     ActorNotFound,
     ActorRestarted,
@@ -15,8 +14,9 @@ from lattica.errors import (
     PeerUnreachable,
 )
 from lattica.identity import PeerId
-from lattica.runtime.limits import FOLLOW_FOR
+from lattica.logging import get_logger
 from lattica.runtime.client import Pending, call_finished
+from lattica.runtime.limits import FOLLOW_FOR
 from lattica.runtime.refs import ActorRef
 
 log = get_logger("lattica.runtime")
@@ -48,7 +48,9 @@ class Following:
             self.submit(p, True)  # held until the name resolves again
             return True
         if delivered:
-            error = ActorRestarted(f"{ref.name}.{p.msg.method} was in flight when the actor went away ({error}); the ref follows its next incarnation")
+            error = ActorRestarted(
+                f"{ref.name}.{p.msg.method} was in flight when the actor went away ({error}); the ref follows its next incarnation"
+            )
         p.channel = None
         self.fail_call(p, error)
         return True
@@ -57,7 +59,12 @@ class Following:
         """An idempotent call whose path to the actor's node broke (its relay died, say) is sent
         once more, over a new channel: the next path (another relay, a direct connection). False:
         not such a call, or already re-sent once."""
-        if not p.idempotent or p.stream is not None or p.follow_until is not None or not isinstance(error, PeerUnreachable):
+        if (
+            not p.idempotent
+            or p.stream is not None
+            or p.follow_until is not None
+            or not isinstance(error, PeerUnreachable)
+        ):
             return False
         if self.host.closing or call_finished(p) or self.node_down(p.ref.peer_id):
             return False

@@ -7,7 +7,6 @@ from typing import Any
 
 from lattica import codec
 
-
 ASYNC, SYNC, AGEN, GEN = "async", "sync", "agen", "gen"
 DEFAULT_WINDOW = 1024  # calls in flight per caller per actor (the mailbox share of one caller)
 DEFAULT_MAX_CONCURRENCY = 1000  # async calls running at once per actor (Ray's default)
@@ -17,7 +16,9 @@ STREAM_WINDOW_BYTES = 8 * 1024 * 1024  # a grown window holds at most this many 
 MAX_MESSAGE = codec.DEFAULT_LIMITS.max_frame
 CHANNEL_HIGH_WATER = 16 * 1024 * 1024  # unsent bytes on a channel before calls wait at the caller
 MAX_STREAM_ARGS = 64
-CALL_CHANNELS = 4  # call channels a peer may open to us on one connection (a caller uses one; more while one is replaced)
+CALL_CHANNELS = (
+    4  # call channels a peer may open to us on one connection (a caller uses one; more while one is replaced)
+)
 CHANNEL_IDLE = 60.0  # seconds a call channel with nothing in flight stays open
 LIFECYCLE_HOOKS = frozenset({"on_start", "on_stop", "restore"})  # called by the runtime, never by peers
 BUILTIN_ACTORS = ("lattica.supervisor.Supervisor",)  # actor classes any peer may spawn on any node

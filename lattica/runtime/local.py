@@ -10,19 +10,20 @@ import inspect
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from lattica import context, rpc
 from lattica._eager import eager_task
-from lattica.logging import get_logger
 from lattica.errors import (
     ProtocolError,
 )
 from lattica.identity import PeerId
+from lattica.logging import get_logger
 from lattica.runtime import output
 from lattica.runtime.limits import AGEN, ASYNC, GEN, HOOK_TIMEOUT, NO_STATE, STREAM_WINDOW, SYNC
+from lattica.runtime.refs import ACTOR, CALLER, ActorRef
 from lattica.runtime.window import ItemWindow, SentItems
-from lattica.runtime.refs import ACTOR, ActorRef, CALLER
 
 if TYPE_CHECKING:
     import pykka
@@ -61,6 +62,7 @@ class Sink:
     def item(self, value: Any) -> int:
         """Send one item of a stream; its encoded size (0: not encoded, a local consumer)."""
         ...
+
     def end(self) -> None: ...
 
 
@@ -84,9 +86,37 @@ def _sent(inv: Invocation, nbytes: int) -> None:
 
 
 class Invocation:
-    __slots__ = ("actor", "method", "args", "kwargs", "deadline", "sink", "task", "replied", "streaming", "credit", "credit_waiter", "arg_streams", "timer", "done", "caller", "sent_items", "held")
+    __slots__ = (
+        "actor",
+        "method",
+        "args",
+        "kwargs",
+        "deadline",
+        "sink",
+        "task",
+        "replied",
+        "streaming",
+        "credit",
+        "credit_waiter",
+        "arg_streams",
+        "timer",
+        "done",
+        "caller",
+        "sent_items",
+        "held",
+    )
 
-    def __init__(self, actor: LocalActor, method: str, args: list, kwargs: dict | None, deadline: float | None, sink: Sink, streaming: bool = False, caller: PeerId | None = None) -> None:
+    def __init__(
+        self,
+        actor: LocalActor,
+        method: str,
+        args: list,
+        kwargs: dict | None,
+        deadline: float | None,
+        sink: Sink,
+        streaming: bool = False,
+        caller: PeerId | None = None,
+    ) -> None:
         self.caller = caller  # the authenticated node the call came from
         self.actor = actor
         self.method = method
@@ -99,7 +129,9 @@ class Invocation:
         self.streaming = streaming  # called with .stream(): the method must be a generator
         self.credit = STREAM_WINDOW  # for generator methods: items we may send
         self.sent_items = SentItems()  # items sent and not taken: what caps the credit we take, and when we send
-        self.held: collections.deque | None = None  # a sync generator's items (then its _Reply) waiting until they may go
+        self.held: collections.deque | None = (
+            None  # a sync generator's items (then its _Reply) waiting until they may go
+        )
         self.credit_waiter: Any = None
         self.arg_streams: dict[int, ArgStream] | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -189,7 +221,9 @@ def _start_executor(runtime: Runtime) -> pykka.ActorRef:
 class LocalActor:
     """One actor living on this node."""
 
-    def __init__(self, runtime: Runtime, name: str, cls: type, methods: dict[str, str], max_concurrency: int, window: int) -> None:
+    def __init__(
+        self, runtime: Runtime, name: str, cls: type, methods: dict[str, str], max_concurrency: int, window: int
+    ) -> None:
         self.runtime = runtime
         self.name = name
         self.cls = cls
@@ -213,7 +247,9 @@ class LocalActor:
         self.exiting: str | None = None  # lattica.exit_actor was called: stop with this reason when idle
         self.calls = 0  # invocations finished (the dashboard's calls/s)
         self.errors = 0  # error replies sent
-        self.recent_errors: collections.deque[dict[str, Any]] | None = None  # the last MAX_RECENT_ERRORS, with tracebacks
+        self.recent_errors: collections.deque[dict[str, Any]] | None = (
+            None  # the last MAX_RECENT_ERRORS, with tracebacks
+        )
         self.output: output.OutputRing | None = None  # what it printed and logged (user actors)
         self.thread_id: int | None = None  # the native id of its sync methods' thread (its CPU time)
         self.started_at = time.time()
@@ -237,7 +273,9 @@ class LocalActor:
             self.executor.tell(self._note_thread)
             self.executor.tell(lambda: self._construct(args, kwargs, state))
         else:
-            threading.Thread(target=self._construct, args=(args, kwargs, state), name=f"lattica-init-{self.name}", daemon=True).start()
+            threading.Thread(
+                target=self._construct, args=(args, kwargs, state), name=f"lattica-init-{self.name}", daemon=True
+            ).start()
 
     def _note_thread(self) -> None:
         self.thread_id = threading.get_native_id()
@@ -318,8 +356,16 @@ class LocalActor:
         """Keep the error for the dashboard (the last few, each cut to a bound)."""
         if self.recent_errors is None:
             self.recent_errors = collections.deque(maxlen=MAX_RECENT_ERRORS)
-        self.recent_errors.append({"time": time.time(), "method": method, "kind": kind, "type": type_name,
-                                   "message": message[:MAX_ERROR_TEXT], "traceback": tb[-MAX_ERROR_TEXT:]})
+        self.recent_errors.append(
+            {
+                "time": time.time(),
+                "method": method,
+                "kind": kind,
+                "type": type_name,
+                "message": message[:MAX_ERROR_TEXT],
+                "traceback": tb[-MAX_ERROR_TEXT:],
+            }
+        )
 
     def _record_end(self, reason: str) -> None:
         """Its output stops being collected; the runtime keeps a record of a user actor's end."""
@@ -342,14 +388,20 @@ class LocalActor:
             return
         kind = self.methods.get(inv.method)
         if kind is None:
-            self._reply_err(inv, rpc.E_METHOD, "MethodNotFound", f"actor {self.name!r} has no public method {inv.method!r}")
+            self._reply_err(
+                inv, rpc.E_METHOD, "MethodNotFound", f"actor {self.name!r} has no public method {inv.method!r}"
+            )
             return
         if inv.streaming != (kind in (AGEN, GEN)):
-            what = "a generator method: use .stream()" if kind in (AGEN, GEN) else "not a generator method: use .remote()"
+            what = (
+                "a generator method: use .stream()" if kind in (AGEN, GEN) else "not a generator method: use .remote()"
+            )
             self._reply_err(inv, rpc.E_METHOD, "MethodNotFound", f"{self.name}.{inv.method} is {what}")
             return
         if inv.deadline is not None and inv.deadline <= self.runtime.loop.time():
-            self._reply_err(inv, rpc.E_TIMEOUT, "CallTimeout", f"deadline passed before {self.name}.{inv.method} started")
+            self._reply_err(
+                inv, rpc.E_TIMEOUT, "CallTimeout", f"deadline passed before {self.name}.{inv.method} started"
+            )
             return
         self.live.add(inv)
         if kind == ASYNC or kind == AGEN:
@@ -415,7 +467,9 @@ class LocalActor:
 
     def _expire(self, inv: Invocation) -> None:
         if not inv.done and inv.task is not None:
-            self._reply_err(inv, rpc.E_TIMEOUT, "CallTimeout", f"{self.name}.{inv.method} ran past its deadline and was cancelled")
+            self._reply_err(
+                inv, rpc.E_TIMEOUT, "CallTimeout", f"{self.name}.{inv.method} ran past its deadline and was cancelled"
+            )
             inv.task.cancel()
 
     def _task_done(self, inv: Invocation, task: asyncio.Task) -> None:
@@ -536,7 +590,9 @@ class LocalActor:
             else:
                 _sent(inv, inv.sink.item(item))
 
-    def _sync_done(self, inv: Invocation, kind: str | None, value: Any = None, parts: tuple | None = None, end: bool = False) -> None:
+    def _sync_done(
+        self, inv: Invocation, kind: str | None, value: Any = None, parts: tuple | None = None, end: bool = False
+    ) -> None:
         self._finish(inv)
         if inv.held and kind in (None, rpc.E_REMOTE):  # the generator ended or raised: after the items still held
             inv.held.append(_Reply(lambda: self._sync_reply(inv, kind, value, parts, end)))
@@ -614,7 +670,19 @@ class EndedActor:
     """What a user actor that ended leaves for the dashboard: how it ended, its last errors and
     its output (not its instance)."""
 
-    __slots__ = ("name", "cls", "state", "reason", "failure", "errors", "output", "calls", "error_count", "started_at", "ended_at")
+    __slots__ = (
+        "name",
+        "cls",
+        "state",
+        "reason",
+        "failure",
+        "errors",
+        "output",
+        "calls",
+        "error_count",
+        "started_at",
+        "ended_at",
+    )
 
     def __init__(self, actor: LocalActor, reason: str) -> None:
         self.name = actor.name

@@ -14,11 +14,22 @@ import logging
 import sys
 import threading
 import time
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from lattica.runtime.refs import ACTOR, ActorRef
 
-__all__ = ["OutputRing", "install", "register", "unregister", "held_bytes", "MAX_LINES", "MAX_BYTES", "PROCESS_BYTES", "MAX_LINE"]
+__all__ = [
+    "OutputRing",
+    "install",
+    "register",
+    "unregister",
+    "held_bytes",
+    "MAX_LINES",
+    "MAX_BYTES",
+    "PROCESS_BYTES",
+    "MAX_LINE",
+]
 
 MAX_LINES = 200  # lines an actor's ring keeps
 MAX_BYTES = 32 * 1024  # bytes an actor's ring holds (its lines' characters and what each line costs besides)

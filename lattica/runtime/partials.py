@@ -18,7 +18,8 @@ reset frees the room at once and the caller's retry goes through.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from lattica import rpc
 from lattica.config import InboundBudget
@@ -71,7 +72,14 @@ class BudgetedSplitter:
 
     __slots__ = ("_split", "_account", "_peer", "_held", "_started", "_timer", "_loop", "_overdue", "stranger")
 
-    def __init__(self, max_frame: int, account: PartialMessages, peer: PeerId, loop: asyncio.AbstractEventLoop, overdue: Callable[[str], Any]) -> None:
+    def __init__(
+        self,
+        max_frame: int,
+        account: PartialMessages,
+        peer: PeerId,
+        loop: asyncio.AbstractEventLoop,
+        overdue: Callable[[str], Any],
+    ) -> None:
         self._split = rpc.FrameSplitter(max_frame)
         self._account = account
         self._peer = peer

@@ -9,7 +9,8 @@ import collections
 import contextvars
 import inspect
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from lattica import codec, context
 from lattica.errors import (
@@ -62,7 +63,11 @@ def method_table(cls: type) -> dict[str, str]:
     """Public methods of an actor class and how each runs (async, sync, agen, gen)."""
     table = {}
     for name, fn in inspect.getmembers(cls, callable):
-        if name.startswith("_") or name in LIFECYCLE_HOOKS or isinstance(inspect.getattr_static(cls, name), (staticmethod, classmethod, type)):
+        if (
+            name.startswith("_")
+            or name in LIFECYCLE_HOOKS
+            or isinstance(inspect.getattr_static(cls, name), (staticmethod, classmethod, type))
+        ):
             continue
         if inspect.isasyncgenfunction(fn):
             table[name] = AGEN
@@ -81,7 +86,15 @@ class ActorRef:
 
     __slots__ = ("peer_id", "name", "methods", "window", "stable", "supervisor", "_spawn", "_held", "_handles")
 
-    def __init__(self, peer_id: PeerId, name: str, methods: dict[str, str], window: int = DEFAULT_WINDOW, stable: bool = False, supervisor: ActorRef | None = None) -> None:
+    def __init__(
+        self,
+        peer_id: PeerId,
+        name: str,
+        methods: dict[str, str],
+        window: int = DEFAULT_WINDOW,
+        stable: bool = False,
+        supervisor: ActorRef | None = None,
+    ) -> None:
         self.peer_id = peer_id
         self.name = name
         self.methods = methods
@@ -102,7 +115,9 @@ class ActorRef:
         h = self._handles.get(method)
         if h is None:
             if method not in self.methods:
-                raise MethodNotFound(f"actor {self.name!r} has no public method {method!r} (it has: {', '.join(sorted(self.methods)) or 'none'})")
+                raise MethodNotFound(
+                    f"actor {self.name!r} has no public method {method!r} (it has: {', '.join(sorted(self.methods)) or 'none'})"
+                )
             h = self._handles[method] = MethodHandle(self, method, self.methods[method])
         return h
 
@@ -125,7 +140,21 @@ class ActorRef:
 
 def spawner_ref(peer: PeerId) -> ActorRef:
     """The ref of ``peer``'s spawner system actor (its method table is fixed by the protocol)."""
-    return ActorRef(peer, "spawner", {"spawn": ASYNC, "kill": ASYNC, "lookup": ASYNC, "names": ASYNC, "monitor": ASYNC, "demonitor": ASYNC, "down": ASYNC, "link": ASYNC, "unlink": ASYNC})
+    return ActorRef(
+        peer,
+        "spawner",
+        {
+            "spawn": ASYNC,
+            "kill": ASYNC,
+            "lookup": ASYNC,
+            "names": ASYNC,
+            "monitor": ASYNC,
+            "demonitor": ASYNC,
+            "down": ASYNC,
+            "link": ASYNC,
+            "unlink": ASYNC,
+        },
+    )
 
 
 def autonat_ref(peer: PeerId) -> ActorRef:
@@ -178,7 +207,12 @@ class StreamArg:
 codec.register_ext(18, ActorRef, _ref_to_obj, _ref_from_obj)
 
 
-codec.register_ext(19, StreamArg, lambda s: s.index, lambda i: StreamArg(int(i)) if type(i) is int and 0 <= i < 64 else _bad_stream_arg())
+codec.register_ext(
+    19,
+    StreamArg,
+    lambda s: s.index,
+    lambda i: StreamArg(int(i)) if type(i) is int and 0 <= i < 64 else _bad_stream_arg(),
+)
 
 
 def _bad_stream_arg() -> StreamArg:
@@ -270,7 +304,15 @@ class MethodHandle:
 
     __slots__ = ("_ref", "_name", "_kind", "_timeout", "_block", "_idempotent")
 
-    def __init__(self, ref: ActorRef, name: str, kind: str, timeout: float | None = None, block: bool = True, idempotent: bool = False) -> None:
+    def __init__(
+        self,
+        ref: ActorRef,
+        name: str,
+        kind: str,
+        timeout: float | None = None,
+        block: bool = True,
+        idempotent: bool = False,
+    ) -> None:
         self._ref = ref
         self._name = name
         self._kind = kind
@@ -312,16 +354,38 @@ class MethodHandle:
         raise TypeError(f"actor methods are called with .remote(...): {self._ref.name}.{self._name}.remote()")
 
 
-def _submit(h: MethodHandle, args: tuple, kwargs: dict, *, tell: bool, stream: _StreamState | None = None) -> Future | None:
+def _submit(
+    h: MethodHandle, args: tuple, kwargs: dict, *, tell: bool, stream: _StreamState | None = None
+) -> Future | None:
     rt = stream._rt if stream is not None else current_runtime()
     if threading.get_ident() == rt.host.thread_id:
-        return rt.call(h._ref, h._name, args, kwargs, timeout=h._timeout, tell=tell, stream=stream, block=h._block, idempotent=h._idempotent)
+        return rt.call(
+            h._ref,
+            h._name,
+            args,
+            kwargs,
+            timeout=h._timeout,
+            tell=tell,
+            stream=stream,
+            block=h._block,
+            idempotent=h._idempotent,
+        )
     # Another thread: build and encode the call here (codec errors raise in this thread, tells
     # included), wait for a slot in this actor's gate (backpressure), then hand it to the loop.
     gate = rt.gate(h._ref)
     gate.acquire(h._ref.window, h._block, h._ref.name, alive=lambda: not rt.host.closing)
     try:
-        p = rt.prepare(h._ref, h._name, args, kwargs, timeout=h._timeout, tell=tell, stream=stream, encode=True, idempotent=h._idempotent)
+        p = rt.prepare(
+            h._ref,
+            h._name,
+            args,
+            kwargs,
+            timeout=h._timeout,
+            tell=tell,
+            stream=stream,
+            encode=True,
+            idempotent=h._idempotent,
+        )
     except BaseException:
         gate.release()
         raise
@@ -350,7 +414,12 @@ class _StreamState:
 
     # -- fed on the node loop ------------------------------------------------------------------
 
-    def _bind(self, grant: Callable[[int, int], None], cancel: Callable[[], None], rtt: Callable[[], float | None] | None = None) -> None:
+    def _bind(
+        self,
+        grant: Callable[[int, int], None],
+        cancel: Callable[[], None],
+        rtt: Callable[[], float | None] | None = None,
+    ) -> None:
         self._grant, self._cancel = grant, cancel
         self._credit.start(rtt)
         if self._done:  # the consumer gave up before the call was sent: stop it at once
@@ -500,7 +569,9 @@ def require_caller(*allowed: PeerId | str) -> PeerId:
         return caller
     if "owner" in allowed and rt.actors["spawner"].instance._controls(me.name, caller):
         return caller
-    raise PermissionDenied(f"{caller} may not call this (allowed: {', '.join(str(a) for a in allowed) or 'nobody'}; the caller is a {circle})")
+    raise PermissionDenied(
+        f"{caller} may not call this (allowed: {', '.join(str(a) for a in allowed) or 'nobody'}; the caller is a {circle})"
+    )
 
 
 _CIRCLES = ("self", "member", "owner")

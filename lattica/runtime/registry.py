@@ -10,10 +10,11 @@ import importlib
 import itertools
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from lattica import codec, context, rpc
-from lattica.logging import get_logger
+from lattica.budget import StrangersShare, Turns
 from lattica.errors import (
     ActorDied,
     ActorNotFound,
@@ -22,36 +23,48 @@ from lattica.errors import (
     LatticaError,
     MailboxFull,
     MethodNotFound,
-    PermissionDenied,
     PathChanged,
     PeerUnreachable,
+    PermissionDenied,
     PlacementError,
     ProtocolError,
     SpawnError,
     remote_error,
 )
-from lattica.budget import StrangersShare, Turns
 from lattica.future import Future
 from lattica.identity import PeerId
+from lattica.logging import get_logger
 from lattica.metrics import Histogram
-from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream
+from lattica.runtime.client import Gate, LocalChannel, Pending, RemoteChannel, call_finished
 from lattica.runtime.following import Following
-from lattica.runtime.limits import BUILTIN_ACTORS, CALL_CHANNELS, CHANNEL_IDLE, DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, MAX_ACTORS, HOOK_TIMEOUT, MAX_STREAM_ARGS, NO_STATE, RECENT_PLACEMENT, STRANGERS_CALLS
+from lattica.runtime.limits import (
+    BUILTIN_ACTORS,
+    CALL_CHANNELS,
+    CHANNEL_IDLE,
+    DEFAULT_MAX_CONCURRENCY,
+    DEFAULT_WINDOW,
+    HOOK_TIMEOUT,
+    MAX_ACTORS,
+    MAX_STREAM_ARGS,
+    NO_STATE,
+    RECENT_PLACEMENT,
+    STRANGERS_CALLS,
+)
+from lattica.runtime.local import ArgStream, EndedActor, LocalActor, error_parts, reset_quietly
 from lattica.runtime.partials import PartialMessages
 from lattica.runtime.refs import StreamArg, method_table, public_methods
-from lattica.runtime.local import ArgStream, EndedActor, LocalActor, error_parts, reset_quietly
-from lattica.runtime.client import Gate, LocalChannel, Pending, RemoteChannel, call_finished
 from lattica.runtime.server import ServerChannel
-from lattica.runtime.window import SentItems
 from lattica.runtime.spilling import KEEP_TELLS, Spills
+from lattica.runtime.window import SentItems
+from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream
 
 if TYPE_CHECKING:
-    from lattica.runtime.refs import ActorRef
-    from lattica.runtime.local import Invocation
-    from lattica.runtime.client import Channel
-    from lattica.monitors import Monitors
     from lattica.actors.dht import DhtService
     from lattica.host import Host
+    from lattica.monitors import Monitors
+    from lattica.runtime.client import Channel
+    from lattica.runtime.local import Invocation
+    from lattica.runtime.refs import ActorRef
 
 log = get_logger("lattica.runtime")
 
@@ -80,11 +93,15 @@ class Runtime(Following):
         self._gates: dict[tuple[PeerId, str], Gate] = {}
         self.in_flight: dict[tuple[PeerId, str], int] = {}  # calls from a peer to an actor, in progress
         # what all strangers together may have us read of their calls (the loop time they take)
-        self.strangers_calls = Turns(StrangersShare(*STRANGERS_CALLS, lambda peer: True), self.loop)  # (asked for strangers' channels only)
+        self.strangers_calls = Turns(
+            StrangersShare(*STRANGERS_CALLS, lambda peer: True), self.loop
+        )  # (asked for strangers' channels only)
         self.call_latency = Histogram()  # seconds from a call's creation to its answer (calls that got one)
         self.ended: collections.deque[EndedActor] = collections.deque(maxlen=MAX_ENDED)  # user actors that ended lately
         self.spills = Spills(self)  # arguments and answers over the message cap, by CID
-        self._spilling: dict[tuple[PeerId, str], collections.deque[tuple[Pending, bool, FrameTooLarge | None]]] = {}  # calls held behind a spill, in order
+        self._spilling: dict[
+            tuple[PeerId, str], collections.deque[tuple[Pending, bool, FrameTooLarge | None]]
+        ] = {}  # calls held behind a spill, in order
         self._serving: dict[PeerId, set[ServerChannel]] = {}  # the call channels each peer opened to us
         # nodes sharing one loop (Node.astart) share its thread: the first live one keeps the mapping
         current = context.thread_runtime()
@@ -145,7 +162,20 @@ class Runtime(Following):
 
     # -- actors ---------------------------------------------------------------------------------
 
-    def create(self, cls: type, args: list, kwargs: dict | None, name: str | None, *, max_concurrency: int = DEFAULT_MAX_CONCURRENCY, window: int = DEFAULT_WINDOW, instance: Any = None, publish: bool = False, state: Any = NO_STATE, public: Iterable[str] | bool | None = None) -> LocalActor:
+    def create(
+        self,
+        cls: type,
+        args: list,
+        kwargs: dict | None,
+        name: str | None,
+        *,
+        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+        window: int = DEFAULT_WINDOW,
+        instance: Any = None,
+        publish: bool = False,
+        state: Any = NO_STATE,
+        public: Iterable[str] | bool | None = None,
+    ) -> LocalActor:
         """Make an actor here; ``publish``: register its name mesh-wide in the DHT while it lives;
         ``state``: a checkpoint handed to its ``restore`` before any call; ``public``: the methods
         strangers may call (True: all), else what the class declares (``@lattica.public``)."""
@@ -221,8 +251,10 @@ class Runtime(Following):
         The allow-list is checked twice: against the name asked for, and against where the class
         actually lives (``cls.__module__`` + ``__qualname__``), so a permitted module cannot be used
         to reach anything it merely imports. Only decorated actor classes can be spawned."""
-        refuse = (f"class {path!r} is not allowed on {self.peer_id} (allow-list: {self.allow or 'empty'}; "
-                  "its code did not travel with the spawn: the caller ships only its script's directory and lattica.init(code=[...]))")
+        refuse = (
+            f"class {path!r} is not allowed on {self.peer_id} (allow-list: {self.allow or 'empty'}; "
+            "its code did not travel with the spawn: the caller ships only its script's directory and lattica.init(code=[...]))"
+        )
         allowed = [*self.allow, *BUILTIN_ACTORS]
         if not self.allows(path):
             raise SpawnError(refuse)
@@ -285,16 +317,21 @@ class Runtime(Following):
         """``conn`` went away ``grace`` seconds ago and still carries calls: they fail with
         PathChanged (idempotent ones are sent again on the new path) before it closes."""
         peer = conn.remote_peer
-        on_it = [ch for ch in (self.channels.get(peer), *self.moved) if isinstance(ch, RemoteChannel) and ch.conn is conn]
+        on_it = [
+            ch for ch in (self.channels.get(peer), *self.moved) if isinstance(ch, RemoteChannel) and ch.conn is conn
+        ]
         for ch in on_it:
             n = len(ch.pending)
             if ch.stream is not None:
                 self.host.spawn(reset_quietly(ch.stream))
-            self.drop_channel(ch, PathChanged(
-                f"the path to {peer} changed and {n} call(s) on the old {conn.transport} connection did not finish "
-                f"within its {grace:g} s grace period (Node(drain_grace=...)); they may or may not have run. "
-                "Calls marked .options(idempotent=True) are sent again on the new path instead"
-            ))
+            self.drop_channel(
+                ch,
+                PathChanged(
+                    f"the path to {peer} changed and {n} call(s) on the old {conn.transport} connection did not finish "
+                    f"within its {grace:g} s grace period (Node(drain_grace=...)); they may or may not have run. "
+                    "Calls marked .options(idempotent=True) are sent again on the new path instead"
+                ),
+            )
 
     def retire_channel(self, ch: RemoteChannel) -> None:
         self._retire(ch)
@@ -328,8 +365,19 @@ class Runtime(Following):
         self.moved.discard(ch)  # type: ignore[arg-type]
         ch.fail_all(error)
 
-    def call(self, ref: ActorRef, method: str, args: tuple, kwargs: dict, *, timeout: float | None, tell: bool = False, stream: Any = None,
-             block: bool = True, idempotent: bool = False) -> Future | None:
+    def call(
+        self,
+        ref: ActorRef,
+        method: str,
+        args: tuple,
+        kwargs: dict,
+        *,
+        timeout: float | None,
+        tell: bool = False,
+        stream: Any = None,
+        block: bool = True,
+        idempotent: bool = False,
+    ) -> Future | None:
         """Make a call (on the loop); returns its Future (None for tell)."""
         p = self.prepare(ref, method, args, kwargs, timeout=timeout, tell=tell, stream=stream, idempotent=idempotent)
         if ref.peer_id != self.peer_id:
@@ -342,8 +390,19 @@ class Runtime(Following):
         self.submit(p, block)
         return p.future
 
-    def prepare(self, ref: ActorRef, method: str, args: tuple, kwargs: dict, *, timeout: float | None, tell: bool = False, stream: Any = None,
-                encode: bool = False, idempotent: bool = False) -> Pending:
+    def prepare(
+        self,
+        ref: ActorRef,
+        method: str,
+        args: tuple,
+        kwargs: dict,
+        *,
+        timeout: float | None,
+        tell: bool = False,
+        stream: Any = None,
+        encode: bool = False,
+        idempotent: bool = False,
+    ) -> Pending:
         """Build a call (any thread). With ``encode``, a call to another node is encoded here, so
         an argument the codec refuses raises in the caller's thread."""
         spawn = ref._spawn
@@ -372,10 +431,14 @@ class Runtime(Following):
             if encode:
                 try:
                     p.encoded = codec.encode(msg)
-                except FrameTooLarge as e:  # its big values travel by CID, stored here and now (as Ray's .remote() puts them)
+                except (
+                    FrameTooLarge
+                ) as e:  # its big values travel by CID, stored here and now (as Ray's .remote() puts them)
                     self._spilled(p, self.spills.spill_now(msg, e))
                     p.encoded = codec.encode(msg)
-        elif not (_LEAVES.issuperset(map(type, arg_list)) and (not kwargs or _LEAVES.issuperset(map(type, kwargs.values())))):
+        elif not (
+            _LEAVES.issuperset(map(type, arg_list)) and (not kwargs or _LEAVES.issuperset(map(type, kwargs.values())))
+        ):
             # a local call passes its arguments by reference, but they must be what a remote call
             # could carry: a lambda or an open file fails in the first, local test (as in Ray),
             # not once the actor moves; the encoding is checked, not kept (big buffers are not copied)
@@ -446,7 +509,9 @@ class Runtime(Following):
                 self._start_following(ref)
                 spawn = ref._spawn
             elif not p.msg.flags & rpc.F_TELL and self._node_state(ref.peer_id) == "dead":
-                self.fail_call(p, PeerUnreachable(f"{ref.peer_id} was declared dead; calls to it fail until it rejoins the mesh"))
+                self.fail_call(
+                    p, PeerUnreachable(f"{ref.peer_id} was declared dead; calls to it fail until it rejoins the mesh")
+                )
                 return
         if spawn is not None and (not spawn.done() or ref._held is not None):
             # held until the spawn answers; `_held` stays set until the release ran, so a call
@@ -507,7 +572,9 @@ class Runtime(Following):
                 conn = self.host.conns.get(ch.peer)
                 if conn is not None:
                     conn.probe(PROBE_TIMEOUT)
-        self.fail_call(p, CallTimeout(f"call to {p.ref.name}.{p.msg.method} timed out after {p.msg.timeout} s"), cancel_local=True)
+        self.fail_call(
+            p, CallTimeout(f"call to {p.ref.name}.{p.msg.method} timed out after {p.msg.timeout} s"), cancel_local=True
+        )
 
     def fail_call(self, p: Pending, error: BaseException, cancel_local: bool = False) -> None:
         ch = p.channel
@@ -594,7 +661,9 @@ class Runtime(Following):
         if kind == rpc.OK:
             self.complete_call(p, msg[rpc.VALUE], None)
         elif kind == rpc.ERR:
-            self.complete_call(p, None, (msg[rpc.ERR_KIND], msg[rpc.ERR_TYPE], msg[rpc.ERR_MESSAGE], msg[rpc.ERR_TRACEBACK]))
+            self.complete_call(
+                p, None, (msg[rpc.ERR_KIND], msg[rpc.ERR_TYPE], msg[rpc.ERR_MESSAGE], msg[rpc.ERR_TRACEBACK])
+            )
         elif kind == rpc.ITEM:
             if p.stream is not None:
                 p.stream._push(msg[rpc.VALUE], size)
@@ -641,7 +710,9 @@ class Runtime(Following):
                 chunks = codec.encode([rpc.ARG, p.cid, index, value])
                 ch.send([], chunks)
                 state[2].sent(sum(len(c) for c in chunks))
-                state[0] = min(state[0], state[2].cap())  # (items that grew do not ride on credit granted for small ones)
+                state[0] = min(
+                    state[0], state[2].cap()
+                )  # (items that grew do not ride on credit granted for small ones)
                 if ch.congested():  # a callee that grants and never reads: wait, do not queue
                     await ch.writable()
             if p.cid in ch.pending:
@@ -679,7 +750,9 @@ class Runtime(Following):
         chans = self._serving.setdefault(conn.remote_peer, set())
         if sum(1 for c in chans if c.conn is conn) >= CALL_CHANNELS:
             # a caller needs one: more would each hold their own replies and unread calls
-            log.info("refused a call channel: too many on one connection", peer=str(conn.remote_peer), limit=CALL_CHANNELS)
+            log.info(
+                "refused a call channel: too many on one connection", peer=str(conn.remote_peer), limit=CALL_CHANNELS
+            )
             stream.reset()
             return
         ch = ServerChannel(self, stream, conn, protocol)
@@ -708,7 +781,6 @@ class Runtime(Following):
             return 0
         primary = self.host.conns.get(peer)
         return sum(ch.writer.backlog() for ch in chans if primary is None or ch.conn is primary)
-
 
 
 async def _close_source(it: Any) -> None:

@@ -7,20 +7,27 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from lattica import codec, rpc, trust
-from lattica.logging import get_logger
 from lattica.errors import (
     ConnectionClosed,
     FrameTooLarge,
     LatticaError,
     ProtocolError,
 )
+from lattica.logging import get_logger
 from lattica.runtime import spill
-from lattica.transports.base import Connection, Stream
-from lattica.runtime.limits import CHANNEL_HIGH_WATER, IDENTIFY_WAIT, MAX_MESSAGE, MAX_STREAM_ARGS, STRANGER_UNIT, STREAM_WINDOW
+from lattica.runtime.client import FrameWriter, RoundTrip
+from lattica.runtime.limits import (
+    CHANNEL_HIGH_WATER,
+    IDENTIFY_WAIT,
+    MAX_MESSAGE,
+    MAX_STREAM_ARGS,
+    STRANGER_UNIT,
+    STREAM_WINDOW,
+)
+from lattica.runtime.local import ArgStream, Invocation, Sink
 from lattica.runtime.partials import BudgetedSplitter
 from lattica.runtime.refs import StreamArg
-from lattica.runtime.local import ArgStream, Invocation, Sink
-from lattica.runtime.client import FrameWriter, RoundTrip
+from lattica.transports.base import Connection, Stream
 
 if TYPE_CHECKING:
     from lattica.runtime.registry import Runtime
@@ -58,7 +65,16 @@ class _ServerSink(Sink):
         except FrameTooLarge as e:  # its big values travel by CID (stored off the loop first)
             self.server.runtime.host.spawn(self.server.send_spilled(self.cid, value, e))
         except LatticaError as e:  # e.g. a result the codec cannot encode
-            self.server.send([rpc.ERR, self.cid, rpc.E_REMOTE, f"lattica.errors.{type(e).__name__}", f"cannot send the result: {e}", ""])
+            self.server.send(
+                [
+                    rpc.ERR,
+                    self.cid,
+                    rpc.E_REMOTE,
+                    f"lattica.errors.{type(e).__name__}",
+                    f"cannot send the result: {e}",
+                    "",
+                ]
+            )
 
     def err(self, kind: str, type_name: str, message: str, tb: str = "") -> None:
         self._release()
@@ -108,7 +124,9 @@ class ServerChannel:
             value = await self.runtime.spills.spill_answer(value, why)
             self.send([rpc.OK, cid, value])
         except LatticaError as e:
-            self.send([rpc.ERR, cid, rpc.E_REMOTE, f"lattica.errors.{type(e).__name__}", f"cannot send the result: {e}", ""])
+            self.send(
+                [rpc.ERR, cid, rpc.E_REMOTE, f"lattica.errors.{type(e).__name__}", f"cannot send the result: {e}", ""]
+            )
 
     async def _unspill(self, raw: Any) -> Any:
         """A call whose big arguments travel by CID: them fetched from the caller, in its place
@@ -119,17 +137,36 @@ class ServerChannel:
         tell = bool(type(raw[7]) is int and raw[7] & rpc.F_TELL)
         actor = raw[2] if type(raw[2]) is str else "?"
         if self.circle == trust.STRANGER and not self._now_member():
-            self.refuse(raw[1], tell, actor, rpc.E_DENIED, "PermissionDenied",
-                        f"{self.runtime.peer_id} fetches values that travel by CID only from members of its mesh")
+            self.refuse(
+                raw[1],
+                tell,
+                actor,
+                rpc.E_DENIED,
+                "PermissionDenied",
+                f"{self.runtime.peer_id} fetches values that travel by CID only from members of its mesh",
+            )
             return None
         if actor not in self.runtime.actors:  # (nothing is fetched for a call that cannot run)
-            self.refuse(raw[1], tell, actor, rpc.E_NOT_FOUND, "ActorNotFound", f"no actor named {actor!r} on {self.runtime.peer_id}")
+            self.refuse(
+                raw[1],
+                tell,
+                actor,
+                rpc.E_NOT_FOUND,
+                "ActorNotFound",
+                f"no actor named {actor!r} on {self.runtime.peer_id}",
+            )
             return None
         try:
             raw[4], raw[5] = await self.runtime.spills.fetch([raw[4], raw[5]], self.peer)
         except LatticaError as e:
-            self.refuse(raw[1], tell, actor, rpc.E_REMOTE, f"lattica.errors.{type(e).__name__}",
-                        f"the call's arguments that travel by CID did not arrive: {e}")
+            self.refuse(
+                raw[1],
+                tell,
+                actor,
+                rpc.E_REMOTE,
+                f"lattica.errors.{type(e).__name__}",
+                f"the call's arguments that travel by CID did not arrive: {e}",
+            )
             return None
         return raw
 
@@ -191,8 +228,15 @@ class ServerChannel:
         reads nothing meanwhile, so flow control holds the sender back at no cost to us. A
         channel whose stream or connection goes away meanwhile stops waiting (and serving)."""
         cost = 1 + size / STRANGER_UNIT
-        if not await self.runtime.strangers_calls.take(self.peer, cost, give_up=lambda: self._gone() or self._now_member()) and self._gone():
-            raise ConnectionClosed(f"call channel from {self.peer} closed while its frame waited for the strangers' share")
+        if (
+            not await self.runtime.strangers_calls.take(
+                self.peer, cost, give_up=lambda: self._gone() or self._now_member()
+            )
+            and self._gone()
+        ):
+            raise ConnectionClosed(
+                f"call channel from {self.peer} closed while its frame waited for the strangers' share"
+            )
 
     def _gone(self) -> bool:
         """The channel's stream was reset or its connection closed."""
@@ -202,7 +246,11 @@ class ServerChannel:
         """Replies not yet taken by the connection, on all of the caller's channels on it: one
         caller's many channels must not each hold a high water mark of them."""
         chans = self.runtime.channels_from(self.peer)
-        return sum(ch.writer.backlog() for ch in chans if ch.conn is self.conn) if len(chans) > 1 else self.writer.backlog()
+        return (
+            sum(ch.writer.backlog() for ch in chans if ch.conn is self.conn)
+            if len(chans) > 1
+            else self.writer.backlog()
+        )
 
     async def _wait_for_room(self) -> None:
         """Until the replies waiting on this channel, and on the caller's other channels on this
@@ -274,36 +322,70 @@ class ServerChannel:
             # the same answer whether or not the actor exists: strangers learn nothing of what runs here
             why = f"{self.peer} is not a member of this node's mesh: {self.circle_reason}"
             rt.host.note_refusal(self.peer, f"{actor_name}.{method}", why)
-            self.refuse(cid, tell, actor_name, rpc.E_DENIED, "PermissionDenied", f"{rt.peer_id} refused {actor_name}.{method}: {why}")
+            self.refuse(
+                cid,
+                tell,
+                actor_name,
+                rpc.E_DENIED,
+                "PermissionDenied",
+                f"{rt.peer_id} refused {actor_name}.{method}: {why}",
+            )
             return
         if actor is None:
-            self.refuse(cid, tell, actor_name, rpc.E_NOT_FOUND, "ActorNotFound", f"no actor named {actor_name!r} on {rt.peer_id}")
+            self.refuse(
+                cid,
+                tell,
+                actor_name,
+                rpc.E_NOT_FOUND,
+                "ActorNotFound",
+                f"no actor named {actor_name!r} on {rt.peer_id}",
+            )
             return
         if not tell and cid in self.invocations:
-            self.send([rpc.ERR, cid, rpc.E_PROTOCOL, "ProtocolError", f"call id {cid} is already in use on this channel", ""])
+            self.send(
+                [rpc.ERR, cid, rpc.E_PROTOCOL, "ProtocolError", f"call id {cid} is already in use on this channel", ""]
+            )
             return
         if flags & rpc.F_ARGSTREAM:
             indexes = [a.index for a in args if isinstance(a, StreamArg)]
             if len(indexes) > MAX_STREAM_ARGS or len(set(indexes)) != len(indexes):
-                self.refuse(cid, tell, actor_name, rpc.E_PROTOCOL, "ProtocolError",
-                            f"a call streams at most {MAX_STREAM_ARGS} arguments, each under its own index")
+                self.refuse(
+                    cid,
+                    tell,
+                    actor_name,
+                    rpc.E_PROTOCOL,
+                    "ProtocolError",
+                    f"a call streams at most {MAX_STREAM_ARGS} arguments, each under its own index",
+                )
                 return
         key = (self.peer, actor_name)
         used = rt.in_flight.get(key, 0)  # per peer, whatever stream its calls come on
         if used >= actor.window:
-            self.refuse(cid, tell, actor_name, rpc.E_MAILBOX, "MailboxFull", f"caller exceeded its window of {actor.window} calls to {actor_name!r}")
+            self.refuse(
+                cid,
+                tell,
+                actor_name,
+                rpc.E_MAILBOX,
+                "MailboxFull",
+                f"caller exceeded its window of {actor.window} calls to {actor_name!r}",
+            )
             return
         rt.in_flight[key] = used + 1
         sink = _ServerSink(self, cid, actor_name, tell)
         deadline = rt.loop.time() + timeout if timeout is not None else None
-        inv = Invocation(actor, method, args, kwargs, deadline, sink, streaming=bool(flags & rpc.F_STREAM), caller=self.peer)
+        inv = Invocation(
+            actor, method, args, kwargs, deadline, sink, streaming=bool(flags & rpc.F_STREAM), caller=self.peer
+        )
         if not tell:
             self.invocations[cid] = inv
         if flags & rpc.F_ARGSTREAM:
             inv.arg_streams = {}
             for i, a in enumerate(args):
                 if isinstance(a, StreamArg):
-                    s = ArgStream(lambda n, taken, idx=a.index: self.send(self.argcred_msg(cid, idx, n, taken)), self.round_trip if self.says_taken else None)
+                    s = ArgStream(
+                        lambda n, taken, idx=a.index: self.send(self.argcred_msg(cid, idx, n, taken)),
+                        self.round_trip if self.says_taken else None,
+                    )
                     inv.arg_streams[a.index] = s
                     args[i] = s
                     self.send(self.argcred_msg(cid, a.index, STREAM_WINDOW, 0))

@@ -10,7 +10,8 @@ This module is the pure half: placeholders and walking values. The runtime store
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from lattica import codec
 from lattica.errors import CodecError
@@ -70,9 +71,20 @@ def _to_obj(s: Spilled) -> list:
 
 def _from_obj(o: Any) -> Spilled:
     global seen
-    if (type(o) is not list or len(o) != 5 or type(o[0]) is not str or len(o[0]) > 128 or o[1] not in ("bytes", "bytearray", "ndarray")
-            or type(o[2]) is not int or o[2] < 0 or type(o[3]) is not str or len(o[3]) > 16 or type(o[4]) is not list or len(o[4]) > 32
-            or not all(type(n) is int and n >= 0 for n in o[4])):
+    if (
+        type(o) is not list
+        or len(o) != 5
+        or type(o[0]) is not str
+        or len(o[0]) > 128
+        or o[1] not in ("bytes", "bytearray", "ndarray")
+        or type(o[2]) is not int
+        or o[2] < 0
+        or type(o[3]) is not str
+        or len(o[3]) > 16
+        or type(o[4]) is not list
+        or len(o[4]) > 32
+        or not all(type(n) is int and n >= 0 for n in o[4])
+    ):
         raise CodecError("malformed spilled value")
     seen += 1
     return Spilled(o[0], o[1], o[2], o[3], tuple(o[4]))
@@ -88,7 +100,13 @@ def _big(v: Any) -> tuple[str, bytes | memoryview, str, tuple[int, ...]] | None:
         return (t.__name__, v, "", ()) if len(v) >= SPILL_FROM else None
     if t is memoryview:
         return ("bytes", v.cast("B") if v.c_contiguous else v.tobytes(), "", ()) if v.nbytes >= SPILL_FROM else None
-    if t.__module__ == "numpy" and t.__name__ == "ndarray" and v.nbytes >= SPILL_FROM and v.dtype.kind in "biufc" and v.dtype.fields is None:
+    if (
+        t.__module__ == "numpy"
+        and t.__name__ == "ndarray"
+        and v.nbytes >= SPILL_FROM
+        and v.dtype.kind in "biufc"
+        and v.dtype.fields is None
+    ):
         import numpy as np  # (v is an array: numpy is loaded)
 
         a = np.ascontiguousarray(v)

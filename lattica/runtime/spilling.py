@@ -6,7 +6,8 @@ goes when its call is over; what a callee stored for an answer goes after ``KEEP
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from lattica.errors import ContentError, FrameTooLarge, LatticaError
 from lattica.logging import get_logger
@@ -101,7 +102,9 @@ class Spills:
             raise ContentError("this node runs no content service: values that travel by CID cannot reach it")
         total = sum(s.size for s in found)
         if total > self.limit:
-            raise ContentError(f"{total} bytes travel by CID with this message, more than this node's spill_limit of {self.limit}")
+            raise ContentError(
+                f"{total} bytes travel by CID with this message, more than this node's spill_limit of {self.limit}"
+            )
 
         async def one(s: Spilled) -> Any:
             try:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from lattica.runtime.limits import MAX_STREAM_WINDOW, STREAM_WINDOW, STREAM_WINDOW_BYTES
 
@@ -44,7 +44,18 @@ class ItemWindow:
     """One stream's credit as its consumer keeps it (see the module docstring). ``rtt`` gives the
     path's round trip in seconds (None: unknown, and the window stays at its first size)."""
 
-    __slots__ = ("window", "starved", "item_bytes", "buffered", "_sizes", "_allowed", "_consumed", "_epoch_at", "_epoch_taken", "_rtt")
+    __slots__ = (
+        "window",
+        "starved",
+        "item_bytes",
+        "buffered",
+        "_sizes",
+        "_allowed",
+        "_consumed",
+        "_epoch_at",
+        "_epoch_taken",
+        "_rtt",
+    )
 
     def __init__(self, rtt: Callable[[], float | None] | None = None) -> None:
         self.window = STREAM_WINDOW
@@ -159,5 +170,7 @@ class SentItems:
         if not self.item_bytes:
             return cap
         n = len(self._sizes)
-        room = max(STREAM_WINDOW - n, min(MAX_STREAM_WINDOW - n, int((STREAM_WINDOW_BYTES - self.bytes) // self.item_bytes)))
+        room = max(
+            STREAM_WINDOW - n, min(MAX_STREAM_WINDOW - n, int((STREAM_WINDOW_BYTES - self.bytes) // self.item_bytes))
+        )
         return max(0, min(cap, room))

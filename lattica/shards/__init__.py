@@ -17,7 +17,8 @@ stub, the calling side; the ``shards`` service (lattica.actors.shards) registers
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from lattica.future import Future
 from lattica.runtime import ASYNC, ActorRef, run_coroutine, running_service
@@ -25,9 +26,9 @@ from lattica.shards.keys import shard_id
 
 if TYPE_CHECKING:
     from lattica.actors.shards import ShardsService
-    from lattica.shards.client import Stub
     from lattica.node import Node
     from lattica.runtime import Runtime
+    from lattica.shards.client import Stub
 
 __all__ = ["serve", "withdraw", "providers", "stub", "shard_id", "Stub", "StubMethod"]
 
@@ -79,15 +80,24 @@ def providers(service: str, shard: str | Mapping[str, Any], *, node: Node | None
     return run_coroutine(rt, lambda: svc.providers(service, shard, everywhere=True))
 
 
-def stub(service: str, shard: str | Mapping[str, Any], *, timeout: float | None = None, within: float = 30.0,
-         idempotent: bool = True, hedge: bool = True, node: Node | None = None) -> Stub:
+def stub(
+    service: str,
+    shard: str | Mapping[str, Any],
+    *,
+    timeout: float | None = None,
+    within: float = 30.0,
+    idempotent: bool = True,
+    hedge: bool = True,
+    node: Node | None = None,
+) -> Stub:
     """Calls to ``shard`` of ``service`` (``stub.method.remote(*args)``): ``timeout`` per attempt,
     ``within`` seconds for all attempts; ``idempotent`` (the default: a shard's methods are meant
     to be pure, as inference is): a call that may have run is tried again elsewhere; ``hedge``
     (idempotent calls only): a call slower than twice the recent p95 also goes to a second
     provider, the first answer wins."""
     rt, _ = _service(node)
-    from lattica.shards.client import Stub  # (the client side loads when first used; a starting node's shards service needs only keys)
+    # (the client side loads when first used; a starting node's shards service needs only keys)
+    from lattica.shards.client import Stub
 
     return Stub(rt, service, shard, timeout=timeout, within=within, idempotent=idempotent, hedge=hedge)
 

@@ -21,14 +21,22 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from lattica.errors import (ActorDied, ActorNotFound, CallTimeout, LatticaError, MailboxFull, PeerUnreachable,
-                            ShardUnavailable)
+from lattica.errors import (
+    ActorDied,
+    ActorNotFound,
+    CallTimeout,
+    LatticaError,
+    MailboxFull,
+    PeerUnreachable,
+    ShardUnavailable,
+)
 from lattica.future import Future
 from lattica.runtime import ActorRef, run_coroutine
-from lattica.runtime.refs import StreamCall
 from lattica.runtime.limits import ASYNC
+from lattica.runtime.refs import StreamCall
 from lattica.shards.keys import shard_id
 from lattica.shards.select import Picker, Provider
 
@@ -65,7 +73,14 @@ class _Attempts:
     tried and why each failed, whether the DHT was asked again, the backoff between attempts,
     and the deadline past which the call is ``ShardUnavailable``."""
 
-    def __init__(self, picker: Picker, find: Callable[[float], Awaitable[None]], loop: asyncio.AbstractEventLoop, deadline: float, what: str) -> None:
+    def __init__(
+        self,
+        picker: Picker,
+        find: Callable[[float], Awaitable[None]],
+        loop: asyncio.AbstractEventLoop,
+        deadline: float,
+        what: str,
+    ) -> None:
         self._picker = picker
         self._find = find  # asks the DHT for the providers again, within so many seconds
         self._loop = loop
@@ -126,8 +141,17 @@ class Stub:
     """Calls to one shard of a service (see the module docstring). Made by
     ``lattica.shards.stub(service, shard)``; ``stub.method.remote(*args)`` as with an actor ref."""
 
-    def __init__(self, rt: Runtime, service: str, shard: str | Mapping[str, Any], *, timeout: float | None = None,
-                 within: float = 30.0, idempotent: bool = True, hedge: bool = True) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        service: str,
+        shard: str | Mapping[str, Any],
+        *,
+        timeout: float | None = None,
+        within: float = 30.0,
+        idempotent: bool = True,
+        hedge: bool = True,
+    ) -> None:
         self._rt = rt
         self.service = service
         self.shard = shard_id(shard)
@@ -168,12 +192,14 @@ class Stub:
         """Look the providers up (one lookup at a time, shared by the calls that need it; a call
         waits for it at most ``within`` seconds)."""
         if self._lookup is None:
-            self._lookup = asyncio.ensure_future(self._rt.services["shards"].providers(self.service, self.shard, everywhere))
+            self._lookup = asyncio.ensure_future(
+                self._rt.services["shards"].providers(self.service, self.shard, everywhere)
+            )
             self._lookup.add_done_callback(_lookup_done)
             self._lookup.add_done_callback(lambda _: setattr(self, "_lookup", None))
         try:
             found = await asyncio.wait_for(asyncio.shield(self._lookup), timeout=within)
-        except (LatticaError, asyncio.TimeoutError):
+        except (TimeoutError, LatticaError):
             return  # (the providers we knew stay)
         self._looked_up = self._rt.loop.time()
         self._picker.update(found)
@@ -187,10 +213,17 @@ class Stub:
             return
         shards = ActorRef(p.ref.peer_id, "shards", {"check": ASYNC})
         try:
-            ok = await self._rt.call(shards, "check", (self.service, self.shard, p.ref.name), {},
-                                     timeout=max(0.001, min(CHECK_TIMEOUT, left)))
+            ok = await self._rt.call(
+                shards,
+                "check",
+                (self.service, self.shard, p.ref.name),
+                {},
+                timeout=max(0.001, min(CHECK_TIMEOUT, left)),
+            )
         except LatticaError as exc:
-            raise _Unchecked(f"its node did not say whether it serves {self.shard!r}: {type(exc).__name__}: {exc}") from None
+            raise _Unchecked(
+                f"its node did not say whether it serves {self.shard!r}: {type(exc).__name__}: {exc}"
+            ) from None
         if ok is not True:
             raise _Unchecked(f"does not serve {self.shard!r} (registration stale or wrong)", mismatch=True)
         if len(self._checked) >= 4096:
@@ -209,7 +242,9 @@ class Stub:
             self._p95, self._since_p95 = ranked[int(len(ranked) * 0.95)], 16
         return max(HEDGE_MIN, HEDGE_FACTOR * self._p95)
 
-    async def _begin(self, p: Provider, method: str, args: tuple, kwargs: dict, timeout: float, idempotent: bool) -> tuple:
+    async def _begin(
+        self, p: Provider, method: str, args: tuple, kwargs: dict, timeout: float, idempotent: bool
+    ) -> tuple:
         """Check ``p`` (usually known already) and send the call: ``(p, its Future, when)``."""
         loop = self._rt.loop
         self._picker.started(p)
@@ -247,7 +282,13 @@ class Stub:
         async def find_everywhere(within: float) -> None:
             await self._find(everywhere=True, within=within)
 
-        attempts = _Attempts(self._picker, find_everywhere, loop, loop.time() + self.within, f"shard {self.shard!r} of service {self.service!r}")
+        attempts = _Attempts(
+            self._picker,
+            find_everywhere,
+            loop,
+            loop.time() + self.within,
+            f"shard {self.shard!r} of service {self.service!r}",
+        )
         if loop.time() - self._looked_up > REFRESH:
             await self._find(everywhere=False, within=self.within)
         return attempts
@@ -312,7 +353,9 @@ class Stub:
                 continue  # (nothing ran: straight to another)
             await attempts.back_off(failure)
 
-    async def stream(self, method: str, args: tuple, kwargs: dict, timeout: float | None, idempotent: bool, out: Any) -> None:
+    async def stream(
+        self, method: str, args: tuple, kwargs: dict, timeout: float | None, idempotent: bool, out: Any
+    ) -> None:
         """A streaming call: tried on providers in turn until one sends its first item (or ends
         at once), which then feeds ``out``; ``out`` fails with the error that ended the search."""
         loop = self._rt.loop
@@ -332,8 +375,15 @@ class Stub:
                 self._picker.started(p)
                 t0 = loop.time()
                 left = max(deadline - loop.time(), 0.001)
-                self._rt.call(p.ref, method, args, kwargs, timeout=left if timeout is None else min(timeout, left),
-                              stream=attempt, idempotent=idempotent)
+                self._rt.call(
+                    p.ref,
+                    method,
+                    args,
+                    kwargs,
+                    timeout=left if timeout is None else min(timeout, left),
+                    stream=attempt,
+                    idempotent=idempotent,
+                )
                 try:
                     await attempt.first
                 except RETRY_ALWAYS + RETRY_IDEMPOTENT as exc:
@@ -347,7 +397,12 @@ class Stub:
                 self._picker.succeeded(p, loop.time() - t0)  # (the first item's delay)
                 return
         except BaseException as exc:  # noqa: BLE001 -- the consumer gets it
-            out._fail(exc if not isinstance(exc, asyncio.CancelledError) else asyncio.CancelledError("the stub's stream was cancelled"))
+            out._fail(
+                exc
+                if not isinstance(exc, asyncio.CancelledError)
+                else asyncio.CancelledError("the stub's stream was cancelled")
+            )
+
 
 class StubMethod:
     """``stub.method``: ``.remote(*args, **kwargs)`` calls it on a provider; ``.options(timeout=,
@@ -361,8 +416,12 @@ class StubMethod:
         self._idempotent = stub.idempotent if idempotent is None else idempotent
 
     def options(self, *, timeout: float | None = None, idempotent: bool | None = None) -> StubMethod:
-        return StubMethod(self._stub, self._name, self._timeout if timeout is None else timeout,
-                          self._idempotent if idempotent is None else idempotent)
+        return StubMethod(
+            self._stub,
+            self._name,
+            self._timeout if timeout is None else timeout,
+            self._idempotent if idempotent is None else idempotent,
+        )
 
     def remote(self, *args: Any, **kwargs: Any) -> Future:
         s = self._stub

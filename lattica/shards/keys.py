@@ -11,7 +11,8 @@ serving it there, each with its load, and the node's mesh certificates.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from lattica import codec
 from lattica.errors import LatticaError
@@ -78,8 +79,13 @@ def decode_registration(raw: bytes) -> tuple[list[tuple[ActorRef, int]], list[by
         raise ValueError("a shard registration is [entries, certificates]")
     entries = []
     for item in value[0][:MAX_PROVIDERS_PER_NODE]:
-        if (type(item) is not list or len(item) != 2 or not isinstance(item[0], ActorRef)
-                or type(item[1]) is not int or not 0 <= item[1] < 1 << 31):
+        if (
+            type(item) is not list
+            or len(item) != 2
+            or not isinstance(item[0], ActorRef)
+            or type(item[1]) is not int
+            or not 0 <= item[1] < 1 << 31
+        ):
             raise ValueError("a shard registration's entry is [actor ref, load]")
         entries.append((item[0], item[1]))
     if not all(type(c) is bytes for c in value[1]):

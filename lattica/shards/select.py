@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 from lattica.runtime.refs import ActorRef
 

@@ -57,14 +57,23 @@ def victim():
 
 
 def _dial_for(node, target, addrs):
-    return call_as(node, autonat_ref(target.peer_id), "dial_for", target.peer_id.to_bytes(), addrs, os.urandom(16), timeout=10)
+    return call_as(
+        node, autonat_ref(target.peer_id), "dial_for", target.peer_id.to_bytes(), addrs, os.urandom(16), timeout=10
+    )
 
 
 def test_a_stranger_cannot_make_us_dial_a_third_party(mesh, victim):
     host, member, stranger = mesh
     for _ in range(5):
         with pytest.raises(PermissionDenied):
-            call_as(stranger, autonat_ref(host.peer_id), "dial_for", member.peer_id.to_bytes(), [victim.addr()], os.urandom(16))
+            call_as(
+                stranger,
+                autonat_ref(host.peer_id),
+                "dial_for",
+                member.peer_id.to_bytes(),
+                [victim.addr()],
+                os.urandom(16),
+            )
     time.sleep(0.3)
     assert victim.accepted == 0
 
@@ -72,7 +81,15 @@ def test_a_stranger_cannot_make_us_dial_a_third_party(mesh, victim):
 def test_a_stranger_is_dialed_back_only_at_its_own_ip(mesh, victim):
     host, member, stranger = mesh
     # the stranger's connection comes from 127.0.0.1: an address at another IP is never dialed
-    answer = call_as(stranger, autonat_ref(host.peer_id), "check", [f"/ip4/127.0.0.2/tcp/{victim.port}"], os.urandom(16), [], timeout=10)
+    answer = call_as(
+        stranger,
+        autonat_ref(host.peer_id),
+        "check",
+        [f"/ip4/127.0.0.2/tcp/{victim.port}"],
+        os.urandom(16),
+        [],
+        timeout=10,
+    )
     assert answer["tried"] == []
     time.sleep(0.3)
     assert victim.accepted == 0
@@ -81,7 +98,14 @@ def test_a_stranger_is_dialed_back_only_at_its_own_ip(mesh, victim):
 def test_dial_for_names_one_ip(mesh, victim):
     host, member, stranger = mesh
     with pytest.raises(ProtocolError, match="one IP"):
-        call_as(member, autonat_ref(host.peer_id), "dial_for", stranger.peer_id.to_bytes(), [victim.addr(), "/ip4/127.0.0.2/tcp/9"], os.urandom(16))
+        call_as(
+            member,
+            autonat_ref(host.peer_id),
+            "dial_for",
+            stranger.peer_id.to_bytes(),
+            [victim.addr(), "/ip4/127.0.0.2/tcp/9"],
+            os.urandom(16),
+        )
 
 
 def test_many_identities_asking_for_one_address_get_a_bounded_number_of_dials(victim):
@@ -101,7 +125,17 @@ def test_many_identities_asking_for_one_address_get_a_bounded_number_of_dials(vi
             def ask(node):
                 for _ in range(8):  # one requester's whole burst
                     try:
-                        results.append(call_as(node, autonat_ref(host.peer_id), "dial_for", askers[0].peer_id.to_bytes(), [victim.addr()], os.urandom(16), timeout=10))
+                        results.append(
+                            call_as(
+                                node,
+                                autonat_ref(host.peer_id),
+                                "dial_for",
+                                askers[0].peer_id.to_bytes(),
+                                [victim.addr()],
+                                os.urandom(16),
+                                timeout=10,
+                            )
+                        )
                     except LatticaError as e:
                         results.append(e)
 

@@ -24,8 +24,11 @@ def three():
     """``holder`` and ``writer`` hold the mesh key; ``member`` was invited."""
     key = MeshKey.generate()
     km = lattica.KeyPair.generate()
-    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=key) as holder, lattica.Node([], mesh=key) as writer, \
-            lattica.Node([], keypair=km, mesh=key.issue(km.peer_id)) as member:
+    with (
+        lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=key) as holder,
+        lattica.Node([], mesh=key) as writer,
+        lattica.Node([], keypair=km, mesh=key.issue(km.peer_id)) as member,
+    ):
         writer.connect(holder.addrs[0])
         member.connect(holder.addrs[0])
         assert wait_for(lambda: len(holder.peers()) == 2 and all(p.circle == "member" for p in holder.peers()))
@@ -95,8 +98,11 @@ def test_a_member_ground_to_hold_a_name_first_neither_swallows_the_copies_nor_pl
         except lattica.errors.LatticaError:
             return None
 
-    with lattica.Node([tcp], allow=["sample_actors.*"], resources={"cpu": 1}) as me, \
-            ServerProcess([tcp], "--allow", "sample_actors.*") as p1, ServerProcess([tcp], "--allow", "sample_actors.*") as p2:
+    with (
+        lattica.Node([tcp], allow=["sample_actors.*"], resources={"cpu": 1}) as me,
+        ServerProcess([tcp], "--allow", "sample_actors.*") as p1,
+        ServerProcess([tcp], "--allow", "sample_actors.*") as p2,
+    ):
         for p in (p1, p2):
             me.connect(p.addr("tcp"))
         lattica.dht.bootstrap(node=me).result(10)
@@ -132,7 +138,15 @@ def test_a_member_ground_to_hold_a_name_first_neither_swallows_the_copies_nor_pl
 
             async def plant(name_):
                 stamp = time.time() + 200
-                return [[stamp, forged, member.peer_id.to_bytes(), sign_copy(member._host.keypair, name_, stamp, forged), member._host.trust.presented]]
+                return [
+                    [
+                        stamp,
+                        forged,
+                        member.peer_id.to_bytes(),
+                        sign_copy(member._host.keypair, name_, stamp, forged),
+                        member._host.trust.presented,
+                    ]
+                ]
 
             bound = member._host.runtime.actors["checkpoints"].bound
             bound["keep"], bound["fetch"] = swallow, plant

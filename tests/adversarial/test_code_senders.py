@@ -2,13 +2,13 @@
 ticket forged or forwarded from a member, a stranger's code, a package a supervisor restarts
 elsewhere, and a node that restarts holding cached packages (nodes of this process)."""
 
-import os
 import sys
 import textwrap
 
 import pytest
 
 import lattica
+from helpers import call_as, wait_for
 from lattica.code.package import pack
 from lattica.code.tickets import Ticket
 from lattica.config import ContentConfig
@@ -16,7 +16,6 @@ from lattica.content.cid import Cid
 from lattica.errors import CodeError, PermissionDenied, SpawnError
 from lattica.runtime import spawner_ref
 from lattica.trust import MeshKey
-from helpers import call_as, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -30,14 +29,16 @@ def app(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     folder = tmp_path / "app"
     folder.mkdir()
-    (folder / "shipped_app.py").write_text(textwrap.dedent('''\
+    (folder / "shipped_app.py").write_text(
+        textwrap.dedent("""\
         import lattica
 
         @lattica.actor
         class Echo:
             def echo(self, x):
                 return ("echo", x)
-    '''))
+    """)
+    )
     monkeypatch.syspath_prepend(str(folder))
     sys.modules.pop("shipped_app", None)
     import shipped_app
@@ -78,8 +79,10 @@ async def _remote(actor_class):
 def test_a_tampered_package_is_refused(app):
     folder, Echo = app
     key = MeshKey.generate()
-    with lattica.Node([TCP], mesh=key, code=[str(folder)]) as driver, \
-         lattica.Node([TCP], mesh=key, content=ContentConfig(find_timeout=2.0, block_timeout=1.0)) as target:
+    with (
+        lattica.Node([TCP], mesh=key, code=[str(folder)]) as driver,
+        lattica.Node([TCP], mesh=key, content=ContentConfig(find_timeout=2.0, block_timeout=1.0)) as target,
+    ):
         connected(target, driver)
         data = pack([str(folder)]).encode()
         cid = Cid.of(data)
@@ -108,9 +111,12 @@ def test_forged_and_forwarded_tickets_and_a_strangers_code_are_refused(app, tmp_
     key = MeshKey.generate()
     member_key = lattica.KeyPair.generate()
     cert = key.issue(member_key.peer_id, 3600)
-    with lattica.Node([TCP], mesh=key, code=[str(folder)]) as admin, lattica.Node([TCP], mesh=key) as target, \
-         lattica.Node([TCP], mesh=cert.to_text(), keypair=member_key, code=[str(folder)]) as member, \
-         lattica.Node([TCP], mesh=MeshKey.generate(), code=[str(folder)]) as stranger:
+    with (
+        lattica.Node([TCP], mesh=key, code=[str(folder)]) as admin,
+        lattica.Node([TCP], mesh=key) as target,
+        lattica.Node([TCP], mesh=cert.to_text(), keypair=member_key, code=[str(folder)]) as member,
+        lattica.Node([TCP], mesh=MeshKey.generate(), code=[str(folder)]) as stranger,
+    ):
         connected(target, admin, member, stranger)
         # the member's own code: refused by a node that runs administrators' code only
         with pytest.raises(PermissionDenied, match="accept_code='admins'"):
@@ -136,13 +142,19 @@ def test_forged_and_forwarded_tickets_and_a_strangers_code_are_refused(app, tmp_
 def test_a_supervisor_restarts_a_shipped_child_on_another_node(app):
     folder, Echo = app
     key = MeshKey.generate()
-    with lattica.Node([TCP], mesh=key, code=[str(folder)]) as driver, lattica.Node([TCP], mesh=key) as sup_node, \
-         lattica.Node([TCP], mesh=key) as a, lattica.Node([TCP], mesh=key) as b:
+    with (
+        lattica.Node([TCP], mesh=key, code=[str(folder)]) as driver,
+        lattica.Node([TCP], mesh=key) as sup_node,
+        lattica.Node([TCP], mesh=key) as a,
+        lattica.Node([TCP], mesh=key) as b,
+    ):
         connected(driver, sup_node, a, b)
         wait_for(lambda: len([n for n in driver.nodes() if n["state"] == "alive"]) == 4, timeout=10)
 
         async def start():
-            sup = lattica.Supervisor.options(node=sup_node.peer_id).remote(children=[{"cls": Echo, "id": "echo", "node": str(a.peer_id)}])
+            sup = lattica.Supervisor.options(node=sup_node.peer_id).remote(
+                children=[{"cls": Echo, "id": "echo", "node": str(a.peer_id)}]
+            )
             await sup._spawn
             return sup
 
@@ -171,8 +183,10 @@ def test_a_restarted_node_runs_a_package_from_its_own_blockstore(app, tmp_path):
             assert call_as(driver, ref, "echo", 1) == ("echo", 1)
         ticket = driver.host.services["code"].shipper.ticket_now(Echo.cls)
     # the driver is gone; another administrator, who never held the package, asks with its ticket
-    with lattica.Node([TCP], mesh=key, keypair=target_key, content=ContentConfig(blocks=str(blocks))) as target, \
-         lattica.Node([TCP], mesh=key, code=False) as other:
+    with (
+        lattica.Node([TCP], mesh=key, keypair=target_key, content=ContentConfig(blocks=str(blocks))) as target,
+        lattica.Node([TCP], mesh=key, code=False) as other,
+    ):
         connected(target, other)
         ref = spawn_call(other, target, "shipped_app.Echo", ticket.to_wire(), name="echo-2")
         assert call_as(other, ref, "echo", 2) == ("echo", 2)
@@ -182,9 +196,11 @@ def test_placement_skips_nodes_that_would_refuse_the_code(app):
     folder, Echo = app
     key = MeshKey.generate()
     worker = {"role": "worker"}
-    with lattica.Node([TCP], mesh=key, code=[str(folder)]) as driver, \
-         lattica.Node([TCP], mesh=key, labels=worker, accept_code="nobody") as closed, \
-         lattica.Node([TCP], mesh=key, labels=worker) as open_:
+    with (
+        lattica.Node([TCP], mesh=key, code=[str(folder)]) as driver,
+        lattica.Node([TCP], mesh=key, labels=worker, accept_code="nobody") as closed,
+        lattica.Node([TCP], mesh=key, labels=worker) as open_,
+    ):
         connected(driver, closed, open_)
         wait_for(lambda: sum(1 for n in driver.nodes() if n["state"] == "alive" and n.get("code")) == 3, timeout=10)
 
@@ -197,14 +213,21 @@ def test_placement_skips_nodes_that_would_refuse_the_code(app):
         refs = driver.run(place(4), timeout=30)
         assert {r.peer_id for r in refs} == {open_.peer_id}
         open_.stop()
-        wait_for(lambda: all(n["state"] != "alive" for n in driver.nodes() if n["peer_id"] == str(open_.peer_id)), timeout=10)
-        with pytest.raises(lattica.errors.PlacementError, match=str(closed.peer_id)[-8:] + r": it runs no code that travels \(accept_code='nobody'\)"):
+        wait_for(
+            lambda: all(n["state"] != "alive" for n in driver.nodes() if n["peer_id"] == str(open_.peer_id)), timeout=10
+        )
+        with pytest.raises(
+            lattica.errors.PlacementError,
+            match=str(closed.peer_id)[-8:] + r": it runs no code that travels \(accept_code='nobody'\)",
+        ):
             driver.run(place(1), timeout=30)
 
 
 def test_a_failed_spawn_leaves_no_package_and_a_slow_import_does_not_stall_the_node(app):
     folder, Echo = app
-    (folder / "slow_app.py").write_text("import time\nimport lattica\ntime.sleep(2)\n\n@lattica.actor\nclass Slow:\n    def ok(self):\n        return 1\n")
+    (folder / "slow_app.py").write_text(
+        "import time\nimport lattica\ntime.sleep(2)\n\n@lattica.actor\nclass Slow:\n    def ok(self):\n        return 1\n"
+    )
     key = MeshKey.generate()
     with lattica.Node([TCP], mesh=key, code=[str(folder)]) as driver, lattica.Node([TCP], mesh=key) as target:
         connected(target, driver)
@@ -218,7 +241,15 @@ def test_a_failed_spawn_leaves_no_package_and_a_slow_import_does_not_stall_the_n
             import asyncio
             import time
 
-            spawn = asyncio.ensure_future(driver.host.runtime.call(spawner_ref(target.peer_id), "spawn", ("slow_app.Slow", [], None, "slow", {"code": ticket}), {}, timeout=30))
+            spawn = asyncio.ensure_future(
+                driver.host.runtime.call(
+                    spawner_ref(target.peer_id),
+                    "spawn",
+                    ("slow_app.Slow", [], None, "slow", {"code": ticket}),
+                    {},
+                    timeout=30,
+                )
+            )
             await asyncio.sleep(0.5)  # the import sleeps 2 s on the target
             t0 = time.monotonic()
             names = await driver.host.runtime.call(spawner_ref(target.peer_id), "names", (), {}, timeout=5)
@@ -227,22 +258,34 @@ def test_a_failed_spawn_leaves_no_package_and_a_slow_import_does_not_stall_the_n
             return answered, names
 
         answered, names = driver.run(spawn_slow_while_pinging(), timeout=30)
-        assert answered < 1.5, f"the target's loop stalled {answered:.2f} s during an import (a stalled one answers after it, >= 1.5 s)"
+        assert answered < 1.5, (
+            f"the target's loop stalled {answered:.2f} s during an import (a stalled one answers after it, >= 1.5 s)"
+        )
 
 
 def test_one_caller_cannot_hold_the_spawner_with_spawns_that_wait_on_a_fetch(app):
     folder, Echo = app
     key = MeshKey.generate()
-    with lattica.Node([TCP], mesh=key, code=[str(folder)]) as driver, \
-         lattica.Node([TCP], mesh=key, content=ContentConfig(find_timeout=3.0, block_timeout=1.0)) as target:
+    with (
+        lattica.Node([TCP], mesh=key, code=[str(folder)]) as driver,
+        lattica.Node([TCP], mesh=key, content=ContentConfig(find_timeout=3.0, block_timeout=1.0)) as target,
+    ):
         connected(target, driver)
         stale = Ticket.issue(str(Cid.of(b"a package nobody holds")), driver.keypair, driver.trust.presented).to_wire()
 
         async def flood():
             import asyncio
 
-            calls = [driver.host.runtime.call(spawner_ref(target.peer_id), "spawn", ("shipped_app.Echo", [], None, f"e{i}", {"code": stale}), {}, timeout=30)
-                     for i in range(40)]
+            calls = [
+                driver.host.runtime.call(
+                    spawner_ref(target.peer_id),
+                    "spawn",
+                    ("shipped_app.Echo", [], None, f"e{i}", {"code": stale}),
+                    {},
+                    timeout=30,
+                )
+                for i in range(40)
+            ]
             await asyncio.sleep(0.3)
             names = await driver.host.runtime.call(spawner_ref(target.peer_id), "names", (), {}, timeout=2)
             return names, await asyncio.gather(*calls, return_exceptions=True)
@@ -256,19 +299,28 @@ def test_one_caller_cannot_hold_the_spawner_with_spawns_that_wait_on_a_fetch(app
 def test_get_if_exists_returns_only_an_actor_of_the_same_class(app):
     folder, Echo = app
     key = MeshKey.generate()
-    with lattica.Node([TCP], mesh=key, code=[str(folder)], allow=["lattica.*"]) as driver, lattica.Node([TCP], mesh=key) as target:
+    with (
+        lattica.Node([TCP], mesh=key, code=[str(folder)], allow=["lattica.*"]) as driver,
+        lattica.Node([TCP], mesh=key) as target,
+    ):
         connected(target, driver)
         first = driver.run(_remote(Echo.options(node=target.peer_id, name="shared", get_if_exists=True)), timeout=20)
         again = driver.run(_remote(Echo.options(node=target.peer_id, name="shared", get_if_exists=True)), timeout=20)
         assert again.name == first.name and call_as(driver, again, "echo", 1) == ("echo", 1)
-        with pytest.raises(SpawnError, match="'shared' on .* is a shipped_app.Echo, not a lattica.supervisor.Supervisor"):
-            driver.run(_remote(lattica.Supervisor.options(node=target.peer_id, name="shared", get_if_exists=True)), timeout=20)
+        with pytest.raises(
+            SpawnError, match="'shared' on .* is a shipped_app.Echo, not a lattica.supervisor.Supervisor"
+        ):
+            driver.run(
+                _remote(lattica.Supervisor.options(node=target.peer_id, name="shared", get_if_exists=True)), timeout=20
+            )
 
 
 def test_a_spawn_that_fails_does_not_unload_the_package_under_another_in_progress(app):
     folder, Echo = app
-    (folder / "lazy_app.py").write_text("import time\nimport lattica\ntime.sleep(1)\n\n@lattica.actor\nclass Lazy:\n"
-                                        "    def later(self):\n        import shipped_app\n        return shipped_app.__name__\n")
+    (folder / "lazy_app.py").write_text(
+        "import time\nimport lattica\ntime.sleep(1)\n\n@lattica.actor\nclass Lazy:\n"
+        "    def later(self):\n        import shipped_app\n        return shipped_app.__name__\n"
+    )
     key = MeshKey.generate()
     with lattica.Node([TCP], mesh=key, code=[str(folder)]) as driver, lattica.Node([TCP], mesh=key) as target:
         connected(target, driver)
@@ -278,10 +330,26 @@ def test_a_spawn_that_fails_does_not_unload_the_package_under_another_in_progres
             import asyncio
 
             call = driver.host.runtime.call
-            slow = asyncio.ensure_future(call(spawner_ref(target.peer_id), "spawn", ("lazy_app.Lazy", [], None, "lazy", {"code": ticket}), {}, timeout=30))
+            slow = asyncio.ensure_future(
+                call(
+                    spawner_ref(target.peer_id),
+                    "spawn",
+                    ("lazy_app.Lazy", [], None, "lazy", {"code": ticket}),
+                    {},
+                    timeout=30,
+                )
+            )
             await asyncio.sleep(0.3)  # its import is under way
-            failed = await asyncio.gather(call(spawner_ref(target.peer_id), "spawn", ("shipped_app.Missing", [], None, "m", {"code": ticket}), {}, timeout=30),
-                                          return_exceptions=True)
+            failed = await asyncio.gather(
+                call(
+                    spawner_ref(target.peer_id),
+                    "spawn",
+                    ("shipped_app.Missing", [], None, "m", {"code": ticket}),
+                    {},
+                    timeout=30,
+                ),
+                return_exceptions=True,
+            )
             return await slow, failed[0]
 
         ref, failed = driver.run(both(), timeout=30)

@@ -30,7 +30,7 @@ async def _closed_within(reader, timeout):
                 return time.monotonic() - t0
     except (ConnectionResetError, BrokenPipeError):
         return time.monotonic() - t0
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return None
 
 
@@ -139,18 +139,25 @@ def test_throwaway_identities_cannot_lock_members_out_when_full():
 def test_an_idle_stranger_is_evicted_for_a_newcomer_a_member_never_is():
     a, b = MeshKey.generate(), MeshKey.generate()
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=a, max_connections=2, membership=False) as node:
-        with lattica.Node([], mesh=a, membership=False) as member, lattica.Node([], mesh=b, membership=False) as stranger:
+        with (
+            lattica.Node([], mesh=a, membership=False) as member,
+            lattica.Node([], mesh=b, membership=False) as stranger,
+        ):
             member.connect(node.addrs[0])
             stranger.connect(node.addrs[0])
             assert wait_for(lambda: {p.circle for p in node.peers()} == {"member", "stranger"})
             with lattica.Node([], mesh=a, membership=False) as newcomer:
                 newcomer.connect(node.addrs[0])
-                assert wait_for(lambda: {p.peer_id for p in node.peers()} == {member.peer_id, newcomer.peer_id}), node.peers()
+                assert wait_for(lambda: {p.peer_id for p in node.peers()} == {member.peer_id, newcomer.peer_id}), (
+                    node.peers()
+                )
             # full of members: a stranger is refused rather than evicting one
             with lattica.Node([], mesh=a, membership=False) as second:
                 second.connect(node.addrs[0])
                 # (second's connect returns as its handshake ends: node adopts it a moment later)
-                assert wait_for(lambda: {p.peer_id for p in node.peers()} == {member.peer_id, second.peer_id}), node.peers()
+                assert wait_for(lambda: {p.peer_id for p in node.peers()} == {member.peer_id, second.peer_id}), (
+                    node.peers()
+                )
                 with lattica.Node([], mesh=b, membership=False) as other:
                     with pytest.raises(LatticaError):
                         other.connect(node.addrs[0], timeout=3)
@@ -162,24 +169,31 @@ def test_a_stranger_holding_a_stream_open_is_still_evicted_for_a_newcomer():
     from helpers import call_as, spawn_local
 
     a, b = MeshKey.generate(), MeshKey.generate()
-    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=a, max_connections=2, membership=False, allow=["sample_actors.*"]) as node:
+    with lattica.Node(
+        ["/ip4/127.0.0.1/tcp/0"], mesh=a, max_connections=2, membership=False, allow=["sample_actors.*"]
+    ) as node:
         shop = spawn_local(node, sa.Shop, name="shop")  # open to strangers
-        with lattica.Node([], mesh=a, membership=False) as member, lattica.Node([], mesh=b, membership=False) as stranger:
+        with (
+            lattica.Node([], mesh=a, membership=False) as member,
+            lattica.Node([], mesh=b, membership=False) as stranger,
+        ):
             member.connect(node.addrs[0])
             stranger.connect(node.addrs[0])
             call_as(stranger, shop, "browse")  # its call channel (a stream) stays open
             assert wait_for(lambda: any(c.num_streams for c in node._host.conns_of.get(stranger.peer_id, ())))
             with lattica.Node([], mesh=a, membership=False) as newcomer:
                 newcomer.connect(node.addrs[0])
-                assert wait_for(lambda: {p.peer_id for p in node.peers()} == {member.peer_id, newcomer.peer_id}), node.peers()
+                assert wait_for(lambda: {p.peer_id for p in node.peers()} == {member.peer_id, newcomer.peer_id}), (
+                    node.peers()
+                )
 
 
 def test_a_stranger_holding_a_relay_reservation_is_still_evicted_for_a_member():
     """A reservation protects an idle connection from the idle timer, not a stranger's place from
     a member: with the table full of strangers that hold reservations, a member gets in (the
     least recently active stranger goes, and its reservation with it)."""
-    from lattica.runtime import relay_ref
     from helpers import call_as
+    from lattica.runtime import relay_ref
 
     a, b = MeshKey.generate(), MeshKey.generate()
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=a, max_connections=2, membership=False, relay=True) as node:
@@ -486,7 +500,11 @@ def test_opens_sent_with_the_handshake_are_metered_and_closed_connections_leave_
         rate, burst = STRANGERS_OPENS
         assert len(served) <= 12 * FREE_OPENS + burst + rate * took + 12 * 32, (len(served), took)
         assert wait_for(lambda: not cm.all_conns, timeout=10), len(cm.all_conns)
-        assert not cm.conns and not cm._metered and not cm._opened and not cm._opens_refused, (cm.conns, len(cm._metered), len(cm._opened))
+        assert not cm.conns and not cm._metered and not cm._opened and not cm._opens_refused, (
+            cm.conns,
+            len(cm._metered),
+            len(cm._opened),
+        )
 
 
 def test_strangers_streams_left_unread_pin_a_bounded_share_of_memory():
@@ -512,7 +530,7 @@ def test_strangers_streams_left_unread_pin_a_bounded_share_of_memory():
                 for _ in range(256):
                     try:
                         stream = await asyncio.wait_for(s._host.open_stream(victim.peer_id, ping.PROTOCOL), 0.5)
-                    except (LatticaError, asyncio.TimeoutError):
+                    except (TimeoutError, LatticaError):
                         break  # (held: strangers' streams are all taken)
                     stream.write(blob)  # (never read: the echoes wait, the window fills)
                     opened += 1
@@ -557,9 +575,13 @@ def test_quic_strangers_unread_bytes_pin_a_narrow_connection_window():
     def held(conn) -> int:
         return 0 if conn is None else conn._quic.rx_unread + conn._quic.held_out_of_order()
 
-    with lattica.Node(["/ip4/127.0.0.1/udp/0/quic-v1"], mesh=key) as victim, \
-            lattica.Node(["/ip4/127.0.0.1/udp/0/quic-v1"], mesh=key) as member, \
-            lattica.Node(["/ip4/127.0.0.1/udp/0/quic-v1"], mesh=MeshKey.generate(), pubsub=False, membership=False) as stranger:
+    with (
+        lattica.Node(["/ip4/127.0.0.1/udp/0/quic-v1"], mesh=key) as victim,
+        lattica.Node(["/ip4/127.0.0.1/udp/0/quic-v1"], mesh=key) as member,
+        lattica.Node(
+            ["/ip4/127.0.0.1/udp/0/quic-v1"], mesh=MeshKey.generate(), pubsub=False, membership=False
+        ) as stranger,
+    ):
         cm = victim._host.connections
         for peer in (member, stranger):
             peer.connect(victim.addrs[0])
@@ -597,8 +619,10 @@ def test_a_quic_member_identifies_while_strangers_hold_all_their_streams(monkeyp
                 held = []
                 for _ in range(16):
                     try:
-                        held.append(await asyncio.wait_for(stranger._host.open_stream(victim.peer_id, ping.PROTOCOL), 0.5))
-                    except (LatticaError, asyncio.TimeoutError):
+                        held.append(
+                            await asyncio.wait_for(stranger._host.open_stream(victim.peer_id, ping.PROTOCOL), 0.5)
+                        )
+                    except (TimeoutError, LatticaError):
                         break  # (held: strangers' streams are all taken)
                 return held
 
@@ -621,9 +645,16 @@ def test_quic_streams_a_stranger_ends_at_once_still_hold_its_narrow_window():
     from lattica import ping
     from lattica.transports.quic.wire import NARROW_WINDOW
 
-    with lattica.Node(["/ip4/127.0.0.1/udp/0/quic-v1"], mesh=MeshKey.generate(), content=False) as victim, \
-            lattica.Node(["/ip4/127.0.0.1/udp/0/quic-v1"], mesh=MeshKey.generate(), pubsub=False, membership=False, content=False) as s:
-        victim._host._strangers_pings.share._bucket._state[None] = [-1e9, time.monotonic()]  # (strangers spent the ping share)
+    with (
+        lattica.Node(["/ip4/127.0.0.1/udp/0/quic-v1"], mesh=MeshKey.generate(), content=False) as victim,
+        lattica.Node(
+            ["/ip4/127.0.0.1/udp/0/quic-v1"], mesh=MeshKey.generate(), pubsub=False, membership=False, content=False
+        ) as s,
+    ):
+        victim._host._strangers_pings.share._bucket._state[None] = [
+            -1e9,
+            time.monotonic(),
+        ]  # (strangers spent the ping share)
         s.connect(victim.addrs[0])
         cm = victim._host.connections
         assert wait_for(lambda: any(c.remote_peer == s.peer_id for c in list(cm.all_conns)))
@@ -676,8 +707,10 @@ def test_streams_a_node_opens_to_strangers_leave_their_share_alone(monkeypatch):
     from lattica.host import connections
 
     monkeypatch.setattr(connections, "STRANGERS_STREAMS", 8)
-    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=MeshKey.generate()) as victim, \
-            lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=MeshKey.generate(), pubsub=False, membership=False) as stranger:
+    with (
+        lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=MeshKey.generate()) as victim,
+        lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=MeshKey.generate(), pubsub=False, membership=False) as stranger,
+    ):
         stranger.connect(victim.addrs[0])
 
         async def ours() -> list:
@@ -687,7 +720,9 @@ def test_streams_a_node_opens_to_strangers_leave_their_share_alone(monkeypatch):
         assert len(held) == 12 and victim._host.connections._strangers_room() > 0
 
         async def theirs() -> int:
-            got = [await asyncio.wait_for(stranger._host.open_stream(victim.peer_id, ping.PROTOCOL), 2.0) for _ in range(4)]
+            got = [
+                await asyncio.wait_for(stranger._host.open_stream(victim.peer_id, ping.PROTOCOL), 2.0) for _ in range(4)
+            ]
             return len(got)
 
         assert stranger.run(theirs(), 10) == 4

@@ -60,7 +60,9 @@ def test_announcements_from_a_peer_the_fetch_did_not_choose_are_ignored():
                 seen.append(1)
                 fetch = next(iter(svc._fetches.values()))
                 blocks = [c.bytes for c in pub._host.services["content"].store]
-                me._host.loop.call_soon(svc.heard_haves, liar.peer_id, Cid.parse(cid), [Cid.from_bytes(b) for b in blocks], [])
+                me._host.loop.call_soon(
+                    svc.heard_haves, liar.peer_id, Cid.parse(cid), [Cid.from_bytes(b) for b in blocks], []
+                )
                 seen.append(fetch)
 
         assert lattica.content.get(cid, node=me, progress=progress).result(30) == data
@@ -72,15 +74,28 @@ def _hdr(h, data=b""):
     return struct.pack("<Q", len(b)) + b + data
 
 
-@pytest.mark.parametrize("blob", [
-    _hdr({"x": {"dtype": "F32", "shape": [10**4000], "data_offsets": [0, 4]}}, bytes(4)),  # a quadratic-time product
-    _hdr({"x": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, bytes(4)),
-    _hdr({"x": {"dtype": "F32", "shape": [0, 2**62, 2**62], "data_offsets": [0, 0]}}),
-    _hdr({"x": {"dtype": "F32", "shape": [1] * 9, "data_offsets": [0, 4]}}, bytes(4)),
-    _hdr({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(4)),  # runs past the file
-    _hdr({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "y": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}}, bytes(8)),
-    b"", b"\x00" * 7, struct.pack("<Q", 10**12),
-])
+@pytest.mark.parametrize(
+    "blob",
+    [
+        _hdr(
+            {"x": {"dtype": "F32", "shape": [10**4000], "data_offsets": [0, 4]}}, bytes(4)
+        ),  # a quadratic-time product
+        _hdr({"x": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, bytes(4)),
+        _hdr({"x": {"dtype": "F32", "shape": [0, 2**62, 2**62], "data_offsets": [0, 0]}}),
+        _hdr({"x": {"dtype": "F32", "shape": [1] * 9, "data_offsets": [0, 4]}}, bytes(4)),
+        _hdr({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(4)),  # runs past the file
+        _hdr(
+            {
+                "x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                "y": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]},
+            },
+            bytes(8),
+        ),
+        b"",
+        b"\x00" * 7,
+        struct.pack("<Q", 10**12),
+    ],
+)
 def test_hostile_safetensors_headers_are_bad_blocks(blob):
     with pytest.raises(BadBlock):
         weights.decode(blob)
@@ -126,7 +141,9 @@ def test_a_dag_repeating_one_subtree_is_refused_past_the_place_limit(monkeypatch
             store.put(cid, block)
         with pytest.raises(BadBlock, match="places"):
             lattica.content.get(root, node=me, path=os.devnull).result(30)
-        deadline = time.monotonic() + 5  # (the failed fetch ends its tasks, then leaves the table: a moment after the error)
+        deadline = (
+            time.monotonic() + 5
+        )  # (the failed fetch ends its tasks, then leaves the table: a moment after the error)
         while me._host.services["content"]._fetches and time.monotonic() < deadline:
             time.sleep(0.02)
         assert not me._host.services["content"]._fetches
@@ -167,7 +184,10 @@ def test_a_peer_that_does_not_read_its_answers_is_served_no_further():
             conn = greedy._host.conns[pub.peer_id]
             conn._writer.pause_reading()  # the kernel's buffers fill, then the provider's
             rt = greedy._host.runtime
-            calls = [asyncio.ensure_future(rt.call(content_ref(pub.peer_id), "blocks", (leaves,), {}, timeout=30)) for _ in range(64)]
+            calls = [
+                asyncio.ensure_future(rt.call(content_ref(pub.peer_id), "blocks", (leaves,), {}, timeout=30))
+                for _ in range(64)
+            ]
             await asyncio.sleep(4)
             for c in calls:
                 c.cancel()
@@ -175,7 +195,9 @@ def test_a_peer_that_does_not_read_its_answers_is_served_no_further():
 
         greedy.run(flood(), timeout=30)
         limit = 2 * svc.cfg.max_request_bytes + svc.cfg.serve_per_peer * svc.cfg.max_request_bytes
-        assert svc.served_bytes <= limit + (16 << 20), f"served {svc.served_bytes >> 20} MiB to a peer that reads nothing"
+        assert svc.served_bytes <= limit + (16 << 20), (
+            f"served {svc.served_bytes >> 20} MiB to a peer that reads nothing"
+        )
         assert lattica.content.get(cid, node=honest).result(30) == data
 
 
@@ -193,7 +215,9 @@ def test_made_up_roots_cannot_push_a_real_swarm_out():
         async def flood():
             rt = stranger._host.runtime
             for _ in range(20):
-                await asyncio.gather(*(rt.call(ref, "swarm", (Cid.of(os.urandom(8), 0x55).bytes,), {}, timeout=10) for _ in range(100)))
+                await asyncio.gather(
+                    *(rt.call(ref, "swarm", (Cid.of(os.urandom(8), 0x55).bytes,), {}, timeout=10) for _ in range(100))
+                )
 
         stranger.run(flood(), timeout=60)
         assert list(svc._swarms) == [Cid.parse(cid)]

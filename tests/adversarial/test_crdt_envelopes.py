@@ -14,7 +14,7 @@ import pycrdt
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "unit"))
 from test_crdt_replica import DOC, Writer, apply  # noqa: E402
 
-from lattica.crdt.envelope import Acl, Envelope, GENESIS, doc_id, sign_acl  # noqa: E402
+from lattica.crdt.envelope import GENESIS, Acl, Envelope, doc_id, sign_acl  # noqa: E402
 from lattica.crdt.replica import ReplicaState  # noqa: E402
 from lattica.errors import MalformedUpdate  # noqa: E402
 
@@ -54,7 +54,9 @@ def test_every_tampered_envelope_is_refused():
         refused += 1
         apply(ydoc, out)
         assert ydoc.get("m", type=pycrdt.Map).to_py() == {"x": 2.0}
-    print(f"\ntampered envelopes: {tried} decoded, {refused} refused, {same} the same envelope, {undecodable} not envelopes")
+    print(
+        f"\ntampered envelopes: {tried} decoded, {refused} refused, {same} the same envelope, {undecodable} not envelopes"
+    )
     assert tried > 500 and refused == tried - same  # every one that decoded and changed: refused
     assert want == {"x": 2.0, "y": "target"}
 
@@ -65,9 +67,14 @@ def test_unauthorized_writers_and_acls_are_refused_in_any_order():
     for w in (owner, writer, outsider):
         w.__init__(w.keys, doc)
     acl1 = sign_acl(owner.keys, doc, 1, GENESIS, Acl(frozenset({writer.author})))
-    envs = [acl1, writer.set("ok", 1), outsider.set("bad", 1), outsider.set("bad2", 2),
-            sign_acl(outsider.keys, doc, 2, acl1.id, Acl(frozenset({outsider.author}))),
-            sign_acl(outsider.keys, doc, 1, GENESIS, Acl(frozenset({outsider.author})))]
+    envs = [
+        acl1,
+        writer.set("ok", 1),
+        outsider.set("bad", 1),
+        outsider.set("bad2", 2),
+        sign_acl(outsider.keys, doc, 2, acl1.id, Acl(frozenset({outsider.author}))),
+        sign_acl(outsider.keys, doc, 1, GENESIS, Acl(frozenset({outsider.author}))),
+    ]
     for seed in range(10):
         order = envs[:]
         random.Random(seed).shuffle(order)

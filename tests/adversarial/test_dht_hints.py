@@ -52,7 +52,7 @@ class Victim:
             for s in self.socks:
                 try:
                     c, _ = s.accept()
-                except (socket.timeout, OSError):
+                except (TimeoutError, OSError):
                     continue
                 self.accepted += 1
                 self.held.append(c)
@@ -72,8 +72,10 @@ def test_a_strangers_lookup_answers_cannot_aim_an_honest_nodes_dials():
     fakes = [[lattica.KeyPair.generate().peer_id, [lattica.Multiaddr(a) for a in victim.addrs]] for _ in range(40)]
     listen = [f"/ip4/{ip}/tcp/0"]
     try:
-        with lattica.Node(listen, mesh=MeshKey.generate(), membership=False) as evil, \
-                lattica.Node(listen, mesh=MeshKey.generate(), membership=False) as honest:
+        with (
+            lattica.Node(listen, mesh=MeshKey.generate(), membership=False) as evil,
+            lattica.Node(listen, mesh=MeshKey.generate(), membership=False) as honest,
+        ):
 
             async def closer(target):  # every answer: 40 made-up peers, all at the victim
                 return fakes

@@ -8,10 +8,9 @@ from __future__ import annotations
 import pytest
 
 import lattica
+import sample_actors as sa
 from lattica.errors import LatticaError
 from lattica.trust import MeshKey
-
-import sample_actors as sa
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -22,7 +21,10 @@ def test_junk_subkeys_from_a_stranger_cannot_hide_a_members_name():
     key = MeshKey.generate()
     lattica.shutdown()
     try:
-        with lattica.Node([TCP], mesh=key, allow=["sample_actors.*"]) as a, lattica.Node([TCP], mesh=MeshKey.generate()) as stranger:
+        with (
+            lattica.Node([TCP], mesh=key, allow=["sample_actors.*"]) as a,
+            lattica.Node([TCP], mesh=MeshKey.generate()) as stranger,
+        ):
             b = lattica.init(mesh=key)
             b.connect(a.addrs[0])
             stranger.connect(a.addrs[0])
@@ -34,7 +36,10 @@ def test_junk_subkeys_from_a_stranger_cannot_hide_a_members_name():
             stranger._host.runtime.actors["dht"].bound["store"] = drop
             for n in (a, b, stranger):
                 lattica.dht.bootstrap(node=n).result(10)
-            puts = [lattica.dht.put("lattica/actor/bank", b"junk", subkey=f"junk-{i}", ttl=300, node=stranger) for i in range(1100)]
+            puts = [
+                lattica.dht.put("lattica/actor/bank", b"junk", subkey=f"junk-{i}", ttl=300, node=stranger)
+                for i in range(1100)
+            ]
             refused = 0
             for f in puts:
                 try:
@@ -50,7 +55,9 @@ def test_junk_subkeys_from_a_stranger_cannot_hide_a_members_name():
             a.run(name(), timeout=30)
             found = lattica.get_actor("bank", timeout=10)
             assert found.peer_id == a.peer_id and found.get.remote().result(10) == 5
-            assert refused == 1100  # (every member refuses a name's record that its maker did not sign under its own PeerId)
+            assert (
+                refused == 1100
+            )  # (every member refuses a name's record that its maker did not sign under its own PeerId)
     finally:
         lattica.shutdown()
 
@@ -61,16 +68,19 @@ def test_a_holder_full_of_strangers_names_does_not_crowd_out_a_members():
     reading the name merges both: the member's record takes a stranger's place (before: the merge
     stopped at the key's subkey cap and the member's record was dropped: ``ActorNotFound``)."""
     import asyncio
+    import time
 
     from lattica.config import DhtConfig
     from lattica.identity import KeyPair
     from lattica.records import REGISTRY_PREFIX, StoreLimits, encode_subkey, sign_entry
-    import time
 
     small = DhtConfig(limits=StoreLimits(max_subkeys=64))
     key = MeshKey.generate()
     lattica.shutdown()
-    with lattica.Node([TCP], mesh=MeshKey.generate(), dht=small) as foreign, lattica.Node([TCP], mesh=key, dht=small, allow=["sample_actors.*"]) as m:
+    with (
+        lattica.Node([TCP], mesh=MeshKey.generate(), dht=small) as foreign,
+        lattica.Node([TCP], mesh=key, dht=small, allow=["sample_actors.*"]) as m,
+    ):
         name = REGISTRY_PREFIX + b"bank"
         store = foreign._host.services["dht"].store
         for i in range(64):
@@ -111,9 +121,11 @@ def test_an_invited_member_cannot_squat_an_administrators_name():
     key = MeshKey.generate()
     km = KeyPair.generate()
     lattica.shutdown()
-    with lattica.Node([TCP], mesh=key, allow=["sample_actors.*"]) as admin, \
-            lattica.Node([TCP], keypair=km, mesh=key.issue(km.peer_id), allow=["sample_actors.*"]) as member, \
-            lattica.Node([TCP], mesh=key) as reader:
+    with (
+        lattica.Node([TCP], mesh=key, allow=["sample_actors.*"]) as admin,
+        lattica.Node([TCP], keypair=km, mesh=key.issue(km.peer_id), allow=["sample_actors.*"]) as member,
+        lattica.Node([TCP], mesh=key) as reader,
+    ):
         for n in (member, reader):
             n.connect(admin.addrs[0])
         for n in (admin, member, reader):

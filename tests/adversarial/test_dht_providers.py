@@ -57,7 +57,10 @@ def test_providers_registered_first_by_strangers_do_not_hide_a_topics_members():
 def test_a_holder_outside_the_mesh_cannot_vouch_for_its_friends():
     """A holder of another mesh answers with its own friends ranked as members: an asker of
     our mesh does not take its word (the ranking is ours, or a member holder's)."""
-    with lattica.Node([TCP], mesh=MeshKey.generate(), pubsub=False) as foreign, lattica.Node([TCP], mesh=MeshKey.generate(), pubsub=False) as b:
+    with (
+        lattica.Node([TCP], mesh=MeshKey.generate(), pubsub=False) as foreign,
+        lattica.Node([TCP], mesh=MeshKey.generate(), pubsub=False) as b,
+    ):
         favourites: list = []
         foreign._host.services["dht"].store._member = lambda p: p in favourites  # it calls two of them members
 
@@ -89,7 +92,13 @@ def test_many_identities_fill_only_the_strangers_share_of_a_nodes_record_store()
             kept = 0
             for i in range(64):
                 try:
-                    call_as(s, ref, "store", f"junk/{s.peer_id}/{i}".encode(), entry_to_wire(b"", Entry(value, time.time() + 86_000)))
+                    call_as(
+                        s,
+                        ref,
+                        "store",
+                        f"junk/{s.peer_id}/{i}".encode(),
+                        entry_to_wire(b"", Entry(value, time.time() + 86_000)),
+                    )
                     kept += 1
                 except LatticaError:
                     pass
@@ -103,7 +112,9 @@ def test_many_identities_fill_only_the_strangers_share_of_a_nodes_record_store()
         with lattica.Node([TCP], mesh=key) as b:
             b.connect(a.addrs[0])
             for i in range(32):
-                assert call_as(b, ref, "store", f"mine/{i}".encode(), entry_to_wire(b"", Entry(value, time.time() + 3600)))
+                assert call_as(
+                    b, ref, "store", f"mine/{i}".encode(), entry_to_wire(b"", Entry(value, time.time() + 3600))
+                )
 
 
 def test_a_mesh_topics_rendezvous_keeps_only_its_members_provider_records():

@@ -19,13 +19,21 @@ from hypothesis import strategies as st
 
 from lattica.actors.autonat import AutoNatServer
 from lattica.actors.dht.lookups import DhtLookups, Garbage
+from lattica.bench.membership import SimNotary
 from lattica.errors import LatticaError
 from lattica.holepunch import Initiator, Punch, Responder
 from lattica.identity import KeyPair, PeerId
-from lattica.bench.membership import SimNotary
 from lattica.membership import ALIVE, Membership, statement, valid_info
 from lattica.multiaddr import Multiaddr
-from lattica.records import PeerRecord, StoreLimits, check_entry, decode_subkey, entry_from_wire, sign_entry, entry_to_wire
+from lattica.records import (
+    PeerRecord,
+    StoreLimits,
+    check_entry,
+    decode_subkey,
+    entry_from_wire,
+    entry_to_wire,
+    sign_entry,
+)
 from lattica.transports.circuit import check_answer, parse_connect
 from lattica.trust import Certificate, MeshKey, Trust
 
@@ -33,12 +41,29 @@ KP = KeyPair.generate()
 LIMITS = StoreLimits()
 NOW = 1_800_000_000.0
 # 150 examples per parser in the default run, 3,000 with --slow
-FUZZ = settings(max_examples=3000 if os.environ.get("LATTICA_SLOW") == "1" else 150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=3000 if os.environ.get("LATTICA_SLOW") == "1" else 150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
-scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=True) | st.binary(max_size=64) | st.text(max_size=24)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True)
+    | st.binary(max_size=64)
+    | st.text(max_size=24)
+)
 # what msgpack can decode to (maps keyed by scalars; rpc refs and multiaddrs come as ext types
 # that the codec checks before these parsers see them)
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=10) | st.integers(), inner, max_size=6), max_leaves=16)
+values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=10) | st.integers(), inner, max_size=6)
+    ),
+    max_leaves=16,
+)
 
 
 def mutate(valid: object, data: st.DataObject) -> object:
@@ -88,7 +113,11 @@ def test_records_with_one_field_replaced(data):
 
 
 @FUZZ
-@given(st.binary(max_size=80) | st.sampled_from([b"p", b"s\xff", b"i", b"i-", b"i1e9", b"i 1"]) | st.binary(max_size=8).map(lambda b: b"i" + b))
+@given(
+    st.binary(max_size=80)
+    | st.sampled_from([b"p", b"s\xff", b"i", b"i-", b"i1e9", b"i 1"])
+    | st.binary(max_size=8).map(lambda b: b"i" + b)
+)
 def test_subkeys(raw):  # (check_entry has made sure a subkey is bytes)
     try:
         decode_subkey(raw)
@@ -144,16 +173,34 @@ _NOTARY = SimNotary()
 def _gossip(mid: str) -> dict:
     info = {"cpu": 4, "labels": {"zone": "a"}}
     seal = _NOTARY.for_member(mid).seal
-    return {"hb": True, "rumors": [[mid, 3, ALIVE, info, seal(statement(mid, 3, ALIVE, info))]], "view": [[mid, 2, ALIVE, {}, seal(statement(mid, 2, ALIVE, {}))]]}
+    return {
+        "hb": True,
+        "rumors": [[mid, 3, ALIVE, info, seal(statement(mid, 3, ALIVE, info))]],
+        "view": [[mid, 2, ALIVE, {}, seal(statement(mid, 2, ALIVE, {}))]],
+    }
 
 
-rumor = st.one_of(values, st.lists(values, min_size=5, max_size=5), st.tuples(st.text(max_size=8), st.integers(-1, 2**49), st.sampled_from(["alive", "suspect", "dead", "left", "x"]) | values, values, values | st.binary(min_size=64, max_size=64)).map(list))
+rumor = st.one_of(
+    values,
+    st.lists(values, min_size=5, max_size=5),
+    st.tuples(
+        st.text(max_size=8),
+        st.integers(-1, 2**49),
+        st.sampled_from(["alive", "suspect", "dead", "left", "x"]) | values,
+        values,
+        values | st.binary(min_size=64, max_size=64),
+    ).map(list),
+)
 
 
 @FUZZ
 @given(st.data())
 def test_membership_gossip_never_raises_and_keeps_rows_valid(data):
-    shaped = st.dictionaries(st.sampled_from(["hb", "unwatch", "rumors", "view", "other"]), st.one_of(values, st.lists(rumor, max_size=5)), max_size=4)
+    shaped = st.dictionaries(
+        st.sampled_from(["hb", "unwatch", "rumors", "view", "other"]),
+        st.one_of(values, st.lists(rumor, max_size=5)),
+        max_size=4,
+    )
     msg = data.draw(shaped) if data.draw(st.booleans()) else fuzzed(data, _gossip("peer-y"))
     m = Membership("me", {"cpu": 1}, notary=_NOTARY.for_member("me"), rng=random.Random(1))
     m.receive(NOW, "sender", msg)
@@ -166,7 +213,10 @@ def test_a_rumor_whose_info_cannot_be_encoded_is_dropped():
     (made in-process; the wire cannot carry one) made building the statement to check raise."""
     for info in ({"x": 2**70}, {"cpu": 1, "other": [2**65]}, {-(2**63) - 1: None}):
         m = Membership("me", {"cpu": 1}, notary=_NOTARY.for_member("me"), rng=random.Random(1))
-        assert m.receive(NOW, "sender", {"rumors": [["peer", 0, "alive", info, bytes(64)]]}) == [] or "peer" not in m.members
+        assert (
+            m.receive(NOW, "sender", {"rumors": [["peer", 0, "alive", info, bytes(64)]]}) == []
+            or "peer" not in m.members
+        )
 
 
 # -- relay and hole punching ---------------------------------------------------------------------
@@ -193,7 +243,11 @@ def test_relay_answers(data):
 
 
 def _punch_connect(token: bool) -> dict:
-    msg = {"type": "connect", "addrs": ["/ip4/203.0.113.9/udp/5/quic-v1", "/ip4/203.0.113.9/tcp/5"], "nat": "independent"}
+    msg = {
+        "type": "connect",
+        "addrs": ["/ip4/203.0.113.9/udp/5/quic-v1", "/ip4/203.0.113.9/tcp/5"],
+        "nat": "independent",
+    }
     if token:
         msg["token"] = bytes(16)
     return msg
@@ -249,7 +303,7 @@ def test_certificates(data):
         raw = data.draw(st.binary(max_size=200))
     else:  # one bit flipped anywhere in a good certificate
         at, bit = data.draw(st.integers(0, len(GOOD_CERT) - 1)), data.draw(st.integers(0, 7))
-        raw = GOOD_CERT[:at] + bytes([GOOD_CERT[at] ^ (1 << bit)]) + GOOD_CERT[at + 1:]
+        raw = GOOD_CERT[:at] + bytes([GOOD_CERT[at] ^ (1 << bit)]) + GOOD_CERT[at + 1 :]
     verdict = Trust(KeyPair.generate().peer_id, [MESH.public]).judge(KP.peer_id, [raw], NOW)
     assert verdict.circle == "stranger" or raw == GOOD_CERT
     try:
@@ -265,8 +319,26 @@ def _valid_batch() -> list:
     from lattica.actors.pubsub.bundle import Bundle
 
     b = Bundle([b"\xa1x", b"\x01"], [b"c" * 100])
-    return [[["t", True]], [["t", KP.peer_id.to_bytes(), 1_700_000_000_000_000_000, b.wire(), KP.sign(b.signed_bytes("t", KP.peer_id.to_bytes(), 1)), b.certs]],
-            [["t", [b"i" * 30]]], [b"w" * 30], ["t"], [["t", 60]], [b"d" * 30], ["t"], []]
+    return [
+        [["t", True]],
+        [
+            [
+                "t",
+                KP.peer_id.to_bytes(),
+                1_700_000_000_000_000_000,
+                b.wire(),
+                KP.sign(b.signed_bytes("t", KP.peer_id.to_bytes(), 1)),
+                b.certs,
+            ]
+        ],
+        [["t", [b"i" * 30]]],
+        [b"w" * 30],
+        ["t"],
+        [["t", 60]],
+        [b"d" * 30],
+        ["t"],
+        [],
+    ]
 
 
 def _check_batch(rpc) -> None:
@@ -317,9 +389,21 @@ from lattica.crdt.envelope import MAX_ENVELOPE, Acl, Envelope, decode_any  # noq
 from lattica.runtime import spill  # noqa: E402
 from lattica.shards.keys import decode_registration  # noqa: E402
 
-_packable = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=True) | st.binary(max_size=64) | st.text(max_size=24),
-                         lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=10) | st.integers(0, 99), inner, max_size=6), max_leaves=16)
-blobs = st.binary(max_size=300) | st.builds(lambda v: __import__("msgpack").packb(v, use_bin_type=True), _packable)  # (bytes a peer may send)
+_packable = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=True)
+    | st.binary(max_size=64)
+    | st.text(max_size=24),
+    lambda inner: (
+        st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=10) | st.integers(0, 99), inner, max_size=6)
+    ),
+    max_leaves=16,
+)
+blobs = st.binary(max_size=300) | st.builds(
+    lambda v: __import__("msgpack").packb(v, use_bin_type=True), _packable
+)  # (bytes a peer may send)
 
 
 @FUZZ

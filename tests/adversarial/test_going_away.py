@@ -54,7 +54,9 @@ def proto(name: str) -> bytes:
 
 
 def identify_msg(kp, protocols=(), certs=None, listen=()):
-    return identify.build(kp.public_key_protobuf(), "attacker/1", list(listen), Multiaddr("/ip4/127.0.0.1/tcp/1"), list(protocols), certs)
+    return identify.build(
+        kp.public_key_protobuf(), "attacker/1", list(listen), Multiaddr("/ip4/127.0.0.1/tcp/1"), list(protocols), certs
+    )
 
 
 class RawPeer:
@@ -77,7 +79,7 @@ class RawPeer:
             return None
         return b"".join(codec.encode(identify_msg(self.kp, certs=self.certs)))
 
-    async def connect(self, port: int, extra=None) -> "RawPeer":
+    async def connect(self, port: int, extra=None) -> RawPeer:
         """Handshake with the node on ``port``; ``extra(self)`` may return plaintext mux bytes to
         send in the same segment as the handshake's last message (racing it)."""
         self.closed = asyncio.Event()
@@ -162,7 +164,7 @@ class RawListener:
         self.peers: list[RawPeer] = []
         self.accepted = 0
 
-    async def start(self) -> "RawListener":
+    async def start(self) -> RawListener:
         self.server = await asyncio.start_server(self._conn, "127.0.0.1", 0)
         self.port = self.server.sockets[0].getsockname()[1]
         return self
@@ -234,8 +236,13 @@ def table(node) -> dict:
     def read():
         c = node._host.connections
         return {
-            "all": len(c.all_conns), "away": len(c.away_since), "conns": len(c.conns), "conns_of": len(c.conns_of),
-            "info": len(c.info), "identified": len(c.identified), "idle": len(c.idle_since),
+            "all": len(c.all_conns),
+            "away": len(c.away_since),
+            "conns": len(c.conns),
+            "conns_of": len(c.conns_of),
+            "info": len(c.info),
+            "identified": len(c.identified),
+            "idle": len(c.idle_since),
         }
 
     return on_loop(node, read)
@@ -545,7 +552,7 @@ def test_quic_streams_beyond_the_peers_own_goaway_count_are_refused():
                 s.write(proto(PING) + b"x" * 32)
                 try:
                     return await asyncio.wait_for(s.readexactly(32), 2)
-                except (LatticaError, asyncio.TimeoutError):
+                except (TimeoutError, LatticaError):
                     return None
             finally:
                 await tr.close()
@@ -595,8 +602,10 @@ def test_calling_a_peer_that_answers_every_connection_with_goaway_fails_boundedl
 
 def test_strangers_going_away_do_not_stop_the_node_dialing_a_member():
     key = MeshKey.generate()
-    with lattica.Node([TCP], membership=False, mesh=key, max_connections=5) as node, \
-            lattica.Node([TCP], membership=False, mesh=key) as member:
+    with (
+        lattica.Node([TCP], membership=False, mesh=key, max_connections=5) as node,
+        lattica.Node([TCP], membership=False, mesh=key) as member,
+    ):
 
         async def main():
             peers = []
@@ -641,7 +650,9 @@ def test_credit_with_a_reset_on_a_stream_the_node_has_data_waiting_on_resets_onl
 
         async def main():
             p = RawPeer()
-            p.mux = Mux(True, MuxConfig(window=PROTOCOL_WINDOW, max_window=PROTOCOL_WINDOW))  # (we grant yamux's 256 KiB, never more)
+            p.mux = Mux(
+                True, MuxConfig(window=PROTOCOL_WINDOW, max_window=PROTOCOL_WINDOW)
+            )  # (we grant yamux's 256 KiB, never more)
             await p.connect(port_of(node))
             sid = p.open_stream(PING, b"\x01" * 32 * 4_000)
             await asyncio.sleep(0.2)  # (the node read the first pings and returned their credit)

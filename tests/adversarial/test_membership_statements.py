@@ -35,16 +35,31 @@ def _view(node):
 
 def test_rows_a_member_never_signed_move_nothing():
     mesh, other = MeshKey.generate(), MeshKey.generate()
-    with lattica.Node([TCP], mesh=mesh) as host, lattica.Node([TCP], mesh=mesh) as honest, lattica.Node([TCP], mesh=mesh) as liar, \
-            lattica.Node([TCP], mesh=mesh) as far, lattica.Node([], mesh=other) as outsider:
+    with (
+        lattica.Node([TCP], mesh=mesh) as host,
+        lattica.Node([TCP], mesh=mesh) as honest,
+        lattica.Node([TCP], mesh=mesh) as liar,
+        lattica.Node([TCP], mesh=mesh) as far,
+        lattica.Node([], mesh=other) as outsider,
+    ):
         honest.connect(host.addrs[0])
         liar.connect(host.addrs[0])
         far.connect(host.addrs[0])  # far never talks to honest: it knows it only from others' gossip
         hid = str(honest.peer_id)
-        assert wait_for(lambda: _view(host).get(hid, {}).get("cpu") is not None, timeout=10)  # its own statement arrived
-        assert wait_for(lambda: _view(far).get(hid, {}).get("state") == "alive", timeout=10)  # ...and, passed on, is believed
+        assert wait_for(
+            lambda: _view(host).get(hid, {}).get("cpu") is not None, timeout=10
+        )  # its own statement arrived
+        assert wait_for(
+            lambda: _view(far).get(hid, {}).get("state") == "alive", timeout=10
+        )  # ...and, passed on, is believed
         core = honest._host.membership.core
-        old = [hid, core.me.incarnation, ALIVE, dict(core.me.info), core.me.proof]  # a genuine statement, kept for a replay
+        old = [
+            hid,
+            core.me.incarnation,
+            ALIVE,
+            dict(core.me.info),
+            core.me.proof,
+        ]  # a genuine statement, kept for a replay
         honest._host.membership.load_changed()  # (a newer statement: its incarnation rises)
         honest.run(_bump(honest), timeout=5)
         assert wait_for(lambda: _view(host)[hid]["incarnation"] > old[1], timeout=10)
@@ -52,7 +67,9 @@ def test_rows_a_member_never_signed_move_nothing():
         inc = before["incarnation"]
         gossip = membership_ref(host.peer_id)
         forged = [
-            _row(liar, hid, inc + 5, ALIVE, {"cpu": 1e6, "memory": 1 << 44, "gpus": 64}, seal_as=liar),  # signed, by the wrong key
+            _row(
+                liar, hid, inc + 5, ALIVE, {"cpu": 1e6, "memory": 1 << 44, "gpus": 64}, seal_as=liar
+            ),  # signed, by the wrong key
             [hid, inc + 5, ALIVE, {"cpu": 1e6}, None],  # not signed at all
             _row(liar, hid, inc, LEFT, {}, seal_as=liar),  # a goodbye it never said
             [hid, inc + 1, LEFT, {}, old[4]],  # its real signature, on other words
@@ -84,7 +101,11 @@ def test_hearsay_verdicts_huge_incarnations_fake_members_and_bad_resources_move_
     live member (to a third node, and to the victim itself), a rumor with incarnation 2**64-1,
     4,096 made-up members in one message, and its own statement with ``cpu="lots"``."""
     mesh = MeshKey.generate()
-    with lattica.Node([TCP], mesh=mesh) as host, lattica.Node([TCP], mesh=mesh) as honest, lattica.Node([TCP], mesh=mesh) as liar:
+    with (
+        lattica.Node([TCP], mesh=mesh) as host,
+        lattica.Node([TCP], mesh=mesh) as honest,
+        lattica.Node([TCP], mesh=mesh) as liar,
+    ):
         honest.connect(host.addrs[0])
         liar.connect(host.addrs[0])
         liar.connect(honest.addrs[0])
@@ -93,7 +114,9 @@ def test_hearsay_verdicts_huge_incarnations_fake_members_and_bad_resources_move_
         inc = _view(host)[hid]["incarnation"]
         dead = [hid, inc, "dead", {}, None]
         call_as(liar, membership_ref(host.peer_id), "gossip", {"rumors": [dead]})  # to a third node
-        call_as(liar, membership_ref(honest.peer_id), "gossip", {"rumors": [[hid, inc, "dead", {}, None]]})  # to the victim
+        call_as(
+            liar, membership_ref(honest.peer_id), "gossip", {"rumors": [[hid, inc, "dead", {}, None]]}
+        )  # to the victim
         huge = [hid, 2**64 - 1, "dead", {}, None]
         call_as(liar, membership_ref(host.peer_id), "gossip", {"rumors": [huge], "view": [huge]})
         fakes = [[str(lattica.KeyPair.generate().peer_id), 0, ALIVE, {"cpu": 1e6}, None] for _ in range(4096)]
@@ -105,7 +128,9 @@ def test_hearsay_verdicts_huge_incarnations_fake_members_and_bad_resources_move_
         time.sleep(1.0)  # a few gossip rounds
         view = _view(host)
         # (the victim may refute what it heard of itself: a newer incarnation, still alive)
-        assert view[hid]["state"] == "alive" and inc <= view[hid]["incarnation"] < 2**48, "one member's word kills nobody"
+        assert view[hid]["state"] == "alive" and inc <= view[hid]["incarnation"] < 2**48, (
+            "one member's word kills nobody"
+        )
         assert honest._host.membership.core.me.state == ALIVE, "the victim did not take the liar's word for its death"
         assert len(view) <= 3, f"made-up members entered the view: {len(view)} rows"
         assert view[lid].get("cpu") != "lots" and host.nodes()  # the bad row was skipped; placement's view still reads

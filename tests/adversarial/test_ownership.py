@@ -27,10 +27,12 @@ def mesh_of_four():
     """``host`` and ``admin`` hold the mesh key; ``alice`` and ``bob`` were invited (members)."""
     key = MeshKey.generate()
     ka, kb = lattica.KeyPair.generate(), lattica.KeyPair.generate()
-    with lattica.Node([TCP], mesh=key, allow=["sample_actors.*"]) as host, \
-            lattica.Node([], mesh=key) as admin, \
-            lattica.Node([], keypair=ka, mesh=key.issue(ka.peer_id)) as alice, \
-            lattica.Node([], keypair=kb, mesh=key.issue(kb.peer_id)) as bob:
+    with (
+        lattica.Node([TCP], mesh=key, allow=["sample_actors.*"]) as host,
+        lattica.Node([], mesh=key) as admin,
+        lattica.Node([], keypair=ka, mesh=key.issue(ka.peer_id)) as alice,
+        lattica.Node([], keypair=kb, mesh=key.issue(kb.peer_id)) as bob,
+    ):
         for n in (admin, alice, bob):
             n.connect(host.addrs[0])
         assert wait_for(lambda: len([p for p in host.peers() if p.circle == "member"]) == 3)
@@ -99,7 +101,9 @@ def test_only_whoever_controls_a_supervisor_may_change_its_children(mesh_of_four
         call_as(bob, sup, "terminate_child", kids[0]["id"])
     with pytest.raises(PermissionDenied):
         call_as(bob, sup, "start_child", COUNTER, [2], None, kwargs={"node": str(host.peer_id)})
-    call_as(admin, sup, "start_child", COUNTER, [3], None, timeout=10, kwargs={"node": str(host.peer_id)})  # an administrator may
+    call_as(
+        admin, sup, "start_child", COUNTER, [3], None, timeout=10, kwargs={"node": str(host.peer_id)}
+    )  # an administrator may
     assert len(call_as(alice, sup, "which_children")) == 2
 
 
@@ -123,7 +127,10 @@ def test_a_members_supervisor_cannot_spawn_past_the_members_quota(mesh_of_four, 
     host, admin, alice, bob = mesh_of_four
     monkeypatch.setattr(spawner_mod, "MAX_ACTORS_PER_MEMBER", 3)
     sup = _spawn(alice, host, cls=SUPERVISOR, args=(), name="sup")  # alice's first
-    kids = [call_as(alice, sup, "start_child", COUNTER, [i], None, timeout=10, kwargs={"node": str(host.peer_id)}) for i in range(2)]
+    kids = [
+        call_as(alice, sup, "start_child", COUNTER, [i], None, timeout=10, kwargs={"node": str(host.peer_id)})
+        for i in range(2)
+    ]
     with pytest.raises(LatticaError, match="already owns 3 actors"):
         call_as(alice, sup, "start_child", COUNTER, [9], None, timeout=10, kwargs={"node": str(host.peer_id)})
     spawner = host._host.runtime.actors["spawner"].instance
@@ -149,6 +156,7 @@ def test_a_member_cannot_take_every_monitor_slot_of_anothers_actor(mesh_of_four)
 
     async def watch():
         return rt.monitors.watch(ref, lambda r, why: fired.append(why))
+
     alice.run(watch())  # the owner's monitor is set...
     assert wait_for(lambda: any(w == alice.peer_id for w, _ in host._host.runtime.monitors.watchers["watched"]))
     assert call_as(alice, ref, "incr") == 1 and not fired  # ...and nothing fired
@@ -164,10 +172,12 @@ def test_a_member_cannot_reserve_a_whole_node():
     the others, and an administrator is not limited."""
     key = MeshKey.generate()
     ka, kb = lattica.KeyPair.generate(), lattica.KeyPair.generate()
-    with lattica.Node([TCP], mesh=key, allow=["sample_actors.*"], resources={"cpu": 8, "gpus": 2}) as host, \
-            lattica.Node([], mesh=key) as admin, \
-            lattica.Node([], keypair=ka, mesh=key.issue(ka.peer_id)) as mallory, \
-            lattica.Node([], keypair=kb, mesh=key.issue(kb.peer_id)) as alice:
+    with (
+        lattica.Node([TCP], mesh=key, allow=["sample_actors.*"], resources={"cpu": 8, "gpus": 2}) as host,
+        lattica.Node([], mesh=key) as admin,
+        lattica.Node([], keypair=ka, mesh=key.issue(ka.peer_id)) as mallory,
+        lattica.Node([], keypair=kb, mesh=key.issue(kb.peer_id)) as alice,
+    ):
         for n in (admin, mallory, alice):
             n.connect(host.addrs[0])
         assert wait_for(lambda: len([p for p in host.peers() if p.circle == "member"]) == 3)
@@ -190,10 +200,17 @@ def test_a_members_resource_lure_does_not_win_an_administrators_placements():
 
     key = MeshKey.generate()
     km = lattica.KeyPair.generate()
-    with lattica.Node([TCP], mesh=key, allow=["sample_actors.*"], resources={"cpu": 2}) as admin, \
-            lattica.Node([TCP], mesh=key, allow=["sample_actors.*"], resources={"cpu": 2}) as other, \
-            lattica.Node([TCP], keypair=km, mesh=key.issue(km.peer_id), allow=["sample_actors.*"],
-                         resources={"cpu": 1024, "gpus": 64}) as mallory:
+    with (
+        lattica.Node([TCP], mesh=key, allow=["sample_actors.*"], resources={"cpu": 2}) as admin,
+        lattica.Node([TCP], mesh=key, allow=["sample_actors.*"], resources={"cpu": 2}) as other,
+        lattica.Node(
+            [TCP],
+            keypair=km,
+            mesh=key.issue(km.peer_id),
+            allow=["sample_actors.*"],
+            resources={"cpu": 1024, "gpus": 64},
+        ) as mallory,
+    ):
         other.connect(admin.addrs[0])
         mallory.connect(admin.addrs[0])
         mallory.connect(other.addrs[0])

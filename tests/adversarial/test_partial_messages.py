@@ -8,7 +8,7 @@ import pytest
 
 import lattica
 import sample_actors as sa
-from helpers import spawn_local, call_as, wait_for
+from helpers import call_as, spawn_local, wait_for
 from lattica import rpc
 from lattica.config import InboundBudget
 from lattica.trust import MeshKey
@@ -44,7 +44,10 @@ def _reset(attacker, streams):
 def pair():
     key = MeshKey.generate()
     budget = InboundBudget(per_peer=8 * MiB, per_node=12 * MiB, deadline=3.0, min_rate=20 * MiB)
-    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=key, allow=["sample_actors.*"], inbound=budget) as host, lattica.Node([], mesh=key) as attacker:
+    with (
+        lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=key, allow=["sample_actors.*"], inbound=budget) as host,
+        lattica.Node([], mesh=key) as attacker,
+    ):
         attacker.connect(host.addrs[0])
         yield host, attacker, key
 
@@ -98,7 +101,9 @@ def test_strangers_cannot_crowd_out_members():
             streams = []
             for node in strangers:
                 node.connect(host.addrs[0])
-                streams += [(node, s) for s in _start_unfinished(node, host, channels=2, size=60 * MiB, sent=int(1.5 * MiB))]
+                streams += [
+                    (node, s) for s in _start_unfinished(node, host, channels=2, size=60 * MiB, sent=int(1.5 * MiB))
+                ]
             assert wait_for(lambda: sum(len(_reset(n, [s])) for n, s in streams) >= 4, timeout=10)  # 9 MiB offered
             assert partials.strangers <= 3 * MiB
             with lattica.Node([], mesh=key) as member:

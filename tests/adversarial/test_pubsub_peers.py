@@ -71,7 +71,9 @@ def test_topic_providers_that_name_a_third_party_are_dialed_once_each():
             first = victim.accepted  # (one dial of each: the dialer itself may try an address more than once)
             assert 1 <= first <= 3 * fakes, first
             time.sleep(9)  # lookups at 2, 4 and 8 s more: the topic still has no peer
-            assert victim.accepted == first, f"dialed again: {victim.accepted} connections, {first} after the first lookup"
+            assert victim.accepted == first, (
+                f"dialed again: {victim.accepted} connections, {first} after the first lookup"
+            )
             sub.close()
     finally:
         victim.stop = True
@@ -108,7 +110,12 @@ def test_messages_by_authors_outside_the_mesh_go_nowhere_and_certificates_cannot
         certs = a._host.trust.presented
         batch.append(_message(a.keypair, "m", "stripped", certs=(), sign_certs=certs))  # signed with them, sent without
         call_as(a, pubsub_ref(b.peer_id), "rpc", [[], batch, [], [], [], [], []])
-        call_as(a, pubsub_ref(b.peer_id), "rpc", [[], [_message(a.keypair, "m", "genuine", certs=certs)], [], [], [], [], []])
+        call_as(
+            a,
+            pubsub_ref(b.peer_id),
+            "rpc",
+            [[], [_message(a.keypair, "m", "genuine", certs=certs)], [], [], [], [], []],
+        )
         assert sub.get(timeout=5).data == "genuine"
         with pytest.raises(Timeout):
             sub.get(timeout=0.5)

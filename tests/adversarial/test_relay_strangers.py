@@ -21,7 +21,15 @@ BIG = "x" * 200_000  # more than the strangers' circuit may carry here
 
 
 def _private(relay, mesh, **kw):
-    return lattica.Node([], relays=[str(relay.addrs[0])], nat=NatConfig(reachability="private"), allow=["sample_actors.*"], membership=False, mesh=mesh, **kw)
+    return lattica.Node(
+        [],
+        relays=[str(relay.addrs[0])],
+        nat=NatConfig(reachability="private"),
+        allow=["sample_actors.*"],
+        membership=False,
+        mesh=mesh,
+        **kw,
+    )
 
 
 def _echo(caller, target, payload):
@@ -66,7 +74,11 @@ def test_a_stranger_holds_few_circuits():
     ours, theirs = MeshKey.generate(), MeshKey.generate()
     cfg = RelayConfig(max_circuits_per_stranger=1)
     with lattica.Node([TCP], relay=cfg, mesh=ours) as relay:
-        with _private(relay, theirs) as a, _private(relay, theirs) as c, lattica.Node([], mesh=theirs, membership=False) as b:
+        with (
+            _private(relay, theirs) as a,
+            _private(relay, theirs) as c,
+            lattica.Node([], mesh=theirs, membership=False) as b,
+        ):
             _through_relay(relay, a, b)
             _through_relay(relay, c, b)
             assert _echo(b, a, "one") == "one"  # b's first circuit

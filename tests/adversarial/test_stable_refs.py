@@ -31,8 +31,13 @@ def test_a_member_s_longer_lived_registration_of_a_child_s_name_does_not_capture
     key = MeshKey.generate()
     kl = lattica.KeyPair.generate()
     w = {"labels": {"role": "worker"}, "allow": ALLOW}
-    with lattica.Node([TCP], mesh=key, allow=ALLOW) as host, lattica.Node([TCP], mesh=key, **w) as spare, \
-            lattica.Node([TCP], keypair=kl, mesh=key.issue(kl.peer_id, admin=True), allow=ALLOW, dht=DhtConfig(name_ttl=300)) as liar:
+    with (
+        lattica.Node([TCP], mesh=key, allow=ALLOW) as host,
+        lattica.Node([TCP], mesh=key, **w) as spare,
+        lattica.Node(
+            [TCP], keypair=kl, mesh=key.issue(kl.peer_id, admin=True), allow=ALLOW, dht=DhtConfig(name_ttl=300)
+        ) as liar,
+    ):
         # (an administrator: a plain member's registration no longer wins over the child's
         # node's, an administrator's, at all: test_dht_open_keys.py; the stable ref must not
         # follow even a registration that does win plain name resolution)
@@ -47,7 +52,9 @@ def test_a_member_s_longer_lived_registration_of_a_child_s_name_does_not_capture
 
             async def start():
                 sup = lattica.Supervisor.remote(strategy="one_for_one", max_restarts=5, within=60)
-                return sup, await sup.start_child.remote(sa.Counter, [100], id="w", labels={"role": "worker"}, node=str(worker.peer_id))
+                return sup, await sup.start_child.remote(
+                    sa.Counter, [100], id="w", labels={"role": "worker"}, node=str(worker.peer_id)
+                )
 
             sup, child = host.run(start(), timeout=30)
             assert child.stable and child.supervisor is not None and child.peer_id == worker.peer_id
@@ -56,7 +63,9 @@ def test_a_member_s_longer_lived_registration_of_a_child_s_name_does_not_capture
             # 5 minutes (the real registration: 60 s)
             impostor = spawn_local(liar, sa.Counter, 666, name=child.name)
             liar.run(_register(liar, child.name, impostor), timeout=5)
-            assert wait_for(lambda: _resolves_to(host, child.name) == liar.peer_id, timeout=10)  # the attack is in place
+            assert wait_for(
+                lambda: _resolves_to(host, child.name) == liar.peer_id, timeout=10
+            )  # the attack is in place
         finally:
             worker.stop()  # the child's node leaves: its supervisor restarts it on the other worker
         assert wait_for(lambda: _call(host, sup, "which_children")[0]["restarts"] == 1, timeout=15)

@@ -15,7 +15,6 @@ from lattica.actors.content import content_ref
 from lattica.actors.dht.actor import dht_ref
 from lattica.config import ContentConfig
 from lattica.content.cid import Cid
-from lattica.errors import LatticaError
 from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(120)
@@ -26,7 +25,9 @@ TCP = "/ip4/127.0.0.1/tcp/0"
 def _strangers(n: int, target: lattica.Node) -> list[lattica.Node]:
     out = []
     for _ in range(n):
-        s = lattica.Node([TCP], mesh=MeshKey.generate(), pubsub=False, membership=False, content=ContentConfig(blocks="memory")).start()
+        s = lattica.Node(
+            [TCP], mesh=MeshKey.generate(), pubsub=False, membership=False, content=ContentConfig(blocks="memory")
+        ).start()
         s.connect(target.addrs[0])
         out.append(s)
     return out
@@ -36,7 +37,9 @@ def _burst(node: lattica.Node, ref, method: str, args: tuple, n: int) -> int:
     """Make ``n`` calls at once from ``node``; how many were served."""
 
     async def go() -> int:
-        got = await asyncio.gather(*(node._host.runtime.call(ref, method, args, {}, timeout=30) for _ in range(n)), return_exceptions=True)
+        got = await asyncio.gather(
+            *(node._host.runtime.call(ref, method, args, {}, timeout=30) for _ in range(n)), return_exceptions=True
+        )
         return sum(not isinstance(g, BaseException) for g in got)
 
     return node.run(go(), timeout=60)
@@ -79,11 +82,17 @@ def test_strangers_calls_share_one_budget_and_members_calls_go_on():
             ref = dht_ref(victim.peer_id)
 
             async def member_calls() -> int:
-                got = await asyncio.gather(*(member._host.runtime.call(ref, "ping", (), {}, timeout=30) for _ in range(200)), return_exceptions=True)
+                got = await asyncio.gather(
+                    *(member._host.runtime.call(ref, "ping", (), {}, timeout=30) for _ in range(200)),
+                    return_exceptions=True,
+                )
                 return sum(g is True for g in got)
 
             async def flood(s) -> int:
-                got = await asyncio.gather(*(s._host.runtime.call(ref, "ping", (), {}, timeout=60) for _ in range(1500)), return_exceptions=True)
+                got = await asyncio.gather(
+                    *(s._host.runtime.call(ref, "ping", (), {}, timeout=60) for _ in range(1500)),
+                    return_exceptions=True,
+                )
                 return sum(g is True for g in got)
 
             t0 = time.monotonic()
@@ -121,10 +130,12 @@ def test_messages_strangers_send_cost_at_most_the_strangers_signature_checks(mon
     was checked, 1.5 s of the attacker's CPU cost the victim 7.7 s); a member's message still
     arrives."""
 
-    from lattica.actors.pubsub import pubsub_ref, service as pubsub_service
+    from test_pubsub_peers import _message
+
+    from lattica.actors.pubsub import pubsub_ref
+    from lattica.actors.pubsub import service as pubsub_service
     from lattica.config import PubSubConfig
     from lattica.identity import KeyPair
-    from test_pubsub_peers import _message
 
     checks = [0]
     real = pubsub_service.verify_signature
@@ -167,10 +178,11 @@ def test_a_strangers_batch_is_checked_a_few_messages_at_a_turn_of_the_loop(monke
     """A stranger's batch of 64 messages on an open topic (within the share) is not checked in
     one go (before: 64 signature checks, and the members' work waiting behind them): a few at
     each turn of the node's loop, members' work served in between, and every one in the end."""
+    from test_pubsub_peers import _message
+
     from lattica.actors.pubsub import service as pubsub_service
     from lattica.config import PubSubConfig
     from lattica.identity import KeyPair
-    from test_pubsub_peers import _message
 
     checks = [0]
     real = pubsub_service.verify_signature
@@ -210,10 +222,12 @@ def test_a_stranger_that_takes_no_batches_is_not_added_again_for_each_it_sends(m
     refused. It was removed from the router then, and each batch it sent added it again (a ping
     to measure it and a refused call each time); it is now kept, sent nothing more, and its
     messages still count within the strangers' share."""
-    from lattica.actors.pubsub import pubsub_ref, service as pubsub_service
+    from test_pubsub_peers import _message
+
+    from lattica.actors.pubsub import pubsub_ref
+    from lattica.actors.pubsub import service as pubsub_service
     from lattica.config import PubSubConfig
     from lattica.identity import KeyPair
-    from test_pubsub_peers import _message
 
     measured = [0]
     real = pubsub_service.PubSubService._measure
@@ -230,7 +244,13 @@ def test_a_stranger_that_takes_no_batches_is_not_added_again_for_each_it_sends(m
         try:
             author = KeyPair.generate()
             for i in range(6):
-                call_as(s, pubsub_ref(victim.peer_id), "open_rpc", [[], [_message(author, "pub", i)], [], [], [], [], []], timeout=10)
+                call_as(
+                    s,
+                    pubsub_ref(victim.peer_id),
+                    "open_rpc",
+                    [[], [_message(author, "pub", i)], [], [], [], [], []],
+                    timeout=10,
+                )
                 time.sleep(0.3)  # (our batch to it goes, and is refused, meanwhile)
             assert sorted(sub.get(timeout=10).data for _ in range(6)) == list(range(6))
             assert measured[0] == 1, measured[0]
@@ -309,12 +329,15 @@ def test_strangers_waiting_for_their_turn_stop_when_their_connection_goes(what):
         turns.share._bucket._state[None] = [-1e9, time.monotonic()]  # (strangers spent the share for good)
         (s,) = _strangers(1, victim)
         try:
+
             async def wait_and_go() -> int:
                 conn = await s._host.get_connection(victim.peer_id)
                 for _ in range(4):
                     if what == "calls":
                         st = await s._host.open_stream_on(conn, rpc.PROTOCOL)
-                        st.write(len(b"x" * 4096).to_bytes(4, "big") + b"x" * 4096)  # (a frame: its length, then its bytes)
+                        st.write(
+                            len(b"x" * 4096).to_bytes(4, "big") + b"x" * 4096
+                        )  # (a frame: its length, then its bytes)
                     else:
                         st = await s._host.open_stream_on(conn, ping.PROTOCOL)
                         st.write(b"p" * 32)
@@ -332,4 +355,3 @@ def test_strangers_waiting_for_their_turn_stop_when_their_connection_goes(what):
                 assert not host.runtime.channels_from(s.peer_id)
         finally:
             s.stop()
-

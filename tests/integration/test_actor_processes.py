@@ -119,11 +119,15 @@ def test_actors_in_a_child_process(default_node, child, tmp_path):
     back = n.echo.remote(a).result(10)
     assert back.dtype == a.dtype and back.shape == a.shape
     np.testing.assert_array_equal(back, a)
-    np.testing.assert_allclose(n.matmul.remote(a.astype(np.float32), b).result(10), a.astype(np.float32) @ b, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(
+        n.matmul.remote(a.astype(np.float32), b).result(10), a.astype(np.float32) @ b, rtol=1e-4, atol=1e-3
+    )
     big = n.make.remote(3 << 20, 21).result(10)  # 12 MiB of float32 made over there
     np.testing.assert_array_equal(big, np.random.default_rng(21).standard_normal(3 << 20).astype(np.float32))
     total, shape, dtype = n.checksum.remote(b).result(10)
-    assert total == pytest.approx(float(b.sum(dtype=np.float64)), rel=1e-4) and shape == [512, 256] and dtype == "float32"
+    assert (
+        total == pytest.approx(float(b.sum(dtype=np.float64)), rel=1e-4) and shape == [512, 256] and dtype == "float32"
+    )
 
     # kill across processes, then graceful shutdown runs on_stop of the actors still alive
     k = sa.Stoppable.options(node=child.peer_id).remote("killed", str(tmp_path / "stops"))

@@ -17,6 +17,7 @@ import pytest
 
 import lattica
 import sample_actors as sa
+from helpers import Where, wait_for
 from lattica import codec, rpc
 from lattica.errors import (
     ActorDied,
@@ -33,17 +34,12 @@ from lattica.errors import (
     Timeout,
 )
 from lattica.runtime import ASYNC, STREAM_WINDOW
-from helpers import Where, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 ALLOW = ["sample_actors.*"]
 RPC = rpc.PROTOCOL
-
-
-
-
 
 
 @pytest.fixture
@@ -126,7 +122,21 @@ def test_spawn_of_a_class_not_allowed_is_a_spawn_error_naming_the_class(default_
         assert "sample_actors.Worker" in str(ei.value)
         c = sa.Counter.options(node=narrow.peer_id).remote(1)
         assert c.get.remote().result(5) == 1
-        assert spawner_names(narrow.peer_id) == sorted(["autonat", "checkpoints", "content", "dashboard", "dht", "holepunch", "membership", "pubsub", "shards", "spawner", c.name])  # nothing else was created
+        assert spawner_names(narrow.peer_id) == sorted(
+            [
+                "autonat",
+                "checkpoints",
+                "content",
+                "dashboard",
+                "dht",
+                "holepunch",
+                "membership",
+                "pubsub",
+                "shards",
+                "spawner",
+                c.name,
+            ]
+        )  # nothing else was created
     # a node with no allow-list admits nothing
     with lattica.Node([TCP]) as closed:
         default_node.connect(closed.addrs[0])
@@ -168,7 +178,18 @@ def test_spawn_of_a_class_that_cannot_be_imported_is_a_spawn_error(default_node)
         with pytest.raises(SpawnError, match="cannot import") as ei:
             ref.ping.remote().result(5)
         assert "no_such_module_for_lattica_tests.Thing" in str(ei.value)
-        assert spawner_names(b.peer_id) == ["autonat", "checkpoints", "content", "dashboard", "dht", "holepunch", "membership", "pubsub", "shards", "spawner"]
+        assert spawner_names(b.peer_id) == [
+            "autonat",
+            "checkpoints",
+            "content",
+            "dashboard",
+            "dht",
+            "holepunch",
+            "membership",
+            "pubsub",
+            "shards",
+            "spawner",
+        ]
 
 
 def test_constructor_that_raises_fails_calls_through_the_ref_with_spawn_error(where):
@@ -543,10 +564,22 @@ def test_unsupported_argument_type_is_a_codec_error_at_the_caller_local_or_not(d
         c.echo.remote([1, {"deep": object()}]).result(5)
     assert c.get.remote().result(5) == 1
     # what a Ray user passes comes back as it went
-    import datetime, decimal, pathlib, uuid
+    import datetime
+    import decimal
+    import pathlib
+    import uuid
 
-    values = [(1, 2), {1, 2}, frozenset({3}), datetime.datetime(2026, 11, 29, 6, 30), datetime.date(2026, 1, 1),
-              datetime.timedelta(seconds=90), uuid.UUID(int=7), decimal.Decimal("0.10"), pathlib.Path("/tmp/x")]
+    values = [
+        (1, 2),
+        {1, 2},
+        frozenset({3}),
+        datetime.datetime(2026, 11, 29, 6, 30),
+        datetime.date(2026, 1, 1),
+        datetime.timedelta(seconds=90),
+        uuid.UUID(int=7),
+        decimal.Decimal("0.10"),
+        pathlib.Path("/tmp/x"),
+    ]
     assert c.echo.remote(values).result(5) == values
 
 
@@ -899,7 +932,26 @@ def test_duplicate_remote_name_leaves_the_first_actor_alone(default_node, peer, 
     first = sa.Counter.options(node=peer.peer_id, name=token).remote(1)
     assert first.get.remote().result(5) == 1
     sa.Counter.options(node=peer.peer_id, name=token).remote(2)
-    assert wait_for(lambda: spawner_names(peer.peer_id) == sorted(["autonat", "checkpoints", "content", "dashboard", "dht", "holepunch", "membership", "pubsub", "shards", "spawner", token]))
+    assert wait_for(
+        lambda: (
+            spawner_names(peer.peer_id)
+            == sorted(
+                [
+                    "autonat",
+                    "checkpoints",
+                    "content",
+                    "dashboard",
+                    "dht",
+                    "holepunch",
+                    "membership",
+                    "pubsub",
+                    "shards",
+                    "spawner",
+                    token,
+                ]
+            )
+        )
+    )
     assert first.get.remote().result(5) == 1
 
 
@@ -1088,12 +1140,17 @@ def test_raw_stream_undecodable_input_resets_the_stream_and_the_node_keeps_servi
     _serves(default_node, peer)
 
 
-_GRANTS = {rpc.PROTOCOL: lambda *head, n: [*head, n, n], rpc.PROTOCOL_1: lambda *head, n: [*head, n]}  # (all of it "taken")
+_GRANTS = {
+    rpc.PROTOCOL: lambda *head, n: [*head, n, n],
+    rpc.PROTOCOL_1: lambda *head, n: [*head, n],
+}  # (all of it "taken")
 
 
 @pytest.mark.parametrize("protocol", [rpc.PROTOCOL, rpc.PROTOCOL_1], ids=["rpc2", "rpc1"])
 @pytest.mark.parametrize("size, most", [(1 << 20, 16), (1000, 512)])
-def test_raw_stream_consumer_granting_huge_credit_gets_at_most_a_window_of_bytes(default_node, peer, token, size, most, protocol):
+def test_raw_stream_consumer_granting_huge_credit_gets_at_most_a_window_of_bytes(
+    default_node, peer, token, size, most, protocol
+):
     """A consumer may grow a stream's window to 512 items, but only the producer knows its items'
     size: it takes credit up to what 8 MiB holds of them (never under 16), so a consumer that
     grants 100,000 (saying it took them all, on either version of the protocol) and reads
@@ -1133,7 +1190,9 @@ def _serve_only(node: lattica.Node, protocol: str, handler) -> None:
 
 @pytest.mark.parametrize("protocol", [rpc.PROTOCOL, rpc.PROTOCOL_1], ids=["rpc2", "rpc1"])
 @pytest.mark.parametrize("size, most", [(1 << 20, 16), (1000, 512)])
-def test_a_callee_granting_huge_credit_for_a_streamed_argument_gets_at_most_a_window_of_bytes(default_node, size, most, protocol):
+def test_a_callee_granting_huge_credit_for_a_streamed_argument_gets_at_most_a_window_of_bytes(
+    default_node, size, most, protocol
+):
     """The other direction: a callee (here a node whose call protocol answers by hand) may grow a
     streamed argument's window, but the caller takes credit only up to what 8 MiB holds of its
     items (never under 16): a grant of 100,000 (all of it "taken", on either version of the
@@ -1250,7 +1309,9 @@ def test_two_streamed_arguments_of_big_items_both_arrive_though_they_wait_on_one
             yield bytes(2 << 20)
 
     async def calls():
-        return await asyncio.gather(s_.both.remote(items(40), items(40)), s_.total.remote(_ints(50)), s_.collect.remote(_ints(3)))
+        return await asyncio.gather(
+            s_.both.remote(items(40), items(40)), s_.total.remote(_ints(50)), s_.collect.remote(_ints(3))
+        )
 
     assert default_node.run(calls(), timeout=60) == [[40, 40], sum(range(50)), [0, 1, 2]]
 
@@ -1278,7 +1339,9 @@ def test_a_callee_that_returns_before_taking_all_of_a_streamed_argument_ends_the
     assert wait_for(lambda: len(closed) == 3, 5), closed
 
     async def pumps():
-        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and "Runtime._pump" in repr(t.get_coro())]
+        return [
+            t for t in asyncio.all_tasks() if t is not asyncio.current_task() and "Runtime._pump" in repr(t.get_coro())
+        ]
 
     assert wait_for(lambda: not default_node.run(pumps(), timeout=5), 5)
 
@@ -1366,5 +1429,3 @@ def test_with_spilling_off_an_argument_over_the_message_cap_says_what_to_do(peer
     with pytest.raises(lattica.errors.FrameTooLarge, match=r"over the 64 MiB .*by CID .*lattica.content.put"):
         c.echo.remote(big).result(30)
     assert c.get.remote().result(5) == 1
-
-

@@ -5,12 +5,11 @@ import time
 
 import pytest
 
-import lattica
 import call_actors as ra
+import lattica
 from lattica.errors import (
     ActorNotFound,
 )
-from call_fixtures import ALLOW, TCP, bounded, fails_without_timeout, node, spawn_via_spawner, spawner_names, where, _aiter  # noqa: F401 -- fixtures
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,7 +36,10 @@ def test_current_task_inside_concurrent_async_methods(where):
     p = where.spawn(ra.Probe)
     a, b = p.task_probe.remote("a", 0.1), p.task_probe.remote("b", 0.1)
     assert lattica.get([a, b], timeout=5) == [True, True], "asyncio.current_task() is None inside an async method"
-    assert p.tasks_distinct.remote("a", "b").result(5) == [True, True, True], "two concurrent calls share one current task"
+    assert p.tasks_distinct.remote("a", "b").result(5) == [True, True, True], (
+        "two concurrent calls share one current task"
+    )
+
 
 # -- 5. several calls awaiting one future ------------------------------------------------------
 
@@ -59,6 +61,7 @@ def test_concurrent_calls_awaiting_one_shared_future(where):
     time.sleep(0.1)
     p.set_ready.remote("again").result(5)
     assert lattica.get(futs, timeout=5) == ["again"] * 3
+
 
 def test_async_kill_and_get_actor_from_async_methods_and_other_loops(where):
     """akill / aget_actor work on a node loop (inside an async actor method, where the blocking

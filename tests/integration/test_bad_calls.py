@@ -11,8 +11,7 @@ from lattica import codec, rpc
 from lattica.errors import StreamReset
 from lattica.runtime.limits import CALL_CHANNELS, MAX_STREAM_ARGS
 from lattica.runtime.refs import StreamArg
-from lattica.transports.mux import FRAME_HEADER, F_SYN, T_PING
-
+from lattica.transports.mux import F_SYN, FRAME_HEADER, T_PING
 from tests.integration.test_bad_input import _hostport, _raw_secure
 
 
@@ -53,8 +52,10 @@ def probe(server):
 def _run(probe, server, body):
     """Run ``body(open_channel)`` on the probe's loop; ``open_channel()`` opens a call channel to
     ``server`` on the probe's connection and writes nothing on it."""
+
     async def go():
         return await body(lambda: probe.aopen_stream(server.peer_id, rpc.PROTOCOL))
+
     return probe.run(go(), timeout=60)
 
 
@@ -88,7 +89,7 @@ def test_call_channels_per_connection_are_capped(server, probe):
             try:
                 s.write(_frame(rpc.call(1, "target", "hello", [1], {}, None, 0)))
                 served += len(await _replies(s, 1, timeout=3.0)) == 1
-            except (StreamReset, asyncio.TimeoutError):
+            except (TimeoutError, StreamReset):
                 pass
         return served
 
@@ -108,7 +109,9 @@ def test_repeated_call_id_is_refused(server, probe):
     assert (rpc.ERR, rpc.E_PROTOCOL) in kinds and (rpc.OK, None) in kinds
 
 
-@pytest.mark.parametrize("indexes", [[i % MAX_STREAM_ARGS for i in range(10_000)], [0, 0]], ids=["too many", "repeated"])
+@pytest.mark.parametrize(
+    "indexes", [[i % MAX_STREAM_ARGS for i in range(10_000)], [0, 0]], ids=["too many", "repeated"]
+)
 def test_streamed_arguments_are_checked_by_the_callee(server, probe, indexes):
     """The caller's side allows at most MAX_STREAM_ARGS streamed arguments, each its own index
     (an index beyond them does not even decode): a hand-made call that breaks that is refused,

@@ -9,7 +9,7 @@ import pytest
 
 import lattica
 from lattica.errors import StreamReset
-from lattica.transports.mux import FRAME_HEADER, F_SYN, T_DATA, T_WINDOW, MuxConfig
+from lattica.transports.mux import F_SYN, FRAME_HEADER, T_DATA, T_WINDOW, MuxConfig
 from lattica.transports.noise import NoiseHandshake
 from lattica.transports.tcp import TcpTransport
 
@@ -26,7 +26,10 @@ async def _echo(stream, conn):
 
 @pytest.fixture
 def server():
-    node = lattica.Node(["/ip4/127.0.0.1/tcp/0"], transport_options={"tcp": {"handshake_timeout": 1.0, "mux_config": MuxConfig(max_streams=8)}})
+    node = lattica.Node(
+        ["/ip4/127.0.0.1/tcp/0"],
+        transport_options={"tcp": {"handshake_timeout": 1.0, "mux_config": MuxConfig(max_streams=8)}},
+    )
     node.start()
     node.set_stream_handler(ECHO, _echo)
     yield node
@@ -56,7 +59,7 @@ async def _closed_by_peer(reader, timeout=5.0):
                 return True
     except (ConnectionResetError, BrokenPipeError):
         return True
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return False
 
 
@@ -83,7 +86,9 @@ def _hostport(node):
     return node.addrs[0].without_peer_id().host_port()
 
 
-@pytest.mark.parametrize("garbage", [os.urandom(4096), b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"\xff\xff" + os.urandom(100)])
+@pytest.mark.parametrize(
+    "garbage", [os.urandom(4096), b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"\xff\xff" + os.urandom(100)]
+)
 def test_garbage_before_handshake(server, garbage):
     async def main():
         reader, writer = await asyncio.open_connection(*_hostport(server))
@@ -265,7 +270,7 @@ def test_streams_beyond_the_limit_are_refused(server):
                 await asyncio.wait_for(s.read(), 1.0)
             except StreamReset:
                 return "reset"
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return "open"
             return "data"
 
@@ -296,7 +301,7 @@ def test_peer_that_stops_reading_is_bounded(server):
                     s.write(block)
                     await asyncio.wait_for(s.drain(), 2.0)
                     pushed += len(block)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             return pushed
 
@@ -330,7 +335,7 @@ def test_ping_flood_without_reading_is_bounded(server):
                 s.write(ping)
                 await asyncio.wait_for(s.drain(), 2.0)
                 pushed += len(ping)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         unread, unsent = server.run(_server_buffers(server._host))
         await t.close()
@@ -345,7 +350,10 @@ def test_ping_flood_without_reading_is_bounded(server):
 
 def test_silent_peer_is_dropped_by_keepalive_but_live_idle_peer_is_kept():
     opts = {"tcp": {"keepalive_interval": 0.2, "keepalive_timeout": 0.8}}
-    with lattica.Node(["/ip4/127.0.0.1/tcp/0"], transport_options=opts) as node, lattica.Node([], transport_options=opts) as live:
+    with (
+        lattica.Node(["/ip4/127.0.0.1/tcp/0"], transport_options=opts) as node,
+        lattica.Node([], transport_options=opts) as live,
+    ):
         live.connect(node.addrs[0])
 
         async def silent():

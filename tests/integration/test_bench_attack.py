@@ -17,7 +17,9 @@ def test_bench_attack_measures_quiet_and_an_attack_with_nothing_lost():
     assert [(r["attack"], r["identities"]) for r in rows] == [("quiet", 0), ("have", 8)]
     for r in rows:
         assert r["rounds"] > 0 and r["lost"] == 0, r
-        assert all(math.isfinite(r[f"{k}_p99_ms"]) and r[f"{k}_p99_ms"] > 0 for k in ("call", "lookup", "have", "pubsub")), r
+        assert all(
+            math.isfinite(r[f"{k}_p99_ms"]) and r[f"{k}_p99_ms"] > 0 for k in ("call", "lookup", "have", "pubsub")
+        ), r
         assert r["victim_rss_mb"] > 10 and r["victim_cpu_pct"] > 0
     assert rows[1]["x_quiet"] > 0
     assert rows[1]["victim_cpu_pct"] > rows[0]["victim_cpu_pct"]  # (the victim answers 8 strangers' haves)

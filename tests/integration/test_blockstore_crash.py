@@ -56,7 +56,9 @@ for i in range(10**9):
 
 def run_child(root: str, seed: int, tear: str = "") -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, root, str(seed), tear], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, root, str(seed), tear], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env
+    )
     try:
         assert proc.stdout.readline() == "ready\n"
         if tear:
@@ -115,7 +117,9 @@ def tiny_disk(tmp_path):
     mnt = tmp_path / "tiny"
     mnt.mkdir()
     try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True, timeout=10)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError) as e:
         pytest.skip(f"cannot mount a tmpfs: {e}")
     if done.returncode:

@@ -6,8 +6,14 @@ import time
 
 import pytest
 
-import lattica
 import call_actors as ra
+import lattica
+from call_fixtures import (
+    ALLOW,
+    TCP,
+    bounded,
+)  # noqa: F401 -- fixtures
+from helpers import wait_for
 from lattica.errors import (
     ActorDied,
     NodeClosed,
@@ -15,8 +21,6 @@ from lattica.errors import (
     RemoteError,
     Timeout,
 )
-from helpers import wait_for
-from call_fixtures import ALLOW, TCP, bounded, fails_without_timeout, node, spawn_via_spawner, spawner_names, where, _aiter  # noqa: F401 -- fixtures
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,15 +44,26 @@ def test_peer_death_fails_calls_in_flight_and_calls_queued_at_the_caller(node, t
         assert not any(f.done() for f in futs)
     finally:
         bounded(b.stop, 15, "stopping the peer")
-    assert wait_for(lambda: all(f.done() for f in futs), 5), f"{sum(not f.done() for f in futs)} of 10 calls still pending 5 s after their peer stopped"
+    assert wait_for(lambda: all(f.done() for f in futs), 5), (
+        f"{sum(not f.done() for f in futs)} of 10 calls still pending 5 s after their peer stopped"
+    )
     for f in futs:
         with pytest.raises((PeerUnreachable, ActorDied)):
             f.result(0)
 
+
 # -- 3. exception types that are awkward to rebuild ------------------------------------------
 
 
-@pytest.mark.parametrize("method,type_name", [("bad_decode", "UnicodeDecodeError"), ("abad_decode", "UnicodeDecodeError"), ("group", "ExceptionGroup"), ("agroup", "ExceptionGroup")])
+@pytest.mark.parametrize(
+    "method,type_name",
+    [
+        ("bad_decode", "UnicodeDecodeError"),
+        ("abad_decode", "UnicodeDecodeError"),
+        ("group", "ExceptionGroup"),
+        ("agroup", "ExceptionGroup"),
+    ],
+)
 def test_awkward_exception_types_become_remote_errors_and_the_channel_keeps_working(where, method, type_name):
     p = where.spawn(ra.Probe)
     with pytest.raises(RemoteError) as ei:
@@ -58,6 +73,7 @@ def test_awkward_exception_types_become_remote_errors_and_the_channel_keeps_work
     assert p.ping.remote().result(5) == "pong"
     assert p.aping.remote().result(5) == "pong"
     assert lattica.get([p.aping.remote() for _ in range(5)], timeout=5) == ["pong"] * 5
+
 
 # -- 14. calls after shutdown ----------------------------------------------------------------------
 
@@ -80,6 +96,7 @@ def test_calls_to_a_stopped_peer_fail_promptly(node):
         bounded(b.stop, 15, "stopping the peer")
     with pytest.raises((NodeClosed, PeerUnreachable, ActorDied)):
         bounded(lambda: p.aping.remote().result(2), 3, "a call to a stopped peer")
+
 
 # -- 15. Future.exception with a timeout -----------------------------------------------------------
 

@@ -11,17 +11,31 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_bench_rpc_runs_one_configuration_by_default_and_says_so():
-    out = subprocess.run([sys.executable, "-c", "from lattica.cli import main; main()", "bench", "rpc", "--duration", "0.5", "--json"],
-                         capture_output=True, text=True, timeout=100)
+    out = subprocess.run(
+        [sys.executable, "-c", "from lattica.cli import main; main()", "bench", "rpc", "--duration", "0.5", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) == 1 and rows[0]["payload"] == 128 and rows[0]["concurrency"] == 1000 and rows[0]["transport"] == "tcp"
+    assert (
+        len(rows) == 1
+        and rows[0]["payload"] == 128
+        and rows[0]["concurrency"] == 1000
+        and rows[0]["transport"] == "tcp"
+    )
     assert "1 configuration of 0.5 s, about" in out.stderr and "--matrix" in out.stderr
 
 
 def test_a_bench_says_what_it_runs_before_its_first_figure():
-    out = subprocess.run([sys.executable, "-c", "from lattica.cli import main; main()", "bench", "ciphers"],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=100)
+    out = subprocess.run(
+        [sys.executable, "-c", "from lattica.cli import main; main()", "bench", "ciphers"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=100,
+    )
     assert out.returncode == 0, out.stdout
     lines = out.stdout.splitlines()
     assert lines[0].startswith("lattica bench ciphers: ") and ", about " in lines[0], lines

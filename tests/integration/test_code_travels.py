@@ -12,16 +12,16 @@ import time
 import pytest
 
 import lattica
-from lattica.mesh.process import cli_node
-from lattica.trust import MeshKey
-from lattica.runtime import spawner_ref
 from helpers import call_as, wait_for
+from lattica.mesh.process import cli_node
+from lattica.runtime import spawner_ref
+from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(120)
 
 NODE = "import sys; from lattica.cli import main; main(sys.argv[1:])"
 
-SCRIPT = '''\
+SCRIPT = """\
 import sys
 import lattica
 
@@ -48,7 +48,7 @@ if len(sys.argv) > 2:
     print("serving", flush=True)
     import time
     time.sleep(600)
-'''
+"""
 
 
 class Mesh:
@@ -86,12 +86,24 @@ class Mesh:
         return d / name
 
     def run(self, path, *args, timeout=60, env=None):
-        return subprocess.run([sys.executable, str(path), *args], cwd=path.parent, env=dict(self.env, **(env or {})),
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, str(path), *args],
+            cwd=path.parent,
+            env=dict(self.env, **(env or {})),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def start(self, path, *args):
-        proc = subprocess.Popen([sys.executable, str(path), *args], cwd=path.parent, env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(path), *args],
+            cwd=path.parent,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.procs.append(proc)
         return proc
 
@@ -129,7 +141,9 @@ def wait_line(proc, want, timeout=30):
         seen.append(line)
         if want in line:
             return seen
-    raise AssertionError(f"no {want!r} from the script; it printed {seen!r}; stderr: {proc.stderr.read() if proc.poll() is not None else ''}")
+    raise AssertionError(
+        f"no {want!r} from the script; it printed {seen!r}; stderr: {proc.stderr.read() if proc.poll() is not None else ''}"
+    )
 
 
 def test_a_scripts_own_class_runs_on_a_plain_node_and_the_script_runs_twice(mesh):
@@ -148,7 +162,9 @@ def test_a_scripts_actors_end_when_it_is_interrupted_killed_or_frozen(mesh, how)
     driver = mesh.start(mesh.script(SCRIPT), addr, "serve")
     wait_line(driver, "serving")
     assert mesh.names(addr) == ["shard-0"]
-    driver.send_signal({"ctrl-c": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL, "frozen": signal.SIGSTOP}[how])
+    driver.send_signal(
+        {"ctrl-c": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL, "frozen": signal.SIGSTOP}[how]
+    )
     # SIGKILL, SIGSTOP: the membership detector's verdict (a reset connection at once; silence ~2.5 s)
     wait_for(lambda: mesh.names(addr) == [], timeout=15)
     if how == "frozen":
@@ -158,7 +174,8 @@ def test_a_scripts_actors_end_when_it_is_interrupted_killed_or_frozen(mesh, how)
 
 def test_a_scripts_supervisor_takes_its_children_with_it(mesh):
     addr, other = mesh.node(), mesh.node()
-    driver = mesh.start(mesh.script('''\
+    driver = mesh.start(
+        mesh.script("""\
         import sys
         import lattica
 
@@ -174,7 +191,10 @@ def test_a_scripts_supervisor_takes_its_children_with_it(mesh):
         print("serving", flush=True)
         import time
         time.sleep(600)
-    '''), addr, other)
+    """),
+        addr,
+        other,
+    )
     wait_line(driver, "serving")
     assert len(mesh.names(addr)) == 3 and len(mesh.names(other)) == 2  # the supervisor and its children
     driver.send_signal(signal.SIGINT)
@@ -184,7 +204,8 @@ def test_a_scripts_supervisor_takes_its_children_with_it(mesh):
 
 def test_a_driver_killed_mid_spawn_leaves_no_orphan(mesh):
     addr = mesh.node()
-    driver = mesh.start(mesh.script('''\
+    driver = mesh.start(
+        mesh.script("""\
         import sys, time
         import lattica
 
@@ -199,7 +220,9 @@ def test_a_driver_killed_mid_spawn_leaves_no_orphan(mesh):
         ref = Slow.options(node=sys.argv[1].rsplit("/p2p/", 1)[1], name="slow").remote()
         print("spawning", flush=True)
         lattica.get(ref.ping.remote())
-    '''), addr)
+    """),
+        addr,
+    )
     wait_line(driver, "spawning")
     wait_for(lambda: mesh.names(addr) == ["slow"], timeout=10)  # its constructor runs
     driver.kill()
@@ -210,7 +233,7 @@ def test_a_driver_killed_mid_spawn_leaves_no_orphan(mesh):
 
 def test_detached_actors_stay_and_get_if_exists_returns_the_live_one(mesh):
     addr = mesh.node()
-    script = mesh.script('''\
+    script = mesh.script("""\
         import sys
         import lattica
 
@@ -226,7 +249,7 @@ def test_detached_actors_stay_and_get_if_exists_returns_the_live_one(mesh):
         peer = sys.argv[1].rsplit("/p2p/", 1)[1]
         c = Counter.options(node=peer, name="counter", lifetime="detached", get_if_exists=True).remote()
         print(lattica.get(c.bump.remote()), flush=True)
-    ''')
+    """)
     for want in ("1", "2"):
         out = mesh.run(script, addr)
         assert out.returncode == 0, out.stderr
@@ -240,7 +263,8 @@ def test_two_drivers_with_the_same_module_names_at_once(mesh):
     for version in (1, 2):
         folder = f"app{version}"
         mesh.script(f"VERSION = {version}\n", "__init__.py", f"{folder}/myapp")
-        mesh.script('''\
+        mesh.script(
+            """\
             import lattica
             from myapp import VERSION
 
@@ -248,8 +272,12 @@ def test_two_drivers_with_the_same_module_names_at_once(mesh):
             class Which:
                 def version(self):
                     return VERSION
-        ''', "shard.py", f"{folder}/myapp")
-        script = mesh.script('''\
+        """,
+            "shard.py",
+            f"{folder}/myapp",
+        )
+        script = mesh.script(
+            """\
             import sys, time
             import lattica
             from myapp.shard import Which
@@ -259,7 +287,10 @@ def test_two_drivers_with_the_same_module_names_at_once(mesh):
             for _ in range(20):
                 print(lattica.get(w.version.remote()), flush=True)
                 time.sleep(0.05)
-        ''', "train.py", folder)
+        """,
+            "train.py",
+            folder,
+        )
         drivers.append(mesh.start(script, addr))
     for version, driver in zip((1, 2), drivers):
         out, err = driver.communicate(timeout=60)
@@ -269,7 +300,7 @@ def test_two_drivers_with_the_same_module_names_at_once(mesh):
 
 def test_errors_name_what_went_wrong(mesh):
     addr = mesh.node()
-    script = mesh.script('''\
+    script = mesh.script("""\
         import sys
         import lattica
 
@@ -283,12 +314,16 @@ def test_errors_name_what_went_wrong(mesh):
         lattica.init(bootstrap=[sys.argv[1]])
         r = Reader.options(node=sys.argv[1].rsplit("/p2p/", 1)[1]).remote()
         lattica.get(r.first.remote())
-    ''')
+    """)
     out = mesh.run(script, addr)
     assert out.returncode == 1
-    assert "lattica.errors.CodeError: train.py line 4 (handle = open(__file__)) is left out on other nodes, and Reader uses 'handle'" in out.stderr
+    assert (
+        "lattica.errors.CodeError: train.py line 4 (handle = open(__file__)) is left out on other nodes, and Reader uses 'handle'"
+        in out.stderr
+    )
     mesh.script("import lattica\n\nX = 1 / 0\n\n@lattica.actor\nclass Broken:\n    pass\n", "broken.py", "job2")
-    script = mesh.script('''\
+    script = mesh.script(
+        """\
         import sys
         import lattica
         from broken import Broken
@@ -296,7 +331,10 @@ def test_errors_name_what_went_wrong(mesh):
         lattica.init(bootstrap=[sys.argv[1]])
         b = Broken.options(node=sys.argv[1].rsplit("/p2p/", 1)[1]).remote()
         lattica.get(b.__ray_ready__.remote() if False else lattica.kill(b))
-    ''', "train.py", "job2")
+    """,
+        "train.py",
+        "job2",
+    )
     out = mesh.run(script, addr)
     assert out.returncode == 1
     assert "ZeroDivisionError" in out.stderr and 'broken.py", line 3' in out.stderr, out.stderr
@@ -308,7 +346,7 @@ def test_whose_code_a_node_runs_is_its_setting(mesh, tmp_path):
     peer = lattica.KeyPair.load_or_create(str(driver_key)).peer_id
     member_cert.write_text(MeshKey.load_or_create(str(mesh.key)).issue(peer, 3600).to_text())
     strict, lenient, closed = mesh.node(), mesh.node("--accept-code", "members"), mesh.node("--accept-code", "nobody")
-    script = mesh.script('''\
+    script = mesh.script("""\
         import sys
         import lattica
 
@@ -323,7 +361,7 @@ def test_whose_code_a_node_runs_is_its_setting(mesh, tmp_path):
             print(lattica.get(e.echo.remote("ran")), flush=True)
         except lattica.errors.PermissionDenied as err:
             print("refused:", err, flush=True)
-    ''')
+    """)
     env = {"LATTICA_MESH": str(member_cert)}  # an invited member, not an administrator
     out = mesh.run(script, strict, str(driver_key), env=env)
     assert "refused:" in out.stdout and "accept_code='admins'" in out.stdout, out.stdout + out.stderr
@@ -334,7 +372,8 @@ def test_whose_code_a_node_runs_is_its_setting(mesh, tmp_path):
 
 def test_a_stranger_is_told_why_and_a_missing_name_is_not_waited_on(mesh, tmp_path):
     addr = mesh.node()
-    out = mesh.run(mesh.script('''\
+    out = mesh.run(
+        mesh.script("""\
         import sys
         import lattica
 
@@ -345,9 +384,12 @@ def test_a_stranger_is_told_why_and_a_missing_name_is_not_waited_on(mesh, tmp_pa
 
         lattica.init(bootstrap=[sys.argv[1]])
         Bank.options(node=sys.argv[1].rsplit("/p2p/", 1)[1], name="bank", lifetime="detached").remote().balance.remote().result(20)
-    '''), addr)
+    """),
+        addr,
+    )
     assert out.returncode == 0, out.stderr
-    lookup = mesh.script('''\
+    lookup = mesh.script(
+        """\
         import sys, time
         import lattica
 
@@ -358,7 +400,9 @@ def test_a_stranger_is_told_why_and_a_missing_name_is_not_waited_on(mesh, tmp_pa
                 print(name, lattica.get_actor(name).balance.remote().result(10), flush=True)
             except lattica.errors.LatticaError as e:
                 print(name, type(e).__name__, round(time.monotonic() - t0), str(e).replace("\\n", " "), flush=True)
-    ''', "lookup.py")
+    """,
+        "lookup.py",
+    )
     out = mesh.run(lookup, addr)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
@@ -369,7 +413,9 @@ def test_a_stranger_is_told_why_and_a_missing_name_is_not_waited_on(mesh, tmp_pa
     MeshKey.generate().save(str(other))
     out = mesh.run(lookup, addr, env={"LATTICA_MESH": str(other)})  # the most likely mistake: another mesh
     bank = out.stdout.splitlines()[0]
-    assert bank.startswith("bank PermissionDenied") and "registered only by nodes outside this node's mesh" in bank, out.stdout + out.stderr
+    assert bank.startswith("bank PermissionDenied") and "registered only by nodes outside this node's mesh" in bank, (
+        out.stdout + out.stderr
+    )
     assert int(bank.split()[2]) < 5
 
 
@@ -393,13 +439,24 @@ def test_cli_edges(mesh, tmp_path):
     """``dht get`` of a missing key fails (a script can test for it); ``put --key`` keeps one PeerId."""
     addr = mesh.node()
     cli = [sys.executable, "-c", NODE]
-    out = subprocess.run([*cli, "dht", "get", "no/such/key", "--bootstrap", addr], env=mesh.env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [*cli, "dht", "get", "no/such/key", "--bootstrap", addr],
+        env=mesh.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1 and '"found": false' in out.stdout
     (tmp_path / "f.bin").write_bytes(b"x" * 1000)
     ids = []
     for _ in range(2):
-        out = subprocess.run([*cli, "put", str(tmp_path / "f.bin"), "--no-serve", "--key", str(tmp_path / "put.key"), "-q"],
-                             env=mesh.env, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [*cli, "put", str(tmp_path / "f.bin"), "--no-serve", "--key", str(tmp_path / "put.key"), "-q"],
+            env=mesh.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         ids.append(lattica.KeyPair.load(str(tmp_path / "put.key")).peer_id)
     assert ids[0] == ids[1]
@@ -417,29 +474,61 @@ def test_lattica_get_as_a_user_meets_it(mesh, tmp_path):
     cli = [sys.executable, "-c", NODE]
     data = os.urandom(300_000)
     (tmp_path / "f.bin").write_bytes(data)
-    server = subprocess.Popen([*cli, "put", str(tmp_path / "f.bin"), "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", addr, "-q"],
-                              env=mesh.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [*cli, "put", str(tmp_path / "f.bin"), "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", addr, "-q"],
+        env=mesh.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     mesh.procs.append(server)
     cid = server.stdout.readline().strip()
     where = tmp_path / "out"
     where.mkdir()
     primary, secondary = pty.openpty()
     try:
-        out = subprocess.run([*cli, "get", cid, "--bootstrap", addr, "--blocks", str(tmp_path / "b1")], cwd=where, env=mesh.env, stdout=secondary, stderr=subprocess.PIPE,
-                             text=True, timeout=60)
+        out = subprocess.run(
+            [*cli, "get", cid, "--bootstrap", addr, "--blocks", str(tmp_path / "b1")],
+            cwd=where,
+            env=mesh.env,
+            stdout=secondary,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
     finally:
         os.close(secondary)
         os.close(primary)
     assert out.returncode == 0, out.stderr
     assert (where / cid).read_bytes() == data
     assert f"got {cid}: 0.3 MB in" in out.stderr and f"saved to {cid}" in out.stderr
-    out = subprocess.run([*cli, "get", cid, "-o", str(tmp_path / "nowhere" / "f.bin"), "--bootstrap", addr, "--blocks", str(tmp_path / "b2")], env=mesh.env,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            *cli,
+            "get",
+            cid,
+            "-o",
+            str(tmp_path / "nowhere" / "f.bin"),
+            "--bootstrap",
+            addr,
+            "--blocks",
+            str(tmp_path / "b2"),
+        ],
+        env=mesh.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and f"the directory {tmp_path / 'nowhere'} does not exist" in out.stderr
     unknown = str(Cid.of(b"nobody has this"))
     t0 = time.monotonic()
-    out = subprocess.run([*cli, "get", unknown, "-o", str(tmp_path / "u.bin"), "--bootstrap", addr, "--blocks", str(tmp_path / "b3")], env=mesh.env,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [*cli, "get", unknown, "-o", str(tmp_path / "u.bin"), "--bootstrap", addr, "--blocks", str(tmp_path / "b3")],
+        env=mesh.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1 and out.stderr.strip().endswith(f"no provider found for {unknown}"), out.stderr
     assert time.monotonic() - t0 < 15  # the DHT answered "none": not after the 20 s find_timeout
 
@@ -447,14 +536,24 @@ def test_lattica_get_as_a_user_meets_it(mesh, tmp_path):
 def test_lattica_status_counts_user_and_system_actors_apart_and_survives_head(mesh):
     addr = mesh.node()
     cli = [sys.executable, "-c", NODE]
-    full = subprocess.run([*cli, "status", "--bootstrap", addr], env=mesh.env, capture_output=True, text=True, timeout=60)
+    full = subprocess.run(
+        [*cli, "status", "--bootstrap", addr], env=mesh.env, capture_output=True, text=True, timeout=60
+    )
     assert full.returncode == 0, full.stderr
     header = next(line for line in full.stdout.splitlines() if line.startswith("NODE"))
     assert "ACTORS" in header and "SYSTEM" in header
-    row = next(line for line in full.stdout.splitlines() if line.startswith("…" + addr.rsplit("/p2p/", 1)[1][-8:]) or addr.rsplit("/p2p/", 1)[1][-8:] in line)
+    row = next(
+        line
+        for line in full.stdout.splitlines()
+        if line.startswith("…" + addr.rsplit("/p2p/", 1)[1][-8:]) or addr.rsplit("/p2p/", 1)[1][-8:] in line
+    )
     at = header.index("ACTORS")
-    assert row[at:].split()[0] == "0" and int(row[header.index("SYSTEM"):].split()[0]) > 0  # no user actors on a fresh node; its system ones counted apart
-    proc = subprocess.Popen([*cli, "status", "--bootstrap", addr], env=mesh.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert (
+        row[at:].split()[0] == "0" and int(row[header.index("SYSTEM") :].split()[0]) > 0
+    )  # no user actors on a fresh node; its system ones counted apart
+    proc = subprocess.Popen(
+        [*cli, "status", "--bootstrap", addr], env=mesh.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     proc.stdout.readline()  # `| head -n 1`
     proc.stdout.close()
     assert proc.wait(60) == 0 and proc.stderr.read() == ""

@@ -54,15 +54,21 @@ def test_put_and_get_bytes_files_and_arrays(tmp_path):
         assert small == "bafkreifzjut3te2nhyekklss27nh3k72ysco7y32koao5eei66wof36n5e"  # the CID IPFS gives
         arr = np.arange(100_000, dtype=np.float32).reshape(100, 1000)
         acid = lattica.content.put(arr, node=a).result(10)
-        assert np.frombuffer(lattica.content.get(acid, node=b).result(10), np.float32).reshape(100, 1000).tolist() == arr.tolist()
+        assert (
+            np.frombuffer(lattica.content.get(acid, node=b).result(10), np.float32).reshape(100, 1000).tolist()
+            == arr.tolist()
+        )
         st = lattica.content.stat(cid, node=b).result(10)
         assert st["complete"] and st["size"] == len(data) and not st["pinned"]
         assert lattica.content.stat(cid, node=a).result(10)["pinned"]  # what a node publishes is pinned
 
 
 def test_weights_round_trip_memory_mapped_on_disk(tmp_path):
-    weights = {"layer.0.w": np.random.default_rng(1).standard_normal((64, 32)).astype(np.float32), "layer.0.b": np.zeros(32, np.float16),
-               "steps": np.array([7], np.int64)}
+    weights = {
+        "layer.0.w": np.random.default_rng(1).standard_normal((64, 32)).astype(np.float32),
+        "layer.0.b": np.zeros(32, np.float16),
+        "steps": np.array([7], np.int64),
+    }
     with _node(tmp_path, "a") as a, _node(tmp_path, "b") as b:
         b.connect(a.addrs[0])
         cid = lattica.content.put_weights(weights, metadata={"model": "tiny"}, node=a).result(30)
@@ -70,7 +76,9 @@ def test_weights_round_trip_memory_mapped_on_disk(tmp_path):
         assert set(got) == set(weights)
         for k, v in weights.items():
             assert got[k].dtype == v.dtype and np.array_equal(got[k], v)
-        assert isinstance(got["layer.0.w"].base, np.memmap) or isinstance(got["layer.0.w"], np.memmap)  # mapped from a file
+        assert isinstance(got["layer.0.w"].base, np.memmap) or isinstance(
+            got["layer.0.w"], np.memmap
+        )  # mapped from a file
         assert not got["layer.0.w"].flags.writeable
 
 
@@ -118,8 +126,12 @@ def test_bad_silent_and_dying_providers_are_routed_around(tmp_path):
     """Four providers of one object: one sends wrong bytes (dropped at its first bad block), one
     never answers (timed out), one is stopped mid-transfer; the honest one finishes it."""
     data = os.urandom(12 * MiB)
-    with _node(tmp_path, "liar") as liar, _node(tmp_path, "mute") as mute, _node(tmp_path, "honest") as honest, \
-            _node(tmp_path, "me", content={"block_timeout": 1.0}) as me:
+    with (
+        _node(tmp_path, "liar") as liar,
+        _node(tmp_path, "mute") as mute,
+        _node(tmp_path, "honest") as honest,
+        _node(tmp_path, "me", content={"block_timeout": 1.0}) as me,
+    ):
         dying = _node(tmp_path, "dying").start()
         try:
             for p in (liar, mute, honest, dying):
@@ -148,8 +160,11 @@ def test_a_request_for_blocks_that_came_from_elsewhere_is_cancelled_where_it_wai
     then delivered by another are cancelled at the first provider as they arrive, not left to
     run there until the request's own deadline."""
     data = os.urandom(4 * MiB)
-    with _node(tmp_path, "mute") as mute, _node(tmp_path, "honest") as honest, \
-            _node(tmp_path, "me", content={"block_timeout": 3.0}, dht=False) as me:
+    with (
+        _node(tmp_path, "mute") as mute,
+        _node(tmp_path, "honest") as honest,
+        _node(tmp_path, "me", content={"block_timeout": 3.0}, dht=False) as me,
+    ):
         for p in (mute, honest):
             cid = lattica.content.put(data, node=p).result(30)
         waiting = {"started": 0, "cancelled": 0}
@@ -244,8 +259,12 @@ def test_no_provider_is_a_clear_error_not_a_hang(tmp_path):
 def test_answers_are_bounded_and_strangers_are_served(tmp_path):
     """Content is open to strangers (the open network's CDN) but a peer can make us hold only a
     bounded answer: at most max_request_blocks CIDs and max_request_bytes per answer."""
-    with lattica.Node([TCP], mesh=MeshKey.generate(), content=ContentConfig(blocks=str(tmp_path / "a"), max_request_bytes=3 * MiB)) as a, \
-            lattica.Node([TCP], mesh=MeshKey.generate(), content=ContentConfig(blocks="memory")) as stranger:
+    with (
+        lattica.Node(
+            [TCP], mesh=MeshKey.generate(), content=ContentConfig(blocks=str(tmp_path / "a"), max_request_bytes=3 * MiB)
+        ) as a,
+        lattica.Node([TCP], mesh=MeshKey.generate(), content=ContentConfig(blocks="memory")) as stranger,
+    ):
         stranger.connect(a.addrs[0])
         data = os.urandom(8 * MiB)
         cid = lattica.content.put(data, node=a).result(30)
@@ -289,8 +308,13 @@ def test_cli_put_get_and_stat(tmp_path):
     src = tmp_path / "model.bin"
     src.write_bytes(os.urandom(3 * MiB))
     env = {**os.environ, "LATTICA_BLOCKS": str(tmp_path / "cli-pub")}
-    put = subprocess.Popen([sys.executable, "-m", "lattica.cli", "put", str(src), "--listen", "/ip4/127.0.0.1/tcp/0"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    put = subprocess.Popen(
+        [sys.executable, "-m", "lattica.cli", "put", str(src), "--listen", "/ip4/127.0.0.1/tcp/0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         cid = put.stdout.readline().strip()
         hashed = ""
@@ -299,16 +323,51 @@ def test_cli_put_get_and_stat(tmp_path):
         assert "100.0%" in hashed and "MB/s" in hashed, hashed
         addr = serving.split(" from ")[1].split(" (")[0].split(", ")[0]
         out = tmp_path / "copy.bin"
-        got = subprocess.run([sys.executable, "-m", "lattica.cli", "get", cid, "-o", str(out), "--bootstrap", addr, "--blocks", str(tmp_path / "cli-get")],
-                             capture_output=True, text=True, timeout=60)
+        got = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "lattica.cli",
+                "get",
+                cid,
+                "-o",
+                str(out),
+                "--bootstrap",
+                addr,
+                "--blocks",
+                str(tmp_path / "cli-get"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert got.returncode == 0, got.stderr[-2000:]
         assert out.read_bytes() == src.read_bytes()
         assert "MB/s" in got.stderr and "peers" in got.stderr  # the progress bar
-        stat = subprocess.run([sys.executable, "-m", "lattica.cli", "content", "stat", cid, "--blocks", str(tmp_path / "cli-get")],
-                              capture_output=True, text=True, timeout=30)
+        stat = subprocess.run(
+            [sys.executable, "-m", "lattica.cli", "content", "stat", cid, "--blocks", str(tmp_path / "cli-get")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert json.loads(stat.stdout)["complete"] is True
-        pin = subprocess.run([sys.executable, "-m", "lattica.cli", "content", "pin", cid, "--bootstrap", addr, "--blocks", str(tmp_path / "cli-pin")],
-                             capture_output=True, text=True, timeout=60)
+        pin = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "lattica.cli",
+                "content",
+                "pin",
+                cid,
+                "--bootstrap",
+                addr,
+                "--blocks",
+                str(tmp_path / "cli-pin"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert pin.returncode == 0 and json.loads(pin.stdout) == {"pinned": cid}, pin.stderr[-2000:]
         assert "MB/s" in pin.stderr and "100.0%" in pin.stderr  # the progress bar while it fetches
     finally:
@@ -369,15 +428,21 @@ def test_answers_are_not_held_back_by_a_path_the_peer_left(tmp_path):
             rt._serving[me.peer_id].add(_Stuck(primary))
             assert rt.unsent_to(me.peer_id) >= 1 << 30  # (the current path's backlog does count)
         finally:
-            rt._serving.get(me.peer_id, set()).difference_update({c for c in rt._serving.get(me.peer_id, ()) if isinstance(c, _Stuck)})
+            rt._serving.get(me.peer_id, set()).difference_update(
+                {c for c in rt._serving.get(me.peer_id, ()) if isinstance(c, _Stuck)}
+            )
 
 
 def test_a_block_just_sent_to_one_fetcher_is_passed_on_to_its_fellow_once(tmp_path):
     """Super-seeding: a provider asked for a block it sent a fellow fetcher of the same root
     under a second ago names that fellow instead ([its peer id]), once per fetcher and block,
     and only for fetchers in a swarm together; asked again, it sends the block."""
-    with _node(tmp_path, "pub") as pub, _node(tmp_path, "f1") as f1, _node(tmp_path, "f2") as f2, \
-            _node(tmp_path, "loner") as loner:
+    with (
+        _node(tmp_path, "pub") as pub,
+        _node(tmp_path, "f1") as f1,
+        _node(tmp_path, "f2") as f2,
+        _node(tmp_path, "loner") as loner,
+    ):
         for f in (f1, f2, loner):
             f.connect(pub.addrs[0])
         cid = lattica.content.put(os.urandom(3 * MiB), node=pub).result(30)

@@ -28,7 +28,9 @@ TCP = "/ip4/127.0.0.1/tcp/0"
 
 
 def _node(tmp_path, i, key, **kw):
-    return lattica.Node([TCP], mesh=key, crdt=CrdtConfig(path=str(tmp_path / f"n{i}"), **kw), pubsub=PubSubConfig(discover=False)).start()
+    return lattica.Node(
+        [TCP], mesh=key, crdt=CrdtConfig(path=str(tmp_path / f"n{i}"), **kw), pubsub=PubSubConfig(discover=False)
+    ).start()
 
 
 @pytest.fixture
@@ -38,7 +40,7 @@ def trio(tmp_path):
     nodes = [_node(tmp_path, i, key) for i in range(3)]
     try:
         for i, a in enumerate(nodes):
-            for b in nodes[i + 1:]:
+            for b in nodes[i + 1 :]:
                 b.connect(a.addrs[0])
         yield nodes
     finally:
@@ -78,7 +80,9 @@ def test_replicas_converge_and_commit_waits_for_others(trio):
             d.text("log").insert(0, f"<{i}>")
     assert docs[0].commit(replicas=2).result(10) == 2
     want = docs[0].to_py()
-    wait_for(lambda: all(d.to_py() == docs[0].to_py() for d in docs) and len(docs[0].to_py()["layers"]) == 3, timeout=10)
+    wait_for(
+        lambda: all(d.to_py() == docs[0].to_py() for d in docs) and len(docs[0].to_py()["layers"]) == 3, timeout=10
+    )
     assert set(docs[0].to_py()["layers"]) == {"part0", "part1", "part2"}, want
     assert len(seen) == 3 and {c.local for c in seen} == {True, False}
     change = sub.get(timeout=5)
@@ -133,7 +137,9 @@ def test_owner_documents_take_writers_only(trio):
     with pytest.raises(NotAWriter):
         d_writer.transaction()
     with pytest.raises(lattica.errors.LatticaError):
-        lattica.crdt.open("owned", owner=owner.peer_id, writers=[other.peer_id], node=other)  # only the owner sets writers
+        lattica.crdt.open(
+            "owned", owner=owner.peer_id, writers=[other.peer_id], node=other
+        )  # only the owner sets writers
 
 
 def _envelope(node, doc, edit, client=None, nonce=b"rogue-nonce", seq=1, prev=GENESIS, key=None):
@@ -181,8 +187,14 @@ def test_forged_and_foreign_envelopes_are_refused_and_not_passed_on(trio):
     assert docs[0].to_py() == before and docs[1].to_py() == before
     reasons = docs[0].stats()["refused_by_reason"]
     assert reasons.get("items under another client id", 0) >= 1 and reasons.get("bad signature", 0) >= 1
-    assert reasons.get("another document") == 1 and reasons.get("too large") == 1 and reasons.get("malformed envelope") == 1
-    assert docs[1].stats()["refused_by_reason"].get("items under another client id", 0) >= 1  # b judged c's pub-sub copy itself
+    assert (
+        reasons.get("another document") == 1
+        and reasons.get("too large") == 1
+        and reasons.get("malformed envelope") == 1
+    )
+    assert (
+        docs[1].stats()["refused_by_reason"].get("items under another client id", 0) >= 1
+    )  # b judged c's pub-sub copy itself
     # b's own next change still goes everywhere (its chain and client clock are intact)
     docs[1].map("cfg")["after"] = 1
     docs[1].commit(replicas=2).result(10)
@@ -195,7 +207,20 @@ async def _publish_raw(svc, topic, raws):
 
 
 def _fields(env):
-    return [env.kind, env.doc, env.author, env.nonce, env.seq, env.prev, env.ts, env.deps, env.body, env.certs, env.sig, env.id]
+    return [
+        env.kind,
+        env.doc,
+        env.author,
+        env.nonce,
+        env.seq,
+        env.prev,
+        env.ts,
+        env.deps,
+        env.body,
+        env.certs,
+        env.sig,
+        env.id,
+    ]
 
 
 def test_bad_calls_to_a_replica_get_a_clear_error(trio):
@@ -274,7 +299,9 @@ print(doc.commit(replicas=1, timeout=20).result(25))
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.strip() == "1", out.stdout
         assert doc.to_py() == {"runs": {"script": "done"}}
-        print(f"\ncrdt cold start: a fresh process wrote, committed to 1 replica and exited in {time.monotonic() - t0:.2f} s")
+        print(
+            f"\ncrdt cold start: a fresh process wrote, committed to 1 replica and exited in {time.monotonic() - t0:.2f} s"
+        )
 
 
 def test_a_forking_member_s_chain_ends_before_the_fork_on_every_replica(trio):
@@ -293,7 +320,9 @@ def test_a_forking_member_s_chain_ends_before_the_fork_on_every_replica(trio):
     _call(c, lambda: _push(c, b, docs[1], [two.to_bytes()]))
     # (even when each replica got its envelope before any sync: summaries carry the heads' ids,
     # so two replicas at one seq see they hold different envelopes for it)
-    assert wait_for(lambda: docs[0].to_py() == docs[1].to_py() == {"cfg": {"base": 1}}, timeout=15), [d.to_py() for d in docs]
+    assert wait_for(lambda: docs[0].to_py() == docs[1].to_py() == {"cfg": {"base": 1}}, timeout=15), [
+        d.to_py() for d in docs
+    ]
     assert docs[0].stats()["forks"] + docs[1].stats()["forks"] >= 1
     assert docs[0].stats()["rebuilds"] == 1 and docs[1].stats()["rebuilds"] == 1
     docs[0].map("cfg")["after"] = 2  # the document goes on

@@ -50,7 +50,7 @@ def trio(tmp_path):
     nodes = [_node(tmp_path / f"n{i}", key) for i in range(3)]
     try:
         for i, a in enumerate(nodes):
-            for b in nodes[i + 1:]:
+            for b in nodes[i + 1 :]:
                 b.connect(a.addrs[0])
         yield key, nodes
     finally:
@@ -62,8 +62,11 @@ def _checkpointed(docs):
     """All replicas took one and the same checkpoint and hold the same content."""
     want = docs[0].to_py()
     stats = [d.stats() for d in docs]
-    return (all(s["checkpoints"] >= 1 for s in stats) and all(d.to_py() == want for d in docs)
-            and len({tuple(cp.digest for cp in _replica_of(d).state.checkpoints) for d in docs}) == 1)
+    return (
+        all(s["checkpoints"] >= 1 for s in stats)
+        and all(d.to_py() == want for d in docs)
+        and len({tuple(cp.digest for cp in _replica_of(d).state.checkpoints) for d in docs}) == 1
+    )
 
 
 def _replica_of(doc):
@@ -76,7 +79,9 @@ def test_replicas_compact_a_newcomer_starts_from_the_checkpoint_and_a_restart_ke
     wait_for(lambda: all(len(d.peers()) >= 2 for d in docs), timeout=10)
     for i, d in enumerate(docs):  # (EVERY in all: the checkpoint covers every envelope)
         _write(d, f"w{i}-", EVERY // 3 + (i < EVERY % 3))
-    assert wait_for(lambda: _checkpointed(docs) and all(d.stats()["log_envelopes"] == 0 for d in docs), timeout=30), [d.stats() for d in docs]
+    assert wait_for(lambda: _checkpointed(docs) and all(d.stats()["log_envelopes"] == 0 for d in docs), timeout=30), [
+        d.stats() for d in docs
+    ]
     for d in docs:
         assert d.stats()["refused"] == 0, d.stats()
     cp = _replica_of(docs[0]).state.checkpoints[0]
@@ -120,7 +125,9 @@ def test_replicas_compact_a_newcomer_starts_from_the_checkpoint_and_a_restart_ke
 
 
 def _call(node, target, doc, method, *args):
-    ref = ActorRef(target.peer_id, actor_name(bytes.fromhex(doc.id)), {"sync": ASYNC, "push": ASYNC, "checkpoint": ASYNC})
+    ref = ActorRef(
+        target.peer_id, actor_name(bytes.fromhex(doc.id)), {"sync": ASYNC, "push": ASYNC, "checkpoint": ASYNC}
+    )
     return node.host.runtime.call(ref, method, args, {}, timeout=5.0).result(10)
 
 
@@ -162,11 +169,17 @@ def test_checkpoints_without_the_signatures_they_need_or_with_a_wrong_state_are_
         late.connect(host.addrs[0])
         fresh = lattica.crdt.open("swarm/guarded-other", node=late)  # (another document: nothing to sync)
         fresh_r = _replica(late, fresh)
-        right = Checkpoint(fresh_r.doc, proposal.heads, proposal.state_hash).signed(member.keypair, tuple(member.host.trust.presented)).signed(other, other_certs)
+        right = (
+            Checkpoint(fresh_r.doc, proposal.heads, proposal.state_hash)
+            .signed(member.keypair, tuple(member.host.trust.presented))
+            .signed(other, other_certs)
+        )
         with pytest.raises(LatticaError):
             _call(member, late, fresh, "checkpoint", b"garbage", None)
         _call(member, late, fresh, "checkpoint", right.to_bytes(), bogus_state)
-        _call(member, late, fresh, "checkpoint", right.to_bytes(), canon)  # (the hash is right: the chains are another document's)
+        _call(
+            member, late, fresh, "checkpoint", right.to_bytes(), canon
+        )  # (the hash is right: the chains are another document's)
         refused = fresh_r.state.refused_total
         assert refused.get("malformed checkpoint") == 1
         assert refused.get("checkpoint: the state is not the one the checkpoint names") == 1
@@ -178,7 +191,10 @@ def test_checkpoints_without_the_signatures_they_need_or_with_a_wrong_state_are_
     # the real one, signed by the quorum, is taken by a replica that lacks nothing (checked)
     good = proposal.signed(member.keypair, tuple(member.host.trust.presented)).signed(other, other_certs)
     _call(member, host, docs[0], "checkpoint", good.to_bytes(), None)
-    assert wait_for(lambda: victim.state.checkpoints == [good] or [c.digest for c in victim.state.checkpoints] == [good.digest], timeout=5)
+    assert wait_for(
+        lambda: victim.state.checkpoints == [good] or [c.digest for c in victim.state.checkpoints] == [good.digest],
+        timeout=5,
+    )
     assert len(victim.state.log) == 0 and docs[0].to_py() == docs[1].to_py()
 
 
@@ -227,7 +243,9 @@ def test_a_newcomer_takes_a_checkpoint_whose_state_is_large(trio, tmp_path):
     docs[0].commit().result(10)
     _write(docs[0], "a", EVERY // 2 - 1)
     _write(docs[1], "b", EVERY // 2)
-    assert wait_for(lambda: _checkpointed(docs) and all(d.stats()["log_envelopes"] == 0 for d in docs), timeout=30), [d.stats() for d in docs]
+    assert wait_for(lambda: _checkpointed(docs) and all(d.stats()["log_envelopes"] == 0 for d in docs), timeout=30), [
+        d.stats() for d in docs
+    ]
     assert len(next(iter(_replica_of(docs[0]).cp_states.values()))) > 200_000
     late = _node(tmp_path / "late", key)
     try:
@@ -246,7 +264,11 @@ def test_a_signature_answer_out_of_bounds_is_a_protocol_error():
     keys = KeyPair.generate()
     good = [keys.peer_id.to_bytes(), 1, [], bytes(64)]
     assert len(_parse_signatures([[good], []])) == 1
-    for bad in ([keys.peer_id.to_bytes(), 1, [b"c" * 70_000], bytes(64)],  # (a certificate too long to sign over)
-                [b"x" * 100, 1, [], bytes(64)], [keys.peer_id.to_bytes(), 1, [], bytes(10)], [keys.peer_id.to_bytes(), -1, [], bytes(64)]):
+    for bad in (
+        [keys.peer_id.to_bytes(), 1, [b"c" * 70_000], bytes(64)],  # (a certificate too long to sign over)
+        [b"x" * 100, 1, [], bytes(64)],
+        [keys.peer_id.to_bytes(), 1, [], bytes(10)],
+        [keys.peer_id.to_bytes(), -1, [], bytes(64)],
+    ):
         with pytest.raises(ProtocolError):
             _parse_signatures([[bad], []])

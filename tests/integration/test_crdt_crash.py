@@ -55,12 +55,18 @@ else:  # "churn", "compact": write and commit without end
 
 
 def _env(key: MeshKey, store: str) -> dict:
-    return {**os.environ, "LATTICA_MESH": key.to_text(), "LATTICA_CRDT": store,
-            "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    return {
+        **os.environ,
+        "LATTICA_MESH": key.to_text(),
+        "LATTICA_CRDT": store,
+        "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+    }
 
 
 def _start(args: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", WRITER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 def test_a_replica_killed_right_after_commit_loses_nothing(tmp_path):
@@ -79,12 +85,22 @@ def test_a_replica_killed_right_after_commit_loses_nothing(tmp_path):
         assert proc.returncode == -signal.SIGKILL
         assert doc.to_py() == {"m": {"precious": "kept"}}  # the other replica holds it
         # the killed writer restarts on its own disk: the change is there before any peer answers
-        out = subprocess.run([sys.executable, "-c", WRITER, "", keyfile, "read", "0"], capture_output=True, text=True,
-                             timeout=60, env=_env(key, str(tmp_path / "writer")))
+        out = subprocess.run(
+            [sys.executable, "-c", WRITER, "", keyfile, "read", "0"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=_env(key, str(tmp_path / "writer")),
+        )
         assert out.stdout.strip() == repr({"m": {"precious": "kept"}}), out.stderr[-2000:]
         # and a replacement with an empty disk gets it back from the peer
-        out = subprocess.run([sys.executable, "-c", WRITER, boot, keyfile, "read", "1.5"], capture_output=True, text=True,
-                             timeout=60, env=_env(key, str(tmp_path / "fresh")))
+        out = subprocess.run(
+            [sys.executable, "-c", WRITER, boot, keyfile, "read", "1.5"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=_env(key, str(tmp_path / "fresh")),
+        )
         assert out.stdout.strip() == repr({"m": {"precious": "kept"}}), out.stderr[-2000:]
 
 

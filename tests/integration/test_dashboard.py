@@ -18,8 +18,8 @@ import pytest
 import lattica
 from helpers import wait_for
 from lattica.actors.dashboard.config import DashboardConfig
-from lattica.errors import DashboardError
 from lattica.actors.membership import membership_ref
+from lattica.errors import DashboardError
 from lattica.identity import PeerId
 from lattica.mesh.process import ServerProcess
 from lattica.mesh.supervised import supervised_mesh
@@ -58,14 +58,21 @@ def test_pages_data_and_metrics_on_loopback():
         assert url.startswith("http://127.0.0.1:") and "token" not in url  # loopback: no token needed
         status, headers, body = _get(url)
         assert status == 200 and b"Lattica mesh" in body
-        assert "default-src 'self'" in headers["Content-Security-Policy"] and headers["X-Content-Type-Options"] == "nosniff"
+        assert (
+            "default-src 'self'" in headers["Content-Security-Policy"]
+            and headers["X-Content-Type-Options"] == "nosniff"
+        )
         assert _get(url + "app.js")[0] == 200 and _get(url + "style.css")[0] == 200
         me = json.loads(_get(url + "api/node")[2])
         assert me["peer_id"] == str(node.peer_id)
         names = {a["name"] for a in me["actors"]}
         assert {"spawner", "dht", "dashboard"} <= names
         pic = json.loads(_get(url + "api/mesh")[2])
-        assert pic["self"] == str(node.peer_id) and pic["nodes"][0]["self"] and pic["nodes"][0]["report"]["peer_id"] == str(node.peer_id)
+        assert (
+            pic["self"] == str(node.peer_id)
+            and pic["nodes"][0]["self"]
+            and pic["nodes"][0]["report"]["peer_id"] == str(node.peer_id)
+        )
         status, headers, metrics = _get(url + "metrics")
         text = metrics.decode()
         assert status == 200 and headers["Content-Type"].startswith("text/plain")
@@ -76,7 +83,9 @@ def test_pages_data_and_metrics_on_loopback():
 def test_only_get_and_only_loopback_host_names_on_a_loopback_bind():
     with Node([TCP], dashboard="127.0.0.1:0") as node:
         port = urlsplit(node.dashboard_url).port
-        assert _raw(port, b"POST /api/node HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n\r\n{}").split()[1] == "405"
+        assert (
+            _raw(port, b"POST /api/node HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n\r\n{}").split()[1] == "405"
+        )
         # a page elsewhere that rebinds its own name to 127.0.0.1 sends its name as Host: refused
         assert _raw(port, b"GET /api/mesh HTTP/1.1\r\nHost: evil.example:8265\r\n\r\n").split()[1] == "403"
         assert _raw(port, b"GET /api/mesh HTTP/1.1\r\nHost: localhost\r\n\r\n").split()[1] == "200"
@@ -161,8 +170,13 @@ def test_malformed_and_oversized_requests_get_an_error_and_the_node_serves_on():
     with Node([TCP], dashboard="127.0.0.1:0") as node:
         port = urlsplit(node.dashboard_url).port
         assert _raw(port, b"\x16\x03\x01garbage\r\n\r\n").split()[1] == "400"
-        assert _raw(port, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n").split()[1] in ("400", "431")
-        assert _raw(port, b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").split()[1] in ("400", "414")
+        assert _raw(port, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n").split()[
+            1
+        ] in ("400", "431")
+        assert _raw(port, b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").split()[1] in (
+            "400",
+            "414",
+        )
         assert _get(node.dashboard_url + "api/node")[0] == 200
 
 
@@ -180,8 +194,15 @@ def test_one_nodes_dashboard_shows_the_mesh_and_a_killed_node_with_its_children_
         pic = _picture(url)
         nodes = _by_node(pic)
         assert set(nodes) == {str(here.peer_id), *(p.peer_id for p in procs)}
-        assert all(n["state"] == "alive" and n["report"] for n in nodes.values()), [n.get("error") for n in nodes.values()]
-        keepers = [(pid, a["name"]) for pid, n in nodes.items() for a in n["report"]["actors"] if a["class"].endswith(".Keeper")]
+        assert all(n["state"] == "alive" and n["report"] for n in nodes.values()), [
+            n.get("error") for n in nodes.values()
+        ]
+        keepers = [
+            (pid, a["name"])
+            for pid, n in nodes.items()
+            for a in n["report"]["actors"]
+            if a["class"].endswith(".Keeper")
+        ]
         assert len(keepers) == 4 and all(pid != str(here.peer_id) for pid, _ in keepers)
         [tree] = nodes[str(here.peer_id)]["report"]["supervisors"]
         assert [c["id"] for c in tree["children"]] == [f"keeper-{i}" for i in range(4)]
@@ -200,12 +221,25 @@ def test_one_nodes_dashboard_shows_the_mesh_and_a_killed_node_with_its_children_
             n = _by_node(pic)
             [t] = n[str(here.peer_id)]["report"]["supervisors"]
             children = {c["id"]: c for c in t["children"]}
-            return pic if (n[victim.peer_id]["state"] in ("dead", "suspect") and n[victim.peer_id]["report"] is None
-                           and all(children[i]["node"] not in (None, victim.peer_id) and children[i]["restarts"] >= 1 for i in moved)) else None
+            return (
+                pic
+                if (
+                    n[victim.peer_id]["state"] in ("dead", "suspect")
+                    and n[victim.peer_id]["report"] is None
+                    and all(
+                        children[i]["node"] not in (None, victim.peer_id) and children[i]["restarts"] >= 1
+                        for i in moved
+                    )
+                )
+                else None
+            )
 
         pic = wait_for(settled, timeout=40)
         assert pic, _picture(url)
-        pic = wait_for(lambda: (lambda p: p if {"restart", "death"} <= {e["kind"] for e in p["events"]} else None)(_picture(url)), timeout=20)
+        pic = wait_for(
+            lambda: (lambda p: p if {"restart", "death"} <= {e["kind"] for e in p["events"]} else None)(_picture(url)),
+            timeout=20,
+        )
         assert pic, _picture(url)["events"]
 
 
@@ -234,9 +268,17 @@ def test_lattica_status_through_a_member_and_through_a_dashboard():
 def test_cli_mistakes_are_one_line_with_a_non_zero_status():
     r = _cli("ping", "/ip4/1.2.3/tcp/1/p2p/x")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith("lattica ping: ") and "/ip4/1.2.3.4/tcp/4001" in r.stderr
+    assert (
+        r.stderr.strip().count("\n") == 0
+        and r.stderr.startswith("lattica ping: ")
+        and "/ip4/1.2.3.4/tcp/4001" in r.stderr
+    )
     r = _cli("status")
-    assert r.returncode == 2 and r.stderr.strip() == "lattica status: give --bootstrap ADDR (any node of the mesh) or --dashboard URL (a node's dashboard)"
+    assert (
+        r.returncode == 2
+        and r.stderr.strip()
+        == "lattica status: give --bootstrap ADDR (any node of the mesh) or --dashboard URL (a node's dashboard)"
+    )
     r = _cli("status", "--dashboard", "http://127.0.0.1:9/")
     assert r.returncode == 2 and "cannot reach the dashboard" in r.stderr and "Traceback" not in r.stderr
     r = _cli("--log", "debug", "ping", "/ip4/1.2.3/tcp/1/p2p/x")
@@ -249,16 +291,26 @@ def test_no_head_node_kill_the_node_you_watch_and_open_anothers_dashboard():
     addresses membership gossip carries."""
     with contextlib.ExitStack() as stack:
         procs = [stack.enter_context(ServerProcess([TCP], "--dashboard", "127.0.0.1:0"))]
-        procs += [stack.enter_context(ServerProcess([TCP], "--dashboard", "127.0.0.1:0", "--connect", procs[0].addr("tcp"))) for _ in range(2)]
+        procs += [
+            stack.enter_context(ServerProcess([TCP], "--dashboard", "127.0.0.1:0", "--connect", procs[0].addr("tcp")))
+            for _ in range(2)
+        ]
         everyone = {p.peer_id for p in procs}
-        assert wait_for(lambda: {n["peer_id"] for n in _picture(procs[0].dashboard)["nodes"] if n["report"]} == everyone, timeout=30)
+        assert wait_for(
+            lambda: {n["peer_id"] for n in _picture(procs[0].dashboard)["nodes"] if n["report"]} == everyone, timeout=30
+        )
         with Node([TCP], membership=False) as here:  # (asks the second for its view, without making it call the third)
             here.connect(procs[1].addr("tcp"))
 
             async def view():
-                return await here.host.runtime.call(membership_ref(PeerId.from_string(procs[1].peer_id)), "view", (), {}, timeout=5)
+                return await here.host.runtime.call(
+                    membership_ref(PeerId.from_string(procs[1].peer_id)), "view", (), {}, timeout=5
+                )
 
-            assert wait_for(lambda: {r["peer_id"] for r in here.run(view(), timeout=10) if r["state"] == "alive"} >= everyone, timeout=30)
+            assert wait_for(
+                lambda: {r["peer_id"] for r in here.run(view(), timeout=10) if r["state"] == "alive"} >= everyone,
+                timeout=30,
+            )
         os.kill(procs[0].pid, signal.SIGKILL)
         with pytest.raises(OSError):
             urllib.request.urlopen(procs[0].dashboard + "api/mesh", timeout=2)
@@ -270,8 +322,9 @@ def test_no_head_node_kill_the_node_you_watch_and_open_anothers_dashboard():
                 return None
             return all(nodes[p.peer_id]["state"] == "alive" and nodes[p.peer_id]["report"] for p in procs[1:])
 
-        assert wait_for(same_mesh_without_it, timeout=40), [(n["peer_id"][-6:], n["state"], n.get("error")) for n in _picture(procs[1].dashboard)["nodes"]]
-
+        assert wait_for(same_mesh_without_it, timeout=40), [
+            (n["peer_id"][-6:], n["state"], n.get("error")) for n in _picture(procs[1].dashboard)["nodes"]
+        ]
 
 
 def _lying(node, answers):
@@ -290,9 +343,22 @@ def test_a_hostile_members_reports_cannot_break_flood_or_inject_into_the_watcher
     with Node([TCP], dashboard="127.0.0.1:0") as watcher, Node([TCP]) as evil:
         watcher.connect(evil.addrs[0])
         assert wait_for(lambda: len(watcher.nodes()) == 2, timeout=10)
-        big = {"supervisors": [{"name": "S" * 1_000_000, "children": [{"id": f"c{i}", "restarts": 0} for i in range(500)]}]}
-        bumped = {"supervisors": [{"name": "S" * 1_000_000, "children": [{"id": f"c{i}", "restarts": 1} for i in range(500)]}]}
-        _lying(evil, [big, bumped, [1, 2], {"actors": [{"name": [1]}], "peers": 7}, {"actor_count": "<meta http-equiv=refresh content=0;url=//x>"}])
+        big = {
+            "supervisors": [{"name": "S" * 1_000_000, "children": [{"id": f"c{i}", "restarts": 0} for i in range(500)]}]
+        }
+        bumped = {
+            "supervisors": [{"name": "S" * 1_000_000, "children": [{"id": f"c{i}", "restarts": 1} for i in range(500)]}]
+        }
+        _lying(
+            evil,
+            [
+                big,
+                bumped,
+                [1, 2],
+                {"actors": [{"name": [1]}], "peers": 7},
+                {"actor_count": "<meta http-equiv=refresh content=0;url=//x>"},
+            ],
+        )
         url = watcher.dashboard_url
         sizes = []
         for expect in ("ok", "ok", "malformed", "ok", "ok"):
@@ -335,7 +401,7 @@ def test_slow_and_idle_connections_are_closed_and_the_node_keeps_working():
                 s.settimeout(0.01)
                 try:
                     closed += s.recv(1) == b""
-                except socket.timeout:
+                except TimeoutError:
                     pass
                 except OSError:
                     closed += 1
@@ -351,9 +417,15 @@ def test_the_dashboard_benchmark_prints_its_figures():
     r = _cli("bench", "dashboard", "--json", "--duration", "1", "--runs", "1", timeout=180)
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
-    assert [row["case"] for row in rows] == ["picture, 4 nodes, 6 children", "picture, 200 nodes, 5000 actors (simulated)",
-                                            "Table 1 128 B async, node serving 3 pages vs none", "buffers per actor (500 actors)"]
-    assert rows[0]["bytes"] > 1000 and rows[0]["p50_ms"] > 0 and rows[1]["bytes"] > 1_000_000 and rows[1]["encode_ms"] > 0
+    assert [row["case"] for row in rows] == [
+        "picture, 4 nodes, 6 children",
+        "picture, 200 nodes, 5000 actors (simulated)",
+        "Table 1 128 B async, node serving 3 pages vs none",
+        "buffers per actor (500 actors)",
+    ]
+    assert (
+        rows[0]["bytes"] > 1000 and rows[0]["p50_ms"] > 0 and rows[1]["bytes"] > 1_000_000 and rows[1]["encode_ms"] > 0
+    )
     assert rows[2]["qps_without"] > 0 and rows[2]["qps_with"] > 0 and 0 < rows[2]["ratio"]
     assert 0 < rows[3]["output_ring_empty_bytes"] < rows[3]["output_ring_full_bytes"] and rows[3]["series_bytes"] > 0
 

@@ -21,7 +21,9 @@ CHROMIUM = shutil.which("chromium")
 DRIVER = shutil.which("chromedriver")
 
 pytestmark = [
-    pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Debian's chromium and chromium-driver (.ci/run installs them)"),
+    pytest.mark.skipif(
+        not (CHROMIUM and DRIVER), reason="needs Debian's chromium and chromium-driver (.ci/run installs them)"
+    ),
     pytest.mark.timeout(240),
 ]
 
@@ -92,16 +94,24 @@ def test_the_page_shows_the_mesh_and_a_node_dying_with_its_children_restarted(br
     with supervised_mesh(children=4, processes=3, dashboard="127.0.0.1:0") as (here, procs, sup, refs):
         browser.get(here.dashboard_url)
         assert _until(browser, "return document.getElementById('status').dataset.live === 'live'")
-        assert _until(browser, "return document.querySelectorAll('#nodes tbody tr[data-state=alive]').length === 4"), browser.page_source[:2000]
-        rows = browser.execute_script("return [...document.querySelectorAll('#nodes tbody tr')].map(r => r.dataset.node)")
+        assert _until(browser, "return document.querySelectorAll('#nodes tbody tr[data-state=alive]').length === 4"), (
+            browser.page_source[:2000]
+        )
+        rows = browser.execute_script(
+            "return [...document.querySelectorAll('#nodes tbody tr')].map(r => r.dataset.node)"
+        )
         assert set(rows) == {str(here.peer_id), *(p.peer_id for p in procs)}
         keepers = browser.execute_script(
-            "return [...document.querySelectorAll('#actors tbody tr')].filter(r => r.textContent.includes('.Keeper')).map(r => r.dataset.node)")
+            "return [...document.querySelectorAll('#actors tbody tr')].filter(r => r.textContent.includes('.Keeper')).map(r => r.dataset.node)"
+        )
         assert len(keepers) == 4 and str(here.peer_id) not in keepers
         children = browser.execute_script(
-            "return [...document.querySelectorAll('[data-supervisor] li')].map(li => [li.dataset.child, li.dataset.node])")
+            "return [...document.querySelectorAll('[data-supervisor] li')].map(li => [li.dataset.child, li.dataset.node])"
+        )
         assert sorted(c for c, _ in children) == [f"keeper-{i}" for i in range(4)]
-        paths = browser.execute_script("return [...document.querySelectorAll('#paths tbody tr')].map(r => r.dataset.path)")
+        paths = browser.execute_script(
+            "return [...document.querySelectorAll('#paths tbody tr')].map(r => r.dataset.path)"
+        )
         assert paths and set(paths) == {"direct"}
         assert _text(browser, "#me").count(str(here.peer_id)) == 1
         _shot(browser, tmp_path, "dashboard-mesh")
@@ -116,7 +126,9 @@ def test_the_page_shows_the_mesh_and_a_node_dying_with_its_children_restarted(br
                 && kids.every(li => li && li.dataset.node && li.dataset.node !== '{victim.peer_id}' && +li.dataset.restarts >= 1);
         """
         assert _until(browser, script, timeout=60), _text(browser, "main")[:3000]
-        assert _until(browser, "return document.querySelectorAll('#events li[data-kind=restart]').length > 0", timeout=20)
+        assert _until(
+            browser, "return document.querySelectorAll('#events li[data-kind=restart]').length > 0", timeout=20
+        )
         # the restarted children's actors, on their new nodes, show their restarts in the actors table
         script = f"""
             const rows = [...document.querySelectorAll('#actors tbody tr')].filter(r => {json.dumps(moved)}.some(id => r.dataset.actor.endsWith('/' + id)));
@@ -172,19 +184,46 @@ def test_a_hostile_member_cannot_inject_into_the_page_or_move_it(browser, tmp_pa
         watcher.connect(evil.addrs[0])
 
         async def report():
-            return {"peer_id": tag, "actor_count": tag, "peers": [{"peer_id": tag, "path": tag, "transport": tag, "rtt_ms": tag}],
-                    "actors": [{"name": tag, "class": tag, "state": tag, "mailbox": tag, "running": tag, "calls": tag, "errors": tag}],
-                    "supervisors": [{"name": tag, "strategy": tag, "children": [{"id": tag, "node": tag, "restarts": tag, "class": tag}]}],
-                    "dht": {"table": tag, "records": tag}, "content": {"transfers": [{"cid": 5, "bytes": tag, "total": tag, "peers": tag}]},
-                    "pubsub": {"topics": [{"topic": tag, "mesh": tag}]}, "crdt": {"docs": [{"name": tag, "applied": tag}]},
-                    "nat": {"reachability": tag, "reason": tag}, "time": float("nan")}
+            return {
+                "peer_id": tag,
+                "actor_count": tag,
+                "peers": [{"peer_id": tag, "path": tag, "transport": tag, "rtt_ms": tag}],
+                "actors": [
+                    {
+                        "name": tag,
+                        "class": tag,
+                        "state": tag,
+                        "mailbox": tag,
+                        "running": tag,
+                        "calls": tag,
+                        "errors": tag,
+                    }
+                ],
+                "supervisors": [
+                    {
+                        "name": tag,
+                        "strategy": tag,
+                        "children": [{"id": tag, "node": tag, "restarts": tag, "class": tag}],
+                    }
+                ],
+                "dht": {"table": tag, "records": tag},
+                "content": {"transfers": [{"cid": 5, "bytes": tag, "total": tag, "peers": tag}]},
+                "pubsub": {"topics": [{"topic": tag, "mesh": tag}]},
+                "crdt": {"docs": [{"name": tag, "applied": tag}]},
+                "nat": {"reachability": tag, "reason": tag},
+                "time": float("nan"),
+            }
 
         evil._host.services["dashboard"].report = report
         browser.get(watcher.dashboard_url)
         assert _until(browser, f"return !!document.querySelector('#nodes tbody tr[data-node=\"{evil.peer_id}\"]')")
-        assert _until(browser, "return document.getElementById('filter') && document.body.textContent.includes('pwned')")  # drawn as text
+        assert _until(
+            browser, "return document.getElementById('filter') && document.body.textContent.includes('pwned')"
+        )  # drawn as text
         time.sleep(1.5)  # (a meta refresh would have moved the page by now)
-        assert browser.execute_script("return document.getElementById('pwned') === null && !document.querySelector('meta[http-equiv]')")
+        assert browser.execute_script(
+            "return document.getElementById('pwned') === null && !document.querySelector('meta[http-equiv]')"
+        )
         assert browser.current_url.startswith(watcher.dashboard_url.rstrip("/"))
         assert browser.execute_script("return document.getElementById('status').dataset.live") == "live"
         _shot(browser, tmp_path, "dashboard-hostile-member")
@@ -205,7 +244,7 @@ def test_the_page_works_off_loopback_with_its_token(browser):
         assert not browser.execute_script("return document.querySelectorAll('#nodes tbody tr').length")
 
 
-DRIVER_SCRIPT = '''\
+DRIVER_SCRIPT = """\
 import logging, sys
 import lattica
 
@@ -247,7 +286,7 @@ lattica.get(lonely.ping.remote())
 doc = lattica.crdt.open("notes")
 print(node.peer_id, flush=True)
 sys.stdin.read()
-'''
+"""
 
 
 def _ink(png: bytes, rgb: tuple, tolerance: int = 40) -> int:
@@ -301,14 +340,23 @@ def test_the_page_explains_failures_with_errors_output_utilisation_jobs_and_lost
     with ServerProcess([tcp]) as worker, ServerProcess([tcp]) as doomed, Node([tcp], dashboard="127.0.0.1:0") as here:
         here.connect(worker.addr("tcp"))
         here.connect(doomed.addr("tcp"))
-        driver = subprocess.Popen([sys.executable, str(script), worker.addr("tcp"), worker.peer_id, doomed.peer_id],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        driver = subprocess.Popen(
+            [sys.executable, str(script), worker.addr("tcp"), worker.peer_id, doomed.peer_id],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
         try:
             driver_id = driver.stdout.readline().strip()
             assert driver_id.startswith("12D3KooW"), driver.stderr.read()
             browser.get(here.dashboard_url)
             assert _until(browser, "return document.getElementById('status').dataset.live === 'live'")
-            assert _until(browser, f"return !!document.querySelector('#actors tbody tr[data-actor=flaky] .last-error')?.textContent.includes('ValueError')")
+            assert _until(
+                browser,
+                "return !!document.querySelector('#actors tbody tr[data-actor=flaky] .last-error')?.textContent.includes('ValueError')",
+            )
 
             # counts agree: the tile, the nodes' column and the table (user actors; system ones apart)
             counts = browser.execute_script("""
@@ -317,23 +365,41 @@ def test_the_page_explains_failures_with_errors_output_utilisation_jobs_and_lost
                         rows: document.querySelectorAll('#actors tbody tr').length,
                         system: +document.querySelector('[data-count=system]').textContent,
                         systemColumn: sum('#nodes tbody td:nth-child(5)')};""")
-            assert counts["tile"] == counts["column"] == counts["rows"] >= 2 and counts["system"] == counts["systemColumn"] > 0, counts
+            assert (
+                counts["tile"] == counts["column"] == counts["rows"] >= 2
+                and counts["system"] == counts["systemColumn"] > 0
+            ), counts
             _click(browser, "#show-system")
-            assert _until(browser, f"return document.querySelectorAll('#actors tbody tr').length === {counts['rows'] + counts['system']}")
+            assert _until(
+                browser,
+                f"return document.querySelectorAll('#actors tbody tr').length === {counts['rows'] + counts['system']}",
+            )
             _click(browser, "#show-system")
             # load in words, reachability on a loopback mesh explained, internal topics hidden
-            loads = browser.execute_script("return [...document.querySelectorAll('#nodes tbody td:nth-child(7)')].map(td => td.textContent)")
+            loads = browser.execute_script(
+                "return [...document.querySelectorAll('#nodes tbody td:nth-child(7)')].map(td => td.textContent)"
+            )
             assert any("actor" in t for t in loads) and not any("{" in t for t in loads), loads
-            reach, me = _fresh(lambda: _attr_and_text(browser.find_element("css selector", "#me [data-reachability]"), "data-reachability"))
+            reach, me = _fresh(
+                lambda: _attr_and_text(
+                    browser.find_element("css selector", "#me [data-reachability]"), "data-reachability"
+                )
+            )
             assert reach == "loopback" and "loopback only" in me and "nothing outside this machine" in me
-            assert _until(browser, "return document.getElementById('topics-hidden').textContent.includes('1 internal topic')")
-            assert not browser.execute_script("return [...document.querySelectorAll('#topics tbody td')].some(td => td.textContent.startsWith('lattica/'))")
+            assert _until(
+                browser, "return document.getElementById('topics-hidden').textContent.includes('1 internal topic')"
+            )
+            assert not browser.execute_script(
+                "return [...document.querySelectorAll('#topics tbody td')].some(td => td.textContent.startsWith('lattica/'))"
+            )
             # nothing clipped at 1400 px: every card's content fits its width
             clipped = browser.execute_script("""return [...document.querySelectorAll('.card')].filter(c => !c.hidden && c.scrollWidth > c.clientWidth + 1)
                                                  .map(c => (c.querySelector('h2') || c).textContent.slice(0, 40) + ': ' + c.scrollWidth + '>' + c.clientWidth)""")
             assert not clipped, clipped
             _shot(browser, tmp_path, "dashboard-overview")
-            png = _element_shot(browser, tmp_path, "#me", "dashboard-loopback")  # explained in grey, not the warning's amber
+            png = _element_shot(
+                browser, tmp_path, "#me", "dashboard-loopback"
+            )  # explained in grey, not the warning's amber
             assert _ink(png, AMBER, 30) == 0 and _ink(png, GREY, 30) > 100
             png = _element_shot(browser, tmp_path, "#summary", "dashboard-tiles")
             assert _ink(png, INK, 30) > 300  # (the tiles' figures and words are drawn)
@@ -344,20 +410,38 @@ def test_the_page_explains_failures_with_errors_output_utilisation_jobs_and_lost
             _click(browser, "#actors tbody tr[data-actor=flaky]")
             assert _until(browser, "return document.querySelector('#detail[data-kind=actor] ol.errors')")
             panel = _text(browser, "#detail")
-            assert "ValueError: cannot take 8" in panel and 'raise ValueError(f"cannot take {x}")' in panel and "driver.py" in panel
+            assert (
+                "ValueError: cannot take 8" in panel
+                and 'raise ValueError(f"cannot take {x}")' in panel
+                and "driver.py" in panel
+            )
             assert "flaky starting" in panel and "working on 4" in panel and "WARNING flaky: input 4" in panel
             assert panel.count("input 4") == 1  # (a log record printed to stderr by its handler is shown once)
-            assert _until(browser, "return [...document.querySelectorAll('#detail figure[data-chart]')].some(f => +f.dataset.points >= 2)", timeout=20)
+            assert _until(
+                browser,
+                "return [...document.querySelectorAll('#detail figure[data-chart]')].some(f => +f.dataset.points >= 2)",
+                timeout=20,
+            )
             # what it holds, estimated while the panel is open, and charted from then on
             assert _until(browser, "return +document.querySelector('#detail [data-memory]')?.dataset.memory > 0")
-            assert _until(browser, "return +document.querySelector('#detail figure[data-chart^=memory]')?.dataset.points >= 1", timeout=20)
+            assert _until(
+                browser,
+                "return +document.querySelector('#detail figure[data-chart^=memory]')?.dataset.points >= 1",
+                timeout=20,
+            )
             png = _element_shot(browser, tmp_path, "#detail", "dashboard-actor-errors")
             assert _ink(png, RED) > 50 and _ink(png, BLUE) > 30  # (the error types in red, the chart lines drawn)
 
             # a node's utilisation over time
             _click(browser, f"#nodes tbody tr[data-node='{worker.peer_id}']")
-            assert _until(browser, "return document.querySelectorAll('#detail[data-kind=node] figure[data-chart]').length === 4")
-            assert _until(browser, "return [...document.querySelectorAll('#detail figure[data-chart]')].every(f => +f.dataset.points >= 2)", timeout=20)
+            assert _until(
+                browser, "return document.querySelectorAll('#detail[data-kind=node] figure[data-chart]').length === 4"
+            )
+            assert _until(
+                browser,
+                "return [...document.querySelectorAll('#detail figure[data-chart]')].every(f => +f.dataset.points >= 2)",
+                timeout=20,
+            )
             png = _element_shot(browser, tmp_path, "#detail", "dashboard-node-utilisation")
             assert _ink(png, BLUE) > 200
 
@@ -365,13 +449,19 @@ def test_the_page_explains_failures_with_errors_output_utilisation_jobs_and_lost
             job = _text(browser, f"#jobs tbody tr[data-job='{driver_id}']")
             assert "driver.py" in job and "alive" in job, job
             _click(browser, f"#jobs tbody tr[data-job='{driver_id}']")
-            assert _until(browser, """return [...document.querySelectorAll('#actors tbody tr')].map(r => r.dataset.actor).sort().join() === 'flaky,lonely'""")
+            assert _until(
+                browser,
+                """return [...document.querySelectorAll('#actors tbody tr')].map(r => r.dataset.actor).sort().join() === 'flaky,lonely'""",
+            )
             _element_shot(browser, tmp_path, "#jobs", "dashboard-jobs")
             _click(browser, f"#jobs tbody tr[data-job='{driver_id}']")
 
             # an actor that failed to start: in "ended lately", with why
             _click(browser, "#ended tbody tr[data-actor=broken]")
-            assert _until(browser, "return document.querySelector('#detail[data-kind=actor]')?.textContent.includes('Why it failed')")
+            assert _until(
+                browser,
+                "return document.querySelector('#detail[data-kind=actor]')?.textContent.includes('Why it failed')",
+            )
             panel = _text(browser, "#detail")
             assert "RuntimeError: no GPU here" in panel and "about to fail" in panel, panel[:2000]
             png = _element_shot(browser, tmp_path, "#detail", "dashboard-failed-start")
@@ -379,7 +469,11 @@ def test_the_page_explains_failures_with_errors_output_utilisation_jobs_and_lost
 
             # an unsupervised actor lost with its node
             os.kill(doomed.pid, signal.SIGKILL)
-            assert _until(browser, "return [...document.querySelectorAll('#events li[data-kind=lost]')].some(li => li.textContent.includes('lonely'))", timeout=60)
+            assert _until(
+                browser,
+                "return [...document.querySelectorAll('#events li[data-kind=lost]')].some(li => li.textContent.includes('lonely'))",
+                timeout=60,
+            )
             png = _element_shot(browser, tmp_path, "#events", "dashboard-lost-actor")
             assert _ink(png, RED) > 50
         finally:

@@ -12,31 +12,31 @@ name refreshes do not pile up, and lookups have an overall deadline."""
 import asyncio
 import concurrent.futures
 import json
-import socket
-import types
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
 import lattica
 import lattica.actors.dht.lookups as dht_lookups
 import lattica.actors.dht.upkeep as dht_upkeep
-from lattica import codec
 import sample_actors as sa
 from dht_actors import DhtProbe
+from helpers import wait_for
+from lattica import codec
 from lattica.actors.dht import DhtConfig, dht_ref, name_key
-from lattica.mesh.process import ServerProcess
 from lattica.errors import ActorNotFound, RecordRejected, StoreFailed
 from lattica.identity import KeyPair
 from lattica.kademlia import key_id, node_id
+from lattica.mesh.process import ServerProcess
 from lattica.multiaddr import Multiaddr
 from lattica.records import Entry, PeerRecord, StoreLimits, encode_subkey, entry_to_wire, sign_entry
 from lattica.runtime import ASYNC, ActorRef
-from helpers import wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -101,7 +101,10 @@ def _join(*ns):
 def three():
     """This process's default node and two server processes, all joined to one DHT."""
     lattica.shutdown()
-    with ServerProcess([TCP], "--allow", "dht_actors.*", "--allow", "sample_actors.*") as a, ServerProcess([TCP], "--allow", "dht_actors.*", "--allow", "sample_actors.*") as b:
+    with (
+        ServerProcess([TCP], "--allow", "dht_actors.*", "--allow", "sample_actors.*") as a,
+        ServerProcess([TCP], "--allow", "dht_actors.*", "--allow", "sample_actors.*") as b,
+    ):
         node = lattica.init(allow=["sample_actors.*"], bootstrap=[a.addr("tcp"), b.addr("tcp")])
         pa = DhtProbe.options(node=a.peer_id).remote()
         pb = DhtProbe.options(node=b.peer_id).remote()
@@ -124,7 +127,11 @@ def test_put_here_get_there_and_subkeys_from_three_writers_merge(three):
     assert pa.put.remote("swarm/layers", [8, 16], subkey=lattica.PeerId.from_string(a.peer_id)).result(10) == 3
     assert pb.put.remote("swarm/layers", [16, 24], subkey=lattica.PeerId.from_string(b.peer_id)).result(10) == 3
     rec = lattica.dht.get("swarm/layers").result(10)
-    assert {str(k): v.value for k, v in rec.items()} == {str(node.peer_id): [0, 8], a.peer_id: [8, 16], b.peer_id: [16, 24]}
+    assert {str(k): v.value for k, v in rec.items()} == {
+        str(node.peer_id): [0, 8],
+        a.peer_id: [8, 16],
+        b.peer_id: [16, 24],
+    }
     assert all(v.expiration > time.time() + 50 for v in rec.values())
     # a delete is a tombstone that outlives the record
     assert lattica.dht.delete("plain").result(10) == 3
@@ -356,14 +363,23 @@ def test_the_cli_puts_and_gets_through_a_bootstrap_node():
         addr = str(boot.addrs[0])
 
         def cli(*args, status=0):
-            out = subprocess.run([sys.executable, "-m", "lattica.cli", "dht", *args, "--bootstrap", addr], capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                [sys.executable, "-m", "lattica.cli", "dht", *args, "--bootstrap", addr],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert out.returncode == status, out.stderr
             return json.loads(out.stdout)
 
         assert cli("put", "cli/key", '{"n": 5}')["replicas"] == 2
         assert cli("get", "cli/key")["subkeys"][""]["value"] == {"n": 5}
         assert lattica.dht.get("cli/key", node=boot).result(10).value == {"n": 5}
-        assert cli("get", "cli/none", status=1) == {"key": "cli/none", "found": False, "subkeys": {}}  # (a script can test for it)
+        assert cli("get", "cli/none", status=1) == {
+            "key": "cli/none",
+            "found": False,
+            "subkeys": {},
+        }  # (a script can test for it)
         assert cli("peer", str(boot.peer_id))["addrs"] == [addr.split("/p2p/")[0]]
 
 
@@ -389,7 +405,9 @@ def test_a_successful_get_caches_the_record_at_the_closest_node_that_lacked_it()
         assert 1 <= len(before) <= 2
         reader = next(n for n in nodes if n.peer_id not in before and n is not writer)
         assert lattica.dht.get("cached", node=reader).result(10).value == "v"
-        assert wait_for(lambda: len(holders()) == len(before) + 1, timeout=5)  # one more copy, at a node the lookup asked
+        assert wait_for(
+            lambda: len(holders()) == len(before) + 1, timeout=5
+        )  # one more copy, at a node the lookup asked
         assert before < holders()
     finally:
         for n in nodes:
@@ -397,7 +415,11 @@ def test_a_successful_get_caches_the_record_at_the_closest_node_that_lacked_it()
 
 
 def test_a_peer_is_called_by_its_peer_id_alone_through_its_dht_record():
-    with lattica.Node([TCP], allow=["sample_actors.*"]) as hub, lattica.Node([TCP], allow=["sample_actors.*"]) as b, lattica.Node([TCP]) as c:
+    with (
+        lattica.Node([TCP], allow=["sample_actors.*"]) as hub,
+        lattica.Node([TCP], allow=["sample_actors.*"]) as b,
+        lattica.Node([TCP]) as c,
+    ):
         b.connect(hub.addrs[0])
         c.connect(hub.addrs[0])
         for n in (hub, b, c):
@@ -413,7 +435,10 @@ def test_a_peer_is_called_by_its_peer_id_alone_through_its_dht_record():
         assert c.run(call_b(), timeout=20) == 5
         assert str(b.addrs[0]).split("/p2p/")[0] in [str(a) for a in c._host.peer_addrs[b.peer_id]]
         with pytest.raises(lattica.errors.PeerUnreachable, match="DHT"):
-            c.run(_await(c._host.runtime.call(dht_ref(lattica.KeyPair.generate().peer_id), "ping", (), {}, timeout=10)), timeout=20)
+            c.run(
+                _await(c._host.runtime.call(dht_ref(lattica.KeyPair.generate().peer_id), "ping", (), {}, timeout=10)),
+                timeout=20,
+            )
 
 
 def test_a_peer_that_moved_to_a_new_port_is_found_again_through_its_newest_record(tmp_path):
@@ -430,7 +455,9 @@ def test_a_peer_that_moved_to_a_new_port_is_found_again_through_its_newest_recor
         with lattica.Node([TCP], key_path=key, allow=["sample_actors.*"]) as b2:  # same identity, new port
             assert str(b2.addrs[0]).split("/p2p/")[0] != old
             b2.connect(hub.addrs[0])  # publishes its new signed record at the hub only (no lookups,
-            assert _call(b2, hub.peer_id, "put_peer_record", PeerRecord.create(b2.keypair, b2.addrs).to_wire())  # so c never hears of it)
+            assert _call(
+                b2, hub.peer_id, "put_peer_record", PeerRecord.create(b2.keypair, b2.addrs).to_wire()
+            )  # so c never hears of it)
             assert b2.peer_id not in c._host.conns
             assert [str(a) for a in c._host.peer_addrs[b2.peer_id]] == [old]  # c knows only the old place
             assert c._host.runtime.dht.store.peer_record(b2.peer_id) is not None  # ... and holds the old record
@@ -460,7 +487,9 @@ def test_an_expired_record_in_an_answer_is_skipped_without_blaming_its_holder(no
     _on_loop(holder, lambda: _dht(holder).store.put(b"skewed", b"", stale, holder.peer_id))
     _on_loop(holder, lambda: _dht(holder).store.put(b"skewed", encode_subkey("fresh"), live, holder.peer_id))
     rec = lattica.dht.get("skewed", node=reader).result(10)
-    assert rec is not None and dict(rec) == {"fresh": lattica.dht.Value("live", live.expiration)}  # its answer was used ...
+    assert rec is not None and dict(rec) == {
+        "fresh": lattica.dht.Value("live", live.expiration)
+    }  # its answer was used ...
     assert holder.peer_id not in svc.misbehaved  # ... the expired record skipped, nobody blamed
     assert holder.peer_id in svc.table
 

@@ -72,7 +72,9 @@ def fill(code: str, addrs: list[str]) -> str:
     second = addrs[1].rsplit("/p2p/", 1)[1]
     code = re.sub(r'"/ip4/[0-9.]+/tcp/4001/p2p/12D3KooW\.\.\."', repr(addrs[0]).replace("'", '"'), code)
     code = code.replace('"12D3KooW..."', f'"{second}"')
-    code = code.replace('"/ip4/0.0.0.0/tcp/4001"', '"/ip4/127.0.0.1/tcp/0"').replace('"/ip4/0.0.0.0/udp/4001/quic-v1"', '"/ip4/127.0.0.1/udp/0/quic-v1"')
+    code = code.replace('"/ip4/0.0.0.0/tcp/4001"', '"/ip4/127.0.0.1/tcp/0"').replace(
+        '"/ip4/0.0.0.0/udp/4001/quic-v1"', '"/ip4/127.0.0.1/udp/0/quic-v1"'
+    )
     code = code.replace('"127.0.0.1:8265"', '"127.0.0.1:0"')
     return code
 
@@ -89,8 +91,12 @@ def test_a_snippet_runs_as_written(mesh, tmp_path, where, code):
         env = dict(env, PYTHONPATH=os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH")) if p))
     script = tmp_path / "snippet.py"
     script.write_text(fill(code, addrs))
-    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, f"{where} failed:\n{script.read_text()}\n--- stdout\n{out.stdout[-3000:]}\n--- stderr\n{out.stderr[-6000:]}"
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert out.returncode == 0, (
+        f"{where} failed:\n{script.read_text()}\n--- stdout\n{out.stdout[-3000:]}\n--- stderr\n{out.stderr[-6000:]}"
+    )
 
 
 def commands() -> list[tuple[str, str]]:

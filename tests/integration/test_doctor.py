@@ -15,13 +15,21 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 def _doctor(*args: str) -> tuple[int, dict]:
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-m", "lattica.cli", "doctor", "--json", "--wait", "2", *args], capture_output=True, text=True, timeout=90, env=env)
+    p = subprocess.run(
+        [sys.executable, "-m", "lattica.cli", "doctor", "--json", "--wait", "2", *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+    )
     return p.returncode, json.loads(p.stdout)
 
 
 def test_doctor_reports_a_working_setup_and_the_path_to_a_peer():
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"], relay=True) as relay:
-        code, r = _doctor("--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", str(relay.addrs[0]), "--peer", str(relay.peer_id))
+        code, r = _doctor(
+            "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", str(relay.addrs[0]), "--peer", str(relay.peer_id)
+        )
     assert r["bootstrap"][0]["ok"] and r["bootstrap"][0]["transport"] == "tcp"
     assert r["peer"]["ok"] and r["peer"]["path"] == "tcp"
     assert r["peers"]["direct"] >= 1 and r["holepunch"]["attempts"] == 0
@@ -44,8 +52,26 @@ def test_doctor_says_when_a_peer_refuses_us_for_not_being_a_member():
 
     ours, theirs = MeshKey.generate(), MeshKey.generate()
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"], relay=True, mesh=theirs) as relay:
-        code, r = _doctor("--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", str(relay.addrs[0]), "--peer", str(relay.peer_id), "--mesh", ours.to_text())
-        _, member = _doctor("--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", str(relay.addrs[0]), "--peer", str(relay.peer_id), "--mesh", theirs.to_text())
+        code, r = _doctor(
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--bootstrap",
+            str(relay.addrs[0]),
+            "--peer",
+            str(relay.peer_id),
+            "--mesh",
+            ours.to_text(),
+        )
+        _, member = _doctor(
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--bootstrap",
+            str(relay.addrs[0]),
+            "--peer",
+            str(relay.peer_id),
+            "--mesh",
+            theirs.to_text(),
+        )
     assert r["mesh"].startswith("members: " + ours.name)
     assert r["peer"]["ok"] and "not a member of this node's mesh" in r["peer"]["refused"]
     assert any("does not take this node as a member" in p for p in r["problems"])
@@ -58,7 +84,18 @@ def test_doctor_in_a_terminal_says_what_it_waits_for():
     erased before the report; in a log (no terminal) it is a line per stage, never rewritten."""
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"], relay=True) as relay:
-        args = [sys.executable, "-m", "lattica.cli", "doctor", "--wait", "1.5", "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", str(relay.addrs[0])]
+        args = [
+            sys.executable,
+            "-m",
+            "lattica.cli",
+            "doctor",
+            "--wait",
+            "1.5",
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--bootstrap",
+            str(relay.addrs[0]),
+        ]
         p, seen = run_on_pty(args, stdout=subprocess.PIPE, env=env)
         out = p.stdout.read().decode()
         piped = subprocess.run(args, capture_output=True, text=True, timeout=90, env=env)
@@ -74,9 +111,25 @@ def test_doctor_in_a_log_says_each_stage_as_it_starts():
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"], relay=True) as relay:
         addr, peer = str(relay.addrs[0]), str(relay.peer_id)
-        args = [sys.executable, "-m", "lattica.cli", "doctor", "--json", "--wait", "1", "--listen", "/ip4/127.0.0.1/tcp/0", "--bootstrap", addr, "--peer", peer]
+        args = [
+            sys.executable,
+            "-m",
+            "lattica.cli",
+            "doctor",
+            "--json",
+            "--wait",
+            "1",
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--bootstrap",
+            addr,
+            "--peer",
+            peer,
+        ]
         p = subprocess.run(args, capture_output=True, text=True, timeout=90, env=env)
-    stages = [line.removeprefix("lattica doctor: ") for line in p.stderr.splitlines() if line.startswith("lattica doctor: ")]
+    stages = [
+        line.removeprefix("lattica doctor: ") for line in p.stderr.splitlines() if line.startswith("lattica doctor: ")
+    ]
     assert [s.split(" ")[0] for s in stages] == ["starting", "connecting", "waiting", "reaching"], p.stderr
     assert stages[1] == f"connecting to {addr}" and stages[3] == f"reaching {peer}"
     assert json.loads(p.stdout)["peer"]["ok"]

@@ -70,7 +70,9 @@ def test_a_node_stopped_mid_fetch_ends_the_fetch_and_its_tasks_before_its_worker
         real_shutdown, left = pool.shutdown, []
 
         def shutdown(*args, **kw):
-            left.extend(t for f in fetches for t in [getattr(f, "task", None), *f._tasks] if t is not None and not t.done())
+            left.extend(
+                t for f in fetches for t in [getattr(f, "task", None), *f._tasks] if t is not None and not t.done()
+            )
             return real_shutdown(*args, **kw)
 
         pool.shutdown = shutdown
@@ -102,8 +104,24 @@ def _interrupted_get(cid: str, prov: lattica.Node, tmp_path, when) -> subprocess
     """Run ``lattica get cid`` through ``prov``; SIGINT once ``when()`` holds (after the get
     connected); its exit status and output."""
     blocks = tmp_path / f"get-{time.monotonic_ns()}"
-    p = subprocess.Popen([sys.executable, "-m", "lattica.cli", "get", cid, "-o", str(tmp_path / "out.bin"), "--bootstrap", str(prov.addrs[0]),
-                          "--blocks", str(blocks)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lattica.cli",
+            "get",
+            cid,
+            "-o",
+            str(tmp_path / "out.bin"),
+            "--bootstrap",
+            str(prov.addrs[0]),
+            "--blocks",
+            str(blocks),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert wait_for(lambda: bool(prov._host.conns) and when(), timeout=30), "the get never reached the moment"
         p.send_signal(signal.SIGINT)
@@ -124,13 +142,19 @@ def test_ctrl_c_in_lattica_get_exits_130_without_a_traceback(tmp_path):
         _slow(prov, 0.03)
         unknown = str(Cid.of(b"nobody holds this"))
         served = lambda: _content(prov).served_bytes  # noqa: E731
-        moments = [("start", cid, 0), ("discovery", unknown, 0)] + [(f"transfer {i}", cid, (2 + 3 * i) * MiB) for i in range(4)]
+        moments = [("start", cid, 0), ("discovery", unknown, 0)] + [
+            (f"transfer {i}", cid, (2 + 3 * i) * MiB) for i in range(4)
+        ]
         for name, which, into in moments:
             at = served() + into
             got = _interrupted_get(which, prov, tmp_path, lambda: served() >= at)
             lines = [line for line in got.stderr.splitlines() if line.strip()]
-            assert got.returncode in (130, -signal.SIGINT), f"{name}: exit status {got.returncode}: {got.stderr[-3000:]}"
-            assert len(lines) <= 1 and "Traceback" not in got.stderr and "Task" not in got.stderr, f"{name}: {got.stderr[-3000:]}"
+            assert got.returncode in (130, -signal.SIGINT), (
+                f"{name}: exit status {got.returncode}: {got.stderr[-3000:]}"
+            )
+            assert len(lines) <= 1 and "Traceback" not in got.stderr and "Task" not in got.stderr, (
+                f"{name}: {got.stderr[-3000:]}"
+            )
 
 
 def _half_held(tmp_path, data: bytes) -> tuple[str, int]:
@@ -182,8 +206,21 @@ def test_a_resumed_lattica_get_starts_its_bar_at_what_is_held(tmp_path):
     with _node(tmp_path, "second") as second:
         lattica.content.put(data, node=second).result(30)
         _slow(second, 0.05)
-        p, seen = run_on_pty([sys.executable, "-m", "lattica.cli", "get", cid, "-o", str(tmp_path / "out.bin"), "--bootstrap", str(second.addrs[0]),
-                              "--blocks", str(tmp_path / "me")])
+        p, seen = run_on_pty(
+            [
+                sys.executable,
+                "-m",
+                "lattica.cli",
+                "get",
+                cid,
+                "-o",
+                str(tmp_path / "out.bin"),
+                "--bootstrap",
+                str(second.addrs[0]),
+                "--blocks",
+                str(tmp_path / "me"),
+            ]
+        )
     text = seen.decode(errors="replace")
     assert p.returncode == 0, text[-2000:]
     first = re.search(r"(\d+\.\d)%", text)

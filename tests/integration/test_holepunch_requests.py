@@ -57,7 +57,12 @@ def test_a_punch_request_on_a_direct_connection_is_refused():
     with lattica.Node([TCP]) as a, lattica.Node([TCP]) as b:
         a.connect(b.addrs[0])
         conn = a._host.conns[b.peer_id]
-        connect = {"type": "connect", "addrs": ["/ip4/127.0.0.1/udp/9/quic-v1"], "nat": "endpoint-independent", "token": os.urandom(16)}
+        connect = {
+            "type": "connect",
+            "addrs": ["/ip4/127.0.0.1/udp/9/quic-v1"],
+            "nat": "endpoint-independent",
+            "token": os.urandom(16),
+        }
         assert a.run(_ask(a, conn, [connect]), timeout=10) is None  # reset, no answer
         assert _status(b)["refused"] == 1 and _status(b)["attempts"] == 0
 
@@ -73,8 +78,12 @@ def test_a_punch_over_direct_quic_only_adds_tcp_and_only_towards_the_peers_addre
         assert conn.transport == "quic"
         # a, the QUIC dialer, asks by itself first: on loopback neither has a TCP candidate
         assert wait_for(lambda: [r.get("reason") for r in a.run(_recent(a._host))] == [no_candidate], timeout=5)
-        lie = {"type": "connect", "addrs": ["/ip4/192.0.2.1/tcp/4001", "/ip4/192.0.2.1/udp/4001/quic-v1"],
-               "nat": "endpoint-independent", "token": os.urandom(16)}
+        lie = {
+            "type": "connect",
+            "addrs": ["/ip4/192.0.2.1/tcp/4001", "/ip4/192.0.2.1/udp/4001/quic-v1"],
+            "nat": "endpoint-independent",
+            "token": os.urandom(16),
+        }
         assert a.run(_ask(a, conn, [lie, {"type": "sync"}]), timeout=10) is not None  # answered
         assert wait_for(lambda: [r.get("reason") for r in b.run(_recent(b._host))] == [no_candidate] * 2, timeout=5)
         assert _status(b)["attempts"] == 0  # nothing executed: no SYN, no datagram
@@ -98,7 +107,10 @@ def test_tcp_only_punches_are_limited_per_ip_whatever_the_peer_ids():
             conn = a._host.conns[b.peer_id]
             got = a.run(_ask(a, conn, [{**lie, "token": os.urandom(16)}, {"type": "sync"}]), timeout=10)
             answered.append(got is not None)
-            wait_for(lambda: b.peer_id not in a._host.holepunch.tcp_active and a.peer_id not in b._host.holepunch.tcp_active, timeout=5)
+            wait_for(
+                lambda: b.peer_id not in a._host.holepunch.tcp_active and a.peer_id not in b._host.holepunch.tcp_active,
+                timeout=5,
+            )
         assert answered == [True] * 4 + [False] * 2, answered  # 3 asks per identity: never its own limit
 
 
@@ -135,7 +147,9 @@ def test_failed_punches_leave_the_relayed_connection_working_and_lies_cost_nothi
             assert _counter(caller, target.peer_id) == 2
             # the target received the relayed connection: it punched, three times, with nothing to
             # dial (neither side listens anywhere), and gave up
-            assert wait_for(lambda: _status(target)["failed"] == 3 and _status(target)["active"] == 0, timeout=15), _status(target)
+            assert wait_for(lambda: _status(target)["failed"] == 3 and _status(target)["active"] == 0, timeout=15), (
+                _status(target)
+            )
             assert caller._host.conns[target.peer_id].transport == "relay"
             assert _counter(caller, target.peer_id) == 2
 
@@ -144,7 +158,12 @@ def test_failed_punches_leave_the_relayed_connection_working_and_lies_cost_nothi
             # garbage, then a lying request (unroutable addresses, claiming a symmetric NAT so the
             # target probes): each is answered or reset, and the connection stays up
             assert caller.run(_ask(caller, conn, [{"type": "what"}]), timeout=10) is None
-            lie = {"type": "connect", "addrs": ["/ip4/192.0.2.1/udp/4001/quic-v1", "/ip4/192.0.2.1/tcp/4001"], "nat": DEPENDENT, "token": os.urandom(16)}
+            lie = {
+                "type": "connect",
+                "addrs": ["/ip4/192.0.2.1/udp/4001/quic-v1", "/ip4/192.0.2.1/tcp/4001"],
+                "nat": DEPENDENT,
+                "token": os.urandom(16),
+            }
             answer = caller.run(_ask(caller, conn, [lie, {"type": "sync"}]), timeout=10)
             assert answer is not None and answer["type"] == "connect"
             assert wait_for(lambda: _status(target)["active"] == 0 and _status(target)["failed"] == 4, timeout=10)

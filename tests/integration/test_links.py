@@ -72,6 +72,7 @@ def test_unlinked_actors_no_longer_go_down_together():
 
 def test_a_supervised_child_keeps_its_supervisor_when_it_links_to_others():
     with _pair() as (a, b):
+
         async def sup():
             s = lattica.Supervisor.remote(strategy="one_for_one", max_restarts=5, within=60)
             return s, await s.start_child.remote(sa.Linker, id="kid", node=b.peer_id)
@@ -84,4 +85,6 @@ def test_a_supervised_child_keeps_its_supervisor_when_it_links_to_others():
         a.run(lattica.akill(friends[0]), timeout=10)  # one link goes down: the child with it ...
         assert wait_for(lambda: _call(a, s, "which_children")[0]["restarts"] == 1, timeout=10)  # ... and is restarted
         assert _call(a, kid, "ping") == "pong"
-        assert wait_for(lambda: _bound(b, kid.name) == {_key(s)}, timeout=10)  # the new incarnation: its supervisor only
+        assert wait_for(
+            lambda: _bound(b, kid.name) == {_key(s)}, timeout=10
+        )  # the new incarnation: its supervisor only

@@ -7,13 +7,15 @@ import time
 
 import pytest
 
-import lattica
 import call_actors as ra
+import lattica
+from call_fixtures import (
+    bounded,
+)  # noqa: F401 -- fixtures
+from helpers import wait_for
 from lattica.errors import (
     NodeClosed,
 )
-from helpers import wait_for
-from call_fixtures import ALLOW, TCP, bounded, fails_without_timeout, node, spawn_via_spawner, spawner_names, where, _aiter  # noqa: F401 -- fixtures
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,7 +40,9 @@ def test_timed_out_calls_return_their_mailbox_credit(where, token):
 
     assert bounded(burst, 10, "20 calls with timeout=0.1") == ["CallTimeout"] * 20
     # every one of the 20 calls is over: the whole window of 8 is free again
-    got = bounded(lambda: lattica.get([p.aping.remote() for _ in range(8)], timeout=5), 8, "8 calls after 20 timed-out ones")
+    got = bounded(
+        lambda: lattica.get([p.aping.remote() for _ in range(8)], timeout=5), 8, "8 calls after 20 timed-out ones"
+    )
     assert got == ["pong"] * 8
 
 
@@ -49,13 +53,18 @@ def test_cancelled_calls_return_their_mailbox_credit(where, token):
     for rnd in range(5):  # 20 running calls cancelled, 4 at a time (each batch fits the window)
         futs = [p.forever.remote(token) for _ in range(4)]
         started += 4
-        assert wait_for(lambda: ra.COUNTS[token] >= started), f"round {rnd}: calls never started (credit leaked by earlier cancels)"
+        assert wait_for(lambda: ra.COUNTS[token] >= started), (
+            f"round {rnd}: calls never started (credit leaked by earlier cancels)"
+        )
         for f in futs:
             assert f.cancel()
         assert wait_for(lambda: all(f.done() for f in futs))
     # every one of the 20 calls is over: the whole window of 8 is free again
-    got = bounded(lambda: lattica.get([p.aping.remote() for _ in range(8)], timeout=5), 8, "8 calls after 20 cancelled ones")
+    got = bounded(
+        lambda: lattica.get([p.aping.remote() for _ in range(8)], timeout=5), 8, "8 calls after 20 cancelled ones"
+    )
     assert got == ["pong"] * 8
+
 
 # -- 6. deep backlogs ----------------------------------------------------------------------------
 
@@ -100,6 +109,7 @@ def test_many_quick_local_calls_behind_a_full_window(node, token, method):
         raise out["error"]
     assert out["values"] == list(range(3000))
 
+
 # -- 9. tells to an actor that does not exist ------------------------------------------------
 
 
@@ -113,8 +123,11 @@ def test_tells_to_an_unknown_actor_do_not_leak_credit(where):
     bounded(tells, 5, "20 tells to an unknown actor (window 4)")
     real = where.spawn(ra.Nobody, name="nobody", window=4)
     assert bounded(lambda: real.f.remote().result(5), 6, "a call to the new 'nobody'") == "f"
-    got = bounded(lambda: lattica.get([ghost.f.remote() for _ in range(8)], timeout=5), 6, "calls through the hand-built ref")
+    got = bounded(
+        lambda: lattica.get([ghost.f.remote() for _ in range(8)], timeout=5), 6, "calls through the hand-built ref"
+    )
     assert got == ["f"] * 8
+
 
 # -- 10. calls cancelled before they were sent ---------------------------------------------------
 
@@ -132,8 +145,13 @@ def test_calls_cancelled_before_they_are_sent_free_their_thread_gate_slot(where,
     assert wait_for(lambda: all(f.cancelled() for f in waiting))
     ra.event(token).set()
     assert lattica.get(held, timeout=5) == ["opened"] * 2
-    got = bounded(lambda: lattica.get([p.aping.remote() for _ in range(4)], timeout=5), 6, "calls from a thread after cancelled ones")
+    got = bounded(
+        lambda: lattica.get([p.aping.remote() for _ in range(4)], timeout=5),
+        6,
+        "calls from a thread after cancelled ones",
+    )
     assert got == ["pong"] * 4
+
 
 def test_thread_waiting_for_mailbox_room_is_released_when_the_node_stops():
     """A plain thread blocked on a full window (the actor's only slot is held by a call that never

@@ -57,7 +57,9 @@ def test_killed_frozen_and_departed_members(capsys):
             assert wait_for(lambda: _state(me, leaving.peer_id) == "left", timeout=10)
             t_leave = time.monotonic() - t0
             with capsys.disabled():
-                print(f"\nmembership: SIGKILL known dead after {t_kill:.2f} s, SIGSTOP after {t_stop:.2f} s, clean stop known after {t_leave:.2f} s")
+                print(
+                    f"\nmembership: SIGKILL known dead after {t_kill:.2f} s, SIGSTOP after {t_stop:.2f} s, clean stop known after {t_leave:.2f} s"
+                )
 
 
 def _state_at(me: lattica.Node, proc: ServerProcess, peer: str) -> str | None:

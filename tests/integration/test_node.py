@@ -8,7 +8,7 @@ import time
 import pytest
 
 import lattica
-from lattica.interfaces import interface_ips, is_loopback_ip
+from helpers import wait_for
 from lattica.errors import (
     ConnectionClosed,
     ConnectionLimit,
@@ -20,12 +20,11 @@ from lattica.errors import (
     TransportError,
     UnsupportedProtocol,
 )
+from lattica.interfaces import interface_ips, is_loopback_ip
 from lattica.transports.memory import MemoryNetwork
-from helpers import wait_for
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 QUIC = "/ip4/127.0.0.1/udp/0/quic-v1"
-
 
 
 @pytest.mark.parametrize("listen", [TCP, QUIC])
@@ -155,7 +154,9 @@ def test_a_full_listener_says_nothing_early_so_a_refused_member_is_not_fooled_in
         handshakes = []
         real = full._host._on_inbound
         full._host._on_inbound = lambda conn: (handshakes.append(conn.remote_peer), real(conn))[1]
-        full._host.transport_set.set_early(full._host.early_identify, full._host._push_early)  # (wrapped above: same hooks)
+        full._host.transport_set.set_early(
+            full._host.early_identify, full._host._push_early
+        )  # (wrapped above: same hooks)
         with lattica.Node([], mesh=mesh, mdns=False) as first, lattica.Node([], mesh=mesh, mdns=False) as second:
             first.connect(full.addrs[0])
             with pytest.raises(ConnectionClosed):
@@ -181,7 +182,9 @@ def test_one_connection_per_peer_even_when_both_dial():
             fa.result(), fb.result()
 
             async def held(h, peer):
-                return [(c.direction, c.local_addr, c.remote_addr, c is h.conns.get(peer)) for c in h.conns_of.get(peer, ())]
+                return [
+                    (c.direction, c.local_addr, c.remote_addr, c is h.conns.get(peer)) for c in h.conns_of.get(peer, ())
+                ]
 
             # Each end adopts the other's dial a moment after its own (the dialer's end of a Noise
             # handshake finishes first) and keeps the one the tie-break picks; the loser goes away
@@ -192,7 +195,9 @@ def test_one_connection_per_peer_even_when_both_dial():
             def agreed():
                 ha, hb = a.run(held(a._host, b.peer_id)), b.run(held(b._host, a.peer_id))
                 seen[:] = [ha, hb]
-                return len(ha) == len(hb) == 1 and ha[0][3] and hb[0][3] and (ha[0][1], ha[0][2]) == (hb[0][2], hb[0][1])
+                return (
+                    len(ha) == len(hb) == 1 and ha[0][3] and hb[0][3] and (ha[0][1], ha[0][2]) == (hb[0][2], hb[0][1])
+                )
 
             assert wait_for(agreed, timeout=10), seen
             # (the labels are read from the very picture that agreed: a later one may catch a
@@ -217,14 +222,20 @@ def test_tcp_is_the_primary_path_over_quic_on_both_ends(first):
 
         async def paths(h, peer):
             c = h.conns.get(peer)
-            return (c.transport if c is not None else None), sorted(x.transport for x in h.conns_of.get(peer, ()) if not x.is_closed)
+            return (c.transport if c is not None else None), sorted(
+                x.transport for x in h.conns_of.get(peer, ()) if not x.is_closed
+            )
 
         assert b.run(paths(b._host, a.peer_id))[0] == first
         b._submit(lambda h: h.dial_addrs(a.peer_id, [by[second]])).result(10)
-        assert wait_for(lambda: b.run(paths(b._host, a.peer_id))[0] == a.run(paths(a._host, b.peer_id))[0] == "tcp", timeout=5)
+        assert wait_for(
+            lambda: b.run(paths(b._host, a.peer_id))[0] == a.run(paths(a._host, b.peer_id))[0] == "tcp", timeout=5
+        )
         assert b.ping(a.peer_id) > 0 and a.ping(b.peer_id) > 0
         # the QUIC connection is unused, and closes after the linger period
-        assert wait_for(lambda: b.run(paths(b._host, a.peer_id)) == a.run(paths(a._host, b.peer_id)) == ("tcp", ["tcp"]), timeout=10)
+        assert wait_for(
+            lambda: b.run(paths(b._host, a.peer_id)) == a.run(paths(a._host, b.peer_id)) == ("tcp", ["tcp"]), timeout=10
+        )
 
 
 def test_a_peer_dialed_over_quic_gets_a_tcp_path_added():
@@ -244,8 +255,12 @@ def test_a_peer_dialed_over_quic_gets_a_tcp_path_added():
             c = h.conns.get(peer)
             return c.transport if c is not None else None
 
-        assert wait_for(lambda: b.run(primary(b._host, a.peer_id)) == a.run(primary(a._host, b.peer_id)) == "tcp", timeout=10)
-        assert wait_for(lambda: [(r["outcome"], r["path"]) for r in b.run(_punches(b._host))] == [("direct", "tcp")], timeout=5), b.run(_punches(b._host))
+        assert wait_for(
+            lambda: b.run(primary(b._host, a.peer_id)) == a.run(primary(a._host, b.peer_id)) == "tcp", timeout=10
+        )
+        assert wait_for(
+            lambda: [(r["outcome"], r["path"]) for r in b.run(_punches(b._host))] == [("direct", "tcp")], timeout=5
+        ), b.run(_punches(b._host))
         assert b.ping(a.peer_id) > 0
 
 
@@ -327,7 +342,10 @@ def test_connection_limit_refuses_extra_inbound():
 
 def test_idle_connections_close():
     # membership off: its heartbeats (every 0.5 s) are traffic, so members' connections are never idle
-    with lattica.Node([TCP], idle_timeout=0.3, membership=False) as a, lattica.Node([], idle_timeout=30, membership=False) as b:
+    with (
+        lattica.Node([TCP], idle_timeout=0.3, membership=False) as a,
+        lattica.Node([], idle_timeout=30, membership=False) as b,
+    ):
         b.connect(a.addrs[0])
         assert wait_for(lambda: a.peers() == [] and b.peers() == [], timeout=5)
         # and a new call simply dials again

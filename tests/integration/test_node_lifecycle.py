@@ -221,18 +221,23 @@ def _run_script(tmp_path, body: str) -> str:
 
 
 def test_a_script_that_inits_and_returns_exits(tmp_path):
-    out = _run_script(tmp_path, """
+    out = _run_script(
+        tmp_path,
+        """
         import lattica
         lattica.init(["/ip4/127.0.0.1/tcp/0"])
         print("ok")
-    """)
+    """,
+    )
     assert out.strip() == "ok"
 
 
 def test_a_script_that_spawns_actors_and_returns_exits_and_their_on_stop_runs(tmp_path):
     marks = tmp_path / "stopped"
     marks.mkdir()
-    out = _run_script(tmp_path, f"""
+    out = _run_script(
+        tmp_path,
+        f"""
         import pathlib
         import lattica
 
@@ -258,7 +263,8 @@ def test_a_script_that_spawns_actors_and_returns_exits_and_their_on_stop_runs(tm
         # a second node, started directly and never stopped, must not hold the exit either
         other = lattica.Node(["/ip4/127.0.0.1/tcp/0"]).start()
         print("ok")
-    """)
+    """,
+    )
     assert out.split() == ["sync", "async", "ok"]
     assert sorted(p.name for p in marks.iterdir()) == ["async", "sync"]
 

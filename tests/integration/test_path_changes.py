@@ -23,8 +23,8 @@ import pytest
 
 import lattica
 import path_actors as pa
-from helpers import wait_for
 import sample_actors as sa
+from helpers import wait_for
 from lattica.bench.linkem import EmulatedLink, Profile, available
 from lattica.config import RelayConfig
 from lattica.errors import LatticaError, PathChanged
@@ -69,7 +69,9 @@ class FarPeer:
             self.proc.wait()
 
 
-async def drive(ref, seconds: float, who: str = "L", concurrency: int = 8, timeout: float = 20.0) -> tuple[int, list[str]]:
+async def drive(
+    ref, seconds: float, who: str = "L", concurrency: int = 8, timeout: float = 20.0
+) -> tuple[int, list[str]]:
     """``concurrency`` callers calling ``put`` back to back for ``seconds``; every call carries the
     next sequence number, taken as it is made (the callee checks they arrive in that order).
     Returns (calls that succeeded, the errors of those that failed)."""
@@ -123,7 +125,9 @@ def _watch(node: lattica.Node, peer) -> dict:
 def _over_quic(lk: EmulatedLink, far: FarPeer):
     """Our node (TCP and QUIC) on the near side, connected to ``far`` over QUIC; yields it and
     what ``_watch`` sees of its connections to ``far``."""
-    with lattica.Node([f"/ip4/{lk.near_ip}/tcp/0", f"/ip4/{lk.near_ip}/udp/0/quic-v1"], allow=ALLOW, membership=False, mdns=False) as node:
+    with lattica.Node(
+        [f"/ip4/{lk.near_ip}/tcp/0", f"/ip4/{lk.near_ip}/udp/0/quic-v1"], allow=ALLOW, membership=False, mdns=False
+    ) as node:
         seen = _watch(node, far.peer_id)
         node.connect(far.addr("quic"))
         yield node, seen
@@ -151,7 +155,9 @@ def test_both_nodes_dial_at_once_over_a_long_link_and_no_call_fails(local_first)
         theirs.save(key_file)
         far = FarPeer([f"/ip4/{lk.far_ip}/tcp/0"], "--key", key_file, wrap=lk.wrap)
         try:
-            with lattica.Node([f"/ip4/{lk.near_ip}/tcp/0"], keypair=mine, allow=ALLOW, membership=False, mdns=False) as node:
+            with lattica.Node(
+                [f"/ip4/{lk.near_ip}/tcp/0"], keypair=mine, allow=ALLOW, membership=False, mdns=False
+            ) as node:
                 node.host.remember_addrs(far.peer_id, [lattica.Multiaddr(far.addr("tcp"))])
                 seen = _watch(node, far.peer_id)
 
@@ -185,7 +191,10 @@ def test_a_relayed_path_that_becomes_direct_finishes_its_calls_and_stream():
     """The far node is private (reachable through a relay here); our calls and a stream start on
     the circuit, the far node dials us back directly (connection reversal) and the circuit goes
     away under them: nothing fails, and calls go on direct."""
-    with EmulatedLink("continent") as lk, lattica.Node([f"/ip4/{lk.near_ip}/tcp/0"], relay=RelayConfig(), membership=False, mdns=False) as relay:
+    with (
+        EmulatedLink("continent") as lk,
+        lattica.Node([f"/ip4/{lk.near_ip}/tcp/0"], relay=RelayConfig(), membership=False, mdns=False) as relay,
+    ):
         far = FarPeer([], "--relay", str(relay.addrs[0]), wrap=lk.wrap)
         try:
             with lattica.Node([f"/ip4/{lk.near_ip}/tcp/0"], allow=ALLOW, membership=False, mdns=False) as node:
@@ -254,7 +263,14 @@ def test_an_idle_connection_retired_as_a_call_starts_still_serves_the_call():
     with EmulatedLink("continent") as lk:
         far = FarPeer([f"/ip4/{lk.far_ip}/tcp/0"], "--idle-timeout", "0.3", wrap=lk.wrap)
         try:
-            with lattica.Node([f"/ip4/{lk.near_ip}/tcp/0"], allow=ALLOW, membership=False, mdns=False, idle_timeout=0.3, channel_idle=0.05) as node:
+            with lattica.Node(
+                [f"/ip4/{lk.near_ip}/tcp/0"],
+                allow=ALLOW,
+                membership=False,
+                mdns=False,
+                idle_timeout=0.3,
+                channel_idle=0.05,
+            ) as node:
                 node.host.remember_addrs(far.peer_id, [lattica.Multiaddr(far.addr("tcp"))])
                 seen = _watch(node, far.peer_id)
 
@@ -285,7 +301,14 @@ def test_a_peer_that_dials_again_from_a_new_address_fails_no_call():
     with EmulatedLink("continent") as lk:
         far = FarPeer([f"/ip4/{lk.far_ip}/tcp/0"], "--idle-timeout", "0.5", wrap=lk.wrap)
         try:
-            with lattica.Node([f"/ip4/{lk.near_ip}/tcp/0"], allow=ALLOW, membership=False, mdns=False, idle_timeout=0.5, channel_idle=0.2) as node:
+            with lattica.Node(
+                [f"/ip4/{lk.near_ip}/tcp/0"],
+                allow=ALLOW,
+                membership=False,
+                mdns=False,
+                idle_timeout=0.5,
+                channel_idle=0.2,
+            ) as node:
                 seen = _watch(node, far.peer_id)
                 me = f"{node.addrs[0]}/p2p/{node.peer_id}"
                 assert far.cmd(f"connect {me}") == {"ok": True}
@@ -348,7 +371,9 @@ def test_a_call_made_as_the_path_moves_waits_for_an_earlier_slower_one():
 
 
 def _two_nodes(**kw):
-    a = lattica.Node(["/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1"], allow=ALLOW, membership=False, mdns=False)
+    a = lattica.Node(
+        ["/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1"], allow=ALLOW, membership=False, mdns=False
+    )
     b = lattica.Node(["/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1"], membership=False, mdns=False, **kw)
     return a, b
 
@@ -370,7 +395,9 @@ def test_calls_still_on_a_connection_when_its_grace_ends_fail_with_path_changed_
             ref = sa.Worker.options(node=a.peer_id).remote()
             await ref.ping.remote()
             log = pa.OrderLog.options(node=a.peer_id).remote()
-            plain = asyncio.ensure_future(ref.slow.remote(6.0))  # (QUIC goes away 2 s after TCP is up, then 1 s of grace)
+            plain = asyncio.ensure_future(
+                ref.slow.remote(6.0)
+            )  # (QUIC goes away 2 s after TCP is up, then 1 s of grace)
             again = asyncio.ensure_future(ref.slow.options(idempotent=True).remote(6.0))
             stream = asyncio.ensure_future(stream_all(log, 100, 0.1))
             await asyncio.sleep(0.3)

@@ -25,7 +25,9 @@ def _mesh(*specs: dict):
         for i, n in enumerate(nodes[1:], 1):
             for m in nodes[:i]:
                 n.connect(m.addrs[0])
-        assert wait_for(lambda: all(len(n.nodes()) == len(nodes) and all("cpu" in r for r in n.nodes()) for n in nodes), timeout=10)
+        assert wait_for(
+            lambda: all(len(n.nodes()) == len(nodes) and all("cpu" in r for r in n.nodes()) for n in nodes), timeout=10
+        )
         yield nodes
 
 
@@ -63,7 +65,9 @@ async def _spawn_and_get(cls, value):
 
 
 def test_labels_choose_the_node_and_pack_fills_the_fullest_first():
-    with _mesh({"resources": {"cpu": 4}}, {"resources": {"cpu": 4}, "labels": {"zone": "b"}}, {"resources": {"cpu": 8}}) as (a, b, c):
+    with _mesh(
+        {"resources": {"cpu": 4}}, {"resources": {"cpu": 4}, "labels": {"zone": "b"}}, {"resources": {"cpu": 8}}
+    ) as (a, b, c):
         ref = a.run(_spawn_and_get(sa.Counter.options(labels={"zone": "b"}), 1), timeout=30)
         assert ref.peer_id == b.peer_id
         with pytest.raises(lattica.errors.PlacementError, match="labels"):
@@ -102,4 +106,6 @@ async def _freeze_load(membership):
 
 
 async def _reserve_all(node):
-    await node._host.runtime.actors["spawner"].instance.spawn("sample_actors.Counter", [0], None, "filler", {"reserve": {"cpu": 2}})
+    await node._host.runtime.actors["spawner"].instance.spawn(
+        "sample_actors.Counter", [0], None, "filler", {"reserve": {"cpu": 2}}
+    )

@@ -13,8 +13,7 @@ import pytest
 import lattica
 import sample_actors as sa
 from helpers import call_as, spawn_local, wait_for
-from lattica.actors.pubsub import pubsub_ref
-from lattica.actors.pubsub import wire
+from lattica.actors.pubsub import pubsub_ref, wire
 from lattica.actors.pubsub.bundle import Bundle
 from lattica.config import PubSubConfig
 from lattica.errors import NodeClosed, PermissionDenied, ProtocolError, Timeout
@@ -31,7 +30,10 @@ def line():
     """Five members in a line (0-1-2-3-4): messages must travel through the mesh (the members do
     not look for the topics' other subscribers: they would all connect)."""
     key = MeshKey.generate()
-    nodes = [lattica.Node([TCP], mesh=key, allow=["sample_actors.*"], pubsub=PubSubConfig(discover=False)).start() for _ in range(5)]
+    nodes = [
+        lattica.Node([TCP], mesh=key, allow=["sample_actors.*"], pubsub=PubSubConfig(discover=False)).start()
+        for _ in range(5)
+    ]
     try:
         for a, b in zip(nodes, nodes[1:]):
             b.connect(a.addrs[0])
@@ -84,6 +86,7 @@ def test_subscriptions_from_threads_other_loops_and_actors(line):
                 got_async.append(msg.data)
                 if len(got_async) == 3:
                     break
+
         asyncio.run(main())
 
     t = threading.Thread(target=reader)
@@ -184,15 +187,25 @@ def test_forged_replayed_stale_and_oversized_messages_are_dropped(line):
         call_as(c, ref, "rpc", _batch(big))
 
 
-@pytest.mark.parametrize("bad", [
-    [], "x", [[], [], [], [], [], []], [[["t", "yes"]], [], [], [], [], [], []],
-    [[], [["t", b"a", -1, [b""], b""]], [], [], [], [], []], [[], [], [["t", ["notbytes"]]], [], [], [], []],
-    [[], [], [], [b"x" * 200], [], [], []], [[], [], [], [], [""], [], []], [[], [], [], [], [], [["t", "soon"]], []],
-    [[["t" * 300, True]], [], [], [], [], [], []], [[], [], [], [], ["t"] * 2000, [], []],
-    [[], [], [["t", [b""] * 10]], [], [], [], []],  # ids too short to be ids
-    [[], [], [["t", [b"i" * 20]]] * 65, [], [], [], []],  # more IHAVE topics than a batch may name
-    [[], [], [["t", [b"i" * 20] * 3000]], [b"i" * 20] * 3000, [], [], []],  # more ids than a batch may name
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [],
+        "x",
+        [[], [], [], [], [], []],
+        [[["t", "yes"]], [], [], [], [], [], []],
+        [[], [["t", b"a", -1, [b""], b""]], [], [], [], [], []],
+        [[], [], [["t", ["notbytes"]]], [], [], [], []],
+        [[], [], [], [b"x" * 200], [], [], []],
+        [[], [], [], [], [""], [], []],
+        [[], [], [], [], [], [["t", "soon"]], []],
+        [[["t" * 300, True]], [], [], [], [], [], []],
+        [[], [], [], [], ["t"] * 2000, [], []],
+        [[], [], [["t", [b""] * 10]], [], [], [], []],  # ids too short to be ids
+        [[], [], [["t", [b"i" * 20]]] * 65, [], [], [], []],  # more IHAVE topics than a batch may name
+        [[], [], [["t", [b"i" * 20] * 3000]], [b"i" * 20] * 3000, [], [], []],  # more ids than a batch may name
+    ],
+)
 def test_malformed_batches_are_refused_whole(line, bad):
     a, b = line[0], line[1]
     with pytest.raises(ProtocolError):
@@ -307,8 +320,18 @@ def test_control_queued_for_a_peer_is_bounded():
     _load()  # (what a node's first use of pub-sub loads)
     ob = _Outbound()
     for i in range(100):
-        ob.add(Rpc(subscribe=[(f"t{i}-{k}", True) for k in range(100)], graft=["g"] * 100, prune=[("p", 1.0)] * 100,
-                   iwant=[b"i" * 20] * 500, idontwant=[b"d" * 20] * 500, ihave=[("t", [b"h" * 20] * 100)]), cap=4096, cap_bytes=1 << 20)
+        ob.add(
+            Rpc(
+                subscribe=[(f"t{i}-{k}", True) for k in range(100)],
+                graft=["g"] * 100,
+                prune=[("p", 1.0)] * 100,
+                iwant=[b"i" * 20] * 500,
+                idontwant=[b"d" * 20] * 500,
+                ihave=[("t", [b"h" * 20] * 100)],
+            ),
+            cap=4096,
+            cap_bytes=1 << 20,
+        )
     p = ob.pending
     assert max(len(p.subscribe), len(p.graft), len(p.prune)) <= wire.MAX_ENTRIES
     assert len(p.ihave) <= wire.MAX_IHAVE_TOPICS
@@ -342,7 +365,9 @@ def test_messages_queued_for_a_peer_are_bounded_in_bytes_and_sent_in_bounded_cal
     ob.add(Rpc(messages=big[5:]), cap=4096, cap_bytes=32 << 20)
     assert not ob.pending.ihave, "gossip goes first"
     kept = (32 << 20) // 900_000  # 37
-    assert ob.pending.messages == big[-kept:] and ob.bytes == kept * 900_000 and ob.dropped == 40 - kept  # then the oldest
+    assert (
+        ob.pending.messages == big[-kept:] and ob.bytes == kept * 900_000 and ob.dropped == 40 - kept
+    )  # then the oldest
     calls = []
     while ob.pending:
         calls.append(ob.take())
@@ -394,7 +419,7 @@ def test_cancelled_waits_on_a_quiet_topic_do_not_pile_up():
             for _ in range(500):
                 try:
                     await asyncio.wait_for(sub.next(), 0.001)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
 
         asyncio.run(wait_a_little())
@@ -417,6 +442,7 @@ def _publish_in_one_turn(node, topic, items):
 
     async def go():
         return [svc.publish(topic, x) for x in items]
+
     return node.run(go(), timeout=10)
 
 
@@ -447,7 +473,9 @@ def test_a_bundle_passes_on_whole_and_items_are_delivered_where_accepted(line):
     both = list(range(10)) + list(range(100, 110))
     assert [subs[0].get(timeout=5).data for _ in range(20)] == both
     assert [subs[1].get(timeout=5).data for _ in range(10)] == [0, 2, 4, 6, 8, 100, 102, 104, 106, 108]
-    assert [subs[2].get(timeout=5).data for _ in range(20)] == both  # the odd ones rode along to a node without a validator
+    assert [
+        subs[2].get(timeout=5).data for _ in range(20)
+    ] == both  # the odd ones rode along to a node without a validator
     for sub in subs[3:]:  # node 3 ignores the whole second bundle: it goes no further
         assert [sub.get(timeout=5).data for _ in range(10)] == list(range(10))
     for sub in subs:
@@ -461,7 +489,14 @@ def _bundle(node, topic, items, seqno=None, flooded=()):
     author = node.peer_id.to_bytes()
     seqno = time.time_ns() if seqno is None else seqno
     bundle = Bundle(bodies, node._host.trust.presented, flooded)
-    signed = [topic, author, seqno, bundle.wire(), node.keypair.sign(bundle.signed_bytes(topic, author, seqno)), bundle.certs]
+    signed = [
+        topic,
+        author,
+        seqno,
+        bundle.wire(),
+        node.keypair.sign(bundle.signed_bytes(topic, author, seqno)),
+        bundle.certs,
+    ]
     return signed + [list(flooded)] if flooded else signed
 
 
@@ -471,7 +506,9 @@ def test_a_bundle_with_a_changed_or_relabelled_item_is_refused_whole(line):
     for n in (a, c):
         for t in ("t", "u"):
             lattica.pubsub.subscribe(t, node=n)
-    assert wait_for(lambda: len(lattica.pubsub.peers("t", node=b)) == 2 and len(lattica.pubsub.peers("u", node=b)) == 2, timeout=10)
+    assert wait_for(
+        lambda: len(lattica.pubsub.peers("t", node=b)) == 2 and len(lattica.pubsub.peers("u", node=b)) == 2, timeout=10
+    )
     forged = _bundle(a, "t", ["one", "two"])
     forged[3] = [forged[3][0], b"".join(bytes(x) for x in lattica.codec.encode("evil"))]
     relabelled = _bundle(a, "t", ["for t"])
@@ -561,6 +598,7 @@ def test_a_publisher_yielding_between_messages_paces_its_bundles_and_loses_nothi
             svc.publish("pace", i)
             await asyncio.sleep(0)
         return time.monotonic() - t0
+
     took = line[1].run(go(), timeout=60)
     rate = svc.cfg.author_rate / 2
     assert svc.stats()["bundles"] <= rate + rate * (took + 0.5), (svc.stats()["bundles"], took)
@@ -586,7 +624,12 @@ def test_open_topics_reach_strangers_and_nothing_else_does():
         for name, n in nodes.items():
             for t in ("public/news", "secret"):
                 subs[(name, t)] = lattica.pubsub.subscribe(t, node=n)
-        assert wait_for(lambda: lattica.pubsub.peers("public/news", node=host) == sorted([member.peer_id, stranger.peer_id], key=str), timeout=10)
+        assert wait_for(
+            lambda: (
+                lattica.pubsub.peers("public/news", node=host) == sorted([member.peer_id, stranger.peer_id], key=str)
+            ),
+            timeout=10,
+        )
         # (each subscription reaches the host on its own: the member's to "secret" may come a moment later)
         assert wait_for(lambda: lattica.pubsub.peers("secret", node=host) == [member.peer_id], timeout=10)
         assert lattica.pubsub.peers("secret", node=stranger) == []
@@ -597,10 +640,17 @@ def test_open_topics_reach_strangers_and_nothing_else_does():
         assert lattica.pubsub.publish("public/news", "from outside", node=stranger).result(5) == 1
         assert subs[("host", "public/news")].get(timeout=5).data == "for all"
         assert subs[("host", "public/news")].get(timeout=5).data == "from outside"
-        assert [subs[("member", "public/news")].get(timeout=5).data for _ in range(2)] == ["for all", "from outside"]  # passed on by the host
+        assert [subs[("member", "public/news")].get(timeout=5).data for _ in range(2)] == [
+            "for all",
+            "from outside",
+        ]  # passed on by the host
         assert lattica.pubsub.publish("secret", "sneaking in", node=stranger).result(5) == 0
-        call_as(stranger, pubsub_ref(host.peer_id), "open_rpc",
-                [[["secret", True]], [_envelope(stranger, "secret", "forced in")], [], [], ["secret"], [], []])
+        call_as(
+            stranger,
+            pubsub_ref(host.peer_id),
+            "open_rpc",
+            [[["secret", True]], [_envelope(stranger, "secret", "forced in")], [], [], ["secret"], [], []],
+        )
         with pytest.raises(Timeout):
             subs[("host", "secret")].get(timeout=0.5)
         assert subs[("stranger", "secret")].get(timeout=5).data == "sneaking in"  # (its own, delivered to itself)
@@ -608,7 +658,12 @@ def test_open_topics_reach_strangers_and_nothing_else_does():
             subs[("stranger", "secret")].get(timeout=0.5)  # nothing of the mesh's reached it
         assert lattica.pubsub.peers("secret", node=host) == [member.peer_id]
         with pytest.raises(PermissionDenied):
-            call_as(stranger, pubsub_ref(host.peer_id), "rpc", _batch(_envelope(stranger, "public/news", "the members' door")))
+            call_as(
+                stranger,
+                pubsub_ref(host.peer_id),
+                "rpc",
+                _batch(_envelope(stranger, "public/news", "the members' door")),
+            )
     finally:
         for n in (host, member, stranger):
             n.stop()
@@ -621,7 +676,7 @@ def test_an_author_s_flood_set_spares_its_peers_the_forwards():
     nodes = [lattica.Node([TCP], mesh=key, pubsub=PubSubConfig(discover=False)).start() for _ in range(4)]
     try:
         for i, a in enumerate(nodes):
-            for b in nodes[i + 1:]:
+            for b in nodes[i + 1 :]:
                 b.connect(a.addrs[0])
         subs = [lattica.pubsub.subscribe("fs", node=n) for n in nodes]
         assert wait_for(lambda: all(len(lattica.pubsub.peers("fs", node=n)) == 3 for n in nodes), timeout=10)
@@ -669,8 +724,13 @@ def test_a_copy_with_other_certificates_or_flood_set_cannot_pre_empt_the_author_
     ref = pubsub_ref(b.peer_id)
     tag = flood_tag(b.peer_id.to_bytes())
     lattica.pubsub.subscribe("pre2", node=b)
-    for k, change in enumerate([lambda m: m.__setitem__(5, m[5] + m[5]), lambda m: m.__setitem__(6, [tag, b"\x00" * 8]),
-                                lambda m: m.__setitem__(0, "pre2")]):  # other certificates, flood set, topic
+    for k, change in enumerate(
+        [
+            lambda m: m.__setitem__(5, m[5] + m[5]),
+            lambda m: m.__setitem__(6, [tag, b"\x00" * 8]),
+            lambda m: m.__setitem__(0, "pre2"),
+        ]
+    ):  # other certificates, flood set, topic
         genuine = _bundle(a, "pre", [f"genuine {k}"], flooded=[tag])
         fake = list(genuine)
         change(fake)

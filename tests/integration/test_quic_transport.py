@@ -14,9 +14,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
-from lattica.transports.base import Connection, Stream
-from lattica.transports._aioquic import LatticaQuicConnection
-from lattica.transports.quic import QuicConn, QuicTransport
 
 from lattica.errors import (
     ConnectionClosed,
@@ -30,6 +27,9 @@ from lattica.errors import (
 )
 from lattica.identity import KeyPair
 from lattica.multiaddr import Multiaddr
+from lattica.transports._aioquic import LatticaQuicConnection
+from lattica.transports.base import Connection, Stream
+from lattica.transports.quic import QuicConn, QuicTransport
 
 LOCAL4 = Multiaddr("/ip4/127.0.0.1/udp/0/quic-v1")
 
@@ -170,6 +170,7 @@ def test_listener_rejects_client_with_bad_certificate() -> None:
 
     async def main() -> None:
         from cryptography.hazmat.primitives.asymmetric import ec
+
         from lattica.transports import tlscert
 
         async with pair() as p:
@@ -294,9 +295,7 @@ def test_simultaneous_dials_between_two_listeners() -> None:
         try:
             la = await ta.listen(LOCAL4, serve_echo)
             lb = await tb.listen(LOCAL4, serve_echo)
-            ca, cb = await asyncio.gather(
-                ta.dial(lb.addrs[0], kb.peer_id), tb.dial(la.addrs[0], ka.peer_id)
-            )
+            ca, cb = await asyncio.gather(ta.dial(lb.addrs[0], kb.peer_id), tb.dial(la.addrs[0], ka.peer_id))
             for c in (ca, cb):
                 s = await c.open_stream()
                 s.write(b"ping")
@@ -320,12 +319,8 @@ def test_junk_datagrams_never_break_the_listener() -> None:
             sink.bind(("127.0.0.1", 0))
             sink.settimeout(5)
             probe = QuicTransport(KeyPair.generate(), handshake_timeout=0.3)
-            dial = asyncio.ensure_future(
-                probe.dial(Multiaddr(f"/ip4/127.0.0.1/udp/{sink.getsockname()[1]}/quic-v1"))
-            )
-            initial = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: sink.recvfrom(65535)[0]
-            )
+            dial = asyncio.ensure_future(probe.dial(Multiaddr(f"/ip4/127.0.0.1/udp/{sink.getsockname()[1]}/quic-v1")))
+            initial = await asyncio.get_running_loop().run_in_executor(None, lambda: sink.recvfrom(65535)[0])
             with pytest.raises(Timeout):
                 await dial
             await probe.close()
@@ -417,9 +412,7 @@ def test_many_streams_both_directions_echo() -> None:
                 await s.close()
                 assert await read_all(s) == payload
 
-            await asyncio.gather(
-                *(one(p.client, i) for i in range(60)), *(one(p.server, i) for i in range(60))
-            )
+            await asyncio.gather(*(one(p.client, i) for i in range(60)), *(one(p.server, i) for i in range(60)))
             await asyncio.sleep(0.05)
             assert p.client.num_streams == 0 and p.server.num_streams == 0
 
@@ -679,7 +672,9 @@ def test_a_peer_that_stops_acknowledging_holds_a_writer_at_the_send_cap() -> Non
 
     async def main() -> None:
         async with pair(send_high_water=64 * 1024) as p:
-            p.client._send_cap = 256 * 1024  # (the default, 32 MiB + 64 KiB, is above aioquic's first congestion window)
+            p.client._send_cap = (
+                256 * 1024
+            )  # (the default, 32 MiB + 64 KiB, is above aioquic's first congestion window)
             got: asyncio.Future[Stream] = asyncio.get_running_loop().create_future()
             p.server.set_stream_handler(got.set_result)
             s = await p.client.open_stream()
@@ -750,9 +745,7 @@ def test_closing_the_transport_fails_a_pending_dial() -> None:
         silent.bind(("127.0.0.1", 0))
         t = QuicTransport(KeyPair.generate(), handshake_timeout=10)
         try:
-            dial = asyncio.ensure_future(
-                t.dial(Multiaddr(f"/ip4/127.0.0.1/udp/{silent.getsockname()[1]}/quic-v1"))
-            )
+            dial = asyncio.ensure_future(t.dial(Multiaddr(f"/ip4/127.0.0.1/udp/{silent.getsockname()[1]}/quic-v1")))
             await asyncio.sleep(0.1)
             await t.close()
             with pytest.raises(TransportError):
@@ -761,7 +754,6 @@ def test_closing_the_transport_fails_a_pending_dial() -> None:
             silent.close()
 
     run(main)
-
 
 
 def test_close_propagates_to_the_peer() -> None:

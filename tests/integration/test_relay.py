@@ -7,10 +7,10 @@ relay it holds a reservation with. (The NAT lab, tests/natlab, does the same beh
 from __future__ import annotations
 
 import asyncio
-import time
 import os
 import signal
 import socket
+import time
 
 import pytest
 
@@ -124,7 +124,9 @@ def test_a_relayed_connection_moves_to_a_direct_one_when_one_side_can_be_dialed(
             # ...and a, which cannot be dialed, dials b (whose address came with identify)
             assert wait_for(lambda: _conn_transport(b, a.peer_id) == "tcp", timeout=10)
             assert _call_counter(b, a.peer_id, 30) == 31
-            assert wait_for(lambda: all(c.transport != "relay" for c in b._host.conns_of.get(a.peer_id, ())), timeout=15)
+            assert wait_for(
+                lambda: all(c.transport != "relay" for c in b._host.conns_of.get(a.peer_id, ())), timeout=15
+            )
 
 
 async def _status(node: lattica.Node, peer: lattica.PeerId) -> dict:
@@ -248,7 +250,10 @@ def test_an_unreachable_tcp_listener_leaves_quic_connected_ends_in_stream_and_is
             port = closed.getsockname()[1]
 
             async def misinform(h):  # the relay's TCP address, as far as these nodes know, is dead
-                h.peer_addrs[relay.peer_id] = [lattica.Multiaddr(f"/ip4/127.0.0.1/tcp/{port}"), lattica.Multiaddr(_quic_addr(relay))]
+                h.peer_addrs[relay.peer_id] = [
+                    lattica.Multiaddr(f"/ip4/127.0.0.1/tcp/{port}"),
+                    lattica.Multiaddr(_quic_addr(relay)),
+                ]
 
             for n in (a, b):
                 n.run(misinform(n._host), timeout=5)
@@ -303,7 +308,11 @@ async def _enable_splicing(relay: lattica.Node) -> bool:
 
 
 def test_failover_to_the_second_relay_when_the_first_dies():
-    with lattica.Node([TCP], relay=True) as r1, lattica.Node([TCP], relay=True) as r2, lattica.Node([], allow=ALLOW) as b:
+    with (
+        lattica.Node([TCP], relay=True) as r1,
+        lattica.Node([TCP], relay=True) as r2,
+        lattica.Node([], allow=ALLOW) as b,
+    ):
         with _private(r1.addrs[0], r2.addrs[0]) as a:
             assert wait_for(lambda: _reserved(a, 2), timeout=10)
             b.connect(r1.addrs[0])
@@ -396,7 +405,10 @@ async def _stop_from(relay: lattica.Node, target: lattica.Node):
 
 def test_a_spliced_circuit_over_its_byte_limit_is_cut_and_nothing_leaks():
     # membership off: it would redial the cut peer at once (a new circuit: no leak, but no zero)
-    with lattica.Node([TCP], relay=RelayConfig(circuit_bytes=64 * 1024)) as relay, lattica.Node([], allow=ALLOW, membership=False) as b:
+    with (
+        lattica.Node([TCP], relay=RelayConfig(circuit_bytes=64 * 1024)) as relay,
+        lattica.Node([], allow=ALLOW, membership=False) as b,
+    ):
         with _private(relay.addrs[0], membership=False) as a:
             assert wait_for(lambda: _reserved(a), timeout=10)
             b.connect(relay.addrs[0])
@@ -410,13 +422,19 @@ def test_a_spliced_circuit_over_its_byte_limit_is_cut_and_nothing_leaks():
             assert relay._host.relay.spliced_circuits == 1
             with pytest.raises(lattica.errors.LatticaError):
                 b.run(echo("x" * 200_000), timeout=20)  # more than the circuit may carry
-            assert wait_for(lambda: relay._host.relay.total_circuits == 0 and relay._host.relay.spliced_circuits == 0, timeout=10)
+            assert wait_for(
+                lambda: relay._host.relay.total_circuits == 0 and relay._host.relay.spliced_circuits == 0, timeout=10
+            )
             assert not relay._host.relay._pending_splices
             assert b.ping(relay.peer_id) > 0 and a.ping(relay.peer_id) > 0
 
 
 def test_a_relay_dying_mid_call_fails_only_the_calls_in_flight_and_the_next_call_takes_the_other():
-    with lattica.Node([TCP], relay=True) as r1, lattica.Node([TCP], relay=True) as r2, lattica.Node([], allow=ALLOW) as b:
+    with (
+        lattica.Node([TCP], relay=True) as r1,
+        lattica.Node([TCP], relay=True) as r2,
+        lattica.Node([], allow=ALLOW) as b,
+    ):
         relays = {str(r1.peer_id): r1, str(r2.peer_id): r2}
         with _private(r1.addrs[0], r2.addrs[0]) as a:
             assert wait_for(lambda: _reserved(a, 2), timeout=10)
@@ -490,7 +508,9 @@ def test_a_call_in_flight_while_the_path_moves_to_direct_completes_on_the_relay(
             assert got == 1.5  # the direct path came up meanwhile (a dials b); the call finished
             assert _conn_transport(b, a.peer_id) == "tcp"
             assert b.run(_slow(ref, 0.01), timeout=10) == 0.01
-            assert wait_for(lambda: all(c.transport != "relay" for c in b._host.conns_of.get(a.peer_id, ())), timeout=15)
+            assert wait_for(
+                lambda: all(c.transport != "relay" for c in b._host.conns_of.get(a.peer_id, ())), timeout=15
+            )
 
 
 async def _spawn(cls, peer):
@@ -530,15 +550,21 @@ def test_a_frozen_peer_loses_its_reservation_and_its_dht_slot_once_membership_ho
                 os.kill(p.pid, signal.SIGSTOP)
             try:
                 states = lambda: {r["peer_id"]: r["state"] for r in relay.nodes()}  # noqa: E731
-                assert wait_for(lambda: states().get(private.peer_id) == states().get(public.peer_id) == "dead", timeout=15), states()
+                assert wait_for(
+                    lambda: states().get(private.peer_id) == states().get(public.peer_id) == "dead", timeout=15
+                ), states()
                 assert behind in relay._host.conns  # still connected: the verdict, not a disconnect, drops it...
-                assert wait_for(lambda: not relay._host.relay.has_reservation(behind), timeout=5)  # ...once a ping goes unanswered
+                assert wait_for(
+                    lambda: not relay._host.relay.has_reservation(behind), timeout=5
+                )  # ...once a ping goes unanswered
                 assert served not in relay._host.runtime.dht.table
                 with lattica.Node([], allow=ALLOW, membership=False) as c:
                     c.connect(relay.addrs[0])
                     t0 = time.monotonic()
                     with pytest.raises((RelayRefused, PeerUnreachable)):
-                        c.connect(relay.addrs[0].encapsulate(f"/p2p/{relay.peer_id}/p2p-circuit/p2p/{behind}"), timeout=10)
+                        c.connect(
+                            relay.addrs[0].encapsulate(f"/p2p/{relay.peer_id}/p2p-circuit/p2p/{behind}"), timeout=10
+                        )
                     assert time.monotonic() - t0 < 5  # refused by the relay, not a dial that timed out
             finally:
                 for p in (private, public):
@@ -577,7 +603,9 @@ def test_identify_pushes_over_a_relay_do_not_make_a_node_dial_a_third_party_at_w
             conn = a._host.conns[b.peer_id]
             assert conn.transport == "relay"
             info = a._host.info[conn]
-            assert wait_for(lambda: b.peer_id not in a._host.dialer.upgrading, timeout=30), "the first try (a hole punch) ended"
+            assert wait_for(lambda: b.peer_id not in a._host.dialer.upgrading, timeout=30), (
+                "the first try (a hole punch) ended"
+            )
             dialed: list[int] = []
 
             async def dial_addrs(peer, addrs):  # (records what the node would dial; the third party refuses)
@@ -588,8 +616,14 @@ def test_identify_pushes_over_a_relay_do_not_make_a_node_dial_a_third_party_at_w
             fake = [lattica.Multiaddr(f"/ip4/192.0.2.7/tcp/{p}") for p in range(1, 65)]
 
             def push(k: int) -> None:
-                new = PeerInfo(info.peer_id, info.transport, info.direction, info.remote_addr, circle=info.circle,
-                               listen_addrs=tuple(fake[k % 2:]))  # (a changed set each time, as an attacker would)
+                new = PeerInfo(
+                    info.peer_id,
+                    info.transport,
+                    info.direction,
+                    info.remote_addr,
+                    circle=info.circle,
+                    listen_addrs=tuple(fake[k % 2 :]),
+                )  # (a changed set each time, as an attacker would)
                 a._host.info[conn] = new
                 a._host.dialer.identified(conn, new)
 
@@ -597,5 +631,7 @@ def test_identify_pushes_over_a_relay_do_not_make_a_node_dial_a_third_party_at_w
                 a._host.loop.call_soon_threadsafe(push, k)
                 time.sleep(0.02)
             time.sleep(0.5)
-            assert len(dialed) <= 1 and sum(dialed) <= 8, f"{len(dialed)} tries dialing {sum(dialed)} addresses of one third party"
+            assert len(dialed) <= 1 and sum(dialed) <= 8, (
+                f"{len(dialed)} tries dialing {sum(dialed)} addresses of one third party"
+            )
             assert _call_counter(b, a.peer_id, 40) == 41, "the relayed peer is still reached"

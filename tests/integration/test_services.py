@@ -7,11 +7,11 @@ import threading
 import pytest
 
 import lattica
+from helpers import wait_for
 from lattica import hostview, services
 from lattica.membership import MemberUp
 from lattica.runtime import ASYNC, ActorRef
 from lattica.runtime.client import CallRouter
-from helpers import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -19,11 +19,47 @@ TCP = "/ip4/127.0.0.1/tcp/0"
 
 
 def test_a_node_runs_the_services_its_configuration_turns_on():
-    with lattica.Node([TCP]) as plain, lattica.Node([TCP], relay=True, membership=False, content=False, pubsub=False) as relay:
-        assert list(plain.host.services) == ["spawner", "checkpoints", "dht", "autonat", "holepunch", "membership", "shards", "content", "code", "pubsub", "crdt", "dashboard"]
-        assert list(relay.host.services) == ["spawner", "checkpoints", "dht", "autonat", "holepunch", "relay", "shards", "dashboard"]
+    with (
+        lattica.Node([TCP]) as plain,
+        lattica.Node([TCP], relay=True, membership=False, content=False, pubsub=False) as relay,
+    ):
+        assert list(plain.host.services) == [
+            "spawner",
+            "checkpoints",
+            "dht",
+            "autonat",
+            "holepunch",
+            "membership",
+            "shards",
+            "content",
+            "code",
+            "pubsub",
+            "crdt",
+            "dashboard",
+        ]
+        assert list(relay.host.services) == [
+            "spawner",
+            "checkpoints",
+            "dht",
+            "autonat",
+            "holepunch",
+            "relay",
+            "shards",
+            "dashboard",
+        ]
         # every service with an actor serves it under its well-known name
-        for name in ("spawner", "checkpoints", "dht", "autonat", "holepunch", "membership", "shards", "content", "pubsub", "dashboard"):
+        for name in (
+            "spawner",
+            "checkpoints",
+            "dht",
+            "autonat",
+            "holepunch",
+            "membership",
+            "shards",
+            "content",
+            "pubsub",
+            "dashboard",
+        ):
             assert name in plain.host.runtime.actors
         assert plain.host.relay is None and relay.host.relay is relay.host.services["relay"]
 
@@ -78,7 +114,10 @@ def test_services_see_connections_identify_and_membership_as_events():
         a.run(subscribe())
         b.connect(a.addrs[0])
         assert wait_for(lambda: b.peer_id in seen["identified"] and b.peer_id in seen["connected"], timeout=10)
-        assert wait_for(lambda: any(isinstance(ev, MemberUp) and ev.member.id == str(b.peer_id) for ev in seen["membership"]), timeout=10)
+        assert wait_for(
+            lambda: any(isinstance(ev, MemberUp) and ev.member.id == str(b.peer_id) for ev in seen["membership"]),
+            timeout=10,
+        )
         b.disconnect(a.peer_id)
         assert wait_for(lambda: b.peer_id in seen["disconnected"], timeout=10)
 

@@ -16,8 +16,8 @@ import lattica
 from helpers import wait_for
 from lattica.errors import RemoteError, ShardUnavailable
 from lattica.mesh.process import ServerProcess
-from lattica.shards.client import REFRESH
 from lattica.records import mesh_scoped
+from lattica.shards.client import REFRESH
 from lattica.shards.keys import encode_registration, shard_key
 from shard_actors import Stage
 
@@ -174,8 +174,12 @@ def test_refs_read_from_registrations_are_plain_and_serving_is_bounded(mesh):
     local = Stage.remote(1)
     local.who.remote().result(10)
     real = rt.actors[local.name].ref
-    decoy = ActorRef(real.peer_id, real.name, real.methods, stable=True, supervisor=ActorRef(real.peer_id, "elsewhere", {}))
-    driver.run(_keep(rt, shard_key("math", "s-plain"), encode_registration([(decoy, 0)], rt.host.trust.presented)), timeout=10)
+    decoy = ActorRef(
+        real.peer_id, real.name, real.methods, stable=True, supervisor=ActorRef(real.peer_id, "elsewhere", {})
+    )
+    driver.run(
+        _keep(rt, shard_key("math", "s-plain"), encode_registration([(decoy, 0)], rt.host.trust.presented)), timeout=10
+    )
     assert wait_for(lambda: lattica.shards.providers("math", "s-plain").result(10), timeout=10)
     got = lattica.shards.providers("math", "s-plain").result(10)
     assert got and not got[0][0].stable and got[0][0].supervisor is None

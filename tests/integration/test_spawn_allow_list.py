@@ -6,14 +6,18 @@ import time
 
 import pytest
 
-import lattica
-from lattica.runtime import spawner_ref
 import call_actors as ra
+import lattica
+from call_fixtures import (
+    TCP,
+    spawn_via_spawner,
+    spawner_names,
+)  # noqa: F401 -- fixtures
 from lattica.errors import (
     MethodNotFound,
     SpawnError,
 )
-from call_fixtures import ALLOW, TCP, bounded, fails_without_timeout, node, spawn_via_spawner, spawner_names, where, _aiter  # noqa: F401 -- fixtures
+from lattica.runtime import spawner_ref
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -69,7 +73,9 @@ def test_spawner_local_helpers_are_no_remote_methods(node):
     holder of a name) is not callable by peers through the spawner."""
     with lattica.Node([TCP]) as b:
         node.connect(b.addrs[0])
-        bound = lattica.ActorRef(b.peer_id, "spawner", {"stop_bound": "sync", "holder": "sync", "reserved_total": "sync"})
+        bound = lattica.ActorRef(
+            b.peer_id, "spawner", {"stop_bound": "sync", "holder": "sync", "reserved_total": "sync"}
+        )
         for method in ("stop_bound", "holder", "reserved_total"):
             with pytest.raises(MethodNotFound):
                 getattr(bound, method).remote(*(["x"] if method == "holder" else [])).result(5)
@@ -80,7 +86,14 @@ def test_spawner_local_helpers_are_no_remote_methods(node):
         from lattica.actors.dht import dht_ref
         from lattica.actors.membership import membership_ref
         from lattica.runtime import autonat_ref
+
         actors = b._host.runtime.actors
-        for ref in (spawner_ref(b.peer_id), checkpoints_ref(b.peer_id), dht_ref(b.peer_id), membership_ref(b.peer_id), autonat_ref(b.peer_id)):
+        for ref in (
+            spawner_ref(b.peer_id),
+            checkpoints_ref(b.peer_id),
+            dht_ref(b.peer_id),
+            membership_ref(b.peer_id),
+            autonat_ref(b.peer_id),
+        ):
             assert set(actors[ref.name].ref.methods) == set(ref.methods), ref.name
             assert not actors[ref.name].needs_thread, ref.name

@@ -18,7 +18,7 @@ from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(180)
 
-SCRIPT = '''\
+SCRIPT = """\
 import asyncio, sys, time
 import numpy as np
 import lattica
@@ -80,7 +80,7 @@ async def from_loop():
 print("loop", node.run(from_loop(), timeout=60), lattica.get(s.seen.remote())[-2:], flush=True)
 time.sleep(1.0)
 print("held", lattica.content.stat().result()["pins"] - before[0], lattica.get(s.held.remote())[0] - before[1], flush=True)
-'''
+"""
 
 
 @pytest.fixture
@@ -101,7 +101,14 @@ def mesh(tmp_path):
         job = tmp_path / "job"
         job.mkdir(exist_ok=True)
         (job / "train.py").write_text(textwrap.dedent(SCRIPT))
-        return subprocess.run([sys.executable, str(job / "train.py"), *map(str, args)], cwd=job, env=env, capture_output=True, text=True, timeout=150)
+        return subprocess.run(
+            [sys.executable, str(job / "train.py"), *map(str, args)],
+            cwd=job,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
 
     try:
         yield node, run, key
@@ -121,8 +128,10 @@ def test_big_arguments_and_results_travel_by_cid_in_order_and_nothing_stays(mesh
     r = run(addr, 1 << 30)
     assert r.returncode == 0, r.stderr[-3000:]
     got = _lines(r.stdout)
-    assert got["order"] == ("['a', 'b', 'c', 'd'] [['a', 'ndarray', 80000000, 9999999.0], ['b', 'small', 0, None], "
-                            "['c', 'bytearray', 73400320, 122.0], ['d', 'small', 0, None]]"), got
+    assert got["order"] == (
+        "['a', 'b', 'c', 'd'] [['a', 'ndarray', 80000000, 9999999.0], ['b', 'small', 0, None], "
+        "['c', 'bytearray', 73400320, 122.0], ['d', 'small', 0, None]]"
+    ), got
     assert got["make"] == "int64 (10000000,) 9999999 True"
     assert got["blob"] == "bytes 73400320 73400320"
     assert got["echo"] == "tuple (10000000,) 9999999.0 1 bytes 73400320"  # (a memoryview comes back as bytes)
@@ -135,7 +144,9 @@ def test_the_bound_is_a_clear_error_on_either_side(mesh):
     node, run, _ = mesh
     addr = node("--spill-limit", str(50 << 20))
     r = run(addr, 1 << 30)  # the node refuses to fetch 80 MB for a call
-    assert r.returncode != 0 and "spill_limit of 52428800" in r.stderr and "did not arrive" in r.stderr, r.stderr[-2000:]
+    assert r.returncode != 0 and "spill_limit of 52428800" in r.stderr and "did not arrive" in r.stderr, r.stderr[
+        -2000:
+    ]
     r = run(addr, 0)  # the script spills nothing: the cap's own error, saying what to do
     assert r.returncode != 0 and "FrameTooLarge" in r.stderr and "lattica.content.put" in r.stderr, r.stderr[-2000:]
 
@@ -145,7 +156,7 @@ def test_a_stranger_cannot_make_a_node_fetch(mesh, tmp_path):
     addr = node()
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh="open") as stranger:
         stranger.connect(addr)
-        from lattica.runtime import ActorRef, ASYNC
+        from lattica.runtime import ASYNC, ActorRef
 
         ref = ActorRef(lattica.PeerId.from_string(addr.rsplit("/p2p/", 1)[1]), "dht", {"ping": ASYNC})
 
@@ -159,7 +170,7 @@ def test_a_stranger_cannot_make_a_node_fetch(mesh, tmp_path):
 def test_without_a_content_service_the_cap_stands():
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"], content=False) as a, lattica.Node(["/ip4/127.0.0.1/tcp/0"]) as b:
         a.connect(b.addrs[0])
-        from lattica.runtime import ActorRef, ASYNC
+        from lattica.runtime import ASYNC, ActorRef
 
         ref = ActorRef(b.peer_id, "dht", {"ping": ASYNC})
 

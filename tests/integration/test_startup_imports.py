@@ -15,9 +15,24 @@ import sys
 # supervisors and the shard stub's client side when first named, the in-memory transport for the
 # first /memory address; ipaddress with QUIC or a dashboard (lattica.iptext does the rest);
 # libsodium at the first signature checked (a handshake's, a record's).
-LATER = ["structlog", "pykka", "ifaddr", "lattica.mdns", "aioquic", "hashlib", "_hashlib", "shutil",
-         "lattica.actors.relay", "lattica.supervisor", "lattica.shards.client", "lattica.shards.select",
-         "lattica.transports.memory", "ipaddress", "nacl", "nacl._sodium"]
+LATER = [
+    "structlog",
+    "pykka",
+    "ifaddr",
+    "lattica.mdns",
+    "aioquic",
+    "hashlib",
+    "_hashlib",
+    "shutil",
+    "lattica.actors.relay",
+    "lattica.supervisor",
+    "lattica.shards.client",
+    "lattica.shards.select",
+    "lattica.transports.memory",
+    "ipaddress",
+    "nacl",
+    "nacl._sodium",
+]
 
 _CHILD = r"""
 import sys
@@ -33,7 +48,9 @@ print(json.dumps(loaded))
 
 
 def _loaded_after_start(modules: list[str]) -> list[str]:
-    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(modules)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(modules)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -44,7 +61,11 @@ def test_a_starting_node_does_not_load_what_it_needs_later():
 
 def test_the_check_sees_what_is_loaded():
     # the probe itself works: modules a node always needs are reported
-    assert _loaded_after_start(["asyncio", "lattica.host", "cryptography"]) == ["asyncio", "lattica.host", "cryptography"]
+    assert _loaded_after_start(["asyncio", "lattica.host", "cryptography"]) == [
+        "asyncio",
+        "lattica.host",
+        "cryptography",
+    ]
 
 
 def test_sync_actors_and_configured_logs_load_on_demand():

@@ -7,13 +7,17 @@ import time
 
 import pytest
 
-import lattica
 import call_actors as ra
+import lattica
+from call_fixtures import (
+    _aiter,
+    bounded,
+    fails_without_timeout,
+)  # noqa: F401 -- fixtures
+from helpers import wait_for
 from lattica.errors import (
     LatticaError,
 )
-from helpers import wait_for
-from call_fixtures import ALLOW, TCP, bounded, fails_without_timeout, node, spawn_via_spawner, spawner_names, where, _aiter  # noqa: F401 -- fixtures
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,6 +57,7 @@ def test_stream_close_stops_the_producer(where, token, method):
     assert ra.COUNTS[token] == n < 100
     assert g.ping.remote().result(5) == "pong"
 
+
 # -- 8. tell on a generator method ---------------------------------------------------------------
 
 
@@ -63,6 +68,7 @@ def test_tell_on_a_generator_method_is_a_type_error(where, token):
     with pytest.raises(TypeError):
         g.agen.tell(token, 3)
     assert g.ping.remote().result(5) == "pong"
+
 
 # -- 11. a client stream whose source raises ---------------------------------------------------
 
@@ -80,6 +86,7 @@ def test_client_stream_source_that_raises_fails_the_call(where):
     assert fut.cancelled() or fut.exception() is not None
     assert g.total.remote(_aiter([1, 2, 3])).result(5) == 6
     assert g.ping.remote().result(5) == "pong"
+
 
 # -- 13. a ref whose method table lies about streaming -------------------------------------------
 
@@ -99,6 +106,8 @@ def test_unary_call_of_a_generator_claimed_as_unary_is_an_error(where, token):
     assert g.ping.remote().result(5) == "pong"
     forged = lattica.ActorRef(where.node.peer_id, g.name, {"agen": "async", "gen": "sync"})
     for m in ("agen", "gen"):
-        err = fails_without_timeout(lambda m=m: getattr(forged, m).remote(token, 3).result(5), 6, f"unary call of generator {m}")
+        err = fails_without_timeout(
+            lambda m=m: getattr(forged, m).remote(token, 3).result(5), 6, f"unary call of generator {m}"
+        )
         assert isinstance(err, (LatticaError, TypeError)), err
     assert g.ping.remote().result(5) == "pong"

@@ -30,7 +30,9 @@ def _mesh(n: int):
                 node.connect(m.addrs[0])
         for node in nodes:
             lattica.dht.bootstrap(node=node).result(10)
-        assert wait_for(lambda: all(len(x.nodes()) == n and all("cpu" in r for r in x.nodes()) for x in nodes), timeout=10)
+        assert wait_for(
+            lambda: all(len(x.nodes()) == n and all("cpu" in r for r in x.nodes()) for x in nodes), timeout=10
+        )
         yield nodes
 
 
@@ -80,7 +82,9 @@ def test_one_for_all_and_rest_for_one_restart_their_groups_in_order():
             victim = _call(a, sup, "which_children")[1]
             node = a if victim["node"] == str(a.peer_id) else b
             node.run(lattica.akill(lattica.ActorRef(node.peer_id, refs[1].name, refs[1].methods)), timeout=10)
-            assert wait_for(lambda: [k["restarts"] for k in _call(a, sup, "which_children")] == expect, timeout=10), strategy
+            assert wait_for(lambda: [k["restarts"] for k in _call(a, sup, "which_children")] == expect, timeout=10), (
+                strategy
+            )
             assert _call(a, refs[0], "get") == (0 if strategy == "one_for_all" else 1)
             a.run(lattica.akill(sup), timeout=10)
 
@@ -114,7 +118,15 @@ def test_nested_supervisors_and_children_die_with_their_supervisor():
     with _mesh(2) as (a, b):
         top = _sup(a, strategy="one_for_one", max_restarts=3, within=60)
         inner_spec = {"cls": sa.Tally, "args": [], "id": "leaf"}
-        inner = _call(a, top, "start_child", lattica.Supervisor, [], {"strategy": "one_for_all", "children": [inner_spec]}, id="inner")
+        inner = _call(
+            a,
+            top,
+            "start_child",
+            lattica.Supervisor,
+            [],
+            {"strategy": "one_for_all", "children": [inner_spec]},
+            id="inner",
+        )
         leaves = _call(a, inner, "children")
         assert len(leaves) == 1 and leaves[0].name.endswith("/inner/leaf")
         _call(a, leaves[0], "add", 3)
@@ -167,8 +179,21 @@ def test_a_supervisor_s_late_stop_of_its_children_spares_those_of_its_next_incar
     # fresh children (one on its node, one on the other) are left alone.
     with _mesh(2) as (a, b):
         top = _sup(a, strategy="one_for_one", max_restarts=3, within=60)
-        kids = [{"cls": sa.Tally, "id": "far", "node": str(b.peer_id)}, {"cls": sa.Tally, "id": "near", "node": str(a.peer_id)}]
-        inner = a.run(_remote(top.start_child, sa.SlowSupervisor, [], {"children": kids, "stop_delay": 1.0}, id="inner", node=a.peer_id), timeout=30)
+        kids = [
+            {"cls": sa.Tally, "id": "far", "node": str(b.peer_id)},
+            {"cls": sa.Tally, "id": "near", "node": str(a.peer_id)},
+        ]
+        inner = a.run(
+            _remote(
+                top.start_child,
+                sa.SlowSupervisor,
+                [],
+                {"children": kids, "stop_delay": 1.0},
+                id="inner",
+                node=a.peer_id,
+            ),
+            timeout=30,
+        )
         leaves = _call(a, inner, "children")
         a.run(lattica.akill(lattica.ActorRef(a.peer_id, inner.name, inner.methods)), timeout=10)
         assert wait_for(lambda: _call(a, top, "which_children")[0]["restarts"] == 1, timeout=10)
@@ -192,8 +217,11 @@ def _try_get(node, ref):
 
 def test_a_sigkilled_node_s_children_come_back_elsewhere_with_their_checkpoints(monkeypatch, capsys):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (SUPPORT, os.environ.get("PYTHONPATH")) if p))
-    with lattica.Node([TCP], allow=ALLOW, resources={"cpu": 1}) as me, \
-            ServerProcess([TCP], "--allow", "sample_actors.*") as p1, ServerProcess([TCP], "--allow", "sample_actors.*") as p2:
+    with (
+        lattica.Node([TCP], allow=ALLOW, resources={"cpu": 1}) as me,
+        ServerProcess([TCP], "--allow", "sample_actors.*") as p1,
+        ServerProcess([TCP], "--allow", "sample_actors.*") as p2,
+    ):
         for p in (p1, p2):
             me.connect(p.addr("tcp"))
         lattica.dht.bootstrap(node=me).result(10)
@@ -201,7 +229,10 @@ def test_a_sigkilled_node_s_children_come_back_elsewhere_with_their_checkpoints(
         sup = _sup(me, strategy="one_for_one", max_restarts=10, within=60)
         # resources={"cpu": 1} and 1 cpu here: with checkpoints kept on this node, the children
         # go to the two other processes
-        refs = [_call(me, sup, "start_child", sa.Tally, [], id=f"t{i}", resources={"cpu": 0.5}, checkpoint_every=0.1) for i in range(4)]
+        refs = [
+            _call(me, sup, "start_child", sa.Tally, [], id=f"t{i}", resources={"cpu": 0.5}, checkpoint_every=0.1)
+            for i in range(4)
+        ]
         homes = {_call(me, r, "where") for r in refs}
         assert homes == {str(p1.peer_id), str(p2.peer_id)}
         for i, r in enumerate(refs):
@@ -235,8 +266,11 @@ def test_a_sigkilled_node_s_children_come_back_elsewhere_with_their_checkpoints(
 
 def test_when_a_supervisor_s_node_dies_its_successor_restores_the_children_from_copies(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (SUPPORT, os.environ.get("PYTHONPATH")) if p))
-    with lattica.Node([TCP], allow=ALLOW, resources={"cpu": 1}) as me, \
-            ServerProcess([TCP], "--allow", "sample_actors.*") as p1, ServerProcess([TCP], "--allow", "sample_actors.*") as p2:
+    with (
+        lattica.Node([TCP], allow=ALLOW, resources={"cpu": 1}) as me,
+        ServerProcess([TCP], "--allow", "sample_actors.*") as p1,
+        ServerProcess([TCP], "--allow", "sample_actors.*") as p2,
+    ):
         for p in (p1, p2):
             me.connect(p.addr("tcp"))
         lattica.dht.bootstrap(node=me).result(10)
@@ -266,14 +300,20 @@ def test_when_a_supervisor_s_node_dies_its_successor_restores_the_children_from_
 
 def test_a_frozen_node_s_children_come_back_elsewhere_and_its_old_ones_stop_when_it_thaws(monkeypatch, capsys):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (SUPPORT, os.environ.get("PYTHONPATH")) if p))
-    with lattica.Node([TCP], allow=ALLOW, resources={"cpu": 1}) as me, \
-            ServerProcess([TCP], "--allow", "sample_actors.*") as p1, ServerProcess([TCP], "--allow", "sample_actors.*") as p2:
+    with (
+        lattica.Node([TCP], allow=ALLOW, resources={"cpu": 1}) as me,
+        ServerProcess([TCP], "--allow", "sample_actors.*") as p1,
+        ServerProcess([TCP], "--allow", "sample_actors.*") as p2,
+    ):
         for p in (p1, p2):
             me.connect(p.addr("tcp"))
         lattica.dht.bootstrap(node=me).result(10)
         assert wait_for(lambda: len(me.nodes()) == 3 and all("cpu" in r for r in me.nodes()), timeout=15)
         sup = _sup(me, strategy="one_for_one", max_restarts=10, within=60)
-        refs = [_call(me, sup, "start_child", sa.Tally, [], id=f"f{i}", resources={"cpu": 0.5}, checkpoint_every=0.1) for i in range(4)]
+        refs = [
+            _call(me, sup, "start_child", sa.Tally, [], id=f"f{i}", resources={"cpu": 0.5}, checkpoint_every=0.1)
+            for i in range(4)
+        ]
         assert {_call(me, r, "where") for r in refs} == {str(p1.peer_id), str(p2.peer_id)}
         frozen, other = [r for r in refs if _call(me, r, "where") == str(p1.peer_id)]
         _call(me, frozen, "add", 42)
@@ -305,8 +345,13 @@ def test_a_frozen_node_s_children_come_back_elsewhere_and_its_old_ones_stop_when
         # thawed, p1 hears it was declared dead, rejoins, and stops its now duplicate child
         p1_id = lattica.PeerId.from_string(p1.peer_id)
         # (calls to p1 fail while it is held dead: until it has rejoined under a new incarnation)
-        assert wait_for(lambda: (names := _try(lambda: me.run(_names(me, p1_id), timeout=10))) is not None
-                        and not [n for n in names if "/f" in n], timeout=15)
+        assert wait_for(
+            lambda: (
+                (names := _try(lambda: me.run(_names(me, p1_id), timeout=10))) is not None
+                and not [n for n in names if "/f" in n]
+            ),
+            timeout=15,
+        )
         with capsys.disabled():
             print(f"\nsupervisor: SIGSTOPped node's children answering elsewhere after {answered:.2f} s")
 
@@ -314,7 +359,12 @@ def test_a_frozen_node_s_children_come_back_elsewhere_and_its_old_ones_stop_when
 def _try(fn):
     try:
         return fn()
-    except (lattica.errors.PeerUnreachable, lattica.errors.ActorDied, lattica.errors.ActorNotFound, lattica.errors.CallTimeout):
+    except (
+        lattica.errors.PeerUnreachable,
+        lattica.errors.ActorDied,
+        lattica.errors.ActorNotFound,
+        lattica.errors.CallTimeout,
+    ):
         return None
 
 

@@ -19,7 +19,7 @@ import sample_actors as sa
 from helpers import call_as, spawn_local, wait_for
 from lattica.actors.checkpoints import checkpoints_ref
 from lattica.actors.membership import membership_ref
-from lattica.errors import ActorNotFound, PermissionDenied
+from lattica.errors import PermissionDenied
 from lattica.runtime import spawner_ref
 from lattica.trust import MeshKey
 
@@ -58,7 +58,10 @@ def test_a_stranger_may_not_call_spawn_kill_or_look_at_actors(mesh):
     with pytest.raises(PermissionDenied):
         call_as(stranger, missing, "get")
     for name in ("counter", "no-such-actor"):  # told why, and nothing of whether the name is taken
-        with pytest.raises(PermissionDenied, match="is not a member of .* mesh .*it presented no mesh certificate|its certificate is for"):
+        with pytest.raises(
+            PermissionDenied,
+            match="is not a member of .* mesh .*it presented no mesh certificate|its certificate is for",
+        ):
             call_as(stranger, spawner_ref(host.peer_id), "lookup", name)
     assert call_as(member, spawner_ref(host.peer_id), "lookup", "counter").name == "counter"
     refused = host.run(_refusals(host), timeout=5)
@@ -71,7 +74,13 @@ async def _register_name(node, ref):
 
     dht = node._host.runtime.dht
     await dht.bootstrap()
-    return await dht.put(name_key(ref.name), codec.encode_bytes([ref, node._host.trust.presented]), subkey=node.peer_id, ttl=60, republish=False)
+    return await dht.put(
+        name_key(ref.name),
+        codec.encode_bytes([ref, node._host.trust.presented]),
+        subkey=node.peer_id,
+        ttl=60,
+        republish=False,
+    )
 
 
 async def _refusals(node):
@@ -106,6 +115,7 @@ def test_a_stranger_gets_the_open_network_and_what_is_opened_to_it(mesh):
     assert "sample_actors.py" in failed.value.remote_traceback  # (a member is: its own mesh's)
     assert call_as(stranger, shop, "order", "pear", str(stranger.peer_id)) == f"pear for {stranger.peer_id}"
     assert call_as(stranger, spawner_ref(host.peer_id), "lookup", "shop").name == "shop"  # open: visible
+
     # the DHT is the open network's: a stranger stores and finds records through a mesh node
     async def put():
         dht = stranger._host.runtime.dht
@@ -135,7 +145,10 @@ def test_an_invitation_a_listed_peer_and_an_open_mesh_admit(tmp_path):
         with lattica.Node([TCP], keypair=listed_key, mesh=MeshKey.generate()) as listed:
             listed.connect(host.addrs[0])
             assert call_as(listed, counter, "incr") == 3
-    with lattica.Node([TCP], mesh="open", allow=ALLOW) as open_host, lattica.Node([TCP], mesh=MeshKey.generate()) as anyone:
+    with (
+        lattica.Node([TCP], mesh="open", allow=ALLOW) as open_host,
+        lattica.Node([TCP], mesh=MeshKey.generate()) as anyone,
+    ):
         anyone.connect(open_host.addrs[0])
         c = spawn_local(open_host, sa.Counter, 7, name="counter")
         assert call_as(anyone, c, "get") == 7
@@ -163,7 +176,13 @@ def test_a_fresh_script_joins_the_mesh_named_in_its_environment():
 
         def run(mesh_env):
             env = dict(os.environ, LATTICA_MESH=mesh_env)
-            out = subprocess.run([sys.executable, "-c", CHILD, str(host.addrs[0]), support, str(host.peer_id)], capture_output=True, text=True, timeout=60, env=env)
+            out = subprocess.run(
+                [sys.executable, "-c", CHILD, str(host.addrs[0]), support, str(host.peer_id)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=env,
+            )
             assert out.returncode == 0, out.stderr
             return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -204,7 +223,12 @@ def test_a_stranger_cannot_take_over_a_name_and_sees_only_open_methods(mesh):
     # a stranger's lookup gets an open actor's ref with its open methods only
     shop = spawn_local(host, sa.Shop, name="shop")
     seen = call_as(stranger, spawner_ref(host.peer_id), "lookup", "shop")
-    assert set(seen.methods) == {"browse", "who", "order"} and set(shop.methods) == {"browse", "who", "order", "restock"}
+    assert set(seen.methods) == {"browse", "who", "order"} and set(shop.methods) == {
+        "browse",
+        "who",
+        "order",
+        "restock",
+    }
 
 
 def test_an_invitation_that_expires_while_connected_ends_the_membership():
@@ -214,10 +238,15 @@ def test_an_invitation_that_expires_while_connected_ends_the_membership():
     guest_key = lattica.KeyPair.generate()
     # long enough that two nodes start and connect inside it on a loaded CI machine (2 s was not)
     short = a.issue(guest_key.peer_id, ttl=6.0)
-    with lattica.Node([TCP], mesh=a, allow=ALLOW, membership=False) as host, lattica.Node([], keypair=guest_key, mesh=short, membership=False) as guest:
+    with (
+        lattica.Node([TCP], mesh=a, allow=ALLOW, membership=False) as host,
+        lattica.Node([], keypair=guest_key, mesh=short, membership=False) as guest,
+    ):
         guest.connect(host.addrs[0])
         # (the host judges the guest once its identify arrives: a moment after the dial returns)
         assert wait_for(lambda: [p.circle for p in host.peers()] == ["member"], timeout=5)
         assert wait_for(lambda: host.peers() == [], timeout=10)
         guest.connect(host.addrs[0])
-        assert wait_for(lambda: [(p.circle, "expired" in p.circle_reason) for p in host.peers()] == [("stranger", True)])
+        assert wait_for(
+            lambda: [(p.circle, "expired" in p.circle_reason) for p in host.peers()] == [("stranger", True)]
+        )

@@ -81,4 +81,6 @@ def test_a_policy_whose_blocks_one_peer_corrupts_is_fetched_from_the_others(tmp_
         assert liar_stats.blocks == 0  # (no block of the liar's was used)
         # (asked first here, the liar is dropped at its first answer; were it never asked, the
         # fetch would not have tested it)
-        assert liar_stats.asked == 0 or (liar_stats.dropped and "does not match its CID" in liar_stats.reason), liar_stats
+        assert liar_stats.asked == 0 or (liar_stats.dropped and "does not match its CID" in liar_stats.reason), (
+            liar_stats
+        )

@@ -63,7 +63,15 @@ def callee(args: argparse.Namespace, listen: list[str]) -> None:
     while not _settled(st) and time.monotonic() < deadline:
         time.sleep(0.1)
         st = lattica.nat_status()
-    _say({"event": "ready", "peer_id": str(lattica.node().peer_id), "reachability": st.reachability, "relays": len(st.relays), "settle_ms": round((time.perf_counter() - t0) * 1e3, 1)})
+    _say(
+        {
+            "event": "ready",
+            "peer_id": str(lattica.node().peer_id),
+            "reachability": st.reachability,
+            "relays": len(st.relays),
+            "settle_ms": round((time.perf_counter() - t0) * 1e3, 1),
+        }
+    )
     sys.stdin.read()  # until the test closes our stdin (or kills us)
 
 
@@ -143,8 +151,10 @@ def _call_continuously(args: argparse.Namespace, ref, out: dict, ms) -> None:
             # (when the watcher saw it: up to a call's round trip before this)
             out["direct_ms"] = next((t for t, p in out["paths"] if p and not p.startswith("relay")), ms())
         spent = time.monotonic() - first
-        if after_direct >= args.calls_after_direct or spent >= args.calls_for or (
-            not direct and spent >= args.direct_wait and calls >= args.calls_after_direct
+        if (
+            after_direct >= args.calls_after_direct
+            or spent >= args.calls_for
+            or (not direct and spent >= args.direct_wait and calls >= args.calls_after_direct)
         ):
             break
         calls += 1
@@ -156,7 +166,15 @@ def _call_continuously(args: argparse.Namespace, ref, out: dict, ms) -> None:
         except Exception as e:  # noqa: BLE001 (whatever it is, count it and go on)
             failed += 1
             if len(errors) < 5:
-                errors.append({"error": f"{type(e).__name__}: {e}", "direct": direct, "path": path, "at_ms": at, "took_ms": round(ms() - at, 1)})
+                errors.append(
+                    {
+                        "error": f"{type(e).__name__}: {e}",
+                        "direct": direct,
+                        "path": path,
+                        "at_ms": at,
+                        "took_ms": round(ms() - at, 1),
+                    }
+                )
             continue
         value = got
         if out.get("call_ms") is None:
@@ -180,12 +198,34 @@ def main() -> None:
     p.add_argument("--bootstrap", action="append", default=[])
     p.add_argument("--settle", type=float, default=20.0, help="callee: seconds to wait for a settled reachability")
     p.add_argument("--timeout", type=float, default=20.0, help="caller: seconds to resolve and call")
-    p.add_argument("--direct-wait", type=float, default=5.0, help="caller: seconds to wait for a direct path after the first call")
-    p.add_argument("--calls-after-direct", type=int, default=None, metavar="N",
-                   help="caller: call continuously from the first call until N calls after the path turned direct (failures recorded, not fatal)")
-    p.add_argument("--call-timeout", type=float, default=10.0, help="caller, with --calls-after-direct: seconds each call waits for its reply")
-    p.add_argument("--calls-for", type=float, default=120.0, help="caller, with --calls-after-direct: at most this many seconds of calls")
-    p.add_argument("--no-membership", dest="membership", action="store_false", help="stay out of membership gossip (a user's node joins it)")
+    p.add_argument(
+        "--direct-wait", type=float, default=5.0, help="caller: seconds to wait for a direct path after the first call"
+    )
+    p.add_argument(
+        "--calls-after-direct",
+        type=int,
+        default=None,
+        metavar="N",
+        help="caller: call continuously from the first call until N calls after the path turned direct (failures recorded, not fatal)",
+    )
+    p.add_argument(
+        "--call-timeout",
+        type=float,
+        default=10.0,
+        help="caller, with --calls-after-direct: seconds each call waits for its reply",
+    )
+    p.add_argument(
+        "--calls-for",
+        type=float,
+        default=120.0,
+        help="caller, with --calls-after-direct: at most this many seconds of calls",
+    )
+    p.add_argument(
+        "--no-membership",
+        dest="membership",
+        action="store_false",
+        help="stay out of membership gossip (a user's node joins it)",
+    )
     p.add_argument("--log", help="log level for lattica's logs on stderr (debugging)")
     args = p.parse_args()
     if args.log:

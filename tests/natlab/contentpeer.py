@@ -61,7 +61,16 @@ def _diagnose(cid: str, provider: lattica.PeerId) -> dict:
     stats = fetch.session.stats() if fetch is not None else svc.last_stats
     out: dict = {
         "fetch_running": fetch is not None,
-        "session": {str(p)[-8:]: {"bytes": s.bytes, "asked": s.asked, "failures": s.failures, "active": s.active, "reason": s.reason} for p, s in stats.items()},
+        "session": {
+            str(p)[-8:]: {
+                "bytes": s.bytes,
+                "asked": s.asked,
+                "failures": s.failures,
+                "active": s.active,
+                "reason": s.reason,
+            }
+            for p, s in stats.items()
+        },
         "conns": {str(p)[-8:]: c.transport for p, c in list(host.conns.items())},
         "provider_addrs": [str(a) for a in list(host.peer_addrs.get(provider, ()))],
     }
@@ -86,9 +95,19 @@ def provider(args: argparse.Namespace, listen: list[str], content: ContentConfig
     while not _settled(st) and time.monotonic() < deadline:
         time.sleep(0.1)
         st = lattica.nat_status()
-    _say({"event": "ready", "peer_id": str(lattica.node().peer_id), "cid": cid, "sha256": hashlib.sha256(data).hexdigest(),
-          "reachability": st.reachability, "relays": len(st.relays), "init_s": round(init_s, 3), "put_s": round(put_s, 3),
-          "settle_s": round(time.perf_counter() - t0, 3)})
+    _say(
+        {
+            "event": "ready",
+            "peer_id": str(lattica.node().peer_id),
+            "cid": cid,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "reachability": st.reachability,
+            "relays": len(st.relays),
+            "init_s": round(init_s, 3),
+            "put_s": round(put_s, 3),
+            "settle_s": round(time.perf_counter() - t0, 3),
+        }
+    )
     del data
     svc = lattica.node().host.services["content"]
     for line in sys.stdin:  # until the test closes our stdin (or kills us)
@@ -129,7 +148,17 @@ def fetcher(args: argparse.Namespace, listen: list[str], content: ContentConfig)
     try:
         data = lattica.content.get(args.cid, progress=progress).result(args.timeout)
     except Exception as e:  # noqa: BLE001 -- reported to the test, which decides
-        _say({**out, **seen, "ok": False, "error": f"{type(e).__name__}: {e}", "path": _transport(peer), "get_s": since(), **_diagnose(args.cid, peer)})
+        _say(
+            {
+                **out,
+                **seen,
+                "ok": False,
+                "error": f"{type(e).__name__}: {e}",
+                "path": _transport(peer),
+                "get_s": since(),
+                **_diagnose(args.cid, peer),
+            }
+        )
         return
     out["seconds"] = round(time.perf_counter() - t1, 3)
     out["get_s"] = since()
@@ -137,8 +166,17 @@ def fetcher(args: argparse.Namespace, listen: list[str], content: ContentConfig)
     svc = lattica.node().host.services["content"]
     by_peer = {str(p): s.bytes for p, s in svc.last_stats.items() if s.bytes}
     # the other peers the fetch asked (e.g. providers that went away): [asked, failures] each
-    out["others_asked"] = {str(p)[-8:]: [s.asked, s.failures] for p, s in svc.last_stats.items() if s.asked and str(p) != args.provider}
-    out.update(seen, ok=True, sha256=hashlib.sha256(data).hexdigest(), size=len(data), from_provider=by_peer.get(args.provider, 0), from_others=sum(b for p, b in by_peer.items() if p != args.provider))
+    out["others_asked"] = {
+        str(p)[-8:]: [s.asked, s.failures] for p, s in svc.last_stats.items() if s.asked and str(p) != args.provider
+    }
+    out.update(
+        seen,
+        ok=True,
+        sha256=hashlib.sha256(data).hexdigest(),
+        size=len(data),
+        from_provider=by_peer.get(args.provider, 0),
+        from_others=sum(b for p, b in by_peer.items() if p != args.provider),
+    )
     _say(out)
 
 
@@ -152,9 +190,16 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="provider: seed of the random bytes")
     p.add_argument("--settle", type=float, default=20.0, help="provider: seconds to wait for a settled reachability")
     p.add_argument("--cid", help="fetcher: what to get")
-    p.add_argument("--provider", help="fetcher: the provider's PeerId (to watch the path to it; the get finds it alone)")
+    p.add_argument(
+        "--provider", help="fetcher: the provider's PeerId (to watch the path to it; the get finds it alone)"
+    )
     p.add_argument("--timeout", type=float, default=60.0, help="fetcher: seconds for the get")
-    p.add_argument("--no-membership", dest="membership", action="store_false", help="stay out of membership gossip (a user's node joins it)")
+    p.add_argument(
+        "--no-membership",
+        dest="membership",
+        action="store_false",
+        help="stay out of membership gossip (a user's node joins it)",
+    )
     p.add_argument("--log", help="log level for lattica's logs on stderr (debugging)")
     args = p.parse_args()
     if args.log:

@@ -53,8 +53,8 @@ import ipaddress
 import json
 import os
 import re
-import shutil
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -414,7 +414,7 @@ class Lab:
                     f.seek(0)
                     holder = f.read().strip()
                     f.close()
-                    raise LabError(f"lab prefix {self.prefix!r} is in use (lock held by pid {holder})")
+                    raise LabError(f"lab prefix {self.prefix!r} is in use (lock held by pid {holder})") from None
                 time.sleep(0.2)
         f.seek(0)
         f.truncate()
@@ -443,9 +443,7 @@ class Lab:
             self.nft(ns, nft)
 
     def _sh(self, ns: str, script: list[str]) -> None:
-        r = subprocess.run(
-            ["ip", "netns", "exec", ns, "sh", "-ec", "\n".join(script)], capture_output=True, text=True
-        )
+        r = subprocess.run(["ip", "netns", "exec", ns, "sh", "-ec", "\n".join(script)], capture_output=True, text=True)
         if r.returncode:
             raise LabError(f"setting up {ns} failed: {r.stderr.strip()}\nscript:\n" + "\n".join(script))
 
@@ -472,24 +470,35 @@ class Lab:
         self._ports += 1
         port = f"t{self._ports}"
         if not self._links:  # the first one: the bridge's hosts reach linked addresses by proxy ARP
-            self._sh(self.internet, [
-                _sysctl("net.ipv4.conf.br0.proxy_arp", 1),
-                # (answer at once: by default a proxied ARP reply waits up to 0.8 s, so a host's
-                # first packet to a linked site would)
-                "echo 0 > /proc/sys/net/ipv4/neigh/br0/proxy_delay",
-            ])
-        fwd = self.popen(self.internet, lk.tun_pair_argv(f"wan@{ns}", port, pr), stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)
+            self._sh(
+                self.internet,
+                [
+                    _sysctl("net.ipv4.conf.br0.proxy_arp", 1),
+                    # (answer at once: by default a proxied ARP reply waits up to 0.8 s, so a host's
+                    # first packet to a linked site would)
+                    "echo 0 > /proc/sys/net/ipv4/neigh/br0/proxy_delay",
+                ],
+            )
+        fwd = self.popen(
+            self.internet,
+            lk.tun_pair_argv(f"wan@{ns}", port, pr),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self._links[ns] = fwd
         ready = select.select([fwd.stdout], [], [], 10)[0] and fwd.stdout.readline().strip()
         if ready != "ready":
             raise LabError(f"the link forwarder for {ns} did not start (exit {fwd.poll()})")
         self._sh(self.internet, [f"ip link set {port} up", f"ip route add {ip}/32 dev {port}"])
-        self._sh(ns, [
-            f"ip addr add {ip}/32 peer {GATEWAY} dev wan",
-            "ip link set wan up",
-            f"ip route add default via {GATEWAY}",
-        ])
+        self._sh(
+            ns,
+            [
+                f"ip addr add {ip}/32 peer {GATEWAY} dev wan",
+                "ip link set wan up",
+                f"ip route add default via {GATEWAY}",
+            ],
+        )
 
     def public_host(self, name: str = "relay", *, link=None) -> Host:
         """The public host ``name`` (created on first use): directly on the internet, or across

@@ -88,15 +88,31 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--ip", required=True)
     p.add_argument("--relay", action="store_true")
-    p.add_argument("--relay-in-stream", action="store_true", help="as a relay, never splice circuits onto their own sockets")
+    p.add_argument(
+        "--relay-in-stream", action="store_true", help="as a relay, never splice circuits onto their own sockets"
+    )
     p.add_argument("--bootstrap", action="append", default=[])
-    p.add_argument("--no-dht-bootstrap", action="store_true", help="only connect to the bootstrap peers (no lookups that meet other nodes)")
+    p.add_argument(
+        "--no-dht-bootstrap",
+        action="store_true",
+        help="only connect to the bootstrap peers (no lookups that meet other nodes)",
+    )
     p.add_argument("--log", help="log level for lattica's logs on stderr (debugging)")
     p.add_argument("--keepalive", type=float, default=None, help="keepalive interval in seconds (TCP and QUIC)")
     p.add_argument("--quic-only", action="store_true", help="listen on QUIC only")
     p.add_argument("--tcp-only", action="store_true", help="listen on TCP only")
-    p.add_argument("--mdns", choices=["on", "off"], default="off", help="LAN discovery (off unless asked: lab hosts share a segment)")
-    p.add_argument("--membership", choices=["on", "off"], default=os.environ.get("LATTICA_LAB_MEMBERSHIP", "off"), help="membership gossip (off: the lab tests the NAT ladder; membership has its own tests)")
+    p.add_argument(
+        "--mdns",
+        choices=["on", "off"],
+        default="off",
+        help="LAN discovery (off unless asked: lab hosts share a segment)",
+    )
+    p.add_argument(
+        "--membership",
+        choices=["on", "off"],
+        default=os.environ.get("LATTICA_LAB_MEMBERSHIP", "off"),
+        help="membership gossip (off: the lab tests the NAT ladder; membership has its own tests)",
+    )
     args = p.parse_args()
     if args.log:
         lattica.logging.configure(args.log)
@@ -108,8 +124,17 @@ def main() -> None:
         ka = {"keepalive_interval": args.keepalive, "keepalive_timeout": 3 * args.keepalive}
         options = {"tcp": ka, "quic": {"keepalive_interval": args.keepalive}}
     relay = RelayConfig(splice=False) if args.relay_in_stream else args.relay
-    node = lattica.Node(listen, relay=relay, relays=args.bootstrap, allow=["sample_actors.*"], transport_options=options, mdns=args.mdns == "on", membership=args.membership == "on",
-                        crdt=CrdtConfig(path="memory"), content=ContentConfig(blocks="memory")).start()
+    node = lattica.Node(
+        listen,
+        relay=relay,
+        relays=args.bootstrap,
+        allow=["sample_actors.*"],
+        transport_options=options,
+        mdns=args.mdns == "on",
+        membership=args.membership == "on",
+        crdt=CrdtConfig(path="memory"),
+        content=ContentConfig(blocks="memory"),
+    ).start()
     _say({"event": "ready", "peer_id": str(node.peer_id), "addrs": [str(a) for a in node.addrs]})
     for addr in args.bootstrap:
         try:
@@ -133,9 +158,21 @@ def main() -> None:
                     st["relay"] = node.run(_relay_status(node), timeout=5)
                 _say(st)
             elif cmd["cmd"] == "call":
-                _say(node.run(_call(node, lattica.PeerId.from_string(cmd["peer"]), float(cmd.get("settle", 0))), timeout=float(cmd.get("timeout", 20))))
+                _say(
+                    node.run(
+                        _call(node, lattica.PeerId.from_string(cmd["peer"]), float(cmd.get("settle", 0))),
+                        timeout=float(cmd.get("timeout", 20)),
+                    )
+                )
             elif cmd["cmd"] == "ping":
-                _say({"ok": True, "rtt": node.ping(lattica.PeerId.from_string(cmd["peer"]), timeout=float(cmd.get("timeout", 10)))})
+                _say(
+                    {
+                        "ok": True,
+                        "rtt": node.ping(
+                            lattica.PeerId.from_string(cmd["peer"]), timeout=float(cmd.get("timeout", 10))
+                        ),
+                    }
+                )
             elif cmd["cmd"] == "members":
                 _say({"members": [{"peer_id": str(m["peer_id"]), "state": m["state"]} for m in node.nodes()]})
             elif cmd["cmd"] == "members_debug":  # what a failing membership test prints
@@ -166,8 +203,13 @@ def main() -> None:
                 _say({"ok": True})
             elif cmd["cmd"] == "crdt_get":
                 doc = docs[cmd["name"]]
-                _say({"m": doc.to_py().get("m", {}), "stats": doc.stats(),
-                      "peers": {str(p): [c.transport for c in node._host.conns_of.get(p, ())] for p in doc.peers()}})
+                _say(
+                    {
+                        "m": doc.to_py().get("m", {}),
+                        "stats": doc.stats(),
+                        "peers": {str(p): [c.transport for c in node._host.conns_of.get(p, ())] for p in doc.peers()},
+                    }
+                )
             elif cmd["cmd"] == "stage":
                 _say(node.run(_stage(node, int(cmd["stage"]), int(cmd["stages"])), timeout=30))
             elif cmd["cmd"] == "generate":
@@ -206,7 +248,7 @@ def _generate(node: lattica.Node, prompt: list, n: int) -> dict:
         t0 = time.perf_counter()
         tokens.append(int(first.forward.remote(np.array(tokens[-CONTEXT:])).result(90)))
         ms.append(round((time.perf_counter() - t0) * 1e3, 1))
-    return {"tokens": tokens[len(prompt):], "ms": ms}
+    return {"tokens": tokens[len(prompt) :], "ms": ms}
 
 
 def _weightsync(node: lattica.Node, cmd: dict) -> dict:
@@ -221,14 +263,25 @@ def _weightsync(node: lattica.Node, cmd: dict) -> dict:
         return {"ok": True, "actor": ref.name}
     if cmd["cmd"] == "worker":
         trainer = lattica.get_actor("trainer", node=cmd["trainer"], timeout=20)
-        ref = node.run(_spawn(ws.PolicyWorker.options(name=cmd["name"]), trainer, cmd["name"], cmd["cluster"]), timeout=30)
+        ref = node.run(
+            _spawn(ws.PolicyWorker.options(name=cmd["name"]), trainer, cmd["name"], cmd["cluster"]), timeout=30
+        )
         return {"ok": True, "actor": ref.name}
     if cmd["cmd"] == "sync":
         trainer = lattica.get_actor("trainer")
-        rows = ws.sync_versions(node, trainer, int(cmd["workers"]), int(cmd["versions"]), int(cmd["mib"]) << 20, timeout=float(cmd.get("timeout", 90)))
+        rows = ws.sync_versions(
+            node,
+            trainer,
+            int(cmd["workers"]),
+            int(cmd["versions"]),
+            int(cmd["mib"]) << 20,
+            timeout=float(cmd.get("timeout", 90)),
+        )
         return {"rows": rows}
     if cmd["cmd"] == "put_policy":
-        policy = np.random.default_rng(int(cmd["seed"])).standard_normal((int(cmd["mib"]) << 20) // 4).astype(np.float32)
+        policy = (
+            np.random.default_rng(int(cmd["seed"])).standard_normal((int(cmd["mib"]) << 20) // 4).astype(np.float32)
+        )
         return {"cid": lattica.content.put_weights({"policy": policy}, chunk_size=ws.CHUNK, node=node).result(60)}
     t0 = time.perf_counter()
     lattica.content.get_weights(cmd["cid"], node=node).result(60)
@@ -244,10 +297,22 @@ async def _spawn(cls, *args):
 async def _members_debug(node) -> dict:
     core = node._host.membership.core
     conns = {str(p): [c.transport for c in cs if not c.is_closed] for p, cs in node._host.conns_of.items()}
-    return {"me": [core.me.id, core.me.incarnation, len(core.me.info.get("addrs", []))],
-            "members": {m.id: {"state": m.state, "inc": m.incarnation, "sealed": m.proof is not None, "conns": conns.get(m.id, []),
-                               "addrs": m.info.get("addrs", [])} for m in core.members.values()},
-            "rumors": dict(core._rumors), "watched": core.watched(), "sent_to": sorted(core._sent_to)}
+    return {
+        "me": [core.me.id, core.me.incarnation, len(core.me.info.get("addrs", []))],
+        "members": {
+            m.id: {
+                "state": m.state,
+                "inc": m.incarnation,
+                "sealed": m.proof is not None,
+                "conns": conns.get(m.id, []),
+                "addrs": m.info.get("addrs", []),
+            }
+            for m in core.members.values()
+        },
+        "rumors": dict(core._rumors),
+        "watched": core.watched(),
+        "sent_to": sorted(core._sent_to),
+    }
 
 
 async def _punch_status(node: lattica.Node) -> dict:

@@ -50,9 +50,23 @@ def _pair(lab: Lab, boot: list[str], caller_host, callee_host, name: str, caller
     """One pair, fresh processes: the callee settles, the caller resolves and calls; both are
     killed afterwards (no goodbye: peers find out the hard way)."""
     bargs = [x for b in boot for x in ("--bootstrap", b)]
-    callee = Proc(lab, callee_host, ["callee", "--name", name, *bargs], script=COLDPEER, ready_within=60, log_name=f"{name}-callee")
+    callee = Proc(
+        lab,
+        callee_host,
+        ["callee", "--name", name, *bargs],
+        script=COLDPEER,
+        ready_within=60,
+        log_name=f"{name}-callee",
+    )
     try:
-        caller = Proc(lab, caller_host, ["caller", "--name", name, *bargs, *caller_args], script=COLDPEER, ready_within=None, log_name=f"{name}-caller")
+        caller = Proc(
+            lab,
+            caller_host,
+            ["caller", "--name", name, *bargs, *caller_args],
+            script=COLDPEER,
+            ready_within=None,
+            log_name=f"{name}-caller",
+        )
         try:
             done = caller.read(within)
         finally:
@@ -105,7 +119,9 @@ def _medians(results: dict) -> list[str]:
     for what in ("init_ms", "resolve_ms", "call_ms", "direct_ms"):
         xs = sorted(r[what] for r in ok if r.get(what) is not None)
         if xs:
-            out.append(f"{what[:-3]:<8} median {statistics.median(xs) / 1e3:.3f} s, worst {xs[-1] / 1e3:.3f} s ({len(xs)} pairs)")
+            out.append(
+                f"{what[:-3]:<8} median {statistics.median(xs) / 1e3:.3f} s, worst {xs[-1] / 1e3:.3f} s ({len(xs)} pairs)"
+            )
     return out
 
 
@@ -132,7 +148,14 @@ def test_cold_start_every_pair(coldlab, request):
     assert len(direct) >= len(pairs) - 2, sorted(set(results) - set(direct))
 
 
-EXPECTED = {"public": "public", "full_cone": "public", "address_restricted": "private", "port_restricted": "private", "symmetric": "private", "firewall": "private"}
+EXPECTED = {
+    "public": "public",
+    "full_cone": "public",
+    "address_restricted": "private",
+    "port_restricted": "private",
+    "symmetric": "private",
+    "firewall": "private",
+}
 
 
 @pytest.mark.timeout(600)
@@ -147,12 +170,29 @@ def test_doctor_on_a_fresh_node_gives_its_verdict_within_its_wait(coldlab):
         # a fresh site: a NAT that still remembers what an earlier node on this port sent lets
         # those peers in, and a verdict from such a site says something about the NAT's memory
         host = lab.add_site(kind).host
-        args = [sys.executable, "-m", "lattica.cli", "doctor", "--json", "--wait", "10", "--listen", f"/ip4/{host.ip}/tcp/4001", "--listen", f"/ip4/{host.ip}/udp/4001/quic-v1"]
+        args = [
+            sys.executable,
+            "-m",
+            "lattica.cli",
+            "doctor",
+            "--json",
+            "--wait",
+            "10",
+            "--listen",
+            f"/ip4/{host.ip}/tcp/4001",
+            "--listen",
+            f"/ip4/{host.ip}/udp/4001/quic-v1",
+        ]
         args += [x for b in boot for x in ("--bootstrap", b)]
         t0 = time.monotonic()
         out = lab.run(host, args, timeout=90, check=False, env=env)
         report = json.loads(out.stdout)
-        verdicts[kind] = (report["nat"]["reachability"], len(report["nat"]["relays"]), round(time.monotonic() - t0, 1), report["nat"]["reason"])
+        verdicts[kind] = (
+            report["nat"]["reachability"],
+            len(report["nat"]["relays"]),
+            round(time.monotonic() - t0, 1),
+            report["nat"]["reason"],
+        )
     print("\n" + "\n".join(f"{k:<20}{v[0]:<9} relays {v[1]}  {v[2]:5.1f} s  {v[3]}" for k, v in verdicts.items()))
     for kind, (reach, relays, _, _) in verdicts.items():
         assert reach == EXPECTED[kind], (kind, verdicts[kind])
@@ -272,8 +312,12 @@ def test_the_long_link_lies_between_the_callers_and_the_relay(longlab):
         assert echo.stdout.readline().strip() == "up"
         want = [getattr(lk, "rtt", None) or (linkem().PROFILES[lk].rtt if lk else 0.0) for lk in _long_link_sides()]
         for i in (0, 1):
-            rtts = json.loads(lab.run(sites[("port_restricted", i)].host, [sys.executable, "-c", _ROUND_TRIPS, relay.ip]).stdout)
-            print(f"site #{i}: round trips to the relay {[round(x * 1e3, 1) for x in rtts]} ms (link {want[i] * 1e3:.0f} ms)")
+            rtts = json.loads(
+                lab.run(sites[("port_restricted", i)].host, [sys.executable, "-c", _ROUND_TRIPS, relay.ip]).stdout
+            )
+            print(
+                f"site #{i}: round trips to the relay {[round(x * 1e3, 1) for x in rtts]} ms (link {want[i] * 1e3:.0f} ms)"
+            )
             assert want[i] <= rtts[0] and rtts[len(rtts) // 2] < want[i] + 0.010, (i, rtts)
     finally:
         echo.kill()
@@ -290,7 +334,13 @@ def _long_line(a: str, b: str, r: dict) -> str:
         f"{SHORT[a] + ' -> ' + SHORT[b]:<18}{_ms(r.get('init_ms')):>7}{_ms(r.get('resolve_ms')):>9}{_ms(r.get('call_ms')):>7}"
         f"{_ms(r.get('direct_ms')):>8}  {str(r.get('path') or 'FAIL'):<6}{r.get('calls', 0):>6}{r.get('failed', '-'):>7}"
         f"  {cal['reachability']}/{cal['relays']}  "
-        + (f"{first.get('error', '')[:110]} ({_PATH_WORD.get(first.get('path'), 'direct')}, made at {_ms(first.get('at_ms'))} s)" if first else r.get("error", "") if not r.get("ok") else "")
+        + (
+            f"{first.get('error', '')[:110]} ({_PATH_WORD.get(first.get('path'), 'direct')}, made at {_ms(first.get('at_ms'))} s)"
+            if first
+            else r.get("error", "")
+            if not r.get("ok")
+            else ""
+        )
     )
 
 
@@ -303,23 +353,40 @@ def test_calls_go_on_through_the_path_change_over_a_long_link(longlab, request):
     lab, boot, sites = longlab
     full = request.config.getoption("--slow") or os.environ.get("LATTICA_SLOW") == "1"
     results = {}
-    header = (f"{'caller -> callee':<18}{'init':>7}{'resolve':>9}{'call':>7}{'direct':>8}  path   calls failed  callee  "
-              f"first failure (seconds from the caller's init; link {LONG_LINK} {_LINK_WHERE[_side()]})")
+    header = (
+        f"{'caller -> callee':<18}{'init':>7}{'resolve':>9}{'call':>7}{'direct':>8}  path   calls failed  callee  "
+        f"first failure (seconds from the caller's init; link {LONG_LINK} {_LINK_WHERE[_side()]})"
+    )
     print("\n" + header, flush=True)
-    args = ["--calls-after-direct", str(CALLS_AFTER_DIRECT), "--call-timeout", "10", "--direct-wait", "10", "--timeout", "30"]
+    args = [
+        "--calls-after-direct",
+        str(CALLS_AFTER_DIRECT),
+        "--call-timeout",
+        "10",
+        "--direct-wait",
+        "10",
+        "--timeout",
+        "30",
+    ]
     for a, b in _long_pairs(full):
         name = f"long-{SHORT[a]}-{SHORT[b]}"
-        results[(a, b)] = r = _pair(lab, boot, sites[(a, 0)].host, sites[(b, 1)].host, name, caller_args=args, within=200)
+        results[(a, b)] = r = _pair(
+            lab, boot, sites[(a, 0)].host, sites[(b, 1)].host, name, caller_args=args, within=200
+        )
         print(_long_line(a, b, r), flush=True)
         if r.get("failed"):
             print(f"{'':<18}paths {r.get('paths')}\n{'':<18}errors {json.dumps(r.get('errors'))}", flush=True)
     lines = [header] + [_long_line(a, b, r) for (a, b), r in results.items()]
     lines += _medians(results)
     calls, failed = sum(r.get("calls", 0) for r in results.values()), sum(r.get("failed", 0) for r in results.values())
-    lines.append(f"calls {calls}, failed {failed} (in {sum(1 for r in results.values() if r.get('failed'))} of {len(results)} pairs); "
-                 f"went direct: {sum(1 for r in results.values() if r.get('direct_ms') is not None)} of {len(results)} pairs")
+    lines.append(
+        f"calls {calls}, failed {failed} (in {sum(1 for r in results.values() if r.get('failed'))} of {len(results)} pairs); "
+        f"went direct: {sum(1 for r in results.values() if r.get('direct_ms') is not None)} of {len(results)} pairs"
+    )
     print("\n" + "\n".join(lines))
-    assert not [k for k, r in results.items() if not r.get("ok")], {k: r.get("error") for k, r in results.items() if not r.get("ok")}
+    assert not [k for k, r in results.items() if not r.get("ok")], {
+        k: r.get("error") for k, r in results.items() if not r.get("ok")
+    }
     assert failed == 0, {k: (r["failed"], r["errors"]) for k, r in results.items() if r.get("failed")}
     # and the paths still turn direct: every pair but symmetric -> symmetric can punch (one more
     # may miss, as in the matrix without the link)

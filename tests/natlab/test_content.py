@@ -130,29 +130,72 @@ def _probe(lab: Lab, host, boot: list[str]) -> list[str]:
     out = []
     for b in boot:
         ip, port = b.split("/")[2], int(b.split("/")[4])
-        code = (f"import socket, time\nt = time.monotonic()\ntry:\n    socket.create_connection(({ip!r}, {port}), timeout=3).close(); print('ok', round(time.monotonic() - t, 3))\n"
-                f"except OSError as e:\n    print(repr(e))")
+        code = (
+            f"import socket, time\nt = time.monotonic()\ntry:\n    socket.create_connection(({ip!r}, {port}), timeout=3).close(); print('ok', round(time.monotonic() - t, 3))\n"
+            f"except OSError as e:\n    print(repr(e))"
+        )
         r = lab.run(host, [sys.executable, "-c", code], check=False, timeout=10)
         out.append(f"{ip}: {(r.stdout + r.stderr).strip()}")
     return out
 
 
-def _provide_and_fetch(lab: Lab, boot: list[str], blocks, kind: str, site, fetchers: list[tuple[str, object]], seed: int, name: str | None = None) -> dict[str, dict]:
+def _provide_and_fetch(
+    lab: Lab,
+    boot: list[str],
+    blocks,
+    kind: str,
+    site,
+    fetchers: list[tuple[str, object]],
+    seed: int,
+    name: str | None = None,
+) -> dict[str, dict]:
     """A fresh provider on ``site`` (of ``kind``, unused so far); then, one after the other, a
     fresh fetcher on each of ``fetchers`` ((label, host)); returns each fetcher's report with the
     provider's view added. Every process is killed when done."""
     bargs = [x for b in boot for x in ("--bootstrap", b)]
     name = name or f"content-{SHORT[kind]}{'-m' if seed >= 2000 else ''}"
     try:
-        prov = Proc(lab, site.host, ["provider", "--blocks", str(blocks / f"{name}-provider"), "--size", str(SIZE), "--seed", str(seed), *bargs],
-                    script=CONTENTPEER, ready_within=60, log_name=f"{name}-provider")
+        prov = Proc(
+            lab,
+            site.host,
+            [
+                "provider",
+                "--blocks",
+                str(blocks / f"{name}-provider"),
+                "--size",
+                str(SIZE),
+                "--seed",
+                str(seed),
+                *bargs,
+            ],
+            script=CONTENTPEER,
+            ready_within=60,
+            log_name=f"{name}-provider",
+        )
     except (TimeoutError, EOFError, AssertionError) as e:
-        raise AssertionError(f"the provider behind {kind} did not start: {e!r}; plain TCP to the relays now: {_probe(lab, site.host, boot)}") from e
+        raise AssertionError(
+            f"the provider behind {kind} did not start: {e!r}; plain TCP to the relays now: {_probe(lab, site.host, boot)}"
+        ) from e
     out = {}
     try:
         for label, host in fetchers:
-            f = Proc(lab, host, ["fetcher", "--blocks", str(blocks / f"{name}-{label}"), "--cid", prov.ready["cid"], "--provider", prov.peer_id, *bargs],
-                     script=CONTENTPEER, ready_within=None, log_name=f"{name}-{label}-fetcher")
+            f = Proc(
+                lab,
+                host,
+                [
+                    "fetcher",
+                    "--blocks",
+                    str(blocks / f"{name}-{label}"),
+                    "--cid",
+                    prov.ready["cid"],
+                    "--provider",
+                    prov.peer_id,
+                    *bargs,
+                ],
+                script=CONTENTPEER,
+                ready_within=None,
+                log_name=f"{name}-{label}-fetcher",
+            )
             try:
                 t0 = time.monotonic()
                 try:
@@ -179,8 +222,10 @@ def _line(kind: str, label: str, r: dict) -> str:
     t = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
     rate = f"{SIZE / r['seconds'] / 1e6:.1f}" if r.get("ok") and r["seconds"] else "-"
     path = ">".join(str(p) for p in r.get("paths") or []) or "-"
-    text = (f"{SHORT[kind]:<6}{label:<7}{t(r.get('seconds')):>7}{rate:>7}{t(r.get('init_s')):>6}{t(r.get('first_byte_s')):>7}{t(r.get('direct_s')):>8}  "
-            f"{(path if r.get('ok') else 'FAIL'):<16}{prov.get('reachability', '?')}/{prov.get('relays', '?')} {t(prov.get('settle_s'))}")
+    text = (
+        f"{SHORT[kind]:<6}{label:<7}{t(r.get('seconds')):>7}{rate:>7}{t(r.get('init_s')):>6}{t(r.get('first_byte_s')):>7}{t(r.get('direct_s')):>8}  "
+        f"{(path if r.get('ok') else 'FAIL'):<16}{prov.get('reachability', '?')}/{prov.get('relays', '?')} {t(prov.get('settle_s'))}"
+    )
     if not r.get("ok"):
         text += "  " + str(r.get("error"))[:300]
     return text
@@ -239,11 +284,31 @@ def test_a_new_provider_behind_a_nat_is_not_held_up_by_stale_provider_records(co
     seed = 3000
     stale, live = RESEED
     for i, kind in enumerate(stale):
-        _provide_and_fetch(lab, boot, blocks, kind, sites[("reseed", "stale", i)], [], seed, name=f"content-reseed-stale{i}")
-    after = _provide_and_fetch(lab, boot, blocks, live, sites[("reseed", "live")], [("fresh", sites[("reseed", "fetcher")])], seed, name="content-reseed-live")
+        _provide_and_fetch(
+            lab, boot, blocks, kind, sites[("reseed", "stale", i)], [], seed, name=f"content-reseed-stale{i}"
+        )
+    after = _provide_and_fetch(
+        lab,
+        boot,
+        blocks,
+        live,
+        sites[("reseed", "live")],
+        [("fresh", sites[("reseed", "fetcher")])],
+        seed,
+        name="content-reseed-live",
+    )
     r = RESULTS[(live, "r-fresh")] = after["fresh"]
-    print("\n" + HEADER + "\n" + _line(live, "r-fresh", r) + f"\nother peers the fetch asked [asked, failures]: {r.get('others_asked')}", flush=True)
+    print(
+        "\n"
+        + HEADER
+        + "\n"
+        + _line(live, "r-fresh", r)
+        + f"\nother peers the fetch asked [asked, failures]: {r.get('others_asked')}",
+        flush=True,
+    )
     assert r["provider"]["sha256"] == _expected(seed)
     assert r.get("ok") and r["sha256"] == _expected(seed), r.get("error")
-    assert r["seconds"] < 15, (f"the get took {r['seconds']:.1f} s (first byte at {r['first_byte_s']} s) with {len(stale)} stale provider "
-                               f"records; other peers asked [asked, failures]: {r.get('others_asked')}")
+    assert r["seconds"] < 15, (
+        f"the get took {r['seconds']:.1f} s (first byte at {r['first_byte_s']} s) with {len(stale)} stale provider "
+        f"records; other peers asked [asked, failures]: {r.get('others_asked')}"
+    )

@@ -54,7 +54,9 @@ def test_replicas_behind_every_nat_kind_converge_and_a_late_one_catches_up():
                 views = {k: n.ask({"cmd": "crdt_get", "name": DOC}) for k, n in nodes.items()}
                 if all(v["m"] == want for v in views.values()):
                     break
-                assert time.monotonic() < deadline, f"not converged: { {SHORT[k]: sorted(set(want) - set(v['m'])) for k, v in views.items()} }"
+                assert time.monotonic() < deadline, (
+                    f"not converged: { {SHORT[k]: sorted(set(want) - set(v['m'])) for k, v in views.items()} }"
+                )
                 time.sleep(0.5)
             converged_s = time.monotonic() - t0
             assert all(v["stats"]["refused"] == 0 for v in views.values())
@@ -70,9 +72,17 @@ def test_replicas_behind_every_nat_kind_converge_and_a_late_one_catches_up():
                 assert time.monotonic() < deadline, f"the late replica has {sorted(got['m'])}"
                 time.sleep(0.5)
             caught_up_s = time.monotonic() - t1
-            lines = [f"{SHORT[k]:<6}" + " ".join(f"{name.get(p, '?')}:{'/'.join(paths) or '-'}" for p, paths in sorted(v["peers"].items(), key=lambda x: name.get(x[0], "")))
-                     for k, v in views.items()]
-            print(f"\nCRDT across NATs: 6 replicas held all 6 writes {converged_s:.1f} s after opening; a late replica caught up in {caught_up_s:.1f} s")
+            lines = [
+                f"{SHORT[k]:<6}"
+                + " ".join(
+                    f"{name.get(p, '?')}:{'/'.join(paths) or '-'}"
+                    for p, paths in sorted(v["peers"].items(), key=lambda x: name.get(x[0], ""))
+                )
+                for k, v in views.items()
+            ]
+            print(
+                f"\nCRDT across NATs: 6 replicas held all 6 writes {converged_s:.1f} s after opening; a late replica caught up in {caught_up_s:.1f} s"
+            )
             print("\n".join(lines))
         finally:
             for n in list(nodes.values()) + relays + ([late] if late else []):

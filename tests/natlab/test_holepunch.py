@@ -66,7 +66,9 @@ def test_relayed_connection_becomes_direct(lab, caller_kind, callee_kind, mode):
     st_caller = _wait_private(caller)
     r = caller.ask({"cmd": "call", "peer": callee.peer_id, "timeout": 30, "settle": 15}, timeout=60)
     punches = callee.ask({"cmd": "holepunch"})
-    print(f"\n{caller_kind} ({st_caller['mapping']}) -> {callee_kind} ({st_callee['mapping']}): {r}; punches: {punches}")
+    print(
+        f"\n{caller_kind} ({st_caller['mapping']}) -> {callee_kind} ({st_callee['mapping']}): {r}; punches: {punches}"
+    )
     assert r["ok"], r
     assert r["path"] in ("tcp", "quic"), r
     # Both sides are private: the only way to a direct path is a punch, which the callee records

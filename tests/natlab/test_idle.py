@@ -54,7 +54,11 @@ def _caller(lab: Lab, relay: Proc | None = None) -> Proc:
     """A node behind another symmetric NAT: between two symmetric NATs no hole can be punched,
     so whatever the two nodes say to each other goes through the relay."""
     relay = relay or lab.relay
-    return Proc(lab, lab.add_site("symmetric").host, ["--bootstrap", relay.addrs[0], "--no-dht-bootstrap", "--membership", "off"])
+    return Proc(
+        lab,
+        lab.add_site("symmetric").host,
+        ["--bootstrap", relay.addrs[0], "--no-dht-bootstrap", "--membership", "off"],
+    )
 
 
 def _in_stream_relay(lab: Lab) -> Proc:
@@ -70,7 +74,20 @@ def _private(lab: Lab, keepalive: float, relay: Proc | None = None) -> tuple[Pro
     quic_relay = next(a for a in relay.addrs if "/quic" in a)
     # membership off everywhere here: its heartbeats (every 0.5 s) would hold the mapping,
     # whatever the keepalives do
-    node = Proc(lab, site.host, ["--quic-only", "--keepalive", str(keepalive), "--bootstrap", quic_relay, "--no-dht-bootstrap", "--membership", "off"])
+    node = Proc(
+        lab,
+        site.host,
+        [
+            "--quic-only",
+            "--keepalive",
+            str(keepalive),
+            "--bootstrap",
+            quic_relay,
+            "--no-dht-bootstrap",
+            "--membership",
+            "off",
+        ],
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         st = node.ask({"cmd": "status"})
@@ -152,14 +169,17 @@ def test_an_expired_mapping_is_recovered_and_nothing_leaks(lab, circuits):
     reservations = relay.ask({"cmd": "status"})["relay"]["reservations"]
     # dropped before connection tracking sees them (raw priority), neither the node's packets
     # nor the relay's refresh the mapping
-    lab.nft(site.router, f"""
+    lab.nft(
+        site.router,
+        f"""
 table inet blackout {{
     chain pre {{
         type filter hook prerouting priority raw; policy accept;
         ip saddr {site.host.ip} meta l4proto udp drop
         ip saddr {relay_ip} meta l4proto udp drop
     }}
-}}""")
+}}""",
+    )
     time.sleep(6.0)  # twice the router's UDP timeout: the mapping is gone
     assert _mapped_ports(lab, site, relay_ip) == []
     lab.run(site.router, ["nft", "delete", "table", "inet", "blackout"])
@@ -181,7 +201,9 @@ table inet blackout {{
     assert after and after != before  # a new mapping: the old one really expired
     assert node.ask({"cmd": "status"})["relays"]  # holding a reservation again
     assert relay.ask({"cmd": "status"})["relay"]["reservations"] == reservations  # renewed, not added
-    print(f"\nidle NAT ({circuits} circuits): expired mapping recovered, a stranger's call in again after {recovered:.1f} s")
+    print(
+        f"\nidle NAT ({circuits} circuits): expired mapping recovered, a stranger's call in again after {recovered:.1f} s"
+    )
 
 
 def test_a_lost_tcp_mapping_is_recovered_by_a_new_connection(lab):
@@ -196,7 +218,11 @@ def test_a_lost_tcp_mapping_is_recovered_by_a_new_connection(lab):
     site = lab.add_site("symmetric", udp_timeout=3)
     relay_ip = lab.relay.ready["addrs"][0].split("/")[2]
     tcp_relay = next(a for a in lab.relay.addrs if "/tcp/" in a)
-    node = Proc(lab, site.host, ["--tcp-only", "--keepalive", "5", "--bootstrap", tcp_relay, "--no-dht-bootstrap", "--membership", "off"])
+    node = Proc(
+        lab,
+        site.host,
+        ["--tcp-only", "--keepalive", "5", "--bootstrap", tcp_relay, "--no-dht-bootstrap", "--membership", "off"],
+    )
     deadline = time.monotonic() + 30
     while not node.ask({"cmd": "status"})["relays"]:
         assert time.monotonic() < deadline, "node never took a reservation"
@@ -211,14 +237,17 @@ def test_a_lost_tcp_mapping_is_recovered_by_a_new_connection(lab):
     lab.run(site.router, ["sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_timeout_established=3"])
     r = caller.ask({"cmd": "call", "peer": node.peer_id, "timeout": 20}, timeout=30)
     assert r.get("ok"), r
-    lab.nft(site.router, f"""
+    lab.nft(
+        site.router,
+        f"""
 table inet blackout {{
     chain pre {{
         type filter hook prerouting priority raw; policy accept;
         ip saddr {site.host.ip} drop
         ip saddr {relay_ip} drop
     }}
-}}""")
+}}""",
+    )
     time.sleep(6.0)
     lab.run(site.router, ["nft", "delete", "table", "inet", "blackout"])
     t0 = time.monotonic()

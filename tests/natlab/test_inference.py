@@ -60,9 +60,11 @@ def test_a_pipeline_behind_nats_generates_the_same_tokens_through_a_stage_node_s
             assert "tokens" in second, second
             assert first["tokens"] + second["tokens"] == reference
             steady = sorted(first["ms"][2:])
-            print(f"\ninference across NATs: {half} tokens in {took:.1f} s (with the first lookups); steady "
-                  f"{steady[len(steady) // 2]:.0f} ms a token; the first token after a stage node's SIGKILL "
-                  f"{second['ms'][0]:.0f} ms, then {sorted(second['ms'])[len(second['ms']) // 2]:.0f} ms")
+            print(
+                f"\ninference across NATs: {half} tokens in {took:.1f} s (with the first lookups); steady "
+                f"{steady[len(steady) // 2]:.0f} ms a token; the first token after a stage node's SIGKILL "
+                f"{second['ms'][0]:.0f} ms, then {sorted(second['ms'])[len(second['ms']) // 2]:.0f} ms"
+            )
         finally:
             for n in everyone:
                 try:

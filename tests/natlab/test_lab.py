@@ -278,4 +278,3 @@ def test_teardown_after_failure_and_crash():
             time.sleep(0.05)
         assert not _alive(orphan)
     assert _leftovers(prefix) == []
-

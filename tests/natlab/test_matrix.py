@@ -22,7 +22,14 @@ from .lab import Lab
 KINDS6 = ("public", "full_cone", "address_restricted", "port_restricted", "symmetric", "firewall")
 PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer.py")
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SHORT = {"public": "pub", "full_cone": "full", "address_restricted": "addr", "port_restricted": "port", "symmetric": "sym", "firewall": "fw"}
+SHORT = {
+    "public": "pub",
+    "full_cone": "full",
+    "address_restricted": "addr",
+    "port_restricted": "port",
+    "symmetric": "sym",
+    "firewall": "fw",
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,13 +43,30 @@ class Proc:
     """A lab node process (``script``: peer.py unless given) that talks JSON lines; waits for its
     ``ready`` line unless ``ready_within`` is None."""
 
-    def __init__(self, lab: Lab, host, args: list[str], *, script: str = PEER, ready_within: float | None = 30, log_name: str | None = None) -> None:
+    def __init__(
+        self,
+        lab: Lab,
+        host,
+        args: list[str],
+        *,
+        script: str = PEER,
+        ready_within: float | None = 30,
+        log_name: str | None = None,
+    ) -> None:
         env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
         logs = os.environ.get("LATTICA_LAB_LOGS")  # a directory: each node's debug log goes there
         extra, err = [], None
         if logs:
             extra, err = ["--log", "DEBUG"], open(os.path.join(logs, f"{log_name or host.name}.log"), "w")
-        self.p = lab.popen(host, [sys.executable, "-u", script, "--ip", host.ip, *extra, *args], stdin=-1, stdout=-1, stderr=err, text=True, env=env)
+        self.p = lab.popen(
+            host,
+            [sys.executable, "-u", script, "--ip", host.ip, *extra, *args],
+            stdin=-1,
+            stdout=-1,
+            stderr=err,
+            text=True,
+            env=env,
+        )
         if ready_within is not None:
             self.ready = self.read(ready_within)
             assert self.ready.get("event") == "ready", self.ready
@@ -114,7 +138,9 @@ def test_autonat_classifies_every_kind(mesh):
     _, _, nodes, status = mesh
     lines = [f"{'site':<22}{'reachability':<14}{'mapping':<22}relays  reason"]
     for (kind, i), st in sorted(status.items()):
-        lines.append(f"{kind + '#' + str(i):<22}{st['reachability']:<14}{st['mapping']:<22}{len(st['relays']):<8}{st['reason'][:70]}")
+        lines.append(
+            f"{kind + '#' + str(i):<22}{st['reachability']:<14}{st['mapping']:<22}{len(st['relays']):<8}{st['reason'][:70]}"
+        )
     print("\n" + "\n".join(lines))
     for (kind, _), st in status.items():
         assert st["reachability"] == EXPECTED_REACHABILITY[kind], (kind, st)
@@ -144,7 +170,9 @@ def test_every_pair_connects_and_calls(mesh):
     print("\n" + "\n".join(lines))
     times = sorted(r["ms"] for r in results.values() if r.get("ok"))
     if times:
-        print(f"time to first call (spawn + 2 calls, by PeerId): median {times[len(times) // 2]:.0f} ms, max {times[-1]:.0f} ms")
+        print(
+            f"time to first call (spawn + 2 calls, by PeerId): median {times[len(times) // 2]:.0f} ms, max {times[-1]:.0f} ms"
+        )
     failed = {k: v for k, v in results.items() if not v.get("ok")}
     for k, v in failed.items():
         print(f"FAILED {k}: {v.get('error')}")
@@ -155,7 +183,11 @@ def test_every_pair_connects_and_calls(mesh):
     # the fast one), a moment after QUIC came up (the table above is the first direct path)
     time.sleep(2.0)
     conns = {a: nodes[(a, 0)].ask({"cmd": "status"})["conns"] for a in KINDS6}
-    settled = {(a, b): ("tcp" if "tcp" in conns[a].get(nodes[(b, 1)].peer_id, []) else results[(a, b)]["path"]) for a in KINDS6 for b in KINDS6}
+    settled = {
+        (a, b): ("tcp" if "tcp" in conns[a].get(nodes[(b, 1)].peer_id, []) else results[(a, b)]["path"])
+        for a in KINDS6
+        for b in KINDS6
+    }
     lines = ["settled: caller \\ callee " + "".join(f"{SHORT[b]:>{width}}" for b in KINDS6)]
     lines += [f"{SHORT[a]:<25}" + "".join(f"{settled[(a, b)]:>{width}}" for b in KINDS6) for a in KINDS6]
     print("\n".join(lines))
@@ -165,7 +197,11 @@ def test_every_pair_connects_and_calls(mesh):
             for who, other in ((a, (b, 1)), (b, (a, 0))):
                 me = nodes[(who, 0 if who == a else 1)]
                 recent = me.ask({"cmd": "holepunch"}).get("recent", [])
-                mine = [{k: r.get(k) for k in ("outcome", "attempt", "path", "mode", "reason")} for r in recent if r.get("peer") == nodes[other].peer_id]
+                mine = [
+                    {k: r.get(k) for k in ("outcome", "attempt", "path", "mode", "reason")}
+                    for r in recent
+                    if r.get("peer") == nodes[other].peer_id
+                ]
                 print(f"  quic {a}->{b}: {who} punches {mine}")
     for (a, b), r in results.items():
         if (a, b) != ("symmetric", "symmetric"):

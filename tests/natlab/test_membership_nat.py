@@ -28,7 +28,9 @@ def need_lab():
 def test_every_member_sees_every_other_alive_across_nats():
     with Lab(prefix="nlb") as lab:
         relays = [Proc(lab, lab.public_host("relay"), ["--relay", "--membership", "on"])]
-        relays.append(Proc(lab, lab.public_host("relaytwo"), ["--relay", "--membership", "on", "--bootstrap", relays[0].addrs[0]]))
+        relays.append(
+            Proc(lab, lab.public_host("relaytwo"), ["--relay", "--membership", "on", "--bootstrap", relays[0].addrs[0]])
+        )
         boot = [x for r in relays for x in ("--bootstrap", r.addrs[0])]
         nodes = {kind: Proc(lab, lab.add_site(kind).host, [*boot, "--membership", "on"]) for kind in KINDS6}
         everyone = [*relays, *nodes.values()]
@@ -41,7 +43,9 @@ def test_every_member_sees_every_other_alive_across_nats():
             time.sleep(1)
 
         def views() -> dict[str, dict[str, str]]:
-            return {p.peer_id: {m["peer_id"]: m["state"] for m in p.ask({"cmd": "members"})["members"]} for p in everyone}
+            return {
+                p.peer_id: {m["peer_id"]: m["state"] for m in p.ask({"cmd": "members"})["members"]} for p in everyone
+            }
 
         t0 = time.monotonic()
         deadline = t0 + 60
@@ -51,16 +55,26 @@ def test_every_member_sees_every_other_alive_across_nats():
             if not any(missing.values()):
                 break
             if time.monotonic() >= deadline:
-                states = {name[p]: {name.get(q, q): view.get(q, "absent") for q in missing[name[p]]} for p, view in v.items() if missing[name[p]]}
+                states = {
+                    name[p]: {name.get(q, q): view.get(q, "absent") for q in missing[name[p]]}
+                    for p, view in v.items()
+                    if missing[name[p]]
+                }
                 gone = {q for p in everyone for q in ids if v[p.peer_id].get(q) != "alive"}
                 inside = {}
                 for p in everyone:
                     d = p.ask({"cmd": "members_debug"})
-                    d["members"] = {name.get(q, q): e for q, e in d["members"].items() if q in gone or p.peer_id in gone}
+                    d["members"] = {
+                        name.get(q, q): e for q, e in d["members"].items() if q in gone or p.peer_id in gone
+                    }
                     inside[name[p.peer_id]] = d
-                pytest.fail(f"views never complete (not seen alive): {states}\nthe views inside: {inside}\nnames: {name}")
+                pytest.fail(
+                    f"views never complete (not seen alive): {states}\nthe views inside: {inside}\nnames: {name}"
+                )
             time.sleep(1)
-        print(f"\nmembership across NATs: all {len(ids)} views complete {time.monotonic() - t0:.1f} s after the NAT status settled")
+        print(
+            f"\nmembership across NATs: all {len(ids)} views complete {time.monotonic() - t0:.1f} s after the NAT status settled"
+        )
 
         false = []
         end = time.monotonic() + WATCH

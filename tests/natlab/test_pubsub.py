@@ -48,7 +48,9 @@ def test_a_topic_reaches_a_subscriber_behind_every_nat_kind():
                 meshes = {k: n.ask({"cmd": "pubsub", "topic": TOPIC})["mesh"] for k, n in nodes.items()}
                 if all(len(m) >= 2 for m in meshes.values()):
                     break
-                assert time.monotonic() < deadline, f"meshes never formed: { {SHORT[k]: len(m) for k, m in meshes.items()} }"
+                assert time.monotonic() < deadline, (
+                    f"meshes never formed: { {SHORT[k]: len(m) for k, m in meshes.items()} }"
+                )
                 time.sleep(1)
             meshed_s = time.monotonic() - t0
             t1 = time.monotonic()
@@ -60,13 +62,23 @@ def test_a_topic_reaches_a_subscriber_behind_every_nat_kind():
                 got = {k: set(n.ask({"cmd": "received", "topic": TOPIC})["got"]) for k, n in nodes.items()}
                 if all(g == want for g in got.values()):
                     break
-                assert time.monotonic() < deadline, f"not delivered: { {SHORT[k]: sorted(want - g) for k, g in got.items() if g != want} }"
+                assert time.monotonic() < deadline, (
+                    f"not delivered: { {SHORT[k]: sorted(want - g) for k, g in got.items() if g != want} }"
+                )
                 time.sleep(0.2)
             delivered_s = time.monotonic() - t1
             meshes = {k: n.ask({"cmd": "pubsub", "topic": TOPIC})["mesh"] for k, n in nodes.items()}
-            lines = [f"{SHORT[k]:<6}" + " ".join(f"{name.get(p, '?')}:{'/'.join(paths) or '-'}" for p, paths in sorted(m.items(), key=lambda x: name.get(x[0], "")))
-                     for k, m in meshes.items()]
-            print(f"\npub-sub across NATs: meshes of >= 2 in {meshed_s:.1f} s after subscribing, 6 x 6 messages delivered in {delivered_s:.2f} s")
+            lines = [
+                f"{SHORT[k]:<6}"
+                + " ".join(
+                    f"{name.get(p, '?')}:{'/'.join(paths) or '-'}"
+                    for p, paths in sorted(m.items(), key=lambda x: name.get(x[0], ""))
+                )
+                for k, m in meshes.items()
+            ]
+            print(
+                f"\npub-sub across NATs: meshes of >= 2 in {meshed_s:.1f} s after subscribing, 6 x 6 messages delivered in {delivered_s:.2f} s"
+            )
             print("\n".join(lines))
         finally:
             for n in list(nodes.values()) + relays:

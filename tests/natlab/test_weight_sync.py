@@ -69,17 +69,28 @@ def _sync_across_nats(clusters, mib: int) -> None:
             one = workers[-1].ask({"cmd": "time_fetch", "cid": alone}, timeout=90 + 2 * mib)
             assert "seconds" in one, one
             for i, ((cluster, _), w) in enumerate(zip(sites, workers)):
-                r = w.ask({"cmd": "worker", "trainer": trainer.peer_id, "name": f"w{i}", "cluster": cluster}, timeout=60)
+                r = w.ask(
+                    {"cmd": "worker", "trainer": trainer.peer_id, "name": f"w{i}", "cluster": cluster}, timeout=60
+                )
                 assert r.get("ok"), r
-            got = trainer.ask({"cmd": "sync", "workers": len(workers), "versions": VERSIONS, "mib": mib, "timeout": 90 + 2 * mib}, timeout=VERSIONS * (100 + 2 * mib))
+            got = trainer.ask(
+                {"cmd": "sync", "workers": len(workers), "versions": VERSIONS, "mib": mib, "timeout": 90 + 2 * mib},
+                timeout=VERSIONS * (100 + 2 * mib),
+            )
             assert "rows" in got, got
             rows = got["rows"]
-            assert [r["version"] for r in rows] == list(range(1, VERSIONS + 1))  # every worker ran each (else sync raised)
-            print(f"\nweight sync across NATs ({len(workers)} workers, {mib} MiB, uploads capped at {UPLOAD_MBIT} Mbit/s): "
-                  f"one fetch alone {one['seconds']:.2f} s")
+            assert [r["version"] for r in rows] == list(
+                range(1, VERSIONS + 1)
+            )  # every worker ran each (else sync raised)
+            print(
+                f"\nweight sync across NATs ({len(workers)} workers, {mib} MiB, uploads capped at {UPLOAD_MBIT} Mbit/s): "
+                f"one fetch alone {one['seconds']:.2f} s"
+            )
             for r in rows:
-                print(f"  v{r['version']}: all run it after {r['all_running_s']:.2f} s ({r['all_running_s'] / one['seconds']:.1f}x one fetch); "
-                      f"the trainer uploaded {r['uploaded_x']:.2f}x the policy; each worker after {r['each_s']} s")
+                print(
+                    f"  v{r['version']}: all run it after {r['all_running_s']:.2f} s ({r['all_running_s'] / one['seconds']:.1f}x one fetch); "
+                    f"the trainer uploaded {r['uploaded_x']:.2f}x the policy; each worker after {r['each_s']} s"
+                )
             # without any swarming the trainer sends the policy to each worker: it must send less
             assert all(r["uploaded_x"] < len(workers) - 1 for r in rows), rows
         finally:

@@ -7,8 +7,8 @@ import threading
 import pytest
 
 import lattica
-from lattica.errors import Timeout
 from helpers import Where
+from lattica.errors import Timeout
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 ALLOW = ["sample_actors.*", "call_actors.*"]

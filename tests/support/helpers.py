@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def wait_for(pred: Callable[[], Any], timeout: float = 5.0) -> Any:
@@ -64,8 +65,9 @@ def spawn_local(node: Any, cls: Any, *args: Any, name: str | None = None) -> Any
     return node.run(go(), timeout=5)
 
 
-
-def run_on_pty(args: list[str], stdout: Any = None, env: dict[str, str] | None = None, timeout: float = 30.0) -> tuple[Any, bytes]:
+def run_on_pty(
+    args: list[str], stdout: Any = None, env: dict[str, str] | None = None, timeout: float = 30.0
+) -> tuple[Any, bytes]:
     """Run ``args`` with its stdin and stderr on a terminal (a pty), as a user's would be, until
     it exits: the process (its ``stdout`` as asked: default not kept) and what it wrote there."""
     import os
@@ -74,7 +76,9 @@ def run_on_pty(args: list[str], stdout: Any = None, env: dict[str, str] | None =
     import subprocess
 
     leader, follower = pty.openpty()
-    p = subprocess.Popen(args, stdin=follower, stdout=subprocess.DEVNULL if stdout is None else stdout, stderr=follower, env=env)
+    p = subprocess.Popen(
+        args, stdin=follower, stdout=subprocess.DEVNULL if stdout is None else stdout, stderr=follower, env=env
+    )
     os.close(follower)
     seen = b""
     try:

@@ -18,10 +18,9 @@ import sys
 import threading
 
 import lattica
+import path_actors
 from lattica.config import NatConfig
 from lattica.identity import KeyPair
-
-import path_actors
 
 
 def main() -> None:
@@ -34,8 +33,15 @@ def main() -> None:
     extra: dict = {}
     if a.relay:
         extra = {"relays": [a.relay], "nat": NatConfig(reachability="private")}
-    node = lattica.Node(a.listen, keypair=KeyPair.load_or_create(a.key) if a.key else None, membership=False, mdns=False,
-                        idle_timeout=a.idle_timeout, channel_idle=min(60.0, a.idle_timeout), **extra)
+    node = lattica.Node(
+        a.listen,
+        keypair=KeyPair.load_or_create(a.key) if a.key else None,
+        membership=False,
+        mdns=False,
+        idle_timeout=a.idle_timeout,
+        channel_idle=min(60.0, a.idle_timeout),
+        **extra,
+    )
     node.start()
     if a.relay:
         while not node.nat_status().relays:
@@ -53,14 +59,21 @@ def main() -> None:
             threading.Thread(target=lambda: _quietly(node.connect, arg), daemon=True).start()
             out: dict = {"ok": True}
         elif cmd == "redial":  # a fresh connection beside the one we have (as after an address change)
+
             async def redial(h, addr=arg):
                 peer = lattica.Multiaddr(addr).peer_id
                 await h.dial_addrs(peer, [lattica.Multiaddr(addr).without_peer_id()])
+
             node.run(redial(node.host), timeout=30)
             out = {"ok": True}
         elif cmd == "conns":
+
             async def conns(h):
-                return [{"transport": c.transport, "direction": c.direction, "going_away": c.going_away} for c in h.all_conns]
+                return [
+                    {"transport": c.transport, "direction": c.direction, "going_away": c.going_away}
+                    for c in h.all_conns
+                ]
+
             out = {"conns": node.run(conns(node.host))}
         else:
             out = {"error": f"unknown command {cmd!r}"}

@@ -17,18 +17,28 @@ CLIENT = ("127.0.0.1", 40001)
 SERVER = ("127.0.0.1", 40002)
 
 
-def configuration(is_client: bool, *, datagram: int = 1350, max_data: int = 32 << 20, max_stream_data: int = 8 << 20) -> Any:
+def configuration(
+    is_client: bool, *, datagram: int = 1350, max_data: int = 32 << 20, max_stream_data: int = 8 << 20
+) -> Any:
     cert = generate_certificate(KeyPair.generate())
     return _aioquic.make_configuration(
-        is_client=is_client, certificate=cert.certificate, private_key=cert.private_key, alpn="libp2p",
-        idle_timeout=60.0, max_data=max_data, max_stream_data=max_stream_data, max_datagram_size=datagram,
-        congestion_control="cubic", cid_length=8,
+        is_client=is_client,
+        certificate=cert.certificate,
+        private_key=cert.private_key,
+        alpn="libp2p",
+        idle_timeout=60.0,
+        max_data=max_data,
+        max_stream_data=max_stream_data,
+        max_datagram_size=datagram,
+        congestion_control="cubic",
+        cid_length=8,
     )
 
 
 def ours(is_client: bool, odcid: bytes | None = None, **kw: Any) -> _aioquic.LatticaQuicConnection:
-    return _aioquic.LatticaQuicConnection(configuration=configuration(is_client, **kw), max_streams=256,
-                                          original_destination_connection_id=odcid)
+    return _aioquic.LatticaQuicConnection(
+        configuration=configuration(is_client, **kw), max_streams=256, original_destination_connection_id=odcid
+    )
 
 
 def theirs(is_client: bool, odcid: bytes | None = None, **kw: Any) -> QuicConnection:

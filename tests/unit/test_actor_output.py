@@ -100,8 +100,13 @@ def test_stdout_stderr_and_log_records_are_kept_per_actor_once_each(node):
     print("not an actor's")  # (outside every actor: nobody's ring)
     da, db = _detail(node, a.name), _detail(node, b.name)
     lines_a = [(s, t) for _, s, t in da["output"]]
-    assert lines_a == [("stdout", "constructed"), ("stdout", "from a"), ("log", "WARNING talker: said hello"), ("stdout", "async a"),
-                       ("stdout", "partial")], lines_a
+    assert lines_a == [
+        ("stdout", "constructed"),
+        ("stdout", "from a"),
+        ("log", "WARNING talker: said hello"),
+        ("stdout", "async a"),
+        ("stdout", "partial"),
+    ], lines_a
     assert [(s, t) for _, s, t in db["output"]] == [("stdout", "constructed"), ("stderr", "from b")]
 
 
@@ -123,7 +128,11 @@ def test_the_process_total_is_bounded_whatever_the_number_of_chatty_actors(node,
     for a in actors:
         for _ in range(40):
             _call(node, a.say, "y" * 900)
-    assert output.held_bytes() <= 64 * 1024 + 8 * output.MAX_LINE, (output.held_bytes(), [r.size for r in output._rings.values()], sum(r.size for r in output._rings.values()))  # (each ring keeps its share)
+    assert output.held_bytes() <= 64 * 1024 + 8 * output.MAX_LINE, (
+        output.held_bytes(),
+        [r.size for r in output._rings.values()],
+        sum(r.size for r in output._rings.values()),
+    )  # (each ring keeps its share)
 
 
 def test_the_last_errors_keep_their_tracebacks_without_the_runtimes_frames(node):
@@ -133,7 +142,11 @@ def test_the_last_errors_keep_their_tracebacks_without_the_runtimes_frames(node)
             _call(node, a.fail, i)
     d = _detail(node, a.name)
     errs = d["recent_errors"]
-    assert len(errs) == MAX_RECENT_ERRORS and errs[-1]["message"] == f"'no item {MAX_RECENT_ERRORS + 2}'" and errs[-1]["method"] == "fail"
+    assert (
+        len(errs) == MAX_RECENT_ERRORS
+        and errs[-1]["message"] == f"'no item {MAX_RECENT_ERRORS + 2}'"
+        and errs[-1]["method"] == "fail"
+    )
     tb = errs[-1]["traceback"]
     assert 'raise KeyError(f"no item {n}")' in tb and "test_actor_output.py" in tb and "runtime/local.py" not in tb
     assert d["errors"] == MAX_RECENT_ERRORS + 3
@@ -156,10 +169,20 @@ def test_the_detail_survives_the_cleaning_a_members_detail_gets(node):
         _call(node, a.fail, 1)
     d = clean_detail(_detail(node, a.name))
     assert d["output"][-1][2] == "tab    here  [31mred [0m" and "\n" in d["recent_errors"][0]["traceback"]
-    assert clean_detail("x") is None and clean_detail({"output": [[1, "stdout"]], "recent_errors": "no"})["output"] == []
-    evil = {"output": [[1.0, "stdout\x1b", "a\x07b"]] * 10_000, "recent_errors": [{"traceback": "t" * 10**6}] * 100, "series": {"time": [1, 2], "calls": [1]}}
+    assert (
+        clean_detail("x") is None and clean_detail({"output": [[1, "stdout"]], "recent_errors": "no"})["output"] == []
+    )
+    evil = {
+        "output": [[1.0, "stdout\x1b", "a\x07b"]] * 10_000,
+        "recent_errors": [{"traceback": "t" * 10**6}] * 100,
+        "series": {"time": [1, 2], "calls": [1]},
+    }
     d = clean_detail(evil)
-    assert len(d["output"]) == 200 and d["output"][0][1:] == ["stdout ", "a b"] and len(d["recent_errors"]) == MAX_RECENT_ERRORS
+    assert (
+        len(d["output"]) == 200
+        and d["output"][0][1:] == ["stdout ", "a b"]
+        and len(d["recent_errors"]) == MAX_RECENT_ERRORS
+    )
     assert len(d["recent_errors"][0]["traceback"]) <= 4000 and d["series"] is None  # (a column shorter than its times)
 
 
@@ -186,7 +209,10 @@ def test_usage_samples_the_node_and_each_actor_in_fixed_rings(node):
     for _ in range(SAMPLES + 5):
         node.run(take(), timeout=5)
     assert len(usage.node_series()["time"]) == SAMPLES and len(usage.actor_series(a.name)["calls"]) == SAMPLES
-    assert clean_series(usage.node_series(), NODE_FIELDS) is not None and clean_series(usage.actor_series(a.name), ACTOR_FIELDS) is not None
+    assert (
+        clean_series(usage.node_series(), NODE_FIELDS) is not None
+        and clean_series(usage.actor_series(a.name), ACTOR_FIELDS) is not None
+    )
     assert usage.actor_series("nobody") is None
 
 
@@ -254,7 +280,9 @@ def test_only_a_handlers_own_copy_of_a_record_is_left_out(node):
 def test_a_record_that_cannot_be_formatted_does_not_break_the_call(node):
     a = _spawn(node, Churner)
     assert _call(node, a.log_unprintable) == "went on"
-    assert ("log", "WARNING bad: (a message that could not be formatted)") in [(s, t) for _, s, t in _detail(node, a.name)["output"]]
+    assert ("log", "WARNING bad: (a message that could not be formatted)") in [
+        (s, t) for _, s, t in _detail(node, a.name)["output"]
+    ]
 
 
 def test_a_new_actor_under_an_old_name_gets_none_of_the_old_ones_output(node):

@@ -32,7 +32,9 @@ def test_relay_reservations_count_an_ipv6_64_as_one_address():
 
 def test_observed_addresses_count_observers_by_host_and_only_in_the_connection_s_family():
     seen = {
-        _conn("/ip6/2001:db8::1/tcp/1"): Multiaddr("/ip4/10.9.99.99/udp/53/quic-v1"),  # an IPv4 address "seen" over IPv6
+        _conn("/ip6/2001:db8::1/tcp/1"): Multiaddr(
+            "/ip4/10.9.99.99/udp/53/quic-v1"
+        ),  # an IPv4 address "seen" over IPv6
         _conn("/ip6/2001:db8::2/tcp/1"): Multiaddr("/ip6/2001:db8:ffff::5/tcp/4001"),
         _conn("/ip6/2001:db8::3/tcp/1"): Multiaddr("/ip6/2001:db8:ffff::5/tcp/4001"),  # the same /64 as the one above
         _conn("/ip4/192.0.2.1/tcp/1"): Multiaddr("/ip4/203.0.113.5/tcp/4001"),
@@ -51,16 +53,30 @@ def test_observed_addresses_count_observers_by_host_and_only_in_the_connection_s
 def _nat(conns: dict, infos: dict, configured=()) -> SimpleNamespace:
     """What ``NatManager``'s relay methods see of a node (its connections, identify, config)."""
     loop = asyncio.new_event_loop()
-    host = SimpleNamespace(conns=conns, info=infos, node=SimpleNamespace(relays=list(configured)), peer_id=None, loop=loop,
-                           protect=lambda *a: None, spawn=lambda c: c.close())
+    host = SimpleNamespace(
+        conns=conns,
+        info=infos,
+        node=SimpleNamespace(relays=list(configured)),
+        peer_id=None,
+        loop=loop,
+        protect=lambda *a: None,
+        spawn=lambda c: c.close(),
+    )
     return SimpleNamespace(host=host, relays={}, _addrs_changed=lambda: None)
 
 
 def test_only_direct_members_or_configured_relays_become_our_relays():
     ids = [KeyPair.generate().peer_id for _ in range(3)]
-    direct, relayed, stranger = _Conn("/ip4/192.0.2.1/tcp/1"), _Conn("/ip4/192.0.2.2/tcp/1", "relay"), _Conn("/ip4/192.0.2.3/tcp/1")
-    infos = {direct: SimpleNamespace(protocols=(HOP,), circle="member"), relayed: SimpleNamespace(protocols=(HOP,), circle="member"),
-             stranger: SimpleNamespace(protocols=(HOP,), circle="stranger")}
+    direct, relayed, stranger = (
+        _Conn("/ip4/192.0.2.1/tcp/1"),
+        _Conn("/ip4/192.0.2.2/tcp/1", "relay"),
+        _Conn("/ip4/192.0.2.3/tcp/1"),
+    )
+    infos = {
+        direct: SimpleNamespace(protocols=(HOP,), circle="member"),
+        relayed: SimpleNamespace(protocols=(HOP,), circle="member"),
+        stranger: SimpleNamespace(protocols=(HOP,), circle="stranger"),
+    }
     nat = _nat(dict(zip(ids, [direct, relayed, stranger])), infos)
     assert NatManager._relay_candidates(nat) == [ids[0]]
 
@@ -69,7 +85,10 @@ def test_a_relay_s_reservation_names_only_addresses_at_the_ip_we_reach_it_at_and
     relay = KeyPair.generate().peer_id
     conn = _Conn("/ip4/192.0.2.1/tcp/4001")
     nat = _nat({relay: conn}, {})
-    answer = {"expires": time.time() + 1, "addrs": [f"/ip4/10.9.88.{i}/tcp/443" for i in range(1, 8)] + ["/ip4/192.0.2.1/udp/4001/quic-v1"]}
+    answer = {
+        "expires": time.time() + 1,
+        "addrs": [f"/ip4/10.9.88.{i}/tcp/443" for i in range(1, 8)] + ["/ip4/192.0.2.1/udp/4001/quic-v1"],
+    }
     NatManager._reserved(nat, relay, answer)
     r = nat.relays[relay]
     assert [str(a) for a in r.addrs] == [f"/ip4/192.0.2.1/udp/4001/quic-v1/p2p/{relay}/p2p-circuit"]

@@ -12,13 +12,12 @@ import random
 from typing import Any
 
 import pytest
+from aioquic.quic import events as qev
 from aioquic.quic.crypto import CryptoContext, CryptoError
 from aioquic.quic.packet import QuicProtocolVersion
 from aioquic.quic.packet_builder import QuicDeliveryState
 from aioquic.quic.stream import QuicStreamSender
 from aioquic.tls import CipherSuite
-
-from aioquic.quic import events as qev
 
 from lattica.transports._aioquic import _ChunkedSender, _LeanCryptoContext
 from quic_pair import Pair, ours, theirs
@@ -94,8 +93,18 @@ def test_packet_protection_follows_a_key_update() -> None:
 
 
 def _state(s: QuicStreamSender) -> tuple:
-    return (s.buffer_is_empty, s.highest_offset, s.is_finished, s.reset_pending, s.next_offset,
-            s._buffer_start, s._buffer_stop, s._buffer_fin, list(s._pending), list(s._acked))
+    return (
+        s.buffer_is_empty,
+        s.highest_offset,
+        s.is_finished,
+        s.reset_pending,
+        s.next_offset,
+        s._buffer_start,
+        s._buffer_stop,
+        s._buffer_fin,
+        list(s._pending),
+        list(s._acked),
+    )
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -200,8 +209,14 @@ def test_a_stream_frame_never_outgrows_the_room_it_was_given() -> None:
     for size in range(16_380, 16_440):
         sid = c.get_next_available_stream_id()
         c.send_stream_data(sid, b"x" * 40_000)
-        builder = QuicPacketBuilder(host_cid=c.host_cid, is_client=True, max_datagram_size=size,
-                                    packet_number=c._packet_number, peer_cid=c._peer_cid.cid, version=c._version)
+        builder = QuicPacketBuilder(
+            host_cid=c.host_cid,
+            is_client=True,
+            max_datagram_size=size,
+            packet_number=c._packet_number,
+            peer_cid=c._peer_cid.cid,
+            version=c._version,
+        )
         builder.start_packet(QuicPacketType.ONE_RTT, crypto)
         sent = c._write_stream_frame(builder, space, c._streams[sid], 1 << 40)
         datagrams, _ = builder.flush()  # (raises BufferWriteError if the frame overran)

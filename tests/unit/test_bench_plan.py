@@ -38,4 +38,6 @@ def test_the_estimates_follow_the_arguments():
     assert "4 streams" in _announced("stream") and "2 streams" in _announced("stream", "--transport", "tcp")
     assert "30 partitioned runs of 20 replicas" in _announced("crdt-sim", "--runs", "30")
     every = plan.plan_of("all", parser().parse_args(["bench", "all"]))
-    assert every.seconds == sum(plan.plan_of(n, parser().parse_args(["bench", n])).seconds for n in plan.IN_ALL if n in plan.PLANS)
+    assert every.seconds == sum(
+        plan.plan_of(n, parser().parse_args(["bench", n])).seconds for n in plan.IN_ALL if n in plan.PLANS
+    )

@@ -6,11 +6,10 @@ reader agree on."""
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 
 import pytest
-
-import time
 
 from lattica.actors import checkpoints as cp
 from lattica.errors import CheckpointRejected
@@ -98,8 +97,20 @@ def test_copies_expire_an_hour_after_the_last_write(monkeypatch):
     assert run(s.fetch("a")) == [] and s.total == 0
 
 
-@pytest.mark.parametrize("args", [("", 1.0, b"x"), ("a" * 600, 1.0, b"x"), ("a", 1, b"x"), ("a", 1.0, "x"), (None, 1.0, b"x"),
-                                  ("a", float("inf"), b"x"), ("a", float("nan"), b"x"), ("a", 1e308, b"x"), ("a", -1.0, b"x")])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("", 1.0, b"x"),
+        ("a" * 600, 1.0, b"x"),
+        ("a", 1, b"x"),
+        ("a", 1.0, "x"),
+        (None, 1.0, b"x"),
+        ("a", float("inf"), b"x"),
+        ("a", float("nan"), b"x"),
+        ("a", 1e308, b"x"),
+        ("a", -1.0, b"x"),
+    ],
+)
 def test_malformed_keeps_and_impossible_stamps_are_refused(args):
     with pytest.raises(CheckpointRejected):
         run(_store().keep(*args, bytes(64), []))
@@ -177,7 +188,12 @@ def test_a_restoring_supervisor_prefers_copies_from_writers_it_can_trust():
     sup = Supervisor.cls.__new__(Supervisor.cls)
     sup._me = SimpleNamespace(name="sup")
     gone: set = set()
-    sup._rt = SimpleNamespace(peer_id=me.peer_id, services={}, host=SimpleNamespace(trust=Trust(me.peer_id, [mesh.public])), node_gone=gone.__contains__)
+    sup._rt = SimpleNamespace(
+        peer_id=me.peer_id,
+        services={},
+        host=SimpleNamespace(trust=Trust(me.peer_id, [mesh.public])),
+        node_gone=gone.__contains__,
+    )
     now = time.time()
     assert sup._trust_in_writer(me.peer_id, []) == 2
     assert sup._trust_in_writer(admin.peer_id, [mesh.issue(admin.peer_id, 60, now, admin=True).to_bytes()]) == 2
@@ -186,4 +202,6 @@ def test_a_restoring_supervisor_prefers_copies_from_writers_it_can_trust():
     gone.add(member.peer_id)
     assert sup._trust_in_writer(member.peer_id, [mesh.issue(member.peer_id, 60, now).to_bytes()]) == 1
     assert sup._trust_in_writer(stranger.peer_id, [MeshKey.generate().issue(stranger.peer_id, 60, now).to_bytes()]) == 0
-    assert sup._trust_in_writer(stranger.peer_id, [mesh.issue(member.peer_id, 60, now).to_bytes()]) == 0  # another's certificate
+    assert (
+        sup._trust_in_writer(stranger.peer_id, [mesh.issue(member.peer_id, 60, now).to_bytes()]) == 0
+    )  # another's certificate

@@ -10,8 +10,8 @@ import pytest
 
 from lattica.code.loader import Namespace
 from lattica.code.package import CodePackage, pack, unpack
-from lattica.code.tickets import Ticket, ticket_of
 from lattica.code.script import check_class, filter_script
+from lattica.code.tickets import Ticket, ticket_of
 from lattica.errors import CodeError, SpawnError
 from lattica.identity import KeyPair
 
@@ -44,10 +44,20 @@ def test_the_same_files_pack_to_the_same_bytes_whatever_order_they_were_written_
 
 
 def test_packing_skips_what_is_not_source_or_not_importable_and_honours_excludes(tmp_path):
-    write(tmp_path, {
-        "train.py": "", "data.json": "{}", "notes/readme.txt": "", ".hidden/x.py": "", "__pycache__/train.cpython-311.py": "",
-        "venv/lib/site.py": "", "my-script.py": "", "tests/test_x.py": "", "pkg/mod.py": "",
-    })
+    write(
+        tmp_path,
+        {
+            "train.py": "",
+            "data.json": "{}",
+            "notes/readme.txt": "",
+            ".hidden/x.py": "",
+            "__pycache__/train.cpython-311.py": "",
+            "venv/lib/site.py": "",
+            "my-script.py": "",
+            "tests/test_x.py": "",
+            "pkg/mod.py": "",
+        },
+    )
     (tmp_path / "venv" / "pyvenv.cfg").write_text("home = /usr\n")
     pkg = pack([str(tmp_path)], excludes=["tests/*"])
     assert sorted(pkg.files) == ["pkg/mod.py", "train.py"]
@@ -77,18 +87,21 @@ def test_the_main_script_is_named_when_a_root_holds_it(tmp_path):
     assert pack([str(tmp_path)]).main is None
 
 
-@pytest.mark.parametrize("doc", [
-    [1, None, [["../evil.py", b""]]],
-    [1, None, [["/abs.py", b""]]],
-    [1, None, [["a/../b.py", b""]]],
-    [1, None, [["data.txt", b""]]],
-    [1, None, [["a.py", "text, not bytes"]]],
-    [1, None, [["a.py", b""], ["a.py", b""]]],
-    [1, "missing.py", [["a.py", b""]]],
-    [2, None, []],
-    {"files": []},
-    [1, None, [["a.py"]]],
-])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        [1, None, [["../evil.py", b""]]],
+        [1, None, [["/abs.py", b""]]],
+        [1, None, [["a/../b.py", b""]]],
+        [1, None, [["data.txt", b""]]],
+        [1, None, [["a.py", "text, not bytes"]]],
+        [1, None, [["a.py", b""], ["a.py", b""]]],
+        [1, "missing.py", [["a.py", b""]]],
+        [2, None, []],
+        {"files": []},
+        [1, None, [["a.py"]]],
+    ],
+)
 def test_a_malformed_package_from_a_peer_is_a_code_error(doc):
     with pytest.raises(CodeError):
         unpack(msgpack.packb(doc, use_bin_type=True))
@@ -175,7 +188,9 @@ def test_the_rule_keeps_imports_definitions_and_assignments_that_call_nothing():
 def test_a_class_that_needs_a_left_out_name_is_refused_naming_the_line():
     f = filter_script(SCRIPT, "train.py")
     check_class(f, "Shard", "train.py")  # helper -> DOUBLE -> HIDDEN: all kept
-    with pytest.raises(CodeError, match=r"train.py line 8 \(log = open\(\"/dev/null\"\)\).*Logged uses 'log' \(through uses_log\)"):
+    with pytest.raises(
+        CodeError, match=r"train.py line 8 \(log = open\(\"/dev/null\"\)\).*Logged uses 'log' \(through uses_log\)"
+    ):
         check_class(f, "Logged", "train.py")
     with pytest.raises(CodeError, match="Hidden is defined where other nodes do not run it"):
         check_class(f, "Hidden", "train.py")
@@ -198,7 +213,9 @@ def test_assignments_that_change_what_is_not_the_scripts_are_left_out():
 
 
 def test_a_local_name_that_shadows_a_left_out_one_is_not_a_false_alarm():
-    f = filter_script("model = make()\nclass C:\n    def go(self, model):\n        x = model\n        return x\n", "s.py")
+    f = filter_script(
+        "model = make()\nclass C:\n    def go(self, model):\n        x = model\n        return x\n", "s.py"
+    )
     check_class(f, "C", "s.py")
 
 
@@ -209,7 +226,7 @@ def test_a_script_that_does_not_parse_is_a_code_error():
 
 # -- namespaces -----------------------------------------------------------------------------------
 
-APP = '''\
+APP = """\
 import lattica
 from myapp.util import VERSION
 from . import util
@@ -218,11 +235,15 @@ from . import util
 class Shard:
     def version(self):
         return VERSION, util.VERSION
-'''
+"""
 
 
 def namespace(version, main=None, extra=None):
-    files = {"myapp/__init__.py": b"", "myapp/util.py": f"VERSION = {version}\n".encode(), "myapp/shard.py": APP.encode()}
+    files = {
+        "myapp/__init__.py": b"",
+        "myapp/util.py": f"VERSION = {version}\n".encode(),
+        "myapp/shard.py": APP.encode(),
+    }
     files.update(extra or {})
     ns = Namespace(ticket(f"bafkreiv{version}"), CodePackage(files, main))
     ns.install()
@@ -281,7 +302,9 @@ def test_every_class_of_the_script_is_checked_not_only_the_first(tmp_path, monke
     from lattica.code.shipper import Shipper
 
     script = tmp_path / "train.py"
-    script.write_text("import lattica\nh = open(__file__)\n\n@lattica.actor\nclass Good:\n    pass\n\n@lattica.actor\nclass Bad:\n    def f(self):\n        return h\n")
+    script.write_text(
+        "import lattica\nh = open(__file__)\n\n@lattica.actor\nclass Good:\n    pass\n\n@lattica.actor\nclass Bad:\n    def f(self):\n        return h\n"
+    )
     main = types.ModuleType("__main__")
     main.__file__ = str(script)
     monkeypatch.setitem(sys.modules, "__main__", main)

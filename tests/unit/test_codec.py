@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import inspect
 import collections
+import inspect
 import math
-import sys
 import pickle
 import struct
+import sys
 import threading
 import tracemalloc
-from datetime import datetime
 
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from lattica import codec
 from lattica.codec import DEFAULT_LIMITS, Limits, decode, encode, encode_bytes, register_ext
@@ -141,8 +141,7 @@ def test_array_round_trip(arr):
 
 @pytest.mark.parametrize(
     "scalar",
-    [np.int8(-3), np.uint64(2**64 - 1), np.float32(1.25), np.float16(0.5), np.complex128(1 - 2j)]
-    + [np.bool_(True)],
+    [np.int8(-3), np.uint64(2**64 - 1), np.float32(1.25), np.float16(0.5), np.complex128(1 - 2j)] + [np.bool_(True)],
 )
 def test_numpy_scalars_keep_their_type(scalar):
     out = rt(scalar)
@@ -172,9 +171,7 @@ def test_forbidden_numpy_values_are_refused(bad):
         encode({"x": bad})
 
 
-@pytest.mark.parametrize(
-    "dtype", [b"|O8", b"|O", b"<U1", b"|S4", b"|V8", b"<M8[s]", b"f8", b"", b"\xff\xfe"]
-)
+@pytest.mark.parametrize("dtype", [b"|O8", b"|O", b"<U1", b"|S4", b"|V8", b"<M8[s]", b"f8", b"", b"\xff\xfe"])
 def test_forbidden_dtypes_are_refused_on_decode(dtype):
     body = ext(1, array_payload(dtype, (1,), data=b"\0" * 8))
     with pytest.raises(CodecError):
@@ -532,7 +529,14 @@ def test_unsupported_map_keys(key):
 
 def test_malformed_frames():
     short = b"\x01\x00\x00\x00\x00\x00\x00"
-    for bad in [b"", b"\x01", short, frame(b"\xc0", version=2), frame(b"\xc0", flags=2), frame(b"\x92\xd4\x03\x00\x01")]:
+    for bad in [
+        b"",
+        b"\x01",
+        short,
+        frame(b"\xc0", version=2),
+        frame(b"\xc0", flags=2),
+        frame(b"\x92\xd4\x03\x00\x01"),
+    ]:
         with pytest.raises(CodecError):
             decode(bad)
     bodies = [b"", b"\xc1", b"\x92\x01", b"\x01\x02", b"\xa2\xff\xfe", b"\x81\x91\x01\x02"]

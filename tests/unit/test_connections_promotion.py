@@ -58,8 +58,14 @@ def _add(conns: Connections, conn: _Conn) -> None:
 def _table(loop, me, grace: float = 300.0):
     seen = {"away": [], "expired": []}
     conns = Connections(
-        me, loop, HostEvents(), spawn=loop.create_task, serve=None,  # type: ignore[arg-type]
-        going_away=seen["away"].append, expired=seen["expired"].append, grace=grace,
+        me,
+        loop,
+        HostEvents(),
+        spawn=loop.create_task,
+        serve=None,  # type: ignore[arg-type]
+        going_away=seen["away"].append,
+        expired=seen["expired"].append,
+        grace=grace,
     )
     return conns, seen
 

@@ -9,13 +9,13 @@ import random
 
 import pycrdt
 import pytest
+from test_crdt_replica import DOC, Writer, apply
 
 from lattica.crdt.checkpoint import Checkpoint, Signature, canonical_state, check_state
 from lattica.crdt.envelope import doc_id
 from lattica.crdt.replica import ReplicaState
 from lattica.errors import MalformedUpdate
 from lattica.identity import KeyPair
-from test_crdt_replica import DOC, Writer, apply
 
 
 def _history(n: int = 30, seed: int = 1) -> tuple[list[Writer], list]:
@@ -66,7 +66,7 @@ def test_the_canonical_state_is_the_same_for_any_order_and_split():
         assert canonical_state(shuffled) == one
         assert canonical_state([canonical_state(shuffled[:cut]), *shuffled[cut:]]) == one
         # two overlapping parts merged, as two checkpoints made apart are
-        assert canonical_state([canonical_state(shuffled[:cut + 5]), canonical_state(shuffled[cut:])]) == one
+        assert canonical_state([canonical_state(shuffled[: cut + 5]), canonical_state(shuffled[cut:])]) == one
 
 
 def test_a_checkpoint_round_trips_and_its_signatures_verify():
@@ -138,7 +138,11 @@ def test_a_newcomer_starts_from_a_checkpoint_and_takes_what_came_after():
     later = [ws[2].change(lambda d: d.get("t", type=pycrdt.Text).insert(0, "zz"))]
     for o in ws[:2]:
         o.learn(later)
-    later.append(ws[0].change(lambda d: d.get("m", type=pycrdt.Map).pop("1", None) or d.get("m", type=pycrdt.Map).__setitem__("k", 9)))
+    later.append(
+        ws[0].change(
+            lambda d: d.get("m", type=pycrdt.Map).pop("1", None) or d.get("m", type=pycrdt.Map).__setitem__("k", 9)
+        )
+    )
     apply(doc_a, a.receive(later))
     new, doc_new = ReplicaState(DOC, None), pycrdt.Doc()
     for given in a.checkpoints_for(new.summary()):
@@ -150,7 +154,7 @@ def test_a_newcomer_starts_from_a_checkpoint_and_takes_what_came_after():
     apply(doc_new, out)
     assert _content(doc_new) == _content(doc_a) and new.summary() == a.summary()
     # envelopes that waited for what the checkpoint covers apply once it is taken
-    late, doc_late = ReplicaState(DOC, None), pycrdt.Doc()
+    late = ReplicaState(DOC, None)
     held = late.receive(later)
     assert held.held == len(later) and not held.applied
     why, out = late.adopt(cp, canon)

@@ -146,7 +146,9 @@ def test_deps_must_be_what_the_update_names_and_deletes_wait_for_their_items():
     lying = Writer(b.keys, nonce=b.nonce)
     assert r.receive([lying.seal(events[0], {})]).refused[0][1] == "deps are not what the update names"
     junk = Writer(b.keys, nonce=b"other")
-    assert r.receive([junk.seal(events[0], {a.client: 1, 12345: 0})]).refused[0][1] == "deps are not what the update names"  # (padded)
+    assert (
+        r.receive([junk.seal(events[0], {a.client: 1, 12345: 0})]).refused[0][1] == "deps are not what the update names"
+    )  # (padded)
     honest = b.seal(events[0])
     assert dict(honest.deps) == {a.client: 1}
     assert r.receive([honest]).held == 1  # the item it deletes is not here yet: it waits
@@ -293,7 +295,7 @@ def test_convergence_of_random_concurrent_histories():
         r = ReplicaState(DOC, None, max_held=10_000)
         ydoc = pycrdt.Doc()
         for i in range(0, len(order), 7):
-            out = r.receive(order[i:i + 7])
+            out = r.receive(order[i : i + 7])
             refused = [why for _, why in out.refused]
             assert not refused, refused
             apply(ydoc, out)

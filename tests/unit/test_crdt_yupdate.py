@@ -19,13 +19,15 @@ def _edit(rnd: random.Random, d: pycrdt.Doc) -> None:
     a = d.get("a", type=pycrdt.Array)
     op = rnd.randrange(7)
     if op == 0:
-        m[str(rnd.randrange(5))] = rnd.choice([1, 2.5, "x", None, True, [1, {"a": [1, 2]}], {"k": b"\x00\x01"}, 2**40, -7])
+        m[str(rnd.randrange(5))] = rnd.choice(
+            [1, 2.5, "x", None, True, [1, {"a": [1, 2]}], {"k": b"\x00\x01"}, 2**40, -7]
+        )
     elif op == 1 and len(m):
         del m[list(m.keys())[0]]
     elif op == 2:
         t.insert(rnd.randrange(len(t) + 1), "ab")
     elif op == 3 and len(t):
-        del t[0:min(2, len(t))]
+        del t[0 : min(2, len(t))]
     elif op == 4:
         a.append(pycrdt.Map({"z": 1}) if rnd.random() < 0.5 else pycrdt.Text("q"))
     elif op == 5 and len(a):
@@ -38,7 +40,9 @@ def _edit(rnd: random.Random, d: pycrdt.Doc) -> None:
 @pytest.mark.parametrize("seed", range(20))
 def test_ranges_match_the_state_vector(seed):
     rnd = random.Random(seed)
-    docs = [pycrdt.Doc(client_id=rnd.randrange(1, 2**53), skip_gc=True) for _ in range(3)]  # (a full state of GC'd deletes has GC structs: refused)
+    docs = [
+        pycrdt.Doc(client_id=rnd.randrange(1, 2**53), skip_gc=True) for _ in range(3)
+    ]  # (a full state of GC'd deletes has GC structs: refused)
     for _ in range(25):
         d = rnd.choice(docs)
         before = d.get_state()
@@ -82,7 +86,9 @@ def test_malformed_updates_are_refused():
         read_update(good + b"\x00")  # bytes after the delete set
     with pytest.raises(MalformedUpdate):
         read_update(b"\x01\x01\x05\x00\x0a\x01\x00")  # a skip struct: a gap
-    assert read_update(b"\x01\x01\x05\x00\x00\x03\x00").structs == {5: (0, 3)}  # a GC struct: content made and deleted at once
+    assert read_update(b"\x01\x01\x05\x00\x00\x03\x00").structs == {
+        5: (0, 3)
+    }  # a GC struct: content made and deleted at once
     with pytest.raises(MalformedUpdate):
         read_update(b"\x01\x01\x05\x00\x20\x03\x00")  # a GC kind with flags (yrs would read an item)
     with pytest.raises(MalformedUpdate):

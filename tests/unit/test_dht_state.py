@@ -57,12 +57,19 @@ def test_a_peer_with_only_private_addresses_is_not_admitted_unless_it_is_on_our_
 def test_answers_to_peers_off_our_network_carry_no_private_addresses():
     dht, host = _state()
     mixed, lan_only, asker_far, asker_lan = _peer(), _peer(), _peer(), _peer()
-    host.conns = {lan_only: _conn_from("10.1.2.4"), asker_far: _conn_from("198.51.100.2"), asker_lan: _conn_from("10.1.2.5")}
+    host.conns = {
+        lan_only: _conn_from("10.1.2.4"),
+        asker_far: _conn_from("198.51.100.2"),
+        asker_lan: _conn_from("10.1.2.5"),
+    }
     host.peer_addrs = {mixed: [PRIVATE, PUBLIC], lan_only: [Multiaddr("/ip4/10.1.2.4/tcp/4001")]}
     dht.seen(mixed)
     dht.seen(lan_only)
     assert dht.peers_wire([mixed, lan_only], asker_far) == [[mixed, [PUBLIC]]]
-    assert dht.peers_wire([mixed, lan_only], asker_lan) == [[mixed, [PRIVATE, PUBLIC]], [lan_only, [Multiaddr("/ip4/10.1.2.4/tcp/4001")]]]
+    assert dht.peers_wire([mixed, lan_only], asker_lan) == [
+        [mixed, [PRIVATE, PUBLIC]],
+        [lan_only, [Multiaddr("/ip4/10.1.2.4/tcp/4001")]],
+    ]
 
 
 def test_a_member_held_down_leaves_the_table():

@@ -9,7 +9,8 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from lattica.content.cid import DAG_PB, Cid
 from lattica.content.session import BLOCK, HAVE, PASS_LAPSES, FetchSession
@@ -58,7 +59,9 @@ class SimPeer:
     bandwidth: float  # bytes/s, serving one call after another
     latency: float = 0.01  # one way, seconds
     holds: set | None = None  # None: everything
-    mode: str = "ok"  # ok | silent (never answers want-block) | bad (blocks do not verify) | flaky | gone (refuses calls)
+    mode: str = (
+        "ok"  # ok | silent (never answers want-block) | bad (blocks do not verify) | flaky | gone (refuses calls)
+    )
     slows_at: float = float("inf")  # from then on, a tenth of its bandwidth
     loses: int = 0  # its first this-many calls are lost without an answer (a path that broke)
     busy_until: float = 0.0
@@ -328,8 +331,11 @@ def test_blocks_waiting_at_a_silent_peer_are_copied_to_an_idle_one_after_block_t
     with no answer of any kind from its peer, its blocks get a copy at an idle peer that is not
     silent itself, even one never measured or with a failure in a row."""
     peers = {"mute": SimPeer(100 * MiB, 0.01, mode="silent"), "honest": SimPeer(50 * MiB, 0.01)}
-    sw = Swarm(session(block_timeout=1.0, min_rate=128 * KiB, probe_bytes=4 * MiB, max_batch_bytes=4 * MiB),
-               make_tree(12, fanout=256, leaf=MiB), peers)
+    sw = Swarm(
+        session(block_timeout=1.0, min_rate=128 * KiB, probe_bytes=4 * MiB, max_batch_bytes=4 * MiB),
+        make_tree(12, fanout=256, leaf=MiB),
+        peers,
+    )
     sw.start(["mute", "honest"])
     sw.run()
     finished(sw)
@@ -344,13 +350,18 @@ def test_a_want_block_lost_at_the_only_peer_is_given_up_and_asked_again_before_i
     the same peer on a new call, instead of waiting for the hard deadline, 10 s later, the first
     time the same peer could be asked again."""
     only = SimPeer(50 * MiB, 0.01, loses=1)
-    sw = Swarm(session(block_timeout=10.0, min_rate=128 * KiB, probe_bytes=4 * MiB, max_batch_bytes=4 * MiB),
-               make_tree(12, fanout=256, leaf=MiB), {"only": only})
+    sw = Swarm(
+        session(block_timeout=10.0, min_rate=128 * KiB, probe_bytes=4 * MiB, max_batch_bytes=4 * MiB),
+        make_tree(12, fanout=256, leaf=MiB),
+        {"only": only},
+    )
     sw.start()
     sw.run()
     finished(sw)
     # (the root's call: 10 s + its 1 MiB charge at min_rate)
-    assert len(sw.abandoned) == 1 and sw.abandoned[0][0] == pytest.approx(18.0, abs=0.1) and sw.abandoned[0][1] == "only"
+    assert (
+        len(sw.abandoned) == 1 and sw.abandoned[0][0] == pytest.approx(18.0, abs=0.1) and sw.abandoned[0][1] == "only"
+    )
     assert sw.t < 20.0, sw.t  # (the glue gives up after find_timeout + block_timeout = 30 s without a block)
     st = sw.s.stats()["only"]
     assert st.active and not st.dropped and st.blocks == 14 and st.failures == 1  # (root, one node, 12 leaves)
@@ -654,11 +665,15 @@ def test_a_liar_a_mute_and_a_dying_provider_never_stall_the_honest_ones_fetch(se
     going away mid-transfer, one honest; block_timeout 1 s), in random orders and speeds: blocks
     keep arriving (the glue gives up after find_timeout + block_timeout without one)."""
     rng = random.Random(seed)
-    peers = {"liar": SimPeer(rng.uniform(20, 200) * MiB, rng.uniform(0.001, 0.05), mode="bad"),
-             "mute": SimPeer(100 * MiB, 0.01, mode="silent"),
-             "dying": SimPeer(rng.uniform(20, 200) * MiB, rng.uniform(0.001, 0.05)),
-             "honest": SimPeer(rng.uniform(5, 200) * MiB, rng.uniform(0.001, 0.05))}
-    s = session(block_timeout=1.0, min_rate=128 * KiB, probe_bytes=4 * MiB, max_batch_bytes=4 * MiB, window_bytes=64 * MiB)
+    peers = {
+        "liar": SimPeer(rng.uniform(20, 200) * MiB, rng.uniform(0.001, 0.05), mode="bad"),
+        "mute": SimPeer(100 * MiB, 0.01, mode="silent"),
+        "dying": SimPeer(rng.uniform(20, 200) * MiB, rng.uniform(0.001, 0.05)),
+        "honest": SimPeer(rng.uniform(5, 200) * MiB, rng.uniform(0.001, 0.05)),
+    }
+    s = session(
+        block_timeout=1.0, min_rate=128 * KiB, probe_bytes=4 * MiB, max_batch_bytes=4 * MiB, window_bytes=64 * MiB
+    )
     sw = _Churn(s, make_tree(12, fanout=256, leaf=MiB, tag=str(seed)), peers)
     sw.rng = rng
     order = list(peers)
@@ -806,17 +821,46 @@ PEERS = ["p0", "p1", "p2", "p3", "p4"]
 CIDS = _cids(10, "h")
 SIZES = [None if i % 4 == 0 else 10 * (i + 1) for i in range(10)]
 ACTUAL = [s if s is not None else 33 for s in SIZES]  # a block of unknown size is at most unknown_size
-OPS = ["next"] * 5 + ["block"] * 3 + ["dont", "have", "fail", "cancelled", "bad", "dont-all", "add", "add",
-                                      "remove", "want", "cancel", "written", "written", "stray", "coming"]
+OPS = (
+    ["next"] * 5
+    + ["block"] * 3
+    + [
+        "dont",
+        "have",
+        "fail",
+        "cancelled",
+        "bad",
+        "dont-all",
+        "add",
+        "add",
+        "remove",
+        "want",
+        "cancel",
+        "written",
+        "written",
+        "stray",
+        "coming",
+    ]
+)
 events = st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 1000), st.floats(0, 1.5)), min_size=20, max_size=120)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events, st.sampled_from([1, 2, 3]), st.sampled_from([1, 2]), st.sampled_from([0.0, 0.2]), st.booleans())
 def test_random_event_sequences_keep_the_invariants(evs, copies, attempts, reserve, retry):
-    s = FetchSession(window_bytes=150, unknown_size=40, probe_bytes=30, max_batch=3, block_timeout=1.0,
-                     min_rate=1 << 30, max_per_peer_requests=2, max_copies=copies, max_attempts=attempts,
-                     reserve=reserve, retry_after=2.0 if retry else 1e9)
+    s = FetchSession(
+        window_bytes=150,
+        unknown_size=40,
+        probe_bytes=30,
+        max_batch=3,
+        block_timeout=1.0,
+        min_rate=1 << 30,
+        max_per_peer_requests=2,
+        max_copies=copies,
+        max_attempts=attempts,
+        reserve=reserve,
+        retry_after=2.0 if retry else 1e9,
+    )
     now = 0.0
     out: dict = {}  # (peer, cid index) -> (kind, charge): the calls the glue awaits
     last: dict = {}  # (peer, cid index) -> outcome of the last question
@@ -1018,7 +1062,9 @@ def test_a_late_pass_of_a_stuck_block_lets_it_be_asked_again():
     s.on_have("pub", Cid.of(b"other"), 0.5)  # (it talks: not silent, only slow)
     s.next_requests(r.deadline + 0.01)
     s.on_passed("pub", a, "not in the session", r.deadline + 0.5)
-    assert not s.blocked and [(x.peer, x.kind) for x in s.next_requests(5.0)] == [("pub", BLOCK)]  # (as a failure would)
+    assert not s.blocked and [(x.peer, x.kind) for x in s.next_requests(5.0)] == [
+        ("pub", BLOCK)
+    ]  # (as a failure would)
 
 
 def test_a_pass_naming_a_stranger_or_the_provider_itself_just_asks_again():

@@ -144,7 +144,10 @@ def test_probe_ports_are_distinct_and_in_the_nat_range():
     assert all(PORT_RANGE[0] <= p <= PORT_RANGE[1] for p in ports)
 
 
-@pytest.mark.parametrize("b_nat,a_nat", [(INDEPENDENT, INDEPENDENT), (DEPENDENT, INDEPENDENT), (INDEPENDENT, DEPENDENT), (UNKNOWN, DEPENDENT)])
+@pytest.mark.parametrize(
+    "b_nat,a_nat",
+    [(INDEPENDENT, INDEPENDENT), (DEPENDENT, INDEPENDENT), (INDEPENDENT, DEPENDENT), (UNKNOWN, DEPENDENT)],
+)
 def test_a_tcp_only_punch_opens_on_one_side_and_dials_on_the_other(b_nat, a_nat):
     """Over a direct QUIC connection (B asks: it dialed A over QUIC): A sends SYNs from its
     listening port towards B's TCP candidates at B's address, B then dials A's plainly; both run
@@ -167,6 +170,10 @@ def test_a_tcp_only_punch_opens_on_one_side_and_dials_on_the_other(b_nat, a_nat)
 
 
 def test_a_tcp_only_punch_aims_at_nothing_but_the_connections_address():
-    lies = [Multiaddr("/ip4/192.0.2.1/tcp/4001"), Multiaddr("/ip4/192.0.2.1/udp/4001/quic-v1"), Multiaddr("/ip4/10.0.0.1/tcp/22")]
+    lies = [
+        Multiaddr("/ip4/192.0.2.1/tcp/4001"),
+        Multiaddr("/ip4/192.0.2.1/udp/4001/quic-v1"),
+        Multiaddr("/ip4/10.0.0.1/tcp/22"),
+    ]
     assert tcp_only(lies, "198.51.100.7", asker=False).tcp_targets == []
     assert tcp_only(lies, "198.51.100.7", asker=True).tcp_targets == []

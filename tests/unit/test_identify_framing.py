@@ -3,7 +3,8 @@
 import asyncio
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lattica import identify
 from lattica.errors import FrameTooLarge, ProtocolError, StreamClosed
@@ -14,7 +15,9 @@ from lattica.transports.base import Stream
 from lattica.trust import MeshKey, Trust
 
 KP = KeyPair.generate()
-GOOD = identify.build(KP.public_key_protobuf(), "agent/1", [Multiaddr("/ip4/1.2.3.4/tcp/1")], Multiaddr("/ip4/5.6.7.8/tcp/9"), ["/a/1"])
+GOOD = identify.build(
+    KP.public_key_protobuf(), "agent/1", [Multiaddr("/ip4/1.2.3.4/tcp/1")], Multiaddr("/ip4/5.6.7.8/tcp/9"), ["/a/1"]
+)
 
 
 def test_valid_message_parses():
@@ -50,16 +53,37 @@ def test_bad_fields_are_protocol_errors(patch, match):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.sampled_from(["public_key", "listen_addrs", "observed_addr", "protocols", "agent_version", "protocol_version", "mesh_certs", "other"]),
-                       st.recursive(st.none() | st.booleans() | st.integers() | st.binary(max_size=80) | st.text(max_size=20),
-                                    lambda inner: st.lists(inner, max_size=5), max_leaves=10), max_size=8))
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "public_key",
+                "listen_addrs",
+                "observed_addr",
+                "protocols",
+                "agent_version",
+                "protocol_version",
+                "mesh_certs",
+                "other",
+            ]
+        ),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.binary(max_size=80) | st.text(max_size=20),
+            lambda inner: st.lists(inner, max_size=5),
+            max_leaves=10,
+        ),
+        max_size=8,
+    )
+)
 def test_any_identify_fields_parse_or_raise_protocol_error_and_certificates_judge_safely(patch):
     msg = {**GOOD, **patch}
     try:
         fields = identify.parse(msg, KP.peer_id)
     except ProtocolError:
         return
-    circle, why, admin, _ = Trust(KeyPair.generate().peer_id, [MeshKey.generate().public]).judge(KP.peer_id, fields["mesh_certs"], 0.0)
+    circle, why, admin, _ = Trust(KeyPair.generate().peer_id, [MeshKey.generate().public]).judge(
+        KP.peer_id, fields["mesh_certs"], 0.0
+    )
     assert circle == "stranger" and why and not admin
 
 

@@ -180,8 +180,11 @@ print(sum(results), len(results))
 """
 
 
-@pytest.mark.parametrize("prelude", ["", "import nacl.bindings; sys.modules['nacl._sodium'] = None  # a layout we do not know: the public bindings"],
-                         ids=["compiled module", "public bindings"])
+@pytest.mark.parametrize(
+    "prelude",
+    ["", "import nacl.bindings; sys.modules['nacl._sodium'] = None  # a layout we do not know: the public bindings"],
+    ids=["compiled module", "public bindings"],
+)
 def test_a_small_order_key_signs_nothing_even_while_the_verifier_loads(prelude):
     # The identity point as a public key, R = identity and S = 0, "verify" any message under
     # OpenSSL's cofactorless check ([S]B = R + [k]A holds for every k): anyone could speak as
@@ -190,6 +193,8 @@ def test_a_small_order_key_signs_nothing_even_while_the_verifier_loads(prelude):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", _SMALL_ORDER_FORGERY.format(prelude=prelude)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", _SMALL_ORDER_FORGERY.format(prelude=prelude)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0", "16"]

@@ -13,10 +13,27 @@ from lattica.errors import MultiaddrError
 from lattica.interfaces import host_key, is_private_ip
 from lattica.multiaddr import Multiaddr
 
-_NETS = [ipaddress.ip_network(n) for n in (
-    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8",
-    "0.0.0.0/8", "192.0.0.0/24", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4",
-    "fc00::/7", "fe80::/10", "::1/128", "::/128", "ff00::/8")]
+_NETS = [
+    ipaddress.ip_network(n)
+    for n in (
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "169.254.0.0/16",
+        "127.0.0.0/8",
+        "0.0.0.0/8",
+        "192.0.0.0/24",
+        "198.18.0.0/15",
+        "224.0.0.0/4",
+        "240.0.0.0/4",
+        "fc00::/7",
+        "fe80::/10",
+        "::1/128",
+        "::/128",
+        "ff00::/8",
+    )
+]
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
 
@@ -32,15 +49,45 @@ def _private_by_ipaddress(ip: str) -> bool:
 
 def _addresses(count: int = 3000) -> list[str]:
     rng = random.Random(7)
-    out = ["0.0.0.0", "255.255.255.255", "127.0.0.1", "10.1.2.3", "172.31.255.255", "172.32.0.0", "100.63.255.255",
-           "100.64.0.1", "192.0.0.8", "192.0.2.1", "198.51.100.7", "203.0.113.9", "8.8.8.8", "::", "::1", "::2",
-           "fe80::1", "febf::1", "fec0::1", "fc00::1", "fdff::1", "ff02::1", "2001:db8::1", "2606:4700::1111",
-           "::ffff:10.0.0.1", "::ffff:8.8.8.8", "64:ff9b::a00:1", "64:ff9b::808:808", "2002:a00:1::1", "2002:808:808::1"]
+    out = [
+        "0.0.0.0",
+        "255.255.255.255",
+        "127.0.0.1",
+        "10.1.2.3",
+        "172.31.255.255",
+        "172.32.0.0",
+        "100.63.255.255",
+        "100.64.0.1",
+        "192.0.0.8",
+        "192.0.2.1",
+        "198.51.100.7",
+        "203.0.113.9",
+        "8.8.8.8",
+        "::",
+        "::1",
+        "::2",
+        "fe80::1",
+        "febf::1",
+        "fec0::1",
+        "fc00::1",
+        "fdff::1",
+        "ff02::1",
+        "2001:db8::1",
+        "2606:4700::1111",
+        "::ffff:10.0.0.1",
+        "::ffff:8.8.8.8",
+        "64:ff9b::a00:1",
+        "64:ff9b::808:808",
+        "2002:a00:1::1",
+        "2002:808:808::1",
+    ]
     for _ in range(count):
         if rng.random() < 0.5:
             out.append(str(ipaddress.IPv4Address(rng.getrandbits(32))))
         else:
-            prefix = rng.choice([0, 0xFFFF << 32, 0x2002 << 112, int(ipaddress.IPv6Address("64:ff9b::")), 0xFE80 << 112, 0xFC00 << 112])
+            prefix = rng.choice(
+                [0, 0xFFFF << 32, 0x2002 << 112, int(ipaddress.IPv6Address("64:ff9b::")), 0xFE80 << 112, 0xFC00 << 112]
+            )
             out.append(str(ipaddress.IPv6Address(prefix | rng.getrandbits(48 if prefix else 128))))
     return out
 
@@ -53,7 +100,9 @@ def test_text_and_bytes_match_the_standard_library():
     assert iptext.pack("fe80::1%eth0") == ipaddress.IPv6Address("fe80::1").packed  # a zone is dropped
 
 
-@pytest.mark.parametrize("text", ["", "1.2.3", "01.2.3.4", "256.0.0.1", "1.2.3.4 ", "1::2::3", ":::", "example.com", "1.2.3.4/8", "é"])
+@pytest.mark.parametrize(
+    "text", ["", "1.2.3", "01.2.3.4", "256.0.0.1", "1.2.3.4 ", "1::2::3", ":::", "example.com", "1.2.3.4/8", "é"]
+)
 def test_what_is_no_address_is_a_value_error(text):
     with pytest.raises(ValueError):
         iptext.pack(text)
@@ -73,7 +122,9 @@ def test_an_ipv6_host_is_its_slash_64():
 def test_networks():
     net = iptext.network("10.1.2.3", 8)
     assert net == (4, int(ipaddress.IPv4Address("10.0.0.0")), 8)
-    assert iptext.in_network(*iptext.to_int("10.200.0.1"), net) and not iptext.in_network(*iptext.to_int("11.0.0.1"), net)
+    assert iptext.in_network(*iptext.to_int("10.200.0.1"), net) and not iptext.in_network(
+        *iptext.to_int("11.0.0.1"), net
+    )
     assert not iptext.in_network(*iptext.to_int("::a00:1"), net)  # (another version)
     with pytest.raises(ValueError):
         iptext.network("10.0.0.0", 33)

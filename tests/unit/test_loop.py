@@ -5,7 +5,6 @@ import socket
 import subprocess
 import sys
 import threading
-
 import time
 
 from lattica._loop import BusyPollSelector, CpuPressure, new_loop
@@ -55,7 +54,9 @@ def test_busy_poll_window_recovers_when_a_longer_window_would_have_caught_the_ev
 
 
 def _psi(path, total_us: int) -> None:
-    path.write_text(f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total_us}\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    path.write_text(
+        f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total_us}\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
 
 
 def test_cpu_pressure_reads_the_stall_time_of_the_last_period(tmp_path):

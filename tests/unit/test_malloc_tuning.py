@@ -15,7 +15,9 @@ PROBE = "from lattica import _malloc; print(_malloc.tune(), _malloc.tune())"
 
 def _run(**env: str) -> str:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "LATTICA_MALLOC", "GLIBC_TUNABLES"))}
-    out = subprocess.run([sys.executable, "-c", PROBE], env={**clean, **env}, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], env={**clean, **env}, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import struct
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lattica.errors import ProtocolError
 from lattica.identity import KeyPair
@@ -25,7 +26,10 @@ def test_a_query_is_answered_with_our_addresses_and_the_answer_names_us():
     assert found == [] and answer is not None
     none, found = a.receive(answer, _addrs(A, "192.168.1.5"))
     assert none is None and len(found) == 1
-    assert found[0].peer == B and [str(x) for x in found[0].addrs] == ["/ip4/192.168.1.7/tcp/4001", "/ip4/10.0.0.7/tcp/4001"]
+    assert found[0].peer == B and [str(x) for x in found[0].addrs] == [
+        "/ip4/192.168.1.7/tcp/4001",
+        "/ip4/10.0.0.7/tcp/4001",
+    ]
 
 
 def test_no_answer_without_addresses_or_to_other_questions():
@@ -66,7 +70,10 @@ def test_compressed_names_in_answers_are_understood():
         (struct.pack(">HHHHHH", 0, 0, 1, 0, 0, 0) + b"\xc0\x0c", "loop"),  # a pointer to itself
         (struct.pack(">HHHHHH", 0, 0, 200, 0, 0, 0), "too many records"),
         (b"\x00" * 9001, "too large"),
-        (struct.pack(">HHHHHH", 0, 0x8400, 0, 1, 0, 0) + b"\x00" + struct.pack(">HHIH", 16, 1, 120, 50) + b"x", "runs past"),
+        (
+            struct.pack(">HHHHHH", 0, 0x8400, 0, 1, 0, 0) + b"\x00" + struct.pack(">HHIH", 16, 1, 120, 50) + b"x",
+            "runs past",
+        ),
         (struct.pack(">HHHHHH", 0, 0, 1, 0, 0, 0) + b"\x80abc\x00", "reserved label"),
     ],
 )

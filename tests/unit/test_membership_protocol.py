@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 from lattica.bench.membership import SimNotary
-from lattica.membership import ALIVE, DEAD, LEFT, MAX_INCARNATION, SUSPECT, MembershipConfig, MemberDown, PhiAccrual, SelfDowned, statement
+from lattica.membership import (
+    ALIVE,
+    DEAD,
+    LEFT,
+    MAX_INCARNATION,
+    SUSPECT,
+    MemberDown,
+    MembershipConfig,
+    PhiAccrual,
+    SelfDowned,
+    statement,
+)
 from lattica.membership import Membership as _Membership
 
 NOTARY = SimNotary()  # real Ed25519 signatures, one key per member name
@@ -184,8 +195,15 @@ def test_hearsay_cannot_name_an_incarnation_a_member_never_had():
 
 def test_hostile_messages_are_ignored():
     a, _ = _pair()
-    for msg in (None, [], "x", {"rumors": "no"}, {"rumors": [1, [1, 2], row("c", "x", ALIVE, {}), row("c", 1, "zombie", {})]},
-                {"rumors": [row("c", 0, ALIVE, {str(i): i for i in range(100)})]}, {"view": [row("d", -1 << 70, DEAD, {})]}):
+    for msg in (
+        None,
+        [],
+        "x",
+        {"rumors": "no"},
+        {"rumors": [1, [1, 2], row("c", "x", ALIVE, {}), row("c", 1, "zombie", {})]},
+        {"rumors": [row("c", 0, ALIVE, {str(i): i for i in range(100)})]},
+        {"view": [row("d", -1 << 70, DEAD, {})]},
+    ):
         a.receive(0.5, "b", msg)
     assert set(a.members) == {"b"}
     many = {"rumors": [row(f"m{i}", 0, ALIVE, {}) for i in range(1000)]}
@@ -299,9 +317,15 @@ def test_a_suspicion_passed_on_to_its_member_names_only_its_current_incarnation(
     _run([a, b], until=3.0)
     for inc in (1, 7):
         a.receive(3.0, "c", {"rumors": [["b", inc, SUSPECT, {}, None]]})
-        assert not [m for to, m in a.tick(3.01)[0] if to == "b" and any(r[0] == "b" and r[2] == SUSPECT for r in m.get("rumors", []))]
+        assert not [
+            m
+            for to, m in a.tick(3.01)[0]
+            if to == "b" and any(r[0] == "b" and r[2] == SUSPECT for r in m.get("rumors", []))
+        ]
     a.receive(3.1, "c", {"rumors": [["b", 0, DEAD, {}, None]]})
-    told = [m for to, m in a.tick(3.2)[0] if to == "b" and any(r[0] == "b" and r[2] == SUSPECT for r in m.get("rumors", []))]
+    told = [
+        m for to, m in a.tick(3.2)[0] if to == "b" and any(r[0] == "b" and r[2] == SUSPECT for r in m.get("rumors", []))
+    ]
     assert len(told) == 1 and a.get("b").state == ALIVE
     b.receive(3.3, "a", told[0])
     assert b.me.incarnation == 1
@@ -324,7 +348,11 @@ def test_rows_about_us_cannot_drive_our_incarnation_up():
     for _ in range(100):  # 50 s of rounds, each with a view of ever higher incarnations
         t += 0.5
         me.tick(t)
-        me.receive(t, "liar", {"view": [["me", me.me.incarnation + k, SUSPECT, {}, None] for k in range(0, 64 * MAX_JUMP, MAX_JUMP)]})
+        me.receive(
+            t,
+            "liar",
+            {"view": [["me", me.me.incarnation + k, SUSPECT, {}, None] for k in range(0, 64 * MAX_JUMP, MAX_JUMP)]},
+        )
     assert me.me.incarnation <= first + 100  # only rows naming our own incarnation, once a round
     t += 60.0
     me.tick(t)
@@ -355,13 +383,37 @@ def test_rumors_with_huge_incarnations_bad_rows_or_past_the_table_bound_are_skip
     a.receive(0.0, "c", {"rumors": [row("x", 2**64 - 1, ALIVE, {}), row("y", 1 << 48, ALIVE, {})]})
     assert a.get("x") is None and a.get("y") is None
     bad_rows = [
-        {"cpu": "lots"}, {"cpu": float("inf")}, {"memory": -1}, {"gpus": 1e300},
-        {"labels": {"zone": 3}}, {"labels": "eu"}, {"load": {"actors": "many"}}, {"load": {"reserved": {"cpu": float("nan")}}},
+        {"cpu": "lots"},
+        {"cpu": float("inf")},
+        {"memory": -1},
+        {"gpus": 1e300},
+        {"labels": {"zone": 3}},
+        {"labels": "eu"},
+        {"load": {"actors": "many"}},
+        {"load": {"reserved": {"cpu": float("nan")}}},
     ]
     for i, info in enumerate(bad_rows):
         a.receive(0.0, "c", {"rumors": [row(f"bad{i}", 0, ALIVE, info)]})
     assert not any(m.startswith("bad") for m in a.members)
-    a.receive(0.0, "c", {"rumors": [row("good", 0, ALIVE, {"cpu": 8, "memory": 1 << 34, "labels": {"zone": "eu"}, "load": {"actors": 3, "reserved": {"cpu": 2}}})]})
+    a.receive(
+        0.0,
+        "c",
+        {
+            "rumors": [
+                row(
+                    "good",
+                    0,
+                    ALIVE,
+                    {
+                        "cpu": 8,
+                        "memory": 1 << 34,
+                        "labels": {"zone": "eu"},
+                        "load": {"actors": 3, "reserved": {"cpu": 2}},
+                    },
+                )
+            ]
+        },
+    )
     assert a.get("good").info["cpu"] == 8
     old = mb.MAX_MEMBERS
     mb.MAX_MEMBERS = len(a.members) + 2

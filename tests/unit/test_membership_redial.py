@@ -26,8 +26,10 @@ def _service(failures: list[BaseException | None]) -> SimpleNamespace:
             raise err
 
     host = SimpleNamespace(peer_addrs={peer: [Multiaddr("/ip4/127.0.0.1/tcp/4001")]}, dial_addrs=race)
-    core = SimpleNamespace(declare_dead=lambda now, m, why: verdicts.append(("dead", m, why)) or [],
-                           suspect=lambda now, m: verdicts.append(("suspect", m)) or [])
+    core = SimpleNamespace(
+        declare_dead=lambda now, m, why: verdicts.append(("dead", m, why)) or [],
+        suspect=lambda now, m: verdicts.append(("suspect", m)) or [],
+    )
     svc = SimpleNamespace(host=host, core=core, _now=lambda: 0.0, _emit=lambda events: None)
     return SimpleNamespace(svc=svc, peer=peer, verdicts=verdicts, tries=tries)
 

@@ -8,7 +8,8 @@ import os
 import time
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lattica.errors import KeyFileError
 from lattica.identity import KeyPair
@@ -36,7 +37,12 @@ def test_a_certificate_from_our_mesh_for_that_peer_admits_it():
     cert = mesh.issue(peer, ttl=60, now=NOW)
     assert trust.judge(peer, [cert.to_bytes()], NOW) == (MEMBER, f"certified by {mesh.name}", False, cert.expires)
     admin = mesh.issue(peer, ttl=60, now=NOW, admin=True)
-    assert trust.judge(peer, [admin.to_bytes()], NOW) == (MEMBER, f"certified by {mesh.name} as an administrator", True, admin.expires)
+    assert trust.judge(peer, [admin.to_bytes()], NOW) == (
+        MEMBER,
+        f"certified by {mesh.name} as an administrator",
+        True,
+        admin.expires,
+    )
     assert trust.judge(peer, [cert.to_bytes(), admin.to_bytes()], NOW).admin  # the strongest counts
     assert trust.judge(me, [], NOW)[0] == SELF
 

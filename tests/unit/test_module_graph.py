@@ -223,7 +223,10 @@ def test_type_checking_imports_do_not_count():
 def test_the_private_name_check_flags_imports_and_attributes():
     modules = {"lattica.a": pathlib.Path("a.py"), "lattica.b": pathlib.Path("b.py")}
     source = "from lattica.b import _hidden, shown\nfrom lattica import b\nb._other()\nb.__doc__\n"
-    assert foreign_private_names("lattica.a", source, modules) == ["lattica.a:1 lattica.b._hidden", "lattica.a:3 lattica.b._other"]
+    assert foreign_private_names("lattica.a", source, modules) == [
+        "lattica.a:1 lattica.b._hidden",
+        "lattica.a:3 lattica.b._other",
+    ]
 
 
 def test_every_package_is_installed():

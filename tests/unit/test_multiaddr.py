@@ -1,7 +1,8 @@
 """Multiaddr text and binary forms, including the byte encodings other libp2p stacks produce."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lattica.errors import MultiaddrError
 from lattica.identity import KeyPair
@@ -59,7 +60,16 @@ def test_peer_id_helpers_and_circuit():
 
 @pytest.mark.parametrize(
     "text",
-    ["", "ip4/1.2.3.4", "/ip4/1.2.3.400/tcp/1", "/ip4/1.2.3.4/tcp/70000", "/ip4/1.2.3.4/tcp", "/foo/1", "/p2p/notanid", "/tcp/x"],
+    [
+        "",
+        "ip4/1.2.3.4",
+        "/ip4/1.2.3.400/tcp/1",
+        "/ip4/1.2.3.4/tcp/70000",
+        "/ip4/1.2.3.4/tcp",
+        "/foo/1",
+        "/p2p/notanid",
+        "/tcp/x",
+    ],
 )
 def test_bad_text(text):
     with pytest.raises(MultiaddrError):

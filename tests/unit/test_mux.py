@@ -3,12 +3,13 @@
 import os
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lattica.errors import ConnectionClosed, ProtocolError, StreamClosed, StreamLimit
 from lattica.transports.mux import (
-    FRAME_HEADER,
     F_SYN,
+    FRAME_HEADER,
     PROTOCOL_WINDOW,
     T_DATA,
     T_WINDOW,
@@ -391,7 +392,9 @@ def test_a_frame_in_flight_on_a_stream_we_reset_never_breaks_the_connection():
     c, s, sid = _stream(window=PROTOCOL_WINDOW, max_window=16 * MiB)
     s.rtt = 0.01
     for i in range(8):  # the peer fills its credit each round trip; we read it in 64 KiB reads
-        got = sum(len(e.data) for e in of(pump(c, s) if c.send_data(sid, bytes(c.send_window(sid))) else [], DataReceived))
+        got = sum(
+            len(e.data) for e in of(pump(c, s) if c.send_data(sid, bytes(c.send_window(sid))) else [], DataReceived)
+        )
         for _ in range(got // (64 << 10)):
             s.consumed(sid, 64 << 10, 1.0 + 0.011 * i)
         pump(s, c)

@@ -54,8 +54,12 @@ def _pair(hold: bool) -> tuple[MuxedConnection, MuxedConnection, _Writer]:
         to_b = a.receive(to_a) if to_a and not a.complete else b""
     wa, wb = _Writer(hold), _Writer(False)
     common = dict(transport="tcp", local_addr=_ADDR, remote_addr=_ADDR, keepalive_interval=0, writer_lets_go=True)
-    ca = MuxedConnection(wa, direction="outbound", local_peer=ka.peer_id, remote_peer=kb.peer_id, session=a.session, **common)
-    cb = MuxedConnection(wb, direction="inbound", local_peer=kb.peer_id, remote_peer=ka.peer_id, session=b.session, **common)
+    ca = MuxedConnection(
+        wa, direction="outbound", local_peer=ka.peer_id, remote_peer=kb.peer_id, session=a.session, **common
+    )
+    cb = MuxedConnection(
+        wb, direction="inbound", local_peer=kb.peer_id, remote_peer=ka.peer_id, session=b.session, **common
+    )
     wa.peer, wb.peer = cb, ca
     return ca, cb, wa
 
@@ -73,6 +77,7 @@ async def _send_and_check(hold: bool) -> MuxedConnection:
         done.set()
 
     cb.set_stream_handler(lambda s: asyncio.get_running_loop().create_task(serve(s)))
+
     async def deliver_late() -> None:  # what a held writer holds goes out a little later
         while True:
             await asyncio.sleep(0.002)
@@ -176,8 +181,18 @@ def test_opens_before_the_gate_wait_unread_and_then_go_as_the_gate_allows():
     async def main():
         ka, kb = KeyPair.generate(), KeyPair.generate()
         w = _PausableWriter()
-        conn = MuxedConnection(w, transport="tcp", direction="inbound", local_peer=ka.peer_id, remote_peer=kb.peer_id, local_addr=_ADDR,
-                               remote_addr=_ADDR, session=None, keepalive_interval=0, hold_opens=True)
+        conn = MuxedConnection(
+            w,
+            transport="tcp",
+            direction="inbound",
+            local_peer=ka.peer_id,
+            remote_peer=kb.peer_id,
+            local_addr=_ADDR,
+            remote_addr=_ADDR,
+            session=None,
+            keepalive_interval=0,
+            hold_opens=True,
+        )
         opened = []
         conn.data_received(b"".join(FRAME_HEADER.pack(0, T_WINDOW, F_SYN | F_RST, 2 * i + 1, 0) for i in range(100)))
         assert conn._mux.held and not w.paused, "held (no gate yet), still read: a bare dial must see its peer close"

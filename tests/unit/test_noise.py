@@ -20,13 +20,19 @@ def _vectors():
     return json.loads(VECTORS.read_text())["vectors"]
 
 
-@pytest.mark.skipif(not VECTORS.exists(), reason=f"shared Noise vectors not present at {VECTORS} (they live outside the repository)")
+@pytest.mark.skipif(
+    not VECTORS.exists(), reason=f"shared Noise vectors not present at {VECTORS} (they live outside the repository)"
+)
 @pytest.mark.parametrize("vec", _vectors(), ids=lambda v: v["protocol_name"])
 def test_cacophony_vector(vec):
     key = lambda h: X25519PrivateKey.from_private_bytes(bytes.fromhex(h))
     name = vec["protocol_name"].encode()
-    init = _HandshakeState(True, key(vec["init_static"]), bytes.fromhex(vec["init_prologue"]), key(vec["init_ephemeral"]), name)
-    resp = _HandshakeState(False, key(vec["resp_static"]), bytes.fromhex(vec["resp_prologue"]), key(vec["resp_ephemeral"]), name)
+    init = _HandshakeState(
+        True, key(vec["init_static"]), bytes.fromhex(vec["init_prologue"]), key(vec["init_ephemeral"]), name
+    )
+    resp = _HandshakeState(
+        False, key(vec["resp_static"]), bytes.fromhex(vec["resp_prologue"]), key(vec["resp_ephemeral"]), name
+    )
     msgs = vec["messages"]
     for i, m in enumerate(msgs[:3]):
         w, r = (init, resp) if i % 2 == 0 else (resp, init)
@@ -59,7 +65,9 @@ def test_frames_opened_into_a_shared_buffer_are_the_same_bytes(step):
     """Two connections' sessions open their frames into one shared buffer (as a transport's
     connections do), each read parsed before the next: the plaintext is what each side sealed,
     whatever the reads' sizes, with frames split across them."""
-    pairs = [_run(NoiseHandshake(KeyPair.generate(), True), NoiseHandshake(KeyPair.generate(), False)) for _ in range(2)]
+    pairs = [
+        _run(NoiseHandshake(KeyPair.generate(), True), NoiseHandshake(KeyPair.generate(), False)) for _ in range(2)
+    ]
     data = [os.urandom(3 * MAX_PLAINTEXT + 17), os.urandom(MAX_PLAINTEXT * 5 // 2)]
     sealed = [bytes(a.session.seal(d)) for (a, _), d in zip(pairs, data)]
     plain = PlainBuffer()
@@ -167,7 +175,8 @@ def test_oversized_handshake_frame_bounded():
         b.receive(os.urandom(1024))
 
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from lattica.errors import FrameTooLarge, ProtocolError  # noqa: E402
 

@@ -106,4 +106,3 @@ def test_strangers_share_a_small_part_and_cannot_crowd_out_members():
         assert account.total == 0 and account.strangers == 0
     finally:
         loop.close()
-

@@ -5,12 +5,19 @@ from __future__ import annotations
 import pytest
 
 from lattica.errors import PlacementError
-from lattica.placement import Spawnable, runs, candidates, free
+from lattica.placement import Spawnable, candidates, free, runs
 
 
 def node(pid, cpu=4, memory=8e9, gpus=0, state="alive", labels=None, actors=0, reserved=None):
-    return {"peer_id": pid, "state": state, "cpu": cpu, "memory": memory, "gpus": gpus,
-            "labels": labels or {}, "load": {"actors": actors, "reserved": reserved or {}}}
+    return {
+        "peer_id": pid,
+        "state": state,
+        "cpu": cpu,
+        "memory": memory,
+        "gpus": gpus,
+        "labels": labels or {},
+        "load": {"actors": actors, "reserved": reserved or {}},
+    }
 
 
 VIEW = [
@@ -70,16 +77,28 @@ def test_nodes_that_cannot_run_the_class_are_skipped_and_the_error_says_why():
     ]
     member_code = Spawnable("train.Shard", code_admin=False)
     assert sorted(candidates(view, {"cpu": 1}, what=member_code)) == ["open", "silent"]
-    assert sorted(candidates(view, {"cpu": 1}, what=Spawnable("train.Shard", code_admin=True))) == ["open", "silent", "strict"]
-    assert sorted(candidates(view, {"cpu": 1}, what=Spawnable("myapp.Model"))) == ["closed", "silent"]  # installed, not shipped
+    assert sorted(candidates(view, {"cpu": 1}, what=Spawnable("train.Shard", code_admin=True))) == [
+        "open",
+        "silent",
+        "strict",
+    ]
+    assert sorted(candidates(view, {"cpu": 1}, what=Spawnable("myapp.Model"))) == [
+        "closed",
+        "silent",
+    ]  # installed, not shipped
     assert "closed" in candidates(view, {"cpu": 1}, what=Spawnable("lattica.supervisor.Supervisor"))
-    assert "strict" in candidates(view, {"cpu": 1}, what=Spawnable("train.Shard", code_admin=False, home="strict"))  # its own
+    assert "strict" in candidates(
+        view, {"cpu": 1}, what=Spawnable("train.Shard", code_admin=False, home="strict")
+    )  # its own
     with pytest.raises(PlacementError) as e:
         candidates(view[1:3], {"cpu": 1}, what=member_code)
     assert "no node fits train.Shard" in str(e.value)
     assert "strict: it runs code only from administrators of its mesh (accept_code='admins')" in str(e.value)
     assert "closed: it runs no code that travels (accept_code='nobody')" in str(e.value)
-    assert runs(view[2], Spawnable("other.X")) == "its allow-list ['myapp.*'] does not name other.X and its code does not travel"
+    assert (
+        runs(view[2], Spawnable("other.X"))
+        == "its allow-list ['myapp.*'] does not name other.X and its code does not travel"
+    )
 
 
 def test_an_administrators_placement_ranks_administrators_nodes_first():

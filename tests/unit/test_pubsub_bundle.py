@@ -13,14 +13,24 @@ def test_round_trip():
     b = Bundle([b"a", b"bb", b"ccc"])
     assert b.size == 6 and b.count == 3
     again = Bundle.from_wire(list(b.wire()), 100)
-    assert again.items == b.items and again.root == b.root and again.digest("t", b"a", 1, b"s") == b.digest("t", b"a", 1, b"s")
+    assert (
+        again.items == b.items
+        and again.root == b.root
+        and again.digest("t", b"a", 1, b"s") == b.digest("t", b"a", 1, b"s")
+    )
 
 
 def test_ids_cover_the_signature_and_every_item():
     b = Bundle([b"a", b"b"])
     assert b.digest("t", b"a", 1, b"sig") != b.digest("t", b"a", 1, b"other")
-    assert b.digest("t", b"a", 1, b"sig") != Bundle([b"a", b"c"]).digest("t", b"a", 1, b"sig") != Bundle([b"b", b"a"]).digest("t", b"a", 1, b"sig")
-    assert b.digest("t", b"a", 1, b"sig") != b.digest("u", b"a", 1, b"sig"), "the topic too: a relabelled copy is another message"
+    assert (
+        b.digest("t", b"a", 1, b"sig")
+        != Bundle([b"a", b"c"]).digest("t", b"a", 1, b"sig")
+        != Bundle([b"b", b"a"]).digest("t", b"a", 1, b"sig")
+    )
+    assert b.digest("t", b"a", 1, b"sig") != b.digest("u", b"a", 1, b"sig"), (
+        "the topic too: a relabelled copy is another message"
+    )
 
 
 def test_signed_bytes_separate_every_field_and_keep_the_order():
@@ -40,10 +50,21 @@ def test_large_items_arriving_as_views_of_the_frame_are_copied_out():
     assert b.items[0] == b"z" * 100_000 and type(b.items[0]) is bytes
 
 
-@pytest.mark.parametrize("raw", [
-    [], "x", [b"a"] * (MAX_ITEMS + 1), [1], [[b"x" * 32]], [b"a" * 60, b"b" * 60], [memoryview(b"a" * 101)],
-    [b"a" * 50, memoryview(b"a" * 51)], ["text"], [bytearray(b"x")],
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        [],
+        "x",
+        [b"a"] * (MAX_ITEMS + 1),
+        [1],
+        [[b"x" * 32]],
+        [b"a" * 60, b"b" * 60],
+        [memoryview(b"a" * 101)],
+        [b"a" * 50, memoryview(b"a" * 51)],
+        ["text"],
+        [bytearray(b"x")],
+    ],
+)
 def test_malformed_item_lists_are_refused(raw):
     with pytest.raises(ProtocolError):
         Bundle.from_wire(raw, 100)
@@ -61,10 +82,16 @@ def test_a_flood_set_is_signed_and_a_bundle_without_one_signs_as_before():
     plain = Bundle([b"x"])
     tags = [bytes([i]) * 8 for i in range(3)]
     flooded = Bundle([b"x"], (), tags)
-    assert plain.signed_bytes("t", b"a", 1).startswith(b"lattica pubsub v2\x00"), "no flood set: the bytes older nodes sign"
+    assert plain.signed_bytes("t", b"a", 1).startswith(b"lattica pubsub v2\x00"), (
+        "no flood set: the bytes older nodes sign"
+    )
     assert flooded.signed_bytes("t", b"a", 1).startswith(b"lattica pubsub v3\x00")
-    assert flooded.signed_bytes("t", b"a", 1) != Bundle([b"x"], (), tags[:2]).signed_bytes("t", b"a", 1), "a tag added or removed changes what is signed"
-    assert flooded.signed_bytes("t", b"a", 1) != Bundle([b"x"], (), [tags[0], tags[1], b"\x09" * 8]).signed_bytes("t", b"a", 1)
+    assert flooded.signed_bytes("t", b"a", 1) != Bundle([b"x"], (), tags[:2]).signed_bytes("t", b"a", 1), (
+        "a tag added or removed changes what is signed"
+    )
+    assert flooded.signed_bytes("t", b"a", 1) != Bundle([b"x"], (), [tags[0], tags[1], b"\x09" * 8]).signed_bytes(
+        "t", b"a", 1
+    )
     again = Bundle.from_wire([b"x"], 10, [], list(tags))
     assert again.signed_bytes("t", b"a", 1) == flooded.signed_bytes("t", b"a", 1)
 
@@ -78,7 +105,14 @@ def test_malformed_flood_sets_are_refused(flooded):
 def test_ids_cover_the_certificates_and_the_flood_set():
     sig = b"s" * 64
     x6 = b"x" * 6
-    bundles = [Bundle([b"x"]), Bundle([b"x"], [b"c" * 8]), Bundle([b"x"], [b"c" * 8, b"c" * 8]), Bundle([b"x"], [], [b"c" * 8]),
-               Bundle([b"x"], [b"c" * 8], [b"c" * 8]), Bundle([b"x"], [], [b"d" * 8]),
-               Bundle([b"x"], [x6]), Bundle([b"x"], [], [b"\x06" + x6 + b"\x01"])]  # (a count after the list would let these two collide)
+    bundles = [
+        Bundle([b"x"]),
+        Bundle([b"x"], [b"c" * 8]),
+        Bundle([b"x"], [b"c" * 8, b"c" * 8]),
+        Bundle([b"x"], [], [b"c" * 8]),
+        Bundle([b"x"], [b"c" * 8], [b"c" * 8]),
+        Bundle([b"x"], [], [b"d" * 8]),
+        Bundle([b"x"], [x6]),
+        Bundle([b"x"], [], [b"\x06" + x6 + b"\x01"]),
+    ]  # (a count after the list would let these two collide)
     assert len({b.digest("t", b"a", 1, sig) for b in bundles}) == len(bundles)

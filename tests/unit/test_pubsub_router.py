@@ -8,7 +8,7 @@ import random
 import pytest
 
 from lattica.bench.pubsub import simulate
-from lattica.pubsub.router import ACCEPT, IGNORE, REJECT, GossipParams, Envelope, Router, Rpc, flood_tag
+from lattica.pubsub.router import ACCEPT, IGNORE, REJECT, Envelope, GossipParams, Router, Rpc, flood_tag
 
 T = "t"
 
@@ -178,7 +178,7 @@ def test_gossip_recovers_a_message_the_mesh_missed_and_broken_promises_cost():
     sent = a.take_outgoing()["b"].messages
     assert sent == [m]
     b.on_rpc("a", Rpc(messages=sent), 1.8)
-    (got, _), = b.take_to_validate()
+    ((got, _),) = b.take_to_validate()
     b.validated(got.id, ACCEPT, 1.8)
     assert b.take_delivered() == [m]
     # a promise not kept: b asks for an id a never sends
@@ -204,7 +204,7 @@ def test_a_broken_promise_is_asked_of_another_peer_that_announced_the_message():
     b.heartbeat(5.0)  # x never sent it
     assert b.take_outgoing()["y"].iwant == [m.id], "then the other peer that has it"
     b.on_rpc("y", Rpc(messages=[m]), 5.1)
-    (got, _), = b.take_to_validate()
+    ((got, _),) = b.take_to_validate()
     b.validated(got.id, ACCEPT, 5.1)
     assert b.take_delivered() == [m]
     assert b.score("y", 5.2) >= 0 > b.score("x", 5.2)
@@ -219,7 +219,7 @@ def test_ihave_and_iwant_floods_are_bounded():
     a.take_outgoing()
     ids = [i.to_bytes(12, "big") for i in range(20_000)]
     for k in range(50):
-        a.on_rpc("x", Rpc(ihave=[(T, ids[k * 400:(k + 1) * 400])] * 20), 1.0)
+        a.on_rpc("x", Rpc(ihave=[(T, ids[k * 400 : (k + 1) * 400])] * 20), 1.0)
     asked = a.take_outgoing()["x"].iwant
     assert len(asked) == min(p.max_ihave_length, p.max_iwant_ids), "no more than one IWANT answer holds"
     a.heartbeat(10.0)  # none of them came: the broken promises cost once, not per id
@@ -281,10 +281,10 @@ def test_a_junk_copy_under_an_honest_id_neither_pre_empts_nor_frames_it():
     junk = Envelope(T, b"author", 7, b"junk", b"sig-junk")
     assert junk.id != genuine.id and junk.id[:14] == genuine.id[:14]
     a.on_rpc("liar", Rpc(messages=[junk]), 1.0)
-    (m, _), = a.take_to_validate()
+    ((m, _),) = a.take_to_validate()
     a.validated(m.id, REJECT, 1.0)
     a.on_rpc("honest", Rpc(messages=[genuine]), 1.1)
-    (m, _), = a.take_to_validate()
+    ((m, _),) = a.take_to_validate()
     assert m == genuine
     a.validated(m.id, ACCEPT, 1.1)
     assert a.take_delivered() == [genuine]
@@ -356,7 +356,6 @@ def test_slow_mesh_peers_are_choked_and_announce_instead():
     out = me.take_outgoing()
     assert m2 not in out[fast[0]].messages and (T, [m2.id]) in out[fast[0]].ihave
     assert m2 in out[fast[2]].messages
-
 
 
 def _mesh_peer_score(share: float, messages: int) -> float:
@@ -601,7 +600,9 @@ def test_ids_that_left_the_message_cache_are_not_named_at_the_heartbeat():
     m = _flooded(routers, 0, 1, t)
     routers[0].publish(m, t)
     for k in range(70):  # 70 MiB more push m out of every message cache (64 MiB)
-        routers[0].publish(Envelope(T, (0).to_bytes(4, "big"), 100 + k, b"x", size=1 << 20, flooded=routers[0].flood_set(T, t)), t)
+        routers[0].publish(
+            Envelope(T, (0).to_bytes(4, "big"), 100 + k, b"x", size=1 << 20, flooded=routers[0].flood_set(T, t)), t
+        )
     _copies(routers, t, drop=lambda src, dst, x: src == 0 and dst == victim and x.id == m.id)  # the author's lie
     assert not any(m.id in r._mcache for r in routers.values())
     for t in range(6, 14):
@@ -618,4 +619,6 @@ def test_a_burst_cannot_choose_which_ids_go_unnamed_at_the_heartbeat():
         r._defer(7, T, mid)
     kept = r._later[0][7][T][1]
     assert len(kept) == 100
-    assert sum(1 for mid in kept if int.from_bytes(mid, "big") >= 5000) > 30, "the later half is sampled too, not only the first ids"
+    assert sum(1 for mid in kept if int.from_bytes(mid, "big") >= 5000) > 30, (
+        "the later half is sampled too, not only the first ids"
+    )

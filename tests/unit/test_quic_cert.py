@@ -8,6 +8,9 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+
+from lattica.errors import HandshakeError, PeerIdMismatch
+from lattica.identity import KeyPair
 from lattica.transports.tlscert import (
     LIBP2P_EXTENSION_OID,
     SIGNATURE_PREFIX,
@@ -18,16 +21,11 @@ from lattica.transports.tlscert import (
     verify_certificate,
 )
 
-from lattica.errors import HandshakeError, PeerIdMismatch
-from lattica.identity import KeyPair
-
 NOW = datetime.datetime.now(datetime.UTC)
 
 
 def _spki(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
+    return key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 def _cert(host: KeyPair, signer: KeyPair | None = None, **window: datetime.datetime):
@@ -66,12 +64,12 @@ def test_extension_signed_by_another_key_is_rejected() -> None:
 def test_signature_over_another_certificate_key_is_rejected() -> None:
     """A SignedKey copied from one certificate into another (different cert key) is refused."""
     kp = KeyPair.generate()
-    stolen = generate_certificate(kp).certificate.extensions.get_extension_for_oid(
-        LIBP2P_EXTENSION_OID
-    ).value.value
+    stolen = generate_certificate(kp).certificate.extensions.get_extension_for_oid(LIBP2P_EXTENSION_OID).value.value
     key = ec.generate_private_key(ec.SECP256R1())
     forged = build_certificate(
-        key, stolen, not_before=NOW - datetime.timedelta(hours=1),
+        key,
+        stolen,
+        not_before=NOW - datetime.timedelta(hours=1),
         not_after=NOW + datetime.timedelta(days=1),
     )
     with pytest.raises(HandshakeError):
@@ -81,7 +79,9 @@ def test_signature_over_another_certificate_key_is_rejected() -> None:
 def test_missing_extension_is_rejected() -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     cert = build_certificate(
-        key, None, not_before=NOW - datetime.timedelta(hours=1),
+        key,
+        None,
+        not_before=NOW - datetime.timedelta(hours=1),
         not_after=NOW + datetime.timedelta(days=1),
     )
     with pytest.raises(HandshakeError, match="extension"):
@@ -103,10 +103,8 @@ def test_expected_peer_id_mismatch() -> None:
 
 def test_expired_and_not_yet_valid_are_rejected() -> None:
     kp = KeyPair.generate()
-    expired = _cert(kp, not_before=NOW - datetime.timedelta(days=2),
-                    not_after=NOW - datetime.timedelta(days=1))
-    future = _cert(kp, not_before=NOW + datetime.timedelta(days=1),
-                   not_after=NOW + datetime.timedelta(days=2))
+    expired = _cert(kp, not_before=NOW - datetime.timedelta(days=2), not_after=NOW - datetime.timedelta(days=1))
+    future = _cert(kp, not_before=NOW + datetime.timedelta(days=1), not_after=NOW + datetime.timedelta(days=2))
     for cert in (expired, future):
         with pytest.raises(HandshakeError, match="valid"):
             verify_certificate(cert)
@@ -115,9 +113,7 @@ def test_expired_and_not_yet_valid_are_rejected() -> None:
 def test_certificate_not_self_signed_is_rejected() -> None:
     """Subject key and signing key differ: the self-signature check fails."""
     kp = KeyPair.generate()
-    subject_key, signing_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(
-        ec.SECP256R1()
-    )
+    subject_key, signing_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     sig = kp.sign(SIGNATURE_PREFIX + _spki(subject_key))
     name = x509.Name([x509.NameAttribute(x509.oid.NameOID.SERIAL_NUMBER, "1")])
     from cryptography.hazmat.primitives import hashes
@@ -131,9 +127,7 @@ def test_certificate_not_self_signed_is_rejected() -> None:
         .not_valid_before(NOW - datetime.timedelta(hours=1))
         .not_valid_after(NOW + datetime.timedelta(days=1))
         .add_extension(
-            x509.UnrecognizedExtension(
-                LIBP2P_EXTENSION_OID, encode_signed_key(kp.public_key_protobuf(), sig)
-            ),
+            x509.UnrecognizedExtension(LIBP2P_EXTENSION_OID, encode_signed_key(kp.public_key_protobuf(), sig)),
             critical=False,
         )
         .sign(signing_key, hashes.SHA256())
@@ -146,7 +140,9 @@ def test_malformed_extension_is_rejected() -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     for junk in (b"", b"\x30\x00", b"\x04\x02ab", b"\x30\x03\x04\x01a", b"\x30\x80\x00\x00"):
         cert = build_certificate(
-            key, junk, not_before=NOW - datetime.timedelta(hours=1),
+            key,
+            junk,
+            not_before=NOW - datetime.timedelta(hours=1),
             not_after=NOW + datetime.timedelta(days=1),
         )
         with pytest.raises(HandshakeError):

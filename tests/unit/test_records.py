@@ -725,7 +725,12 @@ def test_a_hostile_store_file_is_skipped_and_the_node_still_starts(tmp_path):
         {"v": 1, "values": 5},
         {"v": 1, "providers": None},
         {"v": 1, "peers": [[good_peer, "soon"]]},
-        {"v": 1, "values": [None, 7, "x", [1, 2], good_value], "providers": [[b"\x00" * 32, None], 3, [b"k", [[b"not-a-peer", 1e18]]]], "peers": "abc"},
+        {
+            "v": 1,
+            "values": [None, 7, "x", [1, 2], good_value],
+            "providers": [[b"\x00" * 32, None], 3, [b"k", [[b"not-a-peer", 1e18]]]],
+            "peers": "abc",
+        },
         {"v": 1, "values": {"a": 1}, "providers": {"b": 2}, "peers": [[None, None], [good_peer, None], 5]},
     ]
     for obj in hostile:
@@ -776,7 +781,9 @@ def test_a_mesh_scoped_key_takes_only_records_under_a_member_s_certificate():
     with pytest.raises(RecordRejected, match="signature"):
         put(B, forged)
     with pytest.raises(RecordRejected, match="malformed"):
-        check_entry(records.MESH_SCOPE + b"zz/x", encode_subkey(cert), sign_entry(A, b"k", b"", b"v", NOW + 60), NOW, lim)
+        check_entry(
+            records.MESH_SCOPE + b"zz/x", encode_subkey(cert), sign_entry(A, b"k", b"", b"v", NOW + 60), NOW, lim
+        )
 
 
 def test_a_name_or_shard_key_takes_only_registrations_under_their_makers_signed_peer_id():
@@ -788,7 +795,9 @@ def test_a_name_or_shard_key_takes_only_registrations_under_their_makers_signed_
                 check_entry(key, junk, Entry(b"v", NOW + 60, b""), NOW, StoreLimits())
         sk = encode_subkey(A.peer_id)
         assert check_entry(key, sk, sign_entry(A, key, sk, b"v", NOW + 60), NOW, StoreLimits()).value == b"v"
-    assert check_entry(b"lattica/other", encode_subkey("x"), Entry(b"v", NOW + 60, b""), NOW, StoreLimits()).value == b"v"
+    assert (
+        check_entry(b"lattica/other", encode_subkey("x"), Entry(b"v", NOW + 60, b""), NOW, StoreLimits()).value == b"v"
+    )
 
 
 # -- strangers as a class (issue 46) -------------------------------------------------------------
@@ -925,10 +934,13 @@ def test_a_mesh_scoped_keys_providers_show_their_certificate_of_the_mesh():
     mesh, other = MeshKey.generate(), MeshKey.generate()
     key = mesh_scoped(b"\x12\x20" + bytes(32), mesh.public)
     s = store()
-    for cert, why in ((b"", "shows its certificate"), (b"junk", "malformed"),
-                      (other.issue(A.peer_id).to_bytes(), "not a member"),
-                      (mesh.issue(B.peer_id).to_bytes(), "issued to"),
-                      (mesh.issue(A.peer_id, ttl=10, now=NOW - 100).to_bytes(), "expired")):
+    for cert, why in (
+        (b"", "shows its certificate"),
+        (b"junk", "malformed"),
+        (other.issue(A.peer_id).to_bytes(), "not a member"),
+        (mesh.issue(B.peer_id).to_bytes(), "issued to"),
+        (mesh.issue(A.peer_id, ttl=10, now=NOW - 100).to_bytes(), "expired"),
+    ):
         with pytest.raises(RecordRejected, match=why):
             s.add_provider(key, A.peer_id, 100, cert)
     forged = bytearray(mesh.issue(A.peer_id).to_bytes())

@@ -1,14 +1,17 @@
 """The call protocol's sans-IO parts: frame splitting and message validation."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lattica import rpc
 from lattica.errors import FrameTooLarge, ProtocolError
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.binary(max_size=3000), min_size=1, max_size=10), st.lists(st.integers(1, 5000), min_size=1, max_size=20))
+@given(
+    st.lists(st.binary(max_size=3000), min_size=1, max_size=10), st.lists(st.integers(1, 5000), min_size=1, max_size=20)
+)
 def test_any_split_yields_the_same_frames(msgs, cuts):
     wire = b"".join(len(m).to_bytes(4, "big") + m for m in msgs)
     sp = rpc.FrameSplitter(1 << 20)
@@ -21,7 +24,9 @@ def test_any_split_yields_the_same_frames(msgs, cuts):
     assert [bytes(f) for f in out] == msgs
 
 
-@pytest.mark.parametrize("chunks", [[b"\x00\x01\x00\x00"], [b"\x00\x01", b"\x00\x00"], [b"\x00\x00\x00\x02ab\x00", b"\x01\x00\x00"]])
+@pytest.mark.parametrize(
+    "chunks", [[b"\x00\x01\x00\x00"], [b"\x00\x01", b"\x00\x00"], [b"\x00\x00\x00\x02ab\x00", b"\x01\x00\x00"]]
+)
 def test_oversized_declared_length_fails_fast(chunks):
     sp = rpc.FrameSplitter(1000)
     with pytest.raises(FrameTooLarge):
@@ -38,7 +43,11 @@ def test_valid_messages_parse():
 @pytest.mark.parametrize(
     "msg",
     [
-        None, [], "x", [99, 1], [rpc.CALL, 1, "a"],
+        None,
+        [],
+        "x",
+        [99, 1],
+        [rpc.CALL, 1, "a"],
         [rpc.CALL, -1, "a", "m", [], None, None, 0],
         [rpc.CALL, 1, 5, "m", [], None, None, 0],
         [rpc.CALL, 1, "a" * 300, "m", [], None, None, 0],
@@ -46,7 +55,9 @@ def test_valid_messages_parse():
         [rpc.CALL, 1, "a", "m", [], {1: 2}, None, 0],
         [rpc.CALL, 1, "a", "m", [], None, -1, 0],
         [rpc.CALL, 1, "a", "m", [], None, float("nan"), 0],
-        [rpc.CREDIT, 1, -5], [rpc.ERR, 1, "remote", 5, "m", ""], [rpc.ARG, 1, -1, None],
+        [rpc.CREDIT, 1, -5],
+        [rpc.ERR, 1, "remote", 5, "m", ""],
+        [rpc.ARG, 1, -1, None],
         [rpc.MAILBOX, 3, 1],
     ],
 )

@@ -15,12 +15,19 @@ from lattica.shards.select import BAN_FIRST, BAN_MAX, Picker
 
 
 def test_shard_ids_are_canonical():
-    assert shard_id({"model": "tiny", "layers": (0, 4)}) == shard_id({"layers": [0, 4], "model": "tiny"}) == "layers=0:4,model=tiny"
+    assert (
+        shard_id({"model": "tiny", "layers": (0, 4)})
+        == shard_id({"layers": [0, 4], "model": "tiny"})
+        == "layers=0:4,model=tiny"
+    )
     assert shard_id({"expert": 7}) == "expert=7" and shard_id("stage-0") == "stage-0"
     assert shard_key("llm", {"expert": 7}) == b"lattica/shard/llm/expert=7"
 
 
-@pytest.mark.parametrize("bad", [{}, {"a": True}, {"a": (4, 0)}, {"a": 1.5}, {"a b": 1}, {"a": "x/y"}, "", "a/b", "x" * 300, {"a": (1, 2, 3)}])
+@pytest.mark.parametrize(
+    "bad",
+    [{}, {"a": True}, {"a": (4, 0)}, {"a": 1.5}, {"a b": 1}, {"a": "x/y"}, "", "a/b", "x" * 300, {"a": (1, 2, 3)}],
+)
 def test_bad_shard_descriptors_are_refused(bad):
     with pytest.raises(ValueError):
         shard_id(bad)
@@ -43,8 +50,13 @@ def test_a_registration_round_trips_and_junk_is_refused():
     assert entries == [(refs[0], 3), (refs[1], 0)] and certs == [b"cert"]
     from lattica import codec
 
-    for junk in (b"\xc1", codec.encode_bytes([1, 2]), codec.encode_bytes([[["x", 1]], []]), codec.encode_bytes([[[refs[0], -1]], []]),
-                 codec.encode_bytes([[[refs[0], 1]], [1]])):
+    for junk in (
+        b"\xc1",
+        codec.encode_bytes([1, 2]),
+        codec.encode_bytes([[["x", 1]], []]),
+        codec.encode_bytes([[[refs[0], -1]], []]),
+        codec.encode_bytes([[[refs[0], 1]], [1]]),
+    ):
         with pytest.raises(ValueError):
             decode_registration(junk)
 

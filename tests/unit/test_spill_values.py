@@ -45,6 +45,12 @@ def test_a_made_up_placeholder_is_refused():
             Spilled("c", "ndarray", 8, dtype, (1,)).rebuild(bytearray(8))
     with pytest.raises(ValueError, match="shape"):
         Spilled("c", "ndarray", 8, "<i4", (3,)).rebuild(bytearray(8))
-    for bad in ([1, "bytes", 1, "", []], ["c", "pickle", 1, "", []], ["c", "bytes", -1, "", []], ["c", "ndarray", 4, "<i4", [-1]], "x"):
+    for bad in (
+        [1, "bytes", 1, "", []],
+        ["c", "pickle", 1, "", []],
+        ["c", "bytes", -1, "", []],
+        ["c", "ndarray", 4, "<i4", [-1]],
+        "x",
+    ):
         with pytest.raises(CodecError):
             spill._from_obj(bad)  # (what decoding extension 22 from a peer calls)

@@ -71,7 +71,9 @@ def test_a_starved_consumer_held_back_by_credit_doubles_the_window_up_to_the_cap
         clock.now += 0.001  # half a window within a millisecond: far above what it lets through
         before, g = st._credit.window, len(grants)
         _take(st, before // 2)
-        assert all(x == BATCH for x in grants[g:-1]) and grants[-1] == BATCH + before  # batches of 8, then a window more
+        assert (
+            all(x == BATCH for x in grants[g:-1]) and grants[-1] == BATCH + before
+        )  # batches of 8, then a window more
         windows.append(st._credit.window)
     assert windows == [STREAM_WINDOW * 2**i for i in range(len(windows))] and windows[-1] == MAX_STREAM_WINDOW
     clock.now += 0.001
@@ -154,7 +156,15 @@ class _Producer:
         self.credit = min(self.credit, self.cap())
 
 
-def _play(sizes: list[int], old: bool | str, clock: _Clock, rtt: float | None = 0.1, slow: int = 0, lag: int = 0, slow_from: int = 0) -> refs._StreamState:
+def _play(
+    sizes: list[int],
+    old: bool | str,
+    clock: _Clock,
+    rtt: float | None = 0.1,
+    slow: int = 0,
+    lag: int = 0,
+    slow_from: int = 0,
+) -> refs._StreamState:
     """Stream ``sizes`` from the model producer to a real consumer state, the producer sending
     all it may whenever the consumer has run dry (or, with ``slow``, after every ``slow`` items
     taken from the ``slow_from``-th on: a consumer slower than its producer); grants reach the

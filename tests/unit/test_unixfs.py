@@ -82,7 +82,9 @@ def fetch(root, store, *, window=8, start=0, end=None, reverse=True):
 # -- the IPFS importer's CIDs ---------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not VECTORS.exists(), reason=f"shared UnixFS vectors not present at {VECTORS} (they live outside the repository)")
+@pytest.mark.skipif(
+    not VECTORS.exists(), reason=f"shared UnixFS vectors not present at {VECTORS} (they live outside the repository)"
+)
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c["name"])
 def test_shared_vector(case):
     data = b"hello world" if case["name"] == "hello world" else gen(case["size"])
@@ -156,7 +158,9 @@ def test_small_files(chunks_extra):
     else:
         sizes = [chunk] * (len(data) // chunk) + ([len(data) % chunk] if len(data) % chunk else [])
         node = check_file_node(store, root, sizes)
-        assert [link.cid for link in node.links] == [Cid.of(data[i : i + chunk], RAW) for i in range(0, len(data), chunk)]
+        assert [link.cid for link in node.links] == [
+            Cid.of(data[i : i + chunk], RAW) for i in range(0, len(data), chunk)
+        ]
     assert read_all(root, blocks) == data
 
 
@@ -425,7 +429,9 @@ def test_unixfs_data_refuses(name):
 # -- the walker: hostile DAGs --------------------------------------------------------------------
 
 
-def file_node(links, data: bytes = b"", *, filesize=None, sizes=None, kind=FILE, tsizes=None, names=None, **extra) -> tuple[Cid, bytes]:
+def file_node(
+    links, data: bytes = b"", *, filesize=None, sizes=None, kind=FILE, tsizes=None, names=None, **extra
+) -> tuple[Cid, bytes]:
     """A File node over ``links`` [(cid, block)] with the sizes the importer would write (or those given)."""
     store = {}
     real_sizes, real_tsizes = [], []
@@ -517,7 +523,12 @@ def test_walker_refuses_too_many_links():
 
 def test_walker_refuses_a_link_to_an_unknown_codec():
     ufs = UnixFSData(FILE, filesize=4, blocksizes=(4,)).encode()
-    body = link(b"\x01\x71\x12\x20" + hashlib.sha256(b"x").digest(), b"\x12\x00\x18\x04") + b"\x0a" + uvarint(len(ufs)) + ufs
+    body = (
+        link(b"\x01\x71\x12\x20" + hashlib.sha256(b"x").digest(), b"\x12\x00\x18\x04")
+        + b"\x0a"
+        + uvarint(len(ufs))
+        + ufs
+    )
     refused(Cid.of(body, DAG_PB), body, [], "not a CID we support")
     cbor = base64.b32encode(b"\x01\x71\x12\x20" + bytes(32)).decode().lower().rstrip("=")
     with pytest.raises(InvalidCid):
@@ -576,7 +587,9 @@ def test_repeated_children_are_fetched_once_and_bounded_by_filesize():
     store = dict([x, inner, (root, block)])
     out, asked, _ = fetch(root, store, window=32)
     assert out == b"xyz" * 174 * 174
-    assert sorted(map(str, asked)) == sorted(map(str, [root, inner[0], x[0]])), "a repeated block is kept, not fetched again"
+    assert sorted(map(str, asked)) == sorted(map(str, [root, inner[0], x[0]])), (
+        "a repeated block is kept, not fetched again"
+    )
     assert sum(len(p) for _, p in walk(root, store.__getitem__)) == 3 * 174 * 174
 
 

@@ -41,20 +41,25 @@ class Frozen(ValueClass, frozen=True):
         object.__setattr__(self, "total", self.a + len(self.b))
 
 
-@pytest.mark.parametrize("args, kwargs", [((1,), {}), ((1, "y"), {}), ((), {"a": 1, "c": [2]}), ((1,), {"d": 9}), ((1, "y", [3], 5), {})])
+@pytest.mark.parametrize(
+    "args, kwargs", [((1,), {}), ((1, "y"), {}), ((), {"a": 1, "c": [2]}), ((1,), {"d": 9}), ((1, "y", [3], 5), {})]
+)
 def test_constructed_like_the_dataclass(args, kwargs):
     mine, theirs = Mine(*args, **kwargs), Theirs(*args, **kwargs)
     assert dataclasses.asdict(mine) == dataclasses.asdict(theirs)
     assert repr(mine) == repr(theirs).replace("Theirs", "Mine")
 
 
-@pytest.mark.parametrize("args, kwargs, message", [
-    ((), {}, "missing required argument: 'a'"),
-    ((1,), {"zz": 2}, "unexpected keyword argument 'zz'"),
-    ((1, "y", [], 4, 5), {}, "takes 4 positional arguments but 5 were given"),
-    ((1,), {"a": 2}, "multiple values for argument 'a'"),
-    ((1,), {"e": 2}, "unexpected keyword argument 'e'"),  # (not an __init__ field)
-])
+@pytest.mark.parametrize(
+    "args, kwargs, message",
+    [
+        ((), {}, "missing required argument: 'a'"),
+        ((1,), {"zz": 2}, "unexpected keyword argument 'zz'"),
+        ((1, "y", [], 4, 5), {}, "takes 4 positional arguments but 5 were given"),
+        ((1,), {"a": 2}, "multiple values for argument 'a'"),
+        ((1,), {"e": 2}, "unexpected keyword argument 'e'"),  # (not an __init__ field)
+    ],
+)
 def test_wrong_arguments_are_a_type_error_as_with_the_dataclass(args, kwargs, message):
     with pytest.raises(TypeError, match=message):
         Mine(*args, **kwargs)

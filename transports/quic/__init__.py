@@ -26,10 +26,10 @@ above it:
 - ``transport``: ``QuicTransport`` (listen, dial, and hole-punch packet spraying).
 """
 
-from lattica.transports.quic.wire import ALPN
-from lattica.transports.quic.stream import QuicStream
 from lattica.transports.quic.connection import QuicConn
 from lattica.transports.quic.endpoint import QuicListener
+from lattica.transports.quic.stream import QuicStream
 from lattica.transports.quic.transport import QuicTransport
+from lattica.transports.quic.wire import ALPN
 
 __all__ = ["QuicTransport", "QuicConn", "QuicStream", "QuicListener", "ALPN"]

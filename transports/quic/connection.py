@@ -3,18 +3,16 @@ certificate check, events to streams, timers, keepalive)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import asyncio
 import itertools
 import os
 import weakref
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from aioquic.quic import events as qev
 
-from lattica.logging import get_logger
 from lattica.errors import (
     ConnectionClosed,
     HandshakeError,
@@ -23,10 +21,11 @@ from lattica.errors import (
     TransportError,
 )
 from lattica.identity import PeerId
+from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
 from lattica.transports import _aioquic
 from lattica.transports.base import GOAWAY_ANSWER, Connection, Stream, StreamHandler
-from lattica.transports.tlscert import verify_certificate
+from lattica.transports.quic.stream import QuicStream
 from lattica.transports.quic.wire import (
     ALPN,
     ERR_BAD_CERTIFICATE,
@@ -37,7 +36,7 @@ from lattica.transports.quic.wire import (
     decode_goaway,
     encode_goaway,
 )
-from lattica.transports.quic.stream import QuicStream
+from lattica.transports.tlscert import verify_certificate
 
 if TYPE_CHECKING:
     from lattica.transports.quic.endpoint import Endpoint
@@ -117,7 +116,8 @@ class QuicConn(Connection):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._hs_timer: asyncio.TimerHandle | None = (
-            self._loop.call_later(owner.first_flight_timeout, self._first_flight_due) if direction == "inbound"
+            self._loop.call_later(owner.first_flight_timeout, self._first_flight_due)
+            if direction == "inbound"
             else self._loop.call_later(owner.handshake_timeout, self._handshake_timed_out)
         )
         self._keepalive: asyncio.TimerHandle | None = None
@@ -443,8 +443,7 @@ class QuicConn(Connection):
                 raise HandshakeError(f"peer sent {len(chain)} certificates, expected exactly 1")
             peer = verify_certificate(chain[0], self._expected)
         except HandshakeError as e:
-            log.info("quic.peer_rejected", addr=str(self.remote_addr), dir=self.direction,
-                     reason=str(e))
+            log.info("quic.peer_rejected", addr=str(self.remote_addr), dir=self.direction, reason=str(e))
             # a transport-level close (frame type CRYPTO) so the peer sees a handshake failure
             self._quic.close(
                 error_code=ERR_BAD_CERTIFICATE,
@@ -461,11 +460,8 @@ class QuicConn(Connection):
             self._hs_timer.cancel()
             self._hs_timer = None
         if self._owner._keepalive_interval > 0:
-            self._keepalive = self._loop.call_later(
-                self._owner._keepalive_interval, self._on_keepalive
-            )
-        log.debug("quic.connected", peer=peer.short(), addr=str(self.remote_addr),
-                  dir=self.direction)
+            self._keepalive = self._loop.call_later(self._owner._keepalive_interval, self._on_keepalive)
+        log.debug("quic.connected", peer=peer.short(), addr=str(self.remote_addr), dir=self.direction)
         if not self._ready.done():
             self._ready.set_result(None)
         self._owner._conns.add(self)
@@ -488,17 +484,20 @@ class QuicConn(Connection):
             left = self._owner.handshake_timeout - self._owner.first_flight_timeout
             self._hs_timer = self._loop.call_later(max(left, 0.0), self._handshake_timed_out)
             return
-        self._fail_ready(Timeout(f"QUIC client at {self.remote_addr} sent nothing after its Initial within {self._owner.first_flight_timeout:g}s"))
+        self._fail_ready(
+            Timeout(
+                f"QUIC client at {self.remote_addr} sent nothing after its Initial within {self._owner.first_flight_timeout:g}s"
+            )
+        )
         self.abort("no handshake flight")
 
     def _handshake_timed_out(self) -> None:
         self._hs_timer = None
         if self._established or self._dead:
             return
-        self._fail_ready(Timeout(
-            f"QUIC handshake with {self.remote_addr} timed out after "
-            f"{self._owner.handshake_timeout:g}s"
-        ))
+        self._fail_ready(
+            Timeout(f"QUIC handshake with {self.remote_addr} timed out after {self._owner.handshake_timeout:g}s")
+        )
         self.abort("handshake timeout")
 
     def _icmp_error(self, err: int) -> None:
@@ -519,14 +518,15 @@ class QuicConn(Connection):
         self.ended_cleanly = code == ERR_NO_ERROR
         if not self._established:
             if 0x100 <= code <= 0x1FF:
-                self._fail_ready(HandshakeError(
-                    f"QUIC handshake with {self.remote_addr} failed: {reason} (code {code:#x})"
-                ))
+                self._fail_ready(
+                    HandshakeError(f"QUIC handshake with {self.remote_addr} failed: {reason} (code {code:#x})")
+                )
             else:
-                self._fail_ready(TransportError(
-                    f"QUIC connection to {self.remote_addr} closed during the handshake: "
-                    f"{reason} (code {code:#x})"
-                ))
+                self._fail_ready(
+                    TransportError(
+                        f"QUIC connection to {self.remote_addr} closed during the handshake: {reason} (code {code:#x})"
+                    )
+                )
         self._mark_closed(ConnectionClosed(f"QUIC connection closed: {reason} (code {code:#x})"))
 
     def _mark_closed(self, exc: ConnectionClosed) -> None:
@@ -576,9 +576,7 @@ class QuicConn(Connection):
         if self.going_away:
             raise ConnectionClosed(f"QUIC connection to {self.remote_peer} is going away: open streams on another")
         if self._n_out >= self._max_out:
-            raise StreamLimit(
-                f"{self._n_out} outbound streams already open (limit {self._max_out})"
-            )
+            raise StreamLimit(f"{self._n_out} outbound streams already open (limit {self._max_out})")
         quic = self._quic
         sid = quic.get_next_available_stream_id()
         quic.send_stream_data(sid, b"")  # creates the stream in aioquic; the peer sees it on data

@@ -3,23 +3,28 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import asyncio
 import errno as errno_mod
 import ipaddress
 import socket
 import struct
 from collections.abc import Callable
-
+from typing import TYPE_CHECKING
 
 from lattica.interfaces import host_key, is_loopback_ip
 from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
 from lattica.transports import _aioquic
 from lattica.transports.base import ConnectionHandler, Listener, Transport
-from lattica.transports.quic.wire import CID_LEN, MIN_INITIAL, READ_BATCH, READ_BATCH_BYTES, RECV_SIZE, SUPPORTED_VERSIONS
 from lattica.transports.quic.connection import QuicConn
+from lattica.transports.quic.wire import (
+    CID_LEN,
+    MIN_INITIAL,
+    READ_BATCH,
+    READ_BATCH_BYTES,
+    RECV_SIZE,
+    SUPPORTED_VERSIONS,
+)
 
 if TYPE_CHECKING:
     from lattica.transports.quic.transport import QuicTransport
@@ -226,7 +231,9 @@ class QuicListener(Listener):
         ep = self._endpoint
         owner = ep.owner
         host = None if is_loopback_ip(addr[0]) else host_key(addr[0])  # (a local peer is the machine's own)
-        if ep.pending >= owner.max_pending_handshakes or (host is not None and ep.pending_at.get(host, 0) >= owner.max_handshakes_per_ip):
+        if ep.pending >= owner.max_pending_handshakes or (
+            host is not None and ep.pending_at.get(host, 0) >= owner.max_handshakes_per_ip
+        ):
             ep.drops += 1
             return
         quic = owner._new_quic(is_client=False, peer_addr=addr, odcid=dcid)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import asyncio
 from collections import deque
-
+from typing import TYPE_CHECKING
 
 from lattica.errors import (
     StreamClosed,
@@ -78,9 +76,7 @@ class QuicStream(Stream):
             return
         # aioquic already answered with RESET_STREAM (RFC 9000 3.5)
         self._send_done = True
-        self._write_exc = StreamReset(
-            f"peer stopped reading stream {self.stream_id} (code {error_code})"
-        )
+        self._write_exc = StreamReset(f"peer stopped reading stream {self.stream_id} (code {error_code})")
         self._wake_drain()
         self._conn._maybe_retire(self)
 

@@ -10,21 +10,31 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-
 from lattica import _malloc
-from lattica.logging import get_logger
 from lattica.errors import (
     MultiaddrError,
     TransportError,
 )
 from lattica.identity import KeyPair, PeerId
+from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
 from lattica.transports import _aioquic
 from lattica.transports.base import Connection, ConnectionHandler, Listener, Transport
-from lattica.transports.tlscert import CertifiedKey, generate_certificate
-from lattica.transports.quic.wire import ALPN, CERT_RENEW_BEFORE, CID_LEN, MAX_DATAGRAM, NARROW_WINDOW, RECVERR_V4, RECVERR_V6, SOCK_BUF, sockaddr, split_addr
 from lattica.transports.quic.connection import QuicConn
 from lattica.transports.quic.endpoint import Endpoint, QuicListener
+from lattica.transports.quic.wire import (
+    ALPN,
+    CERT_RENEW_BEFORE,
+    CID_LEN,
+    MAX_DATAGRAM,
+    NARROW_WINDOW,
+    RECVERR_V4,
+    RECVERR_V6,
+    SOCK_BUF,
+    sockaddr,
+    split_addr,
+)
+from lattica.transports.tlscert import CertifiedKey, generate_certificate
 
 log = get_logger("lattica.quic")
 
@@ -165,8 +175,7 @@ class QuicTransport(Transport):
         """The listening endpoint to dial from (shares its NAT mapping), else an ephemeral one."""
         dest_loopback = ipaddress.ip_address(ip).is_loopback
         candidates = [
-            ep for ep in self._listen_eps
-            if ep.family == family and not ep.closed and ep.listener is not None
+            ep for ep in self._listen_eps if ep.family == family and not ep.closed and ep.listener is not None
         ]
         for ep in candidates:
             if ep.bound_ip.is_unspecified:
@@ -251,7 +260,9 @@ class QuicTransport(Transport):
         for ep in self._listen_eps:
             ep.on_punch = callback
 
-    async def spray(self, addrs: list[tuple], count: int, payload: bytes, on_hit: Callable[[Any, bytes, tuple], None]) -> list:
+    async def spray(
+        self, addrs: list[tuple], count: int, payload: bytes, on_hit: Callable[[Any, bytes, tuple], None]
+    ) -> list:
         """Hole punching from behind an endpoint-dependent NAT: open ``count`` UDP sockets, send
         ``payload`` from each to every one of ``addrs`` (each gets its own NAT mapping), and call
         ``on_hit(socket, datagram, sender)`` when a punch datagram reaches one. Returns the sockets: send

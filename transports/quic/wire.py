@@ -36,7 +36,7 @@ RECVERR_V6 = 25  # <linux/in6.h>
 CERT_RENEW_BEFORE = datetime.timedelta(days=1)
 MAX_DATAGRAM = 65000  # under the 65,507-byte UDP payload limit of IPv4
 READ_BATCH = 63  # extra datagrams read per readiness event
-READ_BATCH_BYTES = 1 << 20 # ... and at most about this many bytes (acks and credit go out after a batch)
+READ_BATCH_BYTES = 1 << 20  # ... and at most about this many bytes (acks and credit go out after a batch)
 RECV_SIZE = 65535
 # Each side may open one unidirectional stream, its control stream: a Lattica extension (libp2p
 # uses bidirectional streams only). It carries one message and ends: GOAWAY, then how many

@@ -26,6 +26,7 @@ test: $(STAMP) lint
 lint: $(STAMP)
 	$(BIN)/ruff format --check $(CHECKED)
 	$(BIN)/ruff check $(CHECKED)
+	.ci/typecheck
 
 format: $(STAMP)
 	$(BIN)/ruff format $(CHECKED)

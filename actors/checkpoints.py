@@ -25,13 +25,13 @@ from __future__ import annotations
 import collections
 import math
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lattica.digest import sha256
 from lattica.errors import CheckpointRejected, LatticaError
 from lattica.identity import KeyPair, PeerId, verify_signature
 from lattica.runtime import ASYNC, ActorRef, current_caller
-from lattica.slotted import Slotted
 
 if TYPE_CHECKING:
     from lattica.runtime import Runtime
@@ -75,18 +75,14 @@ def ranked(name: str, members: list[str]) -> list[str]:
     return sorted(members, key=lambda m: sha256(f"{name}\0{m}".encode()))
 
 
-class _Copy(Slotted):
-    __slots__ = ("stamp", "blob", "writer", "expires", "signature", "certs")
-
-    def __init__(
-        self, stamp: float, blob: bytes, writer: PeerId, expires: float, signature: bytes, certs: list
-    ) -> None:
-        self.stamp = stamp
-        self.blob = blob
-        self.writer = writer
-        self.expires = expires
-        self.signature = signature
-        self.certs = certs
+@dataclass(slots=True)
+class _Copy:
+    stamp: float
+    blob: bytes
+    writer: PeerId
+    expires: float
+    signature: bytes
+    certs: list
 
 
 class CheckpointStore:

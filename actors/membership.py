@@ -189,9 +189,9 @@ class MembershipService:
                 continue
             if isinstance(ev, MemberDown):
                 log.info("member down", peer=ev.member.id, reason=ev.reason)
-                for cb in list(self.on_down):
+                for down_cb in list(self.on_down):
                     try:
-                        cb(ev.member, ev.reason)
+                        down_cb(ev.member, ev.reason)
                     except Exception:
                         log.exception("member-down listener failed", peer=ev.member.id)
 

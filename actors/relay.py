@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 from lattica import ping
 from lattica.config import RelayConfig
@@ -27,7 +28,6 @@ from lattica.interfaces import host_key
 from lattica.logging import get_logger
 from lattica.membership import MemberDown
 from lattica.runtime import current_caller, relay_ref
-from lattica.slotted import Slotted
 from lattica.transports.base import Connection, Stream
 from lattica.transports.circuit import HOP, MAX_MESSAGE, STOP, check_answer, limit_wire, parse_connect, refusal
 from lattica.transports.splice import TOKEN_LEN, Splice
@@ -35,6 +35,7 @@ from lattica.transports.splice import TOKEN_LEN, Splice
 if TYPE_CHECKING:
     from lattica.hostview import HostView
     from lattica.runtime import Runtime
+    from lattica.transports.tcp import TcpTransport
 
 log = get_logger("lattica.relay")
 
@@ -46,12 +47,10 @@ _SPLICE_WAIT = 5.0  # seconds for both ends' spliced sockets to arrive (the dial
 _HOLDER_PING = 2.0  # seconds a holder membership holds down has to answer a ping on its connection
 
 
-class _Reservation(Slotted):
-    __slots__ = ("expires", "ip")
-
-    def __init__(self, expires: float, ip: str) -> None:
-        self.expires = expires  # wall clock (sent to the peer)
-        self.ip = ip
+@dataclass(slots=True)
+class _Reservation:
+    expires: float  # wall clock (sent to the peer)
+    ip: str
 
 
 def _tighter(a: Any, b: Any) -> Any:
@@ -265,7 +264,7 @@ class RelayService:
         tcp = next((t for t in self.host.transports if t.name == "tcp"), None)
         if tcp is None:
             return False
-        tcp.on_splice = self._on_spliced_socket
+        cast("TcpTransport", tcp).on_splice = self._on_spliced_socket  # the transport named "tcp"
         return True
 
     def _on_spliced_socket(self, token: bytes, transport: asyncio.Transport, early: bytes) -> bool:

@@ -223,8 +223,9 @@ class Spawner:
             if left:
                 self._owned[owner] = left
         self.bindings.forget(name)
-        if self.reserved.pop(name, None) is not None and self._rt.services.get("membership") is not None:
-            self._rt.services.get("membership").load_changed()
+        membership = self._rt.services.get("membership")
+        if self.reserved.pop(name, None) is not None and membership is not None:
+            membership.load_changed()
 
     # -- ownership ---------------------------------------------------------------------------
 
@@ -448,6 +449,7 @@ class Spawner:
         if options.get("detached") is True:
             return None
         job = options.get("job")
+        peer: PeerId | None
         if job is not None:
             if type(job) is not str:
                 raise SpawnError("job must be a PeerId")
@@ -503,6 +505,7 @@ class Spawner:
         caller = current_caller()
         stranger = caller is not None and self._rt.host.circle_of(caller) == "stranger"
         if stranger and (actor is None or not actor.public):
+            assert caller is not None  # (a stranger is a caller)
             # a stranger sees only the actors open to it, and learns nothing of the others (not
             # even whether the name is taken): it is told why, which is what it can act on
             raise PermissionDenied(

@@ -48,7 +48,7 @@ class _StepNow:
 
 if sys.version_info < (3, 12):
 
-    class _EagerTask(asyncio.tasks._PyTask):  # type: ignore[name-defined, misc]
+    class _EagerTask(asyncio.tasks._PyTask):  # type: ignore[name-defined]
         def __init__(self, coro: Any, loop: asyncio.AbstractEventLoop) -> None:
             super().__init__(coro, loop=_StepNow(loop))
             self._loop = loop

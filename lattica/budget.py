@@ -12,6 +12,7 @@ import asyncio
 import collections
 import time
 from collections.abc import Callable, Hashable
+from typing import Any
 
 __all__ = ["Buckets", "StrangersShare", "Turns"]
 
@@ -76,7 +77,7 @@ class StrangersShare:
     __slots__ = ("_stranger", "_bucket")
 
     def __init__(
-        self, rate: float, burst: float, stranger: Callable[[Hashable], bool], clock: Callable[[], float] | None = None
+        self, rate: float, burst: float, stranger: Callable[[Any], bool], clock: Callable[[], float] | None = None
     ) -> None:
         self._stranger = stranger
         self._bucket = Buckets(rate, burst, max_keys=1, clock=clock)
@@ -122,7 +123,7 @@ class Turns:
         self.share = share
         self._loop = loop
         self._queue: collections.deque[tuple[asyncio.Future[None], Hashable, float]] = collections.deque()
-        self._gone = 0  # waiters in the queue that gave up (skipped when they come first)
+        self._gone = 0  # waiters that gave up since the queue was last swept of them (about)
         self._timer: asyncio.TimerHandle | None = None
 
     async def take(
@@ -149,7 +150,8 @@ class Turns:
                 if give_up():
                     return False
         finally:
-            if fut.cancel():  # (done already: nothing; else its place is skipped)
+            fut.cancel()  # (served already: nothing; else its place is skipped)
+            if fut.cancelled():  # (it gave up, or its task was cancelled)
                 self._gone += 1
                 if self._gone > 64 and 2 * self._gone > len(self._queue):
                     self._queue = collections.deque(w for w in self._queue if not w[0].done())
@@ -157,13 +159,12 @@ class Turns:
 
     def __len__(self) -> int:
         """Waiters still waiting."""
-        return len(self._queue) - self._gone
+        return sum(1 for w in self._queue if not w[0].done())
 
     def _skip_gone(self) -> None:
         queue = self._queue
         while queue and queue[0][0].done():
             queue.popleft()
-            self._gone -= 1
 
     def _arm(self) -> None:
         if self._timer is None and self._queue:

@@ -8,12 +8,14 @@ import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from lattica import logging as lattica_logging
 
 if TYPE_CHECKING:
     from lattica.future import Future
+    from lattica.host import Host
+    from lattica.runtime import Runtime
 
 
 def _print(result: dict, as_json: bool) -> None:
@@ -276,7 +278,7 @@ def _mesh(args: argparse.Namespace) -> None:
     source = "--mesh" if args.mesh else f"${trust.ENV}" if setting else str(trust.default_mesh_path())
     cred = trust.read_credential(setting or trust.default_mesh_path())
     if args.op == "show":
-        if cred == trust.OPEN:
+        if isinstance(cred, str):  # the only text read_credential returns is trust.OPEN
             print("open mesh: every authenticated peer is a member")
         elif isinstance(cred, trust.MeshKey):
             print(f"{cred.name}: this machine holds its key (from {source})")
@@ -566,7 +568,8 @@ def _status(args: argparse.Namespace) -> None:
                 node.connect(addr, timeout=args.wait)
 
             async def take() -> dict:
-                return await MeshWatch(node.host.runtime, timeout=args.wait, view_from=info.peer_id).picture()
+                rt = cast("Runtime", cast("Host", node.host).runtime)  # a running node has both
+                return await MeshWatch(rt, timeout=args.wait, view_from=info.peer_id).picture()
 
             pic = node.run(take(), timeout=args.wait * 3 + 10)
     else:

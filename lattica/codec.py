@@ -43,9 +43,9 @@ import struct
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import field
+from dataclasses import dataclass, field
 from math import prod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import numpy as np
@@ -55,12 +55,12 @@ import msgpack
 from lattica.errors import CodecError, FrameTooLarge
 from lattica.identity import PeerId
 from lattica.multiaddr import Multiaddr
-from lattica.valueclass import ValueClass
 
 __all__ = ["Limits", "DEFAULT_LIMITS", "check", "encode", "encode_bytes", "decode", "register_ext", "register_encoder"]
 
 
-class Limits(ValueClass, frozen=True):
+@dataclass(frozen=True)
+class Limits:
     """Hard caps applied to every frame (checked before allocating), and the out-of-band cutoff."""
 
     max_frame: int = 64 * 1024 * 1024 + 1024  # whole encoded frame, bytes
@@ -102,7 +102,7 @@ _EXT_OOB, _EXT_ARRAY, _EXT_SCALAR, _EXT_TUPLE = 0, 1, 2, 3
 _FLAG_TUPLES = 1  # header flag: the body holds tuple markers
 _RESERVED_CODES = range(16)
 
-_LEAF = frozenset({str, int, float, bool, type(None)})
+_LEAF: frozenset[type] = frozenset({str, int, float, bool, type(None)})
 _SKIP: set[type] = {*_LEAF, msgpack.ExtType}  # values the walk need not enter (+ ndarray, registered classes)
 _BIN8 = [b"\xc4" + bytes((i,)) for i in range(256)]  # msgpack bin 8 headers
 _ext = tuple.__new__  # _ext(ExtType, (code, data)) skips ExtType's slow argument checks
@@ -450,7 +450,8 @@ def check(obj: Any, limits: Limits = DEFAULT_LIMITS) -> None:
 def encode_bytes(obj: Any, limits: Limits = DEFAULT_LIMITS) -> bytes:
     """Encode ``obj`` as one contiguous frame (copies the buffers; use encode() to avoid that)."""
     chunks = encode(obj, limits)
-    return chunks[0] + chunks[1] if len(chunks) == 2 else b"".join(chunks)
+    # two chunks: no buffers, [header (bytes), body]
+    return cast(bytes, chunks[0]) + chunks[1] if len(chunks) == 2 else b"".join(chunks)
 
 
 # -- decoding --------------------------------------------------------------------------------------
@@ -582,7 +583,7 @@ def _check_depth(o: list | dict | tuple, budget: int) -> None:
 
 
 def _unpack(
-    body: bytes | memoryview,
+    body: bytes | bytearray | memoryview,
     bufs: list[memoryview] | None,
     limits: Limits,
     level: int,

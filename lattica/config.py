@@ -4,11 +4,10 @@ re-export them (``from lattica.actors.dht import DhtConfig`` keeps working)."""
 
 from __future__ import annotations
 
-from dataclasses import field
+from dataclasses import dataclass, field
 
 from lattica.kademlia import ALPHA, K
 from lattica.records import StoreLimits
-from lattica.valueclass import ValueClass
 
 __all__ = ["ContentConfig", "CrdtConfig", "DhtConfig", "InboundBudget", "MembershipConfig", "NatConfig", "RelayConfig"]
 
@@ -16,7 +15,8 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
-class DhtConfig(ValueClass):
+@dataclass
+class DhtConfig:
     """Tuning of one node's DHT. Times are seconds."""
 
     k: int = K
@@ -37,7 +37,8 @@ class DhtConfig(ValueClass):
     limits: StoreLimits = field(default_factory=StoreLimits)
 
 
-class MembershipConfig(ValueClass):
+@dataclass
+class MembershipConfig:
     """Detector settings. Defaults: a silent (frozen) member is suspected after about 1 s and
     declared dead about 1 s later; heartbeats every 0.5 s to 5 watchers, gossip to 3."""
 
@@ -53,7 +54,8 @@ class MembershipConfig(ValueClass):
     forget_after: float = 60.0  # a dead or left member is forgotten after this long
 
 
-class NatConfig(ValueClass):
+@dataclass
+class NatConfig:
     """How a node finds out whether peers can dial it, and what it does about it."""
 
     autonat: bool = True  # probe reachability (only when we have a non-loopback address)
@@ -64,7 +66,8 @@ class NatConfig(ValueClass):
     servers: int = 3  # peers asked per round
 
 
-class RelayConfig(ValueClass):
+@dataclass
+class RelayConfig:
     """What a relay accepts. ``None`` for a circuit limit means unlimited (the default: relayed
     calls must not fail because the path is relayed)."""
 
@@ -84,7 +87,8 @@ class RelayConfig(ValueClass):
     splice: bool = True  # offer circuits their own sockets (no re-encryption here); see transports/splice.py
 
 
-class InboundBudget(ValueClass, frozen=True):
+@dataclass(frozen=True)
+class InboundBudget:
     """Limits on partially received messages (``Node(inbound=...)``): bytes held for one peer and
     for all, and seconds from a message's first byte to its last (docs/security.md)."""
 
@@ -99,7 +103,8 @@ class InboundBudget(ValueClass, frozen=True):
     strangers: int = 128 * MiB
 
 
-class ContentConfig(ValueClass):
+@dataclass
+class ContentConfig:
     """The content plane of one node (``Node(content=...)``, docs/content.md): where its blocks
     live, how it fetches and what it serves. Times are seconds."""
 
@@ -121,7 +126,8 @@ class ContentConfig(ValueClass):
     serve_total: int = 32
 
 
-class PubSubConfig(ValueClass):
+@dataclass
+class PubSubConfig:
     """Pub-sub on one node (``Node(pubsub=...)``, docs/pubsub.md): the router's degrees and
     timing, and the bounds on what it holds. Times are seconds."""
 
@@ -157,7 +163,8 @@ class PubSubConfig(ValueClass):
     max_validating: int = 1024  # async validations at once; beyond, messages are ignored
 
 
-class CrdtConfig(ValueClass):
+@dataclass
+class CrdtConfig:
     """The CRDT store of one node (``Node(crdt=...)``, docs/crdt.md): where documents persist,
     how replicas meet, and the bounds on what a peer may make a replica hold. Times are seconds."""
 

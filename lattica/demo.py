@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import cast
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from lattica.api import aget_actor
 from lattica.mesh.process import ServerProcess
 from lattica.mesh.supervised import lose, statuses, supervised_mesh
 from lattica.node import Node
-from lattica.remote import actor
+from lattica.remote import ActorClass, actor
 
 
 @actor
@@ -101,7 +102,8 @@ def _work(b: Node, addr: str) -> None:
     rows, cols, batch = 512, 256, 64
 
     async def spawn() -> list:
-        shards = [MatMulShard.options(node=info.peer_id, name=f"shard-{i}").remote(i, rows, cols) for i in range(2)]
+        shard_class = cast(ActorClass, MatMulShard)  # what @actor made of it (mypy keeps the plain class)
+        shards = [shard_class.options(node=info.peer_id, name=f"shard-{i}").remote(i, rows, cols) for i in range(2)]
         for s in shards:
             await s._spawn
         return shards

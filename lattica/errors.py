@@ -7,6 +7,8 @@ went wrong in plain words. Protocol code raises them too, so the node can tell a
 
 from __future__ import annotations
 
+from typing import cast
+
 
 class LatticaError(Exception):
     """Base class of every error raised by Lattica."""
@@ -236,7 +238,7 @@ def remote_error(type_name: str, message: str, remote_traceback: str = "") -> La
         if isinstance(own, type) and issubclass(own, LatticaError) and own is not RemoteError:
             err = own(message)
             err.remote_traceback = remote_traceback  # type: ignore[attr-defined]
-            return err  # type: ignore[return-value]
+            return err
     cls = _REMOTE_SUBCLASSES.get(type_name)
     if cls is None:
         import builtins  # only for the rare remote error that is a builtin exception
@@ -252,7 +254,7 @@ def remote_error(type_name: str, message: str, remote_traceback: str = "") -> La
             try:
                 cls = type(
                     f"Remote{type_name}",
-                    (RemoteError, base),
+                    (RemoteError, cast(type, base)),  # usable: base is an Exception subclass
                     {"__init__": RemoteError.__init__, "__str__": RemoteError.__str__},
                 )
                 cls(type_name, message, remote_traceback)  # some built-ins refuse a plain message

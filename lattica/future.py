@@ -114,7 +114,7 @@ class Future:
                 if f.cancelled():
                     bridge.cancel()
                 elif f.exception() is not None:
-                    bridge.set_exception(f.exception())  # type: ignore[arg-type]
+                    bridge.set_exception(f.exception())
                 else:
                     bridge.set_result(f.result())
 
@@ -171,7 +171,7 @@ def get(refs: Future | Sequence[Future], timeout: float | None = None) -> Any:
     """The value of a future, or the list of values of a list of futures (Ray's ``ray.get``).
     Raises the call's error, or Timeout after ``timeout`` seconds. Not for use on a node loop."""
     single = isinstance(refs, Future)
-    futs: list[Future] = [refs] if single else list(refs)  # type: ignore[list-item]
+    futs: list[Future] = [refs] if isinstance(refs, Future) else list(refs)
     if _on_any_loop(futs):
         raise RuntimeError("lattica.get blocks; inside async code `await` the futures instead")
     pending = [f for f in futs if not f.done()]

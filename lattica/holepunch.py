@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import os
 import random
+from dataclasses import dataclass, field
 from typing import Any
 
 from lattica.errors import ProtocolError
 from lattica.multiaddr import Multiaddr
-from lattica.slotted import Slotted
 
 __all__ = [
     "PROTOCOL",
@@ -74,41 +74,32 @@ def probe_ports(count: int, rng: random.Random | None = None) -> list[int]:
     return rng.sample(range(lo, hi + 1), min(count, hi - lo + 1))
 
 
-class Plan(Slotted):
+@dataclass(slots=True)
+class Plan:
     """What one side does once the punch starts (filled in by :func:`plan`)."""
 
-    __slots__ = ("tcp_targets", "tcp_initiator", "tcp_dial", "quic_targets", "quic_dial", "spray", "probe_ips")
-
-    def __init__(self) -> None:
-        self.tcp_targets: list[Multiaddr] = []  # simultaneous open towards these
-        self.tcp_initiator = False  # run the Noise initiator on the punched TCP connection
-        self.tcp_dial = False  # dial tcp_targets plainly instead (a TCP-only punch's asker)
-        self.quic_targets: list[Multiaddr] = []  # the peer's UDP endpoints
-        self.quic_dial = False  # dial QUIC from the listening socket (else only punch datagrams)
-        self.spray = False  # hard side: open many sockets towards quic_targets, dial from the one probed
-        self.probe_ips: list[str] = []  # easy side: probe random ports at these IPs
+    tcp_targets: list[Multiaddr] = field(default_factory=list)  # simultaneous open towards these
+    tcp_initiator: bool = False  # run the Noise initiator on the punched TCP connection
+    tcp_dial: bool = False  # dial tcp_targets plainly instead (a TCP-only punch's asker)
+    quic_targets: list[Multiaddr] = field(default_factory=list)  # the peer's UDP endpoints
+    quic_dial: bool = False  # dial QUIC from the listening socket (else only punch datagrams)
+    spray: bool = False  # hard side: open many sockets towards quic_targets, dial from the one probed
+    probe_ips: list[str] = field(default_factory=list)  # easy side: probe random ports at these IPs
 
 
-class Punch(Slotted):
+@dataclass(slots=True)
+class Punch:
     """Event: start ``plan`` after ``delay`` seconds; ``rtt`` as measured by the initiator."""
 
-    __slots__ = ("plan", "delay", "rtt", "token", "theirs", "nats")
+    plan: Plan
+    delay: float
+    rtt: float | None
+    token: bytes
+    theirs: list[Multiaddr] = field(default_factory=list)  # the peer's candidate addresses (None: none)
+    nats: tuple[str, str] = (UNKNOWN, UNKNOWN)  # (our mapping type, the peer's)
 
-    def __init__(
-        self,
-        plan: Plan,
-        delay: float,
-        rtt: float | None,
-        token: bytes,
-        theirs: list[Multiaddr] | None = None,
-        nats: tuple[str, str] = (UNKNOWN, UNKNOWN),
-    ) -> None:
-        self.plan = plan
-        self.delay = delay
-        self.rtt = rtt
-        self.token = token
-        self.theirs: list[Multiaddr] = theirs or []  # the peer's candidate addresses
-        self.nats = nats  # (our mapping type, the peer's)
+    def __post_init__(self) -> None:
+        self.theirs = self.theirs or []  # (None is taken for no addresses)
 
 
 def _addrs_out(addrs: list[Multiaddr]) -> list[str]:

@@ -9,7 +9,7 @@ inside without touching them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from lattica.logging import get_logger
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from lattica.identity import KeyPair, PeerId
     from lattica.multiaddr import Multiaddr
     from lattica.nat import NatManager
-    from lattica.transports.base import Connection, Stream, StreamHandler, Transport
+    from lattica.transports.base import Connection, Stream, Transport
     from lattica.trust import Trust
 
 __all__ = ["Signal", "HostEvents", "HostView"]
@@ -35,9 +35,9 @@ class Signal:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._subscribers: list[Callable[..., None]] = []
+        self._subscribers: list[Callable[..., object]] = []
 
-    def subscribe(self, fn: Callable[..., None]) -> Callable[[], None]:
+    def subscribe(self, fn: Callable[..., object]) -> Callable[[], None]:
         """Call ``fn`` on every event from now on; returns the function that unsubscribes it."""
         self._subscribers.append(fn)
         return lambda: self._subscribers.remove(fn) if fn in self._subscribers else None
@@ -122,7 +122,7 @@ class HostView(Protocol):
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         """Run ``coro`` as a task the node cancels when it stops."""
 
-    def set_handler(self, protocol: str, handler: StreamHandler) -> None:
+    def set_handler(self, protocol: str, handler: Callable[[Stream, Connection], Awaitable[None]]) -> None:
         """Serve inbound streams of ``protocol`` with ``handler(stream, conn)``."""
 
     async def open_stream(self, peer: PeerId, protocol: str) -> Stream:

@@ -8,13 +8,12 @@ Both sides push at once, so a connection is identified after one one-way delay, 
 
 from __future__ import annotations
 
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any
 
 from lattica.errors import CodecError, KeyFileError, MultiaddrError, ProtocolError
 from lattica.identity import PeerId, public_key_from_protobuf
 from lattica.multiaddr import Multiaddr
-from lattica.valueclass import ValueClass
 
 PROTOCOL = "/lattica/id/1.0.0"
 PROTOCOL_VERSION = "lattica/1"
@@ -25,7 +24,8 @@ _MAX_STR = 256
 _MAX_CERTS, _MAX_CERT = 4, 256  # mesh certificates (lattica.trust: MAX_PRESENTED, MAX_CERT_BYTES)
 
 
-class PeerInfo(ValueClass, frozen=True):
+@dataclass(frozen=True)
+class PeerInfo:
     """What we know about a connected peer: who it is, how we reach it, what it told us."""
 
     peer_id: PeerId

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from lattica import iptext
@@ -62,7 +63,7 @@ _NETWORKS_TTL = 10.0  # s: interfaces come and go (VPNs, Wi-Fi); re-read them th
 _networks: tuple[float, list] = (-_NETWORKS_TTL, [])
 
 
-def _adapters() -> list[Any]:
+def _adapters() -> Iterable[Any]:
     import ifaddr  # here, not at import: a node listening on one address never reads interfaces
 
     return ifaddr.get_adapters()
@@ -85,7 +86,7 @@ def interface_ips(version: int) -> list[str]:
             else:
                 continue
             if addr not in out:
-                out.append(addr)  # type: ignore[arg-type]
+                out.append(addr)
     return out
 
 

@@ -14,9 +14,13 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from lattica.digest import sha256
 from lattica.identity import PeerId
+
+if TYPE_CHECKING:
+    from lattica.multiaddr import Multiaddr
 
 __all__ = ["K", "ALPHA", "ID_BITS", "key_id", "node_id", "distance", "RoutingTable", "Lookup"]
 
@@ -237,7 +241,7 @@ class Lookup:
         self._order: list[tuple[int, _Candidate]] = []  # by distance; failed ones stay, skipped
         self.in_flight = 0
         self.queried = 0
-        self.hints: dict[PeerId, object] = {}  # opaque per-candidate data for the driver (addresses)
+        self.hints: dict[PeerId, list[Multiaddr]] = {}  # per candidate, the addresses a peer gave for it
         for p in seeds:
             self._add(p, 1)
 
@@ -269,7 +273,7 @@ class Lookup:
 
     def next(self) -> list[PeerId]:
         """Peers to ask now (each is marked as asked)."""
-        out = []
+        out: list[PeerId] = []
         if self.in_flight >= self.alpha:
             return out
         for c in self._ranked():
@@ -309,7 +313,7 @@ class Lookup:
     def closest(self, n: int | None = None) -> list[PeerId]:
         """The closest peers that answered, nearest first."""
         n = self.k if n is None else n
-        out = []
+        out: list[PeerId] = []
         for _, c in self._order:
             if len(out) >= n:
                 break

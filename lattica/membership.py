@@ -39,13 +39,13 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgpack
 
 from lattica.config import MembershipConfig
 from lattica.digest import sha256
-from lattica.slotted import Slotted
 
 __all__ = [
     "ALIVE",
@@ -149,61 +149,47 @@ def statement(member_id: str, incarnation: int, state: str, info: dict) -> bytes
     return msgpack.packb(("lattica-membership/1", member_id, incarnation, state, info))
 
 
-class Member(Slotted):
-    __slots__ = ("id", "incarnation", "state", "info", "since", "proof")
+@dataclass(slots=True)
+class Member:
+    id: str
+    incarnation: int = 0
+    state: str = ALIVE
+    info: dict = field(default_factory=dict)
+    since: float = 0.0  # local time of the last state change
+    proof: Any = None  # the member's seal on its newest alive/left statement we hold
 
-    def __init__(
-        self,
-        id: str,
-        incarnation: int = 0,
-        state: str = ALIVE,
-        info: dict | None = None,
-        since: float = 0.0,
-        proof: Any = None,
-    ) -> None:
-        self.id = id
-        self.incarnation = incarnation
-        self.state = state
-        self.info = {} if info is None else info
-        self.since = since  # local time of the last state change
-        self.proof = proof  # the member's seal on its newest alive/left statement we hold
+    def __post_init__(self) -> None:
+        if self.info is None:  # (None is taken for no info)
+            self.info = {}
 
 
-class MemberUp(Slotted):
-    __slots__ = ("member",)
-
-    def __init__(self, member: Member) -> None:
-        self.member = member
+@dataclass(slots=True)
+class MemberUp:
+    member: Member
 
 
-class MemberChanged(Slotted):
+@dataclass(slots=True)
+class MemberChanged:
     """A member's state (alive <-> suspect) or its info changed."""
 
-    __slots__ = ("member",)
-
-    def __init__(self, member: Member) -> None:
-        self.member = member
+    member: Member
 
 
-class MemberDown(Slotted):
+@dataclass(slots=True)
+class MemberDown:
     """Dead (a detector's verdict) or left (said goodbye)."""
 
-    __slots__ = ("member", "reason")
-
-    def __init__(self, member: Member, reason: str) -> None:
-        self.member = member
-        self.reason = reason
+    member: Member
+    reason: str
 
 
-class SelfDowned(Slotted):
+@dataclass(slots=True)
+class SelfDowned:
     """The mesh declared *us* dead (we were frozen or cut off): we refute and rejoin in a newer
     incarnation, but what the others did meanwhile stands (our supervised actors were restarted
     elsewhere), so the glue stops what would now be duplicates."""
 
-    __slots__ = ("incarnation",)
-
-    def __init__(self, incarnation: int) -> None:
-        self.incarnation = incarnation
+    incarnation: int
 
 
 class PhiAccrual:

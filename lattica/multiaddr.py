@@ -8,23 +8,22 @@ multiformats spec, so addresses round-trip with other libp2p implementations.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import cast
 
 from lattica import iptext
 from lattica._protobuf import read_uvarint, uvarint
 from lattica.errors import InvalidPeerId, MultiaddrError
 from lattica.identity import PeerId
-from lattica.slotted import Slotted
 
 __all__ = ["Multiaddr"]
 
 
-class _Proto(Slotted):
-    __slots__ = ("name", "code", "size")
-
-    def __init__(self, name: str, code: int, size: int) -> None:
-        self.name = name
-        self.code = code
-        self.size = size  # bits; 0 = no value, -1 = length-prefixed
+@dataclass(slots=True)
+class _Proto:
+    name: str
+    code: int
+    size: int  # bits; 0 = no value, -1 = length-prefixed
 
 
 _PROTOCOLS = [
@@ -94,9 +93,12 @@ class Multiaddr:
     """An immutable, hashable multiaddr; build with ``Multiaddr("/ip4/...")``."""
 
     __slots__ = ("_parts", "_text", "_bytes")
+    _parts: tuple[tuple[str, str | None], ...]
+    _text: str
+    _bytes: bytes | None
 
     def __init__(self, text: str | Multiaddr) -> None:
-        self._bytes: bytes | None = None
+        self._bytes = None
         if isinstance(text, Multiaddr):
             self._parts, self._text, self._bytes = text._parts, text._text, text._bytes
             return
@@ -122,7 +124,7 @@ class Multiaddr:
             i += 2
         if not parts:
             raise MultiaddrError("empty multiaddr")
-        self._parts: tuple[tuple[str, str | None], ...] = tuple(parts)
+        self._parts = tuple(parts)
         self._text = "".join(f"/{n}" if v is None else f"/{n}/{v}" for n, v in parts)
 
     @classmethod
@@ -213,7 +215,7 @@ class Multiaddr:
     def peer_id(self) -> PeerId | None:
         """The final ``/p2p/<id>`` (the peer this address reaches), or None."""
         if self._parts[-1][0] == "p2p":
-            return PeerId.from_string(self._parts[-1][1])  # type: ignore[arg-type]
+            return PeerId.from_string(cast(str, self._parts[-1][1]))  # /p2p takes a value
         return None
 
     def with_peer_id(self, peer_id: PeerId) -> Multiaddr:
@@ -239,7 +241,8 @@ class Multiaddr:
         host_proto, host = self._parts[0]
         if host_proto not in ("ip4", "ip6", "dns", "dns4", "dns6"):
             raise MultiaddrError(f"{self} does not start with an IP or DNS component")
-        return host, int(self._parts[1][1])  # type: ignore[arg-type]
+        # ip4/ip6/dns* and tcp/udp all take a value
+        return cast(str, host), int(cast(str, self._parts[1][1]))
 
     @classmethod
     def from_host_port(cls, host: str, port: int, proto: str = "tcp") -> Multiaddr:

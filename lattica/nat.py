@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, cast
 
 from lattica import context
 from lattica.config import NatConfig
@@ -28,9 +28,7 @@ from lattica.logging import get_logger
 from lattica.membership import SelfDowned
 from lattica.multiaddr import Multiaddr
 from lattica.runtime.refs import autonat_ref, relay_ref
-from lattica.slotted import Slotted
 from lattica.transports.circuit import HOP, circuit_addr
-from lattica.valueclass import ValueClass
 
 if TYPE_CHECKING:
     from lattica.host.host import Host
@@ -48,7 +46,8 @@ _MIN_RESERVATION = 60.0  # s: the shortest reservation we take a relay's word fo
 INDEPENDENT, DEPENDENT = "endpoint-independent", "endpoint-dependent"
 
 
-class NatStatus(ValueClass):
+@dataclass
+class NatStatus:
     """What ``lattica.nat_status()`` returns."""
 
     reachability: str = UNKNOWN  # "public" | "private" | "unknown"
@@ -71,14 +70,12 @@ def classify_mapping(observations: list[tuple[str, str]]) -> str:
     return INDEPENDENT if len(seen) == 1 else DEPENDENT
 
 
-class _Relay(Slotted):
-    __slots__ = ("peer", "addrs", "expires", "renew")
-
-    def __init__(self, peer: PeerId, addrs: list[Multiaddr], expires: float) -> None:
-        self.peer = peer
-        self.addrs = addrs
-        self.expires = expires
-        self.renew: asyncio.TimerHandle | None = None
+@dataclass(slots=True)
+class _Relay:
+    peer: PeerId
+    addrs: list[Multiaddr]
+    expires: float
+    renew: asyncio.TimerHandle | None = field(init=False, default=None)
 
 
 class NatManager:
@@ -404,7 +401,10 @@ class NatManager:
         now = self.host.loop.time()
         out: dict[str, set[str]] = {
             "tcp": set(),
-            "quic": {ip_of(conn.remote_addr) for _, _, conn in self.observations() if conn.transport == "quic"},
+            # a QUIC connection is direct: its remote address has an IP
+            "quic": cast(
+                set[str], {ip_of(conn.remote_addr) for _, _, conn in self.observations() if conn.transport == "quic"}
+            ),
         }
         for (transport, ip), t in list(self.host.contacted.items()):
             if now - t < _CONTACT_MEMORY:
@@ -553,4 +553,4 @@ class NatManager:
         if st.mapping == UNKNOWN:
             st.mapping = self._mapping()
         st.relays = [str(a) for a in self.host.relay_addrs]
-        return NatStatus(**{k: (list(v) if isinstance(v, list) else v) for k, v in st.__dict__.items()})
+        return replace(st, observed=list(st.observed), public=list(st.public), relays=list(st.relays))

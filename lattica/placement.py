@@ -17,7 +17,7 @@ Pure functions over ``lattica.nodes()``-shaped rows; the spawning glue lives els
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lattica.errors import PlacementError
@@ -97,7 +97,7 @@ def _misfit(
 
 
 def candidates(
-    nodes: list[Mapping[str, Any]],
+    nodes: Sequence[Mapping[str, Any]],
     need: Mapping[str, float] | None = None,
     labels: Mapping[str, str] | None = None,
     strategy: str = "spread",

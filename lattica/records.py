@@ -20,6 +20,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -29,9 +30,7 @@ from lattica.errors import InvalidPeerId, LatticaError, MultiaddrError, RecordRe
 from lattica.identity import KeyPair, PeerId, verify_signature
 from lattica.kademlia import key_id
 from lattica.multiaddr import Multiaddr
-from lattica.slotted import Slotted
 from lattica.trust import Certificate, CertificateError
-from lattica.valueclass import ValueClass
 
 __all__ = [
     "StoreLimits",
@@ -64,7 +63,8 @@ _PROVIDER_COST = 96  # bytes charged for one provider record
 _OWNER = re.compile(rb"\[owner:([1-9A-HJ-NP-Za-km-z]{32,64})\]")
 
 
-class StoreLimits(ValueClass):
+@dataclass
+class StoreLimits:
     """What one node accepts to keep for others (every figure is a hard bound)."""
 
     max_key: int = 512  # bytes
@@ -178,16 +178,14 @@ def owner_of(key: bytes, subkey: bytes) -> PeerId | None:
 # -- value records --------------------------------------------------------------------------------
 
 
-class Entry(Slotted):
+@dataclass(slots=True)
+class Entry:
     """One subkey's record: the encoded value (``TOMBSTONE`` when deleted), when it expires (unix
     seconds) and, for owned records, the owner's signature."""
 
-    __slots__ = ("value", "expiration", "signature")
-
-    def __init__(self, value: bytes, expiration: float, signature: bytes = b"") -> None:
-        self.value = value
-        self.expiration = expiration
-        self.signature = signature
+    value: bytes
+    expiration: float
+    signature: bytes = b""
 
     def wins_over(self, other: Entry) -> bool:
         return (self.expiration, self.value) > (other.expiration, other.value)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from typing import Any, NamedTuple, TypeVar
 
 from lattica import codec, placement
@@ -170,7 +170,9 @@ class ActorClass:
         view = rt.placement_view()
         code = rt.services.get("code")
         shipped = code is not None and code.shipper.travels(self.cls)
-        what = placement.Spawnable(class_path(self.cls), code.shipper.admin if shipped else None, str(rt.peer_id))
+        what = placement.Spawnable(
+            class_path(self.cls), code.shipper.admin if shipped and code is not None else None, str(rt.peer_id)
+        )
         ranked = placement.candidates(
             view,
             need,
@@ -310,7 +312,7 @@ async def offer_spawn(
 
 
 async def spawn_placed(
-    rt: Runtime, call: tuple, need: dict, labels: dict, strategy: str = "spread", last: set[str] = frozenset()
+    rt: Runtime, call: tuple, need: dict, labels: dict, strategy: str = "spread", last: Set[str] = frozenset()
 ) -> ActorRef:
     """Place and spawn (on the loop): rank the view (the nodes in ``last`` only as a last resort),
     then offer down the ranking."""

@@ -178,9 +178,10 @@ class FrameSplitter:
         frames: list[bytes | memoryview] = []
         view = memoryview(data)
         if self._parts:
-            view = self._continue(view, frames)
-            if view is None:
+            rest = self._continue(view, frames)
+            if rest is None:
                 return frames
+            view = rest
         total = len(view)
         pos = 0
         while total - pos >= 4:

@@ -14,6 +14,7 @@ a ``build`` function and one line in :data:`SERVICES`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lattica.actors.autonat import AutoNatActor, AutoNatServer
@@ -30,7 +31,6 @@ from lattica.actors.spawner import Spawner
 from lattica.code.library import CodeLibrary
 from lattica.code.shipper import Shipper
 from lattica.logging import get_logger
-from lattica.slotted import Slotted
 
 if TYPE_CHECKING:
     from lattica.identity import PeerId
@@ -42,32 +42,23 @@ __all__ = ["ServiceSpec", "Built", "Services", "SERVICES"]
 log = get_logger("lattica.services")
 
 
-class Built(Slotted):
+@dataclass(slots=True)
+class Built:
     """What building a service gives: the service object (reached by name afterwards) and the
     system actor instance that serves it to peers (None for a service without one)."""
 
-    __slots__ = ("service", "actor")
-
-    def __init__(self, service: Any, actor: Any = None) -> None:
-        self.service = service
-        self.actor = actor
+    service: Any
+    actor: Any = None
 
 
-class ServiceSpec(Slotted):
+@dataclass(slots=True)
+class ServiceSpec:
     """One row of the table: ``build(runtime, node, services)`` makes the service from the node's
     configuration (``services``: the ones built before it), or returns None when it is off."""
 
-    __slots__ = ("name", "build", "public")
-
-    def __init__(
-        self,
-        name: str,
-        build: Callable[[Runtime, Node, Mapping[str, Any]], Built | None],
-        public: frozenset[str] | bool = frozenset(),
-    ) -> None:
-        self.name = name
-        self.build = build
-        self.public = public  # methods strangers may call (True: all)
+    name: str
+    build: Callable[[Runtime, Node, Mapping[str, Any]], Built | None]
+    public: frozenset[str] | bool = frozenset()  # methods strangers may call (True: all)
 
 
 def _spawner(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
@@ -154,14 +145,12 @@ def _code(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
     )
 
 
-class CodeService(Slotted):
+@dataclass(slots=True)
+class CodeService:
     """The ``code`` service: ``library`` (what this node runs for others) and ``shipper`` (what it sends)."""
 
-    __slots__ = ("library", "shipper")
-
-    def __init__(self, library: CodeLibrary, shipper: Shipper) -> None:
-        self.library = library
-        self.shipper = shipper
+    library: CodeLibrary
+    shipper: Shipper
 
     def close(self) -> None:
         self.library.close()

@@ -28,7 +28,8 @@ import asyncio
 import collections
 import os
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 from lattica import codec
 from lattica.actors.checkpoints import checkpoints_ref, members, ranked, read_copies, sign_copy
@@ -47,7 +48,6 @@ from lattica.runtime import (
     require_caller,
     spawner_ref,
 )
-from lattica.slotted import Slotted
 
 __all__ = ["Supervisor", "STRATEGIES", "RESTARTS"]
 
@@ -63,65 +63,33 @@ _COPY_WRITES = 3
 _PLACE_PATIENCE = 30.0  # seconds a restart may go unplaced (no node took it) before giving up
 
 
-class _Child(Slotted):
-    __slots__ = (
-        "id",
-        "class_path",
-        "code",
-        "methods",
-        "args",
-        "kwargs",
-        "restart",
-        "resources",
-        "labels",
-        "placement",
-        "node",
-        "checkpoint_every",
-        "ref",
-        "incarnation",
-        "monitor",
-        "state",
-        "has_state",
-        "stamp",
-        "recovered",
-        "restarts",
-        "nodes",
-    )
-
-    def __init__(
-        self,
-        id: str,
-        class_path: str,
-        args: list,
-        kwargs: dict | None,
-        restart: str,
-        resources: dict,
-        labels: dict,
-        placement: str,
-        node: PeerId | None,
-        checkpoint_every: float | None,
-    ) -> None:
-        self.id = id
-        self.class_path = class_path
-        self.code: list | None = None  # the ticket of the package its class travels in (None: installed)
-        self.methods: dict[str, str] = {}  # its method table (from its class, else from its first start)
-        self.args = args
-        self.kwargs = kwargs
-        self.restart = restart
-        self.resources = resources
-        self.labels = labels
-        self.placement = placement
-        self.node = node
-        self.checkpoint_every = checkpoint_every
-        self.ref: ActorRef | None = None  # the current incarnation (None while stopped)
-        self.incarnation: str | None = None  # its token: what the spawner stops it by (not by name alone)
-        self.monitor: Any = None
-        self.state: Any = None  # the latest checkpoint
-        self.has_state = False
-        self.stamp = 0.0  # when it was taken (wall clock: copies on other nodes compare by it)
-        self.recovered = False  # a copy of its checkpoint was looked for (once per supervisor incarnation)
-        self.restarts = 0
-        self.nodes: list[str] = []  # where each incarnation ran
+@dataclass(slots=True)
+class _Child:
+    id: str
+    class_path: str
+    # the ticket of the package its class travels in (None: installed)
+    code: list | None = field(init=False, default=None)
+    # its method table (from its class, else from its first start)
+    methods: dict[str, str] = field(init=False, default_factory=dict)
+    args: list
+    kwargs: dict | None
+    restart: str
+    resources: dict
+    labels: dict
+    placement: str
+    node: PeerId | None
+    checkpoint_every: float | None
+    ref: ActorRef | None = field(init=False, default=None)  # the current incarnation (None while stopped)
+    # its token: what the spawner stops it by (not by name alone)
+    incarnation: str | None = field(init=False, default=None)
+    monitor: Any = field(init=False, default=None)
+    state: Any = field(init=False, default=None)  # the latest checkpoint
+    has_state: bool = field(init=False, default=False)
+    stamp: float = field(init=False, default=0.0)  # when it was taken (wall clock: copies on other nodes compare by it)
+    # a copy of its checkpoint was looked for (once per supervisor incarnation)
+    recovered: bool = field(init=False, default=False)
+    restarts: int = field(init=False, default=0)
+    nodes: list[str] = field(init=False, default_factory=list)  # where each incarnation ran
 
 
 def _spec(
@@ -208,7 +176,7 @@ class Supervisor:
         self.events: list[dict] = []  # what happened, newest last (bounded)
 
     async def on_start(self) -> None:
-        self._me = current_actor()
+        self._me = cast(ActorRef, current_actor())  # on_start runs as this actor
         self._rt = runtime_for_thread()
         self._ready = asyncio.Event()
         self._busy = asyncio.Lock()
@@ -401,7 +369,12 @@ class Supervisor:
             # never takes both the child and its latest state
             apart = {str(rt.peer_id)} if child.checkpoint_every else set()
             ref = await spawn_placed(
-                rt, call, child.resources, child.labels, child.placement, last=apart | {avoid} - {None}
+                rt,
+                call,
+                child.resources,
+                child.labels,
+                child.placement,
+                last=apart | ({avoid} if avoid is not None else set()),
             )
         child.ref, child.incarnation = ref, incarnation
         child.methods = dict(ref.methods) or child.methods
@@ -452,12 +425,13 @@ class Supervisor:
             log.debug("child not stopped", child=child.id, reason=str(e))
 
     async def _checkpoints(self, child: _Child, ref: ActorRef) -> None:
+        every = cast(float, child.checkpoint_every)  # only children with checkpoint_every set run this
         while child.ref is ref and not self._ended():
-            await asyncio.sleep(child.checkpoint_every)  # type: ignore[arg-type]
+            await asyncio.sleep(every)
             if child.ref is not ref:
                 return
             try:
-                child.state = await self._rt.call(ref, "checkpoint", (), {}, timeout=max(5.0, child.checkpoint_every))  # type: ignore[arg-type]
+                child.state = await self._rt.call(ref, "checkpoint", (), {}, timeout=max(5.0, every))
                 child.has_state = True
                 child.stamp = time.time()
             except LatticaError as e:

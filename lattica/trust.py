@@ -17,11 +17,11 @@ import os
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from lattica.errors import CertificateError, KeyFileError, LatticaError
 from lattica.identity import KeyPair, PeerId, b58encode, verify_signature
-from lattica.valueclass import ValueClass
 
 __all__ = [
     "SELF",
@@ -59,7 +59,8 @@ def mesh_name(public: bytes) -> str:
     return "mesh-" + b58encode(public)[:10]
 
 
-class Certificate(ValueClass, frozen=True):
+@dataclass(frozen=True)
+class Certificate:
     """The admission key of ``mesh`` says ``peer`` is a member until ``expires`` (unix seconds);
     ``admin``: also an administrator, who may stop or rewire any member's actors (a key holder's
     own certificate is one; an invitation is not, unless issued with ``admin=True``)."""
@@ -395,7 +396,7 @@ def load_trust(me: PeerId, mesh: Any = None, members: Iterable[PeerId | str] = (
     open_ = False
     for item in items:
         cred = read_credential(item)
-        if cred == OPEN:
+        if isinstance(cred, str):  # the only text read_credential returns is OPEN
             open_ = True
         elif isinstance(cred, MeshKey):
             meshes.append(cred.public)

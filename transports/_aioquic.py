@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ssl
 from bisect import bisect_right
+from typing import TYPE_CHECKING, cast
 
 import aioquic
 from aioquic import tls
@@ -60,6 +61,12 @@ from aioquic.quic.packet import (
 from aioquic.quic.packet_builder import QuicDeliveryState
 from aioquic.quic.recovery import QuicPacketPacer
 from aioquic.quic.stream import QuicStreamSender
+
+if TYPE_CHECKING:  # (private classes: at run time only check_compat imports them)
+    from aioquic._crypto import AEAD, HeaderProtection
+    from aioquic.quic.packet_builder import QuicPacketBuilder
+    from aioquic.quic.recovery import QuicPacketSpace
+    from aioquic.quic.stream import QuicStream
 
 # Documented aioquic API used here: QuicConnection, QuicConfiguration, events, pull_quic_header.
 # Internal modules and names (all checked against aioquic 1.7.2):
@@ -126,12 +133,13 @@ class _LeanCryptoContext(CryptoContext):
     """
 
     def encrypt_packet(self, plain_header: bytes, plain_payload: bytes, packet_number: int) -> bytes:
-        assert self.is_valid(), "Encryption key is not available"
-        protected = self.aead.encrypt(plain_payload, plain_header, packet_number)
+        aead, hp = self.aead, self.hp
+        assert aead is not None and hp is not None, "Encryption key is not available"  # (set and cleared together)
+        protected = aead.encrypt(plain_payload, plain_header, packet_number)
         pn_length = (plain_header[0] & 0x03) + 1
         pn_offset = len(plain_header) - pn_length
         sample_at = 4 - pn_length  # the sample starts 4 bytes after the packet number's start
-        mask = self.hp._mask(protected[sample_at : sample_at + 16])
+        mask = hp._mask(protected[sample_at : sample_at + 16])
         header = bytearray(plain_header)
         header[0] ^= mask[0] & (0x0F if header[0] & 0x80 else 0x1F)
         for i in range(pn_length):
@@ -146,7 +154,7 @@ class _LeanCryptoContext(CryptoContext):
         sample_at = encrypted_offset + 4
         if sample_at + 16 > len(packet):
             raise CryptoError("Packet is too short to sample")
-        mask = self.hp._mask(packet[sample_at : sample_at + 16])
+        mask = cast("HeaderProtection", self.hp)._mask(packet[sample_at : sample_at + 16])  # (set with aead)
         header = bytearray(packet[:sample_at])
         first = header[0] = header[0] ^ (mask[0] & (0x0F if header[0] & 0x80 else 0x1F))
         pn_length = (first & 0x03) + 1
@@ -156,10 +164,12 @@ class _LeanCryptoContext(CryptoContext):
             truncated = (truncated << 8) | b
         plain_header = bytes(header[: encrypted_offset + pn_length])
         packet_number = decode_packet_number(truncated, pn_length * 8, expected_packet_number)
-        crypto = self
+        crypto: CryptoContext = self
         if not first & 0x80 and ((first & 4) >> 2) != self.key_phase:
             crypto = next_key_phase(self)  # (aioquic's key update, unchanged)
-        payload = crypto.aead.decrypt(memoryview(packet)[len(plain_header) :], plain_header, packet_number)
+        aead = cast("AEAD", crypto.aead)  # (ours checked above; a next key phase's is set up)
+        # (aioquic's C AEAD reads any buffer; its stub says bytes)
+        payload = aead.decrypt(memoryview(packet)[len(plain_header) :], plain_header, packet_number)  # type: ignore[arg-type]
         return plain_header, payload, packet_number, crypto is not self
 
 
@@ -222,7 +232,8 @@ class _ChunkedSender(QuicStreamSender):
         if stop - starts[i] <= len(chunk):
             if type(chunk) is bytearray:  # (a shared tail of small writes: aioquic wants bytes)
                 return bytes(memoryview(chunk)[off : stop - starts[i]])
-            return chunk if off == 0 and stop - start == len(chunk) else chunk[off : stop - starts[i]]
+            whole = cast(bytes, chunk)  # (not the tail: a write kept as it came)
+            return whole if off == 0 and stop - start == len(whole) else whole[off : stop - starts[i]]
         parts = [chunk[off:]]
         i += 1
         while starts[i] + len(chunks[i]) < stop:
@@ -240,6 +251,7 @@ class _ChunkedSender(QuicStreamSender):
         except IndexError:
             if self._pending_eof:
                 self._pending_eof = False
+                assert self._buffer_fin is not None  # (a pending FIN has its offset)
                 return QuicStreamFrame(fin=True, offset=self._buffer_fin)
             self.buffer_is_empty = True
             return None
@@ -292,7 +304,7 @@ class _PinnedLimit(Limit):
     def __init__(self, like: Limit, value: int) -> None:
         super().__init__(like.frame_type, like.name, value)
 
-    @property  # type: ignore[override]
+    @property
     def value(self) -> int:
         return self.sent
 
@@ -405,15 +417,18 @@ class LatticaQuicConnection(QuicConnection):
 
     # -- STREAM frames longer than 16 KiB ----------------------------------------------------
 
-    def _write_stream_frame(self, builder, space, stream, max_offset):  # type: ignore[no-untyped-def]
+    def _write_stream_frame(
+        self, builder: QuicPacketBuilder, space: QuicPacketSpace, stream: QuicStream, max_offset: int
+    ) -> int:
         # PRIVATE override (aioquic 1.7.2 QuicConnection._write_stream_frame): aioquic writes a
         # STREAM frame's length as a 2-byte varint, so one frame carries < 16 KiB and a datagram
         # holds one frame per stream. Where the path takes bigger datagrams (loopback: 64 KiB)
         # the length is written as a 4-byte varint instead; frames that fit keep the 2-byte form.
         # Otherwise identical to aioquic's (same flow-control bound and delivery handler).
         sender = stream.sender
+        stream_id = cast(int, stream.stream_id)  # (a stream that has frames to send has its id)
         offset_size = size_uint_var(sender.next_offset) if sender.next_offset else 0
-        room = builder.remaining_flight_space - 1 - size_uint_var(stream.stream_id) - offset_size
+        room = builder.remaining_flight_space - 1 - size_uint_var(stream_id) - offset_size
         length_size = 4 if room - 2 > 16383 else 2  # (a frame that could reach 16 KiB needs 4)
         previous_send_highest = sender.highest_offset
         frame = sender.get_frame(room - length_size, max_offset)
@@ -427,11 +442,11 @@ class LatticaQuicConnection(QuicConnection):
         data = frame.data
         buf = builder.start_frame(
             frame_type,
-            capacity=1 + size_uint_var(stream.stream_id) + offset_size + length_size,
+            capacity=1 + size_uint_var(stream_id) + offset_size + length_size,
             handler=sender.on_data_delivery,
             handler_args=(frame.offset, frame.offset + len(data), frame.fin),
         )
-        buf.push_uint_var(stream.stream_id)
+        buf.push_uint_var(stream_id)
         if frame.offset:
             buf.push_uint_var(frame.offset)
         if len(data) < 16384:
@@ -443,13 +458,14 @@ class LatticaQuicConnection(QuicConnection):
 
     # -- receive credit follows application reads ------------------------------------------
 
-    def _write_stream_limits(self, builder, space, stream) -> None:  # type: ignore[no-untyped-def]
+    def _write_stream_limits(self, builder: QuicPacketBuilder, space: QuicPacketSpace, stream: QuicStream) -> None:
         # PRIVATE override (aioquic 1.7.2 QuicConnection._write_stream_limits): aioquic doubles
         # stream.max_stream_data_local whenever the peer has sent past half of it, regardless of
         # what the application consumed — unbounded memory if the app stops reading. We advertise
         # exactly what transports/quic/ asked for (bytes read + window) and otherwise keep the
         # frame encoding and delivery handler of aioquic's own implementation.
-        target = self.rx_stream_limit.get(stream.stream_id)
+        stream_id = cast(int, stream.stream_id)  # (aioquic asks only about streams that have their ids)
+        target = self.rx_stream_limit.get(stream_id)
         if target is not None and target > stream.max_stream_data_local:
             stream.max_stream_data_local = target
         if stream.max_stream_data_local and stream.max_stream_data_local_sent != stream.max_stream_data_local:
@@ -459,11 +475,11 @@ class LatticaQuicConnection(QuicConnection):
                 handler=self._on_max_stream_data_delivery,
                 handler_args=(stream,),
             )
-            buf.push_uint_var(stream.stream_id)
+            buf.push_uint_var(stream_id)
             buf.push_uint_var(stream.max_stream_data_local)
             stream.max_stream_data_local_sent = stream.max_stream_data_local
 
-    def _write_connection_limits(self, builder, space) -> None:  # type: ignore[no-untyped-def]
+    def _write_connection_limits(self, builder: QuicPacketBuilder, space: QuicPacketSpace) -> None:
         # PRIVATE override (aioquic 1.7.2 QuicConnection._write_connection_limits): same reason
         # as above for MAX_DATA. Credit = bytes received and no longer held, neither unread by
         # the app nor kept by aioquic out of order (``used`` counts every byte up to each

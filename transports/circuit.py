@@ -271,7 +271,7 @@ class CircuitTransport(Transport):
         splice = splice_addr is not None
         try:
             async with asyncio.timeout(self.handshake_timeout):
-                request = {"type": "connect", "peer": target.to_bytes()}
+                request: dict[str, Any] = {"type": "connect", "peer": target.to_bytes()}
                 if splice:
                     request["splice"] = True
                 write_message(stream, request)

@@ -13,10 +13,9 @@ Feed received plaintext to :meth:`Mux.receive_data`, which returns events; call 
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 from lattica.errors import ConnectionClosed, ProtocolError, StreamClosed, StreamLimit, StreamReset
-from lattica.slotted import Slotted
-from lattica.valueclass import ValueClass
 
 __all__ = [
     "Mux",
@@ -43,7 +42,8 @@ MAX_OPENS_AFTER_GOAWAY = 64  # SYNs after the peer's own GOAWAY refused before i
 _TUNE_MIN_RTT = 0.001  # s: below this, ``window`` already covers gigabytes per second: no tuning
 
 
-class MuxConfig(ValueClass, frozen=True):
+@dataclass(frozen=True)
+class MuxConfig:
     max_streams: int = 256  # open streams per direction: the peer's opens cannot starve ours
     window: int = 4 * 1024 * 1024  # per-stream receive window we grant at first (>= 256 KiB)
     # A stream whose peer sends a whole window per round trip is held back by it: its window
@@ -60,68 +60,52 @@ class MuxConfig(ValueClass, frozen=True):
 # -- events -----------------------------------------------------------------------------------
 
 
-class StreamOpened(Slotted):
-    __slots__ = ("stream_id",)
-
-    def __init__(self, stream_id: int) -> None:
-        self.stream_id = stream_id
+@dataclass(slots=True)
+class StreamOpened:
+    stream_id: int
 
 
-class DataReceived(Slotted):
-    __slots__ = ("stream_id", "data")
-
-    def __init__(self, stream_id: int, data: bytes) -> None:
-        self.stream_id = stream_id
-        self.data = data
+@dataclass(slots=True)
+class DataReceived:
+    stream_id: int
+    data: bytes
 
 
-class StreamEnded(Slotted):
+@dataclass(slots=True)
+class StreamEnded:
     """The peer half-closed the stream (FIN): no more data will arrive."""
 
-    __slots__ = ("stream_id",)
-
-    def __init__(self, stream_id: int) -> None:
-        self.stream_id = stream_id
+    stream_id: int
 
 
-class StreamWasReset(Slotted):
-    __slots__ = ("stream_id",)
-
-    def __init__(self, stream_id: int) -> None:
-        self.stream_id = stream_id
+@dataclass(slots=True)
+class StreamWasReset:
+    stream_id: int
 
 
-class WindowUpdated(Slotted):
+@dataclass(slots=True)
+class WindowUpdated:
     """The peer granted credit (or acknowledged our SYN); queued data may now be sent."""
 
-    __slots__ = ("stream_id",)
-
-    def __init__(self, stream_id: int) -> None:
-        self.stream_id = stream_id
+    stream_id: int
 
 
-class StreamRefused(Slotted):
+@dataclass(slots=True)
+class StreamRefused:
     """An inbound stream was refused (over the stream limit or the buffer budget) and reset."""
 
-    __slots__ = ("stream_id", "reason")
-
-    def __init__(self, stream_id: int, reason: str) -> None:
-        self.stream_id = stream_id
-        self.reason = reason
+    stream_id: int
+    reason: str
 
 
-class PongReceived(Slotted):
-    __slots__ = ("opaque",)
-
-    def __init__(self, opaque: int) -> None:
-        self.opaque = opaque
+@dataclass(slots=True)
+class PongReceived:
+    opaque: int
 
 
-class GoAwayReceived(Slotted):
-    __slots__ = ("code",)
-
-    def __init__(self, code: int) -> None:
-        self.code = code
+@dataclass(slots=True)
+class GoAwayReceived:
+    code: int
 
 
 class _StreamState:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable, Iterator
+from typing import overload
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -393,6 +394,14 @@ class NoiseSession:
     def seal(self, data: bytes | bytearray | memoryview) -> bytearray:
         """Encrypt ``data`` (any length) into one buffer of consecutive frames, ready to write."""
         return self.seal_pieces([data])
+
+    @overload
+    def seal_pieces(self, pieces: list, into: None = None, limit: int = MAX_PLAINTEXT) -> bytearray: ...
+
+    @overload
+    def seal_pieces(
+        self, pieces: list, into: bytearray | None = None, limit: int = MAX_PLAINTEXT
+    ) -> bytearray | memoryview: ...
 
     def seal_pieces(
         self, pieces: list, into: bytearray | None = None, limit: int = MAX_PLAINTEXT

@@ -12,7 +12,7 @@ import errno
 import os
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from lattica.errors import ConnectionRefused, HandshakeError, LatticaError, PeerIdMismatch, Timeout, TransportError
 from lattica.identity import KeyPair, PeerId
@@ -81,7 +81,8 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         self._silence: asyncio.TimerHandle | None = None  # inbound: no whole handshake message yet
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        transport = cast(asyncio.Transport, transport)  # (a TCP socket's: a read-write transport)
+        self._transport = transport
         if self._inbound:
             owner = self._owner
             peer = transport.get_extra_info("peername")
@@ -122,14 +123,14 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         self._timer = asyncio.get_running_loop().call_later(self._owner.handshake_timeout, self._handshake_timed_out)
         out = self._preamble + self._hs.start()
         if out:
-            transport.write(out)  # type: ignore[attr-defined]
+            transport.write(out)
 
     @property
     def silent(self) -> bool:
         """Inbound, and no whole handshake message has come yet."""
         return self._silence is not None
 
-    def _early_data(self) -> bytes:
+    def _early_data(self) -> bytes | None:
         tr, make = self._transport, self._owner.early_data
         assert tr is not None and make is not None
         return make(self._remote_addr or Multiaddr.from_sockaddr(tr.get_extra_info("peername")))
@@ -237,7 +238,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
             if hs.leftover:
                 self.conn.data_received(hs.leftover)
 
-    def _preamble_check(self, data: memoryview) -> bytes | memoryview | None:
+    def _preamble_check(self, data: memoryview) -> bytearray | None:
         """The first bytes of an accepted socket: a Noise handshake (returned, to go on with) or a
         splice request, handed to the relay (None)."""
         pre = self._pre
@@ -259,10 +260,11 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         self._timer.cancel()  # type: ignore[union-attr]
         self.ready.cancel()
         tr, self._transport = self._transport, None
+        assert tr is not None  # (bytes come after connection_made)
         token = bytes(pre[len(PREAMBLE_MAGIC) : PREAMBLE_LEN])
         if not handler(token, tr, bytes(pre[PREAMBLE_LEN:])):
-            log.info("refusing spliced socket: unknown or expired token", peer_addr=str(tr.get_extra_info("peername")))  # type: ignore[union-attr]
-            tr.abort()  # type: ignore[union-attr]
+            log.info("refusing spliced socket: unknown or expired token", peer_addr=str(tr.get_extra_info("peername")))
+            tr.abort()
         return None
 
     def eof_received(self) -> bool:
@@ -307,7 +309,7 @@ def _refuse_if_taken(addr: Multiaddr, host: str, port: int) -> None:
 
 
 class _TcpListener(Listener):
-    def __init__(self, server: asyncio.AbstractServer) -> None:
+    def __init__(self, server: asyncio.Server) -> None:
         self._server = server
         self.addrs = [Multiaddr.from_sockaddr(s.getsockname()) for s in server.sockets]
 

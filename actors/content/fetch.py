@@ -7,7 +7,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from lattica.actors.content.jobs import check_and_store, held_bytes
 from lattica.actors.content.wire import (
@@ -133,12 +133,13 @@ class Fetch:
                 break
             now = loop.time()
             requests = self.session.next_requests(now)
+            # (the session hands back the PeerIds and Cids we gave it, typed as any hashable)
             for peer, cids in self.session.take_abandoned():  # (before the new calls replace them in _calls_for)
-                self._abandon(peer, cids)
+                self._abandon(cast(PeerId, peer), cids)
             for req in requests:
                 self._spawn(self._ask(req))
             for peer in self.session.take_dropped():
-                self._bench(peer)
+                self._bench(cast(PeerId, peer))
             if now >= next_haves and (self._new_haves or self._new_coming):
                 next_haves = now + HAVES_EVERY
                 self._announce_haves()
@@ -470,49 +471,51 @@ class Fetch:
         loop = asyncio.get_running_loop()
         session = self.session
         method = "blocks" if req.kind == BLOCK else "have"
+        peer, cids = _typed(req)
         call = None
         try:
             timeout = max(req.hard_deadline - loop.time(), 0.1)
-            call = self.svc.rt.call(content_ref(req.peer), method, ([c.bytes for c in req.cids],), {}, timeout=timeout)
-            self._peer_calls.setdefault(req.peer, set()).add(call)
+            call = self.svc.rt.call(content_ref(peer), method, ([c.bytes for c in cids],), {}, timeout=timeout)
+            self._peer_calls.setdefault(peer, set()).add(call)
             if req.kind == BLOCK:
                 self._track(call, req)
                 # a claim only for blocks the peer holds: a provider's, or those a fellow said it has
-                fellow = req.peer in self._fellows
-                self._new_coming.extend(c for c in req.cids if not fellow or session.holds(req.peer, c))
+                fellow = peer in self._fellows
+                self._new_coming.extend(c for c in cids if not fellow or session.holds(peer, c))
             try:
                 got = await call
             finally:
-                calls = self._peer_calls.get(req.peer)
+                calls = self._peer_calls.get(peer)
                 if calls is not None:
                     calls.discard(call)
                     if not calls:
-                        del self._peer_calls[req.peer]
+                        del self._peer_calls[peer]
                 if req.kind == BLOCK:
                     self._untrack(call, req)
-            if type(got) is not list or len(got) > len(req.cids):
-                raise ContentError(f"{req.peer} answered {method} with something else than a list per CID")
+            if type(got) is not list or len(got) > len(cids):
+                raise ContentError(f"{peer} answered {method} with something else than a list per CID")
         except (TimeoutError, LatticaError) as e:
-            session.on_failure(req.peer, req.cids, loop.time(), str(e) or "timeout")
+            session.on_failure(peer, cids, loop.time(), str(e) or "timeout")
             self._wake.set()
             return
         except asyncio.CancelledError:
-            if call is None or not call.cancelled() or asyncio.current_task().cancelling():
+            # (_ask runs as a task of its own: _spawn)
+            if call is None or not call.cancelled() or cast(asyncio.Task, asyncio.current_task()).cancelling():
                 raise  # (the fetch is ending)
             if call in self._given_up:
                 self._given_up.discard(call)
                 return  # (the session gave it up itself: its blocks may be asked again already)
-            session.on_failure(req.peer, req.cids, loop.time(), "cancelled")  # every block of it came from elsewhere
+            session.on_failure(peer, cids, loop.time(), "cancelled")  # every block of it came from elsewhere
             self._wake.set()
             return
         now = loop.time()
-        rest = req.cids[len(got) :]
+        rest = cids[len(got) :]
         if req.kind != BLOCK:
-            for cid, has in zip(req.cids, got):
-                (session.on_have if has is True else session.on_dont_have)(req.peer, cid, now)
+            for cid, has in zip(cids, got):
+                (session.on_have if has is True else session.on_dont_have)(peer, cid, now)
         else:
             pairs, passed, missing = [], [], []  # every CID answered ends in exactly one of them
-            for cid, b in zip(req.cids, got):
+            for cid, b in zip(cids, got):
                 if isinstance(b, (bytes, bytearray, memoryview)):
                     pairs.append((cid, b))
                 elif type(b) is list and len(b) == 1 and type(b[0]) is bytes and len(b[0]) <= 64:
@@ -524,7 +527,7 @@ class Fetch:
                     holder: PeerId | None = PeerId.from_bytes(who)
                 except (LatticaError, ValueError, TypeError):
                     holder = None
-                session.on_passed(req.peer, cid, holder, loop.time())
+                session.on_passed(peer, cid, holder, loop.time())
             checked = (
                 await self.svc.on_disk(sum(len(b) for _, b in pairs), check_and_store, self.svc.store, pairs)
                 if pairs
@@ -535,28 +538,29 @@ class Fetch:
                 if ok is not True:
                     if isinstance(ok, BaseException):  # our disk, not the peer: the fetch cannot go on
                         self._failure = ok
-                        session.on_failure(req.peer, (cid,), now, str(ok))
+                        session.on_failure(peer, (cid,), now, str(ok))
                         continue
-                    log.info("a peer sent a block that does not match its CID", peer=str(req.peer), cid=str(cid))
-                    session.on_bad_block(req.peer, cid, now)
+                    log.info("a peer sent a block that does not match its CID", peer=str(peer), cid=str(cid))
+                    session.on_bad_block(peer, cid, now)
                     continue
-                arrival = session.on_block(req.peer, cid, len(block), now)
+                arrival = session.on_block(peer, cid, len(block), now)
                 for other in arrival.cancel:
-                    self._redundant(other, cid)
+                    self._redundant(cast(PeerId, other), cid)
                 if arrival.fresh:
                     if cid.codec == RAW and len(block) > self._leaf:
                         self._leaf = len(block)
                     try:
-                        self._took(self.walker.add(cid, block, verified=True))
+                        # unixfs's Block leaves out bytearray, which Walker reads just the same
+                        self._took(self.walker.add(cid, cast("bytes | memoryview", block), verified=True))
                     except BadBlock as e:  # the DAG itself is malformed: nothing to fetch elsewhere
                         self._failure = e
                     self._stored_bytes += len(block)
                     self._new_haves.append(cid)
                     session.on_written(cid)
             for cid in missing:
-                session.on_dont_have(req.peer, cid, now)
+                session.on_dont_have(peer, cid, now)
         if rest:
-            session.on_failure(req.peer, rest, now, "not sent (answer cut short)")
+            session.on_failure(peer, rest, now, "not sent (answer cut short)")
         self._wake.set()
 
     # Bitswap's CANCEL: a want-block whose every block arrived from another peer is cancelled
@@ -564,16 +568,18 @@ class Fetch:
     # is never served)
 
     def _track(self, call: Any, req: Request) -> None:
-        self._call_left[call] = set(req.cids)
-        for cid in req.cids:
-            self._calls_for.setdefault(cid, {})[req.peer] = call
+        peer, cids = _typed(req)
+        self._call_left[call] = set(cids)
+        for cid in cids:
+            self._calls_for.setdefault(cid, {})[peer] = call
 
     def _untrack(self, call: Any, req: Request) -> None:
+        peer, cids = _typed(req)
         self._call_left.pop(call, None)
-        for cid in req.cids:
+        for cid in cids:
             calls = self._calls_for.get(cid)
-            if calls is not None and calls.get(req.peer) is call:
-                del calls[req.peer]
+            if calls is not None and calls.get(peer) is call:
+                del calls[peer]
                 if not calls:
                     del self._calls_for[cid]
 
@@ -586,7 +592,9 @@ class Fetch:
 
     def _redundant(self, peer: PeerId, cid: Cid) -> None:
         call = self._calls_for.get(cid, {}).get(peer)
-        left = self._call_left.get(call) if call is not None else None
+        if call is None:
+            return
+        left = self._call_left.get(call)
         if left is None:
             return
         left.discard(cid)
@@ -624,6 +632,11 @@ class Fetch:
                 cb(info)
             except Exception:
                 log.exception("progress callback failed")
+
+
+def _typed(req: Request) -> tuple[PeerId, tuple[Cid, ...]]:
+    """``req``'s peer and CIDs: the PeerId and Cids we gave the session (it types them as any hashable)."""
+    return cast(PeerId, req.peer), cast("tuple[Cid, ...]", req.cids)
 
 
 def _remember(table: dict, key: Any, value: Any) -> None:

@@ -22,8 +22,8 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import pycrdt
 
@@ -376,7 +376,7 @@ class Replica:
             if peer != via and any(known.get(e.chain, 0) < e.seq for e in applied):
                 self.sync_soon(peer)
 
-    def heard(self, peer: PeerId, summary: dict, envs: list[Envelope] = ()) -> None:
+    def heard(self, peer: PeerId, summary: dict, envs: Sequence[Envelope] = ()) -> None:
         """``peer`` holds ``summary``, and ``envs`` besides."""
         known = self._known[peer] = dict(summary)
         for e in envs:
@@ -431,7 +431,8 @@ class Replica:
             except Exception:
                 log.exception("crdt observer failed", doc=self.name)
         for sub in self._changes:
-            sub._push(change, len(change.update))
+            # a Subscription queues whatever it is given (typed for pubsub's Message): here crdt Changes
+            sub._push(cast(Any, change), len(change.update))
 
     async def _tell(self, peer: PeerId, envs: list[Envelope]) -> None:
         try:
@@ -470,7 +471,7 @@ class Replica:
                 self.svc.store.remember(self.doc, self.name, self.owner, self.nonce, clean=False).add_done_callback(
                     _logged_failure
                 )
-        ydoc = pycrdt.Doc(client_id=self.client, allow_multithreading=True)
+        ydoc: pycrdt.Doc = pycrdt.Doc(client_id=self.client, allow_multithreading=True)
         # the checkpoints' states first (the replay starts from them), then the log after them
         for update in self._states() + [e.body for e in out.applied if e.kind != ACL]:
             try:

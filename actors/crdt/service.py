@@ -38,7 +38,7 @@ class CrdtService:
         self.host = runtime.host
         self.cfg = config or CrdtConfig()
         self.docs: dict[bytes, Replica] = {}
-        self._opening: dict[bytes, asyncio.Future] = {}
+        self._opening: dict[bytes, asyncio.Future[Replica]] = {}
         self.store: Store | None = None
         self._store_ready: asyncio.Future | None = None
         self._private_dir: str | None = None

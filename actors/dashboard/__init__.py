@@ -36,7 +36,9 @@ class DashboardService:
             from lattica.actors.dashboard.mesh import MeshWatch
 
             cfg = self.cfg
-            kw = {"every": cfg.every, "timeout": cfg.report_timeout, "max_nodes": cfg.max_nodes} if cfg else {}
+            kw: dict[str, Any] = (
+                {"every": cfg.every, "timeout": cfg.report_timeout, "max_nodes": cfg.max_nodes} if cfg else {}
+            )
             self._watch = MeshWatch(self.rt, report=self.report, **kw)
         return self._watch
 

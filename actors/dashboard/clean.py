@@ -4,6 +4,7 @@ printed in a terminal, and must not be able to break, flood or inject into any o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from lattica.actors.dashboard.report import MAX_ACTORS, MAX_CHILDREN, MAX_ENDED, MAX_OUTPUT, MAX_PEERS
@@ -154,7 +155,8 @@ def clean_report(rep: Any) -> dict[str, Any] | None:
     if type(rep) is not dict:
         return None
     sups = []
-    for s in rep.get("supervisors")[:_SUPERVISORS] if type(rep.get("supervisors")) is list else []:
+    supervisors = rep.get("supervisors")
+    for s in supervisors[:_SUPERVISORS] if type(supervisors) is list else []:
         if type(s) is dict:
             sups.append(
                 {
@@ -270,21 +272,19 @@ def clean_detail(v: Any) -> dict[str, Any] | None:
     fit to show; None when it is not one."""
     if type(v) is not dict:
         return None
-    out = {
-        k: f(v.get(k))
-        for k, f in {
-            "name": text,
-            "class": text,
-            "state": text,
-            "reason": text,
-            "calls": number,
-            "errors": number,
-            "started": number,
-            "ended": number,
-            "dropped": number,
-            "system": _flag,
-        }.items()
+    fields: dict[str, Callable[[Any], Any]] = {
+        "name": text,
+        "class": text,
+        "state": text,
+        "reason": text,
+        "calls": number,
+        "errors": number,
+        "started": number,
+        "ended": number,
+        "dropped": number,
+        "system": _flag,
     }
+    out = {k: f(v.get(k)) for k, f in fields.items()}
     failure = v.get("failure")
     out["failure"] = [_multiline(MAX_ERROR_TEXT)(x) for x in failure[:3]] if type(failure) is list else None
     out["recent_errors"] = _rows(v.get("recent_errors"), MAX_RECENT_ERRORS, _ERROR)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
-
-from lattica.valueclass import ValueClass
 
 __all__ = ["DashboardConfig", "dashboard_config", "is_loopback"]
 
 
-class DashboardConfig(ValueClass):
+@dataclass
+class DashboardConfig:
     """Where the dashboard listens and what it allows. A bind address that is not loopback needs
     an access token (``token``; generated at start when None, and printed); on loopback none is
     needed unless one is given. Pictures of the mesh are taken every ``every`` seconds while a

@@ -136,7 +136,9 @@ class DashboardServer:
 
     def _connection(self) -> asyncio.Protocol:
         """A new connection: aiohttp's handler, or closed at once beyond MAX_CONNECTIONS."""
-        server = self._runner.server  # type: ignore[union-attr]
+        # (asked only while our listener is open: after the runner's setup, before its cleanup)
+        assert self._runner is not None and self._runner.server is not None
+        server = self._runner.server
         live = set(server.connections)
         now = time.monotonic()
         for h, t in list(self._fresh.items()):  # made, not yet registered (accepts come in batches)
@@ -153,7 +155,8 @@ class DashboardServer:
         a byte at a time, or none, holds a socket for at most that long."""
         while True:
             await asyncio.sleep(1.0)
-            live = set(self._runner.server.connections) if self._runner is not None else set()
+            server = self._runner.server if self._runner is not None else None
+            live = set(server.connections) if server is not None else set()
             now = time.monotonic()
             for conn, since in list(self._born.items()):
                 if conn not in live and now - since > 1.0:

@@ -244,7 +244,7 @@ class MeshWatch:
                 self._unsupervised.pop(next(iter(self._unsupervised)))
         for sup in rep.get("supervisors", ()):
             for c in sup.get("children", ()):
-                key = ("restarts", pid, sup.get("name"), c.get("id"))
+                key: tuple[Any, ...] = ("restarts", pid, sup.get("name"), c.get("id"))
                 seen[key] = c.get("restarts") or 0
                 old = self._last_seen.get(key)
                 if old is not None and seen[key] > old:

@@ -8,7 +8,7 @@ import asyncio
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from lattica.actors.dashboard.usage import Usage
@@ -115,7 +115,7 @@ def _peers(host: Any) -> list[dict[str, Any]]:
 
 
 async def _actors(rt: Runtime) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    from lattica.remote import class_path  # (with the supervisor, above)
+    from lattica.remote import ActorClass, class_path  # (with the supervisor, above)
     from lattica.supervisor import Supervisor  # (not at start: a node that runs no supervisor never loads it)
 
     spawner = rt.services.get("spawner")
@@ -142,7 +142,8 @@ async def _actors(rt: Runtime) -> tuple[list[dict[str, Any]], list[dict[str, Any
                 "job": str(job) if job is not None else None,
             }
         )
-        if isinstance(a.instance, Supervisor.cls) and a.state == "running":
+        # (``@actor`` made Supervisor an ActorClass: mypy does not apply class decorators)
+        if isinstance(a.instance, cast(ActorClass, Supervisor).cls) and a.state == "running":
             trees.append(await _tree(name, a.instance))
     return rows, trees
 

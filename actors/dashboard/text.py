@@ -45,7 +45,9 @@ def render(pic: Any) -> str:
         "",
     ]
 
-    rows = [("NODE", "STATE", "REACHABILITY", "ACTORS", "SYSTEM", "CPU", "MEMORY", "GPUS", "LOAD", "LABELS")]
+    rows: list[tuple[str, ...]] = [
+        ("NODE", "STATE", "REACHABILITY", "ACTORS", "SYSTEM", "CPU", "MEMORY", "GPUS", "LOAD", "LABELS")
+    ]
     for n, r in zip(nodes, reports):
         load = n.get("load")
         system = sum(1 for a in r.get("actors", ()) if a.get("system")) if r else 0

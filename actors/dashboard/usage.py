@@ -62,8 +62,8 @@ class ActorCounters:
 
     def __init__(self, actor: LocalActor, born: int) -> None:
         self.actor = actor
-        self.calls = actor.calls
-        self.errors = actor.errors
+        self.calls: int = actor.calls
+        self.errors: int = actor.errors
         self.cpu = _thread_cpu(actor.thread_id)
         self.memory: float | None = None  # the last estimate of what it holds (an open panel asks for one)
         self.ring = _Ring(len(ACTOR_FIELDS), born)

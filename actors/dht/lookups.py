@@ -8,6 +8,7 @@ import collections
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lattica.actors.dht.actor import MAX_ADDRS_IN_ANSWER, MAX_PEERS_IN_ANSWER
@@ -27,7 +28,6 @@ from lattica.identity import PeerId
 from lattica.kademlia import Lookup, key_id, node_id
 from lattica.multiaddr import Multiaddr
 from lattica.records import Entry, PeerRecord, check_entry, entry_from_wire, entry_to_wire, is_authentic, owner_of
-from lattica.slotted import Slotted
 
 if TYPE_CHECKING:
     from lattica.runtime import Runtime
@@ -43,41 +43,33 @@ PEER_RECORD_GRACE = 0.05  # s the other requests in flight get once a newer peer
 _NOT_THE_PEERS_FAULT = (RecordRejected, ConnectionLimit, NodeClosed, MailboxFull)
 
 
-class LookupStats(Slotted):
-    __slots__ = ("kind", "rounds", "queried", "found_round")
-
-    def __init__(self, kind: str, rounds: int, queried: int, found_round: int = 0) -> None:
-        self.kind = kind
-        self.rounds = rounds
-        self.queried = queried
-        self.found_round = found_round  # get / find_providers: the round in which the first holder answered
+@dataclass(slots=True)
+class LookupStats:
+    kind: str
+    rounds: int
+    queried: int
+    found_round: int = 0  # get / find_providers: the round in which the first holder answered
 
 
-class _Wakeup(Slotted):
+@dataclass(slots=True)
+class _Wakeup:
     """The future a running lookup sleeps on until an answer (or its deadline) wakes it."""
 
-    __slots__ = ("fut",)
-
-    def __init__(self) -> None:
-        self.fut: asyncio.Future | None = None
+    fut: asyncio.Future | None = None
 
 
-class _FirstHolder(Slotted):
+@dataclass(slots=True)
+class _FirstHolder:
     """The round in which the first peer holding records answered a get (0: none yet)."""
 
-    __slots__ = ("round",)
-
-    def __init__(self) -> None:
-        self.round = 0
+    round: int = 0
 
 
-class _NewestPeerRecord(Slotted):
+@dataclass(slots=True)
+class _NewestPeerRecord:
     """The newest signed peer record a find_peer has seen."""
 
-    __slots__ = ("record",)
-
-    def __init__(self, record: PeerRecord | None) -> None:
-        self.record = record
+    record: PeerRecord | None
 
 
 class DhtLookups(DhtState):
@@ -186,14 +178,14 @@ class DhtLookups(DhtState):
                         if p == skip:
                             lk.failed(p)
                             continue
-                        self.reachable(p, hints)  # type: ignore[arg-type]
+                        self.reachable(p, hints)
                         try:
                             fut = self.request(p, method, args)
                         except LatticaError:
                             lk.failed(p)
                             continue
                         pending[p] = fut
-                        fut._fut.add_done_callback(lambda f, p=p: finished(p, f))  # type: ignore[union-attr]
+                        fut._fut.add_done_callback(lambda f, p=p: finished(p, f))
                 if not pending:
                     break
                 left = deadline - loop.time()
@@ -311,7 +303,7 @@ class DhtLookups(DhtState):
                 holders.add(peer)
                 if not first.round:
                     first.round = lk.round_of(peer)
-            return self.parse_peers(answer[1], lk.hints)  # type: ignore[arg-type]
+            return self.parse_peers(answer[1], lk.hints)
 
         stop = (lambda: len(holders) >= quorum) if quorum else None
         await self._run(lk, "find_value", (kid.to_bytes(32, "big"),), parse, stop, grace=grace)
@@ -363,7 +355,7 @@ class DhtLookups(DhtState):
                 raise Garbage("get_providers names how many of its providers are members, a count")
             if members and self.is_member(peer):  # (a holder of our mesh knows our members)
                 vouched.update(item[0] for item in answer[0][:members])
-            return self.parse_peers(answer[1], lk.hints)  # type: ignore[arg-type]
+            return self.parse_peers(answer[1], lk.hints)
 
         await self._run(lk, "get_providers", (cid,), parse, lambda: len(found) >= count)
         self.stats.append(LookupStats("providers", lk.rounds, lk.queried))
@@ -402,7 +394,7 @@ class DhtLookups(DhtState):
                     raise Garbage("answered with the peer record of another peer")
                 if best.record is None or rec.seq > best.record.seq:
                     best.record = rec
-            return self.parse_peers(answer[1], lk.hints)  # type: ignore[arg-type]
+            return self.parse_peers(answer[1], lk.hints)
 
         lk = self._new_lookup(target)
         # the peer itself is not asked: we may be dialing it right now, waiting for this lookup

@@ -33,7 +33,7 @@ import inspect
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from lattica import codec
 from lattica.budget import Buckets, StrangersShare
@@ -49,7 +49,7 @@ from lattica.runtime.refs import ActorRef
 
 if TYPE_CHECKING:
     from lattica.actors.pubsub import wire
-    from lattica.actors.pubsub.bundle import Bundle
+    from lattica.actors.pubsub.bundle import MAX_FLOODED, Bundle
     from lattica.identify import PeerInfo
     from lattica.pubsub.router import Envelope, GossipParams, Router, Rpc
     from lattica.pubsub.subscription import Message, Subscription
@@ -238,7 +238,6 @@ class PubSubService:
         self._protected: set[PeerId] = set()  # mesh peers whose idle connections we keep
         self._failed: dict[PeerId, float] = {}  # topic providers we could not reach: when
         self._strangers: set[PeerId] = set()  # router peers outside our mesh: open topics only
-        self._deaf: set[PeerId] = set()  # strangers that refused our batches: sent nothing more while connected
         self._stranger_batches = Buckets(*_STRANGER_BATCHES, _KEYS_MAX)
         self._strangers_batches = StrangersShare(
             *_STRANGERS_BATCHES, lambda peer: True
@@ -482,7 +481,7 @@ class PubSubService:
         if r is None:
             return []
         peers = r.mesh.get(topic, set()) if topic is not None else set(r.peers)
-        return sorted(peers, key=str)
+        return sorted(cast("set[PeerId]", peers), key=str)  # (the router keeps the PeerIds we give it as hashables)
 
     def stats(self) -> dict:
         return {
@@ -509,7 +508,6 @@ class PubSubService:
             self._strangers.add(peer)
         else:
             self._strangers.discard(peer)
-            self._deaf.discard(peer)
         if peer in self.router.peers:
             self.router.scores.connected(peer, _ip_of(info.remote_addr))  # (a batch may have come first)
             return
@@ -576,7 +574,8 @@ class PubSubService:
 
     def _keep_mesh_connections(self) -> None:
         """Mesh peers' connections stay open while idle; others are the connection manager's."""
-        mesh = set().union(*self.router.mesh.values()) if self.router.mesh else set()
+        # (the router keeps the PeerIds we give it as hashables)
+        mesh = cast("set[PeerId]", set().union(*self.router.mesh.values()) if self.router.mesh else set())
         for peer in mesh - self._protected:
             self.host.protect(peer, _MESH_TAG)
         for peer in self._protected - mesh:
@@ -596,7 +595,6 @@ class PubSubService:
         self._unheard.pop(peer, None)
         if peer not in self.host.conns:
             self._strangers.discard(peer)
-            self._deaf.discard(peer)
         if self._router is not None and peer in self._router.peers:
             self.router.remove_peer(peer, self._now())
             self._out.pop(peer, None)
@@ -648,14 +646,16 @@ class PubSubService:
         is served between the slices."""
         self._strangers_turn = None
         now, waiting = self._now(), self._strangers_waiting
-        for _ in range(min(_STRANGERS_SLICE, len(waiting))):
-            peer, env = waiting.popleft()
-            if peer in self.host.conns:  # (still connected)
-                self._as_router_peer(peer)
-                self.copies += env.data.count
-                self.router.on_rpc(peer, Rpc(messages=[env]), now)
-        self._pump()
-        self._strangers_next()
+        try:
+            for _ in range(min(_STRANGERS_SLICE, len(waiting))):
+                peer, env = waiting.popleft()
+                if peer in self.host.conns:  # (still connected)
+                    self._as_router_peer(peer)
+                    self.copies += env.data.count
+                    self.router.on_rpc(peer, Rpc(messages=[env]), now)
+            self._pump()
+        finally:
+            self._strangers_next()  # (the rest waits its turn whatever became of this slice)
 
     async def _heartbeats(self) -> None:
         while True:
@@ -686,9 +686,7 @@ class PubSubService:
                 self._verdict(env, verdicts)
         for env in r.take_delivered():
             self._deliver(env)
-        for peer, rpc in r.take_outgoing().items():
-            if peer in self._deaf:
-                continue
+        for peer, rpc in cast("dict[PeerId, Rpc]", r.take_outgoing()).items():  # (the PeerIds we gave the router)
             if peer in self._strangers:
                 rpc = self._only_open(rpc, to_stranger=True)
                 if not rpc:
@@ -721,6 +719,7 @@ class PubSubService:
         self._payloads.pop(env.id, None)  # (delivered, refused, or forgotten by the router meanwhile)
 
     async def _finish(self, env: Envelope, pending: list, waiting: int) -> None:
+        verdicts: list[str] | str
         try:
             verdicts = await asyncio.wait_for(_gather_verdicts(pending, env.topic), self.cfg.validate_timeout)
         except TimeoutError:
@@ -878,13 +877,8 @@ class PubSubService:
                     await self.rt.call(pubsub_ref(peer), method, (wire.encode(rpc),), {}, timeout=10.0)
                 except (ActorNotFound, PermissionDenied) as e:
                     log.debug("peer does not take pub-sub from us", peer=str(peer), reason=str(e))
+                    self.router.remove_peer(peer, self._now())
                     self._out.pop(peer, None)
-                    if peer in self._strangers:
-                        # kept as the router's peer, sent nothing more: removed, each of its
-                        # batches would add it again (a ping and a refused call each time)
-                        self._deaf.add(peer)
-                    else:
-                        self.router.remove_peer(peer, self._now())
                     return
                 except LatticaError as e:
                     ob.dropped += len(rpc.messages)

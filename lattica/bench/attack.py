@@ -30,6 +30,7 @@ from lattica.actors.content import content_ref
 from lattica.actors.dht.actor import dht_ref
 from lattica.actors.pubsub import pubsub_ref
 from lattica.actors.pubsub.bundle import Bundle
+from lattica.bench import host_of, runtime_of
 from lattica.bench.rpc import spawn_on
 from lattica.config import ContentConfig, PubSubConfig
 from lattica.content.cid import Cid
@@ -89,7 +90,7 @@ def _victim(mesh: str, pipe: Any, cores: set[int] | None = None) -> None:
         [_LOOPBACK],
         mesh=MeshKey.from_text(mesh),
         allow=["lattica.bench.attack.*"],
-        pubsub=PubSubConfig(open_topics=[OPEN_TOPIC]),
+        pubsub=PubSubConfig(open_topics=(OPEN_TOPIC,)),
         content=ContentConfig(blocks="memory"),
     ).start()
     pubsub.subscribe(OPEN_TOPIC, handler=lambda m: None, node=node)
@@ -142,7 +143,7 @@ def _attackers(kind: str, n: int, victim: str, seconds: float, pipe: Any, cores:
             s.connect(addr)
         pipe.send("ready")
         end = time.monotonic() + seconds
-        futs = [asyncio.run_coroutine_threadsafe(_ATTACK[kind](s, addr, end), s._host.loop) for s in nodes]
+        futs = [asyncio.run_coroutine_threadsafe(_ATTACK[kind](s, addr, end), host_of(s).loop) for s in nodes]
         for f in futs:
             with contextlib.suppress(Exception):
                 f.result(seconds + 30)
@@ -312,7 +313,9 @@ class _Members:
             m.connect(addr)
             dht.bootstrap(node=m).result(10)
         self.echo = spawn_on(self.a, Echo, addr.peer_id)
-        self.have_ref = content_ref(addr.peer_id)
+        victim_id = addr.peer_id
+        assert victim_id is not None  # (the victim's address ends in /p2p/<its id>)
+        self.have_ref = content_ref(victim_id)
         self.cids = [Cid.of(os.urandom(8)).bytes for _ in range(16)]
         dht.provide(LOOKUP_KEY, node=self.c).result(10)
         self.sent: dict[int, float] = {}
@@ -344,7 +347,7 @@ class _Members:
             return await self.echo.ping.remote()
 
         async def have() -> Any:
-            return await self.a._host.runtime.call(self.have_ref, "have", (self.cids,), {}, timeout=10)
+            return await runtime_of(self.a).call(self.have_ref, "have", (self.cids,), {}, timeout=10)
 
         end = time.monotonic() + seconds
         i = first
@@ -408,6 +411,7 @@ def bench_attack(
     _pin(ours_cores)  # (the members' nodes start their threads here, after this)
     victim = ctx.Process(target=_victim, args=(key.to_text(), theirs, ours_cores), daemon=True)
     victim.start()
+    assert victim.pid is not None  # (started)
     rows: list[dict[str, Any]] = []
     members = None
     try:

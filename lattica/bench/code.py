@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 import lattica
+from lattica.bench import host_of
 from lattica.mesh.process import cli_node
 from lattica.trust import MeshKey
 
@@ -75,7 +76,8 @@ def bench_code(
 
 
 def _start_nodes(n: int, env: dict[str, str], tmp: str) -> tuple[list[subprocess.Popen], list[str]]:
-    procs, addrs = [], []
+    procs: list[subprocess.Popen] = []
+    addrs: list[str] = []
     for i in range(n):
         cwd = os.path.join(tmp, f"node{i}")
         os.makedirs(cwd)
@@ -115,8 +117,9 @@ def _one_size(size: int, key: str, addrs: list[str], installed: str, tmp: str, s
         with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=key, code=[folder], mdns=False) as driver:
             for a in addrs:
                 driver.connect(a)
-            shipper = driver.host.services["code"].shipper
-            content = driver.host.services["content"]
+            host = host_of(driver)
+            shipper = host.services["code"].shipper
+            content = host.services["content"]
             t0 = time.perf_counter()
             shipper.ticket_now(app.cls)
             pack_ms = (time.perf_counter() - t0) * 1e3

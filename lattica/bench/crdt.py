@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import lattica
+from lattica.bench import host_of, runtime_of
 from lattica.config import CrdtConfig, PubSubConfig
 from lattica.node import Node
 from lattica.transports.memory import MemoryNetwork
@@ -110,13 +111,13 @@ async def _one_run(
                 content=False,
                 pubsub=PubSubConfig(discover=False),
                 crdt=cfg,
-            )  # type: ignore[arg-type]
+            )
             await node.astart()
             for j in rng.sample(range(i), min(links, i)):
                 await node.aconnect(nodes[j].addrs[0])
                 edges.append((i, j))
             nodes.append(node)
-        svcs = [node.host.services["crdt"] for node in nodes]
+        svcs = [host_of(node).services["crdt"] for node in nodes]
         reps = [await s.open(DOC) for s in svcs]
         await _until(lambda: all(r.peers() for r in reps), 10.0)
         for _ in range(partitions):
@@ -198,10 +199,10 @@ def bench_compaction(envelopes: int = 10_000, writers: int = 3) -> dict[str, Any
 
     doc = doc_id(DOC, None)
     rng = random.Random(1)
-    ws = []
+    ws: list[list[Any]] = []  # per writer: [keys, nonce, ydoc, seq, prev]
     for _ in range(writers):
         keys, nonce = KeyPair.generate(), os.urandom(8)
-        ydoc = pycrdt.Doc(client_id=client_id(doc, keys.peer_id.to_bytes(), nonce))
+        ydoc: pycrdt.Doc[Any] = pycrdt.Doc(client_id=client_id(doc, keys.peer_id.to_bytes(), nonce))
         ws.append([keys, nonce, ydoc, 0, GENESIS])
     log: list = []
     for i in range(envelopes):
@@ -322,7 +323,7 @@ def bench_crdt(latency_updates: int = 200, flood_updates: int = 20_000) -> Itera
     try:
         with lattica.Node([]) as me, process_mesh(me, 3) as procs:
             peers = [spawn_on(me, CrdtPeer, p.peer_id) for p in procs]
-            rt = me._host.runtime
+            rt = runtime_of(me)
 
             call_all(me, *((r, "open") for r in peers))
             deadline = time.monotonic() + 20

@@ -36,6 +36,7 @@ def bench_dashboard(rounds: int = 20, cost_seconds: float = 5.0, cost_rounds: in
 def _pictures(rounds: int) -> list[dict[str, Any]]:
     rows = []
     with supervised_mesh(children=6, processes=3, dashboard="127.0.0.1:0") as (here, procs, sup, refs):
+        assert here.dashboard_url is not None  # (started with a dashboard)
         url = here.dashboard_url + "api/mesh"
         times, size = [], 0
         for _ in range(rounds):
@@ -170,6 +171,7 @@ def bench_dashboard_cost(seconds: float = 5.0, rounds: int = 3, concurrency: int
                 ref = spawn_on(node, AsyncEcho, srv.peer_id)
                 watcher = None
                 if variant == "with":
+                    assert srv.dashboard is not None  # (started with --dashboard)
                     watcher = subprocess.Popen(
                         [
                             sys.executable,

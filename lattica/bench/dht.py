@@ -17,6 +17,7 @@ from typing import Any
 
 from lattica._loop import DEFAULT_BUSY_POLL_US
 from lattica.actors.dht import DhtConfig
+from lattica.bench import runtime_of
 from lattica.bench.transport import LOOPBACK, pct
 from lattica.mesh.process import ServerProcess
 from lattica.node import Node
@@ -67,19 +68,19 @@ async def _run(
             channel_idle=idle / 2,
             dht=DhtConfig(**cfg),
             membership=False,
-        )  # type: ignore[arg-type]
+        )
         await node.astart()
         if nodes:
             seed_node = rng.choice(nodes)
             await node.aconnect(seed_node.addrs[0])
-            await node.host.runtime.dht.bootstrap()  # type: ignore[union-attr]
+            await runtime_of(node).dht.bootstrap()
         nodes.append(node)
         if progress and (i + 1) % 100 == 0:
             progress(f"{i + 1} nodes joined ({time.perf_counter() - t0:.1f} s)")
     join_s = time.perf_counter() - t0
 
     def dht(node: Node) -> Any:
-        return node.host.runtime.dht  # type: ignore[union-attr]
+        return runtime_of(node).dht
 
     stored = []
     t1 = time.perf_counter()
@@ -160,7 +161,7 @@ def bench_dht(
         with Node([LOOPBACK[transport]], busy_poll_us=busy_poll_us) as node:
             for s in servers:
                 node.connect(s.addr(transport))
-            dht = node.host.runtime.dht  # type: ignore[union-attr]
+            dht = runtime_of(node).dht
 
             async def run() -> tuple[list[float], list[float], list[int]]:
                 await dht.bootstrap()

@@ -247,7 +247,7 @@ def _serve(argv: list[str]) -> None:
         _ip("-n", a.ns, "link", "set", a.near + "f", "up")
         _ip("-n", a.ns, "link", "set", "lo", "up")
     one_way = dict(delay=a.rtt / 2, rate=a.rate or None, loss=a.loss, jitter=a.jitter)
-    lines = {near: DelayLine(**one_way), far: DelayLine(**one_way)}  # type: ignore[arg-type]
+    lines = {near: DelayLine(**one_way), far: DelayLine(**one_way)}
     print("ready", flush=True)
     _forward(near, far, lines, sys.stdin.fileno())
     out = {

@@ -23,10 +23,11 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any, cast
 
 import lattica
+from lattica.bench import runtime_of
 from lattica.pubsub.router import ACCEPT, Envelope, GossipParams, Router
 from lattica.runtime import current_runtime
 
@@ -81,7 +82,7 @@ def simulate(
                 rpc.ihave = []
                 if not rpc:
                     continue
-            at(now + links[(i, peer)], "rpc", i, peer, rpc)
+            at(now + links[(i, cast(int, peer))], "rpc", i, peer, rpc)  # (the simulation's peers are ints)
 
     for (i, j), latency in links.items():
         if i < j:
@@ -181,8 +182,8 @@ def simulate(
     return result
 
 
-def _author(i: int) -> bytes:
-    return i.to_bytes(4, "big")
+def _author(i: Hashable) -> bytes:
+    return cast(int, i).to_bytes(4, "big")  # (the simulation's peer handles are ints)
 
 
 # -- real processes ---------------------------------------------------------------------------------
@@ -250,7 +251,7 @@ def bench_pubsub(
 
     with lattica.Node([]) as me, process_mesh(me, subscribers + 1) as procs:
         peers = [spawn_on(me, PubSubPeer, p.peer_id) for p in procs]
-        rt = me._host.runtime
+        rt = runtime_of(me)
 
         call_all(me, *((r, "subscribe", "bench", flood_messages + latency_messages) for r in peers))
         deadline = time.monotonic() + 20

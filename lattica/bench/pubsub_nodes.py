@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from lattica.bench import host_of
 from lattica.node import Node
 from lattica.transports.memory import MemoryNetwork
 
@@ -92,13 +93,13 @@ async def _run(
         return on_message
 
     for _ in range(n):
-        node = Node(["/memory/0"], memory_network=net, max_connections=4096, membership=False, content=False)  # type: ignore[arg-type]
+        node = Node(["/memory/0"], memory_network=net, max_connections=4096, membership=False, content=False)
         await node.astart()
         for other in rng.sample(nodes, min(peers, len(nodes))):
             await node.aconnect(other.addrs[0])
         nodes.append(node)
         firsts.append({})
-        node.host.services["pubsub"].subscribe(TOPIC, handler=recorder(firsts[-1]))
+        host_of(node).services["pubsub"].subscribe(TOPIC, handler=recorder(firsts[-1]))
     index = {node.peer_id.to_bytes(): i for i, node in enumerate(nodes)}
     await _meshed(nodes, warmup)
     if progress:
@@ -111,7 +112,7 @@ async def _run(
             dead.update(victims)
             await asyncio.gather(*(nodes[v].astop() for v in victims))
         author = rng.choice([i for i in range(n) if i not in dead])
-        nodes[author].host.services["pubsub"].publish(TOPIC, k)
+        host_of(nodes[author]).services["pubsub"].publish(TOPIC, k)
         authors.append(author)
         await asyncio.sleep(gap)
     published_at = time.monotonic()
@@ -154,7 +155,7 @@ async def _run(
     hops.sort()
     extra = []
     for i in live:
-        st = nodes[i].host.services["pubsub"].stats()
+        st = host_of(nodes[i]).services["pubsub"].stats()
         extra.append((st["copies"] - st["delivered"] + st["published"]) / max(len(want), 1))
     return {
         "bench": "pubsub-nodes",
@@ -177,6 +178,6 @@ async def _meshed(nodes: list[Node], warmup: float, timeout: float = 30.0) -> No
     await asyncio.sleep(warmup)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(
-        not node.host.services["pubsub"].router.mesh.get(TOPIC) for node in nodes
+        not host_of(node).services["pubsub"].router.mesh.get(TOPIC) for node in nodes
     ):
         await asyncio.sleep(0.5)

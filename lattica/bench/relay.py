@@ -15,6 +15,7 @@ import statistics
 import time
 from typing import Any
 
+from lattica.bench import host_of
 from lattica.bench.rpc import AsyncEcho, measure_calls, pct, spawn_on
 from lattica.mesh.process import ServerProcess
 from lattica.node import Node
@@ -71,7 +72,7 @@ def bench_relay(
                 refs = {}
                 for path, addr in paths.items():
                     info = node.connect(addr)
-                    refs[path] = (spawn_on(node, AsyncEcho, info.peer_id), node.host.conns[info.peer_id].transport)
+                    refs[path] = (spawn_on(node, AsyncEcho, info.peer_id), host_of(node).conns[info.peer_id].transport)
                 for _ in range(rounds):
                     for path, (ref, via) in refs.items():
                         done, failed, lat, elapsed = measure_calls(node, ref, data, concurrency, duration, warmup)

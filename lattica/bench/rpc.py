@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from lattica._loop import DEFAULT_BUSY_POLL_US
+from lattica.bench import runtime_of
 from lattica.bench.transport import pct, plain_tcp_echo, server
 from lattica.mesh.process import ServerProcess
 from lattica.node import Node
@@ -161,7 +162,7 @@ def process_mesh(node: Node, n: int) -> Iterator[list[ServerProcess]]:
 
 def call_all(node: Node, *calls: tuple, timeout: float = 300) -> list:
     """Make ``(ref, method, *args)`` calls at once through ``node``; their results, in order."""
-    rt = node.host.runtime  # type: ignore[union-attr]
+    rt = runtime_of(node)
 
     async def go() -> list:
         return await asyncio.gather(*(rt.call(c[0], c[1], c[2:], {}, timeout=timeout) for c in calls))

@@ -12,16 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from lattica.actors.membership import membership_ref
+from lattica.bench import host_of, runtime_of
 from lattica.bench.rpc import AsyncEcho
 from lattica.identity import PeerId
 from lattica.mesh.process import ServerProcess
 from lattica.node import Node
-from lattica.remote import actor
+from lattica.remote import ActorClass, actor
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 
@@ -61,13 +62,16 @@ def soak(seconds: float = 300.0, processes: int = 4, rate: float = 400.0, crunch
 
 
 async def _load(here: Node, peers: list[PeerId], seconds: float, rate: float, crunch_ms: float) -> dict[str, Any]:
-    echoes = [AsyncEcho.options(node=p).remote() for p in peers]
-    crunchers = [Cruncher.options(node=p).remote() for p in peers]
+    # (``@actor`` made the classes ActorClasses; mypy keeps a decorated class's own type)
+    echo_cls, cruncher_cls = cast(ActorClass, AsyncEcho), cast(ActorClass, Cruncher)
+    echoes = [echo_cls.options(node=p).remote() for p in peers]
+    crunchers = [cruncher_cls.options(node=p).remote() for p in peers]
     payload = bytes(4096)
     stats = {"calls": 0, "errors": 0, "suspect": 0, "dead": 0, "views": 0, "crunch": 0}
     verdicts: list[str] = []
     end = time.monotonic() + seconds
-    rt = here.host.runtime
+    host = host_of(here)
+    rt = runtime_of(here)
 
     async def calls() -> None:
         i = 0
@@ -102,7 +106,9 @@ async def _load(here: Node, peers: list[PeerId], seconds: float, rate: float, cr
     async def watch() -> None:
         while time.monotonic() < end:
             await asyncio.sleep(1.0)
-            views = [("here", here.host.membership.nodes())]
+            membership = host.membership
+            assert membership is not None  # (a Node runs membership unless told not to)
+            views = [("here", membership.nodes())]
             for p in peers:
                 try:
                     views.append((p.short(), await rt.call(membership_ref(p), "view", (), {}, timeout=5)))

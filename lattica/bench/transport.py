@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from lattica._loop import DEFAULT_BUSY_POLL_US
+from lattica.bench import host_of
 from lattica.mesh.process import SINK, ServerProcess
 from lattica.multiaddr import Multiaddr
 from lattica.node import Node
@@ -220,7 +221,8 @@ def bench_handshake(transport: str = "tcp", count: int = 200) -> dict[str, Any]:
         addr = Multiaddr(srv.addr(transport))
 
         async def run() -> list[float]:
-            t = node.host.transport_for(addr)  # type: ignore[union-attr]
+            t = host_of(node).transport_for(addr)
+            assert t is not None  # (a TCP or QUIC address: a node has both)
             times = []
             for _ in range(count):
                 t0 = time.perf_counter()

@@ -150,7 +150,7 @@ class CodeLibrary:
     def release(self, actor: str) -> None:
         cid = self._used_by.pop(actor, None)
         namespace = self.loaded.get(cid) if cid is not None else None
-        if namespace is not None:
+        if cid is not None and namespace is not None:
             namespace.users -= 1
             self.unload_unused(cid)
 

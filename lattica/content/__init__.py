@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from lattica.content.cid import Cid
 from lattica.future import Future
 from lattica.runtime import run_coroutine, running_service
 
 if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
     from lattica.actors.content import ContentService
     from lattica.node import Node
     from lattica.runtime import Runtime
@@ -43,7 +45,8 @@ def _source(data: Any) -> Any:
     if array is not None:  # a numpy array (any C-contiguous buffer): its bytes, without a copy
         import numpy as np  # numpy is loaded whenever an array exists
 
-        return memoryview(np.ascontiguousarray(data)).cast("B")
+        # (an ndarray is a buffer; numpy declares its __buffer__ only for Python >= 3.12)
+        return memoryview(cast("Buffer", np.ascontiguousarray(data))).cast("B")
     raise TypeError(f"put takes bytes, a file path or a numpy array, not {type(data).__name__}")
 
 

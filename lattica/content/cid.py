@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import builtins
 import hashlib
 from typing import Final
 
@@ -50,6 +51,9 @@ class Cid:
     dag-pb) and ``bytes`` the binary form that travels in dag-pb links and on the wire."""
 
     __slots__ = ("codec", "digest", "_bytes")
+    codec: int
+    digest: builtins.bytes  # (``builtins``: the ``bytes`` property below shadows the name in the class body)
+    _bytes: builtins.bytes
 
     def __init__(self, codec: int, digest: bytes) -> None:
         if codec not in _CODECS:
@@ -130,7 +134,7 @@ class Cid:
         return cls.from_bytes(raw)
 
     @property
-    def bytes(self) -> bytes:
+    def bytes(self) -> builtins.bytes:
         """The binary form: version, codec, multihash."""
         return self._bytes
 
@@ -138,7 +142,7 @@ class Cid:
     def codec_name(self) -> str:
         return _CODECS[self.codec]
 
-    def verify(self, data: bytes | bytearray | memoryview) -> bool:
+    def verify(self, data: builtins.bytes | bytearray | memoryview) -> bool:
         """Whether ``data`` is the block this CID names."""
         return hashlib.sha256(data).digest() == self.digest
 

@@ -523,6 +523,7 @@ class FetchSession:
         call = self._out.get((peer, cid))
         w = self._wants.get(cid)
         if call is not None:
+            assert p is not None  # (a call is only made to a known peer, and peers are never forgotten)
             self._release(p, cid, call)
             call.nbytes += nbytes
         fits = not self._committed or self._committed + nbytes <= self.window_bytes
@@ -536,7 +537,7 @@ class FetchSession:
             if call is not None or fresh:
                 p.consecutive = 0
                 p.misses = 0
-        if not fresh:
+        if w is None or not fresh:  # (w is None: not fresh)
             self.wasted_bytes += nbytes
             if call is not None:
                 self._finish(call, now)
@@ -782,12 +783,12 @@ class FetchSession:
             p = self._peers[call.peer]
             wanted = False
             for cid in call.open:
-                w = self._wants.get(cid)
-                if w is not None:
+                want = self._wants.get(cid)
+                if want is not None:
                     wanted = True
                     if call.kind == BLOCK:
-                        w.live -= 1
-                        self._settle(w)
+                        want.live -= 1
+                        self._settle(want)
             if wanted and not call.penalized and p not in blamed:
                 blamed.append(p)
             call.penalized = True
@@ -934,8 +935,8 @@ class FetchSession:
 
     def _retriable(self, w: _Want) -> bool:
         """Whether an active peer failed ``w`` without saying dont-have (so may be asked again)."""
-        excluded = w.excluded or ()
-        return bool(w.tried) and any(pid in self._active and pid not in excluded for pid in w.tried)
+        excluded, tried = w.excluded or (), w.tried
+        return bool(tried and any(pid in self._active and pid not in excluded for pid in tried))
 
     def _charge(self, w: _Want) -> int:
         return w.size if w.size is not None else self.unknown_size
@@ -1132,7 +1133,7 @@ class FetchSession:
         are busy, (_WAIT, 0) if a busy one would still deliver sooner than any with room; (None,
         0) if no active peer may be asked."""
         best = None
-        best_key = None
+        best_key: tuple[int, float] | None = None
         wait = [float("inf")] * 3  # per tier: the soonest a peer without room would deliver
         primary = fallback = False
         cid, copies, tried, excluded, haves = w.cid, w.copies, w.tried, w.excluded, w.haves
@@ -1171,7 +1172,7 @@ class FetchSession:
             key = (tier, eta)
             if best_key is None or key < best_key:
                 best, best_key = p, key
-        if best is not None and (best_key[0] < 2 or not primary):
+        if best_key is not None and (best_key[0] < 2 or not primary):  # (set with ``best``)
             tier, eta = best_key
             if min(wait[: tier + 1]) > eta:
                 return best, eta
@@ -1373,7 +1374,7 @@ class FetchSession:
         for pid, p in self._active.items():
             queue = p.have_queue
             while queue and len(p.have_calls) < self.max_per_peer_requests:
-                cids = []
+                cids: list[Hashable] = []
                 while queue and len(cids) < self.max_have_batch:
                     cid = queue.popleft()
                     w = self._wants.get(cid)

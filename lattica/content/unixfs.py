@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple, final
 
 from lattica._protobuf import uvarint
 from lattica.content import dagpb
@@ -415,6 +415,7 @@ class _Frame:
         self.offset = offset
 
 
+@final  # (final: ``type(b) is _Leaf`` then narrows both ways)
 class _Leaf:
     """A raw leaf a walker without ``data`` checked and keeps only the length of: it hands out
     its place as a view of zero bytes of that length."""
@@ -490,7 +491,7 @@ class Walker:
         self._keep_limit = keep_bytes
         self._stack = [_Frame(None, (self.root,), (None,), (None,), 0, 0)]
         self._depth_limit = 0
-        self._held: dict[Cid, Block] = {}
+        self._held: dict[Cid, Block | _Leaf] = {}  # (a _Leaf: a raw leaf's length only, without ``data``)
         self._nodes: dict[Cid, _Node] = {}
         self._kept: dict[Cid, int] = {}  # held blocks already read once, kept for a later place: their cost
         self._kept_bytes = 0
@@ -515,7 +516,7 @@ class Walker:
         listed: set[Cid] = set()
         if self.done:
             return out
-        view = [[f.links, f.sizes, f.tsizes, f.depth, f.i, f.offset] for f in self._stack]
+        view: list[list[Any]] = [[f.links, f.sizes, f.tsizes, f.depth, f.i, f.offset] for f in self._stack]
         places = 0
         while view and places < limit:
             frame = view[-1]
@@ -581,7 +582,7 @@ class Walker:
     def _in_range(self, offset: int, size: int) -> bool:
         return offset + size > self.start and (self.end is None or offset < self.end > self.start)
 
-    def _check_place(self, cid: Cid, block: Block, size: int | None, tsize: int | None, depth: int) -> None:
+    def _check_place(self, cid: Cid, block: Block | _Leaf, size: int | None, tsize: int | None, depth: int) -> None:
         """Check a block against what its parent declared for the place it fills."""
         node = self._nodes.get(cid)
         if size is None:  # the root: it declares the file's size
@@ -632,6 +633,7 @@ class Walker:
                 frame.i, frame.offset = i + 1, offset + size
                 self._unref(cid)
                 continue
+            assert block is not None  # (not skipped: held, or the walk returned above)
             if size is not None:
                 self._check_place(cid, block, size, frame.tsizes[i], frame.depth)
             node = self._nodes.get(cid)
@@ -669,7 +671,7 @@ class Walker:
         else:
             self._refs.pop(cid, None)
 
-    def _release(self, cid: Cid, block: Block, parent: Cid | None) -> None:
+    def _release(self, cid: Cid, block: Block | _Leaf, parent: Cid | None) -> None:
         """After a block was read under ``parent``: keep it if it may be read again, else drop it."""
         again = cid in self._refs or parent in self._kept
         if cid in self._kept:

@@ -13,11 +13,14 @@ import math
 import os
 import struct
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from lattica.errors import BadBlock
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 __all__ = ["encode", "decode", "mapped"]
 
@@ -130,7 +133,8 @@ def mapped(path: str) -> dict[str, np.ndarray]:
     if os.path.getsize(path) < 8:
         raise BadBlock("not a safetensors file: shorter than its header length")
     whole = np.memmap(path, dtype=np.uint8, mode="r")
-    header, base = _header(memoryview(whole), len(whole))
+    # (an ndarray is a buffer; numpy declares its __buffer__ only for Python >= 3.12)
+    header, base = _header(memoryview(cast("Buffer", whole)), len(whole))
     out = {}
     for name, dtype, shape, start, length in _entries(header, base, len(whole)):
         out[name] = whole[start : start + length].view(dtype).reshape(shape) if length else np.zeros(shape, dtype)

@@ -83,7 +83,7 @@ class Checkpoint:
     def with_signatures(self, more: list[Signature]) -> Checkpoint:
         """This checkpoint with ``more`` signatures (signers it has already are skipped)."""
         have = {s.signer for s in self.signatures}
-        add = []
+        add: list[Signature] = []
         for s in more:
             if s.signer not in have and len(self.signatures) + len(add) < MAX_SIGNATURES:
                 have.add(s.signer)

@@ -84,6 +84,10 @@ class Log:
     def all(self) -> Iterator[Envelope]:
         raise NotImplementedError
 
+    def __len__(self) -> int:
+        """The envelopes held (those a checkpoint covers dropped)."""
+        raise NotImplementedError
+
 
 class MemoryLog(Log):
     """A log kept in memory: the envelopes in applied order, and each chain's in seq order (so
@@ -453,13 +457,13 @@ class ReplicaState:
         if len(self.heads) + new_chains > MAX_CHAINS:
             return "too many chains", out
         # what we hold of the chains it covers must be in its state (it may add, never leave out)
-        ours = []
+        bodies = []  # what we hold of the chains it covers
         for a, n, s, _ in cp.heads:
             for seq in range(self.base.get((a, n), 0) + 1, min(s, self.head((a, n))[0]) + 1):
                 env = self.log.get((a, n), seq)
                 if env is not None:
-                    ours.append(env.body)
-        if ours and canonical_state([state, *ours]) != state:
+                    bodies.append(env.body)
+        if bodies and canonical_state([state, *bodies]) != state:
             return "its state leaves out envelopes we hold", out
         kept = [have for have in self.checkpoints if not _supersedes(cp, have)]
         if len(kept) >= MAX_CHECKPOINTS:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from lattica import context, holepunch
 from lattica.budget import Buckets
@@ -87,7 +87,7 @@ class Dialer:
             ids = {a.peer_id for a in addrs}
             if len(ids) != 1 or None in ids:
                 raise MultiaddrError("connect needs addresses ending in /p2p/<PeerId> (or a peer_id)")
-            peer = ids.pop()  # type: ignore[assignment]
+            peer = cast(PeerId, ids.pop())  # (the one id, not None: checked above)
         if peer == host.peer_id:
             raise PeerUnreachable("cannot connect to ourselves")
         host.remember_addrs(peer, addrs)
@@ -139,7 +139,7 @@ class Dialer:
         stranger's answer naming one victim 320 times costs the victim 8 dials, then one per 5 s).
         PeerUnreachable when the budget allows none."""
         given = addrs if addrs is not None else self.host.hint_addrs.get(peer, [])
-        out = []
+        out: list[Multiaddr] = []
         for a in given:
             if len(out) == _HINT_ADDRS:
                 break
@@ -362,7 +362,7 @@ class Dialer:
     def _upgrade_addrs(self, info: PeerInfo) -> list[Multiaddr]:
         """The direct addresses of ``info`` to dial now: at most ``_UPGRADE_ADDRS``, each to
         an IP whose dial budget allows it."""
-        out = []
+        out: list[Multiaddr] = []
         for a in info.listen_addrs:
             if len(out) == _UPGRADE_ADDRS:
                 break
@@ -403,7 +403,8 @@ class Dialer:
     def _note_dial(self, addr: Multiaddr) -> None:
         parts = list(addr)
         if len(parts) > 1 and parts[0][0] in ("ip4", "ip6") and parts[1][0] == "udp":
-            self.note_contact(parts[0][1], "quic")  # QUIC dials leave from the listening socket
+            ip = cast(str, parts[0][1])  # (an ip4/ip6 part has a value)
+            self.note_contact(ip, "quic")  # QUIC dials leave from the listening socket
 
     def note_contact(self, ip: str, transport: str) -> None:
         """``transport``'s listening socket sent ``ip`` a packet: a cone NAT now lets ``ip`` in on

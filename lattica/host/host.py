@@ -314,7 +314,13 @@ class Host:
         if after == math.inf or conn.is_closed:
             return
         if old is None:
-            conn.add_close_callback(lambda c: (t := self._verdict_timers.pop(c, None)) and t.cancel())
+
+            def forget(c: Connection) -> None:
+                t = self._verdict_timers.pop(c, None)
+                if t is not None:
+                    t.cancel()
+
+            conn.add_close_callback(forget)
         self._verdict_timers[conn] = self.loop.call_later(max(after, 0.0), self._certificate_expired, conn)
 
     def _certificate_expired(self, conn: Connection) -> None:
@@ -405,8 +411,9 @@ class Host:
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
-                if t.cancelled() or t.exception() is not None:
-                    errors.append((dials[t], t.exception() if not t.cancelled() else NodeClosed("cancelled")))
+                error = NodeClosed("cancelled") if t.cancelled() else t.exception()
+                if error is not None:
+                    errors.append((dials[t], error))
                     continue
                 for other in pending:  # their failures were ours to hear of only if all failed
                     other.add_done_callback(_retrieve)

@@ -13,13 +13,13 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from lattica.mesh.process import ServerProcess
 from lattica.node import Node
-from lattica.remote import actor
+from lattica.remote import ActorClass, actor
 
 __all__ = ["TinyLM", "PipelineStage", "pipeline", "generate", "SERVICE"]
 
@@ -147,7 +147,8 @@ def pipeline(processes: int = 4, stages: int = 4, seed: int = 0) -> Iterator[tup
 
 
 async def _spawn(peer: str, stage: int, stages: int, seed: int) -> Any:
-    ref = PipelineStage.options(node=peer).remote(stage, stages, seed)
+    # (``@actor`` made it an ActorClass; mypy keeps a decorated class's own type)
+    ref = cast(ActorClass, PipelineStage).options(node=peer).remote(stage, stages, seed)
     await ref._spawn
     return ref
 

@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     dht = None
     if args.dht_rate is not None:
         dht = DhtConfig(limits=StoreLimits(rate=args.dht_rate, burst=2 * args.dht_rate))
-    private = {}
+    private: dict[str, Any] = {}
     if args.private_via:
         private = {"relays": [args.private_via], "nat": NatConfig(reachability="private")}
     listen = [] if args.private_via else (args.listen or ["/ip4/127.0.0.1/tcp/0"])

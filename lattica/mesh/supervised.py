@@ -10,11 +10,11 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from lattica.mesh.process import ServerProcess
 from lattica.node import Node
-from lattica.remote import actor
+from lattica.remote import ActorClass, actor
 from lattica.runtime import current_actor
 from lattica.supervisor import Supervisor
 
@@ -36,7 +36,9 @@ class Keeper:
         return self.total
 
     async def status(self) -> dict:
-        return {"total": self.total, "node": str(current_actor().peer_id), "restored": self.restored}
+        me = current_actor()
+        assert me is not None  # (in an actor method)
+        return {"total": self.total, "node": str(me.peer_id), "restored": self.restored}
 
     async def checkpoint(self) -> int:
         return self.total
@@ -65,7 +67,8 @@ def supervised_mesh(
             time.sleep(0.05)
 
         async def start() -> tuple:
-            sup = Supervisor.remote(strategy="one_for_one", max_restarts=100, within=60)
+            # (``@actor`` made it an ActorClass; mypy keeps a decorated class's own type)
+            sup = cast(ActorClass, Supervisor).remote(strategy="one_for_one", max_restarts=100, within=60)
             refs = [
                 await sup.start_child.remote(Keeper, id=f"keeper-{i}", resources={"cpu": 1}, checkpoint_every=0.1)
                 for i in range(children)
@@ -117,7 +120,9 @@ def lose(node: Node, proc: ServerProcess, sig: int, sup: Any, refs: list) -> dic
 
 
 async def _watch_member(node: Node, peer_id: str, out: list) -> None:
-    membership = node.host.membership
+    host = node.host
+    membership = host.membership if host is not None else None
+    assert membership is not None  # (a started node runs membership unless told not to)
 
     def on_down(member: Any, reason: str) -> None:
         if member.id == peer_id and not out:

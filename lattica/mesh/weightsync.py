@@ -15,14 +15,14 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from lattica import codec
 from lattica.mesh.process import ServerProcess
 from lattica.node import Node
-from lattica.remote import actor
+from lattica.remote import ActorClass, actor
 from lattica.runtime import ActorRef
 
 __all__ = ["Trainer", "PolicyWorker", "fleet", "sync_versions", "TOPIC"]
@@ -168,7 +168,7 @@ def fleet(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the mesh did not form: {me.nodes()}")
             time.sleep(0.05)
-        trainer = Trainer.remote()
+        trainer = cast(ActorClass, Trainer).remote()  # (``@actor`` made it an ActorClass; mypy keeps the class)
         sup = lattica.Supervisor.remote(strategy="one_for_one", max_restarts=20, within=60)
         refs = lattica.get(
             [
@@ -202,7 +202,9 @@ def sync_versions(
     this node (the trainer's) uploaded meanwhile. ``between(v)`` runs before version ``v``."""
     import lattica  # (the user API)
 
-    content = me.host.services["content"]
+    host = me.host
+    assert host is not None  # (a started node)
+    content = host.services["content"]
     rows = []
     start = lattica.get(trainer.latest.remote())[0]
     for v in range(start + 1, start + versions + 1):

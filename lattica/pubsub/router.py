@@ -802,8 +802,8 @@ class Router:
         # windows, but only what they have not sent us or said they have, and what we can still
         # send when asked (an IWANT we cannot answer would cost us)
         later: dict[Hashable, dict[str, list[bytes]]] = {}
-        for window in self._later:
-            for peer, topics in window.items():
+        for spared in self._later:
+            for peer, topics in spared.items():
                 for topic, (_, ids) in topics.items():
                     later.setdefault(peer, {}).setdefault(topic, []).extend(ids)
         self._later.insert(0, {})

@@ -70,7 +70,7 @@ class Subscription:
         topic: str,
         loop: asyncio.AbstractEventLoop,
         maxsize: int,
-        on_close: Callable[[Subscription], None],
+        on_close: Callable[[Subscription], object],  # (what it returns is ignored)
         maxbytes: int = 1 << 62,
     ) -> None:
         self.topic = topic

@@ -44,11 +44,14 @@ class CallRouter(Protocol):
 
     peer_id: PeerId
     loop: asyncio.AbstractEventLoop
-    host: HostView
     actors: dict[str, LocalActor]
     channel_idle: float
     partials: PartialMessages
     spills: Spills
+
+    @property
+    def host(self) -> HostView:
+        """The node's host (read-only here, so a runtime holding a ``Host`` implements it)."""
 
     def complete_call(self, p: Pending, value: Any, error: tuple | None, end: bool = False) -> None:
         """A reply (value, error or a stream's end) for ``p`` arrived."""
@@ -68,8 +71,8 @@ class CallRouter(Protocol):
     def retire_channel(self, ch: RemoteChannel) -> None:
         """``ch`` moved to another connection and has nothing left in flight: close it."""
 
-    def on_reply(self, ch: RemoteChannel, msg: list) -> None:
-        """A reply message arrived on ``ch``."""
+    def on_reply(self, ch: RemoteChannel, msg: list, size: int = 0) -> None:
+        """A reply message arrived on ``ch`` (``size``: its encoded bytes)."""
 
     def local_arg_streams(self, inv: Invocation, p: Pending) -> None:
         """Start feeding a local call's argument streams."""
@@ -96,7 +99,7 @@ class Pending:
         "delivered",
     )
 
-    def __init__(self, cid: int, ref: ActorRef, msg: list, future: Future | None, stream: Any) -> None:
+    def __init__(self, cid: int, ref: ActorRef, msg: rpc.CallMsg, future: Future | None, stream: Any) -> None:
         self.cid = cid
         self.ref = ref
         self.msg = msg

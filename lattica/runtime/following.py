@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from lattica.errors import (
     ActorNotFound,
@@ -19,6 +21,12 @@ from lattica.runtime.client import Pending, call_finished
 from lattica.runtime.limits import FOLLOW_FOR
 from lattica.runtime.refs import ActorRef
 
+if TYPE_CHECKING:
+    from lattica.actors.dht import DhtService
+    from lattica.future import Future
+    from lattica.host import Host
+    from lattica.runtime.local import LocalActor
+
 log = get_logger("lattica.runtime")
 
 _LOCATE_TIMEOUT = 2.0  # one question to a stable ref's supervisor (asked again until FOLLOW_FOR)
@@ -27,6 +35,22 @@ _LOCATE_TIMEOUT = 2.0  # one question to a stable ref's supervisor (asked again 
 class Following:
     """The part of the :class:`~lattica.runtime.registry.Runtime` that follows stable refs (a base
     class: it works on the runtime's own channels, actors and calls)."""
+
+    if TYPE_CHECKING:  # what the runtime provides
+        host: Host
+        loop: asyncio.AbstractEventLoop
+        peer_id: PeerId
+        actors: dict[str, LocalActor]
+        services: Mapping[str, Any]
+
+        @property
+        def dht(self) -> DhtService: ...
+
+        def submit(self, p: Pending, block: bool) -> None: ...
+
+        def fail_call(self, p: Pending, error: BaseException, cancel_local: bool = False) -> None: ...
+
+        def call(self, ref: ActorRef, method: str, args: tuple, kwargs: dict, *, timeout: float | None) -> Future: ...
 
     def follow(self, p: Pending, error: BaseException, delivered: bool) -> bool:
         """A call through a stable ref found its actor gone. Start following the actor (resolve

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import functools
 import inspect
 import threading
 import time
 import traceback
+from abc import abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -57,12 +59,16 @@ def error_parts(exc: BaseException) -> tuple[str, str, str]:
 class Sink:
     """Where an invocation's outcome goes: a local future/stream, or a remote caller."""
 
+    @abstractmethod
     def ok(self, value: Any) -> None: ...
+    @abstractmethod
     def err(self, kind: str, type_name: str, message: str, tb: str = "") -> None: ...
+    @abstractmethod
     def item(self, value: Any) -> int:
         """Send one item of a stream; its encoded size (0: not encoded, a local consumer)."""
         ...
 
+    @abstractmethod
     def end(self) -> None: ...
 
 
@@ -561,7 +567,7 @@ class LocalActor:
                             raise _Abandoned()
                     if inv.replied:
                         raise _Abandoned()
-                    post(lambda item=item: self._deliver_item(inv, item))
+                    post(functools.partial(self._deliver_item, inv, item))
                 post(lambda: self._sync_done(inv, None, end=True))
                 return
         except _Abandoned:

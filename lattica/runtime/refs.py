@@ -10,7 +10,7 @@ import contextvars
 import inspect
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from lattica import codec, context
 from lattica.errors import (
@@ -227,7 +227,7 @@ def current_runtime() -> Runtime:
         return rt
     node = context.default_node()
     host = node.host if node is not None else None
-    if host is None:
+    if host is None or host.runtime is None:  # (a host has its runtime once it starts)
         raise NodeClosed("no Lattica node is running here: call lattica.init() first")
     return host.runtime
 
@@ -293,7 +293,7 @@ def run_coroutine(rt: Runtime, make: Callable[[], Any], convert: Callable[[Any],
                     fut._reject(e)
 
         task.add_done_callback(done)
-        fut._cancel_hook = task.cancel
+        fut._cancel_hook = cast("Callable[[], None]", task.cancel)  # (called with no argument; its bool unused)
         return fut
 
     return on_loop(rt, start)
@@ -352,6 +352,16 @@ class MethodHandle:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"actor methods are called with .remote(...): {self._ref.name}.{self._name}.remote()")
+
+
+@overload
+def _submit(h: MethodHandle, args: tuple, kwargs: dict, *, tell: Literal[False], stream: None = None) -> Future: ...
+
+
+@overload
+def _submit(
+    h: MethodHandle, args: tuple, kwargs: dict, *, tell: bool, stream: _StreamState | None = None
+) -> Future | None: ...
 
 
 def _submit(

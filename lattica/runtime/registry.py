@@ -11,7 +11,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from lattica import codec, context, rpc
 from lattica.budget import StrangersShare, Turns
@@ -362,8 +362,38 @@ class Runtime(Following):
     def drop_channel(self, ch: Channel, error: LatticaError) -> None:
         if self.channels.get(ch.peer) is ch:
             del self.channels[ch.peer]
-        self.moved.discard(ch)  # type: ignore[arg-type]
+        self.moved.discard(ch)
         ch.fail_all(error)
+
+    @overload
+    def call(
+        self,
+        ref: ActorRef,
+        method: str,
+        args: tuple,
+        kwargs: dict,
+        *,
+        timeout: float | None,
+        tell: Literal[False] = False,
+        stream: None = None,
+        block: bool = True,
+        idempotent: bool = False,
+    ) -> Future: ...
+
+    @overload
+    def call(
+        self,
+        ref: ActorRef,
+        method: str,
+        args: tuple,
+        kwargs: dict,
+        *,
+        timeout: float | None,
+        tell: bool = False,
+        stream: Any = None,
+        block: bool = True,
+        idempotent: bool = False,
+    ) -> Future | None: ...
 
     def call(
         self,
@@ -378,7 +408,7 @@ class Runtime(Following):
         block: bool = True,
         idempotent: bool = False,
     ) -> Future | None:
-        """Make a call (on the loop); returns its Future (None for tell)."""
+        """Make a call (on the loop); returns its Future (None for tell or a streaming call)."""
         p = self.prepare(ref, method, args, kwargs, timeout=timeout, tell=tell, stream=stream, idempotent=idempotent)
         if ref.peer_id != self.peer_id:
             try:
@@ -408,11 +438,11 @@ class Runtime(Following):
         spawn = ref._spawn
         if spawn is not None and spawn.done() and not spawn.cancelled() and spawn.exception() is not None:
             if not ref.stable:
-                raise spawn.exception()  # type: ignore[misc]
+                raise spawn.exception()
             ref._spawn = None  # following it failed once; this call starts over
         flags = (rpc.F_TELL if tell else 0) | (rpc.F_STREAM if stream is not None else 0)
         arg_list = list(args)
-        streamed = None
+        streamed: dict[int, Any] | None = None
         for i, a in enumerate(arg_list):
             if hasattr(a, "__aiter__") and not isinstance(a, (ArgStream,)):
                 streamed = streamed or {}
@@ -627,7 +657,7 @@ class Runtime(Following):
         if kind == rpc.E_NOT_FOUND:
             spawn = p.ref._spawn
             if spawn is not None and spawn.done() and spawn.exception() is not None:
-                return spawn.exception()  # type: ignore[return-value]
+                return spawn.exception()
             return ActorNotFound(message)
         if kind == rpc.E_METHOD:
             return MethodNotFound(message)
@@ -760,10 +790,10 @@ class Runtime(Following):
         try:
             await ch.serve()
         finally:
-            chans = self._serving.get(ch.peer)
-            if chans is not None:
-                chans.discard(ch)
-                if not chans:
+            left = self._serving.get(ch.peer)
+            if left is not None:
+                left.discard(ch)
+                if not left:
                     del self._serving[ch.peer]
 
     def channels_from(self, peer: PeerId) -> set[ServerChannel]:

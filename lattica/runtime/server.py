@@ -4,6 +4,7 @@ the calls to local actors."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TYPE_CHECKING, Any
 
 from lattica import codec, rpc, trust
@@ -380,10 +381,14 @@ class ServerChannel:
             self.invocations[cid] = inv
         if flags & rpc.F_ARGSTREAM:
             inv.arg_streams = {}
+
+            def grant(idx: int, n: int, taken: int) -> None:
+                self.send(self.argcred_msg(cid, idx, n, taken))
+
             for i, a in enumerate(args):
                 if isinstance(a, StreamArg):
                     s = ArgStream(
-                        lambda n, taken, idx=a.index: self.send(self.argcred_msg(cid, idx, n, taken)),
+                        functools.partial(grant, a.index),
                         self.round_trip if self.says_taken else None,
                     )
                     inv.arg_streams[a.index] = s

@@ -11,10 +11,13 @@ This module is the pure half: placeholders and walking values. The runtime store
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from lattica import codec
 from lattica.errors import CodecError
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 __all__ = ["Spilled", "spill", "restore", "placeholders", "SPILL_FROM", "MAX_SPILLED", "DEFAULT_SPILL_LIMIT", "seen"]
 
@@ -110,7 +113,8 @@ def _big(v: Any) -> tuple[str, bytes | memoryview, str, tuple[int, ...]] | None:
         import numpy as np  # (v is an array: numpy is loaded)
 
         a = np.ascontiguousarray(v)
-        return "ndarray", memoryview(a).cast("B"), a.dtype.str, tuple(a.shape)
+        # (an ndarray is a buffer; numpy declares its __buffer__ only for Python >= 3.12)
+        return "ndarray", memoryview(cast("Buffer", a)).cast("B"), a.dtype.str, tuple(a.shape)
     return None
 
 

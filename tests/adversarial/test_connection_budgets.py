@@ -690,6 +690,40 @@ def test_quic_streams_a_stranger_ends_at_once_still_hold_its_narrow_window():
         assert unread == live < held, (unread, live, held)
 
 
+def test_quic_streams_a_stranger_finished_and_we_reset_let_go_of_its_window():
+    """Hostile review (issue 46): a stranger's identify stream carries junk after the message,
+    then FIN; the node resets it. The reset kept the unread junk when the peer had finished
+    sending, so once the stream was dropped its bytes held the connection's narrow window for
+    good (widening did not release them). A reset stream's unread bytes are let go at once."""
+    from lattica import identify
+    from lattica.framing import write_message
+    from lattica.host.host import encode_protocol
+
+    quic = "/ip4/127.0.0.1/udp/0/quic-v1"
+    with (
+        lattica.Node([quic], mesh=MeshKey.generate(), content=False) as victim,
+        lattica.Node([quic], mesh=MeshKey.generate(), pubsub=False, membership=False, content=False) as s,
+    ):
+        s.connect(victim.addrs[0])
+        cm = victim._host.connections
+        assert wait_for(lambda: any(c.remote_peer == s.peer_id for c in list(cm.all_conns)))
+        theirs = next(c for c in list(cm.all_conns) if c.remote_peer == s.peer_id)
+
+        async def attack() -> None:
+            conn = await s._host.get_connection(victim.peer_id)
+            for _ in range(6):
+                st = await conn.open_stream()
+                st.write(encode_protocol(identify.PROTOCOL))
+                write_message(st, s._host._identify_message(conn.remote_addr))
+                st.write(b"x" * 100_000)
+                await st.close()
+                await asyncio.sleep(0.3)
+
+        s.run(attack(), 30)
+        time.sleep(1.0)
+        assert on_loop(victim, lambda: theirs._quic.rx_unread) == 0
+
+
 async def _held_quic(conn) -> int:
     """Bytes a QUIC connection's streams hold unread, retired streams' too."""
     import gc

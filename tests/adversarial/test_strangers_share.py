@@ -217,47 +217,6 @@ def test_a_strangers_batch_is_checked_a_few_messages_at_a_turn_of_the_loop(monke
             s.stop()
 
 
-def test_a_stranger_that_takes_no_batches_is_not_added_again_for_each_it_sends(monkeypatch):
-    """A stranger without a pub-sub actor sends batches on an open topic: our batch to it is
-    refused. It was removed from the router then, and each batch it sent added it again (a ping
-    to measure it and a refused call each time); it is now kept, sent nothing more, and its
-    messages still count within the strangers' share."""
-    from test_pubsub_peers import _message
-
-    from lattica.actors.pubsub import pubsub_ref
-    from lattica.actors.pubsub import service as pubsub_service
-    from lattica.config import PubSubConfig
-    from lattica.identity import KeyPair
-
-    measured = [0]
-    real = pubsub_service.PubSubService._measure
-
-    async def counting(self, peer):
-        measured[0] += 1
-        await real(self, peer)
-
-    monkeypatch.setattr(pubsub_service.PubSubService, "_measure", counting)
-    cfg = PubSubConfig(open_topics=["pub"], discover=False)
-    with lattica.Node([TCP], mesh=MeshKey.generate(), pubsub=cfg) as victim:
-        sub = lattica.pubsub.subscribe("pub", node=victim)
-        (s,) = _strangers(1, victim)
-        try:
-            author = KeyPair.generate()
-            for i in range(6):
-                call_as(
-                    s,
-                    pubsub_ref(victim.peer_id),
-                    "open_rpc",
-                    [[], [_message(author, "pub", i)], [], [], [], [], []],
-                    timeout=10,
-                )
-                time.sleep(0.3)  # (our batch to it goes, and is refused, meanwhile)
-            assert sorted(sub.get(timeout=10).data for _ in range(6)) == list(range(6))
-            assert measured[0] == 1, measured[0]
-        finally:
-            s.stop()
-
-
 def test_strangers_pings_share_one_budget_and_a_members_pings_go_on():
     """Two strangers pipeline pings on two streams each as fast as the node echoes them (one
     identity pegged the victim's loop: echoing had no strangers' share): together they get the

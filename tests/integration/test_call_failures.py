@@ -12,7 +12,7 @@ from call_fixtures import (
     ALLOW,
     TCP,
     bounded,
-)  # noqa: F401 -- fixtures
+)
 from helpers import wait_for
 from lattica.errors import (
     ActorDied,

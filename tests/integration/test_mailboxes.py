@@ -11,7 +11,7 @@ import call_actors as ra
 import lattica
 from call_fixtures import (
     bounded,
-)  # noqa: F401 -- fixtures
+)
 from helpers import wait_for
 from lattica.errors import (
     NodeClosed,

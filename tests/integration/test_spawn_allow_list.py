@@ -12,7 +12,7 @@ from call_fixtures import (
     TCP,
     spawn_via_spawner,
     spawner_names,
-)  # noqa: F401 -- fixtures
+)
 from lattica.errors import (
     MethodNotFound,
     SpawnError,

@@ -13,7 +13,7 @@ from call_fixtures import (
     _aiter,
     bounded,
     fails_without_timeout,
-)  # noqa: F401 -- fixtures
+)
 from helpers import wait_for
 from lattica.errors import (
     LatticaError,

@@ -117,6 +117,14 @@ def test_turns_let_strangers_through_in_arrival_order_under_one_timer_and_member
         assert quitters == [False] * 200
         assert len(turns) == 1
         assert len(turns._queue) <= 65, len(turns._queue)
+        # a waiter whose task is cancelled is not counted either
+        cancelled = [asyncio.create_task(turns.take(f"c{i}")) for i in range(3)]
+        await asyncio.sleep(0)
+        assert len(turns) == 4
+        for t in cancelled:
+            t.cancel()
+        await asyncio.gather(*cancelled, return_exceptions=True)
+        assert len(turns) == 1
         head.cancel()
 
     asyncio.run(main())

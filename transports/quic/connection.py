@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -79,7 +78,8 @@ class QuicConn(Connection):
         # until the owner trusts the peer (``widen_windows``)
         self._wide = not owner.narrow_windows
         # streams retired while narrow whose unread bytes still hold the window: let go if it widens
-        self._held: weakref.WeakSet[QuicStream] = weakref.WeakSet()
+        # (held here, not weakly: a stream dropped unread must not take its credit with it)
+        self._held: set[QuicStream] = set()
         self._max_window = owner.max_stream_window
         self._high_water = owner.send_high_water
         # drain() waits while more than _high_water bytes of a stream were never sent, and while
@@ -242,8 +242,7 @@ class QuicConn(Connection):
         streams = self._streams
         ev = quic.next_event()
         while ev is not None and not self._dead:
-            t = type(ev)
-            if t is qev.StreamDataReceived:
+            if type(ev) is qev.StreamDataReceived:  # (``type(ev) is``: mypy narrows ev by it)
                 s = streams.get(ev.stream_id)
                 if s is None and ev.stream_id & 2:
                     self._on_control(ev)
@@ -254,11 +253,11 @@ class QuicConn(Connection):
                         self._deliver(s)
                 else:
                     s._on_data(ev.data, ev.end_stream)
-            elif t is qev.ConnectionIdIssued:
+            elif type(ev) is qev.ConnectionIdIssued:
                 self._endpoint.register(self, ev.connection_id)
-            elif t is qev.ConnectionIdRetired:
+            elif type(ev) is qev.ConnectionIdRetired:
                 self._endpoint.unregister_cid(self, ev.connection_id)
-            elif t is qev.StreamReset:
+            elif type(ev) is qev.StreamReset:
                 s = streams.get(ev.stream_id)
                 if s is not None:
                     s._on_reset(ev.error_code)
@@ -269,13 +268,13 @@ class QuicConn(Connection):
                         quic.reset_stream(ev.stream_id, ERR_NO_ERROR)
                     except (RuntimeError, ValueError):
                         pass
-            elif t is qev.StopSendingReceived:
+            elif type(ev) is qev.StopSendingReceived:
                 s = streams.get(ev.stream_id)
                 if s is not None:
                     s._on_stop_sending(ev.error_code)
-            elif t is qev.HandshakeCompleted:
+            elif type(ev) is qev.HandshakeCompleted:
                 self._on_handshake_completed(ev)
-            elif t is qev.ConnectionTerminated:
+            elif type(ev) is qev.ConnectionTerminated:
                 self._on_ending(ev)
                 self._teardown()
             ev = quic.next_event()
@@ -338,6 +337,8 @@ class QuicConn(Connection):
             if self._wide:
                 self._release(s)
             elif s._buf_len:
+                if len(self._held) >= 64:  # (those read out since hold nothing: forgotten)
+                    self._held = {h for h in self._held if h._buf_len}
                 self._held.add(s)
             if s._window > self._stream_window:
                 self._windows_changed()

@@ -99,7 +99,7 @@ class Endpoint(asyncio.DatagramProtocol):
         if self.close_when_idle and not self.members:
             self.close()
 
-    def datagram_received(self, data: bytes, addr: tuple) -> None:  # type: ignore[override]
+    def datagram_received(self, data: bytes, addr: tuple) -> None:
         """Route this datagram and whatever else is already queued on the socket.
 
         asyncio's selector loop delivers one datagram per loop iteration, and every delivery

@@ -268,11 +268,11 @@ class QuicStream(Stream):
         if not self._recv_done:
             self._recv_done = True
             self._read_exc = exc
-            self._discard_buffer()
             try:
                 quic.stop_stream(self.stream_id, ERR_NO_ERROR)
             except (RuntimeError, ValueError):
                 pass  # aioquic has not created the stream yet or already forgot it
+        self._discard_buffer()  # (also after the peer's FIN: what nobody will read holds no credit)
         self._wake_reader()
         self._wake_drain()
         self._conn._schedule_flush()

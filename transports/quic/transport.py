@@ -96,7 +96,7 @@ class QuicTransport(Transport):
         self._endpoints: set[Endpoint] = set()
         self._listen_eps: set[Endpoint] = set()
         self._ephemeral: dict[int, Endpoint] = {}
-        self._conns: set[QuicConn] = set()
+        self._conns = set()  # (of QuicConns; typed in Transport)
         self._closed = False
 
     @property
@@ -183,12 +183,12 @@ class QuicTransport(Transport):
         for ep in candidates:
             if not ep.bound_ip.is_loopback or dest_loopback:
                 return ep
-        ep = self._ephemeral.get(family)
-        if ep is None or ep.closed:
+        ephemeral = self._ephemeral.get(family)
+        if ephemeral is None or ephemeral.closed:
             wildcard = "::" if family == socket.AF_INET6 else "0.0.0.0"
-            ep = await self._open_endpoint(family, wildcard, 0)
-            self._ephemeral[family] = ep
-        return ep
+            ephemeral = await self._open_endpoint(family, wildcard, 0)
+            self._ephemeral[family] = ephemeral
+        return ephemeral
 
     # -- Transport API ----------------------------------------------------------------------
 

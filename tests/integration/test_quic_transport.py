@@ -27,9 +27,9 @@ from lattica.errors import (
 )
 from lattica.identity import KeyPair
 from lattica.multiaddr import Multiaddr
-from lattica.transports._aioquic import LatticaQuicConnection
 from lattica.transports.base import Connection, Stream
 from lattica.transports.quic import QuicConn, QuicTransport
+from lattica.transports.quic._aioquic import LatticaQuicConnection
 
 LOCAL4 = Multiaddr("/ip4/127.0.0.1/udp/0/quic-v1")
 
@@ -171,7 +171,7 @@ def test_listener_rejects_client_with_bad_certificate() -> None:
     async def main() -> None:
         from cryptography.hazmat.primitives.asymmetric import ec
 
-        from lattica.transports import tlscert
+        from lattica.transports.quic import tlscert
 
         async with pair() as p:
             mallory = QuicTransport(KeyPair.generate())

@@ -1,5 +1,5 @@
 """Two aioquic-level QUIC connections joined in memory (no sockets, a clock we move), for tests
-of transports/_aioquic.py: ours on one or both ends, aioquic's own on the other when the test
+of transports/quic/_aioquic.py: ours on one or both ends, aioquic's own on the other when the test
 plays a peer that behaves in ways ours never would."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 from aioquic.quic.connection import QuicConnection
 
 from lattica.identity import KeyPair
-from lattica.transports import _aioquic
-from lattica.transports.tlscert import generate_certificate
+from lattica.transports.quic import _aioquic
+from lattica.transports.quic.tlscert import generate_certificate
 
 CLIENT = ("127.0.0.1", 40001)
 SERVER = ("127.0.0.1", 40002)

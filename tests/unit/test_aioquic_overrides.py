@@ -1,6 +1,6 @@
 """Our replacements for parts of aioquic behave exactly like aioquic's own.
 
-``transports/_aioquic.py`` swaps in a header-protection path that copies less and a stream sender
+``transports/quic/_aioquic.py`` swaps in a header-protection path that copies less and a stream sender
 that keeps chunks; both are checked here against the aioquic 1.7.2 code they replace, on the
 same inputs: same bytes on the wire, same frames, same state after acknowledgements and losses.
 """
@@ -19,7 +19,7 @@ from aioquic.quic.packet_builder import QuicDeliveryState
 from aioquic.quic.stream import QuicStreamSender
 from aioquic.tls import CipherSuite
 
-from lattica.transports._aioquic import _ChunkedSender, _LeanCryptoContext
+from lattica.transports.quic._aioquic import _ChunkedSender, _LeanCryptoContext
 from quic_pair import Pair, ours, theirs
 
 SUITES = [CipherSuite.AES_128_GCM_SHA256, CipherSuite.AES_256_GCM_SHA384, CipherSuite.CHACHA20_POLY1305_SHA256]

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from lattica.errors import HandshakeError, PeerIdMismatch
 from lattica.identity import KeyPair
-from lattica.transports.tlscert import (
+from lattica.transports.quic.tlscert import (
     LIBP2P_EXTENSION_OID,
     SIGNATURE_PREFIX,
     build_certificate,

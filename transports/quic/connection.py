@@ -22,9 +22,10 @@ from lattica.errors import (
 from lattica.identity import PeerId
 from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
-from lattica.transports import _aioquic
 from lattica.transports.base import GOAWAY_ANSWER, Connection, Stream, StreamHandler
+from lattica.transports.quic import _aioquic
 from lattica.transports.quic.stream import QuicStream
+from lattica.transports.quic.tlscert import verify_certificate
 from lattica.transports.quic.wire import (
     ALPN,
     ERR_BAD_CERTIFICATE,
@@ -35,7 +36,6 @@ from lattica.transports.quic.wire import (
     decode_goaway,
     encode_goaway,
 )
-from lattica.transports.tlscert import verify_certificate
 
 if TYPE_CHECKING:
     from lattica.transports.quic.endpoint import Endpoint

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from lattica.interfaces import host_key, is_loopback_ip
 from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
-from lattica.transports import _aioquic
 from lattica.transports.base import ConnectionHandler, Listener, Transport
+from lattica.transports.quic import _aioquic
 from lattica.transports.quic.connection import QuicConn
 from lattica.transports.quic.wire import (
     CID_LEN,

@@ -18,10 +18,11 @@ from lattica.errors import (
 from lattica.identity import KeyPair, PeerId
 from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
-from lattica.transports import _aioquic
 from lattica.transports.base import Connection, ConnectionHandler, Listener, Transport
+from lattica.transports.quic import _aioquic
 from lattica.transports.quic.connection import QuicConn
 from lattica.transports.quic.endpoint import Endpoint, QuicListener
+from lattica.transports.quic.tlscert import CertifiedKey, generate_certificate
 from lattica.transports.quic.wire import (
     ALPN,
     CERT_RENEW_BEFORE,
@@ -34,7 +35,6 @@ from lattica.transports.quic.wire import (
     sockaddr,
     split_addr,
 )
-from lattica.transports.tlscert import CertifiedKey, generate_certificate
 
 log = get_logger("lattica.quic")
 

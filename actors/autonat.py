@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 from lattica.budget import Buckets
 from lattica.errors import LatticaError, ProtocolError
 from lattica.framing import read_message, write_message
+from lattica.host.nat import DIALBACK
 from lattica.identity import PeerId
 from lattica.interfaces import ip_of
 from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
-from lattica.nat import DIALBACK
 from lattica.runtime import autonat_ref, current_caller
 
 if TYPE_CHECKING:

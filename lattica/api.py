@@ -16,11 +16,11 @@ from typing import Any
 from lattica import context, dht
 from lattica.errors import ActorNotFound, LatticaError, Timeout
 from lattica.future import Future
+from lattica.host.nat import NatStatus
 from lattica.identity import PeerId
 from lattica.logging import get_logger
 from lattica.monitors import Monitor
 from lattica.multiaddr import Multiaddr
-from lattica.nat import NatStatus
 from lattica.node import Node
 from lattica.remote import current_runtime, on_loop
 from lattica.runtime import ActorRef, current_actor, spawner_ref

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from lattica.logging import get_logger
 
 if TYPE_CHECKING:
+    from lattica.host.nat import NatManager
     from lattica.identify import PeerInfo
     from lattica.identity import KeyPair, PeerId
     from lattica.multiaddr import Multiaddr
-    from lattica.nat import NatManager
     from lattica.transports.base import Connection, Stream, Transport
     from lattica.trust import Trust
 

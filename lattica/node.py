@@ -32,11 +32,11 @@ from lattica.config import (
 from lattica.errors import NodeClosed, Timeout
 from lattica.host import Host, StreamProtocolHandler, check_protocol_name
 from lattica.host.connections import DRAIN_GRACE
+from lattica.host.nat import NatStatus
 from lattica.identify import PeerInfo
 from lattica.identity import KeyPair, PeerId
 from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
-from lattica.nat import NatStatus
 from lattica.placement import RESOURCES
 from lattica.runtime.spill import DEFAULT_SPILL_LIMIT
 from lattica.transports.base import Stream

@@ -26,6 +26,7 @@ from lattica.errors import (
 from lattica.framing import read_message, write_message
 from lattica.host.connections import MAX_CONNS_PER_PEER, MAX_DRAINING_PER_PEER, Connections
 from lattica.host.dialer import PROTOCOL_READ_TIMEOUT, Dialer, PeerRouting
+from lattica.host.nat import NatManager, NatStatus
 from lattica.host.transports import Transports
 from lattica.hostview import HostEvents
 from lattica.identify import PeerInfo
@@ -33,7 +34,6 @@ from lattica.identity import PeerId
 from lattica.logging import get_logger
 from lattica.monitors import Monitors
 from lattica.multiaddr import Multiaddr
-from lattica.nat import NatManager, NatStatus
 from lattica.records import StoreLimits
 from lattica.runtime import Runtime
 from lattica.services import Services
@@ -135,7 +135,7 @@ class Host:
         self.candidate_addrs: list[Multiaddr] = []  # observed ones, unconfirmed (reachability unknown)
         self.circuit: circuit.CircuitTransport | None = None
         self.nat: NatManager | None = None
-        self.mdns: Any = None  # lattica.mdns.MdnsService on a LAN
+        self.mdns: Any = None  # lattica.host.mdns.MdnsService on a LAN
         self.handlers[identify.PROTOCOL] = self._on_identify
         self._strangers_pings = Turns(StrangersShare(*STRANGERS_PINGS, self.connections.from_stranger), self.loop)
         self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s, lambda: self._ping_turn(s, c))
@@ -184,7 +184,7 @@ class Host:
         self.nat.start()
         want = self.node.mdns
         if want or (want is None and any(interfaces.is_lan(a) for a in self.listen_addrs)):
-            from lattica.mdns import MdnsService  # here: only LAN nodes run it
+            from lattica.host.mdns import MdnsService  # here: only LAN nodes run it
 
             self.mdns = MdnsService(self)
             if not await self.mdns.start():

@@ -10,8 +10,8 @@ import lattica
 import sample_actors as sa
 from helpers import wait_for
 from lattica.actors.relay import RelayConfig
+from lattica.config import NatConfig
 from lattica.errors import LatticaError
-from lattica.nat import NatConfig
 from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(60)

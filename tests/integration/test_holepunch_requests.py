@@ -16,9 +16,9 @@ import lattica
 import sample_actors as sa
 from helpers import wait_for
 from lattica.actors import holepunch as hp_actor
+from lattica.config import NatConfig
 from lattica.framing import read_message, write_message
 from lattica.holepunch import DEPENDENT, PROTOCOL
-from lattica.nat import NatConfig
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 QUIC = "/ip4/127.0.0.1/udp/0/quic-v1"

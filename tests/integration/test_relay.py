@@ -19,11 +19,11 @@ import sample_actors as sa
 from helpers import wait_for
 from lattica.actors.membership import membership_ref
 from lattica.actors.relay import RelayConfig, relay_ref
+from lattica.config import NatConfig
 from lattica.errors import PeerUnreachable, RelayRefused
 from lattica.framing import read_message, write_message
 from lattica.identify import PeerInfo
 from lattica.mesh.process import ServerProcess
-from lattica.nat import NatConfig
 from lattica.transports.circuit import HOP, STOP
 from lattica.transports.splice import PREAMBLE_MAGIC, TOKEN_LEN, _Pipe
 

@@ -19,7 +19,7 @@ LATER = [
     "structlog",
     "pykka",
     "ifaddr",
-    "lattica.mdns",
+    "lattica.host.mdns",
     "aioquic",
     "hashlib",
     "_hashlib",

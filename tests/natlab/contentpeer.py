@@ -40,7 +40,7 @@ def _say(obj: dict) -> None:
     sys.stdout.flush()
 
 
-def _settled(st: lattica.nat.NatStatus) -> bool:
+def _settled(st: lattica.host.nat.NatStatus) -> bool:
     """As coldpeer's callee: proven public, or holding a relay reservation."""
     return st.reachability == "public" or bool(st.relays)
 

@@ -1,6 +1,6 @@
 """Limits per address count hosts (an IPv4 address, an IPv6 /64); what peers say they saw of us
 counts only in the family of the connection they saw it on; which peers become our relays and
-which of their addresses we advertise (lattica.nat, the relay service)."""
+which of their addresses we advertise (lattica.host.nat, the relay service)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import time
 from types import SimpleNamespace
 
 from lattica.actors.relay import _ip_of
+from lattica.host.nat import NatManager
 from lattica.identity import KeyPair
 from lattica.multiaddr import Multiaddr
-from lattica.nat import NatManager
 from lattica.transports.circuit import HOP
 
 

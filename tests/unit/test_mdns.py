@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lattica.errors import ProtocolError
+from lattica.host.mdns import SERVICE, MdnsProtocol, build_query, build_response, parse
 from lattica.identity import KeyPair
-from lattica.mdns import SERVICE, MdnsProtocol, build_query, build_response, parse
 from lattica.multiaddr import Multiaddr
 
 A, B = KeyPair.generate().peer_id, KeyPair.generate().peer_id

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 log = get_logger("lattica.nat")
 
-__all__ = ["NatConfig", "NatStatus", "NatManager", "classify_mapping"]
+__all__ = ["NatStatus", "NatManager", "classify_mapping"]
 
 DIALBACK = "/lattica/autonat/dialback/1"  # the stream an AutoNAT server's dial-back arrives on
 PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from lattica.host.host import Host
     from lattica.hostview import HostView
 
-log = get_logger("lattica.mdns")
+log = get_logger("lattica.host.mdns")
 
 __all__ = ["SERVICE", "MdnsProtocol", "MdnsService", "Discovered", "build_query", "build_response", "parse"]
 

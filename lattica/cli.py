@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any, cast
 
 from lattica import logging as lattica_logging
+from lattica.bench import command as bench_command
 
 if TYPE_CHECKING:
     from lattica.future import Future
@@ -18,205 +19,12 @@ if TYPE_CHECKING:
     from lattica.runtime import Runtime
 
 
-def _print(result: dict, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(result), flush=True)
-        return
-    name = result.pop("bench", "")
-    print(f"{name:<14} " + "  ".join(f"{k}={v}" for k, v in result.items()), flush=True)
-
-
-# The subcommands import what they run inside their functions: `lattica doctor` or `lattica bench
-# rpc` must not load every benchmark (and numpy, aioquic) before it starts.
-
-
-# stream bytes across an emulated link: what one stream carries in seconds, not minutes
-_LINK_STREAM_BYTES = {"lan": 1 << 30, "region": 256 << 20, "continent": 32 << 20}
-
-
-def _bench(args: argparse.Namespace) -> None:
-    from lattica.bench import plan  # lazy: see the note above _bench
-    from lattica.bench import transport as tb  # lazy: see the note above _bench
-
-    transports, polls = plan.transports(args), plan.polls(args)
-    which = args.which
-
-    def starting(name: str) -> None:
-        """Say what bench ``name`` runs and about how long, before it runs (lattica.bench.plan)."""
-        known = plan.plan_of(name, args)
-        if known is not None:
-            plan.announce(name, known)
-
-    if which == "all":
-        starting("all")
-    if which in ("stream", "all"):
-        starting("stream")
-        for t in transports:
-            size = args.size or _LINK_STREAM_BYTES.get(args.link, (1 << 30) if t == "tcp" else (256 << 20))
-            for bp in polls:
-                _print(tb.bench_stream(t, size, busy_poll_us=bp, link=args.link), args.json)
-    if which in ("ping", "all"):
-        starting("ping")
-        for t in transports:
-            for bp in polls:
-                _print(tb.bench_ping(t, args.count, busy_poll_us=bp), args.json)
-    if which in ("handshake", "all"):
-        starting("handshake")
-        for t in transports:
-            _print(tb.bench_handshake(t), args.json)
-    if which in ("startup", "all"):
-        starting("startup")
-        _print(tb.bench_startup(("tcp",)), args.json)
-        _print(tb.bench_startup(("tcp", "quic")), args.json)
-    if which in ("ciphers", "all"):
-        starting("ciphers")
-        _print(tb.bench_noise_ciphers(), args.json)
-    if which in ("dht", "all"):
-        starting("dht")
-        from lattica.bench.dht import bench_dht  # lazy: see the note above _bench
-
-        for n in args.nodes or [2, 3]:
-            for bp in polls:
-                _print(bench_dht(n, min(args.count, 5000), busy_poll_us=bp), args.json)
-    if which == "dht-sim":
-        starting("dht-sim")
-        from lattica.bench.dht import simulate  # lazy: see the note above _bench
-
-        for n in args.nodes or [1000]:
-            _print(
-                simulate(n, keys=args.keys, progress=None if args.json else lambda m: print(f"  {m}", flush=True)),
-                args.json,
-            )
-    if which == "membership-sim":
-        starting("membership-sim")
-        from lattica.bench.membership import simulate as simulate_membership  # lazy: see the note above _bench
-
-        for n in args.nodes or [200]:
-            _print(simulate_membership(n, settle=40.0), args.json)
-    if which in ("relay", "all"):
-        starting("relay")
-        from lattica.bench.relay import bench_relay  # lazy: see the note above _bench
-
-        for payload in args.payload or [262144, 128]:
-            for row in bench_relay(
-                payload, concurrency=(args.concurrency or [32])[0], duration=min(args.duration, 3.0), rounds=args.rounds
-            ):
-                _print(row, args.json)
-    if which in ("supervise", "all"):
-        starting("supervise")
-        from lattica.bench.supervise import bench_supervise  # lazy: see the note above _bench
-
-        for row in bench_supervise(rounds=args.rounds):
-            _print(row, args.json)
-    if which in ("content", "all"):
-        starting("content")
-        from lattica.bench.content import bench_content  # lazy: see the note above _bench
-
-        for row in bench_content(size=args.size or (256 << 20), fetchers=args.fetchers, rounds=min(args.rounds, 3)):
-            _print(row, args.json)
-    if which in ("pubsub", "all"):
-        starting("pubsub")
-        from lattica.bench.pubsub import bench_pubsub  # lazy: see the note above _bench
-
-        for row in bench_pubsub(subscribers=4, flood_messages=20_000):
-            _print(row, args.json)
-    if which == "pubsub-sim":
-        starting("pubsub-sim")
-        from lattica.bench.pubsub import simulate as simulate_pubsub  # lazy: see the note above _bench
-
-        for n in args.nodes or [200]:
-            _print(simulate_pubsub(n, messages=1000), args.json)
-            _print(simulate_pubsub(n, messages=1000, kill=0.1, seed=2), args.json)
-    if which == "pubsub-nodes":
-        starting("pubsub-nodes")
-        from lattica.bench.pubsub_nodes import simulate_nodes  # lazy: see the note above _bench
-
-        say = None if args.json else (lambda m: print(f"  {m}", flush=True))
-        for n in args.nodes or [200]:
-            _print(simulate_nodes(n, messages=1000, progress=say), args.json)
-            _print(simulate_nodes(n, messages=1000, kill=0.1, seed=2, progress=say), args.json)
-    if which in ("crdt", "all"):
-        starting("crdt")
-        from lattica.bench.crdt import bench_compaction, bench_crdt  # lazy: see the note above _bench
-
-        _print(bench_compaction(), args.json)
-        for row in bench_crdt():
-            _print(row, args.json)
-    if which == "crdt-sim":
-        starting("crdt-sim")
-        from lattica.bench.crdt import simulate_crdt  # lazy: see the note above _bench
-
-        say = None if args.json else (lambda m: print(f"  {m}", flush=True))
-        for n in args.nodes or [20]:
-            _print(simulate_crdt(n, runs=args.runs or 100, compact_every=args.compact_every, progress=say), args.json)
-    if which in ("shards", "all"):
-        starting("shards")
-        from lattica.bench.shards import bench_inference, bench_shards  # lazy: see the note above _bench
-
-        for row in bench_shards():
-            _print(row, args.json)
-        for row in bench_inference():
-            _print(row, args.json)
-    if which in ("weightsync", "all"):
-        starting("weightsync")
-        from lattica.bench.weightsync import bench_weightsync  # lazy: see the note above _bench
-
-        for row in bench_weightsync():
-            _print(row, args.json)
-    if which in ("firstcall", "all"):
-        starting("firstcall")
-        from lattica.bench.firstcall import bench_firstcall  # lazy: see the note above _bench
-
-        for t in transports:
-            _print(bench_firstcall(t, link=args.link, runs=args.runs or 5), args.json)
-    if which in ("spill", "all"):
-        starting("spill")
-        from lattica.bench.spill import bench_spill  # lazy: see the note above _bench
-
-        for row in bench_spill(runs=args.runs or 3):
-            _print(row, args.json)
-    if which in ("code", "all"):
-        starting("code")
-        from lattica.bench.code import bench_code  # lazy: see the note above _bench
-
-        sizes = (args.size,) if args.size else (100_000, 10_000_000)
-        for row in bench_code(sizes, nodes=(args.nodes or [8])[0], spawns=args.runs or 20):
-            _print(row, args.json)
-    if which == "soak":
-        starting("soak")
-        from lattica.bench.soak import soak  # lazy: see the note above _bench
-
-        _print(soak(args.soak_seconds, processes=(args.nodes or [4])[0]), args.json)
-    if which in ("dashboard", "all"):
-        starting("dashboard")
-        from lattica.bench.dashboard import bench_dashboard  # lazy: see the note above _bench
-
-        for row in bench_dashboard(cost_seconds=min(args.duration, 5.0), cost_rounds=args.runs or 3):
-            _print(row, args.json)
-    if which in ("attack", "all"):
-        starting("attack")
-        from lattica.bench.attack import bench_attack  # lazy: see the note above _bench
-
-        for row in bench_attack(*plan.attack_configs(args)):
-            _print(row, args.json)
-    if which in ("rpc", "all"):
-        starting("rpc")
-        from lattica.bench.rpc import bench_rpc  # lazy: see the note above _bench
-
-        rpc_transports, kinds, payloads, concurrencies, rpc_polls = plan.rpc_configs(args)
-        for t in rpc_transports:
-            for kind in kinds:
-                for payload in payloads:
-                    for conc in concurrencies:
-                        for bp in rpc_polls:
-                            _print(
-                                bench_rpc(payload, conc, args.duration, t, kind, busy_poll_us=bp, link=args.link),
-                                args.json,
-                            )
+# The subcommands import what they run inside their functions: `lattica doctor` must not load
+# every service and benchmark (and numpy, aioquic) before it starts.
 
 
 def _node(args: argparse.Namespace) -> None:
-    from lattica.node import Node  # lazy: see the note above _bench
+    from lattica.node import Node  # lazy: see the note above _node
 
     relay = getattr(args, "relay", False)
     mdns = False if getattr(args, "no_mdns", False) else None
@@ -246,7 +54,7 @@ def _node(args: argparse.Namespace) -> None:
             info = node.connect(addr)
             print(f"connected: {info.peer_id} over {info.transport}")
         if args.connect:
-            from lattica import dht  # lazy: see the note above _bench
+            from lattica import dht  # lazy: see the note above _node
 
             print(f"DHT routing table: {dht.bootstrap(node=node).result(30)} peers")
         try:
@@ -258,8 +66,8 @@ def _node(args: argparse.Namespace) -> None:
 
 def _mesh(args: argparse.Namespace) -> None:
     """Create, show and share mesh credentials (docs/security.md)."""
-    from lattica import trust  # lazy: see the note above _bench
-    from lattica.identity import KeyPair, PeerId  # lazy: see the note above _bench
+    from lattica import trust  # lazy: see the note above _node
+    from lattica.identity import KeyPair, PeerId  # lazy: see the note above _node
 
     if args.op == "new":
         if not args.arg:
@@ -300,7 +108,7 @@ def _mesh(args: argparse.Namespace) -> None:
 
 
 def _ping(args: argparse.Namespace) -> None:
-    from lattica.node import Node  # lazy: see the note above _bench
+    from lattica.node import Node  # lazy: see the note above _node
 
     with Node([]) as node:
         info = node.connect(args.addr)
@@ -311,9 +119,9 @@ def _ping(args: argparse.Namespace) -> None:
 
 def _dht(args: argparse.Namespace) -> None:
 
-    from lattica import dht  # lazy: see the note above _bench
-    from lattica.identity import PeerId  # lazy: see the note above _bench
-    from lattica.node import Node  # lazy: see the note above _bench
+    from lattica import dht  # lazy: see the note above _node
+    from lattica.identity import PeerId  # lazy: see the note above _node
+    from lattica.node import Node  # lazy: see the note above _node
 
     def shown(v: object) -> object:
         return v if isinstance(v, (str, int, float, bool, list, dict, type(None))) else repr(v)
@@ -350,8 +158,8 @@ def _dht(args: argparse.Namespace) -> None:
 
 
 def _content_node(args: argparse.Namespace, listen: list[str] | None = None):  # -> Node
-    from lattica.config import ContentConfig  # lazy: see the note above _bench
-    from lattica.node import Node  # lazy: see the note above _bench
+    from lattica.config import ContentConfig  # lazy: see the note above _node
+    from lattica.node import Node  # lazy: see the note above _node
 
     blocks = (
         args.blocks or os.environ.get("LATTICA_BLOCKS") or os.path.join(os.path.expanduser("~"), ".lattica", "blocks")
@@ -421,7 +229,7 @@ def _wait(fut: Future) -> Any:
 
 
 def _put(args: argparse.Namespace) -> None:
-    from lattica import content  # lazy: see the note above _bench
+    from lattica import content  # lazy: see the note above _node
 
     node = _content_node(args, args.listen or ["/ip4/0.0.0.0/tcp/0"])
     try:
@@ -441,7 +249,7 @@ def _put(args: argparse.Namespace) -> None:
 
 
 def _get(args: argparse.Namespace) -> None:
-    from lattica import content  # lazy: see the note above _bench
+    from lattica import content  # lazy: see the note above _node
 
     output = args.output
     if output is None and sys.stdout.isatty():
@@ -485,7 +293,7 @@ def _get(args: argparse.Namespace) -> None:
 
 
 def _content(args: argparse.Namespace) -> None:
-    from lattica import content  # lazy: see the note above _bench
+    from lattica import content  # lazy: see the note above _node
 
     node = _content_node(args)
     try:
@@ -503,7 +311,7 @@ def _content(args: argparse.Namespace) -> None:
 
 
 def _doctor(args: argparse.Namespace) -> None:
-    from lattica.doctor import diagnose, render  # lazy: see the note above _bench
+    from lattica.doctor import diagnose, render  # lazy: see the note above _node
 
     def waiting(waited: float, wait: float, reachability: str) -> None:
         sys.stderr.write(f"\rwaiting for the AutoNAT verdict: {waited:4.1f} of {wait:g} s ({reachability} so far)")
@@ -534,8 +342,8 @@ def _doctor(args: argparse.Namespace) -> None:
 def _status(args: argparse.Namespace) -> None:
     """The mesh in the terminal (``ray status``): through a running dashboard, or by joining."""
     if args.dashboard:
-        import urllib.error  # lazy: see the note above _bench
-        import urllib.request  # lazy: see the note above _bench
+        import urllib.error  # lazy: see the note above _node
+        import urllib.request  # lazy: see the note above _node
 
         url = (
             args.dashboard.split("?")[0].rstrip("/")
@@ -559,8 +367,8 @@ def _status(args: argparse.Namespace) -> None:
                 f"the dashboard at {args.dashboard} did not answer with a picture of the mesh (JSON)"
             ) from None
     elif args.bootstrap:
-        from lattica.actors.dashboard.mesh import MeshWatch  # lazy: see the note above _bench
-        from lattica.node import Node  # lazy: see the note above _bench
+        from lattica.actors.dashboard.mesh import MeshWatch  # lazy: see the note above _node
+        from lattica.node import Node  # lazy: see the note above _node
 
         with Node([], membership=False, mesh=args.mesh) as node:
             info = node.connect(args.bootstrap[0], timeout=args.wait)
@@ -577,7 +385,7 @@ def _status(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(pic), flush=True)
         return
-    from lattica.actors.dashboard.text import render  # lazy: see the note above _bench
+    from lattica.actors.dashboard.text import render  # lazy: see the note above _node
 
     try:
         shown = render(pic)
@@ -594,7 +402,7 @@ class _CliError(Exception):
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from lattica.demo import run  # lazy: see the note above _bench
+    from lattica.demo import run  # lazy: see the note above _node
 
     run()
 
@@ -767,123 +575,13 @@ def parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(fn=_demo)
 
-    s = sub.add_parser("bench", help="run benchmarks and print figures")
-    s.add_argument(
-        "which",
-        choices=[
-            "stream",
-            "ping",
-            "handshake",
-            "startup",
-            "firstcall",
-            "ciphers",
-            "rpc",
-            "dht",
-            "dht-sim",
-            "membership-sim",
-            "relay",
-            "supervise",
-            "content",
-            "pubsub",
-            "pubsub-sim",
-            "pubsub-nodes",
-            "crdt",
-            "crdt-sim",
-            "shards",
-            "weightsync",
-            "dashboard",
-            "soak",
-            "code",
-            "spill",
-            "attack",
-            "all",
-        ],
-    )
-    s.add_argument("--transport", choices=["tcp", "quic", "both"], default=None, help="default: both (rpc: tcp)")
-    s.add_argument(
-        "--size",
-        type=int,
-        default=0,
-        help="stream bytes (default 1 GiB tcp, 256 MiB quic); content: object bytes (default 256 MiB)",
-    )
-    s.add_argument("--count", type=int, default=10000, help="pings")
-    s.add_argument(
-        "--payload",
-        type=int,
-        action="append",
-        help="rpc payload bytes (repeatable; default 128; --matrix: 128 and 262144)",
-    )
-    s.add_argument(
-        "--concurrency",
-        type=int,
-        action="append",
-        help="rpc calls in flight (repeatable; default 1000; --matrix: 1000 and 1)",
-    )
-    s.add_argument(
-        "--matrix",
-        action="store_true",
-        help="rpc: every transport, actor kind, payload, calls in flight and loop (dozens of runs)",
-    )
-    s.add_argument("--duration", type=float, default=10.0, help="rpc seconds per run")
-    s.add_argument(
-        "--actor",
-        choices=["async", "sync", "both"],
-        default=None,
-        help="rpc actor kind (default: async; --matrix: both)",
-    )
-    s.add_argument(
-        "--busy-poll-us",
-        type=float,
-        default=None,
-        help="node loop busy-poll window; default: compare 0 (uvloop) with the default side by side",
-    )
-    s.add_argument("--nodes", type=int, action="append", help="dht: nodes (repeatable; default 2 and 3; dht-sim: 1000)")
-    s.add_argument("--keys", type=int, default=200, help="dht-sim: keys stored and looked up")
-    s.add_argument("--soak-seconds", type=float, default=300.0, help="soak: how long (not part of all)")
-    s.add_argument(
-        "--rounds",
-        type=int,
-        default=5,
-        help="supervise: node losses per signal (a fresh mesh each); relay: turns of every path",
-    )
-    s.add_argument(
-        "--runs",
-        type=int,
-        default=None,
-        help="crdt-sim: runs (random partitions each; default 100); firstcall: fresh callers (default 5)",
-    )
-    s.add_argument(
-        "--compact-every",
-        type=int,
-        default=0,
-        help="crdt-sim: replicas checkpoint their logs this often (default 0: never)",
-    )
-    s.add_argument("--fetchers", type=int, default=8, help="content: fetchers of the swarm")
-    s.add_argument(
-        "--link",
-        choices=["lan", "region", "continent"],
-        default=None,
-        help="stream, rpc, firstcall: run across an emulated link (root, Linux; lattica.bench.linkem) instead of loopback",
-    )
-    s.add_argument(
-        "--attack",
-        action="append",
-        default=None,
-        help="attack: which (repeatable; default every one: cpu (a control), have, calls, pubsub, streams, sockets, store, providers); --nodes: stranger identities (default 1, 8, 64)",
-    )
-    s.add_argument(
-        "--shared-cores",
-        action="store_true",
-        help="attack: the attackers share the victim's cores (default: the last core is theirs alone)",
-    )
-    s.add_argument("--json", action="store_true", help="one JSON object per line")
-    s.set_defaults(fn=_bench)
+    bench_command.add_parser(sub)
 
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
-    from lattica.api import goodbye_on_sigterm  # lazy: see the note above _bench
+    from lattica.api import goodbye_on_sigterm  # lazy: see the note above _node
 
     args = parser().parse_args(argv)
     goodbye_on_sigterm()  # (a node stopped by kill, systemd or docker says goodbye)
@@ -905,13 +603,13 @@ def main(argv: list[str] | None = None) -> None:
 
 def _explainable(e: BaseException) -> bool:
     """Errors that say what went wrong in their message: a user's mistake or the network's."""
-    from lattica.errors import LatticaError  # lazy: see the note above _bench
+    from lattica.errors import LatticaError  # lazy: see the note above _node
 
     return isinstance(e, (_CliError, LatticaError, ValueError, OSError, TimeoutError))
 
 
 def _say(e: BaseException) -> str:
-    from lattica.errors import BlockNotFound, MultiaddrError  # lazy: see the note above _bench
+    from lattica.errors import BlockNotFound, MultiaddrError  # lazy: see the note above _node
 
     text = str(e) or type(e).__name__
     if isinstance(e, MultiaddrError):

@@ -33,11 +33,7 @@ from .test_matrix import KINDS6, REPO, SHORT, Proc
 COLDPEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "coldpeer.py")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def need_lab():
-    ok, why = Lab.available()
-    if not ok:
-        pytest.skip(why)  # needs root, ip netns and nft: CI has them (.ci/run installs them)
+pytestmark = pytest.mark.usefixtures("need_lab")  # (tests/natlab/conftest.py)
 
 
 def _kill(proc: Proc) -> None:

@@ -54,11 +54,7 @@ RESEED = (("port_restricted", "full_cone", "address_restricted", "symmetric"), "
 RESULTS: dict[tuple[str, str], dict] = {}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def need_lab():
-    ok, why = Lab.available()
-    if not ok:
-        pytest.skip(why)  # needs root, ip netns and nft: CI has them (.ci/run installs them)
+pytestmark = pytest.mark.usefixtures("need_lab")  # (tests/natlab/conftest.py)
 
 
 @contextlib.contextmanager

@@ -20,11 +20,7 @@ from .test_matrix import KINDS6, SHORT, Proc, _settled
 DOC = "lab/doc"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def need_lab():
-    ok, why = Lab.available()
-    if not ok:
-        pytest.skip(why)  # needs root, ip netns and nft: CI has them (.ci/run installs them)
+pytestmark = pytest.mark.usefixtures("need_lab")  # (tests/natlab/conftest.py)
 
 
 def test_replicas_behind_every_nat_kind_converge_and_a_late_one_catches_up():

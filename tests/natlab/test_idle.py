@@ -36,11 +36,7 @@ from .test_matrix import Proc
 IDLE = 20.0  # seconds without calls, far past the router's 3 s UDP timeout
 
 
-@pytest.fixture(scope="module", autouse=True)
-def need_lab():
-    ok, why = Lab.available()
-    if not ok:
-        pytest.skip(why)  # needs root, ip netns and nft: CI has them (.ci/run installs them)
+pytestmark = pytest.mark.usefixtures("need_lab")  # (tests/natlab/conftest.py)
 
 
 @pytest.fixture(scope="module")

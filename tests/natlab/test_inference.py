@@ -22,11 +22,7 @@ STAGE_KINDS = ("full_cone", "address_restricted", "port_restricted", "symmetric"
 PROMPT = [1, 2, 3, 4]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def need_lab():
-    ok, why = Lab.available()
-    if not ok:
-        pytest.skip(why)  # needs root, ip netns and nft: CI has them (.ci/run installs them)
+pytestmark = pytest.mark.usefixtures("need_lab")  # (tests/natlab/conftest.py)
 
 
 def test_a_pipeline_behind_nats_generates_the_same_tokens_through_a_stage_node_s_death():

@@ -125,11 +125,7 @@ def _leftovers(prefix):
     return [line.split()[0] for line in out.splitlines() if line.startswith(prefix + "-")]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def need_lab():
-    ok, why = Lab.available()
-    if not ok:
-        pytest.skip(why)
+pytestmark = pytest.mark.usefixtures("need_lab")  # (tests/natlab/conftest.py)
 
 
 @pytest.fixture(scope="module")

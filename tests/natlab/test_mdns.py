@@ -10,12 +10,7 @@ import pytest
 from .lab import Lab
 from .test_matrix import Proc
 
-
-@pytest.fixture(scope="module", autouse=True)
-def need_lab():
-    ok, why = Lab.available()
-    if not ok:
-        pytest.skip(why)  # needs root, ip netns and nft: CI has them (.ci/run installs them)
+pytestmark = pytest.mark.usefixtures("need_lab")  # (tests/natlab/conftest.py)
 
 
 def test_nodes_on_one_lan_find_each_other_by_mdns():

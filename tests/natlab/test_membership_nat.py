@@ -18,11 +18,7 @@ from .test_matrix import KINDS6, Proc, _settled
 WATCH = 20.0  # seconds of views sampled once the views are complete
 
 
-@pytest.fixture(scope="module", autouse=True)
-def need_lab():
-    ok, why = Lab.available()
-    if not ok:
-        pytest.skip(why)  # needs root, ip netns and nft: CI has them (.ci/run installs them)
+pytestmark = pytest.mark.usefixtures("need_lab")  # (tests/natlab/conftest.py)
 
 
 def test_every_member_sees_every_other_alive_across_nats():

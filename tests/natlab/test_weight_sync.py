@@ -29,11 +29,7 @@ MIB = 8
 VERSIONS = 3
 
 
-@pytest.fixture(scope="module", autouse=True)
-def need_lab():
-    ok, why = Lab.available()
-    if not ok:
-        pytest.skip(why)  # needs root, ip netns and nft: CI has them (.ci/run installs them)
+pytestmark = pytest.mark.usefixtures("need_lab")  # (tests/natlab/conftest.py)
 
 
 def test_workers_behind_nats_run_every_version_and_mostly_feed_each_other():

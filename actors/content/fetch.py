@@ -23,7 +23,8 @@ from lattica.actors.content.wire import (
     content_ref,
 )
 from lattica.content.cid import RAW, Cid
-from lattica.content.session import BLOCK, FetchSession, Request
+from lattica.content.fetch_records import BLOCK, Request
+from lattica.content.session import FetchSession
 from lattica.content.unixfs import Walker
 from lattica.errors import BadBlock, BlockNotFound, ContentError, LatticaError
 from lattica.identity import PeerId

@@ -12,6 +12,10 @@ check it and sign it, and once it carries the signatures a newcomer needs (the o
 quorum of members') every replica drops the envelopes it covers, and gives the checkpoint with
 its state to a replica that lacks them. Everything here runs on the node loop, except pycrdt's
 own transactions, which users run on their threads.
+
+The replica's parts, each a module of this package: ``sync`` (anti-entropy), ``checkpoints``
+(proposing and taking checkpoints), ``storage`` (the store), ``actor`` (what peers call), and
+``wire`` (what replicas exchange); the rules and the policy without I/O are in lattica/crdt/.
 """
 
 from __future__ import annotations
@@ -19,94 +23,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import pycrdt
 
+from lattica.actors.crdt.actor import ReplicaActor
+from lattica.actors.crdt.checkpoints import Checkpoints
+from lattica.actors.crdt.storage import Storage
+from lattica.actors.crdt.sync import AntiEntropy
+from lattica.actors.crdt.wire import MAX_BODY, MAX_PUSH, actor_name, replica_ref, topic_of
 from lattica.budget import Buckets
-from lattica.crdt.checkpoint import MAX_SIGNATURES, MAX_STATE, Checkpoint, Signature
-from lattica.crdt.envelope import (
-    ACL,
-    MAX_AUTHOR,
-    MAX_CERT,
-    MAX_CERTS,
-    MAX_DEPS,
-    Acl,
-    Envelope,
-    client_id,
-    decode_any,
-    sign,
-    sign_acl,
-)
-from lattica.crdt.replica import MAX_CHAINS, MemoryLog, Outcome, ReplicaState
+from lattica.crdt.checkpoint import Checkpoint
+from lattica.crdt.envelope import ACL, MAX_DEPS, Acl, Envelope, client_id, decode_any, sign, sign_acl
+from lattica.crdt.replica import REBUILD_GAP, MemoryLog, Outcome, ReplicaState, gossip_verdict
 from lattica.crdt.yupdate import read_update
-from lattica.errors import (
-    CrdtError,
-    LatticaError,
-    MalformedUpdate,
-    NotAWriter,
-    PermissionDenied,
-    ProtocolError,
-    Timeout,
-    UpdateRejected,
-)
+from lattica.errors import CrdtError, LatticaError, MalformedUpdate, NotAWriter, Timeout, UpdateRejected
 from lattica.identity import PeerId
 from lattica.logging import get_logger
 from lattica.pubsub.subscription import Subscription
-from lattica.runtime import current_caller
-from lattica.runtime.limits import ASYNC
-from lattica.runtime.refs import ActorRef
 
 if TYPE_CHECKING:
     from lattica.actors.crdt.service import CrdtService
 
-__all__ = ["Replica", "ReplicaActor", "Change", "actor_name", "topic_of"]
+__all__ = ["Replica", "Change"]
 
 log = get_logger("lattica.crdt")
 
-MAX_SUMMARY = MAX_CHAINS  # chains one summary names
-MAX_PUSH = 1024  # envelopes one push or sync answer carries
-PAGE_BYTES = 4 << 20  # and about this many bytes
-HEAD_ID = 16  # bytes of a head's id a summary carries
-MAX_CHECKPOINTS_SENT = 1  # checkpoints (with their states, up to MAX_STATE each) in one answer
 SYNC_BYTES_RATE = 16 << 20  # bytes a second our sync answers send one peer on average
 SYNC_BYTES_BURST = 64 << 20  # (a checkpoint's state, up to 48 MiB, goes in one answer)
-MAX_BODY = 8 << 20  # (each replica refuses what is over its own max_update_bytes)
-REBUILD_GAP = 1.0  # seconds at least between two rebuilds of a document
-# refusals a forwarder should have seen for itself: its copy is rejected (scored down); others
-# (a list or a view that may not have reached it yet, a full waiting room) are only ignored
-_HARD = frozenset(
-    {
-        "bad signature",
-        "malformed update",
-        "malformed ACL",
-        "another document",
-        "too large",
-        "items under another client id",
-        "items do not continue the chain's clock",
-        "names items of its own chain that do not exist",
-        "deps are not what the update names",
-        "an ACL not signed by the owner",
-        "a chain's first envelope names a previous one",
-    }
-)
 _TYPES = {"map": pycrdt.Map, "array": pycrdt.Array, "text": pycrdt.Text}
-
-
-def actor_name(doc: bytes) -> str:
-    return "crdt/" + doc.hex()
-
-
-def topic_of(doc: bytes) -> str:
-    return "lattica/crdt/" + doc.hex()
-
-
-def _ref(peer: PeerId, doc: bytes) -> ActorRef:
-    return ActorRef(peer, actor_name(doc), {"sync": ASYNC, "push": ASYNC, "checkpoint": ASYNC})
 
 
 class Change:
@@ -159,13 +107,6 @@ class Replica:
         self._rates = Buckets(self.cfg.author_rate, max(self.cfg.author_rate, 1.0), 1024)
         self._observers: list[Callable[[Change], Any]] = []
         self._changes: list[Subscription] = []
-        self._durable: asyncio.Future | None = None  # the store's write of what we applied last
-        self._since_snapshot = 0
-        self._synced: set[PeerId] = set()
-        self._known: dict[PeerId, dict] = {}  # what each replica peer held when we last heard (chain -> seq)
-        self._again: set[PeerId] = set()  # peers to sync with once more when the sync under way ends
-        self._syncing: dict[PeerId, asyncio.Task] = {}
-        self._task: asyncio.Task | None = None
         self.closed = False
         self.refused = 0
         self.applied = 0
@@ -176,22 +117,20 @@ class Replica:
         self._observing: Any = None  # our subscription to the pycrdt document's transactions
         self._tl = threading.local()  # per thread: how deep in our own transactions
         self._rebuild_handle: asyncio.TimerHandle | None = None
-        self._rebuilt_at = -REBUILD_GAP
+        self.rebuilt_at = -REBUILD_GAP  # (time.monotonic() of the last rebuild)
         self.cp_states: dict[bytes, bytes] = {}  # the state of each checkpoint we took, by digest
-        self._proposing = False
-        self._propose_after = 0.0
         self._cp_calls = Buckets(1.0, 4.0, 1024)  # checkpoint calls each peer may make of us (each may cost a merge)
         self._cp_calls_all = Buckets(2.0, 8.0, 1)  # and all peers together
         self.checkpoints_taken = 0
+        self.storage = Storage(self)
+        self.anti_entropy = AntiEntropy(self)
+        self.checkpoints = Checkpoints(self)
 
     # -- opening -----------------------------------------------------------------------------------
 
     async def load(self) -> None:
         """Take the document back from the store (if any): snapshot, then the log after it."""
-        nonce, snap, envs, cps = None, None, [], []
-        store = self.svc.store
-        if store is not None:
-            nonce, snap, envs, cps = await asyncio.wrap_future(store.load(self.doc))
+        nonce, snap, envs, cps = await self.storage.load()
         self.nonce = nonce or os.urandom(8)
         self.client = client_id(self.doc, self.me, self.nonce)
         self.ydoc = pycrdt.Doc(client_id=self.client, allow_multithreading=True)
@@ -204,21 +143,20 @@ class Replica:
                 continue
             self.cp_states[cp.digest] = state
             if snap is None:
-                self._apply(state, learn=True)
+                self.apply_update(state, learn=True)
         pos = 0
         if snap is not None:
             pos, state, meta = snap
             self.state.restore(meta[0], (e for p, e in envs if p <= pos))
             self.roots.update(meta[1])
-            self._apply(state)
+            self.apply_update(state)
         self.log_bytes = sum(e.size for _, e in envs) + sum(len(st) for st in self.cp_states.values())
         rest = [e for p, e in envs if p > pos]
         if rest:
             out = self.state.receive(rest, verified=True)
             for env in out.applied:
                 self._apply_env(env)
-        if store is not None:
-            await asyncio.wrap_future(store.remember(self.doc, self.name, self.owner, self.nonce, clean=False))
+        await self.storage.remember(clean=False)
         old = self.rt.actors.get(actor_name(self.doc))
         if old is not None:  # (the document was closed a moment ago: its actor is still stopping)
             await old.stop("document reopened")
@@ -227,7 +165,7 @@ class Replica:
         if pubsub is not None:
             pubsub.set_validator(self.topic, self._on_message)
             pubsub.subscribe(self.topic, handler=_ignore)
-        self._task = self.host.spawn(self._anti_entropy())
+        self.anti_entropy.start()
 
     @property
     def chain(self) -> tuple[bytes, bytes]:
@@ -292,7 +230,7 @@ class Replica:
         deps = {c: k for c, k in needs.items() if c != self.client}
         if len(deps) > MAX_DEPS and not why:
             why = f"it names items of {len(deps)} other clients (at most {MAX_DEPS})"
-        certs = self._certs()
+        certs = self.certs()
         out = None
         if not why:
             env = sign(self.host.keypair, self.doc, self.nonce, seq + 1, prev, deps, update, certs)
@@ -304,13 +242,13 @@ class Replica:
             # from the log), and the next commit() says why
             self._error = UpdateRejected(why, f"a change to {self.name!r} cannot be replicated ({why}); it was undone")
             log.error("local change refused by our own replica; undone", doc=self.name, reason=why)
-            self._rebuild()
+            self.rebuild()
             return None
-        self._after(out, None, local=True)
+        self.act_on(out, None, local=True)
         self._publish(env)
         return env
 
-    def _certs(self) -> tuple[bytes, ...]:
+    def certs(self) -> tuple[bytes, ...]:
         """Our mesh certificates, signed into what we sign for a mesh document."""
         trust = self.host.trust
         return tuple(trust.presented) if self.owner is None and not trust.open else ()
@@ -325,7 +263,7 @@ class Replica:
             except (LatticaError, ValueError) as exc:
                 log.debug("crdt publish failed; anti-entropy carries it", doc=self.name, error=str(exc))
         for peer in self.peers():
-            self.sync_soon(peer)
+            self.anti_entropy.sync_soon(peer)
 
     # -- peers' envelopes -----------------------------------------------------------------------
 
@@ -339,10 +277,7 @@ class Replica:
             return "reject"
         if not self._rates.take(env.author):
             return "ignore"  # (anti-entropy brings it later)
-        out = self.receive([env], msg.via, spread=False)  # (pub-sub carries it to the others)
-        if out.refused:
-            return "reject" if out.refused[0][1] in _HARD else "ignore"
-        return "accept" if out.applied or out.held else "ignore"
+        return gossip_verdict(self.receive([env], msg.via, spread=False))  # (pub-sub carries it to the others)
 
     def count_malformed(self, what: str = "envelope") -> None:
         self.refused += 1
@@ -363,27 +298,17 @@ class Replica:
             fits.append(e)
             room -= e.size
         out = self.state.receive(fits)
-        self._after(out, via)
+        self.act_on(out, via)
         if spread and out.applied:
-            self._spread(out.applied, via)
+            # (pub-sub carries only what authors publish: without this, what one side of a healed
+            # partition learns from the other would wait for the periodic sync)
+            self.anti_entropy.spread(out.applied, via)
         return out
 
-    def _spread(self, applied: list[Envelope], via: PeerId | None) -> None:
-        """Pass envelopes anti-entropy brought on to the replica peers that lack them, as far as
-        we know (pub-sub carries only what authors publish: without this, what one side of a
-        healed partition learns from the other would wait for the periodic sync)."""
-        for peer, known in self._known.items():
-            if peer != via and any(known.get(e.chain, 0) < e.seq for e in applied):
-                self.sync_soon(peer)
-
-    def heard(self, peer: PeerId, summary: dict, envs: Sequence[Envelope] = ()) -> None:
-        """``peer`` holds ``summary``, and ``envs`` besides."""
-        known = self._known[peer] = dict(summary)
-        for e in envs:
-            if known.get(e.chain, 0) < e.seq:
-                known[e.chain] = e.seq
-
-    def _after(self, out: Outcome, via: PeerId | None, local: bool = False) -> None:
+    def act_on(self, out: Outcome, via: PeerId | None, local: bool = False) -> None:
+        """Do what feeding envelopes to the rules says: apply (unless ``local``: already in the
+        document), log and emit what was applied, pass fork proofs on, rebuild, fetch what an
+        envelope waits for, and propose a checkpoint when one is due."""
         for env in out.applied:
             if not local:
                 self._apply_env(env)
@@ -391,7 +316,7 @@ class Replica:
             self.applied += 1
             self._emit(Change(PeerId.from_bytes(env.author), env.seq, env.body, local))
         if out.applied:
-            self._persist(out.applied)
+            self.storage.append(out.applied)
         for env, why in out.refused:
             self.refused += 1
             log.info(
@@ -416,13 +341,13 @@ class Replica:
         if proof:
             for peer in self.peers():  # (each replica sees both and ends the chain too; later ones get them in syncs)
                 if peer != via:
-                    self.host.spawn(self._tell(peer, proof[:MAX_PUSH]))
+                    self.host.spawn(self.tell(peer, proof[:MAX_PUSH]))
         if out.rebuild:
             self._rebuild_soon()
         if out.held and via is not None:
-            self.sync_soon(via)
+            self.anti_entropy.sync_soon(via)
         if out.applied:
-            self._maybe_checkpoint()
+            self.checkpoints.maybe_propose()
 
     def _emit(self, change: Change) -> None:
         for cb in list(self._observers):
@@ -434,9 +359,10 @@ class Replica:
             # a Subscription queues whatever it is given (typed for pubsub's Message): here crdt Changes
             sub._push(cast(Any, change), len(change.update))
 
-    async def _tell(self, peer: PeerId, envs: list[Envelope]) -> None:
+    async def tell(self, peer: PeerId, envs: list[Envelope]) -> None:
+        """Push ``envs`` (a fork's proof) to ``peer``'s replica."""
         try:
-            await self.rt.call(_ref(peer, self.doc), "push", ([e.to_bytes() for e in envs],), {}, timeout=10.0)
+            await self.rt.call(replica_ref(peer, self.doc), "push", ([e.to_bytes() for e in envs],), {}, timeout=10.0)
         except LatticaError as exc:
             log.debug("crdt fork proof not delivered", doc=self.name, peer=peer.short(), error=str(exc))
 
@@ -445,13 +371,13 @@ class Replica:
         passed: forks cannot buy a rebuild per envelope."""
         if self._rebuild_handle is not None:
             return
-        wait = self._rebuilt_at + REBUILD_GAP - time.monotonic()
+        wait = self.rebuilt_at + REBUILD_GAP - time.monotonic()
         if wait <= 0:
-            self._rebuild()
+            self.rebuild()
         else:
-            self._rebuild_handle = self.host.loop.call_later(wait, self._rebuild)
+            self._rebuild_handle = self.host.loop.call_later(wait, self.rebuild)
 
-    def _rebuild(self) -> None:
+    def rebuild(self) -> None:
         """Make the document again from the log, under what is known now (a fork, a writer cut
         off, a local change no replica would take): what no longer counts goes."""
         if self._rebuild_handle is not None:
@@ -459,7 +385,7 @@ class Replica:
             self._rebuild_handle = None
         if self.closed:
             return
-        self._rebuilt_at = time.monotonic()
+        self.rebuilt_at = time.monotonic()
         had = self.state.head(self.chain)[0]
         new, out = self.state.rebuilt()
         if new.head(self.chain)[0] < had:
@@ -467,13 +393,10 @@ class Replica:
             # envelope for a place (a fork of our own): write under a new chain from here
             self.nonce = os.urandom(8)
             self.client = client_id(self.doc, self.me, self.nonce)
-            if self.svc.store is not None:
-                self.svc.store.remember(self.doc, self.name, self.owner, self.nonce, clean=False).add_done_callback(
-                    _logged_failure
-                )
+            self.storage.remember_soon(clean=False)
         ydoc: pycrdt.Doc = pycrdt.Doc(client_id=self.client, allow_multithreading=True)
         # the checkpoints' states first (the replay starts from them), then the log after them
-        for update in self._states() + [e.body for e in out.applied if e.kind != ACL]:
+        for update in self.checkpoints.states() + [e.body for e in out.applied if e.kind != ACL]:
             try:
                 ydoc.apply_update(update)
             except BaseException as exc:  # (yrs panics are BaseExceptions)
@@ -489,14 +412,14 @@ class Replica:
         self.log_bytes = sum(e.size for e in out.applied) + sum(len(st) for st in self.cp_states.values())
         self.rebuilds += 1
         log.warning("crdt document rebuilt from its log", doc=self.name, applied=len(out.applied))
-        self.snapshot()
+        self.storage.snapshot()
         self._emit(Change(self.rt.peer_id, 0, b"", False, rebuilt=True))
         del old
         return None
 
     def _apply_env(self, env: Envelope) -> None:
         if env.kind != ACL:
-            self._apply(env.body, learn=True)
+            self.apply_update(env.body, learn=True)
 
     def _learn_roots(self, update: bytes) -> None:
         """Note the root types ``update`` writes into (``to_py`` reports them)."""
@@ -508,7 +431,8 @@ class Replica:
         except MalformedUpdate:  # (the rules read it already)
             pass
 
-    def _apply(self, update: bytes, learn: bool = False) -> None:
+    def apply_update(self, update: bytes, learn: bool = False) -> None:
+        """Apply ``update`` (the rules took it) to the document (``learn``: note its roots)."""
         assert self.ydoc is not None
         if learn:
             self._learn_roots(update)
@@ -523,201 +447,7 @@ class Replica:
         finally:
             self._applying = False
 
-    def _persist(self, envs: list[Envelope]) -> None:
-        store = self.svc.store
-        if store is None:
-            return
-        self._durable = asyncio.wrap_future(store.append(self.doc, envs))
-        self._durable.add_done_callback(_logged_failure)
-        self._since_snapshot += len(envs)
-        if self._since_snapshot >= self.cfg.snapshot_every:
-            self.snapshot()
-
-    def snapshot(self) -> None:
-        """Record the document's state now, so reopening it replays only what comes after."""
-        store = self.svc.store
-        if store is None or self.ydoc is None:
-            return
-        self._since_snapshot = 0
-        with self.txn():
-            state = self.ydoc.get_update()
-        store.snapshot(self.doc, state, [self.state.export(), self.roots]).add_done_callback(_logged_failure)
-
-    # -- checkpoints ------------------------------------------------------------------------------
-
-    def _states(self) -> list[bytes]:
-        """The states of the checkpoints we hold, in the order the rules hold them."""
-        return [self.cp_states[cp.digest] for cp in self.state.checkpoints]
-
-    def _maybe_checkpoint(self) -> None:
-        """Propose a checkpoint once the log holds ``compact_every`` envelopes, if it falls to
-        us: the owner (an owner document), else the replica with the lowest PeerId among those
-        we meet (one proposer at a time, not one per replica)."""
-        every = self.cfg.compact_every
-        if not every or self._proposing or len(self.state.log) < every or time.monotonic() < self._propose_after:
-            return
-        if self.owner is not None:
-            if self.owner != self.me:
-                return
-        else:
-            peers = self.peers()
-            if self.cfg.checkpoint_quorum > 1 and not peers:
-                return
-            # the lowest proposes at compact_every; should it not (gone, or hostile), the next at
-            # twice that, every other at three times (checkpoints made apart are taken alike)
-            rank = min(sum(1 for p in peers if p.to_bytes() < self.me), 2)
-            if len(self.state.log) < every * (1 + rank):
-                return
-        self._proposing = True
-        self.host.spawn(self._checkpoint_round())
-
-    async def _checkpoint_round(self) -> None:
-        try:
-            await self._propose()
-        except Exception as exc:  # (whatever a peer's answer did: back off, never retry at once)
-            log.info("crdt checkpoint round failed", doc=self.name, error=repr(exc))
-            self._propose_after = time.monotonic() + 30.0
-        finally:
-            self._proposing = False
-
-    async def _propose(self) -> None:
-        peers = self.peers()
-        random.shuffle(peers)
-        # first what they hold and we lack (and their checkpoints): the proposal covers it
-        await asyncio.gather(*(self.sync_with(p) for p in peers), return_exceptions=True)
-        if self.closed:
-            return
-        made = self.state.propose(self._states())
-        if made is None:
-            self._propose_after = time.monotonic() + REBUILD_GAP
-            return
-        cp, canon = made
-        if len(canon) > MAX_STATE:
-            log.warning("crdt document too large to checkpoint", doc=self.name, state_bytes=len(canon))
-            self._propose_after = time.monotonic() + 600.0
-            return
-        cp = cp.signed(self.host.keypair, self._certs())
-        for peer in peers:
-            if self._settled(cp):
-                break
-            try:
-                await self.sync_with(peer)  # (it holds what we hold: it can check the checkpoint)
-                answer = await self.rt.call(_ref(peer, self.doc), "checkpoint", (cp.to_bytes(), None), {}, timeout=10.0)
-            except LatticaError as exc:
-                log.debug("crdt checkpoint not signed by a peer", doc=self.name, peer=peer.short(), error=str(exc))
-                continue
-            # (its own signature only, and only one that verifies: junk cannot fill the slots)
-            theirs = [sig for sig in _parse_signatures(answer) if sig.signer == peer.to_bytes()]
-            if theirs and Checkpoint(cp.doc, cp.heads, cp.state_hash, tuple(theirs[:1])).valid_signatures():
-                cp = cp.with_signatures(theirs[:1])
-        if self.closed:
-            return
-        if not self._settled(cp):
-            self._propose_after = time.monotonic() + 30.0
-            log.info("crdt checkpoint not signed by enough members yet", doc=self.name, signatures=len(cp.signatures))
-            return
-        why = self._take_checked(cp, None)
-        if why:
-            log.info("crdt checkpoint not taken", doc=self.name, reason=why)
-            return
-        for peer in self.peers():
-            self.host.spawn(self._announce(peer, cp))
-
-    async def _announce(self, peer: PeerId, cp: Checkpoint) -> None:
-        try:
-            await self.rt.call(_ref(peer, self.doc), "checkpoint", (cp.to_bytes(), None), {}, timeout=10.0)
-        except LatticaError as exc:
-            log.debug("crdt checkpoint not announced", doc=self.name, peer=peer.short(), error=str(exc))
-
-    def _settled(self, cp: Checkpoint) -> bool:
-        """Whether ``cp`` carries the signatures a replica that cannot check it needs: the
-        owner's (an owner document), else ``checkpoint_quorum`` members'."""
-        sigs = cp.valid_signatures()
-        if self.owner is not None:
-            return any(s.signer == self.owner for s in sigs)
-        members = sum(1 for s in sigs if self._member_at(s.signer, s.certs, s.ts))
-        return members >= max(1, self.cfg.checkpoint_quorum)
-
-    def _take_checked(self, cp: Checkpoint, state: bytes | None, via: PeerId | None = None) -> str:
-        """Take ``cp`` (settled): checked against our own log if we hold what it covers, else,
-        with its ``state``, on its signatures. Why not ("" if taken)."""
-        if any(cp.digest == have.digest for have in self.state.checkpoints):
-            return ""
-        if self.state.superseded(cp):
-            return ""
-        why, canon = self.state.check(cp, self._states())
-        if why in ("it disagrees with an envelope we hold", "it covers a forked chain past its end"):
-            # its author forked and the checkpoint, settled, names the other branch: that one
-            # counts (the replicas that took it hold nothing else): ours goes, and the document
-            # is rebuilt without it before the checkpoint is taken
-            if self.state.disagreeing(cp) and time.monotonic() - self._rebuilt_at < REBUILD_GAP:
-                return "a rebuild was made less than a second ago"  # (offered again by a later sync)
-            if self.state.yield_to(cp):
-                self._rebuild()
-            why = "we do not hold everything it covers"  # (the branch it names: taken on its signatures)
-        merge = False
-        if why == "we do not hold everything it covers" and state is not None:
-            seq = next((s for a, n, s, _ in cp.heads if (a, n) == self.chain), 0)
-            if seq > self.state.head(self.chain)[0]:
-                return "it covers more of our own chain than we signed"
-            canon, merge, why = state, True, ""
-        if why:
-            return why
-        old = {c.digest for c in self.state.checkpoints}
-        why, out = self.state.adopt(cp, canon)
-        if why:
-            return why
-        self.cp_states = {c.digest: self.cp_states.get(c.digest, canon) for c in self.state.checkpoints}
-        if merge:
-            self._apply(canon, learn=True)  # (Yjs merges: what we held and what it holds)
-        self.checkpoints_taken += 1
-        self.log_bytes = sum(e.size for e in self.state.log.all()) + sum(len(st) for st in self.cp_states.values())
-        store = self.svc.store
-        if store is not None and self.ydoc is not None:
-            self._since_snapshot = 0
-            with self.txn():
-                snap = self.ydoc.get_update()
-            dropped = list(old - set(self.cp_states))
-            store.compact(
-                self.doc,
-                cp.to_bytes(),
-                cp.digest,
-                canon,
-                dict(self.state.base),
-                dropped,
-                (snap, [self.state.export(), self.roots]),
-            ).add_done_callback(_logged_failure)
-        log.info(
-            "crdt checkpoint taken",
-            doc=self.name,
-            chains=len(cp.heads),
-            state_bytes=len(canon),
-            log_envelopes=len(self.state.log),
-            checked=not merge,
-        )
-        self._after(out, via)
-        return ""
-
-    def _from_peer(self, cp: Checkpoint, state: bytes | None, via: PeerId | None) -> str:
-        """A settled checkpoint a peer gave: take it (or fetch its state by a sync if we cannot
-        check it without). Why not ("" if taken)."""
-        if any(cp.digest == have.digest for have in self.state.checkpoints):
-            return ""
-        if not self._settled(cp):
-            why = "checkpoint without the signatures it needs"
-        else:
-            why = self._take_checked(cp, state, via)
-            if why == "we do not hold everything it covers":
-                if via is not None:
-                    self.sync_soon(via)  # (its answer brings the checkpoint's state)
-                return why
-        if why:
-            self.refused += 1
-            self.state.refused_total["checkpoint: " + why] += 1
-            log.info("crdt checkpoint refused", doc=self.name, reason=why, via=via.short() if via else None)
-        return why
-
-    # -- anti-entropy -------------------------------------------------------------------------------
+    # -- replica peers ------------------------------------------------------------------------------
 
     def peers(self) -> list[PeerId]:
         """The peers known to hold a replica (they joined the document's topic)."""
@@ -726,94 +456,6 @@ class Replica:
             return []
         return [p for p in pubsub.router.topics.get(self.topic, ()) if isinstance(p, PeerId)]
 
-    def summary_wire(self) -> list:
-        """Per chain: author, nonce, seq held and the first bytes of that envelope's id (equal
-        seqs under different ids are a fork that the seqs alone would hide)."""
-        return [[a, n, seq, i[:HEAD_ID]] for (a, n), (seq, i) in self.state.heads.items()]
-
-    def sync_soon(self, peer: PeerId) -> None:
-        if self.closed:
-            return
-        if peer in self._syncing:
-            self._again.add(peer)  # (what made us want it may have come after that sync's question)
-            return
-        self._syncing[peer] = self.host.spawn(self._sync_task(peer))
-
-    async def _sync_task(self, peer: PeerId) -> None:
-        try:
-            for _ in range(8):
-                self._again.discard(peer)
-                await self.sync_with(peer)
-                if peer not in self._again:
-                    break
-        except LatticaError as exc:
-            log.debug("crdt anti-entropy failed", doc=self.name, peer=peer.short(), error=str(exc))
-        finally:
-            self._syncing.pop(peer, None)
-            self._again.discard(peer)
-
-    async def sync_with(self, peer: PeerId, timeout: float = 10.0) -> dict:
-        """Exchange what we hold with ``peer``'s replica until neither lacks anything of the
-        other's (as far as a round shows); its summary."""
-        ref = _ref(peer, self.doc)
-        for _ in range(16):  # pages of at most PAGE_BYTES each way
-            answer = await self.rt.call(ref, "sync", (self.summary_wire(),), {}, timeout=timeout)
-            ids: dict = {}
-            theirs, envs, given = _parse_answer(answer, ids)
-            self.heard(peer, theirs)
-            for cp, state in given:  # (we lack what it dropped for them: they come first)
-                self._from_peer(cp, state, peer)
-            if envs:
-                self.receive(envs, peer)
-            theirs = await self._push_missing(ref, theirs, timeout, ids)
-            self.heard(peer, theirs)
-            if not given and len(envs) < MAX_PUSH and sum(e.size for e in envs) < PAGE_BYTES:
-                self._synced.add(peer)
-                return theirs
-        return theirs
-
-    async def _push_missing(self, ref: ActorRef, theirs: dict, timeout: float, ids: dict | None = None) -> dict:
-        for cp in self.state.checkpoints_for(theirs)[:MAX_CHECKPOINTS_SENT]:  # (it lacks what we dropped for them)
-            answer = await self.rt.call(
-                ref, "checkpoint", (cp.to_bytes(), self.cp_states[cp.digest]), {}, timeout=timeout
-            )
-            theirs = _parse_summary(answer[1] if type(answer) is list and len(answer) == 2 else None)
-        # it holds chains we ended past their end (it should end them too), or another envelope
-        # than ours at a head: it should see the fork
-        proofs = self.state.proofs_for(theirs) + self.state.differing(theirs, ids or {})
-        for _ in range(16):
-            missing = (proofs + self.state.missing_for(theirs, PAGE_BYTES))[:MAX_PUSH]
-            proofs = []
-            if not missing:
-                break
-            answer = await self.rt.call(ref, "push", ([e.to_bytes() for e in missing],), {}, timeout=timeout)
-            after = _parse_summary(answer)
-            if not any(after.get(e.chain, 0) >= e.seq for e in missing):
-                break  # it took none of them (refused, or waiting on what we do not hold): stop rather than loop
-            theirs = after
-        return theirs
-
-    async def _anti_entropy(self) -> None:
-        """Sync with every new replica peer as it appears, and with a random one every
-        ``sync_interval`` seconds."""
-        last = time.monotonic()
-        tick = 0.1
-        while not self.closed:
-            await asyncio.sleep(tick)
-            tick = min(0.2, tick * 1.5)
-            peers = self.peers()
-            here = set(peers)
-            self._synced &= here  # (one that left and comes back is synced with again)
-            for gone in [p for p in self._known if p not in here]:
-                del self._known[gone]
-            for p in peers:
-                if p not in self._synced:
-                    self.sync_soon(p)
-            if peers and time.monotonic() - last >= self.cfg.sync_interval:
-                last = time.monotonic()
-                self.sync_soon(random.choice(peers))
-            self._maybe_checkpoint()
-
     async def commit(self, replicas: int, timeout: float) -> int:
         """Flush, wait until our changes are durable here and held by ``replicas`` other
         replicas; how many confirmed."""
@@ -821,8 +463,8 @@ class Replica:
         if self._error is not None:
             err, self._error = self._error, None
             raise err
-        if self._durable is not None:
-            await asyncio.shield(self._durable)
+        if self.storage.durable is not None:
+            await asyncio.shield(self.storage.durable)
         if replicas <= 0:
             return 0
         seq = self.state.head(self.chain)[0]
@@ -832,7 +474,9 @@ class Replica:
             todo = [p for p in self.peers() if p not in confirmed]
             if todo:
                 left = max(0.1, deadline - time.monotonic())
-                results = await asyncio.gather(*(self.sync_with(p, timeout=left) for p in todo), return_exceptions=True)
+                results = await asyncio.gather(
+                    *(self.anti_entropy.sync_with(p, timeout=left) for p in todo), return_exceptions=True
+                )
                 for p, r in zip(todo, results):
                     if isinstance(r, dict) and (seq == 0 or r.get(self.chain, 0) >= seq):
                         confirmed.add(p)
@@ -861,7 +505,7 @@ class Replica:
         version, prev = self.state.head((self.me, b""))
         env = sign_acl(self.host.keypair, self.doc, version + 1, prev, Acl(new, cuts))
         out = self.state.receive([env], verified=True)
-        self._after(out, None, local=True)
+        self.act_on(out, None, local=True)
         self._publish(env)
 
     # -- reading -------------------------------------------------------------------------------------
@@ -907,9 +551,9 @@ class Replica:
 
     def _is_member(self, env: Envelope) -> bool:
         """(mesh documents) Whether the author was a member of our mesh when it signed."""
-        return self._member_at(env.author, env.certs, env.ts)
+        return self.member_at(env.author, env.certs, env.ts)
 
-    def _member_at(self, who: bytes, certs: tuple[bytes, ...], ts: int) -> bool:
+    def member_at(self, who: bytes, certs: tuple[bytes, ...], ts: int) -> bool:
         """Whether ``who`` was a member of our mesh at ``ts`` (ms), by ``certs``."""
         if who == self.me:
             return True
@@ -929,193 +573,20 @@ class Replica:
             return
         self.flush()
         self.closed = True
-        if self._task is not None:
-            self._task.cancel()
+        self.anti_entropy.close()
         if self._rebuild_handle is not None:
             self._rebuild_handle.cancel()
-        for t in self._syncing.values():
-            t.cancel()
         pubsub = self.rt.services.get("pubsub")
         if pubsub is not None and not pubsub.closed:
             pubsub.unsubscribe(self.topic, _ignore)
             pubsub.set_validator(self.topic, None)
         for sub in self._changes:
             sub._end()
-        self.snapshot()
-        if self.svc.store is not None:  # (after everything we signed is written: the chain may go on next time)
-            self.svc.store.remember(self.doc, self.name, self.owner, self.nonce, clean=True).add_done_callback(
-                _logged_failure
-            )
+        self.storage.snapshot()
+        self.storage.remember_soon(clean=True)  # (after everything we signed is written: the chain may go on next time)
         actor = self.rt.actors.get(actor_name(self.doc))
         if actor is not None:
             self.host.spawn(actor.stop("document closed"))
-
-
-class ReplicaActor:
-    """What a document's other replicas call (members only): ``sync`` and ``push``."""
-
-    def __init__(self, replica: Replica) -> None:
-        self._r = replica
-
-    async def sync(self, summary: list) -> list:
-        """``summary``: what the caller holds per chain. Answers ours, and the envelopes the
-        caller lacks (a page of them: it calls again until a short page)."""
-        ids: dict = {}
-        theirs = _parse_summary(summary, ids)
-        r = self._r
-        caller = current_caller()
-        if caller is not None and not r._sync_calls.take(caller):
-            raise PermissionDenied(f"{caller} asks {r.rt.peer_id} to sync {r.name!r} too often")
-        if caller is not None and r._sync_bytes.wait(caller) > 0:
-            raise PermissionDenied(f"{caller} had {r.rt.peer_id} send more of {r.name!r} than it sends a peer a second")
-        missing = (
-            r.state.proofs_for(theirs) + r.state.differing(theirs, ids) + r.state.missing_for(theirs, PAGE_BYTES)
-        )[:MAX_PUSH]
-        given = [
-            [cp.to_bytes(), r.cp_states[cp.digest]] for cp in r.state.checkpoints_for(theirs)[:MAX_CHECKPOINTS_SENT]
-        ]
-        if caller is not None:  # (into debt: the next answer waits until it is paid off)
-            r._sync_bytes.take(caller, sum(e.size for e in missing) + sum(len(g[1]) for g in given), force=True)
-        if caller is not None and caller != r.rt.peer_id:
-            r._synced.add(caller)  # (it syncs with us: we need not start one of our own)
-            r.heard(caller, theirs, missing)
-            if any(r.state.head(c)[0] < s for c, s in theirs.items()):
-                r.sync_soon(caller)  # it holds what we lack: push it here
-        return [r.summary_wire(), [e.to_bytes() for e in missing], given]
-
-    async def push(self, envs: list) -> list:
-        """Envelopes the caller found we lack; answers what we hold afterwards."""
-        if type(envs) is not list or len(envs) > MAX_PUSH:
-            raise ProtocolError(f"a push is a list of at most {MAX_PUSH} envelopes")
-        r = self._r
-        caller = current_caller()
-        if caller is not None and not r._sync_calls.take(caller):
-            raise PermissionDenied(f"{caller} pushes to {r.rt.peer_id}'s {r.name!r} too often")
-        decoded = []
-        for raw in envs:
-            try:
-                decoded.append(decode_any(raw, MAX_BODY))
-            except MalformedUpdate:
-                r.count_malformed()
-        if caller is not None and caller in r._known:
-            r.heard(caller, r._known[caller], decoded)
-        r.receive(decoded, caller)
-        return r.summary_wire()
-
-    async def checkpoint(self, raw: Any, state: Any = None) -> list:
-        """A checkpoint: proposed (``state`` None, not yet settled: we check it against our log
-        and answer our signature if it is right), or settled (we take it; ``state`` for a replica
-        that lacks what it covers). Answers ``[our signatures, our summary]``."""
-        r = self._r
-        caller = current_caller()
-        if caller is not None and not (r._cp_calls.take(caller) and r._cp_calls_all.take()):
-            raise PermissionDenied(f"{caller} sends {r.rt.peer_id} checkpoints of {r.name!r} too often")
-        if type(state) is memoryview:  # (large bytes arrive out of band, as a view)
-            state = state.tobytes()
-        if state is not None and (type(state) is not bytes or len(state) > MAX_STATE):
-            raise ProtocolError(f"a checkpoint's state is bytes, at most {MAX_STATE}")
-        try:
-            cp = Checkpoint.from_bytes(raw)
-        except MalformedUpdate as exc:
-            r.count_malformed("checkpoint")
-            raise ProtocolError(str(exc)) from None
-        if cp.doc != r.doc:
-            raise ProtocolError("a checkpoint of another document")
-        mine: list = []
-        wrong = r.state.disagreeing(cp)
-        if wrong and caller is not None:  # (its author signed two envelopes for one place: show the caller ours)
-            r.host.spawn(r._tell(caller, wrong[:MAX_PUSH]))
-        if state is None and not r._settled(cp):
-            why, _ = r.state.check(cp, r._states())
-            if not why:
-                mine = [
-                    [s.signer, s.ts, list(s.certs), s.sig]
-                    for s in cp.signed(r.host.keypair, r._certs()).signatures
-                    if s.signer == r.me
-                ]
-            elif why == "we do not hold everything it covers" and caller is not None:
-                r.sync_soon(caller)
-        else:
-            r._from_peer(cp, state, caller)
-        return [mine, r.summary_wire()]
-
-
-def _parse_summary(raw: Any, ids: dict | None = None) -> dict:
-    """Seq per chain; ``ids`` (given) gets the heads' id prefixes."""
-    if type(raw) is not list or len(raw) > MAX_SUMMARY:
-        raise ProtocolError(f"a replica's summary is a list of at most {MAX_SUMMARY} chains")
-    out = {}
-    for item in raw:
-        if (
-            type(item) is not list
-            or len(item) not in (3, 4)
-            or type(item[0]) is not bytes
-            or type(item[1]) is not bytes
-            or type(item[2]) is not int
-            or not 0 <= item[2] < 1 << 63
-            or len(item[0]) > 64
-            or len(item[1]) > 16
-            or (len(item) == 4 and (type(item[3]) is not bytes or not 0 < len(item[3]) <= 32))
-        ):
-            raise ProtocolError("a summary's entry is [author, nonce, seq, head id prefix]")
-        out[(item[0], item[1])] = item[2]
-        if ids is not None and len(item) == 4:
-            ids[(item[0], item[1])] = item[3]
-    return out
-
-
-def _parse_answer(raw: Any, ids: dict | None = None) -> tuple[dict, list[Envelope], list[tuple[Checkpoint, bytes]]]:
-    if (
-        type(raw) is not list
-        or len(raw) != 3
-        or type(raw[1]) is not list
-        or len(raw[1]) > MAX_PUSH
-        or type(raw[2]) is not list
-        or len(raw[2]) > MAX_CHECKPOINTS_SENT
-    ):
-        raise ProtocolError("a sync answer is [summary, envelopes, checkpoints]")
-    envs = []
-    for item in raw[1]:
-        try:
-            envs.append(decode_any(item, MAX_BODY))
-        except MalformedUpdate:
-            continue
-    given = []
-    for item in raw[2]:
-        state = item[1] if type(item) is list and len(item) == 2 else None
-        if type(state) is memoryview:  # (large bytes arrive out of band, as a view)
-            state = state.tobytes()
-        if type(state) is not bytes or len(state) > MAX_STATE:
-            raise ProtocolError("a sync answer's checkpoint is [checkpoint, state]")
-        try:
-            given.append((Checkpoint.from_bytes(item[0]), state))
-        except MalformedUpdate as exc:
-            raise ProtocolError(str(exc)) from None
-    return _parse_summary(raw[0], ids), envs, given
-
-
-def _parse_signatures(raw: Any) -> list[Signature]:
-    """Signatures a peer answered a proposal with (checked later, with the checkpoint's)."""
-    if type(raw) is not list or len(raw) != 2 or type(raw[0]) is not list or len(raw[0]) > MAX_SIGNATURES:
-        raise ProtocolError("a checkpoint answer is [signatures, summary]")
-    out = []
-    for s in raw[0]:
-        if (
-            type(s) is not list
-            or len(s) != 4
-            or type(s[0]) is not bytes
-            or not 0 < len(s[0]) <= MAX_AUTHOR
-            or type(s[1]) is not int
-            or not 0 <= s[1] < 1 << 63
-            or type(s[2]) is not list
-            or len(s[2]) > MAX_CERTS
-            or not all(type(c) is bytes and 0 < len(c) <= MAX_CERT for c in s[2])
-            or type(s[3]) is not bytes
-            or len(s[3]) != 64
-        ):
-            raise ProtocolError("a checkpoint signature is [signer, time, certificates, signature]")
-        out.append(Signature(s[0], s[1], tuple(s[2]), s[3]))
-    return out
 
 
 def _short(author: bytes) -> str:
@@ -1127,8 +598,3 @@ def _short(author: bytes) -> str:
 
 def _ignore(msg: Any) -> None:
     """(the topic's subscription: the validator did the work)"""
-
-
-def _logged_failure(fut: Any) -> None:
-    if not fut.cancelled() and fut.exception() is not None:
-        log.error("crdt store write failed", error=repr(fut.exception()))

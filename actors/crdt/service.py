@@ -47,7 +47,8 @@ class CrdtService:
 
     def _on_disconnected(self, peer: PeerId, conn: object) -> None:
         for replica in self.docs.values():
-            replica._synced.discard(peer)  # (met again, it is synced with again: what it missed meanwhile)
+            # (met again, it is synced with again: what it missed meanwhile)
+            replica.anti_entropy.schedule.synced.discard(peer)
 
     async def _open_store(self) -> None:
         where = (

@@ -97,7 +97,9 @@ class Document:
             import asyncio  # (the node loaded it long ago; this module does not need it otherwise)
 
             peers = self._r.peers()
-            done = await asyncio.gather(*(self._r.sync_with(p, timeout) for p in peers), return_exceptions=True)
+            done = await asyncio.gather(
+                *(self._r.anti_entropy.sync_with(p, timeout) for p in peers), return_exceptions=True
+            )
             return sum(1 for d in done if isinstance(d, dict))
 
         return run_coroutine(self._rt, go)

@@ -42,7 +42,17 @@ from lattica.crdt.envelope import ACL, GENESIS, Acl, Envelope, client_id
 from lattica.crdt.yupdate import UpdateInfo, read_update_as_yrs
 from lattica.errors import MalformedUpdate
 
-__all__ = ["ReplicaState", "Outcome", "Log", "MemoryLog", "Chain", "MAX_CHAINS", "MAX_CHAINS_PER_AUTHOR"]
+__all__ = [
+    "ReplicaState",
+    "Outcome",
+    "Log",
+    "MemoryLog",
+    "Chain",
+    "gossip_verdict",
+    "MAX_CHAINS",
+    "MAX_CHAINS_PER_AUTHOR",
+    "REBUILD_GAP",
+]
 
 Chain = tuple[bytes, bytes]  # (author, nonce)
 MAX_CHAINS = 16384  # chains one document holds (what a summary names)
@@ -50,6 +60,24 @@ MAX_CHAINS_PER_AUTHOR = 256  # an author's sessions of writing one document (end
 MAX_CHECKPOINTS = 8  # checkpoints a replica holds that none of the others covers
 MAX_FROZEN = 4096  # forked chains a document ends (beyond, forks are refused and not acted on)
 HOLD_FOR = 120.0  # seconds an envelope may wait for its gap or its deps (anti-entropy brings it again)
+REBUILD_GAP = 1.0  # seconds at least between two rebuilds of a document (forks cannot buy one each)
+# refusals a forwarder should have seen for itself: its copy is rejected (scored down); others
+# (a list or a view that may not have reached it yet, a full waiting room) are only ignored
+_HARD = frozenset(
+    {
+        "bad signature",
+        "malformed update",
+        "malformed ACL",
+        "another document",
+        "too large",
+        "items under another client id",
+        "items do not continue the chain's clock",
+        "names items of its own chain that do not exist",
+        "deps are not what the update names",
+        "an ACL not signed by the owner",
+        "a chain's first envelope names a previous one",
+    }
+)
 
 
 @dataclass
@@ -744,6 +772,15 @@ class ReplicaState:
     def _refuse(self, env: Envelope, reason: str, out: Outcome) -> None:
         out.refused.append((env, reason))
         self.refused_total[reason] += 1
+
+
+def gossip_verdict(out: Outcome) -> str:
+    """What a pub-sub validator answers for an envelope a peer forwarded, by what feeding it did:
+    "accept" (applied or held: passed on), "reject" (a refusal the forwarder should have seen for
+    itself: it is scored down), or "ignore" (already here, or refused for what it may not know)."""
+    if out.refused:
+        return "reject" if out.refused[0][1] in _HARD else "ignore"
+    return "accept" if out.applied or out.held else "ignore"
 
 
 def _supersedes(new: Checkpoint, old: Checkpoint) -> bool:

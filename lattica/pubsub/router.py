@@ -10,53 +10,60 @@ touches a socket, so hundreds of routers run in one process in a simulation.
 
 The rules, in short (names as in the GossipSub v1.1 specification):
 
-- **Meshes**: per joined topic, D peers we forward every message to; kept between D_lo and D_hi
-  on the heartbeat, the best-scoring D_score kept when trimming, peers with a negative score
-  pruned. GRAFT asks to enter a peer's mesh, PRUNE leaves it with a backoff; a GRAFT during the
-  backoff is misbehaviour (scored) and refused.
-- **Fanout**: publishing to a topic we did not join goes to D peers of the topic, kept for
-  ``fanout_ttl`` after the last publish. Our own messages are flooded to every peer of the topic
-  whose score is above the publish threshold (flood publishing).
-- **Flood sets**: the author may name the peers it flooded a message to (``flood_set``: 8-byte
-  tags of their PeerIds, which the glue signs with the message). Those peers have the author's
-  copy, so a forwarder does not send it to them; it names the id to them in its heartbeats'
-  IHAVE instead (while gossip would, and while it is cached), so an author that names a peer it
-  never sent to only delays that peer by a heartbeat. A peer named in the set expects no forwards of that message from its mesh (the
-  score's P3 does not count it).
-- **Gossip**: on the heartbeat, IHAVE with the ids of the last ``history_gossip`` windows of
-  messages goes to D_lazy (or ``gossip_factor`` of the) other peers of each topic; they answer
-  IWANT for what they miss. An IWANT we send is a promise: the message not delivered within
-  ``iwant_followup`` costs the peer (P7). IHAVEs per peer per heartbeat and ids asked are capped.
-- **Choking**: a mesh peer whose copies keep coming after others' is asked to send only IHAVE
-  (announced at once, fetched with IWANT when we lack the message), so about ``d_eager`` full
-  copies of each message arrive while the mesh stays D wide; IDONTWANT (v1.2) tells the mesh a
-  message arrived before we validated it.
-- **Seen cache**: message ids (author, sequence number and a digest of data and signature) for
-  ``seen_ttl``, at most ``seen_max``; a message is forwarded at most once, never back to a peer
-  that sent it to us; messages of topics we did not join are dropped unremembered. When an
-  accepted message leaves the cache, its author's **floor** rises to its sequence number: that
-  author's messages at or below it are dropped unseen, so a flood that pushes the cache's
-  entries out (however many authors it is signed by) opens no window to replay what was
-  forgotten. Floors are kept for ``max_floors`` authors, only of accepted messages (whose
-  authors the glue vouched for).
+- **Meshes** (``lattica.pubsub.mesh``): per joined topic, D peers we forward every message to;
+  kept between D_lo and D_hi on the heartbeat, the best-scoring D_score kept when trimming, peers
+  with a negative score pruned. GRAFT asks to enter a peer's mesh, PRUNE leaves it with a backoff;
+  a GRAFT during the backoff is misbehaviour (scored) and refused.
+- **Fanout** (``mesh``, ``flood``): publishing to a topic we did not join goes to D peers of the
+  topic, kept for ``fanout_ttl`` after the last publish. Our own messages are flooded to every
+  peer of the topic whose score is above the publish threshold (flood publishing).
+- **Flood sets** (``flood``): the author may name the peers it flooded a message to
+  (``flood_set``: 8-byte tags of their PeerIds, which the glue signs with the message). Those
+  peers have the author's copy, so a forwarder does not send it to them; it names the id to them
+  in its heartbeats' IHAVE instead (while gossip would, and while it is cached), so an author that
+  names a peer it never sent to only delays that peer by a heartbeat. A peer named in the set
+  expects no forwards of that message from its mesh (the score's P3 does not count it).
+- **Gossip** (``gossip``, from the message cache ``mcache``): on the heartbeat, IHAVE with the ids
+  of the last ``history_gossip`` windows of messages goes to D_lazy (or ``gossip_factor`` of the)
+  other peers of each topic; they answer IWANT for what they miss. An IWANT we send is a promise:
+  the message not delivered within ``iwant_followup`` costs the peer (P7). IHAVEs per peer per
+  heartbeat and ids asked are capped.
+- **Choking** (``choke``): a mesh peer whose copies keep coming after others' is asked to send
+  only IHAVE (announced at once, fetched with IWANT when we lack the message), so about
+  ``d_eager`` full copies of each message arrive while the mesh stays D wide; IDONTWANT (v1.2)
+  tells the mesh a message arrived before we validated it.
+- **Seen cache** (``seen``): message ids (author, sequence number and a digest of data and
+  signature) for ``seen_ttl``, at most ``seen_max``; a message is forwarded at most once, never
+  back to a peer that sent it to us; messages of topics we did not join are dropped unremembered.
+  When an accepted message leaves the cache, its author's **floor** rises to its sequence number:
+  that author's messages at or below it are dropped unseen, so a flood that pushes the cache's
+  entries out (however many authors it is signed by) opens no window to replay what was forgotten.
+  Floors are kept for ``max_floors`` authors, only of accepted messages (whose authors the glue
+  vouched for).
 - **Validation**: a new message is forwarded and delivered only after the glue accepted it;
   rejected ones count against every peer that sent them (P4); ignored ones are just dropped.
 - **Scores** (``lattica.pubsub.score``): below ``gossip_threshold`` no gossip to or from a
   peer, below ``publish_threshold`` none of our messages, below ``graylist_threshold`` nothing
   it sends is looked at.
 - **Bounds**: topics a peer may announce, message size, seen cache, message cache, IHAVE/IWANT
-  per heartbeat; per-peer outbound queues belong to the glue (gossip is dropped first).
+  per heartbeat; per-peer outbound queues are ``lattica.pubsub.outbound``'s (gossip is dropped
+  first), run by the glue.
 """
 
 from __future__ import annotations
 
 import random
-from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lattica.pubsub.choke import Choking
+from lattica.pubsub.flood import FloodSets
+from lattica.pubsub.gossip import Gossip
+from lattica.pubsub.mcache import MessageCache
+from lattica.pubsub.mesh import Meshes
 from lattica.pubsub.score import PeerScore, ScoreParams
+from lattica.pubsub.seen import ACCEPTED, IGNORED, PENDING, REJECTED, SeenCache
 
 __all__ = ["Envelope", "Rpc", "GossipParams", "Router", "flood_tag", "ACCEPT", "REJECT", "IGNORE"]
 
@@ -172,47 +179,12 @@ class GossipParams:
             raise ValueError("history_gossip must be between 1 and history_length")
 
 
-_PENDING, _ACCEPTED, _REJECTED, _IGNORED = range(4)
-
-
-_NOBODY: frozenset = frozenset()
-
-
-class _Seen:
-    """What we know of one message id. Its sets of peers start as one shared empty set and
-    become a set of their own at their first peer: the cache holds up to ``seen_max`` entries,
-    most of which never name anyone (a third of the memory per entry, and a flood's worth)."""
-
-    __slots__ = ("at", "state", "topic", "source", "have", "sent_to", "told", "flooded")
-
-    def __init__(self, at: float, topic: str, source: Hashable | None) -> None:
-        self.at = at
-        self.state = _PENDING
-        self.topic = topic
-        self.source = source
-        self.flooded = False  # the author sent it to us itself, and said so: no mesh peer forwards it to us
-        self.have: set[Hashable] | frozenset = _NOBODY  # peers that sent it to us
-        self.sent_to: set[Hashable] | frozenset = _NOBODY  # peers we sent it to
-        self.told: set[Hashable] | frozenset = _NOBODY  # peers that said IDONTWANT (have it, or will soon)
-
-    def had_from(self, peer: Hashable) -> None:
-        if self.have is _NOBODY:
-            self.have = set()
-        self.have.add(peer)  # type: ignore[union-attr]
-
-    def sent(self, peer: Hashable) -> None:
-        if self.sent_to is _NOBODY:
-            self.sent_to = set()
-        self.sent_to.add(peer)  # type: ignore[union-attr]
-
-    def was_told(self, peer: Hashable) -> None:
-        if self.told is _NOBODY:
-            self.told = set()
-        self.told.add(peer)  # type: ignore[union-attr]
-
-
-class Router:
-    """One node's pub-sub router (see the module docstring)."""
+class Router(SeenCache, MessageCache, Gossip, FloodSets, Meshes, Choking):
+    """One node's pub-sub router (see the module docstring). Its parts, each a module of its own:
+    the seen cache (``seen``), the message cache (``mcache``), gossip (``gossip``: IHAVE, IWANT,
+    IDONTWANT), flood publishing and flood sets (``flood``), the meshes' upkeep (``mesh``: GRAFT,
+    PRUNE, the fanout) and choking (``choke``); here the node's side, a peer's batch, the
+    heartbeat, and the state they share."""
 
     def __init__(
         self,
@@ -229,12 +201,6 @@ class Router:
         self._peer_bytes = peer_bytes or _author_of
         self._tags: dict[Hashable, bytes | None] = {}  # peer -> its flood tag
         self._my_tag = flood_tag(self._peer_bytes(me))
-        # ids we did not forward to mesh peers the author named, to name in their IHAVE: per
-        # heartbeat window (the last ``history_gossip``), peer -> topic -> [ids seen, ids sampled]
-        self._later: list[dict[Hashable, dict[str, list]]] = [{}]
-        self._planned: tuple[str, float, set] | None = (
-            None  # the last flood set's topic, time and peers  # ids we did not forward to mesh peers the author named: told at the heartbeat
-        )
         self.scores = PeerScore(score)
         self.rng = rng or random.Random()
         self.peers: dict[Hashable, set[str]] = {}  # peer -> topics it joined
@@ -242,33 +208,13 @@ class Router:
         self.mesh: dict[str, set[Hashable]] = {}  # the topics we joined -> our mesh in each
         self.fanout: dict[str, set[Hashable]] = {}
         self._fanout_used: dict[str, float] = {}
-        self._backoff: dict[tuple[Hashable, str], float] = {}
-        self._seen: OrderedDict[bytes, _Seen] = OrderedDict()
-        self._floors: OrderedDict[bytes, int] = (
-            OrderedDict()
-        )  # author -> highest seqno of its accepted messages the cache forgot
-        self._mcache: dict[bytes, Envelope] = {}
-        self._mcache_bytes = 0
-        self._windows: list[deque[bytes]] = [deque()]
-        self._iwant_served: dict[tuple[Hashable, bytes], int] = {}
-        self._ihaves_heard: dict[Hashable, int] = {}
-        self._asked: dict[Hashable, int] = {}
-        self._promises: dict[bytes, tuple[Hashable, float]] = {}
-        self._offered: dict[bytes, list[Hashable]] = {}  # ids asked of one peer -> other peers that have them
         self._outbox: dict[Hashable, Rpc] = {}
         self._to_validate: list[tuple[Envelope, Hashable]] = []
         self._delivered: list[Envelope] = []
         self._messages: dict[bytes, Envelope] = {}  # pending validation
-        self._dont: OrderedDict[bytes, set[Hashable]] = OrderedDict()  # ids peers told us not to send, not seen yet
-        self._dont_heard: dict[Hashable, int] = {}
         self._rtt: dict[Hashable, float] = {}
-        self._choked_by: set[tuple[Hashable, str]] = set()  # (peer, topic): it asked us for IHAVE only
-        self._choking: set[tuple[Hashable, str]] = set()  # (peer, topic): we asked it for IHAVE only
-        self._race: dict[
-            tuple[Hashable, str], list
-        ] = {}  # (mesh peer, topic) -> [firsts, later copies, their summed lateness]
-        self._announce: dict[Hashable, dict[str, list[bytes]]] = {}  # eager IHAVEs to choked peers, this flush
         self._ticks = 0
+        super().__init__()  # (each part's own state)
 
     # -- the node's side ------------------------------------------------------------------------
 
@@ -337,7 +283,7 @@ class Router:
         if msg.id in self._seen:
             return 0
         entry = self._remember(msg.id, now, msg.topic, None)
-        entry.state = _ACCEPTED
+        entry.state = ACCEPTED
         self._cache(msg)
         if msg.topic in self.mesh:
             self._delivered.append(msg)
@@ -350,54 +296,22 @@ class Router:
         for peer in targets:
             self._out(peer).messages.append(msg)
         if targets:
-            entry.sent_to = set(targets) | entry.sent_to  # (a set of its own: see _Seen)
+            entry.sent_to = set(targets) | entry.sent_to  # (a set of its own: see Seen)
         return len(targets)
-
-    def topic_of(self, mid: bytes) -> str | None:
-        """The topic of a message we have seen (None: not seen, or forgotten)."""
-        entry = self._seen.get(mid)
-        return entry.topic if entry is not None else None
-
-    def flood_set(self, topic: str, now: float) -> frozenset[bytes]:
-        """The tags of the peers a message we published to ``topic`` now would be flooded to,
-        for the author to sign with it (empty when flood publishing is off, or when they are more
-        than ``max_flood_set``: forwarders then send it to all their mesh peers, as without one)."""
-        if not self.p.flood_publish:
-            return frozenset()
-        targets = self._publish_targets(topic, now)
-        self._planned = (topic, now, targets)  # (what ``publish`` then sends to: the peers the set names)
-        if len(targets) > self.p.max_flood_set:
-            return frozenset()
-        tags = self._tags
-        return frozenset(t for p in targets if (t := tags.get(p)) is not None)
 
     def reach(self, topic: str, now: float) -> int:
         """The peers a message we published to ``topic`` now would be sent to."""
         return len(self._publish_targets(topic, now))
 
-    def _publish_targets(self, topic: str, now: float) -> set:
-        limit = self.scores.params.publish_threshold
-        if topic not in self.mesh:
-            fan = self.fanout.get(topic)
-            if fan is None:
-                fan = self.fanout[topic] = set(self._candidates(topic, self.p.d, now, exclude=set(), min_score=limit))
-            self._fanout_used[topic] = now
-            targets = set(fan)
-        else:
-            targets = set(self.mesh[topic])
-        if self.p.flood_publish:
-            targets.update(p for p in self.topics.get(topic, ()) if self._score(p, now) >= limit)
-        return targets
-
     def validated(self, msg_id: bytes, verdict: str, now: float) -> None:
         """The glue's verdict on a message from ``take_to_validate``."""
         entry = self._seen.get(msg_id)
         msg = self._messages.pop(msg_id, None)
-        if entry is None or msg is None or entry.state != _PENDING:
+        if entry is None or msg is None or entry.state != PENDING:
             return
         topic = entry.topic
         if verdict == ACCEPT:
-            entry.state = _ACCEPTED
+            entry.state = ACCEPTED
             self._cache(msg)
             if entry.source is not None:
                 self.scores.first_delivery(entry.source, topic)
@@ -430,11 +344,11 @@ class Router:
                     self._out(peer).messages.append(msg)
                     entry.sent(peer)
         elif verdict == REJECT:
-            entry.state = _REJECTED
+            entry.state = REJECTED
             for peer in entry.have:
                 self.scores.invalid(peer, topic)
         else:
-            entry.state = _IGNORED
+            entry.state = IGNORED
 
     # -- a peer's batch -------------------------------------------------------------------------
 
@@ -490,10 +404,10 @@ class Router:
             if peer in entry.have:
                 return  # the same copy again from the same peer: no credit, no penalty twice
             entry.had_from(peer)
-            if entry.state == _REJECTED:
+            if entry.state == REJECTED:
                 self.scores.invalid(peer, msg.topic)
             elif (
-                entry.state == _ACCEPTED
+                entry.state == ACCEPTED
                 and not entry.flooded
                 and (peer not in entry.sent_to or now - entry.at < self._rtt.get(peer, self.p.near_first_window))
             ):
@@ -520,352 +434,28 @@ class Router:
                 if other not in entry.have:
                     self._out(other).idontwant.append(mid)
 
-    def _on_announce(self, peer: Hashable, ihave: list, now: float) -> list:
-        """IHAVEs from a mesh peer we choked are its eager announcements: fetch what we miss at
-        once (it was faster than our eager peers: a point for unchoking it) and credit it as
-        forwarding; what is left is ordinary gossip."""
-        rest = []
-        for item in ihave:
-            if (
-                type(item) not in (tuple, list)
-                or len(item) != 2
-                or (peer, item[0]) not in self._choking
-                or type(item[1]) is not list
-            ):
-                rest.append(item)
-                continue
-            topic, ids = item
-            race = self._race.get((peer, topic))
-            want = []
-            for mid in ids[: self.p.max_ihave_length]:
-                if type(mid) is not bytes:
-                    continue
-                entry = self._seen.get(mid)
-                if entry is None:
-                    if self._forgotten(mid):
-                        continue
-                    if mid not in self._promises:
-                        want.append(mid)
-                    else:
-                        self._offer(mid, peer)
-                    if race is not None:
-                        race[0] += 1
-                else:
-                    if (
-                        entry.state == _ACCEPTED
-                        and not entry.flooded
-                        and (
-                            peer not in entry.sent_to or now - entry.at < self._rtt.get(peer, self.p.near_first_window)
-                        )
-                    ):
-                        self.scores.forwarded(peer, topic)
-                    if race is not None:
-                        race[1] += 1
-                        race[2] += now - entry.at
-            room = self.p.max_iwant_ids - self._asked.get(peer, 0)
-            want = want[: max(room, 0)]
-            if want:
-                self._asked[peer] = self._asked.get(peer, 0) + len(want)
-                self._out(peer).iwant.extend(want)
-                for mid in want:
-                    self._promises[mid] = (peer, now + self.p.iwant_followup)
-        return rest
-
-    def _choose_eager(self, topic: str, mesh: set) -> None:
-        """Once a heartbeat: choke the eager peer whose copies came first least often while more
-        than d_eager are eager; unchoke the choked peer that came first most often when fewer
-        than d_eager_min are, or when its announcements beat the eager peers."""
-        p = self.p
-        stats = {q: self._race.get((q, topic), [0, 0, 0.0]) for q in mesh}
-        # eager peers that sent us anything lately: a peer that sends nothing is no reason to
-        # choke one that does (the scores deal with it)
-        eager = [q for q in mesh if (q, topic) not in self._choking and stats[q][0] + stats[q][1]]
-        choked = [q for q in mesh if (q, topic) in self._choking]
-        if len(eager) > p.d_eager:
-            # the fewest firsts, then the latest copies on average
-            ranked = sorted(
-                (q for q in eager if stats[q][0] + stats[q][1] >= p.choke_after),
-                key=lambda q: (stats[q][0] / (stats[q][0] + stats[q][1]), -stats[q][2] / max(stats[q][1], 1)),
-            )
-            slow = ranked[: len(eager) - p.d_eager]
-            for q in slow:
-                self._choking.add((q, topic))
-                self._out(q).choke.append(topic)
-                self._race[(q, topic)] = [0, 0, 0.0]
-            if slow:
-                return
-        if choked:
-            fast = max(choked, key=lambda q: (stats[q][0], -stats[q][1]))
-            worst = min((stats[q][0] for q in eager), default=0)
-            if len(eager) < p.d_eager_min or stats[fast][0] > max(worst, 2):
-                self._choking.discard((fast, topic))
-                self._out(fast).unchoke.append(topic)
-                self._race[(fast, topic)] = [0, 0, 0.0]
-
-    def _defer(self, peer: Hashable, topic: str, mid: bytes) -> None:
-        """Name ``mid`` to ``peer`` in our next heartbeat's IHAVE (the author said it sent it).
-        Beyond ``max_ihave_length`` ids a heartbeat, a uniform sample of them is kept (reservoir
-        sampling), so a burst of messages cannot choose which ones go unnamed."""
-        topics = self._later[0].setdefault(peer, {})
-        slot = topics.get(topic)
-        if slot is None:
-            slot = topics[topic] = [0, []]
-        slot[0] += 1
-        ids = slot[1]
-        if len(ids) < self.p.max_ihave_length:
-            ids.append(mid)
-        else:
-            k = self.rng.randrange(slot[0])
-            if k < len(ids):
-                ids[k] = mid
-
-    def _unmesh(self, peer: Hashable, topic: str) -> None:
-        self._choked_by.discard((peer, topic))
-        self._choking.discard((peer, topic))
-        self._race.pop((peer, topic), None)
-
-    def _on_idontwant(self, peer: Hashable, ids: list) -> None:
-        heard = self._dont_heard.get(peer, 0)
-        room = self.p.max_idontwant - heard
-        if room <= 0:
-            return
-        ids = ids[:room]
-        self._dont_heard[peer] = heard + len(ids)
-        for mid in ids:
-            if type(mid) is not bytes or len(mid) > 128:
-                continue
-            entry = self._seen.get(mid)
-            if entry is not None:
-                entry.was_told(peer)
-                continue
-            peers = self._dont.get(mid)
-            if peers is None:
-                peers = self._dont[mid] = set()
-                if len(self._dont) > self.p.seen_max:
-                    self._dont.popitem(last=False)
-            peers.add(peer)
-
-    def _on_graft(self, peer: Hashable, topic: str, now: float) -> None:
-        mesh = self.mesh.get(topic)
-        if mesh is None or peer in mesh:
-            return  # (a topic we did not join: it learns that from our subscriptions)
-        until = self._backoff.get((peer, topic))
-        if until is not None and now < until:
-            self.scores.misbehaved(peer)  # grafting while told to back off
-            self._prune(peer, topic, now, self.p.prune_backoff, known=False)
-            return
-        self._member(peer, topic)  # (a GRAFT says it joined: its batch saying so may be still on the way)
-        if self._score(peer, now) < 0 or len(mesh) >= self.p.d_hi or topic not in self.peers[peer]:
-            self._prune(peer, topic, now, self.p.prune_backoff, known=False)
-            return
-        mesh.add(peer)
-        self._race[(peer, topic)] = [0, 0, 0.0]
-        self.scores.grafted(peer, topic, now)
-
-    def _on_prune(self, peer: Hashable, topic: str, backoff: float, now: float) -> None:
-        if topic not in self.mesh:
-            return  # a backoff for a topic we did not join would only take memory
-        self._unmesh(peer, topic)
-        mesh = self.mesh.get(topic)
-        if mesh is not None and peer in mesh:
-            mesh.discard(peer)
-            self.scores.pruned(peer, topic)
-        wait = min(max(float(backoff) if isinstance(backoff, (int, float)) else 0.0, 0.0), 3600.0)
-        self._backoff[(peer, topic)] = max(
-            self._backoff.get((peer, topic), 0.0), now + max(wait, self.p.unsubscribe_backoff)
-        )
-
-    def _on_ihave(self, peer: Hashable, ihave: list, now: float) -> None:
-        heard = self._ihaves_heard.get(peer, 0) + 1
-        self._ihaves_heard[peer] = heard
-        if heard > self.p.max_ihave_messages:
-            return
-        room = min(self.p.max_ihave_length, self.p.max_iwant_ids) - self._asked.get(peer, 0)
-        if room <= 0:
-            return
-        want: list[bytes] = []
-        for item in ihave[: self.p.max_ihave_messages]:
-            if type(item) not in (tuple, list) or len(item) != 2:
-                continue
-            topic, ids = item
-            if topic not in self.mesh or type(ids) is not list:
-                continue
-            for mid in ids[: self.p.max_ihave_length]:
-                if type(mid) is bytes and mid not in self._seen and not self._forgotten(mid):
-                    if mid not in self._promises:
-                        want.append(mid)
-                    else:
-                        self._offer(mid, peer)
-        if not want:
-            return
-        if len(want) > room:
-            want = self.rng.sample(want, room)
-        self._asked[peer] = self._asked.get(peer, 0) + len(want)
-        self._out(peer).iwant.extend(want)
-        for mid in want:
-            self._promises[mid] = (peer, now + self.p.iwant_followup)
-
-    def _on_iwant(self, peer: Hashable, ids: list, now: float) -> None:
-        out = None
-        for mid in ids[: self.p.max_iwant_ids]:
-            msg = self._mcache.get(mid) if type(mid) is bytes else None
-            if msg is None:
-                continue
-            key = (peer, mid)
-            n = self._iwant_served.get(key, 0)
-            if n >= self.p.gossip_retransmission:
-                continue
-            self._iwant_served[key] = n + 1
-            if out is None:
-                out = self._out(peer)
-            out.messages.append(msg)
-            entry = self._seen.get(mid)
-            if entry is not None:
-                entry.sent(peer)
-
     # -- the heartbeat --------------------------------------------------------------------------
 
     def heartbeat(self, now: float) -> None:
         self._ticks += 1
         self.scores.decay(now)
-        broke = set()
-        for mid, (peer, due) in list(self._promises.items()):
-            if now >= due:
-                del self._promises[mid]
-                broke.add(peer)
-                self._ask_another(mid, now)
-        for peer in broke:  # asked with IWANT, never sent (once per peer and heartbeat)
-            if peer in self.peers:
-                self.scores.misbehaved(peer)
-        self._ihaves_heard.clear()
-        self._asked.clear()
-        self._dont_heard.clear()
-        self._dont.clear()  # (they were for messages in flight a heartbeat ago)
+        self._check_promises(now)
+        self._next_round()
         for topic, mesh in self.mesh.items():
             self._maintain(topic, mesh, now)
             self._choose_eager(topic, mesh)
-        for topic in list(self.fanout):
-            if now - self._fanout_used.get(topic, 0.0) > self.p.fanout_ttl:
-                del self.fanout[topic]
-                self._fanout_used.pop(topic, None)
-                continue
-            fan = self.fanout[topic]
-            limit = self.scores.params.publish_threshold
-            fan.intersection_update(p for p in self.topics.get(topic, ()) if self._score(p, now) >= limit)
-            fan.update(self._candidates(topic, self.p.d - len(fan), now, exclude=fan, min_score=limit))
+        self._keep_fanout(now)
+        self._name_spared(now)
         self._gossip(now)
         self._shift()
+        self._forget_served()
         self._expire(now)
-
-    def _maintain(self, topic: str, mesh: set, now: float) -> None:
-        p = self.p
-        for peer in [q for q in mesh if self._score(q, now) < 0]:
-            mesh.discard(peer)
-            self._prune(peer, topic, now, p.prune_backoff)
-        if len(mesh) < p.d_lo:
-            for peer in self._candidates(topic, p.d - len(mesh), now, exclude=mesh, min_score=0.0):
-                mesh.add(peer)
-                self._graft(peer, topic, now)
-        if len(mesh) > p.d_hi:
-            ranked = sorted(mesh, key=lambda q: self._score(q, now), reverse=True)
-            keep = ranked[: p.d_score]
-            rest = ranked[p.d_score :]
-            self.rng.shuffle(rest)
-            keep += rest[: p.d - len(keep)]
-            for peer in set(mesh) - set(keep):
-                mesh.discard(peer)
-                self._prune(peer, topic, now, p.prune_backoff)
-        # a mesh of peers that all forward too little gets better ones by the scores' median
-        if self._ticks % p.opportunistic_graft_ticks == 0 and len(mesh) > 1:
-            scores = sorted(self._score(q, now) for q in mesh)
-            if scores[len(scores) // 2] < p.opportunistic_graft_threshold:
-                median = scores[len(scores) // 2]
-                better = [
-                    q
-                    for q in self._candidates(topic, len(self.topics.get(topic, ())), now, exclude=mesh, min_score=0.0)
-                    if self._score(q, now) > median
-                ]
-                for peer in better[: p.opportunistic_graft_peers]:
-                    mesh.add(peer)
-                    self._graft(peer, topic, now)
-
-    def _gossip(self, now: float) -> None:
-        p = self.p
-        recent: dict[str, list[bytes]] = {}
-        for window in self._windows[: p.history_gossip]:
-            for mid in window:
-                msg = self._mcache.get(mid)
-                if msg is not None:
-                    recent.setdefault(msg.topic, []).append(mid)
-        limit = self.scores.params.gossip_threshold
-        # what we spared mesh peers the author named: named to them like gossip, for as many
-        # windows, but only what they have not sent us or said they have, and what we can still
-        # send when asked (an IWANT we cannot answer would cost us)
-        later: dict[Hashable, dict[str, list[bytes]]] = {}
-        for spared in self._later:
-            for peer, topics in spared.items():
-                for topic, (_, ids) in topics.items():
-                    later.setdefault(peer, {}).setdefault(topic, []).extend(ids)
-        self._later.insert(0, {})
-        del self._later[p.history_gossip :]
-        seen, cached = self._seen, self._mcache
-        for peer, topics in later.items():
-            if peer in self.peers and self._score(peer, now) >= limit:
-                for topic, ids in topics.items():
-                    ids = [
-                        m
-                        for m in ids
-                        if m in cached and ((e := seen.get(m)) is None or (peer not in e.have and peer not in e.told))
-                    ]
-                    if len(ids) > p.max_ihave_length:
-                        ids = self.rng.sample(ids, p.max_ihave_length)
-                    if ids:
-                        self._out(peer).ihave.append((topic, ids))
-        for topic, ids in recent.items():
-            inner = self.mesh.get(topic) or self.fanout.get(topic)
-            if inner is None:
-                continue
-            others = [q for q in self.topics.get(topic, ()) if q not in inner and self._score(q, now) >= limit]
-            if not others:
-                continue
-            n = max(p.d_lazy, int(len(others) * p.gossip_factor))
-            chosen = others if n >= len(others) else self.rng.sample(others, n)
-            if len(ids) > p.max_ihave_length:
-                ids = self.rng.sample(ids, p.max_ihave_length)
-            for peer in chosen:
-                self._out(peer).ihave.append((topic, list(ids)))
-
-    def _shift(self) -> None:
-        self._windows.insert(0, deque())
-        while len(self._windows) > self.p.history_length:
-            for mid in self._windows.pop():
-                gone = self._mcache.pop(mid, None)
-                if gone is not None:
-                    self._mcache_bytes -= gone.size
-        if self._iwant_served and not self._mcache:
-            self._iwant_served.clear()
-        elif len(self._iwant_served) > 4 * len(self._mcache) + 1024:
-            self._iwant_served = {k: v for k, v in self._iwant_served.items() if k[1] in self._mcache}
-
-    def _expire(self, now: float) -> None:
-        ttl = self.p.seen_ttl
-        seen = self._seen
-        while seen:
-            mid, entry = next(iter(seen.items()))
-            if now - entry.at <= ttl and len(seen) <= self.p.seen_max:
-                break
-            del seen[mid]
-            self._evicted(mid, entry)
-        if len(self._backoff) > 0:
-            self._backoff = {k: v for k, v in self._backoff.items() if v > now}
+        self._expire_backoff(now)
 
     # -- inside ---------------------------------------------------------------------------------
 
     def take_outgoing(self) -> dict[Hashable, Rpc]:
-        if self._announce:
-            for peer, topics in self._announce.items():
-                self._out(peer).ihave.extend(topics.items())
-            self._announce = {}
+        self._flush_announce()
         out, self._outbox = self._outbox, {}
         return {p: r for p, r in out.items() if r}
 
@@ -910,93 +500,6 @@ class Router:
         fan = self.fanout.get(topic)
         if fan is not None:
             fan.discard(peer)
-
-    def _candidates(self, topic: str, n: int, now: float, exclude: set, min_score: float) -> list[Hashable]:
-        if n <= 0:
-            return []
-        pool = [
-            q
-            for q in self.topics.get(topic, ())
-            if q not in exclude and self._score(q, now) >= min_score and self._backoff.get((q, topic), 0.0) <= now
-        ]
-        return pool if len(pool) <= n else self.rng.sample(pool, n)
-
-    def _graft(self, peer: Hashable, topic: str, now: float) -> None:
-        self._race[(peer, topic)] = [0, 0, 0.0]
-        self.scores.grafted(peer, topic, now)
-        self._out(peer).graft.append(topic)
-
-    def _prune(self, peer: Hashable, topic: str, now: float, backoff: float, known: bool = True) -> None:
-        self._unmesh(peer, topic)
-        if known:
-            self.scores.pruned(peer, topic)
-        self._backoff[(peer, topic)] = now + backoff
-        self._out(peer).prune.append((topic, backoff))
-
-    def _offer(self, mid: bytes, peer: Hashable) -> None:
-        """``peer`` has ``mid``, which we asked someone else for: the next to ask if that fails."""
-        if peer == self._promises[mid][0]:
-            return
-        others = self._offered.get(mid)
-        if others is None:
-            if len(self._offered) >= self.p.max_iwant_ids * 4:
-                return
-            others = self._offered[mid] = []
-        if len(others) < 4 and peer not in others:
-            others.append(peer)
-
-    def _ask_another(self, mid: bytes, now: float) -> None:
-        """A promise to send ``mid`` was broken: ask the next peer that announced it."""
-        others = self._offered.pop(mid, None)
-        if not others or mid in self._seen:
-            return
-        for i, peer in enumerate(others):
-            if peer in self.peers and self._asked.get(peer, 0) < self.p.max_iwant_ids:
-                self._asked[peer] = self._asked.get(peer, 0) + 1
-                self._out(peer).iwant.append(mid)
-                self._promises[mid] = (peer, now + self.p.iwant_followup)
-                if others[i + 1 :]:
-                    self._offered[mid] = others[i + 1 :]
-                return
-
-    def _remember(self, mid: bytes, now: float, topic: str, source: Hashable | None) -> _Seen:
-        entry = self._seen[mid] = _Seen(now, topic, source)
-        told = self._dont.pop(mid, None)
-        if told:
-            entry.told = told
-        if len(self._seen) > self.p.seen_max:
-            self._evicted(*self._seen.popitem(last=False))
-        return entry
-
-    def _evicted(self, mid: bytes, entry: _Seen) -> None:
-        """``mid`` left the seen cache: an accepted message raises its author's floor."""
-        self._messages.pop(mid, None)
-        if entry.state != _ACCEPTED:
-            return
-        author, seqno = mid[:-16], int.from_bytes(mid[-16:-8], "big")
-        floors = self._floors
-        if floors.get(author, -1) < seqno:
-            floors[author] = seqno
-            floors.move_to_end(author)
-            if len(floors) > self.p.max_floors:
-                floors.popitem(last=False)
-
-    def _forgotten(self, mid: bytes) -> bool:
-        """Whether ``mid`` is at or below its author's floor (see ``_evicted``)."""
-        floor = self._floors.get(mid[:-16])
-        return floor is not None and len(mid) > 16 and int.from_bytes(mid[-16:-8], "big") <= floor
-
-    def _cache(self, msg: Envelope) -> None:
-        mid = msg.id
-        if mid not in self._mcache:
-            self._mcache[mid] = msg
-            self._mcache_bytes += msg.size
-            self._windows[0].append(mid)
-            while self._mcache_bytes > self.p.mcache_bytes and len(self._mcache) > 1:
-                oldest = next(w for w in reversed(self._windows) if w)
-                gone = self._mcache.pop(oldest.popleft(), None)
-                if gone is not None:
-                    self._mcache_bytes -= gone.size
 
 
 _SHA256: Any = None

@@ -12,7 +12,7 @@ import pytest
 import lattica
 from helpers import call_as, wait_for
 from lattica.actors.dht.actor import dht_ref
-from lattica.actors.pubsub.service import topic_key
+from lattica.actors.pubsub.discovery import topic_key
 from lattica.config import DhtConfig
 from lattica.errors import LatticaError
 from lattica.records import Entry, StoreLimits, entry_to_wire
@@ -130,7 +130,7 @@ def test_a_mesh_topics_rendezvous_keeps_only_its_members_provider_records():
         for n in (a, b):
             lattica.dht.bootstrap(node=n).result(10)
         lattica.pubsub.subscribe("jobs", node=b)
-        where = b._host.services["pubsub"].rendezvous("jobs")
+        where = b._host.services["pubsub"].discovery.rendezvous("jobs")
         assert where.startswith(b"lattica/mesh/" + key.public.hex().encode())
         store = a._host.services["dht"].store
         assert wait_for(lambda: b.peer_id in [p for p, _ in store.providers(where)], timeout=15)

@@ -382,7 +382,7 @@ def test_pubsub_messages_with_one_field_replaced(data):
 # (issue 46, must-have 5) each returns a value or raises its documented error, never anything else
 
 from lattica.actors.content.wire import parse_cids  # noqa: E402
-from lattica.actors.crdt.replica import _parse_answer, _parse_signatures, _parse_summary  # noqa: E402
+from lattica.actors.crdt.wire import parse_answer, parse_signatures, parse_summary  # noqa: E402
 from lattica.code.tickets import Ticket  # noqa: E402
 from lattica.crdt.checkpoint import Checkpoint  # noqa: E402
 from lattica.crdt.envelope import MAX_ENVELOPE, Acl, Envelope, decode_any  # noqa: E402
@@ -432,7 +432,7 @@ def test_crdt_envelopes_checkpoints_and_acls(raw):
 @given(st.data())
 def test_crdt_sync_answers_summaries_and_signatures(data):
     obj = data.draw(values | st.lists(st.lists(values, max_size=5), max_size=5))
-    for parse in (_parse_summary, _parse_answer, _parse_signatures):
+    for parse in (parse_summary, parse_answer, parse_signatures):
         try:
             parse(obj)
         except LatticaError:

@@ -17,7 +17,7 @@ from helpers import call_as, wait_for
 from lattica.actors.dht.actor import dht_ref
 from lattica.actors.pubsub import pubsub_ref
 from lattica.actors.pubsub.bundle import Bundle
-from lattica.actors.pubsub.service import topic_key
+from lattica.actors.pubsub.discovery import topic_key
 from lattica.config import PubSubConfig
 from lattica.errors import Timeout
 from lattica.identity import KeyPair

@@ -132,19 +132,18 @@ def test_messages_strangers_send_cost_at_most_the_strangers_signature_checks(mon
 
     from test_pubsub_peers import _message
 
-    from lattica.actors.pubsub import pubsub_ref
-    from lattica.actors.pubsub import service as pubsub_service
+    from lattica.actors.pubsub import pubsub_ref, validation
     from lattica.config import PubSubConfig
     from lattica.identity import KeyPair
 
     checks = [0]
-    real = pubsub_service.verify_signature
+    real = validation.verify_signature
 
     def counting(*a):
         checks[0] += 1
         return real(*a)
 
-    monkeypatch.setattr(pubsub_service, "verify_signature", counting)
+    monkeypatch.setattr(validation, "verify_signature", counting)
     key = MeshKey.generate()
     cfg = PubSubConfig(open_topics=["pub"], discover=False)
     with lattica.Node([TCP], mesh=key, pubsub=cfg) as victim, lattica.Node([TCP], mesh=key, pubsub=cfg) as member:
@@ -180,18 +179,18 @@ def test_a_strangers_batch_is_checked_a_few_messages_at_a_turn_of_the_loop(monke
     each turn of the node's loop, members' work served in between, and every one in the end."""
     from test_pubsub_peers import _message
 
-    from lattica.actors.pubsub import service as pubsub_service
+    from lattica.actors.pubsub import strangers, validation
     from lattica.config import PubSubConfig
     from lattica.identity import KeyPair
 
     checks = [0]
-    real = pubsub_service.verify_signature
+    real = validation.verify_signature
 
     def counting(*a):
         checks[0] += 1
         return real(*a)
 
-    monkeypatch.setattr(pubsub_service, "verify_signature", counting)
+    monkeypatch.setattr(validation, "verify_signature", counting)
     cfg = PubSubConfig(open_topics=["pub"], discover=False, strangers_messages=10_000)
     with lattica.Node([TCP], mesh=MeshKey.generate(), pubsub=cfg) as victim:
         sub = lattica.pubsub.subscribe("pub", node=victim)
@@ -210,7 +209,7 @@ def test_a_strangers_batch_is_checked_a_few_messages_at_a_turn_of_the_loop(monke
 
             seen = victim.run(take(), timeout=30)
             most = max(b - a for a, b in zip([0, *seen], seen))
-            assert 1 <= most <= pubsub_service._STRANGERS_SLICE, seen
+            assert 1 <= most <= strangers.SLICE, seen
             assert seen[-1] == 64
             assert sorted(sub.get(timeout=10).data for _ in range(64)) == list(range(64))
         finally:

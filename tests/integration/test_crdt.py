@@ -13,7 +13,7 @@ import pytest
 
 import lattica
 from helpers import wait_for
-from lattica.actors.crdt.replica import actor_name, topic_of
+from lattica.actors.crdt.wire import actor_name, topic_of
 from lattica.config import CrdtConfig, PubSubConfig
 from lattica.crdt.envelope import GENESIS, Envelope, client_id, sign
 from lattica.crdt.yupdate import read_update

@@ -13,7 +13,7 @@ import pytest
 
 import lattica
 from helpers import wait_for
-from lattica.actors.crdt.replica import actor_name
+from lattica.actors.crdt.wire import actor_name
 from lattica.config import CrdtConfig, PubSubConfig
 from lattica.crdt.checkpoint import Checkpoint, canonical_state
 from lattica.errors import LatticaError
@@ -258,7 +258,7 @@ def test_a_newcomer_takes_a_checkpoint_whose_state_is_large(trio, tmp_path):
 
 
 def test_a_signature_answer_out_of_bounds_is_a_protocol_error():
-    from lattica.actors.crdt.replica import _parse_signatures
+    from lattica.actors.crdt.wire import parse_signatures as _parse_signatures
     from lattica.errors import ProtocolError
 
     keys = KeyPair.generate()

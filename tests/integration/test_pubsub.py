@@ -314,11 +314,13 @@ def test_a_node_stopping_right_after_publishing_delivers_first():
 
 
 def test_control_queued_for_a_peer_is_bounded():
-    from lattica.actors.pubsub.service import _load, _Outbound
+    from lattica.actors.pubsub.sending import BOUNDS
+    from lattica.actors.pubsub.service import _load
+    from lattica.pubsub.outbound import Outbound
     from lattica.pubsub.router import Rpc
 
     _load()  # (what a node's first use of pub-sub loads)
-    ob = _Outbound()
+    ob = Outbound(BOUNDS)
     for i in range(100):
         ob.add(
             Rpc(
@@ -342,11 +344,13 @@ def test_ids_over_a_batch_s_budget_trim_the_ihaves_not_drop_them():
     """Over the batch's 5,000 ids, IHAVE ids are cut to what fits (the newest kept), not all
     dropped: the heartbeat's IHAVE of what the author said it sent is how a peer it lied about
     gets the message."""
-    from lattica.actors.pubsub.service import _load, _Outbound
+    from lattica.actors.pubsub.sending import BOUNDS
+    from lattica.actors.pubsub.service import _load
+    from lattica.pubsub.outbound import Outbound
     from lattica.pubsub.router import Rpc
 
     _load()  # (what a node's first use of pub-sub loads)
-    ob = _Outbound()
+    ob = Outbound(BOUNDS)
     ob.add(Rpc(ihave=[("t", [b"o" * 20] * 4999)]), cap=4096, cap_bytes=1 << 20)
     ob.add(Rpc(ihave=[("u", [b"n" * 20] * 10)], iwant=[b"i" * 20] * 100), cap=4096, cap_bytes=1 << 20)
     p = ob.pending
@@ -355,11 +359,13 @@ def test_ids_over_a_batch_s_budget_trim_the_ihaves_not_drop_them():
 
 
 def test_messages_queued_for_a_peer_are_bounded_in_bytes_and_sent_in_bounded_calls():
-    from lattica.actors.pubsub.service import _BATCH_BYTES, _Outbound
+    from lattica.actors.pubsub.sending import BATCH_BYTES as _BATCH_BYTES
+    from lattica.actors.pubsub.sending import BOUNDS
+    from lattica.pubsub.outbound import Outbound
     from lattica.pubsub.router import Rpc
 
     big = [wire.envelope("t", b"a", i, Bundle([bytes([i % 256]) * 900_000]), b"s") for i in range(40)]
-    ob = _Outbound()
+    ob = Outbound(BOUNDS)
     ob.add(Rpc(messages=big[:5], ihave=[("t", [b"h" * 20])]), cap=4096, cap_bytes=32 << 20)
     assert ob.pending.ihave and ob.dropped == 0
     ob.add(Rpc(messages=big[5:]), cap=4096, cap_bytes=32 << 20)

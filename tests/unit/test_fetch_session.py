@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lattica.content.cid import DAG_PB, Cid
-from lattica.content.session import BLOCK, HAVE, PASS_LAPSES, FetchSession
+from lattica.content.fetch_records import BLOCK, HAVE
+from lattica.content.session import PASS_LAPSES, FetchSession
 from lattica.errors import BlockNotFound
 
 KiB = 1024

@@ -301,9 +301,9 @@ UPWARD_LEFT = {
     ("lattica.runtime.spilling", "lattica.actors.content.service"),
     ("lattica.services", "lattica.node"),
 }
-# other objects' private members read, counted over the package (322 when first counted, most
-# of them friend classes inside transports/): it may only go down
-PRIVATE_READS_AT_MOST = 322
+# other objects' private members read, counted over the package (322 when first counted, 313 after
+# the CRDT actor's split; most of them friend classes inside transports/): it may only go down
+PRIVATE_READS_AT_MOST = 313
 
 
 def test_type_only_imports_point_down_but_the_known_few():

@@ -1,0 +1,104 @@
+"""Strangers' batches to the pub-sub service (``open_rpc``: the topics a node opens, see
+``lattica.pubsub.open_topics``): what they may cost us, and their messages' turns.
+
+A stranger's batches are taken at ``STRANGER_BATCHES`` (a second, and at once), all strangers'
+together at ``STRANGERS_BATCHES``; their messages within the strangers' share
+(``PubSubConfig.strangers_messages``, the rest dropped before they are decoded, checked or
+remembered), then checked ``SLICE`` at a turn of the loop, members' work served in between.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from lattica.budget import Buckets, StrangersShare
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from lattica.config import PubSubConfig
+    from lattica.host import Host
+    from lattica.identity import PeerId
+    from lattica.pubsub.router import Envelope
+
+__all__ = ["Strangers", "SLICE", "WAITING"]
+
+STRANGER_BATCHES = (50.0, 100.0)  # batches a second (and at once) we take from one stranger
+STRANGERS_BATCHES = (20.0, 40.0)  # ... and from all strangers together (a batch holds up to hundreds of messages)
+_STRANGERS_MAX = 4096  # strangers whose batches we count
+# strangers' messages are checked this many at a turn of the loop, members' work in between: a
+# stranger's batch costs members a wait of a few signature checks, not of hundreds
+SLICE = 4
+WAITING = 1024  # strangers' messages waiting for their turn (the oldest dropped beyond)
+
+
+class Strangers:
+    """The router's peers outside our mesh (``peers``), and their batches' budgets and turns:
+    ``take(peer, env, now)`` hands one waiting message to the router at its turn, ``done()``
+    follows each slice."""
+
+    def __init__(
+        self,
+        host: Host,
+        cfg: PubSubConfig,
+        take: Callable[[PeerId, Envelope, float], None],
+        done: Callable[[], None],
+    ) -> None:
+        self.host = host
+        self.peers: set[PeerId] = set()  # router peers outside our mesh: open topics only
+        self._take, self._done = take, done
+        self._batches = Buckets(*STRANGER_BATCHES, _STRANGERS_MAX)
+        self._all_batches = StrangersShare(*STRANGERS_BATCHES, lambda peer: True)  # (asked for strangers' batches only)
+        rate = max(cfg.strangers_messages, 0.0)
+        self._messages = StrangersShare(
+            rate, max(2 * rate, 1.0), lambda peer: True
+        )  # (PubSubConfig.strangers_messages)
+        self.waiting: deque[tuple[PeerId, Envelope]] = deque(maxlen=WAITING)
+        self._turn: asyncio.Handle | None = None
+        self._closed = False
+
+    def admit(self, peer: PeerId) -> bool:
+        """Whether a batch of ``peer`` is within its share and all strangers' (else it is dropped unread)."""
+        return self._batches.take(peer) and self._all_batches.take(peer)
+
+    def part(self, peer: PeerId, raw: Any) -> Any:
+        """A stranger's batch with only as many of its messages as the strangers' share has
+        left (the rest dropped before they are decoded, checked or remembered): what all
+        strangers' messages together cost us is bounded, however many identities send them."""
+        if type(raw) is not list or len(raw) < 2 or type(raw[1]) is not list or not raw[1]:
+            return raw  # (nothing to cut; a malformed batch is wire.decode's to refuse)
+        k = self._messages.take_up_to(peer, len(raw[1]))
+        return raw if k == len(raw[1]) else [raw[0], raw[1][:k], *raw[2:]]
+
+    def wait(self, peer: PeerId, messages: list[Envelope]) -> None:
+        """A stranger's messages (of open topics) wait for their turn."""
+        self.peers.add(peer)
+        self.waiting.extend((peer, m) for m in messages)
+        self._next()
+
+    def _next(self) -> None:
+        """Take the next slice of strangers' messages at the loop's next turn (if any wait)."""
+        if self._turn is None and self.waiting and not self._closed:
+            self._turn = self.host.loop.call_soon(self._slice)
+
+    def _slice(self) -> None:
+        """Strangers' messages, a few (``SLICE``): what came from members meanwhile is served
+        between the slices."""
+        self._turn = None
+        now, waiting = self.host.loop.time(), self.waiting
+        try:
+            for _ in range(min(SLICE, len(waiting))):
+                peer, env = waiting.popleft()
+                if peer in self.host.conns:  # (still connected)
+                    self._take(peer, env, now)
+            self._done()
+        finally:
+            self._next()  # (the rest waits its turn whatever became of this slice)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._turn is not None:
+            self._turn.cancel()
+        self.waiting.clear()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lattica.crdt.checkpoint import MAX_SIGNATURES, MAX_STATE, Checkpoint, Signature
-from lattica.crdt.envelope import MAX_AUTHOR, MAX_CERT, MAX_CERTS, Envelope, decode_any
+from lattica.crdt.envelope import Envelope, decode_any
 from lattica.crdt.replica import MAX_CHAINS
 from lattica.errors import MalformedUpdate, ProtocolError
 from lattica.runtime.limits import ASYNC
@@ -119,21 +119,7 @@ def parse_signatures(raw: Any) -> list[Signature]:
     """Signatures a peer answered a proposal with (checked later, with the checkpoint's)."""
     if type(raw) is not list or len(raw) != 2 or type(raw[0]) is not list or len(raw[0]) > MAX_SIGNATURES:
         raise ProtocolError("a checkpoint answer is [signatures, summary]")
-    out = []
-    for s in raw[0]:
-        if (
-            type(s) is not list
-            or len(s) != 4
-            or type(s[0]) is not bytes
-            or not 0 < len(s[0]) <= MAX_AUTHOR
-            or type(s[1]) is not int
-            or not 0 <= s[1] < 1 << 63
-            or type(s[2]) is not list
-            or len(s[2]) > MAX_CERTS
-            or not all(type(c) is bytes and 0 < len(c) <= MAX_CERT for c in s[2])
-            or type(s[3]) is not bytes
-            or len(s[3]) != 64
-        ):
-            raise ProtocolError("a checkpoint signature is [signer, time, certificates, signature]")
-        out.append(Signature(s[0], s[1], tuple(s[2]), s[3]))
-    return out
+    try:
+        return [Signature.from_wire(s) for s in raw[0]]
+    except MalformedUpdate as exc:
+        raise ProtocolError(str(exc)) from None

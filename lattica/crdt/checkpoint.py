@@ -46,6 +46,26 @@ class Signature:
     certs: tuple[bytes, ...]
     sig: bytes
 
+    @classmethod
+    def from_wire(cls, s: object) -> Signature:
+        """The signature ``[signer, time, certificates, signature]`` holds, or MalformedUpdate
+        (its form only: whether it signs anything is checked with its checkpoint)."""
+        if (
+            type(s) is not list
+            or len(s) != 4
+            or type(s[0]) is not bytes
+            or not 0 < len(s[0]) <= MAX_AUTHOR
+            or type(s[1]) is not int
+            or not 0 <= s[1] < 1 << 63
+            or type(s[2]) is not list
+            or len(s[2]) > MAX_CERTS
+            or not all(type(c) is bytes and 0 < len(c) <= MAX_CERT for c in s[2])
+            or type(s[3]) is not bytes
+            or len(s[3]) != 64
+        ):
+            raise MalformedUpdate("a checkpoint's signature is [signer, time, certificates, signature]")
+        return cls(s[0], s[1], tuple(s[2]), s[3])
+
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
@@ -152,24 +172,8 @@ class Checkpoint:
             raise MalformedUpdate("a checkpoint's heads are one per chain, in order")
         if len(sigs) > MAX_SIGNATURES:
             raise MalformedUpdate(f"a checkpoint carries at most {MAX_SIGNATURES} signatures")
-        signatures = []
-        for s in sigs:
-            if (
-                type(s) is not list
-                or len(s) != 4
-                or type(s[0]) is not bytes
-                or not 0 < len(s[0]) <= MAX_AUTHOR
-                or type(s[1]) is not int
-                or not 0 <= s[1] < 1 << 63
-                or type(s[2]) is not list
-                or len(s[2]) > MAX_CERTS
-                or not all(type(c) is bytes and 0 < len(c) <= MAX_CERT for c in s[2])
-                or type(s[3]) is not bytes
-                or len(s[3]) != 64
-            ):
-                raise MalformedUpdate("a checkpoint's signature is [signer, time, certificates, signature]")
-            signatures.append(Signature(s[0], s[1], tuple(s[2]), s[3]))
-        return cls(doc, tuple(out), state_hash, tuple(signatures))
+        signatures = tuple(Signature.from_wire(s) for s in sigs)
+        return cls(doc, tuple(out), state_hash, signatures)
 
 
 def _signed(digest: bytes, signer: bytes, ts: int, certs: tuple[bytes, ...]) -> bytes:

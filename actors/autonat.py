@@ -30,7 +30,7 @@ from lattica.runtime import autonat_ref, current_caller
 
 if TYPE_CHECKING:
     from lattica.hostview import HostView
-    from lattica.runtime import Runtime
+    from lattica.runtime.calls import Calls
 
 log = get_logger("lattica.autonat")
 
@@ -56,7 +56,7 @@ def _dialable(addr: Multiaddr) -> bool:
 class AutoNatServer:
     """The dialing side, on the node loop."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Calls) -> None:
         self.rt = runtime
         self.host: HostView = runtime.host
         self._requests = Buckets(_RATE, _BURST)  # per requesting peer

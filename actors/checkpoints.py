@@ -34,7 +34,8 @@ from lattica.identity import KeyPair, PeerId, verify_signature
 from lattica.runtime import ASYNC, ActorRef, current_caller
 
 if TYPE_CHECKING:
-    from lattica.runtime import Runtime
+    from lattica.actors.membership import MembershipService
+    from lattica.runtime.calls import Calls
 
 MAX_BYTES = 256 << 20  # all copies held on one node
 MAX_BYTES_PER_WRITER = 64 << 20  # copies written by one peer
@@ -90,9 +91,7 @@ class CheckpointStore:
 
     NAME = "checkpoints"
 
-    def __init__(
-        self, runtime: Runtime, max_bytes: int = MAX_BYTES, max_per_writer: int = MAX_BYTES_PER_WRITER
-    ) -> None:
+    def __init__(self, runtime: Calls, max_bytes: int = MAX_BYTES, max_per_writer: int = MAX_BYTES_PER_WRITER) -> None:
         self._rt = runtime
         self.max_bytes = max_bytes
         self.max_per_writer = max_per_writer
@@ -220,10 +219,8 @@ def read_copy(got: Any, name: str) -> tuple[float, bytes, PeerId, list] | None:
     return stamp, blob, writer, certs
 
 
-def members(runtime: Runtime) -> list[str]:
-    """This node and the members membership holds alive (what copies may be placed on)."""
-    me = str(runtime.peer_id)
-    ms = runtime.services.get("membership")
-    if ms is None:
-        return [me]
-    return [me, *(m.id for m in ms.core.alive())]
+def members(me: PeerId, membership: MembershipService | None) -> list[str]:
+    """This node and the members ``membership`` holds alive (what copies may be placed on)."""
+    if membership is None:
+        return [str(me)]
+    return [str(me), *(m.id for m in membership.core.alive())]

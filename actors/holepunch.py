@@ -45,7 +45,7 @@ from lattica.runtime import ASYNC, ActorRef
 
 if TYPE_CHECKING:
     from lattica.hostview import HostView
-    from lattica.runtime import Runtime
+    from lattica.runtime.calls import Calls
     from lattica.transports.base import Connection, Stream
 
 log = get_logger("lattica.holepunch")
@@ -80,7 +80,7 @@ def holepunch_ref(peer: PeerId) -> ActorRef:
 class HolePunchService:
     """Hole punches on the node loop (both roles)."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Calls) -> None:
         self.host: HostView = runtime.host
         self.host.set_handler(PROTOCOL, self._on_stream)
         self.host.events.identified.subscribe(self._on_identified)

@@ -43,7 +43,7 @@ from lattica.trust import MemberNotary
 if TYPE_CHECKING:
     from lattica.hostview import HostView
     from lattica.identify import PeerInfo
-    from lattica.runtime import Runtime
+    from lattica.runtime.calls import Calls
     from lattica.transports.base import Connection
 
 log = get_logger("lattica.membership")
@@ -85,14 +85,16 @@ class MembershipService:
 
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: Calls,
         config: MembershipConfig | None = None,
         labels: dict[str, str] | None = None,
         resources: dict[str, float] | None = None,
         accept_code: str = "admins",
         allow: list[str] | None = None,
+        reserved: Callable[[], dict[str, float]] = dict,
     ) -> None:
         self.rt = runtime
+        self._reserved = reserved  # what the spawner holds for its placed actors, gossiped as load
         self.host: HostView = runtime.host
         self.resources = {**detect_resources(), **(resources or {})}
         self.labels = dict(labels or {})
@@ -119,8 +121,7 @@ class MembershipService:
     def _info(self) -> dict:
         actors = sum(1 for a in self.rt.actors.values() if not a.system)
         load: dict[str, Any] = {"actors": actors}
-        spawner = self.rt.actors.get("spawner")
-        reserved = spawner.instance._reserved_total() if spawner is not None else {}
+        reserved = self._reserved()
         if reserved:
             load["reserved"] = reserved
         # where we can be dialed: members that met only through a node that is gone still reach
@@ -255,6 +256,11 @@ class MembershipService:
         """Say goodbye to every member we are connected to (before those connections close)."""
         bye = self.core.leave()
         self._send([(m.id, bye) for m in self.core.alive() if self._connected(m.id)])
+
+    def state_of(self, peer: PeerId) -> str | None:
+        """``peer``'s state in our view ("alive", "suspect", "dead", "left"), None if not in it."""
+        member = self.core.get(str(peer))
+        return member.state if member is not None else None
 
     def nodes(self) -> list[dict]:
         """Our view, ourselves first: one dict per member (``admin``: its certificates make it

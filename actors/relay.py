@@ -34,7 +34,7 @@ from lattica.transports.splice import TOKEN_LEN, Splice
 
 if TYPE_CHECKING:
     from lattica.hostview import HostView
-    from lattica.runtime import Runtime
+    from lattica.runtime.calls import Calls
     from lattica.transports.tcp import TcpTransport
 
 log = get_logger("lattica.relay")
@@ -75,7 +75,7 @@ def _ip_of(conn: Connection) -> str:
 class RelayService:
     """Reservations and circuits on the node loop."""
 
-    def __init__(self, runtime: Runtime, config: RelayConfig | None = None) -> None:
+    def __init__(self, runtime: Calls, config: RelayConfig | None = None) -> None:
         self.rt = runtime
         self.host: HostView = runtime.host
         self.cfg = config or RelayConfig()

@@ -32,7 +32,9 @@ from lattica.shards.keys import MAX_PROVIDERS_PER_NODE, decode_registration, enc
 from lattica.trust import Certificate, CertificateError
 
 if TYPE_CHECKING:
-    from lattica.runtime import Runtime
+    from lattica.actors.dht import DhtService
+    from lattica.actors.spawner import Spawner
+    from lattica.runtime.calls import Calls
 
 __all__ = ["ShardsService", "ShardsActor"]
 
@@ -47,8 +49,10 @@ VERDICT_TTL = 60.0  # s a judgement of a registering node's certificates is kept
 class ShardsService:
     """See the module docstring."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Calls, dht: DhtService, spawner: Spawner) -> None:
         self.rt = runtime
+        self.dht = dht  # where registrations are published and found
+        self.owners = spawner.owners  # which node spawned each of our actors (it says what they serve)
         self._served: dict[bytes, dict[str, ActorRef]] = {}  # shard key -> our actors serving it, by name
         self._published: dict[bytes, bytes] = {}  # shard key -> the DHT key our record is kept under
         self._verdicts: dict[tuple[bytes, bytes], tuple[float, bool]] = {}  # (peer, certs) -> (when, a stranger?)
@@ -68,8 +72,7 @@ class ShardsService:
         if key not in self._served and len(self._served) >= MAX_SHARDS:
             raise ValueError(f"this node serves {MAX_SHARDS} shards already")
         if owner is not None:
-            spawner = self.rt.services["spawner"]
-            mine = sum(1 for a in self._served.values() for name in a if spawner.owners.get(name) == owner)
+            mine = sum(1 for a in self._served.values() for name in a if self.owners.get(name) == owner)
             if mine >= MAX_PER_OWNER:
                 raise ValueError(f"{owner} has {MAX_PER_OWNER} registrations of its actors on this node already")
         if len(actors) >= MAX_PROVIDERS_PER_NODE:
@@ -101,7 +104,7 @@ class ShardsService:
     def _publish(self, key: bytes) -> Any:
         """Put our record of ``key`` now (and keep it fresh), or withdraw it if none of ours
         serves it; the task of the put (None for a withdrawal)."""
-        dht = self.rt.dht
+        dht = self.dht
         if not self._served.get(key):
             self._served.pop(key, None)
             dht.drop_live(self._published.pop(key, key))
@@ -139,7 +142,7 @@ class ShardsService:
         cert = self._membership()
         if cert is not None:
             key = mesh_scoped(key, cert.mesh)
-        dht = self.rt.dht
+        dht = self.dht
         found = await dht.get(key, quorum=None if everywhere else 1, grace=NAME_GRACE)
         out = self._usable(found)
         if not out and found and not everywhere:
@@ -183,7 +186,7 @@ class ShardsService:
 
     def close(self) -> None:
         for key in list(self._served):
-            self.rt.dht.drop_live(self._published.get(key, key))
+            self.dht.drop_live(self._published.get(key, key))
         self._served.clear()
         self._published.clear()
 
@@ -204,7 +207,7 @@ class ShardsActor:
         rt = self._s.rt
         if type(actor) is not str or actor not in rt.actors:
             raise ActorNotFound(f"no actor {actor!r} on {rt.peer_id}")
-        owner = rt.services["spawner"].owners.get(actor)
+        owner = self._s.owners.get(actor)
         if caller is not None and caller != rt.peer_id and caller != owner:
             raise PermissionDenied(f"only the node that spawned {actor!r} says what it serves")
         if caller is not None and not self._calls.take(caller):
@@ -224,7 +227,7 @@ class ShardsActor:
             type(actor) is not str
             or caller is not None
             and caller != rt.peer_id
-            and caller != rt.services["spawner"].owners.get(actor)
+            and caller != self._s.owners.get(actor)
         ):
             raise PermissionDenied(f"only the node that spawned {actor!r} says what it serves")
         if actor in rt.actors:

@@ -24,9 +24,11 @@ from lattica.remote import class_path as lattica_class_path
 from lattica.runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, NO_STATE, ActorRef, current_caller
 
 if TYPE_CHECKING:
+    from lattica.actors.membership import MembershipService
     from lattica.membership import Member
     from lattica.monitors import Monitor
-    from lattica.runtime import LocalActor, Runtime
+    from lattica.runtime import LocalActor
+    from lattica.runtime.calls import Calls
 
 _MAX_WINDOW = 1 << 16
 _MAX_CONCURRENCY = 1 << 16
@@ -45,7 +47,7 @@ class Jobs:
     """The job each actor of a node ends with: the node (a driver process) that spawned it, directly
     or through its actors and supervisors. Actors absent here are the node's own (or detached)."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Calls) -> None:
         self._rt = runtime
         self._of: dict[str, PeerId] = {}
 
@@ -78,7 +80,7 @@ class Bindings:
     them): bound by the spawner and by this node's own code (``lattica.link``), never asked by a
     peer directly (the spawner's methods are what peers may call; this is no method of it)."""
 
-    def __init__(self, runtime: Runtime, release: Callable[[str, str], None]) -> None:
+    def __init__(self, runtime: Calls, release: Callable[[str, str], None]) -> None:
         self._rt = runtime
         self._release = release  # (the spawner forgets an actor it stops)
         self._bound: dict[str, dict[tuple, Monitor]] = {}  # actor name -> monitors that stop it with another
@@ -136,7 +138,7 @@ class Bindings:
 class Spawner:
     NAME = "spawner"
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Calls) -> None:
         self._rt = runtime
         self.reserved: dict[str, dict[str, float]] = {}  # actor name -> resources held for it
         self.bindings = Bindings(runtime, self._release)  # (an attribute, not a method: peers call only methods)
@@ -149,6 +151,7 @@ class Spawner:
         self._jobs = Jobs(runtime)
         self._code_spawns: dict[PeerId | None, int] = {}  # caller -> its spawns with code in progress here
         self.code: CodeLibrary | None = None  # packages of code that travels (None: this node cannot fetch them)
+        self.membership: MembershipService | None = None  # where reservations are gossiped (None: no membership)
         runtime.stop_listeners.append(self._release)
 
     def _reserved_total(self) -> dict[str, float]:
@@ -158,6 +161,24 @@ class Spawner:
             for r, amount in need.items():
                 total[r] += amount
         return {r: v for r, v in total.items() if v}
+
+    @property
+    def reserved_total(self) -> Callable[[], dict[str, float]]:
+        """``reserved_total()``: what this node has promised to its placed actors, per resource
+        (a property, not a method: peers call only methods)."""
+        return self._reserved_total
+
+    @property
+    def controls(self) -> Callable[[str, PeerId | None], bool]:
+        """``controls(name, peer)``: whether ``peer`` may stop, link or replace actor ``name`` here
+        (a property, not a method: peers call only methods)."""
+        return self._controls
+
+    @property
+    def supervisors(self) -> Mapping[str, ActorRef]:
+        """Actor name -> the supervisor it is bound to, as that supervisor named itself (a
+        property: peers call only methods)."""
+        return MappingProxyType(self._supervisor_ref)
 
     @property
     def jobs(self) -> Jobs:
@@ -178,7 +199,7 @@ class Spawner:
             r in RESOURCES and type(v) in (int, float) and 0 <= v < 1e15 for r, v in need.items()
         ):
             raise SpawnError(f"reserve must map {list(RESOURCES)} to amounts")
-        membership = self._rt.services.get("membership")
+        membership = self.membership
         offered = membership.resources if membership is not None else {}
         mine = membership.labels if membership is not None else {}
         if labels is not None:
@@ -223,7 +244,7 @@ class Spawner:
             if left:
                 self._owned[owner] = left
         self.bindings.forget(name)
-        membership = self._rt.services.get("membership")
+        membership = self.membership
         if self.reserved.pop(name, None) is not None and membership is not None:
             membership.load_changed()
 

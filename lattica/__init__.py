@@ -1,5 +1,7 @@
 """Lattica: a pure-Python peer-to-peer actor framework for decentralized AI."""
 
+from typing import Any
+
 from lattica import dht, errors
 from lattica.api import (
     aget_actor,
@@ -64,7 +66,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):  # noqa: ANN202 -- PEP 562: ``lattica.content`` loads on first use
+def __getattr__(name: str) -> Any:  # PEP 562: ``lattica.content`` loads on first use
     if name in ("content", "crdt", "pubsub", "shards"):
         import importlib  # (the content plane and hashlib load when first used, not at start)
 

@@ -73,7 +73,7 @@ def init(
     }
     with _lock:
         current = context.default_node()
-        if current is not None and current.running:
+        if isinstance(current, Node) and current.running:
             given = _init_arguments.get(id(current))
             if given is not None and asked != given and asked != _DEFAULT_ARGUMENTS:
                 changed = sorted(k for k in {*asked, *given} if asked.get(k) != given.get(k))
@@ -91,7 +91,7 @@ def init(
     try:
         addrs = [Multiaddr(a) for a in bootstrap]
         if addrs:
-            node._call(lambda h: h.join(addrs, node.dial_timeout))
+            node._call(lambda h: h.join(addrs, node.config.dial_timeout))
     except BaseException:
         shutdown()  # a failed init leaves no half-joined default node: calling init again retries
         raise
@@ -124,7 +124,8 @@ def monitor(ref: ActorRef, on_down: Callable[[ActorRef, str], Any]) -> Monitor:
     """Call ``on_down(ref, reason)`` once when the actor stops or its node dies (see
     ``lattica.monitors``); ``.cancel()`` the returned Monitor to stop watching."""
     rt = current_runtime()
-    return on_loop(rt, lambda: rt.monitors.watch(ref, on_down))
+    mon: Monitor = on_loop(rt, lambda: rt.monitors.watch(ref, on_down))
+    return mon
 
 
 def link(ref: ActorRef) -> None:
@@ -138,7 +139,7 @@ def link(ref: ActorRef) -> None:
         raise LatticaError("lattica.link is called from inside an actor method")
 
     async def both() -> None:
-        rt.actors["spawner"].instance.bindings.bind(me.name, ref)
+        rt.host.services.spawner.bindings.bind(me.name, ref)
         try:
             await rt.call(spawner_ref(ref.peer_id), "link", (ref.name, me), {}, timeout=10.0)
         except LatticaError as e:
@@ -156,7 +157,7 @@ def unlink(ref: ActorRef) -> None:
         raise LatticaError("lattica.unlink is called from inside an actor method")
 
     async def both() -> None:
-        rt.actors["spawner"].instance.bindings.unbind(me.name, ref)
+        rt.host.services.spawner.bindings.unbind(me.name, ref)
         try:
             await rt.call(spawner_ref(ref.peer_id), "unlink", (ref.name, me), {}, timeout=10.0)
         except LatticaError as e:
@@ -185,7 +186,7 @@ def nodes() -> list[dict[str, Any]]:
 def node() -> Node:
     """The node ``init`` started (raises if there is none)."""
     current = context.default_node()
-    if current is None or not current.running:
+    if not isinstance(current, Node) or not current.running:
         raise LatticaError("no Lattica node is running here: call lattica.init() first")
     return current
 
@@ -212,7 +213,8 @@ def get_actor(name: str, node: PeerId | str | None = None, timeout: float = 10.0
     else wherever on the mesh it was registered (``.options(name=...)`` publishes it in the DHT;
     a name not found there is looked up again for about a second, then ActorNotFound).
     PermissionDenied if only nodes outside this node's mesh hold the name."""
-    return _get_actor(name, node, timeout).result(timeout + 1)
+    ref: ActorRef = _get_actor(name, node, timeout).result(timeout + 1)
+    return ref
 
 
 def _get_actor(name: str, node: PeerId | str | None, timeout: float) -> Future:
@@ -246,11 +248,13 @@ def _resolved(rt: Any, value: Any, error: BaseException | None = None) -> Future
         fut._reject(error) if error is not None else fut._resolve(value)
         return fut
 
-    return on_loop(rt, make)
+    resolved: Future = on_loop(rt, make)
+    return resolved
 
 
-def _spawner_call(rt: Any, peer: PeerId, method: str, args: tuple, timeout: float) -> Future:
-    return on_loop(rt, lambda: rt.call(spawner_ref(peer), method, args, {}, timeout=timeout))
+def _spawner_call(rt: Any, peer: PeerId, method: str, args: tuple[Any, ...], timeout: float) -> Future:
+    fut: Future = on_loop(rt, lambda: rt.call(spawner_ref(peer), method, args, {}, timeout=timeout))
+    return fut
 
 
 async def _within(coro: Any, timeout: float, what: str) -> Any:
@@ -269,4 +273,5 @@ async def akill(ref: ActorRef, timeout: float = 10.0) -> None:
 
 async def aget_actor(name: str, node: PeerId | str | None = None, timeout: float = 10.0) -> ActorRef:
     """``get_actor`` for async code: awaits instead of blocking."""
-    return await _get_actor(name, node, timeout)
+    ref: ActorRef = await _get_actor(name, node, timeout)
+    return ref

@@ -43,8 +43,8 @@ def _node(args: argparse.Namespace) -> None:
         print(f"mesh: {node.trust.describe()}")
         if not relay:
             print(
-                f"runs code from: {node.accept_code}"
-                + (f"; installed classes allowed: {', '.join(node.allow)}" if node.allow else "")
+                f"runs code from: {node.config.accept_code}"
+                + (f"; installed classes allowed: {', '.join(node.config.allow)}" if node.config.allow else "")
             )
         for a in node.addrs:
             print(f"listening: {a}", flush=True)
@@ -376,8 +376,10 @@ def _status(args: argparse.Namespace) -> None:
                 node.connect(addr, timeout=args.wait)
 
             async def take() -> dict:
-                rt = cast("Runtime", cast("Host", node.host).runtime)  # a running node has both
-                return await MeshWatch(rt, timeout=args.wait, view_from=info.peer_id).picture()
+                host = cast("Host", node.host)  # a running node has a host, and it its runtime
+                rt = cast("Runtime", host.runtime)
+                report = host.services.dashboard.report
+                return await MeshWatch(rt, report, timeout=args.wait, view_from=info.peer_id).picture()
 
             pic = node.run(take(), timeout=args.wait * 3 + 10)
     else:

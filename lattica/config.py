@@ -5,11 +5,28 @@ re-export them (``from lattica.actors.dht import DhtConfig`` keeps working)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from lattica.kademlia import ALPHA, K
+from lattica.multiaddr import Multiaddr
 from lattica.records import StoreLimits
 
-__all__ = ["ContentConfig", "CrdtConfig", "DhtConfig", "InboundBudget", "MembershipConfig", "NatConfig", "RelayConfig"]
+if TYPE_CHECKING:
+    from lattica.transports.memory import MemoryNetwork
+
+__all__ = [
+    "ContentConfig",
+    "CrdtConfig",
+    "DashboardConfig",
+    "DhtConfig",
+    "InboundBudget",
+    "MembershipConfig",
+    "NatConfig",
+    "NodeConfig",
+    "PubSubConfig",
+    "RelayConfig",
+    "dashboard_config",
+]
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -188,3 +205,104 @@ class CrdtConfig:
     # members whose signatures a mesh document's checkpoint needs before a replica that cannot
     # check it (a newcomer) takes it; an owner document's needs its owner's
     checkpoint_quorum: int = 2
+
+
+@dataclass
+class DashboardConfig:
+    """Where the dashboard listens and what it allows. A bind address that is not loopback needs
+    an access token (``token``; generated at start when None, and printed); on loopback none is
+    needed unless one is given. Pictures of the mesh are taken every ``every`` seconds while a
+    page watches, each member's report awaited up to ``report_timeout``."""
+
+    bind: str = "127.0.0.1:8265"
+    token: str | None = None
+    every: float = 2.0
+    report_timeout: float = 2.0
+    max_channels: int = 16  # live channels (open pages) at once
+    max_nodes: int = 1024  # members shown
+    max_request_bytes: int = 16 * 1024  # a request's body (the dashboard takes none)
+
+    def __post_init__(self) -> None:
+        split_bind(self.bind)  # (raises on a malformed address)
+        if self.every <= 0 or self.report_timeout <= 0 or self.max_channels < 1 or self.max_nodes < 1:
+            raise ValueError("dashboard: every and report_timeout must be > 0, max_channels and max_nodes >= 1")
+        if self.token is not None and len(self.token) < 16:
+            raise ValueError("dashboard: an access token needs at least 16 characters")
+
+    @property
+    def host(self) -> str:
+        return split_bind(self.bind)[0]
+
+    @property
+    def port(self) -> int:
+        return split_bind(self.bind)[1]
+
+
+def split_bind(bind: str) -> tuple[str, int]:
+    """``"127.0.0.1:8265"`` or ``"[::1]:8265"`` -> (host, port); ValueError if malformed."""
+    host, sep, port = bind.rpartition(":")
+    if not sep or not port.isdigit() or not host or int(port) > 65535:
+        raise ValueError(f"dashboard address {bind!r}: give HOST:PORT, e.g. 127.0.0.1:8265")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def dashboard_config(value: Any) -> DashboardConfig | None:
+    """``Node(dashboard=...)``: None/False (off), True (the default address), ``"HOST:PORT"``, or
+    a DashboardConfig."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return DashboardConfig()
+    if isinstance(value, str):
+        return DashboardConfig(bind=value)
+    if isinstance(value, DashboardConfig):
+        return value
+    raise ValueError(f"dashboard: give True, 'HOST:PORT' or a DashboardConfig, not {type(value).__name__}")
+
+
+AGENT_VERSION = "lattica-py/0.1.0"  # what identify tells peers we run
+DRAIN_GRACE = 300.0  # seconds a connection going away waits for the streams on it to end
+DEFAULT_SPILL_LIMIT = 1 << 30  # bytes of one message's spilled objects (Node(spill_limit=...))
+
+
+@dataclass
+class NodeConfig:
+    """Everything ``Node(...)`` was told, typed and checked: what the host and each service read
+    (a service's own section is ``None`` when the node runs without it). ``Node`` builds it from
+    its keyword arguments; docs/api.md says what each one means."""
+
+    listen: list[Multiaddr] = field(default_factory=lambda: [Multiaddr("/ip4/127.0.0.1/tcp/0")])
+    max_connections: int = 512
+    idle_timeout: float = 300.0
+    identify_timeout: float = 10.0  # a connection whose peer has not identified by then closes
+    inbound: InboundBudget = field(default_factory=InboundBudget)  # partial messages held
+    dial_timeout: float = 10.0
+    agent_version: str = AGENT_VERSION
+    transport_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # per transport: keywords
+    memory_network: MemoryNetwork | None = None  # the in-memory transport's network (simulations)
+    allow: list[str] = field(default_factory=list)  # class-path patterns peers may spawn here (fnmatch)
+    # code that travels (docs/api.md): what this node ships with its spawns (None: its script's
+    # directory; False: nothing; else directories and module names), and whose code it runs
+    code: list[str] | bool | None = None
+    code_excludes: list[str] = field(default_factory=list)
+    accept_code: str = "admins"
+    channel_idle: float = 60.0  # an idle call channel closes after this, freeing its connection
+    # a call's arguments or result over the message cap travel by CID, up to this many bytes
+    spill_limit: int = DEFAULT_SPILL_LIMIT
+    # a connection this node replaces (a relayed path that became direct, a duplicate, idle) goes
+    # away: calls already on it get this long to finish there (docs/nat.md)
+    drain_grace: float = DRAIN_GRACE
+    relays: list[Multiaddr] = field(default_factory=list)  # relays to hold reservations with (else found ones)
+    mdns: bool | None = None  # mDNS on the LAN: None = on when we listen on a non-loopback address
+    labels: dict[str, str] = field(default_factory=dict)  # what this node says about itself to placement
+    resources: dict[str, float] = field(default_factory=dict)  # offered to placement instead of detected
+    nat: NatConfig = field(default_factory=NatConfig)
+    dht: DhtConfig = field(default_factory=DhtConfig)
+    relay: RelayConfig | None = None  # serve reservations and circuits for private peers
+    membership: MembershipConfig | None = field(default_factory=MembershipConfig)
+    content: ContentConfig | None = field(default_factory=ContentConfig)
+    pubsub: PubSubConfig | None = field(default_factory=PubSubConfig)
+    crdt: CrdtConfig | None = field(default_factory=CrdtConfig)  # documents need pub-sub too
+    dashboard: DashboardConfig | None = None  # serve the mesh in a browser (docs/dashboard.md)

@@ -15,12 +15,13 @@ from __future__ import annotations
 import contextvars
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from lattica.node import Node
+    from lattica.host import Host
 
 __all__ = [
+    "NodeHandle",
     "default_node",
     "set_default_node",
     "runtime_for_thread",
@@ -34,7 +35,20 @@ __all__ = [
     "NO_DHT_DIAL_LOOKUP",
 ]
 
-_default_node: Node | None = None
+
+class NodeHandle(Protocol):
+    """What this module needs of a node (``lattica.Node``): its host while it runs."""
+
+    @property
+    def running(self) -> bool: ...
+
+    @property
+    def host(self) -> Host | None: ...
+
+    def stop(self) -> None: ...
+
+
+_default_node: NodeHandle | None = None
 _default_lock = threading.Lock()
 
 _BY_THREAD: dict[int, Any] = {}  # thread ident -> the Runtime that thread belongs to
@@ -48,12 +62,12 @@ ACTOR_RUNTIME: contextvars.ContextVar[Any] = contextvars.ContextVar("lattica_run
 NO_DHT_DIAL_LOOKUP: contextvars.ContextVar[bool] = contextvars.ContextVar("lattica_no_dht_dial_lookup", default=False)
 
 
-def default_node() -> Node | None:
+def default_node() -> NodeHandle | None:
     """The node ``lattica.init()`` started, if any."""
     return _default_node
 
 
-def set_default_node(node: Node | None) -> Node | None:
+def set_default_node(node: NodeHandle | None) -> NodeHandle | None:
     """Make ``node`` the default node; returns the one it replaced."""
     global _default_node
     with _default_lock:

@@ -19,7 +19,7 @@ from lattica import codec
 from lattica.errors import LatticaError, NodeClosed
 from lattica.future import Future
 from lattica.identity import PeerId
-from lattica.records import TOMBSTONE, decode_subkey
+from lattica.records import TOMBSTONE, Entry, decode_subkey
 from lattica.records import owned_key as _owned_key
 from lattica.remote import current_runtime
 from lattica.runtime import run_coroutine
@@ -48,7 +48,7 @@ class Value(NamedTuple):
     expiration: float  # unix seconds
 
 
-class Record(dict):
+class Record(dict[Any, Value]):
     """What ``get`` returns: ``{subkey: Value}`` for every live subkey (``None`` is the subkey of
     a plain ``put``); ``record.value`` is that plain value."""
 
@@ -86,7 +86,7 @@ def run_with_service(
     convert: Callable[[Any], Any] | None = None,
 ) -> Future:
     rt = _runtime(node)
-    return run_coroutine(rt, lambda: make(rt.dht), convert)
+    return run_coroutine(rt, lambda: make(rt.host.services.dht), convert)
 
 
 def put(key: str | bytes, value: Any, *, subkey: Any = None, ttl: float = 60.0, node: Node | None = None) -> Future:
@@ -98,7 +98,7 @@ def put(key: str | bytes, value: Any, *, subkey: Any = None, ttl: float = 60.0, 
     return run_with_service(node, lambda dht: dht.put(raw, data, subkey=subkey, ttl=ttl))
 
 
-def _to_record(entries: dict) -> Record | None:
+def _to_record(entries: dict[bytes, Entry]) -> Record | None:
     rec = Record()
     for sk, e in entries.items():
         if e.value == TOMBSTONE:

@@ -139,7 +139,7 @@ async def _names(node: Node, peer: PeerId) -> Any:
 
 
 async def _punches(node: Node) -> dict:
-    hp = node.host.holepunch if node.host is not None else None
+    hp = node.host.services.holepunch if node.host is not None else None
     return hp.status() if hp is not None else {}
 
 

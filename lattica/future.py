@@ -25,7 +25,7 @@ class Future:
     __slots__ = ("_fut", "_cancel_hook", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._fut: asyncio.Future = loop.create_future()
+        self._fut: asyncio.Future[Any] = loop.create_future()
         self._cancel_hook: Callable[[], None] | None = None
 
     # -- resolved by the runtime, on the node loop --------------------------------------------
@@ -107,10 +107,10 @@ class Future:
     def __await__(self) -> Generator[Any, None, Any]:
         if self._on_loop():
             return (yield from self._fut.__await__())
-        bridge: concurrent.futures.Future = concurrent.futures.Future()
+        bridge: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
         def chain() -> None:
-            def copy(f: asyncio.Future) -> None:
+            def copy(f: asyncio.Future[Any]) -> None:
                 if f.cancelled():
                     bridge.cancel()
                 elif f.exception() is not None:
@@ -138,18 +138,18 @@ def _wait_threadsafe(futs: Sequence[Future], num: int, timeout: float | None) ->
     lock = threading.Lock()
     count = [0]
 
-    def one_done(_: asyncio.Future) -> None:
+    def one_done(_: asyncio.Future[Any]) -> None:
         with lock:
             count[0] += 1
             if count[0] >= num:
                 event.set()
 
-    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future]] = {}
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[Any]]] = {}
     for f in futs:
         by_loop.setdefault(f._fut.get_loop(), []).append(f._fut)
     for loop, group in by_loop.items():
 
-        def register(group: list[asyncio.Future] = group) -> None:
+        def register(group: list[asyncio.Future[Any]] = group) -> None:
             for f in group:
                 f.add_done_callback(one_done)
 

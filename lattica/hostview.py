@@ -69,6 +69,7 @@ class HostView(Protocol):
     peer_id: PeerId
     keypair: KeyPair
     loop: asyncio.AbstractEventLoop
+    thread_id: int  # the node loop's thread
     events: HostEvents
 
     @property
@@ -103,6 +104,12 @@ class HostView(Protocol):
 
     def is_admin(self, peer: PeerId) -> bool:
         """Whether ``peer`` administers our mesh (this node does), from its identify."""
+
+    def peers(self) -> list[PeerInfo]:
+        """Every connected peer, as its primary connection's identify described it."""
+
+    async def ping(self, peer: PeerId, count: int, timeout: float) -> list[float]:
+        """``count`` round trips to ``peer``, in seconds (Timeout after ``timeout``)."""
 
     async def peer_info(self, conn: Connection, timeout: float) -> PeerInfo | None:
         """What ``conn``'s peer told us in identify, waiting up to ``timeout`` s on a fresh one."""
@@ -139,6 +146,9 @@ class HostView(Protocol):
 
     def set_peer_routing(self, routing: Any) -> None:
         """Where the dialer finds a peer it has no address for (``find_peer(peer, fresh)``)."""
+
+    def set_puncher(self, puncher: Any) -> None:
+        """What punches a direct path to a relayed peer (``punch(conn)``, ``punch_tcp(conn)``)."""
 
     def adopt(self, conn: Connection) -> None:
         """Take a connection made outside the dialer (a hole punch) into use."""

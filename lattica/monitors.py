@@ -75,9 +75,9 @@ class Monitors:
             except ActorNotFound:
                 self.fire(mid, "noproc")
         else:
-            member = rt.host.membership.core.get(str(ref.peer_id)) if rt.host.membership is not None else None
-            if member is not None and member.state in ("dead", "left"):
-                self.fire(mid, f"node down: {member.state}")
+            state = rt.membership.state_of(ref.peer_id) if rt.membership is not None else None
+            if state in ("dead", "left"):
+                self.fire(mid, f"node down: {state}")
             else:
                 rt.host.spawn(self._set_remote(mid, ref))
         return Monitor(self, mid, ref)

@@ -15,39 +15,44 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Coroutine, Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lattica._loop import DEFAULT_BUSY_POLL_US, new_loop
 from lattica.code.library import ACCEPT
 from lattica.config import (
+    AGENT_VERSION,
+    DEFAULT_SPILL_LIMIT,
+    DRAIN_GRACE,
     ContentConfig,
     CrdtConfig,
+    DashboardConfig,
     DhtConfig,
     InboundBudget,
     MembershipConfig,
     NatConfig,
+    NodeConfig,
     PubSubConfig,
     RelayConfig,
+    dashboard_config,
 )
 from lattica.errors import NodeClosed, Timeout
 from lattica.host import Host, StreamProtocolHandler, check_protocol_name
-from lattica.host.connections import DRAIN_GRACE
 from lattica.host.nat import NatStatus
 from lattica.identify import PeerInfo
 from lattica.identity import KeyPair, PeerId
 from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
 from lattica.placement import RESOURCES
-from lattica.runtime.spill import DEFAULT_SPILL_LIMIT
 from lattica.transports.base import Stream
-from lattica.trust import Trust, load_trust
+from lattica.trust import Credential, Trust, load_trust
+
+if TYPE_CHECKING:
+    from lattica.transports.memory import MemoryNetwork
 
 __all__ = ["Node", "PeerInfo"]
 
 log = get_logger("lattica.node")
 T = TypeVar("T")
-
-AGENT_VERSION = "lattica-py/0.1.0"
 
 
 _THREADED: weakref.WeakSet[Node] = weakref.WeakSet()  # nodes running on a loop thread of their own
@@ -86,29 +91,29 @@ class Node:
         busy_poll_us: float = DEFAULT_BUSY_POLL_US,
         use_uvloop: bool | None = None,
         transport_options: dict[str, dict[str, Any]] | None = None,
-        memory_network: Any = None,
+        memory_network: MemoryNetwork | None = None,
         allow: Iterable[str] = (),
         code: Iterable[str] | bool | None = None,
         code_excludes: Iterable[str] = (),
         accept_code: str = "admins",
         dht_path: str | os.PathLike[str] | None = None,
-        dht: Any = None,
+        dht: DhtConfig | None = None,
         channel_idle: float = 60.0,
         spill_limit: int = DEFAULT_SPILL_LIMIT,
         drain_grace: float = DRAIN_GRACE,
-        relay: Any = False,
+        relay: bool | RelayConfig | None = False,
         relays: Iterable[str | Multiaddr] = (),
-        nat: Any = None,
+        nat: NatConfig | None = None,
         mdns: bool | None = None,
         labels: dict[str, str] | None = None,
         resources: dict[str, float] | None = None,
-        membership: Any = True,
-        mesh: Any = None,
+        membership: bool | MembershipConfig | None = True,
+        mesh: Credential | list[Credential] | tuple[Credential, ...] | None = None,
         members: Iterable[PeerId | str] = (),
-        content: Any = True,
-        pubsub: Any = True,
-        crdt: Any = True,
-        dashboard: Any = None,
+        content: bool | ContentConfig | None = True,
+        pubsub: bool | PubSubConfig | None = True,
+        crdt: bool | CrdtConfig | None = True,
+        dashboard: bool | str | DashboardConfig | None = None,
     ) -> None:
         if keypair is not None and key_path is not None:
             raise ValueError("give key_path or keypair, not both")
@@ -117,74 +122,59 @@ class Node:
         # who may use this node beyond what the open network needs (docs/security.md): the mesh
         # key or certificate (default: LATTICA_MESH, else the user's key file), PeerIds by name
         self.trust: Trust = load_trust(self.peer_id, mesh, members)
-        self._listen = [Multiaddr(a) for a in listen]
-        self.max_connections = max_connections
-        self.idle_timeout = idle_timeout
-        self.identify_timeout = identify_timeout  # a connection whose peer has not identified by then closes
-        self.inbound = inbound or InboundBudget()  # partially received messages: per peer, per node, deadline
-        self.dial_timeout = dial_timeout
-        self.agent_version = agent_version
-        self._busy_poll_us = busy_poll_us
-        self._use_uvloop = use_uvloop
-        self.transport_options = transport_options or {}  # per transport name: constructor keywords
-        self.memory_network = memory_network  # the in-memory transport's network (simulations)
-        self.allow = list(allow)  # class-path patterns peers may spawn here (fnmatch)
-        # code that travels (docs/api.md): what this node ships with its spawns (None: its script's
-        # directory; False: nothing; else directories and module names), and whose code it runs
-        self.code = code if code is None or isinstance(code, bool) else [os.fspath(c) for c in code]
-        self.code_excludes = list(code_excludes)
         if accept_code not in ACCEPT:
             raise ValueError(f"accept_code must be one of {ACCEPT}, not {accept_code!r}")
-        self.accept_code = accept_code
         if not channel_idle > 0:
             raise ValueError("channel_idle must be > 0 seconds")
-        self.channel_idle = channel_idle  # an idle call channel closes after this, freeing its connection
         if type(spill_limit) is not int or spill_limit < 0:
             raise ValueError(
                 "spill_limit is a number of bytes (0: a call over the message cap fails instead of spilling)"
             )
-        # a call's arguments or result over the message cap travel by CID, up to this many bytes (docs/api.md)
-        self.spill_limit = spill_limit
         if not drain_grace > 0:
             raise ValueError("drain_grace must be > 0 seconds")
-        # a connection this node replaces (a relayed path that became direct, a duplicate, idle)
-        # goes away: calls already on it get this long to finish there (docs/nat.md)
-        self.drain_grace = drain_grace
-        # relay=True (or a RelayConfig): serve reservations and circuits for private peers
-        self.relay_config: RelayConfig | None = (RelayConfig() if relay is True else relay) or None
-        self.relays = [Multiaddr(a) for a in relays]  # relays to hold reservations with (else found ones)
-        # mDNS on the LAN: None = on when we listen on a non-loopback address
-        self.mdns = mdns
-        self.labels = dict(labels or {})  # what this node says about itself to placement
         if resources is not None and (set(resources) - set(RESOURCES) or any(v < 0 for v in resources.values())):
             raise ValueError(f"resources map {list(RESOURCES)} to amounts >= 0")
-        self.resources = dict(resources or {})  # offered to placement instead of what is detected
-
-        # membership=True (or a MembershipConfig): join the membership view; False: stay out
-        self.membership_config: MembershipConfig | None = (
-            MembershipConfig() if membership is True else membership
-        ) or None
-        self.nat_config: NatConfig = nat or NatConfig()
-        self.dht_config: DhtConfig = dht or DhtConfig()
-        # content=True (or a ContentConfig): serve and fetch blocks by CID (docs/content.md)
-        self.content_config: ContentConfig | None = (ContentConfig() if content is True else content) or None
-        # pubsub=True (or a PubSubConfig): topics over a gossip mesh with the other members (docs/pubsub.md)
-        self.pubsub_config: PubSubConfig | None = (PubSubConfig() if pubsub is True else pubsub) or None
-        # crdt=True (or a CrdtConfig): replicated documents (docs/crdt.md); they need pub-sub
-        self.crdt_config: CrdtConfig | None = (CrdtConfig() if crdt is True else crdt) or None
-        # dashboard="HOST:PORT" (or True, or a DashboardConfig): serve the mesh in a browser (docs/dashboard.md)
-        self.dashboard_config: Any = None
-        if dashboard is not None and dashboard is not False:
-            from lattica.actors.dashboard.config import dashboard_config  # (only a node that serves one loads it)
-
-            self.dashboard_config = dashboard_config(dashboard)
+        dht_config: DhtConfig = dht or DhtConfig()
         if dht_path is not None:
-            self.dht_config.persist_path = os.fspath(dht_path)
+            dht_config.persist_path = os.fspath(dht_path)
+        # a service's keyword: True (its defaults), a config of its own, or False/None (off)
+        self.config = NodeConfig(
+            listen=[Multiaddr(a) for a in listen],
+            max_connections=max_connections,
+            idle_timeout=idle_timeout,
+            identify_timeout=identify_timeout,
+            inbound=inbound or InboundBudget(),
+            dial_timeout=dial_timeout,
+            agent_version=agent_version,
+            transport_options=transport_options or {},
+            memory_network=memory_network,
+            allow=list(allow),
+            code=code if code is None or isinstance(code, bool) else [os.fspath(c) for c in code],
+            code_excludes=list(code_excludes),
+            accept_code=accept_code,
+            channel_idle=channel_idle,
+            spill_limit=spill_limit,
+            drain_grace=drain_grace,
+            relays=[Multiaddr(a) for a in relays],
+            mdns=mdns,
+            labels=dict(labels or {}),
+            resources=dict(resources or {}),
+            nat=nat or NatConfig(),
+            dht=dht_config,
+            relay=(RelayConfig() if relay is True else relay) or None,
+            membership=(MembershipConfig() if membership is True else membership) or None,
+            content=(ContentConfig() if content is True else content) or None,
+            pubsub=(PubSubConfig() if pubsub is True else pubsub) or None,
+            crdt=(CrdtConfig() if crdt is True else crdt) or None,
+            dashboard=dashboard_config(dashboard),
+        )
+        self._busy_poll_us = busy_poll_us
+        self._use_uvloop = use_uvloop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._host: Host | None = None
         self._lock = threading.Lock()
-        self._starting: asyncio.Future | None = None  # an astart in progress
+        self._starting: asyncio.Future[None] | None = None  # an astart in progress
         self.started_at: float | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -215,12 +205,12 @@ class Node:
             log.info("node started", peer_id=str(self.peer_id), addrs=[str(a) for a in self.addrs])
             return self
 
-    def _run(self, loop: asyncio.AbstractEventLoop, ready: concurrent.futures.Future) -> None:
+    def _run(self, loop: asyncio.AbstractEventLoop, ready: concurrent.futures.Future[None]) -> None:
         asyncio.set_event_loop(loop)
 
         async def boot() -> None:
-            self._host = Host(self)
-            await self._host.start(self._listen)
+            self._host = Host(self.config, self.keypair, self.trust)
+            await self._host.start(self.config.listen)
 
         try:
             loop.run_until_complete(boot())
@@ -273,10 +263,10 @@ class Node:
             await asyncio.shield(starting)  # the first astart's outcome (raises its error)
             return self
         t0 = time.perf_counter()
-        host = Host(self)
+        host = Host(self.config, self.keypair, self.trust)
         outcome: BaseException | None = NodeClosed("the node did not start")
         try:
-            await host.start(self._listen)
+            await host.start(self.config.listen)
             self._host = host
             self.started_at = time.perf_counter() - t0
             outcome = None
@@ -370,13 +360,13 @@ class Node:
         """Dial the peer at ``addr`` (one or several multiaddrs ending in its /p2p/ id), authenticate
         and identify it; return what it told us. Reuses an existing connection."""
         addrs = self._parse_target(addr)
-        return self._call(lambda h: h.connect(addrs, None, timeout or self.dial_timeout))
+        return self._call(lambda h: h.connect(addrs, None, timeout or self.config.dial_timeout))
 
     async def aconnect(
         self, addr: str | Multiaddr | Iterable[str | Multiaddr], timeout: float | None = None
     ) -> PeerInfo:
         addrs = self._parse_target(addr)
-        return await self._acall(lambda h: h.connect(addrs, None, timeout or self.dial_timeout))
+        return await self._acall(lambda h: h.connect(addrs, None, timeout or self.config.dial_timeout))
 
     def ping(self, peer: PeerId | str, count: int = 1, timeout: float | None = None) -> float:
         """Median round-trip time to ``peer`` in seconds over ``count`` pings on one stream.
@@ -408,7 +398,7 @@ class Node:
     def dashboard_url(self) -> str | None:
         """The dashboard's address, with its access token when one is needed (None: not served)."""
         host = self._host
-        svc = host.services.get("dashboard") if host is not None else None
+        svc = host.services.dashboard if host is not None else None
         return svc.url if svc is not None else None
 
     def nodes(self) -> list[dict[str, Any]]:
@@ -417,7 +407,7 @@ class Node:
         ``labels`` and ``load``. Dead and departed members stay listed for a minute."""
 
         async def get(h: Host) -> list[dict[str, Any]]:
-            return h.membership.nodes() if h.membership is not None else []
+            return h.services.membership.nodes() if h.services.membership is not None else []
 
         return self._call(get)
 

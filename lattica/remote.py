@@ -11,6 +11,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Callable, Set
+from importlib.machinery import ModuleSpec
 from typing import Any, NamedTuple, TypeVar
 
 from lattica import codec, placement
@@ -51,10 +52,10 @@ def class_path(cls: type) -> str:
 
 def _main_module_name() -> str | None:
     main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
+    spec: ModuleSpec | None = getattr(main, "__spec__", None)
     if spec is not None and spec.name and spec.name != "__main__":
         return spec.name
-    path = getattr(main, "__file__", None)
+    path: str | None = getattr(main, "__file__", None)
     if path:
         stem = os.path.splitext(os.path.basename(path))[0]
         if stem.isidentifier():
@@ -149,9 +150,11 @@ class ActorClass:
         name = self._options.get("name")
         opts = self._spawn_options(max_conc, window)
         if any(k in self._options for k in ("resources", "labels", "placement")):
-            return on_loop(rt, lambda: self._spawn_placed(rt, list(args), kwargs, name, opts))
+            placed: ActorRef = on_loop(rt, lambda: self._spawn_placed(rt, list(args), kwargs, name, opts))
+            return placed
         if target == rt.peer_id:
-            return on_loop(rt, lambda: _spawn_local(rt, self.cls, list(args), kwargs, name, opts))
+            local: ActorRef = on_loop(rt, lambda: _spawn_local(rt, self.cls, list(args), kwargs, name, opts))
+            return local
         name = name or f"{self.cls.__name__}-{os.urandom(5).hex()}"
         ref = ActorRef(target, name, self._methods, window)
         call = (class_path(self.cls), list(args), kwargs or None, name, opts)
@@ -161,14 +164,16 @@ class ActorClass:
             ref._spawn = on_loop(rt, lambda: rt.call(spawner_ref(target), "spawn", call, {}, timeout=None))
         return ref
 
-    def _spawn_placed(self, rt: Runtime, args: list, kwargs: dict, name: str | None, opts: dict[str, Any]) -> ActorRef:
+    def _spawn_placed(
+        self, rt: Runtime, args: list[Any], kwargs: dict[str, Any], name: str | None, opts: dict[str, Any]
+    ) -> ActorRef:
         """On the loop: rank the nodes that fit (PlacementError now if none does), aim the ref at
         the best one and return it; the spawn moves down the list while spawners refuse, and calls
         made through the ref wait for the outcome (so they reach the node that accepted)."""
         need = dict(self._options.get("resources") or {})
         labels = dict(self._options.get("labels") or {})
         view = rt.placement_view()
-        code = rt.services.get("code")
+        code = rt.host.services.code
         shipped = code is not None and code.shipper.travels(self.cls)
         what = placement.Spawnable(
             class_path(self.cls), code.shipper.admin if shipped and code is not None else None, str(rt.peer_id)
@@ -203,7 +208,7 @@ class ActorClass:
         return f"<actor class {class_path(self.cls)}>"
 
 
-def _settle(rt: Runtime, spawning: Any) -> asyncio.Future:
+def _settle(rt: Runtime, spawning: Any) -> asyncio.Future[ActorRef]:
     """A future for a ref's spawn, settled by the coroutine ``spawning`` (run on the loop); calls
     made through the ref wait for it."""
     spawn = rt.loop.create_future()
@@ -223,16 +228,17 @@ def _settle(rt: Runtime, spawning: Any) -> asyncio.Future:
     return spawn
 
 
-async def _spawn_on(rt: Runtime, peer: PeerId, call: tuple, cls: type) -> ActorRef:
+async def _spawn_on(rt: Runtime, peer: PeerId, call: tuple[Any, ...], cls: type) -> ActorRef:
     """Spawn on the node the caller named: its answer (or refusal) is the outcome."""
     await _attach_code(rt, cls, call)
-    return await rt.call(spawner_ref(peer), "spawn", call, {}, timeout=None)
+    ref: ActorRef = await rt.call(spawner_ref(peer), "spawn", call, {}, timeout=None)
+    return ref
 
 
-def _code_travels(rt: Runtime, cls: type, call: tuple) -> bool:
+def _code_travels(rt: Runtime, cls: type, call: tuple[Any, ...]) -> bool:
     """Whether a spawn has code to attach (its class's, or an actor class's among its arguments),
     or a class of the script that must be refused at once."""
-    code = rt.services.get("code")
+    code = rt.host.services.code
     if code is None:
         return False
     return cls.__module__ == "__main__" or any(
@@ -240,11 +246,11 @@ def _code_travels(rt: Runtime, cls: type, call: tuple) -> bool:
     )
 
 
-async def _attach_code(rt: Runtime, cls: type | None, call: tuple) -> None:
+async def _attach_code(rt: Runtime, cls: type | None, call: tuple[Any, ...]) -> None:
     """Put the ticket of the package ``cls`` travels in into the spawn's options, and make sure
     the actor classes among its arguments (a supervisor's children) have theirs: they travel with
     their class (the codec writes it)."""
-    code = rt.services.get("code")
+    code = rt.host.services.code
     if code is None:
         return  # (a node without the content plane ships nothing: targets must have the class)
     opts = call[4]
@@ -276,15 +282,15 @@ def _current_job() -> PeerId | None:
     if me is None:
         return None
     rt = current_runtime()
-    spawner = rt.services.get("spawner")
+    spawner = rt.host.services.spawner
     return spawner.jobs.of(me.name) if spawner is not None else None
 
 
 async def offer_spawn(
     rt: Runtime,
-    call: tuple,
+    call: tuple[Any, ...],
     ranked: list[str],
-    view: list,
+    view: list[dict[str, Any]],
     trying: Callable[[PeerId], None] | None = None,
     code_for: type | None = None,
 ) -> ActorRef:
@@ -304,15 +310,22 @@ async def offer_spawn(
                 spawner = rt.actors.get("spawner")
                 if spawner is None:
                     raise NodeClosed("this node is shutting down")
-                return await spawner.instance.spawn(*call)
-            return await rt.call(spawner_ref(peer), "spawn", call, {}, timeout=None)
+                spawned: ActorRef = await spawner.instance.spawn(*call)
+                return spawned
+            ref: ActorRef = await rt.call(spawner_ref(peer), "spawn", call, {}, timeout=None)
+            return ref
         except (PlacementError, PeerUnreachable) as e:
             refusals.append(f"{peer.short()}: {e}")
     raise PlacementError(f"every node that fit refused {call[3]!r}: " + "; ".join(refusals))
 
 
 async def spawn_placed(
-    rt: Runtime, call: tuple, need: dict, labels: dict, strategy: str = "spread", last: Set[str] = frozenset()
+    rt: Runtime,
+    call: tuple[Any, ...],
+    need: dict[str, float],
+    labels: dict[str, str],
+    strategy: str = "spread",
+    last: Set[str] = frozenset(),
 ) -> ActorRef:
     """Place and spawn (on the loop): rank the view (the nodes in ``last`` only as a last resort),
     then offer down the ranking."""
@@ -327,7 +340,9 @@ async def spawn_placed(
     return await offer_spawn(rt, call, ranked, view)
 
 
-def _spawn_local(rt: Runtime, cls: type, args: list, kwargs: dict, name: str | None, opts: dict[str, Any]) -> ActorRef:
+def _spawn_local(
+    rt: Runtime, cls: type, args: list[Any], kwargs: dict[str, Any], name: str | None, opts: dict[str, Any]
+) -> ActorRef:
     window = opts["window"]
     existing = rt.actors.get(name) if name is not None and opts.get("get_if_exists") else None
     if existing is not None and not existing.system:
@@ -341,13 +356,13 @@ def _spawn_local(rt: Runtime, cls: type, args: list, kwargs: dict, name: str | N
         window=window,
         publish=name is not None,
     )
-    spawner = rt.services.get("spawner")
+    spawner = rt.host.services.spawner
     if spawner is not None and "job" in opts:
         spawner.jobs.adopt(actor.name, PeerId.from_string(opts["job"]))  # spawned by an actor of that job
     ref = ActorRef(rt.peer_id, actor.name, actor.methods, window)
     spawn = rt.loop.create_future()
 
-    def started(ready: asyncio.Future) -> None:
+    def started(ready: asyncio.Future[Any]) -> None:
         failure = ready.result()
         if failure is None:
             spawn.set_result(ref)
@@ -393,7 +408,7 @@ class ShippedClass(NamedTuple):
     package (the spawner checks the ticket when a spawn uses it)."""
 
     path: str
-    code: list
+    code: list[Any]
 
 
 def _encode_class(c: ActorClass) -> Any:
@@ -402,7 +417,7 @@ def _encode_class(c: ActorClass) -> Any:
     ticket = known_ticket(c.cls)
     if ticket is None:
         try:
-            code = current_runtime().services.get("code")
+            code = current_runtime().host.services.code
         except NodeClosed:
             code = None
         ticket = code.shipper.ticket_now(c.cls) if code is not None else None

@@ -1,22 +1,24 @@
-"""The system services a node runs, in one table: what each is, in which order it starts, and
-which part of the node's configuration turns it on.
+"""The system services a node runs, in one typed table: :class:`NodeServices`, one attribute per
+service, in the order they start; each row says how the service is built and which of its actor's
+methods **strangers** (authenticated peers outside our mesh, ``lattica.trust``) may call (members
+may call them all). This table is the one place that says what the open network may use
+(docs/security.md).
 
-A service is an object that owns one job (the DHT, relaying, hole punching, ...) and, in most
-cases, a system actor peers call by a well-known name (``dht``, ``relay``, ...). Each row also
-declares the service's exposure: which of its actor's methods **strangers** (authenticated peers
-outside our mesh, ``lattica.trust``) may call; members may call them all. This table is the one
-place that says what the open network may use (docs/security.md). The host builds
-the services in table order when it starts and closes them in reverse order when it stops; a
-service is reached afterwards by name (``services["dht"]``). Adding a service is one module with
-a ``build`` function and one line in :data:`SERVICES`.
+Every builder receives the :class:`ServiceContext` (who we are, the loop, the host as services see
+it, the node's configuration, the runtime) and the services built above it, and hands each
+service what it uses as arguments: no service looks another up by name. The host starts the
+services in table order and closes them in reverse. Adding a service is one module with a
+``build`` function and one row here (docs/architecture.md, "Adding a service").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+import asyncio
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from lattica import interfaces
 from lattica.actors.autonat import AutoNatActor, AutoNatServer
 from lattica.actors.checkpoints import CheckpointStore
 from lattica.actors.content import ContentActor, ContentService
@@ -30,98 +32,147 @@ from lattica.actors.shards import ShardsActor, ShardsService
 from lattica.actors.spawner import Spawner
 from lattica.code.library import CodeLibrary
 from lattica.code.shipper import Shipper
+from lattica.errors import NodeClosed
+from lattica.host.nat import NatManager
 from lattica.logging import get_logger
+from lattica.monitors import Monitors
+from lattica.runtime import current_runtime
 
 if TYPE_CHECKING:
-    from lattica.identity import PeerId
-    from lattica.node import Node
+    from lattica.actors.relay import RelayService
+    from lattica.config import NodeConfig
+    from lattica.context import NodeHandle
+    from lattica.host.mdns import MdnsService
+    from lattica.hostview import HostView
+    from lattica.identity import KeyPair, PeerId
     from lattica.runtime import Runtime
+    from lattica.trust import Trust
 
-__all__ = ["ServiceSpec", "Built", "Services", "SERVICES"]
+__all__ = ["ServiceContext", "ServiceSpec", "Built", "NodeServices", "SERVICES", "running_services"]
 
 log = get_logger("lattica.services")
 
 
+@dataclass(frozen=True, slots=True)
+class ServiceContext:
+    """What every service is built from: who this node is, its loop, the host as services see it
+    (:class:`lattica.hostview.HostView`), the node's configuration and the runtime that makes and
+    routes calls."""
+
+    peer_id: PeerId
+    keypair: KeyPair
+    trust: Trust
+    loop: asyncio.AbstractEventLoop
+    host: HostView
+    config: NodeConfig
+    runtime: Runtime
+
+
 @dataclass(slots=True)
 class Built:
-    """What building a service gives: the service object (reached by name afterwards) and the
+    """What building a service gives: the service object (the row's attribute afterwards) and the
     system actor instance that serves it to peers (None for a service without one)."""
 
     service: Any
     actor: Any = None
 
 
+Builder = Callable[[ServiceContext, "NodeServices"], "Built | None"]
+
+
 @dataclass(slots=True)
 class ServiceSpec:
-    """One row of the table: ``build(runtime, node, services)`` makes the service from the node's
-    configuration (``services``: the ones built before it), or returns None when it is off."""
+    """One row of the table: ``build(context, services)`` makes the service from the node's
+    configuration and the services above it, or returns None when the configuration turns it off."""
 
     name: str
-    build: Callable[[Runtime, Node, Mapping[str, Any]], Built | None]
+    build: Builder
     public: frozenset[str] | bool = frozenset()  # methods strangers may call (True: all)
 
 
-def _spawner(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
-    spawner = Spawner(rt)
+def _row(build: Builder, public: frozenset[str] | bool = frozenset()) -> Any:
+    """A row of :class:`NodeServices`: the attribute holds the service once it is built."""
+    return field(default=None, metadata={"build": build, "public": public})
+
+
+# -- the builders, in table order ---------------------------------------------------------------
+
+
+def _monitors(ctx: ServiceContext, s: NodeServices) -> Built:
+    monitors = Monitors(ctx.runtime)
+    ctx.runtime.monitors = monitors  # the runtime fires them when actors end
+    return Built(monitors)
+
+
+def _spawner(ctx: ServiceContext, s: NodeServices) -> Built:
+    spawner = Spawner(ctx.runtime)
     return Built(spawner, spawner)
 
 
-def _checkpoints(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
-    store = CheckpointStore(rt)
-    return Built(store, store)
-
-
-def _dht(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
-    dht = DhtService(rt, node.dht_config)
-    rt.host.set_peer_routing(dht)  # dialing by PeerId alone looks the peer's record up
-    return Built(dht, DhtActor(dht))
-
-
-def _autonat(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
-    server = AutoNatServer(rt)
-    return Built(server, AutoNatActor(server))
-
-
-def _holepunch(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
-    service = HolePunchService(rt)
-    return Built(service, HolePunchActor(service))
-
-
-def _membership(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
-    if node.membership_config is None:
+def _membership(ctx: ServiceContext, s: NodeServices) -> Built | None:
+    cfg = ctx.config
+    if cfg.membership is None:
         return None
-    service = MembershipService(rt, node.membership_config, node.labels, node.resources, node.accept_code, node.allow)
-    service.on_down.append(rt.member_down)  # calls waiting on a dead peer fail, monitors fire
-    service.on_self_downed.append(services["spawner"].bindings.stop_all)
-    service.on_down.append(services["spawner"].jobs.ended)  # actors end with the job that spawned them
+    service = MembershipService(
+        ctx.runtime, cfg.membership, cfg.labels, cfg.resources, cfg.accept_code, cfg.allow, s.spawner.reserved_total
+    )
+    ctx.runtime.use_membership(service)  # calls waiting on a dead peer fail, monitors fire, placement reads it
+    s.spawner.membership = service  # reservations are gossiped as load
+    service.on_self_downed.append(s.spawner.bindings.stop_all)
+    service.on_down.append(s.spawner.jobs.ended)  # actors end with the job that spawned them
     return Built(service, MembershipActor(service))
 
 
-def _shards(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
-    service = ShardsService(rt)
-    return Built(service, ShardsActor(service))
+def _checkpoints(ctx: ServiceContext, s: NodeServices) -> Built:
+    store = CheckpointStore(ctx.runtime)
+    return Built(store, store)
 
 
-def _content(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
-    if node.content_config is None:
+def _dht(ctx: ServiceContext, s: NodeServices) -> Built:
+    dht = DhtService(ctx.runtime, ctx.config.dht)
+    ctx.host.set_peer_routing(dht)  # dialing by PeerId alone looks the peer's record up
+    ctx.runtime.use_names(dht)  # named actors register and resolve through it
+    return Built(dht, DhtActor(dht))
+
+
+def _autonat(ctx: ServiceContext, s: NodeServices) -> Built:
+    server = AutoNatServer(ctx.runtime)
+    return Built(server, AutoNatActor(server))
+
+
+def _holepunch(ctx: ServiceContext, s: NodeServices) -> Built:
+    service = HolePunchService(ctx.runtime)
+    ctx.host.set_puncher(service)  # a relayed connection's peer is punched to directly
+    return Built(service, HolePunchActor(service))
+
+
+def _relay(ctx: ServiceContext, s: NodeServices) -> Built | None:
+    if ctx.config.relay is None:
         return None
-    service = ContentService(rt, node.content_config)
-    return Built(service, ContentActor(service))
+    # only a node that relays loads it: most never do
+    from lattica.actors.relay import RelayActor, RelayService
 
-
-def _relay(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
-    if node.relay_config is None:
-        return None
-    from lattica.actors.relay import RelayActor, RelayService  # (only a node that relays loads it: most never do)
-
-    service = RelayService(rt, node.relay_config)
+    service = RelayService(ctx.runtime, ctx.config.relay)
     return Built(service, RelayActor(service))
 
 
-def _code(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
+def _shards(ctx: ServiceContext, s: NodeServices) -> Built:
+    service = ShardsService(ctx.runtime, s.dht, s.spawner)
+    return Built(service, ShardsActor(service))
+
+
+def _content(ctx: ServiceContext, s: NodeServices) -> Built | None:
+    if ctx.config.content is None:
+        return None
+    service = ContentService(ctx.runtime, ctx.config.content, s.dht)
+    ctx.runtime.use_blocks(service)  # call arguments and answers over the message cap travel by CID
+    return Built(service, ContentActor(service))
+
+
+def _code(ctx: ServiceContext, s: NodeServices) -> Built | None:
     """Code that travels: the packages this node runs for others (through its spawner) and the one
     it ships with its own spawns; both move through the content plane."""
-    content = services.get("content")
+    content = s.content
     if content is None:
         return None
 
@@ -135,14 +186,11 @@ def _code(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
     def put(data: bytes) -> str:
         return str(content.put_now(data))
 
-    library = CodeLibrary(rt.peer_id, node.trust, node.accept_code, fetch)
-    services["spawner"].code = library
-    return Built(
-        CodeService(
-            library,
-            Shipper(node.keypair, node.trust.presented, put, node.code, node.code_excludes, admin=node.trust.admin),
-        )
-    )
+    cfg, trust = ctx.config, ctx.trust
+    library = CodeLibrary(ctx.peer_id, trust, cfg.accept_code, fetch)
+    s.spawner.code = library
+    shipper = Shipper(ctx.keypair, trust.presented, put, cfg.code, cfg.code_excludes, admin=trust.admin)
+    return Built(CodeService(library, shipper))
 
 
 @dataclass(slots=True)
@@ -156,74 +204,95 @@ class CodeService:
         self.library.close()
 
 
-def _pubsub(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
-    if node.pubsub_config is None:
+def _pubsub(ctx: ServiceContext, s: NodeServices) -> Built | None:
+    if ctx.config.pubsub is None:
         return None
-    service = PubSubService(rt, node.pubsub_config)
+    service = PubSubService(ctx.runtime, ctx.config.pubsub, s.dht)
     return Built(service, PubSubActor(service))
 
 
-def _dashboard(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built:
-    service = DashboardService(rt, node.dashboard_config)
+def _crdt(ctx: ServiceContext, s: NodeServices) -> Built | None:
+    if ctx.config.crdt is None or s.pubsub is None:
+        return None  # (documents replicate over pub-sub)
+    return Built(CrdtService(ctx.runtime, ctx.config.crdt, s.pubsub))  # (each open document has its own actor)
+
+
+def _dashboard(ctx: ServiceContext, s: NodeServices) -> Built:
+    service = DashboardService(ctx.runtime, ctx.config, s)
     return Built(service, DashboardActor(service))
 
 
-def _crdt(rt: Runtime, node: Node, services: Mapping[str, Any]) -> Built | None:
-    if node.crdt_config is None or node.pubsub_config is None:
-        return None  # (documents replicate over pub-sub)
-    return Built(CrdtService(rt, node.crdt_config))  # (each open document has its own actor)
+def _nat(ctx: ServiceContext, s: NodeServices) -> Built:
+    cfg = ctx.config
+    # a part of the host (it keeps the host's observed and relayed addresses), built as a service
+    return Built(NatManager(ctx.runtime.host, cfg.nat, cfg.relays, relaying=cfg.relay is not None))
 
 
-#: Every system service, in start order (a service may use the ones above it).
-SERVICES: tuple[ServiceSpec, ...] = (
+def _mdns(ctx: ServiceContext, s: NodeServices) -> Built | None:
+    """mDNS on the LAN: on when asked, or by default when we listen on a non-loopback address."""
+    want = ctx.config.mdns
+    lan = any(interfaces.is_lan(a) for bound in ctx.config.listen for a in interfaces.expand(bound))
+    if want is False or (want is None and not lan):
+        return None
+    from lattica.host.mdns import MdnsService  # here: only LAN nodes run it
+
+    return Built(MdnsService(ctx.host))
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class NodeServices:
+    """The services one node runs: one attribute per service, in start order (a service may use
+    the ones above it); None for one its configuration turns off."""
+
+    # the runtime's watchers of actors (lattica.monitors): every service's actors may be watched
+    monitors: Monitors = _row(_monitors)
     # strangers may look up an actor by name (they get it only if it is open to them), and tell
     # us that an actor of theirs we monitor went down (only its own node's notice counts)
-    ServiceSpec("spawner", _spawner, public=frozenset({"lookup", "down"})),
-    ServiceSpec("checkpoints", _checkpoints),  # members only: supervisors' state
-    ServiceSpec("dht", _dht, public=True),  # the open network's routing and records
+    spawner: Spawner = _row(_spawner, public=frozenset({"lookup", "down"}))
+    membership: MembershipService | None = _row(_membership)  # members only: gossip and the view
+    checkpoints: CheckpointStore = _row(_checkpoints)  # members only: supervisors' state
+    dht: DhtService = _row(_dht, public=True)  # the open network's routing and records
     # strangers may ask to be dialed back (at their own IP, rate-limited); dial_for, which dials a
     # third party, serves members only
-    ServiceSpec("autonat", _autonat, public=frozenset({"check"})),
-    ServiceSpec("holepunch", _holepunch),  # its actor is diagnostics; the punch is a stream protocol
-    ServiceSpec("membership", _membership),  # members only: gossip and the view
-    ServiceSpec("relay", _relay, public=frozenset({"reserve"})),  # within RelayConfig limits
-    ServiceSpec("shards", _shards),  # members only: which of our actors serve which shards
+    autonat: AutoNatServer = _row(_autonat, public=frozenset({"check"}))
+    holepunch: HolePunchService = _row(_holepunch)  # its actor is diagnostics; the punch is a stream protocol
+    relay: RelayService | None = _row(_relay, public=frozenset({"reserve"}))  # within RelayConfig limits
+    shards: ShardsService = _row(_shards)  # members only: which of our actors serve which shards
     # serving content is what the open network needs; answers are bounded per peer and in all
-    ServiceSpec("content", _content, public=True),
-    ServiceSpec("code", _code),  # no actor: packages travel by CID through content, with spawns
+    content: ContentService | None = _row(_content, public=True)
+    code: CodeService | None = _row(_code)  # no actor: packages travel by CID through content, with spawns
     # a mesh's topics are its own: members only, but for the topics a node opens to strangers
     # (PubSubConfig.open_topics), which they reach through ``open_rpc`` (refused when none are)
-    ServiceSpec("pubsub", _pubsub, public=frozenset({"open_rpc"})),
+    pubsub: PubSubService | None = _row(_pubsub, public=frozenset({"open_rpc"}))
     # documents are their mesh's: each one's replica actor (``crdt/<id>``) serves members only
-    ServiceSpec("crdt", _crdt),
+    crdt: CrdtService | None = _row(_crdt)
     # every node reports itself to its mesh's dashboards (members only: a stranger learns nothing
     # of our actors or peers); the HTTP side runs only where Node(dashboard=...) asks for it
-    ServiceSpec("dashboard", _dashboard),
-)
+    dashboard: DashboardService = _row(_dashboard)
+    nat: NatManager = _row(_nat)  # reachability (AutoNAT), reservations on relays, the mapping type
+    mdns: MdnsService | None = _row(_mdns)  # peers on the LAN, found without a bootstrap
+    started: list[tuple[str, Any]] = field(default_factory=list, repr=False)  # (name, service), in start order
 
-
-class Services(Mapping[str, Any]):
-    """The services one node runs, by name, in the order they started."""
-
-    def __init__(self) -> None:
-        self._running: dict[str, Any] = {}
-
-    def start(self, runtime: Runtime, node: Node, table: tuple[ServiceSpec, ...] | None = None) -> None:
-        """Build every service of ``table`` (default: :data:`SERVICES`) that ``node``'s
-        configuration turns on, in order, and spawn its system actor."""
-        for spec in SERVICES if table is None else table:
-            built = spec.build(runtime, node, self._running)
+    def start(self, ctx: ServiceContext) -> None:
+        """Build every service of :data:`SERVICES` that the configuration turns on, in order, and
+        spawn its system actor."""
+        for spec in SERVICES:
+            built = spec.build(ctx, self)
             if built is None:
                 continue
-            self._running[spec.name] = built.service
+            setattr(self, spec.name, built.service)
+            self.started.append((spec.name, built.service))
             if built.actor is not None:
                 cls = type(built.actor)
-                runtime.create(cls, [], None, cls.NAME, instance=built.actor, public=spec.public)
+                ctx.runtime.create(cls, [], None, cls.NAME, instance=built.actor, public=spec.public)
 
     async def astart(self) -> None:
         """Once the node listens: run each service's ``astart`` coroutine, if it has one (a
-        listener of its own to bind), in start order; a failure fails the node's start."""
-        for service in list(self._running.values()):
+        listener of its own to bind, a loop to begin), in start order; a failure fails the node's start."""
+        for _, service in list(self.started):
             astart = getattr(service, "astart", None)
             if astart is not None:
                 await astart()
@@ -231,7 +300,7 @@ class Services(Mapping[str, Any]):
     async def aclose(self) -> None:
         """Before the actors stop: run each service's ``aclose`` coroutine, if it has one, in
         reverse start order (what ``astart`` opened)."""
-        for name, service in reversed(list(self._running.items())):
+        for name, service in reversed(self.started):
             aclose = getattr(service, "aclose", None)
             if aclose is None:
                 continue
@@ -242,7 +311,7 @@ class Services(Mapping[str, Any]):
 
     def close(self) -> None:
         """Close the services in reverse start order (their actors were stopped with the runtime)."""
-        for name, service in reversed(list(self._running.items())):
+        for name, service in reversed(self.started):
             close = getattr(service, "close", None)
             if close is None:
                 continue
@@ -251,17 +320,25 @@ class Services(Mapping[str, Any]):
             except Exception:
                 log.exception("error while closing a service", service=name)
 
-    def __getitem__(self, name: str) -> Any:
-        return self._running[name]
-
-    def get(self, name: str, default: Any = None) -> Any:  # one dict lookup: the call path asks per call
-        return self._running.get(name, default)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._running
-
     def __iter__(self) -> Iterator[str]:
-        return iter(self._running)
+        """The names of the services running, in start order."""
+        return iter([name for name, _ in self.started])
 
-    def __len__(self) -> int:
-        return len(self._running)
+
+#: Every system service, in start order: the rows of :class:`NodeServices`.
+SERVICES: tuple[ServiceSpec, ...] = tuple(
+    ServiceSpec(f.name, f.metadata["build"], f.metadata["public"]) for f in fields(NodeServices) if f.metadata
+)
+
+
+def running_services(node: NodeHandle | None) -> tuple[Runtime, NodeServices]:
+    """The runtime and the services of ``node`` (None: the node calls from this thread go
+    through), for the public API of a service; NodeClosed when that node is not running."""
+    if node is None:
+        rt = current_runtime()
+    else:
+        host = node.host
+        if host is None or host.runtime is None:
+            raise NodeClosed("the node is not running")
+        rt = host.runtime
+    return rt, rt.host.services

@@ -68,14 +68,14 @@ class _Child:
     id: str
     class_path: str
     # the ticket of the package its class travels in (None: installed)
-    code: list | None = field(init=False, default=None)
+    code: list[Any] | None = field(init=False, default=None)
     # its method table (from its class, else from its first start)
     methods: dict[str, str] = field(init=False, default_factory=dict)
-    args: list
-    kwargs: dict | None
+    args: list[Any]
+    kwargs: dict[str, Any] | None
     restart: str
-    resources: dict
-    labels: dict
+    resources: dict[str, float]
+    labels: dict[str, str]
     placement: str
     node: PeerId | None
     checkpoint_every: float | None
@@ -99,8 +99,8 @@ def _spec(
     *,
     id: str | None = None,
     restart: str = "permanent",
-    resources: dict | None = None,
-    labels: dict | None = None,
+    resources: dict[str, float] | None = None,
+    labels: dict[str, str] | None = None,
     placement: str = "spread",
     node: PeerId | str | None = None,
     checkpoint_every: float | None = None,
@@ -172,8 +172,8 @@ class Supervisor:
         self._ready: asyncio.Event | None = None
         self._busy: asyncio.Lock | None = None
         self._stopping = False
-        self._tasks: set[asyncio.Task] = set()
-        self.events: list[dict] = []  # what happened, newest last (bounded)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.events: list[dict[str, Any]] = []  # what happened, newest last (bounded)
 
     async def on_start(self) -> None:
         self._me = cast(ActorRef, current_actor())  # on_start runs as this actor
@@ -210,8 +210,8 @@ class Supervisor:
         *,
         id: str | None = None,
         restart: str = "permanent",
-        resources: dict | None = None,
-        labels: dict | None = None,
+        resources: dict[str, float] | None = None,
+        labels: dict[str, str] | None = None,
         placement: str = "spread",
         node: Any = None,
         checkpoint_every: float | None = None,
@@ -265,7 +265,7 @@ class Supervisor:
         await self._wait_ready()
         return [self._stable(c) for c in self._children]
 
-    async def which_children(self) -> list[dict]:
+    async def which_children(self) -> list[dict[str, Any]]:
         """Per child: id, class, restart type, where it runs now (node and actor name), restarts,
         the nodes it ran on."""
         await self._wait_ready()
@@ -297,7 +297,7 @@ class Supervisor:
             if child.checkpoint_every:
                 self._drop_copies(child)
 
-    async def history(self) -> list[dict]:
+    async def history(self) -> list[dict[str, Any]]:
         """Restarts and give-ups so far (time, child, reason, from and to node)."""
         return list(self.events)
 
@@ -330,8 +330,7 @@ class Supervisor:
         """This supervisor as its children's stable refs name it: stable itself (following its
         own supervisor) when it is a supervised child, else its plain ref."""
         me = self._me
-        spawner = self._rt.services.get("spawner")
-        parent = spawner._supervisor_ref.get(me.name) if spawner is not None else None  # type: ignore[union-attr]
+        parent = self._rt.host.services.spawner.supervisors.get(me.name)  # type: ignore[union-attr]
         if parent is None:
             return me  # type: ignore[return-value]
         return ActorRef(me.peer_id, me.name, me.methods, me.window, stable=True, supervisor=parent)  # type: ignore[union-attr]
@@ -343,11 +342,11 @@ class Supervisor:
             await self._recover(child)
         incarnation = os.urandom(8).hex()
         opts: dict[str, Any] = {"publish": True, "supervisor": self._anchor(), "incarnation": incarnation}
-        spawner = rt.services.get("spawner")
-        owner = spawner._owner.get(self._me.name) if spawner is not None and self._me is not None else None
+        spawner = rt.host.services.spawner
+        owner = spawner.owners.get(self._me.name) if self._me is not None else None
         if owner is not None:
             opts["owner"] = str(owner)  # the member whose supervisor this is owns (and is charged for) its children
-        job = spawner.jobs.of(self._me.name) if spawner is not None and self._me is not None else None
+        job = spawner.jobs.of(self._me.name) if self._me is not None else None
         if job is not None:
             opts["job"] = str(job)  # children end with the job their supervisor belongs to
         if child.code is not None:
@@ -415,8 +414,7 @@ class Supervisor:
             return
         try:
             if ref.peer_id == self._rt.peer_id:
-                spawner = self._rt.services.get("spawner")
-                local = spawner.holder(ref.name, incarnation) if spawner is not None else self._rt.actors.get(ref.name)
+                local = self._rt.host.services.spawner.holder(ref.name, incarnation)
                 if local is not None:
                     await local.stop(reason)
             else:
@@ -446,7 +444,9 @@ class Supervisor:
         ours nor the child's: any one node's loss, or one holder keeping it to itself, leaves a copy."""
         name = self._name(child)
         avoid = {str(self._rt.peer_id), str(ref.peer_id)}
-        order = [m for m in ranked(name, members(self._rt)) if m not in avoid][:_COPY_WRITES]
+        order = [
+            m for m in ranked(name, members(self._rt.peer_id, self._rt.host.services.membership)) if m not in avoid
+        ][:_COPY_WRITES]
         if not order:
             return
         try:
@@ -484,7 +484,9 @@ class Supervisor:
             except LatticaError:
                 return None
 
-        got = await asyncio.gather(*(ask(m) for m in ranked(name, members(self._rt))[:_COPY_READS]))
+        got = await asyncio.gather(
+            *(ask(m) for m in ranked(name, members(self._rt.peer_id, self._rt.host.services.membership))[:_COPY_READS])
+        )
         ranked_copies = [(self._trust_in_writer(c[2], c[3]), c) for g in got for c in read_copies(g, name)]
         best = max((t for t, _ in ranked_copies), default=0)
         copies = [c for t, c in ranked_copies if t == best and t > 0]
@@ -499,7 +501,7 @@ class Supervisor:
         child.has_state, child.stamp = True, stamp
         self._event("recovered", child, f"checkpoint copy taken {time.time() - stamp:.1f} s ago")
 
-    def _trust_in_writer(self, writer: PeerId, certs: list) -> int:
+    def _trust_in_writer(self, writer: PeerId, certs: list[Any]) -> int:
         """How far a checkpoint copy's writer is believed: 2 for this node, a node that controls
         this supervisor (its creator, its own supervisor's) or an administrator of the mesh by the
         certificates it signed with; 1 for any other member whose node membership holds gone (the
@@ -507,8 +509,7 @@ class Supervisor:
         copy of the best kind wins."""
         if writer == self._rt.peer_id:
             return 2
-        spawner = self._rt.services.get("spawner")
-        if spawner is not None and self._me is not None and spawner._controls(self._me.name, writer):
+        if self._me is not None and self._rt.host.services.spawner.controls(self._me.name, writer):
             return 2
         verdict = self._rt.host.trust.judge(writer, certs, time.time())
         if verdict.admin:
@@ -520,7 +521,7 @@ class Supervisor:
 
     def _drop_copies(self, child: _Child) -> None:
         name = self._name(child)
-        for m in ranked(name, members(self._rt))[:_COPY_READS]:
+        for m in ranked(name, members(self._rt.peer_id, self._rt.host.services.membership))[:_COPY_READS]:
             try:
                 self._rt.call(checkpoints_ref(PeerId.from_string(m)), "drop", (name,), {}, timeout=None, tell=True)
             except LatticaError as e:

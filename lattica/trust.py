@@ -383,7 +383,15 @@ def default_mesh_path() -> str:
     return os.path.join(os.path.expanduser("~"), ".lattica", "mesh.key")
 
 
-def load_trust(me: PeerId, mesh: Any = None, members: Iterable[PeerId | str] = ()) -> Trust:
+#: One ``mesh`` setting: a MeshKey, a Certificate, their text, a file holding either, or ``"open"``.
+Credential = MeshKey | Certificate | str | os.PathLike[str]
+
+
+def load_trust(
+    me: PeerId,
+    mesh: Credential | list[Credential] | tuple[Credential, ...] | None = None,
+    members: Iterable[PeerId | str] = (),
+) -> Trust:
     """The Trust of a node from its ``mesh`` setting: a MeshKey, a Certificate, their text, a file
     holding either, ``"open"``, or a list of those; None means the ``LATTICA_MESH`` environment
     variable if set, else the user's key file (:func:`default_mesh_path`, created on first use)."""
@@ -409,7 +417,7 @@ def load_trust(me: PeerId, mesh: Any = None, members: Iterable[PeerId | str] = (
     return Trust(me, meshes, certs[:MAX_PRESENTED], listed, open_)
 
 
-def read_credential(item: Any) -> MeshKey | Certificate | str:
+def read_credential(item: Credential) -> MeshKey | Certificate | str:
     """A ``mesh`` setting item as a MeshKey, a Certificate or ``"open"`` (files are read)."""
     if isinstance(item, (MeshKey, Certificate)):
         return item

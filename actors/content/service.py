@@ -54,9 +54,10 @@ from lattica.runtime import current_caller
 
 if TYPE_CHECKING:
     from lattica.actors.content.fetch import Fetch
+    from lattica.actors.dht import DhtService
     from lattica.content.blockstore import Blockstore
     from lattica.content.cid import Cid
-    from lattica.runtime import Runtime
+    from lattica.runtime.calls import Calls
 
 log = get_logger("lattica.content")
 
@@ -144,8 +145,9 @@ def _forget(store: Any, root: Cid) -> None:
 class ContentService:
     """A node's blockstore, the fetches it runs and the swarms it knows (see the module docstring)."""
 
-    def __init__(self, runtime: Runtime, config: ContentConfig | None = None) -> None:
+    def __init__(self, runtime: Calls, config: ContentConfig | None = None, dht: DhtService | None = None) -> None:
         self.rt = runtime
+        self.dht = dht  # where provider records go and are found (None: only peers we are told of)
         self.host = runtime.host
         self.cfg = config or ContentConfig()
         self._store: Blockstore | None = None
@@ -315,7 +317,7 @@ class ContentService:
     def announce(self, root: Cid) -> None:
         """Tell the DHT we provide ``root`` (re-announced while we hold it); never waits."""
         self._provided.add(root)
-        dht = self.rt.services.get("dht")
+        dht = self.dht
         if dht is None:
             return
         ttl = min(self.cfg.provider_ttl, dht.cfg.limits.max_ttl)
@@ -323,7 +325,7 @@ class ContentService:
 
     def withdraw(self, root: Cid) -> None:
         self._provided.discard(root)
-        dht = self.rt.services.get("dht")
+        dht = self.dht
         if dht is not None:
             dht.stop_providing(provider_key(root))
 
@@ -446,7 +448,7 @@ class ContentService:
             raise
 
     async def providers(self, root: Cid, count: int = 20) -> list[PeerId]:
-        dht = self.rt.services.get("dht")
+        dht = self.dht
         if dht is None:
             return []
         return await dht.find_providers(provider_key(root), count=count)

@@ -105,7 +105,7 @@ class Replica:
         self._loop_thread = self.host.thread_id
         self._error: CrdtError | None = None
         self._rates = Buckets(self.cfg.author_rate, max(self.cfg.author_rate, 1.0), 1024)
-        self._observers: list[Callable[[Change], Any]] = []
+        self.observers: list[Callable[[Change], Any]] = []
         self._changes: list[Subscription] = []
         self.closed = False
         self.refused = 0
@@ -161,7 +161,7 @@ class Replica:
         if old is not None:  # (the document was closed a moment ago: its actor is still stopping)
             await old.stop("document reopened")
         self.rt.create(ReplicaActor, [], None, actor_name(self.doc), instance=ReplicaActor(self), public=False)
-        pubsub = self.rt.services.get("pubsub")
+        pubsub = self.svc.pubsub
         if pubsub is not None:
             pubsub.set_validator(self.topic, self._on_message)
             pubsub.subscribe(self.topic, handler=_ignore)
@@ -254,7 +254,7 @@ class Replica:
         return tuple(trust.presented) if self.owner is None and not trust.open else ()
 
     def _publish(self, env: Envelope) -> None:
-        pubsub = self.rt.services.get("pubsub")
+        pubsub = self.svc.pubsub
         raw = env.to_bytes()
         if pubsub is not None and len(raw) + 64 <= pubsub.cfg.max_message_bytes:
             try:
@@ -350,7 +350,7 @@ class Replica:
             self.checkpoints.maybe_propose()
 
     def _emit(self, change: Change) -> None:
-        for cb in list(self._observers):
+        for cb in list(self.observers):
             try:
                 cb(change)
             except Exception:
@@ -451,7 +451,7 @@ class Replica:
 
     def peers(self) -> list[PeerId]:
         """The peers known to hold a replica (they joined the document's topic)."""
-        pubsub = self.rt.services.get("pubsub")
+        pubsub = self.svc.pubsub
         if pubsub is None or not pubsub.routing:
             return []
         return [p for p in pubsub.router.topics.get(self.topic, ()) if isinstance(p, PeerId)]
@@ -576,7 +576,7 @@ class Replica:
         self.anti_entropy.close()
         if self._rebuild_handle is not None:
             self._rebuild_handle.cancel()
-        pubsub = self.rt.services.get("pubsub")
+        pubsub = self.svc.pubsub
         if pubsub is not None and not pubsub.closed:
             pubsub.unsubscribe(self.topic, _ignore)
             pubsub.set_validator(self.topic, None)

@@ -19,8 +19,9 @@ from lattica.logging import get_logger
 
 if TYPE_CHECKING:
     from lattica.actors.crdt.replica import Replica
+    from lattica.actors.pubsub import PubSubService
     from lattica.crdt.store import Store
-    from lattica.runtime import Runtime
+    from lattica.runtime.calls import Calls
 
 __all__ = ["CrdtService"]
 
@@ -33,10 +34,11 @@ MAX_NAME = 256  # bytes of a document's name
 class CrdtService:
     """A node's open documents and their store (pycrdt and SQLite load at the first one)."""
 
-    def __init__(self, runtime: Runtime, config: CrdtConfig | None = None) -> None:
+    def __init__(self, runtime: Calls, config: CrdtConfig, pubsub: PubSubService) -> None:
         self.rt = runtime
+        self.pubsub = pubsub  # documents' live updates travel over it
         self.host = runtime.host
-        self.cfg = config or CrdtConfig()
+        self.cfg = config
         self.docs: dict[bytes, Replica] = {}
         self._opening: dict[bytes, asyncio.Future[Replica]] = {}
         self.store: Store | None = None

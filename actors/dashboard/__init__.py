@@ -12,7 +12,9 @@ from lattica.actors.dashboard.usage import Usage
 if TYPE_CHECKING:
     from lattica.actors.dashboard.config import DashboardConfig
     from lattica.actors.dashboard.mesh import MeshWatch
-    from lattica.runtime import Runtime
+    from lattica.config import NodeConfig
+    from lattica.runtime.calls import Calls
+    from lattica.services import NodeServices
 
 __all__ = ["DashboardService", "DashboardActor"]
 
@@ -21,9 +23,11 @@ class DashboardService:
     """This node's part of the dashboard: its report, the mesh watcher, and (when configured)
     the HTTP server, started once the node listens (``astart``)."""
 
-    def __init__(self, rt: Runtime, cfg: DashboardConfig | None) -> None:
+    def __init__(self, rt: Calls, config: NodeConfig, services: NodeServices) -> None:
         self.rt = rt
-        self.cfg = cfg
+        self.cfg: DashboardConfig | None = config.dashboard
+        self.config = config  # what the node reports of itself (agent, labels)
+        self.services = services  # the services it reports on
         self.usage = Usage(rt)  # sampled on every node: any member's dashboard may chart it
         self._watch: MeshWatch | None = None
         self.server: Any = None
@@ -48,7 +52,7 @@ class DashboardService:
             return
         from lattica.actors.dashboard.http import DashboardServer  # (aiohttp: only where a dashboard is served)
 
-        server = DashboardServer(self.rt, self.watch, self.cfg, self)
+        server = DashboardServer(self.rt, self.watch, self.cfg, self, self.services)
         await server.start()
         self.server = server
 
@@ -57,7 +61,7 @@ class DashboardService:
         return self.server.url if self.server is not None else None
 
     async def report(self) -> dict:
-        return await node_report(self.rt, self.usage)
+        return await node_report(self.rt, self.services, self.config, self.usage)
 
     def detail(self, name: str) -> dict | None:
         """One actor of this node (live or ended lately): errors, output, series."""

@@ -30,7 +30,8 @@ from lattica.logging import get_logger
 if TYPE_CHECKING:
     from lattica.actors.dashboard import DashboardService
     from lattica.actors.dashboard.mesh import MeshWatch
-    from lattica.runtime import Runtime
+    from lattica.runtime.calls import Calls
+    from lattica.services import NodeServices
 
 __all__ = ["DashboardServer"]
 
@@ -59,8 +60,11 @@ _HEADERS = {
 class DashboardServer:
     """Serves one node's dashboard until closed."""
 
-    def __init__(self, rt: Runtime, watch: MeshWatch, cfg: DashboardConfig, service: DashboardService) -> None:
+    def __init__(
+        self, rt: Calls, watch: MeshWatch, cfg: DashboardConfig, service: DashboardService, services: NodeServices
+    ) -> None:
         self.rt = rt
+        self.services = services
         self.watch = watch
         self.service = service
         self.cfg = cfg
@@ -256,7 +260,7 @@ class DashboardServer:
             peer = PeerId.from_string(given)
         except (ValueError, TypeError):
             raise web.HTTPBadRequest(text="?node= must be a node's peer id (12D3KooW...)\n") from None
-        membership = self.rt.services.get("membership")
+        membership = self.rt.membership
         known = {r["peer_id"] for r in membership.nodes()} if membership is not None else set()
         if peer != self.rt.peer_id and str(peer) not in known:
             raise web.HTTPNotFound(text=f"node {peer} is not in this node's membership view\n")
@@ -270,7 +274,7 @@ class DashboardServer:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(
-            text=scrape(self.rt),
+            text=scrape(self.rt, self.services),
             content_type="text/plain",
             charset="utf-8",
             headers={"X-Content-Type-Options": "nosniff"},

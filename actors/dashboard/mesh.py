@@ -12,14 +12,14 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from lattica.actors.dashboard.clean import clean_member, clean_report, text
-from lattica.actors.dashboard.report import NAME, node_report
+from lattica.actors.dashboard.report import NAME
 from lattica.errors import LatticaError
 from lattica.identity import PeerId
 from lattica.logging import get_logger
 from lattica.runtime import ASYNC, ActorRef
 
 if TYPE_CHECKING:
-    from lattica.runtime import Runtime
+    from lattica.runtime.calls import Calls
 
 __all__ = ["MeshWatch", "dashboard_ref", "NAME"]
 
@@ -41,15 +41,15 @@ class MeshWatch:
 
     def __init__(
         self,
-        rt: Runtime,
+        rt: Calls,
+        report: Callable[[], Awaitable[dict[str, Any]]],
         every: float = 2.0,
         timeout: float = 2.0,
         max_nodes: int = 1024,
         view_from: PeerId | None = None,
-        report: Callable[[], Awaitable[dict[str, Any]]] | None = None,
     ) -> None:
         self.rt = rt
-        self.report = report or (lambda: node_report(rt))  # this node's own report
+        self.report = report  # this node's own report
         self.view_from = (
             view_from  # take the membership view from this member (a node outside the view: `lattica status`)
         )
@@ -116,7 +116,7 @@ class MeshWatch:
     async def _take(self) -> dict[str, Any]:
         rt = self.rt
         me = str(rt.peer_id)
-        membership = rt.services.get("membership")
+        membership = rt.membership
         if self.view_from is not None:
             view = await rt.call(
                 ActorRef(self.view_from, "membership", {"view": ASYNC}), "view", (), {}, timeout=self.timeout

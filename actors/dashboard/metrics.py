@@ -8,19 +8,20 @@ from typing import TYPE_CHECKING
 from lattica.metrics import Family, render
 
 if TYPE_CHECKING:
-    from lattica.runtime import Runtime
+    from lattica.runtime.calls import Calls
+    from lattica.services import NodeServices
 
 __all__ = ["scrape", "MAX_CLASSES"]
 
 MAX_CLASSES = 200  # actor classes labelled one by one; the rest are summed under "other"
 
 
-def scrape(rt: Runtime) -> str:
+def scrape(rt: Calls, services: NodeServices) -> str:
     """The text exposition of this node's metrics."""
-    return render(_families(rt))
+    return render(_families(rt, services))
 
 
-def _families(rt: Runtime) -> list[Family]:
+def _families(rt: Calls, svc: NodeServices) -> list[Family]:
     node = {"peer_id": str(rt.peer_id)}
     fams = [
         Family(
@@ -76,8 +77,7 @@ def _families(rt: Runtime) -> list[Family]:
         )
     )
 
-    svc = rt.services
-    dht = svc.get("dht")
+    dht = svc.dht
     if dht is not None:
         fams.append(
             Family("lattica_dht_routing_table_peers", "gauge", "Peers in the DHT routing table").add(
@@ -90,7 +90,7 @@ def _families(rt: Runtime) -> list[Family]:
             )
         )
         fams.append(Family("lattica_dht_rejected_total", "counter", "DHT stores refused").add(dht.rejected, **node))
-    relay = svc.get("relay")
+    relay = svc.relay
     if relay is not None:
         fams.append(
             Family("lattica_relay_reservations", "gauge", "Relay reservations held here").add(
@@ -110,7 +110,7 @@ def _families(rt: Runtime) -> list[Family]:
         fams.append(
             Family("lattica_relay_bytes_total", "counter", "Bytes relayed since start").add(relay.bytes_relayed, **node)
         )
-    content = svc.get("content")
+    content = svc.content
     if content is not None:
         fams.append(
             Family("lattica_content_served_bytes_total", "counter", "Block bytes served to peers").add(
@@ -125,7 +125,7 @@ def _families(rt: Runtime) -> list[Family]:
         fams.append(
             Family("lattica_content_transfers", "gauge", "Fetches running").add(len(content.transfers()), **node)
         )
-    pubsub = svc.get("pubsub")
+    pubsub = svc.pubsub
     if pubsub is not None:
         fams.append(
             Family("lattica_pubsub_published_total", "counter", "Messages published here").add(pubsub.published, **node)

@@ -12,8 +12,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from lattica.actors.dashboard.usage import Usage
-    from lattica.runtime import Runtime
+    from lattica.actors.spawner import Spawner
+    from lattica.config import NodeConfig
+    from lattica.runtime.calls import Calls
     from lattica.runtime.local import EndedActor
+    from lattica.services import NodeServices
 
 __all__ = ["node_report", "actor_detail", "program", "NAME", "MAX_ACTORS", "MAX_PEERS", "MAX_CHILDREN", "MAX_ENDED"]
 
@@ -27,15 +30,16 @@ MAX_OUTPUT = 200  # lines of an actor's output in its detail
 _TREE_WAIT = 0.5  # seconds a supervisor that is still starting gets to list its children
 
 
-async def node_report(rt: Runtime, usage: Usage | None = None) -> dict[str, Any]:
+async def node_report(
+    rt: Calls, services: NodeServices, config: NodeConfig, usage: Usage | None = None
+) -> dict[str, Any]:
     """This node, as its dashboard and every other node's dashboard show it."""
     host = rt.host
-    services = rt.services
-    actors, supervisors = await _actors(rt)
+    actors, supervisors = await _actors(rt, services.spawner)
     addrs = [str(a) for a in host.advertised_addrs()][:32]
     out: dict[str, Any] = {
         "peer_id": str(rt.peer_id),
-        "agent": host.node.agent_version,
+        "agent": config.agent_version,
         "pid": os.getpid(),
         "program": program(),
         "time": time.time(),
@@ -43,17 +47,17 @@ async def node_report(rt: Runtime, usage: Usage | None = None) -> dict[str, Any]
         "nat": _nat(host, addrs),
         "usage": usage.latest if usage is not None else {},
         "ended": [_ended_row(e) for e in list(rt.ended)[-MAX_ENDED:]],
-        "labels": dict(host.node.labels),
+        "labels": dict(config.labels),
         "peers": _peers(host),
         "actors": actors,
         "actor_count": len(rt.actors),
         "supervisors": supervisors,
-        "dht": _dht(services.get("dht")),
-        "content": _content(services.get("content")),
-        "pubsub": _pubsub(services.get("pubsub")),
-        "crdt": _crdt(services.get("crdt")),
+        "dht": _dht(services.dht),
+        "content": _content(services.content),
+        "pubsub": _pubsub(services.pubsub),
+        "crdt": _crdt(services.crdt),
     }
-    relay = services.get("relay")
+    relay = services.relay
     if relay is not None:
         out["relay"] = _relay(relay)
     return out
@@ -114,12 +118,11 @@ def _peers(host: Any) -> list[dict[str, Any]]:
     return rows
 
 
-async def _actors(rt: Runtime) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+async def _actors(rt: Calls, spawner: Spawner) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from lattica.remote import ActorClass, class_path  # (with the supervisor, above)
     from lattica.supervisor import Supervisor  # (not at start: a node that runs no supervisor never loads it)
 
-    spawner = rt.services.get("spawner")
-    library = spawner.code if spawner is not None else None
+    library = spawner.code
     rows, trees = [], []
     for name, a in list(rt.actors.items())[:MAX_ACTORS]:
         sender = library.sender_of(name) if library is not None else None
@@ -227,7 +230,7 @@ def _ended_row(e: EndedActor) -> dict[str, Any]:
     }
 
 
-def actor_detail(rt: Runtime, name: str, usage: Usage | None = None) -> dict[str, Any] | None:
+def actor_detail(rt: Calls, name: str, usage: Usage | None = None) -> dict[str, Any] | None:
     """One actor's detail, live or ended lately: its last errors with their tracebacks, its
     recent output and its utilisation series. None when this node has no such actor."""
     from lattica.remote import class_path  # (with the supervisor, above)

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import asyncio
 
-    from lattica.runtime import LocalActor, Runtime
+    from lattica.runtime import LocalActor
+    from lattica.runtime.calls import Calls
 
 __all__ = ["Usage", "ActorCounters", "EVERY", "SAMPLES", "MAX_ACTORS"]
 
@@ -72,7 +73,7 @@ class ActorCounters:
 class Usage:
     """This node's samples (``sample`` every ``EVERY`` seconds from ``start`` until ``close``)."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Calls) -> None:
         self.rt = rt
         self.count = 0  # samples taken
         self.times = array.array("d", bytes(8 * SAMPLES))

@@ -30,7 +30,7 @@ from lattica.multiaddr import Multiaddr
 from lattica.records import Entry, PeerRecord, check_entry, entry_from_wire, entry_to_wire, is_authentic, owner_of
 
 if TYPE_CHECKING:
-    from lattica.runtime import Runtime
+    from lattica.runtime.calls import Calls
 
 
 class Garbage(Exception):
@@ -75,7 +75,7 @@ class _NewestPeerRecord:
 class DhtLookups(DhtState):
     """Runs lookups: each asks the closest peers it knows, in parallel, for closer ones."""
 
-    def __init__(self, runtime: Runtime, config: DhtConfig | None = None) -> None:
+    def __init__(self, runtime: Calls, config: DhtConfig | None = None) -> None:
         super().__init__(runtime, config)
         self.stats: collections.deque[LookupStats] = collections.deque(maxlen=10_000)
         self._handed_out: collections.OrderedDict[PeerId, int] = (

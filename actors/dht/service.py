@@ -11,7 +11,7 @@ from lattica.errors import LatticaError
 from lattica.logging import get_logger
 
 if TYPE_CHECKING:
-    from lattica.runtime import Runtime
+    from lattica.runtime.calls import Calls
 
 log = get_logger("lattica.dht")
 
@@ -19,10 +19,10 @@ log = get_logger("lattica.dht")
 class DhtService(DhtUpkeep):
     """One node's DHT: routing table, record store, lookups and the background upkeep.
 
-    Local code reaches it as ``runtime.dht``; peers reach only :class:`DhtActor`, which answers
+    Local code reaches it as ``NodeServices.dht``; peers reach only :class:`DhtActor`, which answers
     from its state and never makes this node run a lookup or a put on their behalf."""
 
-    def __init__(self, runtime: Runtime, config: DhtConfig | None = None) -> None:
+    def __init__(self, runtime: Calls, config: DhtConfig | None = None) -> None:
         super().__init__(runtime, config)
         self.host.events.identified.subscribe(self.on_identified)
         self.host.events.membership_changed.subscribe(self.on_membership)

@@ -22,7 +22,7 @@ from lattica.runtime import current_caller
 
 if TYPE_CHECKING:
     from lattica.hostview import HostView
-    from lattica.runtime import Runtime
+    from lattica.runtime.calls import Calls
 
 log = get_logger("lattica.dht")
 
@@ -35,7 +35,7 @@ class DhtState:
     listen addresses others can dial: a public one, or any if it is on our own private network.
     A peer membership declares dead or departed leaves the table at once."""
 
-    def __init__(self, runtime: Runtime, config: DhtConfig | None = None) -> None:
+    def __init__(self, runtime: Calls, config: DhtConfig | None = None) -> None:
         self.rt = runtime
         self.host: HostView = runtime.host
         self.cfg = config or DhtConfig()
@@ -191,11 +191,8 @@ class DhtState:
         more requests, a cascade when many peers are gone at once."""
         if self.rt.node_down(peer):  # membership holds it suspect or dead: do not wait on it
             fut = Future(self.rt.loop)
-            fut._reject(
-                PeerUnreachable(
-                    f"{peer} is {self.rt.services['membership'].core.get(str(peer)).state} in the membership view"
-                )
-            )
+            state = self.rt.membership.state_of(peer) if self.rt.membership is not None else None
+            fut._reject(PeerUnreachable(f"{peer} is {state} in the membership view"))
             return fut
         timeout = self.cfg.request_timeout
         if peer not in self.table:

@@ -31,7 +31,7 @@ from lattica.runtime import ActorRef
 
 if TYPE_CHECKING:
     from lattica.identity import PeerId
-    from lattica.runtime import Runtime
+    from lattica.runtime.calls import Calls
     from lattica.trust import Verdict
 
 log = get_logger("lattica.dht")
@@ -56,7 +56,7 @@ class DhtUpkeep(DhtLookups):
     """Puts, provider announcements and names this node keeps stored on the k closest nodes,
     bootstrap and refresh of the routing table, and persistence of the record store."""
 
-    def __init__(self, runtime: Runtime, config: DhtConfig | None = None) -> None:
+    def __init__(self, runtime: Calls, config: DhtConfig | None = None) -> None:
         super().__init__(runtime, config)
         if not 0 < self.cfg.name_ttl <= REGISTRY_MAX_TTL:
             raise ValueError(f"name_ttl must be in (0, {REGISTRY_MAX_TTL:.0f}] seconds")

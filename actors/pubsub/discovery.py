@@ -23,10 +23,11 @@ from lattica.logging import get_logger
 from lattica.records import mesh_scoped
 
 if TYPE_CHECKING:
+    from lattica.actors.dht import DhtService
     from lattica.config import PubSubConfig
     from lattica.identity import PeerId
     from lattica.pubsub.router import Router
-    from lattica.runtime import Runtime
+    from lattica.runtime.calls import Calls
 
 log = get_logger("lattica.pubsub")
 
@@ -56,9 +57,15 @@ class Discovery:
     it opened to strangers."""
 
     def __init__(
-        self, runtime: Runtime, cfg: PubSubConfig, router: Callable[[], Router], is_open: Callable[[str], bool]
+        self,
+        runtime: Calls,
+        cfg: PubSubConfig,
+        router: Callable[[], Router],
+        is_open: Callable[[str], bool],
+        dht: DhtService | None,
     ) -> None:
         self.rt = runtime
+        self.dht = dht  # where a topic's subscribers meet (None: only peers connected otherwise)
         self.host = runtime.host
         self.cfg = cfg
         self._router = router
@@ -79,7 +86,7 @@ class Discovery:
         task = self._finding.pop(topic, None)
         if task is not None:
             task.cancel()
-        dht = self.rt.services.get("dht")
+        dht = self.dht
         if dht is not None:
             dht.stop_providing(self.rendezvous(topic))
 
@@ -94,7 +101,7 @@ class Discovery:
     async def _discover(self, topic: str) -> None:
         """Announce ourselves under the topic's key, and while we know fewer than D_lo of its
         peers, look the key up and connect to providers we are not connected to (up to D)."""
-        dht = self.rt.services.get("dht")
+        dht = self.dht
         if dht is None:
             return
         key = self.rendezvous(topic)

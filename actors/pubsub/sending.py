@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from lattica.config import PubSubConfig
     from lattica.identity import PeerId
     from lattica.pubsub.router import Router, Rpc
-    from lattica.runtime import Runtime
+    from lattica.runtime.calls import Calls
     from lattica.runtime.refs import ActorRef
 
 log = get_logger("lattica.pubsub")
@@ -36,7 +36,7 @@ class Sending:
 
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: Calls,
         cfg: PubSubConfig,
         router: Router,
         strangers: set[PeerId],

@@ -48,6 +48,7 @@ from lattica.runtime.limits import ASYNC
 from lattica.runtime.refs import ActorRef
 
 if TYPE_CHECKING:
+    from lattica.actors.dht import DhtService
     from lattica.actors.pubsub import wire
     from lattica.actors.pubsub.bundle import MAX_FLOODED, Bundle
     from lattica.actors.pubsub.sending import Sending
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from lattica.pubsub.open_topics import is_open, only_open
     from lattica.pubsub.router import Envelope, GossipParams, Router, Rpc
     from lattica.pubsub.subscription import Message, Subscription
-    from lattica.runtime import Runtime
+    from lattica.runtime.calls import Calls
     from lattica.transports.base import Connection
 
 log = get_logger("lattica.pubsub")
@@ -106,7 +107,7 @@ def pubsub_ref(peer: PeerId) -> ActorRef:
 class PubSubService:
     """A node's router, subscriptions and validators (see the module docstring)."""
 
-    def __init__(self, runtime: Runtime, config: PubSubConfig | None = None) -> None:
+    def __init__(self, runtime: Calls, config: PubSubConfig | None = None, dht: DhtService | None = None) -> None:
         self.rt = runtime
         self.host = runtime.host
         self.cfg = config or PubSubConfig()
@@ -127,7 +128,7 @@ class PubSubService:
         self._validating = 0  # async validations running
         self._unheard: dict[PeerId, float] = {}  # peers added that have not sent their first batch: when
         self._heard = asyncio.Event()
-        self.discovery = Discovery(runtime, self.cfg, lambda: self.router, self._open)
+        self.discovery = Discovery(runtime, self.cfg, lambda: self.router, self._open, dht)
         self._strangers = Strangers(self.host, self.cfg, self._from_stranger, self._pump)
         # made with the router, at first use: the checks on peers' bundles, the queues to peers
         self._checks: Checks

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from lattica.config import PubSubConfig
-    from lattica.host import Host
+    from lattica.hostview import HostView
     from lattica.identity import PeerId
     from lattica.pubsub.router import Envelope
 
@@ -41,7 +41,7 @@ class Strangers:
 
     def __init__(
         self,
-        host: Host,
+        host: HostView,
         cfg: PubSubConfig,
         take: Callable[[PeerId, Envelope, float], None],
         done: Callable[[], None],

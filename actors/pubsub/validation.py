@@ -24,7 +24,7 @@ from lattica.pubsub.subscription import Message
 if TYPE_CHECKING:
     from lattica.actors.pubsub.bundle import Bundle
     from lattica.config import PubSubConfig
-    from lattica.host import Host
+    from lattica.hostview import HostView
     from lattica.pubsub.router import Envelope
 
 log = get_logger("lattica.pubsub")
@@ -43,7 +43,7 @@ class Checks:
 
     def __init__(
         self,
-        host: Host,
+        host: HostView,
         cfg: PubSubConfig,
         validators: dict[str, Callable[[Message], Any]],
         payloads: dict[bytes, tuple[list, Any]],

@@ -118,8 +118,9 @@ def _one_size(size: int, key: str, addrs: list[str], installed: str, tmp: str, s
             for a in addrs:
                 driver.connect(a)
             host = host_of(driver)
-            shipper = host.services["code"].shipper
-            content = host.services["content"]
+            code, content = host.services.code, host.services.content
+            assert code is not None and content is not None  # (the driver runs the content plane)
+            shipper = code.shipper
             t0 = time.perf_counter()
             shipper.ticket_now(app.cls)
             pack_ms = (time.perf_counter() - t0) * 1e3

@@ -31,7 +31,7 @@ MiB = 1 << 20
 
 
 def _content() -> Any:
-    return current_runtime().services["content"]
+    return current_runtime().host.services.content
 
 
 @lattica.actor

@@ -117,8 +117,11 @@ async def _one_run(
                 await node.aconnect(nodes[j].addrs[0])
                 edges.append((i, j))
             nodes.append(node)
-        svcs = [host_of(node).services["crdt"] for node in nodes]
-        reps = [await s.open(DOC) for s in svcs]
+        reps = []
+        for node in nodes:
+            crdt = host_of(node).services.crdt
+            assert crdt is not None  # (the bench's nodes run the CRDT store)
+            reps.append(await crdt.open(DOC))
         await _until(lambda: all(r.peers() for r in reps), 10.0)
         for _ in range(partitions):
             order = list(range(n))

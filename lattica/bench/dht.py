@@ -73,14 +73,14 @@ async def _run(
         if nodes:
             seed_node = rng.choice(nodes)
             await node.aconnect(seed_node.addrs[0])
-            await runtime_of(node).dht.bootstrap()
+            await runtime_of(node).host.services.dht.bootstrap()
         nodes.append(node)
         if progress and (i + 1) % 100 == 0:
             progress(f"{i + 1} nodes joined ({time.perf_counter() - t0:.1f} s)")
     join_s = time.perf_counter() - t0
 
     def dht(node: Node) -> Any:
-        return runtime_of(node).dht
+        return runtime_of(node).host.services.dht
 
     stored = []
     t1 = time.perf_counter()
@@ -161,7 +161,7 @@ def bench_dht(
         with Node([LOOPBACK[transport]], busy_poll_us=busy_poll_us) as node:
             for s in servers:
                 node.connect(s.addr(transport))
-            dht = runtime_of(node).dht
+            dht = runtime_of(node).host.services.dht
 
             async def run() -> tuple[list[float], list[float], list[int]]:
                 await dht.bootstrap()

@@ -24,12 +24,15 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Hashable, Iterator
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import lattica
 from lattica.bench import runtime_of
 from lattica.pubsub.router import ACCEPT, Envelope, GossipParams, Router
 from lattica.runtime import current_runtime
+
+if TYPE_CHECKING:
+    from lattica.actors.pubsub import PubSubService
 
 __all__ = ["simulate", "bench_pubsub", "PubSubPeer"]
 
@@ -197,13 +200,13 @@ class PubSubPeer:
         self.sub: Any = None
 
     async def subscribe(self, topic: str, maxsize: int) -> None:
-        self.sub = current_runtime().services["pubsub"].subscribe(topic, maxsize)
+        self.sub = _pubsub().subscribe(topic, maxsize)
 
     async def mesh(self, topic: str) -> int:
-        return len(current_runtime().services["pubsub"].peers(topic))
+        return len(_pubsub().peers(topic))
 
     async def publish(self, topic: str, n: int, size: int, gap: float) -> float:
-        svc = current_runtime().services["pubsub"]
+        svc = _pubsub()
         pad = b"x" * size
         t0 = time.perf_counter()
         for i in range(n):
@@ -294,3 +297,9 @@ def bench_pubsub(
             "per_subscriber_msgs_s_min": round(min(rates)),
             "per_subscriber_msgs_s_median": round(statistics.median(rates)),
         }
+
+
+def _pubsub() -> PubSubService:
+    svc = current_runtime().host.services.pubsub
+    assert svc is not None  # (the bench's nodes run pub-sub)
+    return svc

@@ -19,11 +19,14 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lattica.bench import host_of
 from lattica.node import Node
 from lattica.transports.memory import MemoryNetwork
+
+if TYPE_CHECKING:
+    from lattica.actors.pubsub import PubSubService
 
 __all__ = ["simulate_nodes"]
 
@@ -99,7 +102,7 @@ async def _run(
             await node.aconnect(other.addrs[0])
         nodes.append(node)
         firsts.append({})
-        host_of(node).services["pubsub"].subscribe(TOPIC, handler=recorder(firsts[-1]))
+        _pubsub(node).subscribe(TOPIC, handler=recorder(firsts[-1]))
     index = {node.peer_id.to_bytes(): i for i, node in enumerate(nodes)}
     await _meshed(nodes, warmup)
     if progress:
@@ -112,7 +115,7 @@ async def _run(
             dead.update(victims)
             await asyncio.gather(*(nodes[v].astop() for v in victims))
         author = rng.choice([i for i in range(n) if i not in dead])
-        host_of(nodes[author]).services["pubsub"].publish(TOPIC, k)
+        _pubsub(nodes[author]).publish(TOPIC, k)
         authors.append(author)
         await asyncio.sleep(gap)
     published_at = time.monotonic()
@@ -155,7 +158,7 @@ async def _run(
     hops.sort()
     extra = []
     for i in live:
-        st = host_of(nodes[i]).services["pubsub"].stats()
+        st = _pubsub(nodes[i]).stats()
         extra.append((st["copies"] - st["delivered"] + st["published"]) / max(len(want), 1))
     return {
         "bench": "pubsub-nodes",
@@ -177,7 +180,11 @@ async def _meshed(nodes: list[Node], warmup: float, timeout: float = 30.0) -> No
     every node has a mesh."""
     await asyncio.sleep(warmup)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(
-        not host_of(node).services["pubsub"].router.mesh.get(TOPIC) for node in nodes
-    ):
+    while time.monotonic() < deadline and any(not _pubsub(node).router.mesh.get(TOPIC) for node in nodes):
         await asyncio.sleep(0.5)
+
+
+def _pubsub(node: Node) -> PubSubService:
+    svc = host_of(node).services.pubsub
+    assert svc is not None  # (the bench's nodes run pub-sub)
+    return svc

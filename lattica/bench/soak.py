@@ -106,7 +106,7 @@ async def _load(here: Node, peers: list[PeerId], seconds: float, rate: float, cr
     async def watch() -> None:
         while time.monotonic() < end:
             await asyncio.sleep(1.0)
-            membership = host.membership
+            membership = host.services.membership
             assert membership is not None  # (a Node runs membership unless told not to)
             views = [("here", membership.nodes())]
             for p in peers:

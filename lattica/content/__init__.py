@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from lattica.content.cid import Cid
+from lattica.errors import NodeClosed
 from lattica.future import Future
-from lattica.runtime import run_coroutine, running_service
+from lattica.runtime import run_coroutine
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -32,8 +33,13 @@ __all__ = ["Cid", "put", "get", "pin", "unpin", "stat", "providers", "gc", "put_
 
 
 def _service(node: Node | None) -> tuple[Runtime, ContentService]:
-    rt, svc = running_service("content", node, "this node runs without the content service (Node(content=False))")
-    return rt, svc
+    # the table imports every service, and services import parts of this package
+    from lattica.services import running_services
+
+    rt, services = running_services(node)
+    if services.content is None:
+        raise NodeClosed("this node runs without the content service (Node(content=False))")
+    return rt, services.content
 
 
 def _source(data: Any) -> Any:
@@ -55,7 +61,7 @@ def put(
     *,
     chunk_size: int | None = None,
     pin: bool = True,
-    progress: Callable[[dict], None] | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
     node: Node | None = None,
 ) -> Future:
     """Store ``data`` (bytes, a file path, or a numpy array's bytes) as a UnixFS object, pin it and
@@ -71,7 +77,7 @@ def get(
     cid: str | Cid,
     *,
     path: str | os.PathLike[str] | None = None,
-    progress: Callable[[dict], None] | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
     node: Node | None = None,
 ) -> Future:
     """Fetch the object ``cid`` from whoever holds it (every block verified against its CID);
@@ -92,7 +98,9 @@ def get(
     return run_coroutine(rt, go)
 
 
-def pin(cid: str | Cid, *, progress: Callable[[dict], None] | None = None, node: Node | None = None) -> Future:
+def pin(
+    cid: str | Cid, *, progress: Callable[[dict[str, Any]], None] | None = None, node: Node | None = None
+) -> Future:
     """Keep the object ``cid`` (fetched first if missing) out of garbage collection;
     ``progress`` as for :func:`get` (called while it is fetched)."""
     root = Cid.parse(cid)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from lattica.errors import NodeClosed
 from lattica.future import Future
 from lattica.identity import PeerId
-from lattica.runtime import on_loop, run_coroutine, running_service
+from lattica.runtime import on_loop, run_coroutine
 
 if TYPE_CHECKING:
     from lattica.actors.crdt import CrdtService
@@ -32,10 +32,15 @@ _list = list
 
 
 def _service(node: Node | None) -> tuple[Runtime, CrdtService]:
-    rt, svc = running_service("crdt", node, "this node runs without the CRDT store (Node(crdt=False))")
-    if rt.services.get("pubsub") is None:
+    # the table imports every service, and services import parts of this package
+    from lattica.services import running_services
+
+    rt, services = running_services(node)
+    if services.crdt is None:
+        raise NodeClosed("this node runs without the CRDT store (Node(crdt=False))")
+    if services.pubsub is None:
         raise NodeClosed("the CRDT store replicates over pub-sub: this node runs without it (Node(pubsub=False))")
-    return rt, svc
+    return rt, services.crdt
 
 
 def open(
@@ -61,11 +66,12 @@ def open(
     elif owner is False:
         owner = None
     peers = None if writers is None else [PeerId.from_string(w) if isinstance(w, str) else w for w in writers]
-    fut: Future = run_coroutine(rt, lambda: svc.open(name, owner, peers), Document)
+    fut: Future = run_coroutine(rt, lambda: svc.open(name, owner, peers), lambda replica: Document(replica, rt, svc))
     return fut.result(timeout) if block else fut
 
 
 def list(*, node: Node | None = None) -> _list[str]:
     """The names of the documents open on this node."""
     rt, svc = _service(node)
-    return on_loop(rt, svc.list)
+    names: _list[str] = on_loop(rt, svc.list)
+    return names

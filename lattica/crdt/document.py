@@ -15,7 +15,9 @@ from lattica.runtime import on_loop, run_coroutine
 if TYPE_CHECKING:
     import pycrdt
 
+    from lattica.actors.crdt import CrdtService
     from lattica.actors.crdt.replica import Change, Replica
+    from lattica.runtime import Runtime
 
 __all__ = ["Document"]
 
@@ -24,9 +26,10 @@ class Document:
     """This node's replica of a document: pycrdt types inside (``map``, ``array``, ``text``),
     changed in transactions that replicate once they end (docs/crdt.md)."""
 
-    def __init__(self, replica: Replica) -> None:
+    def __init__(self, replica: Replica, rt: Runtime, svc: CrdtService) -> None:
         self._r = replica
-        self._rt = replica.rt
+        self._rt = rt  # the runtime of the node that holds the replica
+        self._svc = svc
 
     def __repr__(self) -> str:
         return f"Document({self.name!r}, owner={self.owner})"
@@ -58,15 +61,18 @@ class Document:
 
     # -- content -------------------------------------------------------------------------------------
 
-    def map(self, name: str) -> pycrdt.Map:
+    def map(self, name: str) -> pycrdt.Map[Any]:
         """The root map ``name`` (made on first use)."""
-        return self._r.root(name, "map")
+        root: pycrdt.Map[Any] = self._r.root(name, "map")
+        return root
 
-    def array(self, name: str) -> pycrdt.Array:
-        return self._r.root(name, "array")
+    def array(self, name: str) -> pycrdt.Array[Any]:
+        root: pycrdt.Array[Any] = self._r.root(name, "array")
+        return root
 
     def text(self, name: str) -> pycrdt.Text:
-        return self._r.root(name, "text")
+        root: pycrdt.Text = self._r.root(name, "text")
+        return root
 
     def transaction(self) -> Any:
         """``with doc.transaction(): ...``: the changes inside apply here at once and replicate as
@@ -77,7 +83,7 @@ class Document:
         self._r.check_writer()
         return self._r.txn()
 
-    def to_py(self) -> dict:
+    def to_py(self) -> dict[str, Any]:
         """Every root as plain Python values."""
         return self._r.to_py()
 
@@ -107,11 +113,11 @@ class Document:
     def observe(self, callback: Callable[[Change], Any]) -> Callable[[Change], Any]:
         """Call ``callback(change)`` on the node loop for every change applied here (ours once
         signed, peers' once verified); returns it, for :meth:`unobserve`."""
-        on_loop(self._rt, lambda: self._r._observers.append(callback))
+        on_loop(self._rt, lambda: self._r.observers.append(callback))
         return callback
 
     def unobserve(self, callback: Callable[[Change], Any]) -> None:
-        on_loop(self._rt, lambda: self._r._observers.remove(callback) if callback in self._r._observers else None)
+        on_loop(self._rt, lambda: self._r.observers.remove(callback) if callback in self._r.observers else None)
 
     def changes(self, maxsize: int = 10_000) -> Subscription:
         """The changes applied from now on (``async for change in doc.changes()``, or
@@ -123,20 +129,22 @@ class Document:
             r._changes.append(sub)
             return sub
 
-        return on_loop(self._rt, make)
+        sub: Subscription = on_loop(self._rt, make)
+        return sub
 
     def peers(self) -> list[PeerId]:
         """The peers known to hold a replica of this document."""
-        return on_loop(self._rt, self._r.peers)
+        peers: list[PeerId] = on_loop(self._rt, self._r.peers)
+        return peers
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """Counts: envelopes applied and refused (by reason), forks seen, waiting, log bytes."""
-        return on_loop(self._rt, self._r.stats)
+        counts: dict[str, Any] = on_loop(self._rt, self._r.stats)
+        return counts
 
     def close(self) -> None:
         """Stop replicating this document here (what it holds stays in the store)."""
-        svc = self._rt.services.get("crdt")
-        on_loop(self._rt, lambda: svc.close_document(self._r) if svc is not None else self._r.close())
+        on_loop(self._rt, lambda: self._svc.close_document(self._r))
 
 
 def _drop(replica: Replica, sub: Subscription) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from lattica.budget import Buckets, StrangersShare
+from lattica.config import DRAIN_GRACE
 from lattica.errors import ConnectionClosed
 from lattica.hostview import HostEvents
 from lattica.identify import PeerInfo
@@ -19,7 +20,6 @@ __all__ = ["Connections", "DRAIN_GRACE", "MAX_CONNS_PER_PEER", "MAX_DRAINING_PER
 
 log = get_logger("lattica.node")
 
-DRAIN_GRACE = 300.0  # seconds a connection going away waits for the streams on it to end
 QUIC_LINGER = 2.0  # seconds a QUIC connection beside a TCP one stays before it goes away
 MAX_CONNS_PER_PEER = 4  # live connections (not going away) one peer may hold with us
 MAX_DRAINING_PER_PEER = 4  # and going away besides: beyond, the oldest is closed at once

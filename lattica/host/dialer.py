@@ -34,7 +34,7 @@ from lattica.transports.base import Connection, Stream, Transport
 if TYPE_CHECKING:
     from lattica.host.host import Host
 
-__all__ = ["Dialer", "PeerRouting", "DIAL_STAGGER", "PROTOCOL_READ_TIMEOUT"]
+__all__ = ["Puncher", "Dialer", "PeerRouting", "DIAL_STAGGER", "PROTOCOL_READ_TIMEOUT"]
 
 log = get_logger("lattica.node")
 
@@ -61,12 +61,23 @@ class PeerRouting(Protocol):
     async def find_peer(self, peer: PeerId, fresh: bool = False) -> list[Multiaddr]: ...
 
 
+class Puncher(Protocol):
+    """What makes a relayed peer direct (the hole-punch service)."""
+
+    async def punch(self, conn: Connection) -> bool:
+        """Reach ``conn``'s peer directly; True once a direct connection is the primary one."""
+
+    async def punch_tcp(self, conn: Connection) -> bool:
+        """Add a TCP path beside a direct QUIC connection; True once it is the primary one."""
+
+
 class Dialer:
     """One dial per peer at a time; its callers share the result."""
 
     def __init__(self, host: Host) -> None:
         self.host = host
         self.routing: PeerRouting | None = None  # set by the DHT service when it starts
+        self.puncher: Puncher | None = None  # set by the hole-punch service when it starts
         self.dialing: dict[PeerId, tuple[asyncio.Future[Connection], bool]] = {}  # -> (dial, DHT lookups allowed)
         self.upgrading: set[PeerId] = set()  # peers we are trying to reach directly (relayed now)
         self.upgrade_again: set[PeerId] = set()  # new addresses came while upgrading: try again after
@@ -325,12 +336,12 @@ class Dialer:
             conn.transport == "quic"
             and conn.direction == "outbound"  # (one side asks: the one that dialed)
             and conn not in self.tcp_tried
-            and host.holepunch is not None
+            and self.puncher is not None
             and holepunch.PROTOCOL in info.protocols
             and any(a.protocols()[1:2] == ["tcp"] and not a.is_circuit for a in info.listen_addrs)
         ):
             self.tcp_tried.add(conn)
-            host.spawn(host.holepunch.punch_tcp(conn))
+            host.spawn(self.puncher.punch_tcp(conn))
 
     def _try_upgrade(self, conn: Connection) -> None:
         """Start trying a relayed peer's direct addresses (its latest identify's), or schedule
@@ -382,7 +393,7 @@ class Dialer:
         if host.nat is not None:
             host.spawn(host.nat.learn_mapping())  # a hole punch may follow: both ends need it
         punch = None
-        puncher = host.holepunch
+        puncher = self.puncher
         if conn.direction == "inbound" and puncher is not None and holepunch.PROTOCOL in info.protocols:
             punch = host.spawn(puncher.punch(conn))  # neither side may be dialable: punch
         token = context.NO_DHT_DIAL_LOOKUP.set(True)

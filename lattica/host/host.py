@@ -25,26 +25,24 @@ from lattica.errors import (
 )
 from lattica.framing import read_message, write_message
 from lattica.host.connections import MAX_CONNS_PER_PEER, MAX_DRAINING_PER_PEER, Connections
-from lattica.host.dialer import PROTOCOL_READ_TIMEOUT, Dialer, PeerRouting
+from lattica.host.dialer import PROTOCOL_READ_TIMEOUT, Dialer, PeerRouting, Puncher
 from lattica.host.nat import NatManager, NatStatus
 from lattica.host.transports import Transports
 from lattica.hostview import HostEvents
 from lattica.identify import PeerInfo
 from lattica.identity import PeerId
 from lattica.logging import get_logger
-from lattica.monitors import Monitors
 from lattica.multiaddr import Multiaddr
 from lattica.records import StoreLimits
 from lattica.runtime import Runtime
-from lattica.services import Services
+from lattica.services import NodeServices, ServiceContext
 from lattica.transports import circuit
 from lattica.transports.base import Connection, Stream, Transport
 
 if TYPE_CHECKING:
-    from lattica.actors.holepunch import HolePunchService
-    from lattica.actors.membership import MembershipService
-    from lattica.actors.relay import RelayService
-    from lattica.node import Node
+    from lattica.config import NodeConfig
+    from lattica.identity import KeyPair
+    from lattica.trust import Trust
 
 __all__ = ["Host", "StreamProtocolHandler", "check_protocol_name", "encode_protocol"]
 
@@ -79,19 +77,19 @@ def encode_protocol(name: str) -> bytes:
 class Host:
     """Everything that runs on the node loop (implements :class:`lattica.hostview.HostView`)."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node  # the settings (max_connections, configs, ...) and the user's handle
-        self.keypair = node.keypair
-        self.trust = node.trust  # who is a member of our mesh (lattica.trust)
+    def __init__(self, config: NodeConfig, keypair: KeyPair, trust: Trust) -> None:
+        self.config = config  # what the node was told (max_connections, each service's section, ...)
+        self.keypair = keypair
+        self.trust = trust  # who is a member of our mesh (lattica.trust)
         self.refusals: collections.deque[dict] = collections.deque(maxlen=32)  # calls we refused, newest last
         self._verdict_timers: dict[Connection, asyncio.TimerHandle] = {}  # certificate expiries, per connection
         # when what we advertise last changed: an identify said early in a handshake that was
         # still going on then is said again once the connection is up (it may be out of date)
         self._addrs_changed_at = -math.inf
-        self.peer_id = node.keypair.peer_id
+        self.peer_id = keypair.peer_id
         self.loop = asyncio.get_running_loop()
-        self.max_connections = node.max_connections
-        self.transport_set = Transports(self.keypair, node.transport_options, node.memory_network)
+        self.max_connections = config.max_connections
+        self.transport_set = Transports(self.keypair, config.transport_options, config.memory_network)
         self.transports: list[Transport] = self.transport_set.all
         self.listeners: list = []
         self.bound_addrs: list[Multiaddr] = []  # as the listeners report them (maybe 0.0.0.0)
@@ -105,7 +103,7 @@ class Host:
             self._serve_stream,
             self._going_away,
             self._drain_expired,
-            node.drain_grace,
+            config.drain_grace,
         )
         # the connection table's maps, under the names the rest of the node reads them by
         self.conns = self.connections.conns
@@ -129,37 +127,27 @@ class Host:
         self.closing = False
         self.thread_id = threading.get_ident()
         self.runtime: Runtime | None = None
-        self.services = Services()  # the system services, started with us
+        self.services = NodeServices()  # the system services, started with us
         self.relay_addrs: list[Multiaddr] = []  # our /p2p-circuit addresses (from reservations)
         self.public_addrs: list[Multiaddr] = []  # observed addresses AutoNAT confirmed dialable
         self.candidate_addrs: list[Multiaddr] = []  # observed ones, unconfirmed (reachability unknown)
         self.circuit: circuit.CircuitTransport | None = None
-        self.nat: NatManager | None = None
-        self.mdns: Any = None  # lattica.host.mdns.MdnsService on a LAN
         self.handlers[identify.PROTOCOL] = self._on_identify
         self._strangers_pings = Turns(StrangersShare(*STRANGERS_PINGS, self.connections.from_stranger), self.loop)
         self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s, lambda: self._ping_turn(s, c))
         self.handlers[circuit.STOP] = self._on_stop
 
     @property
-    def relay(self) -> RelayService | None:
-        """The relay service, when this node relays for others."""
-        return self.services.get("relay")
-
-    @property
-    def holepunch(self) -> HolePunchService | None:
-        return self.services.get("holepunch")
-
-    @property
-    def membership(self) -> MembershipService | None:
-        return self.services.get("membership")
+    def nat(self) -> NatManager | None:
+        """Our NAT situation (None until the services are built)."""
+        return self.services.nat
 
     # -- start / stop ---------------------------------------------------------------------------
 
     async def start(self, listen: list[Multiaddr]) -> None:
-        self.runtime = Runtime(self, self.node.allow, self.services)
-        self.runtime.monitors = Monitors(self.runtime)
-        self.services.start(self.runtime, self.node)
+        self.runtime = Runtime(self, self.config)
+        context = ServiceContext(self.peer_id, self.keypair, self.trust, self.loop, self, self.config, self.runtime)
+        self.services.start(context)
         self.circuit = circuit.CircuitTransport(
             self.keypair,
             self.dialer.open_hop,
@@ -170,7 +158,6 @@ class Host:
         self.transport_set.add(self.circuit)
         self.transport_set.set_early(self.early_identify, self._push_early)
         self.events.addresses_changed.subscribe(lambda addrs: setattr(self, "_addrs_changed_at", self.loop.time()))
-        self.nat = NatManager(self, self.node.nat_config)
         for addr in listen:
             transport = self.transport_for(addr)
             if transport is None:
@@ -179,25 +166,16 @@ class Host:
             self.listeners.append(listener)
             self.bound_addrs.extend(listener.addrs)
             self.listen_addrs.extend(a for bound in listener.addrs for a in interfaces.expand(bound))
+        self.spawn(self.connections.reap_idle(self.config.idle_timeout))
         await self.services.astart()
-        self.spawn(self.connections.reap_idle(self.node.idle_timeout))
-        self.nat.start()
-        want = self.node.mdns
-        if want or (want is None and any(interfaces.is_lan(a) for a in self.listen_addrs)):
-            from lattica.host.mdns import MdnsService  # here: only LAN nodes run it
-
-            self.mdns = MdnsService(self)
-            if not await self.mdns.start():
-                self.mdns = None
 
     async def stop(self) -> None:
-        if self.membership is not None and not self.closing:
-            self.membership.leave()  # goodbyes go out before the connections close
-            self.membership.close()
+        membership = self.services.membership
+        if membership is not None and not self.closing:
+            membership.leave()  # goodbyes go out before the connections close
+            membership.close()
             await asyncio.sleep(0)
         self.closing = True
-        if self.mdns is not None:
-            self.mdns.close()
         await self.services.aclose()
         if self.runtime is not None:
             await self.runtime.stop()  # actors first: their on_stop hooks may still call peers
@@ -226,6 +204,10 @@ class Host:
     def set_peer_routing(self, routing: PeerRouting | None) -> None:
         """Where the dialer looks up a peer it has no address for (the DHT service sets itself)."""
         self.dialer.routing = routing
+
+    def set_puncher(self, puncher: Puncher | None) -> None:
+        """What punches a direct path to a peer reached through a relay (the hole-punch service)."""
+        self.dialer.puncher = puncher
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         task = self.loop.create_task(coro)
@@ -294,7 +276,7 @@ class Host:
         if not conn.said_early or self.loop.time() - self._addrs_changed_at < _EARLY_STALE:
             self.spawn(self.push_identify(conn))
         if early is None:
-            overdue = self.loop.call_later(self.node.identify_timeout, self._identify_overdue, conn)
+            overdue = self.loop.call_later(self.config.identify_timeout, self._identify_overdue, conn)
             conn.add_close_callback(lambda c: overdue.cancel())  # (the timer would hold it 10 s after it closed)
         self.events.connected.emit(conn)
         if early is not None:
@@ -334,9 +316,9 @@ class Host:
             log.info(
                 "closing connection: no identify in time",
                 peer=str(conn.remote_peer),
-                timeout=self.node.identify_timeout,
+                timeout=self.config.identify_timeout,
             )
-            conn.abort(f"the peer did not identify within {self.node.identify_timeout} s")
+            conn.abort(f"the peer did not identify within {self.config.identify_timeout} s")
 
     async def peer_info(self, conn: Connection, timeout: float) -> PeerInfo | None:
         """What ``conn``'s peer told us in identify, waiting up to ``timeout`` seconds for it on
@@ -424,7 +406,7 @@ class Host:
         raise PeerUnreachable("no bootstrap peer could be reached: " + "; ".join(f"{a}: {e}" for a, e in errors))
 
     async def _fill_routing(self) -> None:
-        dht = self.services.get("dht")
+        dht = self.services.dht
         if dht is None or self.closing:
             return
         try:
@@ -512,7 +494,7 @@ class Host:
         """Who we are and where we listen, for a peer that reaches us from ``observed``."""
         return identify.build(
             self.keypair.public_key_protobuf(),
-            self.node.agent_version,
+            self.config.agent_version,
             self.advertised_addrs(),
             observed,
             sorted(self.handlers),

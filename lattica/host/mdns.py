@@ -26,7 +26,6 @@ from lattica.logging import get_logger
 from lattica.multiaddr import Multiaddr
 
 if TYPE_CHECKING:
-    from lattica.host.host import Host
     from lattica.hostview import HostView
 
 log = get_logger("lattica.host.mdns")
@@ -218,7 +217,7 @@ class _Datagrams(asyncio.DatagramProtocol):
 class MdnsService:
     """Runs ``MdnsProtocol`` on the node loop and dials the peers it finds."""
 
-    def __init__(self, host: Host, interval: float = 60.0, port: int = PORT) -> None:
+    def __init__(self, host: HostView, interval: float = 60.0, port: int = PORT) -> None:
         self.host: HostView = host
         self.proto = MdnsProtocol(host.peer_id)
         self.interval = interval
@@ -227,6 +226,14 @@ class MdnsService:
         self.found: dict[PeerId, float] = {}  # peer -> when we last tried to dial it
         self._last_answer = 0.0
         self._task: asyncio.Task | None = None
+
+    async def astart(self) -> None:
+        """The node listens: start (mDNS stays off, logged, where the socket cannot be opened)."""
+        await self.start()
+
+    async def aclose(self) -> None:
+        """Stop querying and answering before the node's connections close."""
+        self.close()
 
     async def start(self) -> bool:
         """Open the socket and start querying; False (logged) if this host cannot do mDNS."""

@@ -79,9 +79,12 @@ class _Relay:
 
 
 class NatManager:
-    def __init__(self, host: Host, config: NatConfig | None = None) -> None:
+    def __init__(
+        self, host: Host, config: NatConfig | None = None, relays: list[Multiaddr] | None = None, relaying: bool = False
+    ) -> None:
         self.host = host
         self.cfg = config or NatConfig()
+        self.given_relays = list(relays or ())  # relays to hold reservations with (Node(relays=...)), else found ones
         self.status = NatStatus()
         self.relays: dict[PeerId, _Relay] = {}
         self._arrived: dict[bytes, list[tuple[str, str | None, str]]] = {}  # nonce -> (address, dialer IP, transport)
@@ -93,7 +96,7 @@ class NatManager:
         host.events.disconnected.subscribe(self._on_disconnect)
         host.events.membership_changed.subscribe(self._on_membership)
         # a relay is public by its operator's word: only a dial-back that never arrives says otherwise
-        self._operator_says_public = self.cfg.reachability is None and host.node.relay_config is not None
+        self._operator_says_public = self.cfg.reachability is None and relaying
         if self.cfg.reachability in (PUBLIC, PRIVATE):
             self.status.reachability = self.cfg.reachability
             self.status.reason = "set by configuration"
@@ -103,6 +106,10 @@ class NatManager:
 
     def start(self) -> None:
         self._task = self.host.spawn(self._run())
+
+    async def astart(self) -> None:
+        """The node listens: start finding out our reachability."""
+        self.start()
 
     # -- what peers observe -----------------------------------------------------------------------
 
@@ -205,7 +212,7 @@ class NatManager:
                 reach = self.status.reachability
                 if (
                     reach == PRIVATE
-                    or (reach == UNKNOWN and (probing or self.host.node.relays))
+                    or (reach == UNKNOWN and (probing or self.given_relays))
                     or self._public_through_mapping()
                 ):
                     await self._keep_relays()
@@ -437,7 +444,7 @@ class NatManager:
 
     def _relay_candidates(self) -> list[PeerId]:
         out: list[PeerId] = []
-        for a in self.host.node.relays:
+        for a in self.given_relays:
             p = a.peer_id
             if p is not None and p not in out:
                 self.host.remember_addrs(p, [a])
@@ -479,7 +486,7 @@ class NatManager:
         # the relay's addresses we advertise: only at the IP we reach it at (or its configured
         # one), so a relay cannot send the callers of its clients to a third party
         conn = self.host.conns.get(peer)
-        ips = {ip_of(a) for a in self.host.node.relays if a.peer_id == peer}
+        ips = {ip_of(a) for a in self.given_relays if a.peer_id == peer}
         if conn is not None:
             ips.add(ip_of(conn.remote_addr))
         addrs = []

@@ -121,7 +121,7 @@ def lose(node: Node, proc: ServerProcess, sig: int, sup: Any, refs: list) -> dic
 
 async def _watch_member(node: Node, peer_id: str, out: list) -> None:
     host = node.host
-    membership = host.membership if host is not None else None
+    membership = host.services.membership if host is not None else None
     assert membership is not None  # (a started node runs membership unless told not to)
 
     def on_down(member: Any, reason: str) -> None:

@@ -204,7 +204,8 @@ def sync_versions(
 
     host = me.host
     assert host is not None  # (a started node)
-    content = host.services["content"]
+    content = host.services.content
+    assert content is not None  # (weights travel through the content plane: it runs with content on)
     rows = []
     start = lattica.get(trainer.latest.remote())[0]
     for v in range(start + 1, start + versions + 1):

@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from lattica.errors import NodeClosed
 from lattica.future import Future
 from lattica.pubsub.subscription import Message, Subscription
-from lattica.runtime import on_loop, run_coroutine, running_service
+from lattica.runtime import on_loop, run_coroutine
 
 if TYPE_CHECKING:
     from lattica.actors.pubsub import PubSubService
@@ -29,8 +30,13 @@ __all__ = ["Message", "Subscription", "subscribe", "unsubscribe", "publish", "to
 
 
 def _service(node: Node | None) -> tuple[Runtime, PubSubService]:
-    rt, svc = running_service("pubsub", node, "this node runs without pub-sub (Node(pubsub=False))")
-    return rt, svc
+    # the table imports every service, and services import parts of this package
+    from lattica.services import running_services
+
+    rt, services = running_services(node)
+    if services.pubsub is None:
+        raise NodeClosed("this node runs without pub-sub (Node(pubsub=False))")
+    return rt, services.pubsub
 
 
 def subscribe(
@@ -41,7 +47,8 @@ def subscribe(
     ``handler`` (an actor method such as ``ref.on_message``, which is told each message, or a
     function run on the node loop) nothing is returned."""
     rt, svc = _service(node)
-    return on_loop(rt, lambda: svc.subscribe(topic, maxsize, handler))
+    sub: Subscription | None = on_loop(rt, lambda: svc.subscribe(topic, maxsize, handler))
+    return sub
 
 
 def unsubscribe(topic: str, *, handler: Callable[[Message], Any] | None = None, node: Node | None = None) -> None:
@@ -62,13 +69,15 @@ def publish(topic: str, data: Any, *, node: Node | None = None) -> Future:
 def topics(*, node: Node | None = None) -> list[str]:
     """The topics this node subscribes to."""
     rt, svc = _service(node)
-    return on_loop(rt, svc.topics)
+    names: list[str] = on_loop(rt, svc.topics)
+    return names
 
 
 def peers(topic: str | None = None, *, node: Node | None = None) -> list[PeerId]:
     """The peers in ``topic``'s mesh on this node (or every peer that speaks pub-sub with it)."""
     rt, svc = _service(node)
-    return on_loop(rt, lambda: svc.peers(topic))
+    members: list[PeerId] = on_loop(rt, lambda: svc.peers(topic))
+    return members
 
 
 def validator(topic: str, fn: Callable[[Message], Any] | None, *, node: Node | None = None) -> None:

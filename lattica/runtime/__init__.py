@@ -13,7 +13,10 @@
 - ``server``: the callee's side (a peer's call stream, checked and handed to local actors);
 - ``following``: stable-ref following (calls sent on to an actor's next incarnation, idempotent
   calls re-sent over the next path), a base of the ``Runtime``;
-- ``registry``: the ``Runtime`` (actors, channels, calls in flight).
+- ``registry``: the ``Runtime`` (actors, channels, calls in flight);
+- ``ports``: what the runtime uses of the services above it, as protocols they are plugged in as
+  (``Names``, ``MembershipView``, ``Blocks``);
+- ``calls``: ``Calls``, the narrow view of the runtime a service is written against.
 """
 
 from lattica.runtime.limits import (
@@ -45,7 +48,6 @@ from lattica.runtime.refs import (
     relay_ref,
     require_caller,
     run_coroutine,
-    running_service,
     spawner_ref,
 )
 from lattica.runtime.registry import Runtime
@@ -75,10 +77,9 @@ __all__ = [
     "current_runtime",
     "method_table",
     "on_loop",
+    "require_caller",
     "run_coroutine",
-    "running_service",
     "spawner_ref",
     "autonat_ref",
     "relay_ref",
-    "require_caller",
 ]

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lattica.errors import (
     ActorNotFound,
@@ -22,10 +21,10 @@ from lattica.runtime.limits import FOLLOW_FOR
 from lattica.runtime.refs import ActorRef
 
 if TYPE_CHECKING:
-    from lattica.actors.dht import DhtService
     from lattica.future import Future
     from lattica.host import Host
     from lattica.runtime.local import LocalActor
+    from lattica.runtime.ports import MembershipView, Names
 
 log = get_logger("lattica.runtime")
 
@@ -41,10 +40,8 @@ class Following:
         loop: asyncio.AbstractEventLoop
         peer_id: PeerId
         actors: dict[str, LocalActor]
-        services: Mapping[str, Any]
-
-        @property
-        def dht(self) -> DhtService: ...
+        names: Names | None
+        membership: MembershipView | None
 
         def submit(self, p: Pending, block: bool) -> None: ...
 
@@ -140,7 +137,7 @@ class Following:
         supervisor, if that is supervised too); a stable ref with no supervisor resolves its name
         in the DHT (members' registrations only)."""
         if ref.supervisor is None:
-            return await self.dht.resolve_name(ref.name)
+            return await self.names.resolve_name(ref.name) if self.names is not None else None
         found = await self.call(ref.supervisor, "locate", (ref.name,), {}, timeout=_LOCATE_TIMEOUT)
         return found if isinstance(found, ActorRef) else None
 
@@ -158,8 +155,6 @@ class Following:
         return self._node_state(peer) in ("dead", "left")
 
     def _node_state(self, peer: PeerId) -> str | None:
-        membership = self.services.get("membership")
-        if membership is None or peer == self.peer_id:
+        if self.membership is None or peer == self.peer_id:
             return None
-        m = membership.core.get(str(peer))
-        return m.state if m is not None else None
+        return self.membership.state_of(peer)

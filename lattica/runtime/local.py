@@ -324,8 +324,8 @@ class LocalActor:
         self.instance = instance
         self.bound = {m: getattr(instance, m) for m in self.methods}
         self.state = "running"
-        if self.published:
-            self.runtime.dht.register_name(self.name, self.ref)
+        if self.published and self.runtime.names is not None:
+            self.runtime.names.register_name(self.name, self.ref)
         hook = getattr(instance, "on_start", None) if not self.system else None
         if hook is not None and inspect.iscoroutinefunction(hook):
             self.runtime.host.spawn(self._on_start(hook))
@@ -646,8 +646,8 @@ class LocalActor:
         self._record_end(reason)
         self.runtime.actor_ended(self.name, reason)
         self.runtime.monitors.actor_stopped(self.name, reason)
-        if self.published and was_running:
-            self.runtime.dht.unregister_name(self.name)
+        if self.published and was_running and self.runtime.names is not None:
+            self.runtime.names.unregister_name(self.name)
         if not self.ready.done():
             self.ready.set_result(("ActorDied", reason, ""))
         for inv in list(self.live) + list(self.waiting):

@@ -27,7 +27,6 @@ from lattica.runtime.limits import AGEN, ASYNC, DEFAULT_WINDOW, GEN, LIFECYCLE_H
 from lattica.runtime.window import ItemWindow
 
 if TYPE_CHECKING:
-    from lattica.node import Node
     from lattica.runtime.registry import Runtime
 
 
@@ -230,22 +229,6 @@ def current_runtime() -> Runtime:
     if host is None or host.runtime is None:  # (a host has its runtime once it starts)
         raise NodeClosed("no Lattica node is running here: call lattica.init() first")
     return host.runtime
-
-
-def running_service(name: str, node: Node | None, off: str) -> tuple[Runtime, Any]:
-    """The runtime of ``node`` (None: ``current_runtime()``) and its system service ``name``, for
-    the public API of a service; NodeClosed when the node is not running, or with ``off`` when it
-    runs without that service."""
-    if node is None:
-        rt = current_runtime()
-    else:
-        if node.host is None or node.host.runtime is None:
-            raise NodeClosed("the node is not running")
-        rt = node.host.runtime
-    svc = rt.services.get(name)
-    if svc is None:
-        raise NodeClosed(off)
-    return rt, svc
 
 
 def on_loop(rt: Runtime, fn: Callable[[], Any]) -> Any:
@@ -577,7 +560,7 @@ def require_caller(*allowed: PeerId | str) -> PeerId:
     ids = {a if isinstance(a, PeerId) else PeerId.from_string(a) for a in allowed if a not in _CIRCLES}
     if caller in ids or circle in allowed or (circle == "self" and "member" in allowed):
         return caller
-    if "owner" in allowed and rt.actors["spawner"].instance._controls(me.name, caller):
+    if "owner" in allowed and rt.host.services.spawner.controls(me.name, caller):
         return caller
     raise PermissionDenied(
         f"{caller} may not call this (allowed: {', '.join(str(a) for a in allowed) or 'nobody'}; the caller is a {circle})"

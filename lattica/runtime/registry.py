@@ -10,7 +10,7 @@ import importlib
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from lattica import codec, context, rpc
@@ -40,7 +40,6 @@ from lattica.runtime.following import Following
 from lattica.runtime.limits import (
     BUILTIN_ACTORS,
     CALL_CHANNELS,
-    CHANNEL_IDLE,
     DEFAULT_MAX_CONCURRENCY,
     DEFAULT_WINDOW,
     HOOK_TIMEOUT,
@@ -59,11 +58,12 @@ from lattica.runtime.window import SentItems
 from lattica.transports.base import PROBE_TIMEOUT, Connection, Stream
 
 if TYPE_CHECKING:
-    from lattica.actors.dht import DhtService
+    from lattica.config import NodeConfig
     from lattica.host import Host
     from lattica.monitors import Monitors
     from lattica.runtime.client import Channel
     from lattica.runtime.local import Invocation
+    from lattica.runtime.ports import Blocks, MembershipView, Names
     from lattica.runtime.refs import ActorRef
 
 log = get_logger("lattica.runtime")
@@ -75,13 +75,13 @@ _LEAVES = frozenset({str, int, float, bool, type(None), bytes})  # arguments a l
 class Runtime(Following):
     """Actors of one node and its call channels; lives on the node loop."""
 
-    def __init__(self, host: Host, allow: list[str], services: Mapping[str, Any]) -> None:
+    def __init__(self, host: Host, config: NodeConfig) -> None:
         self.host = host
         self.loop = host.loop
         self.peer_id: PeerId = host.peer_id
-        self.allow = list(allow)
-        self.channel_idle: float = getattr(host.node, "channel_idle", CHANNEL_IDLE)
-        self.partials = PartialMessages(getattr(host.node, "inbound", None))  # incomplete messages held
+        self.allow = list(config.allow)
+        self.channel_idle: float = config.channel_idle
+        self.partials = PartialMessages(config.inbound)  # incomplete messages held
         self.actors: dict[str, LocalActor] = {}
         self.channels: dict[PeerId, Channel] = {}
         self.moved: set[RemoteChannel] = set()  # channels that moved off a connection going away, finishing their calls
@@ -98,7 +98,7 @@ class Runtime(Following):
         )  # (asked for strangers' channels only)
         self.call_latency = Histogram()  # seconds from a call's creation to its answer (calls that got one)
         self.ended: collections.deque[EndedActor] = collections.deque(maxlen=MAX_ENDED)  # user actors that ended lately
-        self.spills = Spills(self)  # arguments and answers over the message cap, by CID
+        self.spills = Spills(self, config.spill_limit)  # arguments and answers over the message cap, by CID
         self._spilling: dict[
             tuple[PeerId, str], collections.deque[tuple[Pending, bool, FrameTooLarge | None]]
         ] = {}  # calls held behind a spill, in order
@@ -113,13 +113,20 @@ class Runtime(Following):
         self.monitors: Monitors = None  # type: ignore[assignment]  # the host sets them right after (they import us)
         self.stop_listeners: list[Callable[[str, str], None]] = []  # told (actor name, reason) when one of ours ends
         self._placed: collections.deque[tuple[float, str, Any]] = collections.deque()  # (when, peer, its load then)
-        self.services = services  # the node's system services; the host starts them after us
+        # the services the runtime uses, handed to it as they are built (lattica/services.py)
+        self.names: Names | None = None  # named actors (the DHT)
+        self.membership: MembershipView | None = None  # who is up (None: the node runs without membership)
+        self.blocks: Blocks | None = None  # values over the message cap travel by CID (None: no content service)
         host.spawn(self._close_idle_channels())
 
-    @property
-    def dht(self) -> DhtService:
-        """The DHT service: named actors register and resolve through it."""
-        return self.services["dht"]
+    def use_names(self, names: Names) -> None:
+        self.names = names
+
+    def use_membership(self, membership: MembershipView) -> None:
+        self.membership = membership
+
+    def use_blocks(self, blocks: Blocks) -> None:
+        self.blocks = blocks
 
     async def _close_idle_channels(self) -> None:
         """Close call channels with nothing in flight for a while, so that the connections under
@@ -209,9 +216,9 @@ class Runtime(Following):
 
     def placement_view(self) -> list[dict[str, Any]]:
         """The membership view placement chooses from (PlacementError without membership)."""
-        if self.host.membership is None:
+        if self.membership is None:
             raise PlacementError("placement needs membership: this node runs with membership=False")
-        return self.host.membership.nodes()
+        return self.membership.nodes()
 
     def placed(self, peer: str, view: list[dict[str, Any]]) -> None:
         """We just sent a spawn to ``peer``: count it until its gossiped load changes."""

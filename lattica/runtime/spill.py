@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from lattica import codec
+from lattica.config import DEFAULT_SPILL_LIMIT
 from lattica.errors import CodecError
 
 if TYPE_CHECKING:
@@ -23,7 +24,6 @@ __all__ = ["Spilled", "spill", "restore", "placeholders", "SPILL_FROM", "MAX_SPI
 
 SPILL_FROM = 1 << 20  # buffers smaller than this stay in the message
 MAX_SPILLED = 64  # placeholders in one message
-DEFAULT_SPILL_LIMIT = 1 << 30  # bytes of one message's spilled objects (Node(spill_limit=...))
 _MAX_DEPTH = 8  # containers walked into
 
 seen = 0  # placeholders decoded so far (a decode that changes it holds some: checked per frame)

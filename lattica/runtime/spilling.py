@@ -14,9 +14,9 @@ from lattica.logging import get_logger
 from lattica.runtime.spill import DEFAULT_SPILL_LIMIT, Spilled, placeholders, restore, spill
 
 if TYPE_CHECKING:
-    from lattica.actors.content.service import ContentService
     from lattica.content.cid import Cid
     from lattica.identity import PeerId
+    from lattica.runtime.ports import Blocks
     from lattica.runtime.registry import Runtime
 
 __all__ = ["Spills", "KEEP_ANSWERS", "KEEP_TELLS"]
@@ -30,13 +30,13 @@ KEEP_TELLS = 600.0  # seconds a spilled fire-and-forget call's values stay (no a
 class Spills:
     """One node's spilled values: stored for peers, and fetched from them."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, limit: int = DEFAULT_SPILL_LIMIT) -> None:
         self.rt = rt
-        self.limit: int = getattr(rt.host.node, "spill_limit", DEFAULT_SPILL_LIMIT)
+        self.limit = limit
 
-    def content_for(self, why: FrameTooLarge) -> ContentService:
+    def content_for(self, why: FrameTooLarge) -> Blocks:
         """The content service that holds spilled values, or ``why`` raised (none: no spilling)."""
-        content = self.rt.services.get("content")
+        content = self.rt.blocks
         if content is None or self.limit <= 0:
             raise why
         return content
@@ -76,7 +76,7 @@ class Spills:
 
     def release(self, roots: list[Cid]) -> None:
         """What was stored for a call that is over goes (on a worker thread)."""
-        content = self.rt.services.get("content")
+        content = self.rt.blocks
         if content is None or not roots:
             return
         for root in roots:
@@ -97,7 +97,7 @@ class Spills:
         found = placeholders(value)
         if not found:
             return value
-        content = self.rt.services.get("content")
+        content = self.rt.blocks
         if content is None:
             raise ContentError("this node runs no content service: values that travel by CID cannot reach it")
         total = sum(s.size for s in found)
@@ -117,7 +117,7 @@ class Spills:
         return restore(value, {id(s): o for s, o in zip(found, objects)})
 
 
-def _keeper(content: ContentService, roots: list[Cid]) -> Callable[[Any], str]:
+def _keeper(content: Blocks, roots: list[Cid]) -> Callable[[Any], str]:
     """What ``spill`` stores a value with: kept in ``content``, its root noted in ``roots``."""
 
     def put(data: Any) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from lattica.future import Future
-from lattica.runtime import ASYNC, ActorRef, run_coroutine, running_service
+from lattica.runtime import ASYNC, ActorRef, run_coroutine
 from lattica.shards.keys import shard_id
 
 if TYPE_CHECKING:
@@ -34,8 +34,11 @@ __all__ = ["serve", "withdraw", "providers", "stub", "shard_id", "Stub", "StubMe
 
 
 def _service(node: Node | None) -> tuple[Runtime, ShardsService]:
-    rt, svc = running_service("shards", node, "this node runs without the shards service")
-    return rt, svc
+    # the table imports every service, and services import parts of this package
+    from lattica.services import running_services
+
+    rt, services = running_services(node)
+    return rt, services.shards
 
 
 def serve(ref: ActorRef, service: str, shard: str | Mapping[str, Any], *, node: Node | None = None) -> Future:

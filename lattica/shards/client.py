@@ -41,6 +41,7 @@ from lattica.shards.keys import shard_id
 from lattica.shards.select import Picker, Provider
 
 if TYPE_CHECKING:
+    from lattica.identity import PeerId
     from lattica.runtime import Runtime
 
 __all__ = ["Stub", "StubMethod", "StubStream"]
@@ -165,9 +166,9 @@ class Stub:
         self._since_p95 = 0
         self._hedges = 0.0  # second attempts we may make now (HEDGE_SHARE more with every call)
         self._picker = Picker()
-        self._checked: dict[tuple, float] = {}  # providers whose node said they serve the shard -> when
+        self._checked: dict[tuple[PeerId, str], float] = {}  # providers whose node said they serve the shard -> when
         self._looked_up = float("-inf")
-        self._lookup: asyncio.Future | None = None
+        self._lookup: asyncio.Future[list[tuple[ActorRef, int]]] | None = None
 
     def __repr__(self) -> str:
         return f"Stub({self.service!r}, {self.shard!r}, providers={len(self._picker.providers)})"
@@ -193,7 +194,7 @@ class Stub:
         waits for it at most ``within`` seconds)."""
         if self._lookup is None:
             self._lookup = asyncio.ensure_future(
-                self._rt.services["shards"].providers(self.service, self.shard, everywhere)
+                self._rt.host.services.shards.providers(self.service, self.shard, everywhere)
             )
             self._lookup.add_done_callback(_lookup_done)
             self._lookup.add_done_callback(lambda _: setattr(self, "_lookup", None))
@@ -243,8 +244,8 @@ class Stub:
         return max(HEDGE_MIN, HEDGE_FACTOR * self._p95)
 
     async def _begin(
-        self, p: Provider, method: str, args: tuple, kwargs: dict, timeout: float, idempotent: bool
-    ) -> tuple:
+        self, p: Provider, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float, idempotent: bool
+    ) -> tuple[Provider, Future, float]:
         """Check ``p`` (usually known already) and send the call: ``(p, its Future, when)``."""
         loop = self._rt.loop
         self._picker.started(p)
@@ -293,7 +294,9 @@ class Stub:
             await self._find(everywhere=False, within=self.within)
         return attempts
 
-    async def call(self, method: str, args: tuple, kwargs: dict, timeout: float | None, idempotent: bool) -> Any:
+    async def call(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None, idempotent: bool
+    ) -> Any:
         loop = self._rt.loop
         attempts = await self._attempts()
         tried = attempts.tried
@@ -304,7 +307,7 @@ class Stub:
             self._hedges = min(self._hedges + HEDGE_SHARE, HEDGE_BURST)
             after = self._hedge_after() if idempotent and self._hedges >= 1.0 else None
             failure: BaseException | None = None
-            pending: list[tuple] = []
+            pending: list[tuple[Provider, Future, float]] = []
             try:
                 pending.append(await self._begin(p, method, args, kwargs, attempt, idempotent))
                 hedge_at = None if after is None else loop.time() + after
@@ -313,7 +316,7 @@ class Stub:
                     if not finished:
                         waiter = loop.create_future()
 
-                        def wake(*_: Any, waiter: asyncio.Future = waiter) -> None:
+                        def wake(*_: Any, waiter: asyncio.Future[None] = waiter) -> None:
                             if not waiter.done():
                                 waiter.set_result(None)
 
@@ -354,7 +357,13 @@ class Stub:
             await attempts.back_off(failure)
 
     async def stream(
-        self, method: str, args: tuple, kwargs: dict, timeout: float | None, idempotent: bool, out: Any
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        timeout: float | None,
+        idempotent: bool,
+        out: Any,
     ) -> None:
         """A streaming call: tried on providers in turn until one sends its first item (or ends
         at once), which then feeds ``out``; ``out`` fails with the error that ended the search."""
@@ -449,7 +458,7 @@ class StubStream:
         self._grant: Any = None
         self._cancel: Any = None
         self._rtt: Any = None
-        self.first: asyncio.Future = loop.create_future()
+        self.first: asyncio.Future[None] = loop.create_future()
 
     @property
     def _done(self) -> bool:
@@ -490,7 +499,7 @@ class StubStream:
             self.first.exception()  # (read: the stub awaits it, or gave up)
 
 
-def _lookup_done(fut: asyncio.Future) -> None:
+def _lookup_done(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
         fut.exception()  # (read: a failed lookup nobody waited for is not "never retrieved")
 

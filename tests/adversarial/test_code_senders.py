@@ -63,7 +63,7 @@ def test_a_shipped_class_spawns_and_calls(app):
         connected(target, driver)
         ref = driver.run(_remote(Echo.options(node=target.peer_id)), timeout=20)
         assert call_as(driver, ref, "echo", 5) == ("echo", 5)
-        library = target.host.services["code"].library
+        library = target.host.services.code.library
         assert len(library.loaded) == 1 and library.sender_of(ref.name) == driver.peer_id
         call_as(driver, spawner_ref(target.peer_id), "kill", ref.name)
         wait_for(lambda: not library.loaded, timeout=5)  # its last actor ended: unloaded
@@ -88,11 +88,11 @@ def test_a_tampered_package_is_refused(app):
         cid = Cid.of(data)
         bad = bytearray(data)
         bad[-3] ^= 0xFF
-        driver.host.services["content"].store.put(cid, bytes(bad), verified=True)  # served as the package
+        driver.host.services.content.store.put(cid, bytes(bad), verified=True)  # served as the package
         ticket = Ticket.issue(str(cid), driver.keypair, driver.trust.presented)
         with pytest.raises(CodeError, match="could not be fetched"):
             spawn_call(driver, target, "shipped_app.Echo", ticket.to_wire())
-        assert not target.host.services["code"].library.loaded
+        assert not target.host.services.code.library.loaded
 
 
 def test_a_package_over_the_cap_is_refused(app):
@@ -101,7 +101,7 @@ def test_a_package_over_the_cap_is_refused(app):
     key = MeshKey.generate()
     with lattica.Node([TCP], mesh=key, code=[str(folder)]) as driver, lattica.Node([TCP], mesh=key) as target:
         connected(target, driver)
-        target.host.services["code"].library.max_bytes = 1000
+        target.host.services.code.library.max_bytes = 1000
         with pytest.raises(CodeError, match="over this node's cap of 1000"):
             driver.run(_remote(Echo.options(node=target.peer_id)), timeout=20)
 
@@ -121,7 +121,7 @@ def test_forged_and_forwarded_tickets_and_a_strangers_code_are_refused(app, tmp_
         # the member's own code: refused by a node that runs administrators' code only
         with pytest.raises(PermissionDenied, match="accept_code='admins'"):
             member.run(_remote(Echo.options(node=target.peer_id)), timeout=20)
-        member_ticket = member.host.services["code"].shipper.ticket_now(Echo.cls)  # (what the member signed)
+        member_ticket = member.host.services.code.shipper.ticket_now(Echo.cls)  # (what the member signed)
         # an administrator forwarding the member's ticket does not make it an administrator's code
         with pytest.raises(PermissionDenied, match="refuses code from " + str(member.peer_id)):
             spawn_call(admin, target, "shipped_app.Echo", member_ticket.to_wire())
@@ -130,13 +130,13 @@ def test_forged_and_forwarded_tickets_and_a_strangers_code_are_refused(app, tmp_
         with pytest.raises(PermissionDenied, match="not signed by"):
             spawn_call(admin, target, "shipped_app.Echo", forged.to_wire())
         # the administrator's own ticket, repeated by a member: who asks counts as much as who wrote it
-        admin_ticket = admin.host.services["code"].shipper.ticket_now(Echo.cls)
+        admin_ticket = admin.host.services.code.shipper.ticket_now(Echo.cls)
         with pytest.raises(PermissionDenied, match=f"refuses to run code that {member.peer_id} \\(member\\) asks for"):
             spawn_call(member, target, "shipped_app.Echo", admin_ticket.to_wire())
         # a stranger reaches no spawner at all
         with pytest.raises(PermissionDenied):
             stranger.run(_remote(Echo.options(node=target.peer_id)), timeout=20)
-        assert not target.host.services["code"].library.loaded
+        assert not target.host.services.code.library.loaded
 
 
 def test_a_supervisor_restarts_a_shipped_child_on_another_node(app):
@@ -159,7 +159,7 @@ def test_a_supervisor_restarts_a_shipped_child_on_another_node(app):
             return sup
 
         sup = driver.run(start(), timeout=30)
-        wait_for(lambda: a.host.services["code"].library.loaded, timeout=10)  # the child runs from the package on a
+        wait_for(lambda: a.host.services.code.library.loaded, timeout=10)  # the child runs from the package on a
         a.stop()
 
         def where():
@@ -181,7 +181,7 @@ def test_a_restarted_node_runs_a_package_from_its_own_blockstore(app, tmp_path):
             connected(target, driver)
             ref = driver.run(_remote(Echo.options(node=target.peer_id, lifetime="detached")), timeout=20)
             assert call_as(driver, ref, "echo", 1) == ("echo", 1)
-        ticket = driver.host.services["code"].shipper.ticket_now(Echo.cls)
+        ticket = driver.host.services.code.shipper.ticket_now(Echo.cls)
     # the driver is gone; another administrator, who never held the package, asks with its ticket
     with (
         lattica.Node([TCP], mesh=key, keypair=target_key, content=ContentConfig(blocks=str(blocks))) as target,
@@ -231,10 +231,10 @@ def test_a_failed_spawn_leaves_no_package_and_a_slow_import_does_not_stall_the_n
     key = MeshKey.generate()
     with lattica.Node([TCP], mesh=key, code=[str(folder)]) as driver, lattica.Node([TCP], mesh=key) as target:
         connected(target, driver)
-        ticket = driver.host.services["code"].shipper.ticket_now(Echo.cls).to_wire()
+        ticket = driver.host.services.code.shipper.ticket_now(Echo.cls).to_wire()
         with pytest.raises(SpawnError, match="defines no 'Missing'"):
             spawn_call(driver, target, "shipped_app.Missing", ticket)
-        assert not target.host.services["code"].library.loaded
+        assert not target.host.services.code.library.loaded
         assert not [m for m in sys.modules if m.startswith("_lattica_code_")]
 
         async def spawn_slow_while_pinging():
@@ -324,7 +324,7 @@ def test_a_spawn_that_fails_does_not_unload_the_package_under_another_in_progres
     key = MeshKey.generate()
     with lattica.Node([TCP], mesh=key, code=[str(folder)]) as driver, lattica.Node([TCP], mesh=key) as target:
         connected(target, driver)
-        ticket = driver.host.services["code"].shipper.ticket_now(Echo.cls).to_wire()
+        ticket = driver.host.services.code.shipper.ticket_now(Echo.cls).to_wire()
 
         async def both():
             import asyncio

@@ -201,7 +201,7 @@ def test_a_stranger_holding_a_relay_reservation_is_still_evicted_for_a_member():
             for s in (s1, s2):
                 s.connect(node.addrs[0])
                 call_as(s, relay_ref(node.peer_id), "reserve")
-            relay = node._host.relay
+            relay = node._host.services.relay
             assert relay.has_reservation(s1.peer_id) and relay.has_reservation(s2.peer_id)
             with lattica.Node([], mesh=a, membership=False) as member:
                 member.connect(node.addrs[0])

@@ -52,14 +52,14 @@ def test_announcements_from_a_peer_the_fetch_did_not_choose_are_ignored():
         liar.connect(me.addrs[0])
         data = os.urandom(4 << 20)
         cid = lattica.content.put(data, node=pub).result(10)
-        svc = me._host.services["content"]
+        svc = me._host.services.content
         seen = []
 
         def progress(info):
             if not seen:
                 seen.append(1)
                 fetch = next(iter(svc._fetches.values()))
-                blocks = [c.bytes for c in pub._host.services["content"].store]
+                blocks = [c.bytes for c in pub._host.services.content.store]
                 me._host.loop.call_soon(
                     svc.heard_haves, liar.peer_id, Cid.parse(cid), [Cid.from_bytes(b) for b in blocks], []
                 )
@@ -136,7 +136,7 @@ def test_a_dag_repeating_one_subtree_is_refused_past_the_place_limit(monkeypatch
     root, blocks = _repeating_dag(40)
     with _node() as pub, _node() as me:
         me.connect(pub.addrs[0])
-        store = pub._host.services["content"].store
+        store = pub._host.services.content.store
         for cid, block in blocks.items():
             store.put(cid, block)
         with pytest.raises(BadBlock, match="places"):
@@ -144,9 +144,9 @@ def test_a_dag_repeating_one_subtree_is_refused_past_the_place_limit(monkeypatch
         deadline = (
             time.monotonic() + 5
         )  # (the failed fetch ends its tasks, then leaves the table: a moment after the error)
-        while me._host.services["content"]._fetches and time.monotonic() < deadline:
+        while me._host.services.content._fetches and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not me._host.services["content"]._fetches
+        assert not me._host.services.content._fetches
 
 
 def test_get_in_memory_refuses_an_object_over_the_limit_before_fetching_it():
@@ -156,7 +156,7 @@ def test_get_in_memory_refuses_an_object_over_the_limit_before_fetching_it():
         cid = lattica.content.put(data, node=pub, chunk_size=256 << 10).result(10)
         with pytest.raises(ContentError, match="max_get_bytes"):
             lattica.content.get(cid, node=me).result(30)
-        svc = me._host.services["content"]
+        svc = me._host.services.content
         deadline = time.monotonic() + 5
         while svc._fetches and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -176,7 +176,7 @@ def test_a_peer_that_does_not_read_its_answers_is_served_no_further():
         honest.connect(pub.addrs[0])
         data = os.urandom(8 << 20)
         cid = lattica.content.put(data, node=pub).result(10)
-        svc = pub._host.services["content"]
+        svc = pub._host.services.content
         leaves = [c.bytes for c in svc.store if c.codec == 0x55]
         assert len(leaves) == 8
 
@@ -210,7 +210,7 @@ def test_made_up_roots_cannot_push_a_real_swarm_out():
         cid = lattica.content.put(os.urandom(1 << 16), node=pub).result(10)
         ref = content_ref(pub.peer_id)
         assert call_as(fetcher, ref, "swarm", Cid.parse(cid).bytes) == []
-        svc = pub._host.services["content"]
+        svc = pub._host.services.content
 
         async def flood():
             rt = stranger._host.runtime
@@ -291,6 +291,6 @@ def test_strangers_that_call_swarm_first_are_never_asked_for_what_they_did_not_a
         finally:
             for f in polls:
                 f.cancel()
-        stats = me.host.services["content"].last_stats
+        stats = me.host.services.content.last_stats
         assert any(s.peer_id in stats for s in sybils)  # (they did join the fetch)
         assert all(stats[s.peer_id].asked == 0 for s in sybils if s.peer_id in stats)

@@ -82,7 +82,7 @@ def test_a_holder_full_of_strangers_names_does_not_crowd_out_a_members():
         lattica.Node([TCP], mesh=key, dht=small, allow=["sample_actors.*"]) as m,
     ):
         name = REGISTRY_PREFIX + b"bank"
-        store = foreign._host.services["dht"].store
+        store = foreign._host.services.dht.store
         for i in range(64):
             kp = KeyPair.generate()
             sk = encode_subkey(kp.peer_id)
@@ -105,7 +105,7 @@ def test_a_holder_full_of_strangers_names_does_not_crowd_out_a_members():
         bound["find_value"] = farther
         with lattica.Node([TCP], mesh=key, dht=small) as r:
             r.connect(foreign.addrs[0])
-            found = r.run(r._host.services["dht"].resolve_name("bank", within=5), timeout=30)
+            found = r.run(r._host.services.dht.resolve_name("bank", within=5), timeout=30)
             assert found.peer_id == m.peer_id
 
 
@@ -138,7 +138,7 @@ def test_an_invited_member_cannot_squat_an_administrators_name():
         admin.run(name(5), timeout=30)
         time.sleep(0.5)
         member.run(name(666), timeout=30)
-        dht = reader._host.services["dht"]
+        dht = reader._host.services.dht
         deadline = time.monotonic() + 10
         while len(reader.run(dht.get(name_key("bank")), timeout=10)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -47,7 +47,7 @@ def test_providers_registered_first_by_strangers_do_not_hide_a_topics_members():
             c.connect(a.addrs[0])
             call_as(c, dht_ref(a.peer_id), "add_provider", topic, 3600.0)  # (on the holder only)
             b.connect(a.addrs[0])
-            dht = b._host.services["dht"]
+            dht = b._host.services.dht
             assert c.peer_id not in [p for p, _ in dht.store.providers(topic)]
             for _ in range(5):  # (strangers come back in random order; the member always first)
                 found = b.run(dht.find_providers(topic, count=6), timeout=30)
@@ -62,7 +62,7 @@ def test_a_holder_outside_the_mesh_cannot_vouch_for_its_friends():
         lattica.Node([TCP], mesh=MeshKey.generate(), pubsub=False) as b,
     ):
         favourites: list = []
-        foreign._host.services["dht"].store._member = lambda p: p in favourites  # it calls two of them members
+        foreign._host.services.dht.store._member = lambda p: p in favourites  # it calls two of them members
 
         def provide(s) -> None:
             if len(favourites) < 2:
@@ -73,7 +73,7 @@ def test_a_holder_outside_the_mesh_cannot_vouch_for_its_friends():
         b.connect(foreign.addrs[0])
         answer = call_as(b, dht_ref(foreign.peer_id), "get_providers", b"cid")
         assert answer[2] == 2 and {p for p, _ in answer[0][:2]} == set(favourites)
-        dht = b._host.services["dht"]
+        dht = b._host.services.dht
         firsts = {tuple(b.run(dht.find_providers(b"cid", count=8), timeout=30)[:2]) for _ in range(6)}
         assert len(firsts) > 1, "the foreign holder's favourites always came first"
 
@@ -105,7 +105,7 @@ def test_many_identities_fill_only_the_strangers_share_of_a_nodes_record_store()
             return kept
 
         kept = sum(_as_strangers(25, a, fill))
-        store = a._host.services["dht"].store
+        store = a._host.services.dht.store
         records, held = store.stranger_usage
         assert held <= limits.max_bytes // 4 and kept == records, (held, kept)
         assert kept >= 50  # (they got their share: the bound is the share, not a refusal of everyone)
@@ -130,9 +130,9 @@ def test_a_mesh_topics_rendezvous_keeps_only_its_members_provider_records():
         for n in (a, b):
             lattica.dht.bootstrap(node=n).result(10)
         lattica.pubsub.subscribe("jobs", node=b)
-        where = b._host.services["pubsub"].discovery.rendezvous("jobs")
+        where = b._host.services.pubsub.discovery.rendezvous("jobs")
         assert where.startswith(b"lattica/mesh/" + key.public.hex().encode())
-        store = a._host.services["dht"].store
+        store = a._host.services.dht.store
         assert wait_for(lambda: b.peer_id in [p for p, _ in store.providers(where)], timeout=15)
 
         def crowd(s) -> str:

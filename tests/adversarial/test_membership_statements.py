@@ -52,7 +52,7 @@ def test_rows_a_member_never_signed_move_nothing():
         assert wait_for(
             lambda: _view(far).get(hid, {}).get("state") == "alive", timeout=10
         )  # ...and, passed on, is believed
-        core = honest._host.membership.core
+        core = honest._host.services.membership.core
         old = [
             hid,
             core.me.incarnation,
@@ -60,7 +60,7 @@ def test_rows_a_member_never_signed_move_nothing():
             dict(core.me.info),
             core.me.proof,
         ]  # a genuine statement, kept for a replay
-        honest._host.membership.load_changed()  # (a newer statement: its incarnation rises)
+        honest._host.services.membership.load_changed()  # (a newer statement: its incarnation rises)
         honest.run(_bump(honest), timeout=5)
         assert wait_for(lambda: _view(host)[hid]["incarnation"] > old[1], timeout=10)
         before = _view(host)[hid]
@@ -85,14 +85,14 @@ def test_rows_a_member_never_signed_move_nothing():
         assert str(outsider.peer_id) not in _view(host)
         # and the control: the honest member's own goodbye, passed on by the liar to a node that
         # does not watch it, is believed there at once
-        bye = honest._host.membership.core.leave()
+        bye = honest._host.services.membership.core.leave()
         assert _view(far)[hid]["state"] == "alive"
         call_as(liar, membership_ref(far.peer_id), "gossip", bye)
         assert _view(far)[hid]["state"] == "left"
 
 
 async def _bump(node):
-    svc = node._host.membership
+    svc = node._host.services.membership
     svc.core.update_info({**svc.core.me.info, "labels": {"bumped": "yes"}})
 
 
@@ -121,7 +121,7 @@ def test_hearsay_verdicts_huge_incarnations_fake_members_and_bad_resources_move_
         call_as(liar, membership_ref(host.peer_id), "gossip", {"rumors": [huge], "view": [huge]})
         fakes = [[str(lattica.KeyPair.generate().peer_id), 0, ALIVE, {"cpu": 1e6}, None] for _ in range(4096)]
         call_as(liar, membership_ref(host.peer_id), "gossip", {"view": fakes})
-        lies = liar._host.membership.core
+        lies = liar._host.services.membership.core
         bad = [lid, lies.me.incarnation + 1, ALIVE, {"cpu": "lots"}, None]
         bad[4] = MemberNotary(liar.keypair, liar.trust).seal(statement(*bad[:4]))  # its own word, but not a valid row
         call_as(liar, membership_ref(host.peer_id), "gossip", {"rumors": [bad]})
@@ -131,6 +131,8 @@ def test_hearsay_verdicts_huge_incarnations_fake_members_and_bad_resources_move_
         assert view[hid]["state"] == "alive" and inc <= view[hid]["incarnation"] < 2**48, (
             "one member's word kills nobody"
         )
-        assert honest._host.membership.core.me.state == ALIVE, "the victim did not take the liar's word for its death"
+        assert honest._host.services.membership.core.me.state == ALIVE, (
+            "the victim did not take the liar's word for its death"
+        )
         assert len(view) <= 3, f"made-up members entered the view: {len(view)} rows"
         assert view[lid].get("cpu") != "lots" and host.nodes()  # the bad row was skipped; placement's view still reads

@@ -119,7 +119,7 @@ def test_messages_by_authors_outside_the_mesh_go_nowhere_and_certificates_cannot
         assert sub.get(timeout=5).data == "genuine"
         with pytest.raises(Timeout):
             sub.get(timeout=0.5)
-        svc = b._host.services["pubsub"]
+        svc = b._host.services.pubsub
         assert svc.rejected == 1, "only the stripped copy is refused (its signature)"
     finally:
         a.stop()

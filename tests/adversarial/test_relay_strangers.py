@@ -57,7 +57,7 @@ def test_a_circuit_between_strangers_is_limited(splice):
             assert _conn_transport(b, a) == "relay"
             with pytest.raises(LatticaError):
                 _echo(b, a, BIG)
-            assert wait_for(lambda: relay._host.relay.total_circuits == 0, timeout=10)
+            assert wait_for(lambda: relay._host.services.relay.total_circuits == 0, timeout=10)
 
 
 def test_a_circuit_with_a_member_at_one_end_is_not():

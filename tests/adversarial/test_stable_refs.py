@@ -75,13 +75,13 @@ def test_a_member_s_longer_lived_registration_of_a_child_s_name_does_not_capture
 
 
 async def _register(node, name, ref):
-    node._host.runtime.dht.register_name(name, ref)
+    node._host.services.dht.register_name(name, ref)
 
 
 def _resolves_to(node, name):
     async def go():
         try:
-            return (await node._host.runtime.dht.resolve_name(name)).peer_id
+            return (await node._host.services.dht.resolve_name(name)).peer_id
         except lattica.errors.LatticaError:
             return None
 

@@ -160,7 +160,7 @@ def test_messages_strangers_send_cost_at_most_the_strangers_signature_checks(mon
             rate = cfg.strangers_messages
             assert checks[0] <= 2 * rate + rate * elapsed + 64, (checks[0], elapsed)
             assert checks[0] >= rate  # (strangers' messages are checked, within their share)
-            seen = len(victim._host.services["pubsub"].router._seen)
+            seen = len(victim._host.services.pubsub.router._seen)
             assert seen <= 2 * rate + rate * elapsed + 64, (seen, elapsed)
             member.connect(victim.addrs[0])
             lattica.pubsub.subscribe("pub", node=member)
@@ -197,7 +197,7 @@ def test_a_strangers_batch_is_checked_a_few_messages_at_a_turn_of_the_loop(monke
         (s,) = _strangers(1, victim)
         try:
             batch = [_message(KeyPair.generate(), "pub", i) for i in range(64)]
-            svc = victim._host.services["pubsub"]
+            svc = victim._host.services.pubsub
 
             async def take() -> list[int]:
                 svc.on_rpc(s.peer_id, [[], batch, [], [], [], [], []], stranger=True)

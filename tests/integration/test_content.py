@@ -36,7 +36,7 @@ def _node(tmp_path, name, **kw):
 
 
 def _served(node):
-    return node._host.services["content"].served_bytes
+    return node._host.services.content.served_bytes
 
 
 def test_put_and_get_bytes_files_and_arrays(tmp_path):
@@ -177,7 +177,7 @@ def test_a_request_for_blocks_that_came_from_elsewhere_is_cancelled_where_it_wai
                 waiting["cancelled"] += 1
                 raise
 
-        mute._host.services["content"].on_disk = never
+        mute._host.services.content.on_disk = never
         me.connect(mute.addrs[0])  # the only provider at first: it is asked for the root
         fut = lattica.content.get(cid, node=me)
         assert wait_for(lambda: waiting["started"] >= 1, timeout=10)
@@ -190,19 +190,19 @@ def test_a_request_for_blocks_that_came_from_elsewhere_is_cancelled_where_it_wai
 
 
 def _last_session(node):
-    return node._host.services["content"].last_stats
+    return node._host.services.content.last_stats
 
 
 def _lie(node):
     """The node's content actor answers every block with garbage of the right size."""
-    svc = node._host.services["content"]
+    svc = node._host.services.content
     real = svc.store.get
     svc.store.get = lambda cid, **kw: bytes(len(real(cid)))
 
 
 def _mute(node):
     """The node's content actor never answers block requests."""
-    svc = node._host.services["content"]
+    svc = node._host.services.content
 
     async def never(*args):
         await asyncio.sleep(3600)
@@ -234,7 +234,7 @@ def _serve_only(node, n):
     """The node's blockstore serves ``n`` more leaves, then says it has none."""
     from lattica.errors import BlockNotFound as Missing
 
-    store = node._host.services["content"].store
+    store = node._host.services.content.store
     real, left = store.get, [n]
 
     def get(cid, **kw):
@@ -268,7 +268,7 @@ def test_answers_are_bounded_and_strangers_are_served(tmp_path):
         stranger.connect(a.addrs[0])
         data = os.urandom(8 * MiB)
         cid = lattica.content.put(data, node=a).result(30)
-        st = a._host.services["content"].store
+        st = a._host.services.content.store
         leaves = [c for c in st if c.codec_name == "raw"]
         ref = content_ref(a.peer_id)
         got = call_as(stranger, ref, "blocks", [c.bytes for c in leaves])
@@ -383,7 +383,7 @@ def test_an_object_with_repeated_chunks_is_fetched_once_per_distinct_block(tmp_p
         data = os.urandom(4096) * 3000 + os.urandom(100)
         cid = lattica.content.put(data, chunk_size=4096, node=a).result(30)
         assert lattica.content.get(cid, node=b).result(30) == data
-        assert len(b._host.services["content"].store) < 10 and _served(a) < 64 * 1024
+        assert len(b._host.services.content.store) < 10 and _served(a) < 64 * 1024
 
 
 def test_a_lone_provider_that_never_sends_is_a_clear_error_soon(tmp_path):
@@ -446,7 +446,7 @@ def test_a_block_just_sent_to_one_fetcher_is_passed_on_to_its_fellow_once(tmp_pa
         for f in (f1, f2, loner):
             f.connect(pub.addrs[0])
         cid = lattica.content.put(os.urandom(3 * MiB), node=pub).result(30)
-        leaves = [c.bytes for c in pub._host.services["content"].store if c.codec_name == "raw"]
+        leaves = [c.bytes for c in pub._host.services.content.store if c.codec_name == "raw"]
         ref = content_ref(pub.peer_id)
         for f in (f1, f2):  # both fetch the root (the loner never says so)
             call_as(f, ref, "swarm", Cid.parse(cid).bytes)
@@ -457,4 +457,4 @@ def test_a_block_just_sent_to_one_fetcher_is_passed_on_to_its_fellow_once(tmp_pa
         again = call_as(f2, ref, "blocks", leaves[:2])
         assert [len(b) for b in again] == [MiB, MiB]  # once per fetcher and block
         assert [len(b) for b in call_as(loner, ref, "blocks", leaves[:1])] == [MiB]  # not in a swarm with them
-        assert pub._host.services["content"].passed_blocks == 2
+        assert pub._host.services.content.passed_blocks == 2

@@ -149,7 +149,7 @@ def _envelope(node, doc, edit, client=None, nonce=b"rogue-nonce", seq=1, prev=GE
     author = keypair.peer_id.to_bytes()
     did = bytes.fromhex(doc.id)
     scratch = pycrdt.Doc(client_id=client or client_id(did, author, nonce))
-    rep = node.host.services["crdt"].docs[did]
+    rep = node.host.services.crdt.docs[did]
     scratch.apply_update(rep.ydoc.get_update())
     events = []
     scratch.observe(lambda e: events.append(e.update))
@@ -168,7 +168,7 @@ def test_forged_and_foreign_envelopes_are_refused_and_not_passed_on(trio):
         docs[1].map("cfg")["owner-of-this-key"] = "b"
     docs[1].commit(replicas=2).result(10)
     before = docs[0].to_py()
-    rep_b = b.host.services["crdt"].docs[bytes.fromhex(docs[1].id)]
+    rep_b = b.host.services.crdt.docs[bytes.fromhex(docs[1].id)]
     # 1. c claims b's client id (and b's next clock)
     stolen = _envelope(c, docs[2], lambda m: m.__setitem__("owner-of-this-key", "c"), client=rep_b.client)
     # 2. a bad signature
@@ -180,7 +180,7 @@ def test_forged_and_foreign_envelopes_are_refused_and_not_passed_on(trio):
     big = _envelope(c, docs[2], lambda m: m.__setitem__("big", "z" * (2 << 20)), nonce=b"n4")
     raws = [stolen.to_bytes(), forged.to_bytes(), b"\x93garbage", foreign.to_bytes(), big.to_bytes()]
     # through pub-sub (validated before anything is passed on) and through anti-entropy
-    svc_c = c.host.services["pubsub"]
+    svc_c = c.host.services.pubsub
     _call(c, lambda: _publish_raw(svc_c, topic_of(bytes.fromhex(docs[2].id)), raws[:2]))
     _call(c, lambda: _push(c, a, docs[0], raws))
     time.sleep(1.0)

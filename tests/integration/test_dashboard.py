@@ -141,7 +141,7 @@ def test_live_channels_are_bounded_and_a_reader_that_stops_reading_costs_one_pic
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             s.sendall(request)
             stalled.append(s)
-        watch = node._host.services["dashboard"].watch
+        watch = node._host.services.dashboard.watch
         assert wait_for(lambda: watch.watchers == 2, timeout=10)
         assert _raw(port, request).split()[1] == "503"  # a third is refused
         # pictures keep coming; the stalled readers skip them instead of queueing them
@@ -330,7 +330,7 @@ def test_no_head_node_kill_the_node_you_watch_and_open_anothers_dashboard():
 def _lying(node, answers):
     """``node``'s dashboard actor answers ``report`` with each of ``answers`` in turn (the last
     one from then on): a hostile member."""
-    svc = node._host.services["dashboard"]
+    svc = node._host.services.dashboard
     queue = list(answers)
 
     async def report():
@@ -390,7 +390,7 @@ def test_slow_and_idle_connections_are_closed_and_the_node_keeps_working():
                 slow.append(s)
             except OSError:
                 pass
-        server = node._host.services["dashboard"].server
+        server = node._host.services.dashboard.server
         assert len(server._runner.server.connections) <= 128
         other.connect(node.addrs[0])  # the node's own sockets are not starved
         assert other.ping(node.peer_id) > 0

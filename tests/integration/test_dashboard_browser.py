@@ -214,7 +214,7 @@ def test_a_hostile_member_cannot_inject_into_the_page_or_move_it(browser, tmp_pa
                 "time": float("nan"),
             }
 
-        evil._host.services["dashboard"].report = report
+        evil._host.services.dashboard.report = report
         browser.get(watcher.dashboard_url)
         assert _until(browser, f"return !!document.querySelector('#nodes tbody tr[data-node=\"{evil.peer_id}\"]')")
         assert _until(

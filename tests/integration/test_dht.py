@@ -44,7 +44,7 @@ TCP = "/ip4/127.0.0.1/tcp/0"
 
 
 def _dht(node):
-    return node._host.runtime.dht
+    return node._host.services.dht
 
 
 def _call(node, peer, method, *args):
@@ -460,7 +460,7 @@ def test_a_peer_that_moved_to_a_new_port_is_found_again_through_its_newest_recor
             )  # so c never hears of it)
             assert b2.peer_id not in c._host.conns
             assert [str(a) for a in c._host.peer_addrs[b2.peer_id]] == [old]  # c knows only the old place
-            assert c._host.runtime.dht.store.peer_record(b2.peer_id) is not None  # ... and holds the old record
+            assert c._host.services.dht.store.peer_record(b2.peer_id) is not None  # ... and holds the old record
 
             async def call():
                 ref = sa.Counter.options(node=b2.peer_id).remote(9)

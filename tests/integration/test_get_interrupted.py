@@ -32,7 +32,7 @@ def _node(tmp_path, name: str, **content) -> lattica.Node:
 
 
 def _content(node: lattica.Node):
-    return node._host.services["content"]
+    return node._host.services.content
 
 
 def _slow(node: lattica.Node, seconds: float) -> None:

@@ -33,7 +33,7 @@ def short_window(monkeypatch):
 
 def _status(node: lattica.Node) -> dict:
     async def get():
-        return node._host.holepunch.status()
+        return node._host.services.holepunch.status()
 
     return node.run(get(), timeout=5)
 
@@ -108,7 +108,10 @@ def test_tcp_only_punches_are_limited_per_ip_whatever_the_peer_ids():
             got = a.run(_ask(a, conn, [{**lie, "token": os.urandom(16)}, {"type": "sync"}]), timeout=10)
             answered.append(got is not None)
             wait_for(
-                lambda: b.peer_id not in a._host.holepunch.tcp_active and a.peer_id not in b._host.holepunch.tcp_active,
+                lambda: (
+                    b.peer_id not in a._host.services.holepunch.tcp_active
+                    and a.peer_id not in b._host.services.holepunch.tcp_active
+                ),
                 timeout=5,
             )
         assert answered == [True] * 4 + [False] * 2, answered  # 3 asks per identity: never its own limit

@@ -86,7 +86,7 @@ def test_a_refusing_spawner_sends_the_spawn_to_the_next_candidate():
     its spawner holds every cpu already, refuses, and the actor lands on c; a call made through
     the ref meanwhile follows it there."""
     with _mesh({"resources": {"cpu": 1}}, {"resources": {"cpu": 2}}, {"resources": {"cpu": 3}}) as (a, b, c):
-        b.run(_freeze_load(b._host.membership), timeout=5)
+        b.run(_freeze_load(b._host.services.membership), timeout=5)
         b.run(_reserve_all(b), timeout=30)  # another caller's placement, unseen by a
         assert _row(a, b.peer_id)["load"].get("reserved") is None  # a still thinks b is free
 

@@ -137,9 +137,9 @@ def test_validators_accept_reject_and_ignore(line):
     assert subs[b].get(timeout=5).data == "ok" and subs[c].get(timeout=5).data == "ok"
     with pytest.raises(Timeout):
         subs[c].get(timeout=0.5)  # b passed on neither the rejected nor the ignored one
-    router = b._host.services["pubsub"].router
+    router = b._host.services.pubsub.router
     assert router.score(a.peer_id, b._host.loop.time()) < 0, "the peer that sent a rejected message is scored down"
-    assert b._host.services["pubsub"].rejected == 1
+    assert b._host.services.pubsub.rejected == 1
 
 
 def _envelope(node, topic, data, seqno=None, sign=True):
@@ -162,7 +162,7 @@ def test_forged_replayed_stale_and_oversized_messages_are_dropped(line):
     lattica.pubsub.subscribe("f", node=c)
     assert wait_for(lambda: len(lattica.pubsub.peers("f", node=b)) == 2, timeout=10)
     ref = pubsub_ref(b.peer_id)
-    svc = b._host.services["pubsub"]
+    svc = b._host.services.pubsub
     good = _envelope(a, "f", "good")
     call_as(a, ref, "rpc", _batch(good))
     assert sub.get(timeout=5).data == "good"
@@ -237,7 +237,7 @@ def test_strangers_cannot_publish_or_read(mesh):
 
 def test_seqnos_follow_the_clock_however_long_the_node_runs():
     with lattica.Node([TCP]) as n:
-        svc = n._host.services["pubsub"]
+        svc = n._host.services.pubsub
         sub = lattica.pubsub.subscribe("clock", node=n)
         svc._seqno = time.time_ns() - 3600 * 10**9  # as if the last message was an hour ago
         lattica.pubsub.publish("clock", 1, node=n).result(5)
@@ -250,7 +250,7 @@ def test_seqnos_follow_the_clock_however_long_the_node_runs():
 
 def test_a_validator_that_never_answers_costs_nothing_lasting(line):
     a, b_node = line[0], line[1]
-    svc = b_node._host.services["pubsub"]
+    svc = b_node._host.services.pubsub
     svc.cfg.validate_timeout = 0.5  # (PubSubConfig(validate_timeout=...) on a node of its own)
     sub = lattica.pubsub.subscribe("slow", node=b_node)
     lattica.pubsub.subscribe("slow", node=a)
@@ -404,7 +404,7 @@ def test_coroutine_handlers_run_and_a_failing_heartbeat_does_not_end_the_upkeep(
         lattica.pubsub.subscribe("h", handler=handler, node=n)
         lattica.pubsub.publish("h", "x", node=n).result(5)
         assert wait_for(lambda: seen == ["x"], timeout=5)
-        svc = n._host.services["pubsub"]
+        svc = n._host.services.pubsub
         real, beats = svc.router.heartbeat, []
 
         def flaky(now):
@@ -437,14 +437,14 @@ def test_each_peer_s_round_trip_is_measured(line):
     a, b = line[0], line[1]
     lattica.pubsub.subscribe("rtt", node=a)
     lattica.pubsub.subscribe("rtt", node=b)
-    router = a._host.services["pubsub"].router
+    router = a._host.services.pubsub.router
     assert wait_for(lambda: b.peer_id in router._rtt, timeout=10)
     assert 0 < router._rtt[b.peer_id] < 1.0
 
 
 def _publish_in_one_turn(node, topic, items):
     """Publish ``items`` from ``node``'s loop without yielding (they leave as one bundle)."""
-    svc = node._host.services["pubsub"]
+    svc = node._host.services.pubsub
 
     async def go():
         return [svc.publish(topic, x) for x in items]
@@ -457,7 +457,7 @@ def test_messages_published_together_leave_as_one_bundle_and_arrive_one_by_one(l
     assert _meshed(line, "b")
     reach = _publish_in_one_turn(line[2], "b", list(range(600)))
     assert reach == [2] * 600  # each publish says the peers it goes to
-    svc = line[2]._host.services["pubsub"]
+    svc = line[2]._host.services.pubsub
     # the first goes at once (nothing of ours was on the way), the other 599 in bundles of at most 256
     assert svc.stats()["bundles"] == 4
     for sub in subs:
@@ -487,7 +487,7 @@ def test_a_bundle_passes_on_whole_and_items_are_delivered_where_accepted(line):
     for sub in subs:
         with pytest.raises(Timeout):
             sub.get(timeout=0.3)
-    assert all(n._host.services["pubsub"].rejected == 0 for n in line)
+    assert all(n._host.services.pubsub.rejected == 0 for n in line)
 
 
 def _bundle(node, topic, items, seqno=None, flooded=()):
@@ -523,7 +523,7 @@ def test_a_bundle_with_a_changed_or_relabelled_item_is_refused_whole(line):
     for sub in subs.values():
         with pytest.raises(Timeout):
             sub.get(timeout=0.5)  # not even the untouched item: the signature covers them all
-    assert b._host.services["pubsub"].rejected == 2
+    assert b._host.services.pubsub.rejected == 2
 
 
 def test_large_messages_travel_the_mesh(line):
@@ -581,7 +581,7 @@ def test_an_author_beyond_its_rate_is_ignored_not_blamed_on_the_sender():
             except Timeout:
                 break
         assert got == list(range(10)), got
-        svc = b._host.services["pubsub"]
+        svc = b._host.services.pubsub
         assert svc.rejected == 0 and svc.router.score(a.peer_id, b._host.loop.time()) >= 0
         time.sleep(0.3)  # the bucket refills at 10 a second
         call_as(a, pubsub_ref(b.peer_id), "rpc", _batch(_envelope(a, "r", "later")))
@@ -596,7 +596,7 @@ def test_a_publisher_yielding_between_messages_paces_its_bundles_and_loses_nothi
     within half the rate receivers allow an author (bigger bundles instead), so none is ignored."""
     subs = [lattica.pubsub.subscribe("pace", node=n) for n in line[:3]]
     assert wait_for(lambda: [len(lattica.pubsub.peers("pace", node=n)) for n in line[:3]] == [1, 2, 1], timeout=10)
-    svc = line[1]._host.services["pubsub"]
+    svc = line[1]._host.services.pubsub
 
     async def go():
         t0 = time.monotonic()
@@ -610,7 +610,7 @@ def test_a_publisher_yielding_between_messages_paces_its_bundles_and_loses_nothi
     assert svc.stats()["bundles"] <= rate + rate * (took + 0.5), (svc.stats()["bundles"], took)
     for sub in subs:
         assert [sub.get(timeout=10).data for _ in range(3000)] == list(range(3000))
-    assert all(n._host.services["pubsub"].rejected == 0 for n in line[:3])
+    assert all(n._host.services.pubsub.rejected == 0 for n in line[:3])
 
 
 def test_open_topics_reach_strangers_and_nothing_else_does():
@@ -692,7 +692,7 @@ def test_an_author_s_flood_set_spares_its_peers_the_forwards():
         for sub in subs[1:]:
             assert [sub.get(timeout=5).data for _ in range(10)] == list(range(10))
         time.sleep(0.3)  # (a forward would have arrived by now)
-        assert [n._host.services["pubsub"].copies for n in nodes[1:]] == [10, 10, 10]
+        assert [n._host.services.pubsub.copies for n in nodes[1:]] == [10, 10, 10]
     finally:
         for n in nodes:
             n.stop()
@@ -714,7 +714,7 @@ def test_a_flood_set_is_signed_and_a_peer_it_names_wrongly_is_only_delayed(line)
     call_as(c, pubsub_ref(d.peer_id), "rpc", _batch(widened))
     with pytest.raises(Timeout):
         subs[3].get(timeout=0.5)
-    assert d._host.services["pubsub"].rejected == 1
+    assert d._host.services.pubsub.rejected == 1
 
 
 def test_a_copy_with_other_certificates_or_flood_set_cannot_pre_empt_the_author_s(line):
@@ -726,7 +726,7 @@ def test_a_copy_with_other_certificates_or_flood_set_cannot_pre_empt_the_author_
     for n in (a, c):
         lattica.pubsub.subscribe("pre", node=n)
     assert wait_for(lambda: len(lattica.pubsub.peers("pre", node=b)) == 2, timeout=10)
-    svc = b._host.services["pubsub"]
+    svc = b._host.services.pubsub
     ref = pubsub_ref(b.peer_id)
     tag = flood_tag(b.peer_id.to_bytes())
     lattica.pubsub.subscribe("pre2", node=b)

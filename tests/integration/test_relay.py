@@ -159,7 +159,7 @@ def test_relayed_traffic_is_end_to_end_encrypted_and_a_tampering_relay_breaks_on
     monkeypatch.setattr(relay_mod.RelayService, "_splice", spying_splice)
     # circuits inside the relay's secured connections (splicing off): what QUIC-connected ends get
     with lattica.Node([TCP], relay=RelayConfig(splice=False)) as relay, lattica.Node([], allow=ALLOW) as b:
-        relay._host.relay.tamper = False
+        relay._host.services.relay.tamper = False
         with _private(relay.addrs[0]) as a:
             assert wait_for(lambda: _reserved(a), timeout=10)
             b.connect(relay.addrs[0])
@@ -175,7 +175,7 @@ def test_relayed_traffic_is_end_to_end_encrypted_and_a_tampering_relay_breaks_on
             assert len(blob) > len(secret) and b"plaintext-marker" not in blob  # the relay saw only ciphertext
             b.disconnect(a.peer_id)
             assert wait_for(lambda: a.peer_id not in b._host.conns)
-            relay._host.relay.tamper = True  # from now on it flips a byte of what b sends
+            relay._host.services.relay.tamper = True  # from now on it flips a byte of what b sends
             with pytest.raises(lattica.errors.LatticaError):
                 b.run(echo(), timeout=20)
             # the relay and its direct connections are unharmed
@@ -218,7 +218,7 @@ def test_a_spliced_circuit_is_end_to_end_encrypted_and_a_tampering_relay_breaks_
             conn = b._host.conns[a.peer_id]
             assert conn.transport == "relay" and type(conn._writer).__name__ == "_StreamPipe"
             assert b.ping(relay.peer_id) > 0 and a.ping(relay.peer_id) > 0
-            assert wait_for(lambda: relay._host.relay.spliced_circuits == 0)
+            assert wait_for(lambda: relay._host.services.relay.spliced_circuits == 0)
 
 
 QUIC = "/ip4/127.0.0.1/udp/0/quic-v1"
@@ -286,8 +286,12 @@ def test_an_end_that_never_brings_its_spliced_socket_falls_back_to_the_in_stream
             conn = b._host.conns[a.peer_id]
             assert conn.transport == "relay" and type(conn._writer).__name__ == "_StreamPipe"
             # the abandoned splice was closed and its token forgotten: nothing leaks
-            assert wait_for(lambda: relay._host.relay.spliced_circuits == 0 and not relay._host.relay._pending_splices)
-            assert relay._host.relay.total_circuits == 1
+            assert wait_for(
+                lambda: (
+                    relay._host.services.relay.spliced_circuits == 0 and not relay._host.services.relay._pending_splices
+                )
+            )
+            assert relay._host.services.relay.total_circuits == 1
 
 
 def test_spliced_sockets_with_unknown_tokens_or_bad_preambles_are_closed():
@@ -304,7 +308,7 @@ def test_spliced_sockets_with_unknown_tokens_or_bad_preambles_are_closed():
 
 
 async def _enable_splicing(relay: lattica.Node) -> bool:
-    return relay._host.relay._take_spliced_sockets()
+    return relay._host.services.relay._take_spliced_sockets()
 
 
 def test_failover_to_the_second_relay_when_the_first_dies():
@@ -343,7 +347,7 @@ def test_reservation_limits_and_refusals():
             assert isinstance(nodes[0].run(_reserve(nodes[0], relay.peer_id), timeout=10), dict)
             # a peer that leaves frees its slot at once: no leaked reservations
             nodes[0].stop()
-            assert wait_for(lambda: len(relay._host.relay.reservations) == 1)
+            assert wait_for(lambda: len(relay._host.services.relay.reservations) == 1)
             assert isinstance(nodes[2].run(_reserve(nodes[2], relay.peer_id), timeout=10), dict)
         finally:
             for n in nodes:
@@ -419,13 +423,16 @@ def test_a_spliced_circuit_over_its_byte_limit_is_cut_and_nothing_leaks():
                 return await ref.echo.remote(payload)
 
             assert b.run(echo("small"), timeout=20) == "small"
-            assert relay._host.relay.spliced_circuits == 1
+            assert relay._host.services.relay.spliced_circuits == 1
             with pytest.raises(lattica.errors.LatticaError):
                 b.run(echo("x" * 200_000), timeout=20)  # more than the circuit may carry
             assert wait_for(
-                lambda: relay._host.relay.total_circuits == 0 and relay._host.relay.spliced_circuits == 0, timeout=10
+                lambda: (
+                    relay._host.services.relay.total_circuits == 0 and relay._host.services.relay.spliced_circuits == 0
+                ),
+                timeout=10,
             )
-            assert not relay._host.relay._pending_splices
+            assert not relay._host.services.relay._pending_splices
             assert b.ping(relay.peer_id) > 0 and a.ping(relay.peer_id) > 0
 
 
@@ -463,7 +470,7 @@ def test_a_relay_dying_mid_call_fails_only_the_calls_in_flight_and_the_next_call
             conn = b._host.conns[a.peer_id]
             assert conn.transport == "relay" and dead not in str(conn.remote_addr)
             alive = next(r for p, r in relays.items() if p != dead)
-            assert wait_for(lambda: alive._host.relay.total_circuits == 1, timeout=10)
+            assert wait_for(lambda: alive._host.services.relay.total_circuits == 1, timeout=10)
 
 
 def test_an_idempotent_call_to_a_node_that_dies_is_sent_again_once_then_fails():
@@ -540,11 +547,11 @@ def test_a_frozen_peer_loses_its_reservation_and_its_dht_slot_once_membership_ho
             behind, served = lattica.PeerId.from_string(private.peer_id), lattica.PeerId.from_string(public.peer_id)
             relay.connect(public.addr("tcp"))
             lattica.dht.bootstrap(node=relay).result(10)
-            assert wait_for(lambda: relay._host.relay.has_reservation(behind), timeout=10)
-            assert wait_for(lambda: served in relay._host.runtime.dht.table, timeout=10)
+            assert wait_for(lambda: relay._host.services.relay.has_reservation(behind), timeout=10)
+            assert wait_for(lambda: served in relay._host.services.dht.table, timeout=10)
             # the relay judges both on their heartbeats (a peer frozen before its first heartbeat
             # is judged by its connection's keepalive instead, 30 s)
-            judged = relay._host.runtime.services["membership"].core._detectors
+            judged = relay._host.services.membership.core._detectors
             assert wait_for(lambda: {private.peer_id, public.peer_id} <= set(judged), timeout=10)
             for p in (private, public):
                 os.kill(p.pid, signal.SIGSTOP)
@@ -555,9 +562,9 @@ def test_a_frozen_peer_loses_its_reservation_and_its_dht_slot_once_membership_ho
                 ), states()
                 assert behind in relay._host.conns  # still connected: the verdict, not a disconnect, drops it...
                 assert wait_for(
-                    lambda: not relay._host.relay.has_reservation(behind), timeout=5
+                    lambda: not relay._host.services.relay.has_reservation(behind), timeout=5
                 )  # ...once a ping goes unanswered
-                assert served not in relay._host.runtime.dht.table
+                assert served not in relay._host.services.dht.table
                 with lattica.Node([], allow=ALLOW, membership=False) as c:
                     c.connect(relay.addrs[0])
                     t0 = time.monotonic()
@@ -579,7 +586,7 @@ def test_a_rumor_that_a_live_holder_left_does_not_cost_it_its_reservation():
     with lattica.Node([TCP], relay=True) as relay:
         with ServerProcess([], "--private-via", str(relay.addrs[0])) as private, lattica.Node([TCP]) as liar:
             behind = lattica.PeerId.from_string(private.peer_id)
-            assert wait_for(lambda: relay._host.relay.has_reservation(behind), timeout=10)
+            assert wait_for(lambda: relay._host.services.relay.has_reservation(behind), timeout=10)
             liar.connect(relay.addrs[0])
             forged = {"rumors": [[private.peer_id, 7, "left", {}, [bytes(64), []]]]}  # a goodbye it never signed
             rt = liar._host.runtime
@@ -587,7 +594,7 @@ def test_a_rumor_that_a_live_holder_left_does_not_cost_it_its_reservation():
             states = lambda: {r["peer_id"]: r["state"] for r in relay.nodes()}  # noqa: E731
             time.sleep(3.0)  # past the holder's ping deadline, had the rumor been believed
             assert states().get(private.peer_id) == "alive"
-            assert relay._host.relay.has_reservation(behind)
+            assert relay._host.services.relay.has_reservation(behind)
 
 
 def test_identify_pushes_over_a_relay_do_not_make_a_node_dial_a_third_party_at_will():

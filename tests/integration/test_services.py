@@ -2,7 +2,8 @@
 one is one table row (its actor is then reachable by peers, it is closed when the node stops), and
 the events services subscribe to."""
 
-import threading
+import importlib.util
+import pathlib
 
 import pytest
 
@@ -16,6 +17,7 @@ from lattica.runtime.client import CallRouter
 pytestmark = pytest.mark.timeout(60)
 
 TCP = "/ip4/127.0.0.1/tcp/0"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_a_node_runs_the_services_its_configuration_turns_on():
@@ -24,20 +26,23 @@ def test_a_node_runs_the_services_its_configuration_turns_on():
         lattica.Node([TCP], relay=True, membership=False, content=False, pubsub=False) as relay,
     ):
         assert list(plain.host.services) == [
+            "monitors",
             "spawner",
+            "membership",
             "checkpoints",
             "dht",
             "autonat",
             "holepunch",
-            "membership",
             "shards",
             "content",
             "code",
             "pubsub",
             "crdt",
             "dashboard",
+            "nat",
         ]
         assert list(relay.host.services) == [
+            "monitors",
             "spawner",
             "checkpoints",
             "dht",
@@ -46,6 +51,7 @@ def test_a_node_runs_the_services_its_configuration_turns_on():
             "relay",
             "shards",
             "dashboard",
+            "nat",
         ]
         # every service with an actor serves it under its well-known name
         for name in (
@@ -61,35 +67,27 @@ def test_a_node_runs_the_services_its_configuration_turns_on():
             "dashboard",
         ):
             assert name in plain.host.runtime.actors
-        assert plain.host.relay is None and relay.host.relay is relay.host.services["relay"]
+        assert plain.host.services.relay is None and relay.host.services.relay is not None
 
 
-class _Greeter:
-    """A service of the test's own: one actor method peers call, and a close hook."""
-
-    NAME = "greeter"
-    closed = threading.Event()
-
-    def __init__(self, host: hostview.HostView) -> None:
-        self.peer_id = host.peer_id
-
-    async def hello(self, who: str) -> str:
-        return f"hello {who} from {self.peer_id.short()}"
-
-    def close(self) -> None:
-        _Greeter.closed.set()
+def _example_service():
+    """docs/example_service.py, the minimal service docs/architecture.md walks through."""
+    path = ROOT / "docs" / "example_service.py"
+    spec = importlib.util.spec_from_file_location("example_service", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_adding_a_service_is_one_row_in_the_table(monkeypatch):
-    def build(rt, node, running):
-        assert "dht" in running  # a service may use the ones above it in the table
-        greeter = _Greeter(rt.host)
-        return services.Built(greeter, greeter)
-
-    monkeypatch.setattr(services, "SERVICES", services.SERVICES + (services.ServiceSpec("greeter", build),))
-    _Greeter.closed.clear()
+def test_adding_a_service_is_one_module_and_one_row(monkeypatch):
+    example = _example_service()
+    row = services.ServiceSpec("greeter", example.build_greeter, public=frozenset({"hello"}))
+    monkeypatch.setattr(services, "SERVICES", services.SERVICES + (row,))
     with lattica.Node([TCP]) as a, lattica.Node([TCP]) as b:
         assert list(a.host.services)[-1] == "greeter"
+        greeter = a.host.services.greeter
+        assert greeter.dht is a.host.services.dht  # it was handed the service it uses
+        assert a.host.runtime.actors["greeter"].public == {"hello"}  # the row's exposure
         b.connect(a.addrs[0])
         ref = ActorRef(a.peer_id, "greeter", {"hello": ASYNC})
 
@@ -97,7 +95,8 @@ def test_adding_a_service_is_one_row_in_the_table(monkeypatch):
             return await ref.hello.remote("b")  # on b's loop: the call goes through b
 
         assert b.run(call(), timeout=10) == f"hello b from {a.peer_id.short()}"
-    assert _Greeter.closed.is_set()
+        assert greeter.served == 1
+    assert greeter.closed
 
 
 def test_services_see_connections_identify_and_membership_as_events():

@@ -123,7 +123,7 @@ def test_a_registration_that_says_another_shard_is_found_out_and_left_alone(mesh
 async def _keep(rt, key, value):
     """Keep ``value`` as this node's registration under shard key ``key``, in its mesh as the
     shards service keeps its own (a registration the service itself would not write)."""
-    cert = rt.services["shards"]._membership()
+    cert = rt.host.services.shards._membership()
     rt.dht.keep_live(mesh_scoped(key, cert.mesh), lambda: value, subkey=cert)
 
 
@@ -243,17 +243,17 @@ def test_a_stranger_cannot_write_into_a_mesh_s_shard_keys(mesh):
 
     driver, procs = mesh
     _served(driver, procs, "s-mine", on=(1,))
-    ours = driver.host.services["shards"]._membership()
+    ours = driver.host.services.shards._membership()
     key = mesh_scoped(shard_key("math", "s-mine"), ours.mesh)
     with lattica.Node([TCP], mesh=MeshKey.generate()) as stranger:
         for p in procs:
             stranger.connect(p.addr("tcp"))
-        theirs = stranger.host.services["shards"]._membership()
+        theirs = stranger.host.services.shards._membership()
         assert theirs is not None and theirs.mesh != ours.mesh
         value = encode_registration([(lattica.ActorRef(stranger.peer_id, "x", {}), 0)], [])
 
         async def put(subkey):
-            return await stranger.host.runtime.dht.put(key, value, subkey=subkey, ttl=60)
+            return await stranger.host.services.dht.put(key, value, subkey=subkey, ttl=60)
 
         for subkey in (theirs, stranger.peer_id):
             with pytest.raises(StoreFailed):

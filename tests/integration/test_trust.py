@@ -72,7 +72,7 @@ async def _register_name(node, ref):
     from lattica import codec
     from lattica.actors.dht import name_key
 
-    dht = node._host.runtime.dht
+    dht = node._host.services.dht
     await dht.bootstrap()
     return await dht.put(
         name_key(ref.name),
@@ -118,12 +118,12 @@ def test_a_stranger_gets_the_open_network_and_what_is_opened_to_it(mesh):
 
     # the DHT is the open network's: a stranger stores and finds records through a mesh node
     async def put():
-        dht = stranger._host.runtime.dht
+        dht = stranger._host.services.dht
         await dht.bootstrap()
         return await dht.put(b"open-record", b"v", ttl=60)
 
     async def get():
-        return await host._host.runtime.dht.get(b"open-record")
+        return await host._host.services.dht.get(b"open-record")
 
     assert stranger.run(put(), timeout=20) >= 1
     got = host.run(get(), timeout=20)
@@ -202,7 +202,7 @@ def test_a_stranger_cannot_take_over_a_name_and_sees_only_open_methods(mesh):
     fake = spawn_local(stranger, sa.Echo, name="vault")
 
     async def register(node, ref, ttl):
-        dht = node._host.runtime.dht
+        dht = node._host.services.dht
         await dht.bootstrap()
         value = codec.encode_bytes([ref, node._host.trust.presented])
         return await dht.put(name_key("vault"), value, subkey=node.peer_id, ttl=ttl, republish=False)
@@ -211,15 +211,15 @@ def test_a_stranger_cannot_take_over_a_name_and_sees_only_open_methods(mesh):
     assert stranger.run(register(stranger, fake, 300), timeout=20) >= 1  # the fresher one
 
     async def resolve(node):
-        await node._host.runtime.dht.bootstrap()
-        return await node._host.runtime.dht.resolve_name("vault")
+        await node._host.services.dht.bootstrap()
+        return await node._host.services.dht.resolve_name("vault")
 
     assert member.run(resolve(member), timeout=20).peer_id == host.peer_id
     # the stranger's own lookup of a name only members hold says why it cannot follow them
     real_only = spawn_local(host, sa.Counter, 2, name="members-only")
     assert host.run(_register_name(host, real_only), timeout=20) >= 1
     with pytest.raises(PermissionDenied, match="registered only by nodes outside this node's mesh"):
-        stranger.run(stranger._host.runtime.dht.resolve_name("members-only"), timeout=20)
+        stranger.run(stranger._host.services.dht.resolve_name("members-only"), timeout=20)
     # a stranger's lookup gets an open actor's ref with its open methods only
     shop = spawn_local(host, sa.Shop, name="shop")
     seen = call_as(stranger, spawner_ref(host.peer_id), "lookup", "shop")

@@ -69,14 +69,14 @@ def test_a_policy_whose_blocks_one_peer_corrupts_is_fetched_from_the_others(tmp_
         cid = lattica.content.put_weights({"policy": policy}, chunk_size=256 << 10, node=trainer).result(30)
         liar.connect(trainer.addrs[0])
         assert np.array_equal(lattica.content.get_weights(cid, node=liar).result(30)["policy"], policy)
-        svc = liar._host.services["content"]
+        svc = liar._host.services.content
         real = svc.store.get
         svc.store.get = lambda c, **kw: bytes(len(real(c)))  # (the liar's blocks: zeros of the right size)
         fresh.connect(liar.addrs[0])
         fresh.connect(trainer.addrs[0])
         got = lattica.content.get_weights(cid, node=fresh).result(60)
         assert np.array_equal(got["policy"], policy)
-        stats = {str(p): s for p, s in fresh._host.services["content"].last_stats.items()}
+        stats = {str(p): s for p, s in fresh._host.services.content.last_stats.items()}
         liar_stats = stats[str(liar.peer_id)]
         assert liar_stats.blocks == 0  # (no block of the liar's was used)
         # (asked first here, the liar is dropped at its first answer; were it never asked, the

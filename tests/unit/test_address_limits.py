@@ -56,13 +56,12 @@ def _nat(conns: dict, infos: dict, configured=()) -> SimpleNamespace:
     host = SimpleNamespace(
         conns=conns,
         info=infos,
-        node=SimpleNamespace(relays=list(configured)),
         peer_id=None,
         loop=loop,
         protect=lambda *a: None,
         spawn=lambda c: c.close(),
     )
-    return SimpleNamespace(host=host, relays={}, _addrs_changed=lambda: None)
+    return SimpleNamespace(host=host, relays={}, given_relays=list(configured), _addrs_changed=lambda: None)
 
 
 def test_only_direct_members_or_configured_relays_become_our_relays():

@@ -190,8 +190,10 @@ def test_a_restoring_supervisor_prefers_copies_from_writers_it_can_trust():
     gone: set = set()
     sup._rt = SimpleNamespace(
         peer_id=me.peer_id,
-        services={},
-        host=SimpleNamespace(trust=Trust(me.peer_id, [mesh.public])),
+        host=SimpleNamespace(
+            trust=Trust(me.peer_id, [mesh.public]),
+            services=SimpleNamespace(spawner=SimpleNamespace(controls=lambda name, peer: False)),  # it owns no one
+        ),
         node_gone=gone.__contains__,
     )
     now = time.time()

@@ -76,7 +76,7 @@ def _node(pid, state="alive", restarts=0, child_node="B", path="relayed", actor_
 
 def test_the_event_log_says_what_changed_between_two_pictures():
     watch = MeshWatch.__new__(MeshWatch)
-    MeshWatch.__init__(watch, rt=None)
+    MeshWatch.__init__(watch, rt=None, report=None)
     watch._log_changes([_node("A"), _node("B")])
     assert list(watch.events) == []  # the first picture is the baseline
     watch._log_changes(
@@ -101,7 +101,7 @@ def test_the_event_log_says_what_changed_between_two_pictures():
 
 def test_only_unsupervised_actors_are_lost_with_their_node_and_failed_starts_are_events():
     watch = MeshWatch.__new__(MeshWatch)
-    MeshWatch.__init__(watch, rt=None)
+    MeshWatch.__init__(watch, rt=None, report=None)
 
     def node(pid, state="alive", ended=()):
         return {
@@ -299,7 +299,7 @@ def test_the_terminal_text_carries_no_control_characters_whatever_the_picture():
 
 def test_a_node_lost_with_thousands_of_actors_or_failures_is_a_few_events():
     watch = MeshWatch.__new__(MeshWatch)
-    MeshWatch.__init__(watch, rt=None)
+    MeshWatch.__init__(watch, rt=None, report=None)
     many = [{"name": f"w{i}", "class": "app.W", "state": "running"} for i in range(1000)]
     ended = [{"name": f"f{i}", "state": "failed", "reason": "boom", "ended": float(i)} for i in range(64)]
     watch._log_changes(

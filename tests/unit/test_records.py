@@ -745,7 +745,7 @@ def test_a_hostile_store_file_is_skipped_and_the_node_still_starts(tmp_path):
         path.write_bytes(obj if isinstance(obj, bytes) else msgpack.packb(obj, use_bin_type=True))
         with lattica.Node(["/ip4/127.0.0.1/tcp/0"], dht_path=str(path)) as node:
             assert node.running  # the file was input like any other: bad rows skipped, good kept
-            assert node._host.runtime.dht.store.record_count == (1 if i == 3 else 0)
+            assert node._host.services.dht.store.record_count == (1 if i == 3 else 0)
 
 
 # -- mesh-scoped keys ------------------------------------------------------------------------------

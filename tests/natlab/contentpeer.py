@@ -56,7 +56,7 @@ def _diagnose(cid: str, provider: lattica.PeerId) -> dict:
     from lattica.content.cid import Cid
 
     host = lattica.node().host
-    svc = host.services["content"]
+    svc = host.services.content
     fetch = svc._fetches.get(Cid.parse(cid))
     stats = fetch.session.stats() if fetch is not None else svc.last_stats
     out: dict = {
@@ -109,7 +109,7 @@ def provider(args: argparse.Namespace, listen: list[str], content: ContentConfig
         }
     )
     del data
-    svc = lattica.node().host.services["content"]
+    svc = lattica.node().host.services.content
     for line in sys.stdin:  # until the test closes our stdin (or kills us)
         if line.strip() == "stats":
             _say({"served_bytes": svc.served_bytes, "served_blocks": svc.served_blocks})
@@ -163,7 +163,7 @@ def fetcher(args: argparse.Namespace, listen: list[str], content: ContentConfig)
     out["seconds"] = round(time.perf_counter() - t1, 3)
     out["get_s"] = since()
     out["path"] = _transport(peer)
-    svc = lattica.node().host.services["content"]
+    svc = lattica.node().host.services.content
     by_peer = {str(p): s.bytes for p, s in svc.last_stats.items() if s.bytes}
     # the other peers the fetch asked (e.g. providers that went away): [asked, failures] each
     out["others_asked"] = {

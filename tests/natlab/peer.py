@@ -154,7 +154,7 @@ def main() -> None:
             if cmd["cmd"] == "status":
                 st = dataclasses.asdict(node.nat_status())
                 st["conns"] = {str(p): [c.transport for c in cs] for p, cs in node._host.conns_of.items()}
-                if node._host.relay is not None:
+                if node._host.services.relay is not None:
                     st["relay"] = node.run(_relay_status(node), timeout=5)
                 _say(st)
             elif cmd["cmd"] == "call":
@@ -295,7 +295,7 @@ async def _spawn(cls, *args):
 
 
 async def _members_debug(node) -> dict:
-    core = node._host.membership.core
+    core = node._host.services.membership.core
     conns = {str(p): [c.transport for c in cs if not c.is_closed] for p, cs in node._host.conns_of.items()}
     return {
         "me": [core.me.id, core.me.incarnation, len(core.me.info.get("addrs", []))],
@@ -316,11 +316,11 @@ async def _members_debug(node) -> dict:
 
 
 async def _punch_status(node: lattica.Node) -> dict:
-    return node._host.holepunch.status()
+    return node._host.services.holepunch.status()
 
 
 async def _relay_status(node: lattica.Node) -> dict:
-    return node._host.relay.status()
+    return node._host.services.relay.status()
 
 
 if __name__ == "__main__":

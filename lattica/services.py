@@ -116,7 +116,8 @@ def _membership(ctx: ServiceContext, s: NodeServices) -> Built | None:
     service = MembershipService(
         ctx.runtime, cfg.membership, cfg.labels, cfg.resources, cfg.accept_code, cfg.allow, s.spawner.reserved_total
     )
-    ctx.runtime.use_membership(service)  # calls waiting on a dead peer fail, monitors fire, placement reads it
+    ctx.runtime.use_membership(service)  # placement reads the view, calls ask it whether a peer is up
+    service.on_down.append(ctx.runtime.member_down)  # calls waiting on a dead peer fail, monitors fire
     s.spawner.membership = service  # reservations are gossiped as load
     service.on_self_downed.append(s.spawner.bindings.stop_all)
     service.on_down.append(s.spawner.jobs.ended)  # actors end with the job that spawned them

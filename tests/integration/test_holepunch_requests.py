@@ -118,7 +118,7 @@ def test_tcp_only_punches_are_limited_per_ip_whatever_the_peer_ids():
 
 
 async def _recent(h):
-    return list(h.holepunch.recent)
+    return list(h.services.holepunch.recent)
 
 
 async def _contacted(h):

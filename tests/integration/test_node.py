@@ -265,7 +265,7 @@ def test_a_peer_dialed_over_quic_gets_a_tcp_path_added():
 
 
 async def _punches(h):
-    return list(h.holepunch.recent)
+    return list(h.services.holepunch.recent)
 
 
 async def _count(h):

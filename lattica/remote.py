@@ -307,10 +307,9 @@ async def offer_spawn(
             rt.placed(peer_text, view)
         try:
             if peer == rt.peer_id:
-                spawner = rt.actors.get("spawner")
-                if spawner is None:
+                if "spawner" not in rt.actors:  # (its actor stopped: the node is stopping)
                     raise NodeClosed("this node is shutting down")
-                spawned: ActorRef = await spawner.instance.spawn(*call)
+                spawned: ActorRef = await rt.host.services.spawner.spawn(*call)
                 return spawned
             ref: ActorRef = await rt.call(spawner_ref(peer), "spawn", call, {}, timeout=None)
             return ref

@@ -315,6 +315,38 @@ def test_private_member_reads_do_not_grow():
     assert total <= PRIVATE_READS_AT_MOST, f"{total} reads of other objects' private members (most in {most})"
 
 
+def service_lookups_by_name(source: str) -> list[int]:
+    """Lines that look a service up by its name (``services["dht"]``, ``services.get("dht")``,
+    ``actors["spawner"]``): services are the typed attributes of ``NodeServices`` instead."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        target = None
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            target = node.value
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            target = node.func.value
+        if isinstance(target, ast.Attribute) and target.attr in ("services", "actors"):
+            if isinstance(node.slice if isinstance(node, ast.Subscript) else node.args[0], ast.Constant):
+                out.append(node.lineno)
+    return out
+
+
+def test_services_are_reached_by_attribute_never_by_name():
+    bad = [f"{name}:{line}" for name, path in _modules().items() for line in service_lookups_by_name(path.read_text())]
+    assert not bad, "services looked up by name (use NodeServices' typed attributes):\n" + "\n".join(bad)
+
+
+def test_the_service_lookup_check_can_fail():
+    source = 'a = rt.services["dht"]\nb = host.services.get("relay")\nc = rt.actors["spawner"]\nd = rt.services.dht\n'
+    assert service_lookups_by_name(source) == [1, 2, 3]
+
+
 def test_the_room_checks_can_fail():
     assert room_of("lattica.transports.tcp") < room_of("lattica.host.host") < room_of("lattica.actors.dht")
     assert room_of("lattica.actors.dht") < room_of("lattica.node") == room_of("lattica.pubsub")

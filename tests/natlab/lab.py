@@ -60,8 +60,12 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["Lab", "LabError", "Host", "Site", "KINDS", "router_ruleset"]
+if TYPE_CHECKING:
+    from .test_matrix import Proc
+
+__all__ = ["Lab", "LabError", "Host", "Site", "KINDS", "router_ruleset", "TwoRelays"]
 
 #: Site kinds (arguments of ``Lab.add_site``).
 KINDS = (
@@ -623,3 +627,34 @@ class Lab:
     def conntrack(self, where) -> str:
         """The conntrack table of ``where`` (``/proc/net/nf_conntrack``), for debugging."""
         return self.run(where, ["cat", "/proc/net/nf_conntrack"], check=False).stdout
+
+
+class TwoRelays:
+    """The two public relay/bootstrap nodes the node tests share (two observers at different IPs:
+    a node behind a NAT learns its mapping type), set up in one place instead of in each test."""
+
+    def __init__(self, lab: Lab) -> None:
+        """Add the hosts ``relay`` and ``relaytwo`` (the lab's first public hosts); nothing runs
+        until ``start``, so a test can build its sites first."""
+        self.lab = lab
+        self.hosts = [lab.public_host("relay"), lab.public_host("relaytwo")]
+        self.procs: list[Proc] = []
+
+    def start(self, *args: str) -> TwoRelays:
+        """A relay node (peer.py ``--relay`` plus ``args``) on each host, the second bootstrapping
+        from the first."""
+        from .test_matrix import Proc  # (test_matrix imports this module: at the top, a cycle)
+
+        first = Proc(self.lab, self.hosts[0], ["--relay", *args])
+        self.procs = [first, Proc(self.lab, self.hosts[1], ["--relay", *args, "--bootstrap", first.addrs[0]])]
+        return self
+
+    @property
+    def addrs(self) -> list[str]:
+        """Each relay's first address: what a node bootstraps from."""
+        return [p.addrs[0] for p in self.procs]
+
+    @property
+    def boot(self) -> list[str]:
+        """peer.py's arguments to bootstrap from both relays (``--bootstrap <addr>`` each)."""
+        return [x for a in self.addrs for x in ("--bootstrap", a)]

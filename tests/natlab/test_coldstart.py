@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from .lab import Lab, linkem
+from .lab import Lab, TwoRelays, linkem
 from .test_matrix import KINDS6, REPO, SHORT, Proc
 
 COLDPEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "coldpeer.py")
@@ -75,13 +75,11 @@ def _pair(lab: Lab, boot: list[str], caller_host, callee_host, name: str, caller
 @pytest.fixture(scope="module")
 def coldlab():
     with Lab(prefix="nlc") as lab:
-        hosts = [lab.public_host("relay"), lab.public_host("relaytwo")]
         # the bootstrap nodes run for the whole test and see every pair come and go
-        relays = [Proc(lab, hosts[0], ["--relay", "--membership", "on"])]
-        relays.append(Proc(lab, hosts[1], ["--relay", "--membership", "on", "--bootstrap", relays[0].addrs[0]]))
+        relays = TwoRelays(lab).start("--membership", "on")
         sites = {(kind, i): lab.add_site(kind) for i in (0, 1) for kind in KINDS6}
-        yield lab, [r.addrs[0] for r in relays], sites
-        for r in relays:
+        yield lab, relays.addrs, sites
+        for r in relays.procs:
             _kill(r)
 
 
@@ -229,13 +227,11 @@ def longlab():
     """Like ``coldlab`` (its own prefix: both can be up at once), with every caller's site (#0)
     and/or callee's site (#1) behind the long link (see _long_link_sides)."""
     with Lab(prefix="nlcl") as lab:
-        hosts = [lab.public_host("relay"), lab.public_host("relaytwo")]
-        relays = [Proc(lab, hosts[0], ["--relay", "--membership", "on"])]
-        relays.append(Proc(lab, hosts[1], ["--relay", "--membership", "on", "--bootstrap", relays[0].addrs[0]]))
+        relays = TwoRelays(lab).start("--membership", "on")
         links = _long_link_sides()
         sites = {(kind, i): lab.add_site(kind, link=links[i]) for i in (0, 1) for kind in KINDS6}
-        yield lab, [r.addrs[0] for r in relays], sites
-        for r in relays:
+        yield lab, relays.addrs, sites
+        for r in relays.procs:
             _kill(r)
 
 

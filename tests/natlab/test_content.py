@@ -32,7 +32,7 @@ import time
 
 import pytest
 
-from .lab import Lab
+from .lab import Lab, TwoRelays
 from .test_matrix import KINDS6, SHORT, Proc
 
 CONTENTPEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "contentpeer.py")
@@ -93,7 +93,7 @@ def contentlab(request, tmp_path_factory):
     the gateway's for the routed firewall subnets; a node that cached the old one loses its
     packets to firewall hosts until its ARP entry expires. Building first sidesteps that.)"""
     with Lab(prefix="nlct") as lab:
-        hosts = [lab.public_host("relay"), lab.public_host("relaytwo")]
+        relays = TwoRelays(lab)
         sites = {}
         for kind in KINDS6:
             sites[("provider", kind)] = lab.add_site(kind)
@@ -111,10 +111,9 @@ def contentlab(request, tmp_path_factory):
         sites[("reseed", "fetcher")] = lab.public_host("fetchreseed")
         # the bootstrap relays hold no content: a memory blockstore (fetchers ask them "have")
         with _env(LATTICA_BLOCKS="memory"):
-            relays = [Proc(lab, hosts[0], ["--relay", "--membership", "on"])]
-            relays.append(Proc(lab, hosts[1], ["--relay", "--membership", "on", "--bootstrap", relays[0].addrs[0]]))
-        yield lab, [r.addrs[0] for r in relays], sites, tmp_path_factory.mktemp("blocks")
-        for r in relays:
+            relays.start("--membership", "on")
+        yield lab, relays.addrs, sites, tmp_path_factory.mktemp("blocks")
+        for r in relays.procs:
             _kill(r)
     if RESULTS:
         print("\n" + _table())

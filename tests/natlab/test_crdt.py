@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from .lab import Lab
+from .lab import Lab, TwoRelays
 from .test_matrix import KINDS6, SHORT, Proc, _settled
 
 DOC = "lab/doc"
@@ -25,12 +25,10 @@ pytestmark = pytest.mark.usefixtures("need_lab")  # (tests/natlab/conftest.py)
 
 def test_replicas_behind_every_nat_kind_converge_and_a_late_one_catches_up():
     with Lab(prefix="nlcr") as lab:
-        hosts = [lab.public_host("relay"), lab.public_host("relaytwo")]
+        relays = TwoRelays(lab)
         sites = {kind: lab.add_site(kind) for kind in KINDS6}
         late_site = lab.add_site("port_restricted")
-        relays = [Proc(lab, hosts[0], ["--relay"])]
-        relays.append(Proc(lab, hosts[1], ["--relay", "--bootstrap", relays[0].addrs[0]]))
-        boot = [x for r in relays for x in ("--bootstrap", r.addrs[0])]
+        boot = relays.start().boot
         nodes = {kind: Proc(lab, site.host, boot) for kind, site in sites.items()}
         late = None
         name = {p.peer_id: SHORT[k] for k, p in nodes.items()}
@@ -81,7 +79,7 @@ def test_replicas_behind_every_nat_kind_converge_and_a_late_one_catches_up():
             )
             print("\n".join(lines))
         finally:
-            for n in list(nodes.values()) + relays + ([late] if late else []):
+            for n in list(nodes.values()) + relays.procs + ([late] if late else []):
                 try:
                     n.p.stdin.write('{"cmd": "quit"}\n')
                     n.p.stdin.flush()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from .lab import Lab
+from .lab import Lab, TwoRelays
 from .test_matrix import Proc
 
 CASES = [
@@ -30,9 +30,7 @@ pytestmark = pytest.mark.usefixtures("need_lab")  # (tests/natlab/conftest.py)
 def lab():
     with Lab(prefix="nlh") as lab:
         # two relays: a node learns its mapping type from two observers at different IPs
-        one = Proc(lab, lab.public_host("relay"), ["--relay"])
-        two = Proc(lab, lab.public_host("relaytwo"), ["--relay", "--bootstrap", one.addrs[0]])
-        lab.boot = ["--bootstrap", one.addrs[0], "--bootstrap", two.addrs[0]]
+        lab.boot = TwoRelays(lab).start().boot
         yield lab
 
 

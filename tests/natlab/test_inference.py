@@ -15,7 +15,7 @@ import pytest
 
 from lattica.mesh.inference import TinyLM
 
-from .lab import Lab
+from .lab import Lab, TwoRelays
 from .test_matrix import Proc, _settled
 
 STAGE_KINDS = ("full_cone", "address_restricted", "port_restricted", "symmetric")
@@ -29,15 +29,13 @@ def test_a_pipeline_behind_nats_generates_the_same_tokens_through_a_stage_node_s
     half = 16
     reference = TinyLM(0).generate(PROMPT, 2 * half)
     with Lab(prefix="nlin") as lab:
-        hosts = [lab.public_host("relay"), lab.public_host("relaytwo")]
+        relays = TwoRelays(lab)
         stage_sites = [lab.add_site(k) for k in STAGE_KINDS]
         client_site = lab.add_site("port_restricted")
-        relays = [Proc(lab, hosts[0], ["--relay"])]
-        relays.append(Proc(lab, hosts[1], ["--relay", "--bootstrap", relays[0].addrs[0]]))
-        boot = [x for r in relays for x in ("--bootstrap", r.addrs[0])]
+        boot = relays.start().boot
         stages = [Proc(lab, site.host, boot) for site in stage_sites]
         client = Proc(lab, client_site.host, boot)
-        everyone = relays + stages + [client]
+        everyone = relays.procs + stages + [client]
         try:
             deadline = time.monotonic() + 60
             while not all(_settled(n.ask({"cmd": "status"})) for n in stages + [client]):

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from .lab import Lab
+from .lab import Lab, TwoRelays
 
 KINDS6 = ("public", "full_cone", "address_restricted", "port_restricted", "symmetric", "firewall")
 PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer.py")
@@ -95,15 +95,11 @@ def _settled(st: dict) -> bool:
 @pytest.fixture(scope="module")
 def mesh():
     with Lab(prefix="nlm") as lab:
-        hosts = [lab.public_host("relay"), lab.public_host("relaytwo")]
-        relays = [Proc(lab, hosts[0], ["--relay"])]
-        relays.append(Proc(lab, hosts[1], ["--relay", "--bootstrap", relays[0].addrs[0]]))
-        boot = [r.addrs[0] for r in relays]
+        relays = TwoRelays(lab).start()
         sites = {(kind, i): lab.add_site(kind) for i in (0, 1) for kind in KINDS6}
         nodes = {}
         for key, site in sites.items():
-            args = [x for b in boot for x in ("--bootstrap", b)]
-            nodes[key] = Proc(lab, site.host, args)
+            nodes[key] = Proc(lab, site.host, relays.boot)
         deadline = time.monotonic() + 60
         status = {}
         while time.monotonic() < deadline:
@@ -111,8 +107,8 @@ def mesh():
             if all(_settled(st) for st in status.values()):
                 break
             time.sleep(1)
-        yield lab, relays, nodes, status
-        for n in list(nodes.values()) + relays:
+        yield lab, relays.procs, nodes, status
+        for n in list(nodes.values()) + relays.procs:
             try:
                 n.p.stdin.write('{"cmd": "quit"}\n')
                 n.p.stdin.flush()

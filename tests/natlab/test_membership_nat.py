@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from .lab import Lab
+from .lab import Lab, TwoRelays
 from .test_matrix import KINDS6, Proc, _settled
 
 WATCH = 20.0  # seconds of views sampled once the views are complete
@@ -23,11 +23,8 @@ pytestmark = pytest.mark.usefixtures("need_lab")  # (tests/natlab/conftest.py)
 
 def test_every_member_sees_every_other_alive_across_nats():
     with Lab(prefix="nlb") as lab:
-        relays = [Proc(lab, lab.public_host("relay"), ["--relay", "--membership", "on"])]
-        relays.append(
-            Proc(lab, lab.public_host("relaytwo"), ["--relay", "--membership", "on", "--bootstrap", relays[0].addrs[0]])
-        )
-        boot = [x for r in relays for x in ("--bootstrap", r.addrs[0])]
+        two = TwoRelays(lab).start("--membership", "on")
+        relays, boot = two.procs, two.boot
         nodes = {kind: Proc(lab, lab.add_site(kind).host, [*boot, "--membership", "on"]) for kind in KINDS6}
         everyone = [*relays, *nodes.values()]
         ids = {p.peer_id for p in everyone}

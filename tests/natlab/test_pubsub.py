@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from .lab import Lab
+from .lab import Lab, TwoRelays
 from .test_matrix import KINDS6, SHORT, Proc, _settled
 
 TOPIC = "lab/news"
@@ -24,11 +24,9 @@ pytestmark = pytest.mark.usefixtures("need_lab")  # (tests/natlab/conftest.py)
 
 def test_a_topic_reaches_a_subscriber_behind_every_nat_kind():
     with Lab(prefix="nlps") as lab:
-        hosts = [lab.public_host("relay"), lab.public_host("relaytwo")]
+        relays = TwoRelays(lab)
         sites = {kind: lab.add_site(kind) for kind in KINDS6}  # (every site before any node: see test_content)
-        relays = [Proc(lab, hosts[0], ["--relay"])]
-        relays.append(Proc(lab, hosts[1], ["--relay", "--bootstrap", relays[0].addrs[0]]))
-        boot = [x for r in relays for x in ("--bootstrap", r.addrs[0])]
+        boot = relays.start().boot
         nodes = {kind: Proc(lab, site.host, boot) for kind, site in sites.items()}
         name = {p.peer_id: SHORT[k] for k, p in nodes.items()}
         try:
@@ -77,7 +75,7 @@ def test_a_topic_reaches_a_subscriber_behind_every_nat_kind():
             )
             print("\n".join(lines))
         finally:
-            for n in list(nodes.values()) + relays:
+            for n in list(nodes.values()) + relays.procs:
                 try:
                     n.p.stdin.write('{"cmd": "quit"}\n')
                     n.p.stdin.flush()

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from .lab import Lab
+from .lab import Lab, TwoRelays
 from .test_matrix import Proc, _settled
 
 CLUSTERS = (("full_cone", "port_restricted"), ("address_restricted", "symmetric"), ("firewall", "public"))
@@ -45,16 +45,14 @@ def test_eight_workers_sync_a_64_mib_policy_across_nats():
 
 def _sync_across_nats(clusters, mib: int) -> None:
     with Lab(prefix="nlws") as lab:
-        hosts = [lab.public_host("relay"), lab.public_host("relaytwo"), lab.public_host("trainer")]
+        relays, trainer_host = TwoRelays(lab), lab.public_host("trainer")
         sites = [(f"cluster-{c}", lab.add_site(kind)) for c, kinds in enumerate(clusters) for kind in kinds]
-        for host in [hosts[2]] + [site.host for _, site in sites]:
+        for host in [trainer_host] + [site.host for _, site in sites]:
             lab.limit_upload(host, UPLOAD_MBIT)
-        relays = [Proc(lab, hosts[0], ["--relay"])]
-        relays.append(Proc(lab, hosts[1], ["--relay", "--bootstrap", relays[0].addrs[0]]))
-        boot = [x for r in relays for x in ("--bootstrap", r.addrs[0])]
-        trainer = Proc(lab, hosts[2], boot)
+        boot = relays.start().boot
+        trainer = Proc(lab, trainer_host, boot)
         workers = [Proc(lab, site.host, boot) for _, site in sites]
-        everyone = relays + [trainer] + workers
+        everyone = relays.procs + [trainer] + workers
         try:
             deadline = time.monotonic() + 60
             while not all(_settled(n.ask({"cmd": "status"})) for n in workers):

@@ -124,7 +124,7 @@ async def _keep(rt, key, value):
     """Keep ``value`` as this node's registration under shard key ``key``, in its mesh as the
     shards service keeps its own (a registration the service itself would not write)."""
     cert = rt.host.services.shards._membership()
-    rt.dht.keep_live(mesh_scoped(key, cert.mesh), lambda: value, subkey=cert)
+    rt.host.services.dht.keep_live(mesh_scoped(key, cert.mesh), lambda: value, subkey=cert)
 
 
 def test_only_the_node_that_spawned_an_actor_registers_it_elsewhere(mesh):

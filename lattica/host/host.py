@@ -128,9 +128,6 @@ class Host:
         self.thread_id = threading.get_ident()
         self.runtime: Runtime | None = None
         self.services = NodeServices()  # the system services, started with us
-        self.relay_addrs: list[Multiaddr] = []  # our /p2p-circuit addresses (from reservations)
-        self.public_addrs: list[Multiaddr] = []  # observed addresses AutoNAT confirmed dialable
-        self.candidate_addrs: list[Multiaddr] = []  # observed ones, unconfirmed (reachability unknown)
         self.circuit: circuit.CircuitTransport | None = None
         self.handlers[identify.PROTOCOL] = self._on_identify
         self._strangers_pings = Turns(StrangersShare(*STRANGERS_PINGS, self.connections.from_stranger), self.loop)
@@ -483,11 +480,14 @@ class Host:
         """What we tell peers and the DHT: listen addresses, confirmed public ones (else, while
         unknown, observed candidates), circuits."""
         out = list(self.listen_addrs)
-        for a in self.public_addrs + self.candidate_addrs:
+        nat = self.services.nat
+        if nat is None:  # (not built yet: the node is starting)
+            return out[:MAX_ADVERTISED]
+        for a in nat.public_addrs + nat.candidate_addrs:
             if a not in out:
                 out.append(a)
         # a peer record holds at most MAX_ADVERTISED (records.StoreLimits): circuits always fit
-        relayed = [a for a in dict.fromkeys(self.relay_addrs) if a not in out][:MAX_ADVERTISED]
+        relayed = [a for a in dict.fromkeys(nat.relay_addrs) if a not in out][:MAX_ADVERTISED]
         return out[: MAX_ADVERTISED - len(relayed)] + relayed
 
     def _identify_message(self, observed: Multiaddr) -> dict[str, Any]:

@@ -86,6 +86,10 @@ class NatManager:
         self.cfg = config or NatConfig()
         self.given_relays = list(relays or ())  # relays to hold reservations with (Node(relays=...)), else found ones
         self.status = NatStatus()
+        # what we advertise beyond our listen addresses (Host.advertised_addrs reads them)
+        self.public_addrs: list[Multiaddr] = []  # observed addresses AutoNAT confirmed dialable
+        self.candidate_addrs: list[Multiaddr] = []  # observed ones, unconfirmed (reachability unknown)
+        self.relay_addrs: list[Multiaddr] = []  # our /p2p-circuit addresses (from reservations)
         self.relays: dict[PeerId, _Relay] = {}
         self._arrived: dict[bytes, list[tuple[str, str | None, str]]] = {}  # nonce -> (address, dialer IP, transport)
         self._wake = asyncio.Event()
@@ -312,9 +316,9 @@ class NatManager:
             st.public = sorted(reached)
             st.reason = f"a peer we never contacted reached us at {', '.join(st.public)}"
             public = [Multiaddr(a) for a in st.public if Multiaddr(a) not in self.host.listen_addrs]
-            if public != self.host.public_addrs or self.host.candidate_addrs:
-                self.host.public_addrs = public
-                self.host.candidate_addrs = []
+            if public != self.public_addrs or self.candidate_addrs:
+                self.public_addrs = public
+                self.candidate_addrs = []
                 self._addrs_changed()
         elif arrived and not any(a.get("helper") for a in tried):
             # a contacted server got through from a fresh port; whether a stranger would (full
@@ -325,9 +329,9 @@ class NatManager:
         elif tried:
             st.reachability = PRIVATE
             st.public = []
-            if self.host.public_addrs or self.host.candidate_addrs:
-                self.host.public_addrs = []
-                self.host.candidate_addrs = []
+            if self.public_addrs or self.candidate_addrs:
+                self.public_addrs = []
+                self.candidate_addrs = []
                 self._addrs_changed()
             got = sorted({a for a, _, _ in arrived})
             st.reason = (
@@ -358,8 +362,8 @@ class NatManager:
                 votes.setdefault(c, set()).add(observer)
         agreed = sorted((c for c, who in votes.items() if len(who) >= 2), key=lambda c: -len(votes[c]))
         cands = agreed[:_MAX_CANDIDATES]
-        if cands != self.host.candidate_addrs:
-            self.host.candidate_addrs = cands
+        if cands != self.candidate_addrs:
+            self.candidate_addrs = cands
             self._addrs_changed()
 
     async def _observe_quic(self, observers: int = 2) -> None:
@@ -546,8 +550,8 @@ class NatManager:
             self._wake.set()  # find another relay now
 
     def _addrs_changed(self) -> None:
-        self.host.relay_addrs = [a for r in self.relays.values() for a in r.addrs]
-        self.status.relays = [str(a) for a in self.host.relay_addrs]
+        self.relay_addrs = [a for r in self.relays.values() for a in r.addrs]
+        self.status.relays = [str(a) for a in self.relay_addrs]
         if not self.host.closing:
             for conn in list(self.host.all_conns):  # tell connected peers (identify push)
                 if not conn.is_closed:
@@ -559,5 +563,5 @@ class NatManager:
         st.observed = sorted({seen for _, seen, _ in self.observations()})
         if st.mapping == UNKNOWN:
             st.mapping = self._mapping()
-        st.relays = [str(a) for a in self.host.relay_addrs]
+        st.relays = [str(a) for a in self.relay_addrs]
         return replace(st, observed=list(st.observed), public=list(st.public), relays=list(st.relays))

@@ -31,6 +31,7 @@ class MemoryNetwork:
         self._pipes: list[
             tuple[_Pipe, _Pipe, PeerId, PeerId]
         ] = []  # open connections (dialer's end, listener's, their peers)
+        self._prune_at = 64  # forget closed ones when this many are listed (twice the open ones after)
 
     def partition(self, sides: list[set[PeerId]]) -> None:
         """Cut the network into ``sides``: connections between two sides are lost and dials
@@ -46,6 +47,15 @@ class MemoryNetwork:
             else:
                 live.append((a, b, pa, pb))
         self._pipes = live
+
+    def add_pipe(self, mine: _Pipe, theirs: _Pipe, a: PeerId, b: PeerId) -> None:
+        """List a new connection (for :meth:`partition`); closed ones are forgotten as it grows,
+        so a network outlives its connections without holding them (amortized: the list is
+        pruned when it doubles)."""
+        if len(self._pipes) >= self._prune_at:
+            self._pipes = [t for t in self._pipes if not (t[0].is_closing() or t[1].is_closing())]
+            self._prune_at = max(64, 2 * len(self._pipes))
+        self._pipes.append((mine, theirs, a, b))
 
     def heal(self) -> None:
         """End the partition: every peer may dial every other again."""
@@ -183,8 +193,6 @@ class MemoryTransport(Transport):
         dial_addr = Multiaddr(f"/memory/{next(self._dial_ports)}")
         conn = self._connection(mine, "outbound", remote.keypair.peer_id, dial_addr, listen_addr)
         inbound = remote._connection(theirs, "inbound", self.keypair.peer_id, listen_addr, dial_addr)
-        if len(self.network._pipes) > 4096:
-            self.network._pipes = [t for t in self.network._pipes if not (t[0].is_closing() or t[1].is_closing())]
-        self.network._pipes.append((mine, theirs, self.keypair.peer_id, remote.keypair.peer_id))
+        self.network.add_pipe(mine, theirs, self.keypair.peer_id, remote.keypair.peer_id)
         self._hand_over(inbound, on_connection)  # the listener's bug must not surface in the dialer
         return conn

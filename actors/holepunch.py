@@ -298,6 +298,10 @@ class HolePunchService:
         self.counts["attempts"] += 1
         fut: asyncio.Future[Connection] = host.loop.create_future()
         self._waiting[peer] = (fut, want)
+        if self._direct(peer, want):
+            # the peer's dial may come through (and identify) while our half of the exchange was
+            # still closing its stream, before this wait began: that is the punch's success too
+            fut.set_result(host.conns[peer])
         tasks: list[asyncio.Task] = []
         sprayed: list = []
         hit: list = []

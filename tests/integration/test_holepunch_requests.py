@@ -18,7 +18,7 @@ from helpers import wait_for
 from lattica.actors import holepunch as hp_actor
 from lattica.config import NatConfig
 from lattica.framing import read_message, write_message
-from lattica.holepunch import DEPENDENT, PROTOCOL
+from lattica.holepunch import DEPENDENT, PROTOCOL, Plan, Punch
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 QUIC = "/ip4/127.0.0.1/udp/0/quic-v1"
@@ -181,3 +181,16 @@ def test_failed_punches_leave_the_relayed_connection_working_and_lies_cost_nothi
             assert not conn.is_closed and _counter(caller, target.peer_id) == 2
         finally:
             target.stop()
+
+
+def test_a_punch_whose_direct_path_came_up_before_its_wait_ends_at_once(monkeypatch):
+    """The peer's dial can get through, and identify, while the asker still closes its exchange
+    stream: the punch must see that success instead of waiting out its window for an event that
+    already happened (the NAT lab's callee showed "active" after the caller had a direct path)."""
+    monkeypatch.setattr(hp_actor, "WINDOW", 60.0)
+    with lattica.Node([TCP]) as a, lattica.Node([TCP]) as b:
+        a.connect(b.addrs[0])
+        punches = a._host.services.holepunch
+        punch = Punch(plan=Plan(), delay=0.0, rtt=None, token=os.urandom(16))
+        assert a.run(punches._run(b.peer_id, punch, initiator=True), timeout=10) is True
+        assert not punches._waiting

@@ -9,6 +9,8 @@ against port- and address-filtering peers (many-port probing).
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from .lab import Lab, TwoRelays
@@ -39,8 +41,6 @@ def _node(lab: Lab, kind: str) -> Proc:
 
 
 def _wait_private(node: Proc) -> dict:
-    import time
-
     deadline = time.monotonic() + 40
     while time.monotonic() < deadline:
         st = node.ask({"cmd": "status"})
@@ -48,6 +48,15 @@ def _wait_private(node: Proc) -> dict:
             return st
         time.sleep(0.5)
     raise AssertionError(f"node never settled: {st}")
+
+
+def _punches_settled(node: Proc) -> dict:
+    """The node's hole-punch status once no punch is under way (at most 10 s): the caller may
+    see the direct path a moment before the callee's punch records it."""
+    deadline = time.monotonic() + 10
+    while (punches := node.ask({"cmd": "holepunch"}))["active"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return punches
 
 
 @pytest.mark.parametrize("caller_kind,callee_kind,mode", CASES, ids=[f"{a}->{b}" for a, b, _ in CASES])
@@ -59,7 +68,7 @@ def test_relayed_connection_becomes_direct(lab, caller_kind, callee_kind, mode):
     caller = _node(lab, caller_kind)
     st_caller = _wait_private(caller)
     r = caller.ask({"cmd": "call", "peer": callee.peer_id, "timeout": 30, "settle": 15}, timeout=60)
-    punches = callee.ask({"cmd": "holepunch"})
+    punches = _punches_settled(callee)
     print(
         f"\n{caller_kind} ({st_caller['mapping']}) -> {callee_kind} ({st_callee['mapping']}): {r}; punches: {punches}"
     )

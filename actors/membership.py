@@ -1,4 +1,4 @@
-"""The ``membership`` system actor: runs ``lattica.membership`` on the node loop.
+"""The ``membership`` system actor: runs ``lattica._membership`` on the node loop.
 
 Peers become members when identified; heartbeats and gossip are ``gossip`` tells to their
 ``membership`` actors, sent only over connections that exist (membership never dials: it would
@@ -21,10 +21,8 @@ import subprocess
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lattica.errors import LatticaError, PeerGone, PeerUnreachable
-from lattica.identity import PeerId
-from lattica.logging import get_logger
-from lattica.membership import (
+from lattica._identity import PeerId
+from lattica._membership import (
     ALIVE,
     MAX_ADDRS,
     MAX_ALLOW,
@@ -36,14 +34,16 @@ from lattica.membership import (
     MemberUp,
     SelfDowned,
 )
-from lattica.multiaddr import Multiaddr
-from lattica.runtime import ASYNC, ActorRef, current_caller
+from lattica._multiaddr import Multiaddr
+from lattica._runtime import ASYNC, ActorRef, current_caller
+from lattica.errors import LatticaError, PeerGone, PeerUnreachable
+from lattica.logging import get_logger
 from lattica.trust import MemberNotary
 
 if TYPE_CHECKING:
-    from lattica.hostview import HostView
-    from lattica.identify import PeerInfo
-    from lattica.runtime.calls import Calls
+    from lattica._hostview import HostView
+    from lattica._identify import PeerInfo
+    from lattica._runtime.calls import Calls
     from lattica.transports.base import Connection
 
 log = get_logger("lattica.membership")

@@ -21,20 +21,20 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from lattica._budget import Buckets
+from lattica._identity import PeerId
+from lattica._runtime import ActorRef, current_caller
 from lattica.actors.dht.upkeep import NAME_GRACE
-from lattica.budget import Buckets
+from lattica.dht._records import TOMBSTONE, mesh_scoped
 from lattica.errors import ActorNotFound, LatticaError, PermissionDenied, ProtocolError
-from lattica.identity import PeerId
 from lattica.logging import get_logger
-from lattica.records import TOMBSTONE, mesh_scoped
-from lattica.runtime import ActorRef, current_caller
-from lattica.shards.keys import MAX_PROVIDERS_PER_NODE, decode_registration, encode_registration, shard_id, shard_key
+from lattica.shards._keys import MAX_PROVIDERS_PER_NODE, decode_registration, encode_registration, shard_id, shard_key
 from lattica.trust import Certificate, CertificateError
 
 if TYPE_CHECKING:
+    from lattica._runtime.calls import Calls
     from lattica.actors.dht import DhtService
     from lattica.actors.spawner import Spawner
-    from lattica.runtime.calls import Calls
 
 __all__ = ["ShardsService", "ShardsActor"]
 

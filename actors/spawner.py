@@ -15,20 +15,20 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from lattica.code.library import CodeLibrary
-from lattica.code.tickets import Ticket
+from lattica._code.library import CodeLibrary
+from lattica._code.tickets import Ticket
+from lattica._identity import PeerId
+from lattica._placement import RESOURCES
+from lattica._remote import class_path as lattica_class_path
+from lattica._runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, NO_STATE, ActorRef, current_caller
 from lattica.errors import ActorNotFound, CodeError, LatticaError, PermissionDenied, PlacementError, SpawnError
-from lattica.identity import PeerId
-from lattica.placement import RESOURCES
-from lattica.remote import class_path as lattica_class_path
-from lattica.runtime import DEFAULT_MAX_CONCURRENCY, DEFAULT_WINDOW, NO_STATE, ActorRef, current_caller
 
 if TYPE_CHECKING:
+    from lattica._membership import Member
+    from lattica._monitors import Monitor
+    from lattica._runtime import LocalActor
+    from lattica._runtime.calls import Calls
     from lattica.actors.membership import MembershipService
-    from lattica.membership import Member
-    from lattica.monitors import Monitor
-    from lattica.runtime import LocalActor
-    from lattica.runtime.calls import Calls
 
 _MAX_WINDOW = 1 << 16
 _MAX_CONCURRENCY = 1 << 16

@@ -9,8 +9,7 @@ The tests import this file and add that row (tests/integration/test_services.py)
 from __future__ import annotations
 
 from lattica.actors.dht import DhtService
-from lattica.runtime.calls import Calls
-from lattica.services import Built, NodeServices, ServiceContext
+from lattica.services import Built, Calls, NodeServices, ServiceContext
 
 
 class Greeter:

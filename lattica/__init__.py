@@ -3,7 +3,7 @@
 from typing import Any
 
 from lattica import dht, errors
-from lattica.api import (
+from lattica._api import (
     aget_actor,
     akill,
     exit_actor,
@@ -18,13 +18,13 @@ from lattica.api import (
     shutdown,
     unlink,
 )
-from lattica.future import Future, get, wait
-from lattica.identify import PeerInfo
-from lattica.identity import KeyPair, PeerId
-from lattica.multiaddr import Multiaddr
-from lattica.node import Node
-from lattica.remote import actor, public
-from lattica.runtime import ActorRef, current_actor, current_caller, require_caller
+from lattica._future import Future, get, wait
+from lattica._identify import PeerInfo
+from lattica._identity import KeyPair, PeerId
+from lattica._multiaddr import Multiaddr
+from lattica._node import Node
+from lattica._remote import actor, public
+from lattica._runtime import ActorRef, current_actor, current_caller, require_caller
 
 __version__ = "0.1.0"
 __all__ = [

@@ -14,9 +14,9 @@ from lattica import logging as lattica_logging
 from lattica.bench import command as bench_command
 
 if TYPE_CHECKING:
-    from lattica.future import Future
-    from lattica.host import Host
-    from lattica.runtime import Runtime
+    from lattica._future import Future
+    from lattica._host import Host
+    from lattica._runtime import Runtime
 
 
 # The subcommands import what they run inside their functions: `lattica doctor` must not load
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 def _node(args: argparse.Namespace) -> None:
-    from lattica.node import Node  # lazy: see the note above _node
+    from lattica._node import Node  # lazy: see the note above _node
 
     relay = getattr(args, "relay", False)
     mdns = False if getattr(args, "no_mdns", False) else None
@@ -67,7 +67,7 @@ def _node(args: argparse.Namespace) -> None:
 def _mesh(args: argparse.Namespace) -> None:
     """Create, show and share mesh credentials (docs/security.md)."""
     from lattica import trust  # lazy: see the note above _node
-    from lattica.identity import KeyPair, PeerId  # lazy: see the note above _node
+    from lattica._identity import KeyPair, PeerId  # lazy: see the note above _node
 
     if args.op == "new":
         if not args.arg:
@@ -108,7 +108,7 @@ def _mesh(args: argparse.Namespace) -> None:
 
 
 def _ping(args: argparse.Namespace) -> None:
-    from lattica.node import Node  # lazy: see the note above _node
+    from lattica._node import Node  # lazy: see the note above _node
 
     with Node([]) as node:
         info = node.connect(args.addr)
@@ -120,8 +120,8 @@ def _ping(args: argparse.Namespace) -> None:
 def _dht(args: argparse.Namespace) -> None:
 
     from lattica import dht  # lazy: see the note above _node
-    from lattica.identity import PeerId  # lazy: see the note above _node
-    from lattica.node import Node  # lazy: see the note above _node
+    from lattica._identity import PeerId  # lazy: see the note above _node
+    from lattica._node import Node  # lazy: see the note above _node
 
     def shown(v: object) -> object:
         return v if isinstance(v, (str, int, float, bool, list, dict, type(None))) else repr(v)
@@ -158,8 +158,8 @@ def _dht(args: argparse.Namespace) -> None:
 
 
 def _content_node(args: argparse.Namespace, listen: list[str] | None = None):  # -> Node
+    from lattica._node import Node  # lazy: see the note above _node
     from lattica.config import ContentConfig  # lazy: see the note above _node
-    from lattica.node import Node  # lazy: see the note above _node
 
     blocks = (
         args.blocks or os.environ.get("LATTICA_BLOCKS") or os.path.join(os.path.expanduser("~"), ".lattica", "blocks")
@@ -311,7 +311,7 @@ def _content(args: argparse.Namespace) -> None:
 
 
 def _doctor(args: argparse.Namespace) -> None:
-    from lattica.doctor import diagnose, render  # lazy: see the note above _node
+    from lattica._doctor import diagnose, render  # lazy: see the note above _node
 
     def waiting(waited: float, wait: float, reachability: str) -> None:
         sys.stderr.write(f"\rwaiting for the AutoNAT verdict: {waited:4.1f} of {wait:g} s ({reachability} so far)")
@@ -367,8 +367,8 @@ def _status(args: argparse.Namespace) -> None:
                 f"the dashboard at {args.dashboard} did not answer with a picture of the mesh (JSON)"
             ) from None
     elif args.bootstrap:
+        from lattica._node import Node  # lazy: see the note above _node
         from lattica.actors.dashboard.mesh import MeshWatch  # lazy: see the note above _node
-        from lattica.node import Node  # lazy: see the note above _node
 
         with Node([], membership=False, mesh=args.mesh) as node:
             info = node.connect(args.bootstrap[0], timeout=args.wait)
@@ -404,7 +404,7 @@ class _CliError(Exception):
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from lattica.demo import run  # lazy: see the note above _node
+    from lattica._demo import run  # lazy: see the note above _node
 
     run()
 
@@ -583,7 +583,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from lattica.api import goodbye_on_sigterm  # lazy: see the note above _node
+    from lattica._api import goodbye_on_sigterm  # lazy: see the note above _node
 
     args = parser().parse_args(argv)
     goodbye_on_sigterm()  # (a node stopped by kill, systemd or docker says goodbye)

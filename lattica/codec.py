@@ -52,9 +52,9 @@ if TYPE_CHECKING:
 
 import msgpack
 
+from lattica._identity import PeerId
+from lattica._multiaddr import Multiaddr
 from lattica.errors import CodecError, FrameTooLarge
-from lattica.identity import PeerId
-from lattica.multiaddr import Multiaddr
 
 __all__ = ["Limits", "DEFAULT_LIMITS", "check", "encode", "encode_bytes", "decode", "register_ext", "register_encoder"]
 
@@ -291,7 +291,7 @@ class _Encoder:
     def pack(self, obj: Any, packer: msgpack.Packer) -> bytes:
         obj = self.walk(obj, 0)
         try:
-            body = packer.pack(obj)
+            body: bytes = packer.pack(obj)
         except (CodecError, FrameTooLarge):
             raise
         except (TypeError, ValueError, OverflowError, BufferError) as e:
@@ -458,7 +458,7 @@ def encode_bytes(obj: Any, limits: Limits = DEFAULT_LIMITS) -> bytes:
 
 
 def _decode_array(data: bytes, bufs: list[memoryview] | None) -> np.ndarray:
-    np = _numpy()
+    numpy = _numpy()
     if len(data) < 8:
         raise CodecError("truncated numpy array header")
     ndim, dtlen, reserved, idx = _ARR.unpack_from(data)
@@ -481,15 +481,17 @@ def _decode_array(data: bytes, bufs: list[memoryview] | None) -> np.ndarray:
         raise CodecError(f"numpy array refers to missing buffer {idx}")
     if len(buf) - offset != count * dt.itemsize:
         raise CodecError(f"numpy array data is {len(buf) - offset} bytes, shape {shape} needs {count * dt.itemsize}")
-    return np.frombuffer(buf, dtype=dt, count=count, offset=offset).reshape(shape)
+    out: np.ndarray = numpy.frombuffer(buf, dtype=dt, count=count, offset=offset).reshape(shape)
+    return out
 
 
 def _decode_scalar(data: bytes) -> np.generic:
-    np = _numpy()
+    numpy = _numpy()
     dt = _DTYPES_DEC.get(data[1 : 1 + data[0]]) if data else None
     if dt is None or len(data) != 1 + data[0] + dt.itemsize:
         raise CodecError("malformed or disallowed numpy scalar")
-    return np.frombuffer(data, dtype=dt, count=1, offset=1 + data[0])[0]
+    scalar: np.generic = numpy.frombuffer(data, dtype=dt, count=1, offset=1 + data[0])[0]
+    return scalar
 
 
 _COUNT_FROM = 64 * 1024  # a body this big counts its lists and maps (a Python call for each)
@@ -557,10 +559,10 @@ def _make_hook(
 _HOOK0 = _make_hook(None, DEFAULT_LIMITS, 0)
 
 
-def _as_tuple(count: Callable[[Any], Any] | None) -> Callable[[list], Any]:
+def _as_tuple(count: Callable[[Any], Any] | None) -> Callable[[list[Any]], Any]:
     """A list hook that turns marked arrays into tuples (after ``count``, if counting)."""
 
-    def hook(o: list) -> Any:
+    def hook(o: list[Any]) -> Any:
         if count is not None:
             count(o)
         if o and o[0] is _TUPLE_SENTINEL:
@@ -570,7 +572,7 @@ def _as_tuple(count: Callable[[Any], Any] | None) -> Callable[[list], Any]:
     return hook
 
 
-def _check_depth(o: list | dict | tuple, budget: int) -> None:
+def _check_depth(o: list[Any] | dict[Any, Any] | tuple[Any, ...], budget: int) -> None:
     """Raise CodecError when containers nest deeper than ``budget`` levels below ``o``'s parent."""
     if budget <= 0:
         raise CodecError("message nested too deeply")

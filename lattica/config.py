@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lattica.kademlia import ALPHA, K
-from lattica.multiaddr import Multiaddr
-from lattica.records import StoreLimits
+from lattica._multiaddr import Multiaddr
+from lattica.dht._kademlia import ALPHA, K
+from lattica.dht._records import StoreLimits
 
 if TYPE_CHECKING:
     from lattica.transports.memory import MemoryNetwork

@@ -18,37 +18,48 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from lattica import interfaces
-from lattica.actors.autonat import AutoNatActor, AutoNatServer
-from lattica.actors.checkpoints import CheckpointStore
+from lattica import _interfaces as interfaces
+from lattica._code.library import CodeLibrary
+from lattica._code.shipper import Shipper
+from lattica._hostview import HostView
+from lattica._monitors import Monitors
+from lattica._runtime import current_runtime
+from lattica._runtime.calls import Calls
 from lattica.actors.content import ContentActor, ContentService
 from lattica.actors.crdt import CrdtService
 from lattica.actors.dashboard import DashboardActor, DashboardService
 from lattica.actors.dht import DhtActor, DhtService
-from lattica.actors.holepunch import HolePunchActor, HolePunchService
 from lattica.actors.membership import MembershipActor, MembershipService
+from lattica.actors.nat.autonat import AutoNatActor, AutoNatServer
+from lattica.actors.nat.holepunch import HolePunchActor, HolePunchService
 from lattica.actors.pubsub import PubSubActor, PubSubService
 from lattica.actors.shards import ShardsActor, ShardsService
 from lattica.actors.spawner import Spawner
-from lattica.code.library import CodeLibrary
-from lattica.code.shipper import Shipper
+from lattica.actors.supervisor import CheckpointStore
 from lattica.errors import NodeClosed
-from lattica.host.nat import NatManager
 from lattica.logging import get_logger
-from lattica.monitors import Monitors
-from lattica.runtime import current_runtime
+from lattica.nat._manager import NatManager
 
 if TYPE_CHECKING:
-    from lattica.actors.relay import RelayService
+    from lattica._context import NodeHandle
+    from lattica._host.mdns import MdnsService
+    from lattica._identity import KeyPair, PeerId
+    from lattica._runtime import Runtime
+    from lattica.actors.nat.relay import RelayService
     from lattica.config import NodeConfig
-    from lattica.context import NodeHandle
-    from lattica.host.mdns import MdnsService
-    from lattica.hostview import HostView
-    from lattica.identity import KeyPair, PeerId
-    from lattica.runtime import Runtime
     from lattica.trust import Trust
 
-__all__ = ["ServiceContext", "ServiceSpec", "Built", "NodeServices", "SERVICES", "running_services"]
+# what a service's author needs: the context, the two narrow views of the node, the table
+__all__ = [
+    "ServiceContext",
+    "HostView",
+    "Calls",
+    "ServiceSpec",
+    "Built",
+    "NodeServices",
+    "SERVICES",
+    "running_services",
+]
 
 log = get_logger("lattica.services")
 
@@ -56,7 +67,7 @@ log = get_logger("lattica.services")
 @dataclass(frozen=True, slots=True)
 class ServiceContext:
     """What every service is built from: who this node is, its loop, the host as services see it
-    (:class:`lattica.hostview.HostView`), the node's configuration and the runtime that makes and
+    (:class:`lattica._hostview.HostView`), the node's configuration and the runtime that makes and
     routes calls."""
 
     peer_id: PeerId
@@ -151,7 +162,7 @@ def _relay(ctx: ServiceContext, s: NodeServices) -> Built | None:
     if ctx.config.relay is None:
         return None
     # only a node that relays loads it: most never do
-    from lattica.actors.relay import RelayActor, RelayService
+    from lattica.actors.nat.relay import RelayActor, RelayService
 
     service = RelayService(ctx.runtime, ctx.config.relay)
     return Built(service, RelayActor(service))
@@ -178,7 +189,7 @@ def _code(ctx: ServiceContext, s: NodeServices) -> Built | None:
         return None
 
     async def fetch(cid: str, max_size: int, sender: PeerId | None = None) -> bytes:
-        from lattica.content.cid import Cid  # (hashlib loads with the first package, not at start)
+        from lattica.content._cid import Cid  # (hashlib loads with the first package, not at start)
 
         root = Cid.parse(cid)
         await content.fetch(root, None, max_size, source=sender)  # (its sender holds it: asked at once)
@@ -235,7 +246,7 @@ def _mdns(ctx: ServiceContext, s: NodeServices) -> Built | None:
     lan = any(interfaces.is_lan(a) for bound in ctx.config.listen for a in interfaces.expand(bound))
     if want is False or (want is None and not lan):
         return None
-    from lattica.host.mdns import MdnsService  # here: only LAN nodes run it
+    from lattica._host.mdns import MdnsService  # here: only LAN nodes run it
 
     return Built(MdnsService(ctx.host))
 
@@ -248,7 +259,7 @@ class NodeServices:
     """The services one node runs: one attribute per service, in start order (a service may use
     the ones above it); None for one its configuration turns off."""
 
-    # the runtime's watchers of actors (lattica.monitors): every service's actors may be watched
+    # the runtime's watchers of actors (lattica._monitors): every service's actors may be watched
     monitors: Monitors = _row(_monitors)
     # strangers may look up an actor by name (they get it only if it is open to them), and tell
     # us that an actor of theirs we monitor went down (only its own node's notice counts)

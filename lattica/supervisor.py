@@ -1,7 +1,7 @@
 """Supervisors: OTP-style trees of actors, restarted wherever there is room, with no head node.
 
 A ``Supervisor`` is an ordinary actor. It starts its children in order (each placed by the
-membership view, ``lattica.placement``), monitors them (``lattica.monitor``: an actor stopping or
+membership view, ``lattica._placement``), monitors them (``lattica.monitor``: an actor stopping or
 its node dying), and restarts them by its strategy:
 
 * ``one_for_one``: only the child that went down;
@@ -18,7 +18,7 @@ Children are named ``<supervisor>/<id>`` and registered in the DHT; the refs it 
 ``checkpoint()`` and ``restore(state)`` keeps its state across restarts: the supervisor asks
 for a checkpoint every ``checkpoint_every`` seconds, keeps the latest (on its own node, which
 placement keeps apart from the child's when it can, and a copy on a third node: see
-``actors/checkpoints.py``) and hands it to the next incarnation, its own or, after its own node
+``actors/supervisor.py``) and hands it to the next incarnation, its own or, after its own node
 died, that of its successor.
 """
 
@@ -32,14 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from lattica import codec
-from lattica.actors.checkpoints import checkpoints_ref, members, ranked, read_copies, sign_copy
-from lattica.code.tickets import known_ticket
-from lattica.context import runtime_for_thread
-from lattica.errors import LatticaError, SpawnError
-from lattica.identity import PeerId
-from lattica.logging import get_logger
-from lattica.remote import ActorClass, ShippedClass, actor, class_path, offer_spawn, spawn_placed
-from lattica.runtime import (
+from lattica._code.tickets import known_ticket
+from lattica._context import runtime_for_thread
+from lattica._identity import PeerId
+from lattica._remote import ActorClass, ShippedClass, actor, class_path, offer_spawn, spawn_placed
+from lattica._runtime import (
     DEFAULT_WINDOW,
     ActorRef,
     LocalActor,
@@ -48,6 +45,9 @@ from lattica.runtime import (
     require_caller,
     spawner_ref,
 )
+from lattica.actors.supervisor import checkpoints_ref, members, ranked, read_copies, sign_copy
+from lattica.errors import LatticaError, SpawnError
+from lattica.logging import get_logger
 
 __all__ = ["Supervisor", "STRATEGIES", "RESTARTS"]
 
@@ -437,7 +437,7 @@ class Supervisor:
                 continue
             await self._replicate(child, ref)
 
-    # -- copies of checkpoints on a third node (actors/checkpoints.py) -----------------------------
+    # -- copies of checkpoints on a third node (actors/supervisor.py) -----------------------------
 
     async def _replicate(self, child: _Child, ref: ActorRef) -> None:
         """Send the latest checkpoint to the first nodes in the name's ranking that are neither

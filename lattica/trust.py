@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from lattica._identity import KeyPair, PeerId, b58encode, verify_signature
 from lattica.errors import CertificateError, KeyFileError, LatticaError
-from lattica.identity import KeyPair, PeerId, b58encode, verify_signature
 
 __all__ = [
     "SELF",
@@ -319,7 +319,7 @@ class Trust:
 
 
 class MemberNotary:
-    """Seals this node's membership statements (``lattica.membership``) with its identity key and
+    """Seals this node's membership statements (``lattica._membership``) with its identity key and
     its mesh certificates, and admits another's only when the statement is signed by the key its
     PeerId names and the certificates make it a member of our mesh (or it is ourselves)."""
 
@@ -328,9 +328,9 @@ class MemberNotary:
     def __init__(self, keypair: KeyPair, trust: Trust) -> None:
         self._keypair = keypair
         self._trust = trust
-        self._checked: dict[tuple, float] = {}  # (member, statement, signature, certs) -> admitted until
+        self._checked: dict[tuple[Any, ...], float] = {}  # (member, statement, signature, certs) -> admitted until
 
-    def seal(self, statement: bytes) -> list:
+    def seal(self, statement: bytes) -> list[Any]:
         return [self._keypair.sign(statement), self._trust.presented]
 
     def admits(self, member_id: str, statement: bytes, proof: Any) -> bool:
@@ -365,7 +365,7 @@ class MemberNotary:
             return False
         return self._trust.judge(peer, proof[1], time.time()).admin
 
-    def _check(self, member_id: str, statement: bytes, signature: bytes, certs: list, now: float) -> float:
+    def _check(self, member_id: str, statement: bytes, signature: bytes, certs: list[Any], now: float) -> float:
         """Until when the statement admits its member (0.0: it does not)."""
         try:
             peer = PeerId.from_string(member_id)

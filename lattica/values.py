@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from lattica.code.tickets import NAMESPACE_PREFIX
+from lattica._code.tickets import NAMESPACE_PREFIX
 from lattica.errors import CodecError
 
 __all__ = ["register", "name_of", "EXTENSIONS", "REGISTERED_CODE"]
@@ -57,7 +57,7 @@ def name_of(cls: type) -> str | None:
     return _NAMES.get(cls)
 
 
-def value_to_obj(o: Any) -> list:
+def value_to_obj(o: Any) -> list[Any]:
     cls = type(o)
     name = _NAMES[cls]
     if isinstance(o, enum.Enum):
@@ -86,7 +86,7 @@ def _text(data: Any, limit: int = 64) -> str:
     return data
 
 
-def _items(data: Any) -> list:
+def _items(data: Any) -> list[Any]:
     if type(data) is not list:
         raise CodecError("malformed set")
     return data

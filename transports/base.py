@@ -10,10 +10,10 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 
+from lattica._identity import KeyPair, PeerId
+from lattica._multiaddr import Multiaddr
 from lattica.errors import StreamClosed
-from lattica.identity import KeyPair, PeerId
 from lattica.logging import get_logger
-from lattica.multiaddr import Multiaddr
 
 log = get_logger("lattica.transport")
 

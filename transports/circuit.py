@@ -13,7 +13,7 @@ Noise then runs end to end on that socket; the relay no longer decrypts and re-e
 If the spliced socket cannot be set up, the dialer falls back to the in-stream circuit.
 
 Wire messages (one length-prefixed codec map each way before the raw bytes start) are built and
-checked here; the relay side lives in ``actors/relay.py``.
+checked here; the relay side lives in ``actors/nat/relay.py``.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from lattica._framing import read_message, write_message
+from lattica._identity import KeyPair, PeerId
+from lattica._multiaddr import Multiaddr
 from lattica.errors import HandshakeError, LatticaError, MultiaddrError, ProtocolError, RelayRefused, Timeout
-from lattica.framing import read_message, write_message
-from lattica.identity import KeyPair, PeerId
 from lattica.logging import get_logger
-from lattica.multiaddr import Multiaddr
 from lattica.transports.base import Connection, ConnectionHandler, Listener, Stream, Transport
 from lattica.transports.mux import MuxConfig
 from lattica.transports.muxed import MuxedConnection

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+from lattica._identity import KeyPair, PeerId
+from lattica._multiaddr import Multiaddr
 from lattica.errors import PeerIdMismatch, PeerUnreachable, TransportError
-from lattica.identity import KeyPair, PeerId
-from lattica.multiaddr import Multiaddr
 from lattica.transports.base import Connection, ConnectionHandler, Listener, Transport
 from lattica.transports.mux import MuxConfig
 from lattica.transports.muxed import MuxedConnection

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from time import monotonic as _monotonic
 from typing import Protocol
 
+from lattica._identity import PeerId
+from lattica._multiaddr import Multiaddr
 from lattica.errors import ConnectionClosed, LatticaError, ProtocolError, StreamClosed, StreamReset
-from lattica.identity import PeerId
 from lattica.logging import get_logger
-from lattica.multiaddr import Multiaddr
 from lattica.transports.base import GOAWAY_ANSWER, PROBE_TIMEOUT, Connection, OpenGate, Stream, StreamHandler
 from lattica.transports.mux import (
     GOAWAY_NORMAL,

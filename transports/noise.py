@@ -26,10 +26,10 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 
+from lattica._digest import hmac_sha256, sha256
+from lattica._identity import KeyPair, PeerId, public_key_from_protobuf, verify_signature
 from lattica._protobuf import decode_fields, encode_fields
-from lattica.digest import hmac_sha256, sha256
 from lattica.errors import DecryptError, FrameTooLarge, HandshakeError, PeerIdMismatch
-from lattica.identity import KeyPair, PeerId, public_key_from_protobuf, verify_signature
 
 __all__ = ["NoiseHandshake", "NoiseSession", "PlainBuffer", "MAX_FRAME", "MAX_PLAINTEXT", "PROTOCOL_NAME"]
 

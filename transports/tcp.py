@@ -14,11 +14,11 @@ import socket
 from collections.abc import Callable
 from typing import Any, cast
 
+from lattica._identity import KeyPair, PeerId
+from lattica._interfaces import host_key, is_loopback_ip
+from lattica._multiaddr import Multiaddr
 from lattica.errors import ConnectionRefused, HandshakeError, LatticaError, PeerIdMismatch, Timeout, TransportError
-from lattica.identity import KeyPair, PeerId
-from lattica.interfaces import host_key, is_loopback_ip
 from lattica.logging import get_logger
-from lattica.multiaddr import Multiaddr
 from lattica.transports.base import Connection, ConnectionHandler, Listener, Transport
 from lattica.transports.mux import MuxConfig
 from lattica.transports.muxed import MuxedConnection

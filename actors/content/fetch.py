@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
+from lattica._identity import PeerId
+from lattica._multiaddr import Multiaddr
 from lattica.actors.content.jobs import check_and_store, held_bytes
 from lattica.actors.content.wire import (
     BAND,
@@ -22,18 +24,16 @@ from lattica.actors.content.wire import (
     SWARM_WANT,
     content_ref,
 )
-from lattica.content.cid import RAW, Cid
-from lattica.content.fetch_records import BLOCK, Request
-from lattica.content.session import FetchSession
-from lattica.content.unixfs import Walker
+from lattica.content._cid import RAW, Cid
+from lattica.content._fetch_records import BLOCK, Request
+from lattica.content._session import FetchSession
+from lattica.content._unixfs import Walker
 from lattica.errors import BadBlock, BlockNotFound, ContentError, LatticaError
-from lattica.identity import PeerId
 from lattica.logging import get_logger
-from lattica.multiaddr import Multiaddr
 
 if TYPE_CHECKING:
     from lattica.actors.content.service import ContentService
-    from lattica.content.blockstore import Blockstore
+    from lattica.content._blockstore import Blockstore
 
 log = get_logger("lattica.content")
 

@@ -8,13 +8,13 @@ import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lattica.content import dagpb
-from lattica.content.cid import RAW, Cid
-from lattica.content.unixfs import CHUNK_MAX, Importer, UnixFSData, children, walk
+from lattica.content import _dagpb as dagpb
+from lattica.content._cid import RAW, Cid
+from lattica.content._unixfs import CHUNK_MAX, Importer, UnixFSData, children, walk
 from lattica.errors import BadBlock, BlockNotFound, ContentError
 
 if TYPE_CHECKING:
-    from lattica.content.blockstore import Blockstore
+    from lattica.content._blockstore import Blockstore
 
 __all__ = ["import_source", "read_blocks", "dag", "stat", "held_bytes", "check_and_store", "read_all", "write_file"]
 

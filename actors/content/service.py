@@ -11,8 +11,8 @@ be sent; one answer carries at most ``max_request_blocks`` blocks and ``max_requ
 a peer can make us hold is bounded, however many CIDs it names and however slowly it reads.
 
 Fetching (``Fetch``, ``actors/content/fetch.py``): the providers come from the peers we are connected to, the DHT and
-the swarms they know; ``lattica.content.session.FetchSession`` decides whom to ask for what,
-``lattica.content.unixfs.Walker`` checks every block against its CID and its parent and names
+the swarms they know; ``lattica.content._session.FetchSession`` decides whom to ask for what,
+``lattica.content._unixfs.Walker`` checks every block against its CID and its parent and names
 the next ones. Every verified block goes to the blockstore at once (served from there while the
 fetch goes on, kept for a resumed fetch), and the object is read back from the blockstore.
 Hashing and disk writes run on worker threads: at 800 MB/s they would take the loop's core.
@@ -29,6 +29,9 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
+from lattica._budget import Buckets, StrangersShare
+from lattica._identity import PeerId
+from lattica._runtime import current_caller
 from lattica.actors.content.wire import (
     MAX_NAMED,
     MAX_SWARM,
@@ -45,19 +48,16 @@ from lattica.actors.content.wire import (
     parse_cids,
     provider_key,
 )
-from lattica.budget import Buckets, StrangersShare
 from lattica.config import ContentConfig
 from lattica.errors import BadBlock, ContentError, LatticaError
-from lattica.identity import PeerId
 from lattica.logging import get_logger
-from lattica.runtime import current_caller
 
 if TYPE_CHECKING:
+    from lattica._runtime.calls import Calls
     from lattica.actors.content.fetch import Fetch
     from lattica.actors.dht import DhtService
-    from lattica.content.blockstore import Blockstore
-    from lattica.content.cid import Cid
-    from lattica.runtime.calls import Calls
+    from lattica.content._blockstore import Blockstore
+    from lattica.content._cid import Cid
 
 log = get_logger("lattica.content")
 
@@ -191,7 +191,7 @@ class ContentService:
         return self._store
 
     def _open_store(self) -> Blockstore:
-        from lattica.content.blockstore import DiskBlockstore, MemoryBlockstore  # loaded at first use (start-up time)
+        from lattica.content._blockstore import DiskBlockstore, MemoryBlockstore  # loaded at first use (start-up time)
 
         where = (
             self.cfg.blocks
@@ -277,7 +277,7 @@ class ContentService:
         self.host.loop.call_soon_threadsafe(self.announce, root)
         return root
 
-    # -- spilled values (lattica.runtime.spill: a call's big arguments or result) ----------------
+    # -- spilled values (lattica._runtime.spill: a call's big arguments or result) ----------------
 
     def keep(self, data: bytes | memoryview) -> Cid:
         """Store ``data`` (any thread) for a peer to fetch by CID: pinned, not announced (the peer
@@ -431,7 +431,7 @@ class ContentService:
     async def weights(self, root: Cid) -> dict:
         """The arrays of the safetensors object ``root``: fetched, written once to a file beside
         the blocks and memory-mapped from it (decoded in memory for a memory blockstore)."""
-        from lattica.content import weights  # numpy and the format's parser: only for weights
+        from lattica.content import _weights as weights  # numpy and the format's parser: only for weights
 
         await self.fetch(root)
         base = getattr(self.store, "path", None)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from lattica._identity import PeerId
+from lattica._runtime import ASYNC, ActorRef
 from lattica.errors import ContentError, InvalidCid
-from lattica.identity import PeerId
-from lattica.runtime import ASYNC, ActorRef
 
 if TYPE_CHECKING:
-    from lattica.content.cid import Cid
+    from lattica.content._cid import Cid
 
 __all__ = [
     "content_ref",
@@ -69,7 +69,7 @@ def parse_cids(raw: Any, limit: int) -> list[Cid]:
         raise ContentError(f"a list of at most {limit} CIDs (binary) is expected")
     if not all(type(c) is bytes and len(c) <= 64 for c in raw):
         raise ContentError("not a CID: CIDs travel as byte strings of at most 64 bytes")
-    from lattica.content.cid import Cid  # (hashlib with it) loads at the first content call, not at start
+    from lattica.content._cid import Cid  # (hashlib with it) loads at the first content call, not at start
 
     try:
         return [Cid.from_bytes(c) for c in raw]

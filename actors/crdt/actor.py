@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from lattica._runtime import current_caller
 from lattica.actors.crdt.wire import (
     MAX_BODY,
     MAX_CHECKPOINTS_SENT,
@@ -15,10 +16,9 @@ from lattica.actors.crdt.wire import (
     parse_summary,
     summary_wire,
 )
-from lattica.crdt.checkpoint import MAX_STATE, Checkpoint
-from lattica.crdt.envelope import decode_any
+from lattica.crdt._checkpoint import MAX_STATE, Checkpoint
+from lattica.crdt._envelope import decode_any
 from lattica.errors import MalformedUpdate, PermissionDenied, ProtocolError
-from lattica.runtime import current_caller
 
 if TYPE_CHECKING:
     from lattica.actors.crdt.replica import Replica

@@ -1,8 +1,8 @@
 """One replica's checkpoints (docs/crdt.md, Compaction): proposing one when its turn comes
-(lattica/crdt/compaction.py says when), gathering the signatures that settle it, telling the
+(lattica/crdt/_compaction.py says when), gathering the signatures that settle it, telling the
 replica peers, and taking a settled one, ours or a peer's: checked against our own log if we hold
 what it covers, else taken on its signatures with its state. The rules (what a checkpoint covers,
-whether it is right) are the replica's (lattica/crdt/replica.py)."""
+whether it is right) are the replica's (lattica/crdt/_replica.py)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ import time
 from typing import TYPE_CHECKING
 
 from lattica.actors.crdt.wire import parse_signatures, replica_ref
-from lattica.crdt.checkpoint import MAX_STATE, Checkpoint
-from lattica.crdt.compaction import RETRY_AFTER, TOO_LARGE_AFTER, is_settled, proposer_turn
-from lattica.crdt.replica import REBUILD_GAP
+from lattica.crdt._checkpoint import MAX_STATE, Checkpoint
+from lattica.crdt._compaction import RETRY_AFTER, TOO_LARGE_AFTER, is_settled, proposer_turn
+from lattica.crdt._replica import REBUILD_GAP
 from lattica.errors import LatticaError
 from lattica.logging import get_logger
 
 if TYPE_CHECKING:
+    from lattica._identity import PeerId
     from lattica.actors.crdt.replica import Replica
-    from lattica.identity import PeerId
 
 __all__ = ["Checkpoints"]
 

@@ -30,20 +30,20 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pycrdt
 
+from lattica._budget import Buckets
+from lattica._identity import PeerId
 from lattica.actors.crdt.actor import ReplicaActor
 from lattica.actors.crdt.checkpoints import Checkpoints
 from lattica.actors.crdt.storage import Storage
 from lattica.actors.crdt.sync import AntiEntropy
 from lattica.actors.crdt.wire import MAX_BODY, MAX_PUSH, actor_name, replica_ref, topic_of
-from lattica.budget import Buckets
-from lattica.crdt.checkpoint import Checkpoint
-from lattica.crdt.envelope import ACL, MAX_DEPS, Acl, Envelope, client_id, decode_any, sign, sign_acl
-from lattica.crdt.replica import REBUILD_GAP, MemoryLog, Outcome, ReplicaState, gossip_verdict
-from lattica.crdt.yupdate import read_update
+from lattica.crdt._checkpoint import Checkpoint
+from lattica.crdt._envelope import ACL, MAX_DEPS, Acl, Envelope, client_id, decode_any, sign, sign_acl
+from lattica.crdt._replica import REBUILD_GAP, MemoryLog, Outcome, ReplicaState, gossip_verdict
+from lattica.crdt._yupdate import read_update
 from lattica.errors import CrdtError, LatticaError, MalformedUpdate, NotAWriter, Timeout, UpdateRejected
-from lattica.identity import PeerId
 from lattica.logging import get_logger
-from lattica.pubsub.subscription import Subscription
+from lattica.pubsub._subscription import Subscription
 
 if TYPE_CHECKING:
     from lattica.actors.crdt.service import CrdtService

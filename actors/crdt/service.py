@@ -12,16 +12,16 @@ import asyncio
 import os
 from typing import TYPE_CHECKING
 
+from lattica._identity import PeerId
 from lattica.config import CrdtConfig
 from lattica.errors import CrdtError, NotAWriter
-from lattica.identity import PeerId
 from lattica.logging import get_logger
 
 if TYPE_CHECKING:
+    from lattica._runtime.calls import Calls
     from lattica.actors.crdt.replica import Replica
     from lattica.actors.pubsub import PubSubService
-    from lattica.crdt.store import Store
-    from lattica.runtime.calls import Calls
+    from lattica.crdt._store import Store
 
 __all__ = ["CrdtService"]
 
@@ -58,7 +58,7 @@ class CrdtService:
         )
         if where == "memory":
             return
-        from lattica.crdt.store import Store  # (loaded at the first document: start-up time)
+        from lattica.crdt._store import Store  # (loaded at the first document: start-up time)
 
         loop = asyncio.get_running_loop()
         try:
@@ -88,7 +88,7 @@ class CrdtService:
         if writers is not None and owner is None:
             raise ValueError("a mesh document (owner=None) has no writers list: every member writes it")
         # (hashlib and msgpack's use load with the first document: start-up time)
-        from lattica.crdt.envelope import doc_id
+        from lattica.crdt._envelope import doc_id
 
         doc = doc_id(name, owner)
         replica = self.docs.get(doc)

@@ -1,4 +1,4 @@
-"""One replica's glue to the node's store (lattica/crdt/store.py, SQLite on its own thread): what
+"""One replica's glue to the node's store (lattica/crdt/_store.py, SQLite on its own thread): what
 it takes back when the document opens, the envelopes it applies, snapshots of the document's
 state, checkpoints taken, and the chain it writes under. Without a store (``path="memory"``)
 each of these does nothing. A write that fails is logged (the store's own thread runs it)."""
@@ -12,8 +12,8 @@ from lattica.logging import get_logger
 
 if TYPE_CHECKING:
     from lattica.actors.crdt.replica import Replica
-    from lattica.crdt.checkpoint import Checkpoint
-    from lattica.crdt.envelope import Envelope
+    from lattica.crdt._checkpoint import Checkpoint
+    from lattica.crdt._envelope import Envelope
 
 __all__ = ["Storage"]
 

@@ -1,7 +1,7 @@
 """One replica's anti-entropy (docs/crdt.md, Replication): exchanging summaries with a replica
 peer's actor (``sync``), taking the envelopes and checkpoints it answers, and pushing what it
 lacks (``push``, ``checkpoint``), a page at a time, until neither lacks anything of the other's.
-Whom to sync with and when is lattica/crdt/antientropy.py's; the answers to peers' calls are
+Whom to sync with and when is lattica/crdt/_antientropy.py's; the answers to peers' calls are
 the replica actor's (actors/crdt/actor.py)."""
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from lattica.actors.crdt.wire import (
     replica_ref,
     summary_wire,
 )
-from lattica.crdt.antientropy import SyncSchedule
+from lattica.crdt._antientropy import SyncSchedule
 from lattica.errors import LatticaError
 from lattica.logging import get_logger
 
 if TYPE_CHECKING:
+    from lattica._identity import PeerId
+    from lattica._runtime.refs import ActorRef
     from lattica.actors.crdt.replica import Replica
-    from lattica.crdt.envelope import Envelope
-    from lattica.identity import PeerId
-    from lattica.runtime.refs import ActorRef
+    from lattica.crdt._envelope import Envelope
 
 __all__ = ["AntiEntropy"]
 

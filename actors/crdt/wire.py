@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lattica.crdt.checkpoint import MAX_SIGNATURES, MAX_STATE, Checkpoint, Signature
-from lattica.crdt.envelope import Envelope, decode_any
-from lattica.crdt.replica import MAX_CHAINS
+from lattica._runtime.limits import ASYNC
+from lattica._runtime.refs import ActorRef
+from lattica.crdt._checkpoint import MAX_SIGNATURES, MAX_STATE, Checkpoint, Signature
+from lattica.crdt._envelope import Envelope, decode_any
+from lattica.crdt._replica import MAX_CHAINS
 from lattica.errors import MalformedUpdate, ProtocolError
-from lattica.runtime.limits import ASYNC
-from lattica.runtime.refs import ActorRef
 
 if TYPE_CHECKING:
-    from lattica.crdt.replica import ReplicaState
-    from lattica.identity import PeerId
+    from lattica._identity import PeerId
+    from lattica.crdt._replica import ReplicaState
 
 __all__ = [
     "actor_name",

@@ -10,10 +10,10 @@ from lattica.actors.dashboard.report import NAME, actor_detail, node_report
 from lattica.actors.dashboard.usage import Usage
 
 if TYPE_CHECKING:
+    from lattica._runtime.calls import Calls
     from lattica.actors.dashboard.config import DashboardConfig
     from lattica.actors.dashboard.mesh import MeshWatch
     from lattica.config import NodeConfig
-    from lattica.runtime.calls import Calls
     from lattica.services import NodeServices
 
 __all__ = ["DashboardService", "DashboardActor"]

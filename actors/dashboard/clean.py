@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from lattica._runtime.local import MAX_ERROR_TEXT, MAX_RECENT_ERRORS
+from lattica._runtime.output import MAX_LINE
 from lattica.actors.dashboard.report import MAX_ACTORS, MAX_CHILDREN, MAX_ENDED, MAX_OUTPUT, MAX_PEERS
 from lattica.actors.dashboard.usage import ACTOR_FIELDS, NODE_FIELDS, SAMPLES
-from lattica.runtime.local import MAX_ERROR_TEXT, MAX_RECENT_ERRORS
-from lattica.runtime.output import MAX_LINE
 
 __all__ = ["clean_report", "clean_member", "clean_detail", "clean_series", "text", "number", "MAX_TEXT"]
 

@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from lattica._identity import PeerId
 from lattica.actors.dashboard.clean import clean_detail, clean_series
 from lattica.actors.dashboard.config import DashboardConfig, is_loopback
 from lattica.actors.dashboard.mesh import dashboard_ref
 from lattica.actors.dashboard.metrics import scrape
 from lattica.actors.dashboard.usage import NODE_FIELDS
 from lattica.errors import DashboardError, LatticaError
-from lattica.identity import PeerId
 from lattica.logging import get_logger
 
 if TYPE_CHECKING:
+    from lattica._runtime.calls import Calls
     from lattica.actors.dashboard import DashboardService
     from lattica.actors.dashboard.mesh import MeshWatch
-    from lattica.runtime.calls import Calls
     from lattica.services import NodeServices
 
 __all__ = ["DashboardServer"]

@@ -11,15 +11,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from lattica._identity import PeerId
+from lattica._runtime import ASYNC, ActorRef
 from lattica.actors.dashboard.clean import clean_member, clean_report, text
 from lattica.actors.dashboard.report import NAME
 from lattica.errors import LatticaError
-from lattica.identity import PeerId
 from lattica.logging import get_logger
-from lattica.runtime import ASYNC, ActorRef
 
 if TYPE_CHECKING:
-    from lattica.runtime.calls import Calls
+    from lattica._runtime.calls import Calls
 
 __all__ = ["MeshWatch", "dashboard_ref", "NAME"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lattica.metrics import Family, render
+from lattica._metrics import Family, render
 
 if TYPE_CHECKING:
-    from lattica.runtime.calls import Calls
+    from lattica._runtime.calls import Calls
     from lattica.services import NodeServices
 
 __all__ = ["scrape", "MAX_CLASSES"]

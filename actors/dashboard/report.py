@@ -11,11 +11,11 @@ import time
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
+    from lattica._runtime.calls import Calls
+    from lattica._runtime.local import EndedActor
     from lattica.actors.dashboard.usage import Usage
     from lattica.actors.spawner import Spawner
     from lattica.config import NodeConfig
-    from lattica.runtime.calls import Calls
-    from lattica.runtime.local import EndedActor
     from lattica.services import NodeServices
 
 __all__ = ["node_report", "actor_detail", "program", "NAME", "MAX_ACTORS", "MAX_PEERS", "MAX_CHILDREN", "MAX_ENDED"]
@@ -119,7 +119,7 @@ def _peers(host: Any) -> list[dict[str, Any]]:
 
 
 async def _actors(rt: Calls, spawner: Spawner) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    from lattica.remote import ActorClass, class_path  # (with the supervisor, above)
+    from lattica._remote import ActorClass, class_path  # (with the supervisor, above)
     from lattica.supervisor import Supervisor  # (not at start: a node that runs no supervisor never loads it)
 
     library = spawner.code
@@ -214,7 +214,7 @@ def _last_error(errors: Any) -> dict[str, Any] | None:
 
 
 def _ended_row(e: EndedActor) -> dict[str, Any]:
-    from lattica.remote import class_path  # (with the supervisor, above)
+    from lattica._remote import class_path  # (with the supervisor, above)
 
     return {
         "name": e.name,
@@ -233,7 +233,7 @@ def _ended_row(e: EndedActor) -> dict[str, Any]:
 def actor_detail(rt: Calls, name: str, usage: Usage | None = None) -> dict[str, Any] | None:
     """One actor's detail, live or ended lately: its last errors with their tracebacks, its
     recent output and its utilisation series. None when this node has no such actor."""
-    from lattica.remote import class_path  # (with the supervisor, above)
+    from lattica._remote import class_path  # (with the supervisor, above)
 
     a = rt.actors.get(name)
     if a is not None and not a.system:

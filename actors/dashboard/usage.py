@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import asyncio
 
-    from lattica.runtime import LocalActor
-    from lattica.runtime.calls import Calls
+    from lattica._runtime import LocalActor
+    from lattica._runtime.calls import Calls
 
 __all__ = ["Usage", "ActorCounters", "EVERY", "SAMPLES", "MAX_ACTORS"]
 

@@ -8,7 +8,7 @@ before it:
   protocol's fixed method table (:func:`dht_ref`) and the size limits of answers.
 - ``state``: what the node's DHT holds (configuration, routing table, record store, addresses
   of table peers, misbehaving peers), how the table learns peers, requests to peers' actors.
-- ``lookups``: the lookup driver, iterative lookups (:class:`lattica.kademlia.Lookup`) over those
+- ``lookups``: the lookup driver, iterative lookups (:class:`lattica.dht._kademlia.Lookup`) over those
   requests, and what runs on them: closest nodes, get, providers, peer records, storing on the
   k closest; :class:`LookupStats`.
 - ``upkeep``: what the node keeps alive in the DHT (its puts, provider announcements, peer

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from lattica._identity import PeerId
+from lattica._runtime import ASYNC, ActorRef
 from lattica.config import DhtConfig
+from lattica.dht._kademlia import K, RoutingTable, key_id, node_id
+from lattica.dht._records import PeerRecord, RecordStore, entry_from_wire, entry_to_wire
 from lattica.errors import RecordRejected
-from lattica.identity import PeerId
-from lattica.kademlia import K, RoutingTable, key_id, node_id
-from lattica.records import PeerRecord, RecordStore, entry_from_wire, entry_to_wire
-from lattica.runtime import ASYNC, ActorRef
 
 RPC_METHODS = (
     "ping",

@@ -1,4 +1,4 @@
-"""The lookup driver: iterative Kademlia lookups (:class:`lattica.kademlia.Lookup`) run over
+"""The lookup driver: iterative Kademlia lookups (:class:`lattica.dht._kademlia.Lookup`) run over
 requests to peers, and what runs on them (closest nodes, get, providers, peer records, stores)."""
 
 from __future__ import annotations
@@ -11,9 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lattica._identity import PeerId
+from lattica._multiaddr import Multiaddr
 from lattica.actors.dht.actor import MAX_ADDRS_IN_ANSWER, MAX_PEERS_IN_ANSWER
 from lattica.actors.dht.state import DhtState
 from lattica.config import DhtConfig
+from lattica.dht._kademlia import Lookup, key_id, node_id
+from lattica.dht._records import Entry, PeerRecord, check_entry, entry_from_wire, entry_to_wire, is_authentic, owner_of
 from lattica.errors import (
     ConnectionLimit,
     DhtError,
@@ -24,13 +28,9 @@ from lattica.errors import (
     RecordRejected,
     StoreFailed,
 )
-from lattica.identity import PeerId
-from lattica.kademlia import Lookup, key_id, node_id
-from lattica.multiaddr import Multiaddr
-from lattica.records import Entry, PeerRecord, check_entry, entry_from_wire, entry_to_wire, is_authentic, owner_of
 
 if TYPE_CHECKING:
-    from lattica.runtime.calls import Calls
+    from lattica._runtime.calls import Calls
 
 
 class Garbage(Exception):

@@ -11,7 +11,7 @@ from lattica.errors import LatticaError
 from lattica.logging import get_logger
 
 if TYPE_CHECKING:
-    from lattica.runtime.calls import Calls
+    from lattica._runtime.calls import Calls
 
 log = get_logger("lattica.dht")
 

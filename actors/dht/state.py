@@ -6,23 +6,23 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, Any
 
-from lattica import context
+from lattica import _context as context
+from lattica._future import Future
+from lattica._identity import PeerId
+from lattica._interfaces import is_private, is_private_ip
+from lattica._membership import MemberDown
+from lattica._multiaddr import Multiaddr
+from lattica._runtime import current_caller
 from lattica.actors.dht.actor import MAX_ADDRS_IN_ANSWER, dht_ref
 from lattica.config import DhtConfig
+from lattica.dht._kademlia import RoutingTable
+from lattica.dht._records import RecordStore
 from lattica.errors import LatticaError, PeerUnreachable
-from lattica.future import Future
-from lattica.identity import PeerId
-from lattica.interfaces import is_private, is_private_ip
-from lattica.kademlia import RoutingTable
 from lattica.logging import get_logger
-from lattica.membership import MemberDown
-from lattica.multiaddr import Multiaddr
-from lattica.records import RecordStore
-from lattica.runtime import current_caller
 
 if TYPE_CHECKING:
-    from lattica.hostview import HostView
-    from lattica.runtime.calls import Calls
+    from lattica._hostview import HostView
+    from lattica._runtime.calls import Calls
 
 log = get_logger("lattica.dht")
 

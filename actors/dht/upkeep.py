@@ -11,12 +11,11 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from lattica import codec
+from lattica._runtime import ActorRef
 from lattica.actors.dht.lookups import DhtLookups
 from lattica.config import DhtConfig
-from lattica.errors import ActorNotFound, DhtError, LatticaError, PermissionDenied, StoreFailed
-from lattica.kademlia import Lookup, key_id, node_id
-from lattica.logging import get_logger
-from lattica.records import (
+from lattica.dht._kademlia import Lookup, key_id, node_id
+from lattica.dht._records import (
     REGISTRY_MAX_TTL,
     REGISTRY_PREFIX,
     TOMBSTONE,
@@ -27,11 +26,12 @@ from lattica.records import (
     scope_of,
     sign_entry,
 )
-from lattica.runtime import ActorRef
+from lattica.errors import ActorNotFound, DhtError, LatticaError, PermissionDenied, StoreFailed
+from lattica.logging import get_logger
 
 if TYPE_CHECKING:
-    from lattica.identity import PeerId
-    from lattica.runtime.calls import Calls
+    from lattica._identity import PeerId
+    from lattica._runtime.calls import Calls
     from lattica.trust import Verdict
 
 log = get_logger("lattica.dht")

@@ -8,7 +8,7 @@ hash of all the author signed (the topic, the items' digests, the certificates, 
 and the signature (``digest``), so a copy that differs in anything is another message. The author's mesh certificates (none in an open mesh or one of listed members) travel
 with it and are signed with it: a receiver that never met the author can tell it is a member,
 and nobody can strip them. So does its flood set, when it names one (the peers it sent the bundle
-to itself: ``lattica.pubsub.router``), so nobody can add a peer to it and cut that peer off from
+to itself: ``lattica.pubsub._router``), so nobody can add a peer to it and cut that peer off from
 its forwarders.
 """
 

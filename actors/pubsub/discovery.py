@@ -16,18 +16,18 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
-from lattica.budget import Buckets
+from lattica._budget import Buckets
+from lattica._interfaces import host_key, ip_of, is_loopback_ip
+from lattica.dht._records import mesh_scoped
 from lattica.errors import LatticaError
-from lattica.interfaces import host_key, ip_of, is_loopback_ip
 from lattica.logging import get_logger
-from lattica.records import mesh_scoped
 
 if TYPE_CHECKING:
+    from lattica._identity import PeerId
+    from lattica._runtime.calls import Calls
     from lattica.actors.dht import DhtService
     from lattica.config import PubSubConfig
-    from lattica.identity import PeerId
-    from lattica.pubsub.router import Router
-    from lattica.runtime.calls import Calls
+    from lattica.pubsub._router import Router
 
 log = get_logger("lattica.pubsub")
 

@@ -1,4 +1,4 @@
-"""What the pub-sub service sends to peers: one queue per peer (``lattica.pubsub.outbound``,
+"""What the pub-sub service sends to peers: one queue per peer (``lattica.pubsub._outbound``,
 bounded by ``peer_queue`` messages and ``peer_queue_bytes``, its batches within the wire's
 bounds), drained by calls to the peer's ``pubsub`` actor, at most ``in_flight`` at once (``rpc``,
 or a stranger's ``open_rpc``). Loaded with the router, at first use."""
@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 from lattica.actors.pubsub import wire
 from lattica.errors import ActorNotFound, LatticaError, PermissionDenied
 from lattica.logging import get_logger
-from lattica.pubsub.outbound import Bounds, Outbound
+from lattica.pubsub._outbound import Bounds, Outbound
 
 if TYPE_CHECKING:
+    from lattica._identity import PeerId
+    from lattica._runtime.calls import Calls
+    from lattica._runtime.refs import ActorRef
     from lattica.config import PubSubConfig
-    from lattica.identity import PeerId
-    from lattica.pubsub.router import Router, Rpc
-    from lattica.runtime.calls import Calls
-    from lattica.runtime.refs import ActorRef
+    from lattica.pubsub._router import Router, Rpc
 
 log = get_logger("lattica.pubsub")
 

@@ -1,4 +1,4 @@
-"""The ``pubsub`` system service: a GossipSub router (``lattica.pubsub.router``) on the node.
+"""The ``pubsub`` system service: a GossipSub router (``lattica.pubsub._router``) on the node.
 
 The service feeds the router what happens (members connecting and leaving, peers' batches, the
 heartbeat) and carries out what it answers: batches go to peers as calls to their ``pubsub``
@@ -23,7 +23,7 @@ Exposure (docs/security.md): members only. A mesh's topics are the mesh's busine
 can neither publish into them nor read them through us. Topics a node opens
 (``PubSubConfig.open_topics``) are the exception: strangers become router peers for those topics
 alone, calling ``open_rpc`` (every other part of their batches is dropped, and nothing of another
-topic goes to them: ``lattica.pubsub.open_topics``; their messages are checked within their
+topic goes to them: ``lattica.pubsub._open_topics``; their messages are checked within their
 share, a few at a time: ``strangers``), and those topics' authors need not be members.
 """
 
@@ -36,28 +36,28 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from lattica import codec
+from lattica._budget import Buckets
+from lattica._identity import PeerId
+from lattica._runtime import current_caller
+from lattica._runtime.limits import ASYNC
+from lattica._runtime.refs import ActorRef
 from lattica.actors.pubsub.discovery import Discovery
 from lattica.actors.pubsub.strangers import Strangers
-from lattica.budget import Buckets
 from lattica.config import PubSubConfig
 from lattica.errors import LatticaError, PermissionDenied, ProtocolError
-from lattica.identity import PeerId
 from lattica.logging import get_logger
-from lattica.runtime import current_caller
-from lattica.runtime.limits import ASYNC
-from lattica.runtime.refs import ActorRef
 
 if TYPE_CHECKING:
+    from lattica._identify import PeerInfo
+    from lattica._runtime.calls import Calls
     from lattica.actors.dht import DhtService
     from lattica.actors.pubsub import wire
     from lattica.actors.pubsub.bundle import MAX_FLOODED, Bundle
     from lattica.actors.pubsub.sending import Sending
     from lattica.actors.pubsub.validation import Checks
-    from lattica.identify import PeerInfo
-    from lattica.pubsub.open_topics import is_open, only_open
-    from lattica.pubsub.router import Envelope, GossipParams, Router, Rpc
-    from lattica.pubsub.subscription import Message, Subscription
-    from lattica.runtime.calls import Calls
+    from lattica.pubsub._open_topics import is_open, only_open
+    from lattica.pubsub._router import Envelope, GossipParams, Router, Rpc
+    from lattica.pubsub._subscription import Message, Subscription
     from lattica.transports.base import Connection
 
 log = get_logger("lattica.pubsub")
@@ -78,9 +78,9 @@ def _load() -> None:
     from lattica.actors.pubsub.bundle import MAX_FLOODED, Bundle  # (first use)
     from lattica.actors.pubsub.sending import Sending  # (first use)
     from lattica.actors.pubsub.validation import Checks  # (first use)
-    from lattica.pubsub.open_topics import is_open, only_open  # (first use)
-    from lattica.pubsub.router import Envelope, GossipParams, Router, Rpc  # (first use)
-    from lattica.pubsub.subscription import Message, Subscription  # (first use)
+    from lattica.pubsub._open_topics import is_open, only_open  # (first use)
+    from lattica.pubsub._router import Envelope, GossipParams, Router, Rpc  # (first use)
+    from lattica.pubsub._subscription import Message, Subscription  # (first use)
 
 
 _FLUSH_WAIT = 2.0  # seconds a stopping node gives its pub-sub batches on the way to arrive

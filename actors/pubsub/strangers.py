@@ -1,5 +1,5 @@
 """Strangers' batches to the pub-sub service (``open_rpc``: the topics a node opens, see
-``lattica.pubsub.open_topics``): what they may cost us, and their messages' turns.
+``lattica.pubsub._open_topics``): what they may cost us, and their messages' turns.
 
 A stranger's batches are taken at ``STRANGER_BATCHES`` (a second, and at once), all strangers'
 together at ``STRANGERS_BATCHES``; their messages within the strangers' share
@@ -13,15 +13,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lattica.budget import Buckets, StrangersShare
+from lattica._budget import Buckets, StrangersShare
 
 if TYPE_CHECKING:
     import asyncio
 
+    from lattica._hostview import HostView
+    from lattica._identity import PeerId
     from lattica.config import PubSubConfig
-    from lattica.hostview import HostView
-    from lattica.identity import PeerId
-    from lattica.pubsub.router import Envelope
+    from lattica.pubsub._router import Envelope
 
 __all__ = ["Strangers", "SLICE", "WAITING"]
 

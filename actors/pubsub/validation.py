@@ -14,18 +14,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lattica import codec
-from lattica.budget import Buckets
+from lattica._budget import Buckets
+from lattica._identity import PeerId, verify_signature
 from lattica.errors import LatticaError
-from lattica.identity import PeerId, verify_signature
 from lattica.logging import get_logger
-from lattica.pubsub.router import ACCEPT, IGNORE, REJECT
-from lattica.pubsub.subscription import Message
+from lattica.pubsub._router import ACCEPT, IGNORE, REJECT
+from lattica.pubsub._subscription import Message
 
 if TYPE_CHECKING:
+    from lattica._hostview import HostView
     from lattica.actors.pubsub.bundle import Bundle
     from lattica.config import PubSubConfig
-    from lattica.hostview import HostView
-    from lattica.pubsub.router import Envelope
+    from lattica.pubsub._router import Envelope
 
 log = get_logger("lattica.pubsub")
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from lattica.actors.pubsub.bundle import MAX_ITEMS, Bundle
 from lattica.errors import ProtocolError
-from lattica.pubsub.router import Envelope, Rpc
+from lattica.pubsub._router import Envelope, Rpc
 
 __all__ = ["NAME", "encode", "decode", "envelope", "check_topic", "MAX_TOPIC", "MAX_ID", "MAX_ITEMS"]
 

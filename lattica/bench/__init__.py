@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 from lattica.errors import NodeClosed
 
 if TYPE_CHECKING:
-    from lattica.host import Host
-    from lattica.node import Node
-    from lattica.runtime import Runtime
+    from lattica._host import Host
+    from lattica._node import Node
+    from lattica._runtime import Runtime
 
 
 def host_of(node: Node) -> Host:

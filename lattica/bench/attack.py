@@ -26,6 +26,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lattica import codec, dht, pubsub
+from lattica._identity import KeyPair
+from lattica._multiaddr import Multiaddr
+from lattica._node import Node
+from lattica._remote import actor
 from lattica.actors.content import content_ref
 from lattica.actors.dht.actor import dht_ref
 from lattica.actors.pubsub import pubsub_ref
@@ -33,13 +37,9 @@ from lattica.actors.pubsub.bundle import Bundle
 from lattica.bench import host_of, runtime_of
 from lattica.bench.rpc import spawn_on
 from lattica.config import ContentConfig, PubSubConfig
-from lattica.content.cid import Cid
+from lattica.content._cid import Cid
+from lattica.dht._records import Entry, entry_to_wire
 from lattica.errors import LatticaError
-from lattica.identity import KeyPair
-from lattica.multiaddr import Multiaddr
-from lattica.node import Node
-from lattica.records import Entry, entry_to_wire
-from lattica.remote import actor
 from lattica.trust import MeshKey
 
 __all__ = ["ATTACKS", "bench_attack", "Echo"]

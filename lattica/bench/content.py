@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 import lattica
+from lattica._runtime import current_runtime
 from lattica.bench.rpc import spawn_on
-from lattica.content.cid import Cid
+from lattica.content._cid import Cid
 from lattica.mesh.process import ServerProcess
-from lattica.runtime import current_runtime
 
 _TCP = "/ip4/127.0.0.1/tcp/0"
 MiB = 1 << 20

@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import lattica
+from lattica._node import Node
 from lattica.bench import host_of, runtime_of
 from lattica.config import CrdtConfig, PubSubConfig
-from lattica.node import Node
 from lattica.transports.memory import MemoryNetwork
 
 __all__ = ["simulate_crdt", "bench_crdt", "bench_compaction", "CrdtPeer"]
@@ -161,7 +161,7 @@ def _edit(rng: random.Random, rep: Any, e: int) -> None:
 
 
 def _same(reps: list[Any]) -> bool:
-    from lattica.crdt.yupdate import read_state_vector  # (lazy, like every import of the benchmark's helpers)
+    from lattica.crdt._yupdate import read_state_vector  # (lazy, like every import of the benchmark's helpers)
 
     first = read_state_vector(reps[0].ydoc.get_state())  # (as a dict: yrs writes its entries in any order)
     if any(read_state_vector(r.ydoc.get_state()) != first or r.state.held() for r in reps[1:]):
@@ -195,10 +195,10 @@ def bench_compaction(envelopes: int = 10_000, writers: int = 3) -> dict[str, Any
 
     import pycrdt  # (this bench only: the simulation and the process bench do not load it here)
 
-    from lattica.crdt.envelope import GENESIS, client_id, doc_id, sign  # (likewise)
-    from lattica.crdt.replica import ReplicaState  # (likewise)
-    from lattica.crdt.yupdate import read_update  # (likewise)
-    from lattica.identity import KeyPair  # (likewise)
+    from lattica._identity import KeyPair  # (likewise)
+    from lattica.crdt._envelope import GENESIS, client_id, doc_id, sign  # (likewise)
+    from lattica.crdt._replica import ReplicaState  # (likewise)
+    from lattica.crdt._yupdate import read_update  # (likewise)
 
     doc = doc_id(DOC, None)
     rng = random.Random(1)
@@ -272,7 +272,7 @@ class CrdtPeer:
 
     async def open(self) -> None:
         self.doc = await lattica.crdt.open(DOC, block=False)
-        from lattica.crdt.yupdate import read_update  # (in the node process, when the actor opens the document)
+        from lattica.crdt._yupdate import read_update  # (in the node process, when the actor opens the document)
 
         def on_change(change: Any) -> None:
             if change.local:

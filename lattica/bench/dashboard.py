@@ -157,9 +157,9 @@ def bench_dashboard_cost(seconds: float = 5.0, rounds: int = 3, concurrency: int
     """Table 1's first row (128 B async echo calls, ``concurrency`` in flight, TCP) against a node
     process serving its dashboard to WATCHERS pages, and against one serving none: alternated
     ``rounds`` times in this run; calls/s medians and their ratio."""
+    from lattica._node import Node  # (as above)
     from lattica.bench.rpc import AsyncEcho, measure_calls, spawn_on  # (the benches load lazily: see lattica.cli)
     from lattica.bench.transport import server  # (as above)
-    from lattica.node import Node  # (as above)
 
     data = os.urandom(128)
     qps: dict[str, list[float]] = {"without": [], "with": []}
@@ -212,8 +212,8 @@ def bench_buffers(actors: int = 500) -> dict[str, Any]:
     utilisation series hold, per actor, measured with tracemalloc over ``actors`` actors."""
     import tracemalloc  # (only this bench measures with it)
 
+    from lattica._runtime import output  # (as above)
     from lattica.actors.dashboard.usage import SAMPLES, ActorCounters  # (the benches load lazily: see lattica.cli)
-    from lattica.runtime import output  # (as above)
 
     class _Stub:  # (what _ActorCounters reads of an actor)
         calls = errors = 0

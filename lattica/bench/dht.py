@@ -16,11 +16,11 @@ import time
 from typing import Any
 
 from lattica._loop import DEFAULT_BUSY_POLL_US
+from lattica._node import Node
 from lattica.actors.dht import DhtConfig
 from lattica.bench import runtime_of
 from lattica.bench.transport import LOOPBACK, pct
 from lattica.mesh.process import ServerProcess
-from lattica.node import Node
 from lattica.transports.memory import MemoryNetwork
 
 

@@ -14,9 +14,9 @@ import statistics
 import time
 from typing import Any
 
-from lattica.digest import sha256
-from lattica.identity import KeyPair, verify_signature
-from lattica.membership import DEAD, LEFT, MemberDown, Membership, MembershipConfig
+from lattica._digest import sha256
+from lattica._identity import KeyPair, verify_signature
+from lattica._membership import DEAD, LEFT, MemberDown, Membership, MembershipConfig
 
 
 class SimNotary:

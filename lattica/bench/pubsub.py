@@ -1,7 +1,7 @@
 """Pub-sub measured: by simulation (hundreds of routers in one process, one topic), and with real
 node processes on loopback (``bench_pubsub``: latency and messages/s).
 
-Every node runs a real ``lattica.pubsub.router.Router``; what the glue would do is simulated: a
+Every node runs a real ``lattica.pubsub._router.Router``; what the glue would do is simulated: a
 batch from one router reaches another after the link's latency (nodes sit at random points of a
 square and a link's latency is 2 ms plus up to 28 ms in proportion to their distance, so latencies
 keep the triangle inequality, as the internet's roughly do; the router knows each link's round
@@ -27,9 +27,9 @@ from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import lattica
+from lattica._runtime import current_runtime
 from lattica.bench import runtime_of
-from lattica.pubsub.router import ACCEPT, Envelope, GossipParams, Router
-from lattica.runtime import current_runtime
+from lattica.pubsub._router import ACCEPT, Envelope, GossipParams, Router
 
 if TYPE_CHECKING:
     from lattica.actors.pubsub import PubSubService

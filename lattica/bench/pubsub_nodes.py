@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from lattica._node import Node
 from lattica.bench import host_of
-from lattica.node import Node
 from lattica.transports.memory import MemoryNetwork
 
 if TYPE_CHECKING:

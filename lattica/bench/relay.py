@@ -15,10 +15,10 @@ import statistics
 import time
 from typing import Any
 
+from lattica._node import Node
 from lattica.bench import host_of
 from lattica.bench.rpc import AsyncEcho, measure_calls, pct, spawn_on
 from lattica.mesh.process import ServerProcess
-from lattica.node import Node
 
 _TCP = "/ip4/127.0.0.1/tcp/0"
 _QUIC = "/ip4/127.0.0.1/udp/0/quic-v1"

@@ -16,11 +16,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from lattica._loop import DEFAULT_BUSY_POLL_US
+from lattica._node import Node
+from lattica._remote import actor
 from lattica.bench import runtime_of
 from lattica.bench.transport import pct, plain_tcp_echo, server
 from lattica.mesh.process import ServerProcess
-from lattica.node import Node
-from lattica.remote import actor
 
 PLAIN_ECHO_FROM = 64 * 1024  # payloads this big get a plain TCP echo's figure beside them (--link)
 

@@ -23,11 +23,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from lattica._node import Node
+from lattica._remote import actor
 from lattica.bench.rpc import spawn_on
 from lattica.bench.transport import pct
 from lattica.mesh.process import ServerProcess
-from lattica.node import Node
-from lattica.remote import actor
 
 __all__ = ["bench_shards", "bench_inference", "ShardEcho"]
 

@@ -16,13 +16,13 @@ from typing import Any, cast
 
 import numpy as np
 
+from lattica._identity import PeerId
+from lattica._node import Node
+from lattica._remote import ActorClass, actor
 from lattica.actors.membership import membership_ref
 from lattica.bench import host_of, runtime_of
 from lattica.bench.rpc import AsyncEcho
-from lattica.identity import PeerId
 from lattica.mesh.process import ServerProcess
-from lattica.node import Node
-from lattica.remote import ActorClass, actor
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 

@@ -1,5 +1,5 @@
 """``lattica bench spill``: a call whose argument and result are over the 64 MiB message cap, so
-both travel by CID on their own (lattica.runtime.spill), against the same bytes moved the way a
+both travel by CID on their own (lattica._runtime.spill), against the same bytes moved the way a
 user would by hand (``content.put`` here, the CID in the call, ``content.get`` there, and back),
 and against an array just under the cap that travels in the message; an echo actor in another
 process, the same run, medians of ``runs``."""
@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from lattica._node import Node
+from lattica._remote import actor
 from lattica.bench.rpc import SyncEcho, spawn_on
 from lattica.bench.transport import server
 from lattica.content import get as content_get
 from lattica.content import put as content_put
-from lattica.node import Node
-from lattica.remote import actor
 
 __all__ = ["bench_spill", "ByHand"]
 

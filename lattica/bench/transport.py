@@ -18,10 +18,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from lattica._loop import DEFAULT_BUSY_POLL_US
+from lattica._multiaddr import Multiaddr
+from lattica._node import Node
 from lattica.bench import host_of
 from lattica.mesh.process import SINK, ServerProcess
-from lattica.multiaddr import Multiaddr
-from lattica.node import Node
 from lattica.transports.noise import MAX_PLAINTEXT, Cipher
 
 LOOPBACK = {"tcp": "/ip4/127.0.0.1/tcp/0", "quic": "/ip4/127.0.0.1/udp/0/quic-v1"}

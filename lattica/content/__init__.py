@@ -17,17 +17,17 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from lattica.content.cid import Cid
+from lattica._future import Future
+from lattica._runtime import run_coroutine
+from lattica.content._cid import Cid
 from lattica.errors import NodeClosed
-from lattica.future import Future
-from lattica.runtime import run_coroutine
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
+    from lattica._node import Node
+    from lattica._runtime import Runtime
     from lattica.actors.content import ContentService
-    from lattica.node import Node
-    from lattica.runtime import Runtime
 
 __all__ = ["Cid", "put", "get", "pin", "unpin", "stat", "providers", "gc", "put_weights", "get_weights"]
 
@@ -150,7 +150,7 @@ def put_weights(
 ) -> Future:
     """Write ``weights`` (name -> numpy array or torch tensor) as a safetensors file and ``put``
     it; resolves to its CID text."""
-    from lattica.content import weights as _weights  # safetensors loads only when weights are written
+    from lattica.content import _weights as _weights  # safetensors loads only when weights are written
 
     rt, svc = _service(node)
     blob = _weights.encode(weights, metadata)

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from lattica._future import Future
+from lattica._identity import PeerId
+from lattica._runtime import on_loop, run_coroutine
 from lattica.errors import NodeClosed
-from lattica.future import Future
-from lattica.identity import PeerId
-from lattica.runtime import on_loop, run_coroutine
 
 if TYPE_CHECKING:
+    from lattica._node import Node
+    from lattica._runtime import Runtime
     from lattica.actors.crdt import CrdtService
-    from lattica.node import Node
-    from lattica.runtime import Runtime
 
 __all__ = ["open", "list"]
 
@@ -56,7 +56,7 @@ def open(
     if the node held it before). ``owner``: None for a mesh document every member writes; a
     PeerId (True: this node) for one only its owner and ``writers`` change (``writers`` is the
     owner's to set). ``block=False``: a Future of the Document instead."""
-    from lattica.crdt.document import Document  # (pycrdt's types come with it: loaded at the first document)
+    from lattica.crdt._document import Document  # (pycrdt's types come with it: loaded at the first document)
 
     rt, svc = _service(node)
     if owner is True:

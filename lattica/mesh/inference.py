@@ -17,9 +17,9 @@ from typing import Any, cast
 
 import numpy as np
 
+from lattica._node import Node
+from lattica._remote import ActorClass, actor
 from lattica.mesh.process import ServerProcess
-from lattica.node import Node
-from lattica.remote import ActorClass, actor
 
 __all__ = ["TinyLM", "PipelineStage", "pipeline", "generate", "SERVICE"]
 

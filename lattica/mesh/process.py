@@ -19,10 +19,10 @@ import time
 from typing import Any
 
 from lattica._loop import DEFAULT_BUSY_POLL_US
+from lattica._node import Node
 from lattica.config import DhtConfig, NatConfig, RelayConfig
+from lattica.dht._records import StoreLimits
 from lattica.logging import configure
-from lattica.node import Node
-from lattica.records import StoreLimits
 from lattica.transports.base import Connection, Stream
 
 SINK = "/lattica/bench/sink/1"

@@ -12,10 +12,10 @@ import time
 from collections.abc import Iterator
 from typing import Any, cast
 
+from lattica._node import Node
+from lattica._remote import ActorClass, actor
+from lattica._runtime import current_actor
 from lattica.mesh.process import ServerProcess
-from lattica.node import Node
-from lattica.remote import ActorClass, actor
-from lattica.runtime import current_actor
 from lattica.supervisor import Supervisor
 
 __all__ = ["Keeper", "supervised_mesh", "statuses", "lose"]

@@ -20,10 +20,10 @@ from typing import Any, cast
 import numpy as np
 
 from lattica import codec
+from lattica._node import Node
+from lattica._remote import ActorClass, actor
+from lattica._runtime import ActorRef
 from lattica.mesh.process import ServerProcess
-from lattica.node import Node
-from lattica.remote import ActorClass, actor
-from lattica.runtime import ActorRef
 
 __all__ = ["Trainer", "PolicyWorker", "fleet", "sync_versions", "TOPIC"]
 

@@ -7,7 +7,7 @@
 
 Every message is signed by its author and checked by every node before it is delivered or passed
 on; ``validator(topic, fn)`` adds the application's own check. The router itself
-(``lattica.pubsub.router``) and its peer scores (``lattica.pubsub.score``) are sans-IO.
+(``lattica.pubsub._router``) and its peer scores (``lattica.pubsub._score``) are sans-IO.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from lattica._future import Future
+from lattica._runtime import on_loop, run_coroutine
 from lattica.errors import NodeClosed
-from lattica.future import Future
-from lattica.pubsub.subscription import Message, Subscription
-from lattica.runtime import on_loop, run_coroutine
+from lattica.pubsub._subscription import Message, Subscription
 
 if TYPE_CHECKING:
+    from lattica._identity import PeerId
+    from lattica._node import Node
+    from lattica._runtime import Runtime
     from lattica.actors.pubsub import PubSubService
-    from lattica.identity import PeerId
-    from lattica.node import Node
-    from lattica.runtime import Runtime
 
 __all__ = ["Message", "Subscription", "subscribe", "unsubscribe", "publish", "topics", "peers", "validator"]
 

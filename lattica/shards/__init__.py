@@ -20,15 +20,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from lattica.future import Future
-from lattica.runtime import ASYNC, ActorRef, run_coroutine
-from lattica.shards.keys import shard_id
+from lattica._future import Future
+from lattica._runtime import ASYNC, ActorRef, run_coroutine
+from lattica.shards._keys import shard_id
 
 if TYPE_CHECKING:
+    from lattica._node import Node
+    from lattica._runtime import Runtime
     from lattica.actors.shards import ShardsService
-    from lattica.node import Node
-    from lattica.runtime import Runtime
-    from lattica.shards.client import Stub
+    from lattica.shards._client import Stub
 
 __all__ = ["serve", "withdraw", "providers", "stub", "shard_id", "Stub", "StubMethod"]
 
@@ -100,14 +100,14 @@ def stub(
     provider, the first answer wins."""
     rt, _ = _service(node)
     # (the client side loads when first used; a starting node's shards service needs only keys)
-    from lattica.shards.client import Stub
+    from lattica.shards._client import Stub
 
     return Stub(rt, service, shard, timeout=timeout, within=within, idempotent=idempotent, hedge=hedge)
 
 
 def __getattr__(name: str) -> Any:  # PEP 562: ``Stub`` / ``StubMethod`` load on first use
     if name in ("Stub", "StubMethod"):
-        from lattica.shards import client  # (see ``stub()``)
+        from lattica.shards import _client as client  # (see ``stub()``)
 
         return getattr(client, name)
     raise AttributeError(f"module 'lattica.shards' has no attribute {name!r}")

@@ -12,8 +12,8 @@ import pytest
 
 import lattica
 from helpers import call_as, wait_for
+from lattica._runtime import autonat_ref
 from lattica.errors import LatticaError, PermissionDenied, ProtocolError
-from lattica.runtime import autonat_ref
 from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(60)

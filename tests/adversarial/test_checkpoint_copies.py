@@ -12,7 +12,7 @@ import pytest
 
 import lattica
 from helpers import call_as, wait_for
-from lattica.actors.checkpoints import checkpoints_ref, read_copies, sign_copy
+from lattica.actors.supervisor import checkpoints_ref, read_copies, sign_copy
 from lattica.errors import CheckpointRejected
 from lattica.trust import MeshKey
 
@@ -78,7 +78,7 @@ def test_a_member_ground_to_hold_a_name_first_neither_swallows_the_copies_nor_pl
 
     import sample_actors as sa
     from lattica import codec
-    from lattica.actors.checkpoints import ranked
+    from lattica.actors.supervisor import ranked
     from lattica.mesh.process import ServerProcess
     from lattica.trust import default_mesh_path
 

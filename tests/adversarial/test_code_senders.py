@@ -9,12 +9,12 @@ import pytest
 
 import lattica
 from helpers import call_as, wait_for
-from lattica.code.package import pack
-from lattica.code.tickets import Ticket
+from lattica._code.package import pack
+from lattica._code.tickets import Ticket
+from lattica._runtime import spawner_ref
 from lattica.config import ContentConfig
-from lattica.content.cid import Cid
+from lattica.content._cid import Cid
 from lattica.errors import CodeError, PermissionDenied, SpawnError
-from lattica.runtime import spawner_ref
 from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(90)

@@ -12,9 +12,9 @@ import pytest
 
 import lattica
 from helpers import call_as, on_loop, wait_for
+from lattica._interfaces import interface_ips, is_loopback_ip
 from lattica.actors.dht.actor import dht_ref
 from lattica.errors import LatticaError
-from lattica.interfaces import interface_ips, is_loopback_ip
 from lattica.transports.tcp import TcpTransport
 from lattica.trust import MeshKey
 
@@ -193,7 +193,7 @@ def test_a_stranger_holding_a_relay_reservation_is_still_evicted_for_a_member():
     a member: with the table full of strangers that hold reservations, a member gets in (the
     least recently active stranger goes, and its reservation with it)."""
     from helpers import call_as
-    from lattica.runtime import relay_ref
+    from lattica._runtime import relay_ref
 
     a, b = MeshKey.generate(), MeshKey.generate()
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=a, max_connections=2, membership=False, relay=True) as node:
@@ -250,7 +250,7 @@ def test_a_peer_over_its_connection_limit_replaces_its_oldest_spare_and_is_never
     """A hole punch races dials both ways over TCP and QUIC beside the relayed circuits, so one
     peer may open more than MAX_CONNS_PER_PEER at once: its newest connection (the one both ends
     are about to use) takes the place of its oldest idle spare, so it never holds more."""
-    from lattica.host.connections import MAX_CONNS_PER_PEER
+    from lattica._host.connections import MAX_CONNS_PER_PEER
 
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"]) as node, lattica.Node(["/ip4/127.0.0.1/tcp/0"]) as peer:
 
@@ -356,7 +356,7 @@ def test_a_peer_opening_and_resetting_streams_without_end_waits_unread():
     bytes wait unread, so the flood costs what the budget says and nothing more, nothing the peer
     sent is lost (a peer that is merely eager is slowed, not cut off), and a member's pings go on
     meanwhile."""
-    from lattica.host.connections import FREE_OPENS, STRANGERS_OPENS
+    from lattica._host.connections import FREE_OPENS, STRANGERS_OPENS
 
     key = MeshKey.generate()
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=key) as node, lattica.Node([], mesh=key) as member:
@@ -465,7 +465,7 @@ def test_opens_sent_with_the_handshake_are_metered_and_closed_connections_leave_
     connection were parsed unmetered and refused, the connection aborted in the middle of its
     adoption and kept for good: 6 MB a second of memory with no ceiling. Whether they arrive
     before adoption here is up to timing; ``test_muxed_buffers`` holds that case for certain.)"""
-    from lattica.host.connections import FREE_OPENS, STRANGERS_OPENS
+    from lattica._host.connections import FREE_OPENS, STRANGERS_OPENS
     from lattica.transports.mux import F_RST, F_SYN, FRAME_HEADER, T_WINDOW
 
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh=MeshKey.generate()) as node:
@@ -514,8 +514,8 @@ def test_strangers_streams_left_unread_pin_a_bounded_share_of_memory():
     pings). Streams a stranger opens get yamux's 256 KiB window, strangers together hold at most
     ``STRANGERS_STREAMS`` open (the rest wait unparsed), so what they pin is bounded; a member's
     pings are answered meanwhile."""
-    from lattica import ping
-    from lattica.host.connections import FREE_OPENS, STRANGERS_STREAMS
+    from lattica import _ping as ping
+    from lattica._host.connections import FREE_OPENS, STRANGERS_STREAMS
     from lattica.transports.mux import PROTOCOL_WINDOW
 
     key = MeshKey.generate()
@@ -561,7 +561,7 @@ def test_quic_strangers_unread_bytes_pin_a_narrow_connection_window():
     stream's 8 MiB) was every peer's from its handshake, so a stranger's unread pings pinned up
     to 32 MiB per connection. A connection's window is ``NARROW_WINDOW`` until its peer
     identifies as a member; a member's is widened then (its unread bytes go well past it)."""
-    from lattica import ping
+    from lattica import _ping as ping
     from lattica.transports.quic.wire import NARROW_WINDOW
 
     key = MeshKey.generate()
@@ -605,8 +605,8 @@ def test_a_quic_member_identifies_while_strangers_hold_all_their_streams(monkeyp
     a stream it opens, and while strangers held every stream the cap allows, that stream was
     reset: a member connecting over QUIC never identified (its calls reset, its connection closed
     after 10 s). A connection not identified yet gets its first opens whatever strangers hold."""
-    from lattica import ping
-    from lattica.host import connections
+    from lattica import _ping as ping
+    from lattica._host import connections
 
     monkeypatch.setattr(connections, "STRANGERS_STREAMS", 8)  # (two identities fill 512 the same way)
     key = MeshKey.generate()
@@ -645,7 +645,7 @@ def test_quic_streams_a_stranger_ends_at_once_still_hold_its_narrow_window():
     on (STOP_SENDING) is retired, and its unread bytes stopped counting against the connection's
     window: a stranger whose pings wait for their turn pinned 42 MiB on one connection past its
     1 MiB window. Until the peer is trusted, such bytes hold the window until they are read."""
-    from lattica import ping
+    from lattica import _ping as ping
     from lattica.transports.quic.wire import NARROW_WINDOW
 
     with (
@@ -698,9 +698,9 @@ def test_quic_streams_a_stranger_finished_and_we_reset_let_go_of_its_window():
     then FIN; the node resets it. The reset kept the unread junk when the peer had finished
     sending, so once the stream was dropped its bytes held the connection's narrow window for
     good (widening did not release them). A reset stream's unread bytes are let go at once."""
-    from lattica import identify
-    from lattica.framing import write_message
-    from lattica.host.host import encode_protocol
+    from lattica import _identify as identify
+    from lattica._framing import write_message
+    from lattica._host.host import encode_protocol
 
     quic = "/ip4/127.0.0.1/udp/0/quic-v1"
     with (
@@ -740,8 +740,8 @@ def test_streams_a_node_opens_to_strangers_leave_their_share_alone(monkeypatch):
     """Hostile review (issue 46): the strangers' stream cap counted every stream on strangers'
     connections, ours to them too (a DHT query, a ping), so a node busy with the open network
     filled strangers' share itself and refused them. Only streams a stranger opened count."""
-    from lattica import ping
-    from lattica.host import connections
+    from lattica import _ping as ping
+    from lattica._host import connections
 
     monkeypatch.setattr(connections, "STRANGERS_STREAMS", 8)
     with (

@@ -18,8 +18,8 @@ import lattica
 from helpers import call_as
 from lattica.actors.content import content_ref
 from lattica.config import ContentConfig
-from lattica.content import weights
-from lattica.content.cid import Cid
+from lattica.content import _weights as weights
+from lattica.content._cid import Cid
 from lattica.errors import BadBlock, ContentError
 
 pytestmark = pytest.mark.timeout(60)
@@ -109,9 +109,9 @@ def test_honest_weights_still_decode():
 def _repeating_dag(fanout_top: int) -> tuple[Cid, dict]:
     """Four blocks naming 174 * 174 * fanout_top one-byte leaves: one subtree repeated over and
     over, a file of millions of places made from almost nothing."""
-    from lattica.content import dagpb
-    from lattica.content.cid import DAG_PB, RAW
-    from lattica.content.unixfs import FILE, UnixFSData
+    from lattica.content import _dagpb as dagpb
+    from lattica.content._cid import DAG_PB, RAW
+    from lattica.content._unixfs import FILE, UnixFSData
 
     def node(links):
         sizes = [s for _, _, s, _ in links]
@@ -130,7 +130,7 @@ def test_a_dag_repeating_one_subtree_is_refused_past_the_place_limit(monkeypatch
     """A provider serves four blocks that declare 1.2 million places: the fetcher reads them a
     step at a time and fails with BadBlock once past MAX_PLACES (lowered here so the test takes
     a second), rather than walking them all on its loop."""
-    from lattica.content import unixfs
+    from lattica.content import _unixfs as unixfs
 
     monkeypatch.setattr(unixfs, "MAX_PLACES", 100_000)
     root, blocks = _repeating_dag(40)

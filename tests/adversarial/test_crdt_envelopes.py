@@ -1,4 +1,4 @@
-"""Forged and tampered CRDT envelopes against the replica's rules (lattica/crdt/replica.py), counted:
+"""Forged and tampered CRDT envelopes against the replica's rules (lattica/crdt/_replica.py), counted:
 every envelope that differs from an honest one in any byte, and every unauthorized one, is refused
 (or, where the change left the signed content as it was, recognised as the same envelope), and the
 document holds exactly the honest history."""
@@ -14,8 +14,8 @@ import pycrdt
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "unit"))
 from test_crdt_replica import DOC, Writer, apply  # noqa: E402
 
-from lattica.crdt.envelope import GENESIS, Acl, Envelope, doc_id, sign_acl  # noqa: E402
-from lattica.crdt.replica import ReplicaState  # noqa: E402
+from lattica.crdt._envelope import GENESIS, Acl, Envelope, doc_id, sign_acl  # noqa: E402
+from lattica.crdt._replica import ReplicaState  # noqa: E402
 from lattica.errors import MalformedUpdate  # noqa: E402
 
 

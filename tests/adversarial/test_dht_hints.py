@@ -12,7 +12,7 @@ import time
 import pytest
 
 import lattica
-from lattica.interfaces import interface_ips, is_loopback_ip
+from lattica._interfaces import interface_ips, is_loopback_ip
 from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(60)

@@ -70,9 +70,9 @@ def test_a_holder_full_of_strangers_names_does_not_crowd_out_a_members():
     import asyncio
     import time
 
+    from lattica._identity import KeyPair
     from lattica.config import DhtConfig
-    from lattica.identity import KeyPair
-    from lattica.records import REGISTRY_PREFIX, StoreLimits, encode_subkey, sign_entry
+    from lattica.dht._records import REGISTRY_PREFIX, StoreLimits, encode_subkey, sign_entry
 
     small = DhtConfig(limits=StoreLimits(max_subkeys=64))
     key = MeshKey.generate()
@@ -115,8 +115,8 @@ def test_an_invited_member_cannot_squat_an_administrators_name():
     still get the administrator's (before: the freshest registration of any member won)."""
     import time
 
+    from lattica._identity import KeyPair
     from lattica.actors.dht.upkeep import name_key
-    from lattica.identity import KeyPair
 
     key = MeshKey.generate()
     km = KeyPair.generate()

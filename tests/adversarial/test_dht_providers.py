@@ -14,8 +14,8 @@ from helpers import call_as, wait_for
 from lattica.actors.dht.actor import dht_ref
 from lattica.actors.pubsub.discovery import topic_key
 from lattica.config import DhtConfig
+from lattica.dht._records import Entry, StoreLimits, entry_to_wire
 from lattica.errors import LatticaError
-from lattica.records import Entry, StoreLimits, entry_to_wire
 from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(180)

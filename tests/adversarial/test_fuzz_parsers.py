@@ -17,15 +17,13 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lattica.actors.autonat import AutoNatServer
+from lattica._identity import KeyPair, PeerId
+from lattica._membership import ALIVE, Membership, statement, valid_info
+from lattica._multiaddr import Multiaddr
 from lattica.actors.dht.lookups import DhtLookups, Garbage
+from lattica.actors.nat.autonat import AutoNatServer
 from lattica.bench.membership import SimNotary
-from lattica.errors import LatticaError
-from lattica.holepunch import Initiator, Punch, Responder
-from lattica.identity import KeyPair, PeerId
-from lattica.membership import ALIVE, Membership, statement, valid_info
-from lattica.multiaddr import Multiaddr
-from lattica.records import (
+from lattica.dht._records import (
     PeerRecord,
     StoreLimits,
     check_entry,
@@ -34,6 +32,8 @@ from lattica.records import (
     entry_to_wire,
     sign_entry,
 )
+from lattica.errors import LatticaError
+from lattica.nat._holepunch import Initiator, Punch, Responder
 from lattica.transports.circuit import check_answer, parse_connect
 from lattica.trust import Certificate, MeshKey, Trust
 
@@ -381,13 +381,13 @@ def test_pubsub_messages_with_one_field_replaced(data):
 # -- what came after the last review: content, CRDT, shard records, code tickets, spilled values ----
 # (issue 46, must-have 5) each returns a value or raises its documented error, never anything else
 
+from lattica._code.tickets import Ticket  # noqa: E402
+from lattica._runtime import spill  # noqa: E402
 from lattica.actors.content.wire import parse_cids  # noqa: E402
 from lattica.actors.crdt.wire import parse_answer, parse_signatures, parse_summary  # noqa: E402
-from lattica.code.tickets import Ticket  # noqa: E402
-from lattica.crdt.checkpoint import Checkpoint  # noqa: E402
-from lattica.crdt.envelope import MAX_ENVELOPE, Acl, Envelope, decode_any  # noqa: E402
-from lattica.runtime import spill  # noqa: E402
-from lattica.shards.keys import decode_registration  # noqa: E402
+from lattica.crdt._checkpoint import Checkpoint  # noqa: E402
+from lattica.crdt._envelope import MAX_ENVELOPE, Acl, Envelope, decode_any  # noqa: E402
+from lattica.shards._keys import decode_registration  # noqa: E402
 
 _packable = st.recursive(
     st.none()

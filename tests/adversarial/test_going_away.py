@@ -22,11 +22,12 @@ import pytest
 
 import lattica
 from helpers import on_loop
-from lattica import codec, identify
+from lattica import _identify as identify
+from lattica import codec
+from lattica._framing import write_message
+from lattica._host.connections import MAX_DRAINING_PER_PEER
+from lattica._multiaddr import Multiaddr
 from lattica.errors import LatticaError
-from lattica.framing import write_message
-from lattica.host.connections import MAX_DRAINING_PER_PEER
-from lattica.multiaddr import Multiaddr
 from lattica.transports.mux import F_SYN, FRAME_HEADER, PROTOCOL_WINDOW, T_DATA, T_GOAWAY, T_WINDOW, Mux, MuxConfig
 from lattica.transports.muxed import MuxedConnection
 from lattica.transports.noise import NoiseHandshake

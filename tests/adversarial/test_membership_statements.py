@@ -13,8 +13,8 @@ import pytest
 
 import lattica
 from helpers import call_as, wait_for
+from lattica._membership import ALIVE, LEFT, statement
 from lattica.actors.membership import membership_ref
-from lattica.membership import ALIVE, LEFT, statement
 from lattica.trust import MemberNotary, MeshKey
 
 pytestmark = pytest.mark.timeout(60)

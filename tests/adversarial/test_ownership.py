@@ -10,9 +10,9 @@ import pytest
 
 import lattica
 from helpers import call_as, wait_for
+from lattica._runtime import ActorRef, spawner_ref
 from lattica.actors import spawner as spawner_mod
 from lattica.errors import ActorNotFound, LatticaError, PermissionDenied, SpawnError
-from lattica.runtime import ActorRef, spawner_ref
 from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(60)
@@ -143,7 +143,7 @@ def test_a_member_cannot_take_every_monitor_slot_of_anothers_actor(mesh_of_four)
     """A member may monitor any actor, but holds at most MAX_PER_WATCHER of its monitors: it can
     no longer fill the 4,096 slots so that the owner's next monitor fires "down" (a false down
     stops links and restarts supervised children). Its monitors go when its node goes."""
-    from lattica.monitors import MAX_PER_WATCHER
+    from lattica._monitors import MAX_PER_WATCHER
 
     host, admin, alice, bob = mesh_of_four
     ref = _spawn(alice, host, name="watched")

@@ -9,7 +9,7 @@ import pytest
 import lattica
 import sample_actors as sa
 from helpers import call_as, spawn_local, wait_for
-from lattica import rpc
+from lattica import _rpc as rpc
 from lattica.config import InboundBudget
 from lattica.trust import MeshKey
 

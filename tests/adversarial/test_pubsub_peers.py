@@ -14,14 +14,14 @@ import pytest
 
 import lattica
 from helpers import call_as, wait_for
+from lattica._identity import KeyPair
+from lattica._multiaddr import Multiaddr
 from lattica.actors.dht.actor import dht_ref
 from lattica.actors.pubsub import pubsub_ref
 from lattica.actors.pubsub.bundle import Bundle
 from lattica.actors.pubsub.discovery import topic_key
 from lattica.config import PubSubConfig
 from lattica.errors import Timeout
-from lattica.identity import KeyPair
-from lattica.multiaddr import Multiaddr
 from lattica.trust import MeshKey
 
 TCP = "/ip4/127.0.0.1/tcp/0"

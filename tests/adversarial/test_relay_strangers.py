@@ -9,7 +9,7 @@ import pytest
 import lattica
 import sample_actors as sa
 from helpers import wait_for
-from lattica.actors.relay import RelayConfig
+from lattica.actors.nat.relay import RelayConfig
 from lattica.config import NatConfig
 from lattica.errors import LatticaError
 from lattica.trust import MeshKey

@@ -14,7 +14,7 @@ from helpers import call_as, wait_for
 from lattica.actors.content import content_ref
 from lattica.actors.dht.actor import dht_ref
 from lattica.config import ContentConfig
-from lattica.content.cid import Cid
+from lattica.content._cid import Cid
 from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(120)
@@ -132,9 +132,9 @@ def test_messages_strangers_send_cost_at_most_the_strangers_signature_checks(mon
 
     from test_pubsub_peers import _message
 
+    from lattica._identity import KeyPair
     from lattica.actors.pubsub import pubsub_ref, validation
     from lattica.config import PubSubConfig
-    from lattica.identity import KeyPair
 
     checks = [0]
     real = validation.verify_signature
@@ -179,9 +179,9 @@ def test_a_strangers_batch_is_checked_a_few_messages_at_a_turn_of_the_loop(monke
     each turn of the node's loop, members' work served in between, and every one in the end."""
     from test_pubsub_peers import _message
 
+    from lattica._identity import KeyPair
     from lattica.actors.pubsub import strangers, validation
     from lattica.config import PubSubConfig
-    from lattica.identity import KeyPair
 
     checks = [0]
     real = validation.verify_signature
@@ -220,8 +220,8 @@ def test_strangers_pings_share_one_budget_and_a_members_pings_go_on():
     """Two strangers pipeline pings on two streams each as fast as the node echoes them (one
     identity pegged the victim's loop: echoing had no strangers' share): together they get the
     strangers' share of echoes, and a member's pings are answered meanwhile."""
-    from lattica import ping
-    from lattica.host.host import STRANGERS_PINGS
+    from lattica import _ping as ping
+    from lattica._host.host import STRANGERS_PINGS
 
     key = MeshKey.generate()
     with lattica.Node([TCP], mesh=key) as victim, lattica.Node([TCP], mesh=key) as member:
@@ -278,7 +278,8 @@ def test_strangers_waiting_for_their_turn_stop_when_their_connection_goes(what):
     for the strangers' share kept its task, stream and unread frame until its turn after its
     connection was gone, and live strangers queued behind the dead (16 identities reconnecting
     grew the victim by 700 MB). A waiter whose stream or connection goes away stops waiting."""
-    from lattica import ping, rpc
+    from lattica import _ping as ping
+    from lattica import _rpc as rpc
 
     key = MeshKey.generate()
     with lattica.Node([TCP], mesh=key, content=False) as victim:

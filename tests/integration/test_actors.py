@@ -18,7 +18,9 @@ import pytest
 import lattica
 import sample_actors as sa
 from helpers import Where, wait_for
-from lattica import codec, rpc
+from lattica import _rpc as rpc
+from lattica import codec
+from lattica._runtime import ASYNC, STREAM_WINDOW
 from lattica.errors import (
     ActorDied,
     ActorNotFound,
@@ -33,7 +35,6 @@ from lattica.errors import (
     StreamReset,
     Timeout,
 )
-from lattica.runtime import ASYNC, STREAM_WINDOW
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -1198,7 +1199,7 @@ def test_a_callee_granting_huge_credit_for_a_streamed_argument_gets_at_most_a_wi
     items (never under 16): a grant of 100,000 (all of it "taken", on either version of the
     protocol) that is never followed by reading cannot make it queue 512 items of a megabyte
     (or 100,000 small ones)."""
-    from lattica.runtime.refs import ActorRef
+    from lattica._runtime.refs import ActorRef
 
     got: list[int] = []
     produced = [0]
@@ -1242,7 +1243,7 @@ def test_a_callee_that_keeps_granting_and_never_reads_cannot_make_the_caller_que
     """A callee grants a streamed argument's credit 8 items at a time, again and again, and
     reads nothing: the caller's unsent messages reach the channel's high-water mark (16 MiB)
     and it waits there instead of pulling its source into memory (1 MiB items)."""
-    from lattica.runtime.refs import ActorRef
+    from lattica._runtime.refs import ActorRef
 
     produced = [0]
 
@@ -1350,7 +1351,7 @@ def test_a_call_that_ends_while_its_streamed_argument_waits_or_before_any_credit
     """The call times out while the caller's source is waiting for its next item (a queue, a
     sensor): the pump stops there and the source is closed. A call refused before the callee
     granted anything (no such actor) closes its source too."""
-    from lattica.runtime.refs import ActorRef
+    from lattica._runtime.refs import ActorRef
 
     s_ = sa.Streamer.options(node=peer.peer_id).remote()
     closed = []
@@ -1423,7 +1424,7 @@ def test_api_edges_a_new_user_meets():
 def test_with_spilling_off_an_argument_over_the_message_cap_says_what_to_do(peer):
     lattica.shutdown()
     lattica.init(allow=ALLOW, spill_limit=0)
-    lattica.api.node().connect(peer.addrs[0])
+    lattica._api.node().connect(peer.addrs[0])
     c = sa.Counter.options(node=peer.peer_id).remote(1)
     big = np.zeros(65 << 20, np.uint8)
     with pytest.raises(lattica.errors.FrameTooLarge, match=r"over the 64 MiB .*by CID .*lattica.content.put"):

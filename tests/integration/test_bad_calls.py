@@ -7,10 +7,11 @@ import time
 import pytest
 
 import lattica
-from lattica import codec, rpc
+from lattica import _rpc as rpc
+from lattica import codec
+from lattica._runtime.limits import CALL_CHANNELS, MAX_STREAM_ARGS
+from lattica._runtime.refs import StreamArg
 from lattica.errors import StreamReset
-from lattica.runtime.limits import CALL_CHANNELS, MAX_STREAM_ARGS
-from lattica.runtime.refs import StreamArg
 from lattica.transports.mux import F_SYN, FRAME_HEADER, T_PING
 from tests.integration.test_bad_input import _hostport, _raw_secure
 
@@ -172,7 +173,7 @@ def test_replies_a_caller_does_not_read_are_bounded_across_its_channels(server, 
     """Calls whose (bigger) refusals the caller never reads, on every channel it may open: the
     callee stops reading calls once the replies waiting on all of them pass the high-water mark,
     not once per channel."""
-    from lattica.runtime.limits import CHANNEL_HIGH_WATER
+    from lattica._runtime.limits import CHANNEL_HIGH_WATER
 
     calls = b"".join(_frame(rpc.call(i, "nobody", "m", [], {}, None, 0)) for i in range(2000))
 

@@ -188,7 +188,7 @@ def test_oversized_identify_closes_the_connection(server):
 def test_oversized_message_on_a_service_resets_only_that_stream(server):
     """A service reading capped messages gets FrameTooLarge; the node resets that stream and the
     connection carries on (same connection object, still pinging)."""
-    from lattica.framing import read_message
+    from lattica._framing import read_message
 
     async def capped(stream, conn):
         await read_message(stream, max_size=1024)

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from lattica.content.blockstore import DiskBlockstore
-from lattica.content.cid import Cid
+from lattica.content._blockstore import DiskBlockstore
+from lattica.content._cid import Cid
 from lattica.errors import StoreFull
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,8 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # argv: store directory, seed, what to tear ("" for none, "block" or "pin")
 CHILD = r"""
 import os, sys, time
-from lattica.content import blockstore
-from lattica.content.cid import Cid
+from lattica.content import _blockstore as blockstore
+from lattica.content._cid import Cid
 
 root, seed, tear = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 if tear:

@@ -13,8 +13,8 @@ import pytest
 
 import lattica
 from helpers import call_as, wait_for
+from lattica._runtime import spawner_ref
 from lattica.mesh.process import cli_node
-from lattica.runtime import spawner_ref
 from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(120)
@@ -468,7 +468,7 @@ def test_lattica_get_as_a_user_meets_it(mesh, tmp_path):
     import pty
     import time
 
-    from lattica.content.cid import Cid
+    from lattica.content._cid import Cid
 
     addr = mesh.node()
     cli = [sys.executable, "-c", NODE]

@@ -18,11 +18,11 @@ import pytest
 
 import lattica
 from helpers import call_as, wait_for
+from lattica._runtime import spawner_ref
 from lattica.actors.content import content_ref
 from lattica.config import ContentConfig
-from lattica.content.cid import Cid
+from lattica.content._cid import Cid
 from lattica.errors import BlockNotFound, ContentError, PermissionDenied
-from lattica.runtime import spawner_ref
 from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(120)

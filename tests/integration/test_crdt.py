@@ -13,13 +13,13 @@ import pytest
 
 import lattica
 from helpers import wait_for
+from lattica._runtime.limits import ASYNC
+from lattica._runtime.refs import ActorRef
 from lattica.actors.crdt.wire import actor_name, topic_of
 from lattica.config import CrdtConfig, PubSubConfig
-from lattica.crdt.envelope import GENESIS, Envelope, client_id, sign
-from lattica.crdt.yupdate import read_update
+from lattica.crdt._envelope import GENESIS, Envelope, client_id, sign
+from lattica.crdt._yupdate import read_update
 from lattica.errors import NotAWriter, ProtocolError, Timeout
-from lattica.runtime.limits import ASYNC
-from lattica.runtime.refs import ActorRef
 from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,13 +13,13 @@ import pytest
 
 import lattica
 from helpers import wait_for
+from lattica._identity import KeyPair
+from lattica._runtime.limits import ASYNC
+from lattica._runtime.refs import ActorRef
 from lattica.actors.crdt.wire import actor_name
 from lattica.config import CrdtConfig, PubSubConfig
-from lattica.crdt.checkpoint import Checkpoint, canonical_state
+from lattica.crdt._checkpoint import Checkpoint, canonical_state
 from lattica.errors import LatticaError
-from lattica.identity import KeyPair
-from lattica.runtime.limits import ASYNC
-from lattica.runtime.refs import ActorRef
 from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(120)
@@ -216,7 +216,7 @@ def test_an_owner_document_is_compacted_by_its_owner_alone(trio):
 def test_sync_answers_to_one_peer_are_bounded_in_bytes_per_second(trio):
     """What one peer may have a replica send it (a summary of nothing asks for everything):
     answers go into a per-peer byte budget, and once it is spent the next sync is refused."""
-    from lattica.budget import Buckets
+    from lattica._budget import Buckets
     from lattica.errors import PermissionDenied
 
     key, nodes = trio

@@ -17,7 +17,7 @@ import pytest
 
 import lattica
 from lattica.config import CrdtConfig
-from lattica.crdt.store import Store
+from lattica.crdt._store import Store
 from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(180)
@@ -140,7 +140,7 @@ def test_killed_mid_write_the_store_reopens_to_whole_chains(tmp_path, round_):
 
 @pytest.mark.parametrize("round_", range(3))
 def test_killed_while_compacting_the_store_reopens_to_a_checkpoint_and_whole_chains_after_it(tmp_path, round_):
-    from lattica.crdt.checkpoint import Checkpoint, check_state
+    from lattica.crdt._checkpoint import Checkpoint, check_state
 
     key = MeshKey.generate()
     store_dir = str(tmp_path / "store")

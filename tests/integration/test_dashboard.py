@@ -17,13 +17,13 @@ import pytest
 
 import lattica
 from helpers import wait_for
+from lattica._identity import PeerId
+from lattica._node import Node
 from lattica.actors.dashboard.config import DashboardConfig
 from lattica.actors.membership import membership_ref
 from lattica.errors import DashboardError
-from lattica.identity import PeerId
 from lattica.mesh.process import ServerProcess
 from lattica.mesh.supervised import supervised_mesh
-from lattica.node import Node
 
 pytestmark = pytest.mark.timeout(120)
 

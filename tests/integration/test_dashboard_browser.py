@@ -177,7 +177,7 @@ def test_the_page_draws_200_nodes_and_5000_actors(browser, tmp_path):
 
 
 def test_a_hostile_member_cannot_inject_into_the_page_or_move_it(browser, tmp_path):
-    from lattica.node import Node
+    from lattica._node import Node
 
     tag = '<b id="pwned">x</b><meta http-equiv="refresh" content="0;url=http://127.0.0.1:9/">'
     with Node(["/ip4/127.0.0.1/tcp/0"], dashboard="127.0.0.1:0") as watcher, Node(["/ip4/127.0.0.1/tcp/0"]) as evil:
@@ -232,7 +232,7 @@ def test_a_hostile_member_cannot_inject_into_the_page_or_move_it(browser, tmp_pa
 def test_the_page_works_off_loopback_with_its_token(browser):
     from urllib.parse import urlsplit
 
-    from lattica.node import Node
+    from lattica._node import Node
 
     with Node(["/ip4/127.0.0.1/tcp/0"], dashboard="0.0.0.0:0") as node:
         parts = urlsplit(node.dashboard_url)
@@ -331,8 +331,8 @@ INK = (0x1D, 0x23, 0x30)  # text
 
 
 def test_the_page_explains_failures_with_errors_output_utilisation_jobs_and_lost_actors(browser, tmp_path):
+    from lattica._node import Node
     from lattica.mesh.process import ServerProcess
-    from lattica.node import Node
 
     tcp = "/ip4/127.0.0.1/tcp/0"
     script = tmp_path / "driver.py"

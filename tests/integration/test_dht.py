@@ -29,14 +29,14 @@ import sample_actors as sa
 from dht_actors import DhtProbe
 from helpers import wait_for
 from lattica import codec
+from lattica._identity import KeyPair
+from lattica._multiaddr import Multiaddr
+from lattica._runtime import ASYNC, ActorRef
 from lattica.actors.dht import DhtConfig, dht_ref, name_key
+from lattica.dht._kademlia import key_id, node_id
+from lattica.dht._records import Entry, PeerRecord, StoreLimits, encode_subkey, entry_to_wire, sign_entry
 from lattica.errors import ActorNotFound, RecordRejected, StoreFailed
-from lattica.identity import KeyPair
-from lattica.kademlia import key_id, node_id
 from lattica.mesh.process import ServerProcess
-from lattica.multiaddr import Multiaddr
-from lattica.records import Entry, PeerRecord, StoreLimits, encode_subkey, entry_to_wire, sign_entry
-from lattica.runtime import ASYNC, ActorRef
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -18,7 +18,7 @@ import pytest
 import lattica
 from helpers import run_on_pty, wait_for
 from lattica.config import ContentConfig
-from lattica.content.cid import Cid
+from lattica.content._cid import Cid
 from lattica.errors import BlockNotFound, ContentError, LatticaError
 
 pytestmark = pytest.mark.timeout(180)

@@ -15,10 +15,10 @@ import pytest
 import lattica
 import sample_actors as sa
 from helpers import wait_for
-from lattica.actors import holepunch as hp_actor
+from lattica._framing import read_message, write_message
+from lattica.actors.nat import holepunch as hp_actor
 from lattica.config import NatConfig
-from lattica.framing import read_message, write_message
-from lattica.holepunch import DEPENDENT, PROTOCOL, Plan, Punch
+from lattica.nat._holepunch import DEPENDENT, PROTOCOL, Plan, Punch
 
 TCP = "/ip4/127.0.0.1/tcp/0"
 QUIC = "/ip4/127.0.0.1/udp/0/quic-v1"

@@ -9,6 +9,7 @@ import pytest
 
 import lattica
 from helpers import wait_for
+from lattica._interfaces import interface_ips, is_loopback_ip
 from lattica.errors import (
     ConnectionClosed,
     ConnectionLimit,
@@ -20,7 +21,6 @@ from lattica.errors import (
     TransportError,
     UnsupportedProtocol,
 )
-from lattica.interfaces import interface_ips, is_loopback_ip
 from lattica.transports.memory import MemoryNetwork
 
 TCP = "/ip4/127.0.0.1/tcp/0"
@@ -49,7 +49,7 @@ def test_connect_identify_ping(listen, tmp_path):
 
 def _count_identify_streams(node):
     """Wrap the node's identify handler; returns the list each served stream appends to."""
-    from lattica import identify
+    from lattica import _identify as identify
 
     served = []
     host = node._host

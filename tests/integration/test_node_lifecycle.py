@@ -13,7 +13,7 @@ import pytest
 import lattica
 import sample_actors as sa
 from helpers import wait_for
-from lattica.remote import current_runtime
+from lattica._remote import current_runtime
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -69,7 +69,7 @@ def test_astop_during_astart_stops_the_started_node():
 @lattica.actor
 class _Who:
     async def who(self):
-        from lattica.remote import current_runtime
+        from lattica._remote import current_runtime
 
         return current_runtime().peer_id
 
@@ -289,7 +289,7 @@ def test_init_returns_once_one_bootstrap_peer_answers_and_fails_only_if_none_doe
             with pytest.raises(lattica.errors.PeerUnreachable):
                 lattica.init([TCP], bootstrap=[hung, refused], dial_timeout=1.5)
             assert time.monotonic() - t0 < 5.0  # both failures heard within the dial timeout
-            assert lattica.context.default_node() is None  # no half-joined node left behind...
+            assert lattica._context.default_node() is None  # no half-joined node left behind...
             node = lattica.init([TCP], bootstrap=[str(live.addrs[0])])  # ...so a retry joins
             assert live.peer_id in node._host.conns
         finally:

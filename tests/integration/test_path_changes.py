@@ -25,10 +25,10 @@ import lattica
 import path_actors as pa
 import sample_actors as sa
 from helpers import wait_for
+from lattica._identity import KeyPair
 from lattica.bench.linkem import EmulatedLink, Profile, available
 from lattica.config import RelayConfig
 from lattica.errors import LatticaError, PathChanged
-from lattica.identity import KeyPair
 
 SUPPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
 ALLOW = ["sample_actors.*", "path_actors.*"]

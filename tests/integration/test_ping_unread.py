@@ -1,4 +1,4 @@
-"""A pinger that never takes its echoes (lattica/ping.py ``serve``): the node stops reading its
+"""A pinger that never takes its echoes (lattica/_ping.py ``serve``): the node stops reading its
 pings and resets the stream within DRAIN_TIMEOUT, so the unread pings it pinned are let go; the
 connection and honest pings carry on."""
 
@@ -11,7 +11,7 @@ import time
 import pytest
 
 import lattica
-from lattica import ping
+from lattica import _ping as ping
 from lattica.errors import StreamReset
 from lattica.transports.base import Stream
 from lattica.transports.mux import MuxConfig

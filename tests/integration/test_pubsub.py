@@ -17,7 +17,7 @@ from lattica.actors.pubsub import pubsub_ref, wire
 from lattica.actors.pubsub.bundle import Bundle
 from lattica.config import PubSubConfig
 from lattica.errors import NodeClosed, PermissionDenied, ProtocolError, Timeout
-from lattica.pubsub.router import flood_tag
+from lattica.pubsub._router import flood_tag
 from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(90)
@@ -316,8 +316,8 @@ def test_a_node_stopping_right_after_publishing_delivers_first():
 def test_control_queued_for_a_peer_is_bounded():
     from lattica.actors.pubsub.sending import BOUNDS
     from lattica.actors.pubsub.service import _load
-    from lattica.pubsub.outbound import Outbound
-    from lattica.pubsub.router import Rpc
+    from lattica.pubsub._outbound import Outbound
+    from lattica.pubsub._router import Rpc
 
     _load()  # (what a node's first use of pub-sub loads)
     ob = Outbound(BOUNDS)
@@ -346,8 +346,8 @@ def test_ids_over_a_batch_s_budget_trim_the_ihaves_not_drop_them():
     gets the message."""
     from lattica.actors.pubsub.sending import BOUNDS
     from lattica.actors.pubsub.service import _load
-    from lattica.pubsub.outbound import Outbound
-    from lattica.pubsub.router import Rpc
+    from lattica.pubsub._outbound import Outbound
+    from lattica.pubsub._router import Rpc
 
     _load()  # (what a node's first use of pub-sub loads)
     ob = Outbound(BOUNDS)
@@ -361,8 +361,8 @@ def test_ids_over_a_batch_s_budget_trim_the_ihaves_not_drop_them():
 def test_messages_queued_for_a_peer_are_bounded_in_bytes_and_sent_in_bounded_calls():
     from lattica.actors.pubsub.sending import BATCH_BYTES as _BATCH_BYTES
     from lattica.actors.pubsub.sending import BOUNDS
-    from lattica.pubsub.outbound import Outbound
-    from lattica.pubsub.router import Rpc
+    from lattica.pubsub._outbound import Outbound
+    from lattica.pubsub._router import Rpc
 
     big = [wire.envelope("t", b"a", i, Bundle([bytes([i % 256]) * 900_000]), b"s") for i in range(40)]
     ob = Outbound(BOUNDS)

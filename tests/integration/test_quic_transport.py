@@ -15,6 +15,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from lattica._identity import KeyPair
+from lattica._multiaddr import Multiaddr
 from lattica.errors import (
     ConnectionClosed,
     HandshakeError,
@@ -25,8 +27,6 @@ from lattica.errors import (
     Timeout,
     TransportError,
 )
-from lattica.identity import KeyPair
-from lattica.multiaddr import Multiaddr
 from lattica.transports.base import Connection, Stream
 from lattica.transports.quic import QuicConn, QuicTransport
 from lattica.transports.quic._aioquic import LatticaQuicConnection
@@ -886,8 +886,8 @@ def test_ipv6_loopback() -> None:
 _ECHO_SERVER = textwrap.dedent(
     """
     import asyncio, sys
-    from lattica.identity import KeyPair
-    from lattica.multiaddr import Multiaddr
+    from lattica._identity import KeyPair
+    from lattica._multiaddr import Multiaddr
     from lattica.transports.quic import QuicTransport
 
     async def echo(s):
@@ -934,7 +934,7 @@ def test_two_processes_64mib_echo() -> None:
         _, addr, peer = line.split()
 
         async def main() -> None:
-            from lattica.identity import PeerId
+            from lattica._identity import PeerId
 
             t = QuicTransport(KeyPair.generate())
             try:

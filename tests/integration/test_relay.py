@@ -17,12 +17,12 @@ import pytest
 import lattica
 import sample_actors as sa
 from helpers import wait_for
+from lattica._framing import read_message, write_message
+from lattica._identify import PeerInfo
 from lattica.actors.membership import membership_ref
-from lattica.actors.relay import RelayConfig, relay_ref
+from lattica.actors.nat.relay import RelayConfig, relay_ref
 from lattica.config import NatConfig
 from lattica.errors import PeerUnreachable, RelayRefused
-from lattica.framing import read_message, write_message
-from lattica.identify import PeerInfo
 from lattica.mesh.process import ServerProcess
 from lattica.transports.circuit import HOP, STOP
 from lattica.transports.splice import PREAMBLE_MAGIC, TOKEN_LEN, _Pipe
@@ -135,7 +135,7 @@ async def _status(node: lattica.Node, peer: lattica.PeerId) -> dict:
 
 def test_relayed_traffic_is_end_to_end_encrypted_and_a_tampering_relay_breaks_only_that_circuit(monkeypatch):
     seen: list[bytes] = []
-    from lattica.actors import relay as relay_mod
+    from lattica.actors.nat import relay as relay_mod
 
     real_splice = relay_mod.RelayService._splice
 
@@ -269,7 +269,7 @@ def test_an_unreachable_tcp_listener_leaves_quic_connected_ends_in_stream_and_is
 
 
 def test_an_end_that_never_brings_its_spliced_socket_falls_back_to_the_in_stream_circuit(monkeypatch):
-    from lattica.actors import relay as relay_mod
+    from lattica.actors.nat import relay as relay_mod
 
     monkeypatch.setattr(relay_mod, "_SPLICE_WAIT", 1.0)  # how long the relay waits for the second socket
     with lattica.Node([TCP], relay=True) as relay, lattica.Node([], allow=ALLOW) as b:

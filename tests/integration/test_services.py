@@ -9,10 +9,11 @@ import pytest
 
 import lattica
 from helpers import wait_for
-from lattica import hostview, services
-from lattica.membership import MemberUp
-from lattica.runtime import ASYNC, ActorRef
-from lattica.runtime.client import CallRouter
+from lattica import _hostview as hostview
+from lattica import services
+from lattica._membership import MemberUp
+from lattica._runtime import ASYNC, ActorRef
+from lattica._runtime.client import CallRouter
 
 pytestmark = pytest.mark.timeout(60)
 

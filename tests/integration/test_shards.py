@@ -14,11 +14,11 @@ import pytest
 
 import lattica
 from helpers import wait_for
+from lattica.dht._records import mesh_scoped
 from lattica.errors import RemoteError, ShardUnavailable
 from lattica.mesh.process import ServerProcess
-from lattica.records import mesh_scoped
-from lattica.shards.client import REFRESH
-from lattica.shards.keys import encode_registration, shard_key
+from lattica.shards._client import REFRESH
+from lattica.shards._keys import encode_registration, shard_key
 from shard_actors import Stage
 
 pytestmark = pytest.mark.timeout(120)
@@ -137,7 +137,7 @@ def test_only_the_node_that_spawned_an_actor_registers_it_elsewhere(mesh):
         other.connect(procs[0].addr("tcp"))
         with pytest.raises(PermissionDenied, match="only the node that spawned"):
             lattica.shards.serve(ref, "math", "s-owned", node=other).result(10)
-        ghost = lattica.runtime.ActorRef(ref.peer_id, "no-such-actor", {})
+        ghost = lattica._runtime.ActorRef(ref.peer_id, "no-such-actor", {})
         with pytest.raises(ActorNotFound):
             lattica.shards.serve(ghost, "math", "s-owned", node=other).result(10)
     lattica.shards.serve(ref, "math", "s-owned").result(10)
@@ -166,8 +166,8 @@ def test_a_provider_whose_node_cannot_be_asked_is_skipped_even_for_calls_that_ar
 
 
 def test_refs_read_from_registrations_are_plain_and_serving_is_bounded(mesh):
+    from lattica._runtime import ActorRef
     from lattica.errors import PermissionDenied
-    from lattica.runtime import ActorRef
 
     driver, procs = mesh
     rt = driver.host.runtime

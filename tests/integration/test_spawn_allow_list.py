@@ -13,11 +13,11 @@ from call_fixtures import (
     spawn_via_spawner,
     spawner_names,
 )
+from lattica._runtime import spawner_ref
 from lattica.errors import (
     MethodNotFound,
     SpawnError,
 )
-from lattica.runtime import spawner_ref
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,10 +82,10 @@ def test_spawner_local_helpers_are_no_remote_methods(node):
         assert isinstance(spawner_names(b.peer_id), list)  # the spawner still serves
         # and every system actor serves exactly what its ref declares (a helper made public by
         # mistake would be a remote method, and a thread for sync methods at every start)
-        from lattica.actors.checkpoints import checkpoints_ref
+        from lattica._runtime import autonat_ref
         from lattica.actors.dht import dht_ref
         from lattica.actors.membership import membership_ref
-        from lattica.runtime import autonat_ref
+        from lattica.actors.supervisor import checkpoints_ref
 
         actors = b._host.runtime.actors
         for ref in (

@@ -1,4 +1,4 @@
-"""Arguments and results over the 64 MiB message cap travel by CID (lattica.runtime.spill): a
+"""Arguments and results over the 64 MiB message cap travel by CID (lattica._runtime.spill): a
 user's script against a plain ``lattica node``, from its own thread and from a coroutine, in the
 order the calls were made, both ways; what was stored for a call goes when it is over; the
 bound (``spill_limit``) on either side is a clear error; a stranger cannot make a node fetch."""
@@ -156,7 +156,7 @@ def test_a_stranger_cannot_make_a_node_fetch(mesh, tmp_path):
     addr = node()
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"], mesh="open") as stranger:
         stranger.connect(addr)
-        from lattica.runtime import ASYNC, ActorRef
+        from lattica._runtime import ASYNC, ActorRef
 
         ref = ActorRef(lattica.PeerId.from_string(addr.rsplit("/p2p/", 1)[1]), "dht", {"ping": ASYNC})
 
@@ -170,7 +170,7 @@ def test_a_stranger_cannot_make_a_node_fetch(mesh, tmp_path):
 def test_without_a_content_service_the_cap_stands():
     with lattica.Node(["/ip4/127.0.0.1/tcp/0"], content=False) as a, lattica.Node(["/ip4/127.0.0.1/tcp/0"]) as b:
         a.connect(b.addrs[0])
-        from lattica.runtime import ASYNC, ActorRef
+        from lattica._runtime import ASYNC, ActorRef
 
         ref = ActorRef(b.peer_id, "dht", {"ping": ASYNC})
 

@@ -13,21 +13,21 @@ import sys
 # checks), mDNS on a LAN address, aioquic for QUIC; hashlib and shutil not at all (they load a
 # second OpenSSL binding and the compression libraries); the relay service on a node that relays,
 # supervisors and the shard stub's client side when first named, the in-memory transport for the
-# first /memory address; ipaddress with QUIC or a dashboard (lattica.iptext does the rest);
+# first /memory address; ipaddress with QUIC or a dashboard (lattica._iptext does the rest);
 # libsodium at the first signature checked (a handshake's, a record's).
 LATER = [
     "structlog",
     "pykka",
     "ifaddr",
-    "lattica.host.mdns",
+    "lattica._host.mdns",
     "aioquic",
     "hashlib",
     "_hashlib",
     "shutil",
-    "lattica.actors.relay",
+    "lattica.actors.nat.relay",
     "lattica.supervisor",
-    "lattica.shards.client",
-    "lattica.shards.select",
+    "lattica.shards._client",
+    "lattica.shards._select",
     "lattica.transports.memory",
     "ipaddress",
     "nacl",
@@ -61,9 +61,9 @@ def test_a_starting_node_does_not_load_what_it_needs_later():
 
 def test_the_check_sees_what_is_loaded():
     # the probe itself works: modules a node always needs are reported
-    assert _loaded_after_start(["asyncio", "lattica.host", "cryptography"]) == [
+    assert _loaded_after_start(["asyncio", "lattica._host", "cryptography"]) == [
         "asyncio",
-        "lattica.host",
+        "lattica._host",
         "cryptography",
     ]
 
@@ -105,7 +105,7 @@ node.start()
 assert codec.decode(bytes.fromhex(sys.argv[1])) == ["lattica.supervisor.Supervisor"]
 assert "lattica.supervisor" not in sys.modules
 assert lattica.Supervisor.cls.__name__ == "Supervisor" and "lattica.supervisor" in sys.modules
-assert lattica.shards.Stub.__module__ == "lattica.shards.client" and callable(lattica.shards.stub)
+assert lattica.shards.Stub.__module__ == "lattica.shards._client" and callable(lattica.shards.stub)
 assert "lattica.transports.memory" not in sys.modules
 with lattica.Node(["/memory/0"]) as a:  # (memory nodes talk only on one loop: listening is the check)
     assert "lattica.transports.memory" in sys.modules and str(a.addrs[0]).startswith("/memory/")

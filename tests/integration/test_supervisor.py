@@ -369,7 +369,7 @@ def _try(fn):
 
 
 async def _names(node, peer):
-    from lattica.runtime import spawner_ref
+    from lattica._runtime import spawner_ref
 
     return await node._host.runtime.call(spawner_ref(peer), "names", (), {}, timeout=5)
 

@@ -17,10 +17,10 @@ import pytest
 import lattica
 import sample_actors as sa
 from helpers import call_as, spawn_local, wait_for
-from lattica.actors.checkpoints import checkpoints_ref
+from lattica._runtime import spawner_ref
 from lattica.actors.membership import membership_ref
+from lattica.actors.supervisor import checkpoints_ref
 from lattica.errors import PermissionDenied
-from lattica.runtime import spawner_ref
 from lattica.trust import MeshKey
 
 pytestmark = pytest.mark.timeout(60)

@@ -46,7 +46,7 @@ def _say(obj: dict) -> None:
     sys.stdout.flush()
 
 
-def _settled(st: lattica.host.nat.NatStatus) -> bool:
+def _settled(st: lattica.nat._manager.NatStatus) -> bool:
     """Peers have a path to us: proven public, or holding a relay reservation (private, or not
     proven either way: only helpers at fresh addresses tell a full cone from an address-restricted
     NAT, and a cold lab may have none)."""

@@ -40,7 +40,7 @@ def _say(obj: dict) -> None:
     sys.stdout.flush()
 
 
-def _settled(st: lattica.host.nat.NatStatus) -> bool:
+def _settled(st: lattica.nat._manager.NatStatus) -> bool:
     """As coldpeer's callee: proven public, or holding a relay reservation."""
     return st.reachability == "public" or bool(st.relays)
 
@@ -53,7 +53,7 @@ def _transport(peer: lattica.PeerId) -> str | None:
 def _diagnose(cid: str, provider: lattica.PeerId) -> dict:
     """What a failed get saw (for the test's report): the fetch's peers as its session sees them,
     our connections, and what a provider lookup finds now."""
-    from lattica.content.cid import Cid
+    from lattica.content._cid import Cid
 
     host = lattica.node().host
     svc = host.services.content

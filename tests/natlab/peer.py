@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import lattica  # noqa: E402
 import lattica.logging  # noqa: E402
 import sample_actors as sa  # noqa: E402
-from lattica.actors.relay import RelayConfig  # noqa: E402
+from lattica.actors.nat.relay import RelayConfig  # noqa: E402
 from lattica.config import ContentConfig, CrdtConfig  # noqa: E402
 
 
@@ -254,7 +254,7 @@ def _generate(node: lattica.Node, prompt: list, n: int) -> dict:
 def _weightsync(node: lattica.Node, cmd: dict) -> dict:
     import numpy as np  # (only the nodes of the weight sync test)
 
-    from lattica.context import set_default_node
+    from lattica._context import set_default_node
     from lattica.mesh import weightsync as ws
 
     set_default_node(node)  # (the helpers spawn and publish through the user API)

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
+from lattica._node import Node
 from lattica.bench.linkem import EmulatedLink, Profile, available
 from lattica.bench.transport import plain_tcp, server
-from lattica.node import Node
 from lattica.transports.noise import MAX_PLAINTEXT
 
 ok, why = available()
@@ -191,8 +191,9 @@ def test_only_a_caller_told_what_was_taken_gets_a_growing_argument_window(monkey
     8 each) and the rest grows the window."""
     import os
 
-    from lattica import codec, rpc
-    from lattica.runtime.refs import StreamArg
+    from lattica import _rpc as rpc
+    from lattica import codec
+    from lattica._runtime.refs import StreamArg
 
     support = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([support, os.environ.get("PYTHONPATH", "")]))

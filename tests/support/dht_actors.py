@@ -33,6 +33,6 @@ class DhtProbe:
 
 
 def _runtime():
-    from lattica.remote import current_runtime
+    from lattica._remote import current_runtime
 
     return current_runtime()

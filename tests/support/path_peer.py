@@ -19,8 +19,8 @@ import threading
 
 import lattica
 import path_actors
+from lattica._identity import KeyPair
 from lattica.config import NatConfig
-from lattica.identity import KeyPair
 
 
 def main() -> None:

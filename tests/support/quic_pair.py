@@ -9,7 +9,7 @@ from typing import Any
 
 from aioquic.quic.connection import QuicConnection
 
-from lattica.identity import KeyPair
+from lattica._identity import KeyPair
 from lattica.transports.quic import _aioquic
 from lattica.transports.quic.tlscert import generate_certificate
 

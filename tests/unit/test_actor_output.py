@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 import lattica
+from lattica._node import Node
+from lattica._runtime import output
+from lattica._runtime.local import MAX_RECENT_ERRORS
+from lattica._runtime.refs import ACTOR
 from lattica.actors.dashboard.clean import clean_detail, clean_series
 from lattica.actors.dashboard.report import actor_detail
 from lattica.actors.dashboard.usage import ACTOR_FIELDS, NODE_FIELDS, SAMPLES, Usage
-from lattica.node import Node
-from lattica.runtime import output
-from lattica.runtime.local import MAX_RECENT_ERRORS
-from lattica.runtime.refs import ACTOR
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,6 +1,6 @@
 """Limits per address count hosts (an IPv4 address, an IPv6 /64); what peers say they saw of us
 counts only in the family of the connection they saw it on; which peers become our relays and
-which of their addresses we advertise (lattica.host.nat, the relay service)."""
+which of their addresses we advertise (lattica.nat._manager, the relay service)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import asyncio
 import time
 from types import SimpleNamespace
 
-from lattica.actors.relay import _ip_of
-from lattica.host.nat import NatManager
-from lattica.identity import KeyPair
-from lattica.multiaddr import Multiaddr
+from lattica._identity import KeyPair
+from lattica._multiaddr import Multiaddr
+from lattica.actors.nat.relay import _ip_of
+from lattica.nat._manager import NatManager
 from lattica.transports.circuit import HOP
 
 

@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from lattica.content import blockstore as bs
-from lattica.content.blockstore import MAX_BLOCK_SIZE, DiskBlockstore, MemoryBlockstore
-from lattica.content.cid import DAG_PB, Cid
+from lattica.content import _blockstore as bs
+from lattica.content._blockstore import MAX_BLOCK_SIZE, DiskBlockstore, MemoryBlockstore
+from lattica.content._cid import DAG_PB, Cid
 from lattica.errors import BadBlock, BlockNotFound, ContentError, StoreFull
 
 

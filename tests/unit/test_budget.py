@@ -1,10 +1,10 @@
-"""Keyed token buckets (lattica.budget): burst, refill, per key, bounded table."""
+"""Keyed token buckets (lattica._budget): burst, refill, per key, bounded table."""
 
 import time
 
 import pytest
 
-from lattica.budget import Buckets
+from lattica._budget import Buckets
 
 
 def test_burst_then_refill_per_key():
@@ -57,7 +57,7 @@ def test_wait_says_when_a_token_comes_and_force_runs_into_debt():
 
 
 def test_strangers_share_one_budget_and_members_are_never_charged():
-    from lattica.budget import StrangersShare
+    from lattica._budget import StrangersShare
 
     t = [0.0]
     share = StrangersShare(10.0, 20.0, lambda peer: peer.startswith("s"), clock=lambda: t[0])
@@ -69,7 +69,7 @@ def test_strangers_share_one_budget_and_members_are_never_charged():
 
 
 def test_strangers_share_take_up_to_cuts_a_batch_to_what_is_left():
-    from lattica.budget import StrangersShare
+    from lattica._budget import StrangersShare
 
     t = [0.0]
     share = StrangersShare(10.0, 20.0, lambda peer: peer.startswith("s"), clock=lambda: t[0])
@@ -84,7 +84,7 @@ def test_strangers_share_take_up_to_cuts_a_batch_to_what_is_left():
 def test_turns_let_strangers_through_in_arrival_order_under_one_timer_and_members_at_once():
     import asyncio
 
-    from lattica.budget import StrangersShare, Turns
+    from lattica._budget import StrangersShare, Turns
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

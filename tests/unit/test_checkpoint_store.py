@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from lattica.actors import checkpoints as cp
+from lattica._identity import KeyPair
+from lattica._runtime import refs
+from lattica.actors import supervisor as cp
 from lattica.errors import CheckpointRejected
-from lattica.identity import KeyPair
-from lattica.runtime import refs
 
 NODE, A, B, C = (KeyPair.generate() for _ in range(4))
 

@@ -8,12 +8,12 @@ import textwrap
 import msgpack
 import pytest
 
-from lattica.code.loader import Namespace
-from lattica.code.package import CodePackage, pack, unpack
-from lattica.code.script import check_class, filter_script
-from lattica.code.tickets import Ticket, ticket_of
+from lattica._code.loader import Namespace
+from lattica._code.package import CodePackage, pack, unpack
+from lattica._code.script import check_class, filter_script
+from lattica._code.tickets import Ticket, ticket_of
+from lattica._identity import KeyPair
 from lattica.errors import CodeError, SpawnError
-from lattica.identity import KeyPair
 
 
 def write(root, files):
@@ -299,7 +299,7 @@ def test_every_class_of_the_script_is_checked_not_only_the_first(tmp_path, monke
     import asyncio
     import types
 
-    from lattica.code.shipper import Shipper
+    from lattica._code.shipper import Shipper
 
     script = tmp_path / "train.py"
     script.write_text(

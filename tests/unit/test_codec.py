@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lattica import codec
+from lattica._identity import KeyPair, PeerId
+from lattica._multiaddr import Multiaddr
 from lattica.codec import DEFAULT_LIMITS, Limits, decode, encode, encode_bytes, register_ext
 from lattica.errors import CodecError, FrameTooLarge, ProtocolError
-from lattica.identity import KeyPair, PeerId
-from lattica.multiaddr import Multiaddr
 
 MiB = 1024 * 1024
 PID = KeyPair.from_seed(bytes(range(32))).peer_id

@@ -1,4 +1,4 @@
-"""The connection table's choices (lattica/host/connections.py), on fake connections: which of a
+"""The connection table's choices (lattica/_host/connections.py), on fake connections: which of a
 peer's connections is its primary, which one a new arrival retires (it goes away, never closes
 under what is on it), and what happens when a connection goes away or its grace period ends."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from lattica.host.connections import QUIC_LINGER, Connections
-from lattica.hostview import HostEvents
-from lattica.identity import KeyPair
+from lattica._host.connections import QUIC_LINGER, Connections
+from lattica._hostview import HostEvents
+from lattica._identity import KeyPair
 
 
 class _Conn:

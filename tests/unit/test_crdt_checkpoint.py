@@ -1,4 +1,4 @@
-"""Checkpoints (lattica/crdt/checkpoint.py and the replica's rules for them), sans-IO: real
+"""Checkpoints (lattica/crdt/_checkpoint.py and the replica's rules for them), sans-IO: real
 pycrdt updates in really signed envelopes; a checkpoint is computed, checked by another replica
 from its own log, taken (its envelopes dropped) and given to a newcomer."""
 
@@ -11,11 +11,11 @@ import pycrdt
 import pytest
 from test_crdt_replica import DOC, Writer, apply
 
-from lattica.crdt.checkpoint import Checkpoint, Signature, canonical_state, check_state
-from lattica.crdt.envelope import doc_id
-from lattica.crdt.replica import ReplicaState
+from lattica._identity import KeyPair
+from lattica.crdt._checkpoint import Checkpoint, Signature, canonical_state, check_state
+from lattica.crdt._envelope import doc_id
+from lattica.crdt._replica import ReplicaState
 from lattica.errors import MalformedUpdate
-from lattica.identity import KeyPair
 
 
 def _history(n: int = 30, seed: int = 1) -> tuple[list[Writer], list]:
@@ -319,7 +319,7 @@ def test_a_replayed_older_checkpoint_adds_nothing():
 
 
 def test_a_second_claim_on_the_same_heads_costs_no_merge(monkeypatch):
-    import lattica.crdt.replica as rules
+    import lattica.crdt._replica as rules
 
     ws, envs = _history(20)
     b, _ = _replica(envs)

@@ -1,4 +1,4 @@
-"""The replica's rules (lattica/crdt/replica.py), sans-IO: real pycrdt documents write real
+"""The replica's rules (lattica/crdt/_replica.py), sans-IO: real pycrdt documents write real
 updates, envelopes are really signed, and every refusal is one an honest author never causes."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import random
 
 import pycrdt
 
-from lattica.crdt.envelope import ACL, GENESIS, Acl, Envelope, client_id, doc_id, sign, sign_acl
-from lattica.crdt.replica import ReplicaState
-from lattica.crdt.yupdate import read_update
-from lattica.identity import KeyPair
+from lattica._identity import KeyPair
+from lattica.crdt._envelope import ACL, GENESIS, Acl, Envelope, client_id, doc_id, sign, sign_acl
+from lattica.crdt._replica import ReplicaState
+from lattica.crdt._yupdate import read_update
 
 DOC = doc_id("test/doc", None)
 
@@ -305,7 +305,7 @@ def test_convergence_of_random_concurrent_histories():
 
 
 def test_one_author_can_start_only_so_many_chains():
-    from lattica.crdt import replica as rules
+    from lattica.crdt import _replica as rules
 
     keys = KeyPair.generate()
     r = ReplicaState(DOC, None)

@@ -1,4 +1,4 @@
-"""The Yjs update reader (lattica/crdt/yupdate.py) against what pycrdt/yrs really writes: the
+"""The Yjs update reader (lattica/crdt/_yupdate.py) against what pycrdt/yrs really writes: the
 clock ranges it reads are the ones the writing document's state vector moved by, and anything
 malformed is a MalformedUpdate, never another exception."""
 
@@ -9,7 +9,7 @@ import random
 import pycrdt
 import pytest
 
-from lattica.crdt.yupdate import read_state_vector, read_update, read_update_as_yrs, write_state_vector
+from lattica.crdt._yupdate import read_state_vector, read_update, read_update_as_yrs, write_state_vector
 from lattica.errors import MalformedUpdate
 
 

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
+from lattica._metrics import Family, Histogram, render
 from lattica.actors.dashboard.config import DashboardConfig, dashboard_config, is_loopback, split_bind
 from lattica.actors.dashboard.mesh import MeshWatch, _Watcher
 from lattica.actors.dashboard.text import render as render_text
-from lattica.metrics import Family, Histogram, render
 
 
 def test_histograms_are_cumulative_with_sum_count_and_inf():

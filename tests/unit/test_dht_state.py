@@ -5,10 +5,10 @@ member membership holds down leaves the table (issue 16)."""
 
 import types
 
+from lattica._identity import KeyPair
+from lattica._membership import MemberDown
+from lattica._multiaddr import Multiaddr
 from lattica.actors.dht.state import DhtState
-from lattica.identity import KeyPair
-from lattica.membership import MemberDown
-from lattica.multiaddr import Multiaddr
 
 
 class _Host:

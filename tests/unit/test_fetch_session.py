@@ -1,4 +1,4 @@
-"""The fetch scheduler (lattica.content.session), driven as the glue drives it: a simulated swarm of
+"""The fetch scheduler (lattica.content._session), driven as the glue drives it: a simulated swarm of
 peers (bandwidth, latency, what they hold, how they misbehave) on a fake clock and an event heap,
 with the window and the ask rules checked after every event; plus random event sequences."""
 
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lattica.content.cid import DAG_PB, Cid
-from lattica.content.fetch_records import BLOCK, HAVE
-from lattica.content.session import PASS_LAPSES, FetchSession
+from lattica.content._cid import DAG_PB, Cid
+from lattica.content._fetch_records import BLOCK, HAVE
+from lattica.content._session import PASS_LAPSES, FetchSession
 from lattica.errors import BlockNotFound
 
 KiB = 1024

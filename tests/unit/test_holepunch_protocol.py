@@ -6,8 +6,9 @@ import random
 
 import pytest
 
+from lattica._multiaddr import Multiaddr
 from lattica.errors import ProtocolError
-from lattica.holepunch import (
+from lattica.nat._holepunch import (
     DEPENDENT,
     INDEPENDENT,
     PORT_RANGE,
@@ -20,7 +21,6 @@ from lattica.holepunch import (
     probe_ports,
     tcp_only,
 )
-from lattica.multiaddr import Multiaddr
 
 B_ADDRS = [Multiaddr("/ip4/198.51.100.7/tcp/4001"), Multiaddr("/ip4/198.51.100.7/udp/4001/quic-v1")]
 A_ADDRS = [Multiaddr("/ip4/203.0.113.9/tcp/4001"), Multiaddr("/ip4/203.0.113.9/udp/5555/quic-v1")]

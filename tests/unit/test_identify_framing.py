@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lattica import identify
+from lattica import _identify as identify
+from lattica._framing import read_message, write_message
+from lattica._identity import KeyPair
+from lattica._multiaddr import Multiaddr
 from lattica.errors import FrameTooLarge, ProtocolError, StreamClosed
-from lattica.framing import read_message, write_message
-from lattica.identity import KeyPair
-from lattica.multiaddr import Multiaddr
 from lattica.transports.base import Stream
 from lattica.trust import MeshKey, Trust
 

@@ -5,8 +5,8 @@ import stat
 
 import pytest
 
+from lattica._identity import KeyPair, PeerId, b58decode, b58encode, verify_signature
 from lattica.errors import InvalidPeerId, KeyFileError
-from lattica.identity import KeyPair, PeerId, b58decode, b58encode, verify_signature
 
 # The Ed25519 test vector of the libp2p peer-ids spec; the PeerId is the one go-libp2p's own
 # tests derive from it.
@@ -164,7 +164,7 @@ def test_anything_malformed_is_no_valid_signature():
 _SMALL_ORDER_FORGERY = """
 import sys, threading
 {prelude}
-from lattica.identity import verify_signature
+from lattica._identity import verify_signature
 identity_point = bytes([1]) + bytes(31)
 forged = identity_point + bytes(32)
 sys.setswitchinterval(1e-6)

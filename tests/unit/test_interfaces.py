@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lattica.interfaces import expand, interface_ips, is_lan, is_loopback, is_private, on_local_network
-from lattica.multiaddr import Multiaddr
+from lattica._interfaces import expand, interface_ips, is_lan, is_loopback, is_private, on_local_network
+from lattica._multiaddr import Multiaddr
 
 
 def test_a_wildcard_becomes_each_interface_address_with_the_same_port():

@@ -1,4 +1,4 @@
-"""lattica.iptext and the address checks built on it (lattica.interfaces, lattica.multiaddr) agree
+"""lattica._iptext and the address checks built on it (lattica._interfaces, lattica._multiaddr) agree
 with the standard library's ``ipaddress`` on random and edge-case addresses."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from lattica import iptext
+from lattica import _iptext as iptext
+from lattica._interfaces import host_key, is_private_ip
+from lattica._multiaddr import Multiaddr
 from lattica.errors import MultiaddrError
-from lattica.interfaces import host_key, is_private_ip
-from lattica.multiaddr import Multiaddr
 
 _NETS = [
     ipaddress.ip_network(n)

@@ -8,8 +8,8 @@ from collections import deque
 
 import pytest
 
-from lattica.identity import KeyPair, PeerId
-from lattica.kademlia import ID_BITS, K, Lookup, RoutingTable, distance, key_id, node_id
+from lattica._identity import KeyPair, PeerId
+from lattica.dht._kademlia import ID_BITS, K, Lookup, RoutingTable, distance, key_id, node_id
 
 
 def make_peer(rng: random.Random) -> PeerId:

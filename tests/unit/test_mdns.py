@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lattica._host.mdns import SERVICE, MdnsProtocol, build_query, build_response, parse
+from lattica._identity import KeyPair
+from lattica._multiaddr import Multiaddr
 from lattica.errors import ProtocolError
-from lattica.host.mdns import SERVICE, MdnsProtocol, build_query, build_response, parse
-from lattica.identity import KeyPair
-from lattica.multiaddr import Multiaddr
 
 A, B = KeyPair.generate().peer_id, KeyPair.generate().peer_id
 

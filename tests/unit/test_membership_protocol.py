@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from lattica.bench.membership import SimNotary
-from lattica.membership import (
+from lattica._membership import (
     ALIVE,
     DEAD,
     LEFT,
@@ -15,7 +14,8 @@ from lattica.membership import (
     SelfDowned,
     statement,
 )
-from lattica.membership import Membership as _Membership
+from lattica._membership import Membership as _Membership
+from lattica.bench.membership import SimNotary
 
 NOTARY = SimNotary()  # real Ed25519 signatures, one key per member name
 
@@ -335,7 +335,7 @@ def test_rows_about_us_cannot_drive_our_incarnation_up():
     """A member sends us rows that we are suspect or dead in ever newer incarnations (a whole view
     of them, message after message): we refute at most once a round, and an incarnation we never
     stated (a previous run of ours the mesh remembers) is jumped to at most once a minute."""
-    from lattica.membership import MAX_JUMP
+    from lattica._membership import MAX_JUMP
 
     me = Membership("me")
     me.add(0.0, "liar")
@@ -377,7 +377,7 @@ def test_hearsay_about_a_member_we_do_not_watch_still_spreads():
 
 
 def test_rumors_with_huge_incarnations_bad_rows_or_past_the_table_bound_are_skipped():
-    from lattica import membership as mb
+    from lattica import _membership as mb
 
     a = Membership("a")
     a.receive(0.0, "c", {"rumors": [row("x", 2**64 - 1, ALIVE, {}), row("y", 1 << 48, ALIVE, {})]})

@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+from lattica._identity import KeyPair
+from lattica._multiaddr import Multiaddr
 from lattica.actors.membership import _REDIAL_TRIES, MembershipService
 from lattica.errors import PeerGone, PeerUnreachable
-from lattica.identity import KeyPair
-from lattica.multiaddr import Multiaddr
 
 
 def _service(failures: list[BaseException | None]) -> SimpleNamespace:

@@ -3,7 +3,7 @@ grows, so a long simulation (or a process running many) does not hold every conn
 
 import asyncio
 
-from lattica.identity import KeyPair
+from lattica._identity import KeyPair
 from lattica.transports.memory import MemoryNetwork, _Pipe
 
 

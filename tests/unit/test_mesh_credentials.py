@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lattica._identity import KeyPair
 from lattica.errors import KeyFileError
-from lattica.identity import KeyPair
 from lattica.trust import (
     MEMBER,
     SELF,
@@ -144,7 +144,7 @@ def test_a_membership_statement_counts_only_while_its_certificate_is_valid_by_th
     """Membership runs on the event loop's clock (seconds since boot); certificates expire in unix
     time. The notary judges them by the wall clock itself, so a member whose certificate expired
     is refused whatever clock the membership runs on."""
-    from lattica.membership import ALIVE, statement
+    from lattica._membership import ALIVE, statement
     from lattica.trust import MemberNotary
 
     mesh, me, member = MeshKey.generate(), KeyPair.generate(), KeyPair.generate()

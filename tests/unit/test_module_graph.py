@@ -175,8 +175,8 @@ def foreign_private_names(name: str, source: str, modules: dict) -> list[str]:
 
 
 _API_PACKAGES = {"lattica.dht", "lattica.pubsub", "lattica.content", "lattica.crdt", "lattica.shards"}
-_TOP = {"lattica", "lattica.api", "lattica.node", "lattica.cli", "lattica.demo", "lattica.doctor"}
-_API_HANDLES = {"lattica.crdt.document"}  # what an API function returns a user: a handle on a service's object
+_TOP = {"lattica", "lattica._api", "lattica._node", "lattica.cli", "lattica._demo", "lattica._doctor"}
+_API_HANDLES = {"lattica.crdt._document"}  # what an API function returns a user: a handle on a service's object
 
 
 def room_of(module: str) -> int:
@@ -233,7 +233,7 @@ def private_reads(source: str) -> int:
 
 def test_the_project_is_found():
     modules = _modules()
-    assert {"lattica", "lattica.node", "lattica.actors", "lattica.transports.mux"} <= set(modules)
+    assert {"lattica", "lattica._node", "lattica.actors", "lattica.transports.mux"} <= set(modules)
 
 
 def test_the_import_graph_has_no_cycle():
@@ -268,7 +268,7 @@ def test_the_local_import_check_flags_an_uncommented_import():
 
 
 def test_type_checking_imports_do_not_count():
-    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from lattica.node import Node\n"
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from lattica._node import Node\n"
     visitor = _Imports()
     visitor.visit(ast.parse(source))
     assert [ast.unparse(n) for n, _ in visitor.found] == ["from typing import TYPE_CHECKING"]
@@ -348,6 +348,6 @@ def test_the_service_lookup_check_can_fail():
 
 
 def test_the_room_checks_can_fail():
-    assert room_of("lattica.transports.tcp") < room_of("lattica.host.host") < room_of("lattica.actors.dht")
-    assert room_of("lattica.actors.dht") < room_of("lattica.node") == room_of("lattica.pubsub")
+    assert room_of("lattica.transports.tcp") < room_of("lattica._host.host") < room_of("lattica.actors.dht")
+    assert room_of("lattica.actors.dht") < room_of("lattica._node") == room_of("lattica.pubsub")
     assert private_reads("def f(x):\n    return x._a, self._b, super()._c\n") == 1

@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lattica._identity import KeyPair
+from lattica._multiaddr import Multiaddr
 from lattica.errors import MultiaddrError
-from lattica.identity import KeyPair
-from lattica.multiaddr import Multiaddr
 
 PID = "12D3KooWBtg3aaRMjxwedh83aGiUkwSxDwUZkzuJcfaqUmo7R3pq"
 

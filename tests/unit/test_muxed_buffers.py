@@ -4,8 +4,8 @@ import asyncio
 import hashlib
 import os
 
-from lattica.identity import KeyPair
-from lattica.multiaddr import Multiaddr
+from lattica._identity import KeyPair
+from lattica._multiaddr import Multiaddr
 from lattica.transports.muxed import MuxedConnection
 from lattica.transports.noise import NoiseHandshake
 

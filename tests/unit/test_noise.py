@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from lattica._identity import KeyPair
 from lattica.errors import DecryptError, HandshakeError, PeerIdMismatch
-from lattica.identity import KeyPair
 from lattica.transports.noise import MAX_PLAINTEXT, NoiseHandshake, PlainBuffer, _HandshakeState
 
 VECTORS = Path(__file__).resolve().parents[3] / "shared" / "vectors" / "noise" / "xx_25519_sha256.json"

@@ -1,13 +1,13 @@
-"""The budget for partially received rpc messages (lattica.runtime.partials), sans sockets."""
+"""The budget for partially received rpc messages (lattica._runtime.partials), sans sockets."""
 
 import asyncio
 
 import pytest
 
+from lattica._identity import KeyPair
+from lattica._runtime.partials import BudgetedSplitter, PartialMessages
 from lattica.config import InboundBudget
 from lattica.errors import MessageBudgetExceeded
-from lattica.identity import KeyPair
-from lattica.runtime.partials import BudgetedSplitter, PartialMessages
 
 A, B = KeyPair.generate().peer_id, KeyPair.generate().peer_id
 

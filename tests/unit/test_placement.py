@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from lattica._placement import Spawnable, candidates, free, runs
 from lattica.errors import PlacementError
-from lattica.placement import Spawnable, candidates, free, runs
 
 
 def node(pid, cpu=4, memory=8e9, gpus=0, state="alive", labels=None, actors=0, reserved=None):

@@ -1,4 +1,4 @@
-"""The pub-sub router (lattica.pubsub.router), sans sockets: meshes, GRAFT/PRUNE and backoff,
+"""The pub-sub router (lattica.pubsub._router), sans sockets: meshes, GRAFT/PRUNE and backoff,
 gossip, validation hand-off, scores, bounds; and the router simulation (short by default)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import pytest
 
 from lattica.bench.pubsub import simulate
-from lattica.pubsub.router import ACCEPT, IGNORE, REJECT, Envelope, GossipParams, Router, Rpc, flood_tag
+from lattica.pubsub._router import ACCEPT, IGNORE, REJECT, Envelope, GossipParams, Router, Rpc, flood_tag
 
 T = "t"
 
@@ -359,7 +359,7 @@ def test_slow_mesh_peers_are_choked_and_announce_instead():
 
 
 def _mesh_peer_score(share: float, messages: int) -> float:
-    from lattica.pubsub.score import PeerScore
+    from lattica.pubsub._score import PeerScore
 
     s = PeerScore()
     s.connected("p")
@@ -374,7 +374,7 @@ def _mesh_peer_score(share: float, messages: int) -> float:
 
 
 def test_a_mesh_peer_that_never_forwards_is_scored_down_whatever_the_rate():
-    from lattica.pubsub.score import ScoreParams
+    from lattica.pubsub._score import ScoreParams
 
     w = ScoreParams().topic.mesh_deliveries_weight
     for messages in (100, 1000, 10_000):
@@ -440,7 +440,7 @@ def test_the_message_cache_is_bounded_in_bytes():
 def test_a_subscription_holds_a_bounded_number_of_bytes():
     import asyncio
 
-    from lattica.pubsub.subscription import Message, Subscription
+    from lattica.pubsub._subscription import Message, Subscription
 
     loop = asyncio.new_event_loop()
     try:

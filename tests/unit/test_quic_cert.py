@@ -9,8 +9,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from lattica._identity import KeyPair
 from lattica.errors import HandshakeError, PeerIdMismatch
-from lattica.identity import KeyPair
 from lattica.transports.quic.tlscert import (
     LIBP2P_EXTENSION_OID,
     SIGNATURE_PREFIX,

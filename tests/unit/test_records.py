@@ -6,12 +6,11 @@ import time
 import msgpack
 import pytest
 
-from lattica import records
-from lattica.errors import RecordRejected
-from lattica.identity import KeyPair, PeerId
-from lattica.kademlia import key_id
-from lattica.multiaddr import Multiaddr
-from lattica.records import (
+from lattica._identity import KeyPair, PeerId
+from lattica._multiaddr import Multiaddr
+from lattica.dht import _records as records
+from lattica.dht._kademlia import key_id
+from lattica.dht._records import (
     TOMBSTONE,
     Entry,
     PeerRecord,
@@ -24,6 +23,7 @@ from lattica.records import (
     owner_of,
     sign_entry,
 )
+from lattica.errors import RecordRejected
 
 NOW = 1_700_000_000.0
 A = KeyPair.from_seed(bytes([1]) * 32)
@@ -754,7 +754,7 @@ def test_a_hostile_store_file_is_skipped_and_the_node_still_starts(tmp_path):
 def test_a_mesh_scoped_key_takes_only_records_under_a_member_s_certificate():
     """Only members of a key's mesh write there (a stranger cannot fill it): the subkey is the
     writer's certificate of that mesh, verified by storing nodes and readers alike."""
-    from lattica.records import mesh_scoped, scope_of
+    from lattica.dht._records import mesh_scoped, scope_of
     from lattica.trust import MeshKey
 
     mesh, other = MeshKey.from_text(MeshKey.generate().to_text()), MeshKey.generate()
@@ -928,7 +928,7 @@ def test_provider_since_survives_a_dump():
 
 
 def test_a_mesh_scoped_keys_providers_show_their_certificate_of_the_mesh():
-    from lattica.records import mesh_scoped
+    from lattica.dht._records import mesh_scoped
     from lattica.trust import MeshKey
 
     mesh, other = MeshKey.generate(), MeshKey.generate()

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lattica import rpc
+from lattica import _rpc as rpc
 from lattica.errors import FrameTooLarge, ProtocolError
 
 

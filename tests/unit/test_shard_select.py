@@ -1,4 +1,4 @@
-"""Shard ids, registrations and the provider picker (lattica/shards/keys.py, select.py), sans-IO."""
+"""Shard ids, registrations and the provider picker (lattica/shards/_keys.py, select.py), sans-IO."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from lattica.identity import KeyPair
-from lattica.runtime.limits import ASYNC
-from lattica.runtime.refs import ActorRef
-from lattica.shards.keys import decode_registration, encode_registration, shard_id, shard_key
-from lattica.shards.select import BAN_FIRST, BAN_MAX, Picker
+from lattica._identity import KeyPair
+from lattica._runtime.limits import ASYNC
+from lattica._runtime.refs import ActorRef
+from lattica.shards._keys import decode_registration, encode_registration, shard_id, shard_key
+from lattica.shards._select import BAN_FIRST, BAN_MAX, Picker
 
 
 def test_shard_ids_are_canonical():

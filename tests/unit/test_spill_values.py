@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from lattica import codec
+from lattica._runtime import spill
+from lattica._runtime.spill import SPILL_FROM, Spilled, placeholders, restore
 from lattica.errors import CodecError
-from lattica.runtime import spill
-from lattica.runtime.spill import SPILL_FROM, Spilled, placeholders, restore
 
 
 def test_big_buffers_in_containers_are_spilled_and_put_back():

@@ -1,4 +1,4 @@
-"""A stream's item window (lattica.runtime.window.ItemWindow, as a streaming call's results
+"""A stream's item window (lattica._runtime.window.ItemWindow, as a streaming call's results
 (refs._StreamState) and a streamed argument (local.ArgStream) keep it, and SentItems, as their
 producers do): credit in batches of half a window, doubled when a consumer that ran out of items
 took half a window within a round trip, bounded in items and in bytes (exactly: grants say how
@@ -11,9 +11,9 @@ import asyncio
 
 import pytest
 
+from lattica._runtime import local, refs, window
+from lattica._runtime.limits import MAX_STREAM_WINDOW, STREAM_WINDOW, STREAM_WINDOW_BYTES
 from lattica.errors import ProtocolError
-from lattica.runtime import local, refs, window
-from lattica.runtime.limits import MAX_STREAM_WINDOW, STREAM_WINDOW, STREAM_WINDOW_BYTES
 
 BATCH = STREAM_WINDOW // 2
 
@@ -334,7 +334,7 @@ def test_a_sync_generator_s_items_wait_on_the_loop_while_too_much_is_not_taken()
     drops them."""
     from types import SimpleNamespace
 
-    from lattica.identity import KeyPair
+    from lattica._identity import KeyPair
 
     loop = asyncio.new_event_loop()
     rt = SimpleNamespace(loop=loop, peer_id=KeyPair.generate().peer_id)

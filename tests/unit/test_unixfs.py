@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lattica._protobuf import uvarint
-from lattica.content import dagpb
-from lattica.content.cid import DAG_PB, RAW, Cid
-from lattica.content.unixfs import (
+from lattica.content import _dagpb as dagpb
+from lattica.content._cid import DAG_PB, RAW, Cid
+from lattica.content._unixfs import (
     CHUNK_DEFAULT,
     CHUNK_MAX,
     DIRECTORY,
@@ -596,7 +596,7 @@ def test_repeated_children_are_fetched_once_and_bounded_by_filesize():
 def test_a_repeated_subtree_is_read_a_bounded_step_at_a_time():
     """Three blocks make 30,276 places: no single add or advance reads more than a step of them
     (a node loop is never held for long), and reading on gives every byte in order."""
-    from lattica.content import unixfs
+    from lattica.content import _unixfs as unixfs
 
     x = leaf(b"q")
     inner = file_node([x] * 174)
@@ -621,7 +621,7 @@ def test_a_repeated_subtree_is_read_a_bounded_step_at_a_time():
 
 
 def test_a_dag_with_more_places_than_the_limit_is_refused(monkeypatch):
-    from lattica.content import unixfs
+    from lattica.content import _unixfs as unixfs
 
     x = leaf(b"q")
     inner = file_node([x] * 174)

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 from aioquic.quic import events as qev
 
+from lattica._identity import PeerId
+from lattica._multiaddr import Multiaddr
 from lattica.errors import (
     ConnectionClosed,
     HandshakeError,
@@ -19,9 +21,7 @@ from lattica.errors import (
     Timeout,
     TransportError,
 )
-from lattica.identity import PeerId
 from lattica.logging import get_logger
-from lattica.multiaddr import Multiaddr
 from lattica.transports.base import GOAWAY_ANSWER, Connection, Stream, StreamHandler
 from lattica.transports.quic import _aioquic
 from lattica.transports.quic.stream import QuicStream

@@ -11,9 +11,9 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from lattica.interfaces import host_key, is_loopback_ip
+from lattica._interfaces import host_key, is_loopback_ip
+from lattica._multiaddr import Multiaddr
 from lattica.logging import get_logger
-from lattica.multiaddr import Multiaddr
 from lattica.transports.base import ConnectionHandler, Listener, Transport
 from lattica.transports.quic import _aioquic
 from lattica.transports.quic.connection import QuicConn

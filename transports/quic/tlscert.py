@@ -21,8 +21,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from lattica._identity import KeyPair, PeerId, public_key_from_protobuf, verify_signature
 from lattica.errors import HandshakeError, KeyFileError, PeerIdMismatch
-from lattica.identity import KeyPair, PeerId, public_key_from_protobuf, verify_signature
 
 __all__ = [
     "LIBP2P_EXTENSION_OID",

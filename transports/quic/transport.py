@@ -11,13 +11,13 @@ from collections.abc import Callable
 from typing import Any
 
 from lattica import _malloc
+from lattica._identity import KeyPair, PeerId
+from lattica._multiaddr import Multiaddr
 from lattica.errors import (
     MultiaddrError,
     TransportError,
 )
-from lattica.identity import KeyPair, PeerId
 from lattica.logging import get_logger
-from lattica.multiaddr import Multiaddr
 from lattica.transports.base import Connection, ConnectionHandler, Listener, Transport
 from lattica.transports.quic import _aioquic
 from lattica.transports.quic.connection import QuicConn

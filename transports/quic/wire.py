@@ -10,10 +10,10 @@ import socket
 from aioquic.buffer import Buffer, BufferReadError
 from aioquic.quic.configuration import QuicConfiguration
 
+from lattica._multiaddr import Multiaddr
 from lattica.errors import (
     MultiaddrError,
 )
-from lattica.multiaddr import Multiaddr
 
 ALPN = "libp2p"
 CID_LEN = 8

@@ -1,0 +1,203 @@
+"""The ``autonat`` system actor: dials peers back so they learn whether they are reachable.
+
+A peer calls ``check(addrs, nonce, avoid)``. We dial back only addresses on the IP address its
+connection comes from (no amplification: we never dial a third party's address for anyone), from
+a fresh port (a NAT that filters by port drops it, as it would drop any stranger). A NAT that
+filters by address only lets through what comes from an address the peer already talks to, so we
+also ask a helper — another peer we are connected to, at an address the peer has not contacted
+(``avoid``) — to dial back too. A dial-back opens a stream carrying the peer's nonce: the peer
+believes what arrives, not what we answer, so a server that lies cannot make it think it is public.
+
+``check`` is open to strangers; ``dial_for`` (dial a third party back for a server) only to members
+of our mesh, since a stranger could otherwise aim our dials at anyone. Every dial-back also counts
+against a budget for the IP address dialed and one for the whole node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from lattica._budget import Buckets
+from lattica._framing import read_message, write_message
+from lattica._identity import PeerId
+from lattica._interfaces import ip_of
+from lattica._multiaddr import Multiaddr
+from lattica._runtime import autonat_ref, current_caller
+from lattica.errors import LatticaError, ProtocolError
+from lattica.logging import get_logger
+from lattica.nat._manager import DIALBACK
+
+if TYPE_CHECKING:
+    from lattica._hostview import HostView
+    from lattica._runtime.calls import Calls
+
+log = get_logger("lattica.autonat")
+
+__all__ = ["AutoNatActor", "AutoNatServer", "autonat_ref", "DIALBACK"]
+
+MAX_ADDRS = 4
+NONCE_BYTES = 16
+_DIAL_TIMEOUT = 4.0
+_RATE = 2.0  # requests per second one peer may make (check or dial_for), sustained...
+_BURST = 8.0  # ...and in a burst (a server asks helpers for every peer that checks with it)
+_DIALS_RATE = 20.0  # dial-backs per second this node makes in all, sustained...
+_DIALS_BURST = 40.0  # ...and in a burst
+_IP_RATE = 1.0  # dial-backs per second to one IP address, for whoever asks (a CGNAT IP hosts many peers)...
+_IP_BURST = 16.0  # ...and in a burst
+_HELPERS = 2
+
+
+def _dialable(addr: Multiaddr) -> bool:
+    p = addr.without_peer_id().protocols()
+    return p in (["ip4", "tcp"], ["ip6", "tcp"], ["ip4", "udp", "quic-v1"], ["ip6", "udp", "quic-v1"])
+
+
+class AutoNatServer:
+    """The dialing side, on the node loop."""
+
+    def __init__(self, runtime: Calls) -> None:
+        self.rt = runtime
+        self.host: HostView = runtime.host
+        self._requests = Buckets(_RATE, _BURST)  # per requesting peer
+        self._dials = Buckets(_DIALS_RATE, _DIALS_BURST, max_keys=1)  # the whole node
+        self._per_ip = Buckets(_IP_RATE, _IP_BURST)  # per dialed IP
+
+    def _rate_ok(self, peer: PeerId) -> bool:
+        return self._requests.take(peer)
+
+    def _budget(self, targets: list[Multiaddr]) -> None:
+        """Charge dialing ``targets`` (at one IP) to the budget of that IP and the node's (nobody
+        makes us pound one address, whoever asks, however many identities they have); when
+        spent, ProtocolError *before* dialing: a refusal says nothing of the peer's reachability,
+        as a dial-back that never came would."""
+        n = len(targets)
+        if n and not (self._per_ip.take(ip_of(targets[0]), n) and self._dials.take(None, n)):
+            raise ProtocolError("this autonat server is busy (its dial-back budget is spent): ask another")
+
+    def _direct_conn_ip(self, peer: PeerId) -> str | None:
+        for conn in self.host.conns_of.get(peer, ()):
+            if not conn.is_closed and conn.transport in ("tcp", "quic"):
+                return ip_of(conn.remote_addr)
+        return None
+
+    @staticmethod
+    def _parse(addrs: Any, nonce: Any) -> list[Multiaddr]:
+        if type(addrs) is not list or type(nonce) is not bytes or len(nonce) != NONCE_BYTES:
+            raise ProtocolError(f"autonat requests carry a list of addresses and a {NONCE_BYTES}-byte nonce")
+        out = []
+        for a in addrs[:MAX_ADDRS]:
+            try:
+                m = Multiaddr(a) if type(a) is str else None
+            except LatticaError:
+                m = None
+            if m is not None and _dialable(m) and m.without_peer_id() not in out:
+                out.append(m.without_peer_id())
+        return out
+
+    async def check(self, peer: PeerId, addrs: Any, nonce: Any, avoid: Any) -> dict:
+        ip = self._direct_conn_ip(peer)
+        if ip is None:
+            raise ProtocolError("autonat checks are answered over a direct connection only")
+        if not self._rate_ok(peer):
+            raise ProtocolError(f"too many autonat requests (at most {_RATE:g} per second)")
+        targets = [a for a in self._parse(addrs, nonce) if ip_of(a) == ip]
+        avoid_ips = {a for a in avoid[:64] if type(a) is str} if type(avoid) is list else set()
+        if not targets:
+            return {"ip": ip, "tried": [], "helper": None}
+        self._budget(targets)
+        helpers = self._pick_helpers(peer, avoid_ips | {ip})
+        texts = [str(a) for a in targets]
+        coros = [self.dial_back(peer, a, nonce) for a in targets]
+        for helper in helpers:
+            fut = self.rt.call(
+                autonat_ref(helper), "dial_for", (peer.to_bytes(), texts, nonce), {}, timeout=_DIAL_TIMEOUT * 2
+            )
+            coros.append(fut)  # type: ignore[arg-type]
+        results = await asyncio.gather(*coros, return_exceptions=True)
+        answered = []  # helpers that dialed (whether or not they got through): the peer may count on them
+        for helper, r in zip(helpers, results[len(targets) :]):
+            if isinstance(r, BaseException):
+                log.debug("autonat helper failed", helper=str(helper), reason=str(r))
+            else:
+                answered.append(helper)
+        return {"ip": ip, "tried": texts, "helper": str(answered[0]) if answered else None}
+
+    def _pick_helpers(self, peer: PeerId, avoid_ips: set[str]) -> list[PeerId]:
+        """Live peers at addresses ``peer`` has not contacted (one per address) to dial it back."""
+        out: list[PeerId] = []
+        ips: set[str] = set()
+        for other, conn in list(self.host.conns.items()):
+            if other == peer or conn.is_closed or conn.transport not in ("tcp", "quic") or self.rt.node_down(other):
+                continue
+            info = self.host.info.get(conn)
+            if info is None or DIALBACK not in info.protocols:
+                continue
+            other_ip = ip_of(conn.remote_addr)
+            if other_ip is not None and other_ip not in avoid_ips and other_ip not in ips:
+                out.append(other)
+                ips.add(other_ip)
+                if len(out) >= _HELPERS:
+                    break
+        return out
+
+    async def dial_for(self, requester: PeerId, target: Any, addrs: Any, nonce: Any) -> list[str]:
+        """A server asked us to dial ``target`` back (it checked the addresses are the target's)."""
+        if not self._rate_ok(requester):
+            raise ProtocolError(f"too many autonat requests (at most {_RATE:g} per second)")
+        if type(target) is not bytes:
+            raise ProtocolError("dial_for needs the target's PeerId bytes")
+        peer = PeerId.from_bytes(target)
+        targets = self._parse(addrs, nonce)
+        if len({ip_of(a) for a in targets}) > 1:
+            raise ProtocolError("dial_for names addresses at one IP address (the target's own)")
+        self._budget(targets)
+        ok = await asyncio.gather(*(self.dial_back(peer, a, nonce) for a in targets))
+        return [str(a) for a, good in zip(targets, ok) if good]
+
+    async def dial_back(self, peer: PeerId, addr: Multiaddr, nonce: bytes) -> bool:
+        """Dial ``addr`` from a fresh port, expecting ``peer``; deliver the nonce; hang up."""
+        transport = self.host.transport_for(addr)
+        if transport is None or peer == self.host.peer_id:
+            return False
+        conn = None
+        try:
+            async with asyncio.timeout(_DIAL_TIMEOUT):
+                # (saying nothing of ourselves: the peer never identifies this connection, so it
+                # never makes it its primary; the QUIC client says nothing in its handshake anyway)
+                extra = {"say_who": False} if transport.name == "tcp" else {}
+                conn = await transport.dial(addr, peer, fresh_port=True, **extra)  # type: ignore[call-arg]
+                stream = await self.host.open_stream_on(conn, DIALBACK)
+                write_message(stream, {"nonce": nonce, "addr": str(addr)})
+                # right behind it: this connection is not for use (the peer adopts it, and could
+                # otherwise make it its primary and put calls on it before we hang up)
+                conn.go_away()
+                await stream.drain()
+                answer = await read_message(stream, 256)
+            return answer == {"ok": True}
+        except (TimeoutError, LatticaError, OSError) as e:
+            log.debug("autonat dial-back failed", peer=str(peer), addr=str(addr), reason=str(e) or "timeout")
+            return False
+        finally:
+            if conn is not None:
+                conn.abort("dial-back done")
+
+
+class AutoNatActor:
+    """What peers call: ``check`` (dial me back) and ``dial_for`` (a server asks us to help)."""
+
+    NAME = "autonat"
+
+    def __init__(self, server: AutoNatServer) -> None:
+        self._srv = server
+
+    async def check(self, addrs: list, nonce: bytes, avoid: list) -> dict:
+        """Dial the caller back on those of ``addrs`` at its own IP; returns what was tried."""
+        caller = current_caller()
+        assert caller is not None
+        return await self._srv.check(caller, addrs, nonce, avoid)
+
+    async def dial_for(self, target: bytes, addrs: list, nonce: bytes) -> list:
+        caller = current_caller()
+        assert caller is not None
+        return await self._srv.dial_for(caller, target, addrs, nonce)

@@ -1,0 +1,117 @@
+"""The identify protocol: on every new connection each side pushes who it is.
+
+One message per side, on a stream the sender opens: agent version, protocol version, public key,
+listen addresses, the address it observed the receiver at, the stream protocols it serves, and the
+mesh certificates that make it a member of meshes (``lattica.trust``).
+Both sides push at once, so a connection is identified after one one-way delay, not a round trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lattica._identity import PeerId, public_key_from_protobuf
+from lattica._multiaddr import Multiaddr
+from lattica.errors import CodecError, KeyFileError, MultiaddrError, ProtocolError
+
+PROTOCOL = "/lattica/id/1.0.0"
+PROTOCOL_VERSION = "lattica/1"
+MAX_MESSAGE = 64 * 1024
+_MAX_ADDRS = 64
+_MAX_PROTOCOLS = 128
+_MAX_STR = 256
+_MAX_CERTS, _MAX_CERT = 4, 256  # mesh certificates (lattica.trust: MAX_PRESENTED, MAX_CERT_BYTES)
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    """What we know about a connected peer: who it is, how we reach it, what it told us."""
+
+    peer_id: PeerId
+    transport: str  # "tcp" | "quic" | "memory"
+    direction: str  # "outbound" if we dialed, else "inbound"
+    remote_addr: Multiaddr  # the peer's transport address on this connection
+    listen_addrs: tuple[Multiaddr, ...] = ()
+    observed_addr: Multiaddr | None = None  # how the peer sees us
+    agent_version: str = ""
+    protocol_version: str = ""
+    protocols: tuple[str, ...] = field(default=())
+    circle: str = "stranger"  # what the peer is to us: "self", "member" or "stranger" (lattica.trust)
+    circle_reason: str = ""  # what made it a member, or why it is a stranger
+    admin: bool = False  # it administers our mesh (holds its key, or a delegated certificate)
+
+
+def build(
+    public_key_pb: bytes,
+    agent_version: str,
+    listen_addrs: list[Multiaddr],
+    observed: Multiaddr,
+    protocols: list[str],
+    mesh_certs: list[bytes] | None = None,
+) -> dict[str, Any]:
+    msg = {
+        "protocol_version": PROTOCOL_VERSION,
+        "agent_version": agent_version,
+        "public_key": public_key_pb,
+        "listen_addrs": [a.to_bytes() for a in listen_addrs[:_MAX_ADDRS]],
+        "observed_addr": observed.to_bytes(),
+        "protocols": protocols[:_MAX_PROTOCOLS],
+    }
+    if mesh_certs:
+        msg["mesh_certs"] = mesh_certs
+    return msg
+
+
+def _str(msg: dict, key: str) -> str:
+    v = msg.get(key, "")
+    if not isinstance(v, str) or len(v) > _MAX_STR:
+        raise ProtocolError(f"identify field {key!r} must be a short string")
+    return v
+
+
+def _bytes(v: Any, what: str) -> bytes:
+    if not isinstance(v, (bytes, memoryview)):
+        raise ProtocolError(f"identify field {what} must be bytes")
+    return bytes(v)
+
+
+def parse(msg: Any, remote_peer: PeerId) -> dict[str, Any]:
+    """Validate an identify message from ``remote_peer``; raise ProtocolError if it is unusable."""
+    if not isinstance(msg, dict):
+        raise ProtocolError("identify message must be a map")
+    try:
+        key = public_key_from_protobuf(_bytes(msg.get("public_key", b""), "public_key"))
+    except KeyFileError:
+        raise ProtocolError("identify message carries no valid public key") from None
+    if PeerId.from_public_key(key) != remote_peer:
+        raise ProtocolError("identify public key does not match the connection's authenticated peer")
+    addrs = msg.get("listen_addrs", [])
+    protos = msg.get("protocols", [])
+    if not isinstance(addrs, list) or len(addrs) > _MAX_ADDRS:
+        raise ProtocolError("identify listen_addrs must be a list of at most 64 addresses")
+    if not isinstance(protos, list) or len(protos) > _MAX_PROTOCOLS:
+        raise ProtocolError("identify protocols must be a list of at most 128 names")
+    if not all(isinstance(p, str) and len(p) <= _MAX_STR for p in protos):
+        raise ProtocolError("identify protocols must be short strings")
+    try:
+        listen = tuple(Multiaddr.from_bytes(_bytes(a, "listen_addrs")) for a in addrs)
+        observed_raw = msg.get("observed_addr")
+        observed = Multiaddr.from_bytes(_bytes(observed_raw, "observed_addr")) if observed_raw else None
+    except (MultiaddrError, CodecError) as e:
+        raise ProtocolError(f"identify carries a malformed address: {e}") from None
+    certs = msg.get("mesh_certs", [])
+    if (
+        not isinstance(certs, list)
+        or len(certs) > _MAX_CERTS
+        or not all(isinstance(c, bytes) and len(c) <= _MAX_CERT for c in certs)
+    ):
+        raise ProtocolError(f"identify mesh_certs must be a list of at most {_MAX_CERTS} short byte strings")
+    return {
+        "mesh_certs": certs,
+        "listen_addrs": listen,
+        "observed_addr": observed,
+        "agent_version": _str(msg, "agent_version"),
+        "protocol_version": _str(msg, "protocol_version"),
+        "protocols": tuple(protos),
+    }

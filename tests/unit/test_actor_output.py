@@ -148,7 +148,7 @@ def test_the_last_errors_keep_their_tracebacks_without_the_runtimes_frames(node)
         and errs[-1]["method"] == "fail"
     )
     tb = errs[-1]["traceback"]
-    assert 'raise KeyError(f"no item {n}")' in tb and "test_actor_output.py" in tb and "runtime/local.py" not in tb
+    assert 'raise KeyError(f"no item {n}")' in tb and "test_actor_output.py" in tb and "_runtime/local.py" not in tb
     assert d["errors"] == MAX_RECENT_ERRORS + 3
 
 

@@ -1,4 +1,4 @@
-"""Shard ids, registrations and the provider picker (lattica/shards/_keys.py, select.py), sans-IO."""
+"""Shard ids, registrations and the provider picker (lattica/shards/_keys.py, _select.py), sans-IO."""
 
 from __future__ import annotations
 

@@ -62,3 +62,25 @@ def decode_fields(buf: bytes) -> dict[int, int | bytes]:
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
     return fields
+
+
+def decode_repeated(buf: bytes, number: int) -> list[bytes]:
+    """Every length-delimited value of field ``number`` (a repeated field), in order. ValueError if
+    the message is malformed."""
+    out = []
+    pos = 0
+    while pos < len(buf):
+        tag, pos = read_uvarint(buf, pos)
+        wire = tag & 7
+        if wire == 0:
+            _, pos = read_uvarint(buf, pos)
+        elif wire == 2:
+            n, pos = read_uvarint(buf, pos)
+            if pos + n > len(buf):
+                raise ValueError("truncated length-delimited field")
+            if tag >> 3 == number:
+                out.append(bytes(buf[pos : pos + n]))
+            pos += n
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+    return out

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import overload
 
 from cryptography.exceptions import InvalidTag
@@ -28,12 +28,21 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 
 from lattica._digest import hmac_sha256, sha256
 from lattica._identity import KeyPair, PeerId, public_key_from_protobuf, verify_signature
-from lattica._protobuf import decode_fields, encode_fields
+from lattica._protobuf import decode_fields, decode_repeated, encode_fields
 from lattica.errors import DecryptError, FrameTooLarge, HandshakeError, PeerIdMismatch
 
-__all__ = ["NoiseHandshake", "NoiseSession", "PlainBuffer", "MAX_FRAME", "MAX_PLAINTEXT", "PROTOCOL_NAME"]
+__all__ = [
+    "NoiseHandshake",
+    "NoiseSession",
+    "PlainBuffer",
+    "MAX_FRAME",
+    "MAX_PLAINTEXT",
+    "PROTOCOL_NAME",
+    "LIBP2P_PROTOCOL_NAME",
+]
 
-PROTOCOL_NAME = b"Noise_XX_25519_AESGCM_SHA256"
+PROTOCOL_NAME = b"Noise_XX_25519_AESGCM_SHA256"  # between Lattica nodes
+LIBP2P_PROTOCOL_NAME = b"Noise_XX_25519_ChaChaPoly_SHA256"  # what ``/noise`` means to every libp2p peer
 MAX_FRAME = 65535  # Noise's maximum message length (ciphertext + 16-byte tag)
 MAX_PLAINTEXT = MAX_FRAME - 16
 _TAG = 16
@@ -224,28 +233,41 @@ class _HandshakeState:
 # plus our early data in a field libp2p does not use (other implementations skip unknown fields)
 
 _EARLY_DATA_FIELD = 1000
+_EXTENSIONS_FIELD = 4  # libp2p's NoiseExtensions{webtransport_certhashes = 1, stream_muxers = 2}
+_MUXERS_FIELD = 2
 MAX_EARLY_DATA = 32 * 1024  # bytes of early data either side may put in a handshake message
+MAX_MUXERS = 16  # muxers a peer may offer in its extensions
 
 
-def _encode_payload(keypair: KeyPair, noise_static_pub: bytes, early: bytes | None = None) -> bytes:
+def _encode_payload(
+    keypair: KeyPair, noise_static_pub: bytes, early: bytes | None = None, muxers: Sequence[str] = ()
+) -> bytes:
     sig = keypair.sign(_SIG_PREFIX + noise_static_pub)
     fields: list[tuple[int, int | bytes]] = [(1, keypair.public_key_protobuf()), (2, sig)]
+    if muxers:
+        fields.append((_EXTENSIONS_FIELD, encode_fields([(_MUXERS_FIELD, m.encode()) for m in muxers])))
     if early is not None:
         fields.append((_EARLY_DATA_FIELD, early))
     return encode_fields(fields)
 
 
-def _decode_payload(data: bytes) -> tuple[bytes, bytes, bytes | None]:
+def _decode_payload(data: bytes) -> tuple[bytes, bytes, bytes | None, tuple[str, ...]]:
+    """(identity key, signature, early data, the muxers the peer offers) of a handshake payload."""
     try:
         fields = decode_fields(data)
-    except ValueError as e:
+        ext = fields.get(_EXTENSIONS_FIELD)
+        raw_muxers = decode_repeated(ext, _MUXERS_FIELD) if isinstance(ext, bytes) else []
+        muxers = tuple(m.decode() for m in raw_muxers)
+    except (ValueError, UnicodeDecodeError) as e:
         raise HandshakeError(f"malformed handshake payload: {e}") from None
     key, sig, early = fields.get(1), fields.get(2), fields.get(_EARLY_DATA_FIELD)
     if not isinstance(key, bytes) or not isinstance(sig, bytes):
         raise HandshakeError("handshake payload lacks the identity key or its signature")
     if early is not None and (not isinstance(early, bytes) or len(early) > MAX_EARLY_DATA):
         raise HandshakeError(f"handshake early data must be a byte string of at most {MAX_EARLY_DATA} bytes")
-    return key, sig, early
+    if len(muxers) > MAX_MUXERS:
+        raise HandshakeError(f"handshake payload offers {len(muxers)} muxers (at most {MAX_MUXERS})")
+    return key, sig, early, muxers
 
 
 class NoiseHandshake:
@@ -260,6 +282,12 @@ class NoiseHandshake:
     ``remote_early_data`` is the peer's, set only when both sides sent theirs (so each side knows
     the other read its own). Early data is encrypted but sent before the initiator is
     authenticated: only what any peer may learn belongs there.
+
+    ``protocol_name`` picks the suite: AES-GCM between Lattica nodes, ChaChaPoly
+    (:data:`LIBP2P_PROTOCOL_NAME`) for ``/noise`` with any libp2p peer. ``muxers`` are offered in
+    the payload's extensions (libp2p's inlined muxer negotiation); once complete, ``muxer`` is the
+    first of the initiator's that both offered (None when either side offered none: the muxer is
+    then negotiated with multistream-select; no muxer in common fails the handshake).
     """
 
     def __init__(
@@ -270,13 +298,18 @@ class NoiseHandshake:
         *,
         static_key: X25519PrivateKey | None = None,
         early_data: Callable[[], bytes | None] | None = None,
+        protocol_name: bytes = PROTOCOL_NAME,
+        muxers: Sequence[str] = (),
     ) -> None:
         self._keypair = keypair
         self._expected = expected_peer
         self._early = early_data
         self._early_sent = False
         self.remote_early_data: bytes | None = None
-        self._hs = _HandshakeState(initiator, static_key or _x25519_new())
+        self._muxers = tuple(muxers)
+        self.remote_muxers: tuple[str, ...] = ()
+        self.muxer: str | None = None
+        self._hs = _HandshakeState(initiator, static_key or _x25519_new(), protocol_name=protocol_name)
         self._buf = bytearray()
         self.complete = False
         self.remote_peer: PeerId | None = None
@@ -320,12 +353,13 @@ class NoiseHandshake:
         if hs._step == 1:  # responder got "-> e": answer "<- e, ee, s, es" with our identity
             if payload:
                 raise HandshakeError("first handshake message must not carry a payload")
-            return self._frame(hs.write_message(_encode_payload(self._keypair, hs.s_pub, self._our_early())))
+            payload = _encode_payload(self._keypair, hs.s_pub, self._our_early(), self._muxers)
+            return self._frame(hs.write_message(payload))
         early = self._authenticate(payload)
         if hs._step == 2:  # initiator got message 2: send "-> s, se" and finish
             # our early data only to a responder that sent its own (it reads ours, then)
             mine = self._our_early() if early is not None else None
-            out = self._frame(hs.write_message(_encode_payload(self._keypair, hs.s_pub, mine)))
+            out = self._frame(hs.write_message(_encode_payload(self._keypair, hs.s_pub, mine, self._muxers)))
             if mine is not None:
                 self.remote_early_data = early
             self._finish()
@@ -344,7 +378,7 @@ class NoiseHandshake:
         return data
 
     def _authenticate(self, payload: bytes) -> bytes | None:
-        key_pb, sig, early = _decode_payload(payload)
+        key_pb, sig, early, self.remote_muxers = _decode_payload(payload)
         try:
             pub = public_key_from_protobuf(key_pb)
         except Exception as e:
@@ -358,6 +392,13 @@ class NoiseHandshake:
         return early
 
     def _finish(self) -> None:
+        if self._muxers and self.remote_muxers:
+            ours, theirs = self._muxers, self.remote_muxers
+            first = ours if self._hs.initiator else theirs
+            other = set(theirs if self._hs.initiator else ours)
+            self.muxer = next((m for m in first if m in other), None)
+            if self.muxer is None:
+                raise HandshakeError(f"no stream muxer in common: we offer {list(ours)}, the peer {list(theirs)[:4]}")
         send, recv = self._hs.split()
         self.session = NoiseSession(send, recv)
         self.complete = True

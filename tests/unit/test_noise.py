@@ -9,7 +9,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from lattica._identity import KeyPair
 from lattica.errors import DecryptError, HandshakeError, PeerIdMismatch
-from lattica.transports.noise import MAX_PLAINTEXT, NoiseHandshake, PlainBuffer, _HandshakeState
+from lattica.transports.noise import LIBP2P_PROTOCOL_NAME, MAX_PLAINTEXT, NoiseHandshake, PlainBuffer, _HandshakeState
 
 VECTORS = Path(__file__).resolve().parents[3] / "shared" / "vectors" / "noise" / "xx_25519_sha256.json"
 
@@ -129,7 +129,7 @@ def test_forged_identity_signature_rejected():
 
     real = noise._encode_payload
 
-    def forged(keypair, static_pub, early=None):
+    def forged(keypair, static_pub, early=None, muxers=()):
         good = real(keypair, static_pub)
         other = real(km, static_pub)  # mallory's signature, kb's key
         key_len = good[1]
@@ -305,10 +305,59 @@ def test_a_peers_oversized_early_data_fails_the_handshake():
     a = NoiseHandshake(ka, True, early_data=lambda: b"a")
     b = NoiseHandshake(kb, False)
     real = noise._encode_payload
-    noise._encode_payload = lambda kp, pub, early=None: real(kp, pub, b"y" * (noise.MAX_EARLY_DATA + 1))
+    noise._encode_payload = lambda kp, pub, early=None, muxers=(): real(kp, pub, b"y" * (noise.MAX_EARLY_DATA + 1))
     try:
         m2 = b.receive(a.start())
     finally:
         noise._encode_payload = real
     with pytest.raises(HandshakeError, match="early data"):
         a.receive(m2)
+
+
+# -- libp2p: the ChaChaPoly suite and inlined muxer negotiation ----------------------------------
+
+
+def test_the_libp2p_suite_handshakes_with_chachapoly_and_not_with_the_lattica_suite():
+    ka, kb = KeyPair.generate(), KeyPair.generate()
+    a, b = _run(
+        NoiseHandshake(ka, True, protocol_name=LIBP2P_PROTOCOL_NAME),
+        NoiseHandshake(kb, False, protocol_name=LIBP2P_PROTOCOL_NAME),
+    )
+    assert not a._hs.aesgcm and a.remote_peer == kb.peer_id and b.remote_peer == ka.peer_id
+    with pytest.raises(HandshakeError):
+        _run(NoiseHandshake(ka, True, protocol_name=LIBP2P_PROTOCOL_NAME), NoiseHandshake(kb, False))
+
+
+@pytest.mark.parametrize(
+    "initiator, responder, chosen",
+    [
+        (["/yamux/1.0.0", "/mplex/6.7.0"], ["/mplex/6.7.0", "/yamux/1.0.0"], "/yamux/1.0.0"),  # the initiator's order
+        (["/mplex/6.7.0", "/yamux/1.0.0"], ["/yamux/1.0.0"], "/yamux/1.0.0"),
+        (["/yamux/1.0.0"], [], None),  # the responder offers none: multistream-select decides later
+        ([], ["/yamux/1.0.0"], None),
+    ],
+)
+def test_the_muxer_is_the_initiators_first_that_both_offer(initiator, responder, chosen):
+    ka, kb = KeyPair.generate(), KeyPair.generate()
+    a, b = _run(
+        NoiseHandshake(ka, True, protocol_name=LIBP2P_PROTOCOL_NAME, muxers=initiator),
+        NoiseHandshake(kb, False, protocol_name=LIBP2P_PROTOCOL_NAME, muxers=responder),
+    )
+    assert a.muxer == b.muxer == chosen
+    assert b.remote_muxers == tuple(initiator) and a.remote_muxers == tuple(responder)
+
+
+def test_no_muxer_in_common_fails_the_handshake():
+    a = NoiseHandshake(KeyPair.generate(), True, muxers=["/mplex/6.7.0"])
+    b = NoiseHandshake(KeyPair.generate(), False, muxers=["/yamux/1.0.0"])
+    with pytest.raises(HandshakeError, match="muxer"):
+        _run(a, b)
+
+
+def test_a_flood_of_offered_muxers_fails_the_handshake():
+    from lattica.transports import noise  # (its limit, read where the test needs it)
+
+    flood = [f"/m/{i}" for i in range(noise.MAX_MUXERS)] + ["/yamux/1.0.0"]
+    a = NoiseHandshake(KeyPair.generate(), True, muxers=flood)  # it finds yamux in common; the responder refuses
+    with pytest.raises(HandshakeError, match="muxers"):
+        _run(a, NoiseHandshake(KeyPair.generate(), False, muxers=["/yamux/1.0.0"]))

@@ -13,6 +13,7 @@ from typing import Any
 
 from lattica._identity import PeerId, public_key_from_protobuf
 from lattica._multiaddr import Multiaddr
+from lattica._protobuf import decode_fields, decode_repeated, encode_fields
 from lattica.errors import CodecError, KeyFileError, MultiaddrError, ProtocolError
 
 PROTOCOL = "/lattica/id/1.0.0"
@@ -114,4 +115,98 @@ def parse(msg: Any, remote_peer: PeerId) -> dict[str, Any]:
         "agent_version": _str(msg, "agent_version"),
         "protocol_version": _str(msg, "protocol_version"),
         "protocols": tuple(protos),
+    }
+
+
+# -- identify as libp2p defines it -------------------------------------------------------------
+
+LIBP2P_PROTOCOL = "/ipfs/id/1.0.0"
+LIBP2P_PUSH_PROTOCOL = "/ipfs/id/push/1.0.0"
+LIBP2P_MAX_MESSAGE = 4096  # rust-libp2p refuses a larger identify message
+# Identify{publicKey = 1, listenAddrs = 2, protocols = 3, observedAddr = 4, protocolVersion = 5,
+# agentVersion = 6, signedPeerRecord = 8}
+_KEY, _LISTEN, _PROTOS, _OBSERVED, _PROTO_VERSION, _AGENT = 1, 2, 3, 4, 5, 6
+
+
+def encode_libp2p(
+    public_key_pb: bytes,
+    agent_version: str,
+    protocol_version: str,
+    listen_addrs: list[Multiaddr],
+    observed: Multiaddr | None,
+    protocols: list[str],
+) -> bytes:
+    """Our identify for a libp2p peer: the protobuf message (without its length prefix), at most
+    :data:`LIBP2P_MAX_MESSAGE` bytes: addresses past what fits are left out, then protocols."""
+    head: list[tuple[int, int | bytes]] = [
+        (_KEY, public_key_pb),
+        (_PROTO_VERSION, protocol_version.encode()),
+        (_AGENT, agent_version.encode()),
+    ]
+    if observed is not None:
+        head.append((_OBSERVED, observed.to_bytes()))
+    addrs = [a.to_bytes() for a in listen_addrs[:_MAX_ADDRS]]
+    protos = [p.encode() for p in protocols[:_MAX_PROTOCOLS]]
+    while True:
+        fields = head + [(_LISTEN, a) for a in addrs] + [(_PROTOS, p) for p in protos]
+        out = encode_fields(fields)
+        if len(out) <= LIBP2P_MAX_MESSAGE:
+            return out
+        if addrs:
+            addrs.pop()
+        elif protos:
+            protos.pop()
+        else:
+            raise ValueError("identify message does not fit even without addresses and protocols")
+
+
+def parse_libp2p(data: bytes, remote_peer: PeerId) -> dict[str, Any]:
+    """A libp2p peer's identify message (protobuf, its length prefix removed), in the shape
+    :func:`parse` returns. Addresses with protocol codes we do not know are skipped (peers
+    advertise websockets, webtransport, certhashes ...); ProtocolError if the message is
+    unusable."""
+    if len(data) > LIBP2P_MAX_MESSAGE:
+        raise ProtocolError(f"identify message of {len(data)} bytes (at most {LIBP2P_MAX_MESSAGE})")
+    try:
+        fields = decode_fields(data)
+        raw_addrs = decode_repeated(data, _LISTEN)
+        raw_protos = decode_repeated(data, _PROTOS)
+    except ValueError as e:
+        raise ProtocolError(f"malformed identify message: {e}") from None
+    key_pb = fields.get(_KEY)
+    if not isinstance(key_pb, bytes):
+        raise ProtocolError("identify message carries no public key")
+    try:
+        key = public_key_from_protobuf(key_pb)
+    except KeyFileError:
+        raise ProtocolError("identify message carries no usable public key") from None
+    if PeerId.from_public_key(key) != remote_peer:
+        raise ProtocolError("identify public key does not match the connection's authenticated peer")
+    listen = []
+    for raw in raw_addrs[:_MAX_ADDRS]:
+        try:
+            listen.append(Multiaddr.from_bytes(raw))
+        except (MultiaddrError, CodecError):
+            continue  # an address we cannot use: skipped, never fatal
+    observed = None
+    raw_observed = fields.get(_OBSERVED)
+    if isinstance(raw_observed, bytes):
+        try:
+            observed = Multiaddr.from_bytes(raw_observed)
+        except (MultiaddrError, CodecError):
+            observed = None
+    try:
+        protos = tuple(p.decode() for p in raw_protos[:_MAX_PROTOCOLS] if len(p) <= _MAX_STR)
+        texts = {
+            n: v.decode() if isinstance(v, bytes) else "" for n, v in fields.items() if n in (_PROTO_VERSION, _AGENT)
+        }
+    except UnicodeDecodeError:
+        raise ProtocolError("identify strings must be UTF-8") from None
+    return {
+        "mesh_certs": [],
+        "listen_addrs": tuple(listen),
+        "observed_addr": observed,
+        "agent_version": texts.get(_AGENT, "")[:_MAX_STR],
+        "protocol_version": texts.get(_PROTO_VERSION, "")[:_MAX_STR],
+        "protocols": protos,
     }

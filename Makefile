@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-slow lint format bench clean
+.PHONY: demo test test-slow lint format bench clean interop-peers
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || { echo "creating $(VENV) ..."; $(PYTHON) -m venv $(VENV); }
@@ -20,8 +20,18 @@ demo: $(STAMP)
 
 CHECKED := lattica actors transports tests examples
 
-test: $(STAMP) lint
+test: $(STAMP) lint interop-peers
 	$(BIN)/python -m pytest -q
+
+# the other libp2p implementations tests/interop runs against, each from its package registry
+INTEROP := .interop
+$(INTEROP)/sdk/.installed:
+	@echo "installing the rust-libp2p peer (the Lattica SDK 1.0.21 wheel) into $(INTEROP)/sdk ..."
+	@rm -rf $(INTEROP)/sdk && $(PYTHON) -m venv $(INTEROP)/sdk
+	@$(INTEROP)/sdk/bin/python -m pip install -q lattica==1.0.21
+	@touch $@
+
+interop-peers: $(INTEROP)/sdk/.installed
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check $(CHECKED)

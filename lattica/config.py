@@ -263,6 +263,7 @@ def dashboard_config(value: Any) -> DashboardConfig | None:
 
 
 AGENT_VERSION = "lattica-py/0.1.0"  # what identify tells peers we run
+LIBP2P_PROTOCOL_VERSION = "/lattica/1.0.0"  # identify's protocolVersion to libp2p peers (the Lattica SDK's default)
 DRAIN_GRACE = 300.0  # seconds a connection going away waits for the streams on it to end
 DEFAULT_SPILL_LIMIT = 1 << 30  # bytes of one message's spilled objects (Node(spill_limit=...))
 
@@ -280,6 +281,9 @@ class NodeConfig:
     inbound: InboundBudget = field(default_factory=InboundBudget)  # partial messages held
     dial_timeout: float = 10.0
     agent_version: str = AGENT_VERSION
+    # what identify tells libp2p peers we speak: some networks close connections on a mismatch (the
+    # Lattica SDK's, whose default this is; IPFS nodes do not look)
+    protocol_version: str = LIBP2P_PROTOCOL_VERSION
     transport_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # per transport: keywords
     memory_network: MemoryNetwork | None = None  # the in-memory transport's network (simulations)
     allow: list[str] = field(default_factory=list)  # class-path patterns peers may spawn here (fnmatch)

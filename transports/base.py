@@ -101,6 +101,9 @@ class Connection(abc.ABC):
     # called once, on the loop, when the connection starts going away (see ``go_away``), whichever
     # side began it; set by the connection's owner
     on_going_away: Callable[[Connection], None] | None = None
+    # the peer speaks the standard libp2p stack (not a Lattica node's): its streams open with
+    # multistream-select and it identifies on /ipfs/id/1.0.0
+    libp2p: bool = False
 
     @abc.abstractmethod
     async def open_stream(self) -> Stream:

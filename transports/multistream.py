@@ -227,6 +227,7 @@ class Listener(_Side):
         self._listing = listing
         self._proposals = 0
         self._listings = 0
+        self.refused: list[str] = []  # what the dialer proposed that we do not speak (at most MAX_PROPOSALS)
 
     def receive(self, data: bytes) -> None:
         """Feed bytes from the dialer. ProtocolError when they are not multistream, or the dialer
@@ -258,4 +259,5 @@ class Listener(_Side):
             elif self._proposals >= MAX_PROPOSALS:
                 raise ProtocolError(f"more than {MAX_PROPOSALS} multistream proposals refused")
             else:
+                self.refused.append(proposal)
                 self._out += encode(NA)

@@ -450,6 +450,19 @@ class MuxedConnection(Connection):
 
     # -- bytes in ---------------------------------------------------------------------------
 
+    def receive_plain(self, data: bytes) -> None:
+        """Mux bytes that were already opened: what a libp2p peer sent right behind its choice of
+        the muxer, which ran over this connection's Noise session before the connection existed."""
+        if self._closed:
+            return
+        self._last_recv = self._loop.time()
+        try:
+            events = self._mux.receive_data(data)
+        except ProtocolError as e:
+            self._broke_protocol(e)
+            return
+        self._dispatch(events)
+
     def data_received(self, data: bytes | memoryview) -> None:
         """Called by the byte pipe with ciphertext (or plaintext ``bytes`` for in-memory pipes).
 

@@ -1,8 +1,13 @@
 """TCP transport: Noise XX for authentication and encryption, then the yamux-format multiplexer.
 
-No multistream negotiation: both sides of a Lattica TCP connection start the Noise handshake at
-once and, once it completes, speak the mux. The handshake has a deadline and a size cap, so a peer
-that stalls or sends garbage costs one socket for at most ``handshake_timeout`` seconds.
+Between Lattica nodes there is no multistream negotiation: both sides start the Noise handshake
+(AES-GCM, identify as early data) at once and, once it completes, speak the mux. A libp2p peer
+starts with multistream-select instead (its first bytes are ``/multistream/1.0.0``'s header, which
+no Noise message begins with): an accepted socket that opens so is given the standard stack,
+``/noise`` (ChaChaPoly) and then ``/yamux/1.0.0``, chosen inside the handshake when the peer offers
+it there, else by multistream-select over the encrypted channel (docs/protocols.md, "libp2p").
+The handshake has a deadline and a size cap, so a peer that stalls or sends garbage costs one
+socket for at most ``handshake_timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -17,12 +22,21 @@ from typing import Any, cast
 from lattica._identity import KeyPair, PeerId
 from lattica._interfaces import host_key, is_loopback_ip
 from lattica._multiaddr import Multiaddr
-from lattica.errors import ConnectionRefused, HandshakeError, LatticaError, PeerIdMismatch, Timeout, TransportError
+from lattica.errors import (
+    ConnectionRefused,
+    HandshakeError,
+    LatticaError,
+    PeerIdMismatch,
+    ProtocolError,
+    Timeout,
+    TransportError,
+)
 from lattica.logging import get_logger
+from lattica.transports import multistream
 from lattica.transports.base import Connection, ConnectionHandler, Listener, Transport
 from lattica.transports.mux import MuxConfig
 from lattica.transports.muxed import MuxedConnection
-from lattica.transports.noise import NoiseHandshake, PlainBuffer
+from lattica.transports.noise import LIBP2P_PROTOCOL_NAME, NoiseHandshake, NoiseSession, PlainBuffer
 from lattica.transports.splice import PREAMBLE_LEN, PREAMBLE_MAGIC, TOKEN_LEN, SpliceUnreachable
 
 USER_TIMEOUT_MS = 15_000  # TCP_USER_TIMEOUT on every connection (Linux)
@@ -32,6 +46,9 @@ __all__ = ["TcpTransport"]
 
 
 _RECV_BUFFER = 256 * 1024
+SECURITY = "/noise"  # what a libp2p peer asks for first
+YAMUX = "/yamux/1.0.0"
+_MULTISTREAM_START = multistream.encode(multistream.HEADER)[:2]  # a libp2p dialer's first bytes
 SPLICE_CONNECT_TIMEOUT = 3.0  # seconds to reach a relay's listener with a spliced socket
 
 
@@ -79,6 +96,10 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._counted: str | bool = False  # holds one of the owner's handshake slots (True, or the IP's)
         self._silence: asyncio.TimerHandle | None = None  # inbound: no whole handshake message yet
+        self.libp2p = False  # a libp2p peer: multistream-select, /noise with ChaChaPoly, yamux
+        self._select: multistream.Listener | None = None  # libp2p: choosing the security protocol
+        self._muxer_select: multistream.Listener | None = None  # ... then the muxer, over the session
+        self._finished: NoiseHandshake | None = None  # the handshake while the muxer is chosen
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # (a TCP socket's: a read-write transport)
@@ -196,6 +217,13 @@ class _TcpProtocol(asyncio.BufferedProtocol):
             data = self._preamble_check(data)
             if data is None:
                 return
+        if self._muxer_select is not None:
+            self._choose_muxer(data)
+            return
+        if self._select is not None:
+            data = self._choose_security(data)
+            if not data:
+                return
         try:
             out = self._hs.receive(bytes(data))
         except LatticaError as e:
@@ -209,34 +237,103 @@ class _TcpProtocol(asyncio.BufferedProtocol):
             self._silence.cancel()
             self._silence = None
         if self._hs.complete:
-            self._release_slot()
-            self._timer.cancel()  # type: ignore[union-attr]
-            tr = self._transport
             hs, self._hs = self._hs, _DONE  # (the connection keeps none of the handshake: early data, leftover bytes)
-            assert tr is not None and hs.remote_peer is not None and hs.session is not None
-            self.conn = MuxedConnection(
-                tr,
-                transport=self._label,
-                direction="outbound" if self._initiator else "inbound",
-                local_peer=self._owner.keypair.peer_id,
-                remote_peer=hs.remote_peer,
-                local_addr=Multiaddr.from_sockaddr(tr.get_extra_info("sockname")),
-                remote_addr=self._remote_addr or Multiaddr.from_sockaddr(tr.get_extra_info("peername")),
-                session=hs.session,
-                mux_config=self._owner.mux_config,
-                keepalive_interval=self._owner.keepalive_interval,
-                keepalive_timeout=self._owner.keepalive_timeout,
-                writer_lets_go=True,  # an asyncio socket transport: sends, or holds only while buffered
-                plain=self._owner._plain,
-                hold_opens=self._owner.hold_opens,  # (the host meters the peer's opens from its first)
-                narrow_windows=self._owner.narrow_windows,
-            )
-            self.conn.early_data = hs.remote_early_data
-            self.conn.said_early = hs.remote_early_data is not None
-            self._owner._track(self.conn)
-            self.ready.set_result(self.conn)
-            if hs.leftover:
-                self.conn.data_received(hs.leftover)
+            if self.libp2p and hs.muxer is None:
+                # the peer did not choose the muxer inside the handshake: multistream-select it
+                self._finished = hs
+                self._muxer_select = multistream.Listener(lambda p: p == YAMUX, lambda: (YAMUX,))
+                if hs.leftover:
+                    self._choose_muxer(memoryview(hs.leftover))
+                return
+            self._connected(hs, hs.leftover)
+
+    def _connected(self, hs: NoiseHandshake, leftover: bytes, plain: bytes = b"") -> None:
+        """The handshake (and, with a libp2p peer, the muxer's choice) is done: the connection is
+        up. ``leftover`` is ciphertext that came behind it, ``plain`` what was already opened."""
+        self._release_slot()
+        self._timer.cancel()  # type: ignore[union-attr]
+        tr = self._transport
+        assert tr is not None and hs.remote_peer is not None and hs.session is not None
+        self.conn = MuxedConnection(
+            tr,
+            transport=self._label,
+            direction="outbound" if self._initiator else "inbound",
+            local_peer=self._owner.keypair.peer_id,
+            remote_peer=hs.remote_peer,
+            local_addr=Multiaddr.from_sockaddr(tr.get_extra_info("sockname")),
+            remote_addr=self._remote_addr or Multiaddr.from_sockaddr(tr.get_extra_info("peername")),
+            session=hs.session,
+            mux_config=self._owner.mux_config,
+            keepalive_interval=self._owner.keepalive_interval,
+            keepalive_timeout=self._owner.keepalive_timeout,
+            writer_lets_go=True,  # an asyncio socket transport: sends, or holds only while buffered
+            plain=self._owner._plain,
+            hold_opens=self._owner.hold_opens,  # (the host meters the peer's opens from its first)
+            narrow_windows=self._owner.narrow_windows,
+        )
+        self.conn.early_data = hs.remote_early_data
+        self.conn.said_early = hs.remote_early_data is not None
+        self.conn.libp2p = self.libp2p
+        self._owner._track(self.conn)
+        self.ready.set_result(self.conn)
+        if plain:
+            self.conn.receive_plain(plain)
+        if leftover:
+            self.conn.data_received(leftover)
+
+    # -- a libp2p peer -------------------------------------------------------------------------
+
+    def _become_libp2p(self) -> None:
+        """An accepted socket began with multistream-select: a libp2p peer, given /noise."""
+        self.libp2p = True
+        self._select = multistream.Listener(lambda p: p == SECURITY, lambda: (SECURITY,))
+        self._hs = NoiseHandshake(self._owner.keypair, False, None, protocol_name=LIBP2P_PROTOCOL_NAME, muxers=(YAMUX,))
+
+    def _choose_security(self, data: memoryview | bytearray) -> bytes | None:
+        """Feed multistream-select on the raw socket; the bytes behind an agreed ``/noise`` (the
+        Noise handshake's first, often in the same read), or None while it goes on."""
+        select = self._select
+        assert select is not None and self._transport is not None
+        try:
+            select.receive(bytes(data))
+        except ProtocolError as e:
+            self._fail(HandshakeError(f"libp2p peer's multistream-select: {e}"))
+            return None
+        out = select.data_to_send()
+        if out:
+            self._transport.write(out)
+        event = select.next_event()
+        if event is None:
+            return None
+        assert isinstance(event, multistream.Agreed)  # (a listener's only event)
+        self._select = None
+        if self._silence is not None:  # a whole message came: the handshake's own deadline goes on
+            self._silence.cancel()
+            self._silence = None
+        return event.data
+
+    def _choose_muxer(self, data: memoryview | bytearray) -> None:
+        """Multistream-select of the muxer, inside the Noise session just made."""
+        select, hs = self._muxer_select, self._finished
+        assert select is not None and hs is not None and hs.session is not None and self._transport is not None
+        session: NoiseSession = hs.session
+        try:
+            plain = session.open(data)
+            if plain is None:
+                return
+            select.receive(bytes(plain))
+        except LatticaError as e:
+            self._fail(HandshakeError(f"libp2p peer's muxer negotiation: {e}"))
+            return
+        out = select.data_to_send()
+        if out:
+            self._transport.write(session.seal(out))
+        event = select.next_event()
+        if event is None:
+            return
+        assert isinstance(event, multistream.Agreed)
+        self._muxer_select = self._finished = None
+        self._connected(hs, b"", event.data)
 
     def _preamble_check(self, data: memoryview) -> bytearray | None:
         """The first bytes of an accepted socket: a Noise handshake (returned, to go on with) or a
@@ -246,6 +343,10 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         pre += data
         if len(pre) < 2:
             return None
+        if pre[:2] == _MULTISTREAM_START:
+            self._pre = None
+            self._become_libp2p()
+            return pre
         if pre[:2] != PREAMBLE_MAGIC[:2]:
             self._pre = None
             return pre

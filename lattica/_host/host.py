@@ -17,7 +17,7 @@ from lattica import _interfaces as interfaces
 from lattica import _ping as ping
 from lattica import codec
 from lattica._budget import Buckets, StrangersShare, Turns
-from lattica._framing import read_message, write_message
+from lattica._framing import read_delimited, read_message, write_delimited, write_message
 from lattica._host.connections import MAX_CONNS_PER_PEER, MAX_DRAINING_PER_PEER, Connections
 from lattica._host.dialer import PROTOCOL_READ_TIMEOUT, Dialer, PeerRouting, Puncher
 from lattica._host.transports import Transports
@@ -25,6 +25,7 @@ from lattica._hostview import HostEvents
 from lattica._identify import PeerInfo
 from lattica._identity import PeerId
 from lattica._multiaddr import Multiaddr
+from lattica._protobuf import uvarint
 from lattica._runtime import Runtime
 from lattica.dht._records import StoreLimits
 from lattica.errors import (
@@ -39,7 +40,7 @@ from lattica.errors import (
 from lattica.logging import get_logger
 from lattica.nat._manager import NatManager, NatStatus
 from lattica.services import NodeServices, ServiceContext
-from lattica.transports import circuit
+from lattica.transports import circuit, multistream
 from lattica.transports.base import Connection, Stream, Transport
 
 if TYPE_CHECKING:
@@ -133,6 +134,8 @@ class Host:
         self.services = NodeServices()  # the system services, started with us
         self.circuit: circuit.CircuitTransport | None = None
         self.handlers[identify.PROTOCOL] = self._on_identify
+        self.handlers[identify.LIBP2P_PROTOCOL] = self._serve_libp2p_identify
+        self.handlers[identify.LIBP2P_PUSH_PROTOCOL] = self._on_libp2p_identify_push
         self._strangers_pings = Turns(StrangersShare(*STRANGERS_PINGS, self.connections.from_stranger), self.loop)
         self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s, lambda: self._ping_turn(s, c))
         self.handlers[circuit.STOP] = self._on_stop
@@ -273,7 +276,9 @@ class Host:
             return
         self.connections.add(conn, spare)
         early, conn.early_data = conn.early_data, None  # the peer's identify came in the handshake
-        if not conn.said_early or self.loop.time() - self._addrs_changed_at < _EARLY_STALE:
+        if conn.libp2p:
+            self.spawn(self._query_libp2p_identify(conn))  # (a libp2p peer is asked; it asks us too)
+        elif not conn.said_early or self.loop.time() - self._addrs_changed_at < _EARLY_STALE:
             self.spawn(self.push_identify(conn))
         if early is None:
             overdue = self.loop.call_later(self.config.identify_timeout, self._identify_overdue, conn)
@@ -436,16 +441,61 @@ class Host:
 
     @staticmethod
     async def open_stream_on(conn: Connection, protocol: str) -> Stream:
-        """A stream speaking ``protocol`` on this very connection."""
+        """A stream speaking ``protocol`` on this very connection: named in our one-byte header
+        to a Lattica node, agreed with multistream-select with a libp2p peer
+        (UnsupportedProtocol when it does not speak it)."""
         stream = await conn.open_stream()
-        stream.write(encode_protocol(protocol))
+        if not conn.libp2p:
+            stream.write(encode_protocol(protocol))
+            return stream
+        select = multistream.Dialer([protocol])
+        stream.write(select.data_to_send())
+        try:
+            async with asyncio.timeout(PROTOCOL_READ_TIMEOUT):
+                while (event := select.next_event()) is None:
+                    body = await read_delimited(stream, multistream.MAX_MESSAGE)
+                    select.receive(uvarint(len(body)) + body)
+        except TimeoutError:
+            stream.reset()
+            raise Timeout(f"{conn.remote_peer} did not answer the proposal of {protocol}") from None
+        except LatticaError:
+            stream.reset()
+            raise
+        if not isinstance(event, multistream.Agreed):
+            stream.reset()
+            raise UnsupportedProtocol(f"{conn.remote_peer} does not speak {protocol}")
         return stream
+
+    async def _select_inbound(self, stream: Stream) -> str:
+        """The protocol a libp2p peer's stream speaks, agreed with multistream-select: any of
+        our handlers (strangers are then held to what each allows them, as on our own header)."""
+        select = multistream.Listener(self.handlers.__contains__, lambda: sorted(self.handlers))
+        try:
+            while (event := select.next_event()) is None:
+                body = await read_delimited(stream, multistream.MAX_MESSAGE)
+                select.receive(uvarint(len(body)) + body)
+                out = select.data_to_send()
+                if out:
+                    stream.write(out)
+        except LatticaError as e:
+            if select.refused:  # (the usual end of a proposal we refused: the peer resets the stream)
+                raise UnsupportedProtocol(f"we do not speak {', '.join(select.refused[:3])}") from e
+            raise
+        assert isinstance(event, multistream.Agreed)  # (a listener's only event)
+        return event.protocol
 
     async def _serve_stream(self, stream: Stream, conn: Connection) -> None:
         try:
             async with asyncio.timeout(PROTOCOL_READ_TIMEOUT):  # cheaper than wait_for: no extra task
-                head = await stream.readexactly(1)
-                name = (await stream.readexactly(head[0])).decode()
+                if conn.libp2p:
+                    name = await self._select_inbound(stream)
+                else:
+                    head = await stream.readexactly(1)
+                    name = (await stream.readexactly(head[0])).decode()
+        except UnsupportedProtocol as e:
+            log.debug("libp2p peer's stream refused", peer=str(conn.remote_peer), reason=str(e))
+            stream.reset()
+            return
         except (TimeoutError, LatticaError, UnicodeDecodeError) as e:
             log.info(
                 "dropping stream: no valid protocol header",
@@ -520,9 +570,12 @@ class Host:
     async def push_identify(self, conn: Connection) -> bool:
         """Tell the peer on ``conn`` who we are and where we listen (again, when that changes)."""
         try:
-            stream = await conn.open_stream()
-            stream.write(encode_protocol(identify.PROTOCOL))
-            write_message(stream, self._identify_message(conn.remote_addr))
+            if conn.libp2p:
+                stream = await self.open_stream_on(conn, identify.LIBP2P_PUSH_PROTOCOL)
+                write_delimited(stream, self._libp2p_identify(conn.remote_addr))
+            else:
+                stream = await self.open_stream_on(conn, identify.PROTOCOL)
+                write_message(stream, self._identify_message(conn.remote_addr))
             await stream.close()
             return True
         except LatticaError as e:
@@ -580,6 +633,55 @@ class Host:
             self._pushes.take(conn.remote_peer, force=True)
             self._identified(conn, msg)
 
+    # -- identify with libp2p peers (/ipfs/id/1.0.0: the querier opens the stream) ---------------
+
+    def _libp2p_identify(self, observed: Multiaddr) -> bytes:
+        return identify.encode_libp2p(
+            self.keypair.public_key_protobuf(),
+            self.config.agent_version,
+            self.config.protocol_version,
+            self.advertised_addrs(),
+            observed,
+            sorted(self.handlers),
+        )
+
+    async def _serve_libp2p_identify(self, stream: Stream, conn: Connection) -> None:
+        write_delimited(stream, self._libp2p_identify(conn.remote_addr))
+        await stream.close()
+
+    async def _query_libp2p_identify(self, conn: Connection) -> None:
+        try:
+            stream = await self.open_stream_on(conn, identify.LIBP2P_PROTOCOL)
+            async with asyncio.timeout(PROTOCOL_READ_TIMEOUT):
+                data = await read_delimited(stream, identify.LIBP2P_MAX_MESSAGE)
+            await stream.close()
+            fields = identify.parse_libp2p(data, conn.remote_peer)
+        except (TimeoutError, LatticaError) as e:
+            self._bad_identify(conn, e)
+            return
+        self._take_identify(conn, fields)
+
+    async def _on_libp2p_identify_push(self, stream: Stream, conn: Connection) -> None:
+        """A libp2p peer's update: what it leaves out is unchanged."""
+        try:
+            async with asyncio.timeout(PROTOCOL_READ_TIMEOUT):
+                data = await read_delimited(stream, identify.LIBP2P_MAX_MESSAGE)
+            fields = identify.parse_libp2p(data, conn.remote_peer)
+        except (TimeoutError, LatticaError) as e:
+            log.info("ignoring an identify push", peer=str(conn.remote_peer), reason=str(e) or "timeout")
+            stream.reset()
+            return
+        await stream.close()
+        before = self.info.get(conn)
+        if before is not None:
+            for key in ("listen_addrs", "protocols", "agent_version", "protocol_version"):
+                if not fields[key]:
+                    fields[key] = getattr(before, key)
+            fields["observed_addr"] = fields["observed_addr"] or before.observed_addr
+        if conn in self.info and not self._pushes.take(conn.remote_peer):
+            return  # (over its budget: the next one, or the peer's next connection, says it)
+        self._take_identify(conn, fields)
+
     def _identified(self, conn: Connection, msg: Any) -> bool:
         """Take the peer's identify message (pushed on a stream, or early in the handshake);
         False if it was unusable (the connection is then closed)."""
@@ -588,6 +690,11 @@ class Host:
         except LatticaError as e:
             self._bad_identify(conn, e)
             return False
+        return self._take_identify(conn, fields)
+
+    def _take_identify(self, conn: Connection, fields: dict[str, Any]) -> bool:
+        """What a peer said of itself, parsed (``identify.parse`` or ``parse_libp2p``): judged by
+        our trust, kept as its PeerInfo, and told to whoever waits for it."""
         now = time.time()
         verdict = self.trust.judge(conn.remote_peer, fields.pop("mesh_certs"), now)
         self._expire_verdict(conn, verdict.until - now)

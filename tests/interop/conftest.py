@@ -1,0 +1,24 @@
+"""The other implementations the interop tests run against, installed from the package
+registries by ``make interop-peers`` (``make test`` runs it): a missing one fails its tests with
+the command that installs it, it never skips them."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SDK_PYTHON = pathlib.Path(os.environ.get("LATTICA_SDK_PYTHON", ROOT / ".interop" / "sdk" / "bin" / "python"))
+
+
+@pytest.fixture(scope="session")
+def sdk_python() -> pathlib.Path:
+    """The interpreter of a venv holding the GradientHQ Lattica SDK 1.0.21 (rust-libp2p 0.54)."""
+    if not SDK_PYTHON.exists():
+        pytest.fail(
+            f"the rust-libp2p peer is not installed at {SDK_PYTHON}: run `make interop-peers` "
+            "(python3 -m venv .interop/sdk && .interop/sdk/bin/pip install lattica==1.0.21)"
+        )
+    return SDK_PYTHON

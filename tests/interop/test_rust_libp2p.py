@@ -1,0 +1,58 @@
+"""Interop with rust-libp2p 0.54 (the GradientHQ Lattica SDK wheel), real processes on 127.0.0.1:
+a rust node dials ours over TCP (multistream-select, /noise with ChaChaPoly, yamux), both sides
+identify on /ipfs/id/1.0.0, and the rust node pings us on /ipfs/ping/1.0.0."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+
+import lattica
+
+PEER = pathlib.Path(__file__).with_name("sdk_peer.py")
+
+
+def _sdk(sdk_python: pathlib.Path, *args: str, timeout: float = 60) -> dict:
+    home = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / "lattica-sdk-home"  # (it keeps a key and a DHT there)
+    home.mkdir(exist_ok=True)
+    out = subprocess.run(
+        [str(sdk_python), str(PEER), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=home,
+        env={**os.environ, "HOME": str(home)},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_rust_libp2p_node_dials_ours_identifies_both_ways_and_pings(sdk_python):
+    with lattica.Node(["/ip4/127.0.0.1/tcp/0"]) as node:
+        seen: list = []
+
+        async def watch():
+            node._host.events.identified.subscribe(seen.append)
+
+        node.run(watch())
+        got = _sdk(sdk_python, "dial", str(node.addrs[0]))
+        ident = got.get("identify")
+        assert ident is not None, got
+        # what rust-libp2p read of us on /ipfs/id/1.0.0
+        assert ident["protocol_version"] == "/lattica/1.0.0"
+        assert ident["agent_version"].startswith("lattica-py/")
+        assert str(node.addrs[0]).split("/p2p/")[0] in ident["listen_addrs"]
+        assert {"/ipfs/id/1.0.0", "/ipfs/ping/1.0.0"} <= set(ident["protocols"])
+        assert got["rtt_ms"] is not None  # its pings of us came back
+        # what we read of it: a libp2p peer on a libp2p connection, identified, a stranger
+        rust = [i for i in seen if str(i.peer_id) == got["peer_id"]]
+        assert rust, seen
+        assert rust[0].transport == "tcp" and rust[0].circle == "stranger"
+        assert rust[0].protocol_version == "/lattica/1.0.0" and "/ipfs/ping/1.0.0" in rust[0].protocols
+        assert any("/tcp/" in str(a) for a in rust[0].listen_addrs)
+        # and ours goes on serving: a Lattica node still reaches it the Lattica way
+        with lattica.Node(["/ip4/127.0.0.1/tcp/0"]) as other:
+            other.connect(node.addrs[0])
+            assert other.ping(node.peer_id) > 0

@@ -46,10 +46,15 @@ __all__ = ["TcpTransport"]
 
 
 _RECV_BUFFER = 256 * 1024
+_LIBP2P_REMEMBERED = 1024  # addresses where a libp2p node answered (dialed with its stack at once)
 SECURITY = "/noise"  # what a libp2p peer asks for first
 YAMUX = "/yamux/1.0.0"
 _MULTISTREAM_START = multistream.encode(multistream.HEADER)[:2]  # a libp2p dialer's first bytes
 SPLICE_CONNECT_TIMEOUT = 3.0  # seconds to reach a relay's listener with a spliced socket
+
+
+class _Unanswered(TransportError):
+    """Our Noise handshake was cut off before the peer said a byte (as a libp2p node does)."""
 
 
 class _Done:
@@ -79,6 +84,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         label: str = "tcp",
         remote_addr: Multiaddr | None = None,
         say_who: bool = True,
+        libp2p: bool = False,
     ) -> None:
         self._owner = owner
         self._initiator = initiator  # the Noise role
@@ -97,9 +103,14 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         self._counted: str | bool = False  # holds one of the owner's handshake slots (True, or the IP's)
         self._silence: asyncio.TimerHandle | None = None  # inbound: no whole handshake message yet
         self.libp2p = False  # a libp2p peer: multistream-select, /noise with ChaChaPoly, yamux
-        self._select: multistream.Listener | None = None  # libp2p: choosing the security protocol
-        self._muxer_select: multistream.Listener | None = None  # ... then the muxer, over the session
+        # libp2p: choosing the security protocol, then the muxer over the session
+        self._select: multistream.Listener | multistream.Dialer | None = None
+        self._muxer_select: multistream.Listener | multistream.Dialer | None = None
         self._finished: NoiseHandshake | None = None  # the handshake while the muxer is chosen
+        self.answered = False  # the peer sent a byte (a dial the peer cut off at once did not)
+        self._expected_peer = expected
+        if libp2p:
+            self._become_libp2p()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # (a TCP socket's: a read-write transport)
@@ -142,7 +153,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
                 # (a frozen or busy peer's kernel still acknowledges)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, USER_TIMEOUT_MS)
         self._timer = asyncio.get_running_loop().call_later(self._owner.handshake_timeout, self._handshake_timed_out)
-        out = self._preamble + self._hs.start()
+        out = self._preamble + (self._select.data_to_send() if self._select is not None else b"") + self._hs.start()
         if out:
             transport.write(out)
 
@@ -211,6 +222,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         if self.conn is not None:
             self.conn.data_received(data)  # decrypts and parses it before returning; keeps no view of ours
             return
+        self.answered = True
         if self.ready.done():
             return  # handshake already failed; the socket is being aborted
         if self._pre is not None:
@@ -241,7 +253,12 @@ class _TcpProtocol(asyncio.BufferedProtocol):
             if self.libp2p and hs.muxer is None:
                 # the peer did not choose the muxer inside the handshake: multistream-select it
                 self._finished = hs
-                self._muxer_select = multistream.Listener(lambda p: p == YAMUX, lambda: (YAMUX,))
+                if self._initiator:
+                    self._muxer_select = multistream.Dialer([YAMUX], lazy=False)
+                    assert hs.session is not None and self._transport is not None
+                    self._transport.write(hs.session.seal(self._muxer_select.data_to_send()))
+                else:
+                    self._muxer_select = multistream.Listener(lambda p: p == YAMUX, lambda: (YAMUX,))
                 if hs.leftover:
                     self._choose_muxer(memoryview(hs.leftover))
                 return
@@ -284,10 +301,21 @@ class _TcpProtocol(asyncio.BufferedProtocol):
     # -- a libp2p peer -------------------------------------------------------------------------
 
     def _become_libp2p(self) -> None:
-        """An accepted socket began with multistream-select: a libp2p peer, given /noise."""
+        """A libp2p peer: an accepted socket that began with multistream-select, or a dial to a
+        peer known to speak libp2p. ``/noise`` is proposed with the handshake's first message
+        right behind it (a listener takes data behind a proposal), so it costs no round trip."""
         self.libp2p = True
-        self._select = multistream.Listener(lambda p: p == SECURITY, lambda: (SECURITY,))
-        self._hs = NoiseHandshake(self._owner.keypair, False, None, protocol_name=LIBP2P_PROTOCOL_NAME, muxers=(YAMUX,))
+        if self._initiator:
+            self._select = multistream.Dialer([SECURITY])
+        else:
+            self._select = multistream.Listener(lambda p: p == SECURITY, lambda: (SECURITY,))
+        self._hs = NoiseHandshake(
+            self._owner.keypair,
+            self._initiator,
+            self._expected_peer,
+            protocol_name=LIBP2P_PROTOCOL_NAME,
+            muxers=(YAMUX,),
+        )
 
     def _choose_security(self, data: memoryview | bytearray) -> bytes | None:
         """Feed multistream-select on the raw socket; the bytes behind an agreed ``/noise`` (the
@@ -305,7 +333,9 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         event = select.next_event()
         if event is None:
             return None
-        assert isinstance(event, multistream.Agreed)  # (a listener's only event)
+        if not isinstance(event, multistream.Agreed):
+            self._fail(HandshakeError(f"the libp2p peer does not speak {SECURITY}"))
+            return None
         self._select = None
         if self._silence is not None:  # a whole message came: the handshake's own deadline goes on
             self._silence.cancel()
@@ -331,7 +361,9 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         event = select.next_event()
         if event is None:
             return
-        assert isinstance(event, multistream.Agreed)
+        if not isinstance(event, multistream.Agreed):
+            self._fail(HandshakeError(f"the libp2p peer does not speak {YAMUX}"))
+            return
         self._muxer_select = self._finished = None
         self._connected(hs, b"", event.data)
 
@@ -451,6 +483,7 @@ class TcpTransport(Transport):
         self.write_buffer_limit = write_buffer_limit
         self._recv_view: memoryview | None = None  # shared: the loop reads one socket at a time
         self._plain = PlainBuffer()  # ... and opens its frames here before the next
+        self._libp2p_at: dict[tuple[str, int], None] = {}  # (host, port) where a libp2p node answered (newest last)
         # Set by a relay: takes accepted sockets that open with a splice preamble (token, transport,
         # bytes read after the preamble) and says whether it knew the token.
         self.on_splice: Callable[[bytes, asyncio.Transport, bytes], bool] | None = None
@@ -465,8 +498,10 @@ class TcpTransport(Transport):
         p = addr.without_peer_id().protocols()
         return len(p) == 2 and p[0] in ("ip4", "ip6", "dns", "dns4", "dns6") and p[1] == "tcp"
 
-    def _protocol(self, initiator: bool, expected: PeerId | None, say_who: bool = True) -> _TcpProtocol:
-        return _TcpProtocol(self, initiator, expected, say_who=say_who)
+    def _protocol(
+        self, initiator: bool, expected: PeerId | None, say_who: bool = True, libp2p: bool = False
+    ) -> _TcpProtocol:
+        return _TcpProtocol(self, initiator, expected, say_who=say_who, libp2p=libp2p)
 
     async def listen(self, addr: Multiaddr, on_connection: ConnectionHandler) -> Listener:
         host, port = addr.host_port()
@@ -506,10 +541,27 @@ class TcpTransport(Transport):
             raise PeerIdMismatch(f"address {addr} names {target}, not the requested {peer_id}")
         expected = peer_id or target
         host, port = addr.without_peer_id().host_port()
+        key = (host, port)
+        libp2p = key in self._libp2p_at
+        try:
+            return await self._dial_once(addr, host, port, expected, say_who, libp2p)
+        except _Unanswered:
+            pass
+        # the peer cut our Noise handshake off before answering a byte: a libp2p node does that
+        # (it waits for multistream-select); the standard stack, then, and remembered
+        conn = await self._dial_once(addr, host, port, expected, say_who, libp2p=True)
+        self._libp2p_at[key] = None
+        while len(self._libp2p_at) > _LIBP2P_REMEMBERED:
+            del self._libp2p_at[next(iter(self._libp2p_at))]
+        return conn
+
+    async def _dial_once(
+        self, addr: Multiaddr, host: str, port: int, expected: PeerId | None, say_who: bool, libp2p: bool
+    ) -> MuxedConnection:
         loop = asyncio.get_running_loop()
         try:
             _, proto = await asyncio.wait_for(
-                loop.create_connection(lambda: self._protocol(True, expected, say_who), host, port),
+                loop.create_connection(lambda: self._protocol(True, expected, say_who, libp2p), host, port),
                 self.handshake_timeout,
             )
         except TimeoutError:
@@ -517,7 +569,12 @@ class TcpTransport(Transport):
         except OSError as e:  # asyncio's text ("Connect call failed") hides the reason: say it
             kind = ConnectionRefused if e.errno == errno.ECONNREFUSED else TransportError
             raise kind(f"cannot connect to {addr}: {os.strerror(e.errno) if e.errno else e}") from None
-        return await self._ready(proto)
+        try:
+            return await self._ready(proto)
+        except (HandshakeError, TransportError) as e:
+            if proto.answered or proto.libp2p:
+                raise
+            raise _Unanswered(str(e)) from e
 
     async def punch(self, addr: Multiaddr, peer_id: PeerId, *, initiator: bool, timeout: float = 5.0) -> Connection:
         """Hole punching: connect to ``addr`` from our listening port (so the NAT reuses the

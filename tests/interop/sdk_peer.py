@@ -3,15 +3,67 @@ by the SDK's own interpreter (a venv of its own: its package is also named ``lat
 
 ``sdk_peer.py dial <multiaddr>``: start an SDK node on 127.0.0.1 that dials the address as its
 bootstrap peer, wait until it has identified that peer and measured a ping, print one JSON line
-(its PeerId, what identify told it, the ping's round trip) and stop."""
+(its PeerId, what identify told it, the ping's round trip) and stop.
+
+``sdk_peer.py listen``: start an SDK node on 127.0.0.1, print one JSON line (its PeerId and
+addresses), and on each line read from stdin (a PeerId) print what it knows of that peer; stop at
+the end of stdin."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
 from lattica import Lattica
+
+
+def _known(info) -> dict:
+    return {
+        "agent_version": info.agent_version,
+        "protocol_version": info.protocol_version,
+        "listen_addrs": list(info.listen_addresses),
+        "protocols": list(info.protocols),
+    }
+
+
+def _listening_ports() -> list[int]:
+    """The TCP ports this process listens on (the SDK does not tell its listen addresses)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = []
+    with open("/proc/self/net/tcp") as f:
+        next(f)
+        for line in f:
+            parts = line.split()
+            if parts[3] == "0A" and parts[9] in inodes:
+                ports.append(int(parts[1].split(":")[1], 16))
+    return ports
+
+
+def listen() -> None:
+    node = Lattica.builder().with_listen_addrs(["/ip4/127.0.0.1/tcp/0"]).with_mdns(False).with_upnp(False)
+    node = node.with_autonat(False).build()
+    deadline = time.time() + 10
+    while not (ports := _listening_ports()) and time.time() < deadline:
+        time.sleep(0.02)
+    addrs = [f"/ip4/127.0.0.1/tcp/{p}/p2p/{node.peer_id()}" for p in ports]
+    print(json.dumps({"peer_id": node.peer_id(), "addrs": addrs}), flush=True)
+    for line in sys.stdin:
+        peer = line.strip()
+        info = node.get_peer_info(peer)
+        print(
+            json.dumps({"identify": _known(info) if info else None, "rtt_ms": info.rtt_ms if info else None}),
+            flush=True,
+        )
+    node.close()
 
 
 def dial(addr: str, wait: float = 15.0) -> dict:
@@ -34,12 +86,7 @@ def dial(addr: str, wait: float = 15.0) -> dict:
             break
         time.sleep(0.1)
     if info is not None:
-        out["identify"] = {
-            "agent_version": info.agent_version,
-            "protocol_version": info.protocol_version,
-            "listen_addrs": list(info.listen_addresses),
-            "protocols": list(info.protocols),
-        }
+        out["identify"] = _known(info)
         out["rtt_ms"] = info.rtt_ms
     out["peers"] = node.get_all_peers()
     node.close()
@@ -49,5 +96,7 @@ def dial(addr: str, wait: float = 15.0) -> dict:
 if __name__ == "__main__":
     if sys.argv[1] == "dial":
         print(json.dumps(dial(sys.argv[2])), flush=True)
+    elif sys.argv[1] == "listen":
+        listen()
     else:
         sys.exit(f"unknown command {sys.argv[1]!r}")

@@ -56,3 +56,38 @@ def test_a_rust_libp2p_node_dials_ours_identifies_both_ways_and_pings(sdk_python
         with lattica.Node(["/ip4/127.0.0.1/tcp/0"]) as other:
             other.connect(node.addrs[0])
             assert other.ping(node.peer_id) > 0
+
+
+def test_ours_dials_a_rust_libp2p_node_identifies_both_ways_and_pings(sdk_python):
+    home = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / "lattica-sdk-home"
+    home.mkdir(exist_ok=True)
+    proc = subprocess.Popen(
+        [str(sdk_python), str(PEER), "listen"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=home,
+        env={**os.environ, "HOME": str(home)},
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        hello = json.loads(proc.stdout.readline())
+        with lattica.Node(["/ip4/127.0.0.1/tcp/0"]) as node:
+            # the first dial offers the Lattica handshake, which the rust node cuts off: the
+            # transport then speaks libp2p to it, and remembers
+            info = node.connect(hello["addrs"][0])
+            assert str(info.peer_id) == hello["peer_id"]
+            assert info.protocol_version == "/lattica/1.0.0"  # (the SDK's own)
+            assert "/ipfs/ping/1.0.0" in info.protocols and "/ipfs/id/1.0.0" in info.protocols
+            assert info.circle == "stranger"
+            assert node.ping(info.peer_id) > 0  # /ipfs/ping/1.0.0, negotiated on a yamux stream
+            proc.stdin.write(f"{node.peer_id}\n")
+            proc.stdin.flush()
+            seen = json.loads(proc.stdout.readline())
+            assert seen["identify"] is not None, seen  # it identified us on /ipfs/id/1.0.0 too
+            assert seen["identify"]["agent_version"].startswith("lattica-py/")
+            assert "/ipfs/ping/1.0.0" in seen["identify"]["protocols"]
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(timeout=30)

@@ -34,7 +34,8 @@ _PROTOCOLS = [
     _Proto("dns4", 0x36, -1),
     _Proto("dns6", 0x37, -1),
     _Proto("ip6", 0x29, 128),
-    _Proto("quic-v1", 0x01CC, 0),
+    _Proto("quic", 0x01CC, 0),  # draft-29 QUIC: read in peers' addresses, never dialed
+    _Proto("quic-v1", 0x01CD, 0),
     _Proto("p2p", 0x01A5, -1),
     _Proto("p2p-circuit", 0x0122, 0),
     _Proto("memory", 0x0309, 64),

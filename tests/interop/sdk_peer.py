@@ -28,8 +28,9 @@ def _known(info) -> dict:
     }
 
 
-def _listening_ports() -> list[int]:
-    """The TCP ports this process listens on (the SDK does not tell its listen addresses)."""
+def _listening_ports(proto: str = "tcp") -> list[int]:
+    """The TCP ports this process listens on, or its UDP sockets' (the SDK does not tell its
+    listen addresses)."""
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -39,22 +40,24 @@ def _listening_ports() -> list[int]:
         if link.startswith("socket:["):
             inodes.add(link[8:-1])
     ports = []
-    with open("/proc/self/net/tcp") as f:
+    with open(f"/proc/self/net/{proto}") as f:
         next(f)
         for line in f:
             parts = line.split()
-            if parts[3] == "0A" and parts[9] in inodes:
+            if (parts[3] == "0A" or proto == "udp") and parts[9] in inodes:
                 ports.append(int(parts[1].split(":")[1], 16))
     return ports
 
 
 def listen() -> None:
-    node = Lattica.builder().with_listen_addrs(["/ip4/127.0.0.1/tcp/0"]).with_mdns(False).with_upnp(False)
+    listen = ["/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1"]
+    node = Lattica.builder().with_listen_addrs(listen).with_mdns(False).with_upnp(False)
     node = node.with_autonat(False).build()
     deadline = time.time() + 10
-    while not (ports := _listening_ports()) and time.time() < deadline:
+    while not ((tcp := _listening_ports()) and (udp := _listening_ports("udp"))) and time.time() < deadline:
         time.sleep(0.02)
-    addrs = [f"/ip4/127.0.0.1/tcp/{p}/p2p/{node.peer_id()}" for p in ports]
+    addrs = [f"/ip4/127.0.0.1/tcp/{p}/p2p/{node.peer_id()}" for p in tcp]
+    addrs += [f"/ip4/127.0.0.1/udp/{p}/quic-v1/p2p/{node.peer_id()}" for p in udp]
     print(json.dumps({"peer_id": node.peer_id(), "addrs": addrs}), flush=True)
     for line in sys.stdin:
         peer = line.strip()
@@ -70,7 +73,7 @@ def dial(addr: str, wait: float = 15.0) -> dict:
     peer = addr.rsplit("/p2p/", 1)[1]
     node = (
         Lattica.builder()
-        .with_listen_addrs(["/ip4/127.0.0.1/tcp/0"])
+        .with_listen_addrs(["/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1"])
         .with_bootstraps([addr])
         .with_mdns(False)
         .with_upnp(False)

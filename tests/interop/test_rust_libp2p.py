@@ -1,6 +1,7 @@
-"""Interop with rust-libp2p 0.54 (the GradientHQ Lattica SDK wheel), real processes on 127.0.0.1:
-a rust node dials ours over TCP (multistream-select, /noise with ChaChaPoly, yamux), both sides
-identify on /ipfs/id/1.0.0, and the rust node pings us on /ipfs/ping/1.0.0."""
+"""Interop with rust-libp2p 0.54 (the GradientHQ Lattica SDK wheel), real processes on 127.0.0.1,
+both directions, TCP (multistream-select, /noise with ChaChaPoly, yamux) and QUIC (libp2p-TLS,
+ALPN "libp2p", multistream-selected streams): connect, identify both ways on /ipfs/id/1.0.0, ping
+on /ipfs/ping/1.0.0."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import os
 import pathlib
 import subprocess
 
+import pytest
+
 import lattica
 
+LISTEN = {"tcp": "/ip4/127.0.0.1/tcp/0", "quic": "/ip4/127.0.0.1/udp/0/quic-v1"}
 PEER = pathlib.Path(__file__).with_name("sdk_peer.py")
 
 
@@ -29,8 +33,9 @@ def _sdk(sdk_python: pathlib.Path, *args: str, timeout: float = 60) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_a_rust_libp2p_node_dials_ours_identifies_both_ways_and_pings(sdk_python):
-    with lattica.Node(["/ip4/127.0.0.1/tcp/0"]) as node:
+@pytest.mark.parametrize("transport", ["tcp", "quic"])
+def test_a_rust_libp2p_node_dials_ours_identifies_both_ways_and_pings(sdk_python, transport):
+    with lattica.Node([LISTEN[transport]]) as node:
         seen: list = []
 
         async def watch():
@@ -49,16 +54,18 @@ def test_a_rust_libp2p_node_dials_ours_identifies_both_ways_and_pings(sdk_python
         # what we read of it: a libp2p peer on a libp2p connection, identified, a stranger
         rust = [i for i in seen if str(i.peer_id) == got["peer_id"]]
         assert rust, seen
-        assert rust[0].transport == "tcp" and rust[0].circle == "stranger"
+        assert rust[0].transport == transport and rust[0].circle == "stranger"
         assert rust[0].protocol_version == "/lattica/1.0.0" and "/ipfs/ping/1.0.0" in rust[0].protocols
         assert any("/tcp/" in str(a) for a in rust[0].listen_addrs)
+        assert any("/quic-v1" in str(a) for a in rust[0].listen_addrs)
         # and ours goes on serving: a Lattica node still reaches it the Lattica way
-        with lattica.Node(["/ip4/127.0.0.1/tcp/0"]) as other:
+        with lattica.Node([LISTEN[transport]]) as other:
             other.connect(node.addrs[0])
             assert other.ping(node.peer_id) > 0
 
 
-def test_ours_dials_a_rust_libp2p_node_identifies_both_ways_and_pings(sdk_python):
+@pytest.mark.parametrize("transport", ["tcp", "quic"])
+def test_ours_dials_a_rust_libp2p_node_identifies_both_ways_and_pings(sdk_python, transport):
     home = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / "lattica-sdk-home"
     home.mkdir(exist_ok=True)
     proc = subprocess.Popen(
@@ -72,10 +79,12 @@ def test_ours_dials_a_rust_libp2p_node_identifies_both_ways_and_pings(sdk_python
     try:
         assert proc.stdout is not None and proc.stdin is not None
         hello = json.loads(proc.stdout.readline())
-        with lattica.Node(["/ip4/127.0.0.1/tcp/0"]) as node:
-            # the first dial offers the Lattica handshake, which the rust node cuts off: the
-            # transport then speaks libp2p to it, and remembers
-            info = node.connect(hello["addrs"][0])
+        with lattica.Node([LISTEN[transport]]) as node:
+            # over TCP the first dial offers the Lattica handshake, which the rust node cuts off:
+            # the transport then speaks libp2p to it, and remembers; over QUIC, ALPN decides
+            addr = next(a for a in hello["addrs"] if ("/quic-v1" in a) == (transport == "quic"))
+            info = node.connect(addr)
+            assert info.transport == transport
             assert str(info.peer_id) == hello["peer_id"]
             assert info.protocol_version == "/lattica/1.0.0"  # (the SDK's own)
             assert "/ipfs/ping/1.0.0" in info.protocols and "/ipfs/id/1.0.0" in info.protocols

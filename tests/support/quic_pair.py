@@ -25,7 +25,7 @@ def configuration(
         is_client=is_client,
         certificate=cert.certificate,
         private_key=cert.private_key,
-        alpn="libp2p",
+        alpn=("libp2p",),
         idle_timeout=60.0,
         max_data=max_data,
         max_stream_data=max_stream_data,

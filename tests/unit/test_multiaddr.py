@@ -16,7 +16,7 @@ PID = "12D3KooWBtg3aaRMjxwedh83aGiUkwSxDwUZkzuJcfaqUmo7R3pq"
     [
         # byte forms from the multiaddr spec / go-multiaddr tests
         ("/ip4/127.0.0.1/tcp/4001", "047f000001060fa1"),
-        ("/ip4/127.0.0.1/udp/4001/quic-v1", "047f00000191020fa1cc03"),
+        ("/ip4/127.0.0.1/udp/4001/quic-v1", "047f00000191020fa1cd03"),  # quic-v1 is 0x01cd (0x01cc: draft-29 quic)
         ("/ip6/::1/tcp/80", "2900000000000000000000000000000001060050"),
         ("/dns4/example.com/tcp/443", "360b6578616d706c652e636f6d0601bb"),
     ],

@@ -388,6 +388,14 @@ class LatticaQuicConnection(QuicConnection):
             # why transports/quic/connection.py rejects a missing peer certificate itself.
             self.tls._request_client_certificate = True
 
+    def negotiated_alpn(self) -> str | None:
+        """The application protocol the handshake agreed on, once the ClientHello was read
+        (a server knows it before the handshake completes; None before)."""
+        tls = getattr(self, "tls", None)
+        # PUBLIC but undocumented (aioquic 1.7.2): tls.Context.alpn_negotiated is set when the
+        # server reads the ClientHello (HandshakeCompleted carries it only at the end)
+        return getattr(tls, "alpn_negotiated", None)
+
     def peer_certificate_chain(self) -> list:
         """The peer's certificate chain as sent (leaf first), empty if it sent none."""
         tls = getattr(self, "tls", None)
@@ -604,7 +612,7 @@ def make_configuration(
     is_client: bool,
     certificate: object,
     private_key: object,
-    alpn: str,
+    alpn: tuple[str, ...],
     idle_timeout: float,
     max_data: int,
     max_stream_data: int,
@@ -615,7 +623,7 @@ def make_configuration(
     """A QuicConfiguration for one libp2p-style connection (our own cert; no CA checks)."""
     config = QuicConfiguration(
         is_client=is_client,
-        alpn_protocols=[alpn],
+        alpn_protocols=list(alpn),  # (a server picks the first of its own the client offers)
         connection_id_length=cid_length,
         idle_timeout=idle_timeout,
         max_data=max_data,

@@ -28,6 +28,7 @@ from lattica.transports.quic.stream import QuicStream
 from lattica.transports.quic.tlscert import verify_certificate
 from lattica.transports.quic.wire import (
     ALPN,
+    ALPNS,
     ERR_BAD_CERTIFICATE,
     ERR_INTERNAL,
     ERR_NO_ERROR,
@@ -147,8 +148,12 @@ class QuicConn(Connection):
             self._last_rx = heard
         self._schedule_flush()
         if self._early_push is not None and heard is not None:
-            push, self._early_push = self._early_push, None
-            push(self)
+            alpn = self._quic.negotiated_alpn()
+            if alpn is not None:  # (the ClientHello was read: we know whom we speak to)
+                push, self._early_push = self._early_push, None
+                self.libp2p = alpn == ALPN
+                if not self.libp2p:  # (a libp2p peer asks for our identify instead)
+                    push(self)
 
     def _schedule_flush(self) -> None:
         if self._flush_handle is None and not self._dead:
@@ -437,8 +442,9 @@ class QuicConn(Connection):
         if self._closed_exc is not None:
             return
         try:
-            if ev.alpn_protocol != ALPN:
-                raise HandshakeError(f"peer negotiated ALPN {ev.alpn_protocol!r}, not {ALPN!r}")
+            if ev.alpn_protocol not in ALPNS:
+                raise HandshakeError(f"peer negotiated ALPN {ev.alpn_protocol!r}, not one of {ALPNS}")
+            self.libp2p = ev.alpn_protocol == ALPN  # a libp2p peer: multistream-selected streams
             chain = self._quic.peer_certificate_chain()
             if len(chain) != 1:
                 raise HandshakeError(f"peer sent {len(chain)} certificates, expected exactly 1")

@@ -24,7 +24,7 @@ from lattica.transports.quic.connection import QuicConn
 from lattica.transports.quic.endpoint import Endpoint, QuicListener
 from lattica.transports.quic.tlscert import CertifiedKey, generate_certificate
 from lattica.transports.quic.wire import (
-    ALPN,
+    ALPNS,
     CERT_RENEW_BEFORE,
     CID_LEN,
     MAX_DATAGRAM,
@@ -129,7 +129,7 @@ class QuicTransport(Transport):
             is_client=is_client,
             certificate=cert.certificate,
             private_key=cert.private_key,
-            alpn=ALPN,
+            alpn=ALPNS,
             idle_timeout=self.idle_timeout,
             max_data=min(NARROW_WINDOW, self.max_data) if self.narrow_windows else self.max_data,
             max_stream_data=self.max_stream_data,

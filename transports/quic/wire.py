@@ -15,7 +15,9 @@ from lattica.errors import (
     MultiaddrError,
 )
 
-ALPN = "libp2p"
+ALPN = "libp2p"  # what a libp2p peer offers and accepts: the standard stack
+LATTICA_ALPN = "lattica"  # offered first, between Lattica nodes: our stream headers and identify
+ALPNS = (LATTICA_ALPN, ALPN)  # our preference, as client and as server
 CID_LEN = 8
 SUPPORTED_VERSIONS = frozenset(QuicConfiguration(is_client=False).supported_versions)  # v1, v2
 MIN_INITIAL = 1200  # RFC 9000 14.1: a client Initial datagram is at least this large

@@ -20,6 +20,7 @@ from lattica._budget import Buckets, StrangersShare, Turns
 from lattica._framing import read_delimited, read_message, write_delimited, write_message
 from lattica._host.connections import MAX_CONNS_PER_PEER, MAX_DRAINING_PER_PEER, Connections
 from lattica._host.dialer import PROTOCOL_READ_TIMEOUT, Dialer, PeerRouting, Puncher
+from lattica._host.proposals import ProposedStream
 from lattica._host.transports import Transports
 from lattica._hostview import HostEvents
 from lattica._identify import PeerInfo
@@ -442,29 +443,16 @@ class Host:
     @staticmethod
     async def open_stream_on(conn: Connection, protocol: str) -> Stream:
         """A stream speaking ``protocol`` on this very connection: named in our one-byte header
-        to a Lattica node, agreed with multistream-select with a libp2p peer
-        (UnsupportedProtocol when it does not speak it)."""
+        to a Lattica node, proposed with multistream-select to a libp2p peer. Either way the
+        caller writes at once; a libp2p peer's refusal comes with the first read
+        (UnsupportedProtocol)."""
         stream = await conn.open_stream()
         if not conn.libp2p:
             stream.write(encode_protocol(protocol))
             return stream
         select = multistream.Dialer([protocol])
         stream.write(select.data_to_send())
-        try:
-            async with asyncio.timeout(PROTOCOL_READ_TIMEOUT):
-                while (event := select.next_event()) is None:
-                    body = await read_delimited(stream, multistream.MAX_MESSAGE)
-                    select.receive(uvarint(len(body)) + body)
-        except TimeoutError:
-            stream.reset()
-            raise Timeout(f"{conn.remote_peer} did not answer the proposal of {protocol}") from None
-        except LatticaError:
-            stream.reset()
-            raise
-        if not isinstance(event, multistream.Agreed):
-            stream.reset()
-            raise UnsupportedProtocol(f"{conn.remote_peer} does not speak {protocol}")
-        return stream
+        return ProposedStream(stream, select, conn.remote_peer)
 
     async def _select_inbound(self, stream: Stream) -> str:
         """The protocol a libp2p peer's stream speaks, agreed with multistream-select: any of

@@ -44,8 +44,10 @@ def _listening_ports(proto: str = "tcp") -> list[int]:
         next(f)
         for line in f:
             parts = line.split()
-            if (parts[3] == "0A" or proto == "udp") and parts[9] in inodes:
-                ports.append(int(parts[1].split(":")[1], 16))
+            ip, port = parts[1].split(":")
+            # (listening: TCP's LISTEN state; a UDP socket bound to 127.0.0.1, where we listen)
+            if (parts[3] == "0A" or (proto == "udp" and ip == "0100007F")) and parts[9] in inodes:
+                ports.append(int(port, 16))
     return ports
 
 
@@ -83,14 +85,19 @@ def dial(addr: str, wait: float = 15.0) -> dict:
     out: dict = {"peer_id": node.peer_id()}
     deadline = time.time() + wait
     info = None
+    rtt = None
     while time.time() < deadline:
         info = node.get_peer_info(peer)
-        if info is not None and info.protocols and info.rtt_ms:
+        try:
+            rtt = node.get_peer_rtt(peer)  # (seconds, once a ping came back)
+        except RuntimeError:
+            rtt = None
+        if info is not None and info.protocols and rtt:
             break
-        time.sleep(0.1)
+        time.sleep(0.05)
     if info is not None:
         out["identify"] = _known(info)
-        out["rtt_ms"] = info.rtt_ms
+        out["rtt_ms"] = rtt * 1e3 if rtt else None
     out["peers"] = node.get_all_peers()
     node.close()
     return out

@@ -90,6 +90,17 @@ def test_ours_dials_a_rust_libp2p_node_identifies_both_ways_and_pings(sdk_python
             assert "/ipfs/ping/1.0.0" in info.protocols and "/ipfs/id/1.0.0" in info.protocols
             assert info.circle == "stranger"
             assert node.ping(info.peer_id) > 0  # /ipfs/ping/1.0.0, negotiated on a yamux stream
+
+            async def unknown_protocol():
+                # proposed lazily, data right behind it: the refusal comes with the first read
+                conn = node._host.conns[info.peer_id]
+                stream = await node._host.open_stream_on(conn, "/lattica/nothing/1.0.0")
+                stream.write(b"hello")
+                with pytest.raises(lattica.errors.UnsupportedProtocol):
+                    await stream.read()
+                return True
+
+            assert node.run(unknown_protocol(), timeout=10)
             proc.stdin.write(f"{node.peer_id}\n")
             proc.stdin.flush()
             seen = json.loads(proc.stdout.readline())

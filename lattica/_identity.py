@@ -1,24 +1,35 @@
 """Peer identity: Ed25519 key pairs and PeerIds in libp2p's formats.
 
-A PeerId is the identity multihash of the protobuf-encoded public key, written in base58btc
-(``12D3KooW...``); key files hold the protobuf-encoded private key, so a key written by go-libp2p,
-rust-libp2p or js-libp2p loads here and yields the same PeerId.
+A PeerId is the multihash of the protobuf-encoded public key, written in base58btc: the identity
+multihash when the encoding is at most 42 bytes (``12D3KooW...`` for Ed25519), else its SHA-256
+(``Qm...``, RSA keys). Key files hold the protobuf-encoded private key, so a key written by
+go-libp2p, rust-libp2p or js-libp2p loads here and yields the same PeerId.
+
+Our own keys are Ed25519. A peer's key may be any type libp2p defines (RSA, secp256k1, ECDSA:
+many IPFS nodes still run RSA identities): those are verify-only, and where this module hands a
+public key around it is an Ed25519 key's raw 32 bytes, or another type's protobuf encoding (never
+32 bytes long).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from lattica import _sodium
+from lattica._digest import sha256
 from lattica._protobuf import decode_fields, encode_fields, read_uvarint
 from lattica.errors import InvalidPeerId, KeyFileError
 
 __all__ = ["KeyPair", "PeerId", "verify_signature", "b58encode", "b58decode"]
 
-_KEY_TYPE_ED25519 = 1
+_KEY_TYPE_RSA, _KEY_TYPE_ED25519, _KEY_TYPE_SECP256K1, _KEY_TYPE_ECDSA = 0, 1, 2, 3
+_MAX_FOREIGN_KEY = 2048  # bytes of another type's protobuf key (RSA-8192 in DER is ~1.1 KiB)
+_RSA_BITS = (2048, 8192)  # RSA key sizes we verify (go-libp2p refuses smaller ones too)
 _IDENTITY_MH = 0x00
 _SHA256_MH = 0x12
 _MAX_INLINE_KEY = 42  # libp2p inlines keys up to 42 bytes in the identity multihash
@@ -75,30 +86,85 @@ def _decode_key_pb(buf: bytes) -> tuple[int, bytes]:
 
 
 def public_key_to_protobuf(raw: bytes) -> bytes:
-    """The libp2p protobuf encoding of a raw 32-byte Ed25519 public key."""
-    return _encode_key_pb(_KEY_TYPE_ED25519, raw)
+    """The libp2p protobuf encoding of a public key: a raw 32-byte Ed25519 key's, or another
+    type's key, which is kept in that encoding already."""
+    return _encode_key_pb(_KEY_TYPE_ED25519, raw) if len(raw) == 32 else bytes(raw)
 
 
 def public_key_from_protobuf(buf: bytes) -> bytes:
-    """Raw 32-byte Ed25519 public key from its libp2p protobuf encoding."""
+    """A public key from its libp2p protobuf encoding: an Ed25519 key's raw 32 bytes, or for an
+    RSA, secp256k1 or ECDSA key (verify-only) its canonical protobuf encoding, checked to parse.
+    KeyFileError for anything else."""
     key_type, data = _decode_key_pb(buf)
-    if key_type != _KEY_TYPE_ED25519:
-        raise KeyFileError(f"unsupported key type {key_type} (only Ed25519 is supported)")
-    if len(data) != 32:
-        raise KeyFileError(f"Ed25519 public key must be 32 bytes, got {len(data)}")
-    return data
+    if key_type == _KEY_TYPE_ED25519:
+        if len(data) != 32:
+            raise KeyFileError(f"Ed25519 public key must be 32 bytes, got {len(data)}")
+        return data
+    if key_type not in (_KEY_TYPE_RSA, _KEY_TYPE_SECP256K1, _KEY_TYPE_ECDSA):
+        raise KeyFileError(f"unsupported key type {key_type}")
+    pb = _encode_key_pb(key_type, data)
+    if len(pb) > _MAX_FOREIGN_KEY:
+        raise KeyFileError(f"public key of {len(pb)} bytes (at most {_MAX_FOREIGN_KEY})")
+    _foreign_key(pb)  # (a malformed key fails here, not at its first signature)
+    return pb
+
+
+@functools.lru_cache(maxsize=256)
+def _foreign_key(pb: bytes) -> Any:
+    """The key object of an RSA (PKIX DER), secp256k1 (compressed point) or ECDSA (PKIX DER)
+    public key in its protobuf encoding; KeyFileError if it is not one."""
+    # (loaded with the first key of another type: a node that meets none never loads them)
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa  # (as the line above)
+
+    key_type, data = _decode_key_pb(pb)
+    try:
+        if key_type == _KEY_TYPE_SECP256K1:
+            return ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256K1(), data)
+        key = serialization.load_der_public_key(data)
+    except (ValueError, TypeError) as e:
+        raise KeyFileError(f"malformed public key of type {key_type}: {e}") from None
+    if key_type == _KEY_TYPE_RSA and isinstance(key, rsa.RSAPublicKey):
+        if not _RSA_BITS[0] <= key.key_size <= _RSA_BITS[1]:
+            raise KeyFileError(f"RSA keys of {key.key_size} bits are not accepted ({_RSA_BITS[0]} to {_RSA_BITS[1]})")
+        return key
+    if key_type == _KEY_TYPE_ECDSA and isinstance(key, ec.EllipticCurvePublicKey):
+        return key
+    raise KeyFileError(f"public key of type {key_type} holds another kind of key")
+
+
+def _verify_foreign(pb: bytes, sig: bytes, msg: bytes | memoryview) -> bool:
+    # (as in _foreign_key: loaded with the first key of another type)
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes  # (as the line above)
+    from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa  # (as the line above)
+
+    try:
+        key = _foreign_key(pb)
+        data = bytes(msg)
+        if isinstance(key, rsa.RSAPublicKey):
+            key.verify(sig, data, padding.PKCS1v15(), hashes.SHA256())
+        else:
+            key.verify(sig, data, ec.ECDSA(hashes.SHA256()))
+    except (KeyFileError, InvalidSignature, ValueError, TypeError):
+        return False
+    return True
 
 
 def verify_signature(public_key: bytes, signature: bytes, data: bytes) -> bool:
-    """True when ``signature`` is a valid Ed25519 signature of ``data`` by the raw ``public_key``
-    (checked by libsodium: lattica/_sodium.py). Anything malformed is simply not valid."""
+    """True when ``signature`` is a valid signature of ``data`` by ``public_key``: an Ed25519 key's
+    raw bytes (checked by libsodium: lattica/_sodium.py), or another type's protobuf encoding
+    (RSA PKCS#1 v1.5 or ECDSA, over SHA-256, as libp2p signs). Anything malformed is simply not
+    valid."""
     try:
         key = memoryview(public_key).tobytes()  # (bytes of any buffer; an int is no key)
         sig = memoryview(signature).tobytes()
         msg = data if type(data) is bytes else memoryview(data).cast("B")
     except (TypeError, ValueError):
         return False
-    if len(key) != 32 or len(sig) != 64:
+    if len(key) != 32:
+        return _verify_foreign(key, sig, msg)  # (another key type's protobuf encoding)
+    if len(sig) != 64:
         return False
     return _sodium.verifier()(key, sig, msg)
 
@@ -115,9 +181,12 @@ class PeerId:
 
     @classmethod
     def from_public_key(cls, raw: bytes) -> PeerId:
-        """PeerId of a raw 32-byte Ed25519 public key (identity multihash of its protobuf)."""
+        """PeerId of a public key (see :func:`public_key_from_protobuf`): the identity multihash
+        of its protobuf encoding, or that encoding's SHA-256 when it is over 42 bytes."""
         pb = public_key_to_protobuf(raw)
-        return cls(bytes([_IDENTITY_MH, len(pb)]) + pb)
+        if len(pb) <= _MAX_INLINE_KEY:
+            return cls(bytes([_IDENTITY_MH, len(pb)]) + pb)
+        return cls(bytes([_SHA256_MH, 32]) + sha256(pb))
 
     @classmethod
     def from_string(cls, text: str) -> PeerId:
@@ -149,7 +218,8 @@ class PeerId:
         return self._mh
 
     def public_key(self) -> bytes | None:
-        """The raw Ed25519 public key inlined in this PeerId, or None for hashed (non-inline) ids."""
+        """The public key inlined in this PeerId (see :func:`public_key_from_protobuf`), or None
+        for hashed (non-inline) ids."""
         if self._mh[0] != _IDENTITY_MH:
             return None
         try:

@@ -1,0 +1,116 @@
+"""Peers with keys of every libp2p type, verify-only (lattica/_identity.py): RSA, secp256k1 and
+ECDSA keys verify their signatures, name their PeerIds as libp2p does (inlined up to 42 bytes,
+else SHA-256: ``Qm...``), and authenticate a Noise handshake; bad keys and signatures fail."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+
+from lattica._identity import KeyPair, PeerId, b58encode, public_key_from_protobuf, verify_signature
+from lattica._protobuf import encode_fields
+from lattica.errors import HandshakeError, KeyFileError
+from lattica.transports.noise import LIBP2P_PROTOCOL_NAME, NoiseHandshake
+
+DER = {"encoding": serialization.Encoding.DER, "format": serialization.PublicFormat.SubjectPublicKeyInfo}
+
+
+class Foreign:
+    """A libp2p identity of another key type: what a Noise handshake asks of a key pair."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        if kind == "rsa":
+            self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+            self.pb = encode_fields([(1, 0), (2, self.key.public_key().public_bytes(**DER))])
+        elif kind == "secp256k1":
+            self.key = ec.generate_private_key(ec.SECP256K1())
+            point = self.key.public_key().public_bytes(
+                serialization.Encoding.X962, serialization.PublicFormat.CompressedPoint
+            )
+            self.pb = encode_fields([(1, 2), (2, point)])
+        else:
+            self.key = ec.generate_private_key(ec.SECP256R1())
+            self.pb = encode_fields([(1, 3), (2, self.key.public_key().public_bytes(**DER))])
+
+    def sign(self, data: bytes) -> bytes:
+        if self.kind == "rsa":
+            return self.key.sign(bytes(data), padding.PKCS1v15(), hashes.SHA256())
+        return self.key.sign(bytes(data), ec.ECDSA(hashes.SHA256()))
+
+    def public_key_protobuf(self) -> bytes:
+        return self.pb
+
+
+KINDS = ["rsa", "secp256k1", "ecdsa"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_signatures_of_each_key_type_verify_and_tampered_ones_do_not(kind):
+    peer = Foreign(kind)
+    pub = public_key_from_protobuf(peer.pb)
+    sig = peer.sign(b"hello")
+    assert verify_signature(pub, sig, b"hello")
+    assert not verify_signature(pub, sig, b"hellO")
+    assert not verify_signature(pub, sig[:-1] + bytes([sig[-1] ^ 1]), b"hello")
+    assert not verify_signature(pub, b"", b"hello")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_peer_ids_follow_libp2p_inlined_up_to_42_bytes_else_sha256(kind):
+    peer = Foreign(kind)
+    pid = PeerId.from_public_key(public_key_from_protobuf(peer.pb))
+    if len(peer.pb) <= 42:  # secp256k1: 37 bytes, inlined ("16Uiu2...")
+        assert pid.to_bytes() == bytes([0, len(peer.pb)]) + peer.pb
+        assert str(pid).startswith("16Uiu2") and pid.public_key() == peer.pb
+    else:  # RSA, ECDSA: hashed ("Qm...")
+        assert pid.to_bytes() == b"\x12\x20" + hashlib.sha256(peer.pb).digest()
+        assert str(pid).startswith("Qm") and str(pid) == b58encode(pid.to_bytes())
+    assert PeerId.from_string(str(pid)) == pid
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_peer_of_each_key_type_authenticates_a_noise_handshake(kind):
+    peer, ours = Foreign(kind), KeyPair.generate()
+    a = NoiseHandshake(peer, True, ours.peer_id, protocol_name=LIBP2P_PROTOCOL_NAME)  # type: ignore[arg-type]
+    b = NoiseHandshake(ours, False, protocol_name=LIBP2P_PROTOCOL_NAME)
+    msg2 = b.receive(a.start())
+    msg3 = a.receive(msg2)
+    b.receive(msg3)
+    assert a.complete and b.complete and msg2 is not None
+    assert b.remote_peer == PeerId.from_public_key(public_key_from_protobuf(peer.pb))
+
+
+def test_a_handshake_signed_by_another_key_of_the_claimed_type_fails():
+    peer, liar, ours = Foreign("ecdsa"), Foreign("ecdsa"), KeyPair.generate()
+    peer.sign = liar.sign  # type: ignore[method-assign]  # (claims peer's key, signs with another)
+    a = NoiseHandshake(peer, True, ours.peer_id, protocol_name=LIBP2P_PROTOCOL_NAME)  # type: ignore[arg-type]
+    b = NoiseHandshake(ours, False, protocol_name=LIBP2P_PROTOCOL_NAME)
+    msg3 = a.receive(b.receive(a.start()))
+    with pytest.raises(HandshakeError):
+        b.receive(msg3)
+
+
+@pytest.mark.parametrize(
+    "pb",
+    [
+        encode_fields([(1, 0), (2, b"not DER")]),
+        encode_fields([(1, 2), (2, b"\x02" + b"\xff" * 32)]),  # not a point on secp256k1
+        encode_fields([(1, 3), (2, b"\x30\x00")]),
+        encode_fields([(1, 5), (2, b"x")]),  # no such key type
+        encode_fields(
+            [
+                (1, 0),
+                (2, rsa.generate_private_key(public_exponent=65537, key_size=1024).public_key().public_bytes(**DER)),
+            ]
+        ),  # RSA below 2,048 bits
+        encode_fields([(1, 3), (2, Foreign("rsa").key.public_key().public_bytes(**DER))]),  # an RSA key called ECDSA
+    ],
+    ids=["rsa-garbage", "secp256k1-off-curve", "ecdsa-garbage", "unknown-type", "rsa-1024", "mislabelled"],
+)
+def test_malformed_or_unacceptable_keys_are_refused(pb):
+    with pytest.raises(KeyFileError):
+        public_key_from_protobuf(pb)

@@ -31,7 +31,15 @@ $(INTEROP)/sdk/.installed:
 	@$(INTEROP)/sdk/bin/python -m pip install -q lattica==1.0.21
 	@touch $@
 
-interop-peers: $(INTEROP)/sdk/.installed
+$(INTEROP)/p2pd/p2pd: $(STAMP)
+	@echo "installing the go-libp2p peer (p2pd, from the hivemind 1.1.12 wheel) into $(INTEROP)/p2pd ..."
+	@rm -rf $(INTEROP)/p2pd && mkdir -p $(INTEROP)/p2pd
+	@$(BIN)/python -m pip download -q --no-deps hivemind==1.1.12 -d $(INTEROP)/p2pd
+	@$(BIN)/python -c "import glob, os, zipfile; z = zipfile.ZipFile(glob.glob('$(INTEROP)/p2pd/hivemind-*.whl')[0]); \
+	  open('$(INTEROP)/p2pd/p2pd', 'wb').write(z.read('hivemind/hivemind_cli/p2pd')); os.chmod('$(INTEROP)/p2pd/p2pd', 0o755)"
+	@rm -f $(INTEROP)/p2pd/hivemind-*.whl
+
+interop-peers: $(INTEROP)/sdk/.installed $(INTEROP)/p2pd/p2pd
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check $(CHECKED)

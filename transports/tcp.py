@@ -107,7 +107,9 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         self._select: multistream.Listener | multistream.Dialer | None = None
         self._muxer_select: multistream.Listener | multistream.Dialer | None = None
         self._finished: NoiseHandshake | None = None  # the handshake while the muxer is chosen
-        self.answered = False  # the peer sent a byte (a dial the peer cut off at once did not)
+        # the peer sent a byte, not multistream-select's (a libp2p listener cuts our Noise handshake
+        # off before answering, or answers with multistream-select's header)
+        self.answered = False
         self._expected_peer = expected
         if libp2p:
             self._become_libp2p()
@@ -221,6 +223,10 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         data = self._owner._recv_view[:nbytes]  # type: ignore[index]
         if self.conn is not None:
             self.conn.data_received(data)  # decrypts and parses it before returning; keeps no view of ours
+            return
+        if not self.answered and self._initiator and not self.libp2p and data[:2] == _MULTISTREAM_START:
+            # a libp2p listener's first words (go's says them at once): it will not read Noise
+            self._fail(HandshakeError("the peer speaks multistream-select: a libp2p node"))
             return
         self.answered = True
         if self.ready.done():
@@ -547,8 +553,8 @@ class TcpTransport(Transport):
             return await self._dial_once(addr, host, port, expected, say_who, libp2p)
         except _Unanswered:
             pass
-        # the peer cut our Noise handshake off before answering a byte: a libp2p node does that
-        # (it waits for multistream-select); the standard stack, then, and remembered
+        # the peer cut our Noise handshake off before answering a byte, or answered with
+        # multistream-select: a libp2p node; the standard stack, then, and remembered
         conn = await self._dial_once(addr, host, port, expected, say_who, libp2p=True)
         self._libp2p_at[key] = None
         while len(self._libp2p_at) > _LIBP2P_REMEMBERED:

@@ -22,3 +22,17 @@ def sdk_python() -> pathlib.Path:
             "(python3 -m venv .interop/sdk && .interop/sdk/bin/pip install lattica==1.0.21)"
         )
     return SDK_PYTHON
+
+
+P2PD = pathlib.Path(os.environ.get("LATTICA_P2PD", ROOT / ".interop" / "p2pd" / "p2pd"))
+
+
+@pytest.fixture(scope="session")
+def p2pd_binary() -> pathlib.Path:
+    """go-libp2p-daemon (go-libp2p 0.32.1), taken out of the hivemind 1.1.12 wheel."""
+    if not P2PD.exists():
+        pytest.fail(
+            f"the go-libp2p peer is not installed at {P2PD}: run `make interop-peers` (pip download "
+            "--no-deps hivemind==1.1.12, then take hivemind/hivemind_cli/p2pd out of the wheel)"
+        )
+    return P2PD

@@ -540,7 +540,9 @@ class TcpTransport(Transport):
         self, addr: Multiaddr, peer_id: PeerId | None = None, *, fresh_port: bool = False, say_who: bool = True
     ) -> Connection:
         """Connect from an ephemeral port (``fresh_port`` is therefore always true here), run
-        Noise and check the peer's id. ``say_who=False``: no identify in the handshake (an
+        Noise and check the peer's id. A peer that cuts our handshake off before answering, or
+        answers with multistream-select, is a libp2p node: dialed again with its stack, and
+        remembered. ``say_who=False``: no identify in the handshake and no second dial (an
         AutoNAT dial-back: a connection the peer must never take for one to use)."""
         target = addr.peer_id
         if peer_id is not None and target is not None and target != peer_id:
@@ -552,7 +554,8 @@ class TcpTransport(Transport):
         try:
             return await self._dial_once(addr, host, port, expected, say_who, libp2p)
         except _Unanswered:
-            pass
+            if not say_who:
+                raise  # (an AutoNAT dial-back: one connection per dial, whatever answers there)
         # the peer cut our Noise handshake off before answering a byte, or answered with
         # multistream-select: a libp2p node; the standard stack, then, and remembered
         conn = await self._dial_once(addr, host, port, expected, say_who, libp2p=True)

@@ -30,6 +30,7 @@ __all__ = ["KeyPair", "PeerId", "verify_signature", "b58encode", "b58decode"]
 _KEY_TYPE_RSA, _KEY_TYPE_ED25519, _KEY_TYPE_SECP256K1, _KEY_TYPE_ECDSA = 0, 1, 2, 3
 _MAX_FOREIGN_KEY = 2048  # bytes of another type's protobuf key (RSA-8192 in DER is ~1.1 KiB)
 _RSA_BITS = (2048, 8192)  # RSA key sizes we verify (go-libp2p refuses smaller ones too)
+_RSA_MAX_EXPONENT = 2**32 - 1  # (65537 in practice; go's crypto/rsa refuses above 2**31 - 1)
 _IDENTITY_MH = 0x00
 _SHA256_MH = 0x12
 _MAX_INLINE_KEY = 42  # libp2p inlines keys up to 42 bytes in the identity multihash
@@ -127,6 +128,9 @@ def _foreign_key(pb: bytes) -> Any:
     if key_type == _KEY_TYPE_RSA and isinstance(key, rsa.RSAPublicKey):
         if not _RSA_BITS[0] <= key.key_size <= _RSA_BITS[1]:
             raise KeyFileError(f"RSA keys of {key.key_size} bits are not accepted ({_RSA_BITS[0]} to {_RSA_BITS[1]})")
+        if key.public_numbers().e > _RSA_MAX_EXPONENT:
+            # a huge exponent makes every verify a full-size exponentiation (~40x the work)
+            raise KeyFileError(f"RSA public exponents above {_RSA_MAX_EXPONENT} are not accepted")
         return key
     if key_type == _KEY_TYPE_ECDSA and isinstance(key, ec.EllipticCurvePublicKey):
         return key

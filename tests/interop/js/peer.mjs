@@ -1,0 +1,107 @@
+// A js-libp2p node for the interop tests, driven over stdin/stdout in JSON lines: it listens on
+// 127.0.0.1 (TCP and QUIC), echoes every byte on the test's echo protocol, and runs what the
+// test asks ({id, op, ...} in, {id, ok | error} out). The first line out is its peer id and addrs.
+import { createHash, randomBytes } from 'node:crypto'
+import { createInterface } from 'node:readline'
+import { noise } from '@chainsafe/libp2p-noise'
+import { quic } from '@chainsafe/libp2p-quic'
+import { yamux } from '@chainsafe/libp2p-yamux'
+import { identify, identifyPush } from '@libp2p/identify'
+import { peerIdFromString } from '@libp2p/peer-id'
+import { ping } from '@libp2p/ping'
+import { tcp } from '@libp2p/tcp'
+import { multiaddr } from '@multiformats/multiaddr'
+import { createLibp2p } from 'libp2p'
+
+const ECHO = '/lattica-test/echo/1.0.0'
+const options = JSON.parse(process.argv[2] ?? '{}')
+
+const node = await createLibp2p({
+  addresses: { listen: ['/ip4/127.0.0.1/tcp/0', '/ip4/127.0.0.1/udp/0/quic-v1'] },
+  transports: [tcp(), quic()],
+  connectionEncrypters: [noise()],
+  streamMuxers: [yamux()],
+  services: {
+    identify: identify({ protocolPrefix: options.protocolPrefix ?? 'ipfs' }),
+    identifyPush: identifyPush(),
+    ping: ping()
+  },
+  connectionManager: { inboundConnectionThreshold: 1000, maxIncomingPendingConnections: 1000 },
+  connectionMonitor: { enabled: false }
+})
+
+const identified = []
+node.addEventListener('peer:identify', (event) => {
+  const { peerId, protocols, agentVersion, protocolVersion, listenAddrs, connection } = event.detail
+  identified.push({
+    peer: peerId.toString(),
+    protocols,
+    agent: agentVersion,
+    protocolVersion,
+    listenAddrs: listenAddrs.map(String),
+    transport: connection.remoteAddr.toString().includes('/quic-v1') ? 'quic' : 'tcp'
+  })
+})
+
+await node.handle(ECHO, async (stream) => {
+  for await (const chunk of stream) {
+    if (!stream.send(chunk)) await stream.onDrain()
+  }
+  await stream.close()
+}, { maxInboundStreams: 64 })
+
+async function echo ({ addr, size }) {
+  const stream = await node.dialProtocol(multiaddr(addr), ECHO)
+  const sent = createHash('sha256')
+  const got = createHash('sha256')
+  const block = randomBytes(1 << 20)
+  let received = 0
+  const reading = (async () => {
+    for await (const chunk of stream) {
+      const bytes = chunk.subarray()
+      got.update(bytes)
+      received += bytes.length
+      if (received >= size) break
+    }
+  })()
+  for (let n = 0; n < size; n += block.length) {
+    sent.update(block)
+    if (!stream.send(block)) await stream.onDrain()
+  }
+  await reading
+  await stream.close()
+  return { sent: sent.digest('hex'), got: got.digest('hex'), received }
+}
+
+const ops = {
+  async dial ({ addr }) {
+    const connection = await node.dial(multiaddr(addr))
+    return { peer: connection.remotePeer.toString() }
+  },
+  async ping ({ addr, peer }) {
+    return { rtt: await node.services.ping.ping(addr ? multiaddr(addr) : peerIdFromString(peer)) }
+  },
+  async identified ({ peer }) {
+    return { identified: identified.filter((i) => i.peer === peer) }
+  },
+  async connections ({ peer }) {
+    return { connections: node.getConnections(peerIdFromString(peer)).map((c) => c.remoteAddr.toString()) }
+  },
+  echo,
+  async stop () {
+    await node.stop()
+    setImmediate(() => process.exit(0))
+    return {}
+  }
+}
+
+process.stdout.write(JSON.stringify({ peer: node.peerId.toString(), addrs: node.getMultiaddrs().map(String) }) + '\n')
+
+for await (const line of createInterface({ input: process.stdin })) {
+  const { id, op, ...args } = JSON.parse(line)
+  ops[op](args).then(
+    (ok) => process.stdout.write(JSON.stringify({ id, ok }) + '\n'),
+    (error) => process.stdout.write(JSON.stringify({ id, error: `${error.name}: ${error.message}` }) + '\n')
+  )
+}
+await node.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import math
 import threading
 import time
@@ -119,7 +120,7 @@ class Host:
         self.protected = self.connections.protected
         self.dialer = Dialer(self)
         self._pushes = Buckets(*_PUSHES_PER_PEER, 4096, clock=self.loop.time)
-        self._held_pushes: dict[Connection, Any] = {}  # a peer's latest push beyond its budget
+        self._held_pushes: dict[Connection, Callable[[], object]] = {}  # a peer's latest push beyond its budget
         self.contacted = self.dialer.contacted
         self.peer_addrs: dict[
             PeerId, list[Multiaddr]
@@ -599,9 +600,7 @@ class Host:
             self._bad_identify(conn, e)
             return
         if conn in self.info and not self._pushes.take(conn.remote_peer):  # (its first identify always counts)
-            if conn not in self._held_pushes:
-                self.loop.call_later(self._pushes.wait(conn.remote_peer), self._held_push_due, conn)
-            self._held_pushes[conn] = msg
+            self._hold_push(conn, functools.partial(self._identified, conn, msg))
         elif not self._identified(conn, msg):
             return
         # one message per stream: anything after it is a protocol error; end the stream either way
@@ -615,11 +614,17 @@ class Host:
         else:
             await stream.close()
 
+    def _hold_push(self, conn: Connection, take: Callable[[], object]) -> None:
+        """Keep a peer's latest push beyond its budget (replacing an older one) until it is due."""
+        if conn not in self._held_pushes:
+            self.loop.call_later(self._pushes.wait(conn.remote_peer), self._held_push_due, conn)
+        self._held_pushes[conn] = take
+
     def _held_push_due(self, conn: Connection) -> None:
-        msg = self._held_pushes.pop(conn, None)
-        if msg is not None and not conn.is_closed and not self.closing:
+        take = self._held_pushes.pop(conn, None)
+        if take is not None and not conn.is_closed and not self.closing:
             self._pushes.take(conn.remote_peer, force=True)
-            self._identified(conn, msg)
+            take()
 
     # -- identify with libp2p peers (/ipfs/id/1.0.0: the querier opens the stream) ---------------
 
@@ -650,24 +655,34 @@ class Host:
         self._take_identify(conn, fields)
 
     async def _on_libp2p_identify_push(self, stream: Stream, conn: Connection) -> None:
-        """A libp2p peer's update: what it leaves out is unchanged."""
+        """A libp2p peer's update: what it leaves out is unchanged. Beyond the peer's push budget
+        the latest message is held unparsed and taken when the budget allows, as on our own
+        protocol: a peer pushing in a loop costs reads of 4 KiB, not parses."""
         try:
             async with asyncio.timeout(PROTOCOL_READ_TIMEOUT):
                 data = await read_delimited(stream, identify.LIBP2P_MAX_MESSAGE)
-            fields = identify.parse_libp2p(data, conn.remote_peer)
         except (TimeoutError, LatticaError) as e:
             log.info("ignoring an identify push", peer=str(conn.remote_peer), reason=str(e) or "timeout")
             stream.reset()
             return
         await stream.close()
+        if conn in self.info and not self._pushes.take(conn.remote_peer):
+            self._hold_push(conn, functools.partial(self._take_libp2p_push, conn, data))
+        else:
+            self._take_libp2p_push(conn, data)
+
+    def _take_libp2p_push(self, conn: Connection, data: bytes) -> None:
+        try:
+            fields = identify.parse_libp2p(data, conn.remote_peer)
+        except LatticaError as e:
+            log.info("ignoring an identify push", peer=str(conn.remote_peer), reason=str(e))
+            return
         before = self.info.get(conn)
         if before is not None:
             for key in ("listen_addrs", "protocols", "agent_version", "protocol_version"):
                 if not fields[key]:
                     fields[key] = getattr(before, key)
             fields["observed_addr"] = fields["observed_addr"] or before.observed_addr
-        if conn in self.info and not self._pushes.take(conn.remote_peer):
-            return  # (over its budget: the next one, or the peer's next connection, says it)
         self._take_identify(conn, fields)
 
     def _identified(self, conn: Connection, msg: Any) -> bool:

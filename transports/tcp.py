@@ -16,6 +16,7 @@ import asyncio
 import errno
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -47,6 +48,7 @@ __all__ = ["TcpTransport"]
 
 _RECV_BUFFER = 256 * 1024
 _LIBP2P_REMEMBERED = 1024  # addresses where a libp2p node answered (dialed with its stack at once)
+_MUTE_REMEMBERED_FOR = 60.0  # seconds an endpoint that answered neither stack gets one dial, not two
 SECURITY = "/noise"  # what a libp2p peer asks for first
 YAMUX = "/yamux/1.0.0"
 _MULTISTREAM_START = multistream.encode(multistream.HEADER)[:2]  # a libp2p dialer's first bytes
@@ -421,6 +423,15 @@ class _TcpProtocol(asyncio.BufferedProtocol):
             self.conn.resume_writing()
 
 
+def _remember(table: dict[tuple[str, int], Any], key: tuple[str, int], value: Any) -> None:
+    """Put ``key`` in a table of endpoints as its newest entry, forgetting the oldest beyond
+    ``_LIBP2P_REMEMBERED``."""
+    table.pop(key, None)
+    table[key] = value
+    while len(table) > _LIBP2P_REMEMBERED:
+        del table[next(iter(table))]
+
+
 def _refuse_if_taken(addr: Multiaddr, host: str, port: int) -> None:
     """TransportError if another socket holds ``port``. Our listener takes the port with
     SO_REUSEPORT (hole punching dials from it), and Linux would let a second process of the same
@@ -487,6 +498,7 @@ class TcpTransport(Transport):
         self._recv_view: memoryview | None = None  # shared: the loop reads one socket at a time
         self._plain = PlainBuffer()  # ... and opens its frames here before the next
         self._libp2p_at: dict[tuple[str, int], None] = {}  # (host, port) where a libp2p node answered (newest last)
+        self._mute_until: dict[tuple[str, int], float] = {}  # where neither stack was answered, until when
         # Set by a relay: takes accepted sockets that open with a splice preamble (token, transport,
         # bytes read after the preamble) and says whether it knew the token.
         self.on_splice: Callable[[bytes, asyncio.Transport, bytes], bool] | None = None
@@ -551,14 +563,19 @@ class TcpTransport(Transport):
         try:
             return await self._dial_once(addr, host, port, expected, say_who, libp2p)
         except _Unanswered:
-            if not say_who:
-                raise  # (an AutoNAT dial-back: one connection per dial, whatever answers there)
+            if not say_who or self._mute_until.get(key, 0.0) > time.monotonic():
+                # an AutoNAT dial-back (one connection per dial, whatever answers there), or an
+                # endpoint that lately answered neither stack: not dialed twice again
+                raise
         # the peer cut our Noise handshake off before answering a byte, or answered with
         # multistream-select: a libp2p node; the standard stack, then, and remembered
-        conn = await self._dial_once(addr, host, port, expected, say_who, libp2p=True)
-        self._libp2p_at[key] = None
-        while len(self._libp2p_at) > _LIBP2P_REMEMBERED:
-            del self._libp2p_at[next(iter(self._libp2p_at))]
+        try:
+            conn = await self._dial_once(addr, host, port, expected, say_who, libp2p=True)
+        except LatticaError:
+            _remember(self._mute_until, key, time.monotonic() + _MUTE_REMEMBERED_FOR)
+            raise
+        self._mute_until.pop(key, None)
+        _remember(self._libp2p_at, key, None)
         return conn
 
     async def _dial_once(

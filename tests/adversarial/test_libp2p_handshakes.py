@@ -3,6 +3,7 @@ misbehaves: the socket is closed, within the handshake's deadline, and the node 
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 
@@ -61,3 +62,42 @@ def test_a_silent_libp2p_opening_is_closed_by_the_handshake_deadline():
         got = _closed_after((host, port), HELLO + encode("/noise"), timeout=15)
         assert got == HELLO + encode("/noise")  # agreed, then waited for a Noise message that never came
         assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_an_endpoint_that_answers_neither_stack_gets_one_dial_a_time_not_two(how):
+    """An endpoint that accepts and hangs up without a byte looks like a libp2p node to our first
+    dial (rust resets our handshake so) and gets the libp2p stack's dial too; when that fails as
+    well, it is remembered for a while: a node dialing it again makes one connection, not two."""
+    from lattica._identity import KeyPair  # (the transport alone: the node's dialer retries)
+    from lattica._multiaddr import Multiaddr
+    from lattica.errors import TransportError
+    from lattica.transports.tcp import TcpTransport
+
+    accepted = 0
+
+    async def hang_up(reader, writer):
+        nonlocal accepted
+        accepted += 1
+        if how == "reset":
+            writer.transport.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+            )
+        writer.close()
+
+    async def run():
+        server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        transport = TcpTransport(KeyPair.generate())
+        addr = Multiaddr(f"/ip4/127.0.0.1/tcp/{port}")
+        counts = []
+        for _ in range(3):
+            before = accepted
+            with pytest.raises(TransportError):
+                await transport.dial(addr)
+            await asyncio.sleep(0.05)
+            counts.append(accepted - before)
+        server.close()
+        return counts
+
+    assert asyncio.run(run()) == [2, 1, 1]

@@ -224,6 +224,9 @@ class _TcpProtocol(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         data = self._owner._recv_view[:nbytes]  # type: ignore[index]
         if self.conn is not None:
+            if self._muxer_select is not None:
+                self._muxer_answered(data)  # (a lazy muxer proposal's answer comes first)
+                return
             self.conn.data_received(data)  # decrypts and parses it before returning; keeps no view of ours
             return
         if not self.answered and self._initiator and not self.libp2p and data[:2] == _MULTISTREAM_START:
@@ -262,11 +265,16 @@ class _TcpProtocol(asyncio.BufferedProtocol):
                 # the peer did not choose the muxer inside the handshake: multistream-select it
                 self._finished = hs
                 if self._initiator:
-                    self._muxer_select = multistream.Dialer([YAMUX], lazy=False)
+                    # proposed lazily: the connection is up at once and its first frames go right
+                    # behind the proposal (a listener takes data behind it); the answer is read first
+                    self._muxer_select = multistream.Dialer([YAMUX])
                     assert hs.session is not None and self._transport is not None
                     self._transport.write(hs.session.seal(self._muxer_select.data_to_send()))
-                else:
-                    self._muxer_select = multistream.Listener(lambda p: p == YAMUX, lambda: (YAMUX,))
+                    self._connected(hs, b"")
+                    if hs.leftover:
+                        self._muxer_answered(memoryview(hs.leftover))
+                    return
+                self._muxer_select = multistream.Listener(lambda p: p == YAMUX, lambda: (YAMUX,))
                 if hs.leftover:
                     self._choose_muxer(memoryview(hs.leftover))
                 return
@@ -371,6 +379,30 @@ class _TcpProtocol(asyncio.BufferedProtocol):
             return
         self._muxer_select = self._finished = None
         self._connected(hs, b"", event.data)
+
+    def _muxer_answered(self, data: memoryview | bytearray) -> None:
+        """The libp2p listener's answer to our lazy muxer proposal, on a connection already up:
+        the bytes behind the echo are the muxer's; a refusal closes the connection."""
+        select, hs, conn = self._muxer_select, self._finished, self.conn
+        assert isinstance(select, multistream.Dialer) and hs is not None and hs.session is not None
+        assert conn is not None
+        try:
+            plain = hs.session.open(data)
+            if plain is None:
+                return
+            select.receive(bytes(plain))
+        except LatticaError as e:
+            conn.abort(f"libp2p peer's muxer negotiation: {e}")
+            return
+        event = select.next_event()
+        if event is None:
+            return
+        self._muxer_select = self._finished = None
+        if not isinstance(event, multistream.Agreed):
+            conn.abort(f"the libp2p peer does not speak {YAMUX}")
+            return
+        if event.data:
+            conn.receive_plain(event.data)
 
     def _preamble_check(self, data: memoryview) -> bytearray | None:
         """The first bytes of an accepted socket: a Noise handshake (returned, to go on with) or a

@@ -39,11 +39,11 @@ $(INTEROP)/p2pd/p2pd: $(STAMP)
 	  open('$(INTEROP)/p2pd/p2pd', 'wb').write(z.read('hivemind/hivemind_cli/p2pd')); os.chmod('$(INTEROP)/p2pd/p2pd', 0o755)"
 	@rm -f $(INTEROP)/p2pd/hivemind-*.whl
 
-$(INTEROP)/js/.installed: tests/interop/js/package.json tests/interop/js/package-lock.json
+$(INTEROP)/js/.installed: lattica/bench/_peers/js/package.json lattica/bench/_peers/js/package-lock.json
 	@echo "installing the js-libp2p peer (js-libp2p 3.3 and Node 22, from npm) into $(INTEROP)/js ..."
 	@command -v npm >/dev/null || { echo "npm is needed to install the js-libp2p peer (apt-get install npm)"; exit 1; }
 	@rm -rf $(INTEROP)/js && mkdir -p $(INTEROP)/js
-	@cp tests/interop/js/package.json tests/interop/js/package-lock.json $(INTEROP)/js/
+	@cp lattica/bench/_peers/js/package.json lattica/bench/_peers/js/package-lock.json $(INTEROP)/js/
 	@cd $(INTEROP)/js && npm install --no-audit --no-fund --loglevel=error --engine-strict=false
 	@touch $@
 

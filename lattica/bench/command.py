@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 from typing import Any
 
 
@@ -190,6 +191,19 @@ def run(args: argparse.Namespace) -> None:
 
         for row in bench_attack(*plan.attack_configs(args)):
             print_row(row, args.json)
+    if which == "libp2p":
+        starting("libp2p")
+        from lattica.bench.libp2p import IMPLEMENTATIONS, bench_libp2p, find_peers  # lazy: see the module docstring
+
+        try:
+            found = find_peers(pathlib.Path(args.peers), tuple(args.impl or IMPLEMENTATIONS))
+        except FileNotFoundError as e:
+            raise SystemExit(f"lattica bench libp2p: a peer is missing\n{e}") from None
+        say = None if args.json else (lambda m: print(f"  {m}", flush=True))
+        for row in bench_libp2p(
+            found, transports, handshakes=args.handshakes, pings=args.pings, size=args.size or (64 << 20), progress=say
+        ):
+            print_row(row, args.json)
     if which in ("rpc", "all"):
         starting("rpc")
         from lattica.bench.rpc import bench_rpc  # lazy: see the module docstring
@@ -237,6 +251,7 @@ def add_parser(sub: Any) -> None:
             "code",
             "spill",
             "attack",
+            "libp2p",
             "all",
         ],
     )
@@ -245,7 +260,7 @@ def add_parser(sub: Any) -> None:
         "--size",
         type=int,
         default=0,
-        help="stream bytes (default 1 GiB tcp, 256 MiB quic); content: object bytes (default 256 MiB)",
+        help="stream bytes (default 1 GiB tcp, 256 MiB quic); content: object bytes (default 256 MiB); libp2p: 64 MiB",
     )
     s.add_argument("--count", type=int, default=10000, help="pings")
     s.add_argument(
@@ -317,5 +332,19 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="attack: the attackers share the victim's cores (default: the last core is theirs alone)",
     )
+    s.add_argument(
+        "--peers",
+        default=".interop",
+        help="libp2p: where `make interop-peers` installed rust-, go- and js-libp2p (default ./.interop)",
+    )
+    s.add_argument(
+        "--impl",
+        action="append",
+        choices=["rust", "go", "js"],
+        default=None,
+        help="libp2p: which implementations (repeatable; default all three)",
+    )
+    s.add_argument("--handshakes", type=int, default=30, help="libp2p: fresh connections per pair")
+    s.add_argument("--pings", type=int, default=1000, help="libp2p: pings per pair")
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=run)

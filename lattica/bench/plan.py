@@ -135,6 +135,17 @@ def _code(a: argparse.Namespace) -> Plan:
     )
 
 
+def _libp2p(a: argparse.Namespace) -> Plan:
+    impls = a.impl or ["rust", "go", "js"]
+    size = a.size or (64 << 20)
+    pair = a.handshakes * 0.03 + a.pings * 1e-3 + size / 30e6  # (js's handshakes and pings are the slow ones)
+    return Plan(
+        f"{a.handshakes} handshakes, {a.pings} pings and {size >> 20} MiB on one stream per pair: Lattica -> Lattica, "
+        f"then X -> X, X -> Lattica and Lattica -> X for {', '.join(impls)}, per transport",
+        len(transports(a)) * (5 + pair + len(impls) * (5 + 3 * pair)),
+    )
+
+
 PLANS: dict[str, Callable[[argparse.Namespace], Plan]] = {
     "stream": _stream,
     "ping": _ping,
@@ -189,6 +200,7 @@ PLANS: dict[str, Callable[[argparse.Namespace], Plan]] = {
     ),
     "attack": _attack,
     "rpc": _rpc,
+    "libp2p": _libp2p,
 }
 
 

@@ -15,8 +15,7 @@ import pytest
 
 import lattica
 from lattica._protobuf import decode_fields
-
-from .p2pd import daemon, read_delimited
+from lattica.bench._peers.p2pd import daemon, read_delimited
 
 LISTEN = {"tcp": "/ip4/127.0.0.1/tcp/0", "quic": "/ip4/127.0.0.1/udp/0/quic-v1"}
 ECHO = "/lattica-test/echo/1.0.0"

@@ -12,9 +12,8 @@ import time
 import pytest
 
 import lattica
+from lattica.bench._peers.js_peer import js_peer
 from lattica.config import AGENT_VERSION
-
-from .js_peer import js_peer
 
 LISTEN = {"tcp": "/ip4/127.0.0.1/tcp/0", "quic": "/ip4/127.0.0.1/udp/0/quic-v1"}
 ECHO = "/lattica-test/echo/1.0.0"

@@ -13,9 +13,10 @@ import subprocess
 import pytest
 
 import lattica
+from lattica.bench._peers import SDK_PEER
 
 LISTEN = {"tcp": "/ip4/127.0.0.1/tcp/0", "quic": "/ip4/127.0.0.1/udp/0/quic-v1"}
-PEER = pathlib.Path(__file__).with_name("sdk_peer.py")
+PEER = SDK_PEER
 
 
 def _sdk(sdk_python: pathlib.Path, *args: str, timeout: float = 60) -> dict:

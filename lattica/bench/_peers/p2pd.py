@@ -1,4 +1,4 @@
-"""go-libp2p 0.32 for the interop tests: the ``p2pd`` daemon from the hivemind 1.1.12 wheel,
+"""go-libp2p 0.32 for the interop tests and ``lattica bench libp2p``: the ``p2pd`` daemon from the hivemind 1.1.12 wheel,
 driven over its control socket (uvarint-delimited protobuf ``Request``/``Response``, as
 go-libp2p-daemon's p2pd.proto defines them). Never started with ``-b`` (which dials public
 bootstrap peers): it listens and dials on 127.0.0.1 only."""
@@ -17,7 +17,8 @@ from lattica._identity import PeerId
 from lattica._multiaddr import Multiaddr
 from lattica._protobuf import decode_fields, decode_repeated, encode_fields, uvarint
 
-IDENTIFY, CONNECT, STREAM_OPEN, STREAM_HANDLER = 0, 1, 2, 3
+LISTEN = ("/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1")
+IDENTIFY, CONNECT, STREAM_OPEN, STREAM_HANDLER, DISCONNECT = 0, 1, 2, 3, 7
 
 
 async def read_delimited(reader: asyncio.StreamReader) -> bytes:
@@ -33,7 +34,9 @@ async def read_delimited(reader: asyncio.StreamReader) -> bytes:
 class Daemon:
     """One running p2pd and its control socket."""
 
-    def __init__(self, binary: pathlib.Path, workdir: pathlib.Path) -> None:
+    def __init__(self, binary: pathlib.Path, workdir: pathlib.Path, listen: tuple[str, ...] = LISTEN) -> None:
+        """``listen``: its host's addresses (a bench listens on one transport only: go dials a
+        peer's QUIC addresses first once identify told it of them)."""
         self.control = workdir / "p2pd.sock"
         self.proc = subprocess.Popen(
             [
@@ -42,7 +45,7 @@ class Daemon:
                 "-listen",
                 f"/unix{self.control}",
                 "-hostAddrs",
-                "/ip4/127.0.0.1/tcp/0,/ip4/127.0.0.1/udp/0/quic-v1",
+                ",".join(listen),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -62,7 +65,8 @@ class Daemon:
         await writer.drain()
         resp = decode_fields(await read_delimited(reader))
         if resp.get(1) != 0:
-            err = decode_fields(resp.get(2, b"")) if isinstance(resp.get(2), bytes) else {}
+            raw = resp.get(2)
+            err = decode_fields(raw) if isinstance(raw, bytes) else {}
             writer.close()
             raise RuntimeError(f"p2pd refused: {err.get(1, b'?')!r}")
         return resp, reader, writer
@@ -79,6 +83,11 @@ class Daemon:
     async def connect(self, peer: PeerId, addrs: list[Multiaddr]) -> None:
         req = encode_fields([(1, peer.to_bytes())] + [(2, a.to_bytes()) for a in addrs] + [(3, 10)])
         _, _, writer = await self._request([(1, CONNECT), (2, req)])
+        writer.close()
+
+    async def disconnect(self, peer: PeerId) -> None:
+        """Close the daemon's connections to ``peer`` (the next connect dials afresh)."""
+        _, _, writer = await self._request([(1, DISCONNECT), (7, encode_fields([(1, peer.to_bytes())]))])
         writer.close()
 
     async def open_stream(self, peer: PeerId, proto: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -110,9 +119,10 @@ def _unix_addr(path: pathlib.Path) -> bytes:
 
 
 @contextlib.contextmanager
-def daemon(binary: pathlib.Path) -> Iterator[Daemon]:
+def daemon(binary: pathlib.Path, listen: tuple[str, ...] = LISTEN) -> Iterator[Daemon]:
+    """A p2pd listening on ``listen`` (127.0.0.1), stopped at the end."""
     with tempfile.TemporaryDirectory(prefix="p2pd-") as tmp:
-        d = Daemon(binary, pathlib.Path(tmp))
+        d = Daemon(binary, pathlib.Path(tmp), listen)
         try:
             yield d
         finally:

@@ -1,5 +1,6 @@
-"""A rust-libp2p peer for the interop tests: the GradientHQ Lattica SDK (rust-libp2p 0.54), run
-by the SDK's own interpreter (a venv of its own: its package is also named ``lattica``).
+"""A rust-libp2p peer for the interop tests and ``lattica bench libp2p``: the GradientHQ Lattica
+SDK (rust-libp2p 0.54), run as a script by the SDK's own interpreter (a venv of its own: its
+package is also named ``lattica``; never imported by ours).
 
 ``sdk_peer.py dial <multiaddr>``: start an SDK node on 127.0.0.1 that dials the address as its
 bootstrap peer, wait until it has identified that peer and measured a ping, print one JSON line
@@ -7,16 +8,25 @@ bootstrap peer, wait until it has identified that peer and measured a ping, prin
 
 ``sdk_peer.py listen``: start an SDK node on 127.0.0.1, print one JSON line (its PeerId and
 addresses), and on each line read from stdin (a PeerId) print what it knows of that peer; stop at
-the end of stdin."""
+the end of stdin.
+
+``sdk_peer.py bench <multiaddr> <count>``: ``count`` times, a fresh SDK node dials the address as
+its bootstrap peer; print one JSON line with, for each, the milliseconds from ``build()`` returning
+until the peer is among its connected peers, and the round trip of the first ping rust-libp2p's
+ping behaviour measured on that connection (the SDK exposes no dial-and-wait, no ping on demand
+and no raw streams: these are what it lets one time)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 import time
+from typing import Any
 
-from lattica import Lattica
+# the SDK's lattica (this script runs under the SDK's interpreter), not ours: looked up by name
+Lattica: Any = importlib.import_module("lattica").Lattica
 
 
 def _known(info) -> dict:
@@ -103,8 +113,41 @@ def dial(addr: str, wait: float = 15.0) -> dict:
     return out
 
 
+def bench(addr: str, count: int) -> dict:
+    peer = addr.rsplit("/p2p/", 1)[1]
+    connect_ms: list[float] = []
+    rtt_ms: list[float] = []
+    for _ in range(count):
+        node = (
+            Lattica.builder()
+            .with_listen_addrs(["/ip4/127.0.0.1/tcp/0"])
+            .with_bootstraps([addr])
+            .with_mdns(False)
+            .with_upnp(False)
+            .with_autonat(False)
+            .build()
+        )
+        t0 = time.perf_counter()
+        deadline = t0 + 10
+        while peer not in node.get_all_peers() and time.perf_counter() < deadline:
+            time.sleep(0.0002)
+        connect_ms.append((time.perf_counter() - t0) * 1e3)
+        rtt = None
+        while not rtt and time.perf_counter() < deadline:
+            try:
+                rtt = node.get_peer_rtt(peer)  # (seconds, once a ping came back)
+            except RuntimeError:
+                time.sleep(0.0002)
+        if rtt:
+            rtt_ms.append(rtt * 1e3)
+        node.close()
+    return {"connect_ms": connect_ms, "rtt_ms": rtt_ms}
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "dial":
+    if sys.argv[1] == "bench":
+        print(json.dumps(bench(sys.argv[2], int(sys.argv[3]))), flush=True)
+    elif sys.argv[1] == "dial":
         print(json.dumps(dial(sys.argv[2])), flush=True)
     elif sys.argv[1] == "listen":
         listen()

@@ -1,6 +1,7 @@
-// A js-libp2p node for the interop tests, driven over stdin/stdout in JSON lines: it listens on
-// 127.0.0.1 (TCP and QUIC), echoes every byte on the test's echo protocol, and runs what the
-// test asks ({id, op, ...} in, {id, ok | error} out). The first line out is its peer id and addrs.
+// A js-libp2p node for the interop tests and `lattica bench libp2p`, driven over stdin/stdout in
+// JSON lines: it listens on 127.0.0.1 (TCP and QUIC), echoes every byte on the test's echo
+// protocol, swallows the bench's sink protocol, and runs what it is asked ({id, op, ...} in,
+// {id, ok | error} out). The first line out is its peer id and addrs.
 import { createHash, randomBytes } from 'node:crypto'
 import { createInterface } from 'node:readline'
 import { noise } from '@chainsafe/libp2p-noise'
@@ -14,6 +15,9 @@ import { multiaddr } from '@multiformats/multiaddr'
 import { createLibp2p } from 'libp2p'
 
 const ECHO = '/lattica-test/echo/1.0.0'
+// the bench's sink: an 8-byte big-endian length, that many bytes, then the sink answers one byte
+const SINK = '/lattica-bench/sink/1.0.0'
+const PING = '/ipfs/ping/1.0.0'
 const options = JSON.parse(process.argv[2] ?? '{}')
 
 const node = await createLibp2p({
@@ -49,6 +53,74 @@ await node.handle(ECHO, async (stream) => {
   }
   await stream.close()
 }, { maxInboundStreams: 64 })
+
+await node.handle(SINK, async (stream) => {
+  let head = Buffer.alloc(0)
+  let want = -1
+  let got = 0
+  for await (const chunk of stream) {
+    got += chunk.byteLength
+    if (want < 0) {
+      head = Buffer.concat([head, chunk.subarray()])
+      if (head.length >= 8) want = Number(head.readBigUInt64BE(0)) + 8
+    }
+    if (want >= 0 && got >= want) break
+  }
+  stream.send(Uint8Array.of(107))
+  await stream.close()
+}, { maxInboundStreams: 64 })
+
+// the bench's figures, timed here so that js -> js and js -> another responder share one method
+const bench = {
+  // fresh connections, dial to ready (Noise + yamux, or QUIC's TLS), closed before the next
+  async handshake ({ addr, count }) {
+    const ms = []
+    for (let i = 0; i < count; i++) {
+      const t0 = performance.now()
+      const connection = await node.dial(multiaddr(addr), { force: true })
+      ms.push(performance.now() - t0)
+      await connection.close()
+    }
+    return { ms }
+  },
+  // round trips of 32 bytes on one /ipfs/ping/1.0.0 stream
+  async ping ({ addr, count }) {
+    const stream = await node.dialProtocol(multiaddr(addr), PING)
+    const chunks = stream[Symbol.asyncIterator]()
+    const us = []
+    for (let i = 0; i < count; i++) {
+      const payload = randomBytes(32)
+      const t0 = performance.now()
+      stream.send(payload)
+      let got = 0
+      while (got < 32) {
+        const { value, done } = await chunks.next()
+        if (done) throw new Error('the ping stream ended')
+        got += value.byteLength
+      }
+      us.push((performance.now() - t0) * 1e3)
+    }
+    await stream.close()
+    return { us }
+  },
+  // one stream, one direction: size bytes to the responder's sink, first byte to its answer
+  async sink ({ addr, size }) {
+    const stream = await node.dialProtocol(multiaddr(addr), SINK)
+    const block = randomBytes(1 << 20)
+    const header = Buffer.alloc(8)
+    header.writeBigUInt64BE(BigInt(size))
+    const t0 = performance.now()
+    stream.send(header)
+    for (let n = 0; n < size; n += block.length) {
+      const part = size - n < block.length ? block.subarray(0, size - n) : block
+      if (!stream.send(part)) await stream.onDrain()
+    }
+    for await (const chunk of stream) if (chunk.byteLength) break
+    const seconds = (performance.now() - t0) / 1e3
+    await stream.close()
+    return { seconds }
+  }
+}
 
 async function echo ({ addr, size }) {
   const stream = await node.dialProtocol(multiaddr(addr), ECHO)
@@ -88,6 +160,9 @@ const ops = {
     return { connections: node.getConnections(peerIdFromString(peer)).map((c) => c.remoteAddr.toString()) }
   },
   echo,
+  async bench ({ what, ...args }) {
+    return bench[what](args)
+  },
   async stop () {
     await node.stop()
     setImmediate(() => process.exit(0))

@@ -1,19 +1,28 @@
 """Peers with keys of every libp2p type, verify-only (lattica/_identity.py): RSA, secp256k1 and
 ECDSA keys verify their signatures, name their PeerIds as libp2p does (inlined up to 42 bytes,
-else SHA-256: ``Qm...``), and authenticate a Noise handshake; bad keys and signatures fail."""
+else SHA-256: ``Qm...``), and authenticate a Noise handshake, a QUIC certificate and an identify
+message; bad keys and signatures fail."""
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
+from lattica import _identify as identify
 from lattica._identity import KeyPair, PeerId, b58encode, public_key_from_protobuf, verify_signature
 from lattica._protobuf import encode_fields
-from lattica.errors import HandshakeError, KeyFileError
+from lattica.errors import HandshakeError, KeyFileError, ProtocolError
 from lattica.transports.noise import LIBP2P_PROTOCOL_NAME, NoiseHandshake
+from lattica.transports.quic.tlscert import (
+    SIGNATURE_PREFIX,
+    build_certificate,
+    encode_signed_key,
+    verify_certificate,
+)
 
 DER = {"encoding": serialization.Encoding.DER, "format": serialization.PublicFormat.SubjectPublicKeyInfo}
 
@@ -82,6 +91,34 @@ def test_a_peer_of_each_key_type_authenticates_a_noise_handshake(kind):
     b.receive(msg3)
     assert a.complete and b.complete and msg2 is not None
     assert b.remote_peer == PeerId.from_public_key(public_key_from_protobuf(peer.pb))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_peer_of_each_key_type_is_proven_by_its_tls_certificate(kind):
+    """QUIC's libp2p-TLS: the certificate's extension carries the host key of any type, signed
+    over the certificate key; another key's signature is refused."""
+    peer, liar = Foreign(kind), Foreign(kind)
+    cert_key = ec.generate_private_key(ec.SECP256R1())
+    spki = cert_key.public_key().public_bytes(**DER)
+    now = datetime.datetime.now(datetime.UTC)
+    window = {"not_before": now - datetime.timedelta(hours=1), "not_after": now + datetime.timedelta(days=1)}
+    signed = encode_signed_key(peer.pb, peer.sign(SIGNATURE_PREFIX + spki))
+    expected = PeerId.from_public_key(public_key_from_protobuf(peer.pb))
+    assert verify_certificate(build_certificate(cert_key, signed, **window), expected) == expected
+    forged = encode_signed_key(peer.pb, liar.sign(SIGNATURE_PREFIX + spki))
+    with pytest.raises(HandshakeError):
+        verify_certificate(build_certificate(cert_key, forged, **window))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_peer_of_each_key_type_is_named_by_its_identify(kind):
+    """/ipfs/id/1.0.0 from such a peer: its key must be the connection's peer's."""
+    peer = Foreign(kind)
+    pid = PeerId.from_public_key(public_key_from_protobuf(peer.pb))
+    message = identify.encode_libp2p(peer.pb, "go-libp2p", "/ipfs/0.1.0", [], None, ["/ipfs/ping/1.0.0"])
+    assert identify.parse_libp2p(message, pid)["protocols"] == ("/ipfs/ping/1.0.0",)
+    with pytest.raises(ProtocolError):
+        identify.parse_libp2p(message, KeyPair.generate().peer_id)
 
 
 def test_a_handshake_signed_by_another_key_of_the_claimed_type_fails():

@@ -182,12 +182,14 @@ def parse_libp2p(data: bytes, remote_peer: PeerId) -> dict[str, Any]:
         raise ProtocolError("identify message carries no usable public key") from None
     if PeerId.from_public_key(key) != remote_peer:
         raise ProtocolError("identify public key does not match the connection's authenticated peer")
-    listen = []
-    for raw in raw_addrs[:_MAX_ADDRS]:
+    listen: list[Multiaddr] = []
+    for raw in raw_addrs:  # (at most 4 KiB of them: the message's cap bounds the work)
         try:
             listen.append(Multiaddr.from_bytes(raw))
         except (MultiaddrError, CodecError):
-            continue  # an address we cannot use: skipped, never fatal
+            continue  # an address we cannot use: skipped, never fatal, and not counted
+        if len(listen) == _MAX_ADDRS:
+            break
     observed = None
     raw_observed = fields.get(_OBSERVED)
     if isinstance(raw_observed, bytes):
@@ -196,7 +198,7 @@ def parse_libp2p(data: bytes, remote_peer: PeerId) -> dict[str, Any]:
         except (MultiaddrError, CodecError):
             observed = None
     try:
-        protos = tuple(p.decode() for p in raw_protos[:_MAX_PROTOCOLS] if len(p) <= _MAX_STR)
+        protos = tuple(p.decode() for p in raw_protos if len(p) <= _MAX_STR)[:_MAX_PROTOCOLS]
         texts = {
             n: v.decode() if isinstance(v, bytes) else "" for n, v in fields.items() if n in (_PROTO_VERSION, _AGENT)
         }

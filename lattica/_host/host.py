@@ -653,6 +653,15 @@ class Host:
             self._bad_identify(conn, e)
             return
         self._take_identify(conn, fields)
+        # one message, then the end of the stream; a stream we open has the full window, so
+        # bytes past the message (which nothing reads) are not left to pin 4 MiB of it
+        try:
+            async with asyncio.timeout(PROTOCOL_READ_TIMEOUT):
+                extra = await stream.read(1)
+        except (TimeoutError, LatticaError):
+            extra = b"?"
+        if extra:
+            stream.reset()
 
     async def _on_libp2p_identify_push(self, stream: Stream, conn: Connection) -> None:
         """A libp2p peer's update: what it leaves out is unchanged. Beyond the peer's push budget

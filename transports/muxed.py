@@ -461,7 +461,7 @@ class MuxedConnection(Connection):
         except ProtocolError as e:
             self._broke_protocol(e)
             return
-        self._dispatch(events)
+        self._take(events)
 
     def data_received(self, data: bytes | memoryview) -> None:
         """Called by the byte pipe with ciphertext (or plaintext ``bytes`` for in-memory pipes).
@@ -487,6 +487,12 @@ class MuxedConnection(Connection):
         except ProtocolError as e:
             self._broke_protocol(e)
             return
+        self._take(events)
+
+    def _take(self, events: list) -> None:
+        """Act on what the mux parsed; stream opens it held behind the host's gate wait for it
+        (``_on_held``), however the bytes came: a held open with no more bytes behind it would
+        otherwise wait for ever."""
         self._dispatch(events)
         if self._mux.held and self._hold_timer is None and not self._closed:
             self._on_held()

@@ -209,3 +209,38 @@ def test_opens_before_the_gate_wait_unread_and_then_go_as_the_gate_allows():
         conn.abort("done")
 
     asyncio.run(main())
+
+
+def test_opens_handed_over_already_opened_pass_the_gate_without_more_bytes():
+    """A libp2p listener's first frames can come right behind its answer to our lazy muxer
+    proposal, opened before the connection took them (``receive_plain``): its stream opens, held
+    for the gate, are taken although no byte follows them (rust-libp2p then waits for us)."""
+    from lattica.transports.mux import Mux  # (the peer's side: a bare mux writing a SYN)
+
+    async def run() -> list:
+        k = KeyPair.generate()
+        conn = MuxedConnection(
+            _PausableWriter(),
+            transport="tcp",
+            direction="outbound",
+            local_peer=k.peer_id,
+            remote_peer=KeyPair.generate().peer_id,
+            local_addr=_ADDR,
+            remote_addr=_ADDR,
+            session=None,
+            keepalive_interval=0,
+            hold_opens=True,
+        )
+        opened: list = []
+        conn.set_stream_handler(opened.append)
+        conn.meter_opens(lambda asked: (asked, 0.0))
+        await asyncio.sleep(0)
+        peer = Mux(False)
+        peer.open_stream()
+        conn.receive_plain(bytes(peer.data_to_send()))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        conn.abort("done")
+        return opened
+
+    assert len(asyncio.run(run())) == 1

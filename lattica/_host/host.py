@@ -566,6 +566,7 @@ class Host:
                 stream = await self.open_stream_on(conn, identify.PROTOCOL)
                 write_message(stream, self._identify_message(conn.remote_addr))
             await stream.close()
+            self.spawn(self._expect_end(stream))  # (nothing comes back on it)
             return True
         except LatticaError as e:
             log.debug("identify push failed", peer=str(conn.remote_peer), reason=str(e))
@@ -601,8 +602,10 @@ class Host:
             return
         if conn in self.info and not self._pushes.take(conn.remote_peer):  # (its first identify always counts)
             self._hold_push(conn, functools.partial(self._identified, conn, msg))
-        elif not self._identified(conn, msg):
-            return
+        else:
+            self._held_pushes.pop(conn, None)  # (an older push held is not taken after this one)
+            if not self._identified(conn, msg):
+                return
         # one message per stream: anything after it is a protocol error; end the stream either way
         try:
             async with asyncio.timeout(PROTOCOL_READ_TIMEOUT):
@@ -653,8 +656,13 @@ class Host:
             self._bad_identify(conn, e)
             return
         self._take_identify(conn, fields)
-        # one message, then the end of the stream; a stream we open has the full window, so
-        # bytes past the message (which nothing reads) are not left to pin 4 MiB of it
+        await self._expect_end(stream)
+
+    @staticmethod
+    async def _expect_end(stream: Stream) -> None:
+        """The peer ends ``stream`` after its message (or after ours); reset it if anything more
+        comes, or no end within the deadline. A stream we open has the full window: bytes the
+        peer sends on where nothing reads them would otherwise pin 4 MiB of it."""
         try:
             async with asyncio.timeout(PROTOCOL_READ_TIMEOUT):
                 extra = await stream.read(1)
@@ -678,6 +686,7 @@ class Host:
         if conn in self.info and not self._pushes.take(conn.remote_peer):
             self._hold_push(conn, functools.partial(self._take_libp2p_push, conn, data))
         else:
+            self._held_pushes.pop(conn, None)  # (an older push held is not taken after this one)
             self._take_libp2p_push(conn, data)
 
     def _take_libp2p_push(self, conn: Connection, data: bytes) -> None:

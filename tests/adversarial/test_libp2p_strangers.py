@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import pytest
 import lattica
 from helpers import call_as, on_loop, wait_for
 from lattica import _identify as identify
-from lattica._framing import write_delimited
+from lattica._framing import write_delimited, write_message
 from lattica._host.connections import FREE_OPENS, STRANGERS_STREAMS
 from lattica._identity import PeerId
 from lattica._multiaddr import Multiaddr
@@ -114,6 +114,25 @@ def _member_is_served(victim: lattica.Node, member: lattica.Node) -> None:
     assert call_as(member, dht_ref(victim.peer_id), "ping", timeout=10) is True
 
 
+def _let_go(victim: lattica.Node, peer: PeerId) -> bool:
+    """``victim`` is connected to ``peer`` and holds neither a stream it opened to it nor its
+    unread bytes (beyond one stream's minimum window)."""
+
+    def look() -> bool:
+        conns = [c for c in victim._host.all_conns if c.remote_peer == peer]
+        return bool(conns) and all(c._mux._n_local == 0 and c._mux._buffered_total < PROTOCOL_WINDOW for c in conns)
+
+    return on_loop(victim, look)
+
+
+async def _send_more(sent: threading.Event, stream: Stream) -> None:
+    """4 MiB on ``stream`` (within the window a stream we are sent on gets), never ending it."""
+    stream.write(b"x" * (4 * 1024 * 1024 - 64 * 1024))
+    await stream.drain()
+    sent.set()
+    await asyncio.sleep(3600)
+
+
 async def _push(pusher: lattica.Node, to: PeerId, data: bytes) -> bool:
     """Push ``data`` as identify on /ipfs/id/push/1.0.0 and read the stream to its end: True
     when the victim read it and ended the stream, False when it reset it."""
@@ -126,6 +145,23 @@ async def _push(pusher: lattica.Node, to: PeerId, data: bytes) -> bool:
     except LatticaError:
         return False
     return True
+
+
+def _held_then_newer(victim: lattica.Node, pusher: lattica.Node, push: Callable[[str], Awaitable[bool]]) -> None:
+    """``pusher`` pushes identify (``push(agent)``) once its budget is spent, so that push is
+    held, then once more with a token come: the newer is taken at once, and the older, due
+    later, must not undo it (before, it did: the newer push was lost)."""
+
+    def budget(tokens: float) -> None:
+        victim._host._pushes._state[pusher.peer_id] = [tokens, victim._host.loop.time()]
+
+    on_loop(victim, lambda: budget(0.0))
+    assert pusher.run(push("an older push"), timeout=15)
+    assert on_loop(victim, lambda: len(victim._host._held_pushes)) == 1
+    on_loop(victim, lambda: budget(1.0))
+    assert pusher.run(push("a newer push"), timeout=15)
+    assert wait_for(lambda: on_loop(victim, lambda: not victim._host._held_pushes), timeout=10)
+    assert _info(victim, pusher.peer_id).agent_version == "a newer push"
 
 
 def _answer_identify_with(node: lattica.Node, data: Callable[[], bytes]) -> None:
@@ -249,24 +285,53 @@ def test_identify_answers_with_a_thousand_addresses_as_many_as_fit_or_bytes_afte
         assert stranger.ping(victim.peer_id) > 0
         _member_is_served(victim, member)
 
+        sent = threading.Event()
+
         async def answer_and_more(stream: Stream, conn: Connection) -> None:
             write_delimited(stream, _identify_message(stranger, [_known(0)], agent="and more"))
-            stream.write(b"x" * (4 * 1024 * 1024 - 64 * 1024))  # (within the window our streams get)
-            await stream.drain()
-            await asyncio.sleep(3600)  # (and never ends the stream)
+            await _send_more(sent, stream)
 
         stranger.disconnect(victim.peer_id)
         assert wait_for(lambda: _info(victim, stranger.peer_id) is None, timeout=10)
         on_loop(stranger, lambda: stranger._host.handlers.__setitem__(identify.LIBP2P_PROTOCOL, answer_and_more))
         stranger.connect(victim.addrs[0])
         assert wait_for(lambda: getattr(_info(victim, stranger.peer_id), "agent_version", "") == "and more", 10)
-
-        def unread() -> int:
-            return sum(c._mux._buffered_total for c in victim._host.all_conns if c.remote_peer == stranger.peer_id)
-
-        assert wait_for(lambda: on_loop(victim, unread) < PROTOCOL_WINDOW, timeout=15), on_loop(victim, unread)
+        assert wait_for(sent.is_set, timeout=10)
+        assert wait_for(lambda: _let_go(victim, stranger.peer_id), timeout=15)
         assert stranger.ping(victim.peer_id) > 0
         _member_is_served(victim, member)
+
+
+@pytest.mark.parametrize("libp2p", [False, True], ids=["lattica-stack", "libp2p-stack"])
+def test_bytes_a_stranger_sends_back_on_our_identify_push_are_not_kept(libp2p: bool) -> None:
+    """We push identify to a stranger (as when our addresses change); it sends 4 MiB back on
+    that stream and never ends it: the stream is reset and the bytes let go (before, they
+    pinned 4 MiB of our memory per push for the connection's life), and the connection serves
+    on."""
+    with (
+        lattica.Node([TCP], mesh=MeshKey.generate()) as victim,
+        lattica.Node([TCP], mesh=MeshKey.generate()) as stranger,
+    ):
+        sent = threading.Event()
+
+        async def more(stream: Stream, conn: Connection) -> None:
+            await _send_more(sent, stream)
+
+        proto = identify.LIBP2P_PUSH_PROTOCOL if libp2p else identify.PROTOCOL
+        on_loop(stranger, lambda: stranger._host.handlers.__setitem__(proto, more))
+        if libp2p:
+            _connect_libp2p(stranger, victim)
+        else:
+            stranger.connect(victim.addrs[0])
+        assert wait_for(lambda: _info(victim, stranger.peer_id) is not None, timeout=10)
+
+        async def push() -> bool:
+            return await victim._host.push_identify(victim._host.conns[stranger.peer_id])
+
+        assert victim.run(push(), timeout=10)
+        assert wait_for(sent.is_set, timeout=10)
+        assert wait_for(lambda: _let_go(victim, stranger.peer_id), timeout=15)
+        assert stranger.ping(victim.peer_id) > 0
 
 
 def test_an_identify_push_with_a_thousand_addresses_is_reset_and_the_connection_serves_on() -> None:
@@ -307,7 +372,8 @@ def test_identify_pushed_in_a_loop_is_parsed_within_the_budget_and_the_latest_is
     """A libp2p peer pushes identify 2,000 times on /ipfs/id/push/1.0.0 (64 at once), then once
     more: each push is read, but only the peer's push budget of them is parsed (a burst of 10,
     then one every 2 s; before, every one was parsed), and the last one pushed is what the victim
-    ends up with (held unparsed, taken when due: nothing lost). A member is served meanwhile."""
+    ends up with (held unparsed, taken when due: nothing lost), also when an older push is held
+    as a newer one is taken at once. A member is served meanwhile."""
     parsed: dict[PeerId, int] = {}
     real = identify.parse_libp2p
 
@@ -345,13 +411,23 @@ def test_identify_pushed_in_a_loop_is_parsed_within_the_budget_and_the_latest_is
         while not pushing.done():
             _member_is_served(victim, member)
         assert pushing.result() == n + 1  # (every push was read, and its stream ended cleanly)
-        assert wait_for(lambda: _info(victim, stranger.peer_id).agent_version == "the last push", timeout=10)
+
+        def last() -> str:
+            return _info(victim, stranger.peer_id).agent_version
+
+        assert wait_for(lambda: last() == "the last push", timeout=10), last()
         took = time.monotonic() - t0
         assert list(_info(victim, stranger.peer_id).listen_addrs) == [final_addr]
         assert not on_loop(victim, lambda: dict(victim._host._held_pushes))
         # the query's answer, the burst of 10, one every 2 s while it went on, and the held last one
         assert parsed[stranger.peer_id] <= 1 + 10 + took / 2 + 2, (parsed[stranger.peer_id], took)
         _member_is_served(victim, member)
+
+        _held_then_newer(
+            victim,
+            stranger,
+            lambda agent: _push(stranger, victim.peer_id, _identify_message(stranger, [], agent=agent)),
+        )
 
 
 def test_many_stranger_identities_on_the_libp2p_stack_hold_to_the_strangers_budgets(tmp_path: Path) -> None:
@@ -427,3 +503,23 @@ def test_many_stranger_identities_on_the_libp2p_stack_hold_to_the_strangers_budg
         for table in (cm._opened, cm._metered, cm._opens_refused, cm.info, cm.idle_since, victim._host._held_pushes):
             assert not set(on_loop(victim, lambda t=table: list(t))) - live
         _member_is_served(victim, member)
+
+
+def test_on_our_own_stack_too_a_push_held_is_not_taken_after_a_newer_one() -> None:
+    """The same order on /lattica/id/1.0.0 (a Lattica stranger's pushes): a push held beyond the
+    budget is dropped when a newer one is taken at once."""
+    with (
+        lattica.Node([TCP], mesh=MeshKey.generate()) as victim,
+        lattica.Node([TCP], mesh=MeshKey.generate()) as stranger,
+    ):
+        stranger.connect(victim.addrs[0])
+        assert wait_for(lambda: _info(victim, stranger.peer_id) is not None, timeout=10)
+
+        async def push(agent: str) -> bool:
+            conn = stranger._host.conns[victim.peer_id]
+            stream = await stranger._host.open_stream_on(conn, identify.PROTOCOL)
+            write_message(stream, {**stranger._host._identify_message(conn.remote_addr), "agent_version": agent})
+            await stream.close()
+            return await stream.read() == b""  # (the victim ends it once it took or held the push)
+
+        _held_then_newer(victim, stranger, push)

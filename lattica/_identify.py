@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from lattica import _envelope as envelope
 from lattica._identity import PeerId, public_key_from_protobuf
 from lattica._multiaddr import Multiaddr
 from lattica._protobuf import decode_fields, decode_repeated, encode_fields
@@ -125,7 +126,7 @@ LIBP2P_PUSH_PROTOCOL = "/ipfs/id/push/1.0.0"
 LIBP2P_MAX_MESSAGE = 4096  # rust-libp2p refuses a larger identify message
 # Identify{publicKey = 1, listenAddrs = 2, protocols = 3, observedAddr = 4, protocolVersion = 5,
 # agentVersion = 6, signedPeerRecord = 8}
-_KEY, _LISTEN, _PROTOS, _OBSERVED, _PROTO_VERSION, _AGENT = 1, 2, 3, 4, 5, 6
+_KEY, _LISTEN, _PROTOS, _OBSERVED, _PROTO_VERSION, _AGENT, _SIGNED_RECORD = 1, 2, 3, 4, 5, 6, 8
 
 
 def encode_libp2p(
@@ -135,9 +136,11 @@ def encode_libp2p(
     listen_addrs: list[Multiaddr],
     observed: Multiaddr | None,
     protocols: list[str],
+    signed_record: bytes | None = None,
 ) -> bytes:
     """Our identify for a libp2p peer: the protobuf message (without its length prefix), at most
-    :data:`LIBP2P_MAX_MESSAGE` bytes: addresses past what fits are left out, then protocols."""
+    :data:`LIBP2P_MAX_MESSAGE` bytes: past what fits, the signed peer record is left out, then
+    addresses, then protocols."""
     head: list[tuple[int, int | bytes]] = [
         (_KEY, public_key_pb),
         (_PROTO_VERSION, protocol_version.encode()),
@@ -147,12 +150,15 @@ def encode_libp2p(
         head.append((_OBSERVED, observed.to_bytes()))
     addrs = [a.to_bytes() for a in listen_addrs[:_MAX_ADDRS]]
     protos = [p.encode() for p in protocols[:_MAX_PROTOCOLS]]
+    record = [(_SIGNED_RECORD, signed_record)] if signed_record else []
     while True:
-        fields = head + [(_LISTEN, a) for a in addrs] + [(_PROTOS, p) for p in protos]
+        fields = head + [(_LISTEN, a) for a in addrs] + [(_PROTOS, p) for p in protos] + record
         out = encode_fields(fields)
         if len(out) <= LIBP2P_MAX_MESSAGE:
             return out
-        if addrs:
+        if record:
+            record = []
+        elif addrs:
             addrs.pop()
         elif protos:
             protos.pop()
@@ -163,8 +169,9 @@ def encode_libp2p(
 def parse_libp2p(data: bytes, remote_peer: PeerId) -> dict[str, Any]:
     """A libp2p peer's identify message (protobuf, its length prefix removed), in the shape
     :func:`parse` returns. Addresses with protocol codes we do not know are skipped (peers
-    advertise websockets, webtransport, certhashes ...); ProtocolError if the message is
-    unusable."""
+    advertise websockets, webtransport, certhashes ...); a valid signed peer record's addresses
+    stand in for the unsigned ones (the peer vouches for them), an invalid one is ignored;
+    ProtocolError if the message is unusable."""
     if len(data) > LIBP2P_MAX_MESSAGE:
         raise ProtocolError(f"identify message of {len(data)} bytes (at most {LIBP2P_MAX_MESSAGE})")
     try:
@@ -190,6 +197,15 @@ def parse_libp2p(data: bytes, remote_peer: PeerId) -> dict[str, Any]:
             continue  # an address we cannot use: skipped, never fatal, and not counted
         if len(listen) == _MAX_ADDRS:
             break
+    raw_record = fields.get(_SIGNED_RECORD)
+    if isinstance(raw_record, bytes):
+        try:
+            signer, _, signed_addrs = envelope.open_peer_record(raw_record)
+        except ProtocolError:
+            pass  # (a record we cannot check vouches for nothing: the unsigned addresses stand)
+        else:
+            if signer == remote_peer:
+                listen = list(signed_addrs[:_MAX_ADDRS])
     observed = None
     raw_observed = fields.get(_OBSERVED)
     if isinstance(raw_observed, bytes):

@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
+from lattica import _envelope as envelope
 from lattica import _identify as identify
 from lattica import _interfaces as interfaces
 from lattica import _ping as ping
@@ -120,6 +121,7 @@ class Host:
         self.protected = self.connections.protected
         self.dialer = Dialer(self)
         self._pushes = Buckets(*_PUSHES_PER_PEER, 4096, clock=self.loop.time)
+        self._record: tuple[tuple[Multiaddr, ...], bytes] | None = None  # our signed peer record, of these addrs
         self._held_pushes: dict[Connection, Callable[[], object]] = {}  # a peer's latest push beyond its budget
         self.contacted = self.dialer.contacted
         self.peer_addrs: dict[
@@ -632,14 +634,25 @@ class Host:
     # -- identify with libp2p peers (/ipfs/id/1.0.0: the querier opens the stream) ---------------
 
     def _libp2p_identify(self, observed: Multiaddr) -> bytes:
+        addrs = self.advertised_addrs()
         return identify.encode_libp2p(
             self.keypair.public_key_protobuf(),
             self.config.agent_version,
             self.config.protocol_version,
-            self.advertised_addrs(),
+            addrs,
             observed,
             sorted(self.handlers),
+            self._signed_record(addrs),
         )
+
+    def _signed_record(self, addrs: list[Multiaddr]) -> bytes:
+        """Our signed peer record of ``addrs``, sealed again only when they change (its sequence
+        number is the time it was made, in microseconds, so a newer one always counts as newer)."""
+        key = tuple(addrs)
+        if self._record is None or self._record[0] != key:
+            seq = time.time_ns() // 1000
+            self._record = (key, envelope.seal_peer_record(self.keypair, seq, addrs))
+        return self._record[1]
 
     async def _serve_libp2p_identify(self, stream: Stream, conn: Connection) -> None:
         write_delimited(stream, self._libp2p_identify(conn.remote_addr))

@@ -12,6 +12,7 @@ import time
 import pytest
 
 import lattica
+from lattica import _envelope as envelope
 from lattica.bench._peers.js_peer import js_peer
 from lattica.config import AGENT_VERSION
 
@@ -42,6 +43,8 @@ def test_js_dials_ours_identifies_and_pings_it(js_root, transport):
         assert theirs["transport"] == transport
         assert theirs["protocolVersion"] == "/lattica/1.0.0" and theirs["agent"] == AGENT_VERSION
         assert "/ipfs/ping/1.0.0" in theirs["protocols"] and theirs["listenAddrs"]
+        # our signed peer record verified in js: the addresses we vouch for
+        assert theirs["signedAddrs"] == [str(a.without_peer_id()) for a in node.addrs]
         for _ in range(100):  # (we ask js who it is on every libp2p connection)
             if any(str(i.peer_id) == js.peer_id for i in seen):
                 break
@@ -52,10 +55,15 @@ def test_js_dials_ours_identifies_and_pings_it(js_root, transport):
 
 
 @pytest.mark.parametrize("transport", ["tcp", "quic"])
-def test_ours_dials_js_identifies_and_pings(js_root, transport):
+def test_ours_dials_js_identifies_and_pings(js_root, transport, monkeypatch):
+    records: list = []
+    opened = envelope.open_peer_record
+    monkeypatch.setattr(envelope, "open_peer_record", lambda data: records.append(opened(data)) or records[-1])
     with js_peer(js_root) as js, lattica.Node([LISTEN[transport]]) as node:
         info = node.connect(js.addr(transport))
         assert str(info.peer_id) == js.peer_id and info.transport == transport
+        # js's signed peer record verified here: its addresses are the ones we keep
+        assert [(str(p), a) for p, _, a in records] == [(js.peer_id, info.listen_addrs)]
         assert "/ipfs/id/1.0.0" in info.protocols and "/ipfs/ping/1.0.0" in info.protocols
         assert ECHO in info.protocols
         assert node.ping(info.peer_id) > 0

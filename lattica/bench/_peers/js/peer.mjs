@@ -36,13 +36,14 @@ const node = await createLibp2p({
 
 const identified = []
 node.addEventListener('peer:identify', (event) => {
-  const { peerId, protocols, agentVersion, protocolVersion, listenAddrs, connection } = event.detail
+  const { peerId, protocols, agentVersion, protocolVersion, listenAddrs, signedPeerRecord, connection } = event.detail
   identified.push({
     peer: peerId.toString(),
     protocols,
     agent: agentVersion,
     protocolVersion,
     listenAddrs: listenAddrs.map(String),
+    signedAddrs: signedPeerRecord == null ? null : signedPeerRecord.addresses.map(String),
     transport: connection.remoteAddr.toString().includes('/quic-v1') ? 'quic' : 'tcp'
   })
 })

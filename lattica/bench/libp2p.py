@@ -5,8 +5,10 @@ the same initiator with a Lattica node as the responder, and our node as the ini
 Every figure of a comparison is timed by the same code: js -> js and js -> Lattica by js-libp2p
 itself (peer.mjs's ``bench`` op), go -> go and go -> Lattica through the same p2pd (its control
 socket and stream proxy), rust -> rust and rust -> Lattica by the SDK's Python API (all it
-exposes: fresh nodes bootstrapping to the responder and rust-libp2p's own ping of each new
-connection), Lattica -> X by our node. The peers run from ``make interop-peers``'s ``.interop/``.
+exposes: fresh nodes bootstrapping to the responder, rust-libp2p's own ping of each new
+connection, and one call of the RPC method ``Echo.sink`` on its ``/rpc/req-resp/1.0.0``, which our
+node speaks too: sdk_rpc.py), Lattica -> X by our node. The peers run from ``make
+interop-peers``'s ``.interop/``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import structlog
@@ -30,6 +32,7 @@ from lattica._identity import PeerId
 from lattica._multiaddr import Multiaddr
 from lattica._node import Node
 from lattica.bench import _peers, host_of
+from lattica.bench._peers import sdk_rpc
 from lattica.bench._peers.js_peer import JsPeer
 from lattica.bench._peers.p2pd import Daemon, daemon, read_delimited
 from lattica.transports.base import Connection, Stream
@@ -93,6 +96,15 @@ class _Child:
             raise RuntimeError(f"{argv[1]} {argv[2]} exited before it was ready: {self.errors()}")
         self.hello: dict[str, Any] = json.loads(line)
 
+    def report(self) -> dict[str, Any]:
+        """Close the child's stdin and return the JSON line it prints as it stops."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.argv[1]} {self.argv[2]} stopped without a report: {self.errors()}")
+        return json.loads(line)
+
     def errors(self) -> str:
         """The end of what the child wrote to stderr."""
         self.stderr.seek(0)
@@ -126,23 +138,29 @@ def _lattica_responder(transport: str) -> contextlib.AbstractContextManager[_Chi
     return _child([sys.executable, "-m", "lattica.bench.libp2p", "serve", LISTEN[transport]])
 
 
-def _sdk_home() -> pathlib.Path:
-    """A HOME for the SDK's processes (it keeps a key and a DHT database there)."""
+def _sdk_place() -> dict[str, Any]:
+    """Where the SDK's processes run: cwd and HOME a folder of their own (it keeps a key and a DHT
+    database there), RUST_LOG unset (its tracing would print on stdout, among our JSON lines)."""
     home = pathlib.Path(tempfile.gettempdir()) / "lattica-sdk-home"
     home.mkdir(exist_ok=True)
-    return home
+    env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
+    return {"cwd": home, "env": {**env, "HOME": str(home)}}
+
+
+def sdk_responder(sdk_python: pathlib.Path) -> contextlib.AbstractContextManager[_Child]:
+    """An SDK node (``sdk_peer.py serve``) on 127.0.0.1, TCP and QUIC, serving ``Echo.echo`` and
+    ``Echo.sink`` on its RPC; its hello holds its PeerId and addresses, its report what it echoed."""
+    return _child([str(sdk_python), str(_peers.SDK_PEER), "serve"], **_sdk_place())
 
 
 def _sdk(sdk_python: pathlib.Path, *args: str, timeout: float) -> dict[str, Any]:
     """One run of sdk_peer.py under the SDK's interpreter; its last line of output, parsed."""
-    home = _sdk_home()
     out = subprocess.run(
         [str(sdk_python), str(_peers.SDK_PEER), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=home,
-        env={**os.environ, "HOME": str(home)},
+        **_sdk_place(),
     )
     if out.returncode != 0:
         raise RuntimeError(f"the SDK peer failed: {out.stderr[-1500:]}")
@@ -193,12 +211,30 @@ async def _push(node: Node, peer: PeerId, size: int) -> float:
     return size / elapsed / 1e6
 
 
+async def _rpc_push(node: Node, peer: PeerId, size: int) -> float:
+    """MB/s of one ``Echo.sink`` call of ``size`` bytes on ``peer``'s SDK RPC (after one of a byte,
+    unmeasured), from opening its stream to the decoded answer: what the SDK's call includes."""
+    payload = os.urandom(size)
+    for data in (b"w", payload):
+        t0 = time.perf_counter()
+        stream = await node.aopen_stream(peer, sdk_rpc.PROTOCOL)
+        answer = await sdk_rpc.call(stream, f"lattica-sink-{len(data)}", "Echo.sink", data, limit=4096)
+        elapsed = time.perf_counter() - t0
+        if answer["kind"] != "response" or bytes(answer["data"]) != b"k":
+            raise RuntimeError(f"Echo.sink answered {answer}")
+    return size / elapsed / 1e6
+
+
+Push = Callable[[Node, PeerId, int], Coroutine[Any, Any, float]]  # one stream of N bytes to a peer: its MB/s
+
+
 def from_lattica(
-    addr: str, handshakes: int, pings: int, size: int, sink: bool = True
-) -> tuple[list[float], list[float], float | None]:
+    addr: str, handshakes: int, pings: int, size: int, push: Push = _push
+) -> tuple[list[float], list[float], float]:
     """Our node dials ``addr``: fresh authenticated connections (the transport's dial, after one
     unmeasured dial that finds out which stack the peer speaks), ``pings`` 32-byte pings on one
-    stream (/ipfs/ping/1.0.0 to a libp2p peer, ours to a Lattica one), one stream to its sink."""
+    stream (/ipfs/ping/1.0.0 to a libp2p peer, ours to a Lattica one), one stream of ``size``
+    bytes by ``push`` (to the sink protocol, or to the SDK's RPC sink: ``_rpc_push``)."""
     with Node([]) as node:
         target = Multiaddr(addr)
 
@@ -217,14 +253,16 @@ def from_lattica(
         info = node.connect(addr)
         node.ping_many(info.peer_id, min(100, pings))  # warm-up
         us = [r * 1e6 for r in node.ping_many(info.peer_id, pings)]
-        mbs = node.run(_push(node, info.peer_id, size), timeout=120 + size / 1e6) if sink else None
+        mbs = node.run(push(node, info.peer_id, size), timeout=120 + size / 1e6)
     return ms, us, mbs
 
 
 def _serve(listen: str) -> None:
-    """``python -m lattica.bench.libp2p serve ADDR``: the Lattica responder's process."""
+    """``python -m lattica.bench.libp2p serve ADDR``: the Lattica responder's process, serving the
+    sink protocol and, for the SDK's nodes, its RPC with every method a sink."""
     with Node([listen]) as node:
         host_of(node).set_handler(SINK, serve_sink)
+        host_of(node).set_handler(sdk_rpc.PROTOCOL, sdk_rpc.serve_sink)
         hello = {"peer_id": str(node.peer_id), "addrs": [str(a) for a in node.addrs]}
         sys.stdout.write(json.dumps(hello) + "\n")
         sys.stdout.flush()
@@ -374,30 +412,32 @@ def _js_pair(root: pathlib.Path) -> Iterator[tuple[JsPeer, JsPeer]]:
 # -- rust-libp2p ----------------------------------------------------------------------------------
 
 
-def _from_rust(sdk_python: pathlib.Path, addr: str, handshakes: int) -> tuple[Any, ...]:
+def _from_rust(sdk_python: pathlib.Path, addr: str, handshakes: int, size: int) -> tuple[Any, ...]:
     """Fresh SDK nodes bootstrapping to ``addr``: build() returning to the peer connected (polled
-    every 0.2 ms), and rust-libp2p's first ping on each connection. No throughput: the SDK opens
-    no raw streams (its RPC and bitswap are protocols of its own)."""
+    every 0.2 ms), and rust-libp2p's first ping on each connection; then one more calls
+    ``Echo.sink`` there with ``size`` bytes through its Python API, timed by it (the SDK opens no
+    raw streams: its RPC is what moves bytes)."""
     got = _sdk(sdk_python, "bench", addr, str(handshakes + 1), timeout=60 + handshakes)
-    return got["connect_ms"][1:], [r * 1e3 for r in got["rtt_ms"][1:]], None
+    sunk = _sdk(sdk_python, "sink", addr, str(size), timeout=120 + size / 1e6)
+    return got["connect_ms"][1:], [r * 1e3 for r in got["rtt_ms"][1:]], size / sunk["seconds"] / 1e6
 
 
 def bench_rust(
     sdk_python: pathlib.Path, transport: str, handshakes: int, pings: int, size: int
 ) -> Iterator[dict[str, Any]]:
-    """rust -> rust, rust -> Lattica (the same SDK dialing), Lattica -> rust, on ``transport``."""
-    home = _sdk_home()
-    sdk_listen = [str(sdk_python), str(_peers.SDK_PEER), "listen"]
-    with (
-        _child(sdk_listen, cwd=home, env={**os.environ, "HOME": str(home)}) as other,
-        _lattica_responder(transport) as ours,
-    ):
+    """rust -> rust, rust -> Lattica (the same SDK dialing), Lattica -> rust, on ``transport``;
+    throughput is one ``Echo.sink`` call on the SDK's RPC (the SDK node serves it, and so does
+    our responder: sdk_rpc.serve_sink)."""
+    with sdk_responder(sdk_python) as other, _lattica_responder(transport) as ours:
         theirs = _on(other.hello["addrs"], transport)
-        yield _row(transport, "rust", "rust", *_from_rust(sdk_python, theirs, handshakes))
+        yield _row(transport, "rust", "rust", *_from_rust(sdk_python, theirs, handshakes, size))
         yield _row(
-            transport, "rust", "lattica", *_from_rust(sdk_python, _on(ours.hello["addrs"], transport), handshakes)
+            transport,
+            "rust",
+            "lattica",
+            *_from_rust(sdk_python, _on(ours.hello["addrs"], transport), handshakes, size),
         )
-        yield _row(transport, "lattica", "rust", *from_lattica(theirs, handshakes, pings, size, sink=False))
+        yield _row(transport, "lattica", "rust", *from_lattica(theirs, handshakes, pings, size, push=_rpc_push))
 
 
 # -- the bench ------------------------------------------------------------------------------------

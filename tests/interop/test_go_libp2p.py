@@ -6,7 +6,6 @@ here also runs the inlined muxer negotiation."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import pathlib
 import tempfile
@@ -16,6 +15,8 @@ import pytest
 import lattica
 from lattica._protobuf import decode_fields
 from lattica.bench._peers.p2pd import daemon, read_delimited
+
+from .echo import echo_through
 
 LISTEN = {"tcp": "/ip4/127.0.0.1/tcp/0", "quic": "/ip4/127.0.0.1/udp/0/quic-v1"}
 ECHO = "/lattica-test/echo/1.0.0"
@@ -85,27 +86,9 @@ def test_one_stream_echoes_64_mib_through_go(p2pd_binary, transport):
                 go_peer, go_addrs = await go.identify()
                 await node._host.dial_addrs(go_peer, _ours(go_addrs, transport))
                 stream = await node._host.open_stream(go_peer, ECHO)
-                data = os.urandom(1 << 20)
-                sent, got = hashlib.sha256(), hashlib.sha256()
-                received = 0
-
-                async def reader():
-                    nonlocal received
-                    while received < size:
-                        chunk = await stream.read(1 << 20)
-                        assert chunk, "the echo ended early"
-                        got.update(chunk)
-                        received += len(chunk)
-
-                task = asyncio.ensure_future(reader())
-                for _ in range(size // len(data)):
-                    stream.write(data)
-                    sent.update(data)
-                    await stream.drain()
-                await asyncio.wait_for(task, 60)
-                await stream.close()
+                sent, got = await echo_through(stream, size, 60)
                 server.close()
-                return sent.hexdigest(), got.hexdigest()
+                return sent, got
 
             sent, got = node.run(run(), timeout=120)
             assert sent == got

@@ -4,9 +4,6 @@ identify both ways, ping, and one stream echoing 64 MiB through js's yamux and Q
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import os
 import time
 
 import pytest
@@ -15,6 +12,8 @@ import lattica
 from lattica import _envelope as envelope
 from lattica.bench._peers.js_peer import js_peer
 from lattica.config import AGENT_VERSION
+
+from .echo import echo_through
 
 LISTEN = {"tcp": "/ip4/127.0.0.1/tcp/0", "quic": "/ip4/127.0.0.1/udp/0/quic-v1"}
 ECHO = "/lattica-test/echo/1.0.0"
@@ -80,26 +79,7 @@ def test_one_stream_echoes_64_mib_through_js(js_root, transport):
 
         async def run():
             stream = await node._host.open_stream(info.peer_id, ECHO)
-            data = os.urandom(1 << 20)
-            sent, got = hashlib.sha256(), hashlib.sha256()
-            received = 0
-
-            async def reader():
-                nonlocal received
-                while received < size:
-                    chunk = await stream.read(1 << 20)
-                    assert chunk, "the echo ended early"
-                    got.update(chunk)
-                    received += len(chunk)
-
-            task = asyncio.ensure_future(reader())
-            for _ in range(size // len(data)):
-                stream.write(data)
-                sent.update(data)
-                await stream.drain()
-            await asyncio.wait_for(task, 90)
-            await stream.close()
-            return sent.hexdigest(), got.hexdigest()
+            return await echo_through(stream, size, 90)
 
         sent, got = node.run(run(), timeout=150)
         assert sent == got

@@ -1,12 +1,17 @@
 """go-libp2p 0.32 for the interop tests and ``lattica bench libp2p``: the ``p2pd`` daemon from the hivemind 1.1.12 wheel,
 driven over its control socket (uvarint-delimited protobuf ``Request``/``Response``, as
 go-libp2p-daemon's p2pd.proto defines them). Never started with ``-b`` (which dials public
-bootstrap peers): it listens and dials on 127.0.0.1 only."""
+bootstrap peers): it listens and dials on 127.0.0.1 only.
+
+With ``dht_server`` the daemon runs go-libp2p-kad-dht v0.25.1 in server mode on ``/ipfs/kad/1.0.0``
+and the ``dht_*`` methods drive it; its default validators accept only ``/pk/`` and ``/ipns/``
+records."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import pathlib
 import subprocess
 import tempfile
@@ -18,7 +23,14 @@ from lattica._multiaddr import Multiaddr
 from lattica._protobuf import decode_fields, decode_repeated, encode_fields, uvarint
 
 LISTEN = ("/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1")
-IDENTIFY, CONNECT, STREAM_OPEN, STREAM_HANDLER, DISCONNECT = 0, 1, 2, 3, 7
+IDENTIFY, CONNECT, STREAM_OPEN, STREAM_HANDLER, DHT, DISCONNECT = 0, 1, 2, 3, 4, 7
+# DHTRequest.Type (p2pd.proto)
+FIND_PEER, FIND_PROVIDERS, GET_CLOSEST_PEERS, GET_VALUE, PUT_VALUE, PROVIDE = 0, 2, 3, 5, 7, 8
+# DHTResponse.Type: a streamed answer is BEGIN (inside the Response), VALUEs, then END
+DHT_BEGIN, DHT_VALUE, DHT_END = 0, 1, 2
+# Seconds we wait beyond the timeout sent to the daemon, so that its own deadline (an error, or the
+# end of a stream) is what the caller sees, not ours.
+_GRACE = 2.0
 
 
 async def read_delimited(reader: asyncio.StreamReader) -> bytes:
@@ -34,9 +46,17 @@ async def read_delimited(reader: asyncio.StreamReader) -> bytes:
 class Daemon:
     """One running p2pd and its control socket."""
 
-    def __init__(self, binary: pathlib.Path, workdir: pathlib.Path, listen: tuple[str, ...] = LISTEN) -> None:
+    def __init__(
+        self,
+        binary: pathlib.Path,
+        workdir: pathlib.Path,
+        listen: tuple[str, ...] = LISTEN,
+        dht_server: bool = False,
+    ) -> None:
         """``listen``: its host's addresses (a bench listens on one transport only: go dials a
-        peer's QUIC addresses first once identify told it of them)."""
+        peer's QUIC addresses first once identify told it of them). ``dht_server``: run the DHT
+        with ``-dhtServer``; ``-dht`` would be ModeAuto, which stays a client while AutoNAT sees
+        no public address, i.e. always on 127.0.0.1."""
         self.control = workdir / "p2pd.sock"
         self.proc = subprocess.Popen(
             [
@@ -46,6 +66,7 @@ class Daemon:
                 f"/unix{self.control}",
                 "-hostAddrs",
                 ",".join(listen),
+                *(["-dhtServer"] if dht_server else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -103,12 +124,97 @@ class Daemon:
         _, _, writer = await self._request([(1, STREAM_HANDLER), (4, req)])
         writer.close()
 
+    async def _dht(self, fields: list, timeout: float) -> tuple[dict, asyncio.StreamReader, asyncio.StreamWriter]:
+        """Send a DHTRequest of ``fields`` (type first), with ``timeout`` rounded up to whole
+        seconds (the daemon's unit; 0 would mean its 60 s default)."""
+        req = encode_fields([*fields, (7, max(1, math.ceil(timeout)))])
+        return await self._request([(1, DHT), (5, req)])
+
+    async def _dht_single(self, fields: list, timeout: float) -> dict[int, int | bytes]:
+        """A DHT request answered by one DHTResponse inside the Response (empty for PUT_VALUE and
+        PROVIDE, which answer a bare OK)."""
+        async with asyncio.timeout(timeout + _GRACE):
+            resp, _, writer = await self._dht(fields, timeout)
+        writer.close()
+        raw = resp.get(5)
+        return decode_fields(raw) if isinstance(raw, bytes) else {}
+
+    async def _dht_stream(self, fields: list, timeout: float) -> list[dict[int, int | bytes]]:
+        """A DHT request answered by a stream: Response{dht: BEGIN}, then delimited bare
+        DHTResponses up to one of type END. The VALUE items, decoded."""
+        items: list[dict[int, int | bytes]] = []
+        async with asyncio.timeout(timeout + _GRACE):
+            resp, reader, writer = await self._dht(fields, timeout)
+            try:
+                begin = decode_fields(_field(resp, 5))
+                if begin.get(1, DHT_BEGIN) != DHT_BEGIN:
+                    raise RuntimeError(f"p2pd: a stream began with DHTResponse type {begin.get(1)!r}")
+                while True:
+                    item = decode_fields(await read_delimited(reader))
+                    if item.get(1) == DHT_END:
+                        return items
+                    if item.get(1) == DHT_VALUE:
+                        items.append(item)
+            finally:
+                writer.close()
+
+    async def dht_find_peer(self, peer: PeerId, timeout: float = 10) -> list[Multiaddr]:
+        """``peer``'s addresses as the daemon's DHT finds them (from its peerstore when it is
+        connected to ``peer``, else by a lookup)."""
+        return _addrs(_field(await self._dht_single([(1, FIND_PEER), (2, peer.to_bytes())], timeout), 2))
+
+    async def dht_closest_peers(self, key: bytes, timeout: float = 10) -> list[PeerId]:
+        """The peers a GetClosestPeers lookup for ``key`` ends with (``key`` is hashed by go:
+        a peer id's bytes to look up that peer, or any key)."""
+        items = await self._dht_stream([(1, GET_CLOSEST_PEERS), (4, key)], timeout)
+        return [PeerId.from_bytes(_field(i, 3)) for i in items]
+
+    async def dht_provide(self, cid: bytes, timeout: float = 10) -> None:
+        """Announce the daemon as a provider of ``cid`` (binary CID; go stores and sends
+        ADD_PROVIDER under the CID's multihash). Refused while its routing table is empty."""
+        await self._dht_single([(1, PROVIDE), (3, cid)], timeout)
+
+    async def dht_find_providers(
+        self, cid: bytes, count: int = 20, timeout: float = 10
+    ) -> list[tuple[PeerId, list[Multiaddr]]]:
+        """Up to ``count`` providers of ``cid`` (binary CID), each with the addresses go gave."""
+        items = await self._dht_stream([(1, FIND_PROVIDERS), (3, cid), (6, count)], timeout)
+        infos = [_field(i, 2) for i in items]
+        return [(PeerId.from_bytes(_field(decode_fields(info), 1)), _addrs(info)) for info in infos]
+
+    async def dht_put_value(self, key: bytes, value: bytes, timeout: float = 10) -> None:
+        """Store ``value`` under ``key`` locally and on the closest peers (go validates the
+        record first: by default only ``/pk/`` and ``/ipns/`` keys are accepted)."""
+        await self._dht_single([(1, PUT_VALUE), (4, key), (5, value)], timeout)
+
+    async def dht_get_value(self, key: bytes, timeout: float = 10) -> bytes:
+        """The best value go finds for ``key`` (its own store and a lookup)."""
+        return _field(await self._dht_single([(1, GET_VALUE), (4, key)], timeout), 3)
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+def _field(message: dict[int, int | bytes], number: int) -> bytes:
+    """The bytes field ``number`` of a decoded message; RuntimeError if the daemon left it out."""
+    value = message.get(number)
+    if not isinstance(value, bytes):
+        raise RuntimeError(f"p2pd: answer without field {number}: {message!r}")
+    return value
+
+
+def _addrs(peer_info: bytes) -> list[Multiaddr]:
+    """The addresses of a PeerInfo{id=1, addrs=2} (ones our multiaddr table cannot read are left
+    out)."""
+    out = []
+    for raw in decode_repeated(peer_info, 2):
+        with contextlib.suppress(ValueError):
+            out.append(Multiaddr.from_bytes(raw))
+    return out
 
 
 def _unix_addr(path: pathlib.Path) -> bytes:
@@ -119,10 +225,11 @@ def _unix_addr(path: pathlib.Path) -> bytes:
 
 
 @contextlib.contextmanager
-def daemon(binary: pathlib.Path, listen: tuple[str, ...] = LISTEN) -> Iterator[Daemon]:
-    """A p2pd listening on ``listen`` (127.0.0.1), stopped at the end."""
+def daemon(binary: pathlib.Path, listen: tuple[str, ...] = LISTEN, dht_server: bool = False) -> Iterator[Daemon]:
+    """A p2pd listening on ``listen`` (127.0.0.1), a DHT server if ``dht_server``, stopped at
+    the end."""
     with tempfile.TemporaryDirectory(prefix="p2pd-") as tmp:
-        d = Daemon(binary, pathlib.Path(tmp), listen)
+        d = Daemon(binary, pathlib.Path(tmp), listen, dht_server)
         try:
             yield d
         finally:

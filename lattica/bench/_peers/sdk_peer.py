@@ -26,6 +26,40 @@ and, through its Python API (``Echo(node).get_stub(peer).sink``), calls ``Echo.s
 with one byte (unmeasured) and once with ``size`` random bytes; print one JSON line with the
 seconds of the second call, from the stub's call to its answer.
 
+``sdk_peer.py kad [bootstrap multiaddr ...]``: start an SDK node on 127.0.0.1 (TCP and QUIC) with
+these bootstrap peers, its key, blockstore and DHT folder in a temporary folder removed at the end;
+print one JSON line (its PeerId and addresses), then answer each JSON line read from stdin with
+one JSON line, ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``, until stdin ends (then
+it closes the node and exits). Its Kademlia speaks ``/lattica/1.0.0`` (the SDK's protocol, not
+``/ipfs/kad/1.0.0``), its Bitswap ``/ipfs/bitswap/1.2.0``. The operations (``timeout``, seconds,
+optional on each: a call the SDK has not answered by then is answered ``{"ok": false}``, 30 s
+unless told; the SDK's ``get_providers`` never returns when the node has no peer):
+
+- ``{"op": "store", "key": str, "value": hex, "expiration": float, "subkey": str|null}``: the
+  raw ``store_with_subkey`` (no pickle): a record under the key's UTF-8 bytes (``key#subkey``
+  with a subkey, plus a ``key#index`` record listing the subkeys) whose value is bincode's
+  ``ValueWithTime {value: Vec<u8>, expiration_time: f64}`` (a varint length, the bytes, the f64
+  little-endian), put with quorum one (a quorum failure, no known peer or a timeout is success).
+- ``{"op": "get", "key": str}``: the raw ``get_with_subkey``: ``{"value": hex|null,
+  "expiration": float}``, or ``{"subkeys": {subkey: {"value": hex, "expiration": float}}}`` when
+  a ``key#index`` record exists; the bytes as stored, never unpickled (expired values and any
+  error read as not found).
+- ``{"op": "provide", "key": str}`` / ``{"op": "providers", "key": str}``: ``start_providing``
+  and ``get_providers`` (``{"providers": [PeerId]}``, the first batch the lookup finds) on the
+  key's UTF-8 bytes (not a multihash).
+- ``{"op": "put_block", "data": hex}``: ``{"cid": str}`` (CIDv1, raw, sha2-256, base32), into the
+  blockstore only (nothing announced in the DHT); ``{"op": "get_block", "cid": str, "timeout":
+  float}``: ``{"data": hex, "from": PeerId|null}`` (null: it was local), asking the connected
+  peers over Bitswap (the SDK waits whole seconds, at least one; a block nobody has is an error
+  then, not a hang).
+- ``{"op": "peers"}``: ``{"peers": [PeerId]}``, the SDK's address book: the peers identify
+  showed with protocol version ``/lattica/1.0.0`` on a direct connection, kept after they
+  disconnect (a peer with another protocol version is disconnected). The routing table is not
+  exposed (no ``table``).
+- ``{"op": "connect", "peer_id": str}``: the SDK dials a PeerId whose addresses it already knows
+  (from Kademlia); the Python API cannot dial an address after start (only bootstraps do), and
+  dialing a connected peer is an error.
+
 The RPC's data is typed with ``Raw``, a class holding bytes as they are: the SDK treats any class
 with ``SerializeToString``/``ParseFromString`` as protobuf and hands it the bytes, so nothing is
 pickled on either side (and nobody unpickles)."""
@@ -35,9 +69,13 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import math
 import os
 import sys
+import tempfile
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 # the SDK's lattica (this script runs under the SDK's interpreter), not ours: looked up by name
@@ -84,11 +122,16 @@ def _raw(request: object) -> None:
         raise TypeError(f"expected raw bytes, got {type(request).__name__}")
 
 
-def _node(listen: list[str], bootstraps: list[str] | None = None) -> Any:
-    """An SDK node on ``listen``, dialing ``bootstraps``; no mDNS, UPnP or AutoNAT."""
+def _node(listen: list[str], bootstraps: list[str] | None = None, home: str | None = None) -> Any:
+    """An SDK node on ``listen``, dialing ``bootstraps``; no mDNS, UPnP or AutoNAT. With ``home``,
+    its key, blockstore and DHT folder go there (else the SDK leaves a fresh ``<uuid>.key`` and
+    ``<uuid>.storage`` in the temporary folder at every start)."""
     builder = sdk.Lattica.builder().with_listen_addrs(listen)
     if bootstraps:
         builder = builder.with_bootstraps(bootstraps)
+    if home is not None:
+        builder = builder.with_key_path(f"{home}/key").with_storage_path(f"{home}/blocks")
+        builder = builder.with_dht_db_path(f"{home}/dht")
     return builder.with_mdns(False).with_upnp(False).with_autonat(False).build()
 
 
@@ -154,6 +197,110 @@ def serve() -> None:
     sys.stdin.read()
     print(json.dumps({"echoed": echoed}), flush=True)
     node.close()
+
+
+def _own_stdout() -> None:
+    """Keep stdout for our JSON lines: the SDK's tracing (with RUST_LOG) writes to file
+    descriptor 1, which now goes to stderr; ``sys.stdout`` writes to a copy of the original."""
+    fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = os.fdopen(fd, "w", buffering=1)
+
+
+def _in_time(call: Callable[[], dict], timeout: float) -> dict:
+    """``call()`` in a thread of its own, given up after ``timeout`` seconds (some SDK calls
+    never return, e.g. ``get_providers`` with no peer); the thread stays behind, blocked in the
+    SDK, until the node closes."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["answer"] = call()
+        except Exception as e:  # (the SDK raises RuntimeError, ValueError, even RuntimeWarning)
+            box["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        return {"ok": False, "error": f"the SDK did not answer within {timeout} s"}
+    if "error" in box:
+        return {"ok": False, "error": box["error"]}
+    return {"ok": True, **box["answer"]}
+
+
+def _kad_op(node: Any, request: dict) -> Callable[[], dict]:
+    """The SDK call answering ``request`` (see the module's docstring), through the raw Rust
+    object: the Python wrapper's ``store``/``get`` pickle and unpickle."""
+    raw = node._lattica_instance
+    op = request["op"]
+    if op == "store":
+        key, value, subkey = request["key"], bytes.fromhex(request["value"]), request.get("subkey")
+        expiration = float(request.get("expiration") or time.time() + 600)
+        return lambda: raw.store_with_subkey(key, value, expiration, subkey) or {}
+    if op == "get":
+        return lambda: _got(raw.get_with_subkey(request["key"]))
+    if op == "provide":
+        return lambda: raw.start_providing(request["key"]) or {}
+    if op == "providers":
+        return lambda: {"providers": list(raw.get_providers(request["key"]))}
+    if op == "put_block":
+        return lambda: {"cid": raw.put_block(bytes.fromhex(request["data"]))}
+    if op == "get_block":
+        seconds = _block_seconds(request)
+        return lambda: _block(*raw.get_block(request["cid"], timeout_secs=seconds))
+    if op == "peers":
+        return lambda: {"peers": list(raw.get_all_peers())}
+    if op == "connect":
+        return lambda: raw.connect(request["peer_id"]) or {}
+    raise ValueError(f"unknown op {op!r}")
+
+
+def _got(result: Any) -> dict:
+    """``get_with_subkey``'s answer as JSON: ``(value, expiration)``, ``{subkey: (value,
+    expiration)}`` or None."""
+    if result is None:
+        return {"value": None}
+    if isinstance(result, dict):
+        return {"subkeys": {k: {"value": bytes(v).hex(), "expiration": e} for k, (v, e) in result.items()}}
+    value, expiration = result
+    return {"value": bytes(value).hex(), "expiration": expiration}
+
+
+def _block(sender: str | None, data: bytes) -> dict:
+    return {"data": bytes(data).hex(), "from": sender}
+
+
+def _block_seconds(request: dict) -> int:
+    """The whole seconds (at least one) the SDK's ``get_block`` waits for a ``timeout``."""
+    return max(1, math.ceil(float(request.get("timeout", 30))))
+
+
+def _patience(request: dict) -> float:
+    """How long we wait for the SDK's answer: ``timeout``, or for ``get_block`` a little longer
+    than the SDK's own wait, so that its error (the block not found) is what the caller sees."""
+    if request["op"] == "get_block":
+        return _block_seconds(request) + 5.0
+    return float(request.get("timeout", 30))
+
+
+def kad(bootstraps: list[str]) -> None:
+    _own_stdout()
+    with tempfile.TemporaryDirectory(prefix="sdk-kad-") as home:
+        node = _node(LISTEN, bootstraps, home)
+        _hello(node)
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            try:
+                request = json.loads(line)
+                answer = _in_time(_kad_op(node, request), _patience(request))
+            except Exception as e:  # (a bad line: not JSON, an unknown op, a missing field)
+                answer = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            print(json.dumps(answer), flush=True)
+        node.close()
+    sys.stdout.flush()
+    os._exit(0)  # (not the interpreter's shutdown: threads given up on may still sit in the SDK)
 
 
 def dial(addr: str, wait: float = 15.0) -> dict:
@@ -232,5 +379,7 @@ if __name__ == "__main__":
         listen()
     elif sys.argv[1] == "serve":
         serve()
+    elif sys.argv[1] == "kad":
+        kad(sys.argv[2:])
     else:
         sys.exit(f"unknown command {sys.argv[1]!r}")

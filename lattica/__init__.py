@@ -60,6 +60,7 @@ __all__ = [
     "wait",
     "content",
     "crdt",
+    "kad",
     "pubsub",
     "shards",
     "__version__",
@@ -67,7 +68,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:  # PEP 562: ``lattica.content`` loads on first use
-    if name in ("content", "crdt", "pubsub", "shards"):
+    if name in ("content", "crdt", "kad", "pubsub", "shards"):
         import importlib  # (the content plane and hashlib load when first used, not at start)
 
         return importlib.import_module(f"lattica.{name}")

@@ -20,6 +20,7 @@ __all__ = [
     "DashboardConfig",
     "DhtConfig",
     "InboundBudget",
+    "KadConfig",
     "MembershipConfig",
     "NatConfig",
     "NodeConfig",
@@ -52,6 +53,37 @@ class DhtConfig:
     persist_path: str | None = None  # file-backed store (``dht_path=``)
     persist_interval: float = 5.0
     limits: StoreLimits = field(default_factory=StoreLimits)
+
+
+IPFS_KAD = "/ipfs/kad/1.0.0"  # the IPFS (Amino) DHT's protocol id
+HOUR = 3600.0
+
+
+@dataclass
+class KadConfig:
+    """The libp2p Kademlia networks a node joins beside its own DHT (docs/protocols.md, "libp2p
+    Kademlia"): IPFS's, and a Lattica SDK swarm's, whose protocol id is its identify
+    ``protocolVersion``. Lifetimes are IPFS's. Times are seconds."""
+
+    # protocol ids; None: IPFS's and the node's protocol_version (the SDK's convention)
+    networks: tuple[str, ...] | None = None
+    server: bool = True  # answer requests and advertise the protocols (a client only asks)
+    k: int = K
+    alpha: int = ALPHA
+    request_timeout: float = 5.0
+    lookup_timeout: float = 20.0
+    refresh_interval: float = 600.0  # buckets no lookup went into for this long are refreshed
+    provider_ttl: float = 48 * HOUR  # what we keep of others' provider records
+    provider_republish: float = 22 * HOUR  # how often we re-announce what we provide
+    record_ttl: float = 36 * HOUR  # others' values (go's MaxRecordAge)
+    record_republish: float = 22 * HOUR  # how often we re-put our own values
+    max_records: int = 10_000  # values held for others, all keys
+    max_value: int = 10 * 1024  # bytes of one value (IPNS's cap; our packets are 16 KiB)
+    peer_records: int = 256  # values one peer may have stored here
+    request_rate: float = 20.0  # requests a second one peer may make (token bucket)
+    request_burst: float = 100.0
+    stranger_rate: float = 400.0  # requests a second all peers outside our mesh may make together
+    stranger_burst: float = 800.0
 
 
 @dataclass
@@ -304,6 +336,7 @@ class NodeConfig:
     resources: dict[str, float] = field(default_factory=dict)  # offered to placement instead of detected
     nat: NatConfig = field(default_factory=NatConfig)
     dht: DhtConfig = field(default_factory=DhtConfig)
+    kad: KadConfig | None = field(default_factory=KadConfig)  # libp2p Kademlia (IPFS, SDK swarms)
     relay: RelayConfig | None = None  # serve reservations and circuits for private peers
     membership: MembershipConfig | None = field(default_factory=MembershipConfig)
     content: ContentConfig | None = field(default_factory=ContentConfig)

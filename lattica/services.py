@@ -29,6 +29,7 @@ from lattica.actors.content import ContentActor, ContentService
 from lattica.actors.crdt import CrdtService
 from lattica.actors.dashboard import DashboardActor, DashboardService
 from lattica.actors.dht import DhtActor, DhtService
+from lattica.actors.dht.libp2p import KadNetwork, KadNetworks
 from lattica.actors.membership import MembershipActor, MembershipService
 from lattica.actors.nat.autonat import AutoNatActor, AutoNatServer
 from lattica.actors.nat.holepunch import HolePunchActor, HolePunchService
@@ -36,6 +37,8 @@ from lattica.actors.pubsub import PubSubActor, PubSubService
 from lattica.actors.shards import ShardsActor, ShardsService
 from lattica.actors.spawner import Spawner
 from lattica.actors.supervisor import CheckpointStore
+from lattica.config import IPFS_KAD
+from lattica.dht._libp2p_validators import OpaqueValidator, ipfs_validators
 from lattica.errors import NodeClosed
 from lattica.logging import get_logger
 from lattica.nat._manager import NatManager
@@ -145,6 +148,18 @@ def _dht(ctx: ServiceContext, s: NodeServices) -> Built:
     ctx.host.set_peer_routing(dht)  # dialing by PeerId alone looks the peer's record up
     ctx.runtime.use_names(dht)  # named actors register and resolve through it
     return Built(dht, DhtActor(dht))
+
+
+def _kad(ctx: ServiceContext, s: NodeServices) -> Built | None:
+    cfg = ctx.config.kad
+    if cfg is None:
+        return None
+    protocols = cfg.networks if cfg.networks is not None else (IPFS_KAD, ctx.config.protocol_version)
+    networks = [
+        KadNetwork(ctx.host, p, ipfs_validators() if p == IPFS_KAD else OpaqueValidator(cfg.max_value), cfg)
+        for p in dict.fromkeys(protocols)
+    ]
+    return Built(KadNetworks(networks))
 
 
 def _autonat(ctx: ServiceContext, s: NodeServices) -> Built:
@@ -267,6 +282,8 @@ class NodeServices:
     membership: MembershipService | None = _row(_membership)  # members only: gossip and the view
     checkpoints: CheckpointStore = _row(_checkpoints)  # members only: supervisors' state
     dht: DhtService = _row(_dht, public=True)  # the open network's routing and records
+    # libp2p Kademlia networks (IPFS's, an SDK swarm's): stream protocols with budgets of their own
+    kad: KadNetworks | None = _row(_kad)
     # strangers may ask to be dialed back (at their own IP, rate-limited); dial_for, which dials a
     # third party, serves members only
     autonat: AutoNatServer = _row(_autonat, public=frozenset({"check"}))

@@ -3,7 +3,8 @@
 ``/ipfs/kad/1.0.0`` or a network's own protocol id, sharing ``_kademlia``'s lookup core.
 
 On the wire each message is a uvarint length and one protobuf ``Message{type = 1, key = 2,
-record = 3 (Record{key = 1, value = 2, timeReceived = 5}), closerPeers = 8, providerPeers = 9
+record = 3 (Record{key = 1, value = 2, timeReceived = 5, and rust-libp2p's publisher = 666 and
+ttl = 777}), closerPeers = 8, providerPeers = 9
 (Peer{id = 1, addrs = 2, connection = 3}), clusterLevelRaw = 10 (unused)}``. What we read is
 bounded: a message of at most :data:`MAX_MESSAGE` bytes, :data:`MAX_PEERS` peers per list and
 :data:`MAX_PEER_ADDRS` addresses per peer; a peer whose id we cannot read, and addresses we cannot
@@ -29,7 +30,7 @@ MAX_KEY = 1024  # bytes of a key (a PeerId, a multihash, a /pk/ or /ipns/ name)
 
 # Message{...}; Record{...}; Peer{...}
 _TYPE, _KEY, _RECORD, _CLOSER, _PROVIDERS = 1, 2, 3, 8, 9
-_R_KEY, _R_VALUE, _R_TIME = 1, 2, 5
+_R_KEY, _R_VALUE, _R_TIME, _R_PUBLISHER, _R_TTL = 1, 2, 5, 666, 777
 _P_ID, _P_ADDRS, _P_CONNECTION = 1, 2, 3
 
 
@@ -68,11 +69,15 @@ class KadPeer:
 
 @dataclass(frozen=True)
 class KadRecord:
-    """A value under a key; no expiry or signature on the wire (validators judge values)."""
+    """A value under a key; no expiry or signature on the wire (validators judge values).
+    ``publisher`` (rust-libp2p's field, unsigned: a claim) is always sent, since the Lattica SDK
+    cannot store a record without one; ``ttl`` in seconds, 0 when absent."""
 
     key: bytes
     value: bytes
     time_received: str = ""
+    publisher: PeerId | None = None
+    ttl: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,10 @@ def encode(msg: KadMessage) -> bytes:
         record: list[tuple[int, int | bytes]] = [(_R_KEY, msg.record.key), (_R_VALUE, msg.record.value)]
         if msg.record.time_received:
             record.append((_R_TIME, msg.record.time_received.encode()))
+        if msg.record.publisher is not None:
+            record.append((_R_PUBLISHER, msg.record.publisher.to_bytes()))
+        if msg.record.ttl:
+            record.append((_R_TTL, msg.record.ttl))
         head.append((_RECORD, encode_fields(record)))
     closer = [_encode_peer(p) for p in msg.closer]
     providers = [_encode_peer(p) for p in msg.providers]
@@ -170,7 +179,16 @@ def decode(data: bytes) -> KadMessage:
                 raise ProtocolError("a Kademlia record's key, value and time must be bytes")
             if len(r_key) > MAX_KEY:
                 raise ProtocolError("a Kademlia record's key must be at most 1 KiB")
-            record = KadRecord(r_key, value, when.decode("utf-8", "replace")[:64])
+            publisher = None
+            raw_publisher = r.get(_R_PUBLISHER)
+            if isinstance(raw_publisher, bytes):
+                try:
+                    publisher = PeerId.from_bytes(raw_publisher)
+                except InvalidPeerId:
+                    publisher = None  # a claim we cannot read: as if absent
+            ttl = r.get(_R_TTL, 0)
+            ttl = ttl if isinstance(ttl, int) and 0 <= ttl < 1 << 32 else 0
+            record = KadRecord(r_key, value, when.decode("utf-8", "replace")[:64], publisher, ttl)
         return KadMessage(
             MessageType(kind),
             key,

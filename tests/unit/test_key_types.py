@@ -138,3 +138,13 @@ def test_a_handshake_signed_by_another_key_of_the_claimed_type_fails():
 def test_malformed_or_unacceptable_keys_are_refused(pb):
     with pytest.raises(KeyFileError):
         public_key_from_protobuf(pb)
+
+
+@pytest.mark.parametrize("key_type", [0, 3])  # RSA, ECDSA: both read PKIX DER
+def test_a_der_key_of_an_algorithm_we_lack_is_a_key_error_not_a_crash(key_type):
+    """A SubjectPublicKeyInfo naming an unknown algorithm (OID 1.2.3.4): cryptography raises its
+    own UnsupportedAlgorithm, which must not escape to the code reading a peer's key."""
+    der = bytes.fromhex("301330070603" + "2a0304" + "0500" + "030800" + "01020304050607")
+    with pytest.raises(KeyFileError):
+        public_key_from_protobuf(encode_fields([(1, key_type), (2, der)]))
+    assert not verify_signature(encode_fields([(1, key_type), (2, der)]), b"\x00" * 64, b"msg")

@@ -115,8 +115,8 @@ def _foreign_key(pb: bytes) -> Any:
     """The key object of an RSA (PKIX DER), secp256k1 (compressed point) or ECDSA (PKIX DER)
     public key in its protobuf encoding; KeyFileError if it is not one."""
     # (loaded with the first key of another type: a node that meets none never loads them)
-    from cryptography.exceptions import UnsupportedAlgorithm  # (as the line below)
-    from cryptography.hazmat.primitives import serialization
+    from cryptography.exceptions import UnsupportedAlgorithm  # (loaded here: see the line above)
+    from cryptography.hazmat.primitives import serialization  # (as the line above)
     from cryptography.hazmat.primitives.asymmetric import ec, rsa  # (as the line above)
 
     key_type, data = _decode_key_pb(pb)

@@ -338,7 +338,7 @@ class Fetch:
 
         async def ask(peer: PeerId) -> None:
             try:
-                got = await self.svc.rt.call(content_ref(peer), "have", ([self.root.bytes],), {}, timeout=2.0)
+                got = await self.svc.ask(peer, "have", [self.root], timeout=2.0)
             except LatticaError:
                 return
             if got == [True]:
@@ -372,7 +372,7 @@ class Fetch:
 
         async def ask() -> None:
             try:
-                got = await self.svc.rt.call(content_ref(peer), "have", ([self.root.bytes],), {}, timeout=PROBE_TIMEOUT)
+                got = await self.svc.ask(peer, "have", [self.root], timeout=PROBE_TIMEOUT)
             except LatticaError as e:
                 log.debug("provider did not answer", peer=str(peer), root=str(self.root), reason=str(e))
                 return
@@ -399,7 +399,11 @@ class Fetch:
 
     async def _ask_swarms(self, every: float) -> None:
         now = time.monotonic()
-        asked = [p for p in list(self._peers) if now - self._swarm_asked.get(p, 0.0) >= every][:8]
+        asked = [
+            p
+            for p in list(self._peers)
+            if now - self._swarm_asked.get(p, 0.0) >= every and not self.svc.bitswap.speaks_only_bitswap(p)
+        ][:8]  # (libp2p peers keep no swarms)
 
         async def ask(peer: PeerId) -> None:
             self._swarm_asked[peer] = now
@@ -457,8 +461,8 @@ class Fetch:
             return
         targets = set(self.svc.swarm_of(self.root)) | set(self._peers)
         for peer in targets:
-            if peer not in self.svc.host.conns:
-                continue  # never dial for an announcement
+            if peer not in self.svc.host.conns or self.svc.bitswap.speaks_only_bitswap(peer):
+                continue  # never dial for an announcement; libp2p peers take no haves notices
             for i in range(0, max(len(cids), len(coming)), MAX_NAMED):
                 part = ([c.bytes for c in cids[i : i + MAX_NAMED]], [c.bytes for c in coming[i : i + MAX_NAMED]])
                 try:
@@ -476,7 +480,7 @@ class Fetch:
         call = None
         try:
             timeout = max(req.hard_deadline - loop.time(), 0.1)
-            call = self.svc.rt.call(content_ref(peer), method, ([c.bytes for c in cids],), {}, timeout=timeout)
+            call = self.svc.ask(peer, method, list(cids), timeout)
             self._peer_calls.setdefault(peer, set()).add(call)
             if req.kind == BLOCK:
                 self._track(call, req)

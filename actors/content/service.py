@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from lattica._budget import Buckets, StrangersShare
 from lattica._identity import PeerId
 from lattica._runtime import current_caller
+from lattica.actors.content.bitswap import Bitswap
 from lattica.actors.content.wire import (
     MAX_NAMED,
     MAX_SWARM,
@@ -108,14 +109,17 @@ class _Gate:
         self._peers: dict[PeerId, list] = {}  # peer -> [its semaphore, answers holding or awaiting it]
 
     @contextlib.asynccontextmanager
-    async def enter(self, peer: PeerId) -> AsyncIterator[None]:
+    async def enter(self, peer: PeerId, unsent: Callable[[], int] | None = None) -> AsyncIterator[None]:
+        """Hold one of ``peer``'s answers being read (``unsent``: its bytes waiting to be sent,
+        when they wait elsewhere than on its actor calls)."""
         slot = self._peers.get(peer)
         if slot is None:
             slot = self._peers[peer] = [asyncio.Semaphore(self._per_peer), 0]
         slot[1] += 1
+        pending = unsent or (lambda: self._unsent(peer))
         try:
             async with slot[0]:
-                while self._unsent(peer) > self._unsent_max:
+                while pending() > self._unsent_max:
                     await asyncio.sleep(_UNSENT_POLL)
                 async with self._strangers if self._stranger(peer) else contextlib.nullcontext():
                     async with self._total:
@@ -171,7 +175,12 @@ class ContentService:
         self.passed_blocks = 0
         self.served_blocks = 0
         self.last_stats: dict = {}  # the peers of the last fetch that ended, as its session saw them
+        self._named = Buckets(NAMED_RATE, NAMED_BURST)  # CIDs each peer may name in have and haves calls
+        self._strangers_named = StrangersShare(STRANGERS_NAMED_RATE, NAMED_BURST, self.is_stranger)  # ... all strangers
         self._upkeep = self.host.spawn(self._keep_up())
+        # (after the budgets above: Bitswap serves within them)
+        self.bitswap = Bitswap(self)
+        self.host.events.disconnected.subscribe(lambda peer, conn: self.bitswap.forget(peer))
 
     def is_stranger(self, peer: PeerId) -> bool:
         """``peer`` is outside our mesh (its share of serving is the strangers' together)."""
@@ -453,6 +462,51 @@ class ContentService:
             return []
         return await dht.find_providers(provider_key(root), count=count)
 
+    def ask(self, peer: PeerId, method: str, cids: list[Cid], timeout: float) -> Any:
+        """Ask ``peer`` ``have`` (a bool per CID) or ``blocks`` (a block, None, or a fellow's id
+        per CID): through its content actor, or over Bitswap if it is a libp2p node. An awaitable
+        the caller may cancel (cancelling withdraws the wants)."""
+        if self.bitswap.speaks_only_bitswap(peer):
+            asking = self.bitswap.have if method == "have" else self.bitswap.blocks
+            return asyncio.ensure_future(asking(peer, cids, timeout))
+        return self.rt.call(content_ref(peer), method, ([c.bytes for c in cids],), {}, timeout=timeout)
+
+    # -- serving ------------------------------------------------------------------------------
+
+    def charge_named(self, peer: PeerId, cost: int) -> None:
+        """Charge ``cost`` CIDs a peer named (in a want-have, a haves notice) to its budget and,
+        for a stranger, to the strangers' share; ContentError when spent."""
+        if peer == self.rt.peer_id:
+            return
+        if not self._named.take(peer, cost):
+            raise ContentError(f"too many CIDs named: at most {NAMED_RATE:.0f} a second per peer")
+        if not self._strangers_named.take(peer, cost):
+            raise ContentError(
+                f"too many CIDs named: at most {STRANGERS_NAMED_RATE:.0f} a second from all peers outside this node's mesh"
+            )
+
+    async def serve_blocks(self, caller: PeerId, wanted: list[Cid], unsent: Callable[[], int] | None = None) -> list:
+        """Per CID, in order: the block's bytes, None if we do not hold it, or ``[peer id]`` if a
+        fellow fetcher in a swarm with ``caller`` was sent it a moment ago (``pass_on``); cut
+        short at ``max_request_bytes``. Read within the serving gate (a share per peer, half of
+        it for strangers together); ``unsent``: the bytes already waiting to go to the caller
+        on its Bitswap stream (default: on its actor calls)."""
+        async with self._gate.enter(caller, unsent):
+            store = self.store
+            passed = self.pass_on(caller, wanted) if self._swarms else {}
+            ask = [c for i, c in enumerate(wanted) if i not in passed] if passed else wanted
+            nbytes = sum(store.size_of(c) for c in ask if store.has(c))
+            out = await self.on_disk(nbytes, _jobs().read_blocks, store, ask, self.cfg.max_request_bytes)
+        if passed:
+            out = _merge(wanted, passed, out)
+            self.passed(caller, [wanted[i] for i in passed if i < len(out)])
+        sent = [(c, b) for c, b in zip(wanted, out) if isinstance(b, (bytes, bytearray, memoryview))]
+        self.served_blocks += len(sent)
+        self.served_bytes += sum(len(b) for _, b in sent)
+        if sent and self._swarms:
+            self.sent_to(caller, [c for c, _ in sent])
+        return out
+
     # -- swarms ---------------------------------------------------------------------------------
 
     def joined(self, root: Cid, peer: PeerId) -> list[PeerId]:
@@ -574,10 +628,6 @@ class ContentActor:
 
     def __init__(self, service: ContentService) -> None:
         self._svc = service
-        self._named = Buckets(NAMED_RATE, NAMED_BURST)  # CIDs each peer may name in have and haves calls
-        self._strangers_named = StrangersShare(
-            STRANGERS_NAMED_RATE, NAMED_BURST, service.is_stranger
-        )  # ... and all strangers together
 
     async def have(self, cids: list) -> list[bool]:
         """Per CID: whether we hold the block (want-have); at most ``NAMED_RATE`` CIDs a second
@@ -587,17 +637,10 @@ class ContentActor:
         return [store.has(c) for c in parse_cids(cids, MAX_NAMED)]
 
     def _charge(self, *lists: Any) -> None:
-        """Charge the CIDs a peer names to its budget; ContentError when it is spent."""
+        """Charge the CIDs the caller names to its budget; ContentError when it is spent."""
         caller = current_caller()
-        if caller is None or caller == self._svc.rt.peer_id:
-            return
-        cost = max(1, sum(len(x) for x in lists if type(x) is list))
-        if not self._named.take(caller, cost):
-            raise ContentError(f"too many CIDs named: at most {NAMED_RATE:.0f} a second per peer")
-        if not self._strangers_named.take(caller, cost):
-            raise ContentError(
-                f"too many CIDs named: at most {STRANGERS_NAMED_RATE:.0f} a second from all peers outside this node's mesh"
-            )
+        if caller is not None:
+            self._svc.charge_named(caller, max(1, sum(len(x) for x in lists if type(x) is list)))
 
     async def blocks(self, cids: list) -> list:
         """Per CID, in order: the block's bytes, None if we do not hold it (want-block), or
@@ -606,22 +649,7 @@ class ContentActor:
         ``max_request_bytes``."""
         svc = self._svc
         wanted = parse_cids(cids, svc.cfg.max_request_blocks)
-        caller = current_caller() or svc.rt.peer_id
-        async with svc._gate.enter(caller):
-            store = svc.store
-            passed = svc.pass_on(caller, wanted) if svc._swarms else {}
-            ask = [c for i, c in enumerate(wanted) if i not in passed] if passed else wanted
-            nbytes = sum(store.size_of(c) for c in ask if store.has(c))
-            out = await svc.on_disk(nbytes, _jobs().read_blocks, store, ask, svc.cfg.max_request_bytes)
-        if passed:
-            out = _merge(wanted, passed, out)
-            svc.passed(caller, [wanted[i] for i in passed if i < len(out)])
-        sent = [(c, b) for c, b in zip(wanted, out) if isinstance(b, (bytes, bytearray, memoryview))]
-        svc.served_blocks += len(sent)
-        svc.served_bytes += sum(len(b) for _, b in sent)
-        if sent and svc._swarms:
-            svc.sent_to(caller, [c for c, _ in sent])
-        return out
+        return await svc.serve_blocks(current_caller() or svc.rt.peer_id, wanted)
 
     async def swarm(self, root: bytes) -> list:
         """The caller fetches ``root``: it joins the root's swarm; returns the other members we

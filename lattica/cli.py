@@ -200,8 +200,10 @@ class _Progress:
         total = info["total"]
         done = info["bytes"]
         pct = f"{100 * done / total:5.1f}%" if total else "  ?  "
-        line = f"{pct}  {done / 1e6:9.1f} MB  {info['mb_per_s']:8.1f} MB/s" + (
-            f"  {info['peers']} peers" if "peers" in info else ""
+        line = (
+            f"{pct}  {done / 1e6:9.1f} MB  {info['mb_per_s']:8.1f} MB/s"
+            + (f"  {info['peers']} peers" if "peers" in info else "")
+            + (f" ({info['kinds']})" if info.get("kinds") else "")
         )
         if self.tty:
             self.say(line)

@@ -191,7 +191,8 @@ def _shards(ctx: ServiceContext, s: NodeServices) -> Built:
 def _content(ctx: ServiceContext, s: NodeServices) -> Built | None:
     if ctx.config.content is None:
         return None
-    service = ContentService(ctx.runtime, ctx.config.content, s.dht)
+    kad = s.kad.by_protocol.get(IPFS_KAD) if s.kad is not None else None
+    service = ContentService(ctx.runtime, ctx.config.content, s.dht, kad)
     ctx.runtime.use_blocks(service)  # call arguments and answers over the message cap travel by CID
     return Built(service, ContentActor(service))
 

@@ -614,8 +614,21 @@ class Fetch:
             "bytes": self._held_bytes + self._stored_bytes,
             "total": self.walker.filesize,
             "peers": len(self._peers),
+            "kinds": self.kinds(),
             "seconds": round(time.monotonic() - self._started, 3),
         }
+
+    def kinds(self) -> str:
+        """Who the fetch's providers are: ``"2 lattica, 1 libp2p (rust-libp2p/0.54)"``: Lattica
+        nodes, and libp2p nodes by the implementation their identify names."""
+        counts: dict[str, int] = {}
+        for peer in self._peers:
+            if self.svc.bitswap.speaks_only_bitswap(peer):
+                kind = f"libp2p ({self.svc.bitswap.implementation(peer) or 'unnamed'})"
+            else:
+                kind = "lattica"
+            counts[kind] = counts.get(kind, 0) + 1
+        return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
 
     def _report(self, final: bool = False) -> None:
         if not self.listeners:
@@ -630,6 +643,7 @@ class Fetch:
             "seconds": elapsed,
             "mb_per_s": self._stored_bytes / elapsed / 1e6,
             "peers": sum(1 for s in stats.values() if s.active),
+            "kinds": self.kinds(),
             "done": final,
         }
         for cb in list(self.listeners):

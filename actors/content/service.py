@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from lattica._runtime.calls import Calls
     from lattica.actors.content.fetch import Fetch
     from lattica.actors.dht import DhtService
+    from lattica.actors.dht.libp2p import KadNetwork
     from lattica.content._blockstore import Blockstore
     from lattica.content._cid import Cid
 
@@ -149,9 +150,16 @@ def _forget(store: Any, root: Cid) -> None:
 class ContentService:
     """A node's blockstore, the fetches it runs and the swarms it knows (see the module docstring)."""
 
-    def __init__(self, runtime: Calls, config: ContentConfig | None = None, dht: DhtService | None = None) -> None:
+    def __init__(
+        self,
+        runtime: Calls,
+        config: ContentConfig | None = None,
+        dht: DhtService | None = None,
+        kad: KadNetwork | None = None,
+    ) -> None:
         self.rt = runtime
         self.dht = dht  # where provider records go and are found (None: only peers we are told of)
+        self.kad = kad  # IPFS's DHT: also announced to and asked once it reaches libp2p nodes
         self.host = runtime.host
         self.cfg = config or ContentConfig()
         self._store: Blockstore | None = None
@@ -331,12 +339,17 @@ class ContentService:
             return
         ttl = min(self.cfg.provider_ttl, dht.cfg.limits.max_ttl)
         self.host.spawn(_quietly(dht.provide(provider_key(root), ttl=ttl), "provider record not stored", root))
+        kad = self.kad
+        if kad is not None and kad.reaches_libp2p():
+            self.host.spawn(_quietly(kad.provide(provider_key(root)), "libp2p provider record not stored", root))
 
     def withdraw(self, root: Cid) -> None:
         self._provided.discard(root)
         dht = self.dht
         if dht is not None:
             dht.stop_providing(provider_key(root))
+        if self.kad is not None:
+            self.kad.stop_providing(provider_key(root))
 
     async def _keep_up(self) -> None:
         """Forget old swarm members; stop announcing roots the blockstore no longer holds."""
@@ -457,10 +470,28 @@ class ContentService:
             raise
 
     async def providers(self, root: Cid, count: int = 20) -> list[PeerId]:
-        dht = self.dht
-        if dht is None:
-            return []
-        return await dht.find_providers(provider_key(root), count=count)
+        """Providers of ``root`` from our DHT and, once it reaches libp2p nodes, IPFS's (their
+        addresses remembered for dialing)."""
+        key = provider_key(root)
+        asks = []
+        if self.dht is not None:
+            asks.append(self.dht.find_providers(key, count=count))
+        kad = self.kad
+        if kad is not None and kad.reaches_libp2p():
+
+            async def from_kad() -> list[PeerId]:
+                return [p.peer for p in await kad.find_providers(key, count)]
+
+            asks.append(from_kad())
+        found: dict[PeerId, None] = {}
+        answers = await asyncio.gather(*asks, return_exceptions=True)
+        for got in answers:
+            if isinstance(got, BaseException):
+                if not isinstance(got, LatticaError) or all(isinstance(a, BaseException) for a in answers):
+                    raise got  # (every lookup failed: say so, as a lookup that found nobody does not)
+                continue
+            found.update(dict.fromkeys(got))
+        return list(found)[: 2 * count]
 
     def ask(self, peer: PeerId, method: str, cids: list[Cid], timeout: float) -> Any:
         """Ask ``peer`` ``have`` (a bool per CID) or ``blocks`` (a block, None, or a fellow's id

@@ -140,7 +140,7 @@ _CHILD = {
     "restarts": number,
     "checkpointed": _flag,
 }
-_TRANSFER = {"cid": text, "bytes": number, "total": number, "peers": number, "seconds": number}
+_TRANSFER = {"cid": text, "bytes": number, "total": number, "peers": number, "kinds": text, "seconds": number}
 
 
 def _dict(v: Any, fields: dict[str, Any]) -> dict[str, Any] | None:

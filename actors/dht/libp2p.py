@@ -30,6 +30,7 @@ from lattica._framing import read_delimited, write_delimited
 from lattica._identity import PeerId
 from lattica._interfaces import is_private, is_private_ip
 from lattica._multiaddr import Multiaddr
+from lattica._rpc import PROTOCOL as RPC_PROTOCOL
 from lattica.config import KadConfig
 from lattica.dht._kademlia import Lookup, RoutingTable, key_id, node_id
 from lattica.dht._libp2p_store import KadValues, provider_book
@@ -114,6 +115,7 @@ class KadNetwork:
         # a node sends nothing on the network until local code first asks it something: until
         # then it serves, and its table fills from identify alone (no lookups to every peer met)
         self._active = False
+        self._others: set[PeerId] = set()  # peers met that are libp2p nodes, not Lattica ones
         if cfg.server:
             host.set_handler(protocol, self._serve)
         host.events.identified.subscribe(self._on_identified)
@@ -125,6 +127,10 @@ class KadNetwork:
         listen addresses; one that stopped listing it leaves."""
         if self.protocol in info.protocols and info.listen_addrs and not all(a.is_circuit for a in info.listen_addrs):
             self._seen(info.peer_id)
+            if RPC_PROTOCOL not in info.protocols:  # (another implementation: go, rust, js, the SDK)
+                self._others.add(info.peer_id)
+                if len(self._others) > 4 * self.cfg.k * 64:
+                    self._others = {p for p in self._others if p in self.table}
         elif info.peer_id in self.table:
             self.table.remove(info.peer_id)
 
@@ -191,6 +197,11 @@ class KadNetwork:
         if key == self.peer_id.to_bytes():
             peers = [self.peer_id] + peers[: self.cfg.k - 1]
         return self._kad_peers(peers, to)
+
+    def reaches_libp2p(self) -> bool:
+        """Our table holds a libp2p node that is not a Lattica one: this network reaches past our
+        mesh (IPFS, an SDK swarm), so content is worth announcing and looking up on it."""
+        return any(p in self.table for p in self._others)
 
     # -- serving --------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import lattica
 from lattica.bench import host_of
 from lattica.bench._peers.p2pd import Daemon, daemon
 from lattica.config import IPFS_KAD
+from lattica.content._cid import Cid
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -36,6 +37,12 @@ async def _go_knows(d: Daemon, peer: lattica.PeerId) -> bool:
     """``peer`` is in go's routing table: its closest peers to ``peer`` include it."""
     with contextlib.suppress(RuntimeError):
         return peer in await d.dht_closest_peers(peer.to_bytes(), timeout=2)
+    return False
+
+
+async def _provides(d: Daemon, cid: bytes, peer: lattica.PeerId) -> bool:
+    with contextlib.suppress(RuntimeError):
+        return peer in dict(await d.dht_find_providers(cid, timeout=2))
     return False
 
 
@@ -70,6 +77,14 @@ def test_ours_and_a_go_dht(p2pd_binary):
             await a.dht_provide(theirs, timeout=5)
             got = await kad.find_providers(theirs[2:])
             assert pa in [p.peer for p in got] and next(p for p in got if p.peer == pa).addrs
+
+            # what we publish is announced in IPFS's DHT too (the table reaches go nodes)
+            assert kad.reaches_libp2p()
+            cid = await lattica.content.put(b"published by lattica", node=node)
+            published = Cid.parse(cid).bytes
+            await _until(
+                lambda: _provides(b, published, node.peer_id), "go never found our published content's provider"
+            )
 
             # /pk/ values: go validates ours, we validate go's
             key = b"/pk/" + node.peer_id.to_bytes()

@@ -51,8 +51,11 @@ def test_blocks_both_ways_with_the_sdk(sdk_python):
                 cid = await sdk.put_block(theirs)
                 content = host_of(node).services.content
                 assert content is not None
-                got = await lattica.content.get(cid, node=node)
+                reports: list[dict] = []
+                got = await lattica.content.get(cid, progress=reports.append, node=node)
                 assert got == theirs and content.bitswap.received_bytes == len(theirs)
+                # the progress line names the provider's kind and implementation (its identify)
+                assert reports[-1]["done"] and reports[-1]["kinds"].startswith("1 libp2p ("), reports[-1]
 
                 # ours, fetched by the SDK block by block
                 assert await sdk.get_block(small_cid, timeout=20) == small

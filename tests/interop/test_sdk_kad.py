@@ -44,8 +44,8 @@ def test_ours_in_an_sdk_swarm(sdk_python):
                 pa, pb = lattica.PeerId.from_string(a.peer_id), lattica.PeerId.from_string(b.peer_id)
                 await _until("A in our table", lambda: asyncio.sleep(0, pa in kad.table), bool)
 
-                # we find B (connected to A only) through A's table
-                assert pb in await kad.closest_peers(pb.to_bytes())
+                # we find B (connected to A only) through A's table, once A has B in it
+                await _until("B found through A", lambda: kad.closest_peers(pb.to_bytes()), lambda ps: pb in ps)
                 assert await kad.find_peer(pb)
 
                 # providers, under the SDK's UTF-8 keys: A's found by us, ours by B

@@ -184,7 +184,7 @@ function draw(pic) {
       const p = isNum(t.total) && t.total > 0 && isNum(t.bytes) ? Math.min(100, (100 * t.bytes) / t.total) : 0;
       transfers.push(
         `<div data-transfer="${esc(t.cid)}"><code>${short(n.peer_id)}</code> ← <code>${esc(String(t.cid ?? "").slice(0, 16))}…</code> ` +
-        `${bytes(t.bytes)} of ${bytes(t.total)} from ${num(t.peers)} peers<br><progress max="100" value="${p.toFixed(1)}"></progress></div>`);
+        `${bytes(t.bytes)} of ${bytes(t.total)} from ${num(t.peers)} peers${t.kinds ? " (" + esc(t.kinds) + ")" : ""}<br><progress max="100" value="${p.toFixed(1)}"></progress></div>`);
     }
     for (const t of list(r.pubsub && r.pubsub.topics)) {
       const row = topics.get(String(t.topic)) || { nodes: 0, mesh: 0 };

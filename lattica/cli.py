@@ -182,6 +182,7 @@ class _Progress:
         self.tty = sys.stderr.isatty()
         self.open = False  # a line is on the screen without its newline
         self.peers: int | None = None  # the peers the last report counted
+        self.kinds = ""  # what they are ("2 lattica, 1 libp2p (agent)")
         self.held = 0  # bytes of the file held before the fetch (a resumed get's bar starts there)
 
     def say(self, text: str) -> None:
@@ -192,6 +193,7 @@ class _Progress:
 
     def __call__(self, info: dict) -> None:
         self.peers = info.get("peers", self.peers)
+        self.kinds = info.get("kinds", self.kinds)
         self.held = info.get("held", self.held)
         now = time.monotonic()
         if not info["done"] and (not self.tty or now - self._last < 0.2 or not info["bytes"]):
@@ -286,6 +288,7 @@ def _get(args: argparse.Namespace) -> None:
             sys.stderr.write(
                 f"got {args.cid}: {size / 1e6:.1f} MB in {took:.1f} s ({(size - held) / took / 1e6:.1f} MB/s)"
                 + (f" from {peers} peer{'s' * (peers != 1)}" if peers is not None else "")
+                + (f" ({progress.kinds})" if progress.kinds else "")
                 + (f", {held / 1e6:.1f} MB of it held already" if held else "")
                 + (f", saved to {output}" if output is not None and args.output is None else "")
                 + "\n"

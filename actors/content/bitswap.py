@@ -203,8 +203,13 @@ class Bitswap:
         waiter = _Waiter(want_block=False)
         try:
             self._wait_for(peer, cids, waiter)
-            await self._send(peer, BitswapMessage(wants=tuple(Want(c, have=True) for c in cids)))
-            await self._until(waiter, len(cids), timeout)
+            async with asyncio.timeout(timeout):  # (a peer not reading our stream holds up the send too)
+                await self._send(peer, BitswapMessage(wants=tuple(Want(c, have=True) for c in cids)))
+                while len(waiter.answers) < len(cids):
+                    waiter.event.clear()
+                    await waiter.event.wait()
+        except TimeoutError:
+            pass
         finally:
             self._done(peer, cids, waiter)
         if not waiter.answers:
@@ -226,7 +231,11 @@ class Bitswap:
                 more = [c for c in cids[len(asked) :]][: max(BLOCKS_IN_FLIGHT - len(open_), 0)]
                 if more:
                     asked.extend(more)
-                    await self._send(peer, BitswapMessage(wants=tuple(Want(c) for c in more)))
+                    try:
+                        async with asyncio.timeout_at(deadline):  # (as in have)
+                            await self._send(peer, BitswapMessage(wants=tuple(Want(c) for c in more)))
+                    except TimeoutError:
+                        break
                 left = deadline - loop.time()
                 if left <= 0:
                     break
@@ -275,14 +284,3 @@ class Bitswap:
                     ws.remove(waiter)
                 if not ws:
                     del self._waiting[(peer, c)]
-
-    @staticmethod
-    async def _until(waiter: _Waiter, n: int, timeout: float) -> None:
-        """Wait until ``waiter`` holds ``n`` answers or ``timeout`` passed."""
-        try:
-            async with asyncio.timeout(timeout):
-                while len(waiter.answers) < n:
-                    waiter.event.clear()
-                    await waiter.event.wait()
-        except TimeoutError:
-            pass

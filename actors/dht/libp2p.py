@@ -249,7 +249,8 @@ class KadNetwork:
             return None
         if t is MessageType.GET_VALUE:
             value = self.values.get(req.key)
-            record = KadRecord(req.key, value, publisher=self.peer_id) if value is not None else None
+            publisher = self.values.publisher(req.key) or self.peer_id
+            record = KadRecord(req.key, value, publisher=publisher) if value is not None else None
             return KadMessage(t, req.key, record, closer=self._closer(req.key, peer))
         if t is MessageType.PUT_VALUE:
             record = req.record

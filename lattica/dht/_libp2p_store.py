@@ -95,6 +95,11 @@ class KadValues:
             return None
         return held.value
 
+    def publisher(self, key: bytes) -> PeerId | None:
+        """Who stored the value held under ``key`` (rust-libp2p's record publisher)."""
+        held = self._values.get(key)
+        return held.sender if held is not None else None
+
     def purge(self) -> None:
         now = self.clock()
         for key in [k for k, v in self._values.items() if v.expires <= now]:

@@ -102,7 +102,9 @@ class KadNetwork:
         self.peer_id = host.peer_id
         self._member = member or (lambda peer: host.circle_of(peer) != "stranger")
         self.table = RoutingTable(self.peer_id, cfg.k, ping_after=30.0)
-        self.values = KadValues(validator, cfg.record_ttl, cfg.max_records, cfg.peer_records, cfg.max_value)
+        self.values = KadValues(
+            validator, cfg.record_ttl, cfg.max_records, cfg.peer_records, cfg.max_value, member=self._member
+        )
         self.providers = provider_book(self.peer_id, cfg.provider_ttl, self._member)
         self.own = _Own()
         self.stats: collections.deque[KadLookupStats] = collections.deque(maxlen=1000)
@@ -233,7 +235,12 @@ class KadNetwork:
             answer = self.answer(request, peer)
             if answer is not None:
                 write_delimited(stream, encode(answer))
-                await stream.drain()
+                try:  # (a peer that does not read its answers loses the stream, as an idle one)
+                    async with asyncio.timeout(_IDLE):
+                        await stream.drain()
+                except (TimeoutError, LatticaError):
+                    stream.reset()
+                    return
         stream.reset()
 
     def answer(self, req: KadMessage, peer: PeerId) -> KadMessage | None:

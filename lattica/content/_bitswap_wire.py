@@ -19,7 +19,7 @@ from lattica._protobuf import decode_fields, decode_repeated, encode_fields, rea
 from lattica.content._cid import DAG_PB, SHA2_256, Cid
 from lattica.errors import InvalidCid, ProtocolError
 
-__all__ = ["PROTOCOL", "MAX_MESSAGE", "Want", "BitswapMessage", "encode", "decode", "prefix_of"]
+__all__ = ["PROTOCOL", "MAX_MESSAGE", "Want", "BitswapMessage", "encode", "decode", "count_wants", "prefix_of"]
 
 PROTOCOL = "/ipfs/bitswap/1.2.0"
 MAX_MESSAGE = 4 * 1024 * 1024 + 64 * 1024  # 4 MiB of blocks and the message around them
@@ -93,16 +93,34 @@ def _cid_of_prefix(prefix: bytes, data: bytes) -> Cid:
     return Cid.of(data, codec)
 
 
-def decode(data: bytes) -> BitswapMessage:
+def count_wants(data: bytes) -> int:
+    """How many wantlist entries a peer's message holds, counted without reading them (a peer's
+    budget pays for its wants before they are parsed: parsing 1,024 takes milliseconds);
+    ProtocolError if over the caps or malformed."""
+    if len(data) > MAX_MESSAGE:
+        raise ProtocolError(f"a Bitswap message of {len(data)} bytes (at most {MAX_MESSAGE})")
+    try:
+        lists = decode_repeated(data, 1)
+        n = len(decode_repeated(lists[-1], 1)) if lists else 0
+    except ValueError as e:
+        raise ProtocolError(f"malformed Bitswap message: {e}") from None
+    if n > MAX_ITEMS:
+        raise ProtocolError(f"a Bitswap wantlist of {n} entries (at most {MAX_ITEMS})")
+    return n
+
+
+def decode(data: bytes, wants: bool = True, answers: bool = True) -> BitswapMessage:
     """A peer's message (its length prefix removed); ProtocolError if over the cap or malformed.
-    Entries, presences and blocks with CIDs we cannot use are skipped."""
+    Entries, presences and blocks with CIDs we cannot use are skipped; so are the wantlist's
+    entries unless ``wants``, and blocks and presences unless ``answers`` (not parsed, not
+    hashed: what nobody will use costs nothing)."""
     if len(data) > MAX_MESSAGE:
         raise ProtocolError(f"a Bitswap message of {len(data)} bytes (at most {MAX_MESSAGE})")
     try:
         fields = decode_fields(data)
-        wants: list[Want] = []
+        entries_read: list[Want] = []
         full = False
-        raw_list = fields.get(1)
+        raw_list = fields.get(1) if wants else None
         if raw_list is not None:
             if not isinstance(raw_list, bytes):
                 raise ProtocolError("a Bitswap wantlist must be a message")
@@ -119,9 +137,9 @@ def decode(data: bytes) -> BitswapMessage:
                     cid = Cid.from_bytes(block)
                 except InvalidCid:
                     continue
-                wants.append(Want(cid, e.get(4, 0) == 1, bool(e.get(3, 0)), bool(e.get(5, 0)), priority))
+                entries_read.append(Want(cid, e.get(4, 0) == 1, bool(e.get(3, 0)), bool(e.get(5, 0)), priority))
         blocks: list[tuple[Cid, bytes]] = []
-        payload = decode_repeated(data, 3)
+        payload = decode_repeated(data, 3) if answers else []
         if len(payload) > MAX_ITEMS:
             raise ProtocolError(f"a Bitswap message of {len(payload)} blocks (at most {MAX_ITEMS})")
         for raw in payload:
@@ -135,7 +153,7 @@ def decode(data: bytes) -> BitswapMessage:
                 continue
         haves: list[Cid] = []
         dont_haves: list[Cid] = []
-        presences = decode_repeated(data, 4)
+        presences = decode_repeated(data, 4) if answers else []
         if len(presences) > MAX_ITEMS:
             raise ProtocolError(f"a Bitswap message of {len(presences)} presences (at most {MAX_ITEMS})")
         for raw in presences:
@@ -148,6 +166,6 @@ def decode(data: bytes) -> BitswapMessage:
             except InvalidCid:
                 continue
             (haves if kind == 0 else dont_haves).append(cid)
-        return BitswapMessage(tuple(wants), full, tuple(blocks), tuple(haves), tuple(dont_haves))
+        return BitswapMessage(tuple(entries_read), full, tuple(blocks), tuple(haves), tuple(dont_haves))
     except ValueError as e:  # (the protobuf reader's: truncated, or a wire type Bitswap never uses)
         raise ProtocolError(f"malformed Bitswap message: {e}") from None

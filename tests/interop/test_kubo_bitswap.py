@@ -23,12 +23,9 @@ every one is TCP between 127.0.0.1 addresses, none is UDP (no mDNS, DNS or UPnP 
   and the first node closed; a second Lattica node, connected to kubo alone, then gets it from
   kubo, over kubo's Bitswap. (js ``helia`` was not needed: kubo itself runs offline and
   exchanges both ways.)
-- kubo asking us by a CIDv0 (``Qm...``) gets nothing: an xfail (strict) for a bug of ours. We read
-  a v0 CID as the dag-pb CIDv1 it stands for and answer under that name (HAVE and DONT_HAVE name
-  CIDv1 bytes, a block's prefix says version 1), while boxo's Bitswap matches answers to its wants
-  by the exact CID, version included: kubo ignores our HAVE for its v0 want-have and never asks for
-  the block. So IPFS peers cannot fetch from us what they name the kubo-default way, even what we
-  hold (e.g. an object we fetched from kubo).
+- kubo asks us by a CIDv0 (``Qm...``): boxo's Bitswap matches answers to wants by the exact CID,
+  version included, so HAVE, DONT_HAVE and a block's prefix name it as kubo did (this was a bug
+  of ours, found here: we answered under the CIDv1 name and kubo never asked for the block).
 """
 
 from __future__ import annotations
@@ -204,12 +201,6 @@ def test_we_fetch_a_raw_leaves_dag_from_kubo(kubo_python):
     asyncio.run(asyncio.wait_for(run(), 100))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=KuboError,
-    reason="our Bitswap answers a CIDv0 want under the CIDv1 name (presences and block prefix): "
-    "boxo matches answers to wants by the exact CID, so kubo never recognises them",
-)
 def test_kubo_fetches_ours_by_its_v0_name(kubo_python):
     data = os.urandom(3000)
 

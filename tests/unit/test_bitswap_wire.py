@@ -80,3 +80,18 @@ def test_any_bytes_decode_or_raise_a_protocol_error(data):
         bs.decode(data)
     except ProtocolError:
         pass
+
+
+def test_a_cidv0_want_is_answered_under_its_v0_name():
+    """go matches answers to wants by the exact CID: a want for ``Qm...`` gets a HAVE naming the
+    bare multihash and a block whose prefix says version 0."""
+    node = Cid.of(b"a dag-pb node", DAG_PB)
+    v0_name = node.bytes[-34:]
+    msg = encode_fields([(1, encode_fields([(1, encode_fields([(1, v0_name), (4, 1)]))]))])
+    (want,) = bs.decode(msg).wants
+    assert want.cid == node and want.v0 and want.name.bytes == v0_name
+    answer = bs.encode(bs.BitswapMessage(blocks=((want.name, b"a dag-pb node"),), haves=(want.name,)))
+    block = encode_fields([(1, bytes([0, DAG_PB, 0x12, 32])), (2, b"a dag-pb node")])
+    assert answer == encode_fields([(3, block), (4, encode_fields([(1, v0_name), (2, 0)]))])
+    got = bs.decode(answer)
+    assert got.blocks[0][0] == node and got.haves == (node,)

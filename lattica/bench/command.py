@@ -204,6 +204,18 @@ def run(args: argparse.Namespace) -> None:
             found, transports, handshakes=args.handshakes, pings=args.pings, size=args.size or (64 << 20), progress=say
         ):
             print_row(row, args.json)
+    if which == "libp2p-content":
+        starting("libp2p-content")
+        from lattica.bench.libp2p import find_peers  # lazy: see the module docstring
+        from lattica.bench.libp2p_content import bench_libp2p_content  # lazy: see the module docstring
+
+        try:
+            sdk = find_peers(pathlib.Path(args.peers), ("rust",))["rust"]
+        except FileNotFoundError as e:
+            raise SystemExit(f"lattica bench libp2p-content: the SDK peer is missing\n{e}") from None
+        say = None if args.json else (lambda m: print(f"  {m}", flush=True))
+        for row in bench_libp2p_content(sdk, size=args.size or (256 << 20), lookups=args.lookups, progress=say):
+            print_row(row, args.json)
     if which in ("rpc", "all"):
         starting("rpc")
         from lattica.bench.rpc import bench_rpc  # lazy: see the module docstring
@@ -252,6 +264,7 @@ def add_parser(sub: Any) -> None:
             "spill",
             "attack",
             "libp2p",
+            "libp2p-content",
             "all",
         ],
     )
@@ -260,7 +273,7 @@ def add_parser(sub: Any) -> None:
         "--size",
         type=int,
         default=0,
-        help="stream bytes (default 1 GiB tcp, 256 MiB quic); content: object bytes (default 256 MiB); libp2p: 64 MiB",
+        help="stream bytes (default 1 GiB tcp, 256 MiB quic); content, libp2p-content: object bytes (default 256 MiB); libp2p: 64 MiB",
     )
     s.add_argument("--count", type=int, default=10000, help="pings")
     s.add_argument(
@@ -335,7 +348,7 @@ def add_parser(sub: Any) -> None:
     s.add_argument(
         "--peers",
         default=".interop",
-        help="libp2p: where `make interop-peers` installed rust-, go- and js-libp2p (default ./.interop)",
+        help="libp2p, libp2p-content: where `make interop-peers` installed rust-, go- and js-libp2p (default ./.interop)",
     )
     s.add_argument(
         "--impl",
@@ -346,5 +359,6 @@ def add_parser(sub: Any) -> None:
     )
     s.add_argument("--handshakes", type=int, default=30, help="libp2p: fresh connections per pair")
     s.add_argument("--pings", type=int, default=1000, help="libp2p: pings per pair")
+    s.add_argument("--lookups", type=int, default=100, help="libp2p-content: Kademlia lookups of each kind")
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=run)

@@ -146,6 +146,17 @@ def _libp2p(a: argparse.Namespace) -> Plan:
     )
 
 
+def _libp2p_content(a: argparse.Namespace) -> Plan:
+    size = a.size or (256 << 20)
+    return Plan(
+        f"{size >> 20} MiB over Bitswap from an SDK node (beside SDK -> SDK) and from a Lattica node (beside our "
+        f"protocol), {a.lookups} Kademlia lookups of each kind among 3 SDK + 3 Lattica nodes, a swarm of 4 fetchers "
+        "with SDK providers",
+        20 + a.lookups * 0.1 + 12 * size / (64 << 20),
+        "--size, --lookups: smaller",
+    )
+
+
 PLANS: dict[str, Callable[[argparse.Namespace], Plan]] = {
     "stream": _stream,
     "ping": _ping,
@@ -201,6 +212,7 @@ PLANS: dict[str, Callable[[argparse.Namespace], Plan]] = {
     "attack": _attack,
     "rpc": _rpc,
     "libp2p": _libp2p,
+    "libp2p-content": _libp2p_content,
 }
 
 

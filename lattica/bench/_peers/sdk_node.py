@@ -5,22 +5,16 @@ docstring."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
-import json
 import pathlib
-import tempfile
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import Any
 
 from . import SDK_PEER
-
-_LINE_LIMIT = 1 << 26  # (a block travels as hex on one line)
-_GRACE = 10.0  # seconds we wait beyond what the driver waits for the SDK, so its answer comes first
+from .jsonlines import JsonLinesPeer, PeerError
 
 
-class SdkError(RuntimeError):
+class SdkError(PeerError):
     """An operation the SDK node answered with ``{"ok": false}``, or a driver that stopped."""
 
 
@@ -32,48 +26,19 @@ class SdkValue:
     expiration: float
 
 
-class SdkNode:
+class SdkNode(JsonLinesPeer):
     """One running SDK node on 127.0.0.1 (TCP and QUIC): its PeerId, its addresses, a method
     per operation of ``sdk_peer.py kad`` (one at a time), and ``stop()``."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, stderr: IO[str], hello: dict[str, Any]) -> None:
-        """Use ``await SdkNode.start(...)``."""
-        self._proc = proc
-        self._stderr = stderr
-        self._lock = asyncio.Lock()
-        self.peer_id: str = hello["peer_id"]
-        self.addrs: list[str] = hello["addrs"]
+    error = SdkError
+    what = "the SDK node"
 
     @classmethod
     async def start(cls, sdk_python: pathlib.Path, bootstraps: Sequence[str] = (), timeout: float = 30.0) -> SdkNode:
         """Start an SDK node dialing ``bootstraps`` (multiaddrs ending in ``/p2p/<PeerId>``) and
         wait for its PeerId and addresses; ``sdk_python`` is the SDK venv's interpreter, used as
         given (resolving its symlink would lose the venv)."""
-        # (its stderr to a file: a pipe nobody reads would stop the SDK once full, e.g. with RUST_LOG)
-        stderr = tempfile.TemporaryFile(mode="w+")
-        proc = await asyncio.create_subprocess_exec(
-            str(sdk_python),
-            str(SDK_PEER),
-            "kad",
-            *bootstraps,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=stderr,
-            limit=_LINE_LIMIT,
-        )
-        assert proc.stdout is not None
-        try:
-            line = await asyncio.wait_for(proc.stdout.readline(), timeout)
-        except BaseException:
-            await _end(proc)
-            stderr.close()
-            raise
-        if not line:
-            await _end(proc)
-            message = f"the SDK node exited before it was ready: {_tail(stderr)}"
-            stderr.close()
-            raise SdkError(message)
-        return cls(proc, stderr, json.loads(line))
+        return await cls.launch([str(sdk_python), str(SDK_PEER), "kad", *bootstraps], timeout)
 
     def addr(self, transport: str = "tcp") -> str:
         """Its address on ``transport`` ("tcp" or "quic"), with its PeerId."""
@@ -134,57 +99,3 @@ class SdkNode:
         """Dial ``peer_id`` at addresses the node already knows (it cannot be given one); an
         error when it knows none or is already connected."""
         await self._call("connect", timeout, peer_id=peer_id)
-
-    async def _call(self, op: str, timeout: float, **fields: Any) -> dict[str, Any]:
-        """Send one operation, wait for its answer line; SdkError when it says ``ok: false``."""
-        async with self._lock:
-            proc = self._proc
-            if proc.stdin is None or proc.stdout is None or proc.returncode is not None:
-                raise SdkError(f"the SDK node is not running: {_tail(self._stderr)}")
-            try:
-                proc.stdin.write((json.dumps({"op": op, "timeout": timeout, **fields}) + "\n").encode())
-                await proc.stdin.drain()
-            except (BrokenPipeError, ConnectionResetError):
-                line = b""
-            else:
-                line = await asyncio.wait_for(proc.stdout.readline(), timeout + _GRACE)
-        if not line:
-            raise SdkError(f"the SDK node exited during {op}: {_tail(self._stderr)}")
-        answer: dict[str, Any] = json.loads(line)
-        if not answer.get("ok"):
-            raise SdkError(f"{op}: {answer.get('error')}")
-        return answer
-
-    async def stop(self) -> None:
-        """Close its stdin (the driver closes the node and exits), kill it if it lingers."""
-        if self._stderr.closed:
-            return
-        await _end(self._proc)
-        self._stderr.close()
-
-    async def __aenter__(self) -> SdkNode:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-
-async def _end(proc: asyncio.subprocess.Process, wait: float = 10.0) -> None:
-    """Close ``proc``'s stdin and wait ``wait`` seconds for it to exit; then kill it."""
-    if proc.stdin is not None:
-        with contextlib.suppress(OSError):
-            proc.stdin.close()
-    try:
-        await asyncio.wait_for(proc.wait(), wait)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-
-
-def _tail(stderr: IO[str]) -> str:
-    """The end of what the driver wrote to stderr."""
-    if stderr.closed:
-        return ""
-    stderr.flush()
-    stderr.seek(0)
-    return stderr.read()[-1500:]

@@ -3,15 +3,16 @@ beetswap, issue 49), four figures measured in one run, each next to its own base
 
 1. **Bitswap from an SDK node.** The object (``size`` bytes, 1 MiB chunks) is split between an
    SDK node A, which ``put_block``\\ s each leaf (one raw block each: the same CIDs as our UnixFS
-   import), and a Lattica node R holding only the dag-pb root (the SDK cannot store one): R puts
-   the object unpinned and deletes the leaves from its blockstore. A Lattica fetcher F, connected
-   to A and R, fetches the root; every leaf must come from A over Bitswap (the fetch's per-peer
-   stats and ``bitswap.received_bytes`` say so). Baseline: SDK node B ``get_block``\\ s the same
-   leaves from A, ``threads`` at once, timed by its driver (``sdk_peer.py``'s ``get_blocks``).
+   import), and a Lattica node R holding only the dag-pb nodes (the root, and past 174 leaves the
+   inner nodes under it; the SDK cannot store them): R puts the object unpinned and deletes the
+   leaves from its blockstore. A Lattica fetcher F, connected to A and R, fetches the root; every
+   leaf must come from A over Bitswap (the fetch's per-peer stats and ``bitswap.received_bytes``
+   say so). Baseline: SDK node B ``get_block``\\ s the same leaves from A, ``threads`` at once,
+   timed by its driver (``sdk_peer.py``'s ``get_blocks``).
 2. **Bitswap from a Lattica node.** Fetcher F2 gets the object from Lattica node P by our actor
-   protocol, then (blockstore emptied by ``gc``) again with Bitswap forced: the fetcher's
-   ``content.bitswap.speaks_only_bitswap`` answers True for P, so every have/blocks request to P
-   goes over ``/ipfs/bitswap/1.2.0``.
+   protocol and with Bitswap forced (the fetcher's ``content.bitswap.speaks_only_bitswap``
+   answers True for P, so every have/blocks request to P goes over ``/ipfs/bitswap/1.2.0``),
+   ``rounds`` times each, alternating, its blockstore emptied by ``gc`` before each.
 3. **Kademlia lookups in a mixed DHT** of 3 SDK and 3 Lattica nodes on ``/lattica/1.0.0``:
    values are stored by an SDK node and a Lattica node, then a Lattica node and an SDK node that
    joined after the stores (so neither holds them) look them up; ``closest_peers`` of random keys
@@ -23,8 +24,11 @@ beetswap, issue 49), four figures measured in one run, each next to its own base
 
 A Lattica fetch takes as providers only peers that say they have the **root** (connected peers
 asked want-have, provider records, swarms), and an SDK node holds leaves only: F and the swarm's
-fetchers are told A and B hold them (``ContentService.fetch(root, source=...)``) once the root
-has arrived, the way a caller that knows who holds the leaves would. Every Lattica node of 1, 2
+fetchers are told A and B hold them (``ContentService.fetch(root, source=...)``) once the dag-pb
+nodes have arrived, the way a caller that knows who holds the leaves would (told before, the
+fetch may ask A for a dag-pb node, which the SDK neither sends nor says it lacks: the request
+waits out ``ContentConfig.block_timeout``, 10 s). Every fetcher first gets a small warm-up
+object (its fetch machinery loads, its worker threads start). Every Lattica node of 1, 2
 and 4 is a process of its own on loopback with a blockstore directory of its own, every fetch is
 timed inside the fetching process from the call to the last block stored (each block checked
 against its CID); the SDK nodes are ``sdk_peer.py kad`` processes (lattica.bench._peers.sdk_node).
@@ -85,22 +89,30 @@ class ContentPeer:
         """Put the object (pinned, announced); its root and leaves."""
         svc = _content()
         root = await svc.put(object_bytes(size, seed), CHUNK, True)
-        return {"cid": str(root), "leaves": [str(c) for c in _leaves(svc, root)]}
+        nodes, leaves = _dag(svc, root)
+        return {"cid": str(root), "nodes": [str(c) for c in nodes], "leaves": [str(c) for c in leaves]}
 
     async def hold_root_only(self, size: int, seed: int) -> dict:
-        """Put the object unpinned, then delete its leaves: the blockstore keeps the root alone."""
+        """Put the object unpinned, then delete its leaves: the blockstore keeps its dag-pb nodes
+        alone (the root, and the inner nodes of an object of more than 174 leaves)."""
         svc = _content()
         root = await svc.put(object_bytes(size, seed), CHUNK, False)
-        leaves = _leaves(svc, root)
+        nodes, leaves = _dag(svc, root)
         for cid in leaves:
             svc.store.delete(cid)
-        return {"cid": str(root), "leaves": [str(c) for c in leaves], "blocks_held": len(svc.store)}
+        return {
+            "cid": str(root),
+            "nodes": [str(c) for c in nodes],
+            "leaves": [str(c) for c in leaves],
+            "blocks_held": len(svc.store),
+        }
 
-    async def fetch(self, cid: str, sources: list[str], bitswap_to: list[str]) -> dict:
+    async def fetch(self, cid: str, sources: list[str], bitswap_to: list[str], nodes: list[str]) -> dict:
         """Fetch ``cid`` into the blockstore: ``sources`` (PeerIds holding the leaves) join the
-        fetch once the root is here; ``bitswap_to``: peers asked over Bitswap even if they are
-        Lattica nodes. The seconds from the call to the last block stored, the bytes each peer
-        delivered first (the session's stats), the bytes that came over Bitswap."""
+        fetch once the blocks ``nodes`` (its dag-pb nodes) are here; ``bitswap_to``: peers asked
+        over Bitswap even if they are Lattica nodes. The seconds from the call to the last block
+        stored, the bytes each peer delivered first (the session's stats), the bytes that came
+        over Bitswap."""
         svc = _content()
         root = Cid.parse(cid)
         forced = {PeerId.from_string(p) for p in bitswap_to}
@@ -113,7 +125,8 @@ class ContentPeer:
         try:
             main = asyncio.ensure_future(svc.fetch(root))
             if sources:
-                while not main.done() and not svc.store.has(root):
+                wait = [Cid.parse(c) for c in nodes]
+                while not main.done() and not all(svc.store.has(c) for c in wait):
                     await asyncio.sleep(0.002)
                 if not main.done():
                     await asyncio.gather(main, *(svc.fetch(root, source=PeerId.from_string(s)) for s in sources))
@@ -138,13 +151,24 @@ class ContentPeer:
         return await _content().gc()
 
 
-def _leaves(svc: Any, root: Cid) -> list[Cid]:
+def _dag(svc: Any, root: Cid) -> tuple[list[Cid], list[Cid]]:
+    """The object's dag-pb nodes (the root, and inner nodes past 174 leaves) and its raw leaves,
+    each in the file's order."""
     if root.codec_name != "dag-pb":
         raise ValueError(f"an object of one block ({root}): the bench needs more than {CHUNK} bytes")
-    node = decode_node(svc.store.get(root))
-    if any(link.cid.codec_name != "raw" for link in node.links):
-        raise ValueError("an object of more than one level of links: the bench needs at most 174 GiB")
-    return [link.cid for link in node.links]
+    nodes: list[Cid] = []
+    leaves: list[Cid] = []
+
+    def walk(cid: Cid) -> None:
+        if cid.codec_name == "raw":
+            leaves.append(cid)
+            return
+        nodes.append(cid)
+        for link in decode_node(svc.store.get(cid)).links:
+            walk(link.cid)
+
+    walk(root)
+    return nodes, leaves
 
 
 # -- processes ------------------------------------------------------------------------------------
@@ -217,7 +241,7 @@ def from_sdk(
 ) -> tuple[dict[str, Any], list[str]]:
     """Figure 1 (see the module docstring); also the leaves' CIDs."""
     size = len(data)
-    say(f"1. SDK node A put_blocks {len(range(0, size, CHUNK))} leaves, Lattica node R holds the root alone")
+    say(f"1. SDK node A put_blocks {len(range(0, size, CHUNK))} leaves, Lattica node R holds the dag-pb nodes alone")
     r, holder = procs.start()
     held = _call(me, holder, "hold_root_only", size, SEED)
     cids = _put_leaves(me, a, data)
@@ -226,8 +250,8 @@ def from_sdk(
     say("1. Lattica fetcher F, connected to A and R, gets the root")
     warm = _call(me, holder, "publish", WARM, SEED + 1)["cid"]
     f, fetcher = procs.start([r.addr("tcp"), a.addr()])
-    _call(me, fetcher, "fetch", warm, [], [])
-    got = _call(me, fetcher, "fetch", held["cid"], [a.peer_id], [])
+    _call(me, fetcher, "fetch", warm, [], [], [])
+    got = _call(me, fetcher, "fetch", held["cid"], [a.peer_id], [], held["nodes"])
     procs.stop(f)  # (F and R hold the object: they must serve nobody in the figures that follow)
     procs.stop(r)
     from_a = got["peers"].get(a.peer_id, [0])[0]
@@ -267,11 +291,11 @@ def from_lattica(
     runs: dict[bool, list[dict]] = {False: [], True: []}
     try:
         for bitswap in (False, True):
-            _call(me, fetcher, "fetch", warm, [], [p.peer_id] if bitswap else [])
+            _call(me, fetcher, "fetch", warm, [], [p.peer_id] if bitswap else [], [])
             _call(me, fetcher, "drop")
         for i in range(2 * rounds):
             bitswap = i % 4 in (1, 2)
-            runs[bitswap].append(_call(me, fetcher, "fetch", root, [], [p.peer_id] if bitswap else []))
+            runs[bitswap].append(_call(me, fetcher, "fetch", root, [], [p.peer_id] if bitswap else [], []))
             _call(me, fetcher, "drop")
     finally:
         procs.stop(f2)
@@ -407,20 +431,24 @@ def swarm(
     me: lattica.Node,
     procs: _Procs,
     p: ServerProcess,
+    publisher: Any,
     sdks: list[SdkNode],
-    root: str,
+    published: dict[str, Any],
     size: int,
     fetchers: int,
     say: Say,
 ) -> dict[str, Any]:
     """Figure 4 (see the module docstring)."""
     say(f"4. {fetchers} Lattica fetchers at once; providers: Lattica publisher P and {len(sdks)} SDK nodes")
+    warm = _call(me, publisher, "publish", WARM, SEED + 3)["cid"]
     started = [procs.start([p.addr("tcp"), *(s.addr() for s in sdks)]) for _ in range(fetchers)]
     refs = [ref for _, ref in started]
+    for ref in refs:
+        _call(me, ref, "fetch", warm, [], [], [])
     sources = [s.peer_id for s in sdks]
 
     async def all_fetch() -> list[dict]:
-        return await asyncio.gather(*(r.fetch.remote(root, sources, []) for r in refs))
+        return await asyncio.gather(*(r.fetch.remote(published["cid"], sources, [], published["nodes"]) for r in refs))
 
     t0 = time.perf_counter()
     results = me.run(all_fetch(), timeout=600 + 4 * fetchers * size / 10e6)
@@ -477,11 +505,11 @@ def bench_libp2p_content(
         row, cids = from_sdk(me, procs, a, b, data, threads, say)
         yield row
         p, publisher = procs.start()
-        root = _call(me, publisher, "publish", size, SEED)["cid"]
-        yield from_lattica(me, procs, p, publisher, root, size, rounds, say)
+        published = _call(me, publisher, "publish", size, SEED)
+        yield from_lattica(me, procs, p, publisher, published["cid"], size, rounds, say)
         yield kad_lookups(me, stack, sdk_python, lookups, keys, say)
         # B holds the leaves it fetched from A; any it does not are put there
         local = me.run(b.get_blocks(cids, threads, timeout=60 + size / 1e6), timeout=90 + size / 1e6)
         if local["from"].get("local", 0) < len(cids):
             _put_leaves(me, b, data)
-        yield swarm(me, procs, p, [a, b], root, size, fetchers, say)
+        yield swarm(me, procs, p, publisher, [a, b], published, size, fetchers, say)

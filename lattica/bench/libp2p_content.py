@@ -16,7 +16,8 @@ beetswap, issue 49), four figures measured in one run, each next to its own base
 3. **Kademlia lookups in a mixed DHT** of 3 SDK and 3 Lattica nodes on ``/lattica/1.0.0``:
    values are stored by an SDK node and a Lattica node, then a Lattica node and an SDK node that
    joined after the stores (so neither holds them) look them up; ``closest_peers`` of random keys
-   from the Lattica node too. Ours are timed on the node's loop, the SDK's ``get`` by its driver.
+   from the Lattica node too. Ours are timed in the looking node's process (on its loop), the
+   SDK's ``get`` by its driver.
 4. **A swarm with mixed providers:** the publisher P, A and B holding the leaves, and
    ``fetchers`` Lattica fetchers started at once; each one's seconds, and the bytes each kind of
    provider served (publisher, SDK nodes, fellow fetchers), summed from the fetchers' per-peer
@@ -28,8 +29,9 @@ fetchers are told A and B hold them (``ContentService.fetch(root, source=...)``)
 nodes have arrived, the way a caller that knows who holds the leaves would (told before, the
 fetch may ask A for a dag-pb node, which the SDK neither sends nor says it lacks: the request
 waits out ``ContentConfig.block_timeout``, 10 s). Every fetcher first gets a small warm-up
-object (its fetch machinery loads, its worker threads start). Every Lattica node of 1, 2
-and 4 is a process of its own on loopback with a blockstore directory of its own, every fetch is
+object (its fetch machinery loads, its worker threads start). Every Lattica node is a process
+of its own on loopback (with a blockstore directory of its own), driven through actors by the
+bench's node, which runs no Kademlia (the DHT figure's nodes must not find it); every fetch is
 timed inside the fetching process from the call to the last block stored (each block checked
 against its CID); the SDK nodes are ``sdk_peer.py kad`` processes (lattica.bench._peers.sdk_node).
 """
@@ -53,7 +55,6 @@ import numpy as np
 import lattica
 from lattica._identity import PeerId
 from lattica._runtime import current_runtime
-from lattica.bench import host_of
 from lattica.bench._peers.sdk_node import SdkNode
 from lattica.bench.rpc import spawn_on
 from lattica.content._cid import Cid
@@ -151,6 +152,51 @@ class ContentPeer:
         return await _content().gc()
 
 
+def _kad_here() -> Any:
+    kad = current_runtime().host.services.kad
+    if kad is None:
+        raise RuntimeError("the node runs no libp2p Kademlia")
+    return kad[SDK_NET]
+
+
+@lattica.actor
+class KadPeer:
+    """Runs in a Lattica node process of the DHT figure: its side of ``/lattica/1.0.0``."""
+
+    async def knows(self, peer: str) -> bool:
+        return PeerId.from_string(peer) in _kad_here().table
+
+    async def warm(self) -> int:
+        """A lookup of our own id (the table fills, connections open); the peers found."""
+        kad = _kad_here()
+        return len(await kad.closest_peers(kad.peer_id.to_bytes()))
+
+    async def put(self, key: str, value: bytes) -> int:
+        return int(await _kad_here().put_value(key.encode(), value))
+
+    async def held(self, keys: list[str]) -> int:
+        """How many of ``keys`` this node holds a value of."""
+        values = _kad_here().values
+        return sum(values.get(k.encode()) is not None for k in keys)
+
+    async def lookups(self, keys: list[str], random_keys: int) -> dict:
+        """``closest_peers`` of ``random_keys`` random keys, then ``get_value`` of each of
+        ``keys``, one at a time, each timed here; the peers each get asked (median)."""
+        kad = _kad_here()
+        closest_ms, closest_ok = await _timed([lambda: kad.closest_peers(os.urandom(32)) for _ in range(random_keys)])
+        before = len(kad.stats)
+        gets: list[Callable[[], Awaitable[Any]]] = [functools.partial(kad.get_value, k.encode()) for k in keys]
+        get_ms, get_ok = await _timed(gets)
+        queried = [s.queried for s in list(kad.stats)[before:] if s.kind == "get_value"]
+        return {
+            "closest_ms": closest_ms,
+            "closest_ok": closest_ok,
+            "get_ms": get_ms,
+            "get_ok": get_ok,
+            "get_queried_p50": statistics.median(queried) if queried else None,
+        }
+
+
 def _dag(svc: Any, root: Cid) -> tuple[list[Cid], list[Cid]]:
     """The object's dag-pb nodes (the root, and inner nodes past 174 leaves) and its raw leaves,
     each in the file's order."""
@@ -181,9 +227,9 @@ class _Procs:
         self.me = me
         self.running: dict[str, tuple[ServerProcess, str]] = {}
 
-    def start(self, connect: Sequence[str] = ()) -> tuple[ServerProcess, Any]:
-        """A node process dialing ``connect`` once started, ``me`` connected to it, and a
-        ContentPeer actor spawned there."""
+    def start(self, connect: Sequence[str] = (), actor: Any = None) -> tuple[ServerProcess, Any]:
+        """A node process dialing ``connect`` once started, ``me`` connected to it, and an
+        ``actor`` (default ContentPeer) spawned there."""
         blocks = tempfile.mkdtemp(prefix="lattica-bench-blocks-")
         extra = [x for a in connect for x in ("--connect", a)]
         proc = ServerProcess([_TCP], *extra, env={**os.environ, "LATTICA_BLOCKS": blocks})
@@ -194,7 +240,7 @@ class _Procs:
             raise
         self.running[proc.peer_id] = (proc, blocks)
         self.me.connect(proc.addr("tcp"))
-        return proc, spawn_on(self.me, ContentPeer, proc.peer_id)
+        return proc, spawn_on(self.me, actor or ContentPeer, proc.peer_id)
 
     def stop(self, proc: ServerProcess) -> None:
         _, blocks = self.running.pop(proc.peer_id)
@@ -326,31 +372,11 @@ def from_lattica(
 # -- 3: Kademlia lookups --------------------------------------------------------------------------
 
 
-def _dht_node() -> lattica.Node:
-    """A node of the DHT figure: Kademlia and little else."""
-    return lattica.Node([_TCP], membership=False, pubsub=False, crdt=False, content=False)
-
-
-def _kad(node: lattica.Node) -> Any:
-    kad = host_of(node).services.kad
-    if kad is None:
-        raise RuntimeError("the node runs no libp2p Kademlia")
-    return kad[SDK_NET]
-
-
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
     return round(ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))], 2)
-
-
-async def _until(what: str, probe: Callable[[], bool], wait: float = 30.0) -> None:
-    deadline = time.monotonic() + wait
-    while not probe():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {wait:.0f} s")
-        await asyncio.sleep(0.05)
 
 
 async def _timed(calls: list[Callable[[], Awaitable[Any]]]) -> tuple[list[float], int]:
@@ -367,20 +393,33 @@ async def _timed(calls: list[Callable[[], Awaitable[Any]]]) -> tuple[list[float]
     return ms, ok
 
 
+def _wait_until_known(me: lattica.Node, ref: Any, peer: str, wait: float = 40.0) -> None:
+    """Until ``peer`` is in the routing table of the node ``ref`` runs on."""
+    deadline = time.monotonic() + wait
+    while not _call(me, ref, "knows", peer, timeout=10):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{peer} not in a Lattica node's {SDK_NET} table within {wait:.0f} s")
+        time.sleep(0.05)
+
+
 def kad_lookups(
-    me: lattica.Node, stack: contextlib.ExitStack, sdk_python: pathlib.Path, lookups: int, keys: int, say: Say
+    me: lattica.Node,
+    procs: _Procs,
+    stack: contextlib.ExitStack,
+    sdk_python: pathlib.Path,
+    lookups: int,
+    keys: int,
+    say: Say,
 ) -> dict[str, Any]:
     """Figure 3 (see the module docstring)."""
     say(f"3. a DHT of 3 SDK + 3 Lattica nodes on {SDK_NET}: {keys} values stored, {lookups} lookups each")
-    l1 = stack.enter_context(_dht_node())
-    l2 = stack.enter_context(_dht_node())
-    l2.connect(str(l1.addrs[0]))
-    s1 = _sdk(me, stack, sdk_python, [str(l1.addrs[0])])
-    s2 = _sdk(me, stack, sdk_python, [s1.addr(), str(l2.addrs[0])])
-    k1, k2 = _kad(l1), _kad(l2)
-    l1.run(_until("S1 in L1's table", lambda: PeerId.from_string(s1.peer_id) in k1.table), timeout=40)
-    l2.run(_until("S2 in L2's table", lambda: PeerId.from_string(s2.peer_id) in k2.table), timeout=40)
-    l2.run(k2.closest_peers(k2.peer_id.to_bytes()), timeout=40)  # (L2 meets S1 through L1 and S2)
+    l1, k1 = procs.start(actor=KadPeer)
+    l2, k2 = procs.start([l1.addr("tcp")], actor=KadPeer)
+    s1 = _sdk(me, stack, sdk_python, [l1.addr("tcp")])
+    s2 = _sdk(me, stack, sdk_python, [s1.addr(), l2.addr("tcp")])
+    _wait_until_known(me, k1, s1.peer_id)
+    _wait_until_known(me, k2, s2.peer_id)
+    _call(me, k2, "warm")  # (L2 meets S1 through L1 and S2)
     names = [f"issue-49/bench/{i}" for i in range(keys)]
     expiration = time.time() + 3600
     for i, name in enumerate(names):  # half stored by an SDK node, half by a Lattica node
@@ -388,35 +427,30 @@ def kad_lookups(
         if i % 2:
             me.run(s1.store(name, value, expiration), timeout=60)
         else:
-            l2.run(k2.put_value(name.encode(), encode_value(value, expiration)), timeout=60)
+            _call(me, k2, "put", name, encode_value(value, expiration), timeout=60)
     # the lookers join after the stores, so neither holds a value of its own to answer with
-    l3 = stack.enter_context(_dht_node())
-    l3.connect(str(l1.addrs[0]))
-    s3 = _sdk(me, stack, sdk_python, [s2.addr(), str(l2.addrs[0])])
-    k3 = _kad(l3)
-    l3.run(_until("L1 in L3's table", lambda: l1.peer_id in k3.table), timeout=40)
-    l3.run(k3.closest_peers(k3.peer_id.to_bytes()), timeout=40)  # (warm-up: its table fills)
+    l3, k3 = procs.start([l1.addr("tcp")], actor=KadPeer)
+    s3 = _sdk(me, stack, sdk_python, [s2.addr(), l2.addr("tcp")])
+    _wait_until_known(me, k3, l1.peer_id)
+    _call(me, k3, "warm")  # (its table fills)
     me.run(s3.gets(["issue-49/bench/nobody"]), timeout=60)  # (the SDK's warm-up)
-    held_before = sum(k3.values.get(n.encode()) is not None for n in names)
+    held_before = _call(me, k3, "held", names)
     picks = [names[i % keys] for i in range(lookups)]
     budget = 60 + lookups * 10
-    closest_ms, closest_ok = l3.run(
-        _timed([lambda: k3.closest_peers(os.urandom(32)) for _ in range(lookups)]), timeout=budget
-    )
-    gets: list[Callable[[], Awaitable[Any]]] = [functools.partial(k3.get_value, n.encode()) for n in picks]
-    get_ms, get_ok = l3.run(_timed(gets), timeout=budget)
+    ours = _call(me, k3, "lookups", picks, lookups, timeout=2 * budget)
     sdk_ms, sdk_found = me.run(s3.gets(picks, timeout=budget), timeout=budget + 30)
     return {
         "bench": "libp2p-content",
         "case": "kad lookups",
         "dht": f"3 sdk + 3 lattica on {SDK_NET}",
         "lookups": lookups,
-        "lattica_closest_p50_ms": _pct(closest_ms, 0.5),
-        "lattica_closest_p99_ms": _pct(closest_ms, 0.99),
-        "lattica_closest_ok": closest_ok,
-        "lattica_get_p50_ms": _pct(get_ms, 0.5),
-        "lattica_get_p99_ms": _pct(get_ms, 0.99),
-        "lattica_get_found": get_ok,
+        "lattica_closest_p50_ms": _pct(ours["closest_ms"], 0.5),
+        "lattica_closest_p99_ms": _pct(ours["closest_ms"], 0.99),
+        "lattica_closest_ok": ours["closest_ok"],
+        "lattica_get_p50_ms": _pct(ours["get_ms"], 0.5),
+        "lattica_get_p99_ms": _pct(ours["get_ms"], 0.99),
+        "lattica_get_found": ours["get_ok"],
+        "lattica_get_queried_p50": ours["get_queried_p50"],
         "sdk_get_p50_ms": _pct(sdk_ms, 0.5),
         "sdk_get_p99_ms": _pct(sdk_ms, 0.99),
         "sdk_get_found": sum(sdk_found),
@@ -497,7 +531,8 @@ def bench_libp2p_content(
     say = progress or (lambda _: None)
     data = object_bytes(size)
     with contextlib.ExitStack() as stack:
-        me = stack.enter_context(lattica.Node([]))
+        # (no Kademlia: the DHT figure's nodes must not find this one, which only drives them)
+        me = stack.enter_context(lattica.Node([], kad=False))
         procs = _Procs(me)
         stack.callback(procs.close)
         a = _sdk(me, stack, sdk_python)
@@ -507,7 +542,7 @@ def bench_libp2p_content(
         p, publisher = procs.start()
         published = _call(me, publisher, "publish", size, SEED)
         yield from_lattica(me, procs, p, publisher, published["cid"], size, rounds, say)
-        yield kad_lookups(me, stack, sdk_python, lookups, keys, say)
+        yield kad_lookups(me, procs, stack, sdk_python, lookups, keys, say)
         # B holds the leaves it fetched from A; any it does not are put there
         local = me.run(b.get_blocks(cids, threads, timeout=60 + size / 1e6), timeout=90 + size / 1e6)
         if local["from"].get("local", 0) < len(cids):

@@ -439,6 +439,10 @@ def kad_lookups(
     budget = 60 + lookups * 10
     ours = _call(me, k3, "lookups", picks, lookups, timeout=2 * budget)
     sdk_ms, sdk_found = me.run(s3.gets(picks, timeout=budget), timeout=budget + 30)
+    for sdk in (s3, s2, s1):  # (the swarm that follows runs without them)
+        me.run(sdk.stop(), timeout=30)
+    for proc in (l3, l2, l1):
+        procs.stop(proc)
     return {
         "bench": "libp2p-content",
         "case": "kad lookups",
@@ -543,8 +547,9 @@ def bench_libp2p_content(
         published = _call(me, publisher, "publish", size, SEED)
         yield from_lattica(me, procs, p, publisher, published["cid"], size, rounds, say)
         yield kad_lookups(me, procs, stack, sdk_python, lookups, keys, say)
-        # B holds the leaves it fetched from A; any it does not are put there
+        # B holds the leaves it fetched from A (else they are put there)
         local = me.run(b.get_blocks(cids, threads, timeout=60 + size / 1e6), timeout=90 + size / 1e6)
-        if local["from"].get("local", 0) < len(cids):
+        kept = local["from"].get("local", 0)
+        if kept < len(cids):
             _put_leaves(me, b, data)
-        yield swarm(me, procs, p, publisher, [a, b], published, size, fetchers, say)
+        yield {**swarm(me, procs, p, publisher, [a, b], published, size, fetchers, say), "b_kept_leaves": kept}

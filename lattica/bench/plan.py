@@ -152,7 +152,7 @@ def _libp2p_content(a: argparse.Namespace) -> Plan:
         f"{size >> 20} MiB over Bitswap from an SDK node (beside SDK -> SDK) and from a Lattica node (beside our "
         f"protocol), {a.lookups} Kademlia lookups of each kind among 3 SDK + 3 Lattica nodes, a swarm of 4 fetchers "
         "with SDK providers",
-        20 + a.lookups * 0.1 + 12 * size / (64 << 20),
+        15 + a.lookups * 0.05 + 8 * size / (64 << 20),  # (256 MiB: 38 s on the 2-core VM, quiet; 52 s loaded)
         "--size, --lookups: smaller",
     )
 

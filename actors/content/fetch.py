@@ -273,7 +273,10 @@ class Fetch:
         for call in list(self._peer_calls.pop(peer, ())):
             call.cancel()  # (a late answer must not count against it if it rejoins)
 
-    def _add_peer(self, peer: PeerId, holder_only: bool = False) -> bool:
+    def _add_peer(self, peer: PeerId, holder_only: bool = False, provider: bool = True) -> bool:
+        """Take ``peer`` into the session; ``provider``: it holds the root or fetches it (a peer
+        that may only hold some of its blocks joins without counting as one: a fetch nobody
+        provides still fails fast)."""
         if peer == self.svc.rt.peer_id or peer in self._peers:
             return False
         if self._benched.get(peer, (0.0, 0))[0] > time.monotonic():
@@ -281,7 +284,7 @@ class Fetch:
         if not self.session.add_peer(peer, asyncio.get_running_loop().time(), holder_only=holder_only):
             return False  # (it sent a bad block)
         self._peers.add(peer)
-        self._ever_joined = True
+        self._ever_joined = self._ever_joined or provider
         log.debug(
             "fetch peer joins",
             root=str(self.root),
@@ -344,7 +347,15 @@ class Fetch:
             if got == [True]:
                 self._add_peer(peer)
 
-        await asyncio.gather(*(ask(p) for p in conns[:64]))
+        for peer in conns[:64]:
+            if self.svc.bitswap.speaks_only_bitswap(peer):
+                # a libp2p node may hold blocks of an object whose root it lacks (the Lattica SDK
+                # stores no dag-pb node, and says nothing of what it lacks): it joins at once,
+                # holder-only, asked want-have for the blocks no provider has (the root first)
+                # and want-block for those it says it has, as go's Bitswap asks its peers; it
+                # counts as a provider once it says it has one
+                self._add_peer(peer, holder_only=True, provider=False)
+        await asyncio.gather(*(ask(p) for p in conns[:64] if p not in self._peers))
 
     async def _ask_dht(self) -> int | None:
         """Probe the providers the DHT knows; how many it named (None: the lookup failed)."""
@@ -518,6 +529,7 @@ class Fetch:
         if req.kind != BLOCK:
             for cid, has in zip(cids, got):
                 (session.on_have if has is True else session.on_dont_have)(peer, cid, now)
+            self._ever_joined = self._ever_joined or True in got  # (a holder-only peer that has some)
         else:
             pairs, passed, missing = [], [], []  # every CID answered ends in exactly one of them
             for cid, b in zip(cids, got):

@@ -279,6 +279,9 @@ class FetchPlanner(FetchState):
                 self._npending -= 1
                 w.state = STUCK
                 self._stuck[w.cid] = w
+                for q in self._active.values():  # holder-only peers may have it: ask them want-have
+                    if q.holder_only:
+                        q.have_queue.append(w.cid)
                 if self._retry_at is None and self._retriable(w):
                     self._retry_at = now + self.retry_after
                 continue

@@ -64,3 +64,32 @@ def test_blocks_both_ways_with_the_sdk(sdk_python):
                 assert content.served_blocks == 6  # (over Bitswap: the SDK has no actor calls)
 
         node.run(run(), timeout=100)
+
+
+def test_leaves_from_an_sdk_node_that_lacks_the_root(sdk_python):
+    """The SDK stores no dag-pb node: a fetch of our object gets its root from a Lattica node and
+    its leaves, which only the SDK node holds, over Bitswap, with nobody naming the SDK node to
+    it (it is asked want-have for the blocks no provider has, as a connected peer)."""
+    data = os.urandom(3 * 1024 * 1024 + 999)
+    with (
+        lattica.Node(["/ip4/127.0.0.1/tcp/0"], membership=False, pubsub=False, crdt=False) as holder,
+        lattica.Node(["/ip4/127.0.0.1/tcp/0"], membership=False, pubsub=False, crdt=False) as fetcher,
+    ):
+        root = Cid.parse(lattica.content.put(data, pin=False, node=holder).result(30))
+        store = host_of(holder).services.content.store  # type: ignore[union-attr]
+        leaves = [link.cid for link in decode_node(store.get(root)).links]
+        for leaf in leaves:
+            store.delete(leaf)
+
+        async def run() -> None:
+            async with await SdkNode.start(sdk_python) as sdk:
+                for i, leaf in enumerate(leaves):
+                    assert await sdk.put_block(data[i << 20 : (i + 1) << 20]) == str(leaf)
+                await fetcher.aconnect(holder.addrs[0])
+                await fetcher.aconnect(sdk.addr())
+                content = host_of(fetcher).services.content
+                assert content is not None
+                got = await lattica.content.get(str(root), node=fetcher)
+                assert got == data and content.bitswap.received_bytes == len(data)
+
+        fetcher.run(run(), timeout=60)

@@ -618,6 +618,21 @@ def test_a_holder_only_peer_is_asked_only_for_blocks_it_said_it_has():
     assert [(r.peer, r.cids) for r in s.next_requests(0.2) if r.kind == BLOCK] == [("seed", (a,))]
 
 
+def test_a_holder_only_peer_is_asked_want_have_for_blocks_that_got_stuck_after_it_joined():
+    """A libp2p node that lacks the root may hold the leaves (the Lattica SDK stores no dag-pb
+    node): a block the providers turn out not to have is asked of it with a want-have."""
+    a = Cid.of(b"a")
+    s = FetchSession(window_bytes=16 * MiB)
+    s.add_peer("sdk", 0.0, holder_only=True)
+    s.add_peer("seed", 0.0)
+    s.want([a], [LEAF])
+    assert [(r.peer, r.kind) for r in s.next_requests(0.0)] == [("seed", BLOCK)]
+    s.on_dont_have("seed", a, 0.1)  # the provider lacks it: stuck, and the holder-only peer is asked
+    assert [(r.peer, r.kind, r.cids) for r in s.next_requests(0.1)] == [("sdk", HAVE, (a,))]
+    s.on_have("sdk", a, 0.2)
+    assert [(r.peer, r.cids) for r in s.next_requests(0.2) if r.kind == BLOCK] == [("sdk", (a,))]
+
+
 class _Churn(Swarm):
     """The glue's peer handling too: a dropped peer is removed (its calls cancelled) and, unless
     it sent a bad block, taken back after a while when it still says it has the root; ``dying``

@@ -16,6 +16,7 @@ from lattica import Node
 from lattica.actors.dht.libp2p import KadNetwork
 from lattica.bench import host_of
 from lattica.config import IPFS_KAD, KadConfig
+from lattica.dht._kademlia import key_id
 from lattica.errors import DhtError, PeerNotFound
 
 SDK_NET = "/lattica/1.0.0"
@@ -126,3 +127,18 @@ def test_the_public_api_as_a_user_types_it(line) -> None:
     assert lattica.kad.get("k", network=SDK_NET, node=c).result(10) == b"v"
     assert lattica.kad.find_peer(str(a.peer_id), node=c).result(10)
     assert lattica.kad.closest_peers(a.peer_id, node=c).result(10)[0] == a.peer_id
+
+
+def test_bucket_refresh_keys_land_in_their_buckets(line) -> None:
+    """libp2p keys are hashed by the receiver, so a refresh key is a pre-image whose id falls in
+    the stale bucket: found by trying for the 14 farthest buckets, not for nearer ones."""
+    a, _, _ = line
+    net = kad(a)
+    for index in (255, 250, 243):
+        key = net._key_in_bucket(index)
+        assert key is not None and net.table.bucket_index(key_id(key)) == index
+    assert net._key_in_bucket(100) is None
+    before = len(net.stats)
+    on_loop(a, net.refresh(force=True))
+    kinds = [s.kind for s in list(net.stats)[before:]]
+    assert "refresh" in kinds, kinds  # (and the bootstrap the network's first use starts)

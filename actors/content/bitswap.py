@@ -22,28 +22,30 @@ from lattica._framing import read_length, write_delimited
 from lattica._identity import PeerId
 from lattica._rpc import PROTOCOL as RPC_PROTOCOL
 from lattica._runtime.partials import PartialMessages
-from lattica.content._bitswap_wire import (
-    MAX_MESSAGE,
-    PROTOCOL,
-    BitswapMessage,
-    Name,
-    Want,
-    cid_of,
-    count_wants,
-    decode,
-    encode,
-)
-from lattica.content._cid import Cid
 from lattica.errors import ContentError, FrameTooLarge, LatticaError, ProtocolError, StreamClosed, Timeout
 from lattica.logging import get_logger
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from lattica.actors.content.service import ContentService
+    from lattica.content._bitswap_wire import BitswapMessage, Name, Want
+    from lattica.content._cid import Cid
     from lattica.transports.base import Connection, Stream
 
 __all__ = ["Bitswap", "PROTOCOL"]
 
+PROTOCOL = "/ipfs/bitswap/1.2.0"  # (the codec says the same: lattica.content._bitswap_wire)
+
 log = get_logger("lattica.bitswap")
+
+
+def _wire() -> ModuleType:
+    """The message codec, loaded with the first Bitswap message (it loads hashlib: not at start)."""
+    from lattica.content import _bitswap_wire  # (see the docstring)
+
+    return _bitswap_wire
+
 
 IDLE = 300.0  # s a peer's stream may stay silent (Bitswap peers keep one open)
 # want-blocks outstanding per peer, across all our requests to it: the SDK sends every pending
@@ -109,7 +111,7 @@ class Bitswap:
                     raise ContentError(f"no connection to {peer} to send Bitswap messages on")
                 stream = self._out[peer] = await self.host.open_stream_on(conn, PROTOCOL)
             try:
-                write_delimited(stream, encode(msg))
+                write_delimited(stream, _wire().encode(msg))
                 async with asyncio.timeout(SEND_TIMEOUT):  # (a peer that takes nothing loses the stream)
                     await stream.drain()
             except asyncio.CancelledError:
@@ -165,8 +167,8 @@ class Bitswap:
         streams each held up to 4 MiB half-read for IDLE s."""
         async with asyncio.timeout(IDLE):
             n = await read_length(stream)
-        if n > MAX_MESSAGE:
-            raise FrameTooLarge(f"a Bitswap message of {n} bytes (at most {MAX_MESSAGE})")
+        if n > _wire().MAX_MESSAGE:
+            raise FrameTooLarge(f"a Bitswap message of {n} bytes (at most {_wire().MAX_MESSAGE})")
         if not n:
             return b""
         stranger = self.svc.is_stranger(peer)
@@ -183,7 +185,7 @@ class Bitswap:
         something), and its wants, to serve: parsed only once the CIDs they name are charged to
         the peer's budget (counted unread; over the budget they are refused unread: parsing
         1,024 wants takes milliseconds)."""
-        n = count_wants(data)
+        n = _wire().count_wants(data)
         parse = True
         if n:
             try:
@@ -191,7 +193,7 @@ class Bitswap:
             except ContentError as e:
                 log.info("Bitswap wants not served", peer=str(peer), reason=str(e))
                 parse = False
-        msg = decode(data, wants=parse, answers=peer in self._asking)
+        msg = _wire().decode(data, wants=parse, answers=peer in self._asking)
         self._answers(peer, msg)
         return msg.wants
 
@@ -199,18 +201,18 @@ class Bitswap:
         """Blocks and presences ``peer`` sent: to the requests waiting for them (a block nobody
         asked this peer for is dropped)."""
         for name, data in msg.blocks:
-            cid = cid_of(name)
+            cid = _wire().cid_of(name)
             for w in self._waiting.get((peer, cid), ()):
                 w.answers[cid] = data if w.want_block else True
                 w.event.set()
         for name in msg.haves:
-            cid = cid_of(name)
+            cid = _wire().cid_of(name)
             for w in self._waiting.get((peer, cid), ()):
                 if not w.want_block:
                     w.answers[cid] = True
                     w.event.set()
         for name in msg.dont_haves:
-            cid = cid_of(name)
+            cid = _wire().cid_of(name)
             for w in self._waiting.get((peer, cid), ()):
                 w.answers.setdefault(cid, False)
                 w.event.set()
@@ -233,7 +235,7 @@ class Bitswap:
                 elif w.send_dont_have:
                     dont.append(w.name)
         if haves or dont:
-            await self._send(peer, BitswapMessage(haves=tuple(haves), dont_haves=tuple(dont)))
+            await self._send(peer, _wire().BitswapMessage(haves=tuple(haves), dont_haves=tuple(dont)))
         blocks = [w for w in asked if not w.have]
         for i in range(0, len(blocks), _SERVE_BATCH):
             await self._serve_blocks(peer, blocks[i : i + _SERVE_BATCH])
@@ -248,14 +250,14 @@ class Bitswap:
             for w, b in zip(todo, got):
                 if isinstance(b, (bytes, bytearray, memoryview)):
                     if batch and size + len(b) > MESSAGE_BLOCK_BYTES:
-                        await self._send(peer, BitswapMessage(blocks=tuple(batch)))
+                        await self._send(peer, _wire().BitswapMessage(blocks=tuple(batch)))
                         batch, size = [], 0
                     batch.append((w.name, bytes(b)))
                     size += len(b)
                 elif w.send_dont_have:
                     dont.append(w.name)  # (None: not held; a fellow's id: only our own swarms pass on)
             if batch or dont:
-                await self._send(peer, BitswapMessage(blocks=tuple(batch), dont_haves=tuple(dont)))
+                await self._send(peer, _wire().BitswapMessage(blocks=tuple(batch), dont_haves=tuple(dont)))
             todo = todo[len(got) :] if got else []  # (an answer cut short at the byte budget: the rest next)
 
     # -- asking ----------------------------------------------------------------------------------
@@ -267,7 +269,7 @@ class Bitswap:
         try:
             self._wait_for(peer, cids, waiter)
             async with asyncio.timeout(timeout):  # (a peer not reading our stream holds up the send too)
-                await self._send(peer, BitswapMessage(wants=tuple(Want(c, have=True) for c in cids)))
+                await self._send(peer, _wire().BitswapMessage(wants=tuple(_wire().Want(c, have=True) for c in cids)))
                 while len(waiter.answers) < len(cids):
                     waiter.event.clear()
                     await waiter.event.wait()
@@ -312,7 +314,7 @@ class Bitswap:
                     held.extend(more)
                     try:
                         async with asyncio.timeout_at(deadline):  # (as in have)
-                            await self._send(peer, BitswapMessage(wants=tuple(Want(c) for c in more)))
+                            await self._send(peer, _wire().BitswapMessage(wants=tuple(_wire().Want(c) for c in more)))
                     except TimeoutError:
                         break
                 left = deadline - loop.time()
@@ -348,7 +350,8 @@ class Bitswap:
     async def _cancel(self, peer: PeerId, cids: list[Cid]) -> None:
         try:
             await self._send(
-                peer, BitswapMessage(wants=tuple(Want(c, cancel=True, send_dont_have=False) for c in cids))
+                peer,
+                _wire().BitswapMessage(wants=tuple(_wire().Want(c, cancel=True, send_dont_have=False) for c in cids)),
             )
         except LatticaError:
             pass  # (the peer is gone: nothing to cancel there)

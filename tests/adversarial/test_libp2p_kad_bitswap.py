@@ -579,7 +579,7 @@ def test_bitswap_want_floods_from_many_identities_are_parsed_within_the_named_bu
         parsed.append((time.monotonic(), len(msg.wants)))
         return msg
 
-    monkeypatch.setattr(bitswap_actor, "decode", counting)
+    monkeypatch.setattr(bw, "decode", counting)  # (the service looks the codec up at each message)
     key = MeshKey.generate()
     with _node(key) as victim, _node(key) as member:
         member.connect(victim.addrs[0])

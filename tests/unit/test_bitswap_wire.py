@@ -95,3 +95,10 @@ def test_a_cidv0_want_is_answered_under_its_v0_name():
     assert answer == encode_fields([(3, block), (4, encode_fields([(1, v0_name), (2, 0)]))])
     got = bs.decode(answer)
     assert got.blocks[0][0] == node and got.haves == (node,)
+
+
+def test_the_service_serves_the_codecs_protocol():
+    """(The service names it without loading the codec at start: the codec loads hashlib.)"""
+    from lattica.actors.content.bitswap import PROTOCOL  # (as the docstring says)
+
+    assert PROTOCOL == bs.PROTOCOL == "/ipfs/bitswap/1.2.0"

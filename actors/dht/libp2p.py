@@ -60,7 +60,9 @@ log = get_logger("lattica.kad")
 MAX_HINT_ADDRS = 8  # addresses of a peer we keep from an answer, and give in ours
 _IDLE = 10.0  # s a served stream may sit between requests (peers may reuse a stream)
 _REQUESTS_PER_STREAM = 64
-_PREIMAGE_TRIES = 1 << 14  # sha256 pre-images tried to land a refresh key in a bucket
+_REFRESHED_BUCKETS = 14  # the farthest buckets refreshed by pre-image: nearly every peer is there
+_PREIMAGE_TRIES = 1 << 20  # cap of one search; the nearest of them needs 2**14 tries on average
+_PREIMAGES_KEPT = 8  # keys kept for each bucket, so refreshes vary the region they look up
 _UPKEEP_TICK = 30.0
 
 
@@ -83,6 +85,28 @@ class _Own:
 
     values: dict[bytes, tuple[bytes, float]] = field(default_factory=dict)
     provided: dict[bytes, float] = field(default_factory=dict)
+
+
+def bucket_preimages(local: int, rng: random.Random | None = None) -> dict[int, list[bytes]]:
+    """Keys whose ids (``sha256(key)``) fall in each of our ``_REFRESHED_BUCKETS`` farthest
+    buckets, found by trying random keys: libp2p peers hash what we ask for, so a bucket's
+    refresh key must be a pre-image. The nearest of those buckets takes 2**14 tries on average;
+    missing one after ``_PREIMAGE_TRIES`` has odds of e**-64."""
+    rng = rng or random.Random()
+    nearest = 256 - _REFRESHED_BUCKETS
+    found: dict[int, list[bytes]] = {index: [] for index in range(nearest, 256)}
+    missing = set(found)
+    for _ in range(_PREIMAGE_TRIES):
+        key = rng.randbytes(32)
+        index = (int.from_bytes(sha256(key), "big") ^ local).bit_length() - 1
+        keys = found.get(index)
+        if keys is None or len(keys) >= _PREIMAGES_KEPT:
+            continue
+        keys.append(key)
+        missing.discard(index)
+        if not missing:
+            break
+    return found
 
 
 class KadNetwork:
@@ -118,6 +142,7 @@ class KadNetwork:
         # a node sends nothing on the network until local code first asks it something: until
         # then it serves, and its table fills from identify alone (no lookups to every peer met)
         self._active = False
+        self._preimages: dict[int, list[bytes]] | None = None
         self._others: set[PeerId] = set()  # peers met that are libp2p nodes, not Lattica ones
         if cfg.server:
             host.set_handler(protocol, self._serve)
@@ -507,17 +532,12 @@ class KadNetwork:
             await self._lookup("refresh", KadMessage(MessageType.FIND_NODE, key))
 
     def _key_in_bucket(self, index: int) -> bytes | None:
-        """A key whose id falls in bucket ``index`` (None if not found in a few thousand tries:
-        a near bucket, which our own lookup keeps fresh)."""
-        if index < 256 - 14:
-            return None
-        rng = random.Random()
-        local = self.table.local_id
-        for _ in range(_PREIMAGE_TRIES):
-            key = rng.randbytes(32)
-            if (int.from_bytes(sha256(key), "big") ^ local).bit_length() - 1 == index:
-                return key
-        return None
+        """A key whose id falls in bucket ``index``, or None for a near bucket (our own lookups
+        keep those fresh). The pre-images are searched for once, for all the far buckets."""
+        if self._preimages is None:
+            self._preimages = bucket_preimages(self.table.local_id)
+        keys = self._preimages.get(index)
+        return random.choice(keys) if keys else None
 
     async def republish(self) -> None:
         """Re-announce what we provide and re-put our values when they are due."""

@@ -28,7 +28,6 @@ from lattica.errors import (
     HandshakeError,
     LatticaError,
     PeerIdMismatch,
-    ProtocolError,
     Timeout,
     TransportError,
 )
@@ -37,20 +36,19 @@ from lattica.transports import multistream
 from lattica.transports.base import Connection, ConnectionHandler, Listener, Transport
 from lattica.transports.mux import MuxConfig
 from lattica.transports.muxed import MuxedConnection
-from lattica.transports.noise import LIBP2P_PROTOCOL_NAME, NoiseHandshake, NoiseSession, PlainBuffer
+from lattica.transports.noise import NoiseHandshake, PlainBuffer
 from lattica.transports.splice import PREAMBLE_LEN, PREAMBLE_MAGIC, TOKEN_LEN, SpliceUnreachable
+from lattica.transports.upgrade import SECURITY, YAMUX, Libp2pUpgrade, Up
 
 USER_TIMEOUT_MS = 15_000  # TCP_USER_TIMEOUT on every connection (Linux)
 log = get_logger("lattica.tcp")
 
-__all__ = ["TcpTransport"]
+__all__ = ["SECURITY", "YAMUX", "TcpTransport"]
 
 
 _RECV_BUFFER = 256 * 1024
 _LIBP2P_REMEMBERED = 1024  # addresses where a libp2p node answered (dialed with its stack at once)
 _MUTE_REMEMBERED_FOR = 60.0  # seconds an endpoint that answered neither stack gets one dial, not two
-SECURITY = "/noise"  # what a libp2p peer asks for first
-YAMUX = "/yamux/1.0.0"
 _MULTISTREAM_START = multistream.encode(multistream.HEADER)[:2]  # a libp2p dialer's first bytes
 SPLICE_CONNECT_TIMEOUT = 3.0  # seconds to reach a relay's listener with a spliced socket
 
@@ -105,10 +103,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         self._counted: str | bool = False  # holds one of the owner's handshake slots (True, or the IP's)
         self._silence: asyncio.TimerHandle | None = None  # inbound: no whole handshake message yet
         self.libp2p = False  # a libp2p peer: multistream-select, /noise with ChaChaPoly, yamux
-        # libp2p: choosing the security protocol, then the muxer over the session
-        self._select: multistream.Listener | multistream.Dialer | None = None
-        self._muxer_select: multistream.Listener | multistream.Dialer | None = None
-        self._finished: NoiseHandshake | None = None  # the handshake while the muxer is chosen
+        self._upgrade: Libp2pUpgrade | None = None  # a libp2p peer's, until its muxer is agreed
         # the peer sent a byte, not multistream-select's (a libp2p listener cuts our Noise handshake
         # off before answering, or answers with multistream-select's header)
         self.answered = False
@@ -157,7 +152,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
                 # (a frozen or busy peer's kernel still acknowledges)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, USER_TIMEOUT_MS)
         self._timer = asyncio.get_running_loop().call_later(self._owner.handshake_timeout, self._handshake_timed_out)
-        out = self._preamble + (self._select.data_to_send() if self._select is not None else b"") + self._hs.start()
+        out = self._preamble + (self._upgrade.data_to_send() if self._upgrade is not None else self._hs.start())
         if out:
             transport.write(out)
 
@@ -224,8 +219,8 @@ class _TcpProtocol(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         data = self._owner._recv_view[:nbytes]  # type: ignore[index]
         if self.conn is not None:
-            if self._muxer_select is not None:
-                self._muxer_answered(data)  # (a lazy muxer proposal's answer comes first)
+            if self._upgrade is not None:
+                self._upgrading(data)  # (a lazy muxer proposal's answer comes first)
                 return
             self.conn.data_received(data)  # decrypts and parses it before returning; keeps no view of ours
             return
@@ -240,13 +235,9 @@ class _TcpProtocol(asyncio.BufferedProtocol):
             data = self._preamble_check(data)
             if data is None:
                 return
-        if self._muxer_select is not None:
-            self._choose_muxer(data)
+        if self._upgrade is not None:
+            self._upgrading(data)
             return
-        if self._select is not None:
-            data = self._choose_security(data)
-            if not data:
-                return
         try:
             out = self._hs.receive(bytes(data))
         except LatticaError as e:
@@ -255,30 +246,17 @@ class _TcpProtocol(asyncio.BufferedProtocol):
         if out:
             self._transport.write(out)  # type: ignore[union-attr]
         if self._silence is not None and (out or self._hs.complete):
-            # a whole handshake message arrived (a byte or two would not do): the rest of the
-            # handshake has its own deadline
-            self._silence.cancel()
-            self._silence = None
+            self._heard_a_message()
         if self._hs.complete:
             hs, self._hs = self._hs, _DONE  # (the connection keeps none of the handshake: early data, leftover bytes)
-            if self.libp2p and hs.muxer is None:
-                # the peer did not choose the muxer inside the handshake: multistream-select it
-                self._finished = hs
-                if self._initiator:
-                    # proposed lazily: the connection is up at once and its first frames go right
-                    # behind the proposal (a listener takes data behind it); the answer is read first
-                    self._muxer_select = multistream.Dialer([YAMUX])
-                    assert hs.session is not None and self._transport is not None
-                    self._transport.write(hs.session.seal(self._muxer_select.data_to_send()))
-                    self._connected(hs, b"")
-                    if hs.leftover:
-                        self._muxer_answered(memoryview(hs.leftover))
-                    return
-                self._muxer_select = multistream.Listener(lambda p: p == YAMUX, lambda: (YAMUX,))
-                if hs.leftover:
-                    self._choose_muxer(memoryview(hs.leftover))
-                return
             self._connected(hs, hs.leftover)
+
+    def _heard_a_message(self) -> None:
+        """A whole handshake message arrived (a byte or two would not do): the rest of the
+        handshake has its own deadline."""
+        assert self._silence is not None
+        self._silence.cancel()
+        self._silence = None
 
     def _connected(self, hs: NoiseHandshake, leftover: bytes, plain: bytes = b"") -> None:
         """The handshake (and, with a libp2p peer, the muxer's choice) is done: the connection is
@@ -318,91 +296,40 @@ class _TcpProtocol(asyncio.BufferedProtocol):
 
     def _become_libp2p(self) -> None:
         """A libp2p peer: an accepted socket that began with multistream-select, or a dial to a
-        peer known to speak libp2p. ``/noise`` is proposed with the handshake's first message
-        right behind it (a listener takes data behind a proposal), so it costs no round trip."""
+        peer known to speak libp2p (transports/upgrade.py)."""
         self.libp2p = True
-        if self._initiator:
-            self._select = multistream.Dialer([SECURITY])
-        else:
-            self._select = multistream.Listener(lambda p: p == SECURITY, lambda: (SECURITY,))
-        self._hs = NoiseHandshake(
-            self._owner.keypair,
-            self._initiator,
-            self._expected_peer,
-            protocol_name=LIBP2P_PROTOCOL_NAME,
-            muxers=(YAMUX,),
-        )
+        self._hs = _DONE
+        self._upgrade = Libp2pUpgrade(self._owner.keypair, self._initiator, self._expected_peer)
+        self._upgrade.start()
 
-    def _choose_security(self, data: memoryview | bytearray) -> bytes | None:
-        """Feed multistream-select on the raw socket; the bytes behind an agreed ``/noise`` (the
-        Noise handshake's first, often in the same read), or None while it goes on."""
-        select = self._select
-        assert select is not None and self._transport is not None
+    def _upgrading(self, data: memoryview | bytearray) -> None:
+        """Feed the libp2p upgrade; make the connection once the peer is authenticated, and hand
+        it the bytes behind the muxer's choice."""
+        up, tr = self._upgrade, self._transport
+        assert up is not None and tr is not None
         try:
-            select.receive(bytes(data))
-        except ProtocolError as e:
-            self._fail(HandshakeError(f"libp2p peer's multistream-select: {e}"))
-            return None
-        out = select.data_to_send()
+            up.receive_data(data)
+        except HandshakeError as e:
+            if self.conn is not None:
+                self.conn.abort(str(e))
+            else:
+                self._fail(e)
+            return
+        out = up.data_to_send()
         if out:
-            self._transport.write(out)
-        event = select.next_event()
-        if event is None:
-            return None
-        if not isinstance(event, multistream.Agreed):
-            self._fail(HandshakeError(f"the libp2p peer does not speak {SECURITY}"))
-            return None
-        self._select = None  # (the first-byte deadline still runs until a whole Noise message comes)
-        return event.data
-
-    def _choose_muxer(self, data: memoryview | bytearray) -> None:
-        """Multistream-select of the muxer, inside the Noise session just made."""
-        select, hs = self._muxer_select, self._finished
-        assert select is not None and hs is not None and hs.session is not None and self._transport is not None
-        session: NoiseSession = hs.session
-        try:
-            plain = session.open(data)
-            if plain is None:
-                return
-            select.receive(bytes(plain))
-        except LatticaError as e:
-            self._fail(HandshakeError(f"libp2p peer's muxer negotiation: {e}"))
-            return
-        out = select.data_to_send()
-        if out:
-            self._transport.write(session.seal(out))
-        event = select.next_event()
-        if event is None:
-            return
-        if not isinstance(event, multistream.Agreed):
-            self._fail(HandshakeError(f"the libp2p peer does not speak {YAMUX}"))
-            return
-        self._muxer_select = self._finished = None
-        self._connected(hs, b"", event.data)
-
-    def _muxer_answered(self, data: memoryview | bytearray) -> None:
-        """The libp2p listener's answer to our lazy muxer proposal, on a connection already up:
-        the bytes behind the echo are the muxer's; a refusal closes the connection."""
-        select, hs, conn = self._muxer_select, self._finished, self.conn
-        assert isinstance(select, multistream.Dialer) and hs is not None and hs.session is not None
-        assert conn is not None
-        try:
-            plain = hs.session.open(data)
-            if plain is None:
-                return
-            select.receive(bytes(plain))
-        except LatticaError as e:
-            conn.abort(f"libp2p peer's muxer negotiation: {e}")
-            return
-        event = select.next_event()
-        if event is None:
-            return
-        self._muxer_select = self._finished = None
-        if not isinstance(event, multistream.Agreed):
-            conn.abort(f"the libp2p peer does not speak {YAMUX}")
-            return
-        if event.data:
-            conn.receive_plain(event.data)
+            tr.write(out)
+        if self._silence is not None and up.heard_a_message:
+            self._heard_a_message()
+        while (event := up.next_event()) is not None:
+            if isinstance(event, Up):
+                self._connected(event.handshake, b"")
+                continue
+            self._upgrade = None
+            assert self.conn is not None
+            if event.plain:
+                self.conn.receive_plain(event.plain)
+            if event.cipher:
+                self.conn.data_received(event.cipher)
 
     def _preamble_check(self, data: memoryview) -> bytearray | None:
         """The first bytes of an accepted socket: a Noise handshake (returned, to go on with) or a

@@ -101,6 +101,9 @@ class Connection(abc.ABC):
     # called once, on the loop, when the connection starts going away (see ``go_away``), whichever
     # side began it; set by the connection's owner
     on_going_away: Callable[[Connection], None] | None = None
+    # a circuit a libp2p relay limits: (seconds, bytes each way; 0: no limit). It carries what
+    # coordinates a direct path (identify, ping, DCUtR), not calls: it ends when a limit is hit
+    relay_limit: tuple[int, int] | None = None
     # the peer speaks the standard libp2p stack (not a Lattica node's): its streams open with
     # multistream-select and it identifies on /ipfs/id/1.0.0
     libp2p: bool = False

@@ -14,6 +14,11 @@ If the spliced socket cannot be set up, the dialer falls back to the in-stream c
 
 Wire messages (one length-prefixed codec map each way before the raw bytes start) are built and
 checked here; the relay side lives in ``actors/nat/relay.py``.
+
+libp2p's circuit relay v2 (``transports/circuit_v2.py``) works the same way with protobuf
+messages; its circuits carry a libp2p connection, upgraded like a TCP socket
+(``transports/upgrade.py``). We dial through a libp2p relay with it, and accept the circuits it
+brings us on ``/libp2p/circuit/relay/0.2.0/stop``.
 """
 
 from __future__ import annotations
@@ -23,16 +28,18 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from lattica._framing import read_message, write_message
+from lattica._framing import read_delimited, read_message, write_delimited, write_message
 from lattica._identity import KeyPair, PeerId
 from lattica._multiaddr import Multiaddr
 from lattica.errors import HandshakeError, LatticaError, MultiaddrError, ProtocolError, RelayRefused, Timeout
 from lattica.logging import get_logger
+from lattica.transports import circuit_v2 as v2
 from lattica.transports.base import Connection, ConnectionHandler, Listener, Stream, Transport
 from lattica.transports.mux import MuxConfig
 from lattica.transports.muxed import MuxedConnection
 from lattica.transports.noise import NoiseHandshake
 from lattica.transports.splice import TOKEN_LEN, SpliceUnreachable
+from lattica.transports.upgrade import Libp2pUpgrade, Up
 
 log = get_logger("lattica.circuit")
 
@@ -46,7 +53,8 @@ _HIGH_WATER = 1 << 20  # bytes queued on the relay stream before the inner conne
 
 _SPLICE_BACKOFF = 300.0  # seconds without splicing through a relay after a spliced socket failed there
 
-OpenHop = Callable[[PeerId, list[Multiaddr]], Awaitable[tuple[Stream, Connection]]]
+# a hop stream to the relay, the connection it is on, and whether it speaks circuit relay v2
+OpenHop = Callable[[PeerId, list[Multiaddr]], Awaitable[tuple[Stream, Connection, bool]]]
 # the relay's TCP listener to open a spliced socket to, for circuits negotiated on this connection
 # to the relay; None: this node cannot splice there
 SpliceAddr = Callable[[Connection], "Multiaddr | None"]
@@ -115,6 +123,11 @@ def check_answer(msg: Any, who: str) -> dict:
             f"{who} refused the circuit: {code if type(code) is str else '?'}: {why if type(why) is str else ''}"
         )
     return msg
+
+
+def _limits(limit: v2.Limit | None) -> tuple[int, int] | None:
+    """A libp2p relay's limit as a connection's ``relay_limit`` (None: it set none)."""
+    return (limit.duration, limit.data) if limit is not None and (limit.duration or limit.data) else None
 
 
 # -- the byte pipe under a relayed MuxedConnection -----------------------------------------------
@@ -266,7 +279,9 @@ class CircuitTransport(Transport):
     async def _through(
         self, relay: PeerId, relay_addrs: list[Multiaddr], target: PeerId, remote: Multiaddr, *, splice: bool
     ) -> Connection:
-        stream, relay_conn = await self._open_hop(relay, relay_addrs)
+        stream, relay_conn, libp2p = await self._open_hop(relay, relay_addrs)
+        if libp2p:
+            return await self._through_v2(stream, relay_conn, target, remote)
         splice_addr = self._splice_to(relay_conn) if splice else None
         splice = splice_addr is not None
         try:
@@ -295,6 +310,53 @@ class CircuitTransport(Transport):
         except LatticaError as e:
             raise _SpliceFailed(str(e)) from None
 
+    async def _through_v2(
+        self, stream: Stream, relay_conn: Connection, target: PeerId, remote: Multiaddr
+    ) -> Connection:
+        """CONNECT through a libp2p relay (circuit relay v2), then the libp2p upgrade end to end."""
+        relay = relay_conn.remote_peer
+        try:
+            async with asyncio.timeout(self.handshake_timeout):
+                write_delimited(stream, v2.encode_hop(v2.HopMessage(v2.HopType.CONNECT, v2.RelayPeer(target))))
+                await stream.drain()
+                answer = v2.decode_hop(await read_delimited(stream, v2.MAX_MESSAGE))
+                if answer.type != v2.HopType.STATUS:
+                    raise ProtocolError(f"relay {relay.short()} answered CONNECT with {answer.type.name}")
+                if answer.status != v2.Status.OK:
+                    status = answer.status.name if answer.status is not None else "no status"
+                    raise RelayRefused(f"libp2p relay {relay.short()} refused the circuit to {target}: {status}")
+                conn = await self._secure(stream, True, target, remote, relay_conn, libp2p=True)
+        except TimeoutError:
+            stream.reset()
+            raise Timeout(f"circuit to {target} through {relay} took longer than {self.handshake_timeout} s") from None
+        except BaseException:
+            stream.reset()
+            raise
+        conn.relay_limit = _limits(answer.limit)
+        return conn
+
+    async def accept_v2(self, stream: Stream, relay_conn: Connection, on_connection: ConnectionHandler) -> None:
+        """Serve a circuit relay v2 ``stop`` stream from a libp2p relay we hold a reservation with."""
+        relay = relay_conn.remote_peer
+        try:
+            async with asyncio.timeout(self.handshake_timeout):
+                msg = v2.decode_stop(await read_delimited(stream, v2.MAX_MESSAGE))
+                if msg.type != v2.StopType.CONNECT or msg.peer is None:
+                    write_delimited(
+                        stream,
+                        v2.encode_stop(v2.StopMessage(v2.StopType.STATUS, status=v2.Status.UNEXPECTED_MESSAGE)),
+                    )
+                    raise ProtocolError("a stop stream must open with CONNECT naming the peer")
+                write_delimited(stream, v2.encode_stop(v2.StopMessage(v2.StopType.STATUS, status=v2.Status.OK)))
+                remote = relay_conn.remote_addr.with_peer_id(relay).encapsulate("/p2p-circuit")
+                conn = await self._secure(stream, False, msg.peer.peer, remote, relay_conn, libp2p=True)
+        except (TimeoutError, LatticaError) as e:
+            log.info("relayed connection failed", relay=str(relay), reason=str(e) or "timeout")
+            stream.reset()
+            return
+        conn.relay_limit = _limits(msg.limit)
+        self._hand_over(conn, on_connection)
+
     async def accept(self, stream: Stream, relay_conn: Connection, on_connection: ConnectionHandler) -> None:
         """Serve a ``stop`` stream from a relay we hold a reservation with."""
         relay = relay_conn.remote_peer
@@ -321,22 +383,23 @@ class CircuitTransport(Transport):
         self._hand_over(conn, on_connection)
 
     async def _secure(
-        self, stream: Stream, initiator: bool, expected: PeerId, remote_addr: Multiaddr, carrier: Connection
+        self,
+        stream: Stream,
+        initiator: bool,
+        expected: PeerId,
+        remote_addr: Multiaddr,
+        carrier: Connection,
+        *,
+        libp2p: bool = False,
     ) -> MuxedConnection:
         """Noise XX end to end through the relay, then the mux; ``expected`` must answer.
-        ``carrier``: our connection to the relay, which ``stream`` is on."""
-        make = self.early_data
-        hs = NoiseHandshake(self.keypair, initiator, expected, early_data=(lambda: make(remote_addr)) if make else None)
-        out = hs.start()
-        if out:
-            stream.write(out)
-        while not hs.complete:
-            data = await stream.read(MAX_MESSAGE)
-            if not data:
-                raise HandshakeError("relay stream ended during the handshake")
-            out = hs.receive(data)
-            if out:
-                stream.write(out)
+        ``carrier``: our connection to the relay, which ``stream`` is on. ``libp2p``: the
+        standard libp2p upgrade (a circuit relay v2 circuit), else our own handshake."""
+        if libp2p:
+            hs, plain, cipher, upgrade = await self._upgrade(stream, initiator, expected)
+        else:
+            hs = await self._handshake(stream, initiator, expected, remote_addr)
+            plain, cipher, upgrade = b"", hs.leftover, None
         assert hs.session is not None and hs.remote_peer is not None
         pipe = _StreamPipe(stream)
         conn = MuxedConnection(
@@ -354,18 +417,65 @@ class CircuitTransport(Transport):
         )
         pipe.conn = conn
         conn.carrier = carrier
+        conn.libp2p = libp2p
         conn.early_data = hs.remote_early_data
         conn.said_early = hs.remote_early_data is not None
         self._track(conn)
-        if hs.leftover:
-            conn.data_received(hs.leftover)
-        task = asyncio.get_running_loop().create_task(self._read(stream, conn, pipe))
+        if plain:
+            conn.receive_plain(plain)
+        if cipher:
+            conn.data_received(cipher)
+        task = asyncio.get_running_loop().create_task(self._read(stream, conn, pipe, upgrade))
         self._readers.add(task)
         task.add_done_callback(self._readers.discard)
         return conn
 
+    async def _handshake(
+        self, stream: Stream, initiator: bool, expected: PeerId, remote_addr: Multiaddr
+    ) -> NoiseHandshake:
+        """Our own Noise handshake (AES-GCM, identify as early data) over the relay stream."""
+        make = self.early_data
+        hs = NoiseHandshake(self.keypair, initiator, expected, early_data=(lambda: make(remote_addr)) if make else None)
+        out = hs.start()
+        if out:
+            stream.write(out)
+        while not hs.complete:
+            data = await stream.read(MAX_MESSAGE)
+            if not data:
+                raise HandshakeError("relay stream ended during the handshake")
+            out = hs.receive(data)
+            if out:
+                stream.write(out)
+        return hs
+
+    async def _upgrade(
+        self, stream: Stream, initiator: bool, expected: PeerId
+    ) -> tuple[NoiseHandshake, bytes, bytes, Libp2pUpgrade | None]:
+        """libp2p's upgrade over the relay stream until the connection may be made: the
+        handshake, the mux bytes already opened and not, and the upgrade while a lazy muxer
+        proposal still waits for its answer (else None)."""
+        upgrade = Libp2pUpgrade(self.keypair, initiator, expected)
+        upgrade.start()
+        while True:
+            out = upgrade.data_to_send()
+            if out:
+                stream.write(out)
+            event = upgrade.next_event()
+            if isinstance(event, Up):
+                mux = upgrade.next_event()
+                if mux is None:
+                    return event.handshake, b"", b"", upgrade
+                assert not isinstance(mux, Up)
+                return event.handshake, mux.plain, mux.cipher, None
+            data = await stream.read(MAX_MESSAGE)
+            if not data:
+                raise HandshakeError("relay stream ended during the handshake")
+            upgrade.receive_data(data)
+
     @staticmethod
-    async def _read(stream: Stream, conn: MuxedConnection, pipe: _StreamPipe) -> None:
+    async def _read(stream: Stream, conn: MuxedConnection, pipe: _StreamPipe, upgrade: Libp2pUpgrade | None) -> None:
+        """Feed the relay stream's bytes to the connection (through the upgrade first while the
+        muxer proposal's answer is still due)."""
         try:
             while not conn.is_closed:
                 data = await stream.read(_READ_CHUNK)
@@ -373,7 +483,21 @@ class CircuitTransport(Transport):
                     conn.connection_lost(None)
                     return
                 pipe.received += len(data)
-                conn.data_received(data)
+                if upgrade is None:
+                    conn.data_received(data)
+                    continue
+                upgrade.receive_data(data)
+                out = upgrade.data_to_send()
+                if out:
+                    stream.write(out)
+                mux = upgrade.next_event()
+                if mux is not None:
+                    assert not isinstance(mux, Up)
+                    upgrade = None
+                    if mux.plain:
+                        conn.receive_plain(mux.plain)
+                    if mux.cipher:
+                        conn.data_received(mux.cipher)
         except LatticaError as e:
             conn.connection_lost(e)
 

@@ -29,7 +29,7 @@ from lattica.errors import (
 )
 from lattica.logging import get_logger
 from lattica.nat import _holepunch as holepunch
-from lattica.transports import circuit
+from lattica.transports import circuit, circuit_v2
 from lattica.transports.base import Connection, Stream, Transport
 
 if TYPE_CHECKING:
@@ -438,8 +438,9 @@ class Dialer:
             return False
         return relay not in (peer, self.host.peer_id) and target in (None, peer)
 
-    async def open_hop(self, relay: PeerId, relay_addrs: list[Multiaddr]) -> tuple[Stream, Connection]:
-        """A hop stream to ``relay`` (over a direct connection, dialed if needed)."""
+    async def open_hop(self, relay: PeerId, relay_addrs: list[Multiaddr]) -> tuple[Stream, Connection, bool]:
+        """A hop stream to ``relay`` (over a direct connection, dialed if needed), the connection,
+        and whether the stream speaks libp2p's circuit relay v2 (a libp2p relay) or ours."""
         host = self.host
         host.remember_addrs(relay, [a for a in relay_addrs if not a.is_circuit])
         conn = host.conns.get(relay)
@@ -452,9 +453,11 @@ class Dialer:
                 info = await asyncio.wait_for(asyncio.shield(host.identified[conn]), PROTOCOL_READ_TIMEOUT)
             except (TimeoutError, LatticaError):
                 info = None
-        if info is not None and circuit.HOP not in info.protocols:
+        protocols = info.protocols if info is not None else ()
+        libp2p = circuit.HOP not in protocols and (circuit_v2.HOP in protocols or (info is None and conn.libp2p))
+        if info is not None and not libp2p and circuit.HOP not in protocols:
             raise UnsupportedProtocol(f"{relay} is not a relay")
-        return await host.open_stream_on(conn, circuit.HOP), conn
+        return await host.open_stream_on(conn, circuit_v2.HOP if libp2p else circuit.HOP), conn, libp2p
 
     def splice_addr(self, relay_conn: Connection) -> Multiaddr | None:
         """The relay's TCP listener for spliced sockets (see transports/splice.py): the address of

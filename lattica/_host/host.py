@@ -43,7 +43,7 @@ from lattica.errors import (
 from lattica.logging import get_logger
 from lattica.nat._manager import NatManager, NatStatus
 from lattica.services import NodeServices, ServiceContext
-from lattica.transports import circuit, multistream
+from lattica.transports import circuit, circuit_v2, multistream
 from lattica.transports.base import Connection, Stream, Transport
 
 if TYPE_CHECKING:
@@ -143,6 +143,7 @@ class Host:
         self._strangers_pings = Turns(StrangersShare(*STRANGERS_PINGS, self.connections.from_stranger), self.loop)
         self.handlers[ping.PROTOCOL] = lambda s, c: ping.serve(s, lambda: self._ping_turn(s, c))
         self.handlers[circuit.STOP] = self._on_stop
+        self.handlers[circuit_v2.STOP] = lambda s, c: self._on_stop(s, c, v2=True)
 
     @property
     def nat(self) -> NatManager | None:
@@ -511,12 +512,17 @@ class Host:
             log.exception("stream handler crashed", peer=str(conn.remote_peer), protocol=name)
             stream.reset()
 
-    async def _on_stop(self, stream: Stream, conn: Connection) -> None:
+    async def _on_stop(self, stream: Stream, conn: Connection, v2: bool = False) -> None:
+        """A relay brings us a circuit: ours, or (``v2``) libp2p's circuit relay v2's."""
         if conn.transport == "relay" or "relay-client" not in self.protected.get(conn.remote_peer, ()):
             log.info("refusing relayed connection: we hold no reservation with this peer", peer=str(conn.remote_peer))
             stream.reset()
             return
-        await self.circuit.accept(stream, conn, self._on_inbound)  # type: ignore[union-attr]
+        assert self.circuit is not None  # (made at start, before any connection)
+        if v2:
+            await self.circuit.accept_v2(stream, conn, self._on_inbound)
+        else:
+            await self.circuit.accept(stream, conn, self._on_inbound)
 
     # -- identify and the address book ----------------------------------------------------------
 

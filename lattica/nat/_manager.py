@@ -19,15 +19,16 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from lattica import _context as context
-from lattica._framing import read_message, write_message
+from lattica._framing import read_delimited, read_message, write_delimited, write_message
 from lattica._identity import PeerId
 from lattica._interfaces import host_key, ip_of, is_loopback
 from lattica._membership import SelfDowned
 from lattica._multiaddr import Multiaddr
 from lattica._runtime.refs import autonat_ref, relay_ref
 from lattica.config import NatConfig
-from lattica.errors import LatticaError
+from lattica.errors import LatticaError, ProtocolError, RelayRefused
 from lattica.logging import get_logger
+from lattica.transports import circuit_v2 as v2
 from lattica.transports.circuit import HOP, circuit_addr
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"
 _MAX_CANDIDATES = 4  # observed addresses advertised while reachability is unknown
 _CONTACT_MEMORY = 600.0  # s: longer than NATs keep a filter entry open after our last packet
 _MIN_RESERVATION = 60.0  # s: the shortest reservation we take a relay's word for
+_RESERVE_TIMEOUT = 10.0  # s for a relay to grant a reservation
 INDEPENDENT, DEPENDENT = "endpoint-independent", "endpoint-dependent"
 
 
@@ -469,16 +471,48 @@ class NatManager:
         return [p for p in out if p not in self.relays and p != self.host.peer_id]
 
     async def _keep_relays(self) -> None:
-        rt = self.host.runtime
-        assert rt is not None
         for peer in self._relay_candidates():
             if len(self.relays) >= self.cfg.max_relays:
                 break
             try:
-                answer = await rt.call(relay_ref(peer), "reserve", (), {}, timeout=10.0)
-                self._reserved(peer, answer)
+                self._reserved(peer, await self._reserve(peer))
             except LatticaError as e:
                 log.info("relay reservation failed", relay=str(peer), reason=str(e))
+
+    async def _reserve(self, peer: PeerId) -> Any:
+        """Reserve (or renew) a slot on relay ``peer``: a call to a Lattica relay's actor, or
+        circuit relay v2's RESERVE on a libp2p relay; the answer in the actor's shape."""
+        rt = self.host.runtime
+        assert rt is not None
+        conn = await self.host.get_connection(peer)
+        info = await self.host.peer_info(conn, _RESERVE_TIMEOUT)
+        protocols = info.protocols if info is not None else ()
+        if HOP in protocols or (v2.HOP not in protocols and not conn.libp2p):
+            return await rt.call(relay_ref(peer), "reserve", (), {}, timeout=_RESERVE_TIMEOUT)
+        stream = await self.host.open_stream_on(conn, v2.HOP)
+        try:
+            async with asyncio.timeout(_RESERVE_TIMEOUT):
+                write_delimited(stream, v2.encode_hop(v2.HopMessage(v2.HopType.RESERVE)))
+                await stream.drain()
+                answer = v2.decode_hop(await read_delimited(stream, v2.MAX_MESSAGE))
+        except TimeoutError:
+            raise RelayRefused(f"libp2p relay {peer} did not answer the reservation in {_RESERVE_TIMEOUT} s") from None
+        finally:
+            stream.reset()  # (the relay ends the stream after its answer; nothing more is said on it)
+        if answer.type != v2.HopType.STATUS:
+            raise ProtocolError(f"libp2p relay {peer} answered RESERVE with {answer.type.name}")
+        if answer.status != v2.Status.OK or answer.reservation is None:
+            status = answer.status.name if answer.status is not None else "no status"
+            raise RelayRefused(f"libp2p relay {peer} refused the reservation: {status}")
+        r = answer.reservation
+        if r.voucher:
+            v2.open_voucher(r.voucher, peer, self.host.peer_id)  # (ProtocolError: not the relay's, or not ours)
+        limit = answer.limit
+        return {
+            "expires": r.expire,
+            "addrs": [str(a) for a in r.addrs],
+            "limit": {"duration": limit.duration or None, "bytes": limit.data or None} if limit else None,
+        }
 
     def _reserved(self, peer: PeerId, answer: Any) -> None:
         if (
@@ -522,7 +556,7 @@ class NatManager:
         if peer not in self.relays or self.host.runtime is None:
             return
         try:
-            self._reserved(peer, await self.host.runtime.call(relay_ref(peer), "reserve", (), {}, timeout=10.0))
+            self._reserved(peer, await self._reserve(peer))
         except LatticaError as e:
             log.info("relay reservation renewal failed", relay=str(peer), reason=str(e))
             self._lose(peer)

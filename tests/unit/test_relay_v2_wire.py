@@ -1,4 +1,4 @@
-"""libp2p circuit relay v2 and DCUtR messages (lattica/nat/_relay_v2_wire.py, _dcutr_wire.py),
+"""libp2p circuit relay v2 and DCUtR messages (transports/circuit_v2.py, lattica/nat/_dcutr_wire.py),
 issue 50's first piece: the spec's field numbers, round trips, vouchers as signed envelopes, and
 malformed input as a ProtocolError only."""
 
@@ -13,7 +13,7 @@ from lattica._multiaddr import Multiaddr
 from lattica._protobuf import encode_fields
 from lattica.errors import ProtocolError
 from lattica.nat import _dcutr_wire as dcutr
-from lattica.nat import _relay_v2_wire as relay
+from lattica.transports import circuit_v2 as relay
 
 A = Multiaddr("/ip4/198.51.100.1/tcp/4001")
 B = Multiaddr("/ip4/198.51.100.1/udp/4001/quic-v1")

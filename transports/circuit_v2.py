@@ -1,5 +1,5 @@
-"""libp2p circuit relay v2's messages (libp2p/specs ``relay/circuit-v2.md``), sans-IO: the first
-piece of issue 50. ``/libp2p/circuit/relay/0.2.0/hop`` carries :class:`HopMessage` (RESERVE,
+"""libp2p circuit relay v2's messages (libp2p/specs ``relay/circuit-v2.md``), sans-IO.
+``/libp2p/circuit/relay/0.2.0/hop`` carries :class:`HopMessage` (RESERVE,
 CONNECT, STATUS) and ``/stop`` carries :class:`StopMessage` (CONNECT, STATUS), each a uvarint
 length and a protobuf of at most :data:`MAX_MESSAGE` bytes. A reservation's voucher is a signed
 envelope (domain ``libp2p-relay-rsvp``, payload type 0x0302) of ``Voucher{relay, peer,

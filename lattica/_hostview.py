@@ -138,8 +138,9 @@ class HostView(Protocol):
     async def open_stream_on(self, conn: Connection, protocol: str) -> Stream:
         """A new stream on this very connection."""
 
-    async def get_connection(self, peer: PeerId) -> Connection:
-        """A connection to ``peer``: the current one, else dial what we know (and the DHT)."""
+    async def get_connection(self, peer: PeerId, limited: bool = False) -> Connection:
+        """A connection to ``peer``: the current one, else dial what we know (and the DHT); a
+        libp2p relay's limited circuit only if ``limited``."""
 
     async def dial_addrs(self, peer: PeerId, addrs: list[Multiaddr]) -> Connection:
         """Dial ``peer`` at these addresses only, racing them; the winner is adopted."""

@@ -9,6 +9,8 @@ import weakref
 from typing import TYPE_CHECKING, Protocol, cast
 
 from lattica import _context as context
+from lattica import _identify as identify
+from lattica import _ping as ping
 from lattica._budget import Buckets
 from lattica._identify import PeerInfo
 from lattica._identity import PeerId
@@ -54,6 +56,11 @@ _UPGRADE_DIALS_PER_IP = (0.1, 8.0)
 # to one destination IP for them, per second and at once (loopback is exempt: a machine's own)
 _HINT_DIALS_PER_IP = (0.2, 8.0)
 _HINT_ADDRS = 2  # hinted addresses of one peer tried per dial
+# what a libp2p relay's limited circuit carries: who we are, and what sets up a direct path
+LIMITED_PROTOCOLS = frozenset(
+    {identify.PROTOCOL, identify.LIBP2P_PROTOCOL, identify.LIBP2P_PUSH_PROTOCOL, ping.PROTOCOL, holepunch.PROTOCOL}
+)
+LIMITED_WAIT = 10.0  # s a stream waits for a direct path when a libp2p relay's limited circuit is all there is
 
 
 class PeerRouting(Protocol):
@@ -107,7 +114,7 @@ class Dialer:
         for attempt in range(2):
             try:
                 left = max(deadline - host.loop.time(), 0.0)
-                conn = await asyncio.wait_for(self.get_connection(peer), left)
+                conn = await asyncio.wait_for(self.get_connection(peer, limited=True), left)
                 identified = host.identified.get(conn)
                 if identified is None:  # the connection we had is closing (the peer just left)
                     raise ConnectionClosed(f"connection to {peer} closed before identify")
@@ -121,8 +128,33 @@ class Dialer:
                 await asyncio.sleep(0)
         raise AssertionError("unreachable")
 
-    async def get_connection(self, peer: PeerId) -> Connection:
-        """The live connection to ``peer``, dialing its known addresses if there is none."""
+    async def get_connection(self, peer: PeerId, limited: bool = False) -> Connection:
+        """The live connection to ``peer``, dialing its known addresses if there is none. A
+        libp2p relay's limited circuit is taken only if ``limited`` (it carries what sets up a
+        direct path): otherwise the direct path its upgrade makes is awaited."""
+        conn = await self._any_connection(peer)
+        if conn.relay_limit is None or limited:
+            return conn
+        return await self._unlimited(peer, conn)
+
+    async def _unlimited(self, peer: PeerId, conn: Connection) -> Connection:
+        """The direct (or unlimited) connection the upgrade of ``conn``, a limited circuit, makes;
+        PeerUnreachable if none comes within ``LIMITED_WAIT`` seconds."""
+        loop = self.host.loop
+        deadline = loop.time() + LIMITED_WAIT
+        while loop.time() < deadline and not self.host.closing:
+            best = self.host.conns.get(peer)
+            if best is not None and best.relay_limit is None and not best.is_closed and not best.going_away:
+                return best
+            await asyncio.sleep(0.05)
+        seconds, size = conn.relay_limit or (0, 0)
+        raise PeerUnreachable(
+            f"{peer} is reachable only through a libp2p relay's limited circuit ({seconds} s, {size} bytes), which "
+            f"carries what sets up a direct path, not calls, and no direct path came within {LIMITED_WAIT} s: "
+            "give the peer a relay that carries traffic (a Lattica relay) or a reachable address (docs/nat.md)"
+        )
+
+    async def _any_connection(self, peer: PeerId) -> Connection:
         conn = self.host.conns.get(peer)
         if conn is not None and not conn.is_closed and not conn.going_away:
             return conn

@@ -21,7 +21,7 @@ from lattica import codec
 from lattica._budget import Buckets, StrangersShare, Turns
 from lattica._framing import read_delimited, read_message, write_delimited, write_message
 from lattica._host.connections import MAX_CONNS_PER_PEER, MAX_DRAINING_PER_PEER, Connections
-from lattica._host.dialer import PROTOCOL_READ_TIMEOUT, Dialer, PeerRouting, Puncher
+from lattica._host.dialer import LIMITED_PROTOCOLS, PROTOCOL_READ_TIMEOUT, Dialer, PeerRouting, Puncher
 from lattica._host.proposals import ProposedStream
 from lattica._host.transports import Transports
 from lattica._hostview import HostEvents
@@ -424,9 +424,10 @@ class Host:
         except LatticaError as e:
             log.info("DHT bootstrap failed", reason=str(e))
 
-    async def get_connection(self, peer: PeerId) -> Connection:
-        """The live connection to ``peer``, dialing it if there is none."""
-        return await self.dialer.get_connection(peer)
+    async def get_connection(self, peer: PeerId, limited: bool = False) -> Connection:
+        """The live connection to ``peer``, dialing it if there is none (a libp2p relay's limited
+        circuit only if ``limited``: see Dialer.get_connection)."""
+        return await self.dialer.get_connection(peer, limited)
 
     async def dial_addrs(self, peer: PeerId, addrs: list[Multiaddr]) -> Connection:
         return await self.dialer.dial_addrs(peer, addrs)
@@ -438,7 +439,7 @@ class Host:
 
     async def open_stream(self, peer: PeerId, protocol: str) -> Stream:
         check_protocol_name(protocol)
-        conn = await self.get_connection(peer)
+        conn = await self.get_connection(peer, limited=protocol in LIMITED_PROTOCOLS)
         info = self.info.get(conn)
         if info is not None and protocol not in info.protocols:
             raise UnsupportedProtocol(f"{peer} does not serve {protocol}")

@@ -179,7 +179,7 @@ def _relay(ctx: ServiceContext, s: NodeServices) -> Built | None:
     # only a node that relays loads it: most never do
     from lattica.actors.nat.relay import RelayActor, RelayService
 
-    service = RelayService(ctx.runtime, ctx.config.relay)
+    service = RelayService(ctx.runtime, ctx.config.relay, ctx.keypair)
     return Built(service, RelayActor(service))
 
 

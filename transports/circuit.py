@@ -293,8 +293,9 @@ class CircuitTransport(Transport):
                 await stream.drain()
                 answer = check_answer(await read_message(stream, MAX_MESSAGE), f"relay {relay.short()}")
                 token = splice_token(answer) if splice else None
-                if token is None:
-                    return await self._secure(stream, True, target, remote, relay_conn)
+                if token is None:  # (a target that reserved with circuit relay v2 speaks libp2p's stack)
+                    libp2p = answer.get("libp2p") is True
+                    return await self._secure(stream, True, target, remote, relay_conn, libp2p=libp2p)
         except TimeoutError:
             stream.reset()
             raise Timeout(f"circuit to {target} through {relay} took longer than {self.handshake_timeout} s") from None

@@ -9,6 +9,12 @@ two ends run Noise between themselves (``transports/circuit.py``).
 
 Limits default to carrying real traffic (no byte or time cap per circuit); what is bounded is how
 many reservations and circuits exist, per peer, per IP address and in total.
+
+libp2p nodes use the same book through circuit relay v2 (``/libp2p/circuit/relay/0.2.0/hop``):
+RESERVE (answered with a signed voucher and the circuit's limits) and CONNECT, relayed to the
+target's ``stop`` stream in the same protocol. A circuit to a peer that reserved that way runs
+circuit relay v2's stop protocol whoever asks, so its two ends speak libp2p's stack end to end;
+splicing stays between Lattica nodes.
 """
 
 from __future__ import annotations
@@ -20,14 +26,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from lattica import _ping as ping
-from lattica._framing import read_message, write_message
-from lattica._identity import PeerId
+from lattica._framing import read_delimited, read_message, write_delimited, write_message
+from lattica._identity import KeyPair, PeerId
 from lattica._interfaces import host_key
 from lattica._membership import MemberDown
 from lattica._runtime import current_caller, relay_ref
 from lattica.config import RelayConfig
 from lattica.errors import LatticaError, ProtocolError, RelayRefused
 from lattica.logging import get_logger
+from lattica.transports import circuit_v2 as v2
 from lattica.transports.base import Connection, Stream
 from lattica.transports.circuit import HOP, MAX_MESSAGE, STOP, check_answer, limit_wire, parse_connect, refusal
 from lattica.transports.splice import TOKEN_LEN, Splice
@@ -51,6 +58,22 @@ _HOLDER_PING = 2.0  # seconds a holder membership holds down has to answer a pin
 class _Reservation:
     expires: float  # wall clock (sent to the peer)
     ip: str
+    libp2p: bool = False  # made with circuit relay v2: circuits to the peer use its stop protocol
+
+
+# our refusal codes as circuit relay v2's statuses
+_V2_STATUS = {
+    "PERMISSION_DENIED": v2.Status.PERMISSION_DENIED,
+    "MALFORMED": v2.Status.MALFORMED_MESSAGE,
+    "NO_RESERVATION": v2.Status.NO_RESERVATION,
+    "RESOURCE_LIMIT": v2.Status.RESOURCE_LIMIT_EXCEEDED,
+    "CONNECTION_FAILED": v2.Status.CONNECTION_FAILED,
+    "RESERVATION_REFUSED": v2.Status.RESERVATION_REFUSED,
+}
+
+
+def _v2_limit(duration: float | None, data: int | None) -> v2.Limit:
+    return v2.Limit(int(duration or 0), int(data or 0))
 
 
 def _tighter(a: Any, b: Any) -> Any:
@@ -75,10 +98,11 @@ def _ip_of(conn: Connection) -> str:
 class RelayService:
     """Reservations and circuits on the node loop."""
 
-    def __init__(self, runtime: Calls, config: RelayConfig | None = None) -> None:
+    def __init__(self, runtime: Calls, config: RelayConfig | None = None, keypair: KeyPair | None = None) -> None:
         self.rt = runtime
         self.host: HostView = runtime.host
         self.cfg = config or RelayConfig()
+        self.keypair = keypair  # signs circuit relay v2's vouchers (None: libp2p nodes cannot reserve)
         self.reservations: dict[PeerId, _Reservation] = {}
         self.circuits: dict[PeerId, int] = {}
         self.total_circuits = 0
@@ -90,6 +114,8 @@ class RelayService:
         self.bytes_relayed = 0
         self._pending_splices: dict[bytes, Splice] = {}  # token -> splice waiting for that end's socket
         self.host.set_handler(HOP, self._on_hop)
+        if keypair is not None:
+            self.host.set_handler(v2.HOP, self._on_hop_v2)
         self.host.events.disconnected.subscribe(self._on_disconnect)
         self.host.events.membership_changed.subscribe(self._on_membership)
 
@@ -107,24 +133,32 @@ class RelayService:
                 return conn
         return None
 
-    def reserve(self, peer: PeerId) -> dict:
-        """Grant or renew ``peer``'s reservation; raises RelayRefused."""
+    def reserve(self, peer: PeerId, libp2p: bool = False) -> dict:
+        """Grant or renew ``peer``'s reservation (``libp2p``: through circuit relay v2); raises
+        RelayRefused."""
         conn = self._direct_conn(peer)
+        why = self._refuse_reservation(peer, conn)
+        if why is not None:
+            raise RelayRefused(why[1])
+        assert conn is not None
+        expires = time.time() + self.cfg.reservation_ttl
+        self.reservations[peer] = _Reservation(expires, _ip_of(conn), libp2p)
+        self.host.protect(peer, "relay-reservation")
+        addrs = [str(a) for a in self.host.advertised_addrs() if not a.is_circuit]
+        return {"expires": expires, "addrs": addrs, "limit": limit_wire(*self._limits(peer, peer))}  # between strangers
+
+    def _refuse_reservation(self, peer: PeerId, conn: Connection | None) -> tuple[str, str] | None:
         if conn is None:
-            raise RelayRefused("reservations are made over a direct connection to the relay")
+            return "RESERVATION_REFUSED", "reservations are made over a direct connection to the relay"
         self._sweep()
         ip = _ip_of(conn)
         if peer not in self.reservations:
             if len(self.reservations) >= self.cfg.max_reservations:
-                raise RelayRefused(f"this relay holds its maximum of {self.cfg.max_reservations} reservations")
+                return "RESOURCE_LIMIT", f"this relay holds its maximum of {self.cfg.max_reservations} reservations"
             same_ip = sum(1 for r in self.reservations.values() if r.ip == ip)
             if same_ip >= self.cfg.max_reservations_per_ip:
-                raise RelayRefused(f"{ip} already holds {same_ip} reservations here (the limit per address)")
-        expires = time.time() + self.cfg.reservation_ttl
-        self.reservations[peer] = _Reservation(expires, ip)
-        self.host.protect(peer, "relay-reservation")
-        addrs = [str(a) for a in self.host.advertised_addrs() if not a.is_circuit]
-        return {"expires": expires, "addrs": addrs, "limit": limit_wire(*self._limits(peer, peer))}  # between strangers
+                return "RESOURCE_LIMIT", f"{ip} already holds {same_ip} reservations here (the limit per address)"
+        return None
 
     def _drop(self, peer: PeerId) -> None:
         if self.reservations.pop(peer, None) is not None:
@@ -209,7 +243,7 @@ class RelayService:
         duration, budget = self._limits(src, target)
         splice = self.cfg.splice and msg.get("splice") is True and _may_splice(conn) and self._take_spliced_sockets()
         try:
-            other, target_token = await self._connect_target(src, target, splice, limit_wire(duration, budget))
+            other, target_token, libp2p = await self._connect_target(src, target, splice, (duration, budget))
         except (TimeoutError, LatticaError) as e:
             self._count(src, target, -1, stranger, ip)
             await self._answer(
@@ -218,6 +252,8 @@ class RelayService:
             return
         try:
             answer = {"ok": True, "limit": limit_wire(duration, budget)}
+            if libp2p:
+                answer["libp2p"] = True  # the target speaks libp2p's stack on the circuit: so must the source
             if target_token is None:
                 write_message(stream, answer)
                 await self._splice(stream, other, duration, budget)
@@ -336,14 +372,18 @@ class RelayService:
                 self.circuits.pop(p, None)
 
     async def _connect_target(
-        self, src: PeerId, target: PeerId, splice: bool, limit: Any
-    ) -> tuple[Stream, bytes | None]:
-        """The stop stream to ``target``, once it accepted, and the splice token it took (if any)."""
+        self, src: PeerId, target: PeerId, splice: bool, limits: tuple[float | None, int | None]
+    ) -> tuple[Stream, bytes | None, bool]:
+        """The stop stream to ``target``, once it accepted, the splice token it took (if any),
+        and whether it is circuit relay v2's (the target reserved through it)."""
         conn = self._direct_conn(target)
         if conn is None:
             raise RelayRefused(f"{target} is no longer connected")
+        reservation = self.reservations.get(target)
+        if reservation is not None and reservation.libp2p:
+            return await self._connect_target_v2(src, target, conn, limits), None, True
         other = await self.host.open_stream_on(conn, STOP)
-        request = {"type": "connect", "peer": src.to_bytes(), "limit": limit}
+        request = {"type": "connect", "peer": src.to_bytes(), "limit": limit_wire(*limits)}
         token = os.urandom(TOKEN_LEN) if splice and _may_splice(conn) else None
         if token is not None:
             request["splice"] = token
@@ -355,7 +395,106 @@ class RelayService:
         except BaseException:
             other.reset()
             raise
-        return other, token if answer.get("splice") is True else None
+        return other, token if answer.get("splice") is True else None, False
+
+    async def _connect_target_v2(
+        self, src: PeerId, target: PeerId, conn: Connection, limits: tuple[float | None, int | None]
+    ) -> Stream:
+        """Circuit relay v2's stop stream to ``target``, once it accepted."""
+        other = await self.host.open_stream_on(conn, v2.STOP)
+        try:
+            async with asyncio.timeout(_TIMEOUT):
+                connect = v2.StopMessage(v2.StopType.CONNECT, v2.RelayPeer(src), _v2_limit(*limits))
+                write_delimited(other, v2.encode_stop(connect))
+                await other.drain()
+                answer = v2.decode_stop(await read_delimited(other, v2.MAX_MESSAGE))
+                if answer.type != v2.StopType.STATUS or answer.status != v2.Status.OK:
+                    status = answer.status.name if answer.status is not None else answer.type.name
+                    raise RelayRefused(f"peer {target.short()} refused the circuit: {status}")
+        except BaseException:
+            other.reset()
+            raise
+        return other
+
+    # -- libp2p's circuit relay v2 --------------------------------------------------------------
+
+    async def _on_hop_v2(self, stream: Stream, conn: Connection) -> None:
+        """A hop stream in circuit relay v2: RESERVE or CONNECT, answered with a STATUS."""
+        src = conn.remote_peer
+        try:
+            async with asyncio.timeout(_TIMEOUT):
+                msg = v2.decode_hop(await read_delimited(stream, v2.MAX_MESSAGE))
+        except (TimeoutError, LatticaError) as e:
+            log.info("bad hop request", peer=str(src), reason=str(e) or "timeout")
+            await self._answer_v2(stream, v2.Status.MALFORMED_MESSAGE)
+            return
+        if msg.type == v2.HopType.RESERVE:
+            await self._reserve_v2(stream, src, conn)
+        elif msg.type == v2.HopType.CONNECT and msg.peer is not None:
+            await self._circuit_v2(stream, src, msg.peer.peer, conn)
+        else:
+            await self._answer_v2(
+                stream, v2.Status.MALFORMED_MESSAGE if msg.peer is None else v2.Status.UNEXPECTED_MESSAGE
+            )
+
+    async def _reserve_v2(self, stream: Stream, peer: PeerId, conn: Connection) -> None:
+        direct = self._direct_conn(peer) if conn.transport != "relay" else None
+        why = self._refuse_reservation(peer, direct)
+        if why is not None:
+            log.info("refused a reservation", peer=str(peer), reason=why[1])
+            await self._answer_v2(stream, _V2_STATUS[why[0]])
+            return
+        granted = self.reserve(peer, libp2p=True)
+        expires = int(granted["expires"])
+        assert self.keypair is not None  # (the handler is set only with a keypair)
+        me = self.host.peer_id
+        reservation = v2.Reservation(
+            expires,
+            tuple(a.with_peer_id(me) for a in self.host.advertised_addrs() if not a.is_circuit)[: v2.MAX_ADDRS],
+            v2.make_voucher(self.keypair, peer, expires),
+        )
+        await self._answer_v2(stream, v2.Status.OK, reservation=reservation, limit=_v2_limit(*self._limits(peer, peer)))
+
+    async def _circuit_v2(self, stream: Stream, src: PeerId, target: PeerId, conn: Connection) -> None:
+        """CONNECT: circuit relay v2's stop stream to the target (a v2 source runs libp2p's stack
+        on the circuit, so a Lattica target that reserved with our protocol takes v2's too: it
+        serves both), then bytes both ways under the circuit's limits."""
+        await self.host.peer_info(conn, _TIMEOUT)  # its circle sets the circuit's limits
+        stranger = self.host.circle_of(src) == "stranger"
+        why = self._refuse(src, target, conn)
+        if why is not None:
+            await self._answer_v2(stream, _V2_STATUS[why[0]])
+            return
+        ip = _ip_of(conn)
+        self._count(src, target, +1, stranger, ip)
+        try:
+            duration, budget = self._limits(src, target)
+            try:
+                other = await self._connect_target_v2(
+                    src, target, self._direct_conn(target) or conn, (duration, budget)
+                )
+            except (TimeoutError, LatticaError) as e:
+                log.info("circuit target refused", target=str(target), reason=str(e) or "timeout")
+                await self._answer_v2(stream, v2.Status.CONNECTION_FAILED)
+                return
+            write_delimited(
+                stream,
+                v2.encode_hop(v2.HopMessage(v2.HopType.STATUS, limit=_v2_limit(duration, budget), status=v2.Status.OK)),
+            )
+            await self._splice(stream, other, duration, budget)
+        finally:
+            self._count(src, target, -1, stranger, ip)
+
+    @staticmethod
+    async def _answer_v2(
+        stream: Stream, status: v2.Status, *, reservation: v2.Reservation | None = None, limit: v2.Limit | None = None
+    ) -> None:
+        msg = v2.HopMessage(v2.HopType.STATUS, reservation=reservation, limit=limit, status=status)
+        try:
+            write_delimited(stream, v2.encode_hop(msg))
+            await asyncio.wait_for(stream.close(), _TIMEOUT)
+        except (TimeoutError, LatticaError):
+            stream.reset()
 
     @staticmethod
     async def _answer(stream: Stream, msg: dict) -> None:

@@ -110,3 +110,69 @@ def test_a_go_node_reaches_ours_through_gos_relay(p2pd_binary) -> None:
             go_client_peer, _ = a.run(go_client.identify(), timeout=10)
             relayed = [c for c in _circuits(a, go_client_peer) if c.direction == "inbound"]
             assert relayed and relayed[0].libp2p and relayed[0].relay_limit is not None
+
+
+# -- our relay, libp2p clients -------------------------------------------------------------------
+
+
+def _go_reserving_on(relay: str) -> tuple[str, ...]:
+    """p2pd flags: private, holding a reservation on ``relay`` only (autorelay needs the DHT on;
+    without bootstrap peers it stays local)."""
+    return ("-dht", "-autoRelay", f"-trustedRelays={relay}", "-relayDiscovery=false", "-forceReachabilityPrivate")
+
+
+def _wait_for_reservation(r: lattica.Node, peer) -> None:
+    book = r.host.services.relay
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if peer in book.reservations:
+            assert book.reservations[peer].libp2p
+            return
+        time.sleep(0.05)
+    raise AssertionError("go took no reservation on our relay within 20 s")
+
+
+async def _go_pings(go, peer, addr: Multiaddr) -> bool:
+    await go.connect(peer, [addr])
+    reader, writer = await go.open_stream(peer, "/ipfs/ping/1.0.0")
+    payload = os.urandom(32)
+    writer.write(payload)
+    await writer.drain()
+    echo = await asyncio.wait_for(reader.readexactly(32), 10)
+    writer.close()
+    return echo == payload
+
+
+def test_go_reserves_on_our_relay_and_is_reached_through_it(p2pd_binary) -> None:
+    with lattica.Node(list(TCP), relay=True, mdns=False) as r:
+        relay = str(next(a for a in r.addrs if "/tcp/" in str(a)))
+        with (
+            daemon(p2pd_binary, listen=TCP, flags=_go_reserving_on(relay)) as go,
+            daemon(p2pd_binary, listen=TCP) as other_go,
+            lattica.Node(list(TCP), mdns=False) as b,
+        ):
+            go_peer, _ = r.run(go.identify(), timeout=10)
+            _wait_for_reservation(r, go_peer)
+            # ours through our relay to go: our protocol to the relay, libp2p's stack to go
+            conns: list = []
+            b.host.events.connected.subscribe(conns.append)
+            b.connect(f"{relay}/p2p-circuit/p2p/{go_peer}", timeout=10)
+            [relayed] = [c for c in conns if c.remote_peer == go_peer]
+            assert relayed.transport == "relay" and relayed.libp2p
+            assert b.ping(go_peer) > 0
+            # go through our relay to go: circuit relay v2 both sides
+            assert r.run(_go_pings(other_go, go_peer, Multiaddr(relay + "/p2p-circuit")), timeout=30)
+            assert r.host.services.relay.bytes_relayed > 0
+
+
+def test_go_reaches_our_node_through_our_relay(p2pd_binary) -> None:
+    """Our node reserved with our own protocol; a go node's CONNECT (circuit relay v2) reaches it
+    with v2's stop stream, and the two speak libp2p's stack end to end."""
+    with lattica.Node(list(TCP), relay=True, mdns=False) as r:
+        relay = str(next(a for a in r.addrs if "/tcp/" in str(a)))
+        with lattica.Node(list(TCP), relays=[relay], mdns=False) as a, daemon(p2pd_binary, listen=TCP) as go:
+            _reserved(a, relay)
+            assert not r.host.services.relay.reservations[a.peer_id].libp2p
+            assert r.run(_go_pings(go, a.peer_id, Multiaddr(relay + "/p2p-circuit")), timeout=30)
+            go_peer, _ = a.run(go.identify(), timeout=10)
+            assert any(c.libp2p for c in _circuits(a, go_peer))

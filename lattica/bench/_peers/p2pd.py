@@ -52,11 +52,15 @@ class Daemon:
         workdir: pathlib.Path,
         listen: tuple[str, ...] = LISTEN,
         dht_server: bool = False,
+        flags: tuple[str, ...] = (),
     ) -> None:
         """``listen``: its host's addresses (a bench listens on one transport only: go dials a
         peer's QUIC addresses first once identify told it of them). ``dht_server``: run the DHT
         with ``-dhtServer``; ``-dht`` would be ModeAuto, which stays a client while AutoNAT sees
-        no public address, i.e. always on 127.0.0.1."""
+        no public address, i.e. always on 127.0.0.1. ``flags``: more of p2pd's options (never
+        ``-b``)."""
+        if "-b" in flags or any(f.startswith("-b=") for f in flags):
+            raise ValueError("p2pd runs here without -b: it would dial the public bootstrap peers")
         self.control = workdir / "p2pd.sock"
         self.proc = subprocess.Popen(
             [
@@ -67,6 +71,7 @@ class Daemon:
                 "-hostAddrs",
                 ",".join(listen),
                 *(["-dhtServer"] if dht_server else []),
+                *flags,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -225,11 +230,13 @@ def _unix_addr(path: pathlib.Path) -> bytes:
 
 
 @contextlib.contextmanager
-def daemon(binary: pathlib.Path, listen: tuple[str, ...] = LISTEN, dht_server: bool = False) -> Iterator[Daemon]:
-    """A p2pd listening on ``listen`` (127.0.0.1), a DHT server if ``dht_server``, stopped at
-    the end."""
+def daemon(
+    binary: pathlib.Path, listen: tuple[str, ...] = LISTEN, dht_server: bool = False, flags: tuple[str, ...] = ()
+) -> Iterator[Daemon]:
+    """A p2pd listening on ``listen`` (127.0.0.1), a DHT server if ``dht_server``, with more
+    ``flags``, stopped at the end."""
     with tempfile.TemporaryDirectory(prefix="p2pd-") as tmp:
-        d = Daemon(binary, pathlib.Path(tmp), listen, dht_server)
+        d = Daemon(binary, pathlib.Path(tmp), listen, dht_server, flags)
         try:
             yield d
         finally:

@@ -558,11 +558,14 @@ class TcpTransport(Transport):
                 raise
             raise _Unanswered(str(e)) from e
 
-    async def punch(self, addr: Multiaddr, peer_id: PeerId, *, initiator: bool, timeout: float = 5.0) -> Connection:
+    async def punch(
+        self, addr: Multiaddr, peer_id: PeerId, *, initiator: bool, timeout: float = 5.0, libp2p: bool = False
+    ) -> Connection:
         """Hole punching: connect to ``addr`` from our listening port (so the NAT reuses the
         mapping peers observed), for a TCP simultaneous open with a peer doing the same towards
         us. Both ends call connect, so the Noise roles are given, not taken from the kernel:
-        ``initiator`` on one side only (its connection counts as outbound, the other's inbound)."""
+        ``initiator`` on one side only (its connection counts as outbound, the other's inbound).
+        ``libp2p``: the peer's stack is libp2p's (DCUtR), whose roles follow ``initiator`` too."""
         host, port = addr.without_peer_id().host_port()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         local = next(
@@ -588,7 +591,7 @@ class TcpTransport(Transport):
         except BaseException:
             sock.close()
             raise
-        _, proto = await loop.create_connection(lambda: self._protocol(initiator, peer_id), sock=sock)
+        _, proto = await loop.create_connection(lambda: self._protocol(initiator, peer_id, libp2p=libp2p), sock=sock)
         return await self._ready(proto)
 
     async def dial_spliced(

@@ -8,6 +8,9 @@ is the first direct connection to the peer, whoever dialed it; the node then mak
 primary connection, moves new calls to it and lets calls in flight finish on the relay. ``B``
 tries up to three times. ``status()`` reports attempts and outcomes (``lattica doctor`` prints it).
 
+With a libp2p peer (one that serves ``/libp2p/dcutr`` and not our protocol) the exchange is
+libp2p's DCUtR, in the same roles and timing; the direct connection then runs libp2p's stack.
+
 The same exchange over a direct QUIC connection adds a TCP path (TCP is the fast path): a peer
 behind a full-cone NAT is dialed over QUIC at once, and its TCP listening port has no mapping
 until it sends a SYN. The QUIC connection's dialer asks; the other sends a SYN from its listening
@@ -23,7 +26,7 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
-from lattica._framing import read_message, write_message
+from lattica._framing import read_delimited, read_message, write_delimited, write_message
 from lattica._identify import PeerInfo
 from lattica._identity import PeerId
 from lattica._interfaces import host_key
@@ -31,9 +34,12 @@ from lattica._multiaddr import Multiaddr
 from lattica._runtime import ASYNC, ActorRef
 from lattica.errors import LatticaError
 from lattica.logging import get_logger
+from lattica.nat import _dcutr_wire as dcutr
 from lattica.nat._holepunch import (
     MAX_MESSAGE,
     PROTOCOL,
+    DcutrInitiator,
+    DcutrResponder,
     Initiator,
     Punch,
     Responder,
@@ -83,6 +89,7 @@ class HolePunchService:
     def __init__(self, runtime: Calls) -> None:
         self.host: HostView = runtime.host
         self.host.set_handler(PROTOCOL, self._on_stream)
+        self.host.set_handler(dcutr.PROTOCOL, self._on_dcutr)
         self.host.events.identified.subscribe(self._on_identified)
         self.active: set[PeerId] = set()
         self.tcp_active: set[PeerId] = set()  # TCP-only punches (a budget of their own)
@@ -102,9 +109,19 @@ class HolePunchService:
         nat = self.host.nat
         assert nat is not None
         mapping = await nat.learn_mapping()
+        return self._candidates(), mapping
+
+    def _candidates(self) -> list[Multiaddr]:
+        """Our candidate addresses, those at an IP peers observe first."""
+        nat = self.host.nat
+        assert nat is not None
         seen = {Multiaddr(o).host_port()[0] for _, o, _ in nat.observations()}
-        cands = nat.candidates()
-        return sorted(cands, key=lambda a: a.host_port()[0] not in seen), mapping
+        return sorted(nat.candidates(), key=lambda a: a.host_port()[0] not in seen)
+
+    def _dcutr_only(self, conn: Connection) -> bool:
+        """The peer punches with libp2p's DCUtR, not with our protocol."""
+        info = self.host.info.get(conn)
+        return info is not None and PROTOCOL not in info.protocols and dcutr.PROTOCOL in info.protocols
 
     def _direct(self, peer: PeerId, want: str | None = None) -> bool:
         """Whether the peer's primary connection is direct (and over ``want``, if given)."""
@@ -207,6 +224,8 @@ class HolePunchService:
         return True
 
     async def _exchange(self, conn: Connection, timeout: float = _EXCHANGE_TIMEOUT) -> Punch:
+        if self._dcutr_only(conn):
+            return await self._exchange_dcutr(conn, timeout)
         stream = await self.host.open_stream_on(conn, PROTOCOL)
         try:
             init = Initiator(*await self._mine())
@@ -221,7 +240,59 @@ class HolePunchService:
             stream.reset()
             raise
 
+    async def _exchange_dcutr(self, conn: Connection, timeout: float) -> Punch:
+        """``B``'s side of DCUtR: CONNECT, the peer's CONNECT (the RTT), SYNC."""
+        stream = await self.host.open_stream_on(conn, dcutr.PROTOCOL)
+        try:
+            init = DcutrInitiator(self._candidates())
+            async with asyncio.timeout(timeout):
+                write_delimited(stream, dcutr.encode(init.start(self.host.loop.time())))
+                answer = dcutr.decode(await read_delimited(stream, dcutr.MAX_MESSAGE))
+            sync, punch = init.receive(answer, self.host.loop.time())
+            write_delimited(stream, dcutr.encode(sync))
+            await stream.close()
+            return punch
+        except BaseException:
+            stream.reset()
+            raise
+
     # -- A: the relayed connection's dialer answers -------------------------------------------
+
+    async def _on_dcutr(self, stream: Stream, conn: Connection) -> None:
+        """``A``'s side of DCUtR, for a libp2p peer that received our relayed connection: answer
+        its CONNECT with our addresses (at once: the peer times the round trip), punch on SYNC."""
+        peer = conn.remote_peer
+        if (
+            conn.transport != "relay"
+            or peer in self.active
+            or peer in self.tcp_active
+            or len(self.active) >= _MAX_ACTIVE
+            or self._direct(peer)
+            or not self._may_ask(peer)
+        ):
+            # only a relayed peer has a reason to punch: anyone else would make us send packets
+            # to addresses of their choosing
+            self.counts["refused"] += 1
+            stream.reset()
+            return
+        self.active.add(peer)
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.timeout(_EXCHANGE_TIMEOUT):
+                resp = DcutrResponder(self._candidates())
+                answer = resp.receive(dcutr.decode(await read_delimited(stream, dcutr.MAX_MESSAGE)))
+                assert not isinstance(answer, Punch)
+                write_delimited(stream, dcutr.encode(answer))
+                await stream.drain()
+                punch = resp.receive(dcutr.decode(await read_delimited(stream, dcutr.MAX_MESSAGE)))
+            assert isinstance(punch, Punch)
+            ok = await self._run(peer, punch, initiator=False)
+            self._record(peer, "direct" if ok else "failed", t0, None, punch)
+        except (TimeoutError, LatticaError) as e:
+            self._record(peer, "refused", t0, None, None, reason=str(e) or "timeout")
+            stream.reset()
+        finally:
+            self.active.discard(peer)
 
     async def _on_stream(self, stream: Stream, conn: Connection) -> None:
         peer = conn.remote_peer
@@ -344,7 +415,10 @@ class HolePunchService:
                 tcp_tasks = [
                     host.spawn(
                         self._dial(
-                            peer, lambda a=addr: tcp.punch(a, peer, initiator=plan.tcp_initiator, timeout=window)
+                            peer,
+                            lambda a=addr: tcp.punch(
+                                a, peer, initiator=plan.tcp_initiator, timeout=window, libp2p=punch.libp2p
+                            ),
                         )
                     )
                     for addr in (plan.tcp_targets[:4] if tcp is not None else ())

@@ -59,6 +59,7 @@ class _Reservation:
     expires: float  # wall clock (sent to the peer)
     ip: str
     libp2p: bool = False  # made with circuit relay v2: circuits to the peer use its stop protocol
+    stranger: bool = False  # held by a peer outside our mesh (strangers together hold at most half)
 
 
 # our refusal codes as circuit relay v2's statuses
@@ -142,7 +143,8 @@ class RelayService:
             raise RelayRefused(why[1])
         assert conn is not None
         expires = time.time() + self.cfg.reservation_ttl
-        self.reservations[peer] = _Reservation(expires, _ip_of(conn), libp2p)
+        stranger = self.host.circle_of(peer) == "stranger"
+        self.reservations[peer] = _Reservation(expires, _ip_of(conn), libp2p, stranger)
         self.host.protect(peer, "relay-reservation")
         addrs = [str(a) for a in self.host.advertised_addrs() if not a.is_circuit]
         return {"expires": expires, "addrs": addrs, "limit": limit_wire(*self._limits(peer, peer))}  # between strangers
@@ -151,12 +153,20 @@ class RelayService:
         if conn is None:
             return "RESERVATION_REFUSED", "reservations are made over a direct connection to the relay"
         self._sweep()
-        ip = _ip_of(conn)
-        if peer not in self.reservations:
-            if len(self.reservations) >= self.cfg.max_reservations:
-                return "RESOURCE_LIMIT", f"this relay holds its maximum of {self.cfg.max_reservations} reservations"
-            same_ip = sum(1 for r in self.reservations.values() if r.ip == ip)
-            if same_ip >= self.cfg.max_reservations_per_ip:
+        ip, cfg = _ip_of(conn), self.cfg
+        held = self.reservations.get(peer)
+        if held is None:
+            if len(self.reservations) >= cfg.max_reservations:
+                return "RESOURCE_LIMIT", f"this relay holds its maximum of {cfg.max_reservations} reservations"
+            strangers = sum(1 for r in self.reservations.values() if r.stranger)
+            if self.host.circle_of(peer) == "stranger" and strangers >= cfg.max_reservations // 2:
+                return (
+                    "RESOURCE_LIMIT",
+                    "peers outside this relay's mesh hold half of its reservations (the rest is kept for members)",
+                )
+        if held is None or held.ip != ip:  # (a renewal from another address counts there)
+            same_ip = sum(1 for p, r in self.reservations.items() if r.ip == ip and p != peer)
+            if same_ip >= cfg.max_reservations_per_ip:
                 return "RESOURCE_LIMIT", f"{ip} already holds {same_ip} reservations here (the limit per address)"
         return None
 
@@ -438,6 +448,7 @@ class RelayService:
             )
 
     async def _reserve_v2(self, stream: Stream, peer: PeerId, conn: Connection) -> None:
+        await self.host.peer_info(conn, _TIMEOUT)  # its circle: strangers hold at most half
         direct = self._direct_conn(peer) if conn.transport != "relay" else None
         why = self._refuse_reservation(peer, direct)
         if why is not None:

@@ -151,6 +151,11 @@ class Connections:
             relayed = existing if existing.transport == "relay" else conn
             self.conns[peer] = conn if relayed is existing else existing
             relayed.go_away()
+        elif (conn.relay_limit is None) != (existing.relay_limit is None):
+            # a circuit that carries traffic wins over a libp2p relay's limited one
+            limited = existing if existing.relay_limit is not None else conn
+            self.conns[peer] = conn if limited is existing else existing
+            limited.go_away()
         elif self._dialer(conn) != self._dialer(existing):
             # Both sides dialed at once: both ends must keep the same connection, so keep the one
             # dialed by the smaller PeerId
@@ -179,7 +184,10 @@ class Connections:
         alive = [c for c in self.conns_of.get(peer, ()) if usable(c) and c not in self.unsettled]
         if not alive:
             return None
-        return min(alive, key=lambda c: (_PREFERENCE.get(c.transport, 1), -self.idle_since.get(c, 0.0)))
+        return min(
+            alive,
+            key=lambda c: (_PREFERENCE.get(c.transport, 1), c.relay_limit is not None, -self.idle_since.get(c, 0.0)),
+        )
 
     def _on_going_away(self, conn: Connection) -> None:
         """``conn`` started going away (we retired it, or the peer did): new streams to its peer

@@ -30,6 +30,7 @@ from lattica.errors import (
     UnsupportedProtocol,
 )
 from lattica.logging import get_logger
+from lattica.nat import _dcutr_wire as dcutr
 from lattica.nat import _holepunch as holepunch
 from lattica.transports import circuit, circuit_v2
 from lattica.transports.base import Connection, Stream, Transport
@@ -58,7 +59,14 @@ _HINT_DIALS_PER_IP = (0.2, 8.0)
 _HINT_ADDRS = 2  # hinted addresses of one peer tried per dial
 # what a libp2p relay's limited circuit carries: who we are, and what sets up a direct path
 LIMITED_PROTOCOLS = frozenset(
-    {identify.PROTOCOL, identify.LIBP2P_PROTOCOL, identify.LIBP2P_PUSH_PROTOCOL, ping.PROTOCOL, holepunch.PROTOCOL}
+    {
+        identify.PROTOCOL,
+        identify.LIBP2P_PROTOCOL,
+        identify.LIBP2P_PUSH_PROTOCOL,
+        ping.PROTOCOL,
+        holepunch.PROTOCOL,
+        dcutr.PROTOCOL,
+    }
 )
 LIMITED_WAIT = 10.0  # s a stream waits for a direct path when a libp2p relay's limited circuit is all there is
 
@@ -138,21 +146,55 @@ class Dialer:
         return await self._unlimited(peer, conn)
 
     async def _unlimited(self, peer: PeerId, conn: Connection) -> Connection:
-        """The direct (or unlimited) connection the upgrade of ``conn``, a limited circuit, makes;
-        PeerUnreachable if none comes within ``LIMITED_WAIT`` seconds."""
-        loop = self.host.loop
+        """A connection to ``peer`` no relay limits, while ``conn``, a limited circuit, is the
+        best one: the direct one its upgrade makes, or a circuit through another relay (dialed
+        now, if the peer has one); PeerUnreachable if none comes within ``LIMITED_WAIT`` s."""
+        loop, host = self.host.loop, self.host
+        others = self._circuits_elsewhere(peer, conn)
+        dial = host.spawn(self.dial_addrs(peer, others)) if others else None
+        if dial is not None:
+            dial.add_done_callback(lambda t: t.cancelled() or t.exception())  # (its failure: the error below)
         deadline = loop.time() + LIMITED_WAIT
-        while loop.time() < deadline and not self.host.closing:
-            best = self.host.conns.get(peer)
-            if best is not None and best.relay_limit is None and not best.is_closed and not best.going_away:
-                return best
-            await asyncio.sleep(0.05)
+        try:
+            while loop.time() < deadline and not host.closing:
+                best = self._unlimited_conn(peer)
+                if best is not None:
+                    return best
+                await asyncio.sleep(0.05)
+        finally:
+            if dial is not None and not dial.done():
+                dial.cancel()
         seconds, size = conn.relay_limit or (0, 0)
         raise PeerUnreachable(
             f"{peer} is reachable only through a libp2p relay's limited circuit ({seconds} s, {size} bytes), which "
             f"carries what sets up a direct path, not calls, and no direct path came within {LIMITED_WAIT} s: "
             "give the peer a relay that carries traffic (a Lattica relay) or a reachable address (docs/nat.md)"
         )
+
+    def _unlimited_conn(self, peer: PeerId) -> Connection | None:
+        """The peer's primary connection if no relay limits it, else another such it identified
+        on (which the host then made its primary one), if any."""
+        host = self.host
+        conns = [host.conns.get(peer), *(c for c in host.conns_of.get(peer, ()) if c in host.info)]
+        return next(
+            (c for c in conns if c is not None and c.relay_limit is None and not c.is_closed and not c.going_away),
+            None,
+        )
+
+    def _circuits_elsewhere(self, peer: PeerId, limited: Connection) -> list[Multiaddr]:
+        """The peer's circuit addresses through relays other than ``limited``'s."""
+        relay = limited.carrier.remote_peer if limited.carrier is not None else None
+        out = []
+        for a in self.host.peer_addrs.get(peer, ()):
+            if not a.is_circuit:
+                continue
+            try:
+                through = circuit.split_circuit(a)[1]
+            except LatticaError:
+                continue
+            if through != relay:
+                out.append(a)
+        return out
 
     async def _any_connection(self, peer: PeerId) -> Connection:
         conn = self.host.conns.get(peer)
@@ -427,7 +469,8 @@ class Dialer:
             host.spawn(host.nat.learn_mapping())  # a hole punch may follow: both ends need it
         punch = None
         puncher = self.puncher
-        if conn.direction == "inbound" and puncher is not None and holepunch.PROTOCOL in info.protocols:
+        punches = holepunch.PROTOCOL in info.protocols or dcutr.PROTOCOL in info.protocols
+        if conn.direction == "inbound" and puncher is not None and punches:
             punch = host.spawn(puncher.punch(conn))  # neither side may be dialable: punch
         token = context.NO_DHT_DIAL_LOOKUP.set(True)
         try:

@@ -10,6 +10,7 @@ import functools
 import math
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +82,11 @@ def encode_protocol(name: str) -> bytes:
     return len(raw).to_bytes(1, "big") + raw
 
 
+def _lattica(protocols: Iterable[str]) -> bool:
+    """A peer that serves our identify is a Lattica node."""
+    return identify.PROTOCOL in protocols
+
+
 class Host:
     """Everything that runs on the node loop (implements :class:`lattica._hostview.HostView`)."""
 
@@ -121,6 +127,10 @@ class Host:
         self.protected = self.connections.protected
         self.dialer = Dialer(self)
         self._pushes = Buckets(*_PUSHES_PER_PEER, 4096, clock=self.loop.time)
+        # libp2p connections on which the peer, a Lattica node, sent our own identify too (it
+        # carries what libp2p's cannot: its mesh certificate), which then stands for it
+        self._said_ours: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self._told_ours: weakref.WeakSet[Connection] = weakref.WeakSet()  # ... and we told it ours
         self._record: tuple[tuple[Multiaddr, ...], bytes] | None = None  # our signed peer record, of these addrs
         self._held_pushes: dict[Connection, Callable[[], object]] = {}  # a peer's latest push beyond its budget
         self.contacted = self.dialer.contacted
@@ -565,13 +575,23 @@ class Host:
         # know who it is, after the handshake; the early identify would only mislead it)
         return self.closing or len(self.all_conns) >= self.max_connections
 
-    async def push_identify(self, conn: Connection) -> bool:
-        """Tell the peer on ``conn`` who we are and where we listen (again, when that changes)."""
+    async def push_identify(self, conn: Connection, lattica_peer: bool = False) -> bool:
+        """Tell the peer on ``conn`` who we are and where we listen (again, when that changes):
+        in libp2p's identify to a libp2p peer, in ours to a Lattica node (over libp2p's stack
+        too: a libp2p relay's circuit or a DCUtR punch between two of ours; ``lattica_peer``:
+        the peer's libp2p identify just said it is one)."""
+        info = self.info.get(conn)
+        lattica_peer = not conn.libp2p or (
+            _lattica(self.handlers)  # (what we do not serve, we do not speak)
+            and (lattica_peer or conn in self._said_ours or (info is not None and _lattica(info.protocols)))
+        )
         try:
-            if conn.libp2p:
+            if not lattica_peer:
                 stream = await self.open_stream_on(conn, identify.LIBP2P_PUSH_PROTOCOL)
                 write_delimited(stream, self._libp2p_identify(conn.remote_addr))
             else:
+                if conn.libp2p:
+                    self._told_ours.add(conn)
                 stream = await self.open_stream_on(conn, identify.PROTOCOL)
                 write_message(stream, self._identify_message(conn.remote_addr))
             await stream.close()
@@ -675,8 +695,22 @@ class Host:
         except (TimeoutError, LatticaError) as e:
             self._bad_identify(conn, e)
             return
-        self._take_identify(conn, fields)
+        if _lattica(fields["protocols"]) and _lattica(self.handlers):
+            # a Lattica node met over libp2p's stack: each side sends the other our own identify
+            # too, and the peer's stands for this one once it comes (this one, if it does not
+            # within the deadline): who the peer is, for calls, waits for it
+            if conn not in self._told_ours:
+                self.spawn(self.push_identify(conn, lattica_peer=True))
+            if conn not in self._said_ours:
+                self.loop.call_later(PROTOCOL_READ_TIMEOUT, self._take_libp2p_identify, conn, fields)
+        else:
+            self._take_identify(conn, fields)
         await self._expect_end(stream)
+
+    def _take_libp2p_identify(self, conn: Connection, fields: dict[str, Any]) -> None:
+        """A Lattica node's libp2p identify, if its own identify never came."""
+        if not conn.is_closed and conn not in self._said_ours and conn not in self.info:
+            self._take_identify(conn, fields)
 
     @staticmethod
     async def _expect_end(stream: Stream) -> None:
@@ -710,6 +744,8 @@ class Host:
             self._take_libp2p_push(conn, data)
 
     def _take_libp2p_push(self, conn: Connection, data: bytes) -> None:
+        if conn in self._said_ours:
+            return  # (the peer's own identify says more; its updates come that way too)
         try:
             fields = identify.parse_libp2p(data, conn.remote_peer)
         except LatticaError as e:
@@ -731,6 +767,10 @@ class Host:
         except LatticaError as e:
             self._bad_identify(conn, e)
             return False
+        if conn.libp2p and conn not in self._said_ours:
+            self._said_ours.add(conn)
+            if conn not in self._told_ours:  # (it may have heard our libp2p identify only: answer in kind)
+                self.spawn(self.push_identify(conn, lattica_peer=True))
         return self._take_identify(conn, fields)
 
     def _take_identify(self, conn: Connection, fields: dict[str, Any]) -> bool:

@@ -16,6 +16,11 @@ the hard side dials from the socket a probe reached (birthday paradox).
 
 No sockets here: :class:`Initiator` and :class:`Responder` take decoded messages and return the
 messages to send and a :class:`Punch` (what to do and when); ``actors/nat/holepunch.py`` runs them.
+
+With a libp2p peer the same roles and timing run over DCUtR (``/libp2p/dcutr``,
+:class:`DcutrInitiator` and :class:`DcutrResponder`): its messages carry addresses only, so the
+plan is the simultaneous one (no many-port probing: a libp2p peer neither sprays nor probes), and
+its TCP and QUIC connections run libp2p's stack (``Punch.libp2p``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 
 from lattica._multiaddr import Multiaddr
 from lattica.errors import ProtocolError
+from lattica.nat._dcutr_wire import HolePunch, PunchType
 
 __all__ = [
     "PROTOCOL",
@@ -34,6 +40,8 @@ __all__ = [
     "Plan",
     "Initiator",
     "Responder",
+    "DcutrInitiator",
+    "DcutrResponder",
     "tcp_only",
     "plan",
     "probe_packet",
@@ -97,6 +105,7 @@ class Punch:
     token: bytes
     theirs: list[Multiaddr] = field(default_factory=list)  # the peer's candidate addresses (None: none)
     nats: tuple[str, str] = (UNKNOWN, UNKNOWN)  # (our mapping type, the peer's)
+    libp2p: bool = False  # agreed over DCUtR: the direct connection runs libp2p's stack
 
     def __post_init__(self) -> None:
         self.theirs = self.theirs or []  # (None is taken for no addresses)
@@ -256,3 +265,66 @@ class Responder:
             self._theirs[0],
             (self.mine[1], self._theirs[1]),
         )
+
+
+def _punchable(addrs: tuple[Multiaddr, ...]) -> list[Multiaddr]:
+    """What a DCUtR peer names that a punch can use: direct TCP and QUIC addresses, each once."""
+    out: list[Multiaddr] = []
+    for a in addrs:
+        a = a.without_peer_id()
+        if _kind(a) is not None and a not in out:
+            out.append(a)
+    return out[:MAX_ADDRS]
+
+
+def _simultaneous(initiator: bool, mine: list[Multiaddr], theirs: list[Multiaddr]) -> Plan:
+    """DCUtR's plan: TCP simultaneous open (``A`` the Noise initiator), ``A`` dials QUIC and
+    ``B`` sends punch datagrams; mapping types are not exchanged, so nothing more."""
+    return plan(initiator, (mine, UNKNOWN), (theirs, UNKNOWN))
+
+
+class DcutrInitiator:
+    """``B`` with a libp2p peer: CONNECT with our addresses, the RTT from its CONNECT, SYNC."""
+
+    def __init__(self, addrs: list[Multiaddr]) -> None:
+        self.mine = [a.without_peer_id() for a in addrs if not a.is_circuit][:MAX_ADDRS]
+        self._sent_at: float | None = None
+        self.done = False
+
+    def start(self, now: float) -> HolePunch:
+        self._sent_at = now
+        return HolePunch(PunchType.CONNECT, tuple(self.mine))
+
+    def receive(self, msg: HolePunch, now: float) -> tuple[HolePunch, Punch]:
+        """The peer's CONNECT -> (SYNC to send, the punch to run after half the RTT)."""
+        if self._sent_at is None or self.done or msg.type != PunchType.CONNECT:
+            raise ProtocolError("DCUtR: expected the peer's CONNECT")
+        self.done = True
+        theirs = _punchable(msg.addrs)
+        rtt = max(now - self._sent_at, 0.0)
+        punch = Punch(_simultaneous(True, self.mine, theirs), rtt / 2, rtt, os.urandom(TOKEN_LEN), theirs, libp2p=True)
+        return HolePunch(PunchType.SYNC), punch
+
+
+class DcutrResponder:
+    """``A`` with a libp2p peer: answers CONNECT with our addresses, acts the moment SYNC comes."""
+
+    def __init__(self, addrs: list[Multiaddr]) -> None:
+        self.mine = [a.without_peer_id() for a in addrs if not a.is_circuit][:MAX_ADDRS]
+        self._theirs: list[Multiaddr] | None = None
+        self.done = False
+
+    def receive(self, msg: HolePunch) -> HolePunch | Punch:
+        """CONNECT -> our CONNECT to send back; SYNC -> the punch to run now."""
+        if self.done:
+            raise ProtocolError("DCUtR: unexpected message")
+        if self._theirs is None:
+            if msg.type != PunchType.CONNECT:
+                raise ProtocolError("DCUtR: expected CONNECT first")
+            self._theirs = _punchable(msg.addrs)
+            return HolePunch(PunchType.CONNECT, tuple(self.mine))
+        if msg.type != PunchType.SYNC:
+            raise ProtocolError("DCUtR: expected SYNC")
+        self.done = True
+        theirs = self._theirs
+        return Punch(_simultaneous(False, self.mine, theirs), 0.0, None, os.urandom(TOKEN_LEN), theirs, libp2p=True)

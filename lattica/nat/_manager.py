@@ -44,6 +44,7 @@ PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"
 _MAX_CANDIDATES = 4  # observed addresses advertised while reachability is unknown
 _CONTACT_MEMORY = 600.0  # s: longer than NATs keep a filter entry open after our last packet
 _MIN_RESERVATION = 60.0  # s: the shortest reservation we take a relay's word for
+_MAX_RESERVATION = 3600.0  # s: the longest reservation we take a relay's word for (renewed at half)
 _RESERVE_TIMEOUT = 10.0  # s for a relay to grant a reservation
 INDEPENDENT, DEPENDENT = "endpoint-independent", "endpoint-dependent"
 
@@ -505,6 +506,8 @@ class NatManager:
             status = answer.status.name if answer.status is not None else "no status"
             raise RelayRefused(f"libp2p relay {peer} refused the reservation: {status}")
         r = answer.reservation
+        if r.expire <= time.time():
+            raise ProtocolError(f"libp2p relay {peer} granted a reservation that has already expired")
         if r.voucher:
             v2.open_voucher(r.voucher, peer, self.host.peer_id)  # (ProtocolError: not the relay's, or not ours)
         limit = answer.limit
@@ -542,9 +545,9 @@ class NatManager:
         old = self.relays.get(peer)
         if old is not None and old.renew is not None:
             old.renew.cancel()
-        ttl = max(
-            answer["expires"] - time.time(), _MIN_RESERVATION
-        )  # (renewed at half: a relay cannot make us renew, and re-announce, every few seconds)
+        # renewed at half: a relay can make us renew (and re-announce) neither every few seconds
+        # nor never
+        ttl = min(max(answer["expires"] - time.time(), _MIN_RESERVATION), _MAX_RESERVATION)
         r = _Relay(peer, addrs, answer["expires"])
         r.renew = self.host.loop.call_later(ttl / 2, lambda: self.host.spawn(self._renew(peer)))
         self.relays[peer] = r

@@ -39,9 +39,16 @@ _AGENT, _PROTO_VERSION = 6, 5  # identify's protobuf fields (1 key, 2 addresses,
 
 def _use_libp2p(caller: lattica.Node, target: lattica.Node) -> None:
     """Make ``caller`` dial ``target`` on the standard libp2p stack (as our TCP transport does
-    once a libp2p listener answered it at that address)."""
+    once a libp2p listener answered it at that address), as a plain libp2p peer would."""
     host, port = target.addrs[0].host_port()
     on_loop(caller, lambda: caller._host.transport_set.named("tcp")._libp2p_at.__setitem__((host, port), None))
+    _plain_libp2p(caller)
+
+
+def _plain_libp2p(node: lattica.Node) -> None:
+    """Make ``node`` a plain libp2p peer as far as identify goes: it neither serves nor sends
+    our own identify (two Lattica nodes on libp2p's stack tell each other theirs)."""
+    on_loop(node, lambda: node._host.handlers.pop(identify.PROTOCOL, None))
 
 
 def _connect_libp2p(caller: lattica.Node, target: lattica.Node) -> None:
@@ -172,6 +179,7 @@ def _answer_identify_with(node: lattica.Node, data: Callable[[], bytes]) -> None
         await stream.close()
 
     on_loop(node, lambda: node._host.handlers.__setitem__(identify.LIBP2P_PROTOCOL, answer))
+    _plain_libp2p(node)
 
 
 # Run in a process of its own: ``n`` fresh Ed25519 identities dial the victim on the libp2p

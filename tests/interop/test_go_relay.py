@@ -56,10 +56,15 @@ def test_ours_reserves_on_go_and_ours_reaches_it_through_the_circuit(p2pd_binary
             circuit = _reserved(a, relay)
             assert circuit_v2.HOP in b.connect(relay).protocols  # (go's relay, not ours)
             conns: list = []
+            infos: list = []
             b.host.events.connected.subscribe(conns.append)
+            b.host.events.identified.subscribe(infos.append)
             b.connect(circuit, timeout=10)
             [relayed] = [c for c in conns if c.remote_peer == a.peer_id and c.transport == "relay"]
             assert relayed.libp2p and relayed.relay_limit == (120, 128 * 1024)  # go's default limits
+            # over libp2p's stack the two still tell each other our own identify: still members
+            said = [i for i in infos if i.peer_id == a.peer_id and i.transport == "relay"]
+            assert said and said[0].circle == "member", said
             # a call waits for the direct path the circuit set up (each side dials the other's
             # addresses it learned over the circuit), then goes on it
             assert isinstance(_names(b, a.peer_id), list)

@@ -48,6 +48,7 @@ import lattica.logging  # noqa: E402
 import sample_actors as sa  # noqa: E402
 from lattica.actors.nat.relay import RelayConfig  # noqa: E402
 from lattica.config import ContentConfig, CrdtConfig  # noqa: E402
+from lattica.nat import _holepunch as holepunch  # noqa: E402
 
 
 def _say(obj: dict) -> None:
@@ -113,6 +114,11 @@ def main() -> None:
         default=os.environ.get("LATTICA_LAB_MEMBERSHIP", "off"),
         help="membership gossip (off: the lab tests the NAT ladder; membership has its own tests)",
     )
+    p.add_argument(
+        "--dcutr-only",
+        action="store_true",
+        help="punch with libp2p's DCUtR only, as a libp2p node would (our own protocol is not offered)",
+    )
     args = p.parse_args()
     if args.log:
         lattica.logging.configure(args.log)
@@ -135,6 +141,8 @@ def main() -> None:
         crdt=CrdtConfig(path="memory"),
         content=ContentConfig(blocks="memory"),
     ).start()
+    if args.dcutr_only:
+        node._host.handlers.pop(holepunch.PROTOCOL)  # (before any peer identifies us)
     _say({"event": "ready", "peer_id": str(node.peer_id), "addrs": [str(a) for a in node.addrs]})
     for addr in args.bootstrap:
         try:

@@ -40,11 +40,13 @@ def _node(lab: Lab, kind: str) -> Proc:
     return Proc(lab, lab.add_site(kind).host, lab.boot + ["--no-dht-bootstrap"])
 
 
-def _wait_private(node: Proc) -> dict:
+def _wait_private(node: Proc, mapping: bool = True) -> dict:
+    """The node's status once it knows it is private and holds reservations (and, if
+    ``mapping``, its mapping type: a TCP-only node never learns it, QUIC dials show it)."""
     deadline = time.monotonic() + 40
     while time.monotonic() < deadline:
         st = node.ask({"cmd": "status"})
-        if st["reachability"] == "private" and st["relays"] and st["mapping"] != "unknown":
+        if st["reachability"] == "private" and st["relays"] and (st["mapping"] != "unknown" or not mapping):
             return st
         time.sleep(0.5)
     raise AssertionError(f"node never settled: {st}")
@@ -57,6 +59,24 @@ def _punches_settled(node: Proc) -> dict:
     while (punches := node.ask({"cmd": "holepunch"}))["active"] and time.monotonic() < deadline:
         time.sleep(0.2)
     return punches
+
+
+@pytest.mark.parametrize("transport", ["tcp", "any"])
+def test_dcutr_makes_the_relayed_connection_direct(lab, transport):
+    """Both nodes punch with libp2p's DCUtR only (as libp2p nodes do): the same roles and timing
+    over /libp2p/dcutr, and the punched TCP connection (a simultaneous open, in libp2p's roles)
+    or QUIC's runs libp2p's stack."""
+    args = lab.boot + ["--no-dht-bootstrap", "--dcutr-only"] + (["--tcp-only"] if transport == "tcp" else [])
+    callee = Proc(lab, lab.add_site("port_restricted").host, args)
+    _wait_private(callee, mapping=False)  # (DCUtR exchanges no mapping type)
+    caller = Proc(lab, lab.add_site("port_restricted").host, args)
+    _wait_private(caller, mapping=False)
+    r = caller.ask({"cmd": "call", "peer": callee.peer_id, "timeout": 30, "settle": 15}, timeout=60)
+    punches = _punches_settled(callee)
+    print(f"\nDCUtR over {transport}, port_restricted -> port_restricted: {r}; punches: {punches}")
+    assert r["ok"] and r["path"] in (("tcp",) if transport == "tcp" else ("tcp", "quic")), r
+    done = [p for p in punches["recent"] if p["peer"] == caller.peer_id and p["outcome"] == "direct"]
+    assert done and done[-1]["mode"] == "simultaneous", punches
 
 
 @pytest.mark.parametrize("caller_kind,callee_kind,mode", CASES, ids=[f"{a}->{b}" for a, b, _ in CASES])

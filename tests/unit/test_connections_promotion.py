@@ -18,6 +18,7 @@ class _Conn:
         self.going_away = False
         self.on_going_away = None
         self.carrier = None
+        self.relay_limit = None
         self.num_streams = 0
         self._close = []
         self.close_calls = 0

@@ -15,9 +15,10 @@ import pytest
 import lattica
 import sample_actors as sa
 from helpers import wait_for
-from lattica._framing import read_message, write_message
+from lattica._framing import read_delimited, read_message, write_delimited, write_message
 from lattica.actors.nat import holepunch as hp_actor
 from lattica.config import NatConfig
+from lattica.nat import _dcutr_wire as dcutr
 from lattica.nat._holepunch import DEPENDENT, PROTOCOL, Plan, Punch
 
 TCP = "/ip4/127.0.0.1/tcp/0"
@@ -65,6 +66,27 @@ def test_a_punch_request_on_a_direct_connection_is_refused():
         }
         assert a.run(_ask(a, conn, [connect]), timeout=10) is None  # reset, no answer
         assert _status(b)["refused"] == 1 and _status(b)["attempts"] == 0
+
+
+def test_a_dcutr_request_on_a_direct_connection_is_refused():
+    """libp2p's DCUtR, like ours, is taken only on a relayed connection: over a direct one the
+    stream is reset unanswered and nothing is dialed."""
+    with lattica.Node([TCP]) as a, lattica.Node([TCP]) as b:
+        a.connect(b.addrs[0])
+        conn = a._host.conns[b.peer_id]
+        lie = dcutr.HolePunch(dcutr.PunchType.CONNECT, (lattica.Multiaddr("/ip4/192.0.2.1/tcp/4001"),))
+
+        async def ask() -> bytes | None:
+            stream = await a._host.open_stream_on(conn, dcutr.PROTOCOL)
+            write_delimited(stream, dcutr.encode(lie))
+            try:
+                return await asyncio.wait_for(read_delimited(stream, dcutr.MAX_MESSAGE), 5)
+            except lattica.errors.LatticaError:
+                return None
+
+        assert a.run(ask(), timeout=10) is None  # reset, no answer
+        assert _status(b)["refused"] == 1 and _status(b)["attempts"] == 0
+        assert not [k for k in b.run(_contacted(b._host)) if k[1] == "192.0.2.1"]
 
 
 def test_a_punch_over_direct_quic_only_adds_tcp_and_only_towards_the_peers_address():

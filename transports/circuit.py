@@ -24,8 +24,9 @@ brings us on ``/libp2p/circuit/relay/0.2.0/stop``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from lattica._framing import read_delimited, read_message, write_delimited, write_message
@@ -284,24 +285,17 @@ class CircuitTransport(Transport):
             return await self._through_v2(stream, relay_conn, target, remote)
         splice_addr = self._splice_to(relay_conn) if splice else None
         splice = splice_addr is not None
-        try:
-            async with asyncio.timeout(self.handshake_timeout):
-                request: dict[str, Any] = {"type": "connect", "peer": target.to_bytes()}
-                if splice:
-                    request["splice"] = True
-                write_message(stream, request)
-                await stream.drain()
-                answer = check_answer(await read_message(stream, MAX_MESSAGE), f"relay {relay.short()}")
-                token = splice_token(answer) if splice else None
-                if token is None:  # (a target that reserved with circuit relay v2 speaks libp2p's stack)
-                    libp2p = answer.get("libp2p") is True
-                    return await self._secure(stream, True, target, remote, relay_conn, libp2p=libp2p)
-        except TimeoutError:
-            stream.reset()
-            raise Timeout(f"circuit to {target} through {relay} took longer than {self.handshake_timeout} s") from None
-        except BaseException:
-            stream.reset()
-            raise
+        async with self._setting_up(stream, target, relay):
+            request: dict[str, Any] = {"type": "connect", "peer": target.to_bytes()}
+            if splice:
+                request["splice"] = True
+            write_message(stream, request)
+            await stream.drain()
+            answer = check_answer(await read_message(stream, MAX_MESSAGE), f"relay {relay.short()}")
+            token = splice_token(answer) if splice else None
+            if token is None:  # (a target that reserved with circuit relay v2 speaks libp2p's stack)
+                libp2p = answer.get("libp2p") is True
+                return await self._secure(stream, True, target, remote, relay_conn, libp2p=libp2p)
         stream.reset()  # the circuit moves to its own socket; this stream has done its job
         try:
             return await self._splice(splice_addr, token, target, True, remote)  # type: ignore[arg-type, misc]
@@ -311,28 +305,35 @@ class CircuitTransport(Transport):
         except LatticaError as e:
             raise _SpliceFailed(str(e)) from None
 
-    async def _through_v2(
-        self, stream: Stream, relay_conn: Connection, target: PeerId, remote: Multiaddr
-    ) -> Connection:
-        """CONNECT through a libp2p relay (circuit relay v2), then the libp2p upgrade end to end."""
-        relay = relay_conn.remote_peer
+    @contextlib.asynccontextmanager
+    async def _setting_up(self, stream: Stream, target: PeerId, relay: PeerId) -> AsyncIterator[None]:
+        """A circuit's setup on ``stream``, within the handshake timeout; the stream is reset if
+        it fails."""
         try:
             async with asyncio.timeout(self.handshake_timeout):
-                write_delimited(stream, v2.encode_hop(v2.HopMessage(v2.HopType.CONNECT, v2.RelayPeer(target))))
-                await stream.drain()
-                answer = v2.decode_hop(await read_delimited(stream, v2.MAX_MESSAGE))
-                if answer.type != v2.HopType.STATUS:
-                    raise ProtocolError(f"relay {relay.short()} answered CONNECT with {answer.type.name}")
-                if answer.status != v2.Status.OK:
-                    status = answer.status.name if answer.status is not None else "no status"
-                    raise RelayRefused(f"libp2p relay {relay.short()} refused the circuit to {target}: {status}")
-                conn = await self._secure(stream, True, target, remote, relay_conn, libp2p=True)
+                yield
         except TimeoutError:
             stream.reset()
             raise Timeout(f"circuit to {target} through {relay} took longer than {self.handshake_timeout} s") from None
         except BaseException:
             stream.reset()
             raise
+
+    async def _through_v2(
+        self, stream: Stream, relay_conn: Connection, target: PeerId, remote: Multiaddr
+    ) -> Connection:
+        """CONNECT through a libp2p relay (circuit relay v2), then the libp2p upgrade end to end."""
+        relay = relay_conn.remote_peer
+        async with self._setting_up(stream, target, relay):
+            write_delimited(stream, v2.encode_hop(v2.HopMessage(v2.HopType.CONNECT, v2.RelayPeer(target))))
+            await stream.drain()
+            answer = v2.decode_hop(await read_delimited(stream, v2.MAX_MESSAGE))
+            if answer.type != v2.HopType.STATUS:
+                raise ProtocolError(f"relay {relay.short()} answered CONNECT with {answer.type.name}")
+            if answer.status != v2.Status.OK:
+                status = answer.status.name if answer.status is not None else "no status"
+                raise RelayRefused(f"libp2p relay {relay.short()} refused the circuit to {target}: {status}")
+            conn = await self._secure(stream, True, target, remote, relay_conn, libp2p=True)
         conn.relay_limit = _limits(answer.limit)
         return conn
 

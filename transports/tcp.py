@@ -505,20 +505,27 @@ class TcpTransport(Transport):
         self._hand_over(conn, on_connection)
 
     async def dial(
-        self, addr: Multiaddr, peer_id: PeerId | None = None, *, fresh_port: bool = False, say_who: bool = True
+        self,
+        addr: Multiaddr,
+        peer_id: PeerId | None = None,
+        *,
+        fresh_port: bool = False,
+        say_who: bool = True,
+        libp2p: bool = False,
     ) -> Connection:
         """Connect from an ephemeral port (``fresh_port`` is therefore always true here), run
         Noise and check the peer's id. A peer that cuts our handshake off before answering, or
         answers with multistream-select, is a libp2p node: dialed again with its stack, and
         remembered. ``say_who=False``: no identify in the handshake and no second dial (an
-        AutoNAT dial-back: a connection the peer must never take for one to use)."""
+        AutoNAT dial-back: a connection the peer must never take for one to use). ``libp2p``:
+        the peer is known to be a libp2p node: its stack at once."""
         target = addr.peer_id
         if peer_id is not None and target is not None and target != peer_id:
             raise PeerIdMismatch(f"address {addr} names {target}, not the requested {peer_id}")
         expected = peer_id or target
         host, port = addr.without_peer_id().host_port()
         key = (host, port)
-        libp2p = key in self._libp2p_at
+        libp2p = libp2p or key in self._libp2p_at
         try:
             return await self._dial_once(addr, host, port, expected, say_who, libp2p)
         except _Unanswered:

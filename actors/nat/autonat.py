@@ -11,26 +11,34 @@ believes what arrives, not what we answer, so a server that lies cannot make it 
 ``check`` is open to strangers; ``dial_for`` (dial a third party back for a server) only to members
 of our mesh, since a stranger could otherwise aim our dials at anyone. Every dial-back also counts
 against a budget for the IP address dialed and one for the whole node.
+
+libp2p peers ask with AutoNAT v2 (``/libp2p/autonat/2/dial-request``): we dial the first address
+of theirs we are willing to (TCP or QUIC, at the IP their connection comes from, or at another
+public IP once they sent ``DIAL_DATA`` bytes: the spec's amplification guard) and deliver the
+nonce on ``/libp2p/autonat/2/dial-back``, within the same budgets.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from lattica._budget import Buckets
-from lattica._framing import read_message, write_message
+from lattica._framing import read_delimited, read_message, write_delimited, write_message
 from lattica._identity import PeerId
-from lattica._interfaces import ip_of
+from lattica._interfaces import ip_of, is_loopback_ip, is_private_ip
 from lattica._multiaddr import Multiaddr
 from lattica._runtime import autonat_ref, current_caller
-from lattica.errors import LatticaError, ProtocolError
+from lattica.errors import LatticaError, ProtocolError, StreamClosed
 from lattica.logging import get_logger
+from lattica.nat import _autonat_v2_wire as v2
 from lattica.nat._manager import DIALBACK
 
 if TYPE_CHECKING:
     from lattica._hostview import HostView
     from lattica._runtime.calls import Calls
+    from lattica.transports.base import Connection, Stream
 
 log = get_logger("lattica.autonat")
 
@@ -46,6 +54,9 @@ _DIALS_BURST = 40.0  # ...and in a burst
 _IP_RATE = 1.0  # dial-backs per second to one IP address, for whoever asks (a CGNAT IP hosts many peers)...
 _IP_BURST = 16.0  # ...and in a burst
 _HELPERS = 2
+DIAL_DATA = 40_000  # bytes a libp2p client sends before we dial an IP other than its own (the spec: 30-100 kB)
+_V2_TIMEOUT = 15.0  # s for a whole AutoNAT v2 request, dial data and dial-back included
+_DIAL_BACK_ANSWER = 0.5  # s we wait for a DialBackResponse (some clients send none)
 
 
 def _dialable(addr: Multiaddr) -> bool:
@@ -62,6 +73,8 @@ class AutoNatServer:
         self._requests = Buckets(_RATE, _BURST)  # per requesting peer
         self._dials = Buckets(_DIALS_RATE, _DIALS_BURST, max_keys=1)  # the whole node
         self._per_ip = Buckets(_IP_RATE, _IP_BURST)  # per dialed IP
+        self.v2_counts = {"requests": 0, "dialed": 0, "reached": 0, "refused": 0, "dial_data": 0}
+        self.host.set_handler(v2.DIAL_REQUEST, self._on_dial_request)
 
     def _rate_ok(self, peer: PeerId) -> bool:
         return self._requests.take(peer)
@@ -181,6 +194,108 @@ class AutoNatServer:
         finally:
             if conn is not None:
                 conn.abort("dial-back done")
+
+    # -- AutoNAT v2, for libp2p peers ----------------------------------------------------------
+
+    async def _on_dial_request(self, stream: Stream, conn: Connection) -> None:
+        """One AutoNAT v2 request on its own stream, answered with a DialResponse."""
+        self.v2_counts["requests"] += 1
+        try:
+            async with asyncio.timeout(_V2_TIMEOUT):
+                answer = await self._serve_v2(stream, conn)
+                write_delimited(stream, v2.encode(answer))
+                await stream.close()
+        except (TimeoutError, LatticaError) as e:
+            log.info("AutoNAT v2 request dropped", peer=str(conn.remote_peer), reason=str(e) or "timeout")
+            self.v2_counts["refused"] += 1
+            stream.reset()
+
+    async def _serve_v2(self, stream: Stream, conn: Connection) -> v2.DialResponse:
+        msg = v2.decode(await read_delimited(stream, v2.MAX_MESSAGE))
+        if not isinstance(msg, v2.DialRequest):
+            raise ProtocolError("an AutoNAT v2 stream opens with a DialRequest")
+        peer = conn.remote_peer
+        observed = ip_of(conn.remote_addr) if conn.transport in ("tcp", "quic") else None
+        if observed is None or not self._rate_ok(peer):  # (over a relay we cannot tell its IP)
+            self.v2_counts["refused"] += 1
+            return v2.DialResponse(v2.ResponseStatus.E_REQUEST_REJECTED)
+        pick = _first_dialable(msg.addrs, observed)
+        if pick is None:
+            self.v2_counts["refused"] += 1
+            return v2.DialResponse(v2.ResponseStatus.E_DIAL_REFUSED)
+        index, addr = pick
+        if ip_of(addr) != observed:
+            await _take_dial_data(stream, index)
+            self.v2_counts["dial_data"] += 1
+        try:
+            self._budget([addr])
+        except ProtocolError:
+            self.v2_counts["refused"] += 1
+            return v2.DialResponse(v2.ResponseStatus.E_REQUEST_REJECTED)
+        status = await self._dial_back_v2(peer, addr, msg.nonce, conn.libp2p)
+        return v2.DialResponse(v2.ResponseStatus.OK, index, status)
+
+    async def _dial_back_v2(self, peer: PeerId, addr: Multiaddr, nonce: int, libp2p: bool) -> v2.DialStatus:
+        """Dial ``addr`` from a fresh port, deliver ``nonce`` on a dial-back stream, hang up."""
+        transport = self.host.transport_for(addr)
+        if transport is None:
+            return v2.DialStatus.E_DIAL_ERROR
+        self.v2_counts["dialed"] += 1
+        conn = None
+        try:
+            async with asyncio.timeout(_DIAL_TIMEOUT):
+                extra = {"say_who": False, "libp2p": libp2p} if transport.name == "tcp" else {}
+                conn = await transport.dial(addr, peer, fresh_port=True, **extra)  # type: ignore[call-arg]
+        except (TimeoutError, LatticaError, OSError) as e:
+            log.debug("AutoNAT v2 dial-back failed", peer=str(peer), addr=str(addr), reason=str(e) or "timeout")
+            return v2.DialStatus.E_DIAL_ERROR
+        try:
+            async with asyncio.timeout(_DIAL_TIMEOUT):
+                stream = await self.host.open_stream_on(conn, v2.DIAL_BACK)
+                write_delimited(stream, v2.encode_dial_back(nonce))
+                await stream.drain()
+            # the client's DialBackResponse, if it sends one (rust-libp2p 0.54's does not: it
+            # takes the nonce and says nothing); only a refused or reset stream is an error
+            with contextlib.suppress(TimeoutError, StreamClosed):
+                async with asyncio.timeout(_DIAL_BACK_ANSWER):
+                    await read_delimited(stream, 64)
+            self.v2_counts["reached"] += 1
+            return v2.DialStatus.OK
+        except (TimeoutError, LatticaError) as e:
+            log.debug("AutoNAT v2 dial-back stream failed", peer=str(peer), addr=str(addr), reason=str(e) or "timeout")
+            return v2.DialStatus.E_DIAL_BACK_ERROR
+        finally:
+            conn.abort("dial-back done")
+
+
+def _first_dialable(addrs: tuple[Multiaddr, ...], observed: str) -> tuple[int, Multiaddr] | None:
+    """The first of a client's addresses we are willing to dial: TCP or QUIC, at the IP its
+    connection comes from, or at another IP that is public (never a third party's LAN)."""
+    for i, a in enumerate(addrs):
+        if not _dialable(a):
+            continue
+        ip = ip_of(a)
+        if ip is None:
+            continue
+        if ip == observed or not (is_private_ip(ip) or is_loopback_ip(ip)):
+            return i, a.without_peer_id()
+    return None
+
+
+async def _take_dial_data(stream: Stream, index: int) -> None:
+    """The amplification guard: ask for ``DIAL_DATA`` bytes, read them (in messages of at most
+    4 KiB of data); ProtocolError if the client sends anything else."""
+    write_delimited(stream, v2.encode(v2.DialDataRequest(index, DIAL_DATA)))
+    await stream.drain()
+    got = messages = 0
+    while got < DIAL_DATA:
+        messages += 1
+        if messages > 4 * DIAL_DATA // v2.MAX_DIAL_DATA:  # (empty messages cost parses, not bytes)
+            raise ProtocolError("an AutoNAT v2 client's dial data came in too many small messages")
+        msg = v2.decode(await read_delimited(stream, v2.MAX_MESSAGE))
+        if not isinstance(msg, v2.DialDataResponse):
+            raise ProtocolError("an AutoNAT v2 client answered our DialDataRequest with something else")
+        got += len(msg.data)
 
 
 class AutoNatActor:

@@ -23,7 +23,7 @@ import pytest
 from test_libp2p_strangers import _answer_identify_with, _connect_libp2p, _identify_message, _member_is_served
 
 import lattica
-from helpers import call_as, on_loop, wait_for
+from helpers import call_as, end_child, on_loop, wait_for
 from lattica._framing import read_delimited, write_delimited
 from lattica._identity import PeerId
 from lattica._multiaddr import Multiaddr
@@ -515,12 +515,7 @@ def _raw_identities(victim: lattica.Node, tmp_path: Path, **cfg: Any) -> Iterato
     try:
         yield proc
     finally:
-        proc.stdin.close()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end_child(proc)
 
 
 def _report(proc: subprocess.Popen, tmp_path: Path) -> dict:

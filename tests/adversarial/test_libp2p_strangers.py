@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import lattica
-from helpers import call_as, on_loop, wait_for
+from helpers import call_as, end_child, on_loop, wait_for
 from lattica import _identify as identify
 from lattica._framing import write_delimited, write_message
 from lattica._host.connections import FREE_OPENS, STRANGERS_STREAMS
@@ -497,12 +497,7 @@ def test_many_stranger_identities_on_the_libp2p_stack_hold_to_the_strangers_budg
                 _member_is_served(victim, newcomer)
         finally:
             sampling[0] = False
-            proc.stdin.close()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            end_child(proc)
             sampler.join(5)
         assert most[0] <= limit, most[0]
         assert wait_for(lambda: on_loop(victim, lambda: not theirs()), timeout=15)

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from helpers import end_child
 from lattica._identity import KeyPair
 from lattica._multiaddr import Multiaddr
 from lattica.errors import (
@@ -967,10 +968,4 @@ def test_two_processes_64mib_echo() -> None:
 
         run(main, timeout=60)
     finally:
-        if child.stdin:
-            child.stdin.close()
-        try:
-            child.wait(10)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        end_child(child, 10)

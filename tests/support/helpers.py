@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -92,3 +93,15 @@ def run_on_pty(
     finally:
         os.close(leader)
     return p, seen
+
+
+def end_child(proc: subprocess.Popen, grace: float = 15.0) -> None:
+    """End a child that holds on until its stdin closes: close it, wait ``grace`` seconds, then
+    kill it (and reap it either way)."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

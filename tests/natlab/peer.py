@@ -8,6 +8,7 @@ JSON line per command read from stdin:
 * ``{"cmd": "status"}`` -> the node's nat_status fields and its relay's counters
 * ``{"cmd": "call", "peer": "<PeerId>"}`` -> spawn a Counter on that peer (found by PeerId alone),
   call it, and report the path the call took (``tcp``, ``quic`` or ``relay``) and how long it took
+* ``{"cmd": "connect", "addr": A}`` -> ``{"ok": true}`` once connected to the peer at multiaddr A
 * ``{"cmd": "members"}`` -> the membership view: ``{"members": [{"peer_id", "state"}, ...]}``; ``{"cmd": "members_debug"}``
   -> the membership table inside (incarnations, seals, connections, watchers), for failure reports
 * ``{"cmd": "subscribe", "topic": T}``; ``{"cmd": "publish", "topic": T, "data": D}`` -> the
@@ -172,6 +173,9 @@ def main() -> None:
                         timeout=float(cmd.get("timeout", 20)),
                     )
                 )
+            elif cmd["cmd"] == "connect":  # (a peer found by address, e.g. a /p2p-circuit one)
+                node.connect(cmd["addr"], timeout=float(cmd.get("timeout", 20)))
+                _say({"ok": True})
             elif cmd["cmd"] == "ping":
                 _say(
                     {

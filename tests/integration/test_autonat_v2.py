@@ -10,6 +10,7 @@ import asyncio
 import pytest
 
 import lattica
+from helpers import wait_for
 from lattica._framing import read_delimited, write_delimited
 from lattica._multiaddr import Multiaddr
 from lattica.actors.nat import autonat
@@ -84,6 +85,7 @@ def test_another_public_ip_costs_dial_data_first_then_is_dialed(monkeypatch) -> 
     _as_public(monkeypatch, "127.0.0.2")
     with lattica.Node([TCP]) as server, lattica.Node(["/ip4/127.0.0.2/tcp/0"]) as client:
         client.connect(server.addrs[0])
+        assert wait_for(lambda: client.peer_id in server._host.conns)  # (its side of the handshake ends last)
         assert str(server._host.conns[client.peer_id].remote_addr).startswith("/ip4/127.0.0.1/")
         other = str(client.addrs[0].without_peer_id())
         got, nonces = _ask(client, server, [other], 9)

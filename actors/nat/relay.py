@@ -480,10 +480,11 @@ class RelayService:
         self._count(src, target, +1, stranger, ip)
         try:
             duration, budget = self._limits(src, target)
+            target_conn = self._direct_conn(target)
             try:
-                other = await self._connect_target_v2(
-                    src, target, self._direct_conn(target) or conn, (duration, budget)
-                )
+                if target_conn is None:  # (it left since the checks)
+                    raise RelayRefused(f"{target} is no longer connected")
+                other = await self._connect_target_v2(src, target, target_conn, (duration, budget))
             except (TimeoutError, LatticaError) as e:
                 log.info("circuit target refused", target=str(target), reason=str(e) or "timeout")
                 await self._answer_v2(stream, v2.Status.CONNECTION_FAILED)

@@ -142,12 +142,17 @@ class RelayService:
         if why is not None:
             raise RelayRefused(why[1])
         assert conn is not None
+        expires = self._grant(peer, conn, libp2p)
+        addrs = [str(a) for a in self.host.advertised_addrs() if not a.is_circuit]
+        return {"expires": expires, "addrs": addrs, "limit": limit_wire(*self._limits(peer, peer))}  # between strangers
+
+    def _grant(self, peer: PeerId, conn: Connection, libp2p: bool) -> float:
+        """Record ``peer``'s reservation (checked by ``_refuse_reservation``); when it expires."""
         expires = time.time() + self.cfg.reservation_ttl
         stranger = self.host.circle_of(peer) == "stranger"
         self.reservations[peer] = _Reservation(expires, _ip_of(conn), libp2p, stranger)
         self.host.protect(peer, "relay-reservation")
-        addrs = [str(a) for a in self.host.advertised_addrs() if not a.is_circuit]
-        return {"expires": expires, "addrs": addrs, "limit": limit_wire(*self._limits(peer, peer))}  # between strangers
+        return expires
 
     def _refuse_reservation(self, peer: PeerId, conn: Connection | None) -> tuple[str, str] | None:
         if conn is None:
@@ -455,8 +460,8 @@ class RelayService:
             log.info("refused a reservation", peer=str(peer), reason=why[1])
             await self._answer_v2(stream, _V2_STATUS[why[0]])
             return
-        granted = self.reserve(peer, libp2p=True)
-        expires = int(granted["expires"])
+        assert direct is not None  # (_refuse_reservation refuses without one)
+        expires = int(self._grant(peer, direct, libp2p=True))
         assert self.keypair is not None  # (the handler is set only with a keypair)
         me = self.host.peer_id
         reservation = v2.Reservation(

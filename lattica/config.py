@@ -205,6 +205,10 @@ class PubSubConfig:
     # and deliver per second, twice that at once; beyond, dropped unread (what a flood under many
     # identities costs us; a node serving a busy public topic raises it)
     strangers_messages: float = 100.0
+    # topics whose messages we publish as libp2p GossipSub does ("name", or "prefix*"): each signed
+    # on its own (StrictSign), its data bytes, so go-, js- and rust-libp2p members get them too;
+    # other topics' go as our signed bundles, to Lattica nodes only (docs/pubsub.md)
+    libp2p_topics: tuple[str, ...] = ()
     # find the topic's other subscribers through the DHT (provider records under the topic's key)
     # and connect to some while fewer than d_lo are known; off: only peers connected otherwise
     discover: bool = True

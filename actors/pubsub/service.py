@@ -19,6 +19,13 @@ of the topic's key and, while it knows fewer than D_lo peers of the topic, looks
 connects to some of the providers (by PeerId: direct, punched or relayed, as any dial). Mesh
 peers' connections are kept open while idle.
 
+libp2p peers (go-, js- and rust-libp2p, the Lattica SDK: identified as speaking ``/meshsub/1.2.0``
+or ``/1.1.0`` and not our actor calls) are router peers too, over GossipSub's own streams
+(``meshsub``). They take and send only libp2p messages, each signed on its own (StrictSign:
+``lattica.pubsub._libp2p``), whose signatures are checked before the router sees them. We
+publish such messages on the topics ``PubSubConfig.libp2p_topics`` names, and pass on those of
+any topic to every peer; our bundles go to Lattica peers only.
+
 Exposure (docs/security.md): members only. A mesh's topics are the mesh's business; a stranger
 can neither publish into them nor read them through us. Topics a node opens
 (``PubSubConfig.open_topics``) are the exception: strangers become router peers for those topics
@@ -38,6 +45,7 @@ from typing import TYPE_CHECKING, Any, cast
 from lattica import codec
 from lattica._budget import Buckets
 from lattica._identity import PeerId
+from lattica._rpc import PROTOCOL as RPC_PROTOCOL
 from lattica._runtime import current_caller
 from lattica._runtime.limits import ASYNC
 from lattica._runtime.refs import ActorRef
@@ -46,6 +54,7 @@ from lattica.actors.pubsub.strangers import Strangers
 from lattica.config import PubSubConfig
 from lattica.errors import LatticaError, PermissionDenied, ProtocolError
 from lattica.logging import get_logger
+from lattica.pubsub._gossipsub_wire import MESHSUB_1_1, MESHSUB_1_2
 
 if TYPE_CHECKING:
     from lattica._identify import PeerInfo
@@ -53,12 +62,15 @@ if TYPE_CHECKING:
     from lattica.actors.dht import DhtService
     from lattica.actors.pubsub import wire
     from lattica.actors.pubsub.bundle import MAX_FLOODED, Bundle
+    from lattica.actors.pubsub.meshsub import Meshsub, speaks_meshsub
     from lattica.actors.pubsub.sending import Sending
     from lattica.actors.pubsub.validation import Checks
+    from lattica.pubsub import _gossipsub_wire as gs
+    from lattica.pubsub._libp2p import envelope, screen
     from lattica.pubsub._open_topics import is_open, only_open
     from lattica.pubsub._router import Envelope, GossipParams, Router, Rpc
     from lattica.pubsub._subscription import Message, Subscription
-    from lattica.transports.base import Connection
+    from lattica.transports.base import Connection, Stream
 
 log = get_logger("lattica.pubsub")
 
@@ -73,11 +85,14 @@ def _load() -> None:
     load when a node first uses pub-sub (a topic of its own, or a peer's batch): a node that
     never does pays nothing at start."""
     global wire, Bundle, MAX_FLOODED, Envelope, GossipParams, Router, Rpc, Message, Subscription
-    global Checks, Sending, is_open, only_open
+    global Checks, Sending, is_open, only_open, Meshsub, speaks_meshsub, gs, envelope, screen
     from lattica.actors.pubsub import wire  # (first use: see above)
     from lattica.actors.pubsub.bundle import MAX_FLOODED, Bundle  # (first use)
+    from lattica.actors.pubsub.meshsub import Meshsub, speaks_meshsub  # (first use)
     from lattica.actors.pubsub.sending import Sending  # (first use)
     from lattica.actors.pubsub.validation import Checks  # (first use)
+    from lattica.pubsub import _gossipsub_wire as gs  # (first use)
+    from lattica.pubsub._libp2p import envelope, screen  # (first use)
     from lattica.pubsub._open_topics import is_open, only_open  # (first use)
     from lattica.pubsub._router import Envelope, GossipParams, Router, Rpc  # (first use)
     from lattica.pubsub._subscription import Message, Subscription  # (first use)
@@ -133,12 +148,15 @@ class PubSubService:
         # made with the router, at first use: the checks on peers' bundles, the queues to peers
         self._checks: Checks
         self._sending: Sending
+        self._meshsub: Meshsub  # the streams with libp2p GossipSub peers
         self._closed = False
         self.published = self.delivered = self.rejected = self.bundles = self.copies = (
             0  # copies: items of peers' messages received
         )
         self.host.events.identified.subscribe(self._on_identified)
         self.host.events.disconnected.subscribe(self._on_disconnected)
+        for proto in (MESHSUB_1_2, MESHSUB_1_1):
+            self.host.set_handler(proto, self._on_meshsub_stream)
 
     @property
     def routing(self) -> bool:
@@ -168,17 +186,22 @@ class PubSubService:
             router = self._router = Router(self.rt.peer_id, params)
             self._checks = Checks(self.host, cfg, self._validators, self._payloads, self._open, self._now)
             self._sending = Sending(self.rt, cfg, router, self._strangers.peers, pubsub_ref)
+            self._meshsub = Meshsub(
+                self.host,
+                cfg,
+                self.rt.partials,
+                self._sending.drained,
+                self._from_plain,
+                router.scores.misbehaved,
+                self._plain_gone,
+            )
             for info in list(self.host.info.values()):
                 if (
                     (info.circle != "stranger" or self.cfg.open_topics)
                     and info.peer_id != self.rt.peer_id
                     and info.peer_id not in router.peers
                 ):
-                    if info.circle == "stranger":
-                        self._strangers.peers.add(info.peer_id)
-                    router.add_peer(info.peer_id, self._now(), ip=_ip_of(info.remote_addr))
-                    self._unheard[info.peer_id] = self._now()  # (a publish waits for their topics: ``publish_soon``)
-                    self.host.spawn(self._measure(info.peer_id))
+                    self._add_peer(info)
             self._beat = self.host.spawn(self._heartbeats())
         return self._router
 
@@ -256,9 +279,13 @@ class PubSubService:
     def publish(self, topic: str, data: Any) -> int:
         """Send ``data`` (anything the codec carries) to ``topic``, signed; the peers it goes to.
         It leaves at once when nothing of ours is on the way; else at the end of this turn of
-        the loop (or when our bundle rate allows), in one bundle with the topic's others."""
+        the loop (or when our bundle rate allows), in one bundle with the topic's others. On a
+        topic of ``PubSubConfig.libp2p_topics``, ``data`` is bytes (or text, sent as UTF-8),
+        signed and sent on its own, as libp2p GossipSub does."""
         self.router  # noqa: B018 -- (loads the machinery at first use)
         wire.check_topic(topic)
+        if is_open(topic, self.cfg.libp2p_topics):
+            return self._publish_signed(topic, data)
         body = b"".join(bytes(c) for c in codec.encode(data))
         if len(body) > self.cfg.max_message_bytes:
             raise ValueError(
@@ -285,6 +312,30 @@ class PubSubService:
         batch.datas.append(data)
         batch.size += len(body)
         return batch.reach
+
+    def _publish_signed(self, topic: str, data: Any) -> int:
+        """Publish ``data`` as one libp2p GossipSub message (StrictSign); the peers it goes to."""
+        if isinstance(data, str):
+            data = data.encode()
+        elif isinstance(data, (bytearray, memoryview)):
+            data = bytes(data)
+        elif not isinstance(data, bytes):
+            raise TypeError(
+                f"topic {topic!r} is shared with libp2p peers (PubSubConfig.libp2p_topics): its messages are "
+                f"bytes or text, not {type(data).__name__}; encode it first (e.g. with lattica.codec or json)"
+            )
+        if len(data) > self.cfg.max_message_bytes:
+            raise ValueError(
+                f"a message of {len(data)} bytes is over this node's {self.cfg.max_message_bytes} (PubSubConfig.max_message_bytes)"
+            )
+        seqno = self._seqno = max(self._seqno + 1, time.time_ns())
+        env = envelope(gs.sign(self.host.keypair, topic, data, seqno.to_bytes(8, "big")))
+        self.published += 1
+        self._payloads[env.id] = ([(0, data)], None)
+        reach = self.router.publish(env, self._now())
+        self._pump()
+        self._payloads.pop(env.id, None)
+        return reach
 
     def _send_all(self) -> None:
         self._send_later = None
@@ -364,7 +415,7 @@ class PubSubService:
             "rejected": self.rejected,
             "peers": len(self._router.peers) if self._router is not None else 0,
             "topics": self.topics(),
-            "dropped_to_peers": self._sending.dropped() if self._router is not None else 0,
+            "dropped_to_peers": self._sending.dropped() + self._meshsub.dropped() if self._router is not None else 0,
         }
 
     # -- peers ----------------------------------------------------------------------------------
@@ -376,17 +427,31 @@ class PubSubService:
         if (info.circle == "stranger" and not self.cfg.open_topics) or self._closed or self._router is None:
             return  # (a router made later takes every member connected by then)
         peer = info.peer_id
-        if info.circle == "stranger":
-            self._strangers.peers.add(peer)
-        else:
+        if info.circle != "stranger":
             self._strangers.peers.discard(peer)
         if peer in self.router.peers:
+            if info.circle == "stranger":
+                self._strangers.peers.add(peer)
             self.router.scores.connected(peer, _ip_of(info.remote_addr))  # (a batch may have come first)
             return
-        self.router.add_peer(peer, self._now(), ip=_ip_of(info.remote_addr))
-        self._unheard[peer] = self._now()
-        self.host.spawn(self._measure(peer))
+        self._add_peer(info)
         self._pump()
+
+    def _add_peer(self, info: PeerInfo) -> None:
+        """An identified peer becomes the router's: a Lattica node (our actor calls), or a libp2p
+        node that speaks GossipSub (a plain peer); one that speaks neither is none of ours."""
+        peer = info.peer_id
+        plain = None
+        if RPC_PROTOCOL not in info.protocols:
+            plain = speaks_meshsub(info.protocols)
+            if plain is None:
+                return
+            self._meshsub.add(peer, plain, info.agent_version)
+        if info.circle == "stranger":
+            self._strangers.peers.add(peer)
+        self.router.add_peer(peer, self._now(), ip=_ip_of(info.remote_addr), plain=plain is not None)
+        self._unheard[peer] = self._now()  # (a publish waits for their topics: ``publish_soon``)
+        self.host.spawn(self._measure(peer))
 
     async def _measure(self, peer: PeerId) -> None:
         """The peer's round trip, which tells its forwarded copies from echoes of ours (P3)."""
@@ -404,6 +469,7 @@ class PubSubService:
         if self._router is not None and peer in self._router.peers:
             self.router.remove_peer(peer, self._now())
             self._sending.forget(peer)
+            self._meshsub.forget(peer)
             self._pump()
 
     def on_rpc(self, peer: PeerId, raw: Any, stranger: bool = False) -> None:
@@ -429,10 +495,67 @@ class PubSubService:
         self._as_router_peer(peer)
         if self._unheard.pop(peer, None) is not None:
             self._heard.set()
+        self._screen(peer, rpc)
         for env in rpc.messages:
             self.copies += env.data.count
         self.router.on_rpc(peer, rpc, self._now())
         self._pump()
+
+    def _screen(self, peer: PeerId, rpc: Rpc, bad: list[str] | tuple = ()) -> None:
+        """Take the libp2p messages whose signatures fail out of ``rpc`` before the router sees
+        it; each (and each of ``bad``, the ones already left out) scores ``peer`` down (P4)."""
+        r = self.router
+        for topic in [*bad, *screen(rpc, lambda mid: r.topic_of(mid) is not None)]:
+            self.rejected += 1
+            r.scores.invalid(peer, topic)
+
+    # -- libp2p GossipSub peers -----------------------------------------------------------------
+
+    async def _on_meshsub_stream(self, stream: Stream, conn: Connection) -> None:
+        """A libp2p peer's GossipSub stream: its RPCs, read for as long as it lasts."""
+        if self._closed:
+            stream.reset()
+            return
+        self.router  # noqa: B018 -- (loads the machinery at first use)
+        await self._meshsub.on_stream(stream, conn)
+
+    def _from_plain(self, peer: PeerId, rpc: Rpc, bad: list[str]) -> None:
+        """A libp2p peer's RPC, as a router batch (``meshsub``)."""
+        r = self.router
+        if self._closed or peer not in self.host.conns:
+            return
+        if peer not in r.peers:  # (its identify may still be on the way)
+            conn = self.host.conns[peer]
+            info = self.host.info.get(conn)
+            if info is None or RPC_PROTOCOL in info.protocols:
+                return
+            if info.circle == "stranger" and not self.cfg.open_topics:
+                return
+            self._add_peer(info)
+            if peer not in r.peers:
+                return
+        if r.score(peer, self._now()) < r.scores.params.graylist_threshold:
+            return  # graylisted: nothing it says is looked at
+        if peer in self._strangers.peers:
+            if not self._strangers.admit(peer):
+                return
+            rpc = only_open(rpc, self._open, r.topic_of, to_stranger=False)
+            self._screen(peer, rpc, bad)
+            self._strangers.wait(peer, rpc.messages)
+            rpc.messages = []  # (checked a few at a turn of the loop: ``Strangers``)
+        else:
+            self._screen(peer, rpc, bad)
+        if self._unheard.pop(peer, None) is not None:
+            self._heard.set()
+        self.copies += len(rpc.messages)
+        r.on_rpc(peer, rpc, self._now())
+        self._pump()
+
+    def _plain_gone(self, peer: PeerId) -> None:
+        """Our stream to a libp2p peer broke: it is no router peer until it is identified again."""
+        if self._router is not None and peer in self._router.peers:
+            self.router.remove_peer(peer, self._now())
+            self._pump()
 
     def _as_router_peer(self, peer: PeerId) -> None:
         """A peer that sent us a batch is the router's peer (its identify may still be on the way)."""
@@ -479,7 +602,10 @@ class PubSubService:
                 rpc = only_open(rpc, self._open, r.topic_of, to_stranger=True)
                 if not rpc:
                     continue
-            self._sending.send(peer, rpc)
+            if peer in r.plain:
+                self._meshsub.send(peer, rpc)
+            else:
+                self._sending.send(peer, rpc)
 
     def _verdict(self, env: Envelope, verdicts: Any) -> None:
         """Tell the router what became of ``env``: REJECT or IGNORE, or each item's verdict:
@@ -548,7 +674,7 @@ class PubSubService:
         loop = self.host.loop
         deadline = loop.time() + _FLUSH_WAIT
         sending = self._sending
-        while sending.busy() and loop.time() < deadline:
+        while (sending.busy() or self._meshsub.busy()) and loop.time() < deadline:
             sending.drained.clear()
             try:
                 await asyncio.wait_for(sending.drained.wait(), deadline - loop.time())

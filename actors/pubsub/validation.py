@@ -2,8 +2,10 @@
 ``lattica.actors.pubsub``): the author's Ed25519 signature (once per bundle); a seqno, which is
 the author's clock in ns, within ``clock_skew``; an author of our mesh (on a topic not opened to
 strangers); the author's rate; items the codec can decode; then the topic's validator on each
-item, whose answers become the verdicts (``accept``, ``reject`` or ``ignore``). Loaded with the
-router, at first use."""
+item, whose answers become the verdicts (``accept``, ``reject`` or ``ignore``). A libp2p
+GossipSub message (its StrictSign signature checked before the router took it) is checked the
+same way but for the clock (libp2p seqnos are counters, or random in js) and the codec (its data
+is the author's bytes). Loaded with the router, at first use."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from lattica._budget import Buckets
 from lattica._identity import PeerId, verify_signature
 from lattica.errors import LatticaError
 from lattica.logging import get_logger
+from lattica.pubsub._libp2p import Signed
 from lattica.pubsub._router import ACCEPT, IGNORE, REJECT
 from lattica.pubsub._subscription import Message
 
@@ -63,22 +66,31 @@ class Checks:
     def check(self, env: Envelope, peer: Any) -> Any:
         """REJECT, or each item's verdict: a list, holding awaitables where an async validator
         is still at work."""
-        b: Bundle = env.data
-        key = self._key(env.author)
-        if key is None or not verify_signature(key, env.signature, b.signed_bytes(env.topic, env.author, env.seqno)):
-            return REJECT
-        if abs(env.seqno / 1e9 - time.time()) > self.cfg.clock_skew:
-            return REJECT  # a replay from beyond the seen cache, or a clock far off
-        if not self._is_open(env.topic) and not self._is_member(env.author, b.certs):
+        b: Bundle | Signed = env.data
+        if isinstance(b, Signed):
+            certs: Any = ()
+        else:
+            key = self._key(env.author)
+            if key is None or not verify_signature(
+                key, env.signature, b.signed_bytes(env.topic, env.author, env.seqno)
+            ):
+                return REJECT
+            if abs(env.seqno / 1e9 - time.time()) > self.cfg.clock_skew:
+                return REJECT  # a replay from beyond the seen cache, or a clock far off
+            certs = b.certs
+        if not self._is_open(env.topic) and not self._is_member(env.author, certs):
             return IGNORE  # an author outside the mesh (not the sender's doing: it may know the author better)
         if not self._rates.take(env.author):
             # (the author's doing, not the sender's): no author can push the seen cache's
             # 100,000 entries out within the clock window (and so replay its old messages)
             return IGNORE
-        try:
-            items = [(i, codec.decode(d)) for i, d in enumerate(b.items)]
-        except LatticaError:
-            return REJECT
+        if isinstance(b, Signed):
+            items: list = [(0, b.msg.data)]
+        else:
+            try:
+                items = [(i, codec.decode(d)) for i, d in enumerate(b.items)]
+            except LatticaError:
+                return REJECT
         self._payloads[env.id] = (items, peer)
         fn = self._validators.get(env.topic)
         if fn is None:

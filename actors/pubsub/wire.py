@@ -5,7 +5,9 @@ A batch is ``[subscribe, messages, ihave, iwant, graft, prune, idontwant]``, wit
 ``unchoke`` (topic lists) after them when it carries any: subscribe
 ``[[topic, bool], ...]``; a message ``[topic, author (PeerId bytes), seqno, items, signature]``,
 then the author's mesh certificates when it has any or names a flood set, then that set's tags
-when it names one (a signed bundle of the author's messages: ``lattica.actors.pubsub.bundle``);
+when it names one (a signed bundle of the author's messages: ``lattica.actors.pubsub.bundle``),
+or ``[topic, protobuf]``, a libp2p GossipSub message as its author signed it
+(``lattica.pubsub._libp2p``);
 ihave ``[[topic, [id, ...]], ...]``; iwant and idontwant ``[id, ...]``; graft ``[topic, ...]``;
 prune ``[[topic, backoff seconds], ...]``. Anything else (wrong types, too many entries, long
 topics or ids) is refused as a whole with ``ProtocolError``: a peer learns its batch was bad,
@@ -18,6 +20,9 @@ from typing import Any
 
 from lattica.actors.pubsub.bundle import MAX_ITEMS, Bundle
 from lattica.errors import ProtocolError
+from lattica.pubsub import _gossipsub_wire as gs
+from lattica.pubsub._libp2p import Signed
+from lattica.pubsub._libp2p import envelope as libp2p_envelope
 from lattica.pubsub._router import Envelope, Rpc
 
 __all__ = ["NAME", "encode", "decode", "envelope", "check_topic", "MAX_TOPIC", "MAX_ID", "MAX_ITEMS"]
@@ -74,6 +79,8 @@ def encode(rpc: Rpc) -> list:
 
 def _message(m: Envelope) -> list:
     b = m.data
+    if type(b) is Signed:
+        return [m.topic, gs.encode_message(b.msg)]
     if b.flooded:
         return [m.topic, m.author, m.seqno, b.wire(), m.signature, list(b.certs), list(b.flooded)]
     return (
@@ -97,6 +104,9 @@ def decode(raw: Any, max_data: int) -> Rpc:
             raise ProtocolError("a subscription is [topic, bool]")
         rpc.subscribe.append((check_topic(item[0]), item[1]))
     for item in _entries(msgs, "messages"):
+        if type(item) is list and len(item) == 2:
+            rpc.messages.append(_libp2p_message(item, max_data))
+            continue
         if type(item) is not list or len(item) not in (5, 6, 7):
             raise ProtocolError(
                 "a message is [topic, author, seqno, items, signature] (then the author's certificates, then its flood set)"
@@ -128,6 +138,20 @@ def decode(raw: Any, max_data: int) -> Rpc:
             raise ProtocolError("a prune is [topic, backoff seconds]")
         rpc.prune.append((check_topic(item[0]), float(item[1])))
     return rpc
+
+
+def _libp2p_message(item: list, max_data: int) -> Envelope:
+    """The envelope of ``[topic, protobuf]`` (its signature checked later, by the service, if
+    the router has not seen it: ``lattica.pubsub._libp2p.screen``)."""
+    topic, raw = check_topic(item[0]), item[1]
+    if type(raw) is memoryview:
+        raw = raw.tobytes()
+    if type(raw) is not bytes or len(raw) > max_data + 1024:
+        raise ProtocolError(f"a libp2p message is its protobuf, of at most {max_data} bytes of data")
+    msg = gs.decode_message(raw)
+    if msg.topic != topic or len(msg.data) > max_data:
+        raise ProtocolError(f"a libp2p message names another topic than its entry, or is over {max_data} bytes")
+    return libp2p_envelope(msg)
 
 
 def _entries(v: Any, what: str) -> list:

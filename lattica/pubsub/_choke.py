@@ -28,6 +28,7 @@ class Choking:
         scores: PeerScore
         _seen: OrderedDict[bytes, Seen]
         _rtt: dict[Hashable, float]
+        plain: set[Hashable]
         _promises: dict[bytes, tuple[Hashable, float]]
         _asked: dict[Hashable, int]
 
@@ -102,7 +103,9 @@ class Choking:
         stats = {q: self._race.get((q, topic), [0, 0, 0.0]) for q in mesh}
         # eager peers that sent us anything lately: a peer that sends nothing is no reason to
         # choke one that does (the scores deal with it)
-        eager = [q for q in mesh if (q, topic) not in self._choking and stats[q][0] + stats[q][1]]
+        eager = [
+            q for q in mesh if (q, topic) not in self._choking and stats[q][0] + stats[q][1] and q not in self.plain
+        ]
         choked = [q for q in mesh if (q, topic) in self._choking]
         if len(eager) > p.d_eager:
             # the fewest firsts, then the latest copies on average

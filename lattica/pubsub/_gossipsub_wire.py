@@ -38,6 +38,8 @@ __all__ = [
     "sign",
     "verify",
     "default_id",
+    "encode_message",
+    "decode_message",
 ]
 
 MESHSUB_1_2 = "/meshsub/1.2.0"
@@ -140,6 +142,11 @@ def _control(c: Control) -> bytes:
     return encode_fields(fields)
 
 
+def encode_message(m: Message) -> bytes:
+    """One message's protobuf, signature and key included (as it travels inside an RPC)."""
+    return encode_fields(_message_fields(m))
+
+
 def encode(rpc: RPC) -> bytes:
     """An RPC's protobuf (without its length prefix)."""
     fields: Fields = [(1, encode_fields([(1, int(s.subscribe)), (2, s.topic.encode())])) for s in rpc.subscriptions]
@@ -187,6 +194,17 @@ def _message(raw: bytes) -> Message:
         except InvalidPeerId as e:
             raise ProtocolError(f"a GossipSub message names no valid author: {e}") from None
     return Message(_text(f.get(4), "message topic"), _bytes(f, 2), author, _bytes(f, 3), _bytes(f, 5), _bytes(f, 6))
+
+
+def decode_message(raw: bytes) -> Message:
+    """One message's protobuf (``encode_message``'s); ProtocolError if malformed (the
+    signature is not checked: ``verify``)."""
+    if len(raw) > MAX_RPC:
+        raise ProtocolError(f"a GossipSub message of {len(raw)} bytes (at most {MAX_RPC})")
+    try:
+        return _message(raw)
+    except ValueError as e:  # (the protobuf reader's)
+        raise ProtocolError(f"malformed GossipSub message: {e}") from None
 
 
 def _decode_control(raw: bytes) -> Control:

@@ -65,9 +65,29 @@ from lattica.pubsub._mesh import Meshes
 from lattica.pubsub._score import PeerScore, ScoreParams
 from lattica.pubsub._seen import ACCEPTED, IGNORED, PENDING, REJECTED, SeenCache
 
-__all__ = ["Envelope", "Rpc", "GossipParams", "Router", "flood_tag", "ACCEPT", "REJECT", "IGNORE"]
+__all__ = [
+    "Envelope",
+    "Rpc",
+    "GossipParams",
+    "Router",
+    "flood_tag",
+    "is_libp2p_id",
+    "LIBP2P_MARK",
+    "ACCEPT",
+    "REJECT",
+    "IGNORE",
+]
 
 ACCEPT, REJECT, IGNORE = "accept", "reject", "ignore"
+# the last 8 bytes of the id of a libp2p GossipSub message (signed one by one, StrictSign): its
+# id is then libp2p's own (author and seqno) with this mark, and the glue checked its signature
+# before the router saw it, so no junk copy can take the id first (lattica.pubsub._libp2p)
+LIBP2P_MARK = bytes(8)
+
+
+def is_libp2p_id(mid: bytes) -> bool:
+    """Whether ``mid`` names a libp2p GossipSub message (not one of our signed bundles)."""
+    return mid[-8:] == LIBP2P_MARK
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +98,8 @@ class Envelope:
     Its ``id`` is the author, the seqno and 8 bytes of ``digest``, which the glue gives (it must
     cover everything the signature does, and the signature) or which is sha2-256 over the data
     and signature: a copy that differs in anything is another message, so a junk copy sent first
-    under an honest message's author and seqno can neither pre-empt it nor get it refused."""
+    under an honest message's author and seqno can neither pre-empt it nor get it refused. A
+    libp2p GossipSub message's digest is ``LIBP2P_MARK`` (its signature checked before)."""
 
     topic: str
     author: bytes
@@ -213,18 +234,25 @@ class Router(SeenCache, MessageCache, Gossip, FloodSets, Meshes, Choking):
         self._delivered: list[Envelope] = []
         self._messages: dict[bytes, Envelope] = {}  # pending validation
         self._rtt: dict[Hashable, float] = {}
+        # libp2p GossipSub peers: they take only libp2p messages (ids with ``LIBP2P_MARK``), and
+        # know nothing of choking or flood sets
+        self.plain: set[Hashable] = set()
         self._ticks = 0
         super().__init__()  # (each part's own state)
 
     # -- the node's side ------------------------------------------------------------------------
 
-    def add_peer(self, peer: Hashable, now: float, ip: str | None = None, rtt: float | None = None) -> None:
+    def add_peer(
+        self, peer: Hashable, now: float, ip: str | None = None, rtt: float | None = None, plain: bool = False
+    ) -> None:
         """A peer that speaks pub-sub is connected: tell it our topics. ``ip`` (for the score's
         colocation term) and ``rtt`` (seconds; tells its forwarded copies from echoes of ours)
-        when the glue knows them."""
+        when the glue knows them; ``plain``: a libp2p GossipSub peer (see ``plain``)."""
         if peer == self.me or peer in self.peers:
             return
         self.peers[peer] = set()
+        if plain:
+            self.plain.add(peer)
         self._tags[peer] = flood_tag(self._peer_bytes(peer))
         if rtt is not None:
             self._rtt[peer] = rtt
@@ -249,6 +277,7 @@ class Router(SeenCache, MessageCache, Gossip, FloodSets, Meshes, Choking):
         for window in self._later:
             window.pop(peer, None)
         self._rtt.pop(peer, None)
+        self.plain.discard(peer)
         self._dont_heard.pop(peer, None)
         self._ihaves_heard.pop(peer, None)
         self._asked.pop(peer, None)
@@ -293,6 +322,8 @@ class Router(SeenCache, MessageCache, Gossip, FloodSets, Meshes, Choking):
             if planned is not None and planned[:2] == (msg.topic, now)
             else self._publish_targets(msg.topic, now)
         )
+        if self.plain and not is_libp2p_id(msg.id):
+            targets = {p for p in targets if p not in self.plain}  # (a bundle means nothing to them)
         for peer in targets:
             self._out(peer).messages.append(msg)
         if targets:
@@ -320,7 +351,11 @@ class Router(SeenCache, MessageCache, Gossip, FloodSets, Meshes, Choking):
             if flooded and self._my_tag in flooded:
                 entry.flooded = True  # (our mesh peers were told not to forward it to us)
             else:
-                self.scores.topic_message(topic, mesh)
+                plain = self.plain
+                if plain and not is_libp2p_id(msg_id):  # (libp2p peers never carry our bundles)
+                    self.scores.topic_message(topic, {p for p in mesh if p not in plain})
+                else:
+                    self.scores.topic_message(topic, mesh)
                 for peer in entry.have:
                     self.scores.forwarded(peer, topic)
             if topic in self.mesh:
@@ -330,6 +365,8 @@ class Router(SeenCache, MessageCache, Gossip, FloodSets, Meshes, Choking):
             targets = [
                 p for p in mesh if p not in entry.have and p not in entry.told and p != entry.source and pb(p) != author
             ]
+            if self.plain and not is_libp2p_id(msg_id):
+                targets = [p for p in targets if p not in self.plain]
             if flooded:
                 tags = self._tags
                 lazy = [p for p in targets if tags.get(p) in flooded]
@@ -420,7 +457,7 @@ class Router(SeenCache, MessageCache, Gossip, FloodSets, Meshes, Choking):
                 self.scores.invalid(peer, msg.topic)
             return
         floor = self._floors.get(msg.author)
-        if floor is not None and msg.seqno <= floor:
+        if floor is not None and msg.seqno <= floor and not is_libp2p_id(mid):
             return  # older than what we forgot of its author: a replay, or a copy far too late
         mesh = self.mesh.get(msg.topic)
         if mesh is None:

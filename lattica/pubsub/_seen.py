@@ -6,6 +6,8 @@ message leaves the cache, its author's **floor** rises to its sequence number: t
 messages at or below it are dropped unseen, so a flood that pushes the cache's entries out
 (however many authors it is signed by) opens no window to replay what was forgotten. Floors are
 kept for ``max_floors`` authors, only of accepted messages (whose authors the glue vouched for).
+libp2p GossipSub messages have none (their seqnos need not grow: js-libp2p's are random); as in
+libp2p, the seen cache alone keeps their copies out.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ PENDING, ACCEPTED, REJECTED, IGNORED = range(4)
 
 
 _NOBODY: frozenset = frozenset()
+_LIBP2P_MARK = bytes(8)  # (the router's LIBP2P_MARK: a libp2p GossipSub message's id ends with it)
 
 
 class Seen:
@@ -90,7 +93,7 @@ class SeenCache:
     def _evicted(self, mid: bytes, entry: Seen) -> None:
         """``mid`` left the seen cache: an accepted message raises its author's floor."""
         self._messages.pop(mid, None)
-        if entry.state != ACCEPTED:
+        if entry.state != ACCEPTED or mid[-8:] == _LIBP2P_MARK:
             return
         author, seqno = mid[:-16], int.from_bytes(mid[-16:-8], "big")
         floors = self._floors
@@ -103,7 +106,12 @@ class SeenCache:
     def _forgotten(self, mid: bytes) -> bool:
         """Whether ``mid`` is at or below its author's floor (see ``_evicted``)."""
         floor = self._floors.get(mid[:-16])
-        return floor is not None and len(mid) > 16 and int.from_bytes(mid[-16:-8], "big") <= floor
+        return (
+            floor is not None
+            and len(mid) > 16
+            and mid[-8:] != _LIBP2P_MARK
+            and int.from_bytes(mid[-16:-8], "big") <= floor
+        )
 
     def _expire(self, now: float) -> None:
         """Ids older than ``seen_ttl`` (or beyond ``seen_max``) leave the cache (at the heartbeat)."""

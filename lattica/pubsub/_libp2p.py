@@ -1,0 +1,192 @@
+"""The router's batches as libp2p GossipSub RPCs and back, sans-IO (issue 50).
+
+A libp2p GossipSub message (``lattica.pubsub._gossipsub_wire``: signed one by one, StrictSign)
+enters the router as an :class:`~lattica.pubsub._router.Envelope` whose id is libp2p's default
+(the author's PeerId bytes, then the 8-byte seqno) followed by ``LIBP2P_MARK``; its ``data`` is a
+:class:`Signed` holding the message as the author signed it, so any node can pass it on
+unchanged. Our signed bundles never go to libp2p peers, nor do choke or flood sets.
+
+Message ids on the wire are each implementation's default: go- and js-libp2p send the bytes
+(``from`` and ``seqno`` joined), rust-libp2p (the Lattica SDK) the text of ``from`` in base58
+and the seqno in decimal. :class:`Dialect` turns ours into a peer's and back; an id we cannot
+read (a custom id function, say) is skipped, so gossip with such a peer is lost and its mesh
+messages still arrive.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import string
+from collections.abc import Callable
+
+from lattica._identity import PeerId
+from lattica.errors import InvalidPeerId, ProtocolError
+from lattica.pubsub import _gossipsub_wire as gs
+from lattica.pubsub._router import LIBP2P_MARK, Envelope, Rpc, is_libp2p_id
+
+__all__ = ["Signed", "Dialect", "envelope", "to_gossipsub", "from_gossipsub", "screen", "RPC_BUDGET"]
+
+SEQNO = 8  # bytes of a seqno we take (go's, js's and rust's)
+RPC_BUDGET = gs.MAX_RPC - 64 * 1024  # bytes of messages we put in one RPC (under go's 1 MiB cap)
+_DIGITS = frozenset(string.digits)
+
+
+class Signed:
+    """A libp2p message as its author signed it (``msg``); ``items`` and ``count`` as a bundle's,
+    so the service delivers either the same way."""
+
+    __slots__ = ("msg", "items", "count", "size")
+
+    def __init__(self, msg: gs.Message) -> None:
+        self.msg = msg
+        self.items = [msg.data]
+        self.count = 1
+        self.size = len(msg.data)
+
+
+class Dialect(enum.Enum):
+    """How a peer writes message ids: ``BYTES`` (go, js) or ``TEXT`` (rust)."""
+
+    BYTES = "bytes"
+    TEXT = "text"
+
+    @classmethod
+    def of(cls, agent_version: str) -> Dialect:
+        """A peer's dialect by its identify agent version (rust-libp2p says so; the SDK does)."""
+        return cls.TEXT if agent_version.startswith("rust-libp2p") else cls.BYTES
+
+    def wire(self, mid: bytes) -> bytes:
+        """Our id of a libp2p message as this dialect writes it."""
+        body = mid[: -len(LIBP2P_MARK)]
+        if self is Dialect.BYTES:
+            return body
+        author, seqno = body[:-SEQNO], body[-SEQNO:]
+        return (str(PeerId.from_bytes(author)) + str(int.from_bytes(seqno, "big"))).encode()
+
+    def ours(self, wid: bytes) -> bytes | None:
+        """Our id of the message a peer names ``wid`` (None: not one we can read)."""
+        if self is Dialect.BYTES:
+            if len(wid) <= SEQNO:
+                return None
+            try:
+                PeerId.from_bytes(wid[:-SEQNO])
+            except InvalidPeerId:
+                return None
+            return wid + LIBP2P_MARK
+        try:
+            text = wid.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+        end = len(text)
+        cut = end
+        while cut > 0 and text[cut - 1] in _DIGITS:
+            cut -= 1
+        # the seqno's digits may begin with ones base58 shares (1-9): try each split, the
+        # author's multihash fits at one at most
+        for i in range(cut, min(end, cut + 20)):
+            digits = text[i:]
+            if not digits or (len(digits) > 1 and digits[0] == "0"):
+                continue
+            seqno = int(digits)
+            if seqno >= 1 << 64:
+                continue
+            try:
+                author = PeerId.from_string(text[:i])
+            except (InvalidPeerId, ValueError):
+                continue
+            return author.to_bytes() + seqno.to_bytes(SEQNO, "big") + LIBP2P_MARK
+        return None
+
+
+def envelope(msg: gs.Message) -> Envelope:
+    """The router's envelope of a libp2p message whose signature the caller checked
+    (``gs.verify``); ProtocolError if its seqno is not 8 bytes (all three implementations')."""
+    if msg.author is None or len(msg.seqno) != SEQNO:
+        raise ProtocolError(f"a GossipSub message's seqno must be {SEQNO} bytes")
+    return Envelope(
+        msg.topic,
+        msg.author.to_bytes(),
+        int.from_bytes(msg.seqno, "big"),
+        Signed(msg),
+        msg.signature,
+        LIBP2P_MARK,
+        len(msg.data),
+    )
+
+
+def to_gossipsub(rpc: Rpc, dialect: Dialect, idontwant: bool) -> list[gs.RPC]:
+    """What of ``rpc`` a libp2p peer takes, as RPCs each within ``RPC_BUDGET`` bytes of
+    messages (none: nothing for it). ``idontwant``: it speaks ``/meshsub/1.2.0``."""
+    ids = dialect.wire
+    ihave = tuple(
+        gs.IHave(topic, tuple(ids(m) for m in mids if is_libp2p_id(m)))
+        for topic, mids in rpc.ihave
+        if any(is_libp2p_id(m) for m in mids)
+    )
+    control = gs.Control(
+        ihave,
+        tuple(ids(m) for m in rpc.iwant if is_libp2p_id(m)),
+        tuple(rpc.graft),
+        tuple(gs.Prune(topic, (), math.ceil(backoff)) for topic, backoff in rpc.prune),
+        tuple(ids(m) for m in rpc.idontwant if is_libp2p_id(m)) if idontwant else (),
+    )
+    subs = tuple(gs.SubOpts(on, topic) for topic, on in rpc.subscribe)
+    messages = [m.data.msg for m in rpc.messages if type(m.data) is Signed]
+    out: list[gs.RPC] = []
+    batch: list[gs.Message] = []
+    size = 0
+    for m in messages:
+        n = len(m.data) + len(m.signature) + len(m.topic) + 64
+        if batch and size + n > RPC_BUDGET:
+            out.append(gs.RPC(publish=tuple(batch)))
+            batch, size = [], 0
+        batch.append(m)
+        size += n
+    first = gs.RPC(subs, tuple(batch), control)
+    if first.subscriptions or first.publish or first.control:
+        out.append(first)
+    return out
+
+
+def from_gossipsub(rpc: gs.RPC, dialect: Dialect) -> tuple[Rpc, list[str]]:
+    """A libp2p peer's RPC as a router batch (its messages' signatures not checked yet:
+    :func:`screen`), and the topics of its messages that carry no author or a seqno we cannot
+    take (left out: the caller scores the peer). Ids we cannot read are left out."""
+    out = Rpc()
+    bad: list[str] = []
+    out.subscribe = [(s.topic, s.subscribe) for s in rpc.subscriptions]
+    for m in rpc.publish:
+        try:
+            out.messages.append(envelope(m))
+        except ProtocolError:
+            bad.append(m.topic)
+    ours = dialect.ours
+    c = rpc.control
+    out.ihave = [(h.topic, [i for i in map(ours, h.ids) if i is not None]) for h in c.ihave]
+    out.iwant = [i for i in map(ours, c.iwant) if i is not None]
+    out.idontwant = [i for i in map(ours, c.idontwant) if i is not None]
+    out.graft = list(c.graft)
+    out.prune = [(p.topic, float(p.backoff)) for p in c.prune]
+    return out, bad
+
+
+def screen(rpc: Rpc, seen: Callable[[bytes], bool]) -> list[str]:
+    """Check the StrictSign signature of each libp2p message of ``rpc`` the router has not
+    ``seen`` (a seen id was some copy's whose signature held), before the router sees it: those
+    that fail are taken out, their topics returned (the caller scores the sender). So a forged
+    copy sent first cannot take an honest message's id, as libp2p's own routers check first."""
+    bad: list[str] = []
+    keep: list[Envelope] = []
+    for env in rpc.messages:
+        data = env.data
+        if type(data) is Signed and not seen(env.id):
+            try:
+                gs.verify(data.msg)
+            except ProtocolError:
+                bad.append(env.topic)
+                continue
+        keep.append(env)
+    if bad:
+        rpc.messages = keep
+    return bad

@@ -5,7 +5,10 @@ bootstrap peers): it listens and dials on 127.0.0.1 only.
 
 With ``dht_server`` the daemon runs go-libp2p-kad-dht v0.25.1 in server mode on ``/ipfs/kad/1.0.0``
 and the ``dht_*`` methods drive it; its default validators accept only ``/pk/`` and ``/ipns/``
-records."""
+records.
+
+With ``-pubsub`` in ``flags`` it runs go-libp2p-pubsub v0.10 GossipSub (``/meshsub/1.1.0``, every
+message signed, StrictSign) and the ``ps_*`` methods drive it."""
 
 from __future__ import annotations
 
@@ -23,7 +26,9 @@ from lattica._multiaddr import Multiaddr
 from lattica._protobuf import decode_fields, decode_repeated, encode_fields, uvarint
 
 LISTEN = ("/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1")
-IDENTIFY, CONNECT, STREAM_OPEN, STREAM_HANDLER, DHT, DISCONNECT = 0, 1, 2, 3, 4, 7
+IDENTIFY, CONNECT, STREAM_OPEN, STREAM_HANDLER, DHT, DISCONNECT, PUBSUB = 0, 1, 2, 3, 4, 7, 8
+# PSRequest.Type (p2pd.proto)
+PS_GET_TOPICS, PS_LIST_PEERS, PS_PUBLISH, PS_SUBSCRIBE = 0, 1, 2, 3
 # DHTRequest.Type (p2pd.proto)
 FIND_PEER, FIND_PROVIDERS, GET_CLOSEST_PEERS, GET_VALUE, PUT_VALUE, PROVIDE = 0, 2, 3, 5, 7, 8
 # DHTResponse.Type: a streamed answer is BEGIN (inside the Response), VALUEs, then END
@@ -196,12 +201,49 @@ class Daemon:
         """The best value go finds for ``key`` (its own store and a lookup)."""
         return _field(await self._dht_single([(1, GET_VALUE), (4, key)], timeout), 3)
 
+    async def ps_publish(self, topic: str, data: bytes) -> None:
+        """Publish ``data`` on ``topic`` (the daemon signs it)."""
+        req = encode_fields([(1, PS_PUBLISH), (2, topic.encode()), (3, data)])
+        _, _, writer = await self._request([(1, PUBSUB), (8, req)])
+        writer.close()
+
+    async def ps_peers(self, topic: str) -> list[PeerId]:
+        """The peers the daemon's router knows subscribed to ``topic``."""
+        req = encode_fields([(1, PS_LIST_PEERS), (2, topic.encode())])
+        resp, _, writer = await self._request([(1, PUBSUB), (8, req)])
+        writer.close()
+        raw = resp.get(7)  # PSResponse{topics = 1, peerIDs = 2} in this daemon's p2pd.proto
+        return [PeerId.from_bytes(p) for p in decode_repeated(raw, 2)] if isinstance(raw, bytes) else []
+
+    async def ps_subscribe(self, topic: str) -> Subscription:
+        """Join ``topic``; the messages the daemon delivers from then on are read from the result."""
+        req = encode_fields([(1, PS_SUBSCRIBE), (2, topic.encode())])
+        _, reader, writer = await self._request([(1, PUBSUB), (8, req)])
+        return Subscription(reader, writer)
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+class Subscription:
+    """A topic the daemon joined for us: its messages as ``(author, seqno, data)``, ``close()``
+    leaves it."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    async def next(self, timeout: float = 10) -> tuple[PeerId, bytes, bytes]:
+        async with asyncio.timeout(timeout):
+            m = decode_fields(await read_delimited(self._reader))
+        return PeerId.from_bytes(_field(m, 1)), _field(m, 3), _field(m, 2) if 2 in m else b""
+
+    def close(self) -> None:
+        self._writer.close()
 
 
 def _field(message: dict[int, int | bytes], number: int) -> bytes:

@@ -88,6 +88,12 @@ class Meshsub:
         if peer not in self.peers:
             self.peers[peer] = _Peer(protocol, Dialect.of(agent_version))
 
+    def identified(self, peer: PeerId, agent_version: str) -> None:
+        """``peer``'s identify came after its first RPC: now we know how it writes ids."""
+        p = self.peers.get(peer)
+        if p is not None:
+            p.dialect = Dialect.of(agent_version)
+
     def forget(self, peer: PeerId) -> None:
         """``peer`` is gone: our stream to it and what waited for it go."""
         p = self.peers.pop(peer, None)

@@ -37,6 +37,7 @@ share, a few at a time: ``strangers``), and those topics' authors need not be me
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import time
 from collections.abc import Callable
@@ -156,7 +157,7 @@ class PubSubService:
         self.host.events.identified.subscribe(self._on_identified)
         self.host.events.disconnected.subscribe(self._on_disconnected)
         for proto in (MESHSUB_1_2, MESHSUB_1_1):
-            self.host.set_handler(proto, self._on_meshsub_stream)
+            self.host.set_handler(proto, functools.partial(self._on_meshsub_stream, protocol=proto))
 
     @property
     def routing(self) -> bool:
@@ -433,6 +434,7 @@ class PubSubService:
             if info.circle == "stranger":
                 self._strangers.peers.add(peer)
             self.router.scores.connected(peer, _ip_of(info.remote_addr))  # (a batch may have come first)
+            self._meshsub.identified(peer, info.agent_version)
             return
         self._add_peer(info)
         self._pump()
@@ -440,16 +442,20 @@ class PubSubService:
     def _add_peer(self, info: PeerInfo) -> None:
         """An identified peer becomes the router's: a Lattica node (our actor calls), or a libp2p
         node that speaks GossipSub (a plain peer); one that speaks neither is none of ours."""
-        peer = info.peer_id
         plain = None
         if RPC_PROTOCOL not in info.protocols:
             plain = speaks_meshsub(info.protocols)
             if plain is None:
                 return
-            self._meshsub.add(peer, plain, info.agent_version)
-        if info.circle == "stranger":
+        self._add(info.peer_id, info.circle, _ip_of(info.remote_addr), plain, info.agent_version)
+
+    def _add(self, peer: PeerId, circle: str, ip: str | None, plain: str | None, agent_version: str) -> None:
+        """``peer`` becomes the router's; ``plain``: the GossipSub protocol of a libp2p peer."""
+        if plain is not None:
+            self._meshsub.add(peer, plain, agent_version)
+        if circle == "stranger":
             self._strangers.peers.add(peer)
-        self.router.add_peer(peer, self._now(), ip=_ip_of(info.remote_addr), plain=plain is not None)
+        self.router.add_peer(peer, self._now(), ip=ip, plain=plain is not None)
         self._unheard[peer] = self._now()  # (a publish waits for their topics: ``publish_soon``)
         self.host.spawn(self._measure(peer))
 
@@ -511,12 +517,17 @@ class PubSubService:
 
     # -- libp2p GossipSub peers -----------------------------------------------------------------
 
-    async def _on_meshsub_stream(self, stream: Stream, conn: Connection) -> None:
-        """A libp2p peer's GossipSub stream: its RPCs, read for as long as it lasts."""
-        if self._closed:
+    async def _on_meshsub_stream(self, stream: Stream, conn: Connection, protocol: str) -> None:
+        """A libp2p peer's GossipSub stream: its RPCs, read for as long as it lasts. Its peer is
+        the router's from now (libp2p peers send their first RPC before identify is done)."""
+        peer = conn.remote_peer
+        circle = self.host.circle_of(peer)
+        if self._closed or (circle == "stranger" and not self.cfg.open_topics):
             stream.reset()
             return
-        self.router  # noqa: B018 -- (loads the machinery at first use)
+        if peer not in self.router.peers:  # (loads the machinery at first use)
+            info = self.host.info.get(conn)
+            self._add(peer, circle, _ip_of(conn.remote_addr), protocol, info.agent_version if info else "")
         await self._meshsub.on_stream(stream, conn)
 
     def _from_plain(self, peer: PeerId, rpc: Rpc, bad: list[str]) -> None:
@@ -524,16 +535,8 @@ class PubSubService:
         r = self.router
         if self._closed or peer not in self.host.conns:
             return
-        if peer not in r.peers:  # (its identify may still be on the way)
-            conn = self.host.conns[peer]
-            info = self.host.info.get(conn)
-            if info is None or RPC_PROTOCOL in info.protocols:
-                return
-            if info.circle == "stranger" and not self.cfg.open_topics:
-                return
-            self._add_peer(info)
-            if peer not in r.peers:
-                return
+        if peer not in r.peers:
+            return  # (gone meanwhile: disconnected, or our stream to it broke)
         if r.score(peer, self._now()) < r.scores.params.graylist_threshold:
             return  # graylisted: nothing it says is looked at
         if peer in self._strangers.peers:

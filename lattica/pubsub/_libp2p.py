@@ -6,11 +6,11 @@ enters the router as an :class:`~lattica.pubsub._router.Envelope` whose id is li
 :class:`Signed` holding the message as the author signed it, so any node can pass it on
 unchanged. Our signed bundles never go to libp2p peers, nor do choke or flood sets.
 
-Message ids on the wire are each implementation's default: go- and js-libp2p send the bytes
-(``from`` and ``seqno`` joined), rust-libp2p (the Lattica SDK) the text of ``from`` in base58
-and the seqno in decimal. :class:`Dialect` turns ours into a peer's and back; an id we cannot
-read (a custom id function, say) is skipped, so gossip with such a peer is lost and its mesh
-messages still arrive.
+Message ids on the wire are each implementation's default: go-libp2p sends the bytes (``from``
+and ``seqno`` joined), js-libp2p (@libp2p/gossipsub 17) the author's protobuf public key and
+the seqno joined, rust-libp2p (the Lattica SDK) the text of ``from`` in base58 and the seqno in
+decimal. :class:`Dialect` turns ours into a peer's and back; an id we cannot read (a custom id
+function, say) is skipped, so gossip with such a peer is lost and its mesh messages still arrive.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import math
 import string
 from collections.abc import Callable
 
-from lattica._identity import PeerId
+from lattica._identity import PeerId, public_key_to_protobuf
 from lattica.errors import InvalidPeerId, ProtocolError
 from lattica.pubsub import _gossipsub_wire as gs
 from lattica.pubsub._router import LIBP2P_MARK, Envelope, Rpc, is_libp2p_id
@@ -30,6 +30,7 @@ __all__ = ["Signed", "Dialect", "envelope", "to_gossipsub", "from_gossipsub", "s
 SEQNO = 8  # bytes of a seqno we take (go's, js's and rust's)
 RPC_BUDGET = gs.MAX_RPC - 64 * 1024  # bytes of messages we put in one RPC (under go's 1 MiB cap)
 _DIGITS = frozenset(string.digits)
+_ED25519_PB = b"\x08\x01\x12\x20"  # an Ed25519 public key's protobuf, before its 32 bytes (js's ids)
 
 
 class Signed:
@@ -46,31 +47,44 @@ class Signed:
 
 
 class Dialect(enum.Enum):
-    """How a peer writes message ids: ``BYTES`` (go, js) or ``TEXT`` (rust)."""
+    """How a peer writes message ids: ``BYTES`` (go), ``KEY`` (js) or ``TEXT`` (rust)."""
 
     BYTES = "bytes"
+    KEY = "key"
     TEXT = "text"
 
     @classmethod
     def of(cls, agent_version: str) -> Dialect:
-        """A peer's dialect by its identify agent version (rust-libp2p says so; the SDK does)."""
-        return cls.TEXT if agent_version.startswith("rust-libp2p") else cls.BYTES
+        """A peer's dialect by its identify agent version (rust- and js-libp2p say so; the SDK
+        does)."""
+        if agent_version.startswith("rust-libp2p"):
+            return cls.TEXT
+        return cls.KEY if agent_version.startswith("js-libp2p") else cls.BYTES
 
-    def wire(self, mid: bytes) -> bytes:
-        """Our id of a libp2p message as this dialect writes it."""
+    def wire(self, mid: bytes) -> bytes | None:
+        """Our id of a libp2p message as this dialect writes it (None: it cannot, as js for an
+        author whose key its PeerId does not inline)."""
         body = mid[: -len(LIBP2P_MARK)]
         if self is Dialect.BYTES:
             return body
-        author, seqno = body[:-SEQNO], body[-SEQNO:]
-        return (str(PeerId.from_bytes(author)) + str(int.from_bytes(seqno, "big"))).encode()
+        author, seqno = PeerId.from_bytes(body[:-SEQNO]), body[-SEQNO:]
+        if self is Dialect.KEY:
+            key = author.public_key()
+            return None if key is None else public_key_to_protobuf(key) + seqno
+        return (str(author) + str(int.from_bytes(seqno, "big"))).encode()
 
     def ours(self, wid: bytes) -> bytes | None:
-        """Our id of the message a peer names ``wid`` (None: not one we can read)."""
-        if self is Dialect.BYTES:
+        """Our id of the message a peer names ``wid`` (None: not one we can read). ``BYTES``
+        and ``KEY`` read both forms (a PeerId starts 0x00 or 0x12, a key's protobuf 0x08); of
+        js's, only an Ed25519 author's (whose PeerId inlines the key: no key to parse)."""
+        if self is not Dialect.TEXT:
             if len(wid) <= SEQNO:
                 return None
+            head = wid[:-SEQNO]
+            if len(head) == len(_ED25519_PB) + 32 and head.startswith(_ED25519_PB):
+                return bytes((0, len(head))) + wid + LIBP2P_MARK  # (its PeerId inlines it)
             try:
-                PeerId.from_bytes(wid[:-SEQNO])
+                PeerId.from_bytes(head)
             except InvalidPeerId:
                 return None
             return wid + LIBP2P_MARK
@@ -118,18 +132,17 @@ def envelope(msg: gs.Message) -> Envelope:
 def to_gossipsub(rpc: Rpc, dialect: Dialect, idontwant: bool) -> list[gs.RPC]:
     """What of ``rpc`` a libp2p peer takes, as RPCs each within ``RPC_BUDGET`` bytes of
     messages (none: nothing for it). ``idontwant``: it speaks ``/meshsub/1.2.0``."""
-    ids = dialect.wire
-    ihave = tuple(
-        gs.IHave(topic, tuple(ids(m) for m in mids if is_libp2p_id(m)))
-        for topic, mids in rpc.ihave
-        if any(is_libp2p_id(m) for m in mids)
-    )
+
+    def ids(mids: list[bytes]) -> tuple[bytes, ...]:
+        return tuple(w for w in (dialect.wire(m) for m in mids if is_libp2p_id(m)) if w is not None)
+
+    ihave = tuple(gs.IHave(topic, wids) for topic, mids in rpc.ihave if (wids := ids(mids)))
     control = gs.Control(
         ihave,
-        tuple(ids(m) for m in rpc.iwant if is_libp2p_id(m)),
+        ids(rpc.iwant),
         tuple(rpc.graft),
         tuple(gs.Prune(topic, (), math.ceil(backoff)) for topic, backoff in rpc.prune),
-        tuple(ids(m) for m in rpc.idontwant if is_libp2p_id(m)) if idontwant else (),
+        ids(rpc.idontwant) if idontwant else (),
     )
     subs = tuple(gs.SubOpts(on, topic) for topic, on in rpc.subscribe)
     messages = [m.data.msg for m in rpc.messages if type(m.data) is Signed]

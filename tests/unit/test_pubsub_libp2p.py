@@ -68,7 +68,18 @@ def test_text_ids_that_name_no_message_are_skipped(wid: bytes) -> None:
 def test_the_dialect_follows_the_agent() -> None:
     assert Dialect.of("rust-libp2p/0.45.0") is Dialect.TEXT
     assert Dialect.of("p2pd/0.1") is Dialect.BYTES
-    assert Dialect.of("js-libp2p/3.3.11 UserAgent=v22") is Dialect.BYTES
+    assert Dialect.of("js-libp2p/3.3.11 node/22.23.5") is Dialect.KEY
+
+
+def test_ids_in_jss_key_dialect_round_trip() -> None:
+    """@libp2p/gossipsub's default id: the author's protobuf public key, then the seqno; either
+    bytes form reads in both dialects."""
+    mid = envelope(_signed(ALICE)).id
+    wid = Dialect.KEY.wire(mid)
+    assert wid == ALICE.public_key_protobuf() + (7).to_bytes(8, "big")
+    assert Dialect.KEY.ours(wid) == Dialect.BYTES.ours(wid) == mid
+    assert Dialect.KEY.ours(Dialect.BYTES.wire(mid)) == mid
+    assert Dialect.KEY.ours(b"\x08\x01\x12\x20" + b"\x00" * 31 + b"\x00" * 8) is None
 
 
 def _bundle_env(topic: str = "t") -> wire.Envelope:

@@ -1,12 +1,14 @@
 // A js-libp2p node for the interop tests and `lattica bench libp2p`, driven over stdin/stdout in
 // JSON lines: it listens on 127.0.0.1 (TCP and QUIC), echoes every byte on the test's echo
 // protocol, swallows the bench's sink protocol, and runs what it is asked ({id, op, ...} in,
-// {id, ok | error} out). The first line out is its peer id and addrs.
+// {id, ok | error} out). The first line out is its peer id and addrs. With {"gossipsub": true}
+// as its options (argv[2]) it also runs libp2p GossipSub (/meshsub/1.2.0, 1.1.0; StrictSign).
 import { createHash, randomBytes } from 'node:crypto'
 import { createInterface } from 'node:readline'
 import { noise } from '@chainsafe/libp2p-noise'
 import { quic } from '@chainsafe/libp2p-quic'
 import { yamux } from '@chainsafe/libp2p-yamux'
+import { gossipsub } from '@libp2p/gossipsub'
 import { identify, identifyPush } from '@libp2p/identify'
 import { peerIdFromString } from '@libp2p/peer-id'
 import { ping } from '@libp2p/ping'
@@ -28,7 +30,11 @@ const node = await createLibp2p({
   services: {
     identify: identify({ protocolPrefix: options.protocolPrefix ?? 'ipfs' }),
     identifyPush: identifyPush(),
-    ping: ping()
+    ping: ping(),
+    // only when asked: the other tests' js peer stays as it was (no /meshsub in its identify).
+    // GossipSub's defaults otherwise: StrictSign, flood publish, /meshsub/1.2.0, 1.1.0, 1.0.0
+    // and /floodsub/1.0.0; emitSelf off, so `messages` holds only what others published
+    ...(options.gossipsub ? { pubsub: gossipsub({ emitSelf: false }) } : {})
   },
   connectionManager: { inboundConnectionThreshold: 1000, maxIncomingPendingConnections: 1000 },
   connectionMonitor: { enabled: false }
@@ -45,6 +51,19 @@ node.addEventListener('peer:identify', (event) => {
     listenAddrs: listenAddrs.map(String),
     signedAddrs: signedPeerRecord == null ? null : signedPeerRecord.addresses.map(String),
     transport: connection.remoteAddr.toString().includes('/quic-v1') ? 'quic' : 'tcp'
+  })
+})
+
+// GossipSub messages received, per topic, until `messages` takes them
+const received = new Map()
+node.services.pubsub?.addEventListener('message', (event) => {
+  const { topic, from, sequenceNumber, data } = event.detail
+  if (!received.has(topic)) received.set(topic, [])
+  received.get(topic).push({
+    from: from?.toString() ?? null,
+    // the 8-byte big-endian seqno, as it was on the wire
+    seqno_hex: sequenceNumber == null ? null : sequenceNumber.toString(16).padStart(16, '0'),
+    data_hex: Buffer.from(data).toString('hex')
   })
 })
 
@@ -161,6 +180,27 @@ const ops = {
     return { connections: node.getConnections(peerIdFromString(peer)).map((c) => c.remoteAddr.toString()) }
   },
   echo,
+  // GossipSub (the node runs it only with {"gossipsub": true}; otherwise these fail)
+  async subscribe ({ topic }) {
+    node.services.pubsub.subscribe(topic)
+    return {}
+  },
+  // how many peers js sent it to; an error (PublishError.NoPeersSubscribedToTopic) if none
+  async publish ({ topic, data_hex: dataHex }) {
+    const { recipients } = await node.services.pubsub.publish(topic, Buffer.from(dataHex, 'hex'))
+    return { recipients: recipients.length }
+  },
+  // the peers js knows subscribe to topic, and those of them in its mesh for topic
+  async peers ({ topic }) {
+    const pubsub = node.services.pubsub
+    return { subscribers: pubsub.getSubscribers(topic).map(String), mesh: pubsub.getMeshPeers(topic).map(String) }
+  },
+  // the messages received on topic since the last call (and forgets them)
+  async messages ({ topic }) {
+    const messages = received.get(topic) ?? []
+    received.delete(topic)
+    return { messages }
+  },
   async bench ({ what, ...args }) {
     return bench[what](args)
   },

@@ -212,6 +212,15 @@ class RemoteError(ActorError):
 # -- the DHT -----------------------------------------------------------------------------------
 
 
+class SdkCallError(ActorError):
+    """A Lattica SDK node answered a call with an error (its message says what failed there)."""
+
+
+class PickleRefused(ProtocolError):
+    """A Lattica SDK peer sent a pickled payload: this node never unpickles what comes from the
+    network. Give the SDK method protobuf types (``*_pb2``) or send bytes."""
+
+
 class DhtError(LatticaError):
     """Base class of DHT errors."""
 

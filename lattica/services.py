@@ -32,8 +32,10 @@ from lattica.actors.dht import DhtActor, DhtService
 from lattica.actors.dht.libp2p import KadNetwork, KadNetworks
 from lattica.actors.membership import MembershipActor, MembershipService
 from lattica.actors.nat.autonat import AutoNatActor, AutoNatServer
+from lattica.actors.nat.autonat_client import AutoNatV2Client
 from lattica.actors.nat.holepunch import HolePunchActor, HolePunchService
 from lattica.actors.pubsub import PubSubActor, PubSubService
+from lattica.actors.sdk_rpc import SdkRpcService
 from lattica.actors.shards import ShardsActor, ShardsService
 from lattica.actors.spawner import Spawner
 from lattica.actors.supervisor import CheckpointStore
@@ -245,6 +247,10 @@ def _crdt(ctx: ServiceContext, s: NodeServices) -> Built | None:
     return Built(CrdtService(ctx.runtime, ctx.config.crdt, s.pubsub))  # (each open document has its own actor)
 
 
+def _sdk_rpc(ctx: ServiceContext, s: NodeServices) -> Built:
+    return Built(SdkRpcService(ctx.runtime))
+
+
 def _dashboard(ctx: ServiceContext, s: NodeServices) -> Built:
     service = DashboardService(ctx.runtime, ctx.config, s)
     return Built(service, DashboardActor(service))
@@ -252,8 +258,13 @@ def _dashboard(ctx: ServiceContext, s: NodeServices) -> Built:
 
 def _nat(ctx: ServiceContext, s: NodeServices) -> Built:
     cfg = ctx.config
+    # asking libp2p peers (AutoNAT v2's client, with its dial-back handler) only when we probe
+    probing = cfg.nat is None or (cfg.nat.autonat and cfg.nat.reachability is None)
+    client = AutoNatV2Client(ctx.host) if probing else None
     # a part of the host (it keeps the host's observed and relayed addresses), built as a service
-    return Built(NatManager(ctx.runtime.host, cfg.nat, cfg.relays, relaying=cfg.relay is not None))
+    return Built(
+        NatManager(ctx.runtime.host, cfg.nat, cfg.relays, relaying=cfg.relay is not None, libp2p_autonat=client)
+    )
 
 
 def _mdns(ctx: ServiceContext, s: NodeServices) -> Built | None:
@@ -299,6 +310,9 @@ class NodeServices:
     pubsub: PubSubService | None = _row(_pubsub, public=frozenset({"open_rpc"}))
     # documents are their mesh's: each one's replica actor (``crdt/<id>``) serves members only
     crdt: CrdtService | None = _row(_crdt)
+    # the Lattica SDK's RPC: stream protocols, no actor; it serves only what the application
+    # serves to SDK nodes (lattica.sdk.serve), within budgets of its own (docs/sdk.md)
+    sdk_rpc: SdkRpcService = _row(_sdk_rpc)
     # every node reports itself to its mesh's dashboards (members only: a stranger learns nothing
     # of our actors or peers); the HTTP side runs only where Node(dashboard=...) asks for it
     dashboard: DashboardService = _row(_dashboard)

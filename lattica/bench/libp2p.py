@@ -28,6 +28,7 @@ from typing import Any
 
 import structlog
 
+from lattica import sdk
 from lattica._identity import PeerId
 from lattica._multiaddr import Multiaddr
 from lattica._node import Node
@@ -35,6 +36,7 @@ from lattica.bench import _peers, host_of
 from lattica.bench._peers import sdk_rpc
 from lattica.bench._peers.js_peer import JsPeer
 from lattica.bench._peers.p2pd import Daemon, daemon, read_delimited
+from lattica.sdk import _wire as w
 from lattica.transports.base import Connection, Stream
 
 log = structlog.get_logger(__name__)
@@ -220,7 +222,7 @@ async def _rpc_push(node: Node, peer: PeerId, size: int) -> float:
         stream = await node.aopen_stream(peer, sdk_rpc.PROTOCOL)
         answer = await sdk_rpc.call(stream, f"lattica-sink-{len(data)}", "Echo.sink", data, limit=4096)
         elapsed = time.perf_counter() - t0
-        if answer["kind"] != "response" or bytes(answer["data"]) != b"k":
+        if not isinstance(answer, w.Response) or answer.data != b"k":
             raise RuntimeError(f"Echo.sink answered {answer}")
     return size / elapsed / 1e6
 
@@ -257,12 +259,19 @@ def from_lattica(
     return ms, us, mbs
 
 
+class _SdkSink:
+    """What the responder serves SDK nodes (``Echo.sink``): one byte back, whatever came."""
+
+    async def sink(self, request: bytes) -> bytes:
+        return b"k"
+
+
 def _serve(listen: str) -> None:
     """``python -m lattica.bench.libp2p serve ADDR``: the Lattica responder's process, serving the
-    sink protocol and, for the SDK's nodes, its RPC with every method a sink."""
+    sink protocol and, for the SDK's nodes, ``Echo.sink`` through ``lattica.sdk`` (its RPC)."""
     with Node([listen]) as node:
         host_of(node).set_handler(SINK, serve_sink)
-        host_of(node).set_handler(sdk_rpc.PROTOCOL, sdk_rpc.serve_sink)
+        sdk.serve(_SdkSink(), "Echo", node=node)
         hello = {"peer_id": str(node.peer_id), "addrs": [str(a) for a in node.addrs]}
         sys.stdout.write(json.dumps(hello) + "\n")
         sys.stdout.flush()
@@ -427,7 +436,7 @@ def bench_rust(
 ) -> Iterator[dict[str, Any]]:
     """rust -> rust, rust -> Lattica (the same SDK dialing), Lattica -> rust, on ``transport``;
     throughput is one ``Echo.sink`` call on the SDK's RPC (the SDK node serves it, and so does
-    our responder: sdk_rpc.serve_sink)."""
+    our responder, through lattica.sdk)."""
     with sdk_responder(sdk_python) as other, _lattica_responder(transport) as ours:
         theirs = _on(other.hello["addrs"], transport)
         yield _row(transport, "rust", "rust", *_from_rust(sdk_python, theirs, handshakes, size))

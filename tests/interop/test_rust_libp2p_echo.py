@@ -3,7 +3,7 @@ over TCP (Noise, yamux) and QUIC. The SDK opens no raw streams, so the echo is i
 opens ``/rpc/req-resp/1.0.0`` on the SDK node (``sdk_peer.py serve``), writes one bincode
 ``RpcMessage::Request`` carrying 64 MiB and half-closes; the SDK reads it to EOF, calls the Python
 method ``Echo.echo`` and writes ``RpcMessage::Response`` with the same bytes, which we read to EOF.
-The wire format and its source: lattica/bench/_peers/sdk_rpc.py.
+The wire format and its source: lattica/sdk/_wire.py.
 
 The payload crosses the SDK's Python layer as raw bytes (sdk_peer.py's ``Raw``, which the SDK
 takes for a protobuf class): nothing is pickled, and we never unpickle."""
@@ -18,6 +18,7 @@ import pytest
 import lattica
 from lattica.bench._peers import sdk_rpc
 from lattica.bench.libp2p import sdk_responder
+from lattica.sdk._wire import Response
 
 LISTEN = {"tcp": "/ip4/127.0.0.1/tcp/0", "quic": "/ip4/127.0.0.1/udp/0/quic-v1"}
 SIZE = 64 << 20
@@ -41,7 +42,7 @@ def test_one_stream_echoes_64_mib_through_rust_libp2p(sdk_python, transport):
 
         answer = node.run(call(), timeout=100)
         report = sdk.report()
-    assert answer["kind"] == "response", answer
-    assert answer["id"] == "lattica-echo-1" and answer["compression"] is None
-    assert len(answer["data"]) == SIZE and hashlib.sha256(answer["data"]).hexdigest() == digest
+    assert isinstance(answer, Response), answer
+    assert answer.id == "lattica-echo-1" and answer.compression is None
+    assert len(answer.data) == SIZE and hashlib.sha256(answer.data).hexdigest() == digest
     assert report["echoed"] == [{"size": SIZE, "sha256": digest}]  # (the SDK's Python got our bytes as sent)

@@ -95,6 +95,17 @@ class SdkNode(JsonLinesPeer):
         """The SDK's address book: peers identified as ``/lattica/1.0.0``, kept after they leave."""
         return list((await self._call("peers", timeout))["peers"])
 
+    async def rpc(self, peer: str, method: str, data: bytes = b"", how: str = "call", timeout: float = 30.0) -> Any:
+        """Call ``method`` on ``peer`` with the SDK's raw client (``how``: "call", "stream" or
+        "iter"): the answer's bytes, or a list of items for "iter"."""
+        got = await self._call("rpc", timeout, peer=peer, method=method, data=data.hex(), how=how)
+        return [bytes.fromhex(i) for i in got["items"]] if how == "iter" else bytes.fromhex(got["data"])
+
+    async def rpc_pickled(self, peer: str, method: str, timeout: float = 30.0) -> bytes:
+        """Call ``method`` on ``peer`` with a pickled request, as the SDK's stub does for an
+        untyped method."""
+        return bytes.fromhex((await self._call("rpc_pickled", timeout, peer=peer, method=method))["data"])
+
     async def connect(self, peer_id: str, timeout: float = 30.0) -> None:
         """Dial ``peer_id`` at addresses the node already knows (it cannot be given one); an
         error when it knows none or is already connected."""

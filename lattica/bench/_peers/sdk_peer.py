@@ -67,6 +67,16 @@ unless told; the SDK's ``get_providers`` never returns when the node has no peer
 - ``{"op": "connect", "peer_id": str}``: the SDK dials a PeerId whose addresses it already knows
   (from Kademlia); the Python API cannot dial an address after start (only bootstraps do), and
   dialing a connected peer is an error.
+- ``{"op": "rpc", "peer": str, "method": "Service.method", "data": hex, "how": "call" | "stream" |
+  "iter"}``: the SDK's raw RPC client (``get_client(peer)``: ``call`` over
+  ``/rpc/req-resp/1.0.0``, ``call_stream`` and ``call_stream_iter`` over ``/rpc/stream/1.0.0``)
+  with the bytes as they are: ``{"data": hex}``, or ``{"items": [hex]}`` for ``iter``.
+- ``{"op": "rpc_pickled", "peer": str, "method": "Service.method"}``: what the SDK's stub sends for
+  a method without protobuf types (a pickled ``{"a": 1}``): ``{"data": hex}`` or the error.
+
+In this mode the node serves ``Echo`` (below): ``echo`` and ``sink``, ``count`` (a streaming
+method: ``int(request)`` items ``b"0"``, ``b"1"``, ...) and ``legacy`` (no protobuf types, called
+without data: the SDK pickles its answer, as services without ``*_pb2`` types do).
 
 The RPC's data is typed with ``Raw``, a class holding bytes as they are: the SDK treats any class
 with ``SerializeToString``/``ParseFromString`` as protobuf and hands it the bytes, so nothing is
@@ -124,6 +134,19 @@ class Echo(sdk.ConnectionHandler):
         """One byte back, whatever came (the throughput bench's responder)."""
         _raw(request)
         return Raw(b"k")
+
+    @sdk.rpc_stream_iter
+    def count(self, request: Raw):
+        """``int(request)`` items, each its index in decimal (a streaming method: the SDK sends
+        each item's bytes as they are)."""
+        _raw(request)
+        for i in range(int(request.data or b"0")):
+            yield str(i).encode()
+
+    @sdk.rpc_method
+    def legacy(self):
+        """No protobuf types: the SDK pickles this answer (called with no data)."""
+        return {"legacy": True}
 
 
 def _raw(request: object) -> None:
@@ -268,7 +291,28 @@ def _kad_op(node: Any, request: dict) -> Callable[[], dict]:
         return lambda: {"peers": list(raw.get_all_peers())}
     if op == "connect":
         return lambda: raw.connect(request["peer_id"]) or {}
+    if op == "rpc":
+        return lambda: _rpc(node, request)
+    if op == "rpc_pickled":
+        import pickle  # (what the SDK's stub sends: made here, never loaded)
+
+        data = pickle.dumps({"a": 1})
+        seconds = math.ceil(float(request.get("timeout", 30)))
+        return lambda: {
+            "data": bytes(node.get_client(request["peer"]).call(request["method"], data).result(seconds)).hex()
+        }
     raise ValueError(f"unknown op {op!r}")
+
+
+def _rpc(node: Any, request: dict) -> dict:
+    """``rpc`` (see the module's docstring): the raw client, bytes in and out."""
+    client = node.get_client(request["peer"])
+    method, data, how = request["method"], bytes.fromhex(request.get("data", "")), request.get("how", "call")
+    if how == "iter":
+        return {"items": [bytes(item).hex() for item in client.call_stream_iter(method, data)]}
+    answer = client.call_stream(method, data) if how == "stream" else client.call(method, data)
+    seconds = math.ceil(float(request.get("timeout", 30)))  # (the SDK's future waits whole seconds)
+    return {"data": bytes(answer.result(seconds) if hasattr(answer, "result") else answer).hex()}
 
 
 def _got(result: Any) -> dict:
@@ -348,6 +392,7 @@ def kad(bootstraps: list[str]) -> None:
     _own_stdout()
     with tempfile.TemporaryDirectory(prefix="sdk-kad-") as home:
         node = _node(LISTEN, bootstraps, home)
+        Echo(node)
         _hello(node)
         for line in sys.stdin:
             if not line.strip():

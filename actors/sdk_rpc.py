@@ -1,0 +1,504 @@
+"""The ``sdk_rpc`` service: the Lattica SDK's RPC (``/rpc/req-resp/1.0.0``, ``/rpc/stream/1.0.0``;
+the wire: ``lattica.sdk._wire``), served and called by our node (issue 50).
+
+**Serving.** ``serve(instance)`` makes its public methods callable by SDK nodes as
+``ClassName.method``. A method's parameter typed with a protobuf class (one with
+``ParseFromString``) gets the request parsed into it; otherwise it gets the bytes; one without
+parameters gets nothing. It returns bytes, text, a protobuf message or None; a generator (or an
+async generator) is a streaming method whose items go out one by one (the SDK's
+``call_stream_iter``). Sync methods run in a worker thread, async ones on the node loop. A
+request whose data is a pickle (what the SDK sends for a method without protobuf types) is
+refused with an error that says so: nothing from the network is unpickled here.
+
+**Calling.** ``call`` asks an SDK node's method over ``/rpc/req-resp/1.0.0`` (a stream per call);
+``stream`` over ``/rpc/stream/1.0.0`` (one long-lived stream per peer, calls told apart by id),
+the answer's items as they come. An error answer raises :class:`~lattica.errors.SdkCallError`,
+a pickled answer :class:`~lattica.errors.PickleRefused`.
+
+**Bounds.** What a peer sends is held against the node's budget for partly received messages
+(a stranger's share: SDK nodes are strangers to a mesh that does not list them); at most
+``MAX_CALLS`` calls of one peer are served at once (``MAX_CALLS_ALL`` in all), beyond which the
+caller is told to retry; a request or answer is at most ``MAX_MESSAGE`` bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import os
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, get_type_hints
+
+from lattica.errors import (
+    FrameTooLarge,
+    LatticaError,
+    PickleRefused,
+    ProtocolError,
+    SdkCallError,
+    Timeout,
+)
+from lattica.logging import get_logger
+from lattica.sdk import _wire as w
+
+if TYPE_CHECKING:
+    from lattica._hostview import HostView
+    from lattica._identity import PeerId
+    from lattica._runtime.calls import Calls
+    from lattica._runtime.partials import PartialMessages
+    from lattica.transports.base import Connection, Stream
+
+log = get_logger("lattica.sdk")
+
+__all__ = ["SdkRpcService", "MAX_MESSAGE", "MAX_CALLS", "MAX_CALLS_ALL", "CHUNK"]
+
+MAX_MESSAGE = 256 * 1024 * 1024  # bytes of one request or answer (the SDK caps neither)
+CHUNK = 16 * 1024 * 1024  # bytes of one Data frame's data (the SDK's chunk size)
+MAX_FRAME = CHUNK + 2 * w.MAX_TEXT + 64  # a frame's bytes: a chunk, its id, its header
+MAX_CALLS = 16  # calls of one peer served at once
+MAX_CALLS_ALL = 256  # and of all peers
+QUEUE = 64  # items of a streaming answer read ahead of its consumer (then the stream waits)
+TIMEOUT = 180.0  # s a call waits for its answer (the SDK's request timeout)
+_READ = 1 << 20
+PICKLE_REFUSED = (
+    "this Lattica node never unpickles: the request's data is a pickle; declare the method's "
+    "request and response types as protobuf classes (*_pb2) on the SDK side, or send bytes"
+)
+
+
+class SdkRpcService:
+    """Serve SDK calls to this node's registered instances, and call SDK nodes' methods."""
+
+    def __init__(self, runtime: Calls) -> None:
+        self.rt = runtime
+        self.host: HostView = runtime.host
+        self.partials: PartialMessages = runtime.partials
+        self._services: dict[str, Any] = {}
+        self._serving: dict[PeerId, int] = {}
+        self._serving_all = 0
+        self._out: dict[PeerId, _CallStream] = {}
+        self._ids = itertools.count()
+        self._prefix = os.urandom(4).hex()
+        self.host.set_handler(w.REQ_RESP, self._on_req_resp)
+        self.host.set_handler(w.STREAM, self._on_stream)
+
+    # -- the node's side ---------------------------------------------------------------------------
+
+    def serve(self, instance: Any, name: str | None = None) -> str:
+        """Serve ``instance``'s public methods as ``name.method`` (its class's name by default);
+        the name."""
+        name = name or type(instance).__name__
+        if not name or "." in name:
+            raise ValueError(f"an SDK service's name is a non-empty word without dots, not {name!r}")
+        self._services[name] = instance
+        return name
+
+    def unserve(self, name: str) -> None:
+        self._services.pop(name, None)
+
+    def services(self) -> list[str]:
+        return sorted(self._services)
+
+    def _next_id(self) -> str:
+        return f"lattica-{self._prefix}-{next(self._ids)}"
+
+    async def call(self, peer: PeerId, method: str, data: bytes, timeout: float = TIMEOUT) -> bytes:
+        """Call ``method`` ("Service.method") on ``peer`` over req-resp; its answer's bytes."""
+        _check_method(method)
+        request_id = self._next_id()
+        try:
+            async with asyncio.timeout(timeout):
+                stream = await self.host.open_stream(peer, w.REQ_RESP)
+                try:
+                    stream.write(w.encode_message(w.Request(request_id, method, data)))
+                    await stream.close()  # (half-close: the SDK reads the request to its end)
+                    answer = w.decode_message(await self._read_all(stream, peer))
+                except BaseException:
+                    stream.reset()
+                    raise
+        except TimeoutError as e:
+            if isinstance(e, Timeout):
+                raise
+            raise Timeout(f"{peer} did not answer {method} within {timeout:.0f} s") from None
+        if isinstance(answer, w.Failure):
+            raise SdkCallError(f"{peer} answered {method}: {answer.error}")
+        if not isinstance(answer, w.Response):
+            raise ProtocolError(f"{peer} answered {method} with a request")
+        if answer.compression is not None:
+            raise ProtocolError(f"{peer} answered {method} compressed; this node reads uncompressed answers only")
+        if w.looks_pickled(answer.data):
+            raise PickleRefused(
+                f"{peer} answered {method} with a pickle, which this node never loads: give the SDK method a "
+                "protobuf return type (*_pb2)"
+            )
+        return answer.data
+
+    async def stream(self, peer: PeerId, method: str, data: bytes) -> AsyncIterator[bytes]:
+        """Call ``method`` on ``peer`` over the stream protocol; its answer's items as they come
+        (one for a method that answers once)."""
+        _check_method(method)
+        out = self._out.get(peer)
+        if out is None or out.broken:
+            conn = await self.host.get_connection(peer)
+            stream = await self.host.open_stream_on(conn, w.STREAM)
+            out = self._out[peer] = _CallStream(self.host, peer, stream, lambda: self._out.pop(peer, None))
+        request_id = self._next_id()
+        queue = await out.request(request_id, method, data)
+        try:
+            while True:
+                kind, value = await queue.get()
+                if kind == "data":
+                    if w.looks_pickled(value):
+                        raise PickleRefused(
+                            f"{peer} answered {method} with a pickle, which this node never loads: give the "
+                            "SDK method a protobuf return type (*_pb2)"
+                        )
+                    yield value
+                elif kind == "error":
+                    raise SdkCallError(f"{peer} answered {method}: {value}")
+                else:
+                    return
+        finally:
+            out.done(request_id)
+
+    # -- serving -----------------------------------------------------------------------------------
+
+    async def _read_all(self, stream: Stream, peer: PeerId) -> bytes:
+        """A req-resp message: the stream read to its end, held against the partly-received
+        budget, at most MAX_MESSAGE bytes, within the budget's deadline for that many."""
+        stranger = self.host.circle_of(peer) == "stranger"
+        got = bytearray()
+        budget = self.partials.budget
+        try:
+            async with asyncio.timeout(budget.deadline + MAX_MESSAGE / budget.min_rate):
+                while chunk := await stream.read(_READ):
+                    if len(got) + len(chunk) > MAX_MESSAGE:
+                        raise FrameTooLarge(f"an SDK RPC message over {MAX_MESSAGE} bytes")
+                    self.partials.change(peer, len(got), len(got) + len(chunk), stranger)
+                    got += chunk
+        finally:
+            self.partials.change(peer, len(got), 0, stranger)
+        return bytes(got)
+
+    def _admit(self, peer: PeerId) -> bool:
+        if self._serving.get(peer, 0) >= MAX_CALLS or self._serving_all >= MAX_CALLS_ALL:
+            return False
+        self._serving[peer] = self._serving.get(peer, 0) + 1
+        self._serving_all += 1
+        return True
+
+    def _release(self, peer: PeerId) -> None:
+        self._serving_all -= 1
+        n = self._serving.get(peer, 1) - 1
+        if n:
+            self._serving[peer] = n
+        else:
+            self._serving.pop(peer, None)
+
+    async def _on_req_resp(self, stream: Stream, conn: Connection) -> None:
+        peer = conn.remote_peer
+        try:
+            request = w.decode_message(await self._read_all(stream, peer))
+            if not isinstance(request, w.Request):
+                raise ProtocolError("an SDK RPC stream opened with an answer")
+        except (LatticaError, TimeoutError) as e:
+            log.info("SDK RPC request refused", peer=str(peer), reason=str(e) or type(e).__name__)
+            stream.reset()
+            return
+        answer: w.Message
+        if request.compression is not None:
+            answer = w.Failure(request.id, "this node takes uncompressed requests only")
+        elif not self._admit(peer):
+            answer = w.Failure(request.id, f"busy: more than {MAX_CALLS} calls from you at once; try again")
+        else:
+            try:
+                result = await self._invoke(request.method, request.data)
+                if not isinstance(result, bytes):
+                    await _close(result)
+                    raise _Refused(f"{request.method} streams: call it with call_stream_iter")
+                answer = w.Response(request.id, result)
+            except Exception as e:  # (the method's failure, told to the caller)
+                answer = w.Failure(request.id, _describe(e))
+            finally:
+                self._release(peer)
+        try:
+            stream.write(w.encode_message(answer))
+            await stream.drain()
+            await stream.close()
+        except (LatticaError, OSError):
+            stream.reset()
+
+    async def _on_stream(self, stream: Stream, conn: Connection) -> None:
+        """A peer's call stream: its requests' frames in, each call's answer out as it is ready."""
+        peer = conn.remote_peer
+        stranger = self.host.circle_of(peer) == "stranger"
+        frames = w.Frames(MAX_FRAME)
+        pending: dict[str, tuple[str, bytearray]] = {}  # request id -> (method, data so far)
+        running: dict[str, asyncio.Task] = {}
+        held = 0  # bytes of pending requests and of the frame being read, on the budget
+        deadline = self.partials.budget.deadline
+        try:
+            while True:
+                if held:  # (a request on the way must keep coming)
+                    async with asyncio.timeout(deadline):
+                        chunk = await stream.read(_READ)
+                else:
+                    chunk = await stream.read(_READ)
+                if not chunk:
+                    break
+                for frame in frames.feed(chunk):
+                    if isinstance(frame, w.StreamRequest):
+                        if frame.id in pending or frame.id in running:
+                            raise ProtocolError(f"an SDK stream request id used twice: {frame.id!r}")
+                        if len(pending) + len(running) >= MAX_CALLS:
+                            _send(stream, w.Failure(frame.id, f"busy: more than {MAX_CALLS} calls at once"))
+                            _send(stream, w.Close(frame.id))
+                            continue
+                        pending[frame.id] = (frame.method, bytearray(frame.data))
+                    elif isinstance(frame, w.Data):
+                        entry = pending.get(frame.id)
+                        if entry is None:
+                            continue  # (a call refused above, or cancelled)
+                        if len(entry[1]) + len(frame.data) > MAX_MESSAGE:
+                            raise FrameTooLarge(f"an SDK stream request over {MAX_MESSAGE} bytes")
+                        entry[1].extend(frame.data)
+                        if frame.is_end:
+                            del pending[frame.id]
+                            running[frame.id] = self.host.spawn(
+                                self._serve_stream_call(stream, peer, frame.id, entry[0], bytes(entry[1]), running)
+                            )
+                    elif isinstance(frame, w.Cancel):
+                        pending.pop(frame.id, None)
+                        task = running.get(frame.id)
+                        if task is not None:
+                            task.cancel()
+                new = sum(len(d) for _, d in pending.values()) + frames.pending
+                self.partials.change(peer, held, new, stranger)
+                held = new
+        except (LatticaError, TimeoutError) as e:
+            log.info("SDK RPC stream dropped", peer=str(peer), reason=str(e) or type(e).__name__)
+            stream.reset()
+        finally:
+            self.partials.change(peer, held, 0, stranger)
+            for task in list(running.values()):
+                task.cancel()
+
+    async def _serve_stream_call(
+        self, stream: Stream, peer: PeerId, request_id: str, method: str, data: bytes, running: dict
+    ) -> None:
+        if not self._admit(peer):
+            _send(stream, w.Failure(request_id, "busy: this node serves too many calls; try again"))
+            _send(stream, w.Close(request_id))
+            running.pop(request_id, None)
+            return
+        try:
+            result = await self._invoke(method, data)
+            if isinstance(result, bytes):
+                for at in range(0, len(result), CHUNK):
+                    _send(stream, w.Data(request_id, result[at : at + CHUNK], at + CHUNK >= len(result)))
+                    await stream.drain()
+            else:
+                async for item in _items(result):
+                    _send(stream, w.Data(request_id, item, False))
+                    await stream.drain()
+            _send(stream, w.Close(request_id))
+        except asyncio.CancelledError:
+            _send(stream, w.Close(request_id))  # (the caller's Cancel)
+        except (LatticaError, OSError):
+            return  # (the stream broke)
+        except Exception as e:  # (the method's failure, told to the caller)
+            _send(stream, w.Failure(request_id, _describe(e)))
+            _send(stream, w.Close(request_id))
+        finally:
+            self._release(peer)
+            running.pop(request_id, None)
+        try:
+            await stream.drain()
+        except (LatticaError, OSError):
+            pass
+
+    async def _invoke(self, method: str, data: bytes) -> Any:
+        """Run ``method`` ("Service.method") on ``data``: its answer's bytes, or a (sync or
+        async) generator of them for a streaming method."""
+        service, _, name = method.partition(".")
+        instance = self._services.get(service)
+        if instance is None:
+            raise _Refused(f"no service {service!r} here (serving: {', '.join(sorted(self._services)) or 'none'})")
+        fn = getattr(instance, name, None) if name and not name.startswith("_") else None
+        if not callable(fn):
+            raise _Refused(f"{service} has no method {name!r}")
+        if w.looks_pickled(data):
+            raise _Refused(PICKLE_REFUSED)
+        args = _arguments(fn, data)
+        if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+            return fn(*args)
+        if inspect.iscoroutinefunction(fn):
+            return _to_bytes(await fn(*args))
+        return _to_bytes(await asyncio.to_thread(fn, *args))
+
+    def close(self) -> None:
+        for out in list(self._out.values()):
+            out.stream.reset()
+        self._out.clear()
+
+
+class _Refused(Exception):
+    """A call this node will not run (unknown method, pickled data): told to the caller as is."""
+
+
+class _CallStream:
+    """Our long-lived ``/rpc/stream/1.0.0`` stream to one peer: requests out, answers' frames
+    dispatched to each call's queue by id (a full queue holds the reader: the peer waits)."""
+
+    def __init__(self, host: HostView, peer: PeerId, stream: Stream, forget: Callable[[], Any]) -> None:
+        self.host = host
+        self.peer = peer
+        self.stream = stream
+        self.broken = False
+        self._calls: dict[str, asyncio.Queue] = {}
+        self._forget = forget
+        self._reader = host.spawn(self._read())
+
+    async def request(self, request_id: str, method: str, data: bytes) -> asyncio.Queue:
+        queue: asyncio.Queue = asyncio.Queue(QUEUE)
+        self._calls[request_id] = queue
+        try:
+            _send(self.stream, w.StreamRequest(request_id, method, b""))
+            if not data:
+                _send(self.stream, w.Data(request_id, b"", True))
+            for at in range(0, len(data), CHUNK):
+                _send(self.stream, w.Data(request_id, data[at : at + CHUNK], at + CHUNK >= len(data)))
+                await self.stream.drain()
+            await self.stream.drain()
+        except BaseException:
+            self._calls.pop(request_id, None)
+            raise
+        return queue
+
+    def done(self, request_id: str) -> None:
+        """The caller stopped reading ``request_id``: if it was still coming, it is cancelled."""
+        queue = self._calls.pop(request_id, None)
+        if queue is None:
+            return
+        while not queue.empty():  # (a reader waiting to put into it goes on)
+            queue.get_nowait()
+        if not self.broken:
+            try:
+                _send(self.stream, w.Cancel(request_id))
+            except (LatticaError, OSError):
+                pass
+
+    async def _read(self) -> None:
+        frames = w.Frames(MAX_FRAME)
+        sizes: dict[str, int] = {}
+        try:
+            while chunk := await self.stream.read(_READ):
+                for frame in frames.feed(chunk):
+                    queue = self._calls.get(frame.id)
+                    if queue is None:
+                        continue
+                    if isinstance(frame, w.Data):
+                        sizes[frame.id] = sizes.get(frame.id, 0) + len(frame.data)
+                        if sizes[frame.id] > MAX_MESSAGE:
+                            await queue.put(("error", f"an answer over {MAX_MESSAGE} bytes"))
+                            self._calls.pop(frame.id, None)
+                            continue
+                        if frame.data or not frame.is_end:
+                            await queue.put(("data", frame.data))
+                    elif isinstance(frame, w.Failure):
+                        await queue.put(("error", frame.error))
+                    elif isinstance(frame, w.Close):
+                        sizes.pop(frame.id, None)
+                        await queue.put(("close", None))
+        except (LatticaError, TimeoutError, OSError) as e:
+            log.info("SDK RPC call stream ended", peer=str(self.peer), reason=str(e) or type(e).__name__)
+        finally:
+            self.broken = True
+            self._forget()
+            self.stream.reset()
+            for queue in self._calls.values():
+                while queue.full():
+                    queue.get_nowait()
+                queue.put_nowait(("error", "the call stream to the peer ended"))
+
+
+async def _close(gen: Any) -> None:
+    """A streaming method's generator that will not be run: closed, so it never warns."""
+    if inspect.isasyncgen(gen):
+        await gen.aclose()
+    else:
+        gen.close()
+
+
+def _send(stream: Stream, frame: w.Frame) -> None:
+    stream.write(w.encode_frame(frame))
+
+
+def _check_method(method: str) -> None:
+    service, _, name = method.partition(".")
+    if not service or not name or "." in name:
+        raise ValueError(f"an SDK method is named 'Service.method', not {method!r}")
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, _Refused):
+        return str(e)
+    return f"{type(e).__name__}: {e}"[: w.MAX_TEXT // 2]
+
+
+def _is_protobuf(t: Any) -> bool:
+    return isinstance(t, type) and hasattr(t, "ParseFromString") and hasattr(t, "SerializeToString")
+
+
+def _arguments(fn: Callable[..., Any], data: bytes) -> tuple:
+    """What ``fn`` is called with: nothing, the request parsed into its parameter's protobuf
+    class, or the bytes."""
+    params = [
+        p for p in inspect.signature(fn).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if not params:
+        return ()
+    try:
+        hint = get_type_hints(fn).get(params[0].name)
+    except Exception:  # (hints naming what cannot be resolved: take bytes)
+        hint = None
+    if hint is not None and _is_protobuf(hint):
+        message = hint()
+        try:
+            message.ParseFromString(data)
+        except Exception as e:
+            raise _Refused(f"the request is not a {hint.__name__}: {e}") from None
+        return (message,)
+    return (data,)
+
+
+def _to_bytes(value: Any) -> bytes:
+    """A method's answer on the wire: bytes as they are, text as UTF-8, a protobuf message
+    serialized, None as nothing."""
+    if value is None:
+        return b""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    serialize = getattr(value, "SerializeToString", None)
+    if callable(serialize):
+        return bytes(serialize())
+    raise TypeError(f"an SDK method returns bytes, text, a protobuf message or None, not {type(value).__name__}")
+
+
+async def _items(gen: Any) -> AsyncIterator[bytes]:
+    """A streaming method's items as bytes: an async generator's on the loop, a sync generator's
+    each taken in a worker thread (a blocking producer must not stall the node)."""
+    if inspect.isasyncgen(gen):
+        async for item in gen:
+            yield _to_bytes(item)
+        return
+    done = object()
+    try:
+        while (item := await asyncio.to_thread(next, gen, done)) is not done:
+            yield _to_bytes(item)
+    finally:
+        gen.close()

@@ -2,7 +2,8 @@
 the wire: ``lattica.sdk._wire``), served and called by our node (issue 50).
 
 **Serving.** ``serve(instance)`` makes its public methods callable by SDK nodes as
-``ClassName.method``. A method's parameter typed with a protobuf class (one with
+``ClassName.method``; ``instance`` may be an actor's ref (an actor anywhere in the mesh, called
+by this node on the SDK node's behalf, given the request's bytes). A method's parameter typed with a protobuf class (one with
 ``ParseFromString``) gets the request parsed into it; otherwise it gets the bytes; one without
 parameters gets nothing. It returns bytes, text, a protobuf message or None; a generator (or an
 async generator) is a streaming method whose items go out one by one (the SDK's
@@ -30,6 +31,8 @@ import os
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, get_type_hints
 
+from lattica._runtime.limits import AGEN, GEN
+from lattica._runtime.refs import ActorRef
 from lattica.errors import (
     FrameTooLarge,
     LatticaError,
@@ -87,7 +90,8 @@ class SdkRpcService:
     def serve(self, instance: Any, name: str | None = None) -> str:
         """Serve ``instance``'s public methods as ``name.method`` (its class's name by default);
         the name."""
-        name = name or type(instance).__name__
+        if name is None:
+            name = instance.name.rsplit("/", 1)[-1] if isinstance(instance, ActorRef) else type(instance).__name__
         if not name or "." in name:
             raise ValueError(f"an SDK service's name is a non-empty word without dots, not {name!r}")
         self._services[name] = instance
@@ -324,6 +328,8 @@ class SdkRpcService:
         instance = self._services.get(service)
         if instance is None:
             raise _Refused(f"no service {service!r} here (serving: {', '.join(sorted(self._services)) or 'none'})")
+        if isinstance(instance, ActorRef):
+            return await _on_actor(instance, service, name, data)
         fn = getattr(instance, name, None) if name and not name.startswith("_") else None
         if not callable(fn):
             raise _Refused(f"{service} has no method {name!r}")
@@ -340,6 +346,20 @@ class SdkRpcService:
         for out in list(self._out.values()):
             out.stream.reset()
         self._out.clear()
+
+
+async def _on_actor(ref: ActorRef, service: str, name: str, data: bytes) -> Any:
+    """``name`` of the actor behind ``ref`` called with the request's bytes: its answer, or for a
+    generator method an async generator of its items."""
+    kind = ref.methods.get(name)
+    if kind is None:
+        raise _Refused(f"{service} has no method {name!r}")
+    if w.looks_pickled(data):
+        raise _Refused(PICKLE_REFUSED)
+    handle = getattr(ref, name)
+    if kind in (GEN, AGEN):
+        return (item async for item in handle.stream(data))
+    return _to_bytes(await handle.remote(data))
 
 
 class _Refused(Exception):

@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -91,3 +94,18 @@ def test_we_call_the_sdk(sdk_python):
                     await echo.legacy.remote()
 
         node.run(run(), timeout=90)
+
+
+def test_the_example_runs_as_written(sdk_python):
+    """examples/sdk_interop.py, as a user runs it: an SDK node and a Lattica actor call each other."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "examples/sdk_interop.py", "--sdk-python", str(sdk_python)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "the SDK node got:   HELLO FROM THE SDK" in out.stdout
+    assert "the actor got:      echo: hello from a Lattica actor" in out.stdout

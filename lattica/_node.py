@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import dataclasses
 import os
 import threading
 import time
@@ -40,6 +41,7 @@ from lattica.config import (
     NodeConfig,
     PubSubConfig,
     RelayConfig,
+    SdkConfig,
     dashboard_config,
 )
 from lattica.errors import NodeClosed, Timeout
@@ -58,6 +60,19 @@ T = TypeVar("T")
 
 
 _THREADED: weakref.WeakSet[Node] = weakref.WeakSet()  # nodes running on a loop thread of their own
+
+
+def _with_sdk_topic(pubsub: PubSubConfig | None, sdk: SdkConfig | None) -> PubSubConfig | None:
+    """Pub-sub's configuration with an SDK swarm's relay topic opened to strangers and published
+    as libp2p does (SDK nodes are strangers, and speak only that form)."""
+    if pubsub is None or sdk is None:
+        return pubsub
+    topic = sdk.relay_topic
+    return dataclasses.replace(
+        pubsub,
+        open_topics=tuple(dict.fromkeys((*pubsub.open_topics, topic))),
+        libp2p_topics=tuple(dict.fromkeys((*pubsub.libp2p_topics, topic))),
+    )
 
 
 @atexit.register
@@ -116,6 +131,7 @@ class Node:
         members: Iterable[PeerId | str] = (),
         content: bool | ContentConfig | None = True,
         pubsub: bool | PubSubConfig | None = True,
+        sdk: bool | SdkConfig | None = None,
         crdt: bool | CrdtConfig | None = True,
         dashboard: bool | str | DashboardConfig | None = None,
     ) -> None:
@@ -141,6 +157,7 @@ class Node:
         dht_config: DhtConfig = dht or DhtConfig()
         if dht_path is not None:
             dht_config.persist_path = os.fspath(dht_path)
+        sdk_config = (SdkConfig() if sdk is True else sdk) or None
         # a service's keyword: True (its defaults), a config of its own, or False/None (off)
         self.config = NodeConfig(
             listen=[Multiaddr(a) for a in listen],
@@ -170,7 +187,8 @@ class Node:
             relay=(RelayConfig() if relay is True else relay) or None,
             membership=(MembershipConfig() if membership is True else membership) or None,
             content=(ContentConfig() if content is True else content) or None,
-            pubsub=(PubSubConfig() if pubsub is True else pubsub) or None,
+            pubsub=_with_sdk_topic((PubSubConfig() if pubsub is True else pubsub) or None, sdk_config),
+            sdk=sdk_config,
             crdt=(CrdtConfig() if crdt is True else crdt) or None,
             dashboard=dashboard_config(dashboard),
         )

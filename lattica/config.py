@@ -217,6 +217,19 @@ class PubSubConfig:
 
 
 @dataclass
+class SdkConfig:
+    """Taking part in a Lattica SDK swarm (``Node(sdk=...)``, docs/sdk.md) beyond what every node
+    does (its identify, Kademlia, Bitswap, relays and RPC): the GossipSub topic where SDK nodes
+    tell each other their relayed addresses. Times are seconds."""
+
+    # the topic (the SDK's; opened to strangers and published in libp2p's form on this node)
+    relay_topic: str = "p2p-circuit-broadcast"
+    # our relayed addresses are published when we get them, and again this often while we hold
+    # them (the SDK publishes once, so a node that joins later would not learn them otherwise)
+    republish: float = 300.0
+
+
+@dataclass
 class CrdtConfig:
     """The CRDT store of one node (``Node(crdt=...)``, docs/crdt.md): where documents persist,
     how replicas meet, and the bounds on what a peer may make a replica hold. Times are seconds."""
@@ -345,5 +358,6 @@ class NodeConfig:
     membership: MembershipConfig | None = field(default_factory=MembershipConfig)
     content: ContentConfig | None = field(default_factory=ContentConfig)
     pubsub: PubSubConfig | None = field(default_factory=PubSubConfig)
+    sdk: SdkConfig | None = None  # a Lattica SDK swarm's relay-address topic (needs pub-sub)
     crdt: CrdtConfig | None = field(default_factory=CrdtConfig)  # documents need pub-sub too
     dashboard: DashboardConfig | None = None  # serve the mesh in a browser (docs/dashboard.md)

@@ -36,6 +36,7 @@ from lattica.actors.nat.autonat_client import AutoNatV2Client
 from lattica.actors.nat.holepunch import HolePunchActor, HolePunchService
 from lattica.actors.pubsub import PubSubActor, PubSubService
 from lattica.actors.sdk_rpc import SdkRpcService
+from lattica.actors.sdk_swarm import SdkSwarm
 from lattica.actors.shards import ShardsActor, ShardsService
 from lattica.actors.spawner import Spawner
 from lattica.actors.supervisor import CheckpointStore
@@ -251,6 +252,12 @@ def _sdk_rpc(ctx: ServiceContext, s: NodeServices) -> Built:
     return Built(SdkRpcService(ctx.runtime))
 
 
+def _sdk_swarm(ctx: ServiceContext, s: NodeServices) -> Built | None:
+    if ctx.config.sdk is None or s.pubsub is None:
+        return None  # (the relay addresses travel over pub-sub)
+    return Built(SdkSwarm(ctx.host, s.pubsub, ctx.config.sdk, ctx.config.protocol_version))
+
+
 def _dashboard(ctx: ServiceContext, s: NodeServices) -> Built:
     service = DashboardService(ctx.runtime, ctx.config, s)
     return Built(service, DashboardActor(service))
@@ -313,6 +320,9 @@ class NodeServices:
     # the Lattica SDK's RPC: stream protocols, no actor; it serves only what the application
     # serves to SDK nodes (lattica.sdk.serve), within budgets of its own (docs/sdk.md)
     sdk_rpc: SdkRpcService = _row(_sdk_rpc)
+    # Node(sdk=...): the SDK swarm's relay-address topic (opened to strangers by the node's
+    # pub-sub configuration; an address is kept only for the author that signed it)
+    sdk_swarm: SdkSwarm | None = _row(_sdk_swarm)
     # every node reports itself to its mesh's dashboards (members only: a stranger learns nothing
     # of our actors or peers); the HTTP side runs only where Node(dashboard=...) asks for it
     dashboard: DashboardService = _row(_dashboard)

@@ -160,12 +160,11 @@ class Meshsub:
     async def on_stream(self, stream: Stream, conn: Connection) -> None:
         """A peer's RPCs, one at a time, until the stream ends; a malformed one ends it."""
         peer = conn.remote_peer
-        p = self.peers.get(peer)
-        dialect = p.dialect if p is not None else Dialect.BYTES
         while True:
             try:
                 raw = await self._read(stream, peer)
-                rpc, bad = from_gossipsub(gs.decode(raw), dialect)
+                p = self.peers.get(peer)  # (its dialect may come with identify, after the stream opened)
+                rpc, bad = from_gossipsub(gs.decode(raw), p.dialect if p is not None else Dialect.BYTES)
             except StreamClosed:
                 await stream.close()
                 return

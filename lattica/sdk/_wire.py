@@ -42,6 +42,8 @@ __all__ = [
     "decode_frame",
     "Frames",
     "looks_pickled",
+    "encode_relay_addr",
+    "decode_relay_addr",
 ]
 
 REQ_RESP = "/rpc/req-resp/1.0.0"
@@ -303,3 +305,26 @@ def looks_pickled(data: bytes) -> bool:
     and the STOP opcode last), as the SDK sends for a method without protobuf types. We never
     load one: such a call is refused, saying why."""
     return len(data) >= 3 and data[0] == 0x80 and 2 <= data[1] <= 5 and data[-1] == 0x2E
+
+
+# -- the relay-address topic --------------------------------------------------------------------
+
+
+def encode_relay_addr(addr: str, protocol_version: str) -> bytes:
+    """What an SDK node (1.0.21) publishes on ``p2p-circuit-broadcast``: bincode of ``{addr:
+    String, protocol_version: String}`` (the swarm it belongs to: others ignore it)."""
+    return _text(addr) + _text(protocol_version)
+
+
+def decode_relay_addr(data: bytes) -> tuple[str, str | None]:
+    """The address (and swarm) of a ``p2p-circuit-broadcast`` message: 1.0.21's bincode pair, or
+    earlier SDKs' bare UTF-8 address (no swarm named); ProtocolError if neither."""
+    if data.startswith(b"/"):
+        try:
+            return data.decode(), None
+        except UnicodeDecodeError:
+            raise ProtocolError("a relayed address that is not UTF-8") from None
+    r = _Reader(data)
+    addr, protocol_version = r.text(), r.text()
+    r.end()
+    return addr, protocol_version

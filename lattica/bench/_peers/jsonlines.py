@@ -86,9 +86,9 @@ class JsonLinesPeer:
             raise self.error(f"{op}: {answer.get('error')}")
         return answer
 
-    def log(self) -> str:
-        """The end of what the peer and its driver wrote to stderr."""
-        return _tail(self._stderr)
+    def log(self, whole: bool = False) -> str:
+        """The end (or ``whole``: all) of what the peer and its driver wrote to stderr."""
+        return _tail(self._stderr, None if whole else 1500)
 
     async def stop(self) -> None:
         """Close its stdin (the driver closes its peer and exits), kill it if it lingers."""
@@ -116,10 +116,12 @@ async def _end(proc: asyncio.subprocess.Process, wait: float = 10.0) -> None:
         await proc.wait()
 
 
-def _tail(stderr: IO[str]) -> str:
-    """The end of what the driver wrote to stderr."""
+def _tail(stderr: IO[str], chars: int | None = 1500) -> str:
+    """The end (its last ``chars``; None: all) of what the driver wrote to stderr."""
     if stderr.closed:
         return ""
     stderr.flush()
     stderr.seek(0)
-    return stderr.read()[-1500:]
+    text = stderr.read()
+    stderr.seek(0, 2)
+    return text if chars is None else text[-chars:]

@@ -34,11 +34,19 @@ class SdkNode(JsonLinesPeer):
     what = "the SDK node"
 
     @classmethod
-    async def start(cls, sdk_python: pathlib.Path, bootstraps: Sequence[str] = (), timeout: float = 30.0) -> SdkNode:
-        """Start an SDK node dialing ``bootstraps`` (multiaddrs ending in ``/p2p/<PeerId>``) and
-        wait for its PeerId and addresses; ``sdk_python`` is the SDK venv's interpreter, used as
-        given (resolving its symlink would lose the venv)."""
-        return await cls.launch([str(sdk_python), str(SDK_PEER), "kad", *bootstraps], timeout)
+    async def start(
+        cls,
+        sdk_python: pathlib.Path,
+        bootstraps: Sequence[str] = (),
+        timeout: float = 30.0,
+        relays: Sequence[str] = (),
+    ) -> SdkNode:
+        """Start an SDK node dialing ``bootstraps`` (multiaddrs ending in ``/p2p/<PeerId>``),
+        with ``relays`` as its relay servers (it reserves on them), and wait for its PeerId and
+        addresses; ``sdk_python`` is the SDK venv's interpreter, used as given (resolving its
+        symlink would lose the venv)."""
+        argv = [str(sdk_python), str(SDK_PEER), "kad", *(f"relay:{r}" for r in relays), *bootstraps]
+        return await cls.launch(argv, timeout)
 
     def addr(self, transport: str = "tcp") -> str:
         """Its address on ``transport`` ("tcp" or "quic"), with its PeerId."""
@@ -100,6 +108,10 @@ class SdkNode(JsonLinesPeer):
         "iter"): the answer's bytes, or a list of items for "iter"."""
         got = await self._call("rpc", timeout, peer=peer, method=method, data=data.hex(), how=how)
         return [bytes.fromhex(i) for i in got["items"]] if how == "iter" else bytes.fromhex(got["data"])
+
+    async def addresses(self, peer: str, timeout: float = 30.0) -> list[str]:
+        """What the SDK knows of ``peer``'s addresses."""
+        return list((await self._call("addresses", timeout, peer=peer))["addrs"])
 
     async def rpc_pickled(self, peer: str, method: str, timeout: float = 30.0) -> bytes:
         """Call ``method`` on ``peer`` with a pickled request, as the SDK's stub does for an

@@ -26,8 +26,9 @@ and, through its Python API (``Echo(node).get_stub(peer).sink``), calls ``Echo.s
 with one byte (unmeasured) and once with ``size`` random bytes; print one JSON line with the
 seconds of the second call, from the stub's call to its answer.
 
-``sdk_peer.py kad [bootstrap multiaddr ...]``: start an SDK node on 127.0.0.1 (TCP and QUIC) with
-these bootstrap peers, its key, blockstore and DHT folder in a temporary folder removed at the end;
+``sdk_peer.py kad [relay:<multiaddr> ...] [bootstrap multiaddr ...]``: start an SDK node on
+127.0.0.1 (TCP and QUIC) with these bootstrap peers (and, for each ``relay:`` one, that relay
+server: the SDK reserves on it and publishes its relayed address on ``p2p-circuit-broadcast``), its key, blockstore and DHT folder in a temporary folder removed at the end;
 print one JSON line (its PeerId and addresses), then answer each JSON line read from stdin with
 one JSON line, ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``, until stdin ends (then
 it closes the node and exits). Its Kademlia speaks ``/lattica/1.0.0`` (the SDK's protocol, not
@@ -71,6 +72,8 @@ unless told; the SDK's ``get_providers`` never returns when the node has no peer
   "iter"}``: the SDK's raw RPC client (``get_client(peer)``: ``call`` over
   ``/rpc/req-resp/1.0.0``, ``call_stream`` and ``call_stream_iter`` over ``/rpc/stream/1.0.0``)
   with the bytes as they are: ``{"data": hex}``, or ``{"items": [hex]}`` for ``iter``.
+- ``{"op": "addresses", "peer": str}``: ``{"addrs": [str]}``, what the SDK's swarm knows of the
+  peer's addresses (``get_peer_addresses``; e.g. a relayed one read on ``p2p-circuit-broadcast``).
 - ``{"op": "rpc_pickled", "peer": str, "method": "Service.method"}``: what the SDK's stub sends for
   a method without protobuf types (a pickled ``{"a": 1}``): ``{"data": hex}`` or the error.
 
@@ -155,13 +158,17 @@ def _raw(request: object) -> None:
         raise TypeError(f"expected raw bytes, got {type(request).__name__}")
 
 
-def _node(listen: list[str], bootstraps: list[str] | None = None, home: str | None = None) -> Any:
+def _node(
+    listen: list[str], bootstraps: list[str] | None = None, home: str | None = None, relays: list[str] | None = None
+) -> Any:
     """An SDK node on ``listen``, dialing ``bootstraps``; no mDNS, UPnP or AutoNAT. With ``home``,
     its key, blockstore and DHT folder go there (else the SDK leaves a fresh ``<uuid>.key`` and
     ``<uuid>.storage`` in the temporary folder at every start)."""
     builder = sdk.Lattica.builder().with_listen_addrs(listen)
     if bootstraps:
         builder = builder.with_bootstraps(bootstraps)
+    if relays:
+        builder = builder.with_relay_servers(relays)
     if home is not None:
         builder = builder.with_key_path(f"{home}/key").with_storage_path(f"{home}/blocks")
         builder = builder.with_dht_db_path(f"{home}/dht")
@@ -291,6 +298,8 @@ def _kad_op(node: Any, request: dict) -> Callable[[], dict]:
         return lambda: {"peers": list(raw.get_all_peers())}
     if op == "connect":
         return lambda: raw.connect(request["peer_id"]) or {}
+    if op == "addresses":
+        return lambda: {"addrs": [str(a) for a in node.get_peer_addresses(request["peer"])]}
     if op == "rpc":
         return lambda: _rpc(node, request)
     if op == "rpc_pickled":
@@ -388,10 +397,12 @@ def _patience(request: dict) -> float:
     return float(request.get("timeout", 30))
 
 
-def kad(bootstraps: list[str]) -> None:
+def kad(args: list[str]) -> None:
     _own_stdout()
+    relays = [a[len("relay:") :] for a in args if a.startswith("relay:")]
+    bootstraps = [a for a in args if not a.startswith("relay:")]
     with tempfile.TemporaryDirectory(prefix="sdk-kad-") as home:
-        node = _node(LISTEN, bootstraps, home)
+        node = _node(LISTEN, bootstraps, home, relays)
         Echo(node)
         _hello(node)
         for line in sys.stdin:

@@ -110,3 +110,17 @@ def test_pickles_are_recognised(protocol):
 @pytest.mark.parametrize("data", [b"", b"x", b"\x08\x01\x12\x03abc", b"\x80", b"\x80\x04", b"\x80\x06abc."])
 def test_other_bytes_are_not_pickles(data):
     assert not w.looks_pickled(data)
+
+
+def test_relay_addresses_in_the_sdks_two_forms():
+    addr = "/ip4/1.2.3.4/tcp/4001/p2p/12D3KooWRelay/p2p-circuit/p2p/12D3KooWMe"
+    raw = w.encode_relay_addr(addr, "/lattica/1.0.0")
+    assert raw[0] == len(addr) and raw.endswith(b"\x0e/lattica/1.0.0")
+    assert w.decode_relay_addr(raw) == (addr, "/lattica/1.0.0")
+    assert w.decode_relay_addr(addr.encode()) == (addr, None)  # (before 1.0.21)
+
+
+@pytest.mark.parametrize("bad", [b"", b"\x05abc", b"\x01/\x01", b"\x01/\x01a\x00", b"/\xff\xfe"])
+def test_a_malformed_relay_address_is_a_protocol_error(bad):
+    with pytest.raises(ProtocolError):
+        w.decode_relay_addr(bad)

@@ -95,6 +95,12 @@ def main() -> None:
     )
     p.add_argument("--bootstrap", action="append", default=[])
     p.add_argument(
+        "--reserve",
+        action="append",
+        default=[],
+        help="relays to reserve on once private (default: the bootstrap peers)",
+    )
+    p.add_argument(
         "--no-dht-bootstrap",
         action="store_true",
         help="only connect to the bootstrap peers (no lookups that meet other nodes)",
@@ -134,7 +140,7 @@ def main() -> None:
     node = lattica.Node(
         listen,
         relay=relay,
-        relays=args.bootstrap,
+        relays=args.reserve or args.bootstrap,
         allow=["sample_actors.*"],
         transport_options=options,
         mdns=args.mdns == "on",

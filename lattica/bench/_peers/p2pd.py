@@ -19,7 +19,7 @@ import pathlib
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from lattica._identity import PeerId
 from lattica._multiaddr import Multiaddr
@@ -58,8 +58,9 @@ class Daemon:
         listen: tuple[str, ...] = LISTEN,
         dht_server: bool = False,
         flags: tuple[str, ...] = (),
+        popen: Callable[..., subprocess.Popen] = subprocess.Popen,
     ) -> None:
-        """``listen``: its host's addresses (a bench listens on one transport only: go dials a
+        """``popen``: what runs it (a NAT lab's, to run it in a network namespace). ``listen``: its host's addresses (a bench listens on one transport only: go dials a
         peer's QUIC addresses first once identify told it of them). ``dht_server``: run the DHT
         with ``-dhtServer``; ``-dht`` would be ModeAuto, which stays a client while AutoNAT sees
         no public address, i.e. always on 127.0.0.1. ``flags``: more of p2pd's options (never
@@ -67,7 +68,7 @@ class Daemon:
         if "-b" in flags or any(f.startswith("-b=") for f in flags):
             raise ValueError("p2pd runs here without -b: it would dial the public bootstrap peers")
         self.control = workdir / "p2pd.sock"
-        self.proc = subprocess.Popen(
+        self.proc = popen(
             [
                 str(binary),
                 "-q",

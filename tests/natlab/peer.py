@@ -48,7 +48,7 @@ import lattica  # noqa: E402
 import lattica.logging  # noqa: E402
 import sample_actors as sa  # noqa: E402
 from lattica.actors.nat.relay import RelayConfig  # noqa: E402
-from lattica.config import ContentConfig, CrdtConfig  # noqa: E402
+from lattica.config import ContentConfig, CrdtConfig, PubSubConfig  # noqa: E402
 from lattica.nat import _holepunch as holepunch  # noqa: E402
 
 
@@ -122,6 +122,12 @@ def main() -> None:
         help="membership gossip (off: the lab tests the NAT ladder; membership has its own tests)",
     )
     p.add_argument(
+        "--libp2p-topic",
+        action="append",
+        default=[],
+        help="a pub-sub topic shared with libp2p GossipSub nodes (published as they do, open to them)",
+    )
+    p.add_argument(
         "--dcutr-only",
         action="store_true",
         help="punch with libp2p's DCUtR only, as a libp2p node would (our own protocol is not offered)",
@@ -147,6 +153,7 @@ def main() -> None:
         membership=args.membership == "on",
         crdt=CrdtConfig(path="memory"),
         content=ContentConfig(blocks="memory"),
+        pubsub=PubSubConfig(libp2p_topics=tuple(args.libp2p_topic), open_topics=tuple(args.libp2p_topic)),
     ).start()
     if args.dcutr_only:
         node._host.handlers.pop(holepunch.PROTOCOL)  # (before any peer identifies us)
@@ -205,7 +212,8 @@ def main() -> None:
             elif cmd["cmd"] == "received":
                 sub, got, via = subs[cmd["topic"]]
                 while (msg := sub.get_nowait()) is not None:
-                    got.append(msg.data)
+                    # (a libp2p topic's messages are the author's bytes: shown as text)
+                    got.append(msg.data.decode(errors="replace") if isinstance(msg.data, bytes) else msg.data)
                     via.append(str(msg.via))
                 _say({"got": got, "via": via})
             elif cmd["cmd"] == "pubsub":

@@ -1,8 +1,8 @@
-"""A GossipSub topic whose members are go-libp2p (p2pd 0.32, ``-pubsub``) and js-libp2p
-(@libp2p/gossipsub 17) nodes on public hosts of the NAT lab and Lattica nodes behind NATs
-(port-restricted and symmetric), issue 50: every message published by any member reaches every
-other. The Lattica nodes dial the libp2p nodes (outbound through their NATs); the libp2p nodes
-know each other only through them, so go's and js's messages cross Lattica nodes."""
+"""A GossipSub topic whose members are go-libp2p nodes (p2pd 0.32, ``-pubsub``) on public hosts
+of the NAT lab and Lattica nodes behind NATs (port-restricted and symmetric), issue 50: every
+message published by any member reaches every other. The Lattica nodes dial the go nodes
+(outbound through their NATs); the go nodes know each other only through them, so go's messages
+cross Lattica nodes."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ async def _drain(sub, out: list, seconds: float) -> None:
             return
 
 
-def test_go_js_and_lattica_behind_nats_share_a_topic(need_lab, p2pd_binary) -> None:
+def test_go_and_lattica_behind_nats_share_a_topic(need_lab, p2pd_binary) -> None:
     with Lab(prefix="ngs") as lab, tempfile.TemporaryDirectory() as t1, tempfile.TemporaryDirectory() as t2:
         relays = TwoRelays(lab)
         hosts = [lab.public_host("goa"), lab.public_host("gob")]

@@ -540,9 +540,16 @@ class PubSubService:
         if r.score(peer, self._now()) < r.scores.params.graylist_threshold:
             return  # graylisted: nothing it says is looked at
         if peer in self._strangers.peers:
-            if not self._strangers.admit(peer):
-                return
             rpc = only_open(rpc, self._open, r.topic_of, to_stranger=False)
+            fresh = [m for m in rpc.messages if r.topic_of(m.id) is None]
+            if not fresh and not self._strangers.admit(peer):
+                return  # (control alone: the batch budgets; go and js send about one RPC per message)
+            # new messages within the strangers' share, the rest dropped before their signatures
+            # are checked (copies of seen ones cost nothing: the router drops them)
+            keep = self._strangers.share(peer, len(fresh))
+            if keep < len(fresh):
+                dropped = {id(m) for m in fresh[keep:]}
+                rpc.messages = [m for m in rpc.messages if id(m) not in dropped]
             self._screen(peer, rpc, bad)
             self._strangers.wait(peer, rpc.messages)
             rpc.messages = []  # (checked a few at a turn of the loop: ``Strangers``)

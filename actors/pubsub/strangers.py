@@ -2,7 +2,9 @@
 ``lattica.pubsub._open_topics``): what they may cost us, and their messages' turns.
 
 A stranger's batches are taken at ``STRANGER_BATCHES`` (a second, and at once), all strangers'
-together at ``STRANGERS_BATCHES``; their messages within the strangers' share
+together at ``STRANGERS_BATCHES`` (a libp2p peer's RPCs, about one per message, are charged by
+their new messages instead; one without any by the batch budgets); their messages within the
+strangers' share
 (``PubSubConfig.strangers_messages``, the rest dropped before they are decoded, checked or
 remembered), then checked ``SLICE`` at a turn of the loop, members' work served in between.
 """
@@ -69,8 +71,12 @@ class Strangers:
         strangers' messages together cost us is bounded, however many identities send them."""
         if type(raw) is not list or len(raw) < 2 or type(raw[1]) is not list or not raw[1]:
             return raw  # (nothing to cut; a malformed batch is wire.decode's to refuse)
-        k = self._messages.take_up_to(peer, len(raw[1]))
+        k = self.share(peer, len(raw[1]))
         return raw if k == len(raw[1]) else [raw[0], raw[1][:k], *raw[2:]]
+
+    def share(self, peer: PeerId, n: int) -> int:
+        """How many of ``n`` new messages of ``peer`` the strangers' share takes now (charged)."""
+        return self._messages.take_up_to(peer, n)
 
     def wait(self, peer: PeerId, messages: list[Envelope]) -> None:
         """A stranger's messages (of open topics) wait for their turn."""

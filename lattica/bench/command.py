@@ -204,6 +204,22 @@ def run(args: argparse.Namespace) -> None:
             found, transports, handshakes=args.handshakes, pings=args.pings, size=args.size or (64 << 20), progress=say
         ):
             print_row(row, args.json)
+    if which == "gossipsub-mixed":
+        starting("gossipsub-mixed")
+        from lattica.bench.gossipsub_mixed import CASES, bench_gossipsub_mixed  # lazy: see the module docstring
+        from lattica.bench.libp2p import find_peers  # lazy: see the module docstring
+
+        cases = tuple(args.case or CASES)
+        needed = tuple(k for k in ("go", "js") if any(k in CASES[c][0] for c in cases))
+        try:
+            found = find_peers(pathlib.Path(args.peers), needed)
+        except FileNotFoundError as e:
+            raise SystemExit(f"lattica bench gossipsub-mixed: a peer is missing\n{e}") from None
+        say = None if args.json else (lambda m: print(f"  {m}", flush=True))
+        for row in bench_gossipsub_mixed(
+            found, cases, messages=args.messages, gap=args.gap_ms / 1e3, size=args.size or 128, progress=say
+        ):
+            print_row(row, args.json)
     if which == "libp2p-content":
         starting("libp2p-content")
         from lattica.bench.libp2p import find_peers  # lazy: see the module docstring
@@ -265,6 +281,7 @@ def add_parser(sub: Any) -> None:
             "attack",
             "libp2p",
             "libp2p-content",
+            "gossipsub-mixed",
             "all",
         ],
     )
@@ -273,7 +290,8 @@ def add_parser(sub: Any) -> None:
         "--size",
         type=int,
         default=0,
-        help="stream bytes (default 1 GiB tcp, 256 MiB quic); content, libp2p-content: object bytes (default 256 MiB); libp2p: 64 MiB",
+        help="stream bytes (default 1 GiB tcp, 256 MiB quic); content, libp2p-content: object bytes (default 256 MiB); "
+        "libp2p: 64 MiB; gossipsub-mixed: message bytes (default 128)",
     )
     s.add_argument("--count", type=int, default=10000, help="pings")
     s.add_argument(
@@ -348,7 +366,8 @@ def add_parser(sub: Any) -> None:
     s.add_argument(
         "--peers",
         default=".interop",
-        help="libp2p, libp2p-content: where `make interop-peers` installed rust-, go- and js-libp2p (default ./.interop)",
+        help="libp2p, libp2p-content, gossipsub-mixed: where `make interop-peers` installed rust-, go- and js-libp2p "
+        "(default ./.interop)",
     )
     s.add_argument(
         "--impl",
@@ -360,5 +379,20 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--handshakes", type=int, default=30, help="libp2p: fresh connections per pair")
     s.add_argument("--pings", type=int, default=1000, help="libp2p: pings per pair")
     s.add_argument("--lookups", type=int, default=100, help="libp2p-content: Kademlia lookups of each kind")
+    s.add_argument(
+        "--case",
+        action="append",
+        choices=["mixed", "mixed-open", "go", "js", "lattica"],
+        default=None,
+        help="gossipsub-mixed: which topics of 6 (repeatable; default all: 2 go + 2 js + 2 Lattica as documented, "
+        "the same in an open mesh, then 6 go, 6 js, 6 Lattica)",
+    )
+    s.add_argument("--messages", type=int, default=100, help="gossipsub-mixed: messages each node publishes")
+    s.add_argument(
+        "--gap-ms",
+        type=float,
+        default=200.0,
+        help="gossipsub-mixed: ms between one node's messages (the 6 staggered: the topic carries one every gap/6)",
+    )
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=run)

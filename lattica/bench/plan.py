@@ -157,6 +157,17 @@ def _libp2p_content(a: argparse.Namespace) -> Plan:
     )
 
 
+def _gossipsub_mixed(a: argparse.Namespace) -> Plan:
+    cases = a.case or ["mixed", "mixed-open", "go", "js", "lattica"]
+    per_case = 14 + (10 + a.messages) * a.gap_ms / 1e3  # (6 processes up and meshed, then 2 paced rounds)
+    return Plan(
+        f"{_runs(len(cases), 'topic')} of 6 node processes ({', '.join(cases)}), each node publishing "
+        f"{a.messages} messages every {a.gap_ms:g} ms",
+        len(cases) * per_case,
+        "--case NAME, --messages N: fewer",
+    )
+
+
 PLANS: dict[str, Callable[[argparse.Namespace], Plan]] = {
     "stream": _stream,
     "ping": _ping,
@@ -213,6 +224,7 @@ PLANS: dict[str, Callable[[argparse.Namespace], Plan]] = {
     "rpc": _rpc,
     "libp2p": _libp2p,
     "libp2p-content": _libp2p_content,
+    "gossipsub-mixed": _gossipsub_mixed,
 }
 
 

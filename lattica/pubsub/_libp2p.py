@@ -186,8 +186,9 @@ def from_gossipsub(rpc: gs.RPC, dialect: Dialect) -> tuple[Rpc, list[str]]:
 
 def screen(rpc: Rpc, seen: Callable[[bytes], bool]) -> list[str]:
     """Check the StrictSign signature of each libp2p message of ``rpc`` the router has not
-    ``seen`` (a seen id was some copy's whose signature held), before the router sees it: those
-    that fail are taken out, their topics returned (the caller scores the sender). So a forged
+    ``seen`` (a seen id was some copy's whose signature held), before the router sees it: the
+    first that fails is taken out with every message after it, and its topic returned (the
+    caller scores the sender). So a forged
     copy sent first cannot take an honest message's id, as libp2p's own routers check first."""
     bad: list[str] = []
     keep: list[Envelope] = []
@@ -198,7 +199,7 @@ def screen(rpc: Rpc, seen: Callable[[bytes], bool]) -> list[str]:
                 gs.verify(data.msg)
             except ProtocolError:
                 bad.append(env.topic)
-                continue
+                break  # (a sender of one forgery gets nothing more of this RPC checked)
         keep.append(env)
     if bad:
         rpc.messages = keep

@@ -71,7 +71,7 @@ class Stub:
     def __init__(self, peer: PeerId, service: str, node: Node | None) -> None:
         self.peer = peer
         self.service = service
-        self._node = node
+        self.node = node
 
     def __getattr__(self, name: str) -> Method:
         if name.startswith("_"):
@@ -92,14 +92,14 @@ class Method:
     def remote(self, request: Any = None, *, returns: type | None = None, timeout: float = 180.0) -> Future:
         """Call it once (``/rpc/req-resp/1.0.0``); a Future of the answer: bytes, or parsed into
         ``returns`` (a protobuf class). ``request``: bytes, text or a protobuf message."""
-        rt, svc = _service(self._stub._node)
+        rt, svc = _service(self._stub.node)
         data = _payload(request)
         return run_coroutine(rt, lambda: svc.call(self._stub.peer, self.name, data, timeout), _parser(returns))
 
     def stream(self, request: Any = None, *, returns: type | None = None) -> ItemStream:
         """Call it over the stream protocol (the SDK's ``call_stream_iter``, or ``call_stream``
         for a method that answers once); its items, in order, as they come."""
-        rt, svc = _service(self._stub._node)
+        rt, svc = _service(self._stub.node)
         return ItemStream(rt, svc.stream(self._stub.peer, self.name, _payload(request)), _parser(returns))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -234,3 +235,46 @@ def test_a_malformed_rpc_ends_the_stream_and_the_node_serves_on(
     hostile.join(victim)
     hostile.send(gs.RPC(publish=(gs.sign(ALICE, TOPIC, b"after", _seq(11)),)))
     assert sub.get(timeout=5).data == b"after"
+
+
+def test_a_stranger_sending_one_rpc_per_message_is_held_to_the_message_share_not_the_batch_budget(
+    victim: lattica.Node, hostile: Hostile
+) -> None:
+    """go and js send about one RPC per message: 200 messages at ~60 a second, one per RPC, are
+    all delivered (the strangers' share is 100 a second and 200 at once; the batch budget, 20
+    RPCs a second, would have dropped most of them)."""
+    sub = lattica.pubsub.subscribe(TOPIC, node=victim)
+    assert sub is not None
+    hostile.join(victim)
+    assert wait_for(lambda: _plain_peer_of(victim, hostile))
+    for i in range(200):
+        hostile.send(gs.RPC(publish=(gs.sign(ALICE, TOPIC, f"m{i}".encode(), _seq(100 + i)),)))
+        time.sleep(1 / 60)
+    got = set()
+    deadline = time.monotonic() + 10
+    while len(got) < 200 and time.monotonic() < deadline:
+        try:
+            got.add(sub.get(timeout=1).data)
+        except TimeoutError:
+            pass
+    assert len(got) == 200
+
+
+def test_rpcs_of_thousands_of_signed_messages_cost_only_the_strangers_share(
+    victim: lattica.Node, hostile: Hostile
+) -> None:
+    """Ten RPCs of 2,000 validly signed messages each (20,000 at once): only the strangers'
+    share (200 at once, 100 a second) is checked and delivered; the rest is dropped before its
+    signatures are checked."""
+    sub = lattica.pubsub.subscribe(TOPIC, node=victim)
+    assert sub is not None
+    hostile.join(victim)
+    assert wait_for(lambda: _plain_peer_of(victim, hostile))
+    t0 = time.monotonic()
+    for r in range(10):
+        batch = tuple(gs.sign(ALICE, TOPIC, b"x", _seq(10_000 + r * 2000 + i)) for i in range(2000))
+        hostile.send(gs.RPC(publish=batch))
+    time.sleep(1.0)
+    delivered = on_loop(victim, lambda: _svc(victim).delivered)
+    elapsed = time.monotonic() - t0
+    assert 0 < delivered <= 200 + 100 * elapsed + 10, (delivered, elapsed)

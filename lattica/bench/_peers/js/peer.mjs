@@ -23,7 +23,8 @@ const PING = '/ipfs/ping/1.0.0'
 const options = JSON.parse(process.argv[2] ?? '{}')
 
 const node = await createLibp2p({
-  addresses: { listen: ['/ip4/127.0.0.1/tcp/0', '/ip4/127.0.0.1/udp/0/quic-v1'] },
+  // options.listen: a NAT lab's host address instead of loopback
+  addresses: { listen: options.listen ?? ['/ip4/127.0.0.1/tcp/0', '/ip4/127.0.0.1/udp/0/quic-v1'] },
   transports: [tcp(), quic()],
   connectionEncrypters: [noise()],
   streamMuxers: [yamux()],

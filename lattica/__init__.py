@@ -62,13 +62,14 @@ __all__ = [
     "crdt",
     "kad",
     "pubsub",
+    "rendezvous",
     "shards",
     "__version__",
 ]
 
 
 def __getattr__(name: str) -> Any:  # PEP 562: ``lattica.content`` loads on first use
-    if name in ("content", "crdt", "kad", "pubsub", "shards"):
+    if name in ("content", "crdt", "kad", "pubsub", "rendezvous", "shards"):
         import importlib  # (the content plane and hashlib load when first used, not at start)
 
         return importlib.import_module(f"lattica.{name}")

@@ -41,6 +41,7 @@ from lattica.config import (
     NodeConfig,
     PubSubConfig,
     RelayConfig,
+    RendezvousConfig,
     SdkConfig,
     dashboard_config,
 )
@@ -134,6 +135,7 @@ class Node:
         sdk: bool | SdkConfig | None = None,
         crdt: bool | CrdtConfig | None = True,
         dashboard: bool | str | DashboardConfig | None = None,
+        rendezvous: bool | RendezvousConfig | None = True,
     ) -> None:
         if keypair is not None and key_path is not None:
             raise ValueError("give key_path or keypair, not both")
@@ -191,6 +193,7 @@ class Node:
             sdk=sdk_config,
             crdt=(CrdtConfig() if crdt is True else crdt) or None,
             dashboard=dashboard_config(dashboard),
+            rendezvous=(RendezvousConfig() if rendezvous is True else rendezvous) or None,
         )
         self._busy_poll_us = busy_poll_us
         self._use_uvloop = use_uvloop

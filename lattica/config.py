@@ -26,6 +26,7 @@ __all__ = [
     "NodeConfig",
     "PubSubConfig",
     "RelayConfig",
+    "RendezvousConfig",
     "dashboard_config",
 ]
 
@@ -230,6 +231,39 @@ class SdkConfig:
 
 
 @dataclass
+class RendezvousConfig:
+    """libp2p rendezvous (``Node(rendezvous=...)``, docs/protocols.md): every node can register
+    with and discover from rendezvous points (``lattica.rendezvous``); ``serve=True`` makes this
+    node one. The limits are the point's; TTLs are whole seconds (the spec's: 2 h to 72 h)."""
+
+    serve: bool = False  # be a rendezvous point (serve /rendezvous/1.0.0)
+    min_ttl: int = 2 * 3600  # a registration's TTL: at least (the spec's recommendation, rust's)
+    max_ttl: int = 72 * 3600  # and at most
+    max_registrations: int = 10_000  # held in all (rust's default)
+    max_per_peer: int = 32  # held for one peer, across namespaces (rust's default)
+    max_per_namespace: int = 1000  # held in one namespace
+    # held for peers outside our mesh registering from one address (an IPv6 /64): identities are free
+    max_per_address: int = 64
+    max_discover: int = 1000  # registrations one discovery answer holds (the spec's recommendation)
+    request_rate: float = 2.0  # requests a second one peer may make (token bucket)
+    request_burst: float = 20.0
+    stranger_rate: float = 200.0  # requests a second all peers outside our mesh may make together
+    stranger_burst: float = 400.0
+    # our own registrations are renewed at 3/4 of the TTL granted, and again when our addresses
+    # change, until unregistered (False: each lasts its TTL)
+    refresh: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_ttl <= self.max_ttl:
+            raise ValueError("rendezvous: 0 < min_ttl <= max_ttl (seconds)")
+        counts = (self.max_registrations, self.max_per_peer, self.max_per_namespace, self.max_per_address)
+        if min(counts) < 1 or self.max_discover < 1:
+            raise ValueError("rendezvous: the limits on registrations and answers are >= 1")
+        if self.request_rate <= 0 or self.request_burst < 1 or self.stranger_rate <= 0 or self.stranger_burst < 1:
+            raise ValueError("rendezvous: request rates are > 0 and bursts >= 1")
+
+
+@dataclass
 class CrdtConfig:
     """The CRDT store of one node (``Node(crdt=...)``, docs/crdt.md): where documents persist,
     how replicas meet, and the bounds on what a peer may make a replica hold. Times are seconds."""
@@ -361,3 +395,5 @@ class NodeConfig:
     sdk: SdkConfig | None = None  # a Lattica SDK swarm's relay-address topic (needs pub-sub)
     crdt: CrdtConfig | None = field(default_factory=CrdtConfig)  # documents need pub-sub too
     dashboard: DashboardConfig | None = None  # serve the mesh in a browser (docs/dashboard.md)
+    # libp2p rendezvous: the client always (None: not even that), a rendezvous point with serve=True
+    rendezvous: RendezvousConfig | None = field(default_factory=RendezvousConfig)

@@ -221,6 +221,16 @@ class PickleRefused(ProtocolError):
     network. Give the SDK method protobuf types (``*_pb2``) or send bytes."""
 
 
+class RendezvousError(LatticaError):
+    """A rendezvous point refused a request: ``status`` is the spec's code (``E_INVALID_TTL``
+    102, ``E_INVALID_COOKIE`` 103, ``E_NOT_AUTHORIZED`` 200, ``E_UNAVAILABLE`` 400, ...), the
+    message says which and why."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class DhtError(LatticaError):
     """Base class of DHT errors."""
 

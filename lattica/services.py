@@ -35,6 +35,7 @@ from lattica.actors.nat.autonat import AutoNatActor, AutoNatServer
 from lattica.actors.nat.autonat_client import AutoNatV2Client
 from lattica.actors.nat.holepunch import HolePunchActor, HolePunchService
 from lattica.actors.pubsub import PubSubActor, PubSubService
+from lattica.actors.rendezvous import RendezvousService
 from lattica.actors.sdk_rpc import SdkRpcService
 from lattica.actors.sdk_swarm import SdkSwarm
 from lattica.actors.shards import ShardsActor, ShardsService
@@ -258,6 +259,13 @@ def _sdk_swarm(ctx: ServiceContext, s: NodeServices) -> Built | None:
     return Built(SdkSwarm(ctx.host, s.pubsub, ctx.config.sdk, ctx.config.protocol_version))
 
 
+def _rendezvous(ctx: ServiceContext, s: NodeServices) -> Built | None:
+    cfg = ctx.config.rendezvous
+    if cfg is None:
+        return None
+    return Built(RendezvousService(ctx.host, cfg))  # (a stream protocol, no actor: serves only with serve=True)
+
+
 def _dashboard(ctx: ServiceContext, s: NodeServices) -> Built:
     service = DashboardService(ctx.runtime, ctx.config, s)
     return Built(service, DashboardActor(service))
@@ -323,6 +331,9 @@ class NodeServices:
     # Node(sdk=...): the SDK swarm's relay-address topic (opened to strangers by the node's
     # pub-sub configuration; an address is kept only for the author that signed it)
     sdk_swarm: SdkSwarm | None = _row(_sdk_swarm)
+    # libp2p rendezvous: every node registers and discovers; a point (serve=True) answers anyone
+    # within its budgets (a peer's requests, the strangers' share, registrations per peer and address)
+    rendezvous: RendezvousService | None = _row(_rendezvous)
     # every node reports itself to its mesh's dashboards (members only: a stranger learns nothing
     # of our actors or peers); the HTTP side runs only where Node(dashboard=...) asks for it
     dashboard: DashboardService = _row(_dashboard)

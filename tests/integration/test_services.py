@@ -40,6 +40,8 @@ def test_a_node_runs_the_services_its_configuration_turns_on():
             "code",
             "pubsub",
             "crdt",
+            "sdk_rpc",
+            "rendezvous",
             "dashboard",
             "nat",
         ]
@@ -53,6 +55,8 @@ def test_a_node_runs_the_services_its_configuration_turns_on():
             "holepunch",
             "relay",
             "shards",
+            "sdk_rpc",
+            "rendezvous",
             "dashboard",
             "nat",
         ]

@@ -15,7 +15,9 @@ against a budget for the IP address dialed and one for the whole node.
 libp2p peers ask with AutoNAT v2 (``/libp2p/autonat/2/dial-request``): we dial the first address
 of theirs we are willing to (TCP or QUIC, at the IP their connection comes from, or at another
 public IP once they sent ``DIAL_DATA`` bytes: the spec's amplification guard) and deliver the
-nonce on ``/libp2p/autonat/2/dial-back``, within the same budgets.
+nonce on ``/libp2p/autonat/2/dial-back``, within the same budgets. Older ones ask with AutoNAT v1
+(``/libp2p/autonat/1.0.0``), which has no amplification guard: we dial only their addresses at
+the IP their direct connection comes from, and answer with the address that worked.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from lattica._multiaddr import Multiaddr
 from lattica._runtime import autonat_ref, current_caller
 from lattica.errors import LatticaError, ProtocolError, StreamClosed
 from lattica.logging import get_logger
+from lattica.nat import _autonat_v1_wire as v1
 from lattica.nat import _autonat_v2_wire as v2
 from lattica.nat._manager import DIALBACK
 
@@ -59,11 +62,6 @@ _V2_TIMEOUT = 15.0  # s for a whole AutoNAT v2 request, dial data and dial-back 
 _DIAL_BACK_ANSWER = 0.5  # s we wait for a DialBackResponse (some clients send none)
 
 
-def _dialable(addr: Multiaddr) -> bool:
-    p = addr.without_peer_id().protocols()
-    return p in (["ip4", "tcp"], ["ip6", "tcp"], ["ip4", "udp", "quic-v1"], ["ip6", "udp", "quic-v1"])
-
-
 class AutoNatServer:
     """The dialing side, on the node loop."""
 
@@ -74,7 +72,10 @@ class AutoNatServer:
         self._dials = Buckets(_DIALS_RATE, _DIALS_BURST, max_keys=1)  # the whole node
         self._per_ip = Buckets(_IP_RATE, _IP_BURST)  # per dialed IP
         self.v2_counts = {"requests": 0, "dialed": 0, "reached": 0, "refused": 0, "dial_data": 0}
+        self.v1_counts = {"requests": 0, "dialed": 0, "reached": 0, "refused": 0}
+        # (served, and so in our identify, while this service runs)
         self.host.set_handler(v2.DIAL_REQUEST, self._on_dial_request)
+        self.host.set_handler(v1.PROTOCOL, self._on_v1_request)
 
     def _rate_ok(self, peer: PeerId) -> bool:
         return self._requests.take(peer)
@@ -104,7 +105,7 @@ class AutoNatServer:
                 m = Multiaddr(a) if type(a) is str else None
             except LatticaError:
                 m = None
-            if m is not None and _dialable(m) and m.without_peer_id() not in out:
+            if m is not None and v2.dialable(m) and m.without_peer_id() not in out:
                 out.append(m.without_peer_id())
         return out
 
@@ -168,18 +169,25 @@ class AutoNatServer:
         ok = await asyncio.gather(*(self.dial_back(peer, a, nonce) for a in targets))
         return [str(a) for a, good in zip(targets, ok) if good]
 
-    async def dial_back(self, peer: PeerId, addr: Multiaddr, nonce: bytes) -> bool:
-        """Dial ``addr`` from a fresh port, expecting ``peer``; deliver the nonce; hang up."""
+    async def _connect_back(self, peer: PeerId, addr: Multiaddr, libp2p: bool = False) -> Connection:
+        """A fresh connection to ``peer`` at ``addr`` from a fresh port (on libp2p's stack if
+        ``libp2p``), for a dial-back: every protocol's dial-backs are made here. Raises
+        TimeoutError, LatticaError or OSError when it cannot be made."""
         transport = self.host.transport_for(addr)
         if transport is None or peer == self.host.peer_id:
-            return False
+            raise ProtocolError(f"no dial-back to {addr}")
+        async with asyncio.timeout(_DIAL_TIMEOUT):
+            # (saying nothing of ourselves: the peer never identifies this connection, so it
+            # never makes it its primary; the QUIC client says nothing in its handshake anyway)
+            extra = {"say_who": False, "libp2p": libp2p} if transport.name == "tcp" else {}
+            return await transport.dial(addr, peer, fresh_port=True, **extra)  # type: ignore[call-arg]
+
+    async def dial_back(self, peer: PeerId, addr: Multiaddr, nonce: bytes) -> bool:
+        """Dial ``addr`` from a fresh port, expecting ``peer``; deliver the nonce; hang up."""
         conn = None
         try:
+            conn = await self._connect_back(peer, addr)
             async with asyncio.timeout(_DIAL_TIMEOUT):
-                # (saying nothing of ourselves: the peer never identifies this connection, so it
-                # never makes it its primary; the QUIC client says nothing in its handshake anyway)
-                extra = {"say_who": False} if transport.name == "tcp" else {}
-                conn = await transport.dial(addr, peer, fresh_port=True, **extra)  # type: ignore[call-arg]
                 stream = await self.host.open_stream_on(conn, DIALBACK)
                 write_message(stream, {"nonce": nonce, "addr": str(addr)})
                 # right behind it: this connection is not for use (the peer adopts it, and could
@@ -237,15 +245,9 @@ class AutoNatServer:
 
     async def _dial_back_v2(self, peer: PeerId, addr: Multiaddr, nonce: int, libp2p: bool) -> v2.DialStatus:
         """Dial ``addr`` from a fresh port, deliver ``nonce`` on a dial-back stream, hang up."""
-        transport = self.host.transport_for(addr)
-        if transport is None:
-            return v2.DialStatus.E_DIAL_ERROR
         self.v2_counts["dialed"] += 1
-        conn = None
         try:
-            async with asyncio.timeout(_DIAL_TIMEOUT):
-                extra = {"say_who": False, "libp2p": libp2p} if transport.name == "tcp" else {}
-                conn = await transport.dial(addr, peer, fresh_port=True, **extra)  # type: ignore[call-arg]
+            conn = await self._connect_back(peer, addr, libp2p)
         except (TimeoutError, LatticaError, OSError) as e:
             log.debug("AutoNAT v2 dial-back failed", peer=str(peer), addr=str(addr), reason=str(e) or "timeout")
             return v2.DialStatus.E_DIAL_ERROR
@@ -267,12 +269,85 @@ class AutoNatServer:
         finally:
             conn.abort("dial-back done")
 
+    # -- AutoNAT v1, for older libp2p peers ------------------------------------------------------
+
+    async def _on_v1_request(self, stream: Stream, conn: Connection) -> None:
+        """One AutoNAT v1 request (``Message{DIAL}``), answered with a ``DIAL_RESPONSE``. A
+        message we cannot read is answered ``E_BAD_REQUEST``; one over the size cap, or that does
+        not come within the time, resets the stream."""
+        self.v1_counts["requests"] += 1
+        try:
+            async with asyncio.timeout(_V2_TIMEOUT):
+                data = await read_delimited(stream, v1.MAX_MESSAGE)
+                try:
+                    answer = await self._serve_v1(v1.decode(data), conn)
+                except ProtocolError as e:
+                    answer = v1.DialResponse(v1.Status.E_BAD_REQUEST, str(e))
+                if answer.status not in (v1.Status.OK, v1.Status.E_DIAL_ERROR):
+                    self.v1_counts["refused"] += 1
+                    log.info(
+                        "AutoNAT v1 request refused",
+                        peer=str(conn.remote_peer),
+                        status=answer.status.name,
+                        reason=answer.text,
+                    )
+                write_delimited(stream, v1.encode(answer))
+                await stream.close()
+        except (TimeoutError, LatticaError) as e:
+            log.info("AutoNAT v1 request dropped", peer=str(conn.remote_peer), reason=str(e) or "timeout")
+            self.v1_counts["refused"] += 1
+            stream.reset()
+
+    async def _serve_v1(self, msg: v1.Message, conn: Connection) -> v1.DialResponse:
+        """Dial the requester back at its addresses at the IP its connection comes from (v1 has
+        no amplification guard: no other IP, ever), over a direct connection only, within the
+        budgets every dial-back of ours is charged to; OK with the address that worked."""
+        if not isinstance(msg, v1.Dial):
+            return v1.DialResponse(v1.Status.E_BAD_REQUEST, "an AutoNAT v1 request is a DIAL")
+        peer = conn.remote_peer
+        if msg.peer_id != peer.to_bytes():
+            return v1.DialResponse(v1.Status.E_BAD_REQUEST, "the peer id is not the requester's")
+        observed = ip_of(conn.remote_addr) if conn.transport in ("tcp", "quic") else None
+        if observed is None:  # (over a relay we cannot tell its IP)
+            return v1.DialResponse(v1.Status.E_DIAL_REFUSED, "dial-backs are made over a direct connection only")
+        if not self._rate_ok(peer):
+            return v1.DialResponse(v1.Status.E_DIAL_REFUSED, f"too many requests (at most {_RATE:g} per second)")
+        targets: list[Multiaddr] = []
+        for a in msg.addrs:
+            a = a.without_peer_id()
+            if v2.dialable(a) and ip_of(a) == observed and a not in targets:
+                targets.append(a)
+        targets = targets[:MAX_ADDRS]
+        if not targets:
+            return v1.DialResponse(v1.Status.E_DIAL_REFUSED, "no address at the IP your connection comes from")
+        try:
+            self._budget(targets)
+        except ProtocolError as e:
+            return v1.DialResponse(v1.Status.E_DIAL_REFUSED, str(e))
+        self.v1_counts["dialed"] += len(targets)
+        ok = await asyncio.gather(*(self._dial_back_v1(peer, a, conn.libp2p) for a in targets))
+        for addr, good in zip(targets, ok):
+            if good:
+                self.v1_counts["reached"] += 1
+                return v1.DialResponse(v1.Status.OK, addr=addr)
+        return v1.DialResponse(v1.Status.E_DIAL_ERROR, "no dial-back got through")
+
+    async def _dial_back_v1(self, peer: PeerId, addr: Multiaddr, libp2p: bool) -> bool:
+        """A v1 dial-back is the connection itself (nothing is said on it): made, then closed."""
+        try:
+            conn = await self._connect_back(peer, addr, libp2p)
+        except (TimeoutError, LatticaError, OSError) as e:
+            log.debug("AutoNAT v1 dial-back failed", peer=str(peer), addr=str(addr), reason=str(e) or "timeout")
+            return False
+        conn.abort("dial-back done")
+        return True
+
 
 def _first_dialable(addrs: tuple[Multiaddr, ...], observed: str) -> tuple[int, Multiaddr] | None:
     """The first of a client's addresses we are willing to dial: TCP or QUIC, at the IP its
     connection comes from, or at another IP that is public (never a third party's LAN)."""
     for i, a in enumerate(addrs):
-        if not _dialable(a):
+        if not v2.dialable(a):
             continue
         ip = ip_of(a)
         if ip is None:

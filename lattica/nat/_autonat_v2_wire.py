@@ -32,6 +32,8 @@ __all__ = [
     "encode_dial_back",
     "decode_dial_back",
     "DIAL_BACK_OK",
+    "dialable",
+    "transport_of",
 ]
 
 DIAL_REQUEST = "/libp2p/autonat/2/dial-request"
@@ -81,6 +83,22 @@ class DialDataResponse:
 
 
 Message = DialRequest | DialResponse | DialDataRequest | DialDataResponse
+
+
+def transport_of(addr: Multiaddr) -> str | None:
+    """The transport an AutoNAT dial-back to ``addr`` takes ("tcp" or "quic"), None if it is no
+    address AutoNAT dials (TCP or QUIC v1 straight over IPv4 or IPv6)."""
+    p = addr.without_peer_id().protocols()
+    if p in (["ip4", "tcp"], ["ip6", "tcp"]):
+        return "tcp"
+    if p in (["ip4", "udp", "quic-v1"], ["ip6", "udp", "quic-v1"]):
+        return "quic"
+    return None
+
+
+def dialable(addr: Multiaddr) -> bool:
+    """Whether AutoNAT (ours or libp2p's, client or server) deals with ``addr`` at all."""
+    return transport_of(addr) is not None
 
 
 def encode(msg: Message) -> bytes:

@@ -1,9 +1,9 @@
 """Where we stand behind NATs: AutoNAT probes, the mapping type, and relay reservations.
 
 ``NatManager`` runs on the node loop. When the node has a non-loopback address and peers to ask,
-it asks up to three of them (their ``autonat`` actors) to dial it back, and believes only the
-dial-backs that actually arrive: one from a host we never contacted means *public*; none means
-*private*. The mapping type comes from the addresses different peers observe for our listening
+it asks up to three of them (their ``autonat`` actors) to dial it back, and up to three libp2p
+peers with AutoNAT v2 (``libp2p_autonat``), and believes only the dial-backs that actually
+arrive: one from a host we never contacted means *public*; none means *private*. The mapping type comes from the addresses different peers observe for our listening
 UDP socket (QUIC dials leave from it): one port for every observer is endpoint-independent, several
 are endpoint-dependent (symmetric). A private node keeps reservations on up to ``max_relays``
 relays, replaces a relay that goes away, and publishes its ``/p2p-circuit`` addresses in its signed
@@ -16,7 +16,7 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from lattica import _context as context
 from lattica._framing import read_delimited, read_message, write_delimited, write_message
@@ -28,6 +28,8 @@ from lattica._runtime.refs import autonat_ref, relay_ref
 from lattica.config import NatConfig
 from lattica.errors import LatticaError, ProtocolError, RelayRefused
 from lattica.logging import get_logger
+from lattica.nat import _autonat_v2_wire as autonat_v2
+from lattica.nat._autonat_v2_client import Outcome, Verdict
 from lattica.transports import circuit_v2 as v2
 from lattica.transports.circuit import HOP, circuit_addr
 
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
 
 log = get_logger("lattica.nat")
 
-__all__ = ["NatStatus", "NatManager", "classify_mapping"]
+__all__ = ["NatStatus", "NatManager", "LibP2PAutoNat", "classify_mapping"]
 
 DIALBACK = "/lattica/autonat/dialback/1"  # the stream an AutoNAT server's dial-back arrives on
 PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"
@@ -73,6 +75,12 @@ def classify_mapping(observations: list[tuple[str, str]]) -> str:
     return INDEPENDENT if len(seen) == 1 else DEPENDENT
 
 
+class LibP2PAutoNat(Protocol):
+    """What asks libp2p peers to dial us back (AutoNAT v2's client, ``actors/nat/autonat_client.py``)."""
+
+    async def check(self, servers: list[PeerId], cands: list[Multiaddr]) -> list[Verdict]: ...
+
+
 @dataclass(slots=True)
 class _Relay:
     peer: PeerId
@@ -83,10 +91,16 @@ class _Relay:
 
 class NatManager:
     def __init__(
-        self, host: Host, config: NatConfig | None = None, relays: list[Multiaddr] | None = None, relaying: bool = False
+        self,
+        host: Host,
+        config: NatConfig | None = None,
+        relays: list[Multiaddr] | None = None,
+        relaying: bool = False,
+        libp2p_autonat: LibP2PAutoNat | None = None,
     ) -> None:
         self.host = host
         self.cfg = config or NatConfig()
+        self.libp2p_autonat = libp2p_autonat  # asks libp2p AutoNAT v2 servers (None: only ours)
         self.given_relays = list(relays or ())  # relays to hold reservations with (Node(relays=...)), else found ones
         self.status = NatStatus()
         # what we advertise beyond our listen addresses (Host.advertised_addrs reads them)
@@ -260,6 +274,22 @@ class NatManager:
                 out.append(peer)
         return out[: self.cfg.servers]
 
+    def _libp2p_servers(self) -> list[PeerId]:
+        """libp2p peers that serve AutoNAT v2 and not our protocol (those we ask with ours)."""
+        if self.libp2p_autonat is None:
+            return []
+        out = []
+        for peer, conn in list(self.host.conns.items()):
+            info = self.host.info.get(conn)
+            if (
+                info is not None
+                and autonat_v2.DIAL_REQUEST in info.protocols
+                and DIALBACK not in info.protocols
+                and conn.transport in ("tcp", "quic")
+            ):
+                out.append(peer)
+        return out[: self.cfg.servers]
+
     async def probe(self) -> NatStatus:
         """One AutoNAT round: ask servers to dial us back; classify; return the new status."""
         st = self.status
@@ -269,18 +299,21 @@ class NatManager:
             # tell a full cone from an address-restricted NAT); the second observer comes after
             await self._observe_quic(observers=1)
         try:
-            return await self._check(self._servers(), self.candidates())
+            return await self._check(self._servers(), self.candidates(), self._libp2p_servers())
         finally:
             if self._mapping() == UNKNOWN:
                 await self._observe_quic(observers=2)
             st.observed = sorted({seen for _, seen, _ in self.observations()})
             st.mapping = self._mapping()
 
-    async def _check(self, servers: list[PeerId], cands: list[Multiaddr]) -> NatStatus:
+    async def _check(
+        self, servers: list[PeerId], cands: list[Multiaddr], libp2p_servers: list[PeerId] | None = None
+    ) -> NatStatus:
         st = self.status
         st.observed = sorted({seen for _, seen, _ in self.observations()})
-        if not servers or not cands:
-            st.reason = "no peer to ask yet" if not servers else "no address worth checking"
+        libp2p_servers = libp2p_servers or []
+        if not (servers or libp2p_servers) or not cands:
+            st.reason = "no peer to ask yet" if not (servers or libp2p_servers) else "no address worth checking"
             return st
         contacted = self._contacted()
         avoid = sorted(set().union(*contacted.values()))  # helpers at these IPs would prove little
@@ -293,10 +326,14 @@ class NatManager:
                 rt.call(autonat_ref(p), "check", ([str(a) for a in cands], nonce, avoid), {}, timeout=15.0)
                 for p in servers
             ]
-            answers = await asyncio.gather(*futs, return_exceptions=True)
+            ours, (theirs, their_arrivals) = await asyncio.gather(
+                asyncio.gather(*futs, return_exceptions=True), self._ask_libp2p(libp2p_servers, cands)
+            )
+            answers: list[Any] = [*ours, *theirs]
             await asyncio.sleep(0.05)  # a dial-back stream may still be in the last loop round
         finally:
             arrived = self._arrived.pop(nonce, [])
+        arrived += their_arrivals
         tried = [a for a in answers if isinstance(a, dict) and a.get("tried")]
         for transport, ips in self._contacted().items():  # dials made meanwhile count too
             contacted.setdefault(transport, set()).update(ips)
@@ -351,6 +388,25 @@ class NatManager:
             self._advertise_candidates()
         log.info("reachability", reachability=st.reachability, mapping=st.mapping, reason=st.reason)
         return st
+
+    async def _ask_libp2p(
+        self, servers: list[PeerId], cands: list[Multiaddr]
+    ) -> tuple[list[Any], list[tuple[str, str | None, str]]]:
+        """AutoNAT v2 to libp2p servers, as our servers' answers and dial-backs: a server that
+        dialed (whether or not it got through) tried the address it names, and a dial-back with
+        our nonce arrived as one of ours does; anything else is an error (it proves nothing)."""
+        if not servers or self.libp2p_autonat is None:
+            return [], []
+        answers: list[Any] = []
+        arrived: list[tuple[str, str | None, str]] = []
+        for peer, v in zip(servers, await self.libp2p_autonat.check(servers, cands)):
+            if v.outcome in (Outcome.REACHED, Outcome.FAILED) and v.addr is not None:
+                answers.append({"tried": [str(v.addr)], "helper": None})
+            else:
+                answers.append(ProtocolError(f"libp2p AutoNAT server {peer}: {v.reason}"))
+            if v.outcome == Outcome.REACHED and v.addr is not None:
+                arrived.append((str(v.addr), v.dialer_ip, v.transport))
+        return answers, arrived
 
     def _advertise_candidates(self) -> None:
         """Not proven either way: advertise the addresses peers observe us at as candidates, so a
@@ -436,7 +492,9 @@ class NatManager:
             stream.reset()
             return
         waiting = self._arrived.get(msg["nonce"])
-        if waiting is not None and len(waiting) < 16:
+        # (only a connection the server opened proves anything: a nonce sent back on one we
+        # dialed, the one we asked over say, came through no NAT of ours)
+        if waiting is not None and len(waiting) < 16 and conn.direction == "inbound":
             waiting.append(
                 (
                     msg["addr"][:256],

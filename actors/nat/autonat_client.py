@@ -1,0 +1,117 @@
+"""Asking libp2p peers whether we are reachable: the client side of AutoNAT v2.
+
+The reachability round (``lattica/nat/_manager.py``) asks connected libp2p peers that serve
+``/libp2p/autonat/2/dial-request`` (and not our own protocol) with :meth:`AutoNatV2Client.check`:
+one request per server on a stream of its own, naming one of our candidate addresses (the
+servers of a round, and the rounds, take turns over them) with a fresh nonce; dial data sent
+when the server asks for it within bounds; the nonce received on ``/libp2p/autonat/2/dial-back``.
+One address a request, not a list: the spec's server dials exactly one anyway, and js-libp2p's
+(``@libp2p/autonat-v2`` 2.x) answers every address of a list in turn, a refusal first included. The protocol state is sans-IO (``lattica/nat/_autonat_v2_client.py``);
+this is the asyncio around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING
+
+from lattica._framing import read_delimited, write_delimited
+from lattica._interfaces import ip_of
+from lattica.errors import LatticaError, ProtocolError
+from lattica.logging import get_logger
+from lattica.nat import _autonat_v2_wire as v2
+from lattica.nat._autonat_v2_client import Outcome, Requests, Verdict, addrs_to_ask
+
+if TYPE_CHECKING:
+    from lattica._hostview import HostView
+    from lattica._identity import PeerId
+    from lattica._multiaddr import Multiaddr
+    from lattica.transports.base import Connection, Stream
+
+log = get_logger("lattica.autonat")
+
+__all__ = ["AutoNatV2Client"]
+
+_TIMEOUT = 15.0  # s for one request, dial data included
+_TRAILING = 1.0  # s a dial-back may come after the server's DialResponse
+_READ_DIAL_BACK = 5.0  # s for a dial-back stream to deliver its nonce
+
+
+class AutoNatV2Client:
+    """Our AutoNAT v2 requests to libp2p servers, and the dial-backs they send us."""
+
+    def __init__(self, host: HostView, requests: Requests | None = None) -> None:
+        self.host = host
+        self.requests = requests or Requests()
+        self._arrival: dict[int, asyncio.Event] = {}  # nonce -> set when its dial-back came
+        self._turn = 0  # which candidate the next round's first server is asked about
+        host.set_handler(v2.DIAL_BACK, self._on_dial_back)
+
+    async def check(self, servers: list[PeerId], cands: list[Multiaddr]) -> list[Verdict]:
+        """Ask each of ``servers`` (at once) to dial one of ``cands``; what each came to."""
+        turn, self._turn = self._turn, self._turn + 1
+        return list(await asyncio.gather(*(self.ask(p, cands, turn + i) for i, p in enumerate(servers))))
+
+    async def ask(self, peer: PeerId, cands: list[Multiaddr], turn: int = 0) -> Verdict:
+        """Ask ``peer`` to dial one of ``cands`` (the ``turn``-th of those worth asking it about)."""
+        conn = self.host.conns.get(peer)
+        if conn is None or conn.is_closed or conn.transport not in ("tcp", "quic"):
+            return Verdict(Outcome.NOTHING, reason="no direct connection to the server")
+        worth = addrs_to_ask(cands, ip_of(conn.remote_addr))
+        try:
+            req = self.requests.start(worth[turn % len(worth) :][:1] if worth else ())
+        except ProtocolError as e:
+            return Verdict(Outcome.NOTHING, reason=str(e))
+        arrived = self._arrival[req.nonce] = asyncio.Event()
+        stream: Stream | None = None
+        failure: str | None = None
+        try:
+            async with asyncio.timeout(_TIMEOUT):
+                stream = await self.host.open_stream_on(conn, v2.DIAL_REQUEST)
+                write_delimited(stream, req.opening())
+                await stream.drain()
+                while not req.answered:
+                    for out in req.receive(v2.decode(await read_delimited(stream, v2.MAX_MESSAGE))):
+                        write_delimited(stream, out)
+                        await stream.drain()
+            with contextlib.suppress(LatticaError):
+                await stream.close()
+            if req.awaits_dial_back():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_TRAILING):
+                        await arrived.wait()
+        except (TimeoutError, LatticaError) as e:
+            failure = str(e) or "timeout"
+            if stream is not None:
+                stream.reset()
+        finally:
+            self._arrival.pop(req.nonce, None)
+            verdict = self.requests.finish(req, failure)
+        if failure is not None:
+            log.info("AutoNAT v2 request abandoned", server=str(peer), reason=failure)
+        else:
+            log.debug("AutoNAT v2 answer", server=str(peer), outcome=verdict.outcome.value, reason=verdict.reason)
+        return verdict
+
+    async def _on_dial_back(self, stream: Stream, conn: Connection) -> None:
+        """A server delivers a nonce: ours (in flight, on a connection it opened) is answered OK;
+        anything else is reset."""
+        try:
+            async with asyncio.timeout(_READ_DIAL_BACK):
+                nonce = v2.decode_dial_back(await read_delimited(stream, 64))
+        except (TimeoutError, LatticaError) as e:
+            log.info("AutoNAT v2 dial-back dropped", peer=str(conn.remote_peer), reason=str(e) or "timeout")
+            stream.reset()
+            return
+        ip = ip_of(conn.remote_addr) if conn.transport in ("tcp", "quic") else None
+        if not self.requests.dial_back(nonce, conn.transport, ip, conn.direction == "inbound"):
+            log.info("AutoNAT v2 dial-back refused: not a nonce of ours in flight", peer=str(conn.remote_peer))
+            stream.reset()
+            return
+        event = self._arrival.get(nonce)
+        if event is not None:
+            event.set()
+        write_delimited(stream, v2.DIAL_BACK_OK)
+        with contextlib.suppress(LatticaError):
+            await stream.close()

@@ -18,20 +18,24 @@ a pickled answer :class:`~lattica.errors.PickleRefused`.
 
 **Bounds.** What a peer sends is held against the node's budget for partly received messages
 (a stranger's share: SDK nodes are strangers to a mesh that does not list them); at most
-``MAX_CALLS`` calls of one peer are served at once (``MAX_CALLS_ALL`` in all), beyond which the
-caller is told to retry; a request or answer is at most ``MAX_MESSAGE`` bytes.
+``MAX_CALLS`` calls of one peer are served at once (``MAX_CALLS_ALL`` in all, of which strangers
+hold at most half), beyond which the caller is told to retry; a request or answer is at most ``MAX_MESSAGE`` bytes; a req-resp
+request must start, and keep coming, within the budget's deadline; an answer the caller does not
+take within ``SEND_TIMEOUT`` has its stream reset (and its calls' slots freed). Of an object,
+only the public functions its class defines are served (``_served_methods``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import itertools
 import os
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, get_type_hints
 
-from lattica._runtime.limits import AGEN, GEN
+from lattica._runtime.limits import AGEN, GEN, LIFECYCLE_HOOKS
 from lattica._runtime.refs import ActorRef
 from lattica.errors import (
     FrameTooLarge,
@@ -53,7 +57,7 @@ if TYPE_CHECKING:
 
 log = get_logger("lattica.sdk")
 
-__all__ = ["SdkRpcService", "MAX_MESSAGE", "MAX_CALLS", "MAX_CALLS_ALL", "CHUNK"]
+__all__ = ["SdkRpcService", "MAX_MESSAGE", "MAX_CALLS", "MAX_CALLS_ALL", "CHUNK", "SEND_TIMEOUT"]
 
 MAX_MESSAGE = 256 * 1024 * 1024  # bytes of one request or answer (the SDK caps neither)
 CHUNK = 16 * 1024 * 1024  # bytes of one Data frame's data (the SDK's chunk size)
@@ -61,7 +65,9 @@ MAX_FRAME = CHUNK + 2 * w.MAX_TEXT + 64  # a frame's bytes: a chunk, its id, its
 MAX_CALLS = 16  # calls of one peer served at once
 MAX_CALLS_ALL = 256  # and of all peers
 QUEUE = 64  # items of a streaming answer read ahead of its consumer (then the stream waits)
+QUEUE_BYTES = 32 * 1024 * 1024  # and their bytes (an item larger still goes, alone)
 TIMEOUT = 180.0  # s a call waits for its answer (the SDK's request timeout)
+SEND_TIMEOUT = 30.0  # s an answer waits for the caller's window before its stream is reset
 _READ = 1 << 20
 PICKLE_REFUSED = (
     "this Lattica node never unpickles: the request's data is a pickle; declare the method's "
@@ -77,8 +83,11 @@ class SdkRpcService:
         self.host: HostView = runtime.host
         self.partials: PartialMessages = runtime.partials
         self._services: dict[str, Any] = {}
+        self._methods: dict[str, frozenset[str]] = {}  # what SDK nodes may call of each served object
         self._serving: dict[PeerId, int] = {}
         self._serving_all = 0
+        self._as_stranger: dict[PeerId, int] = {}  # of a peer's calls, those taken as a stranger's
+        self._serving_strangers = 0
         self._out: dict[PeerId, _CallStream] = {}
         self._ids = itertools.count()
         self._prefix = os.urandom(4).hex()
@@ -95,10 +104,13 @@ class SdkRpcService:
         if not name or "." in name:
             raise ValueError(f"an SDK service's name is a non-empty word without dots, not {name!r}")
         self._services[name] = instance
+        if not isinstance(instance, ActorRef):
+            self._methods[name] = _served_methods(type(instance))
         return name
 
     def unserve(self, name: str) -> None:
         self._services.pop(name, None)
+        self._methods.pop(name, None)
 
     def services(self) -> list[str]:
         return sorted(self._services)
@@ -116,7 +128,7 @@ class SdkRpcService:
                 try:
                     stream.write(w.encode_message(w.Request(request_id, method, data)))
                     await stream.close()  # (half-close: the SDK reads the request to its end)
-                    answer = w.decode_message(await self._read_all(stream, peer))
+                    answer = w.decode_message(await self._read_all(stream, peer, None))
                 except BaseException:
                     stream.reset()
                     raise
@@ -152,6 +164,7 @@ class SdkRpcService:
             while True:
                 kind, value = await queue.get()
                 if kind == "data":
+                    out.took(request_id, len(value))
                     if w.looks_pickled(value):
                         raise PickleRefused(
                             f"{peer} answered {method} with a pickle, which this node never loads: give the "
@@ -167,29 +180,58 @@ class SdkRpcService:
 
     # -- serving -----------------------------------------------------------------------------------
 
-    async def _read_all(self, stream: Stream, peer: PeerId) -> bytes:
+    async def _read_all(self, stream: Stream, peer: PeerId, first: float | None) -> bytes:
         """A req-resp message: the stream read to its end, held against the partly-received
-        budget, at most MAX_MESSAGE bytes, within the budget's deadline for that many."""
+        budget, at most MAX_MESSAGE bytes: its first byte within ``first`` seconds (None: as
+        long as the caller waits), then no pause longer than the budget's deadline, and the
+        whole within that deadline plus its declared size at the budget's minimum rate after
+        its first byte, as an actor call's message (hostile review: a request that stalled or
+        trickled held its stream for 17 minutes, out of the 512 all strangers share)."""
         stranger = self.host.circle_of(peer) == "stranger"
         got = bytearray()
         budget = self.partials.budget
+        loop = asyncio.get_running_loop()
+        due = 0.0  # loop time the whole message is due by (from its first byte)
+        size: int | None = None
         try:
-            async with asyncio.timeout(budget.deadline + MAX_MESSAGE / budget.min_rate):
-                while chunk := await stream.read(_READ):
-                    if len(got) + len(chunk) > MAX_MESSAGE:
-                        raise FrameTooLarge(f"an SDK RPC message over {MAX_MESSAGE} bytes")
-                    self.partials.change(peer, len(got), len(got) + len(chunk), stranger)
-                    got += chunk
+            while True:
+                wait = first if not got else min(budget.deadline, due - loop.time())
+                if wait is not None and wait <= 0:
+                    raise TimeoutError
+                async with asyncio.timeout(wait):
+                    chunk = await stream.read(_READ)
+                if not chunk:
+                    break
+                if len(got) + len(chunk) > min(MAX_MESSAGE, size or MAX_MESSAGE):
+                    raise FrameTooLarge(f"an SDK RPC message over {size or MAX_MESSAGE} bytes")
+                self.partials.change(peer, len(got), len(got) + len(chunk), stranger)
+                if not got:
+                    due = loop.time() + budget.deadline + MAX_MESSAGE / budget.min_rate
+                got += chunk
+                if size is None and (size := w.message_size(got)) is not None:
+                    if size > MAX_MESSAGE:
+                        raise FrameTooLarge(f"an SDK RPC message of {size} bytes declared (at most {MAX_MESSAGE})")
+                    due += (size - MAX_MESSAGE) / budget.min_rate
         finally:
             self.partials.change(peer, len(got), 0, stranger)
         return bytes(got)
 
-    def _admit(self, peer: PeerId) -> bool:
-        if self._serving.get(peer, 0) >= MAX_CALLS or self._serving_all >= MAX_CALLS_ALL:
-            return False
+    def _admit(self, peer: PeerId) -> str | None:
+        """Take a call slot for ``peer`` (None), or say why it is busy. Strangers together take
+        at most half of ``MAX_CALLS_ALL``: identities cost nothing, and (hostile review) 16 of
+        them held every slot, renewing their hold as fast as answers time out, so every member
+        was told "busy"."""
+        stranger = self.host.circle_of(peer) == "stranger"
+        if self._serving.get(peer, 0) >= MAX_CALLS:
+            return f"busy: more than {MAX_CALLS} calls from you at once; try again"
+        if self._serving_all >= MAX_CALLS_ALL or (stranger and self._serving_strangers >= MAX_CALLS_ALL // 2):
+            return "busy: this node serves too many calls; try again"
         self._serving[peer] = self._serving.get(peer, 0) + 1
         self._serving_all += 1
-        return True
+        if stranger:
+            self._as_stranger[peer] = self._as_stranger.get(peer, 0) + 1
+            self._serving_strangers += 1
+        return None
 
     def _release(self, peer: PeerId) -> None:
         self._serving_all -= 1
@@ -198,11 +240,18 @@ class SdkRpcService:
             self._serving[peer] = n
         else:
             self._serving.pop(peer, None)
+        k = self._as_stranger.get(peer, 0)
+        if k:
+            self._serving_strangers -= 1
+            if k > 1:
+                self._as_stranger[peer] = k - 1
+            else:
+                del self._as_stranger[peer]
 
     async def _on_req_resp(self, stream: Stream, conn: Connection) -> None:
         peer = conn.remote_peer
         try:
-            request = w.decode_message(await self._read_all(stream, peer))
+            request = w.decode_message(await self._read_all(stream, peer, self.partials.budget.deadline))
             if not isinstance(request, w.Request):
                 raise ProtocolError("an SDK RPC stream opened with an answer")
         except (LatticaError, TimeoutError) as e:
@@ -212,8 +261,8 @@ class SdkRpcService:
         answer: w.Message
         if request.compression is not None:
             answer = w.Failure(request.id, "this node takes uncompressed requests only")
-        elif not self._admit(peer):
-            answer = w.Failure(request.id, f"busy: more than {MAX_CALLS} calls from you at once; try again")
+        elif busy := self._admit(peer):
+            answer = w.Failure(request.id, busy)
         else:
             try:
                 result = await self._invoke(request.method, request.data)
@@ -227,7 +276,7 @@ class SdkRpcService:
                 self._release(peer)
         try:
             stream.write(w.encode_message(answer))
-            await stream.drain()
+            await _drain(stream)
             await stream.close()
         except (LatticaError, OSError):
             stream.reset()
@@ -290,8 +339,8 @@ class SdkRpcService:
     async def _serve_stream_call(
         self, stream: Stream, peer: PeerId, request_id: str, method: str, data: bytes, running: dict
     ) -> None:
-        if not self._admit(peer):
-            _send(stream, w.Failure(request_id, "busy: this node serves too many calls; try again"))
+        if busy := self._admit(peer):
+            _send(stream, w.Failure(request_id, busy))
             _send(stream, w.Close(request_id))
             running.pop(request_id, None)
             return
@@ -300,16 +349,17 @@ class SdkRpcService:
             if isinstance(result, bytes):
                 for at in range(0, len(result), CHUNK):
                     _send(stream, w.Data(request_id, result[at : at + CHUNK], at + CHUNK >= len(result)))
-                    await stream.drain()
+                    await _drain(stream)
             else:
                 async for item in _items(result):
                     _send(stream, w.Data(request_id, item, False))
-                    await stream.drain()
+                    await _drain(stream)
             _send(stream, w.Close(request_id))
         except asyncio.CancelledError:
-            _send(stream, w.Close(request_id))  # (the caller's Cancel)
+            with contextlib.suppress(LatticaError, OSError):  # (the stream may be gone: then we are done)
+                _send(stream, w.Close(request_id))  # (the caller's Cancel)
         except (LatticaError, OSError):
-            return  # (the stream broke)
+            return  # (the stream broke, or the caller takes nothing: _drain reset it)
         except Exception as e:  # (the method's failure, told to the caller)
             _send(stream, w.Failure(request_id, _describe(e)))
             _send(stream, w.Close(request_id))
@@ -317,7 +367,7 @@ class SdkRpcService:
             self._release(peer)
             running.pop(request_id, None)
         try:
-            await stream.drain()
+            await _drain(stream)
         except (LatticaError, OSError):
             pass
 
@@ -330,7 +380,7 @@ class SdkRpcService:
             raise _Refused(f"no service {service!r} here (serving: {', '.join(sorted(self._services)) or 'none'})")
         if isinstance(instance, ActorRef):
             return await _on_actor(instance, service, name, data)
-        fn = getattr(instance, name, None) if name and not name.startswith("_") else None
+        fn = getattr(instance, name, None) if name in self._methods.get(service, ()) else None
         if not callable(fn):
             raise _Refused(f"{service} has no method {name!r}")
         if w.looks_pickled(data):
@@ -362,13 +412,28 @@ async def _on_actor(ref: ActorRef, service: str, name: str, data: bytes) -> Any:
     return _to_bytes(await handle.remote(data))
 
 
+def _served_methods(cls: type) -> frozenset[str]:
+    """What SDK nodes may call of an object of ``cls``: the public functions its class defines
+    or inherits from Python classes. Never an attribute of the object itself, a builtin's
+    method (``dict.clear``), a static or class method, a nested class, or an actor's lifecycle
+    hook (hostile review: each of those ran, emptying or replacing the state it served)."""
+    return frozenset(
+        name
+        for name in dir(cls)
+        if not name.startswith("_")
+        and name not in LIFECYCLE_HOOKS
+        and inspect.isfunction(inspect.getattr_static(cls, name, None))
+    )
+
+
 class _Refused(Exception):
     """A call this node will not run (unknown method, pickled data): told to the caller as is."""
 
 
 class _CallStream:
     """Our long-lived ``/rpc/stream/1.0.0`` stream to one peer: requests out, answers' frames
-    dispatched to each call's queue by id (a full queue holds the reader: the peer waits)."""
+    dispatched to each call's queue by id (a full queue, ``QUEUE`` items or ``QUEUE_BYTES``,
+    holds the reader: the peer waits)."""
 
     def __init__(self, host: HostView, peer: PeerId, stream: Stream, forget: Callable[[], Any]) -> None:
         self.host = host
@@ -376,6 +441,8 @@ class _CallStream:
         self.stream = stream
         self.broken = False
         self._calls: dict[str, asyncio.Queue] = {}
+        self._queued: dict[str, int] = {}  # bytes of each call's items waiting for its consumer
+        self._taken = asyncio.Event()  # a consumer took an item (or stopped)
         self._forget = forget
         self._reader = host.spawn(self._read())
 
@@ -395,8 +462,30 @@ class _CallStream:
             raise
         return queue
 
+    def took(self, request_id: str, n: int) -> None:
+        """The consumer of ``request_id`` took an item of ``n`` bytes."""
+        left = self._queued.get(request_id, 0) - n
+        if left > 0:
+            self._queued[request_id] = left
+        else:
+            self._queued.pop(request_id, None)
+        self._taken.set()
+
+    async def _put(self, request_id: str, queue: asyncio.Queue, data: bytes) -> None:
+        """An item for ``request_id``'s consumer, once what waits for it leaves room (hostile
+        review: items counted alone let a peer's 16 MiB items hold 256 MiB per call)."""
+        while (held := self._queued.get(request_id, 0)) and held + len(data) > QUEUE_BYTES:
+            if self._calls.get(request_id) is not queue:
+                return  # (its consumer stopped meanwhile)
+            self._taken.clear()
+            await self._taken.wait()
+        self._queued[request_id] = self._queued.get(request_id, 0) + len(data)
+        await queue.put(("data", data))
+
     def done(self, request_id: str) -> None:
         """The caller stopped reading ``request_id``: if it was still coming, it is cancelled."""
+        self._queued.pop(request_id, None)
+        self._taken.set()
         queue = self._calls.pop(request_id, None)
         if queue is None:
             return
@@ -424,7 +513,7 @@ class _CallStream:
                             self._calls.pop(frame.id, None)
                             continue
                         if frame.data or not frame.is_end:
-                            await queue.put(("data", frame.data))
+                            await self._put(frame.id, queue, frame.data)
                     elif isinstance(frame, w.Failure):
                         await queue.put(("error", frame.error))
                     elif isinstance(frame, w.Close):
@@ -448,6 +537,18 @@ async def _close(gen: Any) -> None:
         await gen.aclose()
     else:
         gen.close()
+
+
+async def _drain(stream: Stream) -> None:
+    """What we wrote on ``stream``, taken by the peer within ``SEND_TIMEOUT``; else the stream
+    is reset (TimeoutError): a caller that never reads holds neither our tasks nor its calls'
+    slots (hostile review: 16 identities held all 256 for good, and every SDK node was busy)."""
+    try:
+        async with asyncio.timeout(SEND_TIMEOUT):
+            await stream.drain()
+    except TimeoutError:
+        stream.reset()
+        raise
 
 
 def _send(stream: Stream, frame: w.Frame) -> None:

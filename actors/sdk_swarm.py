@@ -9,7 +9,10 @@ manager advertises them (tried again every ``RETRY`` seconds until one reaches a
 again every ``republish`` seconds while we hold them: the SDK publishes once, and a node that
 joins later would not learn them), and an address read from the
 topic is kept for its author when it is a relayed address that ends with the author's own
-PeerId (the author signed it; nobody can file an address under someone else's name).
+PeerId (the author signed it; nobody can file an address under someone else's name): in the
+address book if we know the author (connected, or there already), else as a hint (dialed
+while the author has no address of its own word, under a budget per destination), so that a
+flood of fresh authors cannot push the peers we know out of the book.
 """
 
 from __future__ import annotations
@@ -108,7 +111,11 @@ class SdkSwarm:
             return  # (another swarm's)
         if not addr.is_circuit or addr.peer_id != msg.author:
             return
-        self.host.remember_addrs(msg.author, [addr])
+        # an author we know (connected, or in the address book) is filed by its own word; any
+        # other is a hint, kept apart: authors cost nothing, and a flood of them must not push
+        # the peers we know out of the book (hostile review)
+        known = msg.author in self.host.conns or msg.author in self.host.peer_addrs
+        self.host.remember_addrs(msg.author, [addr], hint=not known)
         self.learned += 1
 
     def close(self) -> None:

@@ -8,6 +8,8 @@ of the wrong width must not pass for a varint). Anything else is a ValueError fo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 def uvarint(n: int) -> bytes:
     """Encode a non-negative integer as an unsigned LEB128 varint."""
@@ -77,6 +79,15 @@ def decode_fields(buf: bytes, fixed: bool = False) -> dict[int, int | bytes]:
         number, _, value, pos = _field(buf, pos, fixed)
         fields[number] = value
     return fields
+
+
+def iter_fields(buf: bytes, fixed: bool = False) -> Iterator[tuple[int, int | bytes]]:
+    """Each field of a message in order, as (number, value), read as it is asked for (a caller
+    that has what it needs stops reading). ValueError where the message is malformed."""
+    pos = 0
+    while pos < len(buf):
+        number, _, value, pos = _field(buf, pos, fixed)
+        yield number, value
 
 
 def decode_repeated(buf: bytes, number: int, fixed: bool = False) -> list[bytes]:

@@ -62,7 +62,8 @@ class Meshsub:
     the service's, given each RPC a peer sent as a router batch (and the topics of the messages
     in it that carried no author or an unusable seqno); ``misbehaved``: told of a peer whose
     stream we dropped for a malformed RPC; ``gone``: told when we can no longer send to a peer
-    (its stream broke)."""
+    (its stream broke); ``heeded``: whether what a peer says is looked at now (a graylisted
+    peer's RPCs are read and dropped undecoded)."""
 
     def __init__(
         self,
@@ -73,6 +74,7 @@ class Meshsub:
         deliver: Callable[[PeerId, Rpc, list[str]], None],
         misbehaved: Callable[[PeerId], None],
         gone: Callable[[PeerId], None],
+        heeded: Callable[[PeerId], bool] = lambda peer: True,
     ) -> None:
         self.host = host
         self.cfg = cfg
@@ -81,6 +83,7 @@ class Meshsub:
         self._deliver = deliver
         self._misbehaved = misbehaved
         self._gone = gone
+        self._heeded = heeded
         self.peers: dict[PeerId, _Peer] = {}
 
     def add(self, peer: PeerId, protocol: str, agent_version: str) -> None:
@@ -163,6 +166,8 @@ class Meshsub:
         while True:
             try:
                 raw = await self._read(stream, peer)
+                if not self._heeded(peer):
+                    continue  # (decoding it is looking at it: a graylisted peer's costs us its bytes only)
                 p = self.peers.get(peer)  # (its dialect may come with identify, after the stream opened)
                 rpc, bad = from_gossipsub(gs.decode(raw), p.dialect if p is not None else Dialect.BYTES)
             except StreamClosed:

@@ -9,17 +9,21 @@ author's protobuf public key) is left out when ``from`` inlines it, as an Ed2551
 Message ids are computed per topic by the caller (:func:`default_id`: ``from`` and ``seqno``
 joined, go's and js's default).
 
-What we read is bounded: :data:`MAX_RPC` bytes an RPC (go's default, 1 MiB), and at most
-:data:`MAX_ITEMS` entries in each repeated field (subscriptions, messages, control entries, ids
-of one IHAVE/IWANT/IDONTWANT, peers of one PRUNE); beyond, an RPC is refused whole.
+What we read is bounded: :data:`MAX_RPC` bytes an RPC (go's default, 1 MiB), :data:`MAX_FIELDS`
+protobuf fields in all (nested ones included), and at most :data:`MAX_ITEMS` entries in each
+repeated field (subscriptions, messages, control entries, ids of all IWANTs, of all
+IDONTWANTs); beyond, an RPC is refused whole, as it is read. Of IHAVEs, :data:`MAX_ITEMS` ids in
+all are read and the rest skipped (the router asks for no more in a heartbeat), and of a PRUNE's
+peer exchange :data:`MAX_PX` peers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from lattica._identity import KeyPair, PeerId, public_key_from_protobuf, verify_signature
-from lattica._protobuf import decode_fields, decode_repeated, encode_fields
+from lattica._protobuf import encode_fields, iter_fields
 from lattica.errors import InvalidPeerId, KeyFileError, ProtocolError
 
 __all__ = [
@@ -47,6 +51,10 @@ MESHSUB_1_1 = "/meshsub/1.1.0"
 MESHSUB_1_0 = "/meshsub/1.0.0"
 MAX_RPC = 1 << 20
 MAX_ITEMS = 5000
+# protobuf fields of one RPC, nested ones included: 5,000 messages of 6 fields, and control
+# (an honest RPC of 1 MiB holds far fewer); beyond, the RPC is refused as it is read
+MAX_FIELDS = 64_000
+MAX_PX = 16  # peers of a PRUNE's peer exchange read (go sends 16; we use none of them)
 MAX_TOPIC = 1024  # bytes of a topic name
 SIGN_PREFIX = b"libp2p-pubsub:"
 
@@ -159,11 +167,49 @@ def encode(rpc: RPC) -> bytes:
 # -- decoding ----------------------------------------------------------------------------------
 
 
-def _items(buf: bytes, number: int) -> list[bytes]:
-    items = decode_repeated(buf, number)
-    if len(items) > MAX_ITEMS:
-        raise ProtocolError(f"a GossipSub RPC with more than {MAX_ITEMS} entries in one field")
-    return items
+class _Reader:
+    """Reads an RPC's fields, every field of every nested message counted against
+    ``MAX_FIELDS``: in pure Python each costs about a microsecond, so what a peer can make one
+    RPC cost is bounded by what it could honestly hold, not by 1 MiB of two-byte fields."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = MAX_FIELDS
+
+    def fields(self, buf: bytes) -> Iterator[tuple[int, int | bytes]]:
+        for pair in iter_fields(buf):
+            self.left -= 1
+            if self.left < 0:
+                raise ProtocolError(f"a GossipSub RPC of more than {MAX_FIELDS} protobuf fields")
+            yield pair
+
+    def fields_of(self, buf: bytes) -> dict[int, int | bytes]:
+        """A message's fields (the last of each number wins)."""
+        return dict(self.fields(buf))
+
+    def repeated(self, buf: bytes, numbers: tuple[int, ...]) -> dict[int, list[bytes]]:
+        """The length-delimited values of each of ``numbers`` in ``buf``, in one pass;
+        ProtocolError past ``MAX_ITEMS`` of one."""
+        out: dict[int, list[bytes]] = {n: [] for n in numbers}
+        for number, value in self.fields(buf):
+            values = out.get(number)
+            if values is not None and isinstance(value, bytes):
+                values.append(value)
+                if len(values) > MAX_ITEMS:
+                    raise ProtocolError(f"a GossipSub RPC with more than {MAX_ITEMS} entries in one field")
+        return out
+
+    def ids(self, entries: list[bytes]) -> list[bytes]:
+        """The message ids of IWANT or IDONTWANT entries; ProtocolError past ``MAX_ITEMS``."""
+        out: list[bytes] = []
+        for entry in entries:
+            for number, value in self.fields(entry):
+                if number == 1 and isinstance(value, bytes):
+                    out.append(value)
+                    if len(out) > MAX_ITEMS:
+                        raise ProtocolError(f"a GossipSub RPC names more than {MAX_ITEMS} message ids at once")
+        return out
 
 
 def _text(raw: object, what: str) -> str:
@@ -182,8 +228,8 @@ def _bytes(f: dict[int, int | bytes], n: int) -> bytes:
     return v
 
 
-def _message(raw: bytes) -> Message:
-    f = decode_fields(raw)
+def _message(raw: bytes, rd: _Reader) -> Message:
+    f = rd.fields_of(raw)
     author_raw = f.get(1)
     author = None
     if author_raw is not None:
@@ -202,53 +248,82 @@ def decode_message(raw: bytes) -> Message:
     if len(raw) > MAX_RPC:
         raise ProtocolError(f"a GossipSub message of {len(raw)} bytes (at most {MAX_RPC})")
     try:
-        return _message(raw)
+        return _message(raw, _Reader())
     except ValueError as e:  # (the protobuf reader's)
         raise ProtocolError(f"malformed GossipSub message: {e}") from None
 
 
-def _decode_control(raw: bytes) -> Control:
+def _ihave(raw: bytes, room: int, rd: _Reader) -> IHave | None:
+    """An IHAVE with at most ``room`` of its ids, read no further (None: its topic was not
+    before them; go, js and rust write it first)."""
+    topic = None
+    ids: list[bytes] = []
+    for number, value in rd.fields(raw):
+        if number == 1:
+            topic = value
+        elif number == 2 and isinstance(value, bytes):
+            if len(ids) == room:
+                break
+            ids.append(value)
+    if topic is None:
+        return None
+    return IHave(_text(topic, "IHAVE topic"), tuple(ids))
+
+
+def _decode_control(raw: bytes, rd: _Reader) -> Control:
+    c = rd.repeated(raw, (1, 2, 3, 4, 5))
     ihave = []
-    for h in _items(raw, 1):
-        ihave.append(IHave(_text(decode_fields(h).get(1), "IHAVE topic"), tuple(_items(h, 2))))
-    iwant = [i for w in _items(raw, 2) for i in _items(w, 1)]
-    graft = [_text(decode_fields(g).get(1), "GRAFT topic") for g in _items(raw, 3)]
+    room = MAX_ITEMS  # ids of all IHAVEs read: more than a heartbeat's asking (go's MaxIHaveLength) are not
+    for h in c[1]:
+        if room <= 0:
+            break
+        entry = _ihave(h, room, rd)
+        if entry is not None:
+            ihave.append(entry)
+            room -= len(entry.ids)
+    iwant = rd.ids(c[2])
+    graft = [_text(rd.fields_of(g).get(1), "GRAFT topic") for g in c[3]]
     prune = []
-    for p in _items(raw, 4):
-        f = decode_fields(p)
-        peers = []
-        for info in _items(p, 2):
-            pid = decode_fields(info).get(1)
-            if isinstance(pid, bytes):
-                try:
-                    peers.append(PeerId.from_bytes(pid))
-                except InvalidPeerId:
-                    continue  # (one we cannot use: skipped)
-        backoff = f.get(3, 0)
+    for p in c[4]:
+        topic: int | bytes | None = None
+        backoff: int | bytes = 0
+        peers: list[PeerId] = []
+        for number, value in rd.fields(p):
+            if number == 1:
+                topic = value
+            elif number == 3:
+                backoff = value
+            elif number == 2 and isinstance(value, bytes) and len(peers) < MAX_PX:
+                pid = rd.fields_of(value).get(1)
+                if isinstance(pid, bytes):
+                    try:
+                        peers.append(PeerId.from_bytes(pid))
+                    except InvalidPeerId:
+                        continue  # (one we cannot use: skipped)
         if not isinstance(backoff, int):
             raise ProtocolError("a PRUNE's backoff is a number of seconds")
-        prune.append(Prune(_text(f.get(1), "PRUNE topic"), tuple(peers), backoff))
-    idontwant = [i for w in _items(raw, 5) for i in _items(w, 1)]
-    if max(len(iwant), len(idontwant)) > MAX_ITEMS:
-        raise ProtocolError(f"a GossipSub RPC names more than {MAX_ITEMS} message ids at once")
+        prune.append(Prune(_text(topic, "PRUNE topic"), tuple(peers), backoff))
+    idontwant = rd.ids(c[5])
     return Control(tuple(ihave), tuple(iwant), tuple(graft), tuple(prune), tuple(idontwant))
 
 
 def decode(data: bytes) -> RPC:
-    """A peer's RPC; ProtocolError if it is over :data:`MAX_RPC`, malformed or over the caps."""
+    """A peer's RPC; ProtocolError if it is over :data:`MAX_RPC`, malformed or over the caps
+    (IHAVE ids past :data:`MAX_ITEMS` in all are not read: more than the router would ask)."""
     if len(data) > MAX_RPC:
         raise ProtocolError(f"a GossipSub RPC of {len(data)} bytes (at most {MAX_RPC})")
+    rd = _Reader()
     try:
+        top = rd.repeated(data, (1, 2, 3))
         subs = []
-        for raw in _items(data, 1):
-            f = decode_fields(raw)
+        for raw in top[1]:
+            f = rd.fields_of(raw)
             flag = f.get(1, 0)
             if not isinstance(flag, int):
                 raise ProtocolError("a subscription's flag is a boolean")
             subs.append(SubOpts(bool(flag), _text(f.get(2), "subscription topic")))
-        publish = tuple(_message(raw) for raw in _items(data, 2))
-        controls = _items(data, 3)
-        control = _decode_control(controls[-1]) if controls else Control()
+        publish = tuple(_message(raw, rd) for raw in top[2])
+        control = _decode_control(top[3][-1], rd) if top[3] else Control()
         return RPC(tuple(subs), publish, control)
     except ValueError as e:  # (the protobuf reader's)
         raise ProtocolError(f"malformed GossipSub RPC: {e}") from None

@@ -20,10 +20,10 @@ import math
 import string
 from collections.abc import Callable
 
-from lattica._identity import PeerId, public_key_to_protobuf
+from lattica._identity import PeerId, b58decode, public_key_to_protobuf
 from lattica.errors import InvalidPeerId, ProtocolError
 from lattica.pubsub import _gossipsub_wire as gs
-from lattica.pubsub._router import LIBP2P_MARK, Envelope, Rpc, is_libp2p_id
+from lattica.pubsub._router import LIBP2P_MARK, Envelope, GossipParams, Rpc, is_libp2p_id
 
 __all__ = ["Signed", "Dialect", "envelope", "to_gossipsub", "from_gossipsub", "screen", "RPC_BUDGET"]
 
@@ -31,6 +31,12 @@ SEQNO = 8  # bytes of a seqno we take (go's, js's and rust's)
 RPC_BUDGET = gs.MAX_RPC - 64 * 1024  # bytes of messages we put in one RPC (under go's 1 MiB cap)
 _DIGITS = frozenset(string.digits)
 _ED25519_PB = b"\x08\x01\x12\x20"  # an Ed25519 public key's protobuf, before its 32 bytes (js's ids)
+_AUTHOR_CHARS = 61  # characters of a PeerId in base58 at most (44 bytes: 2 and an inlined key's 42)
+_SEQNO_DIGITS = 20  # digits of a 64-bit seqno at most
+# bytes of an id as any dialect writes it, at most (go's 44 + 8, js's 36 + 8, rust's 61 + 20):
+# a longer one names no message and is not parsed
+MAX_WIRE_ID = 96
+_READ = GossipParams()  # what the router looks at of one batch: IHAVEs, ids of an IWANT, IDONTWANTs
 
 
 class Signed:
@@ -76,7 +82,10 @@ class Dialect(enum.Enum):
     def ours(self, wid: bytes) -> bytes | None:
         """Our id of the message a peer names ``wid`` (None: not one we can read). ``BYTES``
         and ``KEY`` read both forms (a PeerId starts 0x00 or 0x12, a key's protobuf 0x08); of
-        js's, only an Ed25519 author's (whose PeerId inlines the key: no key to parse)."""
+        js's, only an Ed25519 author's (whose PeerId inlines the key: no key to parse). An id
+        longer than any dialect writes is not looked at (``MAX_WIRE_ID``)."""
+        if len(wid) > MAX_WIRE_ID:
+            return None
         if self is not Dialect.TEXT:
             if len(wid) <= SEQNO:
                 return None
@@ -88,29 +97,69 @@ class Dialect(enum.Enum):
             except InvalidPeerId:
                 return None
             return wid + LIBP2P_MARK
-        try:
-            text = wid.decode("ascii")
-        except UnicodeDecodeError:
-            return None
-        end = len(text)
-        cut = end
-        while cut > 0 and text[cut - 1] in _DIGITS:
-            cut -= 1
-        # the seqno's digits may begin with ones base58 shares (1-9): try each split, the
-        # author's multihash fits at one at most
-        for i in range(cut, min(end, cut + 20)):
-            digits = text[i:]
-            if not digits or (len(digits) > 1 and digits[0] == "0"):
-                continue
-            seqno = int(digits)
-            if seqno >= 1 << 64:
-                continue
-            try:
-                author = PeerId.from_string(text[:i])
-            except (InvalidPeerId, ValueError):
-                continue
-            return author.to_bytes() + seqno.to_bytes(SEQNO, "big") + LIBP2P_MARK
+        return _text_id(wid)
+
+
+def _text_id(wid: bytes) -> bytes | None:
+    """Our id of rust's ``wid``: its author's PeerId in base58, then the seqno in decimal, whose
+    first digits may be ones base58 shares (1-9): each split is tried, the shortest author
+    first (it fits at one at most). The base58 number of the shortest author is read once and
+    grown a digit at a time: one pass over an id of at most ``MAX_WIRE_ID`` characters, whatever
+    a peer sends (before: a base58 parse per split, of any length: quadratic)."""
+    try:
+        text = wid.decode("ascii")
+    except UnicodeDecodeError:
         return None
+    end = len(text)
+    cut = end
+    while cut > 0 and text[cut - 1] in _DIGITS:
+        cut -= 1
+    first = max(cut, end - _SEQNO_DIGITS, 1)  # (a seqno of at most 20 digits, an author of a character or more)
+    last = min(end - 1, _AUTHOR_CHARS)  # (a seqno of a digit or more)
+    if first > last:
+        return None
+    try:
+        raw = b58decode(text[:first])
+    except ValueError:
+        return None
+    ones = len(raw) - len(raw.lstrip(b"\0"))  # (leading '1's: zero bytes)
+    n = int.from_bytes(raw, "big")
+    for i in range(first, last + 1):
+        if i > first:
+            digit = text[i - 1]
+            if digit == "0":
+                return None  # (no base58 digit: no longer author)
+            if n == 0 and ones == i - 1 and digit == "1":
+                ones += 1
+            else:
+                n = n * 58 + int(digit) - 1  # (base58's '1'-'9' are 0-8)
+        size = (n.bit_length() + 7) // 8
+        if not _could_be_peer_id(n, size, ones):
+            continue
+        digits = text[i:]
+        if len(digits) > 1 and digits[0] == "0":
+            continue
+        seqno = int(digits)
+        if seqno >= 1 << 64:
+            continue
+        body = n.to_bytes(size, "big")
+        try:
+            author = PeerId.from_bytes(bytes(ones) + body)
+        except InvalidPeerId:
+            continue
+        return author.to_bytes() + seqno.to_bytes(SEQNO, "big") + LIBP2P_MARK
+    return None
+
+
+def _could_be_peer_id(n: int, size: int, ones: int) -> bool:
+    """Whether ``ones`` zero bytes then ``n`` (of ``size`` bytes) could be a PeerId's multihash:
+    sha2-256's 34 bytes starting 0x12, or an identity one (a zero byte, then its length); a quick
+    test before the parse, so most of an id's splits cost a little arithmetic."""
+    if ones == 0:
+        return size == 34 and n >> 264 == 0x12
+    if ones == 1:
+        return 0 < size <= 43 and n >> (8 * (size - 1)) == size - 1
+    return ones == 2 and n == 0
 
 
 def envelope(msg: gs.Message) -> Envelope:
@@ -165,7 +214,9 @@ def to_gossipsub(rpc: Rpc, dialect: Dialect, idontwant: bool) -> list[gs.RPC]:
 def from_gossipsub(rpc: gs.RPC, dialect: Dialect) -> tuple[Rpc, list[str]]:
     """A libp2p peer's RPC as a router batch (its messages' signatures not checked yet:
     :func:`screen`), and the topics of its messages that carry no author or a seqno we cannot
-    take (left out: the caller scores the peer). Ids we cannot read are left out."""
+    take (left out: the caller scores the peer). Ids we cannot read are left out, and so are
+    those past what the router looks at of one batch (``_READ``: translating rust's costs tens
+    of microseconds an id)."""
     out = Rpc()
     bad: list[str] = []
     out.subscribe = [(s.topic, s.subscribe) for s in rpc.subscriptions]
@@ -176,9 +227,9 @@ def from_gossipsub(rpc: gs.RPC, dialect: Dialect) -> tuple[Rpc, list[str]]:
             bad.append(m.topic)
     ours = dialect.ours
     c = rpc.control
-    out.ihave = [(h.topic, [i for i in map(ours, h.ids) if i is not None]) for h in c.ihave]
-    out.iwant = [i for i in map(ours, c.iwant) if i is not None]
-    out.idontwant = [i for i in map(ours, c.idontwant) if i is not None]
+    out.ihave = [(h.topic, [i for i in map(ours, h.ids) if i is not None]) for h in c.ihave[: _READ.max_ihave_messages]]
+    out.iwant = [i for i in map(ours, c.iwant[: _READ.max_iwant_ids]) if i is not None]
+    out.idontwant = [i for i in map(ours, c.idontwant[: _READ.max_idontwant]) if i is not None]
     out.graft = list(c.graft)
     out.prune = [(p.topic, float(p.backoff)) for p in c.prune]
     return out, bad

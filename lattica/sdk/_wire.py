@@ -37,6 +37,7 @@ __all__ = [
     "Cancel",
     "encode_message",
     "request_parts",
+    "message_size",
     "decode_message",
     "encode_frame",
     "decode_frame",
@@ -207,6 +208,29 @@ def encode_message(m: Message) -> bytes:
     if isinstance(m, Response):
         return bytes([_RESPONSE]) + _text(m.id) + _blob(m.data) + _option(m.compression)
     return bytes([_ERROR]) + _text(m.id) + _text(m.error)
+
+
+_HEAD = 1 + 2 * (5 + MAX_TEXT) + 17  # bytes of a req-resp message before its data, at most
+
+
+def message_size(buf: bytes | bytearray | memoryview) -> int | None:
+    """The size of the whole req-resp message ``buf`` begins, as its head says (its kind, id,
+    method and the data's length: what its sender declared), or None while the head is not all
+    there; ProtocolError if no message begins so."""
+    r = _Reader(buf)
+    try:
+        variant = r.uint()
+        r.text()
+        if variant == _REQUEST:
+            r.text()
+        elif variant not in (_RESPONSE, _ERROR):
+            raise ProtocolError(f"an SDK RPC message of unknown kind {variant}")
+        n = r.uint()
+    except ProtocolError:
+        if len(buf) >= _HEAD:
+            raise
+        return None
+    return r.pos + n + (0 if variant == _ERROR else 18)  # (then compression: an option of a number)
 
 
 def decode_message(buf: bytes | bytearray | memoryview) -> Message:

@@ -24,10 +24,16 @@ class _Host:
     def __init__(self) -> None:
         self.peer_id = ME
         self.book: dict[Any, list] = {}
+        self.hints: dict[Any, list] = {}
+        self.conns: dict[Any, Any] = {AUTHOR: object()}
         self.events = SimpleNamespace(addresses_changed=SimpleNamespace(subscribe=lambda fn: None))
 
-    def remember_addrs(self, peer: Any, addrs: list) -> None:
-        self.book.setdefault(peer, []).extend(addrs)
+    @property
+    def peer_addrs(self) -> dict[Any, list]:
+        return self.book
+
+    def remember_addrs(self, peer: Any, addrs: list, hint: bool = False) -> None:
+        (self.hints if hint else self.book).setdefault(peer, []).extend(addrs)
 
 
 def _swarm() -> tuple[SdkSwarm, _Host]:
@@ -47,6 +53,16 @@ def test_a_relayed_address_of_the_authors_own_is_filed_under_it() -> None:
     assert [str(a) for a in host.book[AUTHOR]] == [addr, addr] and swarm.learned == 2
 
 
+def test_an_authors_address_is_a_hint_while_we_do_not_know_the_author() -> None:
+    """Authors cost nothing: one we are not connected to and have no address of is filed as a
+    hint, so a flood of them cannot push the peers we know out of the address book."""
+    swarm, host = _swarm()
+    del host.conns[AUTHOR]
+    addr = f"/ip4/1.2.3.4/tcp/4001/p2p/{RELAY}/p2p-circuit/p2p/{AUTHOR}"
+    swarm._on_message(_msg(w.encode_relay_addr(addr, SWARM)))
+    assert host.book == {} and [str(a) for a in host.hints[AUTHOR]] == [addr] and swarm.learned == 1
+
+
 @pytest.mark.parametrize(
     "data",
     [
@@ -62,4 +78,4 @@ def test_a_relayed_address_of_the_authors_own_is_filed_under_it() -> None:
 def test_anything_else_is_dropped(data: bytes) -> None:
     swarm, host = _swarm()
     swarm._on_message(_msg(data))
-    assert host.book == {} and swarm.learned == 0
+    assert host.book == {} and host.hints == {} and swarm.learned == 0

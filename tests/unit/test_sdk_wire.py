@@ -124,3 +124,30 @@ def test_relay_addresses_in_the_sdks_two_forms():
 def test_a_malformed_relay_address_is_a_protocol_error(bad):
     with pytest.raises(ProtocolError):
         w.decode_relay_addr(bad)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        w.Request("id-1", "Greeter.hello", bytes(300)),
+        w.Request("i" * 4096, "M." + "m" * 4000, bytes(70_000), compression=3),
+        w.Response("r", b"answer"),
+        w.Failure("f", "an error" * 100),
+    ],
+)
+def test_a_req_resp_messages_head_tells_its_size(message):
+    """What a sender declares in a message's head (its data's or error's length) bounds the
+    whole message: the deadline a request gets is set by it; an incomplete head says nothing."""
+    raw = w.encode_message(message)
+    known = next(n for n in range(1, len(raw) + 1) if w.message_size(raw[:n]) is not None)
+    assert known < len(raw) and w.message_size(raw[:1]) is None
+    for cut in (known, len(raw)):
+        size = w.message_size(raw[:cut])
+        assert size is not None and len(raw) <= size <= len(raw) + 18
+
+
+def test_a_head_no_message_begins_with_is_a_protocol_error():
+    with pytest.raises(ProtocolError):
+        w.message_size(b"\x07" + b"\x00" * 9000)
+    with pytest.raises(ProtocolError):
+        w.message_size(b"\x00" + b"\xfe" + (1 << 100).to_bytes(16, "little") + bytes(9000))

@@ -40,9 +40,11 @@ from lattica.nat._holepunch import (
     PROTOCOL,
     DcutrInitiator,
     DcutrResponder,
+    Destinations,
     Initiator,
     Punch,
     Responder,
+    aim,
     is_probe,
     probe_packet,
     probe_ports,
@@ -66,7 +68,7 @@ PROBE_RATE = 1000.0  # probes per second from the easy side
 _TICK = 0.02
 _RESEND = 0.25  # s between punch datagram rounds
 TCP_GRACE = 1.0  # s a TCP punch under way may still finish once QUIC got through (TCP is the fast path)
-_MAX_ACTIVE = 32  # punches at once
+_MAX_ACTIVE = 32  # punches at once (strangers together: half of them)
 _MAX_SPRAYS = 2  # of which hard-side sprays (each holds SPRAY_SOCKETS sockets)
 _EXCHANGE_TIMEOUT = 10.0
 _ROUNDS_PER_MINUTE = 6  # punches one peer may ask of us (each can mean thousands of probes)
@@ -76,6 +78,12 @@ _MAX_TCP_ONLY = 8  # TCP-only punches at once (their own budget: they cannot tak
 _TCP_ONLY_TARGETS = 2  # TCP candidates a TCP-only punch connects to
 _TCP_ONLY_EXCHANGE = 3.0  # s a TCP-only exchange may take (a slot held by a silent peer comes back soon)
 _TCP_ONLY_PER_IP = 6  # TCP-only punches we answer per IP (v4 address or v6 /64) per minute
+
+
+def _via(conn: Connection) -> str | None:
+    """The IP an exchange on ``conn`` came over: a relayed connection's relay, else the peer's."""
+    parts = list(conn.remote_addr)
+    return str(parts[0][1]) if parts and parts[0][0] in ("ip4", "ip6") else None
 
 
 def holepunch_ref(peer: PeerId) -> ActorRef:
@@ -99,6 +107,7 @@ class HolePunchService:
         self._asked: dict[PeerId, list[float]] = {}  # when each peer last asked us to punch
         self.counts = {"attempts": 0, "direct": 0, "failed": 0, "refused": 0}
         self._responding: dict[PeerId, asyncio.Event] = {}  # peers we are answering, set when done
+        self._destinations = Destinations(clock=self.host.loop.time)  # attempts per destination host
         self.recent: collections.deque[dict] = collections.deque(maxlen=_RECENT)
 
     # -- what we tell the peer ----------------------------------------------------------------
@@ -122,6 +131,15 @@ class HolePunchService:
         """The peer punches with libp2p's DCUtR, not with our protocol."""
         info = self.host.info.get(conn)
         return info is not None and PROTOCOL not in info.protocols and dcutr.PROTOCOL in info.protocols
+
+    def _slot_free(self, peer: PeerId) -> bool:
+        """Room for a punch with ``peer``: _MAX_ACTIVE at once, of which strangers hold at most
+        half (a stranger that never answers holds its slot for the exchange's timeout, and
+        identities are free to make: members of our mesh are still punched meanwhile)."""
+        if len(self.active) >= _MAX_ACTIVE:
+            return False
+        circle = self.host.circle_of
+        return circle(peer) != "stranger" or sum(circle(p) == "stranger" for p in self.active) < _MAX_ACTIVE // 2
 
     def _direct(self, peer: PeerId, want: str | None = None) -> bool:
         """Whether the peer's primary connection is direct (and over ``want``, if given)."""
@@ -148,7 +166,7 @@ class HolePunchService:
         """Try up to ATTEMPTS times to reach ``conn``'s peer directly; True once a direct
         connection is the primary one."""
         peer = conn.remote_peer
-        if peer in self.active or peer in self.tcp_active or len(self.active) >= _MAX_ACTIVE:
+        if peer in self.active or peer in self.tcp_active or not self._slot_free(peer):
             return False
         self.active.add(peer)
         t0 = time.perf_counter()
@@ -161,7 +179,7 @@ class HolePunchService:
                 except (TimeoutError, LatticaError) as e:
                     self._record(peer, "refused", t0, attempt, None, reason=str(e) or "timeout")
                     return False
-                if await self._run(peer, punch, initiator=True):
+                if await self._run(peer, punch, initiator=True, via=_via(conn)):
                     self._record(peer, "direct", t0, attempt, punch)
                     return True
                 self._record(peer, "failed", t0, attempt, punch)
@@ -204,7 +222,7 @@ class HolePunchService:
                 if not punch.plan.tcp_targets:
                     self._record(peer, "failed", t0, attempt, punch, reason="no TCP candidate at the peer's address")
                     return False
-                ok = await self._run(peer, punch, initiator=True, want="tcp")
+                ok = await self._run(peer, punch, initiator=True, want="tcp", via=_via(conn))
                 self._record(peer, "direct" if ok else "failed", t0, attempt, punch)
                 return ok
             finally:
@@ -264,14 +282,16 @@ class HolePunchService:
         peer = conn.remote_peer
         if (
             conn.transport != "relay"
+            or conn.direction != "outbound"
             or peer in self.active
             or peer in self.tcp_active
-            or len(self.active) >= _MAX_ACTIVE
+            or not self._slot_free(peer)
             or self._direct(peer)
             or not self._may_ask(peer)
         ):
-            # only a relayed peer has a reason to punch: anyone else would make us send packets
-            # to addresses of their choosing
+            # only a relayed peer has a reason to punch, and only the one that received the
+            # relayed connection asks (go and rust refuse the other way round too): anyone else
+            # would make us send packets to addresses of their choosing
             self.counts["refused"] += 1
             stream.reset()
             return
@@ -286,17 +306,25 @@ class HolePunchService:
                 await stream.drain()
                 punch = resp.receive(dcutr.decode(await read_delimited(stream, dcutr.MAX_MESSAGE)))
             assert isinstance(punch, Punch)
-            ok = await self._run(peer, punch, initiator=False)
+            await stream.close()  # (our side is done, as go's is)
+            ok = await self._run(peer, punch, initiator=False, via=_via(conn))
             self._record(peer, "direct" if ok else "failed", t0, None, punch)
         except (TimeoutError, LatticaError) as e:
             self._record(peer, "refused", t0, None, None, reason=str(e) or "timeout")
-            stream.reset()
         finally:
             self.active.discard(peer)
+            stream.reset()  # what the peer sends after SYNC (a flood of them) is not kept
 
     async def _on_stream(self, stream: Stream, conn: Connection) -> None:
         peer = conn.remote_peer
         want = "tcp" if conn.transport == "quic" else None  # over direct QUIC: adding TCP only
+        if conn.transport == "relay" and conn.direction != "outbound":
+            # the relayed connection's receiver asks (``punch``), never its dialer: a stranger
+            # that reached us through a relay would aim our packets (and probes) where it likes
+            log.info("refusing hole punch: the peer dialed this relayed connection", peer=str(peer))
+            self.counts["refused"] += 1
+            stream.reset()
+            return
         if conn.transport != "relay" and (
             want is None or self._direct(peer, "tcp") or self.host.tcp_transport() is None or self.host.nat is None
         ):
@@ -312,11 +340,10 @@ class HolePunchService:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_EXCHANGE_TIMEOUT):
                     await previous.wait()
-        slots, limit = (self.tcp_active, _MAX_TCP_ONLY) if want else (self.active, _MAX_ACTIVE)
         if (
             peer in self.active
             or peer in self.tcp_active
-            or len(slots) >= limit
+            or (len(self.tcp_active) >= _MAX_TCP_ONLY if want else not self._slot_free(peer))
             or self._direct(peer, want)
             or not self._may_ask(peer)
             or (want is not None and not self._may_ask_tcp(conn))
@@ -324,6 +351,7 @@ class HolePunchService:
             self.counts["refused"] += 1
             stream.reset()
             return
+        slots = self.tcp_active if want else self.active
         slots.add(peer)
         done = self._responding[peer] = asyncio.Event()
         t0 = time.perf_counter()
@@ -342,7 +370,8 @@ class HolePunchService:
                 if not punch.plan.tcp_targets:
                     self._record(peer, "failed", t0, None, punch, reason="no TCP candidate at the peer's address")
                     return
-            ok = await self._run(peer, punch, initiator=False, want=want)
+            ok = await self._run(peer, punch, initiator=False, want=want, via=_via(conn))
+            stream.reset()  # (long done with: what the peer still sends on it is not kept)
             self._record(peer, "direct" if ok else "failed", t0, None, punch)
         finally:
             slots.discard(peer)
@@ -362,10 +391,20 @@ class HolePunchService:
 
     # -- both: execute the plan ------------------------------------------------------------------
 
-    async def _run(self, peer: PeerId, punch: Punch, initiator: bool, want: str | None = None) -> bool:
-        """Execute ``punch.plan``; True when a direct connection (over ``want``, if given) to
-        ``peer`` came up in time."""
-        plan, host = punch.plan, self.host
+    async def _run(
+        self, peer: PeerId, punch: Punch, initiator: bool, want: str | None = None, via: str | None = None
+    ) -> bool:
+        """Execute ``punch.plan`` as far as :func:`aim` (``via``: the IP the exchange came over)
+        and the destination budget allow (a TCP-only punch aims at the peer's own address: its
+        own budget); True when a direct connection (over ``want``, if given) to ``peer`` came up
+        in time."""
+        host = self.host
+        plan = punch.plan = aim(punch.plan, via)
+        if want is None:
+            plan, spent = self._destinations.admit(plan)
+            punch.plan = plan
+            if spent:
+                log.info("hole punch: destinations aimed at too often lately left out", peer=str(peer), hosts=spent)
         self.counts["attempts"] += 1
         fut: asyncio.Future[Connection] = host.loop.create_future()
         self._waiting[peer] = (fut, want)
@@ -379,7 +418,7 @@ class HolePunchService:
         keep: list[asyncio.Task] = []  # TCP punches that outlive the punch by TCP_GRACE
         quic = host.quic_transport() if plan.quic_targets else None
         payload = probe_packet(punch.token)
-        targets = [a.host_port() for a in plan.quic_targets]
+        targets = [a.host_port() for a in plan.quic_targets]  # (MAX_TARGETS at most: aim)
         spraying = plan.spray and quic is not None and self._sprays < _MAX_SPRAYS
         window = BIRTHDAY_WINDOW if spraying or plan.probe_ips else WINDOW
 
@@ -409,7 +448,7 @@ class HolePunchService:
             if plan.tcp_dial:  # (a TCP-only punch's asker: the opener's SYN has left by now)
                 tcp_tasks = [
                     host.spawn(self._dial(peer, lambda a=addr: tcp.dial(a, peer)))
-                    for addr in (plan.tcp_targets[:4] if tcp is not None else ())
+                    for addr in (plan.tcp_targets if tcp is not None else ())
                 ]
             else:
                 tcp_tasks = [
@@ -421,11 +460,11 @@ class HolePunchService:
                             ),
                         )
                     )
-                    for addr in (plan.tcp_targets[:4] if tcp is not None else ())
+                    for addr in (plan.tcp_targets if tcp is not None else ())
                 ]
             tasks += tcp_tasks
             if quic is not None and plan.quic_dial:
-                for addr in plan.quic_targets[:4]:
+                for addr in plan.quic_targets:
                     dial_quic(addr)
             if spraying:
                 self._sprays += 1

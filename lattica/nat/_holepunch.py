@@ -21,15 +21,24 @@ With a libp2p peer the same roles and timing run over DCUtR (``/libp2p/dcutr``,
 :class:`DcutrInitiator` and :class:`DcutrResponder`): its messages carry addresses only, so the
 plan is the simultaneous one (no many-port probing: a libp2p peer neither sprays nor probes), and
 its TCP and QUIC connections run libp2p's stack (``Punch.libp2p``).
+
+Whatever the peer named, what a punch sends goes through :func:`aim` (few targets, at two hosts,
+loopback and private ones only when the exchange itself came over such an address) and
+:class:`Destinations` (a budget of attempts per destination host, whoever asked): the peer's
+addresses are its word, and a stranger reaching us through a relay may name a third host's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lattica._budget import Buckets
+from lattica._interfaces import host_key, is_loopback_ip, is_private_ip
 from lattica._multiaddr import Multiaddr
 from lattica.errors import ProtocolError
 from lattica.nat._dcutr_wire import HolePunch, PunchType
@@ -44,6 +53,8 @@ __all__ = [
     "DcutrResponder",
     "tcp_only",
     "plan",
+    "aim",
+    "Destinations",
     "probe_packet",
     "is_probe",
     "probe_ports",
@@ -60,6 +71,12 @@ _MAPPINGS = (INDEPENDENT, DEPENDENT, UNKNOWN)
 _PROBE_MAGIC = b"\x00lattica-punch"
 TOKEN_LEN = 16
 PORT_RANGE = (1024, 65535)  # where NATs pick random ports (Linux: 1024-65535 for sources >= 1024)
+# What one attempt may send to, whatever the peer named (its addresses are its word: a stranger
+# reaching us through a relay may name a third host's), and how often one host may be aimed at.
+MAX_TARGETS = 4  # TCP targets, and QUIC ones, an attempt dials, sends SYNs or punch datagrams to
+MAX_HOSTS = 2  # distinct hosts (an IPv4 address, an IPv6 /64) an attempt sends to
+DESTINATION_RATE, DESTINATION_BURST = 0.2, 12.0  # attempts per destination host: 12, then one per 5 s
+PROBING_COST = 4.0  # an attempt that probes a host (up to thousands of datagrams) counts as four
 
 
 def probe_packet(token: bytes) -> bytes:
@@ -179,6 +196,91 @@ def plan(initiator: bool, mine: tuple[list[Multiaddr], str], theirs: tuple[list[
     else:
         p.quic_dial = not initiator
     return p
+
+
+def _reach(ip: str | None) -> int:
+    """0: loopback, 1: private (see ``is_private_ip``), 2: public, or not an IP we can place."""
+    if ip is None:
+        return 2
+    if is_loopback_ip(ip):
+        return 0
+    return 1 if is_private_ip(ip) else 2
+
+
+def aim(plan: Plan, via: str | None) -> Plan:
+    """What of ``plan`` an attempt may send to. ``via``: the IP the exchange came over (a relayed
+    connection's relay, a direct connection's peer; None: unknown, taken as public). A loopback
+    target only via loopback (else it is our own machine), a private one only via a private or
+    loopback address (else it is someone's LAN, or ours: go-libp2p sends public addresses only);
+    at most MAX_TARGETS TCP and MAX_TARGETS QUIC targets, at the first MAX_HOSTS hosts (TCP's
+    first: peers list what others observe first), and probing only at those hosts."""
+    floor = _reach(via)
+    hosts: list[str] = []
+
+    def keep(ip: str) -> bool:
+        if _reach(ip) < floor:
+            return False
+        key = host_key(ip)
+        if key not in hosts:
+            if len(hosts) == MAX_HOSTS:
+                return False
+            hosts.append(key)
+        return True
+
+    def within(targets: list[Multiaddr]) -> list[Multiaddr]:
+        out: list[Multiaddr] = []
+        for a in targets:
+            if len(out) == MAX_TARGETS:
+                break
+            if keep(a.host_port()[0]):
+                out.append(a)
+        return out
+
+    tcp = within(plan.tcp_targets)
+    quic = within(plan.quic_targets)
+    return dataclasses.replace(
+        plan, tcp_targets=tcp, quic_targets=quic, probe_ips=[ip for ip in plan.probe_ips if keep(ip)]
+    )
+
+
+class Destinations:
+    """Punch attempts per destination host, whoever asked (DESTINATION_BURST, then
+    DESTINATION_RATE a second; probing a host costs PROBING_COST): identities are free to make
+    and each may answer a punch with the same third host, so what that host receives is bounded
+    here, not per peer. libp2p dials the candidates once per attempt, three attempts, and bounds
+    nothing per destination."""
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self._buckets = Buckets(DESTINATION_RATE, DESTINATION_BURST, 4096, clock=clock)
+
+    def admit(self, plan: Plan) -> tuple[Plan, list[str]]:
+        """``plan`` without what the budget no longer allows (each host kept is charged), and the
+        hosts left out. A host that cannot pay for probing any more is still sent the plain
+        attempt if it can pay for that."""
+        probed = {host_key(ip) for ip in plan.probe_ips}
+        unprobed: set[str] = set()
+        refused: list[str] = []
+        for h in dict.fromkeys(
+            [host_key(a.host_port()[0]) for a in plan.tcp_targets + plan.quic_targets] + list(probed)
+        ):
+            if h in probed and self._buckets.take(h, PROBING_COST):
+                continue
+            if h in probed:
+                unprobed.add(h)
+            if not self._buckets.take(h):
+                refused.append(h)
+        if not refused and not unprobed:
+            return plan, []
+
+        def kept(a: Multiaddr) -> bool:
+            return host_key(a.host_port()[0]) not in refused
+
+        return dataclasses.replace(
+            plan,
+            tcp_targets=[a for a in plan.tcp_targets if kept(a)],
+            quic_targets=[a for a in plan.quic_targets if kept(a)],
+            probe_ips=[ip for ip in plan.probe_ips if host_key(ip) not in unprobed],
+        ), refused
 
 
 def tcp_only(theirs: list[Multiaddr], peer_ip: str, asker: bool, nats: tuple[str, str] = (UNKNOWN, UNKNOWN)) -> Plan:

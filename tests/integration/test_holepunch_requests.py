@@ -180,26 +180,33 @@ def test_failed_punches_leave_the_relayed_connection_working_and_lies_cost_nothi
 
             conn = caller._host.conns[target.peer_id]
             fds = len(os.listdir("/proc/self/fd"))
-            # garbage, then a lying request (unroutable addresses, claiming a symmetric NAT so the
-            # target probes): each is answered or reset, and the connection stays up
-            assert caller.run(_ask(caller, conn, [{"type": "what"}]), timeout=10) is None
             lie = {
                 "type": "connect",
                 "addrs": ["/ip4/192.0.2.1/udp/4001/quic-v1", "/ip4/192.0.2.1/tcp/4001"],
                 "nat": DEPENDENT,
                 "token": os.urandom(16),
             }
-            answer = caller.run(_ask(caller, conn, [lie, {"type": "sync"}]), timeout=10)
+            # the relayed connection's dialer never asks (its receiver does): garbage or a lie
+            # from it is reset unanswered, nothing is run
+            assert caller.run(_ask(caller, conn, [{"type": "what"}]), timeout=10) is None
+            assert caller.run(_ask(caller, conn, [lie, {"type": "sync"}]), timeout=10) is None
+            assert _status(target)["failed"] == 3 and _status(target)["refused"] == 2
+            # the receiver may ask: garbage, then a lying request (unroutable addresses, claiming a
+            # symmetric NAT so the caller probes): each is answered or reset, and the connection
+            # stays up (the caller answered the target's three punches already)
+            back = target._host.conns[caller.peer_id]
+            assert target.run(_ask(target, back, [{"type": "what"}]), timeout=10) is None
+            answer = target.run(_ask(target, back, [lie, {"type": "sync"}]), timeout=10)
             assert answer is not None and answer["type"] == "connect"
-            assert wait_for(lambda: _status(target)["active"] == 0 and _status(target)["failed"] == 4, timeout=10)
+            assert wait_for(lambda: _status(caller)["active"] == 0 and _status(caller)["failed"] == 4, timeout=10)
             assert not conn.is_closed and _counter(caller, target.peer_id) == 2
             assert len(os.listdir("/proc/self/fd")) <= fds + 2  # no sockets left behind
-            # a peer may ask only so often: the budget runs out, the target says no
+            # a peer may ask only so often: the budget runs out, the caller says no
             answers = []
             for _ in range(6):
-                answers.append(caller.run(_ask(caller, conn, [lie, {"type": "sync"}]), timeout=10))
-                assert wait_for(lambda: _status(target)["active"] == 0, timeout=10)
-            assert answers[-1] is None and _status(target)["refused"] >= 1
+                answers.append(target.run(_ask(target, back, [lie, {"type": "sync"}]), timeout=10))
+                assert wait_for(lambda: _status(caller)["active"] == 0, timeout=10)
+            assert answers[-1] is None and _status(caller)["refused"] >= 1
             assert not conn.is_closed and _counter(caller, target.peer_id) == 2
         finally:
             target.stop()

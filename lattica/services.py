@@ -32,7 +32,7 @@ from lattica.actors.dht import DhtActor, DhtService
 from lattica.actors.dht.libp2p import KadNetwork, KadNetworks
 from lattica.actors.membership import MembershipActor, MembershipService
 from lattica.actors.nat.autonat import AutoNatActor, AutoNatServer
-from lattica.actors.nat.autonat_client import AutoNatV2Client
+from lattica.actors.nat.autonat_client import LibP2PAutoNatClient
 from lattica.actors.nat.holepunch import HolePunchActor, HolePunchService
 from lattica.actors.pubsub import PubSubActor, PubSubService
 from lattica.actors.rendezvous import RendezvousService
@@ -273,9 +273,9 @@ def _dashboard(ctx: ServiceContext, s: NodeServices) -> Built:
 
 def _nat(ctx: ServiceContext, s: NodeServices) -> Built:
     cfg = ctx.config
-    # asking libp2p peers (AutoNAT v2's client, with its dial-back handler) only when we probe
+    # asking libp2p peers (AutoNAT v2's and v1's client, with its dial-back handler) only when we probe
     probing = cfg.nat is None or (cfg.nat.autonat and cfg.nat.reachability is None)
-    client = AutoNatV2Client(ctx.host) if probing else None
+    client = LibP2PAutoNatClient(ctx.host) if probing else None
     # a part of the host (it keeps the host's observed and relayed addresses), built as a service
     return Built(
         NatManager(ctx.runtime.host, cfg.nat, cfg.relays, relaying=cfg.relay is not None, libp2p_autonat=client)

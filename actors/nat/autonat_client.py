@@ -1,13 +1,17 @@
-"""Asking libp2p peers whether we are reachable: the client side of AutoNAT v2.
+"""Asking libp2p peers whether we are reachable: the client side of AutoNAT v2, and of v1 for
+servers that speak only that (go-libp2p before 0.36).
 
 The reachability round (``lattica/nat/_manager.py``) asks connected libp2p peers that serve
-``/libp2p/autonat/2/dial-request`` (and not our own protocol) with :meth:`AutoNatV2Client.check`:
+``/libp2p/autonat/2/dial-request`` or ``/libp2p/autonat/1.0.0`` (and not our own protocol) with
+:meth:`LibP2PAutoNatClient.check`:
 one request per server on a stream of its own, naming one of our candidate addresses (the
 servers of a round, and the rounds, take turns over them) with a fresh nonce; dial data sent
 when the server asks for it within bounds; the nonce received on ``/libp2p/autonat/2/dial-back``.
 One address a request, not a list: the spec's server dials exactly one anyway, and js-libp2p's
-(``@libp2p/autonat-v2`` 2.x) answers every address of a list in turn, a refusal first included. The protocol state is sans-IO (``lattica/nat/_autonat_v2_client.py``);
-this is the asyncio around it.
+(``@libp2p/autonat-v2`` 2.x) answers every address of a list in turn, a refusal first included.
+A v1 server's dial-back carries no nonce: it is any connection from the server's IP that comes
+up while the request is open. The protocol state is sans-IO (``lattica/nat/_autonat_v2_client.py``,
+``_autonat_v1_client.py``); this is the asyncio around it.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from lattica._framing import read_delimited, write_delimited
 from lattica._interfaces import ip_of
 from lattica.errors import LatticaError, ProtocolError
 from lattica.logging import get_logger
+from lattica.nat import _autonat_v1_wire as v1
 from lattica.nat import _autonat_v2_wire as v2
-from lattica.nat._autonat_v2_client import Outcome, Requests, Verdict, addrs_to_ask
+from lattica.nat._autonat_v1_client import V1Request
+from lattica.nat._autonat_v2_client import MAX_PENDING, Outcome, Requests, Verdict, addrs_to_ask
 
 if TYPE_CHECKING:
     from lattica._hostview import HostView
@@ -31,22 +37,25 @@ if TYPE_CHECKING:
 
 log = get_logger("lattica.autonat")
 
-__all__ = ["AutoNatV2Client"]
+__all__ = ["LibP2PAutoNatClient"]
 
 _TIMEOUT = 15.0  # s for one request, dial data included
 _TRAILING = 1.0  # s a dial-back may come after the server's DialResponse
 _READ_DIAL_BACK = 5.0  # s for a dial-back stream to deliver its nonce
 
 
-class AutoNatV2Client:
-    """Our AutoNAT v2 requests to libp2p servers, and the dial-backs they send us."""
+class LibP2PAutoNatClient:
+    """Our AutoNAT requests to libp2p servers (v2, else v1), and the dial-backs they send us."""
 
     def __init__(self, host: HostView, requests: Requests | None = None) -> None:
         self.host = host
         self.requests = requests or Requests()
         self._arrival: dict[int, asyncio.Event] = {}  # nonce -> set when its dial-back came
+        self._v1: dict[V1Request, asyncio.Event] = {}  # v1 requests open -> set when a connection came
+        self.v1_counts = {o.value: 0 for o in Outcome} | {"asked": 0, "unconfirmed": 0}
         self._turn = 0  # which candidate the next round's first server is asked about
         host.set_handler(v2.DIAL_BACK, self._on_dial_back)
+        host.events.connected.subscribe(self._on_connected)
 
     async def check(self, servers: list[PeerId], cands: list[Multiaddr]) -> list[Verdict]:
         """Ask each of ``servers`` (at once) to dial one of ``cands``; what each came to."""
@@ -59,8 +68,12 @@ class AutoNatV2Client:
         if conn is None or conn.is_closed or conn.transport not in ("tcp", "quic"):
             return Verdict(Outcome.NOTHING, reason="no direct connection to the server")
         worth = addrs_to_ask(cands, ip_of(conn.remote_addr))
+        pick = worth[turn % len(worth) :][:1] if worth else ()
+        info = self.host.info.get(conn)
+        if info is not None and v2.DIAL_REQUEST not in info.protocols and v1.PROTOCOL in info.protocols:
+            return await self._ask_v1(conn, pick)
         try:
-            req = self.requests.start(worth[turn % len(worth) :][:1] if worth else ())
+            req = self.requests.start(pick)
         except ProtocolError as e:
             return Verdict(Outcome.NOTHING, reason=str(e))
         arrived = self._arrival[req.nonce] = asyncio.Event()
@@ -93,6 +106,56 @@ class AutoNatV2Client:
         else:
             log.debug("AutoNAT v2 answer", server=str(peer), outcome=verdict.outcome.value, reason=verdict.reason)
         return verdict
+
+    async def _ask_v1(self, conn: Connection, addrs: tuple[Multiaddr, ...]) -> Verdict:
+        """One AutoNAT v1 ``Dial`` to the server at the other end of ``conn``."""
+        server_ip = ip_of(conn.remote_addr)
+        if len(self._v1) >= MAX_PENDING:
+            return Verdict(Outcome.NOTHING, reason=f"{MAX_PENDING} AutoNAT v1 requests in flight already")
+        try:
+            req = V1Request(self.host.peer_id.to_bytes(), addrs, server_ip or "")
+        except ProtocolError as e:
+            return Verdict(Outcome.NOTHING, reason=str(e))
+        arrived = self._v1[req] = asyncio.Event()
+        self.v1_counts["asked"] += 1
+        stream: Stream | None = None
+        failure: str | None = None
+        try:
+            async with asyncio.timeout(_TIMEOUT):
+                stream = await self.host.open_stream_on(conn, v1.PROTOCOL)
+                write_delimited(stream, req.opening())
+                await stream.drain()
+                req.receive(v1.decode(await read_delimited(stream, v1.MAX_MESSAGE)))
+            with contextlib.suppress(LatticaError):
+                await stream.close()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_TRAILING):
+                    while req.awaits_dial_back():
+                        arrived.clear()
+                        await arrived.wait()
+        except (TimeoutError, LatticaError) as e:
+            failure = str(e) or "timeout"
+            if stream is not None:
+                stream.reset()
+        finally:
+            del self._v1[req]
+        verdict = req.verdict(failure)
+        self.v1_counts[verdict.outcome.value] += 1
+        if failure is None and req.awaits_dial_back():
+            self.v1_counts["unconfirmed"] += 1  # (it said it got through; no connection came)
+        log.debug(
+            "AutoNAT v1 answer", server=str(conn.remote_peer), outcome=verdict.outcome.value, reason=verdict.reason
+        )
+        return verdict
+
+    def _on_connected(self, conn: Connection) -> None:
+        """A v1 dial-back is a connection from the server's IP: offered to every v1 request open."""
+        if not self._v1:
+            return
+        ip = ip_of(conn.remote_addr) if conn.transport in ("tcp", "quic") else None
+        for req, event in self._v1.items():
+            if req.connected(conn.transport, ip, conn.direction == "inbound"):
+                event.set()
 
     async def _on_dial_back(self, stream: Stream, conn: Connection) -> None:
         """A server delivers a nonce: ours (in flight, on a connection it opened) is answered OK;

@@ -2,7 +2,7 @@
 
 ``NatManager`` runs on the node loop. When the node has a non-loopback address and peers to ask,
 it asks up to three of them (their ``autonat`` actors) to dial it back, and up to three libp2p
-peers with AutoNAT v2 (``libp2p_autonat``), and believes only the dial-backs that actually
+peers with AutoNAT v2 or v1 (``libp2p_autonat``), and believes only the dial-backs that actually
 arrive: one from a host we never contacted means *public*; none means *private*. The mapping type comes from the addresses different peers observe for our listening
 UDP socket (QUIC dials leave from it): one port for every observer is endpoint-independent, several
 are endpoint-dependent (symmetric). A private node keeps reservations on up to ``max_relays``
@@ -28,6 +28,7 @@ from lattica._runtime.refs import autonat_ref, relay_ref
 from lattica.config import NatConfig
 from lattica.errors import LatticaError, ProtocolError, RelayRefused
 from lattica.logging import get_logger
+from lattica.nat import _autonat_v1_wire as autonat_v1
 from lattica.nat import _autonat_v2_wire as autonat_v2
 from lattica.nat._autonat_v2_client import Outcome, Verdict
 from lattica.transports import circuit_v2 as v2
@@ -76,7 +77,7 @@ def classify_mapping(observations: list[tuple[str, str]]) -> str:
 
 
 class LibP2PAutoNat(Protocol):
-    """What asks libp2p peers to dial us back (AutoNAT v2's client, ``actors/nat/autonat_client.py``)."""
+    """What asks libp2p peers to dial us back (AutoNAT v2's and v1's client, ``actors/nat/autonat_client.py``)."""
 
     async def check(self, servers: list[PeerId], cands: list[Multiaddr]) -> list[Verdict]: ...
 
@@ -275,20 +276,20 @@ class NatManager:
         return out[: self.cfg.servers]
 
     def _libp2p_servers(self) -> list[PeerId]:
-        """libp2p peers that serve AutoNAT v2 and not our protocol (those we ask with ours)."""
+        """libp2p peers that serve AutoNAT (v2 ones first, then v1's) and not our protocol (those
+        we ask with ours)."""
         if self.libp2p_autonat is None:
             return []
-        out = []
+        v2s, v1s = [], []
         for peer, conn in list(self.host.conns.items()):
             info = self.host.info.get(conn)
-            if (
-                info is not None
-                and autonat_v2.DIAL_REQUEST in info.protocols
-                and DIALBACK not in info.protocols
-                and conn.transport in ("tcp", "quic")
-            ):
-                out.append(peer)
-        return out[: self.cfg.servers]
+            if info is None or DIALBACK in info.protocols or conn.transport not in ("tcp", "quic"):
+                continue
+            if autonat_v2.DIAL_REQUEST in info.protocols:
+                v2s.append(peer)
+            elif autonat_v1.PROTOCOL in info.protocols:
+                v1s.append(peer)
+        return (v2s + v1s)[: self.cfg.servers]
 
     async def probe(self) -> NatStatus:
         """One AutoNAT round: ask servers to dial us back; classify; return the new status."""
@@ -392,7 +393,7 @@ class NatManager:
     async def _ask_libp2p(
         self, servers: list[PeerId], cands: list[Multiaddr]
     ) -> tuple[list[Any], list[tuple[str, str | None, str]]]:
-        """AutoNAT v2 to libp2p servers, as our servers' answers and dial-backs: a server that
+        """AutoNAT to libp2p servers, as our servers' answers and dial-backs: a server that
         dialed (whether or not it got through) tried the address it names, and a dial-back with
         our nonce arrived as one of ours does; anything else is an error (it proves nothing)."""
         if not servers or self.libp2p_autonat is None:

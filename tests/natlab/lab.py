@@ -12,8 +12,9 @@ Topology (every box is a network namespace named ``<prefix>-<role>``)::
                        <prefix>-s1h (host 10.1.0.2, default route via the router)
 
 * The internet is one L2 segment (a bridge in ``<prefix>-inet``) holding every public
-  address of 198.51.100.0/24; ``198.51.100.1`` is also a router for the public subnets behind
-  ``firewall`` sites (203.0.113.4i/30).
+  address of 198.51.100.0/24 (by default; ``Lab(internet=...)`` picks another /24);
+  ``198.51.100.1`` is also a router for the public subnets behind ``firewall`` sites
+  (203.0.113.4i/30).
 * Each site of a NAT kind is a router namespace (``wan`` towards the internet, ``lan`` towards
   its host) whose nftables ruleset (table ``ip natlab``) implements the kind, see
   :func:`router_ruleset` and ``docs/nat-lab.md``.
@@ -79,7 +80,6 @@ KINDS = (
 )
 
 INTERNET = ipaddress.ip_network("198.51.100.0/24")
-GATEWAY = "198.51.100.1"  # the internet namespace's own address (router for firewall subnets)
 FIREWALL_NET = ipaddress.ip_network("203.0.113.0/24")  # split into one /30 per firewall site
 FIRST_PUBLIC_HOST = 10  # 198.51.100.10 .. .99
 MAX_PUBLIC_HOSTS = 90
@@ -237,9 +237,24 @@ class Lab:
     KINDS = KINDS
     _available: tuple[bool, str] | None = None
 
-    def __init__(self, prefix: str = "nl", *, lock_timeout: float = 300.0):
+    def __init__(
+        self,
+        prefix: str = "nl",
+        *,
+        lock_timeout: float = 300.0,
+        internet: str = str(INTERNET),
+        firewall_net: str = str(FIREWALL_NET),
+    ):
+        """``internet`` and ``firewall_net``: the public /24s (by default documentation ranges; a
+        test with a peer that refuses to dial those, as go-libp2p's AutoNAT does, picks others:
+        the lab's namespaces are never connected to the machine's own network)."""
         if not re.fullmatch(r"[a-z][a-z0-9]{0,7}", prefix):
             raise ValueError("prefix must be 1-8 lowercase letters/digits, starting with a letter")
+        self.net = ipaddress.ip_network(internet)
+        self.firewall_net = ipaddress.ip_network(firewall_net)
+        if self.net.prefixlen != 24 or self.firewall_net.prefixlen != 24 or self.net.overlaps(self.firewall_net):
+            raise ValueError("internet and firewall_net are two distinct IPv4 /24s")
+        self.gateway = str(self.net[1])
         self.prefix = prefix
         self.lock_timeout = lock_timeout
         self.internet = f"{prefix}-inet"
@@ -322,7 +337,7 @@ class Lab:
                     _sysctl("net.ipv4.conf.all.send_redirects", 0),
                     _sysctl("net.ipv4.conf.default.send_redirects", 0),
                     "ip link add br0 type bridge",
-                    f"ip addr add {GATEWAY}/{INTERNET.prefixlen} dev br0",
+                    f"ip addr add {self.gateway}/{self.net.prefixlen} dev br0",
                     "ip link set br0 up",
                     # bridged frames must not go through this namespace's IP hooks
                     "echo 0 > /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null || true",
@@ -451,16 +466,16 @@ class Lab:
         if r.returncode:
             raise LabError(f"setting up {ns} failed: {r.stderr.strip()}\nscript:\n" + "\n".join(script))
 
-    def _uplink(self, ip: str, gateway: str = GATEWAY) -> list[str]:
+    def _uplink(self, ip: str) -> list[str]:
         """Commands (run inside a namespace) that plug it into the internet bridge as ``wan``."""
         self._ports += 1
         port = f"i{self._ports}"
         return [
             f"ip link add wan type veth peer name {port} netns {self.internet}",
             f"ip -n {self.internet} link set {port} master br0 up",
-            f"ip addr add {ip}/{INTERNET.prefixlen} dev wan",
+            f"ip addr add {ip}/{self.net.prefixlen} dev wan",
             "ip link set wan up",
-            f"ip route add default via {gateway}",
+            f"ip route add default via {self.gateway}",
         ]
 
     def _linked_uplink(self, ns: str, ip: str, link) -> None:
@@ -498,9 +513,9 @@ class Lab:
         self._sh(
             ns,
             [
-                f"ip addr add {ip}/32 peer {GATEWAY} dev wan",
+                f"ip addr add {ip}/32 peer {self.gateway} dev wan",
                 "ip link set wan up",
-                f"ip route add default via {GATEWAY}",
+                f"ip route add default via {self.gateway}",
             ],
         )
 
@@ -514,7 +529,7 @@ class Lab:
             raise ValueError(f"bad public host name {name!r}")
         if len(self.public_hosts) >= MAX_PUBLIC_HOSTS:
             raise LabError("too many public hosts")
-        ip = str(INTERNET[FIRST_PUBLIC_HOST + len(self.public_hosts)])
+        ip = str(self.net[FIRST_PUBLIC_HOST + len(self.public_hosts)])
         host = Host(name, f"{self.prefix}-{name}", ip)
         self._add_ns(host.ns, self._uplink(ip) if link is None else [])
         if link is not None:
@@ -542,7 +557,7 @@ class Lab:
         index = len(self.sites) + 1
         if index > MAX_SITES:
             raise LabError(f"at most {MAX_SITES} sites")
-        wan_ip = str(INTERNET[FIRST_SITE + index])
+        wan_ip = str(self.net[FIRST_SITE + index])
         host_ns, router_ns = f"{self.prefix}-s{index}h", f"{self.prefix}-s{index}r"
         if kind == "public":
             host = Host(f"s{index}", host_ns, wan_ip)
@@ -554,7 +569,7 @@ class Lab:
             return site
 
         if kind == "firewall":
-            net = list(FIREWALL_NET.subnets(new_prefix=30))[index]
+            net = list(self.firewall_net.subnets(new_prefix=30))[index]
         else:
             net = ipaddress.ip_network(lan or f"10.{index}.0.0/24")
             if net.prefixlen > 30 or net.version != 4:
@@ -609,7 +624,7 @@ class Lab:
         """Cap what ``host`` sends to ``mbit`` Mbit/s (a token bucket on its one link, as a home or
         a rack's uplink would): on loopback every node is CPU-bound instead, and what a swarm
         saves the publisher's uplink does not show."""
-        dev = "wan" if ipaddress.ip_address(host.ip) in INTERNET else "eth0"  # (a public host's, or behind a router)
+        dev = "wan" if ipaddress.ip_address(host.ip) in self.net else "eth0"  # (a public host's, or behind a router)
         burst = max(int(mbit * 1e6 / 8 / 250), 16 << 10)  # 4 ms of data, and at least 16 KiB
         self._sh(host.ns, [f"tc qdisc replace dev {dev} root tbf rate {mbit}mbit burst {burst} latency 100ms"])
 

@@ -6,7 +6,9 @@ As libp2p does, each side writes its RPCs on one long-lived stream it opens (on 
 there is: we never dial to send) and reads the other's on the stream the other opened. What we
 send waits in the same bounded queue as a Lattica peer's batches (``lattica.pubsub._outbound``)
 and leaves as RPCs within go's 1 MiB cap; what we read is held against the node's budget for
-partly received messages, as an actor call's frames are. Loaded with the router, at first use.
+partly received messages, as an actor call's frames are. A stranger's RPC is charged before it
+is decoded (``_decode``: its fields and ids against the strangers' share, a batch if it carries
+no message; ``strangers``), and dropped undecoded beyond. Loaded with the router, at first use.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ from lattica.actors.pubsub.sending import BOUNDS
 from lattica.errors import FrameTooLarge, LatticaError, ProtocolError, StreamClosed
 from lattica.logging import get_logger
 from lattica.pubsub import _gossipsub_wire as gs
-from lattica.pubsub._libp2p import Dialect, from_gossipsub, to_gossipsub
+from lattica.pubsub._libp2p import Dialect, from_gossipsub, ids_read, to_gossipsub
 from lattica.pubsub._outbound import Outbound
 
 if TYPE_CHECKING:
     from lattica._hostview import HostView
     from lattica._identity import PeerId
     from lattica._runtime.partials import PartialMessages
+    from lattica.actors.pubsub.strangers import Strangers
     from lattica.config import PubSubConfig
     from lattica.pubsub._router import Rpc
     from lattica.transports.base import Connection, Stream
@@ -37,6 +40,9 @@ __all__ = ["Meshsub", "PROTOCOLS", "speaks_meshsub"]
 
 PROTOCOLS = (gs.MESHSUB_1_2, gs.MESHSUB_1_1)  # (ours, the newest first)
 SEND_TIMEOUT = 30.0  # s an RPC may wait for the peer's window before our stream to it is reset
+# what translating a message id costs a stranger's share, in protobuf fields (a field ~1 us to
+# decode; an id ~12 us in rust's text form, ~2 us in go's and js's bytes)
+ID_FIELDS = {Dialect.TEXT: 12, Dialect.BYTES: 2, Dialect.KEY: 2}
 
 
 def speaks_meshsub(protocols: tuple[str, ...] | list[str]) -> str | None:
@@ -63,7 +69,8 @@ class Meshsub:
     in it that carried no author or an unusable seqno); ``misbehaved``: told of a peer whose
     stream we dropped for a malformed RPC; ``gone``: told when we can no longer send to a peer
     (its stream broke); ``heeded``: whether what a peer says is looked at now (a graylisted
-    peer's RPCs are read and dropped undecoded)."""
+    peer's RPCs are read and dropped undecoded); ``strangers``: the router's peers outside our
+    mesh and what their RPCs may cost (None: every peer is taken as a member)."""
 
     def __init__(
         self,
@@ -75,6 +82,7 @@ class Meshsub:
         misbehaved: Callable[[PeerId], None],
         gone: Callable[[PeerId], None],
         heeded: Callable[[PeerId], bool] = lambda peer: True,
+        strangers: Strangers | None = None,
     ) -> None:
         self.host = host
         self.cfg = cfg
@@ -84,6 +92,7 @@ class Meshsub:
         self._misbehaved = misbehaved
         self._gone = gone
         self._heeded = heeded
+        self._strangers = strangers
         self.peers: dict[PeerId, _Peer] = {}
 
     def add(self, peer: PeerId, protocol: str, agent_version: str) -> None:
@@ -168,8 +177,10 @@ class Meshsub:
                 raw = await self._read(stream, peer)
                 if not self._heeded(peer):
                     continue  # (decoding it is looking at it: a graylisted peer's costs us its bytes only)
-                p = self.peers.get(peer)  # (its dialect may come with identify, after the stream opened)
-                rpc, bad = from_gossipsub(gs.decode(raw), p.dialect if p is not None else Dialect.BYTES)
+                decoded = self._decode(peer, raw)
+                if decoded is None:
+                    continue  # (a stranger's, over the strangers' share: dropped undecoded)
+                rpc, bad = decoded
             except StreamClosed:
                 await stream.close()
                 return
@@ -180,6 +191,38 @@ class Meshsub:
                     self._misbehaved(peer)
                 return
             self._deliver(peer, rpc, bad)
+
+    def _decode(self, peer: PeerId, raw: bytes) -> tuple[Rpc, list[str]] | None:
+        """``peer``'s RPC as a router batch (see ``from_gossipsub``). A stranger's is charged
+        before it is decoded (hostile review: every one was decoded, its ids translated, before
+        any budget was taken): each protobuf field read, its top-level ones counted first to
+        learn whether it carries messages, against the fields all strangers may make us read,
+        and the ids to translate at their cost; one without messages takes a batch of the
+        strangers' batch budgets (one with messages is charged by its new ones later, as go and
+        js send one RPC a message). Past any of them it is dropped undecoded (None)."""
+        p = self.peers.get(peer)  # (its dialect may come with identify, after the stream opened)
+        dialect = p.dialect if p is not None else Dialect.BYTES
+        strangers = self._strangers
+        if strangers is None or peer not in strangers.peers:
+            return from_gossipsub(gs.decode(raw), dialect)
+        share = strangers.fields_left()
+        rd = gs.Reader(share)
+        ids = 0
+        try:
+            if not gs.skim(raw, rd) and not strangers.admit(peer):
+                strangers.dropped_undecoded(peer, "over the strangers' batch budgets")
+                return None
+            msg = gs.decode(raw, rd)
+            ids = ids_read(msg) * ID_FIELDS[dialect]
+            if rd.read + ids > share:
+                ids = 0  # (not translated: not charged)
+                raise gs.Spent(f"its message ids would cost more than the {share} fields left to strangers")
+        except gs.Spent as e:
+            strangers.dropped_undecoded(peer, str(e))
+            return None
+        finally:
+            strangers.fields_read(rd.read + ids)
+        return from_gossipsub(msg, dialect)
 
     async def _read(self, stream: Stream, peer: PeerId) -> bytes:
         """One RPC: its length (the stream may idle as long as the connection lives), then its

@@ -196,6 +196,7 @@ class PubSubService:
                 router.scores.misbehaved,
                 self._plain_gone,
                 self._heeded,
+                self._strangers,
             )
             for info in list(self.host.info.values()):
                 if (
@@ -551,11 +552,10 @@ class PubSubService:
             return  # graylisted: nothing it says is looked at
         if peer in self._strangers.peers:
             rpc = only_open(rpc, self._open, r.topic_of, to_stranger=False)
+            # (decoding it was charged already, a batch if it carried no message: ``meshsub``)
             fresh = [m for m in rpc.messages if r.topic_of(m.id) is None]
-            if not fresh and not self._strangers.admit(peer):
-                return  # (control alone: the batch budgets; go and js send about one RPC per message)
             # new messages within the strangers' share, the rest dropped before their signatures
-            # are checked (copies of seen ones cost nothing: the router drops them)
+            # are checked (copies of seen ones cost nothing more: the router drops them)
             keep = self._strangers.share(peer, len(fresh))
             if keep < len(fresh):
                 dropped = {id(m) for m in fresh[keep:]}

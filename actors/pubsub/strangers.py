@@ -7,6 +7,12 @@ their new messages instead; one without any by the batch budgets); their message
 strangers' share
 (``PubSubConfig.strangers_messages``, the rest dropped before they are decoded, checked or
 remembered), then checked ``SLICE`` at a turn of the loop, members' work served in between.
+
+A libp2p stranger's RPC is charged before it is decoded (``actors/pubsub/meshsub.py``): every
+protobuf field read, and every message id translated, against ``STRANGERS_FIELDS``, which all
+strangers share (a field costs about a microsecond to decode, up to a millisecond a kilobyte
+of dense fields); one that carries no message also takes a batch. Beyond, it is dropped
+undecoded (counted, and told at most every ``LOG_EVERY`` s).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lattica._budget import Buckets, StrangersShare
+from lattica.logging import get_logger
 
 if TYPE_CHECKING:
     import asyncio
@@ -25,7 +32,9 @@ if TYPE_CHECKING:
     from lattica.config import PubSubConfig
     from lattica.pubsub._router import Envelope
 
-__all__ = ["Strangers", "SLICE", "WAITING"]
+log = get_logger("lattica.pubsub")
+
+__all__ = ["Strangers", "SLICE", "WAITING", "STRANGERS_FIELDS"]
 
 STRANGER_BATCHES = (50.0, 100.0)  # batches a second (and at once) we take from one stranger
 STRANGERS_BATCHES = (20.0, 40.0)  # ... and from all strangers together (a batch holds up to hundreds of messages)
@@ -34,6 +43,12 @@ _STRANGERS_MAX = 4096  # strangers whose batches we count
 # stranger's batch costs members a wait of a few signature checks, not of hundreds
 SLICE = 4
 WAITING = 1024  # strangers' messages waiting for their turn (the oldest dropped beyond)
+# protobuf fields all libp2p strangers' RPCs together may make us read a second (and at once),
+# ids translated included: 1.6 to 3.4 us a field at worst (a message padded with junk fields, a
+# thousand GRAFTs), so at most ~7 % of the loop; a go stranger's RPC of one message is 9 to 20
+# fields, and the burst holds the largest RPC anyone may send (gs.MAX_FIELDS)
+STRANGERS_FIELDS = (20_000.0, 64_000.0)
+LOG_EVERY = 10.0  # s between two lines saying how many strangers' RPCs were dropped undecoded
 
 
 class Strangers:
@@ -57,6 +72,10 @@ class Strangers:
         self._messages = StrangersShare(
             rate, max(2 * rate, 1.0), lambda peer: True
         )  # (PubSubConfig.strangers_messages)
+        self._fields = Buckets(*STRANGERS_FIELDS, 1)  # (all strangers': one key)
+        self.undecoded = 0  # libp2p strangers' RPCs dropped before they were decoded
+        self._untold = 0  # of which not logged yet
+        self._told_at = -LOG_EVERY
         self.waiting: deque[tuple[PeerId, Envelope]] = deque(maxlen=WAITING)
         self._turn: asyncio.Handle | None = None
         self._closed = False
@@ -73,6 +92,26 @@ class Strangers:
             return raw  # (nothing to cut; a malformed batch is wire.decode's to refuse)
         k = self.share(peer, len(raw[1]))
         return raw if k == len(raw[1]) else [raw[0], raw[1][:k], *raw[2:]]
+
+    def fields_left(self) -> int:
+        """Protobuf fields strangers' RPCs may make us read now (``STRANGERS_FIELDS``)."""
+        return int(self._fields.available())
+
+    def fields_read(self, n: int) -> None:
+        """Strangers' RPCs made us read ``n`` fields (charged whatever became of them)."""
+        if n > 0:
+            self._fields.take(None, n, force=True)
+
+    def dropped_undecoded(self, peer: PeerId, why: str) -> None:
+        """A libp2p stranger's RPC was dropped before it was decoded: counted, and logged at
+        most every ``LOG_EVERY`` s (a flood writes one line, not one a RPC)."""
+        self.undecoded += 1
+        self._untold += 1
+        now = self.host.loop.time()
+        if now - self._told_at >= LOG_EVERY:
+            log.info("strangers' GossipSub RPCs dropped undecoded", count=self._untold, last=str(peer), reason=why)
+            self._untold = 0
+            self._told_at = now
 
     def share(self, peer: PeerId, n: int) -> int:
         """How many of ``n`` new messages of ``peer`` the strangers' share takes now (charged)."""

@@ -15,6 +15,10 @@ repeated field (subscriptions, messages, control entries, ids of all IWANTs, of 
 IDONTWANTs); beyond, an RPC is refused whole, as it is read. Of IHAVEs, :data:`MAX_ITEMS` ids in
 all are read and the rest skipped (the router asks for no more in a heartbeat), and of a PRUNE's
 peer exchange :data:`MAX_PX` peers.
+
+A stranger's RPC is read within a share of fields too (``Reader(share)``: the caller's budget;
+past it :class:`Spent`, not the peer's fault), and :func:`skim` tells how many messages an RPC
+carries from its top-level tags and lengths alone, each counted, before anything is decoded.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from lattica._identity import KeyPair, PeerId, public_key_from_protobuf, verify_signature
-from lattica._protobuf import encode_fields, iter_fields
+from lattica._protobuf import encode_fields, iter_fields, read_uvarint
 from lattica.errors import InvalidPeerId, KeyFileError, ProtocolError
 
 __all__ = [
@@ -39,6 +43,9 @@ __all__ = [
     "RPC",
     "encode",
     "decode",
+    "skim",
+    "Reader",
+    "Spent",
     "sign",
     "verify",
     "default_id",
@@ -167,21 +174,41 @@ def encode(rpc: RPC) -> bytes:
 # -- decoding ----------------------------------------------------------------------------------
 
 
-class _Reader:
+class Spent(Exception):
+    """A :class:`Reader`'s share of fields ran out before the RPC's end (the caller's budget, a
+    stranger's: the RPC is dropped, its sender not blamed). Not a LatticaError: a stream reader
+    that catches those goes on reading."""
+
+
+class Reader:
     """Reads an RPC's fields, every field of every nested message counted against
     ``MAX_FIELDS``: in pure Python each costs about a microsecond, so what a peer can make one
-    RPC cost is bounded by what it could honestly hold, not by 1 MiB of two-byte fields."""
+    RPC cost is bounded by what it could honestly hold, not by 1 MiB of two-byte fields. With a
+    ``share`` smaller than that (what a stranger may still make us read), reading past it raises
+    :class:`Spent`; ``read`` is how many fields were counted."""
 
-    __slots__ = ("left",)
+    __slots__ = ("left", "start", "spent")
 
-    def __init__(self) -> None:
-        self.left = MAX_FIELDS
+    def __init__(self, share: int | None = None) -> None:
+        self.left = MAX_FIELDS if share is None else max(min(MAX_FIELDS, share), 0)
+        self.start = self.left
+        self.spent = share is not None and share < MAX_FIELDS  # (running out is the share's, not a cap)
+
+    @property
+    def read(self) -> int:
+        return self.start - max(self.left, 0)
+
+    def over(self) -> None:
+        """One field past what may be read: Spent (a share) or ProtocolError (the cap)."""
+        if self.spent:
+            raise Spent(f"a GossipSub RPC of more than the {self.start} protobuf fields its share has left")
+        raise ProtocolError(f"a GossipSub RPC of more than {MAX_FIELDS} protobuf fields")
 
     def fields(self, buf: bytes) -> Iterator[tuple[int, int | bytes]]:
         for pair in iter_fields(buf):
             self.left -= 1
             if self.left < 0:
-                raise ProtocolError(f"a GossipSub RPC of more than {MAX_FIELDS} protobuf fields")
+                self.over()
             yield pair
 
     def fields_of(self, buf: bytes) -> dict[int, int | bytes]:
@@ -228,7 +255,7 @@ def _bytes(f: dict[int, int | bytes], n: int) -> bytes:
     return v
 
 
-def _message(raw: bytes, rd: _Reader) -> Message:
+def _message(raw: bytes, rd: Reader) -> Message:
     f = rd.fields_of(raw)
     author_raw = f.get(1)
     author = None
@@ -248,12 +275,12 @@ def decode_message(raw: bytes) -> Message:
     if len(raw) > MAX_RPC:
         raise ProtocolError(f"a GossipSub message of {len(raw)} bytes (at most {MAX_RPC})")
     try:
-        return _message(raw, _Reader())
+        return _message(raw, Reader())
     except ValueError as e:  # (the protobuf reader's)
         raise ProtocolError(f"malformed GossipSub message: {e}") from None
 
 
-def _ihave(raw: bytes, room: int, rd: _Reader) -> IHave | None:
+def _ihave(raw: bytes, room: int, rd: Reader) -> IHave | None:
     """An IHAVE with at most ``room`` of its ids, read no further (None: its topic was not
     before them; go, js and rust write it first)."""
     topic = None
@@ -270,7 +297,7 @@ def _ihave(raw: bytes, room: int, rd: _Reader) -> IHave | None:
     return IHave(_text(topic, "IHAVE topic"), tuple(ids))
 
 
-def _decode_control(raw: bytes, rd: _Reader) -> Control:
+def _decode_control(raw: bytes, rd: Reader) -> Control:
     c = rd.repeated(raw, (1, 2, 3, 4, 5))
     ihave = []
     room = MAX_ITEMS  # ids of all IHAVEs read: more than a heartbeat's asking (go's MaxIHaveLength) are not
@@ -307,12 +334,45 @@ def _decode_control(raw: bytes, rd: _Reader) -> Control:
     return Control(tuple(ihave), tuple(iwant), tuple(graft), tuple(prune), tuple(idontwant))
 
 
-def decode(data: bytes) -> RPC:
-    """A peer's RPC; ProtocolError if it is over :data:`MAX_RPC`, malformed or over the caps
-    (IHAVE ids past :data:`MAX_ITEMS` in all are not read: more than the router would ask)."""
+def skim(data: bytes, rd: Reader) -> int:
+    """How many messages the RPC ``data`` carries, from its top-level fields' tags and lengths
+    alone (nothing copied or decoded), each field counted against ``rd``: what knowing it costs
+    is charged too. ProtocolError if malformed there (as :func:`decode` would be)."""
     if len(data) > MAX_RPC:
         raise ProtocolError(f"a GossipSub RPC of {len(data)} bytes (at most {MAX_RPC})")
-    rd = _Reader()
+    n = pos = 0
+    end = len(data)
+    try:
+        while pos < end:
+            rd.left -= 1
+            if rd.left < 0:
+                rd.over()
+            tag, pos = read_uvarint(data, pos)
+            wire = tag & 7
+            if wire == 2:
+                size, pos = read_uvarint(data, pos)
+                pos += size
+                if pos > end:
+                    raise ValueError("truncated length-delimited field")
+                if tag >> 3 == 2:
+                    n += 1
+            elif wire == 0:
+                _, pos = read_uvarint(data, pos)
+            else:
+                raise ValueError(f"unsupported protobuf wire type {wire}")
+    except ValueError as e:
+        raise ProtocolError(f"malformed GossipSub RPC: {e}") from None
+    return n
+
+
+def decode(data: bytes, rd: Reader | None = None) -> RPC:
+    """A peer's RPC; ProtocolError if it is over :data:`MAX_RPC`, malformed or over the caps
+    (IHAVE ids past :data:`MAX_ITEMS` in all are not read: more than the router would ask);
+    :class:`Spent` past the share of ``rd`` (a stranger's: see :class:`Reader`)."""
+    if len(data) > MAX_RPC:
+        raise ProtocolError(f"a GossipSub RPC of {len(data)} bytes (at most {MAX_RPC})")
+    if rd is None:
+        rd = Reader()
     try:
         top = rd.repeated(data, (1, 2, 3))
         subs = []

@@ -8,7 +8,7 @@ marked xfail are not fixed yet; the review describes their fixes). The review's 
 2. a plain peer that says it is rust-libp2p sends an IHAVE id of kilobytes (base58 parsed over
    and over: quadratic, an hour of the loop for one 1 MiB id) or of thousands of digits (the
    stream's reader died);
-3. (xfail) a plain stranger's RPCs are decoded before any budget is taken;
+3. a plain stranger's RPCs were decoded before any budget was taken;
 4. messages of topics we never joined had their signatures checked, at every copy; an RPC of
    80,000 IHAVE ids was parsed and translated whole; a graylisted peer's RPCs were decoded;
 5. an SDK caller that never reads its answers held its calls' slots for good;
@@ -23,6 +23,7 @@ marked xfail are not fixed yet; the review describes their fixes). The review's 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,6 +34,7 @@ from helpers import call_as, on_loop, wait_for
 from lattica._framing import read_delimited, write_delimited
 from lattica._identity import KeyPair, PeerId
 from lattica._multiaddr import Multiaddr
+from lattica._protobuf import uvarint
 from lattica._rpc import PROTOCOL, PROTOCOL_1
 from lattica.actors.pubsub.service import pubsub_ref
 from lattica.bench import host_of
@@ -244,19 +246,15 @@ def test_ihave_ids_no_peer_id_could_be_are_skipped_unparsed(
 # -- 3. what a plain peer's RPCs cost before anything is counted --------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hostile review, finding 3, not fixed: a stranger's RPCs are decoded before any budget is "
-    "taken (the fix, a strangers' share of protobuf fields decoded, is described in the review)",
-)
 def test_a_plain_strangers_rpcs_beyond_its_share_are_not_decoded(
     plain: Callable[..., Plain], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A plain stranger sends 400 RPCs as fast as it can: only the strangers' share of them (40
-    at once, then 20 a second) should be decoded, the rest read and dropped. Every one is
-    decoded, and its ids translated, before anything is charged: an RPC of 5,000 signed
-    messages costs 0.2 s of the victim's loop to decode (before the review's caps, one of
-    80,000 IHAVE ids cost 1.2 s), and one identity's stream keeps the loop busy."""
+    """A plain stranger sends 400 RPCs without messages as fast as it can: only the strangers'
+    batch share of them (40 at once, then 20 a second) is decoded, the rest read and dropped
+    undecoded. Before the fix every one was decoded, and its ids translated, before anything
+    was charged: an RPC of 5,000 signed messages cost 0.2 s of the victim's loop to decode
+    (before the review's caps, one of 80,000 IHAVE ids cost 1.2 s), and one identity's stream
+    kept the loop busy."""
     from lattica.actors.pubsub import meshsub
 
     decoded = _Count(gs.decode)
@@ -276,6 +274,50 @@ def test_a_plain_strangers_rpcs_beyond_its_share_are_not_decoded(
         elapsed = loop.time() - start
         loop.close()
         assert decoded.calls <= 40 + 20 * elapsed + 2, (decoded.calls, elapsed)
+
+
+def test_a_plain_strangers_dense_rpcs_cost_no_more_than_the_strangers_share_of_fields(
+    plain: Callable[..., Plain], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain stranger sends RPCs of one message padded with 30,000 fields each (48 ms of
+    decoding apiece: the densest 60 KB), as fast as it can: what it makes the victim read stops
+    at the fields all strangers may take (64,000 at once, 20,000 a second), the rest dropped
+    undecoded, its stream still read; once the share refills, an honest message of its arrives.
+    Before the fix, each was decoded whole before anything was charged."""
+    from lattica.actors.pubsub import strangers as strangers_module
+
+    rate, burst = strangers_module.STRANGERS_FIELDS
+    read: list[int] = []
+    charge = strangers_module.Strangers.fields_read
+    monkeypatch.setattr(strangers_module.Strangers, "fields_read", lambda self, n: (read.append(n), charge(self, n)))
+    with _victim(mesh=MeshKey.generate()) as victim:
+        sub = lattica.pubsub.subscribe(TOPIC, node=victim)
+        assert sub is not None
+        stranger = plain(mesh=MeshKey.generate())
+        stranger.join(victim)
+        svc = _svc(victim)
+        padded = gs.encode_message(gs.sign(ALICE, TOPIC, b"padded", _seq(1))) + b"\x38\x00" * 30_000
+        raw = b"\x12" + uvarint(len(padded)) + padded  # (an RPC: field 2, one message)
+        loop = asyncio.new_event_loop()
+        start = loop.time()
+
+        async def write() -> None:
+            assert stranger.stream is not None
+            for _ in range(12):
+                write_delimited(stranger.stream, raw)
+            await stranger.stream.drain()
+
+        before = len(read)
+        stranger.node.run(write(), timeout=20)
+        assert wait_for(lambda: len(read) >= before + 12, timeout=10)
+        elapsed = loop.time() - start
+        loop.close()
+        assert on_loop(victim, lambda: svc._strangers.undecoded) >= 1
+        assert sum(read[before:]) <= burst + rate * elapsed + 10, (sum(read[before:]), elapsed)
+        time.sleep(2.0)  # (the share refills)
+        stranger.send(gs.RPC(publish=(gs.sign(ALICE, TOPIC, b"honest", _seq(2)),)))
+        while (got := sub.get(timeout=5).data) != b"honest":
+            assert got == b"padded"
 
 
 def test_messages_of_topics_we_never_joined_are_not_checked(

@@ -88,3 +88,33 @@ def _ids(n: int) -> bytes:
 def test_malformed_or_oversized_rpcs_are_protocol_errors(data: bytes) -> None:
     with pytest.raises(ProtocolError):
         g.decode(data)
+
+
+def test_skim_counts_an_rpcs_messages_from_its_top_level_fields_each_counted() -> None:
+    kp = KeyPair.generate()
+    m = g.sign(kp, "t", b"x", bytes(8))
+    rpc = g.RPC((g.SubOpts(True, "t"),), (m, m, m), g.Control(graft=("t",)))
+    rd = g.Reader()
+    assert g.skim(g.encode(rpc), rd) == 3
+    assert rd.read == 5  # (a subscription, three messages, the control)
+    assert g.skim(g.encode(g.RPC(subscriptions=(g.SubOpts(True, "t"),))), g.Reader()) == 0
+    with pytest.raises(ProtocolError):
+        g.skim(b"\x12\x05ab", g.Reader())  # (a message longer than the RPC)
+
+
+def test_a_readers_share_ends_reading_with_spent_and_the_cap_with_a_protocol_error() -> None:
+    """A share (a stranger's) smaller than MAX_FIELDS: past it, Spent (not the peer's error);
+    without one, MAX_FIELDS is the malformation cap it always was."""
+    rpc = g.encode(g.RPC(control=g.Control(graft=tuple(f"t{i}" for i in range(100)))))
+    rd = g.Reader(150)
+    with pytest.raises(g.Spent):
+        g.decode(rpc, rd)
+    assert rd.read == 150
+    rd = g.Reader(1000)
+    assert len(g.decode(rpc, rd).control.graft) == 100
+    assert rd.read == 201  # (the control, then each GRAFT and its topic)
+    with pytest.raises(g.Spent):
+        g.skim(rpc, g.Reader(0))
+    dense = encode_fields([(1, encode_fields([(1, 1)] * 2))] * 2) + b"\x38\x00" * g.MAX_FIELDS
+    with pytest.raises(ProtocolError):
+        g.decode(dense, g.Reader(10 * g.MAX_FIELDS))

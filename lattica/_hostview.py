@@ -53,11 +53,12 @@ class Signal:
 class HostEvents:
     """What happens on a node that services react to."""
 
-    __slots__ = ("identified", "connected", "disconnected", "addresses_changed", "membership_changed")
+    __slots__ = ("identified", "connected", "dialed_in", "disconnected", "addresses_changed", "membership_changed")
 
     def __init__(self) -> None:
         self.identified = Signal("identified")  # (PeerInfo): a peer told us who it is (each connection)
         self.connected = Signal("connected")  # (Connection): a new connection is in use
+        self.dialed_in = Signal("dialed_in")  # (transport name, remote IP): a dial reached a listener, not yet up
         self.disconnected = Signal("disconnected")  # (PeerId, Connection): a peer's last connection closed
         self.addresses_changed = Signal("addresses_changed")  # (list[Multiaddr]): what we advertise changed
         self.membership_changed = Signal("membership_changed")  # (event): a membership verdict (up, changed, down)

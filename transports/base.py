@@ -240,6 +240,17 @@ class Transport(abc.ABC):
         # called with a connection that carries streams before its handshake ends (a QUIC
         # server's half-round-trip data), so the host can say who we are on it at once
         self.early_push: Callable[[Connection], None] | None = None
+        # called with (this transport's name, the remote IP) when a peer's dial reaches one of our
+        # listeners, before its handshake: an AutoNAT v1 dial-back is a bare connection that its
+        # dialer may close before it is up here, and its arrival is what proves us reachable
+        self.dialed_in: Callable[[str, str], None] | None = None
+
+    def _note_dialed_in(self, ip: str) -> None:
+        if self.dialed_in is not None:
+            try:
+                self.dialed_in(self.name, ip)
+            except Exception:
+                log.error("dialed_in callback failed", exc_info=True)
 
     @property
     def listening(self) -> bool:

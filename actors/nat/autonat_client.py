@@ -9,8 +9,8 @@ servers of a round, and the rounds, take turns over them) with a fresh nonce; di
 when the server asks for it within bounds; the nonce received on ``/libp2p/autonat/2/dial-back``.
 One address a request, not a list: the spec's server dials exactly one anyway, and js-libp2p's
 (``@libp2p/autonat-v2`` 2.x) answers every address of a list in turn, a refusal first included.
-A v1 server's dial-back carries no nonce: it is any connection from the server's IP that comes
-up while the request is open. The protocol state is sans-IO (``lattica/nat/_autonat_v2_client.py``,
+A v1 server's dial-back carries no nonce: it is any dial from the server's IP that reaches our
+listeners while the request is open. The protocol state is sans-IO (``lattica/nat/_autonat_v2_client.py``,
 ``_autonat_v1_client.py``); this is the asyncio around it.
 """
 
@@ -39,7 +39,7 @@ log = get_logger("lattica.autonat")
 
 __all__ = ["LibP2PAutoNatClient"]
 
-_TIMEOUT = 15.0  # s for one request, dial data included
+_TIMEOUT = 30.0  # s for one request, dial data included (go-libp2p's server gives a dial 15 s)
 _TRAILING = 1.0  # s a dial-back may come after the server's DialResponse
 _READ_DIAL_BACK = 5.0  # s for a dial-back stream to deliver its nonce
 
@@ -51,11 +51,11 @@ class LibP2PAutoNatClient:
         self.host = host
         self.requests = requests or Requests()
         self._arrival: dict[int, asyncio.Event] = {}  # nonce -> set when its dial-back came
-        self._v1: dict[V1Request, asyncio.Event] = {}  # v1 requests open -> set when a connection came
+        self._v1: dict[V1Request, asyncio.Event] = {}  # v1 requests open -> set when a dial-back came
         self.v1_counts = {o.value: 0 for o in Outcome} | {"asked": 0, "unconfirmed": 0}
         self._turn = 0  # which candidate the next round's first server is asked about
         host.set_handler(v2.DIAL_BACK, self._on_dial_back)
-        host.events.connected.subscribe(self._on_connected)
+        host.events.dialed_in.subscribe(self._on_dialed_in)
 
     async def check(self, servers: list[PeerId], cands: list[Multiaddr]) -> list[Verdict]:
         """Ask each of ``servers`` (at once) to dial one of ``cands``; what each came to."""
@@ -148,13 +148,10 @@ class LibP2PAutoNatClient:
         )
         return verdict
 
-    def _on_connected(self, conn: Connection) -> None:
-        """A v1 dial-back is a connection from the server's IP: offered to every v1 request open."""
-        if not self._v1:
-            return
-        ip = ip_of(conn.remote_addr) if conn.transport in ("tcp", "quic") else None
+    def _on_dialed_in(self, transport: str, ip: str) -> None:
+        """A v1 dial-back is a dial from the server's IP: offered to every v1 request open."""
         for req, event in self._v1.items():
-            if req.connected(conn.transport, ip, conn.direction == "inbound"):
+            if req.dialed_in(transport, ip):
                 event.set()
 
     async def _on_dial_back(self, stream: Stream, conn: Connection) -> None:

@@ -175,6 +175,7 @@ class Host:
         )
         self.transport_set.add(self.circuit)
         self.transport_set.set_early(self.early_identify, self._push_early)
+        self.transport_set.set_dialed_in(self.events.dialed_in.emit)
         self.events.addresses_changed.subscribe(lambda addrs: setattr(self, "_addrs_changed_at", self.loop.time()))
         for addr in listen:
             transport = self.transport_for(addr)

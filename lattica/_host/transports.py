@@ -25,6 +25,7 @@ class Transports:
         # given to every transport (Transport.early_data, Transport.early_push)
         self.early_data: Callable[[Multiaddr], bytes | None] | None = None
         self.early_push: Callable[[Connection], None] | None = None
+        self.dialed_in: Callable[[str, str], None] | None = None  # (Transport.dialed_in)
         self.all: list[Transport] = []
         self.add(TcpTransport(keypair, **options.get("tcp", {})))
         self._lazy_quic = self._lazy_memory = True
@@ -33,6 +34,7 @@ class Transports:
 
     def add(self, transport: Transport) -> None:
         transport.early_data, transport.early_push = self.early_data, self.early_push
+        transport.dialed_in = self.dialed_in
         transport.hold_opens = True  # (the host meters every connection's opens: Connections.add)
         transport.narrow_windows = True  # (and widens a connection's windows once its peer is a member)
         self.all.append(transport)
@@ -45,6 +47,13 @@ class Transports:
         self.early_data, self.early_push = data, push
         for t in self.all:
             t.early_data, t.early_push = data, push
+
+    def set_dialed_in(self, fn: Callable[[str, str], None] | None) -> None:
+        """What every transport, of now and added later, tells of each dial reaching a listener
+        (``Transport.dialed_in``)."""
+        self.dialed_in = fn
+        for t in self.all:
+            t.dialed_in = fn
 
     def for_addr(self, addr: Multiaddr) -> Transport | None:
         """The transport that listens on / dials ``addr``, or None."""

@@ -4,9 +4,11 @@ Older libp2p nodes (go-libp2p before 0.36, the hivemind daemon's included, and I
 that age) serve only v1: we send ``Dial{peer{our id, addrs}}`` and the server dials us back at
 those addresses on the IP our connection comes from (and at the address it observes), then
 answers ``OK`` with the address that worked or ``E_DIAL_ERROR``. v1 has no nonce: the dial-back
-is a bare connection from a throw-away identity. So, as with v2, what counts is what arrives: an
-``OK`` is believed only when a connection from the server's IP, over the transport of the
-address it names, came in while the request was open, and only for an address we asked about
+is a bare connection from a throw-away identity, which it may close before the handshake is over
+on our side. So, as with v2, what counts is what arrives: an ``OK`` is believed only when a dial
+from the server's IP, over the transport of the address it names, reached our listener while the
+request was open (a TCP connection accepted, a QUIC Initial that decrypted: packets from that IP
+get through to us there), and only for an address we asked about
 (so a server cannot have us advertise an address of its choosing). A server that says it could
 not connect is a failed try; anything else proves nothing.
 """
@@ -34,7 +36,7 @@ class V1Request:
         self.addrs = tuple(a.without_peer_id() for a in addrs[: v1.MAX_ADDRS])
         self.server_ip = server_ip
         self.response: v1.DialResponse | None = None
-        self.arrivals: list[str] = []  # transports of the inbound connections from the server's IP
+        self.arrivals: list[str] = []  # transports of the dials from the server's IP that reached us
 
     def opening(self) -> bytes:
         """The one message we send: our ``Dial``."""
@@ -48,10 +50,10 @@ class V1Request:
             raise ProtocolError("an AutoNAT v1 server sent a Dial")
         self.response = msg
 
-    def connected(self, transport: str, ip: str | None, inbound: bool) -> bool:
-        """A new connection came up while the request was open: one the server's IP opened to us
-        over TCP or QUIC counts as a dial-back (True)."""
-        if inbound and ip == self.server_ip and transport in ("tcp", "quic") and len(self.arrivals) < _MAX_ARRIVALS:
+    def dialed_in(self, transport: str, ip: str) -> bool:
+        """A dial reached one of our listeners while the request was open: one from the server's
+        IP over TCP or QUIC counts as a dial-back (True)."""
+        if ip == self.server_ip and transport in ("tcp", "quic") and len(self.arrivals) < _MAX_ARRIVALS:
             self.arrivals.append(transport)
             return True
         return False
@@ -64,8 +66,8 @@ class V1Request:
         return addr if addr in self.addrs else None
 
     def awaits_dial_back(self) -> bool:
-        """The server says it got through at an address of ours and no connection has come yet
-        (ours may come up a moment after its answer)."""
+        """The server says it got through at an address of ours and no dial of its has reached us
+        yet (its packets may trail its answer)."""
         addr = self._named()
         return addr is not None and transport_of(addr) not in self.arrivals
 

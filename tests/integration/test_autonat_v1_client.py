@@ -13,6 +13,7 @@ from integration.test_autonat_v2_client import connect_libp2p, probing, until  #
 
 import lattica
 from lattica._framing import read_delimited, write_delimited
+from lattica._identity import KeyPair
 from lattica._multiaddr import Multiaddr
 from lattica.config import NatConfig
 from lattica.nat import _autonat_v1_wire as v1
@@ -107,3 +108,25 @@ def test_a_refusing_server_leaves_us_unknown(probing) -> None:  # noqa: F811
         connect_libp2p(client, server)
         assert until(lambda: "E_DIAL_REFUSED" in client.nat_status().reason), client.nat_status()
         assert client.nat_status().reachability == "unknown" and counts(client)["nothing"] >= 1
+
+
+def test_a_dial_that_reaches_a_listener_is_told_before_any_handshake() -> None:
+    """What counts as a v1 dial-back: a bare TCP connection closed at once, and a QUIC dial that
+    the dialer gives up (here: it expected another peer) are both reported by the transports."""
+    import socket  # (this test only: a raw TCP dial)
+
+    with lattica.Node([TCP, "/ip4/127.0.0.1/udp/0/quic-v1"]) as node, lattica.Node([TCP]) as other:
+        seen: list[tuple[str, str]] = []
+        node.run(_subscribe(node, seen))
+        tcp_addr, quic_addr = node.addrs[0], node.addrs[1]
+        with socket.create_connection(tcp_addr.host_port()):
+            pass
+        assert until(lambda: ("tcp", "127.0.0.1") in seen), seen
+        wrong = quic_addr.without_peer_id().encapsulate(f"/p2p/{KeyPair.generate().peer_id}")
+        with pytest.raises(lattica.errors.LatticaError):
+            other.connect(wrong, timeout=5)
+        assert until(lambda: ("quic", "127.0.0.1") in seen), seen
+
+
+async def _subscribe(node: lattica.Node, seen: list) -> None:
+    node._host.events.dialed_in.subscribe(lambda transport, ip: seen.append((transport, ip)))

@@ -9,6 +9,9 @@ JSON line per command read from stdin:
 * ``{"cmd": "call", "peer": "<PeerId>"}`` -> spawn a Counter on that peer (found by PeerId alone),
   call it, and report the path the call took (``tcp``, ``quic`` or ``relay``) and how long it took
 * ``{"cmd": "connect", "addr": A}`` -> ``{"ok": true}`` once connected to the peer at multiaddr A
+* ``{"cmd": "autonat_ask", "peers": [P, ...], "transport": "tcp"|"quic"}`` -> ``{"answers": [...]}``:
+  what each libp2p AutoNAT server answered about our address of that transport (``version``,
+  ``asked``, ``outcome``, ``reason``)
 * ``{"cmd": "members"}`` -> the membership view: ``{"members": [{"peer_id", "state"}, ...]}``; ``{"cmd": "members_debug"}``
   -> the membership table inside (incarnations, seals, connections, watchers), for failure reports
 * ``{"cmd": "subscribe", "topic": T}``; ``{"cmd": "publish", "topic": T, "data": D}`` -> the
@@ -47,8 +50,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import lattica  # noqa: E402
 import lattica.logging  # noqa: E402
 import sample_actors as sa  # noqa: E402
+from lattica._multiaddr import Multiaddr  # noqa: E402
 from lattica.actors.nat.relay import RelayConfig  # noqa: E402
-from lattica.config import ContentConfig, CrdtConfig, PubSubConfig  # noqa: E402
+from lattica.config import ContentConfig, CrdtConfig, NatConfig, PubSubConfig  # noqa: E402
 from lattica.nat import _holepunch as holepunch  # noqa: E402
 
 
@@ -132,6 +136,12 @@ def main() -> None:
         action="store_true",
         help="punch with libp2p's DCUtR only, as a libp2p node would (our own protocol is not offered)",
     )
+    p.add_argument(
+        "--autonat-servers",
+        type=int,
+        default=None,
+        help="peers its reachability rounds ask (0: none, only the autonat_ask command asks)",
+    )
     args = p.parse_args()
     if args.log:
         lattica.logging.configure(args.log)
@@ -154,6 +164,7 @@ def main() -> None:
         crdt=CrdtConfig(path="memory"),
         content=ContentConfig(blocks="memory"),
         pubsub=PubSubConfig(libp2p_topics=tuple(args.libp2p_topic), open_topics=tuple(args.libp2p_topic)),
+        nat=NatConfig() if args.autonat_servers is None else NatConfig(servers=args.autonat_servers),
     ).start()
     if args.dcutr_only:
         node._host.handlers.pop(holepunch.PROTOCOL)  # (before any peer identifies us)
@@ -189,6 +200,9 @@ def main() -> None:
             elif cmd["cmd"] == "connect":  # (a peer found by address, e.g. a /p2p-circuit one)
                 node.connect(cmd["addr"], timeout=float(cmd.get("timeout", 20)))
                 _say({"ok": True})
+            elif cmd["cmd"] == "autonat_ask":
+                peers = [lattica.PeerId.from_string(p) for p in cmd["peers"]]
+                _say({"answers": node.run(_autonat_ask(node, peers, cmd["transport"]), timeout=60)})
             elif cmd["cmd"] == "ping":
                 _say(
                     {
@@ -318,6 +332,23 @@ async def _spawn(cls, *args):
     ref = cls.remote(*args)
     await ref._spawn
     return ref
+
+
+async def _autonat_ask(node: lattica.Node, peers: list[lattica.PeerId], transport: str) -> list[dict]:
+    """Ask each of ``peers`` (libp2p AutoNAT servers: v2 if one serves it, else v1), at once, to
+    dial us back at our ``transport`` address as it sees us: QUIC as it observed our listening
+    socket, TCP at our listening port on the IP it observed."""
+    client = node._host.services.nat.libp2p_autonat
+
+    async def ask(peer: lattica.PeerId) -> dict:
+        info = node._host.info[node._host.conns[peer]]
+        seen = info.observed_addr.without_peer_id()
+        addr = seen if transport == "quic" else Multiaddr.from_host_port(seen.host_port()[0], 4001, "tcp")
+        version = 2 if "/libp2p/autonat/2/dial-request" in info.protocols else 1
+        v = await client.ask(peer, [addr])
+        return {"version": version, "asked": str(addr), "outcome": v.outcome.value, "reason": v.reason}
+
+    return list(await asyncio.gather(*(ask(p) for p in peers)))
 
 
 async def _members_debug(node) -> dict:

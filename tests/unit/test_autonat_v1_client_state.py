@@ -39,24 +39,23 @@ def test_an_ok_with_a_connection_from_the_server_is_reached() -> None:
     req = V1Request(ME, (TCP,), SERVER)
     req.receive(_ok(TCP))
     assert req.awaits_dial_back()
-    assert req.connected("tcp", SERVER, inbound=True)
+    assert req.dialed_in("tcp", SERVER)
     assert not req.awaits_dial_back()
     v = req.verdict()
     assert (v.outcome, v.addr, v.dialer_ip, v.transport) == (Outcome.REACHED, TCP, SERVER, "tcp")
 
 
 @pytest.mark.parametrize(
-    ("transport", "ip", "inbound"),
+    ("transport", "ip"),
     [
-        ("tcp", "198.51.100.77", True),  # another host's connection
-        ("tcp", SERVER, False),  # one we opened
-        ("quic", SERVER, True),  # over the other transport than the address named
-        ("relay", SERVER, True),  # not a direct connection
+        ("tcp", "198.51.100.77"),  # another host's dial
+        ("quic", SERVER),  # over the other transport than the address named
+        ("memory", SERVER),  # not a direct connection
     ],
 )
-def test_an_ok_without_its_dial_back_is_nothing(transport: str, ip: str, inbound: bool) -> None:
+def test_an_ok_without_its_dial_back_is_nothing(transport: str, ip: str) -> None:
     req = V1Request(ME, (TCP,), SERVER)
-    req.connected(transport, ip, inbound)
+    req.dialed_in(transport, ip)
     req.receive(_ok(TCP))
     v = req.verdict()
     assert v.outcome == Outcome.NOTHING and "no connection came" in v.reason
@@ -64,7 +63,7 @@ def test_an_ok_without_its_dial_back_is_nothing(transport: str, ip: str, inbound
 
 def test_an_ok_naming_an_address_we_did_not_ask_about_is_nothing() -> None:
     req = V1Request(ME, (TCP,), SERVER)
-    req.connected("tcp", SERVER, inbound=True)
+    req.dialed_in("tcp", SERVER)
     req.receive(_ok(Multiaddr("/ip4/192.0.2.66/tcp/80")))  # (we would advertise it if believed)
     assert not req.awaits_dial_back()
     assert req.verdict().outcome == Outcome.NOTHING
@@ -105,5 +104,5 @@ def test_no_answer_or_an_abandoned_request_is_nothing() -> None:
 def test_arrivals_kept_per_request_are_bounded() -> None:
     req = V1Request(ME, (TCP,), SERVER)
     for _ in range(100):
-        req.connected("tcp", SERVER, inbound=True)
+        req.dialed_in("tcp", SERVER)
     assert len(req.arrivals) <= 4

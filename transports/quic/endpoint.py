@@ -245,6 +245,8 @@ class QuicListener(Listener):
         if quic.nothing_decrypted():  # a garbled Initial: no state kept
             ep.drops += 1
             conn._teardown()
+            return
+        owner._note_dialed_in(addr[0])
 
     def _verified(self, conn: QuicConn) -> None:
         self._endpoint.release(conn)

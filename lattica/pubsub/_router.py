@@ -39,7 +39,9 @@ The rules, in short (names as in the GossipSub v1.1 specification):
   that author's messages at or below it are dropped unseen, so a flood that pushes the cache's
   entries out (however many authors it is signed by) opens no window to replay what was forgotten.
   Floors are kept for ``max_floors`` authors, only of accepted messages (whose authors the glue
-  vouched for).
+  vouched for). libp2p messages have no floors: their ids pushed out early go to a compact
+  **tail** (8 bytes each) until ``seen_ttl``, at most ``seen_tail_max``; beyond, peers' new
+  messages are dropped rather than such an id forgotten.
 - **Validation**: a new message is forwarded and delivered only after the glue accepted it;
   rejected ones count against every peer that sent them (P4); ignored ones are just dropped.
 - **Scores** (``lattica.pubsub._score``): below ``gossip_threshold`` no gossip to or from a
@@ -168,6 +170,10 @@ class GossipParams:
     history_gossip: int = 3
     seen_ttl: float = 120.0
     seen_max: int = 100_000
+    # libp2p ids pushed out of the seen cache by seen_max before seen_ttl, kept as 8 bytes each
+    # until it (``_seen.Tail``: 16 MiB); when full too, peers' new messages that would push out
+    # another are dropped: a libp2p message is never taken twice within seen_ttl
+    seen_tail_max: int = 2_000_000
     prune_backoff: float = 60.0
     unsubscribe_backoff: float = 10.0
     max_ihave_length: int = 5000  # ids we ask one peer for per heartbeat
@@ -459,9 +465,13 @@ class Router(SeenCache, MessageCache, Gossip, FloodSets, Meshes, Choking):
         floor = self._floors.get(msg.author)
         if floor is not None and msg.seqno <= floor and not is_libp2p_id(mid):
             return  # older than what we forgot of its author: a replay, or a copy far too late
+        if self._tail is not None and self._replayed(mid):
+            return  # a libp2p message seen within seen_ttl, pushed out of the cache early: a replay
         mesh = self.mesh.get(msg.topic)
         if mesh is None:
             return  # not ours to check or pass on (a peer's fanout reached us): not even remembered
+        if not self._room(now):
+            return  # the cache is full of unexpired libp2p ids and so is the tail: dropped, nobody blamed
         entry = self._remember(mid, now, msg.topic, peer)
         entry.had_from(peer)
         self._messages[mid] = msg

@@ -1,6 +1,6 @@
 """A hostile review of GossipSub with libp2p peers and of the Lattica SDK's RPC (issue 50), over
-real connections on 127.0.0.1. Each test is an attack that worked before its fix (the two
-marked xfail are not fixed yet; the review describes their fixes). The review's findings:
+real connections on 127.0.0.1. Each test is an attack that worked before its fix (findings 3
+and 10 were fixed after the review, which pinned them as xfail tests). The review's findings:
 
 1. a Lattica stranger forwards a forged libp2p message inside its batch (``[topic, protobuf]``):
    its signature was never checked, so it was delivered and passed on under any author, and a
@@ -16,8 +16,8 @@ marked xfail are not fixed yet; the review describes their fixes). The review's 
 7. a served object's inherited builtins, callable attributes and lifecycle hooks were callable;
 8. a hostile SDK node's streaming answer could make us hold 64 items of 16 MiB per call;
 9. authors flooding the SDK's relay-address topic pushed known peers out of the address book;
-10. (xfail) a libp2p message is accepted again once 100,000 newer ones pushed it out of the
-    seen cache, well within the 120 s the docs promise.
+10. a libp2p message was accepted again once 100,000 newer ones pushed it out of the seen
+    cache, well within the 120 s the docs promise.
 """
 
 from __future__ import annotations
@@ -668,18 +668,14 @@ def test_relayed_addresses_of_unknown_authors_do_not_push_known_peers_out_of_the
 # -- 6. replays ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hostile review, finding 10, not fixed: a libp2p message's id leaves the seen cache after "
-    "seen_max newer ones too (docs/pubsub.md says 120 s, as in libp2p), and no author's floor refuses it",
-)
 def test_a_libp2p_message_replayed_within_the_seen_caches_time_is_not_delivered_again(
     plain: Callable[..., Plain],
 ) -> None:
     """Alice's message, then newer messages under throwaway authors (keys cost nothing), more
     than the seen cache holds (20 here, 100,000 by default), then Alice's message again, well
-    within 120 s: delivered a second time. docs/pubsub.md says "as in libp2p, the seen cache
-    (120 s) keeps their copies out"; go's seen cache is bounded by time alone."""
+    within 120 s: not delivered again (before the fix it was: its id had left the cache, and
+    libp2p messages raise no author's floor). docs/pubsub.md says "as in libp2p, the seen
+    cache (120 s) keeps their copies out"; go's seen cache is bounded by time alone."""
     import dataclasses
 
     with _victim(mesh="open") as victim:

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from lattica.bench.pubsub import simulate
-from lattica.pubsub._router import ACCEPT, IGNORE, REJECT, Envelope, GossipParams, Router, Rpc, flood_tag
+from lattica.pubsub._router import ACCEPT, IGNORE, LIBP2P_MARK, REJECT, Envelope, GossipParams, Router, Rpc, flood_tag
 
 T = "t"
 
@@ -622,3 +622,74 @@ def test_a_burst_cannot_choose_which_ids_go_unnamed_at_the_heartbeat():
     assert sum(1 for mid in kept if int.from_bytes(mid, "big") >= 5000) > 30, (
         "the later half is sampled too, not only the first ids"
     )
+
+
+# -- libp2p messages: the seen cache's time, whatever came since -----------------------------------
+
+
+def _lp(author: int, seq: int) -> Envelope:
+    """A libp2p GossipSub message as the glue hands it over (its signature checked)."""
+    return Envelope(T, author.to_bytes(4, "big"), seq, b"x", b"", LIBP2P_MARK)
+
+
+def _at(r: Router, peer: str, m: Envelope, now: float) -> bool:
+    """``_arrive`` at ``now``: whether the router took ``m`` (asked for it to be validated)."""
+    r.on_rpc(peer, Rpc(messages=[m]), now)
+    asked = [x for x, _ in r.take_to_validate()]
+    for x in asked:
+        r.validated(x.id, ACCEPT, now)
+    return bool(asked)
+
+
+def test_a_libp2p_message_pushed_out_of_the_seen_cache_is_refused_until_its_seen_ttl():
+    """libp2p messages raise no author's floor (js's seqnos are random): a flood under throwaway
+    authors pushes one out of the cache's 50 entries, and its replay within the 120 s is refused
+    all the same (the tail); after the 120 s it is a new message, as in libp2p."""
+    a = _replay_setup()
+    old = _lp(7, 1)
+    assert _at(a, "honest", old, 1.0)
+    for i in range(60):
+        assert _at(a, "flooder", _lp(1000 + i, 1), 2.0)
+    assert old.id not in a._seen and a._tail is not None and old.id in a._tail
+    assert not _at(a, "flooder", old, 60.0)
+    a._expire(119.0)
+    assert not _at(a, "flooder", old, 119.0)
+    a._expire(140.0)
+    assert a._tail is not None and len(a._tail) == 0
+    assert _at(a, "honest", old, 140.0)
+
+
+def test_when_the_tail_is_full_too_peers_new_libp2p_messages_are_dropped_not_old_ids_forgotten():
+    """The cache (50) and the tail (10) hold 60 unexpired libp2p ids: a peer's new message, which
+    would push one out for good, is dropped instead (nobody blamed); every id held stays refused;
+    once they age out, new messages are taken again."""
+    a = _replay_setup(seen_tail_max=10)
+    for i in range(60):
+        assert _at(a, "flooder", _lp(1000 + i, 1), 1.0)
+    assert a._tail is not None and len(a._tail) == 10 and len(a._seen) == 50
+    assert not _at(a, "honest", _lp(5000, 1), 2.0)
+    assert not any(_at(a, "flooder", _lp(1000 + i, 1), 3.0) for i in range(60))
+    assert a.scores.score("honest", 3.0) >= 0
+    a._expire(130.0)
+    assert len(a._seen) == 0 and len(a._tail) == 0
+    assert _at(a, "honest", _lp(5000, 1), 130.0)
+
+
+def test_the_tail_keeps_ids_in_buckets_by_time_and_forgets_them_after_its_ttl(monkeypatch):
+    """Ids sealed into sorted buckets (here every 3 ids, and every 10 s) are all still found;
+    each bucket goes ttl after its last id came."""
+    from lattica.pubsub import _seen
+
+    monkeypatch.setattr(_seen, "_SEAL", 3)
+    tail = _seen.Tail(120.0, 100)
+    ids = [bytes([i]) * 20 for i in range(10)]
+    for i, mid in enumerate(ids):
+        assert tail.add(mid, float(i))
+    assert len(tail._sealed) == 3 and len(tail) == 10
+    assert all(mid in tail for mid in ids) and b"other" not in tail
+    tail.expire(122.5)  # (the first bucket's last id came at 2.0)
+    assert ids[0] not in tail and ids[3] in tail and len(tail) == 7
+    tail.expire(200.0)
+    assert len(tail) == 0 and not any(mid in tail for mid in ids)
+    full = _seen.Tail(120.0, 2)
+    assert full.add(b"a", 0.0) and full.add(b"b", 0.0) and not full.add(b"c", 0.0) and full.full()

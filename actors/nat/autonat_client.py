@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from lattica._framing import read_delimited, write_delimited
 from lattica._interfaces import ip_of
@@ -36,6 +37,22 @@ if TYPE_CHECKING:
     from lattica.transports.base import Connection, Stream
 
 log = get_logger("lattica.autonat")
+
+M = TypeVar("M", contravariant=True)
+
+
+class _Exchange(Protocol[M]):
+    """A request's protocol state, as ``_exchange`` plays it (v2's ``Request``, v1's ``V1Request``)."""
+
+    @property
+    def answered(self) -> bool: ...
+
+    def opening(self) -> bytes: ...
+
+    def receive(self, msg: M) -> list[bytes]: ...
+
+    def awaits_dial_back(self) -> bool: ...
+
 
 __all__ = ["LibP2PAutoNatClient"]
 
@@ -77,30 +94,12 @@ class LibP2PAutoNatClient:
         except ProtocolError as e:
             return Verdict(Outcome.NOTHING, reason=str(e))
         arrived = self._arrival[req.nonce] = asyncio.Event()
-        stream: Stream | None = None
-        failure: str | None = None
+        failure: str | None = "cancelled"
         try:
-            async with asyncio.timeout(_TIMEOUT):
-                stream = await self.host.open_stream_on(conn, v2.DIAL_REQUEST)
-                write_delimited(stream, req.opening())
-                await stream.drain()
-                while not req.answered:
-                    for out in req.receive(v2.decode(await read_delimited(stream, v2.MAX_MESSAGE))):
-                        write_delimited(stream, out)
-                        await stream.drain()
-            with contextlib.suppress(LatticaError):
-                await stream.close()
-            if req.awaits_dial_back():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(_TRAILING):
-                        await arrived.wait()
-        except (TimeoutError, LatticaError) as e:
-            failure = str(e) or "timeout"
-            if stream is not None:
-                stream.reset()
+            failure = await self._exchange(conn, v2.DIAL_REQUEST, req, v2.decode, v2.MAX_MESSAGE, arrived)
         finally:
             self._arrival.pop(req.nonce, None)
-            verdict = self.requests.finish(req, failure)
+            verdict = self.requests.finish(req, failure)  # (its nonce forgotten whatever happened)
         if failure is not None:
             log.info("AutoNAT v2 request abandoned", server=str(peer), reason=failure)
         else:
@@ -109,23 +108,49 @@ class LibP2PAutoNatClient:
 
     async def _ask_v1(self, conn: Connection, addrs: tuple[Multiaddr, ...]) -> Verdict:
         """One AutoNAT v1 ``Dial`` to the server at the other end of ``conn``."""
-        server_ip = ip_of(conn.remote_addr)
         if len(self._v1) >= MAX_PENDING:
             return Verdict(Outcome.NOTHING, reason=f"{MAX_PENDING} AutoNAT v1 requests in flight already")
         try:
-            req = V1Request(self.host.peer_id.to_bytes(), addrs, server_ip or "")
+            req = V1Request(self.host.peer_id.to_bytes(), addrs, ip_of(conn.remote_addr) or "")
         except ProtocolError as e:
             return Verdict(Outcome.NOTHING, reason=str(e))
         arrived = self._v1[req] = asyncio.Event()
         self.v1_counts["asked"] += 1
+        try:
+            failure = await self._exchange(conn, v1.PROTOCOL, req, v1.decode, v1.MAX_MESSAGE, arrived)
+        finally:
+            del self._v1[req]
+        verdict = req.verdict(failure)
+        self.v1_counts[verdict.outcome.value] += 1
+        if failure is None and req.awaits_dial_back():
+            self.v1_counts["unconfirmed"] += 1  # (it said it got through; nothing came)
+        log.debug(
+            "AutoNAT v1 answer", server=str(conn.remote_peer), outcome=verdict.outcome.value, reason=verdict.reason
+        )
+        return verdict
+
+    async def _exchange(
+        self,
+        conn: Connection,
+        protocol: str,
+        req: _Exchange[M],
+        decode: Callable[[bytes], M],
+        max_message: int,
+        arrived: asyncio.Event,
+    ) -> str | None:
+        """Play ``req`` against the server on a new ``protocol`` stream, then give its dial-back
+        up to ``_TRAILING`` to arrive (``arrived`` is set at each that may be it); why it was
+        abandoned, or None."""
         stream: Stream | None = None
-        failure: str | None = None
         try:
             async with asyncio.timeout(_TIMEOUT):
-                stream = await self.host.open_stream_on(conn, v1.PROTOCOL)
+                stream = await self.host.open_stream_on(conn, protocol)
                 write_delimited(stream, req.opening())
                 await stream.drain()
-                req.receive(v1.decode(await read_delimited(stream, v1.MAX_MESSAGE)))
+                while not req.answered:
+                    for out in req.receive(decode(await read_delimited(stream, max_message))):
+                        write_delimited(stream, out)
+                        await stream.drain()
             with contextlib.suppress(LatticaError):
                 await stream.close()
             with contextlib.suppress(TimeoutError):
@@ -134,19 +159,10 @@ class LibP2PAutoNatClient:
                         arrived.clear()
                         await arrived.wait()
         except (TimeoutError, LatticaError) as e:
-            failure = str(e) or "timeout"
             if stream is not None:
                 stream.reset()
-        finally:
-            del self._v1[req]
-        verdict = req.verdict(failure)
-        self.v1_counts[verdict.outcome.value] += 1
-        if failure is None and req.awaits_dial_back():
-            self.v1_counts["unconfirmed"] += 1  # (it said it got through; no connection came)
-        log.debug(
-            "AutoNAT v1 answer", server=str(conn.remote_peer), outcome=verdict.outcome.value, reason=verdict.reason
-        )
-        return verdict
+            return str(e) or "timeout"
+        return None
 
     def _on_dialed_in(self, transport: str, ip: str) -> None:
         """A v1 dial-back is a dial from the server's IP: offered to every v1 request open."""

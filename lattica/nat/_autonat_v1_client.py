@@ -42,13 +42,19 @@ class V1Request:
         """The one message we send: our ``Dial``."""
         return v1.encode(v1.Dial(self.peer_id, self.addrs))
 
-    def receive(self, msg: v1.Message) -> None:
-        """The server's message; ProtocolError unless it is its (first) ``DialResponse``."""
+    @property
+    def answered(self) -> bool:
+        return self.response is not None
+
+    def receive(self, msg: v1.Message) -> list[bytes]:
+        """The server's message (nothing to send back); ProtocolError unless it is its (first)
+        ``DialResponse``."""
         if self.response is not None:
             raise ProtocolError("an AutoNAT v1 server went on after its DialResponse")
         if not isinstance(msg, v1.DialResponse):
             raise ProtocolError("an AutoNAT v1 server sent a Dial")
         self.response = msg
+        return []
 
     def dialed_in(self, transport: str, ip: str) -> bool:
         """A dial reached one of our listeners while the request was open: one from the server's

@@ -13,13 +13,15 @@ refused with an error that says so: nothing from the network is unpickled here.
 
 **Calling.** ``call`` asks an SDK node's method over ``/rpc/req-resp/1.0.0`` (a stream per call);
 ``stream`` over ``/rpc/stream/1.0.0`` (one long-lived stream per peer, calls told apart by id),
-the answer's items as they come. An error answer raises :class:`~lattica.errors.SdkCallError`,
-a pickled answer :class:`~lattica.errors.PickleRefused`.
+the answer's items as they come, each within ``timeout`` of the one before (else the call is
+cancelled: :class:`~lattica.errors.SdkStreamIdle`). An error answer raises
+:class:`~lattica.errors.SdkCallError`, a pickled answer :class:`~lattica.errors.PickleRefused`.
 
 **Bounds.** What a peer sends is held against the node's budget for partly received messages
 (a stranger's share: SDK nodes are strangers to a mesh that does not list them); at most
 ``MAX_CALLS`` calls of one peer are served at once (``MAX_CALLS_ALL`` in all, of which strangers
-hold at most half), beyond which the caller is told to retry; a request or answer is at most ``MAX_MESSAGE`` bytes; a req-resp
+hold at most half, and strangers from one address, an IPv6 /64, ``MAX_STRANGER_CALLS_PER_ADDRESS``),
+beyond which the caller is told to retry; a request or answer is at most ``MAX_MESSAGE`` bytes; a req-resp
 request must start, and keep coming, within the budget's deadline; an answer the caller does not
 take within ``SEND_TIMEOUT`` has its stream reset (and its calls' slots freed). Of an object,
 only the public functions its class defines are served (``_served_methods``).
@@ -35,6 +37,7 @@ import os
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, get_type_hints
 
+from lattica._interfaces import host_key
 from lattica._runtime.limits import AGEN, GEN, LIFECYCLE_HOOKS
 from lattica._runtime.refs import ActorRef
 from lattica.errors import (
@@ -43,6 +46,7 @@ from lattica.errors import (
     PickleRefused,
     ProtocolError,
     SdkCallError,
+    SdkStreamIdle,
     Timeout,
 )
 from lattica.logging import get_logger
@@ -57,16 +61,29 @@ if TYPE_CHECKING:
 
 log = get_logger("lattica.sdk")
 
-__all__ = ["SdkRpcService", "MAX_MESSAGE", "MAX_CALLS", "MAX_CALLS_ALL", "CHUNK", "SEND_TIMEOUT"]
+__all__ = [
+    "SdkRpcService",
+    "MAX_MESSAGE",
+    "MAX_CALLS",
+    "MAX_CALLS_ALL",
+    "MAX_STRANGER_CALLS_PER_ADDRESS",
+    "CHUNK",
+    "SEND_TIMEOUT",
+    "TIMEOUT",
+]
 
 MAX_MESSAGE = 256 * 1024 * 1024  # bytes of one request or answer (the SDK caps neither)
 CHUNK = 16 * 1024 * 1024  # bytes of one Data frame's data (the SDK's chunk size)
 MAX_FRAME = CHUNK + 2 * w.MAX_TEXT + 64  # a frame's bytes: a chunk, its id, its header
 MAX_CALLS = 16  # calls of one peer served at once
 MAX_CALLS_ALL = 256  # and of all peers
+# and of strangers from one address (an IPv6 /64; a relayed one, its relay's): identities are
+# free, addresses are not, so holding the strangers' half (128) takes 4 of them, however the
+# calls are re-issued (hostile review: 8 identities held it for good, re-calling as answers timed out)
+MAX_STRANGER_CALLS_PER_ADDRESS = 32
 QUEUE = 64  # items of a streaming answer read ahead of its consumer (then the stream waits)
 QUEUE_BYTES = 32 * 1024 * 1024  # and their bytes (an item larger still goes, alone)
-TIMEOUT = 180.0  # s a call waits for its answer (the SDK's request timeout)
+TIMEOUT = 180.0  # s a call waits for its answer, and a streaming call for each item (the SDK's request timeout)
 SEND_TIMEOUT = 30.0  # s an answer waits for the caller's window before its stream is reset
 _READ = 1 << 20
 PICKLE_REFUSED = (
@@ -88,6 +105,8 @@ class SdkRpcService:
         self._serving_all = 0
         self._as_stranger: dict[PeerId, int] = {}  # of a peer's calls, those taken as a stranger's
         self._serving_strangers = 0
+        self._source_of: dict[PeerId, str] = {}  # a stranger's address its calls count against (while it has some)
+        self._by_source: dict[str, int] = {}  # strangers' calls by address
         self._out: dict[PeerId, _CallStream] = {}
         self._ids = itertools.count()
         self._prefix = os.urandom(4).hex()
@@ -149,20 +168,39 @@ class SdkRpcService:
             )
         return answer.data
 
-    async def stream(self, peer: PeerId, method: str, data: bytes) -> AsyncIterator[bytes]:
+    async def stream(self, peer: PeerId, method: str, data: bytes, timeout: float = TIMEOUT) -> AsyncIterator[bytes]:
         """Call ``method`` on ``peer`` over the stream protocol; its answer's items as they come
-        (one for a method that answers once)."""
+        (one for a method that answers once). Each item (the first counted from the call) must
+        come within ``timeout`` s, else the call is cancelled and :class:`SdkStreamIdle` raised:
+        a peer that accepts the call and never answers holds the caller no longer."""
         _check_method(method)
-        out = self._out.get(peer)
-        if out is None or out.broken:
-            conn = await self.host.get_connection(peer)
-            stream = await self.host.open_stream_on(conn, w.STREAM)
-            out = self._out[peer] = _CallStream(self.host, peer, stream, lambda: self._out.pop(peer, None))
         request_id = self._next_id()
-        queue = await out.request(request_id, method, data)
+        try:
+            async with asyncio.timeout(timeout):
+                out = self._out.get(peer)
+                if out is None or out.broken:
+                    conn = await self.host.get_connection(peer)
+                    stream = await self.host.open_stream_on(conn, w.STREAM)
+                    out = self._out[peer] = _CallStream(self.host, peer, stream, lambda: self._out.pop(peer, None))
+                queue = await out.request(request_id, method, data)
+        except TimeoutError as e:
+            if isinstance(e, Timeout):
+                raise
+            raise SdkStreamIdle(
+                f"{peer} could not be asked {method} within {timeout:g} s; a slow path to it needs a longer "
+                "timeout (stub(...).method.stream(request, timeout=...))"
+            ) from None
         try:
             while True:
-                kind, value = await queue.get()
+                try:
+                    async with asyncio.timeout(timeout):
+                        kind, value = await queue.get()
+                except TimeoutError:
+                    raise SdkStreamIdle(
+                        f"{peer} sent no item of {method} for {timeout:g} s, so the call was cancelled; if the "
+                        "method pauses longer between items, pass a longer timeout "
+                        "(stub(...).method.stream(request, timeout=...))"
+                    ) from None
                 if kind == "data":
                     out.took(request_id, len(value))
                     if w.looks_pickled(value):
@@ -216,21 +254,32 @@ class SdkRpcService:
             self.partials.change(peer, len(got), 0, stranger)
         return bytes(got)
 
-    def _admit(self, peer: PeerId) -> str | None:
+    def _admit(self, peer: PeerId, conn: Connection) -> str | None:
         """Take a call slot for ``peer`` (None), or say why it is busy. Strangers together take
         at most half of ``MAX_CALLS_ALL``: identities cost nothing, and (hostile review) 16 of
         them held every slot, renewing their hold as fast as answers time out, so every member
-        was told "busy"."""
+        was told "busy". Strangers from one address (``conn``'s: an IPv6 /64, a relay's for a
+        relayed peer) take at most ``MAX_STRANGER_CALLS_PER_ADDRESS``: re-issuing calls as
+        fast as they end, 8 identities held the strangers' half for good, and every SDK node
+        outside the mesh was told "busy"; now that takes 4 addresses."""
         stranger = self.host.circle_of(peer) == "stranger"
         if self._serving.get(peer, 0) >= MAX_CALLS:
             return f"busy: more than {MAX_CALLS} calls from you at once; try again"
         if self._serving_all >= MAX_CALLS_ALL or (stranger and self._serving_strangers >= MAX_CALLS_ALL // 2):
             return "busy: this node serves too many calls; try again"
-        self._serving[peer] = self._serving.get(peer, 0) + 1
-        self._serving_all += 1
         if stranger:
+            source = self._source_of.get(peer) or _source(conn)
+            if self._by_source.get(source, 0) >= MAX_STRANGER_CALLS_PER_ADDRESS:
+                return (
+                    f"busy: peers outside this node's mesh hold {MAX_STRANGER_CALLS_PER_ADDRESS} calls from your "
+                    "address at once; try again"
+                )
+            self._source_of[peer] = source
+            self._by_source[source] = self._by_source.get(source, 0) + 1
             self._as_stranger[peer] = self._as_stranger.get(peer, 0) + 1
             self._serving_strangers += 1
+        self._serving[peer] = self._serving.get(peer, 0) + 1
+        self._serving_all += 1
         return None
 
     def _release(self, peer: PeerId) -> None:
@@ -243,10 +292,17 @@ class SdkRpcService:
         k = self._as_stranger.get(peer, 0)
         if k:
             self._serving_strangers -= 1
+            source = self._source_of[peer]
+            left = self._by_source[source] - 1
+            if left:
+                self._by_source[source] = left
+            else:
+                del self._by_source[source]
             if k > 1:
                 self._as_stranger[peer] = k - 1
             else:
                 del self._as_stranger[peer]
+                del self._source_of[peer]
 
     async def _on_req_resp(self, stream: Stream, conn: Connection) -> None:
         peer = conn.remote_peer
@@ -261,7 +317,7 @@ class SdkRpcService:
         answer: w.Message
         if request.compression is not None:
             answer = w.Failure(request.id, "this node takes uncompressed requests only")
-        elif busy := self._admit(peer):
+        elif busy := self._admit(peer, conn):
             answer = w.Failure(request.id, busy)
         else:
             try:
@@ -318,7 +374,7 @@ class SdkRpcService:
                         if frame.is_end:
                             del pending[frame.id]
                             running[frame.id] = self.host.spawn(
-                                self._serve_stream_call(stream, peer, frame.id, entry[0], bytes(entry[1]), running)
+                                self._serve_stream_call(stream, conn, frame.id, entry[0], bytes(entry[1]), running)
                             )
                     elif isinstance(frame, w.Cancel):
                         pending.pop(frame.id, None)
@@ -337,9 +393,10 @@ class SdkRpcService:
                 task.cancel()
 
     async def _serve_stream_call(
-        self, stream: Stream, peer: PeerId, request_id: str, method: str, data: bytes, running: dict
+        self, stream: Stream, conn: Connection, request_id: str, method: str, data: bytes, running: dict
     ) -> None:
-        if busy := self._admit(peer):
+        peer = conn.remote_peer
+        if busy := self._admit(peer, conn):
             _send(stream, w.Failure(request_id, busy))
             _send(stream, w.Close(request_id))
             running.pop(request_id, None)
@@ -529,6 +586,15 @@ class _CallStream:
                 while queue.full():
                     queue.get_nowait()
                 queue.put_nowait(("error", "the call stream to the peer ended"))
+
+
+def _source(conn: Connection) -> str:
+    """The address a connection comes from, as limits per address count it (an IPv6 /64 is one;
+    a relayed connection's is its relay's)."""
+    try:
+        return host_key(str(conn.remote_addr.host_port()[0]))
+    except LatticaError:
+        return str(conn.remote_addr)
 
 
 async def _close(gen: Any) -> None:

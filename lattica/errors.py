@@ -221,6 +221,12 @@ class PickleRefused(ProtocolError):
     network. Give the SDK method protobuf types (``*_pb2``) or send bytes."""
 
 
+class SdkStreamIdle(Timeout):
+    """A streaming call to a Lattica SDK node (``stub(...).method.stream(...)``) got no item for
+    its ``timeout`` seconds: the call was cancelled. A method that pauses longer between items
+    needs a longer ``timeout=``."""
+
+
 class RendezvousError(LatticaError):
     """A rendezvous point refused a request: ``status`` is the spec's code (``E_INVALID_TTL``
     102, ``E_INVALID_COOKIE`` 103, ``E_NOT_AUTHORIZED`` 200, ``E_UNAVAILABLE`` 400, ...), the

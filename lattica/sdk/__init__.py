@@ -4,7 +4,7 @@
     lattica.sdk.serve(Echo())                      # SDK nodes call "Echo.echo", "Echo.count"
     echo = lattica.sdk.stub(sdk_peer_id, "Echo")   # an SDK node's service
     echo.echo.remote(b"hi").result()               # bytes, or ``returns=MyReply`` (a *_pb2 class)
-    for item in echo.count.stream(b"3"): ...       # a streaming method's items
+    for item in echo.count.stream(b"3"): ...       # a streaming method's items (each within 180 s)
 
 Payloads are bytes or protobuf messages; nothing is ever pickled or unpickled (a pickled payload
 from an SDK node is refused with :class:`~lattica.errors.PickleRefused`).
@@ -96,11 +96,14 @@ class Method:
         data = _payload(request)
         return run_coroutine(rt, lambda: svc.call(self._stub.peer, self.name, data, timeout), _parser(returns))
 
-    def stream(self, request: Any = None, *, returns: type | None = None) -> ItemStream:
+    def stream(self, request: Any = None, *, returns: type | None = None, timeout: float = 180.0) -> ItemStream:
         """Call it over the stream protocol (the SDK's ``call_stream_iter``, or ``call_stream``
-        for a method that answers once); its items, in order, as they come."""
+        for a method that answers once); its items, in order, as they come. Each must come
+        within ``timeout`` s of the one before (the first, of the call): else the call is
+        cancelled and :class:`~lattica.errors.SdkStreamIdle` raised."""
         rt, svc = _service(self._stub.node)
-        return ItemStream(rt, svc.stream(self._stub.peer, self.name, _payload(request)), _parser(returns))
+        items = svc.stream(self._stub.peer, self.name, _payload(request), timeout)
+        return ItemStream(rt, items, _parser(returns))
 
 
 class ItemStream:

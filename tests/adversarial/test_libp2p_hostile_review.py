@@ -18,6 +18,10 @@ and 10 were fixed after the review, which pinned them as xfail tests). The revie
 9. authors flooding the SDK's relay-address topic pushed known peers out of the address book;
 10. a libp2p message was accepted again once 100,000 newer ones pushed it out of the seen
     cache, well within the 120 s the docs promise.
+
+Found after the review: strangers from one address held the strangers' half of the SDK call
+slots for good by re-issuing their calls; a streaming SDK call to a peer that went silent
+waited as long as the peer kept its stream open.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from lattica._rpc import PROTOCOL, PROTOCOL_1
 from lattica.actors.pubsub.service import pubsub_ref
 from lattica.bench import host_of
 from lattica.config import InboundBudget, PubSubConfig
-from lattica.errors import LatticaError
+from lattica.errors import LatticaError, SdkStreamIdle
 from lattica.pubsub import _gossipsub_wire as gs
 from lattica.sdk import _wire as w
 from lattica.transports.base import Connection, Stream
@@ -630,6 +634,113 @@ def test_a_hostile_sdk_nodes_streaming_answer_is_held_within_bytes_not_only_item
     wait_for(lambda: on_loop(sdk_victim, waiting) > 12 << 20, timeout=3)
     assert on_loop(sdk_victim, waiting) <= 5 << 20
     items.close()
+
+
+def _dials_from(node: lattica.Node, ip: str) -> None:
+    """``node`` dials from ``ip`` (another loopback address): to the victim, another address."""
+    loop = node._host.loop
+    plain = loop.create_connection
+
+    async def from_source(*args: Any, **kw: Any) -> Any:
+        kw.setdefault("local_addr", (ip, 0))
+        return await plain(*args, **kw)
+
+    on_loop(node, lambda: setattr(loop, "create_connection", from_source))
+
+
+def test_strangers_from_one_address_hold_no_more_than_their_addresses_share_of_slots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two stranger identities from one address start endless streaming calls, as many as the
+    victim takes and again as it refuses them: they hold 2 slots (``MAX_STRANGER_CALLS_PER_ADDRESS``,
+    32 by default) of the 4 strangers may take (128), and an SDK node outside the mesh from
+    another address is served. Before the fix the two held all 4 for good (re-calling as their
+    answers timed out), and every stranger was told "busy"."""
+    from lattica.actors import sdk_rpc
+
+    monkeypatch.setattr(sdk_rpc, "MAX_CALLS_ALL", 8)
+    monkeypatch.setattr(sdk_rpc, "MAX_STRANGER_CALLS_PER_ADDRESS", 2, raising=False)
+    with (
+        lattica.Node([TCP], pubsub=False, mesh=MeshKey.generate(), **QUIET) as victim,
+        lattica.Node([TCP], pubsub=False, mesh=MeshKey.generate(), **QUIET) as a1,
+        lattica.Node([TCP], pubsub=False, mesh=MeshKey.generate(), **QUIET) as a2,
+        lattica.Node(["/ip4/127.0.0.2/tcp/0"], pubsub=False, mesh=MeshKey.generate(), **QUIET) as honest,
+    ):
+        lattica.sdk.serve(Served(), node=victim)
+        svc = host_of(victim).services.sdk_rpc
+        _dials_from(honest, "127.0.0.2")
+        held: list[Stream] = []
+        for i, attacker in enumerate((a1, a2)):
+            attacker.connect(victim.addrs[0])
+            assert host_of(victim).circle_of(attacker.peer_id) == "stranger"
+            raw = b"".join(
+                w.encode_frame(w.StreamRequest(f"f{i}{k}", "Served.forever"))
+                + w.encode_frame(w.Data(f"f{i}{k}", b"", True))
+                for k in range(4)
+            )
+
+            async def hold(attacker: lattica.Node = attacker, raw: bytes = raw) -> Stream:
+                stream = await attacker.aopen_stream(victim.peer_id, w.STREAM)
+                stream.write(raw)
+                await stream.drain()
+                return stream
+
+            held.append(attacker.run(hold(), timeout=10))
+        assert wait_for(lambda: on_loop(victim, lambda: svc._serving_strangers) >= 2)
+        time.sleep(0.5)
+        assert on_loop(victim, lambda: svc._serving_strangers) == 2
+        honest.connect(victim.addrs[0])
+        assert host_of(victim).circle_of(honest.peer_id) == "stranger"
+
+        async def ask() -> w.Message:
+            stream = await honest.aopen_stream(victim.peer_id, w.REQ_RESP)
+            stream.write(w.encode_message(w.Request("h", "Served.hello", b"stranger")))
+            await stream.close()
+            got = b""
+            while chunk := await asyncio.wait_for(stream.read(1 << 20), 10):
+                got += chunk
+            return w.decode_message(got)
+
+        assert honest.run(ask(), timeout=20) == w.Response("h", b"hello, stranger")
+        for stream in held:
+            stream.reset()
+        assert wait_for(lambda: on_loop(victim, lambda: (svc._serving_all, svc._by_source)) == (0, {}), timeout=5)
+
+
+def test_a_streaming_call_to_a_peer_that_goes_silent_ends_after_its_timeout(
+    sdk_victim: lattica.Node, sdk_stranger: lattica.Node
+) -> None:
+    """We call a streaming method of a hostile SDK node that answers one item and then nothing,
+    or nothing at all, for good: with ``timeout=1`` each call raises SdkStreamIdle (a
+    TimeoutError) a second after its last item, saying what to do, and the peer is told to
+    cancel. Before, the caller waited for as long as the peer kept the stream open."""
+    hostile = sdk_stranger
+    cancelled: list[str] = []
+
+    async def answer(stream: Stream, conn: Connection) -> None:
+        frames = w.Frames(1 << 20)
+        while chunk := await stream.read(1 << 16):
+            for f in frames.feed(chunk):
+                if isinstance(f, w.Data) and f.is_end and f.id not in cancelled:
+                    if len(cancelled) == 0:
+                        stream.write(w.encode_frame(w.Data(f.id, b"first", False)))
+                elif isinstance(f, w.Cancel):
+                    cancelled.append(f.id)
+
+    on_loop(hostile, lambda: hostile._host.set_handler(w.STREAM, answer))
+    evil = lattica.sdk.stub(hostile.peer_id, "Evil", node=sdk_victim)
+    items = evil.slow.stream(timeout=1.0)
+    assert next(items) == b"first"
+    start = time.monotonic()
+    with pytest.raises(SdkStreamIdle, match="timeout=") as e:
+        next(items)
+    assert 0.9 <= time.monotonic() - start < 5
+    assert isinstance(e.value, TimeoutError)
+    assert wait_for(lambda: len(cancelled) == 1)
+    silent = evil.silent.stream(timeout=1.0)
+    with pytest.raises(SdkStreamIdle):
+        next(silent)
+    assert wait_for(lambda: len(cancelled) == 2)
 
 
 # -- 5. the SDK swarm's relay-address topic ----------------------------------------------------------

@@ -18,11 +18,11 @@ import asyncio
 import collections
 from typing import TYPE_CHECKING
 
-from lattica._framing import read_length, write_delimited
+from lattica._framing import write_delimited
 from lattica._identity import PeerId
 from lattica._rpc import PROTOCOL as RPC_PROTOCOL
 from lattica._runtime.partials import PartialMessages
-from lattica.errors import ContentError, FrameTooLarge, LatticaError, ProtocolError, StreamClosed, Timeout
+from lattica.errors import ContentError, LatticaError, ProtocolError, StreamClosed, Timeout
 from lattica.logging import get_logger
 
 if TYPE_CHECKING:
@@ -165,20 +165,10 @@ class Bitswap:
         share and the strangers' together: MessageBudgetExceeded past it) and within its
         deadline (the budget's, plus the length at its least rate). Without them, a stranger's
         streams each held up to 4 MiB half-read for IDLE s."""
-        async with asyncio.timeout(IDLE):
-            n = await read_length(stream)
-        if n > _wire().MAX_MESSAGE:
-            raise FrameTooLarge(f"a Bitswap message of {n} bytes (at most {_wire().MAX_MESSAGE})")
-        if not n:
-            return b""
-        stranger = self.svc.is_stranger(peer)
-        self.partials.change(peer, 0, n, stranger)
-        try:
-            budget = self.partials.budget
-            async with asyncio.timeout(budget.deadline + n / budget.min_rate):
-                return await stream.readexactly(n)
-        finally:
-            self.partials.change(peer, n, 0, stranger)
+        wire = _wire()
+        return await self.partials.read_delimited(
+            stream, peer, wire.MAX_MESSAGE, "Bitswap message", self.svc.is_stranger, IDLE
+        )
 
     def _take(self, peer: PeerId, data: bytes) -> tuple[Want, ...]:
         """A message's answers, to who waits for them (read only while we ask ``peer``

@@ -17,9 +17,9 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from lattica._framing import read_length, write_delimited
+from lattica._framing import write_delimited
 from lattica.actors.pubsub.sending import BOUNDS
-from lattica.errors import FrameTooLarge, LatticaError, ProtocolError, StreamClosed
+from lattica.errors import LatticaError, ProtocolError, StreamClosed
 from lattica.logging import get_logger
 from lattica.pubsub import _gossipsub_wire as gs
 from lattica.pubsub._libp2p import Dialect, from_gossipsub, ids_read, to_gossipsub
@@ -227,16 +227,7 @@ class Meshsub:
     async def _read(self, stream: Stream, peer: PeerId) -> bytes:
         """One RPC: its length (the stream may idle as long as the connection lives), then its
         bytes, held against the node's budget for partly received messages."""
-        n = await read_length(stream)
-        if n > gs.MAX_RPC:
-            raise FrameTooLarge(f"a GossipSub RPC of {n} bytes (at most {gs.MAX_RPC})")
-        if not n:
-            return b""
-        stranger = self.host.circle_of(peer) == "stranger"
-        self.partials.change(peer, 0, n, stranger)
-        try:
-            budget = self.partials.budget
-            async with asyncio.timeout(budget.deadline + n / budget.min_rate):
-                return await stream.readexactly(n)
-        finally:
-            self.partials.change(peer, n, 0, stranger)
+        return await self.partials.read_delimited(stream, peer, gs.MAX_RPC, "GossipSub RPC", self._stranger)
+
+    def _stranger(self, peer: PeerId) -> bool:
+        return self.host.circle_of(peer) == "stranger"

@@ -13,18 +13,25 @@ Reset rather than throttled at the node-wide budget, on purpose: a channel that 
 would keep holding its bytes, so channels waiting on each other could all stall until their
 deadlines, and a member's unfinished messages would hold every honest call back meanwhile; a
 reset frees the room at once and the caller's retry goes through.
+
+Streams of libp2p protocols that carry length-prefixed messages (GossipSub's, Bitswap's) read
+each through ``PartialMessages.read_delimited``: the same account, deadline and rate.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lattica import _rpc as rpc
+from lattica._framing import read_length
 from lattica._identity import PeerId
 from lattica.config import InboundBudget
-from lattica.errors import MessageBudgetExceeded
+from lattica.errors import FrameTooLarge, MessageBudgetExceeded
+
+if TYPE_CHECKING:
+    from lattica.transports.base import Stream
 
 __all__ = ["InboundBudget", "PartialMessages", "BudgetedSplitter"]
 
@@ -64,6 +71,36 @@ class PartialMessages:
             self.by_peer[peer] = mine
         else:
             self.by_peer.pop(peer, None)
+
+    async def read_delimited(
+        self,
+        stream: Stream,
+        peer: PeerId,
+        limit: int,
+        what: str,
+        stranger: Callable[[PeerId], bool],
+        idle: float | None = None,
+    ) -> bytes:
+        """One uvarint-length-prefixed message of ``peer``'s on ``stream`` (libp2p's framing):
+        its length, within ``idle`` s (None: the stream may idle as long as it lives), at most
+        ``limit`` bytes (FrameTooLarge naming ``what``, its body unread), then its bytes, held
+        on this account while they arrive (``stranger(peer)``, asked once the length is in: a
+        stranger's share and all strangers' too; MessageBudgetExceeded past a budget) and due
+        within the budget's deadline plus the length at its least rate (TimeoutError)."""
+        async with asyncio.timeout(idle):
+            n = await read_length(stream)
+        if n > limit:
+            raise FrameTooLarge(f"a {what} of {n} bytes (at most {limit})")
+        if not n:
+            return b""
+        is_stranger = stranger(peer)
+        self.change(peer, 0, n, is_stranger)
+        try:
+            b = self.budget
+            async with asyncio.timeout(b.deadline + n / b.min_rate):
+                return await stream.readexactly(n)
+        finally:
+            self.change(peer, n, 0, is_stranger)
 
 
 class BudgetedSplitter:

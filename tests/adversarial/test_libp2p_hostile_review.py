@@ -259,12 +259,12 @@ def test_a_plain_strangers_rpcs_beyond_its_share_are_not_decoded(
     was charged: an RPC of 5,000 signed messages cost 0.2 s of the victim's loop to decode
     (before the review's caps, one of 80,000 IHAVE ids cost 1.2 s), and one identity's stream
     kept the loop busy."""
-    from lattica.actors.pubsub import meshsub
+    from lattica._runtime import partials
 
     decoded = _Count(gs.decode)
-    read = _Count(meshsub.read_length)
+    read = _Count(partials.read_length)
     monkeypatch.setattr(gs, "decode", decoded)
-    monkeypatch.setattr(meshsub, "read_length", read)
+    monkeypatch.setattr(partials, "read_length", read)
     with _victim(mesh=MeshKey.generate()) as victim:
         lattica.pubsub.subscribe(TOPIC, node=victim)
         stranger = plain(mesh=MeshKey.generate())
@@ -373,12 +373,12 @@ def test_a_graylisted_plain_peers_rpcs_are_not_decoded(
     """A member whose forgeries took its score below the graylist threshold sends 200 more
     RPCs: nothing it says is looked at, so they are read and dropped undecoded (before the
     fix each was decoded, its ids translated, and only then ignored)."""
-    from lattica.actors.pubsub import meshsub
+    from lattica._runtime import partials
 
     decoded = _Count(gs.decode)
-    read = _Count(meshsub.read_length)
+    read = _Count(partials.read_length)
     monkeypatch.setattr(gs, "decode", decoded)
-    monkeypatch.setattr(meshsub, "read_length", read)
+    monkeypatch.setattr(partials, "read_length", read)
     with _victim(mesh="open") as victim:
         lattica.pubsub.subscribe(TOPIC, node=victim)
         member = plain()
@@ -438,6 +438,17 @@ async def _reset_within(stream: Stream, seconds: float) -> bool:
     while not stream.aborted and loop.time() < deadline:
         await asyncio.sleep(0.05)
     return stream.aborted
+
+
+async def _ask(caller: lattica.Node, victim: lattica.Node, request: w.Request) -> w.Message:
+    """``request`` over req-resp from ``caller`` to ``victim``: the answer."""
+    stream = await caller.aopen_stream(victim.peer_id, w.REQ_RESP)
+    stream.write(w.encode_message(request))
+    await stream.close()
+    got = b""
+    while chunk := await asyncio.wait_for(stream.read(1 << 20), 10):
+        got += chunk
+    return w.decode_message(got)
 
 
 def test_a_caller_that_never_reads_its_streaming_answers_gives_their_slots_back(
@@ -500,16 +511,8 @@ def test_strangers_cannot_take_the_slots_members_calls_need(monkeypatch: pytest.
         held = stranger.run(hold(), timeout=10)
         assert wait_for(lambda: on_loop(victim, lambda: svc._serving_all) >= 4)
 
-        async def ask() -> w.Message:
-            stream = await member.aopen_stream(victim.peer_id, w.REQ_RESP)
-            stream.write(w.encode_message(w.Request("m", "Served.hello", b"member")))
-            await stream.close()
-            got = b""
-            while chunk := await asyncio.wait_for(stream.read(1 << 20), 10):
-                got += chunk
-            return w.decode_message(got)
-
-        assert member.run(ask(), timeout=20) == w.Response("m", b"hello, member")
+        ask = _ask(member, victim, w.Request("m", "Served.hello", b"member"))
+        assert member.run(ask, timeout=20) == w.Response("m", b"hello, member")
         held.reset()
 
 
@@ -584,18 +587,12 @@ def test_only_methods_the_served_class_defines_are_callable(
     served = Weights()
     lattica.sdk.serve(served, node=sdk_victim)
 
-    async def call(m: str, data: bytes) -> w.Message:
-        stream = await sdk_stranger.aopen_stream(sdk_victim.peer_id, w.REQ_RESP)
-        stream.write(w.encode_message(w.Request("x", f"Weights.{m}", data)))
-        await stream.close()
-        got = b""
-        while chunk := await asyncio.wait_for(stream.read(1 << 20), 10):
-            got += chunk
-        return w.decode_message(got)
+    def call(m: str, data: bytes) -> w.Message:
+        return sdk_stranger.run(_ask(sdk_stranger, sdk_victim, w.Request("x", f"Weights.{m}", data)), timeout=20)
 
-    answer = sdk_stranger.run(call(method, b"poisoned"), timeout=20)
+    answer = call(method, b"poisoned")
     assert isinstance(answer, w.Failure) and "no method" in answer.error, answer
-    assert sdk_stranger.run(call("infer", b""), timeout=20) == w.Response("x", b"trained")
+    assert call("infer", b"") == w.Response("x", b"trained")
 
 
 def test_a_hostile_sdk_nodes_streaming_answer_is_held_within_bytes_not_only_items(
@@ -692,16 +689,8 @@ def test_strangers_from_one_address_hold_no_more_than_their_addresses_share_of_s
         honest.connect(victim.addrs[0])
         assert host_of(victim).circle_of(honest.peer_id) == "stranger"
 
-        async def ask() -> w.Message:
-            stream = await honest.aopen_stream(victim.peer_id, w.REQ_RESP)
-            stream.write(w.encode_message(w.Request("h", "Served.hello", b"stranger")))
-            await stream.close()
-            got = b""
-            while chunk := await asyncio.wait_for(stream.read(1 << 20), 10):
-                got += chunk
-            return w.decode_message(got)
-
-        assert honest.run(ask(), timeout=20) == w.Response("h", b"hello, stranger")
+        ask = _ask(honest, victim, w.Request("h", "Served.hello", b"stranger"))
+        assert honest.run(ask, timeout=20) == w.Response("h", b"hello, stranger")
         for stream in held:
             stream.reset()
         assert wait_for(lambda: on_loop(victim, lambda: (svc._serving_all, svc._by_source)) == (0, {}), timeout=5)

@@ -5,9 +5,10 @@ import asyncio
 import pytest
 
 from lattica._identity import KeyPair
+from lattica._protobuf import uvarint
 from lattica._runtime.partials import BudgetedSplitter, PartialMessages
 from lattica.config import InboundBudget
-from lattica.errors import MessageBudgetExceeded
+from lattica.errors import FrameTooLarge, MessageBudgetExceeded
 
 A, B = KeyPair.generate().peer_id, KeyPair.generate().peer_id
 
@@ -106,3 +107,48 @@ def test_strangers_share_a_small_part_and_cannot_crowd_out_members():
         assert account.total == 0 and account.strangers == 0
     finally:
         loop.close()
+
+
+class _Reader:
+    """Just what ``read_delimited`` reads of a stream: ``read`` and ``readexactly``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.r = asyncio.StreamReader(loop=loop)
+
+    async def read(self, n: int) -> bytes:
+        return await self.r.read(n)
+
+    async def readexactly(self, n: int) -> bytes:
+        return await self.r.readexactly(n)
+
+
+def test_a_length_prefixed_message_is_held_on_the_account_until_it_is_all_there():
+    """``read_delimited`` (GossipSub's and Bitswap's streams): the body is charged to the peer,
+    as a stranger's when it is one, while it arrives and given back once read; a length over
+    the limit is refused before the body is read; a body that stalls past the budget's deadline
+    is a TimeoutError, and so is a length that does not come within ``idle``."""
+    account = PartialMessages(InboundBudget(per_stranger=100, deadline=0.2, min_rate=1000))
+
+    async def run() -> None:
+        s = _Reader(asyncio.get_running_loop())
+        reading = asyncio.ensure_future(account.read_delimited(s, A, 1000, "thing", lambda p: p == A))
+        s.r.feed_data(uvarint(60) + bytes(10))
+        await asyncio.sleep(0.01)
+        assert account.by_peer == {A: 60} and account.strangers == 60  # (the declared length)
+        s.r.feed_data(bytes(50))
+        assert await reading == bytes(60)
+        assert account.total == 0 and account.strangers == 0
+        s.r.feed_data(uvarint(101))
+        with pytest.raises(MessageBudgetExceeded):  # (over a stranger's 100)
+            await account.read_delimited(s, A, 1000, "thing", lambda p: True)
+        s.r.feed_data(uvarint(2000))
+        with pytest.raises(FrameTooLarge, match="a thing of 2000 bytes"):
+            await account.read_delimited(s, B, 1000, "thing", lambda p: False)
+        s.r.feed_data(uvarint(20) + bytes(5))
+        with pytest.raises(TimeoutError):
+            await account.read_delimited(s, B, 1000, "thing", lambda p: False)
+        assert account.total == 0
+        with pytest.raises(TimeoutError):
+            await account.read_delimited(_Reader(asyncio.get_running_loop()), B, 1000, "thing", bool, idle=0.05)
+
+    asyncio.run(run())

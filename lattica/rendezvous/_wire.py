@@ -1,8 +1,9 @@
 """libp2p rendezvous's messages (libp2p/specs ``rendezvous/README.md``, rust-libp2p
 ``protocols/rendezvous/src/generated/rpc.proto``), sans-IO.
 
-``/rendezvous/1.0.0`` carries one uvarint-length protobuf (proto2) ``Message`` each way, one
-request a stream (rust-libp2p runs it over request-response)::
+``/rendezvous/1.0.0`` carries uvarint-length protobuf (proto2) ``Message``s: a request, then its
+answer (none for an UNREGISTER). Our client and rust-libp2p's send one request a stream (rust runs
+it over request-response); js's sends a REGISTER and a DISCOVER on one, which our point serves::
 
     Message { type = 1 (REGISTER 0, REGISTER_RESPONSE 1, UNREGISTER 2, DISCOVER 3, DISCOVER_RESPONSE 4),
               register = 2 { ns = 1, signedPeerRecord = 2, ttl = 3 },
@@ -13,6 +14,9 @@ request a stream (rust-libp2p runs it over request-response)::
                                      status = 3, statusText = 4 } }
 
 Fields are written in field-number order and only when set, as rust's prost codec writes them.
+Read as proto2 reads them: an absent ``type`` or ``status`` is its enum's first value (``REGISTER``,
+``OK``), which is how the npm ``@canvas-js/libp2p-rendezvous`` (protons, proto3 rules) sends them:
+it writes no field that holds 0. rust-libp2p refuses such messages; the spec's proto2 does not.
 What we read is bounded by the caller (a request: :data:`MAX_REQUEST`; an answer:
 :data:`MAX_MESSAGE`, rust's cap). A message we cannot read is :class:`BadMessage`, which says,
 when the request's type is known, which status the server answers it with.
@@ -276,17 +280,19 @@ def _text_of(value: int | bytes | None) -> str:
 
 
 def _status(value: int | bytes | None, kind: MessageType) -> int:
+    if value is None:  # (proto2: an absent enum is its first value, OK; js's protons writes no 0)
+        return Status.OK
     if not isinstance(value, int):
-        raise BadMessage(f"a rendezvous {kind.name} lacks its status", kind)
+        raise BadMessage(f"a rendezvous {kind.name} carries bytes for its status", kind)
     return value
 
 
 def decode(data: bytes) -> Message:
     """The message in ``data``; :class:`BadMessage` if it is not one."""
     f = _fields(data)
-    t = f.get(1)
+    t = f.get(1, MessageType.REGISTER)  # (proto2: an absent enum is its first value)
     if not isinstance(t, int):
-        raise BadMessage("a rendezvous message lacks its type")
+        raise BadMessage("a rendezvous message carries bytes for its type")
     try:
         kind = MessageType(t)
     except ValueError:

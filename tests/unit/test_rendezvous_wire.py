@@ -87,6 +87,36 @@ def test_a_discover_response_with_registrations_is_what_rusts_codec_writes():
     assert [(r.peer, r.addrs, r.namespace, r.ttl) for r in found] == [(keys.peer_id, ADDRS, "my-app", 7200)] * 2
 
 
+# -- the bytes js writes -------------------------------------------------------------------------------
+
+
+def test_what_jss_protons_codec_writes_reads_as_proto2_reads_it():
+    """@canvas-js/libp2p-rendezvous (npm) encodes with protons under proto3's rules: no field that
+    holds 0, so neither REGISTER's type (0) nor OK's status (0). proto2, the spec's syntax, reads an
+    absent enum as its first value: REGISTER, OK (rust refuses these messages)."""
+    # Message{register: {ns: "my-app", signedPeerRecord: "RRR"}}: no type, no TTL (js's 0n)
+    sub = bytes.fromhex("0a06") + NS + bytes.fromhex("1203") + b"RRR"
+    assert w.decode(b"\x12" + _len(sub) + sub) == w.Register("my-app", b"RRR", None)
+    # Message{type: REGISTER_RESPONSE, registerResponse: {statusText: "OK", ttl: 7200}}: no status
+    assert w.decode(bytes.fromhex("0801" + "1a07" + "12024f4b" + "18a038")) == w.RegisterResponse(
+        w.Status.OK, "OK", 7200
+    )
+    # Message{type: DISCOVER, discover: {ns}}: no limit (0n), no cookie (empty)
+    assert w.decode(bytes.fromhex("0803" + "2a08" + "0a06") + NS) == w.Discover("my-app")
+    # Message{type: DISCOVER_RESPONSE, discoverResponse: {registrations, cookie, statusText}}: no status
+    keys = KeyPair.generate()
+    record = envelope.seal_peer_record(keys, 5, ADDRS)
+    reg = b"\x0a\x06" + NS + b"\x12" + _len(record) + record + bytes.fromhex("18a038")
+    cookie = (7).to_bytes(8, "big")  # (js's point: the 8-byte id of a registration)
+    body = b"\x0a" + _len(reg) + reg + b"\x12\x08" + cookie + b"\x22\x02OK"
+    msg = w.decode(b"\x08\x04\x32" + _len(body) + body)
+    assert msg == w.DiscoverResponse((w.Register("my-app", record, 7200),), cookie, w.Status.OK, "OK")
+    # a refusal does carry its status (not 0): E_INVALID_TTL
+    assert w.decode(bytes.fromhex("0801" + "1a02" + "0866")) == w.RegisterResponse(w.Status.E_INVALID_TTL)
+    # and an empty message is a REGISTER of nothing, which a point refuses for its namespace
+    assert w.decode(b"") == w.Register("", b"", None)
+
+
 @pytest.mark.parametrize("kind", KINDS + ["rust-legacy"])
 def test_a_register_carries_a_record_signed_as_other_implementations_sign_theirs(kind):
     if kind == "rust-legacy":  # (rust-libp2p before 0.56: "libp2p-routing-state", its own payload type)
@@ -120,7 +150,7 @@ def test_a_register_carries_a_record_signed_as_other_implementations_sign_theirs
 @pytest.mark.parametrize(
     "wire, kind, status",
     [
-        (b"", None, w.Status.E_INTERNAL_ERROR),  # no type
+        (bytes.fromhex("0a00"), None, w.Status.E_INTERNAL_ERROR),  # bytes for a type
         (b"\xff\xff", None, w.Status.E_INTERNAL_ERROR),  # not protobuf
         (bytes.fromhex("0809"), None, w.Status.E_INTERNAL_ERROR),  # an unknown type
         (bytes.fromhex("0800" + "1204" + "0a02ffff"), w.MessageType.REGISTER, w.Status.E_INVALID_NAMESPACE),
@@ -131,7 +161,7 @@ def test_a_register_carries_a_record_signed_as_other_implementations_sign_theirs
         (bytes.fromhex("0803" + "2a02" + "1801"), w.MessageType.DISCOVER, w.Status.E_INVALID_COOKIE),
         (bytes.fromhex("0803" + "2a03" + "1201ff"), w.MessageType.DISCOVER, w.Status.E_INTERNAL_ERROR),
         (bytes.fromhex("0803" + "2801"), w.MessageType.DISCOVER, w.Status.E_INTERNAL_ERROR),  # a number for a body
-        (bytes.fromhex("0801" + "1a00"), w.MessageType.REGISTER_RESPONSE, w.Status.E_INTERNAL_ERROR),  # no status
+        (bytes.fromhex("0801" + "1a02" + "0a00"), w.MessageType.REGISTER_RESPONSE, w.Status.E_INTERNAL_ERROR),  # bytes
     ],
 )
 def test_what_cannot_be_read_says_which_answer_it_gets(wire, kind, status):

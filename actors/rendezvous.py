@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from lattica._budget import Buckets, StrangersShare
 from lattica._envelope import open_peer_record, seal_peer_record
 from lattica._framing import read_delimited, write_delimited
-from lattica._interfaces import host_key, is_private, is_private_ip
+from lattica._interfaces import addr_host_key, is_private, is_private_ip
 from lattica.errors import LatticaError, ProtocolError, RendezvousError, StreamClosed, Timeout
 from lattica.logging import get_logger
 from lattica.rendezvous import _wire as w
@@ -315,7 +315,7 @@ class RendezvousService:
                 stream.reset()
                 return
             try:
-                answer = self.answer(peer, data, _source(conn))
+                answer = self.answer(peer, data, addr_host_key(conn.remote_addr))
             except ProtocolError:  # (unreadable, not a request, or over the budget: no answer due)
                 self.served["reset"] += 1
                 stream.reset()
@@ -406,11 +406,3 @@ def _private_conn(conn: Connection | None) -> bool:
         return is_private_ip(conn.remote_addr.host_port()[0])
     except LatticaError:
         return False
-
-
-def _source(conn: Connection) -> str:
-    """The address a connection comes from, as limits per address count it (an IPv6 /64 is one)."""
-    try:
-        return host_key(str(conn.remote_addr.host_port()[0]))
-    except LatticaError:
-        return str(conn.remote_addr)

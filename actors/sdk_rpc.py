@@ -37,7 +37,7 @@ import os
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, get_type_hints
 
-from lattica._interfaces import host_key
+from lattica._interfaces import addr_host_key
 from lattica._runtime.limits import AGEN, GEN, LIFECYCLE_HOOKS
 from lattica._runtime.refs import ActorRef
 from lattica.errors import (
@@ -268,7 +268,7 @@ class SdkRpcService:
         if self._serving_all >= MAX_CALLS_ALL or (stranger and self._serving_strangers >= MAX_CALLS_ALL // 2):
             return "busy: this node serves too many calls; try again"
         if stranger:
-            source = self._source_of.get(peer) or _source(conn)
+            source = self._source_of.get(peer) or addr_host_key(conn.remote_addr)
             if self._by_source.get(source, 0) >= MAX_STRANGER_CALLS_PER_ADDRESS:
                 return (
                     f"busy: peers outside this node's mesh hold {MAX_STRANGER_CALLS_PER_ADDRESS} calls from your "
@@ -586,15 +586,6 @@ class _CallStream:
                 while queue.full():
                     queue.get_nowait()
                 queue.put_nowait(("error", "the call stream to the peer ended"))
-
-
-def _source(conn: Connection) -> str:
-    """The address a connection comes from, as limits per address count it (an IPv6 /64 is one;
-    a relayed connection's is its relay's)."""
-    try:
-        return host_key(str(conn.remote_addr.host_port()[0]))
-    except LatticaError:
-        return str(conn.remote_addr)
 
 
 async def _close(gen: Any) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from lattica import _iptext as iptext
 from lattica._multiaddr import Multiaddr
+from lattica.errors import LatticaError
 
 __all__ = [
     "interface_ips",
@@ -21,6 +22,7 @@ __all__ = [
     "is_loopback",
     "is_loopback_ip",
     "host_key",
+    "addr_host_key",
     "is_lan",
     "ip_of",
     "is_private",
@@ -110,6 +112,15 @@ def host_key(ip: str) -> str:
     except ValueError:
         return ip
     return iptext.unpack(first.to_bytes(16, "big")) + "/64"
+
+
+def addr_host_key(addr: Multiaddr) -> str:
+    """The host a peer's address is at, as limits per address count it (``host_key`` of its IP;
+    an address with none, e.g. a relayed connection's, is its own key)."""
+    try:
+        return host_key(str(addr.host_port()[0]))
+    except LatticaError:
+        return str(addr)
 
 
 def is_loopback_ip(ip: str) -> bool:

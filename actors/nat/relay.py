@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 from lattica import _ping as ping
 from lattica._framing import read_delimited, read_message, write_delimited, write_message
 from lattica._identity import KeyPair, PeerId
-from lattica._interfaces import host_key
+from lattica._interfaces import addr_host_key
 from lattica._membership import MemberDown
 from lattica._runtime import current_caller, relay_ref
 from lattica.config import RelayConfig
@@ -88,14 +88,6 @@ def _may_splice(conn: Connection) -> bool:
     return (conn.transport == "tcp" and conn.direction == "inbound") or conn.transport == "quic"
 
 
-def _ip_of(conn: Connection) -> str:
-    """The host a connection comes from, as limits per address count it (an IPv6 /64 is one)."""
-    try:
-        return host_key(str(conn.remote_addr.host_port()[0]))
-    except LatticaError:
-        return str(conn.remote_addr)
-
-
 class RelayService:
     """Reservations and circuits on the node loop."""
 
@@ -150,7 +142,7 @@ class RelayService:
         """Record ``peer``'s reservation (checked by ``_refuse_reservation``); when it expires."""
         expires = time.time() + self.cfg.reservation_ttl
         stranger = self.host.circle_of(peer) == "stranger"
-        self.reservations[peer] = _Reservation(expires, _ip_of(conn), libp2p, stranger)
+        self.reservations[peer] = _Reservation(expires, addr_host_key(conn.remote_addr), libp2p, stranger)
         self.host.protect(peer, "relay-reservation")
         return expires
 
@@ -158,7 +150,7 @@ class RelayService:
         if conn is None:
             return "RESERVATION_REFUSED", "reservations are made over a direct connection to the relay"
         self._sweep()
-        ip, cfg = _ip_of(conn), self.cfg
+        ip, cfg = addr_host_key(conn.remote_addr), self.cfg
         held = self.reservations.get(peer)
         if held is None:
             if len(self.reservations) >= cfg.max_reservations:
@@ -253,7 +245,7 @@ class RelayService:
         if why is not None:
             await self._answer(stream, refusal(*why))
             return
-        ip = _ip_of(conn)
+        ip = addr_host_key(conn.remote_addr)
         self._count(src, target, +1, stranger, ip)
         duration, budget = self._limits(src, target)
         splice = self.cfg.splice and msg.get("splice") is True and _may_splice(conn) and self._take_spliced_sockets()
@@ -345,10 +337,10 @@ class RelayService:
                     "RESOURCE_LIMIT",
                     f"{src} already opened {cfg.max_circuits_per_stranger} circuits on this relay (the limit for peers outside its mesh)",
                 )
-            if self._opened_by.get(("from", _ip_of(conn)), 0) >= cfg.max_stranger_circuits_per_ip:
+            if self._opened_by.get(("from", addr_host_key(conn.remote_addr)), 0) >= cfg.max_stranger_circuits_per_ip:
                 return (
                     "RESOURCE_LIMIT",
-                    f"peers outside this relay's mesh opened {cfg.max_stranger_circuits_per_ip} circuits from {_ip_of(conn)} (the limit per address)",
+                    f"peers outside this relay's mesh opened {cfg.max_stranger_circuits_per_ip} circuits from {addr_host_key(conn.remote_addr)} (the limit per address)",
                 )
             if self._opened_by.get(("to", target), 0) >= cfg.max_circuits_per_peer // 2:
                 return (
@@ -481,7 +473,7 @@ class RelayService:
         if why is not None:
             await self._answer_v2(stream, _V2_STATUS[why[0]])
             return
-        ip = _ip_of(conn)
+        ip = addr_host_key(conn.remote_addr)
         self._count(src, target, +1, stranger, ip)
         try:
             duration, budget = self._limits(src, target)

@@ -3,14 +3,16 @@
     python -u coldpeer.py callee --ip IP --name NAME --bootstrap ADDR [--bootstrap ADDR]
     python -u coldpeer.py caller --ip IP --name NAME --bootstrap ADDR [--bootstrap ADDR]
 
-The callee starts a node, spawns a ``Counter`` named NAME, waits (at most ``--settle`` s) until
-peers have a path to it (public, or holding a relay reservation), prints one JSON
-line ``{"event": "ready", ...}`` and stays up until it is killed.
+The callee starts a node (then prints ``{"event": "up"}``), spawns a ``Counter`` named NAME,
+waits (at most ``--settle`` s) until peers have a path to it (public, or holding a relay
+reservation), prints one JSON line ``{"event": "ready", ...}`` and stays up until it is killed.
 
-The caller starts a fresh node, resolves NAME with ``lattica.get_actor`` until it resolves, calls
-the actor, then watches (at most ``--direct-wait`` s) for the connection to become direct and
-prints one JSON line with its times (milliseconds from the start of ``lattica.init``) before it
-ends: ``init_ms``, ``resolve_ms``, ``call_ms``, ``direct_ms`` (None: never direct), ``path``.
+The caller (with ``--go-on-stdin``: once a line comes on its stdin, so that a test can start
+its process ahead) starts a fresh node, resolves NAME with ``lattica.get_actor`` until it
+resolves, calls the actor, then watches (at most ``--direct-wait`` s) for the connection to
+become direct and prints one JSON line with its times (milliseconds from the start of
+``lattica.init``) before it ends: ``init_ms``, ``resolve_ms``, ``call_ms``, ``direct_ms`` (None:
+never direct), ``path``.
 
 With ``--calls-after-direct N`` the caller calls continuously instead: ``ref.incr.remote(1)`` back
 to back (each waits for its reply, at most ``--call-timeout`` s) from the first call, through the
@@ -56,6 +58,7 @@ def _settled(st: lattica.nat._manager.NatStatus) -> bool:
 def callee(args: argparse.Namespace, listen: list[str]) -> None:
     t0 = time.perf_counter()
     lattica.init(listen, bootstrap=args.bootstrap, allow=["sample_actors.*"], mdns=False, membership=args.membership)
+    _say({"event": "up"})
     ref = sa.Counter.options(name=args.name).remote(0)  # spawned here and registered in the DHT
     lattica.get(ref.get.remote())
     deadline = time.monotonic() + args.settle
@@ -76,6 +79,8 @@ def callee(args: argparse.Namespace, listen: list[str]) -> None:
 
 
 def caller(args: argparse.Namespace, listen: list[str]) -> None:
+    if args.go_on_stdin:
+        sys.stdin.readline()  # (started ahead: Python and the imports are up, no node yet)
     t0 = time.perf_counter()
     ms = lambda: round((time.perf_counter() - t0) * 1e3, 1)  # noqa: E731
     out: dict = {"event": "done"}
@@ -219,6 +224,11 @@ def main() -> None:
         type=float,
         default=120.0,
         help="caller, with --calls-after-direct: at most this many seconds of calls",
+    )
+    p.add_argument(
+        "--go-on-stdin",
+        action="store_true",
+        help="caller: start only when a line comes on stdin (a test starts callers ahead of their turn)",
     )
     p.add_argument(
         "--no-membership",

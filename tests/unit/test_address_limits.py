@@ -9,8 +9,8 @@ import time
 from types import SimpleNamespace
 
 from lattica._identity import KeyPair
+from lattica._interfaces import addr_host_key
 from lattica._multiaddr import Multiaddr
-from lattica.actors.nat.relay import _ip_of
 from lattica.nat._manager import NatManager
 from lattica.transports.circuit import HOP
 
@@ -24,10 +24,12 @@ _conn = _Conn
 
 
 def test_relay_reservations_count_an_ipv6_64_as_one_address():
-    a, b = _conn("/ip6/2001:db8:1:2::1/tcp/4001"), _conn("/ip6/2001:db8:1:2:ffff::9/tcp/5")
-    assert _ip_of(a) == _ip_of(b)
-    assert _ip_of(_conn("/ip6/2001:db8:1:3::1/tcp/1")) != _ip_of(a)
-    assert _ip_of(_conn("/ip4/192.0.2.1/tcp/1")) == "192.0.2.1"
+    a, b = Multiaddr("/ip6/2001:db8:1:2::1/tcp/4001"), Multiaddr("/ip6/2001:db8:1:2:ffff::9/tcp/5")
+    assert addr_host_key(a) == addr_host_key(b)
+    assert addr_host_key(Multiaddr("/ip6/2001:db8:1:3::1/tcp/1")) != addr_host_key(a)
+    assert addr_host_key(Multiaddr("/ip4/192.0.2.1/tcp/1")) == "192.0.2.1"
+    relayed = Multiaddr("/p2p-circuit")  # (no IP: its own key)
+    assert addr_host_key(relayed) == "/p2p-circuit"
 
 
 def test_observed_addresses_count_observers_by_host_and_only_in_the_connection_s_family():

@@ -245,7 +245,8 @@ class Transport(abc.ABC):
         # dialer may close before it is up here, and its arrival is what proves us reachable
         self.dialed_in: Callable[[str, str], None] | None = None
 
-    def _note_dialed_in(self, ip: str) -> None:
+    def note_dialed_in(self, ip: str) -> None:
+        """Tell ``dialed_in`` (if set) that a dial from ``ip`` reached one of our listeners."""
         if self.dialed_in is not None:
             try:
                 self.dialed_in(self.name, ip)

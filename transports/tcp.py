@@ -132,7 +132,7 @@ class _TcpProtocol(asyncio.BufferedProtocol):
                         TransportError("the handshake slots are full and this was the oldest handshake in progress")
                     )
             if isinstance(peer, tuple):
-                owner._note_dialed_in(peer[0])
+                owner.note_dialed_in(peer[0])
             if why is not None:
                 log.info(f"refusing connection: {why}", peer_addr=self._peer_addr_text())
                 transport.abort()

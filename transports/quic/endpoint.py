@@ -246,7 +246,7 @@ class QuicListener(Listener):
             ep.drops += 1
             conn._teardown()
             return
-        owner._note_dialed_in(addr[0])
+        owner.note_dialed_in(addr[0])
 
     def _verified(self, conn: QuicConn) -> None:
         self._endpoint.release(conn)

@@ -656,7 +656,8 @@ def test_credit_with_a_reset_on_a_stream_the_node_has_data_waiting_on_resets_onl
             )  # (we grant yamux's 256 KiB, never more)
             await p.connect(port_of(node))
             sid = p.open_stream(PING, b"\x01" * 32 * 4_000)
-            await asyncio.sleep(0.2)  # (the node read the first pings and returned their credit)
+            # the node reads the first pings and returns their credit (slow on a busy machine)
+            assert await until(lambda: p.mux.send_window(sid) > PROTOCOL_WINDOW - 32 * 4_000, 10)
             sent = p.mux.send_data(sid, b"\x01" * 32 * 8_000)
             assert 32 * 4_000 + sent > PROTOCOL_WINDOW  # pings beyond our window, echoes never read: they outrun it
             p.flush()

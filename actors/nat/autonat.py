@@ -57,6 +57,9 @@ _DIALS_BURST = 40.0  # ...and in a burst
 _IP_RATE = 1.0  # dial-backs per second to one IP address, for whoever asks (a CGNAT IP hosts many peers)...
 _IP_BURST = 16.0  # ...and in a burst
 _HELPERS = 2
+_HELPER_BACKOFF = 60.0  # s a helper that failed to answer dial_for is not asked again...
+_HELPER_FAILED_MAX = 256  # ...remembered for this many helpers at most (the oldest forgotten first)
+_HELPER_SILENT = 40.0  # s without a byte from a peer (keepalives come every 15 s) before it is no helper
 DIAL_DATA = 40_000  # bytes a libp2p client sends before we dial an IP other than its own (the spec: 30-100 kB)
 _V2_TIMEOUT = 15.0  # s for a whole AutoNAT v2 request, dial data and dial-back included
 _DIAL_BACK_ANSWER = 0.5  # s we wait for a DialBackResponse (some clients send none)
@@ -73,6 +76,7 @@ class AutoNatServer:
         self._per_ip = Buckets(_IP_RATE, _IP_BURST)  # per dialed IP
         self.v2_counts = {"requests": 0, "dialed": 0, "reached": 0, "refused": 0, "dial_data": 0}
         self.v1_counts = {"requests": 0, "dialed": 0, "reached": 0, "refused": 0}
+        self._helper_failed: dict[PeerId, float] = {}  # helper -> loop time until which we skip it
         # (served, and so in our identify, while this service runs)
         self.host.set_handler(v2.DIAL_REQUEST, self._on_dial_request)
         self.host.set_handler(v1.PROTOCOL, self._on_v1_request)
@@ -133,22 +137,45 @@ class AutoNatServer:
         for helper, r in zip(helpers, results[len(targets) :]):
             if isinstance(r, BaseException):
                 log.debug("autonat helper failed", helper=str(helper), reason=str(r))
+                self._note_helper_failed(helper)
             else:
                 answered.append(helper)
         return {"ip": ip, "tried": texts, "helper": str(answered[0]) if answered else None}
 
+    def _note_helper_failed(self, helper: PeerId) -> None:
+        """Skip ``helper`` for a while: a peer killed without a goodbye keeps a connection that looks
+        open (QUIC's until its idle timeout), and every check that asked it would wait out the call."""
+        failed = self._helper_failed
+        failed.pop(helper, None)
+        while len(failed) >= _HELPER_FAILED_MAX:
+            del failed[next(iter(failed))]
+        failed[helper] = asyncio.get_running_loop().time() + _HELPER_BACKOFF
+
     def _pick_helpers(self, peer: PeerId, avoid_ips: set[str]) -> list[PeerId]:
-        """Live peers at addresses ``peer`` has not contacted (one per address) to dial it back."""
-        out: list[PeerId] = []
-        ips: set[str] = set()
+        """Live peers at addresses ``peer`` has not contacted (one per address) to dial it back: the
+        most recently heard first, none that failed to help lately or has been silent too long."""
+        now = asyncio.get_running_loop().time()
+        for other in [p for p, until in self._helper_failed.items() if until <= now]:
+            del self._helper_failed[other]
+        candidates: list[tuple[float, PeerId, str]] = []
         for other, conn in list(self.host.conns.items()):
             if other == peer or conn.is_closed or conn.transport not in ("tcp", "quic") or self.rt.node_down(other):
                 continue
-            info = self.host.info.get(conn)
-            if info is None or DIALBACK not in info.protocols:
+            if other in self._helper_failed:
                 continue
+            info = self.host.info.get(conn)
             other_ip = ip_of(conn.remote_addr)
-            if other_ip is not None and other_ip not in avoid_ips and other_ip not in ips:
+            if info is None or DIALBACK not in info.protocols or other_ip is None or other_ip in avoid_ips:
+                continue
+            heard = conn.last_received
+            if heard is not None and now - heard > _HELPER_SILENT:
+                continue
+            candidates.append((heard if heard is not None else float("-inf"), other, other_ip))
+        candidates.sort(key=lambda c: c[0], reverse=True)
+        out: list[PeerId] = []
+        ips: set[str] = set()
+        for _, other, other_ip in candidates:
+            if other_ip not in ips:
                 out.append(other)
                 ips.add(other_ip)
                 if len(out) >= _HELPERS:
@@ -180,7 +207,13 @@ class AutoNatServer:
             # (saying nothing of ourselves: the peer never identifies this connection, so it
             # never makes it its primary; the QUIC client says nothing in its handshake anyway)
             extra = {"say_who": False, "libp2p": libp2p} if transport.name == "tcp" else {}
-            return await transport.dial(addr, peer, fresh_port=True, **extra)  # type: ignore[call-arg]
+            conn = await transport.dial(addr, peer, fresh_port=True, **extra)  # type: ignore[call-arg]
+        # We own this connection, not the host, so we meter the peer's stream opens: a node's
+        # transport holds them until its owner gives a gate, and the answer we wait for may come
+        # behind the peer's own open (its identify). Every open is let through and reset.
+        conn.set_stream_handler(_refuse_stream)
+        conn.meter_opens(_any_opens)
+        return conn
 
     async def dial_back(self, peer: PeerId, addr: Multiaddr, nonce: bytes) -> bool:
         """Dial ``addr`` from a fresh port, expecting ``peer``; deliver the nonce; hang up."""
@@ -341,6 +374,14 @@ class AutoNatServer:
             return False
         conn.abort("dial-back done")
         return True
+
+
+def _refuse_stream(stream: Stream) -> None:
+    stream.reset()
+
+
+def _any_opens(n: int) -> tuple[int, float]:
+    return n, 0.0
 
 
 def _first_dialable(addrs: tuple[Multiaddr, ...], observed: str) -> tuple[int, Multiaddr] | None:

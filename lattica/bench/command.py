@@ -110,6 +110,15 @@ def run(args: argparse.Namespace) -> None:
 
         for row in bench_pubsub(subscribers=4, flood_messages=20_000):
             print_row(row, args.json)
+    if which == "busy-poll":
+        starting("busy-poll")
+        from lattica._loop import DEFAULT_BUSY_POLL_US  # lazy: see the module docstring
+        from lattica.bench.busypoll import bench_busy_poll  # lazy: see the module docstring
+
+        say = None if args.json else (lambda m: print(f"  {m}", flush=True))
+        other = args.busy_poll_us if args.busy_poll_us is not None else DEFAULT_BUSY_POLL_US
+        for row in bench_busy_poll((0.0, other), runs=args.runs or 3, progress=say):
+            print_row(row, args.json)
     if which == "pubsub-sim":
         starting("pubsub-sim")
         from lattica.bench.pubsub import simulate as simulate_pubsub  # lazy: see the module docstring
@@ -270,6 +279,7 @@ def add_parser(sub: Any) -> None:
             "pubsub",
             "pubsub-sim",
             "pubsub-nodes",
+            "busy-poll",
             "crdt",
             "crdt-sim",
             "shards",
@@ -337,7 +347,7 @@ def add_parser(sub: Any) -> None:
         "--runs",
         type=int,
         default=None,
-        help="crdt-sim: runs (random partitions each; default 100); firstcall: fresh callers (default 5)",
+        help="crdt-sim: runs (random partitions each; default 100); firstcall: fresh callers (default 5); busy-poll: runs of each figure (default 3)",
     )
     s.add_argument(
         "--compact-every",

@@ -195,6 +195,12 @@ PLANS: dict[str, Callable[[argparse.Namespace], Plan]] = {
         f"2 simulations (one with 10 % of nodes stopped) of {'/'.join(map(str, a.nodes or [200]))} routers",
         sum(a.nodes or [200]) * 0.3,
     ),
+    "busy-poll": lambda a: Plan(
+        "calls, one call, a stream and pub-sub latency with the plain loop and the busy poll, quiet and beside "
+        f"1 and 2 busy processes, {a.runs or 3} runs each",
+        (a.runs or 3) * 2 * 3 * 25,
+        "--runs 1: a quick look",
+    ),
     "pubsub-nodes": lambda a: Plan(
         f"2 simulations (one with 10 % of nodes stopped) of {'/'.join(map(str, a.nodes or [200]))} full nodes on one loop",
         sum(a.nodes or [200]) * 2 * 4,

@@ -27,6 +27,7 @@ from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import lattica
+from lattica._loop import DEFAULT_BUSY_POLL_US
 from lattica._runtime import current_runtime
 from lattica.bench import runtime_of
 from lattica.pubsub._router import ACCEPT, Envelope, GossipParams, Router
@@ -244,15 +245,21 @@ class PubSubPeer:
 
 
 def bench_pubsub(
-    subscribers: int = 4, latency_messages: int = 200, flood_messages: int = 20_000, size: int = 128
+    subscribers: int = 4,
+    latency_messages: int = 200,
+    flood_messages: int = 20_000,
+    size: int = 128,
+    busy_poll_us: float | None = None,
 ) -> Iterator[dict[str, Any]]:
     """``1 + subscribers`` node processes on loopback, all connected: publish -> every subscriber
-    latency (one message every 5 ms), then messages/s of ``size`` bytes delivered to each
-    subscriber when the publisher sends as fast as it can."""
+    latency (one message every 5 ms), then (unless ``flood_messages`` is 0) messages/s of ``size``
+    bytes delivered to each subscriber when the publisher sends as fast as it can. Every node
+    runs the default loop unless ``busy_poll_us`` says otherwise."""
     # (the process machinery: only for this bench, not the simulation)
     from lattica.bench.rpc import call_all, process_mesh, spawn_on
 
-    with lattica.Node([]) as me, process_mesh(me, subscribers + 1) as procs:
+    poll = DEFAULT_BUSY_POLL_US if busy_poll_us is None else busy_poll_us
+    with lattica.Node([], busy_poll_us=poll) as me, process_mesh(me, subscribers + 1, poll) as procs:
         peers = [spawn_on(me, PubSubPeer, p.peer_id) for p in procs]
         rt = runtime_of(me)
 
@@ -283,6 +290,8 @@ def bench_pubsub(
             "p99_us": round(lat[int(len(lat) * 0.99)], 1) if lat else None,
             "p50_each_us": sorted(round(statistics.median(g["latency_us"])) for g in got if g["latency_us"]),
         }
+        if not flood_messages:
+            return
         # throughput
         sent_s, got = me.run(publish_and_collect(flood_messages, 0.0, 120), timeout=300)
         rates = [g["got"] / g["span_s"] if g["span_s"] else 0.0 for g in got]

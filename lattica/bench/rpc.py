@@ -142,14 +142,19 @@ def spawn_on(node: Node, cls: Any, peer: Any) -> Any:
 
 
 @contextlib.contextmanager
-def process_mesh(node: Node, n: int) -> Iterator[list[ServerProcess]]:
+def process_mesh(node: Node, n: int, busy_poll_us: float = DEFAULT_BUSY_POLL_US) -> Iterator[list[ServerProcess]]:
     """``n`` node processes on loopback, each connected to those started before it, and ``node``
     connected to all of them."""
     procs: list[ServerProcess] = []
     try:
         addrs: list[str] = []
         for _ in range(n):
-            p = ServerProcess(["/ip4/127.0.0.1/tcp/0"], *(x for a in addrs for x in ("--connect", a)))
+            p = ServerProcess(
+                ["/ip4/127.0.0.1/tcp/0"],
+                "--busy-poll-us",
+                str(busy_poll_us),
+                *(x for a in addrs for x in ("--connect", a)),
+            )
             p.__enter__()
             procs.append(p)
             addrs.append(p.addr("tcp"))

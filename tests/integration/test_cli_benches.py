@@ -40,3 +40,18 @@ def test_a_bench_says_what_it_runs_before_its_first_figure():
     lines = out.stdout.splitlines()
     assert lines[0].startswith("lattica bench ciphers: ") and ", about " in lines[0], lines
     assert len(lines) >= 2 and lines[1].startswith("noise"), lines
+
+
+def test_the_busy_poll_bench_compares_both_loops_under_each_load_and_names_a_winner():
+    from lattica.bench.busypoll import bench_busy_poll  # (the bench's machinery, as the CLI loads it)
+
+    rows = list(bench_busy_poll((0.0, 200.0), loads=(0, 1), workloads=("call",), runs=1, duration=0.5))
+    figures = [r for r in rows if "busy_poll_us" in r]
+    assert sorted((r["busy"], r["busy_poll_us"]) for r in figures) == [(0, 0.0), (0, 200.0), (1, 0.0), (1, 200.0)]
+    assert all(r["p50_us"] > 0 for r in figures)
+    verdicts = [r for r in rows if "wins" in r]
+    assert [r["busy"] for r in verdicts] == [0, 1] and all(r["wins"] in ("0 us", "200 us") for r in verdicts)
+    for v in verdicts:  # the winner is the one with the lower p50
+        mine = {r["busy_poll_us"]: r["p50_us"] for r in figures if r["busy"] == v["busy"]}
+        assert mine[float(v["wins"].split()[0])] == min(mine.values())
+    assert sum(rows[-1]["verdict"].values()) == 2

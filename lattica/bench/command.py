@@ -110,6 +110,11 @@ def run(args: argparse.Namespace) -> None:
 
         for row in bench_pubsub(subscribers=4, flood_messages=20_000):
             print_row(row, args.json)
+    if which == "ceilings":
+        starting("ceilings")
+        from lattica.bench.ceilings import machine_ceilings  # lazy: see the module docstring
+
+        print_row(machine_ceilings(args.size or (1 << 30)), args.json)
     if which == "busy-poll":
         starting("busy-poll")
         from lattica._loop import DEFAULT_BUSY_POLL_US  # lazy: see the module docstring
@@ -280,6 +285,7 @@ def add_parser(sub: Any) -> None:
             "pubsub-sim",
             "pubsub-nodes",
             "busy-poll",
+            "ceilings",
             "crdt",
             "crdt-sim",
             "shards",

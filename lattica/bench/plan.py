@@ -201,6 +201,9 @@ PLANS: dict[str, Callable[[argparse.Namespace], Plan]] = {
         (a.runs or 3) * 2 * 3 * 25,
         "--runs 1: a quick look",
     ),
+    "ceilings": lambda a: Plan(
+        "the machine's own figures: a plain TCP stream, sha2-256, AES-GCM, ChaCha20-Poly1305, plain UDP datagrams", 8
+    ),
     "pubsub-nodes": lambda a: Plan(
         f"2 simulations (one with 10 % of nodes stopped) of {'/'.join(map(str, a.nodes or [200]))} full nodes on one loop",
         sum(a.nodes or [200]) * 2 * 4,

@@ -55,3 +55,26 @@ def test_the_busy_poll_bench_compares_both_loops_under_each_load_and_names_a_win
         mine = {r["busy_poll_us"]: r["p50_us"] for r in figures if r["busy"] == v["busy"]}
         assert mine[float(v["wins"].split()[0])] == min(mine.values())
     assert sum(rows[-1]["verdict"].values()) == 2
+
+
+def test_the_ceilings_bench_prints_the_machines_own_figures():
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from lattica.cli import main; main()",
+            "bench",
+            "ceilings",
+            "--size",
+            "67108864",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert out.returncode == 0, out.stderr
+    (row,) = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    for key in ("tcp_stream", "sha256", "aes256gcm", "chacha20poly1305", "udp_1350B"):
+        assert row[f"{key}_MB_per_s"] > 0, row
+    assert row["udp_1350B_datagrams_per_s"] * 1350 / 1e6 == pytest.approx(row["udp_1350B_MB_per_s"], abs=0.1)

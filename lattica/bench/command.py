@@ -110,6 +110,14 @@ def run(args: argparse.Namespace) -> None:
 
         for row in bench_pubsub(subscribers=4, flood_messages=20_000):
             print_row(row, args.json)
+    if which == "scale":
+        starting("scale")
+        from lattica.bench.scale import bench_scale  # lazy: see the module docstring
+
+        say = None if args.json else (lambda m: print(f"  {m}", flush=True))
+        every = {s: tuple(args.nodes) for s in ("dht", "pubsub", "membership")} if args.nodes else None
+        for row in bench_scale(sizes=every, progress=say):
+            print_row(row, args.json)
     if which == "ceilings":
         starting("ceilings")
         from lattica.bench.ceilings import machine_ceilings  # lazy: see the module docstring
@@ -286,6 +294,7 @@ def add_parser(sub: Any) -> None:
             "pubsub-nodes",
             "busy-poll",
             "ceilings",
+            "scale",
             "crdt",
             "crdt-sim",
             "shards",

@@ -201,6 +201,17 @@ PLANS: dict[str, Callable[[argparse.Namespace], Plan]] = {
         (a.runs or 3) * 2 * 3 * 25,
         "--runs 1: a quick look",
     ),
+    "scale": lambda a: Plan(
+        "cost curves: DHT tables of "
+        + "/".join(map(str, a.nodes or [100, 1000, 3000, 10000]))
+        + " nodes, pub-sub routers and membership views of "
+        + "/".join(map(str, a.nodes or [100, 300, 1000]))
+        + " and "
+        + "/".join(map(str, a.nodes or [100, 200, 400]))
+        + ", each cost fitted to a * N^b",
+        sum(a.nodes) * 1.0 if a.nodes else 900,
+        "--nodes N (repeatable): these sizes for every service",
+    ),
     "ceilings": lambda a: Plan(
         "the machine's own figures: a plain TCP stream, sha2-256, AES-GCM, ChaCha20-Poly1305, plain UDP datagrams", 8
     ),

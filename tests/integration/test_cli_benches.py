@@ -78,3 +78,13 @@ def test_the_ceilings_bench_prints_the_machines_own_figures():
     for key in ("tcp_stream", "sha256", "aes256gcm", "chacha20poly1305", "udp_1350B"):
         assert row[f"{key}_MB_per_s"] > 0, row
     assert row["udp_1350B_datagrams_per_s"] * 1350 / 1e6 == pytest.approx(row["udp_1350B_MB_per_s"], abs=0.1)
+
+
+def test_the_content_bench_puts_one_fetch_beside_one_stream_of_the_same_bytes():
+    from lattica.bench.content import bench_content  # (the bench's machinery, as the CLI loads it)
+
+    rows = {r["case"]: r for r in bench_content(size=8 << 20, fetchers=2, small=50, rounds=1)}
+    one = rows["1->1"]
+    assert one["mb_s"] > 0 and one["stream_mb_s"] > 0
+    assert one["of_stream"] == pytest.approx(one["mb_s"] / one["stream_mb_s"], rel=0.01)
+    assert rows["swarm 1->2"]["publisher_uploaded_x"] <= 3  # (the warm-up fetches are not counted)

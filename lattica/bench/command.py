@@ -104,7 +104,22 @@ def run(args: argparse.Namespace) -> None:
 
         for row in bench_content(size=args.size or (256 << 20), fetchers=args.fetchers, rounds=min(args.rounds, 3)):
             print_row(row, args.json)
-    if which in ("pubsub", "all"):
+    if which == "pubsub" and args.against == "p2pd":
+        starting("pubsub")
+        from lattica.bench.libp2p import find_peers  # lazy: see the module docstring
+        from lattica.bench.pubsub_p2pd import bench_pubsub_against_p2pd  # lazy: see the module docstring
+
+        try:
+            found = find_peers(pathlib.Path(args.peers), ("go",))
+        except FileNotFoundError as e:
+            raise SystemExit(f"lattica bench pubsub --against p2pd: p2pd is missing\n{e}") from None
+        say = None if args.json else (lambda m: print(f"  {m}", flush=True))
+        gaps = (args.gap_ms / 1e3,) if args.gap_ms else (0.005, 0.002)
+        for row in bench_pubsub_against_p2pd(
+            found, gaps, messages=args.messages, rounds=args.runs or 2, size=args.size or 128, progress=say
+        ):
+            print_row(row, args.json)
+    elif which in ("pubsub", "all"):
         starting("pubsub")
         from lattica.bench.pubsub import bench_pubsub  # lazy: see the module docstring
 
@@ -239,7 +254,7 @@ def run(args: argparse.Namespace) -> None:
             raise SystemExit(f"lattica bench gossipsub-mixed: a peer is missing\n{e}") from None
         say = None if args.json else (lambda m: print(f"  {m}", flush=True))
         for row in bench_gossipsub_mixed(
-            found, cases, messages=args.messages, gap=args.gap_ms / 1e3, size=args.size or 128, progress=say
+            found, cases, messages=args.messages, gap=(args.gap_ms or 200.0) / 1e3, size=args.size or 128, progress=say
         ):
             print_row(row, args.json)
     if which == "libp2p-content":
@@ -412,12 +427,21 @@ def add_parser(sub: Any) -> None:
         help="gossipsub-mixed: which topics of 6 (repeatable; default all: 2 go + 2 js + 2 Lattica as documented, "
         "the same in an open mesh, then 6 go, 6 js, 6 Lattica)",
     )
-    s.add_argument("--messages", type=int, default=100, help="gossipsub-mixed: messages each node publishes")
+    s.add_argument(
+        "--messages", type=int, default=100, help="gossipsub-mixed, pubsub --against: messages each publisher sends"
+    )
     s.add_argument(
         "--gap-ms",
         type=float,
-        default=200.0,
-        help="gossipsub-mixed: ms between one node's messages (the 6 staggered: the topic carries one every gap/6)",
+        default=None,
+        help="gossipsub-mixed: ms between one node's messages (default 200; the 6 staggered: the topic carries one "
+        "every gap/6); pubsub --against: the one publisher's (default 5, then 2)",
+    )
+    s.add_argument(
+        "--against",
+        choices=["p2pd"],
+        default=None,
+        help="pubsub: 5 processes of ours beside 5 go-libp2p daemons (p2pd -pubsub), alternating",
     )
     s.add_argument("--json", action="store_true", help="one JSON object per line")
     s.set_defaults(fn=run)

@@ -56,23 +56,23 @@ KINDS = ("go", "lattica", "js")
 MIXED = ("go", "lattica", "js", "go", "lattica", "js")  # the ring's order
 # the ring and its 3 diameters; the first of a pair dials the second (each kind dials and is dialed)
 LINKS = ((0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 0), (0, 3), (1, 4), (2, 5))
-# case -> (the 6 nodes' implementations in ring order, whether the Lattica nodes run mesh="open")
-CASES: dict[str, tuple[tuple[str, ...], bool]] = {
+# case -> (the 6 nodes' implementations in ring order, the Lattica nodes' mode: _LatticaAgent)
+CASES: dict[str, tuple[tuple[str, ...], str]] = {
     # as docs/pubsub.md has it: the libp2p nodes are strangers, the topic is opened to them
-    "mixed": (MIXED, False),
+    "mixed": (MIXED, "strangers"),
     # every libp2p node a member of the Lattica nodes' mesh (mesh="open"): no strangers' budgets
-    "mixed-open": (MIXED, True),
-    "go": (("go",) * 6, False),
-    "js": (("js",) * 6, False),
-    "lattica": (("lattica",) * 6, False),
+    "mixed-open": (MIXED, "open"),
+    "go": (("go",) * 6, "strangers"),
+    "js": (("js",) * 6, "strangers"),
+    "lattica": (("lattica",) * 6, "strangers"),
 }
 HEAD = 13  # a message's first bytes: its publish time (8, big-endian ns), tag (1), index (4)
 ROUND = 16  # a tag is round * ROUND + the publisher's place in the ring
 LISTEN_TCP = "/ip4/127.0.0.1/tcp/0"
 
 
-def neighbours(i: int) -> set[int]:
-    return {b for a, b in LINKS if a == i} | {a for a, b in LINKS if b == i}
+def neighbours(i: int, links: tuple[tuple[int, int], ...] = LINKS) -> set[int]:
+    return {b for a, b in links if a == i} | {a for a, b in links if b == i}
 
 
 # -- the agents: one process per node ------------------------------------------------------------
@@ -186,11 +186,12 @@ class _GoAgent(_Agent):
 
 
 class _LatticaAgent(_Agent):
-    """A Lattica node on the topic (a libp2p topic, open to strangers), receiving in a handler
-    on its loop. ``open_mesh``: ``mesh="open"``, every libp2p node a member (no strangers'
-    budgets)."""
+    """A Lattica node on the topic, receiving in a handler on its loop. ``mode``: ``strangers``, a
+    libp2p topic open to strangers; ``open``, the same with ``mesh="open"``, every libp2p node a
+    member (no strangers' budgets); ``native``, our own pub-sub between Lattica nodes (no libp2p
+    topic: what ``lattica.pubsub`` does by default)."""
 
-    def __init__(self, open_mesh: bool) -> None:
+    def __init__(self, mode: str) -> None:
         super().__init__()
         import lattica  # (in the agent's own process only)
         from lattica.config import PubSubConfig  # (in the agent's own process only)
@@ -198,16 +199,19 @@ class _LatticaAgent(_Agent):
         self.admitted: dict[str, int] = {}  # strangers' RPCs looked at, per peer
         self.refused: dict[str, int] = {}  # ... and of them dropped unread
 
-        cfg = PubSubConfig(libp2p_topics=(TOPIC,), open_topics=(TOPIC,), discover=False)
+        if mode == "native":
+            cfg = PubSubConfig(discover=False)
+        else:
+            cfg = PubSubConfig(libp2p_topics=(TOPIC,), open_topics=(TOPIC,), discover=False)
         self.node = lattica.Node(
-            [LISTEN_TCP], membership=False, crdt=False, pubsub=cfg, mesh="open" if open_mesh else None
+            [LISTEN_TCP], membership=False, crdt=False, pubsub=cfg, mesh="open" if mode == "open" else None
         ).start()
 
     async def hello(self) -> dict:
         return {"peer": str(self.node.peer_id), "addrs": [str(a) for a in self.node.addrs]}
 
     def _on(self, msg: Any) -> None:
-        self.received.append((time.time_ns(), msg.author, msg.data[:HEAD]))
+        self.received.append((time.time_ns(), msg.author, bytes(msg.data[:HEAD])))
 
     async def op_messages(self, topic: str) -> dict:
         self.received = [(t, str(a), d) for t, a, d in self.received]  # (str(PeerId) off the handler)
@@ -271,7 +275,7 @@ class _LatticaAgent(_Agent):
 
 
 def _serve(kind: str, arg: str) -> None:
-    """``python -m lattica.bench.gossipsub_mixed go P2PD | lattica [open]``: one node's agent,
+    """``python -m lattica.bench.gossipsub_mixed go P2PD | lattica strangers|open|native``: one node's agent,
     answering peer.mjs's protocol on stdin/stdout until ``stop`` or the end of stdin."""
     agent: _GoAgent | _LatticaAgent
     if kind == "go":
@@ -282,7 +286,7 @@ def _serve(kind: str, arg: str) -> None:
         def submit(coro: Coroutine[Any, Any, dict]) -> dict:
             return asyncio.run_coroutine_threadsafe(coro, loop).result()
     else:
-        agent = _LatticaAgent(open_mesh=arg == "open")
+        agent = _LatticaAgent(arg)
         node = agent.node
 
         def submit(coro: Coroutine[Any, Any, dict]) -> dict:
@@ -317,13 +321,13 @@ class _PyAgent(LinePeer):
 
 
 @contextlib.contextmanager
-def _agent(kind: str, found: dict[str, pathlib.Path], open_mesh: bool) -> Iterator[LinePeer]:
+def _agent(kind: str, found: dict[str, pathlib.Path], mode: str) -> Iterator[LinePeer]:
     me = [sys.executable, "-m", "lattica.bench.gossipsub_mixed"]
     peer: LinePeer
     if kind == "go":
         peer = _PyAgent([*me, "go", str(found["go"])])
     elif kind == "lattica":
-        peer = _PyAgent([*me, "lattica", "open" if open_mesh else "strangers"])
+        peer = _PyAgent([*me, "lattica", mode])
     else:
         peer = JsPeer(found["js"], {"gossipsub": True})
     try:
@@ -336,10 +340,10 @@ def _tcp(peer: LinePeer) -> str:
     return next(a for a in peer.addrs if "/tcp/" in a)
 
 
-def _ready(agents: list[LinePeer]) -> bool:
+def _ready(agents: list[LinePeer], links: tuple[tuple[int, int], ...]) -> bool:
     """Every node knows its neighbours subscribe, and has them in its mesh where it says."""
     for i, a in enumerate(agents):
-        want = {agents[j].peer_id for j in neighbours(i)}
+        want = {agents[j].peer_id for j in neighbours(i, links)}
         got = a.call("peers", topic=TOPIC)
         if not want <= set(got["subscribers"]) or (got["mesh"] is not None and not want <= set(got["mesh"])):
             return False
@@ -361,31 +365,33 @@ def _clock_offset_us(peer: LinePeer) -> tuple[float, float]:
     return best
 
 
-def _round(agents: list[LinePeer], rnd: int, count: int, gap: float, size: int, drain: float) -> list[list[dict]]:
-    """Every node publishes ``count`` messages, paced and staggered, tagged with round ``rnd``;
-    what every node received (until each has the others' messages of the round, or ``drain`` s
-    after the last was published)."""
-    n = len(agents)
+def _round(
+    agents: list[LinePeer], rnd: int, count: int, gap: float, size: int, drain: float, publishers: tuple[int, ...]
+) -> list[list[dict]]:
+    """Every node of ``publishers`` publishes ``count`` messages, paced and staggered, tagged with
+    round ``rnd``; what every node received (until each has the others' messages of the round, or
+    ``drain`` s after the last was published)."""
+    n = len(publishers)
     gap_ns = int(gap * 1e9)
     start = time.time_ns() + int(0.3e9)
-    for i, a in enumerate(agents):
-        a.call(
+    for k, i in enumerate(publishers):
+        agents[i].call(
             "paced",
             topic=TOPIC,
-            start_ns=str(start + i * gap_ns // n),  # (a string: js's JSON numbers are doubles)
+            start_ns=str(start + k * gap_ns // n),  # (a string: js's JSON numbers are doubles)
             gap_ns=str(gap_ns),
             count=count,
             tag=rnd * ROUND + i,
             size=size,
         )
     deadline = time.monotonic() + 0.3 + count * gap + 30
-    for i, a in enumerate(agents):
-        done = a.call("paced_done", timeout=max(deadline - time.monotonic(), 1))
+    for i in publishers:
+        done = agents[i].call("paced_done", timeout=max(deadline - time.monotonic(), 1))
         if done["published"] != count:
             raise RuntimeError(f"node {i} published {done['published']} of {count}: {done['errors']}")
     got: list[list[dict]] = [[] for _ in agents]
     have: list[set[tuple[int, int]]] = [set() for _ in agents]
-    want = count * (n - 1)
+    wants = [count * sum(1 for p in publishers if p != i) for i in range(len(agents))]
     until = time.monotonic() + drain
     while True:
         for i, a in enumerate(agents):
@@ -394,7 +400,7 @@ def _round(agents: list[LinePeer], rnd: int, count: int, gap: float, size: int, 
                 _, tag, idx = _head(r)
                 if tag // ROUND == rnd and tag % ROUND != i:
                     have[i].add((tag, idx))
-        if all(len(h) >= want for h in have) or time.monotonic() > until:
+        if all(len(h) >= w for h, w in zip(have, wants)) or time.monotonic() > until:
             return got
         time.sleep(0.1)
 
@@ -410,7 +416,13 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _figures(
-    case: str, kinds: tuple[str, ...], got: list[list[dict]], rnd: int, count: int
+    case: str,
+    kinds: tuple[str, ...],
+    got: list[list[dict]],
+    rnd: int,
+    count: int,
+    links: tuple[tuple[int, int], ...],
+    publishers: tuple[int, ...],
 ) -> Iterator[dict[str, Any]]:
     """Rows: every (message, receiver) pair, then per publisher kind -> receiver kind (the mixed
     case), then per hop count (the receiver the publisher's neighbour or not). ``dup``: copies
@@ -423,9 +435,9 @@ def _figures(
     late = 0
 
     def names(src: int, dst: int) -> tuple[str, str, str]:
-        return "all", f"{kinds[src]}->{kinds[dst]}", "1 hop" if dst in neighbours(src) else "2 hops"
+        return "all", f"{kinds[src]}->{kinds[dst]}", "1 hop" if dst in neighbours(src, links) else "2 hops"
 
-    for src in range(n):
+    for src in publishers:
         for dst in range(n):
             if src != dst:
                 for g in names(src, dst):
@@ -491,19 +503,40 @@ def run_case(
     warmup: int = 10,
     progress: Callable[[str], None] | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """One case of ``CASES``: 6 nodes linked as ``LINKS``; its rows (``_figures``), then a row of
-    notes: seconds to a formed mesh, js's clock against ours, CPU per message per kind, the
-    Lattica nodes' counters (and the strangers' RPCs they dropped unread)."""
-    kinds, open_mesh = CASES[case]
+    """One case of ``CASES``: 6 nodes linked as ``LINKS``, every one publishing; its rows
+    (``_figures``), then a row of notes (``run_topology``)."""
+    kinds, mode = CASES[case]
+    yield from run_topology(
+        case, kinds, mode, LINKS, tuple(range(len(kinds))), found, messages, gap, size, warmup, progress
+    )
+
+
+def run_topology(
+    case: str,
+    kinds: tuple[str, ...],
+    mode: str,
+    links: tuple[tuple[int, int], ...],
+    publishers: tuple[int, ...],
+    found: dict[str, pathlib.Path],
+    messages: int = 100,
+    gap: float = 0.2,
+    size: int = 128,
+    warmup: int = 10,
+    progress: Callable[[str], None] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Nodes of ``kinds`` (the Lattica ones in ``mode``) linked as ``links``, the nodes of
+    ``publishers`` publishing; the rows of ``_figures``, then a row of notes: seconds to a formed
+    mesh, js's clock against ours, CPU per message per kind, the Lattica nodes' counters (and the
+    strangers' RPCs they dropped unread)."""
     with contextlib.ExitStack() as stack:
         t0 = time.monotonic()
-        agents = [stack.enter_context(_agent(k, found, open_mesh)) for k in kinds]
+        agents = [stack.enter_context(_agent(k, found, mode)) for k in kinds]
         for a in agents:
             a.call("subscribe", topic=TOPIC)
-        for i, j in LINKS:
+        for i, j in links:
             agents[i].call("dial", addr=_tcp(agents[j]))
         deadline = time.monotonic() + 30
-        while not _ready(agents):
+        while not _ready(agents, links):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{case}: the nodes never saw their neighbours' subscriptions")
             time.sleep(0.1)
@@ -514,20 +547,22 @@ def run_case(
                 f"{case}: {' '.join(kinds)} meshed in {ready_s:.1f} s; {min(warmup, messages)} each to warm up, then {messages}"
             )
         clocks = [_clock_offset_us(a) for a, k in zip(agents, kinds) if k == "js"]
-        _round(agents, 0, min(warmup, messages), gap, size, drain=10)
+        _round(agents, 0, min(warmup, messages), gap, size, 10, publishers)
         stats0 = [a.call("stats") if k == "lattica" else {} for a, k in zip(agents, kinds)]
         cpu0 = [_cpu_s(a.proc.pid) for a in agents]
-        got = _round(agents, 1, messages, gap, size, drain=10)
+        got = _round(agents, 1, messages, gap, size, 10, publishers)
         cpu = [_cpu_s(a.proc.pid) - c for a, c in zip(agents, cpu0)]
         stats = [a.call("stats") if k == "lattica" else {} for a, k in zip(agents, kinds)]
         clocks += [_clock_offset_us(a) for a, k in zip(agents, kinds) if k == "js"]
-    yield from _figures(case, kinds, got, 1, messages)
+    yield from _figures(case, kinds, got, 1, messages, links, publishers)
     notes: dict[str, Any] = {"bench": "gossipsub-mixed", "case": case, "pairs": "notes", "ready_s": round(ready_s, 1)}
     if clocks:
         notes["js_clock_minus_ours_us"] = [f"{o:+.0f}±{u:.0f}" for o, u in clocks]
     if any(cpu):
         notes["cpu_ms_per_msg"] = {  # (during the measured round, per node, per message the topic carried)
-            k: round(1e3 * sum(c for c, kk in zip(cpu, kinds) if kk == k) / kinds.count(k) / (6 * messages), 2)
+            k: round(
+                1e3 * sum(c for c, kk in zip(cpu, kinds) if kk == k) / kinds.count(k) / (len(publishers) * messages), 2
+            )
             for k in KINDS
             if k in kinds
         }

@@ -159,10 +159,11 @@ def _libp2p_content(a: argparse.Namespace) -> Plan:
 
 def _gossipsub_mixed(a: argparse.Namespace) -> Plan:
     cases = a.case or ["mixed", "mixed-open", "go", "js", "lattica"]
-    per_case = 14 + (10 + a.messages) * a.gap_ms / 1e3  # (6 processes up and meshed, then 2 paced rounds)
+    gap_ms = a.gap_ms or 200.0
+    per_case = 14 + (10 + a.messages) * gap_ms / 1e3  # (6 processes up and meshed, then 2 paced rounds)
     return Plan(
         f"{_runs(len(cases), 'topic')} of 6 node processes ({', '.join(cases)}), each node publishing "
-        f"{a.messages} messages every {a.gap_ms:g} ms",
+        f"{a.messages} messages every {gap_ms:g} ms",
         len(cases) * per_case,
         "--case NAME, --messages N: fewer",
     )
@@ -190,7 +191,15 @@ PLANS: dict[str, Callable[[argparse.Namespace], Plan]] = {
         f"publish, fetch and a swarm of {a.fetchers} fetchers of {(a.size or (256 << 20)) >> 20} MiB",
         30 + 4 * (a.fetchers + 1) * (a.size or (256 << 20)) / (256 << 20),
     ),
-    "pubsub": lambda a: Plan("4 subscriber processes: latency, then a flood of 20,000 messages", 20),
+    "pubsub": lambda a: (
+        Plan(
+            f"5 processes of ours against 5 go-libp2p daemons, one publisher, {a.messages} messages every "
+            f"{a.gap_ms or '5 then 2'} ms, {a.runs or 2} rounds each, alternating",
+            (2 if a.gap_ms else 4) * (a.runs or 2) * 12,
+        )
+        if getattr(a, "against", None)
+        else Plan("4 subscriber processes: latency, then a flood of 20,000 messages", 20)
+    ),
     "pubsub-sim": lambda a: Plan(
         f"2 simulations (one with 10 % of nodes stopped) of {'/'.join(map(str, a.nodes or [200]))} routers",
         sum(a.nodes or [200]) * 0.3,

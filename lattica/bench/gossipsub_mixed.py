@@ -494,23 +494,6 @@ def _cpu_s(pid: int) -> float:
     return total
 
 
-def run_case(
-    case: str,
-    found: dict[str, pathlib.Path],
-    messages: int = 100,
-    gap: float = 0.2,
-    size: int = 128,
-    warmup: int = 10,
-    progress: Callable[[str], None] | None = None,
-) -> Iterator[dict[str, Any]]:
-    """One case of ``CASES``: 6 nodes linked as ``LINKS``, every one publishing; its rows
-    (``_figures``), then a row of notes (``run_topology``)."""
-    kinds, mode = CASES[case]
-    yield from run_topology(
-        case, kinds, mode, LINKS, tuple(range(len(kinds))), found, messages, gap, size, warmup, progress
-    )
-
-
 def run_topology(
     case: str,
     kinds: tuple[str, ...],
@@ -602,7 +585,10 @@ def bench_gossipsub_mixed(
     if size < HEAD:
         raise ValueError(f"a message carries its publish time, publisher and index: at least {HEAD} bytes")
     for case in cases:
-        yield from run_case(case, found, messages, gap, size, progress=progress)
+        kinds, mode = CASES[case]  # (6 nodes linked as LINKS, every one publishing)
+        yield from run_topology(
+            case, kinds, mode, LINKS, tuple(range(len(kinds))), found, messages, gap, size, 10, progress
+        )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ spinning on a core: what a training job or another node does to ours on two core
 Workloads, each between node processes on loopback over TCP:
 - ``calls``: Table 1's 128 B echo, 1,000 in flight (calls/s, higher wins);
 - ``call``: one call at a time (p50 µs, lower wins): where a busy poll pays off, if anywhere;
+- ``sync-call``: the same to a sync actor, whose methods run on a thread of their own in the
+  node's process: the node loop and the actor's thread share one interpreter lock, which a loop
+  spinning in its poll holds the more often;
 - ``stream``: one stream of ``stream_bytes`` (MB/s, higher wins);
 - ``pubsub``: publish -> 4 subscribers, one message every 5 ms (p50 and p99 µs, lower wins).
 
@@ -28,6 +31,7 @@ __all__ = ["bench_busy_poll", "WORKLOADS"]
 WORKLOADS: dict[str, tuple[str, bool]] = {
     "calls": ("qps", True),
     "call": ("p50_us", False),
+    "sync-call": ("p50_us", False),
     "stream": ("MB_per_s", True),
     "pubsub": ("p50_us", False),
 }
@@ -55,8 +59,9 @@ def _measure(workload: str, busy_poll_us: float, duration: float, stream_bytes: 
     if workload == "calls":
         r = bench_rpc(128, 1000, duration, "tcp", "async", busy_poll_us=busy_poll_us)
         return {"qps": r["qps"], "p99_us": r["p99_us"]}
-    if workload == "call":
-        r = bench_rpc(128, 1, duration, "tcp", "async", busy_poll_us=busy_poll_us)
+    if workload in ("call", "sync-call"):
+        kind = "sync" if workload == "sync-call" else "async"
+        r = bench_rpc(128, 1, duration, "tcp", kind, busy_poll_us=busy_poll_us)
         return {"p50_us": r["p50_us"], "p99_us": r["p99_us"]}
     if workload == "stream":
         r = bench_stream("tcp", stream_bytes, busy_poll_us=busy_poll_us)

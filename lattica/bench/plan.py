@@ -205,9 +205,10 @@ PLANS: dict[str, Callable[[argparse.Namespace], Plan]] = {
         sum(a.nodes or [200]) * 0.3,
     ),
     "busy-poll": lambda a: Plan(
-        "calls, one call, a stream and pub-sub latency with the plain loop and the busy poll, quiet and beside "
+        "calls, one call (async and sync actors), a stream and pub-sub latency with the plain loop and the busy poll, "
+        "quiet and beside "
         f"1 and 2 busy processes, {a.runs or 3} runs each",
-        (a.runs or 3) * 2 * 3 * 25,
+        (a.runs or 3) * 2 * 3 * 30,
         "--runs 1: a quick look",
     ),
     "scale": lambda a: Plan(

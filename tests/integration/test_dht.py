@@ -173,14 +173,18 @@ def test_get_actor_waits_for_a_name_registered_after_it_started(three, token):
     actor once the registration lands, not ActorNotFound from the first empty lookup."""
     node, (a, pa), (b, pb) = three
     name = f"late-{token}"
+    where = lattica.PeerId.from_string(a.peer_id)
+    warm = sa.Counter.options(node=where).remote(0)  # (the spawn path warm: the race is the DHT's, not imports')
+    assert warm.get.remote().result(10) == 0
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(lattica.get_actor, name, None, 8.0)
-        time.sleep(0.5)  # several lookups have come back empty by now
+        time.sleep(0.25)  # lookups have come back empty by now (get_actor looks again for ~1 s)
         assert not pending.done()
-        c = sa.Counter.options(node=lattica.PeerId.from_string(a.peer_id), name=name).remote(6)
+        c = sa.Counter.options(node=where, name=name).remote(6)
         ref = pending.result(10)
     assert ref.peer_id == c.peer_id and ref.get.remote().result(10) == 6
     lattica.kill(c)
+    lattica.kill(warm)
 
 
 def test_get_actor_of_an_unknown_name_fails_with_actor_not_found_within_its_timeout(three, token):

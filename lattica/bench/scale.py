@@ -139,23 +139,19 @@ def _peak_rss() -> int:
 def fit(ns: Iterable[int], ys: Iterable[float]) -> tuple[float, float]:
     """``(a, b)`` of ``y = a * N ** b``, least squares in log-log (zeros left out)."""
     pts = [(math.log(n), math.log(y)) for n, y in zip(ns, ys) if y > 0]
-    if len(pts) < 2:
-        return (pts[0][1] if pts else 0.0, 0.0)
-    mx = statistics.mean(x for x, _ in pts)
-    my = statistics.mean(y for _, y in pts)
-    sxx = sum((x - mx) ** 2 for x, _ in pts)
-    b = sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else 0.0
-    return math.exp(my - b * mx), b
+    if len({x for x, _ in pts}) < 2:
+        return (math.exp(pts[0][1]) if pts else 0.0, 0.0)
+    b, log_a = statistics.linear_regression([x for x, _ in pts], [y for _, y in pts])
+    return math.exp(log_a), b
 
 
 def fit_log(ns: Iterable[int], ys: Iterable[float]) -> tuple[float, float]:
     """``(a, b)`` of ``y = a + b * log2(N)``, least squares."""
-    pts = [(math.log2(n), y) for n, y in zip(ns, ys)]
-    mx = statistics.mean(x for x, _ in pts)
-    my = statistics.mean(y for _, y in pts)
-    sxx = sum((x - mx) ** 2 for x, _ in pts)
-    b = sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else 0.0
-    return my - b * mx, b
+    pts = list(zip(ns, ys))
+    if len({n for n, _ in pts}) < 2:
+        return (statistics.mean(y for _, y in pts) if pts else 0.0, 0.0)
+    b, a = statistics.linear_regression([math.log2(n) for n, _ in pts], [y for _, y in pts])
+    return a, b
 
 
 def growth(b: float) -> str:

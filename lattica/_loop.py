@@ -20,7 +20,10 @@ import selectors
 import time
 from typing import Any
 
-DEFAULT_BUSY_POLL_US = 200.0
+BUSY_POLL_US = 200.0  # the window a node asks for with busy_poll_us (the benches' "busy poll")
+# the plain loop by default: measured against the busy poll quiet and beside busy processes
+# (``lattica bench busy-poll``, docs/benchmarks.md), it won more of the workloads
+DEFAULT_BUSY_POLL_US = 0.0
 _BASE = getattr(selectors, "EpollSelector", selectors.DefaultSelector)
 _PSI_CPU = "/proc/pressure/cpu"
 

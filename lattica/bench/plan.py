@@ -26,10 +26,11 @@ def transports(args: argparse.Namespace) -> list[str]:
 
 
 def polls(args: argparse.Namespace) -> list[float]:
-    """The loop busy-poll windows compared: ``--busy-poll-us``, or 0 (uvloop) and the default."""
-    from lattica._loop import DEFAULT_BUSY_POLL_US  # (the bench's lazy imports: see lattica.cli)
+    """The loop busy-poll windows compared: ``--busy-poll-us``, or 0 (the plain loop) and the
+    busy poll's window."""
+    from lattica._loop import BUSY_POLL_US  # (the bench's lazy imports: see lattica.cli)
 
-    return [args.busy_poll_us] if args.busy_poll_us is not None else [0.0, DEFAULT_BUSY_POLL_US]
+    return [args.busy_poll_us] if args.busy_poll_us is not None else [0.0, BUSY_POLL_US]
 
 
 def rpc_configs(args: argparse.Namespace) -> tuple[list[str], list[str], list[int], list[int], list[float]]:

@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 
-from lattica._loop import BusyPollSelector, CpuPressure, new_loop
+from lattica._loop import BUSY_POLL_US, DEFAULT_BUSY_POLL_US, BusyPollSelector, CpuPressure, new_loop
 
 
 def test_busy_poll_window_shrinks_when_idle_and_grows_on_traffic():
@@ -111,6 +111,21 @@ def test_loops_run_real_io():
             server = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", 0))
             assert loop.run_until_complete(echo_once()) == b"ping"
             server.close()
+        finally:
+            loop.close()
+
+
+def test_a_node_loop_polls_only_when_asked():
+    """The default loop is the plain one (``lattica bench busy-poll`` decided it, issue 51); the
+    busy poll is a node option."""
+
+    def polls(loop: asyncio.AbstractEventLoop) -> bool:
+        return isinstance(getattr(loop, "_selector", None), BusyPollSelector)
+
+    for busy, expected in ((DEFAULT_BUSY_POLL_US, False), (BUSY_POLL_US, True)):
+        loop = new_loop(busy, None)
+        try:
+            assert polls(loop) is expected
         finally:
             loop.close()
 

@@ -607,6 +607,20 @@ def test_loopback_datagrams_carry_stream_frames_longer_than_16k() -> None:
     run(main, timeout=60)
 
 
+def test_real_path_datagrams_leave_in_gso_runs_and_arrive_intact() -> None:
+    """At a real path's 1,350 bytes, bulk data leaves as UDP GSO sends (the kernel cuts each
+    into datagrams, the receiver reads them one by one) and the stream arrives intact."""
+
+    async def main() -> None:
+        async with pair(loopback_datagram_size=1350) as p:
+            ep = p.client._endpoint
+            await _push(p, 16 << 20)
+            assert ep.gso, "this kernel refused UDP GSO on loopback"
+            assert ep.gso_sends > 100  # (16 MiB is ~12,400 datagrams; at most 48 leave per send)
+
+    run(main, timeout=60)
+
+
 def test_stream_windows_grow_while_the_window_holds_the_sender_back(monkeypatch) -> None:
     """A small stream window that a fast transfer fills every round trip doubles up to
     max_stream_window, and the connection window follows; with max_stream_window at the

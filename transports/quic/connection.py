@@ -167,10 +167,7 @@ class QuicConn(Connection):
         try:
             self._process_events()
             if not self._dead and not self._endpoint.paused:
-                sendto = self._endpoint.sendto
-                for data, addr in self._quic.datagrams_to_send(self._loop.time()):
-                    sendto(data, addr)
-                    self._bytes_sent += len(data)
+                self._bytes_sent += self._endpoint.send_datagrams(self._quic.datagrams_to_send(self._loop.time()))
                 self._process_events()  # NEW_CONNECTION_ID frames just written: route those CIDs
             if not self._dead:
                 self._after_batch()

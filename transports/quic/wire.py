@@ -37,6 +37,7 @@ RECVERR_V4 = 11  # <linux/in.h>; not exported by the socket module
 RECVERR_V6 = 25  # <linux/in6.h>
 CERT_RENEW_BEFORE = datetime.timedelta(days=1)
 MAX_DATAGRAM = 65000  # under the 65,507-byte UDP payload limit of IPv4
+GSO_SEGMENTS = 64  # datagrams one GSO send carries at most (the kernel's UDP_MAX_SEGMENTS since 4.18)
 READ_BATCH = 63  # extra datagrams read per readiness event
 READ_BATCH_BYTES = 1 << 20  # ... and at most about this many bytes (acks and credit go out after a batch)
 RECV_SIZE = 65535

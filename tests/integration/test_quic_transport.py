@@ -617,6 +617,9 @@ def test_real_path_datagrams_leave_in_gso_runs_and_arrive_intact() -> None:
             await _push(p, 16 << 20)
             assert ep.gso, "this kernel refused UDP GSO on loopback"
             assert ep.gso_sends > 100  # (16 MiB is ~12,400 datagrams; at most 48 leave per send)
+        async with pair(loopback_datagram_size=1350, gso=False) as p:  # the transport option turns it off
+            await _push(p, 4 << 20)
+            assert p.client._endpoint.gso_sends == 0
 
     run(main, timeout=60)
 

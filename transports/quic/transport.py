@@ -63,6 +63,7 @@ class QuicTransport(Transport):
         close_linger: float = 2.0,
         max_pending_handshakes: int = 256,
         max_handshakes_per_ip: int = 16,
+        gso: bool = True,
     ) -> None:
         super().__init__(keypair)
         _malloc.tune()  # (datagram-sized buffers churn glibc's heap top: see lattica/_malloc.py)
@@ -92,6 +93,7 @@ class QuicTransport(Transport):
         self.close_linger = close_linger
         self.max_pending_handshakes = max_pending_handshakes
         self.max_handshakes_per_ip = max_handshakes_per_ip  # per IPv4 address or IPv6 /64; loopback is exempt
+        self.gso = gso  # runs of datagrams leave as UDP GSO sends where the kernel takes them
         self._cert: CertifiedKey | None = None
         self._endpoints: set[Endpoint] = set()
         self._listen_eps: set[Endpoint] = set()
@@ -167,6 +169,7 @@ class QuicTransport(Transport):
             raise TransportError(f"cannot bind UDP {ip} port {port}: {e.strerror}") from None
         loop = asyncio.get_running_loop()
         ep = Endpoint(self, sock)
+        ep.gso = ep.gso and self.gso
         await loop.create_datagram_endpoint(lambda: ep, sock=sock)
         self._endpoints.add(ep)
         return ep

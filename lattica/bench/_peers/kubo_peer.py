@@ -55,12 +55,20 @@ LISTEN = "/ip4/127.0.0.1/tcp/0"
 DEFAULTS = {"cid_version": 0, "raw_leaves": False, "chunker": "size-262144"}  # kubo 0.22's `ipfs add`
 
 
-def _own_stdout() -> None:
-    """Keep stdout for our JSON lines: whatever kubo writes to file descriptor 1 now goes to
-    stderr; ``sys.stdout`` writes to a copy of the original."""
+def _own_stdio() -> None:
+    """Keep stdin and stdout for our JSON lines: whatever kubo writes to file descriptor 1 now
+    goes to stderr, and what it writes to descriptor 0 (it prints its key generation there) to
+    /dev/null; ``sys.stdin`` and ``sys.stdout`` use copies of the originals. Under uvloop a
+    child's stdin is a socketpair, so those writes would reach the parent's write-only end and
+    break it."""
     fd = os.dup(1)
     os.dup2(2, 1)
     sys.stdout = os.fdopen(fd, "w", buffering=1)
+    fd = os.dup(0)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = os.fdopen(fd, "r")
 
 
 def _offline_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -204,7 +212,7 @@ def _log_to_stderr(home: str) -> None:
 
 
 def main() -> None:
-    _own_stdout()
+    _own_stdio()
     home = tempfile.mkdtemp(prefix="kubo-peer-")
     code = 0
     try:

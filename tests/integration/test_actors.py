@@ -417,6 +417,10 @@ def test_deadline_is_enforced_where_the_call_runs(where, token):
     late = w.busy.options(timeout=0.2).remote(token, 0)
     with pytest.raises(CallTimeout):
         late.result(5)
+    # the callee's deadline is the call's timeout from when it arrived, a little after the caller's:
+    # the gate opens once it has passed there too (uvloop's millisecond timers can end the caller's
+    # wait that little earlier)
+    time.sleep(0.1)
     sa.event(gate).set()
     assert blocked.result(5) == "opened"
     assert w.ping.remote().result(5) == "pong"  # behind the expired call on the actor's thread

@@ -32,7 +32,7 @@ from lattica._identity import PeerId
 from lattica._interfaces import ip_of, is_loopback_ip, is_private_ip
 from lattica._multiaddr import Multiaddr
 from lattica._runtime import autonat_ref, current_caller
-from lattica.errors import LatticaError, ProtocolError, StreamClosed
+from lattica.errors import LatticaError, ProtocolError, StreamClosed, TransportError
 from lattica.logging import get_logger
 from lattica.nat import _autonat_v1_wire as v1
 from lattica.nat import _autonat_v2_wire as v2
@@ -60,6 +60,7 @@ _HELPERS = 2
 _HELPER_BACKOFF = 60.0  # s a helper that failed to answer dial_for is not asked again...
 _HELPER_FAILED_MAX = 256  # ...remembered for this many helpers at most (the oldest forgotten first)
 _HELPER_SILENT = 40.0  # s without a byte from a peer (keepalives come every 15 s) before it is no helper
+_DIAL_BACK_OPENS = 4  # streams a client may open on our dial-back connection (its identify, and room to spare)
 DIAL_DATA = 40_000  # bytes a libp2p client sends before we dial an IP other than its own (the spec: 30-100 kB)
 _V2_TIMEOUT = 15.0  # s for a whole AutoNAT v2 request, dial data and dial-back included
 _DIAL_BACK_ANSWER = 0.5  # s we wait for a DialBackResponse (some clients send none)
@@ -137,7 +138,11 @@ class AutoNatServer:
         for helper, r in zip(helpers, results[len(targets) :]):
             if isinstance(r, BaseException):
                 log.debug("autonat helper failed", helper=str(helper), reason=str(r))
-                self._note_helper_failed(helper)
+                if isinstance(r, (TimeoutError, TransportError)):
+                    # silent or gone: skipped a while. A refusal ("busy", "too many requests") is
+                    # a live helper's answer, and a requester can make it say so at will: backing
+                    # off then let a stranger bench our honest helpers (hostile review)
+                    self._note_helper_failed(helper)
             else:
                 answered.append(helper)
         return {"ip": ip, "tried": texts, "helper": str(answered[0]) if answered else None}
@@ -152,8 +157,10 @@ class AutoNatServer:
         failed[helper] = asyncio.get_running_loop().time() + _HELPER_BACKOFF
 
     def _pick_helpers(self, peer: PeerId, avoid_ips: set[str]) -> list[PeerId]:
-        """Live peers at addresses ``peer`` has not contacted (one per address) to dial it back: the
-        most recently heard first, none that failed to help lately or has been silent too long."""
+        """Live members of our mesh at addresses ``peer`` has not contacted (one per address) to
+        dial it back: the most recently heard first, none that failed to help lately or has been
+        silent too long. Never a stranger: it need not dial at all, and one that kept talking to
+        us was asked first and named to the peer as its helper (hostile review)."""
         now = asyncio.get_running_loop().time()
         for other in [p for p, until in self._helper_failed.items() if until <= now]:
             del self._helper_failed[other]
@@ -161,7 +168,7 @@ class AutoNatServer:
         for other, conn in list(self.host.conns.items()):
             if other == peer or conn.is_closed or conn.transport not in ("tcp", "quic") or self.rt.node_down(other):
                 continue
-            if other in self._helper_failed:
+            if other in self._helper_failed or self.host.circle_of(other) == "stranger":
                 continue
             info = self.host.info.get(conn)
             other_ip = ip_of(conn.remote_addr)
@@ -210,9 +217,10 @@ class AutoNatServer:
             conn = await transport.dial(addr, peer, fresh_port=True, **extra)  # type: ignore[call-arg]
         # We own this connection, not the host, so we meter the peer's stream opens: a node's
         # transport holds them until its owner gives a gate, and the answer we wait for may come
-        # behind the peer's own open (its identify). Every open is let through and reset.
-        conn.set_stream_handler(_refuse_stream)
-        conn.meter_opens(_any_opens)
+        # behind the peer's own open (its identify). A few opens are let through and reset.
+        opens = _DialBackOpens(conn)
+        conn.set_stream_handler(opens.refuse)
+        opens.metered = conn.meter_opens(opens.gate)
         return conn
 
     async def dial_back(self, peer: PeerId, addr: Multiaddr, nonce: bytes) -> bool:
@@ -376,12 +384,36 @@ class AutoNatServer:
         return True
 
 
-def _refuse_stream(stream: Stream) -> None:
-    stream.reset()
+class _DialBackOpens:
+    """The streams a client may open on our dial-back connection: each one reset, at most
+    ``_DIAL_BACK_OPENS`` of them; past that the client misbehaves and the connection is aborted
+    (its dial-back then fails, by its own doing). Unbounded, a flood of opens there held the
+    node's loop for seconds (hostile review). Counted by the mux's gate where the transport
+    meters opens (TCP), else as they reach the handler (QUIC, whose stream limit holds them)."""
 
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.left = _DIAL_BACK_OPENS
+        self.metered = False
 
-def _any_opens(n: int) -> tuple[int, float]:
-    return n, 0.0
+    def gate(self, n: int) -> tuple[int, float]:
+        granted = min(n, self.left)
+        self.left -= granted
+        if granted <= 0:
+            self._too_many()
+            return 0, 1.0
+        return granted, 0.0
+
+    def refuse(self, stream: Stream) -> None:
+        stream.reset()
+        if not self.metered:
+            self.left -= 1
+            if self.left < 0:
+                self._too_many()
+
+    def _too_many(self) -> None:
+        if not self.conn.is_closed:
+            self.conn.abort("the peer opened too many streams on a dial-back connection")
 
 
 def _first_dialable(addrs: tuple[Multiaddr, ...], observed: str) -> tuple[int, Multiaddr] | None:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 log = get_logger("lattica.quic")
 
-_UDP_SEGMENT = getattr(socket, "UDP_SEGMENT", 103)  # <linux/udp.h>; exported by Python 3.12+ only
+_UDP_SEGMENT = getattr(socket, "UDP_SEGMENT", 103)  # <linux/udp.h>; not every Python's socket module names it
 # what a kernel says when it cannot segment this send (no GSO, or no checksum offload to do it in)
 _NO_GSO = frozenset({errno_mod.EIO, errno_mod.EINVAL, errno_mod.ENOPROTOOPT, errno_mod.EOPNOTSUPP})
 
@@ -231,8 +231,8 @@ class Endpoint(asyncio.DatagramProtocol):
     def send_datagrams(self, datagrams: list[tuple[bytes, tuple]]) -> int:
         """Send ``datagrams`` in order; the bytes they hold. A run of equal-size datagrams to one
         address (its last may be shorter) goes out as one UDP GSO send of up to ``GSO_SEGMENTS``
-        datagrams: one system call in place of one per datagram, the larger part of sending's
-        cost at real paths' 1,350 bytes (docs/benchmarks.md, "Where QUIC's time goes")."""
+        datagrams: one system call in place of one per datagram (docs/benchmarks.md, "UDP GSO,
+        the first lever taken")."""
         total = 0
         run: list[bytes] = []
         to: tuple = ()
@@ -256,28 +256,24 @@ class Endpoint(asyncio.DatagramProtocol):
 
     def _send_run(self, run: list[bytes], addr: tuple, size: int) -> None:
         dgram = self.dgram
-        if len(run) == 1 or not self.gso or dgram is None or self.closed or dgram.get_write_buffer_size():
-            for data in run:  # (behind datagrams the transport still holds: queued after them, in order)
-                self.sendto(data, addr)
-            return
-        try:
-            self.sock.sendmsg(
-                [b"".join(run)], [(socket.SOL_UDP, _UDP_SEGMENT, size.to_bytes(2, sys.byteorder))], 0, addr
-            )
-            self.gso_sends += 1
-        except (BlockingIOError, InterruptedError):
-            for data in run:  # the socket's buffer is full: the transport queues them
-                self.sendto(data, addr)
-        except OSError as e:
-            if e.errno not in _NO_GSO:
-                self.error_received(
-                    e
-                )  # (as the transport does with a failed send: the datagrams are lost, QUIC sends again)
+        if len(run) > 1 and self.gso and dgram is not None and not self.closed and not dgram.get_write_buffer_size():
+            try:
+                self.sock.sendmsg(
+                    [b"".join(run)], [(socket.SOL_UDP, _UDP_SEGMENT, size.to_bytes(2, sys.byteorder))], 0, addr
+                )
+                self.gso_sends += 1
                 return
-            self.gso = False
-            log.debug("quic.gso_refused", error=str(e))
-            for data in run:
-                self.sendto(data, addr)
+            except (BlockingIOError, InterruptedError):
+                pass  # the socket's buffer is full: the transport queues them
+            except OSError as e:
+                if e.errno not in _NO_GSO:
+                    # as the transport does with a failed send: the datagrams are lost, QUIC sends again
+                    self.error_received(e)
+                    return
+                self.gso = False
+                log.debug("quic.gso_refused", error=str(e))
+        for data in run:  # one by one (behind datagrams the transport still holds: queued after them, in order)
+            self.sendto(data, addr)
 
     def close(self) -> None:
         if not self.closed:

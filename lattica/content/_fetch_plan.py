@@ -55,7 +55,7 @@ class FetchPlanner(FetchState):
         while silences and silences[0][0] <= now:
             call = heapq.heappop(silences)[2]
             p = self._peers.get(call.peer)
-            if call.open and p is not None and call in p.calls and p.heard < call.sent:
+            if call.open and p is not None and call in p.calls and p.heard <= call.sent:
                 self._abandon(p, call, now)
         dues = self._dues
         while dues and dues[0][0] <= now:
@@ -166,8 +166,10 @@ class FetchPlanner(FetchState):
         return (p.rtt if p.rtt is not None else rtt0) + (p.inflight_bytes + charge) / rate
 
     def _silent(self, call: Call, now: float) -> bool:
-        """Whether ``call`` waited ``block_timeout`` and its peer answered nothing since it went."""
-        return call.sent + self.block_timeout <= now and self._peers[call.peer].heard < call.sent  # (the wakeup's sum)
+        """Whether ``call`` waited ``block_timeout`` and its peer answered nothing since it went.
+        An answer at the call's own time came before it: a coarse clock (uvloop's whole
+        milliseconds, held through a loop iteration) stamps an answer and the call it prompted alike."""
+        return call.sent + self.block_timeout <= now and self._peers[call.peer].heard <= call.sent  # (the wakeup's sum)
 
     def _quiet(self, p: Peer, now: float) -> bool:
         """Whether one of ``p``'s calls is silent (no copy of a silent peer's block goes to it)."""

@@ -633,6 +633,25 @@ def test_a_holder_only_peer_is_asked_want_have_for_blocks_that_got_stuck_after_i
     assert [(r.peer, r.cids) for r in s.next_requests(0.2) if r.kind == BLOCK] == [("sdk", (a,))]
 
 
+def test_a_liar_whose_have_came_in_the_tick_its_want_block_went_is_silent_on_a_coarse_clock():
+    """uvloop's clock moves in whole milliseconds and holds still through a loop iteration: a
+    lying provider's have and the want-block it prompts carry the same time. Nothing came after
+    the call, so it is silent after block_timeout and the block goes to the honest peer (never
+    measured), long before the call's deadline (block_timeout + its charge at min_rate)."""
+    root = Cid.of(b"root")
+    s = FetchSession(block_timeout=1.0, min_rate=128 * KiB, window_bytes=16 * MiB)
+    s.want([root], None)
+    s.add_peer("liar", 0.0, holder_only=True)
+    s.on_have("liar", root, 0.0)
+    assert [(r.peer, r.kind) for r in s.next_requests(0.0)] == [("liar", BLOCK)]
+    s.add_peer("honest", 0.0)
+    s.on_have("honest", root, 0.01)  # (its answer to the probe: the block is already asked of the liar)
+    assert [r for r in s.next_requests(0.5) if r.kind == BLOCK] == []
+    wake = s.next_wakeup()
+    assert wake is not None and wake <= 1.0
+    assert [(r.peer, r.cids) for r in s.next_requests(wake) if r.kind == BLOCK] == [("honest", (root,))]
+
+
 class _Churn(Swarm):
     """The glue's peer handling too: a dropped peer is removed (its calls cancelled) and, unless
     it sent a bad block, taken back after a while when it still says it has the root; ``dying``

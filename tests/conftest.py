@@ -13,6 +13,9 @@ SUPPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support")
 if SUPPORT not in sys.path:
     sys.path.insert(0, SUPPORT)
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SUPPORT, os.environ.get("PYTHONPATH")) if p)
+# a child process that crashes in C (a SIGSEGV in an event loop's extension) prints its threads'
+# stacks into the run's log, not just its exit code
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 ALLOW = ["sample_actors.*"]
 

@@ -168,7 +168,11 @@ class Turns:
 
     def _arm(self) -> None:
         if self._timer is None and self._queue:
-            self._timer = self._loop.call_later(min(self.share.wait(self._queue[0][2]), 3600.0), self._serve)
+            # (at least 1 ms: uvloop runs a shorter timer at once, and _serve would find the
+            # token not yet due and arm again, spinning until it is)
+            self._timer = self._loop.call_later(
+                min(max(self.share.wait(self._queue[0][2]), 0.001), 3600.0), self._serve
+            )
 
     def _serve(self) -> None:
         self._timer = None

@@ -415,7 +415,7 @@ class MuxedConnection(Connection):
         return stats or None
 
     def _time_round_trip(self) -> None:
-        now = self._loop.time()
+        now = _monotonic()  # (not the loop's clock: uvloop's moves in whole milliseconds)
         if self._closed or (self._rtt_sent is not None and now - self._rtt_sent < PROBE_TIMEOUT):
             return
         self._rtt_ping = self._rtt_ping % 0xFFFFFFFE + 1
@@ -435,7 +435,7 @@ class MuxedConnection(Connection):
 
     def _pong(self, ping_id: int) -> None:
         if ping_id == self._rtt_ping and self._rtt_sent is not None:
-            sample = (self._loop.time() - self._rtt_sent) * 1000.0
+            sample = (_monotonic() - self._rtt_sent) * 1000.0
             self._rtt_ms = sample if self._rtt_ms is None else 0.75 * self._rtt_ms + 0.25 * sample
             self._rtt_sent = None
 

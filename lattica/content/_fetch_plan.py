@@ -167,8 +167,8 @@ class FetchPlanner(FetchState):
 
     def _silent(self, call: Call, now: float) -> bool:
         """Whether ``call`` waited ``block_timeout`` and its peer answered nothing since it went.
-        An answer at the call's own time came before it: a coarse clock (uvloop's whole
-        milliseconds, held through a loop iteration) stamps an answer and the call it prompted alike."""
+        An answer at the call's own time came before it: a coarse clock (uvloop's, in whole
+        milliseconds) stamps an answer and the call it prompted alike."""
         return call.sent + self.block_timeout <= now and self._peers[call.peer].heard <= call.sent  # (the wakeup's sum)
 
     def _quiet(self, p: Peer, now: float) -> bool:

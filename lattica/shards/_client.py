@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -247,9 +248,8 @@ class Stub:
         self, p: Provider, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float, idempotent: bool
     ) -> tuple[Provider, Future, float]:
         """Check ``p`` (usually known already) and send the call: ``(p, its Future, when)``."""
-        loop = self._rt.loop
         self._picker.started(p)
-        t0 = loop.time()
+        t0 = time.perf_counter()  # (latency: not the loop clock, whole milliseconds under uvloop)
         try:
             await self._check(p, timeout)
         except _Unchecked as exc:
@@ -258,13 +258,13 @@ class Stub:
         except BaseException:
             self._picker.cancelled(p, 0.0)
             raise
-        left = max(0.001, timeout - (loop.time() - t0))
+        left = max(0.001, timeout - (time.perf_counter() - t0))
         return p, self._rt.call(p.ref, method, args, kwargs, timeout=left, idempotent=idempotent), t0
 
     def _end(self, p: Provider, fut: Future, t0: float) -> Any:
         """A finished attempt's value, or its error raised, with the picker's book-keeping (a
         provider that answered with the method's own error is not blamed)."""
-        took = self._rt.loop.time() - t0
+        took = time.perf_counter() - t0
         exc = asyncio.CancelledError() if fut.cancelled() else fut.exception()
         if exc is None:
             self._picker.succeeded(p, took)
@@ -351,7 +351,7 @@ class Stub:
             finally:
                 for q, fut, t0 in pending:  # (the other attempt answered first, or the call ended)
                     fut.cancel()
-                    self._picker.cancelled(q, loop.time() - t0)
+                    self._picker.cancelled(q, time.perf_counter() - t0)
             if isinstance(failure, _Unchecked) and loop.time() < attempts.deadline:
                 continue  # (nothing ran: straight to another)
             await attempts.back_off(failure)
@@ -382,7 +382,7 @@ class Stub:
                     attempts.failed(p, exc, idempotent)
                     continue
                 self._picker.started(p)
-                t0 = loop.time()
+                t0 = time.perf_counter()
                 left = max(deadline - loop.time(), 0.001)
                 self._rt.call(
                     p.ref,
@@ -401,9 +401,11 @@ class Stub:
                     await attempts.back_off(exc)
                     continue
                 except BaseException:
-                    self._picker.succeeded(p, loop.time() - t0)  # (the method's own error: not the provider's fault)
+                    self._picker.succeeded(
+                        p, time.perf_counter() - t0
+                    )  # (the method's own error: not the provider's fault)
                     raise
-                self._picker.succeeded(p, loop.time() - t0)  # (the first item's delay)
+                self._picker.succeeded(p, time.perf_counter() - t0)  # (the first item's delay)
                 return
         except BaseException as exc:  # noqa: BLE001 -- the consumer gets it
             out._fail(

@@ -72,6 +72,27 @@ def test_a_stub_spreads_calls_over_the_providers_and_fails_over_when_one_is_kill
         stub.boom.remote().result(10)
 
 
+def test_each_call_s_latency_reaches_the_picker_below_a_millisecond_too(mesh, monkeypatch):
+    """The picker ranks providers by (in flight + load + 1) x latency. Timed on the node loop's
+    clock, which under uvloop moves in whole milliseconds, a call on loopback took 0.0 s most of
+    the time: a provider scored 0 whatever its load, and won every pick."""
+    from lattica.shards._select import Picker
+
+    seen: list[float] = []
+    succeeded = Picker.succeeded
+
+    def record(self, p, seconds: float) -> None:
+        seen.append(seconds)
+        succeeded(self, p, seconds)
+
+    monkeypatch.setattr(Picker, "succeeded", record)
+    driver, procs = mesh
+    _served(driver, procs, {"layers": (0, 4)})
+    stub = lattica.shards.stub("math", {"layers": (0, 4)}, timeout=5.0, node=driver)
+    assert [stub.forward.remote(i).result(10) for i in range(30)] == [2 * i for i in range(30)]
+    assert len(seen) == 30 and all(0 < s < 5 for s in seen), seen
+
+
 def test_when_every_provider_is_gone_the_error_names_the_shard(mesh):
     driver, procs = mesh
     _served(driver, procs, "s-lost", on=(0,))

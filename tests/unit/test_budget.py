@@ -128,3 +128,38 @@ def test_turns_let_strangers_through_in_arrival_order_under_one_timer_and_member
         head.cancel()
 
     asyncio.run(main())
+
+
+def test_turns_wait_a_millisecond_at_least_between_serves_on_uvloop():
+    """uvloop runs a timer of under half a millisecond at once, and the share's next token is
+    often that close: the queue's timer then fired, found the token not yet due and armed again,
+    spinning until it was (tens of wake-ups a token). A timer waits 1 ms at least, as asyncio's
+    poll rounds it up."""
+    import asyncio
+
+    uvloop = pytest.importorskip("uvloop", reason="uvloop (the fast extra) is not installed")
+    from lattica._budget import StrangersShare, Turns
+
+    async def main() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        share = StrangersShare(3000.0, 1.0, lambda peer: True)  # (a token every third of a millisecond)
+        turns = Turns(share, loop)
+        serves = 0
+        serve = turns._serve
+
+        def counted() -> None:
+            nonlocal serves
+            serves += 1
+            serve()
+
+        turns._serve = counted  # type: ignore[method-assign]
+        n = 100
+        await asyncio.gather(*(turns.take(f"s{i}") for i in range(n)))
+        return serves, n
+
+    loop = uvloop.new_event_loop()
+    try:
+        serves, n = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert serves <= 2 * n, (serves, n)  # (before: ~80 a token)

@@ -21,10 +21,11 @@ import time
 from typing import Any
 
 BUSY_POLL_US = 200.0  # the window a node asks for with busy_poll_us (the benches' "busy poll")
-# The plain loop (uvloop when installed) won more workloads than the busy poll, among them every
-# single call's latency and nearly everything beside other busy processes (``lattica bench
-# busy-poll``; docs/benchmarks.md, "Which loop by default"), so it is the default.
-DEFAULT_BUSY_POLL_US = 0.0
+# The plain loop (uvloop) won more workloads (``lattica bench busy-poll``, docs/benchmarks.md),
+# but a node on it died of a segmentation fault inside uvloop, twice, on a QUIC path in the NAT
+# lab (docs/benchmarks.md, "Which loop by default"): until that is found, the busy poll (asyncio)
+# stays the default.
+DEFAULT_BUSY_POLL_US = BUSY_POLL_US
 _BASE = getattr(selectors, "EpollSelector", selectors.DefaultSelector)
 _PSI_CPU = "/proc/pressure/cpu"
 

@@ -55,7 +55,7 @@ class FetchPlanner(FetchState):
         while silences and silences[0][0] <= now:
             call = heapq.heappop(silences)[2]
             p = self._peers.get(call.peer)
-            if call.open and p is not None and call in p.calls and p.heard <= call.sent:
+            if call.open and p is not None and call in p.calls and _unanswered(p, call):
                 self._abandon(p, call, now)
         dues = self._dues
         while dues and dues[0][0] <= now:
@@ -166,10 +166,8 @@ class FetchPlanner(FetchState):
         return (p.rtt if p.rtt is not None else rtt0) + (p.inflight_bytes + charge) / rate
 
     def _silent(self, call: Call, now: float) -> bool:
-        """Whether ``call`` waited ``block_timeout`` and its peer answered nothing since it went.
-        An answer at the call's own time came before it: a coarse clock (uvloop's, in whole
-        milliseconds) stamps an answer and the call it prompted alike."""
-        return call.sent + self.block_timeout <= now and self._peers[call.peer].heard <= call.sent  # (the wakeup's sum)
+        """Whether ``call`` waited ``block_timeout`` and its peer answered nothing since it went."""
+        return call.sent + self.block_timeout <= now and _unanswered(self._peers[call.peer], call)  # (the wakeup's sum)
 
     def _quiet(self, p: Peer, now: float) -> bool:
         """Whether one of ``p``'s calls is silent (no copy of a silent peer's block goes to it)."""
@@ -422,3 +420,10 @@ class FetchPlanner(FetchState):
                 p.have_calls.add(call)
                 heapq.heappush(self._timers, (deadline, next(self._seq), call))
                 out.append(Request(pid, HAVE, tuple(cids), deadline, deadline + self.block_timeout, 0))
+
+
+def _unanswered(p: Peer, call: Call) -> bool:
+    """Whether ``p`` said nothing since ``call`` went. An answer at the call's own time came
+    before it: a coarse clock (uvloop's, in whole milliseconds) stamps an answer and the call it
+    prompted alike."""
+    return p.heard <= call.sent

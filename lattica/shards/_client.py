@@ -401,9 +401,8 @@ class Stub:
                     await attempts.back_off(exc)
                     continue
                 except BaseException:
-                    self._picker.succeeded(
-                        p, time.perf_counter() - t0
-                    )  # (the method's own error: not the provider's fault)
+                    # (the method's own error: not the provider's fault)
+                    self._picker.succeeded(p, time.perf_counter() - t0)
                     raise
                 self._picker.succeeded(p, time.perf_counter() - t0)  # (the first item's delay)
                 return
